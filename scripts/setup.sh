@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# Installs what Primus needs on a fresh Debian 12 machine (apt, plus npm for test oracles) and
+# builds it into build/. Safe to run again: it installs only what is missing and rebuilds
+# incrementally. Set PRIMUS_SKIP_APT=1 to skip the package step.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+APT_PACKAGES=(
+  build-essential cmake ninja-build pkg-config git
+  libopenblas-openmp-dev libopenmpi-dev openmpi-bin
+  libyaml-cpp-dev libcli11-dev nlohmann-json3-dev libspdlog-dev libfmt-dev
+  libsentencepiece-dev sentencepiece libpcre2-dev
+  libgtest-dev libgmock-dev libbenchmark-dev
+  slurm-wlm munge
+  fortunes-min fortunes
+  python3-torch nodejs npm
+)
+
+if [[ "${PRIMUS_SKIP_APT:-0}" != 1 ]]; then
+  missing=()
+  for p in "${APT_PACKAGES[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+  done
+  if ((${#missing[@]})); then
+    echo "setup: installing ${missing[*]}"
+    SUDO=""; [[ $(id -u) -ne 0 ]] && SUDO=sudo
+    $SUDO apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+  fi
+fi
+
+# Test oracles from npm (pinned in tests/oracles/package.json), installed when that file exists.
+if [[ -f tests/oracles/package.json && ! -d tests/oracles/node_modules ]]; then
+  (cd tests/oracles && npm ci --silent --no-audit --no-fund 2>/dev/null || npm install --silent --no-audit --no-fund)
+fi
+
+JOBS=${PRIMUS_JOBS:-$(nproc)}
+cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
+cmake --build build -j "$JOBS"

@@ -1,0 +1,97 @@
+#include "cli/registry.h"
+
+#include <algorithm>
+#include <iostream>
+#include <map>
+#include <memory>
+
+#include <fmt/format.h>
+
+#include "core/error.h"
+
+namespace primus::cli {
+
+std::vector<TaskInfo>& task_registry() {
+  static std::vector<TaskInfo> tasks;
+  return tasks;
+}
+
+std::vector<RuntimeInfo>& runtime_registry() {
+  static std::vector<RuntimeInfo> runtimes;
+  return runtimes;
+}
+
+static size_t edit_distance(const std::string& a, const std::string& b) {
+  std::vector<size_t> prev(b.size() + 1), cur(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) prev[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    cur[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j)
+      cur[j] = std::min({prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (a[i - 1] == b[j - 1] ? 0 : 1)});
+    std::swap(prev, cur);
+  }
+  return prev[b.size()];
+}
+
+std::string nearest(const std::string& word, const std::vector<std::string>& candidates) {
+  std::string best;
+  size_t best_d = SIZE_MAX;
+  for (const auto& c : candidates) {
+    size_t d = edit_distance(word, c);
+    if (d < best_d) best_d = d, best = c;
+  }
+  // Only suggest when the typo is small relative to the word.
+  return best_d <= std::max<size_t>(2, word.size() / 3) ? best : std::string();
+}
+
+static std::string suggestion(const std::string& word, const std::vector<std::string>& candidates) {
+  std::string n = nearest(word, candidates);
+  return n.empty() ? "" : fmt::format(" (did you mean '{}'?)", n);
+}
+
+int run_task(const std::vector<std::string>& task_args) {
+  CLI::App app{"primus-cli task", "primus-cli <runtime> --"};
+  app.require_subcommand(1);
+  // One subcommand per task, one nested subcommand per subtask; actions chosen after parsing.
+  std::map<std::string, CLI::App*> task_apps;
+  std::vector<std::pair<CLI::App*, TaskAction>> actions;
+  actions.reserve(task_registry().size());
+  for (const auto& info : task_registry()) {
+    CLI::App*& tapp = task_apps[info.task];
+    if (!tapp) {
+      tapp = app.add_subcommand(info.task, info.subtask.empty() ? info.help : info.task + " tasks");
+      if (!info.subtask.empty()) tapp->require_subcommand(1);
+    }
+    CLI::App* target = info.subtask.empty() ? tapp : tapp->add_subcommand(info.subtask, info.help);
+    actions.emplace_back(target, info.setup(*target));
+  }
+
+  // Unknown task and subtask names get a suggestion before CLI11's generic message.
+  if (!task_args.empty() && task_args[0] != "--help" && task_args[0] != "-h") {
+    std::vector<std::string> names;
+    for (auto& [n, _] : task_apps) names.push_back(n);
+    auto it = task_apps.find(task_args[0]);
+    if (it == task_apps.end())
+      fail("unknown task '{}'{}; tasks: {}", task_args[0], suggestion(task_args[0], names),
+           fmt::join(names, ", "));
+    if (task_args.size() > 1 && task_args[1][0] != '-' && !it->second->get_subcommands({}).empty()) {
+      std::vector<std::string> subs;
+      for (auto* s : it->second->get_subcommands({})) subs.push_back(s->get_name());
+      if (std::find(subs.begin(), subs.end(), task_args[1]) == subs.end())
+        fail("unknown subtask '{} {}'{}; '{}' has: {}", task_args[0], task_args[1],
+             suggestion(task_args[1], subs), task_args[0], fmt::join(subs, ", "));
+    }
+  }
+
+  std::vector<std::string> reversed(task_args.rbegin(), task_args.rend());
+  try {
+    app.parse(reversed);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+  for (auto& [sub, action] : actions)
+    if (sub->parsed()) return action();
+  fail("no task was selected");
+}
+
+}  // namespace primus::cli
