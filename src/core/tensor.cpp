@@ -1,5 +1,7 @@
 #include "core/tensor.h"
 
+#include "core/memory.h"
+
 #include <cstdlib>
 #include <cstring>
 #include <new>
@@ -26,13 +28,10 @@ float bf16::to_float() const {
 
 Storage::Storage(size_t bytes, Device device) : bytes_(bytes), device_(device) {
   if (device != Device::CPU) fail("device storage is allocated by the GPU backend, which this build lacks");
-  size_t rounded = (bytes + kAlignment - 1) / kAlignment * kAlignment;
-  if (rounded == 0) rounded = kAlignment;
-  data_ = std::aligned_alloc(kAlignment, rounded);
-  if (!data_) throw std::bad_alloc();
+  data_ = host_alloc(bytes);
 }
 
-Storage::~Storage() { std::free(data_); }
+Storage::~Storage() { host_free(data_, bytes_); }
 
 Shape contiguous_strides(const Shape& shape) {
   Shape s(shape.size());

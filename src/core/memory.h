@@ -1,0 +1,23 @@
+// Host memory for tensors: 64-byte aligned blocks from a caching pool. A training step allocates
+// the same activation shapes every iteration; handing freed blocks back out by exact size avoids
+// the mmap/munmap and page-fault cost that large mallocs pay on every step. Also counts the
+// bytes in use and their peak, which the trainer reports.
+#pragma once
+
+#include <cstddef>
+
+namespace primus {
+
+struct MemoryStats {
+  size_t in_use = 0;  // bytes held by live tensors
+  size_t peak = 0;    // high-water mark of in_use since the last reset
+  size_t cached = 0;  // bytes freed by tensors and kept for reuse
+};
+
+void* host_alloc(size_t bytes);  // bytes rounded up to the alignment; never returns null
+void host_free(void* ptr, size_t bytes);
+MemoryStats host_memory_stats();
+void reset_peak_host_memory();
+void release_cached_host_memory();
+
+}  // namespace primus

@@ -1,0 +1,129 @@
+// The Llama-family decoder with explicit passes and no autograd (see DESIGN.md):
+//
+//   forward(ctx, x)          saves into ctx what the backward needs
+//   backward_input(ctx, dy)  the "B" op: gradient w.r.t. the layer input; keeps what W needs
+//   backward_weight(ctx)     the "W" op: accumulates the weight gradients, then frees ctx
+//
+// A context is per microbatch, so a pipeline can keep several in flight and run B and W apart.
+// One block computes, per token row (N = batch * seq rows):
+//   h1 = rmsnorm(x)            qkv = h1 Wqkv^T (+b), rope(q, k)     o = attention(qkv)
+//   x2 = x + o Wo^T            h2 = rmsnorm(x2)   gu = h2 W13^T     a = silu(g) * u
+//   y  = x2 + a W2^T
+// T is float for training and double for the finite-difference tests.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/tensor.h"
+#include "kernels/cpu/attention.h"
+#include "model/model_spec.h"
+#include "model/param_store.h"
+
+namespace primus {
+
+// Megatron's recompute_granularity. selective recomputes the cheap, memory-hungry parts (the
+// attention core, SwiGLU and the norms) from saved inputs; full keeps only each block's input
+// and re-runs the whole block before its backward.
+enum class Recompute : uint8_t { None, Selective, Full };
+Recompute parse_recompute(const std::string& s);  // "", "none", "selective", "full"
+
+struct LlamaOptions {
+  Recompute recompute = Recompute::None;
+  // The output layer keeps the microbatch's logits gradient when it fits in this budget (3 GEMMs);
+  // above it, it works in vocabulary chunks of `vocab_chunk` columns and recomputes the logits
+  // in the backward (4 GEMMs, memory bounded by N * vocab_chunk).
+  size_t logits_memory_budget = size_t(512) << 20;
+  int64_t vocab_chunk = 8192;
+};
+
+template <typename T>
+struct BlockContext {
+  Tensor x;                                           // block input (owned by the previous layer)
+  Tensor h1, rstd1, qkv, attn, lse, x2, h2, rstd2, gate_up, act;  // forward saves
+  Tensor dy, dqkv, dh1, dx2, dgate_up, dh2;           // B-pass outputs the W pass needs
+  void clear() { *this = BlockContext(); }
+};
+
+template <typename T>
+struct HeadContext {
+  Tensor x, hn, rstd, lse, dlogits, dhn;
+  const int32_t* targets = nullptr;
+  int64_t valid = 0;  // tokens whose target is not ignored (< 0)
+  T grad_scale = 0;   // dloss / valid, set by the B pass
+};
+
+template <typename T>
+struct LlamaContext {
+  int64_t batch = 0, seq = 0;
+  std::vector<int32_t> tokens, targets;
+  Tensor embedded;
+  std::vector<BlockContext<T>> blocks;
+  HeadContext<T> head;
+  Tensor dembedded;  // gradient reaching the embedding, kept for its W pass
+};
+
+template <typename T>
+class TransformerBlock {
+ public:
+  TransformerBlock(const ModelSpec& spec, int64_t layer, ParamStore<T>& params, Recompute recompute);
+  // x [N, hidden] -> y [N, hidden]
+  Tensor forward(BlockContext<T>& ctx, const Tensor& x, int64_t batch, int64_t seq, const T* cos, const T* sin);
+  Tensor backward_input(BlockContext<T>& ctx, const Tensor& dy, int64_t batch, int64_t seq, const T* cos,
+                        const T* sin);
+  void backward_weight(BlockContext<T>& ctx);
+
+ private:
+  void rebuild(BlockContext<T>& ctx, int64_t batch, int64_t seq, const T* cos, const T* sin);
+  cpu::AttentionShape attention_shape(int64_t batch, int64_t seq) const;
+
+  const ModelSpec& spec_;
+  ParamStore<T>& p_;
+  Recompute recompute_;
+  int attn_norm_, qkv_w_, qkv_b_ = -1, proj_w_, mlp_norm_, fc1_w_, fc2_w_;
+};
+
+template <typename T>
+class LlamaModel {
+ public:
+  explicit LlamaModel(const ModelSpec& spec, LlamaOptions options = {});
+  void init_weights(uint64_t seed);
+
+  const ModelSpec& spec() const { return spec_; }
+  ParamStore<T>& params() { return params_; }
+  const ParamStore<T>& params() const { return params_; }
+
+  // Runs the forward pass of one microbatch; returns the mean loss over tokens whose target is
+  // >= 0 (a negative target masks a token out). tokens and targets are [batch, seq].
+  T forward(LlamaContext<T>& ctx, const int32_t* tokens, const int32_t* targets, int64_t batch, int64_t seq);
+  // dloss: gradient of the objective w.r.t. this microbatch's mean loss (1 / microbatches).
+  void backward_input(LlamaContext<T>& ctx, T dloss);  // B for every layer
+  void backward_weight(LlamaContext<T>& ctx);          // W for every layer
+  void backward(LlamaContext<T>& ctx, T dloss);        // B then W layer by layer: less memory
+
+  // Logits of the last position of each sequence, for generation: [batch, vocab].
+  Tensor last_logits(LlamaContext<T>& ctx) const;
+
+ private:
+  // Output layer: final norm, logits, cross-entropy.
+  T head_forward(HeadContext<T>& h, const Tensor& x, const int32_t* targets);
+  Tensor head_backward_input(HeadContext<T>& h, T dloss);
+  void head_backward_weight(HeadContext<T>& h);
+  bool head_stores_logits(int64_t rows) const;
+  const T* output_weight() const;
+  T* output_weight_grad() const;
+
+  ModelSpec spec_;
+  LlamaOptions opt_;
+  ParamStore<T> params_;
+  std::vector<std::unique_ptr<TransformerBlock<T>>> blocks_;
+  int embedding_ = -1, final_norm_ = -1, output_ = -1;  // output_ == embedding_ when tied
+  Tensor rope_cos_, rope_sin_;
+};
+
+extern template class LlamaModel<float>;
+extern template class LlamaModel<double>;
+
+}  // namespace primus

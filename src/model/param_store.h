@@ -1,0 +1,54 @@
+// All of a model's parameters in one contiguous buffer, and their gradients in another of the
+// same layout. One buffer makes the optimizer a single loop, the gradient norm one reduction,
+// data-parallel reduction a handful of bucketed collectives, and a checkpoint one write.
+// Layers register their tensors first; allocate() then fixes the layout.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/tensor.h"
+
+namespace primus {
+
+enum class ParamInit : uint8_t { Normal, ScaledNormal, Ones, Zeros };
+
+struct ParamInfo {
+  std::string name;  // Megatron-style, e.g. "decoder.layers.0.self_attention.linear_qkv.weight"
+  Shape shape;
+  int64_t offset = 0;  // into the flat buffers, in elements
+  int64_t numel = 0;
+  bool weight_decay = true;  // false for norms and biases
+  ParamInit init = ParamInit::Normal;
+};
+
+template <typename T>
+class ParamStore {
+ public:
+  int add(const std::string& name, const Shape& shape, ParamInit init, bool weight_decay);
+  void allocate();
+
+  const std::vector<ParamInfo>& infos() const { return infos_; }
+  int64_t numel() const { return numel_; }
+  int find(const std::string& name) const;  // -1 when absent
+
+  T* value(int id) const { return values_.data<T>() + infos_[id].offset; }
+  T* grad(int id) const { return grads_.data<T>() + infos_[id].offset; }
+  Tensor value_tensor(int id) const;
+  Tensor grad_tensor(int id) const;
+  const Tensor& values() const { return values_; }
+  const Tensor& grads() const { return grads_; }
+  void zero_grad() { grads_.zero_(); }
+
+  // Fills every parameter from (seed, name, element index): the same weights for any thread
+  // count, and any slice of a tensor can be generated on its own.
+  void init(uint64_t seed, double std, double scaled_std);
+
+ private:
+  std::vector<ParamInfo> infos_;
+  int64_t numel_ = 0;
+  Tensor values_, grads_;
+};
+
+}  // namespace primus

@@ -1,0 +1,221 @@
+// The whole model: gradients against finite differences (double), B+W against the fused
+// backward, recompute against none, chunked cross-entropy against stored logits.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "core/rng.h"
+#include "grad_check.h"
+#include "model/llama.h"
+
+using namespace primus;
+
+static ModelSpec tiny_spec(bool tied, bool qkv_bias) {
+  ModelSpec s;
+  s.name = "test-tiny";
+  s.num_layers = 2;
+  s.hidden_size = 16;
+  s.ffn_hidden_size = 24;
+  s.num_attention_heads = 4;
+  s.num_query_groups = 2;
+  s.vocab_size = 11;
+  s.max_position_embeddings = 16;
+  s.untie_embeddings_and_output_weights = !tied;
+  s.add_qkv_bias = qkv_bias;
+  s.init_method_std = 0.3;  // large enough that every nonlinearity matters
+  return s;
+}
+
+struct Batch {
+  int64_t b, s;
+  std::vector<int32_t> tokens, targets;
+};
+
+static Batch make_batch(int64_t b, int64_t s, int64_t vocab, uint64_t seed, bool mask_one) {
+  Rng rng(seed);
+  Batch x{b, s, std::vector<int32_t>(b * s), std::vector<int32_t>(b * s)};
+  for (auto& t : x.tokens) t = int32_t(rng.next_u64() % vocab);
+  for (auto& t : x.targets) t = int32_t(rng.next_u64() % vocab);
+  if (mask_one) x.targets[1] = -1;
+  return x;
+}
+
+template <typename T>
+static std::vector<T> grads_of(LlamaModel<T>& m) {
+  const T* g = m.params().grads().template data<T>();
+  return std::vector<T>(g, g + m.params().numel());
+}
+
+static void check_model_grads(const ModelSpec& spec, LlamaOptions opt) {
+  LlamaModel<double> m(spec, opt);
+  m.init_weights(7);
+  auto batch = make_batch(2, 6, spec.vocab_size, 3, true);
+  auto loss = [&] {
+    LlamaContext<double> c;
+    return m.forward(c, batch.tokens.data(), batch.targets.data(), batch.b, batch.s);
+  };
+  LlamaContext<double> ctx;
+  m.params().zero_grad();
+  m.forward(ctx, batch.tokens.data(), batch.targets.data(), batch.b, batch.s);
+  m.backward(ctx, 1.0);
+  auto analytic = grads_of(m);
+  double* values = m.params().values().data<double>();
+  for (const auto& info : m.params().infos()) {
+    for (int64_t i = 0; i < info.numel; ++i) {
+      const double num = primus::test::numeric_grad(values + info.offset + i, loss);
+      ASSERT_NEAR(analytic[info.offset + i], num, 1e-8 + 1e-6 * std::fabs(num)) << info.name << "[" << i << "]";
+    }
+  }
+}
+
+TEST(ModelGrads, UntiedWithQkvBiasMatchesFiniteDifferences) { check_model_grads(tiny_spec(false, true), {}); }
+
+TEST(ModelGrads, TiedEmbeddingsMatchFiniteDifferences) { check_model_grads(tiny_spec(true, false), {}); }
+
+TEST(ModelGrads, ChunkedCrossEntropyMatchesFiniteDifferences) {
+  LlamaOptions opt;
+  opt.logits_memory_budget = 0;  // force vocabulary chunks
+  opt.vocab_chunk = 4;           // 11 = 4 + 4 + 3: a ragged last chunk
+  check_model_grads(tiny_spec(false, false), opt);
+}
+
+TEST(ModelGrads, Llama31RopeScalingMatchesFiniteDifferences) {
+  auto spec = tiny_spec(false, false);
+  spec.use_rope_scaling = true;
+  spec.rope_original_max_position_embeddings = 8;
+  spec.rotary_base = 500000;
+  check_model_grads(spec, {});
+}
+
+// A float model a little larger than the FD one, for the pass-structure comparisons.
+static ModelSpec float_spec() {
+  ModelSpec s = tiny_spec(false, true);
+  s.hidden_size = 32;
+  s.ffn_hidden_size = 64;
+  s.vocab_size = 97;
+  s.max_position_embeddings = 80;
+  s.init_method_std = 0.05;
+  return s;
+}
+
+static std::vector<float> float_grads(const ModelSpec& spec, LlamaOptions opt, bool split, float* loss_out) {
+  LlamaModel<float> m(spec, opt);
+  m.init_weights(11);
+  auto batch = make_batch(3, 70, spec.vocab_size, 5, true);
+  LlamaContext<float> ctx;
+  m.params().zero_grad();
+  *loss_out = m.forward(ctx, batch.tokens.data(), batch.targets.data(), batch.b, batch.s);
+  if (split) {
+    m.backward_input(ctx, 0.5f);
+    m.backward_weight(ctx);
+  } else {
+    m.backward(ctx, 0.5f);
+  }
+  return grads_of(m);
+}
+
+static void expect_close(const std::vector<float>& a, const std::vector<float>& b, float rtol) {
+  ASSERT_EQ(a.size(), b.size());
+  double max_abs = 0;
+  for (float v : a) max_abs = std::max(max_abs, double(std::fabs(v)));
+  for (size_t i = 0; i < a.size(); ++i) ASSERT_NEAR(a[i], b[i], rtol * max_abs) << "element " << i;
+}
+
+TEST(ModelPasses, InputThenWeightEqualsFusedBackward) {
+  float l1, l2;
+  auto fused = float_grads(float_spec(), {}, false, &l1);
+  auto split = float_grads(float_spec(), {}, true, &l2);
+  EXPECT_EQ(l1, l2);
+  // The same GEMMs in the same order per tensor: equal bit for bit.
+  EXPECT_EQ(0, std::memcmp(fused.data(), split.data(), fused.size() * sizeof(float)));
+}
+
+TEST(ModelPasses, ChunkedHeadSplitEqualsFused) {
+  LlamaOptions opt;
+  opt.logits_memory_budget = 0;
+  opt.vocab_chunk = 40;
+  float l1, l2, l3;
+  auto fused = float_grads(float_spec(), opt, false, &l1);
+  auto split = float_grads(float_spec(), opt, true, &l2);
+  auto stored = float_grads(float_spec(), {}, false, &l3);
+  EXPECT_EQ(0, std::memcmp(fused.data(), split.data(), fused.size() * sizeof(float)));
+  EXPECT_NEAR(l1, l3, 1e-5 * l3);
+  expect_close(fused, stored, 1e-5f);
+}
+
+TEST(ModelPasses, RecomputeGivesIdenticalGradients) {
+  float l0, l1, l2;
+  LlamaOptions sel, full;
+  sel.recompute = Recompute::Selective;
+  full.recompute = Recompute::Full;
+  auto none = float_grads(float_spec(), {}, true, &l0);
+  auto s = float_grads(float_spec(), sel, true, &l1);
+  auto f = float_grads(float_spec(), full, true, &l2);
+  EXPECT_EQ(l0, l1);
+  EXPECT_EQ(l0, l2);
+  EXPECT_EQ(0, std::memcmp(none.data(), s.data(), none.size() * sizeof(float)));
+  EXPECT_EQ(0, std::memcmp(none.data(), f.data(), none.size() * sizeof(float)));
+  EXPECT_EQ(parse_recompute("selective"), Recompute::Selective);
+  EXPECT_THROW(parse_recompute("partial"), Error);
+}
+
+TEST(Model, InitialLossIsLogVocab) {
+  auto spec = float_spec();
+  spec.init_method_std = 0.002;  // near-uniform logits
+  LlamaModel<float> m(spec);
+  m.init_weights(1);
+  auto batch = make_batch(2, 16, spec.vocab_size, 9, false);
+  LlamaContext<float> ctx;
+  float loss = m.forward(ctx, batch.tokens.data(), batch.targets.data(), batch.b, batch.s);
+  EXPECT_NEAR(loss, std::log(float(spec.vocab_size)), 0.01);
+}
+
+TEST(Model, LearnsARepeatingSequence) {
+  // Plain SGD on one fixed batch: the loss must fall far below log(vocab).
+  auto spec = float_spec();
+  spec.init_method_std = 0.02;
+  LlamaModel<float> m(spec);
+  m.init_weights(2);
+  Batch b{2, 32, {}, {}};
+  for (int64_t i = 0; i < b.b * b.s; ++i) b.tokens.push_back(int32_t((i * 7) % 13));
+  for (int64_t i = 0; i < b.b * b.s; ++i) b.targets.push_back(int32_t(((i + 1) * 7) % 13));
+  float first = 0, last = 0;
+  for (int step = 0; step < 60; ++step) {
+    LlamaContext<float> ctx;
+    m.params().zero_grad();
+    last = m.forward(ctx, b.tokens.data(), b.targets.data(), b.b, b.s);
+    if (step == 0) first = last;
+    m.backward(ctx, 1.0f);
+    float* v = m.params().values().data<float>();
+    const float* g = m.params().grads().data<float>();
+    for (int64_t i = 0; i < m.params().numel(); ++i) v[i] -= 0.5f * g[i];
+  }
+  EXPECT_NEAR(first, std::log(97.f), 0.1);
+  EXPECT_LT(last, 0.5f * first);
+}
+
+TEST(Model, RejectsBadInput) {
+  auto spec = float_spec();
+  LlamaModel<float> m(spec);
+  m.init_weights(1);
+  std::vector<int32_t> tok(100, 1), tgt(100, 1);
+  LlamaContext<float> ctx;
+  EXPECT_THROW(m.forward(ctx, tok.data(), tgt.data(), 1, 100), Error);  // longer than max positions
+  tok[3] = 97;
+  EXPECT_THROW(m.forward(ctx, tok.data(), tgt.data(), 1, 10), Error);  // token outside vocab
+  tok[3] = 1;
+  tgt[2] = 500;
+  EXPECT_THROW(m.forward(ctx, tok.data(), tgt.data(), 1, 10), Error);  // target outside vocab
+}
+
+TEST(Model, ParameterNamesFollowMegatron) {
+  LlamaModel<float> m(tiny_spec(false, true));
+  EXPECT_GE(m.params().find("embedding.word_embeddings.weight"), 0);
+  EXPECT_GE(m.params().find("decoder.layers.1.self_attention.linear_qkv.bias"), 0);
+  EXPECT_GE(m.params().find("decoder.layers.0.mlp.linear_fc1.weight"), 0);
+  EXPECT_GE(m.params().find("output_layer.weight"), 0);
+  LlamaModel<float> tied(tiny_spec(true, false));
+  EXPECT_LT(tied.params().find("output_layer.weight"), 0);
+}
