@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 
 #include "kernels/cpu/elementwise.h"
+#include "kernels/cpu/fast_math.h"
 #include "kernels/cpu/gemm.h"
 
 namespace primus {
@@ -309,20 +310,23 @@ T LlamaModel<T>::head_forward(HeadContext<T>& h, const Tensor& x, const int32_t*
     for (int64_t i = 0; i < N; ++i) {
       T* zi = z + i * V;
       T mx = zi[0];
+#pragma omp simd reduction(max : mx)
       for (int64_t j = 1; j < V; ++j) mx = std::max(mx, zi[j]);
+      const int32_t t = targets[i];
+      const T zt = t >= 0 ? zi[t] : T(0);
       T sum = 0;
 #pragma omp simd reduction(+ : sum)
-      for (int64_t j = 0; j < V; ++j) sum += std::exp(zi[j] - mx);
+      for (int64_t j = 0; j < V; ++j) sum += (zi[j] = fast_exp(zi[j] - mx));
       const T l = mx + std::log(sum);
       lse[i] = l;
-      const int32_t t = targets[i];
       if (t < 0) {
         std::fill(zi, zi + V, T(0));
         continue;
       }
-      row_loss[i] = l - zi[t];
+      row_loss[i] = l - zt;
+      const T inv = T(1) / sum;
 #pragma omp simd
-      for (int64_t j = 0; j < V; ++j) zi[j] = std::exp(zi[j] - l);
+      for (int64_t j = 0; j < V; ++j) zi[j] *= inv;
       zi[t] -= T(1);
     }
   } else {
@@ -338,11 +342,12 @@ T LlamaModel<T>::head_forward(HeadContext<T>& h, const Tensor& x, const int32_t*
       for (int64_t i = 0; i < N; ++i) {
         const T* zi = z + i * vc;
         T mx = m[i];
+#pragma omp simd reduction(max : mx)
         for (int64_t j = 0; j < vc; ++j) mx = std::max(mx, zi[j]);
         T sum = 0;
 #pragma omp simd reduction(+ : sum)
-        for (int64_t j = 0; j < vc; ++j) sum += std::exp(zi[j] - mx);
-        s[i] = s[i] * std::exp(m[i] - mx) + sum;
+        for (int64_t j = 0; j < vc; ++j) sum += fast_exp(zi[j] - mx);
+        s[i] = s[i] * fast_exp(m[i] - mx) + sum;
         m[i] = mx;
         const int32_t t = targets[i];
         if (t >= v0 && t < v0 + vc) zt[i] = zi[t - v0];
@@ -372,7 +377,7 @@ static void chunk_dlogits(const HeadContext<T>& h, const T* W, T* z, int64_t v0,
       continue;
     }
 #pragma omp simd
-    for (int64_t j = 0; j < vc; ++j) zi[j] = std::exp(zi[j] - lse[i]);
+    for (int64_t j = 0; j < vc; ++j) zi[j] = fast_exp(zi[j] - lse[i]);
     if (t >= v0 && t < v0 + vc) zi[t - v0] -= T(1);
   }
 }

@@ -16,7 +16,7 @@ template <typename T>
 int ParamStore<T>::add(const std::string& name, const Shape& shape, ParamInit init, bool weight_decay) {
   PRIMUS_CHECK(!values_.defined(), "parameter {} added after allocate()", name);
   PRIMUS_CHECK(find(name) < 0, "parameter {} registered twice", name);
-  ParamInfo info;
+  StoredParam info;
   info.name = name;
   info.shape = shape;
   info.numel = 1;

@@ -14,7 +14,7 @@ namespace primus {
 
 enum class ParamInit : uint8_t { Normal, ScaledNormal, Ones, Zeros };
 
-struct ParamInfo {
+struct StoredParam {
   std::string name;  // Megatron-style, e.g. "decoder.layers.0.self_attention.linear_qkv.weight"
   Shape shape;
   int64_t offset = 0;  // into the flat buffers, in elements
@@ -29,7 +29,7 @@ class ParamStore {
   int add(const std::string& name, const Shape& shape, ParamInit init, bool weight_decay);
   void allocate();
 
-  const std::vector<ParamInfo>& infos() const { return infos_; }
+  const std::vector<StoredParam>& infos() const { return infos_; }
   int64_t numel() const { return numel_; }
   int find(const std::string& name) const;  // -1 when absent
 
@@ -46,7 +46,7 @@ class ParamStore {
   void init(uint64_t seed, double std, double scaled_std);
 
  private:
-  std::vector<ParamInfo> infos_;
+  std::vector<StoredParam> infos_;
   int64_t numel_ = 0;
   Tensor values_, grads_;
 };
