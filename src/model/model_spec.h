@@ -66,9 +66,30 @@ struct ModelStats {
     std::string name;
     int64_t parameters;
     double flops_per_token;
+    double activation_bytes_per_token = 0;  // (added) saved activations, fp32, no recompute
   };
   std::vector<Layer> layers;
 };
 ModelStats model_stats(const ModelSpec& spec, int64_t seq_length);
+
+// (added) Every trainable tensor of the model in storage order, under Megatron-Core's names
+// ("decoder.layers.0.self_attention.linear_qkv.weight"). model_stats counts from this list, so
+// a model that lays its flat buffer out in this order has exactly the counted parameters.
+// weight_decay follows Megatron: off for biases and norm weights (1-D tensors).
+struct ParamInfo {
+  std::string name;
+  std::vector<int64_t> shape;
+  int64_t numel = 0;
+  bool weight_decay = true;
+};
+std::vector<ParamInfo> model_parameter_layout(const ModelSpec& spec);
+
+// The keys a model spec accepts (Megatron names), e.g. for an experiment config's overrides.
+std::vector<std::string> model_spec_keys();
+// Applies the model keys of `node` (a map) on top of `spec`, with the same type checks and
+// errors (naming `origin`, line and column) as a preset file. Does not validate.
+void apply_model_keys(ModelSpec& spec, const YAML::Node& node, const std::string& origin);
+// Every field of `spec` as a YAML map under its key (for resolved configs and checkpoints).
+YAML::Node model_spec_to_yaml(const ModelSpec& spec);
 
 }  // namespace primus
