@@ -1,0 +1,595 @@
+#include "data/tokenizer.h"
+
+#include <charconv>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <map>
+#include <mutex>
+#include <sstream>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+#include <sentencepiece_processor.h>
+
+#include "core/error.h"
+#include "data/bpe.h"
+
+namespace primus::data {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+namespace {
+
+std::string read_file(const std::string& path, const char* what) {
+  std::error_code ec;
+  if (!fs::exists(path, ec)) fail("{} '{}' does not exist", what, path);
+  if (fs::is_directory(path, ec)) fail("{} '{}' is a folder, expected a file", what, path);
+  std::ifstream f(path, std::ios::binary);
+  if (!f) fail("cannot read {} '{}'", what, path);
+  std::ostringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+std::string base64_decode(std::string_view s, const std::string& where) {
+  static const auto table = [] {
+    std::array<int8_t, 256> t{};
+    t.fill(-1);
+    const char* a = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    for (int i = 0; i < 64; ++i) t[static_cast<unsigned char>(a[i])] = static_cast<int8_t>(i);
+    t['-'] = 62, t['_'] = 63;
+    return t;
+  }();
+  std::string out;
+  uint32_t acc = 0;
+  int bits = 0;
+  for (char c : s) {
+    if (c == '=') break;
+    int v = table[static_cast<unsigned char>(c)];
+    if (v < 0) fail("{}: invalid base64 '{}'", where, s);
+    acc = (acc << 6) | static_cast<uint32_t>(v);
+    bits += 6;
+    if (bits >= 8) {
+      bits -= 8;
+      out += static_cast<char>((acc >> bits) & 0xFF);
+    }
+  }
+  return out;
+}
+
+void check_utf8(std::string_view text) {
+  size_t bad = find_invalid_utf8(text);
+  if (bad != std::string_view::npos) fail("text is not valid UTF-8 (byte {} of {})", bad, text.size());
+}
+
+// ----------------------------------------------------------------------------------------------
+// Byte-level BPE tokenizer: tiktoken rank files and Hugging Face tokenizer.json.
+
+class BpeTokenizer : public Tokenizer {
+ public:
+  struct Config {
+    std::string type;
+    std::vector<std::string> patterns;  // applied in sequence; empty = the whole text is one piece
+    bool add_prefix_space = false;
+    std::vector<std::pair<std::string, int32_t>> specials;  // text -> id (decode, and split when split_specials)
+    bool split_specials = false;
+    std::vector<int32_t> prefix, suffix;  // post-processor template
+    int32_t bos = -1, eos = -1, pad = -1, eod = -1;
+    int64_t vocab_size = 0;
+  };
+
+  BpeTokenizer(Config cfg, std::unique_ptr<BytePairEncoder> bpe)
+      : cfg_(std::move(cfg)), bpe_(std::move(bpe)), splitter_(cfg_.split_specials ? cfg_.specials : decltype(cfg_.specials){}) {
+    for (const auto& p : cfg_.patterns) regexes_.push_back(std::make_unique<PretokenRegex>(p));
+    for (const auto& [text, id] : cfg_.specials) special_text_[id] = text;
+  }
+
+  std::vector<int32_t> encode(std::string_view text) const override {
+    check_utf8(text);  // once per document, so regex matching can skip its own check
+    std::vector<int32_t> out(cfg_.prefix);
+    out.reserve(text.size() / 3 + 8);
+    auto plain = [&](size_t b, size_t n) { encode_plain(text.substr(b, n), out); };
+    if (splitter_.empty()) plain(0, text.size());
+    else splitter_.split(text, plain, [&](int32_t id) { out.push_back(id); });
+    out.insert(out.end(), cfg_.suffix.begin(), cfg_.suffix.end());
+    return out;
+  }
+
+  std::string decode(std::span<const int32_t> ids) const override {
+    std::string out;
+    for (int32_t id : ids) {
+      if (id < 0 || id >= cfg_.vocab_size) fail("token id {} is outside the vocabulary [0, {})", id, cfg_.vocab_size);
+      auto sp = special_text_.find(id);
+      if (sp != special_text_.end()) out += sp->second;
+      else if (static_cast<size_t>(id) < bpe_->size()) out += bpe_->bytes_of(id);
+    }
+    return out;
+  }
+
+  int64_t vocab_size() const override { return cfg_.vocab_size; }
+  int32_t bos() const override { return cfg_.bos; }
+  int32_t eos() const override { return cfg_.eos; }
+  int32_t pad() const override { return cfg_.pad; }
+  int32_t eod() const override { return cfg_.eod; }
+  std::vector<std::pair<std::string, int32_t>> special_tokens() const override { return cfg_.specials; }
+  std::string type() const override { return cfg_.type; }
+
+ private:
+  void encode_plain(std::string_view text, std::vector<int32_t>& out) const {
+    std::string prefixed;
+    if (cfg_.add_prefix_space && !text.empty() && text[0] != ' ') {
+      prefixed = " " + std::string(text);
+      text = prefixed;
+    }
+    split_level(text, 0, out);
+  }
+  void split_level(std::string_view text, size_t level, std::vector<int32_t>& out) const {
+    if (level == regexes_.size()) {
+      bpe_->encode_piece(text, out);
+      return;
+    }
+    regexes_[level]->split(text, [&](size_t b, size_t n) { split_level(text.substr(b, n), level + 1, out); });
+  }
+
+  Config cfg_;
+  std::unique_ptr<BytePairEncoder> bpe_;
+  SpecialSplitter splitter_;
+  std::vector<std::unique_ptr<PretokenRegex>> regexes_;
+  std::unordered_map<int32_t, std::string> special_text_;
+};
+
+std::unique_ptr<Tokenizer> build_tiktoken(const TokenizerOptions& o) {
+  if (o.model.empty()) fail("TikTokenizer needs --tokenizer-model (a .tiktoken rank file)");
+  std::string data = read_file(o.model, "tiktoken rank file");
+  std::vector<std::string> ranks;
+  if (!data.empty() && data[0] == '[') {
+    // Megatron's JSON list: [{"rank": i, "token_bytes": base64, "token_str": ...}, ...]
+    json j;
+    try {
+      j = json::parse(data);
+      for (size_t i = 0; i < j.size(); ++i) {
+        if (j[i].at("rank").get<size_t>() != i) fail("{}: entry {} has rank {}", o.model, i, j[i].at("rank").dump());
+        ranks.push_back(base64_decode(j[i].at("token_bytes").get<std::string>(), o.model));
+      }
+    } catch (const json::exception& e) {
+      fail("tiktoken rank file '{}' is not a valid Megatron vocabulary JSON: {}", o.model, e.what());
+    }
+  } else {
+    std::istringstream in(data);
+    std::string line;
+    size_t lineno = 0;
+    while (std::getline(in, line)) {
+      ++lineno;
+      if (line.empty()) continue;
+      auto sp = line.find(' ');
+      int64_t rank = -1;
+      if (sp != std::string::npos) std::from_chars(line.data() + sp + 1, line.data() + line.size(), rank);
+      if (sp == std::string::npos || rank != static_cast<int64_t>(ranks.size()))
+        fail("tiktoken rank file '{}' line {}: expected '<base64> {}'", o.model, lineno, ranks.size());
+      ranks.push_back(base64_decode(std::string_view(line).substr(0, sp), fmt::format("{} line {}", o.model, lineno)));
+    }
+  }
+  if (ranks.size() < 256) fail("tiktoken rank file '{}' has {} ranks, fewer than the 256 bytes", o.model, ranks.size());
+
+  std::string pname = o.tiktoken_pattern;
+  if (pname.empty()) {  // cl100k_base.tiktoken and the like name their pattern
+    std::string stem = fs::path(o.model).stem().string();
+    if (!known_tiktoken_pattern(stem).empty()) pname = stem;
+  }
+  if (pname.empty())
+    fail("TikTokenizer needs --tiktoken-pattern: cl100k_base, o200k_base, gpt2, v1, v2 or a regex");
+  std::string pattern = known_tiktoken_pattern(pname);
+
+  BpeTokenizer::Config cfg;
+  cfg.type = "TikTokenizer";
+  std::unique_ptr<BytePairEncoder> bpe;
+  if (pname == "cl100k_base" || pname == "o200k_base" || pname == "gpt2" || pname == "r50k_base" ||
+      pname == "p50k_base") {
+    // OpenAI's layout: ranks are ids, special tokens after them (tiktoken_ext/openai_public.py).
+    int32_t n = static_cast<int32_t>(ranks.size());
+    if (pname == "cl100k_base")
+      cfg.specials = {{"<|endoftext|>", 100257}, {"<|fim_prefix|>", 100258}, {"<|fim_middle|>", 100259},
+                      {"<|fim_suffix|>", 100260}, {"<|endofprompt|>", 100276}};
+    else if (pname == "o200k_base")
+      cfg.specials = {{"<|endoftext|>", 199999}, {"<|endofprompt|>", 200018}};
+    else
+      cfg.specials = {{"<|endoftext|>", 50256}};
+    int32_t total = n;
+    for (auto& [t, id] : cfg.specials) {
+      if (id < n) fail("tiktoken rank file '{}' has {} ranks, more than {} expects", o.model, n, pname);
+      total = std::max(total, id + 1);
+    }
+    cfg.eos = cfg.eod = cfg.specials[0].second;
+    cfg.vocab_size = total;
+    bpe = BytePairEncoder::from_ranks(ranks, 0, total);
+  } else {
+    // Megatron's layout (CustomTikTokenizer): num_special_tokens ids first, ranks shifted after them.
+    if (pattern.empty()) pattern = pname;  // a literal regex
+    int64_t ns = o.tiktoken_num_special_tokens;
+    if (ns < 3) fail("--tiktoken-num-special-tokens must be at least 3 (<unk> <s> </s>), got {}", ns);
+    int64_t inner = o.vocab_size > 0 ? o.vocab_size - ns : static_cast<int64_t>(ranks.size());
+    if (inner <= 0 || inner > static_cast<int64_t>(ranks.size()))
+      fail("--vocab-size {} does not fit {} special tokens plus the {} ranks of '{}'", o.vocab_size, ns,
+           ranks.size(), o.model);
+    ranks.resize(inner);
+    std::vector<std::string> names = {"<unk>", "<s>", "</s>"};
+    for (int64_t i = 3; i < ns; ++i) names.push_back(fmt::format("<SPECIAL_{}>", i));
+    for (int64_t i = 0; i < ns; ++i) cfg.specials.emplace_back(names[i], static_cast<int32_t>(i));
+    cfg.bos = 1;
+    cfg.eos = cfg.eod = 2;
+    cfg.vocab_size = ns + inner;
+    bpe = BytePairEncoder::from_ranks(ranks, static_cast<int32_t>(ns), static_cast<int32_t>(ns + inner));
+  }
+  cfg.patterns = {pattern};
+  cfg.split_specials = false;  // Megatron's TikTokenizer calls encode_ordinary: special text is plain text
+  return std::make_unique<BpeTokenizer>(std::move(cfg), std::move(bpe));
+}
+
+// GPT-2's byte <-> printable-character table used by every byte-level tokenizer.json.
+std::array<uint32_t, 256> bytes_to_unicode() {
+  std::array<uint32_t, 256> m{};
+  std::vector<bool> direct(256, false);
+  for (int b = '!'; b <= '~'; ++b) direct[b] = true;
+  for (int b = 0xA1; b <= 0xAC; ++b) direct[b] = true;
+  for (int b = 0xAE; b <= 0xFF; ++b) direct[b] = true;
+  uint32_t n = 0;
+  for (int b = 0; b < 256; ++b) m[b] = direct[b] ? b : 256 + n++;
+  return m;
+}
+
+std::string token_text(const json& v) {  // "<s>" or {"content": "<s>", ...}
+  if (v.is_string()) return v.get<std::string>();
+  if (v.is_object() && v.contains("content")) return v["content"].get<std::string>();
+  return "";
+}
+
+std::unique_ptr<Tokenizer> build_hf(const TokenizerOptions& o) {
+  if (o.model.empty()) fail("HuggingFaceTokenizer needs --tokenizer-model (tokenizer.json or its folder)");
+  fs::path path = o.model;
+  std::error_code ec;
+  if (fs::is_directory(path, ec)) path /= "tokenizer.json";
+  std::string text = read_file(path.string(), "tokenizer file");
+  const std::string where = path.string();
+  json j;
+  try {
+    j = json::parse(text);
+  } catch (const json::exception& e) {
+    fail("tokenizer file '{}' is not valid JSON: {}", where, e.what());
+  }
+  BpeTokenizer::Config cfg;
+  cfg.type = "HuggingFaceTokenizer";
+  std::vector<std::string> token_bytes;
+  std::vector<BytePairEncoder::MergeRule> merges;
+  bool ignore_merges = false;
+  try {
+    const json& model = j.at("model");
+    std::string mtype = model.value("type", "BPE");
+    if (mtype != "BPE")
+      fail("tokenizer file '{}': model type '{}' is not supported (byte-level BPE only; use a SentencePiece .model "
+           "with GPTSentencePieceTokenizer)", where, mtype);
+    if (model.value("byte_fallback", false))
+      fail("tokenizer file '{}' is a SentencePiece-style BPE (byte_fallback); use its tokenizer.model with "
+           "GPTSentencePieceTokenizer or Llama2Tokenizer", where);
+    ignore_merges = model.value("ignore_merges", false);
+
+    // Byte-level vocabulary: each character stands for one byte.
+    auto b2u = bytes_to_unicode();
+    std::unordered_map<uint32_t, char> u2b;
+    for (int b = 0; b < 256; ++b) u2b[b2u[b]] = static_cast<char>(b);
+    auto to_bytes = [&](const std::string& tok, std::string& out) -> bool {
+      out.clear();
+      for (size_t i = 0; i < tok.size();) {
+        unsigned char c = tok[i];
+        uint32_t cp;
+        size_t len = c < 0x80 ? 1 : (c & 0xE0) == 0xC0 ? 2 : (c & 0xF0) == 0xE0 ? 3 : 4;
+        cp = len == 1 ? c : len == 2 ? c & 0x1F : len == 3 ? c & 0x0F : c & 0x07;
+        for (size_t k = 1; k < len && i + k < tok.size(); ++k) cp = (cp << 6) | (tok[i + k] & 0x3F);
+        i += len;
+        auto it = u2b.find(cp);
+        if (it == u2b.end()) return false;
+        out += it->second;
+      }
+      return true;
+    };
+    std::unordered_map<std::string, int32_t> vocab;
+    int32_t max_id = -1;
+    for (auto& [tok, idv] : model.at("vocab").items()) {
+      int32_t id = idv.get<int32_t>();
+      if (id < 0) fail("tokenizer file '{}': negative id for '{}'", where, tok);
+      vocab[tok] = id;
+      max_id = std::max(max_id, id);
+    }
+    token_bytes.assign(max_id + 1, "");
+    std::string b;
+    size_t non_byte_level = 0;
+    for (auto& [tok, id] : vocab) {
+      if (to_bytes(tok, b)) token_bytes[id] = b;
+      else ++non_byte_level;
+    }
+    if (non_byte_level > vocab.size() / 10)
+      fail("tokenizer file '{}': {} of {} vocabulary entries are not byte-level; only byte-level BPE is supported",
+           where, non_byte_level, vocab.size());
+    uint32_t rank = 0;
+    for (const auto& m : model.at("merges")) {
+      std::string a, c;
+      if (m.is_string()) {
+        std::string s = m.get<std::string>();
+        auto sp = s.find(' ', 1);
+        if (sp == std::string::npos) fail("tokenizer file '{}': merge '{}' has no space", where, s);
+        a = s.substr(0, sp), c = s.substr(sp + 1);
+      } else {
+        a = m.at(0).get<std::string>(), c = m.at(1).get<std::string>();
+      }
+      auto ia = vocab.find(a), ic = vocab.find(c), im = vocab.find(a + c);
+      if (ia == vocab.end() || ic == vocab.end() || im == vocab.end())
+        fail("tokenizer file '{}': merge {} '{} {}' uses a token not in the vocabulary", where, rank, a, c);
+      merges.push_back({ia->second, ic->second, im->second, rank++});
+    }
+
+    // Added tokens are matched in the raw text before anything else, as HF tokenizers does.
+    for (const auto& t : j.value("added_tokens", json::array())) {
+      int32_t id = t.at("id").get<int32_t>();
+      cfg.specials.emplace_back(t.at("content").get<std::string>(), id);
+      max_id = std::max(max_id, id);
+    }
+    cfg.split_specials = true;
+    cfg.vocab_size = max_id + 1;
+    if (static_cast<int64_t>(token_bytes.size()) < cfg.vocab_size) token_bytes.resize(cfg.vocab_size);
+
+    // Normalizer: none, or NFC (Qwen2), which leaves already-composed text unchanged.
+    const json& norm = j.value("normalizer", json());
+    if (!norm.is_null()) {
+      std::string nt = norm.value("type", "");
+      if (nt != "NFC")
+        fail("tokenizer file '{}': normalizer '{}' is not supported (none or NFC)", where, nt);
+      static std::once_flag warned;
+      std::call_once(warned, [&] {
+        std::cerr << "warning: " << where << " asks for NFC normalization; text is tokenized as given "
+                  << "(corpora are almost always NFC already)\n";
+      });
+    }
+
+    // Pre-tokenizer: Split(regex) steps and ByteLevel (whose use_regex means GPT-2's regex).
+    std::function<void(const json&)> pre = [&](const json& p) {
+      if (p.is_null()) return;
+      std::string t = p.value("type", "");
+      if (t == "Sequence") {
+        for (const auto& q : p.at("pretokenizers")) pre(q);
+      } else if (t == "Split") {
+        const json& pat = p.at("pattern");
+        std::string behavior = p.value("behavior", "Isolated");
+        if (behavior != "Isolated" || p.value("invert", false))
+          fail("tokenizer file '{}': Split behavior '{}' is not supported (Isolated)", where, behavior);
+        if (pat.contains("Regex")) cfg.patterns.push_back(pat["Regex"].get<std::string>());
+        else fail("tokenizer file '{}': Split with a String pattern is not supported", where);
+      } else if (t == "ByteLevel") {
+        if (p.value("add_prefix_space", false)) cfg.add_prefix_space = true;
+        if (p.value("use_regex", true)) cfg.patterns.push_back(known_tiktoken_pattern("gpt2"));
+      } else {
+        fail("tokenizer file '{}': pre-tokenizer '{}' is not supported (Split, ByteLevel, Sequence)", where, t);
+      }
+    };
+    pre(j.value("pre_tokenizer", json()));
+
+    // Post-processor: the single-sequence template's special tokens (e.g. Llama 3's BOS).
+    std::function<void(const json&)> post = [&](const json& p) {
+      if (p.is_null()) return;
+      std::string t = p.value("type", "");
+      if (t == "Sequence") {
+        for (const auto& q : p.at("processors")) post(q);
+      } else if (t == "TemplateProcessing") {
+        bool after = false;
+        for (const auto& item : p.at("single")) {
+          if (item.contains("Sequence")) {
+            after = true;
+          } else if (item.contains("SpecialToken")) {
+            std::string name = item["SpecialToken"].at("id").get<std::string>();
+            for (auto id : p.at("special_tokens").at(name).at("ids")) (after ? cfg.suffix : cfg.prefix).push_back(id);
+          }
+        }
+      } else if (t != "ByteLevel") {
+        fail("tokenizer file '{}': post-processor '{}' is not supported (TemplateProcessing, ByteLevel)", where, t);
+      }
+    };
+    post(j.value("post_processor", json()));
+  } catch (const json::exception& e) {
+    fail("tokenizer file '{}' is not a tokenizer.json this reader understands: {}", where, e.what());
+  }
+
+  // bos/eos/pad come from tokenizer_config.json beside it when present, else from common names.
+  auto id_of = [&](const std::string& s) -> int32_t {
+    for (auto& [t, id] : cfg.specials)
+      if (t == s) return id;
+    return -1;
+  };
+  fs::path config = path.parent_path() / "tokenizer_config.json";
+  if (fs::exists(config, ec)) {
+    try {
+      json c = json::parse(read_file(config.string(), "tokenizer config"));
+      if (c.contains("bos_token")) cfg.bos = id_of(token_text(c["bos_token"]));
+      if (c.contains("eos_token")) cfg.eos = id_of(token_text(c["eos_token"]));
+      if (c.contains("pad_token")) cfg.pad = id_of(token_text(c["pad_token"]));
+    } catch (const json::exception& e) {
+      fail("tokenizer config '{}' is not valid JSON: {}", config.string(), e.what());
+    }
+  }
+  for (const char* n : {"<|begin_of_text|>", "<s>", "<|startoftext|>"})
+    if (cfg.bos < 0) cfg.bos = id_of(n);
+  for (const char* n : {"<|end_of_text|>", "<|endoftext|>", "</s>"})
+    if (cfg.eos < 0) cfg.eos = id_of(n);
+  cfg.eod = cfg.eos;
+  auto bpe = std::make_unique<BytePairEncoder>(std::move(token_bytes), merges, ignore_merges);
+  return std::make_unique<BpeTokenizer>(std::move(cfg), std::move(bpe));
+}
+
+// ----------------------------------------------------------------------------------------------
+// SentencePiece: GPTSentencePieceTokenizer (plain), Llama2Tokenizer (BOS first) and Megatron's
+// SentencePieceTokenizer (adds <CLS> <SEP> <EOD> <MASK> after the vocabulary and splits on them).
+
+class SentencePieceTokenizer : public Tokenizer {
+ public:
+  SentencePieceTokenizer(const TokenizerOptions& o) : type_(o.type) {
+    if (o.model.empty()) fail("{} needs --tokenizer-model (a SentencePiece .model file)", o.type);
+    read_file(o.model, "SentencePiece model");  // existence and readability, with the file's name
+    auto st = sp_.Load(o.model);
+    if (!st.ok()) fail("cannot load SentencePiece model '{}': {}", o.model, st.ToString());
+    n_ = sp_.GetPieceSize();
+    bos_ = sp_.bos_id(), eos_ = sp_.eos_id(), pad_ = sp_.pad_id();
+    eod_ = eos_;
+    vocab_size_ = n_;
+    if (type_ == "SentencePieceTokenizer") {
+      auto add = [&](const std::string& t) {
+        int32_t id = sp_.PieceToId(t);
+        if (id == sp_.unk_id() && t != sp_.IdToPiece(sp_.unk_id())) id = static_cast<int32_t>(vocab_size_++);
+        for (auto& [s, i] : specials_)
+          if (s == t) return i;
+        specials_.emplace_back(t, id);
+        return id;
+      };
+      add("<CLS>"), add("<SEP>");
+      eod_ = add("<EOD>");
+      add("<MASK>");
+      pad_ = add(pad_ >= 0 ? sp_.IdToPiece(pad_) : "<PAD>");
+      bos_ = add(bos_ >= 0 ? sp_.IdToPiece(bos_) : "<BOS>");
+      eos_ = add(eos_ >= 0 ? sp_.IdToPiece(eos_) : "<EOS>");
+      splitter_ = std::make_unique<SpecialSplitter>(specials_);
+    } else {
+      for (int32_t id : {bos_, eos_, pad_})
+        if (id >= 0) specials_.emplace_back(sp_.IdToPiece(id), id);
+    }
+  }
+
+  std::vector<int32_t> encode(std::string_view text) const override {
+    std::vector<int32_t> out;
+    if (type_ == "Llama2Tokenizer" && bos_ >= 0) out.push_back(bos_);
+    auto plain = [&](size_t b, size_t n) {
+      std::vector<int> ids;
+      auto st = sp_.Encode(text.substr(b, n), &ids);
+      if (!st.ok()) fail("SentencePiece cannot encode text: {}", st.ToString());
+      out.insert(out.end(), ids.begin(), ids.end());
+    };
+    if (splitter_) splitter_->split(text, plain, [&](int32_t id) { out.push_back(id); });
+    else plain(0, text.size());
+    return out;
+  }
+
+  std::string decode(std::span<const int32_t> ids) const override {
+    std::string out;
+    std::vector<int> run;
+    auto flush = [&] {
+      std::string s;
+      auto st = sp_.Decode(run, &s);
+      if (!st.ok()) fail("SentencePiece cannot decode ids: {}", st.ToString());
+      out += s;
+      run.clear();
+    };
+    for (int32_t id : ids) {
+      if (id < 0 || id >= vocab_size_) fail("token id {} is outside the vocabulary [0, {})", id, vocab_size_);
+      if (id >= n_) {  // an added special token
+        flush();
+        for (auto& [s, i] : specials_)
+          if (i == id) out += s;
+      } else {
+        run.push_back(id);
+      }
+    }
+    flush();
+    return out;
+  }
+
+  int64_t vocab_size() const override { return vocab_size_; }
+  int32_t bos() const override { return bos_; }
+  int32_t eos() const override { return eos_; }
+  int32_t pad() const override { return pad_; }
+  int32_t eod() const override { return eod_; }
+  std::vector<std::pair<std::string, int32_t>> special_tokens() const override { return specials_; }
+  std::string type() const override { return type_; }
+
+ private:
+  std::string type_;
+  sentencepiece::SentencePieceProcessor sp_;
+  int32_t n_ = 0, bos_ = -1, eos_ = -1, pad_ = -1, eod_ = -1;
+  int64_t vocab_size_ = 0;
+  std::vector<std::pair<std::string, int32_t>> specials_;
+  std::unique_ptr<SpecialSplitter> splitter_;
+};
+
+// ----------------------------------------------------------------------------------------------
+
+// UTF-8 bytes are ids 0..255; <pad> <s> </s> follow. Needs no model: the quick-start tokenizer.
+class ByteLevelTokenizer : public Tokenizer {
+ public:
+  std::vector<int32_t> encode(std::string_view text) const override {
+    std::vector<int32_t> out(text.size());
+    for (size_t i = 0; i < text.size(); ++i) out[i] = static_cast<unsigned char>(text[i]);
+    return out;
+  }
+  std::string decode(std::span<const int32_t> ids) const override {
+    std::string out;
+    for (int32_t id : ids) {
+      if (id < 0 || id > 258) fail("token id {} is outside the vocabulary [0, 259)", id);
+      if (id < 256) out += static_cast<char>(id);
+      else out += id == 256 ? "<pad>" : id == 257 ? "<s>" : "</s>";
+    }
+    return out;
+  }
+  int64_t vocab_size() const override { return 259; }
+  int32_t pad() const override { return 256; }
+  int32_t bos() const override { return 257; }
+  int32_t eos() const override { return 258; }
+  std::vector<std::pair<std::string, int32_t>> special_tokens() const override {
+    return {{"<pad>", 256}, {"<s>", 257}, {"</s>", 258}};
+  }
+  std::string type() const override { return "ByteLevelTokenizer"; }
+};
+
+// Megatron's NullTokenizer: the text is space-separated ids; eod is vocab_size (one past them).
+class NullTokenizer : public Tokenizer {
+ public:
+  explicit NullTokenizer(int64_t v) : v_(v) {
+    if (v <= 0) fail("NullTokenizer needs --vocab-size > 0");
+  }
+  std::vector<int32_t> encode(std::string_view text) const override {
+    std::vector<int32_t> out;
+    size_t i = 0;
+    while (i < text.size()) {
+      size_t j = text.find(' ', i);
+      if (j == std::string_view::npos) j = text.size();
+      int64_t id = -1;
+      auto r = std::from_chars(text.data() + i, text.data() + j, id);
+      if (r.ec != std::errc() || r.ptr != text.data() + j || id < 0 || id >= v_)
+        fail("NullTokenizer: '{}' is not an id in [0, {})", text.substr(i, j - i), v_);
+      out.push_back(static_cast<int32_t>(id));
+      i = j + 1;
+    }
+    return out;
+  }
+  std::string decode(std::span<const int32_t> ids) const override { return fmt::format("{}", fmt::join(ids, " ")); }
+  int64_t vocab_size() const override { return v_ + 1; }
+  int32_t eos() const override { return static_cast<int32_t>(v_); }
+  std::string type() const override { return "NullTokenizer"; }
+
+ private:
+  int64_t v_;
+};
+
+}  // namespace
+
+std::vector<std::string> tokenizer_types() {
+  return {"HuggingFaceTokenizer",    "TikTokenizer",    "SentencePieceTokenizer", "GPTSentencePieceTokenizer",
+          "Llama2Tokenizer",         "ByteLevelTokenizer", "NullTokenizer"};
+}
+
+std::unique_ptr<Tokenizer> build_tokenizer(const TokenizerOptions& o) {
+  if (o.type == "HuggingFaceTokenizer") return build_hf(o);
+  if (o.type == "TikTokenizer") return build_tiktoken(o);
+  if (o.type == "SentencePieceTokenizer" || o.type == "GPTSentencePieceTokenizer" || o.type == "Llama2Tokenizer")
+    return std::make_unique<SentencePieceTokenizer>(o);
+  if (o.type == "ByteLevelTokenizer") return std::make_unique<ByteLevelTokenizer>();
+  if (o.type == "NullTokenizer") return std::make_unique<NullTokenizer>(o.vocab_size);
+  fail("unknown tokenizer type '{}'; types: {}", o.type, fmt::join(tokenizer_types(), ", "));
+}
+
+}  // namespace primus::data

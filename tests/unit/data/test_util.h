@@ -1,0 +1,65 @@
+// Helpers shared by the data tests: a fresh temporary folder per test, whole-file reads.
+#pragma once
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+namespace primus::data::testing {
+
+// Folders handed out by temp_dir(), removed when the test binary exits.
+struct TempDirs {
+  std::vector<std::filesystem::path> dirs;
+  ~TempDirs() {
+    std::error_code ec;
+    for (const auto& d : dirs) std::filesystem::remove_all(d, ec);
+  }
+};
+inline TempDirs& temp_dirs() {
+  static TempDirs t;
+  return t;
+}
+
+inline std::filesystem::path temp_dir() {
+  const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
+  std::string name = std::string("primus_data_") + info->test_suite_name() + "_" + info->name() + "_" +
+                     std::to_string(::getpid());
+  for (char& c : name)
+    if (c == '/') c = '_';  // parameterized test names carry slashes
+  auto dir = std::filesystem::temp_directory_path() / name;
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  temp_dirs().dirs.push_back(dir);
+  return dir;
+}
+
+inline std::string slurp(const std::filesystem::path& p) {
+  std::ifstream f(p, std::ios::binary);
+  std::ostringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+inline void spit(const std::filesystem::path& p, const std::string& s) {
+  std::ofstream f(p, std::ios::binary);
+  f << s;
+}
+
+// Runs a shell command, returns its exit status and (stdout + stderr) in `out`.
+inline int run(const std::string& cmd, std::string& out) {
+  out.clear();
+  FILE* p = ::popen((cmd + " 2>&1").c_str(), "r");
+  if (!p) return -1;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
+  int st = ::pclose(p);
+  return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+}  // namespace primus::data::testing
