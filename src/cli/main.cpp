@@ -1,6 +1,8 @@
 // primus-cli entry point: splits the command line at the first "--" into the runtime part and
 // the task part, then hands the task part to the chosen runtime.
+#include <algorithm>
 #include <cstdlib>
+#include <filesystem>
 #include <iostream>
 #include <string>
 #include <vector>
@@ -47,11 +49,20 @@ int main(int argc, char** argv) {
     std::vector<std::string> task_args;
     if (dashes != args.end()) task_args.assign(dashes + 1, args.end());
 
+    invocation() = Invocation{argv[0], runtime->name, runtime_args};
+    try {
+      invocation().exe = std::filesystem::read_symlink("/proc/self/exe").string();
+    } catch (const std::filesystem::filesystem_error&) {
+    }
     CLI::App app{runtime->help, "primus-cli " + runtime->name};
     RuntimeLauncher launch = runtime->setup(app);
     std::vector<std::string> reversed(runtime_args.rbegin(), runtime_args.rend());
     try {
       app.parse(reversed);
+    } catch (const CLI::ExtrasError& e) {
+      std::string hint = unknown_flag_hint(app, runtime_args);
+      if (hint.empty()) return app.exit(e);
+      primus::fail("{} for runtime '{}'; see 'primus-cli {} --help'", hint, runtime->name, runtime->name);
     } catch (const CLI::ParseError& e) {
       return app.exit(e);
     }

@@ -44,9 +44,54 @@ std::string nearest(const std::string& word, const std::vector<std::string>& can
   return best_d <= std::max<size_t>(2, word.size() / 3) ? best : std::string();
 }
 
+Invocation& invocation() {
+  static Invocation inv;
+  return inv;
+}
+
+static void collect_option_names(const CLI::App& app, std::vector<std::string>& out) {
+  for (const CLI::Option* o : app.get_options()) {
+    for (auto& l : o->get_lnames()) out.push_back("--" + l);
+    for (auto& s : o->get_snames()) out.push_back("-" + s);
+  }
+  for (const CLI::App* sub : app.get_subcommands([](const CLI::App*) { return true; }))
+    collect_option_names(*sub, out);
+}
+
+std::string unknown_flag_hint(const CLI::App& app, const std::vector<std::string>& args) {
+  std::vector<std::string> names;
+  collect_option_names(app, names);
+  for (const auto& a : args) {
+    if (a.size() < 2 || a[0] != '-' || a == "--") continue;
+    std::string flag = a.substr(0, a.find('='));
+    if (std::find(names.begin(), names.end(), flag) != names.end()) continue;
+    std::string n = nearest(flag, names);
+    return fmt::format("unknown option '{}'{}", flag, n.empty() ? "" : fmt::format(" (did you mean '{}'?)", n));
+  }
+  return "";
+}
+
 static std::string suggestion(const std::string& word, const std::vector<std::string>& candidates) {
   std::string n = nearest(word, candidates);
   return n.empty() ? "" : fmt::format(" (did you mean '{}'?)", n);
+}
+
+void validate_task_names(const std::vector<std::string>& task_args) {
+  if (task_args.empty() || task_args[0].empty() || task_args[0][0] == '-') return;
+  std::vector<std::string> names, subs;
+  bool found = false;
+  for (const auto& t : task_registry()) {
+    if (std::find(names.begin(), names.end(), t.task) == names.end()) names.push_back(t.task);
+    if (t.task != task_args[0]) continue;
+    found = true;
+    if (!t.subtask.empty()) subs.push_back(t.subtask);
+  }
+  if (!found)
+    fail("unknown task '{}'{}; tasks: {}", task_args[0], suggestion(task_args[0], names), fmt::join(names, ", "));
+  if (subs.empty() || task_args.size() < 2 || task_args[1].empty() || task_args[1][0] == '-') return;
+  if (std::find(subs.begin(), subs.end(), task_args[1]) == subs.end())
+    fail("unknown subtask '{} {}'{}; '{}' has: {}", task_args[0], task_args[1], suggestion(task_args[1], subs),
+         task_args[0], fmt::join(subs, ", "));
 }
 
 int run_task(const std::vector<std::string>& task_args) {
@@ -86,6 +131,10 @@ int run_task(const std::vector<std::string>& task_args) {
   std::vector<std::string> reversed(task_args.rbegin(), task_args.rend());
   try {
     app.parse(reversed);
+  } catch (const CLI::ExtrasError& e) {
+    std::string hint = unknown_flag_hint(app, task_args);
+    if (hint.empty()) return app.exit(e);
+    fail("{} for task '{}'", hint, fmt::join(task_args.begin(), task_args.begin() + std::min<size_t>(2, task_args.size()), " "));
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
   }

@@ -50,6 +50,23 @@ struct RuntimeRegistrar {
 // Used by the direct runtime and by tests.
 int run_task(const std::vector<std::string>& task_args);
 
+// How primus-cli was called: filled in by main() before the runtime's launcher runs, so a
+// runtime can record the full command line (snapshots) or re-run itself (ranks).
+struct Invocation {
+  std::string exe;      // argv[0] as resolved (/proc/self/exe)
+  std::string runtime;  // "direct"
+  std::vector<std::string> runtime_args;  // options between the runtime name and "--"
+};
+Invocation& invocation();
+
+// Checks that the task (and subtask) named by `task_args` exist, with the same "did you mean"
+// errors run_task gives; lets a launcher refuse a typo before it starts anything.
+void validate_task_names(const std::vector<std::string>& task_args);
+
+// For a CLI11 "arguments were not expected" error: names the first unknown flag in `args` and
+// the nearest option `app` (or its subcommands) knows. Empty when every flag is known.
+std::string unknown_flag_hint(const CLI::App& app, const std::vector<std::string>& args);
+
 // The nearest of `candidates` to `word` by edit distance, or "" when nothing is close.
 std::string nearest(const std::string& word, const std::vector<std::string>& candidates);
 
