@@ -306,7 +306,7 @@ T LlamaModel<T>::head_forward(HeadContext<T>& h, const Tensor& x, const int32_t*
     h.dlogits = new_tensor<T>({N, V});
     T* z = ptr<T>(h.dlogits);
     gemm<T>(false, true, N, V, C, T(1), hn, C, W, C, T(0), z, V);
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if(N * V >= (1 << 15))
     for (int64_t i = 0; i < N; ++i) {
       T* zi = z + i * V;
       T mx = zi[0];
@@ -338,7 +338,7 @@ T LlamaModel<T>::head_forward(HeadContext<T>& h, const Tensor& x, const int32_t*
     for (int64_t v0 = 0; v0 < V; v0 += VC) {
       const int64_t vc = std::min(VC, V - v0);
       gemm<T>(false, true, N, vc, C, T(1), hn, C, W + v0 * C, C, T(0), z, vc);
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if(N * vc >= (1 << 15))
       for (int64_t i = 0; i < N; ++i) {
         const T* zi = z + i * vc;
         T mx = m[i];
@@ -368,7 +368,7 @@ template <typename T>
 static void chunk_dlogits(const HeadContext<T>& h, const T* W, T* z, int64_t v0, int64_t vc, int64_t N, int64_t C) {
   gemm<T>(false, true, N, vc, C, T(1), ptr<T>(h.hn), C, W + v0 * C, C, T(0), z, vc);
   const T* lse = ptr<T>(h.lse);
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if(N * vc >= (1 << 15))
   for (int64_t i = 0; i < N; ++i) {
     T* zi = z + i * vc;
     const int32_t t = h.targets[i];

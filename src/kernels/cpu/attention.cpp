@@ -11,6 +11,8 @@ namespace primus::cpu {
 
 namespace {
 constexpr int64_t kTile = 64;  // query and key tile; a K tile of 64 x 128 floats fits in L1/L2
+// Below this much work (multiply-adds of the score matrix) one thread does it all.
+constexpr int64_t kParallelMin = 1 << 16;
 }
 
 template <typename T>
@@ -20,8 +22,9 @@ void attention_forward(const T* qkv, T* out, T* lse, const AttentionShape& s) {
   const int64_t tiles = (S + kTile - 1) / kTile;
   const T scale = T(1) / std::sqrt(T(D));
   const int64_t tasks = s.batch * s.heads * tiles;
+  const bool parallel = s.batch * s.heads * S * S * D / 2 >= kParallelMin;
 
-#pragma omp parallel
+#pragma omp parallel if(parallel)
   {
     std::vector<T> kt(D * kTile), srow(kTile), acc(kTile * D), m(kTile), l(kTile), qs(D);
 #pragma omp for schedule(dynamic, 1)
@@ -97,8 +100,9 @@ void attention_backward(const T* qkv, const T* out, const T* lse, const T* dout,
   const int64_t q_size = s.heads * D, kv_size = s.groups * D, per_group = s.heads / s.groups;
   const T scale = T(1) / std::sqrt(T(D));
   const int64_t tasks = s.batch * s.groups;
+  const bool parallel = s.batch * s.heads * S * S * D / 2 >= kParallelMin;
 
-#pragma omp parallel
+#pragma omp parallel if(parallel)
   {
     std::vector<T> kt(D * kTile), vt(D * kTile), p(kTile), dp(kTile), dq(D), qs(D);
 #pragma omp for schedule(dynamic, 1)

@@ -5,11 +5,15 @@
 
 #include "core/error.h"
 
+// Loops over fewer elements than this run on one thread: a parallel region costs more than it
+// saves on tiny work (decoding one token, the test models).
+static constexpr int64_t kParallelMin = 1 << 15;
+
 namespace primus::cpu {
 
 template <typename T>
 void rmsnorm_forward(const T* x, const T* w, T* y, T* rstd, int64_t n, int64_t c, double eps) {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if(n * c >= kParallelMin)
   for (int64_t i = 0; i < n; ++i) {
     const T* xi = x + i * c;
     T* yi = y + i * c;
@@ -27,7 +31,7 @@ void rmsnorm_forward(const T* x, const T* w, T* y, T* rstd, int64_t n, int64_t c
 template <typename T>
 void rmsnorm_backward_input(const T* dy, const T* x, const T* w, const T* rstd, T* dx, int64_t n, int64_t c,
                             bool accumulate) {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if(n * c >= kParallelMin)
   for (int64_t i = 0; i < n; ++i) {
     const T* xi = x + i * c;
     const T* dyi = dy + i * c;
@@ -51,7 +55,7 @@ void rmsnorm_backward_input(const T* dy, const T* x, const T* w, const T* rstd, 
 template <typename T>
 void rmsnorm_backward_weight(const T* dy, const T* x, const T* rstd, T* dw, int64_t n, int64_t c) {
   const int64_t block = 64;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if(n * c >= kParallelMin)
   for (int64_t j0 = 0; j0 < c; j0 += block) {
     const int64_t j1 = std::min(c, j0 + block);
     T acc[64] = {};
@@ -73,7 +77,7 @@ static inline T sigmoid(T v) {
 
 template <typename T>
 void swiglu_forward(const T* gate_up, T* a, int64_t n, int64_t f) {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if(n * f >= kParallelMin)
   for (int64_t i = 0; i < n; ++i) {
     const T* g = gate_up + i * 2 * f;
     const T* u = g + f;
@@ -86,7 +90,7 @@ void swiglu_forward(const T* gate_up, T* a, int64_t n, int64_t f) {
 // silu'(g) = s * (1 + g * (1 - s)), s = sigmoid(g).
 template <typename T>
 void swiglu_backward(const T* da, const T* gate_up, T* dgate_up, int64_t n, int64_t f) {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if(n * f >= kParallelMin)
   for (int64_t i = 0; i < n; ++i) {
     const T* g = gate_up + i * 2 * f;
     const T* u = g + f;
@@ -136,7 +140,7 @@ void rope_apply(T* x, int64_t rows, int64_t stride, int64_t heads, int64_t head_
                 const T* cos, const T* sin, bool inverse) {
   const int64_t half = head_dim / 2;
   const T sign = inverse ? T(-1) : T(1);
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if(rows * stride >= kParallelMin)
   for (int64_t r = 0; r < rows; ++r) {
     const int64_t pos = pos0 + r % seq;
     const T* cp = cos + pos * half;
@@ -159,7 +163,7 @@ void embedding_forward(const int32_t* tokens, const T* table, T* out, int64_t n,
   for (int64_t i = 0; i < n; ++i)
     if (tokens[i] < 0 || tokens[i] >= vocab)
       fail("token id {} at position {} is outside the vocabulary of {} entries", tokens[i], i, vocab);
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if(n * c >= kParallelMin)
   for (int64_t i = 0; i < n; ++i) {
     const T* src = table + int64_t(tokens[i]) * c;
     T* dst = out + i * c;
@@ -173,7 +177,7 @@ template <typename T>
 void embedding_backward_weight(const int32_t* tokens, const T* dout, T* dtable, int64_t n, int64_t vocab,
                                int64_t c) {
   const int64_t block = 64;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if(n * c >= kParallelMin)
   for (int64_t j0 = 0; j0 < c; j0 += block) {
     const int64_t j1 = std::min(c, j0 + block);
     for (int64_t i = 0; i < n; ++i) {

@@ -24,4 +24,14 @@ template <typename T>
 void linear_backward_weight(const T* dy, const T* x, T* dw, T* dbias, int64_t n, int64_t in, int64_t out,
                             T scale = T(1));
 
+// Sets flush-to-zero and denormals-are-zero on every OpenMP thread. AdamW's second moments and
+// small gradients turn denormal late in training, and denormal arithmetic is many times slower
+// on x86; training never needs values below 1e-38.
+void flush_denormals_to_zero();
+
+// The machine's practical fp32 peak: best of `reps` n^3 SGEMMs on all threads, in GFLOP/s.
+// MFU on the CPU is reported against this measured number (PRIMUS_PEAK_GFLOPS overrides it).
+double measure_sgemm_peak_gflops(int n = 2048, int reps = 4);
+double sgemm_peak_gflops();  // PRIMUS_PEAK_GFLOPS if set, else measured once (n = 1024) and cached
+
 }  // namespace primus::cpu

@@ -1,0 +1,69 @@
+// `train pretrain --config exp.yaml [--print-config] [--<key> <value> ...]`: the pretraining
+// loop on an experiment config; any config key may be overridden after --config.
+#include <cstdlib>
+#include <iostream>
+
+#include "cli/registry.h"
+#include "config/experiment.h"
+#include "core/error.h"
+#include "core/log.h"
+#include "train/trainer.h"
+
+namespace primus::cli {
+namespace {
+
+// "--lr 3e-4", "--lr=3e-4", "--exp-name x": pairs of key and value, in order.
+std::vector<std::pair<std::string, std::string>> key_values(const std::vector<std::string>& args) {
+  std::vector<std::pair<std::string, std::string>> out;
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::string& a = args[i];
+    if (!a.starts_with("--") || a.size() < 3) fail("unexpected argument '{}': overrides are --key value", a);
+    const size_t eq = a.find('=');
+    if (eq != std::string::npos) {
+      out.emplace_back(a.substr(2, eq - 2), a.substr(eq + 1));
+    } else {
+      if (i + 1 >= args.size()) fail("option {} needs a value", a);
+      out.emplace_back(a.substr(2), args[++i]);
+    }
+  }
+  return out;
+}
+
+TaskRegistrar reg{{"train", "pretrain", "pretrain a model from an experiment config", [](CLI::App& app) -> TaskAction {
+                     auto config = std::make_shared<std::string>();
+                     auto print = std::make_shared<bool>(false);
+                     auto reference = std::make_shared<bool>(false);
+                     app.add_option("--config", *config, "experiment YAML (see examples/ and docs/config.md)");
+                     app.add_flag("--print-config", *print, "print the resolved config and exit");
+                     app.add_flag("--config-reference", *reference,
+                                  "print the table of training keys (docs/config.md) and exit");
+                     app.allow_extras();
+                     app.footer("Any config key can follow --config as --key value, e.g. --train_iters 50 "
+                                "--lr 1e-3 --exp_name try2 --workspace /tmp/runs");
+                     CLI::App* self = &app;
+                     return [config, print, reference, self]() {
+                       if (*reference) {
+                         std::cout << config::training_keys_reference();
+                         return 0;
+                       }
+                       if (config->empty()) fail("train pretrain needs --config <experiment.yaml>");
+                       auto cfg = config::load_experiment(*config, key_values(self->remaining()));
+                       // Under primus-cli the runtime chose the run folder (its --workspace/--exp-name
+                       // and replays win over the config); logs, snapshot and metrics share it.
+                       const char* ws = std::getenv("PRIMUS_WORKSPACE");
+                       const char* exp = std::getenv("PRIMUS_EXP_NAME");
+                       if (ws && exp && *ws && *exp) {
+                         cfg.workspace = ws;
+                         cfg.exp_name = exp;
+                       }
+                       if (*print) {
+                         std::cout << cfg.resolved_yaml();
+                         return 0;
+                       }
+                       train::pretrain(cfg);
+                       return 0;
+                     };
+                   }}};
+
+}  // namespace
+}  // namespace primus::cli

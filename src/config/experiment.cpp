@@ -1,0 +1,316 @@
+#include "config/experiment.h"
+
+#include <algorithm>
+#include <filesystem>
+#include <sstream>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include "core/error.h"
+#include "core/suggest.h"
+
+namespace fs = std::filesystem;
+
+namespace primus::config {
+
+#define KEY(name, help) KeyInfo{#name, &TrainingArgs::name, help}
+
+const std::vector<KeyInfo>& training_keys() {
+  static const std::vector<KeyInfo> keys = {
+      KEY(micro_batch_size, "sequences per microbatch (one forward/backward)"),
+      KEY(global_batch_size, "sequences per optimizer step; a multiple of micro_batch_size (gradient accumulation). "
+                             "0: micro_batch_size"),
+      KEY(seq_length, "tokens per sequence; at most the model's max_position_embeddings. 0: max_position_embeddings"),
+      KEY(train_iters, "optimizer steps to train for (required)"),
+      KEY(lr, "peak learning rate"),
+      KEY(min_lr, "learning rate at the end of the decay"),
+      KEY(lr_warmup_init, "learning rate at the first warmup step"),
+      KEY(lr_warmup_iters, "steps of linear warmup from lr_warmup_init to lr"),
+      KEY(lr_decay_iters, "steps over which lr decays to min_lr (warmup included). 0: train_iters"),
+      KEY(lr_decay_style, "constant | linear | cosine | inverse-square-root | WSD"),
+      KEY(lr_wsd_decay_style, "WSD's final decay: linear | cosine | exponential | minus_sqrt"),
+      KEY(lr_wsd_decay_iters, "WSD: steps of the final decay at the end of lr_decay_iters"),
+      KEY(weight_decay, "AdamW's decoupled weight decay (not applied to norms and biases)"),
+      KEY(clip_grad, "clip gradients to this global L2 norm; 0 turns clipping off"),
+      KEY(adam_beta1, "AdamW beta1"),
+      KEY(adam_beta2, "AdamW beta2"),
+      KEY(adam_eps, "AdamW epsilon"),
+      KEY(seed, "seed of weight init and data shuffling"),
+      KEY(log_interval, "log a line (and a metrics.jsonl row) every this many steps"),
+      KEY(eval_interval, "evaluate on the valid split every this many steps; 0: never"),
+      KEY(eval_iters, "global batches of the valid split per evaluation"),
+      KEY(save_interval, "save a checkpoint every this many steps; 0: only at the end"),
+      KEY(save, "checkpoint folder. Empty: <workspace>/<exp_name>/checkpoints"),
+      KEY(load, "checkpoint to start from: an iter_NNNNNNN folder, or a folder with a `latest` file"),
+      KEY(auto_resume, "resume from the newest good checkpoint in `save` when there is one"),
+      KEY(keep_last_checkpoints, "checkpoints kept in `save`; older ones are deleted. 0: keep all"),
+      KEY(data_path, "Megatron indexed dataset prefixes, optionally weighted: [0.3, a, 0.7, b]"),
+      KEY(split, "train,valid,test proportions of the documents, e.g. 969,30,1"),
+      KEY(mock_data, "train on random tokens instead of data_path (benchmarks, smoke tests)"),
+      KEY(tokenizer_type, "Megatron tokenizer type, e.g. SentencePieceTokenizer, HuggingFaceTokenizer, TikTokenizer"),
+      KEY(tokenizer_model, "the tokenizer's model file"),
+      KEY(recompute_granularity, "activation recompute: full | selective; empty: none"),
+      KEY(device, "auto | cpu (cuda comes with the GPU backend)"),
+  };
+  return keys;
+}
+#undef KEY
+
+namespace {
+
+const std::vector<std::string> kTopKeys = {"work_group", "user_name", "exp_name", "workspace", "modules"};
+const std::vector<std::string> kTrainerKeys = {"framework", "model", "overrides"};
+
+std::vector<std::string> names_of_training_keys() {
+  std::vector<std::string> out;
+  for (const auto& k : training_keys()) out.push_back(k.name);
+  return out;
+}
+
+std::string describe(const YAML::Node& n) {
+  if (n.IsScalar()) return "'" + n.Scalar() + "'";
+  if (n.IsSequence()) return "a list";
+  if (n.IsMap()) return "a map";
+  return "nothing";
+}
+
+void set_training_key(TrainingArgs& args, const KeyInfo& key, const YAML::Node& value, const Origin& at) {
+  std::visit(
+      [&](auto member) {
+        using T = std::remove_reference_t<decltype(args.*member)>;
+        if constexpr (std::is_same_v<T, std::vector<std::string>>) {
+          std::vector<std::string> out;
+          if (value.IsScalar()) {
+            out.push_back(value.Scalar());
+          } else if (value.IsSequence()) {
+            for (const auto& e : value) {
+              if (!e.IsScalar()) fail("{}: '{}' must be a list of names and weights, got {}", at.str(), key.name, describe(e));
+              out.push_back(e.Scalar());
+            }
+          } else if (!value.IsNull()) {
+            fail("{}: '{}' must be a list, got {}", at.str(), key.name, describe(value));
+          }
+          args.*member = out;
+        } else {
+          const char* want = std::is_same_v<T, bool>          ? "true or false"
+                             : std::is_same_v<T, int64_t>     ? "an integer"
+                             : std::is_same_v<T, std::string> ? "text"
+                                                              : "a number";
+          T v{};
+          if (!value.IsScalar() || !YAML::convert<T>::decode(value, v))
+            fail("{}: '{}' must be {}, got {}", at.str(), key.name, want, describe(value));
+          args.*member = v;
+        }
+      },
+      key.field);
+}
+
+std::string scalar_or(const YAML::Node& n, const std::string& key, const std::string& fallback, const YamlTree& tree,
+                      const std::string& path) {
+  if (!n[key] || n[key].IsNull()) return fallback;
+  if (!n[key].IsScalar()) fail("{}: '{}' must be text, got {}", tree.origin(path).str(), key, describe(n[key]));
+  return n[key].Scalar();
+}
+
+void check_keys(const YAML::Node& map, const std::vector<std::string>& allowed, const YamlTree& tree,
+                const std::string& prefix, const char* where) {
+  for (auto kv : map) {
+    const std::string k = kv.first.as<std::string>();
+    if (std::find(allowed.begin(), allowed.end(), k) == allowed.end())
+      fail("{}: unknown key '{}'{} in {}; valid keys: {}", tree.origin(prefix.empty() ? k : prefix + "." + k).str(), k,
+           did_you_mean(k, allowed), where, fmt::join(allowed, ", "));
+  }
+}
+
+std::string resolve_model(const std::string& model, const std::string& config_file) {
+  const bool path_like = model.find('/') != std::string::npos || model.ends_with(".yaml") || model.ends_with(".yml");
+  if (!path_like) return model;  // a preset name
+  fs::path p(model);
+  if (p.is_relative()) {
+    fs::path beside = fs::path(config_file).parent_path() / p;
+    if (fs::is_regular_file(beside)) return beside.string();
+    if (!fs::is_regular_file(p)) {
+      // "llama2_7B.yaml" as Primus writes it: a preset file name.
+      fs::path preset = fs::path(model_preset_dir()) / p.filename();
+      if (p.parent_path().empty() && fs::is_regular_file(preset)) return preset.string();
+    }
+  }
+  return model;
+}
+
+}  // namespace
+
+std::string ExperimentConfig::run_dir() const { return (fs::path(workspace) / exp_name).string(); }
+
+std::string ExperimentConfig::checkpoint_dir() const {
+  return train.save.empty() ? (fs::path(run_dir()) / "checkpoints").string() : train.save;
+}
+
+std::string ExperimentConfig::resolved_yaml() const {
+  YAML::Node out = YAML::Clone(tree.root);
+  out["work_group"] = work_group;
+  out["user_name"] = user_name;
+  out["exp_name"] = exp_name;
+  out["workspace"] = workspace;
+  YAML::Node ov = out["modules"]["pre_trainer"]["overrides"];
+  for (const auto& k : training_keys())
+    std::visit(
+        [&](auto member) {
+          using T = std::remove_cvref_t<decltype(train.*member)>;
+          if constexpr (std::is_same_v<T, std::vector<std::string>>) {
+            YAML::Node seq(YAML::NodeType::Sequence);
+            for (const auto& s : train.*member) seq.push_back(s);
+            ov[k.name] = seq;
+          } else {
+            ov[k.name] = train.*member;
+          }
+        },
+        k.field);
+  out["modules"]["pre_trainer"]["model_spec"] = model_spec_to_yaml(model_spec);
+  YAML::Emitter e;
+  e << out;
+  return std::string(e.c_str()) + "\n";
+}
+
+ExperimentConfig load_experiment(const std::string& path, const std::vector<std::pair<std::string, std::string>>& overrides) {
+  ExperimentConfig cfg;
+  cfg.config_file = path;
+  cfg.tree = load_yaml_tree(path);
+  YamlTree& tree = cfg.tree;
+  const std::vector<std::string> model_keys = model_spec_keys();
+  const std::vector<std::string> train_keys = names_of_training_keys();
+
+  for (auto [key, value] : overrides) {
+    std::replace(key.begin(), key.end(), '-', '_');
+    if (key.find('.') != std::string::npos ||
+        std::find(kTopKeys.begin(), kTopKeys.end(), key) != kTopKeys.end())
+      tree.set(key, value);
+    else if (std::find(train_keys.begin(), train_keys.end(), key) != train_keys.end() ||
+             std::find(model_keys.begin(), model_keys.end(), key) != model_keys.end())
+      tree.set("modules.pre_trainer.overrides." + key, value);
+    else {
+      std::vector<std::string> all = kTopKeys;
+      all.insert(all.end(), train_keys.begin(), train_keys.end());
+      all.insert(all.end(), model_keys.begin(), model_keys.end());
+      fail("unknown option --{} on the command line{}", key, did_you_mean(key, all));
+    }
+  }
+
+  const YAML::Node& root = tree.root;
+  check_keys(root, kTopKeys, tree, "", "the experiment config");
+  cfg.work_group = scalar_or(root, "work_group", "", tree, "work_group");
+  cfg.user_name = scalar_or(root, "user_name", "", tree, "user_name");
+  cfg.exp_name = scalar_or(root, "exp_name", fs::path(path).stem().string(), tree, "exp_name");
+  cfg.workspace = scalar_or(root, "workspace", "./output", tree, "workspace");
+  if (cfg.exp_name.empty() || cfg.exp_name.find('/') != std::string::npos)
+    fail("{}: exp_name '{}' must be a non-empty name without '/'", tree.origin("exp_name").str(), cfg.exp_name);
+
+  const YAML::Node modules = root["modules"];
+  if (!modules || !modules.IsMap()) fail("{}: the config needs a 'modules: pre_trainer:' section", path);
+  check_keys(modules, {"pre_trainer"}, tree, "modules", "modules");
+  const YAML::Node pt = modules["pre_trainer"];
+  if (!pt || !pt.IsMap()) fail("{}: 'modules.pre_trainer' must be a map", tree.origin("modules").str());
+  check_keys(pt, kTrainerKeys, tree, "modules.pre_trainer", "modules.pre_trainer");
+  const std::string framework = scalar_or(pt, "framework", "megatron", tree, "modules.pre_trainer.framework");
+  if (framework != "megatron" && framework != "primus")
+    fail("{}: framework '{}' is not supported; this engine trains Megatron-style configs (framework: megatron)",
+         tree.origin("modules.pre_trainer.framework").str(), framework);
+  cfg.model = scalar_or(pt, "model", "", tree, "modules.pre_trainer.model");
+  if (cfg.model.empty()) fail("{}: modules.pre_trainer.model is missing: name a preset (e.g. tiny) or a model YAML", path);
+
+  YAML::Node model_overrides(YAML::NodeType::Map);
+  if (const YAML::Node ov = pt["overrides"]; ov && !ov.IsNull()) {
+    if (!ov.IsMap()) fail("{}: 'overrides' must be a map of key: value", tree.origin("modules.pre_trainer.overrides").str());
+    for (auto kv : ov) {
+      const std::string k = kv.first.as<std::string>();
+      const std::string kpath = "modules.pre_trainer.overrides." + k;
+      auto ti = std::find_if(training_keys().begin(), training_keys().end(), [&](const KeyInfo& x) { return k == x.name; });
+      if (ti != training_keys().end()) {
+        set_training_key(cfg.train, *ti, kv.second, tree.origin(kpath));
+      } else if (std::find(model_keys.begin(), model_keys.end(), k) != model_keys.end()) {
+        model_overrides[k] = kv.second;
+      } else {
+        std::vector<std::string> all = train_keys;
+        all.insert(all.end(), model_keys.begin(), model_keys.end());
+        fail("{}: unknown key '{}'{} in overrides", tree.origin(kpath).str(), k, did_you_mean(k, all));
+      }
+    }
+  }
+
+  try {
+    cfg.model_spec = load_model_spec(resolve_model(cfg.model, path));
+  } catch (const Error& e) {
+    fail("{}: model '{}': {}", tree.origin("modules.pre_trainer.model").str(), cfg.model, e.what());
+  }
+  if (model_overrides.size() > 0) {
+    const std::string name = cfg.model_spec.name;
+    apply_model_keys(cfg.model_spec, model_overrides, path);
+    cfg.model_spec.name = name;
+    cfg.model_spec.validate();
+  }
+
+  // Derived defaults, then the checks that must fail before any training starts.
+  TrainingArgs& t = cfg.train;
+  const ModelSpec& m = cfg.model_spec;
+  auto at = [&](const char* key) { return tree.origin(std::string("modules.pre_trainer.overrides.") + key).str(); };
+  if (t.seq_length == 0) t.seq_length = m.max_position_embeddings;
+  if (t.global_batch_size == 0) t.global_batch_size = t.micro_batch_size;
+  if (t.lr_decay_iters == 0) t.lr_decay_iters = t.train_iters;
+  if (t.micro_batch_size <= 0) fail("{}: micro_batch_size must be positive, got {}", at("micro_batch_size"), t.micro_batch_size);
+  if (t.train_iters <= 0) fail("{}: train_iters must be positive (got {})", at("train_iters"), t.train_iters);
+  if (t.seq_length < 0) fail("{}: seq_length must be positive, got {}", at("seq_length"), t.seq_length);
+  if (t.seq_length > m.max_position_embeddings)
+    fail("{}: seq_length {} exceeds max_position_embeddings {} of model '{}'", at("seq_length"), t.seq_length,
+         m.max_position_embeddings, cfg.model);
+  if (t.global_batch_size < t.micro_batch_size || t.global_batch_size % t.micro_batch_size != 0)
+    fail("{}: global_batch_size {} is not a multiple of micro_batch_size {}", at("global_batch_size"),
+         t.global_batch_size, t.micro_batch_size);
+  if (t.log_interval <= 0) fail("{}: log_interval must be positive", at("log_interval"));
+  if (t.eval_interval < 0 || t.eval_iters < 0) fail("{}: eval_interval and eval_iters must not be negative", at("eval_interval"));
+  if (t.save_interval < 0) fail("{}: save_interval must not be negative", at("save_interval"));
+  if (t.keep_last_checkpoints < 0) fail("{}: keep_last_checkpoints must not be negative", at("keep_last_checkpoints"));
+  if (t.clip_grad < 0) fail("{}: clip_grad must not be negative", at("clip_grad"));
+  if (t.data_path.empty() && !t.mock_data)
+    fail("{}: data_path is empty: give Megatron dataset prefixes (data preprocess makes them) or set mock_data: true",
+         at("data_path"));
+  if (t.device != "auto" && t.device != "cpu")
+    fail("{}: device '{}' is not available in this build (auto | cpu)", at("device"), t.device);
+  if (t.recompute_granularity != "" && t.recompute_granularity != "full" && t.recompute_granularity != "selective")
+    fail("{}: recompute_granularity '{}' is not one of: full, selective", at("recompute_granularity"),
+         t.recompute_granularity);
+  return cfg;
+}
+
+std::string training_keys_reference() {
+  const TrainingArgs d;
+  std::string out = "| key | type | default | meaning |\n|---|---|---|---|\n";
+  for (const auto& k : training_keys()) {
+    std::string type, def;
+    std::visit(
+        [&](auto member) {
+          using T = std::remove_cvref_t<decltype(d.*member)>;
+          if constexpr (std::is_same_v<T, std::vector<std::string>>) {
+            type = "list";
+            def = fmt::format("[{}]", fmt::join(d.*member, ", "));
+          } else if constexpr (std::is_same_v<T, std::string>) {
+            type = "text";
+            def = (d.*member).empty() ? "\"\"" : d.*member;
+          } else if constexpr (std::is_same_v<T, bool>) {
+            type = "bool";
+            def = d.*member ? "true" : "false";
+          } else if constexpr (std::is_same_v<T, int64_t>) {
+            type = "integer";
+            def = fmt::format("{}", d.*member);
+          } else {
+            type = "number";
+            def = fmt::format("{}", d.*member);
+          }
+        },
+        k.field);
+    out += fmt::format("| `{}` | {} | `{}` | {} |\n", k.name, type, def, k.help);
+  }
+  return out;
+}
+
+}  // namespace primus::config

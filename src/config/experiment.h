@@ -1,0 +1,101 @@
+// Experiment configs, shaped like Primus's:
+//
+//   work_group: ${TEAM:amd}
+//   user_name: ${USER:root}
+//   exp_name: llama_tiny_demo
+//   workspace: ./output
+//   modules:
+//     pre_trainer:
+//       model: tiny               # a preset in configs/models, or a path to a model YAML
+//       overrides:                # Megatron-named training keys; model keys override the preset
+//         micro_batch_size: 4
+//         train_iters: 200
+//         lr: 3.0e-3
+//
+// Unknown keys and wrong types are errors naming the key, its file and line, and the nearest
+// valid key. The table of training keys (training_keys()) is also the source of the config
+// reference in docs/config_reference.md, checked by a test.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <variant>
+#include <vector>
+
+#include "config/yaml_tree.h"
+#include "model/model_spec.h"
+
+namespace primus::config {
+
+struct TrainingArgs {
+  // batch and length
+  int64_t micro_batch_size = 1;
+  int64_t global_batch_size = 0;  // 0: micro_batch_size (no accumulation)
+  int64_t seq_length = 0;         // 0: the model's max_position_embeddings
+  int64_t train_iters = 0;
+  // optimizer
+  double lr = 1e-4;
+  double min_lr = 0;
+  double lr_warmup_init = 0;
+  int64_t lr_warmup_iters = 0;
+  int64_t lr_decay_iters = 0;  // 0: train_iters
+  std::string lr_decay_style = "linear";
+  std::string lr_wsd_decay_style = "exponential";
+  int64_t lr_wsd_decay_iters = 0;
+  double weight_decay = 0.01;
+  double clip_grad = 1.0;
+  double adam_beta1 = 0.9;
+  double adam_beta2 = 0.999;
+  double adam_eps = 1e-8;
+  int64_t seed = 1234;
+  // logging, evaluation, checkpoints
+  int64_t log_interval = 100;
+  int64_t eval_interval = 1000;
+  int64_t eval_iters = 100;
+  int64_t save_interval = 0;  // 0: save only at the end when `save` is set
+  std::string save;           // "": <workspace>/<exp_name>/checkpoints
+  std::string load;           // checkpoint folder (or its parent with a `latest` file) to resume from
+  bool auto_resume = true;    // resume from `save` when it holds a checkpoint
+  int64_t keep_last_checkpoints = 3;
+  // data
+  std::vector<std::string> data_path;
+  std::string split = "969,30,1";
+  bool mock_data = false;
+  std::string tokenizer_type;
+  std::string tokenizer_model;
+  // engine
+  std::string recompute_granularity;
+  std::string device = "auto";
+};
+
+using FieldRef = std::variant<int64_t TrainingArgs::*, double TrainingArgs::*, bool TrainingArgs::*,
+                              std::string TrainingArgs::*, std::vector<std::string> TrainingArgs::*>;
+struct KeyInfo {
+  const char* name;
+  FieldRef field;
+  const char* help;
+};
+const std::vector<KeyInfo>& training_keys();
+
+struct ExperimentConfig {
+  std::string config_file;
+  std::string work_group, user_name, exp_name, workspace;
+  std::string model;  // as written: preset name or path
+  ModelSpec model_spec;
+  TrainingArgs train;
+  YamlTree tree;      // the resolved YAML, for --print-config and checkpoints
+
+  std::string run_dir() const;          // <workspace>/<exp_name>
+  std::string checkpoint_dir() const;   // train.save or <run_dir>/checkpoints
+  std::string resolved_yaml() const;    // the whole config, model spec included
+};
+
+// Loads `path`, applies command-line overrides given as (key, value) pairs (a key is a training
+// or model key, a top-level key, or a dotted path), validates everything.
+ExperimentConfig load_experiment(const std::string& path,
+                                 const std::vector<std::pair<std::string, std::string>>& overrides = {});
+
+// Markdown table of every training key (name, type, default, meaning).
+std::string training_keys_reference();
+
+}  // namespace primus::config

@@ -1,0 +1,166 @@
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+
+#include "config/experiment.h"
+#include "core/error.h"
+
+namespace fs = std::filesystem;
+using namespace primus;
+using namespace primus::config;
+
+namespace {
+
+struct TempDir {
+  fs::path path;
+  TempDir() {
+    path = fs::temp_directory_path() / fs::path("primus_cfg_" + std::to_string(::getpid()) + "_" +
+                                                ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::remove_all(path);
+    fs::create_directories(path);
+  }
+  ~TempDir() { fs::remove_all(path); }
+  std::string write(const std::string& name, const std::string& text) const {
+    std::ofstream(path / name) << text;
+    return (path / name).string();
+  }
+};
+
+const char* kBase = R"(work_group: team
+user_name: me
+exp_name: base_exp
+workspace: /tmp/primus_ws
+modules:
+  pre_trainer:
+    model: tiny
+    overrides:
+      micro_batch_size: 2
+      global_batch_size: 8
+      train_iters: 10
+      lr: 1.0e-3
+      mock_data: true
+)";
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+}  // namespace
+
+TEST(Config, ExtendsMergesKeyByKeyAndChildWins) {
+  TempDir d;
+  d.write("base.yaml", kBase);
+  auto child = d.write("child.yaml", R"(extends: base.yaml
+exp_name: child_exp
+modules:
+  pre_trainer:
+    overrides:
+      lr: 5.0e-4
+      seq_length: 64
+)");
+  auto cfg = load_experiment(child);
+  EXPECT_EQ(cfg.exp_name, "child_exp");
+  EXPECT_EQ(cfg.work_group, "team");
+  EXPECT_DOUBLE_EQ(cfg.train.lr, 5e-4);
+  EXPECT_EQ(cfg.train.micro_batch_size, 2);  // inherited
+  EXPECT_EQ(cfg.train.seq_length, 64);
+  EXPECT_EQ(cfg.model_spec.hidden_size, 64);  // the tiny preset
+  EXPECT_EQ(cfg.tree.origin("modules.pre_trainer.overrides.lr").file, child);
+  EXPECT_EQ(cfg.tree.origin("modules.pre_trainer.overrides.lr").line, 6);
+  EXPECT_EQ(cfg.tree.origin("work_group").file, (d.path / "base.yaml").string());
+}
+
+TEST(Config, EnvironmentSubstitution) {
+  TempDir d;
+  auto f = d.write("env.yaml", std::string(kBase) + "      seed: ${PRIMUS_TEST_SEED:77}\n");
+  ::unsetenv("PRIMUS_TEST_SEED");
+  EXPECT_EQ(load_experiment(f).train.seed, 77);
+  ::setenv("PRIMUS_TEST_SEED", "91", 1);
+  EXPECT_EQ(load_experiment(f).train.seed, 91);
+  ::unsetenv("PRIMUS_TEST_SEED");
+  auto g = d.write("noenv.yaml", std::string(kBase) + "      seed: ${PRIMUS_TEST_UNSET_VAR}\n");
+  std::string e = error_of([&] { load_experiment(g); });
+  EXPECT_NE(e.find("noenv.yaml:14"), std::string::npos) << e;
+  EXPECT_NE(e.find("PRIMUS_TEST_UNSET_VAR"), std::string::npos) << e;
+}
+
+TEST(Config, CommandLineOverridesAnyKey) {
+  TempDir d;
+  auto f = d.write("c.yaml", kBase);
+  auto cfg = load_experiment(f, {{"workspace", "/tmp/other"}, {"exp-name", "cli"}, {"lr", "0.01"},
+                                 {"num_layers", "3"}, {"data_path", "[0.3, a, 0.7, b]"}});
+  EXPECT_EQ(cfg.workspace, "/tmp/other");
+  EXPECT_EQ(cfg.exp_name, "cli");
+  EXPECT_DOUBLE_EQ(cfg.train.lr, 0.01);
+  EXPECT_EQ(cfg.model_spec.num_layers, 3);
+  EXPECT_EQ(cfg.train.data_path, (std::vector<std::string>{"0.3", "a", "0.7", "b"}));
+  EXPECT_EQ(cfg.run_dir(), "/tmp/other/cli");
+  // The resolved config shows the overrides and the model spec.
+  const std::string y = cfg.resolved_yaml();
+  EXPECT_NE(y.find("num_layers: 3"), std::string::npos) << y;
+  EXPECT_NE(y.find("exp_name: cli"), std::string::npos) << y;
+  std::string e = error_of([&] { load_experiment(f, {{"trian_iters", "3"}}); });
+  EXPECT_NE(e.find("did you mean 'train_iters'"), std::string::npos) << e;
+}
+
+TEST(Config, UnknownKeyNamesFileLineAndSuggestion) {
+  TempDir d;
+  auto f = d.write("typo.yaml", std::string(kBase) + "      lr_warmup_iter: 5\n");
+  std::string e = error_of([&] { load_experiment(f); });
+  EXPECT_NE(e.find("typo.yaml:14"), std::string::npos) << e;
+  EXPECT_NE(e.find("'lr_warmup_iter'"), std::string::npos) << e;
+  EXPECT_NE(e.find("did you mean 'lr_warmup_iters'"), std::string::npos) << e;
+  auto top = d.write("top.yaml", std::string(kBase) + "workspce: x\n");
+  e = error_of([&] { load_experiment(top); });
+  EXPECT_NE(e.find("top.yaml:14"), std::string::npos) << e;
+  EXPECT_NE(e.find("did you mean 'workspace'"), std::string::npos) << e;
+}
+
+TEST(Config, WrongTypesAreErrors) {
+  TempDir d;
+  auto f = d.write("type.yaml", std::string(kBase) + "      eval_iters: lots\n");
+  std::string e = error_of([&] { load_experiment(f); });
+  EXPECT_NE(e.find("type.yaml:14"), std::string::npos) << e;
+  EXPECT_NE(e.find("'eval_iters' must be an integer"), std::string::npos) << e;
+  auto g = d.write("type2.yaml", std::string(kBase) + "      mock_data: maybe\n");
+  e = error_of([&] { load_experiment(g); });
+  EXPECT_NE(e.find("must be true or false"), std::string::npos) << e;
+}
+
+TEST(Config, LayoutErrorsBeforeTraining) {
+  TempDir d;
+  auto f = d.write("c.yaml", kBase);
+  std::string e = error_of([&] { load_experiment(f, {{"global_batch_size", "7"}}); });
+  EXPECT_NE(e.find("global_batch_size 7 is not a multiple of micro_batch_size 2"), std::string::npos) << e;
+  e = error_of([&] { load_experiment(f, {{"seq_length", "4096"}}); });
+  EXPECT_NE(e.find("exceeds max_position_embeddings 128"), std::string::npos) << e;
+  e = error_of([&] { load_experiment(f, {{"mock_data", "false"}}); });
+  EXPECT_NE(e.find("data_path is empty"), std::string::npos) << e;
+  e = error_of([&] { load_experiment(f, {{"num_query_groups", "3"}}); });
+  EXPECT_NE(e.find("num_query_groups"), std::string::npos) << e;
+  e = error_of([&] { load_experiment((d.path / "missing.yaml").string()); });
+  EXPECT_NE(e.find("does not exist"), std::string::npos) << e;
+  auto bad = d.write("bad.yaml", "modules: [unclosed\n");
+  e = error_of([&] { load_experiment(bad); });
+  EXPECT_NE(e.find("YAML syntax error"), std::string::npos) << e;
+  auto cyc = d.write("cyc.yaml", "extends: cyc.yaml\n");
+  e = error_of([&] { load_experiment(cyc); });
+  EXPECT_NE(e.find("cycle"), std::string::npos) << e;
+}
+
+TEST(Config, ReferenceDocMatchesTheCode) {
+  // docs/config.md carries the table generated from training_keys(); regenerate it with
+  // `primus-cli direct -- train pretrain --config-reference` when keys change.
+  std::ifstream in(std::string(PRIMUS_SOURCE_DIR) + "/docs/config.md");
+  ASSERT_TRUE(in) << "docs/config.md is missing";
+  const std::string doc((std::istreambuf_iterator<char>(in)), {});
+  EXPECT_NE(doc.find(training_keys_reference()), std::string::npos)
+      << "docs/config.md is out of date; paste in:\n" << training_keys_reference();
+}

@@ -1,0 +1,75 @@
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <map>
+#include <vector>
+
+#include "core/rng.h"
+#include "model/generation.h"
+
+using namespace primus;
+
+static ModelSpec gen_spec() {
+  ModelSpec s;
+  s.name = "gen-test";
+  s.num_layers = 2;
+  s.hidden_size = 32;
+  s.ffn_hidden_size = 48;
+  s.num_attention_heads = 4;
+  s.num_query_groups = 2;
+  s.vocab_size = 41;
+  s.max_position_embeddings = 24;
+  s.add_qkv_bias = true;
+  s.use_rope_scaling = true;
+  s.rope_original_max_position_embeddings = 8;
+  s.init_method_std = 0.2;
+  return s;
+}
+
+TEST(Generation, KVCacheLogitsEqualAFullForward) {
+  LlamaModel<float> model(gen_spec());
+  model.init_weights(3);
+  Rng rng(5);
+  std::vector<int32_t> seq(20);
+  for (auto& t : seq) t = int32_t(rng.next_u64() % 41);
+  KVCacheDecoder dec(model, 24);
+  for (size_t n = 1; n <= seq.size(); ++n) {
+    const std::vector<float> cached = dec.step(seq[n - 1]);
+    LlamaContext<float> ctx;
+    model.forward(ctx, seq.data(), nullptr, 1, int64_t(n));  // no targets: inference
+    Tensor full = model.last_logits(ctx);
+    for (int64_t v = 0; v < 41; ++v) ASSERT_NEAR(cached[v], full.data<float>()[v], 2e-5) << "position " << n;
+  }
+  EXPECT_THROW(
+      {
+        for (int i = 0; i < 10; ++i) dec.step(1);
+      },
+      Error);  // the cache holds 24 positions
+}
+
+TEST(Generation, SamplingRespectsTemperatureAndTopP) {
+  std::vector<float> logits{0.0f, 3.0f, 1.0f, 2.9f};
+  Rng rng(1);
+  EXPECT_EQ(sample_token(logits, {0.0, 1.0, 0}, rng), 1);  // greedy
+  // top_p small enough to keep only the best token.
+  for (int i = 0; i < 50; ++i) EXPECT_EQ(sample_token(logits, {1.0, 0.1, 0}, rng), 1);
+  // With top_p 1 and temperature 1 the frequencies follow the softmax.
+  std::map<int32_t, int> counts;
+  const int n = 20000;
+  for (int i = 0; i < n; ++i) counts[sample_token(logits, {1.0, 1.0, 0}, rng)]++;
+  const double z = 1 + std::exp(3.0) + std::exp(1.0) + std::exp(2.9);
+  EXPECT_NEAR(counts[1] / double(n), std::exp(3.0) / z, 0.015);
+  EXPECT_NEAR(counts[0] / double(n), 1 / z, 0.01);
+}
+
+TEST(Generation, StopsAtTheStopToken) {
+  LlamaModel<float> model(gen_spec());
+  model.init_weights(4);
+  KVCacheDecoder dec(model, 24);
+  // Greedy decoding is deterministic; whatever it emits first becomes the stop token.
+  KVCacheDecoder probe(model, 24);
+  auto first = probe.generate({1, 2, 3}, 1, {0.0, 1.0, 0}, -1);
+  auto out = dec.generate({1, 2, 3}, 10, {0.0, 1.0, 0}, first[0]);
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_EQ(out[0], first[0]);
+}

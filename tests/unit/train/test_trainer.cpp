@@ -1,0 +1,84 @@
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+#include "train/checkpoint.h"
+#include "train/trainer.h"
+#include "trainer_fixture.h"
+
+namespace fs = std::filesystem;
+using namespace primus;
+
+static std::vector<nlohmann::json> metrics_rows(const config::ExperimentConfig& cfg) {
+  std::ifstream in(fs::path(cfg.run_dir()) / "metrics.jsonl");
+  std::vector<nlohmann::json> rows;
+  std::string line;
+  while (std::getline(in, line)) rows.push_back(nlohmann::json::parse(line));
+  return rows;
+}
+
+TEST(Trainer, LossFallsWellBelowItsStart) {
+  test::TinyExperiment exp;
+  auto cfg = exp.load();
+  auto s = train::pretrain(cfg);
+  EXPECT_EQ(s.iterations, 40);
+  EXPECT_NEAR(s.first_loss, std::log(256.0), 0.3);
+  EXPECT_LT(s.last_loss, 0.5 * s.first_loss);
+  EXPECT_GT(s.last_eval_loss, 0);
+  EXPECT_LT(s.last_eval_loss, 0.6 * s.first_loss);
+  auto rows = metrics_rows(cfg);
+  ASSERT_GE(rows.size(), 8u);
+  for (const char* key : {"iteration", "consumed_samples", "lm_loss", "lr", "grad_norm", "tokens_per_sec", "tflops", "mfu"})
+    EXPECT_TRUE(rows[0].contains(key)) << key;
+  EXPECT_EQ(rows[0]["iteration"], 5);
+  EXPECT_EQ(rows[0]["consumed_samples"], 20);
+  bool saw_eval = false;
+  for (const auto& r : rows) saw_eval |= r.contains("eval_lm_loss");
+  EXPECT_TRUE(saw_eval);
+  // The final checkpoint exists and `latest` names it.
+  EXPECT_EQ(train::resolve_checkpoint(cfg.checkpoint_dir()), (fs::path(cfg.checkpoint_dir()) / "iter_0000040").string());
+}
+
+TEST(Trainer, ResumeContinuesExactlyAsTheUninterruptedRun) {
+  test::TinyExperiment exp;
+  auto full = exp.load({{"exp_name", "full"}, {"train_iters", "12"}, {"log_interval", "1"}, {"eval_interval", "0"}});
+  train::pretrain(full);
+  auto part = exp.load({{"exp_name", "part"}, {"train_iters", "5"}, {"log_interval", "1"}, {"eval_interval", "0"},
+                        {"lr_decay_iters", "12"}});
+  train::pretrain(part);  // saves iter 5 at its end
+  auto rest = exp.load({{"exp_name", "part"}, {"train_iters", "12"}, {"log_interval", "1"}, {"eval_interval", "0"}});
+  auto s = train::pretrain(rest);  // auto-resumes from iter 5
+  EXPECT_EQ(s.start_iteration, 5);
+  auto a = metrics_rows(full), b = metrics_rows(rest);
+  ASSERT_EQ(a.size(), 12u);
+  ASSERT_EQ(b.size(), 12u);  // 5 from the first part, 7 after the resume
+  for (size_t i = 0; i < 12; ++i) {
+    EXPECT_EQ(a[i]["iteration"], b[i]["iteration"]);
+    // Bit for bit: the same doubles, not merely close ones.
+    EXPECT_EQ(a[i]["lm_loss"].get<double>(), b[i]["lm_loss"].get<double>()) << "iteration " << i + 1;
+    EXPECT_EQ(a[i]["grad_norm"].get<double>(), b[i]["grad_norm"].get<double>()) << "iteration " << i + 1;
+  }
+}
+
+TEST(Trainer, BadInputFailsBeforeTraining) {
+  test::TinyExperiment exp;
+  auto missing = exp.load({{"data_path", (exp.dir / "nope").string()}});
+  try {
+    train::pretrain(missing);
+    FAIL() << "missing data accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("nope"), std::string::npos) << e.what();
+  }
+  auto tok = exp.load({{"tokenizer_type", "SentencePieceTokenizer"}, {"tokenizer_model", (exp.dir / "no.model").string()}});
+  try {
+    train::pretrain(tok);
+    FAIL() << "unreadable tokenizer accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("no.model"), std::string::npos) << e.what();
+  }
+  EXPECT_FALSE(fs::exists(fs::path(missing.run_dir()) / "checkpoints"));
+}
