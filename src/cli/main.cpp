@@ -40,9 +40,8 @@ int main(int argc, char** argv) {
       if (r.name == args[0]) runtime = &r;
     }
     if (!runtime) {
-      std::string n = nearest(args[0], names);
-      primus::fail("unknown runtime '{}'{}; runtimes: {}", args[0],
-                   n.empty() ? "" : fmt::format(" (did you mean '{}'?)", n), fmt::join(names, ", "));
+      primus::fail("unknown runtime '{}'{}; runtimes: {}", args[0], primus::did_you_mean(args[0], names),
+                   fmt::join(names, ", "));
     }
     auto dashes = std::find(args.begin() + 1, args.end(), "--");
     std::vector<std::string> runtime_args(args.begin() + 1, dashes);

@@ -8,6 +8,7 @@
 #include <fmt/format.h>
 
 #include "core/error.h"
+#include "core/suggest.h"
 
 namespace primus::cli {
 
@@ -19,29 +20,6 @@ std::vector<TaskInfo>& task_registry() {
 std::vector<RuntimeInfo>& runtime_registry() {
   static std::vector<RuntimeInfo> runtimes;
   return runtimes;
-}
-
-static size_t edit_distance(const std::string& a, const std::string& b) {
-  std::vector<size_t> prev(b.size() + 1), cur(b.size() + 1);
-  for (size_t j = 0; j <= b.size(); ++j) prev[j] = j;
-  for (size_t i = 1; i <= a.size(); ++i) {
-    cur[0] = i;
-    for (size_t j = 1; j <= b.size(); ++j)
-      cur[j] = std::min({prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (a[i - 1] == b[j - 1] ? 0 : 1)});
-    std::swap(prev, cur);
-  }
-  return prev[b.size()];
-}
-
-std::string nearest(const std::string& word, const std::vector<std::string>& candidates) {
-  std::string best;
-  size_t best_d = SIZE_MAX;
-  for (const auto& c : candidates) {
-    size_t d = edit_distance(word, c);
-    if (d < best_d) best_d = d, best = c;
-  }
-  // Only suggest when the typo is small relative to the word.
-  return best_d <= std::max<size_t>(2, word.size() / 3) ? best : std::string();
 }
 
 Invocation& invocation() {
@@ -65,15 +43,9 @@ std::string unknown_flag_hint(const CLI::App& app, const std::vector<std::string
     if (a.size() < 2 || a[0] != '-' || a == "--") continue;
     std::string flag = a.substr(0, a.find('='));
     if (std::find(names.begin(), names.end(), flag) != names.end()) continue;
-    std::string n = nearest(flag, names);
-    return fmt::format("unknown option '{}'{}", flag, n.empty() ? "" : fmt::format(" (did you mean '{}'?)", n));
+    return fmt::format("unknown option '{}'{}", flag, did_you_mean(flag, names));
   }
   return "";
-}
-
-static std::string suggestion(const std::string& word, const std::vector<std::string>& candidates) {
-  std::string n = nearest(word, candidates);
-  return n.empty() ? "" : fmt::format(" (did you mean '{}'?)", n);
 }
 
 void validate_task_names(const std::vector<std::string>& task_args) {
@@ -87,10 +59,10 @@ void validate_task_names(const std::vector<std::string>& task_args) {
     if (!t.subtask.empty()) subs.push_back(t.subtask);
   }
   if (!found)
-    fail("unknown task '{}'{}; tasks: {}", task_args[0], suggestion(task_args[0], names), fmt::join(names, ", "));
+    fail("unknown task '{}'{}; tasks: {}", task_args[0], did_you_mean(task_args[0], names), fmt::join(names, ", "));
   if (subs.empty() || task_args.size() < 2 || task_args[1].empty() || task_args[1][0] == '-') return;
   if (std::find(subs.begin(), subs.end(), task_args[1]) == subs.end())
-    fail("unknown subtask '{} {}'{}; '{}' has: {}", task_args[0], task_args[1], suggestion(task_args[1], subs),
+    fail("unknown subtask '{} {}'{}; '{}' has: {}", task_args[0], task_args[1], did_you_mean(task_args[1], subs),
          task_args[0], fmt::join(subs, ", "));
 }
 
@@ -117,14 +89,14 @@ int run_task(const std::vector<std::string>& task_args) {
     for (auto& [n, _] : task_apps) names.push_back(n);
     auto it = task_apps.find(task_args[0]);
     if (it == task_apps.end())
-      fail("unknown task '{}'{}; tasks: {}", task_args[0], suggestion(task_args[0], names),
+      fail("unknown task '{}'{}; tasks: {}", task_args[0], did_you_mean(task_args[0], names),
            fmt::join(names, ", "));
     if (task_args.size() > 1 && task_args[1][0] != '-' && !it->second->get_subcommands({}).empty()) {
       std::vector<std::string> subs;
       for (auto* s : it->second->get_subcommands({})) subs.push_back(s->get_name());
       if (std::find(subs.begin(), subs.end(), task_args[1]) == subs.end())
         fail("unknown subtask '{} {}'{}; '{}' has: {}", task_args[0], task_args[1],
-             suggestion(task_args[1], subs), task_args[0], fmt::join(subs, ", "));
+             did_you_mean(task_args[1], subs), task_args[0], fmt::join(subs, ", "));
     }
   }
 

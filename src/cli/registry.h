@@ -11,6 +11,8 @@
 
 #include <CLI/CLI.hpp>
 
+#include "core/suggest.h"  // nearest(), did_you_mean()
+
 namespace primus::cli {
 
 // A task's setup adds its options to `app` and returns the action to run once parsing is done.
@@ -67,7 +69,5 @@ void validate_task_names(const std::vector<std::string>& task_args);
 // the nearest option `app` (or its subcommands) knows. Empty when every flag is known.
 std::string unknown_flag_hint(const CLI::App& app, const std::vector<std::string>& args);
 
-// The nearest of `candidates` to `word` by edit distance, or "" when nothing is close.
-std::string nearest(const std::string& word, const std::vector<std::string>& candidates);
 
 }  // namespace primus::cli

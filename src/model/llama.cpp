@@ -116,17 +116,10 @@ struct BlockSteps {
 template <typename T>
 Tensor TransformerBlock<T>::forward(BlockContext<T>& ctx, const Tensor& x, int64_t batch, int64_t seq, const T* cos,
                                     const T* sin) {
-  auto st = STEPS;
   ctx.clear();
   ctx.x = x;
-  st.norm1(ctx);
-  st.qkv(ctx, seq, cos, sin);
-  st.attention(ctx, attention_shape(batch, seq));
-  st.proj(ctx);
-  st.norm2(ctx);
-  st.fc1(ctx);
-  st.swiglu(ctx);
-  Tensor y = st.fc2(ctx);
+  rebuild(ctx, batch, seq, cos, sin);  // from an empty context: the whole forward
+  Tensor y = STEPS.fc2(ctx);
   if (recompute_ == Recompute::Selective) {
     // Keep x, qkv, x2 and gate_up; the rest is cheap to recompute from them.
     ctx.h1 = ctx.rstd1 = ctx.attn = ctx.lse = ctx.h2 = ctx.rstd2 = ctx.act = Tensor();
@@ -138,22 +131,17 @@ Tensor TransformerBlock<T>::forward(BlockContext<T>& ctx, const Tensor& x, int64
   return y;
 }
 
+// Computes whatever the context lacks, in dependency order: everything after a forward with
+// full recompute, the dropped parts after selective recompute, nothing otherwise.
 template <typename T>
 void TransformerBlock<T>::rebuild(BlockContext<T>& ctx, int64_t batch, int64_t seq, const T* cos, const T* sin) {
   auto st = STEPS;
-  if (!ctx.qkv.defined()) {  // full recompute: everything but the input is gone
-    st.norm1(ctx);
-    st.qkv(ctx, seq, cos, sin);
-    st.attention(ctx, attention_shape(batch, seq));
-    st.proj(ctx);
-    st.norm2(ctx);
-    st.fc1(ctx);
-    st.swiglu(ctx);
-    return;
-  }
   if (!ctx.h1.defined()) st.norm1(ctx);
+  if (!ctx.qkv.defined()) st.qkv(ctx, seq, cos, sin);
   if (!ctx.attn.defined()) st.attention(ctx, attention_shape(batch, seq));
+  if (!ctx.x2.defined()) st.proj(ctx);
   if (!ctx.h2.defined()) st.norm2(ctx);
+  if (!ctx.gate_up.defined()) st.fc1(ctx);
   if (!ctx.act.defined()) st.swiglu(ctx);
 }
 

@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 
 #include "core/error.h"
+#include "core/suggest.h"
 #include "pipeline/validator.h"
 
 namespace primus::pipeline {
@@ -44,29 +45,13 @@ std::vector<std::string> algorithm_names() {
   return names;
 }
 
-static size_t edit_distance(const std::string& a, const std::string& b) {
-  std::vector<size_t> prev(b.size() + 1), cur(b.size() + 1);
-  for (size_t j = 0; j <= b.size(); ++j) prev[j] = j;
-  for (size_t i = 1; i <= a.size(); ++i) {
-    cur[0] = i;
-    for (size_t j = 1; j <= b.size(); ++j)
-      cur[j] = std::min({prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (a[i - 1] == b[j - 1] ? 0 : 1)});
-    std::swap(prev, cur);
-  }
-  return prev[b.size()];
-}
-
 Schedule generate(const std::string& algorithm, const ScheduleRequest& req) {
   const GeneratorInfo* info = nullptr;
   for (auto& g : generators())
     if (g.name == algorithm) info = &g;
   if (!info) {
-    std::string best;
-    size_t best_d = SIZE_MAX;
-    for (auto& n : algorithm_names())
-      if (size_t d = edit_distance(algorithm, n); d < best_d) best_d = d, best = n;
-    std::string hint = best_d <= std::max<size_t>(3, algorithm.size() / 2) ? fmt::format(" (did you mean '{}'?)", best) : "";
-    fail("unknown pipeline schedule '{}'{}; schedules: {}", algorithm, hint, fmt::join(algorithm_names(), ", "));
+    fail("unknown pipeline schedule '{}'{}; schedules: {}", algorithm, did_you_mean(algorithm, algorithm_names()),
+         fmt::join(algorithm_names(), ", "));
   }
   if (req.pp < 1) fail("pipeline size must be at least 1 (got --pp {})", req.pp);
   if (req.microbatches < 1) fail("number of microbatches must be at least 1 (got {})", req.microbatches);
