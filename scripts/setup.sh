@@ -13,13 +13,19 @@ APT_PACKAGES=(
   libgtest-dev libgmock-dev libbenchmark-dev
   slurm-wlm munge
   fortunes-min fortunes
-  python3-torch nodejs npm
+  python3-torch zlib1g-dev
 )
+# Tools that may already come from elsewhere (e.g. a Node.js install outside apt): installed from
+# Debian only when the command is missing, so that the two never conflict.
+declare -A APT_IF_MISSING=([node]=nodejs [npm]=npm)
 
 if [[ "${PRIMUS_SKIP_APT:-0}" != 1 ]]; then
   missing=()
   for p in "${APT_PACKAGES[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+  done
+  for cmd in "${!APT_IF_MISSING[@]}"; do
+    command -v "$cmd" >/dev/null || missing+=("${APT_IF_MISSING[$cmd]}")
   done
   if ((${#missing[@]})); then
     echo "setup: installing ${missing[*]}"
