@@ -146,7 +146,7 @@ TEST(Schedules, VHalfAndVMinMemory) {
     EXPECT_LE(vmin.peak_activations, (p + 4) / 3 + 1e-9) << "p" << p;
     EXPECT_LE(vmin.peak_activations, half.peak_activations) << "p" << p;
   }
-  SimResult f1b = run("1f1b", 16, 32), half = run("v-half", 16, 32), vmin = run("v-min", 16, 32);
+  SimResult f1b = run("1f1b", 16, 16), half = run("v-half", 16, 16), vmin = run("v-min", 16, 16);
   EXPECT_LE(half.peak_activations / f1b.peak_activations, 0.57) << "about half of 1F1B";  // 9/16
   EXPECT_LE(vmin.peak_activations / f1b.peak_activations, 0.38) << "about a third of 1F1B";  // 6/16
   EXPECT_DOUBLE_EQ(run("v-half", 4, 8).peak_activations, 3);
