@@ -10,9 +10,9 @@ __primus_threads=$(( __primus_cores / ${PRIMUS_LOCAL_WORLD_SIZE:-1} ))
 (( __primus_threads < 1 )) && __primus_threads=1
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-$__primus_threads}
 export OPENBLAS_NUM_THREADS=${OPENBLAS_NUM_THREADS:-$OMP_NUM_THREADS}
-# Threads stay where they start: fewer cache misses for the GEMM and attention loops.
-export OMP_PROC_BIND=${OMP_PROC_BIND:-close}
-export OMP_PLACES=${OMP_PLACES:-cores}
+# No OMP_PROC_BIND/OMP_PLACES here: with binding on, libgomp pins the main thread to the first
+# core at start-up, every std::thread it creates inherits that one core (data preprocess workers
+# ran serially), and ranks sharing a node all pile onto the same cores.
 unset __primus_cores __primus_threads
 
 # Collectives: warnings only by default; set NCCL_DEBUG=INFO when chasing a hang.

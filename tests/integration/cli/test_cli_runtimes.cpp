@@ -146,20 +146,20 @@ TEST_F(Cli, HookWithoutRunBitIsAnError) {
 }
 
 TEST_F(Cli, PatchesAreSourcedInOrderAndEnvWins) {
-  write("p1.sh", "export NCCL_DEBUG=INFO\nexport MY_PATCH=one\nunset OMP_PROC_BIND\necho 'patch output goes to stderr'\n");
+  write("p1.sh", "export NCCL_DEBUG=INFO\nexport MY_PATCH=one\nunset CUDA_DEVICE_MAX_CONNECTIONS\necho 'patch output goes to stderr'\n");
   write("p2.sh", "export MY_PATCH=\"$MY_PATCH-two\"\n");
   auto r = run("direct --patch p1.sh --patch p2.sh --env NCCL_IB_TIMEOUT=7 -- info env --prefix NCCL_ --prefix MY_ --prefix OMP_");
   ASSERT_EQ(r.code, 0) << r.out;
   EXPECT_TRUE(has(r.out, "\nNCCL_DEBUG=INFO\n")) << r.out;
   EXPECT_TRUE(has(r.out, "\nMY_PATCH=one-two\n")) << r.out;
   EXPECT_TRUE(has(r.out, "\nNCCL_IB_TIMEOUT=7\n")) << r.out;
-  EXPECT_FALSE(has(r.out, "OMP_PROC_BIND=")) << r.out;
+  EXPECT_FALSE(has(r.out, "CUDA_DEVICE_MAX_CONNECTIONS=")) << r.out;
   EXPECT_TRUE(has(r.out, "\nOMP_NUM_THREADS=")) << r.out;  // base.sh still applies
   auto pe = run("direct --patch p1.sh --env NCCL_DEBUG=TRACE --print-env -- info ranks");
   ASSERT_EQ(pe.code, 0) << pe.out;
   EXPECT_TRUE(has(pe.out, "NCCL_DEBUG=TRACE +# --env")) << pe.out;
   EXPECT_TRUE(has(pe.out, "MY_PATCH=one +# patch .*/p1.sh")) << pe.out;
-  EXPECT_TRUE(has(pe.out, "unset OMP_PROC_BIND +# patch .*/p1.sh")) << pe.out;
+  EXPECT_TRUE(has(pe.out, "unset CUDA_DEVICE_MAX_CONNECTIONS +# patch .*/p1.sh")) << pe.out;
 
   write("bad.sh", "exit 4\n");
   auto bad = run("direct --patch bad.sh -- info ranks");
