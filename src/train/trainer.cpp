@@ -103,6 +103,8 @@ TrainSummary pretrain(const config::ExperimentConfig& cfg) {
     if (!ds.train) fail("data_path {} gives no training documents with split {}", fmt::join(a.data_path, " "), a.split);
     train_src.dataset = ds.train;
     valid_src.dataset = ds.valid;
+    if (!ds.valid && a.eval_interval > 0 && a.eval_iters > 0)
+      log::warn("split {} leaves no validation documents: evaluation is off", a.split);
   }
 
   LlamaOptions mopt;
