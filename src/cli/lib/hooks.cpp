@@ -85,4 +85,13 @@ void run_hooks(const std::vector<fs::path>& hooks, const std::string& phase, con
   }
 }
 
+int run_between_hooks(const HookSet& hooks, const std::vector<std::string>& task_args,
+                      const std::vector<std::string>& command, const EnvMap& command_env, EnvMap hook_env) {
+  run_hooks(hooks.pre, "pre", task_args, hook_env);
+  const int rc = run_wait(command, command_env);
+  hook_env["PRIMUS_TASK_EXIT_CODE"] = std::to_string(rc);
+  run_hooks(hooks.post, "post", task_args, hook_env);
+  return rc;
+}
+
 }  // namespace primus::cli

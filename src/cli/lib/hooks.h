@@ -28,4 +28,9 @@ HookSet find_hooks(const std::string& task, const std::string& subtask,
 void run_hooks(const std::vector<std::filesystem::path>& hooks, const std::string& phase,
                const std::vector<std::string>& task_args, EnvMap env);
 
+// The launch sequence every runtime shares: pre hooks, the command (in `command_env`), then the
+// post hooks with PRIMUS_TASK_EXIT_CODE set. Returns the command's exit code.
+int run_between_hooks(const HookSet& hooks, const std::vector<std::string>& task_args,
+                      const std::vector<std::string>& command, const EnvMap& command_env, EnvMap hook_env);
+
 }  // namespace primus::cli

@@ -109,12 +109,8 @@ int launch(const DirectOptions& o, const std::vector<std::string>& task_args) {
 
   L.write_snapshot(invocation().runtime_args);
   std::cerr << fmt::format("primus-cli: run folder {} (snapshot in snapshot/, logs in logs/)\n", L.run_dir.string());
-  EnvMap env = L.env.full();
-  run_hooks(hooks.pre, "pre", L.line.task_args, env);
-  int rc = run_wait(cmd, env);
-  env["PRIMUS_TASK_EXIT_CODE"] = std::to_string(rc);
-  run_hooks(hooks.post, "post", L.line.task_args, env);
-  return rc;
+  const EnvMap env = L.env.full();
+  return run_between_hooks(hooks, L.line.task_args, cmd, env, env);
 }
 
 RuntimeRegistrar reg{{"direct", "run the task on this host (N ranks through mpirun with --nproc N)",

@@ -132,13 +132,8 @@ int launch(const std::string& mode, const std::vector<std::string>& raw, const s
     }
     if (!find_program("srun")) fail("slurm srun: 'srun' is not on PATH (Debian: slurm-client)");
     L.write_snapshot(runtime_args);
-    EnvMap env = current_environment();
-    EnvMap hook_env = L.env.full();
-    run_hooks(hooks.pre, "pre", L.line.task_args, hook_env);
-    int rc = run_wait(cmd, env);
-    hook_env["PRIMUS_TASK_EXIT_CODE"] = std::to_string(rc);
-    run_hooks(hooks.post, "post", L.line.task_args, hook_env);
-    return rc;
+    // srun gets this shell's environment: each rank builds its own (presets of its node).
+    return run_between_hooks(hooks, L.line.task_args, cmd, current_environment(), L.env.full());
   }
 
   // sbatch: the job's ranks come from the allocation, so srun inside gets no user flags.
