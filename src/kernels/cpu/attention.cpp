@@ -15,6 +15,10 @@ constexpr int64_t kTile = 64;  // query and key tile; a K tile of 64 x 128 float
 constexpr int64_t kParallelMin = 1 << 16;
 }
 
+// Query rows are processed kRows at a time: each K tile value and V row loaded from cache feeds
+// kRows rows' multiply-adds, with the partial sums in registers (blocks of kCols columns).
+constexpr int64_t kRows = 4, kCols = 16;
+
 template <typename T>
 void attention_forward(const T* qkv, T* out, T* lse, const AttentionShape& s) {
   const int64_t S = s.seq, D = s.head_dim, stride = s.qkv_stride();
@@ -23,10 +27,13 @@ void attention_forward(const T* qkv, T* out, T* lse, const AttentionShape& s) {
   const T scale = T(1) / std::sqrt(T(D));
   const int64_t tasks = s.batch * s.heads * tiles;
   const bool parallel = s.batch * s.heads * S * S * D / 2 >= kParallelMin;
+  const int64_t Dp = (D + kCols - 1) / kCols * kCols;  // head dim padded to whole column blocks
 
 #pragma omp parallel if(parallel)
   {
-    std::vector<T> kt(D * kTile), srow(kTile), acc(kTile * D), m(kTile), l(kTile), qs(D);
+    // K tile transposed [Dp][kTile] and V tile [kTile][Dp], zero-padded so blocks need no tails.
+    std::vector<T> kt(Dp * kTile, T(0)), vt(kTile * Dp, T(0)), qs(kRows * Dp, T(0)), p(kRows * kTile),
+        acc(kTile * Dp), m(kTile), l(kTile);
 #pragma omp for schedule(dynamic, 1)
     for (int64_t task = 0; task < tasks; ++task) {
       // Largest tiles first would balance better; causal work grows with the tile index.
@@ -41,43 +48,73 @@ void attention_forward(const T* qkv, T* out, T* lse, const AttentionShape& s) {
 
       for (int64_t s0 = 0; s0 < t1; s0 += kTile) {
         const int64_t s1 = std::min(S, s0 + kTile), cols = s1 - s0;
-        for (int64_t c = 0; c < cols; ++c) {  // K tile, transposed so rows of S vectorise
+        for (int64_t c = 0; c < cols; ++c) {
           const T* kr = base + (s0 + c) * stride + q_size + g * D;
+          const T* vr = kr + kv_size;
           for (int64_t d = 0; d < D; ++d) kt[d * kTile + c] = kr[d];
+          std::copy(vr, vr + D, &vt[c * Dp]);
         }
-        for (int64_t r = 0; r < rows; ++r) {
-          const int64_t t = t0 + r;
-          const int64_t visible = std::min(cols, t - s0 + 1);  // causal: keys s <= t
-          if (visible <= 0) continue;
-          const T* qr = base + t * stride + h * D;
-          for (int64_t d = 0; d < D; ++d) qs[d] = qr[d] * scale;
-          T* sr = srow.data();
-          std::fill(sr, sr + visible, T(0));
-          for (int64_t d = 0; d < D; ++d) {
-            const T qd = qs[d];
-            const T* kd = &kt[d * kTile];
-#pragma omp simd
-            for (int64_t c = 0; c < visible; ++c) sr[c] += qd * kd[c];
+        for (int64_t c = cols; c < kTile; ++c)
+          for (int64_t d = 0; d < D; ++d) kt[d * kTile + c] = T(0);
+        for (int64_t r0 = 0; r0 < rows; r0 += kRows) {
+          const int64_t nr = std::min(kRows, rows - r0);
+          // Columns visible to the block's last row (causal: keys s <= t).
+          const int64_t cmax = std::min(cols, t0 + r0 + nr - 1 - s0 + 1);
+          if (cmax <= 0) continue;
+          for (int64_t i = 0; i < kRows; ++i) {
+            const T* qr = base + (t0 + r0 + std::min(i, nr - 1)) * stride + h * D;
+            for (int64_t d = 0; d < D; ++d) qs[i * Dp + d] = qr[d] * scale;
           }
-          T mx = m[r];
-          for (int64_t c = 0; c < visible; ++c) mx = std::max(mx, sr[c]);
-          const T alpha = fast_exp(m[r] - mx);
-          T sum = 0;
+          // Scores for kRows rows x cmax columns.
+          for (int64_t c0 = 0; c0 < cmax; c0 += kCols) {
+            T sc[kRows][kCols] = {};
+            for (int64_t d = 0; d < D; ++d) {
+              const T* kd = &kt[d * kTile + c0];
+              for (int64_t i = 0; i < kRows; ++i) {
+                const T qd = qs[i * Dp + d];
+#pragma omp simd
+                for (int64_t j = 0; j < kCols; ++j) sc[i][j] += qd * kd[j];
+              }
+            }
+            for (int64_t i = 0; i < kRows; ++i)
+              for (int64_t j = 0; j < kCols && c0 + j < kTile; ++j) p[i * kTile + c0 + j] = sc[i][j];
+          }
+          // Online softmax per row; masked columns get probability 0.
+          for (int64_t i = 0; i < nr; ++i) {
+            const int64_t r = r0 + i, visible = std::min(cols, t0 + r - s0 + 1);
+            T* pr = &p[i * kTile];
+            T mx = m[r];
+            for (int64_t c = 0; c < visible; ++c) mx = std::max(mx, pr[c]);
+            const T alpha = fast_exp(m[r] - mx);
+            T sum = 0;
 #pragma omp simd reduction(+ : sum)
-          for (int64_t c = 0; c < visible; ++c) {
-            sr[c] = fast_exp(sr[c] - mx);
-            sum += sr[c];
+            for (int64_t c = 0; c < visible; ++c) {
+              pr[c] = fast_exp(pr[c] - mx);
+              sum += pr[c];
+            }
+            for (int64_t c = std::max<int64_t>(visible, 0); c < cmax; ++c) pr[c] = T(0);
+            l[r] = l[r] * alpha + sum;
+            m[r] = mx;
+            T* ar = &acc[r * Dp];
+#pragma omp simd
+            for (int64_t d = 0; d < Dp; ++d) ar[d] *= alpha;
           }
-          l[r] = l[r] * alpha + sum;
-          m[r] = mx;
-          T* ar = &acc[r * D];
+          for (int64_t i = nr; i < kRows; ++i) std::fill(&p[i * kTile], &p[i * kTile] + cmax, T(0));
+          // acc += P V for the block's rows, kCols output columns at a time in registers.
+          for (int64_t d0 = 0; d0 < Dp; d0 += kCols) {
+            T o[kRows][kCols];
+            for (int64_t i = 0; i < kRows; ++i)
+              for (int64_t j = 0; j < kCols; ++j) o[i][j] = i < nr ? acc[(r0 + i) * Dp + d0 + j] : T(0);
+            for (int64_t c = 0; c < cmax; ++c) {
+              const T* vr = &vt[c * Dp + d0];
+              for (int64_t i = 0; i < kRows; ++i) {
+                const T pc = p[i * kTile + c];
 #pragma omp simd
-          for (int64_t d = 0; d < D; ++d) ar[d] *= alpha;
-          for (int64_t c = 0; c < visible; ++c) {
-            const T p = sr[c];
-            const T* vr = base + (s0 + c) * stride + q_size + kv_size + g * D;
-#pragma omp simd
-            for (int64_t d = 0; d < D; ++d) ar[d] += p * vr[d];
+                for (int64_t j = 0; j < kCols; ++j) o[i][j] += pc * vr[j];
+              }
+            }
+            for (int64_t i = 0; i < nr; ++i)
+              for (int64_t j = 0; j < kCols; ++j) acc[(r0 + i) * Dp + d0 + j] = o[i][j];
           }
         }
       }
@@ -85,7 +122,7 @@ void attention_forward(const T* qkv, T* out, T* lse, const AttentionShape& s) {
         const int64_t t = t0 + r;
         T* orow = out + (b * S + t) * q_size + h * D;
         const T inv = T(1) / l[r];
-        for (int64_t d = 0; d < D; ++d) orow[d] = acc[r * D + d] * inv;
+        for (int64_t d = 0; d < D; ++d) orow[d] = acc[r * Dp + d] * inv;
         lse[(b * s.heads + h) * S + t] = m[r] + std::log(l[r]);
       }
     }
@@ -93,7 +130,7 @@ void attention_forward(const T* qkv, T* out, T* lse, const AttentionShape& s) {
 }
 
 // One task per (batch, kv group): it owns dK and dV of its group and dQ of its heads, so the
-// tasks never write the same memory.
+// tasks never write the same memory. Query rows go kRows at a time, as in the forward.
 template <typename T>
 void attention_backward(const T* qkv, const T* out, const T* lse, const T* dout, T* dqkv, const AttentionShape& s) {
   const int64_t S = s.seq, D = s.head_dim, stride = s.qkv_stride();
@@ -101,10 +138,14 @@ void attention_backward(const T* qkv, const T* out, const T* lse, const T* dout,
   const T scale = T(1) / std::sqrt(T(D));
   const int64_t tasks = s.batch * s.groups;
   const bool parallel = s.batch * s.heads * S * S * D / 2 >= kParallelMin;
+  const int64_t Dp = (D + kCols - 1) / kCols * kCols;
 
 #pragma omp parallel if(parallel)
   {
-    std::vector<T> kt(D * kTile), vt(D * kTile), p(kTile), dp(kTile), dq(D), qs(D);
+    // Tiles: K and V transposed [Dp][kTile] for the score rows, K row-major [kTile][Dp] for dQ;
+    // dK and dV of the tile accumulate in [kTile][Dp] and are added to dqkv when it is done.
+    std::vector<T> kt(Dp * kTile, T(0)), vtt(Dp * kTile, T(0)), kn(kTile * Dp, T(0)), dk(kTile * Dp), dv(kTile * Dp),
+        qs(kRows * Dp, T(0)), go(kRows * Dp, T(0)), p(kRows * kTile), ds(kRows * kTile), Di(kRows), L(kRows);
 #pragma omp for schedule(dynamic, 1)
     for (int64_t task = 0; task < tasks; ++task) {
       const int64_t b = task / s.groups, g = task % s.groups;
@@ -118,60 +159,104 @@ void attention_backward(const T* qkv, const T* out, const T* lse, const T* dout,
       for (int64_t h = g * per_group; h < (g + 1) * per_group; ++h) {
         for (int64_t s0 = 0; s0 < S; s0 += kTile) {
           const int64_t s1 = std::min(S, s0 + kTile), cols = s1 - s0;
+          std::fill(kt.begin(), kt.end(), T(0));
+          std::fill(vtt.begin(), vtt.end(), T(0));
           for (int64_t c = 0; c < cols; ++c) {
             const T* kr = base + (s0 + c) * stride + q_size + g * D;
             const T* vr = kr + kv_size;
             for (int64_t d = 0; d < D; ++d) {
               kt[d * kTile + c] = kr[d];
-              vt[d * kTile + c] = vr[d];
+              vtt[d * kTile + c] = vr[d];
+            }
+            std::copy(kr, kr + D, &kn[c * Dp]);
+          }
+          std::fill(dk.begin(), dk.end(), T(0));
+          std::fill(dv.begin(), dv.end(), T(0));
+          for (int64_t r0 = s0; r0 < S; r0 += kRows) {  // query rows that see this key tile
+            const int64_t nr = std::min(kRows, S - r0);
+            const int64_t cmax = std::min(cols, r0 + nr - 1 - s0 + 1);
+            for (int64_t i = 0; i < kRows; ++i) {
+              const int64_t t = r0 + std::min(i, nr - 1);
+              const T* qr = base + t * stride + h * D;
+              const T* dor = dout + (b * S + t) * q_size + h * D;
+              const T* orow = out + (b * S + t) * q_size + h * D;
+              T di = 0;
+              for (int64_t d = 0; d < D; ++d) {
+                qs[i * Dp + d] = qr[d] * scale;
+                go[i * Dp + d] = i < nr ? dor[d] : T(0);  // padding rows contribute nothing
+                di += dor[d] * orow[d];
+              }
+              Di[i] = di;
+              L[i] = lse[(b * s.heads + h) * S + t];
+            }
+            // Scores and dO V^T for the block, then P and dS; masked columns get 0.
+            for (int64_t c0 = 0; c0 < cmax; c0 += kCols) {
+              T sc[kRows][kCols] = {}, gp[kRows][kCols] = {};
+              for (int64_t d = 0; d < D; ++d) {
+                const T* kd = &kt[d * kTile + c0];
+                const T* vd = &vtt[d * kTile + c0];
+                for (int64_t i = 0; i < kRows; ++i) {
+                  const T qd = qs[i * Dp + d], gd = go[i * Dp + d];
+#pragma omp simd
+                  for (int64_t j = 0; j < kCols; ++j) {
+                    sc[i][j] += qd * kd[j];
+                    gp[i][j] += gd * vd[j];
+                  }
+                }
+              }
+              for (int64_t i = 0; i < kRows; ++i) {
+                const int64_t visible = i < nr ? std::min(cols, r0 + i - s0 + 1) : 0;
+                for (int64_t j = 0; j < kCols && c0 + j < kTile; ++j) {
+                  const bool on = c0 + j < visible;
+                  const T pv = on ? fast_exp(sc[i][j] - L[i]) : T(0);
+                  p[i * kTile + c0 + j] = pv;
+                  ds[i * kTile + c0 + j] = on ? pv * (gp[i][j] - Di[i]) : T(0);
+                }
+              }
+            }
+            // dV_c += sum_i p_ic dO_i;  dK_c += sum_i dS_ic q_i * scale
+            for (int64_t c = 0; c < cmax; ++c) {
+              T* dvr = &dv[c * Dp];
+              T* dkr = &dk[c * Dp];
+              for (int64_t i = 0; i < kRows; ++i) {
+                const T pc = p[i * kTile + c], dsc = ds[i * kTile + c];
+                const T* gi = &go[i * Dp];
+                const T* qi = &qs[i * Dp];
+#pragma omp simd
+                for (int64_t d = 0; d < Dp; ++d) {
+                  dvr[d] += pc * gi[d];
+                  dkr[d] += dsc * qi[d];
+                }
+              }
+            }
+            // dQ_i += sum_c dS_ic k_c * scale, kCols output columns at a time in registers.
+            for (int64_t d0 = 0; d0 < Dp; d0 += kCols) {
+              T dq[kRows][kCols] = {};
+              for (int64_t c = 0; c < cmax; ++c) {
+                const T* kc = &kn[c * Dp + d0];
+                for (int64_t i = 0; i < kRows; ++i) {
+                  const T dsc = ds[i * kTile + c];
+#pragma omp simd
+                  for (int64_t j = 0; j < kCols; ++j) dq[i][j] += dsc * kc[j];
+                }
+              }
+              for (int64_t i = 0; i < nr; ++i) {
+                T* dqr = dbase + (r0 + i) * stride + h * D;
+                for (int64_t j = 0; j < kCols && d0 + j < D; ++j) {
+                  if (s0 == 0)
+                    dqr[d0 + j] = dq[i][j] * scale;
+                  else
+                    dqr[d0 + j] += dq[i][j] * scale;
+                }
+              }
             }
           }
-          for (int64_t t = s0; t < S; ++t) {  // query rows that see this key tile
-            const int64_t visible = std::min(cols, t - s0 + 1);
-            const T* qr = base + t * stride + h * D;
-            const T* dor = dout + (b * S + t) * q_size + h * D;
-            const T* orow = out + (b * S + t) * q_size + h * D;
-            const T L = lse[(b * s.heads + h) * S + t];
-            T Di = 0;
-#pragma omp simd reduction(+ : Di)
-            for (int64_t d = 0; d < D; ++d) Di += dor[d] * orow[d];
-            for (int64_t d = 0; d < D; ++d) qs[d] = qr[d] * scale;
-            std::fill(p.begin(), p.begin() + visible, T(0));
-            std::fill(dp.begin(), dp.begin() + visible, T(0));
+          for (int64_t c = 0; c < cols; ++c) {
+            T* dkr = dbase + (s0 + c) * stride + q_size + g * D;
+            T* dvr = dkr + kv_size;
             for (int64_t d = 0; d < D; ++d) {
-              const T qd = qs[d], gd = dor[d];
-              const T* kd = &kt[d * kTile];
-              const T* vd = &vt[d * kTile];
-#pragma omp simd
-              for (int64_t c = 0; c < visible; ++c) {
-                p[c] += qd * kd[c];
-                dp[c] += gd * vd[c];
-              }
-            }
-#pragma omp simd
-            for (int64_t c = 0; c < visible; ++c) {
-              p[c] = fast_exp(p[c] - L);
-              dp[c] = p[c] * (dp[c] - Di);  // dS, the gradient of the scaled score
-            }
-            // dV_c += p_c dO;  dK_c += dS_c q * scale;  dQ += dS_c k_c * scale
-            std::fill(dq.begin(), dq.end(), T(0));
-            for (int64_t c = 0; c < visible; ++c) {
-              T* dkr = dbase + (s0 + c) * stride + q_size + g * D;
-              T* dvr = dkr + kv_size;
-              const T* kr = base + (s0 + c) * stride + q_size + g * D;
-              const T pc = p[c], dsc = dp[c];
-#pragma omp simd
-              for (int64_t d = 0; d < D; ++d) {
-                dvr[d] += pc * dor[d];
-                dkr[d] += dsc * qs[d];
-                dq[d] += dsc * kr[d];
-              }
-            }
-            T* dqr = dbase + t * stride + h * D;
-            if (s0 == 0) {
-              for (int64_t d = 0; d < D; ++d) dqr[d] = dq[d] * scale;
-            } else {
-              for (int64_t d = 0; d < D; ++d) dqr[d] += dq[d] * scale;
+              dkr[d] += dk[c * Dp + d];
+              dvr[d] += dv[c * Dp + d];
             }
           }
         }
