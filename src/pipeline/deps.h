@@ -49,4 +49,36 @@ class EventTable {
   std::vector<double> t_;
 };
 
+// Runs each rank's ops in list order, each as soon as every event it depends on has happened
+// (sends never block, so only data dependencies order the ranks), until no rank can move.
+// `end_of(rank, index, op, stage, done)` gives the op's end time, which is recorded. Returns where
+// each rank stopped: every position equals its list's size when the whole schedule ran.
+template <typename EndOf>
+std::vector<size_t> run_in_dependency_order(const Schedule& s, EventTable& done, EndOf&& end_of) {
+  const int S = s.num_stages();
+  std::vector<size_t> pos(s.pp, 0);
+  for (bool progress = true; progress;) {
+    progress = false;
+    for (int r = 0; r < s.pp; ++r)
+      while (pos[r] < s.ranks[r].size()) {
+        const Op& op = s.ranks[r][pos[r]];
+        const int st = s.stage_of(r, op.chunk);
+        bool ready = true;
+        for (auto& e : dependencies(op.type, op.microbatch, st, S)) ready = ready && done.done(e);
+        if (!ready) break;
+        done.record(op.type, op.microbatch, st, end_of(r, pos[r], op, st, done));
+        ++pos[r];
+        progress = true;
+      }
+  }
+  return pos;
+}
+
+// True when every rank reached the end of its list.
+inline bool ran_to_end(const Schedule& s, const std::vector<size_t>& pos) {
+  for (int r = 0; r < s.pp; ++r)
+    if (pos[r] < s.ranks[r].size()) return false;
+  return true;
+}
+
 }  // namespace primus::pipeline::detail

@@ -31,36 +31,22 @@ SimResult simulate(const Schedule& s, const Costs& costs) {
   SimResult res;
   res.times.resize(s.pp);
   for (int r = 0; r < s.pp; ++r) res.times[r].resize(s.ranks[r].size());
-  std::vector<size_t> pos(s.pp, 0);
   std::vector<double> clock(s.pp, 0.0);
-  size_t left = 0;
-  for (auto& ops : s.ranks) left += ops.size();
-
-  // Each pass runs every op whose inputs are known; the ASAP times do not depend on pass order.
-  while (left > 0) {
-    bool progress = false;
-    for (int r = 0; r < s.pp; ++r)
-      while (pos[r] < s.ranks[r].size()) {
-        const Op& op = s.ranks[r][pos[r]];
-        const int st = s.stage_of(r, op.chunk);
-        double start = clock[r];
-        bool ready = true;
-        for (auto& e : detail::dependencies(op.type, op.microbatch, st, S)) {
-          if (!done.done(e)) { ready = false; break; }
-          double t = done.at(e.kind, e.microbatch, e.stage);
-          if (s.rank_of_stage(e.stage) != r) t += costs.t_comm;
-          start = std::max(start, t);
-        }
-        if (!ready) break;
-        double end = start + op_duration(op.type, costs, s.vpp);
-        done.record(op.type, op.microbatch, st, end);
-        res.times[r][pos[r]] = {start, end};
-        clock[r] = end;
-        ++pos[r], --left, progress = true;
-      }
-    if (!progress)
-      fail("schedule '{}' deadlocks in simulation (run the validator for details)", s.algorithm);
-  }
+  // ASAP times: an op starts when its rank is free and its inputs (plus transfer time from
+  // another rank) have arrived; they do not depend on the order the walk visits ranks in.
+  auto pos = detail::run_in_dependency_order(s, done, [&](int r, size_t i, const Op& op, int st, const detail::EventTable& ev) {
+    double start = clock[r];
+    for (auto& e : detail::dependencies(op.type, op.microbatch, st, S)) {
+      double t = ev.at(e.kind, e.microbatch, e.stage);
+      if (s.rank_of_stage(e.stage) != r) t += costs.t_comm;
+      start = std::max(start, t);
+    }
+    const double end = start + op_duration(op.type, costs, s.vpp);
+    res.times[r][i] = {start, end};
+    return clock[r] = end;
+  });
+  if (!detail::ran_to_end(s, pos))
+    fail("schedule '{}' deadlocks in simulation (run the validator for details)", s.algorithm);
 
   res.per_rank.resize(s.pp);
   for (int r = 0; r < s.pp; ++r) {

@@ -94,30 +94,14 @@ std::vector<std::string> find_problems(const Schedule& s) {
   // 3. Run the lists: an op may start once everything it needs has happened (a receive blocks
   //    until its send was posted; sends never block). No progress with ops left = deadlock.
   EventTable done(m, S);
-  std::vector<size_t> pos(s.pp, 0);
-  size_t left = 0;
-  for (auto& ops : s.ranks) left += ops.size();
-  while (left > 0) {
-    bool progress = false;
+  auto pos = detail::run_in_dependency_order(s, done, [](int, size_t, const Op&, int, const EventTable&) { return 1.0; });
+  if (!detail::ran_to_end(s, pos)) {
+    std::string stuck;
     for (int r = 0; r < s.pp; ++r)
-      while (pos[r] < s.ranks[r].size()) {
-        const Op& op = s.ranks[r][pos[r]];
-        const int st = s.stage_of(r, op.chunk);
-        bool ready = true;
-        for (auto& e : detail::dependencies(op.type, op.microbatch, st, S)) ready = ready && done.done(e);
-        if (!ready) break;
-        done.record(op.type, op.microbatch, st, 1.0);
-        ++pos[r], --left, progress = true;
-      }
-    if (!progress) {
-      std::string stuck;
-      for (int r = 0; r < s.pp; ++r)
-        if (pos[r] < s.ranks[r].size())
-          stuck += fmt::format("{}rank {} at op {} ({})", stuck.empty() ? "" : ", ", r, pos[r],
-                               to_string(s.ranks[r][pos[r]], s.vpp));
-      problems.push_back("deadlock: every rank waits on another: " + stuck);
-      break;
-    }
+      if (pos[r] < s.ranks[r].size())
+        stuck += fmt::format("{}rank {} at op {} ({})", stuck.empty() ? "" : ", ", r, pos[r],
+                             to_string(s.ranks[r][pos[r]], s.vpp));
+    problems.push_back("deadlock: every rank waits on another: " + stuck);
   }
   return problems;
 }
