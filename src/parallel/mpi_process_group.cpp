@@ -1,0 +1,345 @@
+#include "parallel/mpi_process_group.h"
+
+#include <algorithm>
+#include <climits>
+#include <cstdlib>
+#include <mutex>
+
+#include <fmt/format.h>
+
+#include "core/error.h"
+
+namespace primus::parallel {
+
+namespace {
+
+std::mutex g_mutex;
+ThreadLevel g_level = ThreadLevel::Single;
+bool g_initialized_by_us = false;
+MpiProcessGroup* g_world = nullptr;
+
+std::string mpi_error_string(int rc) {
+  char buf[MPI_MAX_ERROR_STRING];
+  int len = 0;
+  if (MPI_Error_string(rc, buf, &len) != MPI_SUCCESS) return fmt::format("MPI error {}", rc);
+  return std::string(buf, static_cast<size_t>(len));
+}
+
+bool finalized() {
+  int f = 0;
+  MPI_Finalized(&f);
+  return f != 0;
+}
+
+ThreadLevel to_level(int provided) {
+  if (provided >= MPI_THREAD_MULTIPLE) return ThreadLevel::Multiple;
+  if (provided >= MPI_THREAD_SERIALIZED) return ThreadLevel::Serialized;
+  if (provided >= MPI_THREAD_FUNNELED) return ThreadLevel::Funneled;
+  return ThreadLevel::Single;
+}
+
+MPI_Datatype mpi_type(CommType t) {
+  switch (t) {
+    case CommType::F32: return MPI_FLOAT;
+    case CommType::F64: return MPI_DOUBLE;
+    case CommType::BF16: return MPI_UINT16_T;  // moved as raw 16-bit words
+    case CommType::F16: return MPI_UINT16_T;
+    case CommType::I32: return MPI_INT32_T;
+    case CommType::I64: return MPI_INT64_T;
+    case CommType::U8: return MPI_UINT8_T;
+  }
+  return MPI_DATATYPE_NULL;
+}
+
+MPI_Op mpi_op(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::Sum: return MPI_SUM;
+    case ReduceOp::Max: return MPI_MAX;
+    case ReduceOp::Min: return MPI_MIN;
+  }
+  return MPI_OP_NULL;
+}
+
+// MPI counts are int: a larger buffer must be split by the caller (DP buckets are far smaller).
+int mpi_count(const ProcessGroup& g, const char* op, int64_t count) {
+  if (count < 0) fail("{} on {}: negative element count {}", op, g.describe(), count);
+  if (count > INT_MAX)
+    fail("{} on {}: {} elements exceed the MPI limit of {} per call; split the buffer", op,
+         g.describe(), count, INT_MAX);
+  return static_cast<int>(count);
+}
+
+void check_reducible(const ProcessGroup& g, const char* op, CommType t, ReduceOp r) {
+  if (t == CommType::BF16 || t == CommType::F16)
+    fail("{} ({}) on {}: the MPI backend cannot reduce {} (MPI has no such type); reduce in "
+         "fp32",
+         op, reduce_op_name(r), g.describe(), comm_type_name(t));
+}
+
+class MpiWork final : public Work {
+ public:
+  // expect_count >= 0: a receive whose delivered element count must match exactly.
+  MpiWork(MPI_Request req, std::string what, MPI_Datatype type, int64_t expect_count)
+      : req_(req), what_(std::move(what)), type_(type), expect_count_(expect_count) {}
+
+  ~MpiWork() override {
+    if (done_ || finalized()) return;
+    // Never leave a request that could still write into a freed buffer: a pending receive is
+    // cancelled, anything else is completed.
+    if (expect_count_ >= 0) MPI_Cancel(&req_);
+    MPI_Wait(&req_, MPI_STATUS_IGNORE);
+  }
+
+  void wait() override {
+    if (done_) return;
+    MPI_Status st;
+    int rc = MPI_Wait(&req_, &st);
+    done_ = true;
+    finish(rc, st);
+  }
+
+  bool test() override {
+    if (done_) return true;
+    MPI_Status st;
+    int flag = 0;
+    int rc = MPI_Test(&req_, &flag, &st);
+    if (rc != MPI_SUCCESS) {
+      done_ = true;
+      finish(rc, st);
+    }
+    if (!flag) return false;
+    done_ = true;
+    finish(rc, st);
+    return true;
+  }
+
+ private:
+  void finish(int rc, const MPI_Status& st) {
+    if (rc != MPI_SUCCESS) fail("{} failed: {}", what_, mpi_error_string(rc));
+    if (expect_count_ >= 0) {
+      int got = 0;
+      MPI_Get_count(&st, type_, &got);
+      if (got != expect_count_)
+        fail("{}: received {} elements but {} were expected (sender and receiver disagree on "
+             "the message size)",
+             what_, got, expect_count_);
+    }
+  }
+
+  MPI_Request req_;
+  std::string what_;
+  MPI_Datatype type_;
+  int64_t expect_count_;
+  bool done_ = false;
+};
+
+}  // namespace
+
+const char* thread_level_name(ThreadLevel l) {
+  switch (l) {
+    case ThreadLevel::Single: return "single";
+    case ThreadLevel::Funneled: return "funneled";
+    case ThreadLevel::Serialized: return "serialized";
+    case ThreadLevel::Multiple: return "multiple";
+  }
+  return "?";
+}
+
+void init_mpi() {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  int inited = 0;
+  MPI_Initialized(&inited);
+  if (inited) {
+    if (finalized()) fail("MPI was already finalized in this process and cannot start again");
+    int provided = MPI_THREAD_SINGLE;
+    MPI_Query_thread(&provided);
+    g_level = to_level(provided);
+    return;
+  }
+  int provided = MPI_THREAD_SINGLE;
+  int rc = MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided);
+  if (rc != MPI_SUCCESS) fail("MPI_Init_thread failed: {}", mpi_error_string(rc));
+  g_level = to_level(provided);
+  g_initialized_by_us = true;
+  if (g_level < ThreadLevel::Funneled)
+    fail("MPI grants only thread level '{}'; Primus needs at least MPI_THREAD_FUNNELED",
+         thread_level_name(g_level));
+  std::atexit(finalize_mpi);
+}
+
+void finalize_mpi() {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  delete g_world;  // frees its communicator while MPI is still up
+  g_world = nullptr;
+  int inited = 0;
+  MPI_Initialized(&inited);
+  // Finalize only what we initialised: a host program that called MPI_Init owns its finalize.
+  if (inited && !finalized() && g_initialized_by_us) MPI_Finalize();
+}
+
+bool mpi_initialized() {
+  int inited = 0;
+  MPI_Initialized(&inited);
+  return inited && !finalized();
+}
+
+ThreadLevel mpi_thread_level() { return g_level; }
+
+MpiProcessGroup& mpi_world() {
+  init_mpi();
+  std::lock_guard<std::mutex> lock(g_mutex);
+  if (!g_world) {
+    MPI_Comm comm;
+    int rc = MPI_Comm_dup(MPI_COMM_WORLD, &comm);
+    if (rc != MPI_SUCCESS) fail("MPI_Comm_dup(MPI_COMM_WORLD) failed: {}", mpi_error_string(rc));
+    int n = 0;
+    MPI_Comm_size(comm, &n);
+    std::vector<int> ranks(static_cast<size_t>(n));
+    for (int i = 0; i < n; ++i) ranks[static_cast<size_t>(i)] = i;
+    g_world = new MpiProcessGroup(comm, "world", std::move(ranks));
+  }
+  return *g_world;
+}
+
+MpiProcessGroup::MpiProcessGroup(MPI_Comm comm, std::string name, std::vector<int> world_ranks)
+    : comm_(comm), name_(std::move(name)), world_ranks_(std::move(world_ranks)) {
+  MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
+  MPI_Comm_rank(comm_, &rank_);
+  MPI_Comm_size(comm_, &size_);
+  PRIMUS_CHECK(static_cast<int>(world_ranks_.size()) == size_,
+               "{} world ranks listed for a communicator of {}", world_ranks_.size(), size_);
+}
+
+MpiProcessGroup::~MpiProcessGroup() {
+  if (comm_ != MPI_COMM_WORLD && comm_ != MPI_COMM_SELF && comm_ != MPI_COMM_NULL && !finalized())
+    MPI_Comm_free(&comm_);
+}
+
+void MpiProcessGroup::check(int rc, const char* op) const {
+  if (rc != MPI_SUCCESS) fail("{} on {} failed: {}", op, describe(), mpi_error_string(rc));
+}
+
+void MpiProcessGroup::all_reduce(void* buf, int64_t count, CommType t, ReduceOp op) {
+  check_reducible(*this, "all_reduce", t, op);
+  int n = mpi_count(*this, "all_reduce", count);
+  check(MPI_Allreduce(MPI_IN_PLACE, buf, n, mpi_type(t), mpi_op(op), comm_), "all_reduce");
+}
+
+void MpiProcessGroup::reduce_scatter(const void* send, void* recv, int64_t recv_count,
+                                     CommType t, ReduceOp op) {
+  check_reducible(*this, "reduce_scatter", t, op);
+  mpi_count(*this, "reduce_scatter", recv_count * size_);
+  int n = mpi_count(*this, "reduce_scatter", recv_count);
+  check(MPI_Reduce_scatter_block(send, recv, n, mpi_type(t), mpi_op(op), comm_),
+        "reduce_scatter");
+}
+
+void MpiProcessGroup::all_gather(const void* send, void* recv, int64_t send_count, CommType t) {
+  mpi_count(*this, "all_gather", send_count * size_);
+  int n = mpi_count(*this, "all_gather", send_count);
+  check(MPI_Allgather(send, n, mpi_type(t), recv, n, mpi_type(t), comm_), "all_gather");
+}
+
+void MpiProcessGroup::broadcast(void* buf, int64_t count, CommType t, int root) {
+  check_rank("broadcast", "root", root);
+  int n = mpi_count(*this, "broadcast", count);
+  check(MPI_Bcast(buf, n, mpi_type(t), root, comm_), "broadcast");
+}
+
+void MpiProcessGroup::all_to_all(const void* send, void* recv, int64_t count_per_rank,
+                                 CommType t) {
+  mpi_count(*this, "all_to_all", count_per_rank * size_);
+  int n = mpi_count(*this, "all_to_all", count_per_rank);
+  check(MPI_Alltoall(send, n, mpi_type(t), recv, n, mpi_type(t), comm_), "all_to_all");
+}
+
+void MpiProcessGroup::barrier() { check(MPI_Barrier(comm_), "barrier"); }
+
+WorkPtr MpiProcessGroup::iall_reduce(void* buf, int64_t count, CommType t, ReduceOp op) {
+  check_reducible(*this, "iall_reduce", t, op);
+  int n = mpi_count(*this, "iall_reduce", count);
+  MPI_Request req;
+  check(MPI_Iallreduce(MPI_IN_PLACE, buf, n, mpi_type(t), mpi_op(op), comm_, &req),
+        "iall_reduce");
+  return std::make_unique<MpiWork>(req, "iall_reduce on " + describe(), mpi_type(t), -1);
+}
+
+WorkPtr MpiProcessGroup::ireduce_scatter(const void* send, void* recv, int64_t recv_count,
+                                         CommType t, ReduceOp op) {
+  check_reducible(*this, "ireduce_scatter", t, op);
+  mpi_count(*this, "ireduce_scatter", recv_count * size_);
+  int n = mpi_count(*this, "ireduce_scatter", recv_count);
+  MPI_Request req;
+  check(MPI_Ireduce_scatter_block(send, recv, n, mpi_type(t), mpi_op(op), comm_, &req),
+        "ireduce_scatter");
+  return std::make_unique<MpiWork>(req, "ireduce_scatter on " + describe(), mpi_type(t), -1);
+}
+
+WorkPtr MpiProcessGroup::iall_gather(const void* send, void* recv, int64_t send_count,
+                                     CommType t) {
+  mpi_count(*this, "iall_gather", send_count * size_);
+  int n = mpi_count(*this, "iall_gather", send_count);
+  MPI_Request req;
+  check(MPI_Iallgather(send, n, mpi_type(t), recv, n, mpi_type(t), comm_, &req), "iall_gather");
+  return std::make_unique<MpiWork>(req, "iall_gather on " + describe(), mpi_type(t), -1);
+}
+
+WorkPtr MpiProcessGroup::isend(const void* buf, int64_t count, CommType t, int dst, int tag) {
+  check_rank("isend", "destination rank", dst);
+  if (tag < 0) fail("isend on {}: negative tag {}", describe(), tag);
+  int n = mpi_count(*this, "isend", count);
+  MPI_Request req;
+  check(MPI_Isend(buf, n, mpi_type(t), dst, tag, comm_, &req), "isend");
+  return std::make_unique<MpiWork>(
+      req, fmt::format("isend of {} {} to rank {} (tag {}) on {}", count, comm_type_name(t), dst,
+                       tag, describe()),
+      mpi_type(t), -1);
+}
+
+WorkPtr MpiProcessGroup::irecv(void* buf, int64_t count, CommType t, int src, int tag) {
+  check_rank("irecv", "source rank", src);
+  if (tag < 0) fail("irecv on {}: negative tag {}", describe(), tag);
+  int n = mpi_count(*this, "irecv", count);
+  MPI_Request req;
+  check(MPI_Irecv(buf, n, mpi_type(t), src, tag, comm_, &req), "irecv");
+  return std::make_unique<MpiWork>(
+      req, fmt::format("irecv of {} {} from rank {} (tag {}) on {}", count, comm_type_name(t), src,
+                       tag, describe()),
+      mpi_type(t), count);
+}
+
+std::unique_ptr<ProcessGroup> MpiProcessGroup::new_group(const std::vector<int>& ranks,
+                                                         const std::string& name) {
+  // Every member validates the same list, so a bad list fails everywhere before the split.
+  if (ranks.empty()) fail("new_group '{}' on {}: the rank list is empty", name, describe());
+  std::vector<int> seen;
+  for (int r : ranks) {
+    check_rank("new_group", "member rank", r);
+    if (std::find(seen.begin(), seen.end(), r) != seen.end())
+      fail("new_group '{}' on {}: rank {} is listed twice", name, describe(), r);
+    seen.push_back(r);
+  }
+  auto it = std::find(ranks.begin(), ranks.end(), rank_);
+  int color = it == ranks.end() ? -1 : 0;
+  int key = it == ranks.end() ? 0 : static_cast<int>(it - ranks.begin());
+  return split(color, key, name);
+}
+
+std::unique_ptr<ProcessGroup> MpiProcessGroup::split(int color, int key,
+                                                     const std::string& name) {
+  MPI_Comm sub = MPI_COMM_NULL;
+  check(MPI_Comm_split(comm_, color < 0 ? MPI_UNDEFINED : color, key, &sub), "split");
+  if (sub == MPI_COMM_NULL) return nullptr;
+  int n = 0;
+  MPI_Comm_size(sub, &n);
+  std::vector<int> ranks(static_cast<size_t>(n));
+  int me = world_ranks_[static_cast<size_t>(rank_)];
+  int rc = MPI_Allgather(&me, 1, MPI_INT, ranks.data(), 1, MPI_INT, sub);
+  if (rc != MPI_SUCCESS) {
+    MPI_Comm_free(&sub);
+    fail("split of {} into '{}' failed: {}", describe(), name, mpi_error_string(rc));
+  }
+  return std::make_unique<MpiProcessGroup>(sub, name, std::move(ranks));
+}
+
+}  // namespace primus::parallel

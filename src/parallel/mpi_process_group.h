@@ -1,0 +1,91 @@
+// The MPI backend of ProcessGroup (OpenMPI; CPU buffers). Each group owns a communicator with
+// MPI_ERRORS_RETURN, so an MPI failure becomes a primus::Error instead of aborting the job.
+//
+// MPI is initialised once per process by init_mpi() (any call below does it on demand):
+// MPI_Init_thread asking for MPI_THREAD_MULTIPLE, so that a communication thread (e.g. DP
+// gradient buckets reduced while the backward runs) may call MPI beside the compute thread.
+// If the library grants less, we accept MPI_THREAD_FUNNELED (only the thread that initialised
+// MPI may call it) and mpi_thread_level() tells callers which they got; anything below
+// FUNNELED is an error. finalize_mpi() releases the world group and calls MPI_Finalize; it is
+// registered with atexit, so calling it explicitly is only needed to finalize early.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <mpi.h>
+
+#include "parallel/process_group.h"
+
+namespace primus::parallel {
+
+enum class ThreadLevel { Single, Funneled, Serialized, Multiple };
+const char* thread_level_name(ThreadLevel l);
+
+void init_mpi();
+void finalize_mpi();
+bool mpi_initialized();   // by us or by someone else, and not yet finalized
+ThreadLevel mpi_thread_level();
+
+class MpiProcessGroup final : public ProcessGroup {
+ public:
+  // Takes ownership of comm (freed in the destructor unless it is MPI_COMM_WORLD/SELF).
+  // world_ranks: the global rank of each member, in group-rank order.
+  MpiProcessGroup(MPI_Comm comm, std::string name, std::vector<int> world_ranks);
+  ~MpiProcessGroup() override;
+  MpiProcessGroup(const MpiProcessGroup&) = delete;
+  MpiProcessGroup& operator=(const MpiProcessGroup&) = delete;
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  const std::string& name() const override { return name_; }
+  std::string backend() const override { return "mpi"; }
+  Device device() const override { return Device::CPU; }
+  const std::vector<int>& world_ranks() const override { return world_ranks_; }
+  MPI_Comm comm() const { return comm_; }
+
+  using ProcessGroup::all_gather;
+  using ProcessGroup::all_reduce;
+  using ProcessGroup::all_to_all;
+  using ProcessGroup::broadcast;
+  using ProcessGroup::iall_gather;
+  using ProcessGroup::iall_reduce;
+  using ProcessGroup::ireduce_scatter;
+  using ProcessGroup::irecv;
+  using ProcessGroup::isend;
+  using ProcessGroup::reduce_scatter;
+
+  void all_reduce(void* buf, int64_t count, CommType t, ReduceOp op) override;
+  void reduce_scatter(const void* send, void* recv, int64_t recv_count, CommType t,
+                      ReduceOp op) override;
+  void all_gather(const void* send, void* recv, int64_t send_count, CommType t) override;
+  void broadcast(void* buf, int64_t count, CommType t, int root) override;
+  void all_to_all(const void* send, void* recv, int64_t count_per_rank, CommType t) override;
+  void barrier() override;
+
+  WorkPtr iall_reduce(void* buf, int64_t count, CommType t, ReduceOp op) override;
+  WorkPtr ireduce_scatter(const void* send, void* recv, int64_t recv_count, CommType t,
+                          ReduceOp op) override;
+  WorkPtr iall_gather(const void* send, void* recv, int64_t send_count, CommType t) override;
+  WorkPtr isend(const void* buf, int64_t count, CommType t, int dst, int tag = 0) override;
+  WorkPtr irecv(void* buf, int64_t count, CommType t, int src, int tag = 0) override;
+
+  std::unique_ptr<ProcessGroup> new_group(const std::vector<int>& ranks,
+                                          const std::string& name) override;
+  std::unique_ptr<ProcessGroup> split(int color, int key, const std::string& name) override;
+
+ private:
+  void check(int rc, const char* op) const;  // MPI return code -> primus::Error
+
+  MPI_Comm comm_;
+  std::string name_;
+  std::vector<int> world_ranks_;
+  int rank_ = 0, size_ = 1;
+};
+
+// The group of all ranks of this launch (a duplicate of MPI_COMM_WORLD), created on first use
+// after init_mpi(); lives until finalize_mpi().
+MpiProcessGroup& mpi_world();
+
+}  // namespace primus::parallel

@@ -1,0 +1,371 @@
+// ProcessGroup over MPI on real ranks: run under `mpirun -np N` (N = 2 or 4). Every rank runs
+// every case in the same order, so the collectives inside the cases line up. Expected values
+// are computed from the rank numbers alone, so a wrong chunk, order or root shows up.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <numeric>
+#include <thread>
+
+#include "core/error.h"
+#include "parallel/mesh.h"
+#include "parallel/mpi_process_group.h"
+
+using namespace primus;
+using namespace primus::parallel;
+
+namespace {
+MpiProcessGroup& world() { return mpi_world(); }
+int64_t rank_sum(int n) { return int64_t{n} * (n - 1) / 2; }
+}  // namespace
+
+TEST(MpiInit, ThreadLevelAndWorld) {
+  EXPECT_TRUE(mpi_initialized());
+  EXPECT_GE(mpi_thread_level(), ThreadLevel::Funneled);
+  auto env_size = std::getenv("OMPI_COMM_WORLD_SIZE");
+  ASSERT_NE(env_size, nullptr) << "run this binary under mpirun";
+  EXPECT_EQ(world().size(), std::atoi(env_size));
+  EXPECT_EQ(world().rank(), std::atoi(std::getenv("OMPI_COMM_WORLD_RANK")));
+  EXPECT_EQ(world().backend(), "mpi");
+  EXPECT_EQ(world().name(), "world");
+  init_mpi();  // a second call is a no-op
+  EXPECT_EQ(&world(), &mpi_world());
+}
+
+TEST(MpiCollectives, AllReduceSumMaxMinEveryType) {
+  const int r = world().rank(), n = world().size();
+  const int64_t len = 5;
+  std::vector<float> f(len);
+  std::vector<double> d(len);
+  std::vector<int64_t> i(len);
+  for (int64_t k = 0; k < len; ++k) {
+    f[k] = static_cast<float>(r * 10 + k);
+    d[k] = 0.5 * r + k;
+    i[k] = int64_t{r} * 1000000000000LL + k;  // beyond 32 bits
+  }
+  world().all_reduce(f);
+  world().all_reduce(d);
+  world().all_reduce(i);
+  for (int64_t k = 0; k < len; ++k) {
+    EXPECT_FLOAT_EQ(f[k], static_cast<float>(10 * rank_sum(n) + n * k));
+    EXPECT_DOUBLE_EQ(d[k], 0.5 * rank_sum(n) + n * k);
+    EXPECT_EQ(i[k], rank_sum(n) * 1000000000000LL + n * k);
+  }
+  EXPECT_EQ(world().all_reduce_value<int64_t>(r, ReduceOp::Max), n - 1);
+  EXPECT_EQ(world().all_reduce_value<int64_t>(r + 3, ReduceOp::Min), 3);
+  EXPECT_DOUBLE_EQ(world().all_reduce_value<double>(-r, ReduceOp::Min), -(n - 1));
+  EXPECT_FLOAT_EQ(world().all_reduce_value<float>(r * 1.5f, ReduceOp::Max), (n - 1) * 1.5f);
+
+  Tensor t = Tensor::empty({2, 3});
+  for (int k = 0; k < 6; ++k) t.data<float>()[k] = static_cast<float>(r == 1 ? 100 + k : -k);
+  world().all_reduce(t, ReduceOp::Max);
+  for (int k = 0; k < 6; ++k) EXPECT_EQ(t.data<float>()[k], 100 + k);
+}
+
+TEST(MpiCollectives, ReduceScatterChunks) {
+  const int r = world().rank(), n = world().size();
+  const int64_t chunk = 3;
+  Tensor in = Tensor::empty({n * chunk}, DType::F64);
+  for (int64_t j = 0; j < n * chunk; ++j) in.data<double>()[j] = r + 10.0 * j;
+  Tensor out = Tensor::zeros({chunk}, DType::F64);
+  world().reduce_scatter(in, out);
+  // Rank r receives chunk r summed over ranks.
+  for (int64_t k = 0; k < chunk; ++k)
+    EXPECT_DOUBLE_EQ(out.data<double>()[k], rank_sum(n) + n * 10.0 * (r * chunk + k));
+
+  // Non-blocking variant with max.
+  Tensor out2 = Tensor::zeros({chunk}, DType::F64);
+  auto w = world().ireduce_scatter(in, out2, ReduceOp::Max);
+  w->wait();
+  for (int64_t k = 0; k < chunk; ++k)
+    EXPECT_DOUBLE_EQ(out2.data<double>()[k], (n - 1) + 10.0 * (r * chunk + k));
+}
+
+TEST(MpiCollectives, AllGatherRankOrder) {
+  const int r = world().rank(), n = world().size();
+  Tensor in = Tensor::empty({2});
+  in.data<float>()[0] = 100.f * r;
+  in.data<float>()[1] = 100.f * r + 1;
+  Tensor out = Tensor::zeros({n, 2});
+  world().all_gather(in, out);
+  for (int j = 0; j < n; ++j) {
+    EXPECT_EQ(out.data<float>()[2 * j], 100.f * j);
+    EXPECT_EQ(out.data<float>()[2 * j + 1], 100.f * j + 1);
+  }
+  Tensor out2 = Tensor::zeros({2 * n});
+  auto w = world().iall_gather(in, out2);
+  w->wait();
+  EXPECT_EQ(std::vector<float>(out.data<float>(), out.data<float>() + 2 * n),
+            std::vector<float>(out2.data<float>(), out2.data<float>() + 2 * n));
+}
+
+TEST(MpiCollectives, BroadcastFromNonZeroRoot) {
+  const int r = world().rank(), n = world().size();
+  const int root = n - 1;
+  Tensor t = Tensor::empty({4}, DType::F64);
+  for (int k = 0; k < 4; ++k) t.data<double>()[k] = r == root ? 7.25 * (k + 1) : -1.0;
+  world().broadcast(t, root);
+  for (int k = 0; k < 4; ++k) EXPECT_DOUBLE_EQ(t.data<double>()[k], 7.25 * (k + 1));
+
+  int64_t v = r == 1 ? 424242 : 0;
+  world().broadcast(&v, 1, CommType::I64, 1);
+  EXPECT_EQ(v, 424242);
+}
+
+TEST(MpiCollectives, AllToAll) {
+  const int r = world().rank(), n = world().size();
+  const int64_t c = 2;
+  Tensor in = Tensor::empty({n * c});
+  // Chunk j goes to rank j.
+  for (int j = 0; j < n; ++j)
+    for (int k = 0; k < c; ++k) in.data<float>()[j * c + k] = 1000.f * r + 10.f * j + k;
+  Tensor out = Tensor::zeros({n * c});
+  world().all_to_all(in, out);
+  // Chunk j came from rank j.
+  for (int j = 0; j < n; ++j)
+    for (int k = 0; k < c; ++k) EXPECT_EQ(out.data<float>()[j * c + k], 1000.f * j + 10.f * r + k);
+}
+
+TEST(MpiCollectives, Barrier) {
+  // Rank 0 arrives late: nobody may leave the barrier before it arrives.
+  using clock = std::chrono::steady_clock;
+  world().barrier();
+  auto t0 = clock::now();
+  if (world().rank() == 0) std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  world().barrier();
+  double ms = std::chrono::duration<double, std::milli>(clock::now() - t0).count();
+  EXPECT_GE(ms, 250.0);
+}
+
+TEST(MpiPointToPoint, IsendIrecvRing) {
+  const int r = world().rank(), n = world().size();
+  const int next = (r + 1) % n, prev = (r + n - 1) % n;
+  Tensor send = Tensor::empty({8}, DType::F64);
+  for (int k = 0; k < 8; ++k) send.data<double>()[k] = 100.0 * r + k;
+  Tensor recv = Tensor::zeros({8}, DType::F64);
+  // Post the receive first, as the pipeline executor will.
+  auto rw = world().irecv(recv, prev, /*tag=*/7);
+  auto sw = world().isend(send, next, /*tag=*/7);
+  // test() polls until done; then wait() is a no-op.
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (!rw->test()) {
+    ASSERT_LT(std::chrono::steady_clock::now(), deadline) << "ring receive never completed";
+    std::this_thread::yield();
+  }
+  rw->wait();
+  sw->wait();
+  for (int k = 0; k < 8; ++k) EXPECT_DOUBLE_EQ(recv.data<double>()[k], 100.0 * prev + k);
+
+  // Raw-pointer path with int64 and a batch of handles, tags keeping two messages apart.
+  std::vector<int64_t> a(3, r), b(3, -r), ra(3), rb(3);
+  std::vector<WorkPtr> works;
+  works.push_back(world().irecv(rb.data(), 3, CommType::I64, prev, 2));
+  works.push_back(world().irecv(ra.data(), 3, CommType::I64, prev, 1));
+  works.push_back(world().isend(a.data(), 3, CommType::I64, next, 1));
+  works.push_back(world().isend(b.data(), 3, CommType::I64, next, 2));
+  wait_all(works);
+  EXPECT_EQ(ra, std::vector<int64_t>(3, prev));
+  EXPECT_EQ(rb, std::vector<int64_t>(3, -prev));
+}
+
+TEST(MpiPointToPoint, IallReduceOverlapsWork) {
+  const int r = world().rank(), n = world().size();
+  std::vector<double> g(1000, r + 1.0);
+  auto w = world().iall_reduce(g.data(), 1000, CommType::F64, ReduceOp::Sum);
+  double local = 0;  // "compute" while the reduction is in flight
+  for (int k = 0; k < 1000; ++k) local += k;
+  w->wait();
+  EXPECT_EQ(local, 499500.0);
+  for (double v : g) EXPECT_DOUBLE_EQ(v, rank_sum(n) + n);
+}
+
+TEST(MpiGroups, NewGroupAndSplit) {
+  const int r = world().rank(), n = world().size();
+  // The even ranks, listed in reverse: group rank follows the list order.
+  std::vector<int> evens;
+  for (int k = n - 1; k >= 0; --k)
+    if (k % 2 == 0) evens.push_back(k);
+  auto g = world().new_group(evens, "evens");
+  if (r % 2 != 0) {
+    EXPECT_EQ(g, nullptr);
+  } else {
+    ASSERT_NE(g, nullptr);
+    EXPECT_EQ(g->size(), static_cast<int>(evens.size()));
+    EXPECT_EQ(g->world_ranks(), evens);
+    EXPECT_EQ(g->world_ranks()[static_cast<size_t>(g->rank())], r);
+    int64_t s = g->all_reduce_value<int64_t>(r);
+    EXPECT_EQ(s, std::accumulate(evens.begin(), evens.end(), int64_t{0}));
+  }
+  // split: color by parity, key reversed.
+  auto h = world().split(r % 2, -r, "parity");
+  ASSERT_NE(h, nullptr);
+  EXPECT_EQ(h->world_ranks().front(), r % 2 == 0 ? evens.front() : (n % 2 == 0 ? n - 1 : n - 2));
+  EXPECT_EQ(h->all_reduce_value<int64_t>(1), (n + 1 - r % 2) / 2);
+
+  EXPECT_THROW(world().new_group({0, n}, "bad"), Error);
+  EXPECT_THROW(world().new_group({0, 0}, "dup"), Error);
+  EXPECT_THROW(world().new_group({}, "empty"), Error);
+}
+
+TEST(MpiGroups, MeshSubGroupCollectives) {
+  const int r = world().rank(), n = world().size();
+  ParallelSizes s;
+  s.tensor_model_parallel_size = 2;  // n = 2: tp 2 x dp 1; n = 4: tp 2 x dp 2
+  RankMesh mesh(n, s);
+  MeshGroups groups = build_groups(mesh, world());
+  for (MeshDim d : kAllMeshDims) {
+    ProcessGroup& g = groups.get(d);
+    auto members = mesh.group_ranks(d, r);
+    EXPECT_EQ(g.name(), mesh_dim_name(d));
+    EXPECT_EQ(g.world_ranks(), members) << g.describe();
+    EXPECT_EQ(g.size(), mesh.size(d));
+    // Sum and gather of the global ranks: the right members, in mesh order.
+    EXPECT_EQ(g.all_reduce_value<int64_t>(r),
+              std::accumulate(members.begin(), members.end(), int64_t{0}))
+        << g.describe();
+    std::vector<int64_t> all(members.size());
+    int64_t mine = r;
+    g.all_gather(&mine, all.data(), 1, CommType::I64);
+    EXPECT_EQ(all, std::vector<int64_t>(members.begin(), members.end())) << g.describe();
+  }
+  if (n == 4) {
+    // 2x2: tp groups {0,1},{2,3}; dp groups {0,2},{1,3}.
+    const std::vector<int> tp = r < 2 ? std::vector<int>{0, 1} : std::vector<int>{2, 3};
+    const std::vector<int> dp = r % 2 == 0 ? std::vector<int>{0, 2} : std::vector<int>{1, 3};
+    EXPECT_EQ(groups.tp->world_ranks(), tp);
+    EXPECT_EQ(groups.dp->world_ranks(), dp);
+    EXPECT_EQ(groups.tp->rank(), r % 2);
+    EXPECT_EQ(groups.dp->rank(), r / 2);
+    // A reduce-scatter in the tp group, then an all-gather of the halves in the dp group: dp
+    // member j (world rank 2j + tp rank) holds the half of tp group {2j, 2j+1}, sum 4j + 1.
+    Tensor in = Tensor::empty({4});
+    for (int k = 0; k < 4; ++k) in.data<float>()[k] = static_cast<float>(r * 10 + k);
+    Tensor half = Tensor::empty({2});
+    groups.tp->reduce_scatter(in, half);
+    const int t0 = tp[0], t1 = tp[1];
+    for (int k = 0; k < 2; ++k)
+      EXPECT_EQ(half.data<float>()[k], (t0 + t1) * 10.f + 2 * (2 * groups.tp->rank() + k));
+    Tensor both = Tensor::empty({4});
+    groups.dp->all_gather(half, both);
+    for (int j = 0; j < 2; ++j)
+      for (int k = 0; k < 2; ++k)
+        EXPECT_EQ(both.data<float>()[2 * j + k], (4 * j + 1) * 10.f + 2 * (2 * (r % 2) + k))
+            << "dp member " << j;
+    // Broadcast inside each dp group from its second member.
+    double v = groups.dp->rank() == 1 ? 1000.0 + r : 0.0;
+    groups.dp->broadcast(&v, 1, CommType::F64, 1);
+    EXPECT_EQ(v, 1000.0 + dp[1]);
+  }
+  // A layout that needs more ranks than the world has fails on every rank before any split.
+  ParallelSizes big;
+  big.tensor_model_parallel_size = 2 * n;
+  RankMesh too_big(2 * n, big);
+  EXPECT_THROW(build_groups(too_big, world()), Error);
+}
+
+TEST(MpiErrors, LocalMismatchesThrowBeforeCommunicating) {
+  const int n = world().size();
+  auto expect_error = [](auto&& fn, const std::string& needle) {
+    try {
+      fn();
+      ADD_FAILURE() << "no error; expected one mentioning '" << needle << "'";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+  };
+  Tensor in = Tensor::zeros({n * 3});
+  Tensor wrong = Tensor::zeros({4});
+  expect_error([&] { world().reduce_scatter(in, wrong); }, "must be");
+  expect_error([&] { world().all_gather(wrong, in); }, "world group (world ranks 0,");
+  expect_error([&] { world().all_to_all(in, wrong); }, "all_to_all");
+  Tensor odd = Tensor::zeros({n * 3 + 1});
+  Tensor odd2 = Tensor::zeros({n * 3 + 1});
+  expect_error([&] { world().all_to_all(odd, odd2); }, "equal chunks");
+  Tensor d = Tensor::zeros({n * 3}, DType::F64);
+  Tensor small = Tensor::zeros({3});
+  expect_error([&] { world().all_gather(small, d); }, "input is fp32 but output is fp64");
+  expect_error([&] { world().broadcast(in, n); }, "root " + std::to_string(n) + " is out of range");
+  expect_error([&] { world().isend(in, -1); }, "destination rank -1 is out of range");
+  expect_error([&] { world().irecv(in, n + 5); }, "source rank");
+  Tensor m = Tensor::zeros({4, 4});
+  Tensor col = m.slice(1, 0, 2);
+  expect_error([&] { world().all_reduce(col); }, "not contiguous");
+  Tensor b = Tensor::zeros({4}, DType::BF16);
+  expect_error([&] { world().all_reduce(b); }, "cannot reduce bf16");
+  // The checks threw on every rank, so the world is still in step.
+  EXPECT_EQ(world().all_reduce_value<int64_t>(1), n);
+}
+
+TEST(MpiErrors, MessageSizeMismatchIsAnErrorNotAHang) {
+  const int r = world().rank(), n = world().size();
+  // Rank 0 sends 8 then 2 elements to rank 1, which posts receives for 4 and 4: the first is
+  // truncated (MPI error), the second is shorter than expected. Both are primus::Error.
+  if (r == 0) {
+    std::vector<float> big(8, 1.f), little(2, 2.f);
+    auto a = world().isend(big.data(), 8, CommType::F32, 1, 11);
+    auto b = world().isend(little.data(), 2, CommType::F32, 1, 12);
+    a->wait();
+    b->wait();
+  } else if (r == 1) {
+    std::vector<float> buf(4), buf2(4);
+    auto a = world().irecv(buf.data(), 4, CommType::F32, 0, 11);
+    auto b = world().irecv(buf2.data(), 4, CommType::F32, 0, 12);
+    EXPECT_THROW(a->wait(), Error);
+    try {
+      b->wait();
+      ADD_FAILURE() << "short message not reported";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("received 2 elements but 4 were expected"),
+                std::string::npos)
+          << e.what();
+    }
+  }
+  world().barrier();
+  (void)n;
+}
+
+TEST(MpiErrors, UnmatchedReceiveIsCancelledOnDrop) {
+  // A receive nobody sends to must not block the rank that drops it.
+  const int n = world().size();
+  {
+    std::vector<double> buf(4);
+    auto w = world().irecv(buf.data(), 4, CommType::F64, (world().rank() + 1) % n, 99);
+    EXPECT_FALSE(w->test());
+  }
+  world().barrier();
+}
+
+namespace {
+class FailurePrinter : public ::testing::EmptyTestEventListener {
+ public:
+  explicit FailurePrinter(int rank) : rank_(rank) {}
+  void OnTestPartResult(const ::testing::TestPartResult& r) override {
+    if (r.failed())
+      fprintf(stderr, "[rank %d] %s:%d: Failure\n%s\n", rank_, r.file_name() ? r.file_name() : "?",
+              r.line_number(), r.summary());
+  }
+
+ private:
+  int rank_;
+};
+}  // namespace
+
+int main(int argc, char** argv) {
+  ::testing::InitGoogleTest(&argc, argv);
+  init_mpi();
+  // Only rank 0 prints progress; other ranks print just their failures, tagged with the rank.
+  // Any rank's failure fails mpirun's exit code.
+  if (mpi_world().rank() != 0) {
+    auto& listeners = ::testing::UnitTest::GetInstance()->listeners();
+    delete listeners.Release(listeners.default_result_printer());
+    listeners.Append(new FailurePrinter(mpi_world().rank()));
+  }
+  if (mpi_world().rank() == 0)
+    printf("MPI ranks: %d, thread level granted: %s\n", mpi_world().size(),
+           thread_level_name(mpi_thread_level()));
+  int rc = RUN_ALL_TESTS();
+  finalize_mpi();
+  return rc;
+}
