@@ -14,6 +14,20 @@ namespace primus {
 
 enum class ParamInit : uint8_t { Normal, ScaledNormal, Ones, Zeros };
 
+// Where a rank's tensor sits in the model's global tensor. The local tensor is the concatenation,
+// along `dim`, of `pieces` of the global one, in order: one piece for a plain tensor-parallel
+// split, three for the fused QKV weight ([q; k; v] rows, each split by heads), two for the fused
+// gate/up weight. Checkpoints store this so that any layout can load any other (resharding).
+struct ShardPiece {
+  int64_t global_start = 0;  // along dim, in the global tensor
+  int64_t length = 0;
+  bool operator==(const ShardPiece&) const = default;
+};
+struct ShardSpec {
+  int dim = 0;
+  std::vector<ShardPiece> pieces;  // empty: the whole tensor (not sharded)
+};
+
 struct StoredParam {
   std::string name;  // Megatron-style, e.g. "decoder.layers.0.self_attention.linear_qkv.weight"
   Shape shape;
@@ -21,12 +35,21 @@ struct StoredParam {
   int64_t numel = 0;
   bool weight_decay = true;  // false for norms and biases
   ParamInit init = ParamInit::Normal;
+  Shape global_shape;  // the whole model's tensor; equals shape when not sharded
+  ShardSpec shard;     // which part of it this rank holds
+  // A tensor that every tensor-parallel rank holds whole (norm weights, unsharded biases): its
+  // gradient norm is counted once, and with sequence parallelism its gradient is summed over tp.
+  bool tp_replicated = true;
 };
 
 template <typename T>
 class ParamStore {
  public:
   int add(const std::string& name, const Shape& shape, ParamInit init, bool weight_decay);
+  // A tensor-parallel shard: `global` is the whole tensor's shape, `shard` the part held here
+  // (its pieces must add up to shape[shard.dim]).
+  int add_sharded(const std::string& name, const Shape& global, const ShardSpec& shard, ParamInit init,
+                  bool weight_decay);
   void allocate();
 
   const std::vector<StoredParam>& infos() const { return infos_; }
@@ -41,8 +64,8 @@ class ParamStore {
   const Tensor& grads() const { return grads_; }
   void zero_grad() { grads_.zero_(); }
 
-  // Fills every parameter from (seed, name, element index): the same weights for any thread
-  // count, and any slice of a tensor can be generated on its own.
+  // Fills every parameter from (seed, name, global element index): the same weights for any
+  // thread count and any tensor-parallel split, since a shard draws the values of its global slice.
   void init(uint64_t seed, double std, double scaled_std);
 
  private:
