@@ -10,6 +10,16 @@
 //   x2 = x + o Wo^T            h2 = rmsnorm(x2)   gu = h2 W13^T     a = silu(g) * u
 //   y  = x2 + a W2^T
 // T is float for training and double for the finite-difference tests.
+//
+// Parallel layouts (ModelPartition). Tensor parallel follows Megatron: linear_qkv and linear_fc1
+// are column-parallel (each rank holds its attention heads and query groups, and its slice of
+// the gate and up rows), linear_proj and linear_fc2 row-parallel (their partial outputs are
+// summed over tp), the embedding and output layer are vocabulary-parallel (the cross-entropy
+// combines per-row max, sum of exponentials and target logit over tp). With sequence parallel,
+// the rows between those regions (norms, residuals) are split over tp: all-gather before a
+// column-parallel linear, reduce-scatter after a row-parallel one. Pipeline parallel gives a
+// rank one or more chunks, each a consecutive range of layers; the first stage's chunk holds the
+// embedding and the last stage's the final norm, output layer and loss.
 #pragma once
 
 #include <cstdint>
@@ -21,6 +31,7 @@
 #include "kernels/cpu/attention.h"
 #include "model/model_spec.h"
 #include "model/param_store.h"
+#include "parallel/process_group.h"
 
 namespace primus {
 
@@ -38,6 +49,22 @@ struct LlamaOptions {
   size_t logits_memory_budget = size_t(512) << 20;
   int64_t vocab_chunk = 8192;
 };
+
+// What part of the model this rank holds, and the group it shares its layers with.
+struct ModelPartition {
+  int tp_size = 1, tp_rank = 0;
+  parallel::ProcessGroup* tp_group = nullptr;  // required when tp_size > 1
+  bool sequence_parallel = false;
+  struct Chunk {
+    int64_t first_layer = 0, num_layers = 0;
+    bool has_embedding = false, has_head = false;  // the first / the last pipeline stage
+  };
+  std::vector<Chunk> chunks;  // in chunk order; empty: one chunk with the whole model
+};
+
+// Checks that spec can be split tp ways (heads, query groups, ffn and vocabulary divisible);
+// throws primus::Error naming the rule that fails.
+void check_tensor_parallel(const ModelSpec& spec, int tp_size);
 
 template <typename T>
 struct BlockContext {
@@ -58,6 +85,7 @@ struct HeadContext {
 template <typename T>
 struct LlamaContext {
   int64_t batch = 0, seq = 0;
+  T loss = 0;  // set by the forward of the chunk that holds the head
   std::vector<int32_t> tokens, targets;
   Tensor embedded;
   std::vector<BlockContext<T>> blocks;
@@ -68,7 +96,8 @@ struct LlamaContext {
 template <typename T>
 class TransformerBlock {
  public:
-  TransformerBlock(const ModelSpec& spec, int64_t layer, ParamStore<T>& params, Recompute recompute);
+  TransformerBlock(const ModelSpec& spec, int64_t layer, ParamStore<T>& params, Recompute recompute,
+                   const ModelPartition& part);
   // x [N, hidden] -> y [N, hidden]
   Tensor forward(BlockContext<T>& ctx, const Tensor& x, int64_t batch, int64_t seq, const T* cos, const T* sin);
   Tensor backward_input(BlockContext<T>& ctx, const Tensor& dy, int64_t batch, int64_t seq, const T* cos,
@@ -82,13 +111,15 @@ class TransformerBlock {
   const ModelSpec& spec_;
   ParamStore<T>& p_;
   Recompute recompute_;
+  const ModelPartition& part_;
+  int64_t heads_, groups_;  // this rank's attention heads and query groups
   int attn_norm_, qkv_w_, qkv_b_ = -1, proj_w_, mlp_norm_, fc1_w_, fc2_w_;
 };
 
 template <typename T>
 class LlamaModel {
  public:
-  explicit LlamaModel(const ModelSpec& spec, LlamaOptions options = {});
+  explicit LlamaModel(const ModelSpec& spec, LlamaOptions options = {}, ModelPartition partition = {});
   void init_weights(uint64_t seed);
 
   const ModelSpec& spec() const { return spec_; }
@@ -103,8 +134,25 @@ class LlamaModel {
   void backward_weight(LlamaContext<T>& ctx);          // W for every layer
   void backward(LlamaContext<T>& ctx, T dloss);        // B then W layer by layer: less memory
 
-  // Logits of the last position of each sequence, for generation: [batch, vocab].
+  // Logits of the last position of each sequence, for generation: [batch, vocab]. One rank only.
   Tensor last_logits(LlamaContext<T>& ctx) const;
+
+  // ---- one pipeline chunk at a time (the executor's StageRunner calls these) ----
+  const ModelPartition& partition() const { return part_; }
+  int num_chunks() const { return int(part_.chunks.size()); }
+  // Stores the microbatch's tokens and targets (targets may be null) in ctx.
+  void begin_microbatch(LlamaContext<T>& ctx, const int32_t* tokens, const int32_t* targets, int64_t batch,
+                        int64_t seq);
+  // Rows of the activation a chunk receives and sends: batch * seq, divided by tp under
+  // sequence parallelism.
+  int64_t activation_rows(int64_t batch, int64_t seq) const;
+  // F of one chunk: `input` is ignored by the chunk with the embedding. Returns the chunk's
+  // output, or an undefined Tensor for the chunk with the head (the loss goes to ctx.loss).
+  Tensor forward_chunk(LlamaContext<T>& ctx, int chunk, const Tensor& input);
+  // B of one chunk: `dy` is ignored by the chunk with the head (it starts from dloss). Returns
+  // the gradient of the chunk's input, or an undefined Tensor for the chunk with the embedding.
+  Tensor backward_input_chunk(LlamaContext<T>& ctx, int chunk, const Tensor& dy, T dloss);
+  void backward_weight_chunk(LlamaContext<T>& ctx, int chunk);
 
  private:
   // Output layer: final norm, logits, cross-entropy.
@@ -112,11 +160,15 @@ class LlamaModel {
   Tensor head_backward_input(HeadContext<T>& h, T dloss);
   void head_backward_weight(HeadContext<T>& h);
   bool head_stores_logits(int64_t rows) const;
+  void embedding_weight_pass(LlamaContext<T>& ctx);
   const T* output_weight() const;
   T* output_weight_grad() const;
 
   ModelSpec spec_;
   LlamaOptions opt_;
+  ModelPartition part_;
+  std::vector<std::pair<size_t, size_t>> chunk_blocks_;  // [begin, end) into blocks_ per chunk
+  int64_t vocab_start_ = 0, vocab_local_ = 0;           // this rank's rows of the vocabulary
   ParamStore<T> params_;
   std::vector<std::unique_ptr<TransformerBlock<T>>> blocks_;
   int embedding_ = -1, final_norm_ = -1, output_ = -1;  // output_ == embedding_ when tied
