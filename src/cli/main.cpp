@@ -11,6 +11,7 @@
 
 #include "cli/registry.h"
 #include "core/error.h"
+#include "parallel/mpi_process_group.h"
 
 using namespace primus::cli;
 
@@ -70,12 +71,16 @@ int main(int argc, char** argv) {
                 << usage();
       return 2;
     }
-    return launch(task_args);
+    const int rc = launch(task_args);
+    primus::parallel::finalize_mpi();  // a task that trained over MPI leaves it up for the exit
+    return rc;
   } catch (const primus::Error& e) {
     std::cerr << "error: " << e.what() << "\n";
+    primus::parallel::abort_mpi(1);  // one rank failed: end the others rather than leave them waiting
     return 1;
   } catch (const std::exception& e) {
     std::cerr << "error: " << e.what() << "\n";
+    primus::parallel::abort_mpi(1);
     return 1;
   }
 }

@@ -52,6 +52,21 @@ const std::vector<KeyInfo>& training_keys() {
       KEY(tokenizer_model, "the tokenizer's model file"),
       KEY(recompute_granularity, "activation recompute: full | selective; empty: none"),
       KEY(device, "auto | cpu (cuda comes with the GPU backend)"),
+      KEY(tensor_model_parallel_size, "tensor-parallel ranks (tp): attention heads, query groups, ffn and vocabulary "
+                                      "are split over them"),
+      KEY(pipeline_model_parallel_size, "pipeline stages (pp): layers are split over them"),
+      KEY(virtual_pipeline_model_parallel_size, "model chunks per pipeline rank (vpp). 0: the schedule's default "
+                                                "(2 for interleaved-1f1b and the V-shape schedules, else 1)"),
+      KEY(context_parallel_size, "context-parallel ranks (cp); only 1 is implemented so far"),
+      KEY(expert_model_parallel_size, "expert-parallel ranks (ep), folded into dp; only 1 (dense models) so far"),
+      KEY(sequence_parallel, "split norms and residuals over the tp ranks by tokens (needs tp > 1)"),
+      KEY(pipeline_schedule, "1f1b | interleaved-1f1b | zb-h1 | zb-h2 | zbv | v-half | v-min | dualpipev | zb-auto | "
+                             "gpipe"),
+      KEY(decoder_first_pipeline_num_layers, "layers on the first pipeline stage; 0: an even split"),
+      KEY(decoder_last_pipeline_num_layers, "layers on the last pipeline stage; 0: an even split"),
+      KEY(use_distributed_optimizer, "ZeRO-1: each data-parallel rank keeps the optimizer state of its shard only"),
+      KEY(overlap_grad_reduce, "start each gradient bucket's reduction as soon as its backward is done"),
+      KEY(ddp_bucket_size, "elements per gradient bucket; 0: max(40M, 1M x dp)"),
   };
   return keys;
 }

@@ -66,6 +66,19 @@ struct TrainingArgs {
   // engine
   std::string recompute_granularity;
   std::string device = "auto";
+  // parallelism (Megatron's names; the layout is checked in train/parallel_layout.h)
+  int64_t tensor_model_parallel_size = 1;
+  int64_t pipeline_model_parallel_size = 1;
+  int64_t virtual_pipeline_model_parallel_size = 0;  // 0: the schedule's default
+  int64_t context_parallel_size = 1;
+  int64_t expert_model_parallel_size = 1;
+  bool sequence_parallel = false;
+  std::string pipeline_schedule = "1f1b";
+  int64_t decoder_first_pipeline_num_layers = 0;
+  int64_t decoder_last_pipeline_num_layers = 0;
+  bool use_distributed_optimizer = false;
+  bool overlap_grad_reduce = true;
+  int64_t ddp_bucket_size = 0;  // elements; 0: max(40M, 1M x dp) as Megatron
 };
 
 using FieldRef = std::variant<int64_t TrainingArgs::*, double TrainingArgs::*, bool TrainingArgs::*,

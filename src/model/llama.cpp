@@ -295,6 +295,13 @@ void TransformerBlock<T>::backward_weight(BlockContext<T>& ctx) {
   ctx.clear();
 }
 
+template <typename T>
+std::vector<int> TransformerBlock<T>::param_ids() const {
+  std::vector<int> ids = {attn_norm_, qkv_w_, proj_w_, mlp_norm_, fc1_w_, fc2_w_};
+  if (qkv_b_ >= 0) ids.push_back(qkv_b_);
+  return ids;
+}
+
 // ---------------------------------------------------------------------------------------------
 // Whole model
 
@@ -472,7 +479,10 @@ void LlamaModel<T>::backward_weight_chunk(LlamaContext<T>& ctx, int chunk) {
   const auto& ch = part_.chunks[chunk];
   if (ch.has_head) head_backward_weight(ctx.head);
   const auto [b0, b1] = chunk_blocks_[chunk];
-  for (size_t l = b1; l-- > b0;) blocks_[l]->backward_weight(ctx.blocks[l]);
+  for (size_t l = b1; l-- > b0;) {
+    blocks_[l]->backward_weight(ctx.blocks[l]);
+    weights_done(blocks_[l]->param_ids());
+  }
   if (ch.has_embedding) embedding_weight_pass(ctx);
 }
 
@@ -496,6 +506,7 @@ void LlamaModel<T>::embedding_weight_pass(LlamaContext<T>& ctx) {
       }
   }
   ctx.dembedded = ctx.embedded = Tensor();
+  weights_done({embedding_});
 }
 
 template <typename T>
@@ -677,6 +688,7 @@ void LlamaModel<T>::head_backward_weight(HeadContext<T>& h) {
     }
   }
   h = HeadContext<T>();
+  weights_done({final_norm_, output_});
 }
 
 template <typename T>
@@ -699,6 +711,7 @@ void LlamaModel<T>::backward(LlamaContext<T>& ctx, T dloss) {
   for (size_t l = blocks_.size(); l-- > 0;) {
     dx = blocks_[l]->backward_input(ctx.blocks[l], dx, ctx.batch, ctx.seq, ptr<T>(rope_cos_), ptr<T>(rope_sin_));
     blocks_[l]->backward_weight(ctx.blocks[l]);
+    weights_done(blocks_[l]->param_ids());
   }
   ctx.dembedded = dx;
   embedding_weight_pass(ctx);

@@ -23,6 +23,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -103,6 +104,7 @@ class TransformerBlock {
   Tensor backward_input(BlockContext<T>& ctx, const Tensor& dy, int64_t batch, int64_t seq, const T* cos,
                         const T* sin);
   void backward_weight(BlockContext<T>& ctx);
+  std::vector<int> param_ids() const;  // the ParamStore ids of this block's tensors
 
  private:
   void rebuild(BlockContext<T>& ctx, int64_t batch, int64_t seq, const T* cos, const T* sin);
@@ -154,6 +156,19 @@ class LlamaModel {
   Tensor backward_input_chunk(LlamaContext<T>& ctx, int chunk, const Tensor& dy, T dloss);
   void backward_weight_chunk(LlamaContext<T>& ctx, int chunk);
 
+  // Called after every W pass of a block, of the head and of the embedding with the ids of the
+  // tensors whose gradients it just accumulated: data parallelism starts a gradient bucket's
+  // reduction once the last microbatch's W of all its tensors is done.
+  using WeightGradHook = std::function<void(const std::vector<int>& param_ids)>;
+  void set_weight_grad_hook(WeightGradHook hook) { weight_grad_hook_ = std::move(hook); }
+  // How many times per microbatch the hook reports a tensor: 2 for a tied embedding that this
+  // rank uses both as input and output layer, else 1.
+  int weight_grad_passes(int param_id) const {
+    return param_id == embedding_ && output_ == embedding_ ? 2 : 1;
+  }
+  int embedding_param() const { return embedding_; }  // -1 when this rank has none
+  int output_param() const { return output_; }        // -1 when this rank has no head
+
  private:
   // Output layer: final norm, logits, cross-entropy.
   T head_forward(HeadContext<T>& h, const Tensor& x, const int32_t* targets);
@@ -173,6 +188,10 @@ class LlamaModel {
   std::vector<std::unique_ptr<TransformerBlock<T>>> blocks_;
   int embedding_ = -1, final_norm_ = -1, output_ = -1;  // output_ == embedding_ when tied
   Tensor rope_cos_, rope_sin_;
+  WeightGradHook weight_grad_hook_;
+  void weights_done(const std::vector<int>& ids) const {
+    if (weight_grad_hook_) weight_grad_hook_(ids);
+  }
 };
 
 extern template class LlamaModel<float>;

@@ -177,6 +177,10 @@ void finalize_mpi() {
   if (inited && !finalized() && g_initialized_by_us) MPI_Finalize();
 }
 
+void abort_mpi(int code) {
+  if (mpi_initialized()) MPI_Abort(MPI_COMM_WORLD, code);
+}
+
 bool mpi_initialized() {
   int inited = 0;
   MPI_Initialized(&inited);

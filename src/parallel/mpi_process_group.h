@@ -25,6 +25,9 @@ const char* thread_level_name(ThreadLevel l);
 
 void init_mpi();
 void finalize_mpi();
+// After an error on one rank: ends every rank of the job at once (MPI_Abort) instead of leaving
+// the others waiting in a collective. A no-op when MPI is not initialised.
+void abort_mpi(int code);
 bool mpi_initialized();   // by us or by someone else, and not yet finalized
 ThreadLevel mpi_thread_level();
 

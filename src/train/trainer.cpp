@@ -22,7 +22,16 @@
 #include "optim/adamw.h"
 #include "optim/grad_clip.h"
 #include "optim/lr_schedule.h"
+#include "parallel/data_parallel.h"
+#include "parallel/distributed_optimizer.h"
+#include "parallel/mesh.h"
+#include "parallel/mpi_process_group.h"
+#include "parallel/self_process_group.h"
+#include "pipeline/executor.h"
+#include "pipeline/simulator.h"
 #include "train/checkpoint.h"
+#include "train/parallel_layout.h"
+#include "train/pipeline_runner.h"
 
 namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
@@ -65,6 +74,34 @@ std::vector<ParamSegment> segments_of(const ParamStore<float>& p) {
   return out;
 }
 
+// The world group: MPI when this process is one of several ranks, else a group of one.
+struct Processes {
+  std::unique_ptr<parallel::SelfProcessGroup> self;
+  parallel::ProcessGroup* world = nullptr;
+};
+Processes start_processes() {
+  Processes p;
+  const LaunchEnv env = discover_launch_env();
+  if (env.world_size > 1) {
+    parallel::init_mpi();
+    p.world = &parallel::mpi_world();
+    if (p.world->size() != env.world_size)
+      fail("the launcher says {} ranks but MPI sees {}: start the ranks with mpirun or srun", env.world_size,
+           p.world->size());
+  } else {
+    p.self = std::make_unique<parallel::SelfProcessGroup>();
+    p.world = p.self.get();
+  }
+  return p;
+}
+
+// Optimizer over the flat buffers: one AdamW, or ZeRO-1's shards (use_distributed_optimizer).
+struct Optimizer {
+  std::unique_ptr<AdamW> adam;
+  std::unique_ptr<parallel::DistributedOptimizer> zero;
+  int64_t step_count() const { return zero ? zero->step_count() : adam->step_count(); }
+};
+
 std::string progress_bar(int64_t done, int64_t total, int width = 30) {
   const int filled = int(width * done / std::max<int64_t>(total, 1));
   return "[" + std::string(filled, '#') + std::string(width - filled, '.') + "]";
@@ -76,10 +113,18 @@ TrainSummary pretrain(const config::ExperimentConfig& cfg) {
   const config::TrainingArgs& a = cfg.train;
   const ModelSpec& spec = cfg.model_spec;
   const int64_t mbs = a.micro_batch_size, gbs = a.global_batch_size, seq = a.seq_length;
-  const int64_t num_micro = gbs / mbs;
+  const int64_t num_micro = gbs / mbs;  // microbatches in the global batch, over all dp ranks
 
   // ---- set-up: everything that can fail on user input fails here, before step 1 -----------------
   cpu::flush_denormals_to_zero();
+  Processes procs = start_processes();
+  parallel::ProcessGroup& world = *procs.world;
+  const ParallelLayout layout = plan_layout(a, spec, world.size());  // the same verdict on every rank
+  const parallel::RankMesh mesh(world.size(), layout.sizes());
+  const parallel::MeshGroups groups = parallel::build_groups(mesh, world);
+  const parallel::MeshCoord me = mesh.coord(world.rank());
+  const bool rank0 = world.rank() == 0;
+  const int64_t m_local = layout.microbatches_per_rank;
   fs::create_directories(cfg.run_dir());
   if (!a.tokenizer_type.empty()) {
     auto tok = data::build_tokenizer({a.tokenizer_type, a.tokenizer_model});
@@ -99,7 +144,11 @@ TrainSummary pretrain(const config::ExperimentConfig& cfg) {
     dc.seq_length = seq;
     dc.seed = uint64_t(a.seed);
     dc.num_samples = {a.train_iters * gbs, evals * a.eval_iters * gbs, a.eval_iters * gbs};
-    data::GPTDatasets ds = data::build_gpt_datasets(dc);
+    // Rank 0 builds the index caches first; the others then read them instead of racing to write.
+    data::GPTDatasets ds;
+    if (rank0) ds = data::build_gpt_datasets(dc);
+    world.barrier();
+    if (!rank0) ds = data::build_gpt_datasets(dc);
     if (!ds.train) fail("data_path {} gives no training documents with split {}", fmt::join(a.data_path, " "), a.split);
     train_src.dataset = ds.train;
     valid_src.dataset = ds.valid;
@@ -107,44 +156,108 @@ TrainSummary pretrain(const config::ExperimentConfig& cfg) {
       log::warn("split {} leaves no validation documents: evaluation is off", a.split);
   }
 
+  // ---- this rank's part of the model ---------------------------------------------------------------
   LlamaOptions mopt;
   mopt.recompute = parse_recompute(a.recompute_granularity);
-  LlamaModel<float> model(spec, mopt);
+  ModelPartition part;
+  part.tp_size = layout.tp;
+  part.tp_group = groups.tp.get();
+  part.sequence_parallel = layout.sequence_parallel;
+  const int num_stages = layout.pp * layout.vpp;
+  if (layout.schedule)
+    for (int c = 0; c < layout.vpp; ++c) {
+      const int stage = layout.schedule->stage_of(me.pp, c);
+      const pipeline::LayerRange r = layout.stages[stage];
+      part.chunks.push_back({r.first_layer, r.num_layers, stage == 0, stage == num_stages - 1});
+    }
+  LlamaModel<float> model(spec, mopt, part);
   model.init_weights(uint64_t(a.seed));
   ParamStore<float>& params = model.params();
   const std::vector<ParamSegment> segments = segments_of(params);
-  AdamW adam({a.adam_beta1, a.adam_beta2, a.adam_eps, a.weight_decay}, params.numel());
-  LRScheduleOptions so;
-  so.lr = a.lr;
-  so.min_lr = a.min_lr;
-  so.lr_warmup_init = a.lr_warmup_init;
-  so.lr_warmup_iters = a.lr_warmup_iters;
-  so.lr_decay_iters = a.lr_decay_iters;
-  so.lr_decay_style = a.lr_decay_style;
-  so.lr_wsd_decay_style = a.lr_wsd_decay_style;
-  so.lr_wsd_decay_iters = a.lr_wsd_decay_iters;
-  LRSchedule schedule(so);
+  const int num_tensors = int(params.infos().size());
 
-  // Resume: an explicit `load` must load; auto-resume falls back past damaged checkpoints.
+  // A tied embedding split over pipeline stages lives on the first and the last stage: their
+  // gradients are summed (Megatron's embedding group) before data parallelism reduces them.
+  std::unique_ptr<parallel::ProcessGroup> embedding_group;
+  int tied_tensor = -1;  // this rank's copy of it, when it is in that group
+  if (!spec.untie_embeddings_and_output_weights && layout.schedule) {
+    const int last = layout.schedule->rank_of_stage(num_stages - 1);
+    if (last != 0) {
+      embedding_group = groups.pp->new_group({0, last}, "embedding");
+      if (embedding_group) tied_tensor = model.embedding_param() >= 0 ? model.embedding_param() : model.output_param();
+    }
+  }
+  // The gradient norm counts each tensor of the whole model once: tp-replicated tensors on tp rank
+  // 0, the tied embedding on the first stage.
+  auto counted = [&](int t) {
+    const StoredParam& p = params.infos()[t];
+    if (p.tp_replicated && me.tp != 0) return false;
+    return !(t == tied_tensor && model.embedding_param() < 0);
+  };
+
+  parallel::GradBucketsOptions bo;
+  bo.bucket_size = a.ddp_bucket_size > 0 ? a.ddp_bucket_size : parallel::default_bucket_size(layout.dp);
+  bo.overlap_grad_reduce = a.overlap_grad_reduce;
+  bo.reduce = a.use_distributed_optimizer ? parallel::GradReduce::ReduceScatter : parallel::GradReduce::AllReduce;
+  parallel::GradBuckets buckets(*groups.dp, params.grads().data<float>(), params.numel(), segments, bo);
+  // Each tensor's bucket may start once the last microbatch's W pass of it is done.
+  std::vector<int> w_done(num_tensors, 0), w_expected(num_tensors);
+  for (int t = 0; t < num_tensors; ++t) w_expected[t] = int(m_local) * model.weight_grad_passes(t);
+  model.set_weight_grad_hook([&](const std::vector<int>& ids) {
+    for (int t : ids)
+      if (++w_done[t] == w_expected[t] && t != tied_tensor) buckets.mark_ready(t);
+  });
+
+  const AdamWOptions adam_opt{a.adam_beta1, a.adam_beta2, a.adam_eps, a.weight_decay};
+  Optimizer opt;
+  if (a.use_distributed_optimizer)
+    opt.zero = std::make_unique<parallel::DistributedOptimizer>(buckets, params.values().data<float>(), adam_opt);
+  else
+    opt.adam = std::make_unique<AdamW>(adam_opt, params.numel());
+  LRScheduleOptions lo;
+  lo.lr = a.lr;
+  lo.min_lr = a.min_lr;
+  lo.lr_warmup_init = a.lr_warmup_init;
+  lo.lr_warmup_iters = a.lr_warmup_iters;
+  lo.lr_decay_iters = a.lr_decay_iters;
+  lo.lr_decay_style = a.lr_decay_style;
+  lo.lr_wsd_decay_style = a.lr_wsd_decay_style;
+  lo.lr_wsd_decay_iters = a.lr_wsd_decay_iters;
+  LRSchedule schedule(lo);
+
+  // Resume: an explicit `load` must load; auto-resume falls back past damaged checkpoints. Every
+  // rank reads its own part; a checkpoint counts only if all ranks could read theirs.
   TrainState state;
   state.seed = a.seed;
-  auto restore = [&](const CheckpointData& ck, const std::string& from) {
+  auto try_restore = [&](const std::string& dir) -> std::string {
+    std::string problem;
+    CheckpointData ck;
+    try {
+      ck = load_checkpoint(dir, params);
+    } catch (const Error& e) {
+      problem = e.what();
+    }
+    if (world.all_reduce_value(int32_t(problem.empty() ? 0 : 1)) != 0)
+      return problem.empty() ? "another rank could not read its part" : problem;
     std::copy(ck.params.begin(), ck.params.end(), params.values().data<float>());
-    adam.set_state(ck.state.optimizer_step, ck.exp_avg.data(), ck.exp_avg_sq.data());
+    if (opt.zero)
+      opt.zero->load_state(ck.state.optimizer_step, ck.exp_avg.data(), ck.exp_avg_sq.data(), int64_t(ck.exp_avg.size()));
+    else
+      opt.adam->set_state(ck.state.optimizer_step, ck.exp_avg.data(), ck.exp_avg_sq.data());
     state = ck.state;
-    log::info("resumed from {} at iteration {} ({} samples consumed)", from, state.iteration, state.consumed_samples);
+    log::info("resumed from {} at iteration {} ({} samples consumed)", dir, state.iteration, state.consumed_samples);
+    return "";
   };
   if (!a.load.empty()) {
     const std::string dir = resolve_checkpoint(a.load);
-    restore(load_checkpoint(dir, params), dir);
+    const std::string problem = try_restore(dir);
+    if (!problem.empty()) fail("cannot load checkpoint {}: {}", dir, problem);
   } else if (a.auto_resume) {
-    for (const std::string& dir : list_checkpoints(cfg.checkpoint_dir())) {
-      try {
-        restore(load_checkpoint(dir, params), dir);
-        break;
-      } catch (const Error& e) {
-        log::warn("skipping checkpoint {}: {}", dir, e.what());
-      }
+    std::vector<std::string> dirs = list_checkpoints(cfg.checkpoint_dir());
+    for (const std::string& dir : dirs) {
+      const std::string problem = try_restore(dir);
+      if (problem.empty()) break;
+      log::warn("skipping checkpoint {}: {}", dir, problem);
     }
   }
   if (state.seed != a.seed)
@@ -152,16 +265,25 @@ TrainSummary pretrain(const config::ExperimentConfig& cfg) {
               state.seed, a.seed);
 
   const ModelStats stats = model_stats(spec, seq);
-  const double peak_gflops = cpu::sgemm_peak_gflops();
+  // MFU's denominator: one rank's measured SGEMM peak (ranks measure one at a time, rank 0's
+  // number is used) times the ranks.
+  double peak_gflops = 0;
+  if (rank0) peak_gflops = cpu::sgemm_peak_gflops();
+  peak_gflops = world.all_reduce_value(peak_gflops) * world.size();
   const std::string config_yaml = cfg.resolved_yaml();
-  { std::ofstream(fs::path(cfg.run_dir()) / "config.yaml") << config_yaml; }
-  write_resolved_config(config_yaml);  // into the launch snapshot, when primus-cli made one
-  std::ofstream metrics(fs::path(cfg.run_dir()) / "metrics.jsonl", std::ios::app);
-  if (!metrics) fail("cannot write {}/metrics.jsonl", cfg.run_dir());
-  const bool tty = ::isatty(STDOUT_FILENO) && discover_launch_env().rank == 0;
+  std::ofstream metrics;
+  if (rank0) {
+    std::ofstream(fs::path(cfg.run_dir()) / "config.yaml") << config_yaml;
+    write_resolved_config(config_yaml);  // into the launch snapshot, when primus-cli made one
+    metrics.open(fs::path(cfg.run_dir()) / "metrics.jsonl", std::ios::app);
+    if (!metrics) fail("cannot write {}/metrics.jsonl", cfg.run_dir());
+  }
+  const bool tty = ::isatty(STDOUT_FILENO) && rank0;
 
   log::info("model {}: {:.2f}M parameters, {:.1f} MFLOP per token; {} x {} tokens per microbatch, {} microbatches per step",
             cfg.model, stats.parameters / 1e6, stats.flops_per_token / 1e6, mbs, seq, num_micro);
+  log::info("parallel layout: {}; this rank: tp {} pp {} dp {}, {:.2f}M parameters", layout.describe(), me.tp, me.pp,
+            me.dp, params.numel() / 1e6);
   log::info("training iterations {} to {}; MFU against a measured SGEMM peak of {:.1f} GFLOP/s", state.iteration + 1,
             a.train_iters, peak_gflops);
 
@@ -170,46 +292,117 @@ TrainSummary pretrain(const config::ExperimentConfig& cfg) {
   std::vector<int32_t> tokens, targets;
   double interval_loss = 0, interval_time = 0;
   int64_t interval_steps = 0;
+  // Pipeline timing over the log interval: wall and wait per rank, mean F/B/W per chunk op.
+  double pipe_wall = 0, pipe_wait = 0, pipe_f = 0, pipe_b = 0, pipe_w = 0;
 
+  // Microbatch j of this dp rank in a step is the global batch's microbatch dp * m_local + j.
+  auto fill_from = [&](const SampleSource& src, int64_t first_sample) {
+    return [&, first_sample](int j, std::vector<int32_t>& tk, std::vector<int32_t>& tg) {
+      fill_microbatch(src, first_sample + (me.dp * m_local + j) * mbs, mbs, seq, tk, tg);
+    };
+  };
   auto evaluate = [&]() -> double {
     double total = 0;
-    for (int64_t e = 0; e < a.eval_iters; ++e)
-      for (int64_t m = 0; m < num_micro; ++m) {
-        fill_microbatch(valid_src, (e * num_micro + m) * mbs, mbs, seq, tokens, targets);
-        LlamaContext<float> ctx;
-        total += model.forward(ctx, tokens.data(), targets.data(), mbs, seq);
+    for (int64_t e = 0; e < a.eval_iters; ++e) {
+      const MicrobatchFill fill = fill_from(valid_src, e * num_micro * mbs);
+      if (layout.schedule) {
+        total += pipeline_forward_only(model, *layout.schedule, *groups.pp, mbs, seq, int(m_local), fill);
+      } else {
+        for (int j = 0; j < m_local; ++j) {
+          fill(j, tokens, targets);
+          LlamaContext<float> ctx;
+          total += model.forward(ctx, tokens.data(), targets.data(), mbs, seq);
+        }
       }
-    return total / double(a.eval_iters * num_micro);
+    }
+    return groups.dp->all_reduce_value(total) / double(a.eval_iters * num_micro);
   };
   auto save = [&]() {
-    summary.last_checkpoint = save_checkpoint(cfg.checkpoint_dir(), params, adam.exp_avg(), adam.exp_avg_sq(), state,
-                                              config_yaml);
-    prune_checkpoints(cfg.checkpoint_dir(), a.keep_last_checkpoints);
+    // The full optimizer state in this rank's layout (ZeRO gathers its shards over dp).
+    parallel::FullOptimizerState full;
+    const float *m = nullptr, *v = nullptr;
+    if (opt.zero) {
+      full = opt.zero->gather_state();
+      m = full.exp_avg.data();
+      v = full.exp_avg_sq.data();
+    } else {
+      m = opt.adam->exp_avg();
+      v = opt.adam->exp_avg_sq();
+    }
+    SaveOptions so;
+    so.world = &world;
+    so.writer = me.dp == 0 && me.cp == 0;  // dp replicas hold the same tensors
+    so.layout = {world.size(), layout.tp, layout.pp, layout.dp, layout.cp, layout.vpp};
+    summary.last_checkpoint = save_checkpoint(cfg.checkpoint_dir(), params, m, v, state, config_yaml, so);
+    if (rank0) prune_checkpoints(cfg.checkpoint_dir(), a.keep_last_checkpoints);
+    world.barrier();
     log::info("saved checkpoint {}", summary.last_checkpoint);
   };
 
   while (state.iteration < a.train_iters) {
     const auto t0 = Clock::now();
     params.zero_grad();
-    double loss = 0;
-    for (int64_t m = 0; m < num_micro; ++m) {
-      fill_microbatch(train_src, state.consumed_samples + m * mbs, mbs, seq, tokens, targets);
-      LlamaContext<float> ctx;
-      loss += model.forward(ctx, tokens.data(), targets.data(), mbs, seq);
-      model.backward(ctx, 1.0f / float(num_micro));
+    buckets.reset();
+    std::fill(w_done.begin(), w_done.end(), 0);
+    const MicrobatchFill fill = fill_from(train_src, state.consumed_samples);
+    const float dloss = 1.0f / float(num_micro);
+    double loss_sum = 0;  // over the microbatches whose loss this rank computed
+    if (layout.schedule) {
+      LlamaStageRunner runner(model, mbs, seq, dloss, fill);
+      const pipeline::ExecutorStats ps = pipeline::run_schedule(*layout.schedule, runner, *groups.pp);
+      loss_sum = runner.loss_sum();
+      pipe_wall += ps.wall_s;
+      pipe_wait += ps.wait_s;
+      pipe_f += ps.mean_f_s;
+      pipe_b += ps.mean_b_s;
+      pipe_w += ps.mean_w_s;
+    } else {
+      for (int j = 0; j < m_local; ++j) {
+        fill(j, tokens, targets);
+        LlamaContext<float> ctx;
+        loss_sum += model.forward(ctx, tokens.data(), targets.data(), mbs, seq);
+        model.backward(ctx, dloss);
+      }
     }
-    loss /= double(num_micro);
+    if (embedding_group) {
+      embedding_group->all_reduce(params.grad(tied_tensor), params.infos()[tied_tensor].numel,
+                                  parallel::CommType::F32, parallel::ReduceOp::Sum);
+      buckets.mark_ready(tied_tensor);
+    }
+    buckets.finish();
+    // Sequence parallel: each tp rank's norm gradients cover its rows only. Summed after the dp
+    // reduction (the two sums commute; tp peers share the dp shard layout under ZeRO).
+    if (layout.sequence_parallel)
+      for (int t = 0; t < num_tensors; ++t)
+        if (params.infos()[t].tp_replicated)
+          groups.tp->all_reduce(params.grad(t), params.infos()[t].numel, parallel::CommType::F32,
+                                parallel::ReduceOp::Sum);
+    // Loss: the last stage's sum, over pipeline ranks and dp ranks (tp ranks agree).
+    if (layout.schedule) loss_sum = groups.pp->all_reduce_value(loss_sum);
+    const double loss = groups.dp->all_reduce_value(loss_sum) / double(num_micro);
+
     float* grads = params.grads().data<float>();
-    const double grad_norm = a.clip_grad > 0 ? clip_grad_norm(grads, params.numel(), a.clip_grad)
-                                             : global_grad_norm(grads, params.numel());
+    double grad_norm = 0;
+    if (opt.zero) {
+      grad_norm = opt.zero->clip_grad_norm(a.clip_grad, groups.mp.get(), counted);
+    } else {
+      double sq = 0;
+      for (int t = 0; t < num_tensors; ++t)
+        if (counted(t)) sq += grad_sq_sum(params.grad(t), params.infos()[t].numel);
+      grad_norm = std::sqrt(groups.mp->all_reduce_value(sq));
+      if (a.clip_grad > 0) scale_grads(grads, params.numel(), clip_coefficient(grad_norm, a.clip_grad));
+    }
     if (!std::isfinite(loss) || !std::isfinite(grad_norm))
       fail("iteration {}: lm loss {} / grad norm {} is not finite; stopping before the update (try a lower lr)",
            state.iteration + 1, loss, grad_norm);
     const double lr = schedule.lr_at(state.iteration);
-    adam.step(params.values().data<float>(), grads, segments, lr);
+    if (opt.zero)
+      opt.zero->step(lr);
+    else
+      opt.adam->step(params.values().data<float>(), grads, segments, lr);
     state.iteration += 1;
     state.consumed_samples += gbs;
-    state.optimizer_step = adam.step_count();
+    state.optimizer_step = opt.step_count();
     const double dt = std::chrono::duration<double>(Clock::now() - t0).count();
     if (summary.iterations == 0) summary.first_loss = loss;
     summary.iterations = state.iteration;
@@ -233,14 +426,33 @@ TrainSummary pretrain(const config::ExperimentConfig& cfg) {
                 "tokens/s: {:.0f} | TFLOP/s: {:.3f} | MFU: {:.1f}% | peak tensor memory: {:.0f} MiB",
                 state.iteration, a.train_iters, state.consumed_samples, 1e3 * interval_time / interval_steps, lr, gbs,
                 mean_loss, grad_norm, tps, tflops, 100 * mfu, peak / 1048576.0);
-      metrics << nlohmann::json{{"iteration", state.iteration},     {"consumed_samples", state.consumed_samples},
-                                {"lm_loss", mean_loss},             {"lr", lr},
-                                {"grad_norm", grad_norm},           {"tokens_per_sec", tps},
-                                {"tflops", tflops},                 {"mfu", mfu},
-                                {"step_time_ms", 1e3 * interval_time / interval_steps},
-                                {"peak_memory_bytes", peak}}
-                     .dump()
-              << "\n" << std::flush;
+      nlohmann::json row{{"iteration", state.iteration},     {"consumed_samples", state.consumed_samples},
+                         {"lm_loss", mean_loss},             {"lr", lr},
+                         {"grad_norm", grad_norm},           {"tokens_per_sec", tps},
+                         {"tflops", tflops},                 {"mfu", mfu},
+                         {"step_time_ms", 1e3 * interval_time / interval_steps},
+                         {"peak_memory_bytes", peak}};
+      if (layout.schedule) {
+        // Measured bubble: (slowest rank's wall - mean compute) / slowest wall. Predicted: the
+        // simulator run with the measured mean F, B and W times of a whole stage.
+        const double n = double(interval_steps), pp = double(layout.pp);
+        const double wall = groups.pp->all_reduce_value(pipe_wall / n, parallel::ReduceOp::Max);
+        const double busy = groups.pp->all_reduce_value((pipe_wall - pipe_wait) / n) / pp;
+        pipeline::Costs c;
+        c.t_forward = groups.pp->all_reduce_value(pipe_f / n) / pp * layout.vpp;
+        c.t_backward = groups.pp->all_reduce_value(pipe_b / n) / pp * layout.vpp;
+        c.t_weight = groups.pp->all_reduce_value(pipe_w / n) / pp * layout.vpp;
+        const double measured = wall > 0 ? (wall - busy) / wall : 0;
+        const double predicted = pipeline::simulate(*layout.schedule, c).bubble_rate;
+        log::info(" pipeline {}: measured bubble {:.1f}% | simulated from measured F {:.2f} ms, B {:.2f} ms, "
+                  "W {:.2f} ms per stage: {:.1f}%",
+                  layout.schedule->algorithm, 100 * measured, 1e3 * c.t_forward, 1e3 * c.t_backward,
+                  1e3 * c.t_weight, 100 * predicted);
+        row["pipeline_bubble_measured"] = measured;
+        row["pipeline_bubble_simulated"] = predicted;
+        pipe_wall = pipe_wait = pipe_f = pipe_b = pipe_w = 0;
+      }
+      if (rank0) metrics << row.dump() << "\n" << std::flush;
       interval_loss = interval_time = 0;
       interval_steps = 0;
     }
@@ -248,8 +460,10 @@ TrainSummary pretrain(const config::ExperimentConfig& cfg) {
       summary.last_eval_loss = evaluate();
       log::info(" validation at iteration {} | lm loss: {:.6E} | lm loss PPL: {:.3f}", state.iteration,
                 summary.last_eval_loss, std::exp(summary.last_eval_loss));
-      metrics << nlohmann::json{{"iteration", state.iteration}, {"eval_lm_loss", summary.last_eval_loss}}.dump() << "\n"
-              << std::flush;
+      if (rank0)
+        metrics << nlohmann::json{{"iteration", state.iteration}, {"eval_lm_loss", summary.last_eval_loss}}.dump()
+                << "\n"
+                << std::flush;
     }
     if (a.save_interval > 0 && state.iteration % a.save_interval == 0) save();
   }

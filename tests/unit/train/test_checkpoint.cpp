@@ -40,16 +40,19 @@ std::string load_error(const std::string& dir, const ModelSpec& spec) {
 TEST(Checkpoint, FlippedByteIsDetectedAndAutoResumeFallsBack) {
   Saved s;
   {
-    std::fstream f(fs::path(s.ckpt(6)) / "model.bin", std::ios::in | std::ios::out | std::ios::binary);
-    f.seekp(1000);
+    // A byte of the data near the end (AdamW's exp_avg_sq), past the shard file's header.
+    const fs::path shard = fs::path(s.ckpt(6)) / "rank_00000.bin";
+    const auto at = std::streamoff(fs::file_size(shard)) - 1000;
+    std::fstream f(shard, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekg(at);
     char c;
     f.read(&c, 1);
     c ^= 0x10;
-    f.seekp(1000);
+    f.seekp(at);
     f.write(&c, 1);
   }
   const std::string e = load_error(s.ckpt(6), s.cfg.model_spec);
-  EXPECT_NE(e.find("model.bin"), std::string::npos) << e;
+  EXPECT_NE(e.find("rank_00000.bin"), std::string::npos) << e;
   EXPECT_NE(e.find("corrupted"), std::string::npos) << e;
   // Auto-resume skips the damaged newest checkpoint and continues from iteration 3.
   auto more = s.exp.load({{"train_iters", "7"}, {"save_interval", "0"}, {"eval_interval", "0"}});
@@ -62,9 +65,9 @@ TEST(Checkpoint, FlippedByteIsDetectedAndAutoResumeFallsBack) {
 
 TEST(Checkpoint, TruncatedAndMissingFilesAreNamed) {
   Saved s;
-  fs::resize_file(fs::path(s.ckpt(6)) / "optimizer.bin", 100);
+  fs::resize_file(fs::path(s.ckpt(6)) / "rank_00000.bin", 100);
   std::string e = load_error(s.ckpt(6), s.cfg.model_spec);
-  EXPECT_NE(e.find("optimizer.bin"), std::string::npos) << e;
+  EXPECT_NE(e.find("rank_00000.bin"), std::string::npos) << e;
   EXPECT_NE(e.find("truncated"), std::string::npos) << e;
   fs::remove(fs::path(s.ckpt(3)) / "meta.json");
   e = load_error(s.ckpt(3), s.cfg.model_spec);
@@ -81,12 +84,12 @@ TEST(Checkpoint, CrashMidWriteLeavesThePreviousOneLoadable) {
   Saved s;
   LlamaModel<float> m(s.cfg.model_spec);
   std::vector<float> moments(m.params().numel(), 0.0f);
-  // A child process dies (SIGKILL, as a killed rank would) right after writing model.bin of a
-  // new checkpoint; nothing of it may become visible.
+  // A child process dies (SIGKILL, as a killed rank would) right after writing its shard file of
+  // a new checkpoint; nothing of it may become visible.
   const pid_t pid = fork();
   ASSERT_GE(pid, 0);
   if (pid == 0) {
-    ::setenv("PRIMUS_FAULT_CHECKPOINT_KILL_AFTER", "model.bin", 1);
+    ::setenv("PRIMUS_FAULT_CHECKPOINT_KILL_AFTER", "rank_00000.bin", 1);
     train::TrainState st{9, 36, 9, 1234};
     train::save_checkpoint(s.cfg.checkpoint_dir(), m.params(), moments.data(), moments.data(), st, "x");
     std::_Exit(0);  // not reached

@@ -1,0 +1,132 @@
+#include "pipeline/partition.h"
+
+#include <string>
+
+#include <fmt/format.h>
+
+#include "core/error.h"
+
+namespace primus::pipeline {
+
+namespace {
+
+// "pipeline_model_parallel_size 4" or "pipeline_model_parallel_size x
+// virtual_pipeline_model_parallel_size = 4 x 2 = 8".
+std::string stages_text(int pp, int vpp) {
+  if (vpp == 1) return fmt::format("pipeline_model_parallel_size {}", pp);
+  return fmt::format(
+      "pipeline_model_parallel_size x virtual_pipeline_model_parallel_size = {} x {} = {}", pp,
+      vpp, int64_t{pp} * vpp);
+}
+
+// Layers held by each pipeline rank (all its chunks together), Megatron's rules.
+std::vector<int64_t> layers_per_rank(int64_t L, int pp, int vpp, int64_t first, int64_t last) {
+  if (first == 0 && last == 0) {
+    if (L % (int64_t{pp} * vpp) != 0)
+      fail("num_layers {} is not divisible by {}: an even pipeline split gives every stage the "
+           "same number of layers; set decoder_first_pipeline_num_layers and/or "
+           "decoder_last_pipeline_num_layers to split unevenly",
+           L, stages_text(pp, vpp));
+    return std::vector<int64_t>(pp, L / pp);
+  }
+  if (pp < 2)
+    fail("decoder_first_pipeline_num_layers / decoder_last_pipeline_num_layers need "
+         "pipeline_model_parallel_size >= 2 (got {}): with one pipeline rank all {} layers are on "
+         "it",
+         pp, L);
+  for (auto [name, v] : {std::pair{"decoder_first_pipeline_num_layers", first},
+                         std::pair{"decoder_last_pipeline_num_layers", last}}) {
+    if (v < 0) fail("{} must be positive (got {}; 0 or unset means an even split)", name, v);
+    if (v > 0 && v % vpp != 0)
+      fail("{} = {} must be divisible by virtual_pipeline_model_parallel_size {} (each of the "
+           "rank's {} chunks holds the same number of layers)",
+           name, v, vpp, vpp);
+  }
+  const int64_t middle_layers = L - first - last;
+  const int middle_ranks = pp - (first > 0) - (last > 0);
+  if (middle_layers < 0)
+    fail("decoder_first_pipeline_num_layers {} + decoder_last_pipeline_num_layers {} exceed "
+         "num_layers {}",
+         first, last, L);
+  if (middle_ranks == 0) {
+    if (middle_layers != 0)
+      fail("with pipeline_model_parallel_size 2, decoder_first_pipeline_num_layers {} + "
+           "decoder_last_pipeline_num_layers {} must equal num_layers {} (there are no middle "
+           "ranks for the other {})",
+           first, last, L, middle_layers);
+  } else {
+    if (middle_layers == 0)
+      fail("decoder_first/last_pipeline_num_layers ({} + {}) take all {} layers, leaving none for "
+           "the other {} pipeline rank(s)",
+           first, last, L, middle_ranks);
+    if (middle_layers % middle_ranks != 0)
+      fail("the {} layers left after decoder_first/last_pipeline_num_layers ({} + {} of {}) are "
+           "not divisible by the {} middle pipeline rank(s)",
+           middle_layers, first, last, L, middle_ranks);
+    const int64_t per_rank = middle_layers / middle_ranks;
+    if (per_rank % vpp != 0)
+      fail("each middle pipeline rank would hold {} layers ({} left after decoder_first/last_"
+           "pipeline_num_layers, over {} ranks), which is not divisible by "
+           "virtual_pipeline_model_parallel_size {}",
+           per_rank, middle_layers, middle_ranks, vpp);
+  }
+  std::vector<int64_t> per(pp, middle_ranks ? middle_layers / middle_ranks : 0);
+  if (first > 0) per.front() = first;
+  if (last > 0) per.back() = last;
+  return per;
+}
+
+}  // namespace
+
+std::vector<LayerRange> split_layers(int64_t num_layers, int pp, int vpp,
+                                     int64_t first_stage_layers, int64_t last_stage_layers,
+                                     Placement placement) {
+  if (num_layers < 1) fail("num_layers must be at least 1 (got {})", num_layers);
+  if (pp < 1) fail("pipeline_model_parallel_size must be at least 1 (got {})", pp);
+  if (vpp < 1) fail("virtual_pipeline_model_parallel_size must be at least 1 (got {})", vpp);
+  if (placement == Placement::VShape && vpp != 2)
+    fail("a V-shape pipeline schedule places exactly 2 chunks per rank "
+         "(virtual_pipeline_model_parallel_size 2, got {})",
+         vpp);
+  const auto per_rank = layers_per_rank(num_layers, pp, vpp, first_stage_layers, last_stage_layers);
+
+  Schedule shape;  // only for the placement's stage map
+  shape.pp = pp;
+  shape.vpp = vpp;
+  shape.placement = placement;
+  std::vector<LayerRange> split(static_cast<size_t>(pp) * vpp);
+  int64_t next = 0;
+  for (int s = 0; s < pp * vpp; ++s) {
+    split[s] = {next, per_rank[shape.rank_of_stage(s)] / vpp};
+    next += split[s].num_layers;
+  }
+  PRIMUS_CHECK(next == num_layers, "split covers {} of {} layers", next, num_layers);
+  return split;
+}
+
+std::vector<LayerRange> split_layers(const Schedule& schedule, int64_t num_layers,
+                                     int64_t first_stage_layers, int64_t last_stage_layers) {
+  return split_layers(num_layers, schedule.pp, schedule.vpp, first_stage_layers,
+                      last_stage_layers, schedule.placement);
+}
+
+LayerRange layers_of(const Schedule& schedule, const std::vector<LayerRange>& split, int rank,
+                     int chunk) {
+  if (static_cast<int>(split.size()) != schedule.num_stages())
+    fail("layer split has {} stages but schedule '{}' has {} (pp {} x vpp {})", split.size(),
+         schedule.algorithm, schedule.num_stages(), schedule.pp, schedule.vpp);
+  if (rank < 0 || rank >= schedule.pp)
+    fail("pipeline rank {} is out of range for pp {}", rank, schedule.pp);
+  if (chunk < 0 || chunk >= schedule.vpp)
+    fail("chunk {} is out of range for vpp {}", chunk, schedule.vpp);
+  return split[schedule.stage_of(rank, chunk)];
+}
+
+std::vector<LayerRange> rank_layers(const Schedule& schedule, const std::vector<LayerRange>& split,
+                                    int rank) {
+  std::vector<LayerRange> out;
+  for (int c = 0; c < schedule.vpp; ++c) out.push_back(layers_of(schedule, split, rank, c));
+  return out;
+}
+
+}  // namespace primus::pipeline

@@ -1,0 +1,81 @@
+#include "train/pipeline_runner.h"
+
+#include "core/error.h"
+
+namespace primus::train {
+
+LlamaStageRunner::LlamaStageRunner(LlamaModel<float>& model, int64_t mbs, int64_t seq, float dloss, MicrobatchFill fill)
+    : model_(model), mbs_(mbs), seq_(seq), dloss_(dloss), fill_(std::move(fill)) {}
+
+Shape LlamaStageRunner::message_shape() const {
+  return {model_.activation_rows(mbs_, seq_), model_.spec().hidden_size};
+}
+
+// A microbatch's context is shared by the chunks of this rank (a V-shape rank runs chunk 0 and
+// chunk 1 of the same microbatch); it is made at the microbatch's first F here and dropped after
+// its last W.
+LlamaContext<float>& LlamaStageRunner::context(int microbatch) {
+  auto it = ctx_.find(microbatch);
+  if (it != ctx_.end()) return it->second.ctx;
+  std::vector<int32_t> tokens, targets;
+  fill_(microbatch, tokens, targets);
+  Live& live = ctx_[microbatch];
+  model_.begin_microbatch(live.ctx, tokens.data(), targets.data(), mbs_, seq_);
+  return live.ctx;
+}
+
+Tensor LlamaStageRunner::forward(int microbatch, int chunk, const Tensor& input) {
+  LlamaContext<float>& ctx = context(microbatch);
+  Tensor out = model_.forward_chunk(ctx, chunk, input);
+  if (model_.partition().chunks[chunk].has_head) loss_sum_ += ctx.loss;
+  return out;
+}
+
+Tensor LlamaStageRunner::backward_input(int microbatch, int chunk, const Tensor& grad_output) {
+  auto it = ctx_.find(microbatch);
+  if (it == ctx_.end()) fail("pipeline: B of microbatch {} chunk {} before its F", microbatch, chunk);
+  return model_.backward_input_chunk(it->second.ctx, chunk, grad_output, dloss_);
+}
+
+void LlamaStageRunner::backward_weight(int microbatch, int chunk) {
+  auto it = ctx_.find(microbatch);
+  if (it == ctx_.end()) fail("pipeline: W of microbatch {} chunk {} before its F", microbatch, chunk);
+  model_.backward_weight_chunk(it->second.ctx, chunk);
+  if (++it->second.weights_done == model_.num_chunks()) ctx_.erase(it);
+}
+
+double pipeline_forward_only(LlamaModel<float>& model, const pipeline::Schedule& schedule,
+                             parallel::ProcessGroup& pp_group, int64_t mbs, int64_t seq, int microbatches,
+                             const MicrobatchFill& fill) {
+  const int me = pp_group.rank(), S = schedule.num_stages();
+  const Shape shape = {model.activation_rows(mbs, seq), model.spec().hidden_size};
+  double loss = 0;
+  std::vector<int32_t> tokens, targets;
+  for (int m = 0; m < microbatches; ++m) {
+    LlamaContext<float> ctx;
+    bool begun = false;
+    Tensor x;
+    std::vector<parallel::WorkPtr> sends;
+    // Every rank walks all stages in order and acts on its own: a stage's input comes from the
+    // previous stage's rank, which sent it earlier in the same walk, so nothing can wait in a cycle.
+    for (int s = 0; s < S; ++s) {
+      if (schedule.rank_of_stage(s) != me) continue;
+      if (!begun) {
+        fill(m, tokens, targets);
+        model.begin_microbatch(ctx, tokens.data(), targets.data(), mbs, seq);
+        begun = true;
+      }
+      if (s > 0 && schedule.rank_of_stage(s - 1) != me) {
+        x = Tensor::empty(shape);
+        pp_group.irecv(x, schedule.rank_of_stage(s - 1), s)->wait();
+      }
+      x = model.forward_chunk(ctx, schedule.chunk_of_stage(s), x);
+      if (s == S - 1) loss += ctx.loss;
+      if (s + 1 < S && schedule.rank_of_stage(s + 1) != me) sends.push_back(pp_group.isend(x, schedule.rank_of_stage(s + 1), s + 1));
+    }
+    parallel::wait_all(sends);
+  }
+  return pp_group.all_reduce_value(loss);
+}
+
+}  // namespace primus::train

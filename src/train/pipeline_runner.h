@@ -1,0 +1,49 @@
+// The Llama model as a pipeline stage: the executor's StageRunner over LlamaModel's chunk passes,
+// and a forward-only pass through the stages for evaluation.
+#pragma once
+
+#include <functional>
+#include <map>
+#include <vector>
+
+#include "model/llama.h"
+#include "pipeline/executor.h"
+
+namespace primus::train {
+
+// Fills tokens and targets [mbs, seq] of this rank's microbatch `m` of the step.
+using MicrobatchFill = std::function<void(int m, std::vector<int32_t>& tokens, std::vector<int32_t>& targets)>;
+
+class LlamaStageRunner final : public pipeline::StageRunner {
+ public:
+  // dloss: 1 / microbatches of the global batch (see the trainer's loss convention).
+  LlamaStageRunner(LlamaModel<float>& model, int64_t mbs, int64_t seq, float dloss, MicrobatchFill fill);
+  Shape message_shape() const override;
+  Tensor forward(int microbatch, int chunk, const Tensor& input) override;
+  Tensor backward_input(int microbatch, int chunk, const Tensor& grad_output) override;
+  void backward_weight(int microbatch, int chunk) override;
+  double loss_sum() const { return loss_sum_; }  // over the microbatches whose loss this rank computed
+  size_t live_contexts() const { return ctx_.size(); }
+
+ private:
+  LlamaContext<float>& context(int microbatch);
+  LlamaModel<float>& model_;
+  int64_t mbs_, seq_;
+  float dloss_;
+  MicrobatchFill fill_;
+  struct Live {
+    LlamaContext<float> ctx;
+    int weights_done = 0;
+  };
+  std::map<int, Live> ctx_;  // microbatches in flight on this rank
+  double loss_sum_ = 0;
+};
+
+// Forward only (evaluation): every microbatch through the stages in model order, activations
+// passed with the pipeline group. Returns the summed loss of `microbatches` microbatches on every
+// member of the group. Collective over pp_group.
+double pipeline_forward_only(LlamaModel<float>& model, const pipeline::Schedule& schedule,
+                             parallel::ProcessGroup& pp_group, int64_t mbs, int64_t seq, int microbatches,
+                             const MicrobatchFill& fill);
+
+}  // namespace primus::train

@@ -1,0 +1,216 @@
+// Distributed training end to end: `primus-cli direct --nproc N -- train pretrain` with real
+// mpirun ranks must train the same model as one process. Each layout trains the tiny model (8
+// layers, so that pp 4 with two chunks per rank has a layer per stage) for 20 iterations; every
+// iteration's loss must be within 1e-5 relative of the one-process run and the final weights,
+// read back from the checkpoint into one process (which reshards them), close to its weights.
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <regex>
+#include <string>
+#include <vector>
+
+#include <yaml-cpp/yaml.h>
+
+#include "model/llama.h"
+#include "train/checkpoint.h"
+
+namespace fs = std::filesystem;
+using namespace primus;
+
+namespace {
+
+const char* kConfig = R"(work_group: t
+user_name: t
+exp_name: run
+workspace: ws
+modules:
+  pre_trainer:
+    framework: megatron
+    model: tiny
+    overrides:
+      num_layers: 8
+      micro_batch_size: 2
+      global_batch_size: 16
+      seq_length: 32
+      train_iters: 20
+      lr: 3.0e-3
+      lr_warmup_iters: 2
+      clip_grad: 0.5
+      log_interval: 1
+      eval_interval: 10
+      eval_iters: 1
+      mock_data: true
+      seed: 7
+)";
+
+struct Result {
+  int status = 0;
+  std::string out;
+};
+
+class Distributed : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() /
+           ("primus_dist_" + std::string(::testing::UnitTest::GetInstance()->current_test_info()->name()));
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+    std::ofstream(dir_ / "exp.yaml") << kConfig;
+  }
+  void TearDown() override {
+    if (!HasFailure()) fs::remove_all(dir_);
+  }
+
+  // Runs `train pretrain` on nproc ranks in the test folder, into run folder ws/<name>.
+  Result run(int nproc, const std::string& name, const std::string& overrides) {
+    const std::string cmd = "cd " + dir_.string() +
+                            " && OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1 "
+                            "PRIMUS_PEAK_GFLOPS=100 " PRIMUS_CLI_PATH " direct --nproc " +
+                            std::to_string(nproc) + " --exp-name " + name +
+                            " -- train pretrain --config exp.yaml " + overrides + " 2>&1";
+    Result r;
+    FILE* p = popen(cmd.c_str(), "r");
+    char buf[4096];
+    size_t n;
+    while ((n = fread(buf, 1, sizeof buf, p)) > 0) r.out.append(buf, n);
+    r.status = pclose(p);
+    return r;
+  }
+
+  std::vector<double> losses(const std::string& name, const char* key = "lm_loss") {
+    std::vector<double> out;
+    std::ifstream in(dir_ / "ws" / name / "metrics.jsonl");
+    std::string line;
+    while (std::getline(in, line)) {
+      auto j = nlohmann::json::parse(line);
+      if (j.contains(key)) out.push_back(j[key].get<double>());
+    }
+    return out;
+  }
+
+  // The run's final weights, read into one process's layout whatever layout saved them.
+  std::vector<float> weights(const std::string& name) {
+    const std::string ck_dir = train::resolve_checkpoint((dir_ / "ws" / name / "checkpoints").string());
+    // The model the run trained, as its checkpoint's resolved config records it.
+    const YAML::Node cfg = YAML::Load(train::read_checkpoint_config(ck_dir));
+    LlamaModel<float> model(model_spec_from_yaml(cfg["modules"]["pre_trainer"]["model_spec"], ck_dir));
+    auto ck = train::load_checkpoint(ck_dir, model.params());
+    return ck.params;
+  }
+
+  // Trains the layout given by `overrides` on nproc ranks and compares it with the one-process run.
+  // model_overrides change the model for both runs.
+  void expect_same_training(int nproc, const std::string& overrides, const std::string& model_overrides = "") {
+    Result ref = run(1, "ref", model_overrides);
+    ASSERT_EQ(ref.status, 0) << ref.out;
+    Result got = run(nproc, "par", model_overrides + " " + overrides);
+    ASSERT_EQ(got.status, 0) << got.out;
+    const auto a = losses("ref"), b = losses("par");
+    ASSERT_EQ(a.size(), 20u);
+    ASSERT_EQ(b.size(), 20u) << got.out;
+    for (size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(b[i], a[i], 1e-5 * std::fabs(a[i])) << "iteration " << i + 1;
+    const auto ea = losses("ref", "eval_lm_loss"), eb = losses("par", "eval_lm_loss");
+    ASSERT_EQ(ea.size(), 2u);
+    ASSERT_EQ(eb.size(), 2u);
+    for (size_t i = 0; i < ea.size(); ++i) EXPECT_NEAR(eb[i], ea[i], 1e-5 * std::fabs(ea[i])) << "evaluation " << i;
+    const auto wa = weights("ref"), wb = weights("par");
+    ASSERT_EQ(wa.size(), wb.size());
+    double max_diff = 0, max_abs = 0;
+    for (size_t i = 0; i < wa.size(); ++i) {
+      max_diff = std::max(max_diff, double(std::fabs(wa[i] - wb[i])));
+      max_abs = std::max(max_abs, double(std::fabs(wa[i])));
+    }
+    // fp32 sums in another order, through 20 Adam steps: a few ulps of the largest weight.
+    EXPECT_LT(max_diff, 1e-4 * max_abs) << "max weight difference " << max_diff << " of " << max_abs;
+    // The layout line names what ran.
+    EXPECT_NE(got.out.find("parallel layout: world " + std::to_string(nproc)), std::string::npos) << got.out;
+  }
+
+  fs::path dir_;
+};
+
+}  // namespace
+
+TEST_F(Distributed, Dp2) { expect_same_training(2, ""); }
+TEST_F(Distributed, Dp2DistributedOptimizer) { expect_same_training(2, "--use_distributed_optimizer true --ddp_bucket_size 20000"); }
+TEST_F(Distributed, Dp2NoOverlap) { expect_same_training(2, "--overlap_grad_reduce false"); }
+TEST_F(Distributed, Tp2) { expect_same_training(2, "--tensor_model_parallel_size 2"); }
+TEST_F(Distributed, Tp2SequenceParallel) {
+  expect_same_training(2, "--tensor_model_parallel_size 2 --sequence_parallel true");
+}
+TEST_F(Distributed, Pp2) { expect_same_training(2, "--pipeline_model_parallel_size 2"); }
+
+class PipelineSchedules : public Distributed, public ::testing::WithParamInterface<std::string> {};
+TEST_P(PipelineSchedules, Pp4) {
+  expect_same_training(4, "--pipeline_model_parallel_size 4 --pipeline_schedule " + GetParam());
+}
+INSTANTIATE_TEST_SUITE_P(Every, PipelineSchedules,
+                         ::testing::Values("1f1b", "interleaved-1f1b", "zb-h1", "zb-h2", "zbv", "v-half", "v-min",
+                                           "dualpipev"),
+                         [](const auto& info) {
+                           std::string s = info.param;
+                           for (char& c : s)
+                             if (c == '-') c = '_';
+                           return s;
+                         });
+
+TEST_F(Distributed, Tp2Pp2) {
+  expect_same_training(4, "--tensor_model_parallel_size 2 --pipeline_model_parallel_size 2 --sequence_parallel true");
+}
+TEST_F(Distributed, Dp2Pp2DistributedOptimizer) {
+  expect_same_training(4, "--pipeline_model_parallel_size 2 --pipeline_schedule zbv --use_distributed_optimizer true");
+}
+TEST_F(Distributed, TiedEmbeddingPp2) {
+  expect_same_training(2, "--pipeline_model_parallel_size 2", "--untie_embeddings_and_output_weights false");
+}
+
+// Save under tp2 x pp2 at iteration 10, load under dp4 and under one process: training goes on
+// with the losses of the uninterrupted one-process run.
+TEST_F(Distributed, ReshardTp2Pp2ToDp4AndOneProcess) {
+  Result ref = run(1, "ref", "");
+  ASSERT_EQ(ref.status, 0) << ref.out;
+  Result first = run(4, "first", "--tensor_model_parallel_size 2 --pipeline_model_parallel_size 2 --train_iters 10 --lr_decay_iters 20");
+  ASSERT_EQ(first.status, 0) << first.out;
+  const std::string ck = (dir_ / "ws" / "first" / "checkpoints").string();
+  Result dp4 = run(4, "dp4", "--load " + ck);
+  ASSERT_EQ(dp4.status, 0) << dp4.out;
+  Result one = run(1, "one", "--load " + ck);
+  ASSERT_EQ(one.status, 0) << one.out;
+  const auto want = losses("ref");
+  ASSERT_EQ(want.size(), 20u);
+  for (const char* name : {"dp4", "one"}) {
+    const auto got = losses(name);
+    ASSERT_EQ(got.size(), 10u) << name;
+    for (size_t i = 0; i < got.size(); ++i)
+      EXPECT_NEAR(got[i], want[10 + i], 1e-5 * std::fabs(want[10 + i])) << name << " iteration " << 11 + i;
+  }
+  EXPECT_NE(dp4.out.find("resumed from"), std::string::npos) << dp4.out;
+}
+
+// Impossible layouts stop every rank before the first step, with the rule that failed.
+TEST_F(Distributed, BadLayoutsAreRejectedBeforeTraining) {
+  struct Bad {
+    int nproc;
+    std::string overrides, message;
+  };
+  const std::vector<Bad> cases = {
+      {3, "--tensor_model_parallel_size 2", "must divide the number of ranks \\(3\\)"},
+      {4, "--tensor_model_parallel_size 4", "num_query_groups \\(2\\) of model .* divisible by tensor_model_parallel_size \\(4\\)"},
+      {3, "--pipeline_model_parallel_size 3", "num_layers.*8.*3"},
+      {2, "--pipeline_model_parallel_size 2 --pipeline_schedule dualpipev --global_batch_size 4", "needs at least 2p microbatches"},
+      {2, "--global_batch_size 6", "global_batch_size \\(6\\) must be a multiple of micro_batch_size \\(2\\) x data-parallel size \\(2\\)"},
+      {1, "--context_parallel_size 2", "context parallelism is not implemented"},
+  };
+  for (const Bad& c : cases) {
+    Result r = run(c.nproc, "bad", c.overrides);
+    EXPECT_NE(r.status, 0) << c.overrides << "\n" << r.out;
+    EXPECT_TRUE(std::regex_search(r.out, std::regex(c.message))) << c.overrides << "\n" << r.out;
+    EXPECT_EQ(r.out.find("iteration "), std::string::npos) << "trained before failing: " << c.overrides;
+  }
+}

@@ -1,0 +1,550 @@
+// Resharding checkpoints: save from simulated ranks of one layout, load into another, and check
+// every element of the values and both AdamW moments. Ranks are threads joined by a small
+// in-process ProcessGroup, so the real collective save protocol runs without MPI.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <condition_variable>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <mutex>
+#include <thread>
+
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+#include "parallel/process_group.h"
+#include "train/checkpoint.h"
+
+namespace fs = std::filesystem;
+using namespace primus;
+using parallel::CommType;
+using parallel::ProcessGroup;
+using parallel::ReduceOp;
+using parallel::WorkPtr;
+
+namespace {
+
+// ---- ranks as threads -------------------------------------------------------------------------
+
+struct Hub {
+  explicit Hub(int n) : n(n), slots(size_t(n)) {}
+  void sync() {
+    std::unique_lock lk(m);
+    const int64_t g = gen;
+    if (++arrived == n) {
+      arrived = 0;
+      ++gen;
+      cv.notify_all();
+    } else {
+      cv.wait(lk, [&] { return gen != g; });
+    }
+  }
+  int n;
+  std::mutex m;
+  std::condition_variable cv;
+  int arrived = 0;
+  int64_t gen = 0;
+  std::vector<std::vector<char>> slots;
+};
+
+// The collectives the checkpoint protocol uses (all-gather, all-reduce, barrier, broadcast) over
+// threads of one process; the rest are not needed here.
+class ThreadGroup final : public ProcessGroup {
+ public:
+  ThreadGroup(Hub& hub, int rank) : hub_(hub), rank_(rank) {
+    for (int r = 0; r < hub.n; ++r) ranks_.push_back(r);
+  }
+  int rank() const override { return rank_; }
+  int size() const override { return hub_.n; }
+  const std::string& name() const override { return name_; }
+  std::string backend() const override { return "threads"; }
+  Device device() const override { return Device::CPU; }
+  const std::vector<int>& world_ranks() const override { return ranks_; }
+
+  void all_gather(const void* send, void* recv, int64_t count, CommType t) override {
+    const size_t bytes = size_t(count) * parallel::comm_type_size(t);
+    hub_.slots[rank_].assign(static_cast<const char*>(send), static_cast<const char*>(send) + bytes);
+    hub_.sync();
+    for (int r = 0; r < hub_.n; ++r) std::memcpy(static_cast<char*>(recv) + r * bytes, hub_.slots[r].data(), bytes);
+    hub_.sync();
+  }
+  void all_reduce(void* buf, int64_t count, CommType t, ReduceOp op) override {
+    if (t != CommType::I64) fail("ThreadGroup reduces int64 only");
+    std::vector<int64_t> all(size_t(count * hub_.n));
+    all_gather(buf, all.data(), count, t);
+    auto* out = static_cast<int64_t*>(buf);
+    for (int64_t i = 0; i < count; ++i) {
+      int64_t v = all[i];
+      for (int r = 1; r < hub_.n; ++r) {
+        const int64_t x = all[r * count + i];
+        v = op == ReduceOp::Sum ? v + x : op == ReduceOp::Max ? std::max(v, x) : std::min(v, x);
+      }
+      out[i] = v;
+    }
+  }
+  void broadcast(void* buf, int64_t count, CommType t, int root) override {
+    const size_t bytes = size_t(count) * parallel::comm_type_size(t);
+    std::vector<char> all(bytes * size_t(hub_.n));
+    all_gather(buf, all.data(), count, t);
+    std::memcpy(buf, all.data() + size_t(root) * bytes, bytes);
+  }
+  void barrier() override { hub_.sync(); }
+
+  void reduce_scatter(const void*, void*, int64_t, CommType, ReduceOp) override { unused(); }
+  void all_to_all(const void*, void*, int64_t, CommType) override { unused(); }
+  WorkPtr iall_reduce(void*, int64_t, CommType, ReduceOp) override { unused(); }
+  WorkPtr ireduce_scatter(const void*, void*, int64_t, CommType, ReduceOp) override { unused(); }
+  WorkPtr iall_gather(const void*, void*, int64_t, CommType) override { unused(); }
+  WorkPtr isend(const void*, int64_t, CommType, int, int) override { unused(); }
+  WorkPtr irecv(void*, int64_t, CommType, int, int) override { unused(); }
+  std::unique_ptr<ProcessGroup> new_group(const std::vector<int>&, const std::string&) override { unused(); }
+  std::unique_ptr<ProcessGroup> split(int, int, const std::string&) override { unused(); }
+
+ private:
+  [[noreturn]] static void unused() { fail("not used by the checkpoint tests"); }
+  Hub& hub_;
+  int rank_;
+  std::string name_ = "world";
+  std::vector<int> ranks_;
+};
+
+// Runs fn(rank, group) on n threads; returns each rank's error message ("" when it succeeded).
+std::vector<std::string> run_ranks(int n, const std::function<void(int, ProcessGroup&)>& fn) {
+  Hub hub(n);
+  std::vector<std::string> errors(static_cast<size_t>(n));
+  std::vector<std::thread> threads;
+  for (int r = 0; r < n; ++r)
+    threads.emplace_back([&, r] {
+      ThreadGroup g(hub, r);
+      try {
+        fn(r, g);
+      } catch (const std::exception& e) {
+        errors[r] = e.what();
+      }
+    });
+  for (auto& t : threads) t.join();
+  return errors;
+}
+
+// ---- a toy model whose tensors shard like Megatron's ------------------------------------------
+
+struct Layout {
+  int tp = 1, pp = 1, dp = 1;
+  int world() const { return tp * pp * dp; }
+  // Megatron order: tp fastest, then dp, pp slowest.
+  int tp_rank(int r) const { return r % tp; }
+  int dp_rank(int r) const { return (r / tp) % dp; }
+  int pp_rank(int r) const { return r / (tp * dp); }
+};
+
+ShardSpec pieces_for(int dim, const std::vector<std::pair<int64_t, int64_t>>& parts, int tp, int r) {
+  // Each part [start, start + len) is split tp ways; the rank holds its share of every part.
+  ShardSpec s{dim, {}};
+  if (tp == 1) return s;
+  for (auto [start, len] : parts) s.pieces.push_back({start + r * len / tp, len / tp});
+  return s;
+}
+
+// Two layers (one per stage under pp2), each with a column-parallel [8, 6] weight (rows split), a
+// row-parallel [6, 8] weight (columns split), a fused QKV [16, 4] weight (3 pieces: q 8 rows, k and
+// v 4 rows each) and a replicated norm; a vocab-parallel [12, 4] embedding on the first stage and
+// its tied replica on the last (as LlamaModel does).
+void build(ParamStore<float>& p, const Layout& l, int rank, int num_layers = 2, int64_t col_cols = 6) {
+  const int tp = l.tp, r = l.tp_rank(rank), stage = l.pp_rank(rank);
+  const int per_stage = num_layers / l.pp;
+  if (stage == 0) p.add_sharded("embedding.word_embeddings.weight", {12, 4}, pieces_for(0, {{0, 12}}, tp, r), ParamInit::Normal, true);
+  for (int layer = stage * per_stage; layer < (stage + 1) * per_stage; ++layer) {
+    const std::string pre = "decoder.layers." + std::to_string(layer) + ".";
+    p.add(pre + "input_layernorm.weight", {6}, ParamInit::Ones, false);
+    p.add_sharded(pre + "linear_fc1.weight", {8, col_cols}, pieces_for(0, {{0, 8}}, tp, r), ParamInit::Normal, true);
+    p.add_sharded(pre + "linear_fc2.weight", {6, 8}, pieces_for(1, {{0, 8}}, tp, r), ParamInit::Normal, true);
+    p.add_sharded(pre + "linear_qkv.weight", {16, 4}, pieces_for(0, {{0, 8}, {8, 4}, {12, 4}}, tp, r),
+                  ParamInit::Normal, true);
+  }
+  if (stage == l.pp - 1 && l.pp > 1)
+    p.add_sharded("embedding.word_embeddings.weight", {12, 4}, pieces_for(0, {{0, 12}}, tp, r), ParamInit::Normal, true);
+  p.allocate();
+}
+
+// The global element index of each local element (independent of the library's own mapping).
+std::vector<int64_t> global_indices(const StoredParam& p) {
+  std::vector<int64_t> out(size_t(p.numel));
+  if (p.shard.pieces.empty()) {
+    for (int64_t i = 0; i < p.numel; ++i) out[i] = i;
+    return out;
+  }
+  const int d = p.shard.dim;
+  int64_t inner = 1;
+  for (size_t k = size_t(d) + 1; k < p.shape.size(); ++k) inner *= p.shape[k];
+  std::vector<int64_t> to_global;
+  for (const auto& pc : p.shard.pieces)
+    for (int64_t g = 0; g < pc.length; ++g) to_global.push_back(pc.global_start + g);
+  const int64_t ld = p.shape[d], gd = p.global_shape[d];
+  for (int64_t i = 0; i < p.numel; ++i) {
+    const int64_t in = i % inner, j = (i / inner) % ld, outer = i / (inner * ld);
+    out[i] = (outer * gd + to_global[j]) * inner + in;
+  }
+  return out;
+}
+
+// A distinct, exactly representable value per (tensor, global element, buffer).
+float expected(const std::string& name, int64_t gi, int section) {
+  const int64_t id = int64_t(std::hash<std::string>{}(name) % 97);
+  return float(id * 1000 + gi) + 0.25f * float(section);
+}
+
+struct Buffers {
+  std::vector<float> m, v;
+};
+
+Buffers fill(ParamStore<float>& p) {
+  Buffers b{std::vector<float>(size_t(p.numel()), 0.0f), std::vector<float>(size_t(p.numel()), 0.0f)};
+  float* val = p.values().data<float>();
+  for (const auto& info : p.infos()) {
+    const auto gi = global_indices(info);
+    for (int64_t i = 0; i < info.numel; ++i) {
+      val[info.offset + i] = expected(info.name, gi[i], 0);
+      b.m[info.offset + i] = expected(info.name, gi[i], 1);
+      b.v[info.offset + i] = expected(info.name, gi[i], 2);
+    }
+  }
+  return b;
+}
+
+// Counts elements of a loaded rank that differ from the expected function (all three buffers).
+int64_t mismatches(const ParamStore<float>& p, const train::CheckpointData& ck) {
+  int64_t bad = 0;
+  for (const auto& info : p.infos()) {
+    const auto gi = global_indices(info);
+    for (int64_t i = 0; i < info.numel; ++i) {
+      const size_t k = size_t(info.offset + i);
+      bad += ck.params[k] != expected(info.name, gi[i], 0);
+      bad += ck.exp_avg[k] != expected(info.name, gi[i], 1);
+      bad += ck.exp_avg_sq[k] != expected(info.name, gi[i], 2);
+    }
+  }
+  return bad;
+}
+
+struct TempDir {
+  fs::path dir;
+  TempDir() {
+    dir = fs::temp_directory_path() / ("primus_reshard_" + std::to_string(::getpid()) + "_" +
+                                       ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::remove_all(dir);
+    fs::create_directories(dir);
+  }
+  ~TempDir() { fs::remove_all(dir); }
+};
+
+// Saves iteration `it` from every rank of `l` (threads); returns each rank's error ("" = ok).
+// A tiny block size that is not a multiple of 4 makes slices straddle checksum blocks.
+std::vector<std::string> save_layout(const fs::path& save, const Layout& l, int64_t it = 5,
+                                     std::function<bool(int)> writer = {}) {
+  return run_ranks(l.world(), [&](int rank, ProcessGroup& world) {
+    ParamStore<float> p;
+    build(p, l, rank);
+    Buffers b = fill(p);
+    train::SaveOptions o;
+    o.world = &world;
+    o.writer = writer ? writer(rank) : l.dp_rank(rank) == 0;
+    o.layout.tp = l.tp;
+    o.layout.pp = l.pp;
+    o.layout.dp = l.dp;
+    o.block_bytes = 42;
+    train::TrainState st{it, it * 8, it, 1234};
+    train::save_checkpoint(save.string(), p, b.m.data(), b.v.data(), st, "model: toy\n", o);
+  });
+}
+
+// Loads into every rank of `l` (one after another, no collectives) and counts wrong elements.
+int64_t load_layout_mismatches(const std::string& dir, const Layout& l) {
+  int64_t bad = 0;
+  for (int rank = 0; rank < l.world(); ++rank) {
+    ParamStore<float> p;
+    build(p, l, rank);
+    const train::CheckpointData ck = train::load_checkpoint(dir, p);
+    EXPECT_EQ(ck.state.iteration, 5);
+    EXPECT_EQ(ck.state.consumed_samples, 40);
+    EXPECT_EQ(ck.config_yaml, "model: toy\n");
+    bad += mismatches(p, ck);
+  }
+  return bad;
+}
+
+std::string load_error(const std::string& dir, const Layout& l, int rank, int num_layers = 2, int64_t col_cols = 6) {
+  ParamStore<float> p;
+  build(p, l, rank, num_layers, col_cols);
+  try {
+    train::load_checkpoint(dir, p);
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "(loaded)";
+}
+
+bool all_ok(const std::vector<std::string>& errors) {
+  for (const auto& e : errors)
+    if (!e.empty()) {
+      ADD_FAILURE() << e;
+      return false;
+    }
+  return true;
+}
+
+const std::vector<Layout> kLayouts = {{1, 1, 1}, {2, 1, 1}, {4, 1, 1}, {2, 2, 1}, {1, 2, 2}, {2, 1, 2}};
+
+}  // namespace
+
+TEST(CheckpointReshard, EveryLayoutLoadsEveryOther) {
+  for (const Layout& from : kLayouts) {
+    TempDir t;
+    ASSERT_TRUE(all_ok(save_layout(t.dir, from)));
+    const std::string dir = train::resolve_checkpoint(t.dir.string());
+    EXPECT_NO_THROW(train::verify_checkpoint(dir));
+    // Replicas (dp) write nothing: one file per tp x pp rank.
+    size_t shard_files = 0;
+    for (const auto& e : fs::directory_iterator(dir)) shard_files += e.path().extension() == ".bin";
+    EXPECT_EQ(shard_files, size_t(from.tp * from.pp));
+    for (const Layout& to : kLayouts)
+      EXPECT_EQ(load_layout_mismatches(dir, to), 0)
+          << "saved tp" << from.tp << " pp" << from.pp << " dp" << from.dp << ", loaded tp" << to.tp << " pp" << to.pp;
+  }
+}
+
+TEST(CheckpointReshard, MetaRecordsLayoutFilesAndSlices) {
+  TempDir t;
+  ASSERT_TRUE(all_ok(save_layout(t.dir, {2, 2, 1})));
+  const std::string dir = train::resolve_checkpoint(t.dir.string());
+  std::ifstream in(fs::path(dir) / "meta.json");
+  const auto meta = nlohmann::json::parse(in);
+  EXPECT_EQ(meta["layout"]["tp"], 2);
+  EXPECT_EQ(meta["layout"]["pp"], 2);
+  EXPECT_EQ(meta["layout"]["world_size"], 4);
+  for (const char* f : {"rank_00000.bin", "rank_00001.bin", "rank_00002.bin", "rank_00003.bin", "config.yaml"}) {
+    ASSERT_TRUE(meta["files"].contains(f)) << f;
+    EXPECT_EQ(meta["files"][f]["bytes"].get<uint64_t>(), fs::file_size(fs::path(dir) / f)) << f;
+  }
+  // Layer 1 lives on stage 1 (ranks 2, 3); its QKV weight has three pieces per rank.
+  const auto& qkv = meta["tensors"]["decoder.layers.1.linear_qkv.weight"];
+  ASSERT_EQ(qkv["shards"].size(), 2u);
+  EXPECT_EQ(qkv["shards"][0]["file"], "rank_00002.bin");
+  EXPECT_EQ(qkv["shards"][1]["pieces"], nlohmann::json::parse("[[4,4],[10,2],[14,2]]"));
+  // The tied embedding is held by both stages: four slices of it.
+  EXPECT_EQ(meta["tensors"]["embedding.word_embeddings.weight"]["shards"].size(), 4u);
+  train::CheckpointData ck;
+  ParamStore<float> p;
+  build(p, {1, 1, 1}, 0);
+  ck = train::load_checkpoint(dir, p);
+  EXPECT_EQ(ck.saved_layout.tp, 2);
+  EXPECT_EQ(ck.saved_layout.pp, 2);
+}
+
+// A tensor saved split along one dim loads into a rank that holds it split along another, in
+// non-adjacent pieces: the copies are 2-D boxes.
+TEST(CheckpointReshard, SplitAlongAnotherDim) {
+  TempDir t;
+  ASSERT_TRUE(all_ok(run_ranks(2, [&](int rank, ProcessGroup& world) {
+    ParamStore<float> p;
+    p.add_sharded("w", {8, 6, 3}, ShardSpec{1, {{rank * 3, 3}}}, ParamInit::Normal, true);
+    p.allocate();
+    Buffers b = fill(p);
+    train::SaveOptions o;
+    o.world = &world;
+    o.block_bytes = 16;
+    train::save_checkpoint(t.dir.string(), p, b.m.data(), b.v.data(), {5, 40, 5, 1}, "model: toy\n", o);
+  })));
+  ParamStore<float> p;
+  p.add_sharded("w", {8, 6, 3}, ShardSpec{0, {{5, 3}, {1, 2}}}, ParamInit::Normal, true);
+  p.allocate();
+  const auto ck = train::load_checkpoint(train::resolve_checkpoint(t.dir.string()), p);
+  EXPECT_EQ(mismatches(p, ck), 0);
+}
+
+TEST(CheckpointReshard, ValuesOnlyLoadSkipsTheMoments) {
+  TempDir t;
+  ASSERT_TRUE(all_ok(save_layout(t.dir, {2, 1, 1})));
+  ParamStore<float> p;
+  build(p, {4, 1, 1}, 3);
+  train::LoadOptions o;
+  o.optimizer = false;
+  const auto ck = train::load_checkpoint(train::resolve_checkpoint(t.dir.string()), p, o);
+  EXPECT_TRUE(ck.exp_avg.empty());
+  ASSERT_EQ(ck.params.size(), size_t(p.numel()));
+  const auto& info = p.infos()[size_t(p.find("decoder.layers.0.linear_fc2.weight"))];
+  const auto gi = global_indices(info);
+  for (int64_t i = 0; i < info.numel; ++i) EXPECT_EQ(ck.params[info.offset + i], expected(info.name, gi[i], 0));
+}
+
+TEST(CheckpointReshard, TruncatedShardFileIsNamed) {
+  TempDir t;
+  ASSERT_TRUE(all_ok(save_layout(t.dir, {2, 2, 1})));
+  const fs::path dir = train::resolve_checkpoint(t.dir.string());
+  fs::resize_file(dir / "rank_00001.bin", fs::file_size(dir / "rank_00001.bin") - 10);
+  const std::string e = load_error(dir, {1, 1, 1}, 0);
+  EXPECT_NE(e.find("rank_00001.bin"), std::string::npos) << e;
+  EXPECT_NE(e.find("truncated"), std::string::npos) << e;
+  // A layout that needs no slice of that file still loads (tp rank 0 of stage 1 reads rank 2's).
+  EXPECT_EQ(load_error(dir, {2, 2, 1}, 2), "(loaded)");
+  EXPECT_THROW(train::verify_checkpoint(dir), Error);
+}
+
+TEST(CheckpointReshard, CorruptedBlockAndHeaderAreDetected) {
+  TempDir t;
+  ASSERT_TRUE(all_ok(save_layout(t.dir, {2, 1, 1})));
+  const fs::path dir = train::resolve_checkpoint(t.dir.string());
+  auto flip = [](const fs::path& f, std::streamoff at) {
+    std::fstream s(f, std::ios::in | std::ios::out | std::ios::binary);
+    char c;
+    s.seekg(at);
+    s.read(&c, 1);
+    c ^= 0x10;
+    s.seekp(at);
+    s.write(&c, 1);
+  };
+  const auto size = std::streamoff(fs::file_size(dir / "rank_00000.bin"));
+  flip(dir / "rank_00000.bin", size - 3);  // inside the last block of exp_avg_sq
+  std::string e = load_error(dir, {1, 1, 1}, 0);
+  EXPECT_NE(e.find("rank_00000.bin is corrupted"), std::string::npos) << e;
+  EXPECT_NE(e.find("exp_avg_sq"), std::string::npos) << e;
+  flip(dir / "rank_00000.bin", size - 3);  // restored
+  EXPECT_EQ(load_error(dir, {1, 1, 1}, 0), "(loaded)");
+  flip(dir / "rank_00000.bin", 40);  // inside the JSON header
+  e = load_error(dir, {1, 1, 1}, 0);
+  EXPECT_NE(e.find("rank_00000.bin is corrupted: its header"), std::string::npos) << e;
+  EXPECT_THROW(train::verify_checkpoint(dir), Error);
+}
+
+TEST(CheckpointReshard, MissingTensorAndShapeMismatchAreNamed) {
+  TempDir t;
+  ASSERT_TRUE(all_ok(save_layout(t.dir, {2, 2, 1})));
+  const std::string dir = train::resolve_checkpoint(t.dir.string());
+  // A model with four layers asks for layers the checkpoint lacks.
+  std::string e = load_error(dir, {1, 1, 1}, 0, 4);
+  EXPECT_NE(e.find("has no tensor decoder.layers.2."), std::string::npos) << e;
+  // A wider fc1 weight: the global shapes differ, and the files holding it are named.
+  e = load_error(dir, {2, 1, 1}, 1, 2, 7);
+  EXPECT_NE(e.find("decoder.layers.0.linear_fc1.weight has global shape [8, 6]"), std::string::npos) << e;
+  EXPECT_NE(e.find("[8, 7] in the model"), std::string::npos) << e;
+  EXPECT_NE(e.find("rank_00000.bin"), std::string::npos) << e;
+}
+
+TEST(CheckpointReshard, PartialCoverageIsRefusedOnSaveAndOnLoad) {
+  TempDir t;
+  // tp rank 1 wrongly marked as no writer: every rank's save fails, nothing becomes visible.
+  const auto errors = save_layout(t.dir, {2, 1, 1}, 5, [](int rank) { return rank == 0; });
+  ASSERT_EQ(errors.size(), 2u);
+  EXPECT_NE(errors[0].find("not fully saved"), std::string::npos) << errors[0];
+  EXPECT_NE(errors[1].find("rank(s) 0 failed"), std::string::npos) << errors[1];
+  EXPECT_TRUE(train::list_checkpoints(t.dir.string()).empty());
+  EXPECT_FALSE(fs::exists(t.dir / "latest"));
+
+  // A checkpoint whose meta.json lost one slice: the load names the tensor, the range, the files.
+  ASSERT_TRUE(all_ok(save_layout(t.dir, {2, 1, 1})));
+  const fs::path dir = train::resolve_checkpoint(t.dir.string());
+  nlohmann::json meta;
+  {
+    std::ifstream in(dir / "meta.json");
+    meta = nlohmann::json::parse(in);
+  }
+  meta["tensors"]["decoder.layers.1.linear_fc2.weight"]["shards"].erase(1);
+  std::ofstream(dir / "meta.json") << meta.dump(1);
+  const std::string e = load_error(dir, {1, 1, 1}, 0);
+  EXPECT_NE(e.find("decoder.layers.1.linear_fc2.weight"), std::string::npos) << e;
+  EXPECT_NE(e.find("not fully covered: [4, 8) along dim 1"), std::string::npos) << e;
+  EXPECT_NE(e.find("rank_00000.bin (dim 1 [0, 4))"), std::string::npos) << e;
+  // A tp2 rank 0 needs only columns [0, 4): it still loads.
+  EXPECT_EQ(load_error(dir, {2, 1, 1}, 0), "(loaded)");
+}
+
+TEST(CheckpointReshard, AFailingRankFailsEveryRankAndKeepsThePreviousCheckpoint) {
+  TempDir t;
+  ASSERT_TRUE(all_ok(save_layout(t.dir, {2, 2, 1}, 5)));
+  ::setenv("PRIMUS_FAULT_CHECKPOINT_FAIL_RANK", "2", 1);
+  const auto errors = save_layout(t.dir, {2, 2, 1}, 6);
+  ::unsetenv("PRIMUS_FAULT_CHECKPOINT_FAIL_RANK");
+  for (int r = 0; r < 4; ++r) EXPECT_FALSE(errors[r].empty()) << "rank " << r << " did not fail";
+  EXPECT_NE(errors[2].find("injected failure"), std::string::npos) << errors[2];
+  EXPECT_NE(errors[0].find("rank(s) 2 failed"), std::string::npos) << errors[0];
+  EXPECT_FALSE(fs::exists(t.dir / train::checkpoint_name(6)));
+  EXPECT_EQ(fs::path(train::resolve_checkpoint(t.dir.string())).filename(), train::checkpoint_name(5));
+  for (const auto& e : fs::directory_iterator(t.dir))
+    EXPECT_EQ(e.path().filename().string().find(".tmp"), std::string::npos) << e.path();
+  EXPECT_EQ(load_layout_mismatches(train::resolve_checkpoint(t.dir.string()), {1, 1, 1}), 0);
+}
+
+TEST(CheckpointReshard, LoadAgreesOverRanks) {
+  TempDir t;
+  ASSERT_TRUE(all_ok(save_layout(t.dir, {2, 1, 1})));
+  const std::string dir = train::resolve_checkpoint(t.dir.string());
+  // Rank 1's model asks for a tensor the checkpoint lacks; rank 0 could load but must not go on.
+  const auto errors = run_ranks(2, [&](int rank, ProcessGroup& world) {
+    ParamStore<float> p;
+    build(p, {2, 1, 1}, rank, rank == 1 ? 4 : 2);
+    train::LoadOptions o;
+    o.world = &world;
+    train::load_checkpoint(dir, p, o);
+  });
+  EXPECT_NE(errors[1].find("has no tensor"), std::string::npos) << errors[1];
+  EXPECT_NE(errors[0].find("rank(s) 1 failed"), std::string::npos) << errors[0];
+}
+
+#ifdef PRIMUS_CHECKPOINT_MPI_TEST
+// The same checks on real ranks (mpirun -n 4): the collective save over MPI, then loads into
+// other layouts, with an agreement over the ranks.
+#include "parallel/mpi_process_group.h"
+
+TEST(CheckpointReshardMpi, SaveUnderTp2Pp2LoadUnderTp4AndOneProcess) {
+  auto& world = parallel::mpi_world();
+  ASSERT_EQ(world.size(), 4) << "run with mpirun -n 4";
+  const int rank = world.rank();
+  int64_t id = ::getpid();  // rank 0's pid names the shared folder
+  world.broadcast(&id, 1, CommType::I64, 0);
+  const fs::path save = fs::temp_directory_path() / ("primus_reshard_mpi_" + std::to_string(id));
+  auto save_iter = [&](int64_t it) {
+    const Layout l{2, 2, 1};
+    ParamStore<float> p;
+    build(p, l, rank);
+    Buffers b = fill(p);
+    train::SaveOptions o;
+    o.world = &world;
+    o.layout = {4, 2, 2, 1, 1, 1};
+    o.block_bytes = 42;
+    train::save_checkpoint(save.string(), p, b.m.data(), b.v.data(), {it, it * 8, it, 1234}, "model: toy\n", o);
+  };
+  ASSERT_NO_THROW(save_iter(5));
+  const std::string dir = train::resolve_checkpoint(save.string());
+
+  // Each rank is one rank of tp4, agreeing over the world; and each also loads the whole model.
+  {
+    ParamStore<float> p;
+    build(p, {4, 1, 1}, rank);
+    train::LoadOptions o;
+    o.world = &world;
+    const auto ck = train::load_checkpoint(dir, p, o);
+    EXPECT_EQ(mismatches(p, ck), 0);
+    EXPECT_EQ(ck.saved_layout.tp, 2);
+  }
+  EXPECT_EQ(load_layout_mismatches(dir, {1, 1, 1}), 0);
+
+  // Rank 3 fails mid-write: every rank throws, iteration 5 stays the latest.
+  if (rank == 3) ::setenv("PRIMUS_FAULT_CHECKPOINT_FAIL_RANK", "3", 1);
+  try {
+    save_iter(6);
+    ADD_FAILURE() << "rank " << rank << ": the save of iteration 6 succeeded";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(rank == 3 ? "injected failure" : "rank(s) 3 failed"), std::string::npos)
+        << e.what();
+  }
+  ::unsetenv("PRIMUS_FAULT_CHECKPOINT_FAIL_RANK");
+  world.barrier();
+  EXPECT_EQ(train::resolve_checkpoint(save.string()), dir);
+  EXPECT_FALSE(fs::exists(save / train::checkpoint_name(6)));
+  world.barrier();
+  if (rank == 0) fs::remove_all(save);
+}
+#endif
