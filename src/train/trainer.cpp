@@ -9,6 +9,7 @@
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
+#include <yaml-cpp/yaml.h>
 
 #include "core/error.h"
 #include "core/launch_env.h"
@@ -72,6 +73,28 @@ std::vector<ParamSegment> segments_of(const ParamStore<float>& p) {
   std::vector<ParamSegment> out;
   for (const auto& i : p.infos()) out.push_back({i.name, i.offset, i.numel, i.weight_decay});
   return out;
+}
+
+// A checkpoint must hold the model the config describes: same layers and sizes.
+void check_same_model(const std::string& dir, const ModelSpec& spec) {
+  const YAML::Node cfg = YAML::Load(read_checkpoint_config(dir));
+  const YAML::Node node = cfg["modules"] && cfg["modules"]["pre_trainer"] ? cfg["modules"]["pre_trainer"]["model_spec"]
+                                                                           : YAML::Node();
+  if (!node) fail("{}/config.yaml has no modules.pre_trainer.model_spec", dir);
+  const ModelSpec saved = model_spec_from_yaml(node, dir + "/config.yaml");
+  auto same = [&](const char* key, auto a, auto b) {
+    if (a != b) fail("checkpoint {} holds a model with {} {}, the config's model has {}", dir, key, a, b);
+  };
+  same("num_layers", saved.num_layers, spec.num_layers);
+  same("hidden_size", saved.hidden_size, spec.hidden_size);
+  same("ffn_hidden_size", saved.ffn_hidden_size, spec.ffn_hidden_size);
+  same("num_attention_heads", saved.num_attention_heads, spec.num_attention_heads);
+  same("num_query_groups", saved.query_groups(), spec.query_groups());
+  same("kv_channels", saved.head_dim(), spec.head_dim());
+  same("vocab_size", saved.vocab_size, spec.vocab_size);
+  same("untie_embeddings_and_output_weights", saved.untie_embeddings_and_output_weights,
+       spec.untie_embeddings_and_output_weights);
+  same("add_qkv_bias", saved.add_qkv_bias, spec.add_qkv_bias);
 }
 
 // The world group: MPI when this process is one of several ranks, else a group of one.
@@ -233,6 +256,7 @@ TrainSummary pretrain(const config::ExperimentConfig& cfg) {
     std::string problem;
     CheckpointData ck;
     try {
+      check_same_model(dir, spec);  // a rank loads only its tensors, so it cannot see missing layers
       ck = load_checkpoint(dir, params);
     } catch (const Error& e) {
       problem = e.what();

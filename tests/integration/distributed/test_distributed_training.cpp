@@ -191,6 +191,11 @@ TEST_F(Distributed, ReshardTp2Pp2ToDp4AndOneProcess) {
       EXPECT_NEAR(got[i], want[10 + i], 1e-5 * std::fabs(want[10 + i])) << name << " iteration " << 11 + i;
   }
   EXPECT_NE(dp4.out.find("resumed from"), std::string::npos) << dp4.out;
+  // A rank loads only its own tensors; a checkpoint of another model is still refused as a whole.
+  Result wrong = run(2, "wrong", "--load " + ck + " --num_layers 4");
+  EXPECT_NE(wrong.status, 0) << wrong.out;
+  EXPECT_NE(wrong.out.find("holds a model with num_layers 8, the config's model has 4"), std::string::npos)
+      << wrong.out;
 }
 
 // Impossible layouts stop every rank before the first step, with the rule that failed.
