@@ -22,6 +22,7 @@
 #include "optim/adamw.h"
 #include "optim/grad_clip.h"
 #include "optim/lr_schedule.h"
+#include "safe/train_watch.h"
 #include "train/checkpoint.h"
 
 namespace fs = std::filesystem;
@@ -167,6 +168,7 @@ TrainSummary pretrain(const config::ExperimentConfig& cfg) {
 
   TrainSummary summary;
   summary.start_iteration = state.iteration;
+  safe::TrainWatch watch(cfg.run_dir(), state.iteration);  // heartbeats, NaN policy, test faults
   std::vector<int32_t> tokens, targets;
   double interval_loss = 0, interval_time = 0;
   int64_t interval_steps = 0;
@@ -182,6 +184,7 @@ TrainSummary pretrain(const config::ExperimentConfig& cfg) {
     return total / double(a.eval_iters * num_micro);
   };
   auto save = [&]() {
+    watch.before_save(state.iteration);
     summary.last_checkpoint = save_checkpoint(cfg.checkpoint_dir(), params, adam.exp_avg(), adam.exp_avg_sq(), state,
                                               config_yaml);
     prune_checkpoints(cfg.checkpoint_dir(), a.keep_last_checkpoints);
@@ -190,6 +193,7 @@ TrainSummary pretrain(const config::ExperimentConfig& cfg) {
 
   while (state.iteration < a.train_iters) {
     const auto t0 = Clock::now();
+    watch.begin_step(state.iteration + 1);
     params.zero_grad();
     double loss = 0;
     for (int64_t m = 0; m < num_micro; ++m) {
@@ -200,13 +204,12 @@ TrainSummary pretrain(const config::ExperimentConfig& cfg) {
     }
     loss /= double(num_micro);
     float* grads = params.grads().data<float>();
+    watch.inject_faults(state.iteration + 1, grads, params.numel());
     const double grad_norm = a.clip_grad > 0 ? clip_grad_norm(grads, params.numel(), a.clip_grad)
                                              : global_grad_norm(grads, params.numel());
-    if (!std::isfinite(loss) || !std::isfinite(grad_norm))
-      fail("iteration {}: lm loss {} / grad norm {} is not finite; stopping before the update (try a lower lr)",
-           state.iteration + 1, loss, grad_norm);
+    const bool skip = watch.check(state.iteration + 1, loss, grad_norm) == safe::StepAction::Skip;
     const double lr = schedule.lr_at(state.iteration);
-    adam.step(params.values().data<float>(), grads, segments, lr);
+    if (!skip) adam.step(params.values().data<float>(), grads, segments, lr);
     state.iteration += 1;
     state.consumed_samples += gbs;
     state.optimizer_step = adam.step_count();
@@ -217,6 +220,7 @@ TrainSummary pretrain(const config::ExperimentConfig& cfg) {
     interval_loss += loss;
     interval_time += dt;
     interval_steps += 1;
+    watch.end_step(state.iteration, loss, grad_norm, dt);
 
     if (tty)
       fmt::print("\r{} {}/{} loss {:.4f}\033[K", progress_bar(state.iteration, a.train_iters), state.iteration,
@@ -238,13 +242,15 @@ TrainSummary pretrain(const config::ExperimentConfig& cfg) {
                                 {"grad_norm", grad_norm},           {"tokens_per_sec", tps},
                                 {"tflops", tflops},                 {"mfu", mfu},
                                 {"step_time_ms", 1e3 * interval_time / interval_steps},
-                                {"peak_memory_bytes", peak}}
+                                {"peak_memory_bytes", peak},        {"restarts", watch.restarts()},
+                                {"skipped_iterations", watch.skipped_iterations()}}
                      .dump()
               << "\n" << std::flush;
       interval_loss = interval_time = 0;
       interval_steps = 0;
     }
     if (a.eval_interval > 0 && a.eval_iters > 0 && state.iteration % a.eval_interval == 0 && !valid_src.empty()) {
+      watch.phase("eval", state.iteration);
       summary.last_eval_loss = evaluate();
       log::info(" validation at iteration {} | lm loss: {:.6E} | lm loss PPL: {:.3f}", state.iteration,
                 summary.last_eval_loss, std::exp(summary.last_eval_loss));
@@ -254,6 +260,7 @@ TrainSummary pretrain(const config::ExperimentConfig& cfg) {
     if (a.save_interval > 0 && state.iteration % a.save_interval == 0) save();
   }
   if (state.iteration > summary.start_iteration && (a.save_interval == 0 || state.iteration % a.save_interval != 0)) save();
+  watch.finish(state.iteration);
   log::flush();
   return summary;
 }
