@@ -119,7 +119,15 @@ struct Attempt {
   int rc = 0;
   bool saw_heartbeat = false;
   int64_t last_iteration = 0;
-  std::string first_error;  // first "error: ..." line of the attempt's stderr
+  std::map<int, int64_t> iteration_of;  // each rank's last reported iteration
+  std::string first_error;
+  // Where the ranks named by a finding were: the earliest of their last iterations.
+  int64_t iteration_for(const std::vector<int>& ranks) const {
+    int64_t best = -1;
+    for (int r : ranks)
+      if (auto it = iteration_of.find(r); it != iteration_of.end()) best = best < 0 ? it->second : std::min(best, it->second);
+    return best < 0 ? last_iteration : best;
+  }  // first "error: ..." line of the attempt's stderr
 };
 
 class Runner {
@@ -243,6 +251,7 @@ void Runner::watch_tick() {
   for (const auto& [r, hb] : beats_) {
     if (hb.host == host_ && hb.pid > 0) pids_[r] = hb.pid;
     a_.last_iteration = std::max(a_.last_iteration, hb.iteration);
+    a_.iteration_of[r] = hb.iteration;
     for (auto [it, t] : hb.recent) stragglers_.add(r, it, t);
     if (hb.phase == "failed" &&
         std::find(a_.failed_ranks.begin(), a_.failed_ranks.end(), r) == a_.failed_ranks.end())
@@ -339,6 +348,7 @@ Attempt Runner::run() {
   for (const auto& [r, hb] : beats_) {
     a_.saw_heartbeat = true;
     a_.last_iteration = std::max(a_.last_iteration, hb.iteration);
+    a_.iteration_of[r] = hb.iteration;
     if (hb.phase == "failed" &&
         std::find(a_.failed_ranks.begin(), a_.failed_ranks.end(), r) == a_.failed_ranks.end())
       a_.failed_ranks.push_back(r);
@@ -444,8 +454,8 @@ int supervise(const std::vector<std::string>& argv, std::map<std::string, std::s
       if (!a.signal_of.empty()) {
         json sig = json::object();
         for (auto [r, s] : a.signal_of) sig[std::to_string(r)] = s;
-        ev("rank_died", "error", detail + fmt::format(" after iteration {}", a.last_iteration),
-           {{"ranks", ranks}, {"iteration", a.last_iteration}, {"signals", sig}, {"detected_by", "exit status"}});
+        ev("rank_died", "error", detail + fmt::format(" after iteration {}", a.iteration_for(ranks)),
+           {{"ranks", ranks}, {"iteration", a.iteration_for(ranks)}, {"signals", sig}, {"detected_by", "exit status"}});
       }
     } else if (!a.failed_ranks.empty()) {
       reason = "rank_failed";
@@ -462,11 +472,12 @@ int supervise(const std::vector<std::string>& argv, std::map<std::string, std::s
       ev("restart", "warn",
          fmt::format("restart {} of {} after {} (exit code {}): {}; resuming from the last good checkpoint", attempt,
                      o.max_restarts, reason, rc, detail),
-         {{"reason", reason}, {"ranks", ranks}, {"restart", attempt}, {"iteration", a.last_iteration}, {"detail", detail}});
+         {{"reason", reason}, {"ranks", ranks}, {"restart", attempt}, {"iteration", a.iteration_for(ranks)}, {"detail", detail}});
       continue;
     }
     json extra{{"status", reason == "finished" ? "ok" : "failed"}, {"reason", reason}, {"exit_code", rc},
-               {"restarts", attempt - 1}, {"ranks", ranks}, {"iteration", a.last_iteration}, {"detail", detail}};
+               {"restarts", attempt - 1}, {"ranks", ranks}, {"iteration", ranks.empty() ? a.last_iteration : a.iteration_for(ranks)},
+               {"detail", detail}};
     if (!a.first_error.empty()) extra["error"] = a.first_error;
     if (reason == "finished")
       ev("job_end", "info", fmt::format("finished after {} restart(s), at iteration {}", attempt - 1, a.last_iteration),

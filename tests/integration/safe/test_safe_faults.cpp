@@ -179,6 +179,19 @@ TEST(SafeFaults, WithoutRestartsAKilledRankStopsTheRunAndIsNamed) {
   EXPECT_EQ(a["stops"][0]["ranks"], json::array({0}));
 }
 
+TEST(SafeFaults, OneOfTwoRanksKilledIsNamedWithItsSignal) {
+  Workdir w;
+  std::ofstream(w.dir / "exp.yaml", std::ios::app) << "      save: " << (w.dir / "ckpt_${RANK:0}").string() << "\n";
+  Result r = w.train("two", "PRIMUS_FAULT_KILL=rank=1,iteration=3", "--nproc 2");
+  EXPECT_NE(r.rc, 0);
+  json a = analysis(w, "two");
+  EXPECT_EQ(a["status"], "failed");
+  EXPECT_EQ(a["stops"][0]["cause"], "crashed_rank");
+  EXPECT_EQ(a["stops"][0]["ranks"], json::array({1}));
+  EXPECT_EQ(a["stops"][0]["iteration"], 2);
+  EXPECT_NE(a["stops"][0]["detail"].get<std::string>().find("SIGKILL"), std::string::npos) << a.dump(1);
+}
+
 TEST(SafeFaults, AStalledRankIsDetectedWithinTheTimeoutDumpedAndRestarted) {
   Workdir w;
   Result r = w.train("stall", "PRIMUS_FAULT_STALL=rank=0,iteration=5", "--max-restarts 1 --hang-timeout 2");
@@ -188,7 +201,7 @@ TEST(SafeFaults, AStalledRankIsDetectedWithinTheTimeoutDumpedAndRestarted) {
   EXPECT_EQ(hangs[0]["ranks"], json::array({0}));
   EXPECT_EQ(hangs[0]["iteration"], 4);
   EXPECT_GE(hangs[0]["idle_s"].get<double>(), 2.0);
-  EXPECT_LT(hangs[0]["idle_s"].get<double>(), 2.0 + 1.0);  // polled every 0.1 s
+  EXPECT_LT(hangs[0]["idle_s"].get<double>(), 2.0 + 2.0);  // polled every 0.1 s; slack for a loaded machine
   const std::string stack = slurp(w.run("stall") / "watch/stacks_attempt1_rank0.txt");
   EXPECT_NE(stack.find("begin_step"), std::string::npos) << stack;  // where it stalls, by either method
   EXPECT_EQ(metrics(w.run("stall")).size(), 12u);
@@ -231,12 +244,12 @@ TEST(SafeFaults, ASlowedRankIsReportedAsAStraggler) {
   Workdir w;
   // Two ranks; each saves into its own folder until training is truly distributed (rank 0 saves).
   std::ofstream(w.dir / "exp.yaml", std::ios::app) << "      save: " << (w.dir / "ckpt_${RANK:0}").string() << "\n";
-  Result r = w.train("slow", "PRIMUS_FAULT_SLOW=rank=1,ms=120", "--nproc 2");
+  Result r = w.train("slow", "PRIMUS_FAULT_SLOW=rank=1,ms=250", "--nproc 2");
   ASSERT_EQ(r.rc, 0) << r.out;
   auto s = events(w.run("slow"), "straggler");
   ASSERT_EQ(s.size(), 1u) << r.out;
   EXPECT_EQ(s[0]["ranks"], json::array({1}));
-  EXPECT_GE(s[0]["median_ms"].get<double>(), 120.0);
+  EXPECT_GE(s[0]["median_ms"].get<double>(), 250.0);
   json a = analysis(w, "slow");
   bool named = false;
   for (const auto& f : a["warnings"]) named |= f["cause"] == "straggler" && f["ranks"] == json::array({1});
