@@ -30,6 +30,7 @@
 #include "parallel/self_process_group.h"
 #include "pipeline/executor.h"
 #include "pipeline/simulator.h"
+#include "safe/train_watch.h"
 #include "train/checkpoint.h"
 #include "train/parallel_layout.h"
 #include "train/pipeline_runner.h"
@@ -313,6 +314,7 @@ TrainSummary pretrain(const config::ExperimentConfig& cfg) {
 
   TrainSummary summary;
   summary.start_iteration = state.iteration;
+  safe::TrainWatch watch(cfg.run_dir(), state.iteration);  // heartbeats, NaN policy, test faults
   std::vector<int32_t> tokens, targets;
   double interval_loss = 0, interval_time = 0;
   int64_t interval_steps = 0;
@@ -342,6 +344,7 @@ TrainSummary pretrain(const config::ExperimentConfig& cfg) {
     return groups.dp->all_reduce_value(total) / double(a.eval_iters * num_micro);
   };
   auto save = [&]() {
+    watch.before_save(state.iteration);
     // The full optimizer state in this rank's layout (ZeRO gathers its shards over dp).
     parallel::FullOptimizerState full;
     const float *m = nullptr, *v = nullptr;
@@ -365,6 +368,7 @@ TrainSummary pretrain(const config::ExperimentConfig& cfg) {
 
   while (state.iteration < a.train_iters) {
     const auto t0 = Clock::now();
+    watch.begin_step(state.iteration + 1);
     params.zero_grad();
     buckets.reset();
     std::fill(w_done.begin(), w_done.end(), 0);
@@ -388,6 +392,9 @@ TrainSummary pretrain(const config::ExperimentConfig& cfg) {
         model.backward(ctx, dloss);
       }
     }
+    // This rank's own work; the reductions below wait for the slowest rank (stragglers show here).
+    const double compute_time = std::chrono::duration<double>(Clock::now() - t0).count();
+    watch.inject_faults(state.iteration + 1, params.grads().data<float>(), params.numel());
     if (embedding_group) {
       embedding_group->all_reduce(params.grad(tied_tensor), params.infos()[tied_tensor].numel,
                                   parallel::CommType::F32, parallel::ReduceOp::Sum);
@@ -416,14 +423,11 @@ TrainSummary pretrain(const config::ExperimentConfig& cfg) {
       grad_norm = std::sqrt(groups.mp->all_reduce_value(sq));
       if (a.clip_grad > 0) scale_grads(grads, params.numel(), clip_coefficient(grad_norm, a.clip_grad));
     }
-    if (!std::isfinite(loss) || !std::isfinite(grad_norm))
-      fail("iteration {}: lm loss {} / grad norm {} is not finite; stopping before the update (try a lower lr)",
-           state.iteration + 1, loss, grad_norm);
+    // loss and grad_norm are reduced over every rank, so every rank takes the same decision.
+    const bool skip = watch.check(state.iteration + 1, loss, grad_norm) == safe::StepAction::Skip;
     const double lr = schedule.lr_at(state.iteration);
-    if (opt.zero)
-      opt.zero->step(lr);
-    else
-      opt.adam->step(params.values().data<float>(), grads, segments, lr);
+    if (!skip && opt.zero) opt.zero->step(lr);
+    if (!skip && opt.adam) opt.adam->step(params.values().data<float>(), grads, segments, lr);
     state.iteration += 1;
     state.consumed_samples += gbs;
     state.optimizer_step = opt.step_count();
@@ -434,6 +438,7 @@ TrainSummary pretrain(const config::ExperimentConfig& cfg) {
     interval_loss += loss;
     interval_time += dt;
     interval_steps += 1;
+    watch.end_step(state.iteration, loss, grad_norm, dt, compute_time);
 
     if (tty)
       fmt::print("\r{} {}/{} loss {:.4f}\033[K", progress_bar(state.iteration, a.train_iters), state.iteration,
@@ -455,7 +460,8 @@ TrainSummary pretrain(const config::ExperimentConfig& cfg) {
                          {"grad_norm", grad_norm},           {"tokens_per_sec", tps},
                          {"tflops", tflops},                 {"mfu", mfu},
                          {"step_time_ms", 1e3 * interval_time / interval_steps},
-                         {"peak_memory_bytes", peak}};
+                         {"peak_memory_bytes", peak},        {"restarts", watch.restarts()},
+                         {"skipped_iterations", watch.skipped_iterations()}};
       if (layout.schedule) {
         // Measured bubble: (slowest rank's wall - mean compute) / slowest wall. Predicted: the
         // simulator run with the measured mean F, B and W times of a whole stage.
@@ -481,6 +487,7 @@ TrainSummary pretrain(const config::ExperimentConfig& cfg) {
       interval_steps = 0;
     }
     if (a.eval_interval > 0 && a.eval_iters > 0 && state.iteration % a.eval_interval == 0 && !valid_src.empty()) {
+      watch.phase("eval", state.iteration);
       summary.last_eval_loss = evaluate();
       log::info(" validation at iteration {} | lm loss: {:.6E} | lm loss PPL: {:.3f}", state.iteration,
                 summary.last_eval_loss, std::exp(summary.last_eval_loss));
@@ -492,6 +499,7 @@ TrainSummary pretrain(const config::ExperimentConfig& cfg) {
     if (a.save_interval > 0 && state.iteration % a.save_interval == 0) save();
   }
   if (state.iteration > summary.start_iteration && (a.save_interval == 0 || state.iteration % a.save_interval != 0)) save();
+  watch.finish(state.iteration);
   log::flush();
   return summary;
 }

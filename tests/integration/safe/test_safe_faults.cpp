@@ -1,0 +1,292 @@
+// The stability layer with real processes: primus-cli direct launches training ranks that are made
+// to fail on purpose (PRIMUS_FAULT_*), and the watch must detect, restart and explain each fault.
+// Runs are tiny (mock data, one layer, 12 iterations) so the suite stays fast on two cores.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <random>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace {
+
+struct Result {
+  int rc = 0;
+  std::string out;
+};
+
+// Runs a shell command line (stderr folded into stdout) and returns its exit code and output.
+Result sh(const std::string& cmd) {
+  Result r;
+  FILE* p = popen((cmd + " 2>&1").c_str(), "r");
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, p)) > 0) r.out.append(buf, n);
+  const int status = pclose(p);
+  r.rc = WIFEXITED(status) ? WEXITSTATUS(status) : 128;
+  return r;
+}
+
+struct Workdir {
+  fs::path dir;
+  Workdir() {
+    dir = fs::temp_directory_path() /
+          ("primus_safe_it_" + std::to_string(::getpid()) + "_" + ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::remove_all(dir);
+    fs::create_directories(dir);
+    std::ofstream(dir / "exp.yaml") << "exp_name: base\nworkspace: " << (dir / "ws").string() << R"(
+modules:
+  pre_trainer:
+    model: tiny
+    overrides:
+      num_layers: 1
+      micro_batch_size: 2
+      global_batch_size: 4
+      seq_length: 32
+      train_iters: 12
+      lr: 3.0e-3
+      lr_warmup_iters: 2
+      log_interval: 1
+      eval_interval: 0
+      save_interval: 4
+      mock_data: true
+)";
+  }
+  ~Workdir() { fs::remove_all(dir); }
+  fs::path run(const std::string& exp) const { return dir / "ws" / exp; }
+  // `env` goes before the command (VAR=value ...); `runtime` are direct's options.
+  Result train(const std::string& exp, const std::string& env = "", const std::string& runtime = "",
+               const std::string& extra = "") const {
+    return sh(fmt("cd {} && env {} {} direct {} -- train pretrain --config exp.yaml --exp_name {} {}", dir.string(), env,
+                  PRIMUS_CLI_PATH, runtime, exp, extra));
+  }
+  Result analyze(const std::string& exp) const {
+    return sh(fmt("cd {} && {} direct --no-watch -- analyze run {} --json", dir.string(), PRIMUS_CLI_PATH, run(exp).string()));
+  }
+  static std::string fmt(const char* f, auto... args) {
+    std::string out = f;
+    std::vector<std::string> a{args...};
+    for (const auto& s : a) out.replace(out.find("{}"), 2, s);
+    return out;
+  }
+};
+
+std::vector<json> events(const fs::path& run, const std::string& kind) {
+  std::vector<json> out;
+  std::ifstream in(run / "events.jsonl");
+  std::string line;
+  while (std::getline(in, line)) {
+    json e = json::parse(line);
+    if (e["kind"] == kind) out.push_back(e);
+  }
+  return out;
+}
+
+// Losses by iteration; a restart rewrites the iterations it redoes, the last row wins.
+std::map<int, json> metrics(const fs::path& run) {
+  std::map<int, json> rows;
+  std::ifstream in(run / "metrics.jsonl");
+  std::string line;
+  while (std::getline(in, line)) {
+    json r = json::parse(line);
+    if (r.contains("lm_loss")) rows[r["iteration"].get<int>()] = r;
+  }
+  return rows;
+}
+
+std::string slurp(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+json analysis(const Workdir& w, const std::string& exp) {
+  Result r = w.analyze(exp);
+  EXPECT_EQ(r.rc, 0) << r.out;
+  const size_t start = r.out.find('{');
+  EXPECT_NE(start, std::string::npos) << r.out;
+  return json::parse(r.out.substr(start));
+}
+
+// Final loss and weights equal an uninterrupted run, bit for bit.
+void expect_same_as_uninterrupted(const Workdir& w, const std::string& exp) {
+  auto ref = metrics(w.run("reference")), got = metrics(w.run(exp));
+  ASSERT_EQ(ref.size(), 12u);
+  ASSERT_EQ(got.size(), 12u);
+  for (int it = 1; it <= 12; ++it)
+    EXPECT_EQ(ref[it]["lm_loss"].get<double>(), got[it]["lm_loss"].get<double>()) << "iteration " << it;
+  const std::string a = slurp(w.run("reference") / "checkpoints/iter_0000012/rank_00000.bin");
+  const std::string b = slurp(w.run(exp) / "checkpoints/iter_0000012/rank_00000.bin");
+  ASSERT_FALSE(a.empty());
+  EXPECT_TRUE(a == b) << "final weights differ";
+}
+
+}  // namespace
+
+TEST(SafeFaults, KillAtARandomIterationRestartsAndMatchesTheUninterruptedRun) {
+  Workdir w;
+  ASSERT_EQ(w.train("reference").rc, 0);
+  std::mt19937 gen(std::random_device{}());
+  const int kill_at = std::uniform_int_distribution<int>(2, 11)(gen);
+  SCOPED_TRACE("killed at iteration " + std::to_string(kill_at));
+  Result r = w.train("killed", "PRIMUS_FAULT_KILL=rank=0,iteration=" + std::to_string(kill_at), "--max-restarts 2");
+  ASSERT_EQ(r.rc, 0) << r.out;
+  auto restarts = events(w.run("killed"), "restart");
+  ASSERT_EQ(restarts.size(), 1u);
+  EXPECT_EQ(restarts[0]["reason"], "rank_died");
+  EXPECT_EQ(restarts[0]["iteration"], kill_at - 1);  // the last iteration it finished
+  EXPECT_EQ(metrics(w.run("killed"))[12]["restarts"], 1);  // visible in the metrics
+  expect_same_as_uninterrupted(w, "killed");
+  json a = analysis(w, "killed");
+  EXPECT_EQ(a["status"], "finished");
+  EXPECT_EQ(a["restarts"], 1);
+  ASSERT_EQ(a["stops"].size(), 1u);
+  EXPECT_EQ(a["stops"][0]["cause"], "crashed_rank");
+  EXPECT_NE(a["stops"][0]["detail"].get<std::string>().find("SIGKILL"), std::string::npos);
+}
+
+TEST(SafeFaults, KillDuringACheckpointWriteRestartsFromTheOneBefore) {
+  Workdir w;
+  ASSERT_EQ(w.train("reference").rc, 0);
+  Result r = w.train("ckpt", "PRIMUS_FAULT_KILL=rank=0,iteration=8,during=checkpoint", "--max-restarts 1");
+  ASSERT_EQ(r.rc, 0) << r.out;
+  // The second attempt resumed from iteration 4: the half-written checkpoint 8 was never `latest`.
+  EXPECT_NE(slurp(w.run("ckpt") / "logs/rank-0.log").find("resumed from " + (w.run("ckpt") / "checkpoints/iter_0000004").string()),
+            std::string::npos);
+  expect_same_as_uninterrupted(w, "ckpt");
+  json a = analysis(w, "ckpt");
+  EXPECT_EQ(a["stops"][0]["cause"], "crashed_rank");
+  EXPECT_EQ(a["stops"][0]["iteration"], 8);
+}
+
+TEST(SafeFaults, WithoutRestartsAKilledRankStopsTheRunAndIsNamed) {
+  Workdir w;
+  Result r = w.train("norestart", "PRIMUS_FAULT_KILL=rank=0,iteration=3");
+  EXPECT_NE(r.rc, 0);
+  EXPECT_NE(r.out.find("no restarts left"), std::string::npos) << r.out;
+  json a = analysis(w, "norestart");
+  EXPECT_EQ(a["status"], "failed");
+  EXPECT_EQ(a["stops"][0]["cause"], "crashed_rank");
+  EXPECT_EQ(a["stops"][0]["ranks"], json::array({0}));
+}
+
+TEST(SafeFaults, OneOfTwoRanksKilledIsNamedWithItsSignal) {
+  Workdir w;
+  std::ofstream(w.dir / "exp.yaml", std::ios::app) << "      save: " << (w.dir / "ckpt_${RANK:0}").string() << "\n";
+  Result r = w.train("two", "PRIMUS_FAULT_KILL=rank=1,iteration=3", "--nproc 2");
+  EXPECT_NE(r.rc, 0);
+  json a = analysis(w, "two");
+  EXPECT_EQ(a["status"], "failed");
+  EXPECT_EQ(a["stops"][0]["cause"], "crashed_rank");
+  EXPECT_EQ(a["stops"][0]["ranks"], json::array({1}));
+  EXPECT_EQ(a["stops"][0]["iteration"], 2);
+  EXPECT_NE(a["stops"][0]["detail"].get<std::string>().find("SIGKILL"), std::string::npos) << a.dump(1);
+}
+
+TEST(SafeFaults, AStalledRankIsDetectedWithinTheTimeoutDumpedAndRestarted) {
+  Workdir w;
+  Result r = w.train("stall", "PRIMUS_FAULT_STALL=rank=0,iteration=5", "--max-restarts 1 --hang-timeout 2");
+  ASSERT_EQ(r.rc, 0) << r.out;
+  auto hangs = events(w.run("stall"), "hang");
+  ASSERT_EQ(hangs.size(), 1u);
+  EXPECT_EQ(hangs[0]["ranks"], json::array({0}));
+  EXPECT_EQ(hangs[0]["iteration"], 4);
+  EXPECT_GE(hangs[0]["idle_s"].get<double>(), 2.0);
+  EXPECT_LT(hangs[0]["idle_s"].get<double>(), 2.0 + 2.0);  // polled every 0.1 s; slack for a loaded machine
+  const std::string stack = slurp(w.run("stall") / "watch/stacks_attempt1_rank0.txt");
+  EXPECT_NE(stack.find("begin_step"), std::string::npos) << stack;  // where it stalls, by either method
+  EXPECT_EQ(metrics(w.run("stall")).size(), 12u);
+  json a = analysis(w, "stall");
+  EXPECT_EQ(a["status"], "finished");
+  EXPECT_EQ(a["stops"][0]["cause"], "hang");
+  EXPECT_NE(a["stops"][0]["evidence"].get<std::string>().find("stacks_attempt1_rank0.txt"), std::string::npos);
+}
+
+TEST(SafeFaults, AnInjectedNaNIsCaughtAtThatIterationAndSkipped) {
+  Workdir w;
+  Result r = w.train("nan", "PRIMUS_FAULT_NAN=rank=0,iteration=4");
+  ASSERT_EQ(r.rc, 0) << r.out;
+  auto nans = events(w.run("nan"), "nan");
+  ASSERT_EQ(nans.size(), 1u);
+  EXPECT_EQ(nans[0]["iteration"], 4);
+  auto m = metrics(w.run("nan"));
+  EXPECT_TRUE(m[4]["grad_norm"].is_null());  // NaN, written as null
+  EXPECT_EQ(m[3]["skipped_iterations"], 0);
+  EXPECT_EQ(m[12]["skipped_iterations"], 1);
+  json a = analysis(w, "nan");
+  EXPECT_EQ(a["status"], "finished");
+  bool named = false;
+  for (const auto& f : a["warnings"]) named |= f["cause"] == "nan" && f["iteration"] == 4;
+  EXPECT_TRUE(named) << a.dump(1);
+}
+
+TEST(SafeFaults, AnInjectedNaNStopsTheRunUnderPolicyStop) {
+  Workdir w;
+  Result r = w.train("nanstop", "PRIMUS_FAULT_NAN=rank=0,iteration=4", "--nan-policy stop");
+  EXPECT_NE(r.rc, 0);
+  EXPECT_NE(r.out.find("error: iteration 4"), std::string::npos) << r.out;
+  json a = analysis(w, "nanstop");
+  EXPECT_EQ(a["status"], "failed");
+  EXPECT_EQ(a["stops"][0]["cause"], "nan");
+  EXPECT_EQ(a["stops"][0]["iteration"], 4);
+}
+
+TEST(SafeFaults, ASlowedRankIsReportedAsAStraggler) {
+  Workdir w;
+  // Two ranks; each saves into its own folder until training is truly distributed (rank 0 saves).
+  std::ofstream(w.dir / "exp.yaml", std::ios::app) << "      save: " << (w.dir / "ckpt_${RANK:0}").string() << "\n";
+  Result r = w.train("slow", "PRIMUS_FAULT_SLOW=rank=1,ms=250", "--nproc 2");
+  ASSERT_EQ(r.rc, 0) << r.out;
+  auto s = events(w.run("slow"), "straggler");
+  ASSERT_EQ(s.size(), 1u) << r.out;
+  EXPECT_EQ(s[0]["ranks"], json::array({1}));
+  EXPECT_GE(s[0]["median_ms"].get<double>(), 250.0);
+  json a = analysis(w, "slow");
+  bool named = false;
+  for (const auto& f : a["warnings"]) named |= f["cause"] == "straggler" && f["ranks"] == json::array({1});
+  EXPECT_TRUE(named) << a.dump(1);
+}
+
+TEST(SafePreflight, TwoRanksGiveAFullReport) {
+  Workdir w;
+  Result r = sh(Workdir::fmt("cd {} && {} direct --nproc 2 --workspace {} -- preflight check --report {} --storage-mb 4 "
+                             "--p2p-mb 1 --max-allreduce-mb 1",
+                             w.dir.string(), PRIMUS_CLI_PATH, (w.dir / "ws").string(), (w.dir / "report.md").string()));
+  EXPECT_EQ(r.rc, 0) << r.out;
+  const std::string md = slurp(w.dir / "report.md");
+  for (const char* s : {"## host", "## gpu", "## network", "## storage", "p2p rank 0", "rank 1", "busbw"})
+    EXPECT_NE(md.find(s), std::string::npos) << s << "\n" << md;
+  json j = json::parse(slurp(w.dir / "report.json"));
+  EXPECT_EQ(j["world_size"], 2);
+  EXPECT_EQ(j["summary"]["fail"], 0);
+  std::map<std::string, std::string> status;
+  for (const auto& c : j["checks"]) status[c["name"]] = c["status"];
+  EXPECT_EQ(status["all-reduce correctness"], "pass");
+  EXPECT_EQ(status["gpus"], "skip");  // no GPU on the test machine
+}
+
+TEST(SafePreflight, AReportPathThatCannotBeWrittenIsAnError) {
+  Workdir w;
+  Result r = sh(Workdir::fmt("cd {} && {} direct --workspace {} -- preflight check --host --report {}", w.dir.string(),
+                             PRIMUS_CLI_PATH, (w.dir / "ws").string(), (w.dir / "no/such/dir/r.md").string()));
+  EXPECT_NE(r.rc, 0);
+  EXPECT_NE(r.out.find("error: cannot write the preflight report to"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("## host"), std::string::npos);  // refused before any check ran
+}
+
+TEST(SafeAnalyze, AFolderThatIsNotARunIsAnError) {
+  Workdir w;
+  fs::create_directories(w.dir / "empty");
+  Result r = sh(Workdir::fmt("{} direct --no-watch -- analyze run {}", PRIMUS_CLI_PATH, (w.dir / "empty").string()));
+  EXPECT_NE(r.rc, 0);
+  EXPECT_NE(r.out.find("is not a run folder"), std::string::npos) << r.out;
+}
