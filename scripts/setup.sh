@@ -11,7 +11,7 @@ APT_PACKAGES=(
   libyaml-cpp-dev libcli11-dev nlohmann-json3-dev libspdlog-dev libfmt-dev
   libsentencepiece-dev sentencepiece libpcre2-dev
   libgtest-dev libgmock-dev libbenchmark-dev
-  slurm-wlm munge
+  slurm-wlm munge gdb
   fortunes-min fortunes
   python3-torch zlib1g-dev
 )

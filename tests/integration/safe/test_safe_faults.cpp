@@ -181,7 +181,6 @@ TEST(SafeFaults, WithoutRestartsAKilledRankStopsTheRunAndIsNamed) {
 
 TEST(SafeFaults, OneOfTwoRanksKilledIsNamedWithItsSignal) {
   Workdir w;
-  std::ofstream(w.dir / "exp.yaml", std::ios::app) << "      save: " << (w.dir / "ckpt_${RANK:0}").string() << "\n";
   Result r = w.train("two", "PRIMUS_FAULT_KILL=rank=1,iteration=3", "--nproc 2");
   EXPECT_NE(r.rc, 0);
   json a = analysis(w, "two");
@@ -190,6 +189,24 @@ TEST(SafeFaults, OneOfTwoRanksKilledIsNamedWithItsSignal) {
   EXPECT_EQ(a["stops"][0]["ranks"], json::array({1}));
   EXPECT_EQ(a["stops"][0]["iteration"], 2);
   EXPECT_NE(a["stops"][0]["detail"].get<std::string>().find("SIGKILL"), std::string::npos) << a.dump(1);
+}
+
+// Data parallel over two ranks: rank 1 killed at iteration 7, the job restarts both ranks from
+// the checkpoint of iteration 4 and ends exactly where the uninterrupted two-rank run ends.
+TEST(SafeFaults, OneOfTwoDataParallelRanksKilledRestartsAndMatches) {
+  Workdir w;
+  const std::string env = "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1";
+  ASSERT_EQ(w.train("reference", env, "--nproc 2").rc, 0);
+  Result r = w.train("dp2", env + " PRIMUS_FAULT_KILL=rank=1,iteration=7", "--nproc 2 --max-restarts 1");
+  ASSERT_EQ(r.rc, 0) << r.out;
+  auto restarts = events(w.run("dp2"), "restart");
+  ASSERT_EQ(restarts.size(), 1u);
+  EXPECT_EQ(restarts[0]["reason"], "rank_died");
+  EXPECT_NE(slurp(w.run("dp2") / "logs/rank-1.log").find("resumed from"), std::string::npos);
+  expect_same_as_uninterrupted(w, "dp2");
+  json a = analysis(w, "dp2");
+  EXPECT_EQ(a["restarts"], 1);
+  EXPECT_EQ(a["stops"][0]["ranks"], json::array({1}));
 }
 
 TEST(SafeFaults, AStalledRankIsDetectedWithinTheTimeoutDumpedAndRestarted) {
