@@ -86,16 +86,3 @@ TEST(TensorParallel, SequenceParallelNeedsDivisibleTokens) {
   LlamaContext<double> ctx;
   EXPECT_THROW(model.forward(ctx, mb.tokens.data(), mb.targets.data(), 1, 5), Error);  // 5 tokens over 2 ranks
 }
-
-int main(int argc, char** argv) {
-  ::testing::InitGoogleTest(&argc, argv);
-  parallel::init_mpi();
-  // Only rank 0 prints; every rank runs every case (collectives must match).
-  if (parallel::mpi_world().rank() != 0) {
-    auto& listeners = ::testing::UnitTest::GetInstance()->listeners();
-    delete listeners.Release(listeners.default_result_printer());
-  }
-  const int rc = RUN_ALL_TESTS();
-  parallel::finalize_mpi();
-  return rc;
-}

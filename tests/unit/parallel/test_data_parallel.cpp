@@ -632,32 +632,3 @@ TEST(DataParallelBench, MemoryAndStepTime) {
     }
   }
 }
-
-namespace {
-class FailurePrinter : public ::testing::EmptyTestEventListener {
- public:
-  explicit FailurePrinter(int rank) : rank_(rank) {}
-  void OnTestPartResult(const ::testing::TestPartResult& r) override {
-    if (r.failed())
-      fprintf(stderr, "[rank %d] %s:%d: Failure\n%s\n", rank_, r.file_name() ? r.file_name() : "?",
-              r.line_number(), r.summary());
-  }
-
- private:
-  int rank_;
-};
-}  // namespace
-
-int main(int argc, char** argv) {
-  ::testing::InitGoogleTest(&argc, argv);
-  init_mpi();
-  // Only rank 0 prints progress; other ranks print just their failures, tagged with the rank.
-  if (mpi_world().rank() != 0) {
-    auto& listeners = ::testing::UnitTest::GetInstance()->listeners();
-    delete listeners.Release(listeners.default_result_printer());
-    listeners.Append(new FailurePrinter(mpi_world().rank()));
-  }
-  int rc = RUN_ALL_TESTS();
-  finalize_mpi();
-  return rc;
-}

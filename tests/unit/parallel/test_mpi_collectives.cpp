@@ -336,36 +336,3 @@ TEST(MpiErrors, UnmatchedReceiveIsCancelledOnDrop) {
   }
   world().barrier();
 }
-
-namespace {
-class FailurePrinter : public ::testing::EmptyTestEventListener {
- public:
-  explicit FailurePrinter(int rank) : rank_(rank) {}
-  void OnTestPartResult(const ::testing::TestPartResult& r) override {
-    if (r.failed())
-      fprintf(stderr, "[rank %d] %s:%d: Failure\n%s\n", rank_, r.file_name() ? r.file_name() : "?",
-              r.line_number(), r.summary());
-  }
-
- private:
-  int rank_;
-};
-}  // namespace
-
-int main(int argc, char** argv) {
-  ::testing::InitGoogleTest(&argc, argv);
-  init_mpi();
-  // Only rank 0 prints progress; other ranks print just their failures, tagged with the rank.
-  // Any rank's failure fails mpirun's exit code.
-  if (mpi_world().rank() != 0) {
-    auto& listeners = ::testing::UnitTest::GetInstance()->listeners();
-    delete listeners.Release(listeners.default_result_printer());
-    listeners.Append(new FailurePrinter(mpi_world().rank()));
-  }
-  if (mpi_world().rank() == 0)
-    printf("MPI ranks: %d, thread level granted: %s\n", mpi_world().size(),
-           thread_level_name(mpi_thread_level()));
-  int rc = RUN_ALL_TESTS();
-  finalize_mpi();
-  return rc;
-}
