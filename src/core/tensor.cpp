@@ -1,5 +1,6 @@
 #include "core/tensor.h"
 
+#include "core/device.h"
 #include "core/memory.h"
 
 #include <cstdlib>
@@ -27,11 +28,15 @@ float bf16::to_float() const {
 }
 
 Storage::Storage(size_t bytes, Device device) : bytes_(bytes), device_(device) {
-  if (device != Device::CPU) fail("device storage is allocated by the GPU backend, which this build lacks");
-  data_ = host_alloc(bytes);
+  data_ = device == Device::CPU ? host_alloc(bytes) : device_hooks(device).alloc(bytes);
 }
 
-Storage::~Storage() { host_free(data_, bytes_); }
+Storage::~Storage() {
+  if (device_ == Device::CPU)
+    host_free(data_, bytes_);
+  else
+    device_hooks(device_).free(data_, bytes_);
+}
 
 Shape contiguous_strides(const Shape& shape) {
   Shape s(shape.size());
@@ -63,7 +68,7 @@ Tensor Tensor::empty(const Shape& shape, DType dtype, Device device) {
 
 Tensor Tensor::zeros(const Shape& shape, DType dtype, Device device) {
   Tensor t = empty(shape, dtype, device);
-  std::memset(t.raw(), 0, t.nbytes());
+  t.zero_();
   return t;
 }
 
@@ -121,9 +126,18 @@ Tensor Tensor::clone() const {
   return t;
 }
 
+Tensor Tensor::to(Device device) const {
+  Tensor t = empty(shape_, dtype_, device);
+  t.copy_from(*this);
+  return t;
+}
+
 void Tensor::zero_() {
   if (is_contiguous()) {
-    std::memset(raw(), 0, nbytes());
+    if (device_ == Device::CPU)
+      std::memset(raw(), 0, nbytes());
+    else
+      device_hooks(device_).zero(raw(), nbytes());
     return;
   }
   Tensor z = zeros(shape_, dtype_, device_);
@@ -135,6 +149,14 @@ void Tensor::copy_from(const Tensor& src) {
   PRIMUS_CHECK(src.shape_ == shape_ && src.dtype_ == dtype_, "copy {} {} into {} {}", src.shape_str(),
                dtype_name(src.dtype_), shape_str(), dtype_name(dtype_));
   const size_t es = dtype_size(dtype_);
+  if (device_ != Device::CPU || src.device_ != Device::CPU) {
+    PRIMUS_CHECK(is_contiguous() && src.is_contiguous(), "copy between devices needs contiguous tensors");
+    const CopyKind kind = src.device_ == Device::CPU ? CopyKind::HostToDevice
+                          : device_ == Device::CPU   ? CopyKind::DeviceToHost
+                                                     : CopyKind::DeviceToDevice;
+    if (nbytes()) device_hooks(device_ == Device::CPU ? src.device_ : device_).copy(raw(), src.raw(), nbytes(), kind);
+    return;
+  }
   if (is_contiguous() && src.is_contiguous()) {
     std::memmove(raw(), src.raw(), nbytes());
     return;

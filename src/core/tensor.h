@@ -65,8 +65,10 @@ class Tensor {
   Tensor flatten() const { return view({numel()}); }
 
   Tensor clone() const;  // contiguous deep copy
+  Tensor to(Device device) const;  // contiguous copy on `device`
   void zero_();
-  void copy_from(const Tensor& src);  // same shape and dtype; any strides
+  // Same shape and dtype; any strides on the host, contiguous when either side is a device.
+  void copy_from(const Tensor& src);
 
  private:
   std::shared_ptr<Storage> storage_;

@@ -47,6 +47,7 @@ CommType comm_type_of(DType t) {
     case DType::F64: return CommType::F64;
     case DType::BF16: return CommType::BF16;
     case DType::F16: return CommType::F16;
+    case DType::I32: return CommType::I32;
   }
   fail("no wire type for dtype {}", static_cast<int>(t));
 }

@@ -1,0 +1,28 @@
+#include "core/device.h"
+
+#include "core/error.h"
+
+namespace primus {
+
+namespace {
+DeviceHooks g_cuda;
+bool g_cuda_set = false;
+}  // namespace
+
+void register_device_hooks(Device device, const DeviceHooks& hooks) {
+  PRIMUS_CHECK(device == Device::CUDA, "only device memory takes hooks");
+  PRIMUS_CHECK(hooks.alloc && hooks.free && hooks.zero && hooks.copy && hooks.stats, "incomplete device hooks");
+  g_cuda = hooks;
+  g_cuda_set = true;
+}
+
+bool device_registered(Device device) { return device == Device::CPU || g_cuda_set; }
+
+const DeviceHooks& device_hooks(Device device) {
+  if (device != Device::CUDA || !g_cuda_set)
+    fail("{} tensors need the GPU backend, which is not built or not initialised in this process",
+         device_name(device));
+  return g_cuda;
+}
+
+}  // namespace primus

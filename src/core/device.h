@@ -1,0 +1,30 @@
+// Device memory hooks. core knows nothing of CUDA: a GPU backend registers how to allocate, zero
+// and copy its memory, and Tensor uses those hooks for storage on that device. Without a
+// registered backend, asking for device storage is an error that says so.
+#pragma once
+
+#include <cstddef>
+
+#include "core/dtype.h"
+#include "core/memory.h"
+
+namespace primus {
+
+enum class CopyKind : unsigned char { HostToDevice, DeviceToHost, DeviceToDevice };
+
+struct DeviceHooks {
+  void* (*alloc)(size_t bytes) = nullptr;  // never returns null: throws primus::Error when out of memory
+  void (*free)(void* ptr, size_t bytes) = nullptr;
+  void (*zero)(void* ptr, size_t bytes) = nullptr;
+  // Ordered after all work the backend queued before it; returns when dst can be read (host) or
+  // used by later device work.
+  void (*copy)(void* dst, const void* src, size_t bytes, CopyKind kind) = nullptr;
+  MemoryStats (*stats)() = nullptr;
+};
+
+void register_device_hooks(Device device, const DeviceHooks& hooks);
+// The hooks of `device`; throws primus::Error when no backend registered them.
+const DeviceHooks& device_hooks(Device device);
+bool device_registered(Device device);
+
+}  // namespace primus

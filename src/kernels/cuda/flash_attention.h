@@ -1,0 +1,46 @@
+// Flash attention on the GPU, written in this project (FlashAttention-2's scheme): tiled over
+// queries and keys with an online softmax, bf16 tensor cores (mma.sync), fp32 accumulation,
+// causal masking, grouped-query attention, head dims 64 and 128. No S x S matrix is stored.
+//
+// The layout and results are those of the CPU kernel (kernels/cpu/attention.h), so the CPU
+// kernel is this one's reference:
+//   qkv  [batch*seq, (heads + 2*groups) * head_dim] bf16, one fused row per token:
+//        [ q: heads*head_dim | k: groups*head_dim | v: groups*head_dim ]
+//   out  [batch*seq, heads*head_dim] bf16
+//   lse  [batch, heads, seq] fp32: natural log of sum_j exp(s_ij), s = q.k / sqrt(head_dim)
+// Head h reads key/value group h / (heads / groups).
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include <cuda_bf16.h>
+#include <cuda_runtime_api.h>
+
+namespace primus::cuda {
+
+struct AttentionDims {
+  int64_t batch = 0, seq = 0, heads = 0, groups = 0, head_dim = 0;
+  int64_t qkv_stride() const { return (heads + 2 * groups) * head_dim; }
+};
+
+// "" when flash_attention_* can run these dims, else the reason (e.g. head dim 96).
+std::string flash_attention_unsupported(const AttentionDims& d);
+
+void flash_attention_forward(const __nv_bfloat16* qkv, __nv_bfloat16* out, float* lse, const AttentionDims& d,
+                             bool causal, cudaStream_t stream);
+
+// dqkv is overwritten with the gradients of q, k and v in the fused layout. Uses scratch memory
+// from the caching allocator (runtime.h).
+void flash_attention_backward(const __nv_bfloat16* qkv, const __nv_bfloat16* out, const float* lse,
+                              const __nv_bfloat16* dout, __nv_bfloat16* dqkv, const AttentionDims& d, bool causal,
+                              cudaStream_t stream);
+
+// Causal attention FLOPs as benchmarks count them: 4*b*h*s*s*d forward (halved when causal),
+// 2.5x that backward.
+inline double attention_forward_flops(const AttentionDims& d, bool causal) {
+  return 4.0 * double(d.batch) * double(d.heads) * double(d.seq) * double(d.seq) * double(d.head_dim) *
+         (causal ? 0.5 : 1.0);
+}
+
+}  // namespace primus::cuda

@@ -1,0 +1,106 @@
+// The CUDA backend's own fused kernels: everything of a Llama training step that is not a GEMM or
+// attention. bf16 in and out, fp32 arithmetic and statistics, fp32 weight gradients accumulated
+// (+=). Each mirrors a CPU kernel (kernels/cpu/elementwise.h), which is its reference in the GPU
+// tests. Row-major, contiguous; n rows. All run on `stream` and never synchronise.
+// Reductions (weight gradients of norms, bias gradients, sums of squares, the loss) go through
+// fixed-shape two-stage trees: the same inputs give the same bits on every run.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include <cuda_bf16.h>
+#include <cuda_runtime_api.h>
+
+namespace primus::cuda {
+
+using bf16 = __nv_bfloat16;
+
+// ---- RMSNorm ----
+// y = x * rstd * w, rstd[i] = 1 / sqrt(mean_j x[i,j]^2 + eps).
+void rmsnorm_forward(const bf16* x, const bf16* w, bf16* y, float* rstd, int64_t n, int64_t c, float eps,
+                     cudaStream_t stream);
+// dx = residual + rstd * (w*dy - x * rstd^2 * mean_j(w*dy*x)); residual may be null (then 0) or
+// equal to dx (in place: the residual gradient of a pre-norm block flows straight through).
+void rmsnorm_backward_input(const bf16* dy, const bf16* x, const bf16* w, const float* rstd, const bf16* residual,
+                            bf16* dx, int64_t n, int64_t c, cudaStream_t stream);
+// dw[j] += sum_i dy[i,j] * x[i,j] * rstd[i]
+void rmsnorm_backward_weight(const bf16* dy, const bf16* x, const float* rstd, float* dw, int64_t n, int64_t c,
+                             cudaStream_t stream);
+
+// ---- SwiGLU on a fused [gate | up] row of 2f values ----
+void swiglu_forward(const bf16* gate_up, bf16* act, int64_t n, int64_t f, cudaStream_t stream);
+void swiglu_backward(const bf16* dact, const bf16* gate_up, bf16* dgate_up, int64_t n, int64_t f,
+                     cudaStream_t stream);
+
+// ---- Rotary embedding, in place, rotate-half pairing (i, i + head_dim/2) ----
+// Rows have stride `stride`; the first `heads` heads of head_dim in each row are rotated; row r
+// has position pos0 + r % seq; cos/sin are [positions, head_dim/2] fp32. inverse: the transpose.
+void rope_apply(bf16* x, int64_t rows, int64_t stride, int64_t heads, int64_t head_dim, int64_t seq, int64_t pos0,
+                const float* cos, const float* sin, bool inverse, cudaStream_t stream);
+
+// ---- Token embedding ----
+// out[i] = table[tokens[i]]; tokens are device int32, already checked against the vocabulary.
+void embedding_forward(const int32_t* tokens, const bf16* table, bf16* out, int64_t n, int64_t c,
+                       cudaStream_t stream);
+// dtable[t] += sum of dout[i] over the positions i holding token t, deterministically: the caller
+// groups positions by token (EmbeddingGrouping below, built on the host where the tokens are) and
+// passes its device copy; each unique token's rows are summed in position order.
+struct EmbeddingGrouping {
+  std::vector<int32_t> unique_tokens;  // ascending
+  std::vector<int32_t> offsets;        // unique_tokens.size() + 1: positions[offsets[u]..offsets[u+1])
+  std::vector<int32_t> positions;      // n positions, grouped by token, ascending within a token
+  static EmbeddingGrouping build(const int32_t* tokens, int64_t n);
+};
+void embedding_backward(const int32_t* unique_tokens, const int32_t* offsets, const int32_t* positions,
+                        int64_t num_unique, const bf16* dout, float* dtable, int64_t c, cudaStream_t stream);
+
+// ---- Bias gradient: out[j] += sum_i dy[i, j] ----
+void column_sum_accumulate(const bf16* dy, float* out, int64_t n, int64_t m, cudaStream_t stream);
+
+// ---- Cross-entropy over vocabulary chunks (logits never all in memory) ----
+// Per row: running max, running sum of exp(z - max), and the target's logit. ce_init sets them to
+// (-inf, 0, 0); each chunk of logits [n, vc] (vocabulary columns c0 .. c0+vc) updates them online;
+// a target outside the chunk, or negative (masked), leaves target_logit alone.
+void ce_init(float* row_max, float* row_sum, float* target_logit, int64_t n, cudaStream_t stream);
+void ce_chunk_forward(const float* logits, const int32_t* targets, int64_t c0, int64_t vc, float* row_max,
+                      float* row_sum, float* target_logit, int64_t n, cudaStream_t stream);
+// lse[i] = row_max + log(row_sum); *loss_sum (one float, device) = sum over rows with a target >= 0
+// of (lse[i] - target_logit[i]).
+void ce_finish(const float* row_max, const float* row_sum, const float* target_logit, const int32_t* targets,
+               float* lse, float* loss_sum, int64_t n, cudaStream_t stream);
+// dlogits = exp(z - lse) - onehot(target), bf16 [n, vc]; rows with a negative target are 0.
+// (The 1/valid-tokens scale is applied by the GEMMs that consume it, as alpha.)
+void ce_chunk_backward(const float* logits, const float* lse, const int32_t* targets, int64_t c0, int64_t vc,
+                       bf16* dlogits, int64_t n, cudaStream_t stream);
+
+// ---- Casts ----
+void cast_f32_to_bf16(const float* src, bf16* dst, int64_t n, cudaStream_t stream);
+void cast_bf16_to_f32(const bf16* src, float* dst, int64_t n, cudaStream_t stream);
+
+// ---- Optimizer over flat fp32 buffers (model/param_store.h) ----
+// One launch updates every segment ("multi-tensor"); the chunk table lives on the device.
+struct AdamWChunk {
+  int64_t offset = 0;  // into the flat buffers, in elements
+  int64_t numel = 0;
+  int32_t decay = 1;   // weight decay applies
+  int32_t pad = 0;
+};
+struct AdamWParams {
+  float lr = 0, beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f, weight_decay = 0;
+  int64_t step = 1;        // after increment: bias correction uses beta^step
+  float grad_scale = 1.0f; // gradients are multiplied by it first (clipping folded in)
+};
+// Same arithmetic, in the same order, as optim/adamw.cpp:
+//   g = grad * grad_scale; m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2
+//   p = p * (1 - lr*wd [decayed chunks]) - (lr/bc1) * m / (sqrt(v) * (1/sqrt(bc2)) + eps)
+// with bc1 = 1 - b1^step, bc2 = 1 - b2^step computed in double on the host. When params_bf16 is
+// not null, the updated weight is also written there as bf16 (the working copy the model reads).
+void adamw_step(float* params, const float* grads, float* exp_avg, float* exp_avg_sq, bf16* params_bf16,
+                const AdamWChunk* chunks, int num_chunks, const AdamWParams& p, cudaStream_t stream);
+
+// Sum of squares of x over the given [offset, offset+numel) ranges (device table, like the
+// AdamW chunks: decay ignored), accumulated in fp64; written to *out (one double, device).
+void sum_squares(const float* x, const AdamWChunk* ranges, int num_ranges, double* out, cudaStream_t stream);
+
+}  // namespace primus::cuda
