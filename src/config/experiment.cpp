@@ -51,7 +51,12 @@ const std::vector<KeyInfo>& training_keys() {
       KEY(tokenizer_type, "Megatron tokenizer type, e.g. SentencePieceTokenizer, HuggingFaceTokenizer, TikTokenizer"),
       KEY(tokenizer_model, "the tokenizer's model file"),
       KEY(recompute_granularity, "activation recompute: full | selective; empty: none"),
-      KEY(device, "auto | cpu (cuda comes with the GPU backend)"),
+      KEY(device, "auto | cpu | cuda. auto: the GPU when bf16 is on and one is present, else the CPU"),
+      KEY(bf16, "bf16 mixed precision: bf16 weights and activations, fp32 master weights, gradients and "
+                "optimizer state. Required on the GPU; on the CPU it runs the slow reference backend"),
+      KEY(gemm_tuning_cache, "GPU only: a GEMM tuning file from `benchmark gemm --tune`; its algorithms are used"),
+      KEY(gemm_online_tuning, "GPU only: time cuBLASLt's candidate algorithms for each new GEMM shape and keep "
+                              "the fastest"),
       KEY(tensor_model_parallel_size, "tensor-parallel ranks (tp): attention heads, query groups, ffn and vocabulary "
                                       "are split over them"),
       KEY(pipeline_model_parallel_size, "pipeline stages (pp): layers are split over them"),
@@ -289,8 +294,8 @@ ExperimentConfig load_experiment(const std::string& path, const std::vector<std:
   if (t.data_path.empty() && !t.mock_data)
     fail("{}: data_path is empty: give Megatron dataset prefixes (data preprocess makes them) or set mock_data: true",
          at("data_path"));
-  if (t.device != "auto" && t.device != "cpu")
-    fail("{}: device '{}' is not available in this build (auto | cpu)", at("device"), t.device);
+  if (t.device != "auto" && t.device != "cpu" && t.device != "cuda")
+    fail("{}: device '{}' is not one of: auto, cpu, cuda", at("device"), t.device);
   if (t.recompute_granularity != "" && t.recompute_granularity != "full" && t.recompute_granularity != "selective")
     fail("{}: recompute_granularity '{}' is not one of: full, selective", at("recompute_granularity"),
          t.recompute_granularity);

@@ -66,6 +66,9 @@ struct TrainingArgs {
   // engine
   std::string recompute_granularity;
   std::string device = "auto";
+  bool bf16 = false;                 // bf16 mixed precision (the GPU backend's precision)
+  std::string gemm_tuning_cache;     // GEMM tuning file for the GPU (benchmark gemm --tune writes it)
+  bool gemm_online_tuning = false;   // time GEMM algorithms on first use and keep the fastest
   // parallelism (Megatron's names; the layout is checked in train/parallel_layout.h)
   int64_t tensor_model_parallel_size = 1;
   int64_t pipeline_model_parallel_size = 1;

@@ -54,9 +54,9 @@ int ParamStore<T>::add_sharded(const std::string& name, const Shape& global, con
 }
 
 template <typename T>
-void ParamStore<T>::allocate() {
-  values_ = Tensor::zeros({numel_}, dtype_of<T>::value);
-  grads_ = Tensor::zeros({numel_}, dtype_of<T>::value);
+void ParamStore<T>::allocate(Device device) {
+  values_ = Tensor::zeros({numel_}, dtype_of<T>::value, device);
+  grads_ = Tensor::zeros({numel_}, dtype_of<T>::value, device);
 }
 
 template <typename T>
@@ -78,8 +78,9 @@ Tensor ParamStore<T>::grad_tensor(int id) const {
 
 template <typename T>
 void ParamStore<T>::init(uint64_t seed, double std, double scaled_std) {
+  Tensor host = values_.device() == Device::CPU ? values_ : Tensor::zeros({numel_}, dtype_of<T>::value);
   for (const auto& info : infos_) {
-    T* v = values_.data<T>() + info.offset;
+    T* v = host.data<T>() + info.offset;
     const Rng rng(seed ^ name_hash(info.name));
     switch (info.init) {
       case ParamInit::Ones:
@@ -116,6 +117,7 @@ void ParamStore<T>::init(uint64_t seed, double std, double scaled_std) {
       }
     }
   }
+  if (values_.device() != Device::CPU) values_.copy_from(host);
 }
 
 template class ParamStore<float>;

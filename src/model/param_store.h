@@ -50,7 +50,8 @@ class ParamStore {
   // (its pieces must add up to shape[shard.dim]).
   int add_sharded(const std::string& name, const Shape& global, const ShardSpec& shard, ParamInit init,
                   bool weight_decay);
-  void allocate();
+  // Fixes the layout and allocates values and gradients (zeroed) on `device`.
+  void allocate(Device device = Device::CPU);
 
   const std::vector<StoredParam>& infos() const { return infos_; }
   int64_t numel() const { return numel_; }
@@ -65,8 +66,10 @@ class ParamStore {
   void zero_grad() { grads_.zero_(); }
 
   // Fills every parameter from (seed, name, global element index): the same weights for any
-  // thread count and any tensor-parallel split, since a shard draws the values of its global slice.
+  // thread count, any tensor-parallel split (a shard draws the values of its global slice) and
+  // any device (a device store is filled on the host, then copied).
   void init(uint64_t seed, double std, double scaled_std);
+  Device device() const { return values_.device(); }
 
  private:
   std::vector<StoredParam> infos_;

@@ -149,11 +149,23 @@ void TrainWatch::begin_step(int64_t iteration) {
     std::this_thread::sleep_for(std::chrono::milliseconds(faults_.slow->ms));
 }
 
+bool TrainWatch::nan_fault_due(int64_t iteration, int64_t n) {
+  if (!(faults_.nan && iteration == faults_.nan->iteration && n > 0 && claim_fault_once(run_dir_, "nan"))) return false;
+  log::warn("test fault: NaN written into the gradients at iteration {}", iteration);
+  return true;
+}
+
 void TrainWatch::inject_faults(int64_t iteration, float* grads, int64_t n) {
-  if (faults_.nan && iteration == faults_.nan->iteration && n > 0 && claim_fault_once(run_dir_, "nan")) {
-    log::warn("test fault: NaN written into the gradients at iteration {}", iteration);
-    grads[n / 2] = std::numeric_limits<float>::quiet_NaN();
-  }
+  if (nan_fault_due(iteration, n)) grads[n / 2] = std::numeric_limits<float>::quiet_NaN();
+}
+
+void TrainWatch::inject_faults(int64_t iteration, const Tensor& grads) {
+  if (grads.device() == Device::CPU) return inject_faults(iteration, grads.data<float>(), grads.numel());
+  const int64_t n = grads.numel();
+  if (!nan_fault_due(iteration, n)) return;
+  Tensor nan = Tensor::empty({1});
+  nan.data<float>()[0] = std::numeric_limits<float>::quiet_NaN();
+  grads.slice(0, n / 2, 1).copy_from(nan);
 }
 
 StepAction TrainWatch::check(int64_t iteration, double loss, double grad_norm) {

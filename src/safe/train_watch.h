@@ -26,6 +26,7 @@
 #include <filesystem>
 #include <string>
 
+#include "core/tensor.h"
 #include "safe/detect.h"
 #include "safe/fault.h"
 #include "safe/heartbeat.h"
@@ -47,6 +48,7 @@ class TrainWatch {
 
   void begin_step(int64_t iteration);
   void inject_faults(int64_t iteration, float* grads, int64_t n);
+  void inject_faults(int64_t iteration, const Tensor& grads);  // a flat fp32 buffer on any device
   // NaN/Inf policy and loss-spike detection for the step about to be applied. Throws
   // primus::Error when the policy says stop.
   StepAction check(int64_t iteration, double loss, double grad_norm);
@@ -63,6 +65,7 @@ class TrainWatch {
 
  private:
   void beat(const std::string& phase, int64_t iteration);
+  bool nan_fault_due(int64_t iteration, int64_t n);  // claims the fault and logs it
   void event(const std::string& kind, const std::string& severity, const std::string& message, int64_t iteration);
 
   std::filesystem::path run_dir_;

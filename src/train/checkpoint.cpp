@@ -751,7 +751,9 @@ std::string save_checkpoint(const std::string& save_dir, const ParamStore<float>
   err = caught([&] {
     if (opt.block_bytes <= 0) fail("checkpoint block_bytes must be positive, not {}", opt.block_bytes);
     if (!opt.writer) return;
-    const float* data[kSections] = {params.values().data<float>(), exp_avg, exp_avg_sq};
+    // A store on the GPU (bf16 mixed precision) is written from a host copy of its master weights.
+    const Tensor values = params.device() == Device::CPU ? params.values() : params.values().to(Device::CPU);
+    const float* data[kSections] = {values.data<float>(), exp_avg, exp_avg_sq};
     mine = write_shard(tmp / shard_file_name(rank), rank, params, data, opt.block_bytes);
   });
   if (err.empty() && opt.writer) maybe_kill_after(shard_file_name(rank));

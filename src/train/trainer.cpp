@@ -20,7 +20,9 @@
 #include "data/tokenizer.h"
 #include "kernels/cpu/gemm.h"
 #include "model/llama.h"
+#include "model/llama_mixed.h"
 #include "optim/adamw.h"
+#include "optim/flat_adamw.h"
 #include "optim/grad_clip.h"
 #include "optim/lr_schedule.h"
 #include "parallel/data_parallel.h"
@@ -32,6 +34,7 @@
 #include "pipeline/simulator.h"
 #include "safe/train_watch.h"
 #include "train/checkpoint.h"
+#include "train/compute.h"
 #include "train/parallel_layout.h"
 #include "train/pipeline_runner.h"
 
@@ -119,12 +122,27 @@ Processes start_processes() {
   return p;
 }
 
-// Optimizer over the flat buffers: one AdamW, or ZeRO-1's shards (use_distributed_optimizer).
+// Optimizer over the flat buffers: one AdamW, ZeRO-1's shards (use_distributed_optimizer), or
+// for bf16 mixed precision the device's FlatAdamW (which also refreshes the bf16 weights).
 struct Optimizer {
   std::unique_ptr<AdamW> adam;
   std::unique_ptr<parallel::DistributedOptimizer> zero;
-  int64_t step_count() const { return zero ? zero->step_count() : adam->step_count(); }
+  std::unique_ptr<FlatAdamW> flat;
+  int64_t step_count() const {
+    return zero ? zero->step_count() : flat ? flat->step_count() : adam->step_count();
+  }
 };
+
+// bf16 mixed precision holds the whole model in one process (MixedLlamaModel): data parallel
+// layouts only, for now.
+void check_mixed_layout(const ParallelLayout& layout, const config::TrainingArgs& a) {
+  if (layout.tp > 1 || layout.pp > 1 || layout.cp > 1)
+    fail("bf16 mixed precision trains data-parallel layouts only so far: tensor_model_parallel_size {}, "
+         "pipeline_model_parallel_size {} and context_parallel_size {} need bf16: false (fp32 on the CPU)",
+         layout.tp, layout.pp, layout.cp);
+  if (a.use_distributed_optimizer)
+    fail("use_distributed_optimizer is not built for bf16 mixed precision yet: set it to false");
+}
 
 std::string progress_bar(int64_t done, int64_t total, int width = 30) {
   const int filled = int(width * done / std::max<int64_t>(total, 1));
@@ -142,10 +160,14 @@ TrainSummary pretrain(const config::ExperimentConfig& cfg) {
   // ---- set-up: everything that can fail on user input fails here, before step 1 -----------------
   cpu::flush_denormals_to_zero();
   Processes procs = start_processes();
-  parallel::ProcessGroup& world = *procs.world;
+  parallel::ProcessGroup& world = *procs.world;  // host values: agreements, barriers, checkpoints
   const ParallelLayout layout = plan_layout(a, spec, world.size());  // the same verdict on every rank
+  Compute compute = choose_compute(a, discover_launch_env().local_rank);
+  if (compute.mixed) check_mixed_layout(layout, a);
+  // Gradients on a GPU are reduced by NCCL groups; on the CPU by the host world's (MPI) groups.
+  const std::unique_ptr<parallel::ProcessGroup> gpu_world = device_world(compute, world);
   const parallel::RankMesh mesh(world.size(), layout.sizes());
-  const parallel::MeshGroups groups = parallel::build_groups(mesh, world);
+  const parallel::MeshGroups groups = parallel::build_groups(mesh, gpu_world ? *gpu_world : world);
   const parallel::MeshCoord me = mesh.coord(world.rank());
   const bool rank0 = world.rank() == 0;
   const int64_t m_local = layout.microbatches_per_rank;
@@ -194,9 +216,19 @@ TrainSummary pretrain(const config::ExperimentConfig& cfg) {
       const pipeline::LayerRange r = layout.stages[stage];
       part.chunks.push_back({r.first_layer, r.num_layers, stage == 0, stage == num_stages - 1});
     }
-  LlamaModel<float> model(spec, mopt, part);
-  model.init_weights(uint64_t(a.seed));
-  ParamStore<float>& params = model.params();
+  // fp32 on the CPU (every layout), or bf16 mixed precision on the compute's backend.
+  std::unique_ptr<LlamaModel<float>> fp32_model;
+  std::unique_ptr<MixedLlamaModel> mixed;
+  if (compute.mixed) {
+    MixedLlamaOptions mo;
+    mo.recompute = mopt.recompute;
+    mixed = std::make_unique<MixedLlamaModel>(spec, *compute.backend, mo);
+    mixed->init_weights(uint64_t(a.seed));
+  } else {
+    fp32_model = std::make_unique<LlamaModel<float>>(spec, mopt, part);
+    fp32_model->init_weights(uint64_t(a.seed));
+  }
+  ParamStore<float>& params = mixed ? mixed->params() : fp32_model->params();
   const std::vector<ParamSegment> segments = segments_of(params);
   const int num_tensors = int(params.infos().size());
 
@@ -208,7 +240,8 @@ TrainSummary pretrain(const config::ExperimentConfig& cfg) {
     const int last = layout.schedule->rank_of_stage(num_stages - 1);
     if (last != 0) {
       embedding_group = groups.pp->new_group({0, last}, "embedding");
-      if (embedding_group) tied_tensor = model.embedding_param() >= 0 ? model.embedding_param() : model.output_param();
+      if (embedding_group)
+        tied_tensor = fp32_model->embedding_param() >= 0 ? fp32_model->embedding_param() : fp32_model->output_param();
     }
   }
   // The gradient norm counts each tensor of the whole model once: tp-replicated tensors on tp rank
@@ -216,7 +249,7 @@ TrainSummary pretrain(const config::ExperimentConfig& cfg) {
   auto counted = [&](int t) {
     const StoredParam& p = params.infos()[t];
     if (p.tp_replicated && me.tp != 0) return false;
-    return !(t == tied_tensor && model.embedding_param() < 0);
+    return !(t == tied_tensor && fp32_model->embedding_param() < 0);
   };
 
   parallel::GradBucketsOptions bo;
@@ -226,15 +259,22 @@ TrainSummary pretrain(const config::ExperimentConfig& cfg) {
   parallel::GradBuckets buckets(*groups.dp, params.grads().data<float>(), params.numel(), segments, bo);
   // Each tensor's bucket may start once the last microbatch's W pass of it is done.
   std::vector<int> w_done(num_tensors, 0), w_expected(num_tensors);
-  for (int t = 0; t < num_tensors; ++t) w_expected[t] = int(m_local) * model.weight_grad_passes(t);
-  model.set_weight_grad_hook([&](const std::vector<int>& ids) {
+  for (int t = 0; t < num_tensors; ++t)
+    w_expected[t] = int(m_local) * (mixed ? mixed->weight_grad_passes(t) : fp32_model->weight_grad_passes(t));
+  auto grad_hook = [&](const std::vector<int>& ids) {
     for (int t : ids)
       if (++w_done[t] == w_expected[t] && t != tied_tensor) buckets.mark_ready(t);
-  });
+  };
+  if (mixed)
+    mixed->set_weight_grad_hook(grad_hook);
+  else
+    fp32_model->set_weight_grad_hook(grad_hook);
 
   const AdamWOptions adam_opt{a.adam_beta1, a.adam_beta2, a.adam_eps, a.weight_decay};
   Optimizer opt;
-  if (a.use_distributed_optimizer)
+  if (mixed)
+    opt.flat = std::make_unique<FlatAdamW>(adam_opt, segments, params.numel(), compute.device);
+  else if (a.use_distributed_optimizer)
     opt.zero = std::make_unique<parallel::DistributedOptimizer>(buckets, params.values().data<float>(), adam_opt);
   else
     opt.adam = std::make_unique<AdamW>(adam_opt, params.numel());
@@ -264,9 +304,15 @@ TrainSummary pretrain(const config::ExperimentConfig& cfg) {
     }
     if (world.all_reduce_value(int32_t(problem.empty() ? 0 : 1)) != 0)
       return problem.empty() ? "another rank could not read its part" : problem;
-    std::copy(ck.params.begin(), ck.params.end(), params.values().data<float>());
+    Tensor loaded = Tensor::empty({params.numel()});
+    std::copy(ck.params.begin(), ck.params.end(), loaded.data<float>());
+    Tensor values = params.values();  // a handle on the store's buffer (on the GPU for a device store)
+    values.copy_from(loaded);
+    if (mixed) mixed->sync_working_weights();
     if (opt.zero)
       opt.zero->load_state(ck.state.optimizer_step, ck.exp_avg.data(), ck.exp_avg_sq.data(), int64_t(ck.exp_avg.size()));
+    else if (opt.flat)
+      opt.flat->set_state(ck.state.optimizer_step, ck.exp_avg.data(), ck.exp_avg_sq.data());
     else
       opt.adam->set_state(ck.state.optimizer_step, ck.exp_avg.data(), ck.exp_avg_sq.data());
     state = ck.state;
@@ -290,10 +336,10 @@ TrainSummary pretrain(const config::ExperimentConfig& cfg) {
               state.seed, a.seed);
 
   const ModelStats stats = model_stats(spec, seq);
-  // MFU's denominator: one rank's measured SGEMM peak (ranks measure one at a time, rank 0's
-  // number is used) times the ranks.
+  // MFU's denominator: on the CPU one rank's measured SGEMM peak (ranks measure one at a time,
+  // rank 0's number is used), on a GPU the data sheet's dense bf16 peak; times the ranks.
   double peak_gflops = 0;
-  if (rank0) peak_gflops = cpu::sgemm_peak_gflops();
+  if (rank0) peak_gflops = compute.mixed ? compute.backend->peak_tflops() * 1e3 : cpu::sgemm_peak_gflops();
   peak_gflops = world.all_reduce_value(peak_gflops) * world.size();
   const std::string config_yaml = cfg.resolved_yaml();
   std::ofstream metrics;
@@ -309,8 +355,10 @@ TrainSummary pretrain(const config::ExperimentConfig& cfg) {
             cfg.model, stats.parameters / 1e6, stats.flops_per_token / 1e6, mbs, seq, num_micro);
   log::info("parallel layout: {}; this rank: tp {} pp {} dp {}, {:.2f}M parameters", layout.describe(), me.tp, me.pp,
             me.dp, params.numel() / 1e6);
-  log::info("training iterations {} to {}; MFU against a measured SGEMM peak of {:.1f} GFLOP/s", state.iteration + 1,
-            a.train_iters, peak_gflops);
+  log::info("compute: {}", compute.describe());
+  log::info("training iterations {} to {}; MFU against a peak of {:.1f} GFLOP/s ({})", state.iteration + 1,
+            a.train_iters, peak_gflops,
+            compute.device == Device::CUDA ? "data-sheet dense bf16" : "measured SGEMM");
 
   TrainSummary summary;
   summary.start_iteration = state.iteration;
@@ -332,12 +380,17 @@ TrainSummary pretrain(const config::ExperimentConfig& cfg) {
     for (int64_t e = 0; e < a.eval_iters; ++e) {
       const MicrobatchFill fill = fill_from(valid_src, e * num_micro * mbs);
       if (layout.schedule) {
-        total += pipeline_forward_only(model, *layout.schedule, *groups.pp, mbs, seq, int(m_local), fill);
+        total += pipeline_forward_only(*fp32_model, *layout.schedule, *groups.pp, mbs, seq, int(m_local), fill);
       } else {
         for (int j = 0; j < m_local; ++j) {
           fill(j, tokens, targets);
-          LlamaContext<float> ctx;
-          total += model.forward(ctx, tokens.data(), targets.data(), mbs, seq);
+          if (mixed) {
+            MixedContext ctx;
+            total += mixed->forward(ctx, tokens.data(), targets.data(), mbs, seq);
+          } else {
+            LlamaContext<float> ctx;
+            total += fp32_model->forward(ctx, tokens.data(), targets.data(), mbs, seq);
+          }
         }
       }
     }
@@ -350,6 +403,11 @@ TrainSummary pretrain(const config::ExperimentConfig& cfg) {
     const float *m = nullptr, *v = nullptr;
     if (opt.zero) {
       full = opt.zero->gather_state();
+      m = full.exp_avg.data();
+      v = full.exp_avg_sq.data();
+    } else if (opt.flat) {
+      full.exp_avg = opt.flat->exp_avg();  // copied from the device
+      full.exp_avg_sq = opt.flat->exp_avg_sq();
       m = full.exp_avg.data();
       v = full.exp_avg_sq.data();
     } else {
@@ -376,7 +434,7 @@ TrainSummary pretrain(const config::ExperimentConfig& cfg) {
     const float dloss = 1.0f / float(num_micro);
     double loss_sum = 0;  // over the microbatches whose loss this rank computed
     if (layout.schedule) {
-      LlamaStageRunner runner(model, mbs, seq, dloss, fill);
+      LlamaStageRunner runner(*fp32_model, mbs, seq, dloss, fill);
       const pipeline::ExecutorStats ps = pipeline::run_schedule(*layout.schedule, runner, *groups.pp);
       loss_sum = runner.loss_sum();
       pipe_wall += ps.wall_s;
@@ -387,14 +445,21 @@ TrainSummary pretrain(const config::ExperimentConfig& cfg) {
     } else {
       for (int j = 0; j < m_local; ++j) {
         fill(j, tokens, targets);
-        LlamaContext<float> ctx;
-        loss_sum += model.forward(ctx, tokens.data(), targets.data(), mbs, seq);
-        model.backward(ctx, dloss);
+        if (mixed) {
+          MixedContext ctx;
+          loss_sum += mixed->forward(ctx, tokens.data(), targets.data(), mbs, seq);
+          mixed->backward(ctx, dloss);
+        } else {
+          LlamaContext<float> ctx;
+          loss_sum += fp32_model->forward(ctx, tokens.data(), targets.data(), mbs, seq);
+          fp32_model->backward(ctx, dloss);
+        }
       }
+      if (mixed) compute.backend->synchronize();  // compute_time counts the device's work
     }
     // This rank's own work; the reductions below wait for the slowest rank (stragglers show here).
     const double compute_time = std::chrono::duration<double>(Clock::now() - t0).count();
-    watch.inject_faults(state.iteration + 1, params.grads().data<float>(), params.numel());
+    watch.inject_faults(state.iteration + 1, params.grads());
     if (embedding_group) {
       embedding_group->all_reduce(params.grad(tied_tensor), params.infos()[tied_tensor].numel,
                                   parallel::CommType::F32, parallel::ReduceOp::Sum);
@@ -414,8 +479,15 @@ TrainSummary pretrain(const config::ExperimentConfig& cfg) {
 
     float* grads = params.grads().data<float>();
     double grad_norm = 0;
+    double clip_scale = 1.0;  // applied inside the fused step (FlatAdamW)
     if (opt.zero) {
       grad_norm = opt.zero->clip_grad_norm(a.clip_grad, groups.mp.get(), counted);
+    } else if (opt.flat) {
+      std::vector<int> tensors;
+      for (int t = 0; t < num_tensors; ++t)
+        if (counted(t)) tensors.push_back(t);
+      grad_norm = std::sqrt(groups.mp->all_reduce_value(opt.flat->grad_sq_sum(params.grads(), tensors)));
+      if (a.clip_grad > 0) clip_scale = clip_coefficient(grad_norm, a.clip_grad);
     } else {
       double sq = 0;
       for (int t = 0; t < num_tensors; ++t)
@@ -428,6 +500,10 @@ TrainSummary pretrain(const config::ExperimentConfig& cfg) {
     const double lr = schedule.lr_at(state.iteration);
     if (!skip && opt.zero) opt.zero->step(lr);
     if (!skip && opt.adam) opt.adam->step(params.values().data<float>(), grads, segments, lr);
+    if (!skip && opt.flat) {
+      opt.flat->step(params.values(), params.grads(), &mixed->working_weights(), lr, clip_scale);
+      compute.backend->synchronize();
+    }
     state.iteration += 1;
     state.consumed_samples += gbs;
     state.optimizer_step = opt.step_count();
@@ -448,7 +524,7 @@ TrainSummary pretrain(const config::ExperimentConfig& cfg) {
       const double tflops = stats.flops_per_token * tps / 1e12;
       const double mfu = tflops * 1e3 / peak_gflops;
       const double mean_loss = interval_loss / double(interval_steps);
-      const size_t peak = host_memory_stats().peak;
+      const size_t peak = compute.mixed ? compute.backend->memory_stats().peak : host_memory_stats().peak;
       if (tty) fmt::print("\r\033[K");
       log::info(" iteration {:>6}/{:>6} | consumed samples: {:>9} | elapsed time per iteration (ms): {:.1f} | "
                 "learning rate: {:.3E} | global batch size: {} | lm loss: {:.6E} | grad norm: {:.3f} | "

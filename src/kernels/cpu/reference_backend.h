@@ -1,0 +1,46 @@
+// The reference implementation of the mixed-precision op set (kernels/backend.h) on the CPU.
+// Each op reads its bf16 inputs as fp32, runs the fp32 CPU kernel, and rounds what it writes to
+// bf16 once; fp32 outputs (statistics, logits, weight gradients) are written as computed. That is
+// the contract every device backend is held to (within bf16 rounding), and it lets the model's
+// bf16 path run, slowly, on any machine: tests compare it with the fp32 model and with the GPU.
+#pragma once
+
+#include "kernels/backend.h"
+
+namespace primus::cpu {
+
+class ReferenceBackend final : public ops::Backend {
+ public:
+  Device device() const override { return Device::CPU; }
+  std::string name() const override { return "cpu-reference"; }
+
+  void gemm(bool trans_a, bool trans_b, float alpha, const Tensor& A, const Tensor& B, float beta, const Tensor& C,
+            Tensor& D, const Tensor& bias) override;
+  void rmsnorm_forward(const Tensor& x, const Tensor& w, Tensor& y, Tensor& rstd, float eps) override;
+  void rmsnorm_backward_input(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& rstd,
+                              const Tensor& residual, Tensor& dx) override;
+  void rmsnorm_backward_weight(const Tensor& dy, const Tensor& x, const Tensor& rstd, Tensor& dw) override;
+  void swiglu_forward(const Tensor& gate_up, Tensor& act) override;
+  void swiglu_backward(const Tensor& dact, const Tensor& gate_up, Tensor& dgate_up) override;
+  void rope_apply(Tensor& x, int64_t heads, int64_t head_dim, int64_t seq, const Tensor& cos, const Tensor& sin,
+                  bool inverse) override;
+  void attention_forward(const Tensor& qkv, Tensor& out, Tensor& lse, const ops::AttentionShape& s) override;
+  void attention_backward(const Tensor& qkv, const Tensor& out, const Tensor& lse, const Tensor& dout, Tensor& dqkv,
+                          const ops::AttentionShape& s) override;
+  void embedding_forward(const Tensor& tokens, const Tensor& table, Tensor& out) override;
+  void embedding_backward(const std::vector<int32_t>& host_tokens, const Tensor& dout, Tensor& dtable) override;
+  void column_sum_accumulate(const Tensor& dy, Tensor& out) override;
+  void ce_init(Tensor& row_max, Tensor& row_sum, Tensor& target_logit) override;
+  void ce_chunk_forward(const Tensor& logits, const Tensor& targets, int64_t c0, Tensor& row_max, Tensor& row_sum,
+                        Tensor& target_logit) override;
+  double ce_finish(const Tensor& row_max, const Tensor& row_sum, const Tensor& target_logit, const Tensor& targets,
+                   Tensor& lse) override;
+  void ce_chunk_backward(const Tensor& logits, const Tensor& lse, const Tensor& targets, int64_t c0,
+                         Tensor& dlogits) override;
+  void cast(const Tensor& src, Tensor& dst) override;
+  MemoryStats memory_stats() const override;
+  void reset_peak_memory() override;
+  double peak_tflops() const override;
+};
+
+}  // namespace primus::cpu

@@ -1,0 +1,254 @@
+#include "kernels/cuda/cuda_backend.h"
+
+#include <fmt/ranges.h>
+
+#include "kernels/cuda/flash_attention.h"
+#include "kernels/cuda/fused.h"
+#include "kernels/cuda/gemm.h"
+#include "kernels/cuda/runtime.h"
+
+namespace primus::cuda {
+
+namespace {
+
+void check(const Tensor& t, DType dtype, const char* what) {
+  PRIMUS_CHECK(t.defined(), "{} is undefined", what);
+  PRIMUS_CHECK(t.device() == Device::CUDA, "{} is on the {}, not the GPU", what, device_name(t.device()));
+  PRIMUS_CHECK(t.is_contiguous(), "{} {} is not contiguous", what, t.shape_str());
+  PRIMUS_CHECK(t.dtype() == dtype, "{} is {}, expected {}", what, dtype_name(t.dtype()), dtype_name(dtype));
+}
+void check(const Tensor& t, DType dtype, const Shape& shape, const char* what) {
+  check(t, dtype, what);
+  PRIMUS_CHECK(t.shape() == shape, "{} is {}, expected [{}]", what, t.shape_str(), fmt::join(shape, ", "));
+}
+
+bf16* B(const Tensor& t) { return static_cast<bf16*>(t.raw()); }
+float* F(const Tensor& t) { return static_cast<float*>(t.raw()); }
+int32_t* I(const Tensor& t) { return static_cast<int32_t*>(t.raw()); }
+
+Tensor upload(const std::vector<int32_t>& v) {
+  Tensor host = Tensor::empty({int64_t(v.size())}, DType::I32);
+  std::copy(v.begin(), v.end(), host.data<int32_t>());
+  return host.to(Device::CUDA);
+}
+
+AttentionDims dims_of(const ops::AttentionShape& s) { return {s.batch, s.seq, s.heads, s.groups, s.head_dim}; }
+
+}  // namespace
+
+CudaBackend::CudaBackend(int device) {
+  init(device);
+  loss_sum_ = Tensor::zeros({1}, DType::F32, Device::CUDA);
+}
+
+std::string CudaBackend::name() const { return fmt::format("cuda ({})", device_info().name); }
+
+void CudaBackend::gemm(bool ta, bool tb, float alpha, const Tensor& A, const Tensor& Bm, float beta, const Tensor& C,
+                       Tensor& D, const Tensor& bias) {
+  PRIMUS_CHECK(A.dim() == 2 && Bm.dim() == 2 && D.dim() == 2, "gemm takes 2-d tensors");
+  check(A, DType::BF16, "gemm A");
+  check(Bm, DType::BF16, "gemm B");
+  PRIMUS_CHECK(D.dtype() == DType::BF16 || D.dtype() == DType::F32, "gemm D must be bf16 or fp32");
+  check(D, D.dtype(), "gemm D");
+  GemmProblem p;
+  p.trans_a = ta;
+  p.trans_b = tb;
+  p.m = ta ? A.size(1) : A.size(0);
+  p.k = ta ? A.size(0) : A.size(1);
+  p.n = tb ? Bm.size(0) : Bm.size(1);
+  PRIMUS_CHECK((tb ? Bm.size(1) : Bm.size(0)) == p.k, "gemm inner dimensions {} and {} differ", p.k,
+               tb ? Bm.size(1) : Bm.size(0));
+  PRIMUS_CHECK(D.size(0) == p.m && D.size(1) == p.n, "gemm output {} for a [{}, {}] product", D.shape_str(), p.m, p.n);
+  p.lda = A.size(1);
+  p.ldb = Bm.size(1);
+  p.ldd = D.size(1);
+  p.ab = GemmType::BF16;
+  p.cd = D.dtype() == DType::F32 ? GemmType::F32 : GemmType::BF16;
+  p.accumulate = beta != 0.0f;
+  if (p.accumulate) {
+    check(C, D.dtype(), D.shape(), "gemm C");
+    p.ldc = C.size(1);
+  } else {
+    p.ldc = p.ldd;
+  }
+  p.bias = bias.defined();
+  if (p.bias) check(bias, DType::BF16, {p.n}, "gemm bias");
+  cuda::gemm(p, alpha, A.raw(), Bm.raw(), beta, p.accumulate ? C.raw() : nullptr, D.raw(),
+             p.bias ? bias.raw() : nullptr, stream());
+}
+
+void CudaBackend::rmsnorm_forward(const Tensor& x, const Tensor& w, Tensor& y, Tensor& rstd, float eps) {
+  const int64_t n = x.size(0), c = x.size(1);
+  check(x, DType::BF16, "rmsnorm x");
+  check(w, DType::BF16, {c}, "rmsnorm w");
+  check(y, DType::BF16, {n, c}, "rmsnorm y");
+  check(rstd, DType::F32, {n}, "rmsnorm rstd");
+  cuda::rmsnorm_forward(B(x), B(w), B(y), F(rstd), n, c, eps, stream());
+}
+
+void CudaBackend::rmsnorm_backward_input(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& rstd,
+                                         const Tensor& residual, Tensor& dx) {
+  const int64_t n = x.size(0), c = x.size(1);
+  check(dy, DType::BF16, {n, c}, "rmsnorm dy");
+  check(x, DType::BF16, "rmsnorm x");
+  check(w, DType::BF16, {c}, "rmsnorm w");
+  check(rstd, DType::F32, {n}, "rmsnorm rstd");
+  check(dx, DType::BF16, {n, c}, "rmsnorm dx");
+  if (residual.defined()) check(residual, DType::BF16, {n, c}, "rmsnorm residual");
+  cuda::rmsnorm_backward_input(B(dy), B(x), B(w), F(rstd), residual.defined() ? B(residual) : nullptr, B(dx), n, c,
+                               stream());
+}
+
+void CudaBackend::rmsnorm_backward_weight(const Tensor& dy, const Tensor& x, const Tensor& rstd, Tensor& dw) {
+  const int64_t n = x.size(0), c = x.size(1);
+  check(dy, DType::BF16, {n, c}, "rmsnorm dy");
+  check(x, DType::BF16, "rmsnorm x");
+  check(rstd, DType::F32, {n}, "rmsnorm rstd");
+  check(dw, DType::F32, {c}, "rmsnorm dw");
+  cuda::rmsnorm_backward_weight(B(dy), B(x), F(rstd), F(dw), n, c, stream());
+}
+
+void CudaBackend::swiglu_forward(const Tensor& gate_up, Tensor& act) {
+  const int64_t n = act.size(0), f = act.size(1);
+  check(gate_up, DType::BF16, {n, 2 * f}, "swiglu gate_up");
+  check(act, DType::BF16, "swiglu act");
+  cuda::swiglu_forward(B(gate_up), B(act), n, f, stream());
+}
+
+void CudaBackend::swiglu_backward(const Tensor& dact, const Tensor& gate_up, Tensor& dgate_up) {
+  const int64_t n = dact.size(0), f = dact.size(1);
+  check(dact, DType::BF16, "swiglu dact");
+  check(gate_up, DType::BF16, {n, 2 * f}, "swiglu gate_up");
+  check(dgate_up, DType::BF16, {n, 2 * f}, "swiglu dgate_up");
+  cuda::swiglu_backward(B(dact), B(gate_up), B(dgate_up), n, f, stream());
+}
+
+void CudaBackend::rope_apply(Tensor& x, int64_t heads, int64_t head_dim, int64_t seq, const Tensor& cos,
+                             const Tensor& sin, bool inverse) {
+  check(x, DType::BF16, "rope x");
+  check(cos, DType::F32, "rope cos");
+  check(sin, DType::F32, cos.shape(), "rope sin");
+  PRIMUS_CHECK(heads * head_dim <= x.size(1) && cos.size(1) * 2 == head_dim && seq <= cos.size(0),
+               "rope of {} heads of {} on rows of {} with tables {}", heads, head_dim, x.size(1), cos.shape_str());
+  cuda::rope_apply(B(x), x.size(0), x.size(1), heads, head_dim, seq, 0, F(cos), F(sin), inverse, stream());
+}
+
+void CudaBackend::attention_forward(const Tensor& qkv, Tensor& out, Tensor& lse, const ops::AttentionShape& s) {
+  const AttentionDims d = dims_of(s);
+  if (const std::string why = flash_attention_unsupported(d); !why.empty()) fail("attention on the GPU: {}", why);
+  check(qkv, DType::BF16, {s.batch * s.seq, s.qkv_stride()}, "attention qkv");
+  check(out, DType::BF16, {s.batch * s.seq, s.heads * s.head_dim}, "attention out");
+  check(lse, DType::F32, {s.batch, s.heads, s.seq}, "attention lse");
+  flash_attention_forward(B(qkv), B(out), F(lse), d, true, stream());
+}
+
+void CudaBackend::attention_backward(const Tensor& qkv, const Tensor& out, const Tensor& lse, const Tensor& dout,
+                                     Tensor& dqkv, const ops::AttentionShape& s) {
+  const AttentionDims d = dims_of(s);
+  if (const std::string why = flash_attention_unsupported(d); !why.empty()) fail("attention on the GPU: {}", why);
+  check(qkv, DType::BF16, {s.batch * s.seq, s.qkv_stride()}, "attention qkv");
+  check(out, DType::BF16, {s.batch * s.seq, s.heads * s.head_dim}, "attention out");
+  check(dout, DType::BF16, out.shape(), "attention dout");
+  check(lse, DType::F32, {s.batch, s.heads, s.seq}, "attention lse");
+  check(dqkv, DType::BF16, qkv.shape(), "attention dqkv");
+  flash_attention_backward(B(qkv), B(out), F(lse), B(dout), B(dqkv), d, true, stream());
+}
+
+void CudaBackend::embedding_forward(const Tensor& tokens, const Tensor& table, Tensor& out) {
+  const int64_t n = out.size(0), c = out.size(1);
+  check(tokens, DType::I32, {n}, "embedding tokens");
+  check(table, DType::BF16, "embedding table");
+  PRIMUS_CHECK(table.size(1) == c, "embedding table {} for rows of {}", table.shape_str(), c);
+  check(out, DType::BF16, "embedding out");
+  cuda::embedding_forward(I(tokens), B(table), B(out), n, c, stream());
+}
+
+void CudaBackend::embedding_backward(const std::vector<int32_t>& host_tokens, const Tensor& dout, Tensor& dtable) {
+  const int64_t n = dout.size(0), c = dout.size(1);
+  check(dout, DType::BF16, "embedding dout");
+  check(dtable, DType::F32, "embedding dtable");
+  PRIMUS_CHECK(int64_t(host_tokens.size()) == n && dtable.size(1) == c, "embedding backward: {} tokens, dout {}, dtable {}",
+               host_tokens.size(), dout.shape_str(), dtable.shape_str());
+  const EmbeddingGrouping grp = EmbeddingGrouping::build(host_tokens.data(), n);
+  if (grp.unique_tokens.empty()) return;
+  const Tensor u = upload(grp.unique_tokens), o = upload(grp.offsets), p = upload(grp.positions);
+  cuda::embedding_backward(I(u), I(o), I(p), int64_t(grp.unique_tokens.size()), B(dout), F(dtable), c, stream());
+  // u, o and p return to the caching allocator here; later work on the stream may reuse them
+  // only after this kernel (stream order).
+}
+
+void CudaBackend::column_sum_accumulate(const Tensor& dy, Tensor& out) {
+  const int64_t n = dy.size(0), m = dy.size(1);
+  check(dy, DType::BF16, "column sum dy");
+  check(out, DType::F32, {m}, "column sum out");
+  cuda::column_sum_accumulate(B(dy), F(out), n, m, stream());
+}
+
+void CudaBackend::ce_init(Tensor& row_max, Tensor& row_sum, Tensor& target_logit) {
+  const int64_t n = row_max.numel();
+  check(row_max, DType::F32, {n}, "ce row_max");
+  check(row_sum, DType::F32, {n}, "ce row_sum");
+  check(target_logit, DType::F32, {n}, "ce target_logit");
+  cuda::ce_init(F(row_max), F(row_sum), F(target_logit), n, stream());
+}
+
+void CudaBackend::ce_chunk_forward(const Tensor& logits, const Tensor& targets, int64_t c0, Tensor& row_max,
+                                   Tensor& row_sum, Tensor& target_logit) {
+  const int64_t n = logits.size(0), vc = logits.size(1);
+  check(logits, DType::F32, "ce logits");
+  check(targets, DType::I32, {n}, "ce targets");
+  check(row_max, DType::F32, {n}, "ce row_max");
+  check(row_sum, DType::F32, {n}, "ce row_sum");
+  check(target_logit, DType::F32, {n}, "ce target_logit");
+  cuda::ce_chunk_forward(F(logits), I(targets), c0, vc, F(row_max), F(row_sum), F(target_logit), n, stream());
+}
+
+double CudaBackend::ce_finish(const Tensor& row_max, const Tensor& row_sum, const Tensor& target_logit,
+                              const Tensor& targets, Tensor& lse) {
+  const int64_t n = row_max.numel();
+  check(lse, DType::F32, {n}, "ce lse");
+  check(targets, DType::I32, {n}, "ce targets");
+  cuda::ce_finish(F(row_max), F(row_sum), F(target_logit), I(targets), F(lse), F(loss_sum_), n, stream());
+  float total = 0;
+  copy_to_host(&total, loss_sum_.raw(), sizeof(float));
+  return double(total);
+}
+
+void CudaBackend::ce_chunk_backward(const Tensor& logits, const Tensor& lse, const Tensor& targets, int64_t c0,
+                                    Tensor& dlogits) {
+  const int64_t n = logits.size(0), vc = logits.size(1);
+  check(logits, DType::F32, "ce logits");
+  check(lse, DType::F32, {n}, "ce lse");
+  check(targets, DType::I32, {n}, "ce targets");
+  check(dlogits, DType::BF16, {n, vc}, "ce dlogits");
+  cuda::ce_chunk_backward(F(logits), F(lse), I(targets), c0, vc, B(dlogits), n, stream());
+}
+
+void CudaBackend::cast(const Tensor& src, Tensor& dst) {
+  PRIMUS_CHECK(src.numel() == dst.numel(), "cast of {} elements into {}", src.numel(), dst.numel());
+  if (src.dtype() == DType::F32 && dst.dtype() == DType::BF16) {
+    check(src, DType::F32, "cast source");
+    check(dst, DType::BF16, "cast destination");
+    cast_f32_to_bf16(F(src), B(dst), src.numel(), stream());
+  } else if (src.dtype() == DType::BF16 && dst.dtype() == DType::F32) {
+    check(src, DType::BF16, "cast source");
+    check(dst, DType::F32, "cast destination");
+    cast_bf16_to_f32(B(src), F(dst), src.numel(), stream());
+  } else {
+    fail("cast from {} to {} is not an op of the GPU backend", dtype_name(src.dtype()), dtype_name(dst.dtype()));
+  }
+}
+
+void CudaBackend::synchronize() { cuda::synchronize(); }
+MemoryStats CudaBackend::memory_stats() const { return device_memory_stats(); }
+void CudaBackend::reset_peak_memory() { reset_peak_device_memory(); }
+
+double CudaBackend::peak_tflops() const {
+  if (peak_tflops_ == 0) {
+    peak_tflops_ = device_info().peak_bf16_tflops;
+    if (peak_tflops_ <= 0) peak_tflops_ = measure_bf16_peak_tflops();
+  }
+  return peak_tflops_;
+}
+
+}  // namespace primus::cuda

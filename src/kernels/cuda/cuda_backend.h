@@ -1,0 +1,53 @@
+// The op set of kernels/backend.h on an NVIDIA GPU: GEMMs through cuBLASLt (gemm.h, with the
+// tuning cache), this project's flash attention (flash_attention.h) and fused kernels (fused.h).
+// Every op is queued on the compute stream (runtime.h) and returns without waiting, except
+// ce_finish, which reads the loss back.
+#pragma once
+
+#include "kernels/backend.h"
+
+namespace primus::cuda {
+
+class CudaBackend final : public ops::Backend {
+ public:
+  // Initialises the GPU (cuda::init) when that has not happened yet.
+  explicit CudaBackend(int device = 0);
+
+  Device device() const override { return Device::CUDA; }
+  std::string name() const override;
+
+  void gemm(bool trans_a, bool trans_b, float alpha, const Tensor& A, const Tensor& B, float beta, const Tensor& C,
+            Tensor& D, const Tensor& bias) override;
+  void rmsnorm_forward(const Tensor& x, const Tensor& w, Tensor& y, Tensor& rstd, float eps) override;
+  void rmsnorm_backward_input(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& rstd,
+                              const Tensor& residual, Tensor& dx) override;
+  void rmsnorm_backward_weight(const Tensor& dy, const Tensor& x, const Tensor& rstd, Tensor& dw) override;
+  void swiglu_forward(const Tensor& gate_up, Tensor& act) override;
+  void swiglu_backward(const Tensor& dact, const Tensor& gate_up, Tensor& dgate_up) override;
+  void rope_apply(Tensor& x, int64_t heads, int64_t head_dim, int64_t seq, const Tensor& cos, const Tensor& sin,
+                  bool inverse) override;
+  void attention_forward(const Tensor& qkv, Tensor& out, Tensor& lse, const ops::AttentionShape& s) override;
+  void attention_backward(const Tensor& qkv, const Tensor& out, const Tensor& lse, const Tensor& dout, Tensor& dqkv,
+                          const ops::AttentionShape& s) override;
+  void embedding_forward(const Tensor& tokens, const Tensor& table, Tensor& out) override;
+  void embedding_backward(const std::vector<int32_t>& host_tokens, const Tensor& dout, Tensor& dtable) override;
+  void column_sum_accumulate(const Tensor& dy, Tensor& out) override;
+  void ce_init(Tensor& row_max, Tensor& row_sum, Tensor& target_logit) override;
+  void ce_chunk_forward(const Tensor& logits, const Tensor& targets, int64_t c0, Tensor& row_max, Tensor& row_sum,
+                        Tensor& target_logit) override;
+  double ce_finish(const Tensor& row_max, const Tensor& row_sum, const Tensor& target_logit, const Tensor& targets,
+                   Tensor& lse) override;
+  void ce_chunk_backward(const Tensor& logits, const Tensor& lse, const Tensor& targets, int64_t c0,
+                         Tensor& dlogits) override;
+  void cast(const Tensor& src, Tensor& dst) override;
+  void synchronize() override;
+  MemoryStats memory_stats() const override;
+  void reset_peak_memory() override;
+  double peak_tflops() const override;
+
+ private:
+  Tensor loss_sum_;  // one float on the device, read back by ce_finish
+  mutable double peak_tflops_ = 0;
+};
+
+}  // namespace primus::cuda

@@ -1,0 +1,49 @@
+// The GEMMs of one microbatch's training step of the mixed-precision Llama model
+// (model/llama_mixed.h), as row-major problems D[m,n] = op(A) op(B) (+ C): what GEMM tuning
+// times (`benchmark gemm --tune --shapes-from <config>`) and what the model then runs. N is
+// micro_batch * seq rows, C hidden, Q the fused qkv width, QS the query width, F ffn.
+//
+//   per layer  forward   qkv     [N,Q]  = h1 Wqkv^T (+ bias)            NT  bf16
+//                        proj    [N,C]  = x + attn Wo^T                 NT  bf16, residual
+//                        fc1     [N,2F] = h2 W1^T                       NT  bf16
+//                        fc2     [N,C]  = x2 + act W2^T                 NT  bf16, residual
+//              B         fc2     [N,F]  = dy W2                         NN  bf16
+//                        fc1     [N,C]  = dgate_up W1                   NN  bf16
+//                        proj    [N,QS] = dx2 Wo                        NN  bf16
+//                        qkv     [N,C]  = dqkv Wqkv                     NN  bf16
+//              W         fc2     [C,F]  += dy^T act                     TN  fp32 accumulate
+//                        fc1     [2F,C] += dgate_up^T h2                TN  fp32 accumulate
+//                        proj    [C,QS] += dx2^T attn                   TN  fp32 accumulate
+//                        qkv     [Q,C]  += dqkv^T h1                    TN  fp32 accumulate
+//   head, per vocabulary chunk of vc columns (one chunk when the logits fit the budget):
+//              forward   logits  [N,vc] = hn Wout[chunk]^T              NT  fp32
+//              B         dhn     [N,C]  += s * dlogits Wout[chunk]      NN  fp32 accumulate
+//              W         dWout   [vc,C] += s * dlogits^T hn             TN  fp32 accumulate
+//   (chunked: the logits GEMM runs again in B and in W; recompute adds the forward GEMMs again.)
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "model/model_spec.h"
+
+namespace primus {
+
+struct LlamaGemm {
+  std::string what;  // "layer qkv forward", "head logits", ...
+  bool trans_a = false, trans_b = false;
+  int64_t m = 0, n = 0, k = 0;
+  bool f32_out = false;     // C and D fp32 (weight gradients, logits, dhn); else bf16
+  bool bias = false;        // bf16 bias[n] on every row
+  bool accumulate = false;  // C is read (beta = 1): a residual or the running sum
+  int64_t count = 0;        // runs per microbatch (all layers, all chunks)
+  double flops() const { return 2.0 * double(m) * double(n) * double(k) * double(count); }
+};
+
+// vocab_chunk: the head's chunk width (>= vocab_size: one chunk, logits kept);
+// recompute_forward: the block forward GEMMs run twice (full recompute).
+std::vector<LlamaGemm> mixed_llama_gemms(const ModelSpec& spec, int64_t micro_batch, int64_t seq, int64_t vocab_chunk,
+                                         bool recompute_forward = false);
+
+}  // namespace primus

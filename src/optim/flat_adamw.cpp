@@ -1,0 +1,153 @@
+#include "optim/flat_adamw.h"
+
+#include <cmath>
+#include <cstring>
+
+#include "core/error.h"
+#include "optim/grad_clip.h"
+
+#ifdef PRIMUS_HAVE_CUDA
+#include "kernels/cuda/fused.h"
+#include "kernels/cuda/runtime.h"
+#endif
+
+namespace primus {
+
+#ifdef PRIMUS_HAVE_CUDA
+struct FlatAdamW::DeviceState {
+  Tensor m, v;       // fp32 moments on the GPU
+  Tensor table;      // the segments as cuda::AdamWChunk, on the GPU
+  Tensor norm_out;   // one double
+};
+
+static Tensor chunk_table(const std::vector<ParamSegment>& segs, const std::vector<int>* only) {
+  std::vector<cuda::AdamWChunk> chunks;
+  auto add = [&](const ParamSegment& s) {
+    if (s.numel > 0) chunks.push_back({s.offset, s.numel, s.weight_decay ? 1 : 0, 0});
+  };
+  if (only)
+    for (int t : *only) add(segs.at(size_t(t)));
+  else
+    for (const auto& s : segs) add(s);
+  const int64_t words = int64_t(chunks.size() * sizeof(cuda::AdamWChunk) / sizeof(int32_t));
+  Tensor host = Tensor::empty({std::max<int64_t>(words, 1)}, DType::I32);
+  std::memcpy(host.raw(), chunks.data(), chunks.size() * sizeof(cuda::AdamWChunk));
+  return host.to(Device::CUDA);
+}
+#else
+struct FlatAdamW::DeviceState {};
+#endif
+
+FlatAdamW::FlatAdamW(AdamWOptions options, std::vector<ParamSegment> segments, int64_t numel, Device device)
+    : options_(options), segments_(std::move(segments)), numel_(numel), device_(device) {
+  host_ = std::make_unique<AdamW>(options_, device == Device::CPU ? numel : 0);  // validates the options
+  for (const auto& s : segments_)
+    if (s.offset < 0 || s.numel < 0 || s.offset + s.numel > numel_)
+      fail("FlatAdamW: segment '{}' [{}, {}) lies outside the {} elements", s.name, s.offset, s.offset + s.numel,
+           numel_);
+  if (device == Device::CPU) return;
+#ifdef PRIMUS_HAVE_CUDA
+  dev_ = std::make_unique<DeviceState>();
+  dev_->m = Tensor::zeros({std::max<int64_t>(numel, 1)}, DType::F32, Device::CUDA);
+  dev_->v = Tensor::zeros({std::max<int64_t>(numel, 1)}, DType::F32, Device::CUDA);
+  dev_->table = chunk_table(segments_, nullptr);
+  dev_->norm_out = Tensor::zeros({1}, DType::F64, Device::CUDA);
+#else
+  fail("FlatAdamW on {} needs the CUDA backend, which this build lacks", device_name(device));
+#endif
+}
+
+FlatAdamW::~FlatAdamW() = default;
+
+double FlatAdamW::grad_sq_sum(const Tensor& grads, const std::vector<int>& tensors) const {
+  PRIMUS_CHECK(grads.device() == device_ && grads.numel() >= numel_, "gradients on {} of {} elements",
+               device_name(grads.device()), grads.numel());
+  if (device_ == Device::CPU) {
+    double sq = 0;
+    for (int t : tensors) sq += primus::grad_sq_sum(grads.data<float>() + segments_.at(size_t(t)).offset,
+                                                    segments_.at(size_t(t)).numel);
+    return sq;
+  }
+#ifdef PRIMUS_HAVE_CUDA
+  if (tensors.empty()) return 0;
+  const Tensor table = chunk_table(segments_, &tensors);
+  int n = 0;
+  for (int t : tensors) n += segments_.at(size_t(t)).numel > 0;
+  if (n == 0) return 0;
+  cuda::sum_squares(grads.data<float>(), static_cast<const cuda::AdamWChunk*>(table.raw()), n,
+                    dev_->norm_out.data<double>(), cuda::stream());
+  double out = 0;
+  cuda::copy_to_host(&out, dev_->norm_out.raw(), sizeof(double));
+  return out;
+#else
+  return 0;
+#endif
+}
+
+void FlatAdamW::step(const Tensor& values, const Tensor& grads, Tensor* working, double lr, double grad_scale) {
+  if (!std::isfinite(lr) || lr < 0) fail("AdamW step: learning rate must be a non-negative number, got {}", lr);
+  PRIMUS_CHECK(values.device() == device_ && grads.device() == device_, "optimizer buffers on another device");
+  if (device_ == Device::CPU) {
+    float* g = const_cast<float*>(grads.data<float>());
+    if (grad_scale != 1.0) scale_grads(g, numel_, grad_scale);
+    host_->step(values.data<float>(), g, segments_, lr);
+    step_ = host_->step_count();
+    if (working) {
+      const float* v = values.data<float>();
+      bf16* w = working->data<bf16>();
+#pragma omp parallel for schedule(static)
+      for (int64_t i = 0; i < numel_; ++i) w[i] = bf16::from_float(v[i]);
+    }
+    return;
+  }
+#ifdef PRIMUS_HAVE_CUDA
+  ++step_;
+  cuda::AdamWParams p;
+  p.lr = float(lr);
+  p.beta1 = float(options_.beta1);
+  p.beta2 = float(options_.beta2);
+  p.eps = float(options_.eps);
+  p.weight_decay = float(options_.weight_decay);
+  p.step = step_;
+  p.grad_scale = float(grad_scale);
+  int n = 0;
+  for (const auto& s : segments_) n += s.numel > 0;
+  cuda::adamw_step(values.data<float>(), grads.data<float>(), dev_->m.data<float>(), dev_->v.data<float>(),
+                   working ? reinterpret_cast<cuda::bf16*>(working->raw()) : nullptr,
+                   static_cast<const cuda::AdamWChunk*>(dev_->table.raw()), n, p, cuda::stream());
+#endif
+}
+
+std::vector<float> FlatAdamW::exp_avg() const {
+  if (device_ == Device::CPU) return std::vector<float>(host_->exp_avg(), host_->exp_avg() + numel_);
+  std::vector<float> out(numel_);
+#ifdef PRIMUS_HAVE_CUDA
+  cuda::copy_to_host(out.data(), dev_->m.raw(), sizeof(float) * numel_);
+#endif
+  return out;
+}
+
+std::vector<float> FlatAdamW::exp_avg_sq() const {
+  if (device_ == Device::CPU) return std::vector<float>(host_->exp_avg_sq(), host_->exp_avg_sq() + numel_);
+  std::vector<float> out(numel_);
+#ifdef PRIMUS_HAVE_CUDA
+  cuda::copy_to_host(out.data(), dev_->v.raw(), sizeof(float) * numel_);
+#endif
+  return out;
+}
+
+void FlatAdamW::set_state(int64_t step_count, const float* exp_avg, const float* exp_avg_sq) {
+  if (step_count < 0) fail("FlatAdamW::set_state: step count must be non-negative, got {}", step_count);
+  step_ = step_count;
+  if (device_ == Device::CPU) {
+    host_->set_state(step_count, exp_avg, exp_avg_sq);
+    return;
+  }
+#ifdef PRIMUS_HAVE_CUDA
+  if (numel_ == 0) return;
+  cuda::copy_to_device(dev_->m.raw(), exp_avg, sizeof(float) * numel_);
+  cuda::copy_to_device(dev_->v.raw(), exp_avg_sq, sizeof(float) * numel_);
+#endif
+}
+
+}  // namespace primus

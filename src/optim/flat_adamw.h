@@ -1,0 +1,48 @@
+// AdamW and the squared gradient norm over the flat fp32 buffers of a ParamStore, wherever they
+// live: on the CPU the loops of adamw.cpp and grad_clip.cpp, on a GPU one fused kernel each
+// (kernels/cuda/fused.h) that also refreshes the model's bf16 working weights. The bf16
+// mixed-precision trainer uses it; the arithmetic is the same on both devices.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "core/tensor.h"
+#include "optim/adamw.h"
+
+namespace primus {
+
+class FlatAdamW {
+ public:
+  // segments: every tensor of the buffers (ParamStore order); numel: the buffers' length.
+  FlatAdamW(AdamWOptions options, std::vector<ParamSegment> segments, int64_t numel, Device device);
+  ~FlatAdamW();
+  FlatAdamW(const FlatAdamW&) = delete;
+  FlatAdamW& operator=(const FlatAdamW&) = delete;
+
+  // Sum of squares of the gradients of the tensors listed (indices into segments), in double.
+  double grad_sq_sum(const Tensor& grads, const std::vector<int>& tensors) const;
+
+  // One step on every segment: gradients times grad_scale (the clipping factor), then AdamW.
+  // When working is given (bf16, laid out like values), it receives bf16(updated values).
+  void step(const Tensor& values, const Tensor& grads, Tensor* working, double lr, double grad_scale = 1.0);
+
+  int64_t step_count() const { return step_; }
+  // Checkpointing: the moments as host vectors of numel elements, and their restore.
+  std::vector<float> exp_avg() const;
+  std::vector<float> exp_avg_sq() const;
+  void set_state(int64_t step_count, const float* exp_avg, const float* exp_avg_sq);
+
+ private:
+  struct DeviceState;
+  AdamWOptions options_;
+  std::vector<ParamSegment> segments_;
+  int64_t numel_;
+  Device device_;
+  int64_t step_ = 0;
+  std::unique_ptr<AdamW> host_;         // Device::CPU
+  std::unique_ptr<DeviceState> dev_;    // Device::CUDA: moments and the segment table
+};
+
+}  // namespace primus

@@ -1,0 +1,81 @@
+#include "train/compute.h"
+
+#include <fmt/format.h>
+
+#include "core/error.h"
+#include "core/log.h"
+#include "kernels/cpu/reference_backend.h"
+
+#ifdef PRIMUS_HAVE_CUDA
+#include "kernels/cuda/cuda_backend.h"
+#include "kernels/cuda/gemm.h"
+#include "kernels/cuda/runtime.h"
+#include "parallel/nccl_process_group.h"
+#endif
+
+namespace primus::train {
+
+bool cuda_built() {
+#ifdef PRIMUS_HAVE_CUDA
+  return true;
+#else
+  return false;
+#endif
+}
+
+bool cuda_usable() {
+#ifdef PRIMUS_HAVE_CUDA
+  return cuda::available();
+#else
+  return false;
+#endif
+}
+
+std::string Compute::describe() const {
+  if (!mixed) return "cpu, fp32";
+  return fmt::format("{}, bf16 mixed precision", backend->name());
+}
+
+Compute choose_compute(const config::TrainingArgs& a, int local_rank) {
+  Compute c;
+  const std::string& d = a.device;
+  if (d != "auto" && d != "cpu" && d != "cuda") fail("device '{}' is not one of: auto, cpu, cuda", d);
+  if (d == "cuda") {
+    if (!cuda_built())
+      fail("device: cuda, but this primus-cli was built without the CUDA backend (no nvcc at build time)");
+    if (!a.bf16) fail("device: cuda trains in bf16 mixed precision: set bf16: true (or device: cpu for fp32)");
+  }
+  if (!a.bf16) return c;  // fp32 on the CPU
+  c.mixed = true;
+  const bool gpu = d == "cuda" || (d == "auto" && cuda_usable());
+#ifdef PRIMUS_HAVE_CUDA
+  if (gpu) {
+    if (!cuda::available()) fail("device: cuda, but {}", cuda::unavailable_reason());
+    int n = 0;
+    PRIMUS_CUDA_CHECK(cudaGetDeviceCount(&n));
+    c.device = Device::CUDA;
+    c.backend = std::make_unique<cuda::CudaBackend>(local_rank % n);
+    if (!a.gemm_tuning_cache.empty()) {
+      const int taken = cuda::load_gemm_cache(a.gemm_tuning_cache);
+      log::info("GEMM tuning cache {}: {} entries for this GPU", a.gemm_tuning_cache, taken);
+    }
+    if (a.gemm_online_tuning) cuda::set_online_tuning(true);
+    return c;
+  }
+#endif
+  (void)gpu;
+  if (d == "auto") log::warn("bf16: true without a GPU: the CPU reference backend trains, slowly (bf16: false is fast on the CPU)");
+  c.backend = std::make_unique<cpu::ReferenceBackend>();
+  return c;
+}
+
+std::unique_ptr<parallel::ProcessGroup> device_world(const Compute& compute, parallel::ProcessGroup& host_world) {
+  if (compute.device == Device::CPU || host_world.size() == 1) return nullptr;
+#ifdef PRIMUS_HAVE_CUDA
+  return parallel::NcclProcessGroup::create(host_world, "world");
+#else
+  fail("GPU tensors across ranks need NCCL, which this build lacks");
+#endif
+}
+
+}  // namespace primus::train

@@ -1,0 +1,39 @@
+// Where and in what precision a run trains, from the `device` (auto | cpu | cuda) and `bf16`
+// keys:
+//   bf16: false  fp32 on the CPU (LlamaModel<float>): every parallel layout. device: cuda is an
+//                error (the GPU backend computes in bf16).
+//   bf16: true   bf16 mixed precision (MixedLlamaModel) on an op backend: the GPU when device is
+//                cuda, or auto with a GPU present; else the CPU reference backend (slow: it exists
+//                to check the mixed-precision path on machines without a GPU).
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "config/experiment.h"
+#include "kernels/backend.h"
+#include "parallel/process_group.h"
+
+namespace primus::train {
+
+struct Compute {
+  Device device = Device::CPU;
+  bool mixed = false;                      // bf16 mixed precision
+  std::unique_ptr<ops::Backend> backend;   // set when mixed
+  std::string describe() const;            // "cuda (NVIDIA H100 80GB HBM3), bf16 mixed precision"
+};
+
+bool cuda_built();      // the CUDA backend was compiled in
+bool cuda_usable();     // ... and a GPU with a driver is present
+
+// Decides from the config; local_rank picks the GPU (local_rank modulo the GPUs present). Throws
+// primus::Error naming the key when the request cannot be met (device: cuda without a GPU or
+// without the CUDA build, cuda with bf16: false).
+Compute choose_compute(const config::TrainingArgs& args, int local_rank);
+
+// The communicator for the run's tensors: `host_world` itself for CPU tensors; for GPU tensors
+// with more than one rank, an NCCL group bootstrapped through host_world (MPI). Returns nullptr
+// when host_world is the right one.
+std::unique_ptr<parallel::ProcessGroup> device_world(const Compute& compute, parallel::ProcessGroup& host_world);
+
+}  // namespace primus::train

@@ -1,0 +1,245 @@
+// The bf16 mixed-precision model on the CPU reference backend: its layout and initial weights are
+// the fp32 model's, its losses and gradients follow the fp32 model's within bf16 rounding, its
+// passes agree with each other exactly (B+W = fused backward, recompute = none), the chunked head
+// matches the stored one, and 20 AdamW steps track the fp32 run. The GPU suite (tests/gpu) holds
+// the CUDA backend to this same reference.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <vector>
+
+#include "core/rng.h"
+#include "kernels/cpu/reference_backend.h"
+#include "model/llama.h"
+#include "model/llama_gemms.h"
+#include "model/llama_mixed.h"
+#include "optim/adamw.h"
+#include "optim/flat_adamw.h"
+
+using namespace primus;
+
+namespace {
+
+ModelSpec spec_of(bool tied, bool qkv_bias) {
+  ModelSpec s;
+  s.name = "test-mixed";
+  s.num_layers = 2;
+  s.hidden_size = 32;
+  s.ffn_hidden_size = 48;
+  s.num_attention_heads = 4;
+  s.num_query_groups = 2;
+  s.vocab_size = 37;
+  s.max_position_embeddings = 16;
+  s.untie_embeddings_and_output_weights = !tied;
+  s.add_qkv_bias = qkv_bias;
+  s.init_method_std = 0.1;
+  return s;
+}
+
+struct Batch {
+  int64_t b = 2, s = 8;
+  std::vector<int32_t> tokens, targets;
+};
+Batch make_batch(int64_t vocab, uint64_t seed) {
+  Batch x;
+  Rng rng(seed);
+  x.tokens.resize(x.b * x.s);
+  x.targets.resize(x.b * x.s);
+  for (auto& t : x.tokens) t = int32_t(rng.next_u64() % vocab);
+  for (auto& t : x.targets) t = int32_t(rng.next_u64() % vocab);
+  x.targets[3] = -1;  // a masked token
+  return x;
+}
+
+std::vector<float> host(const Tensor& t) {
+  const float* p = t.data<float>();
+  return std::vector<float>(p, p + t.numel());
+}
+
+// |a - b| / |b| over the whole vector, and the cosine of the angle between them.
+double rel_err(const std::vector<float>& a, const std::vector<float>& b) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    num += (double(a[i]) - b[i]) * (double(a[i]) - b[i]);
+    den += double(b[i]) * b[i];
+  }
+  return std::sqrt(num / den);
+}
+
+class Mixed : public ::testing::TestWithParam<std::pair<bool, bool>> {};
+
+}  // namespace
+
+TEST_P(Mixed, SameLayoutAndInitialWeightsAsTheFp32Model) {
+  const ModelSpec spec = spec_of(GetParam().first, GetParam().second);
+  cpu::ReferenceBackend be;
+  MixedLlamaModel mixed(spec, be);
+  LlamaModel<float> fp32(spec);
+  mixed.init_weights(5);
+  fp32.init_weights(5);
+  ASSERT_EQ(mixed.params().infos().size(), fp32.params().infos().size());
+  for (size_t i = 0; i < fp32.params().infos().size(); ++i) {
+    EXPECT_EQ(mixed.params().infos()[i].name, fp32.params().infos()[i].name);
+    EXPECT_EQ(mixed.params().infos()[i].shape, fp32.params().infos()[i].shape);
+    EXPECT_EQ(mixed.params().infos()[i].offset, fp32.params().infos()[i].offset);
+  }
+  EXPECT_EQ(host(mixed.params().values()), host(fp32.params().values()));
+  // The working copy is the master rounded to bf16.
+  const bf16* w = mixed.working_weights().data<bf16>();
+  const float* v = mixed.params().values().data<float>();
+  for (int64_t i = 0; i < mixed.params().numel(); ++i) ASSERT_EQ(w[i].bits, bf16::from_float(v[i]).bits) << i;
+}
+
+TEST_P(Mixed, LossAndGradientsFollowTheFp32Model) {
+  const ModelSpec spec = spec_of(GetParam().first, GetParam().second);
+  cpu::ReferenceBackend be;
+  MixedLlamaModel mixed(spec, be);
+  LlamaModel<float> fp32(spec);
+  mixed.init_weights(11);
+  fp32.init_weights(11);
+  const Batch x = make_batch(spec.vocab_size, 3);
+  MixedContext mc;
+  LlamaContext<float> fc;
+  const float lm = mixed.forward(mc, x.tokens.data(), x.targets.data(), x.b, x.s);
+  const float lf = fp32.forward(fc, x.tokens.data(), x.targets.data(), x.b, x.s);
+  EXPECT_NEAR(lm, lf, 3e-3 * lf) << "bf16 activations move the loss by rounding only";
+  mixed.backward(mc, 0.5f);
+  fp32.backward(fc, 0.5f);
+  const auto gm = host(mixed.params().grads()), gf = host(fp32.params().grads());
+  EXPECT_LT(rel_err(gm, gf), 0.03) << "gradients differ beyond bf16 rounding";
+  // Every tensor's gradient, not just the whole: a wrong pass would leave one tensor off.
+  for (const auto& p : fp32.params().infos()) {
+    std::vector<float> a(gm.begin() + p.offset, gm.begin() + p.offset + p.numel),
+        b(gf.begin() + p.offset, gf.begin() + p.offset + p.numel);
+    double norm = 0;
+    for (float v : b) norm += double(v) * v;
+    if (norm == 0) continue;  // e.g. a zero-initialised bias grad can be tiny but not exactly 0
+    EXPECT_LT(rel_err(a, b), 0.06) << p.name;
+  }
+}
+
+TEST_P(Mixed, BThenWEqualsTheFusedBackwardAndRecomputeEqualsNone) {
+  const ModelSpec spec = spec_of(GetParam().first, GetParam().second);
+  const Batch x = make_batch(spec.vocab_size, 4);
+  auto grads = [&](Recompute r, bool split) {
+    cpu::ReferenceBackend be;
+    MixedLlamaOptions o;
+    o.recompute = r;
+    MixedLlamaModel m(spec, be, o);
+    m.init_weights(2);
+    MixedContext c;
+    m.forward(c, x.tokens.data(), x.targets.data(), x.b, x.s);
+    if (split) {
+      m.backward_input(c, 1.0f);
+      m.backward_weight(c);
+    } else {
+      m.backward(c, 1.0f);
+    }
+    return host(m.params().grads());
+  };
+  const auto base = grads(Recompute::None, false);
+  EXPECT_EQ(grads(Recompute::None, true), base);
+  EXPECT_EQ(grads(Recompute::Selective, false), base);
+  EXPECT_EQ(grads(Recompute::Full, true), base);
+}
+
+TEST_P(Mixed, ChunkedHeadMatchesTheStoredHead) {
+  const ModelSpec spec = spec_of(GetParam().first, GetParam().second);
+  const Batch x = make_batch(spec.vocab_size, 6);
+  auto run = [&](bool chunked, float* loss) {
+    cpu::ReferenceBackend be;
+    MixedLlamaOptions o;
+    if (chunked) {
+      o.logits_memory_budget = 0;
+      o.vocab_chunk = 10;  // 37 = 10 + 10 + 10 + 7
+    }
+    MixedLlamaModel m(spec, be, o);
+    EXPECT_EQ(m.head_stores_logits(x.b * x.s), !chunked);
+    m.init_weights(9);
+    MixedContext c;
+    *loss = m.forward(c, x.tokens.data(), x.targets.data(), x.b, x.s);
+    m.backward(c, 1.0f);
+    return host(m.params().grads());
+  };
+  float l1 = 0, l2 = 0;
+  const auto stored = run(false, &l1), chunked = run(true, &l2);
+  EXPECT_NEAR(l1, l2, 1e-6 * l1);
+  // Only the fp32 summation order of dhn over chunks differs (then one bf16 rounding).
+  EXPECT_LT(rel_err(chunked, stored), 1e-5);
+}
+
+TEST_P(Mixed, TwentyAdamWStepsTrackTheFp32Run) {
+  const ModelSpec spec = spec_of(GetParam().first, GetParam().second);
+  cpu::ReferenceBackend be;
+  MixedLlamaModel mixed(spec, be);
+  LlamaModel<float> fp32(spec);
+  mixed.init_weights(21);
+  fp32.init_weights(21);
+  std::vector<ParamSegment> segs;
+  for (const auto& p : fp32.params().infos()) segs.push_back({p.name, p.offset, p.numel, p.weight_decay});
+  const AdamWOptions ao{0.9, 0.95, 1e-8, 0.1};
+  FlatAdamW flat(ao, segs, mixed.params().numel(), Device::CPU);
+  AdamW adam(ao, fp32.params().numel());
+  const Batch x = make_batch(spec.vocab_size, 8);
+  std::vector<float> lm, lf;
+  for (int it = 0; it < 20; ++it) {
+    mixed.params().zero_grad();
+    fp32.params().zero_grad();
+    MixedContext mc;
+    LlamaContext<float> fc;
+    lm.push_back(mixed.forward(mc, x.tokens.data(), x.targets.data(), x.b, x.s));
+    lf.push_back(fp32.forward(fc, x.tokens.data(), x.targets.data(), x.b, x.s));
+    mixed.backward(mc, 1.0f);
+    fp32.backward(fc, 1.0f);
+    flat.step(mixed.params().values(), mixed.params().grads(), &mixed.working_weights(), 1e-2);
+    adam.step(fp32.params().values().data<float>(), fp32.params().grads().data<float>(), segs, 1e-2);
+  }
+  EXPECT_LT(lf.back(), 0.7 * lf.front()) << "the fp32 run must learn for the comparison to mean anything";
+  for (int it = 0; it < 20; ++it) EXPECT_NEAR(lm[it], lf[it], 0.03 * lf[it]) << "iteration " << it + 1;
+  // The working copy follows the master after every fused step.
+  const bf16* w = mixed.working_weights().data<bf16>();
+  const float* v = mixed.params().values().data<float>();
+  for (int64_t i = 0; i < mixed.params().numel(); ++i) ASSERT_EQ(w[i].bits, bf16::from_float(v[i]).bits) << i;
+}
+
+INSTANTIATE_TEST_SUITE_P(Variants, Mixed,
+                         ::testing::Values(std::make_pair(false, false), std::make_pair(true, false),
+                                           std::make_pair(false, true)),
+                         [](const auto& info) {
+                           return std::string(info.param.first ? "Tied" : "Untied") +
+                                  (info.param.second ? "QkvBias" : "");
+                         });
+
+TEST(MixedModel, RejectsBadInput) {
+  const ModelSpec spec = spec_of(false, false);
+  cpu::ReferenceBackend be;
+  MixedLlamaModel m(spec, be);
+  m.init_weights(1);
+  Batch x = make_batch(spec.vocab_size, 1);
+  MixedContext c;
+  x.tokens[2] = int32_t(spec.vocab_size);
+  EXPECT_THROW(m.forward(c, x.tokens.data(), x.targets.data(), x.b, x.s), Error);
+  x.tokens[2] = 0;
+  EXPECT_THROW(m.forward(c, x.tokens.data(), x.targets.data(), x.b, spec.max_position_embeddings + 1), Error);
+  EXPECT_THROW(m.forward(c, x.tokens.data(), nullptr, x.b, x.s), Error);
+}
+
+// The GEMM list that tuning times is the one the model runs: count its FLOPs against the model's
+// own FLOP count (6 N P for the linears, without attention).
+TEST(MixedModel, GemmListCoversEveryLinear) {
+  ModelSpec s = spec_of(false, true);
+  const int64_t mbs = 2, seq = 8, N = mbs * seq;
+  const auto gemms = mixed_llama_gemms(s, mbs, seq, 1 << 20);
+  double flops = 0;
+  for (const auto& g : gemms) flops += g.flops();
+  const double per_layer = double(s.qkv_size()) * s.hidden_size + double(s.hidden_size) * s.q_size() +
+                           3.0 * s.hidden_size * s.ffn_hidden_size;
+  const double linear = per_layer * s.num_layers + double(s.vocab_size) * s.hidden_size;  // + output layer
+  EXPECT_DOUBLE_EQ(flops, 6.0 * N * linear);
+  // Chunked head: the logits GEMM three times per chunk, the chunks covering the vocabulary.
+  const auto chunked = mixed_llama_gemms(s, mbs, seq, 10);
+  int64_t logits_cols = 0;
+  for (const auto& g : chunked)
+    if (g.what == "head logits") logits_cols += g.n * g.count / 3;
+  EXPECT_EQ(logits_cols, s.vocab_size);
+}
