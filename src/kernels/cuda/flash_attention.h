@@ -9,6 +9,20 @@
 //   out  [batch*seq, heads*head_dim] bf16
 //   lse  [batch, heads, seq] fp32: natural log of sum_j exp(s_ij), s = q.k / sqrt(head_dim)
 // Head h reads key/value group h / (heads / groups).
+//
+// Implementation: flash_attention_fwd.cu and flash_attention_bwd.cu (their tile choices and the
+// fragment layouts they rely on are described there and in flash_attention_common.cuh).
+// Requirements and guarantees:
+//  * qkv, out, dout and dqkv 16-byte aligned (any cudaMalloc / caching-allocator buffer is).
+//  * Every kernel runs on `stream` and nothing synchronises. The backward's scratch memory comes
+//    from the caching allocator, whose reuse is ordered on the compute stream: pass
+//    cuda::stream() (or make sure nothing else reuses freed blocks meanwhile).
+//  * Any seq >= 1 (tails are masked), any batch, heads divisible by groups, head_dim 64 or 128.
+//  * The forward is deterministic; in the backward, dK and dV are too (each key tile's sums run
+//    in one CTA in a fixed order), while dQ is summed with fp32 atomics across key tiles, so its
+//    last bits can vary from run to run.
+//  * As in FlashAttention-2, probabilities are rounded to bf16 as the operand of P V (forward)
+//    and of dV, dS (backward); all sums are fp32.
 #pragma once
 
 #include <cstdint>

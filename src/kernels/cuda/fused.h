@@ -3,7 +3,11 @@
 // (+=). Each mirrors a CPU kernel (kernels/cpu/elementwise.h), which is its reference in the GPU
 // tests. Row-major, contiguous; n rows. All run on `stream` and never synchronise.
 // Reductions (weight gradients of norms, bias gradients, sums of squares, the loss) go through
-// fixed-shape two-stage trees: the same inputs give the same bits on every run.
+// fixed-shape two-stage trees: the same inputs give the same bits on every run (and on every GPU:
+// the tree shapes depend on the sizes only). Their partial sums live in cuda::Scratch, whose
+// blocks the caching allocator reuses in compute-stream order: pass cuda::stream() (or
+// synchronise before freeing memory on another stream). Zero rows (n == 0) launch nothing.
+// Implementations: fused_norm.cu, fused_elementwise.cu, fused_cross_entropy.cu, fused_optimizer.cu.
 #pragma once
 
 #include <cstdint>
@@ -66,7 +70,7 @@ void ce_init(float* row_max, float* row_sum, float* target_logit, int64_t n, cud
 void ce_chunk_forward(const float* logits, const int32_t* targets, int64_t c0, int64_t vc, float* row_max,
                       float* row_sum, float* target_logit, int64_t n, cudaStream_t stream);
 // lse[i] = row_max + log(row_sum); *loss_sum (one float, device) = sum over rows with a target >= 0
-// of (lse[i] - target_logit[i]).
+// of (lse[i] - target_logit[i]) (accumulated in fp64; written, not added; 0 when n == 0).
 void ce_finish(const float* row_max, const float* row_sum, const float* target_logit, const int32_t* targets,
                float* lse, float* loss_sum, int64_t n, cudaStream_t stream);
 // dlogits = exp(z - lse) - onehot(target), bf16 [n, vc]; rows with a negative target are 0.
@@ -96,6 +100,9 @@ struct AdamWParams {
 //   p = p * (1 - lr*wd [decayed chunks]) - (lr/bc1) * m / (sqrt(v) * (1/sqrt(bc2)) + eps)
 // with bc1 = 1 - b1^step, bc2 = 1 - b2^step computed in double on the host. When params_bf16 is
 // not null, the updated weight is also written there as bf16 (the working copy the model reads).
+// The products are fused exactly where GCC fuses the CPU loop (-O3, x86-64-v3), so the two agree
+// bit for bit when the CPU optimizer's options are the same floats (its AdamWOptions are doubles:
+// 0.9 and double(0.9f) give different 1 - beta1 constants).
 void adamw_step(float* params, const float* grads, float* exp_avg, float* exp_avg_sq, bf16* params_bf16,
                 const AdamWChunk* chunks, int num_chunks, const AdamWParams& p, cudaStream_t stream);
 

@@ -5,8 +5,11 @@
 //   op(A) is [m, k]: A is [m, k] (lda >= k), or [k, m] (lda >= m) when trans_a
 //   op(B) is [k, n]: B is [k, n] (ldb >= n), or [n, k] (ldb >= k) when trans_b
 //   C and D are [m, n] with ldc, ldd >= n; C may be D (accumulate) or another matrix (a residual)
-// A and B are bf16 (or both fp32); C and D share one type, bf16 or fp32; accumulation is fp32.
-// Internally the row-major product is cuBLASLt's column-major D^T = op(B)^T op(A)^T.
+// A and B are bf16 (or both fp32); C and D share one type, bf16 or fp32; accumulation is fp32
+// (CUBLAS_COMPUTE_32F: no TF32 for fp32 inputs), alpha and beta are fp32.
+// Internally the row-major product is cuBLASLt's column-major D^T = op(B)^T op(A)^T: the operands
+// swap places (cuBLASLt's A is our B), m and n swap, and the bias, a vector over the rows of the
+// column-major D^T, is our bias[n].
 //
 // Algorithm choice: cuBLASLt's heuristic gives candidate algorithms for a problem. The tuning
 // cache maps a problem key (see key()) to the fastest candidate as measured on this GPU:
@@ -16,8 +19,15 @@
 //     the best for the rest of the run;
 //   - otherwise the heuristic's first choice.
 // Training loads the cache file named by gemm_tuning_cache (config) or PRIMUS_GEMM_CACHE.
+//
+// One cuBLASLt handle and one 32 MiB workspace serve the process, created on first use (after
+// cuda::init()). The workspace is shared, so every GEMM must go on one stream at a time: the
+// compute stream (runtime.h), which is what a null stream means. The descriptors of a problem are
+// built once and kept (building them costs microseconds per call). Calls are serialised by a
+// mutex; the cost is a lock per GEMM.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -27,6 +37,7 @@
 namespace primus::cuda {
 
 enum class GemmType : uint8_t { BF16, F32 };
+const char* gemm_type_name(GemmType t);  // "bf16" | "fp32"
 
 struct GemmProblem {
   bool trans_a = false, trans_b = false;
@@ -36,18 +47,27 @@ struct GemmProblem {
   GemmType cd = GemmType::BF16;                // C and D
   bool bias = false;                           // bias[n], of type ab, added to every row of D
   bool accumulate = false;                     // beta != 0 (C is read)
+  // The alignment in bytes (a power of two, 256 at most) that the A, B, C, D and bias pointers
+  // all share: algorithms that need more are excluded (a vectorised load on a misaligned
+  // address is a crash). gemm() derives it from its pointers; buffers from the caching
+  // allocator, and views into them at offsets that are multiples of 256 bytes, give 256.
+  int align = 256;
 
-  // e.g. "bf16:bf16:NT:m8192:n3072:k2048:lda..:bias0:acc1": what the cache is keyed on.
+  // "bf16:bf16:NT:m8192:n3072:k2048:lda2048:ldb2048:ldc3072:ldd3072:bias0:acc0:al256": what the
+  // cache is keyed on (of the normalized() problem).
   std::string key() const;
   double flops() const { return 2.0 * double(m) * double(n) * double(k); }
 };
 
 // The problem with its leading dimensions filled in and checked (throws primus::Error naming
-// the field when a dimension is non-positive or a leading dimension is too small).
+// the field when a dimension is non-positive or a leading dimension is too small, or the types
+// or the alignment are not supported). Without accumulate, C is not read and ldc is set to ldd.
 GemmProblem normalized(GemmProblem p);
 
 // Runs one GEMM on `stream` (the compute stream when null). A bias pointer is read only when
-// p.bias; C only when p.accumulate (beta is then used; else beta is taken as 0).
+// p.bias; C only when p.accumulate (beta is then used; else beta is taken as 0). p.align is
+// replaced by the alignment of the pointers given. Errors (cuBLASLt statuses, shapes, pointers
+// not aligned to their element size) are primus::Error naming the call and the problem key.
 void gemm(const GemmProblem& p, float alpha, const void* A, const void* B, float beta, const void* C, void* D,
           const void* bias, cudaStream_t stream = nullptr);
 
@@ -55,6 +75,7 @@ void gemm(const GemmProblem& p, float alpha, const void* A, const void* B, float
 struct GemmCandidateTime {
   int index = 0;        // position in the heuristic's list
   double ms = 0;        // mean time, or < 0 when the candidate failed to run
+  std::string algo;     // cuBLASLt's configuration: "id 66 tile 20 stages 8 splitk 1 swizzle 0 ..."
 };
 struct GemmTuneResult {
   std::string key;
@@ -65,20 +86,47 @@ struct GemmTuneResult {
 };
 
 // Times up to `max_candidates` heuristic candidates for p (on scratch buffers it allocates, filled
-// with random values) and records the fastest in the in-memory cache.
+// with random values, so that a timed accumulate never touches real data; p.align is honoured by
+// offsetting the scratch pointers) and records the fastest in the in-memory cache.
 GemmTuneResult tune_gemm(const GemmProblem& p, int max_candidates = 16, int warmup = 3, int iters = 10);
 
 // Reads a cache file written by save_gemm_cache(); entries for another GPU model or another
 // cuBLASLt version are ignored with a warning. Throws primus::Error for a malformed file.
-// Returns the number of entries taken.
+// Returns the number of entries taken. Needs cuda::init() (the file is checked against the GPU).
 int load_gemm_cache(const std::string& path);
 void save_gemm_cache(const std::string& path);
+// Online tuning: each new problem's first call tunes it (max_candidates candidates, 2 warm-up
+// and 5 timed runs each) unless the cache already holds it. Not for use inside a CUDA graph
+// capture. Off by default.
 void set_online_tuning(bool on, int max_candidates = 8);
 int gemm_cache_size();
 void clear_gemm_cache();
 
 // Dense bf16 GEMM throughput measured on an n^3 problem (TFLOP/s), for MFU on GPUs that the
-// data-sheet table in runtime.cpp does not know.
+// data-sheet table in runtime.cpp does not know: the best of 8 heuristic candidates (not added
+// to the tuning cache).
 double measure_bf16_peak_tflops(int n = 8192);
+
+// ---- the cache file (no GPU needed: tested on any machine) ----
+//   {"format": "primus-gemm-cache", "version": 1, "device": "NVIDIA H100 80GB HBM3",
+//    "cublaslt_version": 130100,
+//    "entries": [{"key": "...", "algo": ["00000000000000a2", ... 8 words], "ms": 1.23, "tflops": 812.4}]}
+// "algo" is cublasLtMatmulAlgo_t's 8 uint64 words in hex: only meaningful for the same cuBLASLt
+// version, hence the version check on load.
+struct GemmCacheEntry {
+  std::string key;
+  std::array<uint64_t, 8> algo{};
+  double ms = 0;
+  double tflops = 0;
+};
+struct GemmCacheFile {
+  std::string device;            // cudaDeviceProp::name
+  int64_t cublaslt_version = 0;  // cublasLtGetVersion()
+  std::vector<GemmCacheEntry> entries;
+};
+std::string gemm_cache_to_json(const GemmCacheFile& f);
+// Throws primus::Error naming `source` (the file) and what is wrong: not JSON, another format or
+// version, a missing or mistyped field (with the entry's index), a duplicate key.
+GemmCacheFile parse_gemm_cache(const std::string& text, const std::string& source);
 
 }  // namespace primus::cuda

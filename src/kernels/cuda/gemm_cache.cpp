@@ -1,0 +1,161 @@
+// The parts of the GEMM layer that need no GPU: problem keys, problem checks and the cache file
+// format (gemm.h). Kept apart from gemm.cpp so that the reasoning here is testable anywhere.
+#include <cinttypes>
+#include <cstdio>
+#include <set>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+#include "kernels/cuda/gemm.h"
+
+namespace primus::cuda {
+
+const char* gemm_type_name(GemmType t) { return t == GemmType::BF16 ? "bf16" : "fp32"; }
+
+std::string GemmProblem::key() const {
+  return fmt::format("{}:{}:{}{}:m{}:n{}:k{}:lda{}:ldb{}:ldc{}:ldd{}:bias{}:acc{}:al{}", gemm_type_name(ab),
+                     gemm_type_name(cd), trans_a ? 'T' : 'N', trans_b ? 'T' : 'N', m, n, k, lda, ldb, ldc, ldd,
+                     int(bias), int(accumulate), align);
+}
+
+GemmProblem normalized(GemmProblem p) {
+  // The problem as messages name it; built only on failure (gemm() normalizes on every call).
+  auto what = [&] {
+    return fmt::format("GEMM {}{} m={} n={} k={}", p.trans_a ? 'T' : 'N', p.trans_b ? 'T' : 'N', p.m, p.n, p.k);
+  };
+  if (p.m <= 0) fail("{}: m must be positive, got {}", what(), p.m);
+  if (p.n <= 0) fail("{}: n must be positive, got {}", what(), p.n);
+  if (p.k <= 0) fail("{}: k must be positive, got {}", what(), p.k);
+  if (p.ab == GemmType::F32 && p.cd == GemmType::BF16)
+    fail("{}: fp32 A and B need fp32 C and D (bf16 C/D is supported with bf16 A/B only)", what());
+  // Row-major: the leading dimension is the length of a stored row.
+  auto leading = [&](int64_t& ld, int64_t row, const char* ld_name, const char* matrix) {
+    if (ld == 0) {
+      ld = row;
+    } else if (ld < row) {
+      std::string shape;
+      if (matrix[0] == 'A')
+        shape = p.trans_a ? fmt::format("[k={}, m={}] (trans_a)", p.k, p.m) : fmt::format("[m={}, k={}]", p.m, p.k);
+      else if (matrix[0] == 'B')
+        shape = p.trans_b ? fmt::format("[n={}, k={}] (trans_b)", p.n, p.k) : fmt::format("[k={}, n={}]", p.k, p.n);
+      else
+        shape = fmt::format("[m={}, n={}]", p.m, p.n);
+      fail("{}: {}={} is too small: {} is stored row-major as {}, so {} must be >= {}", what(), ld_name, ld, matrix,
+           shape, ld_name, row);
+    }
+  };
+  leading(p.lda, p.trans_a ? p.m : p.k, "lda", "A");
+  leading(p.ldb, p.trans_b ? p.k : p.n, "ldb", "B");
+  leading(p.ldd, p.n, "ldd", "D");
+  if (p.accumulate) leading(p.ldc, p.n, "ldc", "C");
+  else p.ldc = p.ldd;  // C is not read: one canonical key
+  if (p.align <= 0 || p.align > 256 || (p.align & (p.align - 1)))
+    fail("{}: align must be a power of two between 1 and 256 bytes, got {}", what(), p.align);
+  return p;
+}
+
+// ---- the cache file ----
+
+namespace {
+
+constexpr const char* kFormat = "primus-gemm-cache";
+constexpr int kVersion = 1;
+
+std::string hex_word(uint64_t v) { return fmt::format("{:016x}", v); }
+
+bool parse_hex_word(const std::string& s, uint64_t& out) {
+  if (s.size() != 16) return false;
+  uint64_t v = 0;
+  for (char c : s) {
+    int d;
+    if (c >= '0' && c <= '9') d = c - '0';
+    else if (c >= 'a' && c <= 'f') d = c - 'a' + 10;
+    else if (c >= 'A' && c <= 'F') d = c - 'A' + 10;
+    else return false;
+    v = (v << 4) | uint64_t(d);
+  }
+  out = v;
+  return true;
+}
+
+}  // namespace
+
+std::string gemm_cache_to_json(const GemmCacheFile& f) {
+  nlohmann::ordered_json entries = nlohmann::ordered_json::array();
+  for (const auto& e : f.entries) {
+    nlohmann::ordered_json algo = nlohmann::ordered_json::array();
+    for (uint64_t w : e.algo) algo.push_back(hex_word(w));
+    entries.push_back({{"key", e.key}, {"algo", algo}, {"ms", e.ms}, {"tflops", e.tflops}});
+  }
+  nlohmann::ordered_json j = {{"format", kFormat},
+                              {"version", kVersion},
+                              {"device", f.device},
+                              {"cublaslt_version", f.cublaslt_version},
+                              {"entries", entries}};
+  return j.dump(1) + "\n";
+}
+
+GemmCacheFile parse_gemm_cache(const std::string& text, const std::string& source) {
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(text);
+  } catch (const nlohmann::json::exception& e) {
+    fail("GEMM cache {}: not valid JSON: {}", source, e.what());
+  }
+  if (!j.is_object()) fail("GEMM cache {}: expected a JSON object at the top level", source);
+  auto field = [&](const nlohmann::json& obj, const char* name, const std::string& where) -> const nlohmann::json& {
+    auto it = obj.find(name);
+    if (it == obj.end()) fail("GEMM cache {}: {} has no \"{}\" field", source, where, name);
+    return *it;
+  };
+  const auto& format = field(j, "format", "the file");
+  if (!format.is_string() || format.get<std::string>() != kFormat)
+    fail("GEMM cache {}: \"format\" is {}, expected \"{}\": not a Primus GEMM cache", source, format.dump(), kFormat);
+  const auto& version = field(j, "version", "the file");
+  if (!version.is_number_integer() || version.get<int64_t>() != kVersion)
+    fail("GEMM cache {}: version {} is not supported (this build reads version {})", source, version.dump(), kVersion);
+  GemmCacheFile f;
+  const auto& device = field(j, "device", "the file");
+  if (!device.is_string()) fail("GEMM cache {}: \"device\" must be a string, got {}", source, device.dump());
+  f.device = device.get<std::string>();
+  const auto& ver = field(j, "cublaslt_version", "the file");
+  if (!ver.is_number_integer())
+    fail("GEMM cache {}: \"cublaslt_version\" must be an integer, got {}", source, ver.dump());
+  f.cublaslt_version = ver.get<int64_t>();
+  const auto& entries = field(j, "entries", "the file");
+  if (!entries.is_array()) fail("GEMM cache {}: \"entries\" must be an array", source);
+  std::set<std::string> seen;
+  for (size_t i = 0; i < entries.size(); ++i) {
+    const auto& e = entries[i];
+    const std::string where = fmt::format("entry {}", i);
+    if (!e.is_object()) fail("GEMM cache {}: {} must be an object, got {}", source, where, e.dump());
+    GemmCacheEntry out;
+    const auto& key = field(e, "key", where);
+    if (!key.is_string() || key.get<std::string>().empty())
+      fail("GEMM cache {}: {}: \"key\" must be a non-empty string, got {}", source, where, key.dump());
+    out.key = key.get<std::string>();
+    const std::string named = fmt::format("{} ({})", where, out.key);
+    if (!seen.insert(out.key).second) fail("GEMM cache {}: {}: the key appears twice", source, named);
+    const auto& algo = field(e, "algo", named);
+    if (!algo.is_array() || algo.size() != out.algo.size())
+      fail("GEMM cache {}: {}: \"algo\" must be an array of {} hex strings (cublasLtMatmulAlgo_t), got {}", source,
+           named, out.algo.size(), algo.dump());
+    for (size_t w = 0; w < out.algo.size(); ++w)
+      if (!algo[w].is_string() || !parse_hex_word(algo[w].get<std::string>(), out.algo[w]))
+        fail("GEMM cache {}: {}: \"algo\" word {} must be 16 hex digits, got {}", source, named, w, algo[w].dump());
+    const auto& ms = field(e, "ms", named);
+    if (!ms.is_number() || !(ms.get<double>() >= 0))
+      fail("GEMM cache {}: {}: \"ms\" must be a non-negative number, got {}", source, named, ms.dump());
+    out.ms = ms.get<double>();
+    if (auto t = e.find("tflops"); t != e.end()) {  // informative: not needed to use the entry
+      if (!t->is_number()) fail("GEMM cache {}: {}: \"tflops\" must be a number, got {}", source, named, t->dump());
+      out.tflops = t->get<double>();
+    }
+    f.entries.push_back(std::move(out));
+  }
+  return f;
+}
+
+}  // namespace primus::cuda

@@ -1,0 +1,264 @@
+// Flash attention on the GPU against the CPU kernel (causal) or a naive double-precision
+// reference (non-causal), on the same bf16-rounded inputs.
+//
+// Tolerances. Inputs are unit-variance normals rounded to bf16, so both sides see identical
+// values and differ only by the GPU's precision choices:
+//  * out is bf16: rounding alone is 2^-9 relative (0.2%); P is rounded to bf16 before P V, which
+//    adds errors of the same relative size, averaged over the keys. atol = rtol = 2e-2 leaves
+//    a margin of ~10x for the worst of ~10^6 elements.
+//  * lse is fp32 from fp32 tensor-core dot products of identical bf16 inputs and ex2.approx
+//    (2 ulp); only the summation order differs: 1e-3 absolute + 1e-3 relative is ~100x margin.
+//  * dq, dk, dv are bf16 and pass through bf16 P and dS (each 2^-9 relative) and fp32 sums of up
+//    to seq * heads/groups terms of mixed sign; their typical size depends on the shape (dk, dv of
+//    a group sum over its heads), so the absolute part scales with the reference's RMS:
+//    atol = 2e-2 * max(1, rms), rtol = 2e-2.
+// The backward is fed the same (bf16-rounded) out and the same lse on both sides, so its test
+// does not inherit the forward's error.
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+
+#include "gpu_test_util.h"
+#include "kernels/cpu/attention.h"
+#include "kernels/cuda/flash_attention.h"
+#include "kernels/cuda/runtime.h"
+
+namespace primus::gputest {
+namespace {
+
+using cuda::AttentionDims;
+
+struct Case {
+  int64_t batch, seq, heads, groups, head_dim;
+  bool causal;
+};
+
+std::string name(const Case& c) {
+  return fmt::format("B{} S{} H{} G{} D{} {}", c.batch, c.seq, c.heads, c.groups, c.head_dim,
+                     c.causal ? "causal" : "full");
+}
+
+// Naive reference in double: forward (out, lse) and backward (dqkv) for causal or full attention.
+// The backward uses the given out and lse, as the kernels do.
+void naive_forward(const Case& c, const std::vector<float>& qkv, std::vector<float>& out, std::vector<float>& lse) {
+  const int64_t S = c.seq, H = c.heads, D = c.head_dim, per = c.heads / c.groups;
+  const int64_t stride = (c.heads + 2 * c.groups) * D;
+  const double scale = 1.0 / std::sqrt(double(D));
+  out.assign(size_t(c.batch * S * H * D), 0.f);
+  lse.assign(size_t(c.batch * H * S), 0.f);
+  std::vector<double> s(static_cast<size_t>(S)), o(static_cast<size_t>(D));
+  for (int64_t b = 0; b < c.batch; ++b)
+    for (int64_t h = 0; h < H; ++h) {
+      const int64_t g = h / per;
+      for (int64_t i = 0; i < S; ++i) {
+        const float* q = &qkv[size_t((b * S + i) * stride + h * D)];
+        const int64_t n = c.causal ? i + 1 : S;
+        double m = -std::numeric_limits<double>::infinity();
+        for (int64_t j = 0; j < n; ++j) {
+          const float* k = &qkv[size_t((b * S + j) * stride + (H + g) * D)];
+          double dot = 0;
+          for (int64_t d = 0; d < D; ++d) dot += double(q[d]) * double(k[d]);
+          s[size_t(j)] = dot * scale;
+          m = std::max(m, s[size_t(j)]);
+        }
+        double l = 0;
+        std::fill(o.begin(), o.end(), 0.0);
+        for (int64_t j = 0; j < n; ++j) {
+          const double p = std::exp(s[size_t(j)] - m);
+          l += p;
+          const float* v = &qkv[size_t((b * S + j) * stride + (H + c.groups + g) * D)];
+          for (int64_t d = 0; d < D; ++d) o[size_t(d)] += p * double(v[d]);
+        }
+        for (int64_t d = 0; d < D; ++d) out[size_t((b * S + i) * H * D + h * D + d)] = float(o[size_t(d)] / l);
+        lse[size_t((b * H + h) * S + i)] = float(m + std::log(l));
+      }
+    }
+}
+
+void naive_backward(const Case& c, const std::vector<float>& qkv, const std::vector<float>& out,
+                    const std::vector<float>& lse, const std::vector<float>& dout, std::vector<float>& dqkv) {
+  const int64_t S = c.seq, H = c.heads, G = c.groups, D = c.head_dim, per = c.heads / c.groups;
+  const int64_t stride = (H + 2 * G) * D;
+  const double scale = 1.0 / std::sqrt(double(D));
+  std::vector<double> acc(qkv.size(), 0.0);
+  for (int64_t b = 0; b < c.batch; ++b)
+    for (int64_t h = 0; h < H; ++h) {
+      const int64_t g = h / per;
+      for (int64_t i = 0; i < S; ++i) {
+        const float* q = &qkv[size_t((b * S + i) * stride + h * D)];
+        const float* go = &dout[size_t((b * S + i) * H * D + h * D)];
+        const float* o = &out[size_t((b * S + i) * H * D + h * D)];
+        double delta = 0;
+        for (int64_t d = 0; d < D; ++d) delta += double(go[d]) * double(o[d]);
+        const double L = lse[size_t((b * H + h) * S + i)];
+        const int64_t n = c.causal ? i + 1 : S;
+        for (int64_t j = 0; j < n; ++j) {
+          const int64_t krow = (b * S + j) * stride + (H + g) * D, vrow = (b * S + j) * stride + (H + G + g) * D;
+          double dot = 0, dp = 0;
+          for (int64_t d = 0; d < D; ++d) {
+            dot += double(q[d]) * double(qkv[size_t(krow + d)]);
+            dp += double(go[d]) * double(qkv[size_t(vrow + d)]);
+          }
+          const double p = std::exp(dot * scale - L), ds = p * (dp - delta);
+          for (int64_t d = 0; d < D; ++d) {
+            acc[size_t((b * S + i) * stride + h * D + d)] += ds * scale * double(qkv[size_t(krow + d)]);
+            acc[size_t(krow + d)] += ds * scale * double(q[d]);
+            acc[size_t(vrow + d)] += p * double(go[d]);
+          }
+        }
+      }
+    }
+  dqkv.resize(acc.size());
+  for (size_t i = 0; i < acc.size(); ++i) dqkv[i] = float(acc[i]);
+}
+
+// The q, k or v columns of a fused [rows, stride] matrix.
+std::vector<float> columns(const std::vector<float>& m, int64_t rows, int64_t stride, int64_t begin, int64_t count) {
+  std::vector<float> out;
+  out.reserve(size_t(rows * count));
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < count; ++c) out.push_back(m[size_t(r * stride + begin + c)]);
+  return out;
+}
+
+double rms(const std::vector<float>& v) {
+  double s = 0;
+  for (float x : v) s += double(x) * double(x);
+  return v.empty() ? 0.0 : std::sqrt(s / double(v.size()));
+}
+
+void expect_grad_close(const std::vector<float>& got, const std::vector<float>& want, const std::string& what) {
+  expect_close(got, want, 2e-2 * std::max(1.0, rms(want)), 2e-2, what);
+}
+
+constexpr uint16_t kBf16NaN = 0x7fc0;
+
+void check(const Case& c) {
+  SCOPED_TRACE(name(c));
+  const AttentionDims d{c.batch, c.seq, c.heads, c.groups, c.head_dim};
+  ASSERT_EQ(cuda::flash_attention_unsupported(d), "");
+  const int64_t rows = c.batch * c.seq, stride = d.qkv_stride(), HD = c.heads * c.head_dim;
+  const uint64_t seed = uint64_t(c.seq * 131 + c.heads * 7 + c.head_dim + (c.causal ? 1 : 0));
+  const std::vector<float> qkv = round_bf16(random_floats(size_t(rows * stride), seed));
+  const std::vector<float> dout = round_bf16(random_floats(size_t(rows * HD), seed + 1));
+
+  // Reference forward.
+  std::vector<float> out_ref, lse_ref;
+  if (c.causal) {
+    const cpu::AttentionShape shape{c.batch, c.seq, c.heads, c.groups, c.head_dim};
+    out_ref.resize(size_t(rows * HD));
+    lse_ref.resize(size_t(c.batch * c.heads * c.seq));
+    cpu::attention_forward<float>(qkv.data(), out_ref.data(), lse_ref.data(), shape);
+  } else {
+    naive_forward(c, qkv, out_ref, lse_ref);
+  }
+
+  // GPU forward; out starts as NaN so that an unwritten element fails.
+  const DeviceBf16 qkv_dev(to_bf16_bits(qkv));
+  const DeviceBf16 out_dev(std::vector<uint16_t>(size_t(rows * HD), kBf16NaN));
+  const DeviceArray<float> lse_dev(std::vector<float>(size_t(c.batch * c.heads * c.seq), NAN));
+  auto bf = [](const DeviceBf16& a) { return reinterpret_cast<__nv_bfloat16*>(a.get()); };
+  cuda::flash_attention_forward(bf(qkv_dev), bf(out_dev), lse_dev.get(), d, c.causal, cuda::stream());
+  expect_close(from_bf16_bits(out_dev.host()), out_ref, 2e-2, 2e-2, "out");
+  expect_close(lse_dev.host(), lse_ref, 1e-3, 1e-3, "lse");
+
+  // Backward, both sides from the same bf16 out and the same lse.
+  const std::vector<float> out_b = round_bf16(out_ref);
+  std::vector<float> dqkv_ref;
+  if (c.causal) {
+    const cpu::AttentionShape shape{c.batch, c.seq, c.heads, c.groups, c.head_dim};
+    dqkv_ref.resize(qkv.size());
+    cpu::attention_backward<float>(qkv.data(), out_b.data(), lse_ref.data(), dout.data(), dqkv_ref.data(), shape);
+  } else {
+    naive_backward(c, qkv, out_b, lse_ref, dout, dqkv_ref);
+  }
+  const DeviceBf16 outb_dev(to_bf16_bits(out_b));
+  const DeviceArray<float> lser_dev(lse_ref);
+  const DeviceBf16 dout_dev(to_bf16_bits(dout));
+  const DeviceBf16 dqkv_dev(std::vector<uint16_t>(qkv.size(), kBf16NaN));  // every element must be written
+  cuda::flash_attention_backward(bf(qkv_dev), bf(outb_dev), lser_dev.get(), bf(dout_dev), bf(dqkv_dev), d, c.causal,
+                                 cuda::stream());
+  const std::vector<float> dqkv = from_bf16_bits(dqkv_dev.host());
+  const int64_t kv = c.groups * c.head_dim;
+  expect_grad_close(columns(dqkv, rows, stride, 0, HD), columns(dqkv_ref, rows, stride, 0, HD), "dq");
+  expect_grad_close(columns(dqkv, rows, stride, HD, kv), columns(dqkv_ref, rows, stride, HD, kv), "dk");
+  expect_grad_close(columns(dqkv, rows, stride, HD + kv, kv), columns(dqkv_ref, rows, stride, HD + kv, kv), "dv");
+
+  // dK and dV accumulate in registers in a fixed order: a second run gives the same bits.
+  const DeviceBf16 dqkv2_dev(std::vector<uint16_t>(qkv.size(), kBf16NaN));
+  cuda::flash_attention_backward(bf(qkv_dev), bf(outb_dev), lser_dev.get(), bf(dout_dev), bf(dqkv2_dev), d, c.causal,
+                                 cuda::stream());
+  const std::vector<uint16_t> a = dqkv_dev.host(), b = dqkv2_dev.host();
+  size_t differ = 0;
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t col = HD; col < stride; ++col) differ += a[size_t(r * stride + col)] != b[size_t(r * stride + col)];
+  EXPECT_EQ(differ, 0u) << "dk/dv differ between two identical runs";
+}
+
+TEST(FlashAttention, CausalSmall) {
+  PRIMUS_REQUIRE_GPU();
+  check({2, 128, 4, 4, 64, true});
+}
+
+TEST(FlashAttention, CausalRaggedTailGqaD128) {
+  PRIMUS_REQUIRE_GPU();
+  check({1, 300, 8, 2, 128, true});
+}
+
+TEST(FlashAttention, CausalLongGqa) {
+  PRIMUS_REQUIRE_GPU();
+  check({1, 1024, 16, 4, 64, true});
+}
+
+TEST(FlashAttention, FullRaggedTailMqa) {
+  PRIMUS_REQUIRE_GPU();
+  check({2, 200, 4, 1, 64, false});
+}
+
+TEST(FlashAttention, FullShortD128) {
+  PRIMUS_REQUIRE_GPU();
+  check({1, 64, 2, 2, 128, false});
+}
+
+// Tails shorter than one tile, and a single row (every kernel's masked paths at their extreme).
+TEST(FlashAttention, TinySequences) {
+  PRIMUS_REQUIRE_GPU();
+  check({3, 1, 2, 1, 64, true});
+  check({1, 17, 4, 2, 128, true});
+  check({1, 33, 2, 1, 128, false});
+  check({2, 65, 2, 2, 64, false});
+}
+
+// Non-causal D=128 with a ragged tail and GQA (the remaining combination of the four kernels).
+TEST(FlashAttention, FullRaggedTailGqaD128) {
+  PRIMUS_REQUIRE_GPU();
+  check({1, 190, 4, 2, 128, false});
+}
+
+TEST(FlashAttention, UnsupportedShapes) {  // no GPU needed
+  EXPECT_EQ(cuda::flash_attention_unsupported({2, 128, 4, 4, 64}), "");
+  EXPECT_EQ(cuda::flash_attention_unsupported({1, 300, 8, 2, 128}), "");
+  EXPECT_EQ(cuda::flash_attention_unsupported({1, 1, 32, 8, 64}), "");
+  const std::string d96 = cuda::flash_attention_unsupported({1, 128, 4, 4, 96});
+  EXPECT_NE(d96.find("head_dim"), std::string::npos) << d96;
+  EXPECT_NE(d96.find("96"), std::string::npos) << d96;
+  const std::string div = cuda::flash_attention_unsupported({1, 128, 6, 4, 64});
+  EXPECT_NE(div.find("divisible"), std::string::npos) << div;
+  for (const AttentionDims& bad : {AttentionDims{0, 128, 4, 4, 64}, AttentionDims{1, 0, 4, 4, 64},
+                                   AttentionDims{1, 128, 0, 1, 64}, AttentionDims{1, 128, 4, 0, 64},
+                                   AttentionDims{1, 128, 4, 4, 0}, AttentionDims{-1, 128, 4, 4, 64}}) {
+    const std::string why = cuda::flash_attention_unsupported(bad);
+    EXPECT_NE(why.find("positive"), std::string::npos) << why;
+  }
+  EXPECT_NE(cuda::flash_attention_unsupported({1, 128, 4, 4, 32}), "");
+  EXPECT_NE(cuda::flash_attention_unsupported({1, 128, 4, 4, 256}), "");
+  EXPECT_NE(cuda::flash_attention_unsupported({70000, 128, 4, 4, 64}), "");
+}
+
+}  // namespace
+}  // namespace primus::gputest
