@@ -1,0 +1,456 @@
+// benchmark gemm: the throughput of one GEMM shape, or the tuning of every GEMM of a model.
+//
+//   primus-cli direct -- benchmark gemm -M 4096 -N 4096 -K 4096 [--dtype bf16|fp32] [--trans-a] [--trans-b]
+//                                       [--device auto|cpu|cuda] [--warmup 3] [--iters 10] [--json]
+//   primus-cli direct -- benchmark gemm --shapes-from <experiment.yaml> --list      (any machine)
+//   primus-cli direct -- benchmark gemm --shapes-from <experiment.yaml> --tune [--output gemm_cache.json]
+//                                       [--max-candidates 16]                          (GPU)
+//
+// One shape: D[M,N] = op(A) op(B), TFLOP/s = 2*M*N*K / time. On the CPU, fp32 goes through OpenBLAS
+// (cpu::gemm) and bf16 through OpenBLAS's cblas_sbgemm when the installed library has it (fp32
+// output). On the GPU (cuda::gemm, bf16 in and out or fp32), cuBLASLt's heuristic candidates are
+// timed first, then the GEMM runs with the fastest: the report shows the heuristic's first choice
+// beside the best candidate.
+//
+// --shapes-from lists the GEMMs that one microbatch of the config's model runs in bf16 mixed
+// precision (model/llama_gemms.h): micro_batch_size x seq_length rows, the head in vocabulary
+// chunks as the mixed model chooses them (MixedLlamaOptions: one chunk when N * vocab * 6 bytes
+// fits logits_memory_budget, else vocab_chunk columns; --vocab-chunk overrides), the forward
+// GEMMs twice under recompute_granularity: full. --tune times the candidates of each distinct
+// problem and writes the winners to a cache file that training reads (gemm_tuning_cache).
+#include <dlfcn.h>
+
+#include <cblas.h>
+
+#include <iostream>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "cli/registry.h"
+#include "cli/tasks/bench_common.h"
+#include "config/experiment.h"
+#include "core/error.h"
+#include "core/rng.h"
+#include "kernels/cpu/gemm.h"
+#include "model/llama_gemms.h"
+#include "model/llama_mixed.h"
+
+#ifdef PRIMUS_HAVE_CUDA
+#include "kernels/cuda/gemm.h"
+#include "kernels/cuda/runtime.h"
+#endif
+
+namespace primus::cli {
+namespace {
+
+using bench::BenchDevice;
+
+struct Options {
+  int64_t m = 4096, n = 4096, k = 4096;
+  std::string dtype = "bf16";
+  std::string device = "auto";
+  bool trans_a = false, trans_b = false;
+  int warmup = 3, iters = 10;
+  bool json = false;
+  // model shapes
+  std::string shapes_from;
+  bool list = false, tune = false;
+  std::string output = "gemm_cache.json";
+  bool output_given = false;
+  int max_candidates = 16;
+  int64_t vocab_chunk = 0;  // 0: as the mixed model chooses
+};
+
+std::string op_name(bool ta, bool tb) { return fmt::format("{}{}", ta ? 'T' : 'N', tb ? 'T' : 'N'); }
+
+void check_common(const Options& o) {
+  if (o.warmup < 0) fail("--warmup must be >= 0, got {}", o.warmup);
+  if (o.iters < 1) fail("--iters must be at least 1, got {}", o.iters);
+  if (o.max_candidates < 1) fail("--max-candidates must be at least 1, got {}", o.max_candidates);
+  if (o.dtype != "bf16" && o.dtype != "fp32") fail("--dtype must be bf16 or fp32, got '{}'", o.dtype);
+}
+
+// ---- one shape ----
+
+struct ShapeResult {
+  double ms = 0;
+  std::string device_name;
+  // GPU only: the tuning that chose the algorithm
+  bool tuned = false;
+  double heuristic_ms = 0, best_ms = 0;
+  int candidates = 0, best_index = -1;
+  std::string best_algo, heuristic_algo;
+};
+
+std::vector<float> random_floats(size_t n, uint64_t seed) {
+  std::vector<float> v(n);
+  const Rng rng(seed);
+  for (size_t i = 0; i < n; ++i) v[i] = float(2.0 * ((rng.at(i) >> 11) * 0x1.0p-53) - 1.0);
+  return v;
+}
+
+// OpenBLAS declares cblas_sbgemm whether or not it was built with BUILD_BFLOAT16; Debian's
+// 0.3.21 was not (the symbol is missing), so it is looked up at run time.
+using SbgemmFn = decltype(&cblas_sbgemm);
+SbgemmFn find_sbgemm() { return reinterpret_cast<SbgemmFn>(dlsym(RTLD_DEFAULT, "cblas_sbgemm")); }
+
+ShapeResult run_cpu_shape(const Options& o) {
+  ShapeResult r;
+  r.device_name = bench::cpu_name();
+  const int64_t M = o.m, N = o.n, K = o.k;
+  const int64_t lda = o.trans_a ? M : K, ldb = o.trans_b ? K : N;
+  std::vector<float> A = random_floats(size_t(M * K), 1), B = random_floats(size_t(K * N), 2), C(size_t(M * N));
+  if (o.dtype == "fp32") {
+    r.ms = bench::cpu_time_ms(
+        [&] { cpu::gemm<float>(o.trans_a, o.trans_b, M, N, K, 1.0f, A.data(), lda, B.data(), ldb, 0.0f, C.data(), N); },
+        o.warmup, o.iters);
+    return r;
+  }
+  SbgemmFn sbgemm = find_sbgemm();
+  if (!sbgemm)
+    fail("bf16 GEMM on the CPU is not available: the OpenBLAS this primus-cli uses has no cblas_sbgemm (it was built "
+         "without BUILD_BFLOAT16, as Debian's is). Use --dtype fp32 on the CPU, or --device cuda on a GPU machine");
+  std::vector<bfloat16> Ab(A.size()), Bb(B.size());
+  for (size_t i = 0; i < A.size(); ++i) Ab[i] = bf16::from_float(A[i]).bits;
+  for (size_t i = 0; i < B.size(); ++i) Bb[i] = bf16::from_float(B[i]).bits;
+  r.ms = bench::cpu_time_ms(
+      [&] {
+        sbgemm(CblasRowMajor, o.trans_a ? CblasTrans : CblasNoTrans, o.trans_b ? CblasTrans : CblasNoTrans, blasint(M),
+               blasint(N), blasint(K), 1.0f, Ab.data(), blasint(lda), Bb.data(), blasint(ldb), 0.0f, C.data(),
+               blasint(N));
+      },
+      o.warmup, o.iters);
+  return r;
+}
+
+#ifdef PRIMUS_HAVE_CUDA
+cuda::GemmProblem cuda_problem(const Options& o) {
+  cuda::GemmProblem p;
+  p.trans_a = o.trans_a;
+  p.trans_b = o.trans_b;
+  p.m = o.m, p.n = o.n, p.k = o.k;
+  p.ab = p.cd = o.dtype == "bf16" ? cuda::GemmType::BF16 : cuda::GemmType::F32;
+  return cuda::normalized(p);
+}
+
+ShapeResult run_cuda_shape(const Options& o) {
+  ShapeResult r;
+  r.device_name = bench::init_cuda();
+  const cuda::GemmProblem p = cuda_problem(o);
+  const cuda::GemmTuneResult t = cuda::tune_gemm(p, o.max_candidates, o.warmup, o.iters);
+  r.tuned = true;
+  r.heuristic_ms = t.heuristic_ms;
+  r.best_ms = t.best_ms;
+  r.candidates = int(t.candidates.size());
+  r.best_index = t.candidates[size_t(t.best)].index;
+  r.best_algo = t.candidates[size_t(t.best)].algo;
+  r.heuristic_algo = t.candidates.front().algo;
+  // The GEMM as training runs it: cuda::gemm on real buffers, with the algorithm just tuned.
+  const size_t es = o.dtype == "bf16" ? 2 : 4;
+  const bool bf = o.dtype == "bf16";
+  cuda::Scratch A(size_t(p.m * p.k) * es), B(size_t(p.k * p.n) * es), D(size_t(p.m * p.n) * es);
+  bench::fill_device_random(A.get(), A.bytes(), bf, 1);
+  bench::fill_device_random(B.get(), B.bytes(), bf, 2);
+  r.ms = cuda::time_ms([&] { cuda::gemm(p, 1.0f, A.get(), B.get(), 0.0f, nullptr, D.get(), nullptr); }, o.warmup,
+                       o.iters);
+  cuda::synchronize();
+  if (o.output_given) {
+    cuda::save_gemm_cache(o.output);
+    std::cerr << fmt::format("tuned algorithm saved to {}\n", o.output);
+  }
+  return r;
+}
+#endif
+
+int run_shape(const Options& o) {
+  if (o.m <= 0) fail("-M must be positive, got {}", o.m);
+  if (o.n <= 0) fail("-N must be positive, got {}", o.n);
+  if (o.k <= 0) fail("-K must be positive, got {}", o.k);
+  if (o.tune) fail("--tune times the GEMMs of a model: give --shapes-from <experiment config> (one shape is always "
+                   "tuned on the GPU; --output saves it)");
+  const BenchDevice dev = bench::resolve_device(o.device);
+  ShapeResult r;
+#ifdef PRIMUS_HAVE_CUDA
+  if (dev == BenchDevice::CUDA) r = run_cuda_shape(o);
+  else r = run_cpu_shape(o);
+#else
+  (void)dev;
+  r = run_cpu_shape(o);
+#endif
+  const bool cuda = dev == BenchDevice::CUDA;
+  const double flops = 2.0 * double(o.m) * double(o.n) * double(o.k);
+  if (o.json) {
+    nlohmann::ordered_json j = {{"op", "gemm"},
+                                {"device", cuda ? "cuda" : "cpu"},
+                                {"device_name", r.device_name},
+                                {"dtype", o.dtype},
+                                {"out_dtype", cuda ? o.dtype : "fp32"},
+                                {"trans_a", o.trans_a},
+                                {"trans_b", o.trans_b},
+                                {"m", o.m},
+                                {"n", o.n},
+                                {"k", o.k},
+                                {"ms", r.ms},
+                                {"tflops", bench::tflops(flops, r.ms)}};
+    if (r.tuned) {
+      j["heuristic_ms"] = r.heuristic_ms;
+      j["heuristic_tflops"] = bench::tflops(flops, r.heuristic_ms);
+      j["best_ms"] = r.best_ms;
+      j["best_tflops"] = bench::tflops(flops, r.best_ms);
+      j["best_candidate"] = r.best_index;
+      j["candidates"] = r.candidates;
+      j["best_algo"] = r.best_algo;
+      j["heuristic_algo"] = r.heuristic_algo;
+    }
+    std::cout << j.dump() << std::endl;
+    return 0;
+  }
+  std::cout << fmt::format("gemm {} {} m={} n={} k={} on {} ({}): {:.4f} ms, {:.4g} TFLOP/s\n", o.dtype,
+                           op_name(o.trans_a, o.trans_b), o.m, o.n, o.k, cuda ? "cuda" : "cpu", r.device_name, r.ms,
+                           bench::tflops(flops, r.ms));
+  if (r.tuned)
+    std::cout << fmt::format(
+        "  cuBLASLt heuristic's choice {:.4f} ms ({:.4g} TFLOP/s); best of {} candidates: #{} {:.4f} ms ({:.4g} "
+        "TFLOP/s, x{:.3f})\n  best: {}\n",
+        r.heuristic_ms, bench::tflops(flops, r.heuristic_ms), r.candidates, r.best_index, r.best_ms,
+        bench::tflops(flops, r.best_ms), r.best_ms > 0 ? r.heuristic_ms / r.best_ms : 0.0, r.best_algo);
+  return 0;
+}
+
+// ---- the GEMMs of a model ----
+
+struct ModelGemms {
+  std::string model;
+  int64_t micro_batch = 0, seq = 0, rows = 0, vocab_chunk = 0;
+  bool recompute = false;
+  std::vector<LlamaGemm> gemms;
+};
+
+ModelGemms model_gemms(const Options& o) {
+  const config::ExperimentConfig cfg = config::load_experiment(o.shapes_from);
+  const ModelSpec& spec = cfg.model_spec;
+  const config::TrainingArgs& a = cfg.train;
+  ModelGemms g;
+  g.model = spec.name;
+  g.micro_batch = a.micro_batch_size;
+  g.seq = a.seq_length > 0 ? a.seq_length : spec.max_position_embeddings;
+  g.rows = g.micro_batch * g.seq;
+  g.recompute = a.recompute_granularity == "full";
+  if (o.vocab_chunk < 0) fail("--vocab-chunk must be positive, got {}", o.vocab_chunk);
+  if (o.vocab_chunk > 0) {
+    g.vocab_chunk = o.vocab_chunk;
+  } else {
+    const MixedLlamaOptions mixed;  // the trainer's defaults
+    const bool whole = double(g.rows) * double(spec.vocab_size) * 6.0 <= double(mixed.logits_memory_budget);
+    g.vocab_chunk = whole ? spec.vocab_size : mixed.vocab_chunk;
+  }
+  if (a.tensor_model_parallel_size > 1 || a.context_parallel_size > 1)
+    std::cerr << fmt::format("warning: {}: tensor_model_parallel_size {} / context_parallel_size {}: the bf16 model "
+                             "runs the whole model in one process, so the GEMMs listed are those of tp = cp = 1\n",
+                             o.shapes_from, a.tensor_model_parallel_size, a.context_parallel_size);
+  g.gemms = mixed_llama_gemms(spec, g.micro_batch, g.seq, g.vocab_chunk, g.recompute);
+  return g;
+}
+
+struct Distinct {
+  LlamaGemm g;                     // the first GEMM with this problem
+  std::vector<std::string> whats;  // every GEMM with it
+  int64_t count = 0;               // runs per microbatch, all of them
+};
+
+// GEMMs with the same problem (same key) merged, in first-seen order.
+std::vector<Distinct> distinct_gemms(const std::vector<LlamaGemm>& gemms) {
+  std::vector<Distinct> out;
+  std::map<std::string, size_t> index;
+  for (const auto& g : gemms) {
+    const std::string key = fmt::format("{}{}:{}:{}:{}:{}:{}:{}", g.trans_a, g.trans_b, g.m, g.n, g.k, g.f32_out,
+                                        g.bias, g.accumulate);
+    auto [it, fresh] = index.emplace(key, out.size());
+    if (fresh) out.push_back({g, {}, 0});
+    out[it->second].whats.push_back(g.what);
+    out[it->second].count += g.count;
+  }
+  return out;
+}
+
+std::string types_of(const LlamaGemm& g) { return g.f32_out ? "bf16>fp32" : "bf16>bf16"; }
+std::string extras_of(const LlamaGemm& g) {
+  std::string s;
+  if (g.bias) s += "+bias";
+  if (g.accumulate) s += "+C";
+  return s;
+}
+
+int run_list(const Options& o, const ModelGemms& mg) {
+  const std::vector<Distinct> d = distinct_gemms(mg.gemms);
+  double total = 0;
+  for (const auto& g : mg.gemms) total += g.flops();
+  if (o.json) {
+    nlohmann::ordered_json list = nlohmann::ordered_json::array();
+    for (const auto& g : mg.gemms)
+      list.push_back({{"what", g.what},
+                      {"op", op_name(g.trans_a, g.trans_b)},
+                      {"m", g.m},
+                      {"n", g.n},
+                      {"k", g.k},
+                      {"out_dtype", g.f32_out ? "fp32" : "bf16"},
+                      {"bias", g.bias},
+                      {"accumulate", g.accumulate},
+                      {"count", g.count},
+                      {"flops", g.flops()}});
+    nlohmann::ordered_json j = {{"model", mg.model},        {"micro_batch_size", mg.micro_batch},
+                                {"seq_length", mg.seq},     {"rows", mg.rows},
+                                {"vocab_chunk", mg.vocab_chunk}, {"recompute_forward", mg.recompute},
+                                {"distinct", d.size()},     {"flops_per_microbatch", total},
+                                {"gemms", list}};
+    std::cout << j.dump(2) << std::endl;
+    return 0;
+  }
+  std::cout << fmt::format("GEMMs of one microbatch of {} (micro batch {}, seq {}: N = {} rows; vocab chunk {}{}): "
+                           "{} GEMMs, {} distinct problems, {:.4g} TFLOP per microbatch\n",
+                           mg.model, mg.micro_batch, mg.seq, mg.rows, mg.vocab_chunk,
+                           mg.recompute ? "; full recompute" : "", mg.gemms.size(), d.size(), total / 1e12);
+  std::cout << fmt::format("  {:<24} {:>2} {:<10} {:<6} {:>8} {:>8} {:>8} {:>6} {:>12}\n", "what", "op", "types", "",
+                           "m", "n", "k", "runs", "GFLOP/run");
+  for (const auto& g : mg.gemms)
+    std::cout << fmt::format("  {:<24} {:>2} {:<10} {:<6} {:>8} {:>8} {:>8} {:>6} {:>12.3f}\n", g.what,
+                             op_name(g.trans_a, g.trans_b), types_of(g), extras_of(g), g.m, g.n, g.k, g.count,
+                             2.0 * double(g.m) * double(g.n) * double(g.k) / 1e9);
+  return 0;
+}
+
+#ifdef PRIMUS_HAVE_CUDA
+cuda::GemmProblem problem_of(const LlamaGemm& g) {
+  cuda::GemmProblem p;
+  p.trans_a = g.trans_a;
+  p.trans_b = g.trans_b;
+  p.m = g.m, p.n = g.n, p.k = g.k;
+  p.ab = cuda::GemmType::BF16;
+  p.cd = g.f32_out ? cuda::GemmType::F32 : cuda::GemmType::BF16;
+  p.bias = g.bias;
+  p.accumulate = g.accumulate;
+  return cuda::normalized(p);
+}
+
+int run_tune(const Options& o, const ModelGemms& mg) {
+  const std::string device_name = bench::init_cuda();
+  const std::vector<Distinct> d = distinct_gemms(mg.gemms);
+  (o.json ? std::cerr : std::cout) << fmt::format("tuning {} distinct GEMMs of {} (micro batch {}, seq {}: N = {}; "
+                                                  "vocab chunk {}) on {}, up to {} cuBLASLt candidates each\n",
+                           d.size(), mg.model, mg.micro_batch, mg.seq, mg.rows, mg.vocab_chunk, device_name,
+                           o.max_candidates);
+  if (!o.json)
+    std::cout << fmt::format("  {:<24} {:>2} {:<10} {:<6} {:>8} {:>8} {:>8} {:>5} {:>10} {:>10} {:>8} {:>9}\n", "what",
+                             "op", "types", "", "m", "n", "k", "cands", "heur ms", "best ms", "speed-up", "TFLOP/s");
+  nlohmann::ordered_json rows = nlohmann::ordered_json::array();
+  double heur_total = 0, best_total = 0, flops_total = 0;
+  for (const auto& x : d) {
+    const cuda::GemmProblem p = problem_of(x.g);
+    const cuda::GemmTuneResult r = cuda::tune_gemm(p, o.max_candidates, o.warmup, o.iters);
+    const double flops = p.flops();
+    heur_total += r.heuristic_ms * double(x.count);
+    best_total += r.best_ms * double(x.count);
+    flops_total += flops * double(x.count);
+    std::string whats;
+    for (size_t i = 0; i < x.whats.size(); ++i) whats += (i ? ", " : "") + x.whats[i];
+    if (o.json) {
+      rows.push_back({{"what", whats},
+                      {"key", r.key},
+                      {"m", p.m},
+                      {"n", p.n},
+                      {"k", p.k},
+                      {"count", x.count},
+                      {"candidates", r.candidates.size()},
+                      {"heuristic_ms", r.heuristic_ms},
+                      {"best_ms", r.best_ms},
+                      {"best_candidate", r.candidates[size_t(r.best)].index},
+                      {"best_algo", r.candidates[size_t(r.best)].algo},
+                      {"tflops", bench::tflops(flops, r.best_ms)}});
+    } else {
+      std::cout << fmt::format("  {:<24} {:>2} {:<10} {:<6} {:>8} {:>8} {:>8} {:>5} {:>10.4f} {:>10.4f} {:>7.3f}x "
+                               "{:>9.1f}\n",
+                               x.whats.front(), op_name(p.trans_a, p.trans_b), types_of(x.g), extras_of(x.g), p.m, p.n,
+                               p.k, r.candidates.size(), r.heuristic_ms, r.best_ms,
+                               r.best_ms > 0 ? r.heuristic_ms / r.best_ms : 0.0, bench::tflops(flops, r.best_ms));
+      for (size_t i = 1; i < x.whats.size(); ++i) std::cout << fmt::format("    (also {})\n", x.whats[i]);
+    }
+  }
+  cuda::save_gemm_cache(o.output);
+  if (o.json) {
+    nlohmann::ordered_json j = {{"model", mg.model},
+                                {"device_name", device_name},
+                                {"output", o.output},
+                                {"heuristic_ms_per_microbatch", heur_total},
+                                {"best_ms_per_microbatch", best_total},
+                                {"flops_per_microbatch", flops_total},
+                                {"gemms", rows}};
+    std::cout << j.dump(2) << std::endl;
+    return 0;
+  }
+  std::cout << fmt::format("GEMM time per microbatch: heuristic {:.2f} ms ({:.1f} TFLOP/s), tuned {:.2f} ms ({:.1f} "
+                           "TFLOP/s), x{:.3f}\n",
+                           heur_total, bench::tflops(flops_total, heur_total), best_total,
+                           bench::tflops(flops_total, best_total), best_total > 0 ? heur_total / best_total : 0.0);
+  std::cout << fmt::format("saved {} entries to {} (training reads it with gemm_tuning_cache: {})\n",
+                           cuda::gemm_cache_size(), o.output, o.output);
+  return 0;
+}
+#endif
+
+int run(const Options& o) {
+  check_common(o);
+  if (o.shapes_from.empty()) {
+    if (o.list) fail("--list lists the GEMMs of a model: give --shapes-from <experiment config>");
+    return run_shape(o);
+  }
+  if (o.list && o.tune) fail("--list and --tune: choose one");
+  if (!o.list && !o.tune)
+    fail("--shapes-from {}: add --list (print the model's GEMMs) or --tune (time them on the GPU and save the "
+         "fastest algorithms)",
+         o.shapes_from);
+  if (o.list) return run_list(o, model_gemms(o));
+  if (o.dtype != "bf16") fail("--tune --shapes-from tunes the bf16 mixed-precision model's GEMMs: --dtype must be bf16");
+  if (o.device == "cpu") fail("--tune times cuBLASLt's algorithms: it needs the GPU, not --device cpu");
+#ifdef PRIMUS_HAVE_CUDA
+  if (!cuda::available()) fail("--tune needs a GPU: {}", cuda::unavailable_reason());
+  return run_tune(o, model_gemms(o));
+#else
+  fail("--tune needs a GPU, and this primus-cli was built without the CUDA backend (no nvcc at build time)");
+#endif
+}
+
+TaskRegistrar reg{
+    {"benchmark", "gemm", "GEMM throughput of one shape (CPU or GPU), or the GEMMs of a model listed or tuned",
+     [](CLI::App& app) -> TaskAction {
+       auto o = std::make_shared<Options>();
+       app.add_option("-M", o->m, "rows of D and op(A)")->capture_default_str();
+       app.add_option("-N", o->n, "columns of D and op(B)")->capture_default_str();
+       app.add_option("-K", o->k, "the inner dimension")->capture_default_str();
+       app.add_option("--dtype", o->dtype, "bf16 (bf16 in and out on the GPU; fp32 out on the CPU) or fp32")
+           ->capture_default_str();
+       app.add_option("--device", o->device, "auto (the GPU when there is one), cpu or cuda")->capture_default_str();
+       app.add_flag("--trans-a", o->trans_a, "A is stored [K, M] (op(A) = A^T)");
+       app.add_flag("--trans-b", o->trans_b, "B is stored [N, K] (op(B) = B^T), as a linear layer's weight");
+       app.add_option("--warmup", o->warmup, "untimed runs first")->capture_default_str();
+       app.add_option("--iters", o->iters, "timed runs (the mean is reported)")->capture_default_str();
+       app.add_flag("--json", o->json, "one JSON object on stdout");
+       app.add_option("--shapes-from", o->shapes_from, "an experiment config: its model's GEMMs (with --list or --tune)");
+       app.add_flag("--list", o->list, "with --shapes-from: print the GEMMs, no timing (any machine)");
+       app.add_flag("--tune", o->tune, "with --shapes-from: time cuBLASLt's candidates for each GEMM (GPU) and save the fastest");
+       app.add_option("--output", o->output, "the tuning cache file to write")->capture_default_str()->each([o](const std::string&) {
+         o->output_given = true;
+       });
+       app.add_option("--max-candidates", o->max_candidates, "cuBLASLt heuristic candidates timed per GEMM")
+           ->capture_default_str();
+       app.add_option("--vocab-chunk", o->vocab_chunk,
+                      "with --shapes-from: the head's vocabulary chunk (default: as the bf16 model chooses)");
+       return [o] { return run(*o); };
+     }}};
+
+}  // namespace
+}  // namespace primus::cli
