@@ -103,13 +103,13 @@ void FlatAdamW::step(const Tensor& values, const Tensor& grads, Tensor* working,
 #ifdef PRIMUS_HAVE_CUDA
   ++step_;
   cuda::AdamWParams p;
-  p.lr = float(lr);
-  p.beta1 = float(options_.beta1);
-  p.beta2 = float(options_.beta2);
-  p.eps = float(options_.eps);
-  p.weight_decay = float(options_.weight_decay);
+  p.lr = lr;
+  p.beta1 = options_.beta1;
+  p.beta2 = options_.beta2;
+  p.eps = options_.eps;
+  p.weight_decay = options_.weight_decay;
   p.step = step_;
-  p.grad_scale = float(grad_scale);
+  p.grad_scale = grad_scale;
   int n = 0;
   for (const auto& s : segments_) n += s.numel > 0;
   cuda::adamw_step(values.data<float>(), grads.data<float>(), dev_->m.data<float>(), dev_->v.data<float>(),

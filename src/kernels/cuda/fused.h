@@ -91,9 +91,11 @@ struct AdamWChunk {
   int32_t pad = 0;
 };
 struct AdamWParams {
-  float lr = 0, beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f, weight_decay = 0;
-  int64_t step = 1;        // after increment: bias correction uses beta^step
-  float grad_scale = 1.0f; // gradients are multiplied by it first (clipping folded in)
+  // Doubles, as optim/adamw.h's AdamWOptions: the float constants of the update are derived from
+  // them on the host exactly as the CPU optimizer derives its own.
+  double lr = 0, beta1 = 0.9, beta2 = 0.999, eps = 1e-8, weight_decay = 0;
+  int64_t step = 1;          // after increment: bias correction uses beta^step
+  double grad_scale = 1.0;   // gradients are multiplied by float(grad_scale) first (clipping folded in)
 };
 // Same arithmetic, in the same order, as optim/adamw.cpp:
 //   g = grad * grad_scale; m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2
@@ -101,8 +103,7 @@ struct AdamWParams {
 // with bc1 = 1 - b1^step, bc2 = 1 - b2^step computed in double on the host. When params_bf16 is
 // not null, the updated weight is also written there as bf16 (the working copy the model reads).
 // The products are fused exactly where GCC fuses the CPU loop (-O3, x86-64-v3), so the two agree
-// bit for bit when the CPU optimizer's options are the same floats (its AdamWOptions are doubles:
-// 0.9 and double(0.9f) give different 1 - beta1 constants).
+// bit for bit for the same options.
 void adamw_step(float* params, const float* grads, float* exp_avg, float* exp_avg_sq, bf16* params_bf16,
                 const AdamWChunk* chunks, int num_chunks, const AdamWParams& p, cudaStream_t stream);
 

@@ -198,9 +198,9 @@ void adamw_step(float* params, const float* grads, float* exp_avg, float* exp_av
   c.one_minus_beta2 = float(1.0 - b2);
   c.step_size = float(lr / bc1);
   c.inv_sqrt_bc2 = float(1.0 / std::sqrt(bc2));
-  c.eps = p.eps;
-  c.decay = float(1.0 - lr * double(p.weight_decay));
-  c.grad_scale = p.grad_scale;
+  c.eps = float(p.eps);
+  c.decay = float(1.0 - lr * p.weight_decay);
+  c.grad_scale = float(p.grad_scale);
 
   Scratch prefix(size_t(num_chunks + 1) * sizeof(int64_t));  // stream-ordered reuse (see fused_norm.cu)
   tile_prefix_kernel<<<1, kPrefixThreads, 0, stream>>>(chunks, num_chunks, prefix.as<int64_t>());
