@@ -328,7 +328,9 @@ std::string training_keys_reference() {
           }
         },
         k.field);
-    out += fmt::format("| `{}` | {} | `{}` | {} |\n", k.name, type, def, k.help);
+    std::string help = k.help;  // a '|' in a cell would end it: Markdown wants it escaped
+    for (size_t i = 0; (i = help.find('|', i)) != std::string::npos; i += 2) help.replace(i, 1, "\\|");
+    out += fmt::format("| `{}` | {} | `{}` | {} |\n", k.name, type, def, help);
   }
   return out;
 }
