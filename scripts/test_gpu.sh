@@ -4,7 +4,7 @@
 # NVIDIA GPU; CI has none, so `bash scripts/test.sh` builds these tests and they skip themselves.
 #
 #   bash scripts/test_gpu.sh                      # set up and build (scripts/setup.sh), then run
-#   bash scripts/test_gpu.sh --bundle DIR         # run a build made elsewhere by scripts/gpu_bundle.sh
+#   bash scripts/test_gpu.sh --bundle DIR[.tar.xz]  # run a build made elsewhere by scripts/gpu_bundle.sh
 #   bash scripts/test_gpu.sh ... -- --gtest_filter='*Flash*'   # arguments after -- go to the tests
 #
 # Exits non-zero when there is no GPU, when any case fails, or when any case skipped.
@@ -23,6 +23,12 @@ if ! nvidia-smi -L >/dev/null 2>&1; then
   exit 1
 fi
 if [[ -n "$BUNDLE" ]]; then
+  if [[ "$BUNDLE" == *.tar.xz ]]; then
+    tmp=$(mktemp -d)
+    tar -C "$tmp" -xJf "$BUNDLE"
+    BUNDLE="$tmp/$(basename "$BUNDLE" .tar.xz)"
+  fi
+  [[ -x "$BUNDLE/bin/test_gpu" ]] || { echo "test_gpu: $BUNDLE/bin/test_gpu is missing" >&2; exit 1; }
   # The bundle carries its non-CUDA libraries; cuBLASLt and NCCL come from this machine: the CUDA
   # toolkit, or the nvidia-* Python wheels that PyTorch installs.
   libs="$BUNDLE/lib:/usr/local/cuda/lib64"
@@ -40,6 +46,7 @@ PY
     [[ -n "$d" ]] && { libs="$libs:$d"; break; }
   done
   export LD_LIBRARY_PATH="$libs:${LD_LIBRARY_PATH:-}"
+  export PRIMUS_CONFIG_DIR=${PRIMUS_CONFIG_DIR:-$PWD/configs}  # the model presets of this checkout
   TEST="$BUNDLE/bin/test_gpu"
 else
   bash scripts/setup.sh
