@@ -3,32 +3,21 @@
 // fail with a message naming the problem and a non-zero exit.
 #include <gtest/gtest.h>
 
-#include <array>
-#include <cstdio>
 #include <string>
 
 #include <nlohmann/json.hpp>
 
+#include "support/run_command.h"
+
 namespace {
 
-struct Result {
-  int code;
-  std::string out;
-};
+using Result = primus::test::CommandResult;
 
 // stdout only unless `with_stderr`; run in a temporary folder because the runtime writes a run
 // folder there.
 Result cli(const std::string& args, bool with_stderr = false) {
-  std::string cmd = "cd '" + testing::TempDir() + "' && " + std::string(PRIMUS_CLI_PATH) +
-                    " direct --no-watch -- benchmark " + args + (with_stderr ? " 2>&1" : " 2>/dev/null");
-  FILE* p = popen(cmd.c_str(), "r");
-  if (!p) return {-1, ""};
-  std::string out;
-  std::array<char, 4096> buf;
-  size_t n;
-  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) out.append(buf.data(), n);
-  int status = pclose(p);
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+  return primus::test::run_command("cd '" + testing::TempDir() + "' && " + std::string(PRIMUS_CLI_PATH) +
+                                   " direct --no-watch -- benchmark " + args + (with_stderr ? " 2>&1" : " 2>/dev/null"));
 }
 
 bool has(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }

@@ -2,37 +2,26 @@
 // exit non-zero with a message naming the problem.
 #include <gtest/gtest.h>
 
-#include <array>
-#include <cstdio>
 #include <string>
 
 #include <nlohmann/json.hpp>
 
+#include "support/run_command.h"
+
 namespace {
 
-struct Result {
-  int rc;
-  std::string out;
-};
+using Result = primus::test::CommandResult;
 
 Result run(const std::string& args, bool with_stderr = false) {
-  std::string cmd = std::string(PRIMUS_CLI_PATH) + " direct -- analyze model " + args +
-                    (with_stderr ? " 2>&1" : " 2>/dev/null");
-  FILE* p = ::popen(cmd.c_str(), "r");
-  if (!p) return {-1, ""};
-  std::string out;
-  std::array<char, 4096> buf;
-  size_t n;
-  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) out.append(buf.data(), n);
-  int status = ::pclose(p);
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+  return primus::test::run_command(std::string(PRIMUS_CLI_PATH) + " direct -- analyze model " + args +
+                                   (with_stderr ? " 2>&1" : " 2>/dev/null"));
 }
 
 }  // namespace
 
 TEST(AnalyzeModel, JsonNumbersForLlama2_7B) {
   Result r = run("--model llama2_7B --seq-length 4096 --format json");
-  ASSERT_EQ(r.rc, 0) << r.out;
+  ASSERT_EQ(r.code, 0) << r.out;
   auto j = nlohmann::json::parse(r.out);
   EXPECT_EQ(j["parameters"].get<int64_t>(), 6'738'415'616);
   EXPECT_EQ(j["embedding_parameters"].get<int64_t>(), 262'144'000);
@@ -49,7 +38,7 @@ TEST(AnalyzeModel, JsonNumbersForLlama2_7B) {
 
 TEST(AnalyzeModel, DefaultSeqLengthIsCappedContext) {
   Result r = run("--model llama3.1_8B --format json");
-  ASSERT_EQ(r.rc, 0) << r.out;
+  ASSERT_EQ(r.code, 0) << r.out;
   auto j = nlohmann::json::parse(r.out);
   EXPECT_EQ(j["seq_length"].get<int64_t>(), 4096);
   EXPECT_EQ(j["parameters"].get<int64_t>(), 8'030'261'248);
@@ -58,7 +47,7 @@ TEST(AnalyzeModel, DefaultSeqLengthIsCappedContext) {
 
 TEST(AnalyzeModel, TextHasPerLayerTable) {
   Result r = run("--model tiny --seq-length 64");
-  ASSERT_EQ(r.rc, 0) << r.out;
+  ASSERT_EQ(r.code, 0) << r.out;
   EXPECT_NE(r.out.find("94,528"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("decoder.layers.0"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("decoder.layers.1"), std::string::npos) << r.out;
@@ -67,12 +56,12 @@ TEST(AnalyzeModel, TextHasPerLayerTable) {
 
 TEST(AnalyzeModel, BadInputFailsWithMessage) {
   Result r = run("--model llama3_8b", true);
-  EXPECT_NE(r.rc, 0);
+  EXPECT_NE(r.code, 0);
   EXPECT_NE(r.out.find("error: unknown model preset 'llama3_8b' (did you mean 'llama3_8B'?)"), std::string::npos)
       << r.out;
   r = run("--model tiny --seq-length 4096", true);
-  EXPECT_NE(r.rc, 0);
+  EXPECT_NE(r.code, 0);
   EXPECT_NE(r.out.find("max_position_embeddings"), std::string::npos) << r.out;
   r = run("--model tiny --format yaml", true);
-  EXPECT_NE(r.rc, 0);
+  EXPECT_NE(r.code, 0);
 }

@@ -1,31 +1,21 @@
 // primus-cli direct -- analyze schedule, end to end: JSON keys and values, SVG, --compare, errors.
 #include <gtest/gtest.h>
 
-#include <array>
-#include <cstdio>
 #include <string>
 
 #include <nlohmann/json.hpp>
 
+#include "support/run_command.h"
+
 namespace {
 
-struct Result {
-  int code;
-  std::string out;
-};
+using Result = primus::test::CommandResult;
 
 // stdout only unless `with_stderr` (the runtime may log to stderr); run in a temporary folder
 // because the runtime may create a run folder there.
 Result cli(const std::string& args, bool with_stderr = false) {
-  std::string cmd = "cd '" + testing::TempDir() + "' && " + std::string(PRIMUS_CLI_PATH) +
-                    " direct -- analyze schedule " + args + (with_stderr ? " 2>&1" : " 2>/dev/null");
-  FILE* p = popen(cmd.c_str(), "r");
-  std::string out;
-  std::array<char, 4096> buf;
-  size_t n;
-  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) out.append(buf.data(), n);
-  int status = pclose(p);
-  return {WEXITSTATUS(status), out};
+  return primus::test::run_command("cd '" + testing::TempDir() + "' && " + std::string(PRIMUS_CLI_PATH) +
+                                   " direct -- analyze schedule " + args + (with_stderr ? " 2>&1" : " 2>/dev/null"));
 }
 
 }  // namespace
