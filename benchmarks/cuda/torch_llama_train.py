@@ -19,7 +19,6 @@ attention's 6 * seq * q_size per layer.
 
 import argparse
 import json
-import math
 import os
 import sys
 import time
@@ -30,47 +29,21 @@ os.environ.setdefault("OMP_NUM_THREADS", "8")
 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
-from torch_llama import SPEC_DEFAULTS, check_spec, load_spec, rope_inv_freq  # noqa: E402
+import torch_llama  # noqa: E402  (benchmarks/engine: the model, presets and spec checks)
 
 
-class Llama(torch.nn.Module):
-    def __init__(self, s):
-        super().__init__()
-        self.s = s
-        h, f, v = s["hidden_size"], s["ffn_hidden_size"], s["vocab_size"]
-        self.nh, self.ng, self.d = s["num_attention_heads"], s["num_query_groups"], s["kv_channels"]
-        q, kv = self.nh * self.d, self.ng * self.d
-        std = s["init_method_std"]
-        P = torch.nn.Parameter
-        self.embedding = P(torch.randn(v, h) * std)
-        self.layers = torch.nn.ModuleList()
-        for _ in range(s["num_layers"]):
-            layer = torch.nn.Module()
-            layer.input_norm = P(torch.ones(h))
-            layer.qkv = P(torch.randn(q + 2 * kv, h) * std)
-            layer.qkv_bias = P(torch.zeros(q + 2 * kv)) if s["add_qkv_bias"] else None
-            layer.proj = P(torch.randn(h, q) * std)
-            layer.mlp_norm = P(torch.ones(h))
-            layer.fc1 = P(torch.randn(2 * f, h) * std)
-            layer.fc2 = P(torch.randn(h, f) * std)
-            self.layers.append(layer)
-        self.final_norm = P(torch.ones(h))
-        self.output = P(torch.randn(v, h) * std) if s["untie_embeddings_and_output_weights"] else None
-        self.register_buffer("inv_freq", rope_inv_freq(s).float(), persistent=False)
+class GpuLlama(torch_llama.Llama):
+    """The CPU peer's model and parameters; norms in fp32 and SDPA attention for bf16 on a GPU."""
 
     def rmsnorm(self, x, w):
         xf = x.float()
         return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.s["norm_epsilon"])).to(x.dtype) * w.to(x.dtype)
 
-    @staticmethod
-    def rope(x, cos, sin):
-        x1, x2 = x.chunk(2, dim=-1)
-        return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
-
     def forward(self, tokens):
         B, T = tokens.shape
         nh, ng, d = self.nh, self.ng, self.d
-        ang = torch.outer(torch.arange(T, device=tokens.device, dtype=torch.float32), self.inv_freq)
+        inv_freq = self.inv_freq.to(device=tokens.device, dtype=torch.float32)
+        ang = torch.outer(torch.arange(T, device=tokens.device, dtype=torch.float32), inv_freq)
         cos, sin = torch.cos(ang).to(torch.bfloat16), torch.sin(ang).to(torch.bfloat16)
         x = F.embedding(tokens, self.embedding).to(torch.bfloat16)
         for L in self.layers:
@@ -108,10 +81,10 @@ def main():
     args = ap.parse_args()
     if not torch.cuda.is_available():
         sys.exit("error: no CUDA device")
-    spec = check_spec(load_spec(args.model))
+    spec = torch_llama.check_spec(torch_llama.load_spec(args.model))
     torch.manual_seed(args.seed)
     dev = torch.device("cuda")
-    model = Llama(spec).to(dev)
+    model = GpuLlama(spec).to(dev)
     decay = [p for p in model.parameters() if p.dim() == 2]
     no_decay = [p for p in model.parameters() if p.dim() < 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
