@@ -118,20 +118,15 @@ void FlatAdamW::step(const Tensor& values, const Tensor& grads, Tensor* working,
 #endif
 }
 
-std::vector<float> FlatAdamW::exp_avg() const {
-  if (device_ == Device::CPU) return std::vector<float>(host_->exp_avg(), host_->exp_avg() + numel_);
+// One moment as a host vector: the host optimizer's, or a copy of the device's.
+std::vector<float> FlatAdamW::moment(bool second) const {
+  if (device_ == Device::CPU) {
+    const float* m = second ? host_->exp_avg_sq() : host_->exp_avg();
+    return std::vector<float>(m, m + numel_);
+  }
   std::vector<float> out(numel_);
 #ifdef PRIMUS_HAVE_CUDA
-  cuda::copy_to_host(out.data(), dev_->m.raw(), sizeof(float) * numel_);
-#endif
-  return out;
-}
-
-std::vector<float> FlatAdamW::exp_avg_sq() const {
-  if (device_ == Device::CPU) return std::vector<float>(host_->exp_avg_sq(), host_->exp_avg_sq() + numel_);
-  std::vector<float> out(numel_);
-#ifdef PRIMUS_HAVE_CUDA
-  cuda::copy_to_host(out.data(), dev_->v.raw(), sizeof(float) * numel_);
+  cuda::copy_to_host(out.data(), (second ? dev_->v : dev_->m).raw(), sizeof(float) * numel_);
 #endif
   return out;
 }

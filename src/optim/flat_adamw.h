@@ -30,12 +30,13 @@ class FlatAdamW {
 
   int64_t step_count() const { return step_; }
   // Checkpointing: the moments as host vectors of numel elements, and their restore.
-  std::vector<float> exp_avg() const;
-  std::vector<float> exp_avg_sq() const;
+  std::vector<float> exp_avg() const { return moment(false); }
+  std::vector<float> exp_avg_sq() const { return moment(true); }
   void set_state(int64_t step_count, const float* exp_avg, const float* exp_avg_sq);
 
  private:
   struct DeviceState;
+  std::vector<float> moment(bool second) const;
   AdamWOptions options_;
   std::vector<ParamSegment> segments_;
   int64_t numel_;
