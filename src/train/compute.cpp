@@ -45,7 +45,11 @@ Compute choose_compute(const config::TrainingArgs& a, int local_rank) {
       fail("device: cuda, but this primus-cli was built without the CUDA backend (no nvcc at build time)");
     if (!a.bf16) fail("device: cuda trains in bf16 mixed precision: set bf16: true (or device: cpu for fp32)");
   }
-  if (!a.bf16) return c;  // fp32 on the CPU
+  if (!a.bf16) {  // fp32 on the CPU
+    if (d == "auto" && cuda_usable())
+      log::warn("a GPU is present but bf16 is false: training in fp32 on the CPU (bf16: true trains on the GPU)");
+    return c;
+  }
   c.mixed = true;
   const bool gpu = d == "cuda" || (d == "auto" && cuda_usable());
 #ifdef PRIMUS_HAVE_CUDA
