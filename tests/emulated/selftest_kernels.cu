@@ -1,0 +1,164 @@
+// Kernels for the emulator's own tests (test_emulator.cpp): plain CUDA, rewritten by cuda_to_cpp.py
+// like the kernels of src/kernels/cuda. Each host function launches one kernel on device buffers
+// and returns what cudaGetLastError reports for the launch.
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include "selftest_kernels.h"
+
+namespace emutest {
+namespace {
+
+__global__ void write_flag_kernel(int* flag) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  if (threadIdx.x == 0) {
+    smem[0] = 1;
+    *flag = 7;
+  }
+}
+
+// out[lane * 4 + k]: the four shuffles of the lane's own id, with `width`.
+__global__ void shuffle_kernel(int* out, int delta, int width) {
+  const int lane = threadIdx.x;
+  out[lane * 4 + 0] = __shfl_up_sync(0xffffffffu, lane, unsigned(delta), width);
+  out[lane * 4 + 1] = __shfl_down_sync(0xffffffffu, lane, unsigned(delta), width);
+  out[lane * 4 + 2] = __shfl_xor_sync(0xffffffffu, lane, delta, width);
+  out[lane * 4 + 3] = __shfl_sync(0xffffffffu, lane, delta, width);
+}
+
+__device__ __forceinline__ uint32_t smem_addr(const void* p) { return uint32_t(__cvta_generic_to_shared(p)); }
+
+// D[16x8] = A[16x16] B[16x8] + C with A stored row-major [m][k] (plain ldmatrix.x4) and B stored
+// [k][n] (ldmatrix.x2.trans), fragments as the PTX ISA gives them; one warp.
+__global__ void mma_kernel(const __nv_bfloat16* a, const __nv_bfloat16* b, const float* c, float* d) {
+  __shared__ __align__(16) __nv_bfloat16 sa[16 * 16];
+  __shared__ __align__(16) __nv_bfloat16 sb[16 * 8];
+  const int lane = threadIdx.x;
+  for (int i = lane; i < 16 * 16; i += 32) sa[i] = a[i];
+  for (int i = lane; i < 16 * 8; i += 32) sb[i] = b[i];
+  __syncwarp();
+  uint32_t ra[4], rb[2];
+  // Lane L: row L % 16, column 8 * (L / 16) of A: matrices (m 0-7, k 0-7), (m 8-15, k 0-7),
+  // (m 0-7, k 8-15), (m 8-15, k 8-15) = a0..a3.
+  const uint32_t aa = smem_addr(&sa[(lane % 16) * 16 + 8 * (lane / 16)]);
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(ra[0]), "=r"(ra[1]), "=r"(ra[2]), "=r"(ra[3])
+               : "r"(aa));
+  // Lanes 0-15 address rows k = 0..15 of B ([k][n], 8 columns): .trans gives b0 (k 0-7), b1 (k 8-15).
+  const uint32_t ba = smem_addr(&sb[(lane % 16) * 8]);
+  asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0, %1}, [%2];\n" : "=r"(rb[0]), "=r"(rb[1]) : "r"(ba));
+  const int g = lane >> 2, t = lane & 3;
+  float acc[4] = {c[g * 8 + 2 * t], c[g * 8 + 2 * t + 1], c[(g + 8) * 8 + 2 * t], c[(g + 8) * 8 + 2 * t + 1]};
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};\n"
+      : "+f"(acc[0]), "+f"(acc[1]), "+f"(acc[2]), "+f"(acc[3])
+      : "r"(ra[0]), "r"(ra[1]), "r"(ra[2]), "r"(ra[3]), "r"(rb[0]), "r"(rb[1]));
+  d[g * 8 + 2 * t] = acc[0];
+  d[g * 8 + 2 * t + 1] = acc[1];
+  d[(g + 8) * 8 + 2 * t] = acc[2];
+  d[(g + 8) * 8 + 2 * t + 1] = acc[3];
+}
+
+// Reads shared memory nobody wrote.
+__global__ void uninitialised_shared_kernel(float* out) {
+  __shared__ float s[32];
+  out[blockIdx.x * 32 + threadIdx.x] = s[threadIdx.x];
+}
+
+// ---- kernels with the bugs the emulation must catch ----
+
+__global__ void divergent_barrier_kernel(int* out) {
+  if (threadIdx.x < 32) __syncthreads();  // only warp 0 reaches the barrier
+  out[threadIdx.x] = 1;
+}
+
+__global__ void early_exit_barrier_kernel(int* out) {
+  if (threadIdx.x >= 64) return;
+  __syncthreads();
+  out[threadIdx.x] = 1;
+}
+
+__global__ void shuffle_from_exited_lane_kernel(int* out) {
+  if (threadIdx.x >= 16) return;
+  out[threadIdx.x] = __shfl_xor_sync(0xffffffffu, int(threadIdx.x), 16);
+}
+
+__global__ void unwaited_cp_async_kernel(const __nv_bfloat16* src, uint32_t* out) {
+  __shared__ __align__(128) __nv_bfloat16 tile[8 * 8];
+  const int lane = threadIdx.x;
+  if (lane < 8) {
+    const uint32_t dst = smem_addr(&tile[lane * 8]);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src + lane * 8), "r"(16) : "memory");
+  }
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+  __syncthreads();  // a barrier does not wait for cp.async: cp.async.wait_group is missing
+  uint32_t r;
+  const uint32_t addr = smem_addr(&tile[(lane % 8) * 8]);
+  asm volatile("ldmatrix.sync.aligned.m8n8.x1.shared.b16 {%0}, [%1];\n" : "=r"(r) : "r"(addr));
+  out[lane] = r;
+}
+
+__global__ void misaligned_vector_kernel(const float* p, float* out) {
+  const float4 v = *reinterpret_cast<const float4*>(p + 1);  // p + 1 is 4 bytes past a 16-byte boundary
+  out[threadIdx.x] = v.x;
+}
+
+__global__ void global_overrun_kernel(float4* p, int n) { __stwb(p + n + threadIdx.x, make_float4(1, 2, 3, 4)); }
+
+__global__ void shared_overrun_kernel(int n) {
+  extern __shared__ __align__(16) float dyn[];
+  dyn[n + threadIdx.x] = 1.f;  // just past the end of the dynamic shared memory
+}
+
+}  // namespace
+
+cudaError_t launch_write_flag(int* flag, int blocks, int threads, size_t smem) {
+  write_flag_kernel<<<blocks, threads, smem>>>(flag);
+  return cudaGetLastError();
+}
+cudaError_t allow_dynamic_smem_for_write_flag(int bytes) {
+  return cudaFuncSetAttribute(write_flag_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+}
+cudaError_t launch_shuffles(int* out, int delta, int width) {
+  shuffle_kernel<<<1, 32>>>(out, delta, width);
+  return cudaGetLastError();
+}
+cudaError_t launch_mma(const __nv_bfloat16* a, const __nv_bfloat16* b, const float* c, float* d) {
+  mma_kernel<<<1, 32>>>(a, b, c, d);
+  return cudaGetLastError();
+}
+cudaError_t launch_uninitialised_shared(float* out) {
+  uninitialised_shared_kernel<<<2, 32>>>(out);
+  return cudaGetLastError();
+}
+cudaError_t launch_divergent_barrier(int* out) {
+  divergent_barrier_kernel<<<1, 128>>>(out);
+  return cudaGetLastError();
+}
+cudaError_t launch_early_exit_barrier(int* out) {
+  early_exit_barrier_kernel<<<1, 128>>>(out);
+  return cudaGetLastError();
+}
+cudaError_t launch_shuffle_from_exited_lane(int* out) {
+  shuffle_from_exited_lane_kernel<<<1, 32>>>(out);
+  return cudaGetLastError();
+}
+cudaError_t launch_unwaited_cp_async(const __nv_bfloat16* src, uint32_t* out) {
+  unwaited_cp_async_kernel<<<1, 32>>>(src, out);
+  return cudaGetLastError();
+}
+cudaError_t launch_misaligned_vector(const float* p, float* out) {
+  misaligned_vector_kernel<<<1, 32>>>(p, out);
+  return cudaGetLastError();
+}
+cudaError_t launch_global_overrun(float4* p, int n) {
+  global_overrun_kernel<<<1, 32>>>(p, n);
+  return cudaGetLastError();
+}
+cudaError_t launch_shared_overrun(int n) {
+  shared_overrun_kernel<<<1, 32, n * sizeof(float)>>>(n);
+  return cudaGetLastError();
+}
+
+}  // namespace emutest
