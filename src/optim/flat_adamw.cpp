@@ -92,11 +92,14 @@ void FlatAdamW::step(const Tensor& values, const Tensor& grads, Tensor* working,
     if (grad_scale != 1.0) scale_grads(g, numel_, grad_scale);
     host_->step(values.data<float>(), g, segments_, lr);
     step_ = host_->step_count();
-    if (working) {
+    if (working) {  // as the fused GPU step writes it: every segment, nothing between segments
       const float* v = values.data<float>();
       bf16* w = working->data<bf16>();
-#pragma omp parallel for schedule(static)
-      for (int64_t i = 0; i < numel_; ++i) w[i] = bf16::from_float(v[i]);
+#pragma omp parallel
+      for (const auto& seg : segments_) {
+#pragma omp for schedule(static) nowait
+        for (int64_t i = seg.offset; i < seg.offset + seg.numel; ++i) w[i] = bf16::from_float(v[i]);
+      }
     }
     return;
   }

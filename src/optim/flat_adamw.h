@@ -25,7 +25,9 @@ class FlatAdamW {
   double grad_sq_sum(const Tensor& grads, const std::vector<int>& tensors) const;
 
   // One step on every segment: gradients times grad_scale (the clipping factor), then AdamW.
-  // When working is given (bf16, laid out like values), it receives bf16(updated values).
+  // When working is given (bf16, laid out like values), each segment of it receives bf16(updated
+  // values); what lies between segments (the ParamStore's alignment padding) is left as it is, on
+  // both devices.
   void step(const Tensor& values, const Tensor& grads, Tensor* working, double lr, double grad_scale = 1.0);
 
   int64_t step_count() const { return step_; }

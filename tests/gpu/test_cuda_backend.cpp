@@ -86,7 +86,7 @@ TEST(CudaBackend, GemmsOfTheModelMatchTheReference) {
   const int res = p.add(random_host({N, O}, DType::BF16, 3)), bias = p.add(random_host({O}, DType::BF16, 4));
   const int y = p.add(Tensor::zeros({N, O}, DType::BF16)), dy = p.add(random_host({N, O}, DType::BF16, 5));
   const int dx = p.add(Tensor::zeros({N, C}, DType::BF16)), dw = p.add(random_host({O, C}, DType::F32, 6));
-  const int z = p.add(Tensor::zeros({N, O}, DType::F32));
+  const int z = p.add(Tensor::zeros({N, O - 16}, DType::F32));
   p.run([&](ops::Backend& b, std::vector<Tensor>& t) {
     b.gemm(false, true, 1.0f, t[x], t[w], 1.0f, t[res], t[y], t[bias]);   // y = x W^T + res + bias
     b.gemm(false, false, 1.0f, t[dy], t[w], 0.0f, Tensor(), t[dx], Tensor());  // dx = dy W
@@ -96,6 +96,7 @@ TEST(CudaBackend, GemmsOfTheModelMatchTheReference) {
   p.expect(y, 0.05, 0.01, "forward with residual and bias");
   p.expect(dx, 0.05, 0.01, "input gradient");
   p.expect(dw, 1e-3, 1e-4, "weight gradient accumulated in fp32");
+  p.expect(z, 1e-3, 1e-4, "fp32 output from rows of W at an offset");
 }
 
 TEST(CudaBackend, RowOpsMatchTheReference) {
@@ -218,7 +219,11 @@ TEST(CudaBackend, FlatAdamWMatchesTheHostOptimizer) {
   EXPECT_EQ(dev.step_count(), 5);
 }
 
-// The whole model: the GPU run of 8 AdamW steps follows the reference run.
+// The whole model: the GPU run of 8 AdamW steps follows the reference run. lr 1e-3: at 3e-3
+// iteration 5 is a loss spike whose height depends on the fp32 summation order of the GEMMs alone
+// (the emulated cuBLASLt's algorithms gave 4.91 to 5.51 against the reference's 5.55), so a
+// trajectory test there checks rounding luck, not the kernels. The next case checks the losses
+// and gradients of that steeper run step by step, from the same weights.
 TEST(CudaBackend, MixedModelTrainsLikeTheReference) {
   PRIMUS_REQUIRE_GPU();
   const ModelSpec spec = spec64();
@@ -256,8 +261,50 @@ TEST(CudaBackend, MixedModelTrainsLikeTheReference) {
       }
       EXPECT_LT(std::sqrt(num / den), 0.03) << "first-step gradients";
     }
+    oa.step(a.params().values(), a.params().grads(), &a.working_weights(), 1e-3);
+    ob.step(b.params().values(), b.params().grads(), &b.working_weights(), 1e-3);
+  }
+}
+
+// The whole model along the reference's training run: at each of its 8 AdamW steps the GPU model,
+// given the same weights, computes the same loss and gradients.
+TEST(CudaBackend, MixedModelMatchesTheReferenceAlongATrainingRun) {
+  PRIMUS_REQUIRE_GPU();
+  const ModelSpec spec = spec64();
+  cpu::ReferenceBackend ref;
+  cuda::CudaBackend gpu;
+  MixedLlamaModel a(spec, ref), b(spec, gpu);
+  a.init_weights(3);
+  std::vector<ParamSegment> segs;
+  for (const auto& p : a.params().infos()) segs.push_back({p.name, p.offset, p.numel, p.weight_decay});
+  FlatAdamW oa({0.9, 0.95, 1e-8, 0.0}, segs, a.params().numel(), Device::CPU);
+  const int64_t B = 2, S = 64;
+  std::vector<int32_t> tokens(B * S), targets(B * S);
+  Rng rng(5);
+  for (int64_t i = 0; i < B * S; ++i) {
+    tokens[i] = int32_t(rng.next_u64() % 100);
+    targets[i] = int32_t((tokens[i] * 3 + 1) % 100);  // learnable
+  }
+  for (int it = 0; it < 8; ++it) {
+    Tensor gpu_values = b.params().values();
+    gpu_values.copy_from(a.params().values());
+    b.sync_working_weights();
+    a.params().zero_grad();
+    b.params().zero_grad();
+    MixedContext ca, cb;
+    const float la = a.forward(ca, tokens.data(), targets.data(), B, S);
+    const float lb = b.forward(cb, tokens.data(), targets.data(), B, S);
+    EXPECT_NEAR(lb, la, 0.01 * la) << "iteration " << it + 1;
+    a.backward(ca, 1.0f);
+    b.backward(cb, 1.0f);
+    const auto ga = values(a.params().grads()), gb = values(b.params().grads());
+    double num = 0, den = 0;
+    for (size_t i = 0; i < ga.size(); ++i) {
+      num += (double(gb[i]) - ga[i]) * (double(gb[i]) - ga[i]);
+      den += double(ga[i]) * ga[i];
+    }
+    EXPECT_LT(std::sqrt(num / den), 0.03) << "gradients, iteration " << it + 1;
     oa.step(a.params().values(), a.params().grads(), &a.working_weights(), 3e-3);
-    ob.step(b.params().values(), b.params().grads(), &b.working_weights(), 3e-3);
   }
 }
 

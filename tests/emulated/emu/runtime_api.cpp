@@ -336,6 +336,11 @@ cudaError_t cudaMemset(void* ptr, int value, size_t count) { return cudaMemsetAs
 
 // ---- streams and events ----
 
+static Event* event_of(cudaEvent_t e) {
+  std::lock_guard<std::mutex> lock(st().mu);
+  return st().events.count(e) ? reinterpret_cast<Event*>(e) : nullptr;
+}
+
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t* stream, unsigned int) {
   if (!stream) return fail(cudaErrorInvalidValue);
   *stream = reinterpret_cast<cudaStream_t>(new char);
@@ -353,8 +358,8 @@ cudaError_t cudaStreamDestroy(cudaStream_t stream) {
 cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
   return valid_stream(stream) ? cudaSuccess : fail(cudaErrorInvalidResourceHandle);
 }
-cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t, unsigned int) {
-  return valid_stream(stream) ? cudaSuccess : fail(cudaErrorInvalidResourceHandle);
+cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned int) {
+  return valid_stream(stream) && event_of(event) ? cudaSuccess : fail(cudaErrorInvalidResourceHandle);
 }
 cudaError_t cudaStreamQuery(cudaStream_t stream) {
   return valid_stream(stream) ? cudaSuccess : fail(cudaErrorInvalidResourceHandle);
@@ -368,10 +373,6 @@ cudaError_t cudaEventCreateWithFlags(cudaEvent_t* event, unsigned int) {
   return cudaSuccess;
 }
 cudaError_t cudaEventCreate(cudaEvent_t* event) { return cudaEventCreateWithFlags(event, 0); }
-static Event* event_of(cudaEvent_t e) {
-  std::lock_guard<std::mutex> lock(st().mu);
-  return st().events.count(e) ? reinterpret_cast<Event*>(e) : nullptr;
-}
 cudaError_t cudaEventDestroy(cudaEvent_t event) {
   std::lock_guard<std::mutex> lock(st().mu);
   if (!st().events.erase(event)) return fail(cudaErrorInvalidResourceHandle);

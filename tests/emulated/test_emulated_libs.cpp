@@ -1,0 +1,332 @@
+// The emulated cuBLASLt and NCCL's own tests (emu/cublaslt_api.cpp, emu/nccl_api.cpp): the
+// column-major product with every option gemm.cpp uses, the same result from every algorithm the
+// heuristic offers, and the errors that make a wrong mapping in the product code visible instead
+// of being quietly computed.
+#include <cublasLt.h>
+#include <gtest/gtest.h>
+#include <nccl.h>
+
+#include <cmath>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "gpu_test_util.h"
+
+namespace primus::gputest {
+namespace {
+
+// ---------------------------------------------------------------- cuBLASLt
+
+// One column-major problem D[m x n] = alpha op(A) op(B) + beta C (+ bias[m]), fp32 throughout, its
+// descriptors and device operands; ld = rows + pad.
+struct Lt {
+  bool ta = false, tb = false, bias = false;
+  int64_t m = 13, n = 9, k = 21, pad = 3;
+  cudaDataType ab = CUDA_R_32F, cd = CUDA_R_32F;
+  float alpha = 1.5f, beta = 0.5f;
+
+  cublasLtHandle_t h = nullptr;
+  cublasLtMatmulDesc_t desc = nullptr;
+  cublasLtMatrixLayout_t la = nullptr, lb = nullptr, lc = nullptr, ld = nullptr;
+  cublasLtMatmulPreference_t pref = nullptr;
+  std::vector<float> A, B, C, bias_v;
+  std::unique_ptr<DeviceArray<float>> dA, dB, dC, dD, dbias, ws;
+
+  int64_t rows_a() const { return ta ? k : m; }
+  int64_t cols_a() const { return ta ? m : k; }
+  int64_t rows_b() const { return tb ? n : k; }
+  int64_t cols_b() const { return tb ? k : n; }
+
+  void build() {
+    ASSERT_EQ(cublasLtCreate(&h), CUBLAS_STATUS_SUCCESS);
+    ASSERT_EQ(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F), CUBLAS_STATUS_SUCCESS);
+    const cublasOperation_t opa = ta ? CUBLAS_OP_T : CUBLAS_OP_N, opb = tb ? CUBLAS_OP_T : CUBLAS_OP_N;
+    ASSERT_EQ(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof opa), CUBLAS_STATUS_SUCCESS);
+    ASSERT_EQ(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof opb), CUBLAS_STATUS_SUCCESS);
+    ASSERT_EQ(cublasLtMatrixLayoutCreate(&la, ab, rows_a(), cols_a(), rows_a() + pad), CUBLAS_STATUS_SUCCESS);
+    ASSERT_EQ(cublasLtMatrixLayoutCreate(&lb, ab, rows_b(), cols_b(), rows_b() + pad), CUBLAS_STATUS_SUCCESS);
+    ASSERT_EQ(cublasLtMatrixLayoutCreate(&lc, cd, m, n, m + pad), CUBLAS_STATUS_SUCCESS);
+    ASSERT_EQ(cublasLtMatrixLayoutCreate(&ld, cd, m, n, m + pad), CUBLAS_STATUS_SUCCESS);
+    ASSERT_EQ(cublasLtMatmulPreferenceCreate(&pref), CUBLAS_STATUS_SUCCESS);
+    const uint64_t wsb = 1 << 20;
+    ASSERT_EQ(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &wsb, sizeof wsb),
+              CUBLAS_STATUS_SUCCESS);
+    A = random_floats(size_t(cols_a() * (rows_a() + pad)), 1);
+    B = random_floats(size_t(cols_b() * (rows_b() + pad)), 2);
+    C = random_floats(size_t(n * (m + pad)), 3);
+    bias_v = random_floats(size_t(m), 4);
+    dA = std::make_unique<DeviceArray<float>>(A);
+    dB = std::make_unique<DeviceArray<float>>(B);
+    dC = std::make_unique<DeviceArray<float>>(C);
+    dD = std::make_unique<DeviceArray<float>>(C.size());
+    dbias = std::make_unique<DeviceArray<float>>(bias_v);
+    ws = std::make_unique<DeviceArray<float>>(size_t(wsb / 4));
+    if (bias) {
+      const cublasLtEpilogue_t e = CUBLASLT_EPILOGUE_BIAS;
+      ASSERT_EQ(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &e, sizeof e), CUBLAS_STATUS_SUCCESS);
+      const void* p = dbias->get();
+      ASSERT_EQ(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &p, sizeof p),
+                CUBLAS_STATUS_SUCCESS);
+    }
+  }
+  ~Lt() {
+    cublasLtMatmulPreferenceDestroy(pref);
+    for (auto l : {la, lb, lc, ld}) cublasLtMatrixLayoutDestroy(l);
+    cublasLtMatmulDescDestroy(desc);
+    cublasLtDestroy(h);
+  }
+
+  std::vector<cublasLtMatmulHeuristicResult_t> heuristic(int* returned, cublasStatus_t* status = nullptr) {
+    std::vector<cublasLtMatmulHeuristicResult_t> r(16);
+    const cublasStatus_t s = cublasLtMatmulAlgoGetHeuristic(h, desc, la, lb, lc, ld, pref, 16, r.data(), returned);
+    if (status) *status = s;
+    return r;
+  }
+  cublasStatus_t run(const cublasLtMatmulAlgo_t* algo, const void* c = nullptr, void* d = nullptr) {
+    return cublasLtMatmul(h, desc, &alpha, dA->get(), la, dB->get(), lb, &beta, c ? c : dC->get(), lc,
+                          d ? d : dD->get(), ld, algo, ws->get(), size_t(ws->n) * 4, cuda::stream());
+  }
+  // What D must hold: the product in the m x n corner, D's old contents (zeros) in the padding.
+  std::vector<float> reference() const {
+    std::vector<float> want(C.size(), 0.0f);
+    const int64_t lda = rows_a() + pad, ldb = rows_b() + pad, ldcd = m + pad;
+    for (int64_t j = 0; j < n; ++j)
+      for (int64_t i = 0; i < m; ++i) {
+        double s = 0;
+        for (int64_t l = 0; l < k; ++l)
+          s += double(ta ? A[size_t(l + i * lda)] : A[size_t(i + l * lda)]) *
+               double(tb ? B[size_t(j + l * ldb)] : B[size_t(l + j * ldb)]);
+        double v = alpha * s + beta * double(C[size_t(i + j * ldcd)]);
+        if (bias) v += bias_v[size_t(i)];
+        want[size_t(i + j * ldcd)] = float(v);
+      }
+    return want;
+  }
+};
+
+class EmulatedCublasLt : public testing::Test {
+ protected:
+  void SetUp() override { PRIMUS_REQUIRE_GPU(); }
+};
+
+TEST_F(EmulatedCublasLt, EveryAlgorithmComputesTheColumnMajorProduct) {
+  for (const bool ta : {false, true})
+    for (const bool tb : {false, true})
+      for (const bool bias : {false, true}) {
+        SCOPED_TRACE(testing::Message() << "ta " << ta << " tb " << tb << " bias " << bias);
+        Lt p;
+        p.ta = ta, p.tb = tb, p.bias = bias;
+        p.build();
+        int returned = 0;
+        const auto algos = p.heuristic(&returned);
+        ASSERT_GE(returned, 4) << "several candidates for tuning";
+        for (int i = 0; i < returned; ++i) {
+          ASSERT_EQ(p.run(&algos[size_t(i)].algo), CUBLAS_STATUS_SUCCESS) << "candidate " << i;
+          expect_close(p.dD->host(), p.reference(), 1e-4, 1e-5, "candidate " + std::to_string(i));
+        }
+        ASSERT_EQ(p.run(nullptr), CUBLAS_STATUS_SUCCESS) << "no algorithm: cuBLASLt picks one";
+      }
+}
+
+TEST_F(EmulatedCublasLt, InPlaceNeedsDsLayoutAndBetaZeroDoesNotReadC) {
+  Lt p;
+  p.build();
+  int returned = 0;
+  const auto algos = p.heuristic(&returned);
+  const std::vector<float> want = p.reference();
+  DeviceArray<float> cd(p.C);
+  EXPECT_EQ(p.run(&algos[0].algo, cd.get(), cd.get()), CUBLAS_STATUS_SUCCESS);
+  std::vector<float> got = cd.host();
+  for (size_t i = 0; i < got.size(); ++i)
+    if (int64_t(i % size_t(p.m + p.pad)) >= p.m) got[i] = 0;  // the padding keeps C's values
+  expect_close(got, want, 1e-4, 1e-5, "C == D");
+  // C == D with another ld for C than for D: refused.
+  DeviceArray<float> big(size_t((p.m + p.pad + 1) * p.n));
+  cublasLtMatrixLayout_t wide = nullptr;
+  ASSERT_EQ(cublasLtMatrixLayoutCreate(&wide, CUDA_R_32F, p.m, p.n, p.m + p.pad + 1), CUBLAS_STATUS_SUCCESS);
+  std::swap(p.lc, wide);
+  EXPECT_EQ(p.run(&algos[0].algo, big.get(), big.get()), CUBLAS_STATUS_INVALID_VALUE);
+  std::swap(p.lc, wide);
+  cublasLtMatrixLayoutDestroy(wide);
+  // beta = 0: C is not read (a null or NaN-filled C is fine).
+  p.beta = 0;
+  std::vector<float> nan(p.C.size(), std::nanf(""));
+  DeviceArray<float> dnan(nan);
+  EXPECT_EQ(p.run(&algos[0].algo, dnan.get()), CUBLAS_STATUS_SUCCESS);
+  expect_close(p.dD->host(), p.reference(), 1e-4, 1e-5, "beta 0");
+}
+
+TEST_F(EmulatedCublasLt, InconsistentLayoutsAreErrors) {
+  Lt p;
+  p.build();
+  int returned = 0;
+  cublasStatus_t s;
+  // A's layout given for TRANSA = N while TRANSA = T: op(A) has the wrong shape.
+  const cublasOperation_t t = CUBLAS_OP_T;
+  ASSERT_EQ(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSA, &t, sizeof t), CUBLAS_STATUS_SUCCESS);
+  p.heuristic(&returned, &s);
+  EXPECT_EQ(s, CUBLAS_STATUS_INVALID_VALUE);
+  const cublasOperation_t nop = CUBLAS_OP_N;
+  ASSERT_EQ(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSA, &nop, sizeof nop), CUBLAS_STATUS_SUCCESS);
+  // ld below the rows.
+  const int64_t small = p.m - 1;
+  ASSERT_EQ(cublasLtMatrixLayoutSetAttribute(p.ld, CUBLASLT_MATRIX_LAYOUT_LD, &small, sizeof small), CUBLAS_STATUS_SUCCESS);
+  p.heuristic(&returned, &s);
+  EXPECT_EQ(s, CUBLAS_STATUS_INVALID_VALUE);
+  const int64_t good = p.m + p.pad;
+  ASSERT_EQ(cublasLtMatrixLayoutSetAttribute(p.ld, CUBLASLT_MATRIX_LAYOUT_LD, &good, sizeof good), CUBLAS_STATUS_SUCCESS);
+  // An attribute of the wrong size.
+  const int64_t wide_op = 0;
+  EXPECT_EQ(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSB, &wide_op, sizeof wide_op),
+            CUBLAS_STATUS_INVALID_VALUE);
+  // A bf16 C/D with fp32 A/B.
+  const uint32_t bf = CUDA_R_16BF;
+  ASSERT_EQ(cublasLtMatrixLayoutSetAttribute(p.lc, CUBLASLT_MATRIX_LAYOUT_TYPE, &bf, sizeof bf), CUBLAS_STATUS_SUCCESS);
+  ASSERT_EQ(cublasLtMatrixLayoutSetAttribute(p.ld, CUBLASLT_MATRIX_LAYOUT_TYPE, &bf, sizeof bf), CUBLAS_STATUS_SUCCESS);
+  p.heuristic(&returned, &s);
+  EXPECT_EQ(s, CUBLAS_STATUS_NOT_SUPPORTED);
+}
+
+TEST_F(EmulatedCublasLt, BiasOfAnotherTypeThanDIsNotSupported) {
+  Lt p;
+  p.bias = true;
+  p.build();
+  const int32_t bf = CUDA_R_16BF;
+  ASSERT_EQ(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bf, sizeof bf),
+            CUBLAS_STATUS_SUCCESS);
+  int returned = 0;
+  cublasStatus_t s;
+  p.heuristic(&returned, &s);
+  EXPECT_EQ(s, CUBLAS_STATUS_NOT_SUPPORTED);
+}
+
+TEST_F(EmulatedCublasLt, AlignmentsDecideTheAlgorithms) {
+  Lt p;
+  p.build();
+  int all = 0, few = 0;
+  const auto best = p.heuristic(&all);
+  const uint32_t four = 4;
+  ASSERT_EQ(cublasLtMatmulPreferenceSetAttribute(p.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &four, sizeof four),
+            CUBLAS_STATUS_SUCCESS);
+  const auto aligned4 = p.heuristic(&few);
+  EXPECT_GT(few, 0);
+  EXPECT_LT(few, all) << "vectorised algorithms need more than 4 bytes";
+  // The heuristic's first choice for 256-byte pointers refuses a 4-byte aligned A; the candidates
+  // for a 4-byte aligned A accept it.
+  DeviceArray<float> shifted(p.A.size() + 1);
+  const float* a4 = shifted.get() + 1;
+  auto run_with = [&](const cublasLtMatmulAlgo_t& algo) {
+    return cublasLtMatmul(p.h, p.desc, &p.alpha, a4, p.la, p.dB->get(), p.lb, &p.beta, p.dC->get(), p.lc, p.dD->get(),
+                          p.ld, &algo, p.ws->get(), size_t(p.ws->n) * 4, cuda::stream());
+  };
+  EXPECT_EQ(run_with(best[0].algo), CUBLAS_STATUS_INVALID_VALUE);
+  EXPECT_EQ(run_with(aligned4[0].algo), CUBLAS_STATUS_SUCCESS);
+  // A leading dimension that is not a multiple of 16 bytes rules the vectorised ones out too.
+  const int64_t odd = p.m + p.pad + 1;
+  ASSERT_EQ(cublasLtMatrixLayoutSetAttribute(p.lc, CUBLASLT_MATRIX_LAYOUT_LD, &odd, sizeof odd), CUBLAS_STATUS_SUCCESS);
+  cublasLtMatmulHeuristicResult_t check{};
+  EXPECT_EQ(cublasLtMatmulAlgoCheck(p.h, p.desc, p.la, p.lb, p.lc, p.ld, &best[0].algo, &check),
+            CUBLAS_STATUS_NOT_SUPPORTED);
+}
+
+TEST_F(EmulatedCublasLt, ForeignAlgorithmsAndHostPointersAreRefused) {
+  Lt p;
+  p.build();
+  int returned = 0;
+  const auto algos = p.heuristic(&returned);
+  cublasLtMatmulHeuristicResult_t check{};
+  EXPECT_EQ(cublasLtMatmulAlgoCheck(p.h, p.desc, p.la, p.lb, p.lc, p.ld, &algos[0].algo, &check), CUBLAS_STATUS_SUCCESS);
+  cublasLtMatmulAlgo_t foreign = algos[0].algo;
+  foreign.data[1] ^= 1;  // no longer what this cuBLASLt wrote
+  EXPECT_EQ(cublasLtMatmulAlgoCheck(p.h, p.desc, p.la, p.lb, p.lc, p.ld, &foreign, &check), CUBLAS_STATUS_INVALID_VALUE);
+  EXPECT_EQ(p.run(&foreign), CUBLAS_STATUS_INVALID_VALUE);
+  // An algorithm chosen for bf16 operands, given fp32 descriptors.
+  Lt b;
+  b.ab = b.cd = CUDA_R_16BF;
+  b.build();
+  const auto bf_algos = b.heuristic(&returned);
+  EXPECT_EQ(cublasLtMatmulAlgoCheck(p.h, p.desc, p.la, p.lb, p.lc, p.ld, &bf_algos[0].algo, &check),
+            CUBLAS_STATUS_INVALID_VALUE);
+  // A host pointer (an illegal address on a GPU).
+  EXPECT_EQ(cublasLtMatmul(p.h, p.desc, &p.alpha, p.A.data(), p.la, p.dB->get(), p.lb, &p.beta, p.dC->get(), p.lc,
+                           p.dD->get(), p.ld, &algos[0].algo, p.ws->get(), size_t(p.ws->n) * 4, cuda::stream()),
+            CUBLAS_STATUS_EXECUTION_FAILED);
+  // D overlapping A.
+  EXPECT_EQ(cublasLtMatmul(p.h, p.desc, &p.alpha, p.dA->get(), p.la, p.dB->get(), p.lb, &p.beta, p.dC->get(), p.lc,
+                           p.dA->get(), p.ld, &algos[0].algo, p.ws->get(), size_t(p.ws->n) * 4, cuda::stream()),
+            CUBLAS_STATUS_INVALID_VALUE);
+}
+
+// ---------------------------------------------------------------- NCCL
+
+class EmulatedNccl : public testing::Test {
+ protected:
+  void SetUp() override {
+    PRIMUS_REQUIRE_GPU();
+    ncclUniqueId id;
+    ASSERT_EQ(ncclGetUniqueId(&id), ncclSuccess);
+    ASSERT_EQ(ncclCommInitRank(&comm, 1, id, 0), ncclSuccess);
+  }
+  void TearDown() override {
+    if (comm) ncclCommDestroy(comm);
+  }
+  ncclComm_t comm = nullptr;
+};
+
+TEST_F(EmulatedNccl, OneRankOnly) {
+  ncclUniqueId id;
+  ASSERT_EQ(ncclGetUniqueId(&id), ncclSuccess);
+  ncclComm_t two = nullptr;
+  EXPECT_EQ(ncclCommInitRank(&two, 2, id, 0), ncclInvalidArgument);
+  EXPECT_NE(std::string(ncclGetLastError(nullptr)).find("one rank"), std::string::npos);
+  ncclUniqueId forged{};
+  EXPECT_EQ(ncclCommInitRank(&two, 1, forged, 0), ncclInvalidArgument);
+  ncclComm_t none = comm;
+  EXPECT_EQ(ncclCommSplit(comm, NCCL_SPLIT_NOCOLOR, 0, &none, nullptr), ncclSuccess);
+  EXPECT_EQ(none, nullptr);
+}
+
+TEST_F(EmulatedNccl, SendsMeetReceivesInTheirGroup) {
+  const std::vector<float> x = random_floats(100, 1);
+  DeviceArray<float> s(x), r(x.size()), r2(x.size());
+  // Outside a group, a send to self never completes on a GPU.
+  EXPECT_EQ(ncclSend(s.get(), 100, ncclFloat32, 0, comm, cuda::stream()), ncclInvalidUsage);
+  // In a group: matched in order.
+  ASSERT_EQ(ncclGroupStart(), ncclSuccess);
+  ASSERT_EQ(ncclSend(s.get(), 100, ncclFloat32, 0, comm, cuda::stream()), ncclSuccess);
+  ASSERT_EQ(ncclRecv(r.get(), 100, ncclFloat32, 0, comm, cuda::stream()), ncclSuccess);
+  ASSERT_EQ(ncclGroupEnd(), ncclSuccess);
+  EXPECT_EQ(r.host(), x);
+  // A send left unmatched, or matched with another count: the group fails and nothing moves.
+  ASSERT_EQ(ncclGroupStart(), ncclSuccess);
+  ASSERT_EQ(ncclSend(s.get(), 100, ncclFloat32, 0, comm, cuda::stream()), ncclSuccess);
+  EXPECT_EQ(ncclGroupEnd(), ncclInvalidUsage);
+  ASSERT_EQ(ncclGroupStart(), ncclSuccess);
+  ASSERT_EQ(ncclSend(s.get(), 100, ncclFloat32, 0, comm, cuda::stream()), ncclSuccess);
+  ASSERT_EQ(ncclRecv(r2.get(), 99, ncclFloat32, 0, comm, cuda::stream()), ncclSuccess);
+  EXPECT_EQ(ncclGroupEnd(), ncclInvalidUsage);
+  EXPECT_EQ(r2.host(), std::vector<float>(x.size(), 0.0f));
+}
+
+TEST_F(EmulatedNccl, CollectivesCheckTheirBuffers) {
+  const std::vector<float> x = random_floats(64, 2);
+  DeviceArray<float> a(x), b(x.size());
+  EXPECT_EQ(ncclAllReduce(a.get(), b.get(), 64, ncclFloat32, ncclSum, comm, cuda::stream()), ncclSuccess);
+  EXPECT_EQ(b.host(), x);
+  std::vector<float> host(64);
+  EXPECT_EQ(ncclAllReduce(host.data(), host.data(), 64, ncclFloat32, ncclSum, comm, cuda::stream()), ncclInvalidArgument);
+  EXPECT_EQ(ncclAllReduce(a.get(), a.get(), 129, ncclFloat32, ncclSum, comm, cuda::stream()), ncclInvalidArgument)
+      << "past the end of the allocation (the caching allocator's 512-byte block)";
+  EXPECT_EQ(ncclAllReduce(a.get(), a.get() + 1, 32, ncclFloat32, ncclSum, comm, cuda::stream()), ncclInvalidArgument)
+      << "overlapping, not in place";
+  EXPECT_EQ(ncclBroadcast(a.get(), a.get(), 64, ncclFloat32, 1, comm, cuda::stream()), ncclInvalidArgument);
+  ncclComm_t gone = comm;
+  ASSERT_EQ(ncclCommDestroy(comm), ncclSuccess);
+  comm = nullptr;
+  EXPECT_EQ(ncclAllReduce(a.get(), a.get(), 64, ncclFloat32, ncclSum, gone, cuda::stream()), ncclInvalidArgument);
+}
+
+}  // namespace
+}  // namespace primus::gputest
