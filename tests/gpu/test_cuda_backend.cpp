@@ -219,6 +219,52 @@ TEST(CudaBackend, FlatAdamWMatchesTheHostOptimizer) {
   EXPECT_EQ(dev.step_count(), 5);
 }
 
+namespace {
+
+// What the whole-model cases share: the optimizer's segments, a learnable batch, and the
+// relative L2 error of the GPU gradients against the reference's.
+std::vector<ParamSegment> segments_of(const MixedLlamaModel& m) {
+  std::vector<ParamSegment> segs;
+  for (const auto& p : m.params().infos()) segs.push_back({p.name, p.offset, p.numel, p.weight_decay});
+  return segs;
+}
+
+struct LearnableBatch {
+  static constexpr int64_t B = 2, S = 64;
+  std::vector<int32_t> tokens, targets;
+  LearnableBatch() : tokens(B * S), targets(B * S) {
+    Rng rng(5);
+    for (int64_t i = 0; i < B * S; ++i) {
+      tokens[i] = int32_t(rng.next_u64() % 100);
+      targets[i] = int32_t((tokens[i] * 3 + 1) % 100);
+    }
+  }
+};
+
+double grad_rel_error(const MixedLlamaModel& gpu_model, const MixedLlamaModel& ref_model) {
+  const auto ga = values(ref_model.params().grads()), gb = values(gpu_model.params().grads());
+  double num = 0, den = 0;
+  for (size_t i = 0; i < ga.size(); ++i) {
+    num += (double(gb[i]) - ga[i]) * (double(gb[i]) - ga[i]);
+    den += double(ga[i]) * ga[i];
+  }
+  return std::sqrt(num / den);
+}
+
+// One forward and backward of both models on the batch; expects the losses within 1%.
+void forward_backward_both(MixedLlamaModel& ref_model, MixedLlamaModel& gpu_model, const LearnableBatch& d, int it) {
+  ref_model.params().zero_grad();
+  gpu_model.params().zero_grad();
+  MixedContext ca, cb;
+  const float la = ref_model.forward(ca, d.tokens.data(), d.targets.data(), d.B, d.S);
+  const float lb = gpu_model.forward(cb, d.tokens.data(), d.targets.data(), d.B, d.S);
+  EXPECT_NEAR(lb, la, 0.01 * la) << "iteration " << it + 1;
+  ref_model.backward(ca, 1.0f);
+  gpu_model.backward(cb, 1.0f);
+}
+
+}  // namespace
+
 // The whole model: the GPU run of 8 AdamW steps follows the reference run. lr 1e-3: at 3e-3
 // iteration 5 is a loss spike whose height depends on the fp32 summation order of the GEMMs alone
 // (the emulated cuBLASLt's algorithms gave 4.91 to 5.51 against the reference's 5.55), so a
@@ -232,34 +278,13 @@ TEST(CudaBackend, MixedModelTrainsLikeTheReference) {
   MixedLlamaModel a(spec, ref), b(spec, gpu);
   a.init_weights(3);
   b.init_weights(3);
-  std::vector<ParamSegment> segs;
-  for (const auto& p : a.params().infos()) segs.push_back({p.name, p.offset, p.numel, p.weight_decay});
   const AdamWOptions o{0.9, 0.95, 1e-8, 0.0};
-  FlatAdamW oa(o, segs, a.params().numel(), Device::CPU), ob(o, segs, b.params().numel(), Device::CUDA);
-  const int64_t B = 2, S = 64;
-  std::vector<int32_t> tokens(B * S), targets(B * S);
-  Rng rng(5);
-  for (int64_t i = 0; i < B * S; ++i) {
-    tokens[i] = int32_t(rng.next_u64() % 100);
-    targets[i] = int32_t((tokens[i] * 3 + 1) % 100);  // learnable
-  }
+  FlatAdamW oa(o, segments_of(a), a.params().numel(), Device::CPU), ob(o, segments_of(b), b.params().numel(), Device::CUDA);
+  const LearnableBatch batch;
   for (int it = 0; it < 8; ++it) {
-    a.params().zero_grad();
-    b.params().zero_grad();
-    MixedContext ca, cb;
-    const float la = a.forward(ca, tokens.data(), targets.data(), B, S);
-    const float lb = b.forward(cb, tokens.data(), targets.data(), B, S);
-    EXPECT_NEAR(lb, la, 0.01 * la) << "iteration " << it + 1;
-    a.backward(ca, 1.0f);
-    b.backward(cb, 1.0f);
+    forward_backward_both(a, b, batch, it);
     if (it == 0) {
-      const auto ga = values(a.params().grads()), gb = values(b.params().grads());
-      double num = 0, den = 0;
-      for (size_t i = 0; i < ga.size(); ++i) {
-        num += (double(gb[i]) - ga[i]) * (double(gb[i]) - ga[i]);
-        den += double(ga[i]) * ga[i];
-      }
-      EXPECT_LT(std::sqrt(num / den), 0.03) << "first-step gradients";
+      EXPECT_LT(grad_rel_error(b, a), 0.03) << "first-step gradients";
     }
     oa.step(a.params().values(), a.params().grads(), &a.working_weights(), 1e-3);
     ob.step(b.params().values(), b.params().grads(), &b.working_weights(), 1e-3);
@@ -275,35 +300,14 @@ TEST(CudaBackend, MixedModelMatchesTheReferenceAlongATrainingRun) {
   cuda::CudaBackend gpu;
   MixedLlamaModel a(spec, ref), b(spec, gpu);
   a.init_weights(3);
-  std::vector<ParamSegment> segs;
-  for (const auto& p : a.params().infos()) segs.push_back({p.name, p.offset, p.numel, p.weight_decay});
-  FlatAdamW oa({0.9, 0.95, 1e-8, 0.0}, segs, a.params().numel(), Device::CPU);
-  const int64_t B = 2, S = 64;
-  std::vector<int32_t> tokens(B * S), targets(B * S);
-  Rng rng(5);
-  for (int64_t i = 0; i < B * S; ++i) {
-    tokens[i] = int32_t(rng.next_u64() % 100);
-    targets[i] = int32_t((tokens[i] * 3 + 1) % 100);  // learnable
-  }
+  FlatAdamW oa({0.9, 0.95, 1e-8, 0.0}, segments_of(a), a.params().numel(), Device::CPU);
+  const LearnableBatch batch;
   for (int it = 0; it < 8; ++it) {
     Tensor gpu_values = b.params().values();
     gpu_values.copy_from(a.params().values());
     b.sync_working_weights();
-    a.params().zero_grad();
-    b.params().zero_grad();
-    MixedContext ca, cb;
-    const float la = a.forward(ca, tokens.data(), targets.data(), B, S);
-    const float lb = b.forward(cb, tokens.data(), targets.data(), B, S);
-    EXPECT_NEAR(lb, la, 0.01 * la) << "iteration " << it + 1;
-    a.backward(ca, 1.0f);
-    b.backward(cb, 1.0f);
-    const auto ga = values(a.params().grads()), gb = values(b.params().grads());
-    double num = 0, den = 0;
-    for (size_t i = 0; i < ga.size(); ++i) {
-      num += (double(gb[i]) - ga[i]) * (double(gb[i]) - ga[i]);
-      den += double(ga[i]) * ga[i];
-    }
-    EXPECT_LT(std::sqrt(num / den), 0.03) << "gradients, iteration " << it + 1;
+    forward_backward_both(a, b, batch, it);
+    EXPECT_LT(grad_rel_error(b, a), 0.03) << "gradients, iteration " << it + 1;
     oa.step(a.params().values(), a.params().grads(), &a.working_weights(), 3e-3);
   }
 }
