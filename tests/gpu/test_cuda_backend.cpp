@@ -251,6 +251,14 @@ double grad_rel_error(const MixedLlamaModel& gpu_model, const MixedLlamaModel& r
   return std::sqrt(num / den);
 }
 
+// The same model on the reference backend and on the GPU.
+struct ModelPair {
+  const ModelSpec spec = spec64();
+  cpu::ReferenceBackend ref;
+  cuda::CudaBackend gpu;
+  MixedLlamaModel ref_model{spec, ref}, gpu_model{spec, gpu};
+};
+
 // One forward and backward of both models on the batch; expects the losses within 1%.
 void forward_backward_both(MixedLlamaModel& ref_model, MixedLlamaModel& gpu_model, const LearnableBatch& d, int it) {
   ref_model.params().zero_grad();
@@ -272,10 +280,8 @@ void forward_backward_both(MixedLlamaModel& ref_model, MixedLlamaModel& gpu_mode
 // and gradients of that steeper run step by step, from the same weights.
 TEST(CudaBackend, MixedModelTrainsLikeTheReference) {
   PRIMUS_REQUIRE_GPU();
-  const ModelSpec spec = spec64();
-  cpu::ReferenceBackend ref;
-  cuda::CudaBackend gpu;
-  MixedLlamaModel a(spec, ref), b(spec, gpu);
+  ModelPair m;
+  MixedLlamaModel &a = m.ref_model, &b = m.gpu_model;
   a.init_weights(3);
   b.init_weights(3);
   const AdamWOptions o{0.9, 0.95, 1e-8, 0.0};
@@ -295,10 +301,8 @@ TEST(CudaBackend, MixedModelTrainsLikeTheReference) {
 // given the same weights, computes the same loss and gradients.
 TEST(CudaBackend, MixedModelMatchesTheReferenceAlongATrainingRun) {
   PRIMUS_REQUIRE_GPU();
-  const ModelSpec spec = spec64();
-  cpu::ReferenceBackend ref;
-  cuda::CudaBackend gpu;
-  MixedLlamaModel a(spec, ref), b(spec, gpu);
+  ModelPair m;
+  MixedLlamaModel &a = m.ref_model, &b = m.gpu_model;
   a.init_weights(3);
   FlatAdamW oa({0.9, 0.95, 1e-8, 0.0}, segments_of(a), a.params().numel(), Device::CPU);
   const LearnableBatch batch;
