@@ -101,6 +101,16 @@ __device__ __forceinline__ void store_f32(float* p, const float (&f)[V]) {
   }
 }
 
+// The loads and stores above by element type, for code written once for both (the casts).
+template <int V>
+__device__ __forceinline__ void load_vec(const bf16* p, float (&f)[V]) { load_bf16<V>(p, f); }
+template <int V>
+__device__ __forceinline__ void load_vec(const float* p, float (&f)[V]) { load_f32<V>(p, f); }
+template <int V>
+__device__ __forceinline__ void store_vec(bf16* p, const float (&f)[V]) { store_bf16<V>(p, f); }
+template <int V>
+__device__ __forceinline__ void store_vec(float* p, const float (&f)[V]) { store_f32<V>(p, f); }
+
 // Butterfly sums: every lane ends with the same bits (each step adds the same two operands, in
 // either order), and the tree is fixed, so the result is deterministic.
 __device__ __forceinline__ float warp_sum(float v) {

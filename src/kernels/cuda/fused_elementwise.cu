@@ -144,34 +144,30 @@ __global__ void __launch_bounds__(kEmbThreads)
 }
 
 // ---- Casts: vectors of 8 over the first n - n % 8 elements, block 0 takes the tail ----
-template <int V>
-__global__ void __launch_bounds__(kThreads)
-    cast_f32_to_bf16_kernel(const float* __restrict__ src, bf16* __restrict__ dst, int64_t n) {
+template <int V, typename From, typename To>
+__global__ void __launch_bounds__(kThreads) cast_kernel(const From* __restrict__ src, To* __restrict__ dst, int64_t n) {
   const int64_t nv = n / V;
   for (int64_t idx = int64_t(blockIdx.x) * kThreads + threadIdx.x; idx < nv; idx += int64_t(gridDim.x) * kThreads) {
     float f[V];
-    load_f32<V>(src + idx * V, f);
-    store_bf16<V>(dst + idx * V, f);
+    load_vec<V>(src + idx * V, f);
+    store_vec<V>(dst + idx * V, f);
   }
   if (blockIdx.x == 0 && threadIdx.x < n - nv * V) {
     const int64_t e = nv * V + threadIdx.x;
-    dst[e] = __float2bfloat16(src[e]);
+    float f[1];
+    load_vec<1>(src + e, f);
+    store_vec<1>(dst + e, f);
   }
 }
 
-template <int V>
-__global__ void __launch_bounds__(kThreads)
-    cast_bf16_to_f32_kernel(const bf16* __restrict__ src, float* __restrict__ dst, int64_t n) {
-  const int64_t nv = n / V;
-  for (int64_t idx = int64_t(blockIdx.x) * kThreads + threadIdx.x; idx < nv; idx += int64_t(gridDim.x) * kThreads) {
-    float f[V];
-    load_bf16<V>(src + idx * V, f);
-    store_f32<V>(dst + idx * V, f);
-  }
-  if (blockIdx.x == 0 && threadIdx.x < n - nv * V) {
-    const int64_t e = nv * V + threadIdx.x;
-    dst[e] = __bfloat162float(src[e]);
-  }
+template <typename From, typename To>
+void launch_cast(const From* src, To* dst, int64_t n, cudaStream_t stream) {
+  if (n <= 0) return;
+  if (aligned16(src) && aligned16(dst))
+    cast_kernel<8, From, To><<<blocks_for(std::max<int64_t>(n / 8, 1), kThreads), kThreads, 0, stream>>>(src, dst, n);
+  else
+    cast_kernel<1, From, To><<<blocks_for(n, kThreads), kThreads, 0, stream>>>(src, dst, n);
+  PRIMUS_CUDA_CHECK_LAUNCH();
 }
 
 }  // namespace
@@ -262,23 +258,11 @@ void embedding_backward(const int32_t* unique_tokens, const int32_t* offsets, co
 }
 
 void cast_f32_to_bf16(const float* src, bf16* dst, int64_t n, cudaStream_t stream) {
-  if (n <= 0) return;
-  if (aligned16(src) && aligned16(dst))
-    cast_f32_to_bf16_kernel<8><<<blocks_for(std::max<int64_t>(n / 8, 1), kThreads), kThreads, 0, stream>>>(src, dst,
-                                                                                                            n);
-  else
-    cast_f32_to_bf16_kernel<1><<<blocks_for(n, kThreads), kThreads, 0, stream>>>(src, dst, n);
-  PRIMUS_CUDA_CHECK_LAUNCH();
+  launch_cast(src, dst, n, stream);
 }
 
 void cast_bf16_to_f32(const bf16* src, float* dst, int64_t n, cudaStream_t stream) {
-  if (n <= 0) return;
-  if (aligned16(src) && aligned16(dst))
-    cast_bf16_to_f32_kernel<8><<<blocks_for(std::max<int64_t>(n / 8, 1), kThreads), kThreads, 0, stream>>>(src, dst,
-                                                                                                            n);
-  else
-    cast_bf16_to_f32_kernel<1><<<blocks_for(n, kThreads), kThreads, 0, stream>>>(src, dst, n);
-  PRIMUS_CUDA_CHECK_LAUNCH();
+  launch_cast(src, dst, n, stream);
 }
 
 }  // namespace primus::cuda
