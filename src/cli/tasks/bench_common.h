@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include <CLI/CLI.hpp>
 #include <fmt/format.h>
 #include <omp.h>
 
@@ -42,6 +43,24 @@ inline BenchDevice resolve_device(const std::string& d) {
   return BenchDevice::CPU;
 #endif
 }
+
+// The options every benchmark task takes: where to run, how often, and how to print.
+struct RunOptions {
+  std::string device = "auto";
+  int warmup = 3, iters = 10;
+  bool json = false;
+
+  void add_to(CLI::App& app) {
+    app.add_option("--device", device, "auto (the GPU when there is one), cpu or cuda")->capture_default_str();
+    app.add_option("--warmup", warmup, "untimed runs first")->capture_default_str();
+    app.add_option("--iters", iters, "timed runs (the mean is reported)")->capture_default_str();
+    app.add_flag("--json", json, "one JSON object on stdout");
+  }
+  void check() const {
+    if (warmup < 0) fail("--warmup must be >= 0, got {}", warmup);
+    if (iters < 1) fail("--iters must be at least 1, got {}", iters);
+  }
+};
 
 #ifdef PRIMUS_HAVE_CUDA
 // Initialises the GPU of this rank (LOCAL_RANK modulo the devices visible) and returns its name.

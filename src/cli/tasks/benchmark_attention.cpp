@@ -35,9 +35,7 @@ using bench::BenchDevice;
 struct Options {
   int64_t batch = 1, seq = 4096, heads = 32, kv_heads = 0, head_dim = 0, hidden = 0;
   bool causal = true;
-  std::string device = "auto";
-  int warmup = 3, iters = 10;
-  bool json = false;
+  bench::RunOptions run;
 };
 
 struct Times {
@@ -60,10 +58,10 @@ Times run_cpu(const Options& o, int64_t groups, int64_t d) {
   Times t;
   t.device_name = bench::cpu_name();
   t.fwd_ms = bench::cpu_time_ms([&] { cpu::attention_forward<float>(qkv.data(), out.data(), lse.data(), s); },
-                                o.warmup, o.iters);
+                                o.run.warmup, o.run.iters);
   t.bwd_ms = bench::cpu_time_ms(
       [&] { cpu::attention_backward<float>(qkv.data(), out.data(), lse.data(), dout.data(), dqkv.data(), s); },
-      o.warmup, o.iters);
+      o.run.warmup, o.run.iters);
   return t;
 }
 
@@ -87,10 +85,11 @@ Times run_cuda(const Options& o, int64_t groups, int64_t d) {
   auto* dq = dqkv.as<__nv_bfloat16>();
   float* l = lse.as<float>();
   cudaStream_t s = cuda::stream();
-  t.fwd_ms = cuda::time_ms([&] { cuda::flash_attention_forward(q, y, l, dims, o.causal, s); }, o.warmup, o.iters);
+  t.fwd_ms = cuda::time_ms([&] { cuda::flash_attention_forward(q, y, l, dims, o.causal, s); }, o.run.warmup,
+                           o.run.iters);
   PRIMUS_CUDA_CHECK_LAUNCH();
-  t.bwd_ms = cuda::time_ms([&] { cuda::flash_attention_backward(q, y, l, dy, dq, dims, o.causal, s); }, o.warmup,
-                           o.iters);
+  t.bwd_ms = cuda::time_ms([&] { cuda::flash_attention_backward(q, y, l, dy, dq, dims, o.causal, s); },
+                           o.run.warmup, o.run.iters);
   PRIMUS_CUDA_CHECK_LAUNCH();
   cuda::synchronize();
   return t;
@@ -101,8 +100,7 @@ int run(Options o) {
   if (o.batch <= 0) fail("--batch must be positive, got {}", o.batch);
   if (o.seq <= 0) fail("--seq must be positive, got {}", o.seq);
   if (o.heads <= 0) fail("--heads must be positive, got {}", o.heads);
-  if (o.warmup < 0) fail("--warmup must be >= 0, got {}", o.warmup);
-  if (o.iters < 1) fail("--iters must be at least 1, got {}", o.iters);
+  o.run.check();
   if (o.kv_heads < 0) fail("--kv-heads must be positive, got {}", o.kv_heads);
   const int64_t groups = o.kv_heads ? o.kv_heads : o.heads;
   if (o.heads % groups)
@@ -120,7 +118,7 @@ int run(Options o) {
   if (!o.head_dim) o.head_dim = 128;
   const int64_t d = o.head_dim;
 
-  const BenchDevice dev = bench::resolve_device(o.device);
+  const BenchDevice dev = bench::resolve_device(o.run.device);
   Times t;
 #ifdef PRIMUS_HAVE_CUDA
   t = dev == BenchDevice::CUDA ? run_cuda(o, groups, d) : run_cpu(o, groups, d);
@@ -131,7 +129,7 @@ int run(Options o) {
   const double fwd = bench::attention_forward_flops(o.batch, o.seq, o.heads, groups, d, o.causal);
   const double bwd = bench::kAttentionBackwardFactor * fwd;
   const double both_ms = t.fwd_ms + t.bwd_ms;
-  if (o.json) {
+  if (o.run.json) {
     nlohmann::ordered_json j = {{"op", "attention"},
                                 {"device", cuda ? "cuda" : "cpu"},
                                 {"device_name", t.device_name},
@@ -172,10 +170,7 @@ TaskRegistrar reg{
        app.add_option("--head-dim", o->head_dim, "dimension of a head (default: --hidden / --heads, else 128)");
        app.add_option("--hidden", o->hidden, "model width: head dim = hidden / heads (instead of --head-dim)");
        app.add_flag("--causal,!--no-causal", o->causal, "causal (decoder) masking; on by default");
-       app.add_option("--device", o->device, "auto (the GPU when there is one), cpu or cuda")->capture_default_str();
-       app.add_option("--warmup", o->warmup, "untimed runs first")->capture_default_str();
-       app.add_option("--iters", o->iters, "timed runs (the mean is reported)")->capture_default_str();
-       app.add_flag("--json", o->json, "one JSON object on stdout");
+       o->run.add_to(app);
        return [o] { return run(*o); };
      }}};
 

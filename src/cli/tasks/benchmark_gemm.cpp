@@ -53,10 +53,8 @@ using bench::BenchDevice;
 struct Options {
   int64_t m = 4096, n = 4096, k = 4096;
   std::string dtype = "bf16";
-  std::string device = "auto";
   bool trans_a = false, trans_b = false;
-  int warmup = 3, iters = 10;
-  bool json = false;
+  bench::RunOptions run;
   // model shapes
   std::string shapes_from;
   bool list = false, tune = false;
@@ -69,8 +67,7 @@ struct Options {
 std::string op_name(bool ta, bool tb) { return fmt::format("{}{}", ta ? 'T' : 'N', tb ? 'T' : 'N'); }
 
 void check_common(const Options& o) {
-  if (o.warmup < 0) fail("--warmup must be >= 0, got {}", o.warmup);
-  if (o.iters < 1) fail("--iters must be at least 1, got {}", o.iters);
+  o.run.check();
   if (o.max_candidates < 1) fail("--max-candidates must be at least 1, got {}", o.max_candidates);
   if (o.dtype != "bf16" && o.dtype != "fp32") fail("--dtype must be bf16 or fp32, got '{}'", o.dtype);
 }
@@ -108,7 +105,7 @@ ShapeResult run_cpu_shape(const Options& o) {
   if (o.dtype == "fp32") {
     r.ms = bench::cpu_time_ms(
         [&] { cpu::gemm<float>(o.trans_a, o.trans_b, M, N, K, 1.0f, A.data(), lda, B.data(), ldb, 0.0f, C.data(), N); },
-        o.warmup, o.iters);
+        o.run.warmup, o.run.iters);
     return r;
   }
   SbgemmFn sbgemm = find_sbgemm();
@@ -124,7 +121,7 @@ ShapeResult run_cpu_shape(const Options& o) {
                blasint(N), blasint(K), 1.0f, Ab.data(), blasint(lda), Bb.data(), blasint(ldb), 0.0f, C.data(),
                blasint(N));
       },
-      o.warmup, o.iters);
+      o.run.warmup, o.run.iters);
   return r;
 }
 
@@ -142,7 +139,7 @@ ShapeResult run_cuda_shape(const Options& o) {
   ShapeResult r;
   r.device_name = bench::init_cuda();
   const cuda::GemmProblem p = cuda_problem(o);
-  const cuda::GemmTuneResult t = cuda::tune_gemm(p, o.max_candidates, o.warmup, o.iters);
+  const cuda::GemmTuneResult t = cuda::tune_gemm(p, o.max_candidates, o.run.warmup, o.run.iters);
   r.tuned = true;
   r.heuristic_ms = t.heuristic_ms;
   r.best_ms = t.best_ms;
@@ -156,8 +153,8 @@ ShapeResult run_cuda_shape(const Options& o) {
   cuda::Scratch A(size_t(p.m * p.k) * es), B(size_t(p.k * p.n) * es), D(size_t(p.m * p.n) * es);
   bench::fill_device_random(A.get(), A.bytes(), bf, 1);
   bench::fill_device_random(B.get(), B.bytes(), bf, 2);
-  r.ms = cuda::time_ms([&] { cuda::gemm(p, 1.0f, A.get(), B.get(), 0.0f, nullptr, D.get(), nullptr); }, o.warmup,
-                       o.iters);
+  r.ms = cuda::time_ms([&] { cuda::gemm(p, 1.0f, A.get(), B.get(), 0.0f, nullptr, D.get(), nullptr); },
+                       o.run.warmup, o.run.iters);
   cuda::synchronize();
   if (o.output_given) {
     cuda::save_gemm_cache(o.output);
@@ -173,7 +170,7 @@ int run_shape(const Options& o) {
   if (o.k <= 0) fail("-K must be positive, got {}", o.k);
   if (o.tune) fail("--tune times the GEMMs of a model: give --shapes-from <experiment config> (one shape is always "
                    "tuned on the GPU; --output saves it)");
-  const BenchDevice dev = bench::resolve_device(o.device);
+  const BenchDevice dev = bench::resolve_device(o.run.device);
   ShapeResult r;
 #ifdef PRIMUS_HAVE_CUDA
   if (dev == BenchDevice::CUDA) r = run_cuda_shape(o);
@@ -184,7 +181,7 @@ int run_shape(const Options& o) {
 #endif
   const bool cuda = dev == BenchDevice::CUDA;
   const double flops = 2.0 * double(o.m) * double(o.n) * double(o.k);
-  if (o.json) {
+  if (o.run.json) {
     nlohmann::ordered_json j = {{"op", "gemm"},
                                 {"device", cuda ? "cuda" : "cpu"},
                                 {"device_name", r.device_name},
@@ -290,7 +287,7 @@ int run_list(const Options& o, const ModelGemms& mg) {
   const std::vector<Distinct> d = distinct_gemms(mg.gemms);
   double total = 0;
   for (const auto& g : mg.gemms) total += g.flops();
-  if (o.json) {
+  if (o.run.json) {
     nlohmann::ordered_json list = nlohmann::ordered_json::array();
     for (const auto& g : mg.gemms)
       list.push_back({{"what", g.what},
@@ -340,25 +337,25 @@ cuda::GemmProblem problem_of(const LlamaGemm& g) {
 int run_tune(const Options& o, const ModelGemms& mg) {
   const std::string device_name = bench::init_cuda();
   const std::vector<Distinct> d = distinct_gemms(mg.gemms);
-  (o.json ? std::cerr : std::cout) << fmt::format("tuning {} distinct GEMMs of {} (micro batch {}, seq {}: N = {}; "
-                                                  "vocab chunk {}) on {}, up to {} cuBLASLt candidates each\n",
-                           d.size(), mg.model, mg.micro_batch, mg.seq, mg.rows, mg.vocab_chunk, device_name,
-                           o.max_candidates);
-  if (!o.json)
+  (o.run.json ? std::cerr : std::cout) << fmt::format(
+      "tuning {} distinct GEMMs of {} (micro batch {}, seq {}: N = {}; vocab chunk {}) on {}, up to {} cuBLASLt "
+      "candidates each\n",
+      d.size(), mg.model, mg.micro_batch, mg.seq, mg.rows, mg.vocab_chunk, device_name, o.max_candidates);
+  if (!o.run.json)
     std::cout << fmt::format("  {:<24} {:>2} {:<10} {:<6} {:>8} {:>8} {:>8} {:>5} {:>10} {:>10} {:>8} {:>9}\n", "what",
                              "op", "types", "", "m", "n", "k", "cands", "heur ms", "best ms", "speed-up", "TFLOP/s");
   nlohmann::ordered_json rows = nlohmann::ordered_json::array();
   double heur_total = 0, best_total = 0, flops_total = 0;
   for (const auto& x : d) {
     const cuda::GemmProblem p = problem_of(x.g);
-    const cuda::GemmTuneResult r = cuda::tune_gemm(p, o.max_candidates, o.warmup, o.iters);
+    const cuda::GemmTuneResult r = cuda::tune_gemm(p, o.max_candidates, o.run.warmup, o.run.iters);
     const double flops = p.flops();
     heur_total += r.heuristic_ms * double(x.count);
     best_total += r.best_ms * double(x.count);
     flops_total += flops * double(x.count);
     std::string whats;
     for (size_t i = 0; i < x.whats.size(); ++i) whats += (i ? ", " : "") + x.whats[i];
-    if (o.json) {
+    if (o.run.json) {
       rows.push_back({{"what", whats},
                       {"key", r.key},
                       {"m", p.m},
@@ -381,7 +378,7 @@ int run_tune(const Options& o, const ModelGemms& mg) {
     }
   }
   cuda::save_gemm_cache(o.output);
-  if (o.json) {
+  if (o.run.json) {
     nlohmann::ordered_json j = {{"model", mg.model},
                                 {"device_name", device_name},
                                 {"output", o.output},
@@ -415,7 +412,7 @@ int run(const Options& o) {
          o.shapes_from);
   if (o.list) return run_list(o, model_gemms(o));
   if (o.dtype != "bf16") fail("--tune --shapes-from tunes the bf16 mixed-precision model's GEMMs: --dtype must be bf16");
-  if (o.device == "cpu") fail("--tune times cuBLASLt's algorithms: it needs the GPU, not --device cpu");
+  if (o.run.device == "cpu") fail("--tune times cuBLASLt's algorithms: it needs the GPU, not --device cpu");
 #ifdef PRIMUS_HAVE_CUDA
   if (!cuda::available()) fail("--tune needs a GPU: {}", cuda::unavailable_reason());
   return run_tune(o, model_gemms(o));
@@ -433,12 +430,9 @@ TaskRegistrar reg{
        app.add_option("-K", o->k, "the inner dimension")->capture_default_str();
        app.add_option("--dtype", o->dtype, "bf16 (bf16 in and out on the GPU; fp32 out on the CPU) or fp32")
            ->capture_default_str();
-       app.add_option("--device", o->device, "auto (the GPU when there is one), cpu or cuda")->capture_default_str();
        app.add_flag("--trans-a", o->trans_a, "A is stored [K, M] (op(A) = A^T)");
        app.add_flag("--trans-b", o->trans_b, "B is stored [N, K] (op(B) = B^T), as a linear layer's weight");
-       app.add_option("--warmup", o->warmup, "untimed runs first")->capture_default_str();
-       app.add_option("--iters", o->iters, "timed runs (the mean is reported)")->capture_default_str();
-       app.add_flag("--json", o->json, "one JSON object on stdout");
+       o->run.add_to(app);
        app.add_option("--shapes-from", o->shapes_from, "an experiment config: its model's GEMMs (with --list or --tune)");
        app.add_flag("--list", o->list, "with --shapes-from: print the GEMMs, no timing (any machine)");
        app.add_flag("--tune", o->tune, "with --shapes-from: time cuBLASLt's candidates for each GEMM (GPU) and save the fastest");
