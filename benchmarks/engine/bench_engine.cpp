@@ -40,8 +40,7 @@ static Result run_ours(const ModelSpec& spec, int64_t mbs, int64_t seq, int iter
   opt.recompute = rc;
   LlamaModel<float> model(spec, opt);
   model.init_weights(1234);
-  std::vector<ParamSegment> segments;
-  for (const auto& p : model.params().infos()) segments.push_back({p.name, p.offset, p.numel, p.weight_decay});
+  const std::vector<ParamSegment> segments = segments_of(model.params());
   AdamW adam({0.9, 0.95, 1e-8, 0.1}, model.params().numel());
   Rng rng(42);
   std::vector<int32_t> tokens(mbs * seq), targets(mbs * seq);

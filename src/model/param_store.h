@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "core/tensor.h"
+#include "optim/adamw.h"
 
 namespace primus {
 
@@ -76,5 +77,13 @@ class ParamStore {
   int64_t numel_ = 0;
   Tensor values_, grads_;
 };
+
+// The optimizer's view of a store: one segment per tensor, with its weight-decay flag.
+template <typename T>
+std::vector<ParamSegment> segments_of(const ParamStore<T>& p) {
+  std::vector<ParamSegment> out;
+  for (const auto& i : p.infos()) out.push_back({i.name, i.offset, i.numel, i.weight_decay});
+  return out;
+}
 
 }  // namespace primus

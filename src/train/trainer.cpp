@@ -73,12 +73,6 @@ void fill_microbatch(const SampleSource& src, int64_t first, int64_t mbs, int64_
   }
 }
 
-std::vector<ParamSegment> segments_of(const ParamStore<float>& p) {
-  std::vector<ParamSegment> out;
-  for (const auto& i : p.infos()) out.push_back({i.name, i.offset, i.numel, i.weight_decay});
-  return out;
-}
-
 // A checkpoint must hold the model the config describes: same layers and sizes.
 void check_same_model(const std::string& dir, const ModelSpec& spec) {
   const YAML::Node cfg = YAML::Load(read_checkpoint_config(dir));

@@ -221,14 +221,8 @@ TEST(CudaBackend, FlatAdamWMatchesTheHostOptimizer) {
 
 namespace {
 
-// What the whole-model cases share: the optimizer's segments, a learnable batch, and the
-// relative L2 error of the GPU gradients against the reference's.
-std::vector<ParamSegment> segments_of(const MixedLlamaModel& m) {
-  std::vector<ParamSegment> segs;
-  for (const auto& p : m.params().infos()) segs.push_back({p.name, p.offset, p.numel, p.weight_decay});
-  return segs;
-}
-
+// What the whole-model cases share: a learnable batch, and the relative L2 error of the GPU
+// gradients against the reference's.
 struct LearnableBatch {
   static constexpr int64_t B = 2, S = 64;
   std::vector<int32_t> tokens, targets;
@@ -285,7 +279,7 @@ TEST(CudaBackend, MixedModelTrainsLikeTheReference) {
   a.init_weights(3);
   b.init_weights(3);
   const AdamWOptions o{0.9, 0.95, 1e-8, 0.0};
-  FlatAdamW oa(o, segments_of(a), a.params().numel(), Device::CPU), ob(o, segments_of(b), b.params().numel(), Device::CUDA);
+  FlatAdamW oa(o, segments_of(a.params()), a.params().numel(), Device::CPU), ob(o, segments_of(b.params()), b.params().numel(), Device::CUDA);
   const LearnableBatch batch;
   for (int it = 0; it < 8; ++it) {
     forward_backward_both(a, b, batch, it);
@@ -304,7 +298,7 @@ TEST(CudaBackend, MixedModelMatchesTheReferenceAlongATrainingRun) {
   ModelPair m;
   MixedLlamaModel &a = m.ref_model, &b = m.gpu_model;
   a.init_weights(3);
-  FlatAdamW oa({0.9, 0.95, 1e-8, 0.0}, segments_of(a), a.params().numel(), Device::CPU);
+  FlatAdamW oa({0.9, 0.95, 1e-8, 0.0}, segments_of(a.params()), a.params().numel(), Device::CPU);
   const LearnableBatch batch;
   for (int it = 0; it < 8; ++it) {
     Tensor gpu_values = b.params().values();

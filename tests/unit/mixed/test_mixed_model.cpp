@@ -66,17 +66,26 @@ double rel_err(const std::vector<float>& a, const std::vector<float>& b) {
   return std::sqrt(num / den);
 }
 
+// The bf16 model on the reference backend and the fp32 model, with the same initial weights.
+struct BothModels {
+  cpu::ReferenceBackend be;
+  MixedLlamaModel mixed;
+  LlamaModel<float> fp32;
+  BothModels(const ModelSpec& spec, uint64_t seed) : mixed(spec, be), fp32(spec) {
+    mixed.init_weights(seed);
+    fp32.init_weights(seed);
+  }
+};
+
 class Mixed : public ::testing::TestWithParam<std::pair<bool, bool>> {};
 
 }  // namespace
 
 TEST_P(Mixed, SameLayoutAndInitialWeightsAsTheFp32Model) {
   const ModelSpec spec = spec_of(GetParam().first, GetParam().second);
-  cpu::ReferenceBackend be;
-  MixedLlamaModel mixed(spec, be);
-  LlamaModel<float> fp32(spec);
-  mixed.init_weights(5);
-  fp32.init_weights(5);
+  BothModels m(spec, 5);
+  MixedLlamaModel& mixed = m.mixed;
+  LlamaModel<float>& fp32 = m.fp32;
   ASSERT_EQ(mixed.params().infos().size(), fp32.params().infos().size());
   for (size_t i = 0; i < fp32.params().infos().size(); ++i) {
     EXPECT_EQ(mixed.params().infos()[i].name, fp32.params().infos()[i].name);
@@ -92,11 +101,9 @@ TEST_P(Mixed, SameLayoutAndInitialWeightsAsTheFp32Model) {
 
 TEST_P(Mixed, LossAndGradientsFollowTheFp32Model) {
   const ModelSpec spec = spec_of(GetParam().first, GetParam().second);
-  cpu::ReferenceBackend be;
-  MixedLlamaModel mixed(spec, be);
-  LlamaModel<float> fp32(spec);
-  mixed.init_weights(11);
-  fp32.init_weights(11);
+  BothModels m(spec, 11);
+  MixedLlamaModel& mixed = m.mixed;
+  LlamaModel<float>& fp32 = m.fp32;
   const Batch x = make_batch(spec.vocab_size, 3);
   MixedContext mc;
   LlamaContext<float> fc;
@@ -170,13 +177,10 @@ TEST_P(Mixed, ChunkedHeadMatchesTheStoredHead) {
 
 TEST_P(Mixed, TwentyAdamWStepsTrackTheFp32Run) {
   const ModelSpec spec = spec_of(GetParam().first, GetParam().second);
-  cpu::ReferenceBackend be;
-  MixedLlamaModel mixed(spec, be);
-  LlamaModel<float> fp32(spec);
-  mixed.init_weights(21);
-  fp32.init_weights(21);
-  std::vector<ParamSegment> segs;
-  for (const auto& p : fp32.params().infos()) segs.push_back({p.name, p.offset, p.numel, p.weight_decay});
+  BothModels m(spec, 21);
+  MixedLlamaModel& mixed = m.mixed;
+  LlamaModel<float>& fp32 = m.fp32;
+  const std::vector<ParamSegment> segs = segments_of(fp32.params());
   const AdamWOptions ao{0.9, 0.95, 1e-8, 0.1};
   FlatAdamW flat(ao, segs, mixed.params().numel(), Device::CPU);
   AdamW adam(ao, fp32.params().numel());
