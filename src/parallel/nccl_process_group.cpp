@@ -477,22 +477,6 @@ WorkPtr NcclProcessGroup::irecv(void* buf, int64_t count, CommType t, int src, i
 
 // ---- sub-groups ----
 
-std::unique_ptr<ProcessGroup> NcclProcessGroup::new_group(const std::vector<int>& ranks, const std::string& name) {
-  // Every member validates the same list, so a bad list fails everywhere before the split.
-  if (ranks.empty()) fail("new_group '{}' on {}: the rank list is empty", name, describe());
-  std::vector<int> seen;
-  for (int r : ranks) {
-    check_rank("new_group", "member rank", r);
-    if (std::find(seen.begin(), seen.end(), r) != seen.end())
-      fail("new_group '{}' on {}: rank {} is listed twice", name, describe(), r);
-    seen.push_back(r);
-  }
-  auto it = std::find(ranks.begin(), ranks.end(), rank_);
-  const int color = it == ranks.end() ? -1 : 0;
-  const int key = it == ranks.end() ? 0 : static_cast<int>(it - ranks.begin());
-  return split(color, key, name);
-}
-
 std::unique_ptr<ProcessGroup> NcclProcessGroup::split(int color, int key, const std::string& name) {
 #if NCCL_VERSION_CODE >= NCCL_VERSION(2, 18, 0)
   ncclComm_t sub = nullptr;

@@ -100,7 +100,6 @@ class NcclProcessGroup final : public ProcessGroup {
   WorkPtr isend(const void* buf, int64_t count, CommType t, int dst, int tag = 0) override;
   WorkPtr irecv(void* buf, int64_t count, CommType t, int src, int tag = 0) override;
 
-  std::unique_ptr<ProcessGroup> new_group(const std::vector<int>& ranks, const std::string& name) override;
   std::unique_ptr<ProcessGroup> split(int color, int key, const std::string& name) override;
 
   struct Core;  // the communicator, its stream and queued point-to-point ops (shared with Works)

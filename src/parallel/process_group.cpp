@@ -1,5 +1,7 @@
 #include "parallel/process_group.h"
 
+#include <algorithm>
+
 #include <fmt/format.h>
 
 #include "core/error.h"
@@ -55,6 +57,21 @@ CommType comm_type_of(DType t) {
 void wait_all(std::vector<WorkPtr>& works) {
   for (auto& w : works)
     if (w) w->wait();
+}
+
+std::unique_ptr<ProcessGroup> ProcessGroup::new_group(const std::vector<int>& ranks, const std::string& name) {
+  if (ranks.empty()) fail("new_group '{}' on {}: the rank list is empty", name, describe());
+  std::vector<int> seen;
+  for (int r : ranks) {
+    check_rank("new_group", "member rank", r);
+    if (std::find(seen.begin(), seen.end(), r) != seen.end())
+      fail("new_group '{}' on {}: rank {} is listed twice", name, describe(), r);
+    seen.push_back(r);
+  }
+  auto it = std::find(ranks.begin(), ranks.end(), rank());
+  const int color = it == ranks.end() ? -1 : 0;
+  const int key = it == ranks.end() ? 0 : static_cast<int>(it - ranks.begin());
+  return split(color, key, name);
 }
 
 std::string ProcessGroup::describe() const {

@@ -98,9 +98,10 @@ class ProcessGroup {
   virtual WorkPtr irecv(void* buf, int64_t count, CommType t, int src, int tag = 0) = 0;
 
   // A sub-group of the members listed (group ranks of this group, in the new group's rank
-  // order). Collective over *all* members of this group; non-members get nullptr.
-  virtual std::unique_ptr<ProcessGroup> new_group(const std::vector<int>& ranks,
-                                                  const std::string& name) = 0;
+  // order). Collective over *all* members of this group; non-members get nullptr. By default the
+  // list is validated (non-empty, in range, no repeats: the same verdict on every member, so a
+  // bad list fails everywhere before any message) and the group made by split().
+  virtual std::unique_ptr<ProcessGroup> new_group(const std::vector<int>& ranks, const std::string& name);
   // Like MPI_Comm_split: ranks with the same color form a group, ordered by key (then by rank).
   // Collective over all members; color < 0 means "in no group" and returns nullptr.
   virtual std::unique_ptr<ProcessGroup> split(int color, int key, const std::string& name) = 0;
