@@ -22,6 +22,7 @@ import sys
 
 import torch
 import torch.nn.functional as F
+from cuda_timing import cuda_time_ms
 
 
 def main():
@@ -83,20 +84,9 @@ def main():
         out = forward()
         torch.autograd.grad(out, (qkv,), dout)
 
-    def time_ms(fn):
-        for _ in range(a.warmup):
-            fn()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(a.iters):
-            fn()
-        end.record()
-        end.synchronize()
-        return start.elapsed_time(end) / a.iters
-
     with backend_ctx():
-        fwd_ms = time_ms(forward)
-        both_ms = time_ms(fwd_bwd)
+        fwd_ms = cuda_time_ms(forward, a.warmup, a.iters)
+        both_ms = cuda_time_ms(fwd_bwd, a.warmup, a.iters)
     bwd_ms = max(both_ms - fwd_ms, 0.0)
     fwd = 4.0 * B * H * S * S * D * (0.5 if a.causal else 1.0)
     bwd = 2.5 * fwd

@@ -16,6 +16,7 @@ import json
 import sys
 
 import torch
+from cuda_timing import cuda_time_ms
 
 
 def main():
@@ -55,15 +56,7 @@ def main():
     def fn():
         torch.mm(opA, opB, out=D)
 
-    for _ in range(a.warmup):
-        fn()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(a.iters):
-        fn()
-    end.record()
-    end.synchronize()
-    ms = start.elapsed_time(end) / a.iters
+    ms = cuda_time_ms(fn, a.warmup, a.iters)
     flops = 2.0 * a.M * a.N * a.K
     tflops = flops / (ms * 1e9) if ms > 0 else 0.0
     name = torch.cuda.get_device_name(dev)
