@@ -15,6 +15,7 @@
 #include "kernels/cuda/cuda_backend.h"
 #include "model/llama_mixed.h"
 #include "optim/flat_adamw.h"
+#include "support/relative_error.h"
 #include "train/trainer.h"
 
 using namespace primus;
@@ -236,13 +237,7 @@ struct LearnableBatch {
 };
 
 double grad_rel_error(const MixedLlamaModel& gpu_model, const MixedLlamaModel& ref_model) {
-  const auto ga = values(ref_model.params().grads()), gb = values(gpu_model.params().grads());
-  double num = 0, den = 0;
-  for (size_t i = 0; i < ga.size(); ++i) {
-    num += (double(gb[i]) - ga[i]) * (double(gb[i]) - ga[i]);
-    den += double(ga[i]) * ga[i];
-  }
-  return std::sqrt(num / den);
+  return test::relative_l2_error(values(gpu_model.params().grads()), values(ref_model.params().grads()));
 }
 
 // The same model on the reference backend and on the GPU.

@@ -15,6 +15,7 @@
 #include "model/llama_mixed.h"
 #include "optim/adamw.h"
 #include "optim/flat_adamw.h"
+#include "support/relative_error.h"
 
 using namespace primus;
 
@@ -56,15 +57,7 @@ std::vector<float> host(const Tensor& t) {
   return std::vector<float>(p, p + t.numel());
 }
 
-// |a - b| / |b| over the whole vector, and the cosine of the angle between them.
-double rel_err(const std::vector<float>& a, const std::vector<float>& b) {
-  double num = 0, den = 0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    num += (double(a[i]) - b[i]) * (double(a[i]) - b[i]);
-    den += double(b[i]) * b[i];
-  }
-  return std::sqrt(num / den);
-}
+using primus::test::relative_l2_error;
 
 // The bf16 model on the reference backend and the fp32 model, with the same initial weights.
 struct BothModels {
@@ -113,7 +106,7 @@ TEST_P(Mixed, LossAndGradientsFollowTheFp32Model) {
   mixed.backward(mc, 0.5f);
   fp32.backward(fc, 0.5f);
   const auto gm = host(mixed.params().grads()), gf = host(fp32.params().grads());
-  EXPECT_LT(rel_err(gm, gf), 0.03) << "gradients differ beyond bf16 rounding";
+  EXPECT_LT(relative_l2_error(gm, gf), 0.03) << "gradients differ beyond bf16 rounding";
   // Every tensor's gradient, not just the whole: a wrong pass would leave one tensor off.
   for (const auto& p : fp32.params().infos()) {
     std::vector<float> a(gm.begin() + p.offset, gm.begin() + p.offset + p.numel),
@@ -121,7 +114,7 @@ TEST_P(Mixed, LossAndGradientsFollowTheFp32Model) {
     double norm = 0;
     for (float v : b) norm += double(v) * v;
     if (norm == 0) continue;  // e.g. a zero-initialised bias grad can be tiny but not exactly 0
-    EXPECT_LT(rel_err(a, b), 0.06) << p.name;
+    EXPECT_LT(relative_l2_error(a, b), 0.06) << p.name;
   }
 }
 
@@ -172,7 +165,7 @@ TEST_P(Mixed, ChunkedHeadMatchesTheStoredHead) {
   const auto stored = run(false, &l1), chunked = run(true, &l2);
   EXPECT_NEAR(l1, l2, 1e-6 * l1);
   // Only the fp32 summation order of dhn over chunks differs (then one bf16 rounding).
-  EXPECT_LT(rel_err(chunked, stored), 1e-5);
+  EXPECT_LT(relative_l2_error(chunked, stored), 1e-5);
 }
 
 TEST_P(Mixed, TwentyAdamWStepsTrackTheFp32Run) {
