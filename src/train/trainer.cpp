@@ -369,6 +369,21 @@ TrainSummary pretrain(const config::ExperimentConfig& cfg) {
       fill_microbatch(src, first_sample + (me.dp * m_local + j) * mbs, mbs, seq, tk, tg);
     };
   };
+  // One microbatch through the one-process model (fp32 or bf16): its loss, and with backward its
+  // gradients too (the weight-gradient hook marks buckets ready as tensors finish).
+  const float dloss = 1.0f / float(num_micro);
+  auto run_microbatch = [&](bool backward) -> double {
+    if (mixed) {
+      MixedContext ctx;
+      const double loss = mixed->forward(ctx, tokens.data(), targets.data(), mbs, seq);
+      if (backward) mixed->backward(ctx, dloss);
+      return loss;
+    }
+    LlamaContext<float> ctx;
+    const double loss = fp32_model->forward(ctx, tokens.data(), targets.data(), mbs, seq);
+    if (backward) fp32_model->backward(ctx, dloss);
+    return loss;
+  };
   auto evaluate = [&]() -> double {
     double total = 0;
     for (int64_t e = 0; e < a.eval_iters; ++e) {
@@ -378,13 +393,7 @@ TrainSummary pretrain(const config::ExperimentConfig& cfg) {
       } else {
         for (int j = 0; j < m_local; ++j) {
           fill(j, tokens, targets);
-          if (mixed) {
-            MixedContext ctx;
-            total += mixed->forward(ctx, tokens.data(), targets.data(), mbs, seq);
-          } else {
-            LlamaContext<float> ctx;
-            total += fp32_model->forward(ctx, tokens.data(), targets.data(), mbs, seq);
-          }
+          total += run_microbatch(false);
         }
       }
     }
@@ -425,7 +434,6 @@ TrainSummary pretrain(const config::ExperimentConfig& cfg) {
     buckets.reset();
     std::fill(w_done.begin(), w_done.end(), 0);
     const MicrobatchFill fill = fill_from(train_src, state.consumed_samples);
-    const float dloss = 1.0f / float(num_micro);
     double loss_sum = 0;  // over the microbatches whose loss this rank computed
     if (layout.schedule) {
       LlamaStageRunner runner(*fp32_model, mbs, seq, dloss, fill);
@@ -439,15 +447,7 @@ TrainSummary pretrain(const config::ExperimentConfig& cfg) {
     } else {
       for (int j = 0; j < m_local; ++j) {
         fill(j, tokens, targets);
-        if (mixed) {
-          MixedContext ctx;
-          loss_sum += mixed->forward(ctx, tokens.data(), targets.data(), mbs, seq);
-          mixed->backward(ctx, dloss);
-        } else {
-          LlamaContext<float> ctx;
-          loss_sum += fp32_model->forward(ctx, tokens.data(), targets.data(), mbs, seq);
-          fp32_model->backward(ctx, dloss);
-        }
+        loss_sum += run_microbatch(true);
       }
       if (mixed) compute.backend->synchronize();  // compute_time counts the device's work
     }
