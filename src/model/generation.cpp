@@ -9,6 +9,7 @@
 #include "core/rng.h"
 #include "kernels/cpu/elementwise.h"
 #include "kernels/cpu/gemm.h"
+#include "model/rope.h"
 
 namespace primus {
 
@@ -22,11 +23,7 @@ KVCacheDecoder::KVCacheDecoder(const LlamaModel<float>& model, int64_t max_posit
   v_cache_.resize(size_t(L * max_pos_ * KV));
   cos_.resize(size_t(max_pos_ * D / 2));
   sin_.resize(size_t(max_pos_ * D / 2));
-  RopeScaling sc;
-  if (s_.use_rope_scaling)
-    sc = {s_.rope_scaling_factor, s_.rope_low_freq_factor, s_.rope_high_freq_factor,
-          s_.rope_original_max_position_embeddings};
-  rope_tables(cos_.data(), sin_.data(), max_pos_, D, s_.rotary_base, sc);
+  rope_tables_of(s_, max_pos_, cos_.data(), sin_.data());
 }
 
 const std::vector<float>& KVCacheDecoder::step(int32_t token) {

@@ -9,6 +9,7 @@
 #include "kernels/cpu/elementwise.h"
 #include "kernels/cpu/fast_math.h"
 #include "kernels/cpu/gemm.h"
+#include "model/rope.h"
 
 namespace primus {
 
@@ -356,14 +357,7 @@ LlamaModel<T>::LlamaModel(const ModelSpec& spec, LlamaOptions options, ModelPart
   const int64_t half = spec_.head_dim() / 2, P = spec_.max_position_embeddings;
   rope_cos_ = new_tensor<T>({P, half});
   rope_sin_ = new_tensor<T>({P, half});
-  RopeScaling sc;
-  if (spec_.use_rope_scaling) {
-    sc.factor = spec_.rope_scaling_factor;
-    sc.low_freq_factor = spec_.rope_low_freq_factor;
-    sc.high_freq_factor = spec_.rope_high_freq_factor;
-    sc.original_max_position = spec_.rope_original_max_position_embeddings;
-  }
-  rope_tables(ptr<T>(rope_cos_), ptr<T>(rope_sin_), P, spec_.head_dim(), spec_.rotary_base, sc);
+  rope_tables_of(spec_, P, ptr<T>(rope_cos_), ptr<T>(rope_sin_));
 }
 
 template <typename T>

@@ -5,7 +5,7 @@
 
 #include <fmt/format.h>
 
-#include "kernels/cpu/elementwise.h"
+#include "model/rope.h"
 
 namespace primus {
 
@@ -44,14 +44,7 @@ MixedLlamaModel::MixedLlamaModel(const ModelSpec& spec, ops::Backend& backend, M
 
   const int64_t half = spec_.head_dim() / 2, P = spec_.max_position_embeddings;
   Tensor cos = Tensor::empty({P, half}), sin = Tensor::empty({P, half});
-  cpu::RopeScaling sc;
-  if (spec_.use_rope_scaling) {
-    sc.factor = spec_.rope_scaling_factor;
-    sc.low_freq_factor = spec_.rope_low_freq_factor;
-    sc.high_freq_factor = spec_.rope_high_freq_factor;
-    sc.original_max_position = spec_.rope_original_max_position_embeddings;
-  }
-  cpu::rope_tables(cos.data<float>(), sin.data<float>(), P, spec_.head_dim(), spec_.rotary_base, sc);
+  rope_tables_of(spec_, P, cos.data<float>(), sin.data<float>());
   rope_cos_ = cos.to(be_.device());
   rope_sin_ = sin.to(be_.device());
 }
