@@ -363,7 +363,7 @@ LlamaModel<T>::LlamaModel(const ModelSpec& spec, LlamaOptions options, ModelPart
 template <typename T>
 void LlamaModel<T>::init_weights(uint64_t seed) {
   // Megatron: N(0, std) everywhere, output projections of each block scaled by 1/sqrt(2 layers).
-  params_.init(seed, spec_.init_method_std, spec_.init_method_std / std::sqrt(2.0 * double(spec_.num_layers)));
+  params_.init(seed, spec_.init_method_std, spec_.scaled_init_std());
 }
 
 template <typename T>

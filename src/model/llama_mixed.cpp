@@ -50,7 +50,7 @@ MixedLlamaModel::MixedLlamaModel(const ModelSpec& spec, ops::Backend& backend, M
 }
 
 void MixedLlamaModel::init_weights(uint64_t seed) {
-  params_.init(seed, spec_.init_method_std, spec_.init_method_std / std::sqrt(2.0 * double(spec_.num_layers)));
+  params_.init(seed, spec_.init_method_std, spec_.scaled_init_std());
   sync_working_weights();
 }
 

@@ -3,6 +3,7 @@
 // configs/models/*.yaml and may `extends:` another preset.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -39,6 +40,9 @@ struct ModelSpec {
   int64_t query_groups() const { return num_query_groups ? num_query_groups : num_attention_heads; }
   int64_t head_dim() const { return kv_channels ? kv_channels : hidden_size / num_attention_heads; }
   int64_t q_size() const { return num_attention_heads * head_dim(); }
+  // Megatron's scaled init for the layers that write into the residual stream (linear_proj,
+  // linear_fc2): init_method_std / sqrt(2 num_layers).
+  double scaled_init_std() const { return init_method_std / std::sqrt(2.0 * double(num_layers)); }
   int64_t kv_size() const { return query_groups() * head_dim(); }
   int64_t qkv_size() const { return q_size() + 2 * kv_size(); }
 
