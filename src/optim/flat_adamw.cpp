@@ -18,6 +18,11 @@ struct FlatAdamW::DeviceState {
   Tensor m, v;       // fp32 moments on the GPU
   Tensor table;      // the segments as cuda::AdamWChunk, on the GPU
   Tensor norm_out;   // one double
+  // The table of the tensors grad_sq_sum was last asked for (the trainer asks for the same set
+  // every step): built and uploaded again only when the set changes.
+  std::vector<int> norm_ids;
+  Tensor norm_table;
+  int norm_chunks = 0;
 };
 
 static Tensor chunk_table(const std::vector<ParamSegment>& segs, const std::vector<int>* only) {
@@ -70,12 +75,15 @@ double FlatAdamW::grad_sq_sum(const Tensor& grads, const std::vector<int>& tenso
   }
 #ifdef PRIMUS_HAVE_CUDA
   if (tensors.empty()) return 0;
-  const Tensor table = chunk_table(segments_, &tensors);
-  int n = 0;
-  for (int t : tensors) n += segments_.at(size_t(t)).numel > 0;
-  if (n == 0) return 0;
-  cuda::sum_squares(grads.data<float>(), static_cast<const cuda::AdamWChunk*>(table.raw()), n,
-                    dev_->norm_out.data<double>(), cuda::stream());
+  if (!dev_->norm_table.defined() || tensors != dev_->norm_ids) {
+    dev_->norm_table = chunk_table(segments_, &tensors);
+    dev_->norm_ids = tensors;
+    dev_->norm_chunks = 0;
+    for (int t : tensors) dev_->norm_chunks += segments_.at(size_t(t)).numel > 0;
+  }
+  if (dev_->norm_chunks == 0) return 0;
+  cuda::sum_squares(grads.data<float>(), static_cast<const cuda::AdamWChunk*>(dev_->norm_table.raw()),
+                    dev_->norm_chunks, dev_->norm_out.data<double>(), cuda::stream());
   double out = 0;
   cuda::copy_to_host(&out, dev_->norm_out.raw(), sizeof(double));
   return out;

@@ -246,6 +246,10 @@ TrainSummary pretrain(const config::ExperimentConfig& cfg) {
     return !(t == tied_tensor && fp32_model->embedding_param() < 0);
   };
 
+  std::vector<int> counted_tensors;  // for the fused norm (FlatAdamW)
+  for (int t = 0; t < num_tensors; ++t)
+    if (counted(t)) counted_tensors.push_back(t);
+
   parallel::GradBucketsOptions bo;
   bo.bucket_size = a.ddp_bucket_size > 0 ? a.ddp_bucket_size : parallel::default_bucket_size(layout.dp);
   bo.overlap_grad_reduce = a.overlap_grad_reduce;
@@ -477,10 +481,7 @@ TrainSummary pretrain(const config::ExperimentConfig& cfg) {
     if (opt.zero) {
       grad_norm = opt.zero->clip_grad_norm(a.clip_grad, groups.mp.get(), counted);
     } else if (opt.flat) {
-      std::vector<int> tensors;
-      for (int t = 0; t < num_tensors; ++t)
-        if (counted(t)) tensors.push_back(t);
-      grad_norm = std::sqrt(groups.mp->all_reduce_value(opt.flat->grad_sq_sum(params.grads(), tensors)));
+      grad_norm = std::sqrt(groups.mp->all_reduce_value(opt.flat->grad_sq_sum(params.grads(), counted_tensors)));
       if (a.clip_grad > 0) clip_scale = clip_coefficient(grad_norm, a.clip_grad);
     } else {
       double sq = 0;
