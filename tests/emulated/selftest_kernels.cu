@@ -1,9 +1,11 @@
 // Kernels for the emulator's own tests (test_emulator.cpp): plain CUDA, rewritten by cuda_to_cpp.py
-// like the kernels of src/kernels/cuda. Each host function launches one kernel on device buffers
-// and returns what cudaGetLastError reports for the launch.
+// like the kernels of src/kernels/cuda. Each host function launches one kernel on device buffers,
+// on the compute stream (where the tests' buffers are filled and read), waits for it, and returns
+// what cudaGetLastError reported for the launch.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include "kernels/cuda/runtime.h"
 #include "selftest_kernels.h"
 
 namespace emutest {
@@ -111,54 +113,61 @@ __global__ void shared_overrun_kernel(int n) {
   dyn[n + threadIdx.x] = 1.f;  // just past the end of the dynamic shared memory
 }
 
+// What the launch reported; then the kernel runs (the host waits for it).
+cudaError_t launched() {
+  const cudaError_t e = cudaGetLastError();
+  cudaStreamSynchronize(primus::cuda::stream());
+  return e;
+}
+
 }  // namespace
 
 cudaError_t launch_write_flag(int* flag, int blocks, int threads, size_t smem) {
-  write_flag_kernel<<<blocks, threads, smem>>>(flag);
-  return cudaGetLastError();
+  write_flag_kernel<<<blocks, threads, smem, primus::cuda::stream()>>>(flag);
+  return launched();
 }
 cudaError_t allow_dynamic_smem_for_write_flag(int bytes) {
   return cudaFuncSetAttribute(write_flag_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
 }
 cudaError_t launch_shuffles(int* out, int delta, int width) {
-  shuffle_kernel<<<1, 32>>>(out, delta, width);
-  return cudaGetLastError();
+  shuffle_kernel<<<1, 32, 0, primus::cuda::stream()>>>(out, delta, width);
+  return launched();
 }
 cudaError_t launch_mma(const __nv_bfloat16* a, const __nv_bfloat16* b, const float* c, float* d) {
-  mma_kernel<<<1, 32>>>(a, b, c, d);
-  return cudaGetLastError();
+  mma_kernel<<<1, 32, 0, primus::cuda::stream()>>>(a, b, c, d);
+  return launched();
 }
 cudaError_t launch_uninitialised_shared(float* out) {
-  uninitialised_shared_kernel<<<2, 32>>>(out);
-  return cudaGetLastError();
+  uninitialised_shared_kernel<<<2, 32, 0, primus::cuda::stream()>>>(out);
+  return launched();
 }
 cudaError_t launch_divergent_barrier(int* out) {
-  divergent_barrier_kernel<<<1, 128>>>(out);
-  return cudaGetLastError();
+  divergent_barrier_kernel<<<1, 128, 0, primus::cuda::stream()>>>(out);
+  return launched();
 }
 cudaError_t launch_early_exit_barrier(int* out) {
-  early_exit_barrier_kernel<<<1, 128>>>(out);
-  return cudaGetLastError();
+  early_exit_barrier_kernel<<<1, 128, 0, primus::cuda::stream()>>>(out);
+  return launched();
 }
 cudaError_t launch_shuffle_from_exited_lane(int* out) {
-  shuffle_from_exited_lane_kernel<<<1, 32>>>(out);
-  return cudaGetLastError();
+  shuffle_from_exited_lane_kernel<<<1, 32, 0, primus::cuda::stream()>>>(out);
+  return launched();
 }
 cudaError_t launch_unwaited_cp_async(const __nv_bfloat16* src, uint32_t* out) {
-  unwaited_cp_async_kernel<<<1, 32>>>(src, out);
-  return cudaGetLastError();
+  unwaited_cp_async_kernel<<<1, 32, 0, primus::cuda::stream()>>>(src, out);
+  return launched();
 }
 cudaError_t launch_misaligned_vector(const float* p, float* out) {
-  misaligned_vector_kernel<<<1, 32>>>(p, out);
-  return cudaGetLastError();
+  misaligned_vector_kernel<<<1, 32, 0, primus::cuda::stream()>>>(p, out);
+  return launched();
 }
 cudaError_t launch_global_overrun(float4* p, int n) {
-  global_overrun_kernel<<<1, 32>>>(p, n);
-  return cudaGetLastError();
+  global_overrun_kernel<<<1, 32, 0, primus::cuda::stream()>>>(p, n);
+  return launched();
 }
 cudaError_t launch_shared_overrun(int n) {
-  shared_overrun_kernel<<<1, 32, n * sizeof(float)>>>(n);
-  return cudaGetLastError();
+  shared_overrun_kernel<<<1, 32, n * sizeof(float), primus::cuda::stream()>>>(n);
+  return launched();
 }
 
 }  // namespace emutest

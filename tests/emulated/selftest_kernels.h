@@ -1,5 +1,5 @@
-// Host entry points of selftest_kernels.cu (the emulator's own tests): each launches one kernel
-// and returns cudaGetLastError() after the launch.
+// Host entry points of selftest_kernels.cu (the emulator's own tests): each launches one kernel on
+// the compute stream, waits for it, and returns what cudaGetLastError() said after the launch.
 #pragma once
 
 #include <cuda_bf16.h>

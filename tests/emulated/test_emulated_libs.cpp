@@ -275,12 +275,12 @@ class EmulatedNccl : public testing::Test {
   ncclComm_t comm = nullptr;
 };
 
-TEST_F(EmulatedNccl, OneRankOnly) {
+TEST_F(EmulatedNccl, InitChecksItsArguments) {
   ncclUniqueId id;
   ASSERT_EQ(ncclGetUniqueId(&id), ncclSuccess);
   ncclComm_t two = nullptr;
-  EXPECT_EQ(ncclCommInitRank(&two, 2, id, 0), ncclInvalidArgument);
-  EXPECT_NE(std::string(ncclGetLastError(nullptr)).find("one rank"), std::string::npos);
+  EXPECT_EQ(ncclCommInitRank(&two, 2, id, 2), ncclInvalidArgument);
+  EXPECT_NE(std::string(ncclGetLastError(nullptr)).find("rank 2 of a communicator of 2"), std::string::npos);
   ncclUniqueId forged{};
   EXPECT_EQ(ncclCommInitRank(&two, 1, forged, 0), ncclInvalidArgument);
   ncclComm_t none = comm;
@@ -318,7 +318,9 @@ TEST_F(EmulatedNccl, CollectivesCheckTheirBuffers) {
   std::vector<float> host(64);
   EXPECT_EQ(ncclAllReduce(host.data(), host.data(), 64, ncclFloat32, ncclSum, comm, cuda::stream()), ncclInvalidArgument);
   EXPECT_EQ(ncclAllReduce(a.get(), a.get(), 129, ncclFloat32, ncclSum, comm, cuda::stream()), ncclInvalidArgument)
-      << "past the end of the allocation (the caching allocator's 512-byte block)";
+      << "past the end of the allocation";
+  EXPECT_EQ(ncclAllReduce(a.get(), a.get(), 65, ncclFloat32, ncclSum, comm, cuda::stream()), ncclInvalidArgument)
+      << "one element past the end (DeviceArray allocates exactly)";
   EXPECT_EQ(ncclAllReduce(a.get(), a.get() + 1, 32, ncclFloat32, ncclSum, comm, cuda::stream()), ncclInvalidArgument)
       << "overlapping, not in place";
   EXPECT_EQ(ncclBroadcast(a.get(), a.get(), 64, ncclFloat32, 1, comm, cuda::stream()), ncclInvalidArgument);

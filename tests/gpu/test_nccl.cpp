@@ -237,7 +237,8 @@ TEST(NcclProcessGroup, WorkOutlivesItsGroup) {
   DeviceArray<float> a(x);
   auto w = g->iall_reduce(a.get(), 256, CommType::F32, ReduceOp::Sum);
   g.reset();  // the communicator stays until the Work is gone
-  w->wait();
+  w->wait();  // (the compute stream waits; the host does not)
+  cuda::synchronize();
   EXPECT_TRUE(w->test());
   w.reset();
   EXPECT_EQ(a.host(), x);
