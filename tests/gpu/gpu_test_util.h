@@ -50,7 +50,8 @@ inline std::vector<float> from_bf16_bits(const std::vector<uint16_t>& v) {
 // A device buffer holding a copy of host data (or n zeroed elements), freed with the test. Its own
 // cudaMalloc of exactly n elements (not a block of the caching allocator, which rounds sizes up),
 // so that an access one element past the end is outside the allocation: compute-sanitizer on a
-// GPU, and the emulation (tests/emulated), report it. Filled and read on the compute stream.
+// GPU, and the emulation (tests/emulated), report it. Filled on the compute stream and waited for
+// (so that work on any stream may use it), read on the compute stream.
 template <typename T>
 struct DeviceArray {
   size_t n = 0;
@@ -58,6 +59,7 @@ struct DeviceArray {
   explicit DeviceArray(size_t count) : n(count) {
     allocate();
     PRIMUS_CUDA_CHECK(cudaMemsetAsync(mem, 0, count * sizeof(T), cuda::stream()));
+    cuda::synchronize();
   }
   explicit DeviceArray(const std::vector<T>& host) : n(host.size()) {
     allocate();

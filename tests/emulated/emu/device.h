@@ -325,7 +325,7 @@ T __ldcs(const T* p, const char* file = __builtin_FILE(), int line = __builtin_L
 // indivisible; check_atomic records it as an atomic for the race checks. The random block order
 // and interleavings give float sums a random order, as on a GPU. fp32 adds flush subnormal inputs
 // and results to zero, as atom.add.f32 does. ----
-#define PRIMUS_EMU_ATOMIC __attribute__((no_sanitize_address))
+#define PRIMUS_EMU_ATOMIC __attribute__((no_sanitize_thread))
 namespace emu::detail {
 inline float ftz(float x) { return std::fpclassify(x) == FP_SUBNORMAL ? std::copysign(0.0f, x) : x; }
 void check_atomic(const void* p, size_t bytes, const char* file, int line);

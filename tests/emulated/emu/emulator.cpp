@@ -26,9 +26,9 @@
 // and cp.async landing rates from it. A failure message prints the seed; the same seed, test
 // filter and binary replay the same schedules.
 //
-// Kernel code is compiled with GCC's -fsanitize=kernel-address, out of line: every load and store
-// calls the __asan_* functions at the end of this file, which pass global and shared memory
-// accesses to the checks (nothing of AddressSanitizer's runtime is used).
+// Kernel code is compiled with GCC's -fsanitize=thread: every load and store calls the __tsan_*
+// functions at the end of this file, which pass global and shared memory accesses to the checks
+// (nothing of ThreadSanitizer's runtime is used).
 #include "emu/emulator.h"
 
 #include <signal.h>
@@ -1483,35 +1483,50 @@ extern "C" const char* __ubsan_default_options() { return "abort_on_error=1:prin
 
 // ============================================================ the kernel code's accesses
 //
-// Kernel sources are compiled with -fsanitize=kernel-address and out-of-line checks
-// (--param asan-instrumentation-with-call-threshold=0): GCC calls these functions before every
-// load and store it could not prove to be of a local. Nothing of AddressSanitizer's runtime is
-// linked (a build that is itself under -fsanitize=address keeps the real ones).
-#if !defined(__SANITIZE_ADDRESS__)
-#define PRIMUS_EMU_HOOK(name, kind, n)                                                                        \
-  extern "C" void name(uintptr_t a) {                                                                         \
-    if (emu::detail::t_in_kernel) emu::detail::on_access(a, n, emu::detail::Access::kind, __builtin_return_address(0)); \
+// Kernel sources are compiled with -fsanitize=thread (without function entry and exit hooks): GCC
+// calls these functions before every load and store it could not prove to be of a local. Nothing
+// of ThreadSanitizer's runtime is linked (a build that is itself under -fsanitize=thread keeps the
+// real ones and does not emulate).
+#if !defined(__SANITIZE_THREAD__)
+#define PRIMUS_EMU_HOOK(name, kind, n)                                                                  \
+  extern "C" void name(void* a) {                                                                       \
+    if (emu::detail::t_in_kernel)                                                                       \
+      emu::detail::on_access(reinterpret_cast<uintptr_t>(a), n, emu::detail::Access::kind,              \
+                             __builtin_return_address(0));                                              \
   }
-#define PRIMUS_EMU_HOOKS(n)                                   \
-  PRIMUS_EMU_HOOK(__asan_load##n##_noabort, kRead, n)         \
-  PRIMUS_EMU_HOOK(__asan_store##n##_noabort, kWrite, n)       \
-  PRIMUS_EMU_HOOK(__asan_load##n, kRead, n)                   \
-  PRIMUS_EMU_HOOK(__asan_store##n, kWrite, n)
-PRIMUS_EMU_HOOKS(1)
+#define PRIMUS_EMU_HOOKS(n)                              \
+  PRIMUS_EMU_HOOK(__tsan_read##n, kRead, n)              \
+  PRIMUS_EMU_HOOK(__tsan_write##n, kWrite, n)            \
+  PRIMUS_EMU_HOOK(__tsan_unaligned_read##n, kRead, n)    \
+  PRIMUS_EMU_HOOK(__tsan_unaligned_write##n, kWrite, n)  \
+  PRIMUS_EMU_HOOK(__tsan_volatile_read##n, kRead, n)     \
+  PRIMUS_EMU_HOOK(__tsan_volatile_write##n, kWrite, n)
+PRIMUS_EMU_HOOK(__tsan_read1, kRead, 1)
+PRIMUS_EMU_HOOK(__tsan_write1, kWrite, 1)
+PRIMUS_EMU_HOOK(__tsan_volatile_read1, kRead, 1)
+PRIMUS_EMU_HOOK(__tsan_volatile_write1, kWrite, 1)
 PRIMUS_EMU_HOOKS(2)
 PRIMUS_EMU_HOOKS(4)
 PRIMUS_EMU_HOOKS(8)
 PRIMUS_EMU_HOOKS(16)
 #undef PRIMUS_EMU_HOOKS
 #undef PRIMUS_EMU_HOOK
-#define PRIMUS_EMU_HOOK_N(name, kind)                                                                               \
-  extern "C" void name(uintptr_t a, size_t n) {                                                                     \
-    if (emu::detail::t_in_kernel) emu::detail::on_access(a, n, emu::detail::Access::kind, __builtin_return_address(0)); \
+#define PRIMUS_EMU_HOOK_N(name, kind)                                                                 \
+  extern "C" void name(void* a, unsigned long n) {                                                    \
+    if (emu::detail::t_in_kernel)                                                                     \
+      emu::detail::on_access(reinterpret_cast<uintptr_t>(a), n, emu::detail::Access::kind,            \
+                             __builtin_return_address(0));                                            \
   }
-PRIMUS_EMU_HOOK_N(__asan_loadN_noabort, kRead)
-PRIMUS_EMU_HOOK_N(__asan_storeN_noabort, kWrite)
-PRIMUS_EMU_HOOK_N(__asan_loadN, kRead)
-PRIMUS_EMU_HOOK_N(__asan_storeN, kWrite)
+PRIMUS_EMU_HOOK_N(__tsan_read_range, kRead)
+PRIMUS_EMU_HOOK_N(__tsan_write_range, kWrite)
 #undef PRIMUS_EMU_HOOK_N
-extern "C" void __asan_handle_no_return() {}
+// The guard of a function-local static (host code in the kernel sources): a plain atomic load.
+extern "C" unsigned char __tsan_atomic8_load(const volatile unsigned char* a, int) {
+  return __atomic_load_n(a, __ATOMIC_ACQUIRE);
+}
+extern "C" void __tsan_init() {}
+extern "C" void __tsan_func_entry(void*) {}
+extern "C" void __tsan_func_exit() {}
+extern "C" void __tsan_vptr_update(void**, void*) {}
+extern "C" void __tsan_vptr_read(void**) {}
 #endif

@@ -23,7 +23,7 @@
 //     write, and not both atomically: a race (blocks of one launch are not ordered on a GPU);
 //   - an earlier op: if that op wrote (or, for a write, read) these bytes and does not happen
 //     before the running op (stream order, event waits, host synchronisation: streams.cpp), the
-//     two may run in either order or at once on a GPU: a hazard.
+//     two may run in either order or at once on a GPU: a hazard (atomics of two ops commute).
 // Only the last reading op is remembered, so a write is checked against one earlier reader.
 #include <signal.h>
 #include <sys/mman.h>
@@ -265,7 +265,9 @@ void check_cells(uintptr_t a0, uintptr_t a1, const void* p, size_t bytes, Access
             c->w_who = kMany | kAtomicBit;  // atomics of several blocks: fine
           }
         } else {
-          if (c->w_op && !ordered_before_running(c->w_op)) hazard(p, bytes, a, c->w_op, "wrote");
+          // Atomics of unordered ops commute (they are coherent on a GPU); a plain write does not.
+          if (c->w_op && !(c->w_who & kAtomicBit) && !ordered_before_running(c->w_op))
+            hazard(p, bytes, a, c->w_op, "wrote");
           c->w_op = op;
           c->w_who = who | kAtomicBit;
         }
