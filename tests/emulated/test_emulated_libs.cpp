@@ -330,5 +330,33 @@ TEST_F(EmulatedNccl, CollectivesCheckTheirBuffers) {
   EXPECT_EQ(ncclAllReduce(a.get(), a.get(), 64, ncclFloat32, ncclSum, gone, cuda::stream()), ncclInvalidArgument);
 }
 
+// The communication stream not waiting for the compute stream: a collective whose input was just
+// written on another stream, with no event between them, is reported as a hazard (whichever of
+// the two the executor runs first); with the event it runs.
+TEST_F(EmulatedNccl, ACollectiveNotOrderedAfterItsInputIsAHazard) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  cudaStream_t comm_stream = nullptr;
+  cudaEvent_t ready = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&comm_stream, cudaStreamNonBlocking), cudaSuccess);
+  ASSERT_EQ(cudaEventCreateWithFlags(&ready, cudaEventDisableTiming), cudaSuccess);
+  const std::vector<float> x = random_floats(64, 3);
+  DeviceArray<float> a(size_t{64});
+  auto unordered = [&] {
+    cudaMemcpyAsync(a.get(), x.data(), 64 * sizeof(float), cudaMemcpyHostToDevice, cuda::stream());
+    ncclAllReduce(a.get(), a.get(), 64, ncclFloat32, ncclSum, comm, comm_stream);
+    cudaDeviceSynchronize();
+  };
+  EXPECT_DEATH(unordered(), "hazard between streams: .*ncclAllReduce|hazard between streams: cudaMemcpyAsync");
+  ASSERT_EQ(cudaMemcpyAsync(a.get(), x.data(), 64 * sizeof(float), cudaMemcpyHostToDevice, cuda::stream()),
+            cudaSuccess);
+  ASSERT_EQ(cudaEventRecord(ready, cuda::stream()), cudaSuccess);
+  ASSERT_EQ(cudaStreamWaitEvent(comm_stream, ready, 0), cudaSuccess);
+  ASSERT_EQ(ncclAllReduce(a.get(), a.get(), 64, ncclFloat32, ncclSum, comm, comm_stream), ncclSuccess);
+  ASSERT_EQ(cudaStreamSynchronize(comm_stream), cudaSuccess);
+  EXPECT_EQ(a.host(), x);
+  cudaEventDestroy(ready);
+  cudaStreamDestroy(comm_stream);
+}
+
 }  // namespace
 }  // namespace primus::gputest
