@@ -1030,9 +1030,9 @@ void cp_async(const char* name, uint32_t dst, const void* src, int cp_size, int 
 // thread's own stack, the emulation's own data) passes.
 void on_access(uintptr_t a, size_t n, Access kind, const void* pc) {
   if (a - g_device_lo < g_device_span) {
-    set_access_pc(pc);
+    g_access_pc = pc;
     note_access(reinterpret_cast<const void*>(a), n, kind, g_blk->linear + 1);
-    set_access_pc(nullptr);
+    g_access_pc = nullptr;
     maybe_switch_at_access();
   } else if (a >= reinterpret_cast<uintptr_t>(g_window_lo) && a < reinterpret_cast<uintptr_t>(g_window_hi)) {
     const Launch& L = *g_launch;
@@ -1064,13 +1064,13 @@ Op::Status KernelOp::run() {
   init_windows();
   g_rng = Rng(L.seed);
   // Resident blocks and the switch rate at memory accesses: one block and none in a third of the
-  // launches (the schedules of the single-block mode), several and a rate drawn from 1/64 .. 1/2
+  // launches (the schedules of the single-block mode), several and a rate drawn from 1/256 .. 1/8
   // otherwise.
   const uint64_t nblocks = uint64_t(L.cfg.grid.x) * L.cfg.grid.y * L.cfg.grid.z;
   const int want = g_max_slots ? g_max_slots : int(1 + g_rng.below(3) * 3 / 2);  // 1, 2 or 4
   L.slots = int(std::min<uint64_t>(uint64_t(want), nblocks));
-  static const double kSwitch[] = {1.0 / 64, 1.0 / 16, 1.0 / 4, 1.0 / 2};
-  L.mem_switch = L.slots > 1 ? kSwitch[g_rng.below(4)] : 0.0;
+  static const double kSwitch[] = {1.0 / 256, 1.0 / 32, 1.0 / 8};
+  L.mem_switch = L.slots > 1 ? kSwitch[g_rng.below(3)] : 0.0;
   g_switch_countdown = L.mem_switch > 0 ? 1 + g_rng.below(uint32_t(2.0 / L.mem_switch)) : 0;
   L.slot_threads = L.nwarps * 32;
   ensure_stacks(L.slots * L.slot_threads);

@@ -16,6 +16,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace emu::detail {
@@ -56,7 +57,7 @@ enum class Access : uint8_t { kRead, kWrite, kAtomic };
 // of the emulation (copies, cuBLASLt, NCCL).
 void note_access(const void* p, size_t bytes, Access a, uint32_t who);
 // The code address of the kernel access being checked (for reports), set by the instrumentation.
-void set_access_pc(const void* pc);
+extern const void* g_access_pc;
 // Accesses by host-side ops that skip bytes: `rows` runs of `row_bytes`, `stride` bytes apart.
 void note_strided(const void* p, size_t rows, size_t row_bytes, size_t stride, Access a);
 
@@ -97,10 +98,22 @@ void progress_some();
 // idle for a while, as a GPU does while its host blocks elsewhere (e.g. in MPI).
 void start_device_thread();
 
-// The op being run (0 when none), and whether op `earlier` happens before it: stream order,
-// event waits and host synchronisation in between.
-uint32_t running_op();
-bool ordered_before_running(uint32_t earlier);
+// The op being run, set by the executor around each run: its id (0 when none), its vector clock,
+// and every op's stream and position (read without locks: one thread runs ops at a time).
+struct Running {
+  uint32_t op = 0;
+  const uint32_t* vc = nullptr;
+  size_t vc_size = 0;
+  const std::pair<uint32_t, uint32_t>* op_pos = nullptr;  // by op id: (stream, position in it)
+};
+extern Running g_running;
+inline uint32_t running_op() { return g_running.op; }
+// Whether op `earlier` happens before the running op: stream order, event waits and host
+// synchronisation in between (its stream's clock component has passed it).
+inline bool ordered_before_running(uint32_t earlier) {
+  const auto& [stream, pos] = g_running.op_pos[earlier];
+  return stream < g_running.vc_size && g_running.vc[stream] >= pos;
+}
 std::string describe_op(uint32_t id);
 
 // ---------------------------------------------------------------------------- emulator.cpp

@@ -44,6 +44,7 @@
 namespace emu::detail {
 
 uintptr_t g_device_lo = 0, g_device_span = 0;
+const void* g_access_pc = nullptr;
 
 namespace {
 
@@ -161,8 +162,6 @@ void unregister_lazy(uintptr_t lo) {
     if (g_lazy_lo[i].load() == lo) g_lazy_lo[i].store(0);
 }
 
-// The code address an access came from, if the kernel instrumentation set it (see emulator.cpp).
-thread_local const void* t_access_pc = nullptr;
 
 std::string code_location(const void* pc) {
   if (!pc) return "";
@@ -196,7 +195,7 @@ std::string who_name(uint32_t who) {
 [[noreturn]] void out_of_bounds(const void* p, size_t bytes, Access a, const void* bad) {
   fatal("%s %s %zu bytes at %p, outside the device allocations: %s%s",
         running_op() ? describe_op(running_op()).c_str() : "the host", verb(a), bytes, p,
-        describe_device_address(bad).c_str(), code_location(t_access_pc).c_str());
+        describe_device_address(bad).c_str(), code_location(g_access_pc).c_str());
 }
 
 [[noreturn]] void race(const void* p, size_t bytes, Access a, uint32_t who, const char* earlier_verb,
@@ -205,7 +204,7 @@ std::string who_name(uint32_t who) {
         "launch%s. Blocks of a launch run concurrently on a GPU, in any order: one of the two accesses may see "
         "the other or not (use an atomic, or separate launches)",
         block_name(who).c_str(), verb(a), bytes, p, describe_device_address(p).c_str(),
-        who_name(earlier_who).c_str(), earlier_verb, code_location(t_access_pc).c_str());
+        who_name(earlier_who).c_str(), earlier_verb, code_location(g_access_pc).c_str());
 }
 
 [[noreturn]] void hazard(const void* p, size_t bytes, Access a, uint32_t earlier, const char* earlier_verb) {
@@ -213,20 +212,49 @@ std::string who_name(uint32_t who) {
         "stream order, event wait (cudaStreamWaitEvent) or host synchronisation makes one wait for the other, "
         "so on a GPU they may run in either order or at once",
         describe_op(running_op()).c_str(), verb(a), bytes, p, describe_device_address(p).c_str(),
-        code_location(t_access_pc).c_str(), describe_op(earlier).c_str(), earlier_verb);
+        code_location(g_access_pc).c_str(), describe_op(earlier).c_str(), earlier_verb);
 }
+
+// Whether op `earlier` happens before the running op, remembering the last answer (an access
+// usually meets cells of one earlier op).
+struct OrderCache {
+  uint32_t op = 0;
+  bool ordered = false;
+  bool operator()(uint32_t earlier) {
+    if (earlier != op) {
+      op = earlier;
+      ordered = ordered_before_running(earlier);
+    }
+    return ordered;
+  }
+};
 
 void check_cells(uintptr_t a0, uintptr_t a1, const void* p, size_t bytes, Access a, uint32_t who) {
   const uint32_t op = running_op();
+  OrderCache ordered_before_running;
+  // A cell equal to the previous one before the access ends equal to it after (the checks depend
+  // on the cell and the access only): the cells of a wide access are usually all alike.
+  Cell before{}, after{};
+  bool have_prev = false;
   Cell* c = cell_of(a0);
   for (uintptr_t u = a0; u < a1; u += 2, ++c) {
+    if (have_prev && std::memcmp(c, &before, sizeof(Cell)) == 0 && c->w_op < kPartial) {
+      *c = after;
+      continue;
+    }
+    before = *c;
+    have_prev = true;
     if (c->w_op >= kPartial) {
       // Outside the allocation, or a unit whose second byte is: exact down to the byte.
       if (c->w_op == kOutside || reinterpret_cast<uintptr_t>(p) + bytes > u + 1)
         out_of_bounds(p, bytes, a, reinterpret_cast<const void*>(std::max<uintptr_t>(u, reinterpret_cast<uintptr_t>(p))));
+      have_prev = false;
       continue;
     }
-    if (!op) continue;  // host-side checks outside any op: bounds only
+    if (!op) {  // host-side checks outside any op: bounds only
+      have_prev = false;
+      continue;
+    }
     switch (a) {
       case Access::kRead:
         if (c->w_op == op) {
@@ -278,6 +306,7 @@ void check_cells(uintptr_t a0, uintptr_t a1, const void* p, size_t bytes, Access
         }
         break;
     }
+    after = *c;
   }
 }
 
@@ -427,14 +456,15 @@ void note_access(const void* p, size_t bytes, Access a, uint32_t who) {
   if (!in_device_range(p) || !in_device_range(reinterpret_cast<const void*>(u + bytes - 1)))
     fatal("%s %s %zu bytes at %p: not device memory (a host pointer, or garbage)%s",
           running_op() ? describe_op(running_op()).c_str() : "the host", verb(a), bytes, p,
-          code_location(t_access_pc).c_str());
+          code_location(g_access_pc).c_str());
   check_cells(u & ~uintptr_t(1), round_up(u + bytes, 2), p, bytes, a, who);
 }
 
 void note_strided(const void* p, size_t rows, size_t row_bytes, size_t stride, Access a) {
+  if (row_bytes == stride) return note_access(p, rows * row_bytes, a, 0);  // contiguous
   for (size_t r = 0; r < rows; ++r) note_access(static_cast<const char*>(p) + r * stride, row_bytes, a, 0);
 }
 
-void set_access_pc(const void* pc) { t_access_pc = pc; }
+void seg_access_pc(const void* pc) { g_access_pc = pc; }
 
 }  // namespace emu::detail

@@ -44,6 +44,9 @@
 #include "emu/emulator.h"
 
 namespace emu::detail {
+
+Running g_running;
+
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -109,9 +112,8 @@ struct State {
   std::map<cudaStream_t, uint32_t> handles;
   std::map<cudaEvent_t, std::shared_ptr<EventRec>> events;
   std::vector<OpRecord> ops = std::vector<OpRecord>(1);  // by id (0: none)
+  std::vector<std::pair<uint32_t, uint32_t>> op_pos = std::vector<std::pair<uint32_t, uint32_t>>(1);
   VC host_vc;
-  uint32_t running = 0;
-  const VC* running_vc = nullptr;
   Rng rng{mix_seed(base_seed(), 0x5eed5)};
   size_t pending = 0;
   std::vector<Stream*> busy;  // streams with queued work
@@ -172,6 +174,7 @@ uint32_t enqueue_locked(State& s, Stream& q, std::unique_ptr<Op> op, const OpLab
   q.vc[q.idx] = q.enq;
   const uint32_t id = uint32_t(s.ops.size());
   s.ops.push_back({q.idx, q.enq, label});
+  s.op_pos.push_back({q.idx, q.enq});
   if (q.q.empty()) s.busy.push_back(&q);
   q.q.push_back(Pending{std::move(op), id, std::move(deps), q.vc});
   ++s.pending;
@@ -186,11 +189,9 @@ bool deps_met(const State& s, const Pending& p) {
 
 Op::Status run_head(State& s, Stream& q) {
   Pending& p = q.q.front();
-  s.running = p.id;
-  s.running_vc = &p.vc;
+  g_running = Running{p.id, p.vc.data(), p.vc.size(), s.op_pos.data()};
   const Op::Status r = p.op->run();
-  s.running = 0;
-  s.running_vc = nullptr;
+  g_running = Running{};
   if (r == Op::kDone) {
     q.q.pop_front();
     ++q.done;
@@ -327,14 +328,6 @@ void start_device_thread() {
     std::lock_guard<std::mutex> lock(st().mu);
     st().exiting = true;
   });
-}
-
-uint32_t running_op() { return st().running; }
-
-bool ordered_before_running(uint32_t earlier) {
-  const State& s = st();
-  const OpRecord& r = s.ops[earlier];
-  return s.running_vc && r.stream < s.running_vc->size() && (*s.running_vc)[r.stream] >= r.pos;
 }
 
 std::string describe_op(uint32_t id) {
