@@ -713,8 +713,30 @@ thread_local int t_group_depth = 0;
 thread_local std::vector<Issued> t_group;
 thread_local ncclResult_t t_group_error = ncclSuccess;  // the first error inside the open group
 
+bool trace() {
+  static const bool on = [] {
+    const char* t = std::getenv("PRIMUS_EMU_TRACE");
+    return t && *t && *t != '0';
+  }();
+  return on;
+}
+
 void queue(std::vector<Issued> ops) {
   if (ops.empty()) return;
+  if (trace()) {  // PRIMUS_EMU_TRACE: what each rank queues, in issue order
+    std::string what;
+    for (const Issued& o : ops) {
+      char buf[160];
+      if (o.p2p)
+        std::snprintf(buf, sizeof buf, " %s %zu %s %s rank %d;", o.send ? "send" : "recv", o.count, type_name(o.type),
+                      o.send ? "to" : "from", o.peer);
+      else
+        std::snprintf(buf, sizeof buf, " %s %zu %s;", o.what, o.count, type_name(o.type));
+      what += buf;
+    }
+    std::fprintf(stderr, "emu: NCCL rank %d of %d (pid %d) queues%s\n", ops[0].comm->rank, ops[0].comm->nranks,
+                 int(getpid()), what.c_str());
+  }
   std::vector<std::unique_ptr<Part>> parts;
   std::vector<ncclComm*> comms;
   for (Issued& o : ops) {
