@@ -417,19 +417,9 @@ cublasStatus_t check_algo(const char* fn, const cublasLtMatmulAlgo_t* algo, cons
 
 // ------------------------------------------------------------------------- host arithmetic
 
-float bf16_to_float(uint16_t b) {
-  const uint32_t u = uint32_t(b) << 16;
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
-uint16_t float_to_bf16(float f) {  // round to nearest even, as __float2bfloat16
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return uint16_t((u >> 16) | 0x40u);  // quiet NaN
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return uint16_t(u >> 16);
-}
+using emu::detail::bf16_to_float;
+using emu::detail::float_to_bf16;
+
 float load(const void* base, uint32_t type, size_t i) {
   if (type == CUDA_R_16BF) {
     uint16_t b;

@@ -915,12 +915,6 @@ struct MmaArgs {
   float* d[4];
 };
 
-inline float bf16_bits_to_float(uint32_t h) {
-  const uint32_t u = h << 16;
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
 
 void compute_mma(Rendezvous& r) {
   // PTX ISA, mma.m16n8k16 with .bf16 A/B and .f32 C/D (lane = 4g + t):
@@ -933,11 +927,11 @@ void compute_mma(Rendezvous& r) {
     const int g = l >> 2, t = l & 3;
     for (int i = 0; i < 8; ++i) {
       const uint32_t reg = m.a[i >> 1];
-      A[g + 8 * ((i >> 1) & 1)][2 * t + (i & 1) + 8 * (i >> 2)] = bf16_bits_to_float(i & 1 ? reg >> 16 : reg & 0xffff);
+      A[g + 8 * ((i >> 1) & 1)][2 * t + (i & 1) + 8 * (i >> 2)] = bf16_to_float(uint16_t(i & 1 ? reg >> 16 : reg & 0xffff));
     }
     for (int i = 0; i < 4; ++i) {
       const uint32_t reg = m.b[i >> 1];
-      B[2 * t + (i & 1) + 8 * (i >> 1)][g] = bf16_bits_to_float(i & 1 ? reg >> 16 : reg & 0xffff);
+      B[2 * t + (i & 1) + 8 * (i >> 1)][g] = bf16_to_float(uint16_t(i & 1 ? reg >> 16 : reg & 0xffff));
     }
     for (int i = 0; i < 4; ++i) C[g + 8 * (i >> 1)][2 * t + (i & 1)] = m.c[i];
   }

@@ -131,6 +131,22 @@ struct Rng {
   uint32_t below(uint32_t n) { return uint32_t((next() >> 32) * n >> 32); }
   bool coin(double p) { return p > 0 && double(next() >> 11) * 0x1.0p-53 < p; }
 };
+// bf16 bits <-> float on the host side of the emulation (cuBLASLt, NCCL, mma): exact one way,
+// round to nearest even the other (as __float2bfloat16), NaN kept quiet.
+inline float bf16_to_float(uint16_t b) {
+  const uint32_t u = uint32_t(b) << 16;
+  float f;
+  __builtin_memcpy(&f, &u, 4);
+  return f;
+}
+inline uint16_t float_to_bf16(float f) {
+  uint32_t u;
+  __builtin_memcpy(&u, &f, 4);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return uint16_t((u >> 16) | 0x40u);
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return uint16_t(u >> 16);
+}
+
 inline uint64_t mix_seed(uint64_t a, uint64_t b) {
   Rng r(a * 0x2545f4914f6cdd1dull ^ b);
   r.next();

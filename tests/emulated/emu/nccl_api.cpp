@@ -262,19 +262,8 @@ ncclResult_t check_op(const char* fn, ncclRedOp_t op) {
 
 // ---------------------------------------------------------------------------- reductions
 
-float bf16_to_float(uint16_t b) {
-  const uint32_t u = uint32_t(b) << 16;
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
-uint16_t float_to_bf16(float f) {  // round to nearest even; NaN stays NaN
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  if (std::isnan(f)) return uint16_t((u >> 16) | 0x40);
-  u += 0x7fffu + ((u >> 16) & 1);
-  return uint16_t(u >> 16);
-}
+using emu::detail::bf16_to_float;
+using emu::detail::float_to_bf16;
 
 template <typename T>
 T apply(int op, T a, T b) {

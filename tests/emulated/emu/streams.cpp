@@ -260,6 +260,33 @@ void drain(std::unique_lock<std::mutex>& lk, const std::function<bool()>& done) 
 
 void touch() { st().last_host_call.store(now_ns(), std::memory_order_relaxed); }
 
+// The host waits until position `pos` of stream `idx` has run; then it knows all that happened
+// before that position (`vc`, a copy: the stream's own clock moves on as work is queued).
+void host_waits(std::unique_lock<std::mutex>& lk, uint32_t idx, uint32_t pos, const VC vc) {
+  State& s = st();
+  drain(lk, [&] { return s.streams[idx]->done >= pos; });
+  merge(s.host_vc, vc);
+}
+
+// A query: the device moves on by one op at most (a host polling in a loop sees progress).
+cudaError_t host_polls(std::unique_lock<std::mutex>& lk, uint32_t idx, uint32_t pos, const VC vc) {
+  State& s = st();
+  if (s.streams[idx]->done < pos && !step(s)) {
+    lk.unlock();
+    std::this_thread::sleep_for(std::chrono::microseconds(50));
+    lk.lock();
+  }
+  if (s.streams[idx]->done < pos) return cudaErrorNotReady;
+  merge(s.host_vc, vc);
+  return cudaSuccess;
+}
+
+// The event of a handle, or null (with the lock held).
+std::shared_ptr<EventRec> event_of(State& s, cudaEvent_t event) {
+  const auto it = s.events.find(event);
+  return it == s.events.end() ? nullptr : it->second;
+}
+
 void device_thread_main() {
   State& s = st();
   for (;;) {
@@ -297,10 +324,7 @@ void run_and_wait(cudaStream_t h, std::unique_ptr<Op> op, const OpLabel& label) 
   Stream* q = stream_of(s, h);
   if (!q) fatal("emulated runtime: work queued on a stream that does not exist (internal error)");
   enqueue_locked(s, *q, std::move(op), label);
-  const uint32_t target = q->enq;
-  const VC vc = q->vc;
-  drain(lk, [&] { return q->done >= target; });
-  merge(s.host_vc, vc);
+  host_waits(lk, q->idx, q->enq, q->vc);
 }
 
 void wait_until(const std::function<bool()>& done) {
@@ -377,10 +401,7 @@ cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
   std::unique_lock<std::mutex> lk(s.mu);
   Stream* q = stream_of(s, stream);
   if (!q) return fail(cudaErrorInvalidResourceHandle);
-  const uint32_t target = q->enq;
-  const VC vc = q->vc;
-  drain(lk, [&] { return q->done >= target; });
-  merge(s.host_vc, vc);
+  host_waits(lk, q->idx, q->enq, q->vc);
   return cudaSuccess;
 }
 
@@ -390,15 +411,7 @@ cudaError_t cudaStreamQuery(cudaStream_t stream) {
   std::unique_lock<std::mutex> lk(s.mu);
   Stream* q = stream_of(s, stream);
   if (!q) return fail(cudaErrorInvalidResourceHandle);
-  const VC vc = q->vc;
-  if (q->done < q->enq && !step(s)) {  // the GPU moves on a little while the host polls
-    lk.unlock();
-    std::this_thread::sleep_for(std::chrono::microseconds(50));
-    lk.lock();
-  }
-  if (q->done < q->enq) return cudaErrorNotReady;
-  merge(s.host_vc, vc);
-  return cudaSuccess;
+  return host_polls(lk, q->idx, q->enq, q->vc);
 }
 
 cudaError_t cudaDeviceSynchronize(void) {
@@ -442,16 +455,15 @@ cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
   State& s = st();
   touch();
   std::lock_guard<std::mutex> lock(s.mu);
-  const auto it = s.events.find(event);
+  const std::shared_ptr<EventRec> e = event_of(s, event);
   Stream* q = stream_of(s, stream);
-  if (it == s.events.end() || !q) return fail(cudaErrorInvalidResourceHandle);
-  EventRec& e = *it->second;
-  e.recorded = true;
-  e.has_time = false;
-  e.stream = q->idx;
-  e.pos = q->enq + 1;
-  enqueue_locked(s, *q, std::make_unique<RecordOp>(it->second, e.pos), OpLabel{"cudaEventRecord"});
-  e.vc = q->vc;
+  if (!e || !q) return fail(cudaErrorInvalidResourceHandle);
+  e->recorded = true;
+  e->has_time = false;
+  e->stream = q->idx;
+  e->pos = q->enq + 1;
+  enqueue_locked(s, *q, std::make_unique<RecordOp>(e, e->pos), OpLabel{"cudaEventRecord"});
+  e->vc = q->vc;
   return cudaSuccess;
 }
 
@@ -460,12 +472,11 @@ cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned
   State& s = st();
   touch();
   std::lock_guard<std::mutex> lock(s.mu);
-  const auto it = s.events.find(event);
+  const std::shared_ptr<EventRec> e = event_of(s, event);
   Stream* q = stream_of(s, stream);
-  if (it == s.events.end() || !q) return fail(cudaErrorInvalidResourceHandle);
-  const EventRec& e = *it->second;
-  if (!e.recorded) return cudaSuccess;
-  enqueue_locked(s, *q, std::make_unique<NoOp>(), OpLabel{"cudaStreamWaitEvent"}, {{e.stream, e.pos}}, &e.vc);
+  if (!e || !q) return fail(cudaErrorInvalidResourceHandle);
+  if (!e->recorded) return cudaSuccess;
+  enqueue_locked(s, *q, std::make_unique<NoOp>(), OpLabel{"cudaStreamWaitEvent"}, {{e->stream, e->pos}}, &e->vc);
   return cudaSuccess;
 }
 
@@ -473,14 +484,9 @@ cudaError_t cudaEventSynchronize(cudaEvent_t event) {
   State& s = st();
   touch();
   std::unique_lock<std::mutex> lk(s.mu);
-  const auto it = s.events.find(event);
-  if (it == s.events.end()) return fail(cudaErrorInvalidResourceHandle);
-  const std::shared_ptr<EventRec> e = it->second;
-  if (!e->recorded) return cudaSuccess;
-  const uint32_t stream = e->stream, pos = e->pos;
-  const VC vc = e->vc;
-  drain(lk, [&] { return s.streams[stream]->done >= pos; });
-  merge(s.host_vc, vc);
+  const std::shared_ptr<EventRec> e = event_of(s, event);
+  if (!e) return fail(cudaErrorInvalidResourceHandle);
+  if (e->recorded) host_waits(lk, e->stream, e->pos, e->vc);
   return cudaSuccess;
 }
 
@@ -488,29 +494,18 @@ cudaError_t cudaEventQuery(cudaEvent_t event) {
   State& s = st();
   touch();
   std::unique_lock<std::mutex> lk(s.mu);
-  const auto it = s.events.find(event);
-  if (it == s.events.end()) return fail(cudaErrorInvalidResourceHandle);
-  const std::shared_ptr<EventRec> e = it->second;
-  if (!e->recorded) return cudaSuccess;
-  const uint32_t stream = e->stream, pos = e->pos;
-  if (s.streams[stream]->done < pos && !step(s)) {
-    lk.unlock();
-    std::this_thread::sleep_for(std::chrono::microseconds(50));
-    lk.lock();
-  }
-  if (s.streams[stream]->done < pos) return cudaErrorNotReady;
-  merge(s.host_vc, e->vc);
-  return cudaSuccess;
+  const std::shared_ptr<EventRec> e = event_of(s, event);
+  if (!e) return fail(cudaErrorInvalidResourceHandle);
+  return e->recorded ? host_polls(lk, e->stream, e->pos, e->vc) : cudaSuccess;
 }
 
 cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end) {
   State& s = st();
   std::lock_guard<std::mutex> lock(s.mu);
-  const auto a = s.events.find(start), b = s.events.find(end);
-  if (!ms || a == s.events.end() || b == s.events.end()) return fail(cudaErrorInvalidResourceHandle);
-  if (!a->second->recorded || !b->second->recorded) return fail(cudaErrorInvalidResourceHandle);
-  if (!a->second->has_time || !b->second->has_time) return fail(cudaErrorNotReady);
-  *ms = std::chrono::duration<float, std::milli>(b->second->t - a->second->t).count();
+  const std::shared_ptr<EventRec> a = event_of(s, start), b = event_of(s, end);
+  if (!ms || !a || !b || !a->recorded || !b->recorded) return fail(cudaErrorInvalidResourceHandle);
+  if (!a->has_time || !b->has_time) return fail(cudaErrorNotReady);
+  *ms = std::chrono::duration<float, std::milli>(b->t - a->t).count();
   return cudaSuccess;
 }
 
