@@ -451,7 +451,8 @@ TEST(FusedCrossEntropy, ChunksInAnyOrderWithTargetsAtTheirEdges) {
                                      {{15, 9, 16}, {15, 14, 24, 23, 0, 39, -1, 7, 15}}};
   for (const Split& sp : splits) {
     const CeRef ref = ce_reference(logits, sp.targets, n, v);
-    for (const auto& order : {std::vector<size_t>{0, 1, 2}, std::vector<size_t>{2, 1, 0}, std::vector<size_t>{1, 2, 0}}) {
+    for (const auto& order :
+         {std::vector<size_t>{0, 1, 2}, std::vector<size_t>{2, 1, 0}, std::vector<size_t>{1, 2, 0}}) {
       SCOPED_TRACE(testing::Message() << "chunks " << sp.sizes[0] << "," << sp.sizes[1] << "," << sp.sizes[2]
                                       << " in the order " << order[0] << order[1] << order[2]);
       const CeRun r = ce_run(logits, sp.targets, n, v, sp.sizes, order);

@@ -330,13 +330,15 @@ namespace emu::detail {
 inline float ftz(float x) { return std::fpclassify(x) == FP_SUBNORMAL ? std::copysign(0.0f, x) : x; }
 void check_atomic(const void* p, size_t bytes, const char* file, int line);
 }  // namespace emu::detail
-PRIMUS_EMU_ATOMIC inline float atomicAdd(float* p, float v, const char* file = __builtin_FILE(), int line = __builtin_LINE()) {
+PRIMUS_EMU_ATOMIC inline float atomicAdd(float* p, float v, const char* file = __builtin_FILE(),
+                                         int line = __builtin_LINE()) {
   ::emu::detail::check_atomic(p, sizeof(float), file, line);
   const float old = *p;
   *p = ::emu::detail::ftz(::emu::detail::ftz(old) + ::emu::detail::ftz(v));
   return old;
 }
-PRIMUS_EMU_ATOMIC inline float2 atomicAdd(float2* p, float2 v, const char* file = __builtin_FILE(), int line = __builtin_LINE()) {
+PRIMUS_EMU_ATOMIC inline float2 atomicAdd(float2* p, float2 v, const char* file = __builtin_FILE(),
+                                          int line = __builtin_LINE()) {
   static_assert(PRIMUS_EMU_CUDA_ARCH >= 900, "vector atomicAdd needs sm_90");
   ::emu::detail::check_atomic(p, sizeof(float2), file, line);
   const float2 old = *p;
@@ -344,7 +346,8 @@ PRIMUS_EMU_ATOMIC inline float2 atomicAdd(float2* p, float2 v, const char* file 
   p->y = ::emu::detail::ftz(::emu::detail::ftz(old.y) + ::emu::detail::ftz(v.y));
   return old;
 }
-PRIMUS_EMU_ATOMIC inline float4 atomicAdd(float4* p, float4 v, const char* file = __builtin_FILE(), int line = __builtin_LINE()) {
+PRIMUS_EMU_ATOMIC inline float4 atomicAdd(float4* p, float4 v, const char* file = __builtin_FILE(),
+                                          int line = __builtin_LINE()) {
   ::emu::detail::check_atomic(p, sizeof(float4), file, line);
   const float4 old = *p;
   p->x = ::emu::detail::ftz(::emu::detail::ftz(old.x) + ::emu::detail::ftz(v.x));
@@ -353,7 +356,8 @@ PRIMUS_EMU_ATOMIC inline float4 atomicAdd(float4* p, float4 v, const char* file 
   p->w = ::emu::detail::ftz(::emu::detail::ftz(old.w) + ::emu::detail::ftz(v.w));
   return old;
 }
-PRIMUS_EMU_ATOMIC inline double atomicAdd(double* p, double v, const char* file = __builtin_FILE(), int line = __builtin_LINE()) {
+PRIMUS_EMU_ATOMIC inline double atomicAdd(double* p, double v, const char* file = __builtin_FILE(),
+                                          int line = __builtin_LINE()) {
   ::emu::detail::check_atomic(p, sizeof(double), file, line);
   const double old = *p;
   *p = old + v;

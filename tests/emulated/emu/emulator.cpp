@@ -927,7 +927,8 @@ void compute_mma(Rendezvous& r) {
     const int g = l >> 2, t = l & 3;
     for (int i = 0; i < 8; ++i) {
       const uint32_t reg = m.a[i >> 1];
-      A[g + 8 * ((i >> 1) & 1)][2 * t + (i & 1) + 8 * (i >> 2)] = bf16_to_float(uint16_t(i & 1 ? reg >> 16 : reg & 0xffff));
+      A[g + 8 * ((i >> 1) & 1)][2 * t + (i & 1) + 8 * (i >> 2)] =
+          bf16_to_float(uint16_t(i & 1 ? reg >> 16 : reg & 0xffff));
     }
     for (int i = 0; i < 4; ++i) {
       const uint32_t reg = m.b[i >> 1];

@@ -247,7 +247,8 @@ void check_cells(uintptr_t a0, uintptr_t a1, const void* p, size_t bytes, Access
     if (c->w_op >= kPartial) {
       // Outside the allocation, or a unit whose second byte is: exact down to the byte.
       if (c->w_op == kOutside || reinterpret_cast<uintptr_t>(p) + bytes > u + 1)
-        out_of_bounds(p, bytes, a, reinterpret_cast<const void*>(std::max<uintptr_t>(u, reinterpret_cast<uintptr_t>(p))));
+        out_of_bounds(p, bytes, a,
+                      reinterpret_cast<const void*>(std::max<uintptr_t>(u, reinterpret_cast<uintptr_t>(p))));
       have_prev = false;
       continue;
     }

@@ -485,7 +485,8 @@ class Collective final : public Part {
       const size_t len = std::min(chunk_, total_ - off_);
       if (!posted_) {
         for (int q = 0; q < c_->nranks; ++q)  // everyone has read the previous round's slots
-          if (c_->ctl[q].consumed.load(std::memory_order_acquire) < round - 1) return moved ? S::kProgress : S::kStalled;
+          if (c_->ctl[q].consumed.load(std::memory_order_acquire) < round - 1)
+            return moved ? S::kProgress : S::kStalled;
         if (d_.kind != kBroadcast || c_->rank == d_.root) std::memcpy(c_->slot(c_->rank), send_ + off_, len);
         c_->me().desc = d_;
         c_->me().posted.store(round, std::memory_order_release);
@@ -598,7 +599,8 @@ class PointToPoint final : public Part {
         const size_t n = in_header ? std::min(sizeof(MsgHeader) - at, len - copied) : len - copied;
         const uint64_t pos = (send_ ? head : tail) + copied;
         if (send_)
-          ring_in(ring, pos, in_header ? reinterpret_cast<const char*>(&mine) + at : buf_ + (at - sizeof(MsgHeader)), n);
+          ring_in(ring, pos, in_header ? reinterpret_cast<const char*>(&mine) + at : buf_ + (at - sizeof(MsgHeader)),
+                  n);
         else
           ring_out(ring, pos, in_header ? reinterpret_cast<char*>(&got_) + at : buf_ + (at - sizeof(MsgHeader)), n);
         copied += n;
@@ -732,8 +734,9 @@ void queue(std::vector<Issued> ops) {
     parts.push_back(std::move(o.part));
     if (std::find(comms.begin(), comms.end(), o.comm) == comms.end()) comms.push_back(o.comm);
   }
-  emu::detail::enqueue(ops[0].stream, std::make_unique<NcclOp>(std::move(parts), std::move(comms)),
-                       emu::detail::OpLabel{ops.size() == 1 ? ops[0].what : "ncclGroupEnd (a group of NCCL operations)"});
+  emu::detail::enqueue(
+      ops[0].stream, std::make_unique<NcclOp>(std::move(parts), std::move(comms)),
+      emu::detail::OpLabel{ops.size() == 1 ? ops[0].what : "ncclGroupEnd (a group of NCCL operations)"});
 }
 
 ncclResult_t issue(Issued op) {
@@ -803,7 +806,8 @@ ncclResult_t ncclCommInitRank(ncclComm_t* comm, int nranks, ncclUniqueId id, int
   if (std::memcmp(id.internal, kIdMagic, sizeof kIdMagic) != 0)
     return error(ncclInvalidArgument, fn, "the id was not made by ncclGetUniqueId");
   if (nranks < 1) return error(ncclInvalidArgument, fn, "nranks %d", nranks);
-  if (rank < 0 || rank >= nranks) return error(ncclInvalidArgument, fn, "rank %d of a communicator of %d", rank, nranks);
+  if (rank < 0 || rank >= nranks)
+    return error(ncclInvalidArgument, fn, "rank %d of a communicator of %d", rank, nranks);
   int device = 0;
   cudaGetDevice(&device);
   return new_comm(fn, id, nranks, rank, device, comm);
