@@ -20,7 +20,4 @@ struct Counters {
 };
 Counters counters();
 
-// Gives the calling OS thread its own stack for the emulator's fault handler.
-void install_fault_stack();
-
 }  // namespace emu

@@ -1423,7 +1423,7 @@ void print_stats() {
 struct Init {
   Init() {
     using namespace emu::detail;
-    emu::install_fault_stack();
+    install_fault_stack();
     struct sigaction sa {};
     sa.sa_sigaction = on_fault;
     sa.sa_flags = SA_SIGINFO | SA_ONSTACK;
@@ -1441,7 +1441,7 @@ struct Init {
 
 namespace emu {
 
-void install_fault_stack() {
+void detail::install_fault_stack() {
   static thread_local char* stack = nullptr;
   if (stack) return;
   stack = static_cast<char*>(std::malloc(64 * 1024));

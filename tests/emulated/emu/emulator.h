@@ -158,6 +158,8 @@ inline uint64_t mix_seed(uint64_t a, uint64_t b) {
 [[noreturn]] void fatal(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
 // "(x, y, z)" of block `who` (linear index + 1) of the running launch.
 std::string block_name(uint32_t who);
+// Gives the calling OS thread its own stack for the emulator's fault handler.
+void install_fault_stack();
 uint64_t base_seed();
 
 // The dynamic shared memory limit cudaFuncSetAttribute gave `kernel` (48 KB by default).

@@ -288,6 +288,7 @@ std::shared_ptr<EventRec> event_of(State& s, cudaEvent_t event) {
 }
 
 void device_thread_main() {
+  install_fault_stack();  // (the fault handler's reports need a stack of their own)
   State& s = st();
   for (;;) {
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
