@@ -1,6 +1,9 @@
 // The GPU emulation's own tests: launches are refused as a GPU refuses them, shuffles and the
-// tensor-core instructions follow the PTX ISA, and each class of kernel bug the emulation exists
-// to catch is caught (death tests: the emulator aborts with a message naming the bug).
+// tensor-core instructions follow the PTX ISA, fresh memory is poisoned, blocks interleave,
+// streams defer their work, and each class of bug the emulation exists to catch is caught (death
+// tests: the emulator aborts with a message naming the bug), among them the patterns of the
+// mutation audit's survivors (docs/cuda.md): races between blocks, a read one past the end, an
+// index past 2^31 through 32 bits, bank conflicts, a missing event wait between streams.
 #include <gtest/gtest.h>
 
 #include <cmath>
