@@ -1,6 +1,6 @@
 // The NCCL process group on one GPU: a world of one rank, bootstrapped without MPI through a
 // SelfProcessGroup. Every collective and the point-to-point path (to self) run for real on the
-// device; the multi-rank semantics are the MPI backend's, exercised by the parallel suites.
+// device; across ranks: mpi/test_nccl_ranks.cpp.
 #include <cstring>
 #include <numeric>
 #include <vector>
