@@ -31,15 +31,18 @@ struct GreedyOptions {
   bool alternate = false;
 };
 
+// `cap_binding`, when given, is set to whether the in-flight cap ever stopped an admission that
+// the memory allowed (when it did not, the schedule is the one without a cap).
 Schedule greedy_schedule(const std::string& algorithm, int pp, int microbatches, int vpp,
-                         Placement placement, const Costs& costs, const GreedyOptions& opts);
+                         Placement placement, const Costs& costs, const GreedyOptions& opts,
+                         bool* cap_binding = nullptr);
 
 // Tries the greedy with both fill rules, both reservation rules, with and without `alternate`,
-// and every uniform and staggered
-// (pp - rank + k) in-flight cap, plus any `extra` candidates; simulates each and keeps the one
-// with the least bubble (largest rank span), then the least makespan, then the least peak
-// memory, among those within the memory limit. zb-auto's search; the V schedules use it with
-// their memory limits.
+// and every uniform and staggered (pp - rank + k) in-flight cap that changes the result, plus any
+// `extra` candidates; simulates each and keeps the one with the least bubble (largest rank span),
+// then the least makespan, then the least peak memory, among those within the memory limit. It
+// stops early when a candidate reaches the lower bounds of span and makespan (no idle time). The
+// V schedules (zbv, v-half, v-min) use it with their memory limits.
 Schedule search_greedy(const std::string& algorithm, int pp, int microbatches, int vpp,
                        Placement placement, const Costs& costs, int memory_limit_chunks,
                        const std::vector<Schedule>& extra = {});

@@ -36,6 +36,7 @@ json to_json(const Schedule& s, const SimResult& r) {
   j["vpp"] = s.vpp;
   j["microbatches"] = s.microbatches;
   j["placement"] = placement_name(s.placement);
+  if (!s.note.empty()) j["note"] = s.note;
   j["makespan"] = r.makespan;
   j["bubble_rate"] = r.bubble_rate;
   j["per_rank"] = json::array();
@@ -86,10 +87,17 @@ int compare(const Options& o) {
       SimResult r = simulate(s, req.costs);
       std::string peaks;
       for (auto& st : r.per_rank) peaks += fmt::format("{}{:g}", peaks.empty() ? "" : ",", st.peak_activations);
-      text += fmt::format("{:<18}{:>5}{:>11.4g}{:>8.2f}%{:>11.4g}  {}\n", g.name, s.vpp, r.makespan,
-                          100 * r.bubble_rate, r.peak_activations, peaks);
-      json row{{"algorithm", g.name}, {"vpp", s.vpp}, {"makespan", r.makespan},
-               {"bubble_rate", r.bubble_rate}, {"peak_activations", r.peak_activations}};
+      int pairs = 0;
+      for (auto& ops : s.ranks)
+        for (auto& op : ops) pairs += op.overlap_next;
+      std::string extra;
+      if (pairs)
+        extra = fmt::format("  ({} overlapped F&B pairs, each max + {:g} x min of its ops)", pairs,
+                            1 - req.costs.pair_overlap);
+      text += fmt::format("{:<18}{:>5}{:>11.4g}{:>8.2f}%{:>11.4g}  {}{}\n", g.name, s.vpp, r.makespan,
+                          100 * r.bubble_rate, r.peak_activations, peaks, extra);
+      json row{{"algorithm", g.name}, {"vpp", s.vpp}, {"makespan", r.makespan}, {"bubble_rate", r.bubble_rate},
+               {"peak_activations", r.peak_activations}, {"overlapped_pairs", pairs}};
       rows.push_back(row);
     } catch (const Error& e) {
       text += fmt::format("{:<18}  n/a: {}\n", g.name, e.what());
@@ -113,7 +121,7 @@ int run(const Options& o) {
   SimResult r = simulate(s, o.req.costs);
   if (o.format == "json") emit(o, to_json(s, r).dump(2) + "\n");
   else if (o.format == "svg") emit(o, render_svg(s, r, o.req.costs));
-  else emit(o, render_text(s, r));
+  else emit(o, render_text(s, r) + (s.note.empty() ? "" : s.note + "\n"));
   return 0;
 }
 
@@ -134,9 +142,21 @@ TaskRegistrar reg{{"analyze", "schedule",
                          ->capture_default_str();
                      app.add_option("--t-comm", o->req.costs.t_comm, "transfer time between ranks, per chunk")
                          ->capture_default_str();
-                     app.add_option("--memory-limit", o->req.memory_limit,
+                     app.add_option("--memory-limit,--max-pending-backward", o->req.memory_limit,
                                     "activations a rank may hold, in microbatches of one stage (zb-auto, zbv, "
-                                    "v-half, v-min)");
+                                    "v-half, v-min); for zb-auto Megatron's zero_bubble_max_pending_backward: p is "
+                                    "ZB-1p (the default), 2p ZB-2p");
+                     app.add_option("--activation-after-b", o->req.costs.activation_after_b,
+                                    "part of a microbatch's activation kept from its B to its W (the zero-bubble "
+                                    "paper's M_W / M_B)")
+                         ->capture_default_str();
+                     app.add_option("--pair-overlap", o->req.costs.pair_overlap,
+                                    "overlapped F&B pairs (dualpipev) cost max + (1 - this) x min of their two ops")
+                         ->capture_default_str();
+                     o->req.ilp_seconds = 5;
+                     app.add_option("--ilp-seconds", o->req.ilp_seconds,
+                                    "zb-auto: time for the ILP refinement (CBC) after the heuristic; 0: heuristic only")
+                         ->capture_default_str();
                      app.add_option("--format", o->format, "text | json | svg")->capture_default_str();
                      app.add_option("--output", o->output, "write to this file instead of stdout");
                      app.add_flag("--compare", o->compare, "one row per algorithm for these p, m and times");
