@@ -63,6 +63,7 @@ struct Op {
   std::optional<P2P> recv;  // receive before the op
   std::optional<P2P> send;  // send after the op
   bool overlap_next = false;  // runs as one overlapped pair with the next op of this rank
+  bool operator==(const Op&) const = default;
 };
 
 struct Schedule {

@@ -45,11 +45,12 @@ std::string ParallelLayout::describe_balance(double gflops_per_second) const {
   };
   auto step = [&](double v) { return ms ? fmt::format("{:.4g} ms", v * 1e3 / gflops_per_second) : fmt::format("{:.4g}", v); };
   const pipeline::BalanceResult& b = *balance;
-  std::string keys = b.first_rank_layers < 0 ? "per-stage counts (not expressible by decoder_first/last_pipeline_num_layers)"
-                     : b.first_rank_layers == 0 && b.last_rank_layers == 0
-                         ? "the even split"
-                         : fmt::format("decoder_first_pipeline_num_layers {}, decoder_last_pipeline_num_layers {}",
-                                       b.first_rank_layers, b.last_rank_layers);
+  std::string keys;
+  if (b.first_rank_layers < 0) keys = "per-stage counts, not expressible by decoder_first/last_pipeline_num_layers";
+  if (b.first_rank_layers > 0) keys = fmt::format("decoder_first_pipeline_num_layers {}", b.first_rank_layers);
+  if (b.last_rank_layers > 0)
+    keys += fmt::format("{}decoder_last_pipeline_num_layers {}", keys.empty() ? "" : ", ", b.last_rank_layers);
+  if (keys.empty()) keys = "the even split";
   std::string out = fmt::format(
       "pipeline_balance auto: layers per stage {} ({}); predicted F+B+W per microbatch per stage {} {}; simulated "
       "step {}",

@@ -134,7 +134,7 @@ train::ParallelLayout model_layout(const Options& o) {
     spec = cfg.model_spec;
   } else {
     if (o.algorithm.empty()) fail("--algorithm is required with --model (one of: {})", fmt::join(algorithm_names(), ", "));
-    if (o.req.pp < 1 || o.req.microbatches < 1) fail("--pp and --microbatches are required with --model");
+    if (o.req.pp < 0 || o.req.microbatches < 0) fail("--pp and --microbatches are required with --model");
     spec = load_model_spec(o.model);
     a.pipeline_schedule = o.algorithm;
     a.pipeline_model_parallel_size = o.req.pp;
@@ -165,7 +165,7 @@ int run(const Options& o) {
     if (o.gflops > 0)
       for (StageCost& c : req.costs.stages)
         c.forward /= o.gflops, c.backward /= o.gflops, c.weight /= o.gflops;
-  } else if (o.req.pp < 1 || o.req.microbatches < 1) {
+  } else if (o.req.pp < 0 || o.req.microbatches < 0) {
     fail("--pp and --microbatches are required (or an experiment --config)");
   }
   if (o.compare) {
@@ -214,7 +214,7 @@ TaskRegistrar reg{{"analyze", "schedule",
                      auto o = std::make_shared<Options>();
                      app.add_option("--algorithm", o->algorithm,
                                     "schedule: " + fmt::format("{}", fmt::join(algorithm_names(), ", ")));
-                     o->req.pp = o->req.microbatches = 0;
+                     o->req.pp = o->req.microbatches = -1;  // not given
                      app.add_option("--pp", o->req.pp, "pipeline stages (ranks)");
                      app.add_option("--microbatches", o->req.microbatches, "microbatches per step");
                      app.add_option("--vpp", o->req.vpp, "chunks per rank (default: the algorithm's)");
@@ -237,7 +237,7 @@ TaskRegistrar reg{{"analyze", "schedule",
                      app.add_option("--pair-overlap", o->req.costs.pair_overlap,
                                     "overlapped F&B pairs (dualpipev) cost max + (1 - this) x min of their two ops")
                          ->capture_default_str();
-                     o->req.ilp_seconds = 5;
+                     o->req.ilp_seconds = 2;
                      app.add_option("--ilp-seconds", o->req.ilp_seconds,
                                     "zb-auto: time for the ILP refinement (CBC) after the heuristic; 0: heuristic only")
                          ->capture_default_str();
