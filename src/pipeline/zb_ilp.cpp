@@ -219,6 +219,10 @@ ZbIlpResult zb_ilp_refine(const ZbProblem& z, const Schedule& start, const ZbIlp
   lp.load(model);
   Cbc_setObjSense(model, 1.0);
   Cbc_setLogLevel(model, 0);
+  // CBC 2.10's preprocessing crashes in its post-processing on some of these models when the
+  // time limit ends it (CglPreProcess::postProcess, p 8 m 32); the search runs without it.
+  Cbc_setParameter(model, "preprocess", "off");
+  Cbc_setParameter(model, "cuts", "off");
   if (budget.nodes > 0) {
     Cbc_setMaximumNodes(model, budget.nodes);
   } else {

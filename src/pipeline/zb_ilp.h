@@ -23,8 +23,8 @@
 namespace primus::pipeline {
 
 // Problems with more binaries than this are left to the heuristic (the ILP would not even get
-// through its first relaxation in a useful time): p 8 with m up to 32, p 4 up to m 64.
-constexpr int kZbIlpMaxBinaries = 20000;
+// through its first relaxations in a few seconds): p 8 with m up to 32, p 4 up to m 45.
+constexpr int kZbIlpMaxBinaries = 12000;
 
 struct ZbIlpBudget {
   double seconds = 0.0;  // wall-clock limit (used when nodes is 0)
