@@ -23,7 +23,7 @@ struct Candidate {
 }  // namespace
 
 Schedule greedy_schedule(const std::string& algorithm, int pp, int m, int vpp, Placement placement,
-                         const Costs& costs, const GreedyOptions& opts, bool* cap_binding) {
+                         const Costs& costs, const GreedyOptions& opts, GreedyStats* stats) {
   Schedule s = make_empty(algorithm, pp, vpp, m, placement);
   if (opts.memory_limit_chunks < vpp)
     fail("memory limit of {} chunk activations cannot hold one microbatch ({} chunks per rank)",
@@ -39,6 +39,7 @@ Schedule greedy_schedule(const std::string& algorithm, int pp, int m, int vpp, P
     std::vector<int> forwarded;                 // per microbatch: chunks forwarded here
     std::vector<int> finished;                  // per microbatch: chunks whose W is done
     int mem = 0, reserved = 0, inflight = 0, left = 0;
+    double first_start = 0.0;
     bool last_was_b = false;
   };
   std::vector<RankState> R(pp);
@@ -139,6 +140,7 @@ Schedule greedy_schedule(const std::string& algorithm, int pp, int m, int vpp, P
     const Candidate best = decision[best_r];
     RankState& st = R[best_r];
     const double start = std::max(st.clock, best.ready);
+    if (st.left == 3 * m * vpp) st.first_start = start;
     const double end = start + op_duration(best.type, costs, vpp, best.stage);
     st.clock = end;
     done.record(best.type, best.mb, best.stage, end);
@@ -162,7 +164,13 @@ Schedule greedy_schedule(const std::string& algorithm, int pp, int m, int vpp, P
       if (++st.finished[best.mb] == vpp) --st.inflight;
     }
   }
-  if (cap_binding) *cap_binding = cap_rejected;
+  if (stats) {
+    *stats = GreedyStats{cap_rejected, 0.0, 0.0};
+    for (const RankState& st : R) {
+      stats->max_span = std::max(stats->max_span, st.clock - st.first_start);
+      stats->makespan = std::max(stats->makespan, st.clock);
+    }
+  }
   attach_p2p(s);
   return s;
 }
@@ -173,10 +181,12 @@ Schedule search_greedy(const std::string& algorithm, int pp, int m, int vpp, Pla
     fail("memory limit too small for any '{}' schedule: a rank must hold at least one microbatch "
          "({} chunk activations = 1 stage activation), the limit allows {} chunk activations",
          algorithm, vpp, memory_limit_chunks);
-  // The in-flight caps: none, each uniform cap k, each staggered cap p - r + k - 1 (1F1B's
-  // warm-up depth). Within a family a cap that never stopped an admission gives the uncapped
-  // schedule, and so does every larger one: the family ends there.
+  // The in-flight caps: none, uniform caps k, staggered caps p - r + k - 1 (1F1B's warm-up
+  // depth), k = 1..8 and then in steps of about a quarter (large caps differ little). Within a
+  // family a cap that never stopped an admission gives the uncapped schedule, and so does every
+  // larger one: the family ends there.
   const int max_inflight = std::min(m, memory_limit_chunks / vpp);
+  auto next_cap = [](int k) { return k < 8 ? k + 1 : k + k / 4; };
   auto uniform = [&](int k) { return std::vector<int>(pp, k); };
   auto staggered = [&](int k) {
     std::vector<int> c(pp);
@@ -205,7 +215,7 @@ Schedule search_greedy(const std::string& algorithm, int pp, int m, int vpp, Pla
   auto at_bounds = [&] { return best_span <= span_bound + 1e-9 && best_makespan <= makespan_bound + 1e-9; };
   const double limit_stages = double(memory_limit_chunks) / vpp + 1e-9;
   auto consider = [&](Schedule s) {
-    SimResult r = simulate(s, costs);
+    const SimResult r = simulate(s, costs);
     if (r.peak_activations > limit_stages) return;
     const double e = 1e-9;
     bool better = r.max_span < best_span - e ||
@@ -222,19 +232,22 @@ Schedule search_greedy(const std::string& algorithm, int pp, int m, int vpp, Pla
         // Returns whether the cap stopped an admission (false also when the run got stuck).
         auto run = [&](std::vector<int> cap) {
           if (at_bounds()) return false;
-          bool binding = false;
+          GreedyStats got;
           try {
-            consider(greedy_schedule(algorithm, pp, m, vpp, placement, costs,
-                                     {memory_limit_chunks, std::move(cap), strict, reserve, alternate}, &binding));
+            Schedule s = greedy_schedule(algorithm, pp, m, vpp, placement, costs,
+                                         {memory_limit_chunks, std::move(cap), strict, reserve, alternate}, &got);
+            // Only a candidate that may win is simulated (for its peak); the greedy kept the
+            // memory limit and its times are the simulator's.
+            if (got.max_span < best_span + 1e-9 && got.makespan < best_makespan + 1e-9) consider(std::move(s));
           } catch (const Error&) {
             if (reserve) throw;  // cannot happen with reservation; a bug if it does
           }
-          return binding;
+          return got.cap_binding;
         };
         run({});
-        for (int k = 1; k <= max_inflight && run(uniform(k)); ++k) {
+        for (int k = 1; k <= max_inflight && run(uniform(k)); k = next_cap(k)) {
         }
-        for (int k = 1; k <= max_inflight && run(staggered(k)); ++k) {
+        for (int k = 1; k <= max_inflight && run(staggered(k)); k = next_cap(k)) {
         }
       }
   if (best_span == kInf)
