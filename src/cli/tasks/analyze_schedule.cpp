@@ -183,7 +183,7 @@ int run(const Options& o) {
     for (const StageCost& c : req.costs.stages)
       head += fmt::format(" {:.4g}", (c.forward + c.backward + c.weight) * (o.gflops > 0 ? 1e3 : 1.0));
     head += "\n";
-    if (layout->balance) head += layout->describe_balance(o.gflops) + "\n";
+    if (layout->balance && o.gflops > 0) head += layout->describe_balance(o.gflops) + "\n";
   }
   if (o.format == "json") {
     json j = to_json(s, r);
