@@ -11,6 +11,7 @@
 #include "pipeline/balance.h"
 #include "pipeline/schedules/registry.h"
 #include "pipeline/simulator.h"
+#include "split_checks.h"
 #include "train/parallel_layout.h"
 
 using namespace primus;
@@ -33,26 +34,12 @@ ModelCosts uniform(int n, double head, double embed = 0.0) {
   return c;
 }
 
-std::vector<int64_t> counts(const std::vector<LayerRange>& split) {
-  std::vector<int64_t> out;
-  for (auto& r : split) out.push_back(r.num_layers);
-  return out;
-}
+using test::counts;
 
 double largest(const std::vector<StageCost>& c) {
   double m = 0;
   for (auto& s : c) m = std::max(m, s.forward + s.backward + s.weight);
   return m;
-}
-
-void covers_every_layer_once(const std::vector<LayerRange>& split, int64_t layers) {
-  int64_t next = 0;
-  for (auto& r : split) {
-    EXPECT_EQ(r.first_layer, next);
-    EXPECT_GE(r.num_layers, 1);
-    next += r.num_layers;
-  }
-  EXPECT_EQ(next, layers);
 }
 
 }  // namespace
@@ -92,7 +79,7 @@ TEST(PipelineBalance, NeverWorseThanAnyMegatronSplit) {
       const Schedule s = make(name, 4, 8);
       const ModelCosts costs = uniform(layers, 3.5, 1.5);
       const BalanceResult b = balance_layers(s, costs, Costs{});
-      covers_every_layer_once(b.split, layers);
+      test::expect_contiguous(b.split, layers);
       EXPECT_EQ(b.stage_costs, stage_costs(b.split, costs));
       for (int64_t first = 0; first <= layers; first += s.vpp)
         for (int64_t last = 0; last <= layers; last += s.vpp) {
