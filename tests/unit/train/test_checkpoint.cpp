@@ -6,6 +6,7 @@
 #include <fstream>
 
 #include "core/error.h"
+#include "kernels/cpu/cpu_backend.h"
 #include "model/llama.h"
 #include "train/checkpoint.h"
 #include "train/trainer.h"
@@ -26,7 +27,7 @@ struct Saved {
 };
 
 std::string load_error(const std::string& dir, const ModelSpec& spec) {
-  LlamaModel<float> m(spec);
+  LlamaModel m(spec, cpu::cpu_backend(), Precision::Fp32);
   try {
     train::load_checkpoint(dir, m.params());
   } catch (const Error& e) {
@@ -82,7 +83,7 @@ TEST(Checkpoint, TruncatedAndMissingFilesAreNamed) {
 
 TEST(Checkpoint, CrashMidWriteLeavesThePreviousOneLoadable) {
   Saved s;
-  LlamaModel<float> m(s.cfg.model_spec);
+  LlamaModel m(s.cfg.model_spec, cpu::cpu_backend(), Precision::Fp32);
   std::vector<float> moments(m.params().numel(), 0.0f);
   // A child process dies (SIGKILL, as a killed rank would) right after writing its shard file of
   // a new checkpoint; nothing of it may become visible.
