@@ -141,7 +141,7 @@ ParallelLayout plan_layout(const config::TrainingArgs& a, const ModelSpec& spec,
   req.pp = L.pp;
   req.microbatches = int(L.microbatches_per_rank);
   req.vpp = int(vpp_asked);
-  req.memory_limit = double(a.zero_bubble_max_pending_backward);
+  if (a.pipeline_schedule == "zb-auto") req.memory_limit = double(a.zero_bubble_max_pending_backward);
   auto build = [&] {
     try {
       return pipeline::generate(a.pipeline_schedule, req);
@@ -153,7 +153,8 @@ ParallelLayout plan_layout(const config::TrainingArgs& a, const ModelSpec& spec,
   };
   L.schedule = build();
   L.vpp = L.schedule->vpp;
-  const pipeline::ModelCosts costs = model_costs(spec, a.micro_batch_size, a.seq_length, L.tp);
+  const int64_t seq = a.seq_length > 0 ? a.seq_length : spec.max_position_embeddings;  // 0: the model's
+  const pipeline::ModelCosts costs = model_costs(spec, a.micro_batch_size, seq, L.tp);
   if (auto_balance) {
     L.balance = pipeline::balance_layers(*L.schedule, costs, pipeline::Costs{});
     L.stages = L.balance->split;
