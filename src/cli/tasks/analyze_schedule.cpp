@@ -129,6 +129,8 @@ train::ParallelLayout model_layout(const Options& o) {
   ModelSpec spec;
   if (!o.config.empty()) {
     if (!o.model.empty()) fail("give --model or --config, not both");
+    if (!o.algorithm.empty() || o.req.pp >= 0 || o.req.microbatches >= 0)
+      fail("--config gives the schedule, pp and microbatches itself; drop --algorithm, --pp and --microbatches");
     const config::ExperimentConfig cfg = config::load_experiment(o.config);
     a = cfg.train;
     spec = cfg.model_spec;
