@@ -88,6 +88,19 @@ TEST(AnalyzeScheduleCli, ModelBalance) {
   r = cli("--algorithm 1f1b --pp 4 --microbatches 8 --model '" + model + "' --t-forward 2", true);
   EXPECT_NE(r.code, 0);
   EXPECT_NE(r.out.find("drop --t-forward"), std::string::npos) << r.out;
+  // An experiment config: the trainer's own plan (the same split).
+  const std::string config = testing::TempDir() + "/balanced.yaml";
+  std::ofstream(config) << "work_group: t\nuser_name: t\nexp_name: balanced\nworkspace: " << testing::TempDir()
+                        << "/ws\nmodules:\n  pre_trainer:\n    model: '" << model
+                        << "'\n    overrides:\n      micro_batch_size: 4\n      global_batch_size: 32\n"
+                           "      seq_length: 128\n      train_iters: 1\n      mock_data: true\n"
+                           "      pipeline_model_parallel_size: 4\n      pipeline_balance: auto\n";
+  r = cli("--config '" + config + "'");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("layers per stage 5,5,5,1"), std::string::npos) << r.out;
+  r = cli("--config '" + config + "' --pp 4", true);
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.out.find("drop --algorithm, --pp and --microbatches"), std::string::npos) << r.out;
 }
 
 TEST(AnalyzeScheduleCli, Errors) {
