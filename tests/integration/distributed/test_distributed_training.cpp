@@ -193,8 +193,8 @@ TEST_P(PipelineSchedules, Pp4) {
   expect_same_training(4, "--pipeline_model_parallel_size 4 --pipeline_schedule " + GetParam());
 }
 INSTANTIATE_TEST_SUITE_P(Every, PipelineSchedules,
-                         ::testing::Values("1f1b", "interleaved-1f1b", "zb-h1", "zb-h2", "zbv", "v-half", "v-min",
-                                           "dualpipev"),
+                         ::testing::Values("1f1b", "interleaved-1f1b", "zb-h1", "zb-h2", "zb-auto", "zbv", "v-half",
+                                           "v-min", "dualpipev"),
                          [](const auto& info) {
                            std::string s = info.param;
                            for (char& c : s)
@@ -214,6 +214,12 @@ INSTANTIATE_TEST_SUITE_P(ZeroBubbleAndInterleaved, PipelineSchedulesBf16,
                              if (c == '-') c = '_';
                            return s;
                          });
+
+// pipeline_balance auto with a vocabulary that makes the output layer worth about eight layers:
+// an uneven split (1,3,3,1: decoder_first/last_pipeline_num_layers 1), trained like one process.
+TEST_F(Distributed, BalancedPp4) {
+  expect_same_training(4, "--pipeline_model_parallel_size 4 --pipeline_balance auto", "--vocab_size 4096");
+}
 
 TEST_F(Distributed, Tp2Pp2) {
   expect_same_training(4, "--tensor_model_parallel_size 2 --pipeline_model_parallel_size 2 --sequence_parallel true");
