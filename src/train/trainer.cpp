@@ -132,6 +132,43 @@ struct PipelineTimes {
   }
 };
 
+// The simulator's costs from what the pipeline ranks measured: each rank's mean F, B and W time
+// per chunk op, shared over the pipeline group, and split between a rank's chunks (vpp > 1) in
+// proportion to their modelled work (ParallelLayout::stage_costs) when the stages are unequal.
+// The runner runs an overlapped pair's two passes one after the other: pair_overlap 0.
+pipeline::Costs measured_stage_costs(const ParallelLayout& layout, parallel::ProcessGroup& pp, double f, double b,
+                                     double w) {
+  std::vector<double> per_rank(size_t(3 * layout.pp), 0.0);
+  per_rank[3 * pp.rank()] = f;
+  per_rank[3 * pp.rank() + 1] = b;
+  per_rank[3 * pp.rank() + 2] = w;
+  pp.all_reduce(per_rank);
+  const pipeline::Schedule& s = *layout.schedule;
+  const int stages = layout.pp * layout.vpp;
+  pipeline::Costs c;
+  c.pair_overlap = 0;
+  c.stages.resize(size_t(stages));
+  for (int st = 0; st < stages; ++st) {
+    const int r = s.rank_of_stage(st);
+    // This stage's share of its rank's mean op: 1 with equal stages.
+    pipeline::StageCost share{1, 1, 1};
+    if (int(layout.stage_costs.size()) == stages) {
+      pipeline::StageCost mean{0, 0, 0};
+      for (int c2 = 0; c2 < layout.vpp; ++c2) {
+        const auto& o = layout.stage_costs[size_t(s.stage_of(r, c2))];
+        mean.forward += o.forward / layout.vpp;
+        mean.backward += o.backward / layout.vpp;
+        mean.weight += o.weight / layout.vpp;
+      }
+      const auto& mine = layout.stage_costs[size_t(st)];
+      share = {mine.forward / mean.forward, mine.backward / mean.backward, mine.weight / mean.weight};
+    }
+    c.stages[size_t(st)] = {per_rank[3 * r] * share.forward, per_rank[3 * r + 1] * share.backward,
+                            per_rank[3 * r + 2] * share.weight};
+  }
+  return c;
+}
+
 struct StepResult {
   double loss = 0, grad_norm = 0, lr = 0, seconds = 0, compute_seconds = 0;
 };
@@ -598,22 +635,25 @@ void Trainer::log_interval(const StepResult& step) {
                      {"peak_memory_bytes", peak},       {"restarts", watch_->restarts()},
                      {"skipped_iterations", watch_->skipped_iterations()}};
   if (layout_.schedule) {
-    // Measured bubble: (slowest rank's wall - mean compute) / slowest wall. Predicted: the
-    // simulator run with the measured mean F, B and W times of a whole stage.
-    const double n = double(interval_steps_), pp = double(layout_.pp);
+    // Measured bubble: (slowest rank's wall - busiest rank's compute) / slowest wall. Predicted:
+    // the simulator on the same schedule with each stage's measured F, B and W times.
+    const double n = double(interval_steps_);
     auto& g = *groups_.pp;
     const double wall = g.all_reduce_value(pipe_.wall / n, parallel::ReduceOp::Max);
-    const double busy = g.all_reduce_value((pipe_.wall - pipe_.wait) / n) / pp;
-    pipeline::Costs c;
-    c.t_forward = g.all_reduce_value(pipe_.f / n) / pp * layout_.vpp;
-    c.t_backward = g.all_reduce_value(pipe_.b / n) / pp * layout_.vpp;
-    c.t_weight = g.all_reduce_value(pipe_.w / n) / pp * layout_.vpp;
+    const double busy = g.all_reduce_value((pipe_.wall - pipe_.wait) / n, parallel::ReduceOp::Max);
+    const pipeline::Costs c = measured_stage_costs(layout_, g, pipe_.f / n, pipe_.b / n, pipe_.w / n);
     const double measured = wall > 0 ? (wall - busy) / wall : 0;
     const double predicted = pipeline::simulate(*layout_.schedule, c).bubble_rate;
+    pipeline::StageCost mean{0, 0, 0};
+    for (const auto& sc : c.stages) {
+      mean.forward += sc.forward / double(c.stages.size());
+      mean.backward += sc.backward / double(c.stages.size());
+      mean.weight += sc.weight / double(c.stages.size());
+    }
     log::info(" pipeline {}: measured bubble {:.1f}% | simulated from measured F {:.2f} ms, B {:.2f} ms, "
-              "W {:.2f} ms per stage: {:.1f}%",
-              layout_.schedule->algorithm, 100 * measured, 1e3 * c.t_forward, 1e3 * c.t_backward, 1e3 * c.t_weight,
-              100 * predicted);
+              "W {:.2f} ms per stage (mean): {:.1f}%",
+              layout_.schedule->algorithm, 100 * measured, 1e3 * mean.forward, 1e3 * mean.backward,
+              1e3 * mean.weight, 100 * predicted);
     row["pipeline_bubble_measured"] = measured;
     row["pipeline_bubble_simulated"] = predicted;
     pipe_ = PipelineTimes();
