@@ -28,6 +28,7 @@
 #include "safe/detect.h"
 #include "safe/events.h"
 #include "safe/heartbeat.h"
+#include "safe/launcher_link.h"
 
 namespace fs = std::filesystem;
 using nlohmann::json;
@@ -188,6 +189,7 @@ void Runner::start() {
   if (pid_ < 0) fail("fork() failed: {}", std::strerror(errno));
   if (pid_ == 0) {
     ::setpgid(0, 0);  // one group for mpirun and its ranks: a hang kills them all at once
+    die_with_parent();  // a launcher killed with SIGKILL cannot forward it: the job goes too
     ::dup2(pipefd[1], 2);
     ::execvpe(cargs[0], cargs.data(), cenv.data());
     dprintf(2, "error: cannot run %s: %s\n", cargs[0], std::strerror(errno));
@@ -371,6 +373,8 @@ const char* signal_name(int sig) {
     case SIGABRT: return "SIGABRT";
     case SIGBUS: return "SIGBUS";
     case SIGTERM: return "SIGTERM";
+    case SIGHUP: return "SIGHUP";
+    case SIGINT: return "SIGINT";
     case SIGFPE: return "SIGFPE";
     case SIGILL: return "SIGILL";
     default: return "a signal";
@@ -410,11 +414,15 @@ std::string dump_stack(int pid, int rank, const fs::path& run_dir, const fs::pat
 
 int supervise(const std::vector<std::string>& argv, std::map<std::string, std::string> env,
               const SuperviseOptions& o) {
-  struct sigaction sa{}, old_int{}, old_term{};
+  // SIGINT, SIGTERM and SIGHUP go to the whole job (mpirun and its ranks), and the launcher waits
+  // for it to end: a save in progress completes or is discarded atomically.
+  struct sigaction sa{}, old_int{}, old_term{}, old_hup{};
   sa.sa_handler = on_signal;
   sigemptyset(&sa.sa_mask);
   ::sigaction(SIGINT, &sa, &old_int);
   ::sigaction(SIGTERM, &sa, &old_term);
+  ::sigaction(SIGHUP, &sa, &old_hup);
+  export_launcher_identity(env);
   g_interrupted = 0;
   int rc = 0;
   for (int attempt = 1;; ++attempt) {
@@ -494,6 +502,7 @@ int supervise(const std::vector<std::string>& argv, std::map<std::string, std::s
   }
   ::sigaction(SIGINT, &old_int, nullptr);
   ::sigaction(SIGTERM, &old_term, nullptr);
+  ::sigaction(SIGHUP, &old_hup, nullptr);
   return rc;
 }
 

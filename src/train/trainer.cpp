@@ -291,6 +291,7 @@ TrainSummary pretrain(const config::ExperimentConfig& cfg) {
   // rank reads its own part; a checkpoint counts only if all ranks could read theirs.
   TrainState state;
   state.seed = a.seed;
+  state.run_id = new_run_id(&world);  // a resume replaces it with the checkpoint's
   auto try_restore = [&](const std::string& dir) -> std::string {
     std::string problem;
     CheckpointData ck;
@@ -425,8 +426,9 @@ TrainSummary pretrain(const config::ExperimentConfig& cfg) {
     so.world = &world;
     so.writer = me.dp == 0 && me.cp == 0;  // dp replicas hold the same tensors
     so.layout = {world.size(), layout.tp, layout.pp, layout.dp, layout.cp, layout.vpp};
+    so.overwrite = a.overwrite;
     summary.last_checkpoint = save_checkpoint(cfg.checkpoint_dir(), params, m, v, state, config_yaml, so);
-    if (rank0) prune_checkpoints(cfg.checkpoint_dir(), a.keep_last_checkpoints);
+    if (rank0) prune_checkpoints(cfg.checkpoint_dir(), a.keep_last_checkpoints, state.run_id, summary.last_checkpoint);
     world.barrier();
     log::info("saved checkpoint {}", summary.last_checkpoint);
   };

@@ -256,7 +256,7 @@ std::vector<std::string> save_layout(const fs::path& save, const Layout& l, int6
     o.layout.pp = l.pp;
     o.layout.dp = l.dp;
     o.block_bytes = 42;
-    train::TrainState st{it, it * 8, it, 1234};
+    train::TrainState st{it, it * 8, it, 1234, "reshard"};
     train::save_checkpoint(save.string(), p, b.m.data(), b.v.data(), st, "model: toy\n", o);
   });
 }
@@ -356,7 +356,7 @@ TEST(CheckpointReshard, SplitAlongAnotherDim) {
     train::SaveOptions o;
     o.world = &world;
     o.block_bytes = 16;
-    train::save_checkpoint(t.dir.string(), p, b.m.data(), b.v.data(), {5, 40, 5, 1}, "model: toy\n", o);
+    train::save_checkpoint(t.dir.string(), p, b.m.data(), b.v.data(), {5, 40, 5, 1, "reshard"}, "model: toy\n", o);
   })));
   ParamStore<float> p;
   p.add_sharded("w", {8, 6, 3}, ShardSpec{0, {{5, 3}, {1, 2}}}, ParamInit::Normal, true);
@@ -514,7 +514,7 @@ TEST(CheckpointReshardMpi, SaveUnderTp2Pp2LoadUnderTp4AndOneProcess) {
     o.world = &world;
     o.layout = {4, 2, 2, 1, 1, 1};
     o.block_bytes = 42;
-    train::save_checkpoint(save.string(), p, b.m.data(), b.v.data(), {it, it * 8, it, 1234}, "model: toy\n", o);
+    train::save_checkpoint(save.string(), p, b.m.data(), b.v.data(), {it, it * 8, it, 1234, "reshard"}, "model: toy\n", o);
   };
   ASSERT_NO_THROW(save_iter(5));
   const std::string dir = train::resolve_checkpoint(save.string());
