@@ -160,6 +160,12 @@ class Runner {
   std::map<int, Heartbeat> beats_;
   std::map<int, int> pids_;  // rank -> pid of the heartbeat's process on this host
   double dead_since_ = -1;
+  // Ranks that said on stderr that their heartbeat cannot be written (a full disk, say): their
+  // silence is not a hang while their process lives. Cleared when their heartbeat moves again.
+  std::map<int, UnwritableHeartbeat> unwritable_;
+  std::map<int, int64_t> unwritable_beat_;  // the rank's beat when it said so
+  std::set<int> unwritable_reported_;
+  size_t err_parsed_ = 0;  // how much of err_text_ was searched for those lines
   Attempt a_;
   const std::string host_ = host_name();
 };
@@ -248,6 +254,22 @@ void Runner::kill_job(const std::string& why) {
 void Runner::watch_tick() {
   const double now = mono();
   beats_ = read_heartbeats(o_.run_dir);
+  if (const size_t end = err_text_.rfind('\n'); end != std::string::npos && end + 1 > err_parsed_) {
+    for (const auto& u : parse_unwritable_heartbeats(err_text_.substr(err_parsed_, end + 1 - err_parsed_))) {
+      unwritable_[u.rank] = u;
+      unwritable_beat_[u.rank] = beats_.count(u.rank) ? beats_[u.rank].beat : -1;
+    }
+    err_parsed_ = end + 1;
+  }
+  for (auto it = unwritable_.begin(); it != unwritable_.end();) {
+    const int r = it->first;
+    if (beats_.count(r) && beats_[r].beat != unwritable_beat_[r]) {
+      unwritable_reported_.erase(r);
+      it = unwritable_.erase(it);
+    } else {
+      ++it;
+    }
+  }
   if (!beats_.empty()) a_.saw_heartbeat = true;
   hangs_.observe(beats_, now, o_.world_size);
   for (const auto& [r, hb] : beats_) {
@@ -289,6 +311,19 @@ void Runner::watch_tick() {
     return;
   }
   auto hung = hangs_.hung(now);
+  std::erase_if(hung, [&](const HangDetector::Hung& h) {
+    auto it = unwritable_.find(h.rank);
+    if (it == unwritable_.end()) return false;
+    const UnwritableHeartbeat& u = it->second;
+    if (u.host == host_ && !alive(u.pid)) return false;  // the process is gone: not a disk problem
+    if (unwritable_reported_.insert(h.rank).second)
+      event("heartbeat_unwritable", "warn",
+            fmt::format("rank {} cannot write its heartbeat ({}); its process {} is alive, so its silence for {:.0f} s "
+                        "is not counted as a hang",
+                        h.rank, u.reason, u.pid, h.idle_s),
+            {{"ranks", {h.rank}}, {"reason", u.reason}, {"pid", u.pid}});
+    return true;
+  });
   if (!hung.empty() && !a_.hang) {
     a_.hang = true;
     std::vector<int> ranks;

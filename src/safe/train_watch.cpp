@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <iostream>
 #include <exception>
 #include <limits>
 #include <thread>
@@ -120,7 +121,11 @@ void TrainWatch::beat(const std::string& phase, int64_t iteration) {
   hb_.iteration = iteration;
   hb_.time = now_epoch();
   hb_.beat += 1;
-  write_heartbeat(run_dir_, hb_);
+  const std::string err = write_heartbeat(run_dir_, hb_);
+  // Said once per streak of failures: the launcher reads it and does not take the silence for a
+  // hang (a full disk is reported as one, by the metrics writer or the checkpoint).
+  if (!err.empty() && !heartbeat_failing_) std::cerr << heartbeat_unwritable_line(hb_, err) << std::flush;
+  heartbeat_failing_ = !err.empty();
 }
 
 void TrainWatch::event(const std::string& kind, const std::string& severity, const std::string& message,
