@@ -118,6 +118,13 @@ int launch(const DirectOptions& o, const std::vector<std::string>& task_args) {
     return 0;
   }
 
+  // A config, layout or memory error is said once, here, rather than by every rank.
+  if (L.line.task == "train" && L.line.subtask == "pretrain") {
+    for (const auto& [k, v] : L.env.full()) ::setenv(k.c_str(), v.c_str(), 1);  // ${VAR}s as the ranks see them
+    std::vector<std::string> check = L.line.task_args;
+    check.insert(check.end(), {"--check-for-ranks", std::to_string(L.nproc)});
+    if (const int rc = run_task(check); rc != 0) return rc;
+  }
   // One training run per run folder: a second one stops here, before it writes anything there.
   safe::RunLock lock;
   if (L.line.task == "train") lock = safe::RunLock::acquire(L.run_dir, "primus-cli direct launcher");
