@@ -234,11 +234,14 @@ void TrainWatch::before_save(int64_t iteration) {
   beat("save", iteration);
   if (faults_.kill && faults_.kill->during == "checkpoint" && iteration == faults_.kill->iteration &&
       claim_fault_once(run_dir_, "kill")) {
-    // The checkpoint writer's own crash hook: SIGKILL right after rank 0's shard file, in the middle of
-    // the checkpoint (src/train/checkpoint.cpp).
-    log::warn("test fault: SIGKILL in the middle of writing the checkpoint of iteration {}", iteration);
+    // The checkpoint writer's own crash hook (src/train/checkpoint.cpp): SIGKILL at the chosen point
+    // of this rank's part of the save.
+    const std::string shard = fmt::format("rank_{:05d}.bin", hb_.rank);
+    const std::string& at = faults_.kill->at;
+    const std::string point = at == "shard" ? shard : at == "half" ? shard + ":half" : at == "meta" ? "meta.json" : "renamed";
+    log::warn("test fault: SIGKILL inside the checkpoint of iteration {} (after {})", iteration, point);
     log::flush();
-    ::setenv("PRIMUS_FAULT_CHECKPOINT_KILL_AFTER", "rank_00000.bin", 1);
+    ::setenv("PRIMUS_FAULT_CHECKPOINT_KILL_AFTER", point.c_str(), 1);
   }
 }
 

@@ -191,6 +191,7 @@ Written write_shard(const fs::path& path, int rank, const TrainState& state, con
       const uint64_t len = std::min<uint64_t>(uint64_t(block_bytes), section_bytes - b * uint64_t(block_bytes));
       crc = uint32_t(crc32_combine(crc, block_crcs[s][b], z_off_t(len)));
     }
+    if (s == 0) maybe_kill_after(path.filename().string() + ":half");  // crash tests: a half-written shard
     // Fault injection for the agreement tests: this rank fails halfway through its file.
     const char* fail_rank = std::getenv("PRIMUS_FAULT_CHECKPOINT_FAIL_RANK");
     if (s == 0 && fail_rank && std::atoi(fail_rank) == rank)
@@ -1029,11 +1030,13 @@ std::string save_checkpoint(const std::string& save_dir, const ParamStore<float>
       const std::string meta_text = meta.dump(1);
       write_whole_file(tmp / "meta.json", meta_text.data(), meta_text.size());
       fsync_path(tmp, true);
+      maybe_kill_after("meta.json");
 
       // Re-saving an iteration of this run after a restart (or one --overwrite allows).
       if (fs::exists(final_dir)) fs::remove_all(final_dir);
       fs::rename(tmp, final_dir);
       fsync_path(root, true);
+      maybe_kill_after("renamed");  // complete, but `latest` still names the previous one
 
       const std::string latest = name + "\n";
       write_whole_file(root / ".latest.tmp", latest.data(), latest.size());
