@@ -68,13 +68,14 @@ for ((i = 0; i < trials; i++)); do
   it=$((2 * (1 + RANDOM % 6)))  # a save: 2, 4, ..., 12 (12 is the final one)
   exp="trial$i"
   status=ok
+  resumed=""
   if ! train "$exp" PRIMUS_FAULT_KILL="rank=$rank,iteration=$it,during=checkpoint,at=$at"; then
     status="FAILED (exit code; see below)"
   else
     restarts=$(grep -c '"kind":"restart"' "$work/ws/$exp/events.jsonl" || true)
-    w0=$(weights "$work/ws/$exp/checkpoints/iter_0000012/rank_00000.bin")
-    w1=$(weights "$work/ws/$exp/checkpoints/iter_0000012/rank_00001.bin")
-    resumed=$(grep -ho "resumed from [^ ]*" "$work/ws/$exp/logs/rank-0.log" | tail -1 | sed 's|.*/||')
+    w0=$(weights "$work/ws/$exp/checkpoints/iter_0000012/rank_00000.bin" 2>/dev/null || echo missing)
+    w1=$(weights "$work/ws/$exp/checkpoints/iter_0000012/rank_00001.bin" 2>/dev/null || echo missing)
+    resumed=$( (grep -ho "resumed from [^ ]*" "$work/ws/$exp/logs/rank-0.log" || true) | tail -1 | sed 's|.*/||')
     if [[ $restarts != 1 ]]; then status="FAILED ($restarts restarts)";
     elif [[ $w0 != "$ref0" || $w1 != "$ref1" ]]; then status="FAILED (final weights differ)"; fi
   fi

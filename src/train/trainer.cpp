@@ -34,6 +34,7 @@
 #include "pipeline/simulator.h"
 #include "safe/train_watch.h"
 #include "train/checkpoint.h"
+#include "train/run_check.h"
 #include "train/compute.h"
 #include "train/parallel_layout.h"
 #include "train/pipeline_runner.h"
@@ -276,16 +277,7 @@ TrainSummary pretrain(const config::ExperimentConfig& cfg) {
     opt.zero = std::make_unique<parallel::DistributedOptimizer>(buckets, params.values().data<float>(), adam_opt);
   else
     opt.adam = std::make_unique<AdamW>(adam_opt, params.numel());
-  LRScheduleOptions lo;
-  lo.lr = a.lr;
-  lo.min_lr = a.min_lr;
-  lo.lr_warmup_init = a.lr_warmup_init;
-  lo.lr_warmup_iters = a.lr_warmup_iters;
-  lo.lr_decay_iters = a.lr_decay_iters;
-  lo.lr_decay_style = a.lr_decay_style;
-  lo.lr_wsd_decay_style = a.lr_wsd_decay_style;
-  lo.lr_wsd_decay_iters = a.lr_wsd_decay_iters;
-  LRSchedule schedule(lo);
+  LRSchedule schedule(lr_schedule_options(a));
 
   // Resume: an explicit `load` must load; auto-resume falls back past damaged checkpoints. Every
   // rank reads its own part; a checkpoint counts only if all ranks could read theirs.
