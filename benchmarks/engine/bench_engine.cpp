@@ -18,6 +18,7 @@
 
 #include "core/memory.h"
 #include "core/rng.h"
+#include "kernels/cpu/cpu_backend.h"
 #include "kernels/cpu/gemm.h"
 #include "model/llama.h"
 #include "model/model_spec.h"
@@ -38,7 +39,7 @@ struct Result {
 static Result run_ours(const ModelSpec& spec, int64_t mbs, int64_t seq, int iters, int warmup, Recompute rc) {
   LlamaOptions opt;
   opt.recompute = rc;
-  LlamaModel<float> model(spec, opt);
+  LlamaModel model(spec, cpu::cpu_backend(), Precision::Fp32, opt);
   model.init_weights(1234);
   const std::vector<ParamSegment> segments = segments_of(model.params());
   AdamW adam({0.9, 0.95, 1e-8, 0.1}, model.params().numel());
@@ -51,11 +52,11 @@ static Result run_ours(const ModelSpec& spec, int64_t mbs, int64_t seq, int iter
     for (size_t i = 0; i < tokens.size(); ++i) targets[i] = tokens[(i + 1) % tokens.size()];
     auto t0 = Clock::now();
     model.params().zero_grad();
-    LlamaContext<float> ctx;
-    const float loss = model.forward(ctx, tokens.data(), targets.data(), mbs, seq);
+    LlamaContext ctx;
+    const double loss = model.forward(ctx, tokens.data(), targets.data(), mbs, seq);
     const double tf = seconds_since(t0);
     auto t1 = Clock::now();
-    model.backward(ctx, 1.0f);
+    model.backward(ctx, 1.0);
     const double tb = seconds_since(t1);
     auto t2 = Clock::now();
     clip_grad_norm(model.params().grads().data<float>(), model.params().numel(), 1.0);

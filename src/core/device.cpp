@@ -1,5 +1,7 @@
 #include "core/device.h"
 
+#include <cstring>
+
 #include "core/error.h"
 
 namespace primus {
@@ -23,6 +25,22 @@ const DeviceHooks& device_hooks(Device device) {
     fail("{} tensors need the GPU backend, which is not built or not initialised in this process",
          device_name(device));
   return g_cuda;
+}
+
+void device_copy(Device device, void* dst, const void* src, size_t bytes) {
+  if (bytes == 0) return;
+  if (device == Device::CPU)
+    std::memcpy(dst, src, bytes);
+  else
+    device_hooks(device).copy(dst, src, bytes, CopyKind::DeviceToDevice);
+}
+
+void device_zero(Device device, void* dst, size_t bytes) {
+  if (bytes == 0) return;
+  if (device == Device::CPU)
+    std::memset(dst, 0, bytes);
+  else
+    device_hooks(device).zero(dst, bytes);
 }
 
 }  // namespace primus

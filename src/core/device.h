@@ -27,4 +27,9 @@ void register_device_hooks(Device device, const DeviceHooks& hooks);
 const DeviceHooks& device_hooks(Device device);
 bool device_registered(Device device);
 
+// Byte copies and zeroing within `device`'s memory: memcpy / memset on the host, the hooks on a
+// device (ordered after the backend's queued work).
+void device_copy(Device device, void* dst, const void* src, size_t bytes);
+void device_zero(Device device, void* dst, size_t bytes);
+
 }  // namespace primus

@@ -1,15 +1,22 @@
-// The op set of mixed-precision training, one interface for every device (DESIGN.md: one
-// interface per op family). The mixed-precision Llama model (model/llama_mixed.h) is written
-// against it, so the same model code runs on:
-//   - cuda::CudaBackend (kernels/cuda/cuda_backend.h): cuBLASLt, flash attention, fused kernels;
-//   - cpu::ReferenceBackend (kernels/cpu/reference_backend.h): the fp32 CPU kernels on bf16
-//     tensors, each result rounded to bf16 once. It defines what every op must compute, is the
-//     reference of the GPU tests, and lets the model's bf16 path be tested without a GPU.
+// The op set of training, one interface for every device and precision (DESIGN.md: one model
+// over the op set). The Llama model (model/llama.h) is written once against it, so the same model
+// code runs on:
+//   - cpu::CpuBackend (kernels/cpu/cpu_backend.h): fp32 (and fp64, for the finite-difference
+//     tests) on OpenBLAS and this project's CPU kernels;
+//   - cpu::ReferenceBackend (kernels/cpu/reference_backend.h): bf16 mixed precision on the CPU,
+//     the fp32 kernels with each result rounded to bf16 once. It defines what every bf16 op must
+//     compute and is the reference of the GPU tests;
+//   - cuda::CudaBackend (kernels/cuda/cuda_backend.h): bf16 on cuBLASLt, flash attention and
+//     fused kernels.
 //
-// Types: activations and the weights' working copy are bf16; norm statistics, log-sum-exps,
-// logits and loss are fp32; weight gradients are fp32 and accumulated (+=). Every tensor lives on
-// device() and is contiguous row-major; 2-D unless said otherwise. Token ids and targets are
-// int32 tensors on device(); a negative target masks its token out of the loss.
+// Types. A run computes in one activation dtype (bf16, fp32 or fp64), which fixes the others:
+//   activations, the weights' working copy, dlogits      the activation dtype
+//   statistics: norm rstd, log-sum-exps, logits,         fp32 (fp64 when activations are fp64):
+//     cross-entropy rows, rope tables                    the "stat dtype" below
+//   weight gradients (accumulated, +=)                   the master dtype: fp32 (fp64 for fp64)
+// Every tensor lives on device() and is contiguous row-major; 2-D unless said otherwise. Token
+// ids and targets are int32 tensors on device(); a negative target masks its token out of the
+// loss, a negative token id embeds as a zero row (a token another vocabulary shard holds).
 #pragma once
 
 #include <cstdint>
@@ -25,70 +32,94 @@ namespace primus::ops {
 
 using AttentionShape = cpu::AttentionShape;
 
+// fp32 statistics for bf16/fp32 activations, fp64 for fp64.
+inline DType stat_dtype(DType activation) { return activation == DType::F64 ? DType::F64 : DType::F32; }
+
 class Backend {
  public:
   virtual ~Backend() = default;
   virtual Device device() const = 0;
-  virtual std::string name() const = 0;  // "cpu-reference", "cuda (NVIDIA H100 80GB HBM3)"
+  virtual std::string name() const = 0;  // "cpu", "cpu-reference", "cuda (NVIDIA H100 80GB HBM3)"
+  // Whether this backend computes with activations of `dtype`.
+  virtual bool computes_in(DType activation) const = 0;
 
   Tensor empty(const Shape& shape, DType dtype) const { return Tensor::empty(shape, dtype, device()); }
   Tensor zeros(const Shape& shape, DType dtype) const { return Tensor::zeros(shape, dtype, device()); }
 
   // D = alpha * op(A) op(B) + beta * C (+ bias[n] on every row); op = transpose when trans_*.
-  // A, B bf16 (rows of a larger tensor are fine: slices along dim 0 stay contiguous). C and D
-  // are both bf16 or both fp32; C may be D (accumulate) or a residual; C is not read when
-  // beta == 0 (pass an undefined tensor). bias is bf16 [n] or undefined.
+  // A and B have the activation dtype (rows of a larger tensor are fine: slices along dim 0 stay
+  // contiguous). C and D both have the activation dtype, or both the gradient dtype (a weight
+  // gradient, a logits chunk). C may be D (accumulate) or another tensor (a residual); C is not
+  // read when beta == 0 (pass an undefined tensor). bias has the activation dtype, [n], or is
+  // undefined.
   virtual void gemm(bool trans_a, bool trans_b, float alpha, const Tensor& A, const Tensor& B, float beta,
                     const Tensor& C, Tensor& D, const Tensor& bias) = 0;
 
-  // RMSNorm over rows: y = x * rstd * w; rstd [n] fp32.
+  // RMSNorm over rows: y = x * rstd * w; rstd [n] in the stat dtype.
   virtual void rmsnorm_forward(const Tensor& x, const Tensor& w, Tensor& y, Tensor& rstd, float eps) = 0;
-  // dx = residual + d(norm)/dx; residual undefined (0) or equal to dx.
+  // dx = residual + d(norm)/dx; residual is undefined (0), dx itself, or another tensor.
   virtual void rmsnorm_backward_input(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& rstd,
                                       const Tensor& residual, Tensor& dx) = 0;
   virtual void rmsnorm_backward_weight(const Tensor& dy, const Tensor& x, const Tensor& rstd, Tensor& dw) = 0;
 
+  // SwiGLU on a fused [gate | up] row of 2f values: act = silu(gate) * up.
   virtual void swiglu_forward(const Tensor& gate_up, Tensor& act) = 0;
   virtual void swiglu_backward(const Tensor& dact, const Tensor& gate_up, Tensor& dgate_up) = 0;
 
   // In place on x [rows, stride]: the first `heads` heads of head_dim of each row; row r has
-  // position r % seq; cos/sin fp32 [positions, head_dim/2]; inverse for the backward.
-  virtual void rope_apply(Tensor& x, int64_t heads, int64_t head_dim, int64_t seq, const Tensor& cos,
+  // position pos0 + r % seq; cos/sin [positions, head_dim/2] in the stat dtype; inverse for the
+  // backward.
+  virtual void rope_apply(Tensor& x, int64_t heads, int64_t head_dim, int64_t seq, int64_t pos0, const Tensor& cos,
                           const Tensor& sin, bool inverse) = 0;
 
   // Causal attention on the fused qkv layout of kernels/cpu/attention.h. lse [batch, heads, seq].
   virtual void attention_forward(const Tensor& qkv, Tensor& out, Tensor& lse, const AttentionShape& s) = 0;
   virtual void attention_backward(const Tensor& qkv, const Tensor& out, const Tensor& lse, const Tensor& dout,
                                   Tensor& dqkv, const AttentionShape& s) = 0;
+  // Decoding with a key/value cache: cache [length, qkv_stride] holds the (rotated) qkv rows of
+  // positions 0 .. length-1 of one sequence (s.batch = 1, s.seq = length); out [length - first,
+  // heads * head_dim] receives the causal attention of the queries of rows first .. length-1.
+  virtual void attention_decode(const Tensor& cache, int64_t first, Tensor& out, const AttentionShape& s) = 0;
 
-  // out[i] = table[tokens[i]] (tokens int32 [n], checked by the caller).
+  // out[i] = table[tokens[i]], a zero row for a negative id (tokens int32 [n], ids checked by
+  // the caller against the table).
   virtual void embedding_forward(const Tensor& tokens, const Tensor& table, Tensor& out) = 0;
-  // dtable (fp32 [vocab, c]) += dout rows at their tokens. host_tokens: the same ids on the host,
-  // which lets a device group positions by token for a deterministic sum.
+  // dtable (gradient dtype [vocab, c]) += dout rows at their tokens, negative ids skipped.
+  // host_tokens: the same ids on the host, which lets a device group positions by token for a
+  // deterministic sum.
   virtual void embedding_backward(const std::vector<int32_t>& host_tokens, const Tensor& dout, Tensor& dtable) = 0;
 
-  // out (fp32 [m]) += column sums of dy (bf16 [n, m]): a bias gradient.
+  // out (gradient dtype [m]) += column sums of dy ([n, m]): a bias gradient.
   virtual void column_sum_accumulate(const Tensor& dy, Tensor& out) = 0;
 
-  // Cross-entropy over vocabulary chunks (fp32 row statistics [n], targets int32 [n]).
+  // out = a + b, all of one dtype and shape; out may be a or b.
+  virtual void add(const Tensor& a, const Tensor& b, Tensor& out) = 0;
+
+  // Cross-entropy over vocabulary chunks (row statistics [n] in the stat dtype, targets int32
+  // [n]). Chunk columns are global vocabulary ids c0 .. c0 + vc: a chunk of a vocabulary shard
+  // passes its shard's offset in c0.
   virtual void ce_init(Tensor& row_max, Tensor& row_sum, Tensor& target_logit) = 0;
   virtual void ce_chunk_forward(const Tensor& logits, const Tensor& targets, int64_t c0, Tensor& row_max,
                                 Tensor& row_sum, Tensor& target_logit) = 0;
+  // Re-bases row_sum from row_max to global_max (>= row_max, e.g. the max over vocabulary
+  // shards): row_sum *= exp(row_max - global_max); row_max = global_max.
+  virtual void ce_merge_max(Tensor& row_max, Tensor& row_sum, const Tensor& global_max) = 0;
   // Fills lse and returns the sum over unmasked rows of lse - target_logit (waits for the device).
   virtual double ce_finish(const Tensor& row_max, const Tensor& row_sum, const Tensor& target_logit,
                            const Tensor& targets, Tensor& lse) = 0;
-  // dlogits (bf16 [n, vc]) = softmax - onehot for the chunk's columns; masked rows 0.
+  // dlogits ([n, vc], activation dtype) = softmax - onehot for the chunk's columns; masked rows
+  // 0. dlogits may be logits itself when their dtypes agree.
   virtual void ce_chunk_backward(const Tensor& logits, const Tensor& lse, const Tensor& targets, int64_t c0,
                                  Tensor& dlogits) = 0;
 
-  // fp32 <-> bf16 of the same shape.
+  // Between the master, stat and activation dtypes, same number of elements.
   virtual void cast(const Tensor& src, Tensor& dst) = 0;
 
   virtual void synchronize() {}
   virtual MemoryStats memory_stats() const = 0;
   virtual void reset_peak_memory() = 0;
-  // Dense bf16 peak of the device in TFLOP/s, the denominator of MFU (the CPU reference
-  // backend reports the measured fp32 SGEMM peak).
+  // Dense peak of the device in TFLOP/s for the activation dtype, the denominator of MFU (the
+  // CPU backends report the measured fp32 SGEMM peak).
   virtual double peak_tflops() const = 0;
 };
 

@@ -2,18 +2,12 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstring>
 
 #include <fmt/format.h>
 
-#include "kernels/cpu/elementwise.h"
-#include "kernels/cpu/fast_math.h"
-#include "kernels/cpu/gemm.h"
 #include "model/rope.h"
 
 namespace primus {
-
-using namespace cpu;
 
 Recompute parse_recompute(const std::string& s) {
   if (s.empty() || s == "none" || s == "null") return Recompute::None;
@@ -22,18 +16,13 @@ Recompute parse_recompute(const std::string& s) {
   fail("recompute_granularity '{}' is not one of: full, selective (or leave it unset)", s);
 }
 
-template <typename T>
-static T* ptr(const Tensor& t) {
-  return t.data<T>();
+DType activation_dtype(Precision p) {
+  return p == Precision::Bf16 ? DType::BF16 : p == Precision::Fp64 ? DType::F64 : DType::F32;
 }
-
-template <typename T>
-static Tensor new_tensor(const Shape& shape) {
-  return Tensor::empty(shape, dtype_of<T>::value);
+DType master_dtype(Precision p) { return p == Precision::Fp64 ? DType::F64 : DType::F32; }
+const char* precision_name(Precision p) {
+  return p == Precision::Bf16 ? "bf16 mixed precision" : p == Precision::Fp64 ? "fp64" : "fp32";
 }
-
-// ---------------------------------------------------------------------------------------------
-// Tensor-parallel collectives on [rows, C] activations
 
 void check_tensor_parallel(const ModelSpec& spec, int tp) {
   if (tp < 1) fail("tensor_model_parallel_size must be at least 1, got {}", tp);
@@ -48,273 +37,40 @@ void check_tensor_parallel(const ModelSpec& spec, int tp) {
   need(spec.vocab_size, "vocab_size");
 }
 
-namespace {
-template <typename T>
-constexpr parallel::CommType comm_t = parallel::comm_type_of_t<T>::value;
-
-// Sequence parallel: each tp rank holds rows [r N/tp, (r+1) N/tp); a column-parallel linear needs
-// them all. Identity without sequence parallel (every rank holds every row).
-template <typename T>
-Tensor gather_rows(const ModelPartition& p, const Tensor& local) {
-  if (p.tp_size == 1 || !p.sequence_parallel) return local;
-  const int64_t n = local.size(0), c = local.size(1);
-  Tensor full = new_tensor<T>({n * p.tp_size, c});
-  p.tp_group->all_gather(ptr<T>(local), ptr<T>(full), n * c, comm_t<T>);
-  return full;
-}
-
-// The partial outputs of a row-parallel linear ([N, C] on every rank) summed over tp: all of it
-// on every rank, or under sequence parallelism this rank's rows only.
-template <typename T>
-Tensor reduce_partial(const ModelPartition& p, Tensor partial) {
-  if (p.tp_size == 1) return partial;
-  if (!p.sequence_parallel) {
-    p.tp_group->all_reduce(ptr<T>(partial), partial.numel(), comm_t<T>, parallel::ReduceOp::Sum);
-    return partial;
-  }
-  const int64_t n = partial.size(0) / p.tp_size, c = partial.size(1);
-  Tensor local = new_tensor<T>({n, c});
-  p.tp_group->reduce_scatter(ptr<T>(partial), ptr<T>(local), n * c, comm_t<T>, parallel::ReduceOp::Sum);
-  return local;
-}
-
-template <typename T>
-void add_into(Tensor& y, const Tensor& x) {
-  T* a = ptr<T>(y);
-  const T* b = ptr<T>(x);
-  const int64_t n = y.numel();
-#pragma omp parallel for simd schedule(static) if(n >= (1 << 16))
-  for (int64_t i = 0; i < n; ++i) a[i] += b[i];
-}
-
-// residual + in W^T for a row-parallel weight W [C, in]: with one rank the GEMM accumulates into
-// a copy of the residual; with tp ranks the partial products are summed first.
-template <typename T>
-Tensor row_parallel_residual(const ModelPartition& p, const Tensor& in, const T* w, const Tensor& residual,
-                             int64_t rows, int64_t in_features, int64_t out_features) {
-  if (p.tp_size == 1) {
-    Tensor y = residual.clone();
-    linear_forward(ptr<T>(in), w, static_cast<const T*>(nullptr), ptr<T>(y), rows, in_features, out_features, true);
-    return y;
-  }
-  Tensor partial = new_tensor<T>({rows, out_features});
-  linear_forward(ptr<T>(in), w, static_cast<const T*>(nullptr), ptr<T>(partial), rows, in_features, out_features);
-  Tensor y = reduce_partial<T>(p, partial);
-  add_into<T>(y, residual);
-  return y;
-}
-}  // namespace
-
-// ---------------------------------------------------------------------------------------------
-// Transformer block
-
-template <typename T>
-TransformerBlock<T>::TransformerBlock(const ModelSpec& spec, int64_t layer, ParamStore<T>& p, Recompute recompute,
-                                      const ModelPartition& part)
-    : spec_(spec), p_(p), recompute_(recompute), part_(part) {
-  const std::string pre = fmt::format("decoder.layers.{}.", layer);
-  const int64_t C = spec.hidden_size, F = spec.ffn_hidden_size, Q = spec.qkv_size(), D = spec.head_dim();
-  const int64_t H = spec.num_attention_heads, G = spec.query_groups();
-  const int tp = part.tp_size, r = part.tp_rank;
-  heads_ = H / tp;
-  groups_ = G / tp;
-  const int64_t Fl = F / tp;
-  // Column-parallel QKV: this rank's q heads, then its k groups, then its v groups.
-  ShardSpec qkv_shard, proj_shard, fc1_shard, fc2_shard;
-  if (tp > 1) {
-    qkv_shard = {0, {{r * heads_ * D, heads_ * D}, {H * D + r * groups_ * D, groups_ * D},
-                     {H * D + G * D + r * groups_ * D, groups_ * D}}};
-    proj_shard = {1, {{r * heads_ * D, heads_ * D}}};
-    fc1_shard = {0, {{r * Fl, Fl}, {F + r * Fl, Fl}}};  // its gate rows, then its up rows
-    fc2_shard = {1, {{r * Fl, Fl}}};
-  }
-  attn_norm_ = p.add(pre + "input_layernorm.weight", {C}, ParamInit::Ones, false);
-  qkv_w_ = p.add_sharded(pre + "self_attention.linear_qkv.weight", {Q, C}, qkv_shard, ParamInit::Normal, true);
-  if (spec.add_qkv_bias)
-    qkv_b_ = p.add_sharded(pre + "self_attention.linear_qkv.bias", {Q}, qkv_shard, ParamInit::Zeros, false);
-  proj_w_ = p.add_sharded(pre + "self_attention.linear_proj.weight", {C, spec.q_size()}, proj_shard,
-                          ParamInit::ScaledNormal, true);
-  mlp_norm_ = p.add(pre + "pre_mlp_layernorm.weight", {C}, ParamInit::Ones, false);
-  fc1_w_ = p.add_sharded(pre + "mlp.linear_fc1.weight", {2 * F, C}, fc1_shard, ParamInit::Normal, true);
-  fc2_w_ = p.add_sharded(pre + "mlp.linear_fc2.weight", {C, F}, fc2_shard, ParamInit::ScaledNormal, true);
-}
-
-template <typename T>
-AttentionShape TransformerBlock<T>::attention_shape(int64_t batch, int64_t seq) const {
-  return AttentionShape{batch, seq, heads_, groups_, spec_.head_dim()};
-}
-
-// The forward's steps, each filling its part of ctx from earlier parts; rebuild() reruns some.
-// Nl rows are this rank's (x, norms, residuals), N all rows (the linears and attention); they
-// differ only under sequence parallelism. Q, QS and F are this rank's widths.
-namespace {
-template <typename T>
-struct BlockSteps {
-  const ModelSpec& s;
-  const ModelPartition& part;
-  ParamStore<T>& p;
-  int attn_norm, qkv_w, qkv_b, proj_w, mlp_norm, fc1_w, fc2_w;
-  int64_t heads, groups, Nl, N;
-  int64_t Q() const { return (heads + 2 * groups) * s.head_dim(); }
-  int64_t QS() const { return heads * s.head_dim(); }
-  int64_t F() const { return s.ffn_hidden_size / part.tp_size; }
-
-  void norm1(BlockContext<T>& c) {
-    Tensor h = new_tensor<T>({Nl, s.hidden_size});
-    c.rstd1 = new_tensor<T>({Nl});
-    rmsnorm_forward(ptr<T>(c.x), p.value(attn_norm), ptr<T>(h), ptr<T>(c.rstd1), Nl, s.hidden_size, s.norm_epsilon);
-    c.h1 = gather_rows<T>(part, h);
-  }
-  void qkv(BlockContext<T>& c, int64_t seq, const T* cos, const T* sin) {
-    c.qkv = new_tensor<T>({N, Q()});
-    linear_forward(ptr<T>(c.h1), p.value(qkv_w), qkv_b >= 0 ? p.value(qkv_b) : static_cast<const T*>(nullptr),
-                   ptr<T>(c.qkv), N, s.hidden_size, Q());
-    // q heads and k heads are adjacent in the row: rotate them in one sweep.
-    rope_apply(ptr<T>(c.qkv), N, Q(), heads + groups, s.head_dim(), seq, 0, cos, sin, false);
-  }
-  void attention(BlockContext<T>& c, const AttentionShape& shape) {
-    c.attn = new_tensor<T>({N, QS()});
-    c.lse = new_tensor<T>({shape.batch, shape.heads, shape.seq});
-    attention_forward(ptr<T>(c.qkv), ptr<T>(c.attn), ptr<T>(c.lse), shape);
-  }
-  void proj(BlockContext<T>& c) {  // x2 = x + attn Wo^T
-    c.x2 = row_parallel_residual<T>(part, c.attn, p.value(proj_w), c.x, N, QS(), s.hidden_size);
-  }
-  void norm2(BlockContext<T>& c) {
-    Tensor h = new_tensor<T>({Nl, s.hidden_size});
-    c.rstd2 = new_tensor<T>({Nl});
-    rmsnorm_forward(ptr<T>(c.x2), p.value(mlp_norm), ptr<T>(h), ptr<T>(c.rstd2), Nl, s.hidden_size, s.norm_epsilon);
-    c.h2 = gather_rows<T>(part, h);
-  }
-  void fc1(BlockContext<T>& c) {
-    c.gate_up = new_tensor<T>({N, 2 * F()});
-    linear_forward(ptr<T>(c.h2), p.value(fc1_w), static_cast<const T*>(nullptr), ptr<T>(c.gate_up), N,
-                   s.hidden_size, 2 * F());
-  }
-  void swiglu(BlockContext<T>& c) {
-    c.act = new_tensor<T>({N, F()});
-    swiglu_forward(ptr<T>(c.gate_up), ptr<T>(c.act), N, F());
-  }
-  Tensor fc2(BlockContext<T>& c) {  // y = x2 + act W2^T
-    return row_parallel_residual<T>(part, c.act, p.value(fc2_w), c.x2, N, F(), s.hidden_size);
-  }
-};
-}  // namespace
-
-#define STEPS                                                                                                    \
-  BlockSteps<T> {                                                                                                \
-    spec_, part_, p_, attn_norm_, qkv_w_, qkv_b_, proj_w_, mlp_norm_, fc1_w_, fc2_w_, heads_, groups_,           \
-        ctx.x.size(0), batch * seq                                                                               \
-  }
-
-template <typename T>
-Tensor TransformerBlock<T>::forward(BlockContext<T>& ctx, const Tensor& x, int64_t batch, int64_t seq, const T* cos,
-                                    const T* sin) {
-  ctx.clear();
-  ctx.x = x;
-  rebuild(ctx, batch, seq, cos, sin);  // from an empty context: the whole forward
-  Tensor y = STEPS.fc2(ctx);
-  if (recompute_ == Recompute::Selective) {
-    // Keep x, qkv, x2 and gate_up; the rest is cheap to recompute from them.
-    ctx.h1 = ctx.rstd1 = ctx.attn = ctx.lse = ctx.h2 = ctx.rstd2 = ctx.act = Tensor();
-  } else if (recompute_ == Recompute::Full) {
-    Tensor keep = ctx.x;
-    ctx.clear();
-    ctx.x = keep;
-  }
-  return y;
-}
-
-// Computes whatever the context lacks, in dependency order: everything after a forward with
-// full recompute, the dropped parts after selective recompute, nothing otherwise. Every tp rank
-// runs the same steps, so the collectives inside them match.
-template <typename T>
-void TransformerBlock<T>::rebuild(BlockContext<T>& ctx, int64_t batch, int64_t seq, const T* cos, const T* sin) {
-  auto st = STEPS;
-  if (!ctx.h1.defined()) st.norm1(ctx);
-  if (!ctx.qkv.defined()) st.qkv(ctx, seq, cos, sin);
-  if (!ctx.attn.defined()) st.attention(ctx, attention_shape(batch, seq));
-  if (!ctx.x2.defined()) st.proj(ctx);
-  if (!ctx.h2.defined()) st.norm2(ctx);
-  if (!ctx.gate_up.defined()) st.fc1(ctx);
-  if (!ctx.act.defined()) st.swiglu(ctx);
-}
-
-// Under tensor parallelism the column-parallel linears' input gradients (dh1, dh2) are partial
-// sums, reduced over tp before the norms; under sequence parallelism the output gradients of the
-// row-parallel linears (dy, dx2) are first gathered to all rows.
-template <typename T>
-Tensor TransformerBlock<T>::backward_input(BlockContext<T>& ctx, const Tensor& dy, int64_t batch, int64_t seq,
-                                           const T* cos, const T* sin) {
-  PRIMUS_CHECK(ctx.x.defined(), "backward_input before forward");
-  rebuild(ctx, batch, seq, cos, sin);
-  const auto st = STEPS;
-  const int64_t N = st.N, Nl = st.Nl, C = spec_.hidden_size, F = st.F(), Q = st.Q(), QS = st.QS();
-  ctx.dy = gather_rows<T>(part_, dy);
-  Tensor da = new_tensor<T>({N, F});
-  linear_backward_input(ptr<T>(ctx.dy), p_.value(fc2_w_), ptr<T>(da), N, F, C);
-  ctx.dgate_up = new_tensor<T>({N, 2 * F});
-  swiglu_backward(ptr<T>(da), ptr<T>(ctx.gate_up), ptr<T>(ctx.dgate_up), N, F);
-  Tensor dh2 = new_tensor<T>({N, C});
-  linear_backward_input(ptr<T>(ctx.dgate_up), p_.value(fc1_w_), ptr<T>(dh2), N, C, 2 * F);
-  ctx.dh2 = reduce_partial<T>(part_, dh2);
-  Tensor dx2 = dy.clone();  // residual path
-  rmsnorm_backward_input(ptr<T>(ctx.dh2), ptr<T>(ctx.x2), p_.value(mlp_norm_), ptr<T>(ctx.rstd2), ptr<T>(dx2), Nl, C,
-                         true);
-  ctx.dx2 = gather_rows<T>(part_, dx2);
-  Tensor dattn = new_tensor<T>({N, QS});
-  linear_backward_input(ptr<T>(ctx.dx2), p_.value(proj_w_), ptr<T>(dattn), N, QS, C);
-  ctx.dqkv = new_tensor<T>({N, Q});
-  attention_backward(ptr<T>(ctx.qkv), ptr<T>(ctx.attn), ptr<T>(ctx.lse), ptr<T>(dattn), ptr<T>(ctx.dqkv),
-                     attention_shape(batch, seq));
-  rope_apply(ptr<T>(ctx.dqkv), N, Q, heads_ + groups_, spec_.head_dim(), seq, 0, cos, sin, true);
-  Tensor dh1 = new_tensor<T>({N, C});
-  linear_backward_input(ptr<T>(ctx.dqkv), p_.value(qkv_w_), ptr<T>(dh1), N, C, Q);
-  ctx.dh1 = reduce_partial<T>(part_, dh1);
-  Tensor dx = dx2.clone();
-  rmsnorm_backward_input(ptr<T>(ctx.dh1), ptr<T>(ctx.x), p_.value(attn_norm_), ptr<T>(ctx.rstd1), ptr<T>(dx), Nl, C,
-                         true);
-  // The W pass needs the linears' inputs and output gradients, and the norms' inputs.
-  ctx.qkv = ctx.lse = ctx.gate_up = Tensor();
-  return dx;
-}
-
-template <typename T>
-void TransformerBlock<T>::backward_weight(BlockContext<T>& ctx) {
-  PRIMUS_CHECK(ctx.dy.defined(), "backward_weight before backward_input");
-  const int64_t Nl = ctx.x.size(0), N = ctx.dy.size(0), C = spec_.hidden_size, F = spec_.ffn_hidden_size / part_.tp_size,
-                Q = (heads_ + 2 * groups_) * spec_.head_dim(), QS = heads_ * spec_.head_dim();
-  linear_backward_weight(ptr<T>(ctx.dy), ptr<T>(ctx.act), p_.grad(fc2_w_), static_cast<T*>(nullptr), N, F, C);
-  linear_backward_weight(ptr<T>(ctx.dgate_up), ptr<T>(ctx.h2), p_.grad(fc1_w_), static_cast<T*>(nullptr), N, C,
-                         2 * F);
-  rmsnorm_backward_weight(ptr<T>(ctx.dh2), ptr<T>(ctx.x2), ptr<T>(ctx.rstd2), p_.grad(mlp_norm_), Nl, C);
-  linear_backward_weight(ptr<T>(ctx.dx2), ptr<T>(ctx.attn), p_.grad(proj_w_), static_cast<T*>(nullptr), N, QS,
-                         C);
-  linear_backward_weight(ptr<T>(ctx.dqkv), ptr<T>(ctx.h1), p_.grad(qkv_w_),
-                         qkv_b_ >= 0 ? p_.grad(qkv_b_) : static_cast<T*>(nullptr), N, C, Q);
-  rmsnorm_backward_weight(ptr<T>(ctx.dh1), ptr<T>(ctx.x), ptr<T>(ctx.rstd1), p_.grad(attn_norm_), Nl, C);
-  ctx.clear();
-}
-
-template <typename T>
-std::vector<int> TransformerBlock<T>::param_ids() const {
-  std::vector<int> ids = {attn_norm_, qkv_w_, proj_w_, mlp_norm_, fc1_w_, fc2_w_};
-  if (qkv_b_ >= 0) ids.push_back(qkv_b_);
-  return ids;
+std::vector<int> LlamaModel::Block::ids() const {
+  std::vector<int> v = {attn_norm, qkv_w, proj_w, mlp_norm, fc1_w, fc2_w};
+  if (qkv_b >= 0) v.push_back(qkv_b);
+  return v;
 }
 
 // ---------------------------------------------------------------------------------------------
-// Whole model
+// Construction: registration in model order (embedding, blocks, head), so that every precision,
+// device and layout shares names, shapes and, with one rank, offsets.
 
-template <typename T>
-LlamaModel<T>::LlamaModel(const ModelSpec& spec, LlamaOptions options, ModelPartition partition)
-    : spec_(spec), opt_(options), part_(std::move(partition)) {
+LlamaModel::LlamaModel(const ModelSpec& spec, ops::Backend& backend, Precision precision, LlamaOptions options,
+                       ModelPartition partition)
+    : spec_(spec),
+      be_(backend),
+      precision_(precision),
+      act_(primus::activation_dtype(precision)),
+      stat_(ops::stat_dtype(act_)),
+      opt_(options),
+      part_(std::move(partition)),
+      params_(master_dtype(precision)) {
   spec_.validate();
-  const int64_t C = spec_.hidden_size, V = spec_.vocab_size, L = spec_.num_layers;
+  if (!be_.computes_in(act_))
+    fail("the {} backend does not compute in {}: {} needs another backend", be_.name(), dtype_name(act_),
+         precision_name(precision_));
+  if (opt_.vocab_chunk <= 0) fail("vocab_chunk must be positive, got {}", opt_.vocab_chunk);
+  const int64_t C = spec_.hidden_size, V = spec_.vocab_size, L = spec_.num_layers, F = spec_.ffn_hidden_size;
+  const int64_t H = spec_.num_attention_heads, G = spec_.query_groups(), D = spec_.head_dim();
   check_tensor_parallel(spec_, part_.tp_size);
   if (part_.tp_size > 1) {
     if (!part_.tp_group || part_.tp_group->size() != part_.tp_size)
       fail("tensor parallel size {} needs a tp group of that size", part_.tp_size);
+    if (part_.tp_group->device() != be_.device())
+      fail("the tensor-parallel group {} moves {} buffers but the model computes on the {}",
+           part_.tp_group->describe(), device_name(part_.tp_group->device()), device_name(be_.device()));
     part_.tp_rank = part_.tp_group->rank();
   } else {
     part_.tp_rank = 0;
@@ -331,16 +87,41 @@ LlamaModel<T>::LlamaModel(const ModelSpec& spec, LlamaOptions options, ModelPart
   }
   if (embeddings > 1 || heads > 1) fail("a rank can hold the embedding and the output layer at most once");
 
-  vocab_local_ = V / part_.tp_size;
-  vocab_start_ = vocab_local_ * part_.tp_rank;
-  const ShardSpec vocab_shard =
-      part_.tp_size > 1 ? ShardSpec{0, {{vocab_start_, vocab_local_}}} : ShardSpec{};
+  const int tp = part_.tp_size, r = part_.tp_rank;
+  vocab_local_ = V / tp;
+  vocab_start_ = vocab_local_ * r;
+  const ShardSpec vocab_shard = tp > 1 ? ShardSpec{0, {{vocab_start_, vocab_local_}}} : ShardSpec{};
   if (embeddings)
     embedding_ = params_.add_sharded("embedding.word_embeddings.weight", {V, C}, vocab_shard, ParamInit::Normal, true);
+
+  // Column-parallel QKV: this rank's q heads, then its k groups, then its v groups; fc1: its gate
+  // rows, then its up rows. Row-parallel proj and fc2: the matching input columns.
+  const int64_t hl = H / tp, gl = G / tp, Fl = F / tp;
+  ShardSpec qkv_shard, proj_shard, fc1_shard, fc2_shard;
+  if (tp > 1) {
+    qkv_shard = {0, {{r * hl * D, hl * D}, {H * D + r * gl * D, gl * D}, {H * D + G * D + r * gl * D, gl * D}}};
+    proj_shard = {1, {{r * hl * D, hl * D}}};
+    fc1_shard = {0, {{r * Fl, Fl}, {F + r * Fl, Fl}}};
+    fc2_shard = {1, {{r * Fl, Fl}}};
+  }
   for (const auto& ch : part_.chunks) {
     const size_t begin = blocks_.size();
-    for (int64_t l = ch.first_layer; l < ch.first_layer + ch.num_layers; ++l)
-      blocks_.push_back(std::make_unique<TransformerBlock<T>>(spec_, l, params_, opt_.recompute, part_));
+    for (int64_t l = ch.first_layer; l < ch.first_layer + ch.num_layers; ++l) {
+      const std::string pre = fmt::format("decoder.layers.{}.", l);
+      Block b;
+      b.attn_norm = params_.add(pre + "input_layernorm.weight", {C}, ParamInit::Ones, false);
+      b.qkv_w = params_.add_sharded(pre + "self_attention.linear_qkv.weight", {spec_.qkv_size(), C}, qkv_shard,
+                                    ParamInit::Normal, true);
+      if (spec_.add_qkv_bias)
+        b.qkv_b = params_.add_sharded(pre + "self_attention.linear_qkv.bias", {spec_.qkv_size()}, qkv_shard,
+                                      ParamInit::Zeros, false);
+      b.proj_w = params_.add_sharded(pre + "self_attention.linear_proj.weight", {C, spec_.q_size()}, proj_shard,
+                                     ParamInit::ScaledNormal, true);
+      b.mlp_norm = params_.add(pre + "pre_mlp_layernorm.weight", {C}, ParamInit::Ones, false);
+      b.fc1_w = params_.add_sharded(pre + "mlp.linear_fc1.weight", {2 * F, C}, fc1_shard, ParamInit::Normal, true);
+      b.fc2_w = params_.add_sharded(pre + "mlp.linear_fc2.weight", {C, F}, fc2_shard, ParamInit::ScaledNormal, true);
+      blocks_.push_back(b);
+    }
     chunk_blocks_.push_back({begin, blocks_.size()});
   }
   if (heads) {
@@ -352,160 +133,343 @@ LlamaModel<T>::LlamaModel(const ModelSpec& spec, LlamaOptions options, ModelPart
     else  // a last pipeline stage without the first: a replica of the tied embedding (see trainer)
       output_ = params_.add_sharded("embedding.word_embeddings.weight", {V, C}, vocab_shard, ParamInit::Normal, true);
   }
-  params_.allocate();
+  params_.allocate(be_.device());
+  work_ = act_ == params_.dtype() ? params_.values() : be_.zeros({params_.numel()}, act_);
 
-  const int64_t half = spec_.head_dim() / 2, P = spec_.max_position_embeddings;
-  rope_cos_ = new_tensor<T>({P, half});
-  rope_sin_ = new_tensor<T>({P, half});
-  rope_tables_of(spec_, P, ptr<T>(rope_cos_), ptr<T>(rope_sin_));
+  const int64_t half = D / 2, P = spec_.max_position_embeddings;
+  Tensor cos = Tensor::empty({P, half}, stat_), sin = Tensor::empty({P, half}, stat_);
+  if (stat_ == DType::F64)
+    rope_tables_of(spec_, P, cos.data<double>(), sin.data<double>());
+  else
+    rope_tables_of(spec_, P, cos.data<float>(), sin.data<float>());
+  rope_cos_ = cos.to(be_.device());
+  rope_sin_ = sin.to(be_.device());
 }
 
-template <typename T>
-void LlamaModel<T>::init_weights(uint64_t seed) {
-  // Megatron: N(0, std) everywhere, output projections of each block scaled by 1/sqrt(2 layers).
+void LlamaModel::init_weights(uint64_t seed) {
   params_.init(seed, spec_.init_method_std, spec_.scaled_init_std());
+  sync_working_weights();
 }
 
-template <typename T>
-const T* LlamaModel<T>::output_weight() const {
-  return params_.value(output_);
-}
-template <typename T>
-T* LlamaModel<T>::output_weight_grad() const {
-  return params_.grad(output_);
+void LlamaModel::sync_working_weights() {
+  if (has_separate_working_weights()) be_.cast(params_.values(), work_);
 }
 
-template <typename T>
-bool LlamaModel<T>::head_stores_logits(int64_t rows) const {
-  return size_t(rows) * size_t(vocab_local_) * sizeof(T) <= opt_.logits_memory_budget;
+Tensor LlamaModel::w(int id) const {
+  const StoredParam& p = params_.infos()[id];
+  return work_.slice(0, p.offset, p.numel).view(p.shape);
 }
 
-template <typename T>
-void LlamaModel<T>::begin_microbatch(LlamaContext<T>& ctx, const int32_t* tokens, const int32_t* targets,
-                                     int64_t batch, int64_t seq) {
+Tensor LlamaModel::g(int id) const { return params_.grad_tensor(id); }
+
+ops::AttentionShape LlamaModel::attention_shape(int64_t batch, int64_t seq) const {
+  return {batch, seq, spec_.num_attention_heads / part_.tp_size, spec_.query_groups() / part_.tp_size,
+          spec_.head_dim()};
+}
+
+bool head_keeps_logits(const LlamaOptions& options, Precision precision, int64_t rows, int64_t vocab_local) {
+  const DType act = activation_dtype(precision), stat = ops::stat_dtype(act);
+  const size_t per = dtype_size(stat) + (act != stat ? dtype_size(act) : 0);  // logits, and a bf16 gradient
+  return size_t(rows) * size_t(vocab_local) * per <= options.logits_memory_budget;
+}
+
+bool LlamaModel::head_stores_logits(int64_t rows) const {
+  return head_keeps_logits(opt_, precision_, rows, vocab_local_);
+}
+
+int64_t LlamaModel::activation_rows(int64_t batch, int64_t seq) const {
+  return part_.sequence_parallel ? batch * seq / part_.tp_size : batch * seq;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Tensor-parallel collectives
+
+// Sequence parallel: each tp rank holds rows [r N/tp, (r+1) N/tp); a column-parallel linear needs
+// them all. Identity without sequence parallel (every rank holds every row).
+Tensor LlamaModel::gather_rows(const Tensor& local) const {
+  if (part_.tp_size == 1 || !part_.sequence_parallel) return local;
+  Tensor full = be_.empty({local.size(0) * part_.tp_size, local.size(1)}, local.dtype());
+  part_.tp_group->all_gather(local.raw(), full.raw(), local.numel(), parallel::comm_type_of(local.dtype()));
+  return full;
+}
+
+// The partial outputs of a row-parallel linear ([N, C] on every rank) summed over tp: all of it
+// on every rank, or under sequence parallelism this rank's rows only.
+Tensor LlamaModel::reduce_partial(Tensor partial) const {
+  if (part_.tp_size == 1) return partial;
+  const parallel::CommType t = parallel::comm_type_of(partial.dtype());
+  if (!part_.sequence_parallel) {
+    part_.tp_group->all_reduce(partial.raw(), partial.numel(), t, parallel::ReduceOp::Sum);
+    return partial;
+  }
+  Tensor local = be_.empty({partial.size(0) / part_.tp_size, partial.size(1)}, partial.dtype());
+  part_.tp_group->reduce_scatter(partial.raw(), local.raw(), local.numel(), t, parallel::ReduceOp::Sum);
+  return local;
+}
+
+// residual + in W^T for a row-parallel weight W [C, in]: with one rank the GEMM adds onto the
+// residual; with tp ranks the partial products are summed first.
+Tensor LlamaModel::row_parallel_residual(const Tensor& in, int weight, const Tensor& residual) const {
+  const int64_t N = in.size(0), C = spec_.hidden_size;
+  if (part_.tp_size == 1) {
+    Tensor y = act({N, C});
+    be_.gemm(false, true, 1.0f, in, w(weight), 1.0f, residual, y, Tensor());
+    return y;
+  }
+  Tensor partial = act({N, C});
+  be_.gemm(false, true, 1.0f, in, w(weight), 0.0f, Tensor(), partial, Tensor());
+  Tensor y = reduce_partial(partial);
+  be_.add(y, residual, y);
+  return y;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Transformer block
+
+// The forward's steps, each filling its part of the context from earlier parts; rebuild() reruns
+// some. Nl rows are this rank's (x, norms, residuals), N all rows (the linears and attention);
+// they differ only under sequence parallelism. Q, QS and F are this rank's widths.
+struct LlamaModel::Steps {
+  const LlamaModel& m;
+  const Block& b;
+  int64_t batch, seq, Nl, N;
+  Steps(const LlamaModel& model, const Block& block, int64_t batch_, int64_t seq_, int64_t local_rows)
+      : m(model), b(block), batch(batch_), seq(seq_), Nl(local_rows), N(batch_ * seq_) {}
+  int64_t C() const { return m.spec_.hidden_size; }
+  int64_t D() const { return m.spec_.head_dim(); }
+  int64_t heads() const { return m.spec_.num_attention_heads / m.part_.tp_size; }
+  int64_t groups() const { return m.spec_.query_groups() / m.part_.tp_size; }
+  int64_t Q() const { return (heads() + 2 * groups()) * D(); }
+  int64_t QS() const { return heads() * D(); }
+  int64_t F() const { return m.spec_.ffn_hidden_size / m.part_.tp_size; }
+  float eps() const { return float(m.spec_.norm_epsilon); }
+
+  // A norm of this rank's rows, gathered to all rows for the column-parallel linear after it.
+  Tensor norm(const Tensor& x, int weight, Tensor& rstd) {
+    Tensor h = m.act({x.size(0), C()});
+    rstd = m.stat({x.size(0)});
+    m.be_.rmsnorm_forward(x, m.w(weight), h, rstd, eps());
+    return m.gather_rows(h);
+  }
+  // qkv = h1 Wqkv^T (+b), rotated: q heads and k groups are adjacent in the row, one sweep.
+  Tensor qkv(const Tensor& h1, int64_t rows, int64_t rope_seq, int64_t pos0) {
+    Tensor t = m.act({rows, Q()});
+    m.be_.gemm(false, true, 1.0f, h1, m.w(b.qkv_w), 0.0f, Tensor(), t, b.qkv_b >= 0 ? m.w(b.qkv_b) : Tensor());
+    m.be_.rope_apply(t, heads() + groups(), D(), rope_seq, pos0, m.rope_cos_, m.rope_sin_, false);
+    return t;
+  }
+  void attention(BlockContext& c) {
+    c.attn = m.act({N, QS()});
+    c.lse = m.stat({batch, heads(), seq});
+    m.be_.attention_forward(c.qkv, c.attn, c.lse, m.attention_shape(batch, seq));
+  }
+  Tensor fc1(const Tensor& h2) {
+    Tensor t = m.act({h2.size(0), 2 * F()});
+    m.be_.gemm(false, true, 1.0f, h2, m.w(b.fc1_w), 0.0f, Tensor(), t, Tensor());
+    return t;
+  }
+  Tensor swiglu(const Tensor& gate_up) {
+    Tensor t = m.act({gate_up.size(0), F()});
+    m.be_.swiglu_forward(gate_up, t);
+    return t;
+  }
+};
+
+Tensor LlamaModel::block_forward(const Block& b, BlockContext& c, const Tensor& x, int64_t batch, int64_t seq) {
+  c = BlockContext();
+  c.x = x;
+  block_rebuild(b, c, batch, seq);  // from an empty context: the whole forward
+  Tensor y = row_parallel_residual(c.act, b.fc2_w, c.x2);  // y = x2 + act W2^T
+  if (opt_.recompute == Recompute::Selective) {
+    // Keep x, qkv, x2 and gate_up; the rest is cheap to recompute from them.
+    c.h1 = c.rstd1 = c.attn = c.lse = c.h2 = c.rstd2 = c.act = Tensor();
+  } else if (opt_.recompute == Recompute::Full) {
+    Tensor keep = c.x;
+    c = BlockContext();
+    c.x = keep;
+  }
+  return y;
+}
+
+// Computes whatever the context lacks, in dependency order: everything after a forward with
+// full recompute, the dropped parts after selective recompute, nothing otherwise. Every tp rank
+// runs the same steps, so the collectives inside them match.
+void LlamaModel::block_rebuild(const Block& b, BlockContext& c, int64_t batch, int64_t seq) {
+  Steps st(*this, b, batch, seq, c.x.size(0));
+  if (!c.h1.defined()) c.h1 = st.norm(c.x, b.attn_norm, c.rstd1);
+  if (!c.qkv.defined()) c.qkv = st.qkv(c.h1, st.N, seq, 0);
+  if (!c.attn.defined()) st.attention(c);
+  if (!c.x2.defined()) c.x2 = row_parallel_residual(c.attn, b.proj_w, c.x);  // x2 = x + attn Wo^T
+  if (!c.h2.defined()) c.h2 = st.norm(c.x2, b.mlp_norm, c.rstd2);
+  if (!c.gate_up.defined()) c.gate_up = st.fc1(c.h2);
+  if (!c.act.defined()) c.act = st.swiglu(c.gate_up);
+}
+
+// Under tensor parallelism the column-parallel linears' input gradients (dh1, dh2) are partial
+// sums, reduced over tp before the norms; under sequence parallelism the output gradients of the
+// row-parallel linears (dy, dx2) are first gathered to all rows.
+Tensor LlamaModel::block_backward_input(const Block& b, BlockContext& c, const Tensor& dy, int64_t batch,
+                                        int64_t seq) {
+  PRIMUS_CHECK(c.x.defined(), "backward_input before forward");
+  block_rebuild(b, c, batch, seq);
+  const Steps st(*this, b, batch, seq, c.x.size(0));
+  const int64_t N = st.N, Nl = st.Nl, C = st.C();
+  c.dy = gather_rows(dy);
+  Tensor da = act({N, st.F()});
+  be_.gemm(false, false, 1.0f, c.dy, w(b.fc2_w), 0.0f, Tensor(), da, Tensor());
+  c.dgate_up = act({N, 2 * st.F()});
+  be_.swiglu_backward(da, c.gate_up, c.dgate_up);
+  Tensor dh2 = act({N, C});
+  be_.gemm(false, false, 1.0f, c.dgate_up, w(b.fc1_w), 0.0f, Tensor(), dh2, Tensor());
+  c.dh2 = reduce_partial(dh2);
+  Tensor dx2 = act({Nl, C});  // dy through the residual, plus the norm's gradient
+  be_.rmsnorm_backward_input(c.dh2, c.x2, w(b.mlp_norm), c.rstd2, dy, dx2);
+  c.dx2 = gather_rows(dx2);
+  Tensor dattn = act({N, st.QS()});
+  be_.gemm(false, false, 1.0f, c.dx2, w(b.proj_w), 0.0f, Tensor(), dattn, Tensor());
+  c.dqkv = act({N, st.Q()});
+  be_.attention_backward(c.qkv, c.attn, c.lse, dattn, c.dqkv, attention_shape(batch, seq));
+  be_.rope_apply(c.dqkv, st.heads() + st.groups(), st.D(), seq, 0, rope_cos_, rope_sin_, true);
+  Tensor dh1 = act({N, C});
+  be_.gemm(false, false, 1.0f, c.dqkv, w(b.qkv_w), 0.0f, Tensor(), dh1, Tensor());
+  c.dh1 = reduce_partial(dh1);
+  Tensor dx = act({Nl, C});
+  be_.rmsnorm_backward_input(c.dh1, c.x, w(b.attn_norm), c.rstd1, dx2, dx);
+  // The W pass needs the linears' inputs and output gradients, and the norms' inputs.
+  c.qkv = c.lse = c.gate_up = Tensor();
+  return dx;
+}
+
+void LlamaModel::block_backward_weight(const Block& b, BlockContext& c) {
+  PRIMUS_CHECK(c.dy.defined(), "backward_weight before backward_input");
+  auto acc = [&](const Tensor& dy, const Tensor& x, int id) {  // dW += dy^T x
+    Tensor gw = g(id);
+    be_.gemm(true, false, 1.0f, dy, x, 1.0f, gw, gw, Tensor());
+  };
+  acc(c.dy, c.act, b.fc2_w);
+  acc(c.dgate_up, c.h2, b.fc1_w);
+  Tensor gn2 = g(b.mlp_norm);
+  be_.rmsnorm_backward_weight(c.dh2, c.x2, c.rstd2, gn2);
+  acc(c.dx2, c.attn, b.proj_w);
+  acc(c.dqkv, c.h1, b.qkv_w);
+  if (b.qkv_b >= 0) {
+    Tensor gb = g(b.qkv_b);
+    be_.column_sum_accumulate(c.dqkv, gb);
+  }
+  Tensor gn1 = g(b.attn_norm);
+  be_.rmsnorm_backward_weight(c.dh1, c.x, c.rstd1, gn1);
+  c = BlockContext();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Microbatches and chunks
+
+void LlamaModel::begin_microbatch(LlamaContext& ctx, const int32_t* tokens, const int32_t* targets, int64_t batch,
+                                  int64_t seq) const {
   if (batch <= 0 || seq <= 0) fail("empty microbatch: batch {} x sequence {}", batch, seq);
   if (seq > spec_.max_position_embeddings)
     fail("sequence length {} exceeds max_position_embeddings {} of model {}", seq, spec_.max_position_embeddings,
          spec_.name);
-  const int64_t N = batch * seq;
+  const int64_t N = batch * seq, V = spec_.vocab_size;
   if (part_.sequence_parallel && N % part_.tp_size != 0)
     fail("sequence parallel splits the {} tokens of a microbatch over {} tensor-parallel ranks: not divisible", N,
          part_.tp_size);
-  ctx = LlamaContext<T>();
+  ctx = LlamaContext();
   ctx.batch = batch;
   ctx.seq = seq;
-  if (tokens) ctx.tokens.assign(tokens, tokens + N);
-  if (targets) ctx.targets.assign(targets, targets + N);
+  if (tokens) {
+    ctx.tokens.assign(tokens, tokens + N);
+    ctx.shard_tokens.resize(N);
+    for (int64_t i = 0; i < N; ++i) {
+      if (tokens[i] < 0 || tokens[i] >= V)
+        fail("token id {} at position {} is outside the vocabulary of {} entries", tokens[i], i, V);
+      const int64_t t = tokens[i] - vocab_start_;
+      ctx.shard_tokens[i] = t >= 0 && t < vocab_local_ ? int32_t(t) : -1;
+    }
+    Tensor tk = Tensor::empty({N}, DType::I32);
+    std::copy(ctx.shard_tokens.begin(), ctx.shard_tokens.end(), tk.data<int32_t>());
+    ctx.shard_tokens_dev = tk.to(be_.device());
+  }
+  if (targets) {
+    ctx.targets.assign(targets, targets + N);
+    for (int64_t i = 0; i < N; ++i) {
+      if (targets[i] >= V) fail("target token id {} at position {} is outside the vocabulary of {}", targets[i], i, V);
+      ctx.valid += targets[i] >= 0;
+    }
+    Tensor tg = Tensor::empty({N}, DType::I32);
+    std::copy(targets, targets + N, tg.data<int32_t>());
+    ctx.targets_dev = tg.to(be_.device());
+  }
   ctx.blocks.resize(blocks_.size());
 }
 
-template <typename T>
-int64_t LlamaModel<T>::activation_rows(int64_t batch, int64_t seq) const {
-  return part_.sequence_parallel ? batch * seq / part_.tp_size : batch * seq;
-}
-
-template <typename T>
-Tensor LlamaModel<T>::forward_chunk(LlamaContext<T>& ctx, int chunk, const Tensor& input) {
+Tensor LlamaModel::forward_chunk(LlamaContext& ctx, int chunk, const Tensor& input) {
   PRIMUS_CHECK(chunk >= 0 && chunk < num_chunks(), "chunk {} of {}", chunk, num_chunks());
   const auto& ch = part_.chunks[chunk];
-  const int64_t N = ctx.batch * ctx.seq, C = spec_.hidden_size, V = spec_.vocab_size;
+  const int64_t N = ctx.batch * ctx.seq, C = spec_.hidden_size;
   Tensor x;
   if (ch.has_embedding) {
     if (int64_t(ctx.tokens.size()) != N) fail("the first pipeline stage needs the microbatch's tokens");
-    for (int64_t i = 0; i < N; ++i)
-      if (ctx.tokens[i] < 0 || ctx.tokens[i] >= V)
-        fail("token id {} at position {} is outside the vocabulary of {} entries", ctx.tokens[i], i, V);
-    Tensor e = new_tensor<T>({N, C});
-    if (part_.tp_size == 1) {
-      embedding_forward(ctx.tokens.data(), params_.value(embedding_), ptr<T>(e), N, V, C);
-    } else {  // vocabulary-parallel: rows of other ranks' tokens are zero, then summed over tp
-      const T* table = params_.value(embedding_);
-      T* out = ptr<T>(e);
-#pragma omp parallel for schedule(static)
-      for (int64_t i = 0; i < N; ++i) {
-        const int64_t t = ctx.tokens[i] - vocab_start_;
-        if (t >= 0 && t < vocab_local_)
-          std::copy(table + t * C, table + (t + 1) * C, out + i * C);
-        else
-          std::fill(out + i * C, out + (i + 1) * C, T(0));
-      }
-      e = reduce_partial<T>(part_, e);
-    }
-    x = ctx.embedded = e;
+    // Vocabulary-parallel: rows of other ranks' tokens are zero here, then summed over tp.
+    Tensor e = act({N, C});
+    be_.embedding_forward(ctx.shard_tokens_dev, w(embedding_), e);
+    x = ctx.embedded = reduce_partial(e);
   } else {
     const int64_t rows = activation_rows(ctx.batch, ctx.seq);
-    if (!input.defined() || input.dim() != 2 || input.size(0) != rows || input.size(1) != C)
-      fail("pipeline chunk {} expects an input activation of [{}, {}]", chunk, rows, C);
+    if (!input.defined() || input.dim() != 2 || input.size(0) != rows || input.size(1) != C || input.dtype() != act_)
+      fail("pipeline chunk {} expects an input activation of {} [{}, {}]", chunk, dtype_name(act_), rows, C);
     x = input;
   }
   const auto [b0, b1] = chunk_blocks_[chunk];
-  for (size_t l = b0; l < b1; ++l)
-    x = blocks_[l]->forward(ctx.blocks[l], x, ctx.batch, ctx.seq, ptr<T>(rope_cos_), ptr<T>(rope_sin_));
+  for (size_t l = b0; l < b1; ++l) x = block_forward(blocks_[l], ctx.blocks[l], x, ctx.batch, ctx.seq);
   if (!ch.has_head) return x;
-  ctx.loss = head_forward(ctx.head, x, ctx.targets.empty() ? nullptr : ctx.targets.data());
+  ctx.loss = head_forward(ctx, x);
   return Tensor();
 }
 
-template <typename T>
-Tensor LlamaModel<T>::backward_input_chunk(LlamaContext<T>& ctx, int chunk, const Tensor& dy, T dloss) {
+Tensor LlamaModel::backward_input_chunk(LlamaContext& ctx, int chunk, const Tensor& dy, double dloss) {
   PRIMUS_CHECK(chunk >= 0 && chunk < num_chunks(), "chunk {} of {}", chunk, num_chunks());
   const auto& ch = part_.chunks[chunk];
   Tensor dx;
   if (ch.has_head) {
-    dx = head_backward_input(ctx.head, dloss);
+    dx = head_backward_input(ctx, dloss);
   } else {
     const int64_t rows = activation_rows(ctx.batch, ctx.seq);
-    if (!dy.defined() || dy.dim() != 2 || dy.size(0) != rows || dy.size(1) != spec_.hidden_size)
-      fail("pipeline chunk {} expects an output gradient of [{}, {}]", chunk, rows, spec_.hidden_size);
+    if (!dy.defined() || dy.dim() != 2 || dy.size(0) != rows || dy.size(1) != spec_.hidden_size || dy.dtype() != act_)
+      fail("pipeline chunk {} expects an output gradient of {} [{}, {}]", chunk, dtype_name(act_), rows,
+           spec_.hidden_size);
     dx = dy;
   }
   const auto [b0, b1] = chunk_blocks_[chunk];
-  for (size_t l = b1; l-- > b0;)
-    dx = blocks_[l]->backward_input(ctx.blocks[l], dx, ctx.batch, ctx.seq, ptr<T>(rope_cos_), ptr<T>(rope_sin_));
+  for (size_t l = b1; l-- > b0;) dx = block_backward_input(blocks_[l], ctx.blocks[l], dx, ctx.batch, ctx.seq);
   if (!ch.has_embedding) return dx;
   ctx.dembedded = dx;
   return Tensor();
 }
 
-template <typename T>
-void LlamaModel<T>::backward_weight_chunk(LlamaContext<T>& ctx, int chunk) {
+void LlamaModel::backward_weight_chunk(LlamaContext& ctx, int chunk) {
   PRIMUS_CHECK(chunk >= 0 && chunk < num_chunks(), "chunk {} of {}", chunk, num_chunks());
   const auto& ch = part_.chunks[chunk];
-  if (ch.has_head) head_backward_weight(ctx.head);
+  if (ch.has_head) head_backward_weight(ctx);
   const auto [b0, b1] = chunk_blocks_[chunk];
   for (size_t l = b1; l-- > b0;) {
-    blocks_[l]->backward_weight(ctx.blocks[l]);
-    weights_done(blocks_[l]->param_ids());
+    block_backward_weight(blocks_[l], ctx.blocks[l]);
+    weights_done(blocks_[l].ids());
   }
   if (ch.has_embedding) embedding_weight_pass(ctx);
 }
 
 // W of the embedding: under tensor parallelism only this rank's vocabulary rows.
-template <typename T>
-void LlamaModel<T>::embedding_weight_pass(LlamaContext<T>& ctx) {
+void LlamaModel::embedding_weight_pass(LlamaContext& ctx) {
   PRIMUS_CHECK(ctx.dembedded.defined(), "backward_weight before backward_input");
-  const Tensor d = gather_rows<T>(part_, ctx.dembedded);
-  const int64_t N = ctx.batch * ctx.seq, C = spec_.hidden_size;
-  if (part_.tp_size == 1) {
-    embedding_backward_weight(ctx.tokens.data(), ptr<T>(d), params_.grad(embedding_), N, spec_.vocab_size, C);
-  } else {  // this rank's vocabulary rows only; threads own column blocks so repeated tokens never race
-    T* g = params_.grad(embedding_);
-    const T* src = ptr<T>(d);
-#pragma omp parallel for schedule(static)
-    for (int64_t j0 = 0; j0 < C; j0 += 64)
-      for (int64_t i = 0; i < N; ++i) {
-        const int64_t t = ctx.tokens[i] - vocab_start_;
-        if (t < 0 || t >= vocab_local_) continue;
-        for (int64_t j = j0; j < std::min(C, j0 + 64); ++j) g[t * C + j] += src[i * C + j];
-      }
-  }
+  Tensor ge = g(embedding_);
+  be_.embedding_backward(ctx.shard_tokens, gather_rows(ctx.dembedded), ge);
   ctx.dembedded = ctx.embedded = Tensor();
   weights_done({embedding_});
 }
 
-template <typename T>
-T LlamaModel<T>::forward(LlamaContext<T>& ctx, const int32_t* tokens, const int32_t* targets, int64_t batch,
-                         int64_t seq) {
+double LlamaModel::forward(LlamaContext& ctx, const int32_t* tokens, const int32_t* targets, int64_t batch,
+                           int64_t seq) {
   PRIMUS_CHECK(num_chunks() == 1 && part_.chunks[0].has_embedding && part_.chunks[0].has_head,
                "forward() runs the whole model: use forward_chunk() on a pipeline stage");
   begin_microbatch(ctx, tokens, targets, batch, seq);
@@ -513,219 +477,201 @@ T LlamaModel<T>::forward(LlamaContext<T>& ctx, const int32_t* tokens, const int3
   return ctx.loss;
 }
 
-// Per row of logits (this rank's vocabulary columns): the max, the sum of exp(z - max) and the
-// target's logit when the target is one of this rank's columns. Combined over tp, they give the
-// log-sum-exp of the whole row.
-template <typename T>
-T LlamaModel<T>::head_forward(HeadContext<T>& h, const Tensor& x, const int32_t* targets) {
-  const int64_t Nl = x.size(0), C = spec_.hidden_size, V = spec_.vocab_size, Vl = vocab_local_, v0 = vocab_start_;
-  h = HeadContext<T>();
-  h.x = x;
-  Tensor hn = new_tensor<T>({Nl, C});
-  h.rstd = new_tensor<T>({Nl});
-  rmsnorm_forward(ptr<T>(x), params_.value(final_norm_), ptr<T>(hn), ptr<T>(h.rstd), Nl, C, spec_.norm_epsilon);
-  h.hn = gather_rows<T>(part_, hn);
-  if (!targets) return T(0);  // inference: keep hn for last_logits()
-  const int64_t N = h.hn.size(0);
-  h.targets = targets;
-  for (int64_t i = 0; i < N; ++i) {
-    if (targets[i] >= V) fail("target token id {} at position {} is outside the vocabulary of {}", targets[i], i, V);
-    h.valid += targets[i] >= 0;
-  }
-  h.lse = new_tensor<T>({N});
-  T* lse = ptr<T>(h.lse);
-  const T* W = output_weight();
-  const T* hn_all = ptr<T>(h.hn);
-  std::vector<T> m(N, -std::numeric_limits<T>::infinity()), s(N, T(0)), zt(N, T(0));
-  auto local_target = [&](int64_t i) -> int64_t {
-    const int64_t t = int64_t(targets[i]) - v0;
-    return targets[i] >= 0 && t >= 0 && t < Vl ? t : -1;
-  };
+void LlamaModel::backward_input(LlamaContext& ctx, double dloss) { backward_input_chunk(ctx, 0, Tensor(), dloss); }
 
-  if (head_stores_logits(N)) {
-    // One GEMM for all logits; each row becomes exp(z - max) now, softmax - onehot below.
-    h.dlogits = new_tensor<T>({N, Vl});
-    T* z = ptr<T>(h.dlogits);
-    gemm<T>(false, true, N, Vl, C, T(1), hn_all, C, W, C, T(0), z, Vl);
-#pragma omp parallel for schedule(static) if(N * Vl >= (1 << 15))
-    for (int64_t i = 0; i < N; ++i) {
-      T* zi = z + i * Vl;
-      T mx = zi[0];
-#pragma omp simd reduction(max : mx)
-      for (int64_t j = 1; j < Vl; ++j) mx = std::max(mx, zi[j]);
-      const int64_t t = local_target(i);
-      if (t >= 0) zt[i] = zi[t];
-      T sum = 0;
-#pragma omp simd reduction(+ : sum)
-      for (int64_t j = 0; j < Vl; ++j) sum += (zi[j] = fast_exp(zi[j] - mx));
-      m[i] = mx;
-      s[i] = sum;
-    }
-  } else {
-    // Vocabulary chunks with an online log-sum-exp: memory N * vocab_chunk, never N * V.
-    const int64_t VC = std::min(opt_.vocab_chunk, Vl);
-    Tensor zbuf = new_tensor<T>({N, VC});
-    T* z = ptr<T>(zbuf);
-    for (int64_t c0 = 0; c0 < Vl; c0 += VC) {
-      const int64_t vc = std::min(VC, Vl - c0);
-      gemm<T>(false, true, N, vc, C, T(1), hn_all, C, W + c0 * C, C, T(0), z, vc);
-#pragma omp parallel for schedule(static) if(N * vc >= (1 << 15))
-      for (int64_t i = 0; i < N; ++i) {
-        const T* zi = z + i * vc;
-        T mx = m[i];
-#pragma omp simd reduction(max : mx)
-        for (int64_t j = 0; j < vc; ++j) mx = std::max(mx, zi[j]);
-        T sum = 0;
-#pragma omp simd reduction(+ : sum)
-        for (int64_t j = 0; j < vc; ++j) sum += fast_exp(zi[j] - mx);
-        s[i] = s[i] * fast_exp(m[i] - mx) + sum;
-        m[i] = mx;
-        const int64_t t = local_target(i);
-        if (t >= c0 && t < c0 + vc) zt[i] = zi[t - c0];
-      }
-    }
-  }
-  std::vector<T> gm = m;  // the row max over all of tp
-  if (part_.tp_size > 1) {
-    auto& g = *part_.tp_group;
-    g.all_reduce(gm.data(), N, comm_t<T>, parallel::ReduceOp::Max);
-    for (int64_t i = 0; i < N; ++i) s[i] *= std::exp(m[i] - gm[i]);
-    g.all_reduce(s.data(), N, comm_t<T>, parallel::ReduceOp::Sum);
-    g.all_reduce(zt.data(), N, comm_t<T>, parallel::ReduceOp::Sum);
-  }
-  double total = 0;
-  for (int64_t i = 0; i < N; ++i) {
-    lse[i] = gm[i] + std::log(s[i]);
-    if (targets[i] >= 0) total += double(lse[i] - zt[i]);
-  }
-  if (h.dlogits.defined()) {
-    T* z = ptr<T>(h.dlogits);
-#pragma omp parallel for schedule(static) if(N * Vl >= (1 << 15))
-    for (int64_t i = 0; i < N; ++i) {
-      T* zi = z + i * Vl;
-      if (targets[i] < 0) {
-        std::fill(zi, zi + Vl, T(0));
-        continue;
-      }
-      const T f = std::exp(m[i] - lse[i]);  // exp(z - m) * f = softmax
-#pragma omp simd
-      for (int64_t j = 0; j < Vl; ++j) zi[j] *= f;
-      const int64_t t = local_target(i);
-      if (t >= 0) zi[t] -= T(1);
-    }
-  }
-  return h.valid ? T(total / double(h.valid)) : T(0);
-}
-
-// Chunked mode: recomputes one chunk's logits (local columns c0..c0+vc) as softmax - onehot.
-template <typename T>
-static void chunk_dlogits(const HeadContext<T>& h, const T* W, T* z, int64_t c0, int64_t vc, int64_t v0, int64_t N,
-                          int64_t C) {
-  gemm<T>(false, true, N, vc, C, T(1), ptr<T>(h.hn), C, W + c0 * C, C, T(0), z, vc);
-  const T* lse = ptr<T>(h.lse);
-#pragma omp parallel for schedule(static) if(N * vc >= (1 << 15))
-  for (int64_t i = 0; i < N; ++i) {
-    T* zi = z + i * vc;
-    const int32_t t = h.targets[i];
-    if (t < 0) {
-      std::fill(zi, zi + vc, T(0));
-      continue;
-    }
-#pragma omp simd
-    for (int64_t j = 0; j < vc; ++j) zi[j] = fast_exp(zi[j] - lse[i]);
-    const int64_t tl = int64_t(t) - v0 - c0;
-    if (tl >= 0 && tl < vc) zi[tl] -= T(1);
-  }
-}
-
-template <typename T>
-Tensor LlamaModel<T>::head_backward_input(HeadContext<T>& h, T dloss) {
-  PRIMUS_CHECK(h.lse.defined(), "head backward without a forward that had targets");
-  const int64_t Nl = h.x.size(0), N = h.hn.size(0), C = spec_.hidden_size, Vl = vocab_local_;
-  h.grad_scale = h.valid ? dloss / T(h.valid) : T(0);
-  Tensor dhn = new_tensor<T>({N, C});
-  const T* W = output_weight();
-  if (h.dlogits.defined()) {
-    gemm<T>(false, false, N, C, Vl, h.grad_scale, ptr<T>(h.dlogits), Vl, W, C, T(0), ptr<T>(dhn), C);
-  } else {
-    dhn.zero_();
-    const int64_t VC = std::min(opt_.vocab_chunk, Vl);
-    Tensor zbuf = new_tensor<T>({N, VC});
-    for (int64_t c0 = 0; c0 < Vl; c0 += VC) {
-      const int64_t vc = std::min(VC, Vl - c0);
-      chunk_dlogits(h, W, ptr<T>(zbuf), c0, vc, vocab_start_, N, C);
-      gemm<T>(false, false, N, C, vc, h.grad_scale, ptr<T>(zbuf), vc, W + c0 * C, C, T(1), ptr<T>(dhn), C);
-    }
-  }
-  h.dhn = reduce_partial<T>(part_, dhn);
-  Tensor dx = new_tensor<T>({Nl, C});
-  rmsnorm_backward_input(ptr<T>(h.dhn), ptr<T>(h.x), params_.value(final_norm_), ptr<T>(h.rstd), ptr<T>(dx), Nl, C,
-                         false);
-  return dx;
-}
-
-template <typename T>
-void LlamaModel<T>::head_backward_weight(HeadContext<T>& h) {
-  PRIMUS_CHECK(h.dhn.defined(), "head backward_weight before backward_input");
-  const int64_t Nl = h.x.size(0), N = h.hn.size(0), C = spec_.hidden_size, Vl = vocab_local_;
-  rmsnorm_backward_weight(ptr<T>(h.dhn), ptr<T>(h.x), ptr<T>(h.rstd), params_.grad(final_norm_), Nl, C);
-  T* gW = output_weight_grad();
-  if (h.dlogits.defined()) {
-    gemm<T>(true, false, Vl, C, N, h.grad_scale, ptr<T>(h.dlogits), Vl, ptr<T>(h.hn), C, T(1), gW, C);
-  } else {
-    const int64_t VC = std::min(opt_.vocab_chunk, Vl);
-    Tensor zbuf = new_tensor<T>({N, VC});
-    for (int64_t c0 = 0; c0 < Vl; c0 += VC) {
-      const int64_t vc = std::min(VC, Vl - c0);
-      chunk_dlogits(h, output_weight(), ptr<T>(zbuf), c0, vc, vocab_start_, N, C);
-      gemm<T>(true, false, vc, C, N, h.grad_scale, ptr<T>(zbuf), vc, ptr<T>(h.hn), C, T(1), gW + c0 * C, C);
-    }
-  }
-  h = HeadContext<T>();
-  weights_done({final_norm_, output_});
-}
-
-template <typename T>
-void LlamaModel<T>::backward_input(LlamaContext<T>& ctx, T dloss) {
-  backward_input_chunk(ctx, 0, Tensor(), dloss);
-}
-
-template <typename T>
-void LlamaModel<T>::backward_weight(LlamaContext<T>& ctx) {
-  backward_weight_chunk(ctx, 0);
-}
+void LlamaModel::backward_weight(LlamaContext& ctx) { backward_weight_chunk(ctx, 0); }
 
 // B then W block by block: each block's saved activations are freed as soon as its W is done.
-template <typename T>
-void LlamaModel<T>::backward(LlamaContext<T>& ctx, T dloss) {
+void LlamaModel::backward(LlamaContext& ctx, double dloss) {
   PRIMUS_CHECK(num_chunks() == 1 && part_.chunks[0].has_embedding && part_.chunks[0].has_head,
                "backward() runs the whole model: use the chunk passes on a pipeline stage");
-  Tensor dx = head_backward_input(ctx.head, dloss);
-  head_backward_weight(ctx.head);
+  Tensor dx = head_backward_input(ctx, dloss);
+  head_backward_weight(ctx);
   for (size_t l = blocks_.size(); l-- > 0;) {
-    dx = blocks_[l]->backward_input(ctx.blocks[l], dx, ctx.batch, ctx.seq, ptr<T>(rope_cos_), ptr<T>(rope_sin_));
-    blocks_[l]->backward_weight(ctx.blocks[l]);
-    weights_done(blocks_[l]->param_ids());
+    dx = block_backward_input(blocks_[l], ctx.blocks[l], dx, ctx.batch, ctx.seq);
+    block_backward_weight(blocks_[l], ctx.blocks[l]);
+    weights_done(blocks_[l].ids());
   }
   ctx.dembedded = dx;
   embedding_weight_pass(ctx);
 }
 
-template <typename T>
-Tensor LlamaModel<T>::last_logits(LlamaContext<T>& ctx) const {
-  PRIMUS_CHECK(ctx.head.hn.defined(), "last_logits before forward");
-  PRIMUS_CHECK(part_.tp_size == 1, "last_logits runs on one rank");
-  const int64_t B = ctx.batch, S = ctx.seq, C = spec_.hidden_size, V = spec_.vocab_size;
-  Tensor logits = new_tensor<T>({B, V});
-  // Row b*S + S-1 of hn for each sequence: a strided GEMM over B rows.
-  gemm<T>(false, true, B, V, C, T(1), ptr<T>(ctx.head.hn) + (S - 1) * C, S * C, output_weight(), C, T(0),
-          ptr<T>(logits), V);
-  return logits;
+// ---------------------------------------------------------------------------------------------
+// Head: final norm, logits over this rank's vocabulary rows in chunks, cross-entropy combined
+// over tp (per-row max, sum of exponentials, target logit).
+
+Tensor LlamaModel::head_logits(const Tensor& hn, int64_t c0, int64_t width) const {
+  Tensor z = stat({hn.size(0), width});
+  be_.gemm(false, true, 1.0f, hn, w(output_).slice(0, c0, width), 0.0f, Tensor(), z, Tensor());
+  return z;
 }
 
-template class TransformerBlock<float>;
-template class TransformerBlock<double>;
-template class LlamaModel<float>;
-template class LlamaModel<double>;
+Tensor LlamaModel::head_chunk_dlogits(const LlamaContext& ctx, int64_t c0, int64_t width) const {
+  Tensor z = head_logits(ctx.head.hn, c0, width);
+  Tensor d = act_ == stat_ ? z : act({z.size(0), width});  // in place when the dtypes agree
+  be_.ce_chunk_backward(z, ctx.head.lse, ctx.targets_dev, vocab_start_ + c0, d);
+  return d;
+}
+
+double LlamaModel::head_forward(LlamaContext& ctx, const Tensor& x) {
+  HeadContext& h = ctx.head;
+  const int64_t C = spec_.hidden_size;
+  h = HeadContext();
+  h.x = x;
+  Tensor hn = act({x.size(0), C});
+  h.rstd = stat({x.size(0)});
+  be_.rmsnorm_forward(x, w(final_norm_), hn, h.rstd, float(spec_.norm_epsilon));
+  h.hn = gather_rows(hn);
+  if (ctx.targets.empty()) return 0;  // inference
+  const int64_t N = h.hn.size(0), Vl = vocab_local_;
+  Tensor m = stat({N}), s = stat({N}), zt = stat({N});
+  be_.ce_init(m, s, zt);
+  Tensor stored;
+  if (head_stores_logits(N)) {
+    stored = head_logits(h.hn, 0, Vl);
+    be_.ce_chunk_forward(stored, ctx.targets_dev, vocab_start_, m, s, zt);
+  } else {  // vocabulary chunks with an online log-sum-exp: memory N * vocab_chunk, never N * V
+    for (int64_t c0 = 0; c0 < Vl; c0 += opt_.vocab_chunk) {
+      const int64_t vc = std::min(opt_.vocab_chunk, Vl - c0);
+      be_.ce_chunk_forward(head_logits(h.hn, c0, vc), ctx.targets_dev, vocab_start_ + c0, m, s, zt);
+    }
+  }
+  if (part_.tp_size > 1) {
+    auto& tp = *part_.tp_group;
+    const parallel::CommType t = parallel::comm_type_of(stat_);
+    Tensor global_max = m.clone();
+    tp.all_reduce(global_max.raw(), N, t, parallel::ReduceOp::Max);
+    be_.ce_merge_max(m, s, global_max);
+    tp.all_reduce(s.raw(), N, t, parallel::ReduceOp::Sum);
+    tp.all_reduce(zt.raw(), N, t, parallel::ReduceOp::Sum);
+  }
+  h.lse = stat({N});
+  const double total = be_.ce_finish(m, s, zt, ctx.targets_dev, h.lse);
+  if (stored.defined()) {
+    h.dlogits = act_ == stat_ ? stored : act({N, Vl});
+    be_.ce_chunk_backward(stored, h.lse, ctx.targets_dev, vocab_start_, h.dlogits);
+  }
+  return ctx.valid ? total / double(ctx.valid) : 0.0;
+}
+
+Tensor LlamaModel::head_backward_input(LlamaContext& ctx, double dloss) {
+  HeadContext& h = ctx.head;
+  PRIMUS_CHECK(h.lse.defined(), "head backward without a forward that had targets");
+  const int64_t N = h.hn.size(0), C = spec_.hidden_size, Vl = vocab_local_;
+  // The scale is a GEMM's float alpha: computed in float (fp64 runs keep double).
+  h.grad_scale = !ctx.valid ? 0.0 : act_ == DType::F64 ? dloss / double(ctx.valid) : float(dloss) / float(ctx.valid);
+  const float scale = float(h.grad_scale);
+  // dhn = scale * dlogits Wout, summed over the chunks (and over tp) in the stat dtype.
+  Tensor dhn = be_.zeros({N, C}, stat_);
+  const Tensor W = w(output_);
+  if (h.dlogits.defined()) {
+    be_.gemm(false, false, scale, h.dlogits, W, 1.0f, dhn, dhn, Tensor());
+  } else {
+    for (int64_t c0 = 0; c0 < Vl; c0 += opt_.vocab_chunk) {
+      const int64_t vc = std::min(opt_.vocab_chunk, Vl - c0);
+      be_.gemm(false, false, scale, head_chunk_dlogits(ctx, c0, vc), W.slice(0, c0, vc), 1.0f, dhn, dhn, Tensor());
+    }
+  }
+  dhn = reduce_partial(dhn);
+  if (stat_ == act_) {
+    h.dhn = dhn;
+  } else {
+    h.dhn = act(dhn.shape());
+    be_.cast(dhn, h.dhn);
+  }
+  Tensor dx = act({h.x.size(0), C});
+  be_.rmsnorm_backward_input(h.dhn, h.x, w(final_norm_), h.rstd, Tensor(), dx);
+  return dx;
+}
+
+void LlamaModel::head_backward_weight(LlamaContext& ctx) {
+  HeadContext& h = ctx.head;
+  PRIMUS_CHECK(h.dhn.defined(), "head backward_weight before backward_input");
+  const int64_t Vl = vocab_local_;
+  const float scale = float(h.grad_scale);
+  Tensor gn = g(final_norm_);
+  be_.rmsnorm_backward_weight(h.dhn, h.x, h.rstd, gn);
+  Tensor gW = g(output_);
+  if (h.dlogits.defined()) {
+    be_.gemm(true, false, scale, h.dlogits, h.hn, 1.0f, gW, gW, Tensor());
+  } else {
+    for (int64_t c0 = 0; c0 < Vl; c0 += opt_.vocab_chunk) {
+      const int64_t vc = std::min(opt_.vocab_chunk, Vl - c0);
+      Tensor gc = gW.slice(0, c0, vc);
+      be_.gemm(true, false, scale, head_chunk_dlogits(ctx, c0, vc), h.hn, 1.0f, gc, gc, Tensor());
+    }
+  }
+  h = HeadContext();
+  weights_done({final_norm_, output_});
+}
+
+// ---------------------------------------------------------------------------------------------
+// Decoding: the forward's steps on the new rows of one sequence, attention reading the cache.
+
+DecodeState LlamaModel::start_decoding(int64_t max_positions) const {
+  PRIMUS_CHECK(part_.tp_size == 1 && num_chunks() == 1 && part_.chunks[0].has_embedding && part_.chunks[0].has_head,
+               "decoding runs on one rank that holds the whole model");
+  DecodeState s;
+  s.capacity = std::min(max_positions, spec_.max_position_embeddings);
+  if (s.capacity <= 0) fail("a decoder needs room for at least one position");
+  for (size_t l = 0; l < blocks_.size(); ++l) s.cache.push_back(act({s.capacity, spec_.qkv_size()}));
+  return s;
+}
+
+Tensor LlamaModel::block_decode(const Block& b, Tensor& cache, const Tensor& x, int64_t pos0) const {
+  const int64_t n = x.size(0), L = pos0 + n;
+  Steps st(*this, b, 1, n, n);
+  Tensor rstd;
+  const Tensor h1 = st.norm(x, b.attn_norm, rstd);
+  Tensor rows = cache.slice(0, pos0, n);
+  rows.copy_from(st.qkv(h1, n, n, pos0));
+  Tensor attn = act({n, st.QS()});
+  be_.attention_decode(cache, pos0, attn, {1, L, st.heads(), st.groups(), st.D()});
+  const Tensor x2 = row_parallel_residual(attn, b.proj_w, x);
+  const Tensor h2 = st.norm(x2, b.mlp_norm, rstd);
+  return row_parallel_residual(st.swiglu(st.fc1(h2)), b.fc2_w, x2);
+}
+
+std::vector<float> LlamaModel::decode(DecodeState& state, const std::vector<int32_t>& tokens) const {
+  const int64_t n = int64_t(tokens.size()), C = spec_.hidden_size;
+  if (n == 0) fail("decoding needs at least one token");
+  if (state.position + n > state.capacity)
+    fail("the decoder's cache holds {} positions: {} more tokens after {} do not fit", state.capacity, n,
+         state.position);
+  LlamaContext ctx;
+  begin_microbatch(ctx, tokens.data(), nullptr, 1, n);
+  Tensor x = act({n, C});
+  be_.embedding_forward(ctx.shard_tokens_dev, w(embedding_), x);
+  for (size_t l = 0; l < blocks_.size(); ++l) x = block_decode(blocks_[l], state.cache[l], x, state.position);
+  state.position += n;
+  // The final norm and the logits of the last row only.
+  Tensor hn = act({1, C}), rstd = stat({1});
+  be_.rmsnorm_forward(x.slice(0, n - 1, 1), w(final_norm_), hn, rstd, float(spec_.norm_epsilon));
+  return full_logits(hn);
+}
+
+std::vector<float> LlamaModel::full_logits(const Tensor& hn) const {
+  const int64_t rows = hn.size(0), V = spec_.vocab_size;
+  Tensor z = head_logits(hn, 0, V);
+  if (stat_ != DType::F32) {
+    Tensor z32 = be_.empty(z.shape(), DType::F32);
+    be_.cast(z, z32);
+    z = z32;
+  }
+  const Tensor host = z.to(Device::CPU);
+  return std::vector<float>(host.data<float>(), host.data<float>() + rows * V);
+}
+
+Tensor LlamaModel::last_logits(const LlamaContext& ctx) const {
+  PRIMUS_CHECK(ctx.head.hn.defined(), "last_logits before forward");
+  PRIMUS_CHECK(part_.tp_size == 1, "last_logits runs on one rank");
+  const int64_t B = ctx.batch, S = ctx.seq, V = spec_.vocab_size;
+  Tensor out = Tensor::empty({B, V});
+  for (int64_t b = 0; b < B; ++b) {
+    const std::vector<float> z = full_logits(ctx.head.hn.slice(0, b * S + S - 1, 1));
+    std::copy(z.begin(), z.end(), out.data<float>() + b * V);
+  }
+  return out;
+}
 
 }  // namespace primus

@@ -1,4 +1,5 @@
-// The Llama-family decoder with explicit passes and no autograd (see DESIGN.md):
+// The Llama-family decoder with explicit passes and no autograd (see DESIGN.md), written once
+// against the op set (kernels/backend.h) for every precision, device and parallel layout:
 //
 //   forward(ctx, x)          saves into ctx what the backward needs
 //   backward_input(ctx, dy)  the "B" op: gradient w.r.t. the layer input; keeps what W needs
@@ -9,7 +10,16 @@
 //   h1 = rmsnorm(x)            qkv = h1 Wqkv^T (+b), rope(q, k)     o = attention(qkv)
 //   x2 = x + o Wo^T            h2 = rmsnorm(x2)   gu = h2 W13^T     a = silu(g) * u
 //   y  = x2 + a W2^T
-// T is float for training and double for the finite-difference tests.
+//
+// Precision (Precision below) is a property of the run, not of the code:
+//   master weights   ParamStore (fp32; fp64 for the finite-difference tests): what the optimizer
+//                    updates and checkpoints hold, the same names, shapes and layout in every
+//                    precision and on every device
+//   working weights  what the ops read: the master itself in fp32 and fp64; in bf16 a bf16 copy
+//                    of it (one flat buffer, same offsets), refreshed by the optimizer step and by
+//                    sync_working_weights() after a load
+//   activations      the working dtype; statistics (rstd, log-sum-exps, logits, loss) fp32 (fp64)
+//   gradients        the master dtype, accumulated by the W passes straight into the ParamStore
 //
 // Parallel layouts (ModelPartition). Tensor parallel follows Megatron: linear_qkv and linear_fc1
 // are column-parallel (each rank holds its attention heads and query groups, and its slice of
@@ -19,7 +29,8 @@
 // the rows between those regions (norms, residuals) are split over tp: all-gather before a
 // column-parallel linear, reduce-scatter after a row-parallel one. Pipeline parallel gives a
 // rank one or more chunks, each a consecutive range of layers; the first stage's chunk holds the
-// embedding and the last stage's the final norm, output layer and loss.
+// embedding and the last stage's the final norm, output layer and loss. The tp group's buffers
+// live on the backend's device (MPI on the CPU, NCCL on GPUs).
 #pragma once
 
 #include <cstdint>
@@ -29,7 +40,7 @@
 #include <vector>
 
 #include "core/tensor.h"
-#include "kernels/cpu/attention.h"
+#include "kernels/backend.h"
 #include "model/model_spec.h"
 #include "model/param_store.h"
 #include "parallel/process_group.h"
@@ -42,14 +53,26 @@ namespace primus {
 enum class Recompute : uint8_t { None, Selective, Full };
 Recompute parse_recompute(const std::string& s);  // "", "none", "selective", "full"
 
+// The working (activation) dtype of a run; the master weights are fp32, fp64 for Fp64.
+enum class Precision : uint8_t { Fp32, Bf16, Fp64 };
+DType activation_dtype(Precision p);
+DType master_dtype(Precision p);
+const char* precision_name(Precision p);  // "fp32", "bf16 mixed precision", "fp64"
+
 struct LlamaOptions {
   Recompute recompute = Recompute::None;
-  // The output layer keeps the microbatch's logits gradient when it fits in this budget (3 GEMMs);
-  // above it, it works in vocabulary chunks of `vocab_chunk` columns and recomputes the logits
-  // in the backward (4 GEMMs, memory bounded by N * vocab_chunk).
+  // The output layer keeps the microbatch's logits gradient when it (and, in bf16, the fp32
+  // logits it comes from) fits in this budget: 3 GEMMs. Above it, it works in vocabulary chunks
+  // of `vocab_chunk` columns and recomputes the logits in B and W (4 GEMMs, memory bounded by
+  // N * vocab_chunk).
   size_t logits_memory_budget = size_t(512) << 20;
-  int64_t vocab_chunk = 8192;
+  int64_t vocab_chunk = 16384;
 };
+
+// Whether the head keeps the logits gradient for `rows` token rows against `vocab_local` output
+// rows: when the logits (in the stat dtype) and, in bf16, their gradient fit
+// logits_memory_budget (3 GEMMs); else it works in chunks of options.vocab_chunk columns.
+bool head_keeps_logits(const LlamaOptions& options, Precision precision, int64_t rows, int64_t vocab_local);
 
 // What part of the model this rank holds, and the group it shares its layers with.
 struct ModelPartition {
@@ -67,94 +90,92 @@ struct ModelPartition {
 // throws primus::Error naming the rule that fails.
 void check_tensor_parallel(const ModelSpec& spec, int tp_size);
 
-template <typename T>
 struct BlockContext {
-  Tensor x;                                           // block input (owned by the previous layer)
+  Tensor x;                                                       // block input (owned by the previous layer)
   Tensor h1, rstd1, qkv, attn, lse, x2, h2, rstd2, gate_up, act;  // forward saves
-  Tensor dy, dqkv, dh1, dx2, dgate_up, dh2;           // B-pass outputs the W pass needs
-  void clear() { *this = BlockContext(); }
+  Tensor dy, dqkv, dh1, dx2, dgate_up, dh2;                       // B-pass outputs the W pass needs
 };
 
-template <typename T>
 struct HeadContext {
   Tensor x, hn, rstd, lse, dlogits, dhn;
-  const int32_t* targets = nullptr;
-  int64_t valid = 0;  // tokens whose target is not ignored (< 0)
-  T grad_scale = 0;   // dloss / valid, set by the B pass
+  double grad_scale = 0;  // dloss / valid tokens, set by the B pass
 };
 
-template <typename T>
 struct LlamaContext {
   int64_t batch = 0, seq = 0;
-  T loss = 0;  // set by the forward of the chunk that holds the head
-  std::vector<int32_t> tokens, targets;
-  Tensor embedded;
-  std::vector<BlockContext<T>> blocks;
-  HeadContext<T> head;
-  Tensor dembedded;  // gradient reaching the embedding, kept for its W pass
+  double loss = 0;  // set by the forward of the chunk that holds the head
+  std::vector<int32_t> tokens, targets;  // host, global vocabulary ids (targets may be empty)
+  std::vector<int32_t> shard_tokens;     // tokens as this rank's vocabulary shard sees them (-1: another's)
+  Tensor shard_tokens_dev, targets_dev;  // int32 on the backend's device
+  int64_t valid = 0;                     // targets >= 0
+  Tensor embedded, dembedded;            // the embedding's output, and the gradient reaching it
+  std::vector<BlockContext> blocks;
+  HeadContext head;
 };
 
-template <typename T>
-class TransformerBlock {
- public:
-  TransformerBlock(const ModelSpec& spec, int64_t layer, ParamStore<T>& params, Recompute recompute,
-                   const ModelPartition& part);
-  // x [N, hidden] -> y [N, hidden]
-  Tensor forward(BlockContext<T>& ctx, const Tensor& x, int64_t batch, int64_t seq, const T* cos, const T* sin);
-  Tensor backward_input(BlockContext<T>& ctx, const Tensor& dy, int64_t batch, int64_t seq, const T* cos,
-                        const T* sin);
-  void backward_weight(BlockContext<T>& ctx);
-  std::vector<int> param_ids() const;  // the ParamStore ids of this block's tensors
-
- private:
-  void rebuild(BlockContext<T>& ctx, int64_t batch, int64_t seq, const T* cos, const T* sin);
-  cpu::AttentionShape attention_shape(int64_t batch, int64_t seq) const;
-
-  const ModelSpec& spec_;
-  ParamStore<T>& p_;
-  Recompute recompute_;
-  const ModelPartition& part_;
-  int64_t heads_, groups_;  // this rank's attention heads and query groups
-  int attn_norm_, qkv_w_, qkv_b_ = -1, proj_w_, mlp_norm_, fc1_w_, fc2_w_;
+// The key/value cache of one sequence being decoded.
+struct DecodeState {
+  int64_t position = 0, capacity = 0;
+  std::vector<Tensor> cache;  // per layer: [capacity, qkv size], the rotated qkv rows
 };
 
-template <typename T>
 class LlamaModel {
  public:
-  explicit LlamaModel(const ModelSpec& spec, LlamaOptions options = {}, ModelPartition partition = {});
+  LlamaModel(const ModelSpec& spec, ops::Backend& backend, Precision precision, LlamaOptions options = {},
+             ModelPartition partition = {});
+  LlamaModel(const LlamaModel&) = delete;
+  LlamaModel& operator=(const LlamaModel&) = delete;
+
+  // Megatron's initialisation (N(0, std), output projections scaled by 1/sqrt(2 layers)); the
+  // same values for any precision, device and layout.
   void init_weights(uint64_t seed);
+  // work = working dtype (master), after loading or changing the master (a no-op in fp32/fp64).
+  void sync_working_weights();
 
   const ModelSpec& spec() const { return spec_; }
-  ParamStore<T>& params() { return params_; }
-  const ParamStore<T>& params() const { return params_; }
+  ops::Backend& backend() const { return be_; }
+  Precision precision() const { return precision_; }
+  ParamStore& params() { return params_; }
+  const ParamStore& params() const { return params_; }
+  // The weights the ops read, laid out like params().values(): the master itself, or its bf16 copy.
+  Tensor& working_weights() { return work_; }
+  bool has_separate_working_weights() const { return work_.dtype() != params_.dtype(); }
 
   // Runs the forward pass of one microbatch; returns the mean loss over tokens whose target is
   // >= 0 (a negative target masks a token out). tokens and targets are [batch, seq].
-  T forward(LlamaContext<T>& ctx, const int32_t* tokens, const int32_t* targets, int64_t batch, int64_t seq);
+  double forward(LlamaContext& ctx, const int32_t* tokens, const int32_t* targets, int64_t batch, int64_t seq);
   // dloss: gradient of the objective w.r.t. this microbatch's mean loss (1 / microbatches).
-  void backward_input(LlamaContext<T>& ctx, T dloss);  // B for every layer
-  void backward_weight(LlamaContext<T>& ctx);          // W for every layer
-  void backward(LlamaContext<T>& ctx, T dloss);        // B then W layer by layer: less memory
-
-  // Logits of the last position of each sequence, for generation: [batch, vocab]. One rank only.
-  Tensor last_logits(LlamaContext<T>& ctx) const;
+  void backward_input(LlamaContext& ctx, double dloss);  // B for every layer
+  void backward_weight(LlamaContext& ctx);               // W for every layer
+  void backward(LlamaContext& ctx, double dloss);        // B then W layer by layer: less memory
 
   // ---- one pipeline chunk at a time (the executor's StageRunner calls these) ----
   const ModelPartition& partition() const { return part_; }
   int num_chunks() const { return int(part_.chunks.size()); }
-  // Stores the microbatch's tokens and targets (targets may be null) in ctx.
-  void begin_microbatch(LlamaContext<T>& ctx, const int32_t* tokens, const int32_t* targets, int64_t batch,
-                        int64_t seq);
+  // Checks and stores the microbatch's tokens and targets (targets may be null: inference) in ctx.
+  void begin_microbatch(LlamaContext& ctx, const int32_t* tokens, const int32_t* targets, int64_t batch,
+                        int64_t seq) const;
   // Rows of the activation a chunk receives and sends: batch * seq, divided by tp under
-  // sequence parallelism.
+  // sequence parallelism. Its dtype is the working dtype.
   int64_t activation_rows(int64_t batch, int64_t seq) const;
+  DType activation_dtype() const { return act_; }
   // F of one chunk: `input` is ignored by the chunk with the embedding. Returns the chunk's
   // output, or an undefined Tensor for the chunk with the head (the loss goes to ctx.loss).
-  Tensor forward_chunk(LlamaContext<T>& ctx, int chunk, const Tensor& input);
+  Tensor forward_chunk(LlamaContext& ctx, int chunk, const Tensor& input);
   // B of one chunk: `dy` is ignored by the chunk with the head (it starts from dloss). Returns
   // the gradient of the chunk's input, or an undefined Tensor for the chunk with the embedding.
-  Tensor backward_input_chunk(LlamaContext<T>& ctx, int chunk, const Tensor& dy, T dloss);
-  void backward_weight_chunk(LlamaContext<T>& ctx, int chunk);
+  Tensor backward_input_chunk(LlamaContext& ctx, int chunk, const Tensor& dy, double dloss);
+  void backward_weight_chunk(LlamaContext& ctx, int chunk);
+
+  // Logits (fp32, host [batch, vocab]) of the last position of each sequence, after a forward
+  // without targets. One rank holding the whole model.
+  Tensor last_logits(const LlamaContext& ctx) const;
+
+  // ---- decoding with a key/value cache (one rank holding the whole model) ----
+  DecodeState start_decoding(int64_t max_positions) const;
+  // Feeds `tokens` at the next positions of the sequence; returns the fp32 logits (host, vocab
+  // entries) of the position after the last one.
+  std::vector<float> decode(DecodeState& state, const std::vector<int32_t>& tokens) const;
 
   // Called after every W pass of a block, of the head and of the embedding with the ids of the
   // tensors whose gradients it just accumulated: data parallelism starts a gradient bucket's
@@ -168,33 +189,62 @@ class LlamaModel {
   }
   int embedding_param() const { return embedding_; }  // -1 when this rank has none
   int output_param() const { return output_; }        // -1 when this rank has no head
+  // Whether the head keeps the logits gradient for `rows` rows (else it works in chunks).
+  bool head_stores_logits(int64_t rows) const;
 
  private:
-  // Output layer: final norm, logits, cross-entropy.
-  T head_forward(HeadContext<T>& h, const Tensor& x, const int32_t* targets);
-  Tensor head_backward_input(HeadContext<T>& h, T dloss);
-  void head_backward_weight(HeadContext<T>& h);
-  bool head_stores_logits(int64_t rows) const;
-  void embedding_weight_pass(LlamaContext<T>& ctx);
-  const T* output_weight() const;
-  T* output_weight_grad() const;
+  struct Block {
+    int attn_norm, qkv_w, qkv_b = -1, proj_w, mlp_norm, fc1_w, fc2_w;
+    std::vector<int> ids() const;
+  };
+  struct Steps;  // one block's forward steps (llama.cpp)
 
-  ModelSpec spec_;
-  LlamaOptions opt_;
-  ModelPartition part_;
-  std::vector<std::pair<size_t, size_t>> chunk_blocks_;  // [begin, end) into blocks_ per chunk
-  int64_t vocab_start_ = 0, vocab_local_ = 0;           // this rank's rows of the vocabulary
-  ParamStore<T> params_;
-  std::vector<std::unique_ptr<TransformerBlock<T>>> blocks_;
-  int embedding_ = -1, final_norm_ = -1, output_ = -1;  // output_ == embedding_ when tied
-  Tensor rope_cos_, rope_sin_;
-  WeightGradHook weight_grad_hook_;
+  Tensor w(int id) const;  // working weight, shaped
+  Tensor g(int id) const;  // gradient, shaped
+  Tensor act(const Shape& shape) const { return be_.empty(shape, act_); }
+  Tensor stat(const Shape& shape) const { return be_.empty(shape, stat_); }
+  ops::AttentionShape attention_shape(int64_t batch, int64_t seq) const;
+
+  // Tensor-parallel collectives on [rows, C] activations (identities with one rank).
+  Tensor gather_rows(const Tensor& local) const;
+  Tensor reduce_partial(Tensor partial) const;
+  Tensor row_parallel_residual(const Tensor& in, int weight, const Tensor& residual) const;
+
+  Tensor block_forward(const Block& b, BlockContext& c, const Tensor& x, int64_t batch, int64_t seq);
+  void block_rebuild(const Block& b, BlockContext& c, int64_t batch, int64_t seq);
+  Tensor block_backward_input(const Block& b, BlockContext& c, const Tensor& dy, int64_t batch, int64_t seq);
+  void block_backward_weight(const Block& b, BlockContext& c);
+  Tensor block_decode(const Block& b, Tensor& cache, const Tensor& x, int64_t pos0) const;
+
+  // Output layer: final norm, logits in vocabulary chunks, cross-entropy.
+  double head_forward(LlamaContext& ctx, const Tensor& x);
+  Tensor head_backward_input(LlamaContext& ctx, double dloss);
+  void head_backward_weight(LlamaContext& ctx);
+  // Logits (stat dtype [N, width]) of hn against this rank's output rows c0 .. c0+width.
+  Tensor head_logits(const Tensor& hn, int64_t c0, int64_t width) const;
+  // fp32 host logits of the rows of hn (all the vocabulary), for inference.
+  std::vector<float> full_logits(const Tensor& hn) const;
+  // The logits gradient of one chunk, recomputed (chunked mode): softmax - onehot.
+  Tensor head_chunk_dlogits(const LlamaContext& ctx, int64_t c0, int64_t width) const;
+  void embedding_weight_pass(LlamaContext& ctx);
   void weights_done(const std::vector<int>& ids) const {
     if (weight_grad_hook_) weight_grad_hook_(ids);
   }
-};
 
-extern template class LlamaModel<float>;
-extern template class LlamaModel<double>;
+  ModelSpec spec_;
+  ops::Backend& be_;
+  Precision precision_;
+  DType act_, stat_;
+  LlamaOptions opt_;
+  ModelPartition part_;
+  ParamStore params_;
+  Tensor work_;  // working weights: params_.values() itself, or its bf16 copy
+  std::vector<Block> blocks_;
+  std::vector<std::pair<size_t, size_t>> chunk_blocks_;  // [begin, end) into blocks_ per chunk
+  int64_t vocab_start_ = 0, vocab_local_ = 0;           // this rank's rows of the vocabulary
+  int embedding_ = -1, final_norm_ = -1, output_ = -1;   // output_ == embedding_ when tied
+  Tensor rope_cos_, rope_sin_;                           // stat dtype, on the device
+  WeightGradHook weight_grad_hook_;
+};
 
 }  // namespace primus

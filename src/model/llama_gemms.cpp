@@ -4,16 +4,17 @@
 
 namespace primus {
 
-std::vector<LlamaGemm> mixed_llama_gemms(const ModelSpec& s, int64_t micro_batch, int64_t seq, int64_t vocab_chunk,
-                                         bool recompute_forward) {
-  const int64_t N = micro_batch * seq, C = s.hidden_size, F = s.ffn_hidden_size, Q = s.qkv_size(), QS = s.q_size();
-  const int64_t L = s.num_layers, V = s.vocab_size;
+std::vector<LlamaGemm> llama_gemms(const ModelSpec& s, int64_t micro_batch, int64_t seq, int64_t vocab_chunk,
+                                   bool recompute_forward, int tp) {
+  const int64_t N = micro_batch * seq, C = s.hidden_size, F = s.ffn_hidden_size / tp, QS = s.q_size() / tp;
+  const int64_t Q = s.qkv_size() / tp, L = s.num_layers, V = s.vocab_size / tp;
   const int64_t fwd = L * (recompute_forward ? 2 : 1);
+  const bool residual = tp == 1;  // with tp ranks the residual is added after the partial sums' reduction
   std::vector<LlamaGemm> g = {
       {"layer qkv forward", false, true, N, Q, C, false, s.add_qkv_bias, false, fwd},
-      {"layer proj forward", false, true, N, C, QS, false, false, true, fwd},
+      {"layer proj forward", false, true, N, C, QS, false, false, residual, fwd},
       {"layer fc1 forward", false, true, N, 2 * F, C, false, false, false, fwd},
-      {"layer fc2 forward", false, true, N, C, F, false, false, true, fwd},
+      {"layer fc2 forward", false, true, N, C, F, false, false, residual, fwd},
       {"layer fc2 input grad", false, false, N, F, C, false, false, false, L},
       {"layer fc1 input grad", false, false, N, C, 2 * F, false, false, false, L},
       {"layer proj input grad", false, false, N, QS, C, false, false, false, L},

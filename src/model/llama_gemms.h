@@ -1,7 +1,9 @@
-// The GEMMs of one microbatch's training step of the mixed-precision Llama model
-// (model/llama_mixed.h), as row-major problems D[m,n] = op(A) op(B) (+ C): what GEMM tuning
-// times (`benchmark gemm --tune --shapes-from <config>`) and what the model then runs. N is
-// micro_batch * seq rows, C hidden, Q the fused qkv width, QS the query width, F ffn.
+// The GEMMs of one microbatch's training step of the Llama model (model/llama.h) in bf16 mixed
+// precision on one tensor-parallel rank, as row-major problems D[m,n] = op(A) op(B) (+ C): what
+// GEMM tuning times (`benchmark gemm --tune --shapes-from <config>`) and what the model then
+// runs. N is micro_batch * seq rows (all of them: sequence parallelism gathers them before each
+// linear), C hidden; Q the fused qkv width, QS the query width, F ffn and the vocabulary are this
+// rank's shares (divided by tp).
 //
 //   per layer  forward   qkv     [N,Q]  = h1 Wqkv^T (+ bias)            NT  bf16
 //                        proj    [N,C]  = x + attn Wo^T                 NT  bf16, residual
@@ -41,9 +43,10 @@ struct LlamaGemm {
   double flops() const { return 2.0 * double(m) * double(n) * double(k) * double(count); }
 };
 
-// vocab_chunk: the head's chunk width (>= vocab_size: one chunk, logits kept);
-// recompute_forward: the block forward GEMMs run twice (full recompute).
-std::vector<LlamaGemm> mixed_llama_gemms(const ModelSpec& spec, int64_t micro_batch, int64_t seq, int64_t vocab_chunk,
-                                         bool recompute_forward = false);
+// vocab_chunk: the head's chunk width (>= the rank's vocabulary: one chunk, logits kept);
+// recompute_forward: the block forward GEMMs run twice (full recompute); tp: the
+// tensor-parallel size (residual adds then leave the GEMMs).
+std::vector<LlamaGemm> llama_gemms(const ModelSpec& spec, int64_t micro_batch, int64_t seq, int64_t vocab_chunk,
+                                   bool recompute_forward = false, int tp = 1);
 
 }  // namespace primus

@@ -1,6 +1,5 @@
 #include "model/param_store.h"
 
-
 #include "core/rng.h"
 
 namespace primus {
@@ -12,29 +11,33 @@ static uint64_t name_hash(const std::string& s) {
   return h;
 }
 
-template <typename T>
-int ParamStore<T>::add(const std::string& name, const Shape& shape, ParamInit init, bool weight_decay) {
+ParamStore::ParamStore(DType dtype) : dtype_(dtype) {
+  PRIMUS_CHECK(dtype == DType::F32 || dtype == DType::F64, "a parameter store holds fp32 or fp64, not {}",
+               dtype_name(dtype));
+}
+
+int ParamStore::add(const std::string& name, const Shape& shape, ParamInit init, bool weight_decay) {
   PRIMUS_CHECK(!values_.defined(), "parameter {} added after allocate()", name);
-  PRIMUS_CHECK(find(name) < 0, "parameter {} registered twice", name);
+  const int id = static_cast<int>(infos_.size());
+  PRIMUS_CHECK(index_.emplace(name, id).second, "parameter {} registered twice", name);
   StoredParam info;
   info.name = name;
   info.shape = shape;
   info.numel = 1;
   for (int64_t d : shape) info.numel *= d;
   // Keep every tensor 64-byte aligned inside the flat buffer.
-  const int64_t align = 64 / static_cast<int64_t>(sizeof(T));
+  const int64_t align = 64 / static_cast<int64_t>(dtype_size(dtype_));
   info.offset = (numel_ + align - 1) / align * align;
   info.weight_decay = weight_decay;
   info.init = init;
   info.global_shape = shape;
   numel_ = info.offset + info.numel;
   infos_.push_back(info);
-  return static_cast<int>(infos_.size()) - 1;
+  return id;
 }
 
-template <typename T>
-int ParamStore<T>::add_sharded(const std::string& name, const Shape& global, const ShardSpec& shard, ParamInit init,
-                               bool weight_decay) {
+int ParamStore::add_sharded(const std::string& name, const Shape& global, const ShardSpec& shard, ParamInit init,
+                            bool weight_decay) {
   PRIMUS_CHECK(shard.dim >= 0 && size_t(shard.dim) < global.size(), "parameter {}: shard dim {} out of range", name,
                shard.dim);
   Shape local = global;
@@ -53,34 +56,29 @@ int ParamStore<T>::add_sharded(const std::string& name, const Shape& global, con
   return id;
 }
 
-template <typename T>
-void ParamStore<T>::allocate(Device device) {
-  values_ = Tensor::zeros({numel_}, dtype_of<T>::value, device);
-  grads_ = Tensor::zeros({numel_}, dtype_of<T>::value, device);
+void ParamStore::allocate(Device device) {
+  values_ = Tensor::zeros({numel_}, dtype_, device);
+  grads_ = Tensor::zeros({numel_}, dtype_, device);
 }
 
-template <typename T>
-int ParamStore<T>::find(const std::string& name) const {
-  for (size_t i = 0; i < infos_.size(); ++i)
-    if (infos_[i].name == name) return static_cast<int>(i);
-  return -1;
+int ParamStore::find(const std::string& name) const {
+  const auto it = index_.find(name);
+  return it == index_.end() ? -1 : it->second;
 }
 
-template <typename T>
-Tensor ParamStore<T>::value_tensor(int id) const {
+Tensor ParamStore::value_tensor(int id) const {
   return values_.slice(0, infos_[id].offset, infos_[id].numel).view(infos_[id].shape);
 }
 
-template <typename T>
-Tensor ParamStore<T>::grad_tensor(int id) const {
+Tensor ParamStore::grad_tensor(int id) const {
   return grads_.slice(0, infos_[id].offset, infos_[id].numel).view(infos_[id].shape);
 }
 
+namespace {
 template <typename T>
-void ParamStore<T>::init(uint64_t seed, double std, double scaled_std) {
-  Tensor host = values_.device() == Device::CPU ? values_ : Tensor::zeros({numel_}, dtype_of<T>::value);
-  for (const auto& info : infos_) {
-    T* v = host.data<T>() + info.offset;
+void init_values(const std::vector<StoredParam>& infos, T* values, uint64_t seed, double std, double scaled_std) {
+  for (const auto& info : infos) {
+    T* v = values + info.offset;
     const Rng rng(seed ^ name_hash(info.name));
     switch (info.init) {
       case ParamInit::Ones:
@@ -117,10 +115,16 @@ void ParamStore<T>::init(uint64_t seed, double std, double scaled_std) {
       }
     }
   }
+}
+}  // namespace
+
+void ParamStore::init(uint64_t seed, double std, double scaled_std) {
+  Tensor host = values_.device() == Device::CPU ? values_ : Tensor::zeros({numel_}, dtype_);
+  if (dtype_ == DType::F64)
+    init_values(infos_, host.data<double>(), seed, std, scaled_std);
+  else
+    init_values(infos_, host.data<float>(), seed, std, scaled_std);
   if (values_.device() != Device::CPU) values_.copy_from(host);
 }
-
-template class ParamStore<float>;
-template class ParamStore<double>;
 
 }  // namespace primus

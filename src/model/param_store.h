@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "core/tensor.h"
@@ -43,9 +44,11 @@ struct StoredParam {
   bool tp_replicated = true;
 };
 
-template <typename T>
+// The master copy of a model's parameters: fp32 for training (fp32 or bf16 mixed precision),
+// fp64 for the finite-difference gradient tests.
 class ParamStore {
  public:
+  explicit ParamStore(DType dtype = DType::F32);
   int add(const std::string& name, const Shape& shape, ParamInit init, bool weight_decay);
   // A tensor-parallel shard: `global` is the whole tensor's shape, `shard` the part held here
   // (its pieces must add up to shape[shard.dim]).
@@ -54,33 +57,36 @@ class ParamStore {
   // Fixes the layout and allocates values and gradients (zeroed) on `device`.
   void allocate(Device device = Device::CPU);
 
+  DType dtype() const { return dtype_; }
   const std::vector<StoredParam>& infos() const { return infos_; }
   int64_t numel() const { return numel_; }
   int find(const std::string& name) const;  // -1 when absent
 
-  T* value(int id) const { return values_.data<T>() + infos_[id].offset; }
-  T* grad(int id) const { return grads_.data<T>() + infos_[id].offset; }
-  Tensor value_tensor(int id) const;
+  // Typed pointers into host buffers (T must be the store's dtype).
+  template <typename T> T* value(int id) const { return values_.data<T>() + infos_[id].offset; }
+  template <typename T> T* grad(int id) const { return grads_.data<T>() + infos_[id].offset; }
+  Tensor value_tensor(int id) const;  // shaped views, on the store's device
   Tensor grad_tensor(int id) const;
   const Tensor& values() const { return values_; }
   const Tensor& grads() const { return grads_; }
   void zero_grad() { grads_.zero_(); }
 
   // Fills every parameter from (seed, name, global element index): the same weights for any
-  // thread count, any tensor-parallel split (a shard draws the values of its global slice) and
-  // any device (a device store is filled on the host, then copied).
+  // thread count, any tensor-parallel split (a shard draws the values of its global slice), any
+  // device (a device store is filled on the host, then copied) and any dtype.
   void init(uint64_t seed, double std, double scaled_std);
   Device device() const { return values_.device(); }
 
  private:
+  DType dtype_;
   std::vector<StoredParam> infos_;
+  std::unordered_map<std::string, int> index_;  // name -> id: registration stays linear in the count
   int64_t numel_ = 0;
   Tensor values_, grads_;
 };
 
 // The optimizer's view of a store: one segment per tensor, with its weight-decay flag.
-template <typename T>
-std::vector<ParamSegment> segments_of(const ParamStore<T>& p) {
+inline std::vector<ParamSegment> segments_of(const ParamStore& p) {
   std::vector<ParamSegment> out;
   for (const auto& i : p.infos()) out.push_back({i.name, i.offset, i.numel, i.weight_decay});
   return out;

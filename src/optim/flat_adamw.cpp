@@ -67,10 +67,13 @@ FlatAdamW::~FlatAdamW() = default;
 double FlatAdamW::grad_sq_sum(const Tensor& grads, const std::vector<int>& tensors) const {
   PRIMUS_CHECK(grads.device() == device_ && grads.numel() >= numel_, "gradients on {} of {} elements",
                device_name(grads.device()), grads.numel());
+  return grad_sq_sum(grads.data<float>(), tensors);
+}
+
+double FlatAdamW::grad_sq_sum(const float* grads, const std::vector<int>& tensors) const {
   if (device_ == Device::CPU) {
     double sq = 0;
-    for (int t : tensors) sq += primus::grad_sq_sum(grads.data<float>() + segments_.at(size_t(t)).offset,
-                                                    segments_.at(size_t(t)).numel);
+    for (int t : tensors) sq += primus::grad_sq_sum(grads + segments_.at(size_t(t)).offset, segments_.at(size_t(t)).numel);
     return sq;
   }
 #ifdef PRIMUS_HAVE_CUDA
@@ -82,8 +85,8 @@ double FlatAdamW::grad_sq_sum(const Tensor& grads, const std::vector<int>& tenso
     for (int t : tensors) dev_->norm_chunks += segments_.at(size_t(t)).numel > 0;
   }
   if (dev_->norm_chunks == 0) return 0;
-  cuda::sum_squares(grads.data<float>(), static_cast<const cuda::AdamWChunk*>(dev_->norm_table.raw()),
-                    dev_->norm_chunks, dev_->norm_out.data<double>(), cuda::stream());
+  cuda::sum_squares(grads, static_cast<const cuda::AdamWChunk*>(dev_->norm_table.raw()), dev_->norm_chunks,
+                    dev_->norm_out.data<double>(), cuda::stream());
   double out = 0;
   cuda::copy_to_host(&out, dev_->norm_out.raw(), sizeof(double));
   return out;
@@ -93,20 +96,24 @@ double FlatAdamW::grad_sq_sum(const Tensor& grads, const std::vector<int>& tenso
 }
 
 void FlatAdamW::step(const Tensor& values, const Tensor& grads, Tensor* working, double lr, double grad_scale) {
-  if (!std::isfinite(lr) || lr < 0) fail("AdamW step: learning rate must be a non-negative number, got {}", lr);
   PRIMUS_CHECK(values.device() == device_ && grads.device() == device_, "optimizer buffers on another device");
+  PRIMUS_CHECK(values.numel() >= numel_ && grads.numel() >= numel_, "optimizer buffers of {} and {} elements for {}",
+               values.numel(), grads.numel(), numel_);
+  step(values.data<float>(), const_cast<float*>(grads.data<float>()), working ? working->data<bf16>() : nullptr, lr,
+       grad_scale);
+}
+
+void FlatAdamW::step(float* values, float* grads, bf16* working, double lr, double grad_scale) {
+  if (!std::isfinite(lr) || lr < 0) fail("AdamW step: learning rate must be a non-negative number, got {}", lr);
   if (device_ == Device::CPU) {
-    float* g = const_cast<float*>(grads.data<float>());
-    if (grad_scale != 1.0) scale_grads(g, numel_, grad_scale);
-    host_->step(values.data<float>(), g, segments_, lr);
+    if (grad_scale != 1.0) scale_grads(grads, numel_, grad_scale);
+    host_->step(values, grads, segments_, lr);
     step_ = host_->step_count();
     if (working) {  // as the fused GPU step writes it: every segment, nothing between segments
-      const float* v = values.data<float>();
-      bf16* w = working->data<bf16>();
 #pragma omp parallel
       for (const auto& seg : segments_) {
 #pragma omp for schedule(static) nowait
-        for (int64_t i = seg.offset; i < seg.offset + seg.numel; ++i) w[i] = bf16::from_float(v[i]);
+        for (int64_t i = seg.offset; i < seg.offset + seg.numel; ++i) working[i] = bf16::from_float(values[i]);
       }
     }
     return;
@@ -123,10 +130,15 @@ void FlatAdamW::step(const Tensor& values, const Tensor& grads, Tensor* working,
   p.grad_scale = grad_scale;
   int n = 0;
   for (const auto& s : segments_) n += s.numel > 0;
-  cuda::adamw_step(values.data<float>(), grads.data<float>(), dev_->m.data<float>(), dev_->v.data<float>(),
-                   working ? reinterpret_cast<cuda::bf16*>(working->raw()) : nullptr,
+  cuda::adamw_step(values, grads, dev_->m.data<float>(), dev_->v.data<float>(), reinterpret_cast<cuda::bf16*>(working),
                    static_cast<const cuda::AdamWChunk*>(dev_->table.raw()), n, p, cuda::stream());
 #endif
+}
+
+void FlatAdamW::set_weight_decay(double wd) {
+  if (!(wd >= 0) || !std::isfinite(wd)) fail("weight_decay must be a non-negative number, got {}", wd);
+  options_.weight_decay = wd;
+  host_->set_weight_decay(wd);
 }
 
 // One moment as a host vector: the host optimizer's, or a copy of the device's.

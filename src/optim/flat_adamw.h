@@ -23,14 +23,21 @@ class FlatAdamW {
 
   // Sum of squares of the gradients of the tensors listed (indices into segments), in double.
   double grad_sq_sum(const Tensor& grads, const std::vector<int>& tensors) const;
+  double grad_sq_sum(const float* grads, const std::vector<int>& tensors) const;  // numel elements on device()
 
-  // One step on every segment: gradients times grad_scale (the clipping factor), then AdamW.
-  // When working is given (bf16, laid out like values), each segment of it receives bf16(updated
-  // values); what lies between segments (the ParamStore's alignment padding) is left as it is, on
-  // both devices.
+  // One step on every segment: gradients times grad_scale (the clipping factor; the gradients are
+  // scaled in place on the host), then AdamW. When working is given (bf16, laid out like values),
+  // each segment of it receives bf16(updated values); what lies between segments (the
+  // ParamStore's alignment padding) is left as it is, on both devices.
   void step(const Tensor& values, const Tensor& grads, Tensor* working, double lr, double grad_scale = 1.0);
+  // The same on buffers of numel elements on device() (a shard of larger buffers).
+  void step(float* values, float* grads, bf16* working, double lr, double grad_scale = 1.0);
+
+  void set_weight_decay(double wd);
 
   int64_t step_count() const { return step_; }
+  Device device() const { return device_; }
+  const AdamWOptions& options() const { return options_; }
   // Checkpointing: the moments as host vectors of numel elements, and their restore.
   std::vector<float> exp_avg() const { return moment(false); }
   std::vector<float> exp_avg_sq() const { return moment(true); }

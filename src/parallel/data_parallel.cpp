@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "core/device.h"
 #include "core/error.h"
 
 namespace primus::parallel {
@@ -28,10 +29,6 @@ GradBuckets::GradBuckets(ProcessGroup& dp, float* grads, int64_t buffer_numel,
          options_.bucket_size);
   if (buffer_numel_ < 0) fail("GradBuckets: negative buffer size {}", buffer_numel_);
   if (!grads_ && buffer_numel_ > 0) fail("GradBuckets: the gradient buffer is null");
-  if (options_.reduce == GradReduce::ReduceScatter && dp_.device() != Device::CPU)
-    fail("GradBuckets: reduce-scatter mode copies shards on the host, but the buffers of {} are "
-         "not on the CPU",
-         dp_.describe());
   int64_t prev_end = 0;
   for (size_t i = 0; i < tensors_.size(); ++i) {
     const auto& t = tensors_[i];
@@ -91,8 +88,8 @@ GradBuckets::GradBuckets(ProcessGroup& dp, float* grads, int64_t buffer_numel,
     shard_recv_.resize(nb);
     staging_.resize(nb);
     for (size_t b = 0; b < nb; ++b) {
-      shard_recv_[b].assign(static_cast<size_t>(buckets_[b].shard_numel), 0.0f);
-      if (buckets_[b].staged) staging_[b].assign(static_cast<size_t>(buckets_[b].padded_numel), 0.0f);
+      shard_recv_[b] = Tensor::zeros({buckets_[b].shard_numel}, DType::F32, dp_.device());
+      if (buckets_[b].staged) staging_[b] = Tensor::zeros({buckets_[b].padded_numel}, DType::F32, dp_.device());
     }
   }
   reset();
@@ -131,8 +128,8 @@ bool GradBuckets::started(int bucket) const {
 
 int64_t GradBuckets::scratch_bytes() const {
   int64_t n = 0;
-  for (const auto& v : shard_recv_) n += static_cast<int64_t>(v.size());
-  for (const auto& v : staging_) n += static_cast<int64_t>(v.size());
+  for (const auto& v : shard_recv_) n += v.defined() ? v.numel() : 0;
+  for (const auto& v : staging_) n += v.defined() ? v.numel() : 0;
   return n * static_cast<int64_t>(sizeof(float));
 }
 
@@ -173,12 +170,13 @@ void GradBuckets::start(int bi) {
   } else {
     const float* send = grads_ + bk.begin;
     if (bk.staged) {
-      float* s = staging_[b].data();
-      std::memcpy(s, grads_ + bk.begin, sizeof(float) * static_cast<size_t>(bk.end - bk.begin));
-      std::fill(s + (bk.end - bk.begin), s + bk.padded_numel, 0.0f);
+      float* s = staging_[b].data<float>();
+      const int64_t span = bk.end - bk.begin;
+      device_copy(dp_.device(), s, grads_ + bk.begin, sizeof(float) * static_cast<size_t>(span));
+      device_zero(dp_.device(), s + span, sizeof(float) * static_cast<size_t>(bk.padded_numel - span));
       send = s;
     }
-    works_[b] = dp_.ireduce_scatter(send, shard_recv_[b].data(), bk.shard_numel, CommType::F32,
+    works_[b] = dp_.ireduce_scatter(send, shard_recv_[b].data<float>(), bk.shard_numel, CommType::F32,
                                     ReduceOp::Sum);
   }
 }
@@ -190,7 +188,7 @@ void GradBuckets::complete(int bi) {
   works_[b].reset();
   const GradBucket& bk = buckets_[b];
   if (options_.reduce == GradReduce::ReduceScatter && bk.shard_end > bk.shard_begin)
-    std::memcpy(grads_ + bk.shard_begin, shard_recv_[b].data(),
+    device_copy(dp_.device(), grads_ + bk.shard_begin, shard_recv_[b].data<float>(),
                 sizeof(float) * static_cast<size_t>(bk.shard_end - bk.shard_begin));
 }
 

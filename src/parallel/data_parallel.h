@@ -65,8 +65,9 @@ struct GradBucket {
 
 class GradBuckets {
  public:
-  // tensors: every tensor of the buffer as (name, offset, numel), in ascending, non-overlapping
-  // offsets inside [0, buffer_numel) (ParamStore's registration order). Throws primus::Error for
+  // grads: the flat fp32 gradient buffer, on dp's device (host memory for MPI, GPU memory for
+  // NCCL). tensors: every tensor of the buffer as (name, offset, numel), in ascending,
+  // non-overlapping offsets inside [0, buffer_numel) (ParamStore's registration order). Throws primus::Error for
   // a bad list, bucket_size <= 0, or a null buffer. Local checks only: nothing is sent.
   GradBuckets(ProcessGroup& dp, float* grads, int64_t buffer_numel,
               std::vector<ParamSegment> tensors, GradBucketsOptions options = {});
@@ -124,8 +125,8 @@ class GradBuckets {
   std::vector<int> pending_;         // per bucket: tensors not yet ready
   std::vector<WorkPtr> works_;       // per bucket: in flight (null when not started or done)
   std::vector<uint8_t> started_;     // per bucket
-  std::vector<std::vector<float>> shard_recv_;  // per bucket (reduce-scatter): shard_numel
-  std::vector<std::vector<float>> staging_;     // per staged bucket: padded_numel
+  std::vector<Tensor> shard_recv_;  // per bucket (reduce-scatter): shard_numel, on the group's device
+  std::vector<Tensor> staging_;     // per staged bucket: padded_numel
   int next_to_start_ = 0;
   bool finished_ = false;
 };

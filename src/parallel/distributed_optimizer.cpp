@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "core/device.h"
 #include "core/error.h"
 #include "optim/grad_clip.h"
 
@@ -24,7 +25,7 @@ DistributedOptimizer::DistributedOptimizer(GradBuckets& buckets, float* params,
   for (const auto& b : buckets_.buckets()) {
     std::vector<ParamSegment> bucket_tensors(tensors.begin() + b.first_tensor,
                                              tensors.begin() + b.last_tensor + 1);
-    segments_.push_back(shard_segments(bucket_tensors, b.shard_begin, b.shard_end));
+    std::vector<ParamSegment> shard = shard_segments(bucket_tensors, b.shard_begin, b.shard_end);
     // shard_segments keeps, in order, the tensors that intersect the shard: the same filter
     // gives the tensor index of each segment (for the norm's TensorFilter).
     std::vector<int> idx;
@@ -33,10 +34,9 @@ DistributedOptimizer::DistributedOptimizer(GradBuckets& buckets, float* params,
       if (std::max(b.shard_begin, s.offset) < std::min(b.shard_end, s.offset + s.numel))
         idx.push_back(t);
     }
-    PRIMUS_CHECK(idx.size() == segments_.back().size(), "{} segments for {} tensors", segments_.back().size(),
-                 idx.size());
+    PRIMUS_CHECK(idx.size() == shard.size(), "{} segments for {} tensors", shard.size(), idx.size());
     segment_tensor_.push_back(std::move(idx));
-    adams_.emplace_back(options_, b.shard_end - b.shard_begin);
+    adams_.push_back(std::make_unique<FlatAdamW>(options_, std::move(shard), b.shard_end - b.shard_begin, device()));
   }
 }
 
@@ -49,7 +49,7 @@ int64_t DistributedOptimizer::shard_numel() const {
 void DistributedOptimizer::set_weight_decay(double wd) {
   if (!(wd >= 0) || !std::isfinite(wd)) fail("weight_decay must be a non-negative number, got {}", wd);
   options_.weight_decay = wd;
-  for (auto& a : adams_) a.set_weight_decay(wd);
+  for (auto& a : adams_) a->set_weight_decay(wd);
 }
 
 double DistributedOptimizer::local_grad_sq_sum(const TensorFilter& counted) const {
@@ -59,11 +59,10 @@ double DistributedOptimizer::local_grad_sq_sum(const TensorFilter& counted) cons
   double sum = 0.0;
   const auto& bks = buckets_.buckets();
   for (size_t b = 0; b < bks.size(); ++b) {
-    const float* g = grads() + bks[b].shard_begin;
-    for (size_t k = 0; k < segments_[b].size(); ++k) {
-      if (counted && !counted(segment_tensor_[b][k])) continue;
-      sum += grad_sq_sum(g + segments_[b][k].offset, segments_[b][k].numel);
-    }
+    std::vector<int> segs;  // the shard's segments whose tensor counts
+    for (size_t k = 0; k < segment_tensor_[b].size(); ++k)
+      if (!counted || counted(segment_tensor_[b][k])) segs.push_back(int(k));
+    sum += adams_[b]->grad_sq_sum(grads() + bks[b].shard_begin, segs);
   }
   return sum;
 }
@@ -77,6 +76,8 @@ double DistributedOptimizer::grad_norm(ProcessGroup* model_parallel, const Tenso
 void DistributedOptimizer::scale_grads(double factor) {
   if (!buckets_.finished())
     fail("DistributedOptimizer::scale_grads before GradBuckets::finish(): the shards are not reduced yet");
+  if (device() != Device::CPU)
+    fail("DistributedOptimizer::scale_grads on {} buffers: pass the factor to step() instead", device_name(device()));
   for (const auto& b : buckets_.buckets())
     primus::scale_grads(buckets_.grads() + b.shard_begin, b.shard_end - b.shard_begin, factor);
 }
@@ -89,14 +90,14 @@ double DistributedOptimizer::clip_grad_norm(double max_norm, ProcessGroup* model
   return norm;
 }
 
-void DistributedOptimizer::step(double lr) {
+void DistributedOptimizer::step(double lr, double grad_scale) {
   if (!buckets_.finished())
     fail("DistributedOptimizer::step before GradBuckets::finish(): the gradient shards are not "
          "reduced yet");
   const auto& bks = buckets_.buckets();
-  // Update first (AdamW checks lr and segments before touching anything), then all-gather.
+  // Update first (AdamW checks lr before touching anything), then all-gather.
   for (size_t b = 0; b < bks.size(); ++b)
-    adams_[b].step(params_ + bks[b].shard_begin, grads() + bks[b].shard_begin, segments_[b], lr);
+    adams_[b]->step(params_ + bks[b].shard_begin, grads() + bks[b].shard_begin, nullptr, lr, grad_scale);
   ++step_;
 
   // The parameter all-gather. MPI forbids a send buffer inside the receive buffer, so the
@@ -105,21 +106,22 @@ void DistributedOptimizer::step(double lr) {
   // so that no padding lands on another bucket's parameters.
   ProcessGroup& dp = buckets_.group();
   if (dp.size() == 1) return;  // the one rank updated the whole buffer in place
+  const Device dev = device();
   std::vector<WorkPtr> works(bks.size());
   for (size_t b = 0; b < bks.size(); ++b) {
     const GradBucket& bk = bks[b];
-    float* send = buckets_.shard_recv_[b].data();
+    float* send = buckets_.shard_recv_[b].data<float>();
     const int64_t mine = bk.shard_end - bk.shard_begin;
-    std::memcpy(send, params_ + bk.shard_begin, sizeof(float) * static_cast<size_t>(mine));
-    std::fill(send + mine, send + bk.shard_numel, 0.0f);
-    float* recv = bk.staged ? buckets_.staging_[b].data() : params_ + bk.begin;
+    device_copy(dev, send, params_ + bk.shard_begin, sizeof(float) * static_cast<size_t>(mine));
+    device_zero(dev, send + mine, sizeof(float) * static_cast<size_t>(bk.shard_numel - mine));
+    float* recv = bk.staged ? buckets_.staging_[b].data<float>() : params_ + bk.begin;
     works[b] = dp.iall_gather(send, recv, bk.shard_numel, CommType::F32);
   }
   for (size_t b = 0; b < bks.size(); ++b) {
     works[b]->wait();
     const GradBucket& bk = bks[b];
     if (bk.staged)
-      std::memcpy(params_ + bk.begin, buckets_.staging_[b].data(),
+      device_copy(dev, params_ + bk.begin, buckets_.staging_[b].data<float>(),
                   sizeof(float) * static_cast<size_t>(bk.end - bk.begin));
   }
 }
@@ -133,22 +135,28 @@ FullOptimizerState DistributedOptimizer::gather_state() const {
   ProcessGroup& dp = buckets_.group();
   const auto& bks = buckets_.buckets();
   const auto& tensors = buckets_.tensors();
-  std::vector<float> send, recv;
   for (size_t b = 0; b < bks.size(); ++b) {
     const GradBucket& bk = bks[b];
     const int64_t mine = bk.shard_end - bk.shard_begin;
-    send.assign(static_cast<size_t>(bk.shard_numel), 0.0f);
-    recv.assign(static_cast<size_t>(bk.padded_numel), 0.0f);
+    // Host staging, and the group's device for the collective (NCCL moves device memory only).
+    Tensor send = Tensor::zeros({bk.shard_numel}), recv = Tensor::zeros({bk.padded_numel});
     for (int which = 0; which < 2; ++which) {
-      const float* state = which == 0 ? adams_[b].exp_avg() : adams_[b].exp_avg_sq();
-      std::copy(state, state + mine, send.begin());
-      dp.all_gather(send.data(), recv.data(), bk.shard_numel, CommType::F32);
+      const std::vector<float> state = which == 0 ? adams_[b]->exp_avg() : adams_[b]->exp_avg_sq();
+      std::copy(state.begin(), state.begin() + mine, send.data<float>());
+      if (dp.device() == Device::CPU) {
+        dp.all_gather(send.data<float>(), recv.data<float>(), bk.shard_numel, CommType::F32);
+      } else {
+        const Tensor send_dev = send.to(dp.device());
+        Tensor recv_dev = Tensor::empty({bk.padded_numel}, DType::F32, dp.device());
+        dp.all_gather(send_dev.raw(), recv_dev.raw(), bk.shard_numel, CommType::F32);
+        recv.copy_from(recv_dev);
+      }
       // Tensor elements only: gaps and padding stay 0 in the full state.
       auto& dst = which == 0 ? out.exp_avg : out.exp_avg_sq;
+      const float* r = recv.data<float>();
       for (int t = bk.first_tensor; t <= bk.last_tensor; ++t) {
         const auto& s = tensors[static_cast<size_t>(t)];
-        std::copy(recv.begin() + (s.offset - bk.begin), recv.begin() + (s.offset - bk.begin + s.numel),
-                  dst.begin() + s.offset);
+        std::copy(r + (s.offset - bk.begin), r + (s.offset - bk.begin + s.numel), dst.begin() + s.offset);
       }
     }
   }
@@ -166,7 +174,7 @@ void DistributedOptimizer::load_state(int64_t step, const float* exp_avg, const 
     fail("DistributedOptimizer::load_state: null exp_avg or exp_avg_sq");
   const auto& bks = buckets_.buckets();
   for (size_t b = 0; b < bks.size(); ++b)
-    adams_[b].set_state(step, exp_avg + bks[b].shard_begin, exp_avg_sq + bks[b].shard_begin);
+    adams_[b]->set_state(step, exp_avg + bks[b].shard_begin, exp_avg_sq + bks[b].shard_begin);
   step_ = step;
 }
 

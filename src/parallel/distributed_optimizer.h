@@ -14,6 +14,9 @@
 // elementwise, so the result is exactly one AdamW over the whole buffer given the same summed
 // gradients.
 //
+// The buffers live on the dp group's device: host memory with MPI, GPU memory with NCCL (each
+// shard's AdamW is then the fused GPU kernel of FlatAdamW).
+//
 // Memory per parameter (fp32 everywhere): plain DP keeps params 4 + grads 4 + exp_avg 4 +
 // exp_avg_sq 4 = 16 bytes on every rank; here params 4 + grads 4 + 8/dp of state + 4/dp of
 // shard receive buffer (reused as the all-gather send buffer), plus a staging copy for buckets
@@ -22,9 +25,11 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <vector>
 
 #include "optim/adamw.h"
+#include "optim/flat_adamw.h"
 #include "parallel/data_parallel.h"
 
 namespace primus::parallel {
@@ -40,9 +45,9 @@ class DistributedOptimizer {
  public:
   // buckets: built over the same flat layout as params, in GradReduce::ReduceScatter mode; it
   // supplies the dp group, the tensor list (with weight_decay flags) and the shard ranges.
-  // params: the flat parameter buffer (buckets.buffer_numel() elements), identical on every dp
-  // rank at the start (same seed). Both must outlive this object. Throws primus::Error on a
-  // wrong mode or bad options.
+  // params: the flat parameter buffer (buckets.buffer_numel() elements, on the dp group's
+  // device), identical on every dp rank at the start (same seed). Both must outlive this object.
+  // Throws primus::Error on a wrong mode or bad options.
   DistributedOptimizer(GradBuckets& buckets, float* params, AdamWOptions options);
 
   // Which tensors the gradient norm counts: e.g. under tensor parallelism a tensor every tp
@@ -54,16 +59,18 @@ class DistributedOptimizer {
   double local_grad_sq_sum(const TensorFilter& counted = {}) const;
   // The global L2 norm: local_grad_sq_sum all-reduced over dp, then over model_parallel if given.
   double grad_norm(ProcessGroup* model_parallel = nullptr, const TensorFilter& counted = {});
-  // Scales this rank's gradient shards in place (the only gradients step() reads).
+  // Scales this rank's gradient shards in place (the only gradients step() reads). Host buffers
+  // only: on a device, pass the factor to step() instead.
   void scale_grads(double factor);
   // grad_norm, then scales the shards by clip_coefficient(norm, max_norm) (optim/grad_clip.h);
-  // returns the norm before clipping. max_norm <= 0 only measures.
+  // returns the norm before clipping. max_norm <= 0 only measures. Host buffers only, as above.
   double clip_grad_norm(double max_norm, ProcessGroup* model_parallel = nullptr,
                         const TensorFilter& counted = {});
 
-  // AdamW on this rank's shards, then the parameter all-gather (blocking: on return every rank
-  // holds the full updated buffer). Requires buckets.finished().
-  void step(double lr);
+  // AdamW on this rank's shards (gradients times grad_scale first: the clipping factor), then the
+  // parameter all-gather (blocking: on return every rank holds the full updated buffer).
+  // Requires buckets.finished().
+  void step(double lr, double grad_scale = 1.0);
 
   // Checkpointing. gather_state: every dp rank receives the full exp_avg / exp_avg_sq (8 bytes
   // per parameter, transient), so that any rank, or a checkpoint writer of another layout, can
@@ -82,14 +89,14 @@ class DistributedOptimizer {
   int64_t state_bytes() const { return shard_numel() * 2 * static_cast<int64_t>(sizeof(float)); }
 
  private:
-  const float* grads() const { return buckets_.grads(); }
+  float* grads() const { return buckets_.grads(); }
+  Device device() const { return buckets_.group().device(); }
 
   GradBuckets& buckets_;
   float* params_;
   AdamWOptions options_;
-  std::vector<AdamW> adams_;                         // per bucket: over the rank's shard
-  std::vector<std::vector<ParamSegment>> segments_;  // per bucket: re-based to the shard
-  std::vector<std::vector<int>> segment_tensor_;     // per bucket: tensor index of each segment
+  std::vector<std::unique_ptr<FlatAdamW>> adams_;    // per bucket: over the rank's shard
+  std::vector<std::vector<int>> segment_tensor_;     // per bucket: tensor index of each shard segment
   int64_t step_ = 0;
 };
 

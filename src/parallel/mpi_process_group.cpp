@@ -51,7 +51,32 @@ MPI_Datatype mpi_type(CommType t) {
   return MPI_DATATYPE_NULL;
 }
 
-MPI_Op mpi_op(ReduceOp op) {
+// bf16 reductions: MPI has no bf16 type, so bf16 words travel as 16-bit integers and these user
+// operations combine them in fp32, rounding each result once to nearest even (as NCCL does).
+template <ReduceOp kOp>
+void bf16_reduce(void* in, void* inout, int* len, MPI_Datatype*) {
+  const uint16_t* a = static_cast<const uint16_t*>(in);
+  uint16_t* b = static_cast<uint16_t*>(inout);
+  for (int i = 0; i < *len; ++i) {
+    const float x = bf16{a[i]}.to_float(), y = bf16{b[i]}.to_float();
+    const float r = kOp == ReduceOp::Sum ? x + y : kOp == ReduceOp::Max ? std::max(x, y) : std::min(x, y);
+    b[i] = bf16::from_float(r).bits;
+  }
+}
+
+MPI_Op bf16_op(ReduceOp op) {
+  static MPI_Op ops[3] = {MPI_OP_NULL, MPI_OP_NULL, MPI_OP_NULL};
+  static std::once_flag once;
+  std::call_once(once, [] {
+    MPI_Op_create(&bf16_reduce<ReduceOp::Sum>, 1, &ops[0]);
+    MPI_Op_create(&bf16_reduce<ReduceOp::Max>, 1, &ops[1]);
+    MPI_Op_create(&bf16_reduce<ReduceOp::Min>, 1, &ops[2]);
+  });
+  return ops[static_cast<int>(op)];
+}
+
+MPI_Op mpi_op(ReduceOp op, CommType t = CommType::F32) {
+  if (t == CommType::BF16) return bf16_op(op);
   switch (op) {
     case ReduceOp::Sum: return MPI_SUM;
     case ReduceOp::Max: return MPI_MAX;
@@ -70,9 +95,9 @@ int mpi_count(const ProcessGroup& g, const char* op, int64_t count) {
 }
 
 void check_reducible(const ProcessGroup& g, const char* op, CommType t, ReduceOp r) {
-  if (t == CommType::BF16 || t == CommType::F16)
+  if (t == CommType::F16)
     fail("{} ({}) on {}: the MPI backend cannot reduce {} (MPI has no such type); reduce in "
-         "fp32",
+         "fp32 or bf16",
          op, reduce_op_name(r), g.describe(), comm_type_name(t));
 }
 
@@ -226,7 +251,7 @@ void MpiProcessGroup::check(int rc, const char* op) const {
 void MpiProcessGroup::all_reduce(void* buf, int64_t count, CommType t, ReduceOp op) {
   check_reducible(*this, "all_reduce", t, op);
   int n = mpi_count(*this, "all_reduce", count);
-  check(MPI_Allreduce(MPI_IN_PLACE, buf, n, mpi_type(t), mpi_op(op), comm_), "all_reduce");
+  check(MPI_Allreduce(MPI_IN_PLACE, buf, n, mpi_type(t), mpi_op(op, t), comm_), "all_reduce");
 }
 
 void MpiProcessGroup::reduce_scatter(const void* send, void* recv, int64_t recv_count,
@@ -234,7 +259,7 @@ void MpiProcessGroup::reduce_scatter(const void* send, void* recv, int64_t recv_
   check_reducible(*this, "reduce_scatter", t, op);
   mpi_count(*this, "reduce_scatter", recv_count * size_);
   int n = mpi_count(*this, "reduce_scatter", recv_count);
-  check(MPI_Reduce_scatter_block(send, recv, n, mpi_type(t), mpi_op(op), comm_),
+  check(MPI_Reduce_scatter_block(send, recv, n, mpi_type(t), mpi_op(op, t), comm_),
         "reduce_scatter");
 }
 
@@ -263,7 +288,7 @@ WorkPtr MpiProcessGroup::iall_reduce(void* buf, int64_t count, CommType t, Reduc
   check_reducible(*this, "iall_reduce", t, op);
   int n = mpi_count(*this, "iall_reduce", count);
   MPI_Request req;
-  check(MPI_Iallreduce(MPI_IN_PLACE, buf, n, mpi_type(t), mpi_op(op), comm_, &req),
+  check(MPI_Iallreduce(MPI_IN_PLACE, buf, n, mpi_type(t), mpi_op(op, t), comm_, &req),
         "iall_reduce");
   return std::make_unique<MpiWork>(req, "iall_reduce on " + describe(), mpi_type(t), -1);
 }
@@ -274,7 +299,7 @@ WorkPtr MpiProcessGroup::ireduce_scatter(const void* send, void* recv, int64_t r
   mpi_count(*this, "ireduce_scatter", recv_count * size_);
   int n = mpi_count(*this, "ireduce_scatter", recv_count);
   MPI_Request req;
-  check(MPI_Ireduce_scatter_block(send, recv, n, mpi_type(t), mpi_op(op), comm_, &req),
+  check(MPI_Ireduce_scatter_block(send, recv, n, mpi_type(t), mpi_op(op, t), comm_, &req),
         "ireduce_scatter");
   return std::make_unique<MpiWork>(req, "ireduce_scatter on " + describe(), mpi_type(t), -1);
 }

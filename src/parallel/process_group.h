@@ -27,8 +27,8 @@ enum class ReduceOp : uint8_t { Sum, Max, Min };
 const char* reduce_op_name(ReduceOp op);
 
 // Element types on the wire: the Tensor dtypes plus the integer types that bookkeeping needs
-// (token counts, flags). bf16/fp16 can be moved but not reduced by the MPI backend (MPI has no
-// such types); NCCL can reduce them.
+// (token counts, flags). The MPI backend reduces bf16 with its own operations (fp32 arithmetic,
+// one rounding per step, as NCCL) and moves fp16 without reducing it; NCCL reduces both.
 enum class CommType : uint8_t { F32, F64, BF16, F16, I32, I64, U8 };
 size_t comm_type_size(CommType t);
 const char* comm_type_name(CommType t);

@@ -137,7 +137,7 @@ json pieces_json(const std::vector<ShardPiece>& pieces) {
 
 // Writes this rank's shard file; returns its size and CRC-32. The whole-file CRC is combined from
 // the header's and the blocks' CRCs, so the data is checksummed in one pass.
-Written write_shard(const fs::path& path, int rank, const TrainState& state, const ParamStore<float>& params,
+Written write_shard(const fs::path& path, int rank, const TrainState& state, const ParamStore& params,
                     const float* const data[kSections], int64_t block_bytes) {
   const uint64_t n = uint64_t(params.numel());
   const uint64_t section_bytes = n * sizeof(float);
@@ -752,7 +752,7 @@ std::string gaps_str(const PlanResult& r) {
   return fmt::format("{} along dim {}", fmt::join(parts, ", "), r.dim);
 }
 
-CheckpointData load_local(const fs::path& dir, const ParamStore<float>& params, bool optimizer) {
+CheckpointData load_local(const fs::path& dir, const ParamStore& params, bool optimizer) {
   const json meta = read_meta(dir);
   CheckpointData out;
   try {
@@ -912,7 +912,7 @@ void replace_check(const fs::path& final_dir, const std::string& run_id, bool ov
 
 std::string checkpoint_name(int64_t iteration) { return fmt::format("iter_{:07d}", iteration); }
 
-std::string save_checkpoint(const std::string& save_dir, const ParamStore<float>& params, const float* exp_avg,
+std::string save_checkpoint(const std::string& save_dir, const ParamStore& params, const float* exp_avg,
                             const float* exp_avg_sq, const TrainState& state, const std::string& config_yaml,
                             const SaveOptions& opt) {
   parallel::ProcessGroup* world = opt.world;
@@ -1051,7 +1051,7 @@ std::string save_checkpoint(const std::string& save_dir, const ParamStore<float>
   return final_dir.string();
 }
 
-CheckpointData load_checkpoint(const std::string& dir, const ParamStore<float>& params, const LoadOptions& opt) {
+CheckpointData load_checkpoint(const std::string& dir, const ParamStore& params, const LoadOptions& opt) {
   CheckpointData out;
   const std::string err = caught([&] { out = load_local(fs::path(dir), params, opt.optimizer); });
   raise_if_failed(failed_ranks(opt.world, err.empty()), err, fmt::format("checkpoint {} not loaded", dir));

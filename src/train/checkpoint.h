@@ -89,7 +89,7 @@ std::string new_run_id(parallel::ProcessGroup* world);
 // params.values()), with the state; returns its folder. Collective over options.world. A failure
 // on any rank (disk full, a file that cannot be created) makes every rank throw primus::Error and
 // leaves no checkpoint folder behind; `latest` keeps naming the previous one.
-std::string save_checkpoint(const std::string& save_dir, const ParamStore<float>& params, const float* exp_avg,
+std::string save_checkpoint(const std::string& save_dir, const ParamStore& params, const float* exp_avg,
                             const float* exp_avg_sq, const TrainState& state, const std::string& config_yaml,
                             const SaveOptions& options = {});
 
@@ -97,7 +97,7 @@ std::string save_checkpoint(const std::string& save_dir, const ParamStore<float>
 // is checked against its CRC-32. Throws primus::Error naming the tensor and the file(s) at fault:
 // a missing, truncated or corrupted file, a tensor the checkpoint lacks, a global shape that
 // differs from the model's, a global range that no file covers.
-CheckpointData load_checkpoint(const std::string& dir, const ParamStore<float>& params,
+CheckpointData load_checkpoint(const std::string& dir, const ParamStore& params,
                                const LoadOptions& options = {});
 
 // Reads every file of a checkpoint whole and checks its size and CRC-32 against meta.json.

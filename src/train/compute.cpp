@@ -4,6 +4,7 @@
 
 #include "core/error.h"
 #include "core/log.h"
+#include "kernels/cpu/cpu_backend.h"
 #include "kernels/cpu/reference_backend.h"
 
 #ifdef PRIMUS_HAVE_CUDA
@@ -31,13 +32,11 @@ bool cuda_usable() {
 #endif
 }
 
-std::string Compute::describe() const {
-  if (!mixed) return "cpu, fp32";
-  return fmt::format("{}, bf16 mixed precision", backend->name());
-}
+std::string Compute::describe() const { return fmt::format("{}, {}", backend->name(), precision_name(precision)); }
 
 Compute choose_compute(const config::TrainingArgs& a, int local_rank) {
   Compute c;
+  c.backend = &cpu::cpu_backend();
   const std::string& d = a.device;
   if (d != "auto" && d != "cpu" && d != "cuda") fail("device '{}' is not one of: auto, cpu, cuda", d);
   if (d == "cuda") {
@@ -50,7 +49,7 @@ Compute choose_compute(const config::TrainingArgs& a, int local_rank) {
       log::warn("a GPU is present but bf16 is false: training in fp32 on the CPU (bf16: true trains on the GPU)");
     return c;
   }
-  c.mixed = true;
+  c.precision = Precision::Bf16;
   const bool gpu = d == "cuda" || (d == "auto" && cuda_usable());
 #ifdef PRIMUS_HAVE_CUDA
   if (gpu) {
@@ -58,7 +57,8 @@ Compute choose_compute(const config::TrainingArgs& a, int local_rank) {
     int n = 0;
     PRIMUS_CUDA_CHECK(cudaGetDeviceCount(&n));
     c.device = Device::CUDA;
-    c.backend = std::make_unique<cuda::CudaBackend>(local_rank % n);
+    c.owned = std::make_unique<cuda::CudaBackend>(local_rank % n);
+    c.backend = c.owned.get();
     if (!a.gemm_tuning_cache.empty()) {
       const int taken = cuda::load_gemm_cache(a.gemm_tuning_cache);
       log::info("GEMM tuning cache {}: {} entries for this GPU", a.gemm_tuning_cache, taken);
@@ -69,7 +69,8 @@ Compute choose_compute(const config::TrainingArgs& a, int local_rank) {
 #endif
   (void)gpu;
   if (d == "auto") log::warn("bf16: true without a GPU: the CPU reference backend trains, slowly (bf16: false is fast on the CPU)");
-  c.backend = std::make_unique<cpu::ReferenceBackend>();
+  c.owned = std::make_unique<cpu::ReferenceBackend>();
+  c.backend = c.owned.get();
   return c;
 }
 

@@ -1,10 +1,11 @@
 // Where and in what precision a run trains, from the `device` (auto | cpu | cuda) and `bf16`
-// keys:
-//   bf16: false  fp32 on the CPU (LlamaModel<float>): every parallel layout. device: cuda is an
-//                error (the GPU backend computes in bf16).
-//   bf16: true   bf16 mixed precision (MixedLlamaModel) on an op backend: the GPU when device is
-//                cuda, or auto with a GPU present; else the CPU reference backend (slow: it exists
-//                to check the mixed-precision path on machines without a GPU).
+// keys. The model is the same in every case (model/llama.h); only its backend and precision
+// change:
+//   bf16: false  fp32 on the CPU backend (kernels/cpu/cpu_backend.h). device: cuda is an error
+//                (the GPU backend computes in bf16).
+//   bf16: true   bf16 mixed precision: on the GPU when device is cuda, or auto with a GPU
+//                present; else on the CPU reference backend (slow: it exists to check the
+//                mixed-precision path on machines without a GPU).
 #pragma once
 
 #include <memory>
@@ -12,15 +13,17 @@
 
 #include "config/experiment.h"
 #include "kernels/backend.h"
+#include "model/llama.h"
 #include "parallel/process_group.h"
 
 namespace primus::train {
 
 struct Compute {
   Device device = Device::CPU;
-  bool mixed = false;                      // bf16 mixed precision
-  std::unique_ptr<ops::Backend> backend;   // set when mixed
-  std::string describe() const;            // "cuda (NVIDIA H100 80GB HBM3), bf16 mixed precision"
+  Precision precision = Precision::Fp32;
+  ops::Backend* backend = nullptr;        // the CPU backend, or owned below
+  std::unique_ptr<ops::Backend> owned;
+  std::string describe() const;  // "cuda (NVIDIA H100 80GB HBM3), bf16 mixed precision"
 };
 
 bool cuda_built();      // the CUDA backend was compiled in

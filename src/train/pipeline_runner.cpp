@@ -4,7 +4,7 @@
 
 namespace primus::train {
 
-LlamaStageRunner::LlamaStageRunner(LlamaModel<float>& model, int64_t mbs, int64_t seq, float dloss, MicrobatchFill fill)
+LlamaStageRunner::LlamaStageRunner(LlamaModel& model, int64_t mbs, int64_t seq, double dloss, MicrobatchFill fill)
     : model_(model), mbs_(mbs), seq_(seq), dloss_(dloss), fill_(std::move(fill)) {}
 
 Shape LlamaStageRunner::message_shape() const {
@@ -14,7 +14,7 @@ Shape LlamaStageRunner::message_shape() const {
 // A microbatch's context is shared by the chunks of this rank (a V-shape rank runs chunk 0 and
 // chunk 1 of the same microbatch); it is made at the microbatch's first F here and dropped after
 // its last W.
-LlamaContext<float>& LlamaStageRunner::context(int microbatch) {
+LlamaContext& LlamaStageRunner::context(int microbatch) {
   auto it = ctx_.find(microbatch);
   if (it != ctx_.end()) return it->second.ctx;
   std::vector<int32_t> tokens, targets;
@@ -25,7 +25,7 @@ LlamaContext<float>& LlamaStageRunner::context(int microbatch) {
 }
 
 Tensor LlamaStageRunner::forward(int microbatch, int chunk, const Tensor& input) {
-  LlamaContext<float>& ctx = context(microbatch);
+  LlamaContext& ctx = context(microbatch);
   Tensor out = model_.forward_chunk(ctx, chunk, input);
   if (model_.partition().chunks[chunk].has_head) loss_sum_ += ctx.loss;
   return out;
@@ -44,7 +44,7 @@ void LlamaStageRunner::backward_weight(int microbatch, int chunk) {
   if (++it->second.weights_done == model_.num_chunks()) ctx_.erase(it);
 }
 
-double pipeline_forward_only(LlamaModel<float>& model, const pipeline::Schedule& schedule,
+double pipeline_forward_only(LlamaModel& model, const pipeline::Schedule& schedule,
                              parallel::ProcessGroup& pp_group, int64_t mbs, int64_t seq, int microbatches,
                              const MicrobatchFill& fill) {
   const int me = pp_group.rank(), S = schedule.num_stages();
@@ -52,7 +52,7 @@ double pipeline_forward_only(LlamaModel<float>& model, const pipeline::Schedule&
   double loss = 0;
   std::vector<int32_t> tokens, targets;
   for (int m = 0; m < microbatches; ++m) {
-    LlamaContext<float> ctx;
+    LlamaContext ctx;
     bool begun = false;
     Tensor x;
     std::vector<parallel::WorkPtr> sends;
@@ -66,7 +66,7 @@ double pipeline_forward_only(LlamaModel<float>& model, const pipeline::Schedule&
         begun = true;
       }
       if (s > 0 && schedule.rank_of_stage(s - 1) != me) {
-        x = Tensor::empty(shape);
+        x = Tensor::empty(shape, model.activation_dtype(), pp_group.device());
         pp_group.irecv(x, schedule.rank_of_stage(s - 1), s)->wait();
       }
       x = model.forward_chunk(ctx, schedule.chunk_of_stage(s), x);

@@ -17,8 +17,9 @@ using MicrobatchFill = std::function<void(int m, std::vector<int32_t>& tokens, s
 class LlamaStageRunner final : public pipeline::StageRunner {
  public:
   // dloss: 1 / microbatches of the global batch (see the trainer's loss convention).
-  LlamaStageRunner(LlamaModel<float>& model, int64_t mbs, int64_t seq, float dloss, MicrobatchFill fill);
+  LlamaStageRunner(LlamaModel& model, int64_t mbs, int64_t seq, double dloss, MicrobatchFill fill);
   Shape message_shape() const override;
+  DType message_dtype() const override { return model_.activation_dtype(); }
   Tensor forward(int microbatch, int chunk, const Tensor& input) override;
   Tensor backward_input(int microbatch, int chunk, const Tensor& grad_output) override;
   void backward_weight(int microbatch, int chunk) override;
@@ -26,13 +27,13 @@ class LlamaStageRunner final : public pipeline::StageRunner {
   size_t live_contexts() const { return ctx_.size(); }
 
  private:
-  LlamaContext<float>& context(int microbatch);
-  LlamaModel<float>& model_;
+  LlamaContext& context(int microbatch);
+  LlamaModel& model_;
   int64_t mbs_, seq_;
-  float dloss_;
+  double dloss_;
   MicrobatchFill fill_;
   struct Live {
-    LlamaContext<float> ctx;
+    LlamaContext ctx;
     int weights_done = 0;
   };
   std::map<int, Live> ctx_;  // microbatches in flight on this rank
@@ -42,7 +43,7 @@ class LlamaStageRunner final : public pipeline::StageRunner {
 // Forward only (evaluation): every microbatch through the stages in model order, activations
 // passed with the pipeline group. Returns the summed loss of `microbatches` microbatches on every
 // member of the group. Collective over pp_group.
-double pipeline_forward_only(LlamaModel<float>& model, const pipeline::Schedule& schedule,
+double pipeline_forward_only(LlamaModel& model, const pipeline::Schedule& schedule,
                              parallel::ProcessGroup& pp_group, int64_t mbs, int64_t seq, int microbatches,
                              const MicrobatchFill& fill);
 

@@ -13,7 +13,7 @@
 #include "gpu_test_util.h"
 #include "kernels/cpu/reference_backend.h"
 #include "kernels/cuda/cuda_backend.h"
-#include "model/llama_mixed.h"
+#include "model/llama.h"
 #include "optim/flat_adamw.h"
 #include "support/relative_error.h"
 #include "train/trainer.h"
@@ -173,10 +173,10 @@ TEST(CudaBackend, AttentionRopeEmbeddingAndCrossEntropyMatchTheReference) {
   const int dl = p.add(Tensor::zeros({N, V}, DType::BF16));
   std::vector<double> loss;
   p.run([&](ops::Backend& b, std::vector<Tensor>& t) {
-    b.rope_apply(t[qkv], s.heads + s.groups, s.head_dim, s.seq, t[cs], t[sn], false);
+    b.rope_apply(t[qkv], s.heads + s.groups, s.head_dim, s.seq, 0, t[cs], t[sn], false);
     b.attention_forward(t[qkv], t[out], t[lse], s);
     b.attention_backward(t[qkv], t[out], t[lse], t[dout], t[dqkv], s);
-    b.rope_apply(t[dqkv], s.heads + s.groups, s.head_dim, s.seq, t[cs], t[sn], true);
+    b.rope_apply(t[dqkv], s.heads + s.groups, s.head_dim, s.seq, 0, t[cs], t[sn], true);
     b.embedding_forward(t[tk], t[table], t[emb]);
     b.embedding_backward(host_tokens, t[demb], t[dtable]);
     b.ce_init(t[m], t[su], t[zt]);
@@ -197,6 +197,54 @@ TEST(CudaBackend, AttentionRopeEmbeddingAndCrossEntropyMatchTheReference) {
   p.expect(dl, 2e-3, 1e-2, "softmax minus one-hot");
   ASSERT_EQ(loss.size(), 2u);
   EXPECT_NEAR(loss[1], loss[0], 1e-5 * std::abs(loss[0]));
+}
+
+// The ops tensor parallelism and decoding add: residual adds after a reduction, a vocabulary
+// shard's embedding (negative ids: zero rows, no gradient), the cross-entropy's re-basing to the
+// max over shards, rotary positions from an offset, and attention against a KV cache.
+TEST(CudaBackend, ShardAndDecodingOpsMatchTheReference) {
+  PRIMUS_REQUIRE_GPU();
+  cuda::CudaBackend be;
+  const int64_t N = 40, C = 64, L = 37;
+  const ops::AttentionShape d{1, L, 4, 2, 64};
+  Pair p;
+  const int a = p.add(random_host({N, C}, DType::BF16, 1)), b2 = p.add(random_host({N, C}, DType::BF16, 2));
+  const int sum = p.add(Tensor::zeros({N, C}, DType::BF16));
+  Tensor tok = Tensor::empty({N}, DType::I32);
+  std::vector<int32_t> host_tokens(N);
+  for (int64_t i = 0; i < N; ++i) host_tokens[i] = tok.data<int32_t>()[i] = i % 3 == 0 ? -1 : int32_t((i * 5) % 20);
+  const int tk = p.add(tok), table = p.add(random_host({20, C}, DType::BF16, 3));
+  const int emb = p.add(random_host({N, C}, DType::BF16, 4));  // garbage that the zero rows must overwrite
+  const int dtable = p.add(Tensor::zeros({20, C}, DType::F32)), demb = p.add(random_host({N, C}, DType::BF16, 5));
+  const int m = p.add(random_host({N}, DType::F32, 6)), su = p.add(random_host({N}, DType::F32, 7, 0.5));
+  Tensor gmax = random_host({N}, DType::F32, 6);
+  for (int64_t i = 0; i < N; ++i) gmax.data<float>()[i] += 0.25f * float(i % 4);  // >= m
+  const int gm = p.add(gmax);
+  Tensor cos_t = Tensor::empty({64, 32}), sin_t = Tensor::empty({64, 32});
+  for (int64_t i = 0; i < cos_t.numel(); ++i) {
+    cos_t.data<float>()[i] = float(std::cos(0.013 * i));
+    sin_t.data<float>()[i] = float(std::sin(0.013 * i));
+  }
+  const int cs = p.add(cos_t), sn = p.add(sin_t);
+  const int cache = p.add(random_host({48, d.qkv_stride()}, DType::BF16, 8));  // 48 rows of room, 37 used
+  const int out = p.add(Tensor::zeros({L - 30, d.heads * d.head_dim}, DType::BF16));
+  p.run([&](ops::Backend& be_, std::vector<Tensor>& t) {
+    be_.add(t[a], t[b2], t[sum]);
+    be_.add(t[sum], t[a], t[sum]);  // in place
+    be_.embedding_forward(t[tk], t[table], t[emb]);
+    be_.embedding_backward(host_tokens, t[demb], t[dtable]);
+    be_.ce_merge_max(t[m], t[su], t[gm]);
+    Tensor rows = t[cache].slice(0, 30, 7);
+    be_.rope_apply(rows, d.heads + d.groups, d.head_dim, 7, 30, t[cs], t[sn], false);  // positions 30..36
+    be_.attention_decode(t[cache], 30, t[out], d);
+  }, be);
+  p.expect(sum, 0.02, 0.01, "a + b + a");
+  p.expect(emb, 0, 0, "embedding rows and zero rows");
+  p.expect(dtable, 1e-4, 1e-5, "embedding gradient of this shard's tokens");
+  p.expect(su, 1e-6, 1e-5, "row sums re-based to the global max");
+  p.expect(m, 0, 0, "row max set to the global max");
+  p.expect(cache, 0.02, 0.01, "rope from position 30");
+  p.expect(out, 0.02, 0.02, "attention of rows 30..36 against the cache");
 }
 
 TEST(CudaBackend, FlatAdamWMatchesTheHostOptimizer) {
@@ -241,7 +289,7 @@ struct LearnableBatch {
   }
 };
 
-double grad_rel_error(const MixedLlamaModel& gpu_model, const MixedLlamaModel& ref_model) {
+double grad_rel_error(const LlamaModel& gpu_model, const LlamaModel& ref_model) {
   return test::relative_l2_error(values(gpu_model.params().grads()), values(ref_model.params().grads()));
 }
 
@@ -250,16 +298,16 @@ struct ModelPair {
   const ModelSpec spec = spec64();
   cpu::ReferenceBackend ref;
   cuda::CudaBackend gpu;
-  MixedLlamaModel ref_model{spec, ref}, gpu_model{spec, gpu};
+  LlamaModel ref_model{spec, ref, Precision::Bf16}, gpu_model{spec, gpu, Precision::Bf16};
 };
 
 // One forward and backward of both models on the batch; expects the losses within 1%.
-void forward_backward_both(MixedLlamaModel& ref_model, MixedLlamaModel& gpu_model, const LearnableBatch& d, int it) {
+void forward_backward_both(LlamaModel& ref_model, LlamaModel& gpu_model, const LearnableBatch& d, int it) {
   ref_model.params().zero_grad();
   gpu_model.params().zero_grad();
-  MixedContext ca, cb;
-  const float la = ref_model.forward(ca, d.tokens.data(), d.targets.data(), d.B, d.S);
-  const float lb = gpu_model.forward(cb, d.tokens.data(), d.targets.data(), d.B, d.S);
+  LlamaContext ca, cb;
+  const double la = ref_model.forward(ca, d.tokens.data(), d.targets.data(), d.B, d.S);
+  const double lb = gpu_model.forward(cb, d.tokens.data(), d.targets.data(), d.B, d.S);
   EXPECT_NEAR(lb, la, 0.01 * la) << "iteration " << it + 1;
   ref_model.backward(ca, 1.0f);
   gpu_model.backward(cb, 1.0f);
@@ -272,10 +320,10 @@ void forward_backward_both(MixedLlamaModel& ref_model, MixedLlamaModel& gpu_mode
 // (the emulated cuBLASLt's algorithms gave 4.91 to 5.51 against the reference's 5.55), so a
 // trajectory test there checks rounding luck, not the kernels. The next case checks the losses
 // and gradients of that steeper run step by step, from the same weights.
-TEST(CudaBackend, MixedModelTrainsLikeTheReference) {
+TEST(CudaBackend, Bf16ModelTrainsLikeTheReference) {
   PRIMUS_REQUIRE_GPU();
   ModelPair m;
-  MixedLlamaModel &a = m.ref_model, &b = m.gpu_model;
+  LlamaModel &a = m.ref_model, &b = m.gpu_model;
   a.init_weights(3);
   b.init_weights(3);
   const AdamWOptions o{0.9, 0.95, 1e-8, 0.0};
@@ -293,10 +341,10 @@ TEST(CudaBackend, MixedModelTrainsLikeTheReference) {
 
 // The whole model along the reference's training run: at each of its 8 AdamW steps the GPU model,
 // given the same weights, computes the same loss and gradients.
-TEST(CudaBackend, MixedModelMatchesTheReferenceAlongATrainingRun) {
+TEST(CudaBackend, Bf16ModelMatchesTheReferenceAlongATrainingRun) {
   PRIMUS_REQUIRE_GPU();
   ModelPair m;
-  MixedLlamaModel &a = m.ref_model, &b = m.gpu_model;
+  LlamaModel &a = m.ref_model, &b = m.gpu_model;
   a.init_weights(3);
   FlatAdamW oa({0.9, 0.95, 1e-8, 0.0}, segments_of(a.params()), a.params().numel(), Device::CPU);
   const LearnableBatch batch;

@@ -13,10 +13,11 @@
 // beside the best candidate.
 //
 // --shapes-from lists the GEMMs that one microbatch of the config's model runs in bf16 mixed
-// precision (model/llama_gemms.h): micro_batch_size x seq_length rows, the head in vocabulary
-// chunks as the mixed model chooses them (MixedLlamaOptions: one chunk when N * vocab * 6 bytes
-// fits logits_memory_budget, else vocab_chunk columns; --vocab-chunk overrides), the forward
-// GEMMs twice under recompute_granularity: full. --tune times the candidates of each distinct
+// precision on one tensor-parallel rank (model/llama_gemms.h): micro_batch_size x seq_length
+// rows, the rank's share of heads, ffn and vocabulary, the head in vocabulary chunks as the model
+// chooses them (head_keeps_logits: one chunk when the logits and their gradient fit
+// logits_memory_budget, else vocab_chunk columns; --vocab-chunk overrides), the forward GEMMs
+// twice under recompute_granularity: full. --tune times the candidates of each distinct
 // problem and writes the winners to a cache file that training reads (gemm_tuning_cache).
 #include <dlfcn.h>
 
@@ -38,7 +39,7 @@
 #include "core/rng.h"
 #include "kernels/cpu/gemm.h"
 #include "model/llama_gemms.h"
-#include "model/llama_mixed.h"
+#include "model/llama.h"
 
 #ifdef PRIMUS_HAVE_CUDA
 #include "kernels/cuda/gemm.h"
@@ -242,15 +243,16 @@ ModelGemms model_gemms(const Options& o) {
   if (o.vocab_chunk > 0) {
     g.vocab_chunk = o.vocab_chunk;
   } else {
-    const MixedLlamaOptions mixed;  // the trainer's defaults
-    const bool whole = double(g.rows) * double(spec.vocab_size) * 6.0 <= double(mixed.logits_memory_budget);
-    g.vocab_chunk = whole ? spec.vocab_size : mixed.vocab_chunk;
+    const LlamaOptions defaults;  // the trainer's
+    const int64_t vocab_local = spec.vocab_size / std::max<int64_t>(a.tensor_model_parallel_size, 1);
+    g.vocab_chunk = head_keeps_logits(defaults, Precision::Bf16, g.rows, vocab_local) ? vocab_local
+                                                                                     : defaults.vocab_chunk;
   }
-  if (a.tensor_model_parallel_size > 1 || a.context_parallel_size > 1)
-    std::cerr << fmt::format("warning: {}: tensor_model_parallel_size {} / context_parallel_size {}: the bf16 model "
-                             "runs the whole model in one process, so the GEMMs listed are those of tp = cp = 1\n",
-                             o.shapes_from, a.tensor_model_parallel_size, a.context_parallel_size);
-  g.gemms = mixed_llama_gemms(spec, g.micro_batch, g.seq, g.vocab_chunk, g.recompute);
+  if (a.context_parallel_size > 1)
+    std::cerr << fmt::format("warning: {}: context_parallel_size {} is not built: the GEMMs listed are those of cp = 1\n",
+                             o.shapes_from, a.context_parallel_size);
+  check_tensor_parallel(spec, int(a.tensor_model_parallel_size));
+  g.gemms = llama_gemms(spec, g.micro_batch, g.seq, g.vocab_chunk, g.recompute, int(a.tensor_model_parallel_size));
   return g;
 }
 

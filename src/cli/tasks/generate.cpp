@@ -7,6 +7,7 @@
 #include "cli/registry.h"
 #include "core/error.h"
 #include "data/tokenizer.h"
+#include "kernels/cpu/cpu_backend.h"
 #include "model/generation.h"
 #include "train/checkpoint.h"
 
@@ -31,7 +32,7 @@ int run(const Options& o) {
   if (tok_type.empty()) fail("the checkpoint's config names no tokenizer_type; cannot turn text into tokens");
   auto tok = data::build_tokenizer({tok_type, ov["tokenizer_model"] ? ov["tokenizer_model"].as<std::string>() : ""});
 
-  LlamaModel<float> model(spec);
+  LlamaModel model(spec, cpu::cpu_backend(), Precision::Fp32);
   train::LoadOptions lo;
   lo.optimizer = false;  // the weights only: damaged optimizer state does not matter here
   auto ck = train::load_checkpoint(dir, model.params(), lo);

@@ -265,11 +265,53 @@ void attention_backward(const T* qkv, const T* out, const T* lse, const T* dout,
   }
 }
 
+// One sequence's cached rows; each query row r attends to rows 0..r. Few rows per call (a prompt,
+// then one token at a time), so heads are the parallel dimension.
+template <typename T>
+void attention_decode(const T* cache, int64_t first, T* out, const AttentionShape& s) {
+  const int64_t L = s.seq, D = s.head_dim, stride = s.qkv_stride();
+  const int64_t q_size = s.heads * D, kv_size = s.groups * D, per_group = s.heads / s.groups;
+  const T scale = T(1) / std::sqrt(T(D));
+  const int64_t rows = L - first;
+#pragma omp parallel if(rows * s.heads * L * D >= kParallelMin)
+  {
+    std::vector<T> p(L);
+#pragma omp for schedule(static) collapse(2)
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t h = 0; h < s.heads; ++h) {
+        const int64_t row = first + r, g = h / per_group;
+        const T* q = cache + row * stride + h * D;
+        T mx = -std::numeric_limits<T>::infinity();
+        for (int64_t t = 0; t <= row; ++t) {
+          const T* k = cache + t * stride + q_size + g * D;
+          T d = 0;
+#pragma omp simd reduction(+ : d)
+          for (int64_t j = 0; j < D; ++j) d += q[j] * k[j];
+          p[t] = d * scale;
+          mx = std::max(mx, p[t]);
+        }
+        T z = 0;
+        for (int64_t t = 0; t <= row; ++t) z += (p[t] = std::exp(p[t] - mx));
+        T* o = out + r * q_size + h * D;
+        std::fill(o, o + D, T(0));
+        for (int64_t t = 0; t <= row; ++t) {
+          const T* v = cache + t * stride + q_size + kv_size + g * D;
+          const T w = p[t] / z;
+#pragma omp simd
+          for (int64_t j = 0; j < D; ++j) o[j] += w * v[j];
+        }
+      }
+  }
+}
+
 template void attention_forward<float>(const float*, float*, float*, const AttentionShape&);
 template void attention_forward<double>(const double*, double*, double*, const AttentionShape&);
 template void attention_backward<float>(const float*, const float*, const float*, const float*, float*,
                                         const AttentionShape&);
 template void attention_backward<double>(const double*, const double*, const double*, const double*, double*,
                                          const AttentionShape&);
+
+template void attention_decode<float>(const float*, int64_t, float*, const AttentionShape&);
+template void attention_decode<double>(const double*, int64_t, double*, const AttentionShape&);
 
 }  // namespace primus::cpu

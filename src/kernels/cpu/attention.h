@@ -24,4 +24,10 @@ void attention_forward(const T* qkv, T* out, T* lse, const AttentionShape& s);
 template <typename T>
 void attention_backward(const T* qkv, const T* out, const T* lse, const T* dout, T* dqkv, const AttentionShape& s);
 
+// Decoding with a key/value cache: cache [seq, qkv_stride] holds the qkv rows of positions
+// 0 .. seq-1 of one sequence (s.batch = 1); out [seq - first, heads*head_dim] receives the causal
+// attention of the query rows first .. seq-1.
+template <typename T>
+void attention_decode(const T* cache, int64_t first, T* out, const AttentionShape& s);
+
 }  // namespace primus::cpu

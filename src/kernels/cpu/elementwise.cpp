@@ -1,5 +1,6 @@
 #include "kernels/cpu/elementwise.h"
 
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
@@ -161,12 +162,16 @@ void rope_apply(T* x, int64_t rows, int64_t stride, int64_t heads, int64_t head_
 template <typename T>
 void embedding_forward(const int32_t* tokens, const T* table, T* out, int64_t n, int64_t vocab, int64_t c) {
   for (int64_t i = 0; i < n; ++i)
-    if (tokens[i] < 0 || tokens[i] >= vocab)
+    if (tokens[i] >= vocab)
       fail("token id {} at position {} is outside the vocabulary of {} entries", tokens[i], i, vocab);
 #pragma omp parallel for schedule(static) if(n * c >= kParallelMin)
   for (int64_t i = 0; i < n; ++i) {
-    const T* src = table + int64_t(tokens[i]) * c;
     T* dst = out + i * c;
+    if (tokens[i] < 0) {
+      std::fill(dst, dst + c, T(0));
+      continue;
+    }
+    const T* src = table + int64_t(tokens[i]) * c;
 #pragma omp simd
     for (int64_t j = 0; j < c; ++j) dst[j] = src[j];
   }
@@ -181,6 +186,7 @@ void embedding_backward_weight(const int32_t* tokens, const T* dout, T* dtable, 
   for (int64_t j0 = 0; j0 < c; j0 += block) {
     const int64_t j1 = std::min(c, j0 + block);
     for (int64_t i = 0; i < n; ++i) {
+      if (tokens[i] < 0) continue;
       T* dst = dtable + int64_t(tokens[i]) * c;
       const T* src = dout + i * c;
 #pragma omp simd

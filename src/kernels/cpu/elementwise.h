@@ -41,8 +41,9 @@ template <typename T>
 void rope_apply(T* x, int64_t rows, int64_t stride, int64_t heads, int64_t head_dim, int64_t seq, int64_t pos0,
                 const T* cos, const T* sin, bool inverse);
 
-// Embedding: out[i] = table[tokens[i]]; backward_weight: dtable[tokens[i]] += dout[i].
-// Token ids are checked against the vocabulary (an out-of-range id is a data error).
+// Embedding: out[i] = table[tokens[i]]; backward_weight: dtable[tokens[i]] += dout[i]. A negative
+// id stands for a token of another vocabulary shard: a zero row, no gradient. An id at or past
+// the vocabulary is a data error.
 template <typename T>
 void embedding_forward(const int32_t* tokens, const T* table, T* out, int64_t n, int64_t vocab, int64_t c);
 template <typename T>

@@ -7,6 +7,7 @@
 #include <fmt/ranges.h>
 
 #include "kernels/cpu/attention.h"
+#include "kernels/cpu/cpu_backend.h"
 #include "kernels/cpu/elementwise.h"
 #include "kernels/cpu/gemm.h"
 
@@ -120,13 +121,16 @@ void ReferenceBackend::swiglu_backward(const Tensor& dact, const Tensor& gate_up
   write(dgate_up, dg.data(), "swiglu dgate_up");
 }
 
-void ReferenceBackend::rope_apply(Tensor& x, int64_t heads, int64_t head_dim, int64_t seq, const Tensor& cos,
-                                  const Tensor& sin, bool inverse) {
+void ReferenceBackend::rope_apply(Tensor& x, int64_t heads, int64_t head_dim, int64_t seq, int64_t pos0,
+                                  const Tensor& cos, const Tensor& sin, bool inverse) {
   std::vector<float> v = read(x, "rope x");
   check_host(cos, "rope cos");
   check_host(sin, "rope sin");
-  cpu::rope_apply<float>(v.data(), x.size(0), x.size(1), heads, head_dim, seq, 0, cos.data<float>(), sin.data<float>(),
-                         inverse);
+  PRIMUS_CHECK(heads * head_dim <= x.size(1) && cos.size(1) * 2 == head_dim && pos0 + std::min(seq, x.size(0)) <= cos.size(0),
+               "rope of {} heads of {} at positions from {} on rows of {} with tables {}", heads, head_dim, pos0,
+               x.size(1), cos.shape_str());
+  cpu::rope_apply<float>(v.data(), x.size(0), x.size(1), heads, head_dim, seq, pos0, cos.data<float>(),
+                         sin.data<float>(), inverse);
   write(x, v.data(), "rope x");
 }
 
@@ -145,6 +149,17 @@ void ReferenceBackend::attention_backward(const Tensor& qkv, const Tensor& out, 
   std::vector<float> dq(dqkv.numel());
   cpu::attention_backward<float>(q.data(), o.data(), lse.data<float>(), d.data(), dq.data(), s);
   write(dqkv, dq.data(), "attention dqkv");
+}
+
+void ReferenceBackend::attention_decode(const Tensor& cache, int64_t first, Tensor& out, const ops::AttentionShape& s) {
+  PRIMUS_CHECK(s.batch == 1 && first >= 0 && first < s.seq && cache.size(0) >= s.seq &&
+                   cache.size(1) == s.qkv_stride() && out.numel() == (s.seq - first) * s.heads * s.head_dim,
+               "attention decode of rows {}..{} on a cache {} into {}", first, s.seq, cache.shape_str(),
+               out.shape_str());
+  const std::vector<float> c = read(cache.slice(0, 0, s.seq), "attention cache");
+  std::vector<float> o(out.numel());
+  cpu::attention_decode<float>(c.data(), first, o.data(), s);
+  write(out, o.data(), "attention out");
 }
 
 void ReferenceBackend::embedding_forward(const Tensor& tokens, const Tensor& table, Tensor& out) {
@@ -174,6 +189,17 @@ void ReferenceBackend::column_sum_accumulate(const Tensor& dy, Tensor& out) {
     for (int64_t j = 0; j < m; ++j) o[j] += d[i * m + j];
 }
 
+void ReferenceBackend::add(const Tensor& a, const Tensor& b, Tensor& out) {
+  PRIMUS_CHECK(a.numel() == out.numel() && b.numel() == out.numel() && a.dtype() == out.dtype() &&
+                   b.dtype() == out.dtype(),
+               "add of {} {} and {} {} into {} {}", dtype_name(a.dtype()), a.shape_str(), dtype_name(b.dtype()),
+               b.shape_str(), dtype_name(out.dtype()), out.shape_str());
+  std::vector<float> x = read(a, "add a");
+  const std::vector<float> y = read(b, "add b");
+  for (size_t i = 0; i < x.size(); ++i) x[i] += y[i];
+  write(out, x.data(), "add out");
+}
+
 void ReferenceBackend::ce_init(Tensor& row_max, Tensor& row_sum, Tensor& target_logit) {
   check_host(row_max, "ce row_max");
   std::fill_n(row_max.data<float>(), row_max.numel(), -std::numeric_limits<float>::infinity());
@@ -197,6 +223,17 @@ void ReferenceBackend::ce_chunk_forward(const Tensor& logits, const Tensor& targ
     s[i] = s[i] * std::exp(m[i] - mx) + sum;
     m[i] = mx;
     if (t[i] >= c0 && t[i] < c0 + vc) zt[i] = zi[t[i] - c0];
+  }
+}
+
+void ReferenceBackend::ce_merge_max(Tensor& row_max, Tensor& row_sum, const Tensor& global_max) {
+  expect(row_sum, DType::F32, row_max.shape(), "ce row_sum");
+  expect(global_max, DType::F32, row_max.shape(), "ce global_max");
+  float *m = row_max.data<float>(), *s = row_sum.data<float>();
+  const float* g = global_max.data<float>();
+  for (int64_t i = 0; i < row_max.numel(); ++i) {
+    s[i] *= std::exp(m[i] - g[i]);
+    m[i] = g[i];
   }
 }
 
@@ -228,11 +265,7 @@ void ReferenceBackend::ce_chunk_backward(const Tensor& logits, const Tensor& lse
   write(dlogits, d.data(), "ce dlogits");
 }
 
-void ReferenceBackend::cast(const Tensor& src, Tensor& dst) {
-  PRIMUS_CHECK(src.numel() == dst.numel(), "cast of {} elements into {}", src.numel(), dst.numel());
-  const std::vector<float> v = read(src, "cast source");
-  write(dst, v.data(), "cast destination");
-}
+void ReferenceBackend::cast(const Tensor& src, Tensor& dst) { cast_host(src, dst); }
 
 MemoryStats ReferenceBackend::memory_stats() const { return host_memory_stats(); }
 void ReferenceBackend::reset_peak_memory() { reset_peak_host_memory(); }

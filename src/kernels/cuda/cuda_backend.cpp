@@ -1,5 +1,7 @@
 #include "kernels/cuda/cuda_backend.h"
 
+#include <algorithm>
+
 #include <fmt/ranges.h>
 
 #include "kernels/cuda/flash_attention.h"
@@ -123,14 +125,16 @@ void CudaBackend::swiglu_backward(const Tensor& dact, const Tensor& gate_up, Ten
   cuda::swiglu_backward(B(dact), B(gate_up), B(dgate_up), n, f, stream());
 }
 
-void CudaBackend::rope_apply(Tensor& x, int64_t heads, int64_t head_dim, int64_t seq, const Tensor& cos,
+void CudaBackend::rope_apply(Tensor& x, int64_t heads, int64_t head_dim, int64_t seq, int64_t pos0, const Tensor& cos,
                              const Tensor& sin, bool inverse) {
   check(x, DType::BF16, "rope x");
   check(cos, DType::F32, "rope cos");
   check(sin, DType::F32, cos.shape(), "rope sin");
-  PRIMUS_CHECK(heads * head_dim <= x.size(1) && cos.size(1) * 2 == head_dim && seq <= cos.size(0),
-               "rope of {} heads of {} on rows of {} with tables {}", heads, head_dim, x.size(1), cos.shape_str());
-  cuda::rope_apply(B(x), x.size(0), x.size(1), heads, head_dim, seq, 0, F(cos), F(sin), inverse, stream());
+  PRIMUS_CHECK(heads * head_dim <= x.size(1) && cos.size(1) * 2 == head_dim && pos0 >= 0 &&
+                   pos0 + std::min(seq, x.size(0)) <= cos.size(0),
+               "rope of {} heads of {} at positions from {} on rows of {} with tables {}", heads, head_dim, pos0,
+               x.size(1), cos.shape_str());
+  cuda::rope_apply(B(x), x.size(0), x.size(1), heads, head_dim, seq, pos0, F(cos), F(sin), inverse, stream());
 }
 
 void CudaBackend::attention_forward(const Tensor& qkv, Tensor& out, Tensor& lse, const ops::AttentionShape& s) {
@@ -154,6 +158,16 @@ void CudaBackend::attention_backward(const Tensor& qkv, const Tensor& out, const
   flash_attention_backward(B(qkv), B(out), F(lse), B(dout), B(dqkv), d, true, stream());
 }
 
+void CudaBackend::attention_decode(const Tensor& cache, int64_t first, Tensor& out, const ops::AttentionShape& s) {
+  const AttentionDims d = dims_of(s);
+  if (const std::string why = attention_decode_unsupported(d); !why.empty()) fail("attention on the GPU: {}", why);
+  check(cache, DType::BF16, "attention cache");
+  PRIMUS_CHECK(cache.size(0) >= s.seq && cache.size(1) == s.qkv_stride() && first >= 0 && first < s.seq,
+               "attention decode of rows {}..{} on a cache {}", first, s.seq, cache.shape_str());
+  check(out, DType::BF16, {s.seq - first, s.heads * s.head_dim}, "attention out");
+  cuda::attention_decode(B(cache), first, B(out), d, stream());
+}
+
 void CudaBackend::embedding_forward(const Tensor& tokens, const Tensor& table, Tensor& out) {
   const int64_t n = out.size(0), c = out.size(1);
   check(tokens, DType::I32, {n}, "embedding tokens");
@@ -169,8 +183,14 @@ void CudaBackend::embedding_backward(const std::vector<int32_t>& host_tokens, co
   check(dtable, DType::F32, "embedding dtable");
   PRIMUS_CHECK(int64_t(host_tokens.size()) == n && dtable.size(1) == c, "embedding backward: {} tokens, dout {}, dtable {}",
                host_tokens.size(), dout.shape_str(), dtable.shape_str());
-  const EmbeddingGrouping grp = EmbeddingGrouping::build(host_tokens.data(), n);
+  EmbeddingGrouping grp = EmbeddingGrouping::build(host_tokens.data(), n);
+  // Negative ids (tokens of other vocabulary shards) sort first: drop their groups.
+  const auto skip = std::lower_bound(grp.unique_tokens.begin(), grp.unique_tokens.end(), 0) - grp.unique_tokens.begin();
+  grp.unique_tokens.erase(grp.unique_tokens.begin(), grp.unique_tokens.begin() + skip);
+  grp.offsets.erase(grp.offsets.begin(), grp.offsets.begin() + skip);
   if (grp.unique_tokens.empty()) return;
+  PRIMUS_CHECK(grp.unique_tokens.back() < dtable.size(0), "embedding backward: token {} outside the table {}",
+               grp.unique_tokens.back(), dtable.shape_str());
   const Tensor u = upload(grp.unique_tokens), o = upload(grp.offsets), p = upload(grp.positions);
   cuda::embedding_backward(I(u), I(o), I(p), int64_t(grp.unique_tokens.size()), B(dout), F(dtable), c, stream());
   // u, o and p return to the caching allocator here; later work on the stream may reuse them
@@ -182,6 +202,13 @@ void CudaBackend::column_sum_accumulate(const Tensor& dy, Tensor& out) {
   check(dy, DType::BF16, "column sum dy");
   check(out, DType::F32, {m}, "column sum out");
   cuda::column_sum_accumulate(B(dy), F(out), n, m, stream());
+}
+
+void CudaBackend::add(const Tensor& a, const Tensor& b, Tensor& out) {
+  check(a, DType::BF16, "add a");
+  check(b, DType::BF16, a.shape(), "add b");
+  check(out, DType::BF16, a.shape(), "add out");
+  cuda::add(B(a), B(b), B(out), out.numel(), stream());
 }
 
 void CudaBackend::ce_init(Tensor& row_max, Tensor& row_sum, Tensor& target_logit) {
@@ -201,6 +228,14 @@ void CudaBackend::ce_chunk_forward(const Tensor& logits, const Tensor& targets, 
   check(row_sum, DType::F32, {n}, "ce row_sum");
   check(target_logit, DType::F32, {n}, "ce target_logit");
   cuda::ce_chunk_forward(F(logits), I(targets), c0, vc, F(row_max), F(row_sum), F(target_logit), n, stream());
+}
+
+void CudaBackend::ce_merge_max(Tensor& row_max, Tensor& row_sum, const Tensor& global_max) {
+  const int64_t n = row_max.numel();
+  check(row_max, DType::F32, {n}, "ce row_max");
+  check(row_sum, DType::F32, {n}, "ce row_sum");
+  check(global_max, DType::F32, {n}, "ce global_max");
+  cuda::ce_merge_max(F(row_max), F(row_sum), F(global_max), n, stream());
 }
 
 double CudaBackend::ce_finish(const Tensor& row_max, const Tensor& row_sum, const Tensor& target_logit,

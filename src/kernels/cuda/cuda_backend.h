@@ -15,6 +15,7 @@ class CudaBackend final : public ops::Backend {
 
   Device device() const override { return Device::CUDA; }
   std::string name() const override;
+  bool computes_in(DType activation) const override { return activation == DType::BF16; }
 
   void gemm(bool trans_a, bool trans_b, float alpha, const Tensor& A, const Tensor& B, float beta, const Tensor& C,
             Tensor& D, const Tensor& bias) override;
@@ -24,17 +25,20 @@ class CudaBackend final : public ops::Backend {
   void rmsnorm_backward_weight(const Tensor& dy, const Tensor& x, const Tensor& rstd, Tensor& dw) override;
   void swiglu_forward(const Tensor& gate_up, Tensor& act) override;
   void swiglu_backward(const Tensor& dact, const Tensor& gate_up, Tensor& dgate_up) override;
-  void rope_apply(Tensor& x, int64_t heads, int64_t head_dim, int64_t seq, const Tensor& cos, const Tensor& sin,
-                  bool inverse) override;
+  void rope_apply(Tensor& x, int64_t heads, int64_t head_dim, int64_t seq, int64_t pos0, const Tensor& cos,
+                  const Tensor& sin, bool inverse) override;
   void attention_forward(const Tensor& qkv, Tensor& out, Tensor& lse, const ops::AttentionShape& s) override;
   void attention_backward(const Tensor& qkv, const Tensor& out, const Tensor& lse, const Tensor& dout, Tensor& dqkv,
                           const ops::AttentionShape& s) override;
+  void attention_decode(const Tensor& cache, int64_t first, Tensor& out, const ops::AttentionShape& s) override;
   void embedding_forward(const Tensor& tokens, const Tensor& table, Tensor& out) override;
   void embedding_backward(const std::vector<int32_t>& host_tokens, const Tensor& dout, Tensor& dtable) override;
   void column_sum_accumulate(const Tensor& dy, Tensor& out) override;
+  void add(const Tensor& a, const Tensor& b, Tensor& out) override;
   void ce_init(Tensor& row_max, Tensor& row_sum, Tensor& target_logit) override;
   void ce_chunk_forward(const Tensor& logits, const Tensor& targets, int64_t c0, Tensor& row_max, Tensor& row_sum,
                         Tensor& target_logit) override;
+  void ce_merge_max(Tensor& row_max, Tensor& row_sum, const Tensor& global_max) override;
   double ce_finish(const Tensor& row_max, const Tensor& row_sum, const Tensor& target_logit, const Tensor& targets,
                    Tensor& lse) override;
   void ce_chunk_backward(const Tensor& logits, const Tensor& lse, const Tensor& targets, int64_t c0,

@@ -23,4 +23,15 @@ std::string flash_attention_unsupported(const AttentionDims& d) {
   return "";
 }
 
+std::string attention_decode_unsupported(const AttentionDims& d) {
+  if (d.batch != 1 || d.seq <= 0 || d.heads <= 0 || d.groups <= 0 || d.heads % d.groups != 0)
+    return fmt::format("decoding attention needs one sequence and heads divisible by groups (batch {}, seq {}, "
+                       "heads {}, groups {})",
+                       d.batch, d.seq, d.heads, d.groups);
+  if (d.head_dim % 32 != 0 || d.head_dim > 256)
+    return fmt::format("decoding attention supports head_dim a multiple of 32 up to 256, not {}", d.head_dim);
+  if (d.seq > 65535) return fmt::format("decoding attention supports up to 65535 positions, not {}", d.seq);
+  return "";
+}
+
 }  // namespace primus::cuda

@@ -57,4 +57,13 @@ inline double attention_forward_flops(const AttentionDims& d, bool causal) {
          (causal ? 0.5 : 1.0);
 }
 
+// Decoding with a key/value cache (ops::Backend::attention_decode): cache [seq, qkv_stride] bf16
+// holds the rotated qkv rows of positions 0 .. seq-1 of one sequence (d.batch = 1); out [seq -
+// first, heads*head_dim] bf16 receives the causal attention of the queries of rows first .. seq-1.
+// One CTA per (query row, head): its warps take keys in turn with an online softmax each, then
+// merge; fp32 throughout. head_dim a multiple of 32, at most 256 (attention_decode.cu).
+std::string attention_decode_unsupported(const AttentionDims& d);
+void attention_decode(const __nv_bfloat16* cache, int64_t first, __nv_bfloat16* out, const AttentionDims& d,
+                      cudaStream_t stream);
+
 }  // namespace primus::cuda

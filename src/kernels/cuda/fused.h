@@ -44,7 +44,8 @@ void rope_apply(bf16* x, int64_t rows, int64_t stride, int64_t heads, int64_t he
                 const float* cos, const float* sin, bool inverse, cudaStream_t stream);
 
 // ---- Token embedding ----
-// out[i] = table[tokens[i]]; tokens are device int32, already checked against the vocabulary.
+// out[i] = table[tokens[i]], a zero row for a negative id (a token of another vocabulary shard);
+// tokens are device int32, already checked against the vocabulary.
 void embedding_forward(const int32_t* tokens, const bf16* table, bf16* out, int64_t n, int64_t c,
                        cudaStream_t stream);
 // dtable[t] += sum of dout[i] over the positions i holding token t, deterministically: the caller
@@ -69,6 +70,9 @@ void column_sum_accumulate(const bf16* dy, float* out, int64_t n, int64_t m, cud
 void ce_init(float* row_max, float* row_sum, float* target_logit, int64_t n, cudaStream_t stream);
 void ce_chunk_forward(const float* logits, const int32_t* targets, int64_t c0, int64_t vc, float* row_max,
                       float* row_sum, float* target_logit, int64_t n, cudaStream_t stream);
+// Re-bases the running sums to global_max (>= row_max; the max over vocabulary shards):
+// row_sum *= exp(row_max - global_max); row_max = global_max.
+void ce_merge_max(float* row_max, float* row_sum, const float* global_max, int64_t n, cudaStream_t stream);
 // lse[i] = row_max + log(row_sum); *loss_sum (one float, device) = sum over rows with a target >= 0
 // of (lse[i] - target_logit[i]) (accumulated in fp64; written, not added; 0 when n == 0).
 void ce_finish(const float* row_max, const float* row_sum, const float* target_logit, const int32_t* targets,
@@ -77,6 +81,9 @@ void ce_finish(const float* row_max, const float* row_sum, const float* target_l
 // (The 1/valid-tokens scale is applied by the GEMMs that consume it, as alpha.)
 void ce_chunk_backward(const float* logits, const float* lse, const int32_t* targets, int64_t c0, int64_t vc,
                        bf16* dlogits, int64_t n, cudaStream_t stream);
+
+// ---- out = a + b, element-wise (out may be a or b) ----
+void add(const bf16* a, const bf16* b, bf16* out, int64_t n, cudaStream_t stream);
 
 // ---- Casts ----
 void cast_f32_to_bf16(const float* src, bf16* dst, int64_t n, cudaStream_t stream);

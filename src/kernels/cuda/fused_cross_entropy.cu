@@ -112,6 +112,16 @@ __global__ void __launch_bounds__(kThreads)
   if (threadIdx.x == 0) *loss_sum = float(total);
 }
 
+__global__ void __launch_bounds__(kThreads)
+    ce_merge_max_kernel(float* __restrict__ row_max, float* __restrict__ row_sum,
+                        const float* __restrict__ global_max, int64_t n) {
+  for (int64_t i = int64_t(blockIdx.x) * kThreads + threadIdx.x; i < n; i += int64_t(gridDim.x) * kThreads) {
+    const float g = global_max[i];
+    if (row_sum[i] != 0.f) row_sum[i] *= expf(row_max[i] - g);  // an empty shard row stays 0
+    row_max[i] = g;
+  }
+}
+
 // dlogits = exp(z - lse) - onehot(target); zero rows for masked targets. Items of V columns.
 template <int V>
 __global__ void __launch_bounds__(kThreads)
@@ -155,6 +165,12 @@ void ce_chunk_forward(const float* logits, const int32_t* targets, int64_t c0, i
   else
     ce_chunk_forward_kernel<1><<<grid, kThreads, 0, stream>>>(logits, targets, c0, vc, row_max, row_sum,
                                                               target_logit, n);
+  PRIMUS_CUDA_CHECK_LAUNCH();
+}
+
+void ce_merge_max(float* row_max, float* row_sum, const float* global_max, int64_t n, cudaStream_t stream) {
+  if (n <= 0) return;
+  ce_merge_max_kernel<<<blocks_for(n, kThreads), kThreads, 0, stream>>>(row_max, row_sum, global_max, n);
   PRIMUS_CUDA_CHECK_LAUNCH();
 }
 

@@ -1,5 +1,5 @@
 // Element-wise kernels: SwiGLU, rotary embedding, token embedding (forward and the grouped,
-// deterministic backward), casts; and EmbeddingGrouping::build (host).
+// deterministic backward), addition, casts; and EmbeddingGrouping::build (host).
 //
 // Each is a grid-stride loop over "items" of V consecutive elements of one row: V = 8 (one 16-byte
 // bf16 access) when the row length is a multiple of 8 and the buffers are 16-byte aligned, else
@@ -100,8 +100,14 @@ __global__ void __launch_bounds__(kThreads)
   const int64_t cv = c / V, total = n * cv;
   for (int64_t idx = int64_t(blockIdx.x) * kThreads + threadIdx.x; idx < total; idx += int64_t(gridDim.x) * kThreads) {
     const int64_t i = idx / cv, j = (idx - i * cv) * V;
-    const bf16* src = table + int64_t(tokens[i]) * c + j;
+    const int64_t tok = tokens[i];
     bf16* dst = out + i * c + j;
+    if (tok < 0) {  // a token of another vocabulary shard: a zero row
+      const float zero[V] = {};
+      store_bf16<V>(dst, zero);
+      continue;
+    }
+    const bf16* src = table + tok * c + j;
     if constexpr (V == 8) {
       __stwb(reinterpret_cast<uint4*>(dst), *reinterpret_cast<const uint4*>(src));
     } else {
@@ -140,6 +146,21 @@ __global__ void __launch_bounds__(kEmbThreads)
       for (int k = 0; k < V; ++k) cur[k] += acc[k];
       store_f32<V>(dst, cur);
     }
+  }
+}
+
+// ---- out = a + b (bf16, fp32 arithmetic, one rounding) ----
+template <int V>
+__global__ void __launch_bounds__(kThreads)
+    add_kernel(const bf16* __restrict__ a, const bf16* __restrict__ b, bf16* out, int64_t n) {
+  const int64_t nv = n / V;
+  for (int64_t idx = int64_t(blockIdx.x) * kThreads + threadIdx.x; idx < nv; idx += int64_t(gridDim.x) * kThreads) {
+    float x[V], y[V];
+    load_bf16<V>(a + idx * V, x);
+    load_bf16<V>(b + idx * V, y);
+#pragma unroll
+    for (int k = 0; k < V; ++k) x[k] += y[k];
+    store_bf16<V>(out + idx * V, x);
   }
 }
 
@@ -254,6 +275,15 @@ void embedding_backward(const int32_t* unique_tokens, const int32_t* offsets, co
   else
     embedding_backward_kernel<1><<<grid, kEmbThreads, 0, stream>>>(unique_tokens, offsets, positions, num_unique,
                                                                    dout, dtable, c);
+  PRIMUS_CUDA_CHECK_LAUNCH();
+}
+
+void add(const bf16* a, const bf16* b, bf16* out, int64_t n, cudaStream_t stream) {
+  if (n <= 0) return;
+  if (n % 8 == 0 && aligned16(a) && aligned16(b) && aligned16(out))
+    add_kernel<8><<<blocks_for(n / 8, kThreads), kThreads, 0, stream>>>(a, b, out, n);
+  else
+    add_kernel<1><<<blocks_for(n, kThreads), kThreads, 0, stream>>>(a, b, out, n);
   PRIMUS_CUDA_CHECK_LAUNCH();
 }
 

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "core/rng.h"
+#include "kernels/cpu/cpu_backend.h"
 #include "model/generation.h"
 
 using namespace primus;
@@ -27,7 +28,7 @@ static ModelSpec gen_spec() {
 }
 
 TEST(Generation, KVCacheLogitsEqualAFullForward) {
-  LlamaModel<float> model(gen_spec());
+  LlamaModel model(gen_spec(), cpu::cpu_backend(), Precision::Fp32);
   model.init_weights(3);
   Rng rng(5);
   std::vector<int32_t> seq(20);
@@ -35,7 +36,7 @@ TEST(Generation, KVCacheLogitsEqualAFullForward) {
   KVCacheDecoder dec(model, 24);
   for (size_t n = 1; n <= seq.size(); ++n) {
     const std::vector<float> cached = dec.step(seq[n - 1]);
-    LlamaContext<float> ctx;
+    LlamaContext ctx;
     model.forward(ctx, seq.data(), nullptr, 1, int64_t(n));  // no targets: inference
     Tensor full = model.last_logits(ctx);
     for (int64_t v = 0; v < 41; ++v) ASSERT_NEAR(cached[v], full.data<float>()[v], 2e-5) << "position " << n;
@@ -63,7 +64,7 @@ TEST(Generation, SamplingRespectsTemperatureAndTopP) {
 }
 
 TEST(Generation, StopsAtTheStopToken) {
-  LlamaModel<float> model(gen_spec());
+  LlamaModel model(gen_spec(), cpu::cpu_backend(), Precision::Fp32);
   model.init_weights(4);
   KVCacheDecoder dec(model, 24);
   // Greedy decoding is deterministic; whatever it emits first becomes the stop token.

@@ -121,7 +121,7 @@ TEST(Kernels, EmbeddingBackwardAccumulatesRepeats) {
   std::vector<double> dt(vocab * c, 0.0);
   embedding_backward_weight(tokens.data(), R.data(), dt.data(), n, vocab, c);
   expect_grad_matches("dtable", table.data(), dt.data(), table.size(), loss);
-  std::vector<int32_t> bad{1, 6};
+  std::vector<int32_t> bad{1, 6};  // 6 is past the vocabulary
   std::vector<double> out(2 * c);
   EXPECT_THROW(embedding_forward(bad.data(), table.data(), out.data(), 2, vocab, c), Error);
 }

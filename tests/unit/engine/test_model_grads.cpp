@@ -8,6 +8,7 @@
 
 #include "core/rng.h"
 #include "grad_check.h"
+#include "kernels/cpu/cpu_backend.h"
 #include "model/llama.h"
 
 using namespace primus;
@@ -43,24 +44,24 @@ static Batch make_batch(int64_t b, int64_t s, int64_t vocab, uint64_t seed, bool
 }
 
 template <typename T>
-static std::vector<T> grads_of(LlamaModel<T>& m) {
+static std::vector<T> grads_of(LlamaModel& m) {
   const T* g = m.params().grads().template data<T>();
   return std::vector<T>(g, g + m.params().numel());
 }
 
 static void check_model_grads(const ModelSpec& spec, LlamaOptions opt) {
-  LlamaModel<double> m(spec, opt);
+  LlamaModel m(spec, cpu::cpu_backend(), Precision::Fp64, opt);
   m.init_weights(7);
   auto batch = make_batch(2, 6, spec.vocab_size, 3, true);
   auto loss = [&] {
-    LlamaContext<double> c;
+    LlamaContext c;
     return m.forward(c, batch.tokens.data(), batch.targets.data(), batch.b, batch.s);
   };
-  LlamaContext<double> ctx;
+  LlamaContext ctx;
   m.params().zero_grad();
   m.forward(ctx, batch.tokens.data(), batch.targets.data(), batch.b, batch.s);
   m.backward(ctx, 1.0);
-  auto analytic = grads_of(m);
+  auto analytic = grads_of<double>(m);
   double* values = m.params().values().data<double>();
   for (const auto& info : m.params().infos()) {
     for (int64_t i = 0; i < info.numel; ++i) {
@@ -101,19 +102,19 @@ static ModelSpec float_spec() {
 }
 
 static std::vector<float> float_grads(const ModelSpec& spec, LlamaOptions opt, bool split, float* loss_out) {
-  LlamaModel<float> m(spec, opt);
+  LlamaModel m(spec, cpu::cpu_backend(), Precision::Fp32, opt);
   m.init_weights(11);
   auto batch = make_batch(3, 70, spec.vocab_size, 5, true);
-  LlamaContext<float> ctx;
+  LlamaContext ctx;
   m.params().zero_grad();
-  *loss_out = m.forward(ctx, batch.tokens.data(), batch.targets.data(), batch.b, batch.s);
+  *loss_out = (float)m.forward(ctx, batch.tokens.data(), batch.targets.data(), batch.b, batch.s);
   if (split) {
     m.backward_input(ctx, 0.5f);
     m.backward_weight(ctx);
   } else {
     m.backward(ctx, 0.5f);
   }
-  return grads_of(m);
+  return grads_of<float>(m);
 }
 
 static void expect_close(const std::vector<float>& a, const std::vector<float>& b, float rtol) {
@@ -164,11 +165,11 @@ TEST(ModelPasses, RecomputeGivesIdenticalGradients) {
 TEST(Model, InitialLossIsLogVocab) {
   auto spec = float_spec();
   spec.init_method_std = 0.002;  // near-uniform logits
-  LlamaModel<float> m(spec);
+  LlamaModel m(spec, cpu::cpu_backend(), Precision::Fp32);
   m.init_weights(1);
   auto batch = make_batch(2, 16, spec.vocab_size, 9, false);
-  LlamaContext<float> ctx;
-  float loss = m.forward(ctx, batch.tokens.data(), batch.targets.data(), batch.b, batch.s);
+  LlamaContext ctx;
+  float loss = (float)m.forward(ctx, batch.tokens.data(), batch.targets.data(), batch.b, batch.s);
   EXPECT_NEAR(loss, std::log(float(spec.vocab_size)), 0.01);
 }
 
@@ -176,16 +177,16 @@ TEST(Model, LearnsARepeatingSequence) {
   // Plain SGD on one fixed batch: the loss must fall far below log(vocab).
   auto spec = float_spec();
   spec.init_method_std = 0.02;
-  LlamaModel<float> m(spec);
+  LlamaModel m(spec, cpu::cpu_backend(), Precision::Fp32);
   m.init_weights(2);
   Batch b{2, 32, {}, {}};
   for (int64_t i = 0; i < b.b * b.s; ++i) b.tokens.push_back(int32_t((i * 7) % 13));
   for (int64_t i = 0; i < b.b * b.s; ++i) b.targets.push_back(int32_t(((i + 1) * 7) % 13));
   float first = 0, last = 0;
   for (int step = 0; step < 60; ++step) {
-    LlamaContext<float> ctx;
+    LlamaContext ctx;
     m.params().zero_grad();
-    last = m.forward(ctx, b.tokens.data(), b.targets.data(), b.b, b.s);
+    last = (float)m.forward(ctx, b.tokens.data(), b.targets.data(), b.b, b.s);
     if (step == 0) first = last;
     m.backward(ctx, 1.0f);
     float* v = m.params().values().data<float>();
@@ -198,10 +199,10 @@ TEST(Model, LearnsARepeatingSequence) {
 
 TEST(Model, RejectsBadInput) {
   auto spec = float_spec();
-  LlamaModel<float> m(spec);
+  LlamaModel m(spec, cpu::cpu_backend(), Precision::Fp32);
   m.init_weights(1);
   std::vector<int32_t> tok(100, 1), tgt(100, 1);
-  LlamaContext<float> ctx;
+  LlamaContext ctx;
   EXPECT_THROW(m.forward(ctx, tok.data(), tgt.data(), 1, 100), Error);  // longer than max positions
   tok[3] = 97;
   EXPECT_THROW(m.forward(ctx, tok.data(), tgt.data(), 1, 10), Error);  // token outside vocab
@@ -211,11 +212,11 @@ TEST(Model, RejectsBadInput) {
 }
 
 TEST(Model, ParameterNamesFollowMegatron) {
-  LlamaModel<float> m(tiny_spec(false, true));
+  LlamaModel m(tiny_spec(false, true), cpu::cpu_backend(), Precision::Fp32);
   EXPECT_GE(m.params().find("embedding.word_embeddings.weight"), 0);
   EXPECT_GE(m.params().find("decoder.layers.1.self_attention.linear_qkv.bias"), 0);
   EXPECT_GE(m.params().find("decoder.layers.0.mlp.linear_fc1.weight"), 0);
   EXPECT_GE(m.params().find("output_layer.weight"), 0);
-  LlamaModel<float> tied(tiny_spec(true, false));
+  LlamaModel tied(tiny_spec(true, false), cpu::cpu_backend(), Precision::Fp32);
   EXPECT_LT(tied.params().find("output_layer.weight"), 0);
 }

@@ -1,18 +1,18 @@
-// The bf16 mixed-precision model on the CPU reference backend: its layout and initial weights are
-// the fp32 model's, its losses and gradients follow the fp32 model's within bf16 rounding, its
-// passes agree with each other exactly (B+W = fused backward, recompute = none), the chunked head
-// matches the stored one, and 20 AdamW steps track the fp32 run. The GPU suite (tests/gpu) holds
-// the CUDA backend to this same reference.
+// The model in bf16 mixed precision on the CPU reference backend, beside the same model in fp32 on
+// the CPU backend: its layout and initial weights are the fp32 run's, its losses and gradients
+// follow them within bf16 rounding, its passes agree with each other exactly (B+W = fused
+// backward, recompute = none), the chunked head matches the stored one, and 20 AdamW steps track
+// the fp32 run. The GPU suite (tests/gpu) holds the CUDA backend to this same reference.
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <vector>
 
 #include "core/rng.h"
+#include "kernels/cpu/cpu_backend.h"
 #include "kernels/cpu/reference_backend.h"
 #include "model/llama.h"
 #include "model/llama_gemms.h"
-#include "model/llama_mixed.h"
 #include "optim/adamw.h"
 #include "optim/flat_adamw.h"
 #include "support/relative_error.h"
@@ -59,12 +59,13 @@ std::vector<float> host(const Tensor& t) {
 
 using primus::test::relative_l2_error;
 
-// The bf16 model on the reference backend and the fp32 model, with the same initial weights.
+// The model in bf16 on the reference backend and in fp32, with the same initial weights.
 struct BothModels {
   cpu::ReferenceBackend be;
-  MixedLlamaModel mixed;
-  LlamaModel<float> fp32;
-  BothModels(const ModelSpec& spec, uint64_t seed) : mixed(spec, be), fp32(spec) {
+  LlamaModel mixed;
+  LlamaModel fp32;
+  BothModels(const ModelSpec& spec, uint64_t seed)
+      : mixed(spec, be, Precision::Bf16), fp32(spec, cpu::cpu_backend(), Precision::Fp32) {
     mixed.init_weights(seed);
     fp32.init_weights(seed);
   }
@@ -77,8 +78,8 @@ class Mixed : public ::testing::TestWithParam<std::pair<bool, bool>> {};
 TEST_P(Mixed, SameLayoutAndInitialWeightsAsTheFp32Model) {
   const ModelSpec spec = spec_of(GetParam().first, GetParam().second);
   BothModels m(spec, 5);
-  MixedLlamaModel& mixed = m.mixed;
-  LlamaModel<float>& fp32 = m.fp32;
+  LlamaModel& mixed = m.mixed;
+  LlamaModel& fp32 = m.fp32;
   ASSERT_EQ(mixed.params().infos().size(), fp32.params().infos().size());
   for (size_t i = 0; i < fp32.params().infos().size(); ++i) {
     EXPECT_EQ(mixed.params().infos()[i].name, fp32.params().infos()[i].name);
@@ -95,13 +96,13 @@ TEST_P(Mixed, SameLayoutAndInitialWeightsAsTheFp32Model) {
 TEST_P(Mixed, LossAndGradientsFollowTheFp32Model) {
   const ModelSpec spec = spec_of(GetParam().first, GetParam().second);
   BothModels m(spec, 11);
-  MixedLlamaModel& mixed = m.mixed;
-  LlamaModel<float>& fp32 = m.fp32;
+  LlamaModel& mixed = m.mixed;
+  LlamaModel& fp32 = m.fp32;
   const Batch x = make_batch(spec.vocab_size, 3);
-  MixedContext mc;
-  LlamaContext<float> fc;
-  const float lm = mixed.forward(mc, x.tokens.data(), x.targets.data(), x.b, x.s);
-  const float lf = fp32.forward(fc, x.tokens.data(), x.targets.data(), x.b, x.s);
+  LlamaContext mc;
+  LlamaContext fc;
+  const double lm = mixed.forward(mc, x.tokens.data(), x.targets.data(), x.b, x.s);
+  const double lf = fp32.forward(fc, x.tokens.data(), x.targets.data(), x.b, x.s);
   EXPECT_NEAR(lm, lf, 3e-3 * lf) << "bf16 activations move the loss by rounding only";
   mixed.backward(mc, 0.5f);
   fp32.backward(fc, 0.5f);
@@ -123,11 +124,11 @@ TEST_P(Mixed, BThenWEqualsTheFusedBackwardAndRecomputeEqualsNone) {
   const Batch x = make_batch(spec.vocab_size, 4);
   auto grads = [&](Recompute r, bool split) {
     cpu::ReferenceBackend be;
-    MixedLlamaOptions o;
+    LlamaOptions o;
     o.recompute = r;
-    MixedLlamaModel m(spec, be, o);
+    LlamaModel m(spec, be, Precision::Bf16, o);
     m.init_weights(2);
-    MixedContext c;
+    LlamaContext c;
     m.forward(c, x.tokens.data(), x.targets.data(), x.b, x.s);
     if (split) {
       m.backward_input(c, 1.0f);
@@ -148,16 +149,16 @@ TEST_P(Mixed, ChunkedHeadMatchesTheStoredHead) {
   const Batch x = make_batch(spec.vocab_size, 6);
   auto run = [&](bool chunked, float* loss) {
     cpu::ReferenceBackend be;
-    MixedLlamaOptions o;
+    LlamaOptions o;
     if (chunked) {
       o.logits_memory_budget = 0;
       o.vocab_chunk = 10;  // 37 = 10 + 10 + 10 + 7
     }
-    MixedLlamaModel m(spec, be, o);
+    LlamaModel m(spec, be, Precision::Bf16, o);
     EXPECT_EQ(m.head_stores_logits(x.b * x.s), !chunked);
     m.init_weights(9);
-    MixedContext c;
-    *loss = m.forward(c, x.tokens.data(), x.targets.data(), x.b, x.s);
+    LlamaContext c;
+    *loss = (float)m.forward(c, x.tokens.data(), x.targets.data(), x.b, x.s);
     m.backward(c, 1.0f);
     return host(m.params().grads());
   };
@@ -171,8 +172,8 @@ TEST_P(Mixed, ChunkedHeadMatchesTheStoredHead) {
 TEST_P(Mixed, TwentyAdamWStepsTrackTheFp32Run) {
   const ModelSpec spec = spec_of(GetParam().first, GetParam().second);
   BothModels m(spec, 21);
-  MixedLlamaModel& mixed = m.mixed;
-  LlamaModel<float>& fp32 = m.fp32;
+  LlamaModel& mixed = m.mixed;
+  LlamaModel& fp32 = m.fp32;
   const std::vector<ParamSegment> segs = segments_of(fp32.params());
   const AdamWOptions ao{0.9, 0.95, 1e-8, 0.1};
   FlatAdamW flat(ao, segs, mixed.params().numel(), Device::CPU);
@@ -182,10 +183,10 @@ TEST_P(Mixed, TwentyAdamWStepsTrackTheFp32Run) {
   for (int it = 0; it < 20; ++it) {
     mixed.params().zero_grad();
     fp32.params().zero_grad();
-    MixedContext mc;
-    LlamaContext<float> fc;
-    lm.push_back(mixed.forward(mc, x.tokens.data(), x.targets.data(), x.b, x.s));
-    lf.push_back(fp32.forward(fc, x.tokens.data(), x.targets.data(), x.b, x.s));
+    LlamaContext mc;
+    LlamaContext fc;
+    lm.push_back((float)mixed.forward(mc, x.tokens.data(), x.targets.data(), x.b, x.s));
+    lf.push_back((float)fp32.forward(fc, x.tokens.data(), x.targets.data(), x.b, x.s));
     mixed.backward(mc, 1.0f);
     fp32.backward(fc, 1.0f);
     flat.step(mixed.params().values(), mixed.params().grads(), &mixed.working_weights(), 1e-2);
@@ -207,26 +208,30 @@ INSTANTIATE_TEST_SUITE_P(Variants, Mixed,
                                   (info.param.second ? "QkvBias" : "");
                          });
 
-TEST(MixedModel, RejectsBadInput) {
+TEST(Bf16Model, RejectsBadInput) {
   const ModelSpec spec = spec_of(false, false);
   cpu::ReferenceBackend be;
-  MixedLlamaModel m(spec, be);
+  LlamaModel m(spec, be, Precision::Bf16);
   m.init_weights(1);
   Batch x = make_batch(spec.vocab_size, 1);
-  MixedContext c;
+  LlamaContext c;
   x.tokens[2] = int32_t(spec.vocab_size);
   EXPECT_THROW(m.forward(c, x.tokens.data(), x.targets.data(), x.b, x.s), Error);
   x.tokens[2] = 0;
   EXPECT_THROW(m.forward(c, x.tokens.data(), x.targets.data(), x.b, spec.max_position_embeddings + 1), Error);
-  EXPECT_THROW(m.forward(c, x.tokens.data(), nullptr, x.b, x.s), Error);
+  x.targets[5] = int32_t(spec.vocab_size);
+  EXPECT_THROW(m.forward(c, x.tokens.data(), x.targets.data(), x.b, x.s), Error);
+  // A backend that does not compute in the requested precision is refused by name.
+  EXPECT_THROW(LlamaModel(spec, be, Precision::Fp32), Error);
+  EXPECT_THROW(LlamaModel(spec, cpu::cpu_backend(), Precision::Bf16), Error);
 }
 
 // The GEMM list that tuning times is the one the model runs: count its FLOPs against the model's
 // own FLOP count (6 N P for the linears, without attention).
-TEST(MixedModel, GemmListCoversEveryLinear) {
+TEST(Bf16Model, GemmListCoversEveryLinear) {
   ModelSpec s = spec_of(false, true);
   const int64_t mbs = 2, seq = 8, N = mbs * seq;
-  const auto gemms = mixed_llama_gemms(s, mbs, seq, 1 << 20);
+  const auto gemms = llama_gemms(s, mbs, seq, 1 << 20);
   double flops = 0;
   for (const auto& g : gemms) flops += g.flops();
   const double per_layer = double(s.qkv_size()) * s.hidden_size + double(s.hidden_size) * s.q_size() +
@@ -234,7 +239,7 @@ TEST(MixedModel, GemmListCoversEveryLinear) {
   const double linear = per_layer * s.num_layers + double(s.vocab_size) * s.hidden_size;  // + output layer
   EXPECT_DOUBLE_EQ(flops, 6.0 * N * linear);
   // Chunked head: the logits GEMM three times per chunk, the chunks covering the vocabulary.
-  const auto chunked = mixed_llama_gemms(s, mbs, seq, 10);
+  const auto chunked = llama_gemms(s, mbs, seq, 10);
   int64_t logits_cols = 0;
   for (const auto& g : chunked)
     if (g.what == "head logits") logits_cols += g.n * g.count / 3;

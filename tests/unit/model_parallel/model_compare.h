@@ -64,15 +64,15 @@ inline std::vector<int64_t> global_indices(const StoredParam& p) {
 // Every tensor of `local` equals (to rel_tol) the reference's global tensor of the same name at
 // the shard's positions; `grads` selects gradients instead of values. `scale` multiplies the
 // reference (e.g. a replica that holds half of a summed gradient).
-inline void expect_matches(const ParamStore<double>& local, const ParamStore<double>& ref, bool grads,
+inline void expect_matches(const ParamStore& local, const ParamStore& ref, bool grads,
                            double rel_tol) {
   for (size_t id = 0; id < local.infos().size(); ++id) {
     const StoredParam& p = local.infos()[id];
     const int rid = ref.find(p.name);
     ASSERT_GE(rid, 0) << p.name;
     ASSERT_EQ(ref.infos()[rid].shape, p.global_shape) << p.name;
-    const double* a = grads ? local.grad(int(id)) : local.value(int(id));
-    const double* b = grads ? ref.grad(rid) : ref.value(rid);
+    const double* a = grads ? local.grad<double>(int(id)) : local.value<double>(int(id));
+    const double* b = grads ? ref.grad<double>(rid) : ref.value<double>(rid);
     double scale = 0;
     for (int64_t i = 0; i < ref.infos()[rid].numel; ++i) scale = std::max(scale, std::fabs(b[i]));
     const std::vector<int64_t> gi = global_indices(p);

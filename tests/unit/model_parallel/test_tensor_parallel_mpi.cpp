@@ -3,6 +3,7 @@
 // 1e-11 relative (double precision: only the summation order differs).
 #include <gtest/gtest.h>
 
+#include "kernels/cpu/cpu_backend.h"
 #include "model_compare.h"
 #include "parallel/mpi_process_group.h"
 
@@ -30,19 +31,19 @@ void run_case(const Case& c) {
     opt.logits_memory_budget = 0;
     opt.vocab_chunk = 2;  // several chunks per rank's 12 / tp columns
   }
-  LlamaModel<double> ref(spec, opt);
+  LlamaModel ref(spec, cpu::cpu_backend(), Precision::Fp64, opt);
   ref.init_weights(11);
   ModelPartition part;
   part.tp_size = c.tp;
   part.tp_group = tp.get();
   part.sequence_parallel = c.sp;
-  LlamaModel<double> model(spec, opt, part);
+  LlamaModel model(spec, cpu::cpu_backend(), Precision::Fp64, opt, part);
   model.init_weights(11);
   expect_matches(model.params(), ref.params(), false, 0);  // a shard draws its global slice's values
 
   const std::vector<MpBatch> mbs = {mp_batch(2, 6, spec.vocab_size, 21), mp_batch(2, 6, spec.vocab_size, 22)};
   for (const MpBatch& mb : mbs) {
-    LlamaContext<double> a, b;
+    LlamaContext a, b;
     const double want = ref.forward(a, mb.tokens.data(), mb.targets.data(), mb.b, mb.s);
     const double got = model.forward(b, mb.tokens.data(), mb.targets.data(), mb.b, mb.s);
     EXPECT_NEAR(got, want, 1e-12 * std::fabs(want));
@@ -54,7 +55,7 @@ void run_case(const Case& c) {
   if (c.sp)
     for (size_t id = 0; id < model.params().infos().size(); ++id) {
       const StoredParam& p = model.params().infos()[id];
-      if (p.tp_replicated) tp->all_reduce(model.params().grad(int(id)), p.numel, parallel::CommType::F64,
+      if (p.tp_replicated) tp->all_reduce(model.params().grad<double>(int(id)), p.numel, parallel::CommType::F64,
                                           parallel::ReduceOp::Sum);
     }
   expect_matches(model.params(), ref.params(), true, 1e-11);
@@ -81,8 +82,8 @@ TEST(TensorParallel, SequenceParallelNeedsDivisibleTokens) {
   part.tp_size = 2;
   part.tp_group = tp.get();
   part.sequence_parallel = true;
-  LlamaModel<double> model(mp_spec(false, false, 4, 1), LlamaOptions{}, part);
+  LlamaModel model(mp_spec(false, false, 4, 1), cpu::cpu_backend(), Precision::Fp64, LlamaOptions{}, part);
   const MpBatch mb = mp_batch(1, 5, 12, 1);
-  LlamaContext<double> ctx;
+  LlamaContext ctx;
   EXPECT_THROW(model.forward(ctx, mb.tokens.data(), mb.targets.data(), 1, 5), Error);  // 5 tokens over 2 ranks
 }

@@ -292,10 +292,38 @@ TEST(MpiErrors, LocalMismatchesThrowBeforeCommunicating) {
   Tensor m = Tensor::zeros({4, 4});
   Tensor col = m.slice(1, 0, 2);
   expect_error([&] { world().all_reduce(col); }, "not contiguous");
-  Tensor b = Tensor::zeros({4}, DType::BF16);
-  expect_error([&] { world().all_reduce(b); }, "cannot reduce bf16");
+  Tensor h = Tensor::zeros({4}, DType::F16);
+  expect_error([&] { world().all_reduce(h); }, "cannot reduce fp16");
   // The checks threw on every rank, so the world is still in step.
   EXPECT_EQ(world().all_reduce_value<int64_t>(1), n);
+}
+
+// bf16 reductions (tensor-parallel activations in bf16 mixed precision): fp32 arithmetic with one
+// rounding per combination, as NCCL does.
+TEST(MpiCollectives, ReducesBf16) {
+  const int r = world().rank(), n = world().size();
+  Tensor t = Tensor::empty({3}, DType::BF16);
+  bf16* p = t.data<bf16>();
+  p[0] = bf16::from_float(0.5f * float(r + 1));   // sums to n(n+1)/4: exact in bf16
+  p[1] = bf16::from_float(float(r) - 1.0f);       // max r-1 over ranks
+  p[2] = bf16::from_float(-float(r) * 0.25f);
+  world().all_reduce(t, ReduceOp::Sum);
+  EXPECT_EQ(p[0].to_float(), 0.25f * float(n * (n + 1)));
+  Tensor m = Tensor::empty({1}, DType::BF16);
+  m.data<bf16>()[0] = bf16::from_float(float(r) - 1.0f);
+  world().all_reduce(m, ReduceOp::Max);
+  EXPECT_EQ(m.data<bf16>()[0].to_float(), float(n) - 2.0f);
+  world().all_reduce(m, ReduceOp::Min);
+  EXPECT_EQ(m.data<bf16>()[0].to_float(), float(n) - 2.0f);
+  // reduce-scatter: chunk i of every rank summed into rank i.
+  Tensor in = Tensor::empty({n * 2}, DType::BF16), out = Tensor::empty({2}, DType::BF16);
+  for (int i = 0; i < n * 2; ++i) in.data<bf16>()[i] = bf16::from_float(float(i + r));
+  world().reduce_scatter(in, out);
+  for (int j = 0; j < 2; ++j) {
+    float want = 0;
+    for (int q = 0; q < n; ++q) want += float(r * 2 + j + q);
+    EXPECT_EQ(out.data<bf16>()[j].to_float(), bf16::from_float(want).to_float());
+  }
 }
 
 TEST(MpiErrors, MessageSizeMismatchIsAnErrorNotAHang) {

@@ -9,6 +9,7 @@
 #include <zlib.h>
 
 #include "core/error.h"
+#include "kernels/cpu/cpu_backend.h"
 #include "model/llama.h"
 #include "train/checkpoint.h"
 #include "train/trainer.h"
@@ -29,7 +30,7 @@ struct Saved {
 };
 
 std::string load_error(const std::string& dir, const ModelSpec& spec) {
-  LlamaModel<float> m(spec);
+  LlamaModel m(spec, cpu::cpu_backend(), Precision::Fp32);
   try {
     train::load_checkpoint(dir, m.params());
   } catch (const Error& e) {
@@ -85,7 +86,7 @@ TEST(Checkpoint, TruncatedAndMissingFilesAreNamed) {
 
 TEST(Checkpoint, CrashMidWriteLeavesThePreviousOneLoadable) {
   Saved s;
-  LlamaModel<float> m(s.cfg.model_spec);
+  LlamaModel m(s.cfg.model_spec, cpu::cpu_backend(), Precision::Fp32);
   std::vector<float> moments(m.params().numel(), 0.0f);
   // A child process dies (SIGKILL, as a killed rank would) right after writing its shard file of
   // a new checkpoint; nothing of it may become visible.
@@ -226,7 +227,7 @@ TEST(Checkpoint, CheckSaveFolderNamesConflictsAndAFileAsSavePath) {
 
 TEST(Checkpoint, PruningFollowsSaveOrderWithinTheRunOnly) {
   test::TinyExperiment exp;
-  LlamaModel<float> m(exp.load().model_spec);
+  LlamaModel m(exp.load().model_spec, cpu::cpu_backend(), Precision::Fp32);
   std::vector<float> moments(m.params().numel(), 0.0f);
   const fs::path dir = exp.dir / "ck";
   auto save = [&](int64_t it, const std::string& run) {
@@ -316,7 +317,7 @@ TEST(Checkpoint, WeightsLoadDespiteDamagedOptimizerState) {
   std::string bytes = slurp(shard);
   bytes[bytes.size() - 8] ^= 0x40;  // in exp_avg_sq
   spit(shard, bytes);
-  LlamaModel<float> m(s.cfg.model_spec);
+  LlamaModel m(s.cfg.model_spec, cpu::cpu_backend(), Precision::Fp32);
   train::LoadOptions o;
   o.optimizer = false;
   EXPECT_NO_THROW(train::load_checkpoint(s.ckpt(6), m.params(), o));

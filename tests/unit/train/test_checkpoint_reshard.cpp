@@ -154,7 +154,7 @@ ShardSpec pieces_for(int dim, const std::vector<std::pair<int64_t, int64_t>>& pa
 // row-parallel [6, 8] weight (columns split), a fused QKV [16, 4] weight (3 pieces: q 8 rows, k and
 // v 4 rows each) and a replicated norm; a vocab-parallel [12, 4] embedding on the first stage and
 // its tied replica on the last (as LlamaModel does).
-void build(ParamStore<float>& p, const Layout& l, int rank, int num_layers = 2, int64_t col_cols = 6) {
+void build(ParamStore& p, const Layout& l, int rank, int num_layers = 2, int64_t col_cols = 6) {
   const int tp = l.tp, r = l.tp_rank(rank), stage = l.pp_rank(rank);
   const int per_stage = num_layers / l.pp;
   if (stage == 0) p.add_sharded("embedding.word_embeddings.weight", {12, 4}, pieces_for(0, {{0, 12}}, tp, r), ParamInit::Normal, true);
@@ -202,7 +202,7 @@ struct Buffers {
   std::vector<float> m, v;
 };
 
-Buffers fill(ParamStore<float>& p) {
+Buffers fill(ParamStore& p) {
   Buffers b{std::vector<float>(size_t(p.numel()), 0.0f), std::vector<float>(size_t(p.numel()), 0.0f)};
   float* val = p.values().data<float>();
   for (const auto& info : p.infos()) {
@@ -217,7 +217,7 @@ Buffers fill(ParamStore<float>& p) {
 }
 
 // Counts elements of a loaded rank that differ from the expected function (all three buffers).
-int64_t mismatches(const ParamStore<float>& p, const train::CheckpointData& ck) {
+int64_t mismatches(const ParamStore& p, const train::CheckpointData& ck) {
   int64_t bad = 0;
   for (const auto& info : p.infos()) {
     const auto gi = global_indices(info);
@@ -247,7 +247,7 @@ struct TempDir {
 std::vector<std::string> save_layout(const fs::path& save, const Layout& l, int64_t it = 5,
                                      std::function<bool(int)> writer = {}) {
   return run_ranks(l.world(), [&](int rank, ProcessGroup& world) {
-    ParamStore<float> p;
+    ParamStore p;
     build(p, l, rank);
     Buffers b = fill(p);
     train::SaveOptions o;
@@ -266,7 +266,7 @@ std::vector<std::string> save_layout(const fs::path& save, const Layout& l, int6
 int64_t load_layout_mismatches(const std::string& dir, const Layout& l) {
   int64_t bad = 0;
   for (int rank = 0; rank < l.world(); ++rank) {
-    ParamStore<float> p;
+    ParamStore p;
     build(p, l, rank);
     const train::CheckpointData ck = train::load_checkpoint(dir, p);
     EXPECT_EQ(ck.state.iteration, 5);
@@ -278,7 +278,7 @@ int64_t load_layout_mismatches(const std::string& dir, const Layout& l) {
 }
 
 std::string load_error(const std::string& dir, const Layout& l, int rank, int num_layers = 2, int64_t col_cols = 6) {
-  ParamStore<float> p;
+  ParamStore p;
   build(p, l, rank, num_layers, col_cols);
   try {
     train::load_checkpoint(dir, p);
@@ -338,7 +338,7 @@ TEST(CheckpointReshard, MetaRecordsLayoutFilesAndSlices) {
   // The tied embedding is held by both stages: four slices of it.
   EXPECT_EQ(meta["tensors"]["embedding.word_embeddings.weight"]["shards"].size(), 4u);
   train::CheckpointData ck;
-  ParamStore<float> p;
+  ParamStore p;
   build(p, {1, 1, 1}, 0);
   ck = train::load_checkpoint(dir, p);
   EXPECT_EQ(ck.saved_layout.tp, 2);
@@ -350,7 +350,7 @@ TEST(CheckpointReshard, MetaRecordsLayoutFilesAndSlices) {
 TEST(CheckpointReshard, SplitAlongAnotherDim) {
   TempDir t;
   ASSERT_TRUE(all_ok(run_ranks(2, [&](int rank, ProcessGroup& world) {
-    ParamStore<float> p;
+    ParamStore p;
     p.add_sharded("w", {8, 6, 3}, ShardSpec{1, {{rank * 3, 3}}}, ParamInit::Normal, true);
     p.allocate();
     Buffers b = fill(p);
@@ -359,7 +359,7 @@ TEST(CheckpointReshard, SplitAlongAnotherDim) {
     o.block_bytes = 16;
     train::save_checkpoint(t.dir.string(), p, b.m.data(), b.v.data(), {5, 40, 5, 1, "reshard"}, "model: toy\n", o);
   })));
-  ParamStore<float> p;
+  ParamStore p;
   p.add_sharded("w", {8, 6, 3}, ShardSpec{0, {{5, 3}, {1, 2}}}, ParamInit::Normal, true);
   p.allocate();
   const auto ck = train::load_checkpoint(train::resolve_checkpoint(t.dir.string()), p);
@@ -369,7 +369,7 @@ TEST(CheckpointReshard, SplitAlongAnotherDim) {
 TEST(CheckpointReshard, ValuesOnlyLoadSkipsTheMoments) {
   TempDir t;
   ASSERT_TRUE(all_ok(save_layout(t.dir, {2, 1, 1})));
-  ParamStore<float> p;
+  ParamStore p;
   build(p, {4, 1, 1}, 3);
   train::LoadOptions o;
   o.optimizer = false;
@@ -489,7 +489,7 @@ TEST(CheckpointReshard, LoadAgreesOverRanks) {
   const std::string dir = train::resolve_checkpoint(t.dir.string());
   // Rank 1's model asks for a tensor the checkpoint lacks; rank 0 could load but must not go on.
   const auto errors = run_ranks(2, [&](int rank, ProcessGroup& world) {
-    ParamStore<float> p;
+    ParamStore p;
     build(p, {2, 1, 1}, rank, rank == 1 ? 4 : 2);
     train::LoadOptions o;
     o.world = &world;
@@ -513,7 +513,7 @@ TEST(CheckpointReshardMpi, SaveUnderTp2Pp2LoadUnderTp4AndOneProcess) {
   const fs::path save = fs::temp_directory_path() / ("primus_reshard_mpi_" + std::to_string(id));
   auto save_iter = [&](int64_t it) {
     const Layout l{2, 2, 1};
-    ParamStore<float> p;
+    ParamStore p;
     build(p, l, rank);
     Buffers b = fill(p);
     train::SaveOptions o;
@@ -527,7 +527,7 @@ TEST(CheckpointReshardMpi, SaveUnderTp2Pp2LoadUnderTp4AndOneProcess) {
 
   // Each rank is one rank of tp4, agreeing over the world; and each also loads the whole model.
   {
-    ParamStore<float> p;
+    ParamStore p;
     build(p, {4, 1, 1}, rank);
     train::LoadOptions o;
     o.world = &world;
