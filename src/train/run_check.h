@@ -1,6 +1,6 @@
 // Everything about a training run that can be refused before any rank starts: the parallel
 // layout for the world size, the learning-rate schedule, the tokenizer against the model's
-// vocabulary, and the memory estimate against this host. `primus-cli direct` runs it once in the
+// vocabulary, a `save` path that is a file, and the memory estimate against this host. `primus-cli direct` runs it once in the
 // launcher, so a bad config is reported once instead of by every rank inside MPI_Abort banners.
 #pragma once
 

@@ -447,7 +447,8 @@ TEST(SafeReliability, AFullDiskEndsTheRunNamingThePathAndTheBytes) {
 }
 
 // Finding 5 and 6: a model that cannot fit stops at once with the numbers (not a bare
-// std::bad_alloc after minutes); config errors under --nproc are printed once, by the launcher.
+// std::bad_alloc after minutes); config errors under --nproc (and a `save` path that is a file,
+// which used to fail only at the first save) are printed once, by the launcher.
 TEST(SafeReliability, ConfigAndMemoryErrorsArePrintedOnceBeforeRanksStart) {
   Workdir w;
   const std::string env = "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1";
@@ -458,6 +459,11 @@ TEST(SafeReliability, ConfigAndMemoryErrorsArePrintedOnceBeforeRanksStart) {
   EXPECT_EQ(errors, 1u) << r.out;
   EXPECT_EQ(r.out.find("MPI_ABORT"), std::string::npos) << r.out;
   EXPECT_FALSE(fs::exists(w.run("bad") / "snapshot")) << "the run folder was written before the check";
+  std::ofstream(w.dir / "a_file") << "x";
+  r = w.train("savefile", env, "--nproc 2", "--save " + (w.dir / "a_file").string());
+  EXPECT_NE(r.rc, 0);
+  EXPECT_NE(r.out.find("is a file, not a folder"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("MPI_ABORT"), std::string::npos) << r.out;
   r = sh(Workdir::fmt("cd {} && timeout 120 {} direct -- train pretrain --config exp.yaml --exp_name huge "
                       "--num_layers 100000 --hidden_size 4096 --ffn_hidden_size 11008 --num_attention_heads 32",
                       w.dir.string(), PRIMUS_CLI_PATH));
