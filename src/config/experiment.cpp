@@ -194,7 +194,9 @@ std::string ExperimentConfig::resolved_yaml() const {
   return std::string(e.c_str()) + "\n";
 }
 
-ExperimentConfig load_experiment(const std::string& path, const std::vector<std::pair<std::string, std::string>>& overrides) {
+namespace {
+ExperimentConfig load_experiment_unguarded(const std::string& path,
+                                          const std::vector<std::pair<std::string, std::string>>& overrides) {
   ExperimentConfig cfg;
   cfg.config_file = path;
   cfg.tree = load_yaml_tree(path);
@@ -301,6 +303,20 @@ ExperimentConfig load_experiment(const std::string& path, const std::vector<std:
     fail("{}: recompute_granularity '{}' is not one of: full, selective", at("recompute_granularity"),
          t.recompute_granularity);
   return cfg;
+}
+
+}  // namespace
+
+ExperimentConfig load_experiment(const std::string& path, const std::vector<std::pair<std::string, std::string>>& overrides) {
+  // Whatever a library throws on odd input (a path the file system refuses, a YAML node of an
+  // unexpected kind) becomes an error naming the config file.
+  try {
+    return load_experiment_unguarded(path, overrides);
+  } catch (const std::filesystem::filesystem_error& e) {
+    fail("{}: {}", path, e.what());
+  } catch (const YAML::Exception& e) {
+    fail("{}:{}: {}", path, e.mark.line + 1, e.msg);
+  }
 }
 
 std::string training_keys_reference() {

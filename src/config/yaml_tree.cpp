@@ -94,8 +94,9 @@ std::string resolve_extends(const std::string& name, const fs::path& from_dir, c
     tries.push_back(fs::path(d) / name);
     tries.push_back(fs::path(d) / (name + ".yaml"));
   }
+  std::error_code ec;  // a name too long for the file system is simply not found
   for (const auto& p : tries)
-    if (fs::is_regular_file(p)) return p.string();
+    if (fs::is_regular_file(p, ec)) return p.string();
   fail("{}: extends '{}', but no such file (looked in {} and the preset folders)", where.str(), name,
        from_dir.string());
 }
@@ -159,6 +160,8 @@ YamlTree load_yaml_tree(const std::string& path) {
     return load_rec(path, stack);
   } catch (const YAML::Exception& e) {  // anything yaml-cpp throws past the checks above
     fail("{}:{}: {}", path, e.mark.line + 1, e.msg);
+  } catch (const fs::filesystem_error& e) {  // a path the file system refuses (too long, ...)
+    fail("{}: {}", path, e.what());
   }
 }
 

@@ -11,11 +11,11 @@
 #include <algorithm>
 #include <chrono>
 #include <filesystem>
-#include <random>
 #include <fstream>
 #include <functional>
 #include <map>
 #include <memory>
+#include <random>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
