@@ -143,7 +143,7 @@ std::vector<std::vector<std::vector<int32_t>>> encode_jsonl_line(std::string_vie
   json j;
   try {
     j = json::parse(line);
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {  // parse_error, and out_of_range for a number that overflows
     fail("malformed JSON: {}", e.what());
   }
   if (!j.is_object()) fail("expected a JSON object, got {}", j.type_name());
