@@ -201,6 +201,19 @@ Written write_shard(const fs::path& path, int rank, const TrainState& state, con
   return {w.written(), crc};
 }
 
+// Checkpoint JSON (meta.json, shard headers) holds integers and strings only; a floating-point
+// number there is damage, and converting one to an integer would be undefined (1e79 to uint64).
+void reject_floats(const json& root, const std::string& name) {
+  std::vector<const json*> todo{&root};  // iterative: nesting depth is the input's to choose
+  while (!todo.empty()) {
+    const json& j = *todo.back();
+    todo.pop_back();
+    if (j.is_number_float()) fail("checkpoint file {} is malformed: a non-integer number ({})", name, j.dump());
+    if (j.is_structured())
+      for (const auto& v : j) todo.push_back(&v);
+  }
+}
+
 // A shard file's parsed prefix and header, checked for consistency with the file's size.
 struct ShardHeader {
   json header;
@@ -231,6 +244,7 @@ ShardHeader parse_header(const char* prefix, const std::string& text, uint64_t s
     fail("checkpoint file {} is corrupted: its header's CRC-32 does not match", name);
   try {
     h.header = json::parse(text);
+    reject_floats(h.header, name);
     h.numel = h.header.at("numel");
     h.block_bytes = h.header.at("block_bytes");
     const int version = h.header.value("version", 0);
@@ -419,6 +433,7 @@ json parse_meta_text(const std::string& text, const std::string& name, const std
   } catch (const json::exception& e) {
     fail("checkpoint file {} is not valid JSON (truncated or corrupted): {}", name, e.what());
   }
+  reject_floats(meta, name);
   const json* v = meta.is_object() && meta.contains("format_version") ? &meta["format_version"] : nullptr;
   const int version = v && v->is_number_integer() ? v->get<int>() : 0;
   if (version == 1)
