@@ -4,6 +4,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <limits>
 #include <map>
 #include <mutex>
 #include <sstream>
@@ -296,11 +297,17 @@ std::unique_ptr<Tokenizer> build_hf(const TokenizerOptions& o) {
     std::unordered_map<std::string, int32_t> vocab;
     int32_t max_id = -1;
     for (auto& [tok, idv] : model.at("vocab").items()) {
+      if (!idv.is_number_integer() || idv.get<int64_t>() > std::numeric_limits<int32_t>::max())
+        fail("tokenizer file '{}': the id of '{}' is not a 32-bit integer: {}", where, tok, idv.dump());
       int32_t id = idv.get<int32_t>();
       if (id < 0) fail("tokenizer file '{}': negative id for '{}'", where, tok);
       vocab[tok] = id;
       max_id = std::max(max_id, id);
     }
+    // Ids are (nearly) dense in every real vocabulary; one stray huge id would size the table.
+    if (int64_t(max_id) >= 2 * int64_t(vocab.size()) + 65536)
+      fail("tokenizer file '{}': ids go up to {} for {} vocabulary entries; a vocabulary's ids must be dense", where,
+           max_id, vocab.size());
     token_bytes.assign(max_id + 1, "");
     std::string b;
     size_t non_byte_level = 0;
