@@ -44,6 +44,7 @@
 #include "pipeline/simulator.h"
 #include "safe/train_watch.h"
 #include "train/checkpoint.h"
+#include "train/run_check.h"
 #include "train/compute.h"
 #include "train/parallel_layout.h"
 #include "train/pipeline_runner.h"
@@ -389,16 +390,7 @@ void Trainer::build_optimizer() {
     sharded_ = std::make_unique<parallel::DistributedOptimizer>(*buckets_, params.values().data<float>(), adam);
   else
     replicated_ = std::make_unique<FlatAdamW>(adam, segments_of(params), params.numel(), compute_.device);
-  LRScheduleOptions lo;
-  lo.lr = a_.lr;
-  lo.min_lr = a_.min_lr;
-  lo.lr_warmup_init = a_.lr_warmup_init;
-  lo.lr_warmup_iters = a_.lr_warmup_iters;
-  lo.lr_decay_iters = a_.lr_decay_iters;
-  lo.lr_decay_style = a_.lr_decay_style;
-  lo.lr_wsd_decay_style = a_.lr_wsd_decay_style;
-  lo.lr_wsd_decay_iters = a_.lr_wsd_decay_iters;
-  lr_schedule_ = std::make_unique<LRSchedule>(lo);
+  lr_schedule_ = std::make_unique<LRSchedule>(lr_schedule_options(a_));
 }
 
 // Every rank reads its own part; a checkpoint counts only if all ranks could read theirs.
@@ -431,6 +423,7 @@ std::string Trainer::try_restore(const std::string& dir) {
 // An explicit `load` must load; auto-resume falls back past damaged checkpoints.
 void Trainer::resume() {
   state_.seed = a_.seed;
+  state_.run_id = new_run_id(world_);  // a resume replaces it with the checkpoint's
   if (!a_.load.empty()) {
     const std::string dir = resolve_checkpoint(a_.load);
     const std::string problem = try_restore(dir);
@@ -608,9 +601,10 @@ void Trainer::save() {
   so.world = world_;
   so.writer = me_.dp == 0 && me_.cp == 0;  // dp replicas hold the same tensors
   so.layout = {world_->size(), layout_.tp, layout_.pp, layout_.dp, layout_.cp, layout_.vpp};
+  so.overwrite = a_.overwrite;
   summary_.last_checkpoint = save_checkpoint(cfg_.checkpoint_dir(), model_->params(), full.exp_avg.data(),
                                              full.exp_avg_sq.data(), state_, config_yaml_, so);
-  if (rank0_) prune_checkpoints(cfg_.checkpoint_dir(), a_.keep_last_checkpoints);
+  if (rank0_) prune_checkpoints(cfg_.checkpoint_dir(), a_.keep_last_checkpoints, state_.run_id, summary_.last_checkpoint);
   world_->barrier();
   log::info("saved checkpoint {}", summary_.last_checkpoint);
 }
