@@ -14,6 +14,7 @@ APT_PACKAGES=(
   slurm-wlm munge gdb
   fortunes-min fortunes
   python3-torch zlib1g-dev
+  libdnnl-dev
 )
 # Tools that may already come from elsewhere (e.g. a Node.js install outside apt): installed from
 # Debian only when the command is missing, so that the two never conflict.
