@@ -250,15 +250,25 @@ int main(int argc, char** argv) {
       for (const auto& mode : peer_modes) {
         auto it = peer_runs.find(mode);
         if (it == peer_runs.end()) continue;
-        std::vector<Result> sorted = it->second;
+        std::vector<Result> sorted = it->second;  // it->second stays in round order
         const Result& p = median(sorted);
         const double peer_gflops = stats.flops_per_token * p.tokens_per_sec / 1e9;
         fmt::print("  pytorch {:<4} {:>8.0f} tokens/s  step {:.3f} s  {:.1f} GFLOP/s  MFU {:.1f}% of {}  loss {:.3f} -> "
                    "{:.3f}{}\n",
                    mode, p.tokens_per_sec, p.step_time, peer_gflops, 100 * peer_gflops / peak, peak_name, p.loss_first,
                    p.loss_last, rounds > 1 ? fmt::format("  (rounds: {})", all_rates(it->second)) : std::string());
-        const double ratio = ours.tokens_per_sec / p.tokens_per_sec;
-        fmt::print("  ratio        {:.2f}x PyTorch {}'s tokens/s\n", ratio, mode == "bf16" ? "autocast bf16" : "fp32");
+        // The ratio of each round (ours and the peer run minutes apart at most), and their median:
+        // steadier than a ratio of medians when the machine's load changes between rounds.
+        std::vector<double> ratios;
+        for (size_t k = 0; k < it->second.size() && k < ours_runs.size(); ++k)
+          ratios.push_back(ours_runs[k].tokens_per_sec / it->second[k].tokens_per_sec);
+        std::string per_round;
+        for (double x : ratios) per_round += fmt::format("{}{:.2f}", per_round.empty() ? "" : ", ", x);
+        std::sort(ratios.begin(), ratios.end());
+        const double ratio = ratios.size() % 2 ? ratios[ratios.size() / 2]
+                                               : 0.5 * (ratios[ratios.size() / 2 - 1] + ratios[ratios.size() / 2]);
+        fmt::print("  ratio        {:.2f}x PyTorch {}'s tokens/s{}\n", ratio, mode == "bf16" ? "autocast bf16" : "fp32",
+                   rounds > 1 ? fmt::format(" (median of the rounds' ratios: {})", per_round) : std::string());
         row["torch_" + mode + "_tokens_per_sec"] = p.tokens_per_sec;
         row["ratio_vs_torch_" + mode] = ratio;
         if (mode == precision) {  // the fields of earlier versions: the peer in our precision
