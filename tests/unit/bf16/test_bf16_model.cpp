@@ -17,20 +17,13 @@
 #include "model/llama.h"
 #include "optim/adamw.h"
 #include "optim/flat_adamw.h"
+#include "skip_without_bf16.h"
 #include "support/relative_error.h"
 
 using namespace primus;
 using primus::test::relative_l2_error;
 
 namespace {
-
-#define SKIP_WITHOUT_BF16()                                                                              \
-  do {                                                                                                   \
-    std::string why;                                                                                     \
-    if (!cpu::Bf16Backend::supported(&why)) {                                                            \
-      GTEST_SKIP() << "CPU bf16 backend not runnable: " << why;                                          \
-    }                                                                                                    \
-  } while (0)
 
 // head_dim 16 with GQA, or head_dim 64.
 ModelSpec spec_of(bool wide_heads, bool tied) {

@@ -22,20 +22,13 @@
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/cpu/cpu_features.h"
 #include "kernels/cpu/reference_backend.h"
+#include "skip_without_bf16.h"
 #include "support/relative_error.h"
 
 using namespace primus;
 using primus::test::relative_l2_error;
 
 namespace {
-
-#define SKIP_WITHOUT_BF16()                                                                              \
-  do {                                                                                                   \
-    std::string why;                                                                                     \
-    if (!cpu::Bf16Backend::supported(&why)) {                                                            \
-      GTEST_SKIP() << "CPU bf16 backend not runnable: " << why;                                          \
-    }                                                                                                    \
-  } while (0)
 
 // Values uniform in [-scale, scale), as bf16 or fp32.
 Tensor random(const Shape& shape, DType dtype, uint64_t seed, float scale = 1.0f) {

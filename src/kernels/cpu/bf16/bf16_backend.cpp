@@ -1,8 +1,6 @@
 #include "kernels/cpu/bf16/bf16_backend.h"
 
 #include <algorithm>
-#include <cmath>
-#include <limits>
 
 #include <fmt/ranges.h>
 
@@ -10,6 +8,7 @@
 #include "kernels/cpu/bf16/kernels.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/cpu/cpu_features.h"
+#include "kernels/cpu/reference_backend.h"
 
 namespace primus::cpu {
 
@@ -225,13 +224,13 @@ void Bf16Backend::add(const Tensor& a, const Tensor& b, Tensor& out) {
     bf16k::add_f32(F(a), F(b), F(out), out.numel());
 }
 
+// The three per-row steps of the cross-entropy are O(rows) on fp32 tensors: the reference
+// backend's, which are exactly what they must compute.
 void Bf16Backend::ce_init(Tensor& row_max, Tensor& row_sum, Tensor& target_logit) {
   expect(row_max, DType::F32, "ce row_max");
   expect(row_sum, DType::F32, row_max.numel(), "ce row_sum");
   expect(target_logit, DType::F32, row_max.numel(), "ce target_logit");
-  std::fill_n(F(row_max), row_max.numel(), -std::numeric_limits<float>::infinity());
-  std::fill_n(F(row_sum), row_sum.numel(), 0.0f);
-  std::fill_n(F(target_logit), target_logit.numel(), 0.0f);
+  ReferenceBackend().ce_init(row_max, row_sum, target_logit);
 }
 
 void Bf16Backend::ce_chunk_forward(const Tensor& logits, const Tensor& targets, int64_t c0, Tensor& row_max,
@@ -246,15 +245,7 @@ void Bf16Backend::ce_chunk_forward(const Tensor& logits, const Tensor& targets, 
 }
 
 void Bf16Backend::ce_merge_max(Tensor& row_max, Tensor& row_sum, const Tensor& global_max) {
-  expect(row_max, DType::F32, "ce row_max");
-  expect(row_sum, DType::F32, row_max.numel(), "ce row_sum");
-  expect(global_max, DType::F32, row_max.numel(), "ce global_max");
-  float *m = F(row_max), *s = F(row_sum);
-  const float* g = F(global_max);
-  for (int64_t i = 0; i < row_max.numel(); ++i) {
-    s[i] *= std::exp(m[i] - g[i]);
-    m[i] = g[i];
-  }
+  ReferenceBackend().ce_merge_max(row_max, row_sum, global_max);
 }
 
 double Bf16Backend::ce_finish(const Tensor& row_max, const Tensor& row_sum, const Tensor& target_logit,
@@ -265,15 +256,7 @@ double Bf16Backend::ce_finish(const Tensor& row_max, const Tensor& row_sum, cons
   expect(target_logit, DType::F32, n, "ce target_logit");
   expect(targets, DType::I32, n, "ce targets");
   expect(lse, DType::F32, n, "ce lse");
-  const float *m = F(row_max), *s = F(row_sum), *zt = F(target_logit);
-  const int32_t* t = targets.data<int32_t>();
-  float* l = F(lse);
-  double total = 0;
-  for (int64_t i = 0; i < n; ++i) {
-    l[i] = m[i] + std::log(s[i]);
-    if (t[i] >= 0) total += double(l[i] - zt[i]);
-  }
-  return total;
+  return ReferenceBackend().ce_finish(row_max, row_sum, target_logit, targets, lse);
 }
 
 void Bf16Backend::ce_chunk_backward(const Tensor& logits, const Tensor& lse, const Tensor& targets, int64_t c0,
