@@ -14,6 +14,7 @@ APT_PACKAGES=(
   slurm-wlm munge gdb
   fortunes-min fortunes
   python3-torch zlib1g-dev
+  coinor-libcbc-dev  # CBC: zb-auto's ILP refinement (the Zero Bubble paper's solver)
   libdnnl-dev
 )
 # Tools that may already come from elsewhere (e.g. a Node.js install outside apt): installed from

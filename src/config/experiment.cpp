@@ -70,6 +70,12 @@ const std::vector<KeyInfo>& training_keys() {
                              "gpipe"),
       KEY(decoder_first_pipeline_num_layers, "layers on the first pipeline stage; 0: an even split"),
       KEY(decoder_last_pipeline_num_layers, "layers on the last pipeline stage; 0: an even split"),
+      KEY(pipeline_balance, "none | auto. auto: choose the layers per pipeline stage from each layer's cost, the "
+                            "embedding and the output layer with its loss included, so that the stages take equal "
+                            "time (instead of decoder_first/last_pipeline_num_layers)"),
+      KEY(zero_bubble_max_pending_backward, "zb-auto's memory limit in microbatch activations per rank: "
+                                            "pipeline_model_parallel_size gives ZB-1p, twice that ZB-2p. 0: "
+                                            "pipeline_model_parallel_size"),
       KEY(use_distributed_optimizer, "ZeRO-1: each data-parallel rank keeps the optimizer state of its shard only"),
       KEY(overlap_grad_reduce, "start each gradient bucket's reduction as soon as its backward is done"),
       KEY(ddp_bucket_size, "elements per gradient bucket; 0: max(40M, 1M x dp)"),

@@ -79,6 +79,8 @@ struct TrainingArgs {
   std::string pipeline_schedule = "1f1b";
   int64_t decoder_first_pipeline_num_layers = 0;
   int64_t decoder_last_pipeline_num_layers = 0;
+  std::string pipeline_balance = "none";          // none | auto (train/parallel_layout.h)
+  int64_t zero_bubble_max_pending_backward = 0;   // zb-auto's memory limit; 0: pp (ZB-1p)
   bool use_distributed_optimizer = false;
   bool overlap_grad_reduce = true;
   int64_t ddp_bucket_size = 0;  // elements; 0: max(40M, 1M x dp) as Megatron

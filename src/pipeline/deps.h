@@ -2,6 +2,7 @@
 // scheduler. An op depends on "events" (F or B of a microbatch at a stage, BW counting as B).
 #pragma once
 
+#include <utility>
 #include <vector>
 
 #include "pipeline/schedule.h"
@@ -16,16 +17,24 @@ struct Event {
   int stage;
 };
 
+// At most two events, without allocating (the schedulers ask this for every op they consider).
+struct Dependencies {
+  Event e[2];
+  int n = 0;
+  const Event* begin() const { return e; }
+  const Event* end() const { return e + n; }
+};
+
 // What `type` of (microbatch, stage) waits for, given S stages in total.
-inline std::vector<Event> dependencies(OpType type, int mb, int stage, int S) {
-  std::vector<Event> d;
+inline Dependencies dependencies(OpType type, int mb, int stage, int S) {
+  Dependencies d;
   if (type == OpType::F) {
-    if (stage > 0) d.push_back({kF, mb, stage - 1});
+    if (stage > 0) d.e[d.n++] = {kF, mb, stage - 1};
   } else if (type == OpType::B || type == OpType::BW) {
-    d.push_back({kF, mb, stage});
-    if (stage < S - 1) d.push_back({kB, mb, stage + 1});
+    d.e[d.n++] = {kF, mb, stage};
+    if (stage < S - 1) d.e[d.n++] = {kB, mb, stage + 1};
   } else {
-    d.push_back({kB, mb, stage});
+    d.e[d.n++] = {kB, mb, stage};
   }
   return d;
 }
@@ -49,27 +58,44 @@ class EventTable {
   std::vector<double> t_;
 };
 
-// Runs each rank's ops in list order, each as soon as every event it depends on has happened
-// (sends never block, so only data dependencies order the ranks), until no rank can move.
-// `end_of(rank, index, op, stage, done)` gives the op's end time, which is recorded. Returns where
-// each rank stopped: every position equals its list's size when the whole schedule ran.
-template <typename EndOf>
-std::vector<size_t> run_in_dependency_order(const Schedule& s, EventTable& done, EndOf&& end_of) {
+// Ops [i, i + n) of one rank that run as a unit: n = 2 for an overlapped pair (Op::overlap_next),
+// else 1.
+inline size_t unit_size(const std::vector<Op>& ops, size_t i) {
+  return ops[i].overlap_next && i + 1 < ops.size() ? 2 : 1;
+}
+
+// Runs each rank's ops in list order, each op (an overlapped pair: both of its ops together) as
+// soon as every event it depends on has happened (sends never block, so only data dependencies
+// order the ranks), until no rank can move. `run(rank, index, count, done)` is called for the
+// rank's ops [index, index + count) and returns their end times (std::array<double, 2>; the
+// second is ignored when count is 1), which are recorded. Returns where each rank stopped: every
+// position equals its list's size when the whole schedule ran.
+template <typename Run>
+std::vector<size_t> run_in_dependency_order(const Schedule& s, EventTable& done, Run&& run) {
   const int S = s.num_stages();
   std::vector<size_t> pos(s.pp, 0);
   for (bool progress = true; progress;) {
     progress = false;
-    for (int r = 0; r < s.pp; ++r)
-      while (pos[r] < s.ranks[r].size()) {
-        const Op& op = s.ranks[r][pos[r]];
-        const int st = s.stage_of(r, op.chunk);
+    for (int r = 0; r < s.pp; ++r) {
+      const std::vector<Op>& ops = s.ranks[r];
+      while (pos[r] < ops.size()) {
+        const size_t n = unit_size(ops, pos[r]);
         bool ready = true;
-        for (auto& e : dependencies(op.type, op.microbatch, st, S)) ready = ready && done.done(e);
+        for (size_t k = 0; k < n && ready; ++k) {
+          const Op& op = ops[pos[r] + k];
+          for (auto& e : dependencies(op.type, op.microbatch, s.stage_of(r, op.chunk), S))
+            ready = ready && done.done(e);
+        }
         if (!ready) break;
-        done.record(op.type, op.microbatch, st, end_of(r, pos[r], op, st, done));
-        ++pos[r];
+        const auto ends = run(r, pos[r], n, std::as_const(done));
+        for (size_t k = 0; k < n; ++k) {
+          const Op& op = ops[pos[r] + k];
+          done.record(op.type, op.microbatch, s.stage_of(r, op.chunk), ends[k]);
+        }
+        pos[r] += n;
         progress = true;
       }
+    }
   }
   return pos;
 }

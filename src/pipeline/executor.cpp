@@ -36,7 +36,8 @@ uint64_t fingerprint(const Schedule& s) {
   mix(s.pp), mix(s.vpp), mix(s.microbatches), mix(static_cast<int>(s.placement));
   for (const auto& ops : s.ranks) {
     mix(static_cast<int64_t>(ops.size()));
-    for (const Op& op : ops) mix(static_cast<int>(op.type)), mix(op.microbatch), mix(op.chunk);
+    for (const Op& op : ops)
+      mix(static_cast<int>(op.type)), mix(op.microbatch), mix(op.chunk), mix(op.overlap_next);
   }
   return h;
 }
@@ -113,6 +114,16 @@ using LocalKey = std::tuple<int, int, int>;
 
 }  // namespace
 
+StageRunner::Overlapped StageRunner::overlapped_forward_backward(int f_microbatch, int f_chunk, const Tensor& input,
+                                                                 int b_microbatch, int b_chunk,
+                                                                 const Tensor& grad_output, bool with_weight) {
+  Overlapped out;
+  out.activation = forward(f_microbatch, f_chunk, input);
+  out.input_grad = backward_input(b_microbatch, b_chunk, grad_output);
+  if (with_weight) backward_weight(b_microbatch, b_chunk);
+  return out;
+}
+
 int transfer_tag(const Schedule& schedule, const P2P& t) {
   return (t.microbatch * schedule.num_stages() + t.stage) * 2 +
          (t.dir == Direction::Gradient ? 1 : 0);
@@ -185,8 +196,8 @@ ExecutorStats run_schedule(const Schedule& schedule, StageRunner& runner,
   std::map<LocalKey, Tensor> local;
 
   ExecutorStats st;
-  int64_t n_f = 0, n_b = 0, n_w = 0;
-  double t_f = 0, t_b = 0, t_w = 0;
+  int64_t n_f = 0, n_b = 0, n_w = 0, n_pair = 0;
+  double t_f = 0, t_b = 0, t_w = 0, t_pair = 0;
   if (options.record_timeline) st.timeline.reserve(ops.size());
   const auto t0 = Clock::now();
 
@@ -258,6 +269,33 @@ ExecutorStats run_schedule(const Schedule& schedule, StageRunner& runner,
     const Op& op = ops[i];
     const int stage = schedule.stage_of(me, op.chunk);
     OpRecord rec{op.type, op.microbatch, op.chunk, seconds(t0, Clock::now()), 0, 0};
+    if (op.overlap_next && i + 1 < ops.size()) {
+      // DualPipe's F&B: both inputs first, then the unit, then both results out.
+      const Op& back = ops[i + 1];
+      const int back_stage = schedule.stage_of(me, back.chunk);
+      PRIMUS_CHECK(op.type == OpType::F && (back.type == OpType::B || back.type == OpType::BW),
+                   "overlapped pair {} {} is not a forward and a backward", to_string(op, schedule.vpp),
+                   to_string(back, schedule.vpp));
+      Tensor in = take_input(op, i, stage, Direction::Activation);
+      Tensor g = take_input(back, i + 1, back_stage, Direction::Gradient);
+      rec.compute_start_s = seconds(t0, Clock::now());
+      const bool with_weight = back.type == OpType::BW;
+      StageRunner::Overlapped out = timed(t_pair, n_pair, [&] {
+        return runner.overlapped_forward_backward(op.microbatch, op.chunk, in, back.microbatch, back.chunk, g,
+                                                  with_weight);
+      });
+      if (stage < S - 1) deliver(std::move(out.activation), op, stage, Direction::Activation);
+      if (back_stage > 0) deliver(std::move(out.input_grad), back, back_stage, Direction::Gradient);
+      st.ops += 2;
+      reap_sends();
+      rec.end_s = seconds(t0, Clock::now());
+      if (options.record_timeline) {
+        st.timeline.push_back(rec);
+        st.timeline.push_back({back.type, back.microbatch, back.chunk, rec.start_s, rec.compute_start_s, rec.end_s});
+      }
+      ++i;
+      continue;
+    }
     switch (op.type) {
       case OpType::F: {
         Tensor in = take_input(op, i, stage, Direction::Activation);
@@ -295,6 +333,8 @@ ExecutorStats run_schedule(const Schedule& schedule, StageRunner& runner,
   st.mean_f_s = n_f ? t_f / n_f : 0;
   st.mean_b_s = n_b ? t_b / n_b : 0;
   st.mean_w_s = n_w ? t_w / n_w : 0;
+  st.mean_pair_s = n_pair ? t_pair / n_pair : 0;
+  st.pairs = n_pair;
 
   PRIMUS_CHECK(posted.empty() && next_post == recv_ops.size(), "receives left after the last op");
   if (!local.empty()) {

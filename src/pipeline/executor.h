@@ -40,6 +40,20 @@ class StageRunner {
   virtual Tensor backward_input(int microbatch, int chunk, const Tensor& grad_output) = 0;
   // W of (microbatch, chunk): accumulates weight gradients and frees the microbatch's context.
   virtual void backward_weight(int microbatch, int chunk) = 0;
+
+  // DualPipe's F&B (Op::overlap_next): the forward of (f_microbatch, f_chunk) and the backward
+  // of (b_microbatch, b_chunk), a different chunk, as one unit, so that a model can overlap the
+  // two passes' computation and communication. `with_weight`: the backward is a fused BW (its W
+  // runs inside the unit too). Returns what forward and backward_input would (either undefined
+  // where they return nothing), under the same tensor rules. The default runs forward,
+  // backward_input and, with_weight, backward_weight one after the other.
+  struct Overlapped {
+    Tensor activation;  // the forward's result
+    Tensor input_grad;  // the backward's input gradient
+  };
+  virtual Overlapped overlapped_forward_backward(int f_microbatch, int f_chunk, const Tensor& input,
+                                                 int b_microbatch, int b_chunk, const Tensor& grad_output,
+                                                 bool with_weight);
 };
 
 struct ExecutorOptions {
@@ -51,6 +65,7 @@ struct ExecutorOptions {
 };
 
 // One op as it ran on this rank; times in seconds from the start of run_schedule's first op.
+// The two ops of an overlapped pair have the same compute interval.
 struct OpRecord {
   OpType type = OpType::F;
   int microbatch = 0;
@@ -66,9 +81,10 @@ struct ExecutorStats {
   double wait_s = 0;       // wall - compute: blocked on a receive or a send, the bubble
   double recv_wait_s = 0;  // of which blocked in a receive's wait
   // Mean seconds per op of each kind for one chunk (BW counts as one B and one W, each half
-  // timed on its own), for the simulator's prediction.
-  double mean_f_s = 0, mean_b_s = 0, mean_w_s = 0;
-  int64_t ops = 0, messages_sent = 0, messages_received = 0;
+  // timed on its own), for the simulator's prediction. Ops inside overlapped pairs are not in
+  // these: a pair is timed as a whole (mean_pair_s, pairs).
+  double mean_f_s = 0, mean_b_s = 0, mean_w_s = 0, mean_pair_s = 0;
+  int64_t ops = 0, pairs = 0, messages_sent = 0, messages_received = 0;
   std::vector<OpRecord> timeline;  // filled when ExecutorOptions::record_timeline
   double bubble_rate() const { return wall_s > 0 ? wait_s / wall_s : 0.0; }
 };

@@ -31,15 +31,23 @@ struct GreedyOptions {
   bool alternate = false;
 };
 
+// What a greedy run found out on the way (the simulator gives the same times for its lists).
+struct GreedyStats {
+  bool cap_binding = false;  // the in-flight cap stopped an admission the memory allowed (when it
+                             // did not, the schedule is the one without a cap)
+  double max_span = 0.0, makespan = 0.0;
+};
+
 Schedule greedy_schedule(const std::string& algorithm, int pp, int microbatches, int vpp,
-                         Placement placement, const Costs& costs, const GreedyOptions& opts);
+                         Placement placement, const Costs& costs, const GreedyOptions& opts,
+                         GreedyStats* stats = nullptr);
 
 // Tries the greedy with both fill rules, both reservation rules, with and without `alternate`,
-// and every uniform and staggered
-// (pp - rank + k) in-flight cap, plus any `extra` candidates; simulates each and keeps the one
-// with the least bubble (largest rank span), then the least makespan, then the least peak
-// memory, among those within the memory limit. zb-auto's search; the V schedules use it with
-// their memory limits.
+// and the uniform and staggered (pp - rank + k) in-flight caps that change the result (every k up
+// to 8, then steps of about a quarter), plus any `extra` candidates; simulates each and keeps the one with the least bubble (largest rank span),
+// then the least makespan, then the least peak memory, among those within the memory limit. It
+// stops early when a candidate reaches the lower bounds of span and makespan (no idle time). The
+// V schedules (zbv, v-half, v-min) use it with their memory limits.
 Schedule search_greedy(const std::string& algorithm, int pp, int microbatches, int vpp,
                        Placement placement, const Costs& costs, int memory_limit_chunks,
                        const std::vector<Schedule>& extra = {});

@@ -41,6 +41,7 @@ std::string render_svg(const Schedule& s, const SimResult& r, const Costs& costs
       "<text x=\"{}\" y=\"22\" font-size=\"15\" font-weight=\"bold\">{} (p={}, v={}, m={}): makespan {:g}, "
       "bubble rate {:.1f}%, peak activations {:g}</text>\n",
       left, s.algorithm, s.pp, s.vpp, s.microbatches, r.makespan, 100 * r.bubble_rate, r.peak_activations);
+  bool any_pair = false;
   for (int k = 0; k < s.pp; ++k) {
     const double y = top + k * (row + gap);
     o += fmt::format("<text x=\"8\" y=\"{:.1f}\" font-size=\"13\">rank {}</text>\n", y + row * 0.65, k);
@@ -52,7 +53,8 @@ std::string render_svg(const Schedule& s, const SimResult& r, const Costs& costs
       const auto& t = r.times[k][i];
       const double x = left + t.start * scale, w = (t.end - t.start) * scale;
       if (op.type == OpType::BW) {  // fused: B part then W part
-        double wb = w * costs.t_backward / (costs.t_backward + costs.t_weight);
+        const StageCost c = stage_cost(costs, s.vpp, s.stage_of(k, op.chunk));
+        double wb = w * c.backward / (c.backward + c.weight);
         o += fmt::format("<rect x=\"{:.1f}\" y=\"{:.1f}\" width=\"{:.1f}\" height=\"{:.1f}\" fill=\"{}\"/>\n", x, y, wb,
                          row, colour(OpType::B, op.chunk));
         o += fmt::format("<rect x=\"{:.1f}\" y=\"{:.1f}\" width=\"{:.1f}\" height=\"{:.1f}\" fill=\"{}\"/>\n", x + wb, y,
@@ -64,7 +66,12 @@ std::string render_svg(const Schedule& s, const SimResult& r, const Costs& costs
       o += fmt::format("<rect x=\"{:.1f}\" y=\"{:.1f}\" width=\"{:.1f}\" height=\"{:.1f}\" fill=\"none\" "
                        "stroke=\"#333\" stroke-width=\"0.6\"/>\n", x, y, w, row);
       o += fmt::format("<text x=\"{:.1f}\" y=\"{:.1f}\" font-size=\"11\" text-anchor=\"middle\" fill=\"{}\">{}</text>\n",
-                       x + w / 2, y + row * 0.62, op.chunk % 2 == 1 ? "white" : "black", op.microbatch);
+                       x + w / 2, y + row * 0.62, op.chunk % 2 == 1 ? "white" : "black", op.microbatch);      if (op.overlap_next && i + 1 < s.ranks[k].size()) {  // DualPipe's F&B: one border around both
+        const double pw = (r.times[k][i + 1].end - t.start) * scale;
+        o += fmt::format("<rect x=\"{:.1f}\" y=\"{:.1f}\" width=\"{:.1f}\" height=\"{:.1f}\" fill=\"none\" "
+                         "stroke=\"#000\" stroke-width=\"2.2\"/>\n", x, y, pw, row);
+        any_pair = true;
+      }
     }
   }
   // Legend.
@@ -85,11 +92,10 @@ std::string render_svg(const Schedule& s, const SimResult& r, const Costs& costs
   item(colour(OpType::W, 0), two ? "W chunk 0" : "W weight grad");
   if (two) item(colour(OpType::W, 1), "W chunk 1");
   item("#e4e4e4", "idle (bubble)");
-  if (any_bw)
-    o += fmt::format("<text x=\"{:.1f}\" y=\"{:.1f}\" font-size=\"12\">fused BW drawn as B then W; "
-                     "numbers are microbatches</text>\n", left, ly + 32);
-  else
-    o += fmt::format("<text x=\"{:.1f}\" y=\"{:.1f}\" font-size=\"12\">numbers are microbatches</text>\n", left, ly + 32);
+  std::string note = "numbers are microbatches";
+  if (any_bw) note = "fused BW drawn as B then W; " + note;
+  if (any_pair) note = "a thick border holds an overlapped F&B pair; " + note;
+  o += fmt::format("<text x=\"{:.1f}\" y=\"{:.1f}\" font-size=\"12\">{}</text>\n", left, ly + 32, note);
   o += "</svg>\n";
   return o;
 }

@@ -73,6 +73,31 @@ void attach_p2p(Schedule& s) {
   }
 }
 
+StageCost stage_cost(const Costs& c, int vpp, int stage) {
+  if (!c.stages.empty()) return c.stages.at(stage);
+  return {c.t_forward / vpp, c.t_backward / vpp, c.t_weight / vpp};
+}
+
+void check_costs(const Costs& c, int num_stages) {
+  if (!(c.t_forward > 0) || !(c.t_backward > 0) || !(c.t_weight > 0))
+    fail("op times must be positive (t-forward {}, t-backward {}, t-weight {})", c.t_forward,
+         c.t_backward, c.t_weight);
+  if (!(c.t_comm >= 0)) fail("transfer time must not be negative (t-comm {})", c.t_comm);
+  if (!(c.pair_overlap >= 0 && c.pair_overlap <= 1))
+    fail("pair overlap must be between 0 (pairs cost the sum) and 1 (the max), got {}", c.pair_overlap);
+  if (!(c.activation_after_b >= 0 && c.activation_after_b <= 1))
+    fail("the activation kept between B and W must be a fraction between 0 and 1, got {}",
+         c.activation_after_b);
+  if (c.stages.empty()) return;
+  if ((int)c.stages.size() != num_stages)
+    fail("per-stage costs list {} stages but the schedule has {}", c.stages.size(), num_stages);
+  for (size_t i = 0; i < c.stages.size(); ++i) {
+    const StageCost& t = c.stages[i];
+    if (!(t.forward > 0) || !(t.backward > 0) || !(t.weight > 0))
+      fail("stage {} has a non-positive op time (F {}, B {}, W {})", i, t.forward, t.backward, t.weight);
+  }
+}
+
 std::string to_string(const Op& op, int vpp) {
   if (vpp > 1) return fmt::format("{}{}.{}", op_name(op.type), op.microbatch, op.chunk);
   return fmt::format("{}{}", op_name(op.type), op.microbatch);

@@ -22,8 +22,15 @@
 // has exactly one matching receive. A transfer is identified by (microbatch, the receiving
 // stage, direction), which the executor can use as its tag.
 //
+// Overlapped pairs (DeepSeek's DualPipe "F&B"): an op with `overlap_next` runs together with the
+// next op of its rank as one unit, a forward of one chunk and a backward (B or BW) of another; a
+// model may interleave their computation and communication. Both inputs must have arrived before
+// the pair starts, both results leave when it ends; the simulator costs it by Costs::pair_overlap.
+//
 // A microbatch's activation for one chunk is alive from the start of its F to the end of its W
-// (or BW); memory is counted in activations of one whole stage, so a chunk counts 1/vpp.
+// (or BW); memory is counted in activations of one whole stage, so a chunk counts 1/vpp. Between
+// its B and its W a microbatch keeps Costs::activation_after_b of that (the zero-bubble paper's
+// M_W / M_B; 1 by default, since our W passes keep the layer inputs they need).
 #pragma once
 
 #include <optional>
@@ -55,6 +62,8 @@ struct Op {
   int chunk = 0;
   std::optional<P2P> recv;  // receive before the op
   std::optional<P2P> send;  // send after the op
+  bool overlap_next = false;  // runs as one overlapped pair with the next op of this rank
+  bool operator==(const Op&) const = default;
 };
 
 struct Schedule {
@@ -64,11 +73,18 @@ struct Schedule {
   int microbatches = 1;
   Placement placement = Placement::Looped;
   std::vector<std::vector<Op>> ranks;  // ranks[r] = rank r's ops in execution order
+  std::string note;  // how a searching generator got it (zb-auto: heuristic and ILP), for logs
 
   int num_stages() const { return pp * vpp; }
   int stage_of(int rank, int chunk) const;
   int rank_of_stage(int stage) const;
   int chunk_of_stage(int stage) const;
+};
+
+// The F, B and W time of one microbatch through one stage (one chunk), e.g. from its layer count.
+struct StageCost {
+  double forward = 1.0, backward = 1.0, weight = 1.0;
+  bool operator==(const StageCost&) const = default;
 };
 
 // Per-op costs for one microbatch through one whole stage (1/pp of the model). A chunk of a
@@ -78,14 +94,35 @@ struct Costs {
   double t_backward = 1.0;
   double t_weight = 1.0;
   double t_comm = 0.0;
+  // Stages of unequal cost (a layer split, the embedding, the output layer): one entry per stage
+  // (pp * vpp, in stage order) with that chunk's own times, used instead of t_forward / vpp etc.
+  std::vector<StageCost> stages;
+  // An overlapped pair (Op::overlap_next) of ops taking a and b costs
+  // max(a, b) + (1 - pair_overlap) min(a, b): 1 hides the shorter one completely, 0 is the sum.
+  double pair_overlap = 1.0;
+  // Memory: the part of a microbatch's activation held from its B to its W (see above).
+  double activation_after_b = 1.0;
 };
+
+// The times of stage `stage` for a schedule with `vpp` chunks per rank under `c`.
+StageCost stage_cost(const Costs& c, int vpp, int stage);
+// Throws primus::Error naming the value when times are not positive, pair_overlap is outside
+// [0, 1], activation_after_b outside [0, 1], or `stages` does not have `num_stages` entries.
+void check_costs(const Costs& c, int num_stages);
 
 struct ScheduleRequest {
   int pp = 1;
   int microbatches = 1;
   int vpp = 0;                // 0: the algorithm's default
   Costs costs;                // used by generators that search (zb-auto, the V greedy ones)
-  double memory_limit = 0.0;  // in whole-stage microbatch activations; 0: algorithm default
+  // In whole-stage microbatch activations; 0: algorithm default. For zb-auto this is Megatron's
+  // and Primus's zero_bubble_max_pending_backward: p gives ZB-1p, 2p gives ZB-2p.
+  double memory_limit = 0.0;
+  // zb-auto's ILP refinement (pipeline/zb_ilp.h), when the solver is built in: the wall-clock
+  // budget in seconds (0: heuristic only), or, for a result that must be the same on every rank,
+  // a branch-and-bound node budget instead (ilp_nodes > 0 ignores ilp_seconds).
+  double ilp_seconds = 0.0;
+  int ilp_nodes = 0;
 };
 
 // An empty schedule with ranks sized; generators fill compute ops, then call attach_p2p.

@@ -1,5 +1,6 @@
 #include "pipeline/validator.h"
 
+#include <array>
 #include <map>
 #include <tuple>
 
@@ -89,12 +90,37 @@ std::vector<std::string> find_problems(const Schedule& s) {
       problems.push_back(fmt::format("rank {} waits for microbatch {} stage {} {} from rank {}, which never sends it",
                                      std::get<1>(k), std::get<2>(k), std::get<3>(k),
                                      direction_name((Direction)std::get<4>(k)), std::get<0>(k)));
+  // 3. Overlapped pairs (Op::overlap_next): a forward, then a backward (B or BW) of another
+  //    (microbatch, chunk), DualPipe's F&B; a pair has exactly two ops.
+  for (int r = 0; r < s.pp; ++r)
+    for (size_t i = 0; i < s.ranks[r].size(); ++i) {
+      const Op& op = s.ranks[r][i];
+      if (!op.overlap_next) continue;
+      if (i + 1 == s.ranks[r].size()) {
+        problems.push_back(fmt::format("rank {} op {} ({}) is marked to overlap with the next op, but it is the "
+                                       "rank's last", r, i, to_string(op, s.vpp)));
+        continue;
+      }
+      const Op& next = s.ranks[r][i + 1];
+      if (next.overlap_next)
+        problems.push_back(fmt::format("rank {} ops {}-{} chain overlapped pairs; a pair has exactly two ops", r, i,
+                                       i + 2));
+      if (op.type != OpType::F || (next.type != OpType::B && next.type != OpType::BW))
+        problems.push_back(fmt::format("rank {} ops {} and {} ({} {}) form an overlapped pair, which must be a "
+                                       "forward and then a backward (B or BW)", r, i, i + 1,
+                                       to_string(op, s.vpp), to_string(next, s.vpp)));
+      else if (op.microbatch == next.microbatch && op.chunk == next.chunk)
+        problems.push_back(fmt::format("rank {} overlaps {} with its own backward", r, to_string(op, s.vpp)));
+      if (next.overlap_next) ++i;
+    }
   if (!problems.empty()) return problems;
 
-  // 3. Run the lists: an op may start once everything it needs has happened (a receive blocks
-  //    until its send was posted; sends never block). No progress with ops left = deadlock.
+  // 4. Run the lists: an op (or a pair) may start once everything it needs has happened (a
+  //    receive blocks until its send was posted; sends never block). No progress with ops left
+  //    = deadlock.
   EventTable done(m, S);
-  auto pos = detail::run_in_dependency_order(s, done, [](int, size_t, const Op&, int, const EventTable&) { return 1.0; });
+  auto pos = detail::run_in_dependency_order(
+      s, done, [](int, size_t, size_t, const EventTable&) { return std::array<double, 2>{1.0, 1.0}; });
   if (!detail::ran_to_end(s, pos)) {
     std::string stuck;
     for (int r = 0; r < s.pp; ++r)

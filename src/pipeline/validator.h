@@ -1,7 +1,7 @@
 // Checks that a schedule can be run as written: every (microbatch, stage) gets F once and either
 // B and W once each or BW once; every send has exactly one matching receive and both agree with
-// the stage map; and running the lists with eager sends and blocking receives finishes (no
-// deadlock). Throws primus::Error naming the first problems found.
+// the stage map; an overlapped pair is a forward then a backward of another (microbatch, chunk);
+// and running the lists with eager sends and blocking receives finishes (no deadlock). Throws primus::Error naming the first problems found.
 #pragma once
 
 #include <string>

@@ -20,11 +20,64 @@ parallel::ParallelSizes ParallelLayout::sizes() const {
 std::string ParallelLayout::describe() const {
   std::string out = fmt::format("world {} = tp {} x pp {} x dp {}", world_size, tp, pp, dp);
   if (sequence_parallel) out += " (sequence parallel)";
-  if (schedule)
+  if (schedule) {
     out += fmt::format("; {} over {} stages ({} chunk{} per rank)", schedule->algorithm, pp * vpp, vpp,
                        vpp > 1 ? "s" : "");
+    bool even = true;
+    for (const auto& r : stages) even = even && r.num_layers == stages.front().num_layers;
+    if (!even) out += fmt::format(", layers per stage {}", pipeline::layer_counts(stages));
+  }
   out += fmt::format("; {} microbatch{} per dp rank", microbatches_per_rank, microbatches_per_rank > 1 ? "es" : "");
+  if (balance) out += "; " + describe_balance();
+  if (schedule && !schedule->note.empty()) out += "; " + schedule->note;
   return out;
+}
+
+std::string ParallelLayout::describe_balance(double gflops_per_second) const {
+  if (!balance) return "pipeline_balance none";
+  const bool ms = gflops_per_second > 0;
+  auto times = [&](const std::vector<pipeline::StageCost>& c) {
+    std::string out;
+    for (const auto& t : c)
+      out += fmt::format("{}{:.3g}", out.empty() ? "" : " ",
+                         (t.forward + t.backward + t.weight) * (ms ? 1e3 / gflops_per_second : 1.0));
+    return out;
+  };
+  auto step = [&](double v) { return ms ? fmt::format("{:.4g} ms", v * 1e3 / gflops_per_second) : fmt::format("{:.4g}", v); };
+  const pipeline::BalanceResult& b = *balance;
+  std::string keys;
+  if (b.first_rank_layers < 0) keys = "per-stage counts, not expressible by decoder_first/last_pipeline_num_layers";
+  if (b.first_rank_layers > 0) keys = fmt::format("decoder_first_pipeline_num_layers {}", b.first_rank_layers);
+  if (b.last_rank_layers > 0)
+    keys += fmt::format("{}decoder_last_pipeline_num_layers {}", keys.empty() ? "" : ", ", b.last_rank_layers);
+  if (keys.empty()) keys = "the even split";
+  std::string out = fmt::format(
+      "pipeline_balance auto: layers per stage {} ({}); predicted F+B+W per microbatch per stage {} {}; simulated "
+      "step {}",
+      pipeline::layer_counts(b.split), keys, times(b.stage_costs), ms ? "ms" : "GFLOP", step(b.step));
+  if (b.even_valid)
+    out += fmt::format(" (even split {}: {}, step {})", pipeline::layer_counts(b.even_split), times(b.even_stage_costs),
+                       step(b.even_step));
+  if (!ms) out += " [GFLOP-seconds at 1 GFLOP/s]";
+  return out;
+}
+
+pipeline::ModelCosts model_costs(const ModelSpec& spec, int64_t micro_batch_size, int64_t seq_length, int tp) {
+  if (micro_batch_size < 1 || seq_length < 1 || tp < 1)
+    fail("model costs need a positive micro_batch_size, seq_length and tensor_model_parallel_size (got {}, {}, {})",
+         micro_batch_size, seq_length, tp);
+  const double tokens = double(micro_batch_size) * double(seq_length), g = tokens / 1e9 / tp;
+  const double h = double(spec.hidden_size), v = double(spec.vocab_size), s = double(seq_length);
+  const double q = double(spec.q_size());
+  std::vector<double> gemm(spec.num_layers, 0.0);  // multiply-adds per token in each layer's GEMMs
+  for (const ParamInfo& p : model_parameter_layout(spec))
+    if (p.shape.size() == 2 && p.name.starts_with("decoder.layers."))
+      gemm[std::stoll(p.name.substr(std::string("decoder.layers.").size()))] += double(p.numel);
+  pipeline::ModelCosts c;
+  for (double n : gemm) c.layers.push_back({g * (2 * n + 2 * s * q), g * (2 * n + 4 * s * q), g * 2 * n});
+  c.embedding = {g * h, 0.0, g * h};
+  c.head = {g * (2 * v * h + 5 * v), g * (2 * v * h + 3 * v), g * 2 * v * h};
+  return c;
 }
 
 ParallelLayout plan_layout(const config::TrainingArgs& a, const ModelSpec& spec, int world_size) {
@@ -74,20 +127,47 @@ ParallelLayout plan_layout(const config::TrainingArgs& a, const ModelSpec& spec,
     return L;
   }
   if (L.microbatches_per_rank > 0x7fffffff) fail("too many microbatches per rank: {}", L.microbatches_per_rank);
+  if (a.pipeline_balance != "none" && a.pipeline_balance != "auto")
+    fail("pipeline_balance must be none or auto (got '{}')", a.pipeline_balance);
+  const bool auto_balance = a.pipeline_balance == "auto";
+  if (auto_balance && (a.decoder_first_pipeline_num_layers > 0 || a.decoder_last_pipeline_num_layers > 0))
+    fail("pipeline_balance auto chooses the layers per stage itself; unset decoder_first_pipeline_num_layers ({}) and "
+         "decoder_last_pipeline_num_layers ({}), or set pipeline_balance none",
+         a.decoder_first_pipeline_num_layers, a.decoder_last_pipeline_num_layers);
+  if (a.zero_bubble_max_pending_backward < 0)
+    fail("zero_bubble_max_pending_backward must not be negative (got {}; 0 means pipeline_model_parallel_size)",
+         a.zero_bubble_max_pending_backward);
   pipeline::ScheduleRequest req;
   req.pp = L.pp;
   req.microbatches = int(L.microbatches_per_rank);
   req.vpp = int(vpp_asked);
-  try {
-    L.schedule = pipeline::generate(a.pipeline_schedule, req);
-  } catch (const Error& e) {
-    fail("pipeline_schedule {} with pipeline_model_parallel_size {} and {} microbatches per data-parallel rank "
-         "(global_batch_size / (micro_batch_size x dp)): {}",
-         a.pipeline_schedule, L.pp, L.microbatches_per_rank, e.what());
-  }
+  if (a.pipeline_schedule == "zb-auto") req.memory_limit = double(a.zero_bubble_max_pending_backward);
+  auto build = [&] {
+    try {
+      return pipeline::generate(a.pipeline_schedule, req);
+    } catch (const Error& e) {
+      fail("pipeline_schedule {} with pipeline_model_parallel_size {} and {} microbatches per data-parallel rank "
+           "(global_batch_size / (micro_batch_size x dp)): {}",
+           a.pipeline_schedule, L.pp, L.microbatches_per_rank, e.what());
+    }
+  };
+  L.schedule = build();
   L.vpp = L.schedule->vpp;
-  L.stages = pipeline::split_layers(*L.schedule, spec.num_layers, a.decoder_first_pipeline_num_layers,
-                                    a.decoder_last_pipeline_num_layers);
+  const int64_t seq = a.seq_length > 0 ? a.seq_length : spec.max_position_embeddings;  // 0: the model's
+  const pipeline::ModelCosts costs = model_costs(spec, a.micro_batch_size, seq, L.tp);
+  if (auto_balance) {
+    L.balance = pipeline::balance_layers(*L.schedule, costs, pipeline::Costs{});
+    L.stages = L.balance->split;
+  } else {
+    L.stages = pipeline::split_layers(*L.schedule, spec.num_layers, a.decoder_first_pipeline_num_layers,
+                                      a.decoder_last_pipeline_num_layers);
+  }
+  L.stage_costs = pipeline::stage_costs(L.stages, costs);
+  // zb-auto schedules for the times it is given: the split's, from the model.
+  if (a.pipeline_schedule == "zb-auto") {
+    req.costs.stages = L.stage_costs;
+    L.schedule = build();
+  }
   return L;
 }
 

@@ -10,6 +10,7 @@
 #include "config/experiment.h"
 #include "model/model_spec.h"
 #include "parallel/mesh.h"
+#include "pipeline/balance.h"
 #include "pipeline/partition.h"
 #include "pipeline/schedule.h"
 
@@ -22,17 +23,37 @@ struct ParallelLayout {
   int64_t microbatches_per_rank = 1;  // global_batch_size / (micro_batch_size * dp)
   std::vector<pipeline::LayerRange> stages;  // pp * vpp, in model order
   std::optional<pipeline::Schedule> schedule;  // when the model is split in more than one stage
+  // Per stage, the F, B and W work of one microbatch in GFLOP (model_costs), with the pipeline.
+  std::vector<pipeline::StageCost> stage_costs;
+  // pipeline_balance auto: what the balancing chose it over.
+  std::optional<pipeline::BalanceResult> balance;
   parallel::ParallelSizes sizes() const;
-  // "world 8 = tp 2 x pp 2 x dp 2; 1f1b over 2 stages; 4 microbatches per dp rank".
+  // "world 8 = tp 2 x pp 2 x dp 2; 1f1b over 2 stages; 4 microbatches per dp rank", with the
+  // layers per stage when they are not even and the balancing report (describe_balance).
   std::string describe() const;
+  // pipeline_balance auto: the chosen split and each stage's predicted F+B+W time per
+  // microbatch beside the even split's, and both simulated steps. In GFLOP, or in milliseconds
+  // at `gflops_per_second` per rank when it is given (e.g. the measured GEMM rate).
+  std::string describe_balance(double gflops_per_second = 0) const;
 };
+
+// The F, B and W work of one microbatch (micro_batch_size x seq_length tokens) on one of tp
+// ranks, in GFLOP, per decoder layer and for the model's two ends: GEMMs at 2 FLOP per
+// multiply-add (the backward's input and weight halves to B and W), causal attention at 2 s q
+// FLOP per token forward and twice that backward (as model_stats counts), the cross-entropy
+// over the vocabulary at 5 operations per logit forward and 3 backward, the embedding at one
+// row copy per token (and its scatter-add in W).
+pipeline::ModelCosts model_costs(const ModelSpec& spec, int64_t micro_batch_size, int64_t seq_length, int tp = 1);
 
 // Rules, in order: sizes positive; context and expert parallel sizes 1 (not implemented yet);
 // tp x pp x cp divides the world size; heads, query groups, ffn and vocabulary divisible by tp;
 // sequence parallel needs tokens per microbatch divisible by tp; global_batch_size a multiple of
 // micro_batch_size x dp; layers split over pp x vpp stages (even, or as decoder_first/last_
-// pipeline_num_layers say); the pipeline schedule exists for pp, vpp and the microbatches
-// (e.g. dualpipev needs m >= 2 pp).
+// pipeline_num_layers say, or by pipeline_balance auto from model_costs, which excludes the two
+// keys); the pipeline schedule exists for pp, vpp and the microbatches (e.g. dualpipev needs
+// m >= 2 pp). zb-auto is built for the split's per-stage costs and under
+// zero_bubble_max_pending_backward (0: pp) microbatch activations, with the paper's heuristic
+// only: its ILP's time limit would make the ranks' schedules differ.
 ParallelLayout plan_layout(const config::TrainingArgs& args, const ModelSpec& spec, int world_size);
 
 }  // namespace primus::train

@@ -1,5 +1,5 @@
-// Host entry points of selftest_kernels.cu (the emulator's own tests): each launches one kernel
-// and returns cudaGetLastError() after the launch.
+// Host entry points of selftest_kernels.cu (the emulator's own tests): each launches one kernel on
+// the compute stream, waits for it, and returns what cudaGetLastError() said after the launch.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -23,5 +23,15 @@ cudaError_t launch_unwaited_cp_async(const __nv_bfloat16* src, uint32_t* out);
 cudaError_t launch_misaligned_vector(const float* p, float* out);
 cudaError_t launch_global_overrun(float4* p, int n);
 cudaError_t launch_shared_overrun(int n);
+// Races between blocks, exact bounds, large indices (see the kernels).
+cudaError_t launch_accumulate(float2* acc, int n, int blocks, bool atomic);
+cudaError_t launch_flag_between_blocks(int* flag, int* out, int blocks);
+cudaError_t launch_own_part(int* x, int blocks);
+cudaError_t launch_double(const float* in, float* out, int n, bool one_past);
+cudaError_t launch_write_at(float* x, int64_t base, bool narrow);
+cudaError_t launch_ldmatrix_rows(uint32_t* out, int stride);
+// Queued on `stream` without waiting (the stream tests order them themselves).
+void queue_fill(int* p, int n, int value, cudaStream_t stream);
+void queue_copy(const int* in, int* out, int n, cudaStream_t stream);
 
 }  // namespace emutest

@@ -275,12 +275,12 @@ class EmulatedNccl : public testing::Test {
   ncclComm_t comm = nullptr;
 };
 
-TEST_F(EmulatedNccl, OneRankOnly) {
+TEST_F(EmulatedNccl, InitChecksItsArguments) {
   ncclUniqueId id;
   ASSERT_EQ(ncclGetUniqueId(&id), ncclSuccess);
   ncclComm_t two = nullptr;
-  EXPECT_EQ(ncclCommInitRank(&two, 2, id, 0), ncclInvalidArgument);
-  EXPECT_NE(std::string(ncclGetLastError(nullptr)).find("one rank"), std::string::npos);
+  EXPECT_EQ(ncclCommInitRank(&two, 2, id, 2), ncclInvalidArgument);
+  EXPECT_NE(std::string(ncclGetLastError(nullptr)).find("rank 2 of a communicator of 2"), std::string::npos);
   ncclUniqueId forged{};
   EXPECT_EQ(ncclCommInitRank(&two, 1, forged, 0), ncclInvalidArgument);
   ncclComm_t none = comm;
@@ -318,7 +318,9 @@ TEST_F(EmulatedNccl, CollectivesCheckTheirBuffers) {
   std::vector<float> host(64);
   EXPECT_EQ(ncclAllReduce(host.data(), host.data(), 64, ncclFloat32, ncclSum, comm, cuda::stream()), ncclInvalidArgument);
   EXPECT_EQ(ncclAllReduce(a.get(), a.get(), 129, ncclFloat32, ncclSum, comm, cuda::stream()), ncclInvalidArgument)
-      << "past the end of the allocation (the caching allocator's 512-byte block)";
+      << "past the end of the allocation";
+  EXPECT_EQ(ncclAllReduce(a.get(), a.get(), 65, ncclFloat32, ncclSum, comm, cuda::stream()), ncclInvalidArgument)
+      << "one element past the end (DeviceArray allocates exactly)";
   EXPECT_EQ(ncclAllReduce(a.get(), a.get() + 1, 32, ncclFloat32, ncclSum, comm, cuda::stream()), ncclInvalidArgument)
       << "overlapping, not in place";
   EXPECT_EQ(ncclBroadcast(a.get(), a.get(), 64, ncclFloat32, 1, comm, cuda::stream()), ncclInvalidArgument);
@@ -326,6 +328,34 @@ TEST_F(EmulatedNccl, CollectivesCheckTheirBuffers) {
   ASSERT_EQ(ncclCommDestroy(comm), ncclSuccess);
   comm = nullptr;
   EXPECT_EQ(ncclAllReduce(a.get(), a.get(), 64, ncclFloat32, ncclSum, gone, cuda::stream()), ncclInvalidArgument);
+}
+
+// The communication stream not waiting for the compute stream: a collective whose input was just
+// written on another stream, with no event between them, is reported as a hazard (whichever of
+// the two the executor runs first); with the event it runs.
+TEST_F(EmulatedNccl, ACollectiveNotOrderedAfterItsInputIsAHazard) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  cudaStream_t comm_stream = nullptr;
+  cudaEvent_t ready = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&comm_stream, cudaStreamNonBlocking), cudaSuccess);
+  ASSERT_EQ(cudaEventCreateWithFlags(&ready, cudaEventDisableTiming), cudaSuccess);
+  const std::vector<float> x = random_floats(64, 3);
+  DeviceArray<float> a(size_t{64});
+  auto unordered = [&] {
+    cudaMemcpyAsync(a.get(), x.data(), 64 * sizeof(float), cudaMemcpyHostToDevice, cuda::stream());
+    ncclAllReduce(a.get(), a.get(), 64, ncclFloat32, ncclSum, comm, comm_stream);
+    cudaDeviceSynchronize();
+  };
+  EXPECT_DEATH(unordered(), "hazard between streams: .*ncclAllReduce|hazard between streams: cudaMemcpyAsync");
+  ASSERT_EQ(cudaMemcpyAsync(a.get(), x.data(), 64 * sizeof(float), cudaMemcpyHostToDevice, cuda::stream()),
+            cudaSuccess);
+  ASSERT_EQ(cudaEventRecord(ready, cuda::stream()), cudaSuccess);
+  ASSERT_EQ(cudaStreamWaitEvent(comm_stream, ready, 0), cudaSuccess);
+  ASSERT_EQ(ncclAllReduce(a.get(), a.get(), 64, ncclFloat32, ncclSum, comm, comm_stream), ncclSuccess);
+  ASSERT_EQ(cudaStreamSynchronize(comm_stream), cudaSuccess);
+  EXPECT_EQ(a.host(), x);
+  cudaEventDestroy(ready);
+  cudaStreamDestroy(comm_stream);
 }
 
 }  // namespace

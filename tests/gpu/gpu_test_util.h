@@ -47,22 +47,39 @@ inline std::vector<float> from_bf16_bits(const std::vector<uint16_t>& v) {
   return out;
 }
 
-// A device buffer holding a copy of host data (or n zeroed elements), freed with the test.
+// A device buffer holding a copy of host data (or n zeroed elements), freed with the test. Its own
+// cudaMalloc of exactly n elements (not a block of the caching allocator, which rounds sizes up),
+// so that an access one element past the end is outside the allocation: compute-sanitizer on a
+// GPU, and the emulation (tests/emulated), report it. Filled on the compute stream and waited for
+// (so that work on any stream may use it), read on the compute stream.
 template <typename T>
 struct DeviceArray {
   size_t n = 0;
-  cuda::Scratch mem;
-  explicit DeviceArray(size_t count) : n(count), mem(count * sizeof(T)) {
-    PRIMUS_CUDA_CHECK(cudaMemsetAsync(mem.get(), 0, count * sizeof(T), cuda::stream()));
+  void* mem = nullptr;
+  explicit DeviceArray(size_t count) : n(count) {
+    allocate();
+    PRIMUS_CUDA_CHECK(cudaMemsetAsync(mem, 0, count * sizeof(T), cuda::stream()));
+    cuda::synchronize();
   }
-  explicit DeviceArray(const std::vector<T>& host) : n(host.size()), mem(host.size() * sizeof(T)) {
-    cuda::copy_to_device(mem.get(), host.data(), n * sizeof(T));
+  explicit DeviceArray(const std::vector<T>& host) : n(host.size()) {
+    allocate();
+    cuda::copy_to_device(mem, host.data(), n * sizeof(T));
   }
-  T* get() const { return mem.as<T>(); }
+  ~DeviceArray() {
+    if (mem) cudaFree(mem);  // (waits for the device)
+  }
+  DeviceArray(const DeviceArray&) = delete;
+  DeviceArray& operator=(const DeviceArray&) = delete;
+  T* get() const { return static_cast<T*>(mem); }
   std::vector<T> host() const {
     std::vector<T> out(n);
-    cuda::copy_to_host(out.data(), mem.get(), n * sizeof(T));
+    cuda::copy_to_host(out.data(), mem, n * sizeof(T));
     return out;
+  }
+
+ private:
+  void allocate() {
+    if (n) PRIMUS_CUDA_CHECK(cudaMalloc(&mem, n * sizeof(T)));
   }
 };
 using DeviceBf16 = DeviceArray<uint16_t>;  // pass .get() through reinterpret_cast<__nv_bfloat16*>

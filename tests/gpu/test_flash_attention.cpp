@@ -25,6 +25,9 @@
 
 #include "gpu_test_util.h"
 #include "kernels/cpu/attention.h"
+#ifdef PRIMUS_EMULATED_GPU
+#include "emu/counters.h"
+#endif
 #include "kernels/cuda/flash_attention.h"
 #include "kernels/cuda/runtime.h"
 
@@ -138,6 +141,33 @@ void expect_grad_close(const std::vector<float>& got, const std::vector<float>& 
 
 constexpr uint16_t kBf16NaN = 0x7fc0;
 
+// The swizzled shared-memory tiles are meant to be free of bank conflicts (see
+// flash_attention_common.cuh): on the emulated GPU, which counts ldmatrix's, every pass is checked.
+class ExpectNoBankConflicts {
+ public:
+  explicit ExpectNoBankConflicts(const char* what) : what_(what) {
+#ifdef PRIMUS_EMULATED_GPU
+    cuda::synchronize();
+    before_ = emu::counters();
+#endif
+  }
+  ~ExpectNoBankConflicts() {
+#ifdef PRIMUS_EMULATED_GPU
+    cuda::synchronize();
+    const emu::Counters after = emu::counters();
+    EXPECT_GT(after.ldmatrix_phases, before_.ldmatrix_phases) << what_;
+    EXPECT_EQ(after.ldmatrix_conflicts - before_.ldmatrix_conflicts, 0u)
+        << what_ << ": ldmatrix bank conflicts in " << after.ldmatrix_phases - before_.ldmatrix_phases << " phases";
+#endif
+  }
+
+ private:
+  const char* what_;
+#ifdef PRIMUS_EMULATED_GPU
+  emu::Counters before_;
+#endif
+};
+
 void check(const Case& c) {
   SCOPED_TRACE(name(c));
   const AttentionDims d{c.batch, c.seq, c.heads, c.groups, c.head_dim};
@@ -163,7 +193,10 @@ void check(const Case& c) {
   const DeviceBf16 out_dev(std::vector<uint16_t>(size_t(rows * HD), kBf16NaN));
   const DeviceArray<float> lse_dev(std::vector<float>(size_t(c.batch * c.heads * c.seq), NAN));
   auto bf = [](const DeviceBf16& a) { return reinterpret_cast<__nv_bfloat16*>(a.get()); };
-  cuda::flash_attention_forward(bf(qkv_dev), bf(out_dev), lse_dev.get(), d, c.causal, cuda::stream());
+  {
+    const ExpectNoBankConflicts guard("forward");
+    cuda::flash_attention_forward(bf(qkv_dev), bf(out_dev), lse_dev.get(), d, c.causal, cuda::stream());
+  }
   expect_close(from_bf16_bits(out_dev.host()), out_ref, 2e-2, 2e-2, "out");
   expect_close(lse_dev.host(), lse_ref, 1e-3, 1e-3, "lse");
 
@@ -181,8 +214,11 @@ void check(const Case& c) {
   const DeviceArray<float> lser_dev(lse_ref);
   const DeviceBf16 dout_dev(to_bf16_bits(dout));
   const DeviceBf16 dqkv_dev(std::vector<uint16_t>(qkv.size(), kBf16NaN));  // every element must be written
-  cuda::flash_attention_backward(bf(qkv_dev), bf(outb_dev), lser_dev.get(), bf(dout_dev), bf(dqkv_dev), d, c.causal,
-                                 cuda::stream());
+  {
+    const ExpectNoBankConflicts guard("backward");
+    cuda::flash_attention_backward(bf(qkv_dev), bf(outb_dev), lser_dev.get(), bf(dout_dev), bf(dqkv_dev), d,
+                                   c.causal, cuda::stream());
+  }
   const std::vector<float> dqkv = from_bf16_bits(dqkv_dev.host());
   const int64_t kv = c.groups * c.head_dim;
   expect_grad_close(columns(dqkv, rows, stride, 0, HD), columns(dqkv_ref, rows, stride, 0, HD), "dq");

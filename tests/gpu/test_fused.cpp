@@ -352,37 +352,43 @@ struct CeRun {
   float loss = 0;
 };
 
+// The forward visits the chunks in `order` (default: ascending), as a caller may.
 CeRun ce_run(const std::vector<float>& logits, const std::vector<int32_t>& targets, int64_t n, int64_t v,
-             const std::vector<int64_t>& chunk_sizes) {
+             const std::vector<int64_t>& chunk_sizes, std::vector<size_t> order = {}) {
   DeviceArray<int32_t> dt(targets);
   const size_t rows = static_cast<size_t>(n);
   DeviceArray<float> rmax(rows), rsum(rows), tl(rows), lse(rows), loss(1);
   cuda::ce_init(rmax.get(), rsum.get(), tl.get(), n, cuda::stream());
   std::vector<std::vector<float>> chunks;
+  std::vector<int64_t> starts;
   int64_t c0 = 0;
   for (const int64_t vc : chunk_sizes) {
     chunks.push_back(columns(logits, n, v, c0, vc));
-    DeviceArray<float> dl(chunks.back());
-    cuda::ce_chunk_forward(dl.get(), dt.get(), c0, vc, rmax.get(), rsum.get(), tl.get(), n, cuda::stream());
+    starts.push_back(c0);
     c0 += vc;
   }
   EXPECT_EQ(c0, v);
+  if (order.empty())
+    for (size_t k = 0; k < chunk_sizes.size(); ++k) order.push_back(k);
+  for (const size_t k : order) {
+    DeviceArray<float> dl(chunks[k]);  // exactly n * vc floats: a read past the chunk is outside it
+    cuda::ce_chunk_forward(dl.get(), dt.get(), starts[k], chunk_sizes[k], rmax.get(), rsum.get(), tl.get(), n,
+                           cuda::stream());
+  }
   cuda::ce_finish(rmax.get(), rsum.get(), tl.get(), dt.get(), lse.get(), loss.get(), n, cuda::stream());
   CeRun r;
   r.lse = lse.host();
   r.target_logit = tl.host();
   r.loss = loss.host()[0];
   r.dlogits.assign(size_t(n * v), NAN);
-  c0 = 0;
   for (size_t k = 0; k < chunk_sizes.size(); ++k) {
     const int64_t vc = chunk_sizes[k];
     DeviceArray<float> dl(chunks[k]);
     DeviceBf16 dd(size_t(n * vc));
-    cuda::ce_chunk_backward(dl.get(), lse.get(), dt.get(), c0, vc, B(dd), n, cuda::stream());
+    cuda::ce_chunk_backward(dl.get(), lse.get(), dt.get(), starts[k], vc, B(dd), n, cuda::stream());
     const auto g = download_bf16(dd);
     for (int64_t i = 0; i < n; ++i)
-      for (int64_t j = 0; j < vc; ++j) r.dlogits[size_t(i * v + c0 + j)] = g[size_t(i * vc + j)];
-    c0 += vc;
+      for (int64_t j = 0; j < vc; ++j) r.dlogits[size_t(i * v + starts[k] + j)] = g[size_t(i * vc + j)];
   }
   return r;
 }
@@ -426,6 +432,38 @@ TEST(FusedCrossEntropy, ChunksMatchReferenceAndOneBigChunk) {
   }
   expect_close(many.lse, one.lse, 1e-6, 1e-6, "chunked lse vs one chunk");
   EXPECT_NEAR(double(many.loss), double(one.loss), 1e-5 * std::abs(double(one.loss)));
+}
+
+// Chunks in any order, with targets on both sides of every chunk edge, the last row's among them:
+// a chunk must use exactly its own columns (reading one past its chunk, `<=` for `<`, gives the
+// wrong target logit when the next chunk does not come later, and reads past the chunk's buffer
+// on the last row).
+TEST(FusedCrossEntropy, ChunksInAnyOrderWithTargetsAtTheirEdges) {
+  PRIMUS_REQUIRE_GPU();
+  const int64_t n = 9, v = 40;
+  const auto logits = random_floats(size_t(n * v), 31, 2.0);
+  struct Split {
+    std::vector<int64_t> sizes;
+    std::vector<int32_t> targets;  // the first and last columns of chunks; the last row's the first of chunk 1
+  };
+  // Chunks of 16 and 8 columns take the vector path, 15 and 9 the scalar one.
+  const std::vector<Split> splits = {{{16, 8, 16}, {16, 15, 24, 23, 0, 39, -1, 8, 16}},
+                                     {{15, 9, 16}, {15, 14, 24, 23, 0, 39, -1, 7, 15}}};
+  for (const Split& sp : splits) {
+    const CeRef ref = ce_reference(logits, sp.targets, n, v);
+    for (const auto& order :
+         {std::vector<size_t>{0, 1, 2}, std::vector<size_t>{2, 1, 0}, std::vector<size_t>{1, 2, 0}}) {
+      SCOPED_TRACE(testing::Message() << "chunks " << sp.sizes[0] << "," << sp.sizes[1] << "," << sp.sizes[2]
+                                      << " in the order " << order[0] << order[1] << order[2]);
+      const CeRun r = ce_run(logits, sp.targets, n, v, sp.sizes, order);
+      for (int64_t i = 0; i < n; ++i) {
+        const int32_t t = sp.targets[size_t(i)];
+        EXPECT_EQ(r.target_logit[size_t(i)], t >= 0 ? logits[size_t(i * v + t)] : 0.f) << "row " << i;
+      }
+      expect_close(r.lse, ref.lse, 1e-5, 1e-6, "lse");
+      EXPECT_NEAR(double(r.loss), ref.loss, 1e-5 * std::abs(ref.loss)) << "loss sum";
+    }
+  }
 }
 
 TEST(FusedCrossEntropy, LossSumOverManyRowsIsDeterministic) {
@@ -611,6 +649,136 @@ TEST(FusedSumSquares, MatchesFp64AndIsDeterministic) {
   DeviceArray<double> d(std::vector<double>{5.0});
   cuda::sum_squares(dx.get(), nullptr, 0, d.get(), cuda::stream());
   EXPECT_EQ(d.host()[0], 0.0);
+}
+
+// ---------------------------------------------------------------- offsets past 2^31 elements
+
+// A flat buffer of an 8B model has more than 2^31 elements: the optimizer, the gradient norm and
+// the casts must index it in 64 bits. Buffers of 2^31 + 2^22 floats (about 40 GB in all, so a
+// GPU test needs a large GPU; on the emulated GPU they are sparse and only the touched pages cost
+// memory), and ranges just below, across and far above 2^31, aligned and not. Only the ranges and
+// a few sentinel elements around each are written; the CPU optimizer runs on a compact copy.
+class LargeOffsets : public testing::Test {
+ protected:
+  static constexpr int64_t kN = (int64_t(1) << 31) + (int64_t(1) << 22);
+  static constexpr int kGuard = 8;  // sentinels on each side of a range
+  static constexpr float kSentinel = 12345.f;
+
+  void SetUp() override {
+    PRIMUS_REQUIRE_GPU();
+    for (float** b : {&p, &g, &m, &v}) {
+      if (cudaMalloc(reinterpret_cast<void**>(b), size_t(kN) * sizeof(float)) != cudaSuccess) {
+        cudaGetLastError();
+        GTEST_SKIP() << "needs 4 buffers of " << kN << " floats and one of bf16 on the GPU";
+      }
+    }
+    if (cudaMalloc(reinterpret_cast<void**>(&pb), size_t(kN) * 2) != cudaSuccess) {
+      cudaGetLastError();
+      GTEST_SKIP() << "needs 40 GB on the GPU";
+    }
+  }
+  void TearDown() override {
+    for (void* b : {static_cast<void*>(p), static_cast<void*>(g), static_cast<void*>(m), static_cast<void*>(v),
+                    static_cast<void*>(pb)})
+      if (b) cudaFree(b);
+  }
+  template <typename T>
+  void put(T* dev, int64_t at, const std::vector<T>& host) {
+    cuda::copy_to_device(dev + at, host.data(), host.size() * sizeof(T));
+  }
+  template <typename T>
+  std::vector<T> get(const T* dev, int64_t at, int64_t count) {
+    std::vector<T> out(static_cast<size_t>(count));
+    cuda::copy_to_host(out.data(), dev + at, out.size() * sizeof(T));
+    return out;
+  }
+
+  float *p = nullptr, *g = nullptr, *m = nullptr, *v = nullptr;
+  uint16_t* pb = nullptr;
+  // Across 2^31 (unaligned start), at 2^31 + 2^21 (aligned), far above with a scalar tail.
+  const std::vector<ParamSegment> segments = {{"across", (int64_t(1) << 31) - 3 * 4096 - 3, 5 * 4096 + 11, true},
+                                              {"aligned", (int64_t(1) << 31) + (int64_t(1) << 21), 2 * 4096, false},
+                                              {"high", kN - 4096 - 101, 4096 + 7, true}};
+};
+
+TEST_F(LargeOffsets, AdamWSumOfSquaresAndCasts) {
+  // Compact host copies of the ranges, and their sentinels on the device.
+  int64_t total = 0;
+  for (const auto& s : segments) total += s.numel;
+  const auto p0 = random_floats(size_t(total), 41), g0 = random_floats(size_t(total), 42);
+  std::vector<ParamSegment> compact;
+  int64_t at = 0;
+  const std::vector<float> sentinels(kGuard, kSentinel);
+  for (const auto& s : segments) {
+    compact.push_back({s.name, at, s.numel, s.weight_decay});
+    put(p, s.offset, std::vector<float>(p0.begin() + at, p0.begin() + at + s.numel));
+    put(g, s.offset, std::vector<float>(g0.begin() + at, g0.begin() + at + s.numel));
+    put(m, s.offset, std::vector<float>(size_t(s.numel), 0.f));
+    put(v, s.offset, std::vector<float>(size_t(s.numel), 0.f));
+    for (float* b : {p, m, v}) {
+      put(b, s.offset - kGuard, sentinels);
+      put(b, s.offset + s.numel, sentinels);
+    }
+    put(pb, s.offset - kGuard, std::vector<uint16_t>(2 * kGuard + size_t(s.numel), 0x1234));
+    at += s.numel;
+  }
+  const std::vector<AdamWChunk> chunks = to_chunks(segments);
+  DeviceArray<AdamWChunk> dchunks(chunks);
+
+  // Two AdamW steps, against the CPU optimizer on the compact copy.
+  AdamWOptions o;
+  o.beta1 = double(0.9f);
+  o.beta2 = double(0.95f);
+  o.eps = double(1e-8f);
+  o.weight_decay = double(0.1f);
+  AdamW cpu_opt(o, total);
+  std::vector<float> p_cpu = p0;
+  const float lr = 1e-3f;
+  for (int step = 1; step <= 2; ++step) {
+    cpu_opt.step(p_cpu.data(), g0.data(), compact, double(lr));
+    cuda::AdamWParams prm;
+    prm.lr = lr;
+    prm.beta1 = 0.9f;
+    prm.beta2 = 0.95f;
+    prm.eps = 1e-8f;
+    prm.weight_decay = 0.1f;
+    prm.step = step;
+    cuda::adamw_step(p, g, m, v, reinterpret_cast<dbf16*>(pb), dchunks.get(), int(chunks.size()), prm, cuda::stream());
+  }
+  for (size_t k = 0; k < segments.size(); ++k) {
+    const auto& s = segments[k];
+    SCOPED_TRACE(s.name);
+    const auto got_p = get(p, s.offset, s.numel);
+    const std::vector<float> want_p(p_cpu.begin() + compact[k].offset, p_cpu.begin() + compact[k].offset + s.numel);
+    expect_close(got_p, want_p, 1e-7, 2e-6, "params");
+    const std::vector<float> want_m(cpu_opt.exp_avg() + compact[k].offset,
+                                    cpu_opt.exp_avg() + compact[k].offset + s.numel);
+    expect_close(get(m, s.offset, s.numel), want_m, 1e-9, 2e-6, "exp_avg");
+    const auto got_b = get(pb, s.offset, s.numel);
+    for (int64_t i = 0; i < s.numel; ++i)
+      ASSERT_EQ(got_b[size_t(i)], bf16::from_float(got_p[size_t(i)]).bits) << "bf16 copy of element " << i;
+    for (float* b : {p, m, v}) {
+      EXPECT_EQ(get(b, s.offset - kGuard, kGuard), sentinels) << "written before the range";
+      EXPECT_EQ(get(b, s.offset + s.numel, kGuard), sentinels) << "written after the range";
+    }
+    EXPECT_EQ(get(pb, s.offset - kGuard, kGuard), std::vector<uint16_t>(kGuard, 0x1234));
+    EXPECT_EQ(get(pb, s.offset + s.numel, kGuard), std::vector<uint16_t>(kGuard, 0x1234));
+  }
+
+  // The sum of squares of the gradients over the same ranges (fp64, fixed order).
+  double ref = 0;
+  for (const float x : g0) ref += double(x) * double(x);
+  DeviceArray<double> sq(size_t{1});
+  cuda::sum_squares(g, dchunks.get(), int(chunks.size()), sq.get(), cuda::stream());
+  EXPECT_NEAR(sq.host()[0], ref, 1e-12 * ref);
+
+  // Casts of the high range, both ways.
+  const auto& hi = segments.back();
+  cuda::cast_f32_to_bf16(g + hi.offset, reinterpret_cast<dbf16*>(pb) + hi.offset, hi.numel, cuda::stream());
+  const std::vector<float> g_hi(g0.end() - hi.numel, g0.end());
+  EXPECT_EQ(get(pb, hi.offset, hi.numel), to_bf16_bits(g_hi));
+  cuda::cast_bf16_to_f32(reinterpret_cast<dbf16*>(pb) + hi.offset, m + hi.offset, hi.numel, cuda::stream());
+  EXPECT_TRUE(same_bits(get(m, hi.offset, hi.numel), round_bf16(g_hi)));
 }
 
 TEST(FusedKernels, ZeroRowsAreNoOps) {

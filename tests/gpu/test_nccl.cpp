@@ -1,6 +1,6 @@
 // The NCCL process group on one GPU: a world of one rank, bootstrapped without MPI through a
 // SelfProcessGroup. Every collective and the point-to-point path (to self) run for real on the
-// device; the multi-rank semantics are the MPI backend's, exercised by the parallel suites.
+// device; across ranks: mpi/test_nccl_ranks.cpp.
 #include <cstring>
 #include <numeric>
 #include <vector>
@@ -237,7 +237,8 @@ TEST(NcclProcessGroup, WorkOutlivesItsGroup) {
   DeviceArray<float> a(x);
   auto w = g->iall_reduce(a.get(), 256, CommType::F32, ReduceOp::Sum);
   g.reset();  // the communicator stays until the Work is gone
-  w->wait();
+  w->wait();  // (the compute stream waits; the host does not)
+  cuda::synchronize();
   EXPECT_TRUE(w->test());
   w.reset();
   EXPECT_EQ(a.host(), x);

@@ -26,6 +26,8 @@ class RankBuilder {
     queue_.pop_front();
     ops_.push_back({OpType::W, mb, chunk, {}, {}});
   }
+  // The op just added and the next one run as one overlapped pair (Op::overlap_next).
+  void overlap_with_next() { ops_.back().overlap_next = true; }
   int forwards(int chunk = 0) const { return f_[chunk]; }
   int backwards(int chunk = 0) const { return b_[chunk]; }
   size_t queued_w() const { return queue_.size(); }

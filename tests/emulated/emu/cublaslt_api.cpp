@@ -1,8 +1,9 @@
 // The cuBLASLt functions src/kernels/cuda/gemm.cpp calls, for the emulated device: the handle,
 // matmul descriptors, matrix layouts and preferences with cuBLASLt's attributes (types and sizes as
 // cublasLt.h declares them), a heuristic that offers a fixed list of fake algorithms, and
-// cublasLtMatmul as a column-major reference computed on the host. The test binary links these
-// instead of libcublasLt.
+// cublasLtMatmul as a column-major reference computed on the host, queued on its stream like a
+// kernel (emu/streams.cpp) and recording what it reads and writes (emu/memory.cpp). The test
+// binary links these instead of libcublasLt.
 //
 // The operation (cublasLt.h, cublasLtMatmul; the cuBLAS guide, "cuBLASLt API"), column-major:
 //   D = alpha * op(A) op(B) + beta * C (+ bias), computed in fp32, rounded once to D's type.
@@ -37,6 +38,7 @@
 #include <cstdarg>
 #include <cstdio>
 #include <cstring>
+#include <memory>
 #include <mutex>
 #include <set>
 #include <string>
@@ -415,19 +417,9 @@ cublasStatus_t check_algo(const char* fn, const cublasLtMatmulAlgo_t* algo, cons
 
 // ------------------------------------------------------------------------- host arithmetic
 
-float bf16_to_float(uint16_t b) {
-  const uint32_t u = uint32_t(b) << 16;
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
-uint16_t float_to_bf16(float f) {  // round to nearest even, as __float2bfloat16
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return uint16_t((u >> 16) | 0x40u);  // quiet NaN
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return uint16_t(u >> 16);
-}
+using emu::detail::bf16_to_float;
+using emu::detail::float_to_bf16;
+
 float load(const void* base, uint32_t type, size_t i) {
   if (type == CUDA_R_16BF) {
     uint16_t b;
@@ -506,9 +498,79 @@ bool overlap(const Mat& x, const Mat& y) {
   return mark(y, true);
 }
 
+// One cublasLtMatmul, queued on its stream: the operands' layouts and the scalars are copied when
+// it is issued (the caller may destroy its descriptors at once, as cuBLASLt allows).
+class MatmulOp final : public emu::detail::Op {
+ public:
+  MatmulOp(float alpha, float beta, const void* A, const Layout& la, const void* B, const Layout& lb, const void* C,
+           const Layout& lc, void* D, const Layout& ld, const Problem& p, const char* bias, const FakeAlgo* al,
+           void* workspace, size_t ws)
+      : alpha_(alpha), beta_(beta), A_(A), B_(B), C_(C), D_(D), la_(la), lb_(lb), lc_(lc), ld_(ld), m_(p.m), n_(p.n),
+        k_(p.k), ab_(p.ab), cd_(p.cd), bias_type_(p.bias_type), has_bias_(p.bias), bias_(bias),
+        ta_(p.desc->transa != CUBLAS_OP_N), tb_(p.desc->transb != CUBLAS_OP_N), al_(al), workspace_(workspace),
+        ws_(ws) {}
+
+  Status run() override {
+    using emu::detail::Access;
+    using emu::detail::note_strided;
+    const bool read_c = beta_ != 0.0f;
+    // What the product touches: the rows x cols part of each column, ld apart.
+    auto touch = [](const void* p, const Layout& l, Access a) {
+      const size_t e = type_size(l.type);
+      note_strided(p, l.cols, l.rows * e, size_t(l.ld) * e, a);
+    };
+    if (alpha_ != 0.0f) {
+      touch(A_, la_, Access::kRead);
+      touch(B_, lb_, Access::kRead);
+    }
+    if (read_c) touch(C_, lc_, Access::kRead);
+    if (has_bias_) emu::detail::note_access(bias_, size_t(m_) * type_size(bias_type_), Access::kRead, 0);
+    if (ws_) emu::detail::note_access(workspace_, ws_, Access::kWrite, 0);  // the algorithm's scratch
+    touch(D_, ld_, Access::kWrite);
+
+    // D = alpha op(A) op(B) + beta C + bias: op(A)'s rows and op(B)'s columns gathered as fp32
+    // vectors over k, each dot product in the algorithm's order, one rounding to D's type.
+    const int64_t m = m_, n = n_, k = k_;
+    std::vector<float> arows, bcols;
+    if (alpha_ != 0.0f) {
+      arows.resize(size_t(m * k));
+      bcols.resize(size_t(n * k));
+      for (int64_t i = 0; i < m; ++i)
+        for (int64_t l = 0; l < k; ++l)  // op(A)(i, l) = A(i, l) or A(l, i); X(r, c) is X[r + c * ld]
+          arows[size_t(i * k + l)] = load(A_, ab_, ta_ ? size_t(l + i * la_.ld) : size_t(i + l * la_.ld));
+      for (int64_t j = 0; j < n; ++j)
+        for (int64_t l = 0; l < k; ++l)  // op(B)(l, j) = B(l, j) or B(j, l)
+          bcols[size_t(j * k + l)] = load(B_, ab_, tb_ ? size_t(j + l * lb_.ld) : size_t(l + j * lb_.ld));
+    }
+    for (int64_t j = 0; j < n; ++j)
+      for (int64_t i = 0; i < m; ++i) {
+        float v = alpha_ != 0.0f ? alpha_ * dot(&arows[size_t(i * k)], &bcols[size_t(j * k)], k, *al_) : 0.0f;
+        if (read_c) v += beta_ * load(C_, cd_, size_t(i + j * lc_.ld));
+        if (has_bias_) v += load(bias_, bias_type_, size_t(i));
+        store(D_, cd_, size_t(i + j * ld_.ld), v);
+      }
+    return kDone;
+  }
+
+ private:
+  float alpha_, beta_;
+  const void *A_, *B_, *C_;
+  void* D_;
+  Layout la_, lb_, lc_, ld_;
+  int64_t m_, n_, k_;
+  uint32_t ab_, cd_, bias_type_;
+  bool has_bias_;
+  const char* bias_;
+  bool ta_, tb_;
+  const FakeAlgo* al_;
+  void* workspace_;
+  size_t ws_;
+};
+
 }  // namespace
 
 extern "C" {
+
 
 // ------------------------------------------------------------------------- the library
 
@@ -908,28 +970,10 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatmulDesc_t desc
   if (ws && (!workspace || !find_allocation(workspace, ws)))
     return error(CUBLAS_STATUS_EXECUTION_FAILED, fn, "the workspace [%p, +%zu bytes) is not device memory", workspace, ws);
 
-  // D = alpha op(A) op(B) + beta C + bias: op(A)'s rows and op(B)'s columns gathered as fp32
-  // vectors over k, each dot product in the algorithm's order, one rounding to D's type.
-  const int64_t m = p.m, n = p.n, k = p.k;
-  const bool ta = p.desc->transa != CUBLAS_OP_N, tb = p.desc->transb != CUBLAS_OP_N;
-  std::vector<float> arows, bcols;
-  if (alpha != 0.0f) {
-    arows.resize(size_t(m * k));
-    bcols.resize(size_t(n * k));
-    for (int64_t i = 0; i < m; ++i)
-      for (int64_t l = 0; l < k; ++l)  // op(A)(i, l) = A(i, l) or A(l, i); X(r, c) is X[r + c * ld]
-        arows[size_t(i * k + l)] = load(A, p.ab, ta ? size_t(l + i * p.a->ld) : size_t(i + l * p.a->ld));
-    for (int64_t j = 0; j < n; ++j)
-      for (int64_t l = 0; l < k; ++l)  // op(B)(l, j) = B(l, j) or B(j, l)
-        bcols[size_t(j * k + l)] = load(B, p.ab, tb ? size_t(j + l * p.b->ld) : size_t(l + j * p.b->ld));
-  }
-  for (int64_t j = 0; j < n; ++j)
-    for (int64_t i = 0; i < m; ++i) {
-      float v = alpha != 0.0f ? alpha * dot(&arows[size_t(i * k)], &bcols[size_t(j * k)], k, *al) : 0.0f;
-      if (read_c) v += beta * load(C, p.cd, size_t(i + j * p.c->ld));
-      if (p.bias) v += load(bias, p.bias_type, size_t(i));
-      store(D, p.cd, size_t(i + j * p.d->ld), v);
-    }
+  emu::detail::enqueue(stream,
+                       std::make_unique<MatmulOp>(alpha, beta, A, *p.a, B, *p.b, C, *p.c, D, *p.d, p, bias, al,
+                                                  ws ? workspace : nullptr, ws),
+                       emu::detail::OpLabel{"cublasLtMatmul"});
   return CUBLAS_STATUS_SUCCESS;
 }
 

@@ -1,14 +1,18 @@
 // The device side of the GPU emulation: what a CUDA kernel source sees when it is compiled by g++
 // as C++ (force-included into every file that cuda_to_cpp.py generates from src/kernels/cuda).
 //
-// Execution model (emu/emulator.cpp): a launch runs its blocks one after another, in a random
-// order; the threads of a block are cooperative user-level threads, each running the kernel
-// function on its own stack (so registers are ordinary locals), switched only at the points where
-// CUDA threads synchronise or exchange data: __syncthreads, warp collectives (__shfl_*_sync,
-// ldmatrix, mma.sync) and the cp.async instructions. A seeded random scheduler picks which thread
-// runs next. Every warp collective is a rendezvous of its lanes, checked for consistent arguments;
-// barriers are checked for divergence; cp.async copies land at random times before the wait that
-// covers them. Violations abort with a message naming the kernel, block, thread and seed.
+// Execution model (emu/emulator.cpp): a launch is queued on its stream and runs when the
+// emulated device's executor reaches it (emu/streams.cpp). It keeps 1 to 4 blocks resident at
+// once, in a random order; the threads of the resident blocks are cooperative user-level
+// threads, each running the kernel function on its own stack (so registers are ordinary locals),
+// switched at the points where CUDA threads synchronise or exchange data (__syncthreads, warp
+// collectives: __shfl_*_sync, ldmatrix, mma.sync; the cp.async instructions) and, with several
+// resident blocks, at a random share of memory accesses. A seeded random scheduler picks which
+// thread runs next. Every warp collective is a rendezvous of its lanes, checked for consistent
+// arguments; barriers are checked for divergence; cp.async copies land at random times before
+// the wait that covers them; every global memory access is checked against the exact bounds of
+// its allocation and recorded for the race (between blocks) and hazard (between streams) checks
+// of emu/memory.cpp. Violations abort with a message naming the kernel, block, thread and seed.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -50,12 +54,15 @@ struct LaunchConfig {
 namespace detail {
 using Body = void (*)(void*);
 // Validates the configuration as a GPU does (errors go to cudaGetLastError, nothing runs), then
-// runs every block. `kernel` identifies the function for cudaFuncSetAttribute limits.
-void launch(const LaunchSite& site, const void* kernel, const LaunchConfig& config, Body body, void* closure);
+// queues the launch on its stream. `kernel` identifies the function for cudaFuncSetAttribute
+// limits; `destroy` frees `closure` once the launch has run (or was refused).
+void launch(const LaunchSite& site, const void* kernel, const LaunchConfig& config, Body body, void* closure,
+            void (*destroy)(void*));
 }  // namespace detail
 
 // kernel<<<config>>>(args): the arguments are converted to the kernel's parameter types once, on
-// the host, as a CUDA launch does; each emulated thread then calls the kernel with its own copy.
+// the host, when the launch is issued, as a CUDA launch does; each emulated thread then calls the
+// kernel with its own copy.
 template <typename... P, typename... A>
 void launch(const LaunchSite& site, void (*kernel)(P...), const LaunchConfig& config, A&&... args) {
   static_assert(sizeof...(P) == sizeof...(A), "kernel launch: the number of arguments differs from the kernel's");
@@ -63,14 +70,14 @@ void launch(const LaunchSite& site, void (*kernel)(P...), const LaunchConfig& co
   struct Closure {
     void (*kernel)(P...);
     Params params;
-  } closure{kernel, Params(std::forward<A>(args)...)};
+  };
   detail::launch(
       site, reinterpret_cast<const void*>(kernel), config,
       [](void* p) {
         auto* c = static_cast<Closure*>(p);
         std::apply(c->kernel, c->params);
       },
-      &closure);
+      new Closure{kernel, Params(std::forward<A>(args)...)}, [](void* p) { delete static_cast<Closure*>(p); });
 }
 
 // ------------------------------------------------------------------ built-in variables
@@ -196,7 +203,10 @@ inline void __syncthreads(const char* file = __builtin_FILE(), int line = __buil
 inline void __syncwarp(unsigned mask = 0xffffffffu, const char* file = __builtin_FILE(), int line = __builtin_LINE()) {
   ::emu::detail::syncwarp(mask, file, line);
 }
-inline void __threadfence() {}  // blocks run one at a time: every write is visible to later blocks
+// The emulation is sequentially consistent (a store is visible to every thread at once): fences
+// have nothing to do. Weak ordering is not modelled; an ordering between blocks that relies on
+// fences and flags would be reported as a race by the shadow checks (no kernel here needs one).
+inline void __threadfence() {}
 inline void __threadfence_block() {}
 
 template <typename T>
@@ -276,8 +286,9 @@ inline unsigned long long max(unsigned long long a, unsigned long long b) { retu
 inline float max(float a, float b) { return fmaxf(a, b); }
 inline double max(double a, double b) { return fmax(a, b); }
 
-// ---- Cache-hinted global loads and stores: plain accesses, checked for alignment and for lying
-// inside a device allocation (what would fault on a GPU) ----
+// ---- Cache-hinted global loads and stores: plain accesses (checked exactly by the
+// instrumentation), checked for alignment and for being device memory first (what would fault on
+// a GPU) ----
 template <typename T>
 void __stwb(T* p, T v, const char* file = __builtin_FILE(), int line = __builtin_LINE()) {
   ::emu::detail::check_global(p, sizeof(T), alignof(T), "__stwb (st.global.wb)", file, line);
@@ -309,20 +320,25 @@ T __ldcs(const T* p, const char* file = __builtin_FILE(), int line = __builtin_L
   return *p;
 }
 
-// ---- Atomics. Blocks run one at a time and threads switch only at synchronisation points, so a
-// read-modify-write is indivisible; the random block order gives float sums a random order, as
-// on a GPU. fp32 adds flush subnormal inputs and results to zero, as atom.add.f32 does. ----
+// ---- Atomics. Threads never switch inside one (the instrumentation is off in these functions, so
+// their loads and stores are not memory-access switch points either): a read-modify-write is
+// indivisible; check_atomic records it as an atomic for the race checks. The random block order
+// and interleavings give float sums a random order, as on a GPU. fp32 adds flush subnormal inputs
+// and results to zero, as atom.add.f32 does. ----
+#define PRIMUS_EMU_ATOMIC __attribute__((no_sanitize_thread))
 namespace emu::detail {
 inline float ftz(float x) { return std::fpclassify(x) == FP_SUBNORMAL ? std::copysign(0.0f, x) : x; }
 void check_atomic(const void* p, size_t bytes, const char* file, int line);
 }  // namespace emu::detail
-inline float atomicAdd(float* p, float v, const char* file = __builtin_FILE(), int line = __builtin_LINE()) {
+PRIMUS_EMU_ATOMIC inline float atomicAdd(float* p, float v, const char* file = __builtin_FILE(),
+                                         int line = __builtin_LINE()) {
   ::emu::detail::check_atomic(p, sizeof(float), file, line);
   const float old = *p;
   *p = ::emu::detail::ftz(::emu::detail::ftz(old) + ::emu::detail::ftz(v));
   return old;
 }
-inline float2 atomicAdd(float2* p, float2 v, const char* file = __builtin_FILE(), int line = __builtin_LINE()) {
+PRIMUS_EMU_ATOMIC inline float2 atomicAdd(float2* p, float2 v, const char* file = __builtin_FILE(),
+                                          int line = __builtin_LINE()) {
   static_assert(PRIMUS_EMU_CUDA_ARCH >= 900, "vector atomicAdd needs sm_90");
   ::emu::detail::check_atomic(p, sizeof(float2), file, line);
   const float2 old = *p;
@@ -330,7 +346,8 @@ inline float2 atomicAdd(float2* p, float2 v, const char* file = __builtin_FILE()
   p->y = ::emu::detail::ftz(::emu::detail::ftz(old.y) + ::emu::detail::ftz(v.y));
   return old;
 }
-inline float4 atomicAdd(float4* p, float4 v, const char* file = __builtin_FILE(), int line = __builtin_LINE()) {
+PRIMUS_EMU_ATOMIC inline float4 atomicAdd(float4* p, float4 v, const char* file = __builtin_FILE(),
+                                          int line = __builtin_LINE()) {
   ::emu::detail::check_atomic(p, sizeof(float4), file, line);
   const float4 old = *p;
   p->x = ::emu::detail::ftz(::emu::detail::ftz(old.x) + ::emu::detail::ftz(v.x));
@@ -339,42 +356,43 @@ inline float4 atomicAdd(float4* p, float4 v, const char* file = __builtin_FILE()
   p->w = ::emu::detail::ftz(::emu::detail::ftz(old.w) + ::emu::detail::ftz(v.w));
   return old;
 }
-inline double atomicAdd(double* p, double v, const char* file = __builtin_FILE(), int line = __builtin_LINE()) {
+PRIMUS_EMU_ATOMIC inline double atomicAdd(double* p, double v, const char* file = __builtin_FILE(),
+                                          int line = __builtin_LINE()) {
   ::emu::detail::check_atomic(p, sizeof(double), file, line);
   const double old = *p;
   *p = old + v;
   return old;
 }
 template <typename T, typename = std::enable_if_t<std::is_integral_v<T>>>
-T atomicAdd(T* p, T v, const char* file = __builtin_FILE(), int line = __builtin_LINE()) {
+PRIMUS_EMU_ATOMIC T atomicAdd(T* p, T v, const char* file = __builtin_FILE(), int line = __builtin_LINE()) {
   ::emu::detail::check_atomic(p, sizeof(T), file, line);
   const T old = *p;
   *p = T(old + v);
   return old;
 }
 template <typename T, typename = std::enable_if_t<std::is_integral_v<T>>>
-T atomicMax(T* p, T v, const char* file = __builtin_FILE(), int line = __builtin_LINE()) {
+PRIMUS_EMU_ATOMIC T atomicMax(T* p, T v, const char* file = __builtin_FILE(), int line = __builtin_LINE()) {
   ::emu::detail::check_atomic(p, sizeof(T), file, line);
   const T old = *p;
   *p = old > v ? old : v;
   return old;
 }
 template <typename T, typename = std::enable_if_t<std::is_integral_v<T>>>
-T atomicMin(T* p, T v, const char* file = __builtin_FILE(), int line = __builtin_LINE()) {
+PRIMUS_EMU_ATOMIC T atomicMin(T* p, T v, const char* file = __builtin_FILE(), int line = __builtin_LINE()) {
   ::emu::detail::check_atomic(p, sizeof(T), file, line);
   const T old = *p;
   *p = old < v ? old : v;
   return old;
 }
 template <typename T, typename = std::enable_if_t<std::is_integral_v<T>>>
-T atomicExch(T* p, T v, const char* file = __builtin_FILE(), int line = __builtin_LINE()) {
+PRIMUS_EMU_ATOMIC T atomicExch(T* p, T v, const char* file = __builtin_FILE(), int line = __builtin_LINE()) {
   ::emu::detail::check_atomic(p, sizeof(T), file, line);
   const T old = *p;
   *p = v;
   return old;
 }
 template <typename T, typename = std::enable_if_t<std::is_integral_v<T>>>
-T atomicCAS(T* p, T compare, T v, const char* file = __builtin_FILE(), int line = __builtin_LINE()) {
+PRIMUS_EMU_ATOMIC T atomicCAS(T* p, T compare, T v, const char* file = __builtin_FILE(), int line = __builtin_LINE()) {
   ::emu::detail::check_atomic(p, sizeof(T), file, line);
   const T old = *p;
   if (old == compare) *p = v;

@@ -1,18 +1,34 @@
-// The GPU emulator: launches, the per-block thread scheduler, barriers, warp collectives,
-// cp.async, the shared memory window, and the PTX instructions the kernels use.
+// The GPU emulator: launches, the thread scheduler of the resident blocks, barriers, warp
+// collectives, cp.async, the shared memory windows, the PTX instructions the kernels use, and the
+// hooks through which kernel code's memory accesses reach the checks of memory.cpp.
 // What is modelled and what is not: docs/cuda.md, "Emulated GPU tests in CI".
 //
-// Threads. Each CUDA thread of the running block is a user-level thread with its own stack (a
+// Launches. A launch is checked as a GPU checks it (errors reach cudaGetLastError at once) and
+// queued on its stream (streams.cpp); it runs when the executor reaches it.
+//
+// Threads. Each CUDA thread of a resident block is a user-level thread with its own stack (a
 // register of the kernel is a local of that stack). A thread runs until it reaches a point where
-// CUDA threads interact (a barrier, a warp collective, a cp.async instruction) and then hands
-// control back to the scheduler, which picks the next thread at random. Blocks run one at a time
-// in a random order, so threads of different blocks never interleave (inter-block races other
-// than through atomics are not modelled; atomics are indivisible and happen in block order).
+// CUDA threads interact (a barrier, a warp collective, a cp.async instruction) or, in the
+// interleaved mode below, a memory access, and then hands control to the next thread the
+// scheduler picks at random.
+//
+// Blocks. A launch keeps 1 to 4 blocks resident at once (drawn per launch, or PRIMUS_EMU_CTAS),
+// each in its own shared memory window; when one retires the next, in a random order, takes its
+// place, as CTAs fill a GPU's SMs. With several resident blocks, threads also switch at a random
+// share of their global and shared memory accesses, so the warps of different blocks interleave
+// at memory operations and a read-modify-write without an atomic can lose an update. Whatever the
+// schedule, every global access is recorded in memory.cpp's shadow: two blocks of one launch
+// touching the same bytes, one of them writing and not both atomically, is reported as a race.
 //
 // Randomness: every launch derives its own seed from PRIMUS_EMU_SEED (default 1) and its launch
-// number, and every block draws a scheduling policy (uniform random choice, random warp
-// priorities with random changes, or FIFO) and cp.async landing rates from it. A failure message
-// prints the seed; the same seed, test filter and binary replay the same schedules.
+// number, and draws its resident blocks, its switch rate at memory accesses and per block a
+// scheduling policy (uniform random choice, random warp priorities with random changes, or FIFO)
+// and cp.async landing rates from it. A failure message prints the seed; the same seed, test
+// filter and binary replay the same schedules.
+//
+// Kernel code is compiled with GCC's -fsanitize=thread: every load and store calls the __tsan_*
+// functions at the end of this file, which pass global and shared memory accesses to the checks
+// (nothing of ThreadSanitizer's runtime is used).
 #include "emu/emulator.h"
 
 #include <signal.h>
@@ -22,6 +38,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <cstdarg>
 #include <cstdio>
 #include <cstdlib>
@@ -30,6 +47,7 @@
 #include <string>
 #include <vector>
 
+#include "emu/counters.h"
 #include "emu/device.h"
 
 // Context switches: a few instructions on x86-64; elsewhere (or with PRIMUS_EMU_UCONTEXT) through
@@ -87,27 +105,6 @@ dim3 g_block_dim, g_grid_dim;
 
 namespace {
 
-// ------------------------------------------------------------------------------ randomness
-
-struct Rng {
-  uint64_t s;
-  explicit Rng(uint64_t seed = 1) : s(seed) {}
-  uint64_t next() {  // splitmix64
-    uint64_t z = (s += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-  }
-  uint32_t below(uint32_t n) { return uint32_t((next() >> 32) * n >> 32); }
-  bool coin(double p) { return p > 0 && double(next() >> 11) * 0x1.0p-53 < p; }
-};
-
-uint64_t mix(uint64_t a, uint64_t b) {
-  Rng r(a * 0x2545f4914f6cdd1dull ^ b);
-  r.next();
-  return r.next();
-}
-
 // ----------------------------------------------------------------------------------- state
 
 constexpr size_t kPage = 4096;
@@ -115,12 +112,15 @@ constexpr size_t kStackBytes = 256 * 1024;  // per emulated thread, plus a guard
 constexpr size_t kStaticSmemMax = 48 * 1024;
 constexpr size_t round_up(size_t v, size_t a) { return (v + a - 1) / a * a; }
 constexpr size_t kWindowBytes = kStaticSmemMax + round_up(kMaxSmemPerBlockOptin, kPage);
+constexpr int kMaxSlots = 4;  // blocks resident at once
 
 enum class St : uint8_t { kRunnable, kRunning, kBarrier, kWarp, kExited };
 
 struct Thread {
   uint3 idx{};
-  int linear = 0, warp = 0, lane = 0;
+  int linear = 0;     // index over all resident blocks' threads: slot * slot_threads + thread
+  int warp = 0;       // likewise over their warps
+  int lane = 0, slot = 0;
   St st = St::kRunnable;
 #if PRIMUS_EMU_ASM_SWITCH
   void* sp = nullptr;
@@ -131,7 +131,7 @@ struct Thread {
   std::vector<int> copies;  // this thread's cp.async copies not yet waited for
 };
 
-enum Op : int {
+enum WarpOp : int {
   kOpShflUp = 0, kOpShflDown, kOpShflBfly, kOpShflIdx,  // = kOpShflUp + ShflMode
   kOpSyncwarp,
   kOpLdm1, kOpLdm2, kOpLdm4, kOpLdm1T, kOpLdm2T, kOpLdm4T,
@@ -170,13 +170,14 @@ struct Warp {
 };
 void complete_if_ready(Warp& w);
 
-// Threads ready to run. Three policies, drawn per block:
+// Threads ready to run. Three policies:
 //  * uniform: any runnable thread, at random (fine-grained interleavings);
 //  * warp priorities (PCT-like): each warp has a random rank and the runnable lane of the
 //    highest-ranked warp runs (lanes in a random order), so one warp runs ahead until it blocks
 //    at a barrier, with random rank swaps at synchronisation points: this exposes missing
 //    barriers between warps, which lockstep-like schedules hide;
 //  * FIFO: round-robin progress, like warps in lockstep.
+// Thread t belongs to warp t / 32 (every resident block's threads start at a multiple of 32).
 struct RunQueue {
   enum Mode { kUniform, kWarpPriority, kFifo } mode = kUniform;
   std::vector<int> items;  // uniform; FIFO: items[head..]
@@ -279,32 +280,27 @@ struct RunQueue {
 // Independently of when it lands, its bytes become visible to its own thread at that wait and to
 // the other threads of the block at the first __syncthreads() after the wait ("published"); a
 // read through ldmatrix before that is reported as a race. Until published, the copy owns the
-// 4-byte words it writes (g_word_owner).
+// 4-byte words it writes (its block's word_owner).
 struct Copy {
   uint32_t dst = 0;
   uint32_t cp_size = 0, src_size = 0;
   const void* src = nullptr;
   uint64_t group = 0;
-  int thread = 0;
+  int thread = 0, slot = 0;
   bool landed = false, waited = false;
   int pend_pos = -1;  // in g_pending while not landed
   int mine_pos = -1;  // in its thread's `copies` while not waited for
 };
 
-struct Launch {
-  LaunchSite site{};
-  const void* kernel = nullptr;
-  LaunchConfig cfg;
-  Body body = nullptr;
-  void* closure = nullptr;
-  uint64_t number = 0, seed = 0;
-  int nthreads = 0, nwarps = 0;
-  char* dyn_base = nullptr;
-  size_t dyn_bytes = 0;
-  char* static_low = nullptr;  // the lowest byte of the static __shared__ objects
-  std::vector<std::pair<const void*, char*>> statics;
-  // per block
-  bool in_block = false;
+// A resident block: one slot of the launch, with its own shared memory window.
+struct Block {
+  char* window_lo = nullptr;  // shared address 0
+  char* window_hi = nullptr;  // one past its end (a guard page follows)
+  std::vector<int32_t> word_owner;  // per 4 bytes of the window: the unpublished copy writing it, or -1
+  std::vector<int> waited;          // copies waited for by their thread, not yet published by a barrier
+  bool active = false;
+  uint3 idx{};
+  uint32_t linear = 0;
   int live = 0;
   bool any_exited = false;
   int barrier_arrived = 0;
@@ -313,30 +309,52 @@ struct Launch {
   double land_rate = 0, land_at_issue = 0, yield_rate = 0, prio_swap_rate = 0;
 };
 
+struct Launch {
+  LaunchSite site{};
+  const void* kernel = nullptr;
+  LaunchConfig cfg;
+  Body body = nullptr;
+  void* closure = nullptr;
+  void (*destroy)(void*) = nullptr;
+  uint64_t number = 0, seed = 0;
+  int nthreads = 0, nwarps = 0, slot_threads = 0, slots = 1;
+  double mem_switch = 0;  // chance of a thread switch at a memory access
+  size_t dyn_bytes = 0;
+  size_t dyn_off = 0;         // window offset of the dynamic shared memory
+  size_t static_low_off = 0;  // window offset of the lowest static __shared__ object
+  std::vector<std::pair<const void*, size_t>> statics;  // their offsets
+};
+
 struct Stats {
   uint64_t launches = 0, blocks = 0, threads = 0, switches = 0, copies = 0;
   uint64_t ldmatrix_phases = 0, ldmatrix_conflicts = 0, mma = 0, shfl = 0, barriers = 0;
+  uint64_t max_resident = 0, memory_switches = 0;
 };
 
-std::recursive_mutex g_mutex;
+// The launch being run and its resident blocks. Kernels run one at a time (the executor holds
+// the streams' lock), on whichever OS thread the executor uses.
 Launch* g_launch = nullptr;
 Thread* g_cur = nullptr;
+Block* g_blk = nullptr;     // the running thread's block
+char* g_window_lo = nullptr;  // its window
+char* g_window_hi = nullptr;
+Block g_blocks[kMaxSlots];
 std::vector<Thread> g_threads;
 std::vector<Warp> g_warps;
 std::vector<char*> g_stacks;  // stack bottoms (above the guard page)
 RunQueue g_queue;
 Rng g_rng;
 Stats g_stats;
-uint64_t g_launch_count = 0;
-char* g_window_lo = nullptr;  // the shared memory window: shared address 0
-char* g_window_hi = nullptr;  // one past its end (a guard page follows)
-std::vector<int32_t> g_word_owner;  // per 4 bytes of the window: the unpublished copy writing it, or -1
+std::atomic<uint64_t> g_launch_count{0};
+uint64_t g_switch_countdown = 0;
 std::vector<Copy> g_copy_slab;
 std::vector<int> g_free_copies;
 std::vector<int> g_pending;  // copies that have not landed
-std::vector<int> g_waited;   // copies waited for by their thread, not yet published by a barrier
 bool g_trace = false;
 std::atomic<bool> g_reported{false};
+// True on the OS thread that runs a launch's blocks, while it does: the instrumentation ignores
+// accesses elsewhere (host code in the kernel sources, which the same flags compile).
+thread_local bool t_in_kernel = false;
 #if PRIMUS_EMU_ASM_SWITCH
 void* g_sched_sp = nullptr;
 #else
@@ -347,23 +365,31 @@ uint64_t g_base_seed = [] {
   const char* e = std::getenv("PRIMUS_EMU_SEED");
   return e && *e ? std::strtoull(e, nullptr, 0) : uint64_t(1);
 }();
+int g_max_slots = [] {
+  const char* e = std::getenv("PRIMUS_EMU_CTAS");
+  const int v = e && *e ? std::atoi(e) : 0;
+  return v < 0 ? 0 : std::min(v, kMaxSlots);  // 0: drawn per launch
+}();
 
 // --------------------------------------------------------------------------- diagnostics
 
 void print_context(FILE* f) {
   const Launch* L = g_launch;
   if (!L) {
-    std::fprintf(f, "  (outside any kernel)\n");
+    if (running_op()) std::fprintf(f, "  in %s\n", describe_op(running_op()).c_str());
   } else {
     std::fprintf(f, "  kernel %s launched at %s:%d (launch #%llu of this process)\n    by %s\n", L->site.kernel,
                  L->site.file, L->site.line, (unsigned long long)L->number, L->site.caller);
-    std::fprintf(f, "  grid (%u, %u, %u), block (%u, %u, %u), %zu bytes of dynamic shared memory\n", L->cfg.grid.x,
-                 L->cfg.grid.y, L->cfg.grid.z, L->cfg.block.x, L->cfg.block.y, L->cfg.block.z, L->cfg.smem);
-    if (L->in_block) {
-      std::fprintf(f, "  in block (%u, %u, %u)", g_block_idx.x, g_block_idx.y, g_block_idx.z);
-      if (g_cur)
+    std::fprintf(f, "  grid (%u, %u, %u), block (%u, %u, %u), %zu bytes of dynamic shared memory, %d resident blocks\n",
+                 L->cfg.grid.x, L->cfg.grid.y, L->cfg.grid.z, L->cfg.block.x, L->cfg.block.y, L->cfg.block.z,
+                 L->cfg.smem, L->slots);
+    if (g_blk) {
+      std::fprintf(f, "  in block (%u, %u, %u)", g_blk->idx.x, g_blk->idx.y, g_blk->idx.z);
+      if (g_cur) {
+        const int local = g_cur->linear - g_cur->slot * L->slot_threads;
         std::fprintf(f, ", thread (%u, %u, %u) = warp %d lane %d", g_cur->idx.x, g_cur->idx.y, g_cur->idx.z,
-                     g_cur->warp, g_cur->lane);
+                     local / 32, g_cur->lane);
+      }
       std::fprintf(f, "\n");
     }
   }
@@ -389,19 +415,21 @@ std::string lanes_str(unsigned m) {
   return s.empty() ? "none" : s;
 }
 
-// --------------------------------------------------------------------------- the window
+// ------------------------------------------------------------------ windows and stacks
 
-void init_window() {
-  if (g_window_lo) return;
-  const size_t total = kWindowBytes + 2 * kPage;
-  void* m = mmap(nullptr, total, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-  if (m == MAP_FAILED) fatal("cannot map the emulated shared memory window");
-  char* base = static_cast<char*>(m);
-  mprotect(base, kPage, PROT_NONE);
-  mprotect(base + kPage + kWindowBytes, kPage, PROT_NONE);
-  g_window_lo = base + kPage;
-  g_window_hi = g_window_lo + kWindowBytes;
-  g_word_owner.assign(kWindowBytes / 4, -1);
+void init_windows() {
+  if (g_blocks[0].window_lo) return;
+  for (Block& b : g_blocks) {
+    const size_t total = kWindowBytes + 2 * kPage;
+    void* m = mmap(nullptr, total, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (m == MAP_FAILED) fatal("cannot map an emulated shared memory window");
+    char* base = static_cast<char*>(m);
+    mprotect(base, kPage, PROT_NONE);
+    mprotect(base + kPage + kWindowBytes, kPage, PROT_NONE);
+    b.window_lo = base + kPage;
+    b.window_hi = b.window_lo + kWindowBytes;
+    b.word_owner.assign(kWindowBytes / 4, -1);
+  }
 }
 
 void ensure_stacks(int n) {
@@ -413,7 +441,6 @@ void ensure_stacks(int n) {
     g_stacks.push_back(static_cast<char*>(m) + kPage);
   }
 }
-
 // ----------------------------------------------------------------------- context switches
 
 void thread_main();
@@ -449,11 +476,12 @@ inline void switch_to(Thread& from, Thread& to) { swapcontext(&from.uc, &to.uc);
 inline void switch_to_scheduler(Thread& from) { swapcontext(&from.uc, &g_sched_uc); }
 #endif
 
+
 // ---------------------------------------------------------------------------------- cp.async
 
 void land(int id) {
   Copy& c = g_copy_slab[size_t(id)];
-  char* dst = g_window_lo + c.dst;
+  char* dst = g_blocks[c.slot].window_lo + c.dst;
   if (c.src_size) std::memcpy(dst, c.src, c.src_size);  // the global read happens now
   if (c.src_size < c.cp_size) std::memset(dst + c.src_size, 0, c.cp_size - c.src_size);
   c.landed = true;
@@ -475,44 +503,53 @@ void mark_waited(int id) {
   mine.pop_back();
   c.mine_pos = -1;
   c.waited = true;
-  g_waited.push_back(id);
+  g_blocks[c.slot].waited.push_back(id);
 }
 
 void retire(int id) {
   const Copy& c = g_copy_slab[size_t(id)];
+  std::vector<int32_t>& owner = g_blocks[c.slot].word_owner;
   for (uint32_t w = c.dst / 4; w < (c.dst + c.cp_size) / 4; ++w)
-    if (g_word_owner[w] == id) g_word_owner[w] = -1;
+    if (owner[w] == id) owner[w] = -1;
   g_free_copies.push_back(id);
 }
 
-// A barrier completed: every copy waited for before it is visible to the whole block.
-void publish_waited() {
-  for (const int id : g_waited) retire(id);
-  g_waited.clear();
+// A barrier of block `b` completed: every copy waited for before it is visible to the whole block.
+void publish_waited(Block& b) {
+  for (const int id : b.waited) retire(id);
+  b.waited.clear();
 }
 
-// The block retires: copies nobody waited for still complete first.
-void finish_copies() {
-  while (!g_pending.empty()) land(g_pending[g_rng.below(uint32_t(g_pending.size()))]);
-  for (Thread& t : g_threads)
+// The block in `slot` retires: copies nobody waited for still complete first.
+void finish_copies(int slot) {
+  for (size_t i = g_pending.size(); i-- > 0;)
+    if (i < g_pending.size() && g_copy_slab[size_t(g_pending[i])].slot == slot) land(g_pending[i]);
+  const Launch& L = *g_launch;
+  for (int i = 0; i < L.nthreads; ++i) {
+    Thread& t = g_threads[size_t(slot * L.slot_threads + i)];
     while (!t.copies.empty()) mark_waited(t.copies.back());
-  publish_waited();
+  }
+  publish_waited(g_blocks[slot]);
 }
 
 // ---------------------------------------------------------------------------- scheduling
 
 // Makes `t` the running thread (its stack is switched to by the caller).
 inline void dispatch(Thread& t) {
-  if (!g_pending.empty() && g_rng.coin(g_launch->land_rate))
-    land(g_pending[g_rng.below(uint32_t(g_pending.size()))]);
+  Block& b = g_blocks[t.slot];
+  if (!g_pending.empty() && g_rng.coin(b.land_rate)) land(g_pending[g_rng.below(uint32_t(g_pending.size()))]);
   g_cur = &t;
   g_thread_idx = &t.idx;
+  g_blk = &b;
+  g_block_idx = b.idx;
+  g_window_lo = b.window_lo;
+  g_window_hi = b.window_hi;
   t.st = St::kRunning;
   ++g_stats.switches;
 }
 
 // The running thread stops (it blocked, yielded or exited): the next runnable thread runs
-// straight away on its own stack, or, when none is left, the scheduler (run_block) resumes.
+// straight away on its own stack, or, when none is left, the scheduler (run_launch) resumes.
 // Returns when this thread is resumed.
 void switch_out() {
   Thread& self = *g_cur;
@@ -541,20 +578,32 @@ void release(Thread& t) {
   g_queue.push(t.linear);
 }
 
-[[noreturn]] void deadlock() {
+// A thread switch at a memory access, at the launch's rate (interleaved mode).
+inline void maybe_switch_at_access() {
+  if (g_launch->mem_switch <= 0 || --g_switch_countdown > 0) return;
+  g_switch_countdown = 1 + g_rng.below(uint32_t(2.0 / g_launch->mem_switch));
+  ++g_stats.memory_switches;
+  yield_runnable();
+}
+
+[[noreturn]] void deadlock(Block& b) {
   const Launch& L = *g_launch;
+  g_blk = &b;
+  g_block_idx = b.idx;
+  g_cur = nullptr;
   std::string why;
   char buf[512];
+  const int first = int(&b - g_blocks) * L.slot_threads;
   int at_barrier = 0;
-  for (const Thread& t : g_threads)
-    if (t.st == St::kBarrier) ++at_barrier;
+  for (int i = 0; i < L.nthreads; ++i)
+    if (g_threads[size_t(first + i)].st == St::kBarrier) ++at_barrier;
   if (at_barrier) {
-    std::snprintf(buf, sizeof buf, "  %d of %d live threads wait at __syncthreads() at %s:%d\n", at_barrier, L.live,
-                  L.barrier_file, L.barrier_line);
+    std::snprintf(buf, sizeof buf, "  %d of %d live threads wait at __syncthreads() at %s:%d\n", at_barrier, b.live,
+                  b.barrier_file, b.barrier_line);
     why += buf;
   }
   for (int w = 0; w < L.nwarps; ++w) {
-    const Warp& wp = g_warps[size_t(w)];
+    const Warp& wp = g_warps[size_t(first / 32 + w)];
     if (!wp.rv.active) continue;
     const unsigned missing = wp.rv.mask & wp.existing & ~wp.exited & ~wp.rv.arrived;
     std::snprintf(buf, sizeof buf, "  warp %d: lanes %s wait in %s at %s:%d for lanes %s\n", w,
@@ -570,15 +619,15 @@ void release(Thread& t) {
 void thread_main() {
   g_launch->body(g_launch->closure);
   // Exit.
-  Launch& L = *g_launch;
   Thread& t = *g_cur;
+  Block& b = *g_blk;
   t.st = St::kExited;
-  --L.live;
-  L.any_exited = true;
-  if (L.barrier_arrived > 0)
+  --b.live;
+  b.any_exited = true;
+  if (b.barrier_arrived > 0)
     fatal("thread exits while %d other threads wait at __syncthreads() at %s:%d: a barrier that not every thread "
           "of the block reaches",
-          L.barrier_arrived, L.barrier_file, L.barrier_line);
+          b.barrier_arrived, b.barrier_file, b.barrier_line);
   Warp& w = g_warps[size_t(t.warp)];
   const unsigned bit = 1u << t.lane;
   w.exited |= bit;
@@ -589,57 +638,101 @@ void thread_main() {
             lanes_str(r.arrived).c_str(), op_name(r.op), r.file, r.line);
     complete_if_ready(w);
   }
+  if (b.live == 0) {  // the block is done: the scheduler retires it and starts the next one
+    g_cur = nullptr;
+    g_thread_idx = nullptr;
+    switch_to_scheduler(t);
+  }
   switch_out();
   __builtin_unreachable();
 }
 
-void run_block(Launch& L, uint3 bidx) {
-  g_block_idx = bidx;
-  L.in_block = true;
-  L.live = L.nthreads;
-  L.any_exited = false;
-  L.barrier_arrived = 0;
+RunQueue::Mode draw_mode() {
+  const uint32_t m = g_rng.below(10);
+  return m < 4 ? RunQueue::kUniform : m < 8 ? RunQueue::kWarpPriority : RunQueue::kFifo;
+}
+
+void start_block(Launch& L, int slot, uint32_t lin) {
+  const dim3 g = L.cfg.grid, bd = L.cfg.block;
+  Block& b = g_blocks[slot];
+  b.active = true;
+  b.linear = lin;
+  b.idx = uint3{lin % g.x, lin / g.x % g.y, lin / (g.x * g.y)};
+  b.live = L.nthreads;
+  b.any_exited = false;
+  b.barrier_arrived = 0;
   // Uninitialised shared memory: all-ones bytes read as NaN in bf16, fp32 and fp64, and as -1.
-  std::memset(L.static_low, 0xff, size_t(g_window_hi - L.static_low));
-  const dim3 bd = L.cfg.block;
+  std::memset(b.window_lo + L.static_low_off, 0xff, kWindowBytes - L.static_low_off);
   for (int i = 0; i < L.nthreads; ++i) {
-    Thread& t = g_threads[size_t(i)];
-    t.linear = i;
+    Thread& t = g_threads[size_t(slot * L.slot_threads + i)];
+    t.linear = slot * L.slot_threads + i;
     t.idx = uint3{unsigned(i) % bd.x, unsigned(i) / bd.x % bd.y, unsigned(i) / (bd.x * bd.y)};
-    t.warp = i / 32;
+    t.warp = slot * L.nwarps + i / 32;
     t.lane = i % 32;
+    t.slot = slot;
     t.st = St::kRunnable;
     t.commits = 0;
     t.copies.clear();
-    init_context(t, g_stacks[size_t(i)]);
+    init_context(t, g_stacks[size_t(t.linear)]);
   }
   for (int w = 0; w < L.nwarps; ++w) {
-    Warp& wp = g_warps[size_t(w)];
+    Warp& wp = g_warps[size_t(slot * L.nwarps + w)];
     const int lanes = std::min(32, L.nthreads - 32 * w);
     wp.existing = lanes == 32 ? 0xffffffffu : (1u << lanes) - 1;
     wp.exited = 0;
     wp.rv = Rendezvous{};
   }
-  // This block's policy.
-  const uint32_t m = g_rng.below(10);
-  const RunQueue::Mode mode = m < 4 ? RunQueue::kUniform : m < 8 ? RunQueue::kWarpPriority : RunQueue::kFifo;
+  // This block's policy (with one resident block, its own queue policy too).
+  const RunQueue::Mode mode = L.slots == 1 ? draw_mode() : g_queue.mode;
   static const double kLandRates[] = {0.0, 0.01, 0.1, 0.5, 1.0};
   static const double kIssueRates[] = {0.0, 0.0, 0.1, 0.5};
-  L.land_rate = kLandRates[g_rng.below(5)];
-  L.land_at_issue = kIssueRates[g_rng.below(4)];
-  L.yield_rate = g_rng.coin(0.5) ? 0.0 : 0.2;
-  L.prio_swap_rate = mode == RunQueue::kWarpPriority ? (g_rng.coin(0.5) ? 0.0005 : 0.01) : 0.0;
-  g_queue.reset(mode, L.nthreads, g_rng);
-  for (int i = 0; i < L.nthreads; ++i) g_queue.push(i);
+  b.land_rate = kLandRates[g_rng.below(5)];
+  b.land_at_issue = kIssueRates[g_rng.below(4)];
+  b.yield_rate = g_rng.coin(0.5) ? 0.0 : 0.2;
+  b.prio_swap_rate = mode == RunQueue::kWarpPriority ? (g_rng.coin(0.5) ? 0.0005 : 0.01) : 0.0;
+  if (L.slots == 1) g_queue.reset(mode, L.slot_threads, g_rng);
+  for (int i = 0; i < L.nthreads; ++i) g_queue.push(slot * L.slot_threads + i);
+}
 
-  // Threads hand over to each other (switch_out); control comes back here when none is runnable.
-  const int first = g_queue.pop(g_rng);
-  dispatch(g_threads[size_t(first)]);
-  switch_in(g_threads[size_t(first)]);
-  if (L.live > 0) deadlock();
-  finish_copies();
-  L.in_block = false;
+void retire_block(int slot) {
+  finish_copies(slot);
+  g_blocks[slot].active = false;
   ++g_stats.blocks;
+}
+
+// Runs every block of the launch, keeping L.slots of them resident.
+void run_launch(Launch& L) {
+  const dim3 g = L.cfg.grid;
+  const uint32_t nblocks = g.x * g.y * g.z;
+  std::vector<uint32_t> order(nblocks);
+  for (uint32_t i = 0; i < nblocks; ++i) order[i] = i;
+  for (size_t i = order.size(); i > 1; --i) std::swap(order[i - 1], order[g_rng.below(uint32_t(i))]);
+  if (L.slots > 1) g_queue.reset(draw_mode(), L.slots * L.slot_threads, g_rng);
+  size_t next = 0;
+  for (int s = 0; s < L.slots && next < nblocks; ++s) start_block(L, s, order[next++]);
+  for (;;) {
+    // Threads hand over to each other (switch_out); control comes back here when none is
+    // runnable, or when a block has finished.
+    bool any = false;
+    for (int s = 0; s < L.slots; ++s) {
+      Block& b = g_blocks[s];
+      if (b.active && b.live == 0) {
+        retire_block(s);
+        if (next < nblocks) start_block(L, s, order[next++]);
+      }
+      any = any || b.active;
+    }
+    if (!any) break;
+    const int ti = g_queue.pop(g_rng);
+    if (ti < 0) {
+      for (int s = 0; s < L.slots; ++s)
+        if (g_blocks[s].active && g_blocks[s].live > 0) deadlock(g_blocks[s]);
+      fatal("emulated GPU: scheduler found no runnable thread (internal error)");
+    }
+    dispatch(g_threads[size_t(ti)]);
+    switch_in(g_threads[size_t(ti)]);
+  }
+  g_blk = nullptr;
 }
 
 // ------------------------------------------------------------------------ warp collectives
@@ -670,8 +763,8 @@ void complete_if_ready(Warp& w) {
   r.active = false;
   const int base = warp * 32;
   const Launch& L = *g_launch;
-  if (L.prio_swap_rate > 0 && g_rng.coin(L.prio_swap_rate))
-    g_queue.swap_warps(base / 32, int(g_rng.below(uint32_t(L.nwarps))), L.nthreads);
+  if (g_blk->prio_swap_rate > 0 && g_rng.coin(g_blk->prio_swap_rate))
+    g_queue.swap_warps(base / 32, int(g_rng.below(uint32_t(L.slots * L.nwarps))), L.slots * L.slot_threads);
   for (int l = 0; l < 32; ++l)
     if (r.arrived >> l & 1) release(g_threads[size_t(base + l)]);
 }
@@ -763,23 +856,23 @@ uint16_t smem_u16(uint32_t addr) {
 
 // A read of shared memory by `reader` (a thread of the block) through an emulated instruction.
 void check_smem_read(uint32_t addr, uint32_t bytes, const char* what, const char* file, int line, int reader) {
-  const uint32_t lo = uint32_t(g_launch->static_low - g_window_lo);
+  const uint32_t lo = uint32_t(g_launch->static_low_off);
   if (addr < lo || uint64_t(addr) + bytes > kWindowBytes)
     fatal("%s at %s:%d: thread %d reads shared address 0x%x (+%u bytes), outside the block's shared memory "
           "[0x%x, 0x%zx)",
-          what, file, line, reader, addr, bytes, lo, kWindowBytes);
+          what, file, line, reader % g_launch->slot_threads, addr, bytes, lo, kWindowBytes);
   for (uint32_t w = addr / 4; w < (addr + bytes + 3) / 4; ++w) {
-    const int owner = g_word_owner[w];
+    const int owner = g_blk->word_owner[w];
     if (owner < 0) continue;
     const Copy& c = g_copy_slab[size_t(owner)];
     if (c.waited && c.thread == reader) continue;  // a thread sees its own copies after its wait
     if (!c.waited)
       fatal("%s at %s:%d: thread %d reads shared address 0x%x, which a cp.async of thread %d is writing and that "
             "thread has not waited for (missing cp.async.wait_group)",
-            what, file, line, reader, w * 4, c.thread);
+            what, file, line, reader % g_launch->slot_threads, w * 4, c.thread % g_launch->slot_threads);
     fatal("%s at %s:%d: thread %d reads shared address 0x%x, written by a cp.async that thread %d waited for but "
           "no __syncthreads() has published since (missing barrier)",
-          what, file, line, reader, w * 4, c.thread);
+          what, file, line, reader % g_launch->slot_threads, w * 4, c.thread % g_launch->slot_threads);
   }
 }
 
@@ -822,12 +915,6 @@ struct MmaArgs {
   float* d[4];
 };
 
-inline float bf16_bits_to_float(uint32_t h) {
-  const uint32_t u = h << 16;
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
 
 void compute_mma(Rendezvous& r) {
   // PTX ISA, mma.m16n8k16 with .bf16 A/B and .f32 C/D (lane = 4g + t):
@@ -840,11 +927,12 @@ void compute_mma(Rendezvous& r) {
     const int g = l >> 2, t = l & 3;
     for (int i = 0; i < 8; ++i) {
       const uint32_t reg = m.a[i >> 1];
-      A[g + 8 * ((i >> 1) & 1)][2 * t + (i & 1) + 8 * (i >> 2)] = bf16_bits_to_float(i & 1 ? reg >> 16 : reg & 0xffff);
+      A[g + 8 * ((i >> 1) & 1)][2 * t + (i & 1) + 8 * (i >> 2)] =
+          bf16_to_float(uint16_t(i & 1 ? reg >> 16 : reg & 0xffff));
     }
     for (int i = 0; i < 4; ++i) {
       const uint32_t reg = m.b[i >> 1];
-      B[2 * t + (i & 1) + 8 * (i >> 1)][g] = bf16_bits_to_float(i & 1 ? reg >> 16 : reg & 0xffff);
+      B[2 * t + (i & 1) + 8 * (i >> 1)][g] = bf16_to_float(uint16_t(i & 1 ? reg >> 16 : reg & 0xffff));
     }
     for (int i = 0; i < 4; ++i) C[g + 8 * (i >> 1)][2 * t + (i & 1)] = m.c[i];
   }
@@ -866,6 +954,7 @@ void compute_mma(Rendezvous& r) {
   ++g_stats.mma;
 }
 
+
 void ldmatrix(int op, int num, uint32_t** out, uint32_t addr, const char* file, int line) {
   check_in_kernel(op_name(op), file, line);
   LdmArgs a{addr, {out[0], num > 1 ? out[1] : nullptr, num > 2 ? out[2] : nullptr, num > 3 ? out[3] : nullptr}};
@@ -880,23 +969,25 @@ void cp_async(const char* name, uint32_t dst, const void* src, int cp_size, int 
     fatal("%s: cp-size %d is not allowed", name, cp_size);
   if (src_size < 0 || src_size > cp_size)
     fatal("%s: src-size %d outside [0, cp-size %d]", name, src_size, cp_size);
-  const uint32_t lo = uint32_t(L.static_low - g_window_lo);
+  const uint32_t lo = uint32_t(L.static_low_off);
   if (dst % uint32_t(cp_size) || dst < lo || uint64_t(dst) + uint32_t(cp_size) > kWindowBytes)
     fatal("%s: shared destination 0x%x is misaligned or outside the block's shared memory [0x%x, 0x%zx)", name, dst,
           lo, kWindowBytes);
   if (reinterpret_cast<uintptr_t>(src) % uintptr_t(cp_size))
     fatal("%s: global source %p is not %d-byte aligned", name, src, cp_size);
-  if (src_size > 0 && !find_allocation(src, size_t(src_size)))
-    fatal("%s: global source [%p, +%d) is not inside any device allocation", name, src, src_size);
   Thread& t = *g_cur;
+  Block& b = *g_blk;
+  // The global read: inside an allocation, exactly, and recorded for the race and hazard checks.
+  if (src_size > 0) note_access(src, size_t(src_size), Access::kRead, b.linear + 1);
   for (uint32_t w = dst / 4; w < (dst + uint32_t(cp_size)) / 4; ++w) {
-    const int owner = g_word_owner[w];
+    const int owner = b.word_owner[w];
     if (owner < 0) continue;
     const Copy& o = g_copy_slab[size_t(owner)];
     if (!(o.waited && o.thread == t.linear))  // (a thread's own, waited-for copy is complete)
       fatal("%s at %s:%d: shared address 0x%x is still being written by an earlier cp.async of thread %d that is "
             "%s (a write-write race)",
-            name, file, line, w * 4, o.thread, o.waited ? "not yet published by a barrier" : "not waited for");
+            name, file, line, w * 4, o.thread % L.slot_threads,
+            o.waited ? "not yet published by a barrier" : "not waited for");
   }
   int id;
   if (!g_free_copies.empty()) {
@@ -907,21 +998,101 @@ void cp_async(const char* name, uint32_t dst, const void* src, int cp_size, int 
     g_copy_slab.emplace_back();
   }
   Copy& c = g_copy_slab[size_t(id)];
-  for (uint32_t w = dst / 4; w < (dst + uint32_t(cp_size)) / 4; ++w) g_word_owner[w] = id;
+  for (uint32_t w = dst / 4; w < (dst + uint32_t(cp_size)) / 4; ++w) b.word_owner[w] = id;
   c.dst = dst;
   c.cp_size = uint32_t(cp_size);
   c.src_size = uint32_t(src_size);
   c.src = src;
   c.group = t.commits;  // the group the next commit closes
   c.thread = t.linear;
+  c.slot = t.slot;
   c.landed = c.waited = false;
   c.pend_pos = int(g_pending.size());
   g_pending.push_back(id);
   c.mine_pos = int(t.copies.size());
   t.copies.push_back(id);
   ++g_stats.copies;
-  if (g_rng.coin(L.land_at_issue)) land(id);
-  if (g_rng.coin(L.yield_rate)) yield_runnable();
+  if (g_rng.coin(b.land_at_issue)) land(id);
+  if (g_rng.coin(b.yield_rate)) yield_runnable();
+}
+
+
+// ------------------------------------------------------------------- kernel memory accesses
+
+// Every load and store of kernel code (see the instrumentation at the end of this file): global
+// memory goes to the race and bounds checks of memory.cpp, shared memory is checked against the
+// block's declared shared memory; both may switch threads (interleaved mode). Anything else (the
+// thread's own stack, the emulation's own data) passes.
+void on_access(uintptr_t a, size_t n, Access kind, const void* pc) {
+  if (a - g_device_lo < g_device_span) {
+    g_access_pc = pc;
+    note_access(reinterpret_cast<const void*>(a), n, kind, g_blk->linear + 1);
+    g_access_pc = nullptr;
+    maybe_switch_at_access();
+  } else if (a >= reinterpret_cast<uintptr_t>(g_window_lo) && a < reinterpret_cast<uintptr_t>(g_window_hi)) {
+    const Launch& L = *g_launch;
+    const size_t off = a - reinterpret_cast<uintptr_t>(g_window_lo);
+    if (off < L.static_low_off)
+      fatal("shared memory access of %zu bytes at shared address 0x%zx, below the block's shared memory (which "
+            "starts at 0x%zx)",
+            n, off, L.static_low_off);
+    if (off + n > L.dyn_off + L.dyn_bytes)
+      fatal("shared memory access of %zu bytes at shared address 0x%zx: %zu bytes past the end of the %zu bytes of "
+            "dynamic shared memory",
+            n, off, off + n - (L.dyn_off + L.dyn_bytes), L.dyn_bytes);
+    maybe_switch_at_access();
+  }
+}
+
+class KernelOp final : public Op {
+ public:
+  explicit KernelOp(const Launch& l) : L_(l) {}
+  ~KernelOp() override { L_.destroy(L_.closure); }
+  Status run() override;
+
+ private:
+  Launch L_;
+};
+
+Op::Status KernelOp::run() {
+  Launch& L = L_;
+  init_windows();
+  g_rng = Rng(L.seed);
+  // Resident blocks and the switch rate at memory accesses: one block and none in a third of the
+  // launches (the schedules of the single-block mode), several and a rate drawn from 1/256 .. 1/8
+  // otherwise.
+  const uint64_t nblocks = uint64_t(L.cfg.grid.x) * L.cfg.grid.y * L.cfg.grid.z;
+  const int want = g_max_slots ? g_max_slots : int(1 + g_rng.below(3) * 3 / 2);  // 1, 2 or 4
+  L.slots = int(std::min<uint64_t>(uint64_t(want), nblocks));
+  static const double kSwitch[] = {1.0 / 256, 1.0 / 32, 1.0 / 8};
+  L.mem_switch = L.slots > 1 ? kSwitch[g_rng.below(3)] : 0.0;
+  g_switch_countdown = L.mem_switch > 0 ? 1 + g_rng.below(uint32_t(2.0 / L.mem_switch)) : 0;
+  L.slot_threads = L.nwarps * 32;
+  ensure_stacks(L.slots * L.slot_threads);
+  if (g_threads.size() < size_t(L.slots * L.slot_threads)) g_threads.resize(size_t(L.slots * L.slot_threads));
+  if (g_warps.size() < size_t(L.slots * L.nwarps)) g_warps.resize(size_t(L.slots * L.nwarps));
+  g_block_dim = L.cfg.block;
+  g_grid_dim = L.cfg.grid;
+  g_launch = &L;
+  g_stats.max_resident = std::max<uint64_t>(g_stats.max_resident, uint64_t(L.slots));
+  const auto t0 = std::chrono::steady_clock::now();
+  const uint64_t sw0 = g_stats.switches;
+  t_in_kernel = true;
+  run_launch(L);
+  t_in_kernel = false;
+  g_launch = nullptr;
+  ++g_stats.launches;
+  g_stats.threads += nblocks * uint64_t(L.nthreads);
+  if (g_trace) {
+    const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    const dim3 g = L.cfg.grid, b = L.cfg.block;
+    std::fprintf(stderr,
+                 "emu: #%llu %s at %s:%d grid (%u,%u,%u) block (%u,%u,%u) smem %zu, %d resident: %.1f ms, %llu "
+                 "switches\n",
+                 (unsigned long long)L.number, L.site.kernel, L.site.file, L.site.line, g.x, g.y, g.z, b.x, b.y, b.z,
+                 L.cfg.smem, L.slots, ms, (unsigned long long)(g_stats.switches - sw0));
+  }
+  return kDone;
 }
 
 }  // namespace
@@ -942,9 +1113,19 @@ void fatal(const char* fmt, ...) {
   std::abort();
 }
 
-void launch(const LaunchSite& site, const void* kernel, const LaunchConfig& cfg, Body body, void* closure) {
-  std::lock_guard<std::recursive_mutex> lock(g_mutex);
-  if (g_launch) fatal("kernel %s launched from inside a kernel (dynamic parallelism is not emulated)", site.kernel);
+std::string block_name(uint32_t who) {
+  if (!g_launch || who == 0) return "(host)";
+  const uint32_t lin = who - 1;
+  const dim3 g = g_launch->cfg.grid;
+  return "(" + std::to_string(lin % g.x) + ", " + std::to_string(lin / g.x % g.y) + ", " +
+         std::to_string(lin / (g.x * g.y)) + ")";
+}
+
+uint64_t base_seed() { return g_base_seed; }
+
+void launch(const LaunchSite& site, const void* kernel, const LaunchConfig& cfg, Body body, void* closure,
+            void (*destroy)(void*)) {
+  if (t_in_kernel) fatal("kernel %s launched from inside a kernel (dynamic parallelism is not emulated)", site.kernel);
   const dim3 g = cfg.grid, b = cfg.block;
   const uint64_t threads = uint64_t(b.x) * b.y * b.z;
   cudaError_t err = cudaSuccess;
@@ -959,109 +1140,92 @@ void launch(const LaunchSite& site, const void* kernel, const LaunchConfig& cfg,
     if (g_trace)
       std::fprintf(stderr, "emu: launch of %s at %s:%d refused: %s\n", site.kernel, site.file, site.line,
                    cudaGetErrorName(err));
+    destroy(closure);
     set_last_error(err);
     return;
   }
   const uint64_t nblocks = uint64_t(g.x) * g.y * g.z;
   if (nblocks > (uint64_t(1) << 26)) fatal("kernel %s: %llu blocks are too many to emulate", site.kernel,
                                            (unsigned long long)nblocks);
-  if (g_launch_count == 0)
-    std::printf("[ emulated ] GPU emulation (tests/emulated), schedule seed %llu (PRIMUS_EMU_SEED)\n",
-                (unsigned long long)g_base_seed);
-  init_window();
   Launch L;
   L.site = site;
   L.kernel = kernel;
   L.cfg = cfg;
   L.body = body;
   L.closure = closure;
+  L.destroy = destroy;
   L.number = ++g_launch_count;
-  L.seed = mix(g_base_seed, L.number);
+  if (L.number == 1)
+    std::printf("[ emulated ] GPU emulation (tests/emulated), schedule seed %llu (PRIMUS_EMU_SEED)\n",
+                (unsigned long long)g_base_seed);
+  L.seed = mix_seed(g_base_seed, L.number);
   L.nthreads = int(threads);
   L.nwarps = int((threads + 31) / 32);
   L.dyn_bytes = cfg.smem;
-  L.dyn_base = g_window_hi - round_up(cfg.smem, 128);
-  L.static_low = L.dyn_base;
-  g_rng = Rng(L.seed);
-  ensure_stacks(L.nthreads);
-  if (g_threads.size() < size_t(L.nthreads)) g_threads.resize(size_t(L.nthreads));
-  if (g_warps.size() < size_t(L.nwarps)) g_warps.resize(size_t(L.nwarps));
-  g_block_dim = b;
-  g_grid_dim = g;
-  g_launch = &L;
-  const auto t0 = std::chrono::steady_clock::now();
-  const uint64_t sw0 = g_stats.switches;
-  // Blocks in a random order.
-  std::vector<uint32_t> order(nblocks);
-  for (uint32_t i = 0; i < nblocks; ++i) order[i] = i;
-  for (size_t i = order.size(); i > 1; --i) std::swap(order[i - 1], order[g_rng.below(uint32_t(i))]);
-  for (const uint32_t lin : order) run_block(L, uint3{lin % g.x, lin / g.x % g.y, lin / (g.x * g.y)});
-  g_launch = nullptr;
-  ++g_stats.launches;
-  g_stats.threads += nblocks * threads;
-  if (g_trace) {
-    const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-    std::fprintf(stderr, "emu: #%llu %s at %s:%d grid (%u,%u,%u) block (%u,%u,%u) smem %zu: %.1f ms, %llu switches\n",
-                 (unsigned long long)L.number, site.kernel, site.file, site.line, g.x, g.y, g.z, b.x, b.y, b.z,
-                 cfg.smem, ms, (unsigned long long)(g_stats.switches - sw0));
-  }
+  L.dyn_off = kWindowBytes - round_up(cfg.smem, 128);
+  L.static_low_off = L.dyn_off;
+  enqueue(cfg.stream, std::make_unique<KernelOp>(L), OpLabel{site.kernel, site.file, site.line, site.caller});
 }
 
 void* dynamic_shared(size_t align) {
   if (!g_launch || !g_cur) fatal("extern __shared__ memory used outside a kernel");
-  if (reinterpret_cast<uintptr_t>(g_launch->dyn_base) % align)
+  char* p = g_window_lo + g_launch->dyn_off;
+  if (reinterpret_cast<uintptr_t>(p) % align)
     fatal("extern __shared__ with alignment %zu: the emulation aligns dynamic shared memory to 128 bytes", align);
-  return g_launch->dyn_base;
+  return p;
 }
 
 void* static_shared(const void* key, size_t bytes, size_t align) {
   if (!g_launch || !g_cur) fatal("__shared__ variable used outside a kernel");
   Launch& L = *g_launch;
-  for (const auto& [k, p] : L.statics)
-    if (k == key) return p;
-  char* p = reinterpret_cast<char*>(
-      (reinterpret_cast<uintptr_t>(L.static_low) - bytes) / align * align);
-  const size_t static_bytes = size_t(L.dyn_base - p);
+  for (const auto& [k, off] : L.statics)
+    if (k == key) return g_window_lo + off;
+  // Below the objects declared so far (windows are page-aligned: offsets align as addresses).
+  const size_t off = (L.static_low_off - bytes) / align * align;
+  const size_t static_bytes = L.dyn_off - off;
   if (static_bytes > kStaticSmemMax)
     fatal("%zu bytes of static __shared__ memory: more than the 48 KB a block may declare", static_bytes);
   if (static_bytes + L.dyn_bytes > kMaxSmemPerBlockOptin)
     fatal("%zu bytes of static and %zu of dynamic shared memory: more than the %zu bytes a block may use",
           static_bytes, L.dyn_bytes, kMaxSmemPerBlockOptin);
-  std::memset(p, 0xff, size_t(L.static_low - p));
-  L.static_low = p;
-  L.statics.emplace_back(key, p);
-  return p;
+  for (Block& b : g_blocks) std::memset(b.window_lo + off, 0xff, L.static_low_off - off);  // uninitialised
+  L.static_low_off = off;
+  L.statics.emplace_back(key, off);
+  return g_window_lo + off;
 }
 
 void syncthreads(const char* file, int line) {
   check_in_kernel("__syncthreads()", file, line);
-  Launch& L = *g_launch;
+  const Launch& L = *g_launch;
   Thread& t = *g_cur;
-  if (L.any_exited) {
+  Block& b = *g_blk;
+  if (b.any_exited) {
+    const int first = t.slot * L.slot_threads;
     int exited = 0;
-    for (int i = 0; i < L.nthreads; ++i) exited += g_threads[size_t(i)].st == St::kExited;
+    for (int i = 0; i < L.nthreads; ++i) exited += g_threads[size_t(first + i)].st == St::kExited;
     fatal("__syncthreads() at %s:%d after %d threads of the block have exited: a barrier that not every thread "
           "reaches",
           file, line, exited);
   }
-  if (L.barrier_arrived == 0) {
-    L.barrier_file = file;
-    L.barrier_line = line;
-  } else if (L.barrier_line != line || (L.barrier_file != file && std::strcmp(L.barrier_file, file) != 0)) {
+  if (b.barrier_arrived == 0) {
+    b.barrier_file = file;
+    b.barrier_line = line;
+  } else if (b.barrier_line != line || (b.barrier_file != file && std::strcmp(b.barrier_file, file) != 0)) {
     fatal("threads of one block wait at different __syncthreads(): this one at %s:%d, %d others at %s:%d", file,
-          line, L.barrier_arrived, L.barrier_file, L.barrier_line);
+          line, b.barrier_arrived, b.barrier_file, b.barrier_line);
   }
-  ++L.barrier_arrived;
+  ++b.barrier_arrived;
   t.st = St::kBarrier;
-  if (L.barrier_arrived == L.live) {
-    L.barrier_arrived = 0;
-    publish_waited();
+  if (b.barrier_arrived == b.live) {
+    b.barrier_arrived = 0;
+    publish_waited(b);
+    const int first = t.slot * L.slot_threads;
     for (int i = 0; i < L.nthreads; ++i)
-      if (g_threads[size_t(i)].st == St::kBarrier) release(g_threads[size_t(i)]);
+      if (g_threads[size_t(first + i)].st == St::kBarrier) release(g_threads[size_t(first + i)]);
     ++g_stats.barriers;
   }
-  if (L.prio_swap_rate > 0 && g_rng.coin(L.prio_swap_rate * 10))
-    g_queue.swap_warps(t.warp, int(g_rng.below(uint32_t(L.nwarps))), L.nthreads);
+  if (b.prio_swap_rate > 0 && g_rng.coin(b.prio_swap_rate * 10))
+    g_queue.swap_warps(t.warp, int(g_rng.below(uint32_t(L.slots * L.nwarps))), L.slots * L.slot_threads);
   switch_out();
 }
 
@@ -1083,22 +1247,24 @@ uint64_t shfl(ShflMode mode, unsigned mask, uint64_t value, unsigned size, int b
   return a.result;
 }
 
+// (The access itself is then checked exactly by the instrumentation, or by check_atomic.)
 void check_global(const void* p, size_t bytes, size_t align, const char* what, const char* file, int line) {
   if (reinterpret_cast<uintptr_t>(p) % align)
     fatal("%s at %s:%d: address %p is not %zu-byte aligned (a misaligned access faults on a GPU)", what, file, line,
           p, align);
-  if (!find_allocation(p, bytes))
-    fatal("%s at %s:%d: [%p, +%zu bytes) is not inside any device allocation", what, file, line, p, bytes);
+  if (!in_device_range(p))
+    fatal("%s at %s:%d: [%p, +%zu bytes) is not device memory (a host pointer, or garbage)", what, file, line, p,
+          bytes);
 }
 
 void check_atomic(const void* p, size_t bytes, const char* file, int line) {
   if (reinterpret_cast<uintptr_t>(p) % bytes)
     fatal("atomic at %s:%d: address %p is not %zu-byte aligned", file, line, p, bytes);
   const char* c = static_cast<const char*>(p);
-  if (g_launch && c >= g_launch->static_low && c + bytes <= g_window_hi) return;  // shared memory
-  if (!find_allocation(p, bytes))
-    fatal("atomic at %s:%d: [%p, +%zu bytes) is neither shared memory nor inside a device allocation", file, line, p,
-          bytes);
+  if (g_launch && g_cur && c >= g_window_lo + g_launch->static_low_off && c + bytes <= g_window_hi) return;  // shared
+  if (!in_device_range(p))
+    fatal("atomic at %s:%d: [%p, +%zu bytes) is neither shared memory nor device memory", file, line, p, bytes);
+  note_access(p, bytes, Access::kAtomic, g_cur && g_blk ? g_blk->linear + 1 : 0);
 }
 
 }  // namespace emu::detail
@@ -1108,10 +1274,11 @@ void check_atomic(const void* p, size_t bytes, const char* file, int line) {
 size_t __cvta_generic_to_shared(const void* p) {
   using namespace emu::detail;
   const char* c = static_cast<const char*>(p);
-  if (!g_launch || c < g_window_lo || c > g_window_hi)
+  if (!g_launch || !g_cur || c < g_window_lo || c > g_window_hi)
     fatal("__cvta_generic_to_shared(%p): not a shared memory address", p);
   return size_t(c - g_window_lo);
 }
+
 
 namespace emu::ptx {
 using namespace emu::detail;
@@ -1125,7 +1292,7 @@ void cp_async_ca_shared_global(uint32_t dst, const void* src, int cp_size, int s
 void cp_async_commit_group(const char* file, int line) {
   check_in_kernel("cp.async.commit_group", file, line);
   ++g_cur->commits;
-  if (g_rng.coin(g_launch->yield_rate)) yield_runnable();
+  if (g_rng.coin(g_blk->yield_rate)) yield_runnable();
 }
 void cp_async_wait_group(int n, const char* file, int line) {
   check_in_kernel("cp.async.wait_group", file, line);
@@ -1200,30 +1367,32 @@ void ex2_approx_ftz_f32(float& d, float a, const char* file, int line) {
 
 namespace {
 
-char g_altstack[64 * 1024];
 
 void on_fault(int sig, siginfo_t* info, void*) {
   using namespace emu::detail;
   const char* addr = static_cast<const char*>(info->si_addr);
+  if (sig == SIGSEGV && materialize_page(addr)) return;  // a sparse allocation's page, first touched
   if (!g_reported.exchange(true)) {
     std::fprintf(stderr, "\nemulated GPU: %s at address %p", sig == SIGSEGV ? "segmentation fault" : "bus error",
                  static_cast<const void*>(addr));
-    const char* base = nullptr;
-    size_t size = 0;
-    if (g_window_hi && addr >= g_window_hi && addr < g_window_hi + kPage) {
-      std::fprintf(stderr, ": past the end of the block's shared memory (%zu bytes of dynamic shared memory)",
-                   g_launch ? g_launch->dyn_bytes : size_t(0));
-    } else if (g_window_lo && addr >= g_window_lo - kPage && addr < g_window_lo) {
-      std::fprintf(stderr, ": before the start of the shared memory window");
-    } else if (in_allocation_guard(addr, &base, &size)) {
-      std::fprintf(stderr, ": past the end of the device allocation [%p, +%zu bytes)", static_cast<const void*>(base),
-                   size);
+    const void* dev = nullptr;
+    if (shadow_to_device(addr, &dev)) {  // the access checks read the shadow first
+      std::fprintf(stderr, ": an access to device memory at %p: %s", dev, describe_device_address(dev).c_str());
+    } else if (in_device_range(addr)) {
+      std::fprintf(stderr, ": %s", describe_device_address(addr).c_str());
     } else {
+      for (const Block& b : g_blocks) {
+        if (b.window_hi && addr >= b.window_hi && addr < b.window_hi + kPage)
+          std::fprintf(stderr, ": past the end of the block's shared memory (%zu bytes of dynamic shared memory)",
+                       g_launch ? g_launch->dyn_bytes : size_t(0));
+        else if (b.window_lo && addr >= b.window_lo - kPage && addr < b.window_lo)
+          std::fprintf(stderr, ": before the start of the shared memory window");
+      }
       for (char* s : g_stacks)
         if (addr >= s - kPage && addr < s) std::fprintf(stderr, ": stack overflow of an emulated thread");
     }
     std::fprintf(stderr, "\n");
-    if (g_launch) print_context(stderr);
+    if (g_launch || running_op()) print_context(stderr);
     std::fflush(stderr);
   }
   signal(sig, SIG_DFL);  // returning re-executes the access, which now kills the process
@@ -1241,24 +1410,20 @@ void on_abort(int) {
 }
 
 void print_stats() {
-  using namespace emu::detail;
-  const Stats& s = g_stats;
+  const emu::Counters s = emu::counters();
   std::fprintf(stderr,
-               "emu: %llu launches, %llu blocks, %llu threads, %llu switches, %llu barriers, %llu shuffles, %llu "
-               "mma, %llu cp.async; ldmatrix: %llu phases, %llu bank conflicts\n",
+               "emu: %llu launches, %llu blocks, %llu threads, %llu switches (%llu at memory accesses), %llu "
+               "barriers, %llu shuffles, %llu mma, %llu cp.async; ldmatrix: %llu phases, %llu bank conflicts\n",
                (unsigned long long)s.launches, (unsigned long long)s.blocks, (unsigned long long)s.threads,
-               (unsigned long long)s.switches, (unsigned long long)s.barriers, (unsigned long long)s.shfl,
-               (unsigned long long)s.mma, (unsigned long long)s.copies, (unsigned long long)s.ldmatrix_phases,
-               (unsigned long long)s.ldmatrix_conflicts);
+               (unsigned long long)s.switches, (unsigned long long)s.memory_switches, (unsigned long long)s.barriers,
+               (unsigned long long)s.shuffles, (unsigned long long)s.mma, (unsigned long long)s.cp_async,
+               (unsigned long long)s.ldmatrix_phases, (unsigned long long)s.ldmatrix_conflicts);
 }
 
 struct Init {
   Init() {
     using namespace emu::detail;
-    stack_t ss{};
-    ss.ss_sp = g_altstack;
-    ss.ss_size = sizeof g_altstack;
-    sigaltstack(&ss, nullptr);
+    install_fault_stack();
     struct sigaction sa {};
     sa.sa_sigaction = on_fault;
     sa.sa_flags = SA_SIGINFO | SA_ONSTACK;
@@ -1274,6 +1439,89 @@ struct Init {
 
 }  // namespace
 
+namespace emu {
+
+void detail::install_fault_stack() {
+  static thread_local char* stack = nullptr;
+  if (stack) return;
+  stack = static_cast<char*>(std::malloc(64 * 1024));
+  stack_t ss{};
+  ss.ss_sp = stack;
+  ss.ss_size = 64 * 1024;
+  sigaltstack(&ss, nullptr);
+}
+
+Counters counters() {
+  using namespace emu::detail;
+  const Stats& s = g_stats;
+  Counters c;
+  c.launches = s.launches;
+  c.blocks = s.blocks;
+  c.threads = s.threads;
+  c.switches = s.switches;
+  c.memory_switches = s.memory_switches;
+  c.barriers = s.barriers;
+  c.shuffles = s.shfl;
+  c.mma = s.mma;
+  c.cp_async = s.copies;
+  c.ldmatrix_phases = s.ldmatrix_phases;
+  c.ldmatrix_conflicts = s.ldmatrix_conflicts;
+  c.max_resident_blocks = s.max_resident;
+  return c;
+}
+
+}  // namespace emu
+
 // UBSan's reports from kernel code (misaligned or out-of-bounds accesses) end in abort(), so that
 // the handler above adds the kernel, block, thread and seed.
 extern "C" const char* __ubsan_default_options() { return "abort_on_error=1:print_stacktrace=1"; }
+
+// ============================================================ the kernel code's accesses
+//
+// Kernel sources are compiled with -fsanitize=thread (without function entry and exit hooks): GCC
+// calls these functions before every load and store it could not prove to be of a local. Nothing
+// of ThreadSanitizer's runtime is linked (a build that is itself under -fsanitize=thread keeps the
+// real ones and does not emulate).
+#if !defined(__SANITIZE_THREAD__)
+#define PRIMUS_EMU_HOOK(name, kind, n)                                                                  \
+  extern "C" void name(void* a) {                                                                       \
+    if (emu::detail::t_in_kernel)                                                                       \
+      emu::detail::on_access(reinterpret_cast<uintptr_t>(a), n, emu::detail::Access::kind,              \
+                             __builtin_return_address(0));                                              \
+  }
+#define PRIMUS_EMU_HOOKS(n)                              \
+  PRIMUS_EMU_HOOK(__tsan_read##n, kRead, n)              \
+  PRIMUS_EMU_HOOK(__tsan_write##n, kWrite, n)            \
+  PRIMUS_EMU_HOOK(__tsan_unaligned_read##n, kRead, n)    \
+  PRIMUS_EMU_HOOK(__tsan_unaligned_write##n, kWrite, n)  \
+  PRIMUS_EMU_HOOK(__tsan_volatile_read##n, kRead, n)     \
+  PRIMUS_EMU_HOOK(__tsan_volatile_write##n, kWrite, n)
+PRIMUS_EMU_HOOK(__tsan_read1, kRead, 1)
+PRIMUS_EMU_HOOK(__tsan_write1, kWrite, 1)
+PRIMUS_EMU_HOOK(__tsan_volatile_read1, kRead, 1)
+PRIMUS_EMU_HOOK(__tsan_volatile_write1, kWrite, 1)
+PRIMUS_EMU_HOOKS(2)
+PRIMUS_EMU_HOOKS(4)
+PRIMUS_EMU_HOOKS(8)
+PRIMUS_EMU_HOOKS(16)
+#undef PRIMUS_EMU_HOOKS
+#undef PRIMUS_EMU_HOOK
+#define PRIMUS_EMU_HOOK_N(name, kind)                                                                 \
+  extern "C" void name(void* a, unsigned long n) {                                                    \
+    if (emu::detail::t_in_kernel)                                                                     \
+      emu::detail::on_access(reinterpret_cast<uintptr_t>(a), n, emu::detail::Access::kind,            \
+                             __builtin_return_address(0));                                            \
+  }
+PRIMUS_EMU_HOOK_N(__tsan_read_range, kRead)
+PRIMUS_EMU_HOOK_N(__tsan_write_range, kWrite)
+#undef PRIMUS_EMU_HOOK_N
+// The guard of a function-local static (host code in the kernel sources): a plain atomic load.
+extern "C" unsigned char __tsan_atomic8_load(const volatile unsigned char* a, int) {
+  return __atomic_load_n(a, __ATOMIC_ACQUIRE);
+}
+extern "C" void __tsan_init() {}
+extern "C" void __tsan_func_entry(void*) {}
+extern "C" void __tsan_func_exit() {}
+extern "C" void __tsan_vptr_update(void**, void*) {}
+extern "C" void __tsan_vptr_read(void**) {}
+#endif

@@ -1,116 +1,89 @@
 // The CUDA runtime API functions the kernels, src/kernels/cuda/runtime.cpp and the GPU tests call,
-// for one emulated H100-like device. The test binary links these instead of libcudart.
-//
-// Device memory is host memory: every cudaMalloc block is its own mapping, 256-byte aligned and
-// placed so that it ends right before a guard page (an access past the end of a block whose size
-// is a multiple of 256 faults, and the fault handler names the block). Work on streams runs
-// synchronously when it is issued, so streams and events only have to keep their order, which
-// they do trivially; event times are host wall-clock times. Errors follow the runtime: a
-// refused call returns its error and leaves it for cudaGetLastError.
+// for one emulated H100-like device per process. The test binary links these instead of
+// libcudart. Device memory: emu/memory.cpp; streams and events: emu/streams.cpp (copies and
+// memsets are ops queued on their stream like kernels). Errors follow the runtime: a refused call
+// returns its error and leaves it for cudaGetLastError.
 #include <cuda_runtime_api.h>
-#include <sys/mman.h>
 
-#include <atomic>
-#include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <map>
+#include <memory>
 #include <mutex>
-#include <set>
-#include <string>
+#include <vector>
 
 #include "emu/emulator.h"
 
 namespace emu::detail {
 namespace {
 
-constexpr size_t kPage = 4096;
-constexpr size_t kTotalMemory = size_t(80) << 30;  // H100 SXM: 80 GB
-
-struct Allocation {
-  char* map = nullptr;  // the mapping (data + guard page)
-  size_t map_bytes = 0;
-  size_t size = 0;
-};
-
-struct Event {
-  bool recorded = false;
-  std::chrono::steady_clock::time_point t;
-};
-
 struct State {
   std::mutex mu;
-  std::map<uintptr_t, Allocation> allocs;  // by start address
-  size_t allocated = 0;
-  std::set<cudaStream_t> streams;
-  std::set<cudaEvent_t> events;
   std::map<const void*, size_t> max_dynamic_smem;
   int device = 0;
-  std::atomic<uint64_t> frees{0};  // invalidates the threads' lookup caches
 };
 State& st() {
   static State s;
   return s;
 }
 thread_local cudaError_t t_last_error = cudaSuccess;
-// find_allocation's last hit on this thread (kernels check every 16-byte store).
-thread_local uintptr_t t_cache_lo = 0, t_cache_hi = 0;
-thread_local uint64_t t_cache_frees = 0;
 
 cudaError_t fail(cudaError_t e) {
   t_last_error = e;
   return e;
 }
 
-// The allocation containing [p, p + n), with the lock held.
-const std::pair<const uintptr_t, Allocation>* lookup(State& s, uintptr_t p, size_t n) {
-  auto it = s.allocs.upper_bound(p);
-  if (it == s.allocs.begin()) return nullptr;
-  --it;
-  if (p + n > it->first + it->second.size || p + n < p) return nullptr;
-  return &*it;
-}
-
 bool is_device(const void* p, size_t n) { return n == 0 || find_allocation(p, n); }
 
-}  // namespace
-
-bool find_allocation(const void* ptr, size_t bytes, const char** base, size_t* size) {
-  State& s = st();
-  const uintptr_t p = reinterpret_cast<uintptr_t>(ptr);
-  if (!base && !size && t_cache_frees == s.frees.load(std::memory_order_relaxed) && p >= t_cache_lo &&
-      p + bytes <= t_cache_hi && p + bytes >= p)
-    return true;
-  std::lock_guard<std::mutex> lock(s.mu);
-  const auto* a = lookup(s, p, bytes);
-  if (!a) return false;
-  t_cache_lo = a->first;
-  t_cache_hi = a->first + a->second.size;
-  t_cache_frees = s.frees;
-  if (base) *base = reinterpret_cast<const char*>(a->first);
-  if (size) *size = a->second.size;
-  return true;
-}
-
-bool in_allocation_guard(const void* ptr, const char** base, size_t* size) {
-  State& s = st();
-  const uintptr_t p = reinterpret_cast<uintptr_t>(ptr);
-  for (const auto& [start, a] : s.allocs) {
-    const uintptr_t guard = reinterpret_cast<uintptr_t>(a.map) + a.map_bytes - kPage;
-    if (p >= guard && p < guard + kPage) {
-      *base = reinterpret_cast<const char*>(start);
-      *size = a.size;
-      return true;
-    }
+const char* copy_name(cudaMemcpyKind kind) {
+  switch (kind) {
+    case cudaMemcpyHostToDevice: return "cudaMemcpyAsync (host to device)";
+    case cudaMemcpyDeviceToHost: return "cudaMemcpyAsync (device to host)";
+    case cudaMemcpyDeviceToDevice: return "cudaMemcpyAsync (device to device)";
+    default: return "cudaMemcpyAsync";
   }
-  return false;
 }
 
-bool valid_stream(cudaStream_t s) {
-  if (s == nullptr || s == cudaStreamLegacy || s == cudaStreamPerThread) return true;
-  std::lock_guard<std::mutex> lock(st().mu);
-  return st().streams.count(s) > 0;
-}
+// A copy between device buffers, or from host bytes taken when the copy was issued (pageable
+// host memory is staged by the runtime: the caller may reuse its buffer at once), or to host
+// memory (the caller waits for it).
+class CopyOp final : public Op {
+ public:
+  CopyOp(void* dst, const void* src, size_t n, bool dst_dev, bool src_dev)
+      : dst_(dst), src_(src), n_(n), dst_dev_(dst_dev), src_dev_(src_dev) {
+    if (!src_dev) staged_.assign(static_cast<const char*>(src), static_cast<const char*>(src) + n);
+  }
+  Status run() override {
+    if (src_dev_) note_access(src_, n_, Access::kRead, 0);
+    if (dst_dev_) note_access(dst_, n_, Access::kWrite, 0);
+    std::memmove(dst_, src_dev_ ? src_ : staged_.data(), n_);
+    return kDone;
+  }
+
+ private:
+  void* dst_;
+  const void* src_;
+  size_t n_;
+  bool dst_dev_, src_dev_;
+  std::vector<char> staged_;
+};
+
+class MemsetOp final : public Op {
+ public:
+  MemsetOp(void* p, int value, size_t n) : p_(p), value_(value), n_(n) {}
+  Status run() override {
+    note_access(p_, n_, Access::kWrite, 0);
+    std::memset(p_, value_, n_);
+    return kDone;
+  }
+
+ private:
+  void* p_;
+  int value_;
+  size_t n_;
+};
+
+}  // namespace
 
 void set_last_error(cudaError_t e) { t_last_error = e; }
 
@@ -118,6 +91,11 @@ size_t max_dynamic_smem(const void* kernel) {
   std::lock_guard<std::mutex> lock(st().mu);
   const auto it = st().max_dynamic_smem.find(kernel);
   return it == st().max_dynamic_smem.end() ? kDefaultSmemPerBlock : it->second;
+}
+
+void set_max_dynamic_smem(const void* kernel, size_t bytes) {
+  std::lock_guard<std::mutex> lock(st().mu);
+  st().max_dynamic_smem[kernel] = bytes;
 }
 
 }  // namespace emu::detail
@@ -188,7 +166,6 @@ cudaError_t cudaGetDevice(int* device) {
   *device = st().device;
   return cudaSuccess;
 }
-cudaError_t cudaDeviceSynchronize(void) { return cudaSuccess; }
 cudaError_t cudaDriverGetVersion(int* v) {
   *v = CUDART_VERSION;
   return cudaSuccess;
@@ -253,38 +230,23 @@ cudaError_t cudaMalloc(void** ptr, size_t size) {
   if (!ptr) return fail(cudaErrorInvalidValue);
   *ptr = nullptr;
   if (size == 0) return cudaSuccess;
-  State& s = st();
-  std::lock_guard<std::mutex> lock(s.mu);
-  if (size > kTotalMemory - s.allocated) return fail(cudaErrorMemoryAllocation);
-  const size_t data = (size + 255) / 256 * 256;
-  const size_t map_bytes = (data + kPage - 1) / kPage * kPage + kPage;
-  void* m = mmap(nullptr, map_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-  if (m == MAP_FAILED) return fail(cudaErrorMemoryAllocation);
-  char* map = static_cast<char*>(m);
-  mprotect(map + map_bytes - kPage, kPage, PROT_NONE);
-  char* p = map + map_bytes - kPage - data;  // 256-byte aligned, ends at the guard page
-  s.allocs[reinterpret_cast<uintptr_t>(p)] = Allocation{map, map_bytes, size};
-  s.allocated += size;
+  void* p = device_alloc(size);
+  if (!p) return fail(cudaErrorMemoryAllocation);
   *ptr = p;
   return cudaSuccess;
 }
 
+// As on a GPU, cudaFree waits for the device: nothing queued may still use the memory.
 cudaError_t cudaFree(void* ptr) {
   if (!ptr) return cudaSuccess;
-  State& s = st();
-  std::lock_guard<std::mutex> lock(s.mu);
-  const auto it = s.allocs.find(reinterpret_cast<uintptr_t>(ptr));
-  if (it == s.allocs.end()) return fail(cudaErrorInvalidDevicePointer);
-  s.allocated -= it->second.size;
-  munmap(it->second.map, it->second.map_bytes);  // a later access through the pointer faults
-  s.allocs.erase(it);
-  ++s.frees;
-  return cudaSuccess;
+  if (!find_allocation(ptr, 1)) return fail(cudaErrorInvalidDevicePointer);
+  cudaDeviceSynchronize();
+  return device_free(ptr) ? cudaSuccess : fail(cudaErrorInvalidDevicePointer);
 }
 
 cudaError_t cudaMemGetInfo(size_t* free_bytes, size_t* total) {
-  std::lock_guard<std::mutex> lock(st().mu);
-  if (free_bytes) *free_bytes = kTotalMemory - st().allocated;
+  const size_t used = device_allocated();
+  if (free_bytes) *free_bytes = kTotalMemory - used;
   if (total) *total = kTotalMemory;
   return cudaSuccess;
 }
@@ -304,23 +266,37 @@ cudaError_t cudaPointerGetAttributes(cudaPointerAttributes* attr, const void* pt
   return cudaSuccess;
 }
 
+// Copies from pageable host memory read the source now (the runtime stages it); copies to
+// pageable host memory return once done (every host buffer here is pageable).
 cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t count, cudaMemcpyKind kind, cudaStream_t stream) {
   if (!valid_stream(stream)) return fail(cudaErrorInvalidResourceHandle);
   if (count == 0) return cudaSuccess;
   if (!dst || !src) return fail(cudaErrorInvalidValue);
-  bool ok = true;
+  bool dst_dev = false, src_dev = false;
   switch (kind) {
-    case cudaMemcpyHostToDevice: ok = is_device(dst, count); break;
-    case cudaMemcpyDeviceToHost: ok = is_device(src, count); break;
-    case cudaMemcpyDeviceToDevice: ok = is_device(dst, count) && is_device(src, count); break;
-    case cudaMemcpyHostToHost:
-    case cudaMemcpyDefault: break;
+    case cudaMemcpyHostToDevice: dst_dev = true; break;
+    case cudaMemcpyDeviceToHost: src_dev = true; break;
+    case cudaMemcpyDeviceToDevice: dst_dev = src_dev = true; break;
+    case cudaMemcpyHostToHost: break;
+    case cudaMemcpyDefault:  // unified addressing: the pointers say
+      dst_dev = find_allocation(dst, 1);
+      src_dev = find_allocation(src, 1);
+      break;
     default: return fail(cudaErrorInvalidMemcpyDirection);
   }
-  if (!ok) return fail(cudaErrorInvalidValue);  // a device range outside every allocation
-  std::memmove(dst, src, count);
+  if ((dst_dev && !is_device(dst, count)) || (src_dev && !is_device(src, count)))
+    return fail(cudaErrorInvalidValue);  // a device range outside every allocation
+  auto op = std::make_unique<CopyOp>(dst, src, count, dst_dev, src_dev);
+  if (dst_dev)
+    enqueue(stream, std::move(op), OpLabel{copy_name(kind)});
+  else
+    run_and_wait(stream, std::move(op), OpLabel{copy_name(kind)});
   return cudaSuccess;
 }
+
+// On the legacy default stream. As the runtime documents ("API synchronization behavior"), only
+// a copy to pageable host memory makes the host wait for it; one from pageable host memory
+// returns once the source is staged, one between device buffers at once.
 cudaError_t cudaMemcpy(void* dst, const void* src, size_t count, cudaMemcpyKind kind) {
   return cudaMemcpyAsync(dst, src, count, kind, nullptr);
 }
@@ -329,76 +305,11 @@ cudaError_t cudaMemsetAsync(void* ptr, int value, size_t count, cudaStream_t str
   if (!valid_stream(stream)) return fail(cudaErrorInvalidResourceHandle);
   if (count == 0) return cudaSuccess;
   if (!is_device(ptr, count)) return fail(cudaErrorInvalidValue);
-  std::memset(ptr, value, count);
+  enqueue(stream, std::make_unique<MemsetOp>(ptr, value, count), OpLabel{"cudaMemsetAsync"});
   return cudaSuccess;
 }
+// Asynchronous for device memory, as documented.
 cudaError_t cudaMemset(void* ptr, int value, size_t count) { return cudaMemsetAsync(ptr, value, count, nullptr); }
-
-// ---- streams and events ----
-
-static Event* event_of(cudaEvent_t e) {
-  std::lock_guard<std::mutex> lock(st().mu);
-  return st().events.count(e) ? reinterpret_cast<Event*>(e) : nullptr;
-}
-
-cudaError_t cudaStreamCreateWithFlags(cudaStream_t* stream, unsigned int) {
-  if (!stream) return fail(cudaErrorInvalidValue);
-  *stream = reinterpret_cast<cudaStream_t>(new char);
-  std::lock_guard<std::mutex> lock(st().mu);
-  st().streams.insert(*stream);
-  return cudaSuccess;
-}
-cudaError_t cudaStreamCreate(cudaStream_t* stream) { return cudaStreamCreateWithFlags(stream, 0); }
-cudaError_t cudaStreamDestroy(cudaStream_t stream) {
-  std::lock_guard<std::mutex> lock(st().mu);
-  if (!st().streams.erase(stream)) return fail(cudaErrorInvalidResourceHandle);
-  delete reinterpret_cast<char*>(stream);
-  return cudaSuccess;
-}
-cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
-  return valid_stream(stream) ? cudaSuccess : fail(cudaErrorInvalidResourceHandle);
-}
-cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned int) {
-  return valid_stream(stream) && event_of(event) ? cudaSuccess : fail(cudaErrorInvalidResourceHandle);
-}
-cudaError_t cudaStreamQuery(cudaStream_t stream) {
-  return valid_stream(stream) ? cudaSuccess : fail(cudaErrorInvalidResourceHandle);
-}
-
-cudaError_t cudaEventCreateWithFlags(cudaEvent_t* event, unsigned int) {
-  if (!event) return fail(cudaErrorInvalidValue);
-  *event = reinterpret_cast<cudaEvent_t>(new Event);
-  std::lock_guard<std::mutex> lock(st().mu);
-  st().events.insert(*event);
-  return cudaSuccess;
-}
-cudaError_t cudaEventCreate(cudaEvent_t* event) { return cudaEventCreateWithFlags(event, 0); }
-cudaError_t cudaEventDestroy(cudaEvent_t event) {
-  std::lock_guard<std::mutex> lock(st().mu);
-  if (!st().events.erase(event)) return fail(cudaErrorInvalidResourceHandle);
-  delete reinterpret_cast<Event*>(event);
-  return cudaSuccess;
-}
-cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
-  Event* e = event_of(event);
-  if (!e || !valid_stream(stream)) return fail(cudaErrorInvalidResourceHandle);
-  e->recorded = true;
-  e->t = std::chrono::steady_clock::now();
-  return cudaSuccess;
-}
-cudaError_t cudaEventSynchronize(cudaEvent_t event) {
-  return event_of(event) ? cudaSuccess : fail(cudaErrorInvalidResourceHandle);
-}
-cudaError_t cudaEventQuery(cudaEvent_t event) {
-  return event_of(event) ? cudaSuccess : fail(cudaErrorInvalidResourceHandle);
-}
-cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end) {
-  Event *a = event_of(start), *b = event_of(end);
-  if (!ms || !a || !b) return fail(cudaErrorInvalidResourceHandle);
-  if (!a->recorded || !b->recorded) return fail(cudaErrorInvalidResourceHandle);
-  *ms = std::chrono::duration<float, std::milli>(b->t - a->t).count();
-  return cudaSuccess;
-}
 
 // ---- kernels ----
 
@@ -407,10 +318,7 @@ cudaError_t cudaFuncSetAttribute(const void* func, cudaFuncAttribute attr, int v
   switch (attr) {
     case cudaFuncAttributeMaxDynamicSharedMemorySize:
       if (value < 0 || size_t(value) > kMaxSmemPerBlockOptin) return fail(cudaErrorInvalidValue);
-      {
-        std::lock_guard<std::mutex> lock(st().mu);
-        st().max_dynamic_smem[func] = size_t(value);
-      }
+      set_max_dynamic_smem(func, size_t(value));
       return cudaSuccess;
     case cudaFuncAttributePreferredSharedMemoryCarveout:
       return value >= -1 && value <= 100 ? cudaSuccess : fail(cudaErrorInvalidValue);

@@ -136,6 +136,17 @@ class Distributed : public ::testing::Test {
     EXPECT_NE(got.out.find("parallel layout: world " + std::to_string(nproc)), std::string::npos) << got.out;
   }
 
+  // The one-process run "ref" (20 iterations) and run "first" under tp2 x pp2, stopped at iteration
+  // 10 with ref's schedule; returns first's checkpoint folder.
+  std::string reference_and_tp2pp2_checkpoint(const std::string& overrides) {
+    Result ref = run(1, "ref", overrides);
+    EXPECT_EQ(ref.status, 0) << ref.out;
+    Result first = run(4, "first", overrides + " --tensor_model_parallel_size 2 --pipeline_model_parallel_size 2"
+                                               " --train_iters 10 --lr_decay_iters 20");
+    EXPECT_EQ(first.status, 0) << first.out;
+    return (dir_ / "ws" / "first" / "checkpoints").string();
+  }
+
   fs::path dir_;
 };
 
@@ -182,8 +193,8 @@ TEST_P(PipelineSchedules, Pp4) {
   expect_same_training(4, "--pipeline_model_parallel_size 4 --pipeline_schedule " + GetParam());
 }
 INSTANTIATE_TEST_SUITE_P(Every, PipelineSchedules,
-                         ::testing::Values("1f1b", "interleaved-1f1b", "zb-h1", "zb-h2", "zbv", "v-half", "v-min",
-                                           "dualpipev"),
+                         ::testing::Values("1f1b", "interleaved-1f1b", "zb-h1", "zb-h2", "zb-auto", "zbv", "v-half",
+                                           "v-min", "dualpipev"),
                          [](const auto& info) {
                            std::string s = info.param;
                            for (char& c : s)
@@ -204,6 +215,12 @@ INSTANTIATE_TEST_SUITE_P(ZeroBubbleAndInterleaved, PipelineSchedulesBf16,
                            return s;
                          });
 
+// pipeline_balance auto with a vocabulary that makes the output layer worth about eight layers:
+// an uneven split (1,3,3,1: decoder_first/last_pipeline_num_layers 1), trained like one process.
+TEST_F(Distributed, BalancedPp4) {
+  expect_same_training(4, "--pipeline_model_parallel_size 4 --pipeline_balance auto", "--vocab_size 4096");
+}
+
 TEST_F(Distributed, Tp2Pp2) {
   expect_same_training(4, "--tensor_model_parallel_size 2 --pipeline_model_parallel_size 2 --sequence_parallel true");
 }
@@ -217,11 +234,8 @@ TEST_F(Distributed, TiedEmbeddingPp2) {
 // Save under tp2 x pp2 at iteration 10, load under dp4 and under one process: training goes on
 // with the losses of the uninterrupted one-process run.
 TEST_F(Distributed, ReshardTp2Pp2ToDp4AndOneProcess) {
-  Result ref = run(1, "ref", "");
-  ASSERT_EQ(ref.status, 0) << ref.out;
-  Result first = run(4, "first", "--tensor_model_parallel_size 2 --pipeline_model_parallel_size 2 --train_iters 10 --lr_decay_iters 20");
-  ASSERT_EQ(first.status, 0) << first.out;
-  const std::string ck = (dir_ / "ws" / "first" / "checkpoints").string();
+  const std::string ck = reference_and_tp2pp2_checkpoint("");
+  ASSERT_FALSE(HasFailure());
   Result dp4 = run(4, "dp4", "--load " + ck);
   ASSERT_EQ(dp4.status, 0) << dp4.out;
   Result one = run(1, "one", "--load " + ck);
@@ -246,12 +260,8 @@ TEST_F(Distributed, ReshardTp2Pp2ToDp4AndOneProcess) {
 // two fp32 continuations agree at fp32's resolution, and they start where the bf16 run left off
 // (its next loss, at bf16's resolution).
 TEST_F(Distributed, Bf16CheckpointResumesInFp32UnderAnotherLayout) {
-  Result ref = run(1, "ref", kBf16);
-  ASSERT_EQ(ref.status, 0) << ref.out;
-  Result first = run(4, "first", std::string(kBf16) + " --tensor_model_parallel_size 2 --pipeline_model_parallel_size 2"
-                                                      " --train_iters 10 --lr_decay_iters 20");
-  ASSERT_EQ(first.status, 0) << first.out;
-  const std::string ck = (dir_ / "ws" / "first" / "checkpoints").string();
+  const std::string ck = reference_and_tp2pp2_checkpoint(kBf16);
+  ASSERT_FALSE(HasFailure());
   Result dp2 = run(2, "dp2", "--load " + ck);
   ASSERT_EQ(dp2.status, 0) << dp2.out;
   Result one = run(1, "one", "--load " + ck);

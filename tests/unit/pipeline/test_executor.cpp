@@ -159,6 +159,16 @@ class ToyRunner : public StageRunner {
     ctx_.erase(it);
   }
 
+  // The default F&B (one pass after the other), counted: the executor must hand every
+  // overlapped pair of the schedule to it.
+  Overlapped overlapped_forward_backward(int f_mb, int f_chunk, const Tensor& input, int b_mb, int b_chunk,
+                                         const Tensor& grad, bool with_weight) override {
+    ++overlapped_;
+    EXPECT_NE(f_chunk, b_chunk) << "a pair overlaps two chunks";
+    return StageRunner::overlapped_forward_backward(f_mb, f_chunk, input, b_mb, b_chunk, grad, with_weight);
+  }
+  int overlapped() const { return overlapped_; }
+
   size_t live_contexts() const { return ctx_.size(); }
   const std::vector<double>& grads() const { return grads_; }
   const std::map<int, double>& losses() const { return losses_; }
@@ -172,6 +182,7 @@ class ToyRunner : public StageRunner {
   std::map<std::pair<int, int>, Ctx> ctx_;
   std::vector<double> grads_;
   std::map<int, double> losses_;
+  int overlapped_ = 0;
 };
 
 double max_abs(const double* v, int n) {
@@ -233,16 +244,25 @@ ExecutorStats run_and_compare(const Schedule& s, ProcessGroup& g, ExecutorOption
   EXPECT_GT(stats.mean_b_s, 0.0);
   EXPECT_GT(stats.mean_w_s, 0.0);
   EXPECT_EQ(stats.timeline.size(), ops.size());
+  int64_t pairs = 0;
   for (size_t i = 0; i < stats.timeline.size(); ++i) {
     const OpRecord& r = stats.timeline[i];
     EXPECT_EQ(r.type, ops[i].type);
     EXPECT_EQ(r.microbatch, ops[i].microbatch);
     EXPECT_LE(r.start_s, r.compute_start_s);
     EXPECT_LE(r.compute_start_s, r.end_s);
-    if (i > 0) {
+    if (i > 0 && ops[i - 1].overlap_next) {  // the second op of a pair: the pair's interval
+      ++pairs;
+      EXPECT_EQ(stats.timeline[i - 1].compute_start_s, r.compute_start_s);
+      EXPECT_EQ(stats.timeline[i - 1].end_s, r.end_s);
+    } else if (i > 0) {
       EXPECT_LE(stats.timeline[i - 1].end_s, r.start_s);
     }
   }
+  EXPECT_EQ(stats.pairs, pairs);
+  EXPECT_EQ(runner.overlapped(), pairs);
+  if (s.algorithm == "dualpipev") EXPECT_GT(pairs, 0) << "DualPipeV runs overlapped F&B pairs";
+  EXPECT_EQ(stats.mean_pair_s > 0, pairs > 0);
   return stats;
 }
 

@@ -8,28 +8,15 @@
 #include "core/error.h"
 #include "pipeline/partition.h"
 #include "pipeline/schedules/registry.h"
+#include "split_checks.h"
 
 using namespace primus;
 using namespace primus::pipeline;
 
 namespace {
 
-std::vector<int64_t> counts(const std::vector<LayerRange>& split) {
-  std::vector<int64_t> c;
-  for (auto& r : split) c.push_back(r.num_layers);
-  return c;
-}
-
-// The ranges are consecutive from layer 0 and cover num_layers exactly.
-void expect_contiguous(const std::vector<LayerRange>& split, int64_t num_layers) {
-  int64_t next = 0;
-  for (auto& r : split) {
-    EXPECT_EQ(r.first_layer, next);
-    EXPECT_GT(r.num_layers, 0);
-    next += r.num_layers;
-  }
-  EXPECT_EQ(next, num_layers);
-}
+using test::counts;
+using test::expect_contiguous;
 
 // The error's text contains every one of `parts`.
 void expect_error(auto&& fn, std::vector<std::string> parts) {
