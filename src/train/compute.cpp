@@ -1,11 +1,11 @@
 #include "train/compute.h"
 
+#include <cstdlib>
+
 #include <fmt/format.h>
 
 #include "core/error.h"
 #include "core/log.h"
-#include <cstdlib>
-
 #include "kernels/cpu/bf16/bf16_backend.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/cpu/cpu_features.h"

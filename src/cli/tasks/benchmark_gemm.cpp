@@ -11,9 +11,9 @@
 // (cpu::gemm) and bf16 through the bf16 backend's two GEMMs (kernels/cpu/bf16/gemm.h: this
 // project's AVX512-BF16 kernels and oneDNN, AMX where the CPU has it), timed side by side, with the
 // one the backend runs for this problem and the share of the bf16 GEMM peak measured in the same
-// run (bf16 out by default, --out-dtype fp32 for fp32 out). On the GPU (cuda::gemm, bf16 in and out or fp32), cuBLASLt's heuristic candidates are
-// timed first, then the GEMM runs with the fastest: the report shows the heuristic's first choice
-// beside the best candidate.
+// run (bf16 out by default, --out-dtype fp32 for fp32 out). On the GPU (cuda::gemm, bf16 in and
+// out or fp32), cuBLASLt's heuristic candidates are timed first, then the GEMM runs with the
+// fastest: the report shows the heuristic's first choice beside the best candidate.
 //
 // --shapes-from lists the GEMMs that one microbatch of the config's model runs in bf16 mixed
 // precision on one tensor-parallel rank (model/llama_gemms.h): micro_batch_size x seq_length
@@ -85,7 +85,7 @@ void check_common(const Options& o) {
 // CPU bf16: one implementation's mean time.
 struct CpuImplTime {
   cpu::bf16k::GemmImpl impl;
-  double ms = 1e30;
+  double ms = 0;
 };
 
 struct ShapeResult {
@@ -133,7 +133,8 @@ std::vector<CpuImplTime> time_cpu_bf16(const cpu::bf16k::GemmArgs& g, int warmup
   auto run = [&](cpu::bf16k::GemmImpl impl) {
     impl == cpu::bf16k::GemmImpl::OneDnn ? cpu::bf16k::gemm_onednn(g) : cpu::bf16k::gemm_avx512(g);
   };
-  for (auto& x : t) x.ms = bench::cpu_time_ms([&] { run(x.impl); }, warmup, 0);
+  for (int i = 0; i < warmup; ++i)
+    for (const auto& x : t) run(x.impl);
   std::vector<double> total(t.size(), 0.0);
   for (int i = 0; i < iters; ++i)
     for (size_t k = 0; k < t.size(); ++k) total[k] += bench::cpu_time_ms([&] { run(t[k].impl); }, 0, 1);

@@ -7,11 +7,11 @@
 // buffer across K blocks, and the last K block applies alpha, beta C and bias and rounds, from
 // the registers.
 //
-// Compiled for AVX-512 from PRIMUS_AVX512_BF16_BEGIN on, after every header: the standard library's inline
-// functions stay compiled for the project's baseline (no AVX-512 code can leak into a shared
-// inline function the linker might pick for the whole program), and everything here is in an
-// anonymous namespace except the entry point, which the backend calls only on CPUs that have
-// AVX512-BF16.
+// Compiled for AVX-512 from PRIMUS_AVX512_BF16_BEGIN on, after every header: the standard
+// library's inline functions stay compiled for the project's baseline (no AVX-512 code can leak
+// into a shared inline function the linker might pick for the whole program), and everything here
+// is in an anonymous namespace except the entry point, which the backend calls only on CPUs that
+// have AVX512-BF16.
 #include <omp.h>
 
 #include <immintrin.h>
@@ -44,7 +44,7 @@ constexpr double kParallelMin = 1 << 21;
 // columns [n, n + cols), through alpha, beta C and bias.
 struct Final {
   int64_t m = 0, n = 0, rows = 0, cols = 0;
-  bool stream = false;  // a large fp32 D that nothing reads back soon: bypass the caches
+  bool stream = false;  // an fp32 D larger than the last-level cache (the logits): written around it
 };
 
 inline void store_final(const GemmArgs& g, const Final& f, int i, int v, __m512 acc) {
@@ -207,6 +207,7 @@ void gemm_avx512(const GemmArgs& g) {
         }
       }
     }
+    if (stream) _mm_sfence();  // non-temporal stores are weakly ordered: done before anyone reads D
   }
 }
 
