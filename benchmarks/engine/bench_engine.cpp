@@ -1,6 +1,7 @@
 // CPU training-step benchmark: tokens/s, achieved GFLOP/s and MFU of a full step (forward,
 // backward, gradient clipping, AdamW) in fp32 or bf16 mixed precision, against this machine's
-// peak for that precision (SGEMM, or the bf16 GEMM of kernels/cpu/bf16) measured in the same run;
+// peak for that precision (SGEMM, or the bf16 GEMM of kernels/cpu/bf16) measured in the same run
+// (again just before each of our runs, for that run's MFU);
 // then the same model and step in PyTorch (benchmarks/engine/torch_llama.py), in fp32 and under
 // autocast bf16, and the ratios. --rounds N interleaves the programs N times (ours, PyTorch fp32,
 // PyTorch bf16, ours, ...) and reports medians: the machine is shared, so only ratios taken in one
@@ -45,6 +46,7 @@ struct Result {
   double tokens_per_sec = 0, step_time = 0, gflops = 0, loss_first = 0, loss_last = 0, forward = 0, backward = 0,
          clip = 0, optimizer = 0;
   size_t peak_bytes = 0;
+  double peak_gflops = 0;  // ours: the machine's peak, measured just before this run
   // --profile: seconds per step in each op category, the GEMMs' FLOPs, and the part of the
   // optimizer step that refreshes the bf16 working copy.
   std::array<double, bench::TimedBackend::kCategories> ops{};
@@ -218,8 +220,12 @@ int main(int argc, char** argv) {
       std::vector<Result> ours_runs;
       std::map<std::string, std::vector<Result>> peer_runs;
       for (int round = 0; round < rounds; ++round) {
+        // The peak again right before each of our runs: MFU from numbers taken under the same load.
+        const double round_peak =
+            bf16 ? cpu::bf16k::measure_bf16_gemm_peak_gflops(2048, 2) : cpu::measure_sgemm_peak_gflops(2048, 2);
         ours_runs.push_back(run_ours(spec, mbs, seq, iters, warmup, parse_recompute(recompute),
                                      bf16 ? Precision::Bf16 : Precision::Fp32, profile));
+        ours_runs.back().peak_gflops = round_peak;
         for (const auto& mode : peer_modes) {
           bool ok = false;
           Result p = run_torch(path, mbs, seq, iters, warmup, threads, mode, &ok);
@@ -229,11 +235,22 @@ int main(int argc, char** argv) {
       std::vector<Result> ours_sorted = ours_runs;
       Result ours = median(ours_sorted);
       ours.gflops = stats.flops_per_token * ours.tokens_per_sec / 1e9;
+      // MFU of each round against the peak measured just before it; the median of those.
+      std::vector<double> mfus;
+      std::string round_peaks;
+      for (const auto& r : ours_runs) {
+        mfus.push_back(stats.flops_per_token * r.tokens_per_sec / 1e9 / r.peak_gflops);
+        round_peaks += fmt::format("{}{:.0f}", round_peaks.empty() ? "" : ", ", r.peak_gflops);
+      }
+      std::sort(mfus.begin(), mfus.end());
+      const double mfu = mfus.size() % 2 ? mfus[mfus.size() / 2] : 0.5 * (mfus[mfus.size() / 2 - 1] + mfus[mfus.size() / 2]);
       fmt::print("  primus {:<5} {:>8.0f} tokens/s  step {:.3f} s (fwd {:.3f}, bwd {:.3f}, clip {:.3f}, optim {:.3f})  "
-                 "{:.1f} GFLOP/s  MFU {:.1f}% of {}  peak mem {:.0f} MiB  loss {:.3f} -> {:.3f}{}\n",
+                 "{:.1f} GFLOP/s  peak mem {:.0f} MiB  loss {:.3f} -> {:.3f}{}\n",
                  precision, ours.tokens_per_sec, ours.step_time, ours.forward, ours.backward, ours.clip, ours.optimizer,
-                 ours.gflops, 100 * ours.gflops / peak, peak_name, ours.peak_bytes / 1048576.0, ours.loss_first,
-                 ours.loss_last, rounds > 1 ? fmt::format("  (rounds: {})", all_rates(ours_runs)) : std::string());
+                 ours.gflops, ours.peak_bytes / 1048576.0, ours.loss_first, ours.loss_last,
+                 rounds > 1 ? fmt::format("  (rounds: {})", all_rates(ours_runs)) : std::string());
+      fmt::print("  MFU          {:.1f}% of the {} peak measured before each run ({} GFLOP/s){}\n", 100 * mfu, peak_name,
+                 round_peaks, rounds > 1 ? " (median of the rounds)" : "");
       nlohmann::json row{{"model", spec.name},
                          {"micro_batch_size", mbs},
                          {"seq_length", seq},
@@ -245,7 +262,7 @@ int main(int argc, char** argv) {
                          {"peak_gflops", peak},
                          {"tokens_per_sec", ours.tokens_per_sec},
                          {"gflops", ours.gflops},
-                         {"mfu", ours.gflops / peak}};
+                         {"mfu", mfu}};
       if (bf16) row["bf16_gemm_peak_gflops"] = bf16_peak;
       for (const auto& mode : peer_modes) {
         auto it = peer_runs.find(mode);
@@ -285,8 +302,8 @@ int main(int argc, char** argv) {
           ops_total += s;
           std::string extra;
           if (c == bench::TimedBackend::Gemm && s > 0)
-            extra = fmt::format("  ({:.1f} GFLOP/s, {:.0f}% of the {} peak)", r.gemm_flops / s / 1e9,
-                                100 * r.gemm_flops / s / 1e9 / peak, peak_name);
+            extra = fmt::format("  ({:.1f} GFLOP/s, {:.0f}% of the {} peak measured before the run)",
+                                r.gemm_flops / s / 1e9, 100 * r.gemm_flops / s / 1e9 / r.peak_gflops, peak_name);
           fmt::print("    {:<40} {:>8.3f} s  {:>5.1f}%{}\n", bench::TimedBackend::category_name(c), s,
                      100 * s / r.step_time, extra);
           row["profile"][bench::TimedBackend::category_name(c)] = s;

@@ -2,6 +2,7 @@
 
 #include <cpuid.h>
 
+#include <cerrno>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
