@@ -35,8 +35,9 @@ enum class GemmImpl { Avx512, OneDnn };
 const char* gemm_impl_name(GemmImpl impl);  // "avx512-bf16", "onednn"
 // What gemm() runs for g. PRIMUS_CPU_GEMM=avx512|onednn forces one (an unknown value is an error);
 // otherwise oneDNN on CPUs with AMX (this project has no AMX kernels of its own) and for fp32
-// outputs (weight gradients, logits), this project's kernels for bf16 outputs, where each was
-// the faster one side by side (`benchmark gemm --device cpu`, docs/engine.md).
+// outputs (weight gradients, logits), this project's kernels for bf16 outputs: where each was
+// faster on one core; on two loaded cores they are within about 10% either way
+// (`benchmark gemm --shapes-from X --compare --device cpu`, docs/engine.md).
 GemmImpl gemm_impl_for(const GemmArgs& g);
 void gemm(const GemmArgs& g);
 
