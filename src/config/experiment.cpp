@@ -44,7 +44,8 @@ const std::vector<KeyInfo>& training_keys() {
       KEY(save, "checkpoint folder. Empty: <workspace>/<exp_name>/checkpoints"),
       KEY(load, "checkpoint to start from: an iter_NNNNNNN folder, or a folder with a `latest` file"),
       KEY(auto_resume, "resume from the newest good checkpoint in `save` when there is one"),
-      KEY(keep_last_checkpoints, "checkpoints kept in `save`; older ones are deleted. 0: keep all"),
+      KEY(keep_last_checkpoints, "this run's checkpoints kept in `save` (newest saves); older ones are deleted. 0: keep all"),
+      KEY(overwrite, "let this run replace checkpoints of another run (or model) in `save`; off: that is an error"),
       KEY(data_path, "Megatron indexed dataset prefixes, optionally weighted: [0.3, a, 0.7, b]"),
       KEY(split, "train,valid,test proportions of the documents, e.g. 969,30,1"),
       KEY(mock_data, "train on random tokens instead of data_path (benchmarks, smoke tests)"),
@@ -200,7 +201,9 @@ std::string ExperimentConfig::resolved_yaml() const {
   return std::string(e.c_str()) + "\n";
 }
 
-ExperimentConfig load_experiment(const std::string& path, const std::vector<std::pair<std::string, std::string>>& overrides) {
+namespace {
+ExperimentConfig load_experiment_unguarded(const std::string& path,
+                                          const std::vector<std::pair<std::string, std::string>>& overrides) {
   ExperimentConfig cfg;
   cfg.config_file = path;
   cfg.tree = load_yaml_tree(path);
@@ -307,6 +310,20 @@ ExperimentConfig load_experiment(const std::string& path, const std::vector<std:
     fail("{}: recompute_granularity '{}' is not one of: full, selective", at("recompute_granularity"),
          t.recompute_granularity);
   return cfg;
+}
+
+}  // namespace
+
+ExperimentConfig load_experiment(const std::string& path, const std::vector<std::pair<std::string, std::string>>& overrides) {
+  // Whatever a library throws on odd input (a path the file system refuses, a YAML node of an
+  // unexpected kind) becomes an error naming the config file.
+  try {
+    return load_experiment_unguarded(path, overrides);
+  } catch (const std::filesystem::filesystem_error& e) {
+    fail("{}: {}", path, e.what());
+  } catch (const YAML::Exception& e) {
+    fail("{}:{}: {}", path, e.mark.line + 1, e.msg);
+  }
 }
 
 std::string training_keys_reference() {

@@ -72,6 +72,7 @@ class NcclProcessGroup final : public ProcessGroup {
   const std::string& name() const override { return name_; }
   std::string backend() const override { return "nccl"; }
   Device device() const override { return Device::CUDA; }
+  bool p2p_in_posting_order() const override { return true; }
   const std::vector<int>& world_ranks() const override { return world_ranks_; }
   ncclComm_t comm() const;
   cudaStream_t comm_stream() const;  // the stream this group communicates on

@@ -88,6 +88,12 @@ class ProcessGroup {
   virtual void all_to_all(const void* send, void* recv, int64_t count_per_rank, CommType t) = 0;
   virtual void barrier() = 0;
 
+  // Point-to-point semantics. false (MPI): a receive meets the send with its tag, and a posted
+  // receive holds nothing else up. true (NCCL): a pair of ranks' sends and receives meet in
+  // posting order whatever the tags, and run on the group's stream, where a pending receive holds
+  // up the transfers posted after it. The pipeline executor posts accordingly.
+  virtual bool p2p_in_posting_order() const { return false; }
+
   // Non-blocking variants, for overlapping communication with compute (DP gradient buckets,
   // ZeRO shards) and for the pipeline's transfers posted early.
   virtual WorkPtr iall_reduce(void* buf, int64_t count, CommType t, ReduceOp op) = 0;

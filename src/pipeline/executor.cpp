@@ -1,7 +1,6 @@
 #include "pipeline/executor.h"
 
 #include <chrono>
-#include <deque>
 #include <map>
 #include <string>
 #include <tuple>
@@ -104,7 +103,6 @@ void check_agreement(const Schedule& s, const Shape& shape, DType dtype,
 }
 
 struct PendingRecv {
-  size_t op_index;
   Tensor buffer;
   parallel::WorkPtr work;
 };
@@ -174,19 +172,51 @@ ExecutorStats run_schedule(const Schedule& schedule, StageRunner& runner,
            pp_group.describe());
   };
 
-  // Receives in op order; the deque holds the posted ones, front = the earliest op.
-  std::vector<size_t> recv_ops;
-  for (size_t i = 0; i < ops.size(); ++i)
-    if (ops[i].recv) recv_ops.push_back(i);
-  size_t next_post = 0;
-  std::deque<PendingRecv> posted;
+  // Receives. Posted ones wait in `posted`, by tag, until their op takes them.
+  std::map<int, PendingRecv> posted;
+  auto post = [&](const P2P& r) {
+    const int tag = transfer_tag(schedule, r);
+    Tensor buf = Tensor::empty(shape, dtype, device);
+    auto work = pp_group.irecv(buf, r.peer, tag);
+    posted.emplace(tag, PendingRecv{std::move(buf), std::move(work)});
+  };
+  // Tag-matching groups (MPI): this rank's receives are posted in its op order, recv_ahead of
+  // them ahead of the op that needs them, so that they overlap with compute.
+  std::vector<const P2P*> my_recvs;
+  for (const Op& o : ops)
+    if (o.recv) my_recvs.push_back(&*o.recv);
+  size_t next_mine = 0;
+  // In-order groups (NCCL) match a pair of ranks' sends and receives in posting order, whatever
+  // the tags, and a posted receive holds up the group's stream (the sends behind it included)
+  // until its message arrives. There a receive is posted just in time, in the batch of the
+  // sends of the op before it (as Megatron's send_forward_recv_backward), and in the order the
+  // peer sends: the messages a peer sends before the one needed now (under V-shape schedules
+  // both directions of a pair of ranks carry activations and gradients) are received first, and
+  // wait for their op.
+  const bool in_order = pp_group.p2p_in_posting_order();
+  std::map<int, std::vector<P2P>> incoming;  // peer -> what it sends to this rank, in its order
+  std::map<int, size_t> incoming_posted;
+  if (in_order)
+    for (int peer = 0; peer < schedule.pp; ++peer)
+      if (peer != me)
+        for (const Op& o : schedule.ranks[peer])
+          if (o.send && o.send->peer == me) incoming[peer].push_back({peer, o.microbatch, o.send->stage, o.send->dir});
   auto post_more = [&] {
-    while (next_post < recv_ops.size() && static_cast<int>(posted.size()) < options.recv_ahead) {
-      const size_t i = recv_ops[next_post++];
-      const P2P& r = *ops[i].recv;
-      Tensor buf = Tensor::empty(shape, dtype, device);
-      auto work = pp_group.irecv(buf, r.peer, transfer_tag(schedule, r));
-      posted.push_back({i, std::move(buf), std::move(work)});
+    if (in_order) return;
+    for (; next_mine < my_recvs.size() && int(posted.size()) < options.recv_ahead; ++next_mine) post(*my_recvs[next_mine]);
+  };
+  // In order: the receives op `next` (and its pair's second op) consume, with what comes first.
+  auto post_for = [&](size_t next) {
+    if (!in_order || next >= ops.size()) return;
+    for (size_t j = next; j <= (ops[next].overlap_next ? next + 1 : next) && j < ops.size(); ++j) {
+      if (!ops[j].recv) continue;
+      const int peer = ops[j].recv->peer, tag = transfer_tag(schedule, *ops[j].recv);
+      const std::vector<P2P>& from = incoming[peer];
+      size_t& k = incoming_posted[peer];
+      while (!posted.count(tag)) {
+        PRIMUS_CHECK(k < from.size(), "pipeline rank {}: rank {} never sends the message of op {}", me, peer, j);
+        post(from[k++]);
+      }
     }
   };
   std::vector<parallel::WorkPtr> sends;
@@ -235,10 +265,10 @@ ExecutorStats run_schedule(const Schedule& schedule, StageRunner& runner,
   auto take_input = [&](const Op& op, size_t i, int stage, Direction dir) -> Tensor {
     if (op.recv) {
       post_more();
-      PRIMUS_CHECK(!posted.empty() && posted.front().op_index == i,
-                   "receive of op {} was not posted in order", i);
-      PendingRecv p = std::move(posted.front());
-      posted.pop_front();
+      auto it = posted.find(transfer_tag(schedule, *op.recv));
+      PRIMUS_CHECK(it != posted.end(), "receive of op {} was not posted", i);
+      PendingRecv p = std::move(it->second);
+      posted.erase(it);
       post_more();  // keep the window full while this op computes
       const auto a = Clock::now();
       try {
@@ -265,6 +295,7 @@ ExecutorStats run_schedule(const Schedule& schedule, StageRunner& runner,
   };
 
   post_more();
+  post_for(0);
   for (size_t i = 0; i < ops.size(); ++i) {
     const Op& op = ops[i];
     const int stage = schedule.stage_of(me, op.chunk);
@@ -287,6 +318,7 @@ ExecutorStats run_schedule(const Schedule& schedule, StageRunner& runner,
       if (stage < S - 1) deliver(std::move(out.activation), op, stage, Direction::Activation);
       if (back_stage > 0) deliver(std::move(out.input_grad), back, back_stage, Direction::Gradient);
       st.ops += 2;
+      post_for(i + 2);
       reap_sends();
       rec.end_s = seconds(t0, Clock::now());
       if (options.record_timeline) {
@@ -322,6 +354,7 @@ ExecutorStats run_schedule(const Schedule& schedule, StageRunner& runner,
         break;
     }
     ++st.ops;
+    post_for(i + 1);
     reap_sends();
     rec.end_s = seconds(t0, Clock::now());
     if (options.record_timeline) st.timeline.push_back(rec);
@@ -336,7 +369,7 @@ ExecutorStats run_schedule(const Schedule& schedule, StageRunner& runner,
   st.mean_pair_s = n_pair ? t_pair / n_pair : 0;
   st.pairs = n_pair;
 
-  PRIMUS_CHECK(posted.empty() && next_post == recv_ops.size(), "receives left after the last op");
+  PRIMUS_CHECK(posted.empty() && next_mine == (in_order ? 0 : my_recvs.size()), "receives left after the last op");
   if (!local.empty()) {
     const auto& [mb, stage, dir] = local.begin()->first;
     fail("pipeline: schedule '{}' left the {} of microbatch {} for stage {} on rank {} unused "

@@ -10,6 +10,7 @@
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/cpu/cpu_features.h"
 #include "kernels/cpu/reference_backend.h"
+#include "train/memory_estimate.h"
 
 #ifdef PRIMUS_HAVE_CUDA
 #include "kernels/cuda/cuda_backend.h"
@@ -34,6 +35,21 @@ bool cuda_usable() {
 #else
   return false;
 #endif
+}
+
+uint64_t Compute::memory_available() const {
+#ifdef PRIMUS_HAVE_CUDA
+  if (device == Device::CUDA) {
+    size_t free_bytes = 0, total_bytes = 0;
+    PRIMUS_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
+    return free_bytes;
+  }
+#endif
+  return host_available_bytes();
+}
+
+std::string Compute::memory_name() const {
+  return device == Device::CUDA ? fmt::format("{} free memory", backend->name()) : "host memory (MemAvailable)";
 }
 
 std::string Compute::describe() const { return fmt::format("{}, {}", backend->name(), precision_name(precision)); }

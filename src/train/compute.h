@@ -23,6 +23,10 @@ struct Compute {
   ops::Backend* backend = nullptr;        // the CPU backend, or owned below
   std::unique_ptr<ops::Backend> owned;
   std::string describe() const;  // "cuda (NVIDIA H100 80GB HBM3), bf16 mixed precision"
+  // Memory the run's tensors may use, and its name for messages: the GPU's free memory, or the
+  // host's available memory (0: unknown).
+  uint64_t memory_available() const;
+  std::string memory_name() const;
 };
 
 bool cuda_built();      // the CUDA backend was compiled in

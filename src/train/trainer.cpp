@@ -19,6 +19,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -42,9 +43,13 @@
 #include "parallel/self_process_group.h"
 #include "pipeline/executor.h"
 #include "pipeline/simulator.h"
+#include "safe/metrics_writer.h"
+#include "safe/run_lock.h"
 #include "safe/train_watch.h"
 #include "train/checkpoint.h"
 #include "train/compute.h"
+#include "train/memory_estimate.h"
+#include "train/run_check.h"
 #include "train/parallel_layout.h"
 #include "train/pipeline_runner.h"
 
@@ -132,6 +137,43 @@ struct PipelineTimes {
   }
 };
 
+// The simulator's costs from what the pipeline ranks measured: each rank's mean F, B and W time
+// per chunk op, shared over the pipeline group, and split between a rank's chunks (vpp > 1) in
+// proportion to their modelled work (ParallelLayout::stage_costs) when the stages are unequal.
+// The runner runs an overlapped pair's two passes one after the other: pair_overlap 0.
+pipeline::Costs measured_stage_costs(const ParallelLayout& layout, parallel::ProcessGroup& pp, double f, double b,
+                                     double w) {
+  std::vector<double> per_rank(size_t(3 * layout.pp), 0.0);
+  per_rank[3 * pp.rank()] = f;
+  per_rank[3 * pp.rank() + 1] = b;
+  per_rank[3 * pp.rank() + 2] = w;
+  pp.all_reduce(per_rank);
+  const pipeline::Schedule& s = *layout.schedule;
+  const int stages = layout.pp * layout.vpp;
+  pipeline::Costs c;
+  c.pair_overlap = 0;
+  c.stages.resize(size_t(stages));
+  for (int st = 0; st < stages; ++st) {
+    const int r = s.rank_of_stage(st);
+    // This stage's share of its rank's mean op: 1 with equal stages.
+    pipeline::StageCost share{1, 1, 1};
+    if (int(layout.stage_costs.size()) == stages) {
+      pipeline::StageCost mean{0, 0, 0};
+      for (int c2 = 0; c2 < layout.vpp; ++c2) {
+        const auto& o = layout.stage_costs[size_t(s.stage_of(r, c2))];
+        mean.forward += o.forward / layout.vpp;
+        mean.backward += o.backward / layout.vpp;
+        mean.weight += o.weight / layout.vpp;
+      }
+      const auto& mine = layout.stage_costs[size_t(st)];
+      share = {mine.forward / mean.forward, mine.backward / mean.backward, mine.weight / mean.weight};
+    }
+    c.stages[size_t(st)] = {per_rank[3 * r] * share.forward, per_rank[3 * r + 1] * share.backward,
+                            per_rank[3 * r + 2] * share.weight};
+  }
+  return c;
+}
+
 struct StepResult {
   double loss = 0, grad_norm = 0, lr = 0, seconds = 0, compute_seconds = 0;
 };
@@ -143,6 +185,7 @@ class Trainer {
 
  private:
   // ---- build ----
+  void on_rank0_for_all(const std::function<void()>& check, const char* elsewhere);
   void build_processes();
   void build_data();
   void build_model();
@@ -200,7 +243,8 @@ class Trainer {
   TrainSummary summary_;
   std::unique_ptr<safe::TrainWatch> watch_;
   std::string config_yaml_;
-  std::ofstream metrics_;
+  safe::RunLock run_lock_;                        // world rank 0: the run folder's lock (or its launcher's)
+  std::unique_ptr<safe::MetricsWriter> metrics_;  // rank 0
   ModelStats stats_;
   double peak_gflops_ = 0;
   bool tty_ = false;
@@ -231,6 +275,18 @@ Trainer::Trainer(const config::ExperimentConfig& cfg)
   open_outputs();
 }
 
+// Runs `check` on world rank 0; when it throws, every rank stops (rank 0 with its message, the
+// others with `elsewhere`), so that no rank goes on into collectives the others left.
+void Trainer::on_rank0_for_all(const std::function<void()>& check, const char* elsewhere) {
+  std::string problem;
+  if (rank0_) try {
+      check();
+    } catch (const Error& e) {
+      problem = e.what();
+    }
+  if (world_->all_reduce_value(int32_t(problem.empty() ? 0 : 1)) != 0) fail("{}", rank0_ ? problem : elsewhere);
+}
+
 // The world (MPI when this process is one of several ranks, else a group of one), the layout
 // (the same verdict on every rank), the compute, and the mesh's groups over the tensors'
 // communicator: MPI on the CPU, NCCL on GPUs.
@@ -254,7 +310,15 @@ void Trainer::build_processes() {
   me_ = mesh_->coord(world_->rank());
   rank0_ = world_->rank() == 0;
   m_local_ = layout_.microbatches_per_rank;
-  fs::create_directories(cfg_.run_dir());
+  // One run per run folder: rank 0 holds the lock (or joins its launcher's); every rank stops if
+  // another run has it.
+  on_rank0_for_all([&] { run_lock_ = safe::RunLock::acquire_or_join(cfg_.run_dir(), "trainer rank 0"); },
+                   "rank 0 could not take the run folder's lock");
+  // A model that cannot fit stops here, before anything is allocated.
+  // (The ranks of a host share its memory; each rank has a GPU of its own.)
+  check_memory(estimate_memory(spec_, layout_, a_, compute_.precision == Precision::Bf16),
+               compute_.device == Device::CUDA ? 1 : env.local_world_size, compute_.memory_available(),
+               compute_.memory_name());
 }
 
 void Trainer::build_data() {
@@ -352,16 +416,7 @@ void Trainer::build_optimizer() {
     sharded_ = std::make_unique<parallel::DistributedOptimizer>(*buckets_, params.values().data<float>(), adam);
   else
     replicated_ = std::make_unique<FlatAdamW>(adam, segments_of(params), params.numel(), compute_.device);
-  LRScheduleOptions lo;
-  lo.lr = a_.lr;
-  lo.min_lr = a_.min_lr;
-  lo.lr_warmup_init = a_.lr_warmup_init;
-  lo.lr_warmup_iters = a_.lr_warmup_iters;
-  lo.lr_decay_iters = a_.lr_decay_iters;
-  lo.lr_decay_style = a_.lr_decay_style;
-  lo.lr_wsd_decay_style = a_.lr_wsd_decay_style;
-  lo.lr_wsd_decay_iters = a_.lr_wsd_decay_iters;
-  lr_schedule_ = std::make_unique<LRSchedule>(lo);
+  lr_schedule_ = std::make_unique<LRSchedule>(lr_schedule_options(a_));
 }
 
 // Every rank reads its own part; a checkpoint counts only if all ranks could read theirs.
@@ -394,6 +449,7 @@ std::string Trainer::try_restore(const std::string& dir) {
 // An explicit `load` must load; auto-resume falls back past damaged checkpoints.
 void Trainer::resume() {
   state_.seed = a_.seed;
+  state_.run_id = new_run_id(world_);  // a resume replaces it with the checkpoint's
   if (!a_.load.empty()) {
     const std::string dir = resolve_checkpoint(a_.load);
     const std::string problem = try_restore(dir);
@@ -408,6 +464,13 @@ void Trainer::resume() {
   if (state_.seed != a_.seed)
     log::warn("the checkpoint was trained with seed {}, the config says {}; data order follows the config",
               state_.seed, a_.seed);
+  // A save that would replace another run's checkpoint stops the job now, not at that save.
+  on_rank0_for_all(
+      [&] {
+        check_save_folder(cfg_.checkpoint_dir(), state_.run_id,
+                          planned_saves(state_.iteration, a_.train_iters, a_.save_interval), a_.overwrite);
+      },
+      "rank 0 refused the save folder");
 }
 
 void Trainer::open_outputs() {
@@ -421,8 +484,7 @@ void Trainer::open_outputs() {
   if (rank0_) {
     std::ofstream(fs::path(cfg_.run_dir()) / "config.yaml") << config_yaml_;
     write_resolved_config(config_yaml_);  // into the launch snapshot, when primus-cli made one
-    metrics_.open(fs::path(cfg_.run_dir()) / "metrics.jsonl", std::ios::app);
-    if (!metrics_) fail("cannot write {}/metrics.jsonl", cfg_.run_dir());
+    metrics_ = std::make_unique<safe::MetricsWriter>((fs::path(cfg_.run_dir()) / "metrics.jsonl").string());
   }
   tty_ = ::isatty(STDOUT_FILENO) && rank0_;
   log::info("model {}: {:.2f}M parameters, {:.1f} MFLOP per token; {} x {} tokens per microbatch, {} microbatches "
@@ -571,9 +633,10 @@ void Trainer::save() {
   so.world = world_;
   so.writer = me_.dp == 0 && me_.cp == 0;  // dp replicas hold the same tensors
   so.layout = {world_->size(), layout_.tp, layout_.pp, layout_.dp, layout_.cp, layout_.vpp};
+  so.overwrite = a_.overwrite;
   summary_.last_checkpoint = save_checkpoint(cfg_.checkpoint_dir(), model_->params(), full.exp_avg.data(),
                                              full.exp_avg_sq.data(), state_, config_yaml_, so);
-  if (rank0_) prune_checkpoints(cfg_.checkpoint_dir(), a_.keep_last_checkpoints);
+  if (rank0_) prune_checkpoints(cfg_.checkpoint_dir(), a_.keep_last_checkpoints, state_.run_id, summary_.last_checkpoint);
   world_->barrier();
   log::info("saved checkpoint {}", summary_.last_checkpoint);
 }
@@ -598,27 +661,30 @@ void Trainer::log_interval(const StepResult& step) {
                      {"peak_memory_bytes", peak},       {"restarts", watch_->restarts()},
                      {"skipped_iterations", watch_->skipped_iterations()}};
   if (layout_.schedule) {
-    // Measured bubble: (slowest rank's wall - mean compute) / slowest wall. Predicted: the
-    // simulator run with the measured mean F, B and W times of a whole stage.
-    const double n = double(interval_steps_), pp = double(layout_.pp);
+    // Measured bubble: (slowest rank's wall - busiest rank's compute) / slowest wall. Predicted:
+    // the simulator on the same schedule with each stage's measured F, B and W times.
+    const double n = double(interval_steps_);
     auto& g = *groups_.pp;
     const double wall = g.all_reduce_value(pipe_.wall / n, parallel::ReduceOp::Max);
-    const double busy = g.all_reduce_value((pipe_.wall - pipe_.wait) / n) / pp;
-    pipeline::Costs c;
-    c.t_forward = g.all_reduce_value(pipe_.f / n) / pp * layout_.vpp;
-    c.t_backward = g.all_reduce_value(pipe_.b / n) / pp * layout_.vpp;
-    c.t_weight = g.all_reduce_value(pipe_.w / n) / pp * layout_.vpp;
+    const double busy = g.all_reduce_value((pipe_.wall - pipe_.wait) / n, parallel::ReduceOp::Max);
+    const pipeline::Costs c = measured_stage_costs(layout_, g, pipe_.f / n, pipe_.b / n, pipe_.w / n);
     const double measured = wall > 0 ? (wall - busy) / wall : 0;
     const double predicted = pipeline::simulate(*layout_.schedule, c).bubble_rate;
+    pipeline::StageCost mean{0, 0, 0};
+    for (const auto& sc : c.stages) {
+      mean.forward += sc.forward / double(c.stages.size());
+      mean.backward += sc.backward / double(c.stages.size());
+      mean.weight += sc.weight / double(c.stages.size());
+    }
     log::info(" pipeline {}: measured bubble {:.1f}% | simulated from measured F {:.2f} ms, B {:.2f} ms, "
-              "W {:.2f} ms per stage: {:.1f}%",
-              layout_.schedule->algorithm, 100 * measured, 1e3 * c.t_forward, 1e3 * c.t_backward, 1e3 * c.t_weight,
-              100 * predicted);
+              "W {:.2f} ms per stage (mean): {:.1f}%",
+              layout_.schedule->algorithm, 100 * measured, 1e3 * mean.forward, 1e3 * mean.backward,
+              1e3 * mean.weight, 100 * predicted);
     row["pipeline_bubble_measured"] = measured;
     row["pipeline_bubble_simulated"] = predicted;
     pipe_ = PipelineTimes();
   }
-  if (rank0_) metrics_ << row.dump() << "\n" << std::flush;
+  if (rank0_) metrics_->write(row);
   interval_loss_ = interval_time_ = 0;
   interval_steps_ = 0;
 }
@@ -645,10 +711,7 @@ TrainSummary Trainer::run() {
       summary_.last_eval_loss = evaluate();
       log::info(" validation at iteration {} | lm loss: {:.6E} | lm loss PPL: {:.3f}", state_.iteration,
                 summary_.last_eval_loss, std::exp(summary_.last_eval_loss));
-      if (rank0_)
-        metrics_ << nlohmann::json{{"iteration", state_.iteration}, {"eval_lm_loss", summary_.last_eval_loss}}.dump()
-                 << "\n"
-                 << std::flush;
+      if (rank0_) metrics_->write({{"iteration", state_.iteration}, {"eval_lm_loss", summary_.last_eval_loss}});
     }
     if (a_.save_interval > 0 && state_.iteration % a_.save_interval == 0) save();
   }

@@ -1,5 +1,5 @@
-// The one model in bf16 on GPUs under tensor and data parallelism (run under mpirun, one GPU per
-// rank): the trainer with device: cuda, its mesh groups over NCCL, against the same layout on
+// The one model in bf16 on GPUs under tensor and pipeline parallelism (run under mpirun, one GPU
+// per rank): the trainer with device: cuda, its mesh groups over NCCL, against the same layout on
 // the CPU reference backend (device: cpu, MPI). The two agree at bf16's resolution, iteration by
 // iteration. tests/emulated runs it on emulated GPUs with the emulated NCCL, one per rank.
 #include <gtest/gtest.h>
@@ -150,6 +150,16 @@ modules:
 // Two ranks: each case is a two-way layout.
 TEST(GpuParallelTraining, TensorParallelWithSequenceParallel) {
   expect_gpu_matches_reference("      num_layers: 2\n      tensor_model_parallel_size: 2\n      sequence_parallel: true\n");
+}
+
+TEST(GpuParallelTraining, PipelineParallel1f1b) {
+  expect_gpu_matches_reference("      num_layers: 2\n      pipeline_model_parallel_size: 2\n");
+}
+
+// V-shape: both directions between the two ranks carry activations and gradients, which NCCL
+// matches in posting order (the executor posts in the peer's send order).
+TEST(GpuParallelTraining, PipelineParallelZbv) {
+  expect_gpu_matches_reference("      num_layers: 4\n      pipeline_model_parallel_size: 2\n      pipeline_schedule: zbv\n");
 }
 
 TEST(GpuParallelTraining, DataParallelWithTheDistributedOptimizer) {
