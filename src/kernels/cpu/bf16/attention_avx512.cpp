@@ -12,9 +12,9 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
-#include <vector>
 
 #include "kernels/cpu/bf16/kernels.h"
+#include "kernels/cpu/bf16/scratch.h"
 #include "kernels/cpu/bf16/target.h"
 
 PRIMUS_AVX512_BF16_BEGIN
@@ -64,18 +64,14 @@ void copy_rows(const uint16_t* src, int64_t ld, int64_t t0, int64_t n, int64_t n
   for (int64_t i = 0; i < n; ++i) std::memcpy(dst + i * Dp, src + (t0 + i) * ld, size_t(D) * 2);
 }
 
-// Per-thread scratch memory kept between calls: a training step calls the kernels with the same
-// shapes every time, and fresh allocations would page-fault on every call.
+// Pieces of one scratch slot (scratch.h), 64-byte aligned.
 struct Scratch {
-  std::vector<char> buf;
+  char* base = nullptr;
   size_t used = 0;
-  void reset(size_t bytes) {
-    if (buf.size() < bytes) buf.resize(bytes);
-    used = 0;
-  }
+  Scratch(ScratchSlot slot, size_t bytes) : base(static_cast<char*>(thread_scratch(slot, bytes))) {}
   template <typename T>
   T* take(int64_t n) {
-    T* p = reinterpret_cast<T*>(buf.data() + used);
+    T* p = reinterpret_cast<T*>(base + used);
     used += (size_t(n) * sizeof(T) + 63) / 64 * 64;
     return p;
   }
@@ -91,8 +87,7 @@ size_t bytes_for(int64_t n) {
 void attention_forward(const uint16_t* qkv, uint16_t* out, float* lse, const AttentionShape& shape) {
   const Dims d(shape);
   const int64_t ps = d.panel_size();
-  thread_local Scratch packs;
-  packs.reset(2 * bytes_for<uint16_t>(d.B * d.G * ps));
+  Scratch packs(kAttentionPacks, 2 * bytes_for<uint16_t>(d.B * d.G * ps));
   uint16_t* const kc = packs.take<uint16_t>(d.B * d.G * ps);
   uint16_t* const vk = packs.take<uint16_t>(d.B * d.G * ps);
   const int64_t qtiles = ceil_div(d.S, kRows), tasks = d.B * d.H * qtiles;
@@ -104,8 +99,7 @@ void attention_forward(const uint16_t* qkv, uint16_t* out, float* lse, const Att
       pack_kv(qkv, d, bg / d.G, bg % d.G, d.q_size, kc + bg * ps, nullptr);
       pack_kv(qkv, d, bg / d.G, bg % d.G, d.q_size + d.kv_size, nullptr, vk + bg * ps);
     }
-    thread_local Scratch mem;
-    mem.reset(bytes_for<uint16_t>(kRows * d.Dp) + bytes_for<uint16_t>(kRows * kKeys) + bytes_for<float>(kRows * kKeys) +
+    Scratch mem(kAttentionWork, bytes_for<uint16_t>(kRows * d.Dp) + bytes_for<uint16_t>(kRows * kKeys) + bytes_for<float>(kRows * kKeys) +
               bytes_for<float>(kRows * d.Dp) + 2 * bytes_for<float>(kRows));
     uint16_t *q = mem.take<uint16_t>(kRows * d.Dp), *p = mem.take<uint16_t>(kRows * kKeys);
     float *sc = mem.take<float>(kRows * kKeys), *o = mem.take<float>(kRows * d.Dp), *m = mem.take<float>(kRows),
@@ -188,8 +182,7 @@ void attention_backward(const uint16_t* qkv, const uint16_t* out, const float* l
     // Per task: K and V c-major (scores, dP), K k-major (dQ); per head: Q and dO as rows and
     // k-major over rows (dK, dV); fp32 sums of dK, dV (group) and dQ (head).
     const int64_t rows_dp = d.Sp * d.Dp;
-    thread_local Scratch mem;
-    mem.reset(7 * bytes_for<uint16_t>(ps) + 4 * bytes_for<uint16_t>(kKeys * kRows) + 3 * bytes_for<float>(rows_dp) +
+    Scratch mem(kAttentionWork, 7 * bytes_for<uint16_t>(ps) + 4 * bytes_for<uint16_t>(kKeys * kRows) + 3 * bytes_for<float>(rows_dp) +
               2 * bytes_for<float>(kRows * kKeys) + 2 * bytes_for<float>(d.Sp));
     uint16_t *kc = mem.take<uint16_t>(ps), *vc = mem.take<uint16_t>(ps), *kk = mem.take<uint16_t>(ps),
              *q = mem.take<uint16_t>(rows_dp), *go = mem.take<uint16_t>(rows_dp), *qk = mem.take<uint16_t>(ps),
@@ -292,8 +285,7 @@ void attention_decode(const uint16_t* cache, int64_t first, uint16_t* out, const
   const int64_t L = d.S, rows = L - first;
 #pragma omp parallel if(double(rows) * double(d.H) * double(L) * double(d.D) >= kParallelMin)
   {
-    thread_local Scratch mem;
-    mem.reset(bytes_for<float>(L) + bytes_for<float>(d.Dp) + 2 * bytes_for<uint16_t>(d.Dp + 32));
+    Scratch mem(kAttentionWork, bytes_for<float>(L) + bytes_for<float>(d.Dp) + 2 * bytes_for<uint16_t>(d.Dp + 32));
     float *p = mem.take<float>(L), *o = mem.take<float>(d.Dp);
     uint16_t *qpad = mem.take<uint16_t>(d.Dp + 32), *kpad = mem.take<uint16_t>(d.Dp + 32);
     std::memset(qpad, 0, size_t(d.Dp + 32) * 2);

@@ -18,9 +18,9 @@
 
 #include <cstdint>
 #include <cstring>
-#include <vector>
 
 #include "kernels/cpu/bf16/gemm.h"
+#include "kernels/cpu/bf16/scratch.h"
 #include "kernels/cpu/bf16/target.h"
 
 PRIMUS_AVX512_BF16_BEGIN
@@ -119,12 +119,6 @@ inline void micro_kernel(const GemmArgs& g, const uint16_t* a, int64_t a_row, in
     for (int v = 0; v < kNv; ++v) _mm512_storeu_ps(c + i * kNc + 16 * v, acc[i][v]);
 }
 
-// Grow-only scratch per calling thread (the packed operands) and per OpenMP thread (a tile).
-uint16_t* scratch_u16(std::vector<uint16_t>& v, size_t n) {
-  if (v.size() < n) v.resize(n);
-  return v.data();
-}
-
 }  // namespace
 
 void gemm_avx512(const GemmArgs& g) {
@@ -133,13 +127,13 @@ void gemm_avx512(const GemmArgs& g) {
   const int64_t ipanels = ceil_div(g.M, kMr), jpanels = ceil_div(g.N, kNr);
   // Row-major A with an even K is read in place; otherwise it is packed.
   const bool direct_a = !g.trans_a && g.K % 2 == 0;
-  thread_local std::vector<uint16_t> a_buf, b_buf, zero_row;
-  uint16_t* bp = scratch_u16(b_buf, size_t(jpanels) * size_t(Kp) * kNr * 2);
-  uint16_t* ap = direct_a ? nullptr : scratch_u16(a_buf, size_t(ipanels) * size_t(Kp) * kMr * 2);
-  const uint16_t* zeros = nullptr;
+  auto* bp = static_cast<uint16_t*>(thread_scratch(kGemmB, size_t(jpanels) * size_t(Kp) * kNr * 2 * 2));
+  auto* ap = direct_a ? nullptr
+                      : static_cast<uint16_t*>(thread_scratch(kGemmA, size_t(ipanels) * size_t(Kp) * kMr * 2 * 2));
+  uint16_t* zeros = nullptr;
   if (direct_a && g.M % kMr) {  // rows past M read a zero row
-    zero_row.assign(size_t(g.K) + 2, 0);
-    zeros = zero_row.data();
+    zeros = static_cast<uint16_t*>(thread_scratch(kGemmZeros, (size_t(g.K) + 2) * 2));
+    std::memset(zeros, 0, (size_t(g.K) + 2) * 2);
   }
   const PackSource bsrc{g.B, g.ldb, g.K, g.N, !g.trans_b}, asrc{g.A, g.lda, g.K, g.M, g.trans_a};
   const int64_t mtiles = ceil_div(g.M, kMc), ntiles = ceil_div(g.N, kNc);
@@ -160,9 +154,7 @@ void gemm_avx512(const GemmArgs& g) {
       if (!direct_a) pack<kMr>(asrc, Kp, kb * 16, min64(Kp, kb * 16 + 16), ap);
     }
 #pragma omp barrier
-    thread_local std::vector<float> tile_buf;
-    if (tile_buf.size() < size_t(kMc * kNc)) tile_buf.resize(size_t(kMc * kNc));
-    float* tile = tile_buf.data();
+    float* tile = static_cast<float*>(thread_scratch(kGemmTile, sizeof(float) * size_t(kMc * kNc)));
 #pragma omp for schedule(dynamic, 1)
     for (int64_t t = 0; t < mtiles * ntiles; ++t) {
       const int64_t mt = n_outer ? t % mtiles : t / ntiles, nt = n_outer ? t / mtiles : t % ntiles;
@@ -193,7 +185,7 @@ void gemm_avx512(const GemmArgs& g) {
               if (m + kMr <= g.M) {
                 micro_kernel(g, g.A + m * g.lda + 2 * k0, g.lda, 2, b, kps, c, k0 == 0, fin);
               } else {  // the last rows: a panel of row pointers, zeros past M
-                uint16_t* panel = scratch_u16(a_buf, size_t(kps) * kMr * 2);
+                auto* panel = static_cast<uint16_t*>(thread_scratch(kGemmA, size_t(kps) * kMr * 2 * 2));
                 for (int i = 0; i < kMr; ++i) {
                   const uint16_t* src = m + i < g.M ? g.A + (m + i) * g.lda + 2 * k0 : zeros;
                   for (int64_t kp = 0; kp < kps; ++kp) std::memcpy(panel + kp * kMr * 2 + i * 2, src + 2 * kp, 4);
