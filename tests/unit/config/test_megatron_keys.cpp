@@ -1,0 +1,190 @@
+// Issue 18: Megatron-LM and Primus argument names in experiment configs: applied, accepted with no
+// effect (listed), or an error naming the key; `config: pre_trainer.yaml`; null as unset.
+#include <gtest/gtest.h>
+
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <set>
+
+#include "config/experiment.h"
+#include "config/foreign_keys.h"
+#include "core/error.h"
+#include "model/model_spec.h"
+
+namespace fs = std::filesystem;
+using namespace primus;
+using namespace primus::config;
+
+namespace {
+
+struct TempDir {
+  fs::path path;
+  TempDir() {
+    path = fs::temp_directory_path() / fs::path("primus_mk_" + std::to_string(::getpid()) + "_" +
+                                                ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::remove_all(path);
+    fs::create_directories(path);
+  }
+  ~TempDir() { fs::remove_all(path); }
+  std::string write(const std::string& name, const std::string& text) const {
+    std::ofstream(path / name) << text;
+    return (path / name).string();
+  }
+};
+
+// A Primus-shaped experiment with extra override lines.
+std::string experiment(const std::string& extra, const std::string& module_config = "") {
+  return "exp_name: mk\nworkspace: /tmp/primus_mk_ws\nmodules:\n  pre_trainer:\n    framework: megatron\n" +
+         (module_config.empty() ? "" : "    config: " + module_config + "\n") +
+         "    model: tiny\n    overrides:\n      train_iters: 4\n      mock_data: true\n" + extra;
+}
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+}  // namespace
+
+TEST(MegatronKeys, TableIsSortedUniqueAndLeavesOurKeysToUs) {
+  const auto& keys = foreign_keys();
+  ASSERT_GT(keys.size(), 1000u);  // Megatron-LM's arguments and Primus's config keys
+  std::set<std::string> ours;
+  for (const auto& k : training_keys()) ours.insert(k.name);
+  for (const auto& k : model_spec_keys()) ours.insert(k);
+  for (size_t i = 0; i < keys.size(); ++i) {
+    if (i > 0) EXPECT_LT(std::string(keys[i - 1].name), std::string(keys[i].name)) << "sorted, unique";
+    EXPECT_NE(keys[i].status, KeyStatus::Applied) << keys[i].name;
+    // A key we apply has its line deleted here (a leftover would shadow nothing, but mislead the docs).
+    EXPECT_EQ(ours.count(keys[i].name), 0u) << keys[i].name << " is applied; delete its line in foreign_keys.cpp";
+  }
+  for (const char* name : {"wandb_project", "stderr_sink_level", "ckpt_format", "enable_primus_turbo",
+                           "cross_entropy_fusion_impl", "overlap_param_gather", "use_flash_attn"})
+    ASSERT_TRUE(find_foreign_key(name) && find_foreign_key(name)->status == KeyStatus::NoEffect) << name;
+  for (const char* name : {"finetune", "swiglu", "normalization", "num_experts", "fp8", "train_data_path"})
+    ASSERT_TRUE(find_foreign_key(name) && find_foreign_key(name)->status == KeyStatus::NotSupported) << name;
+  EXPECT_EQ(find_foreign_key("no_such_key"), nullptr);
+}
+
+TEST(MegatronKeys, NoEffectKeysAreAcceptedAndListed) {
+  TempDir d;
+  auto f = d.write("e.yaml", experiment("      wandb_project: \"Proj\"\n      stderr_sink_level: DEBUG\n"
+                                        "      use_flash_attn: true\n      log_throughput: null\n"));
+  auto cfg = load_experiment(f);
+  ASSERT_EQ(cfg.no_effect.size(), 3u);  // null is unset: not listed
+  EXPECT_EQ(cfg.no_effect[0].key, "wandb_project");
+  const std::string line = no_effect_summary(cfg);
+  EXPECT_NE(line.find("wandb_project, stderr_sink_level"), std::string::npos) << line;
+  EXPECT_NE(line.find("use_flash_attn (a kernel"), std::string::npos) << line;
+  const std::string printed = cfg.resolved_yaml();
+  EXPECT_NE(printed.find("# accepted with no effect on this engine:\n#   wandb_project: 'Proj'"), std::string::npos)
+      << printed;
+}
+
+TEST(MegatronKeys, NotSupportedIsAnErrorUnlessItIsTheEngineValue) {
+  TempDir d;
+  // The values this engine runs with, and null, load.
+  auto ok = d.write("ok.yaml", experiment("      swiglu: true\n      normalization: RMSNorm\n      finetune: false\n"
+                                          "      num_experts: null\n      no_save_optim: false\n"
+                                          "      attention_dropout: 0\n      position_embedding_type: rope\n"));
+  EXPECT_NO_THROW(load_experiment(ok));
+  struct Case {
+    const char* line;
+    const char* key;
+  };
+  for (const Case& c : {Case{"      normalization: LayerNorm\n", "normalization"},
+                        Case{"      num_experts: 8\n", "num_experts"}, Case{"      fp8: hybrid\n", "fp8"},
+                        Case{"      swiglu: false\n", "swiglu"}, Case{"      no_save_optim: true\n", "no_save_optim"},
+                        Case{"      attention_dropout: 0.1\n", "attention_dropout"}}) {
+    auto f = d.write("bad.yaml", experiment(c.line));
+    const std::string e = error_of([&] { load_experiment(f); });
+    EXPECT_NE(e.find(std::string("'") + c.key + "' is not supported"), std::string::npos) << e;
+    EXPECT_NE(e.find("bad.yaml:"), std::string::npos) << "names the file and line: " << e;
+  }
+  // And on the command line.
+  const std::string e = error_of([&] { load_experiment(ok, {{"moe-router-topk", "4"}}); });
+  EXPECT_NE(e.find("'moe_router_topk' is not supported"), std::string::npos) << e;
+}
+
+TEST(MegatronKeys, TyposSuggestTheNearestKeyOfAnyTable) {
+  TempDir d;
+  auto f = d.write("t.yaml", experiment("      wandb_projet: x\n"));
+  std::string e = error_of([&] { load_experiment(f); });
+  EXPECT_NE(e.find("unknown key 'wandb_projet' (did you mean 'wandb_project'?)"), std::string::npos) << e;
+  auto g = d.write("g.yaml", experiment(""));
+  e = error_of([&] { load_experiment(g, {{"micro-bach-size", "2"}}); });
+  EXPECT_NE(e.find("did you mean 'micro_batch_size'"), std::string::npos) << e;
+}
+
+TEST(MegatronKeys, NullMeansUnset) {
+  TempDir d;
+  auto f = d.write("n.yaml", experiment("      lr_decay_iters: null\n      save: null\n      load: ~\n"
+                                        "      seed: null\n      max_position_embeddings: null\n"));
+  auto cfg = load_experiment(f);
+  EXPECT_EQ(cfg.train.lr_decay_iters, 4);  // unset: train_iters
+  EXPECT_EQ(cfg.train.save, "");
+  EXPECT_EQ(cfg.train.seed, 1234);
+  EXPECT_EQ(cfg.model_spec.max_position_embeddings, load_model_spec("tiny").max_position_embeddings);
+  // `--lr_decay_iters null` on the command line unsets too.
+  auto g = d.write("g.yaml", experiment("      lr_decay_iters: 3\n"));
+  EXPECT_EQ(load_experiment(g, {{"lr_decay_iters", "null"}}).train.lr_decay_iters, 4);
+}
+
+TEST(MegatronKeys, DashSpellingAndFlagsOnTheCommandLine) {
+  TempDir d;
+  auto f = d.write("c.yaml", experiment(""));
+  auto cfg = load_experiment(f, {{"micro-batch-size", "4"}, {"global-batch-size", "8"},
+                                 {"use-distributed-optimizer", "true"}, {"num-layers", "3"},
+                                 {"wandb-project", "x"}});
+  EXPECT_EQ(cfg.train.micro_batch_size, 4);
+  EXPECT_EQ(cfg.train.global_batch_size, 8);
+  EXPECT_TRUE(cfg.train.use_distributed_optimizer);
+  EXPECT_EQ(cfg.model_spec.num_layers, 3);
+  ASSERT_EQ(cfg.no_effect.size(), 1u);
+  EXPECT_EQ(cfg.no_effect[0].key, "wandb_project");
+}
+
+TEST(MegatronKeys, ModuleConfigGivesDefaultsThatOverridesBeat) {
+  TempDir d;
+  // configs/modules/pre_trainer.yaml: Primus's pre-trainer defaults (lr 2e-5, 40 warmup steps,
+  // cosine decay, weight decay 0); the experiment's keys win.
+  auto f = d.write("m.yaml", experiment("      seq_length: 32\n      lr: 1.0e-3\n", "pre_trainer.yaml"));
+  auto cfg = load_experiment(f);
+  EXPECT_DOUBLE_EQ(cfg.train.lr, 1e-3);
+  EXPECT_EQ(cfg.train.train_iters, 4);
+  EXPECT_EQ(cfg.train.lr_warmup_iters, 40);
+  EXPECT_EQ(cfg.train.lr_decay_style, "cosine");
+  EXPECT_DOUBLE_EQ(cfg.train.weight_decay, 0.0);
+  EXPECT_EQ(cfg.train.global_batch_size, 16);
+  EXPECT_NE(cfg.tree.origin("modules.pre_trainer.overrides.lr_warmup_iters").file.find("configs/modules/pre_trainer.yaml"),
+            std::string::npos);
+  // A module config beside the experiment is taken first.
+  d.write("my_module.yaml", "lr_warmup_iters: 3\nwandb_project: p\n");
+  auto g = d.write("g.yaml", experiment("", "my_module.yaml"));
+  auto cg = load_experiment(g);
+  EXPECT_EQ(cg.train.lr_warmup_iters, 3);
+  EXPECT_EQ(cg.no_effect.size(), 1u);
+  // An unknown one is an error naming it and the ones there are.
+  auto h = d.write("h.yaml", experiment("", "pre_traner.yaml"));
+  const std::string e = error_of([&] { load_experiment(h); });
+  EXPECT_NE(e.find("module config 'pre_traner.yaml' not found"), std::string::npos) << e;
+  EXPECT_NE(e.find("did you mean 'pre_trainer.yaml'"), std::string::npos) << e;
+}
+
+TEST(MegatronKeys, ArgumentTableInTheDocsMatchesTheCode) {
+  // regenerate with `primus-cli direct -- train pretrain --config-reference`.
+  std::ifstream in(std::string(PRIMUS_SOURCE_DIR) + "/docs/config.md");
+  ASSERT_TRUE(in);
+  const std::string doc((std::istreambuf_iterator<char>(in)), {});
+  const std::string table = argument_status_reference();
+  EXPECT_NE(doc.find(table), std::string::npos) << "docs/config.md's argument table is out of date";
+  EXPECT_NE(table.find("| `micro_batch_size` | applied |"), std::string::npos);
+  EXPECT_NE(table.find("| `wandb_project` | no effect |"), std::string::npos);
+  EXPECT_NE(table.find("| `swiglu` | not supported | `true` |"), std::string::npos);
+}
