@@ -86,6 +86,29 @@ TEST_P(PrimusConfigs, LoadPrintAndTrainThreeIterations) {
   fs::remove_all(ws);
 }
 
+// eod_mask_loss (set by all three examples) leaves positions whose input is the eod token out of
+// the loss: on mock data over 4 tokens (eod: id 3) the first loss differs from the unmasked one.
+TEST(PrimusConfigsEod, MaskChangesTheLoss) {
+  const std::string config = kRoot + "/tests/integration/primus_configs/llama2_7B-BF16-pretrain.yaml";
+  auto first_loss = [&](const std::string& mask) {
+    const fs::path ws = fs::temp_directory_path() / ("primus-eod-" + std::to_string(::getpid()) + mask);
+    fs::remove_all(ws);
+    const Result r = run("direct --workspace " + ws.string() + " -- train pretrain --config " + config + kTiny +
+                         " --vocab-size 4 --bf16 false --eod-mask-loss " + mask);
+    EXPECT_EQ(r.code, 0) << r.out;
+    std::ifstream in(ws / "llama2_7B-pretrain" / "metrics.jsonl");
+    std::string line;
+    std::getline(in, line);
+    fs::remove_all(ws);
+    return line.empty() ? -1.0 : nlohmann::json::parse(line)["lm_loss"].get<double>();
+  };
+  const double masked = first_loss("true"), unmasked = first_loss("false");
+  ASSERT_GT(masked, 0);
+  ASSERT_GT(unmasked, 0);
+  EXPECT_NE(masked, unmasked);
+  EXPECT_NEAR(masked, std::log(4.0), 0.2);  // still a loss over the other tokens
+}
+
 INSTANTIATE_TEST_SUITE_P(Examples, PrimusConfigs,
                          ::testing::Values("llama3.1_8B-BF16-pretrain", "llama2_7B-BF16-pretrain",
                                            "qwen2.5_7B-BF16-pretrain"),
