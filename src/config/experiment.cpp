@@ -153,6 +153,12 @@ void set_training_key(TrainingArgs& args, const KeyInfo& key, const YAML::Node& 
                              : std::is_same_v<T, std::string> ? "text"
                                                               : "a number";
           T v{};
+          // Primus configs write flags as 0 and 1 too (Python's truthiness).
+          if constexpr (std::is_same_v<T, bool>)
+            if (value.IsScalar() && (value.Scalar() == "0" || value.Scalar() == "1")) {
+              args.*member = value.Scalar() == "1";
+              return;
+            }
           if (!value.IsScalar() || !YAML::convert<T>::decode(value, v))
             fail("{}: '{}' must be {}, got {}", at.str(), key.name, want, describe(value));
           args.*member = v;

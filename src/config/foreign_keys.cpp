@@ -25,6 +25,9 @@ namespace {
 const char* const kLogging = "logging, profiling or monitoring output that this engine does not write";
 const char* const kKernels = "a kernel, fusion or backend choice; this engine runs its own kernels with the same math";
 const char* const kTuning = "performance, communication or start-up tuning; the result does not depend on it here";
+const char* const kMemory =
+    "a memory-saving choice (recompute scope, parameter sharding); the result does not depend on it. This engine's "
+    "own are recompute_granularity and use_distributed_optimizer";
 const char* const kStorage = "checkpoint format, data caching or resume bookkeeping; this engine has its own";
 const char* const kNsMoe = "mixture-of-experts layers (not implemented yet)";
 const char* const kNsLowPrecision = "a precision other than fp32 and bf16 mixed precision";
@@ -139,7 +142,7 @@ const std::vector<ForeignKey>& foreign_keys() {
       {"cpu_offloading_retain_pinned_cpu_buffers", KeyStatus::NotSupported, "false", kNsOther, Src::M},
       {"cpu_offloading_weights", KeyStatus::NotSupported, "false", kNsOther, Src::M},
       {"create_all_gather_group", KeyStatus::NotSupported, "false", kNsOther, Src::M},
-      {"create_attention_mask_in_dataloader", KeyStatus::NotSupported, "true", kNsOther, Src::MP},
+      {"create_attention_mask_in_dataloader", KeyStatus::NoEffect, "true", kTuning, Src::MP},
       {"cross_entropy_fusion_impl", KeyStatus::NoEffect, "native", kKernels, Src::MP},
       {"cross_entropy_loss_fusion", KeyStatus::NoEffect, "false", kKernels, Src::MP},
       {"cuda_graph_impl", KeyStatus::NoEffect, "none", kKernels, Src::M},
@@ -153,7 +156,7 @@ const std::vector<ForeignKey>& foreign_keys() {
       {"data_cache_path", KeyStatus::NoEffect, "null", kStorage, Src::MP},
       {"data_parallel_random_init", KeyStatus::NotSupported, "false", kNsOther, Src::MP},
       {"data_parallel_replicate_degree", KeyStatus::NotSupported, "1", kNsOther, Src::P},
-      {"data_parallel_sharding_strategy", KeyStatus::NotSupported, "optim_grads_params", kNsOther, Src::MP},
+      {"data_parallel_sharding_strategy", KeyStatus::NoEffect, "optim_grads_params", kMemory, Src::MP},
       {"data_per_class_fraction", KeyStatus::NotSupported, "1.0", kNsOther, Src::MP},
       {"data_sharding", KeyStatus::NotSupported, "true", kNsOther, Src::MP},
       {"dataloader_defer_npy_index_mmap", KeyStatus::NoEffect, "false", kTuning, Src::M},
@@ -212,7 +215,7 @@ const std::vector<ForeignKey>& foreign_keys() {
       {"dist_ckpt_strictness", KeyStatus::NoEffect, "assume_ok_unexpected", kStorage, Src::MP},
       {"dist_ckpt_workers", KeyStatus::NoEffect, "1", kStorage, Src::M},
       {"distrib_optim_fully_reshardable_mem_efficient", KeyStatus::NotSupported, "false", kNsOther, Src::M},
-      {"distribute_saved_activations", KeyStatus::NotSupported, "false", kNsOther, Src::MP},
+      {"distribute_saved_activations", KeyStatus::NoEffect, "false", kMemory, Src::MP},
       {"distributed_backend", KeyStatus::NoEffect, "nccl", kTuning, Src::MP},
       {"distributed_timeout_minutes", KeyStatus::NoEffect, "10", kTuning, Src::MP},
       {"distributed_timeout_seconds_after_init", KeyStatus::NoEffect, "null", kTuning, Src::M},
@@ -881,10 +884,10 @@ const std::vector<ForeignKey>& foreign_keys() {
       {"quick_geglu", KeyStatus::NotSupported, "false", kNsOther, Src::MP},
       {"rampup_batch_size", KeyStatus::NotSupported, "null", kNsOther, Src::MP},
       {"recompute_activations", KeyStatus::NotSupported, "false", kNsOther, Src::MP},
-      {"recompute_layer_ids", KeyStatus::NotSupported, "null", kNsOther, Src::P},
-      {"recompute_method", KeyStatus::NotSupported, "null", kNsOther, Src::MP},
-      {"recompute_modules", KeyStatus::NotSupported, "null", kNsOther, Src::M},
-      {"recompute_num_layers", KeyStatus::NotSupported, "null", kNsOther, Src::MP},
+      {"recompute_layer_ids", KeyStatus::NoEffect, "null", kMemory, Src::P},
+      {"recompute_method", KeyStatus::NoEffect, "null", kMemory, Src::MP},
+      {"recompute_modules", KeyStatus::NoEffect, "null", kMemory, Src::M},
+      {"recompute_num_layers", KeyStatus::NoEffect, "null", kMemory, Src::MP},
       {"record_memory_history", KeyStatus::NoEffect, "false", kLogging, Src::MP},
       {"record_shapes", KeyStatus::NotSupported, "false", kNsOther, Src::M},
       {"refit_method", KeyStatus::NotSupported, "gloo", kNsOther, Src::M},
@@ -1053,7 +1056,7 @@ const std::vector<ForeignKey>& foreign_keys() {
       {"use_checkpoint_args", KeyStatus::NoEffect, "false", kStorage, Src::MP},
       {"use_checkpoint_opt_param_scheduler", KeyStatus::NotSupported, "false", kNsOther, Src::MP},
       {"use_cpu_initialization", KeyStatus::NoEffect, "false", kKernels, Src::MP},
-      {"use_custom_fsdp", KeyStatus::NotSupported, "false", kNsOther, Src::P},
+      {"use_custom_fsdp", KeyStatus::NoEffect, "false", kMemory, Src::P},
       {"use_deprecated_20241209_moe_layer", KeyStatus::NoEffect, "false", kKernels, Src::P},
       {"use_dist_ckpt", KeyStatus::NoEffect, "false", kStorage, Src::M},
       {"use_dist_ckpt_deprecated", KeyStatus::NoEffect, "false", kStorage, Src::MP},
@@ -1097,7 +1100,7 @@ const std::vector<ForeignKey>& foreign_keys() {
       {"use_te_activation_func", KeyStatus::NoEffect, "false", kKernels, Src::MP},
       {"use_te_rng_tracker", KeyStatus::NoEffect, "false", kKernels, Src::M},
       {"use_tokenizer_model_from_checkpoint_args", KeyStatus::NoEffect, "true", kStorage, Src::MP},
-      {"use_torch_fsdp2", KeyStatus::NotSupported, "false", kNsOther, Src::MP},
+      {"use_torch_fsdp2", KeyStatus::NoEffect, "false", kMemory, Src::MP},
       {"use_torch_optimizer_for_cpu_offload", KeyStatus::NoEffect, "false", kTuning, Src::MP},
       {"use_tp_pp_dp_mapping", KeyStatus::NoEffect, "false", kTuning, Src::MP},
       {"use_transformer_engine_op_fuser", KeyStatus::NotSupported, "false", kNsOther, Src::M},

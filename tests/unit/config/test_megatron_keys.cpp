@@ -150,6 +150,18 @@ TEST(MegatronKeys, DashSpellingAndFlagsOnTheCommandLine) {
   EXPECT_EQ(cfg.no_effect[0].key, "wandb_project");
 }
 
+TEST(MegatronKeys, FlagsAsZeroAndOne) {
+  TempDir d;
+  auto f = d.write("b.yaml", experiment("      use_distributed_optimizer: 1\n      overlap_grad_reduce: 0\n"
+                                        "      recompute_method: uniform\n      use_torch_fsdp2: true\n"));
+  auto cfg = load_experiment(f);
+  EXPECT_TRUE(cfg.train.use_distributed_optimizer);
+  EXPECT_FALSE(cfg.train.overlap_grad_reduce);
+  EXPECT_EQ(cfg.no_effect.size(), 2u);  // memory-saving choices: no effect on the result
+  auto g = d.write("g.yaml", experiment("      use_distributed_optimizer: 2\n"));
+  EXPECT_NE(error_of([&] { load_experiment(g); }).find("must be true or false, got '2'"), std::string::npos);
+}
+
 TEST(MegatronKeys, ModuleConfigGivesDefaultsThatOverridesBeat) {
   TempDir d;
   // configs/modules/pre_trainer.yaml: Primus's pre-trainer defaults (lr 2e-5, 40 warmup steps,
