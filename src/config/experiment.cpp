@@ -251,6 +251,7 @@ ExperimentConfig load_experiment_unguarded(const std::string& path,
 
   for (auto [key, value] : overrides) {
     std::replace(key.begin(), key.end(), '-', '_');
+    if (const ForeignKey* fk = find_foreign_key(key); fk && fk->status == KeyStatus::Applied) key = fk->engine_value;
     if (key.find('.') != std::string::npos ||
         std::find(kTopKeys.begin(), kTopKeys.end(), key) != kTopKeys.end())
       tree.set(key, value);
@@ -308,8 +309,10 @@ ExperimentConfig load_experiment_unguarded(const std::string& path,
   if (const YAML::Node ov = pt["overrides"]; ov && !ov.IsNull()) {
     if (!ov.IsMap()) fail("{}: 'overrides' must be a map of key: value", tree.origin("modules.pre_trainer.overrides").str());
     for (auto kv : ov) {
-      const std::string k = kv.first.as<std::string>();
-      const std::string kpath = "modules.pre_trainer.overrides." + k;
+      const std::string written = kv.first.as<std::string>();
+      const std::string kpath = "modules.pre_trainer.overrides." + written;
+      std::string k = written;  // Megatron's other name of one of our keys: ours
+      if (const ForeignKey* fk = find_foreign_key(k); fk && fk->status == KeyStatus::Applied) k = fk->engine_value;
       auto ti = std::find_if(training_keys().begin(), training_keys().end(), [&](const KeyInfo& x) { return k == x.name; });
       if (ti != training_keys().end()) {
         set_training_key(cfg.train, *ti, kv.second, tree.origin(kpath));
@@ -410,7 +413,7 @@ std::string argument_status_reference() {
     if (k != "extends" && k != "description") rows.push_back({k, "applied", "", "model key ([model_math.md](model_math.md))"});
   for (const auto& k : foreign_keys()) {
     if (std::any_of(rows.begin(), rows.end(), [&](const Row& r) { return r.name == k.name; })) continue;
-    rows.push_back({k.name, to_string(k.status), k.status == KeyStatus::NotSupported ? k.engine_value : "", k.note});
+    rows.push_back({k.name, to_string(k.status), k.status == KeyStatus::NoEffect ? "" : k.engine_value, k.note});
   }
   std::sort(rows.begin(), rows.end(), [](const Row& a, const Row& b) { return a.name < b.name; });
   std::string out = "| key | status | accepted value | note |\n|---|---|---|---|\n";

@@ -29,6 +29,7 @@ const char* const kMemory =
     "a memory-saving choice (recompute scope, parameter sharding); the result does not depend on it. This engine's "
     "own are recompute_granularity and use_distributed_optimizer";
 const char* const kStorage = "checkpoint format, data caching or resume bookkeeping; this engine has its own";
+const char* const kAlias = "another name of the key in the accepted-value column (Megatron's dest name)";
 const char* const kNsMoe = "mixture-of-experts layers (not implemented yet)";
 const char* const kNsLowPrecision = "a precision other than fp32 and bf16 mixed precision";
 const char* const kNsMla = "an attention or layer variant that this Llama-family engine does not have";
@@ -81,7 +82,7 @@ const std::vector<ForeignKey>& foreign_keys() {
       {"auto_detect_ckpt_format", KeyStatus::NotSupported, "false", kNsOther, Src::MP},
       {"auto_offload_time", KeyStatus::NotSupported, "true", kNsOther, Src::P},
       {"autocast_dtype", KeyStatus::NotSupported, "null", kNsOther, Src::M},
-      {"barrier_with_L1_time", KeyStatus::NotSupported, "true", kNsOther, Src::MP},
+      {"barrier_with_L1_time", KeyStatus::NoEffect, "true", kLogging, Src::MP},
       {"bases", KeyStatus::NotSupported, "[\"mamba_base.yaml\"]", kNsOther, Src::P},
       {"batch_invariant_backend", KeyStatus::NotSupported, "te_native", kNsOther, Src::M},
       {"batch_invariant_mode", KeyStatus::NotSupported, "false", kNsOther, Src::M},
@@ -498,7 +499,7 @@ const std::vector<ForeignKey>& foreign_keys() {
       {"langrl_inference_server_conversation_template", KeyStatus::NotSupported, "null", kNsOther, Src::P},
       {"langrl_inference_server_type", KeyStatus::NotSupported, "inplace_megatron", kNsOther, Src::P},
       {"latent_moe_use_norm", KeyStatus::NotSupported, "true", kNsMoe, Src::P},
-      {"layernorm_epsilon", KeyStatus::NotSupported, "1e-05", kNsOther, Src::MP},
+      {"layernorm_epsilon", KeyStatus::Applied, "norm_epsilon", kAlias, Src::MP},
       {"layernorm_zero_centered_gamma", KeyStatus::NotSupported, "false", kNsOther, Src::M},
       {"lazy_mpu_init", KeyStatus::NoEffect, "false", kTuning, Src::MP},
       {"lb_mini_cost_model", KeyStatus::NotSupported, "linear", kNsOther, Src::P},

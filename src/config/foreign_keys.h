@@ -3,6 +3,7 @@
 //
 //   no effect      accepted and listed once at start-up and in --print-config: logging sinks,
 //                  kernel and fusion switches, communication tuning, checkpoint formats
+//   applied        (here) another name of one of our keys, e.g. Megatron's dest `layernorm_epsilon`
 //   not supported  would change the result and is not implemented: an error naming the key,
 //                  unless the value is the one this engine always runs with (or null)
 //
@@ -27,7 +28,8 @@ enum class Src { M, P, MP };
 struct ForeignKey {
   const char* name;
   KeyStatus status;
-  const char* engine_value;  // YAML text of the value this engine runs with (Megatron's default unless noted)
+  const char* engine_value;  // YAML text of the value this engine runs with (Megatron's default unless
+                             // noted); for Applied: the name of our key it is another name of
   const char* note;          // why it has this status
   Src source;
 };
