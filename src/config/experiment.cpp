@@ -405,22 +405,26 @@ std::string no_effect_summary(const ExperimentConfig& cfg) {
 
 std::string argument_status_reference() {
   struct Row {
-    std::string name, status, value, note;
+    std::string name, status, value, from, note;
   };
+  auto from = [](const std::string& name) { return key_source(name); };
   std::vector<Row> rows;
-  for (const auto& k : training_keys()) rows.push_back({k.name, "applied", "", "training key (table above)"});
+  for (const auto& k : training_keys()) rows.push_back({k.name, "applied", "", from(k.name), "training key (table above)"});
   for (const auto& k : model_spec_keys())
-    if (k != "extends" && k != "description") rows.push_back({k, "applied", "", "model key ([model_math.md](model_math.md))"});
+    if (k != "extends" && k != "description")
+      rows.push_back({k, "applied", "", from(k), "model key ([model_math.md](model_math.md))"});
   for (const auto& k : foreign_keys()) {
     if (std::any_of(rows.begin(), rows.end(), [&](const Row& r) { return r.name == k.name; })) continue;
-    rows.push_back({k.name, to_string(k.status), k.status == KeyStatus::NoEffect ? "" : k.engine_value, k.note});
+    rows.push_back({k.name, to_string(k.status), k.status == KeyStatus::NoEffect ? "" : k.engine_value, from(k.name),
+                    k.note});
   }
   std::sort(rows.begin(), rows.end(), [](const Row& a, const Row& b) { return a.name < b.name; });
-  std::string out = "| key | status | accepted value | note |\n|---|---|---|---|\n";
+  std::string out = "| key | status | accepted value | from | note |\n|---|---|---|---|---|\n";
   for (const auto& r : rows) {
     std::string v = r.value;
     for (size_t i = 0; (i = v.find('|', i)) != std::string::npos; i += 2) v.replace(i, 1, "\\|");
-    out += fmt::format("| `{}` | {} | {} | {} |\n", r.name, r.status, v.empty() ? "" : "`" + v + "`", r.note);
+    out += fmt::format("| `{}` | {} | {} | {} | {} |\n", r.name, r.status, v.empty() ? "" : "`" + v + "`", r.from,
+                       r.note);
   }
   return out;
 }

@@ -1162,6 +1162,82 @@ const std::vector<ForeignKey>& foreign_keys() {
 }
 // clang-format on
 
+// Where the names of the keys we apply come from (those not listed are this engine's own).
+// clang-format off
+const std::vector<std::pair<const char*, Src>>& applied_key_sources() {
+  static const std::vector<std::pair<const char*, Src>> keys = {
+      {"adam_beta1", Src::MP},
+      {"adam_beta2", Src::MP},
+      {"adam_eps", Src::MP},
+      {"add_qkv_bias", Src::MP},
+      {"bf16", Src::MP},
+      {"clip_grad", Src::MP},
+      {"context_parallel_size", Src::MP},
+      {"data_path", Src::MP},
+      {"ddp_bucket_size", Src::MP},
+      {"decoder_first_pipeline_num_layers", Src::MP},
+      {"decoder_last_pipeline_num_layers", Src::MP},
+      {"eod_mask_loss", Src::MP},
+      {"eval_interval", Src::MP},
+      {"eval_iters", Src::MP},
+      {"expert_model_parallel_size", Src::MP},
+      {"ffn_hidden_size", Src::MP},
+      {"global_batch_size", Src::MP},
+      {"hidden_size", Src::MP},
+      {"init_method_std", Src::MP},
+      {"kv_channels", Src::MP},
+      {"load", Src::MP},
+      {"log_interval", Src::MP},
+      {"lr", Src::MP},
+      {"lr_decay_iters", Src::MP},
+      {"lr_decay_style", Src::MP},
+      {"lr_warmup_init", Src::MP},
+      {"lr_warmup_iters", Src::MP},
+      {"lr_wsd_decay_iters", Src::MP},
+      {"lr_wsd_decay_style", Src::MP},
+      {"max_position_embeddings", Src::MP},
+      {"micro_batch_size", Src::MP},
+      {"min_lr", Src::MP},
+      {"mock_data", Src::MP},
+      {"norm_epsilon", Src::P},
+      {"num_attention_heads", Src::MP},
+      {"num_layers", Src::MP},
+      {"num_query_groups", Src::MP},
+      {"overlap_grad_reduce", Src::MP},
+      {"pipeline_model_parallel_size", Src::MP},
+      {"recompute_granularity", Src::MP},
+      {"rope_scaling_factor", Src::MP},
+      {"rotary_base", Src::MP},
+      {"save", Src::MP},
+      {"save_interval", Src::MP},
+      {"seed", Src::MP},
+      {"seq_length", Src::MP},
+      {"sequence_parallel", Src::MP},
+      {"split", Src::MP},
+      {"tensor_model_parallel_size", Src::MP},
+      {"tokenizer_model", Src::MP},
+      {"tokenizer_type", Src::MP},
+      {"train_iters", Src::MP},
+      {"untie_embeddings_and_output_weights", Src::MP},
+      {"use_distributed_optimizer", Src::MP},
+      {"use_rope_scaling", Src::MP},
+      {"virtual_pipeline_model_parallel_size", Src::MP},
+      {"vocab_size", Src::MP},
+      {"weight_decay", Src::MP},
+      {"zero_bubble_max_pending_backward", Src::P},
+  };
+  return keys;
+}
+// clang-format on
+
+const char* key_source(const std::string& name) {
+  auto text = [](Src s) { return s == Src::M ? "Megatron-LM" : s == Src::P ? "Primus" : "Megatron-LM, Primus"; };
+  if (const ForeignKey* fk = find_foreign_key(name)) return text(fk->source);
+  for (const auto& [n, s] : applied_key_sources())
+    if (name == n) return text(s);
+  return "this engine";
+}
+
 const ForeignKey* find_foreign_key(const std::string& name) {
   const auto& keys = foreign_keys();
   auto it = std::lower_bound(keys.begin(), keys.end(), name,

@@ -37,6 +37,8 @@ struct ForeignKey {
 const std::vector<ForeignKey>& foreign_keys();
 // nullptr when `name` is not in the table.
 const ForeignKey* find_foreign_key(const std::string& name);
+// "Megatron-LM", "Primus", "Megatron-LM, Primus" or "this engine": where a key name comes from.
+const char* key_source(const std::string& name);
 // True when `value` leaves the engine as it is: null, the engine's value, or false for a flag
 // whose engine value is null.
 bool is_engine_value(const ForeignKey& key, const YAML::Node& value);

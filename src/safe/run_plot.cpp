@@ -1,14 +1,14 @@
 #include "safe/run_plot.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <cmath>
 #include <fstream>
 #include <limits>
 #include <map>
-#include <sstream>
-
-#include <fmt/format.h>
 #include <nlohmann/json.hpp>
+#include <sstream>
 
 #include "core/error.h"
 
@@ -32,11 +32,16 @@ RunCurves::Series to_series(const ByIter& m) {
 std::string esc(const std::string& s) {
   std::string o;
   for (char c : s) {
-    if (c == '<') o += "&lt;";
-    else if (c == '>') o += "&gt;";
-    else if (c == '&') o += "&amp;";
-    else if (c == '"') o += "&quot;";
-    else o += c;
+    if (c == '<')
+      o += "&lt;";
+    else if (c == '>')
+      o += "&gt;";
+    else if (c == '&')
+      o += "&amp;";
+    else if (c == '"')
+      o += "&quot;";
+    else
+      o += c;
   }
   return o;
 }
@@ -48,7 +53,8 @@ std::vector<double> nice_ticks(double lo, double hi, int n) {
   const double r = raw / mag;
   const double step = (r < 1.5 ? 1 : r < 3 ? 2 : r < 7 ? 5 : 10) * mag;
   std::vector<double> out;
-  for (double t = std::ceil(lo / step) * step; t <= hi + step * 1e-9; t += step) out.push_back(std::abs(t) < step * 1e-9 ? 0 : t);
+  for (double t = std::ceil(lo / step) * step; t <= hi + step * 1e-9; t += step)
+    out.push_back(std::abs(t) < step * 1e-9 ? 0 : t);
   return out;
 }
 
@@ -208,7 +214,8 @@ std::string render_run_svg(const std::vector<RunCurves>& runs) {
                           {"learning rate", &RunCurves::lr},
                           {"grad norm", &RunCurves::grad_norm},
                           {"throughput (tokens/s)", &RunCurves::tokens_per_sec}};
-  for (int i = 0; i < 4; ++i) draw_panel(o, panels[i], runs, (i % 2) * W / 2, legend_h + (i / 2) * panel_h, W / 2, panel_h);
+  for (int i = 0; i < 4; ++i)
+    draw_panel(o, panels[i], runs, (i % 2) * W / 2, legend_h + (i / 2) * panel_h, W / 2, panel_h);
   o << "</svg>\n";
   return o.str();
 }

@@ -33,7 +33,8 @@ std::vector<std::string> draw(const std::vector<std::string>& dirs, std::string 
   if (runs.empty()) return {};
   safe::label_runs(runs, with_data);
   if (out.empty()) out = dirs.size() == 1 ? (fs::path(dirs[0]) / "curves.svg").string() : "runs.svg";
-  if (!out.ends_with(".svg")) fail("--plot {}: the picture is an SVG file; name it *.svg (a PNG is written beside it)", out);
+  if (!out.ends_with(".svg"))
+    fail("--plot {}: the picture is an SVG file; name it *.svg (a PNG is written beside it)", out);
   {
     std::ofstream f(out);
     f << safe::render_run_svg(runs);
@@ -45,35 +46,38 @@ std::vector<std::string> draw(const std::vector<std::string>& dirs, std::string 
   return written;
 }
 
-TaskRegistrar reg{{"analyze", "run",
-                   "explain what happened in run folders (why they stopped, which ranks, restarts) and draw their "
-                   "loss, learning rate, grad norm and throughput curves",
-                   [](CLI::App& app) -> TaskAction {
-                     auto dirs = std::make_shared<std::vector<std::string>>();
-                     auto as_json = std::make_shared<bool>(false);
-                     auto plot = std::make_shared<std::string>();
-                     auto no_plot = std::make_shared<bool>(false);
-                     app.add_option("run_dirs", *dirs, "run folders, <workspace>/<exp_name>; several are overlaid")
-                         ->required();
-                     app.add_flag("--json", *as_json, "print the analysis as JSON (an array for several runs)");
-                     app.add_option("--plot", *plot,
-                                    "the curves' SVG file (default: <run>/curves.svg for one run, runs.svg here for "
-                                    "several); a PNG is written beside it when rsvg-convert is installed");
-                     app.add_flag("--no-plot", *no_plot, "do not draw the curves");
-                     return [dirs, as_json, plot, no_plot]() {
-                       nlohmann::json all = nlohmann::json::array();
-                       for (const auto& d : *dirs) {
-                         const auto a = safe::analyze_run(d);
-                         if (*as_json) all.push_back(safe::to_json(a));
-                         else std::cout << safe::render_text(a) << (dirs->size() > 1 ? "\n" : "");
-                       }
-                       if (*as_json) std::cout << (dirs->size() == 1 ? all[0] : all).dump(2) << "\n";
-                       if (!*no_plot)
-                         for (const auto& f : draw(*dirs, *plot, !plot->empty()))
-                           (*as_json ? std::cerr : std::cout) << "curves: " << f << "\n";
-                       return 0;
-                     };
-                   }}};
+TaskRegistrar reg{
+    {"analyze", "run",
+     "explain what happened in run folders (why they stopped, which ranks, restarts) and draw their "
+     "loss, learning rate, grad norm and throughput curves",
+     [](CLI::App& app) -> TaskAction {
+       auto dirs = std::make_shared<std::vector<std::string>>();
+       auto as_json = std::make_shared<bool>(false);
+       auto plot = std::make_shared<std::string>();
+       auto no_plot = std::make_shared<bool>(false);
+       app.add_option("run_dirs", *dirs, "run folders, <workspace>/<exp_name>; several are overlaid")->required();
+       app.add_flag("--json", *as_json, "print the analysis as JSON (an array for several runs)");
+       app.add_option("--plot", *plot,
+                      "the curves' SVG file (default: <run>/curves.svg for one run, runs.svg here for "
+                      "several); a PNG is written beside it when rsvg-convert is installed");
+       app.add_flag("--no-plot", *no_plot, "do not draw the curves (--json draws them only with --plot)");
+       return [dirs, as_json, plot, no_plot]() {
+         nlohmann::json all = nlohmann::json::array();
+         for (const auto& d : *dirs) {
+           const auto a = safe::analyze_run(d);
+           if (*as_json)
+             all.push_back(safe::to_json(a));
+           else
+             std::cout << safe::render_text(a) << (dirs->size() > 1 ? "\n" : "");
+         }
+         if (*as_json) std::cout << (dirs->size() == 1 ? all[0] : all).dump(2) << "\n";
+         // With --json the output is for programs: pictures only when asked for with --plot.
+         if (!*no_plot && (!*as_json || !plot->empty()))
+           for (const auto& f : draw(*dirs, *plot, !plot->empty()))
+             (*as_json ? std::cerr : std::cout) << "curves: " << f << "\n";
+         return 0;
+       };
+     }}};
 
 }  // namespace
 }  // namespace primus::cli

@@ -2,39 +2,29 @@
 // load, print their resolved config and train three iterations, with a tiny model forced by
 // command-line overrides in Megatron's dash spelling.
 #include <gtest/gtest.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cmath>
-#include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <string>
 
-#include <nlohmann/json.hpp>
+#include "support/run_command.h"
 
 namespace fs = std::filesystem;
+using namespace primus;
 
 namespace {
 
 const std::string kCli = PRIMUS_CLI_PATH;
 const std::string kRoot = PRIMUS_SOURCE_DIR;
 
-struct Result {
-  int code;
-  std::string out;
-};
-
-Result run(const std::string& args) {
-  const std::string cmd = "env -u PRIMUS_WORKSPACE -u PRIMUS_EXP_NAME OMPI_ALLOW_RUN_AS_ROOT=1 "
-                          "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 '" + kCli + "' " + args + " 2>&1";
-  FILE* p = popen(cmd.c_str(), "r");
-  std::string out;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
-  const int st = pclose(p);
-  return {WIFEXITED(st) ? WEXITSTATUS(st) : 128, out};
+test::CommandResult run(const std::string& args) {
+  return test::run_command(
+      "env -u PRIMUS_WORKSPACE -u PRIMUS_EXP_NAME OMPI_ALLOW_RUN_AS_ROOT=1 "
+      "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 '" +
+      kCli + "' " + args + " 2>&1");
 }
 
 // A model of 2 layers of 64 over 512 tokens, 32 positions: seconds on a CPU.
@@ -50,8 +40,8 @@ TEST_P(PrimusConfigs, LoadPrintAndTrainThreeIterations) {
   const fs::path ws = fs::temp_directory_path() / ("primus-configs-" + std::to_string(::getpid()));
   fs::remove_all(ws);
 
-  const Result printed = run("direct --workspace " + ws.string() + " -- train pretrain --config " + config + kTiny +
-                             " --print-config");
+  const test::CommandResult printed =
+      run("direct --workspace " + ws.string() + " -- train pretrain --config " + config + kTiny + " --print-config");
   ASSERT_EQ(printed.code, 0) << printed.out;
   // The no-effect keys are listed, the forced tiny model and the Primus keys we apply are resolved.
   EXPECT_NE(printed.out.find("# accepted with no effect on this engine:"), std::string::npos) << printed.out;
@@ -63,7 +53,8 @@ TEST_P(PrimusConfigs, LoadPrintAndTrainThreeIterations) {
   EXPECT_NE(printed.out.find("lr_decay_style: cosine"), std::string::npos) << printed.out;
   EXPECT_NE(printed.out.find("adam_beta2: 0.9"), std::string::npos) << printed.out;
 
-  const Result trained = run("direct --workspace " + ws.string() + " -- train pretrain --config " + config + kTiny);
+  const test::CommandResult trained =
+      run("direct --workspace " + ws.string() + " -- train pretrain --config " + config + kTiny);
   ASSERT_EQ(trained.code, 0) << trained.out;
   EXPECT_NE(trained.out.find("accepted with no effect on this engine (14 keys)"), std::string::npos) << trained.out;
   // One run folder under the workspace, with three logged iterations of a finite loss.
@@ -93,8 +84,8 @@ TEST(PrimusConfigsEod, MaskChangesTheLoss) {
   auto first_loss = [&](const std::string& mask) {
     const fs::path ws = fs::temp_directory_path() / ("primus-eod-" + std::to_string(::getpid()) + mask);
     fs::remove_all(ws);
-    const Result r = run("direct --workspace " + ws.string() + " -- train pretrain --config " + config + kTiny +
-                         " --vocab-size 4 --bf16 false --eod-mask-loss " + mask);
+    const test::CommandResult r = run("direct --workspace " + ws.string() + " -- train pretrain --config " + config +
+                                      kTiny + " --vocab-size 4 --bf16 false --eod-mask-loss " + mask);
     EXPECT_EQ(r.code, 0) << r.out;
     std::ifstream in(ws / "llama2_7B-pretrain" / "metrics.jsonl");
     std::string line;

@@ -1,7 +1,6 @@
 // Issue 18: Megatron-LM and Primus argument names in experiment configs: applied, accepted with no
 // effect (listed), or an error naming the key; `config: pre_trainer.yaml`; null as unset.
 #include <gtest/gtest.h>
-
 #include <unistd.h>
 
 #include <filesystem>
@@ -12,6 +11,7 @@
 #include "config/foreign_keys.h"
 #include "core/error.h"
 #include "model/model_spec.h"
+#include "support/temp_dir.h"
 
 namespace fs = std::filesystem;
 using namespace primus;
@@ -19,19 +19,8 @@ using namespace primus::config;
 
 namespace {
 
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    path = fs::temp_directory_path() / fs::path("primus_mk_" + std::to_string(::getpid()) + "_" +
-                                                ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(path);
-    fs::create_directories(path);
-  }
-  ~TempDir() { fs::remove_all(path); }
-  std::string write(const std::string& name, const std::string& text) const {
-    std::ofstream(path / name) << text;
-    return (path / name).string();
-  }
+struct TempDir : test::TempDir {
+  TempDir() : test::TempDir("primus_mk_") {}
 };
 
 // A Primus-shaped experiment with extra override lines.
@@ -71,6 +60,9 @@ TEST(MegatronKeys, TableIsSortedUniqueAndLeavesOurKeysToUs) {
   for (const char* name : {"finetune", "swiglu", "normalization", "num_experts", "fp8", "train_data_path"})
     ASSERT_TRUE(find_foreign_key(name) && find_foreign_key(name)->status == KeyStatus::NotSupported) << name;
   EXPECT_EQ(find_foreign_key("no_such_key"), nullptr);
+  EXPECT_STREQ(key_source("micro_batch_size"), "Megatron-LM, Primus");
+  EXPECT_STREQ(key_source("enable_primus_turbo"), "Primus");
+  EXPECT_STREQ(key_source("pipeline_balance"), "this engine");
 }
 
 TEST(MegatronKeys, NoEffectKeysAreAcceptedAndListed) {
@@ -140,8 +132,10 @@ TEST(MegatronKeys, NullMeansUnset) {
 TEST(MegatronKeys, DashSpellingAndFlagsOnTheCommandLine) {
   TempDir d;
   auto f = d.write("c.yaml", experiment(""));
-  auto cfg = load_experiment(f, {{"micro-batch-size", "4"}, {"global-batch-size", "8"},
-                                 {"use-distributed-optimizer", "true"}, {"num-layers", "3"},
+  auto cfg = load_experiment(f, {{"micro-batch-size", "4"},
+                                 {"global-batch-size", "8"},
+                                 {"use-distributed-optimizer", "true"},
+                                 {"num-layers", "3"},
                                  {"wandb-project", "x"}});
   EXPECT_EQ(cfg.train.micro_batch_size, 4);
   EXPECT_EQ(cfg.train.global_batch_size, 8);
@@ -155,8 +149,9 @@ TEST(MegatronKeys, MegatronDestNamesAreAliases) {
   TempDir d;
   auto f = d.write("a.yaml", experiment("      layernorm_epsilon: 1.0e-6\n"));
   EXPECT_DOUBLE_EQ(load_experiment(f).model_spec.norm_epsilon, 1e-6);
-  EXPECT_DOUBLE_EQ(load_experiment(d.write("b.yaml", experiment("")), {{"layernorm-epsilon", "3e-6"}}).model_spec.norm_epsilon,
-                   3e-6);
+  EXPECT_DOUBLE_EQ(
+      load_experiment(d.write("b.yaml", experiment("")), {{"layernorm-epsilon", "3e-6"}}).model_spec.norm_epsilon,
+      3e-6);
 }
 
 TEST(MegatronKeys, FlagsAsZeroAndOne) {
@@ -183,8 +178,9 @@ TEST(MegatronKeys, ModuleConfigGivesDefaultsThatOverridesBeat) {
   EXPECT_EQ(cfg.train.lr_decay_style, "cosine");
   EXPECT_DOUBLE_EQ(cfg.train.weight_decay, 0.0);
   EXPECT_EQ(cfg.train.global_batch_size, 16);
-  EXPECT_NE(cfg.tree.origin("modules.pre_trainer.overrides.lr_warmup_iters").file.find("configs/modules/pre_trainer.yaml"),
-            std::string::npos);
+  EXPECT_NE(
+      cfg.tree.origin("modules.pre_trainer.overrides.lr_warmup_iters").file.find("configs/modules/pre_trainer.yaml"),
+      std::string::npos);
   // A module config beside the experiment is taken first.
   d.write("my_module.yaml", "lr_warmup_iters: 3\nwandb_project: p\n");
   auto g = d.write("g.yaml", experiment("", "my_module.yaml"));

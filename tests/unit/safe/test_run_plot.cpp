@@ -1,16 +1,14 @@
 // Issue 18: `analyze run` pictures: curves read from metrics.jsonl (last row per iteration wins),
 // several runs overlaid in one SVG, PNG through rsvg-convert, and the CLI writing both.
 #include <gtest/gtest.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
-#include <cstdio>
 #include <filesystem>
 #include <fstream>
-#include <regex>
 
 #include "core/error.h"
 #include "safe/run_plot.h"
+#include "support/run_command.h"
 
 namespace fs = std::filesystem;
 using namespace primus;
@@ -52,8 +50,8 @@ TEST(RunPlot, ReadsCurvesLastRowWins) {
   Runs runs;
   const RunCurves c = read_run_curves(runs.run(0));
   EXPECT_EQ(c.label, "run0");
-  ASSERT_EQ(c.loss.x.size(), 40u);  // one value per iteration
-  EXPECT_DOUBLE_EQ(c.loss.y[18], 1.5);    // iteration 19: the resumed run's row
+  ASSERT_EQ(c.loss.x.size(), 40u);      // one value per iteration
+  EXPECT_DOUBLE_EQ(c.loss.y[18], 1.5);  // iteration 19: the resumed run's row
   EXPECT_DOUBLE_EQ(c.loss.y[20], 7.0 - 0.05 * 21);
   ASSERT_EQ(c.eval_loss.x.size(), 4u);
   EXPECT_DOUBLE_EQ(c.eval_loss.x[3], 40);
@@ -87,12 +85,8 @@ TEST(RunPlot, CliWritesSvgAndPng) {
   const fs::path out = runs.root / "both.svg";
   const std::string cmd = std::string("'") + PRIMUS_CLI_PATH + "' direct -- analyze run " + runs.run(0).string() + " " +
                           runs.run(1).string() + " --plot " + out.string() + " 2>&1";
-  FILE* p = popen(cmd.c_str(), "r");
-  std::string text;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof buf, p)) > 0) text.append(buf, n);
-  ASSERT_EQ(WEXITSTATUS(pclose(p)), 0) << text;
+  const auto [code, text] = test::run_command(cmd);
+  ASSERT_EQ(code, 0) << text;
   ASSERT_TRUE(fs::exists(out)) << text;
   EXPECT_NE(text.find("curves: " + out.string()), std::string::npos) << text;
   if (std::system("command -v rsvg-convert >/dev/null 2>&1") != 0) GTEST_SKIP() << "no rsvg-convert: SVG only";
