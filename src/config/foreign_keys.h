@@ -9,7 +9,8 @@
 //
 // The keys we apply are the training keys (config/experiment.h) and the model keys
 // (model/model_spec.h); a name there wins over an entry here, so that implementing a key only
-// needs it added there (and its line here deleted). One entry per line, sorted by name.
+// needs it added there (its line here is then ignored; delete it when convenient). One entry per
+// line, sorted by name.
 #pragma once
 
 #include <string>
