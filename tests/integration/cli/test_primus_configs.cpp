@@ -100,6 +100,27 @@ TEST(PrimusConfigsEod, MaskChangesTheLoss) {
   EXPECT_NEAR(masked, std::log(4.0), 0.2);  // still a loss over the other tokens
 }
 
+// On two ranks the no-effect keys are listed once, and an unsupported key is one error, not one per rank.
+TEST(PrimusConfigsRanks, ListedOnceAndRefusedOnce) {
+  const std::string config = kRoot + "/tests/integration/primus_configs/llama3.1_8B-BF16-pretrain.yaml";
+  const fs::path ws = fs::temp_directory_path() / ("primus-ranks-" + std::to_string(::getpid()));
+  fs::remove_all(ws);
+  auto count = [](const std::string& text, const std::string& what) {
+    size_t n = 0;
+    for (size_t i = text.find(what); i != std::string::npos; i = text.find(what, i + 1)) ++n;
+    return n;
+  };
+  const auto ok = run("direct --nproc 2 --workspace " + ws.string() + " -- train pretrain --config " + config + kTiny +
+                      " --use-distributed-optimizer");
+  ASSERT_EQ(ok.code, 0) << ok.out;
+  EXPECT_EQ(count(ok.out, "accepted with no effect on this engine"), 1u) << ok.out;
+  const auto bad = run("direct --nproc 2 --workspace " + ws.string() + " -- train pretrain --config " + config + kTiny +
+                       " --normalization LayerNorm");
+  EXPECT_NE(bad.code, 0);
+  EXPECT_EQ(count(bad.out, "'normalization' is not supported"), 1u) << bad.out;
+  fs::remove_all(ws);
+}
+
 INSTANTIATE_TEST_SUITE_P(Examples, PrimusConfigs,
                          ::testing::Values("llama3.1_8B-BF16-pretrain", "llama2_7B-BF16-pretrain",
                                            "qwen2.5_7B-BF16-pretrain"),
