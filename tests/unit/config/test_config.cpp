@@ -8,6 +8,7 @@
 
 #include "config/experiment.h"
 #include "core/error.h"
+#include "support/error_of.h"
 #include "support/temp_dir.h"
 
 namespace fs = std::filesystem;
@@ -35,14 +36,7 @@ modules:
       mock_data: true
 )";
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
+using test::error_of;
 
 }  // namespace
 

@@ -11,6 +11,7 @@
 #include "config/foreign_keys.h"
 #include "core/error.h"
 #include "model/model_spec.h"
+#include "support/error_of.h"
 #include "support/temp_dir.h"
 
 namespace fs = std::filesystem;
@@ -30,14 +31,7 @@ std::string experiment(const std::string& extra, const std::string& module_confi
          "    model: tiny\n    overrides:\n      train_iters: 4\n      mock_data: true\n" + extra;
 }
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
+using test::error_of;
 
 }  // namespace
 
