@@ -4,6 +4,7 @@
 // iteration's loss must be within 1e-5 relative of the one-process run and the final weights,
 // read back from the checkpoint into one process (which reshards them), close to its weights.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <nlohmann/json.hpp>
 
@@ -58,8 +59,10 @@ struct Result {
 class Distributed : public ::testing::Test {
  protected:
   void SetUp() override {
+    // Per process: two suites running at once (two build folders) must not share run folders.
     dir_ = fs::temp_directory_path() /
-           ("primus_dist_" + std::string(::testing::UnitTest::GetInstance()->current_test_info()->name()));
+           ("primus_dist_" + std::to_string(::getpid()) + "_" +
+            std::string(::testing::UnitTest::GetInstance()->current_test_info()->name()));
     fs::remove_all(dir_);
     fs::create_directories(dir_);
     std::ofstream(dir_ / "exp.yaml") << kConfig;
