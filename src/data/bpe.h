@@ -85,6 +85,16 @@ class BytePairEncoder {
 
   // Appends the ids of one pre-tokenized piece.
   void encode_piece(std::string_view piece, std::vector<int32_t>& out) const;
+  // SentencePiece-style BPE (a tokenizer.json whose vocabulary is text, not bytes: Llama 2, Mistral,
+  // Gemma): the piece starts as one symbol per UTF-8 character; a character outside the vocabulary
+  // becomes the <0xXX> tokens of its bytes (byte_fallback), else `unk` (consecutive ones fused into
+  // one with fuse_unk). Then the same merges.
+  struct CharFallback {
+    bool byte_fallback = false;
+    int32_t unk = -1;
+    bool fuse_unk = false;
+  };
+  void encode_chars(std::string_view piece, const CharFallback& fb, std::vector<int32_t>& out) const;
   const std::string& bytes_of(int32_t id) const { return token_bytes_[id]; }
   int32_t id_of(std::string_view bytes) const;  // -1 when absent
   size_t size() const { return token_bytes_.size(); }
@@ -115,6 +125,7 @@ class BytePairEncoder {
   int32_t find_bytes(std::string_view s) const;
   void merge_small(std::vector<int32_t>& sym) const;
   void merge_large(std::vector<int32_t>& sym) const;
+  void merge(std::vector<int32_t>& sym) const { sym.size() <= 64 ? merge_small(sym) : merge_large(sym); }
 
   // Open-addressing tables: the encode loop's lookups are cache misses, and a probe into a flat array
   // costs one where a node-based std::unordered_map costs about three (measured: 44% of encode time).
