@@ -224,3 +224,54 @@ TEST(HfCheckpoint, UnsupportedModelsAreRefusedByName) {
   // One layer fewer in the config: the last layer's tensors are left over and named.
   EXPECT_NE(import_with([](json& c) { c["num_hidden_layers"] = 1; }).find("model.layers.1."), std::string::npos);
 }
+
+// The commands: import a Hugging Face folder with its tokenizer.json, sample from it with
+// `generate`, export it again; bad input is one clear error and a non-zero exit.
+TEST(HfCheckpoint, CommandLine) {
+  TempDir t;
+  const std::string cli = PRIMUS_CLI_PATH;
+  peer_write(t / "src", "tiny", "BF16", 5'000'000'000);
+  // A byte-level tokenizer.json over the first 256 ids (each byte its own token, no merges).
+  nlohmann::json vocab = nlohmann::json::object();
+  {
+    // GPT-2's byte-to-character table: printable bytes stand for themselves, the others from U+0100.
+    int n = 0;
+    for (int b = 0; b < 256; ++b) {
+      const bool direct = (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE);
+      const uint32_t cp = direct ? uint32_t(b) : uint32_t(256 + n++);
+      std::string u;
+      if (cp < 0x80) u += char(cp);
+      else u += char(0xC0 | (cp >> 6)), u += char(0x80 | (cp & 0x3F));
+      vocab[u] = b;
+    }
+  }
+  const nlohmann::json tok = {{"model", {{"type", "BPE"}, {"vocab", vocab}, {"merges", nlohmann::json::array()}}},
+                              {"pre_tokenizer", {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", true}}},
+                              {"decoder", {{"type", "ByteLevel"}}},
+                              {"added_tokens", nlohmann::json::array()}};
+  std::ofstream(t / "src/tokenizer.json") << tok.dump();
+  auto r = test::run_command(fmt::format("cd {} && {} direct -- checkpoint import --hf {} --save {} 2>&1", t.path.string(),
+                                         cli, t / "src", t / "ckpt"));
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("iter_0000000"), std::string::npos) << r.out;
+  r = test::run_command(fmt::format("cd {} && {} direct -- generate --load {} --prompt 'hello' --max-new-tokens 8 "
+                                    "--temperature 0 2>&1", t.path.string(), cli, t / "ckpt"));
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("hello"), std::string::npos) << r.out;
+  r = test::run_command(fmt::format("cd {} && {} direct -- checkpoint export --load {} --output {} --dtype BF16 2>&1",
+                                    t.path.string(), cli, t / "ckpt", t / "out"));
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_TRUE(fs::exists(fs::path(t / "out") / "tokenizer.json"));  // the folder is whole with its tokenizer
+  hf::SafetensorsReader a(t / "src"), b(t / "out");
+  EXPECT_EQ(a.raw("model.layers.1.mlp.down_proj.weight"), b.raw("model.layers.1.mlp.down_proj.weight"));
+
+  r = test::run_command(fmt::format("cd {} && {} direct -- checkpoint import --hf {} --save {} 2>&1", t.path.string(),
+                                    cli, t / "nowhere", t / "ckpt2"));
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.out.find("nowhere/config.json"), std::string::npos) << r.out;
+  EXPECT_FALSE(fs::exists(t / "ckpt2/iter_0000000"));
+  r = test::run_command(fmt::format("cd {} && {} direct -- checkpoint export --load {} --output {} 2>&1",
+                                    t.path.string(), cli, t / "nowhere", t / "out2"));
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.out.find("does not exist"), std::string::npos) << r.out;
+}
