@@ -275,3 +275,33 @@ TEST(HfCheckpoint, CommandLine) {
   EXPECT_NE(r.code, 0);
   EXPECT_NE(r.out.find("does not exist"), std::string::npos) << r.out;
 }
+
+// Mistral: Llama's names; a sliding window shorter than the context caps the model's length there
+// (where it equals full attention). Export as Mistral writes Mistral's config.
+TEST(HfCheckpoint, MistralSlidingWindowCapsTheLength) {
+  TempDir t;
+  peer_write(t / "src", "tiny", "F32", 5'000'000'000);
+  json c;
+  {
+    std::ifstream f(t / "src/config.json");
+    c = json::parse(f);
+  }
+  c["architectures"] = {"MistralForCausalLM"};
+  c["model_type"] = "mistral";
+  c["sliding_window"] = 64;
+  std::ofstream(t / "src/config.json") << c.dump();
+  const std::string ckpt = hf::import_hf({t / "src", t / "save", "", false});
+  const YAML::Node cfg = YAML::Load(train::read_checkpoint_config(ckpt));
+  EXPECT_EQ(cfg["modules"]["pre_trainer"]["model_spec"]["max_position_embeddings"].as<int64_t>(), 64);
+  hf::ExportOptions eo;
+  eo.checkpoint = ckpt;
+  eo.out_dir = t / "out";
+  eo.architecture = "MistralForCausalLM";
+  hf::export_hf(eo);
+  std::ifstream f(t / "out/config.json");
+  const json out = json::parse(f);
+  EXPECT_EQ(out["model_type"], "mistral");
+  EXPECT_EQ(out["max_position_embeddings"], 64);
+  eo.architecture = "Qwen2ForCausalLM";  // no QKV biases: not a Qwen2 model
+  EXPECT_NE(error_of([&] { hf::export_hf(eo); }).find("LlamaForCausalLM"), std::string::npos);
+}
