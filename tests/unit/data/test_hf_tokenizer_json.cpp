@@ -8,6 +8,7 @@
 #include "core/error.h"
 #include "data/normalizer.h"
 #include "data/tokenizer.h"
+#include "support/error_of.h"
 #include "test_util.h"
 
 namespace primus::data {
@@ -59,12 +60,7 @@ std::unique_ptr<Tokenizer> load(const json& j) {
 }
 
 std::string load_error(const json& j) {
-  try {
-    load(j);
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(loaded)";
+  return test::error_of([&] { load(j); });
 }
 
 TEST(HfTokenizerJson, SentencePieceStyleBpeWithByteFallback) {
@@ -91,14 +87,7 @@ TEST(HfTokenizerJson, WithoutByteFallbackUnknownCharactersAreUnk) {
   j["model"]["fuse_unk"] = false;
   EXPECT_EQ(load(j)->encode("hAA"), (Ids{1, 11, 0, 0}));
   j["model"]["unk_token"] = nullptr;
-  const std::string e = [&] {
-    try {
-      load(j)->encode("hA");
-    } catch (const Error& err) {
-      return std::string(err.what());
-    }
-    return std::string("(no error)");
-  }();
+  const std::string e = test::error_of([&] { load(j)->encode("hA"); });
   EXPECT_NE(e.find("no unknown token"), std::string::npos) << e;
 }
 

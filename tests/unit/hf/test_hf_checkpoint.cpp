@@ -12,6 +12,7 @@
 #include <yaml-cpp/yaml.h>
 
 #include "core/error.h"
+#include "support/error_of.h"
 #include "hf/hf_checkpoint.h"
 #include "hf/safetensors.h"
 #include "kernels/cpu/cpu_backend.h"
@@ -27,6 +28,8 @@ using json = nlohmann::json;
 using namespace primus;
 
 namespace {
+
+using test::error_of;
 
 const std::string kPeer = std::string(PRIMUS_SOURCE_DIR) + "/tests/oracles/hf_llama_peer.py";
 
@@ -92,15 +95,6 @@ void expect_close(const std::vector<std::vector<float>>& a, const std::vector<st
   }
   EXPECT_GT(scale, 0.05);  // logits that say something
   EXPECT_LT(worst, 2e-5 * std::max(1.0, scale)) << "largest logit difference " << worst << " (largest logit " << scale << ")";
-}
-
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
 }
 
 const std::vector<int32_t> kTokens = {1, 17, 200, 3, 3, 255, 42, 0, 99, 128, 7, 64};

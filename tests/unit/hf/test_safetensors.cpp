@@ -3,7 +3,10 @@
 #include <filesystem>
 #include <fstream>
 
+#include <fmt/format.h>
+
 #include "core/error.h"
+#include "support/error_of.h"
 #include "hf/safetensors.h"
 
 namespace fs = std::filesystem;
@@ -12,20 +15,13 @@ using namespace primus::hf;
 
 namespace {
 
+using test::error_of;
+
 fs::path fresh_dir(const std::string& name) {
   const fs::path d = fs::temp_directory_path() / ("primus_st_" + std::to_string(::getpid()) + "_" + name);
   fs::remove_all(d);
   fs::create_directories(d);
   return d;
-}
-
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
 }
 
 // A file from its parts: header length, header, data.
@@ -60,12 +56,12 @@ TEST(Safetensors, ReadsAHandBuiltFile) {
 
 TEST(Safetensors, WriteThenReadSingleAndSharded) {
   for (uint64_t shard : {uint64_t(1) << 30, uint64_t(100)}) {
-    const fs::path d = fresh_dir("rw" + std::to_string(shard));
+    const fs::path d = fresh_dir(fmt::format("rw{}", shard));
     std::vector<TensorOut> ts;
     for (int i = 0; i < 5; ++i) {
       std::vector<float> v(size_t(10 + i));
       for (size_t k = 0; k < v.size(); ++k) v[k] = float(i) + 0.001f * float(k);
-      ts.push_back({"t" + std::to_string(i), i % 2 ? "BF16" : "F32", {int64_t(v.size())}, f32_to_bytes(v, i % 2 ? "BF16" : "F32")});
+      ts.push_back({fmt::format("t{}", i), i % 2 ? "BF16" : "F32", {int64_t(v.size())}, f32_to_bytes(v, i % 2 ? "BF16" : "F32")});
     }
     auto files = write_safetensors(d.string(), ts, shard);
     const bool sharded = shard < 1000;
