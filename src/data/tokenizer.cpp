@@ -4,10 +4,8 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
-#include <iostream>
 #include <limits>
 #include <map>
-#include <mutex>
 #include <sstream>
 
 #include <fmt/format.h>
@@ -351,8 +349,8 @@ std::unique_ptr<Tokenizer> build_hf(const TokenizerOptions& o) {
     const json& model = j.at("model");
     std::string mtype = model.value("type", "BPE");
     if (mtype != "BPE")
-      fail("tokenizer file '{}': model type '{}' is not supported (byte-level BPE only; use a SentencePiece .model "
-           "with GPTSentencePieceTokenizer)", where, mtype);
+      fail("tokenizer file '{}': model type '{}' is not supported (BPE only; for a SentencePiece .model use "
+           "GPTSentencePieceTokenizer)", where, mtype);
     ignore_merges = model.value("ignore_merges", false);
     for (const char* k : {"continuing_subword_prefix", "end_of_word_suffix"})
       if (model.contains(k) && model[k].is_string() && !model[k].get<std::string>().empty())
@@ -372,7 +370,8 @@ std::unique_ptr<Tokenizer> build_hf(const TokenizerOptions& o) {
       }
       return false;
     };
-    cfg.char_level = !has_byte_level(j.value("pre_tokenizer", json())) && !has_byte_level(j.value("decoder", json()));
+    cfg.char_level =
+        !has_byte_level(j.value("pre_tokenizer", json())) && !has_byte_level(j.value("decoder", json()));
 
     // Byte-level vocabulary: each character stands for one byte.
     auto b2u = bytes_to_unicode();
@@ -418,7 +417,8 @@ std::unique_ptr<Tokenizer> build_hf(const TokenizerOptions& o) {
       cfg.fallback.fuse_unk = model.value("fuse_unk", false);
       if (model.contains("unk_token") && model["unk_token"].is_string()) {
         auto u = vocab.find(model["unk_token"].get<std::string>());
-        if (u == vocab.end()) fail("tokenizer file '{}': unk_token '{}' is not in the vocabulary", where, model["unk_token"].get<std::string>());
+        if (u == vocab.end())
+          fail("tokenizer file '{}': unk_token '{}' is not in the vocabulary", where, model["unk_token"].get<std::string>());
         cfg.fallback.unk = u->second;
       }
     }
@@ -459,7 +459,8 @@ std::unique_ptr<Tokenizer> build_hf(const TokenizerOptions& o) {
     for (const auto& t : j.value("added_tokens", json::array())) {
       for (const char* k : {"lstrip", "rstrip", "single_word"})
         if (t.value(k, false))
-          fail("tokenizer file '{}': added token {} has {} true, which is not supported", where, t.at("content").dump(), k);
+          fail("tokenizer file '{}': added token {} has {} true, which is not supported", where,
+               t.at("content").dump(), k);
       if (t.value("normalized", false) && !cfg.normalizer.identity())
         fail("tokenizer file '{}': added token {} is matched after normalization, which is not supported", where,
              t.at("content").dump());
@@ -467,6 +468,7 @@ std::unique_ptr<Tokenizer> build_hf(const TokenizerOptions& o) {
 
     // Pre-tokenizer: Split(regex) steps, ByteLevel (whose use_regex means GPT-2's regex) and
     // Metaspace, applied in order.
+    using Step = BpeTokenizer::PreStep;
     std::function<void(const json&)> pre = [&](const json& p) {
       if (p.is_null()) return;
       std::string t = p.value("type", "");
@@ -477,22 +479,22 @@ std::unique_ptr<Tokenizer> build_hf(const TokenizerOptions& o) {
         std::string behavior = p.value("behavior", "Isolated");
         if (behavior != "Isolated" || p.value("invert", false))
           fail("tokenizer file '{}': Split behavior '{}' is not supported (Isolated)", where, behavior);
-        if (pat.contains("Regex")) cfg.pre.push_back(BpeTokenizer::PreStep::of(BpeTokenizer::PreStep::Regex, pat["Regex"].get<std::string>()));
+        if (pat.contains("Regex")) cfg.pre.push_back(Step::of(Step::Regex, pat["Regex"].get<std::string>()));
         else if (pat.contains("String"))  // a literal: quoted for PCRE2
-          cfg.pre.push_back(BpeTokenizer::PreStep::of(BpeTokenizer::PreStep::Regex, "\\Q" + pat["String"].get<std::string>() + "\\E"));
+          cfg.pre.push_back(Step::of(Step::Regex, "\\Q" + pat["String"].get<std::string>() + "\\E"));
         else fail("tokenizer file '{}': Split has neither a Regex nor a String pattern", where);
       } else if (t == "ByteLevel") {
-        if (p.value("add_prefix_space", false)) cfg.pre.push_back(BpeTokenizer::PreStep::of(BpeTokenizer::PreStep::PrefixSpace));
-        if (p.value("use_regex", true)) cfg.pre.push_back(BpeTokenizer::PreStep::of(BpeTokenizer::PreStep::Regex, known_tiktoken_pattern("gpt2")));
+        if (p.value("add_prefix_space", false)) cfg.pre.push_back(Step::of(Step::PrefixSpace));
+        if (p.value("use_regex", true)) cfg.pre.push_back(Step::of(Step::Regex, known_tiktoken_pattern("gpt2")));
       } else if (t == "Metaspace") {
-        BpeTokenizer::PreStep st = BpeTokenizer::PreStep::of(BpeTokenizer::PreStep::Metaspace);
+        Step st = Step::of(Step::Metaspace);
         st.replacement = p.value("replacement", "\u2581");
         // Older files say add_prefix_space (false: never), newer ones prepend_scheme; the HF library
         // lets an explicit false win.
         std::string scheme = p.value("add_prefix_space", true) ? p.value("prepend_scheme", "always") : "never";
-        if (scheme == "always") st.prepend = BpeTokenizer::PreStep::Always;
-        else if (scheme == "first") st.prepend = BpeTokenizer::PreStep::First;
-        else if (scheme == "never") st.prepend = BpeTokenizer::PreStep::Never;
+        if (scheme == "always") st.prepend = Step::Always;
+        else if (scheme == "first") st.prepend = Step::First;
+        else if (scheme == "never") st.prepend = Step::Never;
         else fail("tokenizer file '{}': Metaspace prepend_scheme '{}' is unknown (always, first, never)", where, scheme);
         st.split = p.value("split", true);
         if (st.replacement.empty()) fail("tokenizer file '{}': Metaspace has an empty replacement", where);
