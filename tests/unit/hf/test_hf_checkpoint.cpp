@@ -299,3 +299,46 @@ TEST(HfCheckpoint, MistralSlidingWindowCapsTheLength) {
   eo.architecture = "Qwen2ForCausalLM";  // no QKV biases: not a Qwen2 model
   EXPECT_NE(error_of([&] { hf::export_hf(eo); }).find("LlamaForCausalLM"), std::string::npos);
 }
+
+// An imported checkpoint loads into any parallel layout: trained from under tp 2 on two ranks
+// (mpirun through `direct --nproc 2`), it gives the one-process run's losses.
+TEST(HfCheckpoint, ImportedCheckpointTrainsUnderTensorParallel) {
+  TempDir t;
+  const std::string cli = PRIMUS_CLI_PATH;
+  peer_write(t / "src", "tiny", "BF16", 5'000'000'000);
+  hf::import_hf({t / "src", t / "ckpt", "", false});
+  std::ofstream(t / "exp.yaml") << "exp_name: one\nworkspace: " << (t / "ws") << R"(
+modules:
+  pre_trainer:
+    model: tiny
+    overrides:
+      micro_batch_size: 2
+      global_batch_size: 4
+      seq_length: 32
+      train_iters: 3
+      mock_data: true
+      log_interval: 1
+      eval_interval: 0
+      pretrained_checkpoint: )" << (t / "ckpt") << "\n";
+  auto losses = [&](const std::string& name) {
+    std::vector<double> out;
+    std::ifstream m(fs::path(t / "ws") / name / "metrics.jsonl");
+    for (std::string line; std::getline(m, line);) {
+      const json j = json::parse(line);
+      if (j.contains("lm_loss")) out.push_back(j["lm_loss"].get<double>());
+    }
+    return out;
+  };
+  const std::string env = "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1";
+  auto r = test::run_command(fmt::format("cd {} && {} {} direct -- train pretrain --config exp.yaml 2>&1",
+                                         t.path.string(), env, cli));
+  ASSERT_EQ(r.code, 0) << r.out;
+  r = test::run_command(fmt::format("cd {} && {} {} direct --nproc 2 -- train pretrain --config exp.yaml --exp_name tp2 "
+                                    "--tensor_model_parallel_size 2 2>&1",
+                                    t.path.string(), env, cli));
+  ASSERT_EQ(r.code, 0) << r.out;
+  const auto one = losses("one"), tp2 = losses("tp2");
+  ASSERT_EQ(one.size(), 3u);
+  ASSERT_EQ(tp2.size(), 3u);
+  for (size_t i = 0; i < 3; ++i) EXPECT_NEAR(tp2[i], one[i], 1e-5 * one[i]) << "step " << i + 1;
+}
