@@ -91,6 +91,24 @@ std::vector<std::vector<int32_t>> oracle_encode(const fs::path& models, const st
   return parse_id_lines(slurp(dir / "ids.txt"));
 }
 
+// The oracle's decoding of each id list (special tokens kept, no clean-up of spaces).
+std::vector<std::string> oracle_decode(const fs::path& models, const std::vector<std::vector<int32_t>>& ids,
+                                       const fs::path& dir) {
+  std::string in;
+  for (const auto& v : ids) in += fmt::format("{}\n", fmt::join(v, " "));
+  spit(dir / "ids_in.txt", in);
+  std::string out;
+  int rc = run(fmt::format("node '{}' decode '{}' < '{}' > '{}'", (kOracles / "hf_tokenizer_oracle.js").string(),
+                           models.string(), (dir / "ids_in.txt").string(), (dir / "texts.jsonl").string()),
+               out);
+  EXPECT_EQ(rc, 0) << out << [&] { const std::string e = slurp(dir / "texts.jsonl"); return e.substr(e.size() > 1500 ? e.size() - 1500 : 0); }();
+  if (rc != 0) return {};
+  std::vector<std::string> texts;
+  std::istringstream ss(slurp(dir / "texts.jsonl"));
+  for (std::string line; std::getline(ss, line);) texts.push_back(json::parse(line).get<std::string>());
+  return texts;
+}
+
 // A tokenizer folder made from a package's files with the tokenizer.json edited by `edit`.
 fs::path edited_copy(const std::string& package, const std::function<void(json&)>& edit, const fs::path& dir) {
   const fs::path src = package_models(package);
@@ -130,6 +148,17 @@ TEST_P(HfTokenizerOracle, IdenticalToTransformersJs) {
                     << fmt::format("{}", fmt::join(want[i], " "));
   }
   EXPECT_EQ(mismatches, 0u) << "of " << lines.size() << " lines";
+  // Decoding the same ids back to text.
+  const auto texts = oracle_decode(models, want, dir);
+  ASSERT_EQ(texts.size(), want.size());
+  size_t decode_mismatches = 0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    const std::string got = tok->decode(want[i]);
+    if (got != texts[i] && ++decode_mismatches <= 5)
+      ADD_FAILURE() << "decoding line " << i << "\n  ours:            " << json(got).dump()
+                    << "\n  transformers.js: " << json(texts[i]).dump();
+  }
+  EXPECT_EQ(decode_mismatches, 0u) << "of " << want.size() << " lines";
 }
 
 INSTANTIATE_TEST_SUITE_P(
