@@ -10,6 +10,7 @@
 
 #include "core/error.h"
 #include "core/log.h"
+#include "data/tokenizer.h"
 #include "hf/safetensors.h"
 #include "model/param_store.h"
 #include "train/checkpoint.h"
@@ -240,6 +241,14 @@ std::string import_hf(const ImportOptions& o) {
   std::error_code ec;
   if (tok.empty() && fs::exists(dir / "tokenizer.json", ec)) tok = o.hf_dir;
   if (!tok.empty()) {
+    // Read it now: a tokenizer that does not load, or whose ids exceed the model's vocabulary, is an
+    // import error rather than a surprise in `generate` or training.
+    data::TokenizerOptions to;
+    to.type = "HuggingFaceTokenizer";
+    to.model = tok;
+    const auto t = data::build_tokenizer(to);
+    if (t->vocab_size() > spec.vocab_size)
+      fail("tokenizer '{}' has {} ids, more than the model's vocab_size {}", tok, t->vocab_size(), spec.vocab_size);
     pt["overrides"]["tokenizer_type"] = "HuggingFaceTokenizer";
     pt["overrides"]["tokenizer_model"] = fs::absolute(tok).string();
   }

