@@ -356,7 +356,8 @@ SpecialSplitter::SpecialSplitter(const std::vector<std::pair<std::string, int32_
     if (!s.first.empty()) tokens_.push_back(s);
   std::stable_sort(tokens_.begin(), tokens_.end(),
                    [](const auto& a, const auto& b) { return a.first.size() > b.first.size(); });
-  for (const auto& s : tokens_) first_byte_[static_cast<unsigned char>(s.first[0])] = true;
+  for (size_t k = 0; k < tokens_.size(); ++k)
+    by_first_byte_[static_cast<unsigned char>(tokens_[k].first[0])].push_back(static_cast<uint32_t>(k));
 }
 
 }  // namespace primus::data

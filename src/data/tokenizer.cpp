@@ -1,5 +1,6 @@
 #include "data/tokenizer.h"
 
+#include <algorithm>
 #include <charconv>
 #include <cstdio>
 #include <filesystem>
@@ -73,7 +74,10 @@ class BpeTokenizer : public Tokenizer {
   // One pre-tokenizer step of tokenizer.json, applied to each piece the previous step made.
   struct PreStep {
     enum Kind { Regex, PrefixSpace, Metaspace } kind = Regex;
-    std::string pattern;      // Regex: split off each match (Split "Isolated")
+    std::string pattern;      // Regex: split at each match, the match kept as `behavior` says
+    // Split's behaviors (the HF library's names): what becomes of each match ("delimiter").
+    enum Behavior { Isolated, Removed, MergedWithPrevious, MergedWithNext, Contiguous } behavior = Isolated;
+    bool invert = false;      // Regex: the text between matches is the delimiter
     std::string replacement;  // Metaspace: stands for ' '
     enum Prepend { Never, First, Always } prepend = Always;  // Metaspace: prepend `replacement`
     bool split = false;       // Metaspace: a piece starts at each `replacement`
@@ -131,8 +135,10 @@ class BpeTokenizer : public Tokenizer {
     std::string out;
     for (int32_t id : ids) {
       if (id < 0 || id >= cfg_.vocab_size) fail("token id {} is outside the vocabulary [0, {})", id, cfg_.vocab_size);
+      // Added tokens go through the decoder too (the HF library's order), which matters for a
+      // char-level vocabulary: Gemma 3's added "▁▁" decodes to two spaces.
       auto sp = special_text_.find(id);
-      if (sp != special_text_.end()) out += sp->second;
+      if (sp != special_text_.end()) cfg_.char_level ? append_token(sp->second, out) : void(out += sp->second);
       else if (static_cast<size_t>(id) < bpe_->size()) append_token(bpe_->bytes_of(id), out);
     }
     for (int k = 0; k < cfg_.strip_leading && !out.empty() && out[0] == ' '; ++k) out.erase(0, 1);
@@ -165,9 +171,11 @@ class BpeTokenizer : public Tokenizer {
       return;
     }
     const PreStep& st = cfg_.pre[level];
-    if (st.kind == PreStep::Regex) {
-      regexes_[level]->split(
-          text, [&](size_t b, size_t n) { split_level(text.substr(b, n), level + 1, at_origin && b == 0, out); });
+    auto next = [&](size_t b, size_t n) { split_level(text.substr(b, n), level + 1, at_origin && b == 0, out); };
+    if (st.kind == PreStep::Regex && st.behavior == PreStep::Isolated && !st.invert) {
+      regexes_[level]->split(text, next);
+    } else if (st.kind == PreStep::Regex) {
+      split_delimited(text, *regexes_[level], st, next);
     } else if (st.kind == PreStep::PrefixSpace) {
       if (text[0] == ' ') return split_level(text, level + 1, at_origin, out);
       split_level(" " + std::string(text), level + 1, at_origin, out);
@@ -186,6 +194,50 @@ class BpeTokenizer : public Tokenizer {
       split_level(v.substr(start), level + 1, at_origin && start == 0, out);
     }
   }
+  // Split with a behavior other than Isolated: pieces as the HF library forms them from the
+  // delimiters (the matches, or with invert the text between them).
+  template <typename F>
+  static void split_delimited(std::string_view text, const PretokenRegex& re, const PreStep& st, F&& next) {
+    struct Piece {
+      size_t b, n;
+      bool delim;
+    };
+    std::vector<Piece> ps, out;
+    re.split_marked(text, [&](size_t b, size_t n, bool match) { ps.push_back({b, n, match != st.invert}); });
+    bool prev_delim = false;
+    switch (st.behavior) {
+      case PreStep::Isolated: out = ps; break;
+      case PreStep::Removed:
+        for (const Piece& p : ps)
+          if (!p.delim) out.push_back(p);
+        break;
+      case PreStep::MergedWithPrevious:  // a delimiter joins the piece before it, unless that is one too
+        for (const Piece& p : ps) {
+          if (p.delim && !prev_delim && !out.empty()) out.back().n += p.n;
+          else out.push_back(p);
+          prev_delim = p.delim;
+        }
+        break;
+      case PreStep::MergedWithNext:  // a delimiter joins the piece after it, unless that is one too
+        for (size_t i = ps.size(); i-- > 0;) {
+          const Piece& p = ps[i];
+          if (p.delim && !prev_delim && !out.empty()) out.back().b = p.b, out.back().n += p.n;
+          else out.push_back(p);
+          prev_delim = p.delim;
+        }
+        std::reverse(out.begin(), out.end());
+        break;
+      case PreStep::Contiguous:  // a run of delimiters becomes one piece
+        for (const Piece& p : ps) {
+          if (p.delim && prev_delim && !out.empty()) out.back().n += p.n;
+          else out.push_back(p);
+          prev_delim = p.delim;
+        }
+        break;
+    }
+    for (const Piece& p : out) next(p.b, p.n);
+  }
+
   void append_token(const std::string& tok, std::string& out) const {
     if (!cfg_.char_level) {
       out += tok;
@@ -476,13 +528,20 @@ std::unique_ptr<Tokenizer> build_hf(const TokenizerOptions& o) {
         for (const auto& q : p.at("pretokenizers")) pre(q);
       } else if (t == "Split") {
         const json& pat = p.at("pattern");
-        std::string behavior = p.value("behavior", "Isolated");
-        if (behavior != "Isolated" || p.value("invert", false))
-          fail("tokenizer file '{}': Split behavior '{}' is not supported (Isolated)", where, behavior);
-        if (pat.contains("Regex")) cfg.pre.push_back(Step::of(Step::Regex, pat["Regex"].get<std::string>()));
+        Step st;
+        if (pat.contains("Regex")) st = Step::of(Step::Regex, pat["Regex"].get<std::string>());
         else if (pat.contains("String"))  // a literal: quoted for PCRE2
-          cfg.pre.push_back(Step::of(Step::Regex, "\\Q" + pat["String"].get<std::string>() + "\\E"));
+          st = Step::of(Step::Regex, "\\Q" + pat["String"].get<std::string>() + "\\E");
         else fail("tokenizer file '{}': Split has neither a Regex nor a String pattern", where);
+        const std::string behavior = p.value("behavior", "Isolated");
+        const std::vector<std::string> names = {"Isolated", "Removed", "MergedWithPrevious", "MergedWithNext",
+                                                "Contiguous"};
+        auto it = std::find(names.begin(), names.end(), behavior);
+        if (it == names.end())
+          fail("tokenizer file '{}': Split behavior '{}' is unknown ({})", where, behavior, fmt::join(names, ", "));
+        st.behavior = static_cast<Step::Behavior>(it - names.begin());
+        st.invert = p.value("invert", false);
+        cfg.pre.push_back(st);
       } else if (t == "ByteLevel") {
         if (p.value("add_prefix_space", false)) cfg.pre.push_back(Step::of(Step::PrefixSpace));
         if (p.value("use_regex", true)) cfg.pre.push_back(Step::of(Step::Regex, known_tiktoken_pattern("gpt2")));

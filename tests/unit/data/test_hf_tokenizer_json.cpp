@@ -106,6 +106,29 @@ TEST(HfTokenizerJson, MetaspacePreTokenizer) {
   EXPECT_EQ(load(j)->encode("hello"), (Ids{1, 7, 8, 13, 10}));
 }
 
+// Split's behaviors decide where pieces end, which decides which merges can happen: with merges
+// "a -", "- a", "- -", the text "a-a--a" comes out differently for each.
+TEST(HfTokenizerJson, SplitBehaviors) {
+  json j = {{"model",
+             {{"type", "BPE"},
+              {"unk_token", "<unk>"},
+              {"vocab", {{"<unk>", 0}, {"a", 1}, {"-", 2}, {"a-", 3}, {"-a", 4}, {"--", 5}}},
+              {"merges", {"a -", "- a", "- -"}}}},
+            {"added_tokens", json::array()}};
+  auto ids = [&](const std::string& behavior, bool invert = false) {
+    j["pre_tokenizer"] = {{"type", "Split"}, {"pattern", {{"String", invert ? "a" : "-"}}}, {"behavior", behavior},
+                          {"invert", invert}};
+    return load(j)->encode("a-a--a");
+  };
+  EXPECT_EQ(ids("Isolated"), (Ids{1, 2, 1, 2, 2, 1}));
+  EXPECT_EQ(ids("Removed"), (Ids{1, 1, 1}));
+  EXPECT_EQ(ids("MergedWithPrevious"), (Ids{3, 3, 2, 1}));  // a- a- - a
+  EXPECT_EQ(ids("MergedWithNext"), (Ids{1, 4, 2, 4}));      // a -a - -a
+  EXPECT_EQ(ids("Contiguous"), (Ids{1, 2, 1, 5, 1}));       // a - a -- a
+  // invert: the text between the matches of "a" is the delimiter: pieces a- a-- a.
+  EXPECT_EQ(ids("MergedWithPrevious", true), (Ids{3, 3, 2, 1}));
+}
+
 TEST(HfTokenizerJson, Normalizers) {
   EXPECT_EQ(unicode_normalize("cafe\u0301", "NFC"), "caf\u00e9");
   EXPECT_EQ(unicode_normalize("caf\u00e9", "NFD"), "cafe\u0301");
@@ -134,8 +157,8 @@ TEST(HfTokenizerJson, WhatIsNotReadIsRefusedByName) {
   j["added_tokens"][1]["normalized"] = true;
   EXPECT_NE(load_error(j).find("after normalization"), std::string::npos);
   j = sp_tokenizer();
-  j["pre_tokenizer"] = {{"type", "Split"}, {"pattern", {{"Regex", "a"}}}, {"behavior", "MergedWithNext"}};
-  EXPECT_NE(load_error(j).find("MergedWithNext"), std::string::npos);
+  j["pre_tokenizer"] = {{"type", "Split"}, {"pattern", {{"Regex", "a"}}}, {"behavior", "Sideways"}};
+  EXPECT_NE(load_error(j).find("behavior 'Sideways'"), std::string::npos);
   j = sp_tokenizer();
   j["pre_tokenizer"] = {{"type", "Whitespace"}};
   EXPECT_NE(load_error(j).find("'Whitespace'"), std::string::npos);

@@ -164,6 +164,7 @@ TEST_P(HfTokenizerOracle, IdenticalToTransformersJs) {
 INSTANTIATE_TEST_SUITE_P(
     Files, HfTokenizerOracle,
     ::testing::Values(Case{"mistral", "tokenizer-llama2", {}}, Case{"gemma", "tokenizer-gemma", {}},
+                      Case{"gemma3", "tokenizer-gemma3", {}},
                       Case{"qwen3", "tokenizer-qwen3", {}}, Case{"deepseek_v3", "tokenizer-deepseek_v3", {}},
                       // Mistral's files as tokenizers 0.14 to 0.18 wrote them: no normalizer, a Metaspace
                       // pre-tokenizer that marks the start of the input only. (transformers.js reads
