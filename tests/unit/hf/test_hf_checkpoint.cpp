@@ -97,6 +97,17 @@ void expect_close(const std::vector<std::vector<float>>& a, const std::vector<st
   EXPECT_LT(worst, 2e-5 * std::max(1.0, scale)) << "largest logit difference " << worst << " (largest logit " << scale << ")";
 }
 
+// The lm loss of every logged step of a run, from its metrics.jsonl.
+std::vector<double> losses_of(const fs::path& run_dir) {
+  std::vector<double> out;
+  std::ifstream m(run_dir / "metrics.jsonl");
+  for (std::string line; std::getline(m, line);) {
+    const json j = json::parse(line);
+    if (j.contains("lm_loss")) out.push_back(j["lm_loss"].get<double>());
+  }
+  return out;
+}
+
 const std::vector<int32_t> kTokens = {1, 17, 200, 3, 3, 255, 42, 0, 99, 128, 7, 64};
 
 }  // namespace
@@ -177,14 +188,8 @@ TEST(HfCheckpoint, TrainedExportedImportedTrainsOnWithTheSameLoss) {
     ov.insert(ov.end(), {{"exp_name", name}, {"train_iters", "5"}, {"eval_interval", "0"}, {"log_interval", "1"}});
     const auto cfg = exp.load(ov);
     const train::TrainSummary s = train::pretrain(cfg);
-    std::vector<double> losses;
-    std::ifstream m(fs::path(cfg.run_dir()) / "metrics.jsonl");
-    for (std::string line; std::getline(m, line);) {
-      const json j = json::parse(line);
-      if (j.contains("lm_loss")) losses.push_back(j["lm_loss"].get<double>());
-    }
     EXPECT_EQ(s.start_iteration, 0) << name;
-    return losses;
+    return losses_of(cfg.run_dir());
   };
   const auto from_original = run("from_original", {{"pretrained_checkpoint", trained}});
   const auto from_imported = run("from_imported", {{"pretrained_checkpoint", imported}});
@@ -327,15 +332,6 @@ modules:
       log_interval: 1
       eval_interval: 0
       pretrained_checkpoint: )" << (t / "ckpt") << "\n";
-  auto losses = [&](const std::string& name) {
-    std::vector<double> out;
-    std::ifstream m(fs::path(t / "ws") / name / "metrics.jsonl");
-    for (std::string line; std::getline(m, line);) {
-      const json j = json::parse(line);
-      if (j.contains("lm_loss")) out.push_back(j["lm_loss"].get<double>());
-    }
-    return out;
-  };
   const std::string env = "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1";
   auto r = test::run_command(fmt::format("cd {} && {} {} direct -- train pretrain --config exp.yaml 2>&1",
                                          t.path.string(), env, cli));
@@ -344,7 +340,7 @@ modules:
                                     "--tensor_model_parallel_size 2 2>&1",
                                     t.path.string(), env, cli));
   ASSERT_EQ(r.code, 0) << r.out;
-  const auto one = losses("one"), tp2 = losses("tp2");
+  const auto one = losses_of(fs::path(t / "ws") / "one"), tp2 = losses_of(fs::path(t / "ws") / "tp2");
   ASSERT_EQ(one.size(), 3u);
   ASSERT_EQ(tp2.size(), 3u);
   for (size_t i = 0; i < 3; ++i) EXPECT_NEAR(tp2[i], one[i], 1e-5 * one[i]) << "step " << i + 1;
