@@ -345,3 +345,26 @@ modules:
   ASSERT_EQ(tp2.size(), 3u);
   for (size_t i = 0; i < 3; ++i) EXPECT_NEAR(tp2[i], one[i], 1e-5 * one[i]) << "step " << i + 1;
 }
+
+// Tied models sometimes store lm_head.weight anyway, as a copy of the embedding: accepted when it
+// is one, refused when it differs.
+TEST(HfCheckpoint, TiedModelWithAStoredLmHead) {
+  TempDir t;
+  peer_write(t / "src", qwen2_like_preset(t), "F32", 5'000'000'000);
+  auto rewrite_with_head = [&](float delta) {
+    hf::SafetensorsReader r(t / "src");
+    std::vector<hf::TensorOut> ts;
+    for (const auto& [name, e] : r.tensors())
+      if (name != "lm_head.weight") ts.push_back({name, e.dtype, e.shape, r.raw(name)});
+    const hf::TensorEntry& emb = r.entry("model.embed_tokens.weight");
+    std::vector<float> head = r.as_f32("model.embed_tokens.weight");
+    head[5] += delta;
+    ts.push_back({"lm_head.weight", "F32", emb.shape, hf::f32_to_bytes(head, "F32")});
+    hf::write_safetensors(t / "src", ts, 5'000'000'000);
+  };
+  rewrite_with_head(0.0f);
+  EXPECT_NO_THROW(hf::import_hf({t / "src", t / "save", "", true}));
+  rewrite_with_head(0.5f);
+  EXPECT_NE(error_of([&] { hf::import_hf({t / "src", t / "save", "", true}); }).find("lm_head.weight differs"),
+            std::string::npos);
+}
