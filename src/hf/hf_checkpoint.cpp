@@ -1,5 +1,6 @@
 #include "hf/hf_checkpoint.h"
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <map>

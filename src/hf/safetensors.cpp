@@ -1,5 +1,7 @@
 #include "hf/safetensors.h"
 
+#include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
