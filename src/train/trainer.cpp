@@ -196,7 +196,9 @@ class Trainer {
   void build_gradient_reduction();
   void build_optimizer();
   void resume();
-  std::string try_restore(const std::string& dir);
+  // weights_only: the values alone (finetune, pretrained_checkpoint); iteration, data position and
+  // optimizer start fresh.
+  std::string try_restore(const std::string& dir, bool weights_only = false);
   void open_outputs();
   // ---- step ----
   StepResult train_step();
@@ -433,13 +435,15 @@ void Trainer::build_optimizer() {
 }
 
 // Every rank reads its own part; a checkpoint counts only if all ranks could read theirs.
-std::string Trainer::try_restore(const std::string& dir) {
+std::string Trainer::try_restore(const std::string& dir, bool weights_only) {
   ParamStore& params = model_->params();
   std::string problem;
   CheckpointData ck;
   try {
     check_same_model(dir, spec_);  // a rank loads only its tensors, so it cannot see missing layers
-    ck = load_checkpoint(dir, params);
+    LoadOptions lo;
+    lo.optimizer = !weights_only;
+    ck = load_checkpoint(dir, params, lo);
   } catch (const Error& e) {
     problem = e.what();
   }
@@ -450,6 +454,10 @@ std::string Trainer::try_restore(const std::string& dir) {
   Tensor values = params.values();  // a handle on the store's buffer (on the GPU for a device store)
   values.copy_from(loaded);
   model_->sync_working_weights();
+  if (weights_only) {
+    log::info("starting from the weights of {} (iteration 0, fresh optimizer)", dir);
+    return "";
+  }
   if (sharded_)
     sharded_->load_state(ck.state.optimizer_step, ck.exp_avg.data(), ck.exp_avg_sq.data(), int64_t(ck.exp_avg.size()));
   else
@@ -463,15 +471,28 @@ std::string Trainer::try_restore(const std::string& dir) {
 void Trainer::resume() {
   state_.seed = a_.seed;
   state_.run_id = new_run_id(world_);  // a resume replaces it with the checkpoint's
+  if (a_.finetune && a_.load.empty() && a_.pretrained_checkpoint.empty())
+    fail("finetune: true needs the checkpoint to start from in `load` or `pretrained_checkpoint`");
   if (!a_.load.empty()) {
     const std::string dir = resolve_checkpoint(a_.load);
-    const std::string problem = try_restore(dir);
+    const std::string problem = try_restore(dir, a_.finetune);
     if (!problem.empty()) fail("cannot load checkpoint {}: {}", dir, problem);
-  } else if (a_.auto_resume) {
-    for (const std::string& dir : list_checkpoints(cfg_.checkpoint_dir())) {
-      const std::string problem = try_restore(dir);
-      if (problem.empty()) break;
-      log::warn("skipping checkpoint {}: {}", dir, problem);
+  } else {
+    bool resumed = false;
+    if (a_.auto_resume) {
+      for (const std::string& dir : list_checkpoints(cfg_.checkpoint_dir())) {
+        const std::string problem = try_restore(dir);
+        if (problem.empty()) {
+          resumed = true;
+          break;
+        }
+        log::warn("skipping checkpoint {}: {}", dir, problem);
+      }
+    }
+    if (!resumed && !a_.pretrained_checkpoint.empty()) {
+      const std::string dir = resolve_checkpoint(a_.pretrained_checkpoint);
+      const std::string problem = try_restore(dir, true);
+      if (!problem.empty()) fail("cannot load pretrained_checkpoint {}: {}", dir, problem);
     }
   }
   if (state_.seed != a_.seed)
