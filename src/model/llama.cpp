@@ -58,6 +58,9 @@ LlamaModel::LlamaModel(const ModelSpec& spec, ops::Backend& backend, Precision p
       part_(std::move(partition)),
       params_(master_dtype(precision)) {
   spec_.validate();
+  if (spec_.multi_latent_attention || spec_.qk_layernorm)
+    fail("model {}: multi_latent_attention and qk_layernorm are counted by `analyze model` but not trained yet",
+         spec_.name);
   if (!be_.computes_in(act_))
     fail("the {} backend does not compute in {}: {} needs another backend", be_.name(), dtype_name(act_),
          precision_name(precision_));
