@@ -214,7 +214,7 @@ class LlamaModel {
   struct Block {
     int attn_norm, qkv_w, qkv_b = -1, proj_w, mlp_norm, fc1_w = -1, fc2_w = -1;
     int moe = -1;                // index into moe_ (an MoE block instead of the dense MLP)
-    std::vector<int> moe_ids;    // its trainable tensors
+    std::vector<int> moe_ids;    // its tensors
     std::vector<int> ids() const;
   };
   struct Steps;  // one block's forward steps (llama.cpp)

@@ -14,7 +14,7 @@ std::vector<int> MoeParams::ids() const {
   std::vector<int> v = {router};
   v.insert(v.end(), fc1.begin(), fc1.end());
   v.insert(v.end(), fc2.begin(), fc2.end());
-  for (int id : {shared_fc1, shared_fc2, shared_gate})
+  for (int id : {expert_bias, shared_fc1, shared_fc2, shared_gate})
     if (id >= 0) v.push_back(id);
   return v;
 }

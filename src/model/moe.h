@@ -31,7 +31,8 @@ struct MoeParams {
   int router = -1, expert_bias = -1;
   std::vector<int> fc1, fc2;  // per expert
   int shared_fc1 = -1, shared_fc2 = -1, shared_gate = -1;
-  std::vector<int> ids() const;           // the trainable ones, for the weight-gradient hook
+  // All of them, for the weight-gradient hook (the expert bias's gradient is final, and 0, too).
+  std::vector<int> ids() const;
 };
 MoeParams register_moe_params(ParamStore& params, const ModelSpec& spec, int64_t layer);
 
