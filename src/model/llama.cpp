@@ -515,6 +515,7 @@ void LlamaModel::backward(LlamaContext& ctx, double dloss) {
   Tensor dx = head_backward_input(ctx, dloss);
   head_backward_weight(ctx);
   for (size_t l = blocks_.size(); l-- > 0;) {
+    if (ctx.blocks[l].moe) ctx.blocks[l].moe->loss_scale = dloss;  // the router losses' share
     dx = block_backward_input(blocks_[l], ctx.blocks[l], dx, ctx.batch, ctx.seq);
     block_backward_weight(blocks_[l], ctx.blocks[l]);
     weights_done(blocks_[l].ids());

@@ -218,3 +218,30 @@ TEST(MoeModel, RejectsWhatItDoesNotRunYet) {
     EXPECT_NE(std::string(e.what()).find("recompute_granularity"), std::string::npos);
   }
 }
+
+// The fused backward and the B/W passes give the same gradients, with the router losses scaled
+// by the microbatch's dloss in both.
+TEST(MoeModel, FusedBackwardEqualsSplitPassesWithLossScale) {
+  ModelSpec s = tiny_moe(true);
+  LlamaModel a(s, cpu::cpu_backend(), Precision::Fp64), b(s, cpu::cpu_backend(), Precision::Fp64);
+  a.init_weights(6);
+  b.init_weights(6);
+  const Batch x = make_batch(2, 4, s.vocab_size, 4);
+  LlamaContext ca, cb;
+  a.params().zero_grad();
+  b.params().zero_grad();
+  a.forward(ca, x.tokens.data(), x.targets.data(), x.b, x.s);
+  b.forward(cb, x.tokens.data(), x.targets.data(), x.b, x.s);
+  a.backward(ca, 0.25);
+  b.backward_input(cb, 0.25);
+  b.backward_weight(cb);
+  const double* ga = a.params().grads().data<double>();
+  const double* gb = b.params().grads().data<double>();
+  for (int64_t i = 0; i < a.params().numel(); ++i) ASSERT_NEAR(ga[i], gb[i], 1e-12) << i;
+  // And 0.25 of the dloss-1 gradient: everything in the objective scales together.
+  LlamaContext cc;
+  b.params().zero_grad();
+  b.forward(cc, x.tokens.data(), x.targets.data(), x.b, x.s);
+  b.backward(cc, 1.0);
+  for (int64_t i = 0; i < a.params().numel(); ++i) ASSERT_NEAR(ga[i], 0.25 * gb[i], 1e-12) << i;
+}
