@@ -313,6 +313,13 @@ TEST_F(Distributed, Dp2MoeDistributedOptimizer) {
   for (size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(b[i], a[i], 1e-5 * std::fabs(a[i])) << "iteration " << i + 1;
 }
 TEST_F(Distributed, Pp2Moe) { expect_same_training(2, "--pipeline_model_parallel_size 2", kMoe); }
+// bf16 with softmax routing, aux and z losses: the expert bias moves in steps of its rate on a
+// count compared with the mean, so one choice that bf16's rounding flips moves a bias by 2 x rate
+// (measured: 0.02 with kMoe); that rule is checked in fp32 above.
 TEST_F(Distributed, Dp2MoeBf16) {
-  expect_same_training(2, "", std::string(kMoe) + " " + kBf16, kBf16LossTol, kBf16WeightTol);
+  expect_same_training(2, "",
+                       "--num_experts 4 --moe_ffn_hidden_size 32 --moe_router_topk 2 --moe_layer_freq 2 "
+                       "--moe_aux_loss_coeff 0.01 --moe_z_loss_coeff 0.001 " +
+                           std::string(kBf16),
+                       kBf16LossTol, kBf16WeightTol);
 }
