@@ -240,9 +240,9 @@ class Llama(torch.nn.Module):
             rows, slot = (idx == e).nonzero(as_tuple=True)
             if rows.numel():
                 y = self.swiglu(x[rows], L.experts_fc1[e], L.experts_fc2[e])
-                out = out.index_add(0, rows, y * w[rows, slot].unsqueeze(-1).to(y.dtype))
+                out = out.index_add(0, rows, (y * w[rows, slot].unsqueeze(-1)).to(out.dtype))
         if L.shared_fc1 is not None:
-            out = out + self.swiglu(x, L.shared_fc1, L.shared_fc2)
+            out = out + self.swiglu(x, L.shared_fc1, L.shared_fc2).to(out.dtype)
         loss = torch.zeros((), dtype=torch.float32)
         if s["moe_aux_loss_coeff"] and s["moe_router_load_balancing_type"] != "none":
             counts = torch.bincount(idx.reshape(-1), minlength=E).float()
