@@ -9,6 +9,16 @@
 #include "kernels/host_values.h"
 
 namespace primus {
+namespace {
+
+// f(expert, first permuted row, rows) for every expert that has rows.
+template <typename F>
+void for_experts(const std::vector<int64_t>& offsets, F&& f) {
+  for (size_t e = 0; e + 1 < offsets.size(); ++e)
+    if (offsets[e + 1] > offsets[e]) f(int64_t(e), offsets[e], offsets[e + 1] - offsets[e]);
+}
+
+}  // namespace
 
 std::vector<int> MoeParams::ids() const {
   std::vector<int> v = {router};
@@ -92,14 +102,16 @@ Tensor MoeLayer::forward(MoeContext& c, const Tensor& h, const Tensor& residual,
     c.gu = empty({M, 2 * F});
     c.act = empty({M, F});
     c.yp = empty({M, C});
-    for (int64_t e = 0; e < E; ++e) {  // the grouped GEMM: one GEMM pair per expert's rows
-      const int64_t o = c.offsets[size_t(e)], n = c.offsets[size_t(e + 1)] - o;
-      if (n == 0) continue;
-      Tensor gu = c.gu.slice(0, o, n), act = c.act.slice(0, o, n), yp = c.yp.slice(0, o, n);
+    // The grouped GEMM: one GEMM per expert's rows, with one SwiGLU over all rows between.
+    for_experts(c.offsets, [&](int64_t e, int64_t o, int64_t n) {
+      Tensor gu = c.gu.slice(0, o, n);
       be_.gemm(false, true, 1.0f, c.xp.slice(0, o, n), w(p_.fc1[size_t(e)]), 0.0f, Tensor(), gu, Tensor());
-      be_.swiglu_forward(gu, act);
-      be_.gemm(false, true, 1.0f, act, w(p_.fc2[size_t(e)]), 0.0f, Tensor(), yp, Tensor());
-    }
+    });
+    be_.swiglu_forward(c.gu, c.act);
+    for_experts(c.offsets, [&](int64_t e, int64_t o, int64_t n) {
+      Tensor yp = c.yp.slice(0, o, n);
+      be_.gemm(false, true, 1.0f, c.act.slice(0, o, n), w(p_.fc2[size_t(e)]), 0.0f, Tensor(), yp, Tensor());
+    });
     be_.scatter_add_rows(c.yp, c.rows, c.weights, out);  // unpermute, weighted
   }
   if (p_.shared_fc1 >= 0) {
@@ -139,14 +151,15 @@ Tensor MoeLayer::backward_input(MoeContext& c, const Tensor& dy, const Weights& 
     Tensor da = empty({M, F});
     c.dgu = empty({M, 2 * F});
     Tensor dxp = empty({M, C});
-    for (int64_t e = 0; e < E; ++e) {
-      const int64_t o = c.offsets[size_t(e)], n = c.offsets[size_t(e + 1)] - o;
-      if (n == 0) continue;
-      Tensor dae = da.slice(0, o, n), dgue = c.dgu.slice(0, o, n), dxe = dxp.slice(0, o, n);
+    for_experts(c.offsets, [&](int64_t e, int64_t o, int64_t n) {
+      Tensor dae = da.slice(0, o, n);
       be_.gemm(false, false, 1.0f, c.dy.slice(0, o, n), w(p_.fc2[size_t(e)]), 0.0f, Tensor(), dae, Tensor());
-      be_.swiglu_backward(dae, c.gu.slice(0, o, n), dgue);
-      be_.gemm(false, false, 1.0f, dgue, w(p_.fc1[size_t(e)]), 0.0f, Tensor(), dxe, Tensor());
-    }
+    });
+    be_.swiglu_backward(da, c.gu, c.dgu);
+    for_experts(c.offsets, [&](int64_t e, int64_t o, int64_t n) {
+      Tensor dxe = dxp.slice(0, o, n);
+      be_.gemm(false, false, 1.0f, c.dgu.slice(0, o, n), w(p_.fc1[size_t(e)]), 0.0f, Tensor(), dxe, Tensor());
+    });
     be_.scatter_add_rows(dxp, c.rows, {}, dh);
   }
   // The router: the weights' gradient plus the load-balancing losses, through the logits.
@@ -183,12 +196,10 @@ void MoeLayer::backward_weight(MoeContext& c, const Weights& grad) const {
     Tensor gw = grad(id);
     be_.gemm(true, false, 1.0f, dy, x, 1.0f, gw, gw, Tensor());
   };
-  for (int64_t e = 0; e < spec_.num_experts; ++e) {
-    const int64_t o = c.offsets[size_t(e)], n = c.offsets[size_t(e + 1)] - o;
-    if (n == 0) continue;
+  for_experts(c.offsets, [&](int64_t e, int64_t o, int64_t n) {
     acc(c.dy.slice(0, o, n), c.act.slice(0, o, n), p_.fc2[size_t(e)]);
     acc(c.dgu.slice(0, o, n), c.xp.slice(0, o, n), p_.fc1[size_t(e)]);
-  }
+  });
   acc(c.dlogits, c.h, p_.router);
   if (p_.shared_fc1 >= 0) {
     acc(c.dy_shared, c.sact, p_.shared_fc2);
