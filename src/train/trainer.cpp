@@ -44,6 +44,7 @@
 #include "pipeline/executor.h"
 #include "pipeline/simulator.h"
 #include "safe/metrics_writer.h"
+#include "train/moe_step.h"
 #include "safe/run_lock.h"
 #include "safe/train_watch.h"
 #include "train/checkpoint.h"
@@ -251,6 +252,7 @@ class Trainer {
   std::string config_yaml_;
   safe::RunLock run_lock_;                        // world rank 0: the run folder's lock (or its launcher's)
   std::unique_ptr<safe::MetricsWriter> metrics_;  // rank 0
+  MoeStepSummary moe_;                             // the last step's MoE statistics
   ModelStats stats_;
   double peak_gflops_ = 0;
   bool mfu_warned_ = false;
@@ -608,6 +610,7 @@ StepResult Trainer::train_step() {
   StepResult r;
   watch_->begin_step(state_.iteration + 1);
   model_->params().zero_grad();
+  model_->reset_moe_stats();  // evaluation forwards do not count
   buckets_->reset();
   std::fill(w_done_.begin(), w_done_.end(), 0);
   double loss_sum =
@@ -626,6 +629,7 @@ StepResult Trainer::train_step() {
   const bool skip = watch_->check(state_.iteration + 1, r.loss, r.grad_norm) == safe::StepAction::Skip;
   r.lr = lr_schedule_->lr_at(state_.iteration);
   if (!skip) optimizer_step(r.lr, clip_scale);
+  moe_ = finish_moe_step(*model_, *groups_.dp, m_local_, !skip);  // expert load, bias update
   state_.iteration += 1;
   state_.consumed_samples += gbs_;
   state_.optimizer_step = sharded_ ? sharded_->step_count() : replicated_->step_count();
@@ -725,6 +729,10 @@ void Trainer::log_interval(const StepResult& step) {
     row["pipeline_bubble_measured"] = measured;
     row["pipeline_bubble_simulated"] = predicted;
     pipe_ = PipelineTimes();
+  }
+  if (moe_.any) {  // of the interval's last iteration
+    log::info(" {}", describe_moe_step(moe_));
+    add_moe_metrics(moe_, row);
   }
   if (rank0_) metrics_->write(row);
   interval_loss_ = interval_time_ = 0;
