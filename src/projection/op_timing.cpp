@@ -58,6 +58,7 @@ double MeasuredOps::seconds(const OpSpec& op) {
   const std::string k = op.key();
   auto it = cache_.find(k);
   if (it != cache_.end()) return it->second;
+  if (sync_) sync_();
   const double s = run(op);
   cache_[k] = s;
   return s;
@@ -157,6 +158,7 @@ double MeasuredOps::run(const OpSpec& o) {
 double MeasuredOps::optimizer_seconds(int64_t n, bool working_bf16) {
   const int64_t probe = int64_t(1) << 22;
   if (adam_per_elem_ < 0) {
+    if (sync_) sync_();
     FlatAdamW adam(AdamWOptions{}, {{"probe", 0, probe, true}}, probe, be_.device());
     Tensor values = filled(be_, {probe}, DType::F32), grads = filled(be_, {probe}, DType::F32, 1e-3f);
     Tensor working = be_.empty({probe}, DType::BF16);
@@ -169,6 +171,7 @@ double MeasuredOps::optimizer_seconds(int64_t n, bool working_bf16) {
 double MeasuredOps::grad_norm_seconds(int64_t n) {
   const int64_t probe = int64_t(1) << 22;
   if (norm_per_elem_ < 0) {
+    if (sync_) sync_();
     FlatAdamW adam(AdamWOptions{}, {{"probe", 0, probe, true}}, probe, be_.device());
     Tensor grads = filled(be_, {probe}, DType::F32, 1e-3f);
     const std::vector<int> all = {0};
@@ -181,6 +184,7 @@ double MeasuredOps::grad_norm_seconds(int64_t n) {
 double MeasuredOps::zero_grad_seconds(int64_t n) {
   const int64_t probe = int64_t(1) << 22;
   if (zero_per_elem_ < 0) {
+    if (sync_) sync_();
     Tensor grads = filled(be_, {probe}, DType::F32);
     zero_per_elem_ = time_it(be_, [&] { grads.zero_(); }) / double(probe);
   }

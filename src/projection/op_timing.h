@@ -4,6 +4,7 @@
 // launch cost. The efficiencies are assumptions, listed in docs/profiling.md.
 #pragma once
 
+#include <functional>
 #include <map>
 #include <string>
 
@@ -26,9 +27,12 @@ class OpTimer {
 };
 
 // Measures on `backend` (the CPU backends, or the GPU's).
+// `sync`, when given, runs before each measurement: the ranks of a node that measure together
+// (projection run with --nproc) keep in step, so each op is timed while the cores are shared as
+// they are in training.
 class MeasuredOps final : public OpTimer {
  public:
-  explicit MeasuredOps(ops::Backend& backend) : be_(backend) {}
+  explicit MeasuredOps(ops::Backend& backend, std::function<void()> sync = {}) : be_(backend), sync_(std::move(sync)) {}
   double seconds(const OpSpec& op) override;
   std::string describe() const override;
   double optimizer_seconds(int64_t n, bool working_bf16) override;
@@ -39,6 +43,7 @@ class MeasuredOps final : public OpTimer {
  private:
   double run(const OpSpec& op);
   ops::Backend& be_;
+  std::function<void()> sync_;
   std::map<std::string, double> cache_;
   double adam_per_elem_ = -1, norm_per_elem_ = -1, zero_per_elem_ = -1;
 };

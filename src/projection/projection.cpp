@@ -1,6 +1,7 @@
 #include "projection/projection.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <map>
 
@@ -34,6 +35,37 @@ double comm_seconds(const std::string& op, double bytes, int n, const Link& link
   if (op == "all_reduce") return 2 * (n - 1) * lat + 2 * f * bytes / bw;
   if (op == "reduce_scatter" || op == "all_gather" || op == "all_to_all") return (n - 1) * lat + f * bytes / bw;
   return lat + bytes / bw;  // point-to-point, broadcast
+}
+
+Link measure_link(parallel::ProcessGroup& g) {
+  const int n = g.size();
+  auto mean_seconds = [&](std::vector<float>& buf, int reps) {
+    g.barrier();
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int i = 0; i < reps; ++i) g.all_reduce(buf);
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / reps;
+  };
+  std::vector<float> small(2, 1.0f), big(size_t(1) << 20, 1.0f);
+  // Long enough (half a second) to see the latency a shared machine's scheduler adds now and then;
+  // the ranks agree on the count.
+  const double first = mean_seconds(small, 200);
+  const int reps = int(g.all_reduce_value(int64_t(std::clamp(0.5 / std::max(first, 1e-7), 200.0, 200000.0)),
+                                          parallel::ReduceOp::Max));
+  const double t_small = mean_seconds(small, reps);
+  mean_seconds(big, 1);
+  const double t_big = mean_seconds(big, 16);
+  Link l;
+  l.name = "measured";
+  if (n < 2) return l;
+  const double steps = 2.0 * (n - 1), f = double(n - 1) / double(n), bytes = 4.0 * double(big.size());
+  l.latency_us = 1e6 * t_small / steps;
+  l.gbs = 2 * f * bytes / std::max(t_big - t_small, 1e-9) / 1e9;
+  // Every rank takes rank 0's numbers.
+  std::vector<double> v = {l.latency_us, l.gbs};
+  if (g.rank() != 0) v = {0, 0};
+  g.all_reduce(v);
+  l.latency_us = v[0], l.gbs = v[1];
+  return l;
 }
 
 namespace {

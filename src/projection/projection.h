@@ -29,6 +29,7 @@
 #include <nlohmann/json.hpp>
 
 #include "config/experiment.h"
+#include "parallel/process_group.h"
 #include "projection/op_timing.h"
 #include "projection/workload.h"
 #include "train/parallel_layout.h"
@@ -54,6 +55,9 @@ struct Link {
   std::string name;  // "intra-node", "inter-node"
 };
 double comm_seconds(const std::string& op, double bytes, int ranks, const Link& link);
+// The link of `group` measured in that model's terms: the mean time of small all-reduces gives
+// the latency, of 4 MiB ones the bandwidth. Collective over the group.
+Link measure_link(parallel::ProcessGroup& group);
 
 struct RankMemory {
   int pp_rank = 0;

@@ -32,7 +32,9 @@ nlohmann::ordered_json to_json(const Projection& p) {
                    {"memory_gb", p.hardware.memory_gb},
                    {"memory_bandwidth_gbs", p.hardware.memory_bandwidth_gbs},
                    {"link_gbs", p.hardware.link_gbs},
+                   {"link_latency_us", p.hardware.link_latency_us},
                    {"nic_gbs", p.hardware.nic_gbs},
+                   {"nic_latency_us", p.hardware.nic_latency_us},
                    {"source", p.hardware.source}};
   j["nodes"] = p.nodes;
   j["gpus_per_node"] = p.gpus_per_node;

@@ -7,6 +7,7 @@
 //
 // benchmark (the default on this machine's CPU) times each op on the backend the trainer would
 // use here; simulate (the default for a named GPU) uses the hardware's roofline.
+#include <algorithm>
 #include <cstdlib>
 #include <fstream>
 #include <iostream>
@@ -19,6 +20,8 @@
 #include "cli/registry.h"
 #include "config/experiment.h"
 #include "core/error.h"
+#include "core/launch_env.h"
+#include "parallel/mpi_process_group.h"
 #include "projection/projection.h"
 #include "train/compute.h"
 
@@ -30,8 +33,12 @@ struct Options {
   int nodes = 0, gpus_per_node = 0;
 };
 
+trace::Hardware hardware_of(const std::string& name);
+
 // A hardware file: the keys of trace::Hardware (name, peak_tflops, memory_gb,
-// memory_bandwidth_gbs, link_gbs, link_latency_us, nic_gbs, nic_latency_us, gpus_per_node).
+// memory_bandwidth_gbs, link_gbs, link_latency_us, nic_gbs, nic_latency_us, gpus_per_node),
+// optionally on top of `base:` (a named machine or CPU), e.g. this machine's CPU with the link
+// latency and bandwidth preflight measured.
 trace::Hardware hardware_from_file(const std::string& path) {
   YAML::Node n;
   try {
@@ -40,10 +47,13 @@ trace::Hardware hardware_from_file(const std::string& path) {
     fail("--hardware-config {}: {}", path, e.what());
   }
   if (n["hardware_config"]) n = n["hardware_config"];
-  trace::Hardware h;
-  h.name = n["name"] ? n["name"].as<std::string>() : path;
-  h.description = h.name;
-  h.source = path;
+  if (!n.IsMap()) fail("--hardware-config {}: expected a map of the hardware's numbers", path);
+  const bool based = bool(n["base"]);
+  trace::Hardware h = based ? hardware_of(n["base"].as<std::string>()) : trace::Hardware{};
+  if (n["name"]) h.name = n["name"].as<std::string>();
+  else if (!based) h.name = path;
+  if (!based) h.description = h.name;
+  h.source = based ? h.source + ", with " + path : path;
   auto num = [&](const char* key, double& v, bool required) {
     if (!n[key]) {
       if (required) fail("--hardware-config {}: '{}' is missing", path, key);
@@ -56,17 +66,25 @@ trace::Hardware hardware_from_file(const std::string& path) {
     }
     if (v < 0) fail("--hardware-config {}: '{}' must not be negative", path, key);
   };
-  num("peak_tflops", h.peak_tflops, true);
-  num("memory_bandwidth_gbs", h.memory_bandwidth_gbs, true);
+  num("peak_tflops", h.peak_tflops, !based);
+  num("memory_bandwidth_gbs", h.memory_bandwidth_gbs, !based);
   num("memory_gb", h.memory_gb, false);
-  num("link_gbs", h.link_gbs, true);
+  num("link_gbs", h.link_gbs, !based);
   num("link_latency_us", h.link_latency_us, false);
   num("nic_gbs", h.nic_gbs, false);
   num("nic_latency_us", h.nic_latency_us, false);
-  double g = 8;
+  double g = based ? h.gpus_per_node : 8;
   num("gpus_per_node", g, false);
   h.gpus_per_node = int(g);
   if (h.nic_gbs == 0) h.nic_gbs = h.link_gbs;
+  for (auto kv : n) {
+    const std::string k = kv.first.as<std::string>();
+    static const std::vector<std::string> known = {"base", "name", "peak_tflops", "memory_bandwidth_gbs", "memory_gb",
+                                                   "link_gbs", "link_latency_us", "nic_gbs", "nic_latency_us",
+                                                   "gpus_per_node"};
+    if (std::find(known.begin(), known.end(), k) == known.end())
+      fail("--hardware-config {}: unknown key '{}'{}", path, k, did_you_mean(k, known));
+  }
   return h;
 }
 
@@ -84,11 +102,23 @@ int run(const std::string& what, const Options& o, const std::vector<std::string
   if (o.config.empty()) fail("projection {} needs --config <experiment.yaml>", what);
   if (o.nodes < 0 || o.gpus_per_node < 0) fail("--target-nodes and --gpus-per-node must be positive");
   const config::ExperimentConfig cfg = config::load_experiment(o.config, key_values(extras));
+  parallel::ProcessGroup* world = nullptr;
+  if (discover_launch_env().world_size > 1) {
+    parallel::init_mpi();
+    world = &parallel::mpi_world();
+  }
   projection::Target t;
   t.nodes = o.nodes;
   t.gpus_per_node = o.gpus_per_node;
   t.hardware = hardware_of(o.hardware);
   if (!o.sharding.empty()) t.sharding = projection::parse_sharding(o.sharding);
+  // This machine's CPU with several ranks here: the link between them as it is now.
+  if (world && t.hardware.measured && !o.hardware.ends_with(".yaml")) {
+    const projection::Link l = projection::measure_link(*world);
+    t.hardware.link_gbs = t.hardware.nic_gbs = l.gbs;
+    t.hardware.link_latency_us = t.hardware.nic_latency_us = l.latency_us;
+    t.hardware.source += fmt::format("; link between the ranks measured now: {:.1f} us, {:.2f} GB/s", l.latency_us, l.gbs);
+  }
   projection::Projection p = projection::plan(cfg, t);
   if (what != "performance") projection::project_memory(p);
   if (what != "memory") {
@@ -105,13 +135,18 @@ int run(const std::string& what, const Options& o, const std::vector<std::string
         omp_set_num_threads(std::max(1, int(std::thread::hardware_concurrency()) / ranks_here));
       }
       train::Compute compute = train::choose_compute(cfg.train, 0);
-      projection::MeasuredOps timer(*compute.backend);
+      // Started as several ranks (direct --nproc N), every rank measures at once, in step, so
+      // that the ops see the cores shared as the training's ranks share them; rank 0 reports.
+      std::function<void()> sync;
+      if (world) sync = [world] { world->barrier(); };
+      projection::MeasuredOps timer(*compute.backend, sync);
       projection::project_performance(p, timer);
     } else {
       projection::RooflineOps timer(t.hardware);
       projection::project_performance(p, timer);
     }
   }
+  if (world && world->rank() != 0) return 0;
   const std::string text = o.format == "json" ? projection::to_json(p).dump(2) + "\n" : projection::to_text(p);
   if (o.output.empty()) {
     std::cout << text;
