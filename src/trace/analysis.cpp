@@ -180,7 +180,7 @@ Timeline timeline_of(const std::vector<TraceEvent>& events) {
   t.exposed_comm_ms = length(subtract(comm, comp)) * ms;
   t.exposed_memcpy_ms = length(subtract(subtract(memcpy, comp), comm)) * ms;
   t.busy_ms = length(all) * ms;
-  t.idle_ms = t.total_ms - t.busy_ms;
+  t.idle_ms = (all.back().end - all.front().begin - length(all)) * ms;
   t.total_comm_ms = length(comm) * ms;
   t.total_memcpy_ms = length(memcpy) * ms;
   return t;
