@@ -44,7 +44,8 @@ const std::vector<KeyInfo>& training_keys() {
       KEY(save, "checkpoint folder. Empty: <workspace>/<exp_name>/checkpoints"),
       KEY(load, "checkpoint to start from: an iter_NNNNNNN folder, or a folder with a `latest` file"),
       KEY(auto_resume, "resume from the newest good checkpoint in `save` when there is one"),
-      KEY(keep_last_checkpoints, "checkpoints kept in `save`; older ones are deleted. 0: keep all"),
+      KEY(keep_last_checkpoints, "this run's checkpoints kept in `save` (newest saves); older ones are deleted. 0: keep all"),
+      KEY(overwrite, "let this run replace checkpoints of another run (or model) in `save`; off: that is an error"),
       KEY(data_path, "Megatron indexed dataset prefixes, optionally weighted: [0.3, a, 0.7, b]"),
       KEY(split, "train,valid,test proportions of the documents, e.g. 969,30,1"),
       KEY(mock_data, "train on random tokens instead of data_path (benchmarks, smoke tests)"),
@@ -53,7 +54,8 @@ const std::vector<KeyInfo>& training_keys() {
       KEY(recompute_granularity, "activation recompute: full | selective; empty: none"),
       KEY(device, "auto | cpu | cuda. auto: the GPU when bf16 is on and one is present, else the CPU"),
       KEY(bf16, "bf16 mixed precision: bf16 weights and activations, fp32 master weights, gradients and "
-                "optimizer state. Required on the GPU; on the CPU it runs the slow reference backend"),
+                "optimizer state. Required on the GPU; on the CPU the bf16 backend (AVX512-BF16, AMX), else the slow "
+                "reference backend"),
       KEY(gemm_tuning_cache, "GPU only: a GEMM tuning file from `benchmark gemm --tune`; its algorithms are used"),
       KEY(gemm_online_tuning, "GPU only: time cuBLASLt's candidate algorithms for each new GEMM shape and keep "
                               "the fastest"),
@@ -217,7 +219,9 @@ std::string ExperimentConfig::resolved_yaml() const {
   return std::string(e.c_str()) + "\n";
 }
 
-ExperimentConfig load_experiment(const std::string& path, const std::vector<std::pair<std::string, std::string>>& overrides) {
+namespace {
+ExperimentConfig load_experiment_unguarded(const std::string& path,
+                                          const std::vector<std::pair<std::string, std::string>>& overrides) {
   ExperimentConfig cfg;
   cfg.config_file = path;
   cfg.tree = load_yaml_tree(path);
@@ -333,6 +337,20 @@ ExperimentConfig load_experiment(const std::string& path, const std::vector<std:
   for (int64_t r : t.profile_ranks)
     if (r < 0) fail("{}: profile_ranks lists rank {}; ranks are 0 or more", at("profile_ranks"), r);
   return cfg;
+}
+
+}  // namespace
+
+ExperimentConfig load_experiment(const std::string& path, const std::vector<std::pair<std::string, std::string>>& overrides) {
+  // Whatever a library throws on odd input (a path the file system refuses, a YAML node of an
+  // unexpected kind) becomes an error naming the config file.
+  try {
+    return load_experiment_unguarded(path, overrides);
+  } catch (const std::filesystem::filesystem_error& e) {
+    fail("{}: {}", path, e.what());
+  } catch (const YAML::Exception& e) {
+    fail("{}:{}: {}", path, e.mark.line + 1, e.msg);
+  }
 }
 
 std::string training_keys_reference() {

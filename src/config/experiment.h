@@ -57,6 +57,7 @@ struct TrainingArgs {
   std::string load;           // checkpoint folder (or its parent with a `latest` file) to resume from
   bool auto_resume = true;    // resume from `save` when it holds a checkpoint
   int64_t keep_last_checkpoints = 3;
+  bool overwrite = false;     // replace another run's checkpoints in `save` (else an error)
   // data
   std::vector<std::string> data_path;
   std::string split = "969,30,1";

@@ -57,9 +57,16 @@ std::string substitute_env(const std::string& text, const Origin& where) {
 // Records origins of every leaf and substitutes variables in place.
 void annotate(YAML::Node node, const std::string& path, const std::string& file, YamlTree& tree) {
   if (node.IsMap()) {
+    std::map<std::string, int> seen;  // key -> line: yaml-cpp keeps both of a duplicate pair
     for (auto kv : node) {
-      const std::string key = kv.first.as<std::string>();
-      tree.origins[join(path, key)] = Origin{file, kv.first.Mark().line + 1};
+      const int line = kv.first.Mark().line + 1;
+      if (!kv.first.IsScalar())
+        fail("{}:{}: a key must be a plain name, not a {}", file, line, kv.first.IsMap() ? "map" : "list");
+      const std::string key = kv.first.Scalar();
+      if (auto [it, fresh] = seen.emplace(key, line); !fresh)
+        fail("{}:{}: duplicate key '{}'{} (first set at line {}); YAML keeps one of them silently, remove the other",
+             file, line, key, path.empty() ? "" : " in " + path, it->second);
+      tree.origins[join(path, key)] = Origin{file, line};
       annotate(kv.second, join(path, key), file, tree);
     }
   } else if (node.IsSequence()) {
@@ -87,8 +94,9 @@ std::string resolve_extends(const std::string& name, const fs::path& from_dir, c
     tries.push_back(fs::path(d) / name);
     tries.push_back(fs::path(d) / (name + ".yaml"));
   }
+  std::error_code ec;  // a name too long for the file system is simply not found
   for (const auto& p : tries)
-    if (fs::is_regular_file(p)) return p.string();
+    if (fs::is_regular_file(p, ec)) return p.string();
   fail("{}: extends '{}', but no such file (looked in {} and the preset folders)", where.str(), name,
        from_dir.string());
 }
@@ -115,10 +123,14 @@ YamlTree load_rec(const std::string& path, std::vector<std::string>& stack) {
   if (YAML::Node ext = doc["extends"]) {
     const Origin where{path, ext.Mark().line + 1};
     std::vector<std::string> bases;
+    auto name = [&](const YAML::Node& e) {
+      if (!e.IsScalar()) fail("{}: extends takes a file name or a list of them", where.str());
+      return e.Scalar();
+    };
     if (ext.IsSequence())
-      for (const auto& e : ext) bases.push_back(e.as<std::string>());
+      for (const auto& e : ext) bases.push_back(name(e));
     else
-      bases.push_back(ext.as<std::string>());
+      bases.push_back(name(ext));
     for (const auto& b : bases) {
       YamlTree base = load_rec(resolve_extends(b, fs::path(path).parent_path(), where), stack);
       merge_into(result.root, base.root);
@@ -144,7 +156,13 @@ void add_extends_search_dir(const std::string& dir) {
 
 YamlTree load_yaml_tree(const std::string& path) {
   std::vector<std::string> stack;
-  return load_rec(path, stack);
+  try {
+    return load_rec(path, stack);
+  } catch (const YAML::Exception& e) {  // anything yaml-cpp throws past the checks above
+    fail("{}:{}: {}", path, e.mark.line + 1, e.msg);
+  } catch (const fs::filesystem_error& e) {  // a path the file system refuses (too long, ...)
+    fail("{}: {}", path, e.what());
+  }
 }
 
 void YamlTree::set(const std::string& path, const std::string& text) {

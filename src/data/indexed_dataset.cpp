@@ -5,9 +5,15 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <zlib.h>
+
+#include <algorithm>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <limits>
+
+#include <fmt/format.h>
 
 #include "core/error.h"
 
@@ -88,7 +94,8 @@ IndexedDataset::IndexedDataset(const std::string& prefix) : prefix_(prefix) {
     fail("index '{}' is truncated or corrupt: it claims {} sequences and {} document entries in {} bytes", idx_path,
          seqs, docs, n);
   size_t want = kHeader + seqs * 4 + seqs * 8 + docs * 8;
-  if (n != want && n != want + seqs)  // + seqs: Megatron's multimodal sequence modes
+  const bool paired = n == want + kPairTrailerBytes && std::memcmp(p + want, kPairMagic, 8) == 0;
+  if (n != want && n != want + seqs && !paired)  // + seqs: Megatron's multimodal sequence modes
     fail("index '{}' is {} bytes but its header ({} sequences, {} document entries) needs {}: truncated or corrupt",
          idx_path, n, seqs, docs, want);
   sizes_ = {reinterpret_cast<const int32_t*>(p + kHeader), seqs};
@@ -107,6 +114,17 @@ IndexedDataset::IndexedDataset(const std::string& prefix) : prefix_(prefix) {
   if (static_cast<uint64_t>(expect) != bin_->size())
     fail("'{}' is {} bytes but its index '{}' describes {} bytes ({} tokens of {}): the files do not match", bin_path,
          bin_->size(), idx_path, expect, num_tokens_, dtype_name(dtype_));
+  if (paired) {
+    uint64_t bin_bytes = 0;
+    uint32_t crc = 0;
+    std::memcpy(&bin_bytes, p + want + 8, 8);
+    std::memcpy(&crc, p + want + 16, 4);
+    if (bin_bytes != bin_->size() || crc != sampled_crc(bin_->data(), bin_->size()))
+      fail("'{}' is not the .bin that '{}' was written with (its content differs from what the index recorded: "
+           "{} bytes, sampled CRC-32 {:08x}; the .bin has {} bytes, CRC-32 {:08x}): the pair comes from two corpora, "
+           "or one of them was replaced",
+           bin_path, idx_path, bin_bytes, crc, bin_->size(), sampled_crc(bin_->data(), bin_->size()));
+  }
   if (docs == 0 || doc_idx_[0] != 0 || doc_idx_[docs - 1] != static_cast<int64_t>(seqs))
     fail("index '{}': document indices must run from 0 to the sequence count {}", idx_path, seqs);
   for (size_t d = 1; d < docs; ++d)
@@ -154,12 +172,20 @@ IndexedDatasetBuilder::IndexedDatasetBuilder(const std::string& prefix, TokenDTy
   if (dtype != TokenDType::u8 && dtype != TokenDType::u16 && dtype != TokenDType::i32 && dtype != TokenDType::i64 &&
       dtype != TokenDType::i16 && dtype != TokenDType::i8)
     fail("cannot write tokens as {}", dtype_name(dtype));
-  bin_ = std::fopen((prefix + ".bin").c_str(), "wb");
-  if (!bin_) fail("cannot create '{}.bin': {}", prefix, std::strerror(errno));
+  // Temporary names in the output's folder (rename stays within one file system).
+  const std::string tag = fmt::format(".tmp.{}.{}", ::getpid(), reinterpret_cast<uintptr_t>(this));
+  bin_tmp_ = prefix + ".bin" + tag;
+  idx_tmp_ = prefix + ".idx" + tag;
+  bin_ = std::fopen(bin_tmp_.c_str(), "wb");
+  if (!bin_) fail("cannot create '{}': {}", bin_tmp_, std::strerror(errno));
 }
 
 IndexedDatasetBuilder::~IndexedDatasetBuilder() {
   if (bin_) std::fclose(bin_);
+  if (!finalized_) {  // abandoned: nothing of it may remain
+    std::remove(bin_tmp_.c_str());
+    std::remove(idx_tmp_.c_str());
+  }
 }
 
 void IndexedDatasetBuilder::add_item(std::span<const int32_t> tokens) {
@@ -188,7 +214,7 @@ void IndexedDatasetBuilder::add_item(std::span<const int32_t> tokens) {
     default: break;
   }
   if (!buf_.empty() && std::fwrite(b, 1, buf_.size(), bin_) != buf_.size())
-    fail("cannot write '{}.bin': {}", prefix_, std::strerror(errno));
+    fail("cannot write '{}': {}", bin_tmp_, std::strerror(errno));
   sizes_.push_back(static_cast<int32_t>(tokens.size()));
   num_tokens_ += static_cast<int64_t>(tokens.size());
 }
@@ -197,25 +223,55 @@ void IndexedDatasetBuilder::end_document() { doc_idx_.push_back(static_cast<int6
 
 void IndexedDatasetBuilder::finalize() {
   if (finalized_) return;
-  finalized_ = true;
-  if (std::fclose(bin_) != 0) {
-    bin_ = nullptr;
-    fail("cannot write '{}.bin': {}", prefix_, std::strerror(errno));
-  }
+  const bool bin_ok = std::fflush(bin_) == 0 && ::fsync(::fileno(bin_)) == 0;
+  const int bin_err = errno;
+  const bool closed = std::fclose(bin_) == 0;
   bin_ = nullptr;
-  std::string path = prefix_ + ".idx";
-  std::FILE* f = std::fopen(path.c_str(), "wb");
-  if (!f) fail("cannot create '{}': {}", path, std::strerror(errno));
+  if (!bin_ok || !closed) fail("cannot write '{}': {}", bin_tmp_, std::strerror(bin_ok ? errno : bin_err));
+  uint32_t crc = 0;
+  uint64_t bin_bytes = 0;
+  {
+    MappedFile bin(bin_tmp_);
+    bin_bytes = bin.size();
+    crc = sampled_crc(bin.data(), bin.size());
+  }
+  std::FILE* f = std::fopen(idx_tmp_.c_str(), "wb");
+  if (!f) fail("cannot create '{}': {}", idx_tmp_, std::strerror(errno));
   uint64_t version = kIndexVersion, seqs = sizes_.size(), docs = doc_idx_.size();
   uint8_t code = static_cast<uint8_t>(dtype_);
   std::vector<int64_t> pointers(seqs);
   int64_t at = 0;
   for (size_t i = 0; i < seqs; ++i) pointers[i] = at, at += static_cast<int64_t>(sizes_[i]) * dtype_size(dtype_);
+  char trailer[kPairTrailerBytes] = {};
+  std::memcpy(trailer, kPairMagic, 8);
+  std::memcpy(trailer + 8, &bin_bytes, 8);
+  std::memcpy(trailer + 16, &crc, 4);
   bool ok = std::fwrite(kIndexMagic, 1, 9, f) == 9 && std::fwrite(&version, 8, 1, f) == 1 &&
             std::fwrite(&code, 1, 1, f) == 1 && std::fwrite(&seqs, 8, 1, f) == 1 && std::fwrite(&docs, 8, 1, f) == 1 &&
             std::fwrite(sizes_.data(), 4, seqs, f) == seqs && std::fwrite(pointers.data(), 8, seqs, f) == seqs &&
-            std::fwrite(doc_idx_.data(), 8, docs, f) == docs;
-  if (std::fclose(f) != 0 || !ok) fail("cannot write '{}': {}", path, std::strerror(errno));
+            std::fwrite(doc_idx_.data(), 8, docs, f) == docs &&
+            std::fwrite(trailer, 1, kPairTrailerBytes, f) == kPairTrailerBytes;
+  ok = ok && std::fflush(f) == 0 && ::fsync(::fileno(f)) == 0;
+  if (std::fclose(f) != 0 || !ok) fail("cannot write '{}': {}", idx_tmp_, std::strerror(errno));
+  // Into place: the .bin first, so that a reader never pairs the new .idx with the old .bin (and
+  // a reader that pairs the old .idx with the new .bin is refused by the trailer).
+  if (std::rename(bin_tmp_.c_str(), (prefix_ + ".bin").c_str()) != 0)
+    fail("cannot rename '{}' to '{}.bin': {}", bin_tmp_, prefix_, std::strerror(errno));
+  if (std::rename(idx_tmp_.c_str(), (prefix_ + ".idx").c_str()) != 0)
+    fail("cannot rename '{}' to '{}.idx': {}", idx_tmp_, prefix_, std::strerror(errno));
+  finalized_ = true;
+}
+
+uint32_t sampled_crc(const uint8_t* data, size_t size) {
+  constexpr size_t kPage = 4096, kPages = 64;
+  uLong crc = crc32(0, nullptr, 0);
+  if (size == 0) return uint32_t(crc);
+  const size_t len = std::min(kPage, size);
+  for (size_t k = 0; k < kPages; ++k) {
+    const size_t at = (size - len) / (kPages - 1) * k;
+    crc = crc32(crc, data + at, uInt(len));
+  }
+  return uint32_t(crc);
 }
 
 }  // namespace primus::data

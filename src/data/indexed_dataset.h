@@ -11,8 +11,19 @@
 //   int64[D]  document indices: 0, then the sequence count after each document
 //   (int8[S]  sequence modes, only in Megatron's multimodal datasets; accepted and ignored)
 //
+//   (24 bytes  this project's pairing trailer, after everything else: "PRMSTIE1", u64 the .bin's
+//              size, u32 a CRC-32 of 64 pages sampled evenly through the .bin, u32 zero. Readers of
+//              Megatron's format ignore trailing bytes; an .idx without it, as Megatron writes
+//              them, is read as before.)
+//
 // Both files are memory-mapped; opening checks every field against the other file, so a .bin that
-// does not match its .idx, a truncated file or an unknown dtype is an error, never garbage.
+// does not match its .idx, a truncated file or an unknown dtype is an error, never garbage. With
+// the trailer, a .bin from another corpus that happens to have the size the .idx describes is
+// refused too.
+//
+// The builder writes both files under temporary names beside the outputs and renames them into
+// place when finished (.bin first, then .idx): a job that has the old files mapped keeps reading
+// them (no SIGBUS), and a failed or interrupted run leaves the old dataset as it was.
 #pragma once
 
 #include <cstdint>
@@ -33,6 +44,11 @@ TokenDType optimal_dtype(int64_t vocab_size);
 
 inline constexpr char kIndexMagic[9] = {'M', 'M', 'I', 'D', 'I', 'D', 'X', '\0', '\0'};
 inline constexpr uint64_t kIndexVersion = 1;
+inline constexpr char kPairMagic[8] = {'P', 'R', 'M', 'S', 'T', 'I', 'E', '1'};
+inline constexpr size_t kPairTrailerBytes = 24;
+
+// The CRC-32 of 64 pages (4 KiB) sampled evenly through a .bin: cheap to check on every open.
+uint32_t sampled_crc(const uint8_t* data, size_t size);
 
 // A read-only mapping of a whole file.
 class MappedFile {
@@ -94,6 +110,7 @@ class IndexedDatasetBuilder {
 
  private:
   std::string prefix_;
+  std::string bin_tmp_, idx_tmp_;  // where the files are written until finalize renames them
   TokenDType dtype_;
   std::FILE* bin_ = nullptr;
   std::vector<int32_t> sizes_;

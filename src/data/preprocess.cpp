@@ -110,30 +110,9 @@ BatchOut process_batch(const Batch& b, const PreprocessOptions& o, const Tokeniz
       continue;
     }
     // Tokenize every key first, so that a bad line adds nothing to any output.
-    std::vector<std::vector<std::vector<int32_t>>> per_key(o.json_keys.size());
+    std::vector<std::vector<std::vector<int32_t>>> per_key;
     try {
-      json j;
-      try {
-        j = json::parse(line);
-      } catch (const json::parse_error& e) {
-        fail("malformed JSON: {}", e.what());
-      }
-      if (!j.is_object()) fail("expected a JSON object, got {}", j.type_name());
-      for (size_t k = 0; k < o.json_keys.size(); ++k) {
-        auto it = j.find(o.json_keys[k]);
-        if (it == j.end()) fail("no key '{}'", o.json_keys[k]);
-        auto add = [&](const json& v) {
-          if (!v.is_string()) fail("key '{}' holds {}, expected a string", o.json_keys[k], v.type_name());
-          auto ids = tok.encode(v.get_ref<const std::string&>());
-          if (!ids.empty()) per_key[k].push_back(std::move(ids));
-        };
-        if (it->is_array()) {  // a list of sentences, as Megatron's --split-sentences output
-          for (const auto& s : *it) add(s);
-        } else {
-          add(*it);
-        }
-        if (o.append_eod && !per_key[k].empty()) per_key[k].back().push_back(tok.eod());
-      }
+      per_key = encode_jsonl_line(line, o.json_keys, tok, o.append_eod);
     } catch (const Error& e) {
       std::string msg = fmt::format("{}:{}: {}", input, lineno, e.what());
       if (!o.skip_bad) fail("{} (use --skip-bad to skip such lines)", msg);
@@ -156,6 +135,35 @@ BatchOut process_batch(const Batch& b, const PreprocessOptions& o, const Tokeniz
 }
 
 }  // namespace
+
+std::vector<std::vector<std::vector<int32_t>>> encode_jsonl_line(std::string_view line,
+                                                                 const std::vector<std::string>& keys,
+                                                                 const Tokenizer& tok, bool append_eod) {
+  std::vector<std::vector<std::vector<int32_t>>> per_key(keys.size());
+  json j;
+  try {
+    j = json::parse(line);
+  } catch (const json::exception& e) {  // parse_error, and out_of_range for a number that overflows
+    fail("malformed JSON: {}", e.what());
+  }
+  if (!j.is_object()) fail("expected a JSON object, got {}", j.type_name());
+  for (size_t k = 0; k < keys.size(); ++k) {
+    auto it = j.find(keys[k]);
+    if (it == j.end()) fail("no key '{}'", keys[k]);
+    auto add = [&](const json& v) {
+      if (!v.is_string()) fail("key '{}' holds {}, expected a string", keys[k], v.type_name());
+      auto ids = tok.encode(v.get_ref<const std::string&>());
+      if (!ids.empty()) per_key[k].push_back(std::move(ids));
+    };
+    if (it->is_array()) {  // a list of sentences, as Megatron's --split-sentences output
+      for (const auto& s : *it) add(s);
+    } else {
+      add(*it);
+    }
+    if (append_eod && !per_key[k].empty()) per_key[k].back().push_back(tok.eod());
+  }
+  return per_key;
+}
 
 std::string document_prefix(const std::string& output_prefix, const std::string& key) {
   return fmt::format("{}_{}_document", output_prefix, key);
@@ -259,11 +267,10 @@ PreprocessStats preprocess(const PreprocessOptions& o, const Tokenizer& tok) {
     }
     for (auto& b : builders) b->finalize();
   } catch (...) {
-    builders.clear();  // close before removing: a failed run leaves no half-written dataset behind
-    for (const auto& p : st.outputs) {
-      std::remove((p + ".bin").c_str());
-      std::remove((p + ".idx").c_str());
-    }
+    // The builders write temporary files and rename them into place only when finished: closing
+    // them removes those, and a dataset already at the output names (maybe in use by a training
+    // job) is left as it was.
+    builders.clear();
     throw;
   }
   st.seconds = std::chrono::duration<double>(Clock::now() - t0).count();

@@ -35,6 +35,13 @@ struct PreprocessStats {
 // Output prefix for a key, Megatron's naming: <output_prefix>_<key>_document.
 std::string document_prefix(const std::string& output_prefix, const std::string& key);
 
+// One JSONL line's documents: for each key, its sequences (a string, or a list of strings as
+// --split-sentences writes), tokenized, with eod appended when asked. Throws primus::Error naming
+// what is wrong with the line (malformed JSON, a missing key, a value that is not a string).
+std::vector<std::vector<std::vector<int32_t>>> encode_jsonl_line(std::string_view line,
+                                                                 const std::vector<std::string>& keys,
+                                                                 const Tokenizer& tok, bool append_eod);
+
 PreprocessStats preprocess(const PreprocessOptions& options, const Tokenizer& tokenizer);
 
 }  // namespace primus::data

@@ -4,6 +4,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <limits>
 #include <map>
 #include <mutex>
 #include <sstream>
@@ -245,6 +246,14 @@ std::string token_text(const json& v) {  // "<s>" or {"content": "<s>", ...}
   return "";
 }
 
+// A token id from tokenizer.json: a 32-bit integer, or an error (converting 1e78 would be undefined).
+int32_t token_id(const json& v, const std::string& where, const std::string& token) {
+  if (!v.is_number_integer() || v.get<int64_t>() > std::numeric_limits<int32_t>::max() ||
+      v.get<int64_t>() < std::numeric_limits<int32_t>::min())
+    fail("tokenizer file '{}': the id of '{}' is not a 32-bit integer: {}", where, token, v.dump());
+  return v.get<int32_t>();
+}
+
 std::unique_ptr<Tokenizer> build_hf(const TokenizerOptions& o) {
   if (o.model.empty()) fail("HuggingFaceTokenizer needs --tokenizer-model (tokenizer.json or its folder)");
   fs::path path = o.model;
@@ -296,11 +305,15 @@ std::unique_ptr<Tokenizer> build_hf(const TokenizerOptions& o) {
     std::unordered_map<std::string, int32_t> vocab;
     int32_t max_id = -1;
     for (auto& [tok, idv] : model.at("vocab").items()) {
-      int32_t id = idv.get<int32_t>();
+      int32_t id = token_id(idv, where, tok);
       if (id < 0) fail("tokenizer file '{}': negative id for '{}'", where, tok);
       vocab[tok] = id;
       max_id = std::max(max_id, id);
     }
+    // Ids are (nearly) dense in every real vocabulary; one stray huge id would size the table.
+    if (int64_t(max_id) >= 2 * int64_t(vocab.size()) + 65536)
+      fail("tokenizer file '{}': ids go up to {} for {} vocabulary entries; a vocabulary's ids must be dense", where,
+           max_id, vocab.size());
     token_bytes.assign(max_id + 1, "");
     std::string b;
     size_t non_byte_level = 0;
@@ -330,7 +343,8 @@ std::unique_ptr<Tokenizer> build_hf(const TokenizerOptions& o) {
 
     // Added tokens are matched in the raw text before anything else, as HF tokenizers does.
     for (const auto& t : j.value("added_tokens", json::array())) {
-      int32_t id = t.at("id").get<int32_t>();
+      int32_t id = token_id(t.at("id"), where, t.at("content").dump());
+      if (id < 0) fail("tokenizer file '{}': negative id for added token {}", where, t.at("content").dump());
       cfg.specials.emplace_back(t.at("content").get<std::string>(), id);
       max_id = std::max(max_id, id);
     }

@@ -160,7 +160,7 @@ void apply_yaml(ModelSpec& spec, const YAML::Node& node, const std::string& orig
   std::set<std::string> seen;
   const std::vector<std::string> keys = valid_keys();
   for (auto it = node.begin(); it != node.end(); ++it) {
-    const YAML::Node& k = it->first;
+    const YAML::Node k = it->first;  // a copy: the iterator yields a temporary pair
     const std::string at = where(origin, k.Mark());
     if (!k.IsScalar()) fail("{}: keys must be plain names, got {}", at, scalar_text(k));
     const std::string key = k.Scalar();

@@ -39,6 +39,12 @@ FaultSpec parse_fault(const std::string& kind, const std::string& text, const st
     else if (k == "during" && kind == "kill") {
       if (v != "checkpoint" && v != "step") fail("{}: during= must be step or checkpoint, got '{}'", variable, v);
       f.during = v == "step" ? "" : v;
+    } else if (k == "at" && kind == "kill") {
+      // Where inside the save (checkpoint.cpp's kill points): after this rank's shard file, halfway
+      // through it, after meta.json (rank 0), after the rename before `latest` moves (rank 0).
+      if (v != "shard" && v != "half" && v != "meta" && v != "renamed")
+        fail("{}: at= must be shard, half, meta or renamed, got '{}'", variable, v);
+      f.at = v;
     } else {
       fail("{}: unknown key '{}' (value '{}')", variable, k, text);
     }

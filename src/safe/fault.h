@@ -5,6 +5,10 @@
 //   PRIMUS_FAULT_KILL="rank=1,iteration=7"                      SIGKILL at the start of iteration 7
 //   PRIMUS_FAULT_KILL="rank=0,iteration=10,during=checkpoint"   SIGKILL in the middle of writing
 //                                                               the checkpoint of iteration 10
+//                                                               (right after this rank's shard;
+//                                                               at=half|meta|renamed: halfway
+//                                                               through it, after meta.json, after
+//                                                               the folder's rename)
 //   PRIMUS_FAULT_STALL="rank=0,iteration=6"                     sleep forever at iteration 6
 //   PRIMUS_FAULT_NAN="rank=0,iteration=5"                       NaN in the gradients at iteration 5
 //   PRIMUS_FAULT_SLOW="rank=1,ms=150"                           sleep 150 ms in every step
@@ -26,6 +30,7 @@ struct FaultSpec {
   int rank = 0;
   int64_t iteration = 0;   // kill/stall/nan: when; slow: from
   std::string during;      // kill: "" (step start) or "checkpoint"
+  std::string at = "shard";  // kill during a checkpoint: shard | half | meta | renamed
   int64_t ms = 0;          // slow: delay per step
 };
 

@@ -3,7 +3,11 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <regex>
 #include <fstream>
 #include <sstream>
 
@@ -19,7 +23,20 @@ fs::path heartbeat_path(const fs::path& run_dir, int rank) {
   return watch_dir(run_dir) / ("rank_" + std::to_string(rank) + ".json");
 }
 
-void write_heartbeat(const fs::path& run_dir, const Heartbeat& hb) {
+std::string heartbeat_unwritable_line(const Heartbeat& hb, const std::string& reason) {
+  return "primus heartbeat: rank " + std::to_string(hb.rank) + " (pid " + std::to_string(hb.pid) + " on " + hb.host +
+         ") cannot write its heartbeat: " + reason + "\n";
+}
+
+std::vector<UnwritableHeartbeat> parse_unwritable_heartbeats(const std::string& text) {
+  static const std::regex line(R"(primus heartbeat: rank (\d+) \(pid (\d+) on (\S*)\) cannot write its heartbeat: ([^\n]*))");
+  std::vector<UnwritableHeartbeat> out;
+  for (std::sregex_iterator it(text.begin(), text.end(), line), end; it != end; ++it)
+    out.push_back({std::stoi((*it)[1]), std::stoi((*it)[2]), (*it)[3], (*it)[4]});
+  return out;
+}
+
+std::string write_heartbeat(const fs::path& run_dir, const Heartbeat& hb) {
   // NaN has no JSON spelling: it is written as null and read back as NaN.
   auto num = [](double v) { return std::isfinite(v) ? json(v) : json(nullptr); };
   const json j{{"rank", hb.rank},          {"world_size", hb.world_size}, {"pid", hb.pid},
@@ -30,13 +47,23 @@ void write_heartbeat(const fs::path& run_dir, const Heartbeat& hb) {
   const std::string text = j.dump() + "\n";
   const fs::path final_path = heartbeat_path(run_dir, hb.rank);
   const fs::path tmp = final_path.string() + ".tmp";
+  if (const char* f = std::getenv("PRIMUS_FAULT_HEARTBEAT")) {
+    const char* from = std::strstr(f, "from=");
+    if (hb.iteration >= (from ? std::atoll(from + 5) : 0))
+      return "cannot write " + tmp.string() + ": " + std::strerror(ENOSPC) + " (injected: PRIMUS_FAULT_HEARTBEAT)";
+  }
   std::error_code ec;
   fs::create_directories(final_path.parent_path(), ec);
   const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) return;  // a heartbeat that cannot be written shows up as a hang, which is honest
-  const bool ok = ::write(fd, text.data(), text.size()) == ssize_t(text.size());
+  if (fd < 0) return "cannot write " + tmp.string() + ": " + std::strerror(errno);
+  const ssize_t n = ::write(fd, text.data(), text.size());
+  const int err = errno;
   ::close(fd);
-  if (ok) fs::rename(tmp, final_path, ec);
+  if (n != ssize_t(text.size()))
+    return "cannot write " + tmp.string() + ": " + (n < 0 ? std::strerror(err) : std::strerror(ENOSPC));
+  fs::rename(tmp, final_path, ec);
+  if (ec) return "cannot rename " + tmp.string() + ": " + ec.message();
+  return "";
 }
 
 std::optional<Heartbeat> read_heartbeat(const fs::path& file) {

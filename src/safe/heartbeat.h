@@ -35,7 +35,20 @@ inline constexpr size_t kHeartbeatRecentSteps = 8;
 std::filesystem::path watch_dir(const std::filesystem::path& run_dir);
 std::filesystem::path heartbeat_path(const std::filesystem::path& run_dir, int rank);
 
-void write_heartbeat(const std::filesystem::path& run_dir, const Heartbeat& hb);
+// Returns "" when written, else why not ("cannot write <path>: No space left on device"): the rank
+// says so on stderr (heartbeat_unwritable_line), so the launcher can tell a full disk from a hang.
+// PRIMUS_FAULT_HEARTBEAT="from=<iteration>" makes every write from that iteration fail with ENOSPC
+// (fault-injection tests).
+std::string write_heartbeat(const std::filesystem::path& run_dir, const Heartbeat& hb);
+
+// The line a rank prints on stderr when its heartbeat cannot be written, and its parser (the
+// launcher's side): rank, pid, host and the reason.
+std::string heartbeat_unwritable_line(const Heartbeat& hb, const std::string& reason);
+struct UnwritableHeartbeat {
+  int rank = 0, pid = 0;
+  std::string host, reason;
+};
+std::vector<UnwritableHeartbeat> parse_unwritable_heartbeats(const std::string& text);
 std::optional<Heartbeat> read_heartbeat(const std::filesystem::path& file);
 // Every rank_<r>.json in the run's watch folder, by rank.
 std::map<int, Heartbeat> read_heartbeats(const std::filesystem::path& run_dir);

@@ -28,6 +28,7 @@
 #include "safe/detect.h"
 #include "safe/events.h"
 #include "safe/heartbeat.h"
+#include "safe/launcher_link.h"
 
 namespace fs = std::filesystem;
 using nlohmann::json;
@@ -159,6 +160,12 @@ class Runner {
   std::map<int, Heartbeat> beats_;
   std::map<int, int> pids_;  // rank -> pid of the heartbeat's process on this host
   double dead_since_ = -1;
+  // Ranks that said on stderr that their heartbeat cannot be written (a full disk, say): their
+  // silence is not a hang while their process lives. Cleared when their heartbeat moves again.
+  std::map<int, UnwritableHeartbeat> unwritable_;
+  std::map<int, int64_t> unwritable_beat_;  // the rank's beat when it said so
+  std::set<int> unwritable_reported_;
+  size_t err_parsed_ = 0;  // how much of err_text_ was searched for those lines
   Attempt a_;
   const std::string host_ = host_name();
 };
@@ -188,6 +195,7 @@ void Runner::start() {
   if (pid_ < 0) fail("fork() failed: {}", std::strerror(errno));
   if (pid_ == 0) {
     ::setpgid(0, 0);  // one group for mpirun and its ranks: a hang kills them all at once
+    die_with_parent();  // a launcher killed with SIGKILL cannot forward it: the job goes too
     ::dup2(pipefd[1], 2);
     ::execvpe(cargs[0], cargs.data(), cenv.data());
     dprintf(2, "error: cannot run %s: %s\n", cargs[0], std::strerror(errno));
@@ -246,6 +254,22 @@ void Runner::kill_job(const std::string& why) {
 void Runner::watch_tick() {
   const double now = mono();
   beats_ = read_heartbeats(o_.run_dir);
+  if (const size_t end = err_text_.rfind('\n'); end != std::string::npos && end + 1 > err_parsed_) {
+    for (const auto& u : parse_unwritable_heartbeats(err_text_.substr(err_parsed_, end + 1 - err_parsed_))) {
+      unwritable_[u.rank] = u;
+      unwritable_beat_[u.rank] = beats_.count(u.rank) ? beats_[u.rank].beat : -1;
+    }
+    err_parsed_ = end + 1;
+  }
+  for (auto it = unwritable_.begin(); it != unwritable_.end();) {
+    const int r = it->first;
+    if (beats_.count(r) && beats_[r].beat != unwritable_beat_[r]) {
+      unwritable_reported_.erase(r);
+      it = unwritable_.erase(it);
+    } else {
+      ++it;
+    }
+  }
   if (!beats_.empty()) a_.saw_heartbeat = true;
   hangs_.observe(beats_, now, o_.world_size);
   for (const auto& [r, hb] : beats_) {
@@ -287,6 +311,19 @@ void Runner::watch_tick() {
     return;
   }
   auto hung = hangs_.hung(now);
+  std::erase_if(hung, [&](const HangDetector::Hung& h) {
+    auto it = unwritable_.find(h.rank);
+    if (it == unwritable_.end()) return false;
+    const UnwritableHeartbeat& u = it->second;
+    if (u.host == host_ && !alive(u.pid)) return false;  // the process is gone: not a disk problem
+    if (unwritable_reported_.insert(h.rank).second)
+      event("heartbeat_unwritable", "warn",
+            fmt::format("rank {} cannot write its heartbeat ({}); its process {} is alive, so its silence for {:.0f} s "
+                        "is not counted as a hang",
+                        h.rank, u.reason, u.pid, h.idle_s),
+            {{"ranks", {h.rank}}, {"reason", u.reason}, {"pid", u.pid}});
+    return true;
+  });
   if (!hung.empty() && !a_.hang) {
     a_.hang = true;
     std::vector<int> ranks;
@@ -371,6 +408,8 @@ const char* signal_name(int sig) {
     case SIGABRT: return "SIGABRT";
     case SIGBUS: return "SIGBUS";
     case SIGTERM: return "SIGTERM";
+    case SIGHUP: return "SIGHUP";
+    case SIGINT: return "SIGINT";
     case SIGFPE: return "SIGFPE";
     case SIGILL: return "SIGILL";
     default: return "a signal";
@@ -410,11 +449,15 @@ std::string dump_stack(int pid, int rank, const fs::path& run_dir, const fs::pat
 
 int supervise(const std::vector<std::string>& argv, std::map<std::string, std::string> env,
               const SuperviseOptions& o) {
-  struct sigaction sa{}, old_int{}, old_term{};
+  // SIGINT, SIGTERM and SIGHUP go to the whole job (mpirun and its ranks), and the launcher waits
+  // for it to end: a save in progress completes or is discarded atomically.
+  struct sigaction sa{}, old_int{}, old_term{}, old_hup{};
   sa.sa_handler = on_signal;
   sigemptyset(&sa.sa_mask);
   ::sigaction(SIGINT, &sa, &old_int);
   ::sigaction(SIGTERM, &sa, &old_term);
+  ::sigaction(SIGHUP, &sa, &old_hup);
+  export_launcher_identity(env);
   g_interrupted = 0;
   int rc = 0;
   for (int attempt = 1;; ++attempt) {
@@ -494,6 +537,7 @@ int supervise(const std::vector<std::string>& argv, std::map<std::string, std::s
   }
   ::sigaction(SIGINT, &old_int, nullptr);
   ::sigaction(SIGTERM, &old_term, nullptr);
+  ::sigaction(SIGHUP, &old_hup, nullptr);
   return rc;
 }
 

@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <iostream>
 #include <exception>
 #include <limits>
 #include <thread>
@@ -120,7 +121,11 @@ void TrainWatch::beat(const std::string& phase, int64_t iteration) {
   hb_.iteration = iteration;
   hb_.time = now_epoch();
   hb_.beat += 1;
-  write_heartbeat(run_dir_, hb_);
+  const std::string err = write_heartbeat(run_dir_, hb_);
+  // Said once per streak of failures: the launcher reads it and does not take the silence for a
+  // hang (a full disk is reported as one, by the metrics writer or the checkpoint).
+  if (!err.empty() && !heartbeat_failing_) std::cerr << heartbeat_unwritable_line(hb_, err) << std::flush;
+  heartbeat_failing_ = !err.empty();
 }
 
 void TrainWatch::event(const std::string& kind, const std::string& severity, const std::string& message,
@@ -229,11 +234,14 @@ void TrainWatch::before_save(int64_t iteration) {
   beat("save", iteration);
   if (faults_.kill && faults_.kill->during == "checkpoint" && iteration == faults_.kill->iteration &&
       claim_fault_once(run_dir_, "kill")) {
-    // The checkpoint writer's own crash hook: SIGKILL right after rank 0's shard file, in the middle of
-    // the checkpoint (src/train/checkpoint.cpp).
-    log::warn("test fault: SIGKILL in the middle of writing the checkpoint of iteration {}", iteration);
+    // The checkpoint writer's own crash hook (src/train/checkpoint.cpp): SIGKILL at the chosen point
+    // of this rank's part of the save.
+    const std::string shard = fmt::format("rank_{:05d}.bin", hb_.rank);
+    const std::string& at = faults_.kill->at;
+    const std::string point = at == "shard" ? shard : at == "half" ? shard + ":half" : at == "meta" ? "meta.json" : "renamed";
+    log::warn("test fault: SIGKILL inside the checkpoint of iteration {} (after {})", iteration, point);
     log::flush();
-    ::setenv("PRIMUS_FAULT_CHECKPOINT_KILL_AFTER", "rank_00000.bin", 1);
+    ::setenv("PRIMUS_FAULT_CHECKPOINT_KILL_AFTER", point.c_str(), 1);
   }
 }
 

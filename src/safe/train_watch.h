@@ -79,6 +79,7 @@ class TrainWatch {
   SpikeDetector spikes_;
   Faults faults_;
   Heartbeat hb_;
+  bool heartbeat_failing_ = false;  // the last write failed (said on stderr once)
   bool finished_ = false;
 };
 

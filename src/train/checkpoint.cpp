@@ -9,11 +9,13 @@
 #include <cstring>
 
 #include <algorithm>
+#include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <functional>
 #include <map>
 #include <memory>
+#include <random>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -22,6 +24,7 @@
 #include "core/error.h"
 #include "core/suggest.h"
 #include "parallel/process_group.h"
+#include "safe/disk.h"
 
 namespace fs = std::filesystem;
 using nlohmann::json;
@@ -29,8 +32,11 @@ using nlohmann::json;
 namespace primus::train {
 namespace {
 
-// Format 1 was one process's flat buffers (model.bin, optimizer.bin); format 2 is sharded.
-constexpr int kFormatVersion = 2;
+// Format 1 was one process's flat buffers (model.bin, optimizer.bin); format 2 is sharded; format 3
+// adds the checkpoint's identity (run id and iteration) to every shard header and to meta.json,
+// the save order, and a checksum over meta.json itself. Format 2 is still read (without those checks).
+constexpr int kFormatVersion = 3;
+constexpr int kOldestReadVersion = 2;
 // A shard file: magic, u64 header length, u32 header CRC-32, u32 zero, the JSON header, zeros up
 // to a multiple of kDataAlign, then the sections values, exp_avg, exp_avg_sq (numel fp32 each).
 constexpr char kMagic[8] = {'P', 'R', 'M', 'S', 'H', 'R', 'D', '2'};
@@ -69,7 +75,7 @@ void fsync_path(const fs::path& p, bool directory) {
 // A file written with plain POSIX calls, so that every error has its errno and fsync is direct.
 class FileWriter {
  public:
-  explicit FileWriter(fs::path p) : path_(std::move(p)) {
+  explicit FileWriter(fs::path p, uint64_t expected_bytes = 0) : path_(std::move(p)), expected_(expected_bytes) {
     fd_ = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (fd_ < 0) fail("cannot create {}: {}", path_.string(), std::strerror(errno));
   }
@@ -84,7 +90,7 @@ class FileWriter {
     while (bytes > 0) {
       const ssize_t n = ::write(fd_, p, std::min<size_t>(bytes, 1u << 30));
       if (n < 0 && errno == EINTR) continue;
-      if (n <= 0) fail("writing {} failed: {}", path_.string(), n < 0 ? std::strerror(errno) : "no progress");
+      if (n <= 0) safe::fail_write(path_.string(), n < 0 ? errno : ENOSPC, std::max(expected_, written_ + bytes) - written_);
       p += n;
       bytes -= size_t(n);
       written_ += uint64_t(n);
@@ -100,6 +106,7 @@ class FileWriter {
 
  private:
   fs::path path_;
+  uint64_t expected_ = 0;  // the file's final size, for "bytes needed" in a write error
   int fd_ = -1;
   uint64_t written_ = 0;
 };
@@ -110,7 +117,7 @@ struct Written {
 };
 
 Written write_whole_file(const fs::path& p, const void* data, size_t bytes) {
-  FileWriter w(p);
+  FileWriter w(p, bytes);
   w.write(data, bytes);
   w.finish();
   return {bytes, crc_of(data, bytes)};
@@ -130,14 +137,16 @@ json pieces_json(const std::vector<ShardPiece>& pieces) {
 
 // Writes this rank's shard file; returns its size and CRC-32. The whole-file CRC is combined from
 // the header's and the blocks' CRCs, so the data is checksummed in one pass.
-Written write_shard(const fs::path& path, int rank, const ParamStore& params, const float* const data[kSections],
-                    int64_t block_bytes) {
+Written write_shard(const fs::path& path, int rank, const TrainState& state, const ParamStore& params,
+                    const float* const data[kSections], int64_t block_bytes) {
   const uint64_t n = uint64_t(params.numel());
   const uint64_t section_bytes = n * sizeof(float);
   json h;
   h["format"] = "primus-shard";
   h["version"] = kFormatVersion;
   h["rank"] = rank;
+  h["run_id"] = state.run_id;  // ties the shard to its meta.json
+  h["iteration"] = state.iteration;
   h["dtype"] = "float32";
   h["numel"] = n;
   h["block_bytes"] = block_bytes;
@@ -166,8 +175,10 @@ Written write_shard(const fs::path& path, int rank, const ParamStore& params, co
   std::memcpy(prefix + 8, &header_bytes, 8);  // little-endian hosts only (x86-64, aarch64)
   std::memcpy(prefix + 16, &header_crc, 4);
   const std::vector<char> pad(data_offset_for(header_bytes) - kPrefixBytes - header_bytes, 0);
+  const uint64_t file_bytes = data_offset_for(header_bytes) + kSections * section_bytes;
+  safe::require_free(path.parent_path().string(), file_bytes, "checkpoint shard " + path.filename().string() + " in");
 
-  FileWriter w(path);
+  FileWriter w(path, file_bytes);
   w.write(prefix, kPrefixBytes);
   w.write(header.data(), header.size());
   w.write(pad.data(), pad.size());
@@ -180,6 +191,7 @@ Written write_shard(const fs::path& path, int rank, const ParamStore& params, co
       const uint64_t len = std::min<uint64_t>(uint64_t(block_bytes), section_bytes - b * uint64_t(block_bytes));
       crc = uint32_t(crc32_combine(crc, block_crcs[s][b], z_off_t(len)));
     }
+    if (s == 0) maybe_kill_after(path.filename().string() + ":half");  // crash tests: a half-written shard
     // Fault injection for the agreement tests: this rank fails halfway through its file.
     const char* fail_rank = std::getenv("PRIMUS_FAULT_CHECKPOINT_FAIL_RANK");
     if (s == 0 && fail_rank && std::atoi(fail_rank) == rank)
@@ -189,50 +201,133 @@ Written write_shard(const fs::path& path, int rank, const ParamStore& params, co
   return {w.written(), crc};
 }
 
-// Reads slices of one shard file: verifies its size, its header's CRC, and the CRC of every block
-// it reads (one cached block per section, since slices are read in increasing order).
+// Checkpoint JSON (meta.json, shard headers) holds integers and strings only; a floating-point
+// number there is damage, and converting one to an integer would be undefined (1e79 to uint64).
+void reject_floats(const json& root, const std::string& name) {
+  std::vector<const json*> todo{&root};  // iterative: nesting depth is the input's to choose
+  while (!todo.empty()) {
+    const json& j = *todo.back();
+    todo.pop_back();
+    if (j.is_number_float()) fail("checkpoint file {} is malformed: a non-integer number ({})", name, j.dump());
+    if (j.is_structured())
+      for (const auto& v : j) todo.push_back(&v);
+  }
+}
+
+// A shard file's parsed prefix and header, checked for consistency with the file's size.
+struct ShardHeader {
+  json header;
+  std::string run_id;  // "" in format 2
+  int64_t iteration = -1;
+  uint64_t numel = 0, block_bytes = 0, section_bytes = 0, data_offset = 0;
+  std::vector<uint32_t> block_crcs[kSections];
+  uint32_t head_crc = 0;  // CRC-32 of the bytes before the data (prefix, header, padding)
+};
+
+// Reads the 24-byte prefix `prefix` and returns the header length it announces, checked against
+// the file's size.
+uint64_t header_length(const char* prefix, uint64_t size, const std::string& name) {
+  if (std::memcmp(prefix, kMagic, 8) != 0) fail("checkpoint file {} is not a primus shard file (bad magic)", name);
+  uint64_t header_bytes = 0;
+  std::memcpy(&header_bytes, prefix + 8, 8);
+  if (size < kPrefixBytes || header_bytes > size - kPrefixBytes)
+    fail("checkpoint file {} is truncated: its header says {} bytes of header, the file has {}", name, header_bytes,
+         size);
+  return header_bytes;
+}
+
+ShardHeader parse_header(const char* prefix, const std::string& text, uint64_t size, const std::string& name) {
+  ShardHeader h;
+  uint32_t header_crc = 0;
+  std::memcpy(&header_crc, prefix + 16, 4);
+  if (crc_of(text.data(), text.size()) != header_crc)
+    fail("checkpoint file {} is corrupted: its header's CRC-32 does not match", name);
+  try {
+    h.header = json::parse(text);
+    reject_floats(h.header, name);
+    h.numel = h.header.at("numel");
+    h.block_bytes = h.header.at("block_bytes");
+    const int version = h.header.value("version", 0);
+    if (version >= 3) {
+      h.run_id = h.header.at("run_id").get<std::string>();
+      h.iteration = h.header.at("iteration").get<int64_t>();
+    }
+    for (int s = 0; s < kSections; ++s)
+      h.block_crcs[s] = h.header.at("sections").at(kSectionNames[s]).at("block_crc32").get<std::vector<uint32_t>>();
+    if (!h.header.at("tensors").is_array()) fail("checkpoint file {} has a malformed header: tensors is not a list", name);
+  } catch (const json::exception& e) {
+    fail("checkpoint file {} has a malformed header: {}", name, e.what());
+  }
+  if (h.numel > size / (kSections * sizeof(float)))
+    fail("checkpoint file {} is truncated or corrupt: its header claims {} elements in {} bytes", name, h.numel, size);
+  h.section_bytes = h.numel * sizeof(float);
+  h.data_offset = data_offset_for(text.size());
+  const uint64_t blocks = h.block_bytes > 0 ? (h.section_bytes + h.block_bytes - 1) / h.block_bytes : 0;
+  if (h.block_bytes == 0 || h.data_offset + kSections * h.section_bytes != size)
+    fail("checkpoint file {} is truncated or padded: {} bytes, its header describes {}", name, size,
+         h.data_offset + kSections * h.section_bytes);
+  for (int s = 0; s < kSections; ++s)
+    if (h.block_crcs[s].size() != blocks)
+      fail("checkpoint file {} has a malformed header: {} block checksums for {}, expected {}", name,
+           h.block_crcs[s].size(), kSectionNames[s], blocks);
+  const std::vector<char> pad(h.data_offset - kPrefixBytes - text.size(), 0);
+  h.head_crc = crc_update(crc_update(crc_of(prefix, kPrefixBytes), text.data(), text.size()), pad.data(), pad.size());
+  return h;
+}
+
+// The whole file's CRC-32 as the header's checksums describe it: the head's CRC combined with the
+// CRC of every block. Every block a reader uses is checked against its block CRC, so data read
+// through a shard whose described CRC equals meta.json's is the data meta.json recorded.
+uint32_t described_file_crc(const ShardHeader& h) {
+  uint32_t crc = h.head_crc;
+  for (int s = 0; s < kSections; ++s)
+    for (size_t b = 0; b < h.block_crcs[s].size(); ++b) {
+      const uint64_t len = std::min<uint64_t>(h.block_bytes, h.section_bytes - b * h.block_bytes);
+      crc = uint32_t(crc32_combine(crc, h.block_crcs[s][b], z_off_t(len)));
+    }
+  return crc;
+}
+
+// What a reader expects of a shard: from meta.json.
+struct ShardExpect {
+  uint64_t bytes = ~uint64_t(0);  // ~0: unknown (at save, reading a shard just written)
+  std::optional<uint32_t> crc;    // the whole file's CRC-32
+  std::optional<std::string> run_id;
+  int64_t iteration = -1;
+};
+
+// Reads slices of one shard file: verifies its size, its header's CRC, that it belongs to its
+// meta.json (run id, iteration, whole-file CRC), and the CRC of every block it reads (one cached
+// block per section, since slices are read in increasing order).
 class ShardReader {
  public:
-  ShardReader(fs::path path, uint64_t expected_bytes) : path_(std::move(path)) {
+  ShardReader(fs::path path, const ShardExpect& expect) : path_(std::move(path)) {
     fd_ = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC);
     if (fd_ < 0) fail("checkpoint file {} is missing or unreadable: {}", path_.string(), std::strerror(errno));
     const uint64_t size = fs::file_size(path_);
-    if (expected_bytes != ~uint64_t(0) && size != expected_bytes)
+    if (expect.bytes != ~uint64_t(0) && size != expect.bytes)
       fail("checkpoint file {} is truncated or padded: {} bytes, meta.json says {}", path_.string(), size,
-           expected_bytes);
+           expect.bytes);
     char prefix[kPrefixBytes];
     pread_all(prefix, kPrefixBytes, 0, "its prefix");
-    if (std::memcmp(prefix, kMagic, 8) != 0) fail("checkpoint file {} is not a primus shard file (bad magic)", path_.string());
-    uint64_t header_bytes = 0;
-    uint32_t header_crc = 0;
-    std::memcpy(&header_bytes, prefix + 8, 8);
-    std::memcpy(&header_crc, prefix + 16, 4);
-    if (kPrefixBytes + header_bytes > size)
-      fail("checkpoint file {} is truncated: its header says {} bytes of header, the file has {}", path_.string(),
-           header_bytes, size);
+    const uint64_t header_bytes = header_length(prefix, size, path_.string());
     std::string text(header_bytes, '\0');
     pread_all(text.data(), header_bytes, kPrefixBytes, "its header");
-    if (crc_of(text.data(), text.size()) != header_crc)
-      fail("checkpoint file {} is corrupted: its header's CRC-32 does not match", path_.string());
-    try {
-      header_ = json::parse(text);
-      numel_ = header_.at("numel");
-      block_bytes_ = header_.at("block_bytes");
-      for (int s = 0; s < kSections; ++s)
-        block_crcs_[s] = header_.at("sections").at(kSectionNames[s]).at("block_crc32").get<std::vector<uint32_t>>();
-    } catch (const json::exception& e) {
-      fail("checkpoint file {} has a malformed header: {}", path_.string(), e.what());
-    }
-    section_bytes_ = numel_ * sizeof(float);
-    data_offset_ = data_offset_for(header_bytes);
-    const uint64_t blocks = block_bytes_ > 0 ? (section_bytes_ + block_bytes_ - 1) / block_bytes_ : 0;
-    if (block_bytes_ == 0 || data_offset_ + kSections * section_bytes_ != size)
-      fail("checkpoint file {} is truncated or padded: {} bytes, its header describes {}", path_.string(), size,
-           data_offset_ + kSections * section_bytes_);
-    for (int s = 0; s < kSections; ++s)
-      if (block_crcs_[s].size() != blocks)
-        fail("checkpoint file {} has a malformed header: {} block checksums for {}, expected {}", path_.string(),
-             block_crcs_[s].size(), kSectionNames[s], blocks);
+    ShardHeader h = parse_header(prefix, text, size, path_.string());
+    if (expect.run_id && (h.run_id != *expect.run_id || h.iteration != expect.iteration))
+      fail("checkpoint file {} does not belong to its checkpoint: it was saved by run '{}' at iteration {}, "
+           "meta.json is of run '{}' at iteration {} (a shard copied from another checkpoint?)",
+           path_.string(), h.run_id, h.iteration, *expect.run_id, expect.iteration);
+    if (expect.crc && described_file_crc(h) != *expect.crc)
+      fail("checkpoint file {} does not match its meta.json: its CRC-32 differs from the one recorded at save "
+           "(a shard copied from another checkpoint or rank, or a damaged one)",
+           path_.string());
+    header_ = std::move(h.header);
+    numel_ = h.numel;
+    block_bytes_ = h.block_bytes;
+    section_bytes_ = h.section_bytes;
+    data_offset_ = h.data_offset;
+    for (int s = 0; s < kSections; ++s) block_crcs_[s] = std::move(h.block_crcs[s]);
   }
   ~ShardReader() {
     if (fd_ >= 0) ::close(fd_);
@@ -323,24 +418,76 @@ std::vector<char> read_verified(const fs::path& dir, const json& meta, const std
   return bytes;
 }
 
+// meta.json's own checksum: the CRC-32 of its compact form without the field that holds it.
+uint32_t meta_checksum(json meta) {
+  meta.erase("meta_crc32");
+  const std::string text = meta.dump();
+  return crc_of(text.data(), text.size());
+}
+
+// Parses and checks meta.json's text (`name` for messages): JSON, format version, its checksum.
+json parse_meta_text(const std::string& text, const std::string& name, const std::string& dir) {
+  json meta;
+  try {
+    meta = json::parse(text);
+  } catch (const json::exception& e) {
+    fail("checkpoint file {} is not valid JSON (truncated or corrupted): {}", name, e.what());
+  }
+  reject_floats(meta, name);
+  const json* v = meta.is_object() && meta.contains("format_version") ? &meta["format_version"] : nullptr;
+  const int version = v && v->is_number_integer() ? v->get<int>() : 0;
+  if (version == 1)
+    fail("checkpoint {} is in format 1 (one process's flat buffers), which this version no longer reads; "
+         "it reads formats {} to {}",
+         dir, kOldestReadVersion, kFormatVersion);
+  if (version < kOldestReadVersion || version > kFormatVersion)
+    fail("checkpoint {}: format_version {} is not one of the supported {} to {}", dir, v ? v->dump() : "(none)",
+         kOldestReadVersion, kFormatVersion);
+  if (version >= 3) {
+    const json* c = meta.contains("meta_crc32") ? &meta["meta_crc32"] : nullptr;
+    if (!c || !c->is_number_unsigned() || c->get<uint64_t>() != meta_checksum(meta))
+      fail("checkpoint file {} was altered or damaged: its checksum (meta_crc32) does not match its contents", name);
+    try {
+      (void)meta.at("run_id").get<std::string>();
+      (void)meta.at("iteration").get<int64_t>();
+      (void)meta.at("save_seq").get<int64_t>();
+    } catch (const json::exception& e) {
+      fail("checkpoint file {} is missing a field: {}", name, e.what());
+    }
+  }
+  if (!meta.contains("files") || !meta["files"].is_object())
+    fail("checkpoint file {} lists no files", name);
+  try {
+    for (const auto& [file, f] : meta["files"].items()) {
+      (void)f.at("bytes").get<uint64_t>();
+      (void)f.at("crc32").get<uint32_t>();
+      if (file.empty() || file.find('/') != std::string::npos || file == "." || file == "..")
+        fail("checkpoint file {} names a file outside its folder: '{}'", name, file);
+    }
+  } catch (const json::exception& e) {
+    fail("checkpoint file {} is malformed: {}", name, e.what());
+  }
+  return meta;
+}
+
 json read_meta(const fs::path& dir) {
   if (!fs::is_directory(dir)) fail("checkpoint folder {} does not exist", dir.string());
   const fs::path p = dir / "meta.json";
   std::vector<char> bytes = read_file(p);
-  json meta;
-  try {
-    meta = json::parse(bytes.begin(), bytes.end());
-  } catch (const json::exception& e) {
-    fail("checkpoint file {} is not valid JSON (truncated or corrupted): {}", p.string(), e.what());
+  return parse_meta_text(std::string(bytes.begin(), bytes.end()), p.string(), dir.string());
+}
+
+// What meta.json says about one of its shard files.
+ShardExpect shard_expect(const json& meta, const std::string& file) {
+  ShardExpect e;
+  const json& f = meta.at("files").at(file);
+  e.bytes = f.at("bytes").get<uint64_t>();
+  e.crc = f.at("crc32").get<uint32_t>();
+  if (meta.at("format_version").get<int>() >= 3) {
+    e.run_id = meta.at("run_id").get<std::string>();
+    e.iteration = meta.at("iteration").get<int64_t>();
   }
-  const int version = meta.is_object() ? meta.value("format_version", 0) : 0;
-  if (version == 1)
-    fail("checkpoint {} is in format 1 (one process's flat buffers), which this version no longer reads; "
-         "it reads format {}",
-         dir.string(), kFormatVersion);
-  if (version != kFormatVersion)
-    fail("checkpoint {}: format_version {} is not the supported {}", dir.string(), version, kFormatVersion);
-  return meta;
+  return e;
 }
 
 // ---- resharding -------------------------------------------------------------------------------
@@ -425,7 +572,8 @@ std::string describe(const Placement& p) {
 std::string placement_problem(const Placement& p, const Shape& global) {
   if (p.shape.size() != global.size())
     return fmt::format("local shape {} has another rank than the global {}", shape_str(p.shape), shape_str(global));
-  if (p.dim >= int(global.size())) return fmt::format("shard dim {} out of range", p.dim);
+  if (!p.pieces.empty() && (p.dim < 0 || p.dim >= int(global.size())))
+    return fmt::format("shard dim {} out of range", p.dim);
   int64_t sum = 0;
   for (const ShardPiece& pc : p.pieces) {
     if (pc.global_start < 0 || pc.length <= 0 || pc.global_start + pc.length > global[p.dim])
@@ -627,6 +775,7 @@ CheckpointData load_local(const fs::path& dir, const ParamStore& params, bool op
     out.state.consumed_samples = meta.at("consumed_samples");
     out.state.optimizer_step = meta.at("optimizer_step");
     out.state.seed = meta.at("seed");
+    out.state.run_id = meta.value("run_id", std::string());
     const json& l = meta.at("layout");
     out.saved_layout = {l.at("world_size").get<int>(), l.at("tp").get<int>(), l.at("pp").get<int>(),
                         l.at("dp").get<int>(),         l.at("cp").get<int>(), l.at("vpp").get<int>()};
@@ -649,7 +798,7 @@ CheckpointData load_local(const fs::path& dir, const ParamStore& params, bool op
   std::map<std::string, std::unique_ptr<ShardReader>> readers;
   auto reader = [&](const std::string& file) -> ShardReader& {
     auto& r = readers[file];
-    if (!r) r = std::make_unique<ShardReader>(dir / file, meta.at("files").at(file).at("bytes").get<uint64_t>());
+    if (!r) r = std::make_unique<ShardReader>(dir / file, shard_expect(meta, file));
     return *r;
   };
 
@@ -721,6 +870,59 @@ void raise_if_failed(const std::vector<int>& failed, const std::string& own_erro
   fail("{}: rank(s) {} failed (their error says why)", what, fmt::join(failed, ", "));
 }
 
+// The identity in a checkpoint folder's meta.json, or nullopt when it cannot be read or verified.
+std::optional<CheckpointIdentity> identity_of(const fs::path& dir) {
+  try {
+    const json meta = read_meta(dir);
+    return CheckpointIdentity{meta.value("run_id", std::string()), meta.at("iteration").get<int64_t>(),
+                              meta.value("save_seq", int64_t(0))};
+  } catch (const std::exception&) {
+    return std::nullopt;
+  }
+}
+
+std::vector<fs::path> checkpoint_folders(const fs::path& root) {
+  std::vector<fs::path> out;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(root, ec))
+    if (e.is_directory() && e.path().filename().string().starts_with("iter_")) out.push_back(e.path());
+  return out;
+}
+
+std::string latest_name(const fs::path& root) {
+  std::ifstream in(root / "latest");
+  std::string name;
+  in >> name;
+  return name;
+}
+
+// One more than the highest save_seq in the folder: the order of saves, whatever the iterations.
+int64_t next_save_seq(const fs::path& root) {
+  int64_t seq = 0;
+  for (const fs::path& d : checkpoint_folders(root))
+    if (auto id = identity_of(d)) seq = std::max(seq, id->save_seq);
+  return seq + 1;
+}
+
+// A save may replace a checkpoint folder of its own run (a restart redoing iterations); another
+// run's only with `overwrite`. A folder whose meta.json cannot be read is moved aside, not deleted.
+void replace_check(const fs::path& final_dir, const std::string& run_id, bool overwrite) {
+  if (!fs::exists(final_dir) || overwrite) return;
+  const auto id = identity_of(final_dir);
+  if (!id) {
+    const fs::path aside = final_dir.parent_path() /
+                           fmt::format("damaged_{}_{}", final_dir.filename().string(), std::time(nullptr));
+    fs::rename(final_dir, aside);
+    fsync_path(final_dir.parent_path(), true);
+    return;
+  }
+  if (id->run_id != run_id)
+    fail("{} holds a checkpoint of another run ('{}'{}), which this run ('{}') would overwrite; pass --overwrite "
+         "to replace it, or choose another save path",
+         final_dir.string(), id->run_id.empty() ? "(before run ids)" : id->run_id,
+         id->run_id.empty() ? "" : fmt::format(", saved as save {}", id->save_seq), run_id);
+}
+
 }  // namespace
 
 std::string checkpoint_name(int64_t iteration) { return fmt::format("iter_{:07d}", iteration); }
@@ -734,11 +936,18 @@ std::string save_checkpoint(const std::string& save_dir, const ParamStore& param
   const fs::path root(save_dir), final_dir = root / name, tmp = root / fmt::format(".{}.tmp", name);
   const std::string what = fmt::format("checkpoint {} not saved", final_dir.string());
 
-  // 1. Rank 0 makes the temporary folder; the others wait for it.
+  // 1. Rank 0 checks that the save replaces no other run's checkpoint and makes the temporary
+  // folder; the others wait for it.
   std::string err;
+  int64_t save_seq = 0;
   if (rank == 0)
     err = caught([&] {
+      if (state.run_id.empty()) fail("checkpoint: the training state has no run id (new_run_id())");
+      if (fs::exists(root) && !fs::is_directory(root))
+        fail("the save path {} is a file, not a folder: checkpoints cannot be written there", root.string());
       fs::create_directories(root);
+      replace_check(final_dir, state.run_id, opt.overwrite);
+      save_seq = next_save_seq(root);
       // Temporary folders left by writers that died are garbage: no `latest` ever named them.
       for (const auto& e : fs::directory_iterator(root))
         if (e.path().filename().string().starts_with(".iter_")) fs::remove_all(e.path());
@@ -754,7 +963,7 @@ std::string save_checkpoint(const std::string& save_dir, const ParamStore& param
     // A store on the GPU (bf16 mixed precision) is written from a host copy of its master weights.
     const Tensor values = params.device() == Device::CPU ? params.values() : params.values().to(Device::CPU);
     const float* data[kSections] = {values.data<float>(), exp_avg, exp_avg_sq};
-    mine = write_shard(tmp / shard_file_name(rank), rank, params, data, opt.block_bytes);
+    mine = write_shard(tmp / shard_file_name(rank), rank, state, params, data, opt.block_bytes);
   });
   if (err.empty() && opt.writer) maybe_kill_after(shard_file_name(rank));
   const int64_t record[4] = {err.empty() ? 1 : 0, opt.writer ? 1 : 0, int64_t(mine.bytes), int64_t(mine.crc)};
@@ -782,6 +991,10 @@ std::string save_checkpoint(const std::string& save_dir, const ParamStore& param
       meta["consumed_samples"] = state.consumed_samples;
       meta["optimizer_step"] = state.optimizer_step;
       meta["seed"] = state.seed;
+      meta["run_id"] = state.run_id;
+      meta["save_seq"] = save_seq;
+      meta["saved_at"] = std::chrono::duration_cast<std::chrono::seconds>(
+                             std::chrono::system_clock::now().time_since_epoch()).count();
       meta["layout"] = {{"world_size", size},    {"tp", opt.layout.tp}, {"pp", opt.layout.pp},
                         {"dp", opt.layout.dp},   {"cp", opt.layout.cp}, {"vpp", opt.layout.vpp}};
       json files = json::object(), tensors = json::object();
@@ -789,7 +1002,12 @@ std::string save_checkpoint(const std::string& save_dir, const ParamStore& param
         if (records[4 * r + 1] == 0) continue;
         const std::string file = shard_file_name(r);
         files[file] = {{"bytes", records[4 * r + 2]}, {"crc32", records[4 * r + 3]}, {"rank", r}};
-        ShardReader rd(tmp / file, uint64_t(records[4 * r + 2]));
+        ShardExpect expect;
+        expect.bytes = uint64_t(records[4 * r + 2]);
+        expect.crc = uint32_t(records[4 * r + 3]);
+        expect.run_id = state.run_id;
+        expect.iteration = state.iteration;
+        ShardReader rd(tmp / file, expect);
         for (const json& t : rd.header().at("tensors")) {
           const std::string tname = t.at("name");
           json& entry = tensors[tname];
@@ -823,13 +1041,17 @@ std::string save_checkpoint(const std::string& save_dir, const ParamStore& param
       const Written cfg = write_whole_file(tmp / "config.yaml", config_yaml.data(), config_yaml.size());
       meta["files"]["config.yaml"] = {{"bytes", cfg.bytes}, {"crc32", cfg.crc}};
       maybe_kill_after("config.yaml");
+      meta["meta_crc32"] = meta_checksum(meta);
       const std::string meta_text = meta.dump(1);
       write_whole_file(tmp / "meta.json", meta_text.data(), meta_text.size());
       fsync_path(tmp, true);
+      maybe_kill_after("meta.json");
 
-      if (fs::exists(final_dir)) fs::remove_all(final_dir);  // re-saving the same iteration after a restart
+      // Re-saving an iteration of this run after a restart (or one --overwrite allows).
+      if (fs::exists(final_dir)) fs::remove_all(final_dir);
       fs::rename(tmp, final_dir);
       fsync_path(root, true);
+      maybe_kill_after("renamed");  // complete, but `latest` still names the previous one
 
       const std::string latest = name + "\n";
       write_whole_file(root / ".latest.tmp", latest.data(), latest.size());
@@ -901,30 +1123,121 @@ std::vector<std::string> list_checkpoints(const std::string& save_dir) {
   std::vector<std::string> out;
   const fs::path root(save_dir);
   if (!fs::is_directory(root)) return out;
-  std::vector<std::string> names;
-  for (const auto& e : fs::directory_iterator(root)) {
-    const std::string n = e.path().filename().string();
-    if (e.is_directory() && n.starts_with("iter_")) names.push_back(n);
+  struct Item {
+    fs::path dir;
+    int64_t seq = 0;
+    std::string name;
+  };
+  std::vector<Item> items;
+  for (const fs::path& d : checkpoint_folders(root)) {
+    const auto id = identity_of(d);
+    items.push_back({d, id ? id->save_seq : 0, d.filename().string()});
   }
-  std::sort(names.rbegin(), names.rend());  // zero-padded: lexical order is numeric order
-  if (fs::is_regular_file(root / "latest")) {
-    std::ifstream in(root / "latest");
-    std::string latest;
-    in >> latest;
-    auto it = std::find(names.begin(), names.end(), latest);
-    if (it != names.end()) std::rotate(names.begin(), it, it + 1);
-  }
-  for (const auto& n : names) out.push_back((root / n).string());
+  const std::string latest = latest_name(root);
+  // `latest` first, then by save order, then (no save order: format 2 or unreadable) by iteration;
+  // zero-padded names make lexical order numeric order.
+  std::sort(items.begin(), items.end(), [&](const Item& a, const Item& b) {
+    if ((a.name == latest) != (b.name == latest)) return a.name == latest;
+    if (a.seq != b.seq) return a.seq > b.seq;
+    return a.name > b.name;
+  });
+  for (const Item& i : items) out.push_back(i.dir.string());
   return out;
 }
 
-void prune_checkpoints(const std::string& save_dir, int64_t keep) {
-  if (keep <= 0) return;
-  std::vector<std::string> names;
-  for (const auto& e : fs::directory_iterator(save_dir))
-    if (e.is_directory() && e.path().filename().string().starts_with("iter_")) names.push_back(e.path().string());
-  std::sort(names.rbegin(), names.rend());
-  for (size_t i = static_cast<size_t>(keep); i < names.size(); ++i) fs::remove_all(names[i]);
+std::vector<std::string> prune_checkpoints(const std::string& save_dir, int64_t keep, const std::string& run_id,
+                                           const std::string& just_written) {
+  std::vector<std::string> deleted;
+  if (keep <= 0) return deleted;
+  const fs::path root(save_dir);
+  const std::string latest = latest_name(root);
+  const std::string written = just_written.empty() ? "" : fs::path(just_written).filename().string();
+  std::vector<std::pair<int64_t, fs::path>> mine;  // (save_seq, folder) of this run's checkpoints
+  for (const fs::path& d : checkpoint_folders(root)) {
+    const auto id = identity_of(d);
+    if (id && !run_id.empty() && id->run_id == run_id) mine.push_back({id->save_seq, d});
+  }
+  std::sort(mine.begin(), mine.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+  // The one just written and the one `latest` names count towards `keep` but are never deleted.
+  for (size_t i = size_t(keep); i < mine.size(); ++i) {
+    const std::string name = mine[i].second.filename().string();
+    if (name == written || name == latest) continue;
+    fs::remove_all(mine[i].second);
+    deleted.push_back(mine[i].second.string());
+  }
+  return deleted;
+}
+
+std::string new_run_id(parallel::ProcessGroup* world) {
+  std::random_device rd;
+  int64_t mine = int64_t((uint64_t(rd()) << 32) ^ uint64_t(rd()) ^
+                         uint64_t(std::chrono::steady_clock::now().time_since_epoch().count()));
+  if (world && world->size() > 1) {
+    std::vector<int64_t> all(size_t(world->size()));
+    world->all_gather(&mine, all.data(), 1, parallel::CommType::I64);
+    mine = all[0];  // rank 0's
+  }
+  return fmt::format("{:016x}", uint64_t(mine));
+}
+
+std::vector<int64_t> planned_saves(int64_t start, int64_t train_iters, int64_t save_interval) {
+  std::vector<int64_t> out;
+  if (save_interval > 0)
+    for (int64_t it = (start / save_interval + 1) * save_interval; it <= train_iters; it += save_interval)
+      out.push_back(it);
+  if (train_iters > start && (out.empty() || out.back() != train_iters)) out.push_back(train_iters);
+  return out;
+}
+
+void check_save_folder(const std::string& save_dir, const std::string& run_id, const std::vector<int64_t>& iterations,
+                       bool overwrite) {
+  const fs::path root(save_dir);
+  if (fs::exists(root) && !fs::is_directory(root))
+    fail("the save path {} is a file, not a folder: checkpoints cannot be written there (set `save` to a folder)",
+         save_dir);
+  std::error_code ec;
+  fs::create_directories(root, ec);
+  if (ec) fail("cannot create the save folder {}: {}", save_dir, ec.message());
+  if (::access(root.c_str(), W_OK) != 0)
+    fail("the save folder {} is not writable: {}", save_dir, std::strerror(errno));
+  if (overwrite) return;
+  std::vector<std::string> theirs;
+  std::string other;
+  for (int64_t it : iterations) {
+    const fs::path d = root / checkpoint_name(it);
+    if (!fs::exists(d)) continue;
+    const auto id = identity_of(d);
+    if (id && id->run_id == run_id) continue;
+    theirs.push_back(d.filename().string());
+    if (other.empty()) other = id ? (id->run_id.empty() ? "(before run ids)" : id->run_id) : "(unreadable)";
+  }
+  if (!theirs.empty())
+    fail("the save folder {} holds checkpoints of another run (run '{}': {}) that this run would overwrite; pass "
+         "--overwrite to replace them, or choose another save path (`save`)",
+         save_dir, other, fmt::join(theirs, ", "));
+}
+
+CheckpointIdentity read_checkpoint_identity(const std::string& dir) {
+  const json meta = read_meta(dir);
+  return CheckpointIdentity{meta.value("run_id", std::string()), meta.at("iteration").get<int64_t>(),
+                            meta.value("save_seq", int64_t(0))};
+}
+
+void parse_meta_json(const std::string& text, const std::string& name) {
+  const json meta = parse_meta_text(text, name, name);
+  try {
+    (void)meta.at("iteration").get<int64_t>();
+  } catch (const json::exception& e) {
+    fail("checkpoint file {} is missing a field: {}", name, e.what());
+  }
+  (void)parse_index(fs::path(name), meta);
+}
+
+void parse_shard_header(const std::string& bytes, const std::string& name) {
+  if (bytes.size() < kPrefixBytes) fail("checkpoint file {} is truncated: it ends inside its prefix", name);
+  const uint64_t header_bytes = header_length(bytes.data(), bytes.size(), name);
+  const std::string text = bytes.substr(kPrefixBytes, header_bytes);
+  (void)parse_header(bytes.data(), text, bytes.size(), name);
 }
 
 }  // namespace primus::train

@@ -37,6 +37,10 @@ struct TrainState {
   int64_t consumed_samples = 0;  // training samples consumed (the data position)
   int64_t optimizer_step = 0;    // AdamW's bias-correction step count
   int64_t seed = 0;
+  // Which run this state belongs to: new_run_id() for a run that starts from scratch, carried
+  // over by a resume. Every shard and meta.json of a checkpoint carries it; pruning deletes only
+  // the checkpoints of its own run, and a save never replaces another run's checkpoint silently.
+  std::string run_id;
 };
 
 // The layout a checkpoint was saved under. Informational only: loading never needs it.
@@ -63,6 +67,9 @@ struct SaveOptions {
   CheckpointLayout layout;  // recorded in meta.json
   // Data is checksummed in blocks of this many bytes; a reader verifies the blocks it reads.
   int64_t block_bytes = 1 << 20;
+  // A checkpoint folder of the same name written by another run is replaced only when true
+  // (`--overwrite`); otherwise the save fails with an error naming both runs.
+  bool overwrite = false;
 };
 
 struct LoadOptions {
@@ -73,6 +80,10 @@ struct LoadOptions {
 };
 
 std::string checkpoint_name(int64_t iteration);  // "iter_0000100"
+
+// A fresh run id (16 hex digits, random), the same on every rank of `world` (collective; nullptr:
+// one process).
+std::string new_run_id(parallel::ProcessGroup* world);
 
 // Writes a checkpoint of `params` (values) and the optimizer moments (flat buffers laid out like
 // params.values()), with the state; returns its folder. Collective over options.world. A failure
@@ -98,10 +109,40 @@ std::string read_checkpoint_config(const std::string& dir);
 // `path` is a checkpoint folder or a save folder with `latest`: the folder to load.
 std::string resolve_checkpoint(const std::string& path);
 
-// Checkpoint folders in `save_dir`, newest first: `latest` first, then other iter_* folders.
+// Checkpoint folders in `save_dir`, newest first: `latest` first, then the others by save order
+// (meta.json's save_seq, newest first; folders without one after them, by iteration).
 std::vector<std::string> list_checkpoints(const std::string& save_dir);
 
-// Deletes all but the newest `keep` checkpoints (0 keeps all). Call it on one rank only.
-void prune_checkpoints(const std::string& save_dir, int64_t keep);
+// Deletes this run's checkpoints (those whose meta.json has `run_id`) beyond the newest `keep` by
+// save order (0 keeps all). Never deletes `just_written`, the one `latest` names, another run's
+// checkpoints, or a folder whose meta.json cannot be read. Call it on one rank only; returns the
+// folders deleted.
+std::vector<std::string> prune_checkpoints(const std::string& save_dir, int64_t keep, const std::string& run_id,
+                                           const std::string& just_written);
+
+// Checks, before training starts, that a run `run_id` can save into `save_dir`: that it is a folder
+// (or can be created), and that none of the checkpoints it will write (the iterations in
+// `iterations`) would replace a checkpoint of another run, unless `overwrite`. Throws primus::Error
+// naming the folder and, for a conflict, the other run and `--overwrite`.
+void check_save_folder(const std::string& save_dir, const std::string& run_id, const std::vector<int64_t>& iterations,
+                       bool overwrite);
+
+// The iterations a run from `start` (exclusive) to `train_iters` saves at with `save_interval`
+// (0: only the end), as the trainer saves: every multiple of the interval, and the last one.
+std::vector<int64_t> planned_saves(int64_t start, int64_t train_iters, int64_t save_interval);
+
+// The identity meta.json records: for messages and tests.
+struct CheckpointIdentity {
+  std::string run_id;  // "" for a format-2 checkpoint (before run ids)
+  int64_t iteration = 0;
+  int64_t save_seq = 0;  // order of saves into the folder (0: unknown)
+};
+// Reads and verifies meta.json (its own checksum included) of a checkpoint folder.
+CheckpointIdentity read_checkpoint_identity(const std::string& dir);
+
+// Parsers exposed for the fuzz targets (fuzz/): each takes untrusted bytes and either returns or
+// throws primus::Error, never crashes. `name` is used in messages.
+void parse_meta_json(const std::string& text, const std::string& name);
+void parse_shard_header(const std::string& bytes, const std::string& name);
 
 }  // namespace primus::train

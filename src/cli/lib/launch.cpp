@@ -100,7 +100,8 @@ void take_replay_flags(std::vector<std::string>& args, std::string& replay, bool
 }
 
 std::vector<std::string> restore_task_args(const Snapshot& s) {
-  std::vector<std::string> args = s.command["task_args"].get<std::vector<std::string>>();
+  std::vector<std::string> args;
+  for (const auto& a : s.command["task_args"]) args.push_back(arg_from_json(a));
   // The config is taken from the snapshot's copy, so later edits of the original do not leak in.
   for (size_t i = 0; i < args.size(); ++i) {
     if (args[i] == "--config" && i + 1 < args.size() && s.config) args[i + 1] = s.config->string();

@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -141,6 +142,7 @@ int run_wait(const std::vector<std::string>& argv, const EnvMap& env) {
   if (pid < 0) fail("fork() failed: {}", std::strerror(errno));
   if (pid == 0) {
     close(status_pipe[0]);
+    prctl(PR_SET_PDEATHSIG, SIGKILL);  // a launcher killed with SIGKILL takes the job with it
     execvpe(cargs[0], cargs.data(), cenv.data());
     int e = errno;
     (void)!write(status_pipe[1], &e, sizeof e);
@@ -153,16 +155,18 @@ int run_wait(const std::vector<std::string>& argv, const EnvMap& env) {
   }
   close(status_pipe[0]);
   g_child = pid;
-  struct sigaction sa{}, old_int{}, old_term{};
+  struct sigaction sa{}, old_int{}, old_term{}, old_hup{};
   sa.sa_handler = forward_signal;
   sigemptyset(&sa.sa_mask);
   sigaction(SIGINT, &sa, &old_int);
   sigaction(SIGTERM, &sa, &old_term);
+  sigaction(SIGHUP, &sa, &old_hup);
   int status = 0;
   while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
   }
   sigaction(SIGINT, &old_int, nullptr);
   sigaction(SIGTERM, &old_term, nullptr);
+  sigaction(SIGHUP, &old_hup, nullptr);
   g_child = 0;
   if (n > 0) fail("cannot run '{}': {}", argv[0], std::strerror(child_errno));
   return decode_status(status);

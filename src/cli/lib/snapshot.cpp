@@ -36,9 +36,17 @@ std::string read_text(const fs::path& p) {
   return ss.str();
 }
 
+json args_json(const std::vector<std::string>& args) {
+  json a = json::array();
+  for (const auto& s : args) a.push_back(arg_json(s));
+  return a;
+}
+
 void write_json(const fs::path& p, const json& j) {
   std::ofstream f(p);
-  f << j.dump(2) << "\n";
+  // Text that is not UTF-8 (a host name, an environment value) is shown with U+FFFD here; the
+  // arguments themselves are kept byte for byte (arg_json).
+  f << j.dump(2, ' ', false, json::error_handler_t::replace) << "\n";
   if (!f) fail("cannot write {}", p.string());
 }
 
@@ -121,6 +129,28 @@ json env_facts(const EnvPlan& env) {
   return {{"set", set}, {"inherited", inherited}, {"notes", env.notes}};
 }
 
+json arg_json(const std::string& s) {
+  try {
+    (void)json(s).dump();  // throws on bytes that are not UTF-8
+    return s;
+  } catch (const json::type_error&) {
+    std::string hex;
+    for (unsigned char c : s) hex += fmt::format("{:02x}", c);
+    return json{{"bytes_hex", hex}};
+  }
+}
+
+std::string arg_from_json(const json& j) {
+  if (j.is_string()) return j.get<std::string>();
+  if (!j.is_object() || !j.contains("bytes_hex") || !j["bytes_hex"].is_string())
+    fail("replay: an argument in command.json is neither text nor {{\"bytes_hex\": ...}}: {}", j.dump());
+  const std::string hex = j["bytes_hex"].get<std::string>();
+  if (hex.size() % 2) fail("replay: bytes_hex of odd length in command.json");
+  std::string out;
+  for (size_t i = 0; i < hex.size(); i += 2) out += char(std::stoi(hex.substr(i, 2), nullptr, 16));
+  return out;
+}
+
 void write_snapshot(const SnapshotInput& in, const EnvPlan& env, const DeviceInfo& device) {
   std::error_code ec;
   fs::create_directories(in.dir, ec);
@@ -131,13 +161,13 @@ void write_snapshot(const SnapshotInput& in, const EnvPlan& env, const DeviceInf
   argv.insert(argv.end(), in.task_args.begin(), in.task_args.end());
   std::vector<std::string> files = {"command.json", "env.json", "system.json", "version.json", "metadata.json"};
   write_json(in.dir / "command.json", {{"runtime", in.runtime},
-                                       {"runtime_args", in.runtime_args},
-                                       {"task_args", in.task_args},
-                                       {"argv", argv},
+                                       {"runtime_args", args_json(in.runtime_args)},
+                                       {"task_args", args_json(in.task_args)},
+                                       {"argv", args_json(argv)},
                                        {"command_line", join_command(argv)},
-                                       {"cwd", fs::current_path().string()},
+                                       {"cwd", arg_json(fs::current_path().string())},
                                        {"nproc", in.nproc},
-                                       {"config", in.config ? json(fs::absolute(*in.config).string()) : json(nullptr)}});
+                                       {"config", in.config ? arg_json(fs::absolute(*in.config).string()) : json(nullptr)}});
   write_json(in.dir / "env.json", env_facts(env));
   write_json(in.dir / "system.json", system_facts(device));
   write_json(in.dir / "version.json", version_facts());

@@ -43,6 +43,11 @@ nlohmann::json system_facts(const DeviceInfo& device);
 nlohmann::json env_facts(const EnvPlan& env);
 
 void write_snapshot(const SnapshotInput& in, const EnvPlan& env, const DeviceInfo& device);
+
+// A command-line argument in JSON, byte for byte: a string when it is UTF-8, else
+// {"bytes_hex": "..."} (a Latin-1 path, say); arg_from_json reads either back.
+nlohmann::json arg_json(const std::string& s);
+std::string arg_from_json(const nlohmann::json& j);
 // Rewrites env.json and system.json (used by rank 0 of a Slurm job, whose node is the one that
 // matters, not the submitting host).
 void update_snapshot_host(const std::filesystem::path& dir, const EnvPlan& env, const DeviceInfo& device);

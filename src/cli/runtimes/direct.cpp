@@ -17,6 +17,8 @@
 #include "core/error.h"
 #include "core/launch_env.h"
 #include "core/log.h"
+#include "safe/launcher_link.h"
+#include "safe/run_lock.h"
 #include "safe/supervisor.h"
 #include "safe/train_watch.h"
 
@@ -54,6 +56,7 @@ int run_rank(const DirectOptions& o, const std::vector<std::string>& task_args) 
     exec_replace(rank_command(L.line.task_args), L.env.full());
   }
   export_rank_variables();
+  safe::die_with_launcher();  // no trainer outlives `primus-cli direct`, even one killed with SIGKILL
   log::init_from_env();
   LaunchEnv e = discover_launch_env();
   log::debug("rank {} of {} (local {} of {}) on {}, started by {}", e.rank, e.world_size, e.local_rank,
@@ -115,9 +118,21 @@ int launch(const DirectOptions& o, const std::vector<std::string>& task_args) {
     return 0;
   }
 
+  // A config, layout or memory error is said once, here, rather than by every rank.
+  if (L.line.task == "train" && L.line.subtask == "pretrain") {
+    for (const auto& [k, v] : L.env.full()) ::setenv(k.c_str(), v.c_str(), 1);  // ${VAR}s as the ranks see them
+    std::vector<std::string> check = L.line.task_args;
+    check.insert(check.end(), {"--check-for-ranks", std::to_string(L.nproc)});
+    if (const int rc = run_task(check); rc != 0) return rc;
+  }
+  // One training run per run folder: a second one stops here, before it writes anything there.
+  safe::RunLock lock;
+  if (L.line.task == "train") lock = safe::RunLock::acquire(L.run_dir, "primus-cli direct launcher");
   L.write_snapshot(invocation().runtime_args);
   std::cerr << fmt::format("primus-cli: run folder {} (snapshot in snapshot/, logs in logs/)\n", L.run_dir.string());
   EnvMap env = L.env.full();
+  if (lock.held()) env["PRIMUS_RUN_LOCK_TOKEN"] = lock.token();
+  safe::export_launcher_identity(env);
   env["PRIMUS_NAN_POLICY"] = o.nan_policy;
   if (o.no_watch) env["PRIMUS_WATCH"] = "0";
   if (o.no_watch) return run_between_hooks(hooks, L.line.task_args, cmd, env, env);

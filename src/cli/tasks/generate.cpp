@@ -33,7 +33,9 @@ int run(const Options& o) {
   auto tok = data::build_tokenizer({tok_type, ov["tokenizer_model"] ? ov["tokenizer_model"].as<std::string>() : ""});
 
   LlamaModel model(spec, cpu::cpu_backend(), Precision::Fp32);
-  auto ck = train::load_checkpoint(dir, model.params());
+  train::LoadOptions lo;
+  lo.optimizer = false;  // the weights only: damaged optimizer state does not matter here
+  auto ck = train::load_checkpoint(dir, model.params(), lo);
   std::copy(ck.params.begin(), ck.params.end(), model.params().values().data<float>());
 
   std::vector<int32_t> prompt = tok->encode(o.prompt);

@@ -8,6 +8,7 @@
 #include "config/experiment.h"
 #include "core/error.h"
 #include "core/log.h"
+#include "train/run_check.h"
 #include "train/trainer.h"
 
 namespace primus::cli {
@@ -17,15 +18,19 @@ TaskRegistrar reg{{"train", "pretrain", "pretrain a model from an experiment con
                      auto config = std::make_shared<std::string>();
                      auto print = std::make_shared<bool>(false);
                      auto reference = std::make_shared<bool>(false);
+                     auto check_world = std::make_shared<int>(0);
                      app.add_option("--config", *config, "experiment YAML (see examples/ and docs/config.md)");
                      app.add_flag("--print-config", *print, "print the resolved config and exit");
                      app.add_flag("--config-reference", *reference,
                                   "print the table of training keys (docs/config.md) and exit");
+                     // The launcher's check before it starts ranks (direct.cpp): config, layout and
+                     // memory for N ranks on this host, so that an error is printed once.
+                     app.add_option("--check-for-ranks", *check_world)->group("");
                      app.allow_extras();
                      app.footer("Any config key can follow --config as --key value, e.g. --train_iters 50 "
                                 "--lr 1e-3 --exp_name try2 --workspace /tmp/runs");
                      CLI::App* self = &app;
-                     return [config, print, reference, self]() {
+                     return [config, print, reference, check_world, self]() {
                        if (*reference) {
                          std::cout << config::training_keys_reference();
                          return 0;
@@ -42,6 +47,11 @@ TaskRegistrar reg{{"train", "pretrain", "pretrain a model from an experiment con
                        }
                        if (*print) {
                          std::cout << cfg.resolved_yaml();
+                         return 0;
+                       }
+                       if (*check_world > 0) {
+                         // bf16 runs on a GPU, whose memory the ranks check; fp32 runs share this host's.
+                         train::check_run(cfg, *check_world, cfg.train.bf16 ? 0 : *check_world);
                          return 0;
                        }
                        train::pretrain(cfg);

@@ -1,5 +1,7 @@
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -129,7 +131,7 @@ TEST(Config, WrongTypesAreErrors) {
   std::string e = error_of([&] { load_experiment(f); });
   EXPECT_NE(e.find("type.yaml:14"), std::string::npos) << e;
   EXPECT_NE(e.find("'eval_iters' must be an integer"), std::string::npos) << e;
-  auto g = d.write("type2.yaml", std::string(kBase) + "      mock_data: maybe\n");
+  auto g = d.write("type2.yaml", std::string(kBase) + "      overlap_grad_reduce: maybe\n");
   e = error_of([&] { load_experiment(g); });
   EXPECT_NE(e.find("must be true or false"), std::string::npos) << e;
 }
@@ -163,4 +165,28 @@ TEST(Config, ReferenceDocMatchesTheCode) {
   const std::string doc((std::istreambuf_iterator<char>(in)), {});
   EXPECT_NE(doc.find(training_keys_reference()), std::string::npos)
       << "docs/config.md is out of date; paste in:\n" << training_keys_reference();
+}
+
+// Issue 21: a key given twice in one map was taken silently (the last one, or the first, by
+// yaml-cpp's whim); now it is an error naming both lines.
+TEST(Config, DuplicateKeysAreAnErrorNamingBothLines) {
+  const auto dir = std::filesystem::temp_directory_path() / ("primus_dup_" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  const auto file = dir / "dup.yaml";
+  std::ofstream(file) << "exp_name: a\nmodules:\n  pre_trainer:\n    model: tiny\n    overrides:\n      lr: 1.0e-3\n"
+                         "      train_iters: 5\n      lr: 2.0e-3\n";
+  try {
+    primus::config::load_experiment(file.string());
+    ADD_FAILURE() << "no error";
+  } catch (const primus::Error& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("dup.yaml:8"), std::string::npos) << m;
+    EXPECT_NE(m.find("duplicate key 'lr'"), std::string::npos) << m;
+    EXPECT_NE(m.find("line 6"), std::string::npos) << m;
+  }
+  std::ofstream(file) << "exp_name: a\nexp_name: b\n";
+  EXPECT_THROW(primus::config::load_yaml_tree(file.string()), primus::Error);
+  std::ofstream(file) << "? [a, b]\n: 1\n";
+  EXPECT_THROW(primus::config::load_yaml_tree(file.string()), primus::Error);
+  std::filesystem::remove_all(dir);
 }

@@ -49,7 +49,8 @@ TEST(IndexedDataset, IdxLayoutFieldByField) {
   std::string idx = slurp(prefix + ".idx");
   // Megatron's MMIDIDX: magic, u64 version, u8 dtype code, u64 sequences, u64 document entries,
   // int32 lengths, int64 byte pointers, int64 document indices.
-  ASSERT_EQ(idx.size(), 9u + 8 + 1 + 8 + 8 + 3 * 4 + 3 * 8 + 3 * 8);
+  // Then this project's 24-byte pairing trailer, which Megatron's reader ignores.
+  ASSERT_EQ(idx.size(), 9u + 8 + 1 + 8 + 8 + 3 * 4 + 3 * 8 + 3 * 8 + 24);
   EXPECT_EQ(idx.substr(0, 9), std::string("MMIDIDX\0\0", 9));
   EXPECT_EQ(read_at<uint64_t>(idx, 9), 1u);
   EXPECT_EQ(read_at<uint8_t>(idx, 17), 8u);  // uint16
@@ -67,6 +68,9 @@ TEST(IndexedDataset, IdxLayoutFieldByField) {
   EXPECT_EQ(read_at<int64_t>(idx, o), 0);
   EXPECT_EQ(read_at<int64_t>(idx, o + 8), 2);
   EXPECT_EQ(read_at<int64_t>(idx, o + 16), 3);
+  o += 24;
+  EXPECT_EQ(idx.substr(o, 8), "PRMSTIE1");
+  EXPECT_EQ(read_at<uint64_t>(idx, o + 8), 18u);  // the .bin's size
   std::string bin = slurp(prefix + ".bin");
   ASSERT_EQ(bin.size(), 18u);
   EXPECT_EQ(read_at<uint16_t>(bin, 0), 1);
@@ -145,6 +149,64 @@ TEST(IndexedDataset, CorruptFilesAreClearErrors) {
   std::filesystem::remove(prefix + ".bin");
   spit(prefix + ".idx", idx);
   EXPECT_NE(expect_error(prefix).find("ds.bin"), std::string::npos);
+}
+
+// Issue 21: a .bin/.idx pair from two corpora that happen to have the same size trained silently on
+// wrong boundaries. The trailer ties them; an .idx as Megatron writes it (no trailer) still opens.
+TEST(IndexedDataset, ABinFromAnotherCorpusOfTheSameSizeIsRefused) {
+  auto dir = temp_dir();
+  std::filesystem::create_directories(dir / "a");
+  const std::string a = write_sample(dir / "a");
+  {
+    IndexedDatasetBuilder b((dir / "b").string(), TokenDType::u16);  // same lengths, other tokens
+    b.add_item(std::vector<int32_t>{4, 5, 6});
+    b.add_item(std::vector<int32_t>{7, 8});
+    b.end_document();
+    b.add_item(std::vector<int32_t>{9, 9, 9, 9});
+    b.end_document();
+    b.finalize();
+  }
+  ASSERT_EQ(std::filesystem::file_size(a + ".bin"), std::filesystem::file_size((dir / "b.bin").string()));
+  std::filesystem::copy_file(dir / "b.bin", a + ".bin", std::filesystem::copy_options::overwrite_existing);
+  try {
+    IndexedDataset ds(a);
+    ADD_FAILURE() << "opened a mismatched pair";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("is not the .bin"), std::string::npos) << e.what();
+  }
+  // Without the trailer (Megatron's own files) the pair is read as before.
+  std::string idx = slurp(a + ".idx");
+  idx.resize(idx.size() - 24);
+  std::ofstream(a + ".idx", std::ios::binary | std::ios::trunc) << idx;
+  IndexedDataset ds(a);
+  EXPECT_EQ(ds.get(0), (std::vector<int32_t>{4, 5, 6}));
+}
+
+// Issue 21: re-running preprocess onto a dataset a job has mapped rewrote the files in place
+// (SIGBUS in the job). Now the builder writes temporary files and renames them into place: an
+// open dataset keeps its data, and an abandoned builder leaves the old files and no temporaries.
+TEST(IndexedDataset, RewritingADatasetLeavesAnOpenOneIntact) {
+  auto dir = temp_dir();
+  const std::string prefix = write_sample(dir);
+  IndexedDataset open_one(prefix);
+  const auto before = open_one.get(2);
+  {
+    IndexedDatasetBuilder b(prefix, TokenDType::u16);
+    b.add_item(std::vector<int32_t>{1});
+    b.end_document();
+    // Abandoned (an error mid-way): the old files stay, no temporary remains.
+  }
+  EXPECT_EQ(IndexedDataset(prefix).num_sequences(), 3u);
+  for (const auto& e : std::filesystem::directory_iterator(dir))
+    EXPECT_EQ(e.path().string().find(".tmp"), std::string::npos) << e.path();
+  {
+    IndexedDatasetBuilder b(prefix, TokenDType::u16);
+    b.add_item(std::vector<int32_t>{1});
+    b.end_document();
+    b.finalize();
+  }
+  EXPECT_EQ(IndexedDataset(prefix).num_sequences(), 1u);
+  EXPECT_EQ(open_one.get(2), before);  // still the old mapping, still readable
 }
 
 }  // namespace

@@ -3,6 +3,7 @@
 #include "core/error.h"
 #include "data/indexed_dataset.h"
 #include "data/preprocess.h"
+#include "data/tokenizer.h"
 #include "test_util.h"
 
 namespace primus::data {
@@ -154,6 +155,19 @@ TEST(Preprocess, CommandLine) {
   EXPECT_NE(rc, 0);
   EXPECT_NE(out.find("error: "), std::string::npos) << out;
   EXPECT_NE(out.find("bad.jsonl:3"), std::string::npos) << out;
+}
+
+// Found by fuzz_jsonl_line: a number too large for a double escaped as nlohmann's out_of_range,
+// not as a primus::Error naming the line; every malformed line is now the same clear error.
+TEST(Preprocess, AnOverflowingNumberIsAMalformedLine) {
+  auto tok = build_tokenizer({"ByteLevelTokenizer", ""});
+  try {
+    encode_jsonl_line(R"({"text": "a", "n": 1e999999})", {"text"}, *tok, true);
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("malformed JSON"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(encode_jsonl_line(R"({"text": "ab"})", {"text"}, *tok, false).at(0).at(0).size(), 2u);
 }
 
 }  // namespace

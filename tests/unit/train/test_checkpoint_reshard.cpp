@@ -14,6 +14,7 @@
 #include <thread>
 
 #include <nlohmann/json.hpp>
+#include <zlib.h>
 
 #include "core/error.h"
 #include "parallel/process_group.h"
@@ -256,7 +257,7 @@ std::vector<std::string> save_layout(const fs::path& save, const Layout& l, int6
     o.layout.pp = l.pp;
     o.layout.dp = l.dp;
     o.block_bytes = 42;
-    train::TrainState st{it, it * 8, it, 1234};
+    train::TrainState st{it, it * 8, it, 1234, "reshard"};
     train::save_checkpoint(save.string(), p, b.m.data(), b.v.data(), st, "model: toy\n", o);
   });
 }
@@ -356,7 +357,7 @@ TEST(CheckpointReshard, SplitAlongAnotherDim) {
     train::SaveOptions o;
     o.world = &world;
     o.block_bytes = 16;
-    train::save_checkpoint(t.dir.string(), p, b.m.data(), b.v.data(), {5, 40, 5, 1}, "model: toy\n", o);
+    train::save_checkpoint(t.dir.string(), p, b.m.data(), b.v.data(), {5, 40, 5, 1, "reshard"}, "model: toy\n", o);
   })));
   ParamStore p;
   p.add_sharded("w", {8, 6, 3}, ShardSpec{0, {{5, 3}, {1, 2}}}, ParamInit::Normal, true);
@@ -452,6 +453,11 @@ TEST(CheckpointReshard, PartialCoverageIsRefusedOnSaveAndOnLoad) {
     meta = nlohmann::json::parse(in);
   }
   meta["tensors"]["decoder.layers.1.linear_fc2.weight"]["shards"].erase(1);
+  // Re-sealed as a writer would (meta.json's checksum covers its compact form without the field),
+  // so that the load reaches the coverage check.
+  meta.erase("meta_crc32");
+  const std::string compact = meta.dump();
+  meta["meta_crc32"] = uint32_t(crc32(0, reinterpret_cast<const Bytef*>(compact.data()), uInt(compact.size())));
   std::ofstream(dir / "meta.json") << meta.dump(1);
   const std::string e = load_error(dir, {1, 1, 1}, 0);
   EXPECT_NE(e.find("decoder.layers.1.linear_fc2.weight"), std::string::npos) << e;
@@ -514,7 +520,7 @@ TEST(CheckpointReshardMpi, SaveUnderTp2Pp2LoadUnderTp4AndOneProcess) {
     o.world = &world;
     o.layout = {4, 2, 2, 1, 1, 1};
     o.block_bytes = 42;
-    train::save_checkpoint(save.string(), p, b.m.data(), b.v.data(), {it, it * 8, it, 1234}, "model: toy\n", o);
+    train::save_checkpoint(save.string(), p, b.m.data(), b.v.data(), {it, it * 8, it, 1234, "reshard"}, "model: toy\n", o);
   };
   ASSERT_NO_THROW(save_iter(5));
   const std::string dir = train::resolve_checkpoint(save.string());

@@ -1,0 +1,44 @@
+// metrics.jsonl (or any append-only log of rows) written so that a full disk or another write
+// error ends the run with an error naming the file and the bytes needed, instead of a file left
+// silently short or empty while the run reports success.
+//
+//   safe::MetricsWriter metrics(run_dir / "metrics.jsonl");   // rank 0 only
+//   metrics.write(row);                                       // one JSON object per line
+//
+// Each row is one write(2) on a file opened O_APPEND, after a check that the file system has the
+// row's bytes plus a reserve free (PRIMUS_FAULT_DISK_FREE overrides the free space for tests).
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+namespace primus::safe {
+
+class MetricsWriter {
+ public:
+  // Opens `path` for appending (creating it); throws primus::Error when it cannot. A write needs
+  // `reserve_bytes` free beyond the row itself, so that the run stops before the disk is full
+  // (and checkpoints, which check their own size, can still tell why).
+  explicit MetricsWriter(std::string path, uint64_t reserve_bytes = uint64_t(1) << 20);
+  ~MetricsWriter();
+  MetricsWriter(const MetricsWriter&) = delete;
+  MetricsWriter& operator=(const MetricsWriter&) = delete;
+
+  void write(const nlohmann::json& row);  // row.dump() + "\n"
+  void write_line(const std::string& line);  // adds "\n" when missing
+  // fsync: the rows written so far survive a crash of the machine.
+  void sync();
+
+  const std::string& path() const { return path_; }
+  uint64_t bytes_written() const { return written_; }
+
+ private:
+  std::string path_;
+  uint64_t reserve_;
+  int fd_ = -1;
+  uint64_t written_ = 0;
+};
+
+}  // namespace primus::safe

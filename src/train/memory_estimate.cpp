@@ -1,0 +1,123 @@
+#include "train/memory_estimate.h"
+
+#include <algorithm>
+#include <fstream>
+#include <sstream>
+
+#include <fmt/format.h>
+
+#include "core/error.h"
+#include "safe/disk.h"
+
+namespace primus::train {
+namespace {
+
+std::string gib(double bytes) { return fmt::format("{:.2f} GiB", bytes / double(uint64_t(1) << 30)); }
+
+// Parameters of the embedding, of one decoder layer, of the final norm and of the output layer.
+struct Parts {
+  int64_t embedding = 0, layer = 0, final_norm = 0, output = 0;
+};
+Parts parameter_parts(const ModelSpec& spec) {
+  ModelSpec one = spec;
+  one.num_layers = 1;  // every layer has the same shape: count one
+  Parts p;
+  for (const auto& info : model_parameter_layout(one)) {
+    if (info.name.starts_with("embedding.")) p.embedding += info.numel;
+    else if (info.name.starts_with("output_layer.")) p.output += info.numel;
+    else if (info.name.starts_with("decoder.final_layernorm.")) p.final_norm += info.numel;
+    else p.layer += info.numel;
+  }
+  return p;
+}
+
+}  // namespace
+
+std::string MemoryEstimate::describe() const {
+  return fmt::format("{} for {:.1f}M parameters on this rank ({:.0f} bytes each): parameters {}, gradients {}, "
+                     "optimizer state {}, activations {}",
+                     gib(total_bytes()), double(parameters) / 1e6, bytes_per_parameter, gib(parameter_bytes),
+                     gib(gradient_bytes), gib(optimizer_bytes), gib(activation_bytes));
+}
+
+MemoryEstimate estimate_memory(const ModelSpec& spec, const ParallelLayout& layout, const config::TrainingArgs& args,
+                               bool mixed) {
+  const Parts parts = parameter_parts(spec);
+  const int tp = std::max(1, layout.tp), dp = std::max(1, layout.dp), pp = std::max(1, layout.pp);
+  const int vpp = std::max(1, layout.vpp);
+  // Layers per pipeline rank: a rank holds vpp stages. Take the most loaded rank; the first holds
+  // the embedding, the last the final norm and the output layer (tied: the last holds its copy).
+  std::vector<int64_t> layers_of_rank(size_t(pp), 0);
+  if (layout.stages.empty()) {
+    layers_of_rank[0] = spec.num_layers;
+  } else {
+    for (size_t s = 0; s < layout.stages.size(); ++s) {
+      const int rank = layout.schedule ? layout.schedule->rank_of_stage(int(s)) : 0;
+      layers_of_rank[size_t(std::clamp(rank, 0, pp - 1))] += layout.stages[s].num_layers;
+    }
+  }
+  const int64_t output = spec.untie_embeddings_and_output_weights ? parts.output : parts.embedding;
+  MemoryEstimate e;
+  int64_t max_layers = 0;
+  for (int r = 0; r < pp; ++r) {
+    double held = double(layers_of_rank[size_t(r)]) * double(parts.layer);
+    if (r == 0) held += double(parts.embedding);
+    if (r == pp - 1) held += double(parts.final_norm) + (pp > 1 || spec.untie_embeddings_and_output_weights ? double(output) : 0.0);
+    const int64_t n = int64_t(held / tp);
+    if (n >= e.parameters) {
+      e.parameters = n;
+      max_layers = std::max(max_layers, layers_of_rank[size_t(r)]);
+    }
+  }
+  const double n = double(e.parameters);
+  const double moments = 8.0 / (args.use_distributed_optimizer ? dp : 1);
+  e.parameter_bytes = n * (mixed ? 4.0 + 2.0 : 4.0);
+  e.gradient_bytes = n * 4.0;
+  e.optimizer_bytes = n * moments;
+  e.bytes_per_parameter = (e.parameter_bytes + e.gradient_bytes + e.optimizer_bytes) / std::max(1.0, n);
+
+  // Activations saved per token per layer (fp32 words, as docs/model_math.md counts them).
+  const double h = double(spec.hidden_size), f = double(spec.ffn_hidden_size);
+  const double q = double(spec.q_size()), qkv = double(spec.qkv_size()), heads = double(spec.num_attention_heads);
+  double words = 4 * h + 2 + qkv + q + heads + 3 * f;
+  if (args.recompute_granularity == "full") words = h;                 // the layer input only
+  else if (args.recompute_granularity == "selective") words -= q + heads;  // attention internals recomputed
+  const double word_bytes = mixed ? 2.0 : 4.0;
+  const int64_t seq = args.seq_length > 0 ? args.seq_length : spec.max_position_embeddings;
+  const double tokens = double(args.micro_batch_size) * double(seq);
+  const double in_flight = layout.schedule ? double(std::min<int64_t>(layout.microbatches_per_rank, int64_t(pp) * vpp)) : 1.0;
+  e.activation_bytes = words * word_bytes * tokens * double(std::max<int64_t>(max_layers, 1)) * in_flight / tp;
+  return e;
+}
+
+uint64_t host_available_bytes() {
+  uint64_t avail = 0;
+  std::ifstream meminfo("/proc/meminfo");
+  std::string key;
+  uint64_t kb = 0;
+  std::string unit;
+  while (meminfo >> key >> kb) {
+    std::getline(meminfo, unit);
+    if (key == "MemAvailable:") avail = kb * 1024;
+  }
+  std::ifstream cg("/sys/fs/cgroup/memory.max");
+  std::string limit;
+  if (cg >> limit && limit != "max") {
+    const uint64_t l = std::strtoull(limit.c_str(), nullptr, 10);
+    if (l > 0 && (avail == 0 || l < avail)) avail = l;
+  }
+  return avail;
+}
+
+void check_memory(const MemoryEstimate& e, int ranks_here, uint64_t available, const std::string& where) {
+  if (available == 0) return;
+  const double need = e.total_bytes() * std::max(1, ranks_here);
+  if (need <= double(available)) return;
+  fail("this run needs about {} of memory but {} has {} free: {} per rank ({}), {} rank(s) here. Make the model or "
+       "the batch smaller (num_layers, hidden_size, ffn_hidden_size, vocab_size; micro_batch_size, seq_length), split "
+       "it over more ranks (tensor_model_parallel_size, pipeline_model_parallel_size, use_distributed_optimizer), or "
+       "save activations (recompute_granularity: full)",
+       gib(need), where, gib(double(available)), gib(e.total_bytes()), e.describe(), ranks_here);
+}
+
+}  // namespace primus::train

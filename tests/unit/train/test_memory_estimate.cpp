@@ -1,0 +1,67 @@
+// Issue 21, finding 5: no memory estimate before building a model; `--num_layers 2000` allocated
+// 12.5 GB over 53 s and ended in a bare std::bad_alloc. The estimate runs before any allocation.
+#include <gtest/gtest.h>
+
+#include <chrono>
+
+#include "core/error.h"
+#include "model/model_spec.h"
+#include "train/memory_estimate.h"
+#include "train/parallel_layout.h"
+#include "trainer_fixture.h"
+
+using namespace primus;
+
+namespace {
+
+train::MemoryEstimate estimate(const config::ExperimentConfig& cfg, int world, bool mixed = false) {
+  const train::ParallelLayout layout = train::plan_layout(cfg.train, cfg.model_spec, world);
+  return train::estimate_memory(cfg.model_spec, layout, cfg.train, mixed);
+}
+
+}  // namespace
+
+TEST(MemoryEstimate, ParametersAndBytesPerParameterFollowThePrecisionAndTheLayout) {
+  test::TinyExperiment exp;
+  const auto cfg = exp.load({{"num_layers", "4"}});
+  const int64_t total = model_stats(cfg.model_spec, cfg.train.seq_length).parameters;
+  const auto fp32 = estimate(cfg, 1);
+  EXPECT_EQ(fp32.parameters, total);
+  EXPECT_DOUBLE_EQ(fp32.bytes_per_parameter, 16.0);  // value, gradient, two moments
+  EXPECT_GT(fp32.activation_bytes, 0.0);
+  const auto mixed = estimate(cfg, 1, true);
+  EXPECT_DOUBLE_EQ(mixed.bytes_per_parameter, 18.0);  // + the bf16 working copy
+  EXPECT_LT(mixed.activation_bytes, fp32.activation_bytes);  // bf16 activations
+  // ZeRO-1 over dp 2 halves the moments; tp 2 halves what a rank holds (norms aside).
+  const auto zero = estimate(exp.load({{"num_layers", "4"}, {"use_distributed_optimizer", "true"}}), 2);
+  EXPECT_DOUBLE_EQ(zero.bytes_per_parameter, 12.0);
+  const auto tp2 = estimate(exp.load({{"num_layers", "4"}, {"tensor_model_parallel_size", "2"}}), 2);
+  EXPECT_NEAR(double(tp2.parameters), total / 2.0, total * 0.02);
+  // Full recompute keeps only each layer's input.
+  const auto full = estimate(exp.load({{"num_layers", "4"}, {"recompute_granularity", "full"}}), 1);
+  EXPECT_LT(full.activation_bytes, fp32.activation_bytes / 4);
+}
+
+TEST(MemoryEstimate, AnAbsurdModelIsRefusedWithTheNumbersAndTheKeys) {
+  test::TinyExperiment exp;
+  // 100000 layers of a 4096-wide model: hundreds of terabytes. Constant time in num_layers.
+  const auto cfg = exp.load({{"num_layers", "100000"}, {"hidden_size", "4096"}, {"ffn_hidden_size", "11008"},
+                             {"num_attention_heads", "32"}, {"num_query_groups", "32"}});
+  const auto e = estimate(cfg, 1);
+  EXPECT_GT(e.total_bytes(), 1e14);
+  try {
+    train::check_memory(e, 1, uint64_t(24) << 30, "host memory (MemAvailable)");
+    ADD_FAILURE() << "no error";
+  } catch (const Error& err) {
+    const std::string m = err.what();
+    for (const char* want : {"needs about", "host memory (MemAvailable) has 24.00 GiB free", "num_layers",
+                             "micro_batch_size", "tensor_model_parallel_size", "recompute_granularity", "optimizer state"})
+      EXPECT_NE(m.find(want), std::string::npos) << want << " in: " << m;
+  }
+  // The tiny model fits easily; two ranks on one host count twice.
+  const auto tiny = estimate(exp.load(), 1);
+  EXPECT_NO_THROW(train::check_memory(tiny, 2, uint64_t(1) << 30, "host"));
+  EXPECT_THROW(train::check_memory(tiny, 2, uint64_t(tiny.total_bytes() * 1.5), "host"), Error);
+  EXPECT_NO_THROW(train::check_memory(e, 1, 0, "unknown"));  // nothing known: no check
+  EXPECT_GT(train::host_available_bytes(), uint64_t(1) << 20);
+}
