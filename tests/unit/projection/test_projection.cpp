@@ -27,7 +27,8 @@ class Projection : public ::testing::Test {
     std::ofstream(dir_ / "exp.yaml") << "exp_name: run\nworkspace: " << (dir_ / "ws").string()
                                      << "\nmodules:\n  pre_trainer:\n    model: " << model
                                      << "\n    overrides:\n      num_layers: 4\n      micro_batch_size: 2\n"
-                                        "      global_batch_size: 8\n      seq_length: 64\n      train_iters: 2\n"
+                                     << (overrides.find("global_batch_size") == std::string::npos ? "      global_batch_size: 8\n" : "")
+                                     << "      seq_length: 64\n      train_iters: 2\n"
                                         "      log_interval: 1\n      eval_interval: 0\n      mock_data: true\n"
                                      << overrides;
     return config::load_experiment((dir_ / "exp.yaml").string());
