@@ -6,6 +6,8 @@
 // emulated GPU (tests/emulated, test_emulated_cuda).
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
@@ -21,7 +23,7 @@ using namespace primus;
 TEST(CudaTrace, ATrainingStepIsTimedByCudaEventsOnTheComputeStream) {
   PRIMUS_REQUIRE_GPU();
   namespace fs = std::filesystem;
-  const fs::path dir = fs::temp_directory_path() / "primus_gpu_trace";
+  const fs::path dir = fs::temp_directory_path() / ("primus_gpu_trace_" + std::to_string(::getpid()));
   fs::remove_all(dir);
   fs::create_directories(dir);
   std::ofstream(dir / "exp.yaml") << "exp_name: trace\nworkspace: " << (dir / "ws").string() << R"(

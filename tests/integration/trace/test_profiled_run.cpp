@@ -6,6 +6,8 @@
 // category) sum to 100 with a cumulative percentage ending at 100.
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
 #include <nlohmann/json.hpp>
 
 #include <cstdio>
@@ -48,7 +50,8 @@ class ProfiledRun : public ::testing::Test {
  protected:
   void SetUp() override {
     dir_ = fs::temp_directory_path() /
-           ("primus_profiled_" + std::string(::testing::UnitTest::GetInstance()->current_test_info()->name()));
+           ("primus_profiled_" + std::string(::testing::UnitTest::GetInstance()->current_test_info()->name()) + "_" +
+            std::to_string(::getpid()));  // other checkouts may run the same test at once
     fs::remove_all(dir_);
     fs::create_directories(dir_);
     std::ofstream(dir_ / "exp.yaml") << kConfig;
