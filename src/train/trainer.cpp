@@ -253,6 +253,7 @@ class Trainer {
   std::unique_ptr<safe::MetricsWriter> metrics_;  // rank 0
   ModelStats stats_;
   double peak_gflops_ = 0;
+  bool mfu_warned_ = false;
   bool tty_ = false;
   double interval_loss_ = 0, interval_time_ = 0;
   int64_t interval_steps_ = 0;
@@ -692,6 +693,13 @@ void Trainer::log_interval(const StepResult& step) {
   const double mfu = tflops * 1e3 / peak_gflops_;
   const double mean_loss = interval_loss_ / double(interval_steps_);
   const size_t peak = compute_.backend->memory_stats().peak;
+  if (mfu > 1.0 && !mfu_warned_) {  // a CPU peak measured while other work held the cores
+    log::warn("MFU above 100%: this run computes faster than the peak of {:.1f} GFLOP/s it divides by (on a CPU, "
+              "a peak measured at start-up while other work held the cores); set PRIMUS_PEAK_GFLOPS to the "
+              "machine's peak for a meaningful MFU",
+              peak_gflops_);
+    mfu_warned_ = true;
+  }
   if (tty_) fmt::print("\r\033[K");
   log::info(" iteration {:>6}/{:>6} | consumed samples: {:>9} | elapsed time per iteration (ms): {:.1f} | "
             "learning rate: {:.3E} | global batch size: {} | lm loss: {:.6E} | grad norm: {:.3f} | "
