@@ -4,8 +4,6 @@
 // tests/emulated runs it on emulated GPUs with the emulated NCCL, one per rank.
 #include <gtest/gtest.h>
 
-#include <unistd.h>
-
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -13,8 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "config/experiment.h"
-#include "core/launch_env.h"
-#include "gpu_test_util.h"
+#include "mpi/gpu_per_rank.h"
 #include "parallel/mpi_process_group.h"
 #include "trace/analysis.h"
 #include "trace/profiler.h"
@@ -25,30 +22,10 @@ namespace fs = std::filesystem;
 namespace primus {
 namespace {
 
-#ifdef PRIMUS_EMULATED_GPU
-#define REQUIRE_A_GPU_PER_RANK() PRIMUS_REQUIRE_GPU()
-#else
-#define REQUIRE_A_GPU_PER_RANK()                                                               \
-  do {                                                                                         \
-    if (!cuda::available()) GTEST_SKIP() << cuda::unavailable_reason();                        \
-    int gpus_ = 0;                                                                             \
-    cudaGetDeviceCount(&gpus_);                                                                \
-    const LaunchEnv env_ = discover_launch_env();                                              \
-    if (gpus_ < env_.local_world_size)                                                         \
-      GTEST_SKIP() << gpus_ << " GPUs for " << env_.local_world_size << " ranks on this host"; \
-  } while (0)
-#endif
-
 TEST(CudaTraceRanks, DataParallelCollectivesAreTimedOnTheCommunicationStream) {
-  REQUIRE_A_GPU_PER_RANK();
+  PRIMUS_REQUIRE_A_GPU_PER_RANK();
   auto& world = parallel::mpi_world();
-  // One folder for both ranks: rank 0's name.
-  std::string name = fs::temp_directory_path() / ("primus_gpu_trace_ranks_" + std::to_string(::getpid()));
-  int64_t n = int64_t(name.size());
-  world.broadcast(&n, 1, parallel::CommType::I64, 0);
-  name.resize(size_t(n));
-  world.broadcast(name.data(), n, parallel::CommType::U8, 0);
-  const fs::path dir = name;
+  const fs::path dir = gputest::shared_temp_dir("primus_gpu_trace_ranks_");  // one folder for both ranks
   if (world.rank() == 0) {
     fs::remove_all(dir);
     fs::create_directories(dir);

@@ -16,8 +16,11 @@
 #include <set>
 #include <string>
 
+#include "support/run_command.h"
+
 namespace fs = std::filesystem;
 
+namespace primus {
 namespace {
 
 const char* kConfig = R"(work_group: t
@@ -41,10 +44,7 @@ modules:
       save_interval: 0
 )";
 
-struct Result {
-  int status = 0;
-  std::string out;
-};
+using test::CommandResult;
 
 class ProfiledRun : public ::testing::Test {
  protected:
@@ -60,25 +60,18 @@ class ProfiledRun : public ::testing::Test {
     if (!HasFailure()) fs::remove_all(dir_);
   }
 
-  Result sh(const std::string& args) {
-    const std::string cmd = "cd " + dir_.string() +
-                            " && OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1 "
-                            "PRIMUS_PEAK_GFLOPS=100 " PRIMUS_CLI_PATH " " + args + " 2>&1";
-    Result r;
-    FILE* p = popen(cmd.c_str(), "r");
-    char buf[4096];
-    size_t n;
-    while ((n = fread(buf, 1, sizeof buf, p)) > 0) r.out.append(buf, n);
-    r.status = pclose(p);
-    return r;
+  CommandResult sh(const std::string& args) {
+    return test::run_command("cd " + dir_.string() +
+                             " && OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1 "
+                             "PRIMUS_PEAK_GFLOPS=100 " PRIMUS_CLI_PATH " " + args + " 2>&1");
   }
 
   // Trains on 2 ranks with steps 2..3 profiled on both ranks, into ws/<name>.
   void train(const std::string& name, const std::string& overrides) {
-    const Result r = sh("direct --nproc 2 --exp-name " + name +
+    const CommandResult r = sh("direct --nproc 2 --exp-name " + name +
                         " -- train pretrain --config exp.yaml --profile true --profile_step_start 1"
                         " --profile_step_end 3 --profile_ranks [0,1] " + overrides);
-    ASSERT_EQ(r.status, 0) << r.out;
+    ASSERT_EQ(r.code, 0) << r.out;
   }
 
   // The Chrome trace of a rank: JSON with complete events in the project's categories.
@@ -119,18 +112,18 @@ class ProfiledRun : public ::testing::Test {
   nlohmann::json analyze(const std::string& name) {
     const std::string run = "ws/" + name;
     for (const char* f : {"text", "markdown", "csv"}) {
-      const Result r = sh("direct -- analyze trace " + run + " --format " + f);
-      EXPECT_EQ(r.status, 0) << f << "\n" << r.out;
+      const CommandResult r = sh("direct -- analyze trace " + run + " --format " + f);
+      EXPECT_EQ(r.code, 0) << f << "\n" << r.out;
       EXPECT_NE(r.out.find("omputation"), std::string::npos) << f << "\n" << r.out;
     }
-    const Result svg = sh("direct -- analyze trace " + run + " --svg step.svg --output report.md");
-    EXPECT_EQ(svg.status, 0) << svg.out;
+    const CommandResult svg = sh("direct -- analyze trace " + run + " --svg step.svg --output report.md");
+    EXPECT_EQ(svg.code, 0) << svg.out;
     std::ifstream s(dir_ / "step.svg");
     std::string head(4, ' ');
     s.read(head.data(), 4);
     EXPECT_EQ(head, "<svg");
-    const Result r = sh("direct -- analyze trace " + run + " --format json --output report.json");
-    EXPECT_EQ(r.status, 0) << r.out;
+    const CommandResult r = sh("direct -- analyze trace " + run + " --format json --output report.json");
+    EXPECT_EQ(r.code, 0) << r.out;
     std::ifstream in(dir_ / "report.json");
     return nlohmann::json::parse(in);
   }
@@ -217,12 +210,13 @@ TEST_F(ProfiledRun, PipelineParallelTracesAddUp) {
 
 // Profiling off writes no trace; analyze trace names the folder it found nothing in.
 TEST_F(ProfiledRun, OffWritesNothingAndAnalyzeSaysSo) {
-  const Result r = sh("direct --nproc 2 --exp-name off -- train pretrain --config exp.yaml");
-  ASSERT_EQ(r.status, 0) << r.out;
+  const CommandResult r = sh("direct --nproc 2 --exp-name off -- train pretrain --config exp.yaml");
+  ASSERT_EQ(r.code, 0) << r.out;
   EXPECT_FALSE(fs::exists(dir_ / "ws" / "off" / "trace"));
-  const Result a = sh("direct -- analyze trace ws/off");
-  EXPECT_NE(a.status, 0);
+  const CommandResult a = sh("direct -- analyze trace ws/off");
+  EXPECT_NE(a.code, 0);
   EXPECT_NE(a.out.find("ws/off"), std::string::npos) << a.out;
 }
 
 }  // namespace
+}  // namespace primus
