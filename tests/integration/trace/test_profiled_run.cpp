@@ -10,7 +10,6 @@
 
 #include <nlohmann/json.hpp>
 
-#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <set>
@@ -70,7 +69,7 @@ class ProfiledRun : public ::testing::Test {
   void train(const std::string& name, const std::string& overrides) {
     const CommandResult r = sh("direct --nproc 2 --exp-name " + name +
                         " -- train pretrain --config exp.yaml --profile true --profile_step_start 1"
-                        " --profile_step_end 3 --profile_ranks [0,1] " + overrides);
+                        " --profile_step_end 3 --profile_ranks '[0,1]' " + overrides);
     ASSERT_EQ(r.code, 0) << r.out;
   }
 
