@@ -155,6 +155,12 @@ Projection plan(const config::ExperimentConfig& cfg, const Target& t) {
   p.args = cfg.train;
   p.hardware = t.hardware;
   const config::TrainingArgs& a = cfg.train;
+  // workload.h models the dense decoder layer's passes; an MoE layer's router, experts and
+  // dispatch are not in it yet, and a dense estimate of an MoE model would be silently wrong.
+  if (cfg.model_spec.num_experts > 0)
+    fail("projection: model {} has num_experts {}; the projection models dense layers only so far (MoE layers "
+         "are not modelled yet)",
+         cfg.model, cfg.model_spec.num_experts);
   const int mp = int(a.tensor_model_parallel_size * a.pipeline_model_parallel_size * a.context_parallel_size);
   if (mp < 1) fail("the parallel sizes must be at least 1");
   p.gpus_per_node = t.gpus_per_node > 0 ? t.gpus_per_node : t.hardware.measured ? mp : t.hardware.gpus_per_node;

@@ -94,8 +94,14 @@ ParallelLayout plan_layout(const config::TrainingArgs& a, const ModelSpec& spec,
   if (a.virtual_pipeline_model_parallel_size < 0)
     fail("virtual_pipeline_model_parallel_size must not be negative, got {}", a.virtual_pipeline_model_parallel_size);
   if (L.cp > 1) fail("context_parallel_size {}: context parallelism is not implemented yet (use 1)", L.cp);
+  if (a.expert_model_parallel_size > 1 && !spec.is_moe())
+    fail("expert_model_parallel_size {}: model {} has no experts (num_experts is not set); use 1",
+         a.expert_model_parallel_size, spec.name);
+  if (spec.is_moe() && spec.num_experts % a.expert_model_parallel_size != 0)
+    fail("num_experts ({}) of model {} must be divisible by expert_model_parallel_size ({})", spec.num_experts,
+         spec.name, a.expert_model_parallel_size);
   if (a.expert_model_parallel_size > 1)
-    fail("expert_model_parallel_size {}: this model has no experts (dense Llama); use 1",
+    fail("expert_model_parallel_size {}: expert parallelism is not implemented yet (use 1; docs/moe.md)",
          a.expert_model_parallel_size);
   const int mp = L.tp * L.pp * L.cp;
   if (world_size % mp != 0)

@@ -44,6 +44,7 @@
 #include "pipeline/executor.h"
 #include "pipeline/simulator.h"
 #include "safe/metrics_writer.h"
+#include "train/moe_step.h"
 #include "safe/run_lock.h"
 #include "safe/train_watch.h"
 #include "trace/hardware.h"
@@ -70,6 +71,7 @@ struct SampleSource {
   std::shared_ptr<data::SampleDataset> dataset;
   int64_t mock_vocab = 0, seq = 0;
   uint64_t mock_seed = 0;
+  int32_t eod_mask = -1;  // eod_mask_loss: no loss where the input token is this id
 
   bool empty() const { return !dataset && mock_vocab == 0; }
   std::vector<int32_t> get(int64_t i) const {
@@ -92,6 +94,9 @@ void fill_microbatch(const SampleSource& src, int64_t first, int64_t mbs, int64_
     std::copy(s.begin(), s.end() - 1, tokens.begin() + b * seq);
     std::copy(s.begin() + 1, s.end(), targets.begin() + b * seq);
   }
+  if (src.eod_mask >= 0)  // a negative target is left out of the loss
+    for (int64_t i = 0; i < mbs * seq; ++i)
+      if (tokens[i] == src.eod_mask) targets[i] = -1;
 }
 
 // A checkpoint must hold the model the config describes: same layers and sizes.
@@ -197,7 +202,9 @@ class Trainer {
   void build_gradient_reduction();
   void build_optimizer();
   void resume();
-  std::string try_restore(const std::string& dir);
+  // weights_only: the values alone (finetune, pretrained_checkpoint); iteration, data position and
+  // optimizer start fresh.
+  std::string try_restore(const std::string& dir, bool weights_only = false);
   void open_outputs();
   // ---- step ----
   StepResult train_step();
@@ -251,6 +258,7 @@ class Trainer {
   std::string config_yaml_;
   safe::RunLock run_lock_;                        // world rank 0: the run folder's lock (or its launcher's)
   std::unique_ptr<safe::MetricsWriter> metrics_;  // rank 0
+  MoeStepSummary moe_;                             // the last step's MoE statistics
   ModelStats stats_;
   double peak_gflops_ = 0;
   bool mfu_warned_ = false;
@@ -353,16 +361,23 @@ void Trainer::build_profiler() {
 }
 
 void Trainer::build_data() {
+  int32_t eod = -1;
   if (!a_.tokenizer_type.empty()) {
     auto tok = data::build_tokenizer({a_.tokenizer_type, a_.tokenizer_model});
     if (tok->vocab_size() > spec_.vocab_size)
       fail("tokenizer {} has {} tokens but the model's vocab_size is {}", a_.tokenizer_model, tok->vocab_size(),
            spec_.vocab_size);
+    eod = tok->eod();
+  } else if (a_.mock_data) {
+    eod = int32_t(spec_.vocab_size - 1);  // mock data without a tokenizer: the last id stands for eod
   }
+  if (a_.eod_mask_loss && eod < 0)
+    fail("eod_mask_loss needs tokenizer_type (and tokenizer_model) to know the end-of-document token");
+  const int32_t eod_mask = a_.eod_mask_loss ? eod : -1;
   const int64_t evals = a_.eval_interval > 0 ? a_.train_iters / a_.eval_interval + 1 : 0;
   if (a_.mock_data) {
-    train_src_ = {nullptr, spec_.vocab_size, seq_, uint64_t(a_.seed) * 2 + 1};
-    valid_src_ = {nullptr, spec_.vocab_size, seq_, uint64_t(a_.seed) * 2 + 2};
+    train_src_ = {nullptr, spec_.vocab_size, seq_, uint64_t(a_.seed) * 2 + 1, eod_mask};
+    valid_src_ = {nullptr, spec_.vocab_size, seq_, uint64_t(a_.seed) * 2 + 2, eod_mask};
     return;
   }
   data::GPTDatasetConfig dc;
@@ -379,6 +394,7 @@ void Trainer::build_data() {
   if (!ds.train) fail("data_path {} gives no training documents with split {}", fmt::join(a_.data_path, " "), a_.split);
   train_src_.dataset = ds.train;
   valid_src_.dataset = ds.valid;
+  train_src_.eod_mask = valid_src_.eod_mask = eod_mask;
   if (!ds.valid && a_.eval_interval > 0 && a_.eval_iters > 0)
     log::warn("split {} leaves no validation documents: evaluation is off", a_.split);
 }
@@ -452,13 +468,15 @@ void Trainer::build_optimizer() {
 }
 
 // Every rank reads its own part; a checkpoint counts only if all ranks could read theirs.
-std::string Trainer::try_restore(const std::string& dir) {
+std::string Trainer::try_restore(const std::string& dir, bool weights_only) {
   ParamStore& params = model_->params();
   std::string problem;
   CheckpointData ck;
   try {
     check_same_model(dir, spec_);  // a rank loads only its tensors, so it cannot see missing layers
-    ck = load_checkpoint(dir, params);
+    LoadOptions lo;
+    lo.optimizer = !weights_only;
+    ck = load_checkpoint(dir, params, lo);
   } catch (const Error& e) {
     problem = e.what();
   }
@@ -469,6 +487,10 @@ std::string Trainer::try_restore(const std::string& dir) {
   Tensor values = params.values();  // a handle on the store's buffer (on the GPU for a device store)
   values.copy_from(loaded);
   model_->sync_working_weights();
+  if (weights_only) {
+    log::info("starting from the weights of {} (iteration 0, fresh optimizer)", dir);
+    return "";
+  }
   if (sharded_)
     sharded_->load_state(ck.state.optimizer_step, ck.exp_avg.data(), ck.exp_avg_sq.data(), int64_t(ck.exp_avg.size()));
   else
@@ -482,15 +504,28 @@ std::string Trainer::try_restore(const std::string& dir) {
 void Trainer::resume() {
   state_.seed = a_.seed;
   state_.run_id = new_run_id(world_);  // a resume replaces it with the checkpoint's
+  if (a_.finetune && a_.load.empty() && a_.pretrained_checkpoint.empty())
+    fail("finetune: true needs the checkpoint to start from in `load` or `pretrained_checkpoint`");
   if (!a_.load.empty()) {
     const std::string dir = resolve_checkpoint(a_.load);
-    const std::string problem = try_restore(dir);
+    const std::string problem = try_restore(dir, a_.finetune);
     if (!problem.empty()) fail("cannot load checkpoint {}: {}", dir, problem);
-  } else if (a_.auto_resume) {
-    for (const std::string& dir : list_checkpoints(cfg_.checkpoint_dir())) {
-      const std::string problem = try_restore(dir);
-      if (problem.empty()) break;
-      log::warn("skipping checkpoint {}: {}", dir, problem);
+  } else {
+    bool resumed = false;
+    if (a_.auto_resume) {
+      for (const std::string& dir : list_checkpoints(cfg_.checkpoint_dir())) {
+        const std::string problem = try_restore(dir);
+        if (problem.empty()) {
+          resumed = true;
+          break;
+        }
+        log::warn("skipping checkpoint {}: {}", dir, problem);
+      }
+    }
+    if (!resumed && !a_.pretrained_checkpoint.empty()) {
+      const std::string dir = resolve_checkpoint(a_.pretrained_checkpoint);
+      const std::string problem = try_restore(dir, true);
+      if (!problem.empty()) fail("cannot load pretrained_checkpoint {}: {}", dir, problem);
     }
   }
   if (state_.seed != a_.seed)
@@ -526,6 +561,7 @@ void Trainer::open_outputs() {
   log::info("parallel layout: {}; this rank: tp {} pp {} dp {}, {:.2f}M parameters", layout_.describe(), me_.tp,
             me_.pp, me_.dp, model_->params().numel() / 1e6);
   log::info("compute: {}", compute_.describe());
+  if (rank0_ && !cfg_.no_effect.empty()) log::info("{}", config::no_effect_summary(cfg_));
   log::info("training iterations {} to {}; MFU against a peak of {:.1f} GFLOP/s ({})", state_.iteration + 1,
             a_.train_iters, peak_gflops_,
             compute_.device == Device::CUDA ? "data-sheet dense bf16" : "measured SGEMM");
@@ -615,6 +651,7 @@ StepResult Trainer::train_step() {
   if (profiler_) profiler_->step_begin(state_.iteration + 1);
   watch_->begin_step(state_.iteration + 1);
   model_->params().zero_grad();
+  model_->reset_moe_stats();  // evaluation forwards do not count
   buckets_->reset();
   std::fill(w_done_.begin(), w_done_.end(), 0);
   double loss_sum = forward_backward(trace::in_host_span(
@@ -633,6 +670,7 @@ StepResult Trainer::train_step() {
   const bool skip = watch_->check(state_.iteration + 1, r.loss, r.grad_norm) == safe::StepAction::Skip;
   r.lr = lr_schedule_->lr_at(state_.iteration);
   if (!skip) optimizer_step(r.lr, clip_scale);
+  moe_ = finish_moe_step(*model_, *groups_.dp, m_local_, !skip);  // expert load, bias update
   state_.iteration += 1;
   state_.consumed_samples += gbs_;
   state_.optimizer_step = sharded_ ? sharded_->step_count() : replicated_->step_count();
@@ -736,6 +774,10 @@ void Trainer::log_interval(const StepResult& step) {
     row["pipeline_bubble_measured"] = measured;
     row["pipeline_bubble_simulated"] = predicted;
     pipe_ = PipelineTimes();
+  }
+  if (moe_.any) {  // of the interval's last iteration
+    log::info(" {}", describe_moe_step(moe_));
+    add_moe_metrics(moe_, row);
   }
   if (rank0_) metrics_->write(row);
   interval_loss_ = interval_time_ = 0;

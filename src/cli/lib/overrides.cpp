@@ -13,8 +13,9 @@ std::vector<std::pair<std::string, std::string>> key_values(const std::vector<st
     if (eq != std::string::npos) {
       out.emplace_back(a.substr(2, eq - 2), a.substr(eq + 1));
     } else {
-      if (i + 1 >= args.size()) fail("option {} needs a value", a);
-      out.emplace_back(a.substr(2), args[++i]);
+      // A flag without a value, as Megatron's store_true options: --use-distributed-optimizer.
+      if (i + 1 >= args.size() || args[i + 1].starts_with("--")) out.emplace_back(a.substr(2), "true");
+      else out.emplace_back(a.substr(2), args[++i]);
     }
   }
   return out;

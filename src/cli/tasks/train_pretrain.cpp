@@ -31,8 +31,10 @@ TaskRegistrar reg{{"train", "pretrain", "pretrain a model from an experiment con
                                 "--lr 1e-3 --exp_name try2 --workspace /tmp/runs");
                      CLI::App* self = &app;
                      return [config, print, reference, check_world, self]() {
-                       if (*reference) {
-                         std::cout << config::training_keys_reference();
+                       if (*reference) {  // once: not again in the launcher's check pass
+                         if (*check_world == 0)
+                           std::cout << config::training_keys_reference() << "\n"
+                                     << config::argument_status_reference();
                          return 0;
                        }
                        if (config->empty()) fail("train pretrain needs --config <experiment.yaml>");
