@@ -87,6 +87,11 @@ const std::vector<KeyInfo>& training_keys() {
       KEY(use_distributed_optimizer, "ZeRO-1: each data-parallel rank keeps the optimizer state of its shard only"),
       KEY(overlap_grad_reduce, "start each gradient bucket's reduction as soon as its backward is done"),
       KEY(ddp_bucket_size, "elements per gradient bucket; 0: max(40M, 1M x dp)"),
+      KEY(profile, "write a Chrome trace per profiled rank to <run dir>/trace/ (docs/profiling.md)"),
+      KEY(profile_step_start, "profiling starts after this many steps (Megatron's count)"),
+      KEY(profile_step_end, "profiling ends after this step: steps profile_step_start + 1 .. profile_step_end are "
+                            "traced"),
+      KEY(profile_ranks, "the ranks that write a trace"),
   };
   return keys;
 }
@@ -150,6 +155,19 @@ void set_training_key(TrainingArgs& args, const KeyInfo& key, const YAML::Node& 
           } else if (!value.IsNull()) {
             fail("{}: '{}' must be a list, got {}", at.str(), key.name, describe(value));
           }
+          args.*member = out;
+        } else if constexpr (std::is_same_v<T, std::vector<int64_t>>) {
+          std::vector<int64_t> out;
+          auto add = [&](const YAML::Node& e) {
+            int64_t v = 0;
+            if (!e.IsScalar() || !YAML::convert<int64_t>::decode(e, v))
+              fail("{}: '{}' must be a list of integers, got {}", at.str(), key.name, describe(e));
+            out.push_back(v);
+          };
+          if (value.IsSequence())
+            for (const auto& e : value) add(e);
+          else if (!value.IsNull())
+            add(value);
           args.*member = out;
         } else {
           const char* want = std::is_same_v<T, bool>          ? "true or false"
@@ -223,7 +241,7 @@ std::string ExperimentConfig::resolved_yaml() const {
     std::visit(
         [&](auto member) {
           using T = std::remove_cvref_t<decltype(train.*member)>;
-          if constexpr (std::is_same_v<T, std::vector<std::string>>) {
+          if constexpr (std::is_same_v<T, std::vector<std::string>> || std::is_same_v<T, std::vector<int64_t>>) {
             YAML::Node seq(YAML::NodeType::Sequence);
             for (const auto& s : train.*member) seq.push_back(s);
             ov[k.name] = seq;
@@ -376,6 +394,15 @@ ExperimentConfig load_experiment_unguarded(const std::string& path,
   if (t.recompute_granularity != "" && t.recompute_granularity != "full" && t.recompute_granularity != "selective")
     fail("{}: recompute_granularity '{}' is not one of: full, selective", at("recompute_granularity"),
          t.recompute_granularity);
+  if (t.profile_step_start < 0) fail("{}: profile_step_start must not be negative", at("profile_step_start"));
+  if (t.profile && t.profile_step_end <= t.profile_step_start)
+    fail("{}: profile_step_end ({}) must be greater than profile_step_start ({})", at("profile_step_end"),
+         t.profile_step_end, t.profile_step_start);
+  if (t.profile && t.profile_step_start >= t.train_iters)
+    fail("{}: profile_step_start {} leaves nothing to profile in a run of train_iters {}", at("profile_step_start"),
+         t.profile_step_start, t.train_iters);
+  for (int64_t r : t.profile_ranks)
+    if (r < 0) fail("{}: profile_ranks lists rank {}; ranks are 0 or more", at("profile_ranks"), r);
   return cfg;
 }
 
@@ -443,6 +470,9 @@ std::string training_keys_reference() {
           using T = std::remove_cvref_t<decltype(d.*member)>;
           if constexpr (std::is_same_v<T, std::vector<std::string>>) {
             type = "list";
+            def = fmt::format("[{}]", fmt::join(d.*member, ", "));
+          } else if constexpr (std::is_same_v<T, std::vector<int64_t>>) {
+            type = "integer list";
             def = fmt::format("[{}]", fmt::join(d.*member, ", "));
           } else if constexpr (std::is_same_v<T, std::string>) {
             type = "text";

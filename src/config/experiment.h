@@ -89,10 +89,16 @@ struct TrainingArgs {
   bool use_distributed_optimizer = false;
   bool overlap_grad_reduce = true;
   int64_t ddp_bucket_size = 0;  // elements; 0: max(40M, 1M x dp) as Megatron
+  // profiling (Megatron's names; trace/profiler.h)
+  bool profile = false;
+  int64_t profile_step_start = 10;
+  int64_t profile_step_end = 12;
+  std::vector<int64_t> profile_ranks = {0};
 };
 
 using FieldRef = std::variant<int64_t TrainingArgs::*, double TrainingArgs::*, bool TrainingArgs::*,
-                              std::string TrainingArgs::*, std::vector<std::string> TrainingArgs::*>;
+                              std::string TrainingArgs::*, std::vector<std::string> TrainingArgs::*,
+                              std::vector<int64_t> TrainingArgs::*>;
 struct KeyInfo {
   const char* name;
   FieldRef field;

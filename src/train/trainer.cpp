@@ -47,6 +47,10 @@
 #include "train/moe_step.h"
 #include "safe/run_lock.h"
 #include "safe/train_watch.h"
+#include "trace/hardware.h"
+#include "trace/pass_spans.h"
+#include "trace/profiler.h"
+#include "trace/traced_group.h"
 #include "train/checkpoint.h"
 #include "train/compute.h"
 #include "train/memory_estimate.h"
@@ -192,6 +196,7 @@ class Trainer {
   // ---- build ----
   void on_rank0_for_all(const std::function<void()>& check, const char* elsewhere);
   void build_processes();
+  void build_profiler();
   void build_data();
   void build_model();
   void build_gradient_reduction();
@@ -222,6 +227,7 @@ class Trainer {
   parallel::ProcessGroup* world_ = nullptr;  // host values: agreements, barriers, checkpoints
   ParallelLayout layout_;
   Compute compute_;
+  std::unique_ptr<trace::Profiler> profiler_;  // profiling on: the backend and the groups record through it
   std::unique_ptr<parallel::ProcessGroup> gpu_world_;  // the tensors' communicator on GPUs (NCCL)
   std::unique_ptr<parallel::RankMesh> mesh_;
   parallel::MeshGroups groups_;
@@ -276,6 +282,7 @@ Trainer::Trainer(const config::ExperimentConfig& cfg)
   // Everything that can fail on user input fails here, before step 1.
   cpu::flush_denormals_to_zero();
   build_processes();
+  build_profiler();
   build_data();
   build_model();
   build_gradient_reduction();
@@ -328,6 +335,29 @@ void Trainer::build_processes() {
   check_memory(estimate_memory(spec_, layout_, a_, compute_.precision == Precision::Bf16),
                compute_.device == Device::CUDA ? 1 : env.local_world_size, compute_.memory_available(),
                compute_.memory_name());
+}
+
+// Profiling (docs/profiling.md): the backend and the mesh's groups are wrapped in decorators that
+// record while the window is open, and the step marks its phases; nothing else changes.
+void Trainer::build_profiler() {
+  if (!a_.profile) return;
+  const trace::ProfileOptions po{true, a_.profile_step_start, a_.profile_step_end, a_.profile_ranks, a_.train_iters};
+  profiler_ = std::make_unique<trace::Profiler>(po, *world_, fs::path(cfg_.run_dir()) / "trace",
+                                                compute_.device == Device::CUDA ? trace::cuda_clock() : trace::host_clock());
+  compute_.backend = &profiler_->wrap(*compute_.backend);
+  trace::trace_groups(groups_, *profiler_);
+  trace::RunInfo& i = profiler_->info();
+  i.tp = layout_.tp, i.pp = layout_.pp, i.dp = layout_.dp, i.cp = layout_.cp, i.vpp = layout_.vpp;
+  i.tp_rank = me_.tp, i.pp_rank = me_.pp, i.dp_rank = me_.dp;
+  if (layout_.schedule) i.schedule = layout_.schedule->algorithm;
+  for (const auto& r : layout_.stages) i.stage_layers.push_back(r.num_layers);
+  i.model = cfg_.model;
+  i.micro_batch_size = mbs_;
+  i.seq_length = seq_;
+  i.global_batch_size = gbs_;
+  i.microbatches_per_rank = m_local_;
+  i.precision = precision_name(compute_.precision);
+  if (profiler_->records_this_rank()) trace::describe_device(i, *compute_.backend);
 }
 
 void Trainer::build_data() {
@@ -386,6 +416,7 @@ void Trainer::build_model() {
     }
   model_ = std::make_unique<LlamaModel>(spec_, *compute_.backend, compute_.precision, mopt, part);
   model_->init_weights(uint64_t(a_.seed));
+  if (profiler_) profiler_->set_parameters(model_->params(), model_->working_weights());
 }
 
 // Data-parallel gradient buckets (started as the W passes finish), the tied embedding's group
@@ -516,6 +547,7 @@ void Trainer::open_outputs() {
   // ranks.
   double peak = rank0_ ? compute_.backend->peak_tflops() * 1e3 : 0.0;
   peak_gflops_ = world_->all_reduce_value(peak) * world_->size();
+  if (profiler_) profiler_->info().peak_tflops = peak_gflops_ / world_->size() / 1e3;
   config_yaml_ = cfg_.resolved_yaml();
   if (rank0_) {
     std::ofstream(fs::path(cfg_.run_dir()) / "config.yaml") << config_yaml_;
@@ -548,7 +580,8 @@ double Trainer::forward_backward(const MicrobatchFill& fill) {
   const double dloss = 1.0 / double(num_micro_);
   if (layout_.schedule) {
     LlamaStageRunner runner(*model_, mbs_, seq_, dloss, fill);
-    pipe_.add(pipeline::run_schedule(*layout_.schedule, runner, *groups_.pp));
+    trace::PassSpans passes(runner, profiler_.get());  // F / B / W spans when profiling
+    pipe_.add(pipeline::run_schedule(*layout_.schedule, passes, *groups_.pp));
     return runner.loss_sum();
   }
   double loss_sum = 0;
@@ -556,7 +589,11 @@ double Trainer::forward_backward(const MicrobatchFill& fill) {
   for (int j = 0; j < m_local_; ++j) {
     fill(j, tokens, targets);
     LlamaContext ctx;
-    loss_sum += model_->forward(ctx, tokens.data(), targets.data(), mbs_, seq_);
+    {
+      trace::PassSpan f(profiler_.get(), trace::Pass::F, j, -1);
+      loss_sum += model_->forward(ctx, tokens.data(), targets.data(), mbs_, seq_);
+    }
+    trace::PassSpan bw(profiler_.get(), trace::Pass::B, j, -1, /*fused_bw=*/true);
     model_->backward(ctx, dloss);
   }
   return loss_sum;
@@ -566,6 +603,7 @@ double Trainer::forward_backward(const MicrobatchFill& fill) {
 // and under sequence parallelism the norm weights' gradients summed over tp (each tp rank's cover
 // its rows only; the two sums commute, and tp peers share the dp shard layout under ZeRO).
 void Trainer::reduce_gradients() {
+  trace::Span span(profiler_.get(), trace::Category::Annotation, "reduce_gradients");
   ParamStore& params = model_->params();
   if (embedding_group_) {
     embedding_group_->all_reduce(params.grad_tensor(tied_tensor_).raw(), params.infos()[tied_tensor_].numel,
@@ -582,6 +620,7 @@ void Trainer::reduce_gradients() {
 
 // The global L2 norm of the gradients, the same on every rank.
 double Trainer::gradient_norm() {
+  trace::Region region(profiler_.get(), "gradient_norm");
   if (sharded_) {
     const std::vector<int>& counted = counted_tensors_;
     return sharded_->grad_norm(groups_.mp.get(), [&counted](int t) {
@@ -594,6 +633,7 @@ double Trainer::gradient_norm() {
 
 // AdamW with the clipping factor folded in; the model's working weights follow the master.
 void Trainer::optimizer_step(double lr, double grad_scale) {
+  trace::Region region(profiler_.get(), "optimizer_step");
   ParamStore& params = model_->params();
   if (sharded_) {
     sharded_->step(lr, grad_scale);
@@ -608,13 +648,14 @@ void Trainer::optimizer_step(double lr, double grad_scale) {
 StepResult Trainer::train_step() {
   const auto t0 = Clock::now();
   StepResult r;
+  if (profiler_) profiler_->step_begin(state_.iteration + 1);
   watch_->begin_step(state_.iteration + 1);
   model_->params().zero_grad();
   model_->reset_moe_stats();  // evaluation forwards do not count
   buckets_->reset();
   std::fill(w_done_.begin(), w_done_.end(), 0);
-  double loss_sum =
-      forward_backward(fill_from(train_src_, state_.consumed_samples, me_.dp, m_local_, mbs_, seq_));
+  double loss_sum = forward_backward(trace::in_host_span(
+      profiler_.get(), "data_loading", fill_from(train_src_, state_.consumed_samples, me_.dp, m_local_, mbs_, seq_)));
   compute_.backend->synchronize();  // compute time counts the device's work
   // This rank's own work; the reductions below wait for the slowest rank (stragglers show here).
   r.compute_seconds = seconds_since(t0);
@@ -634,6 +675,8 @@ StepResult Trainer::train_step() {
   state_.consumed_samples += gbs_;
   state_.optimizer_step = sharded_ ? sharded_->step_count() : replicated_->step_count();
   r.seconds = seconds_since(t0);
+  if (profiler_)
+    if (const fs::path f = profiler_->step_end(state_.iteration); !f.empty()) log::info("profile: wrote {}", f.string());
   return r;
 }
 
@@ -641,6 +684,7 @@ StepResult Trainer::train_step() {
 // evaluate, save, log
 
 double Trainer::evaluate() {
+  trace::Span span(profiler_.get(), trace::Category::Annotation, "evaluate");
   double total = 0;
   std::vector<int32_t> tokens, targets;
   for (int64_t e = 0; e < a_.eval_iters; ++e) {
@@ -659,6 +703,7 @@ double Trainer::evaluate() {
 }
 
 void Trainer::save() {
+  trace::Span span(profiler_.get(), trace::Category::Host, "checkpoint_save");
   watch_->before_save(state_.iteration);
   // The full optimizer state in this rank's layout (ZeRO gathers its shards over dp).
   parallel::FullOptimizerState full;

@@ -3,6 +3,7 @@
 #include <cstdlib>
 #include <iostream>
 
+#include "cli/lib/overrides.h"
 #include "cli/registry.h"
 #include "config/experiment.h"
 #include "core/error.h"
@@ -12,24 +13,6 @@
 
 namespace primus::cli {
 namespace {
-
-// "--lr 3e-4", "--lr=3e-4", "--exp-name x", "--bf16": pairs of key and value, in order.
-std::vector<std::pair<std::string, std::string>> key_values(const std::vector<std::string>& args) {
-  std::vector<std::pair<std::string, std::string>> out;
-  for (size_t i = 0; i < args.size(); ++i) {
-    const std::string& a = args[i];
-    if (!a.starts_with("--") || a.size() < 3) fail("unexpected argument '{}': overrides are --key value", a);
-    const size_t eq = a.find('=');
-    if (eq != std::string::npos) {
-      out.emplace_back(a.substr(2, eq - 2), a.substr(eq + 1));
-    } else {
-      // A flag without a value, as Megatron's store_true options: --use-distributed-optimizer.
-      if (i + 1 >= args.size() || args[i + 1].starts_with("--")) out.emplace_back(a.substr(2), "true");
-      else out.emplace_back(a.substr(2), args[++i]);
-    }
-  }
-  return out;
-}
 
 TaskRegistrar reg{{"train", "pretrain", "pretrain a model from an experiment config", [](CLI::App& app) -> TaskAction {
                      auto config = std::make_shared<std::string>();

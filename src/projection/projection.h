@@ -1,0 +1,117 @@
+// `projection memory|performance|both` (Primus's command): what a config needs per rank and how
+// fast it trains at a target scale, before the cluster exists.
+//
+// Memory per rank (every tp and dp rank of a pipeline rank needs the same):
+//   parameters    fp32 master weights of the rank's layers (tp shards), and a bf16 working copy
+//                 in bf16 runs
+//   gradients     fp32, the master's layout
+//   optimizer     AdamW's two fp32 moments: on every dp rank (no_shard), or a 1/dp shard with
+//                 its reduce-scatter buffers (zero1 = use_distributed_optimizer). fsdp also
+//                 shards parameters and gradients and gathers one layer's working weights (two
+//                 with prefetch) at a time: a model of the strategy the trainer does not have yet,
+//                 not checked against a run
+//   activations   per layer what the passes keep (recompute none, selective, full) and need at
+//                 their peak (workload.h), for the microbatches a rank holds at each op of its
+//                 schedule: the schedule's op list is walked (F keeps, B keeps less until W, W
+//                 frees), so in-flight microbatches come from the schedule itself
+//   buffers       the pipeline's posted receives, the RoPE tables
+// Step time: each op's time measured on this machine (or the roofline of a named machine,
+// op_timing.h); tensor-parallel collectives on the critical path; the pipeline through the
+// schedule simulator with the stages' F, B, W and the transfers' time; the data-parallel gradient
+// reduction from its bucket count and overlap; the optimizer, gradient norm and zeroing. Links:
+// ring collectives over the slowest link the group crosses (comm_seconds).
+#pragma once
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "config/experiment.h"
+#include "parallel/process_group.h"
+#include "projection/op_timing.h"
+#include "projection/workload.h"
+#include "train/parallel_layout.h"
+#include "trace/hardware.h"
+
+namespace primus::projection {
+
+enum class Sharding { NoShard, Zero1, Fsdp };
+Sharding parse_sharding(const std::string& s);  // no_shard | zero1 | fsdp
+const char* sharding_name(Sharding s);
+
+struct Target {
+  int nodes = 0;          // 0: the fewest that hold tp x pp x cp
+  int gpus_per_node = 0;  // 0: the hardware's (8 for the named GPUs; this machine: tp x pp x cp)
+  trace::Hardware hardware;
+  std::optional<Sharding> sharding;  // default: zero1 when use_distributed_optimizer, else no_shard
+};
+
+// Ring collectives: all_reduce 2(n-1) steps of S/n, reduce_scatter / all_gather / all_to_all
+// n-1 steps, point-to-point one; each step costs the link's latency.
+struct Link {
+  double gbs = 0, latency_us = 0;
+  std::string name;  // "intra-node", "inter-node"
+};
+double comm_seconds(const std::string& op, double bytes, int ranks, const Link& link);
+// The link of `group` measured in that model's terms: the mean time of small all-reduces gives
+// the latency, of 4 MiB ones the bandwidth. Collective over the group.
+Link measure_link(parallel::ProcessGroup& group);
+
+struct RankMemory {
+  int pp_rank = 0;
+  double parameters = 0, working_weights = 0, gradients = 0, optimizer = 0, activations = 0, buffers = 0;
+  double peak = 0;  // everything at the rank's highest point
+  int64_t parameter_count = 0;
+  double peak_in_flight = 0;  // microbatch-chunks alive at the peak
+};
+
+struct MemoryReport {
+  std::vector<RankMemory> per_rank;  // one per pipeline rank
+  double capacity = 0;               // bytes per GPU (0: unknown, the CPU)
+  bool fits = true;
+  std::vector<std::string> notes;
+};
+
+struct StageTimes {
+  int stage = 0;
+  double f = 0, b = 0, w = 0;  // seconds per microbatch, compute and tp collectives
+  double tp_comm = 0;          // of which tensor-parallel collectives (F+B+W)
+};
+
+struct PerformanceReport {
+  std::string timing;  // how op times were had
+  std::vector<StageTimes> stages;
+  double pipeline_s = 0;      // F/B/W of all microbatches with the bubble
+  double bubble = 0;          // the simulator's bubble rate (pp > 1)
+  double p2p_s = 0;           // one activation transfer
+  double dp_total_s = 0, dp_exposed_s = 0;  // gradient reduction (and ZeRO's parameter all-gather)
+  double optimizer_s = 0, other_s = 0;      // optimizer + norm + zeroing; small collectives
+  double step_s = 0, tokens_per_s = 0, tflops_per_gpu = 0, mfu = 0;
+  std::vector<std::string> notes;
+};
+
+struct Projection {
+  std::string model;
+  ModelSpec spec;
+  config::TrainingArgs args;
+  train::ParallelLayout layout;
+  Sharding sharding = Sharding::NoShard;
+  trace::Hardware hardware;
+  int nodes = 1, gpus_per_node = 1;
+  WorkloadShape shape;
+  std::optional<MemoryReport> memory;
+  std::optional<PerformanceReport> performance;
+};
+
+// The layout at the target scale: the config's parallel sizes over nodes x gpus_per_node ranks
+// (data parallel takes the rest). Throws primus::Error when the sizes do not fit.
+Projection plan(const config::ExperimentConfig& cfg, const Target& target);
+void project_memory(Projection& p);
+void project_performance(Projection& p, OpTimer& timer);
+
+nlohmann::ordered_json to_json(const Projection& p);
+std::string to_text(const Projection& p);
+
+}  // namespace primus::projection

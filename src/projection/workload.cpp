@@ -1,0 +1,289 @@
+#include "projection/workload.h"
+
+#include <algorithm>
+
+#include <fmt/format.h>
+
+#include "kernels/backend.h"
+
+namespace primus::projection {
+namespace {
+
+// The sizes every part needs, for one rank of tp.
+struct Dims {
+  int64_t N, Nl, C, hl, gl, D, Q, QS, Fl, Vl, b, s;
+  double a, st;  // bytes of an activation and of a statistic
+  DType act;
+  bool tp, sp;
+};
+
+Dims dims_of(const ModelSpec& m, const WorkloadShape& w) {
+  Dims d;
+  d.b = w.micro_batch_size;
+  d.s = w.seq_length;
+  d.N = d.b * d.s;
+  d.Nl = w.sequence_parallel && w.tp > 1 ? d.N / w.tp : d.N;
+  d.C = m.hidden_size;
+  d.hl = m.num_attention_heads / w.tp;
+  d.gl = m.query_groups() / w.tp;
+  d.D = m.head_dim();
+  d.Q = (d.hl + 2 * d.gl) * d.D;
+  d.QS = d.hl * d.D;
+  d.Fl = m.ffn_hidden_size / w.tp;
+  d.Vl = m.vocab_size / w.tp;
+  d.act = activation_dtype(w.precision);
+  d.a = double(dtype_size(d.act));
+  d.st = double(dtype_size(ops::stat_dtype(d.act)));
+  d.tp = w.tp > 1;
+  d.sp = w.sequence_parallel && w.tp > 1;
+  return d;
+}
+
+OpSpec gemm(const Dims& d, int64_t m, int64_t n, int64_t k, bool trans_a, bool trans_b, bool out_stat, bool acc) {
+  OpSpec o;
+  o.op = "gemm";
+  o.a = m, o.b = n, o.c = k;
+  o.trans_a = trans_a, o.trans_b = trans_b, o.out_stat = out_stat, o.accumulate = acc;
+  o.dtype = d.act;
+  o.flops = 2.0 * double(m) * double(n) * double(k);
+  o.bytes = (double(m) * double(k) + double(k) * double(n)) * d.a + double(m) * double(n) * (out_stat ? 4.0 : d.a);
+  return o;
+}
+
+OpSpec elementwise(const Dims& d, const char* op, int64_t rows, int64_t cols, double flops_per, double bytes_per) {
+  OpSpec o;
+  o.op = op;
+  o.a = rows, o.b = cols;
+  o.dtype = d.act;
+  o.flops = flops_per * double(rows) * double(cols);
+  o.bytes = bytes_per * double(rows) * double(cols);
+  return o;
+}
+
+OpSpec attention(const Dims& d, bool backward) {
+  OpSpec o;
+  o.op = backward ? "attention_backward" : "attention_forward";
+  o.a = d.b, o.b = d.s, o.c = d.hl, o.d = d.gl, o.e = d.D;
+  o.dtype = d.act;
+  o.flops = (backward ? 4.0 : 2.0) * double(d.b) * double(d.hl) * double(d.s) * double(d.s) * double(d.D);
+  o.bytes = (backward ? 2.0 : 1.0) * (double(d.N) * double(d.Q + d.QS) * d.a) + double(d.N * d.hl) * d.st;
+  return o;
+}
+
+OpSpec rope(const Dims& d, bool inverse) {
+  OpSpec o = elementwise(d, "rope_apply", d.N, (d.hl + d.gl) * d.D, 3.0, 2.0 * d.a);
+  o.b = d.Q;  // rows of the fused qkv; the first hl + gl heads rotate
+  o.c = d.hl + d.gl;
+  o.d = d.D;
+  o.e = d.s;
+  o.inverse = inverse;
+  return o;
+}
+
+double bytes(double rows, double cols, double size) { return rows * cols * size; }
+
+// The forward of a block, as block_rebuild runs it from an empty context.
+void block_forward_ops(const Dims& d, PassWork& p, bool qkv_bias) {
+  const double ab = double(d.N) * double(d.C) * d.a;  // a gathered / reduced [N, C] activation
+  p.ops.push_back(elementwise(d, "rmsnorm_forward", d.Nl, d.C, 4, 2 * d.a));
+  if (d.sp) p.comms.push_back({"all_gather", ab});
+  OpSpec qkv = gemm(d, d.N, d.Q, d.C, false, true, false, false);
+  if (qkv_bias) qkv.bytes += double(d.Q) * d.a;
+  p.ops.push_back(qkv);
+  p.ops.push_back(rope(d, false));
+  p.ops.push_back(attention(d, false));
+  p.ops.push_back(gemm(d, d.N, d.C, d.QS, false, true, false, !d.tp));
+  if (d.tp) {
+    p.comms.push_back({d.sp ? "reduce_scatter" : "all_reduce", ab});
+    p.ops.push_back(elementwise(d, "add", d.Nl, d.C, 1, 3 * d.a));
+  }
+  p.ops.push_back(elementwise(d, "rmsnorm_forward", d.Nl, d.C, 4, 2 * d.a));
+  if (d.sp) p.comms.push_back({"all_gather", ab});
+  p.ops.push_back(gemm(d, d.N, 2 * d.Fl, d.C, false, true, false, false));
+  p.ops.push_back(elementwise(d, "swiglu_forward", d.N, d.Fl, 5, 3 * d.a));
+}
+
+void block_row_parallel_fc2(const Dims& d, PassWork& p) {
+  const double ab = double(d.N) * double(d.C) * d.a;
+  p.ops.push_back(gemm(d, d.N, d.C, d.Fl, false, true, false, !d.tp));
+  if (d.tp) {
+    p.comms.push_back({d.sp ? "reduce_scatter" : "all_reduce", ab});
+    p.ops.push_back(elementwise(d, "add", d.Nl, d.C, 1, 3 * d.a));
+  }
+}
+
+}  // namespace
+
+std::string OpSpec::key() const {
+  return fmt::format("{}:{}x{}x{}x{}x{}:{}{}{}{}{}:{}", op, a, b, c, d, e, trans_a, trans_b, out_stat, accumulate,
+                     inverse, dtype_name(dtype));
+}
+
+double PassWork::flops() const {
+  double f = 0;
+  for (const auto& o : ops) f += o.flops;
+  return f;
+}
+
+PartWork layer_work(const ModelSpec& m, const WorkloadShape& w) {
+  const Dims d = dims_of(m, w);
+  PartWork p;
+  p.name = "layer";
+  // F: the whole block.
+  block_forward_ops(d, p.f, m.add_qkv_bias);
+  block_row_parallel_fc2(d, p.f);
+  // B: what recompute dropped, rebuilt, then the input gradients.
+  if (w.recompute == Recompute::Full) {
+    block_forward_ops(d, p.b, m.add_qkv_bias);
+  } else if (w.recompute == Recompute::Selective) {
+    const double ab = double(d.N) * double(d.C) * d.a;
+    p.b.ops.push_back(elementwise(d, "rmsnorm_forward", d.Nl, d.C, 4, 2 * d.a));
+    if (d.sp) p.b.comms.push_back({"all_gather", ab});
+    p.b.ops.push_back(attention(d, false));
+    p.b.ops.push_back(elementwise(d, "rmsnorm_forward", d.Nl, d.C, 4, 2 * d.a));
+    if (d.sp) p.b.comms.push_back({"all_gather", ab});
+    p.b.ops.push_back(elementwise(d, "swiglu_forward", d.N, d.Fl, 5, 3 * d.a));
+  }
+  const double ab = double(d.N) * double(d.C) * d.a;
+  if (d.sp) p.b.comms.push_back({"all_gather", ab});
+  p.b.ops.push_back(gemm(d, d.N, d.Fl, d.C, false, false, false, false));
+  p.b.ops.push_back(elementwise(d, "swiglu_backward", d.N, d.Fl, 10, 5 * d.a));
+  p.b.ops.push_back(gemm(d, d.N, d.C, 2 * d.Fl, false, false, false, false));
+  if (d.tp) p.b.comms.push_back({d.sp ? "reduce_scatter" : "all_reduce", ab});
+  p.b.ops.push_back(elementwise(d, "rmsnorm_backward_input", d.Nl, d.C, 8, 4 * d.a));
+  if (d.sp) p.b.comms.push_back({"all_gather", ab});
+  p.b.ops.push_back(gemm(d, d.N, d.QS, d.C, false, false, false, false));
+  p.b.ops.push_back(attention(d, true));
+  p.b.ops.push_back(rope(d, true));
+  p.b.ops.push_back(gemm(d, d.N, d.C, d.Q, false, false, false, false));
+  if (d.tp) p.b.comms.push_back({d.sp ? "reduce_scatter" : "all_reduce", ab});
+  p.b.ops.push_back(elementwise(d, "rmsnorm_backward_input", d.Nl, d.C, 8, 4 * d.a));
+  // W: dW += dy^T x, fp32 gradients.
+  p.w.ops.push_back(gemm(d, d.C, d.Fl, d.N, true, false, true, true));
+  p.w.ops.push_back(gemm(d, 2 * d.Fl, d.C, d.N, true, false, true, true));
+  p.w.ops.push_back(elementwise(d, "rmsnorm_backward_weight", d.Nl, d.C, 3, 2 * d.a));
+  p.w.ops.push_back(gemm(d, d.C, d.QS, d.N, true, false, true, true));
+  p.w.ops.push_back(gemm(d, d.Q, d.C, d.N, true, false, true, true));
+  if (m.add_qkv_bias) p.w.ops.push_back(elementwise(d, "column_sum_accumulate", d.N, d.Q, 1, d.a));
+  p.w.ops.push_back(elementwise(d, "rmsnorm_backward_weight", d.Nl, d.C, 3, 2 * d.a));
+
+  // Memory. The block holds its input x (the previous part's output) from its F to its W.
+  const double x = bytes(d.Nl, d.C, d.a), full_nc = bytes(d.N, d.C, d.a);
+  const double h1 = full_nc, rstd = bytes(d.Nl, 1, d.st), qkv = bytes(d.N, d.Q, d.a), attn = bytes(d.N, d.QS, d.a);
+  const double lse = bytes(d.N, d.hl, d.st), x2 = x, h2 = full_nc, gate_up = bytes(d.N, 2 * d.Fl, d.a),
+               act = bytes(d.N, d.Fl, d.a);
+  const double context = x + h1 + rstd + qkv + attn + lse + x2 + h2 + rstd + gate_up + act;
+  p.kept_after_f = w.recompute == Recompute::None        ? context
+                   : w.recompute == Recompute::Selective ? x + qkv + x2 + gate_up
+                                                         : x;
+  // At the end of F everything exists at once (recompute drops it afterwards), with the output
+  // and, under tp, fc2's partial sum.
+  p.peak_in_f = context + x + (d.tp ? full_nc : 0);
+  // B: the incoming dy (held as c.dy; gathered anew under sp), da, dgate_up, the reduced dh2
+  // (partial and reduced under sp), dx2 (and its gathered copy under sp), dattn, dqkv, dh1, dx.
+  const double dy_in = x, dy_g = d.sp ? full_nc : 0;
+  const double da = act, dgu = gate_up, dh2 = full_nc + (d.sp ? x : 0), dx2 = x + (d.sp ? full_nc : 0);
+  const double dattn = attn, dqkv = qkv, dh1 = full_nc + (d.sp ? x : 0), dx = x;
+  p.peak_in_b = context + dy_in + dy_g + da + dgu + dh2 + dx2 + dattn + dqkv + dh1 + dx;
+  // Kept for W: the context less qkv, lse and gate_up, and dy, dqkv, dh1, dx2, dgate_up, dh2
+  // as the context holds them (reduced and gathered where those differ).
+  const double kept_dh = d.sp ? x : full_nc, kept_dx2 = d.sp ? full_nc : x;
+  p.kept_after_b = context - qkv - lse - gate_up + dy_in + dy_g + dqkv + kept_dh + kept_dx2 + dgu + kept_dh;
+  return p;
+}
+
+PartWork embedding_work(const ModelSpec& m, const WorkloadShape& w) {
+  const Dims d = dims_of(m, w);
+  PartWork p;
+  p.name = "embedding";
+  OpSpec e = elementwise(d, "embedding_forward", d.N, d.C, 0, 2 * d.a);
+  e.c = d.Vl;
+  p.f.ops.push_back(e);
+  const double ab = double(d.N) * double(d.C) * d.a;
+  if (d.tp) p.f.comms.push_back({d.sp ? "reduce_scatter" : "all_reduce", ab});
+  if (d.sp) p.w.comms.push_back({"all_gather", ab});
+  OpSpec eb = elementwise(d, "embedding_backward", d.N, d.C, 1, d.a + 8);
+  eb.c = d.Vl;
+  p.w.ops.push_back(eb);
+  const double tokens = 2.0 * double(d.N) * 4;  // the shard's token ids and the targets, int32 on the device
+  p.kept_after_f = tokens;                      // its output is layer 0's input
+  p.peak_in_f = tokens + ab + (d.sp ? bytes(d.Nl, d.C, d.a) : 0);
+  p.kept_after_b = tokens + bytes(d.Nl, d.C, d.a);  // the gradient reaching it, until its W
+  p.peak_in_b = p.kept_after_b;
+  return p;
+}
+
+PartWork head_work(const ModelSpec& m, const WorkloadShape& w) {
+  const Dims d = dims_of(m, w);
+  PartWork p;
+  p.name = "head";
+  const bool keeps = head_keeps_logits(w.options, w.precision, d.N, d.Vl);
+  const int64_t vc = keeps ? d.Vl : std::min<int64_t>(w.options.vocab_chunk, d.Vl);
+  const int64_t chunks = keeps ? 1 : (d.Vl + vc - 1) / vc;
+  const double ab = double(d.N) * double(d.C) * d.a;
+  // F
+  p.f.ops.push_back(elementwise(d, "rmsnorm_forward", d.Nl, d.C, 4, 2 * d.a));
+  if (d.sp) p.f.comms.push_back({"all_gather", ab});
+  p.f.ops.push_back(elementwise(d, "ce_init", d.N, 1, 0, 3 * d.st));
+  for (int64_t c = 0; c < chunks; ++c) {
+    p.f.ops.push_back(gemm(d, d.N, vc, d.C, false, true, true, false));
+    p.f.ops.push_back(elementwise(d, "ce_chunk_forward", d.N, vc, 5, d.st));
+  }
+  if (d.tp)
+    for (int i = 0; i < 3; ++i) p.f.comms.push_back({"all_reduce", double(d.N) * d.st});
+  p.f.ops.push_back(elementwise(d, "ce_finish", d.N, 1, 3, 5 * d.st));
+  if (keeps) p.f.ops.push_back(elementwise(d, "ce_chunk_backward", d.N, d.Vl, 3, d.st + d.a));
+  // B
+  for (int64_t c = 0; c < chunks; ++c) {
+    if (!keeps) {
+      p.b.ops.push_back(gemm(d, d.N, vc, d.C, false, true, true, false));
+      p.b.ops.push_back(elementwise(d, "ce_chunk_backward", d.N, vc, 3, d.st + d.a));
+    }
+    OpSpec g = gemm(d, d.N, d.C, vc, false, false, true, true);
+    p.b.ops.push_back(g);
+  }
+  if (d.tp) p.b.comms.push_back({d.sp ? "reduce_scatter" : "all_reduce", double(d.N) * double(d.C) * d.st});
+  if (d.act != ops::stat_dtype(d.act)) p.b.ops.push_back(elementwise(d, "cast", d.Nl, d.C, 0, d.st + d.a));
+  p.b.ops.push_back(elementwise(d, "rmsnorm_backward_input", d.Nl, d.C, 8, 3 * d.a));
+  // W
+  p.w.ops.push_back(elementwise(d, "rmsnorm_backward_weight", d.Nl, d.C, 3, 2 * d.a));
+  for (int64_t c = 0; c < chunks; ++c) {
+    if (!keeps) {
+      p.w.ops.push_back(gemm(d, d.N, vc, d.C, false, true, true, false));
+      p.w.ops.push_back(elementwise(d, "ce_chunk_backward", d.N, vc, 3, d.st + d.a));
+    }
+    p.w.ops.push_back(gemm(d, vc, d.C, d.N, true, false, true, true));
+  }
+  // Memory: its input x, hn (gathered), rstd, lse and the logits' gradient when it keeps it.
+  const double x = bytes(d.Nl, d.C, d.a), hn = ab, rstd = bytes(d.Nl, 1, d.st), lse = bytes(d.N, 1, d.st);
+  const bool bf16 = d.act != ops::stat_dtype(d.act);
+  const double dlogits = keeps ? bytes(d.N, d.Vl, bf16 ? d.a : d.st) : 0;
+  const double logits = bytes(d.N, vc, d.st);
+  p.kept_after_f = x + hn + rstd + lse + dlogits + double(d.N) * 4;  // and the targets
+  p.peak_in_f = x + hn + (d.sp ? x : 0) + rstd + 3 * lse + logits + (bf16 || !keeps ? bytes(d.N, vc, d.a) : 0) +
+                double(d.N) * 4;
+  const double dhn = bytes(d.N, d.C, d.st);
+  const double chunk_tmp = keeps ? 0 : logits + (bf16 ? bytes(d.N, vc, d.a) : 0);
+  const double dhn_kept = bf16 ? bytes(d.sp ? d.Nl : d.N, d.C, d.a) : (d.sp ? bytes(d.Nl, d.C, d.st) : dhn);
+  p.peak_in_b = p.kept_after_f + dhn + chunk_tmp + (d.sp || bf16 ? dhn_kept : 0) + x;
+  p.kept_after_b = p.kept_after_f + dhn_kept;
+  return p;
+}
+
+int64_t layer_parameters(const ModelSpec& m, int tp) {
+  const int64_t C = m.hidden_size;
+  int64_t n = 2 * C;                          // the two norms, whole on every rank
+  n += m.qkv_size() * C / tp;                 // linear_qkv
+  if (m.add_qkv_bias) n += m.qkv_size() / tp;
+  n += C * m.q_size() / tp;                   // linear_proj
+  n += 3 * m.ffn_hidden_size * C / tp;        // linear_fc1 (gate and up), linear_fc2
+  return n;
+}
+
+int64_t embedding_parameters(const ModelSpec& m, int tp) { return m.vocab_size / tp * m.hidden_size; }
+
+int64_t head_parameters(const ModelSpec& m, int tp) {
+  return m.hidden_size + (m.untie_embeddings_and_output_weights ? m.vocab_size / tp * m.hidden_size : 0);
+}
+
+}  // namespace primus::projection

@@ -1,0 +1,137 @@
+#include <gtest/gtest.h>
+
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "core/error.h"
+#include "core/memory.h"
+#include "projection/projection.h"
+#include "train/trainer.h"
+
+namespace fs = std::filesystem;
+
+namespace primus::projection {
+namespace {
+
+class Projection : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() / ("primus_projection_test_" + std::to_string(::getpid()));
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+  config::ExperimentConfig config(const std::string& overrides, const std::string& model = "tiny") {
+    std::ofstream(dir_ / "exp.yaml") << "exp_name: run\nworkspace: " << (dir_ / "ws").string()
+                                     << "\nmodules:\n  pre_trainer:\n    model: " << model
+                                     << "\n    overrides:\n      num_layers: 4\n      micro_batch_size: 2\n"
+                                     << (overrides.find("global_batch_size") == std::string::npos ? "      global_batch_size: 8\n" : "")
+                                     << "      seq_length: 64\n      train_iters: 2\n"
+                                        "      log_interval: 1\n      eval_interval: 0\n      mock_data: true\n"
+                                     << overrides;
+    return config::load_experiment((dir_ / "exp.yaml").string());
+  }
+  static Target h100(int nodes = 1, int gpus = 8) {
+    Target t;
+    t.nodes = nodes;
+    t.gpus_per_node = gpus;
+    t.hardware = *trace::find_hardware("H100");
+    return t;
+  }
+  fs::path dir_;
+};
+
+TEST(Comm, RingCollectivesAndTransfers) {
+  const Link l{100, 1, "test"};
+  EXPECT_DOUBLE_EQ(comm_seconds("all_reduce", 1e9, 8, l), 14e-6 + 2 * 7.0 / 8 * 1e9 / 100e9);
+  EXPECT_DOUBLE_EQ(comm_seconds("reduce_scatter", 1e9, 8, l), 7e-6 + 7.0 / 8 * 1e9 / 100e9);
+  EXPECT_DOUBLE_EQ(comm_seconds("p2p", 1e6, 2, l), 1e-6 + 1e6 / 100e9);
+  EXPECT_DOUBLE_EQ(comm_seconds("all_reduce", 1e9, 1, l), 0.0);
+}
+
+// The trainer's measured peak (the tensor pool's, one process on the CPU) against the projection,
+// for each recompute setting.
+TEST_F(Projection, MemoryMatchesTheTrainersPeakWithin10Percent) {
+  for (const char* recompute : {"", "selective", "full"}) {
+    const std::string ov = std::string("      recompute_granularity: \"") + recompute + "\"\n";
+    const config::ExperimentConfig cfg = config(ov);
+    fs::remove_all(dir_ / "ws");
+    reset_peak_host_memory();
+    train::pretrain(cfg);
+    std::ifstream in(dir_ / "ws" / "run" / "metrics.jsonl");
+    std::string line, last;
+    while (std::getline(in, line)) last = line;
+    const double measured = nlohmann::json::parse(last)["peak_memory_bytes"].get<double>();
+    Target t = h100(1, 1);
+    auto p = plan(cfg, t);
+    project_memory(p);
+    const double projected = p.memory->per_rank[0].peak;
+    EXPECT_NEAR(projected, measured, 0.10 * measured) << "recompute '" << recompute << "'";
+    std::printf("recompute '%s': measured %.0f, projected %.0f bytes (%+.2f%%)\n", recompute, measured, projected,
+                100 * (projected - measured) / measured);
+  }
+}
+
+TEST_F(Projection, ShardingDividesTheOptimizerState) {
+  auto none = plan(config(""), h100(1, 2));
+  project_memory(none);
+  auto zero = plan(config("      use_distributed_optimizer: true\n"), h100(1, 2));
+  project_memory(zero);
+  auto fsdp_target = h100(1, 2);
+  fsdp_target.sharding = Sharding::Fsdp;
+  auto fsdp = plan(config(""), fsdp_target);
+  project_memory(fsdp);
+  ASSERT_EQ(none.layout.dp, 2);
+  const RankMemory &a = none.memory->per_rank[0], &b = zero.memory->per_rank[0], &c = fsdp.memory->per_rank[0];
+  EXPECT_EQ(zero.sharding, Sharding::Zero1);
+  EXPECT_DOUBLE_EQ(a.optimizer, 2 * a.parameters);       // two fp32 moments
+  EXPECT_DOUBLE_EQ(b.optimizer, 0.5 * a.optimizer + 0.25 * a.parameters * 2);  // half the moments, the shard buffer
+  EXPECT_DOUBLE_EQ(b.gradients, a.gradients);
+  EXPECT_DOUBLE_EQ(c.parameters, a.parameters / 2);
+  EXPECT_DOUBLE_EQ(c.gradients, a.gradients / 2);
+  EXPECT_DOUBLE_EQ(c.optimizer, a.optimizer / 2);
+  EXPECT_FALSE(fsdp.memory->notes.empty());
+}
+
+// 1F1B holds at most pp microbatches on its first rank, GPipe all of them.
+TEST_F(Projection, InFlightMicrobatchesComeFromTheSchedule) {
+  const std::string pp4 = "      pipeline_model_parallel_size: 4\n      global_batch_size: 16\n";
+  auto one = plan(config(pp4 + "      pipeline_schedule: 1f1b\n"), h100(1, 4));
+  project_memory(one);
+  auto gpipe = plan(config(pp4 + "      pipeline_schedule: gpipe\n"), h100(1, 4));
+  project_memory(gpipe);
+  EXPECT_EQ(one.layout.microbatches_per_rank, 8);
+  EXPECT_EQ(one.memory->per_rank[0].peak_in_flight, 4);
+  EXPECT_EQ(one.memory->per_rank[3].peak_in_flight, 1);
+  EXPECT_EQ(gpipe.memory->per_rank[0].peak_in_flight, 8);
+  EXPECT_GT(gpipe.memory->per_rank[0].activations, one.memory->per_rank[0].activations);
+  const auto j = to_json(one);
+  ASSERT_EQ(j["per_rank"].size(), 4u);
+  EXPECT_GT(j["per_rank"][0]["peak_bytes"].get<double>(), 0.0);
+}
+
+TEST_F(Projection, RooflinePerformanceScalesWithDataParallelism) {
+  const config::ExperimentConfig cfg = config("      tensor_model_parallel_size: 2\n", "llama2c_15M");
+  auto one = plan(cfg, h100(1, 2));
+  auto four = plan(cfg, h100(1, 8));
+  RooflineOps timer(*trace::find_hardware("H100"));
+  project_performance(one, timer);
+  project_performance(four, timer);
+  ASSERT_EQ(one.layout.dp, 1);
+  ASSERT_EQ(four.layout.dp, 4);
+  EXPECT_GT(four.performance->tokens_per_s, 2 * one.performance->tokens_per_s);
+  EXPECT_GT(one.performance->stages[0].tp_comm, 0.0);
+  EXPECT_GT(one.performance->mfu, 0.0);
+  EXPECT_LT(one.performance->mfu, 1.0);
+  EXPECT_GT(four.performance->dp_total_s, 0.0);
+}
+
+TEST_F(Projection, ALayoutThatDoesNotFitTheScaleIsAnError) {
+  EXPECT_THROW(plan(config("      tensor_model_parallel_size: 3\n"), h100(1, 8)), Error);
+  EXPECT_THROW(parse_sharding("zero3"), Error);
+}
+
+}  // namespace
+}  // namespace primus::projection
