@@ -1,13 +1,20 @@
 // CPU training-step benchmark: tokens/s, achieved GFLOP/s and MFU of a full step (forward,
-// backward, gradient clipping, AdamW) against this machine's SGEMM peak, measured in the same
-// run; then the same model and step in PyTorch (benchmarks/engine/torch_llama.py) and the ratio.
+// backward, gradient clipping, AdamW) in fp32 or bf16 mixed precision, against this machine's
+// peak for that precision (SGEMM, or the bf16 GEMM of kernels/cpu/bf16) measured in the same run
+// (again just before each of our runs, for that run's MFU);
+// then the same model and step in PyTorch (benchmarks/engine/torch_llama.py), in fp32 and under
+// autocast bf16, and the ratios. --rounds N interleaves the programs N times (ours, PyTorch fp32,
+// PyTorch bf16, ours, ...) and reports medians: the machine is shared, so only ratios taken in one
+// run mean anything. --profile adds where our step's time goes, op by op.
 //
-//   bench_engine --model llama2c_15M --micro-batch-size 8 --seq-length 256 --iters 5
+//   bench_engine --model llama2c_15M --micro-batch-size 8 --seq-length 256 --iters 5 [--precision bf16]
 #include <omp.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <iostream>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -18,12 +25,17 @@
 
 #include "core/memory.h"
 #include "core/rng.h"
+#include "kernels/cpu/bf16/bf16_backend.h"
+#include "kernels/cpu/bf16/gemm.h"
 #include "kernels/cpu/cpu_backend.h"
+#include "kernels/cpu/cpu_features.h"
 #include "kernels/cpu/gemm.h"
 #include "model/llama.h"
 #include "model/model_spec.h"
 #include "optim/adamw.h"
+#include "optim/flat_adamw.h"
 #include "optim/grad_clip.h"
+#include "timed_backend.h"
 
 using namespace primus;
 using Clock = std::chrono::steady_clock;
@@ -32,22 +44,41 @@ static double seconds_since(Clock::time_point t) { return std::chrono::duration<
 
 struct Result {
   double tokens_per_sec = 0, step_time = 0, gflops = 0, loss_first = 0, loss_last = 0, forward = 0, backward = 0,
-         optimizer = 0;
+         clip = 0, optimizer = 0;
   size_t peak_bytes = 0;
+  double peak_gflops = 0;  // ours: the machine's peak, measured just before this run
+  // --profile: seconds per step in each op category, the GEMMs' FLOPs, and the part of the
+  // optimizer step that refreshes the bf16 working copy.
+  std::array<double, bench::TimedBackend::kCategories> ops{};
+  double gemm_flops = 0, refresh = 0;
 };
 
-static Result run_ours(const ModelSpec& spec, int64_t mbs, int64_t seq, int iters, int warmup, Recompute rc) {
+static Result run_ours(const ModelSpec& spec, int64_t mbs, int64_t seq, int iters, int warmup, Recompute rc,
+                       Precision precision, bool profile) {
+  std::unique_ptr<ops::Backend> bf16_backend;
+  if (precision == Precision::Bf16) bf16_backend = std::make_unique<cpu::Bf16Backend>();
+  ops::Backend& inner = bf16_backend ? *bf16_backend : static_cast<ops::Backend&>(cpu::cpu_backend());
+  bench::TimedBackend timed(inner);
   LlamaOptions opt;
   opt.recompute = rc;
-  LlamaModel model(spec, cpu::cpu_backend(), Precision::Fp32, opt);
+  LlamaModel model(spec, profile ? timed : inner, precision, opt);
   model.init_weights(1234);
   const std::vector<ParamSegment> segments = segments_of(model.params());
-  AdamW adam({0.9, 0.95, 1e-8, 0.1}, model.params().numel());
+  const AdamWOptions ao{0.9, 0.95, 1e-8, 0.1};
+  AdamW adam(ao, model.params().numel());
+  FlatAdamW flat(ao, segments, model.params().numel(), Device::CPU);
+  auto optimizer_step = [&](bool refresh) {
+    if (precision == Precision::Bf16)
+      flat.step(model.params().values(), model.params().grads(), refresh ? &model.working_weights() : nullptr, 3e-4);
+    else
+      adam.step(model.params().values().data<float>(), model.params().grads().data<float>(), segments, 3e-4);
+  };
   Rng rng(42);
   std::vector<int32_t> tokens(mbs * seq), targets(mbs * seq);
   Result r;
   reset_peak_host_memory();
   for (int it = 0; it < warmup + iters; ++it) {
+    if (it == warmup) timed.reset();
     for (auto& t : tokens) t = int32_t(rng.next_u64() % spec.vocab_size);
     for (size_t i = 0; i < tokens.size(); ++i) targets[i] = tokens[(i + 1) % tokens.size()];
     auto t0 = Clock::now();
@@ -60,28 +91,47 @@ static Result run_ours(const ModelSpec& spec, int64_t mbs, int64_t seq, int iter
     const double tb = seconds_since(t1);
     auto t2 = Clock::now();
     clip_grad_norm(model.params().grads().data<float>(), model.params().numel(), 1.0);
-    adam.step(model.params().values().data<float>(), model.params().grads().data<float>(), segments, 3e-4);
-    const double to = seconds_since(t2);
+    const double tc = seconds_since(t2);
+    auto t3 = Clock::now();
+    optimizer_step(true);
+    const double to = seconds_since(t3);
     if (it == 0) r.loss_first = loss;
     r.loss_last = loss;
     if (it >= warmup) {
       r.forward += tf / iters;
       r.backward += tb / iters;
+      r.clip += tc / iters;
       r.optimizer += to / iters;
       r.step_time += seconds_since(t0) / iters;
     }
   }
   r.tokens_per_sec = double(mbs * seq) / r.step_time;
   r.peak_bytes = host_memory_stats().peak;
+  if (profile) {
+    for (int c = 0; c < bench::TimedBackend::kCategories; ++c) r.ops[size_t(c)] = timed.seconds[size_t(c)] / iters;
+    r.gemm_flops = timed.gemm_flops / iters;
+    if (precision == Precision::Bf16) {  // the working-copy refresh: a step with it minus one without
+      double with = 1e9, without = 1e9;
+      for (int i = 0; i < 3; ++i) {
+        auto t = Clock::now();
+        optimizer_step(true);
+        with = std::min(with, seconds_since(t));
+        t = Clock::now();
+        optimizer_step(false);
+        without = std::min(without, seconds_since(t));
+      }
+      r.refresh = std::max(0.0, with - without);
+    }
+  }
   return r;
 }
 
 static Result run_torch(const std::string& preset_path, int64_t mbs, int64_t seq, int iters, int warmup, int threads,
-                        bool* ok) {
+                        const std::string& precision, bool* ok) {
   const std::string cmd = fmt::format(
       "/usr/bin/python3 {}/benchmarks/engine/torch_llama.py --model {} --micro-batch-size {} --seq-length {} "
-      "--iters {} --warmup {} --threads {}",
-      PRIMUS_SOURCE_DIR, preset_path, mbs, seq, iters, warmup, threads);
+      "--iters {} --warmup {} --threads {} --precision {}",
+      PRIMUS_SOURCE_DIR, preset_path, mbs, seq, iters, warmup, threads, precision);
   Result r;
   *ok = false;
   FILE* pipe = popen(cmd.c_str(), "r");
@@ -89,7 +139,7 @@ static Result run_torch(const std::string& preset_path, int64_t mbs, int64_t seq
   std::string out;
   char buf[4096];
   while (size_t n = fread(buf, 1, sizeof buf, pipe)) out.append(buf, n);
-  if (pclose(pipe) != 0) {
+  if (pclose(pipe) != 0 || out.rfind('{') == std::string::npos) {
     std::cerr << "torch peer failed: " << cmd << "\n" << out << "\n";
     return r;
   }
@@ -103,61 +153,173 @@ static Result run_torch(const std::string& preset_path, int64_t mbs, int64_t seq
   return r;
 }
 
+// The run whose tokens/s is the median of the rounds (the lower middle one for an even count).
+static const Result& median(std::vector<Result>& runs) {
+  std::sort(runs.begin(), runs.end(), [](const Result& a, const Result& b) { return a.tokens_per_sec < b.tokens_per_sec; });
+  return runs[(runs.size() - 1) / 2];
+}
+
+static std::string all_rates(const std::vector<Result>& runs) {
+  std::string s;
+  for (const auto& r : runs) s += fmt::format("{}{:.0f}", s.empty() ? "" : ", ", r.tokens_per_sec);
+  return s;
+}
+
 int main(int argc, char** argv) {
   CLI::App app{"Primus CPU engine benchmark: one training step, ours beside PyTorch"};
   std::vector<std::string> models{"llama2c_15M"};
   int64_t mbs = 8, seq = 256;
-  int iters = 5, warmup = 1;
-  bool torch = true;
-  std::string recompute;
+  int iters = 5, warmup = 1, rounds = 1;
+  bool torch = true, profile = false;
+  std::string recompute, precision = "fp32", torch_modes = "both";
   app.add_option("--model", models, "preset names or YAML paths (repeatable)");
   app.add_option("--micro-batch-size", mbs);
   app.add_option("--seq-length", seq);
   app.add_option("--iters", iters, "timed steps");
   app.add_option("--warmup", warmup, "untimed steps first");
   app.add_option("--recompute-granularity", recompute, "none | selective | full");
+  app.add_option("--precision", precision, "fp32 | bf16 (bf16 mixed precision on the CPU bf16 backend)")
+      ->check(CLI::IsMember({"fp32", "bf16"}));
+  app.add_option("--torch-precision", torch_modes, "the PyTorch peer's modes: both (fp32 and autocast bf16) | match")
+      ->check(CLI::IsMember({"both", "match"}));
+  app.add_option("--rounds", rounds, "run ours and the peers this many times, interleaved; medians are reported")
+      ->check(CLI::PositiveNumber);
   app.add_flag("!--no-torch", torch, "skip the PyTorch peer");
+  app.add_flag("--profile", profile, "time every op of our step by category (adds a little overhead)");
   CLI11_PARSE(app, argc, argv);
 
   try {
+    const bool bf16 = precision == "bf16";
+    std::string why;
+    if (bf16 && !cpu::Bf16Backend::supported(&why))
+      fail("--precision bf16: {} (the CPU bf16 backend needs AVX512-BF16)", why);
     const int threads = omp_get_max_threads();
     cpu::flush_denormals_to_zero();  // as the PyTorch peer does (torch.set_flush_denormal)
-    const double peak = cpu::measure_sgemm_peak_gflops(2048, 4);
-    fmt::print("machine: {} threads, SGEMM peak {:.1f} GFLOP/s (2048^3, best of 4)\n", threads, peak);
+    const double sgemm_peak = cpu::measure_sgemm_peak_gflops(2048, 4);
+    const double bf16_peak = bf16 ? cpu::bf16k::measure_bf16_gemm_peak_gflops(2048, 4) : 0.0;
+    const double peak = bf16 ? bf16_peak : sgemm_peak;
+    const std::string peak_name = bf16 ? "bf16 GEMM" : "SGEMM";
+    fmt::print("machine: {} threads, {}; SGEMM peak {:.1f} GFLOP/s{} (2048^3, best of 4)\n", threads,
+               cpu::cpu_features().summary(), sgemm_peak,
+               bf16 ? fmt::format(", bf16 GEMM peak {:.1f} GFLOP/s", bf16_peak) : std::string());
+    fmt::print("ours in {}{}; MFU against the {} peak\n", bf16 ? "bf16 mixed precision on " : "fp32 on ",
+               bf16 ? cpu::Bf16Backend().name() : std::string("cpu"), peak_name);
+    std::vector<std::string> peer_modes;
+    if (torch) {
+      if (torch_modes == "both" || !bf16) peer_modes.push_back("fp32");
+      if (torch_modes == "both" || bf16) peer_modes.push_back("bf16");
+    }
     for (const auto& name : models) {
       ModelSpec spec = load_model_spec(name);
       ModelStats stats = model_stats(spec, seq);
       fmt::print("\nmodel {}: {:.2f}M parameters, {:.1f} MFLOP/token (training), micro batch {} x seq {}\n",
                  spec.name, stats.parameters / 1e6, stats.flops_per_token / 1e6, mbs, seq);
-      Result ours = run_ours(spec, mbs, seq, iters, warmup, parse_recompute(recompute));
+      const std::string path = spec.name.find('/') != std::string::npos || spec.name.ends_with(".yaml")
+                                   ? spec.name
+                                   : model_preset_dir() + "/" + spec.name + ".yaml";
+      std::vector<Result> ours_runs;
+      std::map<std::string, std::vector<Result>> peer_runs;
+      for (int round = 0; round < rounds; ++round) {
+        // The peak again right before each of our runs: MFU from numbers taken under the same load.
+        const double round_peak =
+            bf16 ? cpu::bf16k::measure_bf16_gemm_peak_gflops(2048, 2) : cpu::measure_sgemm_peak_gflops(2048, 2);
+        ours_runs.push_back(run_ours(spec, mbs, seq, iters, warmup, parse_recompute(recompute),
+                                     bf16 ? Precision::Bf16 : Precision::Fp32, profile));
+        ours_runs.back().peak_gflops = round_peak;
+        for (const auto& mode : peer_modes) {
+          bool ok = false;
+          Result p = run_torch(path, mbs, seq, iters, warmup, threads, mode, &ok);
+          if (ok) peer_runs[mode].push_back(p);
+        }
+      }
+      std::vector<Result> ours_sorted = ours_runs;
+      Result ours = median(ours_sorted);
       ours.gflops = stats.flops_per_token * ours.tokens_per_sec / 1e9;
-      fmt::print("  primus   {:>9.0f} tokens/s  step {:.3f} s (fwd {:.3f}, bwd {:.3f}, optim {:.3f})  "
-                 "{:.1f} GFLOP/s  MFU {:.1f}%  peak mem {:.0f} MiB  loss {:.3f} -> {:.3f}\n",
-                 ours.tokens_per_sec, ours.step_time, ours.forward, ours.backward, ours.optimizer, ours.gflops,
-                 100 * ours.gflops / peak, ours.peak_bytes / 1048576.0, ours.loss_first, ours.loss_last);
+      // MFU of each round against the peak measured just before it; the median of those.
+      std::vector<double> mfus;
+      std::string round_peaks;
+      for (const auto& r : ours_runs) {
+        mfus.push_back(stats.flops_per_token * r.tokens_per_sec / 1e9 / r.peak_gflops);
+        round_peaks += fmt::format("{}{:.0f}", round_peaks.empty() ? "" : ", ", r.peak_gflops);
+      }
+      std::sort(mfus.begin(), mfus.end());
+      const double mfu = mfus.size() % 2 ? mfus[mfus.size() / 2] : 0.5 * (mfus[mfus.size() / 2 - 1] + mfus[mfus.size() / 2]);
+      fmt::print("  primus {:<5} {:>8.0f} tokens/s  step {:.3f} s (fwd {:.3f}, bwd {:.3f}, clip {:.3f}, optim {:.3f})  "
+                 "{:.1f} GFLOP/s  peak mem {:.0f} MiB  loss {:.3f} -> {:.3f}{}\n",
+                 precision, ours.tokens_per_sec, ours.step_time, ours.forward, ours.backward, ours.clip, ours.optimizer,
+                 ours.gflops, ours.peak_bytes / 1048576.0, ours.loss_first, ours.loss_last,
+                 rounds > 1 ? fmt::format("  (rounds: {})", all_rates(ours_runs)) : std::string());
+      fmt::print("  MFU          {:.1f}% of the {} peak measured before each run ({} GFLOP/s){}\n", 100 * mfu, peak_name,
+                 round_peaks, rounds > 1 ? " (median of the rounds)" : "");
       nlohmann::json row{{"model", spec.name},
                          {"micro_batch_size", mbs},
                          {"seq_length", seq},
                          {"threads", threads},
-                         {"sgemm_peak_gflops", peak},
+                         {"precision", precision},
+                         {"rounds", rounds},
+                         {"sgemm_peak_gflops", sgemm_peak},
+                         {"peak", peak_name},
+                         {"peak_gflops", peak},
                          {"tokens_per_sec", ours.tokens_per_sec},
                          {"gflops", ours.gflops},
-                         {"mfu", ours.gflops / peak}};
-      if (torch) {
-        bool ok = false;
-        const std::string path = spec.name.find('/') != std::string::npos || spec.name.ends_with(".yaml")
-                                     ? spec.name
-                                     : model_preset_dir() + "/" + spec.name + ".yaml";
-        Result peer = run_torch(path, mbs, seq, iters, warmup, threads, &ok);
-        if (ok) {
-          const double peer_gflops = stats.flops_per_token * peer.tokens_per_sec / 1e9;
-          fmt::print("  pytorch  {:>9.0f} tokens/s  step {:.3f} s  {:.1f} GFLOP/s  MFU {:.1f}%  loss {:.3f} -> {:.3f}\n",
-                     peer.tokens_per_sec, peer.step_time, peer_gflops, 100 * peer_gflops / peak, peer.loss_first,
-                     peer.loss_last);
-          fmt::print("  ratio    {:.2f}x PyTorch's tokens/s\n", ours.tokens_per_sec / peer.tokens_per_sec);
-          row["torch_tokens_per_sec"] = peer.tokens_per_sec;
-          row["ratio_vs_torch"] = ours.tokens_per_sec / peer.tokens_per_sec;
+                         {"mfu", mfu}};
+      if (bf16) row["bf16_gemm_peak_gflops"] = bf16_peak;
+      for (const auto& mode : peer_modes) {
+        auto it = peer_runs.find(mode);
+        if (it == peer_runs.end()) continue;
+        std::vector<Result> sorted = it->second;  // it->second stays in round order
+        const Result& p = median(sorted);
+        const double peer_gflops = stats.flops_per_token * p.tokens_per_sec / 1e9;
+        fmt::print("  pytorch {:<4} {:>8.0f} tokens/s  step {:.3f} s  {:.1f} GFLOP/s  MFU {:.1f}% of {}  loss {:.3f} -> "
+                   "{:.3f}{}\n",
+                   mode, p.tokens_per_sec, p.step_time, peer_gflops, 100 * peer_gflops / peak, peak_name, p.loss_first,
+                   p.loss_last, rounds > 1 ? fmt::format("  (rounds: {})", all_rates(it->second)) : std::string());
+        // The ratio of each round (ours and the peer run minutes apart at most), and their median:
+        // steadier than a ratio of medians when the machine's load changes between rounds.
+        std::vector<double> ratios;
+        for (size_t k = 0; k < it->second.size() && k < ours_runs.size(); ++k)
+          ratios.push_back(ours_runs[k].tokens_per_sec / it->second[k].tokens_per_sec);
+        std::string per_round;
+        for (double x : ratios) per_round += fmt::format("{}{:.2f}", per_round.empty() ? "" : ", ", x);
+        std::sort(ratios.begin(), ratios.end());
+        const double ratio = ratios.size() % 2 ? ratios[ratios.size() / 2]
+                                               : 0.5 * (ratios[ratios.size() / 2 - 1] + ratios[ratios.size() / 2]);
+        fmt::print("  ratio        {:.2f}x PyTorch {}'s tokens/s{}\n", ratio, mode == "bf16" ? "autocast bf16" : "fp32",
+                   rounds > 1 ? fmt::format(" (median of the rounds' ratios: {})", per_round) : std::string());
+        row["torch_" + mode + "_tokens_per_sec"] = p.tokens_per_sec;
+        row["ratio_vs_torch_" + mode] = ratio;
+        if (mode == precision) {  // the fields of earlier versions: the peer in our precision
+          row["torch_tokens_per_sec"] = p.tokens_per_sec;
+          row["ratio_vs_torch"] = ratio;
         }
+      }
+      if (profile) {
+        const Result& r = ours;
+        fmt::print("  where the step's {:.3f} s go (median round, per step):\n", r.step_time);
+        double ops_total = 0;
+        for (int c = 0; c < bench::TimedBackend::kCategories; ++c) {
+          const double s = r.ops[size_t(c)];
+          ops_total += s;
+          std::string extra;
+          if (c == bench::TimedBackend::Gemm && s > 0)
+            extra = fmt::format("  ({:.1f} GFLOP/s, {:.0f}% of the {} peak measured before the run)",
+                                r.gemm_flops / s / 1e9, 100 * r.gemm_flops / s / 1e9 / r.peak_gflops, peak_name);
+          fmt::print("    {:<40} {:>8.3f} s  {:>5.1f}%{}\n", bench::TimedBackend::category_name(c), s,
+                     100 * s / r.step_time, extra);
+          row["profile"][bench::TimedBackend::category_name(c)] = s;
+        }
+        const double other = r.forward + r.backward - ops_total;
+        fmt::print("    {:<40} {:>8.3f} s  {:>5.1f}%\n", "model code between ops", other, 100 * other / r.step_time);
+        fmt::print("    {:<40} {:>8.3f} s  {:>5.1f}%\n", "gradient norm and clipping", r.clip, 100 * r.clip / r.step_time);
+        fmt::print("    {:<40} {:>8.3f} s  {:>5.1f}%\n", "optimizer step", r.optimizer, 100 * r.optimizer / r.step_time);
+        if (bf16)
+          fmt::print("    {:<40} {:>8.3f} s  {:>5.1f}%\n", "  of which the bf16 working-copy refresh", r.refresh,
+                     100 * r.refresh / r.step_time);
+        row["profile"]["other"] = other;
+        row["profile"]["clip"] = r.clip;
+        row["profile"]["optimizer"] = r.optimizer;
+        row["profile"]["refresh"] = r.refresh;
+        row["profile"]["gemm_gflops"] = r.ops[0] > 0 ? r.gemm_flops / r.ops[0] / 1e9 : 0.0;
       }
       std::cout << "JSON " << row.dump() << "\n";
     }

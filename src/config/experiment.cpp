@@ -54,7 +54,8 @@ const std::vector<KeyInfo>& training_keys() {
       KEY(recompute_granularity, "activation recompute: full | selective; empty: none"),
       KEY(device, "auto | cpu | cuda. auto: the GPU when bf16 is on and one is present, else the CPU"),
       KEY(bf16, "bf16 mixed precision: bf16 weights and activations, fp32 master weights, gradients and "
-                "optimizer state. Required on the GPU; on the CPU it runs the slow reference backend"),
+                "optimizer state. Required on the GPU; on the CPU the bf16 backend (AVX512-BF16, AMX), else the slow "
+                "reference backend"),
       KEY(gemm_tuning_cache, "GPU only: a GEMM tuning file from `benchmark gemm --tune`; its algorithms are used"),
       KEY(gemm_online_tuning, "GPU only: time cuBLASLt's candidate algorithms for each new GEMM shape and keep "
                               "the fastest"),

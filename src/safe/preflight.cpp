@@ -22,6 +22,8 @@
 
 #include "core/error.h"
 #include "core/launch_env.h"
+#include "kernels/cpu/bf16/gemm.h"
+#include "kernels/cpu/cpu_features.h"
 #include "kernels/cpu/gemm.h"
 #include "parallel/process_group.h"
 #include "safe/detect.h"
@@ -127,7 +129,7 @@ std::vector<CheckResult> host_checks() {
     if (flags.find(std::string(" ") + f + " ") == std::string::npos) missing.push_back(f);
   out.push_back(result("host", "cpu", missing.empty() ? "pass" : "fail",
                        fmt::format("{} x {}", cores, model.empty() ? "unknown CPU" : model),
-                       missing.empty() ? "AVX2 and FMA present (the build targets x86-64-v3)"
+                       missing.empty() ? "AVX2 and FMA present (the build targets x86-64-v3); " + cpu::cpu_features().summary()
                                        : fmt::format("missing {}: the CPU kernels are built for x86-64-v3",
                                                      fmt::join(missing, ", "))));
   // SGEMM: a short measurement; there is no expected speed for an arbitrary CPU, so it is
@@ -136,6 +138,30 @@ std::vector<CheckResult> host_checks() {
     const double gf = cpu::measure_sgemm_peak_gflops(512, 3);
     out.push_back(result("host", "cpu sgemm", gf > 0 ? "info" : "fail", fmt::format("{:.1f} GFLOP/s", gf),
                          "best of 3 SGEMMs at 512^3 on all threads (OpenBLAS)"));
+  }
+  // bf16 on the CPU: which instructions the bf16 backend finds (kernels/cpu/cpu_features.h), and
+  // a short bf16 GEMM where it runs. AMX that the kernel refuses is a warning: it is there and
+  // would be several times faster.
+  {
+    const cpu::CpuFeatures& f = cpu::cpu_features();
+    const bool amx_present = f.amx_tile && f.amx_bf16;
+    std::string status = "info", value, detail;
+    if (f.amx_usable())
+      status = "pass", value = "AMX and AVX512-BF16";
+    else if (f.avx512_bf16_usable())
+      value = amx_present ? "AVX512-BF16; AMX refused" : "AVX512-BF16, no AMX";
+    else
+      value = f.avx512() ? "AVX-512 without AVX512-BF16" : "no AVX-512";
+    if (amx_present && !f.amx_usable()) status = "warn";
+    detail = f.summary() + ". ";
+    if (f.avx512_bf16_usable()) {
+      const double gf = cpu::bf16k::measure_bf16_gemm_peak_gflops(512, 3);
+      value += fmt::format(", bf16 GEMM {:.1f} GFLOP/s", gf);
+      detail += "bf16 training on the CPU runs on the bf16 backend; best of 3 bf16 GEMMs at 512^3 on all threads";
+    } else {
+      detail += "bf16 training on the CPU falls back to the slow reference backend (bf16: false trains fp32 at full speed)";
+    }
+    out.push_back(result("host", "cpu bf16", status, value, detail));
   }
   // Memory.
   {

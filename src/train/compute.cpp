@@ -1,11 +1,16 @@
 #include "train/compute.h"
 
+#include <cstdlib>
+
 #include <fmt/format.h>
 
 #include "core/error.h"
 #include "core/log.h"
+#include "kernels/cpu/bf16/bf16_backend.h"
 #include "kernels/cpu/cpu_backend.h"
+#include "kernels/cpu/cpu_features.h"
 #include "kernels/cpu/reference_backend.h"
+#include "train/memory_estimate.h"
 
 #ifdef PRIMUS_HAVE_CUDA
 #include "kernels/cuda/cuda_backend.h"
@@ -30,6 +35,21 @@ bool cuda_usable() {
 #else
   return false;
 #endif
+}
+
+uint64_t Compute::memory_available() const {
+#ifdef PRIMUS_HAVE_CUDA
+  if (device == Device::CUDA) {
+    size_t free_bytes = 0, total_bytes = 0;
+    PRIMUS_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
+    return free_bytes;
+  }
+#endif
+  return host_available_bytes();
+}
+
+std::string Compute::memory_name() const {
+  return device == Device::CUDA ? fmt::format("{} free memory", backend->name()) : "host memory (MemAvailable)";
 }
 
 std::string Compute::describe() const { return fmt::format("{}, {}", backend->name(), precision_name(precision)); }
@@ -68,10 +88,30 @@ Compute choose_compute(const config::TrainingArgs& a, int local_rank) {
   }
 #endif
   (void)gpu;
-  if (d == "auto") log::warn("bf16: true without a GPU: the CPU reference backend trains, slowly (bf16: false is fast on the CPU)");
-  c.owned = std::make_unique<cpu::ReferenceBackend>();
+  c.owned = cpu_bf16_backend();
   c.backend = c.owned.get();
   return c;
+}
+
+std::unique_ptr<ops::Backend> cpu_bf16_backend() {
+  const char* env = std::getenv("PRIMUS_CPU_BF16");
+  const std::string want = env ? env : "auto";
+  if (want != "auto" && want != "reference")
+    fail("PRIMUS_CPU_BF16='{}': expected auto (the fastest bf16 backend this CPU runs) or reference", want);
+  if (want == "reference") {
+    log::info("PRIMUS_CPU_BF16=reference: bf16 on the CPU reference backend (slow: it checks the bf16 path)");
+    return std::make_unique<cpu::ReferenceBackend>();
+  }
+  std::string why;
+  if (!cpu::Bf16Backend::supported(&why)) {
+    log::warn("{}: bf16 runs on the CPU reference backend, slowly (bf16: false trains fp32 at full speed)", why);
+    return std::make_unique<cpu::ReferenceBackend>();
+  }
+  const cpu::CpuFeatures& f = cpu::cpu_features();
+  if (!f.amx_usable())
+    log::info("no AMX on this CPU{}: bf16 on AVX512-BF16 dot products, the next-best path",
+              f.amx_tile && f.amx_bf16 ? " (" + f.amx_problem + ")" : std::string());
+  return std::make_unique<cpu::Bf16Backend>();
 }
 
 std::unique_ptr<parallel::ProcessGroup> device_world(const Compute& compute, parallel::ProcessGroup& host_world) {

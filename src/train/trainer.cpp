@@ -19,6 +19,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -42,10 +43,13 @@
 #include "parallel/self_process_group.h"
 #include "pipeline/executor.h"
 #include "pipeline/simulator.h"
+#include "safe/metrics_writer.h"
+#include "safe/run_lock.h"
 #include "safe/train_watch.h"
 #include "train/checkpoint.h"
-#include "train/run_check.h"
 #include "train/compute.h"
+#include "train/memory_estimate.h"
+#include "train/run_check.h"
 #include "train/parallel_layout.h"
 #include "train/pipeline_runner.h"
 
@@ -181,6 +185,7 @@ class Trainer {
 
  private:
   // ---- build ----
+  void on_rank0_for_all(const std::function<void()>& check, const char* elsewhere);
   void build_processes();
   void build_data();
   void build_model();
@@ -238,9 +243,11 @@ class Trainer {
   TrainSummary summary_;
   std::unique_ptr<safe::TrainWatch> watch_;
   std::string config_yaml_;
-  std::ofstream metrics_;
+  safe::RunLock run_lock_;                        // world rank 0: the run folder's lock (or its launcher's)
+  std::unique_ptr<safe::MetricsWriter> metrics_;  // rank 0
   ModelStats stats_;
   double peak_gflops_ = 0;
+  bool mfu_warned_ = false;
   bool tty_ = false;
   double interval_loss_ = 0, interval_time_ = 0;
   int64_t interval_steps_ = 0;
@@ -269,6 +276,18 @@ Trainer::Trainer(const config::ExperimentConfig& cfg)
   open_outputs();
 }
 
+// Runs `check` on world rank 0; when it throws, every rank stops (rank 0 with its message, the
+// others with `elsewhere`), so that no rank goes on into collectives the others left.
+void Trainer::on_rank0_for_all(const std::function<void()>& check, const char* elsewhere) {
+  std::string problem;
+  if (rank0_) try {
+      check();
+    } catch (const Error& e) {
+      problem = e.what();
+    }
+  if (world_->all_reduce_value(int32_t(problem.empty() ? 0 : 1)) != 0) fail("{}", rank0_ ? problem : elsewhere);
+}
+
 // The world (MPI when this process is one of several ranks, else a group of one), the layout
 // (the same verdict on every rank), the compute, and the mesh's groups over the tensors'
 // communicator: MPI on the CPU, NCCL on GPUs.
@@ -292,7 +311,15 @@ void Trainer::build_processes() {
   me_ = mesh_->coord(world_->rank());
   rank0_ = world_->rank() == 0;
   m_local_ = layout_.microbatches_per_rank;
-  fs::create_directories(cfg_.run_dir());
+  // One run per run folder: rank 0 holds the lock (or joins its launcher's); every rank stops if
+  // another run has it.
+  on_rank0_for_all([&] { run_lock_ = safe::RunLock::acquire_or_join(cfg_.run_dir(), "trainer rank 0"); },
+                   "rank 0 could not take the run folder's lock");
+  // A model that cannot fit stops here, before anything is allocated.
+  // (The ranks of a host share its memory; each rank has a GPU of its own.)
+  check_memory(estimate_memory(spec_, layout_, a_, compute_.precision == Precision::Bf16),
+               compute_.device == Device::CUDA ? 1 : env.local_world_size, compute_.memory_available(),
+               compute_.memory_name());
 }
 
 void Trainer::build_data() {
@@ -438,6 +465,13 @@ void Trainer::resume() {
   if (state_.seed != a_.seed)
     log::warn("the checkpoint was trained with seed {}, the config says {}; data order follows the config",
               state_.seed, a_.seed);
+  // A save that would replace another run's checkpoint stops the job now, not at that save.
+  on_rank0_for_all(
+      [&] {
+        check_save_folder(cfg_.checkpoint_dir(), state_.run_id,
+                          planned_saves(state_.iteration, a_.train_iters, a_.save_interval), a_.overwrite);
+      },
+      "rank 0 refused the save folder");
 }
 
 void Trainer::open_outputs() {
@@ -451,8 +485,7 @@ void Trainer::open_outputs() {
   if (rank0_) {
     std::ofstream(fs::path(cfg_.run_dir()) / "config.yaml") << config_yaml_;
     write_resolved_config(config_yaml_);  // into the launch snapshot, when primus-cli made one
-    metrics_.open(fs::path(cfg_.run_dir()) / "metrics.jsonl", std::ios::app);
-    if (!metrics_) fail("cannot write {}/metrics.jsonl", cfg_.run_dir());
+    metrics_ = std::make_unique<safe::MetricsWriter>((fs::path(cfg_.run_dir()) / "metrics.jsonl").string());
   }
   tty_ = ::isatty(STDOUT_FILENO) && rank0_;
   log::info("model {}: {:.2f}M parameters, {:.1f} MFLOP per token; {} x {} tokens per microbatch, {} microbatches "
@@ -615,6 +648,13 @@ void Trainer::log_interval(const StepResult& step) {
   const double mfu = tflops * 1e3 / peak_gflops_;
   const double mean_loss = interval_loss_ / double(interval_steps_);
   const size_t peak = compute_.backend->memory_stats().peak;
+  if (mfu > 1.0 && !mfu_warned_) {  // a CPU peak measured while other work held the cores
+    log::warn("MFU above 100%: this run computes faster than the peak of {:.1f} GFLOP/s it divides by (on a CPU, "
+              "a peak measured at start-up while other work held the cores); set PRIMUS_PEAK_GFLOPS to the "
+              "machine's peak for a meaningful MFU",
+              peak_gflops_);
+    mfu_warned_ = true;
+  }
   if (tty_) fmt::print("\r\033[K");
   log::info(" iteration {:>6}/{:>6} | consumed samples: {:>9} | elapsed time per iteration (ms): {:.1f} | "
             "learning rate: {:.3E} | global batch size: {} | lm loss: {:.6E} | grad norm: {:.3f} | "
@@ -652,7 +692,7 @@ void Trainer::log_interval(const StepResult& step) {
     row["pipeline_bubble_simulated"] = predicted;
     pipe_ = PipelineTimes();
   }
-  if (rank0_) metrics_ << row.dump() << "\n" << std::flush;
+  if (rank0_) metrics_->write(row);
   interval_loss_ = interval_time_ = 0;
   interval_steps_ = 0;
 }
@@ -679,10 +719,7 @@ TrainSummary Trainer::run() {
       summary_.last_eval_loss = evaluate();
       log::info(" validation at iteration {} | lm loss: {:.6E} | lm loss PPL: {:.3f}", state_.iteration,
                 summary_.last_eval_loss, std::exp(summary_.last_eval_loss));
-      if (rank0_)
-        metrics_ << nlohmann::json{{"iteration", state_.iteration}, {"eval_lm_loss", summary_.last_eval_loss}}.dump()
-                 << "\n"
-                 << std::flush;
+      if (rank0_) metrics_->write({{"iteration", state_.iteration}, {"eval_lm_loss", summary_.last_eval_loss}});
     }
     if (a_.save_interval > 0 && state_.iteration % a_.save_interval == 0) save();
   }

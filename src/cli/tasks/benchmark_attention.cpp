@@ -1,11 +1,14 @@
 // benchmark attention: forward and backward time of self-attention at one shape.
 //
 //   primus-cli direct -- benchmark attention --seq 8192 --heads 32 --kv-heads 8 --head-dim 128 [--batch 1]
-//                                            [--no-causal] [--device auto|cpu|cuda] [--warmup 3] [--iters 10] [--json]
+//                                            [--no-causal] [--dtype bf16|fp32] [--device auto|cpu|cuda]
+//                                            [--warmup 3] [--iters 10] [--json]
 //
 // The layout is the models' fused qkv row per token (kernels/cpu/attention.h). On the GPU it runs
-// this project's flash attention (cuda::flash_attention_forward/backward, bf16); on the CPU the
-// fp32 tiled kernel (cpu::attention_forward/backward), which is causal only. FLOPs: 4*b*h*s*s*d
+// this project's flash attention (cuda::flash_attention_forward/backward, bf16); on the CPU, causal
+// only, the bf16 backend's kernels (--dtype bf16, the default: AVX512-BF16, with the share of the
+// bf16 GEMM peak measured in the same run) or the fp32 tiled kernel (--dtype fp32,
+// cpu::attention_forward/backward). FLOPs: 4*b*h*s*s*d
 // forward, halved when causal; the backward counts 2.5x the forward; the same convention as the
 // PyTorch peer (benchmarks/cuda/attention_peer.py).
 #include <iostream>
@@ -21,6 +24,9 @@
 #include "core/error.h"
 #include "core/rng.h"
 #include "kernels/cpu/attention.h"
+#include "kernels/cpu/bf16/bf16_backend.h"
+#include "kernels/cpu/bf16/gemm.h"
+#include "kernels/cpu/bf16/kernels.h"
 
 #ifdef PRIMUS_HAVE_CUDA
 #include "kernels/cuda/flash_attention.h"
@@ -35,12 +41,14 @@ using bench::BenchDevice;
 struct Options {
   int64_t batch = 1, seq = 4096, heads = 32, kv_heads = 0, head_dim = 0, hidden = 0;
   bool causal = true;
+  std::string dtype = "bf16";
   bench::RunOptions run;
 };
 
 struct Times {
   double fwd_ms = 0, bwd_ms = 0;
   std::string device_name;
+  double peak_tflops = 0;  // CPU bf16: the bf16 GEMM peak measured in the same run
 };
 
 Times run_cpu(const Options& o, int64_t groups, int64_t d) {
@@ -50,13 +58,31 @@ Times run_cpu(const Options& o, int64_t groups, int64_t d) {
   cpu::AttentionShape s;
   s.batch = o.batch, s.seq = o.seq, s.heads = o.heads, s.groups = groups, s.head_dim = d;
   const size_t rows = size_t(o.batch * o.seq);
-  std::vector<float> qkv(rows * size_t(s.qkv_stride())), out(rows * size_t(o.heads * d)),
-      lse(size_t(o.batch * o.heads * o.seq)), dout(out.size()), dqkv(qkv.size());
+  const size_t qkv_n = rows * size_t(s.qkv_stride()), out_n = rows * size_t(o.heads * d);
   const Rng rng(7);
-  for (size_t i = 0; i < qkv.size(); ++i) qkv[i] = float(rng.normal_at(i));
-  for (size_t i = 0; i < dout.size(); ++i) dout[i] = float(rng.normal_at(qkv.size() + i));
   Times t;
   t.device_name = bench::cpu_name();
+  if (o.dtype == "bf16") {
+    std::string why;
+    if (!cpu::Bf16Backend::supported(&why))
+      fail("bf16 attention on the CPU runs on the bf16 backend, which needs AVX512-BF16: {}. Use --dtype fp32 on "
+           "this CPU",
+           why);
+    std::vector<uint16_t> qkv(qkv_n), out(out_n), dout(out_n), dqkv(qkv_n);
+    std::vector<float> lse(size_t(o.batch * o.heads * o.seq));
+    for (size_t i = 0; i < qkv_n; ++i) qkv[i] = bf16::from_float(float(rng.normal_at(i))).bits;
+    for (size_t i = 0; i < out_n; ++i) dout[i] = bf16::from_float(float(rng.normal_at(qkv_n + i))).bits;
+    t.fwd_ms = bench::cpu_time_ms([&] { cpu::bf16k::attention_forward(qkv.data(), out.data(), lse.data(), s); },
+                                  o.run.warmup, o.run.iters);
+    t.bwd_ms = bench::cpu_time_ms(
+        [&] { cpu::bf16k::attention_backward(qkv.data(), out.data(), lse.data(), dout.data(), dqkv.data(), s); },
+        o.run.warmup, o.run.iters);
+    t.peak_tflops = cpu::bf16k::measure_bf16_gemm_peak_gflops(2048, 4) / 1e3;
+    return t;
+  }
+  std::vector<float> qkv(qkv_n), out(out_n), lse(size_t(o.batch * o.heads * o.seq)), dout(out.size()), dqkv(qkv.size());
+  for (size_t i = 0; i < qkv.size(); ++i) qkv[i] = float(rng.normal_at(i));
+  for (size_t i = 0; i < dout.size(); ++i) dout[i] = float(rng.normal_at(qkv.size() + i));
   t.fwd_ms = bench::cpu_time_ms([&] { cpu::attention_forward<float>(qkv.data(), out.data(), lse.data(), s); },
                                 o.run.warmup, o.run.iters);
   t.bwd_ms = bench::cpu_time_ms(
@@ -98,6 +124,7 @@ Times run_cuda(const Options& o, int64_t groups, int64_t d) {
 
 int run(Options o) {
   if (o.batch <= 0) fail("--batch must be positive, got {}", o.batch);
+  if (o.dtype != "bf16" && o.dtype != "fp32") fail("--dtype must be bf16 or fp32, got '{}'", o.dtype);
   if (o.seq <= 0) fail("--seq must be positive, got {}", o.seq);
   if (o.heads <= 0) fail("--heads must be positive, got {}", o.heads);
   o.run.check();
@@ -126,14 +153,16 @@ int run(Options o) {
   t = run_cpu(o, groups, d);
 #endif
   const bool cuda = dev == BenchDevice::CUDA;
+  if (cuda && o.dtype != "bf16") fail("--device cuda: flash attention on the GPU is bf16 (--dtype bf16)");
   const double fwd = bench::attention_forward_flops(o.batch, o.seq, o.heads, groups, d, o.causal);
   const double bwd = bench::kAttentionBackwardFactor * fwd;
   const double both_ms = t.fwd_ms + t.bwd_ms;
+  auto share = [&](double flops, double ms) { return t.peak_tflops > 0 ? bench::tflops(flops, ms) / t.peak_tflops : 0.0; };
   if (o.run.json) {
     nlohmann::ordered_json j = {{"op", "attention"},
                                 {"device", cuda ? "cuda" : "cpu"},
                                 {"device_name", t.device_name},
-                                {"dtype", cuda ? "bf16" : "fp32"},
+                                {"dtype", o.dtype},
                                 {"batch", o.batch},
                                 {"seq", o.seq},
                                 {"heads", o.heads},
@@ -146,16 +175,28 @@ int run(Options o) {
                                 {"bwd_tflops", bench::tflops(bwd, t.bwd_ms)},
                                 {"fwdbwd_ms", both_ms},
                                 {"fwdbwd_tflops", bench::tflops(fwd + bwd, both_ms)}};
+    if (t.peak_tflops > 0) {
+      j["peak_tflops"] = t.peak_tflops;
+      j["fwd_peak_share"] = share(fwd, t.fwd_ms);
+      j["bwd_peak_share"] = share(bwd, t.bwd_ms);
+      j["fwdbwd_peak_share"] = share(fwd + bwd, both_ms);
+    }
     std::cout << j.dump() << std::endl;
     return 0;
   }
   std::cout << fmt::format("attention {} {} batch {} seq {} heads {} kv-heads {} head-dim {} on {} ({})\n",
-                           cuda ? "bf16" : "fp32", o.causal ? "causal" : "full", o.batch, o.seq, o.heads, groups, d,
+                           o.dtype, o.causal ? "causal" : "full", o.batch, o.seq, o.heads, groups, d,
                            cuda ? "cuda" : "cpu", t.device_name);
-  std::cout << fmt::format("  forward           {:>10.4f} ms {:>10.4g} TFLOP/s\n", t.fwd_ms, bench::tflops(fwd, t.fwd_ms));
-  std::cout << fmt::format("  backward          {:>10.4f} ms {:>10.4g} TFLOP/s\n", t.bwd_ms, bench::tflops(bwd, t.bwd_ms));
-  std::cout << fmt::format("  forward+backward  {:>10.4f} ms {:>10.4g} TFLOP/s\n", both_ms,
-                           bench::tflops(fwd + bwd, both_ms));
+  auto line = [&](const char* what, double flops, double ms) {
+    std::cout << fmt::format("  {:<17} {:>10.4f} ms {:>10.4g} TFLOP/s{}\n", what, ms, bench::tflops(flops, ms),
+                             t.peak_tflops > 0 ? fmt::format(" {:>5.0f}% of the bf16 GEMM peak", 100 * share(flops, ms))
+                                               : std::string());
+  };
+  line("forward", fwd, t.fwd_ms);
+  line("backward", bwd, t.bwd_ms);
+  line("forward+backward", fwd + bwd, both_ms);
+  if (t.peak_tflops > 0)
+    std::cout << fmt::format("  bf16 GEMM peak {:.4g} TFLOP/s (2048^3 best of 4, measured now)\n", t.peak_tflops);
   return 0;
 }
 
@@ -170,6 +211,8 @@ TaskRegistrar reg{
        app.add_option("--head-dim", o->head_dim, "dimension of a head (default: --hidden / --heads, else 128)");
        app.add_option("--hidden", o->hidden, "model width: head dim = hidden / heads (instead of --head-dim)");
        app.add_flag("--causal,!--no-causal", o->causal, "causal (decoder) masking; on by default");
+       app.add_option("--dtype", o->dtype, "bf16 (CPU: the bf16 backend's kernels) or fp32 (CPU only)")
+           ->capture_default_str();
        o->run.add_to(app);
        return [o] { return run(*o); };
      }}};

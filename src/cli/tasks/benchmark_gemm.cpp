@@ -5,12 +5,15 @@
 //   primus-cli direct -- benchmark gemm --shapes-from <experiment.yaml> --list      (any machine)
 //   primus-cli direct -- benchmark gemm --shapes-from <experiment.yaml> --tune [--output gemm_cache.json]
 //                                       [--max-candidates 16]                          (GPU)
+//   primus-cli direct -- benchmark gemm --shapes-from <experiment.yaml> --compare --device cpu  (CPU bf16)
 //
 // One shape: D[M,N] = op(A) op(B), TFLOP/s = 2*M*N*K / time. On the CPU, fp32 goes through OpenBLAS
-// (cpu::gemm) and bf16 through OpenBLAS's cblas_sbgemm when the installed library has it (fp32
-// output). On the GPU (cuda::gemm, bf16 in and out or fp32), cuBLASLt's heuristic candidates are
-// timed first, then the GEMM runs with the fastest: the report shows the heuristic's first choice
-// beside the best candidate.
+// (cpu::gemm) and bf16 through the bf16 backend's two GEMMs (kernels/cpu/bf16/gemm.h: this
+// project's AVX512-BF16 kernels and oneDNN, AMX where the CPU has it), timed side by side, with the
+// one the backend runs for this problem and the share of the bf16 GEMM peak measured in the same
+// run (bf16 out by default, --out-dtype fp32 for fp32 out). On the GPU (cuda::gemm, bf16 in and
+// out or fp32), cuBLASLt's heuristic candidates are timed first, then the GEMM runs with the
+// fastest: the report shows the heuristic's first choice beside the best candidate.
 //
 // --shapes-from lists the GEMMs that one microbatch of the config's model runs in bf16 mixed
 // precision on one tensor-parallel rank (model/llama_gemms.h): micro_batch_size x seq_length
@@ -19,10 +22,8 @@
 // logits_memory_budget, else vocab_chunk columns; --vocab-chunk overrides), the forward GEMMs
 // twice under recompute_granularity: full. --tune times the candidates of each distinct
 // problem and writes the winners to a cache file that training reads (gemm_tuning_cache).
-#include <dlfcn.h>
-
-#include <cblas.h>
-
+// --compare times the CPU's two bf16 GEMMs on each distinct problem: the measurement behind the
+// backend's choice between them.
 #include <iostream>
 #include <map>
 #include <memory>
@@ -37,6 +38,8 @@
 #include "config/experiment.h"
 #include "core/error.h"
 #include "core/rng.h"
+#include "kernels/cpu/bf16/bf16_backend.h"
+#include "kernels/cpu/bf16/gemm.h"
 #include "kernels/cpu/gemm.h"
 #include "model/llama_gemms.h"
 #include "model/llama.h"
@@ -54,11 +57,12 @@ using bench::BenchDevice;
 struct Options {
   int64_t m = 4096, n = 4096, k = 4096;
   std::string dtype = "bf16";
+  std::string out_dtype;  // CPU bf16: bf16 (default) or fp32
   bool trans_a = false, trans_b = false;
   bench::RunOptions run;
   // model shapes
   std::string shapes_from;
-  bool list = false, tune = false;
+  bool list = false, tune = false, compare = false;
   std::string output = "gemm_cache.json";
   bool output_given = false;
   int max_candidates = 16;
@@ -71,13 +75,26 @@ void check_common(const Options& o) {
   o.run.check();
   if (o.max_candidates < 1) fail("--max-candidates must be at least 1, got {}", o.max_candidates);
   if (o.dtype != "bf16" && o.dtype != "fp32") fail("--dtype must be bf16 or fp32, got '{}'", o.dtype);
+  if (!o.out_dtype.empty() && o.out_dtype != "bf16" && o.out_dtype != "fp32")
+    fail("--out-dtype must be bf16 or fp32, got '{}'", o.out_dtype);
+  if (o.dtype == "fp32" && o.out_dtype == "bf16") fail("--out-dtype bf16 needs --dtype bf16");
 }
 
 // ---- one shape ----
 
+// CPU bf16: one implementation's mean time.
+struct CpuImplTime {
+  cpu::bf16k::GemmImpl impl;
+  double ms = 0;
+};
+
 struct ShapeResult {
   double ms = 0;
   std::string device_name;
+  // CPU bf16: both implementations, the one the backend runs, the measured bf16 GEMM peak
+  std::vector<CpuImplTime> cpu_impls;
+  cpu::bf16k::GemmImpl backend_impl = cpu::bf16k::GemmImpl::Avx512;
+  double peak_tflops = 0;
   // GPU only: the tuning that chose the algorithm
   bool tuned = false;
   double heuristic_ms = 0, best_ms = 0;
@@ -92,37 +109,66 @@ std::vector<float> random_floats(size_t n, uint64_t seed) {
   return v;
 }
 
-// OpenBLAS declares cblas_sbgemm whether or not it was built with BUILD_BFLOAT16; Debian's
-// 0.3.21 was not (the symbol is missing), so it is looked up at run time.
-using SbgemmFn = decltype(&cblas_sbgemm);
-SbgemmFn find_sbgemm() { return reinterpret_cast<SbgemmFn>(dlsym(RTLD_DEFAULT, "cblas_sbgemm")); }
+// bf16 on the CPU: the bf16 backend's two GEMMs (kernels/cpu/bf16/gemm.h), timed side by side in
+// alternation, against the machine's bf16 GEMM peak measured in the same run.
+std::vector<uint16_t> random_bf16(size_t n, uint64_t seed) {
+  const std::vector<float> f = random_floats(n, seed);
+  std::vector<uint16_t> b(n);
+  for (size_t i = 0; i < n; ++i) b[i] = bf16::from_float(f[i]).bits;
+  return b;
+}
+
+void require_cpu_bf16() {
+  std::string why;
+  if (!cpu::Bf16Backend::supported(&why))
+    fail("bf16 GEMMs on the CPU run on the bf16 backend, which needs AVX512-BF16: {}. Use --dtype fp32 on this CPU, "
+         "or --device cuda on a GPU machine",
+         why);
+}
+
+// Mean ms of each implementation on one problem: `iters` runs each after `warmup`, the two
+// interleaved round by round so that both see the same machine.
+std::vector<CpuImplTime> time_cpu_bf16(const cpu::bf16k::GemmArgs& g, int warmup, int iters) {
+  std::vector<CpuImplTime> t{{cpu::bf16k::GemmImpl::Avx512}, {cpu::bf16k::GemmImpl::OneDnn}};
+  auto run = [&](cpu::bf16k::GemmImpl impl) {
+    impl == cpu::bf16k::GemmImpl::OneDnn ? cpu::bf16k::gemm_onednn(g) : cpu::bf16k::gemm_avx512(g);
+  };
+  for (int i = 0; i < warmup; ++i)
+    for (const auto& x : t) run(x.impl);
+  std::vector<double> total(t.size(), 0.0);
+  for (int i = 0; i < iters; ++i)
+    for (size_t k = 0; k < t.size(); ++k) total[k] += bench::cpu_time_ms([&] { run(t[k].impl); }, 0, 1);
+  for (size_t k = 0; k < t.size(); ++k) t[k].ms = total[k] / iters;
+  return t;
+}
 
 ShapeResult run_cpu_shape(const Options& o) {
   ShapeResult r;
   r.device_name = bench::cpu_name();
   const int64_t M = o.m, N = o.n, K = o.k;
   const int64_t lda = o.trans_a ? M : K, ldb = o.trans_b ? K : N;
-  std::vector<float> A = random_floats(size_t(M * K), 1), B = random_floats(size_t(K * N), 2), C(size_t(M * N));
   if (o.dtype == "fp32") {
+    std::vector<float> A = random_floats(size_t(M * K), 1), B = random_floats(size_t(K * N), 2), C(size_t(M * N));
     r.ms = bench::cpu_time_ms(
         [&] { cpu::gemm<float>(o.trans_a, o.trans_b, M, N, K, 1.0f, A.data(), lda, B.data(), ldb, 0.0f, C.data(), N); },
         o.run.warmup, o.run.iters);
     return r;
   }
-  SbgemmFn sbgemm = find_sbgemm();
-  if (!sbgemm)
-    fail("bf16 GEMM on the CPU is not available: the OpenBLAS this primus-cli uses has no cblas_sbgemm (it was built "
-         "without BUILD_BFLOAT16, as Debian's is). Use --dtype fp32 on the CPU, or --device cuda on a GPU machine");
-  std::vector<bfloat16> Ab(A.size()), Bb(B.size());
-  for (size_t i = 0; i < A.size(); ++i) Ab[i] = bf16::from_float(A[i]).bits;
-  for (size_t i = 0; i < B.size(); ++i) Bb[i] = bf16::from_float(B[i]).bits;
-  r.ms = bench::cpu_time_ms(
-      [&] {
-        sbgemm(CblasRowMajor, o.trans_a ? CblasTrans : CblasNoTrans, o.trans_b ? CblasTrans : CblasNoTrans, blasint(M),
-               blasint(N), blasint(K), 1.0f, Ab.data(), blasint(lda), Bb.data(), blasint(ldb), 0.0f, C.data(),
-               blasint(N));
-      },
-      o.run.warmup, o.run.iters);
+  require_cpu_bf16();
+  const std::vector<uint16_t> A = random_bf16(size_t(M * K), 1), B = random_bf16(size_t(K * N), 2);
+  const bool f32_out = o.out_dtype == "fp32";
+  std::vector<uint16_t> D16(f32_out ? 0 : size_t(M * N));
+  std::vector<float> D32(f32_out ? size_t(M * N) : 0);
+  cpu::bf16k::GemmArgs g;
+  g.trans_a = o.trans_a, g.trans_b = o.trans_b, g.M = M, g.N = N, g.K = K;
+  g.A = A.data(), g.lda = lda, g.B = B.data(), g.ldb = ldb;
+  g.D = f32_out ? static_cast<void*>(D32.data()) : static_cast<void*>(D16.data());
+  g.f32_out = f32_out;
+  r.cpu_impls = time_cpu_bf16(g, o.run.warmup, o.run.iters);
+  r.backend_impl = cpu::bf16k::gemm_impl_for(g);
+  for (const auto& x : r.cpu_impls)
+    if (x.impl == r.backend_impl) r.ms = x.ms;
+  r.peak_tflops = cpu::bf16k::measure_bf16_gemm_peak_gflops(2048, 4) / 1e3;
   return r;
 }
 
@@ -182,12 +228,14 @@ int run_shape(const Options& o) {
 #endif
   const bool cuda = dev == BenchDevice::CUDA;
   const double flops = 2.0 * double(o.m) * double(o.n) * double(o.k);
+  const std::string out_dtype = cuda || o.out_dtype.empty() ? o.dtype : o.out_dtype;
+  auto share = [&](double ms) { return r.peak_tflops > 0 ? bench::tflops(flops, ms) / r.peak_tflops : 0.0; };
   if (o.run.json) {
     nlohmann::ordered_json j = {{"op", "gemm"},
                                 {"device", cuda ? "cuda" : "cpu"},
                                 {"device_name", r.device_name},
                                 {"dtype", o.dtype},
-                                {"out_dtype", cuda ? o.dtype : "fp32"},
+                                {"out_dtype", out_dtype},
                                 {"trans_a", o.trans_a},
                                 {"trans_b", o.trans_b},
                                 {"m", o.m},
@@ -195,6 +243,16 @@ int run_shape(const Options& o) {
                                 {"k", o.k},
                                 {"ms", r.ms},
                                 {"tflops", bench::tflops(flops, r.ms)}};
+    if (!r.cpu_impls.empty()) {
+      j["impl"] = cpu::bf16k::gemm_impl_name(r.backend_impl);
+      j["peak_tflops"] = r.peak_tflops;
+      j["peak_share"] = share(r.ms);
+      for (const auto& x : r.cpu_impls)
+        j["impls"].push_back({{"impl", cpu::bf16k::gemm_impl_name(x.impl)},
+                              {"ms", x.ms},
+                              {"tflops", bench::tflops(flops, x.ms)},
+                              {"peak_share", share(x.ms)}});
+    }
     if (r.tuned) {
       j["heuristic_ms"] = r.heuristic_ms;
       j["heuristic_tflops"] = bench::tflops(flops, r.heuristic_ms);
@@ -208,9 +266,17 @@ int run_shape(const Options& o) {
     std::cout << j.dump() << std::endl;
     return 0;
   }
-  std::cout << fmt::format("gemm {} {} m={} n={} k={} on {} ({}): {:.4f} ms, {:.4g} TFLOP/s\n", o.dtype,
-                           op_name(o.trans_a, o.trans_b), o.m, o.n, o.k, cuda ? "cuda" : "cpu", r.device_name, r.ms,
-                           bench::tflops(flops, r.ms));
+  std::cout << fmt::format("gemm {}{} {} m={} n={} k={} on {} ({}): {:.4f} ms, {:.4g} TFLOP/s\n", o.dtype,
+                           out_dtype != o.dtype ? ">" + out_dtype : "", op_name(o.trans_a, o.trans_b), o.m, o.n, o.k,
+                           cuda ? "cuda" : "cpu", r.device_name, r.ms, bench::tflops(flops, r.ms));
+  if (!r.cpu_impls.empty()) {
+    std::cout << fmt::format("  the bf16 backend runs {}; {:.0f}% of the machine's bf16 GEMM peak ({:.4g} TFLOP/s, "
+                             "2048^3 best of 4, measured now)\n",
+                             cpu::bf16k::gemm_impl_name(r.backend_impl), 100 * share(r.ms), r.peak_tflops);
+    for (const auto& x : r.cpu_impls)
+      std::cout << fmt::format("  {:<12} {:>10.4f} ms {:>10.4g} TFLOP/s {:>5.0f}% of peak\n",
+                               cpu::bf16k::gemm_impl_name(x.impl), x.ms, bench::tflops(flops, x.ms), 100 * share(x.ms));
+  }
   if (r.tuned)
     std::cout << fmt::format(
         "  cuBLASLt heuristic's choice {:.4f} ms ({:.4g} TFLOP/s); best of {} candidates: #{} {:.4f} ms ({:.4g} "
@@ -323,6 +389,77 @@ int run_list(const Options& o, const ModelGemms& mg) {
   return 0;
 }
 
+// --compare: both CPU bf16 implementations on every distinct GEMM of the model, side by side,
+// and what the bf16 backend's choice (gemm_impl_for) costs against the faster of the two.
+int run_compare_cpu(const Options& o, const ModelGemms& mg) {
+  require_cpu_bf16();
+  const std::vector<Distinct> d = distinct_gemms(mg.gemms);
+  const double peak = cpu::bf16k::measure_bf16_gemm_peak_gflops(2048, 4) / 1e3;
+  (o.run.json ? std::cerr : std::cout) << fmt::format(
+      "{} distinct GEMMs of {} (micro batch {}, seq {}: N = {}; vocab chunk {}) on the CPU ({}), both bf16 "
+      "implementations interleaved, {} runs each; bf16 GEMM peak {:.4g} TFLOP/s (2048^3, measured now)\n",
+      d.size(), mg.model, mg.micro_batch, mg.seq, mg.rows, mg.vocab_chunk, bench::cpu_name(), o.run.iters, peak);
+  if (!o.run.json)
+    std::cout << fmt::format("  {:<24} {:>2} {:<10} {:<6} {:>6} {:>6} {:>6} {:>5} {:>11} {:>11} {:>7}  {}\n", "what", "op",
+                             "types", "", "m", "n", "k", "runs", "avx512 TF/s", "onednn TF/s", "faster", "backend");
+  nlohmann::ordered_json rows = nlohmann::ordered_json::array();
+  double t_own = 0, t_dnnl = 0, t_backend = 0, t_best = 0, flops_total = 0;
+  uint64_t seed = 1;
+  for (const auto& x : d) {
+    const LlamaGemm& lg = x.g;
+    const int64_t M = lg.m, N = lg.n, K = lg.k;
+    const std::vector<uint16_t> A = random_bf16(size_t(M * K), seed++), B = random_bf16(size_t(K * N), seed++),
+                                bias = random_bf16(size_t(N), seed++);
+    std::vector<uint16_t> D16(lg.f32_out ? 0 : size_t(M * N));
+    std::vector<float> D32(lg.f32_out ? size_t(M * N) : 0);
+    cpu::bf16k::GemmArgs g;
+    g.trans_a = lg.trans_a, g.trans_b = lg.trans_b, g.M = M, g.N = N, g.K = K;
+    g.A = A.data(), g.lda = lg.trans_a ? M : K, g.B = B.data(), g.ldb = lg.trans_b ? K : N;
+    g.D = lg.f32_out ? static_cast<void*>(D32.data()) : static_cast<void*>(D16.data());
+    g.f32_out = lg.f32_out;
+    g.beta = lg.accumulate ? 1.0f : 0.0f;
+    g.C = lg.accumulate ? g.D : nullptr;
+    g.bias = lg.bias ? bias.data() : nullptr;
+    const std::vector<CpuImplTime> t = time_cpu_bf16(g, 1, o.run.iters);
+    const double flops = 2.0 * double(M) * double(N) * double(K);
+    const cpu::bf16k::GemmImpl chosen = cpu::bf16k::gemm_impl_for(g);
+    const double own = t[0].ms, dnnl = t[1].ms, backend = chosen == cpu::bf16k::GemmImpl::OneDnn ? dnnl : own;
+    const double n = double(x.count);
+    t_own += own * n, t_dnnl += dnnl * n, t_backend += backend * n, t_best += std::min(own, dnnl) * n;
+    flops_total += flops * n;
+    const char* faster = own <= dnnl ? "avx512-bf16" : "onednn";
+    if (o.run.json) {
+      rows.push_back({{"what", x.whats.front()}, {"op", op_name(lg.trans_a, lg.trans_b)}, {"m", M}, {"n", N}, {"k", K},
+                      {"out_dtype", lg.f32_out ? "fp32" : "bf16"}, {"count", x.count},
+                      {"avx512_ms", own}, {"onednn_ms", dnnl}, {"faster", faster},
+                      {"backend", cpu::bf16k::gemm_impl_name(chosen)}});
+    } else {
+      std::cout << fmt::format("  {:<24} {:>2} {:<10} {:<6} {:>6} {:>6} {:>6} {:>5} {:>11.3f} {:>11.3f} {:>7.2f}x {}\n",
+                               x.whats.front(), op_name(lg.trans_a, lg.trans_b), types_of(lg), extras_of(lg), M, N, K,
+                               x.count, bench::tflops(flops, own), bench::tflops(flops, dnnl),
+                               std::max(own, dnnl) / std::min(own, dnnl),
+                               std::string(cpu::bf16k::gemm_impl_name(chosen)) + (backend > std::min(own, dnnl) ? " (slower)" : ""));
+    }
+  }
+  if (o.run.json) {
+    nlohmann::ordered_json j = {{"model", mg.model},       {"peak_tflops", peak},
+                                {"avx512_ms", t_own},      {"onednn_ms", t_dnnl},
+                                {"backend_ms", t_backend}, {"best_ms", t_best},
+                                {"flops", flops_total},    {"gemms", rows}};
+    std::cout << j.dump(2) << std::endl;
+    return 0;
+  }
+  auto line = [&](const char* what, double ms) {
+    std::cout << fmt::format("  {:<28} {:>9.2f} ms per microbatch  {:>7.3f} TFLOP/s  {:>4.0f}% of peak\n", what, ms,
+                             bench::tflops(flops_total, ms), 100 * bench::tflops(flops_total, ms) / peak);
+  };
+  line("avx512-bf16 everywhere", t_own);
+  line("onednn everywhere", t_dnnl);
+  line("the backend's choice", t_backend);
+  line("the faster of the two", t_best);
+  return 0;
+}
+
 #ifdef PRIMUS_HAVE_CUDA
 cuda::GemmProblem problem_of(const LlamaGemm& g) {
   cuda::GemmProblem p;
@@ -405,12 +542,19 @@ int run(const Options& o) {
   check_common(o);
   if (o.shapes_from.empty()) {
     if (o.list) fail("--list lists the GEMMs of a model: give --shapes-from <experiment config>");
+    if (o.compare) fail("--compare times the GEMMs of a model: give --shapes-from <experiment config>");
     return run_shape(o);
   }
-  if (o.list && o.tune) fail("--list and --tune: choose one");
+  if (int(o.list) + int(o.tune) + int(o.compare) > 1) fail("--list, --tune and --compare: choose one");
+  if (o.compare) {
+    if (o.dtype != "bf16") fail("--compare times the CPU's bf16 GEMMs: --dtype must be bf16");
+    if (bench::resolve_device(o.run.device) != BenchDevice::CPU)
+      fail("--compare times the CPU's two bf16 GEMMs: add --device cpu");
+    return run_compare_cpu(o, model_gemms(o));
+  }
   if (!o.list && !o.tune)
-    fail("--shapes-from {}: add --list (print the model's GEMMs) or --tune (time them on the GPU and save the "
-         "fastest algorithms)",
+    fail("--shapes-from {}: add --list (print the model's GEMMs), --tune (time them on the GPU and save the "
+         "fastest algorithms) or --compare (time the CPU's two bf16 GEMMs on them)",
          o.shapes_from);
   if (o.list) return run_list(o, model_gemms(o));
   if (o.dtype != "bf16") fail("--tune --shapes-from tunes the bf16 mixed-precision model's GEMMs: --dtype must be bf16");
@@ -430,14 +574,16 @@ TaskRegistrar reg{
        app.add_option("-M", o->m, "rows of D and op(A)")->capture_default_str();
        app.add_option("-N", o->n, "columns of D and op(B)")->capture_default_str();
        app.add_option("-K", o->k, "the inner dimension")->capture_default_str();
-       app.add_option("--dtype", o->dtype, "bf16 (bf16 in and out on the GPU; fp32 out on the CPU) or fp32")
-           ->capture_default_str();
+       app.add_option("--dtype", o->dtype, "bf16 or fp32 (in and out)")->capture_default_str();
+       app.add_option("--out-dtype", o->out_dtype, "CPU, bf16 inputs: bf16 (default) or fp32 outputs");
        app.add_flag("--trans-a", o->trans_a, "A is stored [K, M] (op(A) = A^T)");
        app.add_flag("--trans-b", o->trans_b, "B is stored [N, K] (op(B) = B^T), as a linear layer's weight");
        o->run.add_to(app);
        app.add_option("--shapes-from", o->shapes_from, "an experiment config: its model's GEMMs (with --list or --tune)");
        app.add_flag("--list", o->list, "with --shapes-from: print the GEMMs, no timing (any machine)");
        app.add_flag("--tune", o->tune, "with --shapes-from: time cuBLASLt's candidates for each GEMM (GPU) and save the fastest");
+       app.add_flag("--compare", o->compare,
+                    "with --shapes-from and --device cpu: time both CPU bf16 GEMMs (avx512-bf16, onednn) on each GEMM");
        app.add_option("--output", o->output, "the tuning cache file to write")->capture_default_str()->each([o](const std::string&) {
          o->output_given = true;
        });

@@ -108,7 +108,8 @@ void forward(const Operands<T>& x, T* out, T* lse, const AttentionShape& s, bool
             const int64_t r = r0 + i, visible = causal ? std::min(cols, t0 + r - s0 + 1) : cols;
             T* pr = &p[i * kTile];
             T mx = m[r];
-            for (int64_t c = 0; c < visible; ++c) mx = std::max(mx, pr[c]);
+#pragma omp simd reduction(max : mx)
+            for (int64_t c = 0; c < visible; ++c) mx = pr[c] > mx ? pr[c] : mx;  // vectorises; std::max does not
             const T alpha = fast_exp(m[r] - mx);
             T sum = 0;
 #pragma omp simd reduction(+ : sum)

@@ -313,22 +313,8 @@ void CpuBackend::ce_chunk_forward(const Tensor& logits, const Tensor& targets, i
   PRIMUS_CHECK(targets.numel() == n && row_max.numel() == n, "ce chunk: logits {}, {} targets", logits.shape_str(),
                targets.numel());
   dispatch(t, [&]<typename T>() {
-    const T* z = P<T>(logits);
-    const int32_t* tg = targets.data<int32_t>();
-    T *m = P<T>(row_max), *s = P<T>(row_sum), *zt = P<T>(target_logit);
-#pragma omp parallel for schedule(static) if(n * vc >= kParallelMin)
-    for (int64_t i = 0; i < n; ++i) {
-      const T* zi = z + i * vc;
-      T mx = m[i];
-#pragma omp simd reduction(max : mx)
-      for (int64_t j = 0; j < vc; ++j) mx = std::max(mx, zi[j]);
-      T sum = 0;
-#pragma omp simd reduction(+ : sum)
-      for (int64_t j = 0; j < vc; ++j) sum += fast_exp(zi[j] - mx);
-      s[i] = (s[i] == T(0) ? T(0) : s[i] * std::exp(m[i] - mx)) + sum;
-      m[i] = mx;
-      if (tg[i] >= c0 && tg[i] < c0 + vc) zt[i] = zi[tg[i] - c0];
-    }
+    cpu::ce_chunk_forward<T>(P<T>(logits), targets.data<int32_t>(), n, vc, c0, P<T>(row_max), P<T>(row_sum),
+                             P<T>(target_logit));
   });
 }
 
@@ -371,23 +357,7 @@ void CpuBackend::ce_chunk_backward(const Tensor& logits, const Tensor& lse, cons
   const int64_t n = logits.size(0), vc = logits.size(1);
   PRIMUS_CHECK(dlogits.numel() == n * vc && targets.numel() == n, "ce chunk backward shapes");
   dispatch(t, [&]<typename T>() {
-    const T* z = P<T>(logits);  // may be dlogits itself: each element is read before it is written
-    const T* l = P<T>(lse);
-    const int32_t* tg = targets.data<int32_t>();
-    T* d = P<T>(dlogits);
-#pragma omp parallel for schedule(static) if(n * vc >= kParallelMin)
-    for (int64_t i = 0; i < n; ++i) {
-      T* di = d + i * vc;
-      if (tg[i] < 0) {
-        std::fill(di, di + vc, T(0));
-        continue;
-      }
-      const T* zi = z + i * vc;
-      const T li = l[i];
-#pragma omp simd
-      for (int64_t j = 0; j < vc; ++j) di[j] = fast_exp(zi[j] - li);
-      if (tg[i] >= c0 && tg[i] < c0 + vc) di[tg[i] - c0] -= T(1);
-    }
+    cpu::ce_chunk_backward<T>(P<T>(logits), P<T>(lse), targets.data<int32_t>(), n, vc, c0, P<T>(dlogits));
   });
 }
 

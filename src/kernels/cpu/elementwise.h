@@ -50,4 +50,14 @@ template <typename T>
 void embedding_backward_weight(const int32_t* tokens, const T* dout, T* dtable, int64_t n, int64_t vocab,
                                int64_t c);
 
+// Cross-entropy over a chunk of vocabulary columns c0 .. c0 + vc of rows [n, vc] (see
+// ops::Backend::ce_chunk_forward/backward). forward updates each row's running max m, sum of
+// exp(z - m) and target logit zt; backward writes softmax - onehot (0 on rows whose target is
+// negative) and may write over the logits.
+template <typename T>
+void ce_chunk_forward(const T* logits, const int32_t* targets, int64_t n, int64_t vc, int64_t c0, T* m, T* s, T* zt);
+template <typename T>
+void ce_chunk_backward(const T* logits, const T* lse, const int32_t* targets, int64_t n, int64_t vc, int64_t c0,
+                       T* dlogits);
+
 }  // namespace primus::cpu

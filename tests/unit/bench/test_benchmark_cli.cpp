@@ -47,16 +47,42 @@ TEST(BenchmarkGemmCli, CpuTransposedText) {
   EXPECT_TRUE(has(r.out, "TFLOP/s")) << r.out;
 }
 
-TEST(BenchmarkGemmCli, CpuBf16RunsOrSaysWhyNot) {
-  // Debian's OpenBLAS 0.3.21 has no cblas_sbgemm; another OpenBLAS may.
-  Result r = cli("gemm -M 16 -N 16 -K 16 --dtype bf16 --device cpu --iters 2 --json", true);
-  if (r.code == 0) {
-    auto j = nlohmann::json::parse(r.out.substr(r.out.find('{')));
-    EXPECT_GT(j["tflops"].get<double>(), 0);
-  } else {
-    EXPECT_TRUE(has(r.out, "bf16 GEMM on the CPU is not available")) << r.out;
-    EXPECT_TRUE(has(r.out, "cblas_sbgemm")) << r.out;
+TEST(BenchmarkGemmCli, CpuBf16RunsBothImplementationsOrSaysWhyNot) {
+  // The CPU bf16 backend's two GEMMs, side by side; a CPU without AVX512-BF16 gets the reason.
+  Result r = cli("gemm -M 37 -N 53 -K 19 --dtype bf16 --device cpu --warmup 1 --iters 2 --json", true);
+  if (r.code != 0) {
+    EXPECT_TRUE(has(r.out, "needs AVX512-BF16")) << r.out;
+    EXPECT_TRUE(has(r.out, "--dtype fp32")) << r.out;
+    return;
   }
+  auto j = nlohmann::json::parse(r.out.substr(r.out.find('{')));
+  EXPECT_EQ(j["dtype"], "bf16");
+  EXPECT_EQ(j["out_dtype"], "bf16");
+  EXPECT_GT(j["tflops"].get<double>(), 0);
+  EXPECT_GT(j["peak_tflops"].get<double>(), 0);
+  EXPECT_GT(j["peak_share"].get<double>(), 0);
+  ASSERT_EQ(j["impls"].size(), 2u);
+  EXPECT_EQ(j["impls"][0]["impl"], "avx512-bf16");
+  EXPECT_EQ(j["impls"][1]["impl"], "onednn");
+  bool backend_listed = false;
+  for (const auto& x : j["impls"]) {
+    EXPECT_GT(x["tflops"].get<double>(), 0);
+    backend_listed |= x["impl"] == j["impl"];
+  }
+  EXPECT_TRUE(backend_listed) << j.dump();
+  Result f = cli("gemm -M 16 -N 16 -K 16 --out-dtype fp32 --device cpu --iters 1", true);
+  if (f.code == 0) EXPECT_TRUE(has(f.out, "gemm bf16>fp32 NN m=16 n=16 k=16 on cpu")) << f.out;
+}
+
+TEST(BenchmarkGemmCli, CpuCompareTimesBothOnAModelsGemms) {
+  Result r = cli("gemm --shapes-from " + kTinyConfig + " --compare --device cpu --iters 1", true);
+  if (r.code != 0) {
+    EXPECT_TRUE(has(r.out, "needs AVX512-BF16")) << r.out;
+    return;
+  }
+  for (const char* part : {"layer qkv forward", "head weight grad", "avx512-bf16 everywhere", "onednn everywhere",
+                           "the backend's choice", "the faster of the two"})
+    EXPECT_TRUE(has(r.out, part)) << part << "\n" << r.out;
 }
 
 TEST(BenchmarkGemmCli, DeviceCudaWithoutGpuIsAClearError) {
@@ -79,6 +105,9 @@ TEST(BenchmarkGemmCli, BadArgumentsAreErrors) {
            {"gemm -M 8 -N 8 -K 0 --device cpu", "-K must be positive"},
            {"gemm -M 8 -N 8 -K 8 --iters 0 --device cpu", "--iters must be at least 1"},
            {"gemm -M 8 -N 8 -K 8 --dtype fp16 --device cpu", "--dtype must be bf16 or fp32"},
+           {"gemm -M 8 -N 8 -K 8 --out-dtype fp16 --device cpu", "--out-dtype must be bf16 or fp32"},
+           {"gemm --compare -M 8 -N 8 -K 8 --device cpu", "--shapes-from"},
+           {"gemm --shapes-from " + kTinyConfig + " --compare --dtype fp32 --device cpu", "--dtype must be bf16"},
            {"gemm -M 8 -N 8 -K 8 --device tpu", "--device must be auto, cpu or cuda"},
            {"gemm --list", "--shapes-from"},
            {"gemm --tune -M 8 -N 8 -K 8 --device cpu", "--shapes-from"},
@@ -128,10 +157,11 @@ TEST(BenchmarkGemmCli, ListsTheGemmsOfAnExperimentConfig) {
 }
 
 TEST(BenchmarkAttentionCli, CpuForwardAndBackward) {
-  Result r = cli("attention --batch 2 --seq 32 --heads 4 --kv-heads 2 --head-dim 8 --device cpu --warmup 1 --iters 2 "
-                 "--json");
+  Result r = cli("attention --batch 2 --seq 32 --heads 4 --kv-heads 2 --head-dim 8 --dtype fp32 --device cpu --warmup 1 "
+                 "--iters 2 --json");
   ASSERT_EQ(r.code, 0) << r.out;
   auto j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["dtype"], "fp32");
   EXPECT_EQ(j["op"], "attention");
   EXPECT_EQ(j["device"], "cpu");
   EXPECT_EQ(j["causal"], true);
@@ -143,10 +173,25 @@ TEST(BenchmarkAttentionCli, CpuForwardAndBackward) {
   EXPECT_NEAR(j["fwd_tflops"].get<double>() * j["fwd_ms"].get<double>() * 1e9, fwd, 1e-3);
   EXPECT_NEAR(j["bwd_tflops"].get<double>() * j["bwd_ms"].get<double>() * 1e9, 2.5 * fwd, 1e-3);
 
-  Result t = cli("attention --seq 16 --heads 2 --hidden 32 --device cpu --iters 1");
+  Result t = cli("attention --seq 16 --heads 2 --hidden 32 --dtype fp32 --device cpu --iters 1");
   ASSERT_EQ(t.code, 0) << t.out;
   EXPECT_TRUE(has(t.out, "heads 2 kv-heads 2 head-dim 16 on cpu")) << t.out;
   EXPECT_TRUE(has(t.out, "forward+backward")) << t.out;
+}
+
+TEST(BenchmarkAttentionCli, CpuBf16RunsOrSaysWhyNot) {
+  // bf16, the default, runs the CPU bf16 backend's kernels and reports the share of the bf16 peak.
+  Result r = cli("attention --batch 1 --seq 40 --heads 4 --kv-heads 2 --head-dim 64 --device cpu --warmup 1 --iters 2 "
+                 "--json",
+                 true);
+  if (r.code != 0) {
+    EXPECT_TRUE(has(r.out, "needs AVX512-BF16")) << r.out;
+    return;
+  }
+  auto j = nlohmann::json::parse(r.out.substr(r.out.find('{')));
+  EXPECT_EQ(j["dtype"], "bf16");
+  for (const char* k : {"fwd_tflops", "bwd_tflops", "peak_tflops", "fwd_peak_share", "fwdbwd_peak_share"})
+    EXPECT_GT(j[k].get<double>(), 0) << k;
 }
 
 TEST(BenchmarkAttentionCli, BadArgumentsAreErrors) {
@@ -160,6 +205,7 @@ TEST(BenchmarkAttentionCli, BadArgumentsAreErrors) {
            {"attention --seq 0 --heads 4 --head-dim 8 --device cpu", "--seq must be positive"},
            {"attention --seq 16 --heads -2 --head-dim 8 --device cpu", "--heads must be positive"},
            {"attention --seq 16 --heads 4 --head-dim 8 --no-causal --device cpu", "non-causal"},
+           {"attention --seq 16 --heads 4 --head-dim 8 --dtype fp16 --device cpu", "--dtype must be bf16 or fp32"},
        }) {
     Result r = cli(b.args, true);
     EXPECT_NE(r.code, 0) << b.args << "\n" << r.out;

@@ -7,6 +7,7 @@
 #include <fstream>
 
 #include "core/error.h"
+#include "kernels/cpu/cpu_features.h"
 #include "safe/preflight.h"
 
 namespace fs = std::filesystem;
@@ -29,10 +30,16 @@ const CheckResult* find(const std::vector<CheckResult>& v, const std::string& na
 
 TEST(Preflight, HostChecksOnThisMachine) {
   auto r = host_checks();
-  for (const char* n : {"cpu", "cpu sgemm", "memory", "open files limit", "locked memory limit", "clock sync", "versions"})
+  for (const char* n : {"cpu", "cpu sgemm", "cpu bf16", "memory", "open files limit", "locked memory limit",
+                        "clock sync", "versions"})
     ASSERT_NE(find(r, n), nullptr) << n;
   EXPECT_EQ(find(r, "cpu")->status, "pass");  // we run, so AVX2 and FMA are there
   EXPECT_NE(find(r, "cpu sgemm")->value.find("GFLOP/s"), std::string::npos);
+  // The bf16 instructions are reported whatever the CPU has; a bf16 GEMM is timed where they run.
+  const CheckResult* bf = find(r, "cpu bf16");
+  for (const char* part : {"AVX-512 ", "AVX512-BF16 ", "AMX "})
+    EXPECT_NE(bf->detail.find(part), std::string::npos) << part << " in " << bf->detail;
+  EXPECT_EQ(bf->value.find("GFLOP/s") != std::string::npos, cpu::cpu_features().avx512_bf16_usable()) << bf->value;
   EXPECT_NE(find(r, "versions")->detail.find("Open MPI"), std::string::npos) << find(r, "versions")->detail;
   for (const auto& c : r) EXPECT_NE(c.status, "fail") << c.name << ": " << c.detail;
 }

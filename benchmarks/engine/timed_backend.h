@@ -1,0 +1,117 @@
+// A backend that times another: every op of kernels/backend.h is forwarded and its wall time added
+// to a category (GEMM, attention, rows and elements, cross-entropy, casts). bench_engine --profile
+// uses it for the breakdown of a training step in docs/engine.md. The ops run synchronously on the
+// CPU, so the wall time of a call is its cost.
+#pragma once
+
+#include <array>
+#include <chrono>
+#include <string>
+
+#include "kernels/backend.h"
+
+namespace primus::bench {
+
+class TimedBackend final : public ops::Backend {
+ public:
+  enum Category { Gemm, Attention, Elementwise, CrossEntropy, Cast, kCategories };
+  static const char* category_name(int c) {
+    static const char* names[] = {"GEMM", "attention", "norms, SwiGLU, RoPE, embedding, adds", "cross-entropy",
+                                  "casts"};
+    return names[c];
+  }
+
+  explicit TimedBackend(ops::Backend& inner) : in_(inner) {}
+  std::array<double, kCategories> seconds{};
+  double gemm_flops = 0;
+  void reset() { seconds.fill(0), gemm_flops = 0; }
+
+  Device device() const override { return in_.device(); }
+  std::string name() const override { return in_.name(); }
+  bool computes_in(DType a) const override { return in_.computes_in(a); }
+
+  void gemm(bool ta, bool tb, float alpha, const Tensor& A, const Tensor& B, float beta, const Tensor& C, Tensor& D,
+            const Tensor& bias) override {
+    gemm_flops += 2.0 * double(D.size(0)) * double(D.size(1)) * double(ta ? A.size(0) : A.size(1));
+    time(Gemm, [&] { in_.gemm(ta, tb, alpha, A, B, beta, C, D, bias); });
+  }
+  void rmsnorm_forward(const Tensor& x, const Tensor& w, Tensor& y, Tensor& rstd, float eps) override {
+    time(Elementwise, [&] { in_.rmsnorm_forward(x, w, y, rstd, eps); });
+  }
+  void rmsnorm_backward_input(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& rstd,
+                              const Tensor& residual, Tensor& dx) override {
+    time(Elementwise, [&] { in_.rmsnorm_backward_input(dy, x, w, rstd, residual, dx); });
+  }
+  void rmsnorm_backward_weight(const Tensor& dy, const Tensor& x, const Tensor& rstd, Tensor& dw) override {
+    time(Elementwise, [&] { in_.rmsnorm_backward_weight(dy, x, rstd, dw); });
+  }
+  void swiglu_forward(const Tensor& gate_up, Tensor& act) override {
+    time(Elementwise, [&] { in_.swiglu_forward(gate_up, act); });
+  }
+  void swiglu_backward(const Tensor& dact, const Tensor& gate_up, Tensor& dgate_up) override {
+    time(Elementwise, [&] { in_.swiglu_backward(dact, gate_up, dgate_up); });
+  }
+  void rope_apply(Tensor& x, int64_t heads, int64_t head_dim, int64_t seq, int64_t pos0, const Tensor& cos,
+                  const Tensor& sin, bool inverse) override {
+    time(Elementwise, [&] { in_.rope_apply(x, heads, head_dim, seq, pos0, cos, sin, inverse); });
+  }
+  void attention_forward(const Tensor& qkv, Tensor& out, Tensor& lse, const ops::AttentionShape& s) override {
+    time(Attention, [&] { in_.attention_forward(qkv, out, lse, s); });
+  }
+  void attention_backward(const Tensor& qkv, const Tensor& out, const Tensor& lse, const Tensor& dout, Tensor& dqkv,
+                          const ops::AttentionShape& s) override {
+    time(Attention, [&] { in_.attention_backward(qkv, out, lse, dout, dqkv, s); });
+  }
+  void attention_decode(const Tensor& cache, int64_t first, Tensor& out, const ops::AttentionShape& s) override {
+    time(Attention, [&] { in_.attention_decode(cache, first, out, s); });
+  }
+  void embedding_forward(const Tensor& tokens, const Tensor& table, Tensor& out) override {
+    time(Elementwise, [&] { in_.embedding_forward(tokens, table, out); });
+  }
+  void embedding_backward(const std::vector<int32_t>& host_tokens, const Tensor& dout, Tensor& dtable) override {
+    time(Elementwise, [&] { in_.embedding_backward(host_tokens, dout, dtable); });
+  }
+  void column_sum_accumulate(const Tensor& dy, Tensor& out) override {
+    time(Elementwise, [&] { in_.column_sum_accumulate(dy, out); });
+  }
+  void add(const Tensor& a, const Tensor& b, Tensor& out) override {
+    time(Elementwise, [&] { in_.add(a, b, out); });
+  }
+  void ce_init(Tensor& m, Tensor& s, Tensor& zt) override {
+    time(CrossEntropy, [&] { in_.ce_init(m, s, zt); });
+  }
+  void ce_chunk_forward(const Tensor& logits, const Tensor& targets, int64_t c0, Tensor& m, Tensor& s,
+                        Tensor& zt) override {
+    time(CrossEntropy, [&] { in_.ce_chunk_forward(logits, targets, c0, m, s, zt); });
+  }
+  void ce_merge_max(Tensor& m, Tensor& s, const Tensor& g) override {
+    time(CrossEntropy, [&] { in_.ce_merge_max(m, s, g); });
+  }
+  double ce_finish(const Tensor& m, const Tensor& s, const Tensor& zt, const Tensor& targets, Tensor& lse) override {
+    double r = 0;
+    time(CrossEntropy, [&] { r = in_.ce_finish(m, s, zt, targets, lse); });
+    return r;
+  }
+  void ce_chunk_backward(const Tensor& logits, const Tensor& lse, const Tensor& targets, int64_t c0,
+                         Tensor& dlogits) override {
+    time(CrossEntropy, [&] { in_.ce_chunk_backward(logits, lse, targets, c0, dlogits); });
+  }
+  void cast(const Tensor& src, Tensor& dst) override {
+    time(Cast, [&] { in_.cast(src, dst); });
+  }
+  void synchronize() override { in_.synchronize(); }
+  MemoryStats memory_stats() const override { return in_.memory_stats(); }
+  void reset_peak_memory() override { in_.reset_peak_memory(); }
+  double peak_tflops() const override { return in_.peak_tflops(); }
+
+ private:
+  template <typename F>
+  void time(Category c, F&& f) {
+    const auto t0 = std::chrono::steady_clock::now();
+    f();
+    seconds[c] += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  }
+  ops::Backend& in_;
+};
+
+}  // namespace primus::bench

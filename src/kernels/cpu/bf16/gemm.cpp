@@ -1,0 +1,77 @@
+// gemm(): which implementation of gemm.h runs, and the measured bf16 GEMM peak.
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "core/error.h"
+#include "kernels/cpu/bf16/gemm.h"
+#include "kernels/cpu/cpu_features.h"
+
+namespace primus::cpu::bf16k {
+
+namespace {
+
+enum class Forced { None, Avx512, OneDnn };
+
+Forced forced_impl() {
+  static const Forced f = [] {
+    const char* env = std::getenv("PRIMUS_CPU_GEMM");
+    const std::string v = env ? env : "";
+    if (v.empty() || v == "auto") return Forced::None;
+    if (v == "avx512") return Forced::Avx512;
+    if (v == "onednn") return Forced::OneDnn;
+    fail("PRIMUS_CPU_GEMM='{}': expected auto, avx512 or onednn", v);
+  }();
+  return f;
+}
+
+}  // namespace
+
+const char* gemm_impl_name(GemmImpl impl) { return impl == GemmImpl::OneDnn ? "onednn" : "avx512-bf16"; }
+
+GemmImpl gemm_impl_for(const GemmArgs& g) {
+  switch (forced_impl()) {
+    case Forced::Avx512: return GemmImpl::Avx512;
+    case Forced::OneDnn: return GemmImpl::OneDnn;
+    case Forced::None: break;
+  }
+  if (cpu_features().amx_usable()) return GemmImpl::OneDnn;
+  return g.f32_out ? GemmImpl::OneDnn : GemmImpl::Avx512;
+}
+
+void gemm(const GemmArgs& g) {
+  if (gemm_impl_for(g) == GemmImpl::OneDnn)
+    gemm_onednn(g);
+  else
+    gemm_avx512(g);
+}
+
+double measure_bf16_gemm_peak_gflops(int n, int reps) {
+  std::vector<uint16_t> a(size_t(n) * n, 0x3f80), b(size_t(n) * n, 0x3f00);  // 1.0 and 0.5
+  std::vector<float> c(size_t(n) * n);
+  GemmArgs g;
+  g.M = g.N = g.K = n;
+  g.A = a.data(), g.B = b.data(), g.lda = g.ldb = n;
+  g.D = c.data(), g.f32_out = true;
+  double best = 0;
+  for (int r = 0; r < reps; ++r)
+    for (auto run : {gemm_avx512, gemm_onednn}) {
+      const auto t0 = std::chrono::steady_clock::now();
+      run(g);
+      const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      best = std::max(best, 2.0 * n * n * n / s / 1e9);
+    }
+  return best;
+}
+
+double bf16_gemm_peak_gflops() {
+  static const double peak = [] {
+    if (const char* env = std::getenv("PRIMUS_PEAK_BF16_GFLOPS"); env && std::atof(env) > 0) return std::atof(env);
+    return measure_bf16_gemm_peak_gflops(1024, 4);
+  }();
+  return peak;
+}
+
+}  // namespace primus::cpu::bf16k

@@ -1,0 +1,50 @@
+// bf16 GEMMs on the CPU, the bf16 backend's matrix products:
+//   D[M,N] = alpha * op(A) op(B) + beta * C (+ bias[n] on every row)
+// A, B row-major bf16 (op = transpose when trans_*); C and D row-major with N columns, both fp32
+// or both bf16 (C may be D; C is not read when beta == 0); bias bf16 [N] or null. Products and
+// sums run in fp32 and a bf16 D is rounded once, as the reference backend defines.
+//
+// Two implementations of the same contract, timed side by side by `benchmark gemm --device cpu`:
+//   gemm_avx512   this project's kernels: AVX512-BF16 dot products (vdpbf16ps) on packed panels;
+//   gemm_onednn   oneDNN's matmul (Debian's libdnnl), which uses AMX tiles where the CPU has them.
+// Both need a CPU with AVX512-BF16 (cpu_features.h); gemm() picks one per problem.
+#pragma once
+
+#include <cstdint>
+
+namespace primus::cpu::bf16k {
+
+struct GemmArgs {
+  bool trans_a = false, trans_b = false;
+  int64_t M = 0, N = 0, K = 0;
+  float alpha = 1.0f, beta = 0.0f;
+  const uint16_t* A = nullptr;
+  int64_t lda = 0;
+  const uint16_t* B = nullptr;
+  int64_t ldb = 0;
+  const void* C = nullptr;  // fp32 or bf16 like D, leading dimension N
+  void* D = nullptr;
+  bool f32_out = false;           // C and D fp32 (else bf16)
+  const uint16_t* bias = nullptr;  // bf16 [N]
+};
+
+void gemm_avx512(const GemmArgs& g);
+void gemm_onednn(const GemmArgs& g);
+
+enum class GemmImpl { Avx512, OneDnn };
+const char* gemm_impl_name(GemmImpl impl);  // "avx512-bf16", "onednn"
+// What gemm() runs for g. PRIMUS_CPU_GEMM=avx512|onednn forces one (an unknown value is an error);
+// otherwise oneDNN on CPUs with AMX (this project has no AMX kernels of its own) and for fp32
+// outputs (weight gradients, logits), this project's kernels for bf16 outputs: where each was
+// faster on one core; on two loaded cores they are within about 10% either way
+// (`benchmark gemm --shapes-from X --compare --device cpu`, docs/engine.md).
+GemmImpl gemm_impl_for(const GemmArgs& g);
+void gemm(const GemmArgs& g);
+
+// The machine's practical bf16 GEMM peak: best of `reps` n^3 products (bf16 in, fp32 out) on all
+// threads, through either implementation, in GFLOP/s. bf16 runs on the CPU report MFU against it
+// (PRIMUS_PEAK_BF16_GFLOPS overrides it), as fp32 runs do against the SGEMM peak.
+double measure_bf16_gemm_peak_gflops(int n = 2048, int reps = 4);
+double bf16_gemm_peak_gflops();  // PRIMUS_PEAK_BF16_GFLOPS if set, else measured once (n = 1024) and cached
+
+}  // namespace primus::cpu::bf16k

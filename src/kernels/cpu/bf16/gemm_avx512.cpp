@@ -1,0 +1,208 @@
+// This project's bf16 GEMM on AVX512-BF16 (gemm.h). One vdpbf16ps multiplies 16 x 2 bf16 pairs and
+// adds them into 16 fp32 sums, so op(B) is packed in panels of kNr columns where each k-pair of a
+// column is one 32-bit word ("VNNI" order), and op(A) supplies one 32-bit k-pair per row,
+// broadcast. The micro-kernel keeps a kMr x kNr block of fp32 sums in 24 of the 32 zmm registers.
+// Blocking: a B micro-panel of kKc rows (kKc x kNr x 2 bytes = 24 KiB) stays in L1 while the
+// micro-kernel walks down the rows of an output tile; the tile's fp32 sums live in a per-thread
+// buffer across K blocks, and the last K block applies alpha, beta C and bias and rounds, from
+// the registers.
+//
+// Compiled for AVX-512 from PRIMUS_AVX512_BF16_BEGIN on, after every header: the standard
+// library's inline functions stay compiled for the project's baseline (no AVX-512 code can leak
+// into a shared inline function the linker might pick for the whole program), and everything here
+// is in an anonymous namespace except the entry point, which the backend calls only on CPUs that
+// have AVX512-BF16.
+#include <omp.h>
+
+#include <immintrin.h>
+
+#include <cstdint>
+#include <cstring>
+
+#include "kernels/cpu/bf16/gemm.h"
+#include "kernels/cpu/bf16/scratch.h"
+#include "kernels/cpu/bf16/target.h"
+
+PRIMUS_AVX512_BF16_BEGIN
+#include "kernels/cpu/bf16/avx512_common.h"
+
+namespace primus::cpu::bf16k {
+namespace {
+
+constexpr int kMr = 8;            // rows of the micro-kernel
+constexpr int kNv = 3;            // zmm vectors of 16 columns
+constexpr int kNr = 16 * kNv;     // columns of the micro-kernel
+constexpr int64_t kKc = 256;      // K block (even)
+constexpr int64_t kMc = 96;       // output tile rows (a multiple of kMr)
+constexpr int64_t kNc = 4 * kNr;  // output tile columns (a multiple of kNr)
+// Below this many multiply-adds one thread does the whole product.
+constexpr double kParallelMin = 1 << 21;
+
+// ---- the micro-kernel ----
+
+// Where a micro-kernel's block of sums goes after its last K block: D rows [m, m + rows),
+// columns [n, n + cols), through alpha, beta C and bias.
+struct Final {
+  int64_t m = 0, n = 0, rows = 0, cols = 0;
+  bool stream = false;  // an fp32 D larger than the last-level cache (the logits): written around it
+};
+
+inline void store_final(const GemmArgs& g, const Final& f, int i, int v, __m512 acc) {
+  const int64_t j = 16 * v;
+  if (i >= f.rows || j >= f.cols) return;
+  const __mmask16 mask = f.cols - j >= 16 ? 0xffff : __mmask16((1u << (f.cols - j)) - 1);
+  const int64_t e = (f.m + i) * g.N + f.n + j;
+  __m512 x = _mm512_mul_ps(_mm512_set1_ps(g.alpha), acc);
+  if (g.beta != 0.0f) {
+    const __m512 c = g.f32_out ? _mm512_maskz_loadu_ps(mask, static_cast<const float*>(g.C) + e)
+                               : widen_bf16(_mm256_maskz_loadu_epi16(mask, static_cast<const uint16_t*>(g.C) + e));
+    x = _mm512_fmadd_ps(_mm512_set1_ps(g.beta), c, x);
+  }
+  if (g.bias) x = _mm512_add_ps(x, widen_bf16(_mm256_maskz_loadu_epi16(mask, g.bias + f.n + j)));
+  if (g.f32_out) {
+    float* d = static_cast<float*>(g.D) + e;
+    if (f.stream && mask == 0xffff && (reinterpret_cast<uintptr_t>(d) & 63) == 0)
+      _mm512_stream_ps(d, x);
+    else
+      _mm512_mask_storeu_ps(d, mask, x);
+  }
+  else
+    _mm256_mask_storeu_epi16(static_cast<uint16_t*>(g.D) + e, mask, (__m256i)_mm512_cvtneps_pbh(x));
+}
+
+// The sums of kps k-pairs of an A panel and a B panel, kMr x kNr. A's pairs come either packed
+// (a_row = 2, a_kp = 2 kMr) or straight from row-major A (a_row = lda, a_kp = 2). They start
+// from 0 (zero) or from the tile c (row stride kNc), and go back to c, or to D when fin is given.
+inline void micro_kernel(const GemmArgs& g, const uint16_t* a, int64_t a_row, int64_t a_kp, const uint16_t* b,
+                         int64_t kps, float* c, bool zero, const Final* fin) {
+  __m512 acc[kMr][kNv];
+#pragma GCC unroll 8
+  for (int i = 0; i < kMr; ++i)
+#pragma GCC unroll 3
+    for (int v = 0; v < kNv; ++v) acc[i][v] = zero ? _mm512_setzero_ps() : _mm512_loadu_ps(c + i * kNc + 16 * v);
+  if (fin && !fin->stream) {  // D's lines (and C's) arrive while the sums are computed: the stores do not wait
+    const int64_t es = g.f32_out ? 4 : 2;
+    for (int64_t i = 0; i < fin->rows; ++i) {
+      const int64_t e = (fin->m + i) * g.N + fin->n;
+      for (int64_t j = 0; j < fin->cols * es; j += 64) {
+        _mm_prefetch(static_cast<const char*>(g.D) + e * es + j, _MM_HINT_T0);
+        if (g.beta != 0.0f && g.C != g.D) _mm_prefetch(static_cast<const char*>(g.C) + e * es + j, _MM_HINT_T0);
+      }
+    }
+  }
+  const uint16_t* ar[kMr];
+#pragma GCC unroll 8
+  for (int i = 0; i < kMr; ++i) ar[i] = a + i * a_row;
+  for (int64_t kp = 0; kp < kps; ++kp) {
+    __m512bh bv[kNv];
+#pragma GCC unroll 3
+    for (int v = 0; v < kNv; ++v) bv[v] = (__m512bh)_mm512_loadu_si512(b + 32 * v);
+    const int64_t off = kp * a_kp;
+#pragma GCC unroll 8
+    for (int i = 0; i < kMr; ++i) {
+      const __m512bh av = (__m512bh)_mm512_set1_epi32(load_pair(ar[i] + off));
+#pragma GCC unroll 3
+      for (int v = 0; v < kNv; ++v) acc[i][v] = _mm512_dpbf16_ps(acc[i][v], av, bv[v]);
+    }
+    b += kNr * 2;
+  }
+  if (fin) {
+#pragma GCC unroll 8
+    for (int i = 0; i < kMr; ++i)
+#pragma GCC unroll 3
+      for (int v = 0; v < kNv; ++v) store_final(g, *fin, i, v, acc[i][v]);
+    return;
+  }
+#pragma GCC unroll 8
+  for (int i = 0; i < kMr; ++i)
+#pragma GCC unroll 3
+    for (int v = 0; v < kNv; ++v) _mm512_storeu_ps(c + i * kNc + 16 * v, acc[i][v]);
+}
+
+}  // namespace
+
+void gemm_avx512(const GemmArgs& g) {
+  if (g.M <= 0 || g.N <= 0) return;
+  const int64_t Kp = ceil_div(g.K, 2);
+  const int64_t ipanels = ceil_div(g.M, kMr), jpanels = ceil_div(g.N, kNr);
+  // Row-major A with an even K is read in place; otherwise it is packed.
+  const bool direct_a = !g.trans_a && g.K % 2 == 0;
+  auto* bp = static_cast<uint16_t*>(thread_scratch(kGemmB, size_t(jpanels) * size_t(Kp) * kNr * 2 * 2));
+  auto* ap = direct_a ? nullptr
+                      : static_cast<uint16_t*>(thread_scratch(kGemmA, size_t(ipanels) * size_t(Kp) * kMr * 2 * 2));
+  uint16_t* zeros = nullptr;
+  if (direct_a && g.M % kMr) {  // rows past M read a zero row
+    zeros = static_cast<uint16_t*>(thread_scratch(kGemmZeros, (size_t(g.K) + 2) * 2));
+    std::memset(zeros, 0, (size_t(g.K) + 2) * 2);
+  }
+  const PackSource bsrc{g.B, g.ldb, g.K, g.N, !g.trans_b}, asrc{g.A, g.lda, g.K, g.M, g.trans_a};
+  const int64_t mtiles = ceil_div(g.M, kMc), ntiles = ceil_div(g.N, kNc);
+  // The tile loop walks along the smaller operand, so that the larger one streams from memory
+  // once: with N-tiles outer, a panel of B stays in cache while every row tile of A passes.
+  const bool n_outer = g.N > g.M;
+  // An fp32 D of more than the last-level cache (the logits): non-temporal stores.
+  const bool stream = g.f32_out && g.beta == 0.0f && double(g.M) * double(g.N) * 4 > 64e6;
+  const bool parallel = double(g.M) * double(g.N) * double(g.K) >= kParallelMin && omp_get_max_threads() > 1;
+
+#pragma omp parallel if(parallel)
+  {
+    // Packing in blocks of 16 k-pairs, shared out between the threads.
+    const int64_t kblocks = ceil_div(Kp, 16);
+#pragma omp for schedule(static) nowait
+    for (int64_t kb = 0; kb < kblocks; ++kb) {
+      pack<kNr>(bsrc, Kp, kb * 16, min64(Kp, kb * 16 + 16), bp);
+      if (!direct_a) pack<kMr>(asrc, Kp, kb * 16, min64(Kp, kb * 16 + 16), ap);
+    }
+#pragma omp barrier
+    float* tile = static_cast<float*>(thread_scratch(kGemmTile, sizeof(float) * size_t(kMc * kNc)));
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t t = 0; t < mtiles * ntiles; ++t) {
+      const int64_t mt = n_outer ? t % mtiles : t / ntiles, nt = n_outer ? t / mtiles : t % ntiles;
+      const int64_t m0 = mt * kMc, rows = min64(kMc, g.M - m0);
+      const int64_t n0 = nt * kNc, cols = min64(kNc, g.N - n0);
+      const int64_t ips = ceil_div(rows, kMr), jps = ceil_div(cols, kNr);
+      if (Kp == 0) {  // D = beta C + bias
+        const __m512 zero = _mm512_setzero_ps();
+        for (int64_t i = 0; i < rows; i += kMr)
+          for (int64_t j = 0; j < cols; j += kNr) {
+            const Final f{m0 + i, n0 + j, min64(kMr, rows - i), min64(kNr, cols - j)};
+            for (int ii = 0; ii < kMr; ++ii)
+              for (int v = 0; v < kNv; ++v) store_final(g, f, ii, v, zero);
+          }
+        continue;
+      }
+      for (int64_t k0 = 0; k0 < Kp; k0 += kKc / 2) {
+        const int64_t kps = min64(kKc / 2, Kp - k0);
+        const bool last = k0 + kps == Kp;
+        for (int64_t jr = 0; jr < jps; ++jr) {
+          const uint16_t* b = bp + (n0 / kNr + jr) * Kp * kNr * 2 + k0 * kNr * 2;
+          for (int64_t ir = 0; ir < ips; ++ir) {
+            float* c = tile + ir * kMr * kNc + jr * kNr;
+            const int64_t m = m0 + ir * kMr;
+            const Final f{m, n0 + jr * kNr, min64(kMr, g.M - m), min64(kNr, cols - jr * kNr), stream};
+            const Final* fin = last ? &f : nullptr;
+            if (direct_a) {
+              if (m + kMr <= g.M) {
+                micro_kernel(g, g.A + m * g.lda + 2 * k0, g.lda, 2, b, kps, c, k0 == 0, fin);
+              } else {  // the last rows: a panel of row pointers, zeros past M
+                auto* panel = static_cast<uint16_t*>(thread_scratch(kGemmA, size_t(kps) * kMr * 2 * 2));
+                for (int i = 0; i < kMr; ++i) {
+                  const uint16_t* src = m + i < g.M ? g.A + (m + i) * g.lda + 2 * k0 : zeros;
+                  for (int64_t kp = 0; kp < kps; ++kp) std::memcpy(panel + kp * kMr * 2 + i * 2, src + 2 * kp, 4);
+                }
+                micro_kernel(g, panel, 2, 2 * kMr, b, kps, c, k0 == 0, fin);
+              }
+            } else {
+              micro_kernel(g, ap + (m / kMr) * Kp * kMr * 2 + k0 * kMr * 2, 2, 2 * kMr, b, kps, c, k0 == 0, fin);
+            }
+          }
+        }
+      }
+    }
+    if (stream) _mm_sfence();  // non-temporal stores are weakly ordered: done before anyone reads D
+  }
+}
+
+}  // namespace primus::cpu::bf16k
+
+PRIMUS_AVX512_BF16_END

@@ -1,0 +1,46 @@
+// The bf16 backend's kernels besides the GEMM (gemm.h), on raw host buffers: bf16 values are
+// uint16_t, statistics and gradients fp32. Each computes in fp32 and rounds what it writes to bf16
+// once, the contract the reference backend defines (kernels/backend.h). They need a CPU with
+// AVX-512 and AVX512-BF16 (cpu_features.h); arguments are checked by the backend (bf16_backend.h).
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/cpu/attention.h"
+
+namespace primus::cpu::bf16k {
+
+// ---- attention (attention_avx512.cpp), the layout of kernels/cpu/attention.h ----
+void attention_forward(const uint16_t* qkv, uint16_t* out, float* lse, const AttentionShape& s);
+void attention_backward(const uint16_t* qkv, const uint16_t* out, const float* lse, const uint16_t* dout,
+                        uint16_t* dqkv, const AttentionShape& s);
+void attention_decode(const uint16_t* cache, int64_t first, uint16_t* out, const AttentionShape& s);
+
+// ---- rows and elements (elementwise_avx512.cpp) ----
+void rmsnorm_forward(const uint16_t* x, const uint16_t* w, uint16_t* y, float* rstd, int64_t n, int64_t c, float eps);
+// dx = residual (null: 0; may be dx) + d(norm)/dx.
+void rmsnorm_backward_input(const uint16_t* dy, const uint16_t* x, const uint16_t* w, const float* rstd,
+                            const uint16_t* residual, uint16_t* dx, int64_t n, int64_t c);
+void rmsnorm_backward_weight(const uint16_t* dy, const uint16_t* x, const float* rstd, float* dw, int64_t n, int64_t c);
+void swiglu_forward(const uint16_t* gate_up, uint16_t* act, int64_t n, int64_t f);
+void swiglu_backward(const uint16_t* dact, const uint16_t* gate_up, uint16_t* dgate_up, int64_t n, int64_t f);
+void rope_apply(uint16_t* x, int64_t rows, int64_t stride, int64_t heads, int64_t head_dim, int64_t seq, int64_t pos0,
+                const float* cos, const float* sin, bool inverse);
+// Ids are checked by the caller (< vocab); negative ids give zero rows / are skipped.
+void embedding_forward(const int32_t* tokens, const uint16_t* table, uint16_t* out, int64_t n, int64_t c);
+void embedding_backward(const int32_t* tokens, const uint16_t* dout, float* dtable, int64_t n, int64_t c);
+void column_sum_accumulate(const uint16_t* dy, float* out, int64_t n, int64_t m);
+void add_bf16(const uint16_t* a, const uint16_t* b, uint16_t* out, int64_t n);
+void add_f32(const float* a, const float* b, float* out, int64_t n);
+void cast_f32_to_bf16(const float* src, uint16_t* dst, int64_t n);
+void cast_bf16_to_f32(const uint16_t* src, float* dst, int64_t n);
+
+// Cross-entropy over a chunk of fp32 logits [n, vc] whose columns are vocabulary ids c0 ..
+// c0 + vc (kernels/backend.h).
+void ce_chunk_forward(const float* logits, const int32_t* targets, int64_t n, int64_t vc, int64_t c0, float* row_max,
+                      float* row_sum, float* target_logit);
+// dlogits = softmax - onehot (masked rows 0), bf16 (or fp32, which may be logits itself).
+void ce_chunk_backward(const float* logits, const float* lse, const int32_t* targets, int64_t n, int64_t vc,
+                       int64_t c0, uint16_t* dlogits_bf16, float* dlogits_f32);
+
+}  // namespace primus::cpu::bf16k
