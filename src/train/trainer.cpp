@@ -32,6 +32,7 @@
 #include "data/gpt_dataset.h"
 #include "data/tokenizer.h"
 #include "kernels/cpu/gemm.h"
+#include "model/context_parallel.h"
 #include "model/llama.h"
 #include "optim/flat_adamw.h"
 #include "optim/grad_clip.h"
@@ -117,11 +118,17 @@ std::string progress_bar(int64_t done, int64_t total, int width = 30) {
   return "[" + std::string(filled, '#') + std::string(width - filled, '.') + "]";
 }
 
-// Microbatch j of this dp rank in a step is the global batch's microbatch dp * m_local + j.
+// Microbatch j of this dp rank in a step is the global batch's microbatch dp * m_local + j; under
+// context parallelism this rank keeps its two chunks of each sequence (context_parallel_rows).
 MicrobatchFill fill_from(const SampleSource& src, int64_t first_sample, int64_t dp_rank, int64_t m_local, int64_t mbs,
-                         int64_t seq) {
-  return [&src, first_sample, dp_rank, m_local, mbs, seq](int j, std::vector<int32_t>& tk, std::vector<int32_t>& tg) {
+                         int64_t seq, int cp = 1, int cp_rank = 0) {
+  return [&src, first_sample, dp_rank, m_local, mbs, seq, cp, cp_rank](int j, std::vector<int32_t>& tk,
+                                                                     std::vector<int32_t>& tg) {
     fill_microbatch(src, first_sample + (dp_rank * m_local + j) * mbs, mbs, seq, tk, tg);
+    if (cp > 1) {
+      tk = context_parallel_rows(tk.data(), mbs, seq, cp, cp_rank);
+      tg = context_parallel_rows(tg.data(), mbs, seq, cp, cp_rank);
+    }
   };
 }
 
@@ -209,6 +216,7 @@ class Trainer {
   const config::TrainingArgs& a_;
   const ModelSpec& spec_;
   const int64_t mbs_, gbs_, seq_, num_micro_;  // microbatches in the global batch, over all dp ranks
+  int64_t seq_local_ = 0;                      // tokens of a sequence on this rank: seq_ / cp
 
   // Processes and layout.
   std::unique_ptr<parallel::SelfProcessGroup> self_;
@@ -311,6 +319,7 @@ void Trainer::build_processes() {
   me_ = mesh_->coord(world_->rank());
   rank0_ = world_->rank() == 0;
   m_local_ = layout_.microbatches_per_rank;
+  seq_local_ = seq_ / layout_.cp;
   // One run per run folder: rank 0 holds the lock (or joins its launcher's); every rank stops if
   // another run has it.
   on_rank0_for_all([&] { run_lock_ = safe::RunLock::acquire_or_join(cfg_.run_dir(), "trainer rank 0"); },
@@ -361,6 +370,10 @@ void Trainer::build_model() {
   part.tp_size = layout_.tp;
   part.tp_group = groups_.tp.get();
   part.sequence_parallel = layout_.sequence_parallel;
+  part.cp_size = layout_.cp;
+  part.cp_rank = me_.cp;
+  part.cp_group = groups_.cp.get();
+  part.cp_comm = layout_.cp_all_to_all ? CpComm::A2A : CpComm::P2P;
   const int num_stages = layout_.pp * layout_.vpp;
   if (layout_.schedule)
     for (int c = 0; c < layout_.vpp; ++c) {
@@ -397,8 +410,11 @@ void Trainer::build_gradient_reduction() {
   parallel::GradBucketsOptions bo;
   bo.bucket_size = a_.ddp_bucket_size > 0 ? a_.ddp_bucket_size : parallel::default_bucket_size(layout_.dp);
   bo.overlap_grad_reduce = a_.overlap_grad_reduce;
-  bo.reduce = a_.use_distributed_optimizer ? parallel::GradReduce::ReduceScatter : parallel::GradReduce::AllReduce;
-  buckets_ = std::make_unique<parallel::GradBuckets>(*groups_.dp, params.grads().data<float>(), params.numel(),
+  bo.reduce = layout_.shard_optimizer() ? parallel::GradReduce::ReduceScatter : parallel::GradReduce::AllReduce;
+  // Under context parallelism each cp rank holds a part of every gradient (its chunks' share):
+  // the buckets sum over dp x cp (Megatron's data-parallel group with context parallel).
+  parallel::ProcessGroup& reduce_group = layout_.cp > 1 ? *groups_.dp_cp : *groups_.dp;
+  buckets_ = std::make_unique<parallel::GradBuckets>(reduce_group, params.grads().data<float>(), params.numel(),
                                                      segments_of(params), bo);
   // Each tensor's bucket may start once the last microbatch's W pass of it is done.
   w_done_.assign(num_tensors, 0);
@@ -413,7 +429,7 @@ void Trainer::build_gradient_reduction() {
 void Trainer::build_optimizer() {
   const AdamWOptions adam{a_.adam_beta1, a_.adam_beta2, a_.adam_eps, a_.weight_decay};
   ParamStore& params = model_->params();
-  if (a_.use_distributed_optimizer)
+  if (layout_.shard_optimizer())
     sharded_ = std::make_unique<parallel::DistributedOptimizer>(*buckets_, params.values().data<float>(), adam);
   else
     replicated_ = std::make_unique<FlatAdamW>(adam, segments_of(params), params.numel(), compute_.device);
@@ -491,8 +507,8 @@ void Trainer::open_outputs() {
   log::info("model {}: {:.2f}M parameters, {:.1f} MFLOP per token; {} x {} tokens per microbatch, {} microbatches "
             "per step",
             cfg_.model, stats_.parameters / 1e6, stats_.flops_per_token / 1e6, mbs_, seq_, num_micro_);
-  log::info("parallel layout: {}; this rank: tp {} pp {} dp {}, {:.2f}M parameters", layout_.describe(), me_.tp,
-            me_.pp, me_.dp, model_->params().numel() / 1e6);
+  log::info("parallel layout: {}; this rank: tp {} cp {} pp {} dp {}, {:.2f}M parameters", layout_.describe(), me_.tp,
+            me_.cp, me_.pp, me_.dp, model_->params().numel() / 1e6);
   log::info("compute: {}", compute_.describe());
   log::info("training iterations {} to {}; MFU against a peak of {:.1f} GFLOP/s ({})", state_.iteration + 1,
             a_.train_iters, peak_gflops_,
@@ -511,7 +527,7 @@ void Trainer::open_outputs() {
 double Trainer::forward_backward(const MicrobatchFill& fill) {
   const double dloss = 1.0 / double(num_micro_);
   if (layout_.schedule) {
-    LlamaStageRunner runner(*model_, mbs_, seq_, dloss, fill);
+    LlamaStageRunner runner(*model_, mbs_, seq_local_, dloss, fill);
     pipe_.add(pipeline::run_schedule(*layout_.schedule, runner, *groups_.pp));
     return runner.loss_sum();
   }
@@ -520,7 +536,7 @@ double Trainer::forward_backward(const MicrobatchFill& fill) {
   for (int j = 0; j < m_local_; ++j) {
     fill(j, tokens, targets);
     LlamaContext ctx;
-    loss_sum += model_->forward(ctx, tokens.data(), targets.data(), mbs_, seq_);
+    loss_sum += model_->forward(ctx, tokens.data(), targets.data(), mbs_, seq_local_);
     model_->backward(ctx, dloss);
   }
   return loss_sum;
@@ -577,7 +593,7 @@ StepResult Trainer::train_step() {
   buckets_->reset();
   std::fill(w_done_.begin(), w_done_.end(), 0);
   double loss_sum =
-      forward_backward(fill_from(train_src_, state_.consumed_samples, me_.dp, m_local_, mbs_, seq_));
+      forward_backward(fill_from(train_src_, state_.consumed_samples, me_.dp, m_local_, mbs_, seq_, layout_.cp, me_.cp));
   compute_.backend->synchronize();  // compute time counts the device's work
   // This rank's own work; the reductions below wait for the slowest rank (stragglers show here).
   r.compute_seconds = seconds_since(t0);
@@ -606,15 +622,16 @@ double Trainer::evaluate() {
   double total = 0;
   std::vector<int32_t> tokens, targets;
   for (int64_t e = 0; e < a_.eval_iters; ++e) {
-    const MicrobatchFill fill = fill_from(valid_src_, e * num_micro_ * mbs_, me_.dp, m_local_, mbs_, seq_);
+    const MicrobatchFill fill =
+        fill_from(valid_src_, e * num_micro_ * mbs_, me_.dp, m_local_, mbs_, seq_, layout_.cp, me_.cp);
     if (layout_.schedule) {
-      total += pipeline_forward_only(*model_, *layout_.schedule, *groups_.pp, mbs_, seq_, int(m_local_), fill);
+      total += pipeline_forward_only(*model_, *layout_.schedule, *groups_.pp, mbs_, seq_local_, int(m_local_), fill);
       continue;
     }
     for (int j = 0; j < m_local_; ++j) {
       fill(j, tokens, targets);
       LlamaContext ctx;
-      total += model_->forward(ctx, tokens.data(), targets.data(), mbs_, seq_);
+      total += model_->forward(ctx, tokens.data(), targets.data(), mbs_, seq_local_);
     }
   }
   return groups_.dp->all_reduce_value(total) / double(a_.eval_iters * num_micro_);

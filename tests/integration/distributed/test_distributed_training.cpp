@@ -231,6 +231,30 @@ TEST_F(Distributed, TiedEmbeddingPp2) {
   expect_same_training(2, "--pipeline_model_parallel_size 2", "--untie_embeddings_and_output_weights false");
 }
 
+// Context parallel: each rank trains its two chunks of every sequence (ring attention or
+// all-to-all over heads), gradients summed over dp x cp; the loss is the whole sequence's.
+TEST_F(Distributed, Cp2Ring) { expect_same_training(2, "--context_parallel_size 2"); }
+TEST_F(Distributed, Cp2AllToAll) { expect_same_training(2, "--context_parallel_size 2 --cp_comm_type a2a"); }
+TEST_F(Distributed, Cp4) { expect_same_training(4, "--context_parallel_size 4"); }
+TEST_F(Distributed, Cp2Tp2) {
+  expect_same_training(4, "--context_parallel_size 2 --tensor_model_parallel_size 2 --sequence_parallel true");
+}
+TEST_F(Distributed, Cp2Pp2ZbH1) {
+  expect_same_training(4, "--context_parallel_size 2 --pipeline_model_parallel_size 2 --pipeline_schedule zb-h1");
+}
+TEST_F(Distributed, Cp2Dp2DistributedOptimizer) {
+  expect_same_training(4, "--context_parallel_size 2 --data_parallel_sharding_strategy optim --ddp_bucket_size 20000");
+}
+TEST_F(Distributed, Cp2RingBf16) { expect_same_training(2, "--context_parallel_size 2", kBf16, kBf16LossTol, kBf16WeightTol); }
+TEST_F(Distributed, Cp2AllToAllBf16) {
+  expect_same_training(2, "--context_parallel_size 2 --cp_comm_type a2a", kBf16, kBf16LossTol, kBf16WeightTol);
+}
+// a2a under tp2 needs the query groups per tp rank divisible by cp: 8 heads, 4 groups.
+TEST_F(Distributed, Cp2Tp2AllToAll) {
+  expect_same_training(4, "--context_parallel_size 2 --tensor_model_parallel_size 2 --cp_comm_type a2a",
+                       "--num_attention_heads 8 --num_query_groups 4");
+}
+
 // Save under tp2 x pp2 at iteration 10, load under dp4 and under one process: training goes on
 // with the losses of the uninterrupted one-process run.
 TEST_F(Distributed, ReshardTp2Pp2ToDp4AndOneProcess) {
@@ -287,7 +311,12 @@ TEST_F(Distributed, BadLayoutsAreRejectedBeforeTraining) {
       {3, "--pipeline_model_parallel_size 3", "num_layers.*8.*3"},
       {2, "--pipeline_model_parallel_size 2 --pipeline_schedule dualpipev --global_batch_size 4", "needs at least 2p microbatches"},
       {2, "--global_batch_size 6", "global_batch_size \\(6\\) must be a multiple of micro_batch_size \\(2\\) x data-parallel size \\(2\\)"},
-      {1, "--context_parallel_size 2", "context parallelism is not implemented"},
+      {2, "--context_parallel_size 2 --seq_length 30", "seq_length 30 is not divisible by 4"},
+      {4, "--context_parallel_size 4 --cp_comm_type a2a", "cp_comm_type a2a splits the attention heads"},
+      {2, "--context_parallel_size 2 --cp_comm_type ring", "cp_comm_type 'ring' is not one of: p2p, a2a"},
+      {2, "--data_parallel_sharding_strategy zero3", "data_parallel_sharding_strategy 'zero3' is not one of"},
+      {2, "--use_torch_fsdp2 true", "optim_grads_params \\(use_torch_fsdp2\\) is not implemented yet"},
+      {2, "--data_parallel_sharding_strategy no_shard --use_distributed_optimizer true", "set one"},
   };
   for (const Bad& c : cases) {
     Result r = run(c.nproc, "bad", c.overrides);
