@@ -672,18 +672,33 @@ void Trainer::log_interval(const StepResult& step) {
               peak_gflops_);
     mfu_warned_ = true;
   }
+  // The peak split: weights (master and bf16 working copy), fp32 gradients and AdamW moments are
+  // what this rank's buffers hold; the rest of the peak is activations and transient buffers.
+  const ParamStore& params = model_->params();
+  const double param_bytes = double(params.numel()) * double(dtype_size(params.dtype())) +
+                             (model_->has_separate_working_weights() ? double(model_->working_weights().nbytes()) : 0.0);
+  const double grad_bytes = double(params.grads().nbytes());
+  const double optim_bytes =
+      sharded_ ? double(sharded_->state_bytes()) : 2.0 * double(params.numel()) * double(sizeof(float));
+  const double activation_bytes = std::max(0.0, double(peak) - param_bytes - grad_bytes - optim_bytes);
   if (tty_) fmt::print("\r\033[K");
   log::info(" iteration {:>6}/{:>6} | consumed samples: {:>9} | elapsed time per iteration (ms): {:.1f} | "
             "learning rate: {:.3E} | global batch size: {} | lm loss: {:.6E} | grad norm: {:.3f} | "
-            "tokens/s: {:.0f} | TFLOP/s: {:.3f} | MFU: {:.1f}% | peak tensor memory: {:.0f} MiB",
+            "tokens/s: {:.0f} | TFLOP/s: {:.3f} | MFU: {:.1f}% | peak tensor memory: {:.0f} MiB (parameters {:.1f}, "
+            "gradients {:.1f}, optimizer {:.1f}, activations and the rest {:.1f})",
             state_.iteration, a_.train_iters, state_.consumed_samples, 1e3 * interval_time_ / interval_steps_, step.lr,
-            gbs_, mean_loss, step.grad_norm, tps, tflops, 100 * mfu, peak / 1048576.0);
+            gbs_, mean_loss, step.grad_norm, tps, tflops, 100 * mfu, peak / 1048576.0, param_bytes / 1048576.0,
+            grad_bytes / 1048576.0, optim_bytes / 1048576.0, activation_bytes / 1048576.0);
   nlohmann::json row{{"iteration", state_.iteration},   {"consumed_samples", state_.consumed_samples},
                      {"lm_loss", mean_loss},            {"lr", step.lr},
                      {"grad_norm", step.grad_norm},     {"tokens_per_sec", tps},
                      {"tflops", tflops},                {"mfu", mfu},
                      {"step_time_ms", 1e3 * interval_time_ / interval_steps_},
                      {"peak_memory_bytes", peak},       {"restarts", watch_->restarts()},
+                     {"memory_parameters_bytes", param_bytes},
+                     {"memory_gradients_bytes", grad_bytes},
+                     {"memory_optimizer_bytes", optim_bytes},
+                     {"memory_activations_bytes", activation_bytes},
                      {"skipped_iterations", watch_->skipped_iterations()}};
   if (layout_.schedule) {
     // Measured bubble: (slowest rank's wall - busiest rank's compute) / slowest wall. Predicted:

@@ -255,6 +255,26 @@ TEST_F(Distributed, Cp2Tp2AllToAll) {
                        "--num_attention_heads 8 --num_query_groups 4");
 }
 
+// The peak memory split in metrics.jsonl: under cp2 each rank holds half of every sequence's
+// activations, the same weights, gradients and optimizer state; ZeRO-1 at dp2 halves the moments.
+TEST_F(Distributed, MemorySplitFollowsTheLayout) {
+  const std::string common = " --seq_length 128 --train_iters 3 --lr_warmup_iters 1 --eval_interval 0";
+  ASSERT_EQ(run(1, "cp1", common).status, 0);
+  ASSERT_EQ(run(2, "cp2", common + " --context_parallel_size 2").status, 0);
+  ASSERT_EQ(run(2, "zero1", common + " --data_parallel_sharding_strategy optim").status, 0);
+  auto last = [&](const std::string& name, const char* key) {
+    const auto v = losses(name, key);
+    EXPECT_EQ(v.size(), 3u) << name << " " << key;
+    return v.empty() ? 0.0 : v.back();
+  };
+  for (const char* key : {"memory_parameters_bytes", "memory_gradients_bytes", "memory_optimizer_bytes"})
+    EXPECT_EQ(last("cp2", key), last("cp1", key)) << key;
+  EXPECT_GT(last("cp1", "memory_parameters_bytes"), 0);
+  EXPECT_LT(last("cp2", "memory_activations_bytes"), 0.7 * last("cp1", "memory_activations_bytes"));
+  EXPECT_NEAR(last("zero1", "memory_optimizer_bytes"), 0.5 * last("cp1", "memory_optimizer_bytes"),
+              0.01 * last("cp1", "memory_optimizer_bytes"));
+}
+
 // Save under tp2 x pp2 at iteration 10, load under dp4 and under one process: training goes on
 // with the losses of the uninterrupted one-process run.
 TEST_F(Distributed, ReshardTp2Pp2ToDp4AndOneProcess) {
