@@ -26,6 +26,24 @@ void copy_block(const Tensor& dst, int64_t dr, int64_t dc, const Tensor& src, in
                  size_t(src.size(1)) * e, size_t(cols) * e, size_t(rows));
 }
 
+// What both ring passes start from: a chunk's geometry, the neighbours on the ring, and this
+// rank's [k | v] rows copied out of qkv (the block that travels first) beside a buffer for the next.
+struct RingStart {
+  int64_t B, ch, rows, HD, KV;
+  ops::AttentionShape bs;
+  int next_rank, prev_rank;
+  Tensor kv, incoming;
+};
+
+RingStart ring_start(ops::Backend& be, DType act, const Tensor& qkv, const ops::AttentionShape& s, int rank, int size) {
+  const int64_t B = s.batch, ch = s.seq / 2, rows = B * ch, HD = s.heads * s.head_dim;
+  const int64_t KV = 2 * s.groups * s.head_dim;
+  RingStart r{B, ch, rows, HD, KV, {B, ch, s.heads, s.groups, s.head_dim}, (rank + 1) % size, (rank + size - 1) % size,
+              be.empty({2 * rows, KV}, act), be.empty({2 * rows, KV}, act)};
+  copy_block(r.kv, 0, 0, qkv, 0, HD, 2 * rows, KV);
+  return r;
+}
+
 }  // namespace
 
 std::vector<int32_t> context_parallel_rows(const int32_t* tokens, int64_t batch, int64_t seq, int cp, int cp_rank) {
@@ -72,12 +90,7 @@ void ContextParallelAttention::backward(const Tensor& qkv, const Tensor& out, co
 
 void ContextParallelAttention::ring_forward(const Tensor& qkv, Tensor& out, BlockContext& c,
                                             const ops::AttentionShape& s) {
-  const int64_t B = s.batch, ch = s.seq / 2, rows = B * ch, HD = s.heads * s.head_dim;
-  const int64_t KV = 2 * s.groups * s.head_dim;
-  const ops::AttentionShape bs{B, ch, s.heads, s.groups, s.head_dim};
-  const int next_rank = (rank_ + 1) % size_, prev_rank = (rank_ + size_ - 1) % size_;
-  Tensor kv = be_.empty({2 * rows, KV}, act_), incoming = be_.empty({2 * rows, KV}, act_);
-  copy_block(kv, 0, 0, qkv, 0, HD, 2 * rows, KV);
+  auto [B, ch, rows, HD, KV, bs, next_rank, prev_rank, kv, incoming] = ring_start(be_, act_, qkv, s, rank_, size_);
   Tensor acc[2], lse[2];  // per query chunk: the running output (stat dtype) and log-sum-exp
   for (int i = 0; i < size_; ++i) {
     std::vector<parallel::WorkPtr> moving;
@@ -120,12 +133,7 @@ void ContextParallelAttention::ring_forward(const Tensor& qkv, Tensor& out, Bloc
 
 void ContextParallelAttention::ring_backward(const Tensor& qkv, const Tensor& out, const BlockContext& c,
                                              const Tensor& dout, Tensor& dqkv, const ops::AttentionShape& s) {
-  const int64_t B = s.batch, ch = s.seq / 2, rows = B * ch, HD = s.heads * s.head_dim;
-  const int64_t KV = 2 * s.groups * s.head_dim;
-  const ops::AttentionShape bs{B, ch, s.heads, s.groups, s.head_dim};
-  const int next_rank = (rank_ + 1) % size_, prev_rank = (rank_ + size_ - 1) % size_;
-  Tensor kv = be_.empty({2 * rows, KV}, act_), incoming = be_.empty({2 * rows, KV}, act_);
-  copy_block(kv, 0, 0, qkv, 0, HD, 2 * rows, KV);
+  auto [B, ch, rows, HD, KV, bs, next_rank, prev_rank, kv, incoming] = ring_start(be_, act_, qkv, s, rank_, size_);
   Tensor dq = be_.zeros({2 * rows, HD}, stat_);
   // The key/value gradient of the block held at step i, summed over the ranks it visited so far,
   // arrives from the previous rank one step later; the last one to arrive is this rank's own.
