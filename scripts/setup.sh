@@ -17,6 +17,7 @@ APT_PACKAGES=(
   coinor-libcbc-dev  # CBC: zb-auto's ILP refinement (the Zero Bubble paper's solver)
   clang libclang-rt-14-dev libomp-dev  # libFuzzer for the parsers' fuzz targets
   libdnnl-dev  # oneDNN: one of the CPU bf16 backend's two GEMMs, the one on AMX tiles
+  librsvg2-bin  # rsvg-convert: `analyze run` pictures as PNG beside the SVG
 )
 # Tools that may already come from elsewhere (e.g. a Node.js install outside apt): installed from
 # Debian only when the command is missing, so that the two never conflict.

@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include "config/foreign_keys.h"
 #include "core/error.h"
 #include "core/suggest.h"
 
@@ -49,6 +50,8 @@ const std::vector<KeyInfo>& training_keys() {
       KEY(data_path, "Megatron indexed dataset prefixes, optionally weighted: [0.3, a, 0.7, b]"),
       KEY(split, "train,valid,test proportions of the documents, e.g. 969,30,1"),
       KEY(mock_data, "train on random tokens instead of data_path (benchmarks, smoke tests)"),
+      KEY(eod_mask_loss, "no loss on positions whose input token is the end-of-document token (the tokenizer's eod; "
+                         "with mock_data and no tokenizer, the last vocabulary id)"),
       KEY(tokenizer_type, "Megatron tokenizer type, e.g. SentencePieceTokenizer, HuggingFaceTokenizer, TikTokenizer"),
       KEY(tokenizer_model, "the tokenizer's model file"),
       KEY(recompute_granularity, "activation recompute: full | selective; empty: none"),
@@ -82,9 +85,10 @@ const std::vector<KeyInfo>& training_keys() {
                                             "pipeline_model_parallel_size"),
       KEY(use_distributed_optimizer, "ZeRO-1: each data-parallel rank keeps the optimizer state of its shard only"),
       KEY(data_parallel_sharding_strategy, "no_shard | optim | optim_grads | optim_grads_params (Megatron's names); "
-                                           "empty: optim when use_distributed_optimizer, else no_shard. Only "
-                                           "no_shard and optim are implemented so far"),
-      KEY(use_torch_fsdp2, "alias of data_parallel_sharding_strategy optim_grads_params (not implemented yet)"),
+                                           "empty: optim when use_distributed_optimizer, else no_shard. optim_grads "
+                                           "and optim_grads_params are not implemented yet and run as optim"),
+      KEY(use_torch_fsdp2, "alias of data_parallel_sharding_strategy optim_grads_params (not implemented yet: runs as "
+                       "optim)"),
       KEY(overlap_grad_reduce, "start each gradient bucket's reduction as soon as its backward is done"),
       KEY(ddp_bucket_size, "elements per gradient bucket; 0: max(40M, 1M x dp)"),
   };
@@ -95,12 +99,35 @@ const std::vector<KeyInfo>& training_keys() {
 namespace {
 
 const std::vector<std::string> kTopKeys = {"work_group", "user_name", "exp_name", "workspace", "modules"};
-const std::vector<std::string> kTrainerKeys = {"framework", "model", "overrides"};
+const std::vector<std::string> kTrainerKeys = {"framework", "config", "model", "overrides"};
 
 std::vector<std::string> names_of_training_keys() {
   std::vector<std::string> out;
   for (const auto& k : training_keys()) out.push_back(k.name);
   return out;
+}
+
+// Every key name the overrides know: ours, then Megatron's and Primus's (for "did you mean").
+std::vector<std::string> all_key_names() {
+  std::vector<std::string> out = names_of_training_keys();
+  for (const auto& k : model_spec_keys()) out.push_back(k);
+  for (const auto& k : foreign_keys()) out.push_back(k.name);
+  return out;
+}
+
+// `config: pre_trainer.yaml`: Primus's module defaults, resolved to this project's
+// configs/modules/ (or a file beside the experiment config).
+std::string resolve_module_config(const std::string& name, const std::string& config_file, const Origin& at) {
+  const fs::path beside = fs::path(config_file).parent_path() / name;
+  if (fs::is_regular_file(beside)) return beside.string();
+  const fs::path ours = fs::path(model_preset_dir()).parent_path() / "modules" / fs::path(name).filename();
+  if (fs::is_regular_file(ours)) return ours.string();
+  std::vector<std::string> known;
+  if (fs::is_directory(ours.parent_path()))
+    for (const auto& e : fs::directory_iterator(ours.parent_path())) known.push_back(e.path().filename().string());
+  std::sort(known.begin(), known.end());
+  fail("{}: module config '{}' not found beside the config nor in {}{}; known: {}", at.str(), name,
+       ours.parent_path().string(), did_you_mean(fs::path(name).filename().string(), known), fmt::join(known, ", "));
 }
 
 std::string describe(const YAML::Node& n) {
@@ -111,6 +138,7 @@ std::string describe(const YAML::Node& n) {
 }
 
 void set_training_key(TrainingArgs& args, const KeyInfo& key, const YAML::Node& value, const Origin& at) {
+  if (value.IsNull()) return;  // null: unset, as in Megatron (the default stays)
   std::visit(
       [&](auto member) {
         using T = std::remove_reference_t<decltype(args.*member)>;
@@ -133,6 +161,12 @@ void set_training_key(TrainingArgs& args, const KeyInfo& key, const YAML::Node& 
                              : std::is_same_v<T, std::string> ? "text"
                                                               : "a number";
           T v{};
+          // Primus configs write flags as 0 and 1 too (Python's truthiness).
+          if constexpr (std::is_same_v<T, bool>)
+            if (value.IsScalar() && (value.Scalar() == "0" || value.Scalar() == "1")) {
+              args.*member = value.Scalar() == "1";
+              return;
+            }
           if (!value.IsScalar() || !YAML::convert<T>::decode(value, v))
             fail("{}: '{}' must be {}, got {}", at.str(), key.name, want, describe(value));
           args.*member = v;
@@ -205,7 +239,12 @@ std::string ExperimentConfig::resolved_yaml() const {
   out["modules"]["pre_trainer"]["model_spec"] = model_spec_to_yaml(model_spec);
   YAML::Emitter e;
   e << out;
-  return std::string(e.c_str()) + "\n";
+  std::string head;
+  if (!no_effect.empty()) {
+    head = "# accepted with no effect on this engine:\n";
+    for (const auto& k : no_effect) head += fmt::format("#   {}: {}  ({})\n", k.key, k.value, k.note);
+  }
+  return head + std::string(e.c_str()) + "\n";
 }
 
 namespace {
@@ -220,16 +259,16 @@ ExperimentConfig load_experiment_unguarded(const std::string& path,
 
   for (auto [key, value] : overrides) {
     std::replace(key.begin(), key.end(), '-', '_');
+    if (const ForeignKey* fk = find_foreign_key(key); fk && fk->status == KeyStatus::Applied) key = fk->engine_value;
     if (key.find('.') != std::string::npos ||
         std::find(kTopKeys.begin(), kTopKeys.end(), key) != kTopKeys.end())
       tree.set(key, value);
     else if (std::find(train_keys.begin(), train_keys.end(), key) != train_keys.end() ||
-             std::find(model_keys.begin(), model_keys.end(), key) != model_keys.end())
+             std::find(model_keys.begin(), model_keys.end(), key) != model_keys.end() || find_foreign_key(key))
       tree.set("modules.pre_trainer.overrides." + key, value);
     else {
       std::vector<std::string> all = kTopKeys;
-      all.insert(all.end(), train_keys.begin(), train_keys.end());
-      all.insert(all.end(), model_keys.begin(), model_keys.end());
+      for (const auto& k : all_key_names()) all.push_back(k);
       fail("unknown option --{} on the command line{}", key, did_you_mean(key, all));
     }
   }
@@ -254,23 +293,48 @@ ExperimentConfig load_experiment_unguarded(const std::string& path,
     fail("{}: framework '{}' is not supported; this engine trains Megatron-style configs (framework: megatron)",
          tree.origin("modules.pre_trainer.framework").str(), framework);
   cfg.model = scalar_or(pt, "model", "", tree, "modules.pre_trainer.model");
+  // The module config's keys are defaults under the experiment's overrides.
+  if (const std::string module = scalar_or(pt, "config", "", tree, "modules.pre_trainer.config"); !module.empty()) {
+    const std::string file = resolve_module_config(module, path, tree.origin("modules.pre_trainer.config"));
+    const YamlTree defaults = load_yaml_tree(file);
+    if (!defaults.root.IsMap()) fail("{}: a module config must be a map of key: value", file);
+    YAML::Node ov = tree.root["modules"]["pre_trainer"]["overrides"];
+    if (!ov || ov.IsNull()) {
+      tree.root["modules"]["pre_trainer"]["overrides"] = YAML::Node(YAML::NodeType::Map);
+      ov = tree.root["modules"]["pre_trainer"]["overrides"];
+    }
+    if (!ov.IsMap()) fail("{}: 'overrides' must be a map of key: value", tree.origin("modules.pre_trainer.overrides").str());
+    for (auto kv : defaults.root) {
+      const std::string k = kv.first.as<std::string>();
+      if (ov[k]) continue;
+      ov[k] = kv.second;
+      tree.origins["modules.pre_trainer.overrides." + k] = defaults.origin(k);
+    }
+  }
   if (cfg.model.empty()) fail("{}: modules.pre_trainer.model is missing: name a preset (e.g. tiny) or a model YAML", path);
 
   YAML::Node model_overrides(YAML::NodeType::Map);
   if (const YAML::Node ov = pt["overrides"]; ov && !ov.IsNull()) {
     if (!ov.IsMap()) fail("{}: 'overrides' must be a map of key: value", tree.origin("modules.pre_trainer.overrides").str());
     for (auto kv : ov) {
-      const std::string k = kv.first.as<std::string>();
-      const std::string kpath = "modules.pre_trainer.overrides." + k;
+      const std::string written = kv.first.as<std::string>();
+      const std::string kpath = "modules.pre_trainer.overrides." + written;
+      std::string k = written;  // Megatron's other name of one of our keys: ours
+      if (const ForeignKey* fk = find_foreign_key(k); fk && fk->status == KeyStatus::Applied) k = fk->engine_value;
       auto ti = std::find_if(training_keys().begin(), training_keys().end(), [&](const KeyInfo& x) { return k == x.name; });
       if (ti != training_keys().end()) {
         set_training_key(cfg.train, *ti, kv.second, tree.origin(kpath));
       } else if (std::find(model_keys.begin(), model_keys.end(), k) != model_keys.end()) {
-        model_overrides[k] = kv.second;
+        if (!kv.second.IsNull()) model_overrides[k] = kv.second;  // null: the preset's value
+      } else if (const ForeignKey* fk = find_foreign_key(k)) {
+        if (fk->status == KeyStatus::NoEffect) {
+          if (!kv.second.IsNull()) cfg.no_effect.push_back({k, describe(kv.second), fk->note});
+        } else if (!is_engine_value(*fk, kv.second)) {
+          fail("{}: '{}' is not supported: {}; this engine runs as '{}: {}' (remove the key or set it to that)",
+               tree.origin(kpath).str(), k, fk->note, k, fk->engine_value);
+        }
       } else {
-        std::vector<std::string> all = train_keys;
-        all.insert(all.end(), model_keys.begin(), model_keys.end());
-        fail("{}: unknown key '{}'{} in overrides", tree.origin(kpath).str(), k, did_you_mean(k, all));
+        fail("{}: unknown key '{}'{} in overrides", tree.origin(kpath).str(), k, did_you_mean(k, all_key_names()));
       }
     }
   }
@@ -331,6 +395,46 @@ ExperimentConfig load_experiment(const std::string& path, const std::vector<std:
   } catch (const YAML::Exception& e) {
     fail("{}:{}: {}", path, e.mark.line + 1, e.msg);
   }
+}
+
+std::string no_effect_summary(const ExperimentConfig& cfg) {
+  if (cfg.no_effect.empty()) return "";
+  std::vector<std::pair<std::string, std::vector<std::string>>> by_note;  // in order of first use
+  for (const auto& k : cfg.no_effect) {
+    auto it = std::find_if(by_note.begin(), by_note.end(), [&](const auto& g) { return g.first == k.note; });
+    if (it == by_note.end()) it = by_note.insert(by_note.end(), {k.note, {}});
+    it->second.push_back(k.key);
+  }
+  std::string out = fmt::format("accepted with no effect on this engine ({} keys):", cfg.no_effect.size());
+  for (const auto& [note, keys] : by_note) out += fmt::format(" {} ({});", fmt::join(keys, ", "), note);
+  out.pop_back();
+  return out;
+}
+
+std::string argument_status_reference() {
+  struct Row {
+    std::string name, status, value, from, note;
+  };
+  auto from = [](const std::string& name) { return key_source(name); };
+  std::vector<Row> rows;
+  for (const auto& k : training_keys()) rows.push_back({k.name, "applied", "", from(k.name), "training key (table above)"});
+  for (const auto& k : model_spec_keys())
+    if (k != "extends" && k != "description")
+      rows.push_back({k, "applied", "", from(k), "model key ([model_math.md](model_math.md))"});
+  for (const auto& k : foreign_keys()) {
+    if (std::any_of(rows.begin(), rows.end(), [&](const Row& r) { return r.name == k.name; })) continue;
+    rows.push_back({k.name, to_string(k.status), k.status == KeyStatus::NoEffect ? "" : k.engine_value, from(k.name),
+                    k.note});
+  }
+  std::sort(rows.begin(), rows.end(), [](const Row& a, const Row& b) { return a.name < b.name; });
+  std::string out = "| key | status | accepted value | from | note |\n|---|---|---|---|---|\n";
+  for (const auto& r : rows) {
+    std::string v = r.value;
+    for (size_t i = 0; (i = v.find('|', i)) != std::string::npos; i += 2) v.replace(i, 1, "\\|");
+    out += fmt::format("| `{}` | {} | {} | {} | {} |\n", r.name, r.status, v.empty() ? "" : "`" + v + "`", r.from,
+                       r.note);
+  }
+  return out;
 }
 
 std::string training_keys_reference() {

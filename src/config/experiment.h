@@ -6,6 +6,7 @@
 //   workspace: ./output
 //   modules:
 //     pre_trainer:
+//       config: pre_trainer.yaml  # optional: module defaults from configs/modules/ (as Primus's)
 //       model: tiny               # a preset in configs/models, or a path to a model YAML
 //       overrides:                # Megatron-named training keys; model keys override the preset
 //         micro_batch_size: 4
@@ -62,6 +63,7 @@ struct TrainingArgs {
   std::vector<std::string> data_path;
   std::string split = "969,30,1";
   bool mock_data = false;
+  bool eod_mask_loss = false;  // no loss on positions whose input token is the end-of-document token
   std::string tokenizer_type;
   std::string tokenizer_model;
   // engine
@@ -107,6 +109,12 @@ struct ExperimentConfig {
   ModelSpec model_spec;
   TrainingArgs train;
   YamlTree tree;      // the resolved YAML, for --print-config and checkpoints
+  // Megatron/Primus keys set in the config that this engine accepts with no effect, listed once
+  // at start-up and in --print-config.
+  struct NoEffectKey {
+    std::string key, value, note;
+  };
+  std::vector<NoEffectKey> no_effect;
 
   std::string run_dir() const;          // <workspace>/<exp_name>
   std::string checkpoint_dir() const;   // train.save or <run_dir>/checkpoints
@@ -120,5 +128,10 @@ ExperimentConfig load_experiment(const std::string& path,
 
 // Markdown table of every training key (name, type, default, meaning).
 std::string training_keys_reference();
+// Markdown table of every Megatron-LM and Primus argument name with its status here (applied,
+// no effect, not supported; config/foreign_keys.h).
+std::string argument_status_reference();
+// The start-up line listing the no-effect keys of `cfg` ("" when there are none).
+std::string no_effect_summary(const ExperimentConfig& cfg);
 
 }  // namespace primus::config

@@ -172,7 +172,8 @@ void YamlTree::set(const std::string& path, const std::string& text) {
   } catch (const YAML::ParserException& e) {
     fail("command-line value for {} is not valid YAML: {}", path, e.msg);
   }
-  if (!value.IsDefined() || value.IsNull()) value = YAML::Node(text);
+  // "null" (or "~") unsets a key as in a YAML file; any other empty-looking value is text.
+  if (!value.IsDefined() || (value.IsNull() && text != "null" && text != "~")) value = YAML::Node(text);
   // Walk down, creating maps as needed. yaml-cpp's operator[] on a non-const node creates.
   std::vector<std::string> parts;
   size_t start = 0;

@@ -109,10 +109,14 @@ ParallelLayout plan_layout(const config::TrainingArgs& a, const ModelSpec& spec,
          L.sharding);
   if (L.sharding == "no_shard" && a.use_distributed_optimizer)
     fail("use_distributed_optimizer shards the optimizer, data_parallel_sharding_strategy no_shard does not: set one");
-  if (L.sharding == "optim_grads" || L.sharding == "optim_grads_params")
-    fail("data_parallel_sharding_strategy {}{} is not implemented yet in this build (ZeRO-2/FSDP); use optim "
-         "(ZeRO-1) or no_shard",
-         L.sharding, a.use_torch_fsdp2 ? " (use_torch_fsdp2)" : "");
+  // A memory-saving choice: the result is the same under every strategy, so the two not built
+  // yet run as the nearest one that is, said once.
+  if (L.sharding == "optim_grads" || L.sharding == "optim_grads_params") {
+    log::warn("data_parallel_sharding_strategy {}{} is not implemented yet (ZeRO-2/FSDP): running as optim "
+              "(ZeRO-1: optimizer state sharded, parameters and gradients whole on every rank)",
+              L.sharding, a.use_torch_fsdp2 ? " (use_torch_fsdp2)" : "");
+    L.sharding = "optim";
+  }
   if (a.cp_comm_type != "p2p" && a.cp_comm_type != "a2a")
     fail("cp_comm_type '{}' is not one of: p2p, a2a", a.cp_comm_type);
   L.cp_all_to_all = a.cp_comm_type == "a2a";

@@ -67,6 +67,7 @@ struct SampleSource {
   std::shared_ptr<data::SampleDataset> dataset;
   int64_t mock_vocab = 0, seq = 0;
   uint64_t mock_seed = 0;
+  int32_t eod_mask = -1;  // eod_mask_loss: no loss where the input token is this id
 
   bool empty() const { return !dataset && mock_vocab == 0; }
   std::vector<int32_t> get(int64_t i) const {
@@ -89,6 +90,9 @@ void fill_microbatch(const SampleSource& src, int64_t first, int64_t mbs, int64_
     std::copy(s.begin(), s.end() - 1, tokens.begin() + b * seq);
     std::copy(s.begin() + 1, s.end(), targets.begin() + b * seq);
   }
+  if (src.eod_mask >= 0)  // a negative target is left out of the loss
+    for (int64_t i = 0; i < mbs * seq; ++i)
+      if (tokens[i] == src.eod_mask) targets[i] = -1;
 }
 
 // A checkpoint must hold the model the config describes: same layers and sizes.
@@ -332,16 +336,23 @@ void Trainer::build_processes() {
 }
 
 void Trainer::build_data() {
+  int32_t eod = -1;
   if (!a_.tokenizer_type.empty()) {
     auto tok = data::build_tokenizer({a_.tokenizer_type, a_.tokenizer_model});
     if (tok->vocab_size() > spec_.vocab_size)
       fail("tokenizer {} has {} tokens but the model's vocab_size is {}", a_.tokenizer_model, tok->vocab_size(),
            spec_.vocab_size);
+    eod = tok->eod();
+  } else if (a_.mock_data) {
+    eod = int32_t(spec_.vocab_size - 1);  // mock data without a tokenizer: the last id stands for eod
   }
+  if (a_.eod_mask_loss && eod < 0)
+    fail("eod_mask_loss needs tokenizer_type (and tokenizer_model) to know the end-of-document token");
+  const int32_t eod_mask = a_.eod_mask_loss ? eod : -1;
   const int64_t evals = a_.eval_interval > 0 ? a_.train_iters / a_.eval_interval + 1 : 0;
   if (a_.mock_data) {
-    train_src_ = {nullptr, spec_.vocab_size, seq_, uint64_t(a_.seed) * 2 + 1};
-    valid_src_ = {nullptr, spec_.vocab_size, seq_, uint64_t(a_.seed) * 2 + 2};
+    train_src_ = {nullptr, spec_.vocab_size, seq_, uint64_t(a_.seed) * 2 + 1, eod_mask};
+    valid_src_ = {nullptr, spec_.vocab_size, seq_, uint64_t(a_.seed) * 2 + 2, eod_mask};
     return;
   }
   data::GPTDatasetConfig dc;
@@ -358,6 +369,7 @@ void Trainer::build_data() {
   if (!ds.train) fail("data_path {} gives no training documents with split {}", fmt::join(a_.data_path, " "), a_.split);
   train_src_.dataset = ds.train;
   valid_src_.dataset = ds.valid;
+  train_src_.eod_mask = valid_src_.eod_mask = eod_mask;
   if (!ds.valid && a_.eval_interval > 0 && a_.eval_iters > 0)
     log::warn("split {} leaves no validation documents: evaluation is off", a_.split);
 }
@@ -510,6 +522,7 @@ void Trainer::open_outputs() {
   log::info("parallel layout: {}; this rank: tp {} cp {} pp {} dp {}, {:.2f}M parameters", layout_.describe(), me_.tp,
             me_.cp, me_.pp, me_.dp, model_->params().numel() / 1e6);
   log::info("compute: {}", compute_.describe());
+  if (rank0_ && !cfg_.no_effect.empty()) log::info("{}", config::no_effect_summary(cfg_));
   log::info("training iterations {} to {}; MFU against a peak of {:.1f} GFLOP/s ({})", state_.iteration + 1,
             a_.train_iters, peak_gflops_,
             compute_.device == Device::CUDA ? "data-sheet dense bf16" : "measured SGEMM");

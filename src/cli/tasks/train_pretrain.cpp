@@ -13,7 +13,7 @@
 namespace primus::cli {
 namespace {
 
-// "--lr 3e-4", "--lr=3e-4", "--exp-name x": pairs of key and value, in order.
+// "--lr 3e-4", "--lr=3e-4", "--exp-name x", "--bf16": pairs of key and value, in order.
 std::vector<std::pair<std::string, std::string>> key_values(const std::vector<std::string>& args) {
   std::vector<std::pair<std::string, std::string>> out;
   for (size_t i = 0; i < args.size(); ++i) {
@@ -23,8 +23,9 @@ std::vector<std::pair<std::string, std::string>> key_values(const std::vector<st
     if (eq != std::string::npos) {
       out.emplace_back(a.substr(2, eq - 2), a.substr(eq + 1));
     } else {
-      if (i + 1 >= args.size()) fail("option {} needs a value", a);
-      out.emplace_back(a.substr(2), args[++i]);
+      // A flag without a value, as Megatron's store_true options: --use-distributed-optimizer.
+      if (i + 1 >= args.size() || args[i + 1].starts_with("--")) out.emplace_back(a.substr(2), "true");
+      else out.emplace_back(a.substr(2), args[++i]);
     }
   }
   return out;
@@ -47,8 +48,10 @@ TaskRegistrar reg{{"train", "pretrain", "pretrain a model from an experiment con
                                 "--lr 1e-3 --exp_name try2 --workspace /tmp/runs");
                      CLI::App* self = &app;
                      return [config, print, reference, check_world, self]() {
-                       if (*reference) {
-                         std::cout << config::training_keys_reference();
+                       if (*reference) {  // once: not again in the launcher's check pass
+                         if (*check_world == 0)
+                           std::cout << config::training_keys_reference() << "\n"
+                                     << config::argument_status_reference();
                          return 0;
                        }
                        if (config->empty()) fail("train pretrain needs --config <experiment.yaml>");

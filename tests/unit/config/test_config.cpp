@@ -8,6 +8,8 @@
 
 #include "config/experiment.h"
 #include "core/error.h"
+#include "support/error_of.h"
+#include "support/temp_dir.h"
 
 namespace fs = std::filesystem;
 using namespace primus;
@@ -15,19 +17,8 @@ using namespace primus::config;
 
 namespace {
 
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    path = fs::temp_directory_path() / fs::path("primus_cfg_" + std::to_string(::getpid()) + "_" +
-                                                ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(path);
-    fs::create_directories(path);
-  }
-  ~TempDir() { fs::remove_all(path); }
-  std::string write(const std::string& name, const std::string& text) const {
-    std::ofstream(path / name) << text;
-    return (path / name).string();
-  }
+struct TempDir : test::TempDir {
+  TempDir() : test::TempDir("primus_cfg_") {}
 };
 
 const char* kBase = R"(work_group: team
@@ -45,14 +36,7 @@ modules:
       mock_data: true
 )";
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
+using test::error_of;
 
 }  // namespace
 

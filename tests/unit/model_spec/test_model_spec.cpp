@@ -79,7 +79,12 @@ INSTANTIATE_TEST_SUITE_P(
                       PresetCount{"llama3.1_405B", 405'853'388'800}, PresetCount{"qwen2.5_7B", 7'615'616'512},
                       PresetCount{"qwen2.5_72B", 72'706'203'648}, PresetCount{"mistral_7B", 7'241'732'096},
                       PresetCount{"llama2c_15M", 15'191'712}, PresetCount{"llama_100M", 134'105'856},
-                      PresetCount{"llama3.2_1B", 1'235'814'400}, PresetCount{"tiny", 94'528}),
+                      PresetCount{"llama3.2_1B", 1'235'814'400}, PresetCount{"tiny", 94'528},
+                      // Issue 18: the rest of Primus's dense Llama and Qwen2.5 examples.
+                      PresetCount{"llama2_13B", 13'015'864'320}, PresetCount{"llama2_70B", 68'976'648'192},
+                      PresetCount{"llama3.2_3B", 3'212'749'824}, PresetCount{"llama3_70B", 70'553'706'496},
+                      PresetCount{"llama3.3_70B", 70'553'706'496}, PresetCount{"qwen2.5_3B", 3'085'938'688},
+                      PresetCount{"qwen2.5_14B", 14'770'033'664}, PresetCount{"qwen2.5_32B", 32'763'876'352}),
     [](const auto& info) {
       std::string n = info.param.name;
       for (char& c : n)
@@ -90,7 +95,9 @@ INSTANTIATE_TEST_SUITE_P(
 TEST(Presets, AllListed) {
   auto names = list_model_presets();
   for (const char* want : {"tiny", "llama2_7B", "llama3_8B", "llama3.1_8B", "llama3.1_70B", "llama3.1_405B",
-                           "qwen2.5_7B", "qwen2.5_72B", "mistral_7B", "llama2c_15M", "llama_100M", "llama3.2_1B"})
+                           "qwen2.5_7B", "qwen2.5_72B", "mistral_7B", "llama2c_15M", "llama_100M", "llama3.2_1B",
+                           "llama2_13B", "llama2_70B", "llama3.2_3B", "llama3_70B", "llama3.3_70B", "qwen2.5_3B",
+                           "qwen2.5_14B", "qwen2.5_32B"})
     EXPECT_NE(std::find(names.begin(), names.end(), want), names.end()) << want;
 }
 

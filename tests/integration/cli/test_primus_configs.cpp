@@ -1,0 +1,134 @@
+// Issue 18: Primus's own example configs (tests/integration/primus_configs/, copied unchanged)
+// load, print their resolved config and train three iterations, with a tiny model forced by
+// command-line overrides in Megatron's dash spelling.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "support/run_command.h"
+
+namespace fs = std::filesystem;
+using namespace primus;
+
+namespace {
+
+const std::string kCli = PRIMUS_CLI_PATH;
+const std::string kRoot = PRIMUS_SOURCE_DIR;
+
+test::CommandResult run(const std::string& args) {
+  return test::run_command(
+      "env -u PRIMUS_WORKSPACE -u PRIMUS_EXP_NAME OMPI_ALLOW_RUN_AS_ROOT=1 "
+      "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 '" +
+      kCli + "' " + args + " 2>&1");
+}
+
+// A model of 2 layers of 64 over 512 tokens, 32 positions: seconds on a CPU.
+const std::string kTiny =
+    " --num-layers 2 --hidden-size 64 --ffn-hidden-size 128 --num-attention-heads 4 --num-query-groups 2"
+    " --vocab-size 512 --seq-length 32 --max-position-embeddings 32 --micro-batch-size 2 --global-batch-size 4"
+    " --train-iters 3 --log-interval 1";
+
+class PrimusConfigs : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(PrimusConfigs, LoadPrintAndTrainThreeIterations) {
+  const std::string config = kRoot + "/tests/integration/primus_configs/" + GetParam() + ".yaml";
+  const fs::path ws = fs::temp_directory_path() / ("primus-configs-" + std::to_string(::getpid()));
+  fs::remove_all(ws);
+
+  const test::CommandResult printed =
+      run("direct --workspace " + ws.string() + " -- train pretrain --config " + config + kTiny + " --print-config");
+  ASSERT_EQ(printed.code, 0) << printed.out;
+  // The no-effect keys are listed, the forced tiny model and the Primus keys we apply are resolved.
+  EXPECT_NE(printed.out.find("# accepted with no effect on this engine:"), std::string::npos) << printed.out;
+  EXPECT_NE(printed.out.find("#   wandb_project: "), std::string::npos) << printed.out;
+  EXPECT_NE(printed.out.find("#   enable_primus_turbo: 'true'"), std::string::npos) << printed.out;
+  EXPECT_NE(printed.out.find("model_spec:\n      num_layers: 2\n      hidden_size: 64"), std::string::npos)
+      << printed.out;
+  EXPECT_NE(printed.out.find("eod_mask_loss: true"), std::string::npos) << printed.out;
+  EXPECT_NE(printed.out.find("lr_decay_style: cosine"), std::string::npos) << printed.out;
+  EXPECT_NE(printed.out.find("adam_beta2: 0.9"), std::string::npos) << printed.out;
+
+  const test::CommandResult trained =
+      run("direct --workspace " + ws.string() + " -- train pretrain --config " + config + kTiny);
+  ASSERT_EQ(trained.code, 0) << trained.out;
+  EXPECT_NE(trained.out.find("accepted with no effect on this engine (14 keys)"), std::string::npos) << trained.out;
+  // One run folder under the workspace, with three logged iterations of a finite loss.
+  fs::path metrics;
+  for (const auto& e : fs::directory_iterator(ws))
+    if (fs::exists(e.path() / "metrics.jsonl")) metrics = e.path() / "metrics.jsonl";
+  ASSERT_FALSE(metrics.empty()) << trained.out;
+  std::ifstream in(metrics);
+  std::string line;
+  int rows = 0;
+  while (std::getline(in, line)) {
+    const auto j = nlohmann::json::parse(line);
+    if (!j.contains("lm_loss")) continue;
+    ++rows;
+    EXPECT_EQ(j["iteration"].get<int>(), rows);
+    EXPECT_TRUE(std::isfinite(j["lm_loss"].get<double>()));
+    EXPECT_GT(j["lm_loss"].get<double>(), 5.0);  // about ln 512 = 6.24 at the start
+  }
+  EXPECT_EQ(rows, 3) << trained.out;
+  fs::remove_all(ws);
+}
+
+// eod_mask_loss (set by all three examples) leaves positions whose input is the eod token out of
+// the loss: on mock data over 4 tokens (eod: id 3) the first loss differs from the unmasked one.
+TEST(PrimusConfigsEod, MaskChangesTheLoss) {
+  const std::string config = kRoot + "/tests/integration/primus_configs/llama2_7B-BF16-pretrain.yaml";
+  auto first_loss = [&](const std::string& mask) {
+    const fs::path ws = fs::temp_directory_path() / ("primus-eod-" + std::to_string(::getpid()) + mask);
+    fs::remove_all(ws);
+    const test::CommandResult r = run("direct --workspace " + ws.string() + " -- train pretrain --config " + config +
+                                      kTiny + " --vocab-size 4 --bf16 false --eod-mask-loss " + mask);
+    EXPECT_EQ(r.code, 0) << r.out;
+    std::ifstream in(ws / "llama2_7B-pretrain" / "metrics.jsonl");
+    std::string line;
+    std::getline(in, line);
+    fs::remove_all(ws);
+    return line.empty() ? -1.0 : nlohmann::json::parse(line)["lm_loss"].get<double>();
+  };
+  const double masked = first_loss("true"), unmasked = first_loss("false");
+  ASSERT_GT(masked, 0);
+  ASSERT_GT(unmasked, 0);
+  EXPECT_NE(masked, unmasked);
+  EXPECT_NEAR(masked, std::log(4.0), 0.2);  // still a loss over the other tokens
+}
+
+// On two ranks the no-effect keys are listed once, and an unsupported key is one error, not one per rank.
+TEST(PrimusConfigsRanks, ListedOnceAndRefusedOnce) {
+  const std::string config = kRoot + "/tests/integration/primus_configs/llama3.1_8B-BF16-pretrain.yaml";
+  const fs::path ws = fs::temp_directory_path() / ("primus-ranks-" + std::to_string(::getpid()));
+  fs::remove_all(ws);
+  auto count = [](const std::string& text, const std::string& what) {
+    size_t n = 0;
+    for (size_t i = text.find(what); i != std::string::npos; i = text.find(what, i + 1)) ++n;
+    return n;
+  };
+  const auto ok = run("direct --nproc 2 --workspace " + ws.string() + " -- train pretrain --config " + config + kTiny +
+                      " --use-distributed-optimizer");
+  ASSERT_EQ(ok.code, 0) << ok.out;
+  EXPECT_EQ(count(ok.out, "accepted with no effect on this engine"), 1u) << ok.out;
+  const auto bad = run("direct --nproc 2 --workspace " + ws.string() + " -- train pretrain --config " + config + kTiny +
+                       " --normalization LayerNorm");
+  EXPECT_NE(bad.code, 0);
+  EXPECT_EQ(count(bad.out, "'normalization' is not supported"), 1u) << bad.out;
+  fs::remove_all(ws);
+}
+
+INSTANTIATE_TEST_SUITE_P(Examples, PrimusConfigs,
+                         ::testing::Values("llama3.1_8B-BF16-pretrain", "llama2_7B-BF16-pretrain",
+                                           "qwen2.5_7B-BF16-pretrain"),
+                         [](const auto& info) {
+                           std::string n = info.param;
+                           for (char& c : n)
+                             if (c == '.' || c == '-') c = '_';
+                           return n;
+                         });
+
+}  // namespace
