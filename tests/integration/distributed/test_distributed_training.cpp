@@ -7,6 +7,9 @@
 
 #include <nlohmann/json.hpp>
 
+#include <unistd.h>
+
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -58,8 +61,13 @@ struct Result {
 class Distributed : public ::testing::Test {
  protected:
   void SetUp() override {
-    dir_ = fs::temp_directory_path() /
-           ("primus_dist_" + std::string(::testing::UnitTest::GetInstance()->current_test_info()->name()));
+    // One folder per test and process: the suite's own parameterized tests share names
+    // (PipelineSchedules and PipelineSchedulesBf16 both have Pp4/zb_h1), and other checkouts may
+    // run the suite at the same time in the same /tmp.
+    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
+    std::string name = std::string(info->test_suite_name()) + "." + info->name();
+    std::replace(name.begin(), name.end(), '/', '_');
+    dir_ = fs::temp_directory_path() / ("primus_dist_" + std::to_string(::getpid()) + "_" + name);
     fs::remove_all(dir_);
     fs::create_directories(dir_);
     std::ofstream(dir_ / "exp.yaml") << kConfig;
