@@ -316,6 +316,20 @@ TEST_F(Distributed, ReshardTp2Pp2ToDp4AndOneProcess) {
       << wrong.out;
 }
 
+// The same checkpoint resumes under context parallel: cp2 x dp2 with ZeRO-1, whose optimizer
+// shards span dp x cp, goes on with the uninterrupted run's losses.
+TEST_F(Distributed, ReshardTp2Pp2ToCp2Dp2DistributedOptimizer) {
+  const std::string ck = reference_and_tp2pp2_checkpoint("");
+  ASSERT_FALSE(HasFailure());
+  Result cp = run(4, "cp", "--load " + ck + " --context_parallel_size 2 --use_distributed_optimizer true");
+  ASSERT_EQ(cp.status, 0) << cp.out;
+  const auto want = losses("ref"), got = losses("cp");
+  ASSERT_EQ(want.size(), 20u);
+  ASSERT_EQ(got.size(), 10u);
+  for (size_t i = 0; i < got.size(); ++i)
+    EXPECT_NEAR(got[i], want[10 + i], 1e-5 * std::fabs(want[10 + i])) << "iteration " << 11 + i;
+}
+
 // A checkpoint of a bf16 run under tp2 x pp2 loads into fp32 under dp2 and under one process: the
 // two fp32 continuations agree at fp32's resolution, and they start where the bf16 run left off
 // (its next loss, at bf16's resolution).
