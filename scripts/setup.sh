@@ -10,6 +10,7 @@ APT_PACKAGES=(
   libopenblas-openmp-dev libopenmpi-dev openmpi-bin
   libyaml-cpp-dev libcli11-dev nlohmann-json3-dev libspdlog-dev libfmt-dev
   libsentencepiece-dev sentencepiece libpcre2-dev
+  libicu-dev  # Unicode normalization (NFC, NFKC) for tokenizer.json normalizers
   libgtest-dev libgmock-dev libbenchmark-dev
   slurm-wlm munge gdb
   fortunes-min fortunes
@@ -39,8 +40,10 @@ if [[ "${PRIMUS_SKIP_APT:-0}" != 1 ]]; then
   fi
 fi
 
-# Test oracles from npm (pinned in tests/oracles/package.json), installed when that file exists.
-if [[ -f tests/oracles/package.json && ! -d tests/oracles/node_modules ]]; then
+# Test oracles from npm (pinned in tests/oracles/package.json), installed when that file exists and
+# again whenever the lock file is newer than the install (npm writes node_modules/.package-lock.json).
+if [[ -f tests/oracles/package.json && ( ! -d tests/oracles/node_modules ||
+      tests/oracles/package-lock.json -nt tests/oracles/node_modules/.package-lock.json ) ]]; then
   (cd tests/oracles && npm ci --silent --no-audit --no-fund 2>/dev/null || npm install --silent --no-audit --no-fund)
 fi
 

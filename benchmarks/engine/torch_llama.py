@@ -29,6 +29,7 @@ import argparse
 import json
 import math
 import os
+import re
 import sys
 import time
 
@@ -71,7 +72,39 @@ SPEC_DEFAULTS = {
     "rope_low_freq_factor": 1.0,
     "rope_high_freq_factor": 4.0,
     "rope_original_max_position_embeddings": 8192,
+    # Mixture of experts (docs/moe.md): the peer runs Mixtral-style routing (softmax over the
+    # chosen logits, aux loss, z-loss, shared experts), experts looped in PyTorch.
+    "num_experts": None,
+    "moe_ffn_hidden_size": None,
+    "moe_router_topk": 2,
+    "moe_layer_freq": 1,
+    "moe_shared_expert_intermediate_size": None,
+    "moe_router_score_function": "softmax",
+    "moe_router_load_balancing_type": "aux_loss",
+    "moe_aux_loss_coeff": 0.0,
+    "moe_z_loss_coeff": None,
+    "moe_token_dispatcher_type": "allgather",
 }
+# MoE keys the peer accepts but that only change routing details, not the work per token.
+MOE_IGNORED = {"moe_router_enable_expert_bias", "moe_router_bias_update_rate", "moe_router_num_groups",
+               "moe_router_group_topk", "moe_router_topk_scaling_factor", "moe_router_pre_softmax"}
+
+
+def moe_layers(s):
+    """Which layers are MoE: moe_layer_freq as an int, a 0/1 list or "([0]*1+[1]*3)"."""
+    if not s["num_experts"]:
+        return [False] * s["num_layers"]
+    f = s["moe_layer_freq"]
+    if isinstance(f, int):
+        return [l % f == 0 for l in range(s["num_layers"])]
+    if isinstance(f, str):
+        out = []
+        for body, times in re.findall(r"\[([0-9,\s]*)\]\s*(?:\*\s*([0-9]+))?", f):
+            out += [int(x) for x in body.split(",") if x.strip()] * int(times or 1)
+        f = out
+    if len(f) != s["num_layers"]:
+        sys.exit(f"error: moe_layer_freq lists {len(f)} layers, num_layers is {s['num_layers']}")
+    return [bool(x) for x in f]
 
 
 def preset_dir():
@@ -106,6 +139,8 @@ def load_spec(name_or_path, chain=()):
         spec = load_spec(parent, chain + (path,))
     for k, v in node.items():
         if k in ("extends", "description"):
+            continue
+        if k in MOE_IGNORED:
             continue
         if k not in SPEC_DEFAULTS:
             sys.exit(f"error: {path}: unknown key '{k}'")
@@ -154,19 +189,67 @@ class Llama(torch.nn.Module):
         P = torch.nn.Parameter
         self.embedding = P(torch.randn(v, h) * std)
         self.layers = torch.nn.ModuleList()
-        for _ in range(s["num_layers"]):
+        self.moe = moe_layers(s)
+        for l in range(s["num_layers"]):
             layer = torch.nn.Module()
             layer.input_norm = P(torch.ones(h))
             layer.qkv = P(torch.randn(q + 2 * kv, h) * std)
             layer.qkv_bias = P(torch.zeros(q + 2 * kv)) if s["add_qkv_bias"] else None
             layer.proj = P(torch.randn(h, q) * std)
             layer.mlp_norm = P(torch.ones(h))
-            layer.fc1 = P(torch.randn(2 * f, h) * std)  # gate rows, then up rows
-            layer.fc2 = P(torch.randn(h, f) * std)
+            if self.moe[l]:
+                E, fe = s["num_experts"], s["moe_ffn_hidden_size"] or f
+                layer.router = P(torch.randn(E, h) * std)
+                layer.experts_fc1 = torch.nn.ParameterList([P(torch.randn(2 * fe, h) * std) for _ in range(E)])
+                layer.experts_fc2 = torch.nn.ParameterList([P(torch.randn(h, fe) * std) for _ in range(E)])
+                fs = s["moe_shared_expert_intermediate_size"]
+                layer.shared_fc1 = P(torch.randn(2 * fs, h) * std) if fs else None
+                layer.shared_fc2 = P(torch.randn(h, fs) * std) if fs else None
+            else:
+                layer.fc1 = P(torch.randn(2 * f, h) * std)  # gate rows, then up rows
+                layer.fc2 = P(torch.randn(h, f) * std)
             self.layers.append(layer)
+        self.aux_loss = torch.zeros(())
         self.final_norm = P(torch.ones(h))
         self.output = P(torch.randn(v, h) * std) if s["untie_embeddings_and_output_weights"] else None
         self.inv_freq = rope_inv_freq(s)
+
+    @staticmethod
+    def swiglu(x, fc1, fc2):
+        gate, up = F.linear(x, fc1).chunk(2, dim=-1)
+        return F.linear(F.silu(gate) * up, fc2)
+
+    def moe_block(self, L, x):
+        """Top-k routing, experts looped over their tokens; returns the output and router losses."""
+        s = self.s
+        shape = x.shape
+        x = x.reshape(-1, shape[-1])
+        N, E, k = x.shape[0], s["num_experts"], s["moe_router_topk"]
+        logits = F.linear(x, L.router).float()
+        if s["moe_router_score_function"] == "sigmoid":
+            scores = torch.sigmoid(logits)
+            top, idx = scores.topk(k, dim=-1)
+            w = top / (top.sum(-1, keepdim=True) + 1e-20) if k > 1 else top
+            probs = scores / (scores.sum(-1, keepdim=True) + 1e-20)
+        else:
+            top, idx = logits.topk(k, dim=-1)
+            w = torch.softmax(top, dim=-1)
+            probs = torch.softmax(logits, dim=-1)
+        out = torch.zeros_like(x)
+        for e in range(E):
+            rows, slot = (idx == e).nonzero(as_tuple=True)
+            if rows.numel():
+                y = self.swiglu(x[rows], L.experts_fc1[e], L.experts_fc2[e])
+                out = out.index_add(0, rows, (y * w[rows, slot].unsqueeze(-1)).to(out.dtype))
+        if L.shared_fc1 is not None:
+            out = out + self.swiglu(x, L.shared_fc1, L.shared_fc2).to(out.dtype)
+        loss = torch.zeros((), dtype=torch.float32)
+        if s["moe_aux_loss_coeff"] and s["moe_router_load_balancing_type"] != "none":
+            counts = torch.bincount(idx.reshape(-1), minlength=E).float()
+            loss = loss + s["moe_aux_loss_coeff"] * E / (N * N * k) * (probs.sum(0) * counts).sum()
+        if s["moe_z_loss_coeff"]:
+            loss = loss + s["moe_z_loss_coeff"] * torch.logsumexp(logits, dim=-1).pow(2).mean()
+        return out.reshape(shape), loss
 
     def rmsnorm(self, x, w):
         return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.s["norm_epsilon"]) * w
@@ -188,7 +271,8 @@ class Llama(torch.nn.Module):
         cos, sin = self.rope_tables(T)
         mask = torch.full((T, T), float("-inf")).triu(1)
         x = F.embedding(tokens, self.embedding)
-        for L in self.layers:
+        self.aux_loss = torch.zeros(())
+        for l, L in enumerate(self.layers):
             a = F.linear(self.rmsnorm(x, L.input_norm), L.qkv, L.qkv_bias)
             q, k, v = a.split((nh * d, ng * d, ng * d), dim=-1)
             q = self.rope(q.view(B, T, nh, d).transpose(1, 2), cos, sin)  # [B, nh, T, d]
@@ -200,8 +284,12 @@ class Llama(torch.nn.Module):
             scores = torch.matmul(q, k.transpose(-1, -2)) * (1.0 / math.sqrt(d)) + mask
             o = torch.matmul(torch.softmax(scores, dim=-1), v)
             x = x + F.linear(o.transpose(1, 2).reshape(B, T, nh * d), L.proj)
-            gate, up = F.linear(self.rmsnorm(x, L.mlp_norm), L.fc1).chunk(2, dim=-1)
-            x = x + F.linear(F.silu(gate) * up, L.fc2)
+            if self.moe[l]:
+                y, aux = self.moe_block(L, self.rmsnorm(x, L.mlp_norm))
+                x = x + y
+                self.aux_loss = self.aux_loss + aux
+                continue
+            x = x + self.swiglu(self.rmsnorm(x, L.mlp_norm), L.fc1, L.fc2)
         x = self.rmsnorm(x, self.final_norm)
         return F.linear(x, self.output if self.output is not None else self.embedding)
 
@@ -266,7 +354,7 @@ def main():
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.precision == "bf16"):
             logits = model(inputs)
             loss = F.cross_entropy(logits.view(-1, spec["vocab_size"]), targets.reshape(-1))
-        loss.backward()
+        (loss + model.aux_loss).backward()  # the router losses of MoE layers (0 for a dense model)
         if args.clip_grad > 0:
             torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip_grad)
         opt.step()

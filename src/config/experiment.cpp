@@ -45,6 +45,10 @@ const std::vector<KeyInfo>& training_keys() {
       KEY(save, "checkpoint folder. Empty: <workspace>/<exp_name>/checkpoints"),
       KEY(load, "checkpoint to start from: an iter_NNNNNNN folder, or a folder with a `latest` file"),
       KEY(auto_resume, "resume from the newest good checkpoint in `save` when there is one"),
+      KEY(finetune, "load only the weights of `load` (an imported Hugging Face checkpoint, say): start at "
+                    "iteration 0 with a fresh optimizer and data order"),
+      KEY(pretrained_checkpoint, "checkpoint whose weights a new run starts from (as `finetune`) when `save` holds "
+                                 "no checkpoint to resume; a restarted run resumes its own checkpoints"),
       KEY(keep_last_checkpoints, "this run's checkpoints kept in `save` (newest saves); older ones are deleted. 0: keep all"),
       KEY(overwrite, "let this run replace checkpoints of another run (or model) in `save`; off: that is an error"),
       KEY(data_path, "Megatron indexed dataset prefixes, optionally weighted: [0.3, a, 0.7, b]"),

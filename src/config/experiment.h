@@ -57,6 +57,8 @@ struct TrainingArgs {
   std::string save;           // "": <workspace>/<exp_name>/checkpoints
   std::string load;           // checkpoint folder (or its parent with a `latest` file) to resume from
   bool auto_resume = true;    // resume from `save` when it holds a checkpoint
+  bool finetune = false;      // `load` gives the weights only: iteration 0, fresh optimizer (Megatron's --finetune)
+  std::string pretrained_checkpoint;  // weights to start from when `save` holds no checkpoint of this run
   int64_t keep_last_checkpoints = 3;
   bool overwrite = false;     // replace another run's checkpoints in `save` (else an error)
   // data

@@ -4,6 +4,7 @@
 #include <pcre2.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
 #include <queue>
 
@@ -307,8 +308,46 @@ void BytePairEncoder::encode_piece(std::string_view piece, std::vector<int32_t>&
     if (id < 0) fail("byte 0x{:02x} has no token in this BPE vocabulary", static_cast<unsigned char>(piece[i]));
     sym[i] = id;
   }
-  if (sym.size() <= 64) merge_small(sym);
-  else merge_large(sym);
+  merge(sym);
+  out.insert(out.end(), sym.begin(), sym.end());
+}
+
+void BytePairEncoder::encode_chars(std::string_view piece, const CharFallback& fb, std::vector<int32_t>& out) const {
+  if (piece.empty()) return;
+  thread_local std::vector<int32_t> sym;
+  sym.clear();
+  bool last_unk = false;
+  for (size_t i = 0; i < piece.size();) {
+    const unsigned char c = piece[i];
+    size_t n = c < 0x80 ? 1 : (c & 0xE0) == 0xC0 ? 2 : (c & 0xF0) == 0xE0 ? 3 : 4;
+    n = std::min(n, piece.size() - i);
+    const std::string_view ch = piece.substr(i, n);
+    i += n;
+    if (int32_t id = find_bytes(ch); id >= 0) {
+      sym.push_back(id);
+      last_unk = false;
+      continue;
+    }
+    if (fb.byte_fallback) {
+      int32_t ids[4];
+      bool all = true;
+      for (size_t k = 0; k < n && all; ++k) {
+        char name[8];
+        std::snprintf(name, sizeof name, "<0x%02X>", static_cast<unsigned char>(ch[k]));
+        ids[k] = find_bytes(name);
+        all = ids[k] >= 0;
+      }
+      if (all) {
+        sym.insert(sym.end(), ids, ids + n);
+        last_unk = false;
+        continue;
+      }
+    }
+    if (fb.unk < 0) fail("character '{}' is not in the vocabulary, which has no unknown token", ch);
+    if (!(fb.fuse_unk && last_unk)) sym.push_back(fb.unk);
+    last_unk = true;
+  }
+  merge(sym);
   out.insert(out.end(), sym.begin(), sym.end());
 }
 
@@ -317,7 +356,8 @@ SpecialSplitter::SpecialSplitter(const std::vector<std::pair<std::string, int32_
     if (!s.first.empty()) tokens_.push_back(s);
   std::stable_sort(tokens_.begin(), tokens_.end(),
                    [](const auto& a, const auto& b) { return a.first.size() > b.first.size(); });
-  for (const auto& s : tokens_) first_byte_[static_cast<unsigned char>(s.first[0])] = true;
+  for (size_t k = 0; k < tokens_.size(); ++k)
+    by_first_byte_[static_cast<unsigned char>(tokens_[k].first[0])].push_back(static_cast<uint32_t>(k));
 }
 
 }  // namespace primus::data

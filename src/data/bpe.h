@@ -30,6 +30,9 @@ class PretokenRegex {
   // so nothing is lost. `text` must be valid UTF-8 (checked by the caller once per document).
   template <typename F>
   void split(std::string_view text, F&& f) const;
+  // The same pieces, each with whether it is a match (true) or text between matches (false).
+  template <typename F>
+  void split_marked(std::string_view text, F&& f) const;
 
   const std::string& pattern() const { return pattern_; }
 
@@ -42,20 +45,25 @@ class PretokenRegex {
 
 template <typename F>
 void PretokenRegex::split(std::string_view text, F&& f) const {
+  split_marked(text, [&](size_t b, size_t n, bool) { f(b, n); });
+}
+
+template <typename F>
+void PretokenRegex::split_marked(std::string_view text, F&& f) const {
   size_t pos = 0, ms = 0, me = 0;
   while (pos < text.size() && next(text, pos, ms, me)) {
-    if (ms > pos) f(pos, ms - pos);
+    if (ms > pos) f(pos, ms - pos, false);
     if (me == ms) {  // an empty match cannot advance; step one UTF-8 character
       size_t n = 1;
       while (ms + n < text.size() && (static_cast<unsigned char>(text[ms + n]) & 0xC0) == 0x80) ++n;
-      f(ms, n);
+      f(ms, n, false);
       pos = ms + n;
     } else {
-      f(ms, me - ms);
+      f(ms, me - ms, true);
       pos = me;
     }
   }
-  if (pos < text.size()) f(pos, text.size() - pos);
+  if (pos < text.size()) f(pos, text.size() - pos, false);
 }
 
 // Byte offset of the first invalid UTF-8 sequence, or npos when `s` is valid.
@@ -85,6 +93,16 @@ class BytePairEncoder {
 
   // Appends the ids of one pre-tokenized piece.
   void encode_piece(std::string_view piece, std::vector<int32_t>& out) const;
+  // SentencePiece-style BPE (a tokenizer.json whose vocabulary is text, not bytes: Llama 2, Mistral,
+  // Gemma): the piece starts as one symbol per UTF-8 character; a character outside the vocabulary
+  // becomes the <0xXX> tokens of its bytes (byte_fallback), else `unk` (consecutive ones fused into
+  // one with fuse_unk). Then the same merges.
+  struct CharFallback {
+    bool byte_fallback = false;
+    int32_t unk = -1;
+    bool fuse_unk = false;
+  };
+  void encode_chars(std::string_view piece, const CharFallback& fb, std::vector<int32_t>& out) const;
   const std::string& bytes_of(int32_t id) const { return token_bytes_[id]; }
   int32_t id_of(std::string_view bytes) const;  // -1 when absent
   size_t size() const { return token_bytes_.size(); }
@@ -115,6 +133,7 @@ class BytePairEncoder {
   int32_t find_bytes(std::string_view s) const;
   void merge_small(std::vector<int32_t>& sym) const;
   void merge_large(std::vector<int32_t>& sym) const;
+  void merge(std::vector<int32_t>& sym) const { sym.size() <= 64 ? merge_small(sym) : merge_large(sym); }
 
   // Open-addressing tables: the encode loop's lookups are cache misses, and a probe into a flat array
   // costs one where a node-based std::unordered_map costs about three (measured: 44% of encode time).
@@ -149,15 +168,17 @@ class SpecialSplitter {
 
  private:
   std::vector<std::pair<std::string, int32_t>> tokens_;  // longest first
-  bool first_byte_[256] = {};
+  // Indices into tokens_ by first byte (longest first): files with thousands of added tokens
+  // (Gemma 3: 6,400) test only those that can start at a position.
+  std::vector<uint32_t> by_first_byte_[256];
 };
 
 template <typename T, typename S>
 void SpecialSplitter::split(std::string_view text, T&& on_text, S&& on_special) const {
   size_t plain = 0;
   for (size_t i = 0; i < text.size(); ++i) {
-    if (!first_byte_[static_cast<unsigned char>(text[i])]) continue;
-    for (const auto& [tok, id] : tokens_) {
+    for (uint32_t k : by_first_byte_[static_cast<unsigned char>(text[i])]) {
+      const auto& [tok, id] = tokens_[k];
       if (text.compare(i, tok.size(), tok) == 0) {
         if (i > plain) on_text(plain, i - plain);
         on_special(id);

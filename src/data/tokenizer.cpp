@@ -1,12 +1,12 @@
 #include "data/tokenizer.h"
 
+#include <algorithm>
 #include <charconv>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
-#include <iostream>
 #include <limits>
 #include <map>
-#include <mutex>
 #include <sstream>
 
 #include <fmt/format.h>
@@ -15,6 +15,7 @@
 
 #include "core/error.h"
 #include "data/bpe.h"
+#include "data/normalizer.h"
 
 namespace primus::data {
 
@@ -70,10 +71,37 @@ void check_utf8(std::string_view text) {
 
 class BpeTokenizer : public Tokenizer {
  public:
+  // One pre-tokenizer step of tokenizer.json, applied to each piece the previous step made.
+  struct PreStep {
+    enum Kind { Regex, PrefixSpace, Metaspace } kind = Regex;
+    std::string pattern;      // Regex: split at each match, the match kept as `behavior` says
+    // Split's behaviors (the HF library's names): what becomes of each match ("delimiter").
+    enum Behavior { Isolated, Removed, MergedWithPrevious, MergedWithNext, Contiguous } behavior = Isolated;
+    bool invert = false;      // Regex: the text between matches is the delimiter
+    std::string replacement;  // Metaspace: stands for ' '
+    enum Prepend { Never, First, Always } prepend = Always;  // Metaspace: prepend `replacement`
+    bool split = false;       // Metaspace: a piece starts at each `replacement`
+    static PreStep of(Kind k, std::string pattern = "") {
+      PreStep s;
+      s.kind = k;
+      s.pattern = std::move(pattern);
+      return s;
+    }
+  };
   struct Config {
     std::string type;
     std::vector<std::string> patterns;  // applied in sequence; empty = the whole text is one piece
     bool add_prefix_space = false;
+    std::vector<PreStep> pre;  // tokenizer.json's steps; when empty, add_prefix_space then patterns
+    TextNormalizer normalizer;
+    // A vocabulary of text, not bytes (SentencePiece-style BPE): pieces start as characters.
+    bool char_level = false;
+    BytePairEncoder::CharFallback fallback;
+    // Decoding a char-level vocabulary: `space_marker` back to ' ', <0xXX> to its byte, then at
+    // most strip_leading spaces off the start.
+    std::string space_marker;
+    bool byte_fallback_decode = false;
+    int strip_leading = 0;
     std::vector<std::pair<std::string, int32_t>> specials;  // text -> id (decode, and split when split_specials)
     bool split_specials = false;
     std::vector<int32_t> prefix, suffix;  // post-processor template
@@ -83,7 +111,12 @@ class BpeTokenizer : public Tokenizer {
 
   BpeTokenizer(Config cfg, std::unique_ptr<BytePairEncoder> bpe)
       : cfg_(std::move(cfg)), bpe_(std::move(bpe)), splitter_(cfg_.split_specials ? cfg_.specials : decltype(cfg_.specials){}) {
-    for (const auto& p : cfg_.patterns) regexes_.push_back(std::make_unique<PretokenRegex>(p));
+    if (cfg_.pre.empty()) {
+      if (cfg_.add_prefix_space) cfg_.pre.push_back(PreStep::of(PreStep::PrefixSpace));
+      for (const auto& p : cfg_.patterns) cfg_.pre.push_back(PreStep::of(PreStep::Regex, p));
+    }
+    for (const auto& st : cfg_.pre)
+      regexes_.push_back(st.kind == PreStep::Regex ? std::make_unique<PretokenRegex>(st.pattern) : nullptr);
     for (const auto& [text, id] : cfg_.specials) special_text_[id] = text;
   }
 
@@ -91,7 +124,7 @@ class BpeTokenizer : public Tokenizer {
     check_utf8(text);  // once per document, so regex matching can skip its own check
     std::vector<int32_t> out(cfg_.prefix);
     out.reserve(text.size() / 3 + 8);
-    auto plain = [&](size_t b, size_t n) { encode_plain(text.substr(b, n), out); };
+    auto plain = [&](size_t b, size_t n) { encode_plain(text.substr(b, n), b == 0, out); };
     if (splitter_.empty()) plain(0, text.size());
     else splitter_.split(text, plain, [&](int32_t id) { out.push_back(id); });
     out.insert(out.end(), cfg_.suffix.begin(), cfg_.suffix.end());
@@ -102,10 +135,13 @@ class BpeTokenizer : public Tokenizer {
     std::string out;
     for (int32_t id : ids) {
       if (id < 0 || id >= cfg_.vocab_size) fail("token id {} is outside the vocabulary [0, {})", id, cfg_.vocab_size);
+      // Added tokens go through the decoder too (the HF library's order), which matters for a
+      // char-level vocabulary: Gemma 3's added "▁▁" decodes to two spaces.
       auto sp = special_text_.find(id);
-      if (sp != special_text_.end()) out += sp->second;
-      else if (static_cast<size_t>(id) < bpe_->size()) out += bpe_->bytes_of(id);
+      if (sp != special_text_.end()) cfg_.char_level ? append_token(sp->second, out) : void(out += sp->second);
+      else if (static_cast<size_t>(id) < bpe_->size()) append_token(bpe_->bytes_of(id), out);
     }
+    for (int k = 0; k < cfg_.strip_leading && !out.empty() && out[0] == ' '; ++k) out.erase(0, 1);
     return out;
   }
 
@@ -118,20 +154,109 @@ class BpeTokenizer : public Tokenizer {
   std::string type() const override { return cfg_.type; }
 
  private:
-  void encode_plain(std::string_view text, std::vector<int32_t>& out) const {
-    std::string prefixed;
-    if (cfg_.add_prefix_space && !text.empty() && text[0] != ' ') {
-      prefixed = " " + std::string(text);
-      text = prefixed;
+  // One stretch of text between added tokens; at_origin: it starts the input (Metaspace "first").
+  void encode_plain(std::string_view text, bool at_origin, std::vector<int32_t>& out) const {
+    if (cfg_.normalizer.identity()) {
+      split_level(text, 0, at_origin, out);
+    } else {
+      const std::string normalized = cfg_.normalizer.apply(text);
+      split_level(normalized, 0, at_origin, out);
     }
-    split_level(text, 0, out);
   }
-  void split_level(std::string_view text, size_t level, std::vector<int32_t>& out) const {
-    if (level == regexes_.size()) {
-      bpe_->encode_piece(text, out);
+  void split_level(std::string_view text, size_t level, bool at_origin, std::vector<int32_t>& out) const {
+    if (text.empty()) return;
+    if (level == cfg_.pre.size()) {
+      if (cfg_.char_level) bpe_->encode_chars(text, cfg_.fallback, out);
+      else bpe_->encode_piece(text, out);
       return;
     }
-    regexes_[level]->split(text, [&](size_t b, size_t n) { split_level(text.substr(b, n), level + 1, out); });
+    const PreStep& st = cfg_.pre[level];
+    auto next = [&](size_t b, size_t n) { split_level(text.substr(b, n), level + 1, at_origin && b == 0, out); };
+    if (st.kind == PreStep::Regex && st.behavior == PreStep::Isolated && !st.invert) {
+      regexes_[level]->split(text, next);
+    } else if (st.kind == PreStep::Regex) {
+      split_delimited(text, *regexes_[level], st, next);
+    } else if (st.kind == PreStep::PrefixSpace) {
+      if (text[0] == ' ') return split_level(text, level + 1, at_origin, out);
+      split_level(" " + std::string(text), level + 1, at_origin, out);
+    } else {  // Metaspace: spaces become the marker, which may start the text and each piece
+      std::string s;
+      for (char c : text) c == ' ' ? s += st.replacement : s += c;
+      const bool prepend = st.prepend == PreStep::Always || (st.prepend == PreStep::First && at_origin);
+      if (prepend && s.compare(0, st.replacement.size(), st.replacement) != 0) s.insert(0, st.replacement);
+      if (!st.split) return split_level(s, level + 1, at_origin, out);
+      std::string_view v(s);
+      size_t start = 0;
+      for (size_t at = v.find(st.replacement, 1); at != std::string_view::npos; at = v.find(st.replacement, at + 1)) {
+        split_level(v.substr(start, at - start), level + 1, at_origin && start == 0, out);
+        start = at;
+      }
+      split_level(v.substr(start), level + 1, at_origin && start == 0, out);
+    }
+  }
+  // Split with a behavior other than Isolated: pieces as the HF library forms them from the
+  // delimiters (the matches, or with invert the text between them).
+  template <typename F>
+  static void split_delimited(std::string_view text, const PretokenRegex& re, const PreStep& st, F&& next) {
+    struct Piece {
+      size_t b, n;
+      bool delim;
+    };
+    std::vector<Piece> ps, out;
+    re.split_marked(text, [&](size_t b, size_t n, bool match) { ps.push_back({b, n, match != st.invert}); });
+    bool prev_delim = false;
+    switch (st.behavior) {
+      case PreStep::Isolated: out = ps; break;
+      case PreStep::Removed:
+        for (const Piece& p : ps)
+          if (!p.delim) out.push_back(p);
+        break;
+      case PreStep::MergedWithPrevious:  // a delimiter joins the piece before it, unless that is one too
+        for (const Piece& p : ps) {
+          if (p.delim && !prev_delim && !out.empty()) out.back().n += p.n;
+          else out.push_back(p);
+          prev_delim = p.delim;
+        }
+        break;
+      case PreStep::MergedWithNext:  // a delimiter joins the piece after it, unless that is one too
+        for (size_t i = ps.size(); i-- > 0;) {
+          const Piece& p = ps[i];
+          if (p.delim && !prev_delim && !out.empty()) out.back().b = p.b, out.back().n += p.n;
+          else out.push_back(p);
+          prev_delim = p.delim;
+        }
+        std::reverse(out.begin(), out.end());
+        break;
+      case PreStep::Contiguous:  // a run of delimiters becomes one piece
+        for (const Piece& p : ps) {
+          if (p.delim && prev_delim && !out.empty()) out.back().n += p.n;
+          else out.push_back(p);
+          prev_delim = p.delim;
+        }
+        break;
+    }
+    for (const Piece& p : out) next(p.b, p.n);
+  }
+
+  void append_token(const std::string& tok, std::string& out) const {
+    if (!cfg_.char_level) {
+      out += tok;
+      return;
+    }
+    unsigned byte = 0;
+    if (cfg_.byte_fallback_decode && tok.size() == 6 && tok.compare(0, 3, "<0x") == 0 && tok[5] == '>' &&
+        std::sscanf(tok.c_str() + 3, "%2X", &byte) == 1) {
+      out += static_cast<char>(byte);
+      return;
+    }
+    if (cfg_.space_marker.empty()) {
+      out += tok;
+      return;
+    }
+    size_t pos = 0;
+    for (size_t at; (at = tok.find(cfg_.space_marker, pos)) != std::string::npos; pos = at + cfg_.space_marker.size())
+      out.append(tok, pos, at - pos).append(" ");
+    out.append(tok, pos, std::string::npos);
   }
 
   Config cfg_;
@@ -276,12 +401,29 @@ std::unique_ptr<Tokenizer> build_hf(const TokenizerOptions& o) {
     const json& model = j.at("model");
     std::string mtype = model.value("type", "BPE");
     if (mtype != "BPE")
-      fail("tokenizer file '{}': model type '{}' is not supported (byte-level BPE only; use a SentencePiece .model "
-           "with GPTSentencePieceTokenizer)", where, mtype);
-    if (model.value("byte_fallback", false))
-      fail("tokenizer file '{}' is a SentencePiece-style BPE (byte_fallback); use its tokenizer.model with "
-           "GPTSentencePieceTokenizer or Llama2Tokenizer", where);
+      fail("tokenizer file '{}': model type '{}' is not supported (BPE only; for a SentencePiece .model use "
+           "GPTSentencePieceTokenizer)", where, mtype);
     ignore_merges = model.value("ignore_merges", false);
+    for (const char* k : {"continuing_subword_prefix", "end_of_word_suffix"})
+      if (model.contains(k) && model[k].is_string() && !model[k].get<std::string>().empty())
+        fail("tokenizer file '{}': BPE {} '{}' is not supported", where, k, model[k].get<std::string>());
+    if (model.contains("dropout") && !model["dropout"].is_null() && model["dropout"].get<double>() > 0)
+      fail("tokenizer file '{}': BPE dropout is not supported (it makes encoding random)", where);
+    // Byte-level BPE (GPT-2, Llama 3, Qwen) names ByteLevel in its pre-tokenizer or decoder; otherwise
+    // the vocabulary is text with a space marker (SentencePiece-style: Llama 2, Mistral, Gemma).
+    std::function<bool(const json&)> has_byte_level = [&](const json& n) {
+      if (n.is_object()) {
+        if (n.value("type", "") == "ByteLevel") return true;
+        for (const auto& [k, v] : n.items())
+          if (has_byte_level(v)) return true;
+      } else if (n.is_array()) {
+        for (const auto& v : n)
+          if (has_byte_level(v)) return true;
+      }
+      return false;
+    };
+    cfg.char_level =
+        !has_byte_level(j.value("pre_tokenizer", json())) && !has_byte_level(j.value("decoder", json()));
 
     // Byte-level vocabulary: each character stands for one byte.
     auto b2u = bytes_to_unicode();
@@ -318,8 +460,19 @@ std::unique_ptr<Tokenizer> build_hf(const TokenizerOptions& o) {
     std::string b;
     size_t non_byte_level = 0;
     for (auto& [tok, id] : vocab) {
-      if (to_bytes(tok, b)) token_bytes[id] = b;
+      if (cfg.char_level) token_bytes[id] = tok;
+      else if (to_bytes(tok, b)) token_bytes[id] = b;
       else ++non_byte_level;
+    }
+    if (cfg.char_level) {
+      cfg.fallback.byte_fallback = model.value("byte_fallback", false);
+      cfg.fallback.fuse_unk = model.value("fuse_unk", false);
+      if (model.contains("unk_token") && model["unk_token"].is_string()) {
+        auto u = vocab.find(model["unk_token"].get<std::string>());
+        if (u == vocab.end())
+          fail("tokenizer file '{}': unk_token '{}' is not in the vocabulary", where, model["unk_token"].get<std::string>());
+        cfg.fallback.unk = u->second;
+      }
     }
     if (non_byte_level > vocab.size() / 10)
       fail("tokenizer file '{}': {} of {} vocabulary entries are not byte-level; only byte-level BPE is supported",
@@ -352,20 +505,22 @@ std::unique_ptr<Tokenizer> build_hf(const TokenizerOptions& o) {
     cfg.vocab_size = max_id + 1;
     if (static_cast<int64_t>(token_bytes.size()) < cfg.vocab_size) token_bytes.resize(cfg.vocab_size);
 
-    // Normalizer: none, or NFC (Qwen2), which leaves already-composed text unchanged.
-    const json& norm = j.value("normalizer", json());
-    if (!norm.is_null()) {
-      std::string nt = norm.value("type", "");
-      if (nt != "NFC")
-        fail("tokenizer file '{}': normalizer '{}' is not supported (none or NFC)", where, nt);
-      static std::once_flag warned;
-      std::call_once(warned, [&] {
-        std::cerr << "warning: " << where << " asks for NFC normalization; text is tokenized as given "
-                  << "(corpora are almost always NFC already)\n";
-      });
+    cfg.normalizer = TextNormalizer::from_json(j.value("normalizer", json()), where);
+    // Added tokens are matched in the raw text, before normalization: right for those marked
+    // "normalized": false, and for the others as long as normalizing is the identity.
+    for (const auto& t : j.value("added_tokens", json::array())) {
+      for (const char* k : {"lstrip", "rstrip", "single_word"})
+        if (t.value(k, false))
+          fail("tokenizer file '{}': added token {} has {} true, which is not supported", where,
+               t.at("content").dump(), k);
+      if (t.value("normalized", false) && !cfg.normalizer.identity())
+        fail("tokenizer file '{}': added token {} is matched after normalization, which is not supported", where,
+             t.at("content").dump());
     }
 
-    // Pre-tokenizer: Split(regex) steps and ByteLevel (whose use_regex means GPT-2's regex).
+    // Pre-tokenizer: Split(regex) steps, ByteLevel (whose use_regex means GPT-2's regex) and
+    // Metaspace, applied in order.
+    using Step = BpeTokenizer::PreStep;
     std::function<void(const json&)> pre = [&](const json& p) {
       if (p.is_null()) return;
       std::string t = p.value("type", "");
@@ -373,19 +528,67 @@ std::unique_ptr<Tokenizer> build_hf(const TokenizerOptions& o) {
         for (const auto& q : p.at("pretokenizers")) pre(q);
       } else if (t == "Split") {
         const json& pat = p.at("pattern");
-        std::string behavior = p.value("behavior", "Isolated");
-        if (behavior != "Isolated" || p.value("invert", false))
-          fail("tokenizer file '{}': Split behavior '{}' is not supported (Isolated)", where, behavior);
-        if (pat.contains("Regex")) cfg.patterns.push_back(pat["Regex"].get<std::string>());
-        else fail("tokenizer file '{}': Split with a String pattern is not supported", where);
+        Step st;
+        if (pat.contains("Regex")) st = Step::of(Step::Regex, pat["Regex"].get<std::string>());
+        else if (pat.contains("String"))  // a literal: quoted for PCRE2
+          st = Step::of(Step::Regex, "\\Q" + pat["String"].get<std::string>() + "\\E");
+        else fail("tokenizer file '{}': Split has neither a Regex nor a String pattern", where);
+        const std::string behavior = p.value("behavior", "Isolated");
+        const std::vector<std::string> names = {"Isolated", "Removed", "MergedWithPrevious", "MergedWithNext",
+                                                "Contiguous"};
+        auto it = std::find(names.begin(), names.end(), behavior);
+        if (it == names.end())
+          fail("tokenizer file '{}': Split behavior '{}' is unknown ({})", where, behavior, fmt::join(names, ", "));
+        st.behavior = static_cast<Step::Behavior>(it - names.begin());
+        st.invert = p.value("invert", false);
+        cfg.pre.push_back(st);
       } else if (t == "ByteLevel") {
-        if (p.value("add_prefix_space", false)) cfg.add_prefix_space = true;
-        if (p.value("use_regex", true)) cfg.patterns.push_back(known_tiktoken_pattern("gpt2"));
+        if (p.value("add_prefix_space", false)) cfg.pre.push_back(Step::of(Step::PrefixSpace));
+        if (p.value("use_regex", true)) cfg.pre.push_back(Step::of(Step::Regex, known_tiktoken_pattern("gpt2")));
+      } else if (t == "Metaspace") {
+        Step st = Step::of(Step::Metaspace);
+        st.replacement = p.value("replacement", "\u2581");
+        // Older files say add_prefix_space (false: never), newer ones prepend_scheme; the HF library
+        // lets an explicit false win.
+        std::string scheme = p.value("add_prefix_space", true) ? p.value("prepend_scheme", "always") : "never";
+        if (scheme == "always") st.prepend = Step::Always;
+        else if (scheme == "first") st.prepend = Step::First;
+        else if (scheme == "never") st.prepend = Step::Never;
+        else fail("tokenizer file '{}': Metaspace prepend_scheme '{}' is unknown (always, first, never)", where, scheme);
+        st.split = p.value("split", true);
+        if (st.replacement.empty()) fail("tokenizer file '{}': Metaspace has an empty replacement", where);
+        cfg.pre.push_back(st);
       } else {
-        fail("tokenizer file '{}': pre-tokenizer '{}' is not supported (Split, ByteLevel, Sequence)", where, t);
+        fail("tokenizer file '{}': pre-tokenizer '{}' is not supported (Split, ByteLevel, Metaspace, Sequence)",
+             where, t);
       }
     };
     pre(j.value("pre_tokenizer", json()));
+
+    // Decoder of a char-level vocabulary: the space marker back to spaces, <0xXX> tokens to bytes.
+    std::function<void(const json&)> dec = [&](const json& d) {
+      if (d.is_null()) return;
+      std::string t = d.value("type", "");
+      if (t == "Sequence") {
+        for (const auto& q : d.at("decoders")) dec(q);
+      } else if (t == "Replace" && d.at("pattern").contains("String") && d.value("content", "") == " ") {
+        cfg.space_marker = d["pattern"]["String"].get<std::string>();
+      } else if (t == "Metaspace") {
+        cfg.space_marker = d.value("replacement", "\u2581");
+        if (d.value("add_prefix_space", true) && d.value("prepend_scheme", "always") != "never")
+          cfg.strip_leading = 1;
+      } else if (t == "ByteFallback") {
+        cfg.byte_fallback_decode = true;
+      } else if (t == "Strip") {
+        if (d.value("content", " ") != " " || d.value("stop", 0) != 0)
+          fail("tokenizer file '{}': decoder Strip other than of leading spaces is not supported", where);
+        cfg.strip_leading = d.value("start", 0);
+      } else if (t != "Fuse" && t != "ByteLevel") {
+        fail("tokenizer file '{}': decoder '{}' is not supported (Replace, ByteFallback, Fuse, Strip, Metaspace, "
+             "ByteLevel, Sequence)", where, t);
+      }
+    };
+    dec(j.value("decoder", json()));
 
     // Post-processor: the single-sequence template's special tokens (e.g. Llama 3's BOS).
     std::function<void(const json&)> post = [&](const json& p) {

@@ -129,6 +129,20 @@ class Backend {
   virtual void ce_chunk_backward(const Tensor& logits, const Tensor& lse, const Tensor& targets, int64_t c0,
                                  Tensor& dlogits) = 0;
 
+  // ---- Token routing (mixture of experts, kernels/row_ops.cpp). Row lists live on the host, as
+  // the router decides them there; `scale` is empty (1) or one factor per listed row. The default
+  // implementations compute in double on the host (through a copy for a device's tensors) and
+  // round each result once to the destination dtype, in list order: deterministic everywhere.
+  // out[i] = scale[i] * x[rows[i]] (out: [rows.size(), C], x's dtype).
+  virtual void gather_rows(const Tensor& x, const std::vector<int32_t>& rows, const std::vector<double>& scale,
+                           Tensor& out);
+  // out[rows[i]] += scale[i] * y[i], the contributions to one row summed in list order, then added
+  // to out's value and rounded once (out: y's dtype).
+  virtual void scatter_add_rows(const Tensor& y, const std::vector<int32_t>& rows, const std::vector<double>& scale,
+                                Tensor& out);
+  // dots[i] = <a[rows[i]], b[i]> in double (the gradient of a routing weight).
+  virtual std::vector<double> row_dots(const Tensor& a, const std::vector<int32_t>& rows, const Tensor& b);
+
   // Between the master, stat and activation dtypes, same number of elements.
   virtual void cast(const Tensor& src, Tensor& dst) = 0;
 

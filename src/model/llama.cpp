@@ -87,8 +87,10 @@ class LlamaModel::Held {
 };
 
 std::vector<int> LlamaModel::Block::ids() const {
-  std::vector<int> v = {attn_norm, qkv_w, proj_w, mlp_norm, fc1_w, fc2_w};
-  if (qkv_b >= 0) v.push_back(qkv_b);
+  std::vector<int> v = {attn_norm, qkv_w, proj_w, mlp_norm};
+  for (int id : {fc1_w, fc2_w, qkv_b})
+    if (id >= 0) v.push_back(id);
+  v.insert(v.end(), moe_ids.begin(), moe_ids.end());
   return v;
 }
 
@@ -107,6 +109,10 @@ LlamaModel::LlamaModel(const ModelSpec& spec, ops::Backend& backend, Precision p
       part_(std::move(partition)),
       params_(master_dtype(precision)) {
   spec_.validate();
+  if (spec_.multi_latent_attention || spec_.qk_layernorm)
+    fail("model {}: multi_latent_attention and qk_layernorm are counted by `analyze model` but not trained yet",
+         spec_.name);
+  if (spec_.is_moe()) check_moe_supported(spec_, uint8_t(opt_.recompute), part_.tp_size);
   if (!be_.computes_in(act_))
     fail("the {} backend does not compute in {}: {} needs another backend", be_.name(), dtype_name(act_),
          precision_name(precision_));
@@ -182,8 +188,16 @@ LlamaModel::LlamaModel(const ModelSpec& spec, ops::Backend& backend, Precision p
       b.proj_w = params_.add_sharded(pre + "self_attention.linear_proj.weight", {C, spec_.q_size()}, proj_shard,
                                      ParamInit::ScaledNormal, true);
       b.mlp_norm = params_.add(pre + "pre_mlp_layernorm.weight", {C}, ParamInit::Ones, false);
-      b.fc1_w = params_.add_sharded(pre + "mlp.linear_fc1.weight", {2 * F, C}, fc1_shard, ParamInit::Normal, true);
-      b.fc2_w = params_.add_sharded(pre + "mlp.linear_fc2.weight", {C, F}, fc2_shard, ParamInit::ScaledNormal, true);
+      if (spec_.is_moe_layer(l)) {
+        b.moe = int(moe_.size());
+        moe_.emplace_back(spec_, be_, act_, register_moe_params(params_, spec_, l));
+        b.moe_ids = moe_.back().params().ids();
+        moe_stats_.push_back({l, std::vector<int64_t>(size_t(spec_.num_experts), 0)});
+      } else {
+        b.fc1_w = params_.add_sharded(pre + "mlp.linear_fc1.weight", {2 * F, C}, fc1_shard, ParamInit::Normal, true);
+        b.fc2_w =
+            params_.add_sharded(pre + "mlp.linear_fc2.weight", {C, F}, fc2_shard, ParamInit::ScaledNormal, true);
+      }
       blocks_.push_back(b);
     }
     chunk_blocks_.push_back({begin, blocks_.size()});
@@ -393,7 +407,8 @@ Tensor LlamaModel::block_forward(const Block& b, BlockContext& c, const Tensor& 
   c = BlockContext();
   c.x = x;
   block_rebuild(b, c, batch, seq);  // from an empty context: the whole forward
-  Tensor y = row_parallel_residual(c.act, b.fc2_w, c.x2);  // y = x2 + act W2^T
+  Tensor y = b.moe >= 0 ? moe_forward(b, c, batch, seq)
+                        : row_parallel_residual(c.act, b.fc2_w, c.x2);  // y = x2 + act W2^T
   if (opt_.recompute == Recompute::Selective) {
     // Keep x, qkv, x2 and gate_up; the rest is cheap to recompute from them.
     c.h1 = c.rstd1 = c.attn = c.lse = c.cp_qkv = c.cp_out = c.h2 = c.rstd2 = c.act = Tensor();
@@ -418,6 +433,7 @@ void LlamaModel::block_rebuild(const Block& b, BlockContext& c, int64_t batch, i
   if (!c.attn.defined()) st.attention(c);
   if (!c.x2.defined()) c.x2 = row_parallel_residual(c.attn, b.proj_w, c.x);  // x2 = x + attn Wo^T
   if (!c.h2.defined()) c.h2 = st.norm(c.x2, b.mlp_norm, c.rstd2);
+  if (b.moe >= 0) return;  // the MoE block runs in block_forward (moe_forward)
   if (!c.gate_up.defined()) c.gate_up = st.fc1(c.h2);
   if (!c.act.defined()) c.act = st.swiglu(c.gate_up);
 }
@@ -432,13 +448,17 @@ Tensor LlamaModel::block_backward_input(const Block& b, BlockContext& c, const T
   const Steps st(*this, b, batch, seq, c.x.size(0));
   const int64_t N = st.N, Nl = st.Nl, C = st.C();
   c.dy = gather_rows(dy);
-  Tensor da = act({N, st.F()});
-  be_.gemm(false, false, 1.0f, c.dy, w(b.fc2_w), 0.0f, Tensor(), da, Tensor());
-  c.dgate_up = act({N, 2 * st.F()});
-  be_.swiglu_backward(da, c.gate_up, c.dgate_up);
-  Tensor dh2 = act({N, C});
-  be_.gemm(false, false, 1.0f, c.dgate_up, w(b.fc1_w), 0.0f, Tensor(), dh2, Tensor());
-  c.dh2 = reduce_partial(dh2);
+  if (b.moe >= 0) {
+    c.dh2 = moe_[size_t(b.moe)].backward_input(*c.moe, c.dy, [&](int id) { return w(id); });
+  } else {
+    Tensor da = act({N, st.F()});
+    be_.gemm(false, false, 1.0f, c.dy, w(b.fc2_w), 0.0f, Tensor(), da, Tensor());
+    c.dgate_up = act({N, 2 * st.F()});
+    be_.swiglu_backward(da, c.gate_up, c.dgate_up);
+    Tensor dh2 = act({N, C});
+    be_.gemm(false, false, 1.0f, c.dgate_up, w(b.fc1_w), 0.0f, Tensor(), dh2, Tensor());
+    c.dh2 = reduce_partial(dh2);
+  }
   Tensor dx2 = act({Nl, C});  // dy through the residual, plus the norm's gradient
   be_.rmsnorm_backward_input(c.dh2, c.x2, w(b.mlp_norm), c.rstd2, dy, dx2);
   c.dx2 = gather_rows(dx2);
@@ -466,8 +486,12 @@ void LlamaModel::block_backward_weight(const Block& b, BlockContext& c) {
     Tensor gw = g(id);
     be_.gemm(true, false, 1.0f, dy, x, 1.0f, gw, gw, Tensor());
   };
-  acc(c.dy, c.act, b.fc2_w);
-  acc(c.dgate_up, c.h2, b.fc1_w);
+  if (b.moe >= 0) {
+    moe_[size_t(b.moe)].backward_weight(*c.moe, [&](int id) { return g(id); });
+  } else {
+    acc(c.dy, c.act, b.fc2_w);
+    acc(c.dgate_up, c.h2, b.fc1_w);
+  }
   Tensor gn2 = g(b.mlp_norm);
   be_.rmsnorm_backward_weight(c.dh2, c.x2, c.rstd2, gn2);
   acc(c.dx2, c.attn, b.proj_w);
@@ -576,6 +600,7 @@ Tensor LlamaModel::backward_input_chunk(LlamaContext& ctx, int chunk, const Tens
   }
   for (size_t l = b1; l-- > b0;) {
     const Held held(*this, {blocks_[l].attn_norm}, previous_unit(l));
+    if (ctx.blocks[l].moe) ctx.blocks[l].moe->loss_scale = dloss;  // the router losses' share
     dx = block_backward_input(blocks_[l], ctx.blocks[l], dx, ctx.batch, ctx.seq);
   }
   if (!ch.has_embedding) return dx;
@@ -628,6 +653,7 @@ void LlamaModel::backward(LlamaContext& ctx, double dloss) {
   }
   head_weight_pass(ctx);
   for (size_t l = blocks_.size(); l-- > 0;) {
+    if (ctx.blocks[l].moe) ctx.blocks[l].moe->loss_scale = dloss;  // the router losses' share
     {
       const Held held(*this, {blocks_[l].attn_norm}, l > 0 ? block_unit(l - 1) : -1);
       dx = block_backward_input(blocks_[l], ctx.blocks[l], dx, ctx.batch, ctx.seq);
@@ -770,6 +796,7 @@ DecodeState LlamaModel::start_decoding(int64_t max_positions) const {
 }
 
 Tensor LlamaModel::block_decode(const Block& b, Tensor& cache, const Tensor& x, int64_t pos0) const {
+  if (b.moe >= 0) fail("model {}: decoding (generate) does not run MoE blocks yet", spec_.name);
   const int64_t n = x.size(0), L = pos0 + n;
   Steps st(*this, b, 1, n, n);
   Tensor rstd;

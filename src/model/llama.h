@@ -52,6 +52,7 @@
 #include "core/tensor.h"
 #include "kernels/backend.h"
 #include "model/model_spec.h"
+#include "model/moe.h"
 #include "model/param_store.h"
 #include "model/weight_source.h"
 #include "parallel/process_group.h"
@@ -120,6 +121,7 @@ struct BlockContext {
   Tensor h1, rstd1, qkv, attn, lse, x2, h2, rstd2, gate_up, act;  // forward saves
   Tensor cp_qkv, cp_out;  // context parallel a2a: the whole sequence's qkv and output of this rank's heads
   Tensor dy, dqkv, dh1, dx2, dgate_up, dh2;                       // B-pass outputs the W pass needs
+  std::shared_ptr<MoeContext> moe;                                // an MoE block's routing and saves
 };
 
 struct HeadContext {
@@ -231,9 +233,27 @@ class LlamaModel {
   // Whether the head keeps the logits gradient for `rows` rows (else it works in chunks).
   bool head_stores_logits(int64_t rows) const;
 
+  // ---- mixture of experts (model/moe.h) ----
+  // Per MoE block of this rank, in layer order: its statistics summed since the last reset
+  // (tokens per expert over the microbatches' forwards, aux and z losses summed).
+  struct MoeLayerStats {
+    int64_t layer = 0;
+    std::vector<int64_t> tokens_per_expert;
+    int64_t dropped = 0, forwards = 0;
+    double aux_loss = 0, z_loss = 0;
+  };
+  const std::vector<MoeLayerStats>& moe_stats() const { return moe_stats_; }
+  void reset_moe_stats();
+  // The aux-loss-free balancing step (moe_router_enable_expert_bias): each block's expert bias
+  // moves by moe_router_bias_update_rate against its load; `tokens` per block as in moe_stats()
+  // (the caller sums them over data-parallel ranks first). Updates master and working copies.
+  void update_expert_biases(const std::vector<std::vector<int64_t>>& tokens);
+
  private:
   struct Block {
-    int attn_norm, qkv_w, qkv_b = -1, proj_w, mlp_norm, fc1_w, fc2_w;
+    int attn_norm, qkv_w, qkv_b = -1, proj_w, mlp_norm, fc1_w = -1, fc2_w = -1;
+    int moe = -1;                // index into moe_ (an MoE block instead of the dense MLP)
+    std::vector<int> moe_ids;    // its tensors
     std::vector<int> ids() const;
   };
   struct Steps;  // one block's forward steps (llama.cpp)
@@ -259,6 +279,7 @@ class LlamaModel {
   Tensor row_parallel_residual(const Tensor& in, int weight, const Tensor& residual) const;
 
   Tensor block_forward(const Block& b, BlockContext& c, const Tensor& x, int64_t batch, int64_t seq);
+  Tensor moe_forward(const Block& b, BlockContext& c, int64_t batch, int64_t seq);  // llama_moe.cpp
   void block_rebuild(const Block& b, BlockContext& c, int64_t batch, int64_t seq);
   Tensor block_backward_input(const Block& b, BlockContext& c, const Tensor& dy, int64_t batch, int64_t seq);
   void block_backward_weight(const Block& b, BlockContext& c);
@@ -293,6 +314,9 @@ class LlamaModel {
   int64_t vocab_start_ = 0, vocab_local_ = 0;           // this rank's rows of the vocabulary
   int embedding_ = -1, final_norm_ = -1, output_ = -1;   // output_ == embedding_ when tied
   Tensor rope_cos_, rope_sin_;                           // stat dtype, on the device
+  std::vector<MoeLayer> moe_;                            // this rank's MoE blocks
+  std::vector<MoeLayerStats> moe_stats_;
+  std::vector<double> expert_bias_of(const MoeLayer& m) const;
   WeightGradHook weight_grad_hook_;
   std::vector<WeightUnit> units_;
   std::vector<int> unit_of_;                 // per parameter

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cctype>
 #include <cstdlib>
 #include <filesystem>
 #include <functional>
@@ -27,11 +28,13 @@ namespace {
 // The keys a preset may hold: every ModelSpec field under its Megatron name, plus `extends`
 // (inherit another preset) and `description` (free text).
 
-using Member = std::variant<int64_t ModelSpec::*, double ModelSpec::*, bool ModelSpec::*>;
+using Member =
+    std::variant<int64_t ModelSpec::*, double ModelSpec::*, bool ModelSpec::*, std::string ModelSpec::*>;
 
 struct Field {
   const char* key;
   Member member;
+  bool nullable = false;  // YAML null (as Megatron's None) sets the "none" value: 0 or ""
 };
 
 const std::vector<Field>& fields() {
@@ -54,6 +57,41 @@ const std::vector<Field>& fields() {
       {"rope_low_freq_factor", &ModelSpec::rope_low_freq_factor},
       {"rope_high_freq_factor", &ModelSpec::rope_high_freq_factor},
       {"rope_original_max_position_embeddings", &ModelSpec::rope_original_max_position_embeddings},
+      {"qk_layernorm", &ModelSpec::qk_layernorm},
+      {"multi_latent_attention", &ModelSpec::multi_latent_attention},
+      {"q_lora_rank", &ModelSpec::q_lora_rank, true},
+      {"kv_lora_rank", &ModelSpec::kv_lora_rank},
+      {"qk_head_dim", &ModelSpec::qk_head_dim},
+      {"qk_pos_emb_head_dim", &ModelSpec::qk_pos_emb_head_dim},
+      {"v_head_dim", &ModelSpec::v_head_dim},
+      {"rotary_scaling_factor", &ModelSpec::rotary_scaling_factor},
+      {"mscale", &ModelSpec::mscale},
+      {"mscale_all_dim", &ModelSpec::mscale_all_dim},
+      {"beta_fast", &ModelSpec::beta_fast},
+      {"beta_slow", &ModelSpec::beta_slow},
+      {"original_max_position_embeddings", &ModelSpec::original_max_position_embeddings},
+      {"num_experts", &ModelSpec::num_experts, true},
+      {"moe_ffn_hidden_size", &ModelSpec::moe_ffn_hidden_size, true},
+      {"moe_router_topk", &ModelSpec::moe_router_topk},
+      {"moe_layer_freq", &ModelSpec::moe_layer_freq},  // also a list or an expression: set_moe_layer_freq
+      {"moe_shared_expert_intermediate_size", &ModelSpec::moe_shared_expert_intermediate_size, true},
+      {"moe_shared_expert_gate", &ModelSpec::moe_shared_expert_gate},
+      {"moe_router_score_function", &ModelSpec::moe_router_score_function},
+      {"moe_router_pre_softmax", &ModelSpec::moe_router_pre_softmax},
+      {"moe_router_topk_scaling_factor", &ModelSpec::moe_router_topk_scaling_factor, true},
+      {"moe_router_num_groups", &ModelSpec::moe_router_num_groups, true},
+      {"moe_router_group_topk", &ModelSpec::moe_router_group_topk, true},
+      {"moe_router_dtype", &ModelSpec::moe_router_dtype, true},
+      {"moe_router_load_balancing_type", &ModelSpec::moe_router_load_balancing_type},
+      {"moe_aux_loss_coeff", &ModelSpec::moe_aux_loss_coeff},
+      {"moe_z_loss_coeff", &ModelSpec::moe_z_loss_coeff, true},
+      {"moe_router_enable_expert_bias", &ModelSpec::moe_router_enable_expert_bias},
+      {"moe_router_bias_update_rate", &ModelSpec::moe_router_bias_update_rate},
+      {"moe_expert_capacity_factor", &ModelSpec::moe_expert_capacity_factor, true},
+      {"moe_token_drop_policy", &ModelSpec::moe_token_drop_policy},
+      {"moe_pad_expert_input_to_capacity", &ModelSpec::moe_pad_expert_input_to_capacity},
+      {"moe_router_force_load_balancing", &ModelSpec::moe_router_force_load_balancing},
+      {"moe_token_dispatcher_type", &ModelSpec::moe_token_dispatcher_type},
   };
   return f;
 }
@@ -77,13 +115,102 @@ std::string scalar_text(const YAML::Node& n) {
   return "nothing";
 }
 
+// Primus writes moe_layer_freq as a Python expression over 0/1 lists: "([0]*3+[1]*58)", i.e.
+// a sum of terms, each a list "[a, b, ...]" repeated by "*n" (on either side). Returns the list.
+std::vector<int64_t> parse_layer_pattern(const std::string& text, const std::string& at) {
+  std::string t;
+  for (char c : text)
+    if (!std::isspace(static_cast<unsigned char>(c))) t += c;
+  auto bad = [&](const std::string& why) -> void {
+    fail("{}: 'moe_layer_freq' expression '{}' {}: write e.g. \"([0]*3+[1]*58)\", a list [0, 1, 1] or an "
+         "integer",
+         at, text, why);
+  };
+  while (t.size() >= 2 && t.front() == '(' && t.back() == ')') t = t.substr(1, t.size() - 2);
+  if (t.empty()) bad("is empty");
+  std::vector<int64_t> out;
+  size_t i = 0;
+  auto number = [&]() -> int64_t {
+    size_t j = i;
+    while (j < t.size() && std::isdigit(static_cast<unsigned char>(t[j]))) ++j;
+    if (j == i) bad(fmt::format("expects a number at position {}", i + 1));
+    int64_t v = std::stoll(t.substr(i, j - i));
+    i = j;
+    return v;
+  };
+  auto list = [&]() {
+    std::vector<int64_t> l;
+    if (i >= t.size() || t[i] != '[') bad(fmt::format("expects '[' at position {}", i + 1));
+    ++i;
+    while (true) {
+      l.push_back(number());
+      if (i < t.size() && t[i] == ',') { ++i; continue; }
+      if (i < t.size() && t[i] == ']') { ++i; break; }
+      bad("has an unclosed list");
+    }
+    return l;
+  };
+  while (i < t.size()) {
+    int64_t times = 1;
+    if (std::isdigit(static_cast<unsigned char>(t[i]))) {  // n*[...]
+      times = number();
+      if (i >= t.size() || t[i] != '*') bad("expects '*' after a repeat count");
+      ++i;
+    }
+    std::vector<int64_t> l = list();
+    if (i < t.size() && t[i] == '*') {
+      ++i;
+      times *= number();
+    }
+    if (times > 1000000) bad("repeats a list too often");
+    for (int64_t r = 0; r < times; ++r) out.insert(out.end(), l.begin(), l.end());
+    if (i < t.size()) {
+      if (t[i] != '+') bad(fmt::format("expects '+' at position {}", i + 1));
+      ++i;
+      if (i == t.size()) bad("ends with '+'");
+    }
+  }
+  return out;
+}
+
+// moe_layer_freq: an integer, a YAML list of 0/1, or an expression string.
+void set_moe_layer_freq(ModelSpec& spec, const YAML::Node& value, const std::string& at) {
+  if (value.IsSequence()) {
+    std::vector<int64_t> l;
+    for (const auto& e : value) {
+      int64_t v = 0;
+      if (!e.IsScalar() || !YAML::convert<int64_t>::decode(e, v))
+        fail("{}: 'moe_layer_freq' list entries must be 0 or 1, got {}", at, scalar_text(e));
+      l.push_back(v);
+    }
+    spec.moe_layer_pattern = l;
+    return;
+  }
+  int64_t v = 0;
+  if (value.IsScalar() && YAML::convert<int64_t>::decode(value, v)) {
+    spec.moe_layer_freq = v;
+    spec.moe_layer_pattern.clear();
+    return;
+  }
+  if (!value.IsScalar())
+    fail("{}: 'moe_layer_freq' must be an integer, a list of 0/1 or an expression string, got {}", at,
+         scalar_text(value));
+  spec.moe_layer_pattern = parse_layer_pattern(value.Scalar(), at);
+}
+
 void set_field(ModelSpec& spec, const Field& f, const YAML::Node& value, const std::string& at) {
+  if (std::string_view(f.key) == "moe_layer_freq") return set_moe_layer_freq(spec, value, at);
   std::visit(
       [&](auto member) {
         using T = std::remove_reference_t<decltype(spec.*member)>;
-        const char* want = std::is_same_v<T, bool>      ? "true or false"
-                           : std::is_same_v<T, int64_t> ? "an integer"
-                                                        : "a number";
+        if (f.nullable && value.IsNull()) {
+          spec.*member = T{};
+          return;
+        }
+        const char* want = std::is_same_v<T, bool>          ? "true or false"
+                           : std::is_same_v<T, int64_t>     ? "an integer"
+                           : std::is_same_v<T, std::string> ? "a name"
+                                                            : "a number";
         if (!value.IsScalar())
           fail("{}: '{}' must be {}, got {}", at, f.key, want, scalar_text(value));
         T v{};
@@ -269,9 +396,21 @@ void ModelSpec::validate() const {
     fail("{}: num_query_groups ({}) cannot exceed num_attention_heads ({})", who, query_groups(),
          num_attention_heads);
   // Rotary embeddings turn pairs of channels, so each head needs an even width.
-  if (head_dim() % 2 != 0)
+  if (!multi_latent_attention && head_dim() % 2 != 0)
     fail("{}: the head dimension ({}: {}) must be even for rotary embeddings", who,
          kv_channels ? "kv_channels" : "hidden_size / num_attention_heads", head_dim());
+  if (multi_latent_attention) {
+    if (q_lora_rank < 0) fail("{}: q_lora_rank must be positive (or null for none), got {}", who, q_lora_rank);
+    positive("kv_lora_rank", kv_lora_rank);
+    positive("qk_head_dim", qk_head_dim);
+    positive("qk_pos_emb_head_dim", qk_pos_emb_head_dim);
+    positive("v_head_dim", v_head_dim);
+    if (qk_pos_emb_head_dim % 2 != 0)
+      fail("{}: qk_pos_emb_head_dim ({}) must be even for rotary embeddings", who, qk_pos_emb_head_dim);
+    if (!std::isfinite(rotary_scaling_factor) || rotary_scaling_factor < 1)
+      fail("{}: rotary_scaling_factor must be at least 1 (1: no YaRN scaling), got {}", who, rotary_scaling_factor);
+  }
+  validate_moe();
   auto finite_positive = [&](const char* field, double v) {
     if (!std::isfinite(v) || v <= 0) fail("{}: {} must be a positive number, got {}", who, field, v);
   };
@@ -290,6 +429,74 @@ void ModelSpec::validate() const {
   }
 }
 
+bool ModelSpec::is_moe_layer(int64_t layer) const {
+  if (num_experts <= 0) return false;
+  if (!moe_layer_pattern.empty())
+    return layer >= 0 && layer < int64_t(moe_layer_pattern.size()) && moe_layer_pattern[size_t(layer)] != 0;
+  return moe_layer_freq > 0 && layer % moe_layer_freq == 0;
+}
+
+void ModelSpec::validate_moe() const {
+  const std::string& who = name.empty() ? std::string("model spec") : "model '" + name + "'";
+  if (num_experts < 0) fail("{}: num_experts must be positive (or null for a dense model), got {}", who, num_experts);
+  if (num_experts == 0) return;
+  auto one_of = [&](const char* key, const std::string& v, std::initializer_list<const char*> allowed) {
+    std::vector<std::string> names(allowed.begin(), allowed.end());
+    if (std::find(names.begin(), names.end(), v) == names.end())
+      fail("{}: {} '{}' is not one of: {}{}", who, key, v, fmt::join(names, ", "), did_you_mean(v, names));
+  };
+  one_of("moe_router_score_function", moe_router_score_function, {"softmax", "sigmoid"});
+  one_of("moe_router_load_balancing_type", moe_router_load_balancing_type, {"aux_loss", "seq_aux_loss", "none"});
+  one_of("moe_token_drop_policy", moe_token_drop_policy, {"probs", "position"});
+  one_of("moe_token_dispatcher_type", moe_token_dispatcher_type, {"allgather", "alltoall"});
+  if (!moe_router_dtype.empty()) one_of("moe_router_dtype", moe_router_dtype, {"fp32", "fp64"});
+  if (moe_ffn_hidden_size < 0) fail("{}: moe_ffn_hidden_size must be positive, got {}", who, moe_ffn_hidden_size);
+  if (moe_router_topk < 1) fail("{}: moe_router_topk must be at least 1, got {}", who, moe_router_topk);
+  if (moe_router_topk > num_experts)
+    fail("{}: moe_router_topk ({}) cannot exceed num_experts ({})", who, moe_router_topk, num_experts);
+  if (moe_shared_expert_intermediate_size < 0)
+    fail("{}: moe_shared_expert_intermediate_size must be positive (or null), got {}", who,
+         moe_shared_expert_intermediate_size);
+  if (moe_shared_expert_gate && moe_shared_expert_intermediate_size == 0)
+    fail("{}: moe_shared_expert_gate needs a shared expert (moe_shared_expert_intermediate_size)", who);
+  if (moe_router_enable_expert_bias && moe_router_score_function != "sigmoid")
+    fail("{}: moe_router_enable_expert_bias needs moe_router_score_function: sigmoid (got {})", who,
+         moe_router_score_function);
+  if (moe_router_pre_softmax && moe_router_score_function != "softmax")
+    fail("{}: moe_router_pre_softmax applies to moe_router_score_function: softmax only", who);
+  if (moe_router_num_groups < 0 || moe_router_group_topk < 0)
+    fail("{}: moe_router_num_groups and moe_router_group_topk must be positive (or null)", who);
+  if ((moe_router_num_groups > 0) != (moe_router_group_topk > 0))
+    fail("{}: group-limited routing needs both moe_router_num_groups and moe_router_group_topk", who);
+  if (moe_router_num_groups > 0) {
+    if (num_experts % moe_router_num_groups != 0)
+      fail("{}: num_experts ({}) must be divisible by moe_router_num_groups ({})", who, num_experts,
+           moe_router_num_groups);
+    if (moe_router_group_topk > moe_router_num_groups)
+      fail("{}: moe_router_group_topk ({}) cannot exceed moe_router_num_groups ({})", who, moe_router_group_topk,
+           moe_router_num_groups);
+    if (moe_router_topk > moe_router_group_topk * (num_experts / moe_router_num_groups))
+      fail("{}: moe_router_topk ({}) exceeds the experts of the {} selected groups ({})", who, moe_router_topk,
+           moe_router_group_topk, moe_router_group_topk * (num_experts / moe_router_num_groups));
+  }
+  auto non_negative = [&](const char* key, double v) {
+    if (!std::isfinite(v) || v < 0) fail("{}: {} must be a non-negative number, got {}", who, key, v);
+  };
+  non_negative("moe_aux_loss_coeff", moe_aux_loss_coeff);
+  non_negative("moe_z_loss_coeff", moe_z_loss_coeff);
+  non_negative("moe_router_topk_scaling_factor", moe_router_topk_scaling_factor);
+  non_negative("moe_router_bias_update_rate", moe_router_bias_update_rate);
+  non_negative("moe_expert_capacity_factor", moe_expert_capacity_factor);
+  if (moe_layer_pattern.empty()) {
+    if (moe_layer_freq < 1) fail("{}: moe_layer_freq must be at least 1, got {}", who, moe_layer_freq);
+  } else {
+    if (int64_t(moe_layer_pattern.size()) != num_layers)
+      fail("{}: moe_layer_freq lists {} layers but num_layers is {}", who, moe_layer_pattern.size(), num_layers);
+    for (int64_t v : moe_layer_pattern)
+      if (v != 0 && v != 1) fail("{}: moe_layer_freq entries must be 0 (dense) or 1 (MoE), got {}", who, v);
+  }
+}
+
 std::vector<ParamInfo> model_parameter_layout(const ModelSpec& spec) {
   spec.validate();
   const int64_t h = spec.hidden_size, f = spec.ffn_hidden_size, v = spec.vocab_size;
@@ -303,15 +510,58 @@ std::vector<ParamInfo> model_parameter_layout(const ModelSpec& spec) {
     out.push_back({std::move(name), std::move(shape), n, wd});
   };
   add("embedding.word_embeddings.weight", {v, h}, true);
+  const int64_t H = spec.num_attention_heads;
   for (int64_t l = 0; l < spec.num_layers; ++l) {
     const std::string p = fmt::format("decoder.layers.{}.", l);
     add(p + "input_layernorm.weight", {h}, false);
-    add(p + "self_attention.linear_qkv.weight", {qkv, h}, true);
-    if (spec.add_qkv_bias) add(p + "self_attention.linear_qkv.bias", {qkv}, false);
-    add(p + "self_attention.linear_proj.weight", {h, q}, true);
+    if (spec.multi_latent_attention) {
+      // Queries through a low-rank latent (or straight), keys and values through a shared latent
+      // plus one decoupled rotary key for all heads (DeepSeek-V2).
+      const int64_t qk = spec.qk_head_dim + spec.qk_pos_emb_head_dim;
+      if (spec.q_lora_rank > 0) {
+        add(p + "self_attention.linear_q_down_proj.weight", {spec.q_lora_rank, h}, true);
+        if (spec.qk_layernorm) add(p + "self_attention.q_layernorm.weight", {spec.q_lora_rank}, false);
+        add(p + "self_attention.linear_q_up_proj.weight", {H * qk, spec.q_lora_rank}, true);
+      } else {
+        add(p + "self_attention.linear_q_proj.weight", {H * qk, h}, true);
+      }
+      add(p + "self_attention.linear_kv_down_proj.weight", {spec.kv_lora_rank + spec.qk_pos_emb_head_dim, h}, true);
+      if (spec.qk_layernorm) add(p + "self_attention.kv_layernorm.weight", {spec.kv_lora_rank}, false);
+      add(p + "self_attention.linear_kv_up_proj.weight", {H * (spec.qk_head_dim + spec.v_head_dim), spec.kv_lora_rank},
+          true);
+      add(p + "self_attention.linear_proj.weight", {h, spec.attention_out_size()}, true);
+    } else {
+      add(p + "self_attention.linear_qkv.weight", {qkv, h}, true);
+      if (spec.add_qkv_bias) add(p + "self_attention.linear_qkv.bias", {qkv}, false);
+      if (spec.qk_layernorm) {  // one weight per head channel, shared by the heads (Qwen3)
+        add(p + "self_attention.q_layernorm.weight", {spec.head_dim()}, false);
+        add(p + "self_attention.k_layernorm.weight", {spec.head_dim()}, false);
+      }
+      add(p + "self_attention.linear_proj.weight", {h, q}, true);
+    }
     add(p + "pre_mlp_layernorm.weight", {h}, false);
-    add(p + "mlp.linear_fc1.weight", {2 * f, h}, true);  // gate and up, fused
-    add(p + "mlp.linear_fc2.weight", {h, f}, true);
+    if (!spec.is_moe_layer(l)) {
+      add(p + "mlp.linear_fc1.weight", {2 * f, h}, true);  // gate and up, fused
+      add(p + "mlp.linear_fc2.weight", {h, f}, true);
+      continue;
+    }
+    const int64_t E = spec.num_experts, fe = spec.expert_ffn(), fs = spec.moe_shared_expert_intermediate_size;
+    add(p + "mlp.router.weight", {E, h}, true);
+    if (spec.moe_router_enable_expert_bias) {
+      add(p + "mlp.router.expert_bias", {E}, false);
+      out.back().trainable = false;  // moved by the load-balancing rule, not the optimizer
+    }
+    for (int64_t e = 0; e < E; ++e) {  // keyed by the global expert index: any EP layout loads them
+      add(p + fmt::format("mlp.experts.local_experts.{}.linear_fc1.weight", e), {2 * fe, h}, true);
+      out.back().expert = e;
+      add(p + fmt::format("mlp.experts.local_experts.{}.linear_fc2.weight", e), {h, fe}, true);
+      out.back().expert = e;
+    }
+    if (fs > 0) {
+      add(p + "mlp.shared_experts.linear_fc1.weight", {2 * fs, h}, true);
+      add(p + "mlp.shared_experts.linear_fc2.weight", {h, fs}, true);
+      if (spec.moe_shared_expert_gate) add(p + "mlp.shared_experts.gate_weight", {1, h}, true);
+    }
   }
   add("decoder.final_layernorm.weight", {h}, false);
   if (spec.untie_embeddings_and_output_weights) add("output_layer.weight", {v, h}, true);
@@ -330,8 +580,10 @@ ModelStats model_stats(const ModelSpec& spec, int64_t seq_length) {
   const double s = double(seq_length);
 
   ModelStats st;
-  // Group the layout into rows: embedding, one per decoder layer, final norm, output layer.
-  std::vector<int64_t> layer_params(spec.num_layers, 0);
+  // Group the layout into rows: embedding, one per decoder layer, final norm, output layer. A
+  // routed expert's tensors count top-k / num_experts towards the active parameters.
+  std::vector<int64_t> layer_params(spec.num_layers, 0), layer_active(spec.num_layers, 0),
+      layer_experts(spec.num_layers, 0), layer_buffers(spec.num_layers, 0);
   int64_t embedding = 0, final_norm = 0, output = 0;
   for (const auto& p : model_parameter_layout(spec)) {
     if (__builtin_add_overflow(st.parameters, p.numel, &st.parameters))
@@ -345,27 +597,50 @@ ModelStats model_stats(const ModelSpec& spec, int64_t seq_length) {
     } else {
       int64_t l = std::stoll(p.name.substr(std::string("decoder.layers.").size()));
       layer_params[l] += p.numel;
+      if (p.expert >= 0) layer_experts[l] += p.numel;
+      else layer_active[l] += p.numel;
+      if (!p.trainable) layer_buffers[l] += p.numel;
     }
   }
   st.embedding_parameters = embedding + output;
   st.non_embedding_parameters = st.parameters - st.embedding_parameters;
 
-  // Activations saved per token (fp32, no recompute): see docs/model_math.md for each term.
-  const double layer_act = 4.0 * (4 * h + 2 + qkv + q + heads + 3 * f);
+  // Attention core per token: QK^T and PV, 2 FLOPs per multiply-add, s/2 visible keys on average,
+  // times 3 for forward and backward: 3 s heads (qk width + v width).
+  const double attn_core = spec.multi_latent_attention
+                               ? 3.0 * s * heads *
+                                     double(spec.qk_head_dim + spec.qk_pos_emb_head_dim + spec.v_head_dim)
+                               : 6.0 * s * q;
+  // Activations saved per token (fp32, no recompute): see docs/model_math.md (and docs/moe.md for
+  // MoE and MLA layers).
+  double attn_act = qkv + q;
+  if (spec.multi_latent_attention) {
+    const double hq = heads * double(spec.qk_head_dim + spec.qk_pos_emb_head_dim);
+    attn_act = 2 * hq + heads * double(spec.v_head_dim) + double(spec.q_lora_rank + spec.kv_lora_rank) +
+               double(spec.qk_pos_emb_head_dim) + heads * double(spec.v_head_dim);
+  }
+  const double dense_act = 4.0 * (4 * h + 2 + attn_act + heads + 3 * f);
+  const double E = double(spec.num_experts), k = double(spec.moe_router_topk);
+  const double moe_act = 4.0 * (4 * h + 2 + attn_act + heads + E + k * (2 * h + 3 * double(spec.expert_ffn())) +
+                                3 * double(spec.moe_shared_expert_intermediate_size));
   const double final_act = 4.0 * (h + 1);
 
-  st.layers.push_back({"embedding", embedding, 0.0, 0.0});
+  st.layers.push_back({"embedding", embedding, 0.0, 0.0, embedding});
   for (int64_t l = 0; l < spec.num_layers; ++l) {
-    // 6 FLOPs per weight per token (2 forward, 4 backward) plus causal attention's
-    // QK^T and PV: 2 * 2 * q_size per visible key, s/2 keys on average, times 3.
-    double flops = 6.0 * double(layer_params[l]) + 6.0 * s * q;
-    st.layers.push_back({fmt::format("decoder.layers.{}", l), layer_params[l], flops, layer_act});
+    const bool moe = spec.is_moe_layer(l);
+    // Every routed expert has the same size: top-k of num_experts of them run per token.
+    const int64_t active = layer_active[l] + (moe ? layer_experts[l] / spec.num_experts * spec.moe_router_topk : 0);
+    // 6 FLOPs per weight per token (2 forward, 4 backward) over the weights a token meets.
+    double flops = 6.0 * double(active - layer_buffers[l]) + attn_core;
+    st.layers.push_back(
+        {fmt::format("decoder.layers.{}", l), layer_params[l], flops, moe ? moe_act : dense_act, active});
   }
-  st.layers.push_back({"decoder.final_layernorm", final_norm, 6.0 * double(final_norm), final_act});
+  st.layers.push_back({"decoder.final_layernorm", final_norm, 6.0 * double(final_norm), final_act, final_norm});
   // The logits matmul runs whether or not the weight is tied to the embedding.
-  st.layers.push_back({"output_layer", output, 6.0 * v * h, 0.0});
+  st.layers.push_back({"output_layer", output, 6.0 * v * h, 0.0, output});
 
   for (const auto& l : st.layers) {
+    st.active_parameters += l.active_parameters;
     st.flops_per_token += l.flops_per_token;
     st.activation_bytes_per_token += l.activation_bytes_per_token;
   }
@@ -392,6 +667,12 @@ void apply_model_keys(ModelSpec& spec, const YAML::Node& node, const std::string
 YAML::Node model_spec_to_yaml(const ModelSpec& spec) {
   YAML::Node out(YAML::NodeType::Map);
   for (const auto& f : fields()) std::visit([&](auto member) { out[f.key] = spec.*member; }, f.member);
+  if (!spec.moe_layer_pattern.empty()) {
+    YAML::Node l(YAML::NodeType::Sequence);
+    for (int64_t v : spec.moe_layer_pattern) l.push_back(v);
+    l.SetStyle(YAML::EmitterStyle::Flow);
+    out["moe_layer_freq"] = l;
+  }
   return out;
 }
 

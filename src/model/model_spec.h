@@ -36,6 +36,53 @@ struct ModelSpec {
   double rope_high_freq_factor = 4.0;
   int64_t rope_original_max_position_embeddings = 8192;
 
+  // Per-head RMSNorm of queries and keys before rotary (Qwen3); under multi-latent attention,
+  // Megatron's same key normalises the query and key/value latents (DeepSeek).
+  bool qk_layernorm = false;
+
+  // Multi-head latent attention (DeepSeek-V2/V3), Megatron's MLATransformerConfig names.
+  bool multi_latent_attention = false;
+  int64_t q_lora_rank = 0;  // 0 (YAML null): queries straight from the hidden state
+  int64_t kv_lora_rank = 512;
+  int64_t qk_head_dim = 128;          // the non-rotary part of a query/key head
+  int64_t qk_pos_emb_head_dim = 64;   // the decoupled rotary part, shared by all heads for keys
+  int64_t v_head_dim = 128;
+  // YaRN rotary scaling of MLA (used when rotary_scaling_factor > 1).
+  double rotary_scaling_factor = 1.0;
+  double mscale = 1.0;
+  double mscale_all_dim = 1.0;
+  double beta_fast = 32.0;
+  double beta_slow = 1.0;
+  int64_t original_max_position_embeddings = 4096;
+
+  // Mixture of experts (Megatron-Core names and defaults; docs/moe.md).
+  int64_t num_experts = 0;          // 0 (YAML null): dense model
+  int64_t moe_ffn_hidden_size = 0;  // 0: ffn_hidden_size
+  int64_t moe_router_topk = 2;
+  // moe_layer_freq: an int N (every N-th layer, from layer 0, is MoE) or a per-layer 0/1 list; a
+  // Primus expression string "([0]*3+[1]*58)" is read into the list.
+  int64_t moe_layer_freq = 1;
+  std::vector<int64_t> moe_layer_pattern;  // non-empty: the list form, one entry per layer
+  int64_t moe_shared_expert_intermediate_size = 0;  // 0: no shared expert
+  bool moe_shared_expert_gate = false;
+  std::string moe_router_score_function = "softmax";  // softmax | sigmoid
+  bool moe_router_pre_softmax = false;
+  double moe_router_topk_scaling_factor = 0;  // 0 (null): none
+  int64_t moe_router_num_groups = 0;          // 0 (null): no group-limited routing
+  int64_t moe_router_group_topk = 0;
+  std::string moe_router_dtype;  // "" (null): the activation dtype; fp32 | fp64
+  std::string moe_router_load_balancing_type = "aux_loss";  // aux_loss | seq_aux_loss | none
+  double moe_aux_loss_coeff = 0.0;
+  double moe_z_loss_coeff = 0.0;  // 0 (null): none
+  bool moe_router_enable_expert_bias = false;
+  double moe_router_bias_update_rate = 1e-3;
+  double moe_expert_capacity_factor = 0;   // 0 (null): dropless
+  std::string moe_token_drop_policy = "probs";  // probs | position
+  bool moe_pad_expert_input_to_capacity = false;
+  bool moe_router_force_load_balancing = false;
+  std::string moe_token_dispatcher_type = "allgather";  // allgather | alltoall
+
+
   // Derived values (valid after validate()).
   int64_t query_groups() const { return num_query_groups ? num_query_groups : num_attention_heads; }
   int64_t head_dim() const { return kv_channels ? kv_channels : hidden_size / num_attention_heads; }
@@ -45,9 +92,18 @@ struct ModelSpec {
   double scaled_init_std() const { return init_method_std / std::sqrt(2.0 * double(num_layers)); }
   int64_t kv_size() const { return query_groups() * head_dim(); }
   int64_t qkv_size() const { return q_size() + 2 * kv_size(); }
+  bool is_moe() const { return num_experts > 0; }
+  // Whether decoder layer `layer` (0-based) has an MoE block instead of the dense MLP.
+  bool is_moe_layer(int64_t layer) const;
+  int64_t expert_ffn() const { return moe_ffn_hidden_size ? moe_ffn_hidden_size : ffn_hidden_size; }
+  // Width of the attention output (linear_proj's input): heads x v_head_dim under MLA.
+  int64_t attention_out_size() const {
+    return multi_latent_attention ? num_attention_heads * v_head_dim : q_size();
+  }
 
   // Throws primus::Error naming the field when shapes are inconsistent.
   void validate() const;
+  void validate_moe() const;  // the num_experts and moe_* keys (called by validate)
 };
 
 // Loads a preset by name ("llama3_8B", looked up in configs/models/) or by path to a YAML file.
@@ -61,7 +117,10 @@ std::vector<std::string> list_model_presets();
 
 // Counting, used by `analyze model`, the trainer's MFU and the benchmarks.
 struct ModelStats {
-  int64_t parameters = 0;            // all trainable parameters
+  int64_t parameters = 0;            // all parameters (with MoE's expert bias, as published)
+  // Parameters one token passes through: every expert of an MoE layer counted top-k times of
+  // num_experts (shared experts always). Embedding (input) counted; see docs/moe.md.
+  int64_t active_parameters = 0;
   int64_t embedding_parameters = 0;  // input embedding (+ untied output layer)
   int64_t non_embedding_parameters = 0;
   double flops_per_token = 0;        // training FLOPs per token, see docs/model_math.md
@@ -71,6 +130,7 @@ struct ModelStats {
     int64_t parameters;
     double flops_per_token;
     double activation_bytes_per_token = 0;  // (added) saved activations, fp32, no recompute
+    int64_t active_parameters = 0;          // parameters a token passes through (MoE: top-k experts)
   };
   std::vector<Layer> layers;
 };
@@ -85,6 +145,8 @@ struct ParamInfo {
   std::vector<int64_t> shape;
   int64_t numel = 0;
   bool weight_decay = true;
+  bool trainable = true;  // false: a buffer counted with the parameters (MoE expert bias)
+  int64_t expert = -1;    // global expert index of a routed expert's tensor, else -1
 };
 std::vector<ParamInfo> model_parameter_layout(const ModelSpec& spec);
 

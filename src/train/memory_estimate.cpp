@@ -19,15 +19,16 @@ struct Parts {
   int64_t embedding = 0, layer = 0, final_norm = 0, output = 0;
 };
 Parts parameter_parts(const ModelSpec& spec) {
-  ModelSpec one = spec;
-  one.num_layers = 1;  // every layer has the same shape: count one
+  // Layers differ in size when some are MoE: take the largest (an upper bound per rank).
+  std::vector<int64_t> layers(size_t(spec.num_layers), 0);
   Parts p;
-  for (const auto& info : model_parameter_layout(one)) {
+  for (const auto& info : model_parameter_layout(spec)) {
     if (info.name.starts_with("embedding.")) p.embedding += info.numel;
     else if (info.name.starts_with("output_layer.")) p.output += info.numel;
     else if (info.name.starts_with("decoder.final_layernorm.")) p.final_norm += info.numel;
-    else p.layer += info.numel;
+    else layers[size_t(std::stoll(info.name.substr(std::string("decoder.layers.").size())))] += info.numel;
   }
+  p.layer = layers.empty() ? 0 : *std::max_element(layers.begin(), layers.end());
   return p;
 }
 

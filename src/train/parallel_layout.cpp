@@ -120,8 +120,14 @@ ParallelLayout plan_layout(const config::TrainingArgs& a, const ModelSpec& spec,
   if (a.cp_comm_type != "p2p" && a.cp_comm_type != "a2a")
     fail("cp_comm_type '{}' is not one of: p2p, a2a", a.cp_comm_type);
   L.cp_all_to_all = a.cp_comm_type == "a2a";
+  if (a.expert_model_parallel_size > 1 && !spec.is_moe())
+    fail("expert_model_parallel_size {}: model {} has no experts (num_experts is not set); use 1",
+         a.expert_model_parallel_size, spec.name);
+  if (spec.is_moe() && spec.num_experts % a.expert_model_parallel_size != 0)
+    fail("num_experts ({}) of model {} must be divisible by expert_model_parallel_size ({})", spec.num_experts,
+         spec.name, a.expert_model_parallel_size);
   if (a.expert_model_parallel_size > 1)
-    fail("expert_model_parallel_size {}: this model has no experts (dense Llama); use 1",
+    fail("expert_model_parallel_size {}: expert parallelism is not implemented yet (use 1; docs/moe.md)",
          a.expert_model_parallel_size);
   const int mp = L.tp * L.pp * L.cp;
   if (world_size % mp != 0)
@@ -130,6 +136,10 @@ ParallelLayout plan_layout(const config::TrainingArgs& a, const ModelSpec& spec,
          L.tp, L.pp, L.cp, mp, world_size);
   L.dp = world_size / mp;
   check_tensor_parallel(spec, L.tp);
+  if (L.cp > 1 && spec.is_moe())
+    fail("context_parallel_size {} with model {}: context parallelism of MoE models is not implemented yet (the "
+         "router's sequence-level losses need the whole sequence); use 1",
+         L.cp, spec.name);
   if (L.cp > 1) {
     const int64_t seq = a.seq_length > 0 ? a.seq_length : spec.max_position_embeddings;
     if (seq % (2 * L.cp) != 0)

@@ -45,6 +45,7 @@
 #include "pipeline/executor.h"
 #include "pipeline/simulator.h"
 #include "safe/metrics_writer.h"
+#include "train/moe_step.h"
 #include "safe/run_lock.h"
 #include "safe/train_watch.h"
 #include "train/checkpoint.h"
@@ -203,7 +204,9 @@ class Trainer {
   void build_gradient_reduction();
   void build_optimizer();
   void resume();
-  std::string try_restore(const std::string& dir);
+  // weights_only: the values alone (finetune, pretrained_checkpoint); iteration, data position and
+  // optimizer start fresh.
+  std::string try_restore(const std::string& dir, bool weights_only = false);
   void open_outputs();
   // ---- step ----
   StepResult train_step();
@@ -257,6 +260,7 @@ class Trainer {
   std::string config_yaml_;
   safe::RunLock run_lock_;                        // world rank 0: the run folder's lock (or its launcher's)
   std::unique_ptr<safe::MetricsWriter> metrics_;  // rank 0
+  MoeStepSummary moe_;                             // the last step's MoE statistics
   ModelStats stats_;
   double peak_gflops_ = 0;
   bool mfu_warned_ = false;
@@ -449,13 +453,15 @@ void Trainer::build_optimizer() {
 }
 
 // Every rank reads its own part; a checkpoint counts only if all ranks could read theirs.
-std::string Trainer::try_restore(const std::string& dir) {
+std::string Trainer::try_restore(const std::string& dir, bool weights_only) {
   ParamStore& params = model_->params();
   std::string problem;
   CheckpointData ck;
   try {
     check_same_model(dir, spec_);  // a rank loads only its tensors, so it cannot see missing layers
-    ck = load_checkpoint(dir, params);
+    LoadOptions lo;
+    lo.optimizer = !weights_only;
+    ck = load_checkpoint(dir, params, lo);
   } catch (const Error& e) {
     problem = e.what();
   }
@@ -466,6 +472,10 @@ std::string Trainer::try_restore(const std::string& dir) {
   Tensor values = params.values();  // a handle on the store's buffer (on the GPU for a device store)
   values.copy_from(loaded);
   model_->sync_working_weights();
+  if (weights_only) {
+    log::info("starting from the weights of {} (iteration 0, fresh optimizer)", dir);
+    return "";
+  }
   if (sharded_)
     sharded_->load_state(ck.state.optimizer_step, ck.exp_avg.data(), ck.exp_avg_sq.data(), int64_t(ck.exp_avg.size()));
   else
@@ -479,15 +489,28 @@ std::string Trainer::try_restore(const std::string& dir) {
 void Trainer::resume() {
   state_.seed = a_.seed;
   state_.run_id = new_run_id(world_);  // a resume replaces it with the checkpoint's
+  if (a_.finetune && a_.load.empty() && a_.pretrained_checkpoint.empty())
+    fail("finetune: true needs the checkpoint to start from in `load` or `pretrained_checkpoint`");
   if (!a_.load.empty()) {
     const std::string dir = resolve_checkpoint(a_.load);
-    const std::string problem = try_restore(dir);
+    const std::string problem = try_restore(dir, a_.finetune);
     if (!problem.empty()) fail("cannot load checkpoint {}: {}", dir, problem);
-  } else if (a_.auto_resume) {
-    for (const std::string& dir : list_checkpoints(cfg_.checkpoint_dir())) {
-      const std::string problem = try_restore(dir);
-      if (problem.empty()) break;
-      log::warn("skipping checkpoint {}: {}", dir, problem);
+  } else {
+    bool resumed = false;
+    if (a_.auto_resume) {
+      for (const std::string& dir : list_checkpoints(cfg_.checkpoint_dir())) {
+        const std::string problem = try_restore(dir);
+        if (problem.empty()) {
+          resumed = true;
+          break;
+        }
+        log::warn("skipping checkpoint {}: {}", dir, problem);
+      }
+    }
+    if (!resumed && !a_.pretrained_checkpoint.empty()) {
+      const std::string dir = resolve_checkpoint(a_.pretrained_checkpoint);
+      const std::string problem = try_restore(dir, true);
+      if (!problem.empty()) fail("cannot load pretrained_checkpoint {}: {}", dir, problem);
     }
   }
   if (state_.seed != a_.seed)
@@ -603,6 +626,7 @@ StepResult Trainer::train_step() {
   StepResult r;
   watch_->begin_step(state_.iteration + 1);
   model_->params().zero_grad();
+  model_->reset_moe_stats();  // evaluation forwards do not count
   buckets_->reset();
   std::fill(w_done_.begin(), w_done_.end(), 0);
   double loss_sum =
@@ -621,6 +645,7 @@ StepResult Trainer::train_step() {
   const bool skip = watch_->check(state_.iteration + 1, r.loss, r.grad_norm) == safe::StepAction::Skip;
   r.lr = lr_schedule_->lr_at(state_.iteration);
   if (!skip) optimizer_step(r.lr, clip_scale);
+  moe_ = finish_moe_step(*model_, *groups_.dp, m_local_, !skip);  // expert load, bias update
   state_.iteration += 1;
   state_.consumed_samples += gbs_;
   state_.optimizer_step = sharded_ ? sharded_->step_count() : replicated_->step_count();
@@ -736,6 +761,10 @@ void Trainer::log_interval(const StepResult& step) {
     row["pipeline_bubble_measured"] = measured;
     row["pipeline_bubble_simulated"] = predicted;
     pipe_ = PipelineTimes();
+  }
+  if (moe_.any) {  // of the interval's last iteration
+    log::info(" {}", describe_moe_step(moe_));
+    add_moe_metrics(moe_, row);
   }
   if (rank0_) metrics_->write(row);
   interval_loss_ = interval_time_ = 0;

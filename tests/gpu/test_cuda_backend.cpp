@@ -427,3 +427,24 @@ modules:
   EXPECT_TRUE(fs::exists(fs::path(s.last_checkpoint) / "meta.json"));
   fs::remove_all(dir);
 }
+
+// A mixture-of-experts model (docs/moe.md) on the GPU: the router's GEMM, the per-expert GEMMs
+// and the routing row ops (the op set's default, through the host) give the reference's loss
+// and gradients.
+TEST(CudaBackend, Bf16MoeModelMatchesTheReference) {
+  PRIMUS_REQUIRE_GPU();
+  ModelSpec s = spec64();
+  s.num_experts = 4;
+  s.moe_ffn_hidden_size = 128;
+  s.moe_router_topk = 2;
+  s.moe_aux_loss_coeff = 0.01;
+  s.moe_shared_expert_intermediate_size = 128;
+  cpu::ReferenceBackend ref;
+  cuda::CudaBackend gpu;
+  LlamaModel a(s, ref, Precision::Bf16), b(s, gpu, Precision::Bf16);
+  a.init_weights(3);
+  b.init_weights(3);
+  const LearnableBatch batch;
+  forward_backward_both(a, b, batch, 0);
+  EXPECT_LT(grad_rel_error(b, a), 0.03);
+}

@@ -51,6 +51,25 @@ nlohmann::ordered_json spec_json(const ModelSpec& s) {
       {"add_qkv_bias", s.add_qkv_bias},
       {"use_rope_scaling", s.use_rope_scaling},
   };
+  if (s.qk_layernorm) j["qk_layernorm"] = true;
+  if (s.multi_latent_attention) {
+    j["multi_latent_attention"] = true;
+    j["q_lora_rank"] = s.q_lora_rank ? nlohmann::ordered_json(s.q_lora_rank) : nlohmann::ordered_json();
+    j["kv_lora_rank"] = s.kv_lora_rank;
+    j["qk_head_dim"] = s.qk_head_dim;
+    j["qk_pos_emb_head_dim"] = s.qk_pos_emb_head_dim;
+    j["v_head_dim"] = s.v_head_dim;
+  }
+  if (s.is_moe()) {
+    nlohmann::ordered_json layers = nlohmann::ordered_json::array();
+    for (int64_t l = 0; l < s.num_layers; ++l) layers.push_back(s.is_moe_layer(l) ? 1 : 0);
+    j["num_experts"] = s.num_experts;
+    j["moe_ffn_hidden_size"] = s.expert_ffn();
+    j["moe_router_topk"] = s.moe_router_topk;
+    j["moe_shared_expert_intermediate_size"] = s.moe_shared_expert_intermediate_size;
+    j["moe_router_score_function"] = s.moe_router_score_function;
+    j["moe_layers"] = layers;
+  }
   if (s.use_rope_scaling) {
     j["rope_scaling_factor"] = s.rope_scaling_factor;
     j["rope_low_freq_factor"] = s.rope_low_freq_factor;
@@ -68,19 +87,31 @@ int run(const std::string& model, bool seq_given, int64_t seq_length_opt, const 
   // does not report an attention cost nobody trains at by default.
   const int64_t seq = seq_given ? seq_length_opt : std::min<int64_t>(spec.max_position_embeddings, 4096);
   ModelStats st = model_stats(spec, seq);
-  const double attention_flops = 6.0 * double(spec.num_layers) * double(seq) * double(spec.q_size());
+  // The attention core's share (QK^T and PV): see model_stats.
+  const double attention_flops =
+      spec.multi_latent_attention
+          ? 3.0 * double(spec.num_layers) * double(seq) * double(spec.num_attention_heads) *
+                double(spec.qk_head_dim + spec.qk_pos_emb_head_dim + spec.v_head_dim)
+          : 6.0 * double(spec.num_layers) * double(seq) * double(spec.q_size());
+  // Active parameters with and without the input embedding: Mixtral and Qwen publish theirs with
+  // it, DeepSeek's "37B activated" likewise; some tables leave the input embedding out.
+  const int64_t input_embedding = st.layers.front().parameters;
 
   if (format == "json") {
     nlohmann::ordered_json layers = nlohmann::ordered_json::array();
     for (const auto& l : st.layers)
       layers.push_back({{"name", l.name},
                         {"parameters", l.parameters},
+                        {"active_parameters", l.active_parameters},
                         {"flops_per_token", l.flops_per_token},
                         {"activation_bytes_per_token", l.activation_bytes_per_token}});
     nlohmann::ordered_json out = {
         {"model", spec.name},
         {"seq_length", seq},
         {"parameters", st.parameters},
+        {"active_parameters", st.active_parameters},
+        {"active_parameters_without_input_embedding", st.active_parameters - input_embedding},
+        {"active_parameters_counts_input_embedding", true},
         {"embedding_parameters", st.embedding_parameters},
         {"non_embedding_parameters", st.non_embedding_parameters},
         {"flops_per_token", st.flops_per_token},
@@ -105,10 +136,16 @@ int run(const std::string& model, bool seq_given, int64_t seq_length_opt, const 
       spec.use_rope_scaling ? fmt::format(", llama3 rope scaling x{}", spec.rope_scaling_factor) : "");
   std::cout << fmt::format("seq_length {}\n\n", seq);
   std::cout << fmt::format("  parameters                  {:>20}\n", grouped(st.parameters));
+  if (spec.is_moe()) {
+    std::cout << fmt::format("  active parameters           {:>20}   (top-{} of {} experts; input embedding counted)\n",
+                             grouped(st.active_parameters), spec.moe_router_topk, spec.num_experts);
+    std::cout << fmt::format("  active without input embed. {:>20}\n", grouped(st.active_parameters - input_embedding));
+  }
   std::cout << fmt::format("  embedding parameters        {:>20}\n", grouped(st.embedding_parameters));
   std::cout << fmt::format("  non-embedding parameters    {:>20}\n", grouped(st.non_embedding_parameters));
-  std::cout << fmt::format("  training FLOPs per token    {:>20}   ({} of it attention)\n",
-                           si(st.flops_per_token, "FLOP"), si(attention_flops, "FLOP"));
+  std::cout << fmt::format("  training FLOPs per token    {:>20}   ({} of it attention{})\n",
+                           si(st.flops_per_token, "FLOP"), si(attention_flops, "FLOP"),
+                           spec.is_moe() ? "; active experts only" : "");
   std::cout << fmt::format("  activations per token       {:>20}   (fp32, no recompute, without logits)\n",
                            si(st.activation_bytes_per_token, "B"));
   std::cout << fmt::format("  activations per sequence    {:>20}\n\n",

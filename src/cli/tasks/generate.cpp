@@ -39,7 +39,8 @@ int run(const Options& o) {
   std::copy(ck.params.begin(), ck.params.end(), model.params().values().data<float>());
 
   std::vector<int32_t> prompt = tok->encode(o.prompt);
-  if (tok->bos() >= 0) prompt.insert(prompt.begin(), tok->bos());
+  // One BOS first: tokenizers whose encode() adds it (Llama2Tokenizer, a tokenizer.json template) already did.
+  if (tok->bos() >= 0 && (prompt.empty() || prompt[0] != tok->bos())) prompt.insert(prompt.begin(), tok->bos());
   if (prompt.empty()) fail("the prompt encodes to no tokens");
   KVCacheDecoder decoder(model, spec.max_position_embeddings);
   SamplingOptions so{o.temperature, o.top_p, o.seed};

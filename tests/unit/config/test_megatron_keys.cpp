@@ -51,7 +51,7 @@ TEST(MegatronKeys, TableIsSortedUniqueAndLeavesOurKeysToUs) {
   for (const char* name : {"wandb_project", "stderr_sink_level", "ckpt_format", "enable_primus_turbo",
                            "cross_entropy_fusion_impl", "overlap_param_gather", "use_flash_attn"})
     ASSERT_TRUE(find_foreign_key(name) && find_foreign_key(name)->status == KeyStatus::NoEffect) << name;
-  for (const char* name : {"finetune", "swiglu", "normalization", "mamba_num_heads", "fp8", "train_data_path"})
+  for (const char* name : {"swiglu", "normalization", "mamba_num_heads", "fp8", "train_data_path"})
     ASSERT_TRUE(find_foreign_key(name) && find_foreign_key(name)->status == KeyStatus::NotSupported) << name;
   EXPECT_EQ(find_foreign_key("no_such_key"), nullptr);
   EXPECT_STREQ(key_source("micro_batch_size"), "Megatron-LM, Primus");

@@ -14,6 +14,7 @@ namespace primus::data {
 namespace {
 
 namespace fs = std::filesystem;
+using testing::parse_id_lines;
 using testing::run;
 using testing::slurp;
 using testing::spit;
@@ -84,17 +85,7 @@ std::vector<std::vector<int32_t>> oracle_encode(const std::string& encoding, con
                            (dir / "lines.jsonl").string(), (dir / "ids.txt").string()),
                out);
   EXPECT_EQ(rc, 0) << out;
-  std::vector<std::vector<int32_t>> ids;
-  std::istringstream ss(slurp(dir / "ids.txt"));
-  std::string line;
-  while (std::getline(ss, line)) {
-    std::vector<int32_t> v;
-    std::istringstream ls(line);
-    int32_t x;
-    while (ls >> x) v.push_back(x);
-    ids.push_back(std::move(v));
-  }
-  return ids;
+  return parse_id_lines(slurp(dir / "ids.txt"));
 }
 
 void compare(const Tokenizer& tok, const std::vector<std::string>& lines,

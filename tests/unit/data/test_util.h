@@ -1,6 +1,7 @@
 // Helpers shared by the data tests: a fresh temporary folder per test, whole-file reads.
 #pragma once
 
+#include <cstdint>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -60,6 +61,21 @@ inline int run(const std::string& cmd, std::string& out) {
   while ((n = fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
   int st = ::pclose(p);
   return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+// Token ids written one line per text, space-separated (what the node oracles print).
+inline std::vector<std::vector<int32_t>> parse_id_lines(const std::string& text) {
+  std::vector<std::vector<int32_t>> ids;
+  std::istringstream ss(text);
+  std::string line;
+  while (std::getline(ss, line)) {
+    std::vector<int32_t> v;
+    std::istringstream ls(line);
+    int32_t x;
+    while (ls >> x) v.push_back(x);
+    ids.push_back(std::move(v));
+  }
+  return ids;
 }
 
 }  // namespace primus::data::testing

@@ -65,3 +65,20 @@ TEST(AnalyzeModel, BadInputFailsWithMessage) {
   r = run("--model tiny --format yaml", true);
   EXPECT_NE(r.code, 0);
 }
+
+TEST(AnalyzeModel, MoeActiveParametersAndFlops) {
+  Result r = run("--model mixtral_8x7B_v0.1 --seq-length 4096 --format json");
+  ASSERT_EQ(r.code, 0) << r.out;
+  auto j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["parameters"].get<int64_t>(), 46'702'792'704);
+  EXPECT_EQ(j["active_parameters"].get<int64_t>(), 12'879'925'248);
+  EXPECT_EQ(j["active_parameters_without_input_embedding"].get<int64_t>(), 12'879'925'248 - 131'072'000);
+  EXPECT_TRUE(j["active_parameters_counts_input_embedding"].get<bool>());
+  // 6 per active non-embedding weight (the output layer's logits included) + attention.
+  EXPECT_DOUBLE_EQ(j["flops_per_token"].get<double>(),
+                   6.0 * double(12'879'925'248 - 131'072'000) + 6.0 * 32 * 4096 * 4096);
+  EXPECT_EQ(j["config"]["num_experts"].get<int64_t>(), 8);
+  Result t = run("--model deepseek_v3");
+  ASSERT_EQ(t.code, 0);
+  EXPECT_NE(t.out.find("active parameters                 37,552,297,472"), std::string::npos) << t.out;
+}

@@ -1,0 +1,326 @@
+#include "hf/hf_checkpoint.h"
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <map>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+#include <yaml-cpp/yaml.h>
+
+#include "core/error.h"
+#include "core/log.h"
+#include "data/tokenizer.h"
+#include "hf/safetensors.h"
+#include "model/param_store.h"
+#include "train/checkpoint.h"
+
+namespace primus::hf {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+namespace {
+
+const std::vector<std::string> kArchitectures = {"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM"};
+
+// One of our tensors and the Hugging Face tensors it is made of, concatenated along dim 0.
+struct Mapping {
+  std::string ours;
+  std::vector<std::string> theirs;
+};
+
+std::vector<Mapping> name_map(const ModelSpec& s) {
+  std::vector<Mapping> m;
+  m.push_back({"embedding.word_embeddings.weight", {"model.embed_tokens.weight"}});
+  for (int64_t l = 0; l < s.num_layers; ++l) {
+    const std::string o = fmt::format("decoder.layers.{}.", l), h = fmt::format("model.layers.{}.", l);
+    m.push_back({o + "input_layernorm.weight", {h + "input_layernorm.weight"}});
+    m.push_back({o + "self_attention.linear_qkv.weight",
+                 {h + "self_attn.q_proj.weight", h + "self_attn.k_proj.weight", h + "self_attn.v_proj.weight"}});
+    if (s.add_qkv_bias)
+      m.push_back({o + "self_attention.linear_qkv.bias",
+                   {h + "self_attn.q_proj.bias", h + "self_attn.k_proj.bias", h + "self_attn.v_proj.bias"}});
+    m.push_back({o + "self_attention.linear_proj.weight", {h + "self_attn.o_proj.weight"}});
+    m.push_back({o + "pre_mlp_layernorm.weight", {h + "post_attention_layernorm.weight"}});
+    m.push_back({o + "mlp.linear_fc1.weight", {h + "mlp.gate_proj.weight", h + "mlp.up_proj.weight"}});
+    m.push_back({o + "mlp.linear_fc2.weight", {h + "mlp.down_proj.weight"}});
+  }
+  m.push_back({"decoder.final_layernorm.weight", {"model.norm.weight"}});
+  if (s.untie_embeddings_and_output_weights) m.push_back({"output_layer.weight", {"lm_head.weight"}});
+  return m;
+}
+
+// A ParamStore holding the whole model in the order of model_parameter_layout (as LlamaModel's).
+std::unique_ptr<ParamStore> whole_model_store(const ModelSpec& spec) {
+  auto store = std::make_unique<ParamStore>();
+  for (const ParamInfo& p : model_parameter_layout(spec))
+    store->add(p.name, p.shape, p.shape.size() == 1 ? ParamInit::Ones : ParamInit::Normal, p.weight_decay);
+  store->allocate();
+  return store;
+}
+
+template <typename T>
+T get(const json& c, const char* key, const std::string& where) {
+  if (!c.contains(key) || c[key].is_null()) fail("{}: '{}' is missing", where, key);
+  try {
+    return c[key].get<T>();
+  } catch (const json::exception&) {
+    fail("{}: '{}' has the wrong type: {}", where, key, c[key].dump());
+  }
+}
+
+json read_json(const fs::path& p, const char* what) {
+  std::ifstream f(p);
+  if (!f) fail("cannot read {} '{}'", what, p.string());
+  try {
+    return json::parse(f);
+  } catch (const json::exception& e) {
+    fail("{} '{}' is not valid JSON: {}", what, p.string(), e.what());
+  }
+}
+
+}  // namespace
+
+ModelSpec spec_from_hf_config(const json& c, const std::string& where, std::string* architecture) {
+  std::string arch = c.contains("architectures") && c["architectures"].is_array() && !c["architectures"].empty()
+                         ? c["architectures"][0].get<std::string>()
+                         : "";
+  if (arch == "Qwen3ForCausalLM")
+    fail("{}: Qwen3 is not supported: its attention normalizes q and k per head (q_norm, k_norm), which this "
+         "engine's model does not have", where);
+  if (std::find(kArchitectures.begin(), kArchitectures.end(), arch) == kArchitectures.end())
+    fail("{}: architecture '{}' is not supported ({})", where, arch, fmt::join(kArchitectures, ", "));
+  if (architecture) *architecture = arch;
+  const std::string act = c.value("hidden_act", "silu");
+  if (act != "silu") fail("{}: hidden_act '{}' is not supported (silu: SwiGLU)", where, act);
+  if (c.value("attention_bias", false))
+    fail("{}: attention_bias true (biases on q, k, v and o_proj) is not supported; QKV biases alone are Qwen2's", where);
+  if (c.value("mlp_bias", false)) fail("{}: mlp_bias true is not supported", where);
+
+  ModelSpec s;
+  s.name = where;
+  s.num_layers = get<int64_t>(c, "num_hidden_layers", where);
+  s.hidden_size = get<int64_t>(c, "hidden_size", where);
+  s.ffn_hidden_size = get<int64_t>(c, "intermediate_size", where);
+  s.num_attention_heads = get<int64_t>(c, "num_attention_heads", where);
+  s.num_query_groups = c.contains("num_key_value_heads") && !c["num_key_value_heads"].is_null()
+                           ? get<int64_t>(c, "num_key_value_heads", where)
+                           : s.num_attention_heads;
+  if (c.contains("head_dim") && !c["head_dim"].is_null()) {
+    const int64_t hd = get<int64_t>(c, "head_dim", where);
+    if (hd * s.num_attention_heads != s.hidden_size) s.kv_channels = hd;
+  }
+  s.vocab_size = get<int64_t>(c, "vocab_size", where);
+  s.max_position_embeddings = get<int64_t>(c, "max_position_embeddings", where);
+  s.norm_epsilon = c.contains("rms_norm_eps") ? get<double>(c, "rms_norm_eps", where) : 1e-6;
+  s.rotary_base = c.contains("rope_theta") ? get<double>(c, "rope_theta", where) : 10000.0;
+  s.untie_embeddings_and_output_weights = !c.value("tie_word_embeddings", false);
+  s.add_qkv_bias = arch == "Qwen2ForCausalLM";
+  if (c.contains("initializer_range") && c["initializer_range"].is_number())
+    s.init_method_std = c["initializer_range"].get<double>();
+  if (c.contains("rope_scaling") && !c["rope_scaling"].is_null()) {
+    const json& r = c["rope_scaling"];
+    const std::string type = r.value("rope_type", r.value("type", ""));
+    if (type == "default") {
+    } else if (type == "llama3") {
+      s.use_rope_scaling = true;
+      s.rope_scaling_factor = get<double>(r, "factor", where + " rope_scaling");
+      s.rope_low_freq_factor = get<double>(r, "low_freq_factor", where + " rope_scaling");
+      s.rope_high_freq_factor = get<double>(r, "high_freq_factor", where + " rope_scaling");
+      s.rope_original_max_position_embeddings = get<int64_t>(r, "original_max_position_embeddings", where + " rope_scaling");
+    } else {
+      fail("{}: rope_scaling type '{}' is not supported (llama3 only)", where, type);
+    }
+  }
+  // Sliding-window attention equals full causal attention for sequences no longer than the
+  // window: cap the model's length there rather than compute something else beyond it.
+  const bool sliding = arch == "Qwen2ForCausalLM" ? c.value("use_sliding_window", false)
+                                                  : c.contains("sliding_window") && !c["sliding_window"].is_null();
+  if (sliding && c.contains("sliding_window") && c["sliding_window"].is_number_integer()) {
+    const int64_t w = c["sliding_window"].get<int64_t>();
+    if (w < s.max_position_embeddings) {
+      log::warn("{}: sliding-window attention (window {}) is not implemented; max_position_embeddings is capped from "
+                "{} to {}, where it equals full attention", where, w, s.max_position_embeddings, w);
+      s.max_position_embeddings = w;
+    }
+  }
+  s.validate();
+  return s;
+}
+
+json hf_config_from_spec(const ModelSpec& s, const std::string& arch, const std::string& torch_dtype) {
+  if (std::find(kArchitectures.begin(), kArchitectures.end(), arch) == kArchitectures.end())
+    fail("architecture '{}' is not supported ({})", arch, fmt::join(kArchitectures, ", "));
+  if (s.add_qkv_bias && arch != "Qwen2ForCausalLM")
+    fail("the model has QKV biases, which only Qwen2ForCausalLM has (not {})", arch);
+  if (!s.add_qkv_bias && arch == "Qwen2ForCausalLM")
+    fail("Qwen2ForCausalLM has QKV biases and this model has none; export it as LlamaForCausalLM");
+  json c = {{"architectures", {arch}},
+            {"model_type", arch == "LlamaForCausalLM" ? "llama" : arch == "MistralForCausalLM" ? "mistral" : "qwen2"},
+            {"hidden_size", s.hidden_size},
+            {"intermediate_size", s.ffn_hidden_size},
+            {"num_hidden_layers", s.num_layers},
+            {"num_attention_heads", s.num_attention_heads},
+            {"num_key_value_heads", s.query_groups()},
+            {"head_dim", s.head_dim()},
+            {"vocab_size", s.vocab_size},
+            {"max_position_embeddings", s.max_position_embeddings},
+            {"rms_norm_eps", s.norm_epsilon},
+            {"rope_theta", s.rotary_base},
+            {"tie_word_embeddings", !s.untie_embeddings_and_output_weights},
+            {"hidden_act", "silu"},
+            {"initializer_range", s.init_method_std},
+            {"torch_dtype", torch_dtype}};
+  if (arch == "LlamaForCausalLM") c["attention_bias"] = false, c["mlp_bias"] = false;
+  if (arch == "MistralForCausalLM") c["sliding_window"] = nullptr;
+  if (arch == "Qwen2ForCausalLM") c["use_sliding_window"] = false;
+  c["rope_scaling"] = nullptr;
+  if (s.use_rope_scaling)
+    c["rope_scaling"] = {{"rope_type", "llama3"},
+                         {"factor", s.rope_scaling_factor},
+                         {"low_freq_factor", s.rope_low_freq_factor},
+                         {"high_freq_factor", s.rope_high_freq_factor},
+                         {"original_max_position_embeddings", s.rope_original_max_position_embeddings}};
+  return c;
+}
+
+std::string import_hf(const ImportOptions& o) {
+  const fs::path dir(o.hf_dir);
+  const std::string where = (dir / "config.json").string();
+  std::string arch;
+  const ModelSpec spec = spec_from_hf_config(read_json(dir / "config.json", "Hugging Face config"), where, &arch);
+  SafetensorsReader st(o.hf_dir);
+
+  auto store = whole_model_store(spec);
+  std::map<std::string, bool> used;
+  for (const auto& [name, t] : st.tensors()) used[name] = false;
+  for (const Mapping& m : name_map(spec)) {
+    const int id = store->find(m.ours);
+    if (id < 0) fail("internal: the model has no tensor '{}'", m.ours);
+    const StoredParam& p = store->infos()[id];
+    float* dst = store->value<float>(id);
+    int64_t filled = 0, rows = 0;
+    for (const std::string& h : m.theirs) {
+      const TensorEntry& e = st.entry(h);
+      // Each part has our tensor's trailing shape; parts stack along dim 0.
+      if (e.shape.size() != p.shape.size() ||
+          !std::equal(e.shape.begin() + 1, e.shape.end(), p.shape.begin() + 1))
+        fail("{}: tensor '{}' has shape [{}], expected [*, {}] for {}", o.hf_dir, h, fmt::join(e.shape, ", "),
+             fmt::join(std::vector<int64_t>(p.shape.begin() + 1, p.shape.end()), ", "), m.ours);
+      rows += e.shape.empty() ? 1 : e.shape[0];
+      if (rows > (p.shape.empty() ? 1 : p.shape[0]))
+        fail("{}: tensor '{}' does not fit {} of shape [{}]", o.hf_dir, h, m.ours, fmt::join(p.shape, ", "));
+      const std::vector<float> v = st.as_f32(h);
+      std::copy(v.begin(), v.end(), dst + filled);
+      filled += int64_t(v.size());
+      used[h] = true;
+    }
+    if (filled != p.numel)
+      fail("{}: {} gives {} values for {} of shape [{}] ({} values)", o.hf_dir, fmt::join(m.theirs, " + "), filled,
+           m.ours, fmt::join(p.shape, ", "), p.numel);
+  }
+  // Tied models sometimes store lm_head anyway (a copy of the embedding); RoPE buffers are derived.
+  for (const auto& [name, u] : used) {
+    if (u || name.ends_with("rotary_emb.inv_freq")) continue;
+    if (name == "lm_head.weight" && !spec.untie_embeddings_and_output_weights) {
+      if (st.as_f32(name) != st.as_f32("model.embed_tokens.weight"))
+        fail("{}: tie_word_embeddings is true but lm_head.weight differs from model.embed_tokens.weight", o.hf_dir);
+      continue;
+    }
+    fail("{}: tensor '{}' has no place in a {} model of this config (unsupported feature?)", o.hf_dir, name, arch);
+  }
+
+  // The checkpoint's config: the model, and the tokenizer when there is one.
+  YAML::Node cfg;
+  cfg["exp_name"] = "hf_import";
+  YAML::Node pt = cfg["modules"]["pre_trainer"];
+  pt["model"] = fs::absolute(dir).string();
+  pt["model_spec"] = model_spec_to_yaml(spec);
+  std::string tok = o.tokenizer;
+  std::error_code ec;
+  if (tok.empty() && fs::exists(dir / "tokenizer.json", ec)) tok = o.hf_dir;
+  if (!tok.empty()) {
+    // Read it now: a tokenizer that does not load, or whose ids exceed the model's vocabulary, is an
+    // import error rather than a surprise in `generate` or training.
+    data::TokenizerOptions to;
+    to.type = "HuggingFaceTokenizer";
+    to.model = tok;
+    const auto t = data::build_tokenizer(to);
+    if (t->vocab_size() > spec.vocab_size)
+      fail("tokenizer '{}' has {} ids, more than the model's vocab_size {}", tok, t->vocab_size(), spec.vocab_size);
+    pt["overrides"]["tokenizer_type"] = "HuggingFaceTokenizer";
+    pt["overrides"]["tokenizer_model"] = fs::absolute(tok).string();
+  }
+  YAML::Emitter e;
+  e << cfg;
+
+  train::TrainState state;
+  state.run_id = train::new_run_id(nullptr);
+  train::SaveOptions so;
+  so.overwrite = o.overwrite;
+  std::vector<float> zeros(size_t(store->numel()), 0.0f);
+  return train::save_checkpoint(o.save_dir, *store, zeros.data(), zeros.data(), state, std::string(e.c_str()) + "\n",
+                                so);
+}
+
+std::vector<std::string> export_hf(const ExportOptions& o) {
+  if (o.dtype != "F32" && o.dtype != "BF16") fail("export dtype must be F32 or BF16, not '{}'", o.dtype);
+  const std::string dir = train::resolve_checkpoint(o.checkpoint);
+  const YAML::Node cfg = YAML::Load(train::read_checkpoint_config(dir));
+  const YAML::Node pt = cfg["modules"] ? cfg["modules"]["pre_trainer"] : YAML::Node();
+  if (!pt || !pt["model_spec"]) fail("{}/config.yaml has no modules.pre_trainer.model_spec", dir);
+  const ModelSpec spec = model_spec_from_yaml(pt["model_spec"], dir + "/config.yaml");
+  const std::string arch = !o.architecture.empty() ? o.architecture
+                           : spec.add_qkv_bias     ? "Qwen2ForCausalLM"
+                                                   : "LlamaForCausalLM";
+  const json config = hf_config_from_spec(spec, arch, o.dtype == "F32" ? "float32" : "bfloat16");
+
+  auto store = whole_model_store(spec);
+  train::LoadOptions lo;
+  lo.optimizer = false;
+  const train::CheckpointData ck = train::load_checkpoint(dir, *store, lo);
+  std::vector<TensorOut> out;
+  for (const Mapping& m : name_map(spec)) {
+    const int id = store->find(m.ours);
+    const StoredParam& p = store->infos()[id];
+    const int64_t row = p.shape.size() > 1 ? p.numel / p.shape[0] : 1;
+    // Row counts of the parts: q, k, v heads; gate, up halves.
+    std::vector<int64_t> parts;
+    if (m.theirs.size() == 3) parts = {spec.q_size(), spec.kv_size(), spec.kv_size()};
+    else if (m.theirs.size() == 2) parts = {spec.ffn_hidden_size, spec.ffn_hidden_size};
+    else parts = {p.shape[0]};
+    int64_t at = p.offset;
+    for (size_t i = 0; i < m.theirs.size(); ++i) {
+      std::vector<float> v(ck.params.begin() + at, ck.params.begin() + at + parts[i] * row);
+      at += parts[i] * row;
+      std::vector<int64_t> shape = p.shape;
+      shape[0] = parts[i];
+      out.push_back({m.theirs[i], o.dtype, shape, f32_to_bytes(v, o.dtype)});
+    }
+  }
+  fs::create_directories(o.out_dir);
+  std::vector<std::string> files = write_safetensors(o.out_dir, out, o.max_shard_bytes, {{"format", "pt"}});
+  const fs::path cfg_path = fs::path(o.out_dir) / "config.json";
+  std::ofstream(cfg_path) << config.dump(2) << "\n";
+  files.push_back(cfg_path.string());
+  // The tokenizer the checkpoint names, when it is a tokenizer.json: a Hugging Face folder is whole with it.
+  const YAML::Node ov = pt["overrides"];
+  if (ov && ov["tokenizer_type"] && ov["tokenizer_type"].as<std::string>() == "HuggingFaceTokenizer" &&
+      ov["tokenizer_model"]) {
+    fs::path tok = ov["tokenizer_model"].as<std::string>();
+    std::error_code ec;
+    if (fs::is_directory(tok, ec)) tok /= "tokenizer.json";
+    for (const char* f : {"tokenizer.json", "tokenizer_config.json"}) {
+      const fs::path src = tok.parent_path() / f;
+      if (fs::exists(src, ec) && fs::absolute(src) != fs::absolute(fs::path(o.out_dir) / f)) {
+        fs::copy_file(src, fs::path(o.out_dir) / f, fs::copy_options::overwrite_existing);
+        files.push_back((fs::path(o.out_dir) / f).string());
+      }
+    }
+  }
+  return files;
+}
+
+}  // namespace primus::hf

@@ -1,0 +1,224 @@
+#include "model/moe.h"
+
+#include <cmath>
+#include <numeric>
+
+#include <fmt/format.h>
+
+#include "core/error.h"
+#include "kernels/host_values.h"
+
+namespace primus {
+namespace {
+
+// f(expert, first permuted row, rows) for every expert that has rows.
+template <typename F>
+void for_experts(const std::vector<int64_t>& offsets, F&& f) {
+  for (size_t e = 0; e + 1 < offsets.size(); ++e)
+    if (offsets[e + 1] > offsets[e]) f(int64_t(e), offsets[e], offsets[e + 1] - offsets[e]);
+}
+
+}  // namespace
+
+std::vector<int> MoeParams::ids() const {
+  std::vector<int> v = {router};
+  v.insert(v.end(), fc1.begin(), fc1.end());
+  v.insert(v.end(), fc2.begin(), fc2.end());
+  for (int id : {expert_bias, shared_fc1, shared_fc2, shared_gate})
+    if (id >= 0) v.push_back(id);
+  return v;
+}
+
+// The same names, shapes and order as model_parameter_layout (model_spec.cpp).
+MoeParams register_moe_params(ParamStore& params, const ModelSpec& spec, int64_t layer) {
+  const std::string p = fmt::format("decoder.layers.{}.mlp.", layer);
+  const int64_t C = spec.hidden_size, E = spec.num_experts, F = spec.expert_ffn();
+  const int64_t Fs = spec.moe_shared_expert_intermediate_size;
+  MoeParams m;
+  m.router = params.add(p + "router.weight", {E, C}, ParamInit::Normal, true);
+  // A buffer that the optimizer leaves alone: its gradient stays 0 and it has no weight decay.
+  if (spec.moe_router_enable_expert_bias)
+    m.expert_bias = params.add(p + "router.expert_bias", {E}, ParamInit::Zeros, false);
+  for (int64_t e = 0; e < E; ++e) {
+    m.fc1.push_back(params.add(p + fmt::format("experts.local_experts.{}.linear_fc1.weight", e), {2 * F, C},
+                               ParamInit::Normal, true));
+    m.fc2.push_back(params.add(p + fmt::format("experts.local_experts.{}.linear_fc2.weight", e), {C, F},
+                               ParamInit::ScaledNormal, true));
+  }
+  if (Fs > 0) {
+    m.shared_fc1 = params.add(p + "shared_experts.linear_fc1.weight", {2 * Fs, C}, ParamInit::Normal, true);
+    m.shared_fc2 = params.add(p + "shared_experts.linear_fc2.weight", {C, Fs}, ParamInit::ScaledNormal, true);
+    if (spec.moe_shared_expert_gate)
+      m.shared_gate = params.add(p + "shared_experts.gate_weight", {1, C}, ParamInit::Normal, true);
+  }
+  return m;
+}
+
+void check_moe_supported(const ModelSpec& spec, uint8_t recompute, int tp_size) {
+  if (recompute != 0)
+    fail("model {}: recompute_granularity with MoE layers is not implemented yet; leave it unset", spec.name);
+  if (tp_size > 1)
+    fail("model {}: tensor_model_parallel_size {} with MoE layers is not implemented yet (docs/moe.md)", spec.name,
+         tp_size);
+}
+
+MoeLayer::MoeLayer(const ModelSpec& spec, ops::Backend& backend, DType activation, MoeParams params)
+    : spec_(spec), be_(backend), act_(activation), stat_(ops::stat_dtype(activation)), p_(std::move(params)) {
+  if (spec_.moe_pad_expert_input_to_capacity)
+    fail("model {}: moe_pad_expert_input_to_capacity is not implemented (dropping without padding is)", spec_.name);
+}
+
+Tensor MoeLayer::forward(MoeContext& c, const Tensor& h, const Tensor& residual, const Weights& w,
+                         const std::vector<double>& expert_bias, int64_t batch, int64_t seq) const {
+  const int64_t N = h.size(0), C = spec_.hidden_size, E = spec_.num_experts, k = spec_.moe_router_topk;
+  const int64_t F = spec_.expert_ffn();
+  PRIMUS_CHECK(N == batch * seq, "MoE block: {} rows for {} x {}", N, batch, seq);
+  c = MoeContext();
+  c.h = h;
+  // Router logits in the stat dtype (fp32 for bf16 runs, as moe_router_dtype fp32).
+  Tensor logits = be_.empty({N, E}, stat_);
+  be_.gemm(false, true, 1.0f, h, w(p_.router), 0.0f, Tensor(), logits, Tensor());
+  c.routing = route(spec_, ops::host_values(logits), expert_bias, batch, seq);
+  const Routing& r = c.routing;
+
+  // Permute: the kept choices grouped by expert, in token order within an expert.
+  c.offsets.assign(size_t(E + 1), 0);
+  std::vector<std::vector<int64_t>> of(static_cast<size_t>(E));
+  for (int64_t i = 0; i < N * k; ++i)
+    if (r.kept[size_t(i)]) of[size_t(r.expert[size_t(i)])].push_back(i);
+  for (int64_t e = 0; e < E; ++e) {
+    c.offsets[size_t(e + 1)] = c.offsets[size_t(e)] + int64_t(of[size_t(e)].size());
+    for (int64_t i : of[size_t(e)]) {
+      c.rows.push_back(int32_t(i / k));
+      c.slot.push_back(i);
+      c.weights.push_back(r.weight[size_t(i)]);
+    }
+  }
+  const int64_t M = int64_t(c.rows.size());
+  Tensor out = residual.clone();
+  if (M > 0) {
+    c.xp = empty({M, C});
+    be_.gather_rows(h, c.rows, {}, c.xp);
+    c.gu = empty({M, 2 * F});
+    c.act = empty({M, F});
+    c.yp = empty({M, C});
+    // The grouped GEMM: one GEMM per expert's rows, with one SwiGLU over all rows between.
+    for_experts(c.offsets, [&](int64_t e, int64_t o, int64_t n) {
+      Tensor gu = c.gu.slice(0, o, n);
+      be_.gemm(false, true, 1.0f, c.xp.slice(0, o, n), w(p_.fc1[size_t(e)]), 0.0f, Tensor(), gu, Tensor());
+    });
+    be_.swiglu_forward(c.gu, c.act);
+    for_experts(c.offsets, [&](int64_t e, int64_t o, int64_t n) {
+      Tensor yp = c.yp.slice(0, o, n);
+      be_.gemm(false, true, 1.0f, c.act.slice(0, o, n), w(p_.fc2[size_t(e)]), 0.0f, Tensor(), yp, Tensor());
+    });
+    be_.scatter_add_rows(c.yp, c.rows, c.weights, out);  // unpermute, weighted
+  }
+  if (p_.shared_fc1 >= 0) {
+    const int64_t Fs = spec_.moe_shared_expert_intermediate_size;
+    c.sgu = empty({N, 2 * Fs});
+    be_.gemm(false, true, 1.0f, h, w(p_.shared_fc1), 0.0f, Tensor(), c.sgu, Tensor());
+    c.sact = empty({N, Fs});
+    be_.swiglu_forward(c.sgu, c.sact);
+    if (p_.shared_gate < 0) {
+      be_.gemm(false, true, 1.0f, c.sact, w(p_.shared_fc2), 1.0f, out, out, Tensor());
+    } else {
+      c.sout = empty({N, C});
+      be_.gemm(false, true, 1.0f, c.sact, w(p_.shared_fc2), 0.0f, Tensor(), c.sout, Tensor());
+      const std::vector<int32_t> zero(size_t(N), 0);
+      std::vector<double> g = be_.row_dots(w(p_.shared_gate), zero, h);  // <gate_weight, h_t>
+      for (double& v : g) v = 1.0 / (1.0 + std::exp(-v));
+      c.gate = g;
+      std::vector<int32_t> all(static_cast<size_t>(N));
+      std::iota(all.begin(), all.end(), 0);
+      be_.scatter_add_rows(c.sout, all, c.gate, out);
+    }
+  }
+  return out;
+}
+
+Tensor MoeLayer::backward_input(MoeContext& c, const Tensor& dy, const Weights& w) const {
+  PRIMUS_CHECK(c.h.defined(), "MoE backward_input before forward");
+  const int64_t N = c.h.size(0), C = spec_.hidden_size, E = spec_.num_experts, k = spec_.moe_router_topk;
+  const int64_t F = spec_.expert_ffn(), M = int64_t(c.rows.size());
+  Tensor dh = be_.zeros({N, C}, act_);
+  std::vector<double> dweight(size_t(N * k), 0.0);
+  if (M > 0) {
+    c.dy = empty({M, C});  // d yp = weight * dy[row]
+    be_.gather_rows(dy, c.rows, c.weights, c.dy);
+    const std::vector<double> dots = be_.row_dots(dy, c.rows, c.yp);  // d weight = <dy[row], yp>
+    for (int64_t i = 0; i < M; ++i) dweight[size_t(c.slot[size_t(i)])] = dots[size_t(i)];
+    Tensor da = empty({M, F});
+    c.dgu = empty({M, 2 * F});
+    Tensor dxp = empty({M, C});
+    for_experts(c.offsets, [&](int64_t e, int64_t o, int64_t n) {
+      Tensor dae = da.slice(0, o, n);
+      be_.gemm(false, false, 1.0f, c.dy.slice(0, o, n), w(p_.fc2[size_t(e)]), 0.0f, Tensor(), dae, Tensor());
+    });
+    be_.swiglu_backward(da, c.gu, c.dgu);
+    for_experts(c.offsets, [&](int64_t e, int64_t o, int64_t n) {
+      Tensor dxe = dxp.slice(0, o, n);
+      be_.gemm(false, false, 1.0f, c.dgu.slice(0, o, n), w(p_.fc1[size_t(e)]), 0.0f, Tensor(), dxe, Tensor());
+    });
+    be_.scatter_add_rows(dxp, c.rows, {}, dh);
+  }
+  // The router: the weights' gradient plus the load-balancing losses, through the logits.
+  const std::vector<double> dl = route_backward(spec_, c.routing, dweight, c.loss_scale);
+  c.dlogits = ops::tensor_from_values(dl, {N, E}, act_, be_.device());
+  be_.gemm(false, false, 1.0f, c.dlogits, w(p_.router), 1.0f, dh, dh, Tensor());
+  if (p_.shared_fc1 >= 0) {
+    const int64_t Fs = spec_.moe_shared_expert_intermediate_size;
+    if (p_.shared_gate < 0) {
+      c.dy_shared = dy;
+    } else {
+      std::vector<int32_t> all(static_cast<size_t>(N));
+      std::iota(all.begin(), all.end(), 0);
+      c.dy_shared = empty({N, C});
+      be_.gather_rows(dy, all, c.gate, c.dy_shared);
+      std::vector<double> dg = be_.row_dots(dy, all, c.sout);
+      for (int64_t t = 0; t < N; ++t) dg[size_t(t)] *= c.gate[size_t(t)] * (1 - c.gate[size_t(t)]);
+      c.dgate = dg;
+      Tensor dgt = ops::tensor_from_values(dg, {N, 1}, act_, be_.device());
+      be_.gemm(false, false, 1.0f, dgt, w(p_.shared_gate), 1.0f, dh, dh, Tensor());
+    }
+    Tensor dsact = empty({N, Fs});
+    be_.gemm(false, false, 1.0f, c.dy_shared, w(p_.shared_fc2), 0.0f, Tensor(), dsact, Tensor());
+    c.dsgu = empty({N, 2 * Fs});
+    be_.swiglu_backward(dsact, c.sgu, c.dsgu);
+    be_.gemm(false, false, 1.0f, c.dsgu, w(p_.shared_fc1), 1.0f, dh, dh, Tensor());
+  }
+  return dh;
+}
+
+void MoeLayer::backward_weight(MoeContext& c, const Weights& grad) const {
+  PRIMUS_CHECK(c.dlogits.defined(), "MoE backward_weight before backward_input");
+  auto acc = [&](const Tensor& dy, const Tensor& x, int id) {  // dW += dy^T x
+    Tensor gw = grad(id);
+    be_.gemm(true, false, 1.0f, dy, x, 1.0f, gw, gw, Tensor());
+  };
+  for_experts(c.offsets, [&](int64_t e, int64_t o, int64_t n) {
+    acc(c.dy.slice(0, o, n), c.act.slice(0, o, n), p_.fc2[size_t(e)]);
+    acc(c.dgu.slice(0, o, n), c.xp.slice(0, o, n), p_.fc1[size_t(e)]);
+  });
+  acc(c.dlogits, c.h, p_.router);
+  if (p_.shared_fc1 >= 0) {
+    acc(c.dy_shared, c.sact, p_.shared_fc2);
+    acc(c.dsgu, c.h, p_.shared_fc1);
+    if (p_.shared_gate >= 0)
+      acc(ops::tensor_from_values(c.dgate, {c.h.size(0), 1}, act_, be_.device()), c.h, p_.shared_gate);
+  }
+  const double keep = c.loss_scale;
+  c = MoeContext();
+  c.loss_scale = keep;
+}
+
+MoeStats MoeLayer::stats(const MoeContext& c) {
+  MoeStats s;
+  s.tokens_per_expert = c.routing.kept_per_expert;
+  s.dropped = c.routing.dropped;
+  s.aux_loss = c.routing.aux_loss;
+  s.z_loss = c.routing.z_loss;
+  return s;
+}
+
+}  // namespace primus

@@ -1,0 +1,85 @@
+// The mixture-of-experts block that replaces a decoder layer's MLP (Megatron-Core's MoELayer):
+//
+//   logits = h Wr^T            the router's GEMM on the backend, decided on the host (router.h)
+//   xp     = permute(h)        token rows sorted by expert, one per kept (token, expert) choice
+//   yp_e   = swiglu(xp_e W1_e^T) W2_e^T     each expert over its rows: GEMMs over row slices
+//   out    = residual + unpermute(yp, weights) + shared(h)   (shared: a dense SwiGLU, optionally
+//            gated by sigmoid(h g^T))
+//
+// Written once over the op set, like the rest of the model: every precision and backend. The
+// losses of the router (aux / seq-aux / z) enter the objective with the same scale as the LM loss
+// of the microbatch; their values are reported per layer in MoeStats.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/tensor.h"
+#include "kernels/backend.h"
+#include "model/model_spec.h"
+#include "model/param_store.h"
+#include "model/router.h"
+
+namespace primus {
+
+// Parameter ids of one MoE block in a ParamStore, under Megatron-Core's names with the global
+// expert index (decoder.layers.L.mlp.experts.local_experts.E.linear_fc1.weight).
+struct MoeParams {
+  int router = -1, expert_bias = -1;
+  std::vector<int> fc1, fc2;  // per expert
+  int shared_fc1 = -1, shared_fc2 = -1, shared_gate = -1;
+  // All of them, for the weight-gradient hook (the expert bias's gradient is final, and 0, too).
+  std::vector<int> ids() const;
+};
+MoeParams register_moe_params(ParamStore& params, const ModelSpec& spec, int64_t layer);
+
+// What the model's MoE blocks do not run with yet; throws naming the setting.
+void check_moe_supported(const ModelSpec& spec, uint8_t recompute, int tp_size);
+
+// What one MoE block reports for one microbatch.
+struct MoeStats {
+  std::vector<int64_t> tokens_per_expert;  // kept assignments per expert
+  int64_t dropped = 0;
+  double aux_loss = 0, z_loss = 0;
+};
+
+struct MoeContext {
+  Routing routing;
+  std::vector<int32_t> rows;       // per permuted row: its token row
+  std::vector<int64_t> slot;       // per permuted row: its index into routing's [tokens, topk]
+  std::vector<int64_t> offsets;    // per expert: first permuted row (num_experts + 1 entries)
+  std::vector<double> weights;     // per permuted row: its combine weight
+  Tensor h, xp, gu, act, yp;       // forward saves (h: the block's normed input)
+  Tensor sgu, sact, sout;          // shared expert
+  std::vector<double> gate;        // shared expert gate per token (sigmoid), if gated
+  Tensor dy, dgu, dlogits, dsgu, dy_shared;  // B-pass outputs the W pass needs
+  std::vector<double> dgate;       // d(gate logit) per token
+  double loss_scale = 1.0;         // the microbatch's dloss, for the router's losses
+};
+
+class MoeLayer {
+ public:
+  using Weights = std::function<Tensor(int)>;  // id -> working weight (or gradient), shaped
+  MoeLayer(const ModelSpec& spec, ops::Backend& backend, DType activation, MoeParams params);
+
+  // out = residual + moe(h); h, residual [N, C] with N = batch * seq.
+  Tensor forward(MoeContext& c, const Tensor& h, const Tensor& residual, const Weights& w,
+                 const std::vector<double>& expert_bias, int64_t batch, int64_t seq) const;
+  // The gradient of h (not including the residual path) from dy, the gradient of out.
+  Tensor backward_input(MoeContext& c, const Tensor& dy, const Weights& w) const;
+  void backward_weight(MoeContext& c, const Weights& grad) const;
+  static MoeStats stats(const MoeContext& c);
+  const MoeParams& params() const { return p_; }
+
+ private:
+  Tensor empty(const Shape& s) const { return be_.empty(s, act_); }
+  ModelSpec spec_;
+  ops::Backend& be_;
+  DType act_, stat_;
+  MoeParams p_;
+};
+
+}  // namespace primus

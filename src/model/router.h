@@ -1,0 +1,45 @@
+// The MoE router on the host, in double: scores, (group-limited) top-k, combine weights,
+// capacity dropping, the load-balancing losses (aux_loss, seq_aux_loss, z-loss) and the
+// gradient of all of it w.r.t. the router logits. Megatron-Core's TopKRouter semantics under its
+// config names (docs/moe.md). The router's GEMM runs on the backend; its [tokens, experts]
+// logits are small enough to decide on the host, which keeps the routing code single and exact.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "model/model_spec.h"
+
+namespace primus {
+
+struct Routing {
+  int64_t tokens = 0, experts = 0, topk = 0, batch = 0, seq = 0;
+  std::vector<double> logits;   // [tokens, experts]
+  std::vector<double> scores;   // softmax or sigmoid of the logits (what the weights come from)
+  std::vector<int32_t> expert;  // [tokens, topk] chosen experts
+  std::vector<double> weight;   // [tokens, topk] combine weights; 0 where capacity dropped it
+  std::vector<double> raw;      // [tokens, topk] weights before the top-k scaling factor
+  std::vector<uint8_t> kept;    // [tokens, topk] 1 unless capacity dropped it
+  std::vector<int64_t> routed_per_expert;  // chosen, before dropping (the aux loss's counts)
+  std::vector<int64_t> kept_per_expert;    // what the experts compute
+  int64_t dropped = 0;
+  double aux_loss = 0, z_loss = 0;  // with their coefficients
+};
+
+// Routes `tokens = batch * seq` rows (row = b * seq + s) given the router logits. expert_bias
+// (num_experts entries, or empty) only shifts the choice of experts, never the weights.
+Routing route(const ModelSpec& spec, std::vector<double> logits, const std::vector<double>& expert_bias,
+              int64_t batch, int64_t seq);
+
+// dlogits [tokens, experts]: the gradient of  sum(dweight * weight) + loss_scale * (aux + z).
+std::vector<double> route_backward(const ModelSpec& spec, const Routing& r, const std::vector<double>& dweight,
+                                   double loss_scale);
+
+// Megatron's aux-loss-free balancing: bias_e += rate * sign(mean - tokens_e), tokens per expert
+// summed over the whole step (and over the ranks that share the expert).
+void update_expert_bias(std::vector<double>& bias, const std::vector<int64_t>& tokens_per_expert, double rate);
+
+// Expert capacity (tokens an expert takes): ceil(tokens * topk / experts * capacity_factor).
+int64_t expert_capacity(int64_t tokens, int64_t topk, int64_t experts, double capacity_factor);
+
+}  // namespace primus

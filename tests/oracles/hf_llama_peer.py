@@ -1,0 +1,196 @@
+#!/usr/bin/python3
+"""Hugging Face side of the checkpoint tests: reads and writes Hugging Face Llama / Mistral / Qwen2
+folders (config.json + safetensors, single or sharded) with its own small safetensors code (json and
+struct only, independent of the C++ reader and writer) and runs them in the repository's PyTorch
+peer model (benchmarks/engine/torch_llama.py).
+
+    hf_llama_peer.py write OUT --model tiny [--dtype F32|BF16] [--max-shard-bytes N] [--seed S]
+        random weights for the preset, written as a Hugging Face folder (LlamaForCausalLM, or
+        Qwen2ForCausalLM when the preset has QKV biases)
+    hf_llama_peer.py logits DIR --tokens "1 2 3"
+        one JSON line: the fp32 logits at every position ([positions][vocab])
+
+Run it with /usr/bin/python3 (Debian's python3-torch).
+"""
+
+import argparse
+import json
+import os
+import struct
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "..", "benchmarks", "engine"))
+
+import torch  # noqa: E402
+import torch_llama  # noqa: E402
+
+DTYPES = {"F32": (torch.float32, 4), "BF16": (torch.bfloat16, 2)}
+
+
+def hf_tensors(spec):
+    """(our peer's attribute path, [HF names], [rows of each part]) for every tensor."""
+    q, kv, f = spec["num_attention_heads"] * spec["kv_channels"], spec["num_query_groups"] * spec["kv_channels"], \
+        spec["ffn_hidden_size"]
+    out = [("embedding", ["model.embed_tokens.weight"], None)]
+    for i in range(spec["num_layers"]):
+        h = f"model.layers.{i}."
+        out += [
+            (f"layers.{i}.input_norm", [h + "input_layernorm.weight"], None),
+            (f"layers.{i}.qkv", [h + f"self_attn.{p}_proj.weight" for p in "qkv"], [q, kv, kv]),
+        ]
+        if spec["add_qkv_bias"]:
+            out.append((f"layers.{i}.qkv_bias", [h + f"self_attn.{p}_proj.bias" for p in "qkv"], [q, kv, kv]))
+        out += [
+            (f"layers.{i}.proj", [h + "self_attn.o_proj.weight"], None),
+            (f"layers.{i}.mlp_norm", [h + "post_attention_layernorm.weight"], None),
+            (f"layers.{i}.fc1", [h + "mlp.gate_proj.weight", h + "mlp.up_proj.weight"], [f, f]),
+            (f"layers.{i}.fc2", [h + "mlp.down_proj.weight"], None),
+        ]
+    out.append(("final_norm", ["model.norm.weight"], None))
+    if spec["untie_embeddings_and_output_weights"]:
+        out.append(("output", ["lm_head.weight"], None))
+    return out
+
+
+def get_param(model, path):
+    obj = model
+    for p in path.split("."):
+        obj = obj[int(p)] if p.isdigit() else getattr(obj, p)
+    return obj
+
+
+def read_safetensors(folder):
+    index = os.path.join(folder, "model.safetensors.index.json")
+    files = sorted(set(json.load(open(index))["weight_map"].values())) if os.path.exists(index) \
+        else ["model.safetensors"]
+    tensors = {}
+    for fn in files:
+        data = open(os.path.join(folder, fn), "rb").read()
+        (n,) = struct.unpack("<Q", data[:8])
+        header = json.loads(data[8:8 + n])
+        for name, e in header.items():
+            if name == "__metadata__":
+                continue
+            b, end = e["data_offsets"]
+            dtype, _ = DTYPES[e["dtype"]]
+            raw = bytearray(data[8 + n + b:8 + n + end])
+            tensors[name] = torch.frombuffer(raw, dtype=dtype).reshape(e["shape"]).float()
+    return tensors
+
+
+def write_safetensors(folder, named, dtype, max_shard):
+    torch_dtype, _ = DTYPES[dtype]
+    blobs = [(name, list(t.shape), t.to(torch_dtype).contiguous().view(torch.int16 if dtype == "BF16"
+                                                                        else torch.float32).numpy().tobytes())
+             for name, t in named]
+    shards, cur, size = [], [], 0
+    for b in blobs:
+        if cur and size + len(b[2]) > max_shard:
+            shards.append(cur)
+            cur, size = [], 0
+        cur.append(b)
+        size += len(b[2])
+    shards.append(cur)
+    names = ["model.safetensors"] if len(shards) == 1 else \
+        [f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))]
+    weight_map = {}
+    for fn, shard in zip(names, shards):
+        header, off = {}, 0
+        for name, shape, raw in shard:
+            header[name] = {"dtype": dtype, "shape": shape, "data_offsets": [off, off + len(raw)]}
+            off += len(raw)
+            weight_map[name] = fn
+        h = json.dumps(header).encode()
+        h += b" " * ((8 - len(h) % 8) % 8)
+        with open(os.path.join(folder, fn), "wb") as f:
+            f.write(struct.pack("<Q", len(h)) + h + b"".join(raw for _, _, raw in shard))
+    if len(shards) > 1:
+        total = sum(len(b[2]) for b in blobs)
+        json.dump({"metadata": {"total_size": total}, "weight_map": weight_map},
+                  open(os.path.join(folder, "model.safetensors.index.json"), "w"), indent=2)
+
+
+def spec_from_config(c):
+    arch = c["architectures"][0]
+    if arch not in ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM"):
+        sys.exit(f"error: architecture {arch} is not supported here")
+    s = dict(torch_llama.SPEC_DEFAULTS)
+    s.update(num_layers=c["num_hidden_layers"], hidden_size=c["hidden_size"], ffn_hidden_size=c["intermediate_size"],
+             num_attention_heads=c["num_attention_heads"],
+             num_query_groups=c.get("num_key_value_heads") or c["num_attention_heads"],
+             kv_channels=c.get("head_dim") or c["hidden_size"] // c["num_attention_heads"],
+             vocab_size=c["vocab_size"], max_position_embeddings=c["max_position_embeddings"],
+             norm_epsilon=c["rms_norm_eps"], rotary_base=c.get("rope_theta", 10000.0),
+             untie_embeddings_and_output_weights=not c.get("tie_word_embeddings", False),
+             add_qkv_bias=arch == "Qwen2ForCausalLM")
+    rs = c.get("rope_scaling")
+    if rs:
+        s.update(use_rope_scaling=True, rope_scaling_factor=rs["factor"], rope_low_freq_factor=rs["low_freq_factor"],
+                 rope_high_freq_factor=rs["high_freq_factor"],
+                 rope_original_max_position_embeddings=rs["original_max_position_embeddings"])
+    return torch_llama.check_spec(s)
+
+
+def cmd_write(a):
+    spec = torch_llama.check_spec(torch_llama.load_spec(a.model))
+    torch.manual_seed(a.seed)
+    model = torch_llama.Llama(spec)
+    with torch.no_grad():  # norms and biases away from their 1 / 0 init, so that a mix-up shows
+        for p in model.parameters():
+            if p.dim() == 1:
+                p.add_(torch.randn_like(p) * 0.1)
+    named = []
+    for path, names, rows in hf_tensors(spec):
+        t = get_param(model, path).detach()
+        parts = [t] if rows is None else list(torch.split(t, rows, dim=0))
+        named += list(zip(names, parts))
+    os.makedirs(a.out, exist_ok=True)
+    write_safetensors(a.out, named, a.dtype, a.max_shard_bytes)
+    arch = "Qwen2ForCausalLM" if spec["add_qkv_bias"] else "LlamaForCausalLM"
+    config = {"architectures": [arch], "model_type": "qwen2" if spec["add_qkv_bias"] else "llama",
+              "hidden_size": spec["hidden_size"], "intermediate_size": spec["ffn_hidden_size"],
+              "num_hidden_layers": spec["num_layers"], "num_attention_heads": spec["num_attention_heads"],
+              "num_key_value_heads": spec["num_query_groups"], "vocab_size": spec["vocab_size"],
+              "max_position_embeddings": spec["max_position_embeddings"], "rms_norm_eps": spec["norm_epsilon"],
+              "rope_theta": spec["rotary_base"], "hidden_act": "silu",
+              "tie_word_embeddings": not spec["untie_embeddings_and_output_weights"],
+              "torch_dtype": "bfloat16" if a.dtype == "BF16" else "float32", "rope_scaling": None}
+    json.dump(config, open(os.path.join(a.out, "config.json"), "w"), indent=2)
+
+
+def cmd_logits(a):
+    spec = spec_from_config(json.load(open(os.path.join(a.dir, "config.json"))))
+    tensors = read_safetensors(a.dir)
+    model = torch_llama.Llama(spec)
+    with torch.no_grad():
+        for path, names, _ in hf_tensors(spec):
+            get_param(model, path).copy_(torch.cat([tensors.pop(n) for n in names], dim=0))
+    extra = [n for n in tensors if n != "lm_head.weight"]
+    if extra:
+        sys.exit(f"error: tensors not used: {extra}")
+    tokens = torch.tensor([[int(t) for t in a.tokens.split()]])
+    with torch.no_grad():
+        logits = model(tokens)[0]
+    print(json.dumps(logits.tolist()))
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    w = sub.add_parser("write")
+    w.add_argument("out")
+    w.add_argument("--model", default="tiny")
+    w.add_argument("--dtype", choices=DTYPES, default="F32")
+    w.add_argument("--max-shard-bytes", type=int, default=5_000_000_000)
+    w.add_argument("--seed", type=int, default=7)
+    lg = sub.add_parser("logits")
+    lg.add_argument("dir")
+    lg.add_argument("--tokens", required=True)
+    a = ap.parse_args()
+    torch.set_num_threads(1)
+    cmd_write(a) if a.cmd == "write" else cmd_logits(a)
+
+
+if __name__ == "__main__":
+    main()

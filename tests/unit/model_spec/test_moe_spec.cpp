@@ -1,0 +1,184 @@
+// MoE, MLA and QK-norm keys of a model spec: the published parameter counts of the MoE and Qwen3
+// presets, active parameters, moe_layer_freq's three forms, and the errors that name the key.
+#include <gtest/gtest.h>
+#include <yaml-cpp/yaml.h>
+
+#include <string>
+
+#include "core/error.h"
+#include "model/model_spec.h"
+
+using namespace primus;
+
+namespace {
+
+template <typename Fn>
+std::string error_of(Fn fn) {
+  try {
+    fn();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+// A tiny MoE spec from YAML text on top of a dense base.
+ModelSpec tiny_moe(const std::string& extra) {
+  const std::string base =
+      "num_layers: 4\nhidden_size: 32\nffn_hidden_size: 64\nnum_attention_heads: 4\nvocab_size: 100\n"
+      "max_position_embeddings: 64\nnum_experts: 8\nmoe_ffn_hidden_size: 16\nmoe_router_topk: 2\n";
+  ModelSpec s = model_spec_from_yaml(YAML::Load(base), "moe.yaml");
+  if (!extra.empty()) apply_model_keys(s, YAML::Load(extra), "moe.yaml");
+  s.name = "moe";
+  return s;
+}
+
+struct Published {
+  const char* name;
+  int64_t parameters, active;
+};
+class MoePresetCounts : public ::testing::TestWithParam<Published> {};
+
+TEST_P(MoePresetCounts, EqualsPublished) {
+  ModelSpec s = load_model_spec(GetParam().name);
+  ModelStats st = model_stats(s, 4096);
+  EXPECT_EQ(st.parameters, GetParam().parameters);
+  EXPECT_EQ(st.active_parameters, GetParam().active);
+  EXPECT_EQ(st.parameters, st.embedding_parameters + st.non_embedding_parameters);
+}
+
+// Totals from the models' Hugging Face safetensors indexes (DeepSeek-V3 without its MTP module);
+// active counts as our convention computes them (input embedding included, top-k experts).
+INSTANTIATE_TEST_SUITE_P(
+    Presets, MoePresetCounts,
+    ::testing::Values(Published{"mixtral_8x7B_v0.1", 46'702'792'704, 12'879'925'248},
+                      Published{"mixtral_8x22B_v0.1", 140'620'634'112, 39'152'031'744},
+                      Published{"deepseek_v2_lite", 15'706'484'224, 2'661'150'208},
+                      Published{"deepseek_v2", 235'741'434'880, 21'375'800'320},
+                      Published{"deepseek_v3", 671'026'419'200, 37'552'297'472},
+                      Published{"qwen3_30B_A3B", 30'532'122'624, 3'353'032'704},
+                      Published{"qwen3_235B_A22B", 235'093'634'560, 22'190'763'520},
+                      Published{"qwen3_4B", 4'022'468'096, 4'022'468'096},
+                      Published{"qwen3_8B", 8'190'735'360, 8'190'735'360},
+                      Published{"qwen3_14B", 14'768'307'200, 14'768'307'200},
+                      Published{"qwen3_32B", 32'762'123'264, 32'762'123'264}),
+    [](const auto& info) {
+      std::string n = info.param.name;
+      for (char& c : n)
+        if (c == '.') c = '_';
+      return n;
+    });
+
+}  // namespace
+
+TEST(MoeSpec, LayerFreqIntegerListAndExpression) {
+  ModelSpec a = tiny_moe("moe_layer_freq: 2\n");
+  a.validate();
+  EXPECT_TRUE(a.is_moe_layer(0));
+  EXPECT_FALSE(a.is_moe_layer(1));
+  EXPECT_TRUE(a.is_moe_layer(2));
+  ModelSpec b = tiny_moe("moe_layer_freq: [0, 1, 1, 0]\n");
+  b.validate();
+  EXPECT_FALSE(b.is_moe_layer(0));
+  EXPECT_TRUE(b.is_moe_layer(1));
+  EXPECT_FALSE(b.is_moe_layer(3));
+  ModelSpec c = tiny_moe("moe_layer_freq: \"([0]*1+[1]*3)\"\n");
+  c.validate();
+  EXPECT_EQ(c.moe_layer_pattern, (std::vector<int64_t>{0, 1, 1, 1}));
+  ModelSpec d = tiny_moe("moe_layer_freq: \"2*[0,1]\"\n");
+  EXPECT_EQ(d.moe_layer_pattern, (std::vector<int64_t>{0, 1, 0, 1}));
+  // The list round-trips through the resolved config.
+  ModelSpec e = model_spec_from_yaml(model_spec_to_yaml(c), "resolved.yaml");
+  EXPECT_EQ(e.moe_layer_pattern, c.moe_layer_pattern);
+}
+
+TEST(MoeSpec, LayoutCountsExpertsAndActive) {
+  ModelSpec s = tiny_moe("moe_shared_expert_intermediate_size: 16\nmoe_layer_freq: \"([0]+[1]*3)\"\n");
+  auto layout = model_parameter_layout(s);
+  int experts = 0;
+  for (const auto& p : layout) {
+    if (p.expert >= 0) ++experts;
+    EXPECT_TRUE(p.trainable);
+  }
+  EXPECT_EQ(experts, 3 * 8 * 2);  // 3 MoE layers x 8 experts x (fc1, fc2)
+  ModelStats st = model_stats(s, 16);
+  const int64_t expert = 3 * 32 * 16;  // one expert's SwiGLU weights
+  EXPECT_EQ(st.parameters - st.active_parameters, 3 * (8 - 2) * expert);
+  // A dense layer and an MoE layer differ by exactly the expert/router/shared weights.
+  const int64_t attn = 4 * 32 * 32 + 2 * 32;
+  EXPECT_EQ(st.layers[1].parameters, attn + 3 * 32 * 64);
+  EXPECT_EQ(st.layers[2].parameters, attn + 8 * expert + 8 * 32 + 3 * 32 * 16);
+  EXPECT_EQ(st.layers[2].active_parameters, attn + 2 * expert + 8 * 32 + 3 * 32 * 16);
+  // FLOPs: 6 per active weight plus attention's 6 s q.
+  EXPECT_DOUBLE_EQ(st.layers[2].flops_per_token, 6.0 * double(st.layers[2].active_parameters) + 6.0 * 16 * 32);
+}
+
+TEST(MoeSpec, ExpertBiasIsACountedBuffer) {
+  ModelSpec s = tiny_moe("moe_router_score_function: sigmoid\nmoe_router_enable_expert_bias: true\n");
+  int buffers = 0;
+  for (const auto& p : model_parameter_layout(s))
+    if (!p.trainable) {
+      ++buffers;
+      EXPECT_NE(p.name.find("mlp.router.expert_bias"), std::string::npos);
+    }
+  EXPECT_EQ(buffers, 4);
+}
+
+TEST(MoeSpec, NullMeansNone) {
+  ModelSpec s = tiny_moe("moe_expert_capacity_factor: null\nmoe_router_num_groups: null\nq_lora_rank: ~\n");
+  s.validate();
+  EXPECT_EQ(s.moe_expert_capacity_factor, 0.0);
+  EXPECT_EQ(s.moe_router_num_groups, 0);
+  EXPECT_EQ(s.q_lora_rank, 0);
+}
+
+TEST(MoeSpec, BadInputNamesTheKey) {
+  auto err = [](const std::string& extra) { return error_of([&] { tiny_moe(extra).validate(); }); };
+  EXPECT_NE(err("moe_router_topk: 9\n").find("moe_router_topk (9) cannot exceed num_experts (8)"), std::string::npos);
+  EXPECT_NE(err("moe_router_enable_expert_bias: true\n").find("moe_router_enable_expert_bias needs "
+                                                                 "moe_router_score_function: sigmoid"),
+            std::string::npos);
+  EXPECT_NE(err("moe_router_score_function: sigmod\n").find("moe_router_score_function 'sigmod' is not one of"),
+            std::string::npos);
+  EXPECT_NE(err("moe_token_dispatcher_type: flex\n").find("moe_token_dispatcher_type 'flex'"), std::string::npos);
+  EXPECT_NE(err("moe_router_load_balancing_type: sinkhorn\n").find("moe_router_load_balancing_type"),
+            std::string::npos);
+  EXPECT_NE(err("moe_layer_freq: [1, 1]\n").find("moe_layer_freq lists 2 layers but num_layers is 4"),
+            std::string::npos);
+  EXPECT_NE(err("moe_layer_freq: [0, 1, 2, 1]\n").find("moe_layer_freq entries must be 0"), std::string::npos);
+  EXPECT_NE(err("moe_layer_freq: 0\n").find("moe_layer_freq must be at least 1"), std::string::npos);
+  EXPECT_NE(err("moe_router_num_groups: 3\nmoe_router_group_topk: 1\n").find("divisible by moe_router_num_groups"),
+            std::string::npos);
+  EXPECT_NE(err("moe_router_num_groups: 4\n").find("needs both"), std::string::npos);
+  EXPECT_NE(err("moe_router_num_groups: 4\nmoe_router_group_topk: 1\nmoe_router_topk: 3\n")
+                .find("moe_router_topk (3) exceeds the experts of the 1 selected groups (2)"),
+            std::string::npos);
+  EXPECT_NE(err("moe_aux_loss_coeff: -1\n").find("moe_aux_loss_coeff must be a non-negative"), std::string::npos);
+  EXPECT_NE(err("moe_shared_expert_gate: true\n").find("moe_shared_expert_gate needs a shared expert"),
+            std::string::npos);
+  // Expression syntax errors name the key and the text.
+  EXPECT_NE(error_of([] { tiny_moe("moe_layer_freq: \"([0]*3+\"\n"); }).find("'moe_layer_freq' expression"),
+            std::string::npos);
+  EXPECT_NE(error_of([] { tiny_moe("moe_layer_freq: \"[0,1\"\n"); }).find("unclosed list"), std::string::npos);
+  EXPECT_NE(error_of([] { tiny_moe("moe_router_topk: two\n"); }).find("'moe_router_topk' must be an integer"),
+            std::string::npos);
+}
+
+TEST(MlaSpec, LayoutAndAttentionFlops) {
+  ModelSpec s = tiny_moe(
+      "multi_latent_attention: true\nqk_layernorm: true\nq_lora_rank: 8\nkv_lora_rank: 6\nqk_head_dim: 4\n"
+      "qk_pos_emb_head_dim: 2\nv_head_dim: 4\nnum_experts: null\n");
+  s.validate();
+  ModelStats st = model_stats(s, 16);
+  const int64_t H = 4, C = 32;
+  const int64_t attn = C * 8 + 8 + 8 * H * 6 + C * (6 + 2) + 6 + 6 * H * (4 + 4) + H * 4 * C;
+  EXPECT_EQ(st.layers[1].parameters, attn + 2 * C + 3 * C * 64);
+  // 3 s heads (qk + rope + v) for the attention core.
+  EXPECT_DOUBLE_EQ(st.layers[1].flops_per_token, 6.0 * double(st.layers[1].parameters) + 3.0 * 16 * H * 10);
+  EXPECT_NE(error_of([&] {
+              ModelSpec b = s;
+              b.qk_pos_emb_head_dim = 3;
+              b.validate();
+            }).find("qk_pos_emb_head_dim (3) must be even"),
+            std::string::npos);
+}

@@ -1,0 +1,247 @@
+// The MoE block inside LlamaModel: gradients of the whole objective (LM loss + router losses)
+// against finite differences in double, the bf16 run against fp32, statistics, expert-bias
+// updates, and learning.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <numeric>
+#include <vector>
+
+#include "../engine/grad_check.h"
+#include "core/rng.h"
+#include "kernels/cpu/cpu_backend.h"
+#include "kernels/cpu/reference_backend.h"
+#include "model/llama.h"
+
+using namespace primus;
+
+namespace {
+
+ModelSpec tiny_moe(bool deepseek_style) {
+  ModelSpec s;
+  s.name = "tiny-moe";
+  s.num_layers = 2;
+  s.hidden_size = 8;
+  s.ffn_hidden_size = 12;
+  s.num_attention_heads = 2;
+  s.vocab_size = 7;
+  s.max_position_embeddings = 8;
+  s.init_method_std = 0.4;
+  s.num_experts = 4;
+  s.moe_ffn_hidden_size = 6;
+  s.moe_router_topk = 2;
+  s.moe_layer_pattern = {0, 1};  // a dense first layer
+  s.moe_aux_loss_coeff = 0.1;
+  s.moe_z_loss_coeff = 0.01;
+  if (deepseek_style) {
+    s.moe_shared_expert_intermediate_size = 6;
+    s.moe_shared_expert_gate = true;
+    s.moe_router_score_function = "sigmoid";
+    s.moe_router_enable_expert_bias = true;
+    s.moe_router_topk_scaling_factor = 1.5;
+    s.moe_router_num_groups = 2;
+    s.moe_router_group_topk = 1;
+    s.moe_router_load_balancing_type = "seq_aux_loss";
+    s.moe_expert_capacity_factor = 1.0;  // some choices dropped
+  }
+  return s;
+}
+
+struct Batch {
+  int64_t b, s;
+  std::vector<int32_t> tokens, targets;
+};
+
+Batch make_batch(int64_t b, int64_t s, int64_t vocab, uint64_t seed) {
+  Rng rng(seed);
+  Batch x{b, s, std::vector<int32_t>(size_t(b * s)), std::vector<int32_t>(size_t(b * s))};
+  for (auto& t : x.tokens) t = int32_t(rng.next_u64() % uint64_t(vocab));
+  for (auto& t : x.targets) t = int32_t(rng.next_u64() % uint64_t(vocab));
+  return x;
+}
+
+// The objective the backward differentiates: LM loss plus every block's router losses.
+double objective(LlamaModel& m, const Batch& x) {
+  m.reset_moe_stats();
+  LlamaContext c;
+  double loss = m.forward(c, x.tokens.data(), x.targets.data(), x.b, x.s);
+  for (const auto& s : m.moe_stats()) loss += s.aux_loss + s.z_loss;
+  return loss;
+}
+
+void check_grads(const ModelSpec& spec) {
+  LlamaModel m(spec, cpu::cpu_backend(), Precision::Fp64);
+  m.init_weights(5);
+  const Batch x = make_batch(2, 4, spec.vocab_size, 9);
+  m.params().zero_grad();
+  LlamaContext ctx;
+  m.forward(ctx, x.tokens.data(), x.targets.data(), x.b, x.s);
+  m.backward(ctx, 1.0);
+  const double* g = m.params().grads().data<double>();
+  std::vector<double> analytic(g, g + m.params().numel());
+  double* values = m.params().values().data<double>();
+  int checked = 0;
+  for (const auto& info : m.params().infos()) {
+    if (info.name.find("expert_bias") != std::string::npos) {  // a buffer: no gradient
+      for (int64_t i = 0; i < info.numel; ++i) EXPECT_EQ(analytic[size_t(info.offset + i)], 0.0);
+      continue;
+    }
+    for (int64_t i = 0; i < info.numel; ++i) {
+      const double num = test::numeric_grad(values + info.offset + i, [&] { return objective(m, x); });
+      ASSERT_NEAR(analytic[size_t(info.offset + i)], num, 1e-8 + 1e-6 * std::fabs(num))
+          << info.name << "[" << i << "]";
+      ++checked;
+    }
+  }
+  EXPECT_GT(checked, 0);
+}
+
+}  // namespace
+
+TEST(MoeModel, MixtralStyleGradientsMatchFiniteDifferences) { check_grads(tiny_moe(false)); }
+
+TEST(MoeModel, DeepSeekStyleGradientsMatchFiniteDifferences) {
+  ModelSpec s = tiny_moe(true);
+  LlamaModel probe(s, cpu::cpu_backend(), Precision::Fp64);
+  probe.init_weights(5);
+  const Batch x = make_batch(2, 4, s.vocab_size, 9);
+  objective(probe, x);
+  EXPECT_GT(probe.moe_stats()[0].dropped, 0);  // the capacity path is exercised
+  check_grads(s);
+}
+
+TEST(MoeModel, LayoutMatchesTheSpecCount) {
+  for (bool ds : {false, true}) {
+    ModelSpec s = tiny_moe(ds);
+    LlamaModel m(s, cpu::cpu_backend(), Precision::Fp32);
+    const auto layout = model_parameter_layout(s);
+    ASSERT_EQ(m.params().infos().size(), layout.size());
+    int64_t total = 0;
+    for (size_t i = 0; i < layout.size(); ++i) {
+      EXPECT_EQ(m.params().infos()[i].name, layout[i].name);
+      EXPECT_EQ(m.params().infos()[i].numel, layout[i].numel);
+      total += m.params().infos()[i].numel;
+    }
+    EXPECT_EQ(total, model_stats(s, 8).parameters);
+  }
+}
+
+TEST(MoeModel, StatsCountEveryChoiceAndBiasMoves) {
+  ModelSpec s = tiny_moe(true);
+  s.moe_expert_capacity_factor = 0;  // dropless
+  LlamaModel m(s, cpu::cpu_backend(), Precision::Fp32);
+  m.init_weights(3);
+  const Batch x = make_batch(2, 4, s.vocab_size, 1);
+  objective(m, x);
+  ASSERT_EQ(m.moe_stats().size(), 1u);
+  const auto& st = m.moe_stats()[0];
+  EXPECT_EQ(st.layer, 1);
+  EXPECT_EQ(std::accumulate(st.tokens_per_expert.begin(), st.tokens_per_expert.end(), int64_t(0)), 8 * 2);
+  EXPECT_EQ(st.dropped, 0);
+  EXPECT_GT(st.aux_loss, 0);
+  m.update_expert_biases({st.tokens_per_expert});
+  const auto& info = m.params().infos()[size_t(m.params().find("decoder.layers.1.mlp.router.expert_bias"))];
+  const float* bias = m.params().values().data<float>() + info.offset;
+  const double mean = 16.0 / 4;
+  for (int e = 0; e < 4; ++e) {
+    const double want = st.tokens_per_expert[size_t(e)] < mean ? 1e-3 : st.tokens_per_expert[size_t(e)] > mean ? -1e-3 : 0;
+    EXPECT_FLOAT_EQ(bias[e], float(want)) << e;
+  }
+}
+
+TEST(MoeModel, Bf16MatchesFp32AtBf16Resolution) {
+  ModelSpec s = tiny_moe(false);
+  s.hidden_size = 32;
+  s.num_attention_heads = 4;
+  s.init_method_std = 0.02;
+  s.vocab_size = 64;
+  cpu::ReferenceBackend ref;
+  LlamaModel a(s, cpu::cpu_backend(), Precision::Fp32), b(s, ref, Precision::Bf16);
+  a.init_weights(4);
+  b.init_weights(4);
+  const Batch x = make_batch(2, 8, s.vocab_size, 2);
+  LlamaContext ca, cb;
+  const double la = a.forward(ca, x.tokens.data(), x.targets.data(), x.b, x.s);
+  const double lb = b.forward(cb, x.tokens.data(), x.targets.data(), x.b, x.s);
+  EXPECT_NEAR(la, lb, 0.01 * la);
+  a.params().zero_grad();
+  b.params().zero_grad();
+  a.backward(ca, 1.0);
+  b.backward(cb, 1.0);
+  // Gradient direction agrees (cosine near 1).
+  const float* ga = a.params().grads().data<float>();
+  const float* gb = b.params().grads().data<float>();
+  double dot = 0, na = 0, nb = 0;
+  for (int64_t i = 0; i < a.params().numel(); ++i) {
+    dot += double(ga[i]) * gb[i];
+    na += double(ga[i]) * ga[i];
+    nb += double(gb[i]) * gb[i];
+  }
+  EXPECT_GT(dot / std::sqrt(na * nb), 0.99);
+}
+
+TEST(MoeModel, LearnsARepeatingSequence) {
+  ModelSpec s = tiny_moe(true);
+  s.hidden_size = 16;
+  s.init_method_std = 0.1;
+  s.moe_expert_capacity_factor = 0;
+  LlamaModel m(s, cpu::cpu_backend(), Precision::Fp32);
+  m.init_weights(1);
+  std::vector<int32_t> tokens = {1, 2, 3, 4, 5, 6, 1, 2}, targets = {2, 3, 4, 5, 6, 1, 2, 3};
+  float* v = m.params().values().data<float>();
+  const float* g = m.params().grads().data<float>();
+  double first = 0, last = 0;
+  for (int it = 0; it < 150; ++it) {
+    m.params().zero_grad();
+    m.reset_moe_stats();
+    LlamaContext c;
+    const double loss = m.forward(c, tokens.data(), targets.data(), 1, 8);
+    if (it == 0) first = loss;
+    last = loss;
+    m.backward(c, 1.0);
+    for (int64_t i = 0; i < m.params().numel(); ++i) v[i] -= 0.3f * g[i];
+    std::vector<std::vector<int64_t>> counts;
+    for (const auto& st : m.moe_stats()) counts.push_back(st.tokens_per_expert);
+    m.update_expert_biases(counts);
+  }
+  EXPECT_LT(last, 0.2 * first) << first << " -> " << last;
+}
+
+TEST(MoeModel, RejectsWhatItDoesNotRunYet) {
+  ModelSpec s = tiny_moe(false);
+  LlamaOptions o;
+  o.recompute = Recompute::Full;
+  try {
+    LlamaModel m(s, cpu::cpu_backend(), Precision::Fp32, o);
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("recompute_granularity"), std::string::npos);
+  }
+}
+
+// The fused backward and the B/W passes give the same gradients, with the router losses scaled
+// by the microbatch's dloss in both.
+TEST(MoeModel, FusedBackwardEqualsSplitPassesWithLossScale) {
+  ModelSpec s = tiny_moe(true);
+  LlamaModel a(s, cpu::cpu_backend(), Precision::Fp64), b(s, cpu::cpu_backend(), Precision::Fp64);
+  a.init_weights(6);
+  b.init_weights(6);
+  const Batch x = make_batch(2, 4, s.vocab_size, 4);
+  LlamaContext ca, cb;
+  a.params().zero_grad();
+  b.params().zero_grad();
+  a.forward(ca, x.tokens.data(), x.targets.data(), x.b, x.s);
+  b.forward(cb, x.tokens.data(), x.targets.data(), x.b, x.s);
+  a.backward(ca, 0.25);
+  b.backward_input(cb, 0.25);
+  b.backward_weight(cb);
+  const double* ga = a.params().grads().data<double>();
+  const double* gb = b.params().grads().data<double>();
+  for (int64_t i = 0; i < a.params().numel(); ++i) ASSERT_NEAR(ga[i], gb[i], 1e-12) << i;
+  // And 0.25 of the dloss-1 gradient: everything in the objective scales together.
+  LlamaContext cc;
+  b.params().zero_grad();
+  b.forward(cc, x.tokens.data(), x.targets.data(), x.b, x.s);
+  b.backward(cc, 1.0);
+  for (int64_t i = 0; i < a.params().numel(); ++i) ASSERT_NEAR(ga[i], 0.25 * gb[i], 1e-12) << i;
+}

@@ -1,0 +1,171 @@
+// The router (model/router.h) and the routing row ops: uniform aux loss, the bias sign rule,
+// capacity dropping, group-limited choice, dispatch+combine identity, and route_backward against
+// finite differences in double.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <numeric>
+
+#include "../engine/grad_check.h"
+#include "kernels/cpu/cpu_backend.h"
+#include "kernels/cpu/reference_backend.h"
+#include "kernels/host_values.h"
+#include "model/router.h"
+
+using namespace primus;
+
+namespace {
+
+ModelSpec router_spec(int64_t E, int64_t k) {
+  ModelSpec s;
+  s.name = "router";
+  s.num_layers = 1;
+  s.hidden_size = 8;
+  s.ffn_hidden_size = 8;
+  s.num_attention_heads = 2;
+  s.vocab_size = 8;
+  s.max_position_embeddings = 8;
+  s.num_experts = E;
+  s.moe_router_topk = k;
+  return s;
+}
+
+}  // namespace
+
+TEST(Router, AuxLossEqualsCoefficientUnderUniformRouting) {
+  for (const char* type : {"aux_loss", "seq_aux_loss"}) {
+    ModelSpec s = router_spec(4, 2);
+    s.moe_aux_loss_coeff = 0.01;
+    s.moe_router_load_balancing_type = type;
+    // Equal logits: every probability is 1/E, and balanced choices (each expert k/E of them).
+    std::vector<double> logits(size_t(8 * 4), 0.0);
+    Routing r = route(s, logits, {}, 2, 4);
+    EXPECT_NEAR(r.aux_loss, 0.01, 1e-15) << type;
+    s.moe_router_force_load_balancing = true;  // noise logits: counts near uniform, loss near coeff
+    Routing f = route(s, logits, {}, 2, 4);
+    EXPECT_GT(f.aux_loss, 0.0);
+  }
+}
+
+TEST(Router, ZLossIsMeanSquaredLogsumexp) {
+  ModelSpec s = router_spec(2, 1);
+  s.moe_z_loss_coeff = 0.5;
+  Routing r = route(s, {0.0, 0.0, std::log(3.0), 0.0}, {}, 1, 2);
+  const double a = std::log(2.0), b = std::log(4.0);
+  EXPECT_NEAR(r.z_loss, 0.5 * (a * a + b * b) / 2, 1e-14);
+}
+
+TEST(Router, ExpertBiasFollowsTheSignRule) {
+  std::vector<double> bias = {0.0, 0.0, 0.5, 0.0};
+  update_expert_bias(bias, {5, 1, 3, 3}, 0.1);  // mean 3: overloaded down, underloaded up
+  EXPECT_DOUBLE_EQ(bias[0], -0.1);
+  EXPECT_DOUBLE_EQ(bias[1], 0.1);
+  EXPECT_DOUBLE_EQ(bias[2], 0.5);
+  EXPECT_DOUBLE_EQ(bias[3], 0.0);
+  // The bias changes the choice, not the weights.
+  ModelSpec s = router_spec(4, 1);
+  s.moe_router_score_function = "sigmoid";
+  s.moe_router_enable_expert_bias = true;
+  Routing r = route(s, {1.0, 0.9, 0.0, 0.0}, {0.0, 0.2, 0.0, 0.0}, 1, 1);
+  EXPECT_EQ(r.expert[0], 1);
+  EXPECT_NEAR(r.weight[0], 1 / (1 + std::exp(-0.9)), 1e-15);
+}
+
+TEST(Router, CapacityDropsTheLowestProbabilityTokens) {
+  ModelSpec s = router_spec(2, 1);
+  s.moe_router_pre_softmax = true;  // weights are the softmax probabilities
+  s.moe_expert_capacity_factor = 1.0;  // capacity ceil(4 * 1 / 2) = 2
+  // Every token prefers expert 0, with probabilities rising with these gaps.
+  std::vector<double> gaps = {0.5, 2.0, 0.1, 1.0};
+  std::vector<double> logits;
+  for (double g : gaps) logits.insert(logits.end(), {g, 0.0});
+  Routing r = route(s, logits, {}, 1, 4);
+  EXPECT_EQ(r.dropped, 2);
+  EXPECT_EQ(std::vector<uint8_t>(r.kept.begin(), r.kept.end()), (std::vector<uint8_t>{0, 1, 0, 1}));
+  EXPECT_EQ(r.weight[0], 0.0);
+  EXPECT_EQ(r.kept_per_expert[0], 2);
+  s.moe_token_drop_policy = "position";
+  Routing p = route(s, logits, {}, 1, 4);
+  EXPECT_EQ(std::vector<uint8_t>(p.kept.begin(), p.kept.end()), (std::vector<uint8_t>{1, 1, 0, 0}));
+}
+
+TEST(Router, GroupLimitedChoosesWithinTheBestGroups) {
+  ModelSpec s = router_spec(8, 2);
+  s.moe_router_num_groups = 4;
+  s.moe_router_group_topk = 1;
+  // Best single logits are in different groups (0 and 6), but group 1 (experts 2, 3) has the
+  // largest top-2 sum.
+  std::vector<double> l = {3.0, -5.0, 2.0, 2.0, 0.0, 0.0, 2.9, -5.0};
+  Routing r = route(s, l, {}, 1, 1);
+  EXPECT_EQ(r.expert[0] / 2, 1);
+  EXPECT_EQ(r.expert[1] / 2, 1);
+}
+
+// route_backward against finite differences of sum(dweight * weight) + scale * (aux + z).
+static void check_router_grad(ModelSpec s, uint64_t seed) {
+  const int64_t B = 2, S = 3, N = B * S, E = s.num_experts, k = s.moe_router_topk;
+  std::vector<double> logits = test::random_vector(size_t(N * E), seed);
+  std::vector<double> dweight = test::random_vector(size_t(N * k), seed + 1);
+  const double scale = 0.7;
+  auto objective = [&] {
+    Routing r = route(s, logits, {}, B, S);
+    return test::dot(r.weight, dweight) + scale * (r.aux_loss + r.z_loss);
+  };
+  Routing r = route(s, logits, {}, B, S);
+  std::vector<double> dl = route_backward(s, r, dweight, scale);
+  test::expect_grad_matches(s.moe_router_score_function.c_str(), logits.data(), dl.data(), logits.size(), objective,
+                            1e-6, 1e-8);
+}
+
+TEST(Router, GradientsMatchFiniteDifferences) {
+  ModelSpec a = router_spec(5, 2);  // softmax after top-k, aux + z losses
+  a.moe_aux_loss_coeff = 0.1;
+  a.moe_z_loss_coeff = 0.01;
+  check_router_grad(a, 11);
+  ModelSpec b = router_spec(6, 3);  // softmax before top-k, scaled, seq aux, groups
+  b.moe_router_pre_softmax = true;
+  b.moe_router_topk_scaling_factor = 2.5;
+  b.moe_router_load_balancing_type = "seq_aux_loss";
+  b.moe_aux_loss_coeff = 0.05;
+  b.moe_router_num_groups = 3;
+  b.moe_router_group_topk = 2;
+  check_router_grad(b, 12);
+  ModelSpec c = router_spec(4, 2);  // sigmoid, normalised top-k, aux loss over normalised scores
+  c.moe_router_score_function = "sigmoid";
+  c.moe_aux_loss_coeff = 0.1;
+  check_router_grad(c, 13);
+  ModelSpec d = router_spec(4, 1);  // sigmoid, top-1 (the raw score)
+  d.moe_router_score_function = "sigmoid";
+  check_router_grad(d, 14);
+}
+
+TEST(RowOps, DispatchThenCombineIsTheIdentity) {
+  cpu::ReferenceBackend ref;
+  for (ops::Backend* be : {static_cast<ops::Backend*>(&cpu::cpu_backend()), static_cast<ops::Backend*>(&ref)}) {
+    const DType dt = be == &ref ? DType::BF16 : DType::F32;
+    std::vector<double> xv = test::random_vector(5 * 3, 3);
+    Tensor x = ops::tensor_from_values(xv, {5, 3}, dt, be->device());
+    const std::vector<double> xr = ops::host_values(x);  // as rounded to the dtype
+    std::vector<int32_t> perm = {3, 0, 4, 1, 2};
+    Tensor p = be->empty({5, 3}, dt);
+    be->gather_rows(x, perm, {}, p);
+    Tensor back = be->zeros({5, 3}, dt);
+    be->scatter_add_rows(p, perm, {}, back);
+    EXPECT_EQ(ops::host_values(back), xr) << be->name();
+    // Top-2 copies weighted by w and 1 - w combine to the row itself.
+    std::vector<int32_t> twice = {0, 0, 1, 1, 2, 2, 3, 3, 4, 4};
+    std::vector<double> w = {0.25, 0.75, 0.5, 0.5, 1.0, 0.0, 0.125, 0.875, 0.375, 0.625};
+    Tensor p2 = be->empty({10, 3}, dt);
+    be->gather_rows(x, twice, {}, p2);
+    Tensor comb = be->zeros({5, 3}, dt);
+    be->scatter_add_rows(p2, twice, w, comb);
+    EXPECT_EQ(ops::host_values(comb), xr) << be->name();
+    // row_dots: <x[r], x[r]> of each row.
+    std::vector<double> d = be->row_dots(x, perm, p);
+    for (size_t i = 0; i < perm.size(); ++i) {
+      double e = 0;
+      for (int c = 0; c < 3; ++c) e += xr[size_t(perm[i]) * 3 + c] * xr[size_t(perm[i]) * 3 + c];
+      EXPECT_NEAR(d[i], e, 1e-12);
+    }
+  }
+}
