@@ -220,7 +220,10 @@ LlamaModel::LlamaModel(const ModelSpec& spec, ops::Backend& backend, Precision p
     units_.push_back({first, last, in[first].offset, in[last].offset + in[last].numel});
   };
   if (embedding_ >= 0) add_unit(embedding_, embedding_);
-  for (const Block& b : blocks_) add_unit(b.attn_norm, b.fc2_w);
+  for (const Block& b : blocks_) {  // a block's parameters are registered together (an MoE block's last)
+    const std::vector<int> ids = b.ids();
+    add_unit(b.attn_norm, *std::max_element(ids.begin(), ids.end()));
+  }
   if (heads) add_unit(final_norm_, output_ == embedding_ ? final_norm_ : output_);
   for (size_t p = 0; p < unit_of_.size(); ++p) PRIMUS_CHECK(unit_of_[p] >= 0, "parameter {} in no unit", p);
   if (opt_.resident_weights) {
