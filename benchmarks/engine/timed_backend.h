@@ -62,6 +62,19 @@ class TimedBackend final : public ops::Backend {
                           const ops::AttentionShape& s) override {
     time(Attention, [&] { in_.attention_backward(qkv, out, lse, dout, dqkv, s); });
   }
+  void attention_block_forward(const Tensor& qkv, const Tensor& kv, Tensor& out, Tensor& lse,
+                               const ops::AttentionShape& s, bool causal) override {
+    time(Attention, [&] { in_.attention_block_forward(qkv, kv, out, lse, s, causal); });
+  }
+  void attention_merge(Tensor& acc, Tensor& lse, const Tensor& block_out, const Tensor& block_lse,
+                       const ops::AttentionShape& s) override {
+    time(Attention, [&] { in_.attention_merge(acc, lse, block_out, block_lse, s); });
+  }
+  void attention_block_backward(const Tensor& qkv, const Tensor& kv, const Tensor& out, const Tensor& lse,
+                                const Tensor& dout, Tensor& dq_acc, Tensor& dkv_acc, const ops::AttentionShape& s,
+                                bool causal) override {
+    time(Attention, [&] { in_.attention_block_backward(qkv, kv, out, lse, dout, dq_acc, dkv_acc, s, causal); });
+  }
   void attention_decode(const Tensor& cache, int64_t first, Tensor& out, const ops::AttentionShape& s) override {
     time(Attention, [&] { in_.attention_decode(cache, first, out, s); });
   }

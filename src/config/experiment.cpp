@@ -71,7 +71,10 @@ const std::vector<KeyInfo>& training_keys() {
       KEY(pipeline_model_parallel_size, "pipeline stages (pp): layers are split over them"),
       KEY(virtual_pipeline_model_parallel_size, "model chunks per pipeline rank (vpp). 0: the schedule's default "
                                                 "(2 for interleaved-1f1b and the V-shape schedules, else 1)"),
-      KEY(context_parallel_size, "context-parallel ranks (cp); only 1 is implemented so far"),
+      KEY(context_parallel_size, "context-parallel ranks (cp): each sequence is cut in 2 x cp chunks, a rank holds "
+                                 "chunks cp_rank and 2 cp - 1 - cp_rank"),
+      KEY(cp_comm_type, "p2p | a2a. p2p: ring attention, key/value blocks passed around the cp group; a2a: "
+                        "all-to-all over heads (Ulysses), needs heads and query groups per tp rank divisible by cp"),
       KEY(expert_model_parallel_size, "expert-parallel ranks (ep), folded into dp; only 1 (dense models) so far"),
       KEY(sequence_parallel, "split norms and residuals over the tp ranks by tokens (needs tp > 1)"),
       KEY(pipeline_schedule, "1f1b | interleaved-1f1b | zb-h1 | zb-h2 | zbv | v-half | v-min | dualpipev | zb-auto | "
@@ -85,6 +88,11 @@ const std::vector<KeyInfo>& training_keys() {
                                             "pipeline_model_parallel_size gives ZB-1p, twice that ZB-2p. 0: "
                                             "pipeline_model_parallel_size"),
       KEY(use_distributed_optimizer, "ZeRO-1: each data-parallel rank keeps the optimizer state of its shard only"),
+      KEY(data_parallel_sharding_strategy, "no_shard | optim | optim_grads | optim_grads_params (Megatron's names); "
+                                           "empty: optim when use_distributed_optimizer, else no_shard. optim_grads "
+                                           "and optim_grads_params are not implemented yet and run as optim"),
+      KEY(use_torch_fsdp2, "alias of data_parallel_sharding_strategy optim_grads_params (not implemented yet: runs as "
+                       "optim)"),
       KEY(overlap_grad_reduce, "start each gradient bucket's reduction as soon as its backward is done"),
       KEY(ddp_bucket_size, "elements per gradient bucket; 0: max(40M, 1M x dp)"),
       KEY(profile, "write a Chrome trace per profiled rank to <run dir>/trace/ (docs/profiling.md)"),

@@ -79,6 +79,7 @@ struct TrainingArgs {
   int64_t pipeline_model_parallel_size = 1;
   int64_t virtual_pipeline_model_parallel_size = 0;  // 0: the schedule's default
   int64_t context_parallel_size = 1;
+  std::string cp_comm_type = "p2p";  // p2p (ring attention) | a2a (all-to-all over heads)
   int64_t expert_model_parallel_size = 1;
   bool sequence_parallel = false;
   std::string pipeline_schedule = "1f1b";
@@ -87,6 +88,9 @@ struct TrainingArgs {
   std::string pipeline_balance = "none";          // none | auto (train/parallel_layout.h)
   int64_t zero_bubble_max_pending_backward = 0;   // zb-auto's memory limit; 0: pp (ZB-1p)
   bool use_distributed_optimizer = false;
+  // no_shard | optim | optim_grads | optim_grads_params; empty: optim when use_distributed_optimizer
+  std::string data_parallel_sharding_strategy;
+  bool use_torch_fsdp2 = false;  // Primus recipes' alias of optim_grads_params
   bool overlap_grad_reduce = true;
   int64_t ddp_bucket_size = 0;  // elements; 0: max(40M, 1M x dp) as Megatron
   // profiling (Megatron's names; trace/profiler.h)

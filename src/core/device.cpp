@@ -13,7 +13,8 @@ bool g_cuda_set = false;
 
 void register_device_hooks(Device device, const DeviceHooks& hooks) {
   PRIMUS_CHECK(device == Device::CUDA, "only device memory takes hooks");
-  PRIMUS_CHECK(hooks.alloc && hooks.free && hooks.zero && hooks.copy && hooks.stats, "incomplete device hooks");
+  PRIMUS_CHECK(hooks.alloc && hooks.free && hooks.zero && hooks.copy && hooks.copy_2d && hooks.stats,
+               "incomplete device hooks");
   g_cuda = hooks;
   g_cuda_set = true;
 }
@@ -33,6 +34,15 @@ void device_copy(Device device, void* dst, const void* src, size_t bytes) {
     std::memcpy(dst, src, bytes);
   else
     device_hooks(device).copy(dst, src, bytes, CopyKind::DeviceToDevice);
+}
+
+void device_copy_2d(Device device, void* dst, size_t dpitch, const void* src, size_t spitch, size_t width,
+                    size_t rows) {
+  if (width == 0 || rows == 0) return;
+  if (device != Device::CPU) return device_hooks(device).copy_2d(dst, dpitch, src, spitch, width, rows);
+  if (dpitch == width && spitch == width) return std::memcpy(dst, src, width * rows), void();
+  for (size_t r = 0; r < rows; ++r)
+    std::memcpy(static_cast<char*>(dst) + r * dpitch, static_cast<const char*>(src) + r * spitch, width);
 }
 
 void device_zero(Device device, void* dst, size_t bytes) {

@@ -19,6 +19,9 @@ struct DeviceHooks {
   // Ordered after all work the backend queued before it; returns when dst can be read (host) or
   // used by later device work.
   void (*copy)(void* dst, const void* src, size_t bytes, CopyKind kind) = nullptr;
+  // Device to device, `rows` rows of `width` bytes, each `dpitch` / `spitch` bytes apart; ordered
+  // like copy.
+  void (*copy_2d)(void* dst, size_t dpitch, const void* src, size_t spitch, size_t width, size_t rows) = nullptr;
   MemoryStats (*stats)() = nullptr;
 };
 
@@ -31,5 +34,9 @@ bool device_registered(Device device);
 // device (ordered after the backend's queued work).
 void device_copy(Device device, void* dst, const void* src, size_t bytes);
 void device_zero(Device device, void* dst, size_t bytes);
+// A strided copy within `device`'s memory: rows of `width` bytes, `dpitch` and `spitch` bytes
+// apart on each side (a column block of a row-major matrix, a row of padded slots).
+void device_copy_2d(Device device, void* dst, size_t dpitch, const void* src, size_t spitch, size_t width,
+                    size_t rows);
 
 }  // namespace primus

@@ -76,6 +76,23 @@ class Backend {
   virtual void attention_forward(const Tensor& qkv, Tensor& out, Tensor& lse, const AttentionShape& s) = 0;
   virtual void attention_backward(const Tensor& qkv, const Tensor& out, const Tensor& lse, const Tensor& dout,
                                   Tensor& dqkv, const AttentionShape& s) = 0;
+  // Context parallelism (model/context_parallel.h): attention of a block of queries against a
+  // block of keys and values that may come from another rank, the blocks merged by log-sum-exp
+  // (the layouts are kernels/cpu/attention.h's). A pair has s.seq query and s.seq key rows per
+  // sequence; causal masks keys after the query (the diagonal block), else every key is seen.
+  //   qkv [batch*seq, qkv_stride] (its q columns), kv [batch*seq, 2*groups*head_dim] [k | v],
+  //   out, dout [batch*seq, heads*head_dim]: the activation dtype
+  //   lse, block_lse [batch, heads, seq]; acc, dq_acc, dkv_acc: the stat dtype
+  // block_forward: this block's attention alone. merge: folds a block into the running acc, lse
+  // (start: acc 0, lse -inf). block_backward: with the MERGED out and lse, adds the block's dq to
+  // dq_acc [batch*seq, heads*head_dim] and its [dk | dv] to dkv_acc.
+  virtual void attention_block_forward(const Tensor& qkv, const Tensor& kv, Tensor& out, Tensor& lse,
+                                       const AttentionShape& s, bool causal) = 0;
+  virtual void attention_merge(Tensor& acc, Tensor& lse, const Tensor& block_out, const Tensor& block_lse,
+                               const AttentionShape& s) = 0;
+  virtual void attention_block_backward(const Tensor& qkv, const Tensor& kv, const Tensor& out, const Tensor& lse,
+                                        const Tensor& dout, Tensor& dq_acc, Tensor& dkv_acc, const AttentionShape& s,
+                                        bool causal) = 0;
   // Decoding with a key/value cache: cache [length, qkv_stride] holds the (rotated) qkv rows of
   // positions 0 .. length-1 of one sequence (s.batch = 1, s.seq = length); out [length - first,
   // heads * head_dim] receives the causal attention of the queries of rows first .. length-1.

@@ -2,9 +2,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <optional>
 
 #include <fmt/format.h>
 
+#include "model/context_parallel.h"
 #include "model/rope.h"
 
 namespace primus {
@@ -15,6 +17,13 @@ Recompute parse_recompute(const std::string& s) {
   if (s == "full") return Recompute::Full;
   fail("recompute_granularity '{}' is not one of: full, selective (or leave it unset)", s);
 }
+
+CpComm parse_cp_comm(const std::string& s) {
+  if (s.empty() || s == "p2p") return CpComm::P2P;
+  if (s == "a2a") return CpComm::A2A;
+  fail("cp_comm_type '{}' is not one of: p2p, a2a", s);
+}
+const char* cp_comm_name(CpComm c) { return c == CpComm::P2P ? "p2p" : "a2a"; }
 
 DType activation_dtype(Precision p) {
   return p == Precision::Bf16 ? DType::BF16 : p == Precision::Fp64 ? DType::F64 : DType::F32;
@@ -36,6 +45,46 @@ void check_tensor_parallel(const ModelSpec& spec, int tp) {
   need(spec.ffn_hidden_size, "ffn_hidden_size");
   need(spec.vocab_size, "vocab_size");
 }
+
+// The model's own buffers (resident weights): always there.
+class LlamaModel::ResidentWeights final : public WeightSource {
+ public:
+  explicit ResidentWeights(LlamaModel& m) : m_(m) {}
+  void acquire(int, int) override {}
+  void release(int) override {}
+  Tensor weights(int unit) override {
+    const WeightUnit& u = m_.units_[unit];
+    return m_.work_.slice(0, u.begin, u.end - u.begin);
+  }
+  Tensor grads(int unit) override {
+    const WeightUnit& u = m_.units_[unit];
+    return m_.params_.grads().slice(0, u.begin, u.end - u.begin);
+  }
+
+ private:
+  LlamaModel& m_;
+};
+
+// Acquires the units that hold `params` (each once) for one pass; releases them when it ends.
+class LlamaModel::Held {
+ public:
+  Held(const LlamaModel& m, std::initializer_list<int> params, int next) : src_(m.source()) {
+    for (int p : params) {
+      const int u = m.unit_of(p);
+      if (std::find(units_.begin(), units_.end(), u) == units_.end()) units_.push_back(u);
+    }
+    for (size_t i = 0; i < units_.size(); ++i) src_.acquire(units_[i], i + 1 < units_.size() ? units_[i + 1] : next);
+  }
+  ~Held() {
+    for (size_t i = units_.size(); i-- > 0;) src_.release(units_[i]);
+  }
+  Held(const Held&) = delete;
+  Held& operator=(const Held&) = delete;
+
+ private:
+  WeightSource& src_;
+  std::vector<int> units_;
+};
 
 std::vector<int> LlamaModel::Block::ids() const {
   std::vector<int> v = {attn_norm, qkv_w, proj_w, mlp_norm};
@@ -81,6 +130,21 @@ LlamaModel::LlamaModel(const ModelSpec& spec, ops::Backend& backend, Precision p
   } else {
     part_.tp_rank = 0;
     part_.sequence_parallel = false;  // nothing to split with one rank
+  }
+  if (part_.cp_size < 1) fail("context parallel size must be at least 1, got {}", part_.cp_size);
+  if (part_.cp_size > 1) {
+    if (!part_.cp_group || part_.cp_group->size() != part_.cp_size)
+      fail("context parallel size {} needs a cp group of that size", part_.cp_size);
+    if (part_.cp_group->device() != be_.device())
+      fail("the context-parallel group {} moves {} buffers but the model computes on the {}",
+           part_.cp_group->describe(), device_name(part_.cp_group->device()), device_name(be_.device()));
+    part_.cp_rank = part_.cp_group->rank();
+    if (part_.cp_comm == CpComm::A2A && ((H / part_.tp_size) % part_.cp_size || (G / part_.tp_size) % part_.cp_size))
+      fail("cp_comm_type a2a splits the attention heads ({}) and query groups ({}) of each tensor-parallel rank over "
+           "context_parallel_size {}: not divisible (use cp_comm_type p2p)",
+           H / part_.tp_size, G / part_.tp_size, part_.cp_size);
+  } else {
+    part_.cp_rank = 0;
   }
   if (part_.chunks.empty()) part_.chunks.push_back({0, L, true, true});
   int embeddings = 0, heads = 0;
@@ -147,8 +211,28 @@ LlamaModel::LlamaModel(const ModelSpec& spec, ops::Backend& backend, Precision p
     else  // a last pipeline stage without the first: a replica of the tied embedding (see trainer)
       output_ = params_.add_sharded("embedding.word_embeddings.weight", {V, C}, vocab_shard, ParamInit::Normal, true);
   }
-  params_.allocate(be_.device());
-  work_ = act_ == params_.dtype() ? params_.values() : be_.zeros({params_.numel()}, act_);
+  // Units in parameter order: the embedding, each block, the head (with a tied embedding that this
+  // rank also uses as input, the head's output layer is the embedding's unit).
+  unit_of_.assign(params_.infos().size(), -1);
+  auto add_unit = [&](int first, int last) {
+    for (int p = first; p <= last; ++p) unit_of_[p] = int(units_.size());
+    const auto& in = params_.infos();
+    units_.push_back({first, last, in[first].offset, in[last].offset + in[last].numel});
+  };
+  if (embedding_ >= 0) add_unit(embedding_, embedding_);
+  for (const Block& b : blocks_) {  // a block's parameters are registered together (an MoE block's last)
+    const std::vector<int> ids = b.ids();
+    add_unit(b.attn_norm, *std::max_element(ids.begin(), ids.end()));
+  }
+  if (heads) add_unit(final_norm_, output_ == embedding_ ? final_norm_ : output_);
+  for (size_t p = 0; p < unit_of_.size(); ++p) PRIMUS_CHECK(unit_of_[p] >= 0, "parameter {} in no unit", p);
+  if (opt_.resident_weights) {
+    params_.allocate(be_.device());
+    work_ = act_ == params_.dtype() ? params_.values() : be_.zeros({params_.numel()}, act_);
+    resident_ = std::make_unique<ResidentWeights>(*this);
+    source_ = resident_.get();
+  }
+  if (part_.cp_size > 1) cp_ = std::make_unique<ContextParallelAttention>(be_, *part_.cp_group, part_.cp_comm, act_);
 
   const int64_t half = D / 2, P = spec_.max_position_embeddings;
   Tensor cos = Tensor::empty({P, half}, stat_), sin = Tensor::empty({P, half}, stat_);
@@ -160,21 +244,54 @@ LlamaModel::LlamaModel(const ModelSpec& spec, ops::Backend& backend, Precision p
   rope_sin_ = sin.to(be_.device());
 }
 
+LlamaModel::~LlamaModel() = default;
+
 void LlamaModel::init_weights(uint64_t seed) {
+  PRIMUS_CHECK(opt_.resident_weights, "init_weights on a model whose weights live in a weight source");
   params_.init(seed, spec_.init_method_std, spec_.scaled_init_std());
   sync_working_weights();
 }
 
 void LlamaModel::sync_working_weights() {
+  PRIMUS_CHECK(opt_.resident_weights, "sync_working_weights on a model whose weights live in a weight source");
   if (has_separate_working_weights()) be_.cast(params_.values(), work_);
+}
+
+void LlamaModel::set_weight_source(WeightSource* source) {
+  if (!source && !resident_) fail("a model without resident weights needs a weight source");
+  source_ = source ? source : resident_.get();
 }
 
 Tensor LlamaModel::w(int id) const {
   const StoredParam& p = params_.infos()[id];
-  return work_.slice(0, p.offset, p.numel).view(p.shape);
+  const int u = unit_of_[id];
+  return source().weights(u).slice(0, p.offset - units_[u].begin, p.numel).view(p.shape);
 }
 
-Tensor LlamaModel::g(int id) const { return params_.grad_tensor(id); }
+Tensor LlamaModel::g(int id) const {
+  const StoredParam& p = params_.infos()[id];
+  const int u = unit_of_[id];
+  return source().grads(u).slice(0, p.offset - units_[u].begin, p.numel).view(p.shape);
+}
+
+void LlamaModel::rope(Tensor& x, int64_t heads, int64_t batch, int64_t seq, bool inverse) const {
+  const int64_t D = spec_.head_dim();
+  if (part_.cp_size == 1) return be_.rope_apply(x, heads, D, seq, 0, rope_cos_, rope_sin_, inverse);
+  // This rank's two chunks: rows [chunk j][batch][position], chunk j at its global position.
+  const int64_t ch = seq / 2, cp = part_.cp_size, r = part_.cp_rank;
+  for (int64_t j = 0; j < 2; ++j) {
+    Tensor rows = x.slice(0, j * batch * ch, batch * ch);
+    be_.rope_apply(rows, heads, D, ch, (j == 0 ? r : 2 * cp - 1 - r) * ch, rope_cos_, rope_sin_, inverse);
+  }
+}
+
+void LlamaModel::sum_over_context(double& total, int64_t& valid) const {
+  if (part_.cp_size == 1) return;
+  std::vector<double> v = {total, double(valid)};
+  part_.cp_group->all_reduce(v);
+  total = v[0];
+  valid = int64_t(v[1]);
+}
 
 ops::AttentionShape LlamaModel::attention_shape(int64_t batch, int64_t seq) const {
   return {batch, seq, spec_.num_attention_heads / part_.tp_size, spec_.query_groups() / part_.tp_size,
@@ -265,15 +382,15 @@ struct LlamaModel::Steps {
     m.be_.rmsnorm_forward(x, m.w(weight), h, rstd, eps());
     return m.gather_rows(h);
   }
-  // qkv = h1 Wqkv^T (+b), rotated: q heads and k groups are adjacent in the row, one sweep.
-  Tensor qkv(const Tensor& h1, int64_t rows, int64_t rope_seq, int64_t pos0) {
+  // qkv = h1 Wqkv^T (+b); rotated by the caller (q heads and k groups are adjacent in the row).
+  Tensor qkv(const Tensor& h1, int64_t rows) {
     Tensor t = m.act({rows, Q()});
     m.be_.gemm(false, true, 1.0f, h1, m.w(b.qkv_w), 0.0f, Tensor(), t, b.qkv_b >= 0 ? m.w(b.qkv_b) : Tensor());
-    m.be_.rope_apply(t, heads() + groups(), D(), rope_seq, pos0, m.rope_cos_, m.rope_sin_, false);
     return t;
   }
   void attention(BlockContext& c) {
     c.attn = m.act({N, QS()});
+    if (m.cp_) return m.cp_->forward(c.qkv, c.attn, c, m.attention_shape(batch, seq));
     c.lse = m.stat({batch, heads(), seq});
     m.be_.attention_forward(c.qkv, c.attn, c.lse, m.attention_shape(batch, seq));
   }
@@ -297,7 +414,7 @@ Tensor LlamaModel::block_forward(const Block& b, BlockContext& c, const Tensor& 
                         : row_parallel_residual(c.act, b.fc2_w, c.x2);  // y = x2 + act W2^T
   if (opt_.recompute == Recompute::Selective) {
     // Keep x, qkv, x2 and gate_up; the rest is cheap to recompute from them.
-    c.h1 = c.rstd1 = c.attn = c.lse = c.h2 = c.rstd2 = c.act = Tensor();
+    c.h1 = c.rstd1 = c.attn = c.lse = c.cp_qkv = c.cp_out = c.h2 = c.rstd2 = c.act = Tensor();
   } else if (opt_.recompute == Recompute::Full) {
     Tensor keep = c.x;
     c = BlockContext();
@@ -312,7 +429,10 @@ Tensor LlamaModel::block_forward(const Block& b, BlockContext& c, const Tensor& 
 void LlamaModel::block_rebuild(const Block& b, BlockContext& c, int64_t batch, int64_t seq) {
   Steps st(*this, b, batch, seq, c.x.size(0));
   if (!c.h1.defined()) c.h1 = st.norm(c.x, b.attn_norm, c.rstd1);
-  if (!c.qkv.defined()) c.qkv = st.qkv(c.h1, st.N, seq, 0);
+  if (!c.qkv.defined()) {
+    c.qkv = st.qkv(c.h1, st.N);
+    rope(c.qkv, st.heads() + st.groups(), batch, seq, false);
+  }
   if (!c.attn.defined()) st.attention(c);
   if (!c.x2.defined()) c.x2 = row_parallel_residual(c.attn, b.proj_w, c.x);  // x2 = x + attn Wo^T
   if (!c.h2.defined()) c.h2 = st.norm(c.x2, b.mlp_norm, c.rstd2);
@@ -348,15 +468,18 @@ Tensor LlamaModel::block_backward_input(const Block& b, BlockContext& c, const T
   Tensor dattn = act({N, st.QS()});
   be_.gemm(false, false, 1.0f, c.dx2, w(b.proj_w), 0.0f, Tensor(), dattn, Tensor());
   c.dqkv = act({N, st.Q()});
-  be_.attention_backward(c.qkv, c.attn, c.lse, dattn, c.dqkv, attention_shape(batch, seq));
-  be_.rope_apply(c.dqkv, st.heads() + st.groups(), st.D(), seq, 0, rope_cos_, rope_sin_, true);
+  if (cp_)
+    cp_->backward(c.qkv, c.attn, c, dattn, c.dqkv, attention_shape(batch, seq));
+  else
+    be_.attention_backward(c.qkv, c.attn, c.lse, dattn, c.dqkv, attention_shape(batch, seq));
+  rope(c.dqkv, st.heads() + st.groups(), batch, seq, true);
   Tensor dh1 = act({N, C});
   be_.gemm(false, false, 1.0f, c.dqkv, w(b.qkv_w), 0.0f, Tensor(), dh1, Tensor());
   c.dh1 = reduce_partial(dh1);
   Tensor dx = act({Nl, C});
   be_.rmsnorm_backward_input(c.dh1, c.x, w(b.attn_norm), c.rstd1, dx2, dx);
   // The W pass needs the linears' inputs and output gradients, and the norms' inputs.
-  c.qkv = c.lse = c.gate_up = Tensor();
+  c.qkv = c.lse = c.cp_qkv = c.cp_out = c.gate_up = Tensor();
   return dx;
 }
 
@@ -391,9 +514,13 @@ void LlamaModel::block_backward_weight(const Block& b, BlockContext& c) {
 void LlamaModel::begin_microbatch(LlamaContext& ctx, const int32_t* tokens, const int32_t* targets, int64_t batch,
                                   int64_t seq) const {
   if (batch <= 0 || seq <= 0) fail("empty microbatch: batch {} x sequence {}", batch, seq);
-  if (seq > spec_.max_position_embeddings)
-    fail("sequence length {} exceeds max_position_embeddings {} of model {}", seq, spec_.max_position_embeddings,
-         spec_.name);
+  if (part_.cp_size > 1 && seq % 2 != 0)
+    fail("context parallelism gives each rank two equal chunks of every sequence: its {} tokens per sequence are "
+         "odd",
+         seq);
+  if (seq * part_.cp_size > spec_.max_position_embeddings)
+    fail("sequence length {} exceeds max_position_embeddings {} of model {}", seq * part_.cp_size,
+         spec_.max_position_embeddings, spec_.name);
   const int64_t N = batch * seq, V = spec_.vocab_size;
   if (part_.sequence_parallel && N % part_.tp_size != 0)
     fail("sequence parallel splits the {} tokens of a microbatch over {} tensor-parallel ranks: not divisible", N,
@@ -431,10 +558,14 @@ Tensor LlamaModel::forward_chunk(LlamaContext& ctx, int chunk, const Tensor& inp
   PRIMUS_CHECK(chunk >= 0 && chunk < num_chunks(), "chunk {} of {}", chunk, num_chunks());
   const auto& ch = part_.chunks[chunk];
   const int64_t N = ctx.batch * ctx.seq, C = spec_.hidden_size;
+  const auto [b0, b1] = chunk_blocks_[chunk];
+  const int head_unit = ch.has_head ? unit_of_[final_norm_] : -1;
+  auto next_unit = [&](size_t l) { return l < b1 ? block_unit(l) : head_unit; };  // forward order
   Tensor x;
   if (ch.has_embedding) {
     if (int64_t(ctx.tokens.size()) != N) fail("the first pipeline stage needs the microbatch's tokens");
     // Vocabulary-parallel: rows of other ranks' tokens are zero here, then summed over tp.
+    const Held held(*this, {embedding_}, next_unit(b0));
     Tensor e = act({N, C});
     be_.embedding_forward(ctx.shard_tokens_dev, w(embedding_), e);
     x = ctx.embedded = reduce_partial(e);
@@ -444,9 +575,12 @@ Tensor LlamaModel::forward_chunk(LlamaContext& ctx, int chunk, const Tensor& inp
       fail("pipeline chunk {} expects an input activation of {} [{}, {}]", chunk, dtype_name(act_), rows, C);
     x = input;
   }
-  const auto [b0, b1] = chunk_blocks_[chunk];
-  for (size_t l = b0; l < b1; ++l) x = block_forward(blocks_[l], ctx.blocks[l], x, ctx.batch, ctx.seq);
+  for (size_t l = b0; l < b1; ++l) {
+    const Held held(*this, {blocks_[l].attn_norm}, next_unit(l + 1));
+    x = block_forward(blocks_[l], ctx.blocks[l], x, ctx.batch, ctx.seq);
+  }
   if (!ch.has_head) return x;
+  const Held held(*this, {final_norm_, output_}, -1);
   ctx.loss = head_forward(ctx, x);
   return Tensor();
 }
@@ -454,8 +588,11 @@ Tensor LlamaModel::forward_chunk(LlamaContext& ctx, int chunk, const Tensor& inp
 Tensor LlamaModel::backward_input_chunk(LlamaContext& ctx, int chunk, const Tensor& dy, double dloss) {
   PRIMUS_CHECK(chunk >= 0 && chunk < num_chunks(), "chunk {} of {}", chunk, num_chunks());
   const auto& ch = part_.chunks[chunk];
+  const auto [b0, b1] = chunk_blocks_[chunk];
+  auto previous_unit = [&](size_t l) { return l > b0 ? block_unit(l - 1) : -1; };  // backward order
   Tensor dx;
   if (ch.has_head) {
+    const Held held(*this, {final_norm_, output_}, previous_unit(b1));
     dx = head_backward_input(ctx, dloss);
   } else {
     const int64_t rows = activation_rows(ctx.batch, ctx.seq);
@@ -464,8 +601,8 @@ Tensor LlamaModel::backward_input_chunk(LlamaContext& ctx, int chunk, const Tens
            spec_.hidden_size);
     dx = dy;
   }
-  const auto [b0, b1] = chunk_blocks_[chunk];
   for (size_t l = b1; l-- > b0;) {
+    const Held held(*this, {blocks_[l].attn_norm}, previous_unit(l));
     if (ctx.blocks[l].moe) ctx.blocks[l].moe->loss_scale = dloss;  // the router losses' share
     dx = block_backward_input(blocks_[l], ctx.blocks[l], dx, ctx.batch, ctx.seq);
   }
@@ -477,7 +614,7 @@ Tensor LlamaModel::backward_input_chunk(LlamaContext& ctx, int chunk, const Tens
 void LlamaModel::backward_weight_chunk(LlamaContext& ctx, int chunk) {
   PRIMUS_CHECK(chunk >= 0 && chunk < num_chunks(), "chunk {} of {}", chunk, num_chunks());
   const auto& ch = part_.chunks[chunk];
-  if (ch.has_head) head_backward_weight(ctx);
+  if (ch.has_head) head_weight_pass(ctx);
   const auto [b0, b1] = chunk_blocks_[chunk];
   for (size_t l = b1; l-- > b0;) {
     block_backward_weight(blocks_[l], ctx.blocks[l]);
@@ -512,11 +649,18 @@ void LlamaModel::backward_weight(LlamaContext& ctx) { backward_weight_chunk(ctx,
 void LlamaModel::backward(LlamaContext& ctx, double dloss) {
   PRIMUS_CHECK(num_chunks() == 1 && part_.chunks[0].has_embedding && part_.chunks[0].has_head,
                "backward() runs the whole model: use the chunk passes on a pipeline stage");
-  Tensor dx = head_backward_input(ctx, dloss);
-  head_backward_weight(ctx);
+  Tensor dx;
+  {
+    const Held held(*this, {final_norm_, output_}, blocks_.empty() ? -1 : block_unit(blocks_.size() - 1));
+    dx = head_backward_input(ctx, dloss);
+  }
+  head_weight_pass(ctx);
   for (size_t l = blocks_.size(); l-- > 0;) {
     if (ctx.blocks[l].moe) ctx.blocks[l].moe->loss_scale = dloss;  // the router losses' share
-    dx = block_backward_input(blocks_[l], ctx.blocks[l], dx, ctx.batch, ctx.seq);
+    {
+      const Held held(*this, {blocks_[l].attn_norm}, l > 0 ? block_unit(l - 1) : -1);
+      dx = block_backward_input(blocks_[l], ctx.blocks[l], dx, ctx.batch, ctx.seq);
+    }
     block_backward_weight(blocks_[l], ctx.blocks[l]);
     weights_done(blocks_[l].ids());
   }
@@ -574,7 +718,8 @@ double LlamaModel::head_forward(LlamaContext& ctx, const Tensor& x) {
     tp.all_reduce(zt.raw(), N, t, parallel::ReduceOp::Sum);
   }
   h.lse = stat({N});
-  const double total = be_.ce_finish(m, s, zt, ctx.targets_dev, h.lse);
+  double total = be_.ce_finish(m, s, zt, ctx.targets_dev, h.lse);
+  sum_over_context(total, ctx.valid);  // the whole sequence's mean
   if (stored.defined()) {
     h.dlogits = act_ == stat_ ? stored : act({N, Vl});
     be_.ce_chunk_backward(stored, h.lse, ctx.targets_dev, vocab_start_, h.dlogits);
@@ -612,6 +757,13 @@ Tensor LlamaModel::head_backward_input(LlamaContext& ctx, double dloss) {
   return dx;
 }
 
+// W of the head: in vocabulary chunks it recomputes the logits, which reads the weights.
+void LlamaModel::head_weight_pass(LlamaContext& ctx) {
+  std::optional<Held> held;
+  if (!ctx.head.dlogits.defined()) held.emplace(*this, std::initializer_list<int>{final_norm_, output_}, -1);
+  head_backward_weight(ctx);
+}
+
 void LlamaModel::head_backward_weight(LlamaContext& ctx) {
   HeadContext& h = ctx.head;
   PRIMUS_CHECK(h.dhn.defined(), "head backward_weight before backward_input");
@@ -637,7 +789,7 @@ void LlamaModel::head_backward_weight(LlamaContext& ctx) {
 // Decoding: the forward's steps on the new rows of one sequence, attention reading the cache.
 
 DecodeState LlamaModel::start_decoding(int64_t max_positions) const {
-  PRIMUS_CHECK(part_.tp_size == 1 && num_chunks() == 1 && part_.chunks[0].has_embedding && part_.chunks[0].has_head,
+  PRIMUS_CHECK(opt_.resident_weights && part_.cp_size == 1 && part_.tp_size == 1 && num_chunks() == 1 && part_.chunks[0].has_embedding && part_.chunks[0].has_head,
                "decoding runs on one rank that holds the whole model");
   DecodeState s;
   s.capacity = std::min(max_positions, spec_.max_position_embeddings);
@@ -653,7 +805,9 @@ Tensor LlamaModel::block_decode(const Block& b, Tensor& cache, const Tensor& x, 
   Tensor rstd;
   const Tensor h1 = st.norm(x, b.attn_norm, rstd);
   Tensor rows = cache.slice(0, pos0, n);
-  rows.copy_from(st.qkv(h1, n, n, pos0));
+  Tensor qkv = st.qkv(h1, n);
+  be_.rope_apply(qkv, st.heads() + st.groups(), st.D(), n, pos0, rope_cos_, rope_sin_, false);
+  rows.copy_from(qkv);
   Tensor attn = act({n, st.QS()});
   be_.attention_decode(cache, pos0, attn, {1, L, st.heads(), st.groups(), st.D()});
   const Tensor x2 = row_parallel_residual(attn, b.proj_w, x);
@@ -693,7 +847,7 @@ std::vector<float> LlamaModel::full_logits(const Tensor& hn) const {
 
 Tensor LlamaModel::last_logits(const LlamaContext& ctx) const {
   PRIMUS_CHECK(ctx.head.hn.defined(), "last_logits before forward");
-  PRIMUS_CHECK(part_.tp_size == 1, "last_logits runs on one rank");
+  PRIMUS_CHECK(opt_.resident_weights && part_.tp_size == 1 && part_.cp_size == 1, "last_logits runs on one rank");
   const int64_t B = ctx.batch, S = ctx.seq, V = spec_.vocab_size;
   Tensor out = Tensor::empty({B, V});
   for (int64_t b = 0; b < B; ++b) {

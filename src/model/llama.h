@@ -31,6 +31,16 @@
 // rank one or more chunks, each a consecutive range of layers; the first stage's chunk holds the
 // embedding and the last stage's the final norm, output layer and loss. The tp group's buffers
 // live on the backend's device (MPI on the CPU, NCCL on GPUs).
+//
+// Context parallel (model/context_parallel.h) cuts each sequence in 2 x cp chunks; a rank holds
+// chunks cp_rank and 2 cp - 1 - cp_rank (one early, one late: causal attention's work balanced),
+// as its microbatch's rows in [chunk][batch][position] order. Every layer but attention is per
+// token; rotary embedding uses the chunks' positions; attention reaches the other ranks' keys and
+// values by a ring (p2p) or an all-to-all over heads (a2a); the loss is the mean over the whole
+// sequence.
+//
+// Weights come from a WeightSource (model/weight_source.h) unit by unit: the model's own buffers
+// by default, or FSDP's gathered shards (LlamaOptions::resident_weights false).
 #pragma once
 
 #include <cstdint>
@@ -44,6 +54,7 @@
 #include "model/model_spec.h"
 #include "model/moe.h"
 #include "model/param_store.h"
+#include "model/weight_source.h"
 #include "parallel/process_group.h"
 
 namespace primus {
@@ -68,12 +79,22 @@ struct LlamaOptions {
   // N * vocab_chunk).
   size_t logits_memory_budget = size_t(512) << 20;
   int64_t vocab_chunk = 16384;
+  // false: the model allocates no master weights, working copy or gradients of its own (params()
+  // is the layout only); a WeightSource set before the first pass supplies them (FSDP).
+  bool resident_weights = true;
 };
 
 // Whether the head keeps the logits gradient for `rows` token rows against `vocab_local` output
 // rows: when the logits (in the stat dtype) and, in bf16, their gradient fit
 // logits_memory_budget (3 GEMMs); else it works in chunks of options.vocab_chunk columns.
 bool head_keeps_logits(const LlamaOptions& options, Precision precision, int64_t rows, int64_t vocab_local);
+
+// cp_comm_type: how attention under context parallelism reaches the other ranks' keys and values.
+//   p2p  ring attention: key/value blocks passed around the cp group while the current one computes
+//   a2a  all-to-all over heads (Ulysses): each rank attends over the whole sequence for heads/cp heads
+enum class CpComm : uint8_t { P2P, A2A };
+CpComm parse_cp_comm(const std::string& s);  // "p2p" | "a2a"
+const char* cp_comm_name(CpComm c);
 
 // What part of the model this rank holds, and the group it shares its layers with.
 struct ModelPartition {
@@ -85,6 +106,10 @@ struct ModelPartition {
     bool has_embedding = false, has_head = false;  // the first / the last pipeline stage
   };
   std::vector<Chunk> chunks;  // in chunk order; empty: one chunk with the whole model
+  // Context parallel: this rank's place in the cp group (required when cp_size > 1).
+  int cp_size = 1, cp_rank = 0;
+  parallel::ProcessGroup* cp_group = nullptr;
+  CpComm cp_comm = CpComm::P2P;
 };
 
 // Checks that spec can be split tp ways (heads, query groups, ffn and vocabulary divisible);
@@ -94,6 +119,7 @@ void check_tensor_parallel(const ModelSpec& spec, int tp_size);
 struct BlockContext {
   Tensor x;                                                       // block input (owned by the previous layer)
   Tensor h1, rstd1, qkv, attn, lse, x2, h2, rstd2, gate_up, act;  // forward saves
+  Tensor cp_qkv, cp_out;  // context parallel a2a: the whole sequence's qkv and output of this rank's heads
   Tensor dy, dqkv, dh1, dx2, dgate_up, dh2;                       // B-pass outputs the W pass needs
   std::shared_ptr<MoeContext> moe;                                // an MoE block's routing and saves
 };
@@ -121,15 +147,19 @@ struct DecodeState {
   std::vector<Tensor> cache;  // per layer: [capacity, qkv size], the rotated qkv rows
 };
 
+class ContextParallelAttention;  // model/context_parallel.h
+
 class LlamaModel {
  public:
   LlamaModel(const ModelSpec& spec, ops::Backend& backend, Precision precision, LlamaOptions options = {},
              ModelPartition partition = {});
+  ~LlamaModel();
   LlamaModel(const LlamaModel&) = delete;
   LlamaModel& operator=(const LlamaModel&) = delete;
 
   // Megatron's initialisation (N(0, std), output projections scaled by 1/sqrt(2 layers)); the
-  // same values for any precision, device and layout.
+  // same values for any precision, device and layout. Resident weights only (a weight source
+  // initialises its own, e.g. FSDP's shards through ParamStore::init).
   void init_weights(uint64_t seed);
   // work = working dtype (master), after loading or changing the master (a no-op in fp32/fp64).
   void sync_working_weights();
@@ -143,8 +173,17 @@ class LlamaModel {
   Tensor& working_weights() { return work_; }
   bool has_separate_working_weights() const { return work_.dtype() != params_.dtype(); }
 
+  // The units passes acquire (embedding, blocks, head, in parameter order) and the unit of each
+  // parameter. set_weight_source: where the passes find them (nullptr: the model's own buffers,
+  // which must then be resident). The source must outlive the model's passes.
+  const std::vector<WeightUnit>& weight_units() const { return units_; }
+  int unit_of(int param_id) const { return unit_of_[param_id]; }
+  void set_weight_source(WeightSource* source);
+
   // Runs the forward pass of one microbatch; returns the mean loss over tokens whose target is
-  // >= 0 (a negative target masks a token out). tokens and targets are [batch, seq].
+  // >= 0 (a negative target masks a token out). tokens and targets are [batch, seq]; under context
+  // parallelism this rank's two chunks of each sequence ([2 chunks][batch][seq / 2]: seq is the
+  // rank's share, 2 x cp x seq / 2 the whole length), and the loss is the whole sequence's mean.
   double forward(LlamaContext& ctx, const int32_t* tokens, const int32_t* targets, int64_t batch, int64_t seq);
   // dloss: gradient of the objective w.r.t. this microbatch's mean loss (1 / microbatches).
   void backward_input(LlamaContext& ctx, double dloss);  // B for every layer
@@ -157,8 +196,8 @@ class LlamaModel {
   // Checks and stores the microbatch's tokens and targets (targets may be null: inference) in ctx.
   void begin_microbatch(LlamaContext& ctx, const int32_t* tokens, const int32_t* targets, int64_t batch,
                         int64_t seq) const;
-  // Rows of the activation a chunk receives and sends: batch * seq, divided by tp under
-  // sequence parallelism. Its dtype is the working dtype.
+  // Rows of the activation a chunk receives and sends: batch * seq (seq: this rank's tokens per
+  // sequence), divided by tp under sequence parallelism. Its dtype is the working dtype.
   int64_t activation_rows(int64_t batch, int64_t seq) const;
   DType activation_dtype() const { return act_; }
   // F of one chunk: `input` is ignored by the chunk with the embedding. Returns the chunk's
@@ -218,12 +257,21 @@ class LlamaModel {
     std::vector<int> ids() const;
   };
   struct Steps;  // one block's forward steps (llama.cpp)
+  class Held;    // the units a pass holds acquired (llama.cpp)
+  class ResidentWeights;
 
-  Tensor w(int id) const;  // working weight, shaped
+  Tensor w(int id) const;  // working weight, shaped (its unit acquired)
+  int block_unit(size_t block) const { return unit_of_[blocks_[block].attn_norm]; }
   Tensor g(int id) const;  // gradient, shaped
   Tensor act(const Shape& shape) const { return be_.empty(shape, act_); }
   Tensor stat(const Shape& shape) const { return be_.empty(shape, stat_); }
   ops::AttentionShape attention_shape(int64_t batch, int64_t seq) const;
+  WeightSource& source() const { return *source_; }
+  // Rotary embedding of the first `heads` heads of every row of x ([batch * seq] rows at positions
+  // 0 .. seq-1, or under context parallelism this rank's two chunks); inverse for the backward.
+  void rope(Tensor& x, int64_t heads, int64_t batch, int64_t seq, bool inverse) const;
+  // The microbatch's loss sum and valid tokens summed over the cp group (identities without cp).
+  void sum_over_context(double& total, int64_t& valid) const;
 
   // Tensor-parallel collectives on [rows, C] activations (identities with one rank).
   Tensor gather_rows(const Tensor& local) const;
@@ -241,6 +289,7 @@ class LlamaModel {
   double head_forward(LlamaContext& ctx, const Tensor& x);
   Tensor head_backward_input(LlamaContext& ctx, double dloss);
   void head_backward_weight(LlamaContext& ctx);
+  void head_weight_pass(LlamaContext& ctx);  // head_backward_weight with the weights it needs held
   // Logits (stat dtype [N, width]) of hn against this rank's output rows c0 .. c0+width.
   Tensor head_logits(const Tensor& hn, int64_t c0, int64_t width) const;
   // fp32 host logits of the rows of hn (all the vocabulary), for inference.
@@ -269,6 +318,11 @@ class LlamaModel {
   std::vector<MoeLayerStats> moe_stats_;
   std::vector<double> expert_bias_of(const MoeLayer& m) const;
   WeightGradHook weight_grad_hook_;
+  std::vector<WeightUnit> units_;
+  std::vector<int> unit_of_;                 // per parameter
+  std::unique_ptr<WeightSource> resident_;   // the model's own buffers as a source
+  WeightSource* source_ = nullptr;
+  std::unique_ptr<ContextParallelAttention> cp_;  // when cp_size > 1
 };
 
 }  // namespace primus

@@ -71,7 +71,7 @@ MemoryEstimate estimate_memory(const ModelSpec& spec, const ParallelLayout& layo
     }
   }
   const double n = double(e.parameters);
-  const double moments = 8.0 / (args.use_distributed_optimizer ? dp : 1);
+  const double moments = 8.0 / (layout.shard_optimizer() ? dp * layout.cp : 1);
   e.parameter_bytes = n * (mixed ? 4.0 + 2.0 : 4.0);
   e.gradient_bytes = n * 4.0;
   e.optimizer_bytes = n * moments;
@@ -85,7 +85,7 @@ MemoryEstimate estimate_memory(const ModelSpec& spec, const ParallelLayout& layo
   else if (args.recompute_granularity == "selective") words -= q + heads;  // attention internals recomputed
   const double word_bytes = mixed ? 2.0 : 4.0;
   const int64_t seq = args.seq_length > 0 ? args.seq_length : spec.max_position_embeddings;
-  const double tokens = double(args.micro_batch_size) * double(seq);
+  const double tokens = double(args.micro_batch_size) * double(seq) / std::max(1, layout.cp);  // a cp rank's share
   const double in_flight = layout.schedule ? double(std::min<int64_t>(layout.microbatches_per_rank, int64_t(pp) * vpp)) : 1.0;
   e.activation_bytes = words * word_bytes * tokens * double(std::max<int64_t>(max_layers, 1)) * in_flight / tp;
   return e;

@@ -19,7 +19,10 @@ parallel::ParallelSizes ParallelLayout::sizes() const {
 
 std::string ParallelLayout::describe() const {
   std::string out = fmt::format("world {} = tp {} x pp {} x dp {}", world_size, tp, pp, dp);
+  if (cp > 1) out = fmt::format("world {} = tp {} x cp {} x pp {} x dp {}", world_size, tp, cp, pp, dp);
   if (sequence_parallel) out += " (sequence parallel)";
+  if (cp > 1) out += fmt::format("; context parallel {}", cp_all_to_all ? "a2a" : "p2p (ring)");
+  if (sharding != "no_shard") out += "; data_parallel_sharding_strategy " + sharding;
   if (schedule) {
     out += fmt::format("; {} over {} stages ({} chunk{} per rank)", schedule->algorithm, pp * vpp, vpp,
                        vpp > 1 ? "s" : "");
@@ -93,7 +96,30 @@ ParallelLayout plan_layout(const config::TrainingArgs& a, const ModelSpec& spec,
   positive(a.expert_model_parallel_size, "expert_model_parallel_size");
   if (a.virtual_pipeline_model_parallel_size < 0)
     fail("virtual_pipeline_model_parallel_size must not be negative, got {}", a.virtual_pipeline_model_parallel_size);
-  if (L.cp > 1) fail("context_parallel_size {}: context parallelism is not implemented yet (use 1)", L.cp);
+  L.sharding = a.data_parallel_sharding_strategy;
+  if (a.use_torch_fsdp2) {
+    if (!L.sharding.empty() && L.sharding != "optim_grads_params")
+      fail("use_torch_fsdp2 means data_parallel_sharding_strategy optim_grads_params, the config says {}", L.sharding);
+    L.sharding = "optim_grads_params";
+  }
+  if (L.sharding.empty()) L.sharding = a.use_distributed_optimizer ? "optim" : "no_shard";
+  if (L.sharding != "no_shard" && L.sharding != "optim" && L.sharding != "optim_grads" &&
+      L.sharding != "optim_grads_params")
+    fail("data_parallel_sharding_strategy '{}' is not one of: no_shard, optim, optim_grads, optim_grads_params",
+         L.sharding);
+  if (L.sharding == "no_shard" && a.use_distributed_optimizer)
+    fail("use_distributed_optimizer shards the optimizer, data_parallel_sharding_strategy no_shard does not: set one");
+  // A memory-saving choice: the result is the same under every strategy, so the two not built
+  // yet run as the nearest one that is, said once.
+  if (L.sharding == "optim_grads" || L.sharding == "optim_grads_params") {
+    log::warn("data_parallel_sharding_strategy {}{} is not implemented yet (ZeRO-2/FSDP): running as optim "
+              "(ZeRO-1: optimizer state sharded, parameters and gradients whole on every rank)",
+              L.sharding, a.use_torch_fsdp2 ? " (use_torch_fsdp2)" : "");
+    L.sharding = "optim";
+  }
+  if (a.cp_comm_type != "p2p" && a.cp_comm_type != "a2a")
+    fail("cp_comm_type '{}' is not one of: p2p, a2a", a.cp_comm_type);
+  L.cp_all_to_all = a.cp_comm_type == "a2a";
   if (a.expert_model_parallel_size > 1 && !spec.is_moe())
     fail("expert_model_parallel_size {}: model {} has no experts (num_experts is not set); use 1",
          a.expert_model_parallel_size, spec.name);
@@ -110,14 +136,30 @@ ParallelLayout plan_layout(const config::TrainingArgs& a, const ModelSpec& spec,
          L.tp, L.pp, L.cp, mp, world_size);
   L.dp = world_size / mp;
   check_tensor_parallel(spec, L.tp);
+  if (L.cp > 1 && spec.is_moe())
+    fail("context_parallel_size {} with model {}: context parallelism of MoE models is not implemented yet (the "
+         "router's sequence-level losses need the whole sequence); use 1",
+         L.cp, spec.name);
+  if (L.cp > 1) {
+    const int64_t seq = a.seq_length > 0 ? a.seq_length : spec.max_position_embeddings;
+    if (seq % (2 * L.cp) != 0)
+      fail("context_parallel_size {} cuts each sequence in 2 x {} = {} chunks: seq_length {} is not divisible by {}",
+           L.cp, L.cp, 2 * L.cp, seq, 2 * L.cp);
+    const int64_t heads = spec.num_attention_heads / L.tp, groups = spec.query_groups() / L.tp;
+    if (L.cp_all_to_all && (heads % L.cp != 0 || groups % L.cp != 0))
+      fail("cp_comm_type a2a splits the attention heads over context_parallel_size {}: {} heads and {} query groups "
+           "per tensor-parallel rank (num_attention_heads {}, num_query_groups {}, tensor_model_parallel_size {}) are "
+           "not divisible by {}; use cp_comm_type p2p",
+           L.cp, heads, groups, spec.num_attention_heads, spec.query_groups(), L.tp, L.cp);
+  }
 
   L.sequence_parallel = a.sequence_parallel && L.tp > 1;
   if (a.sequence_parallel && L.tp == 1)
     log::warn("sequence_parallel has no effect with tensor_model_parallel_size 1; running without it");
-  if (L.sequence_parallel && (a.micro_batch_size * a.seq_length) % L.tp != 0)
-    fail("sequence_parallel splits micro_batch_size x seq_length = {} tokens over tensor_model_parallel_size {}: "
-         "not divisible",
-         a.micro_batch_size * a.seq_length, L.tp);
+  if (L.sequence_parallel && (a.micro_batch_size * a.seq_length / L.cp) % L.tp != 0)
+    fail("sequence_parallel splits micro_batch_size x seq_length / context_parallel_size = {} tokens over "
+         "tensor_model_parallel_size {}: not divisible",
+         a.micro_batch_size * a.seq_length / L.cp, L.tp);
   if (a.global_batch_size % (a.micro_batch_size * L.dp) != 0)
     fail("global_batch_size ({}) must be a multiple of micro_batch_size ({}) x data-parallel size ({}) = {}",
          a.global_batch_size, a.micro_batch_size, L.dp, a.micro_batch_size * L.dp);

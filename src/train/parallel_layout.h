@@ -20,6 +20,11 @@ struct ParallelLayout {
   int world_size = 1;
   int tp = 1, pp = 1, cp = 1, dp = 1, vpp = 1;
   bool sequence_parallel = false;
+  bool cp_all_to_all = false;   // cp_comm_type a2a (else p2p ring attention)
+  // data_parallel_sharding_strategy resolved: no_shard or optim (ZeRO-1, sharded over dp x cp);
+  // optim_grads and optim_grads_params (use_torch_fsdp2) run as optim with a warning for now.
+  std::string sharding = "no_shard";
+  bool shard_optimizer() const { return sharding == "optim"; }
   int64_t microbatches_per_rank = 1;  // global_batch_size / (micro_batch_size * dp)
   std::vector<pipeline::LayerRange> stages;  // pp * vpp, in model order
   std::optional<pipeline::Schedule> schedule;  // when the model is split in more than one stage
@@ -45,8 +50,10 @@ struct ParallelLayout {
 // row copy per token (and its scatter-add in W).
 pipeline::ModelCosts model_costs(const ModelSpec& spec, int64_t micro_batch_size, int64_t seq_length, int tp = 1);
 
-// Rules, in order: sizes positive; context and expert parallel sizes 1 (not implemented yet);
-// tp x pp x cp divides the world size; heads, query groups, ffn and vocabulary divisible by tp;
+// Rules, in order: sizes positive; expert parallel size 1 (dense model); the sharding strategy
+// known (optim_grads and optim_grads_params run as optim, with a warning); tp x pp x cp divides
+// the world size; under cp, seq_length divisible by 2 x cp and, for a2a, heads and query groups
+// per tp rank by cp; heads, query groups, ffn and vocabulary divisible by tp;
 // sequence parallel needs tokens per microbatch divisible by tp; global_batch_size a multiple of
 // micro_batch_size x dp; layers split over pp x vpp stages (even, or as decoder_first/last_
 // pipeline_num_layers say, or by pipeline_balance auto from model_costs, which excludes the two

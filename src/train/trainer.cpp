@@ -32,6 +32,7 @@
 #include "data/gpt_dataset.h"
 #include "data/tokenizer.h"
 #include "kernels/cpu/gemm.h"
+#include "model/context_parallel.h"
 #include "model/llama.h"
 #include "optim/flat_adamw.h"
 #include "optim/grad_clip.h"
@@ -126,11 +127,17 @@ std::string progress_bar(int64_t done, int64_t total, int width = 30) {
   return "[" + std::string(filled, '#') + std::string(width - filled, '.') + "]";
 }
 
-// Microbatch j of this dp rank in a step is the global batch's microbatch dp * m_local + j.
+// Microbatch j of this dp rank in a step is the global batch's microbatch dp * m_local + j; under
+// context parallelism this rank keeps its two chunks of each sequence (context_parallel_rows).
 MicrobatchFill fill_from(const SampleSource& src, int64_t first_sample, int64_t dp_rank, int64_t m_local, int64_t mbs,
-                         int64_t seq) {
-  return [&src, first_sample, dp_rank, m_local, mbs, seq](int j, std::vector<int32_t>& tk, std::vector<int32_t>& tg) {
+                         int64_t seq, int cp = 1, int cp_rank = 0) {
+  return [&src, first_sample, dp_rank, m_local, mbs, seq, cp, cp_rank](int j, std::vector<int32_t>& tk,
+                                                                     std::vector<int32_t>& tg) {
     fill_microbatch(src, first_sample + (dp_rank * m_local + j) * mbs, mbs, seq, tk, tg);
+    if (cp > 1) {
+      tk = context_parallel_rows(tk.data(), mbs, seq, cp, cp_rank);
+      tg = context_parallel_rows(tg.data(), mbs, seq, cp, cp_rank);
+    }
   };
 }
 
@@ -221,6 +228,7 @@ class Trainer {
   const config::TrainingArgs& a_;
   const ModelSpec& spec_;
   const int64_t mbs_, gbs_, seq_, num_micro_;  // microbatches in the global batch, over all dp ranks
+  int64_t seq_local_ = 0;                      // tokens of a sequence on this rank: seq_ / cp
 
   // Processes and layout.
   std::unique_ptr<parallel::SelfProcessGroup> self_;
@@ -326,6 +334,7 @@ void Trainer::build_processes() {
   me_ = mesh_->coord(world_->rank());
   rank0_ = world_->rank() == 0;
   m_local_ = layout_.microbatches_per_rank;
+  seq_local_ = seq_ / layout_.cp;
   // One run per run folder: rank 0 holds the lock (or joins its launcher's); every rank stops if
   // another run has it.
   on_rank0_for_all([&] { run_lock_ = safe::RunLock::acquire_or_join(cfg_.run_dir(), "trainer rank 0"); },
@@ -407,6 +416,10 @@ void Trainer::build_model() {
   part.tp_size = layout_.tp;
   part.tp_group = groups_.tp.get();
   part.sequence_parallel = layout_.sequence_parallel;
+  part.cp_size = layout_.cp;
+  part.cp_rank = me_.cp;
+  part.cp_group = groups_.cp.get();
+  part.cp_comm = layout_.cp_all_to_all ? CpComm::A2A : CpComm::P2P;
   const int num_stages = layout_.pp * layout_.vpp;
   if (layout_.schedule)
     for (int c = 0; c < layout_.vpp; ++c) {
@@ -444,8 +457,11 @@ void Trainer::build_gradient_reduction() {
   parallel::GradBucketsOptions bo;
   bo.bucket_size = a_.ddp_bucket_size > 0 ? a_.ddp_bucket_size : parallel::default_bucket_size(layout_.dp);
   bo.overlap_grad_reduce = a_.overlap_grad_reduce;
-  bo.reduce = a_.use_distributed_optimizer ? parallel::GradReduce::ReduceScatter : parallel::GradReduce::AllReduce;
-  buckets_ = std::make_unique<parallel::GradBuckets>(*groups_.dp, params.grads().data<float>(), params.numel(),
+  bo.reduce = layout_.shard_optimizer() ? parallel::GradReduce::ReduceScatter : parallel::GradReduce::AllReduce;
+  // Under context parallelism each cp rank holds a part of every gradient (its chunks' share):
+  // the buckets sum over dp x cp (Megatron's data-parallel group with context parallel).
+  parallel::ProcessGroup& reduce_group = layout_.cp > 1 ? *groups_.dp_cp : *groups_.dp;
+  buckets_ = std::make_unique<parallel::GradBuckets>(reduce_group, params.grads().data<float>(), params.numel(),
                                                      segments_of(params), bo);
   // Each tensor's bucket may start once the last microbatch's W pass of it is done.
   w_done_.assign(num_tensors, 0);
@@ -460,7 +476,7 @@ void Trainer::build_gradient_reduction() {
 void Trainer::build_optimizer() {
   const AdamWOptions adam{a_.adam_beta1, a_.adam_beta2, a_.adam_eps, a_.weight_decay};
   ParamStore& params = model_->params();
-  if (a_.use_distributed_optimizer)
+  if (layout_.shard_optimizer())
     sharded_ = std::make_unique<parallel::DistributedOptimizer>(*buckets_, params.values().data<float>(), adam);
   else
     replicated_ = std::make_unique<FlatAdamW>(adam, segments_of(params), params.numel(), compute_.device);
@@ -558,8 +574,8 @@ void Trainer::open_outputs() {
   log::info("model {}: {:.2f}M parameters, {:.1f} MFLOP per token; {} x {} tokens per microbatch, {} microbatches "
             "per step",
             cfg_.model, stats_.parameters / 1e6, stats_.flops_per_token / 1e6, mbs_, seq_, num_micro_);
-  log::info("parallel layout: {}; this rank: tp {} pp {} dp {}, {:.2f}M parameters", layout_.describe(), me_.tp,
-            me_.pp, me_.dp, model_->params().numel() / 1e6);
+  log::info("parallel layout: {}; this rank: tp {} cp {} pp {} dp {}, {:.2f}M parameters", layout_.describe(), me_.tp,
+            me_.cp, me_.pp, me_.dp, model_->params().numel() / 1e6);
   log::info("compute: {}", compute_.describe());
   if (rank0_ && !cfg_.no_effect.empty()) log::info("{}", config::no_effect_summary(cfg_));
   log::info("training iterations {} to {}; MFU against a peak of {:.1f} GFLOP/s ({})", state_.iteration + 1,
@@ -579,7 +595,7 @@ void Trainer::open_outputs() {
 double Trainer::forward_backward(const MicrobatchFill& fill) {
   const double dloss = 1.0 / double(num_micro_);
   if (layout_.schedule) {
-    LlamaStageRunner runner(*model_, mbs_, seq_, dloss, fill);
+    LlamaStageRunner runner(*model_, mbs_, seq_local_, dloss, fill);
     trace::PassSpans passes(runner, profiler_.get());  // F / B / W spans when profiling
     pipe_.add(pipeline::run_schedule(*layout_.schedule, passes, *groups_.pp));
     return runner.loss_sum();
@@ -591,7 +607,7 @@ double Trainer::forward_backward(const MicrobatchFill& fill) {
     LlamaContext ctx;
     {
       trace::PassSpan f(profiler_.get(), trace::Pass::F, j, -1);
-      loss_sum += model_->forward(ctx, tokens.data(), targets.data(), mbs_, seq_);
+      loss_sum += model_->forward(ctx, tokens.data(), targets.data(), mbs_, seq_local_);
     }
     trace::PassSpan bw(profiler_.get(), trace::Pass::B, j, -1, /*fused_bw=*/true);
     model_->backward(ctx, dloss);
@@ -655,7 +671,8 @@ StepResult Trainer::train_step() {
   buckets_->reset();
   std::fill(w_done_.begin(), w_done_.end(), 0);
   double loss_sum = forward_backward(trace::in_host_span(
-      profiler_.get(), "data_loading", fill_from(train_src_, state_.consumed_samples, me_.dp, m_local_, mbs_, seq_)));
+      profiler_.get(), "data_loading",
+      fill_from(train_src_, state_.consumed_samples, me_.dp, m_local_, mbs_, seq_, layout_.cp, me_.cp)));
   compute_.backend->synchronize();  // compute time counts the device's work
   // This rank's own work; the reductions below wait for the slowest rank (stragglers show here).
   r.compute_seconds = seconds_since(t0);
@@ -688,15 +705,16 @@ double Trainer::evaluate() {
   double total = 0;
   std::vector<int32_t> tokens, targets;
   for (int64_t e = 0; e < a_.eval_iters; ++e) {
-    const MicrobatchFill fill = fill_from(valid_src_, e * num_micro_ * mbs_, me_.dp, m_local_, mbs_, seq_);
+    const MicrobatchFill fill =
+        fill_from(valid_src_, e * num_micro_ * mbs_, me_.dp, m_local_, mbs_, seq_, layout_.cp, me_.cp);
     if (layout_.schedule) {
-      total += pipeline_forward_only(*model_, *layout_.schedule, *groups_.pp, mbs_, seq_, int(m_local_), fill);
+      total += pipeline_forward_only(*model_, *layout_.schedule, *groups_.pp, mbs_, seq_local_, int(m_local_), fill);
       continue;
     }
     for (int j = 0; j < m_local_; ++j) {
       fill(j, tokens, targets);
       LlamaContext ctx;
-      total += model_->forward(ctx, tokens.data(), targets.data(), mbs_, seq_);
+      total += model_->forward(ctx, tokens.data(), targets.data(), mbs_, seq_local_);
     }
   }
   return groups_.dp->all_reduce_value(total) / double(a_.eval_iters * num_micro_);
@@ -738,18 +756,33 @@ void Trainer::log_interval(const StepResult& step) {
               peak_gflops_);
     mfu_warned_ = true;
   }
+  // The peak split: weights (master and bf16 working copy), fp32 gradients and AdamW moments are
+  // what this rank's buffers hold; the rest of the peak is activations and transient buffers.
+  const ParamStore& params = model_->params();
+  const double param_bytes = double(params.numel()) * double(dtype_size(params.dtype())) +
+                             (model_->has_separate_working_weights() ? double(model_->working_weights().nbytes()) : 0.0);
+  const double grad_bytes = double(params.grads().nbytes());
+  const double optim_bytes =
+      sharded_ ? double(sharded_->state_bytes()) : 2.0 * double(params.numel()) * double(sizeof(float));
+  const double activation_bytes = std::max(0.0, double(peak) - param_bytes - grad_bytes - optim_bytes);
   if (tty_) fmt::print("\r\033[K");
   log::info(" iteration {:>6}/{:>6} | consumed samples: {:>9} | elapsed time per iteration (ms): {:.1f} | "
             "learning rate: {:.3E} | global batch size: {} | lm loss: {:.6E} | grad norm: {:.3f} | "
-            "tokens/s: {:.0f} | TFLOP/s: {:.3f} | MFU: {:.1f}% | peak tensor memory: {:.0f} MiB",
+            "tokens/s: {:.0f} | TFLOP/s: {:.3f} | MFU: {:.1f}% | peak tensor memory: {:.0f} MiB (parameters {:.1f}, "
+            "gradients {:.1f}, optimizer {:.1f}, activations and the rest {:.1f})",
             state_.iteration, a_.train_iters, state_.consumed_samples, 1e3 * interval_time_ / interval_steps_, step.lr,
-            gbs_, mean_loss, step.grad_norm, tps, tflops, 100 * mfu, peak / 1048576.0);
+            gbs_, mean_loss, step.grad_norm, tps, tflops, 100 * mfu, peak / 1048576.0, param_bytes / 1048576.0,
+            grad_bytes / 1048576.0, optim_bytes / 1048576.0, activation_bytes / 1048576.0);
   nlohmann::json row{{"iteration", state_.iteration},   {"consumed_samples", state_.consumed_samples},
                      {"lm_loss", mean_loss},            {"lr", step.lr},
                      {"grad_norm", step.grad_norm},     {"tokens_per_sec", tps},
                      {"tflops", tflops},                {"mfu", mfu},
                      {"step_time_ms", 1e3 * interval_time_ / interval_steps_},
                      {"peak_memory_bytes", peak},       {"restarts", watch_->restarts()},
+                     {"memory_parameters_bytes", param_bytes},
+                     {"memory_gradients_bytes", grad_bytes},
+                     {"memory_optimizer_bytes", optim_bytes},
+                     {"memory_activations_bytes", activation_bytes},
                      {"skipped_iterations", watch_->skipped_iterations()}};
   if (layout_.schedule) {
     // Measured bubble: (slowest rank's wall - busiest rank's compute) / slowest wall. Predicted:

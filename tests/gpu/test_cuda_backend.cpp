@@ -247,6 +247,41 @@ TEST(CudaBackend, ShardAndDecodingOpsMatchTheReference) {
   p.expect(out, 0.02, 0.02, "attention of rows 30..36 against the cache");
 }
 
+// Context parallelism's ops as the model calls them: two key/value blocks (the diagonal one
+// causal) merged into a running result started from the first, then both blocks' backward from the
+// merged output into fp32 accumulators.
+TEST(CudaBackend, ContextParallelAttentionOpsMatchTheReference) {
+  PRIMUS_REQUIRE_GPU();
+  cuda::CudaBackend be;
+  const ops::AttentionShape s{2, 40, 4, 2, 64};
+  const int64_t rows = s.batch * s.seq, HD = s.heads * s.head_dim, KV = 2 * s.groups * s.head_dim;
+  Pair p;
+  const int qkv = p.add(random_host({rows, s.qkv_stride()}, DType::BF16, 11));
+  const int kv0 = p.add(random_host({rows, KV}, DType::BF16, 12)), kv1 = p.add(random_host({rows, KV}, DType::BF16, 13));
+  const int o0 = p.add(Tensor::zeros({rows, HD}, DType::BF16)), o1 = p.add(Tensor::zeros({rows, HD}, DType::BF16));
+  const int l0 = p.add(Tensor::zeros({s.batch, s.heads, s.seq}, DType::F32));
+  const int l1 = p.add(Tensor::zeros({s.batch, s.heads, s.seq}, DType::F32));
+  const int acc = p.add(Tensor::zeros({rows, HD}, DType::F32)), out = p.add(Tensor::zeros({rows, HD}, DType::BF16));
+  const int dout = p.add(random_host({rows, HD}, DType::BF16, 14));
+  const int dq = p.add(Tensor::zeros({rows, HD}, DType::F32));
+  const int dkv0 = p.add(Tensor::zeros({rows, KV}, DType::F32)), dkv1 = p.add(Tensor::zeros({rows, KV}, DType::F32));
+  p.run([&](ops::Backend& b, std::vector<Tensor>& t) {
+    b.attention_block_forward(t[qkv], t[kv0], t[o0], t[l0], s, false);
+    b.attention_block_forward(t[qkv], t[kv1], t[o1], t[l1], s, true);
+    b.cast(t[o0], t[acc]);
+    b.attention_merge(t[acc], t[l0], t[o1], t[l1], s);  // l0 becomes the merged log-sum-exp
+    b.cast(t[acc], t[out]);
+    b.attention_block_backward(t[qkv], t[kv0], t[out], t[l0], t[dout], t[dq], t[dkv0], s, false);
+    b.attention_block_backward(t[qkv], t[kv1], t[out], t[l0], t[dout], t[dq], t[dkv1], s, true);
+  }, be);
+  p.expect(o1, 0.03, 0.02, "causal block out");
+  p.expect(acc, 0.03, 0.02, "merged out");
+  p.expect(l0, 2e-3, 1e-3, "merged lse");
+  p.expect(dq, 0.05, 0.03, "dq over both blocks");
+  p.expect(dkv0, 0.05, 0.03, "dk|dv of the full block");
+  p.expect(dkv1, 0.05, 0.03, "dk|dv of the diagonal block");
+}
+
 TEST(CudaBackend, FlatAdamWMatchesTheHostOptimizer) {
   PRIMUS_REQUIRE_GPU();
   std::vector<ParamSegment> segs = {{"a", 0, 1000, true}, {"b", 1024, 37, false}, {"c", 1072, 5000, true}};

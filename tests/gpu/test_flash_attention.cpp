@@ -283,6 +283,67 @@ TEST(FlashAttention, FullRaggedTailGqaD128) {
   check({1, 190, 4, 2, 128, false});
 }
 
+// Context parallelism's block ops against the CPU kernels (kernels/cpu/attention.h) on the same
+// bf16 inputs: a query block (the q columns of fused rows) against a separate [k | v] block,
+// causal (the diagonal pair) and full; the merge into a running fp32 result; and the backward's
+// fp32 accumulators, which must be added to (they start non-zero here), not overwritten.
+void check_block(const Case& c) {
+  SCOPED_TRACE(name(c));
+  const AttentionDims d{c.batch, c.seq, c.heads, c.groups, c.head_dim};
+  const cpu::AttentionShape shape{c.batch, c.seq, c.heads, c.groups, c.head_dim};
+  const int64_t rows = c.batch * c.seq, stride = d.qkv_stride(), HD = c.heads * c.head_dim;
+  const int64_t KV = 2 * c.groups * c.head_dim, stats = c.batch * c.heads * c.seq;
+  const uint64_t seed = uint64_t(c.seq * 17 + c.head_dim + (c.causal ? 3 : 0));
+  const std::vector<float> qkv = round_bf16(random_floats(size_t(rows * stride), seed));
+  const std::vector<float> kv = round_bf16(random_floats(size_t(rows * KV), seed + 1));
+  const std::vector<float> dout = round_bf16(random_floats(size_t(rows * HD), seed + 2));
+  auto bf = [](const DeviceBf16& a) { return reinterpret_cast<__nv_bfloat16*>(a.get()); };
+
+  std::vector<float> out_ref(static_cast<size_t>(rows * HD)), lse_ref(static_cast<size_t>(stats));
+  cpu::attention_block_forward<float>(qkv.data(), kv.data(), out_ref.data(), lse_ref.data(), shape, c.causal);
+  const DeviceBf16 qkv_dev(to_bf16_bits(qkv)), kv_dev(to_bf16_bits(kv));
+  const DeviceBf16 out_dev(std::vector<uint16_t>(size_t(rows * HD), kBf16NaN));
+  const DeviceArray<float> lse_dev(std::vector<float>(size_t(stats), NAN));
+  cuda::flash_attention_block_forward(bf(qkv_dev), bf(kv_dev), bf(out_dev), lse_dev.get(), d, c.causal,
+                                      cuda::stream());
+  const std::vector<float> out_b = from_bf16_bits(out_dev.host());
+  expect_close(out_b, out_ref, 2e-2, 2e-2, "block out");
+  expect_close(lse_dev.host(), lse_ref, 1e-3, 1e-3, "block lse");
+
+  // Merge the GPU's block into a running result that already holds another block.
+  const std::vector<float> acc0 = random_floats(size_t(rows * HD), seed + 3);
+  const std::vector<float> l0 = random_floats(size_t(stats), seed + 4, 2.0);
+  std::vector<float> acc_ref = acc0, l_ref = l0;
+  const std::vector<float> lse_gpu = lse_dev.host();
+  cpu::attention_merge<float>(acc_ref.data(), l_ref.data(), out_b.data(), lse_gpu.data(), shape);
+  const DeviceArray<float> acc_dev(acc0), l_dev(l0);
+  cuda::attention_merge(acc_dev.get(), l_dev.get(), bf(out_dev), lse_dev.get(), d, cuda::stream());
+  expect_close(acc_dev.host(), acc_ref, 1e-5, 1e-5, "merged acc");
+  expect_close(l_dev.host(), l_ref, 1e-5, 1e-5, "merged lse");
+
+  // Backward from the same bf16 out and lse, into accumulators that start at 1.
+  std::vector<float> dq_ref(size_t(rows * HD), 1.f), dkv_ref(size_t(rows * KV), 1.f);
+  cpu::attention_block_backward<float>(qkv.data(), kv.data(), out_b.data(), lse_gpu.data(), dout.data(),
+                                       dq_ref.data(), dkv_ref.data(), shape, c.causal);
+  const DeviceBf16 dout_dev(to_bf16_bits(dout));
+  const DeviceArray<float> dq_dev(std::vector<float>(dq_ref.size(), 1.f)), dkv_dev(std::vector<float>(dkv_ref.size(), 1.f));
+  cuda::flash_attention_block_backward(bf(qkv_dev), bf(kv_dev), bf(out_dev), lse_dev.get(), bf(dout_dev), dq_dev.get(),
+                                       dkv_dev.get(), d, c.causal, cuda::stream());
+  expect_grad_close(dq_dev.host(), dq_ref, "block dq");
+  const std::vector<float> dkv = dkv_dev.host();
+  const int64_t gd = c.groups * c.head_dim;
+  expect_grad_close(columns(dkv, rows, KV, 0, gd), columns(dkv_ref, rows, KV, 0, gd), "block dk");
+  expect_grad_close(columns(dkv, rows, KV, gd, gd), columns(dkv_ref, rows, KV, gd, gd), "block dv");
+}
+
+TEST(FlashAttentionBlocks, DiagonalAndFullPairs) {
+  PRIMUS_REQUIRE_GPU();
+  check_block({2, 96, 4, 2, 64, true});
+  check_block({2, 96, 4, 2, 64, false});
+  check_block({1, 70, 4, 1, 128, true});
+  check_block({1, 70, 2, 2, 128, false});
+}
+
 TEST(FlashAttention, UnsupportedShapes) {  // no GPU needed
   EXPECT_EQ(cuda::flash_attention_unsupported({2, 128, 4, 4, 64}), "");
   EXPECT_EQ(cuda::flash_attention_unsupported({1, 300, 8, 2, 128}), "");

@@ -19,14 +19,37 @@ constexpr int64_t kParallelMin = 1 << 16;
 // kRows rows' multiply-adds, with the partial sums in registers (blocks of kCols columns).
 constexpr int64_t kRows = 4, kCols = 16;
 
+namespace {
+
+// Queries and keys/values as separate row-major matrices: row b*seq + t of q holds head h at
+// column h*D; row b*seq + s of k (and v) holds group g at column g*D. The fused layout is the case
+// q = qkv, k = qkv + heads*D, v = k + groups*D, all with the qkv stride.
+template <typename T> struct Operands {
+  const T* q;
+  int64_t q_stride;
+  const T* k;
+  const T* v;
+  int64_t kv_stride;
+};
+
+template <typename T> Operands<T> fused(const T* qkv, const AttentionShape& s) {
+  const int64_t stride = s.qkv_stride();
+  return {qkv, stride, qkv + s.heads * s.head_dim, qkv + (s.heads + s.groups) * s.head_dim, stride};
+}
+
+template <typename T> Operands<T> block(const T* qkv, const T* kv, const AttentionShape& s) {
+  return {qkv, s.qkv_stride(), kv, kv + s.groups * s.head_dim, 2 * s.groups * s.head_dim};
+}
+
+// causal: query t sees keys s <= t; else every key.
 template <typename T>
-void attention_forward(const T* qkv, T* out, T* lse, const AttentionShape& s) {
-  const int64_t S = s.seq, D = s.head_dim, stride = s.qkv_stride();
-  const int64_t q_size = s.heads * D, kv_size = s.groups * D, per_group = s.heads / s.groups;
+void forward(const Operands<T>& x, T* out, T* lse, const AttentionShape& s, bool causal) {
+  const int64_t S = s.seq, D = s.head_dim;
+  const int64_t q_size = s.heads * D, per_group = s.heads / s.groups;
   const int64_t tiles = (S + kTile - 1) / kTile;
   const T scale = T(1) / std::sqrt(T(D));
   const int64_t tasks = s.batch * s.heads * tiles;
-  const bool parallel = s.batch * s.heads * S * S * D / 2 >= kParallelMin;
+  const bool parallel = s.batch * s.heads * S * S * D / (causal ? 2 : 1) >= kParallelMin;
   const int64_t Dp = (D + kCols - 1) / kCols * kCols;  // head dim padded to whole column blocks
 
 #pragma omp parallel if(parallel)
@@ -41,16 +64,17 @@ void attention_forward(const T* qkv, T* out, T* lse, const AttentionShape& s) {
       const int64_t h = (task / tiles) % s.heads, b = task / (tiles * s.heads);
       const int64_t g = h / per_group;
       const int64_t t0 = qt * kTile, t1 = std::min(S, t0 + kTile), rows = t1 - t0;
-      const T* base = qkv + b * S * stride;
+      const T* qbase = x.q + b * S * x.q_stride;
+      const int64_t kv_row0 = b * S;
       std::fill(m.begin(), m.end(), -std::numeric_limits<T>::infinity());
       std::fill(l.begin(), l.end(), T(0));
       std::fill(acc.begin(), acc.end(), T(0));
 
-      for (int64_t s0 = 0; s0 < t1; s0 += kTile) {
+      for (int64_t s0 = 0; s0 < (causal ? t1 : S); s0 += kTile) {
         const int64_t s1 = std::min(S, s0 + kTile), cols = s1 - s0;
         for (int64_t c = 0; c < cols; ++c) {
-          const T* kr = base + (s0 + c) * stride + q_size + g * D;
-          const T* vr = kr + kv_size;
+          const T* kr = x.k + (kv_row0 + s0 + c) * x.kv_stride + g * D;
+          const T* vr = x.v + (kv_row0 + s0 + c) * x.kv_stride + g * D;
           for (int64_t d = 0; d < D; ++d) kt[d * kTile + c] = kr[d];
           std::copy(vr, vr + D, &vt[c * Dp]);
         }
@@ -59,10 +83,10 @@ void attention_forward(const T* qkv, T* out, T* lse, const AttentionShape& s) {
         for (int64_t r0 = 0; r0 < rows; r0 += kRows) {
           const int64_t nr = std::min(kRows, rows - r0);
           // Columns visible to the block's last row (causal: keys s <= t).
-          const int64_t cmax = std::min(cols, t0 + r0 + nr - 1 - s0 + 1);
+          const int64_t cmax = causal ? std::min(cols, t0 + r0 + nr - 1 - s0 + 1) : cols;
           if (cmax <= 0) continue;
           for (int64_t i = 0; i < kRows; ++i) {
-            const T* qr = base + (t0 + r0 + std::min(i, nr - 1)) * stride + h * D;
+            const T* qr = qbase + (t0 + r0 + std::min(i, nr - 1)) * x.q_stride + h * D;
             for (int64_t d = 0; d < D; ++d) qs[i * Dp + d] = qr[d] * scale;
           }
           // Scores for kRows rows x cmax columns.
@@ -81,7 +105,7 @@ void attention_forward(const T* qkv, T* out, T* lse, const AttentionShape& s) {
           }
           // Online softmax per row; masked columns get probability 0.
           for (int64_t i = 0; i < nr; ++i) {
-            const int64_t r = r0 + i, visible = std::min(cols, t0 + r - s0 + 1);
+            const int64_t r = r0 + i, visible = causal ? std::min(cols, t0 + r - s0 + 1) : cols;
             T* pr = &p[i * kTile];
             T mx = m[r];
 #pragma omp simd reduction(max : mx)
@@ -130,15 +154,27 @@ void attention_forward(const T* qkv, T* out, T* lse, const AttentionShape& s) {
   }
 }
 
+// Where the backward writes: dq rows like q's, dk and dv rows like k's. accumulate: add to what
+// they hold; else overwrite.
+template <typename T> struct Gradients {
+  T* dq;
+  int64_t dq_stride;
+  T* dk;
+  T* dv;
+  int64_t dkv_stride;
+  bool accumulate;
+};
+
 // One task per (batch, kv group): it owns dK and dV of its group and dQ of its heads, so the
 // tasks never write the same memory. Query rows go kRows at a time, as in the forward.
 template <typename T>
-void attention_backward(const T* qkv, const T* out, const T* lse, const T* dout, T* dqkv, const AttentionShape& s) {
-  const int64_t S = s.seq, D = s.head_dim, stride = s.qkv_stride();
-  const int64_t q_size = s.heads * D, kv_size = s.groups * D, per_group = s.heads / s.groups;
+void backward(const Operands<T>& x, const T* out, const T* lse, const T* dout, const Gradients<T>& y,
+              const AttentionShape& s, bool causal) {
+  const int64_t S = s.seq, D = s.head_dim;
+  const int64_t q_size = s.heads * D, per_group = s.heads / s.groups;
   const T scale = T(1) / std::sqrt(T(D));
   const int64_t tasks = s.batch * s.groups;
-  const bool parallel = s.batch * s.heads * S * S * D / 2 >= kParallelMin;
+  const bool parallel = s.batch * s.heads * S * S * D / (causal ? 2 : 1) >= kParallelMin;
   const int64_t Dp = (D + kCols - 1) / kCols * kCols;
 
 #pragma omp parallel if(parallel)
@@ -150,21 +186,24 @@ void attention_backward(const T* qkv, const T* out, const T* lse, const T* dout,
 #pragma omp for schedule(dynamic, 1)
     for (int64_t task = 0; task < tasks; ++task) {
       const int64_t b = task / s.groups, g = task % s.groups;
-      const T* base = qkv + b * S * stride;
-      T* dbase = dqkv + b * S * stride;
-      for (int64_t t = 0; t < S; ++t) {
-        std::fill(dbase + t * stride + q_size + g * D, dbase + t * stride + q_size + g * D + D, T(0));
-        std::fill(dbase + t * stride + q_size + kv_size + g * D,
-                  dbase + t * stride + q_size + kv_size + g * D + D, T(0));
-      }
+      const T* qbase = x.q + b * S * x.q_stride;
+      T* dqbase = y.dq + b * S * y.dq_stride;
+      const int64_t kv_row0 = b * S;
+      auto dk_row = [&](int64_t t) { return y.dk + (kv_row0 + t) * y.dkv_stride + g * D; };
+      auto dv_row = [&](int64_t t) { return y.dv + (kv_row0 + t) * y.dkv_stride + g * D; };
+      if (!y.accumulate)
+        for (int64_t t = 0; t < S; ++t) {
+          std::fill(dk_row(t), dk_row(t) + D, T(0));
+          std::fill(dv_row(t), dv_row(t) + D, T(0));
+        }
       for (int64_t h = g * per_group; h < (g + 1) * per_group; ++h) {
         for (int64_t s0 = 0; s0 < S; s0 += kTile) {
           const int64_t s1 = std::min(S, s0 + kTile), cols = s1 - s0;
           std::fill(kt.begin(), kt.end(), T(0));
           std::fill(vtt.begin(), vtt.end(), T(0));
           for (int64_t c = 0; c < cols; ++c) {
-            const T* kr = base + (s0 + c) * stride + q_size + g * D;
-            const T* vr = kr + kv_size;
+            const T* kr = x.k + (kv_row0 + s0 + c) * x.kv_stride + g * D;
+            const T* vr = x.v + (kv_row0 + s0 + c) * x.kv_stride + g * D;
             for (int64_t d = 0; d < D; ++d) {
               kt[d * kTile + c] = kr[d];
               vtt[d * kTile + c] = vr[d];
@@ -173,12 +212,13 @@ void attention_backward(const T* qkv, const T* out, const T* lse, const T* dout,
           }
           std::fill(dk.begin(), dk.end(), T(0));
           std::fill(dv.begin(), dv.end(), T(0));
-          for (int64_t r0 = s0; r0 < S; r0 += kRows) {  // query rows that see this key tile
+          for (int64_t r0 = causal ? s0 : 0; r0 < S; r0 += kRows) {  // query rows that see this key tile
             const int64_t nr = std::min(kRows, S - r0);
-            const int64_t cmax = std::min(cols, r0 + nr - 1 - s0 + 1);
+            const int64_t cmax = causal ? std::min(cols, r0 + nr - 1 - s0 + 1) : cols;
+            if (cmax <= 0) continue;
             for (int64_t i = 0; i < kRows; ++i) {
               const int64_t t = r0 + std::min(i, nr - 1);
-              const T* qr = base + t * stride + h * D;
+              const T* qr = qbase + t * x.q_stride + h * D;
               const T* dor = dout + (b * S + t) * q_size + h * D;
               const T* orow = out + (b * S + t) * q_size + h * D;
               T di = 0;
@@ -206,7 +246,7 @@ void attention_backward(const T* qkv, const T* out, const T* lse, const T* dout,
                 }
               }
               for (int64_t i = 0; i < kRows; ++i) {
-                const int64_t visible = i < nr ? std::min(cols, r0 + i - s0 + 1) : 0;
+                const int64_t visible = i >= nr ? 0 : causal ? std::min(cols, r0 + i - s0 + 1) : cols;
                 for (int64_t j = 0; j < kCols && c0 + j < kTile; ++j) {
                   const bool on = c0 + j < visible;
                   const T pv = on ? fast_exp(sc[i][j] - L[i]) : T(0);
@@ -242,9 +282,9 @@ void attention_backward(const T* qkv, const T* out, const T* lse, const T* dout,
                 }
               }
               for (int64_t i = 0; i < nr; ++i) {
-                T* dqr = dbase + (r0 + i) * stride + h * D;
+                T* dqr = dqbase + (r0 + i) * y.dq_stride + h * D;
                 for (int64_t j = 0; j < kCols && d0 + j < D; ++j) {
-                  if (s0 == 0)
+                  if (s0 == 0 && !y.accumulate)
                     dqr[d0 + j] = dq[i][j] * scale;
                   else
                     dqr[d0 + j] += dq[i][j] * scale;
@@ -253,8 +293,8 @@ void attention_backward(const T* qkv, const T* out, const T* lse, const T* dout,
             }
           }
           for (int64_t c = 0; c < cols; ++c) {
-            T* dkr = dbase + (s0 + c) * stride + q_size + g * D;
-            T* dvr = dkr + kv_size;
+            T* dkr = dk_row(s0 + c);
+            T* dvr = dv_row(s0 + c);
             for (int64_t d = 0; d < D; ++d) {
               dkr[d] += dk[c * Dp + d];
               dvr[d] += dv[c * Dp + d];
@@ -263,6 +303,50 @@ void attention_backward(const T* qkv, const T* out, const T* lse, const T* dout,
         }
       }
     }
+  }
+}
+
+}  // namespace
+
+template <typename T>
+void attention_forward(const T* qkv, T* out, T* lse, const AttentionShape& s) {
+  forward(fused(qkv, s), out, lse, s, true);
+}
+
+template <typename T>
+void attention_backward(const T* qkv, const T* out, const T* lse, const T* dout, T* dqkv, const AttentionShape& s) {
+  const Operands<T> x = fused(qkv, s);
+  const Gradients<T> y{dqkv, x.q_stride, dqkv + (x.k - qkv), dqkv + (x.v - qkv), x.kv_stride, false};
+  backward(x, out, lse, dout, y, s, true);
+}
+
+template <typename T>
+void attention_block_forward(const T* qkv, const T* kv, T* out, T* lse, const AttentionShape& s, bool causal) {
+  forward(block(qkv, kv, s), out, lse, s, causal);
+}
+
+template <typename T>
+void attention_block_backward(const T* qkv, const T* kv, const T* out, const T* lse, const T* dout, T* dq_acc,
+                              T* dkv_acc, const AttentionShape& s, bool causal) {
+  const int64_t GD = s.groups * s.head_dim;
+  const Gradients<T> y{dq_acc, s.heads * s.head_dim, dkv_acc, dkv_acc + GD, 2 * GD, true};
+  backward(block(qkv, kv, s), out, lse, dout, y, s, causal);
+}
+
+template <typename T>
+void attention_merge(T* acc, T* lse, const T* block_out, const T* block_lse, const AttentionShape& s) {
+  const int64_t S = s.seq, D = s.head_dim, H = s.heads;
+  const int64_t items = s.batch * H * S;
+#pragma omp parallel for schedule(static) if (items * D >= kParallelMin)
+  for (int64_t it = 0; it < items; ++it) {
+    const int64_t t = it % S, h = (it / S) % H, b = it / (S * H);
+    const T la = lse[it], lb = block_lse[it], m = std::max(la, lb);
+    if (m == -std::numeric_limits<T>::infinity()) continue;  // neither has seen a key yet
+    const T wa = std::exp(la - m), wb = std::exp(lb - m), z = wa + wb;
+    T* a = acc + (b * S + t) * H * D + h * D;
+    const T* o = block_out + (b * S + t) * H * D + h * D;
+    for (int64_t d = 0; d < D; ++d) a[d] = (a[d] * wa + o[d] * wb) / z;
+    lse[it] = m + std::log(z);
   }
 }
 
@@ -311,6 +395,17 @@ template void attention_backward<float>(const float*, const float*, const float*
                                         const AttentionShape&);
 template void attention_backward<double>(const double*, const double*, const double*, const double*, double*,
                                          const AttentionShape&);
+
+template void attention_block_forward<float>(const float*, const float*, float*, float*, const AttentionShape&, bool);
+template void attention_block_forward<double>(const double*, const double*, double*, double*, const AttentionShape&,
+                                              bool);
+template void attention_block_backward<float>(const float*, const float*, const float*, const float*, const float*,
+                                              float*, float*, const AttentionShape&, bool);
+template void attention_block_backward<double>(const double*, const double*, const double*, const double*,
+                                               const double*, double*, double*, const AttentionShape&, bool);
+
+template void attention_merge<float>(float*, float*, const float*, const float*, const AttentionShape&);
+template void attention_merge<double>(double*, double*, const double*, const double*, const AttentionShape&);
 
 template void attention_decode<float>(const float*, int64_t, float*, const AttentionShape&);
 template void attention_decode<double>(const double*, int64_t, double*, const AttentionShape&);

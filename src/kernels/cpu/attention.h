@@ -24,6 +24,28 @@ void attention_forward(const T* qkv, T* out, T* lse, const AttentionShape& s);
 template <typename T>
 void attention_backward(const T* qkv, const T* out, const T* lse, const T* dout, T* dqkv, const AttentionShape& s);
 
+// Context parallelism splits a sequence over ranks; a rank's queries then attend to key/value
+// blocks that arrive from the others, one block at a time, and the blocks' results are merged by
+// their log-sum-exps. A block pair has s.seq query rows and s.seq key rows per sequence:
+//   qkv  [batch*seq, qkv_stride]   the queries' fused rows (only the q columns are read)
+//   kv   [batch*seq, 2*groups*head_dim]   [ k: groups*head_dim | v: groups*head_dim ]
+// causal: query t sees keys s <= t (the block on the diagonal: same positions); else all keys.
+// out [batch*seq, heads*head_dim] and lse [batch, heads, seq] are this block's alone.
+template <typename T>
+void attention_block_forward(const T* qkv, const T* kv, T* out, T* lse, const AttentionShape& s, bool causal);
+
+// The block's share of the gradients, given the MERGED out and lse (over every block) and dout:
+// dq_acc [batch*seq, heads*head_dim] += dq; dkv_acc [batch*seq, 2*groups*head_dim] += [dk | dv].
+template <typename T>
+void attention_block_backward(const T* qkv, const T* kv, const T* out, const T* lse, const T* dout, T* dq_acc,
+                              T* dkv_acc, const AttentionShape& s, bool causal);
+
+// Merges a block into the running result: with w = exp(lse - m), wb = exp(block_lse - m) (m the
+// larger), acc = (acc w + block_out wb) / (w + wb) and lse = m + log(w + wb). Start from acc 0,
+// lse -inf. acc and block_out [batch*seq, heads*head_dim]; lse and block_lse [batch, heads, seq].
+template <typename T>
+void attention_merge(T* acc, T* lse, const T* block_out, const T* block_lse, const AttentionShape& s);
+
 // Decoding with a key/value cache: cache [seq, qkv_stride] holds the qkv rows of positions
 // 0 .. seq-1 of one sequence (s.batch = 1); out [seq - first, heads*head_dim] receives the causal
 // attention of the query rows first .. seq-1.

@@ -180,6 +180,52 @@ void CpuBackend::attention_backward(const Tensor& qkv, const Tensor& out, const 
   });
 }
 
+// Shapes of a context-parallel block pair (backend.h).
+static void check_block_shapes(const Tensor& qkv, const Tensor& kv, const Tensor& out, const Tensor& lse,
+                        const ops::AttentionShape& s) {
+  const int64_t rows = s.batch * s.seq;
+  PRIMUS_CHECK(qkv.numel() == rows * s.qkv_stride() && kv.numel() == rows * 2 * s.groups * s.head_dim &&
+                   out.numel() == rows * s.heads * s.head_dim && lse.numel() == s.batch * s.heads * s.seq,
+               "attention block shapes qkv {} kv {} out {} lse {} for batch {} x seq {}", qkv.shape_str(),
+               kv.shape_str(), out.shape_str(), lse.shape_str(), s.batch, s.seq);
+}
+
+void CpuBackend::attention_block_forward(const Tensor& qkv, const Tensor& kv, Tensor& out, Tensor& lse,
+                                         const ops::AttentionShape& s, bool causal) {
+  const DType t = real_type(qkv, "attention qkv");
+  for (const Tensor* u : std::initializer_list<const Tensor*>{&kv, &out, &lse}) same_type(t, *u, "attention operand");
+  check_block_shapes(qkv, kv, out, lse, s);
+  dispatch(t, [&]<typename T>() { cpu::attention_block_forward<T>(P<T>(qkv), P<T>(kv), P<T>(out), P<T>(lse), s, causal); });
+}
+
+void CpuBackend::attention_merge(Tensor& acc, Tensor& lse, const Tensor& block_out, const Tensor& block_lse,
+                                 const ops::AttentionShape& s) {
+  const DType t = real_type(acc, "attention acc");
+  for (const Tensor* u : std::initializer_list<const Tensor*>{&lse, &block_out, &block_lse})
+    same_type(t, *u, "attention merge operand");
+  PRIMUS_CHECK(acc.numel() == s.batch * s.seq * s.heads * s.head_dim && block_out.numel() == acc.numel() &&
+                   lse.numel() == s.batch * s.heads * s.seq && block_lse.numel() == lse.numel(),
+               "attention merge shapes acc {} lse {} block {} {}", acc.shape_str(), lse.shape_str(),
+               block_out.shape_str(), block_lse.shape_str());
+  dispatch(t, [&]<typename T>() { cpu::attention_merge<T>(P<T>(acc), P<T>(lse), P<T>(block_out), P<T>(block_lse), s); });
+}
+
+void CpuBackend::attention_block_backward(const Tensor& qkv, const Tensor& kv, const Tensor& out, const Tensor& lse,
+                                          const Tensor& dout, Tensor& dq_acc, Tensor& dkv_acc,
+                                          const ops::AttentionShape& s, bool causal) {
+  const DType t = real_type(qkv, "attention qkv");
+  for (const Tensor* u : std::initializer_list<const Tensor*>{&kv, &out, &lse, &dout, &dq_acc, &dkv_acc})
+    same_type(t, *u, "attention operand");
+  check_block_shapes(qkv, kv, out, lse, s);
+  PRIMUS_CHECK(dout.numel() == out.numel() && dq_acc.numel() == out.numel() && dkv_acc.numel() == kv.numel(),
+               "attention block backward shapes dout {} dq {} dkv {}", dout.shape_str(), dq_acc.shape_str(),
+               dkv_acc.shape_str());
+  dispatch(t, [&]<typename T>() {
+    cpu::attention_block_backward<T>(P<T>(qkv), P<T>(kv), P<T>(out), P<T>(lse), P<T>(dout), P<T>(dq_acc),
+                                     P<T>(dkv_acc), s, causal);
+  });
+}
+
 void CpuBackend::attention_decode(const Tensor& cache, int64_t first, Tensor& out, const ops::AttentionShape& s) {
   const DType t = real_type(cache, "attention cache");
   same_type(t, out, "attention out");

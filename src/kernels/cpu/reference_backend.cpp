@@ -151,6 +151,43 @@ void ReferenceBackend::attention_backward(const Tensor& qkv, const Tensor& out, 
   write(dqkv, dq.data(), "attention dqkv");
 }
 
+void ReferenceBackend::attention_block_forward(const Tensor& qkv, const Tensor& kv, Tensor& out, Tensor& lse,
+                                               const ops::AttentionShape& s, bool causal) {
+  expect(lse, DType::F32, {s.batch, s.heads, s.seq}, "attention block lse");
+  PRIMUS_CHECK(kv.numel() == s.batch * s.seq * 2 * s.groups * s.head_dim && qkv.numel() == s.batch * s.seq * s.qkv_stride(),
+               "attention block shapes qkv {} kv {}", qkv.shape_str(), kv.shape_str());
+  const std::vector<float> q = read(qkv, "attention qkv"), k = read(kv, "attention kv");
+  std::vector<float> o(out.numel());
+  cpu::attention_block_forward<float>(q.data(), k.data(), o.data(), lse.data<float>(), s, causal);
+  write(out, o.data(), "attention block out");
+}
+
+void ReferenceBackend::attention_merge(Tensor& acc, Tensor& lse, const Tensor& block_out, const Tensor& block_lse,
+                                       const ops::AttentionShape& s) {
+  const Shape rows = {s.batch * s.seq, s.heads * s.head_dim}, stats = {s.batch, s.heads, s.seq};
+  expect(acc, DType::F32, rows, "attention merge acc");
+  expect(lse, DType::F32, stats, "attention merge lse");
+  expect(block_lse, DType::F32, stats, "attention merge block lse");
+  const std::vector<float> o = read(block_out, "attention merge block out");
+  PRIMUS_CHECK(int64_t(o.size()) == acc.numel(), "attention merge: block out {} for acc {}", block_out.shape_str(),
+               acc.shape_str());
+  cpu::attention_merge<float>(acc.data<float>(), lse.data<float>(), o.data(), block_lse.data<float>(), s);
+}
+
+void ReferenceBackend::attention_block_backward(const Tensor& qkv, const Tensor& kv, const Tensor& out,
+                                                const Tensor& lse, const Tensor& dout, Tensor& dq_acc,
+                                                Tensor& dkv_acc, const ops::AttentionShape& s, bool causal) {
+  expect(lse, DType::F32, {s.batch, s.heads, s.seq}, "attention block lse");
+  expect(dq_acc, DType::F32, {s.batch * s.seq, s.heads * s.head_dim}, "attention block dq_acc");
+  expect(dkv_acc, DType::F32, {s.batch * s.seq, 2 * s.groups * s.head_dim}, "attention block dkv_acc");
+  PRIMUS_CHECK(kv.numel() == dkv_acc.numel() && qkv.numel() == s.batch * s.seq * s.qkv_stride(),
+               "attention block shapes qkv {} kv {}", qkv.shape_str(), kv.shape_str());
+  const std::vector<float> q = read(qkv, "attention qkv"), k = read(kv, "attention kv"), o = read(out, "attention out"),
+                           d = read(dout, "attention dout");
+  cpu::attention_block_backward<float>(q.data(), k.data(), o.data(), lse.data<float>(), d.data(),
+                                       dq_acc.data<float>(), dkv_acc.data<float>(), s, causal);
+}
+
 void ReferenceBackend::attention_decode(const Tensor& cache, int64_t first, Tensor& out, const ops::AttentionShape& s) {
   PRIMUS_CHECK(s.batch == 1 && first >= 0 && first < s.seq && cache.size(0) >= s.seq &&
                    cache.size(1) == s.qkv_stride() && out.numel() == (s.seq - first) * s.heads * s.head_dim,

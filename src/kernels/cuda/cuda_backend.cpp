@@ -158,6 +158,44 @@ void CudaBackend::attention_backward(const Tensor& qkv, const Tensor& out, const
   flash_attention_backward(B(qkv), B(out), F(lse), B(dout), B(dqkv), d, true, stream());
 }
 
+void CudaBackend::attention_block_forward(const Tensor& qkv, const Tensor& kv, Tensor& out, Tensor& lse,
+                                          const ops::AttentionShape& s, bool causal) {
+  const AttentionDims d = dims_of(s);
+  if (const std::string why = flash_attention_unsupported(d); !why.empty()) fail("attention on the GPU: {}", why);
+  const int64_t rows = s.batch * s.seq;
+  check(qkv, DType::BF16, {rows, s.qkv_stride()}, "attention qkv");
+  check(kv, DType::BF16, {rows, 2 * s.groups * s.head_dim}, "attention kv");
+  check(out, DType::BF16, {rows, s.heads * s.head_dim}, "attention block out");
+  check(lse, DType::F32, {s.batch, s.heads, s.seq}, "attention block lse");
+  flash_attention_block_forward(B(qkv), B(kv), B(out), F(lse), d, causal, stream());
+}
+
+void CudaBackend::attention_merge(Tensor& acc, Tensor& lse, const Tensor& block_out, const Tensor& block_lse,
+                                  const ops::AttentionShape& s) {
+  const Shape rows = {s.batch * s.seq, s.heads * s.head_dim}, stats = {s.batch, s.heads, s.seq};
+  check(acc, DType::F32, rows, "attention merge acc");
+  check(lse, DType::F32, stats, "attention merge lse");
+  check(block_out, DType::BF16, rows, "attention merge block out");
+  check(block_lse, DType::F32, stats, "attention merge block lse");
+  cuda::attention_merge(F(acc), F(lse), B(block_out), F(block_lse), dims_of(s), stream());
+}
+
+void CudaBackend::attention_block_backward(const Tensor& qkv, const Tensor& kv, const Tensor& out, const Tensor& lse,
+                                           const Tensor& dout, Tensor& dq_acc, Tensor& dkv_acc,
+                                           const ops::AttentionShape& s, bool causal) {
+  const AttentionDims d = dims_of(s);
+  if (const std::string why = flash_attention_unsupported(d); !why.empty()) fail("attention on the GPU: {}", why);
+  const int64_t rows = s.batch * s.seq;
+  check(qkv, DType::BF16, {rows, s.qkv_stride()}, "attention qkv");
+  check(kv, DType::BF16, {rows, 2 * s.groups * s.head_dim}, "attention kv");
+  check(out, DType::BF16, {rows, s.heads * s.head_dim}, "attention out");
+  check(dout, DType::BF16, out.shape(), "attention dout");
+  check(lse, DType::F32, {s.batch, s.heads, s.seq}, "attention lse");
+  check(dq_acc, DType::F32, out.shape(), "attention dq_acc");
+  check(dkv_acc, DType::F32, kv.shape(), "attention dkv_acc");
+  flash_attention_block_backward(B(qkv), B(kv), B(out), F(lse), B(dout), F(dq_acc), F(dkv_acc), d, causal, stream());
+}
+
 void CudaBackend::attention_decode(const Tensor& cache, int64_t first, Tensor& out, const ops::AttentionShape& s) {
   const AttentionDims d = dims_of(s);
   if (const std::string why = attention_decode_unsupported(d); !why.empty()) fail("attention on the GPU: {}", why);

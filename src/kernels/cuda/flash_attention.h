@@ -50,6 +50,21 @@ void flash_attention_backward(const __nv_bfloat16* qkv, const __nv_bfloat16* out
                               const __nv_bfloat16* dout, __nv_bfloat16* dqkv, const AttentionDims& d, bool causal,
                               cudaStream_t stream);
 
+// Context parallelism (ops::Backend::attention_block_*, layouts in kernels/cpu/attention.h): the
+// same kernels with the keys and values of another block, kv [batch*seq, 2*groups*head_dim] bf16
+// ([k | v] per row), the queries from the fused qkv rows; q and kv blocks have d.seq rows per
+// sequence. causal: the diagonal block; else every key is seen.
+void flash_attention_block_forward(const __nv_bfloat16* qkv, const __nv_bfloat16* kv, __nv_bfloat16* out,
+                                   float* lse, const AttentionDims& d, bool causal, cudaStream_t stream);
+// With the MERGED out and lse: dq_acc [batch*seq, heads*head_dim] += dq (fp32 atomics) and
+// dkv_acc [batch*seq, 2*groups*head_dim] += [dk | dv] (fp32, each key's rows by one CTA).
+void flash_attention_block_backward(const __nv_bfloat16* qkv, const __nv_bfloat16* kv, const __nv_bfloat16* out,
+                                    const float* lse, const __nv_bfloat16* dout, float* dq_acc, float* dkv_acc,
+                                    const AttentionDims& d, bool causal, cudaStream_t stream);
+// Folds a block's out (bf16) and lse into the running fp32 acc and lse (attention_merge.cu).
+void attention_merge(float* acc, float* lse, const __nv_bfloat16* block_out, const float* block_lse,
+                     const AttentionDims& d, cudaStream_t stream);
+
 // Causal attention FLOPs as benchmarks count them: 4*b*h*s*s*d forward (halved when causal),
 // 2.5x that backward.
 inline double attention_forward_flops(const AttentionDims& d, bool causal) {

@@ -39,14 +39,18 @@ constexpr int kBwdTile = 64;  // queries and keys per tile (BM = BN)
 constexpr int kBwdThreads = 128;
 
 struct BwdParams {
-  const bf16* qkv;
+  const bf16* qkv;  // queries: head h at column h * D of each row
+  const bf16* kv;   // keys and values: group g at columns k_col + g * D and v_col + g * D
   const bf16* dout;
-  bf16* dqkv;
+  bf16* dqkv;       // fused output (dq by the convert kernel), or null:
+  float* dkv_acc;   // ... block mode: [dk | dv] rows of 2 * groups * D floats, added to
   const float* lse2;   // [batch, heads, s_pad], lse * log2(e); +inf on padded rows
   const float* delta;  // [batch, heads, s_pad]; 0 on padded rows
-  float* dq_acc;       // [batch * seq, heads * D], zeroed before the dK/dV kernel
+  float* dq_acc;       // [batch * seq, heads * D]: zeroed before, or the caller's accumulator
+  float dq_scale;      // applied to dQ before its atomics: 1 (the convert kernel scales), or the scale
   int seq, s_pad, heads, groups, per_group;
   int stride;    // qkv / dqkv row stride (elements)
+  int kv_stride, k_col, v_col;
   int o_stride;  // dout row stride = heads * D
   float scale;       // 1 / sqrt(D)
   float scale_log2;  // log2(e) / sqrt(D)
@@ -138,10 +142,9 @@ __global__ void __launch_bounds__(kBwdThreads, kBwdMinBlocks<D>) fa_bwd_dkdv_ker
 
   // K and V of this tile; rows past the sequence end are zero.
   {
-    const bf16* kv_rows = p.qkv + (int64_t(b) * S + n0) * p.stride;
-    load_tile<BN, D, NTHREADS>(sK, kv_rows + int64_t(H + kvg) * D, p.stride, min(BN, S - n0), p.qkv, tid);
-    load_tile<BN, D, NTHREADS>(sV, kv_rows + int64_t(H + p.groups + kvg) * D, p.stride, min(BN, S - n0), p.qkv,
-                               tid);
+    const bf16* kv_rows = p.kv + (int64_t(b) * S + n0) * p.kv_stride;
+    load_tile<BN, D, NTHREADS>(sK, kv_rows + p.k_col + int64_t(kvg) * D, p.kv_stride, min(BN, S - n0), p.kv, tid);
+    load_tile<BN, D, NTHREADS>(sV, kv_rows + p.v_col + int64_t(kvg) * D, p.kv_stride, min(BN, S - n0), p.kv, tid);
   }
   // Step `it` is query head kvg*per_group + it / per_head, query tile m_begin + it % per_head.
   auto issue = [&](int it, int buf) {
@@ -256,12 +259,12 @@ __global__ void __launch_bounds__(kBwdThreads, kBwdMinBlocks<D>) fa_bwd_dkdv_ker
             float* dst = p.dq_acc + (int64_t(b) * S + q) * int64_t(H) * D + int64_t(h) * D + (D / 2) * wn + 2 * t;
 #pragma unroll
             for (int nb = 0; nb < NTD; ++nb) {
+              const float d0 = acc_dq[mt][nb][2 * r] * p.dq_scale, d1 = acc_dq[mt][nb][2 * r + 1] * p.dq_scale;
 #if __CUDA_ARCH__ >= 900
-              atomicAdd(reinterpret_cast<float2*>(dst + 8 * nb),
-                        make_float2(acc_dq[mt][nb][2 * r], acc_dq[mt][nb][2 * r + 1]));
+              atomicAdd(reinterpret_cast<float2*>(dst + 8 * nb), make_float2(d0, d1));
 #else
-              atomicAdd(dst + 8 * nb, acc_dq[mt][nb][2 * r]);
-              atomicAdd(dst + 8 * nb + 1, acc_dq[mt][nb][2 * r + 1]);
+              atomicAdd(dst + 8 * nb, d0);
+              atomicAdd(dst + 8 * nb + 1, d1);
 #endif
             }
           }
@@ -277,7 +280,19 @@ __global__ void __launch_bounds__(kBwdThreads, kBwdMinBlocks<D>) fa_bwd_dkdv_ker
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       const int key = n0 + 32 * wm + 16 * mt + g + 8 * r;
-      if (key < S) {
+      if (key < S && p.dkv_acc) {  // block mode: added to the fp32 accumulator (this CTA owns the rows)
+        float* row = p.dkv_acc + (int64_t(b) * S + key) * int64_t(2 * p.groups) * D + (D / 2) * wn + 2 * t;
+        float* dk = row + int64_t(kvg) * D;
+        float* dv = row + int64_t(p.groups + kvg) * D;
+#pragma unroll
+        for (int nb = 0; nb < NTD; ++nb) {
+          float2* k2 = reinterpret_cast<float2*>(dk + 8 * nb);
+          float2* v2 = reinterpret_cast<float2*>(dv + 8 * nb);
+          const float2 ko = *k2, vo = *v2;
+          *k2 = make_float2(ko.x + acc_dk[mt][nb][2 * r] * p.scale, ko.y + acc_dk[mt][nb][2 * r + 1] * p.scale);
+          *v2 = make_float2(vo.x + acc_dv[mt][nb][2 * r], vo.y + acc_dv[mt][nb][2 * r + 1]);
+        }
+      } else if (key < S) {
         bf16* row = p.dqkv + (int64_t(b) * S + key) * p.stride + (D / 2) * wn + 2 * t;
         bf16* dk = row + int64_t(H + kvg) * D;
         bf16* dv = row + int64_t(H + p.groups + kvg) * D;
@@ -332,27 +347,33 @@ void launch_dkdv(const BwdParams& p, int batch, cudaStream_t stream) {
 }  // namespace
 }  // namespace fa
 
-void flash_attention_backward(const __nv_bfloat16* qkv, const __nv_bfloat16* out, const float* lse,
-                              const __nv_bfloat16* dout, __nv_bfloat16* dqkv, const AttentionDims& d, bool causal,
-                              cudaStream_t stream) {
+namespace {
+
+// dqkv (fused, overwritten) or, block mode, dq_acc and dkv_acc (fp32, added to).
+void backward(const __nv_bfloat16* qkv, const __nv_bfloat16* kv, int kv_stride, int k_col, int v_col,
+              const __nv_bfloat16* out, const float* lse, const __nv_bfloat16* dout, __nv_bfloat16* dqkv,
+              float* dq_acc_out, float* dkv_acc, const AttentionDims& d, bool causal, cudaStream_t stream) {
   const std::string why = flash_attention_unsupported(d);
   if (!why.empty()) throw Error(why);
-  for (const void* ptr : {static_cast<const void*>(qkv), static_cast<const void*>(out),
-                          static_cast<const void*>(dout), static_cast<const void*>(dqkv)})
+  // (dqkv, or dq_acc_out and dkv_acc, are null in the other mode: aligned.)
+  for (const void* ptr : {static_cast<const void*>(qkv), static_cast<const void*>(kv), static_cast<const void*>(out),
+                          static_cast<const void*>(dout), static_cast<const void*>(dqkv),
+                          static_cast<const void*>(dq_acc_out), static_cast<const void*>(dkv_acc)})
     if (reinterpret_cast<uintptr_t>(ptr) % 16 != 0)
-      throw Error("flash attention backward needs 16-byte aligned qkv, out, dout and dqkv");
+      throw Error("flash attention backward needs 16-byte aligned qkv, kv, out, dout and gradients");
 
+  const bool block = dkv_acc != nullptr;
   const int64_t B = d.batch, S = d.seq, H = d.heads, D = d.head_dim;
   const int64_t s_pad = (S + fa::kBwdTile - 1) / fa::kBwdTile * fa::kBwdTile;
-  const int64_t dq_elems = B * S * H * D, stat_elems = B * H * s_pad;
-  // One scratch block: dq_acc | lse2 | delta (each part a multiple of 256 bytes: D >= 64 and
-  // s_pad a multiple of 64).
+  const int64_t dq_elems = block ? 0 : B * S * H * D, stat_elems = B * H * s_pad;
+  // One scratch block: dq_acc (fused mode) | lse2 | delta (each part a multiple of 256 bytes: D >= 64
+  // and s_pad a multiple of 64).
   Scratch scratch(size_t(dq_elems + 2 * stat_elems) * sizeof(float));
-  float* dq_acc = scratch.as<float>();
-  float* lse2 = dq_acc + dq_elems;
+  float* dq_acc = block ? dq_acc_out : scratch.as<float>();
+  float* lse2 = scratch.as<float>() + dq_elems;
   float* delta = lse2 + stat_elems;
 
-  PRIMUS_CUDA_CHECK(cudaMemsetAsync(dq_acc, 0, size_t(dq_elems) * sizeof(float), stream));
+  if (!block) PRIMUS_CUDA_CHECK(cudaMemsetAsync(dq_acc, 0, size_t(B * S * H * D) * sizeof(float), stream));
   {
     const int64_t threads = stat_elems * (D / 8);
     const unsigned blocks = unsigned((threads + 255) / 256);
@@ -367,8 +388,10 @@ void flash_attention_backward(const __nv_bfloat16* qkv, const __nv_bfloat16* out
 
   fa::BwdParams p{};
   p.qkv = qkv;
+  p.kv = kv;
   p.dout = dout;
   p.dqkv = dqkv;
+  p.dkv_acc = dkv_acc;
   p.lse2 = lse2;
   p.delta = delta;
   p.dq_acc = dq_acc;
@@ -378,15 +401,20 @@ void flash_attention_backward(const __nv_bfloat16* qkv, const __nv_bfloat16* out
   p.groups = int(d.groups);
   p.per_group = int(H / d.groups);
   p.stride = int(d.qkv_stride());
+  p.kv_stride = kv_stride;
+  p.k_col = k_col;
+  p.v_col = v_col;
   p.o_stride = int(H * D);
   p.scale = float(1.0 / std::sqrt(double(D)));
   p.scale_log2 = float(1.4426950408889634 / std::sqrt(double(D)));
+  p.dq_scale = block ? p.scale : 1.0f;
   const int batch = int(B);
   if (D == 64) {
     causal ? fa::launch_dkdv<64, true>(p, batch, stream) : fa::launch_dkdv<64, false>(p, batch, stream);
   } else {
     causal ? fa::launch_dkdv<128, true>(p, batch, stream) : fa::launch_dkdv<128, false>(p, batch, stream);
   }
+  if (block) return;
 
   {
     const int64_t vecs = B * S * H * D / 8;
@@ -396,6 +424,23 @@ void flash_attention_backward(const __nv_bfloat16* qkv, const __nv_bfloat16* out
                                                              p.scale);
     PRIMUS_CUDA_CHECK_LAUNCH();
   }
+}
+
+}  // namespace
+
+void flash_attention_backward(const __nv_bfloat16* qkv, const __nv_bfloat16* out, const float* lse,
+                              const __nv_bfloat16* dout, __nv_bfloat16* dqkv, const AttentionDims& d, bool causal,
+                              cudaStream_t stream) {
+  const int hd = int(d.heads * d.head_dim), gd = int(d.groups * d.head_dim);
+  backward(qkv, qkv, int(d.qkv_stride()), hd, hd + gd, out, lse, dout, dqkv, nullptr, nullptr, d, causal, stream);
+}
+
+void flash_attention_block_backward(const __nv_bfloat16* qkv, const __nv_bfloat16* kv, const __nv_bfloat16* out,
+                                    const float* lse, const __nv_bfloat16* dout, float* dq_acc, float* dkv_acc,
+                                    const AttentionDims& d, bool causal, cudaStream_t stream) {
+  if (!dq_acc || !dkv_acc) throw Error("flash attention block backward needs its dq and dkv accumulators");
+  const int gd = int(d.groups * d.head_dim);
+  backward(qkv, kv, 2 * gd, 0, gd, out, lse, dout, nullptr, dq_acc, dkv_acc, d, causal, stream);
 }
 
 }  // namespace primus::cuda

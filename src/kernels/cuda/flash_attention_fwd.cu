@@ -32,11 +32,13 @@ namespace fa {
 namespace {
 
 struct FwdParams {
-  const bf16* qkv;
+  const bf16* qkv;     // queries: head h at column h * D of each row
+  const bf16* kv;      // keys and values: group g at columns k_col + g * D and v_col + g * D
   bf16* out;
   float* lse;
   int seq, heads, groups, per_group;
   int stride;          // qkv row stride (elements)
+  int kv_stride, k_col, v_col;
   int64_t out_stride;  // heads * D
   float scale;         // 1 / sqrt(D)
   float scale_log2;    // log2(e) / sqrt(D)
@@ -82,8 +84,8 @@ __global__ void __launch_bounds__(Cfg::NTHREADS) fa_fwd_kernel(const FwdParams p
   const int wrow = warp * MT * 16;  // first row of this warp within the tile
 
   const bf16* q_src = p.qkv + (int64_t(b) * S + m0) * p.stride + int64_t(h) * D;
-  const bf16* k_src = p.qkv + int64_t(b) * S * p.stride + int64_t(p.heads + kvg) * D;
-  const bf16* v_src = p.qkv + int64_t(b) * S * p.stride + int64_t(p.heads + p.groups + kvg) * D;
+  const bf16* k_src = p.kv + int64_t(b) * S * p.kv_stride + p.k_col + int64_t(kvg) * D;
+  const bf16* v_src = p.kv + int64_t(b) * S * p.kv_stride + p.v_col + int64_t(kvg) * D;
 
   const int n_end = CAUSAL ? min(S, m0 + BM) : S;  // keys [0, n_end) are visible to some row
   const int n_blocks = (n_end + BN - 1) / BN;
@@ -91,7 +93,7 @@ __global__ void __launch_bounds__(Cfg::NTHREADS) fa_fwd_kernel(const FwdParams p
   load_tile<BM, D, NTHREADS>(sQ, q_src, p.stride, min(BM, S - m0), p.qkv, tid);
   {
     const int n0 = (n_blocks - 1) * BN;
-    load_tile<BN, D, NTHREADS>(sK, k_src + int64_t(n0) * p.stride, p.stride, min(BN, S - n0), p.qkv, tid);
+    load_tile<BN, D, NTHREADS>(sK, k_src + int64_t(n0) * p.kv_stride, p.kv_stride, min(BN, S - n0), p.kv, tid);
   }
   cp_async_commit();
   cp_async_wait<0>();
@@ -119,7 +121,7 @@ __global__ void __launch_bounds__(Cfg::NTHREADS) fa_fwd_kernel(const FwdParams p
 
   for (int n_block = n_blocks - 1; n_block >= 0; --n_block) {
     const int n0 = n_block * BN;
-    load_tile<BN, D, NTHREADS>(sV, v_src + int64_t(n0) * p.stride, p.stride, min(BN, S - n0), p.qkv, tid);
+    load_tile<BN, D, NTHREADS>(sV, v_src + int64_t(n0) * p.kv_stride, p.kv_stride, min(BN, S - n0), p.kv, tid);
     cp_async_commit();
 
     // S = Q K^T over this warp's rows and all BN keys.
@@ -168,7 +170,7 @@ __global__ void __launch_bounds__(Cfg::NTHREADS) fa_fwd_kernel(const FwdParams p
     __syncthreads();     // ... everyone's part, and every warp is done with K_n
     if (n_block > 0) {
       const int nk = n0 - BN;
-      load_tile<BN, D, NTHREADS>(sK, k_src + int64_t(nk) * p.stride, p.stride, min(BN, S - nk), p.qkv, tid);
+      load_tile<BN, D, NTHREADS>(sK, k_src + int64_t(nk) * p.kv_stride, p.kv_stride, min(BN, S - nk), p.kv, tid);
       cp_async_commit();
     }
 
@@ -281,14 +283,18 @@ void launch_fwd(const FwdParams& p, int batch, cudaStream_t stream) {
 }  // namespace
 }  // namespace fa
 
-void flash_attention_forward(const __nv_bfloat16* qkv, __nv_bfloat16* out, float* lse, const AttentionDims& d,
-                             bool causal, cudaStream_t stream) {
+namespace {
+
+void forward(const __nv_bfloat16* qkv, const __nv_bfloat16* kv, int kv_stride, int k_col, int v_col,
+             __nv_bfloat16* out, float* lse, const AttentionDims& d, bool causal, cudaStream_t stream) {
   const std::string why = flash_attention_unsupported(d);
   if (!why.empty()) throw Error(why);
-  if (reinterpret_cast<uintptr_t>(qkv) % 16 != 0 || reinterpret_cast<uintptr_t>(out) % 4 != 0)
-    throw Error("flash attention needs 16-byte aligned qkv and 4-byte aligned out");
+  if (reinterpret_cast<uintptr_t>(qkv) % 16 != 0 || reinterpret_cast<uintptr_t>(kv) % 16 != 0 ||
+      reinterpret_cast<uintptr_t>(out) % 4 != 0)
+    throw Error("flash attention needs 16-byte aligned qkv and kv and 4-byte aligned out");
   fa::FwdParams p{};
   p.qkv = qkv;
+  p.kv = kv;
   p.out = out;
   p.lse = lse;
   p.seq = int(d.seq);
@@ -296,6 +302,9 @@ void flash_attention_forward(const __nv_bfloat16* qkv, __nv_bfloat16* out, float
   p.groups = int(d.groups);
   p.per_group = int(d.heads / d.groups);
   p.stride = d.qkv_stride();
+  p.kv_stride = kv_stride;
+  p.k_col = k_col;
+  p.v_col = v_col;
   p.out_stride = d.heads * d.head_dim;
   p.scale = float(1.0 / std::sqrt(double(d.head_dim)));
   p.scale_log2 = float(1.4426950408889634 / std::sqrt(double(d.head_dim)));
@@ -305,6 +314,20 @@ void flash_attention_forward(const __nv_bfloat16* qkv, __nv_bfloat16* out, float
   } else {
     causal ? fa::launch_fwd<128, true>(p, batch, stream) : fa::launch_fwd<128, false>(p, batch, stream);
   }
+}
+
+}  // namespace
+
+void flash_attention_forward(const __nv_bfloat16* qkv, __nv_bfloat16* out, float* lse, const AttentionDims& d,
+                             bool causal, cudaStream_t stream) {
+  const int hd = int(d.heads * d.head_dim), gd = int(d.groups * d.head_dim);
+  forward(qkv, qkv, int(d.qkv_stride()), hd, hd + gd, out, lse, d, causal, stream);
+}
+
+void flash_attention_block_forward(const __nv_bfloat16* qkv, const __nv_bfloat16* kv, __nv_bfloat16* out,
+                                   float* lse, const AttentionDims& d, bool causal, cudaStream_t stream) {
+  const int gd = int(d.groups * d.head_dim);
+  forward(qkv, kv, 2 * gd, 0, gd, out, lse, d, causal, stream);
 }
 
 }  // namespace primus::cuda

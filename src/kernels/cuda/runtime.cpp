@@ -173,6 +173,9 @@ void hook_copy(void* dst, const void* src, size_t bytes, CopyKind kind) {
       break;
   }
 }
+void hook_copy_2d(void* dst, size_t dpitch, const void* src, size_t spitch, size_t width, size_t rows) {
+  PRIMUS_CUDA_CHECK(cudaMemcpy2DAsync(dst, dpitch, src, spitch, width, rows, cudaMemcpyDeviceToDevice, stream()));
+}
 void hook_zero(void* ptr, size_t bytes) { PRIMUS_CUDA_CHECK(cudaMemsetAsync(ptr, 0, bytes, stream())); }
 }  // namespace
 
@@ -211,6 +214,7 @@ void init(int device) {
   h.free = device_free;
   h.zero = hook_zero;
   h.copy = hook_copy;
+  h.copy_2d = hook_copy_2d;
   h.stats = device_memory_stats;
   register_device_hooks(Device::CUDA, h);
 }

@@ -68,6 +68,25 @@ class CopyOp final : public Op {
   std::vector<char> staged_;
 };
 
+// cudaMemcpy2DAsync between device buffers: `rows` rows of `width` bytes.
+class Copy2DOp final : public Op {
+ public:
+  Copy2DOp(void* dst, size_t dpitch, const void* src, size_t spitch, size_t width, size_t rows)
+      : dst_(dst), src_(src), dpitch_(dpitch), spitch_(spitch), width_(width), rows_(rows) {}
+  Status run() override {
+    note_strided(src_, rows_, width_, spitch_, Access::kRead);
+    note_strided(dst_, rows_, width_, dpitch_, Access::kWrite);
+    for (size_t r = 0; r < rows_; ++r)
+      std::memmove(static_cast<char*>(dst_) + r * dpitch_, static_cast<const char*>(src_) + r * spitch_, width_);
+    return kDone;
+  }
+
+ private:
+  void* dst_;
+  const void* src_;
+  size_t dpitch_, spitch_, width_, rows_;
+};
+
 class MemsetOp final : public Op {
  public:
   MemsetOp(void* p, int value, size_t n) : p_(p), value_(value), n_(n) {}
@@ -299,6 +318,20 @@ cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t count, cudaMemcpy
 // returns once the source is staged, one between device buffers at once.
 cudaError_t cudaMemcpy(void* dst, const void* src, size_t count, cudaMemcpyKind kind) {
   return cudaMemcpyAsync(dst, src, count, kind, nullptr);
+}
+
+// Device to device only (what the runtime layer uses it for).
+cudaError_t cudaMemcpy2DAsync(void* dst, size_t dpitch, const void* src, size_t spitch, size_t width, size_t height,
+                              cudaMemcpyKind kind, cudaStream_t stream) {
+  if (!valid_stream(stream)) return fail(cudaErrorInvalidResourceHandle);
+  if (width == 0 || height == 0) return cudaSuccess;
+  if (kind != cudaMemcpyDeviceToDevice) return fail(cudaErrorInvalidMemcpyDirection);
+  if (!dst || !src || width > dpitch || width > spitch) return fail(cudaErrorInvalidPitchValue);
+  if (!is_device(dst, (height - 1) * dpitch + width) || !is_device(src, (height - 1) * spitch + width))
+    return fail(cudaErrorInvalidValue);
+  enqueue(stream, std::make_unique<Copy2DOp>(dst, dpitch, src, spitch, width, height),
+          OpLabel{"cudaMemcpy2DAsync (device to device)"});
+  return cudaSuccess;
 }
 
 cudaError_t cudaMemsetAsync(void* ptr, int value, size_t count, cudaStream_t stream) {

@@ -177,6 +177,22 @@ void Bf16Backend::attention_decode(const Tensor& cache, int64_t first, Tensor& o
   bf16k::attention_decode(U(cache), first, U(out), s);
 }
 
+void Bf16Backend::attention_block_forward(const Tensor& qkv, const Tensor& kv, Tensor& out, Tensor& lse,
+                                          const ops::AttentionShape& s, bool causal) {
+  ReferenceBackend().attention_block_forward(qkv, kv, out, lse, s, causal);
+}
+
+void Bf16Backend::attention_merge(Tensor& acc, Tensor& lse, const Tensor& block_out, const Tensor& block_lse,
+                                  const ops::AttentionShape& s) {
+  ReferenceBackend().attention_merge(acc, lse, block_out, block_lse, s);
+}
+
+void Bf16Backend::attention_block_backward(const Tensor& qkv, const Tensor& kv, const Tensor& out, const Tensor& lse,
+                                           const Tensor& dout, Tensor& dq_acc, Tensor& dkv_acc,
+                                           const ops::AttentionShape& s, bool causal) {
+  ReferenceBackend().attention_block_backward(qkv, kv, out, lse, dout, dq_acc, dkv_acc, s, causal);
+}
+
 void Bf16Backend::embedding_forward(const Tensor& tokens, const Tensor& table, Tensor& out) {
   expect(tokens, DType::I32, "embedding tokens");
   expect(table, DType::BF16, "embedding table");

@@ -1,0 +1,47 @@
+// Context parallelism's log-sum-exp merge (flash_attention.h): one warp per (sequence, query,
+// head); every lane reads the two log-sum-exps and takes head-dimension values lane, lane + 32,
+// ...; lane 0 writes the merged log-sum-exp once the warp has read the old one.
+#include "kernels/cuda/fused_common.cuh"  // first: see its note on fmt
+
+#include "kernels/cuda/flash_attention.h"
+#include "kernels/cuda/runtime.h"
+
+namespace primus::cuda {
+
+using namespace fused_detail;
+
+namespace {
+
+constexpr int kWarps = 8;
+
+__global__ void __launch_bounds__(kWarps * 32)
+    attention_merge_kernel(float* __restrict__ acc, float* __restrict__ lse, const bf16* __restrict__ block_out,
+                           const float* __restrict__ block_lse, int64_t items, int seq, int heads, int head_dim) {
+  const int lane = threadIdx.x & 31;
+  const int64_t item = int64_t(blockIdx.x) * kWarps + (threadIdx.x >> 5);  // lse index: (b, h, t)
+  if (item >= items) return;
+  const int t = int(item % seq), h = int((item / seq) % heads);
+  const int64_t b = item / (int64_t(seq) * heads);
+  const float la = lse[item], lb = block_lse[item], m = fmaxf(la, lb);
+  if (m == -INFINITY) return;  // neither has seen a key yet
+  const float wa = expf(la - m), wb = expf(lb - m), inv = 1.0f / (wa + wb);
+  const int64_t off = ((b * seq + t) * heads + h) * head_dim;
+  for (int d = lane; d < head_dim; d += 32)
+    acc[off + d] = (acc[off + d] * wa + __bfloat162float(block_out[off + d]) * wb) * inv;
+  __syncwarp();
+  if (lane == 0) lse[item] = m + logf(wa + wb);
+}
+
+}  // namespace
+
+void attention_merge(float* acc, float* lse, const bf16* block_out, const float* block_lse, const AttentionDims& d,
+                     cudaStream_t stream) {
+  const int64_t items = d.batch * d.heads * d.seq;
+  if (items == 0) return;
+  const unsigned blocks = unsigned((items + kWarps - 1) / kWarps);
+  attention_merge_kernel<<<blocks, kWarps * 32, 0, stream>>>(acc, lse, block_out, block_lse, items, int(d.seq),
+                                                              int(d.heads), int(d.head_dim));
+  PRIMUS_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace primus::cuda
