@@ -141,6 +141,72 @@ void TracedBackend::attention_decode(const Tensor& cache, int64_t first, Tensor&
          4.0 * q * double(s.seq) * double(s.heads) * double(s.head_dim), nbytes(cache) + nbytes(out));
 }
 
+// Context-parallel blocks: a causal (diagonal) block does half a full block's work.
+void TracedBackend::attention_block_forward(const Tensor& qkv, const Tensor& kv, Tensor& out, Tensor& lse,
+                                            const ops::AttentionShape& s, bool causal) {
+  if (!p_.active()) return be_.attention_block_forward(qkv, kv, out, lse, s, causal);
+  Event& e = p_.op_begin("attention_block_forward");
+  be_.attention_block_forward(qkv, kv, out, lse, s, causal);
+  const Mark end = p_.clock().device(nullptr);
+  const double flops = (causal ? 2.0 : 4.0) * double(s.batch) * double(s.heads) * double(s.seq) * double(s.seq) *
+                       double(s.head_dim);
+  finish(e, end, OpKind::Forward, nullptr, "self_attention", qkv.dtype(), {s.batch, s.seq, s.heads, s.head_dim}, flops,
+         nbytes(qkv) + nbytes(kv) + nbytes(out) + nbytes(lse));
+}
+
+void TracedBackend::attention_merge(Tensor& acc, Tensor& lse, const Tensor& block_out, const Tensor& block_lse,
+                                    const ops::AttentionShape& s) {
+  if (!p_.active()) return be_.attention_merge(acc, lse, block_out, block_lse, s);
+  Event& e = p_.op_begin("attention_merge");
+  be_.attention_merge(acc, lse, block_out, block_lse, s);
+  const Mark end = p_.clock().device(nullptr);
+  finish(e, end, OpKind::Forward, nullptr, "self_attention", acc.dtype(), {s.batch, s.seq, s.heads, s.head_dim},
+         4.0 * double(block_out.numel()), 2 * nbytes(acc) + nbytes(block_out) + 2 * nbytes(lse) + nbytes(block_lse));
+}
+
+void TracedBackend::attention_block_backward(const Tensor& qkv, const Tensor& kv, const Tensor& out, const Tensor& lse,
+                                             const Tensor& dout, Tensor& dq_acc, Tensor& dkv_acc,
+                                             const ops::AttentionShape& s, bool causal) {
+  if (!p_.active()) return be_.attention_block_backward(qkv, kv, out, lse, dout, dq_acc, dkv_acc, s, causal);
+  Event& e = p_.op_begin("attention_block_backward");
+  be_.attention_block_backward(qkv, kv, out, lse, dout, dq_acc, dkv_acc, s, causal);
+  const Mark end = p_.clock().device(nullptr);
+  const double flops = (causal ? 4.0 : 8.0) * double(s.batch) * double(s.heads) * double(s.seq) * double(s.seq) *
+                       double(s.head_dim);
+  finish(e, end, OpKind::Backward, nullptr, "self_attention", qkv.dtype(), {s.batch, s.seq, s.heads, s.head_dim},
+         flops, nbytes(qkv) + nbytes(kv) + nbytes(out) + nbytes(lse) + nbytes(dout) + nbytes(dq_acc) + nbytes(dkv_acc));
+}
+
+// MoE token permutation: memory-bound row moves.
+void TracedBackend::gather_rows(const Tensor& x, const std::vector<int32_t>& index, const std::vector<double>& scale,
+                                Tensor& out) {
+  if (!p_.active()) return be_.gather_rows(x, index, scale, out);
+  Event& e = p_.op_begin("gather_rows");
+  be_.gather_rows(x, index, scale, out);
+  const Mark end = p_.clock().device(nullptr);
+  finish(e, end, OpKind::Forward, nullptr, "moe", out.dtype(), {rows(out), cols(out)}, 0.0, 2 * nbytes(out));
+}
+
+void TracedBackend::scatter_add_rows(const Tensor& y, const std::vector<int32_t>& index,
+                                     const std::vector<double>& scale, Tensor& out) {
+  if (!p_.active()) return be_.scatter_add_rows(y, index, scale, out);
+  Event& e = p_.op_begin("scatter_add_rows");
+  be_.scatter_add_rows(y, index, scale, out);
+  const Mark end = p_.clock().device(nullptr);
+  finish(e, end, OpKind::Forward, nullptr, "moe", y.dtype(), {rows(y), cols(y)}, 2.0 * double(y.numel()),
+         3 * nbytes(y));
+}
+
+std::vector<double> TracedBackend::row_dots(const Tensor& a, const std::vector<int32_t>& index, const Tensor& b) {
+  if (!p_.active()) return be_.row_dots(a, index, b);
+  Event& e = p_.op_begin("row_dots");
+  std::vector<double> d = be_.row_dots(a, index, b);
+  const Mark end = p_.clock().device(nullptr);
+  finish(e, end, OpKind::Backward, nullptr, "moe", b.dtype(), {rows(b), cols(b)}, 2.0 * double(b.numel()),
+         2 * nbytes(b));
+  return d;
+}
+
 void TracedBackend::embedding_forward(const Tensor& tokens, const Tensor& table, Tensor& out) {
   if (!p_.active()) return be_.embedding_forward(tokens, table, out);
   Event& e = p_.op_begin("embedding_forward");

@@ -35,6 +35,18 @@ class TracedBackend final : public ops::Backend {
   void attention_backward(const Tensor& qkv, const Tensor& out, const Tensor& lse, const Tensor& dout, Tensor& dqkv,
                           const ops::AttentionShape& s) override;
   void attention_decode(const Tensor& cache, int64_t first, Tensor& out, const ops::AttentionShape& s) override;
+  void attention_block_forward(const Tensor& qkv, const Tensor& kv, Tensor& out, Tensor& lse,
+                               const ops::AttentionShape& s, bool causal) override;
+  void attention_merge(Tensor& acc, Tensor& lse, const Tensor& block_out, const Tensor& block_lse,
+                       const ops::AttentionShape& s) override;
+  void attention_block_backward(const Tensor& qkv, const Tensor& kv, const Tensor& out, const Tensor& lse,
+                                const Tensor& dout, Tensor& dq_acc, Tensor& dkv_acc, const ops::AttentionShape& s,
+                                bool causal) override;
+  void gather_rows(const Tensor& x, const std::vector<int32_t>& rows, const std::vector<double>& scale,
+                   Tensor& out) override;
+  void scatter_add_rows(const Tensor& y, const std::vector<int32_t>& rows, const std::vector<double>& scale,
+                        Tensor& out) override;
+  std::vector<double> row_dots(const Tensor& a, const std::vector<int32_t>& rows, const Tensor& b) override;
   void embedding_forward(const Tensor& tokens, const Tensor& table, Tensor& out) override;
   void embedding_backward(const std::vector<int32_t>& host_tokens, const Tensor& dout, Tensor& dtable) override;
   void column_sum_accumulate(const Tensor& dy, Tensor& out) override;
