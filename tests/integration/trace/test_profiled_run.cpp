@@ -207,6 +207,20 @@ TEST_F(ProfiledRun, PipelineParallelTracesAddUp) {
   EXPECT_FALSE(rep["pipeline"]["simulated_bubble"].is_null()) << rep["pipeline"].dump(1);
 }
 
+// Context parallel (ring): the attention of each rank's query chunks against key/value blocks,
+// their merges and block backwards, and the ring's transfers in group cp.
+TEST_F(ProfiledRun, ContextParallelBlocksAreTraced) {
+  train("cp", "--context_parallel_size 2");
+  for (int rank : {0, 1}) {
+    const nlohmann::json t = valid_trace("cp", rank);
+    EXPECT_GT(count(t, "compute", "attention_block_forward"), 0) << "rank " << rank;
+    EXPECT_GT(count(t, "compute", "attention_merge"), 0) << "rank " << rank;
+    EXPECT_GT(count(t, "compute", "attention_block_backward"), 0) << "rank " << rank;
+    EXPECT_EQ(count(t, "compute", "attention_forward"), 0) << "rank " << rank << ": cp runs blocks only";
+  }
+  expect_consistent_report(analyze("cp"));
+}
+
 // Profiling off writes no trace; analyze trace names the folder it found nothing in.
 TEST_F(ProfiledRun, OffWritesNothingAndAnalyzeSaysSo) {
   const CommandResult r = sh("direct --nproc 2 --exp-name off -- train pretrain --config exp.yaml");
