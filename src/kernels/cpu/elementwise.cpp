@@ -196,8 +196,9 @@ void embedding_backward_weight(const int32_t* tokens, const T* dout, T* dtable, 
   }
 }
 
-// Plain pointers and sizes (not a lambda's captures): GCC then keeps the vectorised loops on the
-// path it runs; through captured references it fell back to scalar code at 4 ns per logit.
+// The cross-entropy's row passes. Each inner loop must vectorise (scalar, they cost 4 ns per
+// logit): the max reduction is a ternary, and fast_exp's clamp needs the kernels' -fno-trapping-math
+// (src/kernels/CMakeLists.txt). A NaN logit is skipped by the max but makes the sum, so the loss, NaN.
 template <typename T>
 void ce_chunk_forward(const T* logits, const int32_t* targets, int64_t n, int64_t vc, int64_t c0, T* m, T* s,
                       T* zt) {
