@@ -18,6 +18,7 @@
 
 #include "config/experiment.h"
 #include "core/launch_env.h"
+#include "gpu_per_rank.h"
 #include "gpu_test_util.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "model/llama.h"
@@ -30,31 +31,6 @@ namespace fs = std::filesystem;
 
 namespace primus {
 namespace {
-
-#ifdef PRIMUS_EMULATED_GPU
-#define REQUIRE_A_GPU_PER_RANK() PRIMUS_REQUIRE_GPU()
-#else
-#define REQUIRE_A_GPU_PER_RANK()                                                               \
-  do {                                                                                         \
-    if (!cuda::available()) GTEST_SKIP() << cuda::unavailable_reason();                        \
-    int gpus_ = 0;                                                                             \
-    cudaGetDeviceCount(&gpus_);                                                                \
-    const LaunchEnv env_ = discover_launch_env();                                              \
-    if (gpus_ < env_.local_world_size)                                                         \
-      GTEST_SKIP() << gpus_ << " GPUs for " << env_.local_world_size << " ranks on this host"; \
-  } while (0)
-#endif
-
-// One folder for all ranks: rank 0's name, broadcast.
-fs::path shared_dir() {
-  auto& world = parallel::mpi_world();
-  std::string name = fs::temp_directory_path() / ("primus_gpu_parallel_" + std::to_string(::getpid()));
-  int64_t n = int64_t(name.size());
-  world.broadcast(&n, 1, parallel::CommType::I64, 0);
-  name.resize(size_t(n));
-  world.broadcast(name.data(), n, parallel::CommType::U8, 0);
-  return name;
-}
 
 std::vector<double> metric(const fs::path& run_dir, const char* key) {
   std::vector<double> out;
@@ -83,9 +59,9 @@ std::vector<float> weight_update(const fs::path& run_dir, uint64_t seed) {
 
 // Trains the layout on the GPUs and on the CPU reference backend; compares the losses.
 void expect_gpu_matches_reference(const std::string& layout_yaml) {
-  REQUIRE_A_GPU_PER_RANK();
+  PRIMUS_REQUIRE_A_GPU_PER_RANK();
   auto& world = parallel::mpi_world();
-  const fs::path dir = shared_dir();
+  const fs::path dir = gputest::shared_temp_dir("primus_gpu_parallel_");
   if (world.rank() == 0) {
     fs::remove_all(dir);
     fs::create_directories(dir);
