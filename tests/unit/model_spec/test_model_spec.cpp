@@ -11,6 +11,7 @@
 
 #include "core/error.h"
 #include "model/model_spec.h"
+#include "support/error_of.h"
 
 using namespace primus;
 namespace fs = std::filesystem;
@@ -32,16 +33,7 @@ void write(const fs::path& p, const std::string& text) {
   f << text;
 }
 
-// The message of the primus::Error that `fn` throws ("" if it throws none).
-template <typename Fn>
-std::string error_of(Fn fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
+using test::error_of;
 
 const char* kValidTiny =
     "num_layers: 2\n"

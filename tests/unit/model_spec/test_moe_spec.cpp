@@ -7,20 +7,13 @@
 
 #include "core/error.h"
 #include "model/model_spec.h"
+#include "support/error_of.h"
 
 using namespace primus;
 
 namespace {
 
-template <typename Fn>
-std::string error_of(Fn fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
+using test::error_of;
 
 // A tiny MoE spec from YAML text on top of a dense base.
 ModelSpec tiny_moe(const std::string& extra) {

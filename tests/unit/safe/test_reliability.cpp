@@ -19,6 +19,7 @@
 #include "safe/launcher_link.h"
 #include "safe/metrics_writer.h"
 #include "safe/run_lock.h"
+#include "support/error_of.h"
 
 namespace fs = std::filesystem;
 using namespace primus;
@@ -36,15 +37,7 @@ struct Dir {
   ~Dir() { fs::remove_all(path); }
 };
 
-template <typename Fn>
-std::string error_of(Fn&& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
+using test::error_of;
 
 struct EnvVar {
   std::string name;

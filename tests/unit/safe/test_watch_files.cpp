@@ -12,6 +12,7 @@
 #include "safe/fault.h"
 #include "safe/heartbeat.h"
 #include "safe/train_watch.h"
+#include "support/error_of.h"
 
 namespace fs = std::filesystem;
 using namespace primus;
@@ -29,14 +30,7 @@ struct TempDir {
   ~TempDir() { fs::remove_all(dir); }
 };
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
+using test::error_of;
 }  // namespace
 
 TEST(Faults, ParseAndReject) {
