@@ -8,6 +8,7 @@
 # the step-time errors over the rounds is printed beside it).
 #
 #   bash benchmarks/projection/run_grid.sh [build/src/cli/primus-cli] [work folder] [rounds (3)]
+# ONLY=<regex> runs the rows whose name matches (e.g. ONLY='^cp2').
 set -euo pipefail
 CLI=$(realpath "${1:-build/src/cli/primus-cli}")
 WORK=${2:-$(mktemp -d /tmp/primus_grid.XXXXXX)}
@@ -47,12 +48,15 @@ GRID=(
   "pp2 1f1b|2|--pipeline_model_parallel_size 2 --pipeline_schedule 1f1b"
   "pp2 zb-h1|2|--pipeline_model_parallel_size 2 --pipeline_schedule zb-h1"
   "pp2 1f1b, full recompute|2|--pipeline_model_parallel_size 2 --pipeline_schedule 1f1b --recompute_granularity full"
+  "cp2 p2p|2|--context_parallel_size 2"
+  "cp2 a2a|2|--context_parallel_size 2 --cp_comm_type a2a"
 )
 
 rm -f results.jsonl
 for round in $(seq "$ROUNDS"); do
 for row in "${GRID[@]}"; do
   IFS='|' read -r name np ov <<< "$row"
+  if [ -n "${ONLY:-}" ] && ! [[ "$name" =~ $ONLY ]]; then continue; fi
   rm -rf ws
   # shellcheck disable=SC2086
   "$CLI" direct --nproc "$np" -- train pretrain --config grid.yaml $ov > train.log 2>&1 || { echo "$name: training failed" >&2; tail -3 train.log >&2; continue; }

@@ -116,6 +116,22 @@ double MeasuredOps::run(const OpSpec& o) {
     Tensor dout = filled(be, {N, s.heads * s.head_dim}, act), dqkv = be.empty({N, s.qkv_stride()}, act);
     return time_it(be, [&] { be.attention_backward(qkv, out, lse, dout, dqkv, s); });
   }
+  if (o.op == "attention_block_forward" || o.op == "attention_block_backward" || o.op == "attention_merge") {
+    // A ring-attention block: query chunk and key chunk of [batch, seq] rows each.
+    const ops::AttentionShape s{o.a, o.b, o.c, o.d, o.e};
+    const int64_t N = s.batch * s.seq, HD = s.heads * s.head_dim, KV = 2 * s.groups * s.head_dim;
+    Tensor qkv = filled(be, {N, s.qkv_stride()}, act), kv = filled(be, {N, KV}, act), out = filled(be, {N, HD}, act),
+           lse = be.empty({s.batch, s.heads, s.seq}, stat);
+    be.attention_block_forward(qkv, kv, out, lse, s, o.causal);
+    if (o.op == "attention_block_forward")
+      return time_it(be, [&] { be.attention_block_forward(qkv, kv, out, lse, s, o.causal); });
+    if (o.op == "attention_merge") {
+      Tensor acc = filled(be, {N, HD}, stat), acc_lse = filled(be, {s.batch, s.heads, s.seq}, stat);
+      return time_it(be, [&] { be.attention_merge(acc, acc_lse, out, lse, s); });
+    }
+    Tensor dout = filled(be, {N, HD}, act), dq = filled(be, {N, HD}, stat, 0.0f), dkv = filled(be, {N, KV}, stat, 0.0f);
+    return time_it(be, [&] { be.attention_block_backward(qkv, kv, out, lse, dout, dq, dkv, s, o.causal); });
+  }
   if (o.op == "embedding_forward") {
     Tensor t = tokens(be, r, o.c), table = filled(be, {o.c, c}, act), out = be.empty({r, c}, act);
     return time_it(be, [&] { be.embedding_forward(t, table, out); });

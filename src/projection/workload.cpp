@@ -11,17 +11,21 @@ namespace {
 
 // The sizes every part needs, for one rank of tp.
 struct Dims {
-  int64_t N, Nl, C, hl, gl, D, Q, QS, Fl, Vl, b, s;
+  int64_t N, Nl, C, hl, gl, D, Q, QS, Fl, Vl, b, s;  // N, Nl: this cp rank's tokens
   double a, st;  // bytes of an activation and of a statistic
   DType act;
   bool tp, sp;
+  int cp;
+  bool a2a;
 };
 
 Dims dims_of(const ModelSpec& m, const WorkloadShape& w) {
   Dims d;
   d.b = w.micro_batch_size;
   d.s = w.seq_length;
-  d.N = d.b * d.s;
+  d.cp = std::max(w.cp, 1);
+  d.a2a = w.cp_a2a;
+  d.N = d.b * d.s / d.cp;
   d.Nl = w.sequence_parallel && w.tp > 1 ? d.N / w.tp : d.N;
   d.C = m.hidden_size;
   d.hl = m.num_attention_heads / w.tp;
@@ -70,6 +74,73 @@ OpSpec attention(const Dims& d, bool backward) {
   return o;
 }
 
+// One block of ring attention (context_parallel.cpp): a query chunk of the rank against a key chunk,
+// [batch, seq / (2 cp)] rows each; the diagonal block is causal, the others full.
+OpSpec attention_block(const Dims& d, bool backward, bool causal) {
+  const int64_t ch = d.s / (2 * d.cp), rows = d.b * ch;
+  OpSpec o;
+  o.op = backward ? "attention_block_backward" : "attention_block_forward";
+  o.a = d.b, o.b = ch, o.c = d.hl, o.d = d.gl, o.e = d.D;
+  o.causal = causal;
+  o.dtype = d.act;
+  o.flops = (backward ? 2.0 : 1.0) * (causal ? 2.0 : 4.0) * double(d.b) * double(d.hl) * double(ch) * double(ch) *
+            double(d.D);
+  o.bytes = (backward ? 2.0 : 1.0) * double(rows) * double(d.Q + d.QS) * d.a + double(rows * d.hl) * d.st;
+  return o;
+}
+
+// Attention over this rank's tokens and every earlier position: one op without context parallel;
+// under cp the all-to-all around the whole-sequence kernel (a2a), or the ring's blocks, merges and
+// transfers, step by step (p2p), as context_parallel.cpp runs them.
+void attention_ops(const Dims& d, PassWork& p, bool backward) {
+  if (d.cp == 1) {
+    p.ops.push_back(attention(d, backward));
+    return;
+  }
+  const double qkv = double(d.N) * double(d.Q) * d.a, out = double(d.N) * double(d.QS) * d.a;
+  if (d.a2a) {  // every rank: the whole sequence for heads / cp
+    Dims h = d;
+    h.N = d.b * d.s, h.hl = d.hl / d.cp, h.gl = d.gl / d.cp, h.Q = (h.hl + 2 * h.gl) * d.D, h.QS = h.hl * d.D;
+    p.comms.push_back({"all_to_all", backward ? out : qkv, true});
+    p.ops.push_back(attention(h, backward));
+    p.comms.push_back({"all_to_all", backward ? qkv : out, true});
+    return;
+  }
+  const int64_t rows = d.b * (d.s / (2 * d.cp)), KV = 2 * d.gl * d.D;
+  const double kv = double(2 * rows * KV) * d.a, dkv = double(2 * rows * KV) * d.st;
+  int prev_first = -1, prev_end = -1;  // the previous step's ops (backward: its key/value gradient is in flight)
+  for (int i = 0; i < d.cp; ++i) {
+    const int first = int(p.ops.size());
+    if (i == 0) {  // the rank's own chunks: two diagonals and the late queries against the early keys
+      p.ops.push_back(attention_block(d, backward, true));
+      p.ops.push_back(attention_block(d, backward, false));
+      p.ops.push_back(attention_block(d, backward, true));
+    } else {  // two full blocks
+      p.ops.push_back(attention_block(d, backward, false));
+      p.ops.push_back(attention_block(d, backward, false));
+    }
+    if (!backward) {
+      for (int m = 0; m < (i == 0 ? 1 : 2); ++m) {
+        OpSpec merge;
+        merge.op = "attention_merge";
+        merge.a = d.b, merge.b = d.s / (2 * d.cp), merge.c = d.hl, merge.d = d.gl, merge.e = d.D;
+        merge.dtype = d.act;
+        merge.flops = 0;
+        merge.bytes = double(rows * d.QS) * (2 * d.st + d.a) + 3.0 * double(rows * d.hl) * d.st;
+        p.ops.push_back(merge);
+      }
+    } else if (i > 0) {
+      p.ops.push_back(elementwise(d, "add", 2 * rows, KV, 1, 3 * d.st));
+      p.ops.back().dtype = ops::stat_dtype(d.act);
+    }
+    const int end = int(p.ops.size());
+    if (i + 1 < d.cp) p.comms.push_back({"p2p", kv, true, first, end});  // the next key/value block
+    if (backward && i > 0) p.comms.push_back({"p2p", dkv, true, prev_first, prev_end});
+    prev_first = first, prev_end = end;
+  }
+  if (backward) p.comms.push_back({"p2p", dkv, true, 0, 0});  // the rank's own gradient, after the last step
+}
+
 OpSpec rope(const Dims& d, bool inverse) {
   OpSpec o = elementwise(d, "rope_apply", d.N, (d.hl + d.gl) * d.D, 3.0, 2.0 * d.a);
   o.b = d.Q;  // rows of the fused qkv; the first hl + gl heads rotate
@@ -91,7 +162,7 @@ void block_forward_ops(const Dims& d, PassWork& p, bool qkv_bias) {
   if (qkv_bias) qkv.bytes += double(d.Q) * d.a;
   p.ops.push_back(qkv);
   p.ops.push_back(rope(d, false));
-  p.ops.push_back(attention(d, false));
+  attention_ops(d, p, false);
   p.ops.push_back(gemm(d, d.N, d.C, d.QS, false, true, false, !d.tp));
   if (d.tp) {
     p.comms.push_back({d.sp ? "reduce_scatter" : "all_reduce", ab});
@@ -115,8 +186,8 @@ void block_row_parallel_fc2(const Dims& d, PassWork& p) {
 }  // namespace
 
 std::string OpSpec::key() const {
-  return fmt::format("{}:{}x{}x{}x{}x{}:{}{}{}{}{}:{}", op, a, b, c, d, e, trans_a, trans_b, out_stat, accumulate,
-                     inverse, dtype_name(dtype));
+  return fmt::format("{}:{}x{}x{}x{}x{}:{}{}{}{}{}{}:{}", op, a, b, c, d, e, trans_a, trans_b, out_stat, accumulate,
+                     inverse, causal, dtype_name(dtype));
 }
 
 double PassWork::flops() const {
@@ -139,7 +210,7 @@ PartWork layer_work(const ModelSpec& m, const WorkloadShape& w) {
     const double ab = double(d.N) * double(d.C) * d.a;
     p.b.ops.push_back(elementwise(d, "rmsnorm_forward", d.Nl, d.C, 4, 2 * d.a));
     if (d.sp) p.b.comms.push_back({"all_gather", ab});
-    p.b.ops.push_back(attention(d, false));
+    attention_ops(d, p.b, false);
     p.b.ops.push_back(elementwise(d, "rmsnorm_forward", d.Nl, d.C, 4, 2 * d.a));
     if (d.sp) p.b.comms.push_back({"all_gather", ab});
     p.b.ops.push_back(elementwise(d, "swiglu_forward", d.N, d.Fl, 5, 3 * d.a));
@@ -153,7 +224,7 @@ PartWork layer_work(const ModelSpec& m, const WorkloadShape& w) {
   p.b.ops.push_back(elementwise(d, "rmsnorm_backward_input", d.Nl, d.C, 8, 4 * d.a));
   if (d.sp) p.b.comms.push_back({"all_gather", ab});
   p.b.ops.push_back(gemm(d, d.N, d.QS, d.C, false, false, false, false));
-  p.b.ops.push_back(attention(d, true));
+  attention_ops(d, p.b, true);
   p.b.ops.push_back(rope(d, true));
   p.b.ops.push_back(gemm(d, d.N, d.C, d.Q, false, false, false, false));
   if (d.tp) p.b.comms.push_back({d.sp ? "reduce_scatter" : "all_reduce", ab});
@@ -172,23 +243,29 @@ PartWork layer_work(const ModelSpec& m, const WorkloadShape& w) {
   const double h1 = full_nc, rstd = bytes(d.Nl, 1, d.st), qkv = bytes(d.N, d.Q, d.a), attn = bytes(d.N, d.QS, d.a);
   const double lse = bytes(d.N, d.hl, d.st), x2 = x, h2 = full_nc, gate_up = bytes(d.N, 2 * d.Fl, d.a),
                act = bytes(d.N, d.Fl, d.a);
-  const double context = x + h1 + rstd + qkv + attn + lse + x2 + h2 + rstd + gate_up + act;
+  // a2a keeps the whole sequence's qkv and output of the rank's heads (as many bytes as its own);
+  // the ring holds the travelling key/value blocks and the fp32 running outputs while it runs.
+  const double cp_saved = d.cp > 1 && d.a2a ? qkv + attn : 0;
+  const int64_t KV = 2 * d.gl * d.D;
+  const double ring_f = d.cp > 1 && !d.a2a ? 2 * bytes(d.N, KV, d.a) + bytes(d.N, d.QS, d.st) : 0;
+  const double ring_b = d.cp > 1 && !d.a2a ? 2 * bytes(d.N, KV, d.a) + bytes(d.N, d.QS, d.st) + 2 * bytes(d.N, KV, d.st) : 0;
+  const double context = x + h1 + rstd + qkv + attn + lse + x2 + h2 + rstd + gate_up + act + cp_saved;
   p.kept_after_f = w.recompute == Recompute::None        ? context
                    : w.recompute == Recompute::Selective ? x + qkv + x2 + gate_up
                                                          : x;
   // At the end of F everything exists at once (recompute drops it afterwards), with the output
   // and, under tp, fc2's partial sum.
-  p.peak_in_f = context + x + (d.tp ? full_nc : 0);
+  p.peak_in_f = context + x + (d.tp ? full_nc : 0) + ring_f;
   // B: the incoming dy (held as c.dy; gathered anew under sp), da, dgate_up, the reduced dh2
   // (partial and reduced under sp), dx2 (and its gathered copy under sp), dattn, dqkv, dh1, dx.
   const double dy_in = x, dy_g = d.sp ? full_nc : 0;
   const double da = act, dgu = gate_up, dh2 = full_nc + (d.sp ? x : 0), dx2 = x + (d.sp ? full_nc : 0);
   const double dattn = attn, dqkv = qkv, dh1 = full_nc + (d.sp ? x : 0), dx = x;
-  p.peak_in_b = context + dy_in + dy_g + da + dgu + dh2 + dx2 + dattn + dqkv + dh1 + dx;
-  // Kept for W: the context less qkv, lse and gate_up, and dy, dqkv, dh1, dx2, dgate_up, dh2
+  p.peak_in_b = context + dy_in + dy_g + da + dgu + dh2 + dx2 + dattn + dqkv + dh1 + dx + ring_b;
+  // Kept for W: the context less qkv, lse, gate_up (and a2a's saves), and dy, dqkv, dh1, dx2, dgate_up, dh2
   // as the context holds them (reduced and gathered where those differ).
   const double kept_dh = d.sp ? x : full_nc, kept_dx2 = d.sp ? full_nc : x;
-  p.kept_after_b = context - qkv - lse - gate_up + dy_in + dy_g + dqkv + kept_dh + kept_dx2 + dgu + kept_dh;
+  p.kept_after_b = context - qkv - lse - gate_up - cp_saved + dy_in + dy_g + dqkv + kept_dh + kept_dx2 + dgu + kept_dh;
   return p;
 }
 

@@ -128,6 +128,44 @@ TEST_F(Projection, RooflinePerformanceScalesWithDataParallelism) {
   EXPECT_GT(four.performance->dp_total_s, 0.0);
 }
 
+// Context parallel: each rank does 1/cp of the causal attention FLOPs (the ring's two diagonal
+// blocks and 2 cp - 1 full ones, or the whole sequence for heads / cp), passes cp - 1 key/value
+// blocks around in the forward, and keeps about 1/cp of the activations.
+TEST(Workload, ContextParallelSplitsAttentionAndActivations) {
+  ModelSpec m = load_model_spec("tiny_llama");
+  WorkloadShape w;
+  w.micro_batch_size = 2;
+  w.seq_length = 128;
+  auto attention_flops = [](const PassWork& p, int* blocks) {
+    double f = 0;
+    for (const OpSpec& o : p.ops)
+      if (o.op.rfind("attention", 0) == 0) f += o.flops, *blocks += o.op != "attention_merge";
+    return f;
+  };
+  const PartWork one = layer_work(m, w);
+  int n1 = 0;
+  const double f1 = attention_flops(one.f, &n1);
+  EXPECT_EQ(n1, 1);
+  for (int cp : {2, 4})
+    for (bool a2a : {false, true}) {
+      w.cp = cp;
+      w.cp_a2a = a2a;
+      const PartWork part = layer_work(m, w);
+      int blocks = 0;
+      EXPECT_DOUBLE_EQ(attention_flops(part.f, &blocks), f1 / cp) << "cp " << cp << " a2a " << a2a;
+      EXPECT_EQ(blocks, a2a ? 1 : 2 + 2 * cp - 1);
+      int p2p = 0, a2a_comms = 0;
+      for (const CommSpec& c : part.f.comms) p2p += c.op == "p2p", a2a_comms += c.op == "all_to_all";
+      EXPECT_EQ(p2p, a2a ? 0 : cp - 1);
+      EXPECT_EQ(a2a_comms, a2a ? 2 : 0);
+      for (const CommSpec& c : part.f.comms) EXPECT_TRUE(c.cp);
+      // The layer's kept activations scale with its tokens (a2a keeps the whole-sequence qkv and
+      // output of its heads as well).
+      EXPECT_LT(part.kept_after_f, one.kept_after_f / cp * (a2a ? 1.5 : 1.05)) << "cp " << cp;
+      EXPECT_GT(part.kept_after_f, one.kept_after_f / cp * 0.95) << "cp " << cp;
+    }
+}
+
 TEST_F(Projection, ALayoutThatDoesNotFitTheScaleIsAnError) {
   EXPECT_THROW(plan(config("      tensor_model_parallel_size: 3\n"), h100(1, 8)), Error);
   EXPECT_THROW(parse_sharding("zero3"), Error);
