@@ -132,6 +132,23 @@ double MeasuredOps::run(const OpSpec& o) {
     Tensor dout = filled(be, {N, HD}, act), dq = filled(be, {N, HD}, stat, 0.0f), dkv = filled(be, {N, KV}, stat, 0.0f);
     return time_it(be, [&] { be.attention_block_backward(qkv, kv, out, lse, dout, dq, dkv, s, o.causal); });
   }
+  if (o.op == "copy") {
+    Tensor src = filled(be, {r, c}, act), dst = be.empty({r, c}, act);
+    return time_it(be, [&] { dst.copy_from(src); });
+  }
+  if (o.op == "gather_rows" || o.op == "scatter_add_rows" || o.op == "row_dots") {
+    // The MoE block's routing row ops: r rows of width c, each from (or to, or against) one of
+    // the o.c source rows, spread evenly as balanced routing spreads them.
+    const int64_t src_rows = std::max<int64_t>(o.c, 1);
+    std::vector<int32_t> rows(static_cast<size_t>(r));
+    for (int64_t i = 0; i < r; ++i) rows[size_t(i)] = int32_t(i % src_rows);
+    const std::vector<double> scale(size_t(r), 0.5);
+    Tensor many = filled(be, {r, c}, act), few = filled(be, {src_rows, c}, act);
+    if (o.op == "gather_rows") return time_it(be, [&] { be.gather_rows(few, rows, scale, many); });
+    if (o.op == "scatter_add_rows") return time_it(be, [&] { be.scatter_add_rows(many, rows, scale, few); });
+    volatile double sink = 0;
+    return time_it(be, [&] { sink = sink + be.row_dots(few, rows, many)[0]; });
+  }
   if (o.op == "embedding_forward") {
     Tensor t = tokens(be, r, o.c), table = filled(be, {o.c, c}, act), out = be.empty({r, c}, act);
     return time_it(be, [&] { be.embedding_forward(t, table, out); });

@@ -54,9 +54,12 @@ TEST(Comm, RingCollectivesAndTransfers) {
 // The trainer's measured peak (the tensor pool's, one process on the CPU) against the projection,
 // for each recompute setting.
 TEST_F(Projection, MemoryMatchesTheTrainersPeakWithin10Percent) {
-  for (const char* recompute : {"", "selective", "full"}) {
-    const std::string ov = std::string("      recompute_granularity: \"") + recompute + "\"\n";
-    const config::ExperimentConfig cfg = config(ov);
+  // Dense with each recompute setting, and an MoE model (every layer routed, top-2 of 8 experts).
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"tiny", ""}, {"tiny", "selective"}, {"tiny", "full"}, {"tiny_mixtral", ""}};
+  for (const auto& [model, recompute] : cases) {
+    const std::string ov = "      recompute_granularity: \"" + recompute + "\"\n";
+    const config::ExperimentConfig cfg = config(ov, model);
     fs::remove_all(dir_ / "ws");
     reset_peak_host_memory();
     train::pretrain(cfg);
@@ -68,9 +71,9 @@ TEST_F(Projection, MemoryMatchesTheTrainersPeakWithin10Percent) {
     auto p = plan(cfg, t);
     project_memory(p);
     const double projected = p.memory->per_rank[0].peak;
-    EXPECT_NEAR(projected, measured, 0.10 * measured) << "recompute '" << recompute << "'";
-    std::printf("recompute '%s': measured %.0f, projected %.0f bytes (%+.2f%%)\n", recompute, measured, projected,
-                100 * (projected - measured) / measured);
+    EXPECT_NEAR(projected, measured, 0.10 * measured) << model << ", recompute '" << recompute << "'";
+    std::printf("%s, recompute '%s': measured %.0f, projected %.0f bytes (%+.2f%%)\n", model.c_str(),
+                recompute.c_str(), measured, projected, 100 * (projected - measured) / measured);
   }
 }
 
