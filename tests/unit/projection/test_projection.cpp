@@ -169,6 +169,46 @@ TEST(Workload, ContextParallelSplitsAttentionAndActivations) {
     }
 }
 
+// Expert parallel: a rank holds num_experts / ep experts, each with ep times the rows (balanced
+// routing), so its expert FLOPs stay and its expert parameters divide; the rows cross the ep group
+// once each way per pass (alltoall), or are all-gathered out and reduce-scattered back (allgather).
+TEST(Workload, ExpertParallelDividesTheExpertsAndExchangesTheirRows) {
+  const ModelSpec m = load_model_spec("tiny_mixtral");
+  ASSERT_GT(m.num_experts, 1);
+  const int64_t E = m.num_experts, C = m.hidden_size;
+  EXPECT_EQ(layer_parameters(m, 1, true, 1) - layer_parameters(m, 1, true, 2), E / 2 * 3 * m.expert_ffn() * C);
+  EXPECT_EQ(layer_tensors(m, true, 1) - layer_tensors(m, true, 2), E);  // two weights per expert
+  WorkloadShape w;
+  w.micro_batch_size = 2;
+  w.seq_length = 128;
+  auto gemms = [](const PassWork& p) {
+    int n = 0;
+    for (const OpSpec& o : p.ops) n += o.op == "gemm";
+    return n;
+  };
+  const PartWork one = layer_work(m, w, true);
+  for (const PassWork* p : {&one.f, &one.b})
+    for (const CommSpec& c : p->comms) EXPECT_FALSE(c.ep) << c.op;
+  const double rows = double(w.micro_batch_size * w.seq_length * m.moe_router_topk) * double(C) * 4;  // fp32
+  for (bool allgather : {false, true}) {
+    w.ep = 2;
+    w.ep_allgather = allgather;
+    const PartWork two = layer_work(m, w, true);
+    EXPECT_DOUBLE_EQ(two.f.flops(), one.f.flops()) << "allgather " << allgather;
+    EXPECT_DOUBLE_EQ(two.b.flops(), one.b.flops()) << "allgather " << allgather;
+    EXPECT_EQ(gemms(one.f) - gemms(two.f), E) << "half the experts' two GEMMs";
+    for (const PassWork* p : {&two.f, &two.b}) {
+      std::vector<std::pair<std::string, double>> ep_comms;
+      for (const CommSpec& c : p->comms)
+        if (c.ep) ep_comms.emplace_back(c.op, c.bytes);
+      const std::vector<std::pair<std::string, double>> want =
+          allgather ? std::vector<std::pair<std::string, double>>{{"all_gather", 2 * rows}, {"reduce_scatter", 2 * rows}}
+                    : std::vector<std::pair<std::string, double>>{{"all_to_all", rows}, {"all_to_all", rows}};
+      EXPECT_EQ(ep_comms, want) << "allgather " << allgather;
+    }
+  }
+}
+
 TEST_F(Projection, ALayoutThatDoesNotFitTheScaleIsAnError) {
   EXPECT_THROW(plan(config("      tensor_model_parallel_size: 3\n"), h100(1, 8)), Error);
   EXPECT_THROW(parse_sharding("zero3"), Error);
