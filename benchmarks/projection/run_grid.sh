@@ -8,6 +8,7 @@
 # the step-time errors over the rounds is printed beside it).
 #
 #   bash benchmarks/projection/run_grid.sh [build/src/cli/primus-cli] [work folder] [rounds (3)]
+# ONLY=<regex> runs the rows whose name matches (e.g. ONLY='^cp2').
 set -euo pipefail
 CLI=$(realpath "${1:-build/src/cli/primus-cli}")
 WORK=${2:-$(mktemp -d /tmp/primus_grid.XXXXXX)}
@@ -34,8 +35,9 @@ modules:
       eval_interval: 0
       mock_data: true
 YAML
+sed 's/model: tiny_llama/model: tiny_mixtral/' grid.yaml > grid_moe.yaml
 
-# name | ranks | overrides
+# name | ranks | overrides [| config, default grid.yaml]
 GRID=(
   "one process|1|"
   "one process, selective recompute|1|--recompute_granularity selective"
@@ -47,17 +49,25 @@ GRID=(
   "pp2 1f1b|2|--pipeline_model_parallel_size 2 --pipeline_schedule 1f1b"
   "pp2 zb-h1|2|--pipeline_model_parallel_size 2 --pipeline_schedule zb-h1"
   "pp2 1f1b, full recompute|2|--pipeline_model_parallel_size 2 --pipeline_schedule 1f1b --recompute_granularity full"
+  "cp2 p2p|2|--context_parallel_size 2"
+  "cp2 a2a|2|--context_parallel_size 2 --cp_comm_type a2a"
+  "MoE (tiny_mixtral), one process|1||grid_moe.yaml"
+  "MoE (tiny_mixtral), dp2|2||grid_moe.yaml"
+  "MoE (tiny_mixtral) balanced, one process|1|--moe_router_force_load_balancing true|grid_moe.yaml"
+  "MoE (tiny_mixtral) balanced, dp2|2|--moe_router_force_load_balancing true|grid_moe.yaml"
 )
 
 rm -f results.jsonl
 for round in $(seq "$ROUNDS"); do
 for row in "${GRID[@]}"; do
-  IFS='|' read -r name np ov <<< "$row"
+  IFS='|' read -r name np ov cfg <<< "$row"
+  cfg=${cfg:-grid.yaml}
+  if [ -n "${ONLY:-}" ] && ! [[ "$name" =~ $ONLY ]]; then continue; fi
   rm -rf ws
   # shellcheck disable=SC2086
-  "$CLI" direct --nproc "$np" -- train pretrain --config grid.yaml $ov > train.log 2>&1 || { echo "$name: training failed" >&2; tail -3 train.log >&2; continue; }
+  "$CLI" direct --nproc "$np" -- train pretrain --config "$cfg" $ov > train.log 2>&1 || { echo "$name: training failed" >&2; tail -3 train.log >&2; continue; }
   # shellcheck disable=SC2086
-  "$CLI" direct --nproc "$np" -- projection both --config grid.yaml $ov --target-nodes 1 --gpus-per-node "$np" \
+  "$CLI" direct --nproc "$np" -- projection both --config "$cfg" $ov --target-nodes 1 --gpus-per-node "$np" \
       --hardware-config CPU --format json > proj.json 2> proj.log || { echo "$name: projection failed" >&2; tail -3 proj.log >&2; continue; }
   python3 - "$name" "$np" "$round" <<'PY'
 import json, sys

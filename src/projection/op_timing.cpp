@@ -116,6 +116,39 @@ double MeasuredOps::run(const OpSpec& o) {
     Tensor dout = filled(be, {N, s.heads * s.head_dim}, act), dqkv = be.empty({N, s.qkv_stride()}, act);
     return time_it(be, [&] { be.attention_backward(qkv, out, lse, dout, dqkv, s); });
   }
+  if (o.op == "attention_block_forward" || o.op == "attention_block_backward" || o.op == "attention_merge") {
+    // A ring-attention block: query chunk and key chunk of [batch, seq] rows each.
+    const ops::AttentionShape s{o.a, o.b, o.c, o.d, o.e};
+    const int64_t N = s.batch * s.seq, HD = s.heads * s.head_dim, KV = 2 * s.groups * s.head_dim;
+    Tensor qkv = filled(be, {N, s.qkv_stride()}, act), kv = filled(be, {N, KV}, act), out = filled(be, {N, HD}, act),
+           lse = be.empty({s.batch, s.heads, s.seq}, stat);
+    be.attention_block_forward(qkv, kv, out, lse, s, o.causal);
+    if (o.op == "attention_block_forward")
+      return time_it(be, [&] { be.attention_block_forward(qkv, kv, out, lse, s, o.causal); });
+    if (o.op == "attention_merge") {
+      Tensor acc = filled(be, {N, HD}, stat), acc_lse = filled(be, {s.batch, s.heads, s.seq}, stat);
+      return time_it(be, [&] { be.attention_merge(acc, acc_lse, out, lse, s); });
+    }
+    Tensor dout = filled(be, {N, HD}, act), dq = filled(be, {N, HD}, stat, 0.0f), dkv = filled(be, {N, KV}, stat, 0.0f);
+    return time_it(be, [&] { be.attention_block_backward(qkv, kv, out, lse, dout, dq, dkv, s, o.causal); });
+  }
+  if (o.op == "copy") {
+    Tensor src = filled(be, {r, c}, act), dst = be.empty({r, c}, act);
+    return time_it(be, [&] { dst.copy_from(src); });
+  }
+  if (o.op == "gather_rows" || o.op == "scatter_add_rows" || o.op == "row_dots") {
+    // The MoE block's routing row ops: r rows of width c, each from (or to, or against) one of
+    // the o.c source rows, spread evenly as balanced routing spreads them.
+    const int64_t src_rows = std::max<int64_t>(o.c, 1);
+    std::vector<int32_t> rows(static_cast<size_t>(r));
+    for (int64_t i = 0; i < r; ++i) rows[size_t(i)] = int32_t(i % src_rows);
+    const std::vector<double> scale(size_t(r), 0.5);
+    Tensor many = filled(be, {r, c}, act), few = filled(be, {src_rows, c}, act);
+    if (o.op == "gather_rows") return time_it(be, [&] { be.gather_rows(few, rows, scale, many); });
+    if (o.op == "scatter_add_rows") return time_it(be, [&] { be.scatter_add_rows(many, rows, scale, few); });
+    volatile double sink = 0;
+    return time_it(be, [&] { sink = sink + be.row_dots(few, rows, many)[0]; });
+  }
   if (o.op == "embedding_forward") {
     Tensor t = tokens(be, r, o.c), table = filled(be, {o.c, c}, act), out = be.empty({r, c}, act);
     return time_it(be, [&] { be.embedding_forward(t, table, out); });

@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cmath>
 #include <map>
+#include <optional>
 
 #include <fmt/format.h>
 
@@ -77,19 +78,22 @@ struct Chunk {
   int stage = 0;
   int64_t layers = 0;
   bool embedding = false, head = false;
+  int64_t first_layer = 0;  // the model's index of its first decoder layer
 };
 
 std::vector<Chunk> chunks_of(const Projection& p, int pp_rank) {
   const auto& L = p.layout;
   std::vector<Chunk> out;
   if (!L.schedule) {
-    out.push_back({0, L.stages.front().num_layers, true, true});
+    out.push_back({0, L.stages.front().num_layers, true, true, 0});
     return out;
   }
   const int stages = L.pp * L.vpp;
   for (int c = 0; c < L.vpp; ++c) {
     const int st = L.schedule->stage_of(pp_rank, c);
-    out.push_back({st, L.stages[size_t(st)].num_layers, st == 0, st == stages - 1});
+    int64_t first = 0;
+    for (int i = 0; i < st; ++i) first += L.stages[size_t(i)].num_layers;
+    out.push_back({st, L.stages[size_t(st)].num_layers, st == 0, st == stages - 1, first});
   }
   return out;
 }
@@ -103,8 +107,16 @@ ChunkWork chunk_work(const ModelSpec& spec, const WorkloadShape& w, const Chunk&
   ChunkWork cw;
   if (c.embedding) cw.parts.push_back(embedding_work(spec, w));
   if (c.layers > 0) {
-    const PartWork layer = layer_work(spec, w);
-    for (int64_t i = 0; i < c.layers; ++i) cw.parts.push_back(layer);
+    const PartWork dense = layer_work(spec, w, false);
+    std::optional<PartWork> moe;
+    for (int64_t i = 0; i < c.layers; ++i) {
+      if (!spec.is_moe_layer(c.first_layer + i)) {
+        cw.parts.push_back(dense);
+        continue;
+      }
+      if (!moe) moe = layer_work(spec, w, true);
+      cw.parts.push_back(*moe);
+    }
   }
   if (c.head) cw.parts.push_back(head_work(spec, w));
   const size_t n = cw.parts.size();
@@ -127,11 +139,25 @@ ChunkWork chunk_work(const ModelSpec& spec, const WorkloadShape& w, const Chunk&
   return cw;
 }
 
-double pass_seconds(const PassWork& pw, OpTimer& timer, int tp, const Link& tp_link, double* comm) {
+// Links of the groups inside a pass.
+struct PassLinks {
+  int tp = 1, cp = 1, ep = 1;
+  Link tp_link, cp_link, ep_link;
+};
+
+double pass_seconds(const PassWork& pw, OpTimer& timer, const PassLinks& g, double* comm) {
   double t = 0;
-  for (const OpSpec& o : pw.ops) t += timer.seconds(o);
+  std::vector<double> op_s;
+  for (const OpSpec& o : pw.ops) op_s.push_back(timer.seconds(o)), t += op_s.back();
   double c = 0;
-  for (const CommSpec& x : pw.comms) c += comm_seconds(x.op, x.bytes, tp, tp_link);
+  for (const CommSpec& x : pw.comms) {
+    const double s = x.cp   ? comm_seconds(x.op, x.bytes, g.cp, g.cp_link)
+                     : x.ep ? comm_seconds(x.op, x.bytes, g.ep, g.ep_link)
+                            : comm_seconds(x.op, x.bytes, g.tp, g.tp_link);
+    double hidden = 0;  // the ops that compute while it is in flight
+    for (int i = x.hide_first; i < x.hide_end; ++i) hidden += op_s[size_t(i)];
+    c += std::max(0.0, s - hidden);
+  }
   if (comm) *comm += c;
   return t + c;
 }
@@ -155,12 +181,6 @@ Projection plan(const config::ExperimentConfig& cfg, const Target& t) {
   p.args = cfg.train;
   p.hardware = t.hardware;
   const config::TrainingArgs& a = cfg.train;
-  // workload.h models the dense decoder layer's passes; an MoE layer's router, experts and
-  // dispatch are not in it yet, and a dense estimate of an MoE model would be silently wrong.
-  if (cfg.model_spec.num_experts > 0)
-    fail("projection: model {} has num_experts {}; the projection models dense layers only so far (MoE layers "
-         "are not modelled yet)",
-         cfg.model, cfg.model_spec.num_experts);
   const int mp = int(a.tensor_model_parallel_size * a.pipeline_model_parallel_size * a.context_parallel_size);
   if (mp < 1) fail("the parallel sizes must be at least 1");
   p.gpus_per_node = t.gpus_per_node > 0 ? t.gpus_per_node : t.hardware.measured ? mp : t.hardware.gpus_per_node;
@@ -171,6 +191,12 @@ Projection plan(const config::ExperimentConfig& cfg, const Target& t) {
   p.shape.seq_length = a.seq_length;
   p.shape.tp = p.layout.tp;
   p.shape.sequence_parallel = p.layout.sequence_parallel;
+  p.shape.cp = p.layout.cp;
+  p.shape.cp_a2a = p.layout.cp_all_to_all;
+  p.shape.ep = int(a.expert_model_parallel_size);
+  p.shape.ep_allgather = cfg.model_spec.moe_token_dispatcher_type == "allgather";
+  if (p.spec.is_moe() && p.layout.dp % p.shape.ep != 0)
+    fail("projection: expert_model_parallel_size {} must divide the data-parallel size {}", p.shape.ep, p.layout.dp);
   p.shape.recompute = parse_recompute(a.recompute_granularity);
   p.shape.precision = a.bf16 ? Precision::Bf16 : Precision::Fp32;
   return p;
@@ -180,14 +206,20 @@ namespace {
 
 struct RankParams {
   int64_t count = 0, tensors = 0;
+  int64_t experts = 0;  // of count: the routed experts' (reduced over dp / ep)
 };
 
 RankParams params_of(const Projection& p, const ModelSpec& m, int pp_rank) {
   RankParams r;
   const int tp = p.layout.tp;
   for (const Chunk& c : chunks_of(p, pp_rank)) {
-    r.count += c.layers * layer_parameters(m, tp);
-    r.tensors += c.layers * (m.add_qkv_bias ? 7 : 6);
+    const int ep = p.shape.ep;
+    for (int64_t i = 0; i < c.layers; ++i) {
+      const bool moe = m.is_moe_layer(c.first_layer + i);
+      r.count += layer_parameters(m, tp, moe, ep);
+      r.tensors += layer_tensors(m, moe, ep);
+      if (moe) r.experts += m.num_experts / ep * 3 * m.expert_ffn() * m.hidden_size;
+    }
     if (c.embedding) r.count += embedding_parameters(m, tp), r.tensors += 1;
     if (c.head) {
       r.count += head_parameters(m, tp);
@@ -251,7 +283,7 @@ void project_memory(Projection& p) {
   const bool bf16 = p.shape.precision == Precision::Bf16;
   const DType act = activation_dtype(p.shape.precision);
   const double a = double(dtype_size(act)), st = double(dtype_size(ops::stat_dtype(act)));
-  const int dp = L.dp;
+  const int dp = L.dp * L.cp;  // gradients are reduced and ZeRO shards over dp x cp
   for (int pr = 0; pr < L.pp; ++pr) {
     RankMemory rm;
     rm.pp_rank = pr;
@@ -285,8 +317,8 @@ void project_memory(Projection& p) {
     // RoPE tables: cos and sin for every position.
     rm.buffers += 2.0 * double(m.max_position_embeddings) * double(m.head_dim() / 2) * st;
     if (L.schedule) {  // the executor's posted receives (4) and a send in flight, one message each
-      const double msg = double(L.sequence_parallel ? p.shape.micro_batch_size * p.shape.seq_length / L.tp
-                                                    : p.shape.micro_batch_size * p.shape.seq_length) *
+      const double msg = double(L.sequence_parallel ? p.shape.micro_batch_size * p.shape.seq_length / L.cp / L.tp
+                                                    : p.shape.micro_batch_size * p.shape.seq_length / L.cp) *
                          double(m.hidden_size) * a;
       rm.buffers += 5 * msg;
     }
@@ -316,12 +348,17 @@ void project_performance(Projection& p, OpTimer& timer) {
   r.timing = timer.describe();
   const DType act = activation_dtype(p.shape.precision);
   const double a = double(dtype_size(act));
-  // Links: tp ranks are neighbours, dp ranks tp x cp apart, pp ranks tp x cp x dp apart.
+  // Links: tp ranks are neighbours, cp ranks tp apart, dp ranks tp x cp apart, pp ranks tp x cp x
+  // dp apart. Gradients are reduced over dp x cp (the dp_cp group, ranks tp apart).
   const Link tp_link = link_for(p, L.tp, 1, 0.7);
-  const Link dp_link = link_for(p, L.dp, L.tp * L.cp, 0.7);
+  const Link cp_link = link_for(p, L.cp, L.tp, 0.7);
+  const int dpc = L.dp * L.cp;
+  const Link dp_link = link_for(p, dpc, L.tp, 0.7);
   const Link pp_link = link_for(p, 2, L.tp * L.cp * L.dp, 0.8);
-  const int64_t rows = L.sequence_parallel ? p.shape.micro_batch_size * p.shape.seq_length / L.tp
-                                           : p.shape.micro_batch_size * p.shape.seq_length;
+  const int ep = p.shape.ep;  // consecutive dp ranks: tp x cp apart
+  const PassLinks links{L.tp, L.cp, ep, tp_link, cp_link, link_for(p, ep, L.tp * L.cp, 0.7)};
+  const int64_t local = p.shape.micro_batch_size * p.shape.seq_length / L.cp;
+  const int64_t rows = L.sequence_parallel ? local / L.tp : local;
   r.p2p_s = L.pp > 1 ? comm_seconds("p2p", double(rows) * double(m.hidden_size) * a, 2, pp_link) : 0;
   // F, B, W of every stage (a chunk of a rank).
   const int stages = L.pp * L.vpp;
@@ -332,9 +369,9 @@ void project_performance(Projection& p, OpTimer& timer) {
       StageTimes t;
       t.stage = c.stage;
       for (const PartWork& part : cw.parts) {
-        t.f += pass_seconds(part.f, timer, L.tp, tp_link, &t.tp_comm);
-        t.b += pass_seconds(part.b, timer, L.tp, tp_link, &t.tp_comm);
-        t.w += pass_seconds(part.w, timer, L.tp, tp_link, &t.tp_comm);
+        t.f += pass_seconds(part.f, timer, links, &t.tp_comm);
+        t.b += pass_seconds(part.b, timer, links, &t.tp_comm);
+        t.w += pass_seconds(part.w, timer, links, &t.tp_comm);
       }
       r.stages.push_back(t);
     }
@@ -359,12 +396,15 @@ void project_performance(Projection& p, OpTimer& timer) {
     const RankParams rp = params_of(p, m, pr);
     const double P = double(rp.count) + 16.0 * double(rp.tensors);
     double dp_total = 0, dp_exposed = 0;
-    if (L.dp > 1) {
+    if (dpc > 1) {
       const double grads = 4 * P;
       const bool sharded = p.sharding != Sharding::NoShard;
-      const double reduce = comm_seconds(sharded ? "reduce_scatter" : "all_reduce", grads, L.dp, dp_link);
-      const double gather = sharded ? comm_seconds("all_gather", 4 * P, L.dp, dp_link) : 0;
-      const int64_t bucket = args.ddp_bucket_size > 0 ? args.ddp_bucket_size : parallel::default_bucket_size(L.dp);
+      double reduce = comm_seconds(sharded ? "reduce_scatter" : "all_reduce", grads, dpc, dp_link);
+      if (ep > 1)  // the experts' gradients are summed over the expert-data-parallel group only
+        reduce = comm_seconds(sharded ? "reduce_scatter" : "all_reduce", 4 * (P - double(rp.experts)), dpc, dp_link) +
+                 comm_seconds("all_reduce", 4 * double(rp.experts), dpc / ep, dp_link);
+      const double gather = sharded ? comm_seconds("all_gather", 4 * P, dpc, dp_link) : 0;
+      const int64_t bucket = args.ddp_bucket_size > 0 ? args.ddp_bucket_size : parallel::default_bucket_size(dpc);
       const int64_t nb = std::max<int64_t>(1, (rp.count + bucket - 1) / bucket);
       double exposed = reduce;
       if (args.overlap_grad_reduce && nb > 1) {
@@ -380,12 +420,12 @@ void project_performance(Projection& p, OpTimer& timer) {
       dp_exposed = exposed + gather;
     }
     const bool bf16 = p.shape.precision == Precision::Bf16;
-    const double local = p.sharding == Sharding::NoShard ? P : P / L.dp;
+    const double local = p.sharding == Sharding::NoShard ? P : P / dpc;
     const double opt = timer.optimizer_seconds(int64_t(local), bf16) + timer.grad_norm_seconds(int64_t(local)) +
                        timer.zero_grad_seconds(int64_t(P));
     // Small collectives: the loss over pp and dp, the norm over mp (and dp), the tied embedding
     // over its two stages, sequence parallel's norm weights over tp (one per tensor).
-    double other = comm_seconds("all_reduce", 8, L.pp, pp_link) + comm_seconds("all_reduce", 8, L.dp, dp_link) +
+    double other = comm_seconds("all_reduce", 8, L.pp, pp_link) + comm_seconds("all_reduce", 8, dpc, dp_link) +
                    comm_seconds("all_reduce", 8, L.tp * L.pp, pp_link);
     if (!m.untie_embeddings_and_output_weights && L.pp > 1)
       other += comm_seconds("all_reduce", 4.0 * double(embedding_parameters(m, L.tp)), 2, pp_link);

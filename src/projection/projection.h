@@ -77,7 +77,7 @@ struct MemoryReport {
 struct StageTimes {
   int stage = 0;
   double f = 0, b = 0, w = 0;  // seconds per microbatch, compute and tp collectives
-  double tp_comm = 0;          // of which tensor-parallel collectives (F+B+W)
+  double tp_comm = 0;          // of which tensor- and context-parallel communication, exposed (F+B+W)
 };
 
 struct PerformanceReport {

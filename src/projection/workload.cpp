@@ -11,17 +11,21 @@ namespace {
 
 // The sizes every part needs, for one rank of tp.
 struct Dims {
-  int64_t N, Nl, C, hl, gl, D, Q, QS, Fl, Vl, b, s;
+  int64_t N, Nl, C, hl, gl, D, Q, QS, Fl, Vl, b, s;  // N, Nl: this cp rank's tokens
   double a, st;  // bytes of an activation and of a statistic
   DType act;
   bool tp, sp;
+  int cp;
+  bool a2a;
 };
 
 Dims dims_of(const ModelSpec& m, const WorkloadShape& w) {
   Dims d;
   d.b = w.micro_batch_size;
   d.s = w.seq_length;
-  d.N = d.b * d.s;
+  d.cp = std::max(w.cp, 1);
+  d.a2a = w.cp_a2a;
+  d.N = d.b * d.s / d.cp;
   d.Nl = w.sequence_parallel && w.tp > 1 ? d.N / w.tp : d.N;
   d.C = m.hidden_size;
   d.hl = m.num_attention_heads / w.tp;
@@ -70,6 +74,73 @@ OpSpec attention(const Dims& d, bool backward) {
   return o;
 }
 
+// One block of ring attention (context_parallel.cpp): a query chunk of the rank against a key chunk,
+// [batch, seq / (2 cp)] rows each; the diagonal block is causal, the others full.
+OpSpec attention_block(const Dims& d, bool backward, bool causal) {
+  const int64_t ch = d.s / (2 * d.cp), rows = d.b * ch;
+  OpSpec o;
+  o.op = backward ? "attention_block_backward" : "attention_block_forward";
+  o.a = d.b, o.b = ch, o.c = d.hl, o.d = d.gl, o.e = d.D;
+  o.causal = causal;
+  o.dtype = d.act;
+  o.flops = (backward ? 2.0 : 1.0) * (causal ? 2.0 : 4.0) * double(d.b) * double(d.hl) * double(ch) * double(ch) *
+            double(d.D);
+  o.bytes = (backward ? 2.0 : 1.0) * double(rows) * double(d.Q + d.QS) * d.a + double(rows * d.hl) * d.st;
+  return o;
+}
+
+// Attention over this rank's tokens and every earlier position: one op without context parallel;
+// under cp the all-to-all around the whole-sequence kernel (a2a), or the ring's blocks, merges and
+// transfers, step by step (p2p), as context_parallel.cpp runs them.
+void attention_ops(const Dims& d, PassWork& p, bool backward) {
+  if (d.cp == 1) {
+    p.ops.push_back(attention(d, backward));
+    return;
+  }
+  const double qkv = double(d.N) * double(d.Q) * d.a, out = double(d.N) * double(d.QS) * d.a;
+  if (d.a2a) {  // every rank: the whole sequence for heads / cp
+    Dims h = d;
+    h.N = d.b * d.s, h.hl = d.hl / d.cp, h.gl = d.gl / d.cp, h.Q = (h.hl + 2 * h.gl) * d.D, h.QS = h.hl * d.D;
+    p.comms.push_back({"all_to_all", backward ? out : qkv, true});
+    p.ops.push_back(attention(h, backward));
+    p.comms.push_back({"all_to_all", backward ? qkv : out, true});
+    return;
+  }
+  const int64_t rows = d.b * (d.s / (2 * d.cp)), KV = 2 * d.gl * d.D;
+  const double kv = double(2 * rows * KV) * d.a, dkv = double(2 * rows * KV) * d.st;
+  int prev_first = -1, prev_end = -1;  // the previous step's ops (backward: its key/value gradient is in flight)
+  for (int i = 0; i < d.cp; ++i) {
+    const int first = int(p.ops.size());
+    if (i == 0) {  // the rank's own chunks: two diagonals and the late queries against the early keys
+      p.ops.push_back(attention_block(d, backward, true));
+      p.ops.push_back(attention_block(d, backward, false));
+      p.ops.push_back(attention_block(d, backward, true));
+    } else {  // two full blocks
+      p.ops.push_back(attention_block(d, backward, false));
+      p.ops.push_back(attention_block(d, backward, false));
+    }
+    if (!backward) {
+      for (int m = 0; m < (i == 0 ? 1 : 2); ++m) {
+        OpSpec merge;
+        merge.op = "attention_merge";
+        merge.a = d.b, merge.b = d.s / (2 * d.cp), merge.c = d.hl, merge.d = d.gl, merge.e = d.D;
+        merge.dtype = d.act;
+        merge.flops = 0;
+        merge.bytes = double(rows * d.QS) * (2 * d.st + d.a) + 3.0 * double(rows * d.hl) * d.st;
+        p.ops.push_back(merge);
+      }
+    } else if (i > 0) {
+      p.ops.push_back(elementwise(d, "add", 2 * rows, KV, 1, 3 * d.st));
+      p.ops.back().dtype = ops::stat_dtype(d.act);
+    }
+    const int end = int(p.ops.size());
+    if (i + 1 < d.cp) p.comms.push_back({"p2p", kv, true, false, first, end});  // the next key/value block
+    if (backward && i > 0) p.comms.push_back({"p2p", dkv, true, false, prev_first, prev_end});
+    prev_first = first, prev_end = end;
+  }
+  if (backward) p.comms.push_back({"p2p", dkv, true, 0, 0});  // the rank's own gradient, after the last step
+}
+
 OpSpec rope(const Dims& d, bool inverse) {
   OpSpec o = elementwise(d, "rope_apply", d.N, (d.hl + d.gl) * d.D, 3.0, 2.0 * d.a);
   o.b = d.Q;  // rows of the fused qkv; the first hl + gl heads rotate
@@ -82,8 +153,9 @@ OpSpec rope(const Dims& d, bool inverse) {
 
 double bytes(double rows, double cols, double size) { return rows * cols * size; }
 
-// The forward of a block, as block_rebuild runs it from an empty context.
-void block_forward_ops(const Dims& d, PassWork& p, bool qkv_bias) {
+// The forward of a block, as block_rebuild runs it from an empty context (an MoE block stops
+// before the MLP: moe_forward runs it).
+void block_forward_ops(const Dims& d, PassWork& p, bool qkv_bias, bool moe) {
   const double ab = double(d.N) * double(d.C) * d.a;  // a gathered / reduced [N, C] activation
   p.ops.push_back(elementwise(d, "rmsnorm_forward", d.Nl, d.C, 4, 2 * d.a));
   if (d.sp) p.comms.push_back({"all_gather", ab});
@@ -91,16 +163,115 @@ void block_forward_ops(const Dims& d, PassWork& p, bool qkv_bias) {
   if (qkv_bias) qkv.bytes += double(d.Q) * d.a;
   p.ops.push_back(qkv);
   p.ops.push_back(rope(d, false));
-  p.ops.push_back(attention(d, false));
+  attention_ops(d, p, false);
   p.ops.push_back(gemm(d, d.N, d.C, d.QS, false, true, false, !d.tp));
   if (d.tp) {
     p.comms.push_back({d.sp ? "reduce_scatter" : "all_reduce", ab});
     p.ops.push_back(elementwise(d, "add", d.Nl, d.C, 1, 3 * d.a));
   }
   p.ops.push_back(elementwise(d, "rmsnorm_forward", d.Nl, d.C, 4, 2 * d.a));
+  if (moe) return;
   if (d.sp) p.comms.push_back({"all_gather", ab});
   p.ops.push_back(gemm(d, d.N, 2 * d.Fl, d.C, false, true, false, false));
   p.ops.push_back(elementwise(d, "swiglu_forward", d.N, d.Fl, 5, 3 * d.a));
+}
+
+// The MoE block of one rank (model/moe.cpp): Nm tokens (its sequence-parallel share under tp),
+// M = Nm topk kept rows (dropless, balanced), El local experts of M / El rows each on the expert
+// side (ep ranks send each other their rows).
+struct MoeDims {
+  int64_t Nm, M, E, El, Me, F, Fs, k;
+  int ep;
+  bool allgather, gate;
+};
+
+MoeDims moe_dims(const ModelSpec& m, const Dims& d, const WorkloadShape& w) {
+  MoeDims e;
+  e.Nm = d.tp ? d.N / w.tp : d.N;
+  e.k = m.moe_router_topk;
+  e.M = e.Nm * e.k;
+  e.E = m.num_experts;
+  e.ep = std::max(w.ep, 1);
+  e.El = e.E / e.ep;
+  e.Me = std::max<int64_t>(1, e.M / std::max<int64_t>(e.El, 1));
+  e.F = m.expert_ffn();
+  e.Fs = m.moe_shared_expert_intermediate_size;
+  e.allgather = w.ep_allgather;
+  e.gate = m.moe_shared_expert_gate;
+  return e;
+}
+
+OpSpec row_op(const Dims& d, const char* op, int64_t rows, int64_t cols, int64_t source_rows) {
+  OpSpec o = elementwise(d, op, rows, cols, 1, 3 * d.a);
+  o.c = source_rows;
+  return o;
+}
+
+// Rows to their experts' ranks (dispatch) or back (combine), over the expert-parallel group.
+void moe_exchange(const Dims& d, const MoeDims& e, PassWork& p, bool dispatch) {
+  if (e.ep == 1) return;
+  const double rows = double(e.M) * double(d.C) * d.a;
+  if (e.allgather)  // every rank's rows gathered; back by a reduce-scatter of outputs at the rows' places
+    p.comms.push_back({dispatch ? "all_gather" : "reduce_scatter", rows * e.ep, false, false, 0, 0});
+  else
+    p.comms.push_back({"all_to_all", rows, false, false, 0, 0});
+  p.comms.back().ep = true;
+}
+
+void moe_forward_ops(const Dims& d, const MoeDims& e, PassWork& p) {
+  p.ops.push_back(gemm(d, e.Nm, e.E, d.C, false, true, true, false));  // router logits (stat dtype)
+  p.ops.push_back(elementwise(d, "copy", e.Nm, d.C, 0, 2 * d.a));       // out = residual
+  p.ops.push_back(row_op(d, "gather_rows", e.M, d.C, e.Nm));
+  moe_exchange(d, e, p, true);
+  for (int64_t x = 0; x < e.El; ++x) p.ops.push_back(gemm(d, e.Me, 2 * e.F, d.C, false, true, false, false));
+  p.ops.push_back(elementwise(d, "swiglu_forward", e.M, e.F, 5, 3 * d.a));
+  for (int64_t x = 0; x < e.El; ++x) p.ops.push_back(gemm(d, e.Me, d.C, e.F, false, true, false, false));
+  moe_exchange(d, e, p, false);
+  p.ops.push_back(row_op(d, "scatter_add_rows", e.M, d.C, e.Nm));
+  if (e.Fs > 0) {
+    p.ops.push_back(gemm(d, e.Nm, 2 * e.Fs, d.C, false, true, false, false));
+    p.ops.push_back(elementwise(d, "swiglu_forward", e.Nm, e.Fs, 5, 3 * d.a));
+    p.ops.push_back(gemm(d, e.Nm, d.C, e.Fs, false, true, false, !e.gate));
+    if (e.gate) {
+      p.ops.push_back(row_op(d, "row_dots", e.Nm, d.C, 1));
+      p.ops.push_back(row_op(d, "scatter_add_rows", e.Nm, d.C, e.Nm));
+    }
+  }
+}
+
+void moe_backward_input_ops(const Dims& d, const MoeDims& e, PassWork& p) {
+  p.ops.push_back(row_op(d, "gather_rows", e.M, d.C, e.Nm));  // weighted dy rows
+  p.ops.push_back(row_op(d, "row_dots", e.M, d.C, e.Nm));     // the routing weights' gradient
+  moe_exchange(d, e, p, true);
+  for (int64_t x = 0; x < e.El; ++x) p.ops.push_back(gemm(d, e.Me, e.F, d.C, false, false, false, false));
+  p.ops.push_back(elementwise(d, "swiglu_backward", e.M, e.F, 10, 5 * d.a));
+  for (int64_t x = 0; x < e.El; ++x) p.ops.push_back(gemm(d, e.Me, d.C, 2 * e.F, false, false, false, false));
+  moe_exchange(d, e, p, false);
+  p.ops.push_back(row_op(d, "scatter_add_rows", e.M, d.C, e.Nm));
+  p.ops.push_back(gemm(d, e.Nm, d.C, e.E, false, false, false, true));  // the router's input gradient
+  if (e.Fs > 0) {
+    if (e.gate) {
+      p.ops.push_back(row_op(d, "gather_rows", e.Nm, d.C, e.Nm));
+      p.ops.push_back(row_op(d, "row_dots", e.Nm, d.C, e.Nm));
+      p.ops.push_back(gemm(d, e.Nm, d.C, 1, false, false, false, true));
+    }
+    p.ops.push_back(gemm(d, e.Nm, e.Fs, d.C, false, false, false, false));
+    p.ops.push_back(elementwise(d, "swiglu_backward", e.Nm, e.Fs, 10, 5 * d.a));
+    p.ops.push_back(gemm(d, e.Nm, d.C, 2 * e.Fs, false, false, false, true));
+  }
+}
+
+void moe_backward_weight_ops(const Dims& d, const MoeDims& e, PassWork& p) {
+  for (int64_t x = 0; x < e.El; ++x) {
+    p.ops.push_back(gemm(d, d.C, e.F, e.Me, true, false, true, true));
+    p.ops.push_back(gemm(d, 2 * e.F, d.C, e.Me, true, false, true, true));
+  }
+  p.ops.push_back(gemm(d, e.E, d.C, e.Nm, true, false, true, true));
+  if (e.Fs > 0) {
+    p.ops.push_back(gemm(d, d.C, e.Fs, e.Nm, true, false, true, true));
+    p.ops.push_back(gemm(d, 2 * e.Fs, d.C, e.Nm, true, false, true, true));
+    if (e.gate) p.ops.push_back(gemm(d, 1, d.C, e.Nm, true, false, true, true));
+  }
 }
 
 void block_row_parallel_fc2(const Dims& d, PassWork& p) {
@@ -115,8 +286,8 @@ void block_row_parallel_fc2(const Dims& d, PassWork& p) {
 }  // namespace
 
 std::string OpSpec::key() const {
-  return fmt::format("{}:{}x{}x{}x{}x{}:{}{}{}{}{}:{}", op, a, b, c, d, e, trans_a, trans_b, out_stat, accumulate,
-                     inverse, dtype_name(dtype));
+  return fmt::format("{}:{}x{}x{}x{}x{}:{}{}{}{}{}{}:{}", op, a, b, c, d, e, trans_a, trans_b, out_stat, accumulate,
+                     inverse, causal, dtype_name(dtype));
 }
 
 double PassWork::flops() const {
@@ -125,42 +296,56 @@ double PassWork::flops() const {
   return f;
 }
 
-PartWork layer_work(const ModelSpec& m, const WorkloadShape& w) {
+PartWork layer_work(const ModelSpec& m, const WorkloadShape& w, bool moe) {
   const Dims d = dims_of(m, w);
   PartWork p;
   p.name = "layer";
+  const MoeDims e = moe_dims(m, d, w);
   // F: the whole block.
-  block_forward_ops(d, p.f, m.add_qkv_bias);
-  block_row_parallel_fc2(d, p.f);
+  block_forward_ops(d, p.f, m.add_qkv_bias, moe);
+  if (moe)
+    moe_forward_ops(d, e, p.f);
+  else
+    block_row_parallel_fc2(d, p.f);
   // B: what recompute dropped, rebuilt, then the input gradients.
   if (w.recompute == Recompute::Full) {
-    block_forward_ops(d, p.b, m.add_qkv_bias);
+    block_forward_ops(d, p.b, m.add_qkv_bias, moe);
   } else if (w.recompute == Recompute::Selective) {
     const double ab = double(d.N) * double(d.C) * d.a;
     p.b.ops.push_back(elementwise(d, "rmsnorm_forward", d.Nl, d.C, 4, 2 * d.a));
     if (d.sp) p.b.comms.push_back({"all_gather", ab});
-    p.b.ops.push_back(attention(d, false));
+    attention_ops(d, p.b, false);
     p.b.ops.push_back(elementwise(d, "rmsnorm_forward", d.Nl, d.C, 4, 2 * d.a));
-    if (d.sp) p.b.comms.push_back({"all_gather", ab});
-    p.b.ops.push_back(elementwise(d, "swiglu_forward", d.N, d.Fl, 5, 3 * d.a));
+    if (!moe) {
+      if (d.sp) p.b.comms.push_back({"all_gather", ab});
+      p.b.ops.push_back(elementwise(d, "swiglu_forward", d.N, d.Fl, 5, 3 * d.a));
+    }
   }
   const double ab = double(d.N) * double(d.C) * d.a;
   if (d.sp) p.b.comms.push_back({"all_gather", ab});
-  p.b.ops.push_back(gemm(d, d.N, d.Fl, d.C, false, false, false, false));
-  p.b.ops.push_back(elementwise(d, "swiglu_backward", d.N, d.Fl, 10, 5 * d.a));
-  p.b.ops.push_back(gemm(d, d.N, d.C, 2 * d.Fl, false, false, false, false));
-  if (d.tp) p.b.comms.push_back({d.sp ? "reduce_scatter" : "all_reduce", ab});
+  if (moe) {
+    moe_backward_input_ops(d, e, p.b);
+  } else {
+    p.b.ops.push_back(gemm(d, d.N, d.Fl, d.C, false, false, false, false));
+    p.b.ops.push_back(elementwise(d, "swiglu_backward", d.N, d.Fl, 10, 5 * d.a));
+    p.b.ops.push_back(gemm(d, d.N, d.C, 2 * d.Fl, false, false, false, false));
+    if (d.tp) p.b.comms.push_back({d.sp ? "reduce_scatter" : "all_reduce", ab});
+  }
   p.b.ops.push_back(elementwise(d, "rmsnorm_backward_input", d.Nl, d.C, 8, 4 * d.a));
   if (d.sp) p.b.comms.push_back({"all_gather", ab});
   p.b.ops.push_back(gemm(d, d.N, d.QS, d.C, false, false, false, false));
-  p.b.ops.push_back(attention(d, true));
+  attention_ops(d, p.b, true);
   p.b.ops.push_back(rope(d, true));
   p.b.ops.push_back(gemm(d, d.N, d.C, d.Q, false, false, false, false));
   if (d.tp) p.b.comms.push_back({d.sp ? "reduce_scatter" : "all_reduce", ab});
   p.b.ops.push_back(elementwise(d, "rmsnorm_backward_input", d.Nl, d.C, 8, 4 * d.a));
   // W: dW += dy^T x, fp32 gradients.
-  p.w.ops.push_back(gemm(d, d.C, d.Fl, d.N, true, false, true, true));
-  p.w.ops.push_back(gemm(d, 2 * d.Fl, d.C, d.N, true, false, true, true));
+  if (moe) {
+    moe_backward_weight_ops(d, e, p.w);
+  } else {
+    p.w.ops.push_back(gemm(d, d.C, d.Fl, d.N, true, false, true, true));
+    p.w.ops.push_back(gemm(d, 2 * d.Fl, d.C, d.N, true, false, true, true));
+  }
   p.w.ops.push_back(elementwise(d, "rmsnorm_backward_weight", d.Nl, d.C, 3, 2 * d.a));
   p.w.ops.push_back(gemm(d, d.C, d.QS, d.N, true, false, true, true));
   p.w.ops.push_back(gemm(d, d.Q, d.C, d.N, true, false, true, true));
@@ -170,25 +355,49 @@ PartWork layer_work(const ModelSpec& m, const WorkloadShape& w) {
   // Memory. The block holds its input x (the previous part's output) from its F to its W.
   const double x = bytes(d.Nl, d.C, d.a), full_nc = bytes(d.N, d.C, d.a);
   const double h1 = full_nc, rstd = bytes(d.Nl, 1, d.st), qkv = bytes(d.N, d.Q, d.a), attn = bytes(d.N, d.QS, d.a);
-  const double lse = bytes(d.N, d.hl, d.st), x2 = x, h2 = full_nc, gate_up = bytes(d.N, 2 * d.Fl, d.a),
-               act = bytes(d.N, d.Fl, d.a);
-  const double context = x + h1 + rstd + qkv + attn + lse + x2 + h2 + rstd + gate_up + act;
+  const double lse = bytes(d.N, d.hl, d.st), x2 = x, h2 = full_nc;
+  const double gate_up = moe ? 0 : bytes(d.N, 2 * d.Fl, d.a), act = moe ? 0 : bytes(d.N, d.Fl, d.a);
+  // The MoE block's context (MoeContext): the expert side's xp, gate_up, act, yp, the token side's
+  // combined yp under ep, the shared expert's gate_up, act (and output when gated).
+  const double nm_c = bytes(e.Nm, d.C, d.a), m_c = bytes(e.M, d.C, d.a);
+  const double shared = e.Fs > 0 ? bytes(e.Nm, 3 * e.Fs, d.a) + (e.gate ? nm_c : 0) : 0;
+  const double moe_ctx = moe ? m_c + bytes(e.M, 3 * e.F, d.a) + m_c + (e.ep > 1 ? m_c : 0) + shared : 0;
+  // Its B: the rows' output gradient (kept), da, dgate_up (kept), dxp, the router logits'
+  // gradient (kept), and the shared expert's dact and dgate_up (kept); under ep the token side's
+  // copies of the exchanged rows as well.
+  const double moe_b_kept = moe ? m_c + bytes(e.M, 2 * e.F, d.a) + bytes(e.Nm, e.E, d.a) +
+                                      (e.Fs > 0 ? bytes(e.Nm, 2 * e.Fs, d.a) + (e.gate ? nm_c : 0) : 0)
+                                : 0;
+  const double moe_b_tmp = moe ? bytes(e.M, e.F, d.a) + m_c + (e.Fs > 0 ? bytes(e.Nm, e.Fs, d.a) : 0) +
+                                     (e.ep > 1 ? 2 * m_c : 0)
+                               : 0;
+  // a2a keeps the whole sequence's qkv and output of the rank's heads (as many bytes as its own);
+  // the ring holds the travelling key/value blocks and the fp32 running outputs while it runs.
+  const double cp_saved = d.cp > 1 && d.a2a ? qkv + attn : 0;
+  const int64_t KV = 2 * d.gl * d.D;
+  const double ring_f = d.cp > 1 && !d.a2a ? 2 * bytes(d.N, KV, d.a) + bytes(d.N, d.QS, d.st) : 0;
+  const double ring_b = d.cp > 1 && !d.a2a ? 2 * bytes(d.N, KV, d.a) + bytes(d.N, d.QS, d.st) + 2 * bytes(d.N, KV, d.st) : 0;
+  const double context = x + h1 + rstd + qkv + attn + lse + x2 + h2 + rstd + gate_up + act + moe_ctx + cp_saved;
+  // Recompute rebuilds the block up to the MLP; the MoE block's context is kept (block_rebuild
+  // does not run it again).
   p.kept_after_f = w.recompute == Recompute::None        ? context
-                   : w.recompute == Recompute::Selective ? x + qkv + x2 + gate_up
-                                                         : x;
+                   : w.recompute == Recompute::Selective ? x + qkv + x2 + gate_up + moe_ctx
+                                                         : x + moe_ctx;
   // At the end of F everything exists at once (recompute drops it afterwards), with the output
   // and, under tp, fc2's partial sum.
-  p.peak_in_f = context + x + (d.tp ? full_nc : 0);
+  p.peak_in_f = context + x + (d.tp && !moe ? full_nc : 0) + ring_f;
   // B: the incoming dy (held as c.dy; gathered anew under sp), da, dgate_up, the reduced dh2
   // (partial and reduced under sp), dx2 (and its gathered copy under sp), dattn, dqkv, dh1, dx.
   const double dy_in = x, dy_g = d.sp ? full_nc : 0;
   const double da = act, dgu = gate_up, dh2 = full_nc + (d.sp ? x : 0), dx2 = x + (d.sp ? full_nc : 0);
   const double dattn = attn, dqkv = qkv, dh1 = full_nc + (d.sp ? x : 0), dx = x;
-  p.peak_in_b = context + dy_in + dy_g + da + dgu + dh2 + dx2 + dattn + dqkv + dh1 + dx;
-  // Kept for W: the context less qkv, lse and gate_up, and dy, dqkv, dh1, dx2, dgate_up, dh2
-  // as the context holds them (reduced and gathered where those differ).
+  p.peak_in_b = context + dy_in + dy_g + da + dgu + moe_b_kept + moe_b_tmp + dh2 + dx2 + dattn + dqkv + dh1 + dx + ring_b;
+  // Kept for W: the context less qkv, lse, gate_up (and a2a's saves), and dy, dqkv, dh1, dx2,
+  // dgate_up (or the MoE block's gradients), dh2 as the context holds them (reduced and gathered
+  // where those differ).
   const double kept_dh = d.sp ? x : full_nc, kept_dx2 = d.sp ? full_nc : x;
-  p.kept_after_b = context - qkv - lse - gate_up + dy_in + dy_g + dqkv + kept_dh + kept_dx2 + dgu + kept_dh;
+  p.kept_after_b = context - qkv - lse - gate_up - cp_saved + dy_in + dy_g + dqkv + kept_dh + kept_dx2 + dgu +
+                   moe_b_kept + kept_dh;
   return p;
 }
 
@@ -270,14 +479,27 @@ PartWork head_work(const ModelSpec& m, const WorkloadShape& w) {
   return p;
 }
 
-int64_t layer_parameters(const ModelSpec& m, int tp) {
+int64_t layer_parameters(const ModelSpec& m, int tp, bool moe, int ep) {
   const int64_t C = m.hidden_size;
   int64_t n = 2 * C;                          // the two norms, whole on every rank
   n += m.qkv_size() * C / tp;                 // linear_qkv
   if (m.add_qkv_bias) n += m.qkv_size() / tp;
   n += C * m.q_size() / tp;                   // linear_proj
-  n += 3 * m.ffn_hidden_size * C / tp;        // linear_fc1 (gate and up), linear_fc2
+  if (!moe) return n + 3 * m.ffn_hidden_size * C / tp;  // linear_fc1 (gate and up), linear_fc2
+  // The MoE block: router (and expert bias) and shared expert on every rank, experts over ep.
+  n += m.num_experts * C + (m.moe_router_enable_expert_bias ? m.num_experts : 0);
+  n += m.num_experts / ep * 3 * m.expert_ffn() * C;
+  if (m.moe_shared_expert_intermediate_size > 0)
+    n += 3 * m.moe_shared_expert_intermediate_size * C + (m.moe_shared_expert_gate ? C : 0);
   return n;
+}
+
+int64_t layer_tensors(const ModelSpec& m, bool moe, int ep) {
+  int64_t t = m.add_qkv_bias ? 5 : 4;  // norms, qkv (and bias), proj
+  if (!moe) return t + 2;
+  t += 1 + (m.moe_router_enable_expert_bias ? 1 : 0) + 2 * (m.num_experts / ep);
+  if (m.moe_shared_expert_intermediate_size > 0) t += 2 + (m.moe_shared_expert_gate ? 1 : 0);
+  return t;
 }
 
 int64_t embedding_parameters(const ModelSpec& m, int tp) { return m.vocab_size / tp * m.hidden_size; }

@@ -6,6 +6,7 @@
 
 #include <fmt/format.h>
 
+#include "core/device.h"
 #include "core/error.h"
 #include "core/launch_env.h"
 #include "model/param_store.h"
@@ -56,11 +57,78 @@ Profiler::Profiler(const ProfileOptions& options, parallel::ProcessGroup& world,
   info_.host = host_name();
 }
 
-Profiler::~Profiler() = default;
+namespace {
+
+// The device's copy hooks are plain function pointers: the wrapped ones find the profiler here.
+Profiler* g_copy_profiler = nullptr;
+DeviceHooks g_device_hooks;  // the hooks the profiler wrapped, called by the wrappers
+
+const char* copy_name(CopyKind kind) {
+  switch (kind) {
+    case CopyKind::HostToDevice: return "memcpy HtoD";
+    case CopyKind::DeviceToHost: return "memcpy DtoH";
+    case CopyKind::DeviceToDevice: return "memcpy DtoD";
+  }
+  return "memcpy";
+}
+
+void traced_copy(void* dst, const void* src, size_t bytes, CopyKind kind) {
+  Profiler* p = g_copy_profiler;
+  if (!p || !p->active()) return g_device_hooks.copy(dst, src, bytes, kind);
+  Event& e = p->copy_begin(copy_name(kind), double(bytes));
+  g_device_hooks.copy(dst, src, bytes, kind);
+  p->copy_end(e);
+}
+
+void traced_copy_2d(void* dst, size_t dpitch, const void* src, size_t spitch, size_t width, size_t rows) {
+  Profiler* p = g_copy_profiler;
+  if (!p || !p->active()) return g_device_hooks.copy_2d(dst, dpitch, src, spitch, width, rows);
+  Event& e = p->copy_begin("memcpy DtoD", double(width) * double(rows));
+  g_device_hooks.copy_2d(dst, dpitch, src, spitch, width, rows);
+  p->copy_end(e);
+}
+
+}  // namespace
+
+Profiler::~Profiler() {
+  if (wrapped_copies_) {
+    register_device_hooks(copy_device_, g_device_hooks);
+    g_copy_profiler = nullptr;
+  }
+}
 
 ops::Backend& Profiler::wrap(ops::Backend& backend) {
   backend_ = std::make_unique<TracedBackend>(backend, *this);
+  const Device d = backend.device();
+  if (d != Device::CPU && !wrapped_copies_ && !g_copy_profiler && device_registered(d)) {
+    g_device_hooks = device_hooks(d);
+    DeviceHooks traced = g_device_hooks;
+    if (traced.copy) traced.copy = traced_copy;
+    if (traced.copy_2d) traced.copy_2d = traced_copy_2d;
+    register_device_hooks(d, traced);
+    g_copy_profiler = this;
+    wrapped_copies_ = true;
+    copy_device_ = d;
+  }
   return *backend_;
+}
+
+Event& Profiler::copy_begin(const char* name, double bytes) {
+  interrupt_region();
+  Event& e = events_.emplace_back();
+  e.name = name;
+  e.cat = Category::Memcpy;
+  e.bytes = bytes;
+  e.begin = clock_->device(nullptr);
+  return e;
+}
+
+void Profiler::copy_end(Event& e) {
+  e.end = clock_->device(nullptr);
+  e.microbatch = microbatch_;
+  e.chunk = chunk_;
+  e.pass = pass_;
+  resume_region();
 }
 
 const std::string* Profiler::intern(const std::string& s) {
@@ -358,6 +426,10 @@ nlohmann::json Profiler::to_chrome_json() {
           if (d > 0) shape.push_back(d);
         a["shape"] = shape;
       }
+    } else if (e.cat == Category::Memcpy) {
+      a["op"] = e.name;
+      a["bytes"] = e.bytes;
+      if (e.pass != Pass::None) a["pass"] = pass_name(e.pass);
     } else {
       a["op"] = e.name;
       if (e.pass != Pass::None) a["pass"] = e.fused_bw ? "BW" : pass_name(e.pass);

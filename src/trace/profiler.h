@@ -14,9 +14,9 @@
 //   PassSpans (pass_spans.h)           F / B / W per microbatch and chunk      annotation
 //   the trainer's phases               data loading, checkpoint I/O            host
 //                                      optimizer, gradient norm (Region)       compute
-// Categories are set by whoever records an event, never guessed from names. memcpy is a category
-// of the format and of the analysis; nothing produces it yet (host/device copies happen inside
-// core/tensor, which has no hook).
+// Categories are set by whoever records an event, never guessed from names.
+//   the device's copy hooks (core/device.h) host <-> device and device <-> device copies,
+//                                      wrapped by wrap() for a GPU backend        memcpy
 //
 // Times. On the CPU every op runs on the calling thread: marks are the host's steady clock. On a
 // GPU (clock.h) the ops' marks are CUDA events recorded on the compute stream around each op, and
@@ -136,7 +136,9 @@ class Profiler {
   Clock& clock() { return *clock_; }
   RunInfo& info() { return info_; }
 
-  // The backend decorator (traced_backend.h), owned here: the run's ops go through it.
+  // The backend decorator (traced_backend.h), owned here: the run's ops go through it. For a
+  // device backend it also wraps the device's copy hooks (one profiler per process at a time;
+  // the destructor puts them back), so that copies are memcpy events.
   ops::Backend& wrap(ops::Backend& backend);
   // Parameter pointers -> layer and module, for ops that read weights or write gradients.
   void set_parameters(const ParamStore& params, const Tensor& working_weights);
@@ -161,6 +163,11 @@ class Profiler {
   std::unique_ptr<Event> comm_issue(const char* name, void* stream);
   void comm_issued() { resume_region(); }
   void comm_complete(std::unique_ptr<Event> e, void* stream);
+
+  // A copy through the device's hooks (memcpy_hooks in profiler.cpp): "memcpy HtoD", "memcpy
+  // DtoH", "memcpy DtoD"; inside an op of the op set it nests in the op's interval.
+  Event& copy_begin(const char* name, double bytes);
+  void copy_end(Event& e);
 
   // Annotation spans (F/B/W, phases) and host spans (data loading, checkpoint I/O). A pass span
   // with fused_bw holds a whole backward: its ops are B or W by their kind.
@@ -224,6 +231,8 @@ class Profiler {
   };
   std::vector<ParamRange> ranges_;  // sorted by begin
   std::unique_ptr<TracedBackend> backend_;
+  bool wrapped_copies_ = false;
+  Device copy_device_ = Device::CPU;
 };
 
 // RAII helpers that accept a null profiler (profiling off): the trainer writes one line each.

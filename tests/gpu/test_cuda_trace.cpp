@@ -88,8 +88,23 @@ modules:
   }
   EXPECT_EQ(spans, 2) << "two microbatches in the profiled step";
 
+  // Copies between host and device (the tokens going up, the loss coming back) are memcpy events
+  // with their bytes; those between ops are exposed (nothing computes meanwhile on one stream).
+  int copies = 0;
+  for (const trace::TraceEvent& e : t.events)
+    if (e.cat == "memcpy") {
+      ++copies;
+      EXPECT_EQ(e.op.rfind("memcpy ", 0), 0u) << e.op;
+      EXPECT_GT(e.bytes, 0.0) << e.op;
+      EXPECT_GE(e.dur(), 0.0) << e.op;
+    }
+  EXPECT_GT(copies, 0);
+
   const trace::Timeline tl = trace::timeline_of(t.events);
   EXPECT_GT(tl.total_ms, 0.0);
+  EXPECT_GT(tl.total_memcpy_ms, 0.0);
+  EXPECT_GT(tl.exposed_memcpy_ms, 0.0);
+  EXPECT_LE(tl.exposed_memcpy_ms, tl.total_memcpy_ms + 1e-9);
   EXPECT_NEAR(tl.computation_ms + tl.exposed_comm_ms + tl.exposed_memcpy_ms + tl.idle_ms, tl.total_ms,
               1e-9 * tl.total_ms);
   EXPECT_GT(tl.computation_ms, 0.0);

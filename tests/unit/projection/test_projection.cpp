@@ -54,9 +54,12 @@ TEST(Comm, RingCollectivesAndTransfers) {
 // The trainer's measured peak (the tensor pool's, one process on the CPU) against the projection,
 // for each recompute setting.
 TEST_F(Projection, MemoryMatchesTheTrainersPeakWithin10Percent) {
-  for (const char* recompute : {"", "selective", "full"}) {
-    const std::string ov = std::string("      recompute_granularity: \"") + recompute + "\"\n";
-    const config::ExperimentConfig cfg = config(ov);
+  // Dense with each recompute setting, and an MoE model (every layer routed, top-2 of 8 experts).
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"tiny", ""}, {"tiny", "selective"}, {"tiny", "full"}, {"tiny_mixtral", ""}};
+  for (const auto& [model, recompute] : cases) {
+    const std::string ov = "      recompute_granularity: \"" + recompute + "\"\n";
+    const config::ExperimentConfig cfg = config(ov, model);
     fs::remove_all(dir_ / "ws");
     reset_peak_host_memory();
     train::pretrain(cfg);
@@ -68,9 +71,9 @@ TEST_F(Projection, MemoryMatchesTheTrainersPeakWithin10Percent) {
     auto p = plan(cfg, t);
     project_memory(p);
     const double projected = p.memory->per_rank[0].peak;
-    EXPECT_NEAR(projected, measured, 0.10 * measured) << "recompute '" << recompute << "'";
-    std::printf("recompute '%s': measured %.0f, projected %.0f bytes (%+.2f%%)\n", recompute, measured, projected,
-                100 * (projected - measured) / measured);
+    EXPECT_NEAR(projected, measured, 0.10 * measured) << model << ", recompute '" << recompute << "'";
+    std::printf("%s, recompute '%s': measured %.0f, projected %.0f bytes (%+.2f%%)\n", model.c_str(),
+                recompute.c_str(), measured, projected, 100 * (projected - measured) / measured);
   }
 }
 
@@ -126,6 +129,84 @@ TEST_F(Projection, RooflinePerformanceScalesWithDataParallelism) {
   EXPECT_GT(one.performance->mfu, 0.0);
   EXPECT_LT(one.performance->mfu, 1.0);
   EXPECT_GT(four.performance->dp_total_s, 0.0);
+}
+
+// Context parallel: each rank does 1/cp of the causal attention FLOPs (the ring's two diagonal
+// blocks and 2 cp - 1 full ones, or the whole sequence for heads / cp), passes cp - 1 key/value
+// blocks around in the forward, and keeps about 1/cp of the activations.
+TEST(Workload, ContextParallelSplitsAttentionAndActivations) {
+  ModelSpec m = load_model_spec("tiny_llama");
+  WorkloadShape w;
+  w.micro_batch_size = 2;
+  w.seq_length = 128;
+  auto attention_flops = [](const PassWork& p, int* blocks) {
+    double f = 0;
+    for (const OpSpec& o : p.ops)
+      if (o.op.rfind("attention", 0) == 0) f += o.flops, *blocks += o.op != "attention_merge";
+    return f;
+  };
+  const PartWork one = layer_work(m, w);
+  int n1 = 0;
+  const double f1 = attention_flops(one.f, &n1);
+  EXPECT_EQ(n1, 1);
+  for (int cp : {2, 4})
+    for (bool a2a : {false, true}) {
+      w.cp = cp;
+      w.cp_a2a = a2a;
+      const PartWork part = layer_work(m, w);
+      int blocks = 0;
+      EXPECT_DOUBLE_EQ(attention_flops(part.f, &blocks), f1 / cp) << "cp " << cp << " a2a " << a2a;
+      EXPECT_EQ(blocks, a2a ? 1 : 2 + 2 * cp - 1);
+      int p2p = 0, a2a_comms = 0;
+      for (const CommSpec& c : part.f.comms) p2p += c.op == "p2p", a2a_comms += c.op == "all_to_all";
+      EXPECT_EQ(p2p, a2a ? 0 : cp - 1);
+      EXPECT_EQ(a2a_comms, a2a ? 2 : 0);
+      for (const CommSpec& c : part.f.comms) EXPECT_TRUE(c.cp);
+      // The layer's kept activations scale with its tokens (a2a keeps the whole-sequence qkv and
+      // output of its heads as well).
+      EXPECT_LT(part.kept_after_f, one.kept_after_f / cp * (a2a ? 1.5 : 1.05)) << "cp " << cp;
+      EXPECT_GT(part.kept_after_f, one.kept_after_f / cp * 0.95) << "cp " << cp;
+    }
+}
+
+// Expert parallel: a rank holds num_experts / ep experts, each with ep times the rows (balanced
+// routing), so its expert FLOPs stay and its expert parameters divide; the rows cross the ep group
+// once each way per pass (alltoall), or are all-gathered out and reduce-scattered back (allgather).
+TEST(Workload, ExpertParallelDividesTheExpertsAndExchangesTheirRows) {
+  const ModelSpec m = load_model_spec("tiny_mixtral");
+  ASSERT_GT(m.num_experts, 1);
+  const int64_t E = m.num_experts, C = m.hidden_size;
+  EXPECT_EQ(layer_parameters(m, 1, true, 1) - layer_parameters(m, 1, true, 2), E / 2 * 3 * m.expert_ffn() * C);
+  EXPECT_EQ(layer_tensors(m, true, 1) - layer_tensors(m, true, 2), E);  // two weights per expert
+  WorkloadShape w;
+  w.micro_batch_size = 2;
+  w.seq_length = 128;
+  auto gemms = [](const PassWork& p) {
+    int n = 0;
+    for (const OpSpec& o : p.ops) n += o.op == "gemm";
+    return n;
+  };
+  const PartWork one = layer_work(m, w, true);
+  for (const PassWork* p : {&one.f, &one.b})
+    for (const CommSpec& c : p->comms) EXPECT_FALSE(c.ep) << c.op;
+  const double rows = double(w.micro_batch_size * w.seq_length * m.moe_router_topk) * double(C) * 4;  // fp32
+  for (bool allgather : {false, true}) {
+    w.ep = 2;
+    w.ep_allgather = allgather;
+    const PartWork two = layer_work(m, w, true);
+    EXPECT_DOUBLE_EQ(two.f.flops(), one.f.flops()) << "allgather " << allgather;
+    EXPECT_DOUBLE_EQ(two.b.flops(), one.b.flops()) << "allgather " << allgather;
+    EXPECT_EQ(gemms(one.f) - gemms(two.f), E) << "half the experts' two GEMMs";
+    for (const PassWork* p : {&two.f, &two.b}) {
+      std::vector<std::pair<std::string, double>> ep_comms;
+      for (const CommSpec& c : p->comms)
+        if (c.ep) ep_comms.emplace_back(c.op, c.bytes);
+      const std::vector<std::pair<std::string, double>> want =
+          allgather ? std::vector<std::pair<std::string, double>>{{"all_gather", 2 * rows}, {"reduce_scatter", 2 * rows}}
+                    : std::vector<std::pair<std::string, double>>{{"all_to_all", rows}, {"all_to_all", rows}};
+      EXPECT_EQ(ep_comms, want) << "allgather " << allgather;
+    }
+  }
 }
 
 TEST_F(Projection, ALayoutThatDoesNotFitTheScaleIsAnError) {
