@@ -66,6 +66,7 @@ SPEC_DEFAULTS = {
     "rotary_base": 10000.0,
     "untie_embeddings_and_output_weights": True,
     "add_qkv_bias": False,
+    "qk_layernorm": False,
     "init_method_std": 0.02,
     "use_rope_scaling": False,
     "rope_scaling_factor": 8.0,
@@ -195,6 +196,9 @@ class Llama(torch.nn.Module):
             layer.input_norm = P(torch.ones(h))
             layer.qkv = P(torch.randn(q + 2 * kv, h) * std)
             layer.qkv_bias = P(torch.zeros(q + 2 * kv)) if s["add_qkv_bias"] else None
+            # Qwen3: one head_dim RMSNorm weight for all q heads, one for all k heads.
+            layer.q_norm = P(torch.ones(self.d)) if s["qk_layernorm"] else None
+            layer.k_norm = P(torch.ones(self.d)) if s["qk_layernorm"] else None
             layer.proj = P(torch.randn(h, q) * std)
             layer.mlp_norm = P(torch.ones(h))
             if self.moe[l]:
@@ -275,8 +279,11 @@ class Llama(torch.nn.Module):
         for l, L in enumerate(self.layers):
             a = F.linear(self.rmsnorm(x, L.input_norm), L.qkv, L.qkv_bias)
             q, k, v = a.split((nh * d, ng * d, ng * d), dim=-1)
-            q = self.rope(q.view(B, T, nh, d).transpose(1, 2), cos, sin)  # [B, nh, T, d]
-            k = self.rope(k.view(B, T, ng, d).transpose(1, 2), cos, sin)  # [B, ng, T, d]
+            q, k = q.view(B, T, nh, d), k.view(B, T, ng, d)
+            if L.q_norm is not None:  # per head, before the rotation
+                q, k = self.rmsnorm(q, L.q_norm), self.rmsnorm(k, L.k_norm)
+            q = self.rope(q.transpose(1, 2), cos, sin)  # [B, nh, T, d]
+            k = self.rope(k.transpose(1, 2), cos, sin)  # [B, ng, T, d]
             v = v.view(B, T, ng, d).transpose(1, 2)
             if ng != nh:  # each query group serves nh / ng heads
                 k = k.repeat_interleave(nh // ng, dim=1)

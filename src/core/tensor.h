@@ -80,4 +80,9 @@ class Tensor {
 
 Shape contiguous_strides(const Shape& shape);
 
+// dst[dr + i, dc .. dc + cols) = src[sr + i, sc .. sc + cols) for i < rows: 2-D row-major tensors
+// of one dtype on one device (a column block, or a block of rows); one strided device copy.
+void copy_block(const Tensor& dst, int64_t dr, int64_t dc, const Tensor& src, int64_t sr, int64_t sc, int64_t rows,
+                int64_t cols);
+
 }  // namespace primus

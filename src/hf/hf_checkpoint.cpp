@@ -23,7 +23,8 @@ using json = nlohmann::json;
 
 namespace {
 
-const std::vector<std::string> kArchitectures = {"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM"};
+const std::vector<std::string> kArchitectures = {"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM",
+                                                 "Qwen3ForCausalLM"};
 
 // One of our tensors and the Hugging Face tensors it is made of, concatenated along dim 0.
 struct Mapping {
@@ -42,6 +43,10 @@ std::vector<Mapping> name_map(const ModelSpec& s) {
     if (s.add_qkv_bias)
       m.push_back({o + "self_attention.linear_qkv.bias",
                    {h + "self_attn.q_proj.bias", h + "self_attn.k_proj.bias", h + "self_attn.v_proj.bias"}});
+    if (s.qk_layernorm) {  // Qwen3: one head_dim weight for all q heads, one for all k heads
+      m.push_back({o + "self_attention.q_layernorm.weight", {h + "self_attn.q_norm.weight"}});
+      m.push_back({o + "self_attention.k_layernorm.weight", {h + "self_attn.k_norm.weight"}});
+    }
     m.push_back({o + "self_attention.linear_proj.weight", {h + "self_attn.o_proj.weight"}});
     m.push_back({o + "pre_mlp_layernorm.weight", {h + "post_attention_layernorm.weight"}});
     m.push_back({o + "mlp.linear_fc1.weight", {h + "mlp.gate_proj.weight", h + "mlp.up_proj.weight"}});
@@ -87,9 +92,6 @@ ModelSpec spec_from_hf_config(const json& c, const std::string& where, std::stri
   std::string arch = c.contains("architectures") && c["architectures"].is_array() && !c["architectures"].empty()
                          ? c["architectures"][0].get<std::string>()
                          : "";
-  if (arch == "Qwen3ForCausalLM")
-    fail("{}: Qwen3 is not supported: its attention normalizes q and k per head (q_norm, k_norm), which this "
-         "engine's model does not have", where);
   if (std::find(kArchitectures.begin(), kArchitectures.end(), arch) == kArchitectures.end())
     fail("{}: architecture '{}' is not supported ({})", where, arch, fmt::join(kArchitectures, ", "));
   if (architecture) *architecture = arch;
@@ -118,6 +120,7 @@ ModelSpec spec_from_hf_config(const json& c, const std::string& where, std::stri
   s.rotary_base = c.contains("rope_theta") ? get<double>(c, "rope_theta", where) : 10000.0;
   s.untie_embeddings_and_output_weights = !c.value("tie_word_embeddings", false);
   s.add_qkv_bias = arch == "Qwen2ForCausalLM";
+  s.qk_layernorm = arch == "Qwen3ForCausalLM";
   if (c.contains("initializer_range") && c["initializer_range"].is_number())
     s.init_method_std = c["initializer_range"].get<double>();
   if (c.contains("rope_scaling") && !c["rope_scaling"].is_null()) {
@@ -136,7 +139,8 @@ ModelSpec spec_from_hf_config(const json& c, const std::string& where, std::stri
   }
   // Sliding-window attention equals full causal attention for sequences no longer than the
   // window: cap the model's length there rather than compute something else beyond it.
-  const bool sliding = arch == "Qwen2ForCausalLM" ? c.value("use_sliding_window", false)
+  const bool qwen = arch == "Qwen2ForCausalLM" || arch == "Qwen3ForCausalLM";
+  const bool sliding = qwen ? c.value("use_sliding_window", false)
                                                   : c.contains("sliding_window") && !c["sliding_window"].is_null();
   if (sliding && c.contains("sliding_window") && c["sliding_window"].is_number_integer()) {
     const int64_t w = c["sliding_window"].get<int64_t>();
@@ -157,8 +161,16 @@ json hf_config_from_spec(const ModelSpec& s, const std::string& arch, const std:
     fail("the model has QKV biases, which only Qwen2ForCausalLM has (not {})", arch);
   if (!s.add_qkv_bias && arch == "Qwen2ForCausalLM")
     fail("Qwen2ForCausalLM has QKV biases and this model has none; export it as LlamaForCausalLM");
+  if (s.qk_layernorm && arch != "Qwen3ForCausalLM")
+    fail("the model normalizes q and k per head (qk_layernorm), which only Qwen3ForCausalLM has (not {})", arch);
+  if (!s.qk_layernorm && arch == "Qwen3ForCausalLM")
+    fail("Qwen3ForCausalLM normalizes q and k per head and this model does not (qk_layernorm false); export it as "
+         "LlamaForCausalLM");
   json c = {{"architectures", {arch}},
-            {"model_type", arch == "LlamaForCausalLM" ? "llama" : arch == "MistralForCausalLM" ? "mistral" : "qwen2"},
+            {"model_type", arch == "LlamaForCausalLM"     ? "llama"
+                           : arch == "MistralForCausalLM" ? "mistral"
+                           : arch == "Qwen2ForCausalLM"   ? "qwen2"
+                                                          : "qwen3"},
             {"hidden_size", s.hidden_size},
             {"intermediate_size", s.ffn_hidden_size},
             {"num_hidden_layers", s.num_layers},
@@ -175,7 +187,8 @@ json hf_config_from_spec(const ModelSpec& s, const std::string& arch, const std:
             {"torch_dtype", torch_dtype}};
   if (arch == "LlamaForCausalLM") c["attention_bias"] = false, c["mlp_bias"] = false;
   if (arch == "MistralForCausalLM") c["sliding_window"] = nullptr;
-  if (arch == "Qwen2ForCausalLM") c["use_sliding_window"] = false;
+  if (arch == "Qwen2ForCausalLM" || arch == "Qwen3ForCausalLM") c["use_sliding_window"] = false;
+  if (arch == "Qwen3ForCausalLM") c["attention_bias"] = false;
   c["rope_scaling"] = nullptr;
   if (s.use_rope_scaling)
     c["rope_scaling"] = {{"rope_type", "llama3"},
@@ -273,6 +286,7 @@ std::vector<std::string> export_hf(const ExportOptions& o) {
   if (!pt || !pt["model_spec"]) fail("{}/config.yaml has no modules.pre_trainer.model_spec", dir);
   const ModelSpec spec = model_spec_from_yaml(pt["model_spec"], dir + "/config.yaml");
   const std::string arch = !o.architecture.empty() ? o.architecture
+                           : spec.qk_layernorm     ? "Qwen3ForCausalLM"
                            : spec.add_qkv_bias     ? "Qwen2ForCausalLM"
                                                    : "LlamaForCausalLM";
   const json config = hf_config_from_spec(spec, arch, o.dtype == "F32" ? "float32" : "bfloat16");

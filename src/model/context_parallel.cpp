@@ -11,21 +11,6 @@ namespace {
 // MPI tags of the ring's messages (NCCL matches by posting order; the tags are checked only).
 constexpr int kTagKv = 701, kTagDkv = 702;
 
-// dst[dr + i, dc .. dc + cols) = src[sr + i, sc .. sc + cols) for i < rows: 2-D row-major tensors
-// of one dtype on one device (a column block, or a block of rows).
-void copy_block(const Tensor& dst, int64_t dr, int64_t dc, const Tensor& src, int64_t sr, int64_t sc, int64_t rows,
-                int64_t cols) {
-  PRIMUS_CHECK(dst.dim() == 2 && src.dim() == 2 && dst.dtype() == src.dtype() && dst.device() == src.device(),
-               "copy_block between {} and {}", dst.shape_str(), src.shape_str());
-  PRIMUS_CHECK(dr + rows <= dst.size(0) && dc + cols <= dst.size(1) && sr + rows <= src.size(0) &&
-                   sc + cols <= src.size(1),
-               "copy_block of {} x {} outside {} or {}", rows, cols, dst.shape_str(), src.shape_str());
-  const size_t e = dtype_size(src.dtype());
-  device_copy_2d(dst.device(), static_cast<char*>(dst.raw()) + size_t(dr * dst.size(1) + dc) * e,
-                 size_t(dst.size(1)) * e, static_cast<const char*>(src.raw()) + size_t(sr * src.size(1) + sc) * e,
-                 size_t(src.size(1)) * e, size_t(cols) * e, size_t(rows));
-}
-
 // What both ring passes start from: a chunk's geometry, the neighbours on the ring, and this
 // rank's [k | v] rows copied out of qkv (the block that travels first) beside a buffer for the next.
 struct RingStart {

@@ -88,7 +88,7 @@ class LlamaModel::Held {
 
 std::vector<int> LlamaModel::Block::ids() const {
   std::vector<int> v = {attn_norm, qkv_w, proj_w, mlp_norm};
-  for (int id : {fc1_w, fc2_w, qkv_b})
+  for (int id : {fc1_w, fc2_w, qkv_b, q_norm, k_norm})
     if (id >= 0) v.push_back(id);
   v.insert(v.end(), moe_ids.begin(), moe_ids.end());
   return v;
@@ -109,9 +109,8 @@ LlamaModel::LlamaModel(const ModelSpec& spec, ops::Backend& backend, Precision p
       part_(std::move(partition)),
       params_(master_dtype(precision)) {
   spec_.validate();
-  if (spec_.multi_latent_attention || spec_.qk_layernorm)
-    fail("model {}: multi_latent_attention and qk_layernorm are counted by `analyze model` but not trained yet",
-         spec_.name);
+  if (spec_.multi_latent_attention)
+    fail("model {}: multi_latent_attention is counted by `analyze model` but not trained yet", spec_.name);
   if (spec_.is_moe()) check_moe_supported(spec_, uint8_t(opt_.recompute), part_.tp_size);
   if (!be_.computes_in(act_))
     fail("the {} backend does not compute in {}: {} needs another backend", be_.name(), dtype_name(act_),
@@ -185,6 +184,12 @@ LlamaModel::LlamaModel(const ModelSpec& spec, ops::Backend& backend, Precision p
       if (spec_.add_qkv_bias)
         b.qkv_b = params_.add_sharded(pre + "self_attention.linear_qkv.bias", {spec_.qkv_size()}, qkv_shard,
                                       ParamInit::Zeros, false);
+      if (spec_.qk_layernorm) {
+        b.q_norm = params_.add(pre + "self_attention.q_layernorm.weight", {D}, ParamInit::Ones, false);
+        b.k_norm = params_.add(pre + "self_attention.k_layernorm.weight", {D}, ParamInit::Ones, false);
+        params_.mark_tp_partial_grads(b.q_norm);
+        params_.mark_tp_partial_grads(b.k_norm);
+      }
       b.proj_w = params_.add_sharded(pre + "self_attention.linear_proj.weight", {C, spec_.q_size()}, proj_shard,
                                      ParamInit::ScaledNormal, true);
       b.mlp_norm = params_.add(pre + "pre_mlp_layernorm.weight", {C}, ParamInit::Ones, false);
@@ -233,6 +238,7 @@ LlamaModel::LlamaModel(const ModelSpec& spec, ops::Backend& backend, Precision p
     source_ = resident_.get();
   }
   if (part_.cp_size > 1) cp_ = std::make_unique<ContextParallelAttention>(be_, *part_.cp_group, part_.cp_comm, act_);
+  if (spec_.qk_layernorm) qk_norm_ = std::make_unique<QkNorm>(be_, act_, hl, gl, D, float(spec_.norm_epsilon));
 
   const int64_t half = D / 2, P = spec_.max_position_embeddings;
   Tensor cos = Tensor::empty({P, half}, stat_), sin = Tensor::empty({P, half}, stat_);
@@ -431,6 +437,7 @@ void LlamaModel::block_rebuild(const Block& b, BlockContext& c, int64_t batch, i
   if (!c.h1.defined()) c.h1 = st.norm(c.x, b.attn_norm, c.rstd1);
   if (!c.qkv.defined()) {
     c.qkv = st.qkv(c.h1, st.N);
+    if (qk_norm_) qk_norm_->forward(c.qkv, w(b.q_norm), w(b.k_norm), c.qk);
     rope(c.qkv, st.heads() + st.groups(), batch, seq, false);
   }
   if (!c.attn.defined()) st.attention(c);
@@ -473,6 +480,7 @@ Tensor LlamaModel::block_backward_input(const Block& b, BlockContext& c, const T
   else
     be_.attention_backward(c.qkv, c.attn, c.lse, dattn, c.dqkv, attention_shape(batch, seq));
   rope(c.dqkv, st.heads() + st.groups(), batch, seq, true);
+  if (qk_norm_) qk_norm_->backward_input(c.dqkv, w(b.q_norm), w(b.k_norm), c.qk);
   Tensor dh1 = act({N, C});
   be_.gemm(false, false, 1.0f, c.dqkv, w(b.qkv_w), 0.0f, Tensor(), dh1, Tensor());
   c.dh1 = reduce_partial(dh1);
@@ -505,6 +513,10 @@ void LlamaModel::block_backward_weight(const Block& b, BlockContext& c) {
   }
   Tensor gn1 = g(b.attn_norm);
   be_.rmsnorm_backward_weight(c.dh1, c.x, c.rstd1, gn1);
+  if (qk_norm_) {
+    Tensor gq = g(b.q_norm), gk = g(b.k_norm);
+    qk_norm_->backward_weight(c.qk, gq, gk);
+  }
   c = BlockContext();
 }
 
@@ -806,6 +818,10 @@ Tensor LlamaModel::block_decode(const Block& b, Tensor& cache, const Tensor& x, 
   const Tensor h1 = st.norm(x, b.attn_norm, rstd);
   Tensor rows = cache.slice(0, pos0, n);
   Tensor qkv = st.qkv(h1, n);
+  if (qk_norm_) {
+    QkNormContext unused;
+    qk_norm_->forward(qkv, w(b.q_norm), w(b.k_norm), unused);
+  }
   be_.rope_apply(qkv, st.heads() + st.groups(), st.D(), n, pos0, rope_cos_, rope_sin_, false);
   rows.copy_from(qkv);
   Tensor attn = act({n, st.QS()});

@@ -53,6 +53,7 @@
 #include "kernels/backend.h"
 #include "model/model_spec.h"
 #include "model/moe.h"
+#include "model/qk_norm.h"
 #include "model/param_store.h"
 #include "model/weight_source.h"
 #include "parallel/process_group.h"
@@ -118,6 +119,7 @@ void check_tensor_parallel(const ModelSpec& spec, int tp_size);
 
 struct BlockContext {
   Tensor x;                                                       // block input (owned by the previous layer)
+  QkNormContext qk;                                               // qk_layernorm's saves
   Tensor h1, rstd1, qkv, attn, lse, x2, h2, rstd2, gate_up, act;  // forward saves
   Tensor cp_qkv, cp_out;  // context parallel a2a: the whole sequence's qkv and output of this rank's heads
   Tensor dy, dqkv, dh1, dx2, dgate_up, dh2;                       // B-pass outputs the W pass needs
@@ -252,6 +254,7 @@ class LlamaModel {
  private:
   struct Block {
     int attn_norm, qkv_w, qkv_b = -1, proj_w, mlp_norm, fc1_w = -1, fc2_w = -1;
+    int q_norm = -1, k_norm = -1;  // qk_layernorm
     int moe = -1;                // index into moe_ (an MoE block instead of the dense MLP)
     std::vector<int> moe_ids;    // its tensors
     std::vector<int> ids() const;
@@ -323,6 +326,7 @@ class LlamaModel {
   std::unique_ptr<WeightSource> resident_;   // the model's own buffers as a source
   WeightSource* source_ = nullptr;
   std::unique_ptr<ContextParallelAttention> cp_;  // when cp_size > 1
+  std::unique_ptr<QkNorm> qk_norm_;               // qk_layernorm
 };
 
 }  // namespace primus

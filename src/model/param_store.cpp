@@ -127,4 +127,9 @@ void ParamStore::init(uint64_t seed, double std, double scaled_std) {
   if (values_.device() != Device::CPU) values_.copy_from(host);
 }
 
+void ParamStore::mark_tp_partial_grads(int id) {
+  PRIMUS_CHECK(id >= 0 && size_t(id) < infos_.size(), "no parameter {}", id);
+  infos_[size_t(id)].tp_partial_grads = true;
+}
+
 }  // namespace primus

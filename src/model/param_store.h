@@ -42,6 +42,9 @@ struct StoredParam {
   // A tensor that every tensor-parallel rank holds whole (norm weights, unsharded biases): its
   // gradient norm is counted once, and with sequence parallelism its gradient is summed over tp.
   bool tp_replicated = true;
+  // Held whole by every tp rank, but each rank's gradient covers only its own heads (the QK-norm
+  // weights): summed over tp with or without sequence parallelism.
+  bool tp_partial_grads = false;
 };
 
 // The master copy of a model's parameters: fp32 for training (fp32 or bf16 mixed precision),
@@ -54,6 +57,8 @@ class ParamStore {
   // (its pieces must add up to shape[shard.dim]).
   int add_sharded(const std::string& name, const Shape& global, const ShardSpec& shard, ParamInit init,
                   bool weight_decay);
+  // See StoredParam::tp_partial_grads.
+  void mark_tp_partial_grads(int id);
   // Fixes the layout and allocates values and gradients (zeroed) on `device`.
   void allocate(Device device = Device::CPU);
 

@@ -627,9 +627,11 @@ void Trainer::reduce_gradients() {
     buckets_->mark_ready(tied_tensor_);
   }
   buckets_->finish();
-  if (layout_.sequence_parallel)
+  // Sequence parallel: every replicated tensor saw only this rank's rows; without it, only those
+  // whose gradient covers this rank's heads (QK norms).
+  if (layout_.tp > 1)
     for (size_t t = 0; t < params.infos().size(); ++t)
-      if (params.infos()[t].tp_replicated)
+      if (layout_.sequence_parallel ? params.infos()[t].tp_replicated : params.infos()[t].tp_partial_grads)
         groups_.tp->all_reduce(params.grad_tensor(int(t)).raw(), params.infos()[t].numel, parallel::CommType::F32,
                                parallel::ReduceOp::Sum);
 }

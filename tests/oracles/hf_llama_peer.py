@@ -1,12 +1,12 @@
 #!/usr/bin/python3
-"""Hugging Face side of the checkpoint tests: reads and writes Hugging Face Llama / Mistral / Qwen2
+"""Hugging Face side of the checkpoint tests: reads and writes Hugging Face Llama / Mistral / Qwen2 / Qwen3
 folders (config.json + safetensors, single or sharded) with its own small safetensors code (json and
 struct only, independent of the C++ reader and writer) and runs them in the repository's PyTorch
 peer model (benchmarks/engine/torch_llama.py).
 
     hf_llama_peer.py write OUT --model tiny [--dtype F32|BF16] [--max-shard-bytes N] [--seed S]
         random weights for the preset, written as a Hugging Face folder (LlamaForCausalLM, or
-        Qwen2ForCausalLM when the preset has QKV biases)
+        Qwen2ForCausalLM when the preset has QKV biases, Qwen3ForCausalLM with qk_layernorm)
     hf_llama_peer.py logits DIR --tokens "1 2 3"
         one JSON line: the fp32 logits at every position ([positions][vocab])
 
@@ -41,6 +41,9 @@ def hf_tensors(spec):
         ]
         if spec["add_qkv_bias"]:
             out.append((f"layers.{i}.qkv_bias", [h + f"self_attn.{p}_proj.bias" for p in "qkv"], [q, kv, kv]))
+        if spec["qk_layernorm"]:
+            out += [(f"layers.{i}.q_norm", [h + "self_attn.q_norm.weight"], None),
+                    (f"layers.{i}.k_norm", [h + "self_attn.k_norm.weight"], None)]
         out += [
             (f"layers.{i}.proj", [h + "self_attn.o_proj.weight"], None),
             (f"layers.{i}.mlp_norm", [h + "post_attention_layernorm.weight"], None),
@@ -113,7 +116,7 @@ def write_safetensors(folder, named, dtype, max_shard):
 
 def spec_from_config(c):
     arch = c["architectures"][0]
-    if arch not in ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM"):
+    if arch not in ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM"):
         sys.exit(f"error: architecture {arch} is not supported here")
     s = dict(torch_llama.SPEC_DEFAULTS)
     s.update(num_layers=c["num_hidden_layers"], hidden_size=c["hidden_size"], ffn_hidden_size=c["intermediate_size"],
@@ -123,7 +126,7 @@ def spec_from_config(c):
              vocab_size=c["vocab_size"], max_position_embeddings=c["max_position_embeddings"],
              norm_epsilon=c["rms_norm_eps"], rotary_base=c.get("rope_theta", 10000.0),
              untie_embeddings_and_output_weights=not c.get("tie_word_embeddings", False),
-             add_qkv_bias=arch == "Qwen2ForCausalLM")
+             add_qkv_bias=arch == "Qwen2ForCausalLM", qk_layernorm=arch == "Qwen3ForCausalLM")
     rs = c.get("rope_scaling")
     if rs:
         s.update(use_rope_scaling=True, rope_scaling_factor=rs["factor"], rope_low_freq_factor=rs["low_freq_factor"],
@@ -147,8 +150,11 @@ def cmd_write(a):
         named += list(zip(names, parts))
     os.makedirs(a.out, exist_ok=True)
     write_safetensors(a.out, named, a.dtype, a.max_shard_bytes)
-    arch = "Qwen2ForCausalLM" if spec["add_qkv_bias"] else "LlamaForCausalLM"
-    config = {"architectures": [arch], "model_type": "qwen2" if spec["add_qkv_bias"] else "llama",
+    arch = "Qwen3ForCausalLM" if spec["qk_layernorm"] else "Qwen2ForCausalLM" if spec["add_qkv_bias"] \
+        else "LlamaForCausalLM"
+    config = {"architectures": [arch], "model_type": {"Qwen3ForCausalLM": "qwen3", "Qwen2ForCausalLM": "qwen2"}.get(
+                  arch, "llama"),
+              "head_dim": spec["kv_channels"],
               "hidden_size": spec["hidden_size"], "intermediate_size": spec["ffn_hidden_size"],
               "num_hidden_layers": spec["num_layers"], "num_attention_heads": spec["num_attention_heads"],
               "num_key_value_heads": spec["num_query_groups"], "vocab_size": spec["vocab_size"],

@@ -194,6 +194,13 @@ TEST_F(Distributed, Tp2SequenceParallel) {
   expect_same_training(2, "--tensor_model_parallel_size 2 --sequence_parallel true");
 }
 TEST_F(Distributed, Pp2) { expect_same_training(2, "--pipeline_model_parallel_size 2"); }
+// Qwen3's per-head q/k norms: each tp rank normalizes its own heads, so the two weights'
+// gradients are partial over tp and summed there, with and without sequence parallelism.
+TEST_F(Distributed, Tp2QkLayernorm) { expect_same_training(2, "--tensor_model_parallel_size 2", "--qk_layernorm true"); }
+TEST_F(Distributed, Tp2SequenceParallelQkLayernormBf16) {
+  expect_same_training(2, "--tensor_model_parallel_size 2 --sequence_parallel true",
+                       std::string("--qk_layernorm true ") + kBf16, kBf16LossTol, kBf16WeightTol);
+}
 
 class PipelineSchedules : public Distributed, public ::testing::WithParamInterface<std::string> {};
 TEST_P(PipelineSchedules, Pp4) {

@@ -27,8 +27,20 @@ static ModelSpec gen_spec() {
   return s;
 }
 
-TEST(Generation, KVCacheLogitsEqualAFullForward) {
-  LlamaModel model(gen_spec(), cpu::cpu_backend(), Precision::Fp32);
+static void expect_cached_equals_full(const ModelSpec& spec);
+
+TEST(Generation, KVCacheLogitsEqualAFullForward) { expect_cached_equals_full(gen_spec()); }
+
+// Qwen3's per-head q/k norms run in the decoder's steps too.
+TEST(Generation, KVCacheLogitsEqualAFullForwardWithQkLayernorm) {
+  ModelSpec s = gen_spec();
+  s.add_qkv_bias = false;
+  s.qk_layernorm = true;
+  expect_cached_equals_full(s);
+}
+
+static void expect_cached_equals_full(const ModelSpec& spec) {
+  LlamaModel model(spec, cpu::cpu_backend(), Precision::Fp32);
   model.init_weights(3);
   Rng rng(5);
   std::vector<int32_t> seq(20);

@@ -90,6 +90,13 @@ TEST(ModelGrads, Llama31RopeScalingMatchesFiniteDifferences) {
   check_model_grads(spec, {});
 }
 
+// Qwen3's per-head RMSNorm of q and k (one head_dim weight for all q heads, one for all k groups).
+TEST(ModelGrads, QkLayernormMatchesFiniteDifferences) {
+  auto spec = tiny_spec(false, false);
+  spec.qk_layernorm = true;
+  check_model_grads(spec, {});
+}
+
 // A float model a little larger than the FD one, for the pass-structure comparisons.
 static ModelSpec float_spec() {
   ModelSpec s = tiny_spec(false, true);
@@ -162,6 +169,27 @@ TEST(ModelPasses, RecomputeGivesIdenticalGradients) {
   EXPECT_THROW(parse_recompute("partial"), Error);
 }
 
+// The QK norm's saves survive selective recompute and are rebuilt by full recompute; B then W
+// equals the fused backward.
+TEST(ModelPasses, QkLayernormSplitAndRecomputeGiveIdenticalGradients) {
+  ModelSpec spec = float_spec();
+  spec.qk_layernorm = true;
+  float l0, l1, l2, l3;
+  LlamaOptions sel, full;
+  sel.recompute = Recompute::Selective;
+  full.recompute = Recompute::Full;
+  auto fused = float_grads(spec, {}, false, &l0);
+  auto none = float_grads(spec, {}, true, &l1);
+  auto s = float_grads(spec, sel, true, &l2);
+  auto f = float_grads(spec, full, true, &l3);
+  EXPECT_EQ(l0, l1);
+  EXPECT_EQ(l0, l2);
+  EXPECT_EQ(l0, l3);
+  EXPECT_EQ(0, std::memcmp(fused.data(), none.data(), none.size() * sizeof(float)));
+  EXPECT_EQ(0, std::memcmp(none.data(), s.data(), none.size() * sizeof(float)));
+  EXPECT_EQ(0, std::memcmp(none.data(), f.data(), none.size() * sizeof(float)));
+}
+
 TEST(Model, InitialLossIsLogVocab) {
   auto spec = float_spec();
   spec.init_method_std = 0.002;  // near-uniform logits
@@ -219,4 +247,15 @@ TEST(Model, ParameterNamesFollowMegatron) {
   EXPECT_GE(m.params().find("output_layer.weight"), 0);
   LlamaModel tied(tiny_spec(true, false), cpu::cpu_backend(), Precision::Fp32);
   EXPECT_LT(tied.params().find("output_layer.weight"), 0);
+  // qk_layernorm: the names and order of model_parameter_layout (checkpoints, analyze model).
+  ModelSpec qk = tiny_spec(false, false);
+  qk.qk_layernorm = true;
+  LlamaModel withqk(qk, cpu::cpu_backend(), Precision::Fp32);
+  const std::vector<ParamInfo> layout = model_parameter_layout(qk);
+  ASSERT_EQ(withqk.params().infos().size(), layout.size());
+  for (size_t i = 0; i < layout.size(); ++i) {
+    EXPECT_EQ(withqk.params().infos()[i].name, layout[i].name);
+    EXPECT_EQ(withqk.params().infos()[i].numel, layout[i].numel) << layout[i].name;
+  }
+  EXPECT_GE(withqk.params().find("decoder.layers.1.self_attention.k_layernorm.weight"), 0);
 }

@@ -54,6 +54,16 @@ std::string qwen2_like_preset(const TempDir& t) {
   return t / "qwen2_tiny.yaml";
 }
 
+// Qwen3's shape: per-head q/k norms, no biases, a tied output layer, and a head_dim (32) that is
+// not hidden_size / heads (16), as in Qwen3-4B (2560 / 32 heads, head_dim 128).
+std::string qwen3_like_preset(const TempDir& t) {
+  std::ofstream(t / "qwen3_tiny.yaml") << "num_layers: 2\nhidden_size: 64\nffn_hidden_size: 96\nnum_attention_heads: 4\n"
+                                          "num_query_groups: 2\nkv_channels: 32\nvocab_size: 256\n"
+                                          "max_position_embeddings: 128\nnorm_epsilon: 1.0e-6\nrotary_base: 1000000\n"
+                                          "untie_embeddings_and_output_weights: false\nqk_layernorm: true\n";
+  return t / "qwen3_tiny.yaml";
+}
+
 void peer_write(const std::string& out, const std::string& model, const std::string& dtype, uint64_t shard) {
   auto r = test::run_command(fmt::format("/usr/bin/python3 {} write {} --model {} --dtype {} --max-shard-bytes {} 2>&1",
                                          kPeer, out, model, dtype, shard));
@@ -118,9 +128,9 @@ TEST(HfCheckpoint, ImportThenExportGivesTheSameBytes) {
     std::string model, dtype;
     uint64_t shard;
   };
-  const std::string qwen = qwen2_like_preset(t);
+  const std::string qwen = qwen2_like_preset(t), qwen3 = qwen3_like_preset(t);
   for (const Case& c : {Case{"tiny", "F32", 5'000'000'000}, Case{"tiny", "BF16", 40'000}, Case{qwen, "BF16", 5'000'000'000},
-                        Case{qwen, "F32", 60'000}}) {
+                        Case{qwen, "F32", 60'000}, Case{qwen3, "BF16", 5'000'000'000}, Case{qwen3, "F32", 60'000}}) {
     SCOPED_TRACE(c.model + " " + c.dtype + " shard " + std::to_string(c.shard));
     const std::string src = t / "src", save = t / "save", dst = t / "dst";
     fs::remove_all(src), fs::remove_all(save), fs::remove_all(dst);
@@ -145,16 +155,16 @@ TEST(HfCheckpoint, ImportThenExportGivesTheSameBytes) {
     // config.json: the same model.
     std::ifstream fa(fs::path(src) / "config.json"), fb(fs::path(dst) / "config.json");
     const json ja = json::parse(fa), jb = json::parse(fb);
-    for (const char* k : {"architectures", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
-                          "num_key_value_heads", "vocab_size", "max_position_embeddings", "rms_norm_eps", "rope_theta",
-                          "tie_word_embeddings", "torch_dtype"})
+    for (const char* k : {"architectures", "model_type", "hidden_size", "intermediate_size", "num_hidden_layers",
+                          "num_attention_heads", "num_key_value_heads", "head_dim", "vocab_size",
+                          "max_position_embeddings", "rms_norm_eps", "rope_theta", "tie_word_embeddings", "torch_dtype"})
       EXPECT_EQ(ja[k], jb[k]) << k;
   }
 }
 
 TEST(HfCheckpoint, PeerModelGivesOurLogits) {
   TempDir t;
-  for (const std::string& model : {std::string("tiny"), qwen2_like_preset(t)}) {
+  for (const std::string& model : {std::string("tiny"), qwen2_like_preset(t), qwen3_like_preset(t)}) {
     SCOPED_TRACE(model);
     const std::string src = t / "src", save = t / "save", dst = t / "dst";
     fs::remove_all(src), fs::remove_all(save), fs::remove_all(dst);
@@ -211,7 +221,9 @@ TEST(HfCheckpoint, UnsupportedModelsAreRefusedByName) {
     std::ofstream(t / "src/config.json") << c.dump();
     return error_of([&] { hf::import_hf({t / "src", t / "save", "", true}); });
   };
-  EXPECT_NE(import_with([](json& c) { c["architectures"] = {"Qwen3ForCausalLM"}; }).find("q_norm"), std::string::npos);
+  // Qwen3 needs its q/k norm tensors: a Llama folder relabelled Qwen3 lacks them, named.
+  EXPECT_NE(import_with([](json& c) { c["architectures"] = {"Qwen3ForCausalLM"}; }).find("self_attn.q_norm.weight"),
+            std::string::npos);
   EXPECT_NE(import_with([](json& c) { c["architectures"] = {"GPT2LMHeadModel"}; }).find("GPT2LMHeadModel"),
             std::string::npos);
   EXPECT_NE(import_with([](json& c) { c["attention_bias"] = true; }).find("attention_bias"), std::string::npos);
