@@ -113,6 +113,13 @@ LlamaModel::LlamaModel(const ModelSpec& spec, ops::Backend& backend, Precision p
     fail("model {}: multi_latent_attention and qk_layernorm are counted by `analyze model` but not trained yet",
          spec_.name);
   if (spec_.is_moe()) check_moe_supported(spec_, uint8_t(opt_.recompute), part_.tp_size);
+  std::shared_ptr<const TokenDispatcher> dispatcher;  // every MoE block's, under expert parallelism
+  if (part_.ep_size > 1) {
+    if (!part_.ep_group || part_.ep_group->size() != part_.ep_size)
+      fail("expert_model_parallel_size {} needs an ep group of that size", part_.ep_size);
+    dispatcher = std::make_shared<TokenDispatcher>(*part_.ep_group, be_, spec_.num_experts,
+                                                   parse_token_dispatch(spec_.moe_token_dispatcher_type));
+  }
   if (!be_.computes_in(act_))
     fail("the {} backend does not compute in {}: {} needs another backend", be_.name(), dtype_name(act_),
          precision_name(precision_));
@@ -190,7 +197,8 @@ LlamaModel::LlamaModel(const ModelSpec& spec, ops::Backend& backend, Precision p
       b.mlp_norm = params_.add(pre + "pre_mlp_layernorm.weight", {C}, ParamInit::Ones, false);
       if (spec_.is_moe_layer(l)) {
         b.moe = int(moe_.size());
-        moe_.emplace_back(spec_, be_, act_, register_moe_params(params_, spec_, l));
+        moe_.emplace_back(spec_, be_, act_, register_moe_params(params_, spec_, l, part_.ep_rank, part_.ep_size),
+                          dispatcher);
         b.moe_ids = moe_.back().params().ids();
         moe_stats_.push_back({l, std::vector<int64_t>(size_t(spec_.num_experts), 0)});
       } else {

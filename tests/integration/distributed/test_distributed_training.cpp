@@ -365,6 +365,13 @@ TEST_F(Distributed, BadLayoutsAreRejectedBeforeTraining) {
       {2, "--context_parallel_size 2 --cp_comm_type ring", "cp_comm_type 'ring' is not one of: p2p, a2a"},
       {2, "--data_parallel_sharding_strategy zero3", "data_parallel_sharding_strategy 'zero3' is not one of"},
       {2, "--data_parallel_sharding_strategy no_shard --use_distributed_optimizer true", "set one"},
+      {2, "--expert_model_parallel_size 2", "expert_model_parallel_size 2: model .* has no experts"},
+      {2, "--num_experts 4 --expert_model_parallel_size 4",
+       "expert_model_parallel_size \\(4\\) must divide the data-parallel size \\(2"},
+      {3, "--num_experts 4 --expert_model_parallel_size 3",
+       "num_experts \\(4\\) of model .* must be divisible by expert_model_parallel_size \\(3\\)"},
+      {2, "--num_experts 4 --expert_model_parallel_size 2 --moe_token_dispatcher_type flex",
+       "moe_token_dispatcher_type"},
   };
   for (const Bad& c : cases) {
     Result r = run(c.nproc, "bad", c.overrides);
@@ -390,6 +397,81 @@ TEST_F(Distributed, Dp2MoeDistributedOptimizer) {
   for (size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(b[i], a[i], 1e-5 * std::fabs(a[i])) << "iteration " << i + 1;
 }
 TEST_F(Distributed, Pp2Moe) { expect_same_training(2, "--pipeline_model_parallel_size 2", kMoe); }
+
+// Expert parallelism (docs/moe.md): each rank holds num_experts / ep of the experts and the
+// dispatchers move the token rows to them and back; the expert gradients are summed over the
+// expert-data-parallel group. Each layout against the one-process run, with the statistics.
+class ExpertParallel : public Distributed {
+ protected:
+  // Every step's expert load (tokens per global expert, per MoE layer) of a run's metrics.
+  std::vector<std::vector<int64_t>> expert_load(const std::string& name) {
+    std::vector<std::vector<int64_t>> out;
+    std::ifstream in(dir_ / "ws" / name / "metrics.jsonl");
+    std::string line;
+    while (std::getline(in, line)) {
+      auto j = nlohmann::json::parse(line);
+      if (!j.contains("moe_expert_load")) continue;
+      std::vector<int64_t> step;
+      for (const auto& l : j["moe_expert_load"])
+        for (const auto& t : l["tokens_per_expert"]) step.push_back(t.get<int64_t>());
+      out.push_back(step);
+    }
+    return out;
+  }
+  void expect_same_moe_statistics() {
+    const auto a = losses("ref", "moe_aux_loss"), b = losses("par", "moe_aux_loss");
+    ASSERT_EQ(a.size(), 20u);
+    ASSERT_EQ(b.size(), 20u);
+    for (size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(b[i], a[i], 1e-5 * std::fabs(a[i])) << "iteration " << i + 1;
+    const auto la = expert_load("ref"), lb = expert_load("par");
+    ASSERT_EQ(la.size(), 20u);
+    ASSERT_EQ(la.size(), lb.size());
+    // 4 MoE layers x 4 experts, every one counted on every layout.
+    for (size_t i = 0; i < la.size(); ++i) {
+      ASSERT_EQ(la[i].size(), 16u);
+      EXPECT_EQ(la[i], lb[i]) << "iteration " << i + 1;
+    }
+  }
+};
+TEST_F(ExpertParallel, Ep2AllToAll) {
+  expect_same_training(2, "--expert_model_parallel_size 2 --moe_token_dispatcher_type alltoall", kMoe);
+  expect_same_moe_statistics();
+}
+TEST_F(ExpertParallel, Ep4AllToAll) {
+  expect_same_training(4, "--expert_model_parallel_size 4 --moe_token_dispatcher_type alltoall", kMoe);
+  expect_same_moe_statistics();
+}
+// dp 4 = edp 2 x ep 2: the expert gradients are summed over edp, the dense ones over dp, and the
+// experts keep their own optimizer beside the dense shards.
+TEST_F(ExpertParallel, Ep2AllGatherDistributedOptimizer) {
+  expect_same_training(4, "--expert_model_parallel_size 2 --moe_token_dispatcher_type allgather "
+                          "--use_distributed_optimizer true --ddp_bucket_size 20000",
+                       kMoe);
+  expect_same_moe_statistics();
+}
+TEST_F(ExpertParallel, Ep2Pp2) {
+  expect_same_training(4, "--expert_model_parallel_size 2 --pipeline_model_parallel_size 2", kMoe);
+}
+TEST_F(ExpertParallel, Ep2Bf16) {
+  expect_same_training(2, "--expert_model_parallel_size 2 --moe_token_dispatcher_type alltoall",
+                       "--num_experts 4 --moe_ffn_hidden_size 32 --moe_router_topk 2 --moe_layer_freq 2 "
+                       "--moe_aux_loss_coeff 0.01 --moe_z_loss_coeff 0.001 " +
+                           std::string(kBf16),
+                       kBf16LossTol, kBf16WeightTol);
+}
+// The two dispatchers deliver the same rows to the same places: the same run, bit for bit.
+TEST_F(ExpertParallel, AllGatherEqualsAllToAll) {
+  const std::string ep = " --expert_model_parallel_size 2 --train_iters 5 --eval_interval 0 --moe_token_dispatcher_type ";
+  Result a = run(2, "alltoall", std::string(kMoe) + ep + "alltoall");
+  ASSERT_EQ(a.status, 0) << a.out;
+  Result b = run(2, "allgather", std::string(kMoe) + ep + "allgather");
+  ASSERT_EQ(b.status, 0) << b.out;
+  for (const char* key : {"lm_loss", "grad_norm", "moe_aux_loss"}) {
+    const auto la = losses("alltoall", key), lb = losses("allgather", key);
+    ASSERT_EQ(la.size(), 5u) << key;
+    EXPECT_EQ(la, lb) << key;
+  }
+}
 // bf16 with softmax routing, aux and z losses: the expert bias moves in steps of its rate on a
 // count compared with the mean, so one choice that bf16's rounding flips moves a bias by 2 x rate
 // (measured: 0.02 with kMoe); that rule is checked in fp32 above.
