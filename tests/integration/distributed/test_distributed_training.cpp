@@ -15,6 +15,7 @@
 #include <fstream>
 #include <regex>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include <yaml-cpp/yaml.h>
@@ -459,6 +460,36 @@ TEST_F(ExpertParallel, Ep2Bf16) {
                            std::string(kBf16),
                        kBf16LossTol, kBf16WeightTol);
 }
+// Checkpoints key the experts by their global index: a run stopped at iteration 10 under ep 4 (with
+// the distributed optimizer, so the experts' own AdamW state is saved too) goes on under one
+// process, under ep 2, and under ep 2 x edp 2 with the distributed optimizer, each with the
+// uninterrupted one-process run's losses.
+TEST_F(ExpertParallel, CheckpointAtEp4LoadsAtEp1AndEp2) {
+  Result ref = run(1, "ref", kMoe);
+  ASSERT_EQ(ref.status, 0) << ref.out;
+  Result first = run(4, "first", std::string(kMoe) + " --expert_model_parallel_size 4 --moe_token_dispatcher_type "
+                                                     "alltoall --use_distributed_optimizer true --ddp_bucket_size 20000 "
+                                                     "--train_iters 10 --lr_decay_iters 20");
+  ASSERT_EQ(first.status, 0) << first.out;
+  const std::string ck = "--load " + (dir_ / "ws" / "first" / "checkpoints").string() + " ";
+  const std::vector<std::tuple<const char*, int, std::string>> resumes = {
+      {"one", 1, ""},
+      {"ep2", 2, "--expert_model_parallel_size 2"},
+      {"ep2zero", 4, "--expert_model_parallel_size 2 --use_distributed_optimizer true --ddp_bucket_size 20000"},
+  };
+  const auto want = losses("ref");
+  ASSERT_EQ(want.size(), 20u);
+  for (const auto& [name, nproc, layout] : resumes) {
+    Result r = run(nproc, name, std::string(kMoe) + " " + ck + layout);
+    ASSERT_EQ(r.status, 0) << r.out;
+    EXPECT_NE(r.out.find("resumed from"), std::string::npos) << r.out;
+    const auto got = losses(name);
+    ASSERT_EQ(got.size(), 10u) << name;
+    for (size_t i = 0; i < got.size(); ++i)
+      EXPECT_NEAR(got[i], want[10 + i], 1e-5 * std::fabs(want[10 + i])) << name << " iteration " << 11 + i;
+  }
+}
+
 // The two dispatchers deliver the same rows to the same places: the same run, bit for bit.
 TEST_F(ExpertParallel, AllGatherEqualsAllToAll) {
   const std::string ep = " --expert_model_parallel_size 2 --train_iters 5 --eval_interval 0 --moe_token_dispatcher_type ";
