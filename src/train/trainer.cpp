@@ -524,7 +524,7 @@ std::string Trainer::try_restore(const std::string& dir, bool weights_only) {
     sharded_->load_state(ck.state.optimizer_step, ck.exp_avg.data(), ck.exp_avg_sq.data(), int64_t(ck.exp_avg.size()));
   if (sharded_ && experts_)
     experts_->optimizer()->set_state(ck.state.optimizer_step, ck.exp_avg.data(), ck.exp_avg_sq.data());
-  else
+  if (!sharded_)
     replicated_->set_state(ck.state.optimizer_step, ck.exp_avg.data(), ck.exp_avg_sq.data());
   state_ = ck.state;
   log::info("resumed from {} at iteration {} ({} samples consumed)", dir, state_.iteration, state_.consumed_samples);
