@@ -60,22 +60,27 @@ MoeParams register_moe_params(ParamStore& params, const ModelSpec& spec, int64_t
   return m;
 }
 
-void check_moe_supported(const ModelSpec& spec, uint8_t recompute, int tp_size) {
-  if (recompute != 0)
-    fail("model {}: recompute_granularity with MoE layers is not implemented yet; leave it unset", spec.name);
-  if (tp_size > 1)
-    fail("model {}: tensor_model_parallel_size {} with MoE layers is not implemented yet (docs/moe.md)", spec.name,
-         tp_size);
+void check_moe_supported(const ModelSpec& spec, int sp_ranks) {
+  if (sp_ranks <= 1) return;
+  if (spec.moe_router_load_balancing_type == "seq_aux_loss")
+    fail("model {}: moe_router_load_balancing_type seq_aux_loss under sequence parallelism is not implemented (a "
+         "sequence's tokens are on several ranks); use aux_loss, or sequence_parallel false",
+         spec.name);
+  if (spec.moe_expert_capacity_factor > 0)
+    fail("model {}: moe_expert_capacity_factor under sequence parallelism is not implemented (dropping ranks all "
+         "of an expert's tokens); leave it null (dropless), or sequence_parallel false",
+         spec.name);
 }
 
 MoeLayer::MoeLayer(const ModelSpec& spec, ops::Backend& backend, DType activation, MoeParams params,
-                   std::shared_ptr<const TokenDispatcher> dispatcher)
+                   std::shared_ptr<const TokenDispatcher> dispatcher, TokenShare share)
     : spec_(spec),
       be_(backend),
       act_(activation),
       stat_(ops::stat_dtype(activation)),
       p_(std::move(params)),
-      ep_(std::move(dispatcher)) {
+      ep_(std::move(dispatcher)),
+      share_(std::move(share)) {
   if (spec_.moe_pad_expert_input_to_capacity)
     fail("model {}: moe_pad_expert_input_to_capacity is not implemented (dropping without padding is)", spec_.name);
 }
@@ -84,13 +89,14 @@ Tensor MoeLayer::forward(MoeContext& c, const Tensor& h, const Tensor& residual,
                          const std::vector<double>& expert_bias, int64_t batch, int64_t seq) const {
   const int64_t N = h.size(0), C = spec_.hidden_size, E = spec_.num_experts, k = spec_.moe_router_topk;
   const int64_t F = spec_.expert_ffn();
-  PRIMUS_CHECK(N == batch * seq, "MoE block: {} rows for {} x {}", N, batch, seq);
+  PRIMUS_CHECK(N * share_.ranks == batch * seq, "MoE block: {} rows for {} x {} over {}", N, batch, seq,
+               share_.ranks);
   c = MoeContext();
   c.h = h;
   // Router logits in the stat dtype (fp32 for bf16 runs, as moe_router_dtype fp32).
   Tensor logits = be_.empty({N, E}, stat_);
   be_.gemm(false, true, 1.0f, h, w(p_.router), 0.0f, Tensor(), logits, Tensor());
-  c.routing = route(spec_, ops::host_values(logits), expert_bias, batch, seq);
+  c.routing = route(spec_, ops::host_values(logits), expert_bias, batch, seq, share_);
   const Routing& r = c.routing;
 
   // Permute: the kept choices grouped by expert, in token order within an expert.

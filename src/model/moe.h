@@ -41,8 +41,9 @@ MoeParams register_moe_params(ParamStore& params, const ModelSpec& spec, int64_t
 // A routed expert's tensor (its gradient is reduced over the expert-data-parallel group).
 bool is_expert_param(const std::string& name);
 
-// What the model's MoE blocks do not run with yet; throws naming the setting.
-void check_moe_supported(const ModelSpec& spec, uint8_t recompute, int tp_size);
+// What the model's MoE blocks do not run with yet; throws naming the setting. sp_ranks: the ranks
+// that split each microbatch's tokens (tensor_model_parallel_size under sequence parallelism).
+void check_moe_supported(const ModelSpec& spec, int sp_ranks);
 
 // What one MoE block reports for one microbatch.
 struct MoeStats {
@@ -72,10 +73,11 @@ class MoeLayer {
  public:
   using Weights = std::function<Tensor(int)>;  // id -> working weight (or gradient), shaped
   // dispatcher: expert parallelism (token_dispatch.h); null when this rank holds every expert.
+  // share: sequence parallelism, each rank routes its own tokens (router.h).
   MoeLayer(const ModelSpec& spec, ops::Backend& backend, DType activation, MoeParams params,
-           std::shared_ptr<const TokenDispatcher> dispatcher = nullptr);
+           std::shared_ptr<const TokenDispatcher> dispatcher = nullptr, TokenShare share = {});
 
-  // out = residual + moe(h); h, residual [N, C] with N = batch * seq.
+  // out = residual + moe(h); h, residual [N, C] with N = batch * seq (/ share.ranks: this rank's).
   Tensor forward(MoeContext& c, const Tensor& h, const Tensor& residual, const Weights& w,
                  const std::vector<double>& expert_bias, int64_t batch, int64_t seq) const;
   // The gradient of h (not including the residual path) from dy, the gradient of out.
@@ -91,6 +93,7 @@ class MoeLayer {
   DType act_, stat_;
   MoeParams p_;
   std::shared_ptr<const TokenDispatcher> ep_;
+  TokenShare share_;
 };
 
 }  // namespace primus

@@ -653,9 +653,10 @@ void Trainer::reduce_gradients() {
 // The global L2 norm of the gradients, the same on every rank.
 double Trainer::gradient_norm() {
   trace::Region region(profiler_.get(), "gradient_norm");
-  // Under expert parallelism each expert is on one rank of ep x mp (after its sum over edp).
+  // Under expert parallelism each expert is on one rank of ep x pp, and whole on each tp rank.
   const double experts =
-      experts_ ? groups_.mp->all_reduce_value(groups_.ep->all_reduce_value(experts_->grad_sq_sum(replicated_.get())))
+      experts_ ? groups_.mp->all_reduce_value(groups_.ep->all_reduce_value(
+                     me_.tp == 0 ? experts_->grad_sq_sum(replicated_.get()) : 0.0))
                : 0.0;
   if (sharded_) {
     const std::vector<int>& counted = counted_tensors_;
@@ -710,7 +711,8 @@ StepResult Trainer::train_step() {
   const bool skip = watch_->check(state_.iteration + 1, r.loss, r.grad_norm) == safe::StepAction::Skip;
   r.lr = lr_schedule_->lr_at(state_.iteration);
   if (!skip) optimizer_step(r.lr, clip_scale);
-  moe_ = finish_moe_step(*model_, *groups_.dp, m_local_, !skip);  // expert load, bias update
+  moe_ = finish_moe_step(*model_, *groups_.dp, m_local_, !skip,  // expert load, bias update
+                         layout_.sequence_parallel ? groups_.tp.get() : nullptr);
   state_.iteration += 1;
   state_.consumed_samples += gbs_;
   state_.optimizer_step = sharded_ ? sharded_->step_count() : replicated_->step_count();

@@ -373,6 +373,9 @@ TEST_F(Distributed, BadLayoutsAreRejectedBeforeTraining) {
        "num_experts \\(4\\) of model .* must be divisible by expert_model_parallel_size \\(3\\)"},
       {2, "--num_experts 4 --expert_model_parallel_size 2 --moe_token_dispatcher_type flex",
        "moe_token_dispatcher_type"},
+      {2, "--num_experts 4 --tensor_model_parallel_size 2 --sequence_parallel true --moe_aux_loss_coeff 0.01 "
+          "--moe_router_load_balancing_type seq_aux_loss",
+       "seq_aux_loss under sequence parallelism is not implemented"},
   };
   for (const Bad& c : cases) {
     Result r = run(c.nproc, "bad", c.overrides);
@@ -460,6 +463,25 @@ TEST_F(ExpertParallel, Ep2Bf16) {
                            std::string(kBf16),
                        kBf16LossTol, kBf16WeightTol);
 }
+// Tensor parallel with sequence parallelism: the experts are whole on every tp rank, each tp rank
+// routes its own rows (the aux loss's counts summed over tp), and the MoE tensors' gradients are
+// summed over tp like the other replicated tensors; ep2 over the dp ranks beside it.
+TEST_F(ExpertParallel, Ep2Tp2SequenceParallel) {
+  expect_same_training(4, "--expert_model_parallel_size 2 --moe_token_dispatcher_type alltoall "
+                          "--tensor_model_parallel_size 2 --sequence_parallel true",
+                       kMoe);
+  expect_same_moe_statistics();
+}
+// Recompute with MoE blocks (the block keeps its own saves, the attention reruns), under tp2 with
+// sequence parallelism and under tp2 without it (every tp rank runs the MoE block on all rows).
+TEST_F(ExpertParallel, Tp2SequenceParallelRecomputeFull) {
+  expect_same_training(2, "--tensor_model_parallel_size 2 --sequence_parallel true --recompute_granularity full",
+                       kMoe);
+}
+TEST_F(ExpertParallel, Tp2RecomputeSelective) {
+  expect_same_training(2, "--tensor_model_parallel_size 2 --recompute_granularity selective", kMoe);
+}
+
 // Checkpoints key the experts by their global index: a run stopped at iteration 10 under ep 4 (with
 // the distributed optimizer, so the experts' own AdamW state is saved too) goes on under one
 // process, under ep 2, and under ep 2 x edp 2 with the distributed optimizer, each with the
