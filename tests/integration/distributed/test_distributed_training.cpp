@@ -456,6 +456,13 @@ TEST_F(ExpertParallel, Ep2AllGatherDistributedOptimizer) {
 TEST_F(ExpertParallel, Ep2Pp2) {
   expect_same_training(4, "--expert_model_parallel_size 2 --pipeline_model_parallel_size 2", kMoe);
 }
+// A V-shape schedule (two chunks per rank, B and W passes apart): the ep peers of a stage still run
+// their dispatches in the same order. (gpipe, interleaved-1f1b, zb-h1, zb-h2, zbv and v-half were
+// checked the same way by hand: docs/moe.md.)
+TEST_F(ExpertParallel, Ep2Pp2DualPipeV) {
+  expect_same_training(4, "--expert_model_parallel_size 2 --pipeline_model_parallel_size 2 --pipeline_schedule dualpipev",
+                       kMoe);
+}
 TEST_F(ExpertParallel, Ep2Bf16) {
   expect_same_training(2, "--expert_model_parallel_size 2 --moe_token_dispatcher_type alltoall",
                        "--num_experts 4 --moe_ffn_hidden_size 32 --moe_router_topk 2 --moe_layer_freq 2 "
