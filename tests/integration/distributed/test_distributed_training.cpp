@@ -491,8 +491,8 @@ TEST_F(ExpertParallel, Tp2RecomputeSelective) {
 
 // Checkpoints key the experts by their global index: a run stopped at iteration 10 under ep 4 (with
 // the distributed optimizer, so the experts' own AdamW state is saved too) goes on under one
-// process, under ep 2, and under ep 2 x edp 2 with the distributed optimizer, each with the
-// uninterrupted one-process run's losses.
+// process, under ep 2, under ep 2 x edp 2 with the distributed optimizer and under ep 2 x tp 2
+// with sequence parallelism, each with the uninterrupted one-process run's losses.
 TEST_F(ExpertParallel, CheckpointAtEp4LoadsAtEp1AndEp2) {
   Result ref = run(1, "ref", kMoe);
   ASSERT_EQ(ref.status, 0) << ref.out;
@@ -505,6 +505,7 @@ TEST_F(ExpertParallel, CheckpointAtEp4LoadsAtEp1AndEp2) {
       {"one", 1, ""},
       {"ep2", 2, "--expert_model_parallel_size 2"},
       {"ep2zero", 4, "--expert_model_parallel_size 2 --use_distributed_optimizer true --ddp_bucket_size 20000"},
+      {"ep2tp2", 4, "--expert_model_parallel_size 2 --tensor_model_parallel_size 2 --sequence_parallel true"},
   };
   const auto want = losses("ref");
   ASSERT_EQ(want.size(), 20u);
