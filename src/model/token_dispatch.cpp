@@ -59,12 +59,27 @@ int64_t TokenDispatcher::to_rank(const DispatchPlan& p, int src, int dst) const 
   return n;
 }
 
+// alltoall: the most rows one rank sends another (every piece is padded to it).
+int64_t TokenDispatcher::piece_rows(const DispatchPlan& p) const {
+  int64_t pad = 0;
+  for (int s = 0; s < ep_.size(); ++s)
+    for (int d = 0; d < ep_.size(); ++d) pad = std::max(pad, to_rank(p, s, d));
+  return pad;
+}
+
+// allgather: the most token-side rows of one rank.
+int64_t TokenDispatcher::rank_rows(const DispatchPlan& p) const {
+  int64_t pad = 0;
+  for (int s = 0; s < ep_.size(); ++s) pad = std::max(pad, token_first(p, s, ep_.size()));
+  return pad;
+}
+
 namespace {
 
 // Calls f(expert side row, row inside src's piece for this rank, rows) for each of this rank's
 // experts that src sent rows to. The piece is src's rows for this rank, in expert order.
 template <typename F>
-void for_pieces(const DispatchPlan& p, int P, int me, int64_t E, int64_t L, int src, F&& f) {
+void for_pieces(const DispatchPlan& p, int me, int64_t E, int64_t L, int src, F&& f) {
   int64_t in_piece = 0;
   for (int64_t e = int64_t(me) * L; e < int64_t(me + 1) * L; ++e) {
     int64_t before = 0;  // rows of lower source ranks in this expert
@@ -73,7 +88,6 @@ void for_pieces(const DispatchPlan& p, int P, int me, int64_t E, int64_t L, int 
     if (n > 0) f(p.expert_offsets[size_t(e)] + before, in_piece, n);
     in_piece += n;
   }
-  (void)P;
 }
 
 void copy_rows(Tensor& dst, int64_t at, const Tensor& src, int64_t from, int64_t n) {
@@ -88,28 +102,25 @@ Tensor TokenDispatcher::dispatch(const DispatchPlan& p, const Tensor& token_rows
   const parallel::CommType ct = parallel::comm_type_of(dtype);
   Tensor out = p.expert_rows > 0 ? be_.empty({p.expert_rows, width}, dtype) : Tensor();
   if (type_ == TokenDispatch::AllToAll) {
-    int64_t pad = 0;
-    for (int s = 0; s < P; ++s)
-      for (int d = 0; d < P; ++d) pad = std::max(pad, to_rank(p, s, d));
+    const int64_t pad = piece_rows(p);
     if (pad == 0) return out;
     Tensor send = be_.zeros({P * pad, width}, dtype), recv = be_.empty({P * pad, width}, dtype);
     for (int d = 0; d < P; ++d)
       if (const int64_t n = to_rank(p, me, d); n > 0) copy_rows(send, d * pad, token_rows, token_first(p, me, d), n);
     ep_.all_to_all(send.raw(), recv.raw(), pad * width, ct);
     for (int s = 0; s < P; ++s)
-      for_pieces(p, P, me, E_, local_, s,
+      for_pieces(p, me, E_, local_, s,
                  [&](int64_t at, int64_t in_piece, int64_t n) { copy_rows(out, at, recv, s * pad + in_piece, n); });
     return out;
   }
-  int64_t pad = 0;
-  for (int s = 0; s < P; ++s) pad = std::max(pad, token_first(p, s, P));
+  const int64_t pad = rank_rows(p);
   if (pad == 0) return out;
   Tensor send = be_.zeros({pad, width}, dtype), recv = be_.empty({P * pad, width}, dtype);
   if (p.token_rows > 0) copy_rows(send, 0, token_rows, 0, p.token_rows);
   ep_.all_gather(send.raw(), recv.raw(), pad * width, ct);
   for (int s = 0; s < P; ++s) {
     const int64_t first = token_first(p, s, me);
-    for_pieces(p, P, me, E_, local_, s, [&](int64_t at, int64_t in_piece, int64_t n) {
+    for_pieces(p, me, E_, local_, s, [&](int64_t at, int64_t in_piece, int64_t n) {
       copy_rows(out, at, recv, s * pad + first + in_piece, n);
     });
   }
@@ -121,28 +132,25 @@ Tensor TokenDispatcher::combine(const DispatchPlan& p, const Tensor& expert_rows
   const parallel::CommType ct = parallel::comm_type_of(dtype);
   Tensor out = p.token_rows > 0 ? be_.empty({p.token_rows, width}, dtype) : Tensor();
   if (type_ == TokenDispatch::AllToAll) {
-    int64_t pad = 0;
-    for (int s = 0; s < P; ++s)
-      for (int d = 0; d < P; ++d) pad = std::max(pad, to_rank(p, s, d));
+    const int64_t pad = piece_rows(p);
     if (pad == 0) return out;
     Tensor send = be_.zeros({P * pad, width}, dtype), recv = be_.empty({P * pad, width}, dtype);
     for (int s = 0; s < P; ++s)  // back to each source rank, in the order it sent them
-      for_pieces(p, P, me, E_, local_, s,
+      for_pieces(p, me, E_, local_, s,
                  [&](int64_t at, int64_t in_piece, int64_t n) { copy_rows(send, s * pad + in_piece, expert_rows, at, n); });
     ep_.all_to_all(send.raw(), recv.raw(), pad * width, ct);
     for (int d = 0; d < P; ++d)
       if (const int64_t n = to_rank(p, me, d); n > 0) copy_rows(out, token_first(p, me, d), recv, d * pad, n);
     return out;
   }
-  int64_t pad = 0;
-  for (int s = 0; s < P; ++s) pad = std::max(pad, token_first(p, s, P));
+  const int64_t pad = rank_rows(p);
   if (pad == 0) return out;
   // Each rank writes its experts' outputs where the rows sat in the gathered buffer; the sum over
   // ranks adds zeros to every row but one, so each rank receives its own rows unchanged.
   Tensor send = be_.zeros({P * pad, width}, dtype), recv = be_.empty({pad, width}, dtype);
   for (int s = 0; s < P; ++s) {
     const int64_t first = token_first(p, s, me);
-    for_pieces(p, P, me, E_, local_, s, [&](int64_t at, int64_t in_piece, int64_t n) {
+    for_pieces(p, me, E_, local_, s, [&](int64_t at, int64_t in_piece, int64_t n) {
       copy_rows(send, s * pad + first + in_piece, expert_rows, at, n);
     });
   }

@@ -60,6 +60,8 @@ class TokenDispatcher {
   // First row of rank src's token side that goes to rank dst, and how many.
   int64_t token_first(const DispatchPlan& p, int src, int dst) const;
   int64_t to_rank(const DispatchPlan& p, int src, int dst) const;
+  int64_t piece_rows(const DispatchPlan& p) const;
+  int64_t rank_rows(const DispatchPlan& p) const;
 
   parallel::ProcessGroup& ep_;
   ops::Backend& be_;
