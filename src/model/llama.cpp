@@ -111,7 +111,23 @@ LlamaModel::LlamaModel(const ModelSpec& spec, ops::Backend& backend, Precision p
   spec_.validate();
   if (spec_.multi_latent_attention)
     fail("model {}: multi_latent_attention is counted by `analyze model` but not trained yet", spec_.name);
-  if (spec_.is_moe()) check_moe_supported(spec_, uint8_t(opt_.recompute), part_.tp_size);
+  if (spec_.is_moe()) check_moe_supported(spec_, part_.sequence_parallel ? part_.tp_size : 1);
+  std::shared_ptr<const TokenDispatcher> dispatcher;  // every MoE block's, under expert parallelism
+  if (part_.ep_size > 1) {
+    if (!part_.ep_group || part_.ep_group->size() != part_.ep_size)
+      fail("expert_model_parallel_size {} needs an ep group of that size", part_.ep_size);
+    dispatcher = std::make_shared<TokenDispatcher>(*part_.ep_group, be_, spec_.num_experts,
+                                                   parse_token_dispatch(spec_.moe_token_dispatcher_type));
+  }
+  // Tensor parallel: the experts are whole on every tp rank (expert_tensor_parallel_size 1). Under
+  // sequence parallelism each tp rank routes its own rows and the routing counts are summed over
+  // tp; without it every tp rank runs the MoE block on all rows alike.
+  TokenShare share;
+  if (spec_.is_moe() && part_.sequence_parallel && part_.tp_size > 1 && part_.tp_group) {
+    share.ranks = part_.tp_size;
+    share.rank = part_.tp_group->rank();
+    share.sum = [g = part_.tp_group](std::vector<int64_t>& v) { g->all_reduce(v); };
+  }
   if (!be_.computes_in(act_))
     fail("the {} backend does not compute in {}: {} needs another backend", be_.name(), dtype_name(act_),
          precision_name(precision_));
@@ -195,7 +211,8 @@ LlamaModel::LlamaModel(const ModelSpec& spec, ops::Backend& backend, Precision p
       b.mlp_norm = params_.add(pre + "pre_mlp_layernorm.weight", {C}, ParamInit::Ones, false);
       if (spec_.is_moe_layer(l)) {
         b.moe = int(moe_.size());
-        moe_.emplace_back(spec_, be_, act_, register_moe_params(params_, spec_, l));
+        moe_.emplace_back(spec_, be_, act_, register_moe_params(params_, spec_, l, part_.ep_rank, part_.ep_size),
+                          dispatcher, share);
         b.moe_ids = moe_.back().params().ids();
         moe_stats_.push_back({l, std::vector<int64_t>(size_t(spec_.num_experts), 0)});
       } else {
@@ -381,12 +398,13 @@ struct LlamaModel::Steps {
   int64_t F() const { return m.spec_.ffn_hidden_size / m.part_.tp_size; }
   float eps() const { return float(m.spec_.norm_epsilon); }
 
-  // A norm of this rank's rows, gathered to all rows for the column-parallel linear after it.
-  Tensor norm(const Tensor& x, int weight, Tensor& rstd) {
+  // A norm of this rank's rows, gathered to all rows for the column-parallel linear after it
+  // (an MoE block works on this rank's rows: gather false).
+  Tensor norm(const Tensor& x, int weight, Tensor& rstd, bool gather = true) {
     Tensor h = m.act({x.size(0), C()});
     rstd = m.stat({x.size(0)});
     m.be_.rmsnorm_forward(x, m.w(weight), h, rstd, eps());
-    return m.gather_rows(h);
+    return gather ? m.gather_rows(h) : h;
   }
   // qkv = h1 Wqkv^T (+b); rotated by the caller (q heads and k groups are adjacent in the row).
   Tensor qkv(const Tensor& h1, int64_t rows) {
@@ -422,9 +440,12 @@ Tensor LlamaModel::block_forward(const Block& b, BlockContext& c, const Tensor& 
     // Keep x, qkv, x2 and gate_up; the rest is cheap to recompute from them.
     c.h1 = c.rstd1 = c.attn = c.lse = c.cp_qkv = c.cp_out = c.h2 = c.rstd2 = c.act = Tensor();
   } else if (opt_.recompute == Recompute::Full) {
+    // An MoE block keeps its own saves (its routing and the dispatched rows): the rest reruns.
     Tensor keep = c.x;
+    std::shared_ptr<MoeContext> moe = c.moe;
     c = BlockContext();
     c.x = keep;
+    c.moe = moe;
   }
   return y;
 }
@@ -442,7 +463,7 @@ void LlamaModel::block_rebuild(const Block& b, BlockContext& c, int64_t batch, i
   }
   if (!c.attn.defined()) st.attention(c);
   if (!c.x2.defined()) c.x2 = row_parallel_residual(c.attn, b.proj_w, c.x);  // x2 = x + attn Wo^T
-  if (!c.h2.defined()) c.h2 = st.norm(c.x2, b.mlp_norm, c.rstd2);
+  if (!c.h2.defined()) c.h2 = st.norm(c.x2, b.mlp_norm, c.rstd2, b.moe < 0);
   if (b.moe >= 0) return;  // the MoE block runs in block_forward (moe_forward)
   if (!c.gate_up.defined()) c.gate_up = st.fc1(c.h2);
   if (!c.act.defined()) c.act = st.swiglu(c.gate_up);
@@ -457,7 +478,7 @@ Tensor LlamaModel::block_backward_input(const Block& b, BlockContext& c, const T
   block_rebuild(b, c, batch, seq);
   const Steps st(*this, b, batch, seq, c.x.size(0));
   const int64_t N = st.N, Nl = st.Nl, C = st.C();
-  c.dy = gather_rows(dy);
+  c.dy = b.moe >= 0 ? dy : gather_rows(dy);  // an MoE block's rows are this rank's
   if (b.moe >= 0) {
     c.dh2 = moe_[size_t(b.moe)].backward_input(*c.moe, c.dy, [&](int id) { return w(id); });
   } else {

@@ -111,6 +111,10 @@ struct ModelPartition {
   int cp_size = 1, cp_rank = 0;
   parallel::ProcessGroup* cp_group = nullptr;
   CpComm cp_comm = CpComm::P2P;
+  // Expert parallel: this rank holds experts ep_rank*L .. ep_rank*L+L-1 of each MoE layer (L =
+  // num_experts / ep_size); the ep group exchanges the tokens (required when ep_size > 1).
+  int ep_size = 1, ep_rank = 0;
+  parallel::ProcessGroup* ep_group = nullptr;
 };
 
 // Checks that spec can be split tp ways (heads, query groups, ffn and vocabulary divisible);

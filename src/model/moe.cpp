@@ -22,15 +22,18 @@ void for_experts(const std::vector<int64_t>& offsets, F&& f) {
 
 std::vector<int> MoeParams::ids() const {
   std::vector<int> v = {router};
-  v.insert(v.end(), fc1.begin(), fc1.end());
-  v.insert(v.end(), fc2.begin(), fc2.end());
+  for (const auto* ids : {&fc1, &fc2})
+    for (int id : *ids)
+      if (id >= 0) v.push_back(id);
   for (int id : {expert_bias, shared_fc1, shared_fc2, shared_gate})
     if (id >= 0) v.push_back(id);
   return v;
 }
 
 // The same names, shapes and order as model_parameter_layout (model_spec.cpp).
-MoeParams register_moe_params(ParamStore& params, const ModelSpec& spec, int64_t layer) {
+bool is_expert_param(const std::string& name) { return name.find(".mlp.experts.local_experts.") != std::string::npos; }
+
+MoeParams register_moe_params(ParamStore& params, const ModelSpec& spec, int64_t layer, int ep_rank, int ep_size) {
   const std::string p = fmt::format("decoder.layers.{}.mlp.", layer);
   const int64_t C = spec.hidden_size, E = spec.num_experts, F = spec.expert_ffn();
   const int64_t Fs = spec.moe_shared_expert_intermediate_size;
@@ -39,10 +42,13 @@ MoeParams register_moe_params(ParamStore& params, const ModelSpec& spec, int64_t
   // A buffer that the optimizer leaves alone: its gradient stays 0 and it has no weight decay.
   if (spec.moe_router_enable_expert_bias)
     m.expert_bias = params.add(p + "router.expert_bias", {E}, ParamInit::Zeros, false);
-  for (int64_t e = 0; e < E; ++e) {
-    m.fc1.push_back(params.add(p + fmt::format("experts.local_experts.{}.linear_fc1.weight", e), {2 * F, C},
+  const int64_t local = E / ep_size;
+  m.fc1.assign(size_t(E), -1);
+  m.fc2.assign(size_t(E), -1);
+  for (int64_t e = ep_rank * local; e < (ep_rank + 1) * local; ++e) {
+    m.fc1[size_t(e)] = (params.add(p + fmt::format("experts.local_experts.{}.linear_fc1.weight", e), {2 * F, C},
                                ParamInit::Normal, true));
-    m.fc2.push_back(params.add(p + fmt::format("experts.local_experts.{}.linear_fc2.weight", e), {C, F},
+    m.fc2[size_t(e)] = (params.add(p + fmt::format("experts.local_experts.{}.linear_fc2.weight", e), {C, F},
                                ParamInit::ScaledNormal, true));
   }
   if (Fs > 0) {
@@ -54,16 +60,27 @@ MoeParams register_moe_params(ParamStore& params, const ModelSpec& spec, int64_t
   return m;
 }
 
-void check_moe_supported(const ModelSpec& spec, uint8_t recompute, int tp_size) {
-  if (recompute != 0)
-    fail("model {}: recompute_granularity with MoE layers is not implemented yet; leave it unset", spec.name);
-  if (tp_size > 1)
-    fail("model {}: tensor_model_parallel_size {} with MoE layers is not implemented yet (docs/moe.md)", spec.name,
-         tp_size);
+void check_moe_supported(const ModelSpec& spec, int sp_ranks) {
+  if (sp_ranks <= 1) return;
+  if (spec.moe_router_load_balancing_type == "seq_aux_loss")
+    fail("model {}: moe_router_load_balancing_type seq_aux_loss under sequence parallelism is not implemented (a "
+         "sequence's tokens are on several ranks); use aux_loss, or sequence_parallel false",
+         spec.name);
+  if (spec.moe_expert_capacity_factor > 0)
+    fail("model {}: moe_expert_capacity_factor under sequence parallelism is not implemented (dropping ranks all "
+         "of an expert's tokens); leave it null (dropless), or sequence_parallel false",
+         spec.name);
 }
 
-MoeLayer::MoeLayer(const ModelSpec& spec, ops::Backend& backend, DType activation, MoeParams params)
-    : spec_(spec), be_(backend), act_(activation), stat_(ops::stat_dtype(activation)), p_(std::move(params)) {
+MoeLayer::MoeLayer(const ModelSpec& spec, ops::Backend& backend, DType activation, MoeParams params,
+                   std::shared_ptr<const TokenDispatcher> dispatcher, TokenShare share)
+    : spec_(spec),
+      be_(backend),
+      act_(activation),
+      stat_(ops::stat_dtype(activation)),
+      p_(std::move(params)),
+      ep_(std::move(dispatcher)),
+      share_(std::move(share)) {
   if (spec_.moe_pad_expert_input_to_capacity)
     fail("model {}: moe_pad_expert_input_to_capacity is not implemented (dropping without padding is)", spec_.name);
 }
@@ -72,33 +89,42 @@ Tensor MoeLayer::forward(MoeContext& c, const Tensor& h, const Tensor& residual,
                          const std::vector<double>& expert_bias, int64_t batch, int64_t seq) const {
   const int64_t N = h.size(0), C = spec_.hidden_size, E = spec_.num_experts, k = spec_.moe_router_topk;
   const int64_t F = spec_.expert_ffn();
-  PRIMUS_CHECK(N == batch * seq, "MoE block: {} rows for {} x {}", N, batch, seq);
+  PRIMUS_CHECK(N * share_.ranks == batch * seq, "MoE block: {} rows for {} x {} over {}", N, batch, seq,
+               share_.ranks);
   c = MoeContext();
   c.h = h;
   // Router logits in the stat dtype (fp32 for bf16 runs, as moe_router_dtype fp32).
   Tensor logits = be_.empty({N, E}, stat_);
   be_.gemm(false, true, 1.0f, h, w(p_.router), 0.0f, Tensor(), logits, Tensor());
-  c.routing = route(spec_, ops::host_values(logits), expert_bias, batch, seq);
+  c.routing = route(spec_, ops::host_values(logits), expert_bias, batch, seq, share_);
   const Routing& r = c.routing;
 
   // Permute: the kept choices grouped by expert, in token order within an expert.
-  c.offsets.assign(size_t(E + 1), 0);
+  c.token_offsets.assign(size_t(E + 1), 0);
   std::vector<std::vector<int64_t>> of(static_cast<size_t>(E));
   for (int64_t i = 0; i < N * k; ++i)
     if (r.kept[size_t(i)]) of[size_t(r.expert[size_t(i)])].push_back(i);
   for (int64_t e = 0; e < E; ++e) {
-    c.offsets[size_t(e + 1)] = c.offsets[size_t(e)] + int64_t(of[size_t(e)].size());
+    c.token_offsets[size_t(e + 1)] = c.token_offsets[size_t(e)] + int64_t(of[size_t(e)].size());
     for (int64_t i : of[size_t(e)]) {
       c.rows.push_back(int32_t(i / k));
       c.slot.push_back(i);
       c.weights.push_back(r.weight[size_t(i)]);
     }
   }
-  const int64_t M = int64_t(c.rows.size());
+  const int64_t Mt = int64_t(c.rows.size());
   Tensor out = residual.clone();
+  Tensor xt;
+  if (Mt > 0) {
+    xt = empty({Mt, C});
+    be_.gather_rows(h, c.rows, {}, xt);
+  }
+  // Expert parallelism: the rows go to their experts' ranks (collective, also with no rows here).
+  if (ep_) c.plan = ep_->plan(c.token_offsets);
+  c.offsets = ep_ ? c.plan.expert_offsets : c.token_offsets;
+  c.xp = ep_ ? ep_->dispatch(c.plan, xt, C, act_) : xt;
+  const int64_t M = c.offsets.back();
   if (M > 0) {
-    c.xp = empty({M, C});
-    be_.gather_rows(h, c.rows, {}, c.xp);
     c.gu = empty({M, 2 * F});
     c.act = empty({M, F});
     c.yp = empty({M, C});
@@ -112,8 +138,9 @@ Tensor MoeLayer::forward(MoeContext& c, const Tensor& h, const Tensor& residual,
       Tensor yp = c.yp.slice(0, o, n);
       be_.gemm(false, true, 1.0f, c.act.slice(0, o, n), w(p_.fc2[size_t(e)]), 0.0f, Tensor(), yp, Tensor());
     });
-    be_.scatter_add_rows(c.yp, c.rows, c.weights, out);  // unpermute, weighted
   }
+  c.yt = ep_ ? ep_->combine(c.plan, c.yp, C, act_) : c.yp;
+  if (Mt > 0) be_.scatter_add_rows(c.yt, c.rows, c.weights, out);  // unpermute, weighted
   if (p_.shared_fc1 >= 0) {
     const int64_t Fs = spec_.moe_shared_expert_intermediate_size;
     c.sgu = empty({N, 2 * Fs});
@@ -140,17 +167,22 @@ Tensor MoeLayer::forward(MoeContext& c, const Tensor& h, const Tensor& residual,
 Tensor MoeLayer::backward_input(MoeContext& c, const Tensor& dy, const Weights& w) const {
   PRIMUS_CHECK(c.h.defined(), "MoE backward_input before forward");
   const int64_t N = c.h.size(0), C = spec_.hidden_size, E = spec_.num_experts, k = spec_.moe_router_topk;
-  const int64_t F = spec_.expert_ffn(), M = int64_t(c.rows.size());
+  const int64_t F = spec_.expert_ffn(), Mt = int64_t(c.rows.size()), M = c.offsets.back();
   Tensor dh = be_.zeros({N, C}, act_);
   std::vector<double> dweight(size_t(N * k), 0.0);
+  Tensor dyt;
+  if (Mt > 0) {
+    dyt = empty({Mt, C});  // d yp = weight * dy[row]
+    be_.gather_rows(dy, c.rows, c.weights, dyt);
+    const std::vector<double> dots = be_.row_dots(dy, c.rows, c.yt);  // d weight = <dy[row], yp>
+    for (int64_t i = 0; i < Mt; ++i) dweight[size_t(c.slot[size_t(i)])] = dots[size_t(i)];
+  }
+  c.dy = ep_ ? ep_->dispatch(c.plan, dyt, C, act_) : dyt;
+  Tensor dxp;
   if (M > 0) {
-    c.dy = empty({M, C});  // d yp = weight * dy[row]
-    be_.gather_rows(dy, c.rows, c.weights, c.dy);
-    const std::vector<double> dots = be_.row_dots(dy, c.rows, c.yp);  // d weight = <dy[row], yp>
-    for (int64_t i = 0; i < M; ++i) dweight[size_t(c.slot[size_t(i)])] = dots[size_t(i)];
     Tensor da = empty({M, F});
     c.dgu = empty({M, 2 * F});
-    Tensor dxp = empty({M, C});
+    dxp = empty({M, C});
     for_experts(c.offsets, [&](int64_t e, int64_t o, int64_t n) {
       Tensor dae = da.slice(0, o, n);
       be_.gemm(false, false, 1.0f, c.dy.slice(0, o, n), w(p_.fc2[size_t(e)]), 0.0f, Tensor(), dae, Tensor());
@@ -160,8 +192,9 @@ Tensor MoeLayer::backward_input(MoeContext& c, const Tensor& dy, const Weights& 
       Tensor dxe = dxp.slice(0, o, n);
       be_.gemm(false, false, 1.0f, c.dgu.slice(0, o, n), w(p_.fc1[size_t(e)]), 0.0f, Tensor(), dxe, Tensor());
     });
-    be_.scatter_add_rows(dxp, c.rows, {}, dh);
   }
+  const Tensor dxt = ep_ ? ep_->combine(c.plan, dxp, C, act_) : dxp;
+  if (Mt > 0) be_.scatter_add_rows(dxt, c.rows, {}, dh);
   // The router: the weights' gradient plus the load-balancing losses, through the logits.
   const std::vector<double> dl = route_backward(spec_, c.routing, dweight, c.loss_scale);
   c.dlogits = ops::tensor_from_values(dl, {N, E}, act_, be_.device());

@@ -22,6 +22,7 @@
 #include "model/model_spec.h"
 #include "model/param_store.h"
 #include "model/router.h"
+#include "model/token_dispatch.h"
 
 namespace primus {
 
@@ -29,15 +30,20 @@ namespace primus {
 // expert index (decoder.layers.L.mlp.experts.local_experts.E.linear_fc1.weight).
 struct MoeParams {
   int router = -1, expert_bias = -1;
-  std::vector<int> fc1, fc2;  // per expert
+  std::vector<int> fc1, fc2;  // per global expert; -1 for the experts other ep ranks hold
   int shared_fc1 = -1, shared_fc2 = -1, shared_gate = -1;
   // All of them, for the weight-gradient hook (the expert bias's gradient is final, and 0, too).
   std::vector<int> ids() const;
 };
-MoeParams register_moe_params(ParamStore& params, const ModelSpec& spec, int64_t layer);
+// Under expert parallelism only this ep rank's experts (ep_rank*L .. ep_rank*L+L-1, L = E / ep).
+MoeParams register_moe_params(ParamStore& params, const ModelSpec& spec, int64_t layer, int ep_rank = 0,
+                              int ep_size = 1);
+// A routed expert's tensor (its gradient is reduced over the expert-data-parallel group).
+bool is_expert_param(const std::string& name);
 
-// What the model's MoE blocks do not run with yet; throws naming the setting.
-void check_moe_supported(const ModelSpec& spec, uint8_t recompute, int tp_size);
+// What the model's MoE blocks do not run with yet; throws naming the setting. sp_ranks: the ranks
+// that split each microbatch's tokens (tensor_model_parallel_size under sequence parallelism).
+void check_moe_supported(const ModelSpec& spec, int sp_ranks);
 
 // What one MoE block reports for one microbatch.
 struct MoeStats {
@@ -50,9 +56,12 @@ struct MoeContext {
   Routing routing;
   std::vector<int32_t> rows;       // per permuted row: its token row
   std::vector<int64_t> slot;       // per permuted row: its index into routing's [tokens, topk]
-  std::vector<int64_t> offsets;    // per expert: first permuted row (num_experts + 1 entries)
+  std::vector<int64_t> token_offsets;  // per expert: first permuted row (num_experts + 1 entries)
+  std::vector<int64_t> offsets;    // the same on the expert side (token_offsets without expert parallelism)
+  DispatchPlan plan;               // expert parallelism: the exchange of this microbatch
+  Tensor yt;                       // the experts' outputs back on the token side (yp without ep)
   std::vector<double> weights;     // per permuted row: its combine weight
-  Tensor h, xp, gu, act, yp;       // forward saves (h: the block's normed input)
+  Tensor h, xp, gu, act, yp;       // forward saves (h: the block's normed input; xp..yp expert side)
   Tensor sgu, sact, sout;          // shared expert
   std::vector<double> gate;        // shared expert gate per token (sigmoid), if gated
   Tensor dy, dgu, dlogits, dsgu, dy_shared;  // B-pass outputs the W pass needs
@@ -63,9 +72,12 @@ struct MoeContext {
 class MoeLayer {
  public:
   using Weights = std::function<Tensor(int)>;  // id -> working weight (or gradient), shaped
-  MoeLayer(const ModelSpec& spec, ops::Backend& backend, DType activation, MoeParams params);
+  // dispatcher: expert parallelism (token_dispatch.h); null when this rank holds every expert.
+  // share: sequence parallelism, each rank routes its own tokens (router.h).
+  MoeLayer(const ModelSpec& spec, ops::Backend& backend, DType activation, MoeParams params,
+           std::shared_ptr<const TokenDispatcher> dispatcher = nullptr, TokenShare share = {});
 
-  // out = residual + moe(h); h, residual [N, C] with N = batch * seq.
+  // out = residual + moe(h); h, residual [N, C] with N = batch * seq (/ share.ranks: this rank's).
   Tensor forward(MoeContext& c, const Tensor& h, const Tensor& residual, const Weights& w,
                  const std::vector<double>& expert_bias, int64_t batch, int64_t seq) const;
   // The gradient of h (not including the residual path) from dy, the gradient of out.
@@ -80,6 +92,8 @@ class MoeLayer {
   ops::Backend& be_;
   DType act_, stat_;
   MoeParams p_;
+  std::shared_ptr<const TokenDispatcher> ep_;
+  TokenShare share_;
 };
 
 }  // namespace primus

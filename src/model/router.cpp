@@ -72,7 +72,8 @@ std::vector<double> aux_grad(const ModelSpec& spec, const Routing& r) {
   const double c = spec.moe_aux_loss_coeff;
   if (c == 0 || spec.moe_router_load_balancing_type == "none") return g;
   if (spec.moe_router_load_balancing_type == "aux_loss") {
-    const double f = c * double(E) / (double(N) * double(N) * double(k));
+    const double Nt = double(r.total_tokens);
+    const double f = c * double(E) / (Nt * Nt * double(k));
     for (int64_t t = 0; t < N; ++t)
       for (int64_t e = 0; e < E; ++e) g[size_t(t * E + e)] = f * double(r.routed_per_expert[size_t(e)]);
     return g;
@@ -97,11 +98,12 @@ int64_t expert_capacity(int64_t tokens, int64_t topk, int64_t experts, double ca
 }
 
 Routing route(const ModelSpec& spec, std::vector<double> logits, const std::vector<double>& expert_bias,
-              int64_t batch, int64_t seq) {
+              int64_t batch, int64_t seq, const TokenShare& share) {
   Routing r;
   r.batch = batch;
   r.seq = seq;
-  r.tokens = batch * seq;
+  r.tokens = batch * seq / share.ranks;
+  r.total_tokens = batch * seq;
   r.experts = spec.num_experts;
   r.topk = spec.moe_router_topk;
   const int64_t N = r.tokens, E = r.experts, k = r.topk;
@@ -109,7 +111,7 @@ Routing route(const ModelSpec& spec, std::vector<double> logits, const std::vect
   PRIMUS_CHECK(expert_bias.empty() || int64_t(expert_bias.size()) == E, "route: expert bias size");
   if (spec.moe_router_force_load_balancing)
     for (int64_t t = 0; t < N; ++t)
-      for (int64_t e = 0; e < E; ++e) logits[size_t(t * E + e)] = noise(t, e);
+      for (int64_t e = 0; e < E; ++e) logits[size_t(t * E + e)] = noise(share.rank * N + t, e);
   r.logits = std::move(logits);
   const bool sigmoid_scores = spec.moe_router_score_function == "sigmoid";
   const bool pre = spec.moe_router_pre_softmax;
@@ -167,6 +169,7 @@ Routing route(const ModelSpec& spec, std::vector<double> logits, const std::vect
 
   r.routed_per_expert.assign(size_t(E), 0);
   for (int32_t e : r.expert) ++r.routed_per_expert[size_t(e)];
+  if (share.ranks > 1) share.sum(r.routed_per_expert);
   r.kept.assign(size_t(N * k), 1);
   if (spec.moe_expert_capacity_factor > 0) {
     // Per expert, keep the `capacity` assignments with the largest weights (probs) or the
@@ -202,7 +205,7 @@ Routing route(const ModelSpec& spec, std::vector<double> logits, const std::vect
       const double lse = logsumexp_row(&r.logits[size_t(t * E)], E);
       z += lse * lse;
     }
-    r.z_loss = spec.moe_z_loss_coeff * z / double(N);
+    r.z_loss = spec.moe_z_loss_coeff * z / double(r.total_tokens);
   }
   return r;
 }
@@ -281,7 +284,7 @@ std::vector<double> route_backward(const ModelSpec& spec, const Routing& r, cons
       const double* l = &r.logits[size_t(t * E)];
       const double lse = logsumexp_row(l, E);
       softmax_row(l, sm.data(), E);
-      const double f = loss_scale * spec.moe_z_loss_coeff * 2.0 * lse / double(N);
+      const double f = loss_scale * spec.moe_z_loss_coeff * 2.0 * lse / double(r.total_tokens);
       for (int64_t e = 0; e < E; ++e) dl[size_t(t * E + e)] += f * sm[size_t(e)];
     }
   }

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "model/model_spec.h"
@@ -14,22 +15,34 @@ namespace primus {
 
 struct Routing {
   int64_t tokens = 0, experts = 0, topk = 0, batch = 0, seq = 0;
+  int64_t total_tokens = 0;     // tokens of the microbatch over the ranks that share it (TokenShare)
   std::vector<double> logits;   // [tokens, experts]
   std::vector<double> scores;   // softmax or sigmoid of the logits (what the weights come from)
   std::vector<int32_t> expert;  // [tokens, topk] chosen experts
   std::vector<double> weight;   // [tokens, topk] combine weights; 0 where capacity dropped it
   std::vector<double> raw;      // [tokens, topk] weights before the top-k scaling factor
   std::vector<uint8_t> kept;    // [tokens, topk] 1 unless capacity dropped it
-  std::vector<int64_t> routed_per_expert;  // chosen, before dropping (the aux loss's counts)
+  std::vector<int64_t> routed_per_expert;  // chosen, before dropping (the aux loss's counts; over TokenShare)
   std::vector<int64_t> kept_per_expert;    // what the experts compute
   int64_t dropped = 0;
   double aux_loss = 0, z_loss = 0;  // with their coefficients
 };
 
-// Routes `tokens = batch * seq` rows (row = b * seq + s) given the router logits. expert_bias
-// (num_experts entries, or empty) only shifts the choice of experts, never the weights.
+// Sequence parallelism splits a microbatch's tokens over `ranks` ranks, each routing its own:
+// `sum` adds a per-expert count vector over them, so that the aux loss's counts and the losses'
+// token count are the whole microbatch's (each rank's aux and z loss values are then its
+// tokens' parts of the whole, which add up over the ranks). seq_aux_loss and capacity dropping
+// need whole sequences / all tokens of an expert, and are refused with ranks > 1 (moe.cpp).
+struct TokenShare {
+  int ranks = 1, rank = 0;  // this rank holds tokens [rank * tokens, (rank + 1) * tokens)
+  std::function<void(std::vector<int64_t>&)> sum;
+};
+
+// Routes `tokens = batch * seq / share.ranks` rows (row = b * seq + s without sharing) given the
+// router logits. expert_bias (num_experts entries, or empty) only shifts the choice of experts,
+// never the weights.
 Routing route(const ModelSpec& spec, std::vector<double> logits, const std::vector<double>& expert_bias,
-              int64_t batch, int64_t seq);
+              int64_t batch, int64_t seq, const TokenShare& share = {});
 
 // dlogits [tokens, experts]: the gradient of  sum(dweight * weight) + loss_scale * (aux + z).
 std::vector<double> route_backward(const ModelSpec& spec, const Routing& r, const std::vector<double>& dweight,

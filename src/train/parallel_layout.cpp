@@ -14,12 +14,14 @@ parallel::ParallelSizes ParallelLayout::sizes() const {
   s.tensor_model_parallel_size = tp;
   s.pipeline_model_parallel_size = pp;
   s.context_parallel_size = cp;
+  s.expert_model_parallel_size = ep;
   return s;
 }
 
 std::string ParallelLayout::describe() const {
   std::string out = fmt::format("world {} = tp {} x pp {} x dp {}", world_size, tp, pp, dp);
   if (cp > 1) out = fmt::format("world {} = tp {} x cp {} x pp {} x dp {}", world_size, tp, cp, pp, dp);
+  if (ep > 1) out += fmt::format(" (ep {})", ep);
   if (sequence_parallel) out += " (sequence parallel)";
   if (cp > 1) out += fmt::format("; context parallel {}", cp_all_to_all ? "a2a" : "p2p (ring)");
   if (sharding != "no_shard") out += "; data_parallel_sharding_strategy " + sharding;
@@ -126,15 +128,17 @@ ParallelLayout plan_layout(const config::TrainingArgs& a, const ModelSpec& spec,
   if (spec.is_moe() && spec.num_experts % a.expert_model_parallel_size != 0)
     fail("num_experts ({}) of model {} must be divisible by expert_model_parallel_size ({})", spec.num_experts,
          spec.name, a.expert_model_parallel_size);
-  if (a.expert_model_parallel_size > 1)
-    fail("expert_model_parallel_size {}: expert parallelism is not implemented yet (use 1; docs/moe.md)",
-         a.expert_model_parallel_size);
+  L.ep = int(a.expert_model_parallel_size);
   const int mp = L.tp * L.pp * L.cp;
   if (world_size % mp != 0)
     fail("tensor_model_parallel_size ({}) x pipeline_model_parallel_size ({}) x context_parallel_size ({}) = {} "
          "must divide the number of ranks ({}); data parallel takes the rest",
          L.tp, L.pp, L.cp, mp, world_size);
   L.dp = world_size / mp;
+  if (L.dp % L.ep != 0)
+    fail("expert_model_parallel_size ({}) must divide the data-parallel size ({} = {} ranks / tensor x pipeline x "
+         "context parallel {}): the expert-parallel groups are made of dp ranks",
+         L.ep, L.dp, world_size, mp);
   check_tensor_parallel(spec, L.tp);
   if (L.cp > 1 && spec.is_moe())
     fail("context_parallel_size {} with model {}: context parallelism of MoE models is not implemented yet (the "

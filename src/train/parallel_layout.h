@@ -19,6 +19,7 @@ namespace primus::train {
 struct ParallelLayout {
   int world_size = 1;
   int tp = 1, pp = 1, cp = 1, dp = 1, vpp = 1;
+  int ep = 1;  // expert_model_parallel_size: folded into dp (ep consecutive dp ranks share the experts out)
   bool sequence_parallel = false;
   bool cp_all_to_all = false;   // cp_comm_type a2a (else p2p ring attention)
   // data_parallel_sharding_strategy resolved: no_shard or optim (ZeRO-1, sharded over dp x cp);
@@ -50,7 +51,7 @@ struct ParallelLayout {
 // row copy per token (and its scatter-add in W).
 pipeline::ModelCosts model_costs(const ModelSpec& spec, int64_t micro_batch_size, int64_t seq_length, int tp = 1);
 
-// Rules, in order: sizes positive; expert parallel size 1 (dense model); the sharding strategy
+// Rules, in order: sizes positive; expert parallel size 1 for a dense model, dividing num_experts; the sharding strategy
 // known (optim_grads and optim_grads_params run as optim, with a warning); tp x pp x cp divides
 // the world size; under cp, seq_length divisible by 2 x cp and, for a2a, heads and query groups
 // per tp rank by cp; heads, query groups, ffn and vocabulary divisible by tp;

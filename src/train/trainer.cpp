@@ -45,6 +45,7 @@
 #include "pipeline/executor.h"
 #include "pipeline/simulator.h"
 #include "safe/metrics_writer.h"
+#include "train/expert_grads.h"
 #include "train/moe_step.h"
 #include "safe/run_lock.h"
 #include "safe/train_watch.h"
@@ -253,6 +254,7 @@ class Trainer {
   std::vector<int> counted_tensors_;  // the tensors the global gradient norm counts on this rank
   std::unique_ptr<parallel::GradBuckets> buckets_;
   std::vector<int> w_done_, w_expected_;  // per tensor: W passes seen this step, and expected
+  std::unique_ptr<ExpertGradients> experts_;  // expert parallel: the experts' reduction over edp
 
   // Optimizer: AdamW replicated on every dp rank, or ZeRO-1's shards.
   std::unique_ptr<FlatAdamW> replicated_;
@@ -420,6 +422,9 @@ void Trainer::build_model() {
   part.cp_rank = me_.cp;
   part.cp_group = groups_.cp.get();
   part.cp_comm = layout_.cp_all_to_all ? CpComm::A2A : CpComm::P2P;
+  part.ep_size = layout_.ep;
+  part.ep_rank = me_.ep;
+  part.ep_group = groups_.ep.get();
   const int num_stages = layout_.pp * layout_.vpp;
   if (layout_.schedule)
     for (int c = 0; c < layout_.vpp; ++c) {
@@ -447,9 +452,14 @@ void Trainer::build_gradient_reduction() {
         tied_tensor_ = model_->embedding_param() >= 0 ? model_->embedding_param() : model_->output_param();
     }
   }
+  if (layout_.ep > 1)
+    experts_ = std::make_unique<ExpertGradients>(
+        params, *groups_.edp, layout_.shard_optimizer(),
+        AdamWOptions{a_.adam_beta1, a_.adam_beta2, a_.adam_eps, a_.weight_decay});
   // The norm counts each tensor of the whole model once: tp-replicated tensors on tp rank 0, the
-  // tied embedding on the first stage.
+  // tied embedding on the first stage (expert-parallel experts apart: gradient_norm()).
   for (int t = 0; t < num_tensors; ++t) {
+    if (experts_ && experts_->is_expert(t)) continue;
     if (params.infos()[t].tp_replicated && me_.tp != 0) continue;
     if (t == tied_tensor_ && model_->embedding_param() < 0) continue;
     counted_tensors_.push_back(t);
@@ -469,7 +479,10 @@ void Trainer::build_gradient_reduction() {
   for (int t = 0; t < num_tensors; ++t) w_expected_[t] = int(m_local_) * model_->weight_grad_passes(t);
   model_->set_weight_grad_hook([this](const std::vector<int>& ids) {
     for (int t : ids)
-      if (++w_done_[t] == w_expected_[t] && t != tied_tensor_) buckets_->mark_ready(t);
+      if (++w_done_[t] == w_expected_[t] && t != tied_tensor_) {
+        if (experts_ && experts_->is_expert(t)) experts_->keep(t);
+        buckets_->mark_ready(t);
+      }
   });
 }
 
@@ -509,7 +522,9 @@ std::string Trainer::try_restore(const std::string& dir, bool weights_only) {
   }
   if (sharded_)
     sharded_->load_state(ck.state.optimizer_step, ck.exp_avg.data(), ck.exp_avg_sq.data(), int64_t(ck.exp_avg.size()));
-  else
+  if (sharded_ && experts_)
+    experts_->optimizer()->set_state(ck.state.optimizer_step, ck.exp_avg.data(), ck.exp_avg_sq.data());
+  if (!sharded_)
     replicated_->set_state(ck.state.optimizer_step, ck.exp_avg.data(), ck.exp_avg_sq.data());
   state_ = ck.state;
   log::info("resumed from {} at iteration {} ({} samples consumed)", dir, state_.iteration, state_.consumed_samples);
@@ -627,6 +642,7 @@ void Trainer::reduce_gradients() {
     buckets_->mark_ready(tied_tensor_);
   }
   buckets_->finish();
+  if (experts_) experts_->reduce();
   // Sequence parallel: every replicated tensor saw only this rank's rows; without it, only those
   // whose gradient covers this rank's heads (QK norms).
   if (layout_.tp > 1)
@@ -639,14 +655,20 @@ void Trainer::reduce_gradients() {
 // The global L2 norm of the gradients, the same on every rank.
 double Trainer::gradient_norm() {
   trace::Region region(profiler_.get(), "gradient_norm");
+  // Under expert parallelism each expert is on one rank of ep x pp, and whole on each tp rank.
+  const double experts =
+      experts_ ? groups_.mp->all_reduce_value(groups_.ep->all_reduce_value(
+                     me_.tp == 0 ? experts_->grad_sq_sum(replicated_.get()) : 0.0))
+               : 0.0;
   if (sharded_) {
     const std::vector<int>& counted = counted_tensors_;
-    return sharded_->grad_norm(groups_.mp.get(), [&counted](int t) {
+    const double dense = sharded_->grad_norm(groups_.mp.get(), [&counted](int t) {
       return std::binary_search(counted.begin(), counted.end(), t);
     });
+    return experts_ ? std::sqrt(dense * dense + experts) : dense;
   }
   return std::sqrt(
-      groups_.mp->all_reduce_value(replicated_->grad_sq_sum(model_->params().grads(), counted_tensors_)));
+      groups_.mp->all_reduce_value(replicated_->grad_sq_sum(model_->params().grads(), counted_tensors_)) + experts);
 }
 
 // AdamW with the clipping factor folded in; the model's working weights follow the master.
@@ -654,7 +676,9 @@ void Trainer::optimizer_step(double lr, double grad_scale) {
   trace::Region region(profiler_.get(), "optimizer_step");
   ParamStore& params = model_->params();
   if (sharded_) {
+    if (experts_) experts_->save_values();
     sharded_->step(lr, grad_scale);
+    if (experts_) experts_->step(lr, grad_scale);  // the experts are not the dp shards'
     model_->sync_working_weights();
   } else {
     Tensor* working = model_->has_separate_working_weights() ? &model_->working_weights() : nullptr;
@@ -689,7 +713,8 @@ StepResult Trainer::train_step() {
   const bool skip = watch_->check(state_.iteration + 1, r.loss, r.grad_norm) == safe::StepAction::Skip;
   r.lr = lr_schedule_->lr_at(state_.iteration);
   if (!skip) optimizer_step(r.lr, clip_scale);
-  moe_ = finish_moe_step(*model_, *groups_.dp, m_local_, !skip);  // expert load, bias update
+  moe_ = finish_moe_step(*model_, *groups_.dp, m_local_, !skip,  // expert load, bias update
+                         layout_.sequence_parallel ? groups_.tp.get() : nullptr);
   state_.iteration += 1;
   state_.consumed_samples += gbs_;
   state_.optimizer_step = sharded_ ? sharded_->step_count() : replicated_->step_count();
@@ -729,13 +754,22 @@ void Trainer::save() {
   parallel::FullOptimizerState full;
   if (sharded_) {
     full = sharded_->gather_state();
+    if (experts_) {  // the expert slots' moments are the experts' own AdamW's
+      const std::vector<float> m = experts_->optimizer()->exp_avg(), v = experts_->optimizer()->exp_avg_sq();
+      for (int t : experts_->tensors()) {
+        const StoredParam& p = model_->params().infos()[size_t(t)];
+        std::copy_n(m.begin() + p.offset, p.numel, full.exp_avg.begin() + p.offset);
+        std::copy_n(v.begin() + p.offset, p.numel, full.exp_avg_sq.begin() + p.offset);
+      }
+    }
   } else {
     full.exp_avg = replicated_->exp_avg();  // host copies
     full.exp_avg_sq = replicated_->exp_avg_sq();
   }
   SaveOptions so;
   so.world = world_;
-  so.writer = me_.dp == 0 && me_.cp == 0;  // dp replicas hold the same tensors
+  // dp replicas hold the same tensors; under expert parallelism the ep ranks of edp 0 hold the experts.
+  so.writer = me_.edp == 0 && me_.cp == 0;
   so.layout = {world_->size(), layout_.tp, layout_.pp, layout_.dp, layout_.cp, layout_.vpp};
   so.overwrite = a_.overwrite;
   summary_.last_checkpoint = save_checkpoint(cfg_.checkpoint_dir(), model_->params(), full.exp_avg.data(),

@@ -142,5 +142,20 @@ TEST(GpuParallelTraining, DataParallelWithTheDistributedOptimizer) {
   expect_gpu_matches_reference("      num_layers: 2\n      use_distributed_optimizer: true\n      ddp_bucket_size: 20000\n");
 }
 
+// Expert parallelism (docs/moe.md): each rank holds 2 of the 4 experts of every layer, and the
+// token rows cross the NCCL ep group both ways, in the forward and in the backward, under each
+// dispatcher; against the same layout on the CPU reference backend (MPI).
+TEST(GpuParallelTraining, ExpertParallelAllToAll) {
+  expect_gpu_matches_reference("      num_layers: 2\n      num_experts: 4\n      moe_ffn_hidden_size: 128\n"
+                               "      moe_router_topk: 2\n      moe_aux_loss_coeff: 0.01\n"
+                               "      expert_model_parallel_size: 2\n      moe_token_dispatcher_type: alltoall\n");
+}
+
+TEST(GpuParallelTraining, ExpertParallelAllGather) {
+  expect_gpu_matches_reference("      num_layers: 2\n      num_experts: 4\n      moe_ffn_hidden_size: 128\n"
+                               "      moe_router_topk: 2\n      moe_aux_loss_coeff: 0.01\n"
+                               "      expert_model_parallel_size: 2\n      moe_token_dispatcher_type: allgather\n");
+}
+
 }  // namespace
 }  // namespace primus

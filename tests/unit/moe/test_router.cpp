@@ -169,3 +169,42 @@ TEST(RowOps, DispatchThenCombineIsTheIdentity) {
     }
   }
 }
+
+// Sequence parallelism: two ranks each route half of the tokens with TokenShare (the counts summed
+// between them); their aux and z losses add up to the whole microbatch's, and each half's
+// d(logits) is the whole's rows (the losses' gradients included).
+TEST(Router, SharedTokensGiveTheWholeMicrobatchsLossesAndGradients) {
+  ModelSpec s = router_spec(4, 2);
+  s.moe_aux_loss_coeff = 0.01;
+  s.moe_z_loss_coeff = 0.001;
+  const int64_t N = 8, E = 4, k = 2;
+  std::vector<double> logits(size_t(N * E));
+  for (size_t i = 0; i < logits.size(); ++i) logits[i] = std::sin(1.7 * double(i) + 0.3);
+  const Routing whole = route(s, logits, {}, 2, 4);
+  std::vector<double> dweight(size_t(N * k));
+  for (size_t i = 0; i < dweight.size(); ++i) dweight[i] = std::cos(0.9 * double(i));
+  const std::vector<double> dwhole = route_backward(s, whole, dweight, 0.5);
+  // The counts of both halves, as the tp all-reduce would sum them.
+  std::vector<int64_t> total(size_t(E), 0);
+  for (int h = 0; h < 2; ++h) {
+    std::vector<double> part(logits.begin() + h * N / 2 * E, logits.begin() + (h + 1) * N / 2 * E);
+    for (int32_t e : route(s, part, {}, 1, 4).expert) ++total[size_t(e)];
+  }
+  double aux = 0, z = 0;
+  for (int h = 0; h < 2; ++h) {
+    TokenShare share;
+    share.ranks = 2;
+    share.rank = h;
+    share.sum = [&](std::vector<int64_t>& v) { v = total; };
+    std::vector<double> part(logits.begin() + h * N / 2 * E, logits.begin() + (h + 1) * N / 2 * E);
+    const Routing r = route(s, part, {}, 2, 4, share);
+    EXPECT_EQ(r.tokens, N / 2);
+    aux += r.aux_loss;
+    z += r.z_loss;
+    std::vector<double> dw(dweight.begin() + h * N / 2 * k, dweight.begin() + (h + 1) * N / 2 * k);
+    const std::vector<double> d = route_backward(s, r, dw, 0.5);
+    for (size_t i = 0; i < d.size(); ++i) EXPECT_NEAR(d[i], dwhole[size_t(h * N / 2 * E) + i], 1e-15) << h << " " << i;
+  }
+  EXPECT_NEAR(aux, whole.aux_loss, 1e-15);
+  EXPECT_NEAR(z, whole.z_loss, 1e-15);
+}
