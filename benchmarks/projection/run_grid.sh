@@ -55,6 +55,7 @@ GRID=(
   "MoE (tiny_mixtral), dp2|2||grid_moe.yaml"
   "MoE (tiny_mixtral) balanced, one process|1|--moe_router_force_load_balancing true|grid_moe.yaml"
   "MoE (tiny_mixtral) balanced, dp2|2|--moe_router_force_load_balancing true|grid_moe.yaml"
+  "MoE (tiny_mixtral) balanced, ep2 alltoall|2|--moe_router_force_load_balancing true --expert_model_parallel_size 2 --moe_token_dispatcher_type alltoall|grid_moe.yaml"
 )
 
 rm -f results.jsonl

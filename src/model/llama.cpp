@@ -822,7 +822,8 @@ void LlamaModel::head_backward_weight(LlamaContext& ctx) {
 // Decoding: the forward's steps on the new rows of one sequence, attention reading the cache.
 
 DecodeState LlamaModel::start_decoding(int64_t max_positions) const {
-  PRIMUS_CHECK(opt_.resident_weights && part_.cp_size == 1 && part_.tp_size == 1 && num_chunks() == 1 && part_.chunks[0].has_embedding && part_.chunks[0].has_head,
+  PRIMUS_CHECK(opt_.resident_weights && part_.cp_size == 1 && part_.tp_size == 1 && part_.ep_size == 1 &&
+                   num_chunks() == 1 && part_.chunks[0].has_embedding && part_.chunks[0].has_head,
                "decoding runs on one rank that holds the whole model");
   DecodeState s;
   s.capacity = std::min(max_positions, spec_.max_position_embeddings);
@@ -832,7 +833,6 @@ DecodeState LlamaModel::start_decoding(int64_t max_positions) const {
 }
 
 Tensor LlamaModel::block_decode(const Block& b, Tensor& cache, const Tensor& x, int64_t pos0) const {
-  if (b.moe >= 0) fail("model {}: decoding (generate) does not run MoE blocks yet", spec_.name);
   const int64_t n = x.size(0), L = pos0 + n;
   Steps st(*this, b, 1, n, n);
   Tensor rstd;
@@ -849,6 +849,11 @@ Tensor LlamaModel::block_decode(const Block& b, Tensor& cache, const Tensor& x, 
   be_.attention_decode(cache, pos0, attn, {1, L, st.heads(), st.groups(), st.D()});
   const Tensor x2 = row_parallel_residual(attn, b.proj_w, x);
   const Tensor h2 = st.norm(x2, b.mlp_norm, rstd);
+  if (b.moe >= 0) {  // the new rows routed by themselves (a capacity factor applies to them alone)
+    const MoeLayer& m = moe_[size_t(b.moe)];
+    MoeContext mc;
+    return m.forward(mc, h2, x2, [&](int id) { return w(id); }, expert_bias_of(m), 1, n);
+  }
   return row_parallel_residual(st.swiglu(st.fc1(h2)), b.fc2_w, x2);
 }
 

@@ -39,6 +39,17 @@ TEST(Generation, KVCacheLogitsEqualAFullForwardWithQkLayernorm) {
   expect_cached_equals_full(s);
 }
 
+// MoE blocks (dropless): every new row is routed by itself, as in the full forward.
+TEST(Generation, KVCacheLogitsEqualAFullForwardWithMoe) {
+  ModelSpec s = gen_spec();
+  s.num_experts = 4;
+  s.moe_ffn_hidden_size = 24;
+  s.moe_router_topk = 2;
+  s.moe_layer_freq = 2;  // layer 0 MoE, layer 1 dense
+  s.moe_shared_expert_intermediate_size = 16;
+  expect_cached_equals_full(s);
+}
+
 static void expect_cached_equals_full(const ModelSpec& spec) {
   LlamaModel model(spec, cpu::cpu_backend(), Precision::Fp32);
   model.init_weights(3);
