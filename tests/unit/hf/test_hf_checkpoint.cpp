@@ -45,23 +45,22 @@ struct TempDir {
   std::string operator/(const std::string& s) const { return (path / s).string(); }
 };
 
-// The tiny preset with QKV biases and a tied output layer: Qwen2's shape of model.
-std::string qwen2_like_preset(const TempDir& t) {
-  std::ofstream(t / "qwen2_tiny.yaml") << "num_layers: 2\nhidden_size: 64\nffn_hidden_size: 96\nnum_attention_heads: 4\n"
-                                          "num_query_groups: 2\nvocab_size: 256\nmax_position_embeddings: 128\n"
-                                          "norm_epsilon: 1.0e-6\nrotary_base: 1000000\n"
-                                          "untie_embeddings_and_output_weights: false\nadd_qkv_bias: true\n";
-  return t / "qwen2_tiny.yaml";
+// A two-layer preset with a tied output layer (as the small Qwen models have) and `extra` keys.
+std::string tied_preset(const TempDir& t, const std::string& name, const std::string& extra) {
+  std::ofstream(t / name) << "num_layers: 2\nhidden_size: 64\nffn_hidden_size: 96\nnum_attention_heads: 4\n"
+                             "num_query_groups: 2\nvocab_size: 256\nmax_position_embeddings: 128\n"
+                             "norm_epsilon: 1.0e-6\nrotary_base: 1000000\nuntie_embeddings_and_output_weights: false\n"
+                          << extra;
+  return t / name;
 }
 
-// Qwen3's shape: per-head q/k norms, no biases, a tied output layer, and a head_dim (32) that is
-// not hidden_size / heads (16), as in Qwen3-4B (2560 / 32 heads, head_dim 128).
+// Qwen2's shape of model: QKV biases.
+std::string qwen2_like_preset(const TempDir& t) { return tied_preset(t, "qwen2_tiny.yaml", "add_qkv_bias: true\n"); }
+
+// Qwen3's shape: per-head q/k norms, no biases, and a head_dim (32) that is not hidden_size /
+// heads (16), as in Qwen3-4B (2560 / 32 heads, head_dim 128).
 std::string qwen3_like_preset(const TempDir& t) {
-  std::ofstream(t / "qwen3_tiny.yaml") << "num_layers: 2\nhidden_size: 64\nffn_hidden_size: 96\nnum_attention_heads: 4\n"
-                                          "num_query_groups: 2\nkv_channels: 32\nvocab_size: 256\n"
-                                          "max_position_embeddings: 128\nnorm_epsilon: 1.0e-6\nrotary_base: 1000000\n"
-                                          "untie_embeddings_and_output_weights: false\nqk_layernorm: true\n";
-  return t / "qwen3_tiny.yaml";
+  return tied_preset(t, "qwen3_tiny.yaml", "kv_channels: 32\nqk_layernorm: true\n");
 }
 
 void peer_write(const std::string& out, const std::string& model, const std::string& dtype, uint64_t shard) {
