@@ -97,6 +97,38 @@ TEST(ModelGrads, QkLayernormMatchesFiniteDifferences) {
   check_model_grads(spec, {});
 }
 
+// DeepSeek's multi-latent attention: queries through their latent (with q_layernorm and
+// kv_layernorm) or straight, a shared rotary key, a value head narrower or wider than the
+// query/key head, YaRN.
+static ModelSpec mla_spec(int64_t q_lora_rank, bool norms, double yarn) {
+  ModelSpec s = tiny_spec(false, false);
+  s.multi_latent_attention = true;
+  s.num_query_groups = 0;
+  s.q_lora_rank = q_lora_rank;
+  s.kv_lora_rank = 6;
+  s.qk_head_dim = 3;
+  s.qk_pos_emb_head_dim = 4;
+  s.v_head_dim = 5;
+  s.qk_layernorm = norms;
+  s.rotary_scaling_factor = yarn;
+  s.original_max_position_embeddings = 4;
+  s.mscale = 0.9;
+  s.mscale_all_dim = 0.8;
+  return s;
+}
+
+TEST(ModelGrads, MlaWithLatentQueriesMatchesFiniteDifferences) { check_model_grads(mla_spec(5, true, 1.0), {}); }
+
+TEST(ModelGrads, MlaWithDirectQueriesAndYarnMatchesFiniteDifferences) {
+  check_model_grads(mla_spec(0, false, 4.0), {});
+}
+
+TEST(ModelGrads, MlaWithWideValuesMatchesFiniteDifferences) {
+  ModelSpec s = mla_spec(5, true, 2.0);
+  s.v_head_dim = 9;  // wider than qk_head_dim + qk_pos_emb_head_dim: the packed heads pad q and k
+  check_model_grads(s, {});
+}
+
 // A float model a little larger than the FD one, for the pass-structure comparisons.
 static ModelSpec float_spec() {
   ModelSpec s = tiny_spec(false, true);
@@ -174,6 +206,35 @@ TEST(ModelPasses, RecomputeGivesIdenticalGradients) {
 TEST(ModelPasses, QkLayernormSplitAndRecomputeGiveIdenticalGradients) {
   ModelSpec spec = float_spec();
   spec.qk_layernorm = true;
+  float l0, l1, l2, l3;
+  LlamaOptions sel, full;
+  sel.recompute = Recompute::Selective;
+  full.recompute = Recompute::Full;
+  auto fused = float_grads(spec, {}, false, &l0);
+  auto none = float_grads(spec, {}, true, &l1);
+  auto s = float_grads(spec, sel, true, &l2);
+  auto f = float_grads(spec, full, true, &l3);
+  EXPECT_EQ(l0, l1);
+  EXPECT_EQ(l0, l2);
+  EXPECT_EQ(l0, l3);
+  EXPECT_EQ(0, std::memcmp(fused.data(), none.data(), none.size() * sizeof(float)));
+  EXPECT_EQ(0, std::memcmp(none.data(), s.data(), none.size() * sizeof(float)));
+  EXPECT_EQ(0, std::memcmp(none.data(), f.data(), none.size() * sizeof(float)));
+}
+
+// MLA's saves survive selective recompute and are rebuilt by full recompute; B then W equals
+// the fused backward.
+TEST(ModelPasses, MlaSplitAndRecomputeGiveIdenticalGradients) {
+  ModelSpec spec = float_spec();
+  spec.multi_latent_attention = true;
+  spec.num_query_groups = 0;
+  spec.q_lora_rank = 12;
+  spec.kv_lora_rank = 10;
+  spec.qk_head_dim = 6;
+  spec.qk_pos_emb_head_dim = 4;
+  spec.v_head_dim = 8;
+  spec.qk_layernorm = true;
+  spec.add_qkv_bias = false;
   float l0, l1, l2, l3;
   LlamaOptions sel, full;
   sel.recompute = Recompute::Selective;
