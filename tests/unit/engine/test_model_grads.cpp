@@ -129,6 +129,17 @@ TEST(ModelGrads, MlaWithWideValuesMatchesFiniteDifferences) {
   check_model_grads(s, {});
 }
 
+TEST(ModelGrads, MlaRefusesTensorParallelByName) {
+  ModelPartition part;
+  part.tp_size = 2;
+  try {
+    LlamaModel m(mla_spec(5, true, 1.0), cpu::cpu_backend(), Precision::Fp32, {}, part);
+    FAIL() << "accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("multi_latent_attention"), std::string::npos) << e.what();
+  }
+}
+
 // A float model a little larger than the FD one, for the pass-structure comparisons.
 static ModelSpec float_spec() {
   ModelSpec s = tiny_spec(false, true);
