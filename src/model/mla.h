@@ -57,8 +57,7 @@ double yarn_mscale(double factor, double m);
 
 // What the B and W passes need.
 struct MlaContext {
-  Tensor cq, rstd_q,
-      cqn;                               // q latent [N, q_lora_rank], its rstd, its norm (cq itself without)
+  Tensor cq, rstd_q, cqn;                // q latent [N, q_lora_rank], its rstd, its norm (or cq)
   Tensor c, rstd_kv, cn;                 // kv latent [N, kv_lora_rank], its rstd, its norm
   Tensor out;                            // the attention op's padded output [N, heads * W]
   Tensor dq, dcqn, dcq, dkv, dcn, dckv;  // B-pass gradients the W pass reads

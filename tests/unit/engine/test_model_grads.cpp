@@ -129,6 +129,30 @@ TEST(ModelGrads, MlaWithWideValuesMatchesFiniteDifferences) {
   check_model_grads(s, {});
 }
 
+// YaRN (DeepSeek's formula): factor 1 is plain rotary; with a factor, the fastest pair keeps its
+// frequency, the slowest is divided by the factor, and both tables carry mscale(f, mscale) /
+// mscale(f, mscale_all_dim).
+TEST(ModelGrads, MlaYarnTablesFollowTheFormula) {
+  ModelSpec s = mla_spec(5, true, 1.0);
+  s.qk_pos_emb_head_dim = 16;
+  s.rotary_base = 10000;
+  s.original_max_position_embeddings = 64;
+  const int64_t P = 8, half = 8;
+  std::vector<double> c(P * half), sn(P * half);
+  mla_rope_tables(s, P, c.data(), sn.data());
+  for (int64_t i = 0; i < half; ++i)
+    EXPECT_NEAR(c[3 * half + i], std::cos(3.0 / std::pow(10000.0, 2.0 * double(i) / 16)), 1e-12) << i;
+  s.rotary_scaling_factor = 40;
+  mla_rope_tables(s, P, c.data(), sn.data());
+  const double m = (0.1 * 0.9 * std::log(40.0) + 1) / (0.1 * 0.8 * std::log(40.0) + 1);
+  EXPECT_NEAR(c[0], m, 1e-12);
+  EXPECT_NEAR(std::atan2(sn[half], c[half]), 1.0, 1e-12);  // pair 0 at position 1: angle 1
+  const double slow = 1.0 / std::pow(10000.0, 14.0 / 16) / 40;
+  EXPECT_NEAR(std::atan2(sn[half + 7], c[half + 7]), slow, 1e-12);
+  EXPECT_NEAR(std::hypot(sn[half + 7], c[half + 7]), m, 1e-12);
+  EXPECT_DOUBLE_EQ(yarn_mscale(1.0, 0.7), 1.0);
+}
+
 TEST(ModelGrads, MlaRefusesTensorParallelByName) {
   ModelPartition part;
   part.tp_size = 2;
