@@ -87,9 +87,10 @@ class LlamaModel::Held {
 };
 
 std::vector<int> LlamaModel::Block::ids() const {
-  std::vector<int> v = {attn_norm, qkv_w, proj_w, mlp_norm};
-  for (int id : {fc1_w, fc2_w, qkv_b, q_norm, k_norm})
+  std::vector<int> v = {attn_norm, proj_w, mlp_norm};
+  for (int id : {qkv_w, fc1_w, fc2_w, qkv_b, q_norm, k_norm})
     if (id >= 0) v.push_back(id);
+  for (int id : mla.ids()) v.push_back(id);
   v.insert(v.end(), moe_ids.begin(), moe_ids.end());
   return v;
 }
@@ -109,8 +110,10 @@ LlamaModel::LlamaModel(const ModelSpec& spec, ops::Backend& backend, Precision p
       part_(std::move(partition)),
       params_(master_dtype(precision)) {
   spec_.validate();
-  if (spec_.multi_latent_attention)
-    fail("model {}: multi_latent_attention is counted by `analyze model` but not trained yet", spec_.name);
+  if (spec_.multi_latent_attention && (part_.tp_size > 1 || part_.cp_size > 1))
+    fail("model {}: multi_latent_attention runs with tensor_model_parallel_size 1 and context_parallel_size 1 only "
+         "(got {} and {}): its heads are not split yet",
+         spec_.name, part_.tp_size, part_.cp_size);
   if (spec_.is_moe()) check_moe_supported(spec_, part_.sequence_parallel ? part_.tp_size : 1);
   std::shared_ptr<const TokenDispatcher> dispatcher;  // every MoE block's, under expert parallelism
   if (part_.ep_size > 1) {
@@ -195,19 +198,24 @@ LlamaModel::LlamaModel(const ModelSpec& spec, ops::Backend& backend, Precision p
       const std::string pre = fmt::format("decoder.layers.{}.", l);
       Block b;
       b.attn_norm = params_.add(pre + "input_layernorm.weight", {C}, ParamInit::Ones, false);
-      b.qkv_w = params_.add_sharded(pre + "self_attention.linear_qkv.weight", {spec_.qkv_size(), C}, qkv_shard,
-                                    ParamInit::Normal, true);
-      if (spec_.add_qkv_bias)
+      if (spec_.multi_latent_attention) {
+        b.qkv_w = -1;
+        b.mla = register_mla_params(params_, spec_, l);
+      } else {
+        b.qkv_w = params_.add_sharded(pre + "self_attention.linear_qkv.weight", {spec_.qkv_size(), C}, qkv_shard,
+                                      ParamInit::Normal, true);
+      }
+      if (spec_.add_qkv_bias && !spec_.multi_latent_attention)
         b.qkv_b = params_.add_sharded(pre + "self_attention.linear_qkv.bias", {spec_.qkv_size()}, qkv_shard,
                                       ParamInit::Zeros, false);
-      if (spec_.qk_layernorm) {
+      if (spec_.qk_layernorm && !spec_.multi_latent_attention) {
         b.q_norm = params_.add(pre + "self_attention.q_layernorm.weight", {D}, ParamInit::Ones, false);
         b.k_norm = params_.add(pre + "self_attention.k_layernorm.weight", {D}, ParamInit::Ones, false);
         params_.mark_tp_partial_grads(b.q_norm);
         params_.mark_tp_partial_grads(b.k_norm);
       }
-      b.proj_w = params_.add_sharded(pre + "self_attention.linear_proj.weight", {C, spec_.q_size()}, proj_shard,
-                                     ParamInit::ScaledNormal, true);
+      b.proj_w = params_.add_sharded(pre + "self_attention.linear_proj.weight", {C, spec_.attention_out_size()},
+                                     proj_shard, ParamInit::ScaledNormal, true);
       b.mlp_norm = params_.add(pre + "pre_mlp_layernorm.weight", {C}, ParamInit::Ones, false);
       if (spec_.is_moe_layer(l)) {
         b.moe = int(moe_.size());
@@ -255,7 +263,8 @@ LlamaModel::LlamaModel(const ModelSpec& spec, ops::Backend& backend, Precision p
     source_ = resident_.get();
   }
   if (part_.cp_size > 1) cp_ = std::make_unique<ContextParallelAttention>(be_, *part_.cp_group, part_.cp_comm, act_);
-  if (spec_.qk_layernorm) qk_norm_ = std::make_unique<QkNorm>(be_, act_, hl, gl, D, float(spec_.norm_epsilon));
+  if (spec_.multi_latent_attention) mla_ = std::make_unique<Mla>(be_, act_, spec_);
+  if (spec_.qk_layernorm && !mla_) qk_norm_ = std::make_unique<QkNorm>(be_, act_, hl, gl, D, float(spec_.norm_epsilon));
 
   const int64_t half = D / 2, P = spec_.max_position_embeddings;
   Tensor cos = Tensor::empty({P, half}, stat_), sin = Tensor::empty({P, half}, stat_);
@@ -394,7 +403,7 @@ struct LlamaModel::Steps {
   int64_t heads() const { return m.spec_.num_attention_heads / m.part_.tp_size; }
   int64_t groups() const { return m.spec_.query_groups() / m.part_.tp_size; }
   int64_t Q() const { return (heads() + 2 * groups()) * D(); }
-  int64_t QS() const { return heads() * D(); }
+  int64_t QS() const { return m.mla_ ? m.spec_.attention_out_size() : heads() * D(); }
   int64_t F() const { return m.spec_.ffn_hidden_size / m.part_.tp_size; }
   float eps() const { return float(m.spec_.norm_epsilon); }
 
@@ -413,6 +422,10 @@ struct LlamaModel::Steps {
     return t;
   }
   void attention(BlockContext& c) {
+    if (m.mla_) {
+      c.attn = m.mla_->attention(c.qkv, c.mla, c.lse, batch, seq);
+      return;
+    }
     c.attn = m.act({N, QS()});
     if (m.cp_) return m.cp_->forward(c.qkv, c.attn, c, m.attention_shape(batch, seq));
     c.lse = m.stat({batch, heads(), seq});
@@ -456,7 +469,9 @@ Tensor LlamaModel::block_forward(const Block& b, BlockContext& c, const Tensor& 
 void LlamaModel::block_rebuild(const Block& b, BlockContext& c, int64_t batch, int64_t seq) {
   Steps st(*this, b, batch, seq, c.x.size(0));
   if (!c.h1.defined()) c.h1 = st.norm(c.x, b.attn_norm, c.rstd1);
-  if (!c.qkv.defined()) {
+  if (!c.qkv.defined() && mla_) {
+    c.qkv = mla_->forward(b.mla, c.mla, c.h1, seq, 0, [&](int id) { return w(id); });
+  } else if (!c.qkv.defined()) {
     c.qkv = st.qkv(c.h1, st.N);
     if (qk_norm_) qk_norm_->forward(c.qkv, w(b.q_norm), w(b.k_norm), c.qk);
     rope(c.qkv, st.heads() + st.groups(), batch, seq, false);
@@ -495,16 +510,20 @@ Tensor LlamaModel::block_backward_input(const Block& b, BlockContext& c, const T
   c.dx2 = gather_rows(dx2);
   Tensor dattn = act({N, st.QS()});
   be_.gemm(false, false, 1.0f, c.dx2, w(b.proj_w), 0.0f, Tensor(), dattn, Tensor());
-  c.dqkv = act({N, st.Q()});
-  if (cp_)
-    cp_->backward(c.qkv, c.attn, c, dattn, c.dqkv, attention_shape(batch, seq));
-  else
-    be_.attention_backward(c.qkv, c.attn, c.lse, dattn, c.dqkv, attention_shape(batch, seq));
-  rope(c.dqkv, st.heads() + st.groups(), batch, seq, true);
-  if (qk_norm_) qk_norm_->backward_input(c.dqkv, w(b.q_norm), w(b.k_norm), c.qk);
-  Tensor dh1 = act({N, C});
-  be_.gemm(false, false, 1.0f, c.dqkv, w(b.qkv_w), 0.0f, Tensor(), dh1, Tensor());
-  c.dh1 = reduce_partial(dh1);
+  if (mla_) {
+    c.dh1 = mla_->backward_input(b.mla, c.mla, c.qkv, c.lse, dattn, batch, seq, [&](int id) { return w(id); });
+  } else {
+    c.dqkv = act({N, st.Q()});
+    if (cp_)
+      cp_->backward(c.qkv, c.attn, c, dattn, c.dqkv, attention_shape(batch, seq));
+    else
+      be_.attention_backward(c.qkv, c.attn, c.lse, dattn, c.dqkv, attention_shape(batch, seq));
+    rope(c.dqkv, st.heads() + st.groups(), batch, seq, true);
+    if (qk_norm_) qk_norm_->backward_input(c.dqkv, w(b.q_norm), w(b.k_norm), c.qk);
+    Tensor dh1 = act({N, C});
+    be_.gemm(false, false, 1.0f, c.dqkv, w(b.qkv_w), 0.0f, Tensor(), dh1, Tensor());
+    c.dh1 = reduce_partial(dh1);
+  }
   Tensor dx = act({Nl, C});
   be_.rmsnorm_backward_input(c.dh1, c.x, w(b.attn_norm), c.rstd1, dx2, dx);
   // The W pass needs the linears' inputs and output gradients, and the norms' inputs.
@@ -527,7 +546,10 @@ void LlamaModel::block_backward_weight(const Block& b, BlockContext& c) {
   Tensor gn2 = g(b.mlp_norm);
   be_.rmsnorm_backward_weight(c.dh2, c.x2, c.rstd2, gn2);
   acc(c.dx2, c.attn, b.proj_w);
-  acc(c.dqkv, c.h1, b.qkv_w);
+  if (mla_)
+    mla_->backward_weight(b.mla, c.mla, c.h1, [&](int id) { return g(id); });
+  else
+    acc(c.dqkv, c.h1, b.qkv_w);
   if (b.qkv_b >= 0) {
     Tensor gb = g(b.qkv_b);
     be_.column_sum_accumulate(c.dqkv, gb);
@@ -828,7 +850,7 @@ DecodeState LlamaModel::start_decoding(int64_t max_positions) const {
   DecodeState s;
   s.capacity = std::min(max_positions, spec_.max_position_embeddings);
   if (s.capacity <= 0) fail("a decoder needs room for at least one position");
-  for (size_t l = 0; l < blocks_.size(); ++l) s.cache.push_back(act({s.capacity, spec_.qkv_size()}));
+  for (size_t l = 0; l < blocks_.size(); ++l) s.cache.push_back(act({s.capacity, mla_ ? mla_->packed_width() : spec_.qkv_size()}));
   return s;
 }
 
@@ -838,15 +860,25 @@ Tensor LlamaModel::block_decode(const Block& b, Tensor& cache, const Tensor& x, 
   Tensor rstd;
   const Tensor h1 = st.norm(x, b.attn_norm, rstd);
   Tensor rows = cache.slice(0, pos0, n);
-  Tensor qkv = st.qkv(h1, n);
-  if (qk_norm_) {
-    QkNormContext unused;
-    qk_norm_->forward(qkv, w(b.q_norm), w(b.k_norm), unused);
+  Tensor attn;
+  if (mla_) {  // the cache holds the packed heads
+    MlaContext unused;
+    rows.copy_from(mla_->forward(b.mla, unused, h1, n, pos0, [&](int id) { return w(id); }));
+    const ops::AttentionShape s = mla_->shape(1, L);
+    Tensor out = act({n, s.heads * s.head_dim});
+    be_.attention_decode(cache, pos0, out, s);
+    attn = mla_->values(out);
+  } else {
+    Tensor qkv = st.qkv(h1, n);
+    if (qk_norm_) {
+      QkNormContext unused;
+      qk_norm_->forward(qkv, w(b.q_norm), w(b.k_norm), unused);
+    }
+    be_.rope_apply(qkv, st.heads() + st.groups(), st.D(), n, pos0, rope_cos_, rope_sin_, false);
+    rows.copy_from(qkv);
+    attn = act({n, st.QS()});
+    be_.attention_decode(cache, pos0, attn, {1, L, st.heads(), st.groups(), st.D()});
   }
-  be_.rope_apply(qkv, st.heads() + st.groups(), st.D(), n, pos0, rope_cos_, rope_sin_, false);
-  rows.copy_from(qkv);
-  Tensor attn = act({n, st.QS()});
-  be_.attention_decode(cache, pos0, attn, {1, L, st.heads(), st.groups(), st.D()});
   const Tensor x2 = row_parallel_residual(attn, b.proj_w, x);
   const Tensor h2 = st.norm(x2, b.mlp_norm, rstd);
   if (b.moe >= 0) {  // the new rows routed by themselves (a capacity factor applies to them alone)

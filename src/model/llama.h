@@ -51,6 +51,7 @@
 
 #include "core/tensor.h"
 #include "kernels/backend.h"
+#include "model/mla.h"
 #include "model/model_spec.h"
 #include "model/moe.h"
 #include "model/qk_norm.h"
@@ -124,6 +125,7 @@ void check_tensor_parallel(const ModelSpec& spec, int tp_size);
 struct BlockContext {
   Tensor x;                                                       // block input (owned by the previous layer)
   QkNormContext qk;                                               // qk_layernorm's saves
+  MlaContext mla;                                                 // multi_latent_attention's saves
   Tensor h1, rstd1, qkv, attn, lse, x2, h2, rstd2, gate_up, act;  // forward saves
   Tensor cp_qkv, cp_out;  // context parallel a2a: the whole sequence's qkv and output of this rank's heads
   Tensor dy, dqkv, dh1, dx2, dgate_up, dh2;                       // B-pass outputs the W pass needs
@@ -259,6 +261,7 @@ class LlamaModel {
   struct Block {
     int attn_norm, qkv_w, qkv_b = -1, proj_w, mlp_norm, fc1_w = -1, fc2_w = -1;
     int q_norm = -1, k_norm = -1;  // qk_layernorm
+    MlaParams mla;                 // multi_latent_attention (then qkv_w and qkv_b are -1)
     int moe = -1;                // index into moe_ (an MoE block instead of the dense MLP)
     std::vector<int> moe_ids;    // its tensors
     std::vector<int> ids() const;
@@ -331,6 +334,7 @@ class LlamaModel {
   WeightSource* source_ = nullptr;
   std::unique_ptr<ContextParallelAttention> cp_;  // when cp_size > 1
   std::unique_ptr<QkNorm> qk_norm_;               // qk_layernorm
+  std::unique_ptr<Mla> mla_;                      // multi_latent_attention
 };
 
 }  // namespace primus

@@ -409,6 +409,18 @@ TEST_F(Distributed, Dp2MoeDistributedOptimizer) {
 }
 TEST_F(Distributed, Pp2Moe) { expect_same_training(2, "--pipeline_model_parallel_size 2", kMoe); }
 
+// DeepSeek-style: multi-latent attention (docs/moe.md) with the MoE blocks, through the pipeline
+// and the distributed optimizer.
+constexpr const char* kMla =
+    " --multi_latent_attention true --q_lora_rank 16 --kv_lora_rank 12 --qk_head_dim 8 --qk_pos_emb_head_dim 4 "
+    "--v_head_dim 8 --qk_layernorm true";
+TEST_F(Distributed, Pp2MlaMoe) {
+  expect_same_training(2, "--pipeline_model_parallel_size 2", std::string(kMoe) + kMla);
+}
+TEST_F(Distributed, Dp2MlaDistributedOptimizer) {
+  expect_same_training(2, "--use_distributed_optimizer true --ddp_bucket_size 20000", kMla);
+}
+
 // Expert parallelism (docs/moe.md): each rank holds num_experts / ep of the experts and the
 // dispatchers move the token rows to them and back; the expert gradients are summed over the
 // expert-data-parallel group. Each layout against the one-process run, with the statistics.

@@ -50,6 +50,28 @@ TEST(Generation, KVCacheLogitsEqualAFullForwardWithMoe) {
   expect_cached_equals_full(s);
 }
 
+// DeepSeek's multi-latent attention (YaRN) with MoE blocks: the cache holds the packed heads.
+TEST(Generation, KVCacheLogitsEqualAFullForwardWithMlaAndMoe) {
+  ModelSpec s = gen_spec();
+  s.add_qkv_bias = false;
+  s.use_rope_scaling = false;
+  s.num_query_groups = 0;
+  s.multi_latent_attention = true;
+  s.q_lora_rank = 12;
+  s.kv_lora_rank = 10;
+  s.qk_head_dim = 6;
+  s.qk_pos_emb_head_dim = 4;
+  s.v_head_dim = 8;
+  s.qk_layernorm = true;
+  s.rotary_scaling_factor = 4;
+  s.original_max_position_embeddings = 8;
+  s.num_experts = 4;
+  s.moe_ffn_hidden_size = 24;
+  s.moe_router_topk = 2;
+  s.moe_layer_freq = 2;
+  expect_cached_equals_full(s);
+}
+
 static void expect_cached_equals_full(const ModelSpec& spec) {
   LlamaModel model(spec, cpu::cpu_backend(), Precision::Fp32);
   model.init_weights(3);

@@ -97,6 +97,73 @@ TEST(ModelGrads, QkLayernormMatchesFiniteDifferences) {
   check_model_grads(spec, {});
 }
 
+// DeepSeek's multi-latent attention: queries through their latent (with q_layernorm and
+// kv_layernorm) or straight, a shared rotary key, a value head narrower or wider than the
+// query/key head, YaRN.
+static ModelSpec mla_spec(int64_t q_lora_rank, bool norms, double yarn) {
+  ModelSpec s = tiny_spec(false, false);
+  s.multi_latent_attention = true;
+  s.num_query_groups = 0;
+  s.q_lora_rank = q_lora_rank;
+  s.kv_lora_rank = 6;
+  s.qk_head_dim = 3;
+  s.qk_pos_emb_head_dim = 4;
+  s.v_head_dim = 5;
+  s.qk_layernorm = norms;
+  s.rotary_scaling_factor = yarn;
+  s.original_max_position_embeddings = 4;
+  s.mscale = 0.9;
+  s.mscale_all_dim = 0.8;
+  return s;
+}
+
+TEST(ModelGrads, MlaWithLatentQueriesMatchesFiniteDifferences) { check_model_grads(mla_spec(5, true, 1.0), {}); }
+
+TEST(ModelGrads, MlaWithDirectQueriesAndYarnMatchesFiniteDifferences) {
+  check_model_grads(mla_spec(0, false, 4.0), {});
+}
+
+TEST(ModelGrads, MlaWithWideValuesMatchesFiniteDifferences) {
+  ModelSpec s = mla_spec(5, true, 2.0);
+  s.v_head_dim = 9;  // wider than qk_head_dim + qk_pos_emb_head_dim: the packed heads pad q and k
+  check_model_grads(s, {});
+}
+
+// YaRN (DeepSeek's formula): factor 1 is plain rotary; with a factor, the fastest pair keeps its
+// frequency, the slowest is divided by the factor, and both tables carry mscale(f, mscale) /
+// mscale(f, mscale_all_dim).
+TEST(ModelGrads, MlaYarnTablesFollowTheFormula) {
+  ModelSpec s = mla_spec(5, true, 1.0);
+  s.qk_pos_emb_head_dim = 16;
+  s.rotary_base = 10000;
+  s.original_max_position_embeddings = 64;
+  const int64_t P = 8, half = 8;
+  std::vector<double> c(P * half), sn(P * half);
+  mla_rope_tables(s, P, c.data(), sn.data());
+  for (int64_t i = 0; i < half; ++i)
+    EXPECT_NEAR(c[3 * half + i], std::cos(3.0 / std::pow(10000.0, 2.0 * double(i) / 16)), 1e-12) << i;
+  s.rotary_scaling_factor = 40;
+  mla_rope_tables(s, P, c.data(), sn.data());
+  const double m = (0.1 * 0.9 * std::log(40.0) + 1) / (0.1 * 0.8 * std::log(40.0) + 1);
+  EXPECT_NEAR(c[0], m, 1e-12);
+  EXPECT_NEAR(std::atan2(sn[half], c[half]), 1.0, 1e-12);  // pair 0 at position 1: angle 1
+  const double slow = 1.0 / std::pow(10000.0, 14.0 / 16) / 40;
+  EXPECT_NEAR(std::atan2(sn[half + 7], c[half + 7]), slow, 1e-12);
+  EXPECT_NEAR(std::hypot(sn[half + 7], c[half + 7]), m, 1e-12);
+  EXPECT_DOUBLE_EQ(yarn_mscale(1.0, 0.7), 1.0);
+}
+
+TEST(ModelGrads, MlaRefusesTensorParallelByName) {
+  ModelPartition part;
+  part.tp_size = 2;
+  try {
+    LlamaModel m(mla_spec(5, true, 1.0), cpu::cpu_backend(), Precision::Fp32, {}, part);
+    FAIL() << "accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("multi_latent_attention"), std::string::npos) << e.what();
+  }
+}
+
 // A float model a little larger than the FD one, for the pass-structure comparisons.
 static ModelSpec float_spec() {
   ModelSpec s = tiny_spec(false, true);
@@ -174,6 +241,35 @@ TEST(ModelPasses, RecomputeGivesIdenticalGradients) {
 TEST(ModelPasses, QkLayernormSplitAndRecomputeGiveIdenticalGradients) {
   ModelSpec spec = float_spec();
   spec.qk_layernorm = true;
+  float l0, l1, l2, l3;
+  LlamaOptions sel, full;
+  sel.recompute = Recompute::Selective;
+  full.recompute = Recompute::Full;
+  auto fused = float_grads(spec, {}, false, &l0);
+  auto none = float_grads(spec, {}, true, &l1);
+  auto s = float_grads(spec, sel, true, &l2);
+  auto f = float_grads(spec, full, true, &l3);
+  EXPECT_EQ(l0, l1);
+  EXPECT_EQ(l0, l2);
+  EXPECT_EQ(l0, l3);
+  EXPECT_EQ(0, std::memcmp(fused.data(), none.data(), none.size() * sizeof(float)));
+  EXPECT_EQ(0, std::memcmp(none.data(), s.data(), none.size() * sizeof(float)));
+  EXPECT_EQ(0, std::memcmp(none.data(), f.data(), none.size() * sizeof(float)));
+}
+
+// MLA's saves survive selective recompute and are rebuilt by full recompute; B then W equals
+// the fused backward.
+TEST(ModelPasses, MlaSplitAndRecomputeGiveIdenticalGradients) {
+  ModelSpec spec = float_spec();
+  spec.multi_latent_attention = true;
+  spec.num_query_groups = 0;
+  spec.q_lora_rank = 12;
+  spec.kv_lora_rank = 10;
+  spec.qk_head_dim = 6;
+  spec.qk_pos_emb_head_dim = 4;
+  spec.v_head_dim = 8;
+  spec.qk_layernorm = true;
+  spec.add_qkv_bias = false;
   float l0, l1, l2, l3;
   LlamaOptions sel, full;
   sel.recompute = Recompute::Selective;

@@ -1,0 +1,248 @@
+#include "model/mla.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numbers>
+
+#include "core/error.h"
+
+namespace primus {
+
+std::vector<int> MlaParams::ids() const {
+  std::vector<int> v;
+  for (int id : {q_proj, q_down, q_norm, q_up, kv_down, kv_norm, kv_up})
+    if (id >= 0) v.push_back(id);
+  return v;
+}
+
+MlaParams register_mla_params(ParamStore& params, const ModelSpec& s, int64_t layer) {
+  const std::string pre = fmt::format("decoder.layers.{}.self_attention.", layer);
+  const int64_t C = s.hidden_size, H = s.num_attention_heads, qk = s.qk_head_dim + s.qk_pos_emb_head_dim;
+  MlaParams p;
+  if (s.q_lora_rank > 0) {
+    p.q_down = params.add(pre + "linear_q_down_proj.weight", {s.q_lora_rank, C}, ParamInit::Normal, true);
+    if (s.qk_layernorm) p.q_norm = params.add(pre + "q_layernorm.weight", {s.q_lora_rank}, ParamInit::Ones, false);
+    p.q_up = params.add(pre + "linear_q_up_proj.weight", {H * qk, s.q_lora_rank}, ParamInit::Normal, true);
+  } else {
+    p.q_proj = params.add(pre + "linear_q_proj.weight", {H * qk, C}, ParamInit::Normal, true);
+  }
+  p.kv_down = params.add(pre + "linear_kv_down_proj.weight", {s.kv_lora_rank + s.qk_pos_emb_head_dim, C},
+                         ParamInit::Normal, true);
+  if (s.qk_layernorm) p.kv_norm = params.add(pre + "kv_layernorm.weight", {s.kv_lora_rank}, ParamInit::Ones, false);
+  p.kv_up = params.add(pre + "linear_kv_up_proj.weight", {H * (s.qk_head_dim + s.v_head_dim), s.kv_lora_rank},
+                       ParamInit::Normal, true);
+  return p;
+}
+
+double yarn_mscale(double factor, double m) { return factor <= 1 ? 1.0 : 0.1 * m * std::log(factor) + 1.0; }
+
+void mla_rope_tables(const ModelSpec& s, int64_t positions, double* cos, double* sin) {
+  const int64_t dim = s.qk_pos_emb_head_dim, half = dim / 2;
+  const double base = s.rotary_base, f = s.rotary_scaling_factor;
+  std::vector<double> inv(size_t(half), 0.0);
+  for (int64_t i = 0; i < half; ++i) inv[size_t(i)] = 1.0 / std::pow(base, double(2 * i) / double(dim));
+  double m = 1.0;
+  if (f > 1) {
+    // Frequencies that turn fewer than beta_slow times over the original
+    // context are interpolated (divided by the factor), more than beta_fast
+    // times kept, a linear ramp between.
+    auto correction_dim = [&](double rotations) {
+      return double(dim) * std::log(double(s.original_max_position_embeddings) / (rotations * 2 * std::numbers::pi)) /
+             (2 * std::log(base));
+    };
+    const double low = std::max(std::floor(correction_dim(s.beta_fast)), 0.0);
+    double high = std::min(std::ceil(correction_dim(s.beta_slow)), double(dim - 1));
+    if (low == high) high += 0.001;
+    for (int64_t i = 0; i < half; ++i) {
+      const double ramp = std::clamp((double(i) - low) / (high - low), 0.0, 1.0), keep = 1.0 - ramp;
+      inv[size_t(i)] = inv[size_t(i)] / f * (1.0 - keep) + inv[size_t(i)] * keep;
+    }
+    m = yarn_mscale(f, s.mscale) / yarn_mscale(f, s.mscale_all_dim);
+  }
+  for (int64_t p = 0; p < positions; ++p)
+    for (int64_t i = 0; i < half; ++i) {
+      cos[p * half + i] = std::cos(double(p) * inv[size_t(i)]) * m;
+      sin[p * half + i] = std::sin(double(p) * inv[size_t(i)]) * m;
+    }
+}
+
+Mla::Mla(ops::Backend& backend, DType activation, const ModelSpec& s)
+    : be_(backend),
+      act_(activation),
+      stat_(ops::stat_dtype(activation)),
+      C_(s.hidden_size),
+      H_(s.num_attention_heads),
+      dn_(s.qk_head_dim),
+      dr_(s.qk_pos_emb_head_dim),
+      dv_(s.v_head_dim),
+      Dq_(s.qk_head_dim + s.qk_pos_emb_head_dim),
+      W_(std::max(Dq_, dv_)),
+      Rq_(s.q_lora_rank),
+      R_(s.kv_lora_rank),
+      eps_(float(s.norm_epsilon)) {
+  const double m = yarn_mscale(s.rotary_scaling_factor, s.mscale_all_dim);
+  q_alpha_ = float(std::sqrt(double(W_) / double(Dq_)) * m * m);
+  const int64_t P = s.max_position_embeddings, half = dr_ / 2;
+  Tensor c = Tensor::empty({P, half}, DType::F64), sn = Tensor::empty({P, half}, DType::F64);
+  mla_rope_tables(s, P, c.data<double>(), sn.data<double>());
+  if (stat_ != DType::F64) {
+    Tensor c32 = Tensor::empty({P, half}, DType::F32), s32 = Tensor::empty({P, half}, DType::F32);
+    for (int64_t i = 0; i < P * half; ++i) {
+      c32.data<float>()[i] = float(c.data<double>()[i]);
+      s32.data<float>()[i] = float(sn.data<double>()[i]);
+    }
+    c = c32;
+    sn = s32;
+  }
+  cos_ = c.to(be_.device());
+  sin_ = sn.to(be_.device());
+}
+
+Tensor Mla::norm(const Tensor& x, int weight, Tensor& rstd, const Weights& w) const {
+  if (weight < 0) return x;
+  Tensor y = act(x.shape());
+  rstd = be_.empty({x.size(0)}, stat_);
+  be_.rmsnorm_forward(x, w(weight), y, rstd, eps_);
+  return y;
+}
+
+void Mla::rope(Tensor& x, int64_t heads, int64_t seq, int64_t pos0, bool inverse) const {
+  be_.rope_apply(x, heads, dr_, seq, pos0, cos_, sin_, inverse);
+}
+
+Tensor Mla::forward(const MlaParams& p, MlaContext& c, const Tensor& h1, int64_t seq, int64_t pos0,
+                    const Weights& w) const {
+  const int64_t N = h1.size(0), H = H_, W = W_;
+  // Queries, scaled by q_alpha_ (rope is linear: the order does not matter).
+  Tensor q = act({N, H * Dq_});
+  if (p.q_proj >= 0) {
+    be_.gemm(false, true, q_alpha_, h1, w(p.q_proj), 0.0f, Tensor(), q, Tensor());
+  } else {
+    c.cq = act({N, Rq_});
+    be_.gemm(false, true, 1.0f, h1, w(p.q_down), 0.0f, Tensor(), c.cq, Tensor());
+    c.cqn = norm(c.cq, p.q_norm, c.rstd_q, w);
+    be_.gemm(false, true, q_alpha_, c.cqn, w(p.q_up), 0.0f, Tensor(), q, Tensor());
+  }
+  // The latent and the shared rotary key.
+  Tensor ckv = act({N, R_ + dr_});
+  be_.gemm(false, true, 1.0f, h1, w(p.kv_down), 0.0f, Tensor(), ckv, Tensor());
+  c.c = act({N, R_});
+  copy_block(c.c, 0, 0, ckv, 0, 0, N, R_);
+  Tensor kr = act({N, dr_});
+  copy_block(kr, 0, 0, ckv, 0, R_, N, dr_);
+  rope(kr, 1, seq, pos0, false);
+  c.cn = norm(c.c, p.kv_norm, c.rstd_kv, w);
+  Tensor kv = act({N, H * (dn_ + dv_)});
+  be_.gemm(false, true, 1.0f, c.cn, w(p.kv_up), 0.0f, Tensor(), kv, Tensor());
+  // Each head's rotary query part, rotated in a contiguous buffer.
+  Tensor qr = act({N, H * dr_});
+  for (int64_t h = 0; h < H; ++h) copy_block(qr, 0, h * dr_, q, 0, h * Dq_ + dn_, N, dr_);
+  rope(qr, H, seq, pos0, false);
+  Tensor qkv = be_.zeros({N, 3 * H * W}, act_);
+  for (int64_t h = 0; h < H; ++h) {
+    copy_block(qkv, 0, h * W, q, 0, h * Dq_, N, dn_);
+    copy_block(qkv, 0, h * W + dn_, qr, 0, h * dr_, N, dr_);
+    copy_block(qkv, 0, (H + h) * W, kv, 0, h * (dn_ + dv_), N, dn_);
+    copy_block(qkv, 0, (H + h) * W + dn_, kr, 0, 0, N, dr_);
+    copy_block(qkv, 0, (2 * H + h) * W, kv, 0, h * (dn_ + dv_) + dn_, N, dv_);
+  }
+  return qkv;
+}
+
+Tensor Mla::values(const Tensor& out) const {
+  const int64_t N = out.size(0);
+  Tensor v = act({N, H_ * dv_});
+  for (int64_t h = 0; h < H_; ++h) copy_block(v, 0, h * dv_, out, 0, h * W_, N, dv_);
+  return v;
+}
+
+Tensor Mla::attention(const Tensor& qkv, MlaContext& c, Tensor& lse, int64_t batch, int64_t seq) const {
+  c.out = act({qkv.size(0), H_ * W_});
+  lse = be_.empty({batch, H_, seq}, stat_);
+  be_.attention_forward(qkv, c.out, lse, shape(batch, seq));
+  return values(c.out);
+}
+
+Tensor Mla::backward_input(const MlaParams& p, MlaContext& c, const Tensor& qkv, const Tensor& lse, const Tensor& dattn,
+                           int64_t batch, int64_t seq, const Weights& w) const {
+  const int64_t N = dattn.size(0), H = H_, W = W_;
+  Tensor dout = be_.zeros({N, H * W}, act_);
+  for (int64_t h = 0; h < H; ++h) copy_block(dout, 0, h * W, dattn, 0, h * dv_, N, dv_);
+  Tensor dqkv = act({N, 3 * H * W});
+  be_.attention_backward(qkv, c.out, lse, dout, dqkv, shape(batch, seq));
+  c.out = Tensor();
+  // Queries: the nope parts as they are, the rotary parts rotated back.
+  c.dq = act({N, H * Dq_});
+  Tensor dqr = act({N, H * dr_});
+  for (int64_t h = 0; h < H; ++h) {
+    copy_block(c.dq, 0, h * Dq_, dqkv, 0, h * W, N, dn_);
+    copy_block(dqr, 0, h * dr_, dqkv, 0, h * W + dn_, N, dr_);
+  }
+  rope(dqr, H, seq, 0, true);
+  for (int64_t h = 0; h < H; ++h) copy_block(c.dq, 0, h * Dq_ + dn_, dqr, 0, h * dr_, N, dr_);
+  // Keys and values: per-head k_nope and v into kv's layout; the shared rotary
+  // key's gradient summed over the heads.
+  c.dkv = act({N, H * (dn_ + dv_)});
+  Tensor dkr = act({N, dr_}), part = act({N, dr_});
+  for (int64_t h = 0; h < H; ++h) {
+    copy_block(c.dkv, 0, h * (dn_ + dv_), dqkv, 0, (H + h) * W, N, dn_);
+    copy_block(c.dkv, 0, h * (dn_ + dv_) + dn_, dqkv, 0, (2 * H + h) * W, N, dv_);
+    copy_block(h == 0 ? dkr : part, 0, 0, dqkv, 0, (H + h) * W + dn_, N, dr_);
+    if (h > 0) be_.add(dkr, part, dkr);
+  }
+  rope(dkr, 1, seq, 0, true);
+  Tensor dcn = act({N, R_});
+  be_.gemm(false, false, 1.0f, c.dkv, w(p.kv_up), 0.0f, Tensor(), dcn, Tensor());
+  Tensor dc = dcn;
+  if (p.kv_norm >= 0) {
+    c.dcn = dcn;
+    dc = act({N, R_});
+    be_.rmsnorm_backward_input(dcn, c.c, w(p.kv_norm), c.rstd_kv, Tensor(), dc);
+  }
+  c.dckv = act({N, R_ + dr_});
+  copy_block(c.dckv, 0, 0, dc, 0, 0, N, R_);
+  copy_block(c.dckv, 0, R_, dkr, 0, 0, N, dr_);
+  Tensor dh1 = act({N, C_});
+  be_.gemm(false, false, 1.0f, c.dckv, w(p.kv_down), 0.0f, Tensor(), dh1, Tensor());
+  if (p.q_proj >= 0) {
+    be_.gemm(false, false, q_alpha_, c.dq, w(p.q_proj), 1.0f, dh1, dh1, Tensor());
+  } else {
+    Tensor dcqn = act({N, Rq_});
+    be_.gemm(false, false, q_alpha_, c.dq, w(p.q_up), 0.0f, Tensor(), dcqn, Tensor());
+    c.dcq = dcqn;
+    if (p.q_norm >= 0) {
+      c.dcqn = dcqn;
+      c.dcq = act({N, Rq_});
+      be_.rmsnorm_backward_input(dcqn, c.cq, w(p.q_norm), c.rstd_q, Tensor(), c.dcq);
+    }
+    be_.gemm(false, false, 1.0f, c.dcq, w(p.q_down), 1.0f, dh1, dh1, Tensor());
+  }
+  return dh1;
+}
+
+void Mla::backward_weight(const MlaParams& p, MlaContext& c, const Tensor& h1, const Weights& g) const {
+  auto acc = [&](float alpha, const Tensor& dy, const Tensor& x,
+                 int id) {  // dW += alpha dy^T x
+    Tensor gw = g(id);
+    be_.gemm(true, false, alpha, dy, x, 1.0f, gw, gw, Tensor());
+  };
+  if (p.q_proj >= 0) {
+    acc(q_alpha_, c.dq, h1, p.q_proj);
+  } else {
+    acc(q_alpha_, c.dq, c.cqn, p.q_up);
+    if (p.q_norm >= 0) {
+      Tensor gn = g(p.q_norm);
+      be_.rmsnorm_backward_weight(c.dcqn, c.cq, c.rstd_q, gn);
+    }
+    acc(1.0f, c.dcq, h1, p.q_down);
+  }
+  acc(1.0f, c.dkv, c.cn, p.kv_up);
+  if (p.kv_norm >= 0) {
+    Tensor gn = g(p.kv_norm);
+    be_.rmsnorm_backward_weight(c.dcn, c.c, c.rstd_kv, gn);
+  }
+  acc(1.0f, c.dckv, h1, p.kv_down);
+  c = MlaContext();
+}
+
+}  // namespace primus

@@ -1,0 +1,106 @@
+// Multi-head latent attention (DeepSeek-V2/V3, Megatron-Core's
+// MLASelfAttention), per token row:
+//
+//   queries   q  = h Wq^T                      (q_lora_rank null:
+//   linear_q_proj)
+//             q  = norm_q(h Wqd^T) Wqu^T       (linear_q_down_proj,
+//             q_layernorm, linear_q_up_proj)
+//   latent    [c | kr] = h Wkvd^T              (linear_kv_down_proj:
+//   kv_lora_rank + qk_pos_emb_head_dim)
+//             kv = norm_kv(c) Wkvu^T           (kv_layernorm,
+//             linear_kv_up_proj)
+//   per head  q_h = [q_nope | rope(q_rope)]    qk_head_dim +
+//   qk_pos_emb_head_dim
+//             k_h = [k_nope_h | rope(kr)]      the rotary key kr is shared by
+//             every head v_h                              v_head_dim
+//   attention softmax(q_h k_h^T * scale) v_h, scale = 1/sqrt(qk_head_dim +
+//   qk_pos_emb_head_dim),
+//             times mscale(factor, mscale_all_dim)^2 under YaRN
+//             (rotary_scaling_factor > 1).
+// The norms exist when qk_layernorm is set (as in Megatron's layer specs).
+//
+// Written over the op set without a kernel of its own: the heads are packed
+// into the attention op's fused qkv layout with groups = heads and a head width
+// W = max(qk dims, v_head_dim), the short parts zero-padded (zero columns
+// change no dot product and give zero output columns); the op's 1/sqrt(W) is
+// corrected, with YaRN's factor, by scaling q in its projection's GEMM. One
+// rank holds all heads (tensor and context parallelism are refused by the
+// model).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <vector>
+
+#include "core/tensor.h"
+#include "kernels/backend.h"
+#include "model/model_spec.h"
+#include "model/param_store.h"
+
+namespace primus {
+
+// The parameter ids of one MLA block (-1: absent).
+struct MlaParams {
+  int q_proj = -1, q_down = -1, q_norm = -1, q_up = -1, kv_down = -1, kv_norm = -1, kv_up = -1;
+  std::vector<int> ids() const;
+};
+// Registers them in Megatron-Core's order and names (model_parameter_layout's).
+MlaParams register_mla_params(ParamStore& params, const ModelSpec& spec, int64_t layer);
+
+// YaRN (DeepSeek's, Megatron's YarnRotaryEmbedding) when
+// s.rotary_scaling_factor > 1, else plain rotary: cos and sin [positions,
+// qk_pos_emb_head_dim / 2], the attention magnitude factor mscale(factor,
+// mscale) / mscale(factor, mscale_all_dim) folded into both.
+void mla_rope_tables(const ModelSpec& s, int64_t positions, double* cos, double* sin);
+// 0.1 * m * ln(factor) + 1 for factor > 1, else 1.
+double yarn_mscale(double factor, double m);
+
+// What the B and W passes need.
+struct MlaContext {
+  Tensor cq, rstd_q, cqn;                // q latent [N, q_lora_rank], its rstd, its norm (or cq)
+  Tensor c, rstd_kv, cn;                 // kv latent [N, kv_lora_rank], its rstd, its norm
+  Tensor out;                            // the attention op's padded output [N, heads * W]
+  Tensor dq, dcqn, dcq, dkv, dcn, dckv;  // B-pass gradients the W pass reads
+};
+
+class Mla {
+ public:
+  using Weights = std::function<Tensor(int)>;
+  Mla(ops::Backend& backend, DType activation, const ModelSpec& spec);
+
+  // Width of a packed row ([q | k | v] of every head) and the attention op's
+  // shape.
+  int64_t packed_width() const { return 3 * H_ * W_; }
+  ops::AttentionShape shape(int64_t batch, int64_t seq) const { return {batch, seq, H_, H_, W_}; }
+
+  // h1 [N, C] -> the packed, rotated qkv [N, packed_width]; row r at position
+  // pos0 + r % seq.
+  Tensor forward(const MlaParams& p, MlaContext& c, const Tensor& h1, int64_t seq, int64_t pos0,
+                 const Weights& w) const;
+  // The attention output [N, heads * v_head_dim] (linear_proj's input) of
+  // packed out.
+  Tensor values(const Tensor& out) const;
+  // The attention op on packed qkv: c.out and lse kept for the backward;
+  // returns values(c.out).
+  Tensor attention(const Tensor& qkv, MlaContext& c, Tensor& lse, int64_t batch, int64_t seq) const;
+  // dattn [N, heads * v_head_dim] -> dh1 [N, C] (through the attention op, rope
+  // and the projections); keeps what backward_weight needs in c.
+  Tensor backward_input(const MlaParams& p, MlaContext& c, const Tensor& qkv, const Tensor& lse, const Tensor& dattn,
+                        int64_t batch, int64_t seq, const Weights& w) const;
+  // Accumulates every MLA weight's gradient (h1: the block's normed input).
+  void backward_weight(const MlaParams& p, MlaContext& c, const Tensor& h1, const Weights& g) const;
+
+ private:
+  Tensor act(const Shape& s) const { return be_.empty(s, act_); }
+  Tensor norm(const Tensor& x, int weight, Tensor& rstd, const Weights& w) const;
+  void rope(Tensor& x, int64_t heads, int64_t seq, int64_t pos0, bool inverse) const;
+
+  ops::Backend& be_;
+  DType act_, stat_;
+  int64_t C_, H_, dn_, dr_, dv_, Dq_, W_, Rq_, R_;
+  float eps_,
+      q_alpha_;       // q's factor: the softmax scale the op's 1/sqrt(W) lacks
+  Tensor cos_, sin_;  // [positions, dr / 2], stat dtype
+};
+
+}  // namespace primus
