@@ -212,6 +212,15 @@ TEST(Workload, ExpertParallelDividesTheExpertsAndExchangesTheirRows) {
 TEST_F(Projection, ALayoutThatDoesNotFitTheScaleIsAnError) {
   EXPECT_THROW(plan(config("      tensor_model_parallel_size: 3\n"), h100(1, 8)), Error);
   EXPECT_THROW(parse_sharding("zero3"), Error);
+  // An MLA model is refused by name (its latent projections are not in the workload model).
+  const auto mla = config("      multi_latent_attention: true\n      kv_lora_rank: 16\n      qk_head_dim: 8\n"
+                          "      qk_pos_emb_head_dim: 8\n      v_head_dim: 8\n");
+  try {
+    plan(mla, h100(1, 8));
+    ADD_FAILURE() << "an MLA model was projected";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("multi_latent_attention"), std::string::npos) << e.what();
+  }
 }
 
 }  // namespace
