@@ -60,6 +60,10 @@ class LlamaModel::ResidentWeights final : public WeightSource {
     const WeightUnit& u = m_.units_[unit];
     return m_.params_.grads().slice(0, u.begin, u.end - u.begin);
   }
+  Tensor buffer(int param) override {
+    const StoredParam& p = m_.params_.infos()[size_t(param)];
+    return m_.params_.values().slice(0, p.offset, p.numel);
+  }
 
  private:
   LlamaModel& m_;

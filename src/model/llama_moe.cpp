@@ -11,8 +11,7 @@ namespace primus {
 std::vector<double> LlamaModel::expert_bias_of(const MoeLayer& m) const {
   const int id = m.params().expert_bias;
   if (id < 0) return {};
-  const StoredParam& p = params_.infos()[size_t(id)];
-  return ops::host_values(params_.values().slice(0, p.offset, p.numel));  // the master, not a bf16 copy
+  return ops::host_values(source().buffer(id));  // the master, not a bf16 copy
 }
 
 Tensor LlamaModel::moe_forward(const Block& b, BlockContext& c, int64_t batch, int64_t seq) {
@@ -44,11 +43,10 @@ void LlamaModel::update_expert_biases(const std::vector<std::vector<int64_t>>& t
     if (id < 0) continue;
     std::vector<double> bias = expert_bias_of(moe_[i]);
     update_expert_bias(bias, tokens[i], spec_.moe_router_bias_update_rate);
-    const StoredParam& p = params_.infos()[size_t(id)];
-    Tensor dst = params_.values().slice(0, p.offset, p.numel);
-    dst.copy_from(ops::tensor_from_values(bias, {p.numel}, dst.dtype(), dst.device()));
+    Tensor dst = source().buffer(id);
+    dst.copy_from(ops::tensor_from_values(bias, {dst.numel()}, dst.dtype(), dst.device()));
   }
-  sync_working_weights();
+  if (opt_.resident_weights) sync_working_weights();  // (a weight source keeps its buffers in fp32 only)
 }
 
 }  // namespace primus

@@ -40,8 +40,10 @@ MoeParams register_moe_params(ParamStore& params, const ModelSpec& spec, int64_t
   MoeParams m;
   m.router = params.add(p + "router.weight", {E, C}, ParamInit::Normal, true);
   // A buffer that the optimizer leaves alone: its gradient stays 0 and it has no weight decay.
-  if (spec.moe_router_enable_expert_bias)
+  if (spec.moe_router_enable_expert_bias) {
     m.expert_bias = params.add(p + "router.expert_bias", {E}, ParamInit::Zeros, false);
+    params.mark_buffer(m.expert_bias);
+  }
   const int64_t local = E / ep_size;
   m.fc1.assign(size_t(E), -1);
   m.fc2.assign(size_t(E), -1);

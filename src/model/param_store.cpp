@@ -132,4 +132,9 @@ void ParamStore::mark_tp_partial_grads(int id) {
   infos_[size_t(id)].tp_partial_grads = true;
 }
 
+void ParamStore::mark_buffer(int id) {
+  PRIMUS_CHECK(id >= 0 && size_t(id) < infos_.size(), "no parameter {}", id);
+  infos_[size_t(id)].buffer = true;
+}
+
 }  // namespace primus

@@ -45,6 +45,9 @@ struct StoredParam {
   // Held whole by every tp rank, but each rank's gradient covers only its own heads (the QK-norm
   // weights): summed over tp with or without sequence parallelism.
   bool tp_partial_grads = false;
+  // Not trained by the optimizer: a state the model updates itself and checkpoints save with the
+  // weights (the MoE expert bias; Megatron registers it as a buffer). Its gradient stays zero.
+  bool buffer = false;
 };
 
 // The master copy of a model's parameters: fp32 for training (fp32 or bf16 mixed precision),
@@ -59,6 +62,7 @@ class ParamStore {
                   bool weight_decay);
   // See StoredParam::tp_partial_grads.
   void mark_tp_partial_grads(int id);
+  void mark_buffer(int id);  // see StoredParam::buffer
   // Fixes the layout and allocates values and gradients (zeroed) on `device`.
   void allocate(Device device = Device::CPU);
 

@@ -32,6 +32,9 @@ class WeightSource {
   virtual Tensor weights(int unit) = 0;
   // The unit's gradient buffer (master dtype, indexed the same way) that W passes add to.
   virtual Tensor grads(int unit) = 0;
+  // The master values of a buffer (StoredParam::buffer: the MoE expert bias), whole and writable,
+  // whether or not its unit is acquired: the model reads and updates them itself.
+  virtual Tensor buffer(int param) = 0;
 };
 
 }  // namespace primus

@@ -71,10 +71,18 @@ MemoryEstimate estimate_memory(const ModelSpec& spec, const ParallelLayout& layo
     }
   }
   const double n = double(e.parameters);
-  const double moments = 8.0 / (layout.shard_optimizer() ? dp * layout.cp : 1);
-  e.parameter_bytes = n * (mixed ? 4.0 + 2.0 : 4.0);
-  e.gradient_bytes = n * 4.0;
-  e.optimizer_bytes = n * moments;
+  // ZeRO: the moments (optim), the gradients (optim_grads) and the master weights with their working
+  // copy (optim_grads_params) are split over dp x cp; ZeRO-2 keeps the working weights whole, and
+  // ZeRO-3 holds two gathered layers (the one computing and the one prefetched) at a time.
+  const double shards = double(dp) * double(std::max(1, layout.cp));
+  const double master = 4.0, working = mixed ? 2.0 : 0.0;
+  e.parameter_bytes = n * (master + working);
+  if (layout.shard_gradients()) e.parameter_bytes = n * (master + working) / shards + n * (mixed ? 2.0 : 4.0);
+  if (layout.shard_parameters())
+    e.parameter_bytes = n * (master + working) / shards + 2.0 * double(parts.layer) / tp * (mixed ? 2.0 : 4.0);
+  e.gradient_bytes = n * 4.0 / (layout.shard_gradients() ? shards : 1.0);
+  if (layout.shard_gradients()) e.gradient_bytes += 3.0 * double(parts.layer) / tp * 4.0;  // a unit whole, two in flight
+  e.optimizer_bytes = n * 8.0 / (layout.shard_optimizer() ? shards : 1.0);
   e.bytes_per_parameter = (e.parameter_bytes + e.gradient_bytes + e.optimizer_bytes) / std::max(1.0, n);
 
   // Activations saved per token per layer (fp32 words, as docs/model_math.md counts them).

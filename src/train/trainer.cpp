@@ -20,6 +20,8 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <memory>
+#include <optional>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -59,6 +61,7 @@
 #include "train/run_check.h"
 #include "train/parallel_layout.h"
 #include "train/pipeline_runner.h"
+#include "train/sharded_weights.h"
 
 namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
@@ -209,6 +212,9 @@ class Trainer {
   void build_model();
   void build_gradient_reduction();
   void build_optimizer();
+  AdamWOptions adam_options() const { return {a_.adam_beta1, a_.adam_beta2, a_.adam_eps, a_.weight_decay}; }
+  // Where the dp gradients are summed and the ZeRO shards span: dp, or dp x cp under context parallel.
+  parallel::ProcessGroup& gradient_group() const { return layout_.cp > 1 ? *groups_.dp_cp : *groups_.dp; }
   void resume();
   // weights_only: the values alone (finetune, pretrained_checkpoint); iteration, data position and
   // optimizer start fresh.
@@ -256,9 +262,11 @@ class Trainer {
   std::vector<int> w_done_, w_expected_;  // per tensor: W passes seen this step, and expected
   std::unique_ptr<ExpertGradients> experts_;  // expert parallel: the experts' reduction over edp
 
-  // Optimizer: AdamW replicated on every dp rank, or ZeRO-1's shards.
+  // Optimizer: AdamW replicated on every dp rank, ZeRO-1's shards, or (ZeRO-2 and ZeRO-3 / FSDP)
+  // the rank's shards of weights, gradients and moments, which also serve the model its weights.
   std::unique_ptr<FlatAdamW> replicated_;
   std::unique_ptr<parallel::DistributedOptimizer> sharded_;
+  std::unique_ptr<ShardedWeights> sharded_weights_;
   std::unique_ptr<LRSchedule> lr_schedule_;
 
   // Run state and outputs.
@@ -432,7 +440,17 @@ void Trainer::build_model() {
       const pipeline::LayerRange r = layout_.stages[stage];
       part.chunks.push_back({r.first_layer, r.num_layers, stage == 0, stage == num_stages - 1});
     }
+  // ZeRO-2 and FSDP: the model holds no weights of its own; the rank's shards serve them.
+  mopt.resident_weights = !layout_.shard_gradients();
   model_ = std::make_unique<LlamaModel>(spec_, *compute_.backend, compute_.precision, mopt, part);
+  if (layout_.shard_gradients()) {
+    sharded_weights_ = std::make_unique<ShardedWeights>(
+        *model_, gradient_group(),
+        layout_.shard_parameters() ? ShardedStage::OptimGradsParams : ShardedStage::OptimGrads, adam_options());
+    model_->set_weight_source(sharded_weights_.get());
+    sharded_weights_->init_weights(uint64_t(a_.seed));
+    return;  // (the profiler's per-module weight memory needs resident weights)
+  }
   model_->init_weights(uint64_t(a_.seed));
   if (profiler_) profiler_->set_parameters(model_->params(), model_->working_weights());
 }
@@ -464,14 +482,17 @@ void Trainer::build_gradient_reduction() {
     if (t == tied_tensor_ && model_->embedding_param() < 0) continue;
     counted_tensors_.push_back(t);
   }
+  if (sharded_weights_) {  // ZeRO-2 / FSDP reduce-scatter each unit as its W passes finish
+    model_->set_weight_grad_hook([this](const std::vector<int>& ids) { sharded_weights_->weights_done(ids); });
+    return;
+  }
   parallel::GradBucketsOptions bo;
   bo.bucket_size = a_.ddp_bucket_size > 0 ? a_.ddp_bucket_size : parallel::default_bucket_size(layout_.dp);
   bo.overlap_grad_reduce = a_.overlap_grad_reduce;
   bo.reduce = layout_.shard_optimizer() ? parallel::GradReduce::ReduceScatter : parallel::GradReduce::AllReduce;
   // Under context parallelism each cp rank holds a part of every gradient (its chunks' share):
   // the buckets sum over dp x cp (Megatron's data-parallel group with context parallel).
-  parallel::ProcessGroup& reduce_group = layout_.cp > 1 ? *groups_.dp_cp : *groups_.dp;
-  buckets_ = std::make_unique<parallel::GradBuckets>(reduce_group, params.grads().data<float>(), params.numel(),
+  buckets_ = std::make_unique<parallel::GradBuckets>(gradient_group(), params.grads().data<float>(), params.numel(),
                                                      segments_of(params), bo);
   // Each tensor's bucket may start once the last microbatch's W pass of it is done.
   w_done_.assign(num_tensors, 0);
@@ -487,13 +508,14 @@ void Trainer::build_gradient_reduction() {
 }
 
 void Trainer::build_optimizer() {
-  const AdamWOptions adam{a_.adam_beta1, a_.adam_beta2, a_.adam_eps, a_.weight_decay};
+  const AdamWOptions adam = adam_options();
   ParamStore& params = model_->params();
+  lr_schedule_ = std::make_unique<LRSchedule>(lr_schedule_options(a_));
+  if (sharded_weights_) return;  // its own AdamW over the rank's shards
   if (layout_.shard_optimizer())
     sharded_ = std::make_unique<parallel::DistributedOptimizer>(*buckets_, params.values().data<float>(), adam);
   else
     replicated_ = std::make_unique<FlatAdamW>(adam, segments_of(params), params.numel(), compute_.device);
-  lr_schedule_ = std::make_unique<LRSchedule>(lr_schedule_options(a_));
 }
 
 // Every rank reads its own part; a checkpoint counts only if all ranks could read theirs.
@@ -511,20 +533,26 @@ std::string Trainer::try_restore(const std::string& dir, bool weights_only) {
   }
   if (world_->all_reduce_value(int32_t(problem.empty() ? 0 : 1)) != 0)
     return problem.empty() ? "another rank could not read its part" : problem;
-  Tensor loaded = Tensor::empty({params.numel()});
-  std::copy(ck.params.begin(), ck.params.end(), loaded.data<float>());
-  Tensor values = params.values();  // a handle on the store's buffer (on the GPU for a device store)
-  values.copy_from(loaded);
-  model_->sync_working_weights();
+  if (sharded_weights_) {
+    sharded_weights_->load_values(ck.params.data());
+  } else {
+    Tensor loaded = Tensor::empty({params.numel()});
+    std::copy(ck.params.begin(), ck.params.end(), loaded.data<float>());
+    Tensor values = params.values();  // a handle on the store's buffer (on the GPU for a device store)
+    values.copy_from(loaded);
+    model_->sync_working_weights();
+  }
   if (weights_only) {
     log::info("starting from the weights of {} (iteration 0, fresh optimizer)", dir);
     return "";
   }
+  if (sharded_weights_)
+    sharded_weights_->load_state(ck.state.optimizer_step, ck.exp_avg.data(), ck.exp_avg_sq.data());
   if (sharded_)
     sharded_->load_state(ck.state.optimizer_step, ck.exp_avg.data(), ck.exp_avg_sq.data(), int64_t(ck.exp_avg.size()));
   if (sharded_ && experts_)
     experts_->optimizer()->set_state(ck.state.optimizer_step, ck.exp_avg.data(), ck.exp_avg_sq.data());
-  if (!sharded_)
+  if (replicated_)
     replicated_->set_state(ck.state.optimizer_step, ck.exp_avg.data(), ck.exp_avg_sq.data());
   state_ = ck.state;
   log::info("resumed from {} at iteration {} ({} samples consumed)", dir, state_.iteration, state_.consumed_samples);
@@ -636,20 +664,29 @@ double Trainer::forward_backward(const MicrobatchFill& fill) {
 void Trainer::reduce_gradients() {
   trace::Span span(profiler_.get(), trace::Category::Annotation, "reduce_gradients");
   ParamStore& params = model_->params();
-  if (embedding_group_) {
-    embedding_group_->all_reduce(params.grad_tensor(tied_tensor_).raw(), params.infos()[tied_tensor_].numel,
-                                 parallel::CommType::F32, parallel::ReduceOp::Sum);
-    buckets_->mark_ready(tied_tensor_);
+  // A tensor's gradient here: whole, or (ZeRO-2 / FSDP) this rank's piece of it, which is the same
+  // piece on its tp peers and on the other stage of a tied embedding (same shapes, same dp rank).
+  auto sum_over = [&](parallel::ProcessGroup& g, int t) {
+    const Tensor grad = sharded_weights_ ? sharded_weights_->grad_piece(t) : params.grad_tensor(t);
+    if (grad.numel() > 0) g.all_reduce(grad.raw(), grad.numel(), parallel::CommType::F32, parallel::ReduceOp::Sum);
+  };
+  if (sharded_weights_) {
+    sharded_weights_->finish_gradients();
+    if (embedding_group_) sum_over(*embedding_group_, tied_tensor_);
+  } else {
+    if (embedding_group_) {
+      sum_over(*embedding_group_, tied_tensor_);
+      buckets_->mark_ready(tied_tensor_);
+    }
+    buckets_->finish();
   }
-  buckets_->finish();
   if (experts_) experts_->reduce();
   // Sequence parallel: every replicated tensor saw only this rank's rows; without it, only those
   // whose gradient covers this rank's heads (QK norms).
   if (layout_.tp > 1)
     for (size_t t = 0; t < params.infos().size(); ++t)
       if (layout_.sequence_parallel ? params.infos()[t].tp_replicated : params.infos()[t].tp_partial_grads)
-        groups_.tp->all_reduce(params.grad_tensor(int(t)).raw(), params.infos()[t].numel, parallel::CommType::F32,
-                               parallel::ReduceOp::Sum);
+        sum_over(*groups_.tp, int(t));
 }
 
 // The global L2 norm of the gradients, the same on every rank.
@@ -660,6 +697,9 @@ double Trainer::gradient_norm() {
       experts_ ? groups_.mp->all_reduce_value(groups_.ep->all_reduce_value(
                      me_.tp == 0 ? experts_->grad_sq_sum(replicated_.get()) : 0.0))
                : 0.0;
+  if (sharded_weights_)  // each element of a tensor is on one rank of the gradient group
+    return std::sqrt(groups_.mp->all_reduce_value(
+        gradient_group().all_reduce_value(sharded_weights_->grad_sq_sum(counted_tensors_))));
   if (sharded_) {
     const std::vector<int>& counted = counted_tensors_;
     const double dense = sharded_->grad_norm(groups_.mp.get(), [&counted](int t) {
@@ -675,7 +715,9 @@ double Trainer::gradient_norm() {
 void Trainer::optimizer_step(double lr, double grad_scale) {
   trace::Region region(profiler_.get(), "optimizer_step");
   ParamStore& params = model_->params();
-  if (sharded_) {
+  if (sharded_weights_) {
+    sharded_weights_->step(lr, grad_scale);
+  } else if (sharded_) {
     if (experts_) experts_->save_values();
     sharded_->step(lr, grad_scale);
     if (experts_) experts_->step(lr, grad_scale);  // the experts are not the dp shards'
@@ -692,9 +734,13 @@ StepResult Trainer::train_step() {
   StepResult r;
   if (profiler_) profiler_->step_begin(state_.iteration + 1);
   watch_->begin_step(state_.iteration + 1);
-  model_->params().zero_grad();
+  if (sharded_weights_) {
+    sharded_weights_->begin_step();
+  } else {
+    model_->params().zero_grad();
+    buckets_->reset();
+  }
   model_->reset_moe_stats();  // evaluation forwards do not count
-  buckets_->reset();
   std::fill(w_done_.begin(), w_done_.end(), 0);
   double loss_sum = forward_backward(trace::in_host_span(
       profiler_.get(), "data_loading",
@@ -702,7 +748,8 @@ StepResult Trainer::train_step() {
   compute_.backend->synchronize();  // compute time counts the device's work
   // This rank's own work; the reductions below wait for the slowest rank (stragglers show here).
   r.compute_seconds = seconds_since(t0);
-  watch_->inject_faults(state_.iteration + 1, model_->params().grads());
+  watch_->inject_faults(state_.iteration + 1,
+                        sharded_weights_ ? sharded_weights_->grad_shards() : model_->params().grads());
   reduce_gradients();
   // Loss: the last stage's sum, over pipeline ranks and dp ranks (tp ranks agree).
   if (layout_.schedule) loss_sum = groups_.pp->all_reduce_value(loss_sum);
@@ -717,7 +764,9 @@ StepResult Trainer::train_step() {
                          layout_.sequence_parallel ? groups_.tp.get() : nullptr);
   state_.iteration += 1;
   state_.consumed_samples += gbs_;
-  state_.optimizer_step = sharded_ ? sharded_->step_count() : replicated_->step_count();
+  state_.optimizer_step = sharded_weights_ ? sharded_weights_->step_count()
+                          : sharded_         ? sharded_->step_count()
+                                             : replicated_->step_count();
   r.seconds = seconds_since(t0);
   if (profiler_)
     if (const fs::path f = profiler_->step_end(state_.iteration); !f.empty()) log::info("profile: wrote {}", f.string());
@@ -752,7 +801,16 @@ void Trainer::save() {
   watch_->before_save(state_.iteration);
   // The full optimizer state in this rank's layout (ZeRO gathers its shards over dp).
   parallel::FullOptimizerState full;
-  if (sharded_) {
+  // ZeRO-2 / FSDP: every rank of the gradient group gathers the full values and moments of its
+  // tensor-parallel and pipeline layout (transient host copies) so that the usual writer saves them.
+  std::optional<ParamStore> gathered;
+  if (sharded_weights_) {
+    full = sharded_weights_->gather_state();
+    gathered.emplace(model_->params());
+    gathered->allocate(Device::CPU);
+    const std::vector<float> values = sharded_weights_->gather_values();
+    std::copy(values.begin(), values.end(), gathered->values().data<float>());
+  } else if (sharded_) {
     full = sharded_->gather_state();
     if (experts_) {  // the expert slots' moments are the experts' own AdamW's
       const std::vector<float> m = experts_->optimizer()->exp_avg(), v = experts_->optimizer()->exp_avg_sq();
@@ -772,7 +830,7 @@ void Trainer::save() {
   so.writer = me_.edp == 0 && me_.cp == 0;
   so.layout = {world_->size(), layout_.tp, layout_.pp, layout_.dp, layout_.cp, layout_.vpp};
   so.overwrite = a_.overwrite;
-  summary_.last_checkpoint = save_checkpoint(cfg_.checkpoint_dir(), model_->params(), full.exp_avg.data(),
+  summary_.last_checkpoint = save_checkpoint(cfg_.checkpoint_dir(), gathered ? *gathered : model_->params(), full.exp_avg.data(),
                                              full.exp_avg_sq.data(), state_, config_yaml_, so);
   if (rank0_) prune_checkpoints(cfg_.checkpoint_dir(), a_.keep_last_checkpoints, state_.run_id, summary_.last_checkpoint);
   world_->barrier();
@@ -795,11 +853,17 @@ void Trainer::log_interval(const StepResult& step) {
   // The peak split: weights (master and bf16 working copy), fp32 gradients and AdamW moments are
   // what this rank's buffers hold; the rest of the peak is activations and transient buffers.
   const ParamStore& params = model_->params();
-  const double param_bytes = double(params.numel()) * double(dtype_size(params.dtype())) +
-                             (model_->has_separate_working_weights() ? double(model_->working_weights().nbytes()) : 0.0);
-  const double grad_bytes = double(params.grads().nbytes());
-  const double optim_bytes =
-      sharded_ ? double(sharded_->state_bytes()) : 2.0 * double(params.numel()) * double(sizeof(float));
+  double param_bytes = 0, grad_bytes = 0, optim_bytes = 0;
+  if (sharded_weights_) {  // the rank's shards (and ZeRO-2's whole working copy); gathered units count as "the rest"
+    param_bytes = double(sharded_weights_->parameter_bytes());
+    grad_bytes = double(sharded_weights_->gradient_bytes());
+    optim_bytes = double(sharded_weights_->optimizer_bytes());
+  } else {
+    param_bytes = double(params.numel()) * double(dtype_size(params.dtype())) +
+                  (model_->has_separate_working_weights() ? double(model_->working_weights().nbytes()) : 0.0);
+    grad_bytes = double(params.grads().nbytes());
+    optim_bytes = sharded_ ? double(sharded_->state_bytes()) : 2.0 * double(params.numel()) * double(sizeof(float));
+  }
   const double activation_bytes = std::max(0.0, double(peak) - param_bytes - grad_bytes - optim_bytes);
   if (tty_) fmt::print("\r\033[K");
   log::info(" iteration {:>6}/{:>6} | consumed samples: {:>9} | elapsed time per iteration (ms): {:.1f} | "

@@ -113,6 +113,9 @@ TEST(CudaBackend, RowOpsMatchTheReference) {
   const int dact = p.add(random_host({N, F}, DType::BF16, 6)), dgu = p.add(Tensor::zeros({N, 2 * F}, DType::BF16));
   const int cs = p.add(Tensor::zeros({C}, DType::F32)), f32 = p.add(random_host({N, C}, DType::F32, 7));
   const int cast = p.add(Tensor::zeros({N, C}, DType::BF16));
+  // fp32 sums (the sharded gradients' accumulation): a length of vectors of 8, and one with a tail.
+  const int s8 = p.add(random_host({N, C}, DType::F32, 8)), t8 = p.add(random_host({N, C}, DType::F32, 9));
+  const int s1 = p.add(random_host({N, C - 1}, DType::F32, 10)), t1 = p.add(random_host({N, C - 1}, DType::F32, 11));
   p.run([&](ops::Backend& b, std::vector<Tensor>& t) {
     b.rmsnorm_forward(t[x], t[w], t[y], t[rstd], 1e-5f);
     b.rmsnorm_backward_input(t[dy], t[x], t[w], t[rstd], t[res], t[dx]);
@@ -121,6 +124,8 @@ TEST(CudaBackend, RowOpsMatchTheReference) {
     b.swiglu_backward(t[dact], t[gu], t[dgu]);
     b.column_sum_accumulate(t[dy], t[cs]);
     b.cast(t[f32], t[cast]);
+    b.add(t[s8], t[t8], t[s8]);
+    b.add(t[s1], t[t1], t[s1]);
   }, be);
   p.expect(y, 0.02, 0.01, "rmsnorm y");
   p.expect(rstd, 1e-5, 1e-4, "rmsnorm rstd");
@@ -130,6 +135,8 @@ TEST(CudaBackend, RowOpsMatchTheReference) {
   p.expect(dgu, 0.02, 0.01, "swiglu backward");
   p.expect(cs, 1e-3, 1e-4, "column sum");
   p.expect(cast, 0, 0, "cast to bf16 rounds to nearest even like the host");
+  p.expect(s8, 0, 0, "fp32 add, vectors of 8");
+  p.expect(s1, 0, 0, "fp32 add with a tail");
 }
 
 TEST(CudaBackend, AttentionRopeEmbeddingAndCrossEntropyMatchTheReference) {

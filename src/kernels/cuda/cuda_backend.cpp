@@ -243,10 +243,14 @@ void CudaBackend::column_sum_accumulate(const Tensor& dy, Tensor& out) {
 }
 
 void CudaBackend::add(const Tensor& a, const Tensor& b, Tensor& out) {
-  check(a, DType::BF16, "add a");
-  check(b, DType::BF16, a.shape(), "add b");
-  check(out, DType::BF16, a.shape(), "add out");
-  cuda::add(B(a), B(b), B(out), out.numel(), stream());
+  const DType t = a.dtype() == DType::F32 ? DType::F32 : DType::BF16;  // activations, or fp32 gradient shards
+  check(a, t, "add a");
+  check(b, t, a.shape(), "add b");
+  check(out, t, a.shape(), "add out");
+  if (t == DType::F32)
+    cuda::add(F(a), F(b), F(out), out.numel(), stream());
+  else
+    cuda::add(B(a), B(b), B(out), out.numel(), stream());
 }
 
 void CudaBackend::ce_init(Tensor& row_max, Tensor& row_sum, Tensor& target_logit) {

@@ -82,8 +82,9 @@ void ce_finish(const float* row_max, const float* row_sum, const float* target_l
 void ce_chunk_backward(const float* logits, const float* lse, const int32_t* targets, int64_t c0, int64_t vc,
                        bf16* dlogits, int64_t n, cudaStream_t stream);
 
-// ---- out = a + b, element-wise (out may be a or b) ----
+// ---- out = a + b, element-wise (out may be a or b): activations in bf16, gradient shards in fp32 ----
 void add(const bf16* a, const bf16* b, bf16* out, int64_t n, cudaStream_t stream);
+void add(const float* a, const float* b, float* out, int64_t n, cudaStream_t stream);
 
 // ---- Casts ----
 void cast_f32_to_bf16(const float* src, bf16* dst, int64_t n, cudaStream_t stream);

@@ -150,17 +150,17 @@ __global__ void __launch_bounds__(kEmbThreads)
 }
 
 // ---- out = a + b (bf16, fp32 arithmetic, one rounding) ----
-template <int V>
+template <int V, typename T>
 __global__ void __launch_bounds__(kThreads)
-    add_kernel(const bf16* __restrict__ a, const bf16* __restrict__ b, bf16* out, int64_t n) {
+    add_kernel(const T* __restrict__ a, const T* __restrict__ b, T* out, int64_t n) {
   const int64_t nv = n / V;
   for (int64_t idx = int64_t(blockIdx.x) * kThreads + threadIdx.x; idx < nv; idx += int64_t(gridDim.x) * kThreads) {
     float x[V], y[V];
-    load_bf16<V>(a + idx * V, x);
-    load_bf16<V>(b + idx * V, y);
+    load_vec<V>(a + idx * V, x);
+    load_vec<V>(b + idx * V, y);
 #pragma unroll
     for (int k = 0; k < V; ++k) x[k] += y[k];
-    store_bf16<V>(out + idx * V, x);
+    store_vec<V>(out + idx * V, x);
   }
 }
 
@@ -278,14 +278,18 @@ void embedding_backward(const int32_t* unique_tokens, const int32_t* offsets, co
   PRIMUS_CUDA_CHECK_LAUNCH();
 }
 
-void add(const bf16* a, const bf16* b, bf16* out, int64_t n, cudaStream_t stream) {
+template <typename T>
+void launch_add(const T* a, const T* b, T* out, int64_t n, cudaStream_t stream) {
   if (n <= 0) return;
   if (n % 8 == 0 && aligned16(a) && aligned16(b) && aligned16(out))
-    add_kernel<8><<<blocks_for(n / 8, kThreads), kThreads, 0, stream>>>(a, b, out, n);
+    add_kernel<8, T><<<blocks_for(n / 8, kThreads), kThreads, 0, stream>>>(a, b, out, n);
   else
-    add_kernel<1><<<blocks_for(n, kThreads), kThreads, 0, stream>>>(a, b, out, n);
+    add_kernel<1, T><<<blocks_for(n, kThreads), kThreads, 0, stream>>>(a, b, out, n);
   PRIMUS_CUDA_CHECK_LAUNCH();
 }
+
+void add(const bf16* a, const bf16* b, bf16* out, int64_t n, cudaStream_t stream) { launch_add(a, b, out, n, stream); }
+void add(const float* a, const float* b, float* out, int64_t n, cudaStream_t stream) { launch_add(a, b, out, n, stream); }
 
 void cast_f32_to_bf16(const float* src, bf16* dst, int64_t n, cudaStream_t stream) {
   launch_cast(src, dst, n, stream);

@@ -142,6 +142,17 @@ TEST(GpuParallelTraining, DataParallelWithTheDistributedOptimizer) {
   expect_gpu_matches_reference("      num_layers: 2\n      use_distributed_optimizer: true\n      ddp_bucket_size: 20000\n");
 }
 
+// ZeRO-3 / FSDP (docs/context_parallel.md): each rank's shards on its GPU, units all-gathered in
+// bf16 over NCCL for their passes and their gradients reduce-scattered as their W passes finish;
+// and ZeRO-2, whose working weights stay whole.
+TEST(GpuParallelTraining, FullyShardedDataParallel) {
+  expect_gpu_matches_reference("      num_layers: 2\n      use_torch_fsdp2: true\n");
+}
+
+TEST(GpuParallelTraining, Zero2ShardsTheGradients) {
+  expect_gpu_matches_reference("      num_layers: 2\n      data_parallel_sharding_strategy: optim_grads\n");
+}
+
 // Expert parallelism (docs/moe.md): each rank holds 2 of the 4 experts of every layer, and the
 // token rows cross the NCCL ep group both ways, in the forward and in the backward, under each
 // dispatcher; against the same layout on the CPU reference backend (MPI).

@@ -260,13 +260,54 @@ TEST_F(Distributed, Cp2Pp2ZbH1) {
 TEST_F(Distributed, Cp2Dp2DistributedOptimizer) {
   expect_same_training(4, "--context_parallel_size 2 --data_parallel_sharding_strategy optim --ddp_bucket_size 20000");
 }
-// ZeRO-2 and FSDP are not built yet: use_torch_fsdp2 (Primus recipes set it) runs as ZeRO-1 and says so.
-TEST_F(Distributed, TorchFsdp2RunsAsZero1WithAWarning) {
-  expect_same_training(2, "--use_torch_fsdp2 true");
-  std::ifstream in(dir_ / "ws" / "par" / "logs" / "rank-0.log");
-  const std::string log((std::istreambuf_iterator<char>(in)), {});
-  EXPECT_NE(log.find("optim_grads_params (use_torch_fsdp2) is not implemented yet (ZeRO-2/FSDP): running as optim"),
-            std::string::npos);
+// ZeRO-2 and ZeRO-3 / FSDP (docs/parallelism.md): each rank keeps its shard of the weights, of
+// their gradients and of the optimizer state; units are gathered for their passes and their
+// gradients reduce-scattered as their W passes finish. The same training as one process.
+TEST_F(Distributed, FsdpDp4) { expect_same_training(4, "--data_parallel_sharding_strategy optim_grads_params"); }
+TEST_F(Distributed, Zero2Dp4) { expect_same_training(4, "--data_parallel_sharding_strategy optim_grads"); }
+TEST_F(Distributed, TorchFsdp2Dp2Tp2) {
+  expect_same_training(4, "--use_torch_fsdp2 true --tensor_model_parallel_size 2 --sequence_parallel true");
+}
+TEST_F(Distributed, FsdpDp2RecomputeFull) {
+  expect_same_training(2, "--data_parallel_sharding_strategy optim_grads_params --recompute_granularity full");
+}
+// zb-h1 runs W late and apart from B: the per-unit counting still reduces every gradient once.
+TEST_F(Distributed, FsdpDp2Pp2ZbH1) {
+  expect_same_training(4, "--data_parallel_sharding_strategy optim_grads_params --pipeline_model_parallel_size 2 "
+                          "--pipeline_schedule zb-h1");
+}
+// The tied embedding's two copies (first and last stage) are summed piece by piece.
+TEST_F(Distributed, FsdpDp2TiedEmbeddingPp2) {
+  expect_same_training(4, "--use_torch_fsdp2 true --pipeline_model_parallel_size 2",
+                       "--untie_embeddings_and_output_weights false");
+}
+TEST_F(Distributed, FsdpCp2Dp2) {
+  expect_same_training(4, "--context_parallel_size 2 --data_parallel_sharding_strategy optim_grads_params");
+}
+TEST_F(Distributed, FsdpDp2Bf16) {
+  expect_same_training(2, "--use_torch_fsdp2 true", kBf16, kBf16LossTol, kBf16WeightTol);
+}
+// Save under FSDP dp4 at iteration 10; load under tp2 x pp2 and under one process.
+TEST_F(Distributed, ReshardFsdpDp4ToTp2Pp2AndOneProcess) {
+  Result ref = run(1, "ref", "");
+  ASSERT_EQ(ref.status, 0) << ref.out;
+  Result first = run(4, "first", "--use_torch_fsdp2 true --train_iters 10 --lr_decay_iters 20");
+  ASSERT_EQ(first.status, 0) << first.out;
+  const std::string ck = (dir_ / "ws" / "first" / "checkpoints").string();
+  Result tp = run(4, "tp2pp2", "--load " + ck + " --tensor_model_parallel_size 2 --pipeline_model_parallel_size 2");
+  ASSERT_EQ(tp.status, 0) << tp.out;
+  Result one = run(1, "one", "--load " + ck);
+  ASSERT_EQ(one.status, 0) << one.out;
+  Result back = run(2, "fsdp", "--load " + ck + " --data_parallel_sharding_strategy optim_grads");
+  ASSERT_EQ(back.status, 0) << back.out;
+  const auto want = losses("ref");
+  ASSERT_EQ(want.size(), 20u);
+  for (const char* name : {"tp2pp2", "one", "fsdp"}) {
+    const auto got = losses(name);
+    ASSERT_EQ(got.size(), 10u) << name;
+    for (size_t i = 0; i < got.size(); ++i)
+      EXPECT_NEAR(got[i], want[10 + i], 1e-5 * std::fabs(want[10 + i])) << name << " iteration " << 11 + i;
+  }
 }
 TEST_F(Distributed, Cp2RingBf16) { expect_same_training(2, "--context_parallel_size 2", kBf16, kBf16LossTol, kBf16WeightTol); }
 TEST_F(Distributed, Cp2AllToAllBf16) {
@@ -296,6 +337,30 @@ TEST_F(Distributed, MemorySplitFollowsTheLayout) {
   EXPECT_LT(last("cp2", "memory_activations_bytes"), 0.7 * last("cp1", "memory_activations_bytes"));
   EXPECT_NEAR(last("zero1", "memory_optimizer_bytes"), 0.5 * last("cp1", "memory_optimizer_bytes"),
               0.01 * last("cp1", "memory_optimizer_bytes"));
+}
+
+// Per-rank parameter, gradient and optimizer bytes at dp4 under each sharding strategy, bf16 mixed
+// precision, against the ZeRO paper's accounting with our fp32 gradients (Ψ parameters, N = 4):
+//   no_shard 18Ψ (fp32 master 4 + bf16 working 2, gradients 4, moments 8); optim 10Ψ + 8Ψ/N;
+//   optim_grads 2Ψ + 18Ψ/N (the bf16 working copy whole); optim_grads_params 18Ψ/N.
+TEST_F(Distributed, ShardingStrategiesMemoryAtDp4) {
+  const std::string common = std::string(kBf16) + " --train_iters 2 --lr_warmup_iters 1 --eval_interval 0";
+  double psi = 0;
+  const std::vector<std::pair<std::string, double>> want = {
+      {"no_shard", 18.0}, {"optim", 10.0 + 8.0 / 4}, {"optim_grads", 2.0 + 18.0 / 4}, {"optim_grads_params", 18.0 / 4}};
+  for (const auto& [strategy, bytes_per_param] : want) {
+    Result r = run(4, strategy, common + " --data_parallel_sharding_strategy " + strategy);
+    ASSERT_EQ(r.status, 0) << r.out;
+    double total = 0;
+    for (const char* key : {"memory_parameters_bytes", "memory_gradients_bytes", "memory_optimizer_bytes"}) {
+      const auto v = losses(strategy, key);
+      ASSERT_EQ(v.size(), 2u) << strategy << " " << key;
+      total += v.back();
+    }
+    if (strategy == "no_shard") psi = losses(strategy, "memory_gradients_bytes").back() / 4.0;
+    // Pieces are whole rows, 16-element aligned: a few percent off Ψ/N on the tiny model.
+    EXPECT_NEAR(total / psi, bytes_per_param, 0.03 * bytes_per_param) << strategy;
+  }
 }
 
 // Save under tp2 x pp2 at iteration 10, load under dp4 and under one process: training goes on
@@ -408,6 +473,16 @@ TEST_F(Distributed, Dp2MoeDistributedOptimizer) {
   for (size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(b[i], a[i], 1e-5 * std::fabs(a[i])) << "iteration " << i + 1;
 }
 TEST_F(Distributed, Pp2Moe) { expect_same_training(2, "--pipeline_model_parallel_size 2", kMoe); }
+// The experts are ordinary tensors under ZeRO-3 without expert parallel: their units' gradients
+// are reduce-scattered like the rest, including experts that a microbatch sent no token to.
+TEST_F(Distributed, FsdpDp2Moe) { expect_same_training(2, "--use_torch_fsdp2 true", kMoe); }
+// Expert parallel with ZeRO-2/3 is refused by name before training.
+TEST_F(Distributed, FsdpWithExpertParallelIsRefused) {
+  Result r = run(2, "ep", std::string(kMoe) + " --expert_model_parallel_size 2 --use_torch_fsdp2 true");
+  EXPECT_NE(r.status, 0) << r.out;
+  EXPECT_NE(r.out.find("optim_grads_params (use_torch_fsdp2) with expert_model_parallel_size 2"), std::string::npos)
+      << r.out;
+}
 
 // DeepSeek-style: multi-latent attention (docs/moe.md) with the MoE blocks, through the pipeline
 // and the distributed optimizer.

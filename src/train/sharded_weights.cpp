@@ -1,0 +1,299 @@
+#include "train/sharded_weights.h"
+
+#include <algorithm>
+
+#include "core/error.h"
+
+namespace primus::train {
+namespace {
+
+constexpr int64_t kAlign = 16;  // shard pieces of a unit start 16 elements apart (as ParamStore's tensors)
+constexpr size_t kReductionsInFlight = 2;
+
+int64_t aligned(int64_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
+
+Tensor host_tensor(const std::vector<float>& v) {
+  Tensor t = Tensor::empty({int64_t(v.size())});
+  std::copy(v.begin(), v.end(), t.data<float>());
+  return t;
+}
+
+}  // namespace
+
+ShardedWeights::ShardedWeights(LlamaModel& model, parallel::ProcessGroup& dp, ShardedStage stage, AdamWOptions adam)
+    : model_(model),
+      be_(model.backend()),
+      dp_(dp),
+      stage_(stage),
+      work_dtype_(activation_dtype(model.precision())) {
+  const ParamStore& params = model_.params();
+  PRIMUS_CHECK(params.dtype() == DType::F32, "sharded weights keep fp32 masters");
+  PRIMUS_CHECK(dp_.device() == be_.device(), "the dp group's buffers must live on the backend's device");
+  const auto& infos = params.infos();
+  const auto& units = model_.weight_units();
+  const int n = dp_.size(), r = dp_.rank();
+  pieces_.resize(infos.size());
+  std::vector<parallel::FsdpUnit> fsdp_units;
+  for (size_t u = 0; u < units.size(); ++u) {
+    const WeightUnit& wu = units[u];
+    parallel::FsdpUnit fu;
+    fu.full_numel = wu.end - wu.begin;
+    int64_t at = 0;  // into the unit's shard
+    int passes = 0;
+    for (int p = wu.first_param; p <= wu.last_param; ++p) {
+      const StoredParam& info = infos[size_t(p)];
+      const int64_t rows = info.shape.empty() ? 1 : info.shape[0], inner = info.numel / rows;
+      const parallel::FsdpRows mine = parallel::fsdp_rows(rows, n, r);
+      fu.tensors.push_back({1, rows, inner, info.offset - wu.begin, at});
+      pieces_[size_t(p)] = {info.offset + mine.first * inner, shard_numel_ + at, mine.count * inner};
+      at = aligned(at + mine.count * inner);
+      passes += model_.weight_grad_passes(p);
+    }
+    fu.shard_numel = at;
+    unit_shard_begin_.push_back(shard_numel_);
+    per_microbatch_.push_back(passes);
+    shard_numel_ += at;
+    fsdp_units.push_back(std::move(fu));
+  }
+  fsdp_ = std::make_unique<parallel::FsdpGroup>(dp_, std::move(fsdp_units));
+  const Device dev = be_.device();
+  master_ = Tensor::zeros({shard_numel_}, DType::F32, dev);
+  grads_ = Tensor::zeros({shard_numel_}, DType::F32, dev);
+  working_ = work_dtype_ == DType::F32 ? master_ : Tensor::zeros({shard_numel_}, work_dtype_, dev);
+  if (stage_ == ShardedStage::OptimGrads) whole_ = Tensor::zeros({params.numel()}, work_dtype_, dev);
+  gathered_.resize(units.size());
+  gathering_.resize(units.size());
+  holds_.assign(units.size(), 0);
+  unit_grads_.resize(units.size());
+  buffers_.resize(infos.size());
+  for (size_t p = 0; p < infos.size(); ++p)
+    if (infos[p].buffer) buffers_[p] = Tensor::zeros({infos[p].numel}, DType::F32, dev);
+  reported_.assign(units.size(), 0);
+  std::vector<ParamSegment> segments;
+  for (size_t p = 0; p < infos.size(); ++p)
+    segments.push_back({infos[p].name, pieces_[p].shard_offset, pieces_[p].numel, infos[p].weight_decay});
+  adam_ = std::make_unique<FlatAdamW>(adam, std::move(segments), shard_numel_, dev);
+}
+
+ShardedWeights::~ShardedWeights() {
+  // Collectives still posted complete before their buffers go (an abandoned step).
+  try {
+    while (!reductions_.empty()) {
+      reductions_.front().work->wait();
+      reductions_.pop_front();
+    }
+    for (auto& g : gathering_)
+      if (g) g->wait();
+  } catch (...) {
+  }
+}
+
+Tensor ShardedWeights::shard_of_unit(const Tensor& shard_buffer, int unit) const {
+  const int64_t begin = unit_shard_begin_[size_t(unit)];
+  return shard_buffer.slice(0, begin, fsdp_->units()[size_t(unit)].shard_numel);
+}
+
+// ---- WeightSource ---------------------------------------------------------------------------
+
+void ShardedWeights::acquire(int unit, int next) {
+  if (stage_ == ShardedStage::OptimGrads) return;
+  auto start = [&](int u) {
+    Tensor full = Tensor::zeros({fsdp_->units()[size_t(u)].full_numel}, work_dtype_, be_.device());
+    gathering_[size_t(u)] = fsdp_->start_gather(u, shard_of_unit(working_, u), full);
+    gathered_[size_t(u)] = full;
+  };
+  ++holds_[size_t(unit)];
+  if (!gathered_[size_t(unit)].defined()) start(unit);
+  // Prefetch: the next unit's gather runs while this one computes.
+  if (next >= 0 && !gathered_[size_t(next)].defined()) start(next);
+  if (gathering_[size_t(unit)]) {
+    gathering_[size_t(unit)]->wait();
+    gathering_[size_t(unit)].reset();
+  }
+}
+
+void ShardedWeights::release(int unit) {
+  if (stage_ == ShardedStage::OptimGrads) return;
+  PRIMUS_CHECK(holds_[size_t(unit)] > 0, "release of unit {} that no pass holds", unit);
+  if (--holds_[size_t(unit)] == 0 && !gathering_[size_t(unit)]) gathered_[size_t(unit)] = Tensor();
+}
+
+Tensor ShardedWeights::weights(int unit) {
+  if (stage_ == ShardedStage::OptimGrads) {
+    const WeightUnit& u = model_.weight_units()[size_t(unit)];
+    return whole_.slice(0, u.begin, u.end - u.begin);
+  }
+  PRIMUS_CHECK(holds_[size_t(unit)] > 0 && gathered_[size_t(unit)].defined() && !gathering_[size_t(unit)],
+               "the weights of unit {} read while no pass holds it (FSDP gathers a unit only for its passes)", unit);
+  return gathered_[size_t(unit)];
+}
+
+Tensor ShardedWeights::buffer(int param) {
+  PRIMUS_CHECK(buffers_[size_t(param)].defined(), "parameter {} is not a buffer", param);
+  return buffers_[size_t(param)];
+}
+
+Tensor ShardedWeights::grads(int unit) {
+  Tensor& g = unit_grads_[size_t(unit)];
+  if (!g.defined()) g = Tensor::zeros({fsdp_->units()[size_t(unit)].full_numel}, DType::F32, be_.device());
+  return g;
+}
+
+// ---- gradients ------------------------------------------------------------------------------
+
+void ShardedWeights::begin_step() {
+  PRIMUS_CHECK(reductions_.empty(), "a step began with gradient reductions in flight");
+  grads_.zero_();
+  std::fill(reported_.begin(), reported_.end(), 0);
+}
+
+void ShardedWeights::weights_done(const std::vector<int>& ids) {
+  for (int id : ids) {
+    const int u = model_.unit_of(id);
+    if (++reported_[size_t(u)] == per_microbatch_[size_t(u)]) {
+      reported_[size_t(u)] = 0;
+      reduce_unit(u);
+    }
+  }
+}
+
+void ShardedWeights::reduce_unit(int unit) {
+  while (reductions_.size() >= kReductionsInFlight) complete_oldest_reduction();
+  be_.synchronize();  // the W passes' sums are final before the copies into the wire buffers
+  Tensor sums = Tensor::zeros({std::max<int64_t>(1, fsdp_->units()[size_t(unit)].shard_numel)}, DType::F32,
+                              be_.device());
+  const Tensor whole = grads(unit);
+  auto work = fsdp_->start_reduce(unit, whole, sums.slice(0, 0, fsdp_->units()[size_t(unit)].shard_numel));
+  unit_grads_[size_t(unit)] = Tensor();  // copied into the wire buffers: freed now
+  reductions_.push_back({unit, std::move(sums), std::move(work)});
+}
+
+void ShardedWeights::complete_oldest_reduction() {
+  InFlight f = std::move(reductions_.front());
+  reductions_.pop_front();
+  f.work->wait();
+  const int64_t n = fsdp_->units()[size_t(f.unit)].shard_numel;
+  if (n == 0) return;
+  Tensor mine = shard_of_unit(grads_, f.unit);
+  be_.add(mine, f.sums.slice(0, 0, n), mine);
+}
+
+void ShardedWeights::finish_gradients() {
+  // A unit whose reports did not complete a microbatch (none in the model's passes) still
+  // holds gradients: reduced here, in unit order on every rank.
+  for (size_t u = 0; u < unit_grads_.size(); ++u)
+    if (unit_grads_[u].defined()) reduce_unit(int(u));
+  while (!reductions_.empty()) complete_oldest_reduction();
+  std::fill(reported_.begin(), reported_.end(), 0);
+  drop_prefetches();
+}
+
+void ShardedWeights::drop_prefetches() {
+  for (size_t u = 0; u < gathering_.size(); ++u) {
+    if (gathering_[u]) gathering_[u]->wait();
+    gathering_[u].reset();
+    if (holds_[u] == 0) gathered_[u] = Tensor();
+  }
+}
+
+Tensor ShardedWeights::grad_piece(int param) const {
+  const Piece& p = pieces_[size_t(param)];
+  return grads_.slice(0, p.shard_offset, p.numel);
+}
+
+double ShardedWeights::grad_sq_sum(const std::vector<int>& counted) const { return adam_->grad_sq_sum(grads_, counted); }
+
+// ---- optimizer ------------------------------------------------------------------------------
+
+void ShardedWeights::step(double lr, double grad_scale) {
+  Tensor* working = working_.dtype() == DType::F32 ? nullptr : &working_;
+  adam_->step(master_, grads_, working, lr, grad_scale);
+  if (stage_ == ShardedStage::OptimGrads) gather_whole();
+}
+
+void ShardedWeights::gather_whole() {
+  std::deque<std::unique_ptr<parallel::FsdpGroup::Pending>> inflight;
+  const auto& units = model_.weight_units();
+  for (size_t u = 0; u < units.size(); ++u) {
+    if (inflight.size() >= 2) {
+      inflight.front()->wait();
+      inflight.pop_front();
+    }
+    Tensor dst = whole_.slice(0, units[u].begin, units[u].end - units[u].begin);
+    inflight.push_back(fsdp_->start_gather(int(u), shard_of_unit(working_, int(u)), dst));
+  }
+  for (auto& g : inflight) g->wait();
+}
+
+// ---- values and state -----------------------------------------------------------------------
+
+std::vector<float> ShardedWeights::to_shards(const float* full) const {
+  std::vector<float> out(size_t(shard_numel_), 0.0f);
+  for (const Piece& p : pieces_) std::copy_n(full + p.full_offset, p.numel, out.begin() + p.shard_offset);
+  return out;
+}
+
+std::vector<float> ShardedWeights::gather_full(const Tensor& shard_buffer) const {
+  const auto& units = model_.weight_units();
+  std::vector<float> out(size_t(model_.params().numel()), 0.0f);
+  for (size_t u = 0; u < units.size(); ++u) {
+    Tensor full = Tensor::zeros({units[u].end - units[u].begin}, DType::F32, be_.device());
+    fsdp_->start_gather(int(u), shard_of_unit(shard_buffer, int(u)), full)->wait();
+    const Tensor host = full.to(Device::CPU);
+    std::copy_n(host.data<float>(), host.numel(), out.begin() + units[u].begin);
+  }
+  return out;
+}
+
+void ShardedWeights::init_weights(uint64_t seed) {
+  ParamStore full = model_.params();  // the layout; filled on the host
+  full.allocate(Device::CPU);
+  full.init(seed, model_.spec().init_method_std, model_.spec().scaled_init_std());
+  load_values(full.values().data<float>());
+}
+
+void ShardedWeights::load_values(const float* full) {
+  const auto& infos = model_.params().infos();
+  for (size_t p = 0; p < infos.size(); ++p)
+    if (buffers_[p].defined()) {
+      Tensor host = Tensor::empty({infos[p].numel});
+      std::copy_n(full + infos[p].offset, infos[p].numel, host.data<float>());
+      buffers_[p].copy_from(host.to(buffers_[p].device()));
+    }
+  master_.copy_from(host_tensor(to_shards(full)).to(master_.device()));
+  if (working_.dtype() != DType::F32) be_.cast(master_, working_);
+  if (stage_ == ShardedStage::OptimGrads) gather_whole();
+}
+
+void ShardedWeights::load_state(int64_t step, const float* exp_avg, const float* exp_avg_sq) {
+  const std::vector<float> m = to_shards(exp_avg), v = to_shards(exp_avg_sq);
+  adam_->set_state(step, m.data(), v.data());
+}
+
+std::vector<float> ShardedWeights::gather_values() const {
+  std::vector<float> out = gather_full(master_);
+  const auto& infos = model_.params().infos();
+  for (size_t p = 0; p < infos.size(); ++p)
+    if (buffers_[p].defined()) {
+      const Tensor host = buffers_[p].to(Device::CPU);
+      std::copy_n(host.data<float>(), host.numel(), out.begin() + infos[p].offset);
+    }
+  return out;
+}
+
+parallel::FullOptimizerState ShardedWeights::gather_state() const {
+  parallel::FullOptimizerState s;
+  s.step = adam_->step_count();
+  s.exp_avg = gather_full(host_tensor(adam_->exp_avg()).to(be_.device()));
+  s.exp_avg_sq = gather_full(host_tensor(adam_->exp_avg_sq()).to(be_.device()));
+  return s;
+}
+
+int64_t ShardedWeights::parameter_bytes() const {
+  int64_t b = int64_t(master_.nbytes());
+  if (working_.dtype() != DType::F32) b += int64_t(working_.nbytes());
+  if (whole_.defined()) b += int64_t(whole_.nbytes());
+  return b;
+}
+
+}  // namespace primus::train

@@ -1,0 +1,133 @@
+// ZeRO-2 and ZeRO-3 / FSDP (Megatron's data_parallel_sharding_strategy optim_grads and
+// optim_grads_params; use_torch_fsdp2 is the latter): this rank's shards of the weights, of their
+// gradients and of the AdamW state, and the weight source (model/weight_source.h) that serves the
+// model whole units from them.
+//
+// Every tensor is split along its first dim over the data-parallel group (dp, or dp x cp under
+// context parallel) as parallel/fsdp.h describes (FSDP2's per-parameter sharding): rank r holds
+// rows [r k, (r + 1) k) with k = ceil(rows / dp), so its piece of a tensor is one contiguous range
+// of it. A rank keeps, for its pieces only: the fp32 master values, their bf16 working copy (mixed
+// precision), the fp32 gradient sums and the two AdamW moments.
+//
+// Gradients (both stages): a W pass adds into a whole fp32 gradient buffer of its unit, allocated
+// when first asked for. Once every tensor of the unit has had its W pass for a microbatch, the
+// buffer is reduce-scattered over dp and freed; each rank adds the result to its gradient shard.
+// So at most a unit's worth of gradients is whole at a time (two reductions stay in flight while
+// the backward goes on), at the cost of one reduce-scatter per unit and microbatch, as ZeRO-2 in
+// DeepSpeed and FSDP2's default do. Any partial sum may be reduced (the reduction is linear), so
+// the order in which a schedule runs its W passes never matters for the result.
+//
+// Weights: under optim_grads every rank keeps the whole working copy (re-gathered unit by unit
+// after each optimizer step); under optim_grads_params a unit is all-gathered (in the working
+// dtype) when a pass acquires it, the next unit's gather starts at the same time (prefetch), and
+// the gathered copy is freed when the pass releases it.
+//
+// Collectives on the dp group match by posting order. Every rank of the group runs the same
+// passes in the same order (same pipeline stage, same schedule, same microbatch count), so the
+// gathers and reductions posted from here line up.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <vector>
+
+#include "core/tensor.h"
+#include "kernels/backend.h"
+#include "model/llama.h"
+#include "model/weight_source.h"
+#include "optim/adamw.h"
+#include "optim/flat_adamw.h"
+#include "parallel/distributed_optimizer.h"
+#include "parallel/fsdp.h"
+#include "parallel/process_group.h"
+
+namespace primus::train {
+
+enum class ShardedStage : uint8_t {
+  OptimGrads,        // ZeRO-2: working weights whole on every rank
+  OptimGradsParams,  // ZeRO-3 / FSDP: working weights gathered per unit, just in time
+};
+
+class ShardedWeights final : public WeightSource {
+ public:
+  // model: built with LlamaOptions::resident_weights false (its ParamStore is the layout only).
+  // dp: the group the shards span, on the backend's device.
+  ShardedWeights(LlamaModel& model, parallel::ProcessGroup& dp, ShardedStage stage, AdamWOptions adam);
+  ~ShardedWeights() override;
+
+  // ---- WeightSource ----
+  void acquire(int unit, int next) override;
+  void release(int unit) override;
+  Tensor weights(int unit) override;
+  Tensor grads(int unit) override;
+  Tensor buffer(int param) override;  // whole on every rank (and authoritative over its shard piece)
+
+  // ---- values and optimizer state (full arrays are host buffers in the model's flat layout) ----
+  void init_weights(uint64_t seed);  // ParamStore::init's values, whatever the dp size
+  void load_values(const float* full);  // each rank keeps its pieces (ZeRO-2 then re-gathers: collective)
+  void load_state(int64_t step, const float* exp_avg, const float* exp_avg_sq);  // local
+  std::vector<float> gather_values() const;                 // collective over dp; transient full copy
+  parallel::FullOptimizerState gather_state() const;        // collective over dp
+
+  // ---- a step ----
+  void begin_step();                                // zeroes the gradient shards
+  void weights_done(const std::vector<int>& ids);   // the model's weight-gradient hook
+  // Reduces what is left and waits for every reduction: the shards then hold the sums over dp.
+  void finish_gradients();
+  // This rank's piece of tensor `param`'s gradient shard (may be empty).
+  Tensor grad_piece(int param) const;
+  double grad_sq_sum(const std::vector<int>& counted) const;  // this rank's pieces of those tensors
+  void step(double lr, double grad_scale);          // AdamW on the pieces (then ZeRO-2 re-gathers)
+  int64_t step_count() const { return adam_->step_count(); }
+  void set_weight_decay(double wd) { adam_->set_weight_decay(wd); }
+  const Tensor& grad_shards() const { return grads_; }
+
+  // ---- memory (this rank's persistent buffers) ----
+  int64_t parameter_bytes() const;  // master pieces, their working copy, ZeRO-2's whole working copy
+  int64_t gradient_bytes() const { return int64_t(grads_.nbytes()); }
+  int64_t optimizer_bytes() const { return 2 * shard_numel_ * int64_t(sizeof(float)); }
+  int64_t shard_numel() const { return shard_numel_; }
+
+ private:
+  struct Piece {
+    int64_t full_offset = 0;   // into the model's flat layout
+    int64_t shard_offset = 0;  // into this rank's shard buffers
+    int64_t numel = 0;
+  };
+  struct InFlight {
+    int unit;
+    Tensor sums;
+    std::unique_ptr<parallel::FsdpGroup::Pending> work;
+  };
+  Tensor shard_of_unit(const Tensor& shard_buffer, int unit) const;
+  std::vector<float> to_shards(const float* full) const;  // host
+  std::vector<float> gather_full(const Tensor& shard_buffer) const;
+  void reduce_unit(int unit);
+  void complete_oldest_reduction();
+  void gather_whole();  // ZeRO-2: every unit into the whole working copy
+  void drop_prefetches();
+
+  LlamaModel& model_;
+  ops::Backend& be_;
+  parallel::ProcessGroup& dp_;
+  ShardedStage stage_;
+  DType work_dtype_;
+  std::vector<Piece> pieces_;                 // per parameter
+  std::vector<int64_t> unit_shard_begin_;     // per unit, into the shard buffers
+  std::vector<int> per_microbatch_;           // per unit: hook reports per microbatch
+  std::vector<int> reported_;                 // per unit: hook reports since its last reduction
+  int64_t shard_numel_ = 0;
+  std::unique_ptr<parallel::FsdpGroup> fsdp_;
+  Tensor master_, working_, grads_;           // shard buffers (working_ is master_ in fp32)
+  Tensor whole_;                              // ZeRO-2: the whole working weights
+  std::vector<Tensor> gathered_;              // ZeRO-3, per unit: the gathered working weights
+  std::vector<std::unique_ptr<parallel::FsdpGroup::Pending>> gathering_;  // per unit: in flight
+  std::vector<int> holds_;                    // per unit: passes holding it
+  std::vector<Tensor> unit_grads_;            // per unit: whole gradients being accumulated
+  std::deque<InFlight> reductions_;
+  std::vector<Tensor> buffers_;               // per parameter: the whole fp32 values of a buffer
+  std::unique_ptr<FlatAdamW> adam_;
+};
+
+}  // namespace primus::train
