@@ -88,11 +88,11 @@ const std::vector<KeyInfo>& training_keys() {
                                             "pipeline_model_parallel_size gives ZB-1p, twice that ZB-2p. 0: "
                                             "pipeline_model_parallel_size"),
       KEY(use_distributed_optimizer, "ZeRO-1: each data-parallel rank keeps the optimizer state of its shard only"),
-      KEY(data_parallel_sharding_strategy, "no_shard | optim | optim_grads | optim_grads_params (Megatron's names); "
-                                           "empty: optim when use_distributed_optimizer, else no_shard. optim_grads "
-                                           "and optim_grads_params are not implemented yet and run as optim"),
-      KEY(use_torch_fsdp2, "alias of data_parallel_sharding_strategy optim_grads_params (not implemented yet: runs as "
-                       "optim)"),
+      KEY(data_parallel_sharding_strategy, "no_shard | optim (ZeRO-1) | optim_grads (ZeRO-2) | optim_grads_params "
+                                           "(ZeRO-3 / FSDP) (Megatron's names); empty: optim when "
+                                           "use_distributed_optimizer, else no_shard (docs/context_parallel.md)"),
+      KEY(use_torch_fsdp2, "alias of data_parallel_sharding_strategy optim_grads_params (FSDP: parameters, gradients "
+                       "and optimizer state sharded over dp)"),
       KEY(overlap_grad_reduce, "start each gradient bucket's reduction as soon as its backward is done"),
       KEY(ddp_bucket_size, "elements per gradient bucket; 0: max(40M, 1M x dp)"),
       KEY(profile, "write a Chrome trace per profiled rank to <run dir>/trace/ (docs/profiling.md)"),

@@ -111,10 +111,6 @@ ParallelLayout plan_layout(const config::TrainingArgs& a, const ModelSpec& spec,
          L.sharding);
   if (L.sharding == "no_shard" && a.use_distributed_optimizer)
     fail("use_distributed_optimizer shards the optimizer, data_parallel_sharding_strategy no_shard does not: set one");
-  if ((L.sharding == "optim_grads" || L.sharding == "optim_grads_params") && a.expert_model_parallel_size > 1)
-    fail("data_parallel_sharding_strategy {}{} with expert_model_parallel_size {}: the experts' own sharding over "
-         "the expert-data-parallel group is not built yet; use optim (use_distributed_optimizer) with expert parallel",
-         L.sharding, a.use_torch_fsdp2 ? " (use_torch_fsdp2)" : "", a.expert_model_parallel_size);
   if (a.cp_comm_type != "p2p" && a.cp_comm_type != "a2a")
     fail("cp_comm_type '{}' is not one of: p2p, a2a", a.cp_comm_type);
   L.cp_all_to_all = a.cp_comm_type == "a2a";

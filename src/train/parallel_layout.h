@@ -54,7 +54,7 @@ struct ParallelLayout {
 pipeline::ModelCosts model_costs(const ModelSpec& spec, int64_t micro_batch_size, int64_t seq_length, int tp = 1);
 
 // Rules, in order: sizes positive; expert parallel size 1 for a dense model, dividing num_experts; the sharding strategy
-// known (optim_grads and optim_grads_params with expert parallel size 1); tp x pp x cp divides
+// known; tp x pp x cp divides
 // the world size; under cp, seq_length divisible by 2 x cp and, for a2a, heads and query groups
 // per tp rank by cp; heads, query groups, ffn and vocabulary divisible by tp;
 // sequence parallel needs tokens per microbatch divisible by tp; global_batch_size a multiple of

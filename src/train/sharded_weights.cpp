@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "core/error.h"
+#include "model/moe.h"
 
 namespace primus::train {
 namespace {
@@ -20,7 +21,8 @@ Tensor host_tensor(const std::vector<float>& v) {
 
 }  // namespace
 
-ShardedWeights::ShardedWeights(LlamaModel& model, parallel::ProcessGroup& dp, ShardedStage stage, AdamWOptions adam)
+ShardedWeights::ShardedWeights(LlamaModel& model, parallel::ProcessGroup& dp, parallel::ProcessGroup* expert_dp,
+                               ShardedStage stage, AdamWOptions adam)
     : model_(model),
       be_(model.backend()),
       dp_(dp),
@@ -31,31 +33,40 @@ ShardedWeights::ShardedWeights(LlamaModel& model, parallel::ProcessGroup& dp, Sh
   PRIMUS_CHECK(dp_.device() == be_.device(), "the dp group's buffers must live on the backend's device");
   const auto& infos = params.infos();
   const auto& units = model_.weight_units();
-  const int n = dp_.size(), r = dp_.rank();
+  std::vector<parallel::ProcessGroup*> comms = {&dp_};
+  if (expert_dp) comms.push_back(expert_dp);
+  auto group_of = [&](int p) { return expert_dp && is_expert_param(infos[size_t(p)].name) ? 1 : 0; };
   pieces_.resize(infos.size());
-  std::vector<parallel::FsdpUnit> fsdp_units;
+  parts_.resize(units.size());
+  std::vector<std::vector<parallel::FsdpUnit>> fsdp_units(comms.size());
   for (size_t u = 0; u < units.size(); ++u) {
     const WeightUnit& wu = units[u];
-    parallel::FsdpUnit fu;
-    fu.full_numel = wu.end - wu.begin;
-    int64_t at = 0;  // into the unit's shard
     int passes = 0;
-    for (int p = wu.first_param; p <= wu.last_param; ++p) {
-      const StoredParam& info = infos[size_t(p)];
-      const int64_t rows = info.shape.empty() ? 1 : info.shape[0], inner = info.numel / rows;
-      const parallel::FsdpRows mine = parallel::fsdp_rows(rows, n, r);
-      fu.tensors.push_back({1, rows, inner, info.offset - wu.begin, at});
-      pieces_[size_t(p)] = {info.offset + mine.first * inner, shard_numel_ + at, mine.count * inner};
-      at = aligned(at + mine.count * inner);
-      passes += model_.weight_grad_passes(p);
-    }
-    fu.shard_numel = at;
-    unit_shard_begin_.push_back(shard_numel_);
+    for (int p = wu.first_param; p <= wu.last_param; ++p) passes += model_.weight_grad_passes(p);
     per_microbatch_.push_back(passes);
-    shard_numel_ += at;
-    fsdp_units.push_back(std::move(fu));
+    for (int g = 0; g < int(comms.size()); ++g) {
+      const int n = comms[size_t(g)]->size(), r = comms[size_t(g)]->rank();
+      parallel::FsdpUnit fu;
+      fu.full_numel = wu.end - wu.begin;
+      int64_t at = 0;  // into the part's shard
+      for (int p = wu.first_param; p <= wu.last_param; ++p) {
+        if (group_of(p) != g) continue;
+        const StoredParam& info = infos[size_t(p)];
+        const int64_t rows = info.shape.empty() ? 1 : info.shape[0], inner = info.numel / rows;
+        const parallel::FsdpRows mine = parallel::fsdp_rows(rows, n, r);
+        fu.tensors.push_back({1, rows, inner, info.offset - wu.begin, at});
+        pieces_[size_t(p)] = {info.offset + mine.first * inner, shard_numel_ + at, mine.count * inner};
+        at = aligned(at + mine.count * inner);
+      }
+      if (fu.tensors.empty()) continue;  // (the same on every rank of the group: same stage, same ep slot)
+      fu.shard_numel = at;
+      parts_[u].push_back({g, int(fsdp_units[size_t(g)].size()), shard_numel_, at});
+      shard_numel_ += at;
+      fsdp_units[size_t(g)].push_back(std::move(fu));
+    }
   }
-  fsdp_ = std::make_unique<parallel::FsdpGroup>(dp_, std::move(fsdp_units));
+  for (size_t g = 0; g < comms.size(); ++g)
+    groups_.push_back(std::make_unique<parallel::FsdpGroup>(*comms[g], std::move(fsdp_units[g])));
   const Device dev = be_.device();
   master_ = Tensor::zeros({shard_numel_}, DType::F32, dev);
   grads_ = Tensor::zeros({shard_numel_}, DType::F32, dev);
@@ -82,15 +93,10 @@ ShardedWeights::~ShardedWeights() {
       reductions_.front().work->wait();
       reductions_.pop_front();
     }
-    for (auto& g : gathering_)
-      if (g) g->wait();
+    for (auto& unit : gathering_)
+      for (auto& g : unit) g->wait();
   } catch (...) {
   }
-}
-
-Tensor ShardedWeights::shard_of_unit(const Tensor& shard_buffer, int unit) const {
-  const int64_t begin = unit_shard_begin_[size_t(unit)];
-  return shard_buffer.slice(0, begin, fsdp_->units()[size_t(unit)].shard_numel);
 }
 
 // ---- WeightSource ---------------------------------------------------------------------------
@@ -98,24 +104,25 @@ Tensor ShardedWeights::shard_of_unit(const Tensor& shard_buffer, int unit) const
 void ShardedWeights::acquire(int unit, int next) {
   if (stage_ == ShardedStage::OptimGrads) return;
   auto start = [&](int u) {
-    Tensor full = Tensor::zeros({fsdp_->units()[size_t(u)].full_numel}, work_dtype_, be_.device());
-    gathering_[size_t(u)] = fsdp_->start_gather(u, shard_of_unit(working_, u), full);
+    const WeightUnit& wu = model_.weight_units()[size_t(u)];
+    Tensor full = Tensor::zeros({wu.end - wu.begin}, work_dtype_, be_.device());
+    for (const Part& part : parts_[size_t(u)])
+      gathering_[size_t(u)].push_back(
+          groups_[size_t(part.group)]->start_gather(part.index, shard_of(working_, part), full));
     gathered_[size_t(u)] = full;
   };
   ++holds_[size_t(unit)];
   if (!gathered_[size_t(unit)].defined()) start(unit);
   // Prefetch: the next unit's gather runs while this one computes.
   if (next >= 0 && !gathered_[size_t(next)].defined()) start(next);
-  if (gathering_[size_t(unit)]) {
-    gathering_[size_t(unit)]->wait();
-    gathering_[size_t(unit)].reset();
-  }
+  for (auto& g : gathering_[size_t(unit)]) g->wait();
+  gathering_[size_t(unit)].clear();
 }
 
 void ShardedWeights::release(int unit) {
   if (stage_ == ShardedStage::OptimGrads) return;
   PRIMUS_CHECK(holds_[size_t(unit)] > 0, "release of unit {} that no pass holds", unit);
-  if (--holds_[size_t(unit)] == 0 && !gathering_[size_t(unit)]) gathered_[size_t(unit)] = Tensor();
+  if (--holds_[size_t(unit)] == 0 && gathering_[size_t(unit)].empty()) gathered_[size_t(unit)] = Tensor();
 }
 
 Tensor ShardedWeights::weights(int unit) {
@@ -123,7 +130,7 @@ Tensor ShardedWeights::weights(int unit) {
     const WeightUnit& u = model_.weight_units()[size_t(unit)];
     return whole_.slice(0, u.begin, u.end - u.begin);
   }
-  PRIMUS_CHECK(holds_[size_t(unit)] > 0 && gathered_[size_t(unit)].defined() && !gathering_[size_t(unit)],
+  PRIMUS_CHECK(holds_[size_t(unit)] > 0 && gathered_[size_t(unit)].defined() && gathering_[size_t(unit)].empty(),
                "the weights of unit {} read while no pass holds it (FSDP gathers a unit only for its passes)", unit);
   return gathered_[size_t(unit)];
 }
@@ -135,7 +142,10 @@ Tensor ShardedWeights::buffer(int param) {
 
 Tensor ShardedWeights::grads(int unit) {
   Tensor& g = unit_grads_[size_t(unit)];
-  if (!g.defined()) g = Tensor::zeros({fsdp_->units()[size_t(unit)].full_numel}, DType::F32, be_.device());
+  if (!g.defined()) {
+    const WeightUnit& u = model_.weight_units()[size_t(unit)];
+    g = Tensor::zeros({u.end - u.begin}, DType::F32, be_.device());
+  }
   return g;
 }
 
@@ -158,24 +168,24 @@ void ShardedWeights::weights_done(const std::vector<int>& ids) {
 }
 
 void ShardedWeights::reduce_unit(int unit) {
-  while (reductions_.size() >= kReductionsInFlight) complete_oldest_reduction();
   be_.synchronize();  // the W passes' sums are final before the copies into the wire buffers
-  Tensor sums = Tensor::zeros({std::max<int64_t>(1, fsdp_->units()[size_t(unit)].shard_numel)}, DType::F32,
-                              be_.device());
   const Tensor whole = grads(unit);
-  auto work = fsdp_->start_reduce(unit, whole, sums.slice(0, 0, fsdp_->units()[size_t(unit)].shard_numel));
+  for (const Part& part : parts_[size_t(unit)]) {
+    while (reductions_.size() >= kReductionsInFlight) complete_oldest_reduction();
+    Tensor sums = Tensor::zeros({std::max<int64_t>(1, part.shard_numel)}, DType::F32, be_.device());
+    auto work = groups_[size_t(part.group)]->start_reduce(part.index, whole, sums.slice(0, 0, part.shard_numel));
+    reductions_.push_back({part, std::move(sums), std::move(work)});
+  }
   unit_grads_[size_t(unit)] = Tensor();  // copied into the wire buffers: freed now
-  reductions_.push_back({unit, std::move(sums), std::move(work)});
 }
 
 void ShardedWeights::complete_oldest_reduction() {
   InFlight f = std::move(reductions_.front());
   reductions_.pop_front();
   f.work->wait();
-  const int64_t n = fsdp_->units()[size_t(f.unit)].shard_numel;
-  if (n == 0) return;
-  Tensor mine = shard_of_unit(grads_, f.unit);
-  be_.add(mine, f.sums.slice(0, 0, n), mine);
+  if (f.part.shard_numel == 0) return;
+  Tensor mine = shard_of(grads_, f.part);
+  be_.add(mine, f.sums.slice(0, 0, f.part.shard_numel), mine);
 }
 
 void ShardedWeights::finish_gradients() {
@@ -190,8 +200,8 @@ void ShardedWeights::finish_gradients() {
 
 void ShardedWeights::drop_prefetches() {
   for (size_t u = 0; u < gathering_.size(); ++u) {
-    if (gathering_[u]) gathering_[u]->wait();
-    gathering_[u].reset();
+    for (auto& g : gathering_[u]) g->wait();
+    gathering_[u].clear();
     if (holds_[u] == 0) gathered_[u] = Tensor();
   }
 }
@@ -215,12 +225,14 @@ void ShardedWeights::gather_whole() {
   std::deque<std::unique_ptr<parallel::FsdpGroup::Pending>> inflight;
   const auto& units = model_.weight_units();
   for (size_t u = 0; u < units.size(); ++u) {
-    if (inflight.size() >= 2) {
-      inflight.front()->wait();
-      inflight.pop_front();
-    }
     Tensor dst = whole_.slice(0, units[u].begin, units[u].end - units[u].begin);
-    inflight.push_back(fsdp_->start_gather(int(u), shard_of_unit(working_, int(u)), dst));
+    for (const Part& part : parts_[u]) {
+      if (inflight.size() >= 2) {
+        inflight.front()->wait();
+        inflight.pop_front();
+      }
+      inflight.push_back(groups_[size_t(part.group)]->start_gather(part.index, shard_of(working_, part), dst));
+    }
   }
   for (auto& g : inflight) g->wait();
 }
@@ -238,7 +250,8 @@ std::vector<float> ShardedWeights::gather_full(const Tensor& shard_buffer) const
   std::vector<float> out(size_t(model_.params().numel()), 0.0f);
   for (size_t u = 0; u < units.size(); ++u) {
     Tensor full = Tensor::zeros({units[u].end - units[u].begin}, DType::F32, be_.device());
-    fsdp_->start_gather(int(u), shard_of_unit(shard_buffer, int(u)), full)->wait();
+    for (const Part& part : parts_[u])
+      groups_[size_t(part.group)]->start_gather(part.index, shard_of(shard_buffer, part), full)->wait();
     const Tensor host = full.to(Device::CPU);
     std::copy_n(host.data<float>(), host.numel(), out.begin() + units[u].begin);
   }

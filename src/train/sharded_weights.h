@@ -22,7 +22,11 @@
 // dtype) when a pass acquires it, the next unit's gather starts at the same time (prefetch), and
 // the gathered copy is freed when the pass releases it.
 //
-// Collectives on the dp group match by posting order. Every rank of the group runs the same
+// Expert parallel: the experts of this rank's ep slot are sharded the same way over the
+// expert-data-parallel group (the ranks that hold the same experts) instead of dp, so a unit with
+// experts has two parts, each gathered and reduced over its own group into the same whole buffers.
+//
+// Collectives on a group match by posting order. Every rank of the group runs the same
 // passes in the same order (same pipeline stage, same schedule, same microbatch count), so the
 // gathers and reductions posted from here line up.
 #pragma once
@@ -52,8 +56,10 @@ enum class ShardedStage : uint8_t {
 class ShardedWeights final : public WeightSource {
  public:
   // model: built with LlamaOptions::resident_weights false (its ParamStore is the layout only).
-  // dp: the group the shards span, on the backend's device.
-  ShardedWeights(LlamaModel& model, parallel::ProcessGroup& dp, ShardedStage stage, AdamWOptions adam);
+  // dp: the group the shards span, on the backend's device. expert_dp: under expert parallel, the
+  // group the experts' shards span (model/moe.h is_expert_param); nullptr: dp, like the rest.
+  ShardedWeights(LlamaModel& model, parallel::ProcessGroup& dp, parallel::ProcessGroup* expert_dp, ShardedStage stage,
+                 AdamWOptions adam);
   ~ShardedWeights() override;
 
   // ---- WeightSource ----
@@ -95,12 +101,21 @@ class ShardedWeights final : public WeightSource {
     int64_t shard_offset = 0;  // into this rank's shard buffers
     int64_t numel = 0;
   };
+  // The tensors of a unit that one group shards: a unit of that group's FsdpGroup.
+  struct Part {
+    int group = 0;             // into groups_
+    int index = 0;             // the FsdpGroup's unit
+    int64_t shard_begin = 0;   // into this rank's shard buffers
+    int64_t shard_numel = 0;
+  };
   struct InFlight {
-    int unit;
+    Part part;
     Tensor sums;
     std::unique_ptr<parallel::FsdpGroup::Pending> work;
   };
-  Tensor shard_of_unit(const Tensor& shard_buffer, int unit) const;
+  Tensor shard_of(const Tensor& shard_buffer, const Part& part) const {
+    return shard_buffer.slice(0, part.shard_begin, part.shard_numel);
+  }
   std::vector<float> to_shards(const float* full) const;  // host
   std::vector<float> gather_full(const Tensor& shard_buffer) const;
   void reduce_unit(int unit);
@@ -114,15 +129,15 @@ class ShardedWeights final : public WeightSource {
   ShardedStage stage_;
   DType work_dtype_;
   std::vector<Piece> pieces_;                 // per parameter
-  std::vector<int64_t> unit_shard_begin_;     // per unit, into the shard buffers
+  std::vector<std::vector<Part>> parts_;      // per unit
   std::vector<int> per_microbatch_;           // per unit: hook reports per microbatch
   std::vector<int> reported_;                 // per unit: hook reports since its last reduction
   int64_t shard_numel_ = 0;
-  std::unique_ptr<parallel::FsdpGroup> fsdp_;
+  std::vector<std::unique_ptr<parallel::FsdpGroup>> groups_;  // dp's, then (expert parallel) edp's
   Tensor master_, working_, grads_;           // shard buffers (working_ is master_ in fp32)
   Tensor whole_;                              // ZeRO-2: the whole working weights
   std::vector<Tensor> gathered_;              // ZeRO-3, per unit: the gathered working weights
-  std::vector<std::unique_ptr<parallel::FsdpGroup::Pending>> gathering_;  // per unit: in flight
+  std::vector<std::vector<std::unique_ptr<parallel::FsdpGroup::Pending>>> gathering_;  // per unit: in flight
   std::vector<int> holds_;                    // per unit: passes holding it
   std::vector<Tensor> unit_grads_;            // per unit: whole gradients being accumulated
   std::deque<InFlight> reductions_;

@@ -36,6 +36,7 @@
 #include "kernels/cpu/gemm.h"
 #include "model/context_parallel.h"
 #include "model/llama.h"
+#include "model/moe.h"
 #include "optim/flat_adamw.h"
 #include "optim/grad_clip.h"
 #include "optim/lr_schedule.h"
@@ -258,6 +259,7 @@ class Trainer {
   std::unique_ptr<parallel::ProcessGroup> embedding_group_;
   int tied_tensor_ = -1;              // this rank's copy of a tied embedding split over stages
   std::vector<int> counted_tensors_;  // the tensors the global gradient norm counts on this rank
+  std::vector<int> expert_tensors_;   // expert parallel: this rank's experts (counted apart)
   std::unique_ptr<parallel::GradBuckets> buckets_;
   std::vector<int> w_done_, w_expected_;  // per tensor: W passes seen this step, and expected
   std::unique_ptr<ExpertGradients> experts_;  // expert parallel: the experts' reduction over edp
@@ -445,7 +447,7 @@ void Trainer::build_model() {
   model_ = std::make_unique<LlamaModel>(spec_, *compute_.backend, compute_.precision, mopt, part);
   if (layout_.shard_gradients()) {
     sharded_weights_ = std::make_unique<ShardedWeights>(
-        *model_, gradient_group(),
+        *model_, gradient_group(), layout_.ep > 1 ? groups_.edp.get() : nullptr,
         layout_.shard_parameters() ? ShardedStage::OptimGradsParams : ShardedStage::OptimGrads, adam_options());
     model_->set_weight_source(sharded_weights_.get());
     sharded_weights_->init_weights(uint64_t(a_.seed));
@@ -470,14 +472,17 @@ void Trainer::build_gradient_reduction() {
         tied_tensor_ = model_->embedding_param() >= 0 ? model_->embedding_param() : model_->output_param();
     }
   }
-  if (layout_.ep > 1)
+  if (layout_.ep > 1 && !sharded_weights_)  // (ZeRO-2 / FSDP shard the experts over edp themselves)
     experts_ = std::make_unique<ExpertGradients>(
         params, *groups_.edp, layout_.shard_optimizer(),
         AdamWOptions{a_.adam_beta1, a_.adam_beta2, a_.adam_eps, a_.weight_decay});
   // The norm counts each tensor of the whole model once: tp-replicated tensors on tp rank 0, the
   // tied embedding on the first stage (expert-parallel experts apart: gradient_norm()).
   for (int t = 0; t < num_tensors; ++t) {
-    if (experts_ && experts_->is_expert(t)) continue;
+    if (layout_.ep > 1 && is_expert_param(params.infos()[size_t(t)].name)) {
+      expert_tensors_.push_back(t);
+      continue;
+    }
     if (params.infos()[t].tp_replicated && me_.tp != 0) continue;
     if (t == tied_tensor_ && model_->embedding_param() < 0) continue;
     counted_tensors_.push_back(t);
@@ -697,9 +702,15 @@ double Trainer::gradient_norm() {
       experts_ ? groups_.mp->all_reduce_value(groups_.ep->all_reduce_value(
                      me_.tp == 0 ? experts_->grad_sq_sum(replicated_.get()) : 0.0))
                : 0.0;
-  if (sharded_weights_)  // each element of a tensor is on one rank of the gradient group
-    return std::sqrt(groups_.mp->all_reduce_value(
-        gradient_group().all_reduce_value(sharded_weights_->grad_sq_sum(counted_tensors_))));
+  if (sharded_weights_) {  // each element of a tensor is on one rank of its shards' group
+    const double dense = gradient_group().all_reduce_value(sharded_weights_->grad_sq_sum(counted_tensors_));
+    const double experts =
+        expert_tensors_.empty()
+            ? 0.0
+            : groups_.ep->all_reduce_value(
+                  groups_.edp->all_reduce_value(me_.tp == 0 ? sharded_weights_->grad_sq_sum(expert_tensors_) : 0.0));
+    return std::sqrt(groups_.mp->all_reduce_value(dense + experts));
+  }
   if (sharded_) {
     const std::vector<int>& counted = counted_tensors_;
     const double dense = sharded_->grad_norm(groups_.mp.get(), [&counted](int t) {

@@ -476,13 +476,6 @@ TEST_F(Distributed, Pp2Moe) { expect_same_training(2, "--pipeline_model_parallel
 // The experts are ordinary tensors under ZeRO-3 without expert parallel: their units' gradients
 // are reduce-scattered like the rest, including experts that a microbatch sent no token to.
 TEST_F(Distributed, FsdpDp2Moe) { expect_same_training(2, "--use_torch_fsdp2 true", kMoe); }
-// Expert parallel with ZeRO-2/3 is refused by name before training.
-TEST_F(Distributed, FsdpWithExpertParallelIsRefused) {
-  Result r = run(2, "ep", std::string(kMoe) + " --expert_model_parallel_size 2 --use_torch_fsdp2 true");
-  EXPECT_NE(r.status, 0) << r.out;
-  EXPECT_NE(r.out.find("optim_grads_params (use_torch_fsdp2) with expert_model_parallel_size 2"), std::string::npos)
-      << r.out;
-}
 
 // DeepSeek-style: multi-latent attention (docs/moe.md) with the MoE blocks, through the pipeline
 // and the distributed optimizer.
@@ -546,6 +539,17 @@ TEST_F(ExpertParallel, Ep2AllGatherDistributedOptimizer) {
                           "--use_distributed_optimizer true --ddp_bucket_size 20000",
                        kMoe);
   expect_same_moe_statistics();
+}
+// FSDP with expert parallel at dp 4 = edp 2 x ep 2: the dense tensors sharded over dp, the experts
+// over edp, each unit's two parts gathered and reduced over their own groups.
+TEST_F(ExpertParallel, Ep2FsdpDp4) {
+  expect_same_training(4, "--expert_model_parallel_size 2 --use_torch_fsdp2 true", kMoe);
+  expect_same_moe_statistics();
+}
+TEST_F(ExpertParallel, Ep2Zero2Dp4AllGather) {
+  expect_same_training(4, "--expert_model_parallel_size 2 --moe_token_dispatcher_type allgather "
+                          "--data_parallel_sharding_strategy optim_grads",
+                       kMoe);
 }
 TEST_F(ExpertParallel, Ep2Pp2) {
   expect_same_training(4, "--expert_model_parallel_size 2 --pipeline_model_parallel_size 2", kMoe);
