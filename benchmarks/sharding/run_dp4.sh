@@ -68,9 +68,8 @@ ms = sum(r["step_time_ms"] for r in steady) / len(steady)
 tps = sum(r["tokens_per_sec"] for r in steady) / len(steady)
 last = rows[-1]
 mib = lambda k: last[k] / 2**20
-t = json.load(open(f"{s}.analysis.json"))["timeline"]["per_rank"]
-comm = sum(r.get("comm_ms", r.get("total_comm_ms", 0)) for r in t)
-exposed = sum(r["exposed_comm_ms"] for r in t)
+t = json.load(open(f"{s}.analysis.json"))["timeline"]  # the mean over the ranks
+comm, exposed = t["total_comm_ms"], t["exposed_comm_ms"]
 hidden = f"{100 * (1 - exposed / comm):.0f}%" if comm > 0 else "-"
 rest = (last["peak_memory_bytes"] - last["memory_parameters_bytes"] - last["memory_gradients_bytes"]
         - last["memory_optimizer_bytes"]) / 2**20

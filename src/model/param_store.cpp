@@ -61,6 +61,8 @@ void ParamStore::allocate(Device device) {
   grads_ = Tensor::zeros({numel_}, dtype_, device);
 }
 
+void ParamStore::allocate_values(Device device) { values_ = Tensor::zeros({numel_}, dtype_, device); }
+
 int ParamStore::find(const std::string& name) const {
   const auto it = index_.find(name);
   return it == index_.end() ? -1 : it->second;

@@ -65,6 +65,8 @@ class ParamStore {
   void mark_buffer(int id);  // see StoredParam::buffer
   // Fixes the layout and allocates values and gradients (zeroed) on `device`.
   void allocate(Device device = Device::CPU);
+  // Values only (a transient full copy of sharded weights, to fill or to save).
+  void allocate_values(Device device = Device::CPU);
 
   DType dtype() const { return dtype_; }
   const std::vector<StoredParam>& infos() const { return infos_; }

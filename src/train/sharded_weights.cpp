@@ -260,7 +260,7 @@ std::vector<float> ShardedWeights::gather_full(const Tensor& shard_buffer) const
 
 void ShardedWeights::init_weights(uint64_t seed) {
   ParamStore full = model_.params();  // the layout; filled on the host
-  full.allocate(Device::CPU);
+  full.allocate_values(Device::CPU);
   full.init(seed, model_.spec().init_method_std, model_.spec().scaled_init_std());
   load_values(full.values().data<float>());
 }

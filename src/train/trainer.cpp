@@ -309,6 +309,9 @@ Trainer::Trainer(const config::ExperimentConfig& cfg)
   build_optimizer();
   resume();
   open_outputs();
+  // The peak the log reports is the training loop's: the build's transient full copies (the
+  // initial weights and a loaded checkpoint under ZeRO-2 / FSDP) are gone by now.
+  compute_.backend->reset_peak_memory();
 }
 
 // Runs `check` on world rank 0; when it throws, every rank stops (rank 0 with its message, the
@@ -818,7 +821,7 @@ void Trainer::save() {
   if (sharded_weights_) {
     full = sharded_weights_->gather_state();
     gathered.emplace(model_->params());
-    gathered->allocate(Device::CPU);
+    gathered->allocate_values(Device::CPU);
     const std::vector<float> values = sharded_weights_->gather_values();
     std::copy(values.begin(), values.end(), gathered->values().data<float>());
   } else if (sharded_) {

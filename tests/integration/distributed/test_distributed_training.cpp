@@ -260,7 +260,7 @@ TEST_F(Distributed, Cp2Pp2ZbH1) {
 TEST_F(Distributed, Cp2Dp2DistributedOptimizer) {
   expect_same_training(4, "--context_parallel_size 2 --data_parallel_sharding_strategy optim --ddp_bucket_size 20000");
 }
-// ZeRO-2 and ZeRO-3 / FSDP (docs/parallelism.md): each rank keeps its shard of the weights, of
+// ZeRO-2 and ZeRO-3 / FSDP (docs/context_parallel.md): each rank keeps its shard of the weights, of
 // their gradients and of the optimizer state; units are gathered for their passes and their
 // gradients reduce-scattered as their W passes finish. The same training as one process.
 TEST_F(Distributed, FsdpDp4) { expect_same_training(4, "--data_parallel_sharding_strategy optim_grads_params"); }
