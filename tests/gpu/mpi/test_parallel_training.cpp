@@ -162,6 +162,14 @@ TEST(GpuParallelTraining, ExpertParallelAllToAll) {
                                "      expert_model_parallel_size: 2\n      moe_token_dispatcher_type: alltoall\n");
 }
 
+// FSDP beside expert parallel: the dense tensors sharded over dp, the experts over edp (one rank
+// here, so whole), each block gathered and reduced in two parts over two NCCL groups.
+TEST(GpuParallelTraining, ExpertParallelWithFsdp) {
+  expect_gpu_matches_reference("      num_layers: 2\n      num_experts: 4\n      moe_ffn_hidden_size: 128\n"
+                               "      moe_router_topk: 2\n      moe_aux_loss_coeff: 0.01\n"
+                               "      expert_model_parallel_size: 2\n      use_torch_fsdp2: true\n");
+}
+
 TEST(GpuParallelTraining, ExpertParallelAllGather) {
   expect_gpu_matches_reference("      num_layers: 2\n      num_experts: 4\n      moe_ffn_hidden_size: 128\n"
                                "      moe_router_topk: 2\n      moe_aux_loss_coeff: 0.01\n"
