@@ -16,15 +16,17 @@ namespace primus::projection {
 
 Sharding parse_sharding(const std::string& s) {
   if (s == "no_shard") return Sharding::NoShard;
-  if (s == "zero1") return Sharding::Zero1;
-  if (s == "fsdp") return Sharding::Fsdp;
-  fail("--sharding '{}' is not one of: no_shard, zero1 (use_distributed_optimizer), fsdp", s);
+  if (s == "zero1" || s == "optim") return Sharding::Zero1;
+  if (s == "zero2" || s == "optim_grads") return Sharding::Zero2;
+  if (s == "fsdp" || s == "optim_grads_params") return Sharding::Fsdp;
+  fail("--sharding '{}' is not one of: no_shard, zero1 (optim), zero2 (optim_grads), fsdp (optim_grads_params)", s);
 }
 
 const char* sharding_name(Sharding s) {
   switch (s) {
     case Sharding::NoShard: return "no_shard";
     case Sharding::Zero1: return "zero1";
+    case Sharding::Zero2: return "zero2";
     case Sharding::Fsdp: return "fsdp";
   }
   return "?";
@@ -190,7 +192,7 @@ Projection plan(const config::ExperimentConfig& cfg, const Target& t) {
   p.gpus_per_node = t.gpus_per_node > 0 ? t.gpus_per_node : t.hardware.measured ? mp : t.hardware.gpus_per_node;
   p.nodes = t.nodes > 0 ? t.nodes : (mp + p.gpus_per_node - 1) / p.gpus_per_node;
   p.layout = train::plan_layout(a, cfg.model_spec, p.nodes * p.gpus_per_node);
-  p.sharding = t.sharding ? *t.sharding : a.use_distributed_optimizer ? Sharding::Zero1 : Sharding::NoShard;
+  p.sharding = t.sharding ? *t.sharding : parse_sharding(p.layout.sharding);  // the trainer's resolution
   p.shape.micro_batch_size = a.micro_batch_size;
   p.shape.seq_length = a.seq_length;
   p.shape.tp = p.layout.tp;
@@ -306,18 +308,26 @@ void project_memory(Projection& p) {
         rm.gradients = 4 * P;
         rm.optimizer = 8 * P / dp + (dp > 1 ? 4 * P / dp : 0);  // moments and the reduce-scatter's shard
         break;
+      case Sharding::Zero2:
       case Sharding::Fsdp: {
         rm.parameters = 4 * P / dp;
         rm.gradients = 4 * P / dp;
         rm.optimizer = 8 * P / dp;
-        // One layer gathered for compute and the next prefetched, and one layer's full gradient
-        // before its reduce-scatter.
+        // A unit's whole gradient before its reduce-scatter, with its wire buffers; under fsdp one
+        // layer gathered for compute and the next prefetched (train/sharded_weights.h).
         const double layer = double(layer_parameters(m, L.tp));
-        rm.buffers += 2 * layer * a + layer * 4;
+        rm.buffers += 2 * layer * 4;
+        if (p.sharding == Sharding::Fsdp) rm.buffers += 2 * layer * a;
         break;
       }
     }
-    rm.working_weights = bf16 ? (p.sharding == Sharding::Fsdp ? 0 : 2 * P) : 0;
+    // The working copy: whole (bf16, or fp32 beside a sharded master under zero2), or a shard.
+    if (p.sharding == Sharding::Fsdp)
+      rm.working_weights = bf16 ? 2 * P / dp : 0;
+    else if (p.sharding == Sharding::Zero2)
+      rm.working_weights = (bf16 ? 2 * P : 4 * P) + (bf16 ? 2 * P / dp : 0);
+    else
+      rm.working_weights = bf16 ? 2 * P : 0;
     // RoPE tables: cos and sin for every position.
     rm.buffers += 2.0 * double(m.max_position_embeddings) * double(m.head_dim() / 2) * st;
     if (L.schedule) {  // the executor's posted receives (4) and a send in flight, one message each
@@ -336,10 +346,8 @@ void project_memory(Projection& p) {
     r.capacity = p.hardware.memory_gb * double(1u << 30);
     for (const auto& rm : r.per_rank) r.fits = r.fits && rm.peak <= r.capacity;
   }
-  if (p.sharding == Sharding::Fsdp)
-    r.notes.push_back("fsdp is a model of the strategy (parameters, gradients and moments sharded over dp, a layer "
-                      "gathered at a time with one prefetched); the trainer has no fsdp yet, so it is not checked "
-                      "against a run");
+  if (p.sharding == Sharding::Fsdp || p.sharding == Sharding::Zero2)
+    r.notes.push_back("zero2 / fsdp: the transient unit buffers are modelled as two layers; not checked against a run");
   r.notes.push_back("no allocator fragmentation or framework overhead is added: leave headroom");
   p.memory = r;
 }
@@ -407,11 +415,19 @@ void project_performance(Projection& p, OpTimer& timer) {
       if (ep > 1)  // the experts' gradients are summed over the expert-data-parallel group only
         reduce = comm_seconds(sharded ? "reduce_scatter" : "all_reduce", 4 * (P - double(rp.experts)), dpc, dp_link) +
                  comm_seconds("all_reduce", 4 * double(rp.experts), dpc / ep, dp_link);
-      const double gather = sharded ? comm_seconds("all_gather", 4 * P, dpc, dp_link) : 0;
+      double gather = sharded ? comm_seconds("all_gather", 4 * P, dpc, dp_link) : 0;
+      const double work_bytes = p.shape.precision == Precision::Bf16 ? 2.0 : 4.0;
+      const double micro = double(L.microbatches_per_rank);
+      // zero2 / fsdp reduce-scatter each unit after each microbatch's W passes; fsdp gathers the
+      // working weights for every forward and every backward, zero2 once after the step.
+      if (p.sharding == Sharding::Zero2 || p.sharding == Sharding::Fsdp) {
+        reduce *= micro;
+        gather = comm_seconds("all_gather", work_bytes * P, dpc, dp_link) * (p.sharding == Sharding::Fsdp ? 2 * micro : 1);
+      }
       const int64_t bucket = args.ddp_bucket_size > 0 ? args.ddp_bucket_size : parallel::default_bucket_size(dpc);
       const int64_t nb = std::max<int64_t>(1, (rp.count + bucket - 1) / bucket);
       double exposed = reduce;
-      if (args.overlap_grad_reduce && nb > 1) {
+      if (args.overlap_grad_reduce && nb > 1 && (p.sharding == Sharding::NoShard || p.sharding == Sharding::Zero1)) {
         // Buckets start as the last microbatch's W passes finish: they overlap that backward.
         double window = 0;
         for (const Chunk& c : chunks_of(p, pr))
@@ -422,6 +438,22 @@ void project_performance(Projection& p, OpTimer& timer) {
       }
       dp_total = reduce + gather;
       dp_exposed = exposed + gather;
+      if (p.sharding == Sharding::Zero2 || p.sharding == Sharding::Fsdp) {
+        // Per unit and microbatch, beside the passes: hidden behind the rank's F, B and W of the
+        // step (prefetch and reductions in flight), except what exceeds them and, under fsdp, the
+        // gather of the first unit of each pass, which nothing precedes.
+        double window = 0;
+        int64_t layers = 0;
+        for (const Chunk& c : chunks_of(p, pr)) {
+          layers += c.layers;
+          for (const StageTimes& t : r.stages)
+            if (t.stage == c.stage) window += micro * (t.f + t.b + t.w);
+        }
+        const double per_step_gather = p.sharding == Sharding::Zero2 ? gather : 0;  // after the step: exposed
+        const double overlappable = dp_total - per_step_gather;
+        const double first = p.sharding == Sharding::Fsdp ? gather / double(std::max<int64_t>(1, layers + 2)) : 0;
+        dp_exposed = per_step_gather + std::max(first, overlappable - window);
+      }
     }
     const bool bf16 = p.shape.precision == Precision::Bf16;
     const double local = p.sharding == Sharding::NoShard ? P : P / dpc;
@@ -452,9 +484,10 @@ void project_performance(Projection& p, OpTimer& timer) {
   const double fpt = model_stats(m, args.seq_length).flops_per_token;
   r.tflops_per_gpu = fpt * r.tokens_per_s / double(L.world_size) / 1e12;
   r.mfu = p.hardware.peak_tflops > 0 ? r.tflops_per_gpu / p.hardware.peak_tflops : 0;
-  if (p.sharding == Sharding::Fsdp)
-    r.notes.push_back("fsdp: timed as ZeRO-1 (reduce-scatter and all-gather of the gradients and parameters once per "
-                      "step); per-layer gathers are not modelled");
+  if (p.sharding == Sharding::Fsdp || p.sharding == Sharding::Zero2)
+    r.notes.push_back("zero2 / fsdp: a reduce-scatter per unit and microbatch and (fsdp) a gather per forward and "
+                      "backward, hidden behind the step's compute up to its length (GPU streams; on 2 CPU cores only "
+                      "9-20% was hidden, docs/context_parallel.md); not checked against a GPU run");
   p.performance = r;
 }
 

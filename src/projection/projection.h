@@ -37,15 +37,17 @@
 
 namespace primus::projection {
 
-enum class Sharding { NoShard, Zero1, Fsdp };
-Sharding parse_sharding(const std::string& s);  // no_shard | zero1 | fsdp
+enum class Sharding { NoShard, Zero1, Zero2, Fsdp };
+// no_shard | zero1 | zero2 | fsdp, or Megatron's data_parallel_sharding_strategy names (optim,
+// optim_grads, optim_grads_params)
+Sharding parse_sharding(const std::string& s);
 const char* sharding_name(Sharding s);
 
 struct Target {
   int nodes = 0;          // 0: the fewest that hold tp x pp x cp
   int gpus_per_node = 0;  // 0: the hardware's (8 for the named GPUs; this machine: tp x pp x cp)
   trace::Hardware hardware;
-  std::optional<Sharding> sharding;  // default: zero1 when use_distributed_optimizer, else no_shard
+  std::optional<Sharding> sharding;  // default: the config's data_parallel_sharding_strategy (as the trainer resolves it)
 };
 
 // Ring collectives: all_reduce 2(n-1) steps of S/n, reduce_scatter / all_gather / all_to_all

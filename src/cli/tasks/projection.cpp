@@ -3,7 +3,7 @@
 //
 //   primus-cli direct -- projection both --config exp.yaml [--<key> <value> ...] [--target-nodes N]
 //        [--gpus-per-node G] [--hardware-config H100|H200|MI300X|MI325X|MI355X|CPU|file.yaml]
-//        [--profiling-mode benchmark|simulate] [--sharding no_shard|zero1|fsdp] [--format text|json]
+//        [--profiling-mode benchmark|simulate] [--sharding no_shard|zero1|zero2|fsdp] [--format text|json]
 //
 // benchmark (the default on this machine's CPU) times each op on the backend the trainer would
 // use here; simulate (the default for a named GPU) uses the hardware's roofline.
@@ -172,8 +172,8 @@ TaskSetup setup(const std::string& what) {
                    "for CPU, simulate for a named GPU)")
         ->check(CLI::IsMember({"benchmark", "simulate"}));
     app.add_option("--sharding", o->sharding,
-                   "no_shard | zero1 | fsdp (default: zero1 with use_distributed_optimizer, else no_shard)")
-        ->check(CLI::IsMember({"no_shard", "zero1", "fsdp"}));
+                   "no_shard | zero1 | zero2 | fsdp (default: the config's data_parallel_sharding_strategy)")
+        ->check(CLI::IsMember({"no_shard", "zero1", "zero2", "fsdp"}));
     app.add_option("--format", o->format, "output format")->check(CLI::IsMember({"text", "json"}))->capture_default_str();
     app.add_option("--output", o->output, "write to this file instead of stdout");
     app.allow_extras();

@@ -96,6 +96,15 @@ TEST_F(Projection, ShardingDividesTheOptimizerState) {
   EXPECT_DOUBLE_EQ(c.gradients, a.gradients / 2);
   EXPECT_DOUBLE_EQ(c.optimizer, a.optimizer / 2);
   EXPECT_FALSE(fsdp.memory->notes.empty());
+  // The config's strategy is the default, as the trainer resolves it (use_torch_fsdp2 included).
+  EXPECT_EQ(plan(config("      use_torch_fsdp2: true\n"), h100(1, 2)).sharding, Sharding::Fsdp);
+  auto zero2 = plan(config("      data_parallel_sharding_strategy: optim_grads\n"), h100(1, 2));
+  EXPECT_EQ(zero2.sharding, Sharding::Zero2);
+  project_memory(zero2);
+  const RankMemory& d = zero2.memory->per_rank[0];
+  EXPECT_DOUBLE_EQ(d.gradients, a.gradients / 2);
+  EXPECT_DOUBLE_EQ(d.parameters, a.parameters / 2);
+  EXPECT_GT(d.working_weights, c.working_weights);  // zero2 keeps the working copy whole
 }
 
 // 1F1B holds at most pp microbatches on its first rank, GPipe all of them.
