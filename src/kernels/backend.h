@@ -133,11 +133,13 @@ class Backend {
   // the router decides them there; `scale` is empty (1) or one factor per listed row. The default
   // implementations compute in double on the host (through a copy for a device's tensors) and
   // round each result once to the destination dtype, in list order: deterministic everywhere.
+  // The CUDA backend overrides them with device kernels that give the same bits (row_dots: up to
+  // the order of its double sum).
   // out[i] = scale[i] * x[rows[i]] (out: [rows.size(), C], x's dtype).
   virtual void gather_rows(const Tensor& x, const std::vector<int32_t>& rows, const std::vector<double>& scale,
                            Tensor& out);
-  // out[rows[i]] += scale[i] * y[i], the contributions to one row summed in list order, then added
-  // to out's value and rounded once (out: y's dtype).
+  // out[rows[i]] += scale[i] * y[i]: out's value plus the contributions to its row in list order
+  // (fused multiply-adds in double), rounded once (out: y's dtype).
   virtual void scatter_add_rows(const Tensor& y, const std::vector<int32_t>& rows, const std::vector<double>& scale,
                                 Tensor& out);
   // dots[i] = <a[rows[i]], b[i]> in double (the gradient of a routing weight).

@@ -1,7 +1,8 @@
 // The token-routing row ops of the op set (backend.h) in their default form: double on the host,
-// one rounding per result. A device's tensors go through a host copy: correct everywhere, and
-// the place for a device kernel to override when routing shows up in a profile (docs/moe.md).
+// one rounding per result. A device's tensors go through a host copy: correct everywhere; the
+// CUDA backend overrides the three with kernels computing the same (cuda/fused_row_ops.cu).
 #include <algorithm>
+#include <cmath>
 #include <vector>
 
 #include "core/error.h"
@@ -87,7 +88,9 @@ void Backend::scatter_add_rows(const Tensor& y, const std::vector<int32_t>& rows
   const Tensor hy = host(y);
   Tensor ho = host(out);
   const int64_t C = y.size(1);
-  // Per destination row: its contributions in list order, summed in double, rounded once.
+  // Per destination row: out's value plus its contributions in list order, in double, rounded
+  // once. The fused multiply-adds are written out (GCC contracts them anyway at x86-64-v3) so that
+  // the bits do not depend on the compiler: the CUDA kernel (fused_row_ops.cu) matches them.
   std::vector<std::vector<int32_t>> by_row(size_t(out.size(0)));
   for (size_t i = 0; i < rows.size(); ++i) by_row[size_t(rows[i])].push_back(int32_t(i));
   std::vector<double> acc(static_cast<size_t>(C), 0.0);
@@ -96,7 +99,7 @@ void Backend::scatter_add_rows(const Tensor& y, const std::vector<int32_t>& rows
     for (int64_t c = 0; c < C; ++c) acc[size_t(c)] = get(ho, int64_t(r) * C + c);
     for (int32_t i : by_row[r]) {
       const double s = scale_of(scale, size_t(i));
-      for (int64_t c = 0; c < C; ++c) acc[size_t(c)] += s * get(hy, int64_t(i) * C + c);
+      for (int64_t c = 0; c < C; ++c) acc[size_t(c)] = std::fma(s, get(hy, int64_t(i) * C + c), acc[size_t(c)]);
     }
     for (int64_t c = 0; c < C; ++c) put(ho, int64_t(r) * C + c, acc[size_t(c)]);
   }
@@ -112,7 +115,7 @@ std::vector<double> Backend::row_dots(const Tensor& a, const std::vector<int32_t
   std::vector<double> out(rows.size(), 0.0);
   for (size_t i = 0; i < rows.size(); ++i) {
     double s = 0;
-    for (int64_t c = 0; c < C; ++c) s += get(ha, int64_t(rows[i]) * C + c) * get(hb, int64_t(i) * C + c);
+    for (int64_t c = 0; c < C; ++c) s = std::fma(get(ha, int64_t(rows[i]) * C + c), get(hb, int64_t(i) * C + c), s);
     out[i] = s;
   }
   return out;

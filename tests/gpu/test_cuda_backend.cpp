@@ -9,6 +9,7 @@
 #include <functional>
 #include <vector>
 
+#include "core/device.h"
 #include "core/rng.h"
 #include "gpu_test_util.h"
 #include "kernels/cpu/reference_backend.h"
@@ -137,6 +138,152 @@ TEST(CudaBackend, RowOpsMatchTheReference) {
   p.expect(cast, 0, 0, "cast to bf16 rounds to nearest even like the host");
   p.expect(s8, 0, 0, "fp32 add, vectors of 8");
   p.expect(s1, 0, 0, "fp32 add with a tail");
+}
+
+namespace {
+
+// Counts the device-to-host copies made through core's device hooks (a host round trip of a
+// device tensor: Tensor::to(Device::CPU)) while it lives.
+struct DeviceToHostCopies {
+  static inline int count = 0;
+  static inline DeviceHooks saved;
+  DeviceToHostCopies() {
+    saved = device_hooks(Device::CUDA);
+    DeviceHooks h = saved;
+    h.copy = [](void* dst, const void* src, size_t bytes, CopyKind kind) {
+      if (kind == CopyKind::DeviceToHost) ++count;
+      saved.copy(dst, src, bytes, kind);
+    };
+    count = 0;
+    register_device_hooks(Device::CUDA, h);
+  }
+  ~DeviceToHostCopies() { register_device_hooks(Device::CUDA, saved); }
+};
+
+// Runs fn, expecting a primus::Error whose message contains `text`.
+void expect_error(const std::function<void()>& fn, const std::string& text) {
+  try {
+    fn();
+    ADD_FAILURE() << "no error; expected one naming \"" << text << "\"";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(text), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+
+// The MoE routing row ops on the device (fused_row_ops.cu) against the op set's host default on
+// the reference backend: bf16 and fp32, with and without scales, rows of 37 (no multiple of 8),
+// destination rows hit several times or never, and empty lists. Both compute in double and round
+// once, so gather and scatter agree bit for bit; row_dots up to the order of its double sum.
+TEST(CudaBackend, TokenRowOpsMatchTheReference) {
+  PRIMUS_REQUIRE_GPU();
+  cuda::CudaBackend be;
+  const int64_t N = 13, C = 37;
+  // Row 3 three times, row 9 twice; rows 1, 2, 4, 6, 8 and 11 never.
+  const std::vector<int32_t> rows = {3, 0, 9, 3, 12, 5, 3, 9, 7, 10};
+  const std::vector<int32_t> none;
+  const int64_t M = int64_t(rows.size());
+  std::vector<double> scale(rows.size());  // of both signs, none a power of 2
+  for (size_t i = 0; i < scale.size(); ++i) scale[i] = (i % 3 == 1 ? -1.0 : 1.0) * (0.1 + 0.173 * double(i));
+  for (DType t : {DType::BF16, DType::F32}) {
+    SCOPED_TRACE(dtype_name(t));
+    Pair p;
+    const int x = p.add(random_host({N, C}, t, 21)), y = p.add(random_host({M, C}, t, 22));
+    const int gs = p.add(Tensor::zeros({M, C}, t)), g1 = p.add(Tensor::zeros({M, C}, t));
+    const int g0 = p.add(Tensor::zeros({0, C}, t)), y0 = p.add(Tensor::zeros({0, C}, t));
+    const int ss = p.add(random_host({N, C}, t, 23)), s1 = p.add(random_host({N, C}, t, 24));
+    const int s0 = p.add(random_host({N, C}, t, 25));
+    std::vector<std::vector<double>> dots, empty_dots;  // the reference's, then the GPU's
+    p.run([&](ops::Backend& b, std::vector<Tensor>& v) {
+      b.gather_rows(v[x], rows, scale, v[gs]);
+      b.gather_rows(v[x], rows, {}, v[g1]);
+      b.gather_rows(v[x], none, {}, v[g0]);
+      b.scatter_add_rows(v[y], rows, scale, v[ss]);
+      b.scatter_add_rows(v[y], rows, {}, v[s1]);
+      b.scatter_add_rows(v[y0], none, {}, v[s0]);
+      dots.push_back(b.row_dots(v[x], rows, v[y]));
+      empty_dots.push_back(b.row_dots(v[x], none, v[y0]));
+    }, be);
+    p.expect(gs, 0, 0, "gather_rows with scales");
+    p.expect(g1, 0, 0, "gather_rows without scales");
+    p.expect(ss, 0, 0, "scatter_add_rows with scales");
+    p.expect(s1, 0, 0, "scatter_add_rows without scales");
+    p.expect(s0, 0, 0, "scatter_add_rows of an empty list leaves out alone");
+    EXPECT_EQ(values(p.gpu[s0]), values(random_host({N, C}, t, 25)));
+    // The rows never hit keep their values; a row hit three times changed.
+    const std::vector<float> before = values(random_host({N, C}, t, 23)), after = values(p.gpu[ss]);
+    for (int64_t j = 0; j < C; ++j) {
+      EXPECT_EQ(after[size_t(1 * C + j)], before[size_t(1 * C + j)]);
+      EXPECT_EQ(after[size_t(11 * C + j)], before[size_t(11 * C + j)]);
+    }
+    EXPECT_NE(std::vector<float>(after.begin() + 3 * C, after.begin() + 4 * C),
+              std::vector<float>(before.begin() + 3 * C, before.begin() + 4 * C));
+    ASSERT_EQ(dots.size(), 2u);
+    ASSERT_EQ(dots[1].size(), rows.size());
+    for (size_t i = 0; i < rows.size(); ++i) {
+      EXPECT_NEAR(dots[1][i], dots[0][i], 1e-12 * std::max(1.0, std::abs(dots[0][i]))) << "row_dots " << i;
+      EXPECT_NE(dots[1][i], 0.0);
+    }
+    EXPECT_TRUE(empty_dots[0].empty() && empty_dots[1].empty());
+  }
+
+  // Where the arithmetic shows through the rounding, both backends give the documented value.
+  // fp32 scatter into out = [1, 1]:
+  //  - row 0 gets 2^-53, 2^-53, 2^-24 added onto out's 1 in list order: each 2^-53 is a tie that
+  //    rounds back to 1, then 1 + 2^-24 is a float tie: 1 (summed first: 1 + 2^-23);
+  //  - row 1 gets s * k = 2^-24 + 2^-53 + r, 0 < r below a double's precision: a fused
+  //    multiply-add rounds up off the ties, 1 + 2^-23 (the product rounded first: the ties, 1).
+  // bf16 gather of x = 1 with scale 1 + 2^-8 + 2^-30: float 1 + 2^-8, then a bf16 tie: 1 (a
+  // direct rounding of the double: 1 + 2^-7).
+  {
+    const double target = 0x1p-24 + 0x1p-53;
+    double s = 0, k = 0;
+    for (double cand : {3.0, 5.0, 7.0, 9.0, 11.0})
+      if (k == 0 && std::fma(target / cand, cand, -target) > 0) s = target / cand, k = cand;
+    ASSERT_NE(k, 0.0);
+    Tensor yh = Tensor::empty({4, 1}, DType::F32), xh = Tensor::empty({1, 1}, DType::BF16);
+    const float yv[4] = {0x1p-53f, 0x1p-53f, 0x1p-24f, float(k)};
+    std::copy(yv, yv + 4, yh.data<float>());
+    xh.data<bf16>()[0] = bf16::from_float(1.0f);
+    Tensor oh = Tensor::empty({2, 1}, DType::F32);
+    oh.data<float>()[0] = oh.data<float>()[1] = 1.0f;
+    Pair p;
+    const int y = p.add(yh), out = p.add(oh), x = p.add(xh), g = p.add(Tensor::zeros({1, 1}, DType::BF16));
+    p.run([&](ops::Backend& b, std::vector<Tensor>& v) {
+      b.scatter_add_rows(v[y], {0, 0, 0, 1}, {1.0, 1.0, 1.0, s}, v[out]);
+      b.gather_rows(v[x], {0}, {1.0 + 0x1p-8 + 0x1p-30}, v[g]);
+    }, be);
+    expect_close(values(p.cpu[out]), {1.0f, 1.0f + 0x1p-23f}, 0, 0, "reference scatter, list order and fma");
+    expect_close(values(p.gpu[out]), {1.0f, 1.0f + 0x1p-23f}, 0, 0, "GPU scatter, list order and fma");
+    expect_close(values(p.cpu[g]), {1.0f}, 0, 0, "reference gather, rounded through float");
+    expect_close(values(p.gpu[g]), {1.0f}, 0, 0, "GPU gather, rounded through float");
+  }
+
+  // On the device, not through the host: no device-to-host copy but row_dots' result (the
+  // op set's default, called for comparison, makes them).
+  const Tensor x = random_host({N, C}, DType::BF16, 26).to(Device::CUDA);
+  Tensor out = Tensor::zeros({M, C}, DType::BF16, Device::CUDA), acc = x.clone();
+  {
+    DeviceToHostCopies copies;
+    be.gather_rows(x, rows, scale, out);
+    be.scatter_add_rows(out, rows, scale, acc);
+    be.synchronize();
+    EXPECT_EQ(DeviceToHostCopies::count, 0);
+    be.ops::Backend::gather_rows(x, rows, scale, out);
+    EXPECT_GT(DeviceToHostCopies::count, 0);
+  }
+
+  // Checked like the other ops, naming the op.
+  Tensor two = Tensor::zeros({2, C}, DType::BF16, Device::CUDA);
+  expect_error([&] { be.gather_rows(x, {0, int32_t(N)}, {}, two); }, "gather_rows: row 13 outside [0, 13)");
+  expect_error([&] { be.gather_rows(x, rows, {1.0}, out); }, "gather_rows: 1 scales for 10 rows");
+  expect_error([&] { be.scatter_add_rows(out, rows, {}, out); }, "scatter_add_rows: row 12 outside [0, 10)");
+  expect_error([&] { be.row_dots(x, rows, x); }, "row_dots of a [13, 37] and b [13, 37] (10 rows listed)");
+  const Tensor x32 = random_host({N, C}, DType::F32, 28).to(Device::CUDA);
+  expect_error([&] { be.gather_rows(x32, rows, {}, out); }, "gather_rows out is bf16, expected fp32");
+  const Tensor x64 = Tensor::zeros({N, C}, DType::F64, Device::CUDA);
+  expect_error([&] { be.row_dots(x64, {}, x64); }, "row_dots on the GPU takes bf16 or fp32 tensors, not fp64");
 }
 
 TEST(CudaBackend, AttentionRopeEmbeddingAndCrossEntropyMatchTheReference) {
@@ -436,8 +583,7 @@ modules:
 }
 
 // A mixture-of-experts model (docs/moe.md) on the GPU: the router's GEMM, the per-expert GEMMs
-// and the routing row ops (the op set's default, through the host) give the reference's loss
-// and gradients.
+// and the routing row ops (fused_row_ops.cu) give the reference's loss and gradients.
 TEST(CudaBackend, Bf16MoeModelMatchesTheReference) {
   PRIMUS_REQUIRE_GPU();
   ModelSpec s = spec64();

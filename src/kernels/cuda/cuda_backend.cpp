@@ -28,11 +28,31 @@ bf16* B(const Tensor& t) { return static_cast<bf16*>(t.raw()); }
 float* F(const Tensor& t) { return static_cast<float*>(t.raw()); }
 int32_t* I(const Tensor& t) { return static_cast<int32_t*>(t.raw()); }
 
-Tensor upload(const std::vector<int32_t>& v) {
-  Tensor host = Tensor::empty({int64_t(v.size())}, DType::I32);
-  std::copy(v.begin(), v.end(), host.data<int32_t>());
+template <typename T>
+Tensor upload(const std::vector<T>& v) {
+  Tensor host = Tensor::empty({int64_t(v.size())}, dtype_of<T>::value);
+  std::copy(v.begin(), v.end(), host.data<T>());
   return host.to(Device::CUDA);
 }
+
+// The routing row ops take bf16 (the activations) or fp32 tensors.
+DType row_op_dtype(const Tensor& t, const char* op) {
+  PRIMUS_CHECK(t.defined(), "{} of an undefined tensor", op);
+  PRIMUS_CHECK(t.dtype() == DType::BF16 || t.dtype() == DType::F32, "{} on the GPU takes bf16 or fp32 tensors, not {}",
+               op, dtype_name(t.dtype()));
+  return t.dtype();
+}
+
+void check_rows(const std::vector<int32_t>& rows, int64_t bound, const char* op) {
+  for (int32_t r : rows) PRIMUS_CHECK(r >= 0 && r < bound, "{}: row {} outside [0, {})", op, r, bound);
+}
+
+// The device copy of a row op's scales, or undefined for none (1).
+Tensor upload_scale(const std::vector<double>& scale, size_t rows, const char* op) {
+  PRIMUS_CHECK(scale.empty() || scale.size() == rows, "{}: {} scales for {} rows", op, scale.size(), rows);
+  return scale.empty() ? Tensor() : upload(scale);
+}
+const double* scales(const Tensor& t) { return t.defined() ? static_cast<const double*>(t.raw()) : nullptr; }
 
 AttentionDims dims_of(const ops::AttentionShape& s) { return {s.batch, s.seq, s.heads, s.groups, s.head_dim}; }
 
@@ -251,6 +271,65 @@ void CudaBackend::add(const Tensor& a, const Tensor& b, Tensor& out) {
     cuda::add(F(a), F(b), F(out), out.numel(), stream());
   else
     cuda::add(B(a), B(b), B(out), out.numel(), stream());
+}
+
+void CudaBackend::gather_rows(const Tensor& x, const std::vector<int32_t>& rows, const std::vector<double>& scale,
+                              Tensor& out) {
+  const DType t = row_op_dtype(x, "gather_rows");
+  check(x, t, "gather_rows x");
+  PRIMUS_CHECK(x.dim() == 2, "gather_rows x is {}, expected 2-d", x.shape_str());
+  const int64_t n = int64_t(rows.size()), c = x.size(1);
+  check(out, t, {n, c}, "gather_rows out");
+  check_rows(rows, x.size(0), "gather_rows");
+  const Tensor s = upload_scale(scale, rows.size(), "gather_rows");
+  if (n == 0 || c == 0) return;
+  const Tensor r = upload(rows);
+  if (t == DType::F32)
+    cuda::gather_rows(F(x), I(r), scales(s), F(out), n, c, stream());
+  else
+    cuda::gather_rows(B(x), I(r), scales(s), B(out), n, c, stream());
+}
+
+void CudaBackend::scatter_add_rows(const Tensor& y, const std::vector<int32_t>& rows, const std::vector<double>& scale,
+                                   Tensor& out) {
+  const DType t = row_op_dtype(y, "scatter_add_rows");
+  check(y, t, "scatter_add_rows y");
+  check(out, t, "scatter_add_rows out");
+  const int64_t n = int64_t(rows.size());
+  PRIMUS_CHECK(y.dim() == 2 && y.size(0) == n && out.dim() == 2 && out.size(1) == y.size(1),
+               "scatter_add_rows of y {} ({} rows listed) into out {}", y.shape_str(), n, out.shape_str());
+  check_rows(rows, out.size(0), "scatter_add_rows");
+  const Tensor s = upload_scale(scale, rows.size(), "scatter_add_rows");
+  const int64_t c = y.size(1);
+  if (n == 0 || c == 0) return;
+  // Each destination row's list indices in list order: a deterministic sum with no atomics.
+  const EmbeddingGrouping g = EmbeddingGrouping::build(rows.data(), n);
+  const Tensor dest = upload(g.unique_tokens), off = upload(g.offsets), lists = upload(g.positions);
+  const int64_t m = int64_t(g.unique_tokens.size());
+  if (t == DType::F32)
+    cuda::scatter_add_rows(I(dest), I(off), I(lists), m, F(y), scales(s), F(out), c, stream());
+  else
+    cuda::scatter_add_rows(I(dest), I(off), I(lists), m, B(y), scales(s), B(out), c, stream());
+}
+
+std::vector<double> CudaBackend::row_dots(const Tensor& a, const std::vector<int32_t>& rows, const Tensor& b) {
+  const DType t = row_op_dtype(a, "row_dots");
+  check(a, t, "row_dots a");
+  check(b, t, "row_dots b");
+  const int64_t n = int64_t(rows.size());
+  PRIMUS_CHECK(a.dim() == 2 && b.dim() == 2 && b.size(0) == n && a.size(1) == b.size(1),
+               "row_dots of a {} and b {} ({} rows listed)", a.shape_str(), b.shape_str(), n);
+  check_rows(rows, a.size(0), "row_dots");
+  std::vector<double> dots(rows.size(), 0.0);
+  if (n == 0) return dots;
+  const Tensor r = upload(rows);
+  const Scratch d(size_t(n) * sizeof(double));
+  if (t == DType::F32)
+    cuda::row_dots(F(a), I(r), F(b), d.as<double>(), n, a.size(1), stream());
+  else
+    cuda::row_dots(B(a), I(r), B(b), d.as<double>(), n, a.size(1), stream());
+  copy_to_host(dots.data(), d.get(), size_t(n) * sizeof(double));
+  return dots;
 }
 
 void CudaBackend::ce_init(Tensor& row_max, Tensor& row_sum, Tensor& target_logit) {

@@ -7,7 +7,8 @@
 // the tree shapes depend on the sizes only). Their partial sums live in cuda::Scratch, whose
 // blocks the caching allocator reuses in compute-stream order: pass cuda::stream() (or
 // synchronise before freeing memory on another stream). Zero rows (n == 0) launch nothing.
-// Implementations: fused_norm.cu, fused_elementwise.cu, fused_cross_entropy.cu, fused_optimizer.cu.
+// Implementations: fused_norm.cu, fused_elementwise.cu, fused_cross_entropy.cu, fused_optimizer.cu,
+// fused_row_ops.cu.
 #pragma once
 
 #include <cstdint>
@@ -59,6 +60,32 @@ struct EmbeddingGrouping {
 };
 void embedding_backward(const int32_t* unique_tokens, const int32_t* offsets, const int32_t* positions,
                         int64_t num_unique, const bf16* dout, float* dtable, int64_t c, cudaStream_t stream);
+
+// ---- Token routing row ops (mixture of experts; the op set's gather_rows, scatter_add_rows,
+// row_dots in kernels/backend.h), bf16 or fp32 ----
+// Unlike the kernels above they compute in double and round each result once (through float),
+// as the op set's host default (kernels/row_ops.cpp) does, so that they give its bits. rows
+// (device int32, checked by the caller) and scale (device doubles, one per listed row, or null
+// for 1) come from the host's row lists.
+// out[i] = scale[i] * x[rows[i]], out [n, c].
+void gather_rows(const bf16* x, const int32_t* rows, const double* scale, bf16* out, int64_t n, int64_t c,
+                 cudaStream_t stream);
+void gather_rows(const float* x, const int32_t* rows, const double* scale, float* out, int64_t n, int64_t c,
+                 cudaStream_t stream);
+// out[rows[i]] += scale[i] * y[i], deterministically and without atomics: the caller groups the
+// list by destination row on the host (EmbeddingGrouping::build over the rows: dest = its
+// unique_tokens, lists = its positions) and each destination element is out's value plus its
+// contributions in list order, fused multiply-adds in double, rounded once.
+void scatter_add_rows(const int32_t* dest, const int32_t* offsets, const int32_t* lists, int64_t num_dest,
+                      const bf16* y, const double* scale, bf16* out, int64_t c, cudaStream_t stream);
+void scatter_add_rows(const int32_t* dest, const int32_t* offsets, const int32_t* lists, int64_t num_dest,
+                      const float* y, const double* scale, float* out, int64_t c, cudaStream_t stream);
+// dots[i] = <a[rows[i]], b[i]> in double (device doubles [n]); a fixed tree per row, so
+// deterministic, but not the host's sequential order.
+void row_dots(const bf16* a, const int32_t* rows, const bf16* b, double* dots, int64_t n, int64_t c,
+              cudaStream_t stream);
+void row_dots(const float* a, const int32_t* rows, const float* b, double* dots, int64_t n, int64_t c,
+              cudaStream_t stream);
 
 // ---- Bias gradient: out[j] += sum_i dy[i, j] ----
 void column_sum_accumulate(const bf16* dy, float* out, int64_t n, int64_t m, cudaStream_t stream);
