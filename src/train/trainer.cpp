@@ -477,8 +477,7 @@ void Trainer::build_gradient_reduction() {
   }
   if (layout_.ep > 1 && !sharded_weights_)  // (ZeRO-2 / FSDP shard the experts over edp themselves)
     experts_ = std::make_unique<ExpertGradients>(
-        params, *groups_.edp, layout_.shard_optimizer(),
-        AdamWOptions{a_.adam_beta1, a_.adam_beta2, a_.adam_eps, a_.weight_decay});
+        params, *groups_.edp, layout_.shard_optimizer(), adam_options());
   // The norm counts each tensor of the whole model once: tp-replicated tensors on tp rank 0, the
   // tied embedding on the first stage (expert-parallel experts apart: gradient_norm()).
   for (int t = 0; t < num_tensors; ++t) {
@@ -844,8 +843,8 @@ void Trainer::save() {
   so.writer = me_.edp == 0 && me_.cp == 0;
   so.layout = {world_->size(), layout_.tp, layout_.pp, layout_.dp, layout_.cp, layout_.vpp};
   so.overwrite = a_.overwrite;
-  summary_.last_checkpoint = save_checkpoint(cfg_.checkpoint_dir(), gathered ? *gathered : model_->params(), full.exp_avg.data(),
-                                             full.exp_avg_sq.data(), state_, config_yaml_, so);
+  summary_.last_checkpoint = save_checkpoint(cfg_.checkpoint_dir(), gathered ? *gathered : model_->params(),
+                                             full.exp_avg.data(), full.exp_avg_sq.data(), state_, config_yaml_, so);
   if (rank0_) prune_checkpoints(cfg_.checkpoint_dir(), a_.keep_last_checkpoints, state_.run_id, summary_.last_checkpoint);
   world_->barrier();
   log::info("saved checkpoint {}", summary_.last_checkpoint);
