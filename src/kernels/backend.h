@@ -55,6 +55,14 @@ class Backend {
   virtual void gemm(bool trans_a, bool trans_b, float alpha, const Tensor& A, const Tensor& B, float beta,
                     const Tensor& C, Tensor& D, const Tensor& bias) = 0;
 
+  // Grouped GEMM (mixture of experts: one product per expert, over that expert's rows). For
+  // each i, D[i] = alpha * op(A[i]) op(B[i]) + beta * D[i]: gemm() with C = D[i] (not read when
+  // beta == 0) and no bias. The problems share the transposes, alpha, beta and the dtypes, not
+  // their shapes; their D's must not overlap. The default runs gemm() for each; a backend
+  // overrides it to run them as one operation (kernels/grouped_gemm.cpp says which do).
+  virtual void grouped_gemm(bool trans_a, bool trans_b, float alpha, const std::vector<Tensor>& A,
+                            const std::vector<Tensor>& B, float beta, std::vector<Tensor>& D);
+
   // RMSNorm over rows: y = x * rstd * w; rstd [n] in the stat dtype.
   virtual void rmsnorm_forward(const Tensor& x, const Tensor& w, Tensor& y, Tensor& rstd, float eps) = 0;
   // dx = residual + d(norm)/dx; residual is undefined (0), dx itself, or another tensor.

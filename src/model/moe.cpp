@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <numeric>
+#include <tuple>
 
 #include <fmt/format.h>
 
@@ -16,6 +17,21 @@ template <typename F>
 void for_experts(const std::vector<int64_t>& offsets, F&& f) {
   for (size_t e = 0; e + 1 < offsets.size(); ++e)
     if (offsets[e + 1] > offsets[e]) f(int64_t(e), offsets[e], offsets[e + 1] - offsets[e]);
+}
+
+// The experts' products as one grouped GEMM (backend.h): for every expert with rows,
+// D_e = op(A_e) op(B_e) + beta D_e with [A_e, B_e, D_e] = operands(expert, first row, rows).
+template <typename F>
+void experts_gemm(ops::Backend& be, const std::vector<int64_t>& offsets, bool trans_a, bool trans_b, float beta,
+                  F&& operands) {
+  std::vector<Tensor> A, B, D;
+  for_experts(offsets, [&](int64_t e, int64_t o, int64_t n) {
+    auto [a, b, d] = operands(e, o, n);
+    A.push_back(std::move(a));
+    B.push_back(std::move(b));
+    D.push_back(std::move(d));
+  });
+  if (!A.empty()) be.grouped_gemm(trans_a, trans_b, 1.0f, A, B, beta, D);
 }
 
 }  // namespace
@@ -130,15 +146,13 @@ Tensor MoeLayer::forward(MoeContext& c, const Tensor& h, const Tensor& residual,
     c.gu = empty({M, 2 * F});
     c.act = empty({M, F});
     c.yp = empty({M, C});
-    // The grouped GEMM: one GEMM per expert's rows, with one SwiGLU over all rows between.
-    for_experts(c.offsets, [&](int64_t e, int64_t o, int64_t n) {
-      Tensor gu = c.gu.slice(0, o, n);
-      be_.gemm(false, true, 1.0f, c.xp.slice(0, o, n), w(p_.fc1[size_t(e)]), 0.0f, Tensor(), gu, Tensor());
+    // Two grouped GEMMs over the experts' row slices, one SwiGLU over all rows between.
+    experts_gemm(be_, c.offsets, false, true, 0.0f, [&](int64_t e, int64_t o, int64_t n) {
+      return std::tuple{c.xp.slice(0, o, n), w(p_.fc1[size_t(e)]), c.gu.slice(0, o, n)};
     });
     be_.swiglu_forward(c.gu, c.act);
-    for_experts(c.offsets, [&](int64_t e, int64_t o, int64_t n) {
-      Tensor yp = c.yp.slice(0, o, n);
-      be_.gemm(false, true, 1.0f, c.act.slice(0, o, n), w(p_.fc2[size_t(e)]), 0.0f, Tensor(), yp, Tensor());
+    experts_gemm(be_, c.offsets, false, true, 0.0f, [&](int64_t e, int64_t o, int64_t n) {
+      return std::tuple{c.act.slice(0, o, n), w(p_.fc2[size_t(e)]), c.yp.slice(0, o, n)};
     });
   }
   c.yt = ep_ ? ep_->combine(c.plan, c.yp, C, act_) : c.yp;
@@ -185,14 +199,12 @@ Tensor MoeLayer::backward_input(MoeContext& c, const Tensor& dy, const Weights& 
     Tensor da = empty({M, F});
     c.dgu = empty({M, 2 * F});
     dxp = empty({M, C});
-    for_experts(c.offsets, [&](int64_t e, int64_t o, int64_t n) {
-      Tensor dae = da.slice(0, o, n);
-      be_.gemm(false, false, 1.0f, c.dy.slice(0, o, n), w(p_.fc2[size_t(e)]), 0.0f, Tensor(), dae, Tensor());
+    experts_gemm(be_, c.offsets, false, false, 0.0f, [&](int64_t e, int64_t o, int64_t n) {
+      return std::tuple{c.dy.slice(0, o, n), w(p_.fc2[size_t(e)]), da.slice(0, o, n)};
     });
     be_.swiglu_backward(da, c.gu, c.dgu);
-    for_experts(c.offsets, [&](int64_t e, int64_t o, int64_t n) {
-      Tensor dxe = dxp.slice(0, o, n);
-      be_.gemm(false, false, 1.0f, c.dgu.slice(0, o, n), w(p_.fc1[size_t(e)]), 0.0f, Tensor(), dxe, Tensor());
+    experts_gemm(be_, c.offsets, false, false, 0.0f, [&](int64_t e, int64_t o, int64_t n) {
+      return std::tuple{c.dgu.slice(0, o, n), w(p_.fc1[size_t(e)]), dxp.slice(0, o, n)};
     });
   }
   const Tensor dxt = ep_ ? ep_->combine(c.plan, dxp, C, act_) : dxp;
@@ -231,9 +243,12 @@ void MoeLayer::backward_weight(MoeContext& c, const Weights& grad) const {
     Tensor gw = grad(id);
     be_.gemm(true, false, 1.0f, dy, x, 1.0f, gw, gw, Tensor());
   };
-  for_experts(c.offsets, [&](int64_t e, int64_t o, int64_t n) {
-    acc(c.dy.slice(0, o, n), c.act.slice(0, o, n), p_.fc2[size_t(e)]);
-    acc(c.dgu.slice(0, o, n), c.xp.slice(0, o, n), p_.fc1[size_t(e)]);
+  // dW_e += dy_e^T x_e for every expert, fc2's then fc1's, each as one grouped GEMM.
+  experts_gemm(be_, c.offsets, true, false, 1.0f, [&](int64_t e, int64_t o, int64_t n) {
+    return std::tuple{c.dy.slice(0, o, n), c.act.slice(0, o, n), grad(p_.fc2[size_t(e)])};
+  });
+  experts_gemm(be_, c.offsets, true, false, 1.0f, [&](int64_t e, int64_t o, int64_t n) {
+    return std::tuple{c.dgu.slice(0, o, n), c.xp.slice(0, o, n), grad(p_.fc1[size_t(e)])};
   });
   acc(c.dlogits, c.h, p_.router);
   if (p_.shared_fc1 >= 0) {

@@ -2,7 +2,7 @@
 //
 //   logits = h Wr^T            the router's GEMM on the backend, decided on the host (router.h)
 //   xp     = permute(h)        token rows sorted by expert, one per kept (token, expert) choice
-//   yp_e   = swiglu(xp_e W1_e^T) W2_e^T     each expert over its rows: GEMMs over row slices
+//   yp_e   = swiglu(xp_e W1_e^T) W2_e^T     each expert over its rows: grouped GEMMs over row slices
 //   out    = residual + unpermute(yp, weights) + shared(h)   (shared: a dense SwiGLU, optionally
 //            gated by sigmoid(h g^T))
 //

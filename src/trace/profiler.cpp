@@ -420,6 +420,7 @@ nlohmann::json Profiler::to_chrome_json() {
         a["M"] = e.dims[0];
         a["N"] = e.dims[1];
         a["K"] = e.dims[2];
+        if (e.dims[3] > 0) a["groups"] = e.dims[3];  // a grouped GEMM (MoE experts)
       } else if (e.dims[0] > 0) {
         nlohmann::json shape = nlohmann::json::array();
         for (int64_t d : e.dims)

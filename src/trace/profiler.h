@@ -85,7 +85,7 @@ struct Event {
   int layer = -1;                 // decoder layer, -1 for none
   const std::string* module = nullptr;  // "linear_qkv", "output_layer", "head", ...
   DType dtype = DType::F32;
-  int64_t dims[4] = {0, 0, 0, 0};  // gemm: M, N, K; attention: batch, seq, heads, head_dim; else rows, cols
+  int64_t dims[4] = {0, 0, 0, 0};  // gemm: M, N, K (and the problems of a grouped one); attention: batch, seq, heads, head_dim; else rows, cols
   double flops = 0, bytes = 0;
   // communication
   const std::string* group = nullptr;  // "tp", "dp", "pp", "mp", "embedding"

@@ -25,13 +25,8 @@ void TracedBackend::finish(Event& e, Mark end, OpKind kind, const Tensor* weight
 
 // The pass of a GEMM from what it touches: writing a gradient buffer is W; reading a weight as
 // B^T (y = x W^T) is the forward, as B (dx = dy W) the input gradient.
-void TracedBackend::gemm(bool trans_a, bool trans_b, float alpha, const Tensor& A, const Tensor& B, float beta,
-                         const Tensor& C, Tensor& D, const Tensor& bias) {
-  if (!p_.active()) return be_.gemm(trans_a, trans_b, alpha, A, B, beta, C, D, bias);
-  Event& e = p_.op_begin("gemm");
-  be_.gemm(trans_a, trans_b, alpha, A, B, beta, C, D, bias);
-  const Mark end = p_.clock().device(nullptr);
-  const int64_t M = D.size(0), N = D.size(1), K = trans_a ? A.size(0) : A.size(1);
+void TracedBackend::finish_gemm(Event& e, Mark end, bool trans_b, const Tensor& B, const Tensor& D, DType dtype,
+                                std::initializer_list<int64_t> dims, double flops, double bytes) {
   int layer = -1;
   const std::string* module = nullptr;
   p_.resolve(D.raw(), layer, module);
@@ -45,11 +40,41 @@ void TracedBackend::gemm(bool trans_a, bool trans_b, float alpha, const Tensor& 
     if (module) kind = trans_b ? OpKind::Forward : OpKind::Backward;
     else weight = nullptr;
   }
-  const double bytes = nbytes(A) + nbytes(B) + nbytes(D) + (beta != 0 && C.defined() && C.raw() != D.raw() ? nbytes(C) : 0) +
-                       nbytes(bias);
-  finish(e, end, kind, weight, nullptr, A.dtype(), {M, N, K}, 2.0 * double(M) * double(N) * double(K), bytes);
+  finish(e, end, kind, weight, nullptr, dtype, dims, flops, bytes);
   // A tied embedding used as the output layer is the output layer here.
   if (e.module && *e.module == "word_embeddings") e.module = p_.intern("output_layer");
+}
+
+void TracedBackend::gemm(bool trans_a, bool trans_b, float alpha, const Tensor& A, const Tensor& B, float beta,
+                         const Tensor& C, Tensor& D, const Tensor& bias) {
+  if (!p_.active()) return be_.gemm(trans_a, trans_b, alpha, A, B, beta, C, D, bias);
+  Event& e = p_.op_begin("gemm");
+  be_.gemm(trans_a, trans_b, alpha, A, B, beta, C, D, bias);
+  const Mark end = p_.clock().device(nullptr);
+  const int64_t M = D.size(0), N = D.size(1), K = trans_a ? A.size(0) : A.size(1);
+  const double bytes = nbytes(A) + nbytes(B) + nbytes(D) + (beta != 0 && C.defined() && C.raw() != D.raw() ? nbytes(C) : 0) +
+                       nbytes(bias);
+  finish_gemm(e, end, trans_b, B, D, A.dtype(), {M, N, K}, 2.0 * double(M) * double(N) * double(K), bytes);
+}
+
+void TracedBackend::grouped_gemm(bool trans_a, bool trans_b, float alpha, const std::vector<Tensor>& A,
+                                 const std::vector<Tensor>& B, float beta, std::vector<Tensor>& D) {
+  if (!p_.active() || A.empty() || A.size() != B.size() || A.size() != D.size())
+    return be_.grouped_gemm(trans_a, trans_b, alpha, A, B, beta, D);
+  Event& e = p_.op_begin("gemm");
+  be_.grouped_gemm(trans_a, trans_b, alpha, A, B, beta, D);
+  const Mark end = p_.clock().device(nullptr);
+  int64_t M = 0, K = 0;
+  double flops = 0, bytes = 0;
+  for (size_t i = 0; i < A.size(); ++i) {
+    const int64_t m = D[i].size(0), k = trans_a ? A[i].size(0) : A[i].size(1);
+    M += m, K += k;
+    flops += 2.0 * double(m) * double(D[i].size(1)) * double(k);
+    bytes += nbytes(A[i]) + nbytes(B[i]) + nbytes(D[i]);
+  }
+  if (trans_a) M = D[0].size(0);  // weight gradients: one [M, N] each, over their own rows (K)
+  else K = A[0].size(1);          // the rest: the experts' rows stacked
+  finish_gemm(e, end, trans_b, B[0], D[0], A[0].dtype(), {M, D[0].size(1), K, int64_t(A.size())}, flops, bytes);
 }
 
 void TracedBackend::rmsnorm_forward(const Tensor& x, const Tensor& w, Tensor& y, Tensor& rstd, float eps) {

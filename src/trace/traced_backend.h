@@ -23,6 +23,10 @@ class TracedBackend final : public ops::Backend {
 
   void gemm(bool trans_a, bool trans_b, float alpha, const Tensor& A, const Tensor& B, float beta, const Tensor& C,
             Tensor& D, const Tensor& bias) override;
+  // One "gemm" event for the whole group: its FLOPs and bytes summed, dims those of the one GEMM
+  // it equals (the problems' rows stacked; for a weight gradient their K), dims[3] the problems.
+  void grouped_gemm(bool trans_a, bool trans_b, float alpha, const std::vector<Tensor>& A,
+                    const std::vector<Tensor>& B, float beta, std::vector<Tensor>& D) override;
   void rmsnorm_forward(const Tensor& x, const Tensor& w, Tensor& y, Tensor& rstd, float eps) override;
   void rmsnorm_backward_input(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& rstd,
                               const Tensor& residual, Tensor& dx) override;
@@ -71,6 +75,9 @@ class TracedBackend final : public ops::Backend {
   // a module name for ops without weights, dims, FLOPs and bytes.
   void finish(Event& e, Mark end, OpKind kind, const Tensor* weight, const char* module, DType dtype,
               std::initializer_list<int64_t> dims, double flops, double bytes);
+  // finish() for a GEMM: its kind (forward, input or weight gradient) from the B or D it touches.
+  void finish_gemm(Event& e, Mark end, bool trans_b, const Tensor& B, const Tensor& D, DType dtype,
+                   std::initializer_list<int64_t> dims, double flops, double bytes);
 
   ops::Backend& be_;
   Profiler& p_;

@@ -165,6 +165,87 @@ TEST(Bf16Ops, BackendGemmInTheModelsForms) {
   EXPECT_THROW(b.fast.gemm(false, true, 1.0f, x.clone().view({40, 24}), w, 0.0f, Tensor(), y1, Tensor()), Error);
 }
 
+// The grouped GEMM of the MoE experts: uneven row counts (none, one, past a tile), slices of one
+// larger tensor, the three forms (forward NT, input gradient NN, weight gradient TN into fp32),
+// and problems of different K in one call (row-major A read in place beside packed A). Each
+// problem gives the bits of its own gemm_avx512 call, and the backend's call the reference.
+TEST(Bf16Ops, GroupedGemmGivesEachProblemsOwnResult) {
+  SKIP_WITHOUT_BF16();
+  Backends b;
+  const std::vector<int64_t> rows = {37, 0, 1, 130, 9, 96, 200};
+  int64_t total = 0;
+  for (int64_t r : rows) total += r;
+  uint64_t seed = 100;
+  struct Form {
+    bool ta, tb;
+    DType out;
+    float beta;
+  };
+  for (const Form f : {Form{false, true, DType::BF16, 0.0f}, Form{false, false, DType::BF16, 0.0f},
+                       Form{true, false, DType::F32, 1.0f}})
+    for (bool mixed_k : {false, true}) {
+      const int64_t C = 72, F = 160;  // x [total, C] rows by expert, weights [F, C]
+      std::vector<Tensor> A, B, D, want;
+      const Tensor x = random({total, C + 1}, DType::BF16, seed++), dy = random({total, F}, DType::BF16, seed++);
+      int64_t o = 0;
+      for (size_t e = 0; e < rows.size(); ++e) {
+        const int64_t n = rows[e];
+        // mixed_k: every other problem has an odd K (its A is packed, not read in place)
+        const int64_t k = mixed_k && e % 2 ? C + 1 : C;
+        const Tensor xe = x.slice(0, o, n).clone();
+        Tensor xk = Tensor::empty({n, k}, DType::BF16);
+        for (int64_t i = 0; i < n; ++i)
+          std::memcpy(xk.data<bf16>() + i * k, xe.data<bf16>() + i * (C + 1), size_t(k) * 2);
+        if (!f.ta) {
+          A.push_back(f.tb ? xk : dy.slice(0, o, n));
+          B.push_back(f.tb ? random({F, k}, DType::BF16, seed++) : random({F, C}, DType::BF16, seed++));
+          D.push_back(Tensor::empty({n, f.tb ? F : C}, f.out));
+        } else {  // dW [F, k] += dy^T x
+          A.push_back(dy.slice(0, o, n));
+          B.push_back(xk);
+          D.push_back(random({F, k}, f.out, seed++));
+        }
+        want.push_back(D.back().clone());
+        o += n;
+      }
+      const std::string what = fmt::format("{}{} {}{}", f.ta ? 'T' : 'N', f.tb ? 'T' : 'N', dtype_name(f.out),
+                                           mixed_k ? " mixed K" : "");
+      // The backend against the reference, one problem at a time.
+      std::vector<Tensor> got;
+      for (const Tensor& d : D) got.push_back(d.clone());
+      b.fast.grouped_gemm(f.ta, f.tb, 1.0f, A, B, f.beta, got);
+      for (size_t e = 0; e < A.size(); ++e) {
+        b.ref.gemm(f.ta, f.tb, 1.0f, A[e], B[e], f.beta, f.beta != 0 ? want[e] : Tensor(), want[e], Tensor());
+        expect_close(got[e], want[e], f.out == DType::F32 ? kF32Tol : kBf16Tol, what + fmt::format(" problem {}", e));
+      }
+      // This project's grouped kernel against its single-problem kernel: the same bits.
+      std::vector<cpu::bf16k::GemmArgs> args;
+      std::vector<Tensor> grouped, single;
+      for (size_t e = 0; e < A.size(); ++e) {
+        grouped.push_back(D[e].clone());
+        single.push_back(D[e].clone());
+        cpu::bf16k::GemmArgs g;
+        g.trans_a = f.ta, g.trans_b = f.tb, g.beta = f.beta;
+        g.M = f.ta ? A[e].size(1) : A[e].size(0), g.K = f.ta ? A[e].size(0) : A[e].size(1);
+        g.N = f.tb ? B[e].size(0) : B[e].size(1);
+        g.A = reinterpret_cast<const uint16_t*>(A[e].raw()), g.lda = A[e].size(1);
+        g.B = reinterpret_cast<const uint16_t*>(B[e].raw()), g.ldb = B[e].size(1);
+        g.f32_out = f.out == DType::F32;
+        g.C = f.beta != 0 ? single[e].raw() : nullptr, g.D = single[e].raw();
+        cpu::bf16k::gemm_avx512(g);
+        g.C = f.beta != 0 ? grouped[e].raw() : nullptr, g.D = grouped[e].raw();
+        args.push_back(g);
+      }
+      cpu::bf16k::gemm_avx512_grouped(args.data(), int64_t(args.size()));
+      for (size_t e = 0; e < A.size(); ++e)
+        EXPECT_EQ(std::memcmp(grouped[e].raw(), single[e].raw(), size_t(single[e].nbytes())), 0)
+            << what << " problem " << e;
+    }
+  // Mismatched lists are refused.
+  std::vector<Tensor> one = {Tensor::empty({2, 2}, DType::BF16)}, none;
+  EXPECT_THROW(b.fast.grouped_gemm(false, true, 1.0f, one, none, 0.0f, one), Error);
+}
+
 // ---- rows ----
 
 TEST(Bf16Ops, RmsNormForwardAndBackward) {

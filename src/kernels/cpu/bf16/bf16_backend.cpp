@@ -52,8 +52,11 @@ std::string Bf16Backend::name() const {
   return cpu_features().amx_usable() ? "cpu-bf16 (AMX through oneDNN, AVX512-BF16)" : "cpu-bf16 (AVX512-BF16)";
 }
 
-void Bf16Backend::gemm(bool ta, bool tb, float alpha, const Tensor& A, const Tensor& B, float beta, const Tensor& C,
-                       Tensor& D, const Tensor& bias) {
+namespace {
+
+// The checked arguments of one bf16 GEMM (backend.h's contract).
+bf16k::GemmArgs gemm_args(bool ta, bool tb, float alpha, const Tensor& A, const Tensor& B, float beta, const Tensor& C,
+                          Tensor& D, const Tensor& bias) {
   PRIMUS_CHECK(A.dim() == 2 && B.dim() == 2 && D.dim() == 2, "gemm takes 2-d tensors");
   expect(A, DType::BF16, "gemm A");
   expect(B, DType::BF16, "gemm B");
@@ -82,7 +85,25 @@ void Bf16Backend::gemm(bool ta, bool tb, float alpha, const Tensor& A, const Ten
     expect(bias, DType::BF16, N, "gemm bias");
     g.bias = U(bias);
   }
-  bf16k::gemm(g);
+  return g;
+}
+
+}  // namespace
+
+void Bf16Backend::gemm(bool ta, bool tb, float alpha, const Tensor& A, const Tensor& B, float beta, const Tensor& C,
+                       Tensor& D, const Tensor& bias) {
+  bf16k::gemm(gemm_args(ta, tb, alpha, A, B, beta, C, D, bias));
+}
+
+void Bf16Backend::grouped_gemm(bool ta, bool tb, float alpha, const std::vector<Tensor>& A, const std::vector<Tensor>& B,
+                               float beta, std::vector<Tensor>& D) {
+  PRIMUS_CHECK(A.size() == B.size() && A.size() == D.size(), "grouped_gemm of {} A, {} B and {} D", A.size(), B.size(),
+               D.size());
+  std::vector<bf16k::GemmArgs> args;
+  args.reserve(A.size());
+  for (size_t i = 0; i < A.size(); ++i)
+    args.push_back(gemm_args(ta, tb, alpha, A[i], B[i], beta, beta != 0.0f ? D[i] : Tensor(), D[i], Tensor()));
+  bf16k::gemm_grouped(args.data(), int64_t(args.size()));
 }
 
 void Bf16Backend::rmsnorm_forward(const Tensor& x, const Tensor& w, Tensor& y, Tensor& rstd, float eps) {

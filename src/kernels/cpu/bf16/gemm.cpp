@@ -42,10 +42,25 @@ GemmImpl gemm_impl_for(const GemmArgs& g) {
 }
 
 void gemm(const GemmArgs& g) {
-  if (gemm_impl_for(g) == GemmImpl::OneDnn)
+  // An empty inner dimension (an expert without rows, in a weight gradient) is D = beta C + bias,
+  // which oneDNN 2.6 does not take (it stops on a division by zero).
+  if (gemm_impl_for(g) == GemmImpl::OneDnn && g.K > 0)
     gemm_onednn(g);
   else
     gemm_avx512(g);
+}
+
+void gemm_grouped(const GemmArgs* g, int64_t count) {
+  // This project's grouped kernel for every form, also the fp32-output weight gradients for
+  // which gemm() picks oneDNN: with the row counts changing every step, oneDNN compiles a
+  // primitive per expert and shape, and the grouped kernel was 1.2-1.7x faster than that loop
+  // (`bench_grouped_gemm`, docs/moe.md). oneDNN where it has AMX, or where forced.
+  const Forced f = forced_impl();
+  if (f == Forced::Avx512 || (f == Forced::None && !cpu_features().amx_usable())) {
+    gemm_avx512_grouped(g, count);
+    return;
+  }
+  for (int64_t i = 0; i < count; ++i) gemm(g[i]);
 }
 
 double measure_bf16_gemm_peak_gflops(int n, int reps) {

@@ -30,6 +30,10 @@ struct GemmArgs {
 
 void gemm_avx512(const GemmArgs& g);
 void gemm_onednn(const GemmArgs& g);
+// count independent problems as one: their packing, then all their output tiles, shared out
+// among the threads in one parallel region (the experts of a mixture-of-experts layer, whose row
+// counts are small and uneven). Their D's must not overlap.
+void gemm_avx512_grouped(const GemmArgs* g, int64_t count);
 
 enum class GemmImpl { Avx512, OneDnn };
 const char* gemm_impl_name(GemmImpl impl);  // "avx512-bf16", "onednn"
@@ -40,6 +44,10 @@ const char* gemm_impl_name(GemmImpl impl);  // "avx512-bf16", "onednn"
 // (`benchmark gemm --shapes-from X --compare --device cpu`, docs/engine.md).
 GemmImpl gemm_impl_for(const GemmArgs& g);
 void gemm(const GemmArgs& g);
+// count problems: gemm_avx512_grouped, for every output type (faster than a loop of oneDNN calls
+// whose shapes change every step), unless the CPU has AMX or PRIMUS_CPU_GEMM=onednn: then gemm()
+// for each.
+void gemm_grouped(const GemmArgs* g, int64_t count);
 
 // The machine's practical bf16 GEMM peak: best of `reps` n^3 products (bf16 in, fp32 out) on all
 // threads, through either implementation, in GFLOP/s. bf16 runs on the CPU report MFU against it

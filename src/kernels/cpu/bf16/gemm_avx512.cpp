@@ -119,89 +119,140 @@ inline void micro_kernel(const GemmArgs& g, const uint16_t* a, int64_t a_row, in
     for (int v = 0; v < kNv; ++v) _mm512_storeu_ps(c + i * kNc + 16 * v, acc[i][v]);
 }
 
-}  // namespace
+// One problem of a grouped call: its packed operands and its tiles.
+struct Plan {
+  const GemmArgs* g;
+  int64_t Kp, mtiles, ntiles, kblocks;
+  bool direct_a, n_outer, stream;
+  uint16_t *bp, *ap;
+};
 
-void gemm_avx512(const GemmArgs& g) {
-  if (g.M <= 0 || g.N <= 0) return;
-  const int64_t Kp = ceil_div(g.K, 2);
-  const int64_t ipanels = ceil_div(g.M, kMr), jpanels = ceil_div(g.N, kNr);
-  // Row-major A with an even K is read in place; otherwise it is packed.
-  const bool direct_a = !g.trans_a && g.K % 2 == 0;
-  auto* bp = static_cast<uint16_t*>(thread_scratch(kGemmB, size_t(jpanels) * size_t(Kp) * kNr * 2 * 2));
-  auto* ap = direct_a ? nullptr
-                      : static_cast<uint16_t*>(thread_scratch(kGemmA, size_t(ipanels) * size_t(Kp) * kMr * 2 * 2));
-  uint16_t* zeros = nullptr;
-  if (direct_a && g.M % kMr) {  // rows past M read a zero row
-    zeros = static_cast<uint16_t*>(thread_scratch(kGemmZeros, (size_t(g.K) + 2) * 2));
-    std::memset(zeros, 0, (size_t(g.K) + 2) * 2);
-  }
-  const PackSource bsrc{g.B, g.ldb, g.K, g.N, !g.trans_b}, asrc{g.A, g.lda, g.K, g.M, g.trans_a};
-  const int64_t mtiles = ceil_div(g.M, kMc), ntiles = ceil_div(g.N, kNc);
-  // The tile loop walks along the smaller operand, so that the larger one streams from memory
-  // once: with N-tiles outer, a panel of B stays in cache while every row tile of A passes.
-  const bool n_outer = g.N > g.M;
-  // An fp32 D of more than the last-level cache (the logits): non-temporal stores.
-  const bool stream = g.f32_out && g.beta == 0.0f && double(g.M) * double(g.N) * 4 > 64e6;
-  const bool parallel = double(g.M) * double(g.N) * double(g.K) >= kParallelMin && omp_get_max_threads() > 1;
-
-#pragma omp parallel if(parallel)
-  {
-    // Packing in blocks of 16 k-pairs, shared out between the threads.
-    const int64_t kblocks = ceil_div(Kp, 16);
-#pragma omp for schedule(static) nowait
-    for (int64_t kb = 0; kb < kblocks; ++kb) {
-      pack<kNr>(bsrc, Kp, kb * 16, min64(Kp, kb * 16 + 16), bp);
-      if (!direct_a) pack<kMr>(asrc, Kp, kb * 16, min64(Kp, kb * 16 + 16), ap);
-    }
-#pragma omp barrier
-    float* tile = static_cast<float*>(thread_scratch(kGemmTile, sizeof(float) * size_t(kMc * kNc)));
-#pragma omp for schedule(dynamic, 1)
-    for (int64_t t = 0; t < mtiles * ntiles; ++t) {
-      const int64_t mt = n_outer ? t % mtiles : t / ntiles, nt = n_outer ? t / mtiles : t % ntiles;
-      const int64_t m0 = mt * kMc, rows = min64(kMc, g.M - m0);
-      const int64_t n0 = nt * kNc, cols = min64(kNc, g.N - n0);
-      const int64_t ips = ceil_div(rows, kMr), jps = ceil_div(cols, kNr);
-      if (Kp == 0) {  // D = beta C + bias
-        const __m512 zero = _mm512_setzero_ps();
-        for (int64_t i = 0; i < rows; i += kMr)
-          for (int64_t j = 0; j < cols; j += kNr) {
-            const Final f{m0 + i, n0 + j, min64(kMr, rows - i), min64(kNr, cols - j)};
-            for (int ii = 0; ii < kMr; ++ii)
-              for (int v = 0; v < kNv; ++v) store_final(g, f, ii, v, zero);
-          }
-        continue;
+// Output tile t of p (row-major over its mtiles x ntiles, in p's walking order).
+void run_tile(const Plan& p, int64_t t, const uint16_t* zeros, float* tile) {
+  const GemmArgs& g = *p.g;
+  const int64_t Kp = p.Kp, mtiles = p.mtiles, ntiles = p.ntiles;
+  const int64_t mt = p.n_outer ? t % mtiles : t / ntiles, nt = p.n_outer ? t / mtiles : t % ntiles;
+  const int64_t m0 = mt * kMc, rows = min64(kMc, g.M - m0);
+  const int64_t n0 = nt * kNc, cols = min64(kNc, g.N - n0);
+  const int64_t ips = ceil_div(rows, kMr), jps = ceil_div(cols, kNr);
+  if (Kp == 0) {  // D = beta C + bias
+    const __m512 zero = _mm512_setzero_ps();
+    for (int64_t i = 0; i < rows; i += kMr)
+      for (int64_t j = 0; j < cols; j += kNr) {
+        const Final f{m0 + i, n0 + j, min64(kMr, rows - i), min64(kNr, cols - j)};
+        for (int ii = 0; ii < kMr; ++ii)
+          for (int v = 0; v < kNv; ++v) store_final(g, f, ii, v, zero);
       }
-      for (int64_t k0 = 0; k0 < Kp; k0 += kKc / 2) {
-        const int64_t kps = min64(kKc / 2, Kp - k0);
-        const bool last = k0 + kps == Kp;
-        for (int64_t jr = 0; jr < jps; ++jr) {
-          const uint16_t* b = bp + (n0 / kNr + jr) * Kp * kNr * 2 + k0 * kNr * 2;
-          for (int64_t ir = 0; ir < ips; ++ir) {
-            float* c = tile + ir * kMr * kNc + jr * kNr;
-            const int64_t m = m0 + ir * kMr;
-            const Final f{m, n0 + jr * kNr, min64(kMr, g.M - m), min64(kNr, cols - jr * kNr), stream};
-            const Final* fin = last ? &f : nullptr;
-            if (direct_a) {
-              if (m + kMr <= g.M) {
-                micro_kernel(g, g.A + m * g.lda + 2 * k0, g.lda, 2, b, kps, c, k0 == 0, fin);
-              } else {  // the last rows: a panel of row pointers, zeros past M
-                auto* panel = static_cast<uint16_t*>(thread_scratch(kGemmA, size_t(kps) * kMr * 2 * 2));
-                for (int i = 0; i < kMr; ++i) {
-                  const uint16_t* src = m + i < g.M ? g.A + (m + i) * g.lda + 2 * k0 : zeros;
-                  for (int64_t kp = 0; kp < kps; ++kp) std::memcpy(panel + kp * kMr * 2 + i * 2, src + 2 * kp, 4);
-                }
-                micro_kernel(g, panel, 2, 2 * kMr, b, kps, c, k0 == 0, fin);
-              }
-            } else {
-              micro_kernel(g, ap + (m / kMr) * Kp * kMr * 2 + k0 * kMr * 2, 2, 2 * kMr, b, kps, c, k0 == 0, fin);
+    return;
+  }
+  for (int64_t k0 = 0; k0 < Kp; k0 += kKc / 2) {
+    const int64_t kps = min64(kKc / 2, Kp - k0);
+    const bool last = k0 + kps == Kp;
+    for (int64_t jr = 0; jr < jps; ++jr) {
+      const uint16_t* b = p.bp + (n0 / kNr + jr) * Kp * kNr * 2 + k0 * kNr * 2;
+      for (int64_t ir = 0; ir < ips; ++ir) {
+        float* c = tile + ir * kMr * kNc + jr * kNr;
+        const int64_t m = m0 + ir * kMr;
+        const Final f{m, n0 + jr * kNr, min64(kMr, g.M - m), min64(kNr, cols - jr * kNr), p.stream};
+        const Final* fin = last ? &f : nullptr;
+        if (p.direct_a) {
+          if (m + kMr <= g.M) {
+            micro_kernel(g, g.A + m * g.lda + 2 * k0, g.lda, 2, b, kps, c, k0 == 0, fin);
+          } else {  // the last rows: a panel of row pointers, zeros past M
+            auto* panel = static_cast<uint16_t*>(thread_scratch(kGemmPanel, size_t(kps) * kMr * 2 * 2));
+            for (int i = 0; i < kMr; ++i) {
+              const uint16_t* src = m + i < g.M ? g.A + (m + i) * g.lda + 2 * k0 : zeros;
+              for (int64_t kp = 0; kp < kps; ++kp) std::memcpy(panel + kp * kMr * 2 + i * 2, src + 2 * kp, 4);
             }
+            micro_kernel(g, panel, 2, 2 * kMr, b, kps, c, k0 == 0, fin);
           }
+        } else {
+          micro_kernel(g, p.ap + (m / kMr) * Kp * kMr * 2 + k0 * kMr * 2, 2, 2 * kMr, b, kps, c, k0 == 0, fin);
         }
       }
     }
-    if (stream) _mm_sfence();  // non-temporal stores are weakly ordered: done before anyone reads D
   }
 }
+
+inline size_t round64(size_t bytes) { return (bytes + 63) / 64 * 64; }
+
+}  // namespace
+
+void gemm_avx512_grouped(const GemmArgs* gs, int64_t count) {
+  // Plan every problem: one scratch buffer for all the packed B panels (and A panels), so that
+  // the packing of every problem, then the tiles of every problem, are shared out among the
+  // threads in one parallel region (a small problem alone would leave a thread idle).
+  auto* plans = static_cast<Plan*>(thread_scratch(kGemmPlan, sizeof(Plan) * size_t(count > 0 ? count : 1)));
+  size_t bbytes = 0, abytes = 0;
+  int64_t zeros_k = -1;
+  double macs = 0;
+  bool any_stream = false;
+  for (int64_t i = 0; i < count; ++i) {
+    const GemmArgs& g = gs[i];
+    Plan& p = plans[i];
+    p = Plan{&g, 0, 0, 0, 0, false, false, false, nullptr, nullptr};
+    if (g.M <= 0 || g.N <= 0) continue;
+    p.Kp = ceil_div(g.K, 2);
+    // Row-major A with an even K is read in place; otherwise it is packed.
+    p.direct_a = !g.trans_a && g.K % 2 == 0;
+    p.mtiles = ceil_div(g.M, kMc), p.ntiles = ceil_div(g.N, kNc), p.kblocks = ceil_div(p.Kp, 16);
+    // The tile loop walks along the smaller operand, so that the larger one streams from memory
+    // once: with N-tiles outer, a panel of B stays in cache while every row tile of A passes.
+    p.n_outer = g.N > g.M;
+    // An fp32 D of more than the last-level cache (the logits): non-temporal stores.
+    p.stream = g.f32_out && g.beta == 0.0f && double(g.M) * double(g.N) * 4 > 64e6;
+    any_stream = any_stream || p.stream;
+    bbytes += round64(size_t(ceil_div(g.N, kNr)) * size_t(p.Kp) * kNr * 2 * 2);
+    if (!p.direct_a) abytes += round64(size_t(ceil_div(g.M, kMr)) * size_t(p.Kp) * kMr * 2 * 2);
+    if (p.direct_a && g.M % kMr) zeros_k = g.K > zeros_k ? g.K : zeros_k;  // rows past M read a zero row
+    macs += double(g.M) * double(g.N) * double(g.K);
+  }
+  auto* bbase = static_cast<char*>(thread_scratch(kGemmB, bbytes ? bbytes : 64));
+  auto* abase = abytes ? static_cast<char*>(thread_scratch(kGemmA, abytes)) : nullptr;
+  for (int64_t i = 0; i < count; ++i) {
+    Plan& p = plans[i];
+    const GemmArgs& g = gs[i];
+    if (p.mtiles == 0) continue;
+    p.bp = reinterpret_cast<uint16_t*>(bbase);
+    bbase += round64(size_t(ceil_div(g.N, kNr)) * size_t(p.Kp) * kNr * 2 * 2);
+    if (!p.direct_a) {
+      p.ap = reinterpret_cast<uint16_t*>(abase);
+      abase += round64(size_t(ceil_div(g.M, kMr)) * size_t(p.Kp) * kMr * 2 * 2);
+    }
+  }
+  uint16_t* zeros = nullptr;
+  if (zeros_k >= 0) {
+    zeros = static_cast<uint16_t*>(thread_scratch(kGemmZeros, (size_t(zeros_k) + 2) * 2));
+    std::memset(zeros, 0, (size_t(zeros_k) + 2) * 2);
+  }
+  const bool parallel = macs >= kParallelMin && omp_get_max_threads() > 1;
+
+#pragma omp parallel if(parallel)
+  {
+    // Packing in blocks of 16 k-pairs, shared out between the threads (every thread meets the
+    // same sequence of loops; nowait lets a thread go on to the next problem's blocks).
+    for (int64_t i = 0; i < count; ++i) {
+      const Plan& p = plans[i];
+      const GemmArgs& g = *p.g;
+      const PackSource bsrc{g.B, g.ldb, g.K, g.N, !g.trans_b}, asrc{g.A, g.lda, g.K, g.M, g.trans_a};
+#pragma omp for schedule(static) nowait
+      for (int64_t kb = 0; kb < p.kblocks; ++kb) {
+        pack<kNr>(bsrc, p.Kp, kb * 16, min64(p.Kp, kb * 16 + 16), p.bp);
+        if (!p.direct_a) pack<kMr>(asrc, p.Kp, kb * 16, min64(p.Kp, kb * 16 + 16), p.ap);
+      }
+    }
+#pragma omp barrier
+    float* tile = static_cast<float*>(thread_scratch(kGemmTile, sizeof(float) * size_t(kMc * kNc)));
+    for (int64_t i = 0; i < count; ++i) {
+      const Plan& p = plans[i];
+#pragma omp for schedule(dynamic, 1) nowait
+      for (int64_t t = 0; t < p.mtiles * p.ntiles; ++t) run_tile(p, t, zeros, tile);
+    }
+    if (any_stream) _mm_sfence();  // non-temporal stores are weakly ordered: done before anyone reads D
+  }
+}
+
+void gemm_avx512(const GemmArgs& g) { gemm_avx512_grouped(&g, 1); }
 
 }  // namespace primus::cpu::bf16k
 

@@ -8,7 +8,17 @@
 
 namespace primus::cpu::bf16k {
 
-enum ScratchSlot { kGemmA, kGemmB, kGemmZeros, kGemmTile, kAttentionPacks, kAttentionWork, kScratchSlots };
+enum ScratchSlot {
+  kGemmA,
+  kGemmB,
+  kGemmZeros,
+  kGemmTile,
+  kGemmPanel,  // a tile's last rows of a row-major A, gathered
+  kGemmPlan,   // the problems of a grouped GEMM
+  kAttentionPacks,
+  kAttentionWork,
+  kScratchSlots
+};
 
 // At least `bytes` bytes, 64-byte aligned, owned by the calling thread; a slot's contents stay
 // until its next call with more bytes (never zeroed).
