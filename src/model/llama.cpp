@@ -118,7 +118,7 @@ LlamaModel::LlamaModel(const ModelSpec& spec, ops::Backend& backend, Precision p
     fail("model {}: multi_latent_attention runs with tensor_model_parallel_size 1 and context_parallel_size 1 only "
          "(got {} and {}): its heads are not split yet",
          spec_.name, part_.tp_size, part_.cp_size);
-  if (spec_.is_moe()) check_moe_supported(spec_, part_.sequence_parallel ? part_.tp_size : 1);
+  if (spec_.is_moe()) check_moe_supported(spec_, (part_.sequence_parallel ? part_.tp_size : 1) * part_.cp_size);
   std::shared_ptr<const TokenDispatcher> dispatcher;  // every MoE block's, under expert parallelism
   if (part_.ep_size > 1) {
     if (!part_.ep_group || part_.ep_group->size() != part_.ep_size)
@@ -127,13 +127,21 @@ LlamaModel::LlamaModel(const ModelSpec& spec, ops::Backend& backend, Precision p
                                                    parse_token_dispatch(spec_.moe_token_dispatcher_type));
   }
   // Tensor parallel: the experts are whole on every tp rank (expert_tensor_parallel_size 1). Under
-  // sequence parallelism each tp rank routes its own rows and the routing counts are summed over
-  // tp; without it every tp rank runs the MoE block on all rows alike.
+  // sequence parallelism each tp rank routes its own rows, and under context parallelism each cp
+  // rank its own chunks of the sequences: the routing counts are summed over both. Without
+  // sequence parallelism every tp rank runs the MoE block on all its rows alike.
   TokenShare share;
-  if (spec_.is_moe() && part_.sequence_parallel && part_.tp_size > 1 && part_.tp_group) {
-    share.ranks = part_.tp_size;
-    share.rank = part_.tp_group->rank();
-    share.sum = [g = part_.tp_group](std::vector<int64_t>& v) { g->all_reduce(v); };
+  const bool sp_share = part_.sequence_parallel && part_.tp_size > 1 && part_.tp_group;
+  const bool cp_share = part_.cp_size > 1 && part_.cp_group;
+  if (spec_.is_moe() && (sp_share || cp_share)) {
+    const int sp = sp_share ? part_.tp_size : 1;
+    share.ranks = sp * (cp_share ? part_.cp_size : 1);
+    share.rank = (cp_share ? part_.cp_group->rank() : 0) * sp + (sp_share ? part_.tp_group->rank() : 0);
+    share.sum = [tp = sp_share ? part_.tp_group : nullptr,
+                 cp = cp_share ? part_.cp_group : nullptr](std::vector<int64_t>& v) {
+      if (tp) tp->all_reduce(v);
+      if (cp) cp->all_reduce(v);
+    };
   }
   if (!be_.computes_in(act_))
     fail("the {} backend does not compute in {}: {} needs another backend", be_.name(), dtype_name(act_),

@@ -17,7 +17,10 @@ std::vector<double> LlamaModel::expert_bias_of(const MoeLayer& m) const {
 Tensor LlamaModel::moe_forward(const Block& b, BlockContext& c, int64_t batch, int64_t seq) {
   const MoeLayer& m = moe_[size_t(b.moe)];
   c.moe = std::make_shared<MoeContext>();
-  Tensor y = m.forward(*c.moe, c.h2, c.x2, [&](int id) { return w(id); }, expert_bias_of(m), batch, seq);
+  // seq is this rank's share of each sequence under context parallelism: the router counts the
+  // whole sequences (its token share spans the cp ranks).
+  Tensor y = m.forward(*c.moe, c.h2, c.x2, [&](int id) { return w(id); }, expert_bias_of(m), batch,
+                       seq * part_.cp_size);
   const MoeStats s = MoeLayer::stats(*c.moe);
   MoeLayerStats& acc = moe_stats_[size_t(b.moe)];
   for (size_t e = 0; e < s.tokens_per_expert.size(); ++e) acc.tokens_per_expert[e] += s.tokens_per_expert[e];

@@ -81,12 +81,12 @@ MoeParams register_moe_params(ParamStore& params, const ModelSpec& spec, int64_t
 void check_moe_supported(const ModelSpec& spec, int sp_ranks) {
   if (sp_ranks <= 1) return;
   if (spec.moe_router_load_balancing_type == "seq_aux_loss")
-    fail("model {}: moe_router_load_balancing_type seq_aux_loss under sequence parallelism is not implemented (a "
-         "sequence's tokens are on several ranks); use aux_loss, or sequence_parallel false",
+    fail("model {}: moe_router_load_balancing_type seq_aux_loss under sequence or context parallelism is not "
+         "implemented (a sequence's tokens are on several ranks); use aux_loss, or neither",
          spec.name);
   if (spec.moe_expert_capacity_factor > 0)
-    fail("model {}: moe_expert_capacity_factor under sequence parallelism is not implemented (dropping ranks all "
-         "of an expert's tokens); leave it null (dropless), or sequence_parallel false",
+    fail("model {}: moe_expert_capacity_factor under sequence or context parallelism is not implemented (dropping "
+         "ranks all of an expert's tokens); leave it null (dropless), or use neither",
          spec.name);
 }
 

@@ -42,7 +42,8 @@ MoeParams register_moe_params(ParamStore& params, const ModelSpec& spec, int64_t
 bool is_expert_param(const std::string& name);
 
 // What the model's MoE blocks do not run with yet; throws naming the setting. sp_ranks: the ranks
-// that split each microbatch's tokens (tensor_model_parallel_size under sequence parallelism).
+// that split each microbatch's tokens (tensor_model_parallel_size under sequence parallelism,
+// times context_parallel_size).
 void check_moe_supported(const ModelSpec& spec, int sp_ranks);
 
 // What one MoE block reports for one microbatch.

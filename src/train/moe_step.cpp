@@ -8,7 +8,7 @@
 namespace primus::train {
 
 MoeStepSummary finish_moe_step(LlamaModel& model, parallel::ProcessGroup& dp, int64_t microbatches,
-                               bool update_bias, parallel::ProcessGroup* token_share) {
+                               bool update_bias, const std::vector<parallel::ProcessGroup*>& token_share) {
   MoeStepSummary s;
   const auto& stats = model.moe_stats();
   if (stats.empty()) return s;
@@ -25,7 +25,8 @@ MoeStepSummary finish_moe_step(LlamaModel& model, parallel::ProcessGroup& dp, in
   buf.push_back(dropped);
   buf.push_back(aux);
   buf.push_back(z);
-  if (token_share) token_share->all_reduce(buf);
+  for (parallel::ProcessGroup* g : token_share)
+    if (g) g->all_reduce(buf);
   dp.all_reduce(buf);
   const double n = double(std::max<int64_t>(1, microbatches)) * double(dp.size());
   s.aux_loss = buf[buf.size() - 2] / n;

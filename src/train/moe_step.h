@@ -26,11 +26,12 @@ struct MoeStepSummary {
   std::vector<Layer> layers;
 };
 
-// Call after the step's backward passes: reduces over `dp` (and first over `token_share`, the
-// ranks that split each microbatch's tokens under sequence parallelism), moves expert biases when
-// `update_bias` (the optimizer stepped) and the model uses them, and resets the model's stats.
+// Call after the step's backward passes: reduces over `dp` (and first over each of `token_share`,
+// the groups that split each microbatch's tokens: tp under sequence parallelism, cp), moves expert
+// biases when `update_bias` (the optimizer stepped) and the model uses them, and resets the
+// model's stats.
 MoeStepSummary finish_moe_step(LlamaModel& model, parallel::ProcessGroup& dp, int64_t microbatches,
-                               bool update_bias, parallel::ProcessGroup* token_share = nullptr);
+                               bool update_bias, const std::vector<parallel::ProcessGroup*>& token_share = {});
 // "moe aux loss 1.2E-02 | z loss ... | expert load max/mean 1.31 (layer 1: 1.25, ...)"
 std::string describe_moe_step(const MoeStepSummary& s);
 void add_moe_metrics(const MoeStepSummary& s, nlohmann::json& row);

@@ -774,7 +774,8 @@ StepResult Trainer::train_step() {
   r.lr = lr_schedule_->lr_at(state_.iteration);
   if (!skip) optimizer_step(r.lr, clip_scale);
   moe_ = finish_moe_step(*model_, *groups_.dp, m_local_, !skip,  // expert load, bias update
-                         layout_.sequence_parallel ? groups_.tp.get() : nullptr);
+                         {layout_.sequence_parallel ? groups_.tp.get() : nullptr,
+                          layout_.cp > 1 ? groups_.cp.get() : nullptr});
   state_.iteration += 1;
   state_.consumed_samples += gbs_;
   state_.optimizer_step = sharded_weights_ ? sharded_weights_->step_count()

@@ -3,6 +3,8 @@
 // on the GPU following the reference run, and the trainer end to end with device: cuda.
 #include <gtest/gtest.h>
 
+#include <fmt/format.h>
+
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -99,6 +101,50 @@ TEST(CudaBackend, GemmsOfTheModelMatchTheReference) {
   p.expect(dx, 0.05, 0.01, "input gradient");
   p.expect(dw, 1e-3, 1e-4, "weight gradient accumulated in fp32");
   p.expect(z, 1e-3, 1e-4, "fp32 output from rows of W at an offset");
+}
+
+// The MoE experts' grouped GEMM (grouped_gemm.h: one cuBLAS grouped call for the bf16 outputs,
+// one cuBLASLt GEMM each for the fp32 weight gradients) against the reference, in the three forms
+// the MoE block runs: uneven row counts (1, none, past 32), row slices of one tensor, alpha and
+// an accumulating beta.
+TEST(CudaBackend, GroupedGemmMatchesTheReference) {
+  PRIMUS_REQUIRE_GPU();
+  cuda::CudaBackend be;
+  const int64_t C = 96, F = 40;
+  const std::vector<int64_t> rows = {37, 1, 0, 64, 9};
+  int64_t M = 0;
+  for (int64_t n : rows) M += n;
+  Pair p;
+  const int x = p.add(random_host({M, C}, DType::BF16, 1)), gu = p.add(Tensor::zeros({M, 2 * F}, DType::BF16));
+  const int dgu = p.add(random_host({M, 2 * F}, DType::BF16, 2)), dx = p.add(Tensor::zeros({M, C}, DType::BF16));
+  std::vector<int> w, g;
+  for (size_t e = 0; e < rows.size(); ++e) {
+    w.push_back(p.add(random_host({2 * F, C}, DType::BF16, 10 + e)));
+    g.push_back(p.add(random_host({2 * F, C}, DType::F32, 20 + e)));
+  }
+  p.run([&](ops::Backend& b, std::vector<Tensor>& t) {
+    auto run = [&](bool ta, bool tb, float alpha, float beta, int a, int bb, int d, bool weights_b, bool grads_d) {
+      std::vector<Tensor> As, Bs, Ds;
+      int64_t o = 0;
+      for (size_t e = 0; e < rows.size(); ++e) {
+        As.push_back(t[a].slice(0, o, rows[e]));
+        Bs.push_back(weights_b ? t[w[e]] : t[bb].slice(0, o, rows[e]));
+        Ds.push_back(grads_d ? t[g[e]] : t[d].slice(0, o, rows[e]));
+        o += rows[e];
+      }
+      b.grouped_gemm(ta, tb, alpha, As, Bs, beta, Ds);
+    };
+    run(false, true, 1.0f, 0.0f, x, -1, gu, true, false);     // gu_e = x_e W_e^T
+    run(false, false, 1.0f, 0.0f, dgu, -1, dx, true, false);  // dx_e = dgu_e W_e
+    run(true, false, 0.5f, 1.0f, dgu, x, -1, false, true);    // dW_e += 0.5 dgu_e^T x_e (fp32)
+  }, be);
+  p.expect(gu, 0.05, 0.01, "grouped forward (bf16)");
+  p.expect(dx, 0.05, 0.01, "grouped input gradient (bf16)");
+  for (size_t e = 0; e < rows.size(); ++e)
+    p.expect(g[e], 1e-3, 1e-4, fmt::format("grouped weight gradient of expert {} (fp32, {} rows)", e, rows[e]));
+  // Mismatched lists are refused.
+  std::vector<Tensor> one = {Tensor::zeros({2, 2}, DType::BF16, Device::CUDA)}, none;
+  EXPECT_THROW(be.grouped_gemm(false, true, 1.0f, one, none, 0.0f, one), Error);
 }
 
 TEST(CudaBackend, RowOpsMatchTheReference) {

@@ -7,6 +7,7 @@
 #include "kernels/cuda/flash_attention.h"
 #include "kernels/cuda/fused.h"
 #include "kernels/cuda/gemm.h"
+#include "kernels/cuda/grouped_gemm.h"
 #include "kernels/cuda/runtime.h"
 
 namespace primus::cuda {
@@ -97,6 +98,42 @@ void CudaBackend::gemm(bool ta, bool tb, float alpha, const Tensor& A, const Ten
   if (p.bias) check(bias, DType::BF16, {p.n}, "gemm bias");
   cuda::gemm(p, alpha, A.raw(), Bm.raw(), beta, p.accumulate ? C.raw() : nullptr, D.raw(),
              p.bias ? bias.raw() : nullptr, stream());
+}
+
+void CudaBackend::grouped_gemm(bool ta, bool tb, float alpha, const std::vector<Tensor>& A, const std::vector<Tensor>& Bm,
+                               float beta, std::vector<Tensor>& D) {
+  PRIMUS_CHECK(A.size() == Bm.size() && A.size() == D.size(), "grouped_gemm of {} A, {} B and {} D", A.size(),
+               Bm.size(), D.size());
+  std::vector<GroupedGemmProblem> problems;
+  for (size_t i = 0; i < A.size(); ++i) {
+    PRIMUS_CHECK(A[i].dim() == 2 && Bm[i].dim() == 2 && D[i].dim() == 2, "grouped_gemm problem {} takes 2-d tensors", i);
+    const int64_t k = ta ? A[i].size(0) : A[i].size(1);
+    if (k == 0 && D[i].numel() > 0) {  // an expert without rows in a weight gradient: D = beta D
+      PRIMUS_CHECK(beta == 0.0f || beta == 1.0f, "grouped_gemm problem {}: an empty inner dimension with beta {}", i,
+                   beta);
+      if (beta == 0.0f) D[i].zero_();
+      continue;
+    }
+    if (D[i].dtype() != DType::BF16) {  // bf16 x bf16 -> fp32 is not a type combination of the grouped call
+      gemm(ta, tb, alpha, A[i], Bm[i], beta, beta != 0.0f ? D[i] : Tensor(), D[i], Tensor());
+      continue;
+    }
+    check(A[i], DType::BF16, "grouped_gemm A");
+    check(Bm[i], DType::BF16, "grouped_gemm B");
+    check(D[i], DType::BF16, "grouped_gemm D");
+    GroupedGemmProblem p;
+    p.m = ta ? A[i].size(1) : A[i].size(0);
+    p.k = k;
+    p.n = tb ? Bm[i].size(0) : Bm[i].size(1);
+    PRIMUS_CHECK((tb ? Bm[i].size(1) : Bm[i].size(0)) == p.k, "grouped_gemm problem {}: inner dimensions {} and {} differ",
+                 i, p.k, tb ? Bm[i].size(1) : Bm[i].size(0));
+    PRIMUS_CHECK(D[i].size(0) == p.m && D[i].size(1) == p.n, "grouped_gemm problem {}: output {} for a [{}, {}] product",
+                 i, D[i].shape_str(), p.m, p.n);
+    p.lda = A[i].size(1), p.ldb = Bm[i].size(1), p.ldd = D[i].size(1);
+    p.A = A[i].raw(), p.B = Bm[i].raw(), p.D = D[i].raw();
+    problems.push_back(p);
+  }
+  cuda::grouped_gemm(ta, tb, alpha, beta, problems);
 }
 
 void CudaBackend::rmsnorm_forward(const Tensor& x, const Tensor& w, Tensor& y, Tensor& rstd, float eps) {

@@ -19,6 +19,10 @@ class CudaBackend final : public ops::Backend {
 
   void gemm(bool trans_a, bool trans_b, float alpha, const Tensor& A, const Tensor& B, float beta, const Tensor& C,
             Tensor& D, const Tensor& bias) override;
+  // bf16 outputs (the experts' forward and input-gradient GEMMs): one cuBLAS grouped call
+  // (grouped_gemm.h); fp32 outputs (their weight gradients): one cuBLASLt GEMM each.
+  void grouped_gemm(bool trans_a, bool trans_b, float alpha, const std::vector<Tensor>& A,
+                    const std::vector<Tensor>& B, float beta, std::vector<Tensor>& D) override;
   void rmsnorm_forward(const Tensor& x, const Tensor& w, Tensor& y, Tensor& rstd, float eps) override;
   void rmsnorm_backward_input(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& rstd,
                               const Tensor& residual, Tensor& dx) override;

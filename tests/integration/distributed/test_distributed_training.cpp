@@ -447,7 +447,12 @@ TEST_F(Distributed, BadLayoutsAreRejectedBeforeTraining) {
        "moe_token_dispatcher_type"},
       {2, "--num_experts 4 --tensor_model_parallel_size 2 --sequence_parallel true --moe_aux_loss_coeff 0.01 "
           "--moe_router_load_balancing_type seq_aux_loss",
-       "seq_aux_loss under sequence parallelism is not implemented"},
+       "seq_aux_loss under sequence or context parallelism is not implemented"},
+      {2, "--num_experts 4 --context_parallel_size 2 --moe_aux_loss_coeff 0.01 "
+          "--moe_router_load_balancing_type seq_aux_loss",
+       "seq_aux_loss under sequence or context parallelism is not implemented"},
+      {4, "--num_experts 4 --context_parallel_size 2 --expert_model_parallel_size 2",
+       "context_parallel_size 2 with expert_model_parallel_size 2: not implemented"},
   };
   for (const Bad& c : cases) {
     Result r = run(c.nproc, "bad", c.overrides);
@@ -585,6 +590,17 @@ TEST_F(ExpertParallel, Tp2SequenceParallelRecomputeFull) {
 }
 TEST_F(ExpertParallel, Tp2RecomputeSelective) {
   expect_same_training(2, "--tensor_model_parallel_size 2 --recompute_granularity selective", kMoe);
+}
+// Context parallelism: each cp rank routes its own chunks of the sequences (the aux loss's counts
+// summed over cp, and over tp too under sequence parallelism), and the MoE tensors' gradients are
+// summed over dp x cp like every replicated tensor's.
+TEST_F(ExpertParallel, Cp2) {
+  expect_same_training(2, "--context_parallel_size 2", kMoe);
+  expect_same_moe_statistics();
+}
+TEST_F(ExpertParallel, Cp2Tp2SequenceParallel) {
+  expect_same_training(4, "--context_parallel_size 2 --tensor_model_parallel_size 2 --sequence_parallel true", kMoe);
+  expect_same_moe_statistics();
 }
 
 // Checkpoints key the experts by their global index: a run stopped at iteration 10 under ep 4 (with
