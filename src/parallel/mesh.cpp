@@ -17,6 +17,7 @@ const char* mesh_dim_name(MeshDim d) {
     case MeshDim::EP: return "ep";
     case MeshDim::EDP: return "edp";
     case MeshDim::DP_CP: return "dp_cp";
+    case MeshDim::EDP_CP: return "edp_cp";
     case MeshDim::MP: return "mp";
   }
   return "?";
@@ -60,6 +61,7 @@ int RankMesh::size(MeshDim d) const {
     case MeshDim::EP: return ep_;
     case MeshDim::EDP: return dp_ / ep_;
     case MeshDim::DP_CP: return dp_ * cp_;
+    case MeshDim::EDP_CP: return dp_ / ep_ * cp_;
     case MeshDim::MP: return tp_ * pp_;
   }
   return 0;
@@ -99,6 +101,7 @@ std::array<int, 5> fixed_key(MeshDim d, const MeshCoord& c) {
     case MeshDim::EP: k[2] = kFree; break;
     case MeshDim::EDP: k[3] = kFree; break;
     case MeshDim::DP_CP: k[1] = k[2] = k[3] = kFree; break;
+    case MeshDim::EDP_CP: k[1] = k[3] = kFree; break;
     case MeshDim::MP: k[0] = k[4] = kFree; break;
   }
   return k;
@@ -148,6 +151,7 @@ ProcessGroup& MeshGroups::get(MeshDim d) const {
     case MeshDim::EP: p = &ep; break;
     case MeshDim::EDP: p = &edp; break;
     case MeshDim::DP_CP: p = &dp_cp; break;
+    case MeshDim::EDP_CP: p = &edp_cp; break;
     case MeshDim::MP: p = &mp; break;
   }
   if (!p || !*p) fail("the {} group was not built", mesh_dim_name(d));
@@ -177,6 +181,7 @@ MeshGroups build_groups(const RankMesh& mesh, ProcessGroup& world) {
       case MeshDim::EP: g.ep = std::move(sub); break;
       case MeshDim::EDP: g.edp = std::move(sub); break;
       case MeshDim::DP_CP: g.dp_cp = std::move(sub); break;
+      case MeshDim::EDP_CP: g.edp_cp = std::move(sub); break;
       case MeshDim::MP: g.mp = std::move(sub); break;
     }
   }

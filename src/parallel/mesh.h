@@ -21,13 +21,14 @@
 namespace primus::parallel {
 
 // The groups a rank belongs to. dp_cp is Megatron's data-parallel group "with context
-// parallel" (where gradients are reduced when cp > 1); mp is the model-parallel group
-// (tp x pp: every rank that holds a different piece of one model replica).
-enum class MeshDim { TP, CP, DP, PP, EP, EDP, DP_CP, MP };
-inline constexpr std::array<MeshDim, 8> kAllMeshDims = {
-    MeshDim::TP, MeshDim::CP,  MeshDim::DP,    MeshDim::PP,
-    MeshDim::EP, MeshDim::EDP, MeshDim::DP_CP, MeshDim::MP};
-const char* mesh_dim_name(MeshDim d);  // "tp", "cp", "dp", "pp", "ep", "edp", "dp_cp", "mp"
+// parallel" (where gradients are reduced when cp > 1), edp_cp its expert counterpart (the ranks
+// holding the same experts, over which their gradients are reduced); mp is the model-parallel
+// group (tp x pp: every rank that holds a different piece of one model replica).
+enum class MeshDim { TP, CP, DP, PP, EP, EDP, DP_CP, EDP_CP, MP };
+inline constexpr std::array<MeshDim, 9> kAllMeshDims = {
+    MeshDim::TP, MeshDim::CP,  MeshDim::DP,    MeshDim::PP,    MeshDim::EP,
+    MeshDim::EDP, MeshDim::DP_CP, MeshDim::EDP_CP, MeshDim::MP};
+const char* mesh_dim_name(MeshDim d);  // "tp", "cp", "dp", "pp", "ep", "edp", "dp_cp", "edp_cp", "mp"
 
 struct ParallelSizes {
   int tensor_model_parallel_size = 1;
@@ -77,7 +78,7 @@ class RankMesh {
 // One rank's sub-groups, built from the world group. Each is a real group even when its size
 // is 1, so callers never special-case a missing dimension.
 struct MeshGroups {
-  std::unique_ptr<ProcessGroup> tp, cp, dp, pp, ep, edp, dp_cp, mp;
+  std::unique_ptr<ProcessGroup> tp, cp, dp, pp, ep, edp, dp_cp, edp_cp, mp;
   ProcessGroup& get(MeshDim d) const;
 };
 

@@ -149,7 +149,7 @@ std::unique_ptr<parallel::ProcessGroup> TracedProcessGroup::split(int color, int
 }
 
 void trace_groups(parallel::MeshGroups& groups, Profiler& profiler) {
-  for (auto* g : {&groups.tp, &groups.cp, &groups.dp, &groups.pp, &groups.ep, &groups.edp, &groups.dp_cp, &groups.mp})
+  for (auto* g : {&groups.tp, &groups.cp, &groups.dp, &groups.pp, &groups.ep, &groups.edp, &groups.dp_cp, &groups.edp_cp, &groups.mp})
     if (*g) *g = std::make_unique<TracedProcessGroup>(std::move(*g), profiler);
 }
 

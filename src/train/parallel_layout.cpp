@@ -132,10 +132,6 @@ ParallelLayout plan_layout(const config::TrainingArgs& a, const ModelSpec& spec,
          "context parallel {}): the expert-parallel groups are made of dp ranks",
          L.ep, L.dp, world_size, mp);
   check_tensor_parallel(spec, L.tp);
-  if (L.cp > 1 && L.ep > 1)
-    fail("context_parallel_size {} with expert_model_parallel_size {}: not implemented yet (the experts' gradients "
-         "are summed over the expert-data-parallel ranks only, not over cp); use one of the two",
-         L.cp, L.ep);
   if (L.cp > 1 && spec.is_moe()) check_moe_supported(spec, L.cp);
   if (L.cp > 1) {
     const int64_t seq = a.seq_length > 0 ? a.seq_length : spec.max_position_embeddings;

@@ -262,7 +262,7 @@ class Trainer {
   std::vector<int> expert_tensors_;   // expert parallel: this rank's experts (counted apart)
   std::unique_ptr<parallel::GradBuckets> buckets_;
   std::vector<int> w_done_, w_expected_;  // per tensor: W passes seen this step, and expected
-  std::unique_ptr<ExpertGradients> experts_;  // expert parallel: the experts' reduction over edp
+  std::unique_ptr<ExpertGradients> experts_;  // expert parallel: the experts' reduction over edp (x cp)
 
   // Optimizer: AdamW replicated on every dp rank, ZeRO-1's shards, or (ZeRO-2 and ZeRO-3 / FSDP)
   // the rank's shards of weights, gradients and moments, which also serve the model its weights.
@@ -450,7 +450,7 @@ void Trainer::build_model() {
   model_ = std::make_unique<LlamaModel>(spec_, *compute_.backend, compute_.precision, mopt, part);
   if (layout_.shard_gradients()) {
     sharded_weights_ = std::make_unique<ShardedWeights>(
-        *model_, gradient_group(), layout_.ep > 1 ? groups_.edp.get() : nullptr,
+        *model_, gradient_group(), layout_.ep > 1 ? groups_.edp_cp.get() : nullptr,
         layout_.shard_parameters() ? ShardedStage::OptimGradsParams : ShardedStage::OptimGrads, adam_options());
     model_->set_weight_source(sharded_weights_.get());
     sharded_weights_->init_weights(uint64_t(a_.seed));
@@ -475,9 +475,9 @@ void Trainer::build_gradient_reduction() {
         tied_tensor_ = model_->embedding_param() >= 0 ? model_->embedding_param() : model_->output_param();
     }
   }
-  if (layout_.ep > 1 && !sharded_weights_)  // (ZeRO-2 / FSDP shard the experts over edp themselves)
+  if (layout_.ep > 1 && !sharded_weights_)  // (ZeRO-2 / FSDP shard the experts over edp x cp themselves)
     experts_ = std::make_unique<ExpertGradients>(
-        params, *groups_.edp, layout_.shard_optimizer(), adam_options());
+        params, *groups_.edp_cp, layout_.shard_optimizer(), adam_options());
   // The norm counts each tensor of the whole model once: tp-replicated tensors on tp rank 0, the
   // tied embedding on the first stage (expert-parallel experts apart: gradient_norm()).
   for (int t = 0; t < num_tensors; ++t) {
@@ -710,7 +710,7 @@ double Trainer::gradient_norm() {
         expert_tensors_.empty()
             ? 0.0
             : groups_.ep->all_reduce_value(
-                  groups_.edp->all_reduce_value(me_.tp == 0 ? sharded_weights_->grad_sq_sum(expert_tensors_) : 0.0));
+                  groups_.edp_cp->all_reduce_value(me_.tp == 0 ? sharded_weights_->grad_sq_sum(expert_tensors_) : 0.0));
     return std::sqrt(groups_.mp->all_reduce_value(dense + experts));
   }
   if (sharded_) {

@@ -451,8 +451,6 @@ TEST_F(Distributed, BadLayoutsAreRejectedBeforeTraining) {
       {2, "--num_experts 4 --context_parallel_size 2 --moe_aux_loss_coeff 0.01 "
           "--moe_router_load_balancing_type seq_aux_loss",
        "seq_aux_loss under sequence or context parallelism is not implemented"},
-      {4, "--num_experts 4 --context_parallel_size 2 --expert_model_parallel_size 2",
-       "context_parallel_size 2 with expert_model_parallel_size 2: not implemented"},
   };
   for (const Bad& c : cases) {
     Result r = run(c.nproc, "bad", c.overrides);
@@ -593,7 +591,7 @@ TEST_F(ExpertParallel, Tp2RecomputeSelective) {
 }
 // Context parallelism: each cp rank routes its own chunks of the sequences (the aux loss's counts
 // summed over cp, and over tp too under sequence parallelism), and the MoE tensors' gradients are
-// summed over dp x cp like every replicated tensor's.
+// summed over dp x cp like every replicated tensor's (the experts', under ep, over edp x cp).
 TEST_F(ExpertParallel, Cp2) {
   expect_same_training(2, "--context_parallel_size 2", kMoe);
   expect_same_moe_statistics();
@@ -601,6 +599,21 @@ TEST_F(ExpertParallel, Cp2) {
 TEST_F(ExpertParallel, Cp2Tp2SequenceParallel) {
   expect_same_training(4, "--context_parallel_size 2 --tensor_model_parallel_size 2 --sequence_parallel true", kMoe);
   expect_same_moe_statistics();
+}
+// Expert parallelism beside context parallelism: the ep peers at one cp index exchange their
+// tokens, and the experts' gradients are summed over edp x cp (the edp_cp group), with the
+// replicated AdamW and with ZeRO-1 beside the experts' own.
+TEST_F(ExpertParallel, Ep2Cp2) {
+  expect_same_training(4, "--context_parallel_size 2 --expert_model_parallel_size 2", kMoe);
+  expect_same_moe_statistics();
+}
+TEST_F(ExpertParallel, Ep2Cp2Fsdp) {  // the experts sharded over edp x cp
+  expect_same_training(4, "--context_parallel_size 2 --expert_model_parallel_size 2 --use_torch_fsdp2 true", kMoe);
+}
+TEST_F(ExpertParallel, Ep2Cp2Dp2DistributedOptimizer) {
+  expect_same_training(8, "--context_parallel_size 2 --expert_model_parallel_size 2 --moe_token_dispatcher_type "
+                          "allgather --use_distributed_optimizer true --ddp_bucket_size 20000",
+                       kMoe);
 }
 
 // Checkpoints key the experts by their global index: a run stopped at iteration 10 under ep 4 (with

@@ -115,7 +115,17 @@ TEST(RankMesh, ExpertParallelFoldsIntoDp) {
   RankMesh m2(8, sizes(2, 1, 1, 2));
   EXPECT_EQ(m2.groups(MeshDim::EP), (Groups{{0, 2}, {1, 3}, {4, 6}, {5, 7}}));
   EXPECT_EQ(m2.groups(MeshDim::EDP), (Groups{{0, 4}, {1, 5}, {2, 6}, {3, 7}}));
+  EXPECT_EQ(m2.groups(MeshDim::EDP_CP), m2.groups(MeshDim::EDP));  // cp 1
   check_partition(m2);
+
+  // With cp 2 (world 8 = cp 2 x dp 4, dp = edp 2 x ep 2): the ep peers share a cp index, and the
+  // ranks holding the same experts span edp and cp.
+  RankMesh m3(8, sizes(1, 2, 1, 2));
+  EXPECT_EQ(m3.groups(MeshDim::EP), (Groups{{0, 2}, {1, 3}, {4, 6}, {5, 7}}));
+  EXPECT_EQ(m3.groups(MeshDim::EDP), (Groups{{0, 4}, {1, 5}, {2, 6}, {3, 7}}));
+  EXPECT_EQ(m3.size(MeshDim::EDP_CP), 4);
+  EXPECT_EQ(m3.groups(MeshDim::EDP_CP), (Groups{{0, 1, 4, 5}, {2, 3, 6, 7}}));
+  check_partition(m3);
 }
 
 TEST(RankMesh, SingleProcess) {
