@@ -15,22 +15,36 @@ std::vector<int> MlaParams::ids() const {
   return v;
 }
 
-MlaParams register_mla_params(ParamStore& params, const ModelSpec& s, int64_t layer) {
+MlaParams register_mla_params(ParamStore& params, const ModelSpec& s, int64_t layer, int tp, int r) {
   const std::string pre = fmt::format("decoder.layers.{}.self_attention.", layer);
   const int64_t C = s.hidden_size, H = s.num_attention_heads, qk = s.qk_head_dim + s.qk_pos_emb_head_dim;
+  const int64_t kvw = s.qk_head_dim + s.v_head_dim, hl = H / tp;
+  // Column-parallel rows are head-major ([head][width]): a rank's heads are one piece. Whole
+  // (unsharded) with one rank, as before.
+  auto heads_of = [&](int64_t width) {
+    return tp > 1 ? ShardSpec{0, {{r * hl * width, hl * width}}} : ShardSpec{};
+  };
+  // Replicated on every tp rank, gradient covering this rank's heads only.
+  auto replicated = [&](int id) {
+    params.mark_tp_partial_grads(id);
+    return id;
+  };
   MlaParams p;
   if (s.q_lora_rank > 0) {
-    p.q_down = params.add(pre + "linear_q_down_proj.weight", {s.q_lora_rank, C}, ParamInit::Normal, true);
-    if (s.qk_layernorm) p.q_norm = params.add(pre + "q_layernorm.weight", {s.q_lora_rank}, ParamInit::Ones, false);
-    p.q_up = params.add(pre + "linear_q_up_proj.weight", {H * qk, s.q_lora_rank}, ParamInit::Normal, true);
+    p.q_down = replicated(params.add(pre + "linear_q_down_proj.weight", {s.q_lora_rank, C}, ParamInit::Normal, true));
+    if (s.qk_layernorm)
+      p.q_norm = replicated(params.add(pre + "q_layernorm.weight", {s.q_lora_rank}, ParamInit::Ones, false));
+    p.q_up = params.add_sharded(pre + "linear_q_up_proj.weight", {H * qk, s.q_lora_rank}, heads_of(qk),
+                                ParamInit::Normal, true);
   } else {
-    p.q_proj = params.add(pre + "linear_q_proj.weight", {H * qk, C}, ParamInit::Normal, true);
+    p.q_proj = params.add_sharded(pre + "linear_q_proj.weight", {H * qk, C}, heads_of(qk), ParamInit::Normal, true);
   }
-  p.kv_down = params.add(pre + "linear_kv_down_proj.weight", {s.kv_lora_rank + s.qk_pos_emb_head_dim, C},
-                         ParamInit::Normal, true);
-  if (s.qk_layernorm) p.kv_norm = params.add(pre + "kv_layernorm.weight", {s.kv_lora_rank}, ParamInit::Ones, false);
-  p.kv_up = params.add(pre + "linear_kv_up_proj.weight", {H * (s.qk_head_dim + s.v_head_dim), s.kv_lora_rank},
-                       ParamInit::Normal, true);
+  p.kv_down = replicated(params.add(pre + "linear_kv_down_proj.weight", {s.kv_lora_rank + s.qk_pos_emb_head_dim, C},
+                                    ParamInit::Normal, true));
+  if (s.qk_layernorm)
+    p.kv_norm = replicated(params.add(pre + "kv_layernorm.weight", {s.kv_lora_rank}, ParamInit::Ones, false));
+  p.kv_up = params.add_sharded(pre + "linear_kv_up_proj.weight", {H * kvw, s.kv_lora_rank}, heads_of(kvw),
+                               ParamInit::Normal, true);
   return p;
 }
 
@@ -66,12 +80,12 @@ void mla_rope_tables(const ModelSpec& s, int64_t positions, double* cos, double*
     }
 }
 
-Mla::Mla(ops::Backend& backend, DType activation, const ModelSpec& s)
+Mla::Mla(ops::Backend& backend, DType activation, const ModelSpec& s, int tp)
     : be_(backend),
       act_(activation),
       stat_(ops::stat_dtype(activation)),
       C_(s.hidden_size),
-      H_(s.num_attention_heads),
+      H_(s.num_attention_heads / tp),
       dn_(s.qk_head_dim),
       dr_(s.qk_pos_emb_head_dim),
       dv_(s.v_head_dim),
@@ -80,6 +94,8 @@ Mla::Mla(ops::Backend& backend, DType activation, const ModelSpec& s)
       Rq_(s.q_lora_rank),
       R_(s.kv_lora_rank),
       eps_(float(s.norm_epsilon)) {
+  PRIMUS_CHECK(tp >= 1 && s.num_attention_heads % tp == 0, "MLA: {} heads over {} tensor-parallel ranks",
+               s.num_attention_heads, tp);
   const double m = yarn_mscale(s.rotary_scaling_factor, s.mscale_all_dim);
   q_alpha_ = float(std::sqrt(double(W_) / double(Dq_)) * m * m);
   const int64_t P = s.max_position_embeddings, half = dr_ / 2;
@@ -181,7 +197,7 @@ Tensor Mla::backward_input(const MlaParams& p, MlaContext& c, const Tensor& qkv,
   rope(dqr, H, seq, 0, true);
   for (int64_t h = 0; h < H; ++h) copy_block(c.dq, 0, h * Dq_ + dn_, dqr, 0, h * dr_, N, dr_);
   // Keys and values: per-head k_nope and v into kv's layout; the shared rotary
-  // key's gradient summed over the heads.
+  // key's gradient summed over the heads (this rank's: a partial sum under tp).
   c.dkv = act({N, H * (dn_ + dv_)});
   Tensor dkr = act({N, dr_}), part = act({N, dr_});
   for (int64_t h = 0; h < H; ++h) {
