@@ -132,6 +132,8 @@ ParallelLayout plan_layout(const config::TrainingArgs& a, const ModelSpec& spec,
          "context parallel {}): the expert-parallel groups are made of dp ranks",
          L.ep, L.dp, world_size, mp);
   check_tensor_parallel(spec, L.tp);
+  if (L.cp > 1 && spec.multi_latent_attention)  // as the model refuses it, before any rank starts
+    fail("model {}: multi_latent_attention runs with context_parallel_size 1 only (got {})", spec.name, L.cp);
   if (L.cp > 1 && spec.is_moe())
     fail("context_parallel_size {} with model {}: context parallelism of MoE models is not implemented yet (the "
          "router's sequence-level losses need the whole sequence); use 1",
