@@ -80,7 +80,7 @@ void mla_rope_tables(const ModelSpec& s, int64_t positions, double* cos, double*
     }
 }
 
-Mla::Mla(ops::Backend& backend, DType activation, const ModelSpec& s, int tp)
+Mla::Mla(ops::Backend& backend, DType activation, const ModelSpec& s, int tp, int cp, int cp_rank)
     : be_(backend),
       act_(activation),
       stat_(ops::stat_dtype(activation)),
@@ -93,6 +93,8 @@ Mla::Mla(ops::Backend& backend, DType activation, const ModelSpec& s, int tp)
       W_(std::max(Dq_, dv_)),
       Rq_(s.q_lora_rank),
       R_(s.kv_lora_rank),
+      cp_(cp),
+      cp_rank_(cp_rank),
       eps_(float(s.norm_epsilon)) {
   PRIMUS_CHECK(tp >= 1 && s.num_attention_heads % tp == 0, "MLA: {} heads over {} tensor-parallel ranks",
                s.num_attention_heads, tp);
@@ -123,7 +125,14 @@ Tensor Mla::norm(const Tensor& x, int weight, Tensor& rstd, const Weights& w) co
 }
 
 void Mla::rope(Tensor& x, int64_t heads, int64_t seq, int64_t pos0, bool inverse) const {
-  be_.rope_apply(x, heads, dr_, seq, pos0, cos_, sin_, inverse);
+  if (cp_ == 1) return be_.rope_apply(x, heads, dr_, seq, pos0, cos_, sin_, inverse);
+  // This rank's two chunks: rows [chunk j][batch][position], chunk j at its global position.
+  const int64_t ch = seq / 2, rows = x.size(0) / 2;
+  for (int64_t j = 0; j < 2; ++j) {
+    Tensor part = x.slice(0, j * rows, rows);
+    be_.rope_apply(part, heads, dr_, ch, pos0 + (j == 0 ? cp_rank_ : 2 * cp_ - 1 - cp_rank_) * ch, cos_, sin_,
+                   inverse);
+  }
 }
 
 Tensor Mla::forward(const MlaParams& p, MlaContext& c, const Tensor& h1, int64_t seq, int64_t pos0,
@@ -180,12 +189,16 @@ Tensor Mla::attention(const Tensor& qkv, MlaContext& c, Tensor& lse, int64_t bat
 }
 
 Tensor Mla::backward_input(const MlaParams& p, MlaContext& c, const Tensor& qkv, const Tensor& lse, const Tensor& dattn,
-                           int64_t batch, int64_t seq, const Weights& w) const {
+                           int64_t batch, int64_t seq, const Weights& w,
+                           const AttentionBackward& attention_backward) const {
   const int64_t N = dattn.size(0), H = H_, W = W_;
   Tensor dout = be_.zeros({N, H * W}, act_);
   for (int64_t h = 0; h < H; ++h) copy_block(dout, 0, h * W, dattn, 0, h * dv_, N, dv_);
   Tensor dqkv = act({N, 3 * H * W});
-  be_.attention_backward(qkv, c.out, lse, dout, dqkv, shape(batch, seq));
+  if (attention_backward)
+    attention_backward(c.out, dout, dqkv);
+  else
+    be_.attention_backward(qkv, c.out, lse, dout, dqkv, shape(batch, seq));
   c.out = Tensor();
   // Queries: the nope parts as they are, the rotary parts rotated back.
   c.dq = act({N, H * Dq_});

@@ -32,7 +32,12 @@
 // rank's backward then sees only its heads: the latents' gradients, hence the
 // replicated tensors' gradients and dh1, are partial sums over tp (the caller
 // reduces dh1 like a column-parallel linear's; the trainer sums the weights',
-// ParamStore's tp_partial_grads). Context parallelism is refused by the model.
+// ParamStore's tp_partial_grads).
+//
+// Context parallel: the rank's rows are its two chunks of every sequence (see
+// model/context_parallel.h), each rotated at its own positions; the packed heads
+// go through the model's context-parallel attention (ring or all-to-all) like
+// standard attention's, with groups = heads.
 #pragma once
 
 #include <cstdint>
@@ -76,8 +81,13 @@ struct MlaContext {
 class Mla {
  public:
   using Weights = std::function<Tensor(int)>;
-  // tp_size: the ranks the heads are split over (heads divisible by it).
-  Mla(ops::Backend& backend, DType activation, const ModelSpec& spec, int tp_size = 1);
+  // tp_size: the ranks the heads are split over (heads divisible by it);
+  // cp_size, cp_rank: this rank's chunks of each sequence (rope positions).
+  Mla(ops::Backend& backend, DType activation, const ModelSpec& spec, int tp_size = 1, int cp_size = 1,
+      int cp_rank = 0);
+  // The attention op's backward on packed rows (the context-parallel one
+  // replaces the backend's): out and dout [N, heads * W], dqkv overwritten.
+  using AttentionBackward = std::function<void(const Tensor& out, const Tensor& dout, Tensor& dqkv)>;
 
   // Width of a packed row ([q | k | v] of every head) and the attention op's
   // shape.
@@ -98,7 +108,8 @@ class Mla {
   // and the projections); keeps what backward_weight needs in c. Under tp, dh1
   // is this rank's heads' part: the caller sums it over tp.
   Tensor backward_input(const MlaParams& p, MlaContext& c, const Tensor& qkv, const Tensor& lse, const Tensor& dattn,
-                        int64_t batch, int64_t seq, const Weights& w) const;
+                        int64_t batch, int64_t seq, const Weights& w,
+                        const AttentionBackward& attention_backward = {}) const;
   // Accumulates every MLA weight's gradient (h1: the block's normed input).
   void backward_weight(const MlaParams& p, MlaContext& c, const Tensor& h1, const Weights& g) const;
 
@@ -110,6 +121,7 @@ class Mla {
   ops::Backend& be_;
   DType act_, stat_;
   int64_t C_, H_, dn_, dr_, dv_, Dq_, W_, Rq_, R_;  // H_: this rank's heads
+  int cp_, cp_rank_;
   float eps_,
       q_alpha_;       // q's factor: the softmax scale the op's 1/sqrt(W) lacks
   Tensor cos_, sin_;  // [positions, dr / 2], stat dtype

@@ -132,8 +132,6 @@ ParallelLayout plan_layout(const config::TrainingArgs& a, const ModelSpec& spec,
          "context parallel {}): the expert-parallel groups are made of dp ranks",
          L.ep, L.dp, world_size, mp);
   check_tensor_parallel(spec, L.tp);
-  if (L.cp > 1 && spec.multi_latent_attention)  // as the model refuses it, before any rank starts
-    fail("model {}: multi_latent_attention runs with context_parallel_size 1 only (got {})", spec.name, L.cp);
   if (L.cp > 1 && spec.is_moe())
     fail("context_parallel_size {} with model {}: context parallelism of MoE models is not implemented yet (the "
          "router's sequence-level losses need the whole sequence); use 1",
@@ -143,7 +141,9 @@ ParallelLayout plan_layout(const config::TrainingArgs& a, const ModelSpec& spec,
     if (seq % (2 * L.cp) != 0)
       fail("context_parallel_size {} cuts each sequence in 2 x {} = {} chunks: seq_length {} is not divisible by {}",
            L.cp, L.cp, 2 * L.cp, seq, 2 * L.cp);
-    const int64_t heads = spec.num_attention_heads / L.tp, groups = spec.query_groups() / L.tp;
+    // MLA packs one group per head.
+    const int64_t heads = spec.num_attention_heads / L.tp,
+                  groups = (spec.multi_latent_attention ? spec.num_attention_heads : spec.query_groups()) / L.tp;
     if (L.cp_all_to_all && (heads % L.cp != 0 || groups % L.cp != 0))
       fail("cp_comm_type a2a splits the attention heads over context_parallel_size {}: {} heads and {} query groups "
            "per tensor-parallel rank (num_attention_heads {}, num_query_groups {}, tensor_model_parallel_size {}) are "

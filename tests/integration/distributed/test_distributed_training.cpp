@@ -436,9 +436,6 @@ TEST_F(Distributed, BadLayoutsAreRejectedBeforeTraining) {
       {2, "--context_parallel_size 2 --seq_length 30", "seq_length 30 is not divisible by 4"},
       {4, "--context_parallel_size 4 --cp_comm_type a2a", "cp_comm_type a2a splits the attention heads"},
       {2, "--context_parallel_size 2 --cp_comm_type ring", "cp_comm_type 'ring' is not one of: p2p, a2a"},
-      {2, "--context_parallel_size 2 --multi_latent_attention true --kv_lora_rank 12 --qk_head_dim 8 "
-          "--qk_pos_emb_head_dim 4 --v_head_dim 8",
-       "multi_latent_attention runs with context_parallel_size 1 only \\(got 2\\)"},
       {2, "--data_parallel_sharding_strategy zero3", "data_parallel_sharding_strategy 'zero3' is not one of"},
       {2, "--data_parallel_sharding_strategy no_shard --use_distributed_optimizer true", "set one"},
       {2, "--expert_model_parallel_size 2", "expert_model_parallel_size 2: model .* has no experts"},
@@ -505,6 +502,14 @@ TEST_F(Distributed, MlaMoeDirectQueriesTp2SequenceParallel) {
                        std::string(kMoe) +
                            " --multi_latent_attention true --q_lora_rank 0 --kv_lora_rank 12 --qk_head_dim 8 "
                            "--qk_pos_emb_head_dim 4 --v_head_dim 8");
+}
+// Context parallel: each rank's two chunks rotated at their positions, the packed heads (one group
+// per head) through ring attention or the all-to-all over heads; with tp 2 x sequence parallel.
+TEST_F(Distributed, MlaCp2Ring) { expect_same_training(2, "--context_parallel_size 2", kMla); }
+TEST_F(Distributed, MlaCp2AllToAll) { expect_same_training(2, "--context_parallel_size 2 --cp_comm_type a2a", kMla); }
+TEST_F(Distributed, MlaCp2Tp2SequenceParallelAllToAll) {
+  expect_same_training(
+      4, "--context_parallel_size 2 --cp_comm_type a2a --tensor_model_parallel_size 2 --sequence_parallel true", kMla);
 }
 // Checkpoints reshard the head-split MLA tensors: saved at tp2 at iteration 10 and resumed in one
 // process, saved in one process and resumed at tp2 with sequence parallel; both go on with the
