@@ -41,7 +41,7 @@ void check_tensor_parallel(const ModelSpec& spec, int tp) {
       fail("{} ({}) of model {} must be divisible by tensor_model_parallel_size ({})", what, value, spec.name, tp);
   };
   need(spec.num_attention_heads, "num_attention_heads");
-  need(spec.query_groups(), "num_query_groups");
+  if (!spec.multi_latent_attention) need(spec.query_groups(), "num_query_groups");  // MLA has no groups
   need(spec.ffn_hidden_size, "ffn_hidden_size");
   need(spec.vocab_size, "vocab_size");
 }
@@ -114,10 +114,6 @@ LlamaModel::LlamaModel(const ModelSpec& spec, ops::Backend& backend, Precision p
       part_(std::move(partition)),
       params_(master_dtype(precision)) {
   spec_.validate();
-  if (spec_.multi_latent_attention && (part_.tp_size > 1 || part_.cp_size > 1))
-    fail("model {}: multi_latent_attention runs with tensor_model_parallel_size 1 and context_parallel_size 1 only "
-         "(got {} and {}): its heads are not split yet",
-         spec_.name, part_.tp_size, part_.cp_size);
   if (spec_.is_moe()) check_moe_supported(spec_, (part_.sequence_parallel ? part_.tp_size : 1) * part_.cp_size);
   std::shared_ptr<const TokenDispatcher> dispatcher;  // every MoE block's, under expert parallelism
   if (part_.ep_size > 1) {
@@ -149,6 +145,7 @@ LlamaModel::LlamaModel(const ModelSpec& spec, ops::Backend& backend, Precision p
   if (opt_.vocab_chunk <= 0) fail("vocab_chunk must be positive, got {}", opt_.vocab_chunk);
   const int64_t C = spec_.hidden_size, V = spec_.vocab_size, L = spec_.num_layers, F = spec_.ffn_hidden_size;
   const int64_t H = spec_.num_attention_heads, G = spec_.query_groups(), D = spec_.head_dim();
+  const int64_t attention_groups = spec_.multi_latent_attention ? H : G;  // MLA packs one group per head
   check_tensor_parallel(spec_, part_.tp_size);
   if (part_.tp_size > 1) {
     if (!part_.tp_group || part_.tp_group->size() != part_.tp_size)
@@ -169,10 +166,11 @@ LlamaModel::LlamaModel(const ModelSpec& spec, ops::Backend& backend, Precision p
       fail("the context-parallel group {} moves {} buffers but the model computes on the {}",
            part_.cp_group->describe(), device_name(part_.cp_group->device()), device_name(be_.device()));
     part_.cp_rank = part_.cp_group->rank();
-    if (part_.cp_comm == CpComm::A2A && ((H / part_.tp_size) % part_.cp_size || (G / part_.tp_size) % part_.cp_size))
+    if (part_.cp_comm == CpComm::A2A &&
+        ((H / part_.tp_size) % part_.cp_size || (attention_groups / part_.tp_size) % part_.cp_size))
       fail("cp_comm_type a2a splits the attention heads ({}) and query groups ({}) of each tensor-parallel rank over "
            "context_parallel_size {}: not divisible (use cp_comm_type p2p)",
-           H / part_.tp_size, G / part_.tp_size, part_.cp_size);
+           H / part_.tp_size, attention_groups / part_.tp_size, part_.cp_size);
   } else {
     part_.cp_rank = 0;
   }
@@ -200,7 +198,8 @@ LlamaModel::LlamaModel(const ModelSpec& spec, ops::Backend& backend, Precision p
   ShardSpec qkv_shard, proj_shard, fc1_shard, fc2_shard;
   if (tp > 1) {
     qkv_shard = {0, {{r * hl * D, hl * D}, {H * D + r * gl * D, gl * D}, {H * D + G * D + r * gl * D, gl * D}}};
-    proj_shard = {1, {{r * hl * D, hl * D}}};
+    const int64_t out_head = spec_.multi_latent_attention ? spec_.v_head_dim : D;  // linear_proj's input per head
+    proj_shard = {1, {{r * hl * out_head, hl * out_head}}};
     fc1_shard = {0, {{r * Fl, Fl}, {F + r * Fl, Fl}}};
     fc2_shard = {1, {{r * Fl, Fl}}};
   }
@@ -212,7 +211,7 @@ LlamaModel::LlamaModel(const ModelSpec& spec, ops::Backend& backend, Precision p
       b.attn_norm = params_.add(pre + "input_layernorm.weight", {C}, ParamInit::Ones, false);
       if (spec_.multi_latent_attention) {
         b.qkv_w = -1;
-        b.mla = register_mla_params(params_, spec_, l);
+        b.mla = register_mla_params(params_, spec_, l, tp, r);
       } else {
         b.qkv_w = params_.add_sharded(pre + "self_attention.linear_qkv.weight", {spec_.qkv_size(), C}, qkv_shard,
                                       ParamInit::Normal, true);
@@ -275,7 +274,8 @@ LlamaModel::LlamaModel(const ModelSpec& spec, ops::Backend& backend, Precision p
     source_ = resident_.get();
   }
   if (part_.cp_size > 1) cp_ = std::make_unique<ContextParallelAttention>(be_, *part_.cp_group, part_.cp_comm, act_);
-  if (spec_.multi_latent_attention) mla_ = std::make_unique<Mla>(be_, act_, spec_);
+  if (spec_.multi_latent_attention)
+    mla_ = std::make_unique<Mla>(be_, act_, spec_, tp, part_.cp_size, part_.cp_rank);
   if (spec_.qk_layernorm && !mla_) qk_norm_ = std::make_unique<QkNorm>(be_, act_, hl, gl, D, float(spec_.norm_epsilon));
 
   const int64_t half = D / 2, P = spec_.max_position_embeddings;
@@ -415,7 +415,7 @@ struct LlamaModel::Steps {
   int64_t heads() const { return m.spec_.num_attention_heads / m.part_.tp_size; }
   int64_t groups() const { return m.spec_.query_groups() / m.part_.tp_size; }
   int64_t Q() const { return (heads() + 2 * groups()) * D(); }
-  int64_t QS() const { return m.mla_ ? m.spec_.attention_out_size() : heads() * D(); }
+  int64_t QS() const { return m.mla_ ? m.spec_.attention_out_size() / m.part_.tp_size : heads() * D(); }
   int64_t F() const { return m.spec_.ffn_hidden_size / m.part_.tp_size; }
   float eps() const { return float(m.spec_.norm_epsilon); }
 
@@ -434,6 +434,13 @@ struct LlamaModel::Steps {
     return t;
   }
   void attention(BlockContext& c) {
+    if (m.mla_ && m.cp_) {  // the packed heads through the context-parallel attention
+      const ops::AttentionShape s = m.mla_->shape(batch, seq);
+      c.mla.out = m.act({N, s.heads * s.head_dim});
+      m.cp_->forward(c.qkv, c.mla.out, c, s);
+      c.attn = m.mla_->values(c.mla.out);
+      return;
+    }
     if (m.mla_) {
       c.attn = m.mla_->attention(c.qkv, c.mla, c.lse, batch, seq);
       return;
@@ -523,7 +530,14 @@ Tensor LlamaModel::block_backward_input(const Block& b, BlockContext& c, const T
   Tensor dattn = act({N, st.QS()});
   be_.gemm(false, false, 1.0f, c.dx2, w(b.proj_w), 0.0f, Tensor(), dattn, Tensor());
   if (mla_) {
-    c.dh1 = mla_->backward_input(b.mla, c.mla, c.qkv, c.lse, dattn, batch, seq, [&](int id) { return w(id); });
+    Mla::AttentionBackward cp_backward;
+    if (cp_)
+      cp_backward = [&](const Tensor& out, const Tensor& dout, Tensor& dqkv) {
+        cp_->backward(c.qkv, out, c, dout, dqkv, mla_->shape(batch, seq));
+      };
+    // This rank's heads' part of dh1, as after a column-parallel linear.
+    c.dh1 = reduce_partial(mla_->backward_input(b.mla, c.mla, c.qkv, c.lse, dattn, batch, seq,
+                                                [&](int id) { return w(id); }, cp_backward));
   } else {
     c.dqkv = act({N, st.Q()});
     if (cp_)

@@ -25,7 +25,9 @@
 // are column-parallel (each rank holds its attention heads and query groups, and its slice of
 // the gate and up rows), linear_proj and linear_fc2 row-parallel (their partial outputs are
 // summed over tp), the embedding and output layer are vocabulary-parallel (the cross-entropy
-// combines per-row max, sum of exponentials and target logit over tp). With sequence parallel,
+// combines per-row max, sum of exponentials and target logit over tp). Multi-latent attention
+// (model/mla.h) splits the same way: its up projections column-parallel by heads, its down
+// projections and latent norms replicated, linear_proj row-parallel. With sequence parallel,
 // the rows between those regions (norms, residuals) are split over tp: all-gather before a
 // column-parallel linear, reduce-scatter after a row-parallel one. Pipeline parallel gives a
 // rank one or more chunks, each a consecutive range of layers; the first stage's chunk holds the

@@ -15,22 +15,36 @@ std::vector<int> MlaParams::ids() const {
   return v;
 }
 
-MlaParams register_mla_params(ParamStore& params, const ModelSpec& s, int64_t layer) {
+MlaParams register_mla_params(ParamStore& params, const ModelSpec& s, int64_t layer, int tp, int r) {
   const std::string pre = fmt::format("decoder.layers.{}.self_attention.", layer);
   const int64_t C = s.hidden_size, H = s.num_attention_heads, qk = s.qk_head_dim + s.qk_pos_emb_head_dim;
+  const int64_t kvw = s.qk_head_dim + s.v_head_dim, hl = H / tp;
+  // Column-parallel rows are head-major ([head][width]): a rank's heads are one piece. Whole
+  // (unsharded) with one rank, as before.
+  auto heads_of = [&](int64_t width) {
+    return tp > 1 ? ShardSpec{0, {{r * hl * width, hl * width}}} : ShardSpec{};
+  };
+  // Replicated on every tp rank, gradient covering this rank's heads only.
+  auto replicated = [&](int id) {
+    params.mark_tp_partial_grads(id);
+    return id;
+  };
   MlaParams p;
   if (s.q_lora_rank > 0) {
-    p.q_down = params.add(pre + "linear_q_down_proj.weight", {s.q_lora_rank, C}, ParamInit::Normal, true);
-    if (s.qk_layernorm) p.q_norm = params.add(pre + "q_layernorm.weight", {s.q_lora_rank}, ParamInit::Ones, false);
-    p.q_up = params.add(pre + "linear_q_up_proj.weight", {H * qk, s.q_lora_rank}, ParamInit::Normal, true);
+    p.q_down = replicated(params.add(pre + "linear_q_down_proj.weight", {s.q_lora_rank, C}, ParamInit::Normal, true));
+    if (s.qk_layernorm)
+      p.q_norm = replicated(params.add(pre + "q_layernorm.weight", {s.q_lora_rank}, ParamInit::Ones, false));
+    p.q_up = params.add_sharded(pre + "linear_q_up_proj.weight", {H * qk, s.q_lora_rank}, heads_of(qk),
+                                ParamInit::Normal, true);
   } else {
-    p.q_proj = params.add(pre + "linear_q_proj.weight", {H * qk, C}, ParamInit::Normal, true);
+    p.q_proj = params.add_sharded(pre + "linear_q_proj.weight", {H * qk, C}, heads_of(qk), ParamInit::Normal, true);
   }
-  p.kv_down = params.add(pre + "linear_kv_down_proj.weight", {s.kv_lora_rank + s.qk_pos_emb_head_dim, C},
-                         ParamInit::Normal, true);
-  if (s.qk_layernorm) p.kv_norm = params.add(pre + "kv_layernorm.weight", {s.kv_lora_rank}, ParamInit::Ones, false);
-  p.kv_up = params.add(pre + "linear_kv_up_proj.weight", {H * (s.qk_head_dim + s.v_head_dim), s.kv_lora_rank},
-                       ParamInit::Normal, true);
+  p.kv_down = replicated(params.add(pre + "linear_kv_down_proj.weight", {s.kv_lora_rank + s.qk_pos_emb_head_dim, C},
+                                    ParamInit::Normal, true));
+  if (s.qk_layernorm)
+    p.kv_norm = replicated(params.add(pre + "kv_layernorm.weight", {s.kv_lora_rank}, ParamInit::Ones, false));
+  p.kv_up = params.add_sharded(pre + "linear_kv_up_proj.weight", {H * kvw, s.kv_lora_rank}, heads_of(kvw),
+                               ParamInit::Normal, true);
   return p;
 }
 
@@ -66,12 +80,12 @@ void mla_rope_tables(const ModelSpec& s, int64_t positions, double* cos, double*
     }
 }
 
-Mla::Mla(ops::Backend& backend, DType activation, const ModelSpec& s)
+Mla::Mla(ops::Backend& backend, DType activation, const ModelSpec& s, int tp, int cp, int cp_rank)
     : be_(backend),
       act_(activation),
       stat_(ops::stat_dtype(activation)),
       C_(s.hidden_size),
-      H_(s.num_attention_heads),
+      H_(s.num_attention_heads / tp),
       dn_(s.qk_head_dim),
       dr_(s.qk_pos_emb_head_dim),
       dv_(s.v_head_dim),
@@ -79,7 +93,11 @@ Mla::Mla(ops::Backend& backend, DType activation, const ModelSpec& s)
       W_(std::max(Dq_, dv_)),
       Rq_(s.q_lora_rank),
       R_(s.kv_lora_rank),
+      cp_(cp),
+      cp_rank_(cp_rank),
       eps_(float(s.norm_epsilon)) {
+  PRIMUS_CHECK(tp >= 1 && s.num_attention_heads % tp == 0, "MLA: {} heads over {} tensor-parallel ranks",
+               s.num_attention_heads, tp);
   const double m = yarn_mscale(s.rotary_scaling_factor, s.mscale_all_dim);
   q_alpha_ = float(std::sqrt(double(W_) / double(Dq_)) * m * m);
   const int64_t P = s.max_position_embeddings, half = dr_ / 2;
@@ -107,7 +125,14 @@ Tensor Mla::norm(const Tensor& x, int weight, Tensor& rstd, const Weights& w) co
 }
 
 void Mla::rope(Tensor& x, int64_t heads, int64_t seq, int64_t pos0, bool inverse) const {
-  be_.rope_apply(x, heads, dr_, seq, pos0, cos_, sin_, inverse);
+  if (cp_ == 1) return be_.rope_apply(x, heads, dr_, seq, pos0, cos_, sin_, inverse);
+  // This rank's two chunks: rows [chunk j][batch][position], chunk j at its global position.
+  const int64_t ch = seq / 2, rows = x.size(0) / 2;
+  for (int64_t j = 0; j < 2; ++j) {
+    Tensor part = x.slice(0, j * rows, rows);
+    be_.rope_apply(part, heads, dr_, ch, pos0 + (j == 0 ? cp_rank_ : 2 * cp_ - 1 - cp_rank_) * ch, cos_, sin_,
+                   inverse);
+  }
 }
 
 Tensor Mla::forward(const MlaParams& p, MlaContext& c, const Tensor& h1, int64_t seq, int64_t pos0,
@@ -164,12 +189,16 @@ Tensor Mla::attention(const Tensor& qkv, MlaContext& c, Tensor& lse, int64_t bat
 }
 
 Tensor Mla::backward_input(const MlaParams& p, MlaContext& c, const Tensor& qkv, const Tensor& lse, const Tensor& dattn,
-                           int64_t batch, int64_t seq, const Weights& w) const {
+                           int64_t batch, int64_t seq, const Weights& w,
+                           const AttentionBackward& attention_backward) const {
   const int64_t N = dattn.size(0), H = H_, W = W_;
   Tensor dout = be_.zeros({N, H * W}, act_);
   for (int64_t h = 0; h < H; ++h) copy_block(dout, 0, h * W, dattn, 0, h * dv_, N, dv_);
   Tensor dqkv = act({N, 3 * H * W});
-  be_.attention_backward(qkv, c.out, lse, dout, dqkv, shape(batch, seq));
+  if (attention_backward)
+    attention_backward(c.out, dout, dqkv);
+  else
+    be_.attention_backward(qkv, c.out, lse, dout, dqkv, shape(batch, seq));
   c.out = Tensor();
   // Queries: the nope parts as they are, the rotary parts rotated back.
   c.dq = act({N, H * Dq_});
@@ -181,7 +210,7 @@ Tensor Mla::backward_input(const MlaParams& p, MlaContext& c, const Tensor& qkv,
   rope(dqr, H, seq, 0, true);
   for (int64_t h = 0; h < H; ++h) copy_block(c.dq, 0, h * Dq_ + dn_, dqr, 0, h * dr_, N, dr_);
   // Keys and values: per-head k_nope and v into kv's layout; the shared rotary
-  // key's gradient summed over the heads.
+  // key's gradient summed over the heads (this rank's: a partial sum under tp).
   c.dkv = act({N, H * (dn_ + dv_)});
   Tensor dkr = act({N, dr_}), part = act({N, dr_});
   for (int64_t h = 0; h < H; ++h) {

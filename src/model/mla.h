@@ -23,9 +23,21 @@
 // into the attention op's fused qkv layout with groups = heads and a head width
 // W = max(qk dims, v_head_dim), the short parts zero-padded (zero columns
 // change no dot product and give zero output columns); the op's 1/sqrt(W) is
-// corrected, with YaRN's factor, by scaling q in its projection's GEMM. One
-// rank holds all heads (tensor and context parallelism are refused by the
-// model).
+// corrected, with YaRN's factor, by scaling q in its projection's GEMM.
+//
+// Tensor parallel (Megatron-Core's split): linear_q_proj / linear_q_up_proj and
+// linear_kv_up_proj are column-parallel, each rank holding heads / tp whole
+// heads (their rows are head-major); linear_q_down_proj, linear_kv_down_proj
+// and the two latent norms are replicated, run on all rows by every rank. A
+// rank's backward then sees only its heads: the latents' gradients, hence the
+// replicated tensors' gradients and dh1, are partial sums over tp (the caller
+// reduces dh1 like a column-parallel linear's; the trainer sums the weights',
+// ParamStore's tp_partial_grads).
+//
+// Context parallel: the rank's rows are its two chunks of every sequence (see
+// model/context_parallel.h), each rotated at its own positions; the packed heads
+// go through the model's context-parallel attention (ring or all-to-all) like
+// standard attention's, with groups = heads.
 #pragma once
 
 #include <cstdint>
@@ -44,8 +56,10 @@ struct MlaParams {
   int q_proj = -1, q_down = -1, q_norm = -1, q_up = -1, kv_down = -1, kv_norm = -1, kv_up = -1;
   std::vector<int> ids() const;
 };
-// Registers them in Megatron-Core's order and names (model_parameter_layout's).
-MlaParams register_mla_params(ParamStore& params, const ModelSpec& spec, int64_t layer);
+// Registers them in Megatron-Core's order and names (model_parameter_layout's):
+// the head-split tensors as tp_rank's shard of tp_size, the rest whole.
+MlaParams register_mla_params(ParamStore& params, const ModelSpec& spec, int64_t layer, int tp_size = 1,
+                              int tp_rank = 0);
 
 // YaRN (DeepSeek's, Megatron's YarnRotaryEmbedding) when
 // s.rotary_scaling_factor > 1, else plain rotary: cos and sin [positions,
@@ -60,13 +74,20 @@ struct MlaContext {
   Tensor cq, rstd_q, cqn;                // q latent [N, q_lora_rank], its rstd, its norm (or cq)
   Tensor c, rstd_kv, cn;                 // kv latent [N, kv_lora_rank], its rstd, its norm
   Tensor out;                            // the attention op's padded output [N, heads * W]
+                                         // (heads: this rank's)
   Tensor dq, dcqn, dcq, dkv, dcn, dckv;  // B-pass gradients the W pass reads
 };
 
 class Mla {
  public:
   using Weights = std::function<Tensor(int)>;
-  Mla(ops::Backend& backend, DType activation, const ModelSpec& spec);
+  // tp_size: the ranks the heads are split over (heads divisible by it);
+  // cp_size, cp_rank: this rank's chunks of each sequence (rope positions).
+  Mla(ops::Backend& backend, DType activation, const ModelSpec& spec, int tp_size = 1, int cp_size = 1,
+      int cp_rank = 0);
+  // The attention op's backward on packed rows (the context-parallel one
+  // replaces the backend's): out and dout [N, heads * W], dqkv overwritten.
+  using AttentionBackward = std::function<void(const Tensor& out, const Tensor& dout, Tensor& dqkv)>;
 
   // Width of a packed row ([q | k | v] of every head) and the attention op's
   // shape.
@@ -84,9 +105,11 @@ class Mla {
   // returns values(c.out).
   Tensor attention(const Tensor& qkv, MlaContext& c, Tensor& lse, int64_t batch, int64_t seq) const;
   // dattn [N, heads * v_head_dim] -> dh1 [N, C] (through the attention op, rope
-  // and the projections); keeps what backward_weight needs in c.
+  // and the projections); keeps what backward_weight needs in c. Under tp, dh1
+  // is this rank's heads' part: the caller sums it over tp.
   Tensor backward_input(const MlaParams& p, MlaContext& c, const Tensor& qkv, const Tensor& lse, const Tensor& dattn,
-                        int64_t batch, int64_t seq, const Weights& w) const;
+                        int64_t batch, int64_t seq, const Weights& w,
+                        const AttentionBackward& attention_backward = {}) const;
   // Accumulates every MLA weight's gradient (h1: the block's normed input).
   void backward_weight(const MlaParams& p, MlaContext& c, const Tensor& h1, const Weights& g) const;
 
@@ -97,7 +120,8 @@ class Mla {
 
   ops::Backend& be_;
   DType act_, stat_;
-  int64_t C_, H_, dn_, dr_, dv_, Dq_, W_, Rq_, R_;
+  int64_t C_, H_, dn_, dr_, dv_, Dq_, W_, Rq_, R_;  // H_: this rank's heads
+  int cp_, cp_rank_;
   float eps_,
       q_alpha_;       // q's factor: the softmax scale the op's 1/sqrt(W) lacks
   Tensor cos_, sin_;  // [positions, dr / 2], stat dtype

@@ -138,7 +138,9 @@ ParallelLayout plan_layout(const config::TrainingArgs& a, const ModelSpec& spec,
     if (seq % (2 * L.cp) != 0)
       fail("context_parallel_size {} cuts each sequence in 2 x {} = {} chunks: seq_length {} is not divisible by {}",
            L.cp, L.cp, 2 * L.cp, seq, 2 * L.cp);
-    const int64_t heads = spec.num_attention_heads / L.tp, groups = spec.query_groups() / L.tp;
+    // MLA packs one group per head.
+    const int64_t heads = spec.num_attention_heads / L.tp,
+                  groups = (spec.multi_latent_attention ? spec.num_attention_heads : spec.query_groups()) / L.tp;
     if (L.cp_all_to_all && (heads % L.cp != 0 || groups % L.cp != 0))
       fail("cp_comm_type a2a splits the attention heads over context_parallel_size {}: {} heads and {} query groups "
            "per tensor-parallel rank (num_attention_heads {}, num_query_groups {}, tensor_model_parallel_size {}) are "

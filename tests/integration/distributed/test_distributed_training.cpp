@@ -491,6 +491,57 @@ TEST_F(Distributed, Pp2MlaMoe) {
 TEST_F(Distributed, Dp2MlaDistributedOptimizer) {
   expect_same_training(2, "--use_distributed_optimizer true --ddp_bucket_size 20000", kMla);
 }
+// Tensor parallel: linear_q_up_proj and linear_kv_up_proj split by heads, linear_proj
+// row-parallel; linear_q_down_proj, linear_kv_down_proj and the latent norms replicated, their
+// gradients (partial over tp: each rank's heads) summed over tp with and without sequence parallel.
+TEST_F(Distributed, MlaTp2) { expect_same_training(2, "--tensor_model_parallel_size 2", kMla); }
+TEST_F(Distributed, MlaTp2SequenceParallel) {
+  expect_same_training(2, "--tensor_model_parallel_size 2 --sequence_parallel true", kMla);
+}
+// Queries straight through linear_q_proj (q_lora_rank 0, column-parallel too) and no latent norms,
+// with the MoE blocks routing each rank's rows under sequence parallel.
+TEST_F(Distributed, MlaMoeDirectQueriesTp2SequenceParallel) {
+  expect_same_training(2, "--tensor_model_parallel_size 2 --sequence_parallel true",
+                       std::string(kMoe) +
+                           " --multi_latent_attention true --q_lora_rank 0 --kv_lora_rank 12 --qk_head_dim 8 "
+                           "--qk_pos_emb_head_dim 4 --v_head_dim 8");
+}
+// Context parallel: each rank's two chunks rotated at their positions, the packed heads (one group
+// per head) through ring attention or the all-to-all over heads; with tp 2 x sequence parallel.
+TEST_F(Distributed, MlaCp2Ring) { expect_same_training(2, "--context_parallel_size 2", kMla); }
+TEST_F(Distributed, MlaCp2AllToAll) { expect_same_training(2, "--context_parallel_size 2 --cp_comm_type a2a", kMla); }
+TEST_F(Distributed, MlaCp2Tp2SequenceParallelAllToAll) {
+  expect_same_training(
+      4, "--context_parallel_size 2 --cp_comm_type a2a --tensor_model_parallel_size 2 --sequence_parallel true", kMla);
+}
+// Checkpoints reshard the head-split MLA tensors: saved at tp2 at iteration 10 and resumed in one
+// process, saved in one process and resumed at tp2 with sequence parallel; both go on with the
+// uninterrupted one-process run's losses.
+TEST_F(Distributed, MlaCheckpointReshardsBetweenTp2AndTp1) {
+  const std::string mla = kMla, half = " --train_iters 10 --lr_decay_iters 20";
+  Result ref = run(1, "ref", mla);
+  ASSERT_EQ(ref.status, 0) << ref.out;
+  Result tp2 = run(2, "tp2", mla + " --tensor_model_parallel_size 2" + half);
+  ASSERT_EQ(tp2.status, 0) << tp2.out;
+  Result tp1 = run(1, "tp1", mla + half);
+  ASSERT_EQ(tp1.status, 0) << tp1.out;
+  auto checkpoint = [&](const char* name) { return (dir_ / "ws" / name / "checkpoints").string(); };
+  Result to_tp1 = run(1, "to_tp1", mla + " --load " + checkpoint("tp2"));
+  ASSERT_EQ(to_tp1.status, 0) << to_tp1.out;
+  Result to_tp2 =
+      run(2, "to_tp2", mla + " --tensor_model_parallel_size 2 --sequence_parallel true --load " + checkpoint("tp1"));
+  ASSERT_EQ(to_tp2.status, 0) << to_tp2.out;
+  const auto want = losses("ref");
+  ASSERT_EQ(want.size(), 20u);
+  for (const char* name : {"to_tp1", "to_tp2"}) {
+    const auto got = losses(name);
+    ASSERT_EQ(got.size(), 10u) << name;
+    for (size_t i = 0; i < got.size(); ++i)
+      EXPECT_NEAR(got[i], want[10 + i], 1e-5 * std::fabs(want[10 + i])) << name << " iteration " << 11 + i;
+  }
+  EXPECT_NE(to_tp1.out.find("resumed from"), std::string::npos) << to_tp1.out;
+  EXPECT_NE(to_tp2.out.find("resumed from"), std::string::npos) << to_tp2.out;
+}
 
 // Expert parallelism (docs/moe.md): each rank holds num_experts / ep of the experts and the
 // dispatchers move the token rows to them and back; the expert gradients are summed over the

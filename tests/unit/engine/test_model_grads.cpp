@@ -153,14 +153,18 @@ TEST(ModelGrads, MlaYarnTablesFollowTheFormula) {
   EXPECT_DOUBLE_EQ(yarn_mscale(1.0, 0.7), 1.0);
 }
 
-TEST(ModelGrads, MlaRefusesTensorParallelByName) {
-  ModelPartition part;
-  part.tp_size = 2;
+// Tensor parallel splits MLA's heads (tests/integration/distributed: Distributed.MlaTp2*); heads
+// that do not divide over tp are refused by key.
+TEST(ModelGrads, MlaRefusesIndivisibleHeadsByName) {
+  ModelPartition tp;
+  tp.tp_size = 3;  // 4 heads
   try {
-    LlamaModel m(mla_spec(5, true, 1.0), cpu::cpu_backend(), Precision::Fp32, {}, part);
+    LlamaModel m(mla_spec(5, true, 1.0), cpu::cpu_backend(), Precision::Fp32, {}, tp);
     FAIL() << "accepted";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("multi_latent_attention"), std::string::npos) << e.what();
+    const std::string what = e.what();
+    EXPECT_NE(what.find("num_attention_heads (4)"), std::string::npos) << what;
+    EXPECT_NE(what.find("tensor_model_parallel_size (3)"), std::string::npos) << what;
   }
 }
 
