@@ -14,19 +14,40 @@ namespace {
 
 std::string gib(double bytes) { return fmt::format("{:.2f} GiB", bytes / double(uint64_t(1) << 30)); }
 
-// Parameters of the embedding, of one decoder layer, of the final norm and of the output layer.
+// A decoder tensor's split over tp: the column- and row-parallel linears (attention's, the dense
+// MLP's, MLA's up projections) are divided; the rest is whole on every tp rank: norms, and in an
+// MoE block the router, the shared expert and the routed experts (expert_tensor_parallel_size 1),
+// MLA's down projections.
+bool split_over_tp(const ParamInfo& info) {
+  if (info.expert >= 0 || info.name.find(".mlp.router.") != std::string::npos ||
+      info.name.find(".mlp.shared_experts.") != std::string::npos)
+    return false;
+  for (const char* split : {".linear_qkv.", ".linear_proj.", ".mlp.linear_fc1.", ".mlp.linear_fc2.", ".linear_q_proj.",
+                            ".linear_q_up_proj.", ".linear_kv_up_proj."})
+    if (info.name.find(split) != std::string::npos) return true;
+  return false;
+}
+
+// Parameters a rank holds of the embedding, of one decoder layer, of the final norm and of the
+// output layer, under tp (vocabulary and linears divided) and ep (num_experts / ep routed
+// experts per MoE layer).
 struct Parts {
-  int64_t embedding = 0, layer = 0, final_norm = 0, output = 0;
+  double embedding = 0, final_norm = 0, output = 0;
+  std::vector<double> layers;  // per decoder layer (MoE and dense layers differ)
+  double layer = 0;            // the largest
 };
-Parts parameter_parts(const ModelSpec& spec) {
-  // Layers differ in size when some are MoE: take the largest (an upper bound per rank).
-  std::vector<int64_t> layers(size_t(spec.num_layers), 0);
+Parts parameter_parts(const ModelSpec& spec, int tp, int ep) {
   Parts p;
+  std::vector<double>& layers = p.layers;
+  layers.assign(size_t(spec.num_layers), 0.0);
   for (const auto& info : model_parameter_layout(spec)) {
-    if (info.name.starts_with("embedding.")) p.embedding += info.numel;
-    else if (info.name.starts_with("output_layer.")) p.output += info.numel;
-    else if (info.name.starts_with("decoder.final_layernorm.")) p.final_norm += info.numel;
-    else layers[size_t(std::stoll(info.name.substr(std::string("decoder.layers.").size())))] += info.numel;
+    const double n = double(info.numel);
+    if (info.name.starts_with("embedding.")) p.embedding += n / tp;
+    else if (info.name.starts_with("output_layer.")) p.output += n / tp;
+    else if (info.name.starts_with("decoder.final_layernorm.")) p.final_norm += n;
+    else
+      layers[size_t(std::stoll(info.name.substr(std::string("decoder.layers.").size())))] +=
+          info.expert >= 0 ? n / ep : split_over_tp(info) ? n / tp : n;
   }
   p.layer = layers.empty() ? 0 : *std::max_element(layers.begin(), layers.end());
   return p;
@@ -43,28 +64,34 @@ std::string MemoryEstimate::describe() const {
 
 MemoryEstimate estimate_memory(const ModelSpec& spec, const ParallelLayout& layout, const config::TrainingArgs& args,
                                bool mixed) {
-  const Parts parts = parameter_parts(spec);
   const int tp = std::max(1, layout.tp), dp = std::max(1, layout.dp), pp = std::max(1, layout.pp);
+  const Parts parts = parameter_parts(spec, tp, std::max(1, layout.ep));
   const int vpp = std::max(1, layout.vpp);
   // Layers per pipeline rank: a rank holds vpp stages. Take the most loaded rank; the first holds
   // the embedding, the last the final norm and the output layer (tied: the last holds its copy).
   std::vector<int64_t> layers_of_rank(size_t(pp), 0);
+  std::vector<double> held_of_rank(size_t(pp), 0.0);
+  auto add_layers = [&](int rank, int64_t first, int64_t count) {
+    layers_of_rank[size_t(rank)] += count;
+    for (int64_t l = first; l < first + count && l < int64_t(parts.layers.size()); ++l)
+      held_of_rank[size_t(rank)] += parts.layers[size_t(l)];
+  };
   if (layout.stages.empty()) {
-    layers_of_rank[0] = spec.num_layers;
+    add_layers(0, 0, spec.num_layers);
   } else {
     for (size_t s = 0; s < layout.stages.size(); ++s) {
       const int rank = layout.schedule ? layout.schedule->rank_of_stage(int(s)) : 0;
-      layers_of_rank[size_t(std::clamp(rank, 0, pp - 1))] += layout.stages[s].num_layers;
+      add_layers(std::clamp(rank, 0, pp - 1), layout.stages[s].first_layer, layout.stages[s].num_layers);
     }
   }
-  const int64_t output = spec.untie_embeddings_and_output_weights ? parts.output : parts.embedding;
+  const double output = spec.untie_embeddings_and_output_weights ? parts.output : parts.embedding;
   MemoryEstimate e;
   int64_t max_layers = 0;
   for (int r = 0; r < pp; ++r) {
-    double held = double(layers_of_rank[size_t(r)]) * double(parts.layer);
-    if (r == 0) held += double(parts.embedding);
-    if (r == pp - 1) held += double(parts.final_norm) + (pp > 1 || spec.untie_embeddings_and_output_weights ? double(output) : 0.0);
-    const int64_t n = int64_t(held / tp);
+    double held = held_of_rank[size_t(r)];
+    if (r == 0) held += parts.embedding;
+    if (r == pp - 1) held += parts.final_norm + (pp > 1 || spec.untie_embeddings_and_output_weights ? output : 0.0);
+    const int64_t n = int64_t(held);
     if (n >= e.parameters) {
       e.parameters = n;
       max_layers = std::max(max_layers, layers_of_rank[size_t(r)]);
@@ -79,9 +106,9 @@ MemoryEstimate estimate_memory(const ModelSpec& spec, const ParallelLayout& layo
   e.parameter_bytes = n * (master + working);
   if (layout.shard_gradients()) e.parameter_bytes = n * (master + working) / shards + n * (mixed ? 2.0 : 4.0);
   if (layout.shard_parameters())
-    e.parameter_bytes = n * (master + working) / shards + 2.0 * double(parts.layer) / tp * (mixed ? 2.0 : 4.0);
+    e.parameter_bytes = n * (master + working) / shards + 2.0 * parts.layer * (mixed ? 2.0 : 4.0);
   e.gradient_bytes = n * 4.0 / (layout.shard_gradients() ? shards : 1.0);
-  if (layout.shard_gradients()) e.gradient_bytes += 3.0 * double(parts.layer) / tp * 4.0;  // a unit whole, two in flight
+  if (layout.shard_gradients()) e.gradient_bytes += 3.0 * parts.layer * 4.0;  // a unit whole, two in flight
   e.optimizer_bytes = n * 8.0 / (layout.shard_optimizer() ? shards : 1.0);
   e.bytes_per_parameter = (e.parameter_bytes + e.gradient_bytes + e.optimizer_bytes) / std::max(1.0, n);
 

@@ -1,8 +1,8 @@
 // How much memory a rank of a training run will need, estimated from the model spec, the parallel
 // layout and the training args before anything is allocated, and compared with what the machine
 // has: a model that cannot fit stops at once with the numbers and the keys to change, instead of
-// allocating for a minute and dying with a bare std::bad_alloc. Constant time in the model's size
-// (num_layers 100000 takes microseconds): every decoder layer has the same shape.
+// allocating for a minute and dying with a bare std::bad_alloc. Linear in num_layers (it walks
+// the parameter layout's names), never in the parameters' sizes.
 //
 // Per parameter held by the rank:
 //   fp32:  value 4 + gradient 4 + AdamW's two moments 8 (ZeRO-1 divides the moments by dp)
@@ -11,7 +11,9 @@
 // bf16 under mixed precision; only the layer input with full recompute), times the tokens of the
 // microbatches in flight (1 without a pipeline; up to pp on the first stage of 1F1B-like
 // schedules, times vpp chunks), split by tp. The rank checked is the most loaded pipeline stage.
-// Parameters and optimizer state are exact; activations are an estimate (workspace buffers,
+// Parameters (the tp-split linears divided by tp, norms, MoE blocks and MLA down projections whole
+// on every tp rank, routed experts divided by ep) and optimizer state are exact; activations are
+// an estimate (workspace buffers,
 // the logits chunk and allocator slack are not counted), so only a clear excess is refused.
 #pragma once
 

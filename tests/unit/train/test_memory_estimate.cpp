@@ -65,3 +65,35 @@ TEST(MemoryEstimate, AnAbsurdModelIsRefusedWithTheNumbersAndTheKeys) {
   EXPECT_NO_THROW(train::check_memory(e, 1, 0, "unknown"));  // nothing known: no check
   EXPECT_GT(train::host_available_bytes(), uint64_t(1) << 20);
 }
+
+// MoE under tp and ep: the routed experts are divided by ep, and whole on every tp rank with the
+// router, the shared expert and the norms; only the vocabulary and the attention and dense MLP
+// linears are divided by tp. (An estimate that divided everything by tp undercounted MoE ranks; one
+// that ignored ep counted every expert on every rank and refused runs that fit.)
+TEST(MemoryEstimate, MoeExpertsAreDividedByEpAndWholeOnEveryTpRank) {
+  test::TinyExperiment exp;
+  const std::vector<std::pair<std::string, std::string>> moe = {
+      {"num_layers", "4"},        {"num_experts", "4"}, {"moe_ffn_hidden_size", "32"}, {"moe_router_topk", "2"},
+      {"moe_layer_freq", "2"},    {"moe_shared_expert_intermediate_size", "32"}};
+  auto with = [&](std::vector<std::pair<std::string, std::string>> extra) {
+    auto o = moe;
+    o.insert(o.end(), extra.begin(), extra.end());
+    return exp.load(o);
+  };
+  const auto cfg = with({});
+  int64_t total = 0, experts = 0, split = 0;
+  for (const auto& p : model_parameter_layout(cfg.model_spec)) {
+    total += p.numel;
+    if (p.expert >= 0) experts += p.numel;
+    const bool dense_mlp = p.name.find(".mlp.linear_fc") != std::string::npos;
+    if (p.name.starts_with("embedding.") || p.name.starts_with("output_layer.") ||
+        p.name.find(".linear_qkv.") != std::string::npos || p.name.find(".linear_proj.") != std::string::npos ||
+        dense_mlp)
+      split += p.numel;
+  }
+  ASSERT_GT(experts, 0);
+  EXPECT_EQ(estimate(cfg, 1).parameters, total);
+  EXPECT_EQ(estimate(with({{"expert_model_parallel_size", "2"}, {"global_batch_size", "8"}}), 4).parameters,
+            total - experts / 2);
+  EXPECT_EQ(estimate(with({{"tensor_model_parallel_size", "2"}}), 2).parameters, total - split / 2);
+}
