@@ -27,13 +27,12 @@
 #include <utility>
 #include <vector>
 
+#include "emu/blas_values.h"
 #include "emu/emulator.h"
 
 namespace {
 
-using emu::detail::bf16_to_float;
 using emu::detail::find_allocation;
-using emu::detail::float_to_bf16;
 
 struct Handle {
   cudaStream_t stream = nullptr;
@@ -77,25 +76,10 @@ struct Problem {
   float alpha, beta;
 };
 
-size_t elem_size(cudaDataType_t t) { return t == CUDA_R_16BF ? 2 : 4; }
-float load(const void* base, cudaDataType_t t, size_t i) {
-  if (t == CUDA_R_16BF) {
-    uint16_t b;
-    std::memcpy(&b, static_cast<const char*>(base) + 2 * i, 2);
-    return bf16_to_float(b);
-  }
-  float f;
-  std::memcpy(&f, static_cast<const char*>(base) + 4 * i, 4);
-  return f;
-}
-void store(void* base, cudaDataType_t t, size_t i, float v) {
-  if (t == CUDA_R_16BF) {
-    const uint16_t b = float_to_bf16(v);
-    std::memcpy(static_cast<char*>(base) + 2 * i, &b, 2);
-  } else {
-    std::memcpy(static_cast<char*>(base) + 4 * i, &v, 4);
-  }
-}
+using emu::blas::elem_size;
+using emu::blas::load;
+using emu::blas::store;
+
 // Bytes a cols x ld column-major matrix with `rows` rows spans.
 size_t extent(int64_t rows, int64_t cols, int64_t ld, size_t e) {
   return rows == 0 || cols == 0 ? 0 : (size_t(cols - 1) * size_t(ld) + size_t(rows)) * e;

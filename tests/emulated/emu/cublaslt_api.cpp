@@ -44,6 +44,7 @@
 #include <string>
 #include <vector>
 
+#include "emu/blas_values.h"
 #include "emu/emulator.h"
 
 namespace {
@@ -160,7 +161,7 @@ cublasStatus_t get_value(const T& field, void* buf, size_t size, size_t* written
   return CUBLAS_STATUS_SUCCESS;
 }
 
-size_t type_size(uint32_t t) { return t == CUDA_R_16BF ? 2 : 4; }
+size_t type_size(uint32_t t) { return emu::blas::elem_size(t); }
 const char* type_name(int64_t t) {
   switch (t) {
     case CUDA_R_16BF: return "CUDA_R_16BF";
@@ -417,27 +418,8 @@ cublasStatus_t check_algo(const char* fn, const cublasLtMatmulAlgo_t* algo, cons
 
 // ------------------------------------------------------------------------- host arithmetic
 
-using emu::detail::bf16_to_float;
-using emu::detail::float_to_bf16;
-
-float load(const void* base, uint32_t type, size_t i) {
-  if (type == CUDA_R_16BF) {
-    uint16_t b;
-    std::memcpy(&b, static_cast<const char*>(base) + 2 * i, 2);
-    return bf16_to_float(b);
-  }
-  float f;
-  std::memcpy(&f, static_cast<const char*>(base) + 4 * i, 4);
-  return f;
-}
-void store(void* base, uint32_t type, size_t i, float v) {
-  if (type == CUDA_R_16BF) {
-    const uint16_t b = float_to_bf16(v);
-    std::memcpy(static_cast<char*>(base) + 2 * i, &b, 2);
-  } else {
-    std::memcpy(static_cast<char*>(base) + 4 * i, &v, 4);
-  }
-}
+using emu::blas::load;
+using emu::blas::store;
 
 // sum a[l] * b[l] over [0, n) in L interleaved fp32 partial sums, then those in order.
 template <int L>
