@@ -69,10 +69,10 @@ MemoryEstimate estimate_memory(const ModelSpec& spec, const ParallelLayout& layo
   const int vpp = std::max(1, layout.vpp);
   // Layers per pipeline rank: a rank holds vpp stages. Take the most loaded rank; the first holds
   // the embedding, the last the final norm and the output layer (tied: the last holds its copy).
-  std::vector<int64_t> layers_of_rank(size_t(pp), 0);
   std::vector<double> held_of_rank(size_t(pp), 0.0);
+  std::vector<std::vector<std::pair<int64_t, int64_t>>> ranges_of_rank(static_cast<size_t>(pp));  // [first, count)
   auto add_layers = [&](int rank, int64_t first, int64_t count) {
-    layers_of_rank[size_t(rank)] += count;
+    ranges_of_rank[size_t(rank)].push_back({first, count});
     for (int64_t l = first; l < first + count && l < int64_t(parts.layers.size()); ++l)
       held_of_rank[size_t(rank)] += parts.layers[size_t(l)];
   };
@@ -86,16 +86,12 @@ MemoryEstimate estimate_memory(const ModelSpec& spec, const ParallelLayout& layo
   }
   const double output = spec.untie_embeddings_and_output_weights ? parts.output : parts.embedding;
   MemoryEstimate e;
-  int64_t max_layers = 0;
   for (int r = 0; r < pp; ++r) {
     double held = held_of_rank[size_t(r)];
     if (r == 0) held += parts.embedding;
     if (r == pp - 1) held += parts.final_norm + (pp > 1 || spec.untie_embeddings_and_output_weights ? output : 0.0);
     const int64_t n = int64_t(held);
-    if (n >= e.parameters) {
-      e.parameters = n;
-      max_layers = std::max(max_layers, layers_of_rank[size_t(r)]);
-    }
+    e.parameters = std::max(e.parameters, n);
   }
   const double n = double(e.parameters);
   // ZeRO: the moments (optim), the gradients (optim_grads) and the master weights with their working
@@ -112,17 +108,40 @@ MemoryEstimate estimate_memory(const ModelSpec& spec, const ParallelLayout& layo
   e.optimizer_bytes = n * 8.0 / (layout.shard_optimizer() ? shards : 1.0);
   e.bytes_per_parameter = (e.parameter_bytes + e.gradient_bytes + e.optimizer_bytes) / std::max(1.0, n);
 
-  // Activations saved per token per layer (fp32 words, as docs/model_math.md counts them).
+  // Activations saved per token per layer (fp32 words, as docs/model_math.md counts them): the
+  // attention half (MLA's packed heads and latents in place of qkv), then the dense MLP, or the
+  // MoE block's saves (its input rows, and per routed choice the permuted row, gate|up, the
+  // activation and the output; the shared expert's gate|up and activation), which recompute keeps.
   const double h = double(spec.hidden_size), f = double(spec.ffn_hidden_size);
-  const double q = double(spec.q_size()), qkv = double(spec.qkv_size()), heads = double(spec.num_attention_heads);
-  double words = 4 * h + 2 + qkv + q + heads + 3 * f;
-  if (args.recompute_granularity == "full") words = h;                 // the layer input only
-  else if (args.recompute_granularity == "selective") words -= q + heads;  // attention internals recomputed
+  const double heads = double(spec.num_attention_heads);
+  double q = double(spec.q_size()), qkv = double(spec.qkv_size());
+  if (spec.multi_latent_attention) {
+    const double w = double(std::max(spec.qk_head_dim + spec.qk_pos_emb_head_dim, spec.v_head_dim));
+    qkv = 3 * heads * w + double(spec.q_lora_rank + spec.kv_lora_rank + spec.qk_pos_emb_head_dim);
+    q = heads * w + heads * double(spec.v_head_dim);
+  }
+  double attention = 4 * h + 2 + qkv + q + heads, dense_mlp = 3 * f;
+  if (args.recompute_granularity == "full") attention = h, dense_mlp = 0;  // the layer input only
+  else if (args.recompute_granularity == "selective") attention -= q + heads;  // attention internals recomputed
+  const double moe = double(spec.moe_router_topk) * (2 * h + 3 * double(spec.expert_ffn())) +
+                     3 * double(spec.moe_shared_expert_intermediate_size);
+  // The MoE block runs on all of a tp rank's rows alike unless sequence parallelism splits them.
+  const double moe_share = layout.sequence_parallel ? double(tp) : 1.0;
+  auto layer_words = [&](int64_t l) {
+    return (attention + (spec.is_moe_layer(l) ? 0.0 : dense_mlp)) / tp + (spec.is_moe_layer(l) ? moe / moe_share : 0.0);
+  };
+  double words = 0;  // the most loaded pipeline rank's
+  for (int r = 0; r < pp; ++r) {
+    double w = 0;
+    for (const auto& [first, count] : ranges_of_rank[size_t(r)])
+      for (int64_t l = first; l < first + count; ++l) w += layer_words(l);
+    words = std::max(words, w);
+  }
   const double word_bytes = mixed ? 2.0 : 4.0;
   const int64_t seq = args.seq_length > 0 ? args.seq_length : spec.max_position_embeddings;
   const double tokens = double(args.micro_batch_size) * double(seq) / std::max(1, layout.cp);  // a cp rank's share
   const double in_flight = layout.schedule ? double(std::min<int64_t>(layout.microbatches_per_rank, int64_t(pp) * vpp)) : 1.0;
-  e.activation_bytes = words * word_bytes * tokens * double(std::max<int64_t>(max_layers, 1)) * in_flight / tp;
+  e.activation_bytes = words * word_bytes * tokens * in_flight;
   return e;
 }
 

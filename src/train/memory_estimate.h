@@ -10,7 +10,9 @@
 // Activations: the bytes a layer saves per token for its backward (docs/model_math.md; fp32, or
 // bf16 under mixed precision; only the layer input with full recompute), times the tokens of the
 // microbatches in flight (1 without a pipeline; up to pp on the first stage of 1F1B-like
-// schedules, times vpp chunks), split by tp. The rank checked is the most loaded pipeline stage.
+// schedules, times vpp chunks), split by tp (an MoE block's saves only under sequence
+// parallelism: otherwise every tp rank runs it on all rows). The rank checked is the most loaded
+// pipeline stage.
 // Parameters (the tp-split linears divided by tp, norms, MoE blocks and MLA down projections whole
 // on every tp rank, routed experts divided by ep) and optimizer state are exact; activations are
 // an estimate (workspace buffers,

@@ -96,4 +96,15 @@ TEST(MemoryEstimate, MoeExpertsAreDividedByEpAndWholeOnEveryTpRank) {
   EXPECT_EQ(estimate(with({{"expert_model_parallel_size", "2"}, {"global_batch_size", "8"}}), 4).parameters,
             total - experts / 2);
   EXPECT_EQ(estimate(with({{"tensor_model_parallel_size", "2"}}), 2).parameters, total - split / 2);
+  // Activations: the MoE block's saves grow with the routed choices per token, stay under full
+  // recompute (the block keeps its own), and a tp rank saves them for all rows unless sequence
+  // parallelism splits the rows.
+  const auto top1 = estimate(with({{"moe_router_topk", "1"}}), 1), top2 = estimate(cfg, 1);
+  EXPECT_GT(top2.activation_bytes, top1.activation_bytes);
+  const auto full = estimate(with({{"recompute_granularity", "full"}}), 1);
+  const auto dense_full = estimate(exp.load({{"num_layers", "4"}, {"recompute_granularity", "full"}}), 1);
+  EXPECT_GT(full.activation_bytes, 2 * dense_full.activation_bytes);
+  const auto tp2 = estimate(with({{"tensor_model_parallel_size", "2"}}), 2);
+  const auto tp2_sp = estimate(with({{"tensor_model_parallel_size", "2"}, {"sequence_parallel", "true"}}), 2);
+  EXPECT_GT(tp2.activation_bytes, tp2_sp.activation_bytes);
 }
