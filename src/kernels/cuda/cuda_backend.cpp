@@ -66,27 +66,39 @@ CudaBackend::CudaBackend(int device) {
 
 std::string CudaBackend::name() const { return fmt::format("cuda ({})", device_info().name); }
 
-void CudaBackend::gemm(bool ta, bool tb, float alpha, const Tensor& A, const Tensor& Bm, float beta, const Tensor& C,
-                       Tensor& D, const Tensor& bias) {
-  PRIMUS_CHECK(A.dim() == 2 && Bm.dim() == 2 && D.dim() == 2, "gemm takes 2-d tensors");
-  check(A, DType::BF16, "gemm A");
-  check(Bm, DType::BF16, "gemm B");
-  PRIMUS_CHECK(D.dtype() == DType::BF16 || D.dtype() == DType::F32, "gemm D must be bf16 or fp32");
-  check(D, D.dtype(), "gemm D");
+namespace {
+
+// The checked shape of D = op(A) op(B) (bf16 A and B; bf16 or fp32 D), for gemm and each problem
+// of grouped_gemm; `op` names the call in the errors.
+GemmProblem gemm_problem(bool ta, bool tb, const Tensor& A, const Tensor& Bm, const Tensor& D, const std::string& op) {
+  PRIMUS_CHECK(A.dim() == 2 && Bm.dim() == 2 && D.dim() == 2, "{} takes 2-d tensors", op);
+  check(A, DType::BF16, (op + " A").c_str());
+  check(Bm, DType::BF16, (op + " B").c_str());
+  PRIMUS_CHECK(D.dtype() == DType::BF16 || D.dtype() == DType::F32, "{} D must be bf16 or fp32", op);
+  check(D, D.dtype(), (op + " D").c_str());
   GemmProblem p;
   p.trans_a = ta;
   p.trans_b = tb;
   p.m = ta ? A.size(1) : A.size(0);
   p.k = ta ? A.size(0) : A.size(1);
   p.n = tb ? Bm.size(0) : Bm.size(1);
-  PRIMUS_CHECK((tb ? Bm.size(1) : Bm.size(0)) == p.k, "gemm inner dimensions {} and {} differ", p.k,
+  PRIMUS_CHECK((tb ? Bm.size(1) : Bm.size(0)) == p.k, "{} inner dimensions {} and {} differ", op, p.k,
                tb ? Bm.size(1) : Bm.size(0));
-  PRIMUS_CHECK(D.size(0) == p.m && D.size(1) == p.n, "gemm output {} for a [{}, {}] product", D.shape_str(), p.m, p.n);
+  PRIMUS_CHECK(D.size(0) == p.m && D.size(1) == p.n, "{} output {} for a [{}, {}] product", op, D.shape_str(), p.m,
+               p.n);
   p.lda = A.size(1);
   p.ldb = Bm.size(1);
   p.ldd = D.size(1);
   p.ab = GemmType::BF16;
   p.cd = D.dtype() == DType::F32 ? GemmType::F32 : GemmType::BF16;
+  return p;
+}
+
+}  // namespace
+
+void CudaBackend::gemm(bool ta, bool tb, float alpha, const Tensor& A, const Tensor& Bm, float beta, const Tensor& C,
+                       Tensor& D, const Tensor& bias) {
+  GemmProblem p = gemm_problem(ta, tb, A, Bm, D, "gemm");
   p.accumulate = beta != 0.0f;
   if (p.accumulate) {
     check(C, D.dtype(), D.shape(), "gemm C");
@@ -118,18 +130,10 @@ void CudaBackend::grouped_gemm(bool ta, bool tb, float alpha, const std::vector<
       gemm(ta, tb, alpha, A[i], Bm[i], beta, beta != 0.0f ? D[i] : Tensor(), D[i], Tensor());
       continue;
     }
-    check(A[i], DType::BF16, "grouped_gemm A");
-    check(Bm[i], DType::BF16, "grouped_gemm B");
-    check(D[i], DType::BF16, "grouped_gemm D");
+    const GemmProblem g = gemm_problem(ta, tb, A[i], Bm[i], D[i], fmt::format("grouped_gemm problem {}", i));
     GroupedGemmProblem p;
-    p.m = ta ? A[i].size(1) : A[i].size(0);
-    p.k = k;
-    p.n = tb ? Bm[i].size(0) : Bm[i].size(1);
-    PRIMUS_CHECK((tb ? Bm[i].size(1) : Bm[i].size(0)) == p.k, "grouped_gemm problem {}: inner dimensions {} and {} differ",
-                 i, p.k, tb ? Bm[i].size(1) : Bm[i].size(0));
-    PRIMUS_CHECK(D[i].size(0) == p.m && D[i].size(1) == p.n, "grouped_gemm problem {}: output {} for a [{}, {}] product",
-                 i, D[i].shape_str(), p.m, p.n);
-    p.lda = A[i].size(1), p.ldb = Bm[i].size(1), p.ldd = D[i].size(1);
+    p.m = g.m, p.n = g.n, p.k = g.k;
+    p.lda = g.lda, p.ldb = g.ldb, p.ldd = g.ldd;
     p.A = A[i].raw(), p.B = Bm[i].raw(), p.D = D[i].raw();
     problems.push_back(p);
   }
