@@ -76,6 +76,10 @@ const std::vector<KeyInfo>& training_keys() {
       KEY(cp_comm_type, "p2p | a2a. p2p: ring attention, key/value blocks passed around the cp group; a2a: "
                         "all-to-all over heads (Ulysses), needs heads and query groups per tp rank divisible by cp"),
       KEY(expert_model_parallel_size, "expert-parallel ranks (ep), folded into dp: each holds num_experts / ep of the routed experts"),
+      KEY(expert_tensor_parallel_size, "tensor-parallel ranks of the MoE blocks (etp): 1 keeps the experts whole on every "
+                                       "tp rank, tensor_model_parallel_size splits each expert's ffn (and the shared "
+                                       "expert's) over the tp ranks. 0 or null: tensor_model_parallel_size (Megatron's "
+                                       "default)"),
       KEY(sequence_parallel, "split norms and residuals over the tp ranks by tokens (needs tp > 1)"),
       KEY(pipeline_schedule, "1f1b | interleaved-1f1b | zb-h1 | zb-h2 | zbv | v-half | v-min | dualpipev | zb-auto | "
                              "gpipe"),

@@ -81,6 +81,7 @@ struct TrainingArgs {
   int64_t context_parallel_size = 1;
   std::string cp_comm_type = "p2p";  // p2p (ring attention) | a2a (all-to-all over heads)
   int64_t expert_model_parallel_size = 1;
+  int64_t expert_tensor_parallel_size = 0;  // 0 (or null): tensor_model_parallel_size, as Megatron
   bool sequence_parallel = false;
   std::string pipeline_schedule = "1f1b";
   int64_t decoder_first_pipeline_num_layers = 0;

@@ -114,30 +114,12 @@ LlamaModel::LlamaModel(const ModelSpec& spec, ops::Backend& backend, Precision p
       part_(std::move(partition)),
       params_(master_dtype(precision)) {
   spec_.validate();
-  if (spec_.is_moe()) check_moe_supported(spec_, (part_.sequence_parallel ? part_.tp_size : 1) * part_.cp_size);
   std::shared_ptr<const TokenDispatcher> dispatcher;  // every MoE block's, under expert parallelism
   if (part_.ep_size > 1) {
     if (!part_.ep_group || part_.ep_group->size() != part_.ep_size)
       fail("expert_model_parallel_size {} needs an ep group of that size", part_.ep_size);
     dispatcher = std::make_shared<TokenDispatcher>(*part_.ep_group, be_, spec_.num_experts,
                                                    parse_token_dispatch(spec_.moe_token_dispatcher_type));
-  }
-  // Tensor parallel: the experts are whole on every tp rank (expert_tensor_parallel_size 1). Under
-  // sequence parallelism each tp rank routes its own rows, and under context parallelism each cp
-  // rank its own chunks of the sequences: the routing counts are summed over both. Without
-  // sequence parallelism every tp rank runs the MoE block on all its rows alike.
-  TokenShare share;
-  const bool sp_share = part_.sequence_parallel && part_.tp_size > 1 && part_.tp_group;
-  const bool cp_share = part_.cp_size > 1 && part_.cp_group;
-  if (spec_.is_moe() && (sp_share || cp_share)) {
-    const int sp = sp_share ? part_.tp_size : 1;
-    share.ranks = sp * (cp_share ? part_.cp_size : 1);
-    share.rank = (cp_share ? part_.cp_group->rank() : 0) * sp + (sp_share ? part_.tp_group->rank() : 0);
-    share.sum = [tp = sp_share ? part_.tp_group : nullptr,
-                 cp = cp_share ? part_.cp_group : nullptr](std::vector<int64_t>& v) {
-      if (tp) tp->all_reduce(v);
-      if (cp) cp->all_reduce(v);
-    };
   }
   if (!be_.computes_in(act_))
     fail("the {} backend does not compute in {}: {} needs another backend", be_.name(), dtype_name(act_),
@@ -174,6 +156,29 @@ LlamaModel::LlamaModel(const ModelSpec& spec, ops::Backend& backend, Precision p
   } else {
     part_.cp_rank = 0;
   }
+  // The routers' token share. With whole experts (etp 1) under sequence parallelism each tp rank
+  // routes its own rows; under context parallelism each cp rank its own chunks of the sequences:
+  // the routing counts are summed over both. Without sequence parallelism, or with the experts
+  // split over tp (etp = tp, whose MoE blocks gather the rows first), every tp rank routes all
+  // rows alike.
+  if (part_.etp_size != 1 && part_.etp_size != part_.tp_size)
+    fail("expert_tensor_parallel_size {} must be 1 or tensor_model_parallel_size ({})", part_.etp_size, part_.tp_size);
+  tp_rows_ = {&be_, part_.tp_size > 1 ? part_.tp_group : nullptr, part_.sequence_parallel};
+  const TensorParallelRows expert_tp = part_.etp_size > 1 ? tp_rows_ : TensorParallelRows{&be_};
+  TokenShare share;
+  const bool sp_share = part_.sequence_parallel && part_.etp_size == 1;
+  const bool cp_share = part_.cp_size > 1 && part_.cp_group;
+  if (spec_.is_moe() && (sp_share || cp_share)) {
+    const int sp = sp_share ? part_.tp_size : 1;
+    share.ranks = sp * (cp_share ? part_.cp_size : 1);
+    share.rank = (cp_share ? part_.cp_group->rank() : 0) * sp + (sp_share ? part_.tp_rank : 0);
+    share.sum = [tp = sp_share ? part_.tp_group : nullptr,
+                 cp = cp_share ? part_.cp_group : nullptr](std::vector<int64_t>& v) {
+      if (tp) tp->all_reduce(v);
+      if (cp) cp->all_reduce(v);
+    };
+  }
+  if (spec_.is_moe()) check_moe_supported(spec_, share.ranks);
   if (part_.chunks.empty()) part_.chunks.push_back({0, L, true, true});
   int embeddings = 0, heads = 0;
   for (const auto& ch : part_.chunks) {
@@ -230,8 +235,10 @@ LlamaModel::LlamaModel(const ModelSpec& spec, ops::Backend& backend, Precision p
       b.mlp_norm = params_.add(pre + "pre_mlp_layernorm.weight", {C}, ParamInit::Ones, false);
       if (spec_.is_moe_layer(l)) {
         b.moe = int(moe_.size());
-        moe_.emplace_back(spec_, be_, act_, register_moe_params(params_, spec_, l, part_.ep_rank, part_.ep_size),
-                          dispatcher, share);
+        moe_.emplace_back(spec_, be_, act_,
+                          register_moe_params(params_, spec_, l, part_.ep_rank, part_.ep_size, expert_tp.size(),
+                                              expert_tp.rank()),
+                          dispatcher, share, expert_tp);
         b.moe_ids = moe_.back().params().ids();
         moe_stats_.push_back({l, std::vector<int64_t>(size_t(spec_.num_experts), 0)});
       } else {
@@ -359,28 +366,9 @@ int64_t LlamaModel::activation_rows(int64_t batch, int64_t seq) const {
 // ---------------------------------------------------------------------------------------------
 // Tensor-parallel collectives
 
-// Sequence parallel: each tp rank holds rows [r N/tp, (r+1) N/tp); a column-parallel linear needs
-// them all. Identity without sequence parallel (every rank holds every row).
-Tensor LlamaModel::gather_rows(const Tensor& local) const {
-  if (part_.tp_size == 1 || !part_.sequence_parallel) return local;
-  Tensor full = be_.empty({local.size(0) * part_.tp_size, local.size(1)}, local.dtype());
-  part_.tp_group->all_gather(local.raw(), full.raw(), local.numel(), parallel::comm_type_of(local.dtype()));
-  return full;
-}
-
-// The partial outputs of a row-parallel linear ([N, C] on every rank) summed over tp: all of it
-// on every rank, or under sequence parallelism this rank's rows only.
-Tensor LlamaModel::reduce_partial(Tensor partial) const {
-  if (part_.tp_size == 1) return partial;
-  const parallel::CommType t = parallel::comm_type_of(partial.dtype());
-  if (!part_.sequence_parallel) {
-    part_.tp_group->all_reduce(partial.raw(), partial.numel(), t, parallel::ReduceOp::Sum);
-    return partial;
-  }
-  Tensor local = be_.empty({partial.size(0) / part_.tp_size, partial.size(1)}, partial.dtype());
-  part_.tp_group->reduce_scatter(partial.raw(), local.raw(), local.numel(), t, parallel::ReduceOp::Sum);
-  return local;
-}
+// See model/tensor_parallel_rows.h.
+Tensor LlamaModel::gather_rows(const Tensor& local) const { return tp_rows_.gather(local); }
+Tensor LlamaModel::reduce_partial(Tensor partial) const { return tp_rows_.reduce(std::move(partial)); }
 
 // residual + in W^T for a row-parallel weight W [C, in]: with one rank the GEMM adds onto the
 // residual; with tp ranks the partial products are summed first.

@@ -56,8 +56,9 @@
 #include "model/mla.h"
 #include "model/model_spec.h"
 #include "model/moe.h"
-#include "model/qk_norm.h"
 #include "model/param_store.h"
+#include "model/qk_norm.h"
+#include "model/tensor_parallel_rows.h"
 #include "model/weight_source.h"
 #include "parallel/process_group.h"
 
@@ -118,6 +119,9 @@ struct ModelPartition {
   // num_experts / ep_size); the ep group exchanges the tokens (required when ep_size > 1).
   int ep_size = 1, ep_rank = 0;
   parallel::ProcessGroup* ep_group = nullptr;
+  // expert_tensor_parallel_size: 1 (every tp rank holds whole experts) or tp_size (each expert's
+  // ffn, and the shared expert's, split over tp_group like the dense MLP's).
+  int etp_size = 1;
 };
 
 // Checks that spec can be split tp ways (heads, query groups, ffn and vocabulary divisible);
@@ -285,7 +289,7 @@ class LlamaModel {
   // The microbatch's loss sum and valid tokens summed over the cp group (identities without cp).
   void sum_over_context(double& total, int64_t& valid) const;
 
-  // Tensor-parallel collectives on [rows, C] activations (identities with one rank).
+  // Tensor-parallel collectives on [rows, C] activations (identities with one rank): tp_rows_'s.
   Tensor gather_rows(const Tensor& local) const;
   Tensor reduce_partial(Tensor partial) const;
   Tensor row_parallel_residual(const Tensor& in, int weight, const Tensor& residual) const;
@@ -319,6 +323,7 @@ class LlamaModel {
   DType act_, stat_;
   LlamaOptions opt_;
   ModelPartition part_;
+  TensorParallelRows tp_rows_;  // the tp group's gather and reduce (set once the partition is checked)
   ParamStore params_;
   Tensor work_;  // working weights: params_.values() itself, or its bf16 copy
   std::vector<Block> blocks_;

@@ -49,10 +49,20 @@ std::vector<int> MoeParams::ids() const {
 // The same names, shapes and order as model_parameter_layout (model_spec.cpp).
 bool is_expert_param(const std::string& name) { return name.find(".mlp.experts.local_experts.") != std::string::npos; }
 
-MoeParams register_moe_params(ParamStore& params, const ModelSpec& spec, int64_t layer, int ep_rank, int ep_size) {
+MoeParams register_moe_params(ParamStore& params, const ModelSpec& spec, int64_t layer, int ep_rank, int ep_size,
+                              int etp_size, int etp_rank) {
   const std::string p = fmt::format("decoder.layers.{}.mlp.", layer);
   const int64_t C = spec.hidden_size, E = spec.num_experts, F = spec.expert_ffn();
   const int64_t Fs = spec.moe_shared_expert_intermediate_size;
+  // An SwiGLU's tp shard: fc1's rows of this rank's gate then its up columns, fc2's matching columns.
+  auto fc1_shard = [&](int64_t f) {
+    const int64_t fl = f / etp_size;
+    return etp_size > 1 ? ShardSpec{0, {{etp_rank * fl, fl}, {f + etp_rank * fl, fl}}} : ShardSpec{};
+  };
+  auto fc2_shard = [&](int64_t f) {
+    const int64_t fl = f / etp_size;
+    return etp_size > 1 ? ShardSpec{1, {{etp_rank * fl, fl}}} : ShardSpec{};
+  };
   MoeParams m;
   m.router = params.add(p + "router.weight", {E, C}, ParamInit::Normal, true);
   // A buffer that the optimizer leaves alone: its gradient stays 0 and it has no weight decay.
@@ -64,14 +74,17 @@ MoeParams register_moe_params(ParamStore& params, const ModelSpec& spec, int64_t
   m.fc1.assign(size_t(E), -1);
   m.fc2.assign(size_t(E), -1);
   for (int64_t e = ep_rank * local; e < (ep_rank + 1) * local; ++e) {
-    m.fc1[size_t(e)] = (params.add(p + fmt::format("experts.local_experts.{}.linear_fc1.weight", e), {2 * F, C},
-                               ParamInit::Normal, true));
-    m.fc2[size_t(e)] = (params.add(p + fmt::format("experts.local_experts.{}.linear_fc2.weight", e), {C, F},
-                               ParamInit::ScaledNormal, true));
+    const std::string x = p + fmt::format("experts.local_experts.{}.", e);
+    m.fc1[size_t(e)] =
+        params.add_sharded(x + "linear_fc1.weight", {2 * F, C}, fc1_shard(F), ParamInit::Normal, true);
+    m.fc2[size_t(e)] =
+        params.add_sharded(x + "linear_fc2.weight", {C, F}, fc2_shard(F), ParamInit::ScaledNormal, true);
   }
   if (Fs > 0) {
-    m.shared_fc1 = params.add(p + "shared_experts.linear_fc1.weight", {2 * Fs, C}, ParamInit::Normal, true);
-    m.shared_fc2 = params.add(p + "shared_experts.linear_fc2.weight", {C, Fs}, ParamInit::ScaledNormal, true);
+    m.shared_fc1 = params.add_sharded(p + "shared_experts.linear_fc1.weight", {2 * Fs, C}, fc1_shard(Fs),
+                                      ParamInit::Normal, true);
+    m.shared_fc2 = params.add_sharded(p + "shared_experts.linear_fc2.weight", {C, Fs}, fc2_shard(Fs),
+                                      ParamInit::ScaledNormal, true);
     if (spec.moe_shared_expert_gate)
       m.shared_gate = params.add(p + "shared_experts.gate_weight", {1, C}, ParamInit::Normal, true);
   }
@@ -91,26 +104,34 @@ void check_moe_supported(const ModelSpec& spec, int sp_ranks) {
 }
 
 MoeLayer::MoeLayer(const ModelSpec& spec, ops::Backend& backend, DType activation, MoeParams params,
-                   std::shared_ptr<const TokenDispatcher> dispatcher, TokenShare share)
+                   std::shared_ptr<const TokenDispatcher> dispatcher, TokenShare share, TensorParallelRows expert_tp)
     : spec_(spec),
       be_(backend),
       act_(activation),
       stat_(ops::stat_dtype(activation)),
       p_(std::move(params)),
       ep_(std::move(dispatcher)),
-      share_(std::move(share)) {
+      share_(std::move(share)),
+      etp_(expert_tp) {
+  if (!etp_.backend) etp_.backend = &be_;
   if (spec_.moe_pad_expert_input_to_capacity)
     fail("model {}: moe_pad_expert_input_to_capacity is not implemented (dropping without padding is)", spec_.name);
+  const int t = etp_.size();
+  if (t > 1 && (spec_.expert_ffn() % t || spec_.moe_shared_expert_intermediate_size % t))
+    fail("model {}: expert_tensor_parallel_size {} must divide the experts' ffn ({}) and the shared expert's ({})",
+         spec_.name, t, spec_.expert_ffn(), spec_.moe_shared_expert_intermediate_size);
 }
 
-Tensor MoeLayer::forward(MoeContext& c, const Tensor& h, const Tensor& residual, const Weights& w,
+Tensor MoeLayer::forward(MoeContext& c, const Tensor& h_local, const Tensor& residual, const Weights& w,
                          const std::vector<double>& expert_bias, int64_t batch, int64_t seq) const {
+  c = MoeContext();
+  c.h_local = h_local;
+  c.h = etp_.gather(h_local);  // split experts under sequence parallelism: all rows on every tp rank
+  const Tensor& h = c.h;
   const int64_t N = h.size(0), C = spec_.hidden_size, E = spec_.num_experts, k = spec_.moe_router_topk;
-  const int64_t F = spec_.expert_ffn();
+  const int64_t F = spec_.expert_ffn() / etp_.size();
   PRIMUS_CHECK(N * share_.ranks == batch * seq, "MoE block: {} rows for {} x {} over {}", N, batch, seq,
                share_.ranks);
-  c = MoeContext();
-  c.h = h;
   // Router logits in the stat dtype (fp32 for bf16 runs, as moe_router_dtype fp32).
   Tensor logits = be_.empty({N, E}, stat_);
   be_.gemm(false, true, 1.0f, h, w(p_.router), 0.0f, Tensor(), logits, Tensor());
@@ -131,7 +152,9 @@ Tensor MoeLayer::forward(MoeContext& c, const Tensor& h, const Tensor& residual,
     }
   }
   const int64_t Mt = int64_t(c.rows.size());
-  Tensor out = residual.clone();
+  // Whole experts add onto the residual; split ones give partial sums, summed over tp first.
+  const bool split = etp_.size() > 1;
+  Tensor out = split ? be_.zeros({N, C}, act_) : residual.clone();
   Tensor xt;
   if (Mt > 0) {
     xt = empty({Mt, C});
@@ -158,7 +181,7 @@ Tensor MoeLayer::forward(MoeContext& c, const Tensor& h, const Tensor& residual,
   c.yt = ep_ ? ep_->combine(c.plan, c.yp, C, act_) : c.yp;
   if (Mt > 0) be_.scatter_add_rows(c.yt, c.rows, c.weights, out);  // unpermute, weighted
   if (p_.shared_fc1 >= 0) {
-    const int64_t Fs = spec_.moe_shared_expert_intermediate_size;
+    const int64_t Fs = spec_.moe_shared_expert_intermediate_size / etp_.size();
     c.sgu = empty({N, 2 * Fs});
     be_.gemm(false, true, 1.0f, h, w(p_.shared_fc1), 0.0f, Tensor(), c.sgu, Tensor());
     c.sact = empty({N, Fs});
@@ -177,21 +200,36 @@ Tensor MoeLayer::forward(MoeContext& c, const Tensor& h, const Tensor& residual,
       be_.scatter_add_rows(c.sout, all, c.gate, out);
     }
   }
-  return out;
+  if (!split) return out;
+  Tensor y = etp_.reduce(out);
+  be_.add(y, residual, y);
+  return y;
 }
 
-Tensor MoeLayer::backward_input(MoeContext& c, const Tensor& dy, const Weights& w) const {
+Tensor MoeLayer::backward_input(MoeContext& c, const Tensor& dy_local, const Weights& w) const {
   PRIMUS_CHECK(c.h.defined(), "MoE backward_input before forward");
+  const Tensor dy = etp_.gather(dy_local);
   const int64_t N = c.h.size(0), C = spec_.hidden_size, E = spec_.num_experts, k = spec_.moe_router_topk;
-  const int64_t F = spec_.expert_ffn(), Mt = int64_t(c.rows.size()), M = c.offsets.back();
-  Tensor dh = be_.zeros({N, C}, act_);
+  const int64_t F = spec_.expert_ffn() / etp_.size(), Mt = int64_t(c.rows.size()), M = c.offsets.back();
+  const bool gated = p_.shared_fc1 >= 0 && p_.shared_gate >= 0;
+  std::vector<int32_t> all(static_cast<size_t>(N));
+  std::iota(all.begin(), all.end(), 0);
+  // d weight = <dy[row], yp> and d gate = <dy, shared out>: with split experts, over this rank's
+  // part of the outputs, so summed over tp (one all-reduce of both).
+  std::vector<double> dots = Mt > 0 ? be_.row_dots(dy, c.rows, c.yt) : std::vector<double>();
+  if (gated) {
+    const std::vector<double> g = be_.row_dots(dy, all, c.sout);
+    dots.insert(dots.end(), g.begin(), g.end());
+  }
+  if (etp_.size() > 1 && !dots.empty()) etp_.group->all_reduce(dots);
   std::vector<double> dweight(size_t(N * k), 0.0);
+  for (int64_t i = 0; i < Mt; ++i) dweight[size_t(c.slot[size_t(i)])] = dots[size_t(i)];
+
+  Tensor dh = be_.zeros({N, C}, act_);
   Tensor dyt;
   if (Mt > 0) {
     dyt = empty({Mt, C});  // d yp = weight * dy[row]
     be_.gather_rows(dy, c.rows, c.weights, dyt);
-    const std::vector<double> dots = be_.row_dots(dy, c.rows, c.yt);  // d weight = <dy[row], yp>
-    for (int64_t i = 0; i < Mt; ++i) dweight[size_t(c.slot[size_t(i)])] = dots[size_t(i)];
   }
   c.dy = ep_ ? ep_->dispatch(c.plan, dyt, C, act_) : dyt;
   Tensor dxp;
@@ -209,30 +247,37 @@ Tensor MoeLayer::backward_input(MoeContext& c, const Tensor& dy, const Weights& 
   }
   const Tensor dxt = ep_ ? ep_->combine(c.plan, dxp, C, act_) : dxp;
   if (Mt > 0) be_.scatter_add_rows(dxt, c.rows, {}, dh);
-  // The router: the weights' gradient plus the load-balancing losses, through the logits.
-  const std::vector<double> dl = route_backward(spec_, c.routing, dweight, c.loss_scale);
-  c.dlogits = ops::tensor_from_values(dl, {N, E}, act_, be_.device());
-  be_.gemm(false, false, 1.0f, c.dlogits, w(p_.router), 1.0f, dh, dh, Tensor());
+  std::vector<double> dg;  // d(gate logit) per token
   if (p_.shared_fc1 >= 0) {
-    const int64_t Fs = spec_.moe_shared_expert_intermediate_size;
-    if (p_.shared_gate < 0) {
+    const int64_t Fs = spec_.moe_shared_expert_intermediate_size / etp_.size();
+    if (!gated) {
       c.dy_shared = dy;
     } else {
-      std::vector<int32_t> all(static_cast<size_t>(N));
-      std::iota(all.begin(), all.end(), 0);
       c.dy_shared = empty({N, C});
       be_.gather_rows(dy, all, c.gate, c.dy_shared);
-      std::vector<double> dg = be_.row_dots(dy, all, c.sout);
+      dg.assign(dots.end() - N, dots.end());
       for (int64_t t = 0; t < N; ++t) dg[size_t(t)] *= c.gate[size_t(t)] * (1 - c.gate[size_t(t)]);
-      c.dgate = dg;
-      Tensor dgt = ops::tensor_from_values(dg, {N, 1}, act_, be_.device());
-      be_.gemm(false, false, 1.0f, dgt, w(p_.shared_gate), 1.0f, dh, dh, Tensor());
     }
     Tensor dsact = empty({N, Fs});
     be_.gemm(false, false, 1.0f, c.dy_shared, w(p_.shared_fc2), 0.0f, Tensor(), dsact, Tensor());
     c.dsgu = empty({N, 2 * Fs});
     be_.swiglu_backward(dsact, c.sgu, c.dsgu);
     be_.gemm(false, false, 1.0f, c.dsgu, w(p_.shared_fc1), 1.0f, dh, dh, Tensor());
+  }
+  // The experts' part of dh, summed over tp when they are split (this rank's rows under sequence
+  // parallelism). The router's and the gate's parts are whole on every tp rank: added after, on
+  // this rank's rows, as are their weight gradients (backward_weight).
+  dh = etp_.reduce(dh);
+  const int64_t Nl = c.h_local.size(0), first = etp_.first_local_row(Nl);
+  // The router: the weights' gradient plus the load-balancing losses, through the logits.
+  const std::vector<double> dl = route_backward(spec_, c.routing, dweight, c.loss_scale);
+  c.dlogits = ops::tensor_from_values(std::vector<double>(dl.begin() + first * E, dl.begin() + (first + Nl) * E),
+                                      {Nl, E}, act_, be_.device());
+  be_.gemm(false, false, 1.0f, c.dlogits, w(p_.router), 1.0f, dh, dh, Tensor());
+  if (gated) {
+    c.dgate.assign(dg.begin() + first, dg.begin() + first + Nl);
+    Tensor dgt = ops::tensor_from_values(c.dgate, {Nl, 1}, act_, be_.device());
+    be_.gemm(false, false, 1.0f, dgt, w(p_.shared_gate), 1.0f, dh, dh, Tensor());
   }
   return dh;
 }
@@ -250,12 +295,12 @@ void MoeLayer::backward_weight(MoeContext& c, const Weights& grad) const {
   experts_gemm(be_, c.offsets, true, false, 1.0f, [&](int64_t e, int64_t o, int64_t n) {
     return std::tuple{c.dgu.slice(0, o, n), c.xp.slice(0, o, n), grad(p_.fc1[size_t(e)])};
   });
-  acc(c.dlogits, c.h, p_.router);
+  acc(c.dlogits, c.h_local, p_.router);
   if (p_.shared_fc1 >= 0) {
     acc(c.dy_shared, c.sact, p_.shared_fc2);
     acc(c.dsgu, c.h, p_.shared_fc1);
     if (p_.shared_gate >= 0)
-      acc(ops::tensor_from_values(c.dgate, {c.h.size(0), 1}, act_, be_.device()), c.h, p_.shared_gate);
+      acc(ops::tensor_from_values(c.dgate, {c.h_local.size(0), 1}, act_, be_.device()), c.h_local, p_.shared_gate);
   }
   const double keep = c.loss_scale;
   c = MoeContext();

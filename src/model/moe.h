@@ -9,6 +9,18 @@
 // Written once over the op set, like the rest of the model: every precision and backend. The
 // losses of the router (aux / seq-aux / z) enter the objective with the same scale as the LM loss
 // of the microbatch; their values are reported per layer in MoeStats.
+//
+// Expert tensor parallelism (expert_tensor_parallel_size = tp > 1, Megatron's default): every
+// expert's fc1 rows (its gate and up halves) and fc2 columns are split over the tp ranks as the
+// dense MLP's, and so is the shared expert. Each tp rank then routes all the microbatch's rows
+// (gathered first under sequence parallelism), and every rank of the tp group computes the same
+// routing from the same logits. Its experts give partial sums of every output row; they are
+// combined, summed over tp (all-reduce, or reduce-scatter to this rank's rows), and only then
+// added to the residual. Backward, the combine weights' and the shared gate's gradients are dot
+// products with those partial outputs, summed over tp; the input gradient's expert part is summed
+// like the output, and the router's part (the same on every tp rank) is added after the sum, for
+// this rank's rows only. The router's weight gradient is taken over this rank's rows too, so that
+// under sequence parallelism it is summed over tp like every replicated tensor's.
 #pragma once
 
 #include <cstdint>
@@ -22,6 +34,7 @@
 #include "model/model_spec.h"
 #include "model/param_store.h"
 #include "model/router.h"
+#include "model/tensor_parallel_rows.h"
 #include "model/token_dispatch.h"
 
 namespace primus {
@@ -35,9 +48,10 @@ struct MoeParams {
   // All of them, for the weight-gradient hook (the expert bias's gradient is final, and 0, too).
   std::vector<int> ids() const;
 };
-// Under expert parallelism only this ep rank's experts (ep_rank*L .. ep_rank*L+L-1, L = E / ep).
+// Under expert parallelism only this ep rank's experts (ep_rank*L .. ep_rank*L+L-1, L = E / ep);
+// under expert tensor parallelism their (and the shared expert's) tp shards, as the dense MLP's.
 MoeParams register_moe_params(ParamStore& params, const ModelSpec& spec, int64_t layer, int ep_rank = 0,
-                              int ep_size = 1);
+                              int ep_size = 1, int etp_size = 1, int etp_rank = 0);
 // A routed expert's tensor (its gradient is reduced over the expert-data-parallel group).
 bool is_expert_param(const std::string& name);
 
@@ -62,11 +76,13 @@ struct MoeContext {
   DispatchPlan plan;               // expert parallelism: the exchange of this microbatch
   Tensor yt;                       // the experts' outputs back on the token side (yp without ep)
   std::vector<double> weights;     // per permuted row: its combine weight
-  Tensor h, xp, gu, act, yp;       // forward saves (h: the block's normed input; xp..yp expert side)
+  Tensor h, xp, gu, act, yp;       // forward saves (h: the block's normed input, all rows; xp..yp expert side)
+  Tensor h_local;                  // this rank's rows of h (h itself unless split experts gathered it)
   Tensor sgu, sact, sout;          // shared expert
   std::vector<double> gate;        // shared expert gate per token (sigmoid), if gated
-  Tensor dy, dgu, dlogits, dsgu, dy_shared;  // B-pass outputs the W pass needs
-  std::vector<double> dgate;       // d(gate logit) per token
+  Tensor dy, dgu, dsgu, dy_shared;  // B-pass outputs the W pass needs (all rows)
+  Tensor dlogits;                  // the router logits' gradient, h_local's rows
+  std::vector<double> dgate;       // d(gate logit) per token of h_local
   double loss_scale = 1.0;         // the microbatch's dloss, for the router's losses
 };
 
@@ -74,11 +90,14 @@ class MoeLayer {
  public:
   using Weights = std::function<Tensor(int)>;  // id -> working weight (or gradient), shaped
   // dispatcher: expert parallelism (token_dispatch.h); null when this rank holds every expert.
-  // share: sequence parallelism, each rank routes its own tokens (router.h).
+  // share: sequence or context parallelism, each rank routes its own tokens (router.h).
+  // expert_tp: the tp group when the experts are split over it (expert_tensor_parallel_size > 1).
   MoeLayer(const ModelSpec& spec, ops::Backend& backend, DType activation, MoeParams params,
-           std::shared_ptr<const TokenDispatcher> dispatcher = nullptr, TokenShare share = {});
+           std::shared_ptr<const TokenDispatcher> dispatcher = nullptr, TokenShare share = {},
+           TensorParallelRows expert_tp = {});
 
-  // out = residual + moe(h); h, residual [N, C] with N = batch * seq (/ share.ranks: this rank's).
+  // out = residual + moe(h); h, residual [N, C] with N = batch * seq (/ share.ranks: this rank's;
+  // under sequence parallelism with split experts, this rank's tp share of them).
   Tensor forward(MoeContext& c, const Tensor& h, const Tensor& residual, const Weights& w,
                  const std::vector<double>& expert_bias, int64_t batch, int64_t seq) const;
   // The gradient of h (not including the residual path) from dy, the gradient of out.
@@ -95,6 +114,7 @@ class MoeLayer {
   MoeParams p_;
   std::shared_ptr<const TokenDispatcher> ep_;
   TokenShare share_;
+  TensorParallelRows etp_;
 };
 
 }  // namespace primus

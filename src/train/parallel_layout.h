@@ -20,6 +20,9 @@ struct ParallelLayout {
   int world_size = 1;
   int tp = 1, pp = 1, cp = 1, dp = 1, vpp = 1;
   int ep = 1;  // expert_model_parallel_size: folded into dp (ep consecutive dp ranks share the experts out)
+  // expert_tensor_parallel_size resolved: 1 (experts whole on every tp rank) or tp (each expert's ffn split
+  // over the tp group); 1 for a dense model.
+  int etp = 1;
   bool sequence_parallel = false;
   bool cp_all_to_all = false;   // cp_comm_type a2a (else p2p ring attention)
   // data_parallel_sharding_strategy resolved (use_torch_fsdp2 is optim_grads_params): no_shard,

@@ -438,6 +438,7 @@ void Trainer::build_model() {
   part.ep_size = layout_.ep;
   part.ep_rank = me_.ep;
   part.ep_group = groups_.ep.get();
+  part.etp_size = layout_.etp;
   const int num_stages = layout_.pp * layout_.vpp;
   if (layout_.schedule)
     for (int c = 0; c < layout_.vpp; ++c) {
@@ -699,10 +700,12 @@ void Trainer::reduce_gradients() {
 // The global L2 norm of the gradients, the same on every rank.
 double Trainer::gradient_norm() {
   trace::Region region(profiler_.get(), "gradient_norm");
-  // Under expert parallelism each expert is on one rank of ep x pp, and whole on each tp rank.
+  // Under expert parallelism each expert is on one rank of ep x pp, and either whole on each tp
+  // rank (counted on tp rank 0) or split over tp (expert_tensor_parallel_size > 1).
+  const bool counts_experts = me_.tp == 0 || layout_.etp > 1;
   const double experts =
       experts_ ? groups_.mp->all_reduce_value(groups_.ep->all_reduce_value(
-                     me_.tp == 0 ? experts_->grad_sq_sum(replicated_.get()) : 0.0))
+                     counts_experts ? experts_->grad_sq_sum(replicated_.get()) : 0.0))
                : 0.0;
   if (sharded_weights_) {  // each element of a tensor is on one rank of its shards' group
     const double dense = gradient_group().all_reduce_value(sharded_weights_->grad_sq_sum(counted_tensors_));
@@ -710,7 +713,7 @@ double Trainer::gradient_norm() {
         expert_tensors_.empty()
             ? 0.0
             : groups_.ep->all_reduce_value(
-                  groups_.edp_cp->all_reduce_value(me_.tp == 0 ? sharded_weights_->grad_sq_sum(expert_tensors_) : 0.0));
+                  groups_.edp_cp->all_reduce_value(counts_experts ? sharded_weights_->grad_sq_sum(expert_tensors_) : 0.0));
     return std::sqrt(groups_.mp->all_reduce_value(dense + experts));
   }
   if (sharded_) {
@@ -774,7 +777,7 @@ StepResult Trainer::train_step() {
   r.lr = lr_schedule_->lr_at(state_.iteration);
   if (!skip) optimizer_step(r.lr, clip_scale);
   moe_ = finish_moe_step(*model_, *groups_.dp, m_local_, !skip,  // expert load, bias update
-                         {layout_.sequence_parallel ? groups_.tp.get() : nullptr,
+                         {layout_.sequence_parallel && layout_.etp == 1 ? groups_.tp.get() : nullptr,
                           layout_.cp > 1 ? groups_.cp.get() : nullptr});
   state_.iteration += 1;
   state_.consumed_samples += gbs_;
