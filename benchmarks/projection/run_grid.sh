@@ -56,6 +56,10 @@ GRID=(
   "MoE (tiny_mixtral) balanced, one process|1|--moe_router_force_load_balancing true|grid_moe.yaml"
   "MoE (tiny_mixtral) balanced, dp2|2|--moe_router_force_load_balancing true|grid_moe.yaml"
   "MoE (tiny_mixtral) balanced, ep2 alltoall|2|--moe_router_force_load_balancing true --expert_model_parallel_size 2 --moe_token_dispatcher_type alltoall|grid_moe.yaml"
+  "MoE (tiny_mixtral) balanced, tp2 etp2|2|--moe_router_force_load_balancing true --tensor_model_parallel_size 2|grid_moe.yaml"
+  "MoE (tiny_mixtral) balanced, tp2 etp1|2|--moe_router_force_load_balancing true --tensor_model_parallel_size 2 --expert_tensor_parallel_size 1|grid_moe.yaml"
+  "MoE (tiny_mixtral) balanced, tp2 etp2, sequence parallel|2|--moe_router_force_load_balancing true --tensor_model_parallel_size 2 --sequence_parallel true|grid_moe.yaml"
+  "MoE (tiny_mixtral) balanced, tp2 etp1, sequence parallel|2|--moe_router_force_load_balancing true --tensor_model_parallel_size 2 --sequence_parallel true --expert_tensor_parallel_size 1|grid_moe.yaml"
 )
 
 rm -f results.jsonl

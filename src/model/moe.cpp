@@ -221,7 +221,11 @@ Tensor MoeLayer::backward_input(MoeContext& c, const Tensor& dy_local, const Wei
     const std::vector<double> g = be_.row_dots(dy, all, c.sout);
     dots.insert(dots.end(), g.begin(), g.end());
   }
-  if (etp_.size() > 1 && !dots.empty()) etp_.group->all_reduce(dots);
+  if (etp_.size() > 1 && !dots.empty()) {  // in a tensor on the compute device: NCCL stages only small host buffers
+    Tensor t = ops::tensor_from_values(dots, {int64_t(dots.size())}, DType::F64, be_.device());
+    etp_.group->all_reduce(t);
+    dots = ops::host_values(t);
+  }
   std::vector<double> dweight(size_t(N * k), 0.0);
   for (int64_t i = 0; i < Mt; ++i) dweight[size_t(c.slot[size_t(i)])] = dots[size_t(i)];
 

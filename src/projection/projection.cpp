@@ -201,6 +201,7 @@ Projection plan(const config::ExperimentConfig& cfg, const Target& t) {
   p.shape.cp_a2a = p.layout.cp_all_to_all;
   p.shape.ep = int(a.expert_model_parallel_size);
   p.shape.ep_allgather = cfg.model_spec.moe_token_dispatcher_type == "allgather";
+  p.shape.etp = p.layout.etp;
   if (p.spec.is_moe() && p.layout.dp % p.shape.ep != 0)
     fail("projection: expert_model_parallel_size {} must divide the data-parallel size {}", p.shape.ep, p.layout.dp);
   p.shape.recompute = parse_recompute(a.recompute_granularity);
@@ -222,9 +223,9 @@ RankParams params_of(const Projection& p, const ModelSpec& m, int pp_rank) {
     const int ep = p.shape.ep;
     for (int64_t i = 0; i < c.layers; ++i) {
       const bool moe = m.is_moe_layer(c.first_layer + i);
-      r.count += layer_parameters(m, tp, moe, ep);
+      r.count += layer_parameters(m, tp, moe, ep, p.shape.etp);
       r.tensors += layer_tensors(m, moe, ep);
-      if (moe) r.experts += m.num_experts / ep * 3 * m.expert_ffn() * m.hidden_size;
+      if (moe) r.experts += m.num_experts / ep * 3 * (m.expert_ffn() / p.shape.etp) * m.hidden_size;
     }
     if (c.embedding) r.count += embedding_parameters(m, tp), r.tensors += 1;
     if (c.head) {

@@ -176,26 +176,30 @@ void block_forward_ops(const Dims& d, PassWork& p, bool qkv_bias, bool moe) {
   p.ops.push_back(elementwise(d, "swiglu_forward", d.N, d.Fl, 5, 3 * d.a));
 }
 
-// The MoE block of one rank (model/moe.cpp): Nm tokens (its sequence-parallel share under tp),
-// M = Nm topk kept rows (dropless, balanced), El local experts of M / El rows each on the expert
-// side (ep ranks send each other their rows).
+// The MoE block of one rank (model/moe.cpp): Nm tokens, M = Nm topk kept rows (dropless,
+// balanced), El local experts of M / El rows each on the expert side (ep ranks send each other
+// their rows). Whole experts (etp 1) run on the rank's rows (its sequence-parallel share under
+// tp); split ones (etp = tp) on all N rows, gathered under sequence parallelism, with F / tp of
+// each expert's ffn, and the router's input and weight gradients over the rank's Nl rows.
 struct MoeDims {
-  int64_t Nm, M, E, El, Me, F, Fs, k;
-  int ep;
+  int64_t Nm, Nl, M, E, El, Me, F, Fs, k;
+  int ep, etp;
   bool allgather, gate;
 };
 
 MoeDims moe_dims(const ModelSpec& m, const Dims& d, const WorkloadShape& w) {
   MoeDims e;
-  e.Nm = d.tp ? d.N / w.tp : d.N;
+  e.etp = d.tp ? std::max(w.etp, 1) : 1;
+  e.Nm = e.etp > 1 ? d.N : d.Nl;
+  e.Nl = d.Nl;
   e.k = m.moe_router_topk;
   e.M = e.Nm * e.k;
   e.E = m.num_experts;
   e.ep = std::max(w.ep, 1);
   e.El = e.E / e.ep;
   e.Me = std::max<int64_t>(1, e.M / std::max<int64_t>(e.El, 1));
-  e.F = m.expert_ffn();
-  e.Fs = m.moe_shared_expert_intermediate_size;
+  e.F = m.expert_ffn() / e.etp;
+  e.Fs = m.moe_shared_expert_intermediate_size / e.etp;
   e.allgather = w.ep_allgather;
   e.gate = m.moe_shared_expert_gate;
   return e;
@@ -218,9 +222,21 @@ void moe_exchange(const Dims& d, const MoeDims& e, PassWork& p, bool dispatch) {
   p.comms.back().ep = true;
 }
 
+// Split experts: the rows gathered (sequence parallelism) before, the partial outputs summed over
+// tp after (or the input gradient's, backward).
+void moe_split_gather(const Dims& d, const MoeDims& e, PassWork& p) {
+  if (e.etp > 1 && d.sp) p.comms.push_back({"all_gather", double(d.N) * double(d.C) * d.a});
+}
+void moe_split_reduce(const Dims& d, const MoeDims& e, PassWork& p, bool add_residual) {
+  if (e.etp == 1) return;
+  p.comms.push_back({d.sp ? "reduce_scatter" : "all_reduce", double(d.N) * double(d.C) * d.a});
+  if (add_residual) p.ops.push_back(elementwise(d, "add", d.Nl, d.C, 1, 3 * d.a));
+}
+
 void moe_forward_ops(const Dims& d, const MoeDims& e, PassWork& p) {
+  moe_split_gather(d, e, p);
   p.ops.push_back(gemm(d, e.Nm, e.E, d.C, false, true, true, false));  // router logits (stat dtype)
-  p.ops.push_back(elementwise(d, "copy", e.Nm, d.C, 0, 2 * d.a));       // out = residual
+  p.ops.push_back(elementwise(d, "copy", e.Nm, d.C, 0, 2 * d.a));       // out = residual (or zeros)
   p.ops.push_back(row_op(d, "gather_rows", e.M, d.C, e.Nm));
   moe_exchange(d, e, p, true);
   for (int64_t x = 0; x < e.El; ++x) p.ops.push_back(gemm(d, e.Me, 2 * e.F, d.C, false, true, false, false));
@@ -237,28 +253,30 @@ void moe_forward_ops(const Dims& d, const MoeDims& e, PassWork& p) {
       p.ops.push_back(row_op(d, "scatter_add_rows", e.Nm, d.C, e.Nm));
     }
   }
+  moe_split_reduce(d, e, p, true);
 }
 
 void moe_backward_input_ops(const Dims& d, const MoeDims& e, PassWork& p) {
+  moe_split_gather(d, e, p);
+  p.ops.push_back(row_op(d, "row_dots", e.M, d.C, e.Nm));  // the routing weights' gradient
+  if (e.gate) p.ops.push_back(row_op(d, "row_dots", e.Nm, d.C, e.Nm));  // the shared gate's
+  if (e.etp > 1) p.comms.push_back({"all_reduce", double(e.M + (e.gate ? e.Nm : 0)) * 8});  // both, over tp
   p.ops.push_back(row_op(d, "gather_rows", e.M, d.C, e.Nm));  // weighted dy rows
-  p.ops.push_back(row_op(d, "row_dots", e.M, d.C, e.Nm));     // the routing weights' gradient
   moe_exchange(d, e, p, true);
   for (int64_t x = 0; x < e.El; ++x) p.ops.push_back(gemm(d, e.Me, e.F, d.C, false, false, false, false));
   p.ops.push_back(elementwise(d, "swiglu_backward", e.M, e.F, 10, 5 * d.a));
   for (int64_t x = 0; x < e.El; ++x) p.ops.push_back(gemm(d, e.Me, d.C, 2 * e.F, false, false, false, false));
   moe_exchange(d, e, p, false);
   p.ops.push_back(row_op(d, "scatter_add_rows", e.M, d.C, e.Nm));
-  p.ops.push_back(gemm(d, e.Nm, d.C, e.E, false, false, false, true));  // the router's input gradient
   if (e.Fs > 0) {
-    if (e.gate) {
-      p.ops.push_back(row_op(d, "gather_rows", e.Nm, d.C, e.Nm));
-      p.ops.push_back(row_op(d, "row_dots", e.Nm, d.C, e.Nm));
-      p.ops.push_back(gemm(d, e.Nm, d.C, 1, false, false, false, true));
-    }
+    if (e.gate) p.ops.push_back(row_op(d, "gather_rows", e.Nm, d.C, e.Nm));
     p.ops.push_back(gemm(d, e.Nm, e.Fs, d.C, false, false, false, false));
     p.ops.push_back(elementwise(d, "swiglu_backward", e.Nm, e.Fs, 10, 5 * d.a));
     p.ops.push_back(gemm(d, e.Nm, d.C, 2 * e.Fs, false, false, false, true));
   }
+  moe_split_reduce(d, e, p, false);
+  p.ops.push_back(gemm(d, e.Nl, d.C, e.E, false, false, false, true));  // the router's input gradient
+  if (e.gate) p.ops.push_back(gemm(d, e.Nl, d.C, 1, false, false, false, true));
 }
 
 void moe_backward_weight_ops(const Dims& d, const MoeDims& e, PassWork& p) {
@@ -266,11 +284,11 @@ void moe_backward_weight_ops(const Dims& d, const MoeDims& e, PassWork& p) {
     p.ops.push_back(gemm(d, d.C, e.F, e.Me, true, false, true, true));
     p.ops.push_back(gemm(d, 2 * e.F, d.C, e.Me, true, false, true, true));
   }
-  p.ops.push_back(gemm(d, e.E, d.C, e.Nm, true, false, true, true));
+  p.ops.push_back(gemm(d, e.E, d.C, e.Nl, true, false, true, true));
   if (e.Fs > 0) {
     p.ops.push_back(gemm(d, d.C, e.Fs, e.Nm, true, false, true, true));
     p.ops.push_back(gemm(d, 2 * e.Fs, d.C, e.Nm, true, false, true, true));
-    if (e.gate) p.ops.push_back(gemm(d, 1, d.C, e.Nm, true, false, true, true));
+    if (e.gate) p.ops.push_back(gemm(d, 1, d.C, e.Nl, true, false, true, true));
   }
 }
 
@@ -361,11 +379,12 @@ PartWork layer_work(const ModelSpec& m, const WorkloadShape& w, bool moe) {
   // combined yp under ep, the shared expert's gate_up, act (and output when gated).
   const double nm_c = bytes(e.Nm, d.C, d.a), m_c = bytes(e.M, d.C, d.a);
   const double shared = e.Fs > 0 ? bytes(e.Nm, 3 * e.Fs, d.a) + (e.gate ? nm_c : 0) : 0;
-  const double moe_ctx = moe ? m_c + bytes(e.M, 3 * e.F, d.a) + m_c + (e.ep > 1 ? m_c : 0) + shared : 0;
+  const double gathered = e.etp > 1 && d.sp ? nm_c : 0;  // split experts' all rows of the input
+  const double moe_ctx = moe ? m_c + bytes(e.M, 3 * e.F, d.a) + m_c + (e.ep > 1 ? m_c : 0) + shared + gathered : 0;
   // Its B: the rows' output gradient (kept), da, dgate_up (kept), dxp, the router logits'
   // gradient (kept), and the shared expert's dact and dgate_up (kept); under ep the token side's
   // copies of the exchanged rows as well.
-  const double moe_b_kept = moe ? m_c + bytes(e.M, 2 * e.F, d.a) + bytes(e.Nm, e.E, d.a) +
+  const double moe_b_kept = moe ? m_c + bytes(e.M, 2 * e.F, d.a) + bytes(e.Nl, e.E, d.a) +
                                       (e.Fs > 0 ? bytes(e.Nm, 2 * e.Fs, d.a) + (e.gate ? nm_c : 0) : 0)
                                 : 0;
   const double moe_b_tmp = moe ? bytes(e.M, e.F, d.a) + m_c + (e.Fs > 0 ? bytes(e.Nm, e.Fs, d.a) : 0) +
@@ -479,18 +498,20 @@ PartWork head_work(const ModelSpec& m, const WorkloadShape& w) {
   return p;
 }
 
-int64_t layer_parameters(const ModelSpec& m, int tp, bool moe, int ep) {
+int64_t layer_parameters(const ModelSpec& m, int tp, bool moe, int ep, int etp) {
   const int64_t C = m.hidden_size;
   int64_t n = 2 * C;                          // the two norms, whole on every rank
   n += m.qkv_size() * C / tp;                 // linear_qkv
   if (m.add_qkv_bias) n += m.qkv_size() / tp;
   n += C * m.q_size() / tp;                   // linear_proj
   if (!moe) return n + 3 * m.ffn_hidden_size * C / tp;  // linear_fc1 (gate and up), linear_fc2
-  // The MoE block: router (and expert bias) and shared expert on every rank, experts over ep.
+  // The MoE block: router (and expert bias) and the shared gate on every rank, experts over ep,
+  // the routed and shared experts' ffn over etp.
+  etp = tp > 1 ? std::max(etp, 1) : 1;
   n += m.num_experts * C + (m.moe_router_enable_expert_bias ? m.num_experts : 0);
-  n += m.num_experts / ep * 3 * m.expert_ffn() * C;
+  n += m.num_experts / ep * 3 * (m.expert_ffn() / etp) * C;
   if (m.moe_shared_expert_intermediate_size > 0)
-    n += 3 * m.moe_shared_expert_intermediate_size * C + (m.moe_shared_expert_gate ? C : 0);
+    n += 3 * (m.moe_shared_expert_intermediate_size / etp) * C + (m.moe_shared_expert_gate ? C : 0);
   return n;
 }
 

@@ -65,6 +65,7 @@ struct WorkloadShape {
   bool cp_a2a = false;   // cp_comm_type a2a (else p2p, ring attention)
   int ep = 1;            // expert parallel: a rank holds num_experts / ep experts of each MoE layer
   bool ep_allgather = false;  // moe_token_dispatcher_type allgather (else alltoall)
+  int etp = 1;  // expert_tensor_parallel_size: 1 (whole experts) or tp (each expert's ffn split over tp)
   Recompute recompute = Recompute::None;
   Precision precision = Precision::Fp32;
   LlamaOptions options;  // the head's logits budget and vocabulary chunk
@@ -79,7 +80,7 @@ PartWork head_work(const ModelSpec& spec, const WorkloadShape& w);
 
 // Parameters of one rank's share of a layer, the embedding or the head under tp (the sharded
 // tensors divided, norms whole).
-int64_t layer_parameters(const ModelSpec& spec, int tp, bool moe = false, int ep = 1);
+int64_t layer_parameters(const ModelSpec& spec, int tp, bool moe = false, int ep = 1, int etp = 1);
 int64_t layer_tensors(const ModelSpec& spec, bool moe = false, int ep = 1);
 int64_t embedding_parameters(const ModelSpec& spec, int tp);
 int64_t head_parameters(const ModelSpec& spec, int tp);  // final norm and (untied) output layer

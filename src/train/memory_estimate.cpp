@@ -15,13 +15,13 @@ namespace {
 std::string gib(double bytes) { return fmt::format("{:.2f} GiB", bytes / double(uint64_t(1) << 30)); }
 
 // A decoder tensor's split over tp: the column- and row-parallel linears (attention's, the dense
-// MLP's, MLA's up projections) are divided; the rest is whole on every tp rank: norms, and in an
-// MoE block the router, the shared expert and the routed experts (expert_tensor_parallel_size 1),
-// MLA's down projections.
-bool split_over_tp(const ParamInfo& info) {
-  if (info.expert >= 0 || info.name.find(".mlp.router.") != std::string::npos ||
-      info.name.find(".mlp.shared_experts.") != std::string::npos)
+// MLP's, MLA's up projections) are divided; the rest is whole on every tp rank: norms, MLA's down
+// projections, and in an MoE block the router, and the routed and shared experts unless
+// expert_tensor_parallel_size splits them (etp > 1, model/moe.h).
+bool split_over_tp(const ParamInfo& info, int etp) {
+  if (info.name.find(".mlp.router.") != std::string::npos || info.name.find(".gate_weight") != std::string::npos)
     return false;
+  if (info.expert >= 0 || info.name.find(".mlp.shared_experts.") != std::string::npos) return etp > 1;
   for (const char* split : {".linear_qkv.", ".linear_proj.", ".mlp.linear_fc1.", ".mlp.linear_fc2.", ".linear_q_proj.",
                             ".linear_q_up_proj.", ".linear_kv_up_proj."})
     if (info.name.find(split) != std::string::npos) return true;
@@ -29,14 +29,14 @@ bool split_over_tp(const ParamInfo& info) {
 }
 
 // Parameters a rank holds of the embedding, of one decoder layer, of the final norm and of the
-// output layer, under tp (vocabulary and linears divided) and ep (num_experts / ep routed
-// experts per MoE layer).
+// output layer, under tp (vocabulary and linears divided), ep (num_experts / ep routed experts per
+// MoE layer) and etp (the experts divided by tp too).
 struct Parts {
   double embedding = 0, final_norm = 0, output = 0;
   std::vector<double> layers;  // per decoder layer (MoE and dense layers differ)
   double layer = 0;            // the largest
 };
-Parts parameter_parts(const ModelSpec& spec, int tp, int ep) {
+Parts parameter_parts(const ModelSpec& spec, int tp, int ep, int etp) {
   Parts p;
   std::vector<double>& layers = p.layers;
   layers.assign(size_t(spec.num_layers), 0.0);
@@ -47,7 +47,7 @@ Parts parameter_parts(const ModelSpec& spec, int tp, int ep) {
     else if (info.name.starts_with("decoder.final_layernorm.")) p.final_norm += n;
     else
       layers[size_t(std::stoll(info.name.substr(std::string("decoder.layers.").size())))] +=
-          info.expert >= 0 ? n / ep : split_over_tp(info) ? n / tp : n;
+          n / (info.expert >= 0 ? ep : 1) / (split_over_tp(info, etp) ? tp : 1);
   }
   p.layer = layers.empty() ? 0 : *std::max_element(layers.begin(), layers.end());
   return p;
@@ -65,7 +65,7 @@ std::string MemoryEstimate::describe() const {
 MemoryEstimate estimate_memory(const ModelSpec& spec, const ParallelLayout& layout, const config::TrainingArgs& args,
                                bool mixed) {
   const int tp = std::max(1, layout.tp), dp = std::max(1, layout.dp), pp = std::max(1, layout.pp);
-  const Parts parts = parameter_parts(spec, tp, std::max(1, layout.ep));
+  const Parts parts = parameter_parts(spec, tp, std::max(1, layout.ep), std::max(1, layout.etp));
   const int vpp = std::max(1, layout.vpp);
   // Layers per pipeline rank: a rank holds vpp stages. Take the most loaded rank; the first holds
   // the embedding, the last the final norm and the output layer (tied: the last holds its copy).
@@ -123,10 +123,14 @@ MemoryEstimate estimate_memory(const ModelSpec& spec, const ParallelLayout& layo
   double attention = 4 * h + 2 + qkv + q + heads, dense_mlp = 3 * f;
   if (args.recompute_granularity == "full") attention = h, dense_mlp = 0;  // the layer input only
   else if (args.recompute_granularity == "selective") attention -= q + heads;  // attention internals recomputed
-  const double moe = double(spec.moe_router_topk) * (2 * h + 3 * double(spec.expert_ffn())) +
-                     3 * double(spec.moe_shared_expert_intermediate_size);
-  // The MoE block runs on all of a tp rank's rows alike unless sequence parallelism splits them.
-  const double moe_share = layout.sequence_parallel ? double(tp) : 1.0;
+  // Whole experts (etp 1) run on all of a tp rank's rows alike unless sequence parallelism splits
+  // them. Split experts (etp = tp) run on all rows (gathered under sequence parallelism, one more
+  // row of h per token) with their ffn widths divided.
+  const double etp = double(std::max(1, layout.etp));
+  const bool gathered = etp > 1 && layout.sequence_parallel;
+  const double moe = double(spec.moe_router_topk) * (2 * h + 3 * double(spec.expert_ffn()) / etp) +
+                     3 * double(spec.moe_shared_expert_intermediate_size) / etp + (gathered ? h : 0.0);
+  const double moe_share = layout.sequence_parallel && etp == 1 ? double(tp) : 1.0;
   auto layer_words = [&](int64_t l) {
     return (attention + (spec.is_moe_layer(l) ? 0.0 : dense_mlp)) / tp + (spec.is_moe_layer(l) ? moe / moe_share : 0.0);
   };

@@ -170,6 +170,16 @@ TEST(GpuParallelTraining, ExpertParallelWithFsdp) {
                                "      expert_model_parallel_size: 2\n      use_torch_fsdp2: true\n");
 }
 
+// The experts split over tp (expert_tensor_parallel_size = tp, the default) with sequence
+// parallelism: the rows all-gathered over the NCCL tp group, the experts' partial outputs
+// reduce-scattered, the routing weights' and shared gate's gradients all-reduced in fp64.
+TEST(GpuParallelTraining, ExpertsSplitOverTensorParallel) {
+  expect_gpu_matches_reference("      num_layers: 2\n      num_experts: 4\n      moe_ffn_hidden_size: 128\n"
+                               "      moe_router_topk: 2\n      moe_aux_loss_coeff: 0.01\n"
+                               "      moe_shared_expert_intermediate_size: 128\n      moe_shared_expert_gate: true\n"
+                               "      tensor_model_parallel_size: 2\n      sequence_parallel: true\n");
+}
+
 TEST(GpuParallelTraining, ExpertParallelAllGather) {
   expect_gpu_matches_reference("      num_layers: 2\n      num_experts: 4\n      moe_ffn_hidden_size: 128\n"
                                "      moe_router_topk: 2\n      moe_aux_loss_coeff: 0.01\n"

@@ -218,6 +218,48 @@ TEST(Workload, ExpertParallelDividesTheExpertsAndExchangesTheirRows) {
   }
 }
 
+// expert_tensor_parallel_size = tp: each expert's ffn (and the shared expert's) divided over tp,
+// the rows all on every tp rank (gathered under sequence parallelism), the partial outputs and
+// input gradients summed over tp.
+TEST(Workload, ExpertTensorParallelSplitsTheExpertsAndSumsTheirOutputs) {
+  const ModelSpec m = load_model_spec("tiny_mixtral");
+  const int64_t E = m.num_experts, C = m.hidden_size, F = m.expert_ffn(), Fs = m.moe_shared_expert_intermediate_size;
+  EXPECT_EQ(layer_parameters(m, 2, true, 1, 1) - layer_parameters(m, 2, true, 1, 2), E * 3 * (F / 2) * C + 3 * (Fs / 2) * C);
+  EXPECT_EQ(layer_parameters(m, 1, true, 1, 2), layer_parameters(m, 1, true, 1, 1)) << "etp means nothing at tp 1";
+  WorkloadShape w;
+  w.micro_batch_size = 2;
+  w.seq_length = 128;
+  w.tp = 2;
+  const PartWork whole = layer_work(m, w, true);
+  w.etp = 2;
+  const PartWork split = layer_work(m, w, true);
+  // Without sequence parallelism both run all N rows: the experts' forward GEMMs halve.
+  const double N = double(w.micro_batch_size * w.seq_length), M = N * double(m.moe_router_topk);
+  auto gemm_flops = [](const PassWork& p) {
+    double f = 0;
+    for (const OpSpec& o : p.ops) f += o.op == "gemm" ? o.flops : 0.0;
+    return f;
+  };
+  EXPECT_DOUBLE_EQ(gemm_flops(whole.f) - gemm_flops(split.f), 3 * M * double(F * C) + 3 * N * double(Fs * C));
+  auto tp_comms = [](const PassWork& p) {
+    std::vector<std::string> v;
+    for (const CommSpec& c : p.comms)
+      if (!c.ep && !c.cp) v.push_back(c.op);
+    return v;
+  };
+  const double nc = N * double(C) * 4;  // an fp32 [N, C]
+  ASSERT_EQ(tp_comms(split.f).size(), tp_comms(whole.f).size() + 1);
+  EXPECT_EQ(tp_comms(split.f).back(), "all_reduce");
+  EXPECT_DOUBLE_EQ(split.f.comms.back().bytes, nc);
+  EXPECT_EQ(tp_comms(split.b).size(), tp_comms(whole.b).size() + 2) << "the dots and the input gradient";
+  w.sequence_parallel = true;
+  const PartWork sp = layer_work(m, w, true);
+  const std::vector<std::string> f = tp_comms(sp.f);
+  ASSERT_GE(f.size(), 2u);
+  EXPECT_EQ(f[f.size() - 2], "all_gather");
+  EXPECT_EQ(f.back(), "reduce_scatter");
+}
+
 TEST_F(Projection, ALayoutThatDoesNotFitTheScaleIsAnError) {
   EXPECT_THROW(plan(config("      tensor_model_parallel_size: 3\n"), h100(1, 8)), Error);
   EXPECT_THROW(parse_sharding("zero3"), Error);

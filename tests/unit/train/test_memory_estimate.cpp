@@ -81,10 +81,11 @@ TEST(MemoryEstimate, MoeExpertsAreDividedByEpAndWholeOnEveryTpRank) {
     return exp.load(o);
   };
   const auto cfg = with({});
-  int64_t total = 0, experts = 0, split = 0;
+  int64_t total = 0, experts = 0, split = 0, shared = 0;
   for (const auto& p : model_parameter_layout(cfg.model_spec)) {
     total += p.numel;
     if (p.expert >= 0) experts += p.numel;
+    if (p.name.find(".shared_experts.") != std::string::npos) shared += p.numel;
     const bool dense_mlp = p.name.find(".mlp.linear_fc") != std::string::npos;
     if (p.name.starts_with("embedding.") || p.name.starts_with("output_layer.") ||
         p.name.find(".linear_qkv.") != std::string::npos || p.name.find(".linear_proj.") != std::string::npos ||
@@ -95,7 +96,17 @@ TEST(MemoryEstimate, MoeExpertsAreDividedByEpAndWholeOnEveryTpRank) {
   EXPECT_EQ(estimate(cfg, 1).parameters, total);
   EXPECT_EQ(estimate(with({{"expert_model_parallel_size", "2"}, {"global_batch_size", "8"}}), 4).parameters,
             total - experts / 2);
-  EXPECT_EQ(estimate(with({{"tensor_model_parallel_size", "2"}}), 2).parameters, total - split / 2);
+  EXPECT_EQ(estimate(with({{"tensor_model_parallel_size", "2"}, {"expert_tensor_parallel_size", "1"}}), 2).parameters,
+            total - split / 2);
+  // expert_tensor_parallel_size = tp (the default): the routed and shared experts are split too.
+  ASSERT_GT(shared, 0);
+  EXPECT_EQ(estimate(with({{"tensor_model_parallel_size", "2"}}), 2).parameters,
+            total - split / 2 - experts / 2 - shared / 2);
+  EXPECT_EQ(estimate(with({{"tensor_model_parallel_size", "2"}, {"expert_model_parallel_size", "2"},
+                           {"global_batch_size", "8"}}),
+                     4)
+                .parameters,
+            total - split / 2 - 3 * experts / 4 - shared / 2);
   // Activations: the MoE block's saves grow with the routed choices per token, stay under full
   // recompute (the block keeps its own), and a tp rank saves them for all rows unless sequence
   // parallelism splits the rows.
@@ -104,7 +115,11 @@ TEST(MemoryEstimate, MoeExpertsAreDividedByEpAndWholeOnEveryTpRank) {
   const auto full = estimate(with({{"recompute_granularity", "full"}}), 1);
   const auto dense_full = estimate(exp.load({{"num_layers", "4"}, {"recompute_granularity", "full"}}), 1);
   EXPECT_GT(full.activation_bytes, 2 * dense_full.activation_bytes);
-  const auto tp2 = estimate(with({{"tensor_model_parallel_size", "2"}}), 2);
-  const auto tp2_sp = estimate(with({{"tensor_model_parallel_size", "2"}, {"sequence_parallel", "true"}}), 2);
+  const auto tp2 = estimate(with({{"tensor_model_parallel_size", "2"}, {"expert_tensor_parallel_size", "1"}}), 2);
+  const auto tp2_sp = estimate(
+      with({{"tensor_model_parallel_size", "2"}, {"sequence_parallel", "true"}, {"expert_tensor_parallel_size", "1"}}),
+      2);
   EXPECT_GT(tp2.activation_bytes, tp2_sp.activation_bytes);
+  // Split experts save less per routed row than whole ones (their gate|up and activation divided).
+  EXPECT_LT(estimate(with({{"tensor_model_parallel_size", "2"}}), 2).activation_bytes, tp2.activation_bytes);
 }
