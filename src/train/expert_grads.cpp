@@ -12,23 +12,29 @@ ExpertGradients::ExpertGradients(ParamStore& params, parallel::ProcessGroup& edp
                                  const AdamWOptions& adam)
     : params_(params), edp_(edp) {
   const auto& infos = params.infos();
-  std::vector<ParamSegment> segments;
+  std::vector<ParamSegment> packed;  // the expert tensors at their offsets in the packed buffers
   int64_t n = 0;
   for (size_t t = 0; t < infos.size(); ++t)
     if (is_expert_param(infos[t].name)) {
       tensors_.push_back(int(t));
       at_.push_back(n);
+      packed.push_back({infos[t].name, n, infos[t].numel, infos[t].weight_decay});
       n += infos[t].numel;
-      segments.push_back({infos[t].name, infos[t].offset, infos[t].numel, infos[t].weight_decay});
     }
   kept_.assign(tensors_.size(), 0);
   if (n == 0) return;
   grads_ = Tensor::zeros({n}, DType::F32, params.device());
-  if (sharded) {
-    values_ = Tensor::zeros({n}, DType::F32, params.device());
-    adam_ = std::make_unique<FlatAdamW>(adam, std::move(segments), params.numel(), params.device());
-  }
+  if (!sharded) return;
+  values_ = Tensor::zeros({n}, DType::F32, params.device());
+  parallel::GradBucketsOptions bo;
+  bo.bucket_size = parallel::default_bucket_size(edp.size());
+  bo.overlap_grad_reduce = false;  // one reduce-scatter pass after the dp buckets
+  bo.reduce = parallel::GradReduce::ReduceScatter;
+  buckets_ = std::make_unique<parallel::GradBuckets>(edp, grads_.data<float>(), n, std::move(packed), bo);
+  dist_ = std::make_unique<parallel::DistributedOptimizer>(*buckets_, values_.data<float>(), adam);
 }
+
+ExpertGradients::~ExpertGradients() = default;
 
 bool ExpertGradients::is_expert(int tensor) const {
   return std::binary_search(tensors_.begin(), tensors_.end(), tensor);
@@ -49,6 +55,11 @@ void ExpertGradients::reduce() {
                  params_.infos()[size_t(tensors_[i])].name);
   std::fill(kept_.begin(), kept_.end(), 0);
   if (!grads_.defined()) return;
+  if (buckets_) {  // this rank's shards hold the sums; the slots keep what the dense step does to them
+    buckets_->reset();
+    buckets_->finish();
+    return;
+  }
   if (edp_.size() > 1) edp_.all_reduce(grads_);
   for (size_t i = 0; i < tensors_.size(); ++i) {
     const StoredParam& p = params_.infos()[size_t(tensors_[i])];
@@ -58,11 +69,8 @@ void ExpertGradients::reduce() {
 }
 
 double ExpertGradients::grad_sq_sum(const FlatAdamW* replicated) const {
-  if (adam_) {
-    std::vector<int> all(tensors_.size());
-    std::iota(all.begin(), all.end(), 0);
-    return adam_->grad_sq_sum(params_.grads(), all);
-  }
+  if (dist_) return edp_.all_reduce_value(dist_->local_grad_sq_sum());
+  if (tensors_.empty()) return 0.0;
   PRIMUS_CHECK(replicated, "expert gradient norm without an optimizer");
   return replicated->grad_sq_sum(params_.grads(), tensors_);
 }
@@ -76,17 +84,36 @@ void ExpertGradients::save_values() {
 }
 
 void ExpertGradients::step(double lr, double grad_scale) {
-  PRIMUS_CHECK(adam_, "ExpertGradients::step without the distributed optimizer");
-  // The dense step scaled the expert slots of its shard in place (by grad_scale): take the
-  // reduced gradients again from grads_.
+  PRIMUS_CHECK(dist_ || tensors_.empty(), "ExpertGradients::step without the distributed optimizer");
+  if (!dist_) return;
+  dist_->step(lr, grad_scale);  // this rank's shards of values_, then the all-gather over edp
   for (size_t i = 0; i < tensors_.size(); ++i) {
     const StoredParam& p = params_.infos()[size_t(tensors_[i])];
     Tensor dst = params_.values().slice(0, p.offset, p.numel);
     dst.copy_from(values_.slice(0, at_[i], p.numel));
-    Tensor g = params_.grads().slice(0, p.offset, p.numel);
-    g.copy_from(grads_.slice(0, at_[i], p.numel));
   }
-  adam_->step(params_.values(), params_.grads(), nullptr, lr, grad_scale);
+}
+
+void ExpertGradients::gather_state(std::vector<float>& exp_avg, std::vector<float>& exp_avg_sq) const {
+  if (!dist_) return;
+  const parallel::FullOptimizerState full = dist_->gather_state();
+  for (size_t i = 0; i < tensors_.size(); ++i) {
+    const StoredParam& p = params_.infos()[size_t(tensors_[i])];
+    std::copy_n(full.exp_avg.begin() + at_[i], p.numel, exp_avg.begin() + p.offset);
+    std::copy_n(full.exp_avg_sq.begin() + at_[i], p.numel, exp_avg_sq.begin() + p.offset);
+  }
+}
+
+void ExpertGradients::load_state(int64_t step, const float* exp_avg, const float* exp_avg_sq) {
+  if (!dist_) return;
+  const int64_t n = grads_.numel();
+  std::vector<float> m(static_cast<size_t>(n)), v(static_cast<size_t>(n));
+  for (size_t i = 0; i < tensors_.size(); ++i) {
+    const StoredParam& p = params_.infos()[size_t(tensors_[i])];
+    std::copy_n(exp_avg + p.offset, p.numel, m.begin() + at_[i]);
+    std::copy_n(exp_avg_sq + p.offset, p.numel, v.begin() + at_[i]);
+  }
+  dist_->load_state(step, m.data(), v.data(), n);
 }
 
 }  // namespace primus::train

@@ -1,11 +1,17 @@
 // Expert parallelism's side of the gradient reduction and the optimizer. Under ep > 1 the ranks
 // of a dp group hold different experts in the same slots of their flat buffers, so the dp
 // buckets (which sum every slot over dp) must not sum those slots: each expert tensor's local
-// gradient is kept aside the moment it is final (before its bucket starts), put back after the
-// buckets, and summed over the expert-data-parallel group instead (the ranks that hold the same
-// experts). With the distributed optimizer, whose parameter all-gather fills every slot from the
-// slot's dp owner, the expert values are kept across its step and the experts get an AdamW of
-// their own (replicated over edp, not sharded). Dense tensors are untouched.
+// gradient is kept aside the moment it is final (before its bucket starts), and summed over the
+// expert-data-parallel group instead (the ranks that hold the same experts). Dense tensors are
+// untouched.
+//
+// With the plain optimizer the summed gradients go back into their slots and the replicated
+// AdamW steps them like any tensor. With the distributed optimizer (ZeRO-1), whose parameter
+// all-gather fills every slot from the slot's dp owner, the experts get a distributed optimizer
+// of their own over edp, as Megatron's over the expert data-parallel group: the packed expert
+// gradients are reduce-scattered over edp, each rank keeps the AdamW state of its shards only,
+// and the updated values are all-gathered and written back into the expert slots after the dense
+// step.
 #pragma once
 
 #include <memory>
@@ -13,6 +19,8 @@
 
 #include "model/param_store.h"
 #include "optim/flat_adamw.h"
+#include "parallel/data_parallel.h"
+#include "parallel/distributed_optimizer.h"
 #include "parallel/process_group.h"
 
 namespace primus::train {
@@ -20,23 +28,32 @@ namespace primus::train {
 class ExpertGradients {
  public:
   // The expert tensors of params (model/moe.h is_expert_param). sharded: the dense optimizer is
-  // the distributed one, so the experts get their own AdamW with these options.
+  // the distributed one, so the experts get their own, sharded over edp, with these options.
   ExpertGradients(ParamStore& params, parallel::ProcessGroup& edp, bool sharded, const AdamWOptions& adam);
+  ~ExpertGradients();
 
   const std::vector<int>& tensors() const { return tensors_; }  // ascending tensor ids
   bool is_expert(int tensor) const;
   // Tensor `tensor`'s local gradient is final: saved before any dp collective reads its slot.
   void keep(int tensor);
-  // After the dp buckets finished: every expert slot holds its gradient summed over edp.
+  // After the dp buckets finished, the sum over edp: in every expert slot (replicated), or in
+  // this rank's shards of the packed gradients (sharded).
   void reduce();
-  // Sum of squares of this rank's expert gradients (after reduce()); the caller sums it over the
-  // expert-parallel and model-parallel groups (every expert is on one rank of those).
+  // Sum of squares of the experts' reduced gradients held here, summed over edp when sharded
+  // (collective over edp then); the caller sums it over the expert-parallel and model-parallel
+  // groups (every expert is on one rank of those). replicated: the plain optimizer.
   double grad_sq_sum(const FlatAdamW* replicated) const;
 
-  // Distributed optimizer only: around its step, which overwrites the expert slots.
+  // Distributed optimizer only: around the dense step, which overwrites the expert slots.
   void save_values();
-  void step(double lr, double grad_scale);  // restores values and reduced gradients, then AdamW on the experts
-  FlatAdamW* optimizer() const { return adam_.get(); }
+  void step(double lr, double grad_scale);  // AdamW on this rank's shards, all-gather, values back into the slots
+  // The experts' moments in the flat layout of params (exp_avg, exp_avg_sq at each expert
+  // tensor's offset): gathered over edp (collective) into `exp_avg` / `exp_avg_sq`, or loaded
+  // from them (local).
+  void gather_state(std::vector<float>& exp_avg, std::vector<float>& exp_avg_sq) const;
+  void load_state(int64_t step, const float* exp_avg, const float* exp_avg_sq);
+  // Parameters this rank keeps optimizer state for (its shards).
+  int64_t state_numel() const { return dist_ ? dist_->shard_numel() : 0; }
 
  private:
   ParamStore& params_;
@@ -45,7 +62,8 @@ class ExpertGradients {
   std::vector<int64_t> at_;      // per expert tensor: its offset in grads_ / values_
   std::vector<uint8_t> kept_;
   Tensor grads_, values_;        // the expert slots, packed
-  std::unique_ptr<FlatAdamW> adam_;
+  std::unique_ptr<parallel::GradBuckets> buckets_;          // sharded: reduce-scatter over edp
+  std::unique_ptr<parallel::DistributedOptimizer> dist_;    // sharded: AdamW on this rank's shards
 };
 
 }  // namespace primus::train

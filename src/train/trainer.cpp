@@ -558,8 +558,7 @@ std::string Trainer::try_restore(const std::string& dir, bool weights_only) {
     sharded_weights_->load_state(ck.state.optimizer_step, ck.exp_avg.data(), ck.exp_avg_sq.data());
   if (sharded_)
     sharded_->load_state(ck.state.optimizer_step, ck.exp_avg.data(), ck.exp_avg_sq.data(), int64_t(ck.exp_avg.size()));
-  if (sharded_ && experts_)
-    experts_->optimizer()->set_state(ck.state.optimizer_step, ck.exp_avg.data(), ck.exp_avg_sq.data());
+  if (sharded_ && experts_) experts_->load_state(ck.state.optimizer_step, ck.exp_avg.data(), ck.exp_avg_sq.data());
   if (replicated_)
     replicated_->set_state(ck.state.optimizer_step, ck.exp_avg.data(), ck.exp_avg_sq.data());
   state_ = ck.state;
@@ -829,14 +828,7 @@ void Trainer::save() {
     std::copy(values.begin(), values.end(), gathered->values().data<float>());
   } else if (sharded_) {
     full = sharded_->gather_state();
-    if (experts_) {  // the expert slots' moments are the experts' own AdamW's
-      const std::vector<float> m = experts_->optimizer()->exp_avg(), v = experts_->optimizer()->exp_avg_sq();
-      for (int t : experts_->tensors()) {
-        const StoredParam& p = model_->params().infos()[size_t(t)];
-        std::copy_n(m.begin() + p.offset, p.numel, full.exp_avg.begin() + p.offset);
-        std::copy_n(v.begin() + p.offset, p.numel, full.exp_avg_sq.begin() + p.offset);
-      }
-    }
+    if (experts_) experts_->gather_state(full.exp_avg, full.exp_avg_sq);  // the experts' own, over edp
   } else {
     full.exp_avg = replicated_->exp_avg();  // host copies
     full.exp_avg_sq = replicated_->exp_avg_sq();
@@ -880,6 +872,7 @@ void Trainer::log_interval(const StepResult& step) {
                   (model_->has_separate_working_weights() ? double(model_->working_weights().nbytes()) : 0.0);
     grad_bytes = double(params.grads().nbytes());
     optim_bytes = sharded_ ? double(sharded_->state_bytes()) : 2.0 * double(params.numel()) * double(sizeof(float));
+    if (sharded_ && experts_) optim_bytes += 2.0 * double(experts_->state_numel()) * double(sizeof(float));
   }
   const double activation_bytes = std::max(0.0, double(peak) - param_bytes - grad_bytes - optim_bytes);
   if (tty_) fmt::print("\r\033[K");

@@ -752,18 +752,21 @@ TEST_F(ExpertParallel, CheckpointAtEp4LoadsAtEp1AndEp2) {
 }
 
 // A checkpoint with the experts split over tp (ep 2 x tp 2, expert_tensor_parallel_size 2, the
-// gated shared expert split too) goes on under one process and under tp 2 with whole experts.
-TEST_F(ExpertParallel, CheckpointAtEtp2LoadsAtOneProcessAndEtp1) {
+// gated shared expert split too) and their AdamW state sharded over edp 2 (ZeRO-1 on 8 ranks)
+// goes on under one process, under tp 2 with whole experts, and under edp 2 x ep 2 with ZeRO-1.
+TEST_F(ExpertParallel, CheckpointAtEtp2Edp2LoadsAtOneProcessEtp1AndEdp2) {
   const std::string moe = std::string(kMoe) + " --moe_shared_expert_gate true";
+  const std::string zero1 = " --use_distributed_optimizer true --ddp_bucket_size 20000";
   Result ref = run(1, "ref", moe);
   ASSERT_EQ(ref.status, 0) << ref.out;
-  Result first = run(4, "first", moe + " --expert_model_parallel_size 2 --tensor_model_parallel_size 2 "
-                                       "--sequence_parallel true --train_iters 10 --lr_decay_iters 20");
+  Result first = run(8, "first", moe + zero1 + " --expert_model_parallel_size 2 --tensor_model_parallel_size 2 "
+                                               "--sequence_parallel true --train_iters 10 --lr_decay_iters 20");
   ASSERT_EQ(first.status, 0) << first.out;
   const std::string ck = " --load " + (dir_ / "ws" / "first" / "checkpoints").string();
   const std::vector<std::tuple<const char*, int, std::string>> resumes = {
       {"one", 1, ""},
       {"etp1", 2, " --tensor_model_parallel_size 2 --expert_tensor_parallel_size 1"},
+      {"edp2", 4, " --expert_model_parallel_size 2" + zero1},
   };
   const auto want = losses("ref");
   ASSERT_EQ(want.size(), 20u);
