@@ -180,6 +180,15 @@ TEST(GpuParallelTraining, ExpertsSplitOverTensorParallel) {
                                "      tensor_model_parallel_size: 2\n      sequence_parallel: true\n");
 }
 
+// ZeRO-1 beside expert parallel: the dense AdamW state sharded over dp, the experts' over edp by
+// their own distributed optimizer, its packed buffers on the GPU and reduced over NCCL.
+TEST(GpuParallelTraining, ExpertParallelWithTheDistributedOptimizer) {
+  expect_gpu_matches_reference("      num_layers: 2\n      num_experts: 4\n      moe_ffn_hidden_size: 128\n"
+                               "      moe_router_topk: 2\n      moe_aux_loss_coeff: 0.01\n"
+                               "      expert_model_parallel_size: 2\n      use_distributed_optimizer: true\n"
+                               "      ddp_bucket_size: 20000\n");
+}
+
 TEST(GpuParallelTraining, ExpertParallelAllGather) {
   expect_gpu_matches_reference("      num_layers: 2\n      num_experts: 4\n      moe_ffn_hidden_size: 128\n"
                                "      moe_router_topk: 2\n      moe_aux_loss_coeff: 0.01\n"
