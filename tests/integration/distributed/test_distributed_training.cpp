@@ -571,6 +571,22 @@ class ExpertParallel : public Distributed {
   }
   // exact_load false: a late near-tie between two experts' scores may go the other way after the sums
   // in another order (one token of one expert, measured), so only the aux loss is compared.
+  // Each resume (name, ranks, layout overrides) of `loading` (the model and --load) trains the
+  // 10 steps after the checkpoint with the losses of the uninterrupted run "ref" (20 steps).
+  void expect_resumes_continue_ref(const std::string& loading,
+                                   const std::vector<std::tuple<const char*, int, std::string>>& resumes) {
+    const auto want = losses("ref");
+    ASSERT_EQ(want.size(), 20u);
+    for (const auto& [name, nproc, layout] : resumes) {
+      Result r = run(nproc, name, loading + " " + layout);
+      ASSERT_EQ(r.status, 0) << r.out;
+      EXPECT_NE(r.out.find("resumed from"), std::string::npos) << r.out;
+      const auto got = losses(name);
+      ASSERT_EQ(got.size(), 10u) << name;
+      for (size_t i = 0; i < got.size(); ++i)
+        EXPECT_NEAR(got[i], want[10 + i], 1e-5 * std::fabs(want[10 + i])) << name << " iteration " << 11 + i;
+    }
+  }
   void expect_same_moe_statistics(double aux_rtol = 1e-5, bool exact_load = true) {
     const auto a = losses("ref", "moe_aux_loss"), b = losses("par", "moe_aux_loss");
     ASSERT_EQ(a.size(), 20u);
@@ -738,17 +754,7 @@ TEST_F(ExpertParallel, CheckpointAtEp4LoadsAtEp1AndEp2) {
       {"ep2zero", 4, "--expert_model_parallel_size 2 --use_distributed_optimizer true --ddp_bucket_size 20000"},
       {"ep2tp2", 4, "--expert_model_parallel_size 2 --tensor_model_parallel_size 2 --sequence_parallel true"},
   };
-  const auto want = losses("ref");
-  ASSERT_EQ(want.size(), 20u);
-  for (const auto& [name, nproc, layout] : resumes) {
-    Result r = run(nproc, name, std::string(kMoe) + " " + ck + layout);
-    ASSERT_EQ(r.status, 0) << r.out;
-    EXPECT_NE(r.out.find("resumed from"), std::string::npos) << r.out;
-    const auto got = losses(name);
-    ASSERT_EQ(got.size(), 10u) << name;
-    for (size_t i = 0; i < got.size(); ++i)
-      EXPECT_NEAR(got[i], want[10 + i], 1e-5 * std::fabs(want[10 + i])) << name << " iteration " << 11 + i;
-  }
+  expect_resumes_continue_ref(std::string(kMoe) + " " + ck, resumes);
 }
 
 // A checkpoint with the experts split over tp (ep 2 x tp 2, expert_tensor_parallel_size 2, the
@@ -768,17 +774,7 @@ TEST_F(ExpertParallel, CheckpointAtEtp2Edp2LoadsAtOneProcessEtp1AndEdp2) {
       {"etp1", 2, " --tensor_model_parallel_size 2 --expert_tensor_parallel_size 1"},
       {"edp2", 4, " --expert_model_parallel_size 2" + zero1},
   };
-  const auto want = losses("ref");
-  ASSERT_EQ(want.size(), 20u);
-  for (const auto& [name, nproc, layout] : resumes) {
-    Result r = run(nproc, name, moe + ck + layout);
-    ASSERT_EQ(r.status, 0) << r.out;
-    EXPECT_NE(r.out.find("resumed from"), std::string::npos) << r.out;
-    const auto got = losses(name);
-    ASSERT_EQ(got.size(), 10u) << name;
-    for (size_t i = 0; i < got.size(); ++i)
-      EXPECT_NEAR(got[i], want[10 + i], 1e-5 * std::fabs(want[10 + i])) << name << " iteration " << 11 + i;
-  }
+  expect_resumes_continue_ref(moe + ck, resumes);
 }
 
 // The two dispatchers deliver the same rows to the same places: the same run, bit for bit.
