@@ -22,6 +22,18 @@
 //              B         dhn     [N,C]  += s * dlogits Wout[chunk]      NN  fp32 accumulate
 //              W         dWout   [vc,C] += s * dlogits^T hn             TN  fp32 accumulate
 //   (chunked: the logits GEMM runs again in B and in W; recompute adds the forward GEMMs again.)
+//
+// Multi-latent attention (model/mla.h) replaces qkv by its projections, each [out, in] weight
+// giving the three GEMMs forward [N,out,in], B [N,in,out], W [out,in,N]: linear_q_proj, or
+// linear_q_down_proj and linear_q_up_proj; linear_kv_down_proj; linear_kv_up_proj (the up
+// projections split over tp by heads, the down ones whole); proj's width is heads x v_head_dim.
+//
+// An MoE layer (model/moe.h) replaces fc1/fc2 by its router ([Nm,E,C], fp32 logits), the routed
+// experts' GEMMs with balanced routing (each of this rank's E / ep experts gets ep x Nm x topk / E
+// rows; the experts' ffn divided by etp), and the shared expert's. Nm: the rows the block routes
+// (N, or N / tp under sequence parallelism with whole experts). The experts' forward and input
+// gradients run as grouped GEMMs on the GPU (cuBLAS's grouped call, not cuBLASLt), their weight
+// gradients one cuBLASLt GEMM per expert. Recompute does not rerun the MoE block.
 #pragma once
 
 #include <cstdint>
@@ -43,10 +55,16 @@ struct LlamaGemm {
   double flops() const { return 2.0 * double(m) * double(n) * double(k) * double(count); }
 };
 
+// The rank's place in the layout: tensor-parallel size (residual adds then leave the GEMMs), expert
+// tensor- and expert-parallel sizes, and sequence parallelism (for the MoE block's rows).
+struct GemmLayout {
+  int tp = 1, etp = 1, ep = 1;
+  bool sequence_parallel = false;
+};
+
 // vocab_chunk: the head's chunk width (>= the rank's vocabulary: one chunk, logits kept);
-// recompute_forward: the block forward GEMMs run twice (full recompute); tp: the
-// tensor-parallel size (residual adds then leave the GEMMs).
+// recompute_forward: the block forward GEMMs run twice (full recompute).
 std::vector<LlamaGemm> llama_gemms(const ModelSpec& spec, int64_t micro_batch, int64_t seq, int64_t vocab_chunk,
-                                   bool recompute_forward = false, int tp = 1);
+                                   bool recompute_forward = false, GemmLayout layout = {});
 
 }  // namespace primus

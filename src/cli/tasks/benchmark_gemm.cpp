@@ -318,7 +318,18 @@ ModelGemms model_gemms(const Options& o) {
     std::cerr << fmt::format("warning: {}: context_parallel_size {} is not built: the GEMMs listed are those of cp = 1\n",
                              o.shapes_from, a.context_parallel_size);
   check_tensor_parallel(spec, int(a.tensor_model_parallel_size));
-  g.gemms = llama_gemms(spec, g.micro_batch, g.seq, g.vocab_chunk, g.recompute, int(a.tensor_model_parallel_size));
+  GemmLayout layout;
+  layout.tp = int(a.tensor_model_parallel_size);
+  layout.etp = int(a.expert_tensor_parallel_size > 0 ? a.expert_tensor_parallel_size : a.tensor_model_parallel_size);
+  layout.ep = int(std::max<int64_t>(a.expert_model_parallel_size, 1));
+  layout.sequence_parallel = a.sequence_parallel;
+  if (spec.is_moe() && (layout.etp != 1 && layout.etp != layout.tp))
+    fail("{}: expert_tensor_parallel_size {} must be 1 or tensor_model_parallel_size ({})", o.shapes_from, layout.etp,
+         layout.tp);
+  if (spec.is_moe() && spec.num_experts % layout.ep != 0)
+    fail("{}: num_experts ({}) must be divisible by expert_model_parallel_size ({})", o.shapes_from, spec.num_experts,
+         layout.ep);
+  g.gemms = llama_gemms(spec, g.micro_batch, g.seq, g.vocab_chunk, g.recompute, layout);
   return g;
 }
 
@@ -380,10 +391,10 @@ int run_list(const Options& o, const ModelGemms& mg) {
                            "{} GEMMs, {} distinct problems, {:.4g} TFLOP per microbatch\n",
                            mg.model, mg.micro_batch, mg.seq, mg.rows, mg.vocab_chunk,
                            mg.recompute ? "; full recompute" : "", mg.gemms.size(), d.size(), total / 1e12);
-  std::cout << fmt::format("  {:<24} {:>2} {:<10} {:<6} {:>8} {:>8} {:>8} {:>6} {:>12}\n", "what", "op", "types", "",
+  std::cout << fmt::format("  {:<36} {:>2} {:<10} {:<6} {:>8} {:>8} {:>8} {:>6} {:>12}\n", "what", "op", "types", "",
                            "m", "n", "k", "runs", "GFLOP/run");
   for (const auto& g : mg.gemms)
-    std::cout << fmt::format("  {:<24} {:>2} {:<10} {:<6} {:>8} {:>8} {:>8} {:>6} {:>12.3f}\n", g.what,
+    std::cout << fmt::format("  {:<36} {:>2} {:<10} {:<6} {:>8} {:>8} {:>8} {:>6} {:>12.3f}\n", g.what,
                              op_name(g.trans_a, g.trans_b), types_of(g), extras_of(g), g.m, g.n, g.k, g.count,
                              2.0 * double(g.m) * double(g.n) * double(g.k) / 1e9);
   return 0;
@@ -400,7 +411,7 @@ int run_compare_cpu(const Options& o, const ModelGemms& mg) {
       "implementations interleaved, {} runs each; bf16 GEMM peak {:.4g} TFLOP/s (2048^3, measured now)\n",
       d.size(), mg.model, mg.micro_batch, mg.seq, mg.rows, mg.vocab_chunk, bench::cpu_name(), o.run.iters, peak);
   if (!o.run.json)
-    std::cout << fmt::format("  {:<24} {:>2} {:<10} {:<6} {:>6} {:>6} {:>6} {:>5} {:>11} {:>11} {:>7}  {}\n", "what", "op",
+    std::cout << fmt::format("  {:<36} {:>2} {:<10} {:<6} {:>6} {:>6} {:>6} {:>5} {:>11} {:>11} {:>7}  {}\n", "what", "op",
                              "types", "", "m", "n", "k", "runs", "avx512 TF/s", "onednn TF/s", "faster", "backend");
   nlohmann::ordered_json rows = nlohmann::ordered_json::array();
   double t_own = 0, t_dnnl = 0, t_backend = 0, t_best = 0, flops_total = 0;
@@ -434,7 +445,7 @@ int run_compare_cpu(const Options& o, const ModelGemms& mg) {
                       {"avx512_ms", own}, {"onednn_ms", dnnl}, {"faster", faster},
                       {"backend", cpu::bf16k::gemm_impl_name(chosen)}});
     } else {
-      std::cout << fmt::format("  {:<24} {:>2} {:<10} {:<6} {:>6} {:>6} {:>6} {:>5} {:>11.3f} {:>11.3f} {:>7.2f}x {}\n",
+      std::cout << fmt::format("  {:<36} {:>2} {:<10} {:<6} {:>6} {:>6} {:>6} {:>5} {:>11.3f} {:>11.3f} {:>7.2f}x {}\n",
                                x.whats.front(), op_name(lg.trans_a, lg.trans_b), types_of(lg), extras_of(lg), M, N, K,
                                x.count, bench::tflops(flops, own), bench::tflops(flops, dnnl),
                                std::max(own, dnnl) / std::min(own, dnnl),
@@ -481,7 +492,7 @@ int run_tune(const Options& o, const ModelGemms& mg) {
       "candidates each\n",
       d.size(), mg.model, mg.micro_batch, mg.seq, mg.rows, mg.vocab_chunk, device_name, o.max_candidates);
   if (!o.run.json)
-    std::cout << fmt::format("  {:<24} {:>2} {:<10} {:<6} {:>8} {:>8} {:>8} {:>5} {:>10} {:>10} {:>8} {:>9}\n", "what",
+    std::cout << fmt::format("  {:<36} {:>2} {:<10} {:<6} {:>8} {:>8} {:>8} {:>5} {:>10} {:>10} {:>8} {:>9}\n", "what",
                              "op", "types", "", "m", "n", "k", "cands", "heur ms", "best ms", "speed-up", "TFLOP/s");
   nlohmann::ordered_json rows = nlohmann::ordered_json::array();
   double heur_total = 0, best_total = 0, flops_total = 0;
@@ -508,7 +519,7 @@ int run_tune(const Options& o, const ModelGemms& mg) {
                       {"best_algo", r.candidates[size_t(r.best)].algo},
                       {"tflops", bench::tflops(flops, r.best_ms)}});
     } else {
-      std::cout << fmt::format("  {:<24} {:>2} {:<10} {:<6} {:>8} {:>8} {:>8} {:>5} {:>10.4f} {:>10.4f} {:>7.3f}x "
+      std::cout << fmt::format("  {:<36} {:>2} {:<10} {:<6} {:>8} {:>8} {:>8} {:>5} {:>10.4f} {:>10.4f} {:>7.3f}x "
                                "{:>9.1f}\n",
                                x.whats.front(), op_name(p.trans_a, p.trans_b), types_of(x.g), extras_of(x.g), p.m, p.n,
                                p.k, r.candidates.size(), r.heuristic_ms, r.best_ms,
