@@ -36,6 +36,7 @@ modules:
       mock_data: true
 YAML
 sed 's/model: tiny_llama/model: tiny_mixtral/' grid.yaml > grid_moe.yaml
+sed 's/model: tiny_llama/model: tiny_moe/' grid.yaml > grid_mla.yaml
 
 # name | ranks | overrides [| config, default grid.yaml]
 GRID=(
@@ -60,6 +61,8 @@ GRID=(
   "MoE (tiny_mixtral) balanced, tp2 etp1|2|--moe_router_force_load_balancing true --tensor_model_parallel_size 2 --expert_tensor_parallel_size 1|grid_moe.yaml"
   "MoE (tiny_mixtral) balanced, tp2 etp2, sequence parallel|2|--moe_router_force_load_balancing true --tensor_model_parallel_size 2 --sequence_parallel true|grid_moe.yaml"
   "MoE (tiny_mixtral) balanced, tp2 etp1, sequence parallel|2|--moe_router_force_load_balancing true --tensor_model_parallel_size 2 --sequence_parallel true --expert_tensor_parallel_size 1|grid_moe.yaml"
+  "MLA + MoE (tiny_moe), one process|1||grid_mla.yaml"
+  "MLA + MoE (tiny_moe), tp2|2|--tensor_model_parallel_size 2|grid_mla.yaml"
 )
 
 rm -f results.jsonl

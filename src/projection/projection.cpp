@@ -183,10 +183,6 @@ Projection plan(const config::ExperimentConfig& cfg, const Target& t) {
   p.args = cfg.train;
   p.hardware = t.hardware;
   const config::TrainingArgs& a = cfg.train;
-  // workload.h models standard attention (with MoE layers); MLA's latent projections and padded
-  // heads are not in it, and a standard-attention estimate of an MLA model would be silently wrong.
-  if (cfg.model_spec.multi_latent_attention)
-    fail("projection: model {} uses multi_latent_attention, which the projection does not model yet", cfg.model);
   const int mp = int(a.tensor_model_parallel_size * a.pipeline_model_parallel_size * a.context_parallel_size);
   if (mp < 1) fail("the parallel sizes must be at least 1");
   p.gpus_per_node = t.gpus_per_node > 0 ? t.gpus_per_node : t.hardware.measured ? mp : t.hardware.gpus_per_node;

@@ -10,8 +10,13 @@ namespace primus::projection {
 namespace {
 
 // The sizes every part needs, for one rank of tp.
+// Under MLA (model/mla.h) the attention op runs on packed heads: groups = heads, D = W (the
+// widest head part), Q = the packed [q | k | v] width, QS = the padded output width; P is
+// linear_proj's input (heads x v_head_dim), and the ml* fields the latent projections' widths.
 struct Dims {
-  int64_t N, Nl, C, hl, gl, D, Q, QS, Fl, Vl, b, s;  // N, Nl: this cp rank's tokens
+  int64_t N, Nl, C, hl, gl, D, Q, QS, P, Fl, Vl, b, s;  // N, Nl: this cp rank's tokens
+  bool mla = false, mla_norms = false;
+  int64_t Dq = 0, dn = 0, dr = 0, dv = 0, Rq = 0, R = 0;  // MLA: q head, its parts, v head, q and kv latents
   double a, st;  // bytes of an activation and of a statistic
   DType act;
   bool tp, sp;
@@ -33,6 +38,19 @@ Dims dims_of(const ModelSpec& m, const WorkloadShape& w) {
   d.D = m.head_dim();
   d.Q = (d.hl + 2 * d.gl) * d.D;
   d.QS = d.hl * d.D;
+  d.P = d.QS;
+  if (m.multi_latent_attention) {
+    d.mla = true;
+    d.mla_norms = m.qk_layernorm;
+    d.dn = m.qk_head_dim, d.dr = m.qk_pos_emb_head_dim, d.dv = m.v_head_dim;
+    d.Dq = d.dn + d.dr;
+    d.Rq = m.q_lora_rank, d.R = m.kv_lora_rank;
+    d.D = std::max(d.Dq, d.dv);
+    d.gl = d.hl;
+    d.Q = 3 * d.hl * d.D;
+    d.QS = d.hl * d.D;
+    d.P = d.hl * d.dv;
+  }
   d.Fl = m.ffn_hidden_size / w.tp;
   d.Vl = m.vocab_size / w.tp;
   d.act = activation_dtype(w.precision);
@@ -153,18 +171,93 @@ OpSpec rope(const Dims& d, bool inverse) {
 
 double bytes(double rows, double cols, double size) { return rows * cols * size; }
 
+// A device copy of a [rows, cols] block (MLA's packing of heads, model/mla.cpp copy_block).
+OpSpec copy(const Dims& d, int64_t rows, int64_t cols) { return elementwise(d, "copy", rows, cols, 0, 2 * d.a); }
+
+OpSpec rope_part(const Dims& d, int64_t heads, bool inverse) {  // MLA's rotary parts: heads x dr columns
+  OpSpec o = elementwise(d, "rope_apply", d.N, heads * d.dr, 3.0, 2.0 * d.a);
+  o.b = heads * d.dr, o.c = heads, o.d = d.dr, o.e = d.s;
+  o.inverse = inverse;
+  return o;
+}
+
+// MLA's forward up to the packed qkv (Mla::forward): the q path (one projection, or down, norm,
+// up), the kv latent with the shared rotary key, its norm and up projection, the rotary parts,
+// and the packing into [N, 3 heads W] (zeroed, then the parts copied in).
+void mla_forward_ops(const Dims& d, PassWork& p) {
+  if (d.Rq > 0) {
+    p.ops.push_back(gemm(d, d.N, d.Rq, d.C, false, true, false, false));
+    if (d.mla_norms) p.ops.push_back(elementwise(d, "rmsnorm_forward", d.N, d.Rq, 4, 2 * d.a));
+    p.ops.push_back(gemm(d, d.N, d.hl * d.Dq, d.Rq, false, true, false, false));
+  } else {
+    p.ops.push_back(gemm(d, d.N, d.hl * d.Dq, d.C, false, true, false, false));
+  }
+  p.ops.push_back(gemm(d, d.N, d.R + d.dr, d.C, false, true, false, false));
+  p.ops.push_back(copy(d, d.N, d.R + d.dr));
+  p.ops.push_back(rope_part(d, 1, false));
+  if (d.mla_norms) p.ops.push_back(elementwise(d, "rmsnorm_forward", d.N, d.R, 4, 2 * d.a));
+  p.ops.push_back(gemm(d, d.N, d.hl * (d.dn + d.dv), d.R, false, true, false, false));
+  p.ops.push_back(copy(d, d.N, d.hl * d.dr));
+  p.ops.push_back(rope_part(d, d.hl, false));
+  p.ops.push_back(copy(d, d.N, d.Q));  // zeroed (about a copy's cost), then the parts copied in
+  p.ops.push_back(copy(d, d.N, d.hl * (2 * d.Dq + d.dv)));
+}
+
+// MLA's backward from the attention's output gradient to dh1 (Mla::backward_input): the padded
+// output gradient, the attention op (the caller's), then the parts out of dqkv, the rotary parts
+// rotated back, the shared key's gradient summed over the heads, and the projections' input
+// gradients.
+void mla_backward_input_ops(const Dims& d, PassWork& p) {
+  p.ops.push_back(gemm(d, d.N, d.R, d.hl * (d.dn + d.dv), false, false, false, false));
+  if (d.mla_norms) p.ops.push_back(elementwise(d, "rmsnorm_backward_input", d.N, d.R, 8, 4 * d.a));
+  p.ops.push_back(copy(d, d.N, d.R + d.dr));
+  p.ops.push_back(gemm(d, d.N, d.C, d.R + d.dr, false, false, false, false));
+  if (d.Rq > 0) {
+    p.ops.push_back(gemm(d, d.N, d.Rq, d.hl * d.Dq, false, false, false, false));
+    if (d.mla_norms) p.ops.push_back(elementwise(d, "rmsnorm_backward_input", d.N, d.Rq, 8, 4 * d.a));
+    p.ops.push_back(gemm(d, d.N, d.C, d.Rq, false, false, false, true));
+  } else {
+    p.ops.push_back(gemm(d, d.N, d.C, d.hl * d.Dq, false, false, false, true));
+  }
+}
+void mla_unpack_ops(const Dims& d, PassWork& p) {  // between the attention op and the projections
+  p.ops.push_back(copy(d, d.N, d.hl * (d.Dq + d.dr)));
+  p.ops.push_back(rope_part(d, d.hl, true));
+  p.ops.push_back(copy(d, d.N, d.hl * (d.dn + d.dv + d.dr)));
+  for (int64_t h = 1; h < d.hl; ++h) p.ops.push_back(elementwise(d, "add", d.N, d.dr, 1, 3 * d.a));
+  p.ops.push_back(rope_part(d, 1, true));
+}
+
+void mla_backward_weight_ops(const Dims& d, PassWork& p) {
+  if (d.Rq > 0) {
+    p.ops.push_back(gemm(d, d.hl * d.Dq, d.Rq, d.N, true, false, true, true));
+    if (d.mla_norms) p.ops.push_back(elementwise(d, "rmsnorm_backward_weight", d.N, d.Rq, 3, 2 * d.a));
+    p.ops.push_back(gemm(d, d.Rq, d.C, d.N, true, false, true, true));
+  } else {
+    p.ops.push_back(gemm(d, d.hl * d.Dq, d.C, d.N, true, false, true, true));
+  }
+  p.ops.push_back(gemm(d, d.hl * (d.dn + d.dv), d.R, d.N, true, false, true, true));
+  if (d.mla_norms) p.ops.push_back(elementwise(d, "rmsnorm_backward_weight", d.N, d.R, 3, 2 * d.a));
+  p.ops.push_back(gemm(d, d.R + d.dr, d.C, d.N, true, false, true, true));
+}
+
 // The forward of a block, as block_rebuild runs it from an empty context (an MoE block stops
 // before the MLP: moe_forward runs it).
 void block_forward_ops(const Dims& d, PassWork& p, bool qkv_bias, bool moe) {
   const double ab = double(d.N) * double(d.C) * d.a;  // a gathered / reduced [N, C] activation
   p.ops.push_back(elementwise(d, "rmsnorm_forward", d.Nl, d.C, 4, 2 * d.a));
   if (d.sp) p.comms.push_back({"all_gather", ab});
-  OpSpec qkv = gemm(d, d.N, d.Q, d.C, false, true, false, false);
-  if (qkv_bias) qkv.bytes += double(d.Q) * d.a;
-  p.ops.push_back(qkv);
-  p.ops.push_back(rope(d, false));
+  if (d.mla) {
+    mla_forward_ops(d, p);
+  } else {
+    OpSpec qkv = gemm(d, d.N, d.Q, d.C, false, true, false, false);
+    if (qkv_bias) qkv.bytes += double(d.Q) * d.a;
+    p.ops.push_back(qkv);
+    p.ops.push_back(rope(d, false));
+  }
   attention_ops(d, p, false);
-  p.ops.push_back(gemm(d, d.N, d.C, d.QS, false, true, false, !d.tp));
+  if (d.mla) p.ops.push_back(copy(d, d.N, d.P));  // the values out of the padded heads
+  p.ops.push_back(gemm(d, d.N, d.C, d.P, false, true, false, !d.tp));
   if (d.tp) {
     p.comms.push_back({d.sp ? "reduce_scatter" : "all_reduce", ab});
     p.ops.push_back(elementwise(d, "add", d.Nl, d.C, 1, 3 * d.a));
@@ -333,6 +426,7 @@ PartWork layer_work(const ModelSpec& m, const WorkloadShape& w, bool moe) {
     p.b.ops.push_back(elementwise(d, "rmsnorm_forward", d.Nl, d.C, 4, 2 * d.a));
     if (d.sp) p.b.comms.push_back({"all_gather", ab});
     attention_ops(d, p.b, false);
+    if (d.mla) p.b.ops.push_back(copy(d, d.N, d.P));
     p.b.ops.push_back(elementwise(d, "rmsnorm_forward", d.Nl, d.C, 4, 2 * d.a));
     if (!moe) {
       if (d.sp) p.b.comms.push_back({"all_gather", ab});
@@ -351,10 +445,19 @@ PartWork layer_work(const ModelSpec& m, const WorkloadShape& w, bool moe) {
   }
   p.b.ops.push_back(elementwise(d, "rmsnorm_backward_input", d.Nl, d.C, 8, 4 * d.a));
   if (d.sp) p.b.comms.push_back({"all_gather", ab});
-  p.b.ops.push_back(gemm(d, d.N, d.QS, d.C, false, false, false, false));
+  p.b.ops.push_back(gemm(d, d.N, d.P, d.C, false, false, false, false));
+  if (d.mla) {  // the output gradient into the padded heads
+    p.b.ops.push_back(copy(d, d.N, d.QS));  // zeroed
+    p.b.ops.push_back(copy(d, d.N, d.P));
+  }
   attention_ops(d, p.b, true);
-  p.b.ops.push_back(rope(d, true));
-  p.b.ops.push_back(gemm(d, d.N, d.C, d.Q, false, false, false, false));
+  if (d.mla) {
+    mla_unpack_ops(d, p.b);
+    mla_backward_input_ops(d, p.b);
+  } else {
+    p.b.ops.push_back(rope(d, true));
+    p.b.ops.push_back(gemm(d, d.N, d.C, d.Q, false, false, false, false));
+  }
   if (d.tp) p.b.comms.push_back({d.sp ? "reduce_scatter" : "all_reduce", ab});
   p.b.ops.push_back(elementwise(d, "rmsnorm_backward_input", d.Nl, d.C, 8, 4 * d.a));
   // W: dW += dy^T x, fp32 gradients.
@@ -365,14 +468,29 @@ PartWork layer_work(const ModelSpec& m, const WorkloadShape& w, bool moe) {
     p.w.ops.push_back(gemm(d, 2 * d.Fl, d.C, d.N, true, false, true, true));
   }
   p.w.ops.push_back(elementwise(d, "rmsnorm_backward_weight", d.Nl, d.C, 3, 2 * d.a));
-  p.w.ops.push_back(gemm(d, d.C, d.QS, d.N, true, false, true, true));
-  p.w.ops.push_back(gemm(d, d.Q, d.C, d.N, true, false, true, true));
+  p.w.ops.push_back(gemm(d, d.C, d.P, d.N, true, false, true, true));
+  if (d.mla)
+    mla_backward_weight_ops(d, p.w);
+  else
+    p.w.ops.push_back(gemm(d, d.Q, d.C, d.N, true, false, true, true));
   if (m.add_qkv_bias) p.w.ops.push_back(elementwise(d, "column_sum_accumulate", d.N, d.Q, 1, d.a));
   p.w.ops.push_back(elementwise(d, "rmsnorm_backward_weight", d.Nl, d.C, 3, 2 * d.a));
 
   // Memory. The block holds its input x (the previous part's output) from its F to its W.
   const double x = bytes(d.Nl, d.C, d.a), full_nc = bytes(d.N, d.C, d.a);
-  const double h1 = full_nc, rstd = bytes(d.Nl, 1, d.st), qkv = bytes(d.N, d.Q, d.a), attn = bytes(d.N, d.QS, d.a);
+  const double h1 = full_nc, rstd = bytes(d.Nl, 1, d.st), qkv = bytes(d.N, d.Q, d.a), attn = bytes(d.N, d.P, d.a);
+  // MLA's own saves (MlaContext): the q and kv latents (and their norms' outputs and rstd), the
+  // padded attention output; for W its B's gradients: dq, the q latent's, dkv and the kv
+  // latent's with the rotary key.
+  const double n_q = d.mla_norms ? 2 : 1;
+  const double mla_saved = !d.mla ? 0
+                                   : bytes(d.N, d.Rq, d.a) * (d.Rq > 0 ? n_q : 0) + bytes(d.N, d.R, d.a) * n_q +
+                                         (d.mla_norms ? bytes(d.N, (d.Rq > 0 ? 1 : 0) + 1, d.st) : 0) +
+                                         bytes(d.N, d.QS, d.a);
+  const double mla_b_kept = !d.mla ? 0
+                                   : bytes(d.N, d.hl * d.Dq, d.a) + bytes(d.N, d.Rq, d.a) * (d.Rq > 0 ? n_q : 0) +
+                                         bytes(d.N, d.hl * (d.dn + d.dv), d.a) +
+                                         bytes(d.N, d.R, d.a) * (d.mla_norms ? 1 : 0) + bytes(d.N, d.R + d.dr, d.a);
   const double lse = bytes(d.N, d.hl, d.st), x2 = x, h2 = full_nc;
   const double gate_up = moe ? 0 : bytes(d.N, 2 * d.Fl, d.a), act = moe ? 0 : bytes(d.N, d.Fl, d.a);
   // The MoE block's context (MoeContext): the expert side's xp, gate_up, act, yp, the token side's
@@ -396,11 +514,11 @@ PartWork layer_work(const ModelSpec& m, const WorkloadShape& w, bool moe) {
   const int64_t KV = 2 * d.gl * d.D;
   const double ring_f = d.cp > 1 && !d.a2a ? 2 * bytes(d.N, KV, d.a) + bytes(d.N, d.QS, d.st) : 0;
   const double ring_b = d.cp > 1 && !d.a2a ? 2 * bytes(d.N, KV, d.a) + bytes(d.N, d.QS, d.st) + 2 * bytes(d.N, KV, d.st) : 0;
-  const double context = x + h1 + rstd + qkv + attn + lse + x2 + h2 + rstd + gate_up + act + moe_ctx + cp_saved;
+  const double context = x + h1 + rstd + qkv + attn + lse + x2 + h2 + rstd + gate_up + act + moe_ctx + cp_saved + mla_saved;
   // Recompute rebuilds the block up to the MLP; the MoE block's context is kept (block_rebuild
   // does not run it again).
   p.kept_after_f = w.recompute == Recompute::None        ? context
-                   : w.recompute == Recompute::Selective ? x + qkv + x2 + gate_up + moe_ctx
+                   : w.recompute == Recompute::Selective ? x + qkv + x2 + gate_up + moe_ctx + mla_saved
                                                          : x + moe_ctx;
   // At the end of F everything exists at once (recompute drops it afterwards), with the output
   // and, under tp, fc2's partial sum.
@@ -410,13 +528,15 @@ PartWork layer_work(const ModelSpec& m, const WorkloadShape& w, bool moe) {
   const double dy_in = x, dy_g = d.sp ? full_nc : 0;
   const double da = act, dgu = gate_up, dh2 = full_nc + (d.sp ? x : 0), dx2 = x + (d.sp ? full_nc : 0);
   const double dattn = attn, dqkv = qkv, dh1 = full_nc + (d.sp ? x : 0), dx = x;
-  p.peak_in_b = context + dy_in + dy_g + da + dgu + moe_b_kept + moe_b_tmp + dh2 + dx2 + dattn + dqkv + dh1 + dx + ring_b;
+  p.peak_in_b = context + dy_in + dy_g + da + dgu + moe_b_kept + moe_b_tmp + dh2 + dx2 + dattn + dqkv + dh1 + dx + ring_b +
+                (d.mla ? mla_b_kept + bytes(d.N, d.QS, d.a) : 0);  // MLA: its gradients and the padded dout
   // Kept for W: the context less qkv, lse, gate_up (and a2a's saves), and dy, dqkv, dh1, dx2,
   // dgate_up (or the MoE block's gradients), dh2 as the context holds them (reduced and gathered
   // where those differ).
   const double kept_dh = d.sp ? x : full_nc, kept_dx2 = d.sp ? full_nc : x;
-  p.kept_after_b = context - qkv - lse - gate_up - cp_saved + dy_in + dy_g + dqkv + kept_dh + kept_dx2 + dgu +
-                   moe_b_kept + kept_dh;
+  // (MLA: its B frees the padded output and keeps its gradients, mla_b_kept, in place of dqkv.)
+  p.kept_after_b = context - qkv - lse - gate_up - cp_saved + dy_in + dy_g + (d.mla ? mla_b_kept - bytes(d.N, d.QS, d.a) : dqkv) +
+                   kept_dh + kept_dx2 + dgu + moe_b_kept + kept_dh;
   return p;
 }
 
@@ -501,9 +621,16 @@ PartWork head_work(const ModelSpec& m, const WorkloadShape& w) {
 int64_t layer_parameters(const ModelSpec& m, int tp, bool moe, int ep, int etp) {
   const int64_t C = m.hidden_size;
   int64_t n = 2 * C;                          // the two norms, whole on every rank
-  n += m.qkv_size() * C / tp;                 // linear_qkv
-  if (m.add_qkv_bias) n += m.qkv_size() / tp;
-  n += C * m.q_size() / tp;                   // linear_proj
+  if (m.multi_latent_attention) {             // model/mla.h: the up projections split by heads
+    const int64_t H = m.num_attention_heads / tp, qk = m.qk_head_dim + m.qk_pos_emb_head_dim;
+    const int64_t Rq = m.q_lora_rank, R = m.kv_lora_rank;
+    n += Rq > 0 ? Rq * C + H * qk * Rq + (m.qk_layernorm ? Rq : 0) : H * qk * C;
+    n += (R + m.qk_pos_emb_head_dim) * C + H * (m.qk_head_dim + m.v_head_dim) * R + (m.qk_layernorm ? R : 0);
+  } else {
+    n += m.qkv_size() * C / tp;               // linear_qkv
+    if (m.add_qkv_bias) n += m.qkv_size() / tp;
+  }
+  n += C * m.attention_out_size() / tp;       // linear_proj
   if (!moe) return n + 3 * m.ffn_hidden_size * C / tp;  // linear_fc1 (gate and up), linear_fc2
   // The MoE block: router (and expert bias) and the shared gate on every rank, experts over ep,
   // the routed and shared experts' ffn over etp.
@@ -517,6 +644,8 @@ int64_t layer_parameters(const ModelSpec& m, int tp, bool moe, int ep, int etp) 
 
 int64_t layer_tensors(const ModelSpec& m, bool moe, int ep) {
   int64_t t = m.add_qkv_bias ? 5 : 4;  // norms, qkv (and bias), proj
+  if (m.multi_latent_attention)  // norms, proj, q (one or down and up), kv down and up, the latent norms
+    t = 3 + (m.q_lora_rank > 0 ? 2 : 1) + 2 + (m.qk_layernorm ? (m.q_lora_rank > 0 ? 2 : 1) : 0);
   if (!moe) return t + 2;
   t += 1 + (m.moe_router_enable_expert_bias ? 1 : 0) + 2 * (m.num_experts / ep);
   if (m.moe_shared_expert_intermediate_size > 0) t += 2 + (m.moe_shared_expert_gate ? 1 : 0);

@@ -54,9 +54,11 @@ TEST(Comm, RingCollectivesAndTransfers) {
 // The trainer's measured peak (the tensor pool's, one process on the CPU) against the projection,
 // for each recompute setting.
 TEST_F(Projection, MemoryMatchesTheTrainersPeakWithin10Percent) {
-  // Dense with each recompute setting, and an MoE model (every layer routed, top-2 of 8 experts).
+  // Dense with each recompute setting, an MoE model (every layer routed, top-2 of 8 experts), and
+  // the DeepSeek-style one (MLA, a dense first layer, shared expert) with and without recompute.
   const std::vector<std::pair<std::string, std::string>> cases = {
-      {"tiny", ""}, {"tiny", "selective"}, {"tiny", "full"}, {"tiny_mixtral", ""}};
+      {"tiny", ""}, {"tiny", "selective"}, {"tiny", "full"}, {"tiny_mixtral", ""}, {"tiny_moe", ""},
+      {"tiny_moe", "full"}};
   for (const auto& [model, recompute] : cases) {
     const std::string ov = "      recompute_granularity: \"" + recompute + "\"\n";
     const config::ExperimentConfig cfg = config(ov, model);
@@ -263,15 +265,42 @@ TEST(Workload, ExpertTensorParallelSplitsTheExpertsAndSumsTheirOutputs) {
 TEST_F(Projection, ALayoutThatDoesNotFitTheScaleIsAnError) {
   EXPECT_THROW(plan(config("      tensor_model_parallel_size: 3\n"), h100(1, 8)), Error);
   EXPECT_THROW(parse_sharding("zero3"), Error);
-  // An MLA model is refused by name (its latent projections are not in the workload model).
-  const auto mla = config("      multi_latent_attention: true\n      kv_lora_rank: 16\n      qk_head_dim: 8\n"
-                          "      qk_pos_emb_head_dim: 8\n      v_head_dim: 8\n");
-  try {
-    plan(mla, h100(1, 8));
-    ADD_FAILURE() << "an MLA model was projected";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("multi_latent_attention"), std::string::npos) << e.what();
-  }
+}
+
+// MLA (model/mla.h): its projections' GEMMs in place of qkv (every linear weight's three GEMMs,
+// 6 N FLOPs per parameter), the attention on packed heads of width max(qk, v), the up projections
+// divided over tp and the down projections whole.
+TEST(Workload, MlaLayerRunsItsProjectionsAndPackedHeads) {
+  ModelSpec m = load_model_spec("tiny_moe");
+  ASSERT_TRUE(m.multi_latent_attention);
+  ASSERT_GT(m.q_lora_rank, 0);
+  WorkloadShape w;
+  w.micro_batch_size = 2;
+  w.seq_length = 64;
+  const double N = 128;
+  auto gemm_flops = [](const PartWork& p) {
+    double f = 0;
+    for (const PassWork* pass : {&p.f, &p.b, &p.w})
+      for (const OpSpec& o : pass->ops) f += o.op == "gemm" ? o.flops : 0.0;
+    return f;
+  };
+  const int64_t C = m.hidden_size, norms = 2 * C + m.q_lora_rank + m.kv_lora_rank;  // qk_layernorm: latent norms
+  const PartWork dense = layer_work(m, w, false);
+  EXPECT_DOUBLE_EQ(gemm_flops(dense), 6 * N * double(layer_parameters(m, 1) - norms));
+  int attention = 0;
+  for (const OpSpec& o : dense.f.ops)
+    if (o.op == "attention_forward") {
+      ++attention;
+      EXPECT_EQ(o.c, m.num_attention_heads);
+      EXPECT_EQ(o.d, m.num_attention_heads) << "a group per head";
+      EXPECT_EQ(o.e, std::max(m.qk_head_dim + m.qk_pos_emb_head_dim, m.v_head_dim));
+    }
+  EXPECT_EQ(attention, 1);
+  // tp 2: the up projections and linear_proj halve, the down projections stay whole.
+  const int64_t H = m.num_attention_heads, qk = m.qk_head_dim + m.qk_pos_emb_head_dim;
+  const int64_t split = H * qk * m.q_lora_rank + H * (m.qk_head_dim + m.v_head_dim) * m.kv_lora_rank +
+                        C * H * m.v_head_dim + 3 * m.ffn_hidden_size * C;
+  EXPECT_EQ(layer_parameters(m, 1) - layer_parameters(m, 2), split / 2);
 }
 
 }  // namespace
