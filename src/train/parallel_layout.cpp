@@ -152,7 +152,6 @@ ParallelLayout plan_layout(const config::TrainingArgs& a, const ModelSpec& spec,
          "context parallel {}): the expert-parallel groups are made of dp ranks",
          L.ep, L.dp, world_size, mp);
   check_tensor_parallel(spec, L.tp);
-  if (L.cp > 1 && spec.is_moe()) check_moe_supported(spec, L.cp);
   if (L.cp > 1) {
     const int64_t seq = a.seq_length > 0 ? a.seq_length : spec.max_position_embeddings;
     if (seq % (2 * L.cp) != 0)
@@ -169,6 +168,9 @@ ParallelLayout plan_layout(const config::TrainingArgs& a, const ModelSpec& spec,
   }
 
   L.sequence_parallel = a.sequence_parallel && L.tp > 1;
+  // The ranks that split a microbatch's routed tokens: cp, and tp under sequence parallelism with
+  // whole experts (split experts route every row on every tp rank).
+  if (spec.is_moe()) check_moe_supported(spec, (L.sequence_parallel && L.etp == 1 ? L.tp : 1) * L.cp);
   if (a.sequence_parallel && L.tp == 1)
     log::warn("sequence_parallel has no effect with tensor_model_parallel_size 1; running without it");
   if (L.sequence_parallel && (a.micro_batch_size * a.seq_length / L.cp) % L.tp != 0)
