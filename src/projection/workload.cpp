@@ -16,6 +16,7 @@ namespace {
 struct Dims {
   int64_t N, Nl, C, hl, gl, D, Q, QS, P, Fl, Vl, b, s;  // N, Nl: this cp rank's tokens
   bool mla = false, mla_norms = false;
+  bool qk_norm = false;  // qk_layernorm on standard attention (model/qk_norm.h)
   int64_t Dq = 0, dn = 0, dr = 0, dv = 0, Rq = 0, R = 0;  // MLA: q head, its parts, v head, q and kv latents
   double a, st;  // bytes of an activation and of a statistic
   DType act;
@@ -39,6 +40,7 @@ Dims dims_of(const ModelSpec& m, const WorkloadShape& w) {
   d.Q = (d.hl + 2 * d.gl) * d.D;
   d.QS = d.hl * d.D;
   d.P = d.QS;
+  d.qk_norm = m.qk_layernorm && !m.multi_latent_attention;
   if (m.multi_latent_attention) {
     d.mla = true;
     d.mla_norms = m.qk_layernorm;
@@ -181,6 +183,16 @@ OpSpec rope_part(const Dims& d, int64_t heads, bool inverse) {  // MLA's rotary 
   return o;
 }
 
+// QK-norm (QkNorm): per head, the q heads' and the k groups' columns copied out of the fused qkv,
+// normalized (forward) or back-propagated, and copied back; the weights' gradients in W.
+void qk_norm_ops(const Dims& d, PassWork& p, const char* op, double flops, double bytes_per) {
+  for (const int64_t heads : {d.hl, d.gl}) {
+    p.ops.push_back(copy(d, d.N, heads * d.D));
+    p.ops.push_back(elementwise(d, op, d.N * heads, d.D, flops, bytes_per * d.a));
+    p.ops.push_back(copy(d, d.N, heads * d.D));
+  }
+}
+
 // MLA's forward up to the packed qkv (Mla::forward): the q path (one projection, or down, norm,
 // up), the kv latent with the shared rotary key, its norm and up projection, the rotary parts,
 // and the packing into [N, 3 heads W] (zeroed, then the parts copied in).
@@ -253,6 +265,7 @@ void block_forward_ops(const Dims& d, PassWork& p, bool qkv_bias, bool moe) {
     OpSpec qkv = gemm(d, d.N, d.Q, d.C, false, true, false, false);
     if (qkv_bias) qkv.bytes += double(d.Q) * d.a;
     p.ops.push_back(qkv);
+    if (d.qk_norm) qk_norm_ops(d, p, "rmsnorm_forward", 4, 2);
     p.ops.push_back(rope(d, false));
   }
   attention_ops(d, p, false);
@@ -456,6 +469,7 @@ PartWork layer_work(const ModelSpec& m, const WorkloadShape& w, bool moe) {
     mla_backward_input_ops(d, p.b);
   } else {
     p.b.ops.push_back(rope(d, true));
+    if (d.qk_norm) qk_norm_ops(d, p.b, "rmsnorm_backward_input", 8, 4);
     p.b.ops.push_back(gemm(d, d.N, d.C, d.Q, false, false, false, false));
   }
   if (d.tp) p.b.comms.push_back({d.sp ? "reduce_scatter" : "all_reduce", ab});
@@ -473,6 +487,9 @@ PartWork layer_work(const ModelSpec& m, const WorkloadShape& w, bool moe) {
     mla_backward_weight_ops(d, p.w);
   else
     p.w.ops.push_back(gemm(d, d.Q, d.C, d.N, true, false, true, true));
+  if (d.qk_norm)
+    for (const int64_t heads : {d.hl, d.gl})
+      p.w.ops.push_back(elementwise(d, "rmsnorm_backward_weight", d.N * heads, d.D, 3, 2 * d.a));
   if (m.add_qkv_bias) p.w.ops.push_back(elementwise(d, "column_sum_accumulate", d.N, d.Q, 1, d.a));
   p.w.ops.push_back(elementwise(d, "rmsnorm_backward_weight", d.Nl, d.C, 3, 2 * d.a));
 
@@ -482,6 +499,10 @@ PartWork layer_work(const ModelSpec& m, const WorkloadShape& w, bool moe) {
   // MLA's own saves (MlaContext): the q and kv latents (and their norms' outputs and rstd), the
   // padded attention output; for W its B's gradients: dq, the q latent's, dkv and the kv
   // latent's with the rotary key.
+  // QK-norm's saves (QkNormContext): the rows before the norm and their rstd; for W its B's
+  // gradients of the normalized rows.
+  const double qk_saved = d.qk_norm ? bytes(d.N, (d.hl + d.gl) * d.D, d.a) + bytes(d.N, d.hl + d.gl, d.st) : 0;
+  const double qk_b_kept = d.qk_norm ? bytes(d.N, (d.hl + d.gl) * d.D, d.a) : 0;
   const double n_q = d.mla_norms ? 2 : 1;
   const double mla_saved = !d.mla ? 0
                                    : bytes(d.N, d.Rq, d.a) * (d.Rq > 0 ? n_q : 0) + bytes(d.N, d.R, d.a) * n_q +
@@ -514,11 +535,12 @@ PartWork layer_work(const ModelSpec& m, const WorkloadShape& w, bool moe) {
   const int64_t KV = 2 * d.gl * d.D;
   const double ring_f = d.cp > 1 && !d.a2a ? 2 * bytes(d.N, KV, d.a) + bytes(d.N, d.QS, d.st) : 0;
   const double ring_b = d.cp > 1 && !d.a2a ? 2 * bytes(d.N, KV, d.a) + bytes(d.N, d.QS, d.st) + 2 * bytes(d.N, KV, d.st) : 0;
-  const double context = x + h1 + rstd + qkv + attn + lse + x2 + h2 + rstd + gate_up + act + moe_ctx + cp_saved + mla_saved;
+  const double context =
+      x + h1 + rstd + qkv + attn + lse + x2 + h2 + rstd + gate_up + act + moe_ctx + cp_saved + mla_saved + qk_saved;
   // Recompute rebuilds the block up to the MLP; the MoE block's context is kept (block_rebuild
   // does not run it again).
   p.kept_after_f = w.recompute == Recompute::None        ? context
-                   : w.recompute == Recompute::Selective ? x + qkv + x2 + gate_up + moe_ctx + mla_saved
+                   : w.recompute == Recompute::Selective ? x + qkv + x2 + gate_up + moe_ctx + mla_saved + qk_saved
                                                          : x + moe_ctx;
   // At the end of F everything exists at once (recompute drops it afterwards), with the output
   // and, under tp, fc2's partial sum.
@@ -529,14 +551,14 @@ PartWork layer_work(const ModelSpec& m, const WorkloadShape& w, bool moe) {
   const double da = act, dgu = gate_up, dh2 = full_nc + (d.sp ? x : 0), dx2 = x + (d.sp ? full_nc : 0);
   const double dattn = attn, dqkv = qkv, dh1 = full_nc + (d.sp ? x : 0), dx = x;
   p.peak_in_b = context + dy_in + dy_g + da + dgu + moe_b_kept + moe_b_tmp + dh2 + dx2 + dattn + dqkv + dh1 + dx + ring_b +
-                (d.mla ? mla_b_kept + bytes(d.N, d.QS, d.a) : 0);  // MLA: its gradients and the padded dout
+                (d.mla ? mla_b_kept + bytes(d.N, d.QS, d.a) : 0) + 2 * qk_b_kept;  // MLA: its gradients and the padded dout
   // Kept for W: the context less qkv, lse, gate_up (and a2a's saves), and dy, dqkv, dh1, dx2,
   // dgate_up (or the MoE block's gradients), dh2 as the context holds them (reduced and gathered
   // where those differ).
   const double kept_dh = d.sp ? x : full_nc, kept_dx2 = d.sp ? full_nc : x;
   // (MLA: its B frees the padded output and keeps its gradients, mla_b_kept, in place of dqkv.)
   p.kept_after_b = context - qkv - lse - gate_up - cp_saved + dy_in + dy_g + (d.mla ? mla_b_kept - bytes(d.N, d.QS, d.a) : dqkv) +
-                   kept_dh + kept_dx2 + dgu + moe_b_kept + kept_dh;
+                   kept_dh + kept_dx2 + dgu + moe_b_kept + kept_dh + qk_b_kept;
   return p;
 }
 
@@ -629,6 +651,7 @@ int64_t layer_parameters(const ModelSpec& m, int tp, bool moe, int ep, int etp) 
   } else {
     n += m.qkv_size() * C / tp;               // linear_qkv
     if (m.add_qkv_bias) n += m.qkv_size() / tp;
+    if (m.qk_layernorm) n += 2 * m.head_dim();  // q_layernorm, k_layernorm: whole on every rank
   }
   n += C * m.attention_out_size() / tp;       // linear_proj
   if (!moe) return n + 3 * m.ffn_hidden_size * C / tp;  // linear_fc1 (gate and up), linear_fc2
@@ -643,7 +666,7 @@ int64_t layer_parameters(const ModelSpec& m, int tp, bool moe, int ep, int etp) 
 }
 
 int64_t layer_tensors(const ModelSpec& m, bool moe, int ep) {
-  int64_t t = m.add_qkv_bias ? 5 : 4;  // norms, qkv (and bias), proj
+  int64_t t = (m.add_qkv_bias ? 5 : 4) + (m.qk_layernorm ? 2 : 0);  // norms, qkv (and bias), proj, QK norms
   if (m.multi_latent_attention)  // norms, proj, q (one or down and up), kv down and up, the latent norms
     t = 3 + (m.q_lora_rank > 0 ? 2 : 1) + 2 + (m.qk_layernorm ? (m.q_lora_rank > 0 ? 2 : 1) : 0);
   if (!moe) return t + 2;

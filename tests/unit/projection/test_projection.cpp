@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 
@@ -55,12 +56,14 @@ TEST(Comm, RingCollectivesAndTransfers) {
 // for each recompute setting.
 TEST_F(Projection, MemoryMatchesTheTrainersPeakWithin10Percent) {
   // Dense with each recompute setting, an MoE model (every layer routed, top-2 of 8 experts), and
-  // the DeepSeek-style one (MLA, a dense first layer, shared expert) with and without recompute.
-  const std::vector<std::pair<std::string, std::string>> cases = {
-      {"tiny", ""}, {"tiny", "selective"}, {"tiny", "full"}, {"tiny_mixtral", ""}, {"tiny_moe", ""},
-      {"tiny_moe", "full"}};
-  for (const auto& [model, recompute] : cases) {
-    const std::string ov = "      recompute_granularity: \"" + recompute + "\"\n";
+  // the DeepSeek-style one (MLA, a dense first layer, shared expert) with and without recompute,
+  // and QK-norm (Qwen3's) on the dense one.
+  const std::vector<std::tuple<std::string, std::string, std::string>> cases = {
+      {"tiny", "", ""},           {"tiny", "selective", ""},  {"tiny", "full", ""},
+      {"tiny_mixtral", "", ""},   {"tiny_moe", "", ""},       {"tiny_moe", "full", ""},
+      {"tiny", "", "      qk_layernorm: true\n"}};
+  for (const auto& [model, recompute, extra] : cases) {
+    const std::string ov = "      recompute_granularity: \"" + recompute + "\"\n" + extra;
     const config::ExperimentConfig cfg = config(ov, model);
     fs::remove_all(dir_ / "ws");
     reset_peak_host_memory();
@@ -73,9 +76,10 @@ TEST_F(Projection, MemoryMatchesTheTrainersPeakWithin10Percent) {
     auto p = plan(cfg, t);
     project_memory(p);
     const double projected = p.memory->per_rank[0].peak;
-    EXPECT_NEAR(projected, measured, 0.10 * measured) << model << ", recompute '" << recompute << "'";
-    std::printf("%s, recompute '%s': measured %.0f, projected %.0f bytes (%+.2f%%)\n", model.c_str(),
-                recompute.c_str(), measured, projected, 100 * (projected - measured) / measured);
+    EXPECT_NEAR(projected, measured, 0.10 * measured) << model << ", recompute '" << recompute << "' " << extra;
+    std::printf("%s%s, recompute '%s': measured %.0f, projected %.0f bytes (%+.2f%%)\n", model.c_str(),
+                extra.empty() ? "" : " (qk_layernorm)", recompute.c_str(), measured, projected,
+                100 * (projected - measured) / measured);
   }
 }
 
@@ -260,6 +264,29 @@ TEST(Workload, ExpertTensorParallelSplitsTheExpertsAndSumsTheirOutputs) {
   ASSERT_GE(f.size(), 2u);
   EXPECT_EQ(f[f.size() - 2], "all_gather");
   EXPECT_EQ(f.back(), "reduce_scatter");
+}
+
+// QK-norm (Qwen3): a norm over the q heads' and one over the k groups' rows in F, their input
+// gradients in B, their weights' in W; the two weights whole on every tp rank.
+TEST(Workload, QkNormNormalizesTheHeadsAndGroups) {
+  ModelSpec m = load_model_spec("tiny");
+  WorkloadShape w;
+  w.micro_batch_size = 2;
+  w.seq_length = 64;
+  auto count = [](const PassWork& p, const std::string& op) {
+    return std::count_if(p.ops.begin(), p.ops.end(), [&](const OpSpec& o) { return o.op == op; });
+  };
+  const PartWork plain = layer_work(m, w);
+  m.qk_layernorm = true;
+  const PartWork qk = layer_work(m, w);
+  EXPECT_EQ(count(qk.f, "rmsnorm_forward"), count(plain.f, "rmsnorm_forward") + 2);
+  EXPECT_EQ(count(qk.b, "rmsnorm_backward_input"), count(plain.b, "rmsnorm_backward_input") + 2);
+  EXPECT_EQ(count(qk.w, "rmsnorm_backward_weight"), count(plain.w, "rmsnorm_backward_weight") + 2);
+  for (const OpSpec& o : qk.f.ops)
+    if (o.op == "rmsnorm_forward" && o.b == m.head_dim())
+      EXPECT_TRUE(o.a == 128 * m.num_attention_heads || o.a == 128 * m.query_groups()) << o.a;
+  EXPECT_GT(qk.kept_after_f, plain.kept_after_f);
+  EXPECT_EQ(layer_parameters(m, 2), layer_parameters(load_model_spec("tiny"), 2) + 2 * m.head_dim());
 }
 
 TEST_F(Projection, ALayoutThatDoesNotFitTheScaleIsAnError) {
