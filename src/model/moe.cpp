@@ -154,6 +154,7 @@ Tensor MoeLayer::forward(MoeContext& c, const Tensor& h_local, const Tensor& res
   const int64_t Mt = int64_t(c.rows.size());
   // Whole experts add onto the residual; split ones give partial sums, summed over tp first.
   const bool split = etp_.size() > 1;
+  if (split) check_same_routing(c);
   Tensor out = split ? be_.zeros({N, C}, act_) : residual.clone();
   Tensor xt;
   if (Mt > 0) {
@@ -204,6 +205,24 @@ Tensor MoeLayer::forward(MoeContext& c, const Tensor& h_local, const Tensor& res
   Tensor y = etp_.reduce(out);
   be_.add(y, residual, y);
   return y;
+}
+
+// Split experts sum the tp ranks' partial outputs row by row, so every tp rank must have made the
+// same choices (it does from the same logits; a rank whose GEMM rounds otherwise would not): a
+// hash of the permutation, its max and min over tp compared.
+void MoeLayer::check_same_routing(const MoeContext& c) const {
+  uint64_t h = 1469598103934665603ull;  // FNV-1a over the choices
+  auto mix = [&h](uint64_t v) { h = (h ^ v) * 1099511628211ull; };
+  for (size_t i = 0; i < c.slot.size(); ++i) mix(uint64_t(c.slot[i]));
+  for (int64_t o : c.token_offsets) mix(uint64_t(o));
+  const int64_t x = int64_t(h >> 1);
+  std::vector<int64_t> v = {x, -x};
+  etp_.group->all_reduce(v, parallel::ReduceOp::Max);
+  if (v[0] != -v[1])
+    fail("model {}: the tensor-parallel ranks routed a microbatch's tokens differently (their router logits "
+         "differ), but split experts (expert_tensor_parallel_size {}) need the same routing on every tp rank; "
+         "use expert_tensor_parallel_size 1",
+         spec_.name, etp_.size());
 }
 
 Tensor MoeLayer::backward_input(MoeContext& c, const Tensor& dy_local, const Weights& w) const {

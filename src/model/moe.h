@@ -108,6 +108,7 @@ class MoeLayer {
 
  private:
   Tensor empty(const Shape& s) const { return be_.empty(s, act_); }
+  void check_same_routing(const MoeContext& c) const;  // split experts: collective over tp
   ModelSpec spec_;
   ops::Backend& be_;
   DType act_, stat_;
