@@ -1,7 +1,6 @@
 #include "train/expert_grads.h"
 
 #include <algorithm>
-#include <numeric>
 
 #include "core/error.h"
 #include "model/moe.h"

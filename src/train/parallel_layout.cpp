@@ -87,6 +87,28 @@ pipeline::ModelCosts model_costs(const ModelSpec& spec, int64_t micro_batch_size
   return c;
 }
 
+int resolve_expert_tensor_parallel_size(const config::TrainingArgs& a, const ModelSpec& spec) {
+  // Megatron's default (null) is tensor_model_parallel_size. The experts' tensor-parallel group is the
+  // dense one (or none): other sizes would need a second tp-like group beside ep.
+  if (a.expert_tensor_parallel_size < 0)
+    fail("expert_tensor_parallel_size must not be negative, got {}", a.expert_tensor_parallel_size);
+  const int64_t etp = a.expert_tensor_parallel_size == 0 ? a.tensor_model_parallel_size : a.expert_tensor_parallel_size;
+  if (!spec.is_moe()) return 1;
+  if (etp != 1 && etp != a.tensor_model_parallel_size)
+    fail("expert_tensor_parallel_size {} must be 1 (experts whole on every tensor-parallel rank) or "
+         "tensor_model_parallel_size ({}); other sizes are not implemented",
+         etp, a.tensor_model_parallel_size);
+  if (etp > 1 && spec.expert_ffn() % etp != 0)
+    fail("expert_tensor_parallel_size {} splits each expert's ffn (moe_ffn_hidden_size {}) over the tensor-parallel "
+         "ranks: not divisible",
+         etp, spec.expert_ffn());
+  if (etp > 1 && spec.moe_shared_expert_intermediate_size % etp != 0)
+    fail("expert_tensor_parallel_size {} splits the shared expert (moe_shared_expert_intermediate_size {}) over the "
+         "tensor-parallel ranks: not divisible",
+         etp, spec.moe_shared_expert_intermediate_size);
+  return int(etp);
+}
+
 ParallelLayout plan_layout(const config::TrainingArgs& a, const ModelSpec& spec, int world_size) {
   ParallelLayout L;
   L.world_size = world_size;
@@ -123,24 +145,7 @@ ParallelLayout plan_layout(const config::TrainingArgs& a, const ModelSpec& spec,
     fail("num_experts ({}) of model {} must be divisible by expert_model_parallel_size ({})", spec.num_experts,
          spec.name, a.expert_model_parallel_size);
   L.ep = int(a.expert_model_parallel_size);
-  // Megatron's default (null) is tensor_model_parallel_size. The experts' tensor-parallel group is the
-  // dense one (or none): other sizes would need a second tp-like group beside ep.
-  if (a.expert_tensor_parallel_size < 0)
-    fail("expert_tensor_parallel_size must not be negative, got {}", a.expert_tensor_parallel_size);
-  const int64_t etp = a.expert_tensor_parallel_size == 0 ? a.tensor_model_parallel_size : a.expert_tensor_parallel_size;
-  if (spec.is_moe() && etp != 1 && etp != a.tensor_model_parallel_size)
-    fail("expert_tensor_parallel_size {} must be 1 (experts whole on every tensor-parallel rank) or "
-         "tensor_model_parallel_size ({}); other sizes are not implemented",
-         etp, a.tensor_model_parallel_size);
-  L.etp = spec.is_moe() ? int(etp) : 1;
-  if (L.etp > 1 && spec.expert_ffn() % L.etp != 0)
-    fail("expert_tensor_parallel_size {} splits each expert's ffn (moe_ffn_hidden_size {}) over the tensor-parallel "
-         "ranks: not divisible",
-         L.etp, spec.expert_ffn());
-  if (L.etp > 1 && spec.moe_shared_expert_intermediate_size % L.etp != 0)
-    fail("expert_tensor_parallel_size {} splits the shared expert (moe_shared_expert_intermediate_size {}) over the "
-         "tensor-parallel ranks: not divisible",
-         L.etp, spec.moe_shared_expert_intermediate_size);
+  L.etp = resolve_expert_tensor_parallel_size(a, spec);
   const int mp = L.tp * L.pp * L.cp;
   if (world_size % mp != 0)
     fail("tensor_model_parallel_size ({}) x pipeline_model_parallel_size ({}) x context_parallel_size ({}) = {} "

@@ -69,4 +69,9 @@ pipeline::ModelCosts model_costs(const ModelSpec& spec, int64_t micro_batch_size
 // only: its ILP's time limit would make the ranks' schedules differ.
 ParallelLayout plan_layout(const config::TrainingArgs& args, const ModelSpec& spec, int world_size);
 
+// expert_tensor_parallel_size resolved (0 or null: tensor_model_parallel_size, Megatron's default)
+// and checked against the model: 1 or tp, dividing the experts' and the shared expert's ffn; 1
+// for a dense model. plan_layout's rule, for the tools that list a rank's work without a world.
+int resolve_expert_tensor_parallel_size(const config::TrainingArgs& args, const ModelSpec& spec);
+
 }  // namespace primus::train

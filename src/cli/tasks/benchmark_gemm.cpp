@@ -43,6 +43,7 @@
 #include "kernels/cpu/gemm.h"
 #include "model/llama_gemms.h"
 #include "model/llama.h"
+#include "train/parallel_layout.h"
 
 #ifdef PRIMUS_HAVE_CUDA
 #include "kernels/cuda/gemm.h"
@@ -320,12 +321,9 @@ ModelGemms model_gemms(const Options& o) {
   check_tensor_parallel(spec, int(a.tensor_model_parallel_size));
   GemmLayout layout;
   layout.tp = int(a.tensor_model_parallel_size);
-  layout.etp = int(a.expert_tensor_parallel_size > 0 ? a.expert_tensor_parallel_size : a.tensor_model_parallel_size);
+  layout.etp = train::resolve_expert_tensor_parallel_size(a, spec);  // the trainer's rule
   layout.ep = int(std::max<int64_t>(a.expert_model_parallel_size, 1));
   layout.sequence_parallel = a.sequence_parallel;
-  if (spec.is_moe() && (layout.etp != 1 && layout.etp != layout.tp))
-    fail("{}: expert_tensor_parallel_size {} must be 1 or tensor_model_parallel_size ({})", o.shapes_from, layout.etp,
-         layout.tp);
   if (spec.is_moe() && spec.num_experts % layout.ep != 0)
     fail("{}: num_experts ({}) must be divisible by expert_model_parallel_size ({})", o.shapes_from, spec.num_experts,
          layout.ep);
