@@ -1,4 +1,4 @@
-// The Llama-family decoder with explicit passes and no autograd (see DESIGN.md), written once
+// The Llama-family decoder with explicit passes and no autograd (docs/architecture.md), written once
 // against the op set (kernels/backend.h) for every precision, device and parallel layout:
 //
 //   forward(ctx, x)          saves into ctx what the backward needs
