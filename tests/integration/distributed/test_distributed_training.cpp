@@ -22,7 +22,7 @@
 
 #include "kernels/cpu/cpu_backend.h"
 #include "model/llama.h"
-#include "train/checkpoint.h"
+#include "checkpoint/checkpoint.h"
 
 namespace fs = std::filesystem;
 using namespace primus;
@@ -105,12 +105,12 @@ class Distributed : public ::testing::Test {
 
   // The run's final weights, read into one process's layout whatever layout saved them.
   std::vector<float> weights(const std::string& name) {
-    const std::string ck_dir = train::resolve_checkpoint((dir_ / "ws" / name / "checkpoints").string());
+    const std::string ck_dir = checkpoint::resolve_checkpoint((dir_ / "ws" / name / "checkpoints").string());
     // The model the run trained, as its checkpoint's resolved config records it.
-    const YAML::Node cfg = YAML::Load(train::read_checkpoint_config(ck_dir));
+    const YAML::Node cfg = YAML::Load(checkpoint::read_checkpoint_config(ck_dir));
     LlamaModel model(model_spec_from_yaml(cfg["modules"]["pre_trainer"]["model_spec"], ck_dir), cpu::cpu_backend(),
                      Precision::Fp32);
-    auto ck = train::load_checkpoint(ck_dir, model.params());
+    auto ck = checkpoint::load_checkpoint(ck_dir, model.params());
     return ck.params;
   }
 

@@ -10,7 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
-#include "train/checkpoint.h"
+#include "checkpoint/checkpoint.h"
 #include "train/compute.h"
 #include "train/trainer.h"
 #include "trainer_fixture.h"
