@@ -176,120 +176,168 @@ void raise_if_failed(const std::vector<int>& failed, const std::string& own_erro
   fail("{}: rank(s) {} failed (their error says why)", what, fmt::join(failed, ", "));
 }
 
-// The identity in a checkpoint folder's meta.json, or nullopt when it cannot be read or verified.
+}  // namespace
+
+namespace {
+
+// A collective save, in three steps that every rank of the world runs; a failure on any rank is
+// reported at the end of the step to all of them, so none waits forever, and leaves no checkpoint.
+class Saver {
+ public:
+  Saver(const std::string& save_dir, const ParamStore& params, const float* exp_avg, const float* exp_avg_sq,
+        const TrainState& state, const std::string& config_yaml, const SaveOptions& opt)
+      : params_(params),
+        moments_{exp_avg, exp_avg_sq},
+        state_(state),
+        config_yaml_(config_yaml),
+        opt_(opt),
+        rank_(opt.world ? opt.world->rank() : 0),
+        size_(opt.world ? opt.world->size() : 1),
+        slot_(save_slot(save_dir, state.iteration)),
+        what_(fmt::format("checkpoint {} not saved", slot_.final_dir.string())) {}
+
+  std::string run() {
+    open();
+    write();
+    publish();
+    return slot_.final_dir.string();
+  }
+
+ private:
+  // 1. Rank 0 checks that the save replaces no other run's checkpoint and makes the temporary
+  // folder; the others wait for it.
+  void open() {
+    std::string err;
+    if (rank_ == 0)
+      err = caught([&] {
+        if (state_.run_id.empty()) fail("checkpoint: the training state has no run id (new_run_id())");
+        save_seq_ = open_save_slot(slot_, state_.run_id, opt_.overwrite);
+      });
+    raise_if_failed(failed_ranks(opt_.world, err.empty()), err, what_);
+  }
+
+  // 2. Writers write their shard file and fsync it; everyone shares (ok, writer, bytes, crc).
+  void write() {
+    Written mine;
+    const std::string err = caught([&] {
+      if (opt_.block_bytes <= 0) fail("checkpoint block_bytes must be positive, not {}", opt_.block_bytes);
+      if (!opt_.writer) return;
+      // A store on the GPU (bf16 mixed precision) is written from a host copy of its master weights.
+      const Tensor values = params_.device() == Device::CPU ? params_.values() : params_.values().to(Device::CPU);
+      const float* data[kSections] = {values.data<float>(), moments_[0], moments_[1]};
+      mine = write_shard(slot_.tmp / shard_file_name(rank_), rank_, state_.run_id, state_.iteration, params_, data,
+                         opt_.block_bytes);
+    });
+    if (err.empty() && opt_.writer) maybe_kill_after(shard_file_name(rank_));
+    const int64_t record[4] = {err.empty() ? 1 : 0, opt_.writer ? 1 : 0, int64_t(mine.bytes), int64_t(mine.crc)};
+    records_.resize(4 * size_t(size_));
+    if (opt_.world)
+      opt_.world->all_gather(record, records_.data(), 4, parallel::CommType::I64);
+    else
+      std::copy(record, record + 4, records_.begin());
+    std::vector<int> failed;
+    for (int r = 0; r < size_; ++r)
+      if (records_[4 * r] == 0) failed.push_back(r);
+    if (!failed.empty() && rank_ == 0) discard_save_slot(slot_);
+    raise_if_failed(failed, err, what_);
+  }
+
+  // 3. Rank 0 indexes the shards, writes config.yaml and meta.json, renames, moves `latest`.
+  void publish() {
+    std::string err;
+    if (rank_ == 0)
+      err = caught([&] {
+        json meta = state_json();
+        index_shards(meta);
+        const Written cfg = write_whole_file(slot_.tmp / "config.yaml", config_yaml_.data(), config_yaml_.size());
+        meta["files"]["config.yaml"] = {{"bytes", cfg.bytes}, {"crc32", cfg.crc}};
+        maybe_kill_after("config.yaml");
+        write_meta(slot_.tmp, meta);
+        fsync_path(slot_.tmp, true);
+        maybe_kill_after("meta.json");
+        publish_save_slot(slot_);
+      });
+    if (!err.empty() && rank_ == 0) discard_save_slot(slot_);
+    raise_if_failed(failed_ranks(opt_.world, err.empty()), err, what_);
+  }
+
+  json state_json() const {
+    json meta;
+    meta["iteration"] = state_.iteration;
+    meta["consumed_samples"] = state_.consumed_samples;
+    meta["optimizer_step"] = state_.optimizer_step;
+    meta["seed"] = state_.seed;
+    meta["run_id"] = state_.run_id;
+    meta["save_seq"] = save_seq_;
+    meta["saved_at"] = std::chrono::duration_cast<std::chrono::seconds>(
+                           std::chrono::system_clock::now().time_since_epoch()).count();
+    const CheckpointLayout& l = opt_.layout;
+    meta["layout"] = {{"world_size", size_}, {"tp", l.tp}, {"pp", l.pp}, {"dp", l.dp}, {"cp", l.cp}, {"vpp", l.vpp}};
+    return meta;
+  }
+
+  // meta.json's files and tensor index, from the shard headers just written (each read back and
+  // verified), and the check that every tensor saved is whole across the files: a rank wrongly
+  // marked as no writer shows here, at save time, not at the next load.
+  void index_shards(json& meta) const {
+    json files = json::object(), tensors = json::object();
+    for (int r = 0; r < size_; ++r) {
+      if (records_[4 * r + 1] == 0) continue;
+      const std::string file = shard_file_name(r);
+      files[file] = {{"bytes", records_[4 * r + 2]}, {"crc32", records_[4 * r + 3]}, {"rank", r}};
+      ShardExpect expect;
+      expect.bytes = uint64_t(records_[4 * r + 2]);
+      expect.crc = uint32_t(records_[4 * r + 3]);
+      expect.run_id = state_.run_id;
+      expect.iteration = state_.iteration;
+      const ShardReader rd(slot_.tmp / file, expect);
+      for (const json& t : rd.header().at("tensors")) {
+        const std::string tname = t.at("name");
+        json& entry = tensors[tname];
+        if (!entry.contains("global_shape"))
+          entry["global_shape"] = t.at("global_shape");
+        else if (entry["global_shape"] != t.at("global_shape"))
+          fail("ranks disagree on the global shape of tensor {}: {} in {}, {} elsewhere", tname,
+               t.at("global_shape").dump(), file, entry["global_shape"].dump());
+        entry["shards"].push_back({{"file", file},
+                                   {"offset", t.at("offset")},
+                                   {"shape", t.at("shape")},
+                                   {"shard_dim", t.at("shard_dim")},
+                                   {"pieces", t.at("pieces")}});
+      }
+    }
+    if (files.empty()) fail("no rank is a writer (SaveOptions::writer is false everywhere)");
+    meta["files"] = files;
+    meta["tensors"] = tensors;
+    for (const auto& [name, st] : parse_index(slot_.tmp, meta)) {
+      std::vector<const Entry*> entries;
+      for (const Entry& e : st.entries) entries.push_back(&e);
+      const PlanResult r = plan(name, st.global, make_placement(st.global, -1, {}), entries, [](auto&&...) {});
+      if (!r.gaps.empty())
+        fail("tensor {} is not fully saved: {} is in no rank's file ({}); is every tensor-parallel rank and "
+             "pipeline stage a writer?",
+             name, gaps_str(r), files_holding(st));
+    }
+  }
+
+  const ParamStore& params_;
+  const float* moments_[2];
+  const TrainState& state_;
+  const std::string& config_yaml_;
+  const SaveOptions& opt_;
+  const int rank_, size_;
+  const SaveSlot slot_;
+  const std::string what_;
+  int64_t save_seq_ = 0;
+  std::vector<int64_t> records_;  // per rank: ok, writer, bytes, crc
+};
 
 }  // namespace
 
 std::string save_checkpoint(const std::string& save_dir, const ParamStore& params, const float* exp_avg,
                             const float* exp_avg_sq, const TrainState& state, const std::string& config_yaml,
                             const SaveOptions& opt) {
-  parallel::ProcessGroup* world = opt.world;
-  const int rank = world ? world->rank() : 0, size = world ? world->size() : 1;
-  const SaveSlot slot = save_slot(save_dir, state.iteration);
-  const fs::path& tmp = slot.tmp;
-  const std::string what = fmt::format("checkpoint {} not saved", slot.final_dir.string());
-
-  // 1. Rank 0 checks that the save replaces no other run's checkpoint and makes the temporary
-  // folder; the others wait for it.
-  std::string err;
-  int64_t save_seq = 0;
-  if (rank == 0)
-    err = caught([&] {
-      if (state.run_id.empty()) fail("checkpoint: the training state has no run id (new_run_id())");
-      save_seq = open_save_slot(slot, state.run_id, opt.overwrite);
-    });
-  raise_if_failed(failed_ranks(world, err.empty()), err, what);
-
-  // 2. Writers write their shard file and fsync it; everyone shares (ok, writer, bytes, crc).
-  Written mine;
-  err = caught([&] {
-    if (opt.block_bytes <= 0) fail("checkpoint block_bytes must be positive, not {}", opt.block_bytes);
-    if (!opt.writer) return;
-    // A store on the GPU (bf16 mixed precision) is written from a host copy of its master weights.
-    const Tensor values = params.device() == Device::CPU ? params.values() : params.values().to(Device::CPU);
-    const float* data[kSections] = {values.data<float>(), exp_avg, exp_avg_sq};
-    mine = write_shard(tmp / shard_file_name(rank), rank, state.run_id, state.iteration, params, data, opt.block_bytes);
-  });
-  if (err.empty() && opt.writer) maybe_kill_after(shard_file_name(rank));
-  const int64_t record[4] = {err.empty() ? 1 : 0, opt.writer ? 1 : 0, int64_t(mine.bytes), int64_t(mine.crc)};
-  std::vector<int64_t> records(4 * size_t(size));
-  if (world)
-    world->all_gather(record, records.data(), 4, parallel::CommType::I64);
-  else
-    std::copy(record, record + 4, records.begin());
-  std::vector<int> failed;
-  for (int r = 0; r < size; ++r)
-    if (records[4 * r] == 0) failed.push_back(r);
-  if (!failed.empty() && rank == 0) discard_save_slot(slot);
-  raise_if_failed(failed, err, what);
-
-  // 3. Rank 0 indexes the shards, writes config.yaml and meta.json, renames, moves `latest`.
-  err = "";
-  if (rank == 0)
-    err = caught([&] {
-      json meta;
-      meta["iteration"] = state.iteration;
-      meta["consumed_samples"] = state.consumed_samples;
-      meta["optimizer_step"] = state.optimizer_step;
-      meta["seed"] = state.seed;
-      meta["run_id"] = state.run_id;
-      meta["save_seq"] = save_seq;
-      meta["saved_at"] = std::chrono::duration_cast<std::chrono::seconds>(
-                             std::chrono::system_clock::now().time_since_epoch()).count();
-      meta["layout"] = {{"world_size", size},    {"tp", opt.layout.tp}, {"pp", opt.layout.pp},
-                        {"dp", opt.layout.dp},   {"cp", opt.layout.cp}, {"vpp", opt.layout.vpp}};
-      json files = json::object(), tensors = json::object();
-      for (int r = 0; r < size; ++r) {
-        if (records[4 * r + 1] == 0) continue;
-        const std::string file = shard_file_name(r);
-        files[file] = {{"bytes", records[4 * r + 2]}, {"crc32", records[4 * r + 3]}, {"rank", r}};
-        ShardExpect expect;
-        expect.bytes = uint64_t(records[4 * r + 2]);
-        expect.crc = uint32_t(records[4 * r + 3]);
-        expect.run_id = state.run_id;
-        expect.iteration = state.iteration;
-        ShardReader rd(tmp / file, expect);
-        for (const json& t : rd.header().at("tensors")) {
-          const std::string tname = t.at("name");
-          json& entry = tensors[tname];
-          if (!entry.contains("global_shape"))
-            entry["global_shape"] = t.at("global_shape");
-          else if (entry["global_shape"] != t.at("global_shape"))
-            fail("ranks disagree on the global shape of tensor {}: {} in {}, {} elsewhere", tname,
-                 t.at("global_shape").dump(), file, entry["global_shape"].dump());
-          entry["shards"].push_back({{"file", file},
-                                     {"offset", t.at("offset")},
-                                     {"shape", t.at("shape")},
-                                     {"shard_dim", t.at("shard_dim")},
-                                     {"pieces", t.at("pieces")}});
-        }
-      }
-      if (files.empty()) fail("no rank is a writer (SaveOptions::writer is false everywhere)");
-      meta["files"] = files;
-      meta["tensors"] = tensors;
-      // Every tensor saved must be whole across the files: a rank wrongly marked as no writer
-      // shows here, at save time, not at the next load.
-      for (const auto& [name_, st] : parse_index(tmp, meta)) {
-        std::vector<const Entry*> entries;
-        for (const Entry& e : st.entries) entries.push_back(&e);
-        const PlanResult r =
-            plan(name_, st.global, make_placement(st.global, -1, {}), entries, [](auto&&...) {});
-        if (!r.gaps.empty())
-          fail("tensor {} is not fully saved: {} is in no rank's file ({}); is every tensor-parallel rank and "
-               "pipeline stage a writer?",
-               name_, gaps_str(r), files_holding(st));
-      }
-      const Written cfg = write_whole_file(tmp / "config.yaml", config_yaml.data(), config_yaml.size());
-      meta["files"]["config.yaml"] = {{"bytes", cfg.bytes}, {"crc32", cfg.crc}};
-      maybe_kill_after("config.yaml");
-      write_meta(tmp, meta);
-      fsync_path(tmp, true);
-      maybe_kill_after("meta.json");
-      publish_save_slot(slot);
-    });
-  if (!err.empty() && rank == 0) discard_save_slot(slot);
-  raise_if_failed(failed_ranks(world, err.empty()), err, what);
-  return slot.final_dir.string();
+  return Saver(save_dir, params, exp_avg, exp_avg_sq, state, config_yaml, opt).run();
 }
 
 CheckpointData load_checkpoint(const std::string& dir, const ParamStore& params, const LoadOptions& opt) {

@@ -181,7 +181,7 @@ std::string refusal(const std::string& dir, const std::vector<Difference>& diffs
   if (!t.dropped.empty())
     msg += fmt::format(". The model has no place for {} of its tensors: {}", t.dropped.size(), some(t.dropped));
   if (!t.fresh.empty())
-    msg += fmt::format(". It lacks {} tensors of the model: {}", t.fresh.size(), some(t.fresh));
+    msg += fmt::format(". It has no match for {} tensors of the model: {}", t.fresh.size(), some(t.fresh));
   if (t.dropped.empty() && t.fresh.empty())
     msg += ". The tensors are the same, but they would compute another function";
   if (purpose == LoadPurpose::Read) return msg;
@@ -248,17 +248,30 @@ std::string ModelFit::summary(const std::string& dir) const {
 
 void fail_nothing_to_resume(const std::string& save_dir, const std::vector<std::pair<std::string, std::string>>& skipped) {
   PRIMUS_CHECK(!skipped.empty(), "fail_nothing_to_resume without a checkpoint");
-  const std::string newest = fs::path(skipped.front().first).filename().string();
-  const std::string which =
-      skipped.size() == 1
-          ? fmt::format("the checkpoint in {} cannot be resumed by this run ({}): {}", save_dir, newest,
-                        skipped.front().second)
-          : fmt::format("none of the {} checkpoints in {} can be resumed by this run (each one's reason is in the "
-                        "warnings above); the newest, {}: {}",
-                        skipped.size(), save_dir, newest, skipped.front().second);
-  fail("{}.\nThis run does not start over beside them. To start a new run instead, give it another save folder "
-       "(`save`, or another `exp_name`)",
-       which);
+  // Each reason once: checkpoints refused for the same reason (their own folder aside) go together.
+  struct Group {
+    std::vector<std::string> names;
+    std::string key, reason;
+  };
+  std::vector<Group> groups;
+  for (const auto& [dir, why] : skipped) {
+    std::string key;  // the reason with the checkpoint's own folder left out
+    size_t from = 0;
+    for (size_t at = why.find(dir); !dir.empty() && at != std::string::npos; at = why.find(dir, from)) {
+      key += why.substr(from, at - from) + "*";
+      from = at + dir.size();
+    }
+    key += why.substr(from);
+    auto g = std::find_if(groups.begin(), groups.end(), [&](const Group& x) { return x.key == key; });
+    if (g == groups.end()) g = groups.insert(groups.end(), Group{{}, key, why});
+    g->names.push_back(fs::path(dir).filename().string());
+  }
+  std::vector<std::string> parts;
+  for (const Group& g : groups) parts.push_back(fmt::format("{}: {}", fmt::join(g.names, ", "), g.reason));
+  fail("{} in {} can be resumed by this run. {}.\nThis run does not start over beside {}. To start a new run "
+       "instead, give it another save folder (`save`, or another `exp_name`)",
+       skipped.size() == 1 ? "no checkpoint" : fmt::format("none of the {} checkpoints", skipped.size()), save_dir,
+       fmt::join(parts, ".\n"), skipped.size() == 1 ? "it" : "them");
 }
 
 std::vector<std::string> model_keys_compared() {

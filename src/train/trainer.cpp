@@ -584,13 +584,13 @@ void Trainer::resume() {
           resumed = true;
           break;
         }
-        log::warn("skipping checkpoint {}: {}", dir, problem);
         skipped.push_back({dir, problem});
       }
     }
     // Checkpoints that this run cannot resume are not started over beside, unless --overwrite asks
-    // for their numbers to be replaced.
+    // for their numbers to be replaced. Each reason is said once: in that error, or as a warning.
     if (!resumed && !skipped.empty() && !a_.overwrite) fail_nothing_to_resume(cfg_.checkpoint_dir(), skipped);
+    for (const auto& [dir, why] : skipped) log::warn("skipped checkpoint {}: {}", dir, why);
     if (!resumed && !a_.pretrained_checkpoint.empty()) {
       const std::string dir = resolve_checkpoint(a_.pretrained_checkpoint);
       const std::string problem = try_restore(dir, true);
