@@ -3,9 +3,9 @@
 #include <cstdint>
 #include <string>
 
+#include "checkpoint/format.h"
 #include "core/error.h"
 #include "fuzz_util.h"
-#include "checkpoint/format.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   try {

@@ -90,22 +90,20 @@ class Loader {
     const Placement target = make_placement(info.shape, info.shard.dim, info.shard.pieces);
     std::vector<const Entry*> entries;
     for (const Entry& e : st.entries) entries.push_back(&e);
-    const PlanResult r = plan(info.name, st.global, target, entries,
-                              [&](const Entry& e, const auto& lo, const auto& hi, const auto& ss, const auto& dsh) {
-                                ShardReader& rd = reader(e.file);
-                                if (uint64_t(e.offset + numel_of(e.place.shape)) > rd.numel())
-                                  fail("checkpoint {}: tensor {} lies outside {} ({} elements)", dir_.string(),
-                                       info.name, e.file, rd.numel());
-                                for_each_run(e.place.shape, info.shape, lo, hi, ss, dsh,
-                                             [&](int64_t so, int64_t d, int64_t count) {
-                                               PRIMUS_CHECK(so >= 0 && so + count <= numel_of(e.place.shape) &&
-                                                                d >= 0 && d + count <= info.numel,
-                                                            "tensor {}: copy run outside a local tensor", info.name);
-                                               for (int s = 0; s < sections; ++s)
-                                                 rd.read(s, uint64_t(e.offset + so), uint64_t(count),
-                                                         dst[s] + info.offset + d);
-                                             });
-                              });
+    const PlanResult r =
+        plan(info.name, st.global, target, entries,
+             [&](const Entry& e, const auto& lo, const auto& hi, const auto& ss, const auto& dsh) {
+               ShardReader& rd = reader(e.file);
+               if (uint64_t(e.offset + numel_of(e.place.shape)) > rd.numel())
+                 fail("checkpoint {}: tensor {} lies outside {} ({} elements)", dir_.string(), info.name, e.file,
+                      rd.numel());
+               for_each_run(e.place.shape, info.shape, lo, hi, ss, dsh, [&](int64_t so, int64_t d, int64_t count) {
+                 PRIMUS_CHECK(so >= 0 && so + count <= numel_of(e.place.shape) && d >= 0 && d + count <= info.numel,
+                              "tensor {}: copy run outside a local tensor", info.name);
+                 for (int s = 0; s < sections; ++s)
+                   rd.read(s, uint64_t(e.offset + so), uint64_t(count), dst[s] + info.offset + d);
+               });
+             });
     if (!r.gaps.empty())
       fail("checkpoint {}: tensor {} (global shape {}) is not fully covered: {} is in none of its files ({})",
            dir_.string(), info.name, shape_str(st.global), gaps_str(r), files_holding(st));
@@ -269,8 +267,8 @@ class Saver {
     meta["seed"] = state_.seed;
     meta["run_id"] = state_.run_id;
     meta["save_seq"] = save_seq_;
-    meta["saved_at"] = std::chrono::duration_cast<std::chrono::seconds>(
-                           std::chrono::system_clock::now().time_since_epoch()).count();
+    meta["saved_at"] =
+        std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
     const CheckpointLayout& l = opt_.layout;
     meta["layout"] = {{"world_size", size_}, {"tp", l.tp}, {"pp", l.pp}, {"dp", l.dp}, {"cp", l.cp}, {"vpp", l.vpp}};
     return meta;

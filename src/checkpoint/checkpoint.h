@@ -107,8 +107,7 @@ std::string save_checkpoint(const std::string& save_dir, const ParamStore& param
 // differs from the model's, a global range that no file covers. Whether the checkpoint holds
 // tensors this model has no place for is check_model_fit's question (model_fit.h): one rank's
 // store holds only its own part of the model.
-CheckpointData load_checkpoint(const std::string& dir, const ParamStore& params,
-                               const LoadOptions& options = {});
+CheckpointData load_checkpoint(const std::string& dir, const ParamStore& params, const LoadOptions& options = {});
 
 // Reads every file of a checkpoint whole and checks its size and CRC-32 against meta.json.
 void verify_checkpoint(const std::string& dir);

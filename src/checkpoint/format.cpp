@@ -56,7 +56,8 @@ class FileWriter {
     while (bytes > 0) {
       const ssize_t n = ::write(fd_, p, std::min<size_t>(bytes, 1u << 30));
       if (n < 0 && errno == EINTR) continue;
-      if (n <= 0) safe::fail_write(path_.string(), n < 0 ? errno : ENOSPC, std::max(expected_, written_ + bytes) - written_);
+      if (n <= 0)
+        safe::fail_write(path_.string(), n < 0 ? errno : ENOSPC, std::max(expected_, written_ + bytes) - written_);
       p += n;
       bytes -= size_t(n);
       written_ += uint64_t(n);
@@ -76,7 +77,6 @@ class FileWriter {
   int fd_ = -1;
   uint64_t written_ = 0;
 };
-
 
 json pieces_json(const std::vector<ShardPiece>& pieces) {
   json a = json::array();
@@ -136,7 +136,8 @@ ShardHeader parse_header(const char* prefix, const std::string& text, uint64_t s
     }
     for (int s = 0; s < kSections; ++s)
       h.block_crcs[s] = h.header.at("sections").at(kSectionNames[s]).at("block_crc32").get<std::vector<uint32_t>>();
-    if (!h.header.at("tensors").is_array()) fail("checkpoint file {} has a malformed header: tensors is not a list", name);
+    if (!h.header.at("tensors").is_array())
+      fail("checkpoint file {} has a malformed header: tensors is not a list", name);
   } catch (const json::exception& e) {
     fail("checkpoint file {} has a malformed header: {}", name, e.what());
   }
@@ -213,8 +214,7 @@ json parse_meta_text(const std::string& text, const std::string& name, const std
       fail("checkpoint file {} is missing a field: {}", name, e.what());
     }
   }
-  if (!meta.contains("files") || !meta["files"].is_object())
-    fail("checkpoint file {} lists no files", name);
+  if (!meta.contains("files") || !meta["files"].is_object()) fail("checkpoint file {} lists no files", name);
   try {
     for (const auto& [file, f] : meta["files"].items()) {
       (void)f.at("bytes").get<uint64_t>();
@@ -259,8 +259,6 @@ void fsync_path(const fs::path& p, bool directory) {
   if (rc != 0) fail("fsync of {} failed: {}", p.string(), std::strerror(errno));
 }
 
-
-
 Written write_whole_file(const fs::path& p, const void* data, size_t bytes) {
   FileWriter w(p, bytes);
   w.write(data, bytes);
@@ -272,7 +270,6 @@ void maybe_kill_after(const std::string& file) {
   const char* kill_after = std::getenv("PRIMUS_FAULT_CHECKPOINT_KILL_AFTER");
   if (kill_after && file == kill_after) ::raise(SIGKILL);
 }
-
 
 // Writes this rank's shard file; returns its size and CRC-32. The whole-file CRC is combined from
 // the header's and the blocks' CRCs, so the data is checksummed in one pass.
@@ -345,8 +342,7 @@ ShardReader::ShardReader(fs::path path, const ShardExpect& expect) : path_(std::
   if (fd_ < 0) fail("checkpoint file {} is missing or unreadable: {}", path_.string(), std::strerror(errno));
   const uint64_t size = fs::file_size(path_);
   if (expect.bytes != ~uint64_t(0) && size != expect.bytes)
-    fail("checkpoint file {} is truncated or padded: {} bytes, meta.json says {}", path_.string(), size,
-         expect.bytes);
+    fail("checkpoint file {} is truncated or padded: {} bytes, meta.json says {}", path_.string(), size, expect.bytes);
   char prefix[kPrefixBytes];
   pread_all(prefix, kPrefixBytes, 0, "its prefix");
   const uint64_t header_bytes = header_length(prefix, size, path_.string());

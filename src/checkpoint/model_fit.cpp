@@ -246,7 +246,8 @@ std::string ModelFit::summary(const std::string& dir) const {
   return s;
 }
 
-void fail_nothing_to_resume(const std::string& save_dir, const std::vector<std::pair<std::string, std::string>>& skipped) {
+void fail_nothing_to_resume(const std::string& save_dir,
+                            const std::vector<std::pair<std::string, std::string>>& skipped) {
   PRIMUS_CHECK(!skipped.empty(), "fail_nothing_to_resume without a checkpoint");
   // Each reason once: checkpoints refused for the same reason (their own folder aside) go together.
   struct Group {
@@ -283,10 +284,18 @@ std::vector<std::string> model_keys_compared() {
 std::vector<std::string> model_keys_free_to_change() {
   // How the model trains, not what its weights are: position limit, initialization, the router's
   // arithmetic precision, load balancing, its losses, capacity and dispatch.
-  return {"max_position_embeddings",       "init_method_std",         "moe_router_dtype",
-          "moe_router_load_balancing_type", "moe_aux_loss_coeff",      "moe_z_loss_coeff",
-          "moe_router_bias_update_rate",    "moe_expert_capacity_factor", "moe_token_drop_policy",
-          "moe_pad_expert_input_to_capacity", "moe_router_force_load_balancing", "moe_token_dispatcher_type"};
+  return {"max_position_embeddings",
+          "init_method_std",
+          "moe_router_dtype",
+          "moe_router_load_balancing_type",
+          "moe_aux_loss_coeff",
+          "moe_z_loss_coeff",
+          "moe_router_bias_update_rate",
+          "moe_expert_capacity_factor",
+          "moe_token_drop_policy",
+          "moe_pad_expert_input_to_capacity",
+          "moe_router_force_load_balancing",
+          "moe_token_dispatcher_type"};
 }
 
 }  // namespace primus::checkpoint

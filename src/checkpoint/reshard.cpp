@@ -70,7 +70,8 @@ std::string shape_str(const Shape& s) { return fmt::format("[{}]", fmt::join(s, 
 std::string describe(const Placement& p) {
   if (p.dim < 0) return "whole";
   std::vector<std::string> parts;
-  for (const ShardPiece& pc : p.pieces) parts.push_back(fmt::format("[{}, {})", pc.global_start, pc.global_start + pc.length));
+  for (const ShardPiece& pc : p.pieces)
+    parts.push_back(fmt::format("[{}, {})", pc.global_start, pc.global_start + pc.length));
   return fmt::format("dim {} {}", p.dim, fmt::join(parts, "+"));
 }
 
@@ -120,7 +121,8 @@ PlanResult plan(const std::string& tensor, const Shape& global, const Placement&
   if (dt == ds)
     for (size_t i = 0; i < target.pieces.size(); ++i)
       needs.push_back({{target.pieces[i].global_start, target.pieces[i].global_start + target.pieces[i].length},
-                       target.local_start[i], {}});
+                       target.local_start[i],
+                       {}});
   else  // the target holds all of dim ds
     needs.push_back({{0, global[ds]}, 0, {}});
 
@@ -171,8 +173,7 @@ PlanResult plan(const std::string& tensor, const Shape& global, const Placement&
 
 void for_each_run(const Shape& src_shape, const Shape& dst_shape, const std::vector<int64_t>& lo,
                   const std::vector<int64_t>& hi, const std::vector<int64_t>& src_shift,
-                  const std::vector<int64_t>& dst_shift,
-                  const std::function<void(int64_t, int64_t, int64_t)>& run) {
+                  const std::vector<int64_t>& dst_shift, const std::function<void(int64_t, int64_t, int64_t)>& run) {
   const int R = int(lo.size());
   if (R == 0) return run(0, 0, 1);
   // Dims after the deepest restricted or shifted one are whole on both sides: one run spans them.

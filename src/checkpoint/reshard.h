@@ -41,8 +41,8 @@ struct SavedTensor {
 
 Placement make_placement(Shape shape, int dim, std::vector<ShardPiece> pieces);
 int64_t numel_of(const Shape& s);
-std::string shape_str(const Shape& s);      // "[4, 64]"
-std::string describe(const Placement& p);   // "whole", "dim 0 [0, 32)+[64, 96)"
+std::string shape_str(const Shape& s);     // "[4, 64]"
+std::string describe(const Placement& p);  // "whole", "dim 0 [0, 32)+[64, 96)"
 // Checks that a placement is possible for a tensor of `global` shape; returns the problem or "".
 std::string placement_problem(const Placement& p, const Shape& global);
 
@@ -66,8 +66,7 @@ PlanResult plan(const std::string& tensor, const Shape& global, const Placement&
 // tensor, in increasing source order; local coordinate = global + shift on each side.
 void for_each_run(const Shape& src_shape, const Shape& dst_shape, const std::vector<int64_t>& lo,
                   const std::vector<int64_t>& hi, const std::vector<int64_t>& src_shift,
-                  const std::vector<int64_t>& dst_shift,
-                  const std::function<void(int64_t, int64_t, int64_t)>& run);
+                  const std::vector<int64_t>& dst_shift, const std::function<void(int64_t, int64_t, int64_t)>& run);
 
 // For messages: the files holding a tensor's slices, and the ranges a plan left uncovered.
 std::string files_holding(const SavedTensor& st);

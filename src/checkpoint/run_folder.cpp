@@ -174,8 +174,7 @@ void check_save_folder(const std::string& save_dir, const std::string& run_id, c
   std::error_code ec;
   fs::create_directories(root, ec);
   if (ec) fail("cannot create the save folder {}: {}", save_dir, ec.message());
-  if (::access(root.c_str(), W_OK) != 0)
-    fail("the save folder {} is not writable: {}", save_dir, std::strerror(errno));
+  if (::access(root.c_str(), W_OK) != 0) fail("the save folder {} is not writable: {}", save_dir, std::strerror(errno));
   if (overwrite) return;
   std::vector<std::string> theirs;
   std::string other;

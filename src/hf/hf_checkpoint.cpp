@@ -275,8 +275,8 @@ std::string import_hf(const ImportOptions& o) {
   checkpoint::SaveOptions so;
   so.overwrite = o.overwrite;
   std::vector<float> zeros(size_t(store->numel()), 0.0f);
-  return checkpoint::save_checkpoint(o.save_dir, *store, zeros.data(), zeros.data(), state, std::string(e.c_str()) + "\n",
-                                so);
+  return checkpoint::save_checkpoint(o.save_dir, *store, zeros.data(), zeros.data(), state,
+                                     std::string(e.c_str()) + "\n", so);
 }
 
 std::vector<std::string> export_hf(const ExportOptions& o) {

@@ -553,10 +553,10 @@ std::string Trainer::try_restore(const std::string& dir, bool weights_only) {
     if (sharded_weights_)
       sharded_weights_->load_state(ck.state.optimizer_step, ck.exp_avg.data(), ck.exp_avg_sq.data());
     if (sharded_)
-      sharded_->load_state(ck.state.optimizer_step, ck.exp_avg.data(), ck.exp_avg_sq.data(), int64_t(ck.exp_avg.size()));
+      sharded_->load_state(ck.state.optimizer_step, ck.exp_avg.data(), ck.exp_avg_sq.data(),
+                           int64_t(ck.exp_avg.size()));
     if (sharded_ && experts_) experts_->load_state(ck.state.optimizer_step, ck.exp_avg.data(), ck.exp_avg_sq.data());
-    if (replicated_)
-      replicated_->set_state(ck.state.optimizer_step, ck.exp_avg.data(), ck.exp_avg_sq.data());
+    if (replicated_) replicated_->set_state(ck.state.optimizer_step, ck.exp_avg.data(), ck.exp_avg_sq.data());
   }
   state_ = ck.state;
   log::info("resumed from {} at iteration {} ({} samples consumed{})", dir, state_.iteration, state_.consumed_samples,

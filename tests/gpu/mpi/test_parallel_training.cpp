@@ -16,6 +16,7 @@
 
 #include <yaml-cpp/yaml.h>
 
+#include "checkpoint/checkpoint.h"
 #include "config/experiment.h"
 #include "core/launch_env.h"
 #include "gpu_per_rank.h"
@@ -24,7 +25,6 @@
 #include "model/llama.h"
 #include "parallel/mpi_process_group.h"
 #include "support/relative_error.h"
-#include "checkpoint/checkpoint.h"
 #include "train/trainer.h"
 
 namespace fs = std::filesystem;

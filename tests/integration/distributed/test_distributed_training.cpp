@@ -20,9 +20,9 @@
 
 #include <yaml-cpp/yaml.h>
 
+#include "checkpoint/checkpoint.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "model/llama.h"
-#include "checkpoint/checkpoint.h"
 
 namespace fs = std::filesystem;
 using namespace primus;
@@ -386,8 +386,7 @@ TEST_F(Distributed, ReshardTp2Pp2ToDp4AndOneProcess) {
   // A rank loads only its own tensors; a checkpoint of another model is still refused as a whole.
   Result wrong = run(2, "wrong", "--load " + ck + " --num_layers 4");
   EXPECT_NE(wrong.status, 0) << wrong.out;
-  EXPECT_NE(wrong.out.find("num_layers is 8 there and 4 in this run's config"), std::string::npos)
-      << wrong.out;
+  EXPECT_NE(wrong.out.find("num_layers is 8 there and 4 in this run's config"), std::string::npos) << wrong.out;
 }
 
 // The same checkpoint resumes under context parallel: cp2 x dp2 with ZeRO-1, whose optimizer

@@ -11,15 +11,15 @@
 #include <nlohmann/json.hpp>
 #include <yaml-cpp/yaml.h>
 
+#include "checkpoint/checkpoint.h"
 #include "core/error.h"
-#include "support/error_of.h"
 #include "hf/hf_checkpoint.h"
 #include "hf/safetensors.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "model/generation.h"
 #include "model/llama.h"
+#include "support/error_of.h"
 #include "support/run_command.h"
-#include "checkpoint/checkpoint.h"
 #include "train/trainer.h"
 #include "trainer_fixture.h"
 

@@ -8,10 +8,10 @@
 
 #include <zlib.h>
 
+#include "checkpoint/checkpoint.h"
 #include "core/error.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "model/llama.h"
-#include "checkpoint/checkpoint.h"
 #include "train/trainer.h"
 #include "trainer_fixture.h"
 
@@ -156,7 +156,8 @@ TEST(Checkpoint, StartingOverKeepsTheNewSavesAndTheOtherRunsCheckpoints) {
   const auto a = with({{"train_iters", "6"}});
   train::pretrain(a);
   const std::string run_a = checkpoint::read_checkpoint_identity(
-                                (fs::path(a.checkpoint_dir()) / checkpoint::checkpoint_name(6)).string()).run_id;
+                                (fs::path(a.checkpoint_dir()) / checkpoint::checkpoint_name(6)).string())
+                                .run_id;
   // Iterations 1-3 of a new run: they do not collide with the first run's 4, 5, 6.
   auto b = with({{"train_iters", "3"}, {"auto_resume", "false"}});
   EXPECT_EQ(train::pretrain(b).start_iteration, 0);
@@ -200,7 +201,8 @@ TEST(Checkpoint, CheckSaveFolderNamesConflictsAndAFileAsSavePath) {
   test::TinyExperiment exp;
   const auto a = exp.load({{"train_iters", "4"}, {"save_interval", "2"}, {"eval_interval", "0"}, {"lr_warmup_iters", "1"}});
   train::pretrain(a);
-  const std::string run_a = checkpoint::read_checkpoint_identity(checkpoint::resolve_checkpoint(a.checkpoint_dir())).run_id;
+  const std::string run_a =
+      checkpoint::read_checkpoint_identity(checkpoint::resolve_checkpoint(a.checkpoint_dir())).run_id;
   EXPECT_EQ(checkpoint::planned_saves(0, 4, 2), (std::vector<int64_t>{2, 4}));
   EXPECT_EQ(checkpoint::planned_saves(3, 7, 2), (std::vector<int64_t>{4, 6, 7}));
   EXPECT_EQ(checkpoint::planned_saves(0, 5, 0), (std::vector<int64_t>{5}));
@@ -232,7 +234,8 @@ TEST(Checkpoint, PruningFollowsSaveOrderWithinTheRunOnly) {
   std::vector<float> moments(m.params().numel(), 0.0f);
   const fs::path dir = exp.dir / "ck";
   auto save = [&](int64_t it, const std::string& run) {
-    return checkpoint::save_checkpoint(dir.string(), m.params(), moments.data(), moments.data(), {it, it, it, 1, run}, "x");
+    return checkpoint::save_checkpoint(dir.string(), m.params(), moments.data(), moments.data(), {it, it, it, 1, run},
+                                       "x");
   };
   for (int it : {10, 11, 12}) save(it, "old");
   // Run "new" resumed from an early checkpoint (say 3) and saves 4, 5, 6: its newest saves are

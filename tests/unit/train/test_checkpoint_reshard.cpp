@@ -16,9 +16,9 @@
 #include <nlohmann/json.hpp>
 #include <zlib.h>
 
+#include "checkpoint/checkpoint.h"
 #include "core/error.h"
 #include "parallel/process_group.h"
-#include "checkpoint/checkpoint.h"
 
 namespace fs = std::filesystem;
 using namespace primus;
@@ -520,7 +520,8 @@ TEST(CheckpointReshardMpi, SaveUnderTp2Pp2LoadUnderTp4AndOneProcess) {
     o.world = &world;
     o.layout = {4, 2, 2, 1, 1, 1};
     o.block_bytes = 42;
-    checkpoint::save_checkpoint(save.string(), p, b.m.data(), b.v.data(), {it, it * 8, it, 1234, "reshard"}, "model: toy\n", o);
+    checkpoint::save_checkpoint(save.string(), p, b.m.data(), b.v.data(), {it, it * 8, it, 1234, "reshard"},
+                                "model: toy\n", o);
   };
   ASSERT_NO_THROW(save_iter(5));
   const std::string dir = checkpoint::resolve_checkpoint(save.string());

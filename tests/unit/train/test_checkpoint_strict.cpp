@@ -64,7 +64,8 @@ modules:
       log_interval: 1
       eval_interval: 0
       split: 90,10,0
-      data_path: [)" << (exp.dir / "corpus").string() << R"(]
+      data_path: [)" << (exp.dir / "corpus").string()
+                          << R"(]
 )";
   }
   config::ExperimentConfig load(Overrides overrides = {}) const { return config::load_experiment(config, overrides); }
@@ -115,7 +116,8 @@ TEST(StrictResume, EachWeightChangingFlagIsRefusedByName) {
   EXPECT_NE(pretrain_error(moe.load({{"rotary_base", "20000"}, {"train_iters", "3"}})).find("--finetune true --load"),
             std::string::npos);
   // An explicit `load` is refused the same way.
-  const std::string e = pretrain_error(moe.load({{"load", ckpt.string()}, {"qk_layernorm", "false"}, {"train_iters", "3"}}));
+  const std::string e = pretrain_error(
+      moe.load({{"load", ckpt.string()}, {"qk_layernorm", "false"}, {"train_iters", "3"}}));
   EXPECT_NE(e.find("cannot load checkpoint"), std::string::npos) << e;
   EXPECT_NE(e.find("qk_layernorm"), std::string::npos) << e;
   EXPECT_NE(e.find("self_attention.q_layernorm.weight"), std::string::npos) << e;  // what would be dropped
@@ -130,8 +132,8 @@ TEST(StrictResume, LoadStrictFalseLoadsWhatMatchesAndListsTheRest) {
   TinyMoe moe;
   const auto base = moe.load();
   train::pretrain(base);
-  const auto cfg = moe.load({{"qk_layernorm", "false"}, {"moe_shared_expert_gate", "true"}, {"load_strict", "false"},
-                             {"train_iters", "3"}});
+  const auto cfg = moe.load(
+      {{"qk_layernorm", "false"}, {"moe_shared_expert_gate", "true"}, {"load_strict", "false"}, {"train_iters", "3"}});
   testing::internal::CaptureStdout();
   train::TrainSummary s;
   const std::string e = test::error_of([&] { s = train::pretrain(cfg); });
@@ -140,7 +142,8 @@ TEST(StrictResume, LoadStrictFalseLoadsWhatMatchesAndListsTheRest) {
   ASSERT_EQ(e, "(no error)");
   EXPECT_EQ(s.start_iteration, 2);
   EXPECT_NE(out.find("qk_layernorm: true in the checkpoint, false in this run"), std::string::npos) << out;
-  for (const char* t : {"decoder.layers.0.self_attention.q_layernorm.weight", "decoder.layers.1.self_attention.kv_layernorm.weight"})
+  for (const char* t :
+       {"decoder.layers.0.self_attention.q_layernorm.weight", "decoder.layers.1.self_attention.kv_layernorm.weight"})
     EXPECT_NE(out.find(t), std::string::npos) << t << " not listed as dropped:\n" << out;
   EXPECT_NE(out.find("Dropped (4 checkpoint tensors"), std::string::npos) << out;
   EXPECT_NE(out.find("(1 tensors the checkpoint lacks): decoder.layers.1.mlp.shared_experts.gate_weight"),
@@ -176,7 +179,8 @@ TEST(StrictResume, ANonStrictLoadKeepsTheInitialValuesOfWhatTheCheckpointLacks) 
     const float* want = fresh ? model.params().value<float>(model.params().find(p.name))
                               : saved.params().value<float>(saved.params().find(p.name));
     EXPECT_TRUE(std::equal(want, want + p.numel, d.params.begin() + p.offset)) << p.name;
-    EXPECT_EQ(fresh, p.name.find("_layernorm") != std::string::npos && p.name.find("self_attention") != std::string::npos)
+    EXPECT_EQ(fresh,
+              p.name.find("_layernorm") != std::string::npos && p.name.find("self_attention") != std::string::npos)
         << p.name;
   }
 }
@@ -213,7 +217,8 @@ TEST(StrictResume, ACheckpointTensorWithoutAPlaceIsRefused) {
 // Damaged optimizer state: the error says how to resume the weights without it, and no_load_optim does.
 TEST(StrictResume, NoLoadOptimResumesTheWeightsWithoutTheOptimizerState) {
   test::TinyExperiment exp;
-  const auto cfg = exp.load({{"train_iters", "4"}, {"save_interval", "2"}, {"eval_interval", "0"}, {"lr_warmup_iters", "1"}});
+  const auto cfg = exp.load(
+      {{"train_iters", "4"}, {"save_interval", "2"}, {"eval_interval", "0"}, {"lr_warmup_iters", "1"}});
   train::pretrain(cfg);
   const fs::path shard = fs::path(cfg.checkpoint_dir()) / checkpoint::checkpoint_name(4) / "rank_00000.bin";
   {
