@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <optional>
 #include <sstream>
 
 #include <fmt/format.h>
@@ -181,6 +182,10 @@ void set_training_key(TrainingArgs& args, const KeyInfo& key, const YAML::Node& 
           else if (!value.IsNull())
             add(value);
           args.*member = out;
+        } else if constexpr (std::is_enum_v<T>) {  // a name of config/choices.h's table
+          const std::optional<T> v = value.IsScalar() ? find_choice<T>(value.Scalar()) : std::nullopt;
+          if (!v) fail("{}: {}", at.str(), not_a_choice<T>(key.name, value.IsScalar() ? value.Scalar() : describe(value)));
+          args.*member = *v;
         } else {
           const char* want = std::is_same_v<T, bool>          ? "true or false"
                              : std::is_same_v<T, int64_t>     ? "an integer"
@@ -257,6 +262,8 @@ std::string ExperimentConfig::resolved_yaml() const {
             YAML::Node seq(YAML::NodeType::Sequence);
             for (const auto& s : train.*member) seq.push_back(s);
             ov[k.name] = seq;
+          } else if constexpr (std::is_enum_v<T>) {
+            ov[k.name] = std::string(choice_name(train.*member));
           } else {
             ov[k.name] = train.*member;
           }
@@ -403,9 +410,6 @@ ExperimentConfig load_experiment_unguarded(const std::string& path,
          at("data_path"));
   if (t.device != "auto" && t.device != "cpu" && t.device != "cuda")
     fail("{}: device '{}' is not one of: auto, cpu, cuda", at("device"), t.device);
-  if (t.recompute_granularity != "" && t.recompute_granularity != "full" && t.recompute_granularity != "selective")
-    fail("{}: recompute_granularity '{}' is not one of: full, selective", at("recompute_granularity"),
-         t.recompute_granularity);
   if (t.profile_step_start < 0) fail("{}: profile_step_start must not be negative", at("profile_step_start"));
   if (t.profile && t.profile_step_end <= t.profile_step_start)
     fail("{}: profile_step_end ({}) must be greater than profile_step_start ({})", at("profile_step_end"),
@@ -489,6 +493,9 @@ std::string training_keys_reference() {
           } else if constexpr (std::is_same_v<T, std::string>) {
             type = "text";
             def = (d.*member).empty() ? "\"\"" : d.*member;
+          } else if constexpr (std::is_enum_v<T>) {
+            type = "choice";
+            def = *choice_name(d.*member) ? choice_name(d.*member) : "\"\"";
           } else if constexpr (std::is_same_v<T, bool>) {
             type = "bool";
             def = d.*member ? "true" : "false";

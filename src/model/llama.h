@@ -54,6 +54,7 @@
 #include "core/tensor.h"
 #include "kernels/backend.h"
 #include "model/mla.h"
+#include "model/options.h"  // Recompute, CpComm
 #include "model/model_spec.h"
 #include "model/moe.h"
 #include "model/param_store.h"
@@ -63,12 +64,6 @@
 #include "parallel/process_group.h"
 
 namespace primus {
-
-// Megatron's recompute_granularity. selective recomputes the cheap, memory-hungry parts (the
-// attention core, SwiGLU and the norms) from saved inputs; full keeps only each block's input
-// and re-runs the whole block before its backward.
-enum class Recompute : uint8_t { None, Selective, Full };
-Recompute parse_recompute(const std::string& s);  // "", "none", "selective", "full"
 
 // The working (activation) dtype of a run; the master weights are fp32, fp64 for Fp64.
 enum class Precision : uint8_t { Fp32, Bf16, Fp64 };
@@ -93,13 +88,6 @@ struct LlamaOptions {
 // rows: when the logits (in the stat dtype) and, in bf16, their gradient fit
 // logits_memory_budget (3 GEMMs); else it works in chunks of options.vocab_chunk columns.
 bool head_keeps_logits(const LlamaOptions& options, Precision precision, int64_t rows, int64_t vocab_local);
-
-// cp_comm_type: how attention under context parallelism reaches the other ranks' keys and values.
-//   p2p  ring attention: key/value blocks passed around the cp group while the current one computes
-//   a2a  all-to-all over heads (Ulysses): each rank attends over the whole sequence for heads/cp heads
-enum class CpComm : uint8_t { P2P, A2A };
-CpComm parse_cp_comm(const std::string& s);  // "p2p" | "a2a"
-const char* cp_comm_name(CpComm c);
 
 // What part of the model this rank holds, and the group it shares its layers with.
 struct ModelPartition {
