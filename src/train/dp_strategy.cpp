@@ -111,7 +111,7 @@ void BucketedStrategy::weights_done(const std::vector<int>& ids) {
 // no_shard: the summed gradients everywhere, AdamW on every rank.
 class ReplicatedStrategy final : public BucketedStrategy {
  public:
-  ReplicatedStrategy(const DpSetup& s) : BucketedStrategy(s, parallel::GradReduce::AllReduce) {
+  explicit ReplicatedStrategy(const DpSetup& s) : BucketedStrategy(s, parallel::GradReduce::AllReduce) {
     const ParamStore& params = model_.params();
     adam_ = std::make_unique<FlatAdamW>(s.adam, segments_of(params), params.numel(), params.device());
   }
@@ -146,7 +146,7 @@ class ReplicatedStrategy final : public BucketedStrategy {
 // a distributed optimizer of their own over edp (ExpertGradients).
 class DistributedOptimizerStrategy final : public BucketedStrategy {
  public:
-  DistributedOptimizerStrategy(const DpSetup& s) : BucketedStrategy(s, parallel::GradReduce::ReduceScatter) {
+  explicit DistributedOptimizerStrategy(const DpSetup& s) : BucketedStrategy(s, parallel::GradReduce::ReduceScatter) {
     dist_ = std::make_unique<parallel::DistributedOptimizer>(*buckets_, model_.params().values().data<float>(), s.adam);
   }
   double gradient_norm() override {
