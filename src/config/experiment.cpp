@@ -184,7 +184,8 @@ void set_training_key(TrainingArgs& args, const KeyInfo& key, const YAML::Node& 
           args.*member = out;
         } else if constexpr (std::is_enum_v<T>) {  // a name of config/choices.h's table
           const std::optional<T> v = value.IsScalar() ? find_choice<T>(value.Scalar()) : std::nullopt;
-          if (!v) fail("{}: {}", at.str(), not_a_choice<T>(key.name, value.IsScalar() ? value.Scalar() : describe(value)));
+          if (!v)
+            fail("{}: {}", at.str(), not_a_choice<T>(key.name, value.IsScalar() ? value.Scalar() : describe(value)));
           args.*member = *v;
         } else {
           const char* want = std::is_same_v<T, bool>          ? "true or false"

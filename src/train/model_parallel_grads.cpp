@@ -20,7 +20,8 @@ ModelParallelGrads::ModelParallelGrads(LlamaModel& model, const ParallelLayout& 
     const int last = layout.schedule->rank_of_stage(layout.pp * layout.vpp - 1);
     if (last != 0) {  // (a V-shape puts both ends on rank 0: one copy, nothing to sum)
       embedding_group_ = groups.pp->new_group({0, last}, "embedding");
-      if (embedding_group_) tied_tensor_ = model.embedding_param() >= 0 ? model.embedding_param() : model.output_param();
+      if (embedding_group_)
+        tied_tensor_ = model.embedding_param() >= 0 ? model.embedding_param() : model.output_param();
     }
   }
   for (int t = 0; t < int(infos.size()); ++t) {
