@@ -33,6 +33,8 @@ const std::vector<KeyInfo>& training_keys() {
       KEY(lr_wsd_decay_style, "WSD's final decay: linear | cosine | exponential | minus_sqrt"),
       KEY(lr_wsd_decay_iters, "WSD: steps of the final decay at the end of lr_decay_iters"),
       KEY(weight_decay, "AdamW's decoupled weight decay (not applied to norms and biases)"),
+      KEY(decay_norms_and_biases, "apply weight_decay to norm weights and biases too, as torchtitan's and MaxText's "
+                                  "AdamW do (their configs set it); false: Megatron's rule"),
       KEY(clip_grad, "clip gradients to this global L2 norm; 0 turns clipping off"),
       KEY(adam_beta1, "AdamW beta1"),
       KEY(adam_beta2, "AdamW beta2"),
@@ -113,6 +115,23 @@ namespace {
 
 const std::vector<std::string> kTopKeys = {"work_group", "user_name", "exp_name", "workspace", "modules"};
 const std::vector<std::string> kTrainerKeys = {"framework", "config", "model", "overrides"};
+
+// The framework a config is written for, before the command line's keys are placed: they go under
+// the module's overrides in that framework's names.
+Framework written_framework(const YamlTree& tree, const std::vector<std::pair<std::string, std::string>>& overrides) {
+  std::string name = "megatron";
+  const YAML::Node m = tree.root["modules"];
+  if (m && m.IsMap() && m["pre_trainer"] && m["pre_trainer"].IsMap() && m["pre_trainer"]["framework"] &&
+      m["pre_trainer"]["framework"].IsScalar())
+    name = m["pre_trainer"]["framework"].Scalar();
+  for (const auto& [k, v] : overrides)
+    if (k == "modules.pre_trainer.framework") name = v;
+  try {
+    return parse_framework(name, Origin{});
+  } catch (const Error&) {
+    return Framework::Megatron;  // named again, with its line, where the module is read
+  }
+}
 
 std::vector<std::string> names_of_training_keys() {
   std::vector<std::string> out;
@@ -270,21 +289,27 @@ std::string ExperimentConfig::resolved_yaml() const {
     head = "# accepted with no effect on this engine:\n";
     for (const auto& k : no_effect) head += fmt::format("#   {}: {}  ({})\n", k.key, k.value, k.note);
   }
-  return head + std::string(e.c_str()) + "\n";
+  return head + dialect_side_by_side(dialect) + std::string(e.c_str()) + "\n";
 }
 
 namespace {
 ExperimentConfig load_experiment_unguarded(const std::string& path,
-                                          const std::vector<std::pair<std::string, std::string>>& overrides) {
+                                          const std::vector<std::pair<std::string, std::string>>& overrides,
+                                          int world_size) {
   ExperimentConfig cfg;
   cfg.config_file = path;
   cfg.tree = load_yaml_tree(path);
   YamlTree& tree = cfg.tree;
   const std::vector<std::string> model_keys = model_spec_keys();
   const std::vector<std::string> train_keys = names_of_training_keys();
+  const Framework dialect = written_framework(tree, overrides);
 
   for (auto [key, value] : overrides) {
     std::replace(key.begin(), key.end(), '-', '_');
+    if (is_dialect_key(dialect, key)) {  // `--training.steps 10` of a torchtitan config
+      tree.set("modules.pre_trainer.overrides." + key, value);
+      continue;
+    }
     if (const ForeignKey* fk = find_foreign_key(key); fk && fk->status == KeyStatus::Applied) key = fk->engine_value;
     if (key.find('.') != std::string::npos ||
         std::find(kTopKeys.begin(), kTopKeys.end(), key) != kTopKeys.end())
@@ -295,6 +320,7 @@ ExperimentConfig load_experiment_unguarded(const std::string& path,
     else {
       std::vector<std::string> all = kTopKeys;
       for (const auto& k : all_key_names()) all.push_back(k);
+      for (const auto& k : dialect_key_names(dialect)) all.push_back(k);
       fail("unknown option --{} on the command line{}", key, did_you_mean(key, all));
     }
   }
@@ -314,10 +340,12 @@ ExperimentConfig load_experiment_unguarded(const std::string& path,
   const YAML::Node pt = modules["pre_trainer"];
   if (!pt || !pt.IsMap()) fail("{}: 'modules.pre_trainer' must be a map", tree.origin("modules").str());
   check_keys(pt, kTrainerKeys, tree, "modules.pre_trainer", "modules.pre_trainer");
-  const std::string framework = scalar_or(pt, "framework", "megatron", tree, "modules.pre_trainer.framework");
-  if (framework != "megatron" && framework != "primus")
-    fail("{}: framework '{}' is not supported; this engine trains Megatron-style configs (framework: megatron)",
-         tree.origin("modules.pre_trainer.framework").str(), framework);
+  const Framework framework = parse_framework(scalar_or(pt, "framework", "megatron", tree, "modules.pre_trainer.framework"),
+                                              tree.origin("modules.pre_trainer.framework"));
+  if (framework != Framework::Megatron) {  // torchtitan's or MaxText's keys -> ours (config/dialect.h)
+    cfg.dialect = translate_dialect(framework, tree, path, world_size);
+    for (const auto& k : cfg.dialect.no_effect) cfg.no_effect.push_back({k.key, k.value, k.note});
+  }
   cfg.model = scalar_or(pt, "model", "", tree, "modules.pre_trainer.model");
   // The module config's keys are defaults under the experiment's overrides.
   if (const std::string module = scalar_or(pt, "config", "", tree, "modules.pre_trainer.config"); !module.empty()) {
@@ -420,11 +448,12 @@ ExperimentConfig load_experiment_unguarded(const std::string& path,
 
 }  // namespace
 
-ExperimentConfig load_experiment(const std::string& path, const std::vector<std::pair<std::string, std::string>>& overrides) {
+ExperimentConfig load_experiment(const std::string& path, const std::vector<std::pair<std::string, std::string>>& overrides,
+                                 int world_size) {
   // Whatever a library throws on odd input (a path the file system refuses, a YAML node of an
   // unexpected kind) becomes an error naming the config file.
   try {
-    return load_experiment_unguarded(path, overrides);
+    return load_experiment_unguarded(path, overrides, world_size);
   } catch (const std::filesystem::filesystem_error& e) {
     fail("{}: {}", path, e.what());
   } catch (const YAML::Exception& e) {

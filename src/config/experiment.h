@@ -23,6 +23,7 @@
 #include <variant>
 #include <vector>
 
+#include "config/dialect.h"
 #include "config/yaml_tree.h"
 #include "model/model_spec.h"
 
@@ -44,6 +45,7 @@ struct TrainingArgs {
   std::string lr_wsd_decay_style = "exponential";
   int64_t lr_wsd_decay_iters = 0;
   double weight_decay = 0.01;
+  bool decay_norms_and_biases = false;  // decay every tensor (torchtitan's, MaxText's AdamW); off: Megatron's rule
   double clip_grad = 1.0;
   double adam_beta1 = 0.9;
   double adam_beta2 = 0.999;
@@ -124,6 +126,8 @@ struct ExperimentConfig {
     std::string key, value, note;
   };
   std::vector<NoEffectKey> no_effect;
+  // framework torchtitan / maxtext (config/dialect.h): each key as written and what it became.
+  DialectRecord dialect;
 
   std::string run_dir() const;          // <workspace>/<exp_name>
   std::string checkpoint_dir() const;   // train.save or <run_dir>/checkpoints
@@ -131,9 +135,12 @@ struct ExperimentConfig {
 };
 
 // Loads `path`, applies command-line overrides given as (key, value) pairs (a key is a training
-// or model key, a top-level key, or a dotted path), validates everything.
+// or model key, a top-level key, a dotted path, or a key of the config's dialect), validates
+// everything. `world_size`: the ranks that will train (0: not known), which a torchtitan or
+// MaxText config's "the ranks left over" degrees and per-device batches are resolved against.
 ExperimentConfig load_experiment(const std::string& path,
-                                 const std::vector<std::pair<std::string, std::string>>& overrides = {});
+                                 const std::vector<std::pair<std::string, std::string>>& overrides = {},
+                                 int world_size = 0);
 
 // Markdown table of every training key (name, type, default, meaning).
 std::string training_keys_reference();

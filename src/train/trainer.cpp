@@ -213,7 +213,9 @@ class Trainer {
   void build_model();
   void build_gradient_reduction();
   void build_optimizer();
-  AdamWOptions adam_options() const { return {a_.adam_beta1, a_.adam_beta2, a_.adam_eps, a_.weight_decay}; }
+  AdamWOptions adam_options() const {
+    return {a_.adam_beta1, a_.adam_beta2, a_.adam_eps, a_.weight_decay, a_.decay_norms_and_biases};
+  }
   // Where the dp gradients are summed and the ZeRO shards span: dp, or dp x cp under context parallel.
   parallel::ProcessGroup& gradient_group() const { return layout_.cp > 1 ? *groups_.dp_cp : *groups_.dp; }
   void resume();
