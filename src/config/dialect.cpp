@@ -74,8 +74,10 @@ bool is_engine_key(const std::string& key) {
 std::string flow(const YAML::Node& n) {
   if (!n || n.IsNull()) return "null";
   if (n.IsScalar()) return n.Scalar().empty() ? "\"\"" : n.Scalar();
+  YAML::Node copy = YAML::Clone(n);  // a block list from a file keeps its style unless told
+  copy.SetStyle(YAML::EmitterStyle::Flow);
   YAML::Emitter e;
-  e << YAML::Flow << n;
+  e << copy;
   return e.c_str();
 }
 

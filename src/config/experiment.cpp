@@ -113,7 +113,7 @@ const std::vector<KeyInfo>& training_keys() {
 
 namespace {
 
-const std::vector<std::string> kTopKeys = {"work_group", "user_name", "exp_name", "workspace", "modules"};
+const std::vector<std::string> kTopKeys = {"work_group", "user_name", "exp_name", "workspace", "env", "modules"};
 const std::vector<std::string> kTrainerKeys = {"framework", "config", "model", "overrides"};
 
 // The framework a config is written for, before the command line's keys are placed: they go under
@@ -331,6 +331,13 @@ ExperimentConfig load_experiment_unguarded(const std::string& path,
   cfg.user_name = scalar_or(root, "user_name", "", tree, "user_name");
   cfg.exp_name = scalar_or(root, "exp_name", fs::path(path).stem().string(), tree, "exp_name");
   cfg.workspace = scalar_or(root, "workspace", "./output", tree, "workspace");
+  if (const YAML::Node env = root["env"]; env && !env.IsNull()) {  // Primus's `env:` block
+    if (!env.IsMap()) fail("{}: 'env' must be a map of NAME: value", tree.origin("env").str());
+    for (auto kv : env) {
+      if (!kv.second.IsScalar()) fail("{}: env '{}' must be a value", tree.origin("env." + kv.first.Scalar()).str(), kv.first.Scalar());
+      cfg.env.emplace_back(kv.first.Scalar(), kv.second.Scalar());
+    }
+  }
   if (cfg.exp_name.empty() || cfg.exp_name.find('/') != std::string::npos)
     fail("{}: exp_name '{}' must be a non-empty name without '/'", tree.origin("exp_name").str(), cfg.exp_name);
 

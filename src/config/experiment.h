@@ -116,6 +116,8 @@ const std::vector<KeyInfo>& training_keys();
 struct ExperimentConfig {
   std::string config_file;
   std::string work_group, user_name, exp_name, workspace;
+  // Primus's top-level `env:` block: variables the task sets for the run (train pretrain exports them).
+  std::vector<std::pair<std::string, std::string>> env;
   std::string model;  // as written: preset name or path
   ModelSpec model_spec;
   TrainingArgs train;

@@ -45,6 +45,7 @@ TaskRegistrar reg{{"train", "pretrain", "pretrain a model from an experiment con
                        // per-device batches are resolved against them.
                        const int world = *check_world > 0 ? *check_world : discover_launch_env().world_size;
                        auto cfg = config::load_experiment(*config, key_values(self->remaining()), world);
+                       for (const auto& [name, value] : cfg.env) ::setenv(name.c_str(), value.c_str(), 1);
                        // Under primus-cli the runtime chose the run folder (its --workspace/--exp-name
                        // and replays win over the config); logs, snapshot and metrics share it.
                        const char* ws = std::getenv("PRIMUS_WORKSPACE");
@@ -53,8 +54,8 @@ TaskRegistrar reg{{"train", "pretrain", "pretrain a model from an experiment con
                          cfg.workspace = ws;
                          cfg.exp_name = exp;
                        }
-                       if (*print) {
-                         std::cout << cfg.resolved_yaml();
+                       if (*print) {  // once: by the first rank (it knows the world), not the check pass
+                         if (*check_world == 0 && discover_launch_env().rank == 0) std::cout << cfg.resolved_yaml();
                          return 0;
                        }
                        if (*check_world > 0) {

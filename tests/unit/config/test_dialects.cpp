@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <fstream>
 #include <numbers>
 #include <optional>
 #include <set>
@@ -431,4 +432,19 @@ TEST(Dialects, ThreeWaysOneEngineConfig) {
     const LRSchedule a = schedule_of(c->train), b = schedule_of(m.train);
     for (int64_t s = 0; s < 3; ++s) EXPECT_EQ(a.lr_at(s), b.lr_at(s)) << s;  // bit for bit
   }
+}
+
+TEST(Dialects, TablesInTheDocsMatchTheCode) {
+  // regenerate with scripts/regen_config_tables.py.
+  std::ifstream in(std::string(PRIMUS_SOURCE_DIR) + "/docs/config.md");
+  ASSERT_TRUE(in);
+  const std::string doc((std::istreambuf_iterator<char>(in)), {});
+  for (Framework f : {Framework::TorchTitan, Framework::MaxText}) {
+    const std::string table = dialect_keys_reference(f);
+    EXPECT_NE(doc.find(table), std::string::npos) << "docs/config.md's " << to_string(f) << " table is out of date";
+  }
+  EXPECT_NE(dialect_keys_reference(Framework::TorchTitan).find("| `training.steps` | applied | `10000` | train_iters |"),
+            std::string::npos);
+  EXPECT_NE(dialect_keys_reference(Framework::MaxText).find("| `quantization` | not supported | `\"\"` |"),
+            std::string::npos);
 }
