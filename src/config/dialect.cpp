@@ -38,6 +38,21 @@ Framework parse_framework(const std::string& name, const Origin& at) {
        name, did_you_mean(name, known), fmt::join(known, ", "));
 }
 
+Framework written_framework(const YamlTree& tree, const std::vector<std::pair<std::string, std::string>>& overrides) {
+  std::string name = "megatron";
+  const YAML::Node m = tree.root["modules"];
+  if (m && m.IsMap() && m["pre_trainer"] && m["pre_trainer"].IsMap() && m["pre_trainer"]["framework"] &&
+      m["pre_trainer"]["framework"].IsScalar())
+    name = m["pre_trainer"]["framework"].Scalar();
+  for (const auto& [k, v] : overrides)
+    if (k == "modules.pre_trainer.framework") name = v;
+  try {
+    return parse_framework(name, Origin{});
+  } catch (const Error&) {
+    return Framework::Megatron;
+  }
+}
+
 const Dialect& dialect_of(Framework f) {
   if (f == Framework::TorchTitan) return torchtitan_dialect();
   if (f == Framework::MaxText) return maxtext_dialect();
@@ -91,8 +106,8 @@ bool keeps_engine_value(const DialectKey& k, const YAML::Node& v) {
 
 // `config: pre_trainer.yaml` and `model: llama3.1_8B.yaml` of a dialect config: beside the
 // experiment config, else this project's configs/<kind>/<framework>/.
-std::string resolve_file(const std::string& name, const std::string& config_file, const std::string& kind,
-                         Framework f, const Origin& at) {
+std::string resolve_file(const std::string& name, const std::string& config_file, const std::string& kind, Framework f,
+                         const Origin& at) {
   std::error_code ec;
   const fs::path beside = fs::path(config_file).parent_path() / name;
   if (fs::is_regular_file(beside, ec)) return beside.string();
@@ -102,11 +117,12 @@ std::string resolve_file(const std::string& name, const std::string& config_file
   std::vector<std::string> known;
   if (fs::is_directory(dir, ec))
     for (const auto& e : fs::directory_iterator(dir))
-      if (e.path().extension() == ".yaml" && e.path().stem() != "model_base") known.push_back(e.path().filename().string());
+      if (e.path().extension() == ".yaml" && e.path().stem() != "model_base")
+        known.push_back(e.path().filename().string());
   std::sort(known.begin(), known.end());
   fail("{}: {} {} file '{}' not found beside the config nor in {}{}; known: {}", at.str(), to_string(f),
-       kind == "models" ? "model" : "module", name, dir.string(), did_you_mean(fs::path(name).filename().string(), known),
-       fmt::join(known, ", "));
+       kind == "models" ? "model" : "module", name, dir.string(),
+       did_you_mean(fs::path(name).filename().string(), known), fmt::join(known, ", "));
 }
 
 // Flattens a dialect's nested sections into dotted keys; a map is a section when the dialect has
@@ -218,7 +234,8 @@ bool DialectSettings::flag(const std::string& key) const {
   return v;
 }
 
-void DialectSettings::set(const std::string& engine_key, const YAML::Node& value, const std::vector<std::string>& from) {
+void DialectSettings::set(const std::string& engine_key, const YAML::Node& value,
+                          const std::vector<std::string>& from) {
   PRIMUS_CHECK(!from.empty(), "engine key {} set from no dialect key", engine_key);
   engine_[engine_key] = value;
   engine_origins_[engine_key] = at(from.front());
@@ -241,40 +258,49 @@ void DialectSettings::refuse(const std::string& key, const std::string& why) con
 
 // ---- the translation --------------------------------------------------------------------------
 
-DialectRecord translate_dialect(Framework f, YamlTree& tree, const std::string& config_file, int world_size) {
-  const Dialect& d = dialect_of(f);
-  const std::string pt_path = "modules.pre_trainer";
-  YAML::Node pt = tree.root["modules"]["pre_trainer"];
-  std::map<std::string, DialectSettings::Entry> written;
-  std::map<std::string, bool> from_experiment;
-  Flattener flat{d, written, from_experiment};
+namespace {
 
-  // Module defaults, then the model file, then the experiment's overrides (the command line's
-  // are already in them): each later one wins key by key.
+// A dialect config's pre-trainer as written: module defaults, then the model file, then the
+// experiment's overrides (the command line's are already in them), each later one winning key by
+// key, flattened into the dialect's dotted names.
+struct WrittenModule {
+  std::map<std::string, DialectSettings::Entry> keys;
+  std::map<std::string, bool> from_experiment;  // false: from the module or model file
+  Origin model_at;
+};
+
+WrittenModule read_module(const Dialect& d, const YamlTree& tree, const YAML::Node& pt,
+                          const std::string& config_file) {
+  const Framework f = d.framework();
+  const std::string at = "modules.pre_trainer";
+  WrittenModule w;
+  Flattener flat{d, w.keys, w.from_experiment};
   if (pt["config"] && !pt["config"].IsNull()) {
-    if (!pt["config"].IsScalar()) fail("{}: 'config' must be a file name", tree.origin(pt_path + ".config").str());
+    if (!pt["config"].IsScalar()) fail("{}: 'config' must be a file name", tree.origin(at + ".config").str());
     const YamlTree module = load_yaml_tree(
-        resolve_file(pt["config"].Scalar(), config_file, "modules", f, tree.origin(pt_path + ".config")));
+        resolve_file(pt["config"].Scalar(), config_file, "modules", f, tree.origin(at + ".config")));
     flat.add(module.root, "", module, "", false);
   }
   if (!pt["model"] || !pt["model"].IsScalar() || pt["model"].Scalar().empty())
     fail("{}: modules.pre_trainer.model is missing: name a {} model file of configs/models/{}/ (e.g. {})", config_file,
          to_string(f), to_string(f), f == Framework::TorchTitan ? "llama3.1_8B.yaml" : "llama3_8B.yaml");
-  const Origin model_at = tree.origin(pt_path + ".model");
-  const YamlTree model = load_yaml_tree(resolve_file(pt["model"].Scalar(), config_file, "models", f, model_at));
+  w.model_at = tree.origin(at + ".model");
+  const YamlTree model = load_yaml_tree(resolve_file(pt["model"].Scalar(), config_file, "models", f, w.model_at));
   flat.add(model.root, "", model, "", false);
   if (const YAML::Node ov = pt["overrides"]; ov && !ov.IsNull()) {
-    if (!ov.IsMap()) fail("{}: 'overrides' must be a map of key: value", tree.origin(pt_path + ".overrides").str());
-    flat.add(ov, "", tree, pt_path + ".overrides", true);
+    if (!ov.IsMap()) fail("{}: 'overrides' must be a map of key: value", tree.origin(at + ".overrides").str());
+    flat.add(ov, "", tree, at + ".overrides", true);
   }
+  return w;
+}
 
-  // Every key: the dialect's (checked by its verdict), an engine key, or an error.
-  DialectRecord record;
-  record.framework = f;
+// Every written key: the dialect's (checked by its verdict; no-effect ones listed), an engine key
+// (returned), or an error naming the nearest name.
+std::vector<std::string> check_verdicts(const Dialect& d, const WrittenModule& w, DialectRecord& record) {
   std::vector<std::string> engine_keys;
-  for (const auto& [key, e] : written) {
+  for (const auto& [key, e] : w.keys) {
     if (const DialectKey* k = find_dialect_key(d, key)) {
-      if (k->status == KeyStatus::NoEffect && from_experiment[key] && e.value && !e.value.IsNull())
+      if (k->status == KeyStatus::NoEffect && w.from_experiment.at(key) && e.value && !e.value.IsNull())
         record.no_effect.push_back({key, flow(e.value), k->note});
       if (k->status == KeyStatus::NotSupported && !keeps_engine_value(*k, e.value))
         fail("{}: '{}' is not supported: {}; this engine runs as '{}: {}' (remove the key or set it to that)",
@@ -282,43 +308,61 @@ DialectRecord translate_dialect(Framework f, YamlTree& tree, const std::string& 
     } else if (key.find('.') == std::string::npos && is_engine_key(key)) {
       engine_keys.push_back(key);
     } else {
-      std::vector<std::string> names = dialect_key_names(f);
+      std::vector<std::string> names = dialect_key_names(d.framework());
       for (const auto& t : training_keys()) names.push_back(t.name);
       for (const auto& m : model_spec_keys()) names.push_back(m);
       fail("{}: unknown key '{}'{} in a {} config (docs/config.md lists its keys)", e.at.str(), key,
-           did_you_mean(key, names), to_string(f));
+           did_you_mean(key, names), to_string(d.framework()));
     }
   }
+  return engine_keys;
+}
 
-  DialectSettings s(d, written, world_size);
-  d.translate(s);
-  // A written key that the table calls applied but the translation never read would be dropped
-  // silently: that is a bug in the dialect's code, not in the config.
-  for (const auto& [key, e] : written)
-    if (const DialectKey* k = find_dialect_key(d, key); k && k->status == KeyStatus::Applied)
-      PRIMUS_CHECK(std::find(s.read_keys().begin(), s.read_keys().end(), key) != s.read_keys().end(),
-                   "the {} dialect applies '{}' but did not read it", to_string(f), key);
-  PRIMUS_CHECK(!s.model().empty(), "the {} dialect chose no model preset", to_string(f));
-
-  // The module in engine keys; engine keys written in the config win over the translated ones.
+// The pre-trainer in engine keys: the preset, the translated keys, then the engine keys the
+// config names itself, which win; their origins point at the keys they came from.
+void rewrite_module(YAML::Node pt, YamlTree& tree, const DialectSettings& s, const WrittenModule& w,
+                    const std::vector<std::string>& engine_keys, DialectRecord& record) {
   YAML::Node engine = YAML::Clone(s.engine());
   std::map<std::string, Origin> origins = s.engine_origins();
   record.keys = s.record();
   for (const auto& key : engine_keys) {
-    const auto& e = written.at(key);
+    const auto& e = w.keys.at(key);
     const bool over = static_cast<bool>(engine[key]);
     engine[key] = e.value;
     origins[key] = e.at;
-    record.keys.push_back({fmt::format("{}: {}", key, flow(e.value)),
-                           fmt::format("{}: {} (an engine key{})", key, flow(e.value),
-                                       over ? ", over the translated value" : "")});
+    record.keys.push_back(
+        {fmt::format("{}: {}", key, flow(e.value)),
+         fmt::format("{}: {} (an engine key{})", key, flow(e.value), over ? ", over the translated value" : "")});
   }
+  const std::string at = "modules.pre_trainer";
   pt.remove("config");
   pt["model"] = s.model();
   pt["overrides"] = engine;
-  tree.origins[pt_path + ".model"] = origins.count("model") ? origins.at("model") : model_at;
-  for (const auto& [key, at] : origins)
-    if (key != "model") tree.origins[pt_path + ".overrides." + key] = at;
+  tree.origins[at + ".model"] = origins.count("model") ? origins.at("model") : w.model_at;
+  for (const auto& [key, o] : origins)
+    if (key != "model") tree.origins[at + ".overrides." + key] = o;
+}
+
+}  // namespace
+
+DialectRecord translate_dialect(Framework f, YamlTree& tree, const std::string& config_file, int world_size) {
+  const Dialect& d = dialect_of(f);
+  YAML::Node pt = tree.root["modules"]["pre_trainer"];
+  const WrittenModule written = read_module(d, tree, pt, config_file);
+  DialectRecord record;
+  record.framework = f;
+  const std::vector<std::string> engine_keys = check_verdicts(d, written, record);
+
+  DialectSettings s(d, written.keys, world_size);
+  d.translate(s);
+  // A written key that the table calls applied but the translation never read would be dropped
+  // silently: that is a bug in the dialect's code, not in the config.
+  for (const auto& [key, e] : written.keys)
+    if (const DialectKey* k = find_dialect_key(d, key); k && k->status == KeyStatus::Applied)
+      PRIMUS_CHECK(std::find(s.read_keys().begin(), s.read_keys().end(), key) != s.read_keys().end(),
+                   "the {} dialect applies '{}' but did not read it", to_string(f), key);
+  PRIMUS_CHECK(!s.model().empty(), "the {} dialect chose no model preset", to_string(f));
+  rewrite_module(pt, tree, s, written, engine_keys, record);
   return record;
 }
 
@@ -334,8 +378,9 @@ std::string dialect_side_by_side(const DialectRecord& r) {
 
 std::string dialect_keys_reference(Framework f) {
   const Dialect& d = dialect_of(f);
-  std::string out = fmt::format("| {} key | status | default (not supported: accepted value) | note |\n|---|---|---|---|\n",
-                                f == Framework::TorchTitan ? "torchtitan" : "MaxText");
+  std::string out =
+      fmt::format("| {} key | status | default (not supported: accepted value) | note |\n|---|---|---|---|\n",
+                  f == Framework::TorchTitan ? "torchtitan" : "MaxText");
   auto cell = [](std::string v) {
     for (size_t i = 0; (i = v.find('|', i)) != std::string::npos; i += 2) v.replace(i, 1, "\\|");
     return v;

@@ -37,11 +37,11 @@ const char* to_string(Framework f);
 Framework parse_framework(const std::string& name, const Origin& at);
 
 struct DialectKey {
-  const char* name;    // torchtitan: "section.key" as nested in the config; MaxText: flat
+  const char* name;  // torchtitan: "section.key" as nested in the config; MaxText: flat
   KeyStatus status;
-  const char* value;   // the framework's default (YAML text); for not supported: the value this
-                       // engine runs with, which the key may keep
-  const char* note;    // applied: the engine keys it becomes; otherwise why
+  const char* value;  // the framework's default (YAML text); for not supported: the value this
+                      // engine runs with, which the key may keep
+  const char* note;   // applied: the engine keys it becomes; otherwise why
 };
 
 // One written key and what it became, for --print-config's side-by-side view.
@@ -78,6 +78,11 @@ class Dialect {
   // Reads the applied keys from `s` and sets engine keys and the model preset on it.
   virtual void translate(DialectSettings& s) const = 0;
 };
+
+// The framework `tree` is written for (with a command-line `--modules.pre_trainer.framework` among
+// `overrides`), before the command line's keys are placed; Megatron when not written or unknown
+// (an unknown name is refused, with its line, where the module is read).
+Framework written_framework(const YamlTree& tree, const std::vector<std::pair<std::string, std::string>>& overrides);
 
 const Dialect& dialect_of(Framework f);  // TorchTitan or MaxText
 const DialectKey* find_dialect_key(const Dialect& d, const std::string& name);

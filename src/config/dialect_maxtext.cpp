@@ -19,10 +19,12 @@ namespace {
 constexpr KeyStatus A = KeyStatus::Applied, N = KeyStatus::NoEffect, X = KeyStatus::NotSupported;
 
 const char* const kLogging = "logging, metrics, profiling, monitoring or run naming that this engine does its own way";
-const char* const kKernels = "a kernel, compiler or runtime choice; this engine runs its own kernels with the same math";
+const char* const kKernels =
+    "a kernel, compiler or runtime choice; this engine runs its own kernels with the same math";
 const char* const kMemory = "a memory-saving choice (rematerialisation, offloading); the result does not depend on it "
                             "(this engine's: recompute_granularity)";
-const char* const kStorage = "checkpoint format or bookkeeping; this engine writes its own checkpoints (docs/checkpoints.md)";
+const char* const kStorage =
+    "checkpoint format or bookkeeping; this engine writes its own checkpoints (docs/checkpoints.md)";
 const char* const kData = "MaxText's own input pipelines (tokenizing, packing, shuffling); this engine reads "
                           "Megatron-format data (data_path) or mock data (dataset_type: synthetic)";
 const char* const kInference = "inference, decoding or serving; training does not read it";
@@ -43,8 +45,9 @@ const char* const kEval = "evaluation scheduling beyond eval_interval and eval_i
 const char* const kSplit = "how layers are scanned or split over pipeline stages; the result does not depend on it "
                            "(this engine's split: decoder_first/last_pipeline_num_layers, pipeline_balance)";
 const char* const kPrimus = "Primus's module bookkeeping; this engine's task and log levels are its own";
-const char* const kMesh = "how arrays are laid out over the device mesh; this engine's layout follows the *_parallelism "
-                          "degrees";
+const char* const kMesh =
+    "how arrays are laid out over the device mesh; this engine's layout follows the *_parallelism "
+    "degrees";
 const char* const kVariant = "configures a model variant whose switch (attention_type, decoder_block, use_indexer, "
                              "mtp_num_layers, engram_layers, moba, ...) is refused here";
 const char* const kMuon = "configures the Muon optimizer (opt_type: muon), which is refused here";
@@ -152,7 +155,7 @@ const std::vector<DialectKey>& table() {
       {"dcn_context_usp_ulysses_parallelism", A, "1", "context_parallel_size with cp_comm_type a2a (-1: the devices left over)"},
       {"dcn_data_parallelism", A, "-1", "the data-parallel size (no_shard) (-1: the devices left over)"},
       {"dcn_diloco_parallelism", X, "1", kDiloco},
-      {"dcn_expert_parallelism", A, "1", "expert_model_parallel_size (folded into the data-parallel size) (-1: the devices left over)"},
+      {"dcn_expert_parallelism", A, "1", "the data-parallel size, sharded as fsdp (the models mapped are dense) (-1: the devices left over)"},
       {"dcn_fsdp_parallelism", A, "1", "the data-parallel size, sharded: data_parallel_sharding_strategy optim_grads_params (-1: the devices left over)"},
       {"dcn_fsdp_transpose_parallelism", A, "1", "the data-parallel size, sharded as fsdp (-1: the devices left over)"},
       {"dcn_pipeline_parallelism", A, "1", "pipeline_model_parallel_size (-1: the devices left over)"},
@@ -329,7 +332,7 @@ const std::vector<DialectKey>& table() {
       {"ici_context_usp_ulysses_parallelism", A, "1", "context_parallel_size with cp_comm_type a2a (-1: the devices left over)"},
       {"ici_data_parallelism", A, "1", "the data-parallel size (no_shard) (-1: the devices left over)"},
       {"ici_diloco_parallelism", X, "1", kDiloco},
-      {"ici_expert_parallelism", A, "1", "expert_model_parallel_size (folded into the data-parallel size) (-1: the devices left over)"},
+      {"ici_expert_parallelism", A, "1", "the data-parallel size, sharded as fsdp (the models mapped are dense) (-1: the devices left over)"},
       {"ici_fsdp_parallelism", A, "-1", "the data-parallel size, sharded: data_parallel_sharding_strategy optim_grads_params (-1: the devices left over)"},
       {"ici_fsdp_transpose_parallelism", A, "1", "the data-parallel size, sharded as fsdp (-1: the devices left over)"},
       {"ici_pipeline_parallelism", A, "1", "pipeline_model_parallel_size (-1: the devices left over)"},
@@ -762,9 +765,9 @@ const std::vector<DialectKey>& table() {
 // A MaxText model_name on this engine: the preset and the model keys that make it MaxText's model,
 // or why it is refused.
 struct Model {
-  const char* name;     // MaxText's model_name; a trailing '*' matches a prefix
-  const char* preset;   // nullptr: refused with `why`
-  const char* block;    // MaxText's decoder_block of the model
+  const char* name;    // MaxText's model_name; a trailing '*' matches a prefix
+  const char* preset;  // nullptr: refused with `why`
+  const char* block;   // MaxText's decoder_block of the model
   const char* why;
 };
 
@@ -817,8 +820,11 @@ bool matches(const char* pattern, const std::string& name) {
 class Mesh {
  public:
   explicit Mesh(DialectSettings& s) : s_(s) {
-    static const char* const axes[] = {"data", "fsdp", "fsdp_transpose", "sequence", "context",
-                                       "context_usp_ulysses", "tensor", "tensor_sequence", "pipeline", "expert"};
+    static const char* const axes[] = {"data",           "fsdp",
+                                       "fsdp_transpose", "sequence",
+                                       "context",        "context_usp_ulysses",
+                                       "tensor",         "tensor_sequence",
+                                       "pipeline",       "expert"};
     for (const char* axis : axes) {
       for (const char* level : {"ici", "dcn"}) {
         const std::string key = fmt::format("{}_{}_parallelism", level, axis);
@@ -916,13 +922,16 @@ class MaxText final : public Dialect {
     s.set_model(it->preset, {"model_name"});
     const std::string block = s.text("decoder_block");
     if (s.written("decoder_block") && block != it->block)
-      s.refuse("decoder_block", fmt::format("{} is built from the '{}' block here; another block is not mapped", name,
-                                            it->block));
-    static const std::vector<std::pair<const char*, const char*>> shapes = {
-        {"base_emb_dim", "hidden_size"},      {"base_num_query_heads", "num_attention_heads"},
-        {"base_num_kv_heads", "num_query_groups"}, {"base_mlp_dim", "ffn_hidden_size"},
-        {"base_num_decoder_layers", "num_layers"}, {"head_dim", "kv_channels"},
-        {"vocab_size", "vocab_size"}};
+      s.refuse("decoder_block",
+               fmt::format("{} is built from the '{}' block here; another block is not mapped", name, it->block));
+    static const std::vector<std::pair<const char*, const char*>> shapes = {{"base_emb_dim", "hidden_size"},
+                                                                            {"base_num_query_heads",
+                                                                             "num_attention_heads"},
+                                                                            {"base_num_kv_heads", "num_query_groups"},
+                                                                            {"base_mlp_dim", "ffn_hidden_size"},
+                                                                            {"base_num_decoder_layers", "num_layers"},
+                                                                            {"head_dim", "kv_channels"},
+                                                                            {"vocab_size", "vocab_size"}};
     for (const auto& [key, engine] : shapes)  // MaxText's model file sets them; only a written value overrides
       if (s.written(key)) s.set(engine, YAML::Node(s.integer(key)), {key});
     if (s.written("normalization_layer_epsilon"))
@@ -957,10 +966,12 @@ class MaxText final : public Dialect {
     if (s.world_known() && mesh.devices() != s.world_size())
       s.refuse("ici_fsdp_parallelism", fmt::format("the *_parallelism degrees ask for {} devices, this launch has {}",
                                                    mesh.devices(), s.world_size()));
-    const int64_t data = mesh.degree("data"), fsdp = mesh.degree("fsdp") * mesh.degree("fsdp_transpose");
+    // The models mapped are dense: MaxText shards their parameters over the expert axis as over
+    // fsdp, and splits the batch over it.
+    const int64_t data = mesh.degree("data");
+    const int64_t fsdp = mesh.degree("fsdp") * mesh.degree("fsdp_transpose") * mesh.degree("expert");
     const int64_t ring = mesh.degree("sequence") * mesh.degree("context"), a2a = mesh.degree("context_usp_ulysses");
     const int64_t tp = mesh.degree("tensor") * mesh.degree("tensor_sequence"), pp = mesh.degree("pipeline");
-    const int64_t ep = mesh.degree("expert");
     if (data > 1 && fsdp > 1)
       s.refuse(mesh.keys("data").front(),
                fmt::format("data ({}) and fsdp ({}) parallelism at once (hybrid sharding) is not built; this engine "
@@ -977,16 +988,15 @@ class MaxText final : public Dialect {
     s.set("pipeline_model_parallel_size", YAML::Node(pp), {"ici_pipeline_parallelism", "dcn_pipeline_parallelism"});
     s.set("context_parallel_size", YAML::Node(ring * a2a), {"ici_context_parallelism", "ici_sequence_parallelism"});
     if (a2a > 1) s.set("cp_comm_type", YAML::Node("a2a"), {"ici_context_usp_ulysses_parallelism"});
-    if (ep > 1) s.set("expert_model_parallel_size", YAML::Node(ep), {"ici_expert_parallelism"});
 
     // MaxText: global batch = int(devices x per_device_batch_size) x gradient_accumulation_steps,
-    // spread over the batch axes (data, fsdp, expert); pipeline stages split it in microbatches.
+    // spread over the batch axes (data, fsdp and expert); pipeline stages split it in microbatches.
     const double per_device = s.number("per_device_batch_size");
     const int64_t accumulation = s.integer("gradient_accumulation_steps");
     if (per_device <= 0) s.refuse("per_device_batch_size", "must be positive");
     if (accumulation < 1) s.refuse("gradient_accumulation_steps", "1 or more");
     const int64_t step_batch = int64_t(double(mesh.devices()) * per_device);
-    const int64_t batch_ranks = data * fsdp * ep;
+    const int64_t batch_ranks = data * fsdp;
     if (step_batch < batch_ranks || step_batch % batch_ranks != 0)
       s.refuse("per_device_batch_size",
                fmt::format("{} devices x {} = {} sequences do not split evenly over the {} data-parallel ranks",
@@ -997,12 +1007,14 @@ class MaxText final : public Dialect {
     if (pp > 1) {
       const int64_t n = pipeline_micro == -1 ? pp : pipeline_micro;
       if (n < 1 || micro % n != 0)
-        s.refuse("num_pipeline_microbatches", fmt::format("must divide the {} sequences of a data-parallel rank", micro));
+        s.refuse("num_pipeline_microbatches",
+                 fmt::format("must divide the {} sequences of a data-parallel rank", micro));
       micro /= n;
       micro_from.push_back("num_pipeline_microbatches");
     }
     s.set("micro_batch_size", YAML::Node(micro), micro_from);
-    s.set("global_batch_size", YAML::Node(step_batch * accumulation), {"per_device_batch_size", "gradient_accumulation_steps"});
+    s.set("global_batch_size", YAML::Node(step_batch * accumulation),
+          {"per_device_batch_size", "gradient_accumulation_steps"});
     s.set("seq_length", YAML::Node(s.integer("max_target_length")), {"max_target_length"});
     const std::string dtype = s.text("dtype");
     if (dtype != "bfloat16" && dtype != "float32") s.refuse("dtype", "bfloat16 or float32");
@@ -1024,7 +1036,8 @@ class MaxText final : public Dialect {
                "a schedule shorter than steps (MaxText then trains at learning rate 0) is not built");
     const double lr = s.number("learning_rate");
     // Older MaxText names the final fraction cosine_learning_rate_final_fraction.
-    const bool old_name = s.written("cosine_learning_rate_final_fraction") && !s.written("learning_rate_final_fraction");
+    const bool old_name = s.written("cosine_learning_rate_final_fraction") &&
+                          !s.written("learning_rate_final_fraction");
     const std::string final_key = old_name ? "cosine_learning_rate_final_fraction" : "learning_rate_final_fraction";
     const double final_fraction = s.number(final_key);
     const int64_t warmup = int64_t(double(total) * s.number("warmup_steps_fraction"));
@@ -1038,7 +1051,8 @@ class MaxText final : public Dialect {
     const std::string wsd_style = s.text("wsd_decay_style");
     if (total - warmup < 2)
       s.refuse("warmup_steps_fraction",
-               fmt::format("the warmup ({} steps) leaves fewer than 2 of the schedule's {} steps to decay", warmup, total));
+               fmt::format("the warmup ({} steps) leaves fewer than 2 of the schedule's {} steps to decay", warmup,
+                           total));
     const std::vector<std::string> from = {"lr_schedule_type", "learning_rate_schedule_steps"};
     s.set("lr_decay_iters", YAML::Node(total - 1), from);
     if (type == "cosine") {
@@ -1049,7 +1063,8 @@ class MaxText final : public Dialect {
     if (wsd_style != "linear" && wsd_style != "cosine") s.refuse("wsd_decay_style", "linear or cosine");
     if (wsd_steps < 2 || warmup + wsd_steps > total)
       s.refuse("wsd_decay_steps_fraction",
-               fmt::format("the decay takes {} steps; 2 or more, and with the warmup within the {} steps", wsd_steps, total));
+               fmt::format("the decay takes {} steps; 2 or more, and with the warmup within the {} steps", wsd_steps,
+                           total));
     s.set("lr_decay_style", YAML::Node("WSD"), from);
     s.set("lr_wsd_decay_style", YAML::Node(wsd_style), {"wsd_decay_style"});
     s.set("lr_wsd_decay_iters", YAML::Node(wsd_steps - 1), {"wsd_decay_steps_fraction"});
@@ -1083,7 +1098,8 @@ class MaxText final : public Dialect {
     s.set("save_interval", YAML::Node(save ? period : 0), {"enable_checkpointing", "checkpoint_period"});
     const std::string keep = s.text("max_num_checkpoints_to_keep");
     if (keep != "None" && !keep.empty())
-      s.set("keep_last_checkpoints", YAML::Node(s.integer("max_num_checkpoints_to_keep")), {"max_num_checkpoints_to_keep"});
+      s.set("keep_last_checkpoints", YAML::Node(s.integer("max_num_checkpoints_to_keep")),
+            {"max_num_checkpoints_to_keep"});
     else
       s.set("keep_last_checkpoints", YAML::Node(0), {"max_num_checkpoints_to_keep"});
   }

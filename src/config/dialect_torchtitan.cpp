@@ -19,11 +19,14 @@ namespace {
 constexpr KeyStatus A = KeyStatus::Applied, N = KeyStatus::NoEffect, X = KeyStatus::NotSupported;
 
 const char* const kLogging = "logging, metrics, profiling or job bookkeeping that this engine does its own way";
-const char* const kKernels = "a kernel, compiler or backend choice; this engine runs its own kernels with the same math";
+const char* const kKernels =
+    "a kernel, compiler or backend choice; this engine runs its own kernels with the same math";
 const char* const kTuning = "performance or communication tuning; the result does not depend on it here";
-const char* const kMemory = "a memory-saving choice; the result does not depend on it (this engine's: recompute_granularity, "
-                            "data_parallel_sharding_strategy)";
-const char* const kStorage = "checkpoint format or bookkeeping; this engine writes its own checkpoints (docs/checkpoints.md)";
+const char* const kMemory =
+    "a memory-saving choice; the result does not depend on it (this engine's: recompute_granularity, "
+    "data_parallel_sharding_strategy)";
+const char* const kStorage =
+    "checkpoint format or bookkeeping; this engine writes its own checkpoints (docs/checkpoints.md)";
 const char* const kData = "torchtitan's Hugging Face data loading; this engine reads Megatron-format data (data_path)";
 const char* const kFp8 = "FP8 / MX training is not built on this engine yet (the FP8 issue adds it)";
 const char* const kValidation = "configures torchtitan's validation loop, which is refused (validation.enable)";
@@ -258,7 +261,8 @@ class TorchTitan final : public Dialect {
   const std::vector<DialectKey>& keys() const override { return table(); }
   void translate(DialectSettings& s) const override {
     const bool moe = model(s);
-    layout_and_batch(s, moe);
+    const Layout layout = parallel_layout(s, moe);
+    batch(s, layout);
     optimizer(s);
     schedule(s);
     data(s);
@@ -297,8 +301,12 @@ class TorchTitan final : public Dialect {
                                          flavor, fmt::join(known, ", ")));
   }
 
-  // parallelism.* and the batch: the layout, FSDP, micro and global batch.
-  static void layout_and_batch(DialectSettings& s, bool moe) {
+  struct Layout {
+    int64_t dp, pp;
+  };
+
+  // parallelism.*: the degrees against the launch, FSDP, the pipeline schedule.
+  static Layout parallel_layout(DialectSettings& s, bool moe) {
     const int64_t tp = s.integer("parallelism.tensor_parallel_degree");
     const int64_t pp = s.integer("parallelism.pipeline_parallel_degree");
     const int64_t cp = s.integer("parallelism.context_parallel_degree");
@@ -307,7 +315,8 @@ class TorchTitan final : public Dialect {
     for (const char* k : {"parallelism.tensor_parallel_degree", "parallelism.pipeline_parallel_degree",
                           "parallelism.context_parallel_degree", "parallelism.data_parallel_replicate_degree"})
       if (s.integer(k) < 1) s.refuse(k, "a parallel degree is 1 or more");
-    if (shard == 0 || shard < -1) s.refuse("parallelism.data_parallel_shard_degree", "1 or more, or -1 (the ranks left over)");
+    if (shard == 0 || shard < -1)
+      s.refuse("parallelism.data_parallel_shard_degree", "1 or more, or -1 (the ranks left over)");
     const int64_t others = tp * pp * cp * replicate;
     if (shard == -1 && !s.world_known()) {
       shard = 1;  // no launch to fill (--print-config, projection): one data-parallel rank
@@ -342,9 +351,12 @@ class TorchTitan final : public Dialect {
       s.set("expert_tensor_parallel_size", YAML::Node(etp), {"parallelism.expert_tensor_parallel_degree"});
     }
     if (pp > 1) {
-      static const std::vector<std::pair<const char*, const char*>> schedules = {
-          {"1F1B", "1f1b"}, {"Interleaved1F1B", "interleaved-1f1b"}, {"GPipe", "gpipe"}, {"ZBVZeroBubble", "zbv"},
-          {"DualPipeV", "dualpipev"}};
+      static const std::vector<std::pair<const char*, const char*>> schedules = {{"1F1B", "1f1b"},
+                                                                                 {"Interleaved1F1B",
+                                                                                  "interleaved-1f1b"},
+                                                                                 {"GPipe", "gpipe"},
+                                                                                 {"ZBVZeroBubble", "zbv"},
+                                                                                 {"DualPipeV", "dualpipev"}};
       const std::string want = s.text("parallelism.pipeline_parallel_schedule");
       auto it = std::find_if(schedules.begin(), schedules.end(), [&](const auto& p) { return want == p.first; });
       if (it == schedules.end())
@@ -354,7 +366,12 @@ class TorchTitan final : public Dialect {
     } else {
       s.text("parallelism.pipeline_parallel_schedule");  // read: without pipeline stages it has no effect
     }
+    return {dp, pp};
+  }
 
+  // training.local_batch_size and global_batch_size: micro and global batch, length and steps.
+  static void batch(DialectSettings& s, const Layout& layout) {
+    const int64_t dp = layout.dp, pp = layout.pp;
     const int64_t local = s.integer("training.local_batch_size");
     int64_t global = s.integer("training.global_batch_size");
     if (local < 1) s.refuse("training.local_batch_size", "a batch holds 1 sequence or more");
@@ -410,8 +427,9 @@ class TorchTitan final : public Dialect {
       if (ratio < 0 || ratio > 1) s.refuse("lr_scheduler.decay_ratio", "a fraction of the steps, in [0, 1]");
       decay = std::min<int64_t>(int64_t(std::nearbyint(double(total) * ratio)), total - warmup);
     }
-    static const std::vector<std::pair<const char*, const char*>> styles = {
-        {"linear", "linear"}, {"sqrt", "minus_sqrt"}, {"cosine", "cosine"}};
+    static const std::vector<std::pair<const char*, const char*>> styles = {{"linear", "linear"},
+                                                                            {"sqrt", "minus_sqrt"},
+                                                                            {"cosine", "cosine"}};
     const std::string type = s.text("lr_scheduler.decay_type");
     auto style = std::find_if(styles.begin(), styles.end(), [&](const auto& p) { return type == p.first; });
     if (style == styles.end()) s.refuse("lr_scheduler.decay_type", "one of linear, sqrt, cosine");
@@ -441,9 +459,10 @@ class TorchTitan final : public Dialect {
     if (!mock && !s.has_engine_key("data_path"))
       s.refuse("training.mock_data",
                fmt::format("the data would be torchtitan's Hugging Face dataset '{}', which this engine does not read; "
-                           "set training.mock_data: true, ", s.text("training.dataset")) +
+                           "set training.mock_data: true, ",
+                           s.text("training.dataset")) +
                    "or give Megatron-format data with this engine's keys data_path, tokenizer_type and tokenizer_model "
-               "(docs/data.md)");
+                   "(docs/data.md)");
     s.set("mock_data", YAML::Node(mock), from);
     if (!s.is_null("debug.seed")) s.set("seed", YAML::Node(s.integer("debug.seed")), {"debug.seed"});
     const std::string precision = s.text("training.mixed_precision_param");
@@ -461,8 +480,7 @@ class TorchTitan final : public Dialect {
     s.set("eval_interval", YAML::Node(0), {"validation.enable"});
     const bool save = s.flag("checkpoint.enable");
     const int64_t interval = s.integer("checkpoint.interval");
-    s.set("save_interval", YAML::Node(save ? interval : 0),
-          {"checkpoint.enable", "checkpoint.interval"});
+    s.set("save_interval", YAML::Node(save ? interval : 0), {"checkpoint.enable", "checkpoint.interval"});
     s.set("keep_last_checkpoints", YAML::Node(s.integer("checkpoint.keep_latest_k")), {"checkpoint.keep_latest_k"});
     static const std::vector<std::pair<const char*, const char*>> modes = {
         {"none", ""}, {"selective", "selective"}, {"memory_budget", "selective"}, {"full", "full"}};

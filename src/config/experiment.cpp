@@ -116,23 +116,6 @@ namespace {
 const std::vector<std::string> kTopKeys = {"work_group", "user_name", "exp_name", "workspace", "env", "modules"};
 const std::vector<std::string> kTrainerKeys = {"framework", "config", "model", "overrides"};
 
-// The framework a config is written for, before the command line's keys are placed: they go under
-// the module's overrides in that framework's names.
-Framework written_framework(const YamlTree& tree, const std::vector<std::pair<std::string, std::string>>& overrides) {
-  std::string name = "megatron";
-  const YAML::Node m = tree.root["modules"];
-  if (m && m.IsMap() && m["pre_trainer"] && m["pre_trainer"].IsMap() && m["pre_trainer"]["framework"] &&
-      m["pre_trainer"]["framework"].IsScalar())
-    name = m["pre_trainer"]["framework"].Scalar();
-  for (const auto& [k, v] : overrides)
-    if (k == "modules.pre_trainer.framework") name = v;
-  try {
-    return parse_framework(name, Origin{});
-  } catch (const Error&) {
-    return Framework::Megatron;  // named again, with its line, where the module is read
-  }
-}
-
 std::vector<std::string> names_of_training_keys() {
   std::vector<std::string> out;
   for (const auto& k : training_keys()) out.push_back(k.name);
@@ -302,7 +285,7 @@ ExperimentConfig load_experiment_unguarded(const std::string& path,
   YamlTree& tree = cfg.tree;
   const std::vector<std::string> model_keys = model_spec_keys();
   const std::vector<std::string> train_keys = names_of_training_keys();
-  const Framework dialect = written_framework(tree, overrides);
+  const Framework dialect = written_framework(tree, overrides);  // where `--training.steps` goes
 
   for (auto [key, value] : overrides) {
     std::replace(key.begin(), key.end(), '-', '_');
@@ -334,8 +317,9 @@ ExperimentConfig load_experiment_unguarded(const std::string& path,
   if (const YAML::Node env = root["env"]; env && !env.IsNull()) {  // Primus's `env:` block
     if (!env.IsMap()) fail("{}: 'env' must be a map of NAME: value", tree.origin("env").str());
     for (auto kv : env) {
-      if (!kv.second.IsScalar()) fail("{}: env '{}' must be a value", tree.origin("env." + kv.first.Scalar()).str(), kv.first.Scalar());
-      cfg.env.emplace_back(kv.first.Scalar(), kv.second.Scalar());
+      const std::string name = kv.first.Scalar();
+      if (!kv.second.IsScalar()) fail("{}: env '{}' must be a value", tree.origin("env." + name).str(), name);
+      cfg.env.emplace_back(name, kv.second.Scalar());
     }
   }
   if (cfg.exp_name.empty() || cfg.exp_name.find('/') != std::string::npos)
@@ -347,8 +331,9 @@ ExperimentConfig load_experiment_unguarded(const std::string& path,
   const YAML::Node pt = modules["pre_trainer"];
   if (!pt || !pt.IsMap()) fail("{}: 'modules.pre_trainer' must be a map", tree.origin("modules").str());
   check_keys(pt, kTrainerKeys, tree, "modules.pre_trainer", "modules.pre_trainer");
-  const Framework framework = parse_framework(scalar_or(pt, "framework", "megatron", tree, "modules.pre_trainer.framework"),
-                                              tree.origin("modules.pre_trainer.framework"));
+  const Framework framework =
+      parse_framework(scalar_or(pt, "framework", "megatron", tree, "modules.pre_trainer.framework"),
+                      tree.origin("modules.pre_trainer.framework"));
   if (framework != Framework::Megatron) {  // torchtitan's or MaxText's keys -> ours (config/dialect.h)
     cfg.dialect = translate_dialect(framework, tree, path, world_size);
     for (const auto& k : cfg.dialect.no_effect) cfg.no_effect.push_back({k.key, k.value, k.note});
@@ -455,8 +440,8 @@ ExperimentConfig load_experiment_unguarded(const std::string& path,
 
 }  // namespace
 
-ExperimentConfig load_experiment(const std::string& path, const std::vector<std::pair<std::string, std::string>>& overrides,
-                                 int world_size) {
+ExperimentConfig load_experiment(const std::string& path,
+                                 const std::vector<std::pair<std::string, std::string>>& overrides, int world_size) {
   // Whatever a library throws on odd input (a path the file system refuses, a YAML node of an
   // unexpected kind) becomes an error naming the config file.
   try {

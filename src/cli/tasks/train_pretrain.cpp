@@ -23,7 +23,8 @@ TaskRegistrar reg{{"train", "pretrain", "pretrain a model from an experiment con
                      app.add_option("--config", *config, "experiment YAML (see examples/ and docs/config.md)");
                      app.add_flag("--print-config", *print, "print the resolved config and exit");
                      app.add_flag("--config-reference", *reference,
-                                  "print the tables of training keys and of Megatron's, torchtitan's and MaxText's keys (docs/config.md) and exit");
+                                  "print the tables of training keys and of Megatron's, torchtitan's and MaxText's "
+                                  "keys (docs/config.md) and exit");
                      // The launcher's check before it starts ranks (direct.cpp): config, layout and
                      // memory for N ranks on this host, so that an error is printed once.
                      app.add_option("--check-for-ranks", *check_world)->group("");

@@ -25,10 +25,9 @@ const std::string kRoot = PRIMUS_SOURCE_DIR;
 const std::string kConfigs = kRoot + "/tests/integration/primus_configs/";
 
 test::CommandResult run(const std::string& args) {
-  return test::run_command(
-      "env -u PRIMUS_WORKSPACE -u PRIMUS_EXP_NAME OMPI_ALLOW_RUN_AS_ROOT=1 "
-      "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 '" +
-      kCli + "' " + args + " 2>&1");
+  return test::run_command("env -u PRIMUS_WORKSPACE -u PRIMUS_EXP_NAME OMPI_ALLOW_RUN_AS_ROOT=1 "
+                           "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 '" +
+                           kCli + "' " + args + " 2>&1");
 }
 
 fs::path workspace(const std::string& name) {
@@ -110,7 +109,8 @@ TEST(DialectExamplesRefused, NameTheMissingFeature) {
     const char* want;
   };
   const Case cases[] = {
-      {"torchtitan/llama3.1_8B-FP8-pretrain", "", "the 'quantize.linear.float8' converter: FP8 / MX training is not built"},
+      {"torchtitan/llama3.1_8B-FP8-pretrain", "",
+       "the 'quantize.linear.float8' converter: FP8 / MX training is not built"},
       {"torchtitan/deepseek_v3_16b-BF16-pretrain", "", "torchtitan's mixture-of-experts layers"},
       {"torchtitan/llama4_17Bx16E-BF16-pretrain", "", "Llama 4 is not built on this engine yet"},
       {"maxtext/llama3_8B-nanoo_fp8-pretrain", " --weight_dtype float32",
@@ -119,8 +119,8 @@ TEST(DialectExamplesRefused, NameTheMissingFeature) {
       {"maxtext/llama3_8B-bf16-pretrain", "", "'weight_dtype' is not supported: bf16 parameters and optimizer state"},
   };
   for (const Case& c : cases) {
-    const test::CommandResult r =
-        run("direct -- train pretrain --config " + kConfigs + c.config + ".yaml" + c.tiny + " --print-config");
+    const test::CommandResult r = run("direct -- train pretrain --config " + kConfigs + c.config + ".yaml" + c.tiny +
+                                      " --print-config");
     EXPECT_NE(r.code, 0) << c.config;
     EXPECT_NE(r.out.find(c.want), std::string::npos) << c.config << ":\n" << r.out;
   }
@@ -145,31 +145,37 @@ TEST(DialectThreeWays, SameLossesBitForBit) {
       "exp_name: three\nmodules:\n  pre_trainer:\n    framework: megatron\n    model: llama3.1_8B\n    overrides:\n" +
           shape +
           "      seq_length: 32\n      micro_batch_size: 2\n      global_batch_size: 4\n      train_iters: 3\n"
-          "      lr: 1.0e-3\n      lr_decay_style: constant\n      weight_decay: 0.1\n      decay_norms_and_biases: true\n"
-          "      adam_beta1: 0.9\n      adam_beta2: 0.95\n      adam_eps: 1.0e-8\n      clip_grad: 1.0\n      seed: 1234\n"
+          "      lr: 1.0e-3\n      lr_decay_style: constant\n      weight_decay: 0.1\n      decay_norms_and_biases: "
+          "true\n"
+          "      adam_beta1: 0.9\n      adam_beta2: 0.95\n      adam_eps: 1.0e-8\n      clip_grad: 1.0\n      seed: "
+          "1234\n"
           "      mock_data: true\n      bf16: false\n      recompute_granularity: full\n      log_interval: 1\n"
           "      eval_interval: 0\n");
-  const std::string titan = write(
-      "torchtitan.yaml",
-      "exp_name: three\nmodules:\n  pre_trainer:\n    framework: torchtitan\n    config: pre_trainer.yaml\n"
-      "    model: llama3.1_8B.yaml\n    overrides:\n" +
-          shape +
-          "      training:\n        mock_data: true\n        seq_len: 32\n        local_batch_size: 2\n"
-          "        global_batch_size: 4\n        steps: 3\n        max_norm: 1.0\n        mixed_precision_param: float32\n"
-          "      optimizer:\n        lr: 1.0e-3\n        beta1: 0.9\n        beta2: 0.95\n        eps: 1.0e-8\n"
-          "        weight_decay: 0.1\n      lr_scheduler:\n        warmup_steps: 0\n        decay_ratio: 0.0\n"
-          "      activation_checkpoint:\n        mode: full\n      debug:\n        seed: 1234\n      metrics:\n"
-          "        log_freq: 1\n");
+  const std::string titan =
+      write("torchtitan.yaml",
+            "exp_name: three\nmodules:\n  pre_trainer:\n    framework: torchtitan\n    config: pre_trainer.yaml\n"
+            "    model: llama3.1_8B.yaml\n    overrides:\n" +
+                shape +
+                "      training:\n        mock_data: true\n        seq_len: 32\n        local_batch_size: 2\n"
+                "        global_batch_size: 4\n        steps: 3\n        max_norm: 1.0\n        mixed_precision_param: "
+                "float32\n"
+                "      optimizer:\n        lr: 1.0e-3\n        beta1: 0.9\n        beta2: 0.95\n        eps: 1.0e-8\n"
+                "        weight_decay: 0.1\n      lr_scheduler:\n        warmup_steps: 0\n        decay_ratio: 0.0\n"
+                "      activation_checkpoint:\n        mode: full\n      debug:\n        seed: 1234\n      metrics:\n"
+                "        log_freq: 1\n");
   const std::string maxtext = write(
       "maxtext.yaml",
       "exp_name: three\nmodules:\n  pre_trainer:\n    framework: maxtext\n    config: pre_trainer.yaml\n"
       "    model: llama3.1_8B.yaml\n    overrides:\n"
       "      base_emb_dim: 64\n      base_mlp_dim: 128\n      base_num_query_heads: 4\n      base_num_kv_heads: 2\n"
       "      head_dim: 16\n      base_num_decoder_layers: 2\n      vocab_size: 512\n      max_target_length: 32\n"
-      "      per_device_batch_size: 2\n      gradient_accumulation_steps: 2\n      steps: 3\n      learning_rate: 1.0e-3\n"
+      "      per_device_batch_size: 2\n      gradient_accumulation_steps: 2\n      steps: 3\n      learning_rate: "
+      "1.0e-3\n"
       "      warmup_steps_fraction: 0.0\n      learning_rate_final_fraction: 1.0\n      adam_b1: 0.9\n"
-      "      adam_b2: 0.95\n      adam_eps: 1.0e-8\n      adam_weight_decay: 0.1\n      gradient_clipping_threshold: 1.0\n"
-      "      init_weights_seed: 1234\n      dataset_type: synthetic\n      dtype: float32\n      weight_dtype: float32\n"
+      "      adam_b2: 0.95\n      adam_eps: 1.0e-8\n      adam_weight_decay: 0.1\n      gradient_clipping_threshold: "
+      "1.0\n"
+      "      init_weights_seed: 1234\n      dataset_type: synthetic\n      dtype: float32\n      weight_dtype: "
+      "float32\n"
       "      remat_policy: full\n      log_period: 1\n");
   std::vector<std::vector<Row>> runs;
   for (const std::string& config : {megatron, titan, maxtext}) {

@@ -31,12 +31,14 @@ struct TempDir : test::TempDir {
 // A torchtitan experiment without Primus's module config: torchtitan's defaults under `extra`.
 std::string torchtitan(const std::string& extra, const std::string& model = "llama3.1_8B.yaml") {
   return "exp_name: tt\nworkspace: /tmp/primus_dialect_ws\nmodules:\n  pre_trainer:\n    framework: torchtitan\n"
-         "    model: " + model + "\n    overrides:\n      training:\n        mock_data: true\n" + extra;
+         "    model: " +
+         model + "\n    overrides:\n      training:\n        mock_data: true\n" + extra;
 }
 
 std::string maxtext(const std::string& extra, const std::string& model = "llama3_8B.yaml") {
   return "exp_name: mt\nworkspace: /tmp/primus_dialect_ws\nmodules:\n  pre_trainer:\n    framework: maxtext\n"
-         "    model: " + model + "\n    overrides:\n      dataset_type: synthetic\n" + extra;
+         "    model: " +
+         model + "\n    overrides:\n      dataset_type: synthetic\n" + extra;
 }
 
 LRSchedule schedule_of(const TrainingArgs& a) {
@@ -99,8 +101,9 @@ TEST(Dialects, TablesAreSortedUniqueAndComplete) {
     }
   }
   // Keys Primus's own files write are in the tables.
-  for (const char* k : {"primus_turbo.enable_primus_turbo", "training.mock_data", "sink_level", "quantize.linear.float8.filter_fqns",
-                        "compile.enable", "activation_checkpoint.selective_ac_option"})
+  for (const char* k :
+       {"primus_turbo.enable_primus_turbo", "training.mock_data", "sink_level", "quantize.linear.float8.filter_fqns",
+        "compile.enable", "activation_checkpoint.selective_ac_option"})
     EXPECT_NE(find_dialect_key(dialect_of(Framework::TorchTitan), k), nullptr) << k;
   for (const char* k : {"base_config", "trainable", "hf_access_token", "megablox", "ici_tensor_sequence_parallelism",
                         "moe_dispatch_no_expert_sharding", "pure_nnx_decoder", "sharding_tolerance"})
@@ -187,7 +190,8 @@ TEST(Dialects, TorchTitanLayoutAndBatch) {
 
 TEST(Dialects, MaxTextLayoutAndBatch) {
   TempDir d;
-  auto f = d.write("e.yaml", maxtext("      per_device_batch_size: 2\n      max_target_length: 256\n      steps: 10\n"));
+  auto f = d.write("e.yaml",
+                   maxtext("      per_device_batch_size: 2\n      max_target_length: 256\n      steps: 10\n"));
   // ici_fsdp_parallelism -1 (base.yml) takes the four ranks; dcn_data_parallelism -1 is one slice.
   ExperimentConfig c = load_experiment(f, {}, 4);
   EXPECT_EQ(c.model, "llama3_8B");
@@ -196,15 +200,18 @@ TEST(Dialects, MaxTextLayoutAndBatch) {
   EXPECT_EQ(c.train.micro_batch_size, 2);
   EXPECT_EQ(c.train.global_batch_size, 8);
   EXPECT_EQ(c.train.recompute_granularity, "full");  // remat_policy: full
-  EXPECT_EQ(c.train.seed, 0);                         // init_weights_seed
+  EXPECT_EQ(c.train.seed, 0);                        // init_weights_seed
   // Tensor parallelism: each data-parallel rank takes per_device_batch_size x tp sequences.
   c = load_experiment(f, {{"ici_tensor_parallelism", "2"}, {"gradient_accumulation_steps", "3"}}, 4);
   EXPECT_EQ(c.train.tensor_model_parallel_size, 2);
   EXPECT_EQ(c.train.micro_batch_size, 4);
   EXPECT_EQ(c.train.global_batch_size, 24);
   // A fractional per-device batch, as MaxText allows: 0.5 x 4 devices = 2 sequences.
-  c = load_experiment(f, {{"per_device_batch_size", "0.5"}, {"ici_fsdp_parallelism", "1"}, {"ici_data_parallelism", "2"},
-                          {"ici_tensor_parallelism", "2"}},
+  c = load_experiment(f,
+                      {{"per_device_batch_size", "0.5"},
+                       {"ici_fsdp_parallelism", "1"},
+                       {"ici_data_parallelism", "2"},
+                       {"ici_tensor_parallelism", "2"}},
                       4);
   EXPECT_EQ(c.train.data_parallel_sharding_strategy, "no_shard");
   EXPECT_EQ(c.train.micro_batch_size, 1);
@@ -230,10 +237,14 @@ TEST(Dialects, TorchTitanScheduleMatchesTorchTitan) {
     double min_factor;
     std::optional<int64_t> total;
   };
-  const Case cases[] = {{20, 5, std::nullopt, "linear", 0.0, {}},  {20, 5, 0.5, "cosine", 0.1, {}},
-                        {20, 0, 0.3, "sqrt", 0.2, {}},               {20, 1, 0.25, "linear", 0.0, {}},
-                        {20, 30, std::nullopt, "cosine", 0.0, {}},   {20, 4, 0.0, "linear", 0.0, {}},
-                        {20, 3, 0.5, "cosine", 0.1, int64_t(30)},    {7, 2, 0.45, "cosine", 0.0, {}}};
+  const Case cases[] = {{20, 5, std::nullopt, "linear", 0.0, {}},
+                        {20, 5, 0.5, "cosine", 0.1, {}},
+                        {20, 0, 0.3, "sqrt", 0.2, {}},
+                        {20, 1, 0.25, "linear", 0.0, {}},
+                        {20, 30, std::nullopt, "cosine", 0.0, {}},
+                        {20, 4, 0.0, "linear", 0.0, {}},
+                        {20, 3, 0.5, "cosine", 0.1, int64_t(30)},
+                        {7, 2, 0.45, "cosine", 0.0, {}}};
   for (const Case& k : cases) {
     std::string extra = fmt::format(
         "        steps: {}\n      optimizer:\n        lr: 0.003\n      lr_scheduler:\n        warmup_steps: {}\n"
@@ -244,9 +255,10 @@ TEST(Dialects, TorchTitanScheduleMatchesTorchTitan) {
     const ExperimentConfig c = load_experiment(d.write("s.yaml", torchtitan("        seq_len: 64\n" + extra)));
     const LRSchedule s = schedule_of(c.train);
     for (int64_t step = 0; step < k.steps; ++step) {
-      const double want = torchtitan_lr(0.003, step, k.total.value_or(k.steps), k.warmup, k.ratio, k.type, k.min_factor);
-      EXPECT_NEAR(s.lr_at(step), want, 1e-15) << "warmup " << k.warmup << " ratio " << k.ratio.value_or(-1) << " "
-                                              << k.type << " step " << step;
+      const double want = torchtitan_lr(0.003, step, k.total.value_or(k.steps), k.warmup, k.ratio, k.type,
+                                        k.min_factor);
+      EXPECT_NEAR(s.lr_at(step), want, 1e-15)
+          << "warmup " << k.warmup << " ratio " << k.ratio.value_or(-1) << " " << k.type << " step " << step;
     }
   }
 }
@@ -260,8 +272,10 @@ TEST(Dialects, MaxTextScheduleMatchesMaxText) {
     double wsd_fraction;
     const char* wsd_style;
   };
-  const Case cases[] = {{20, 0.1, 0.1, "cosine", 0.1, "linear"}, {20, 0.0, 0.0, "cosine", 0.1, "linear"},
-                        {30, 0.2, 0.05, "wsd", 0.2, "linear"},   {30, 0.1, 0.1, "wsd", 0.3, "cosine"},
+  const Case cases[] = {{20, 0.1, 0.1, "cosine", 0.1, "linear"},
+                        {20, 0.0, 0.0, "cosine", 0.1, "linear"},
+                        {30, 0.2, 0.05, "wsd", 0.2, "linear"},
+                        {30, 0.1, 0.1, "wsd", 0.3, "cosine"},
                         {9, 0.35, 1.0, "cosine", 0.1, "linear"}};
   for (const Case& k : cases) {
     const std::string extra = fmt::format(
@@ -291,31 +305,55 @@ TEST(Dialects, UnbuiltKeysAreRefusedByName) {
     std::vector<std::pair<std::string, std::string>> cli = {};
   };
   const std::vector<Case> cases = {
-      {Framework::TorchTitan, "", "'training.dtype' is not supported: full bf16 training", 1, {{"training.dtype", "bfloat16"}}},
+      {Framework::TorchTitan,
+       "",
+       "'training.dtype' is not supported: full bf16 training",
+       1,
+       {{"training.dtype", "bfloat16"}}},
       {Framework::TorchTitan, "      model:\n        converters: [primus_turbo, quantize.linear.float8]\n",
        "the 'quantize.linear.float8' converter: FP8 / MX training is not built"},
       {Framework::TorchTitan, "      quantize:\n        grouped_mm:\n          float8:\n            fqns: [experts]\n",
        "'quantize.grouped_mm.float8.fqns' is not supported: FP8"},
-      {Framework::TorchTitan, "      float8:\n        enable_fsdp_float8_all_gather: true\n", "'float8.enable_fsdp_float8_all_gather' is not supported: FP8"},
-      {Framework::TorchTitan, "      primus_turbo:\n        enable_attention_float8: true\n", "'primus_turbo.enable_attention_float8' is not supported: FP8"},
-      {Framework::TorchTitan, "      optimizer:\n        name: Adam\n", "'optimizer.name: Adam' is not supported: only AdamW"},
-      {Framework::TorchTitan, "      optimizer:\n        early_step_in_backward: true\n", "'optimizer.early_step_in_backward' is not supported"},
-      {Framework::TorchTitan, "      model:\n        name: llama4\n        flavor: 17bx16e\n", "Llama 4 is not built on this engine yet"},
-      {Framework::TorchTitan, "      model:\n        name: gpt_oss\n        flavor: 20b\n", "gpt-oss is not built on this engine yet"},
-      {Framework::TorchTitan, "      model:\n        name: deepseek_v3\n        flavor: 16B\n", "'model.flavor: 16B' is not supported: torchtitan's mixture-of-experts"},
-      {Framework::TorchTitan, "      model:\n        name: qwen3\n        flavor: 30B-A3B\n", "torchtitan's mixture-of-experts"},
+      {Framework::TorchTitan, "      float8:\n        enable_fsdp_float8_all_gather: true\n",
+       "'float8.enable_fsdp_float8_all_gather' is not supported: FP8"},
+      {Framework::TorchTitan, "      primus_turbo:\n        enable_attention_float8: true\n",
+       "'primus_turbo.enable_attention_float8' is not supported: FP8"},
+      {Framework::TorchTitan, "      optimizer:\n        name: Adam\n",
+       "'optimizer.name: Adam' is not supported: only AdamW"},
+      {Framework::TorchTitan, "      optimizer:\n        early_step_in_backward: true\n",
+       "'optimizer.early_step_in_backward' is not supported"},
+      {Framework::TorchTitan, "      model:\n        name: llama4\n        flavor: 17bx16e\n",
+       "Llama 4 is not built on this engine yet"},
+      {Framework::TorchTitan, "      model:\n        name: gpt_oss\n        flavor: 20b\n",
+       "gpt-oss is not built on this engine yet"},
+      {Framework::TorchTitan, "      model:\n        name: deepseek_v3\n        flavor: 16B\n",
+       "'model.flavor: 16B' is not supported: torchtitan's mixture-of-experts"},
+      {Framework::TorchTitan, "      model:\n        name: qwen3\n        flavor: 30B-A3B\n",
+       "torchtitan's mixture-of-experts"},
       {Framework::TorchTitan, "      parallelism:\n        data_parallel_replicate_degree: 2\n", "HSDP", 4},
-      {Framework::TorchTitan, "      lr_scheduler:\n        total_steps: 5\n",
-       "'lr_scheduler.total_steps: 5' is not supported: a schedule shorter than training.steps", 1, {{"training.steps", "10"}}},
+      {Framework::TorchTitan,
+       "      lr_scheduler:\n        total_steps: 5\n",
+       "'lr_scheduler.total_steps: 5' is not supported: a schedule shorter than training.steps",
+       1,
+       {{"training.steps", "10"}}},
       {Framework::TorchTitan, "      validation:\n        enable: true\n", "torchtitan's validation loop"},
-      {Framework::TorchTitan, "      fault_tolerance:\n        enable: true\n", "'fault_tolerance.enable' is not supported: TorchFT"},
-      {Framework::TorchTitan, "      checkpoint:\n        initial_load_path: /ckpt/step-100\n", "torchtitan's DCP checkpoints are not read"},
-      {Framework::TorchTitan, "      experimental:\n        custom_import: my.model\n", "'experimental.custom_import' is not supported"},
-      {Framework::TorchTitan, "", "Hugging Face dataset 'c4_test', which this engine does not read", 1, {{"training.mock_data", "false"}}},
+      {Framework::TorchTitan, "      fault_tolerance:\n        enable: true\n",
+       "'fault_tolerance.enable' is not supported: TorchFT"},
+      {Framework::TorchTitan, "      checkpoint:\n        initial_load_path: /ckpt/step-100\n",
+       "torchtitan's DCP checkpoints are not read"},
+      {Framework::TorchTitan, "      experimental:\n        custom_import: my.model\n",
+       "'experimental.custom_import' is not supported"},
+      {Framework::TorchTitan,
+       "",
+       "Hugging Face dataset 'c4_test', which this engine does not read",
+       1,
+       {{"training.mock_data", "false"}}},
       {Framework::MaxText, "      quantization: nanoo_fp8\n", "'quantization' is not supported: quantized training"},
-      {Framework::MaxText, "      weight_dtype: bfloat16\n", "'weight_dtype' is not supported: bf16 parameters and optimizer state"},
+      {Framework::MaxText, "      weight_dtype: bfloat16\n",
+       "'weight_dtype' is not supported: bf16 parameters and optimizer state"},
       {Framework::MaxText, "      num_experts: 8\n", "'num_experts' is not supported: MaxText's mixture of experts"},
-      {Framework::MaxText, "      model_name: mixtral-8x7b\n", "'model_name: mixtral-8x7b' is not supported: MaxText's mixture-of-experts models"},
+      {Framework::MaxText, "      model_name: mixtral-8x7b\n",
+       "'model_name: mixtral-8x7b' is not supported: MaxText's mixture-of-experts models"},
       {Framework::MaxText, "      model_name: gemma4-26b\n", "Gemma is not built"},
       {Framework::MaxText, "      model_name: llama4-17b-16e\n", "the model-families issue"},
       {Framework::MaxText, "      dropout_rate: 0.1\n", "'dropout_rate' is not supported: dropout"},
@@ -325,12 +363,19 @@ TEST(Dialects, UnbuiltKeysAreRefusedByName) {
       {Framework::MaxText, "      adamw_mask: [bias, norm]\n", "'adamw_mask' is not supported"},
       {Framework::MaxText, "      rope_type: yarn\n", "'rope_type: yarn' is not supported"},
       {Framework::MaxText, "      mlp_activations: [gelu, linear]\n", "'mlp_activations' is not supported"},
-      {Framework::MaxText, "      logits_via_embedding: true\n", "normalize_embedding_logits (logits divided by sqrt(emb_dim))"},
+      {Framework::MaxText, "      logits_via_embedding: true\n",
+       "normalize_embedding_logits (logits divided by sqrt(emb_dim))"},
       {Framework::MaxText, "      mtp_num_layers: 1\n", "multi-token prediction is not built"},
-      {Framework::MaxText, "      steps: 10\n      learning_rate_schedule_steps: 5\n", "MaxText then trains at learning rate 0"},
-      {Framework::MaxText, "", "'dataset_type: hf' is not supported: MaxText's tfds, hf and grain", 1, {{"dataset_type", "hf"}}},
+      {Framework::MaxText, "      steps: 10\n      learning_rate_schedule_steps: 5\n",
+       "MaxText then trains at learning rate 0"},
+      {Framework::MaxText,
+       "",
+       "'dataset_type: hf' is not supported: MaxText's tfds, hf and grain",
+       1,
+       {{"dataset_type", "hf"}}},
       {Framework::MaxText, "      ici_data_parallelism: 2\n      ici_fsdp_parallelism: 2\n", "hybrid sharding", 4},
-      {Framework::MaxText, "      eval_per_device_batch_size: 4\n", "an evaluation batch other than the training batch"},
+      {Framework::MaxText, "      eval_per_device_batch_size: 4\n",
+       "an evaluation batch other than the training batch"},
   };
   for (const Case& k : cases) {
     const std::string text = k.f == Framework::TorchTitan ? torchtitan("") + k.overrides : maxtext(k.overrides);
@@ -355,7 +400,8 @@ TEST(Dialects, CommandLineInBothNamesAndTypos) {
             std::string::npos)
       << e;
   e = error_of([&] { load_experiment(d.write("typo.yaml", torchtitan("        seq_lenn: 64\n"))); });
-  EXPECT_NE(e.find("typo.yaml:10: unknown key 'training.seq_lenn' (did you mean 'training.seq_len'?)"), std::string::npos)
+  EXPECT_NE(e.find("typo.yaml:10: unknown key 'training.seq_lenn' (did you mean 'training.seq_len'?)"),
+            std::string::npos)
       << e;
   const auto mt = d.write("mt.yaml", maxtext("      steps: 50\n"));
   EXPECT_EQ(load_experiment(mt, {{"steps", "6"}}).train.train_iters, 6);
@@ -366,7 +412,8 @@ TEST(Dialects, CommandLineInBothNamesAndTypos) {
 
 TEST(Dialects, NoEffectKeysListedAndPrintedSideBySide) {
   TempDir d;
-  const auto f = d.write("e.yaml", torchtitan("        steps: 50\n        gc_freq: 100\n      compile:\n        enable: true\n"));
+  const auto f = d.write("e.yaml",
+                         torchtitan("        steps: 50\n        gc_freq: 100\n      compile:\n        enable: true\n"));
   const ExperimentConfig c = load_experiment(f);
   std::set<std::string> listed;
   for (const auto& k : c.no_effect) listed.insert(k.key);
@@ -388,24 +435,28 @@ TEST(Dialects, ThreeWaysOneEngineConfig) {
   const std::string shape =
       "      num_layers: 2\n      hidden_size: 64\n      ffn_hidden_size: 128\n      num_attention_heads: 4\n"
       "      num_query_groups: 2\n      vocab_size: 512\n";
-  const auto megatron = d.write(
-      "m.yaml", "exp_name: m\nmodules:\n  pre_trainer:\n    model: llama3.1_8B\n    overrides:\n" + shape +
-                    "      seq_length: 32\n      micro_batch_size: 2\n      global_batch_size: 4\n      train_iters: 3\n"
-                    "      lr: 1.0e-3\n      lr_decay_style: constant\n      weight_decay: 0.1\n      decay_norms_and_biases: true\n"
-                    "      adam_beta2: 0.95\n      mock_data: true\n");
+  const auto megatron =
+      d.write("m.yaml",
+              "exp_name: m\nmodules:\n  pre_trainer:\n    model: llama3.1_8B\n    overrides:\n" + shape +
+                  "      seq_length: 32\n      micro_batch_size: 2\n      global_batch_size: 4\n      train_iters: 3\n"
+                  "      lr: 1.0e-3\n      lr_decay_style: constant\n      weight_decay: 0.1\n      "
+                  "decay_norms_and_biases: true\n"
+                  "      adam_beta2: 0.95\n      mock_data: true\n");
   const auto titan = d.write(
-      "t.yaml", torchtitan("        seq_len: 32\n        local_batch_size: 2\n        global_batch_size: 4\n"
-                           "        steps: 3\n        mixed_precision_param: float32\n      optimizer:\n        lr: 1.0e-3\n"
-                           "      lr_scheduler:\n        warmup_steps: 0\n        decay_ratio: 0.0\n      debug:\n"
-                           "        seed: 1234\n" +
-                           shape));
+      "t.yaml",
+      torchtitan("        seq_len: 32\n        local_batch_size: 2\n        global_batch_size: 4\n"
+                 "        steps: 3\n        mixed_precision_param: float32\n      optimizer:\n        lr: 1.0e-3\n"
+                 "      lr_scheduler:\n        warmup_steps: 0\n        decay_ratio: 0.0\n      debug:\n"
+                 "        seed: 1234\n" +
+                 shape));
   const auto max = d.write(
-      "x.yaml", maxtext("      model_name: llama3.1-8b\n      base_emb_dim: 64\n      base_mlp_dim: 128\n"
-                        "      base_num_query_heads: 4\n      base_num_kv_heads: 2\n      head_dim: 16\n"
-                        "      base_num_decoder_layers: 2\n      vocab_size: 512\n      max_target_length: 32\n"
-                        "      per_device_batch_size: 2\n      gradient_accumulation_steps: 2\n      steps: 3\n"
-                        "      learning_rate: 1.0e-3\n      warmup_steps_fraction: 0.0\n"
-                        "      learning_rate_final_fraction: 1.0\n      dtype: float32\n      init_weights_seed: 1234\n"));
+      "x.yaml",
+      maxtext("      model_name: llama3.1-8b\n      base_emb_dim: 64\n      base_mlp_dim: 128\n"
+              "      base_num_query_heads: 4\n      base_num_kv_heads: 2\n      head_dim: 16\n"
+              "      base_num_decoder_layers: 2\n      vocab_size: 512\n      max_target_length: 32\n"
+              "      per_device_batch_size: 2\n      gradient_accumulation_steps: 2\n      steps: 3\n"
+              "      learning_rate: 1.0e-3\n      warmup_steps_fraction: 0.0\n"
+              "      learning_rate_final_fraction: 1.0\n      dtype: float32\n      init_weights_seed: 1234\n"));
   const ExperimentConfig m = load_experiment(megatron), t = load_experiment(titan), x = load_experiment(max);
   auto spec = [](const ExperimentConfig& c) {
     ModelSpec s = c.model_spec;
@@ -443,8 +494,9 @@ TEST(Dialects, TablesInTheDocsMatchTheCode) {
     const std::string table = dialect_keys_reference(f);
     EXPECT_NE(doc.find(table), std::string::npos) << "docs/config.md's " << to_string(f) << " table is out of date";
   }
-  EXPECT_NE(dialect_keys_reference(Framework::TorchTitan).find("| `training.steps` | applied | `10000` | train_iters |"),
-            std::string::npos);
+  EXPECT_NE(
+      dialect_keys_reference(Framework::TorchTitan).find("| `training.steps` | applied | `10000` | train_iters |"),
+      std::string::npos);
   EXPECT_NE(dialect_keys_reference(Framework::MaxText).find("| `quantization` | not supported | `\"\"` |"),
             std::string::npos);
 }
