@@ -96,6 +96,12 @@ std::string flow(const YAML::Node& n) {
   return e.c_str();
 }
 
+// An access token (MaxText's hf_access_token) is not echoed into logs and saved configs.
+bool is_secret(const std::string& key) {
+  return key.find("token") != std::string::npos || key.find("password") != std::string::npos ||
+         key.find("secret") != std::string::npos;
+}
+
 // A not-supported key keeps the engine's value: null, that value, an empty list for "[]".
 bool keeps_engine_value(const DialectKey& k, const YAML::Node& v) {
   if (!v || v.IsNull()) return true;
@@ -301,7 +307,7 @@ std::vector<std::string> check_verdicts(const Dialect& d, const WrittenModule& w
   for (const auto& [key, e] : w.keys) {
     if (const DialectKey* k = find_dialect_key(d, key)) {
       if (k->status == KeyStatus::NoEffect && w.from_experiment.at(key) && e.value && !e.value.IsNull())
-        record.no_effect.push_back({key, flow(e.value), k->note});
+        record.no_effect.push_back({key, is_secret(key) ? "(hidden)" : flow(e.value), k->note});
       if (k->status == KeyStatus::NotSupported && !keeps_engine_value(*k, e.value))
         fail("{}: '{}' is not supported: {}; this engine runs as '{}: {}' (remove the key or set it to that)",
              e.at.str(), key, k->note, key, k->value);

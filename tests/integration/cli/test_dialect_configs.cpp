@@ -126,6 +126,23 @@ TEST(DialectExamplesRefused, NameTheMissingFeature) {
   }
 }
 
+// On two ranks torchtitan's data_parallel_shard_degree -1 takes both: FSDP over dp 2, the global
+// batch local_batch_size x 2 (resolved against the launch in the check pass and in the ranks).
+TEST(DialectRanks, ShardDegreeTakesTheLaunch) {
+  const fs::path ws = workspace("ranks");
+  const test::CommandResult r =
+      run("direct --nproc 2 --workspace " + ws.string() + " -- train pretrain --config " + kConfigs +
+          "torchtitan/qwen3_0.6B-pretrain.yaml" + kEngineShape +
+          " --training.seq_len 32 --training.local_batch_size 2 --training.steps 2 --metrics.log_freq 1");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("world 2 = tp 1 x pp 1 x dp 2; data_parallel_sharding_strategy optim_grads_params"),
+            std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("global batch size: 4 "), std::string::npos) << r.out;
+  EXPECT_EQ(losses(ws).size(), 2u);
+  fs::remove_all(ws);
+}
+
 // Llama 3.1 8B in the three dialects, shrunk to one tiny shape with one set of hyperparameters
 // (constant learning rate: torchtitan's warmup starts at lr / warmup_steps and MaxText's at 0, so
 // no warmup describes the same schedule in all three): the same losses and gradient norms, bit

@@ -426,6 +426,11 @@ TEST(Dialects, NoEffectKeysListedAndPrintedSideBySide) {
   EXPECT_NE(y.find("model.name: llama3, model.flavor: 8B"), std::string::npos) << y;  // from the model file
   EXPECT_NE(y.find("training.local_batch_size: 8 (default)"), std::string::npos) << y;
   EXPECT_NE(y.find("framework: torchtitan\n    model: llama3.1_8B\n"), std::string::npos) << y;
+  // An access token is listed, not shown.
+  const ExperimentConfig m = load_experiment(d.write("m.yaml", maxtext("      hf_access_token: hf_s3cr3t\n")));
+  ASSERT_EQ(m.no_effect.size(), 1u);
+  EXPECT_EQ(m.no_effect[0].value, "(hidden)");
+  EXPECT_EQ(m.resolved_yaml().find("hf_s3cr3t"), std::string::npos);
 }
 
 // The same model described three ways resolves to the same engine config (the losses are compared
