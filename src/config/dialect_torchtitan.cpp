@@ -350,23 +350,24 @@ class TorchTitan final : public Dialect {
       s.set("expert_model_parallel_size", YAML::Node(ep), {"parallelism.expert_parallel_degree"});
       s.set("expert_tensor_parallel_size", YAML::Node(etp), {"parallelism.expert_tensor_parallel_degree"});
     }
-    if (pp > 1) {
-      static const std::vector<std::pair<const char*, const char*>> schedules = {{"1F1B", "1f1b"},
-                                                                                 {"Interleaved1F1B",
-                                                                                  "interleaved-1f1b"},
-                                                                                 {"GPipe", "gpipe"},
-                                                                                 {"ZBVZeroBubble", "zbv"},
-                                                                                 {"DualPipeV", "dualpipev"}};
-      const std::string want = s.text("parallelism.pipeline_parallel_schedule");
-      auto it = std::find_if(schedules.begin(), schedules.end(), [&](const auto& p) { return want == p.first; });
-      if (it == schedules.end())
-        s.refuse("parallelism.pipeline_parallel_schedule",
-                 "not built; the schedules mapped: 1F1B, Interleaved1F1B, GPipe, ZBVZeroBubble, DualPipeV");
-      s.set("pipeline_schedule", YAML::Node(it->second), {"parallelism.pipeline_parallel_schedule"});
-    } else {
-      s.text("parallelism.pipeline_parallel_schedule");  // read: without pipeline stages it has no effect
-    }
+    pipeline_schedule(s, pp);
     return {dp, pp};
+  }
+
+  // parallelism.pipeline_parallel_schedule: read always; without pipeline stages it has no effect.
+  static void pipeline_schedule(DialectSettings& s, int64_t pp) {
+    // clang-format off
+    static const std::vector<std::pair<const char*, const char*>> schedules = {
+        {"1F1B", "1f1b"}, {"Interleaved1F1B", "interleaved-1f1b"}, {"GPipe", "gpipe"}, {"ZBVZeroBubble", "zbv"},
+        {"DualPipeV", "dualpipev"}};
+    // clang-format on
+    const std::string want = s.text("parallelism.pipeline_parallel_schedule");
+    if (pp == 1) return;
+    auto it = std::find_if(schedules.begin(), schedules.end(), [&](const auto& p) { return want == p.first; });
+    if (it == schedules.end())
+      s.refuse("parallelism.pipeline_parallel_schedule",
+               "not built; the schedules mapped: 1F1B, Interleaved1F1B, GPipe, ZBVZeroBubble, DualPipeV");
+    s.set("pipeline_schedule", YAML::Node(it->second), {"parallelism.pipeline_parallel_schedule"});
   }
 
   // training.local_batch_size and global_batch_size: micro and global batch, length and steps.

@@ -13,9 +13,12 @@
 //         train_iters: 200
 //         lr: 3.0e-3
 //
+// `framework: torchtitan` and `framework: maxtext` modules are written in those frameworks' names
+// and translated into these keys first (config/dialect.h).
+//
 // Unknown keys and wrong types are errors naming the key, its file and line, and the nearest
 // valid key. The table of training keys (training_keys()) is also the source of the config
-// reference in docs/config_reference.md, checked by a test.
+// reference in docs/config.md, checked by a test.
 #pragma once
 
 #include <cstdint>
