@@ -505,3 +505,19 @@ TEST(Dialects, TablesInTheDocsMatchTheCode) {
   EXPECT_NE(dialect_keys_reference(Framework::MaxText).find("| `quantization` | not supported | `\"\"` |"),
             std::string::npos);
 }
+
+// Primus's top-level `env:` block (some of its MaxText examples set XLA variables): read into the
+// config, exported by `train pretrain`; anything but a map of values is an error with its line.
+TEST(PrimusEnvBlock, ReadAndChecked) {
+  TempDir d;
+  const std::string body = "modules:\n  pre_trainer:\n    model: tiny\n    overrides:\n      train_iters: 2\n"
+                           "      mock_data: true\n";
+  const ExperimentConfig c = load_experiment(d.write("e.yaml", "env:\n  XLA_FLAG_X: \".97\"\n  OTHER: 3\n" + body));
+  ASSERT_EQ(c.env.size(), 2u);
+  EXPECT_EQ(c.env[0], (std::pair<std::string, std::string>{"XLA_FLAG_X", ".97"}));
+  EXPECT_EQ(c.env[1], (std::pair<std::string, std::string>{"OTHER", "3"}));
+  std::string e = error_of([&] { load_experiment(d.write("f.yaml", "env: [a, b]\n" + body)); });
+  EXPECT_NE(e.find("f.yaml:1: 'env' must be a map of NAME: value"), std::string::npos) << e;
+  e = error_of([&] { load_experiment(d.write("g.yaml", "env:\n  A: [1, 2]\n" + body)); });
+  EXPECT_NE(e.find("g.yaml:2: env 'A' must be a value"), std::string::npos) << e;
+}
