@@ -213,6 +213,7 @@ class Trainer {
   void build_model();
   void build_gradient_reduction();
   void build_optimizer();
+  void lock_save_folder();
   AdamWOptions adam_options() const { return {a_.adam_beta1, a_.adam_beta2, a_.adam_eps, a_.weight_decay}; }
   // Where the dp gradients are summed and the ZeRO shards span: dp, or dp x cp under context parallel.
   parallel::ProcessGroup& gradient_group() const { return layout_.cp > 1 ? *groups_.dp_cp : *groups_.dp; }
@@ -277,6 +278,7 @@ class Trainer {
   std::unique_ptr<safe::TrainWatch> watch_;
   std::string config_yaml_;
   safe::RunLock run_lock_;                        // world rank 0: the run folder's lock (or its launcher's)
+  safe::RunLock save_lock_;                       // world rank 0: the save folder's lock
   std::unique_ptr<safe::MetricsWriter> metrics_;  // rank 0
   MoeStepSummary moe_;                             // the last step's MoE statistics
   ModelStats stats_;
@@ -307,6 +309,7 @@ Trainer::Trainer(const config::ExperimentConfig& cfg)
   build_model();
   build_gradient_reduction();
   build_optimizer();
+  lock_save_folder();
   resume();
   open_outputs();
   // The peak the log reports is the training loop's: the build's transient full copies (the
@@ -564,6 +567,16 @@ std::string Trainer::try_restore(const std::string& dir, bool weights_only) {
   state_ = ck.state;
   log::info("resumed from {} at iteration {} ({} samples consumed)", dir, state_.iteration, state_.consumed_samples);
   return "";
+}
+
+// One run per save folder as per run folder: a second run given another run's `save` stops here,
+// before it reads or writes checkpoints there (a save folder outside the run folder is shared by
+// runs of any name). Taken after the data and model are built, so that a run refused earlier
+// creates no save folder.
+void Trainer::lock_save_folder() {
+  on_rank0_for_all(
+      [&] { save_lock_ = safe::RunLock::acquire(cfg_.checkpoint_dir(), "trainer rank 0", safe::kSaveFolder); },
+      "rank 0 could not take the save folder's lock");
 }
 
 // An explicit `load` must load; auto-resume falls back past damaged checkpoints.

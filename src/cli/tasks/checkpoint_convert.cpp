@@ -46,7 +46,7 @@ TaskRegistrar export_reg{
                       "QKV biases, else Llama)");
        app.add_option("--max-shard-size", o->max_shard_bytes,
                       "largest safetensors file in bytes; more weights go into shards with an index")
-           ->check(CLI::PositiveNumber)
+           ->check(kAtLeastOne)
            ->capture_default_str();
        app.add_flag("--overwrite", o->overwrite,
                     "write into a folder that is not empty: its Hugging Face model files (config, weights, index, "
