@@ -94,7 +94,7 @@ def trace_seeds():
 
 def jsonl_seeds():
     put("jsonl_line", "deep_line.json", '{"text": ' + "[" * 20000 + '"a"' + "]" * 20000 + "}")
-    put("jsonl_line", "long_line.json", json.dumps({"text": "word " * 100000}))
+    put("jsonl_line", "long_line.json", json.dumps({"text": "word " * 20000}))
 
 
 if __name__ == "__main__":

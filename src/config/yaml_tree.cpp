@@ -61,7 +61,7 @@ std::string substitute_env(const std::string& text, const Origin& where) {
 // a few lines of aliases to aliases stand for billions of values.
 constexpr uint64_t kMaxConfigBytes = uint64_t(16) << 20;
 constexpr int kMaxConfigDepth = 64;
-constexpr int64_t kMaxConfigValues = 1'000'000;
+constexpr int64_t kMaxConfigValues = 100'000;
 
 // Records origins of every leaf and substitutes variables in place. `values` counts the nodes
 // visited (an alias's target once per use).

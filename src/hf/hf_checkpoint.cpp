@@ -64,12 +64,13 @@ std::vector<Mapping> name_map(const ModelSpec& s) {
   return m;
 }
 
-// A ParamStore holding the whole model in the order of model_parameter_layout (as LlamaModel's).
+// A ParamStore holding the whole model's values (no gradients: nothing is trained here) in the
+// order of model_parameter_layout (as LlamaModel's).
 std::unique_ptr<ParamStore> whole_model_store(const ModelSpec& spec) {
   auto store = std::make_unique<ParamStore>();
   for (const ParamInfo& p : model_parameter_layout(spec))
     store->add(p.name, p.shape, p.shape.size() == 1 ? ParamInit::Ones : ParamInit::Normal, p.weight_decay);
-  store->allocate();
+  store->allocate_values();
   return store;
 }
 
@@ -383,7 +384,8 @@ bool is_model_file(const std::string& name) {
 // export removes the temporary folder and leaves the output as it was.
 class ExportFolder {
  public:
-  ExportFolder(const fs::path& out, bool overwrite) : out_(out), created_(out.parent_path().empty() ? "." : out.parent_path()) {
+  ExportFolder(const fs::path& out, bool overwrite)
+      : out_(out), abs_(without_trailing_slash(fs::absolute(out))), created_(abs_.parent_path()) {
     std::error_code ec;
     if (fs::exists(out_, ec) && !fs::is_directory(out_, ec)) fail("--output {} is a file, not a folder", out_.string());
     if (fs::is_directory(out_, ec) && !fs::is_empty(out_, ec) && !overwrite) {
@@ -395,10 +397,10 @@ class ExportFolder {
            "--overwrite to replace the Hugging Face model files in it (config, weights, index, tokenizer files; "
            "other files stay)", out_.string(), fmt::join(names, ", "));
     }
-    const fs::path parent = fs::absolute(out_).parent_path();
+    const fs::path parent = abs_.parent_path();
     fs::create_directories(parent, ec);
     if (ec) fail("cannot create {}: {}", parent.string(), ec.message());
-    tmp_ = parent / fmt::format(".{}.export-{}", fs::absolute(out_).filename().string(), ::getpid());
+    tmp_ = parent / fmt::format(".{}.export-{}", abs_.filename().string(), ::getpid());
     fs::remove_all(tmp_, ec);
     fs::create_directory(tmp_, ec);
     if (ec) fail("cannot create {}: {}", tmp_.string(), ec.message());
@@ -412,13 +414,13 @@ class ExportFolder {
   // Moves the files written into tmp() into the output folder; returns their final paths.
   std::vector<std::string> commit(const std::vector<std::string>& written) {
     std::error_code ec;
-    if (!fs::exists(out_, ec)) {
-      fs::rename(tmp_, out_);
+    if (!fs::exists(abs_, ec)) {
+      fs::rename(tmp_, abs_);
       tmp_.clear();
     } else {
-      for (const auto& e : fs::directory_iterator(out_))
+      for (const auto& e : fs::directory_iterator(abs_))
         if (e.is_regular_file() && is_model_file(e.path().filename().string())) fs::remove(e.path());
-      for (const auto& f : written) fs::rename(f, out_ / fs::path(f).filename());
+      for (const auto& f : written) fs::rename(f, abs_ / fs::path(f).filename());
     }
     created_.keep();
     std::vector<std::string> out;
@@ -427,7 +429,11 @@ class ExportFolder {
   }
 
  private:
-  fs::path out_, tmp_;
+  static fs::path without_trailing_slash(fs::path p) {
+    p = p.lexically_normal();  // "out/", "out/.", "./out" all name out
+    return p.filename().empty() ? p.parent_path() : p;
+  }
+  fs::path out_, abs_, tmp_;  // as given (for messages), absolute, the temporary folder
   CreatedFolders created_;
 };
 

@@ -236,7 +236,7 @@ TEST(Config, AliasBombsAndDeepNestingAreRefused) {
   const auto t0 = std::chrono::steady_clock::now();
   std::string e = error_of([&] { load_experiment(d.write("bomb.yaml", bomb)); });
   EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 10.0);
-  EXPECT_NE(e.find("bomb.yaml: the config holds more than 1000000 values"), std::string::npos) << e;
+  EXPECT_NE(e.find("bomb.yaml: the config holds more than 100000 values"), std::string::npos) << e;
   std::string deep = kBase;
   for (int i = 0; i < 100; ++i) deep += std::string(size_t(2 * i), ' ') + fmt::format("k{}:\n", i);
   deep += std::string(200, ' ') + "v: 1\n";
