@@ -5,6 +5,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -139,12 +140,21 @@ void SafetensorsReader::read_header(const std::string& file) {
     TensorEntry t;
     t.name = name;
     t.file = file;
+    // Sizes and offsets must be whole numbers as written: 1e33 (a float to JSON) converted to an
+    // integer is undefined behaviour.
+    auto whole = [&](const json& x, const char* field) {
+      if (!x.is_number_unsigned() || x.get<uint64_t>() > uint64_t(std::numeric_limits<int64_t>::max()))
+        fail("safetensors file '{}': tensor '{}' has {} holding {}, not a size", file, name, field, x.dump());
+      return x.get<uint64_t>();
+    };
     try {
       t.dtype = v.at("dtype").get<std::string>();
-      t.shape = v.at("shape").get<std::vector<int64_t>>();
-      const auto& off = v.at("data_offsets");
-      if (!off.is_array() || off.size() != 2) fail("data_offsets must be two numbers");
-      t.begin = off[0].get<uint64_t>(), t.end = off[1].get<uint64_t>();
+      const json& shape = v.at("shape");
+      const json& off = v.at("data_offsets");
+      if (!shape.is_array() || !off.is_array() || off.size() != 2)
+        fail("safetensors file '{}': tensor '{}' needs a shape list and two data_offsets", file, name);
+      for (const json& d : shape) t.shape.push_back(int64_t(whole(d, "shape")));
+      t.begin = whole(off[0], "data_offsets"), t.end = whole(off[1], "data_offsets");
     } catch (const json::exception& e) {
       fail("safetensors file '{}': tensor '{}' has a malformed entry: {}", file, name, e.what());
     }

@@ -125,6 +125,12 @@ TEST(Safetensors, DuplicateNamesOverflowingShapesAndDeepHeadersAreRefused) {
             R"({"w":{"dtype":"F32","shape":[1099511627776,1099511627776,16],"data_offsets":[0,0]}})", "");
   e = error_of([&] { SafetensorsReader r((d / "huge.safetensors").string()); });
   EXPECT_NE(e.find("does not fit the file"), std::string::npos) << e;
+  // Found by fuzz_safetensors_header: a size too large for an integer is a float to JSON, and its
+  // conversion was undefined behaviour.
+  write_raw(d / "float.safetensors", R"({"w":{"dtype":"F32","shape":[1099511627099511109951162709951196],"data_offsets":[0,4]}})",
+            std::string(4, '\0'));
+  e = error_of([&] { SafetensorsReader r((d / "float.safetensors").string()); });
+  EXPECT_NE(e.find("has shape holding 1.099511627099511e+33, not a size"), std::string::npos) << e;
   write_raw(d / "deep.safetensors", R"({"__metadata__":)" + std::string(30000, '[') + std::string(30000, ']') + "}", "");
   e = error_of([&] { SafetensorsReader r((d / "deep.safetensors").string()); });
   EXPECT_NE(e.find("more than 64 levels deep"), std::string::npos) << e;
