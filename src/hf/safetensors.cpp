@@ -144,7 +144,7 @@ void SafetensorsReader::read_header(const std::string& file) {
     // integer is undefined behaviour.
     auto whole = [&](const json& x, const char* field) {
       if (!x.is_number_unsigned() || x.get<uint64_t>() > uint64_t(std::numeric_limits<int64_t>::max()))
-        fail("safetensors file '{}': tensor '{}' has {} holding {}, not a size", file, name, field, x.dump());
+        fail("safetensors file '{}': tensor '{}' has {} holding {}, not a size", file, t.name, field, x.dump());
       return x.get<uint64_t>();
     };
     try {
