@@ -4,7 +4,9 @@
 
 #include "core/error.h"
 #include "core/log.h"
+#include "model/attention_core.h"
 #include "model/llama.h"
+#include "model/moe.h"
 #include "pipeline/schedules/registry.h"
 
 namespace primus::train {
@@ -94,18 +96,7 @@ int resolve_expert_tensor_parallel_size(const config::TrainingArgs& a, const Mod
     fail("expert_tensor_parallel_size must not be negative, got {}", a.expert_tensor_parallel_size);
   const int64_t etp = a.expert_tensor_parallel_size == 0 ? a.tensor_model_parallel_size : a.expert_tensor_parallel_size;
   if (!spec.is_moe()) return 1;
-  if (etp != 1 && etp != a.tensor_model_parallel_size)
-    fail("expert_tensor_parallel_size {} must be 1 (experts whole on every tensor-parallel rank) or "
-         "tensor_model_parallel_size ({}); other sizes are not implemented",
-         etp, a.tensor_model_parallel_size);
-  if (etp > 1 && spec.expert_ffn() % etp != 0)
-    fail("expert_tensor_parallel_size {} splits each expert's ffn (moe_ffn_hidden_size {}) over the tensor-parallel "
-         "ranks: not divisible",
-         etp, spec.expert_ffn());
-  if (etp > 1 && spec.moe_shared_expert_intermediate_size % etp != 0)
-    fail("expert_tensor_parallel_size {} splits the shared expert (moe_shared_expert_intermediate_size {}) over the "
-         "tensor-parallel ranks: not divisible",
-         etp, spec.moe_shared_expert_intermediate_size);
+  check_expert_tensor_parallel(spec, int(a.tensor_model_parallel_size), int(etp));
   return int(etp);
 }
 
@@ -162,20 +153,13 @@ ParallelLayout plan_layout(const config::TrainingArgs& a, const ModelSpec& spec,
     if (seq % (2 * L.cp) != 0)
       fail("context_parallel_size {} cuts each sequence in 2 x {} = {} chunks: seq_length {} is not divisible by {}",
            L.cp, L.cp, 2 * L.cp, seq, 2 * L.cp);
-    // MLA packs one group per head.
-    const int64_t heads = spec.num_attention_heads / L.tp,
-                  groups = (spec.multi_latent_attention ? spec.num_attention_heads : spec.query_groups()) / L.tp;
-    if (L.cp_all_to_all && (heads % L.cp != 0 || groups % L.cp != 0))
-      fail("cp_comm_type a2a splits the attention heads over context_parallel_size {}: {} heads and {} query groups "
-           "per tensor-parallel rank (num_attention_heads {}, num_query_groups {}, tensor_model_parallel_size {}) are "
-           "not divisible by {}; use cp_comm_type p2p",
-           L.cp, heads, groups, spec.num_attention_heads, spec.query_groups(), L.tp, L.cp);
+    if (L.cp_all_to_all) check_all_to_all_heads(spec, L.tp, L.cp);
   }
 
   L.sequence_parallel = a.sequence_parallel && L.tp > 1;
   // The ranks that split a microbatch's routed tokens: cp, and tp under sequence parallelism with
   // whole experts (split experts route every row on every tp rank).
-  if (spec.is_moe()) check_moe_supported(spec, (L.sequence_parallel && L.etp == 1 ? L.tp : 1) * L.cp);
+  if (spec.is_moe()) check_moe_supported(spec, moe_routing_ranks(L.sequence_parallel, L.tp, L.etp, L.cp));
   if (a.sequence_parallel && L.tp == 1)
     log::warn("sequence_parallel has no effect with tensor_model_parallel_size 1; running without it");
   if (L.sequence_parallel && (a.micro_batch_size * a.seq_length / L.cp) % L.tp != 0)
