@@ -261,6 +261,18 @@ std::string ExperimentConfig::resolved_yaml() const {
   out["exp_name"] = exp_name;
   out["workspace"] = workspace;
   YAML::Node ov = out["modules"]["pre_trainer"]["overrides"];
+  // One value per key: the training keys are written below, resolved, under their own names; the
+  // model keys live in model_spec. What the config wrote for either (under an alias too) goes.
+  std::vector<std::string> written_elsewhere;
+  const std::vector<std::string> model_keys = model_spec_keys();
+  if (ov.IsMap())
+    for (auto kv : ov) {
+      const std::string k = kv.first.as<std::string>();
+      const ForeignKey* fk = find_foreign_key(k);
+      if ((fk && fk->status == KeyStatus::Applied) || std::find(model_keys.begin(), model_keys.end(), k) != model_keys.end())
+        written_elsewhere.push_back(k);
+    }
+  for (const auto& k : written_elsewhere) ov.remove(k);
   for (const auto& k : training_keys())
     std::visit(
         [&](auto member) {
@@ -352,7 +364,8 @@ void merge_module_config(YamlTree& tree, const YAML::Node& pt, const std::string
   if (!ov.IsMap()) fail("{}: 'overrides' must be a map of key: value", tree.origin("modules.pre_trainer.overrides").str());
   for (auto kv : defaults.root) {
     const std::string k = kv.first.as<std::string>();
-    if (ov[k]) continue;
+    // A null default sets nothing: it must not turn a nullable model key of the preset to "none".
+    if (ov[k] || kv.second.IsNull()) continue;
     ov[k] = kv.second;
     tree.origins["modules.pre_trainer.overrides." + k] = defaults.origin(k);
   }
@@ -376,7 +389,9 @@ YAML::Node read_overrides(ExperimentConfig& cfg, const YAML::Node& pt) {
     if (ti != training_keys().end()) {
       set_training_key(cfg.train, *ti, kv.second, tree.origin(kpath));
     } else if (std::find(model_keys.begin(), model_keys.end(), k) != model_keys.end()) {
-      if (!kv.second.IsNull()) model_overrides[k] = kv.second;  // null: the preset's value
+      // null: "none" for a nullable key (q_lora_rank: null drops the query's low-rank projection),
+      // else the preset's value.
+      if (!kv.second.IsNull() || model_key_nullable(k)) model_overrides[k] = kv.second;
     } else if (const ForeignKey* fk = find_foreign_key(k)) {
       if (fk->status == KeyStatus::NoEffect) {
         if (!kv.second.IsNull()) cfg.no_effect.push_back({k, describe(kv.second), fk->note});

@@ -142,6 +142,7 @@ class Runner {
  private:
   void start();
   void pump_stderr(int timeout_ms);
+  void show_stderr(std::string_view chunk, bool end);
   void kill_job(const std::string& why);
   void event(const std::string& kind, const std::string& severity, const std::string& message, json extra = {},
              bool print = true);
@@ -155,6 +156,9 @@ class Runner {
   int err_fd_ = -1;
   std::ofstream err_log_;
   std::string err_text_, partial_line_;
+  std::string shown_pending_;           // the job's stderr not yet shown: the start of a line
+  bool mid_line_ = false;               // part of the current line was shown already
+  std::set<std::string> errors_shown_;  // "error: ..." lines shown
   HangDetector hangs_;
   StragglerDetector stragglers_;
   std::map<int, Heartbeat> beats_;
@@ -219,12 +223,35 @@ void Runner::pump_stderr(int timeout_ms) {
   if (n <= 0) {
     ::close(err_fd_);
     err_fd_ = -1;
+    show_stderr({}, true);
     return;
   }
-  (void)!::write(2, buf, size_t(n));
+  show_stderr(std::string_view(buf, size_t(n)), false);
   err_log_.write(buf, n);
   err_log_.flush();
   if (err_text_.size() < (8u << 20)) err_text_.append(buf, size_t(n));
+}
+
+// The job's stderr on ours, line by line: an "error: ..." line shown once (every rank of a job
+// stops on the same bad input and says so; mpirun forwards each rank's line). stderr.log keeps
+// every line. A partial line that cannot become an error line goes out at once.
+void Runner::show_stderr(std::string_view chunk, bool end) {
+  static constexpr std::string_view kError = "error: ";
+  shown_pending_ += chunk;
+  size_t start = 0;
+  for (size_t nl; (nl = shown_pending_.find('\n', start)) != std::string::npos; start = nl + 1) {
+    const std::string_view line(shown_pending_.data() + start, nl - start);
+    const bool repeated = !mid_line_ && line.starts_with(kError) && !errors_shown_.insert(std::string(line)).second;
+    if (!repeated) (void)!::write(2, line.data(), line.size() + 1);
+    mid_line_ = false;
+  }
+  shown_pending_.erase(0, start);
+  const std::string_view rest(shown_pending_);
+  if (!rest.empty() && (end || mid_line_ || !kError.starts_with(rest.substr(0, kError.size())))) {
+    (void)!::write(2, rest.data(), rest.size());
+    shown_pending_.clear();
+    mid_line_ = !end;
+  }
 }
 
 void Runner::kill_job(const std::string& why) {

@@ -91,6 +91,7 @@ class Trainer {
   void build_profiler();
   void build_data();
   void build_model();
+  void lock_save_folder();
   void resume();
   // weights_only: the values alone (finetune, pretrained_checkpoint); iteration, data position and
   // optimizer start fresh.
@@ -140,6 +141,7 @@ class Trainer {
   std::unique_ptr<safe::TrainWatch> watch_;
   std::string config_yaml_;
   safe::RunLock run_lock_;                        // world rank 0: the run folder's lock (or its launcher's)
+  safe::RunLock save_lock_;                       // world rank 0: the save folder's lock
   std::unique_ptr<safe::MetricsWriter> metrics_;  // rank 0
   MoeStepSummary moe_;                             // the last step's MoE statistics
   ModelStats stats_;
@@ -169,6 +171,7 @@ Trainer::Trainer(const config::ExperimentConfig& cfg)
   build_data();
   build_model();
   lr_schedule_ = std::make_unique<LRSchedule>(lr_schedule_options(a_));
+  lock_save_folder();
   resume();
   open_outputs();
   // The peak the log reports is the training loop's: the build's transient full copies (the
@@ -363,6 +366,16 @@ std::string Trainer::try_restore(const std::string& dir, bool weights_only) {
   log::info("resumed from {} at iteration {} ({} samples consumed{})", dir, state_.iteration, state_.consumed_samples,
             lo.optimizer ? "" : "; a fresh optimizer state: no_load_optim");
   return "";
+}
+
+// One run per save folder as per run folder: a second run given another run's `save` stops here,
+// before it reads or writes checkpoints there (a save folder outside the run folder is shared by
+// runs of any name). Taken after the data and model are built, so that a run refused earlier
+// creates no save folder.
+void Trainer::lock_save_folder() {
+  on_rank0_for_all(
+      [&] { save_lock_ = safe::RunLock::acquire(cfg_.checkpoint_dir(), "trainer rank 0", safe::kSaveFolder); },
+      "rank 0 could not take the save folder's lock");
 }
 
 // An explicit `load` must load; auto-resume falls back past damaged checkpoints.

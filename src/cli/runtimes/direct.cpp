@@ -157,7 +157,7 @@ RuntimeRegistrar reg{{"direct", "run the task on this host (N ranks through mpir
                         add_common_options(app, o->common);
                         app.add_option("--nproc,-n", o->nproc,
                                        "ranks to start on this host (default: PRIMUS_NPROC, .primus.yaml, the GPU count, 1)")
-                            ->check(CLI::PositiveNumber);
+                            ->check(kAtLeastOne);
                         app.add_option("--max-restarts", o->max_restarts,
                                        "relaunch a failed training job up to K times; it resumes from the last good checkpoint")
                             ->check(CLI::NonNegativeNumber)
