@@ -104,6 +104,20 @@ const std::vector<KeyInfo>& training_keys() {
       KEY(profile_step_end, "profiling ends after this step: steps profile_step_start + 1 .. profile_step_end are "
                             "traced"),
       KEY(profile_ranks, "the ranks that write a trace"),
+      KEY(tensorboard_dir, "write TensorBoard event files with Megatron's tags here (docs/stability.md#tensorboard); "
+                           "empty: none (unless disable_tensorboard is false)"),
+      KEY(disable_tensorboard, "Primus's switch: false writes the event files to <run dir>/tensorboard when "
+                               "tensorboard_dir is empty"),
+      KEY(tensorboard_log_interval, "the per-iteration tags are written for the logged iterations divisible by this"),
+      KEY(tensorboard_queue_size, "events kept in memory before they are written (and at least every 2 minutes, "
+                                  "at each checkpoint and at the end)"),
+      KEY(log_timers_to_tensorboard, "also write iteration-time (s) and throughput (TFLOP/s per rank)"),
+      KEY(log_memory_to_tensorboard, "also write mem-reserved-bytes, mem-allocated-bytes, mem-max-allocated-bytes"),
+      KEY(log_validation_ppl_to_tensorboard, "also write the validation perplexity (lm loss validation ppl)"),
+      KEY(log_world_size_to_tensorboard, "also write world-size"),
+      KEY(log_loss_scale_to_tensorboard, "write loss-scale (1: this engine trains without loss scaling)"),
+      KEY(log_learning_rate_to_tensorboard, "write learning-rate"),
+      KEY(log_batch_size_to_tensorboard, "write batch-size"),
   };
   return keys;
 }
@@ -413,6 +427,9 @@ ExperimentConfig load_experiment_unguarded(const std::string& path,
   if (t.profile && t.profile_step_start >= t.train_iters)
     fail("{}: profile_step_start {} leaves nothing to profile in a run of train_iters {}", at("profile_step_start"),
          t.profile_step_start, t.train_iters);
+  if (t.tensorboard_log_interval <= 0)
+    fail("{}: tensorboard_log_interval must be positive", at("tensorboard_log_interval"));
+  if (t.tensorboard_queue_size <= 0) fail("{}: tensorboard_queue_size must be positive", at("tensorboard_queue_size"));
   for (int64_t r : t.profile_ranks)
     if (r < 0) fail("{}: profile_ranks lists rank {}; ranks are 0 or more", at("profile_ranks"), r);
   return cfg;

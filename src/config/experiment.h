@@ -99,6 +99,18 @@ struct TrainingArgs {
   int64_t profile_step_start = 10;
   int64_t profile_step_end = 12;
   std::vector<int64_t> profile_ranks = {0};
+  // TensorBoard event files (Megatron's and Primus's names; safe/tensorboard.h)
+  std::string tensorboard_dir;       // "": none, unless disable_tensorboard is false
+  bool disable_tensorboard = true;   // Primus: false writes them to <run dir>/tensorboard
+  int64_t tensorboard_log_interval = 1;
+  int64_t tensorboard_queue_size = 1000;
+  bool log_timers_to_tensorboard = false;
+  bool log_memory_to_tensorboard = false;
+  bool log_validation_ppl_to_tensorboard = false;
+  bool log_world_size_to_tensorboard = false;
+  bool log_loss_scale_to_tensorboard = true;
+  bool log_learning_rate_to_tensorboard = true;
+  bool log_batch_size_to_tensorboard = true;
 };
 
 using FieldRef = std::variant<int64_t TrainingArgs::*, double TrainingArgs::*, bool TrainingArgs::*,

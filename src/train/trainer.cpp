@@ -47,7 +47,6 @@
 #include "parallel/self_process_group.h"
 #include "pipeline/executor.h"
 #include "pipeline/simulator.h"
-#include "safe/metrics_writer.h"
 #include "train/expert_grads.h"
 #include "train/moe_step.h"
 #include "safe/run_lock.h"
@@ -59,6 +58,7 @@
 #include "train/checkpoint.h"
 #include "train/compute.h"
 #include "train/memory_estimate.h"
+#include "train/metrics_log.h"
 #include "train/run_check.h"
 #include "train/parallel_layout.h"
 #include "train/pipeline_runner.h"
@@ -277,7 +277,7 @@ class Trainer {
   std::unique_ptr<safe::TrainWatch> watch_;
   std::string config_yaml_;
   safe::RunLock run_lock_;                        // world rank 0: the run folder's lock (or its launcher's)
-  std::unique_ptr<safe::MetricsWriter> metrics_;  // rank 0
+  std::unique_ptr<MetricsLog> metrics_;  // rank 0: metrics.jsonl, TensorBoard
   MoeStepSummary moe_;                             // the last step's MoE statistics
   ModelStats stats_;
   double peak_gflops_ = 0;
@@ -618,7 +618,7 @@ void Trainer::open_outputs() {
   if (rank0_) {
     std::ofstream(fs::path(cfg_.run_dir()) / "config.yaml") << config_yaml_;
     write_resolved_config(config_yaml_);  // into the launch snapshot, when primus-cli made one
-    metrics_ = std::make_unique<safe::MetricsWriter>((fs::path(cfg_.run_dir()) / "metrics.jsonl").string());
+    metrics_ = std::make_unique<MetricsLog>(cfg_, world_->size());
   }
   tty_ = ::isatty(STDOUT_FILENO) && rank0_;
   log::info("model {}: {:.2f}M parameters, {:.1f} MFLOP per token; {} x {} tokens per microbatch, {} microbatches "
@@ -841,6 +841,7 @@ void Trainer::save() {
   so.overwrite = a_.overwrite;
   summary_.last_checkpoint = save_checkpoint(cfg_.checkpoint_dir(), gathered ? *gathered : model_->params(),
                                              full.exp_avg.data(), full.exp_avg_sq.data(), state_, config_yaml_, so);
+  if (rank0_) metrics_->flush();
   if (rank0_) prune_checkpoints(cfg_.checkpoint_dir(), a_.keep_last_checkpoints, state_.run_id, summary_.last_checkpoint);
   world_->barrier();
   log::info("saved checkpoint {}", summary_.last_checkpoint);
@@ -851,7 +852,8 @@ void Trainer::log_interval(const StepResult& step) {
   const double tflops = stats_.flops_per_token * tps / 1e12;
   const double mfu = tflops * 1e3 / peak_gflops_;
   const double mean_loss = interval_loss_ / double(interval_steps_);
-  const size_t peak = compute_.backend->memory_stats().peak;
+  const MemoryStats mem = compute_.backend->memory_stats();
+  const size_t peak = mem.peak;
   if (mfu > 1.0 && !mfu_warned_) {  // a CPU peak measured while other work held the cores
     log::warn("MFU above 100%: this run computes faster than the peak of {:.1f} GFLOP/s it divides by (on a CPU, "
               "a peak measured at start-up while other work held the cores); set PRIMUS_PEAK_GFLOPS to the "
@@ -889,6 +891,7 @@ void Trainer::log_interval(const StepResult& step) {
                      {"tflops", tflops},                {"mfu", mfu},
                      {"step_time_ms", 1e3 * interval_time_ / interval_steps_},
                      {"peak_memory_bytes", peak},       {"restarts", watch_->restarts()},
+                     {"memory_allocated_bytes", mem.in_use}, {"memory_reserved_bytes", mem.in_use + mem.cached},
                      {"memory_parameters_bytes", param_bytes},
                      {"memory_gradients_bytes", grad_bytes},
                      {"memory_optimizer_bytes", optim_bytes},
@@ -949,12 +952,16 @@ TrainSummary Trainer::run() {
       summary_.last_eval_loss = evaluate();
       log::info(" validation at iteration {} | lm loss: {:.6E} | lm loss PPL: {:.3f}", state_.iteration,
                 summary_.last_eval_loss, std::exp(summary_.last_eval_loss));
-      if (rank0_) metrics_->write({{"iteration", state_.iteration}, {"eval_lm_loss", summary_.last_eval_loss}});
+      if (rank0_)
+        metrics_->write({{"iteration", state_.iteration},
+                         {"consumed_samples", state_.consumed_samples},
+                         {"eval_lm_loss", summary_.last_eval_loss}});
     }
     if (a_.save_interval > 0 && state_.iteration % a_.save_interval == 0) save();
   }
   if (state_.iteration > summary_.start_iteration && (a_.save_interval == 0 || state_.iteration % a_.save_interval != 0))
     save();
+  if (rank0_) metrics_->flush();
   watch_->finish(state_.iteration);
   log::flush();
   return summary_;
