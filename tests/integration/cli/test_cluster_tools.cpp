@@ -74,4 +74,52 @@ TEST(BenchmarkCollectives, BadOptionsAreNamed) {
   EXPECT_NE(r.out.find("did you mean 'tp'"), std::string::npos) << r.out;
 }
 
+std::string slurp(const fs::path& p) {
+  std::ifstream in(p);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+std::string hostname() {
+  char h[256] = {0};
+  ::gethostname(h, sizeof h - 1);
+  return h;
+}
+
+std::string smoke(const primus::test::TempDir& d, const std::string& env) {
+  return "cd " + d.path.string() + " && env " + env + " " + PRIMUS_CLI_PATH + " direct --workspace " +
+         (d.path / "ws").string() + " -- preflight node-smoke --device cpu --disk-mb 8 --disk-path " +
+         (d.path / "disk").string() + " --exclude-file " + (d.path / "exclude.txt").string() + " 2>&1";
+}
+
+TEST(NodeSmoke, ThisMachinePassesWithAnEmptyExcludeFile) {
+  primus::test::TempDir d;
+  const auto r = run_command(smoke(d, "X=1"));
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("PASS " + hostname() + ": gemm "), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("node-smoke: 1 of 1 node(s) passed"), std::string::npos) << r.out;
+  ASSERT_TRUE(fs::exists(d.path / "exclude.txt"));
+  EXPECT_EQ(slurp(d.path / "exclude.txt"), "");
+}
+
+TEST(NodeSmoke, AWrongGemmFailsTheNodeAndExcludesIt) {
+  primus::test::TempDir d;
+  const auto r = run_command(smoke(d, "PRIMUS_FAULT_SMOKE=gemm"));
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_NE(r.out.find("FAIL " + hostname() + ": GEMM results wrong: 1024 elements on cpu fp32"), std::string::npos)
+      << r.out;
+  EXPECT_EQ(slurp(d.path / "exclude.txt"), hostname() + "\n");
+}
+
+TEST(NodeSmoke, ASlowDiskFailsWithItsFigure) {
+  primus::test::TempDir d;
+  // 2 blocks of 4 MiB, 1 s after each: about 4 MB/s against the floor of 50.
+  const auto r = run_command(smoke(d, "PRIMUS_FAULT_SMOKE=disk_delay_ms=1000"));
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_NE(r.out.find("FAIL " + hostname() + ": slow disk: write "), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("MB/s is below the floor of 50 MB/s"), std::string::npos) << r.out;
+  EXPECT_EQ(slurp(d.path / "exclude.txt"), hostname() + "\n");
+}
+
 }  // namespace
