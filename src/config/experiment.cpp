@@ -50,6 +50,10 @@ const std::vector<KeyInfo>& training_keys() {
       KEY(pretrained_checkpoint, "checkpoint whose weights a new run starts from (as `finetune`) when `save` holds "
                                  "no checkpoint to resume; a restarted run resumes its own checkpoints"),
       KEY(keep_last_checkpoints, "this run's checkpoints kept in `save` (newest saves); older ones are deleted. 0: keep all"),
+      KEY(exit_signal_handler, "on SIGTERM (Slurm's time limit, scancel) finish the step in progress, save a checkpoint "
+                               "and exit with code 0"),
+      KEY(exit_duration_in_mins, "save a checkpoint and exit with code 0 after the step that passes this many minutes "
+                                 "since the trainer started (set it below the job's time limit). 0: off"),
       KEY(overwrite, "let this run replace checkpoints of another run (or model) in `save`; off: that is an error"),
       KEY(data_path, "Megatron indexed dataset prefixes, optionally weighted: [0.3, a, 0.7, b]"),
       KEY(split, "train,valid,test proportions of the documents, e.g. 969,30,1"),
@@ -427,6 +431,7 @@ ExperimentConfig load_experiment_unguarded(const std::string& path,
   if (t.profile && t.profile_step_start >= t.train_iters)
     fail("{}: profile_step_start {} leaves nothing to profile in a run of train_iters {}", at("profile_step_start"),
          t.profile_step_start, t.train_iters);
+  if (t.exit_duration_in_mins < 0) fail("{}: exit_duration_in_mins must not be negative", at("exit_duration_in_mins"));
   if (t.tensorboard_log_interval <= 0)
     fail("{}: tensorboard_log_interval must be positive", at("tensorboard_log_interval"));
   if (t.tensorboard_queue_size <= 0) fail("{}: tensorboard_queue_size must be positive", at("tensorboard_queue_size"));

@@ -61,6 +61,8 @@ struct TrainingArgs {
   std::string pretrained_checkpoint;  // weights to start from when `save` holds no checkpoint of this run
   int64_t keep_last_checkpoints = 3;
   bool overwrite = false;     // replace another run's checkpoints in `save` (else an error)
+  bool exit_signal_handler = false;   // SIGTERM: save after the step in progress and exit 0 (safe/early_exit.h)
+  double exit_duration_in_mins = 0;   // > 0: save and exit 0 once this many minutes have passed
   // data
   std::vector<std::string> data_path;
   std::string split = "969,30,1";

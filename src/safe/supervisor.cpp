@@ -121,6 +121,7 @@ struct Attempt {
   bool saw_heartbeat = false;
   int64_t last_iteration = 0;
   std::map<int, int64_t> iteration_of;  // each rank's last reported iteration
+  std::map<int, std::string> host_of;   // each rank's node, from its heartbeat or srun's report
   std::string first_error;
   // Where the ranks named by a finding were: the earliest of their last iterations.
   int64_t iteration_for(const std::vector<int>& ranks) const {
@@ -146,6 +147,13 @@ class Runner {
   void event(const std::string& kind, const std::string& severity, const std::string& message, json extra = {},
              bool print = true);
   void watch_tick();
+  // The ranks the job has: as launched, or (srun, world_size 0) as their heartbeats say.
+  int world_size() const {
+    if (o_.world_size > 0) return o_.world_size;
+    int n = 0;
+    for (const auto& [r, hb] : beats_) n = std::max(n, hb.world_size);
+    return n;
+  }
 
   std::vector<std::string> argv_;
   std::map<std::string, std::string> env_;
@@ -271,8 +279,9 @@ void Runner::watch_tick() {
     }
   }
   if (!beats_.empty()) a_.saw_heartbeat = true;
-  hangs_.observe(beats_, now, o_.world_size);
+  hangs_.observe(beats_, now, world_size());
   for (const auto& [r, hb] : beats_) {
+    a_.host_of[r] = hb.host;
     if (hb.host == host_ && hb.pid > 0) pids_[r] = hb.pid;
     a_.last_iteration = std::max(a_.last_iteration, hb.iteration);
     a_.iteration_of[r] = hb.iteration;
@@ -384,6 +393,7 @@ Attempt Runner::run() {
   beats_ = read_heartbeats(o_.run_dir);
   for (const auto& [r, hb] : beats_) {
     a_.saw_heartbeat = true;
+    a_.host_of[r] = hb.host;
     a_.last_iteration = std::max(a_.last_iteration, hb.iteration);
     a_.iteration_of[r] = hb.iteration;
     if (hb.phase == "failed" &&
@@ -394,6 +404,21 @@ Attempt Runner::run() {
   static const std::regex died(R"(process rank (\d+) with PID \d+ on node (\S+) exited on signal (\d+))");
   for (std::sregex_iterator it(err_text_.begin(), err_text_.end(), died), end; it != end; ++it)
     a_.signal_of[std::stoi((*it)[1])] = std::stoi((*it)[3]);
+  // srun names them too: "srun: error: node7: task 1: Killed", "... tasks 0-3: Segmentation fault".
+  static const std::regex srun_died(R"(srun: error: (\S+): tasks? (\d+)(?:-(\d+))?: (Killed|Segmentation fault|Aborted|Bus error|Terminated))");
+  for (std::sregex_iterator it(err_text_.begin(), err_text_.end(), srun_died), end; it != end; ++it) {
+    const std::string what = (*it)[4];
+    const int sig = what == "Killed" ? SIGKILL : what == "Segmentation fault" ? SIGSEGV : what == "Aborted" ? SIGABRT
+                    : what == "Bus error" ? SIGBUS : SIGTERM;
+    const int first = std::stoi((*it)[2]), last = (*it)[3].matched ? std::stoi((*it)[3]) : first;
+    for (int r = first; r <= last; ++r) {
+      a_.signal_of[r] = sig;
+      a_.host_of[r] = (*it)[1];
+    }
+  }
+  // srun ends the peers of a dead rank with SIGTERM (--kill-on-bad-exit): they are not the cause.
+  if (std::any_of(a_.signal_of.begin(), a_.signal_of.end(), [](auto& rs) { return rs.second != SIGTERM; }))
+    std::erase_if(a_.signal_of, [](auto& rs) { return rs.second == SIGTERM; });
   if (o_.world_size == 1 && a_.rc > 128 && !a_.hang && !a_.interrupted) a_.signal_of[0] = a_.rc - 128;
   static const std::regex err_line(R"((^|\n)error: ([^\n]*))");
   std::smatch m;
@@ -460,8 +485,9 @@ int supervise(const std::vector<std::string>& argv, std::map<std::string, std::s
   export_launcher_identity(env);
   g_interrupted = 0;
   int rc = 0;
+  std::vector<std::string> command = argv;
   for (int attempt = 1;; ++attempt) {
-    Runner runner(argv, env, o, attempt);
+    Runner runner(command, env, o, attempt);
     Attempt a = runner.run();
     rc = a.hang ? 124 : a.rc;
     auto ev = [&](const std::string& kind, const std::string& sev, const std::string& msg, json extra,
@@ -512,10 +538,17 @@ int supervise(const std::vector<std::string>& argv, std::map<std::string, std::s
     const bool restartable = reason != "finished" && reason != "interrupted" && o.watch &&
                              (a.hang || a.saw_heartbeat) && attempt <= o.max_restarts;
     if (restartable) {
+      std::vector<std::string> nodes;
+      for (int r : ranks)
+        if (auto it = a.host_of.find(r); it != a.host_of.end() && !it->second.empty() &&
+                                          std::find(nodes.begin(), nodes.end(), it->second) == nodes.end())
+          nodes.push_back(it->second);
+      if (o.before_restart) o.before_restart(command, nodes);
       ev("restart", "warn",
          fmt::format("restart {} of {} after {} (exit code {}): {}; resuming from the last good checkpoint", attempt,
                      o.max_restarts, reason, rc, detail),
-         {{"reason", reason}, {"ranks", ranks}, {"restart", attempt}, {"iteration", a.iteration_for(ranks)}, {"detail", detail}});
+         {{"reason", reason}, {"ranks", ranks}, {"nodes", nodes}, {"restart", attempt}, {"iteration", a.iteration_for(ranks)},
+          {"detail", detail}, {"command", command}});
       continue;
     }
     json extra{{"status", reason == "finished" ? "ok" : "failed"}, {"reason", reason}, {"exit_code", rc},

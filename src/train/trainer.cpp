@@ -49,6 +49,7 @@
 #include "pipeline/simulator.h"
 #include "train/expert_grads.h"
 #include "train/moe_step.h"
+#include "safe/early_exit.h"
 #include "safe/run_lock.h"
 #include "safe/train_watch.h"
 #include "trace/hardware.h"
@@ -275,6 +276,7 @@ class Trainer {
   TrainState state_;
   TrainSummary summary_;
   std::unique_ptr<safe::TrainWatch> watch_;
+  std::unique_ptr<safe::EarlyExit> early_exit_;  // exit_signal_handler, exit_duration_in_mins
   std::string config_yaml_;
   safe::RunLock run_lock_;                        // world rank 0: the run folder's lock (or its launcher's)
   std::unique_ptr<MetricsLog> metrics_;  // rank 0: metrics.jsonl, TensorBoard
@@ -633,6 +635,7 @@ void Trainer::open_outputs() {
             compute_.device == Device::CUDA ? "data-sheet dense bf16" : "measured SGEMM");
   summary_.start_iteration = state_.iteration;
   watch_ = std::make_unique<safe::TrainWatch>(cfg_.run_dir(), state_.iteration);  // heartbeats, NaN policy, faults
+  early_exit_ = std::make_unique<safe::EarlyExit>(a_.exit_signal_handler, a_.exit_duration_in_mins);
 }
 
 // =============================================================================================
@@ -958,6 +961,10 @@ TrainSummary Trainer::run() {
                          {"eval_lm_loss", summary_.last_eval_loss}});
     }
     if (a_.save_interval > 0 && state_.iteration % a_.save_interval == 0) save();
+    if (early_exit_->due(*world_)) {  // the checkpoint below, then exit code 0
+      log::info("exiting after iteration {}: {}", state_.iteration, early_exit_->reason());
+      break;
+    }
   }
   if (state_.iteration > summary_.start_iteration && (a_.save_interval == 0 || state_.iteration % a_.save_interval != 0))
     save();

@@ -130,6 +130,43 @@ void add_common_options(CLI::App& app, CommonOptions& o) {
   app.add_option("--replay", o.replay, "run again from a snapshot folder (also accepted after the task)");
 }
 
+void add_watch_options(CLI::App& app, WatchOptions& o, bool slurm) {
+  app.add_option("--max-restarts", o.max_restarts,
+                 "relaunch a failed training job up to K times; it resumes from the last good checkpoint")
+      ->check(CLI::NonNegativeNumber)
+      ->envname("PRIMUS_MAX_RESTARTS");
+  app.add_option("--hang-timeout", o.hang_timeout,
+                 "seconds without heartbeat progress from a rank before the job counts as hung (0: off; default 600)")
+      ->check(CLI::NonNegativeNumber)
+      ->envname("PRIMUS_HANG_TIMEOUT");
+  app.add_option("--nan-policy", o.nan_policy,
+                 "a NaN/Inf loss or gradient: skip the step (default), stop, or warn and update anyway")
+      ->check(CLI::IsMember({"skip", "stop", "warn"}));
+  app.add_flag("--no-watch", o.no_watch, "no heartbeats, hang detection or restarts: start the job and wait");
+  if (slurm)
+    app.add_flag("--exclude-failed-nodes", o.exclude_failed_nodes,
+                 "a restart asks Slurm for the job without the nodes of the ranks that failed (a replacement from "
+                 "the allocation, or from the partition outside one)");
+}
+
+std::vector<std::string> WatchOptions::forward() const {
+  std::vector<std::string> f = {"--max-restarts", std::to_string(max_restarts), "--hang-timeout",
+                                fmt::format("{}", hang_timeout), "--nan-policy", nan_policy};
+  if (no_watch) f.push_back("--no-watch");
+  if (exclude_failed_nodes) f.push_back("--exclude-failed-nodes");
+  return f;
+}
+
+bool watch_option_arity(const std::string& name, bool& takes_value) {
+  for (const OptSpec& s : {OptSpec{"--max-restarts", true}, OptSpec{"--hang-timeout", true}, OptSpec{"--nan-policy", true},
+                           OptSpec{"--no-watch", false}, OptSpec{"--exclude-failed-nodes", false}})
+    if (name == s.name) {
+      takes_value = s.value;
+      return true;
+    }
+  return false;
+}
+
 bool common_option_arity(const std::string& name, bool& takes_value) {
   for (auto& s : common_specs())
     if (name == s.name) {
