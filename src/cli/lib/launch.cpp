@@ -34,7 +34,7 @@ const std::vector<OptSpec>& common_specs() {
   static const std::vector<OptSpec> s = {
       {"--dry-run", false}, {"--print-env", false}, {"--force", false},    {"--env", true},
       {"--patch", true},    {"--hooks-dir", true},  {"--log-ranks", true}, {"--workspace", true},
-      {"--exp-name", true}, {"--replay", true}};
+      {"--exp-name", true}, {"--replay", true},   {"--numa", false},     {"--no-numa", false}};
   return s;
 }
 
@@ -128,6 +128,8 @@ void add_common_options(CLI::App& app, CommonOptions& o) {
   app.add_option("--workspace", o.workspace, "folder for run folders (default: the config's workspace, else ./output)");
   app.add_option("--exp-name", o.exp_name, "run folder name (default: the config's exp_name, else generated)");
   app.add_option("--replay", o.replay, "run again from a snapshot folder (also accepted after the task)");
+  app.add_flag("--numa", o.numa, "bind each rank to the NUMA node of its GPU (spread over the nodes without GPUs)");
+  app.add_flag("--no-numa", o.no_numa, "no NUMA binding (the default; overrides PRIMUS_NUMA and .primus.yaml)");
 }
 
 void add_watch_options(CLI::App& app, WatchOptions& o, bool slurm) {
@@ -266,6 +268,15 @@ Launch prepare_launch(const std::string& runtime, const CommonOptions& opt, cons
   L.log_ranks = lr.value;
   L.settings.push_back({"log_ranks", lr});
 
+  if (L.opt.numa && L.opt.no_numa) fail("--numa and --no-numa contradict each other: give one");
+  Setting numa = resolve_setting(L.opt.numa ? "1" : L.opt.no_numa ? "0" : "", L.opt.numa ? "--numa" : "--no-numa",
+                                 "PRIMUS_NUMA", L.project, "numa", "0");
+  if (numa.value == "true") numa.value = "1";
+  if (numa.value == "false") numa.value = "0";
+  if (numa.value != "0" && numa.value != "1") fail("numa ({}) must be 0 or 1 (true or false), got '{}'", numa.source, numa.value);
+  L.numa = numa.value == "1";
+  L.settings.push_back({"numa", numa});
+
   // Additive lists: .primus.yaml, then PRIMUS_*, then the command line.
   for (auto& d : L.project.list("hooks_dirs", true)) L.hooks_dirs.push_back(d);
   for (auto& d : split_colon(std::getenv("PRIMUS_HOOKS_DIRS"))) L.hooks_dirs.push_back(abs_path(d));
@@ -324,6 +335,7 @@ Launch prepare_launch(const std::string& runtime, const CommonOptions& opt, cons
   L.env.set("PRIMUS_RUN_DIR", L.run_dir.string(), "runtime");
   L.env.set("PRIMUS_SNAPSHOT_DIR", L.snapshot_dir().string(), "runtime");
   L.env.set("PRIMUS_LOG_RANKS", L.log_ranks, "runtime");
+  L.env.set("PRIMUS_NUMA", L.numa ? "1" : "0", "runtime");
   L.env.set("PRIMUS_ENV_APPLIED", "1", "runtime");
   return L;
 }
@@ -362,6 +374,7 @@ void Launch::write_snapshot(const std::vector<std::string>& runtime_args) const 
 
 std::vector<std::string> Launch::forward_options(bool with_hooks_dirs) const {
   std::vector<std::string> f = {"--workspace", workspace, "--exp-name", exp_name, "--log-ranks", log_ranks};
+  if (numa) f.push_back("--numa");
   for (auto& e : opt.env) f.insert(f.end(), {"--env", e});
   for (auto& p : opt.patches) f.insert(f.end(), {"--patch", abs_path(p)});
   if (with_hooks_dirs)

@@ -25,6 +25,7 @@ struct CommonOptions {
   bool dry_run = false;    // print the commands and environment, start nothing
   bool print_env = false;  // print the effective environment with sources, start nothing
   bool force = false;      // replay even when hardware or versions differ
+  bool numa = false, no_numa = false;  // bind each rank to its GPU's NUMA node (cli/lib/numa.h)
   std::vector<std::string> env, patches, hooks_dirs;
   std::string log_ranks, workspace, exp_name, replay;
 };
@@ -78,6 +79,7 @@ struct Launch {
   EnvPlan env;
   std::vector<std::string> patches, hooks_dirs;  // absolute
   std::string log_ranks = "0";
+  bool numa = false;  // --numa / --no-numa, PRIMUS_NUMA, .primus.yaml numa (PRIMUS_NUMA in the ranks' environment)
 
   std::filesystem::path snapshot_dir() const { return run_dir / "snapshot"; }
   std::string describe() const;

@@ -12,6 +12,7 @@
 #include <fmt/format.h>
 
 #include "cli/lib/launch.h"
+#include "cli/lib/numa.h"
 #include "cli/lib/process.h"
 #include "cli/lib/watched_run.h"
 #include "cli/registry.h"
@@ -55,6 +56,9 @@ int run_rank(const DirectOptions& o, const std::vector<std::string>& task_args) 
   safe::die_with_launcher();  // no trainer outlives `primus-cli direct`, even one killed with SIGKILL
   log::init_from_env();
   LaunchEnv e = discover_launch_env();
+  // Before the task's threads exist, so that they inherit the binding.
+  if (const char* numa = std::getenv("PRIMUS_NUMA"); numa && std::string(numa) == "1")
+    log::info("numa: {}", bind_rank_to_numa_node(e.local_rank, e.local_world_size));
   log::debug("rank {} of {} (local {} of {}) on {}, started by {}", e.rank, e.world_size, e.local_rank,
              e.local_world_size, e.node, e.launcher);
   int rc = run_task(task_args);

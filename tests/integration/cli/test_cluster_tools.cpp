@@ -122,4 +122,22 @@ TEST(NodeSmoke, ASlowDiskFailsWithItsFigure) {
   EXPECT_EQ(slurp(d.path / "exclude.txt"), hostname() + "\n");
 }
 
+TEST(Numa, RanksAreBoundAndInfoRanksShowsTheirNode) {
+  primus::test::TempDir d;
+  const auto r = run_command(cli(d, "--nproc 2 --numa --log-ranks all -- info ranks 2>&1"));
+  ASSERT_EQ(r.code, 0) << r.out;
+  for (const char* rank : {"rank=0 ", "rank=1 "}) {
+    const size_t at = r.out.find(std::string("\n") + rank);
+    ASSERT_NE(at, std::string::npos) << r.out;
+    EXPECT_NE(r.out.substr(at, r.out.find('\n', at + 1) - at).find(" numa=0"), std::string::npos) << r.out;
+  }
+  // This machine: one NUMA node, no GPU.
+  EXPECT_NE(r.out.find("numa: local rank 1 of 2 bound to NUMA node 0 (spread over the host's 1 node; no GPU)"),
+            std::string::npos)
+      << r.out;
+  const auto both = run_command(cli(d, "--numa --no-numa -- info ranks 2>&1"));
+  EXPECT_NE(both.code, 0);
+  EXPECT_NE(both.out.find("--numa and --no-numa contradict each other"), std::string::npos) << both.out;
+}
+
 }  // namespace
