@@ -276,7 +276,7 @@ const std::vector<ForeignKey>& foreign_keys() {
       {"evidence_data_path", KeyStatus::NotSupported, "null", kNsOther, Src::MP},
       {"exit_interval", KeyStatus::NotSupported, "null", kNsOther, Src::MP},
       {"exit_on_missing_checkpoint", KeyStatus::NoEffect, "false", kLogging, Src::MP},
-      {"exit_signal", KeyStatus::NoEffect, "signal.SIGTERM", kLogging, Src::M},
+      {"exit_signal", KeyStatus::NoEffect, "signal.SIGTERM", "exit_signal_handler catches SIGTERM here (what Slurm and scancel send), whatever this says", Src::M},
       {"exit_signal_handler_for_dataloader", KeyStatus::NoEffect, "false", kLogging, Src::M},
       {"exit_signal_handler_for_training", KeyStatus::NoEffect, "false", kLogging, Src::M},
       {"exp_avg_dtype", KeyStatus::NotSupported, "fp32", kNsOther, Src::MP},

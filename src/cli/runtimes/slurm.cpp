@@ -110,8 +110,8 @@ int launch(const std::string& mode, const std::vector<std::string>& raw, const s
   CLI::App app{"primus-cli slurm " + mode};
   add_common_options(app, common);
   add_watch_options(app, watch, true);
-  app.add_flag("--batch-step", batch_step);
-  app.add_option("--spare-nodes", spare_nodes)->check(CLI::NonNegativeNumber);
+  app.add_flag("--batch-step", batch_step)->group("");  // written by sbatch scripts only
+  app.add_option("--spare-nodes", spare_nodes)->check(CLI::NonNegativeNumber)->group("");  // in the footer
   std::vector<std::string> reversed(ours.rbegin(), ours.rend());
   try {
     app.parse(reversed);

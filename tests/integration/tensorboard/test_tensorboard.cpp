@@ -74,17 +74,21 @@ modules:
     EXPECT_EQ(got, double(float(want))) << tag << " at step " << step;
   }
 
+  static void training_scalars_equal_metrics_jsonl();
+  static void validation_loss_and_perplexity();
+
   static inline fs::path dir_;
   static inline std::vector<json> rows_;
   static inline json events_;
 };
 
-TEST_F(TensorBoardRun, OneEventFileWithItsVersion) {
-  EXPECT_EQ(events_["files"], 1);
-  EXPECT_EQ(events_["file_version"], "brain.Event:2");
+// ctest runs each case in its own process: one case, so that the training runs once.
+void one_event_file_with_its_version(const json& events) {
+  EXPECT_EQ(events["files"], 1);
+  EXPECT_EQ(events["file_version"], "brain.Event:2");
 }
 
-TEST_F(TensorBoardRun, TrainingScalarsEqualMetricsJsonl) {
+void TensorBoardRun::training_scalars_equal_metrics_jsonl() {
   int logged = 0;
   for (const json& row : rows_) {
     if (!row.contains("lm_loss")) continue;
@@ -113,7 +117,7 @@ TEST_F(TensorBoardRun, TrainingScalarsEqualMetricsJsonl) {
   EXPECT_EQ(events_["scalars"]["lm loss"].size(), 3u);
 }
 
-TEST_F(TensorBoardRun, ValidationLossAndPerplexity) {
+void TensorBoardRun::validation_loss_and_perplexity() {
   int evals = 0;
   for (const json& row : rows_) {
     if (!row.contains("eval_lm_loss")) continue;
@@ -124,6 +128,12 @@ TEST_F(TensorBoardRun, ValidationLossAndPerplexity) {
     expect_value("lm loss validation ppl", row["iteration"], std::exp(loss));
   }
   EXPECT_EQ(evals, 2);
+}
+
+TEST_F(TensorBoardRun, EventFilesReadBackEqualMetricsJsonl) {
+  one_event_file_with_its_version(events_);
+  training_scalars_equal_metrics_jsonl();
+  validation_loss_and_perplexity();
 }
 
 }  // namespace
