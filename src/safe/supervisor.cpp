@@ -147,6 +147,10 @@ class Runner {
   void event(const std::string& kind, const std::string& severity, const std::string& message, json extra = {},
              bool print = true);
   void watch_tick();
+  // Ranks on other nodes (Slurm tasks): `scancel --signal=USR1 <step>` makes each write its own
+  // stack into the shared watch folder (train_watch.h); copy_own_stack takes the rank's.
+  bool ask_slurm_for_stacks(const std::string& step);
+  std::string copy_own_stack(int rank, const std::string& host, const fs::path& out);
   // The ranks the job has: as launched, or (srun, world_size 0) as their heartbeats say.
   int world_size() const {
     if (o_.world_size > 0) return o_.world_size;
@@ -174,6 +178,13 @@ class Runner {
   std::map<int, int64_t> unwritable_beat_;  // the rank's beat when it said so
   std::set<int> unwritable_reported_;
   size_t err_parsed_ = 0;  // how much of err_text_ was searched for those lines
+  std::string remote_stack_step_;               // the Slurm step asked for its stacks
+  std::map<int, uintmax_t> own_stack_before_;   // each rank's own stack file size before that
+  // Tests of the multi-node paths on one machine: every rank counts as on another host.
+  const bool ranks_remote_ = [] {
+    const char* e = std::getenv("PRIMUS_FAULT_REMOTE_RANKS");
+    return e && std::string(e) == "1";
+  }();
   Attempt a_;
   const std::string host_ = host_name();
 };
@@ -259,6 +270,30 @@ void Runner::kill_job(const std::string& why) {
   (void)why;
 }
 
+bool Runner::ask_slurm_for_stacks(const std::string& step) {
+  const auto scancel = which("scancel");
+  if (!scancel) return false;
+  for (const auto& [r, hb] : beats_) {
+    const fs::path own = watch_dir(o_.run_dir) / ("stack_rank_" + std::to_string(r) + ".txt");
+    std::error_code ec;
+    own_stack_before_[r] = fs::exists(own, ec) ? fs::file_size(own, ec) : 0;
+  }
+  return run_to_file({*scancel, "--signal=USR1", step}, watch_dir(o_.run_dir) / "scancel.log", 10) == 0;
+}
+
+std::string Runner::copy_own_stack(int rank, const std::string& host, const fs::path& out) {
+  const fs::path own = watch_dir(o_.run_dir) / ("stack_rank_" + std::to_string(rank) + ".txt");
+  const uintmax_t before = own_stack_before_[rank];
+  std::error_code ec;
+  for (int i = 0; i < 60 && (!fs::exists(own, ec) || fs::file_size(own, ec) <= before); ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  if (!fs::exists(own, ec) || fs::file_size(own, ec) <= before) return "";
+  std::ofstream(out, std::ios::app) << fmt::format("=== rank {} on {} (through scancel --signal=USR1 {}) at {} ===\n",
+                                                   rank, host, remote_stack_step_, iso_time(now_epoch()))
+                                    << slurp(own).substr(before);
+  return fmt::format("the rank's own backtrace on {}, asked for with scancel --signal=USR1 {}", host, remote_stack_step_);
+}
+
 void Runner::watch_tick() {
   const double now = mono();
   beats_ = read_heartbeats(o_.run_dir);
@@ -282,7 +317,7 @@ void Runner::watch_tick() {
   hangs_.observe(beats_, now, world_size());
   for (const auto& [r, hb] : beats_) {
     a_.host_of[r] = hb.host;
-    if (hb.host == host_ && hb.pid > 0) pids_[r] = hb.pid;
+    if (hb.host == host_ && hb.pid > 0 && !ranks_remote_) pids_[r] = hb.pid;
     a_.last_iteration = std::max(a_.last_iteration, hb.iteration);
     a_.iteration_of[r] = hb.iteration;
     for (auto [it, t] : hb.recent) stragglers_.add(r, it, t);
@@ -346,8 +381,21 @@ void Runner::watch_tick() {
     for (int r : ranks) {
       auto it = pids_.find(r);
       if (it == pids_.end()) {
-        event("stack_dump", "warn", fmt::format("rank {}: no stack dump (no heartbeat from a process on this host)", r),
-              {{"ranks", {r}}});
+        const std::string step = beats_.count(r) ? beats_[r].slurm_step : "";
+        if (!step.empty() && remote_stack_step_.empty() && ask_slurm_for_stacks(step)) remote_stack_step_ = step;
+        if (remote_stack_step_.empty() || step != remote_stack_step_) {
+          event("stack_dump", "warn",
+                fmt::format("rank {}: no stack dump (its process is not on this host, and no Slurm step to signal)", r),
+                {{"ranks", {r}}});
+          continue;
+        }
+        const fs::path out = watch_dir(o_.run_dir) / fmt::format("stacks_attempt{}_rank{}.txt", attempt_, r);
+        const std::string how = copy_own_stack(r, beats_[r].host, out);
+        event("stack_dump", how.empty() ? "warn" : "info",
+              how.empty() ? fmt::format("rank {}: no stack dump (rank on {} did not answer SIGUSR1 from scancel)", r,
+                                        beats_[r].host)
+                          : fmt::format("rank {}: stack written to {} ({})", r, out.string(), how),
+              {{"ranks", {r}}, {"file", out.string()}});
         continue;
       }
       const fs::path out = watch_dir(o_.run_dir) / fmt::format("stacks_attempt{}_rank{}.txt", attempt_, r);

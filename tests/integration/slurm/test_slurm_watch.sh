@@ -3,7 +3,8 @@
 # job's end:
 #   1. slurm srun -n 2 --max-restarts 1, rank 1 killed at iteration 7: the watch names it (srun's
 #      report), restarts from checkpoint 4, and the run ends with the loss of an uninterrupted one;
-#   2. slurm srun, rank 0 stalled: the hang is detected, rank 0's stack dumped, exit code 124;
+#   2. slurm srun, rank 0 stalled: the hang is detected, rank 0's stack dumped, exit code 124 (and
+#      again as if the ranks were on other nodes: the stack comes through scancel --signal=USR1);
 #   3. slurm srun -t 1 with exit_duration_in_mins 0.05: a checkpoint before the limit, exit 0;
 #   4. exit_signal_handler: scancel --signal=TERM (what Slurm sends at the time limit): a
 #      checkpoint of the iteration reached, exit 0;
@@ -80,6 +81,19 @@ stack="$work/ws/stalled/watch/stacks_attempt1_rank0.txt"
 [[ -s $stack ]] || fail "no stack dump"
 grep -q "begin_step" "$stack" || { head -40 "$stack"; fail "the stack does not show where rank 0 stalled"; }
 [[ -z $(squeue -h 2>/dev/null) ]] || fail "a job is still queued after the hang: $(squeue)"
+
+echo "== 2b. the same, as if the ranks were on other nodes: the stack is asked for through scancel"
+set +e
+out=$(PRIMUS_FAULT_REMOTE_RANKS=1 PRIMUS_FAULT_STALL="rank=0,iteration=5" srun_train remote --hang-timeout 3 -- \
+      train pretrain --config exp.yaml 2>&1)
+rc=$?
+set -e
+[[ $rc == 124 ]] || { echo "$out"; fail "a hang must exit 124, got $rc"; }
+dump=$(events_of remote stack_dump | head -1)
+grep -q 'scancel --signal=USR1' <<<"$dump" || fail "the stack was not asked for through Slurm: $dump"
+# The rank's own handler (no gdb on another node): its main thread's frames, without symbol names.
+grep -q "stack of the main thread" "$work/ws/remote/watch/stacks_attempt1_rank0.txt" || fail "no stack from rank 0's handler"
+grep -q "nanosleep" "$work/ws/remote/watch/stacks_attempt1_rank0.txt" || fail "the remote stack does not show rank 0 stalled in its sleep"
 
 echo "== 3. a 1-minute job with exit_duration_in_mins 0.05: saves and exits 0 long before"
 t0=$(date +%s)
