@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The in-flight watch and restarts under a real local Slurm (issue 37), and clean exits before a
 # job's end:
-#   1. slurm srun -n 2 --max-restarts 1, rank 1 killed at iteration 7: the watch names it (srun's
-#      report), restarts from checkpoint 4, and the run ends with the loss of an uninterrupted one;
+#   1. slurm srun -n 2 --max-restarts 1, rank 1 killed at iteration 7: the watch names it from srun's
+#      report alone (the ranks treated as on other nodes), restarts from checkpoint 4, and the run
+#      ends with the loss of an uninterrupted one;
 #   2. slurm srun, rank 0 stalled: the hang is detected, rank 0's stack dumped, exit code 124 (and
 #      again as if the ranks were on other nodes: the stack comes through scancel --signal=USR1);
 #   3. slurm srun -t 1 with exit_duration_in_mins 0.05: a checkpoint before the limit, exit 0;
@@ -58,12 +59,15 @@ events_of() { grep "\"kind\":\"$2\"" "$work/ws/$1/events.jsonl" || true; }
 
 echo "== 1. uninterrupted, then rank 1 killed at iteration 7 with --max-restarts 1"
 srun_train ref -- train pretrain --config exp.yaml > ref.out 2>&1 || { cat ref.out; fail "reference run exited $?"; }
-out=$(PRIMUS_FAULT_KILL="rank=1,iteration=7" srun_train killed --max-restarts 1 -- train pretrain --config exp.yaml 2>&1) ||
+# As if the ranks were on other nodes: the launcher knows rank 1 died from srun's report alone.
+out=$(PRIMUS_FAULT_REMOTE_RANKS=1 PRIMUS_FAULT_KILL="rank=1,iteration=7" srun_train killed --max-restarts 1 -- \
+      train pretrain --config exp.yaml 2>&1) ||
   { echo "$out"; fail "the killed run did not recover"; }
 restart=$(events_of killed restart)
 [[ -n $restart ]] || { echo "$out"; fail "no restart event"; }
 grep -q '"reason":"rank_died"' <<<"$restart" || fail "restart not for a dead rank: $restart"
 grep -q '"ranks":\[1\]' <<<"$restart" || fail "restart does not name rank 1: $restart"
+grep -q '"nodes":\["'"$(hostname -s)"'"\]' <<<"$restart" || fail "restart does not name rank 1's node: $restart"
 grep -q "resumed from .*iter_0000004" "$work/ws/killed/logs/rank-0.log" || fail "no resume from checkpoint 4"
 [[ $(loss_at ref 12) == "$(loss_at killed 12)" ]] || fail "loss at 12: $(loss_at killed 12) vs uninterrupted $(loss_at ref 12)"
 echo "loss at iteration 12: $(loss_at killed 12), as uninterrupted"
