@@ -49,9 +49,11 @@ const std::vector<KeyInfo>& training_keys() {
                     "iteration 0 with a fresh optimizer and data order"),
       KEY(pretrained_checkpoint, "checkpoint whose weights a new run starts from (as `finetune`) when `save` holds "
                                  "no checkpoint to resume; a restarted run resumes its own checkpoints"),
-      KEY(keep_last_checkpoints, "this run's checkpoints kept in `save` (newest saves); older ones are deleted. 0: keep all"),
-      KEY(exit_signal_handler, "on SIGTERM (Slurm's time limit, scancel) finish the step in progress, save a checkpoint "
-                               "and exit with code 0"),
+      KEY(keep_last_checkpoints,
+          "this run's checkpoints kept in `save` (newest saves); older ones are deleted. 0: keep all"),
+      KEY(exit_signal_handler,
+          "on SIGTERM (Slurm's time limit, scancel) finish the step in progress, save a checkpoint "
+          "and exit with code 0"),
       KEY(exit_duration_in_mins, "save a checkpoint and exit with code 0 after the step that passes this many minutes "
                                  "since the trainer started (set it below the job's time limit). 0: off"),
       KEY(overwrite, "let this run replace checkpoints of another run (or model) in `save`; off: that is an error"),
@@ -79,11 +81,13 @@ const std::vector<KeyInfo>& training_keys() {
                                  "chunks cp_rank and 2 cp - 1 - cp_rank"),
       KEY(cp_comm_type, "p2p | a2a. p2p: ring attention, key/value blocks passed around the cp group; a2a: "
                         "all-to-all over heads (Ulysses), needs heads and query groups per tp rank divisible by cp"),
-      KEY(expert_model_parallel_size, "expert-parallel ranks (ep), folded into dp: each holds num_experts / ep of the routed experts"),
-      KEY(expert_tensor_parallel_size, "tensor-parallel ranks of the MoE blocks (etp): 1 keeps the experts whole on every "
-                                       "tp rank, tensor_model_parallel_size splits each expert's ffn (and the shared "
-                                       "expert's) over the tp ranks. 0 or null: tensor_model_parallel_size (Megatron's "
-                                       "default)"),
+      KEY(expert_model_parallel_size,
+          "expert-parallel ranks (ep), folded into dp: each holds num_experts / ep of the routed experts"),
+      KEY(expert_tensor_parallel_size,
+          "tensor-parallel ranks of the MoE blocks (etp): 1 keeps the experts whole on every "
+          "tp rank, tensor_model_parallel_size splits each expert's ffn (and the shared "
+          "expert's) over the tp ranks. 0 or null: tensor_model_parallel_size (Megatron's "
+          "default)"),
       KEY(sequence_parallel, "split norms and residuals over the tp ranks by tokens (needs tp > 1)"),
       KEY(pipeline_schedule, "1f1b | interleaved-1f1b | zb-h1 | zb-h2 | zbv | v-half | v-min | dualpipev | zb-auto | "
                              "gpipe"),
@@ -100,7 +104,7 @@ const std::vector<KeyInfo>& training_keys() {
                                            "(ZeRO-3 / FSDP) (Megatron's names); empty: optim when "
                                            "use_distributed_optimizer, else no_shard (docs/context_parallel.md)"),
       KEY(use_torch_fsdp2, "alias of data_parallel_sharding_strategy optim_grads_params (FSDP: parameters, gradients "
-                       "and optimizer state sharded over dp)"),
+                           "and optimizer state sharded over dp)"),
       KEY(overlap_grad_reduce, "start each gradient bucket's reduction as soon as its backward is done"),
       KEY(ddp_bucket_size, "elements per gradient bucket; 0: max(40M, 1M x dp)"),
       KEY(profile, "write a Chrome trace per profiled rank to <run dir>/trace/ (docs/profiling.md)"),

@@ -58,7 +58,13 @@ double value_at(const Tensor& h, int64_t i) {
 class OpRun {
  public:
   OpRun(ProcessGroup& g, CollOp op, DType t, int64_t per_rank)
-      : g_(g), op_(op), t_(t), ct_(comm_type_of(t)), c_(per_rank), n_(g.size()), r_(g.rank()),
+      : g_(g),
+        op_(op),
+        t_(t),
+        ct_(comm_type_of(t)),
+        c_(per_rank),
+        n_(g.size()),
+        r_(g.rank()),
         has_recv_(op != CollOp::AllReduce && op != CollOp::Broadcast) {
     const int64_t in = op == CollOp::ReduceScatter || op == CollOp::AllToAll ? c_ * n_ : c_;
     const int64_t out = op == CollOp::AllGather || op == CollOp::AllToAll ? c_ * n_ : c_;
@@ -226,10 +232,14 @@ int64_t parse_byte_size(const std::string& text) {
   const double v = std::strtod(text.c_str(), &end);
   std::string unit = end ? std::string(end) : "";
   double scale = 1;
-  if (unit == "K" || unit == "k" || unit == "KB" || unit == "KiB") scale = 1024.0;
-  else if (unit == "M" || unit == "m" || unit == "MB" || unit == "MiB") scale = 1024.0 * 1024;
-  else if (unit == "G" || unit == "g" || unit == "GB" || unit == "GiB") scale = 1024.0 * 1024 * 1024;
-  else if (!unit.empty() && unit != "B") fail("'{}' is not a size (bytes, or a number with K, M or G)", text);
+  if (unit == "K" || unit == "k" || unit == "KB" || unit == "KiB")
+    scale = 1024.0;
+  else if (unit == "M" || unit == "m" || unit == "MB" || unit == "MiB")
+    scale = 1024.0 * 1024;
+  else if (unit == "G" || unit == "g" || unit == "GB" || unit == "GiB")
+    scale = 1024.0 * 1024 * 1024;
+  else if (!unit.empty() && unit != "B")
+    fail("'{}' is not a size (bytes, or a number with K, M or G)", text);
   if (end == text.c_str() || !(v > 0)) fail("'{}' is not a size (bytes, or a number with K, M or G)", text);
   return int64_t(v * scale);
 }

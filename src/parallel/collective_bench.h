@@ -31,7 +31,8 @@ enum class CollOp { AllReduce, AllGather, ReduceScatter, AllToAll, Broadcast, Se
 inline constexpr CollOp kAllCollOps[] = {CollOp::AllReduce, CollOp::AllGather, CollOp::ReduceScatter,
                                          CollOp::AllToAll,  CollOp::Broadcast, CollOp::SendRecv};
 
-const char* coll_op_name(CollOp op);  // "all_reduce", "all_gather", "reduce_scatter", "alltoall", "broadcast", "sendrecv"
+const char* coll_op_name(
+    CollOp op);  // "all_reduce", "all_gather", "reduce_scatter", "alltoall", "broadcast", "sendrecv"
 // Our names and nccl-tests' (all_reduce / allreduce, alltoall / all_to_all, sendrecv / send_recv, ...);
 // anything else is an error that lists them.
 CollOp parse_coll_op(const std::string& name);

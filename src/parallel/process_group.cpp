@@ -208,7 +208,8 @@ std::vector<std::string> all_gather_strings(ProcessGroup& pg, const std::string&
   std::vector<char> all(size_t(longest) * size_t(pg.size()));
   pg.all_gather(mine.data(), all.data(), longest, CommType::U8);
   std::vector<std::string> out;
-  for (int r = 0; r < pg.size(); ++r) out.emplace_back(all.data() + size_t(r) * size_t(longest), size_t(lens[size_t(r)]));
+  for (int r = 0; r < pg.size(); ++r)
+    out.emplace_back(all.data() + size_t(r) * size_t(longest), size_t(lens[size_t(r)]));
   return out;
 }
 

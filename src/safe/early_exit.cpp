@@ -14,7 +14,7 @@ namespace primus::safe {
 namespace {
 
 std::atomic<int> g_signal{0};
-struct sigaction g_previous{};
+struct sigaction g_previous {};
 void on_exit_signal(int sig) { g_signal = sig; }
 
 }  // namespace
@@ -24,7 +24,7 @@ EarlyExit::EarlyExit(bool signal_handler, double duration_minutes)
   if (minutes_ < 0) fail("exit_duration_in_mins must not be negative, got {}", minutes_);
   if (signal_handler_) {
     g_signal = 0;
-    struct sigaction sa{};
+    struct sigaction sa {};
     sa.sa_handler = on_exit_signal;
     sigemptyset(&sa.sa_mask);
     sa.sa_flags = SA_RESTART;

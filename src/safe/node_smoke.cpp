@@ -110,7 +110,8 @@ void check_disk(NodeFigures& f, const NodeSmokeOptions& o) {
   ::close(rfd);
   fs::remove(file, ec);
   if (!ok) {
-    f.problems.push_back(fmt::format("disk {}: the data read back differs from what was written", o.disk_path.string()));
+    f.problems.push_back(
+        fmt::format("disk {}: the data read back differs from what was written", o.disk_path.string()));
     return;
   }
   const double mb = double(blocks) * double(block) / 1e6;
@@ -130,7 +131,8 @@ void collect_versions(NodeFigures& f) {
   std::string m(mpi, size_t(len));
   f.versions["mpi"] = m.substr(0, m.find_first_of(",\n"));
   f.versions["compiler"] = __VERSION__;
-  if (::access("/proc/driver/nvidia/version", R_OK) == 0) f.versions["gpu driver"] = read_line("/proc/driver/nvidia/version");
+  if (::access("/proc/driver/nvidia/version", R_OK) == 0)
+    f.versions["gpu driver"] = read_line("/proc/driver/nvidia/version");
 }
 
 double median(std::vector<double> v) {
@@ -141,7 +143,8 @@ double median(std::vector<double> v) {
 
 std::string summary_of(const NodeFigures& f) {
   std::string s = fmt::format("gemm {:.1f} GFLOP/s ({}), memory {:.1f} GB/s", f.gemm_gflops, f.device, f.memory_gbs);
-  if (f.disk_write_mbps > 0) s += fmt::format(", disk write {:.0f} MB/s read {:.0f} MB/s", f.disk_write_mbps, f.disk_read_mbps);
+  if (f.disk_write_mbps > 0)
+    s += fmt::format(", disk write {:.0f} MB/s read {:.0f} MB/s", f.disk_write_mbps, f.disk_read_mbps);
   s += fmt::format(", {} GPU{}, NICs up: {}", f.gpus, f.gpus == 1 ? "" : "s",
                    f.nics_up.empty() ? "none" : fmt::format("{}", fmt::join(f.nics_up, " ")));
   return s;
@@ -258,7 +261,8 @@ std::vector<NodeVerdict> judge_nodes(const std::vector<NodeFigures>& nodes, cons
     v.node = n.node;
     v.summary = summary_of(n);
     v.reasons = n.problems;
-    if (n.gemm_wrong > 0) v.reasons.push_back(fmt::format("GEMM results wrong: {} elements on {}", n.gemm_wrong, n.device));
+    if (n.gemm_wrong > 0)
+      v.reasons.push_back(fmt::format("GEMM results wrong: {} elements on {}", n.gemm_wrong, n.device));
     if (n.gemm_expected > 0 && n.gemm_gflops < o.min_gemm_fraction * n.gemm_expected)
       v.reasons.push_back(fmt::format("GEMM {:.1f} GFLOP/s is below {:.0f}% of the device's {:.1f}", n.gemm_gflops,
                                       100 * o.min_gemm_fraction, n.gemm_expected));
@@ -272,14 +276,16 @@ std::vector<NodeVerdict> judge_nodes(const std::vector<NodeFigures>& nodes, cons
       for (const Figure& fg : figures) {
         const double x = n.*fg.field, m = medians[fg.what];
         if (x > 0 && x < o.slow_factor * m)
-          v.reasons.push_back(fmt::format("slow {}: {:.1f} {} against the nodes' median {:.1f}", fg.what, x, fg.unit, m));
+          v.reasons.push_back(
+              fmt::format("slow {}: {:.1f} {} against the nodes' median {:.1f}", fg.what, x, fg.unit, m));
       }
     for (const auto& [k, value] : n.versions) {
       const auto& c = counts[k];
       const auto best = std::max_element(c.begin(), c.end(), [](auto& a, auto& b) { return a.second < b.second; });
       if (c.size() < 2) continue;
       if (2 * best->second <= int(nodes.size()))
-        v.reasons.push_back(fmt::format("{} '{}': the nodes disagree ({} versions, none on most nodes)", k, value, c.size()));
+        v.reasons.push_back(
+            fmt::format("{} '{}': the nodes disagree ({} versions, none on most nodes)", k, value, c.size()));
       else if (value != best->first)
         v.reasons.push_back(fmt::format("{} '{}' differs from '{}' on {} of {} nodes", k, value, best->first,
                                         best->second, nodes.size()));

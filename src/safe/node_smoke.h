@@ -27,12 +27,12 @@ namespace primus::safe {
 
 struct NodeFigures {
   std::string node;
-  std::string device;          // "cpu fp32" or the GPU's name
+  std::string device;  // "cpu fp32" or the GPU's name
   int gpus = 0;
-  double gemm_gflops = 0;      // the slowest device's
-  double gemm_expected = 0;    // data-sheet peak (GFLOP/s) of the device; 0: none (a CPU)
-  int64_t gemm_wrong = 0;      // elements of the GEMM results that differ from the exact answer
-  double memory_gbs = 0;       // copy bandwidth (read + write bytes / time)
+  double gemm_gflops = 0;    // the slowest device's
+  double gemm_expected = 0;  // data-sheet peak (GFLOP/s) of the device; 0: none (a CPU)
+  int64_t gemm_wrong = 0;    // elements of the GEMM results that differ from the exact answer
+  double memory_gbs = 0;     // copy bandwidth (read + write bytes / time)
   double disk_write_mbps = 0, disk_read_mbps = 0;
   std::vector<std::string> nics_up;
   std::vector<std::string> problems;  // found by the node itself (GPU health, a port down, I/O errors)
@@ -44,9 +44,9 @@ NodeFigures node_figures_from_json(const nlohmann::json& j);
 struct NodeSmokeOptions {
   std::filesystem::path disk_path = "/tmp";
   int64_t disk_bytes = 64 << 20;
-  double min_disk_mbps = 50;        // write or read below this fails
-  double min_gemm_fraction = 0.5;   // of the data-sheet peak (GPUs)
-  double slow_factor = 0.8;         // a figure below this fraction of the nodes' median fails
+  double min_disk_mbps = 50;       // write or read below this fails
+  double min_gemm_fraction = 0.5;  // of the data-sheet peak (GPUs)
+  double slow_factor = 0.8;        // a figure below this fraction of the nodes' median fails
   int64_t memory_bytes = 256 << 20;
 };
 

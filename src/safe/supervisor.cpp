@@ -178,8 +178,8 @@ class Runner {
   std::map<int, int64_t> unwritable_beat_;  // the rank's beat when it said so
   std::set<int> unwritable_reported_;
   size_t err_parsed_ = 0;  // how much of err_text_ was searched for those lines
-  std::string remote_stack_step_;               // the Slurm step asked for its stacks
-  std::map<int, uintmax_t> own_stack_before_;   // each rank's own stack file size before that
+  std::string remote_stack_step_;              // the Slurm step asked for its stacks
+  std::map<int, uintmax_t> own_stack_before_;  // each rank's own stack file size before that
   // Tests of the multi-node paths on one machine: every rank counts as on another host.
   const bool ranks_remote_ = [] {
     const char* e = std::getenv("PRIMUS_FAULT_REMOTE_RANKS");
@@ -291,7 +291,8 @@ std::string Runner::copy_own_stack(int rank, const std::string& host, const fs::
   std::ofstream(out, std::ios::app) << fmt::format("=== rank {} on {} (through scancel --signal=USR1 {}) at {} ===\n",
                                                    rank, host, remote_stack_step_, iso_time(now_epoch()))
                                     << slurp(own).substr(before);
-  return fmt::format("the rank's own backtrace on {}, asked for with scancel --signal=USR1 {}", host, remote_stack_step_);
+  return fmt::format("the rank's own backtrace on {}, asked for with scancel --signal=USR1 {}", host,
+                     remote_stack_step_);
 }
 
 void Runner::watch_tick() {
@@ -453,11 +454,15 @@ Attempt Runner::run() {
   for (std::sregex_iterator it(err_text_.begin(), err_text_.end(), died), end; it != end; ++it)
     a_.signal_of[std::stoi((*it)[1])] = std::stoi((*it)[3]);
   // srun names them too: "srun: error: node7: task 1: Killed", "... tasks 0-3: Segmentation fault".
-  static const std::regex srun_died(R"(srun: error: (\S+): tasks? (\d+)(?:-(\d+))?: (Killed|Segmentation fault|Aborted|Bus error|Terminated))");
+  static const std::regex srun_died(
+      R"(srun: error: (\S+): tasks? (\d+)(?:-(\d+))?: (Killed|Segmentation fault|Aborted|Bus error|Terminated))");
   for (std::sregex_iterator it(err_text_.begin(), err_text_.end(), srun_died), end; it != end; ++it) {
     const std::string what = (*it)[4];
-    const int sig = what == "Killed" ? SIGKILL : what == "Segmentation fault" ? SIGSEGV : what == "Aborted" ? SIGABRT
-                    : what == "Bus error" ? SIGBUS : SIGTERM;
+    const int sig = what == "Killed"               ? SIGKILL
+                    : what == "Segmentation fault" ? SIGSEGV
+                    : what == "Aborted"            ? SIGABRT
+                    : what == "Bus error"          ? SIGBUS
+                                                   : SIGTERM;
     const int first = std::stoi((*it)[2]), last = (*it)[3].matched ? std::stoi((*it)[3]) : first;
     for (int r = first; r <= last; ++r) {
       a_.signal_of[r] = sig;
@@ -589,14 +594,19 @@ int supervise(const std::vector<std::string>& argv, std::map<std::string, std::s
       std::vector<std::string> nodes;
       for (int r : ranks)
         if (auto it = a.host_of.find(r); it != a.host_of.end() && !it->second.empty() &&
-                                          std::find(nodes.begin(), nodes.end(), it->second) == nodes.end())
+                                         std::find(nodes.begin(), nodes.end(), it->second) == nodes.end())
           nodes.push_back(it->second);
       if (o.before_restart) o.before_restart(command, nodes);
       ev("restart", "warn",
          fmt::format("restart {} of {} after {} (exit code {}): {}; resuming from the last good checkpoint", attempt,
                      o.max_restarts, reason, rc, detail),
-         {{"reason", reason}, {"ranks", ranks}, {"nodes", nodes}, {"restart", attempt}, {"iteration", a.iteration_for(ranks)},
-          {"detail", detail}, {"command", command}});
+         {{"reason", reason},
+          {"ranks", ranks},
+          {"nodes", nodes},
+          {"restart", attempt},
+          {"iteration", a.iteration_for(ranks)},
+          {"detail", detail},
+          {"command", command}});
       continue;
     }
     json extra{{"status", reason == "finished" ? "ok" : "failed"}, {"reason", reason}, {"exit_code", rc},

@@ -39,7 +39,9 @@ void put_varint(std::string& out, uint64_t v) {
   }
   out.push_back(char(v));
 }
-void put_key(std::string& out, int field, int wire_type) { put_varint(out, uint64_t(field) << 3 | uint64_t(wire_type)); }
+void put_key(std::string& out, int field, int wire_type) {
+  put_varint(out, uint64_t(field) << 3 | uint64_t(wire_type));
+}
 template <class T>
 void put_fixed(std::string& out, int field, T v) {  // wire type 1 (8 bytes) or 5 (4 bytes), little-endian
   static_assert(sizeof(T) == 4 || sizeof(T) == 8);

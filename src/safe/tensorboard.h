@@ -59,7 +59,7 @@ struct TensorBoardOptions {
   int64_t queue_size = 1000;
   bool timers = false, memory = false, validation_ppl = false, world_size = false;
   bool loss_scale = true, learning_rate = true, batch_size = true;
-  int world = 1;              // ranks of the run (world-size, and throughput per rank)
+  int world = 1;  // ranks of the run (world-size, and throughput per rank)
   int64_t global_batch_size = 0;
 };
 

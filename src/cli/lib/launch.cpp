@@ -31,10 +31,10 @@ struct OptSpec {
   bool value;
 };
 const std::vector<OptSpec>& common_specs() {
-  static const std::vector<OptSpec> s = {
-      {"--dry-run", false}, {"--print-env", false}, {"--force", false},    {"--env", true},
-      {"--patch", true},    {"--hooks-dir", true},  {"--log-ranks", true}, {"--workspace", true},
-      {"--exp-name", true}, {"--replay", true},   {"--numa", false},     {"--no-numa", false}};
+  static const std::vector<OptSpec> s = {{"--dry-run", false},  {"--print-env", false}, {"--force", false},
+                                         {"--env", true},       {"--patch", true},      {"--hooks-dir", true},
+                                         {"--log-ranks", true}, {"--workspace", true},  {"--exp-name", true},
+                                         {"--replay", true},    {"--numa", false},      {"--no-numa", false}};
   return s;
 }
 
@@ -152,16 +152,18 @@ void add_watch_options(CLI::App& app, WatchOptions& o, bool slurm) {
 }
 
 std::vector<std::string> WatchOptions::forward() const {
-  std::vector<std::string> f = {"--max-restarts", std::to_string(max_restarts), "--hang-timeout",
-                                fmt::format("{}", hang_timeout), "--nan-policy", nan_policy};
+  std::vector<std::string> f = {"--max-restarts", std::to_string(max_restarts),
+                                "--hang-timeout", fmt::format("{}", hang_timeout),
+                                "--nan-policy",   nan_policy};
   if (no_watch) f.push_back("--no-watch");
   if (exclude_failed_nodes) f.push_back("--exclude-failed-nodes");
   return f;
 }
 
 bool watch_option_arity(const std::string& name, bool& takes_value) {
-  for (const OptSpec& s : {OptSpec{"--max-restarts", true}, OptSpec{"--hang-timeout", true}, OptSpec{"--nan-policy", true},
-                           OptSpec{"--no-watch", false}, OptSpec{"--exclude-failed-nodes", false}})
+  for (const OptSpec& s :
+       {OptSpec{"--max-restarts", true}, OptSpec{"--hang-timeout", true}, OptSpec{"--nan-policy", true},
+        OptSpec{"--no-watch", false}, OptSpec{"--exclude-failed-nodes", false}})
     if (name == s.name) {
       takes_value = s.value;
       return true;
@@ -269,11 +271,14 @@ Launch prepare_launch(const std::string& runtime, const CommonOptions& opt, cons
   L.settings.push_back({"log_ranks", lr});
 
   if (L.opt.numa && L.opt.no_numa) fail("--numa and --no-numa contradict each other: give one");
-  Setting numa = resolve_setting(L.opt.numa ? "1" : L.opt.no_numa ? "0" : "", L.opt.numa ? "--numa" : "--no-numa",
-                                 "PRIMUS_NUMA", L.project, "numa", "0");
+  Setting numa = resolve_setting(L.opt.numa      ? "1"
+                                 : L.opt.no_numa ? "0"
+                                                 : "",
+                                 L.opt.numa ? "--numa" : "--no-numa", "PRIMUS_NUMA", L.project, "numa", "0");
   if (numa.value == "true") numa.value = "1";
   if (numa.value == "false") numa.value = "0";
-  if (numa.value != "0" && numa.value != "1") fail("numa ({}) must be 0 or 1 (true or false), got '{}'", numa.source, numa.value);
+  if (numa.value != "0" && numa.value != "1")
+    fail("numa ({}) must be 0 or 1 (true or false), got '{}'", numa.source, numa.value);
   L.numa = numa.value == "1";
   L.settings.push_back({"numa", numa});
 

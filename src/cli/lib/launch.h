@@ -40,7 +40,7 @@ struct WatchOptions {
   int max_restarts = 0;
   double hang_timeout = 600;
   std::string nan_policy = "skip";
-  bool exclude_failed_nodes = false;  // slurm: a restart leaves out the nodes of the ranks that failed
+  bool exclude_failed_nodes = false;         // slurm: a restart leaves out the nodes of the ranks that failed
   std::vector<std::string> forward() const;  // the options again, for a primus-cli started by a batch script
 };
 // `slurm`: also --exclude-failed-nodes.

@@ -50,7 +50,8 @@ std::vector<int> parse_cpulist(const std::string& s) {
     const std::string part = s.substr(i, end - i);
     const size_t dash = part.find('-');
     try {
-      const int a = std::stoi(part.substr(0, dash)), b = dash == std::string::npos ? a : std::stoi(part.substr(dash + 1));
+      const int a = std::stoi(part.substr(0, dash)),
+                b = dash == std::string::npos ? a : std::stoi(part.substr(dash + 1));
       for (int c = a; c <= b; ++c) out.push_back(c);
     } catch (const std::exception&) {
     }
@@ -82,7 +83,8 @@ std::vector<int> cpu_numa_nodes(const fs::path& sys) {
   return out;
 }
 
-int numa_node_for_rank(int local_rank, int local_world, const std::vector<int>& gpu_nodes, const std::vector<int>& nodes) {
+int numa_node_for_rank(int local_rank, int local_world, const std::vector<int>& gpu_nodes,
+                       const std::vector<int>& nodes) {
   if (!gpu_nodes.empty()) {
     const int n = gpu_nodes[size_t(local_rank) % gpu_nodes.size()];
     if (n >= 0) return n;
@@ -103,8 +105,8 @@ std::string bind_rank_to_numa_node(int local_rank, int local_world) {
   const bool by_gpu = !gpus.empty() && gpus[size_t(local_rank) % gpus.size()] >= 0;
   return by_gpu ? fmt::format("local rank {} bound to NUMA node {} (the node of its GPU, {} of {})", local_rank, node,
                               local_rank % int(gpus.size()), gpus.size())
-                : fmt::format("local rank {} of {} bound to NUMA node {} (spread over the host's {} node{}{})", local_rank,
-                              local_world, node, nodes.size(), nodes.size() == 1 ? "" : "s",
+                : fmt::format("local rank {} of {} bound to NUMA node {} (spread over the host's {} node{}{})",
+                              local_rank, local_world, node, nodes.size(), nodes.size() == 1 ? "" : "s",
                               gpus.empty() ? "; no GPU" : "; the kernel does not know its GPU's node");
 #else
   (void)local_rank, (void)local_world;

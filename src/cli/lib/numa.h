@@ -23,7 +23,8 @@ std::vector<int> cpu_numa_nodes(const std::filesystem::path& sys = "/sys");
 
 // The node for `local_rank` of `local_world`: its GPU's when known, else the block spread of the
 // local ranks over `nodes`. -1 when there is no node.
-int numa_node_for_rank(int local_rank, int local_world, const std::vector<int>& gpu_nodes, const std::vector<int>& nodes);
+int numa_node_for_rank(int local_rank, int local_world, const std::vector<int>& gpu_nodes,
+                       const std::vector<int>& nodes);
 
 // Binds this process (a rank) to its node; returns the line it logs ("local rank 1 bound to NUMA
 // node 1 (the node of its GPU 0000:41:00.0)"). Throws primus::Error when this build has no libnuma

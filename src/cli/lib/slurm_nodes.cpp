@@ -26,9 +26,12 @@ int node_count(const std::vector<std::string>& argv) {
   for (size_t i = 1; i < argv.size(); ++i) {
     const std::string& a = argv[i];
     std::string v;
-    if ((a == "-N" || a == "--nodes") && i + 1 < argv.size()) v = argv[i + 1];
-    else if (a.rfind("--nodes=", 0) == 0) v = a.substr(8);
-    else if (a.rfind("-N", 0) == 0 && a.size() > 2) v = a.substr(2);
+    if ((a == "-N" || a == "--nodes") && i + 1 < argv.size())
+      v = argv[i + 1];
+    else if (a.rfind("--nodes=", 0) == 0)
+      v = a.substr(8);
+    else if (a.rfind("-N", 0) == 0 && a.size() > 2)
+      v = a.substr(2);
     if (!v.empty()) return std::atoi(v.substr(0, v.find('-')).c_str());  // "2-4": the minimum
     if (a == "--" || (!a.empty() && a[0] != '-' && (i == 1 || argv[i - 1][0] != '-'))) break;
   }
@@ -42,13 +45,15 @@ ExcludePlan plan_exclusion(const std::vector<std::string>& argv, const std::vect
   ExcludePlan p;
   p.argv = argv;
   // The --exclude= this function added before (the first srun option); a user's own -x stays as it is.
-  auto ours = std::find_if(p.argv.begin(), p.argv.end(), [](const std::string& a) { return a.rfind("--exclude=", 0) == 0; });
+  auto ours = std::find_if(p.argv.begin(), p.argv.end(),
+                           [](const std::string& a) { return a.rfind("--exclude=", 0) == 0; });
   if (ours != p.argv.end()) p.excluded = split_commas(ours->substr(10));
   std::vector<std::string> add;
   for (const auto& n : failed_nodes)
     if (std::find(p.excluded.begin(), p.excluded.end(), n) == p.excluded.end()) add.push_back(n);
   if (add.empty()) {
-    p.note = failed_nodes.empty() ? "no node to blame: restarting on the same nodes" : "those nodes are already excluded";
+    p.note = failed_nodes.empty() ? "no node to blame: restarting on the same nodes"
+                                  : "those nodes are already excluded";
     return p;
   }
   if (!allocation.empty()) {
@@ -68,10 +73,13 @@ ExcludePlan plan_exclusion(const std::vector<std::string>& argv, const std::vect
   }
   p.excluded.insert(p.excluded.end(), add.begin(), add.end());
   const std::string flag = fmt::format("--exclude={}", fmt::join(p.excluded, ","));
-  if (ours != p.argv.end()) *ours = flag;
-  else p.argv.insert(p.argv.begin() + 1, flag);
+  if (ours != p.argv.end())
+    *ours = flag;
+  else
+    p.argv.insert(p.argv.begin() + 1, flag);
   p.note = fmt::format("leaving out {} (excluded now: {}){}", fmt::join(add, ","), fmt::join(p.excluded, ","),
-                       allocation.empty() ? "; Slurm allocates a replacement" : "; a spare node of the allocation replaces it");
+                       allocation.empty() ? "; Slurm allocates a replacement"
+                                          : "; a spare node of the allocation replaces it");
   return p;
 }
 

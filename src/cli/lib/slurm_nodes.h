@@ -13,9 +13,9 @@
 namespace primus::cli {
 
 struct ExcludePlan {
-  std::vector<std::string> argv;  // the srun command for the next attempt
+  std::vector<std::string> argv;      // the srun command for the next attempt
   std::vector<std::string> excluded;  // every node left out so far
-  std::string note;               // what was decided, for the event log
+  std::string note;                   // what was decided, for the event log
 };
 
 // `argv`: the srun command ("srun", flags..., the task). `allocation`: the allocation's nodes

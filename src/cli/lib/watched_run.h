@@ -16,8 +16,8 @@ namespace primus::cli {
 
 struct WatchedCommand {
   std::vector<std::string> argv;
-  EnvMap env;       // the command's environment
-  EnvMap hook_env;  // the hooks'
+  EnvMap env;          // the command's environment
+  EnvMap hook_env;     // the hooks'
   int world_size = 0;  // ranks; 0: as the ranks' heartbeats say
   // Called before each restart with the nodes of the ranks that failed: may change argv (slurm
   // leaves those nodes out).

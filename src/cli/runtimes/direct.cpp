@@ -30,7 +30,7 @@ struct DirectOptions {
   CommonOptions common;
   int nproc = 0;
   std::string run_hooks;  // "pre" | "post": only run that phase's hooks (used by sbatch scripts)
-  WatchOptions watch;  // the in-flight watch (src/safe/supervisor.h): on unless --no-watch
+  WatchOptions watch;     // the in-flight watch (src/safe/supervisor.h): on unless --no-watch
 };
 
 std::vector<std::string> rank_command(const std::vector<std::string>& task_args) {

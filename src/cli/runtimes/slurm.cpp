@@ -213,11 +213,12 @@ RuntimeRegistrar reg{{"slurm", "run the task through Slurm: 'slurm srun [flags]'
                         // Slurm's flags are not ours to know: take the runtime arguments raw, in order.
                         app.allow_extras();
                         app.prefix_command();
-                        app.footer("usage: primus-cli slurm srun|sbatch [Slurm flags] [primus-cli flags] -- <task> ...\n"
-                                   "Slurm flags pass through unchanged; primus-cli's own: --dry-run --print-env --env "
-                                   "--patch --hooks-dir --log-ranks --workspace --exp-name --replay --force, the watch's "
-                                   "--max-restarts --hang-timeout --nan-policy --no-watch --exclude-failed-nodes, and "
-                                   "(sbatch) --spare-nodes K: the job's srun leaves K of its nodes aside for restarts");
+                        app.footer(
+                            "usage: primus-cli slurm srun|sbatch [Slurm flags] [primus-cli flags] -- <task> ...\n"
+                            "Slurm flags pass through unchanged; primus-cli's own: --dry-run --print-env --env "
+                            "--patch --hooks-dir --log-ranks --workspace --exp-name --replay --force, the watch's "
+                            "--max-restarts --hang-timeout --nan-policy --no-watch --exclude-failed-nodes, and "
+                            "(sbatch) --spare-nodes K: the job's srun leaves K of its nodes aside for restarts");
                         return [](const std::vector<std::string>& task_args) -> int {
                         const auto& raw = invocation().runtime_args;
                         std::string mode = raw.empty() ? "" : raw[0];

@@ -61,8 +61,8 @@ std::string text_table(const std::vector<CollResult>& rs, bool markdown) {
     const std::string wrong = r.checked ? std::to_string(r.wrong) : "N/A";
     const char* type = dtype_name(r.dtype);
     if (markdown)
-      s += fmt::format("| {} | {} | {} | {} | {:.2f} | {:.3f} | {:.3f} | {} |\n", parallel::coll_op_name(r.op),
-                       r.bytes, r.count, type, r.seconds * 1e6, r.algbw_gbs, r.busbw_gbs, wrong);
+      s += fmt::format("| {} | {} | {} | {} | {:.2f} | {:.3f} | {:.3f} | {} |\n", parallel::coll_op_name(r.op), r.bytes,
+                       r.count, type, r.seconds * 1e6, r.algbw_gbs, r.busbw_gbs, wrong);
     else
       s += fmt::format("{:>15} {:>12} {:>11} {:>9} {:>11.2f} {:>12.3f} {:>12.3f} {:>7}\n", parallel::coll_op_name(r.op),
                        r.bytes, r.count, type, r.seconds * 1e6, r.algbw_gbs, r.busbw_gbs, wrong);
@@ -71,9 +71,14 @@ std::string text_table(const std::vector<CollResult>& rs, bool markdown) {
 }
 
 nlohmann::json to_json(const CollResult& r) {
-  nlohmann::json j{{"op", parallel::coll_op_name(r.op)}, {"dtype", dtype_name(r.dtype)}, {"ranks", r.ranks},
-                   {"bytes", r.bytes},  {"count", r.count},     {"time_us", r.seconds * 1e6},
-                   {"algbw_gbs", r.algbw_gbs}, {"busbw_gbs", r.busbw_gbs}};
+  nlohmann::json j{{"op", parallel::coll_op_name(r.op)},
+                   {"dtype", dtype_name(r.dtype)},
+                   {"ranks", r.ranks},
+                   {"bytes", r.bytes},
+                   {"count", r.count},
+                   {"time_us", r.seconds * 1e6},
+                   {"algbw_gbs", r.algbw_gbs},
+                   {"busbw_gbs", r.busbw_gbs}};
   if (r.checked) j["wrong"] = r.wrong;
   return j;
 }
@@ -142,9 +147,10 @@ int run(const Options& o) {
       o.group, pg.size(), mpi.size(), mesh.describe(), g.device, o.iters, o.warmup, o.group);
   std::string text;
   if (o.format == "json") {
-    nlohmann::json j{{"group", o.group}, {"group_ranks", pg.world_ranks()}, {"world_size", mpi.size()},
-                     {"layout", mesh.describe()}, {"device", g.device}, {"iters", o.iters}, {"warmup", o.warmup},
-                     {"results", nlohmann::json::array()}};
+    nlohmann::json j{{"group", o.group},         {"group_ranks", pg.world_ranks()},
+                     {"world_size", mpi.size()}, {"layout", mesh.describe()},
+                     {"device", g.device},       {"iters", o.iters},
+                     {"warmup", o.warmup},       {"results", nlohmann::json::array()}};
     for (const auto& r : results) j["results"].push_back(to_json(r));
     if (o.check) j["check"] = wrong == 0 ? "pass" : "fail";
     text = j.dump(1) + "\n";
@@ -167,11 +173,15 @@ int run(const Options& o) {
 TaskAction setup(CLI::App& app) {
   {
     auto o = std::make_shared<Options>();
-    app.add_option("--ops", o->ops, "collectives to time (default all): all_reduce all_gather reduce_scatter "
-                                    "alltoall broadcast sendrecv")->delimiter(',');
+    app.add_option("--ops", o->ops,
+                   "collectives to time (default all): all_reduce all_gather reduce_scatter "
+                   "alltoall broadcast sendrecv")
+        ->delimiter(',');
     app.add_option("--dtype", o->dtypes, "float32, bfloat16, float64, int32 (several: a list)")
-        ->delimiter(',')->capture_default_str();
-    app.add_option("--min-bytes,-b", o->min_bytes, "smallest size (nccl-tests' -b; K, M, G suffixes)")->capture_default_str();
+        ->delimiter(',')
+        ->capture_default_str();
+    app.add_option("--min-bytes,-b", o->min_bytes, "smallest size (nccl-tests' -b; K, M, G suffixes)")
+        ->capture_default_str();
     app.add_option("--max-bytes,-e", o->max_bytes, "largest size (nccl-tests' -e)")->capture_default_str();
     app.add_option("--step-factor,-f", o->step_factor, "each size times this (nccl-tests' -f)")->capture_default_str();
     app.add_option("--group", o->group, "world, or a group of the layout: tp cp dp pp ep edp dp_cp edp_cp mp")

@@ -25,10 +25,9 @@ namespace {
 int info_ranks() {
   LaunchEnv e = discover_launch_env();
   const char* dev = std::getenv("PRIMUS_DEVICE");
-  std::string line =
-      fmt::format("rank={} local_rank={} world_size={} local_world_size={} node={} launcher={} device={} numa={}", e.rank,
-                  e.local_rank, e.world_size, e.local_world_size, e.node, e.launcher, dev ? dev : "unknown",
-                  current_numa_nodes());
+  std::string line = fmt::format(
+      "rank={} local_rank={} world_size={} local_world_size={} node={} launcher={} device={} numa={}", e.rank,
+      e.local_rank, e.world_size, e.local_world_size, e.node, e.launcher, dev ? dev : "unknown", current_numa_nodes());
   log::info("{}", line);
   // Every rank answers on stdout (the terminal log shows rank 0 only): tests and users count them.
   std::cout << line << std::endl;

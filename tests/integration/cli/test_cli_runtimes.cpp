@@ -276,8 +276,8 @@ TEST_F(Cli, SlurmDryRunPrintsTheExactCommands) {
   auto r = run("slurm srun -N 2 -p gpu --dry-run --workspace ws --exp-name s1 -- info ranks");
   ASSERT_EQ(r.code, 0) << r.out;
   // Watched (the default): a rank that dies takes the step down, so the watch can restart it.
-  EXPECT_NE(r.out.find("command: srun --mpi=pmix -N 2 -p gpu --kill-on-bad-exit=1 " + kCli + " direct --workspace " + d +
-                       "/ws --exp-name s1 --log-ranks 0 -- info ranks\n"),
+  EXPECT_NE(r.out.find("command: srun --mpi=pmix -N 2 -p gpu --kill-on-bad-exit=1 " + kCli + " direct --workspace " +
+                       d + "/ws --exp-name s1 --log-ranks 0 -- info ranks\n"),
             std::string::npos)
       << r.out;
   auto b = run("slurm sbatch -N 64 -t 72:00:00 --dry-run --workspace ws --exp-name b1 -- container --image I -- info ranks");

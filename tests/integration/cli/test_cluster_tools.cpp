@@ -22,8 +22,8 @@ using primus::test::run_command;
 namespace {
 
 std::string cli(const primus::test::TempDir& d, const std::string& runtime_and_task) {
-  return "cd " + d.path.string() + " && " + PRIMUS_CLI_PATH + " direct --workspace " + (d.path / "ws").string() +
-         " " + runtime_and_task;
+  return "cd " + d.path.string() + " && " + PRIMUS_CLI_PATH + " direct --workspace " + (d.path / "ws").string() + " " +
+         runtime_and_task;
 }
 
 TEST(BenchmarkCollectives, FourRanksCheckEveryOpAndBusBandwidthByHand) {
@@ -47,8 +47,8 @@ TEST(BenchmarkCollectives, FourRanksCheckEveryOpAndBusBandwidthByHand) {
       EXPECT_NEAR(x["busbw_gbs"].get<double>(), algbw * 2 * 3 / 4, 1e-9 * algbw) << x.dump();
     }
   }
-  EXPECT_EQ(ops, (std::set<std::string>{"all_reduce", "all_gather", "reduce_scatter", "alltoall", "broadcast",
-                                        "sendrecv"}));
+  EXPECT_EQ(ops,
+            (std::set<std::string>{"all_reduce", "all_gather", "reduce_scatter", "alltoall", "broadcast", "sendrecv"}));
   EXPECT_EQ(sizes, 3);  // 1K, 8K, 64K
   std::ifstream f(d.path / "out.json");
   EXPECT_EQ(json::parse(f), j);

@@ -41,7 +41,8 @@ modules:
       eval_iters: 1
       save_interval: 0
       mock_data: true
-      tensorboard_dir: )" << (dir_ / "tb").string() << R"(
+      tensorboard_dir: )" << (dir_ / "tb").string()
+                                     << R"(
       tensorboard_log_interval: 2
       log_timers_to_tensorboard: true
       log_memory_to_tensorboard: true

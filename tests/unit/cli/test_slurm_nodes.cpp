@@ -8,8 +8,8 @@
 using namespace primus::cli;
 
 namespace {
-const std::vector<std::string> kSrun = {"srun", "--mpi=pmix", "-N", "2", "--kill-on-bad-exit=1", "/bin/primus-cli",
-                                        "direct", "--", "train", "pretrain"};
+const std::vector<std::string> kSrun = {
+    "srun", "--mpi=pmix", "-N", "2", "--kill-on-bad-exit=1", "/bin/primus-cli", "direct", "--", "train", "pretrain"};
 }
 
 TEST(SlurmNodes, OutsideAnAllocationSlurmFindsAReplacement) {

@@ -70,7 +70,9 @@ class OffByOneGroup : public ProcessGroup {
     g_.all_reduce(buf, count, t, op);
     if (t == CommType::F32 && count > 1 && rank() == 0) static_cast<float*>(buf)[1] += 1;
   }
-  void reduce_scatter(const void* s, void* r, int64_t c, CommType t, ReduceOp op) override { g_.reduce_scatter(s, r, c, t, op); }
+  void reduce_scatter(const void* s, void* r, int64_t c, CommType t, ReduceOp op) override {
+    g_.reduce_scatter(s, r, c, t, op);
+  }
   void all_gather(const void* s, void* r, int64_t c, CommType t) override { g_.all_gather(s, r, c, t); }
   void broadcast(void* b, int64_t c, CommType t, int root) override { g_.broadcast(b, c, t, root); }
   void all_to_all(const void* s, void* r, int64_t c, CommType t) override { g_.all_to_all(s, r, c, t); }

@@ -41,8 +41,12 @@ TEST(EventFile, ScalarEventBytes) {
   std::string want = "\x09";
   double w = 2.0;
   want.append(reinterpret_cast<const char*>(&w), 8);
-  want += "\x10\xAC\x02";                // 300 as a varint
-  want += "\x2A\x0A" "\x0A\x08" "\x0A\x01" "a" "\x15";  // summary(10 bytes) > value(8 bytes) > tag, simple_value
+  want += "\x10\xAC\x02";  // 300 as a varint
+  want += "\x2A\x0A"
+          "\x0A\x08"
+          "\x0A\x01"
+          "a"
+          "\x15";  // summary(10 bytes) > value(8 bytes) > tag, simple_value
   float v = 1.5f;
   want.append(reinterpret_cast<const char*>(&v), 4);
   EXPECT_EQ(e, want);
