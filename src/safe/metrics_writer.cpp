@@ -29,7 +29,10 @@ MetricsWriter::~MetricsWriter() {
 void MetricsWriter::write(const nlohmann::json& row) { write_line(row.dump()); }
 
 void MetricsWriter::write_line(const std::string& line) {
-  const std::string text = line.empty() || line.back() != '\n' ? line + "\n" : line;
+  append(line.empty() || line.back() != '\n' ? line + "\n" : line);
+}
+
+void MetricsWriter::append(const std::string& text) {
   require_free(path_, text.size() + reserve_, "metrics");
   size_t done = 0;
   while (done < text.size()) {

@@ -30,6 +30,9 @@ class MetricsWriter {
 
   void write(const nlohmann::json& row);  // row.dump() + "\n"
   void write_line(const std::string& line);  // adds "\n" when missing
+  // Appends `bytes` as they are (binary records: TensorBoard's event files, event_file.h), in one
+  // piece: a write cut short by a full disk is cut off again where it began.
+  void append(const std::string& bytes);
   // fsync: the rows written so far survive a crash of the machine.
   void sync();
 

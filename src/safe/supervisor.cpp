@@ -121,6 +121,7 @@ struct Attempt {
   bool saw_heartbeat = false;
   int64_t last_iteration = 0;
   std::map<int, int64_t> iteration_of;  // each rank's last reported iteration
+  std::map<int, std::string> host_of;   // each rank's node, from its heartbeat or srun's report
   std::string first_error;
   // Where the ranks named by a finding were: the earliest of their last iterations.
   int64_t iteration_for(const std::vector<int>& ranks) const {
@@ -147,6 +148,17 @@ class Runner {
   void event(const std::string& kind, const std::string& severity, const std::string& message, json extra = {},
              bool print = true);
   void watch_tick();
+  // Ranks on other nodes (Slurm tasks): `scancel --signal=USR1 <step>` makes each write its own
+  // stack into the shared watch folder (train_watch.h); copy_own_stack takes the rank's.
+  bool ask_slurm_for_stacks(const std::string& step);
+  std::string copy_own_stack(int rank, const std::string& host, const fs::path& out);
+  // The ranks the job has: as launched, or (srun, world_size 0) as their heartbeats say.
+  int world_size() const {
+    if (o_.world_size > 0) return o_.world_size;
+    int n = 0;
+    for (const auto& [r, hb] : beats_) n = std::max(n, hb.world_size);
+    return n;
+  }
 
   std::vector<std::string> argv_;
   std::map<std::string, std::string> env_;
@@ -170,6 +182,13 @@ class Runner {
   std::map<int, int64_t> unwritable_beat_;  // the rank's beat when it said so
   std::set<int> unwritable_reported_;
   size_t err_parsed_ = 0;  // how much of err_text_ was searched for those lines
+  std::string remote_stack_step_;              // the Slurm step asked for its stacks
+  std::map<int, uintmax_t> own_stack_before_;  // each rank's own stack file size before that
+  // Tests of the multi-node paths on one machine: every rank counts as on another host.
+  const bool ranks_remote_ = [] {
+    const char* e = std::getenv("PRIMUS_FAULT_REMOTE_RANKS");
+    return e && std::string(e) == "1";
+  }();
   Attempt a_;
   const std::string host_ = host_name();
 };
@@ -278,6 +297,31 @@ void Runner::kill_job(const std::string& why) {
   (void)why;
 }
 
+bool Runner::ask_slurm_for_stacks(const std::string& step) {
+  const auto scancel = which("scancel");
+  if (!scancel) return false;
+  for (const auto& [r, hb] : beats_) {
+    const fs::path own = watch_dir(o_.run_dir) / ("stack_rank_" + std::to_string(r) + ".txt");
+    std::error_code ec;
+    own_stack_before_[r] = fs::exists(own, ec) ? fs::file_size(own, ec) : 0;
+  }
+  return run_to_file({*scancel, "--signal=USR1", step}, watch_dir(o_.run_dir) / "scancel.log", 10) == 0;
+}
+
+std::string Runner::copy_own_stack(int rank, const std::string& host, const fs::path& out) {
+  const fs::path own = watch_dir(o_.run_dir) / ("stack_rank_" + std::to_string(rank) + ".txt");
+  const uintmax_t before = own_stack_before_[rank];
+  std::error_code ec;
+  for (int i = 0; i < 60 && (!fs::exists(own, ec) || fs::file_size(own, ec) <= before); ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  if (!fs::exists(own, ec) || fs::file_size(own, ec) <= before) return "";
+  std::ofstream(out, std::ios::app) << fmt::format("=== rank {} on {} (through scancel --signal=USR1 {}) at {} ===\n",
+                                                   rank, host, remote_stack_step_, iso_time(now_epoch()))
+                                    << slurp(own).substr(before);
+  return fmt::format("the rank's own backtrace on {}, asked for with scancel --signal=USR1 {}", host,
+                     remote_stack_step_);
+}
+
 void Runner::watch_tick() {
   const double now = mono();
   beats_ = read_heartbeats(o_.run_dir);
@@ -298,9 +342,10 @@ void Runner::watch_tick() {
     }
   }
   if (!beats_.empty()) a_.saw_heartbeat = true;
-  hangs_.observe(beats_, now, o_.world_size);
+  hangs_.observe(beats_, now, world_size());
   for (const auto& [r, hb] : beats_) {
-    if (hb.host == host_ && hb.pid > 0) pids_[r] = hb.pid;
+    a_.host_of[r] = hb.host;
+    if (hb.host == host_ && hb.pid > 0 && !ranks_remote_) pids_[r] = hb.pid;
     a_.last_iteration = std::max(a_.last_iteration, hb.iteration);
     a_.iteration_of[r] = hb.iteration;
     for (auto [it, t] : hb.recent) stragglers_.add(r, it, t);
@@ -364,8 +409,21 @@ void Runner::watch_tick() {
     for (int r : ranks) {
       auto it = pids_.find(r);
       if (it == pids_.end()) {
-        event("stack_dump", "warn", fmt::format("rank {}: no stack dump (no heartbeat from a process on this host)", r),
-              {{"ranks", {r}}});
+        const std::string step = beats_.count(r) ? beats_[r].slurm_step : "";
+        if (!step.empty() && remote_stack_step_.empty() && ask_slurm_for_stacks(step)) remote_stack_step_ = step;
+        if (remote_stack_step_.empty() || step != remote_stack_step_) {
+          event("stack_dump", "warn",
+                fmt::format("rank {}: no stack dump (its process is not on this host, and no Slurm step to signal)", r),
+                {{"ranks", {r}}});
+          continue;
+        }
+        const fs::path out = watch_dir(o_.run_dir) / fmt::format("stacks_attempt{}_rank{}.txt", attempt_, r);
+        const std::string how = copy_own_stack(r, beats_[r].host, out);
+        event("stack_dump", how.empty() ? "warn" : "info",
+              how.empty() ? fmt::format("rank {}: no stack dump (rank on {} did not answer SIGUSR1 from scancel)", r,
+                                        beats_[r].host)
+                          : fmt::format("rank {}: stack written to {} ({})", r, out.string(), how),
+              {{"ranks", {r}}, {"file", out.string()}});
         continue;
       }
       const fs::path out = watch_dir(o_.run_dir) / fmt::format("stacks_attempt{}_rank{}.txt", attempt_, r);
@@ -411,6 +469,7 @@ Attempt Runner::run() {
   beats_ = read_heartbeats(o_.run_dir);
   for (const auto& [r, hb] : beats_) {
     a_.saw_heartbeat = true;
+    a_.host_of[r] = hb.host;
     a_.last_iteration = std::max(a_.last_iteration, hb.iteration);
     a_.iteration_of[r] = hb.iteration;
     if (hb.phase == "failed" &&
@@ -421,6 +480,25 @@ Attempt Runner::run() {
   static const std::regex died(R"(process rank (\d+) with PID \d+ on node (\S+) exited on signal (\d+))");
   for (std::sregex_iterator it(err_text_.begin(), err_text_.end(), died), end; it != end; ++it)
     a_.signal_of[std::stoi((*it)[1])] = std::stoi((*it)[3]);
+  // srun names them too: "srun: error: node7: task 1: Killed", "... tasks 0-3: Segmentation fault".
+  static const std::regex srun_died(
+      R"(srun: error: (\S+): tasks? (\d+)(?:-(\d+))?: (Killed|Segmentation fault|Aborted|Bus error|Terminated))");
+  for (std::sregex_iterator it(err_text_.begin(), err_text_.end(), srun_died), end; it != end; ++it) {
+    const std::string what = (*it)[4];
+    const int sig = what == "Killed"               ? SIGKILL
+                    : what == "Segmentation fault" ? SIGSEGV
+                    : what == "Aborted"            ? SIGABRT
+                    : what == "Bus error"          ? SIGBUS
+                                                   : SIGTERM;
+    const int first = std::stoi((*it)[2]), last = (*it)[3].matched ? std::stoi((*it)[3]) : first;
+    for (int r = first; r <= last; ++r) {
+      a_.signal_of[r] = sig;
+      a_.host_of[r] = (*it)[1];
+    }
+  }
+  // srun ends the peers of a dead rank with SIGTERM (--kill-on-bad-exit): they are not the cause.
+  if (std::any_of(a_.signal_of.begin(), a_.signal_of.end(), [](auto& rs) { return rs.second != SIGTERM; }))
+    std::erase_if(a_.signal_of, [](auto& rs) { return rs.second == SIGTERM; });
   if (o_.world_size == 1 && a_.rc > 128 && !a_.hang && !a_.interrupted) a_.signal_of[0] = a_.rc - 128;
   static const std::regex err_line(R"((^|\n)error: ([^\n]*))");
   std::smatch m;
@@ -487,8 +565,9 @@ int supervise(const std::vector<std::string>& argv, std::map<std::string, std::s
   export_launcher_identity(env);
   g_interrupted = 0;
   int rc = 0;
+  std::vector<std::string> command = argv;
   for (int attempt = 1;; ++attempt) {
-    Runner runner(argv, env, o, attempt);
+    Runner runner(command, env, o, attempt);
     Attempt a = runner.run();
     rc = a.hang ? 124 : a.rc;
     auto ev = [&](const std::string& kind, const std::string& sev, const std::string& msg, json extra,
@@ -539,10 +618,22 @@ int supervise(const std::vector<std::string>& argv, std::map<std::string, std::s
     const bool restartable = reason != "finished" && reason != "interrupted" && o.watch &&
                              (a.hang || a.saw_heartbeat) && attempt <= o.max_restarts;
     if (restartable) {
+      std::vector<std::string> nodes;
+      for (int r : ranks)
+        if (auto it = a.host_of.find(r); it != a.host_of.end() && !it->second.empty() &&
+                                         std::find(nodes.begin(), nodes.end(), it->second) == nodes.end())
+          nodes.push_back(it->second);
+      if (o.before_restart) o.before_restart(command, nodes);
       ev("restart", "warn",
          fmt::format("restart {} of {} after {} (exit code {}): {}; resuming from the last good checkpoint", attempt,
                      o.max_restarts, reason, rc, detail),
-         {{"reason", reason}, {"ranks", ranks}, {"restart", attempt}, {"iteration", a.iteration_for(ranks)}, {"detail", detail}});
+         {{"reason", reason},
+          {"ranks", ranks},
+          {"nodes", nodes},
+          {"restart", attempt},
+          {"iteration", a.iteration_for(ranks)},
+          {"detail", detail},
+          {"command", command}});
       continue;
     }
     json extra{{"status", reason == "finished" ? "ok" : "failed"}, {"reason", reason}, {"exit_code", rc},
