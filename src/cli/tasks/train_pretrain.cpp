@@ -55,7 +55,7 @@ TaskRegistrar reg{{"train", "pretrain", "pretrain a model from an experiment con
                          cfg.workspace = ws;
                          cfg.exp_name = exp;
                        }
-                       if (*print) {  // once: by the first rank (it knows the world), not the check pass
+                       if (*print) {  // once: by the first rank, not in the launcher's check pass too
                          if (*check_world == 0 && discover_launch_env().rank == 0) std::cout << cfg.resolved_yaml();
                          return 0;
                        }
