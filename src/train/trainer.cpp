@@ -591,8 +591,8 @@ void Trainer::log_interval(const StepResult& step) {
   // The peak split: weights (master and bf16 working copy), fp32 gradients and AdamW moments are
   // what this rank's buffers hold (the strategy's); the rest of the peak is activations and
   // transient buffers (gathered FSDP units among them).
-  const DpMemory mem = dp_->memory();
-  const double param_bytes = mem.parameters, grad_bytes = mem.gradients, optim_bytes = mem.optimizer;
+  const DpMemory buffers = dp_->memory();
+  const double param_bytes = buffers.parameters, grad_bytes = buffers.gradients, optim_bytes = buffers.optimizer;
   const double activation_bytes = std::max(0.0, double(peak) - param_bytes - grad_bytes - optim_bytes);
   if (tty_) fmt::print("\r\033[K");
   log::info(" iteration {:>6}/{:>6} | consumed samples: {:>9} | elapsed time per iteration (ms): {:.1f} | "
