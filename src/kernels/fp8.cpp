@@ -1,0 +1,178 @@
+#include "kernels/fp8.h"
+
+#include <algorithm>
+#include <cfloat>
+#include <cmath>
+#include <cstring>
+
+namespace primus::fp8 {
+namespace {
+
+struct Layout {
+  int mantissa, bias, emin;  // mantissa bits, exponent bias, exponent of the smallest normal
+};
+Layout layout_of(Format f) { return f == Format::E4M3 ? Layout{3, 7, -6} : Layout{2, 15, -14}; }
+
+uint32_t bits_of(float v) {
+  uint32_t b;
+  std::memcpy(&b, &v, sizeof b);
+  return b;
+}
+float float_of(uint32_t b) {
+  float v;
+  std::memcpy(&v, &b, sizeof v);
+  return v;
+}
+
+// max(a, b) where a NaN wins.
+float nan_max(float a, float b) { return std::isnan(a) || std::isnan(b) ? NAN : std::max(a, b); }
+
+}  // namespace
+
+const char* format_name(Format f) { return f == Format::E4M3 ? "e4m3" : "e5m2"; }
+float max_finite(Format f) { return f == Format::E4M3 ? 448.0f : 57344.0f; }
+
+const char* granularity_name(Granularity g) {
+  switch (g) {
+    case Granularity::Tensor: return "tensor";
+    case Granularity::Tile1x128: return "1x128 tiles";
+    case Granularity::Block128: return "128x128 blocks";
+    case Granularity::Mx32: return "1x32 blocks (E8M0)";
+  }
+  return "?";
+}
+
+float round(float x, Format f) {
+  if (std::isnan(x)) return x;
+  const float m = max_finite(f), a = std::fabs(x);
+  if (a >= m) return std::copysign(m, x);
+  if (a == 0.0f) return x;
+  const Layout l = layout_of(f);
+  int e = 0;
+  std::frexp(a, &e);                 // a = fr * 2^e, fr in [0.5, 1)
+  e = std::max(e - 1, l.emin);       // the binade (subnormals share the smallest normal's quantum)
+  const float q = std::ldexp(1.0f, e - l.mantissa);
+  const float r = std::nearbyint(a / q) * q;  // a / q is exact; nearbyint rounds ties to even
+  return std::copysign(std::min(r, m), x);
+}
+
+uint8_t encode(float x, Format f) {
+  const Layout l = layout_of(f);
+  const float r = round(x, f);
+  const uint8_t sign = std::signbit(r) ? 0x80 : 0;
+  if (std::isnan(r)) return sign | (f == Format::E4M3 ? 0x7F : 0x7E);
+  const float a = std::fabs(r);
+  if (a == 0.0f) return sign;
+  int e = 0;
+  std::frexp(a, &e);
+  e -= 1;
+  if (e < l.emin)  // subnormal: exponent field 0, the value in units of the smallest subnormal
+    return sign | uint8_t(std::lround(a / std::ldexp(1.0f, l.emin - l.mantissa)));
+  const int mant = int(std::lround((a / std::ldexp(1.0f, e) - 1.0f) * float(1 << l.mantissa)));
+  return sign | uint8_t((e + l.bias) << l.mantissa) | uint8_t(mant);
+}
+
+float decode(uint8_t bits, Format f) {
+  const Layout l = layout_of(f);
+  const float sign = bits & 0x80 ? -1.0f : 1.0f;
+  const int exp = (bits & 0x7F) >> l.mantissa, mant = bits & ((1 << l.mantissa) - 1);
+  if (f == Format::E4M3 && exp == 15 && mant == 7) return NAN;
+  if (f == Format::E5M2 && exp == 31) return mant == 0 ? sign * INFINITY : NAN;
+  if (exp == 0) return sign * std::ldexp(float(mant), l.emin - l.mantissa);
+  return sign * std::ldexp(1.0f + float(mant) / float(1 << l.mantissa), exp - l.bias);
+}
+
+float scale_from_amax(float amax, float max, bool pow2) {
+  if (std::isinf(amax) || amax == 0.0f || std::isnan(amax)) return 1.0f;
+  float scale = max / amax;
+  if (std::isinf(scale)) scale = FLT_MAX;
+  if (pow2) scale = float_of(bits_of(scale) & 0xFF800000u);
+  return scale;
+}
+
+uint8_t e8m0_of(float value) {
+  if (std::isnan(value)) return 0xFF;
+  if (std::isinf(value)) return 0xFE;
+  if (value == 0.0f) return 0;
+  const uint32_t b = bits_of(value);
+  uint32_t exponent = (b >> 23) & 0xFF;
+  const uint32_t mantissa = b & 0x7FFFFF;
+  // Round up (a value above 2^e needs 2^(e+1)), saturating below the NaN encoding.
+  if (mantissa > 0 && exponent != 0xFE && !(exponent == 0 && mantissa <= 0x400000)) ++exponent;
+  return uint8_t(exponent);
+}
+
+float e8m0_value(uint8_t e) { return e == 0xFF ? NAN : std::ldexp(1.0f, int(e) - 127); }
+
+float amax(const float* x, int64_t n) {
+  float m = 0.0f;
+  for (int64_t i = 0; i < n; ++i) m = nan_max(m, std::fabs(x[i]));
+  return m;
+}
+
+namespace {
+
+// One block of the array: rows [r0, r0 + nr), columns [c0, c0 + nc).
+struct Block {
+  int64_t r0, nr, c0, nc;
+};
+
+template <typename F>
+void for_block(const Block& b, int64_t cols, F&& f) {
+  for (int64_t r = b.r0; r < b.r0 + b.nr; ++r)
+    for (int64_t c = b.c0; c < b.c0 + b.nc; ++c) f(r * cols + c);
+}
+
+// A block's values rescaled by its power-of-two scale: round(x * s) / s, exact.
+void quantize_block(const float* x, int64_t cols, const Block& b, Format f, float s, float* out) {
+  const float inv = 1.0f / s;  // a power of two: exact
+  for_block(b, cols, [&](int64_t i) { out[i] = round(x[i] * s, f) * inv; });
+}
+
+float block_amax(const float* x, int64_t cols, const Block& b) {
+  float m = 0.0f;
+  for_block(b, cols, [&](int64_t i) { m = nan_max(m, std::fabs(x[i])); });
+  return m;
+}
+
+}  // namespace
+
+float quantize(const float* x, int64_t rows, int64_t cols, Format f, Granularity g, bool reduce_cols, float scale,
+               float* out) {
+  const int64_t n = rows * cols;
+  const float fmax = max_finite(f);
+  if (g == Granularity::Tensor) {
+    for (int64_t i = 0; i < n; ++i) out[i] = round(x[i] * scale, f);
+    return amax(x, n);
+  }
+  // Block extents: along the reduction dimension for 1-D blocks, square for 2-D ones.
+  const int64_t len = g == Granularity::Mx32 ? 32 : 128;
+  const int64_t br = g == Granularity::Block128 ? 128 : reduce_cols ? 1 : len;
+  const int64_t bc = g == Granularity::Block128 ? 128 : reduce_cols ? len : 1;
+  float total = 0.0f;
+  for (int64_t r0 = 0; r0 < rows; r0 += br)
+    for (int64_t c0 = 0; c0 < cols; c0 += bc) {
+      const Block b{r0, std::min(br, rows - r0), c0, std::min(bc, cols - c0)};
+      const float a = block_amax(x, cols, b);
+      total = nan_max(total, a);
+      const float s = g == Granularity::Mx32 ? 1.0f / e8m0_value(e8m0_of(a * (1.0f / fmax)))
+                                             : scale_from_amax(a, fmax, true);
+      quantize_block(x, cols, b, f, s, out);
+    }
+  return total;
+}
+
+void DelayedScale::record(float a) { history[0] = nan_max(history[0], a); }
+
+void DelayedScale::update(AmaxAlgo algo, float scaled_max) {
+  const float newest = history[0];
+  float m = 0.0f;
+  for (float a : history) m = std::fmax(m, a);  // a NaN entry is passed over, as in TE
+  std::rotate(history.begin(), history.begin() + 1, history.end());  // newest to the back
+  history[0] = 0.0f;
+  const float a = algo == AmaxAlgo::MostRecent ? newest : m;
+  if (std::isfinite(a) && a > 0.0f) scale = scaled_max / a;
+  if (std::isinf(scale)) scale = FLT_MAX;
+}
+
+}  // namespace primus::fp8
