@@ -49,6 +49,12 @@ const std::vector<KeyInfo>& training_keys() {
                     "iteration 0 with a fresh optimizer and data order"),
       KEY(pretrained_checkpoint, "checkpoint whose weights a new run starts from (as `finetune`) when `save` holds "
                                  "no checkpoint to resume; a restarted run resumes its own checkpoints"),
+      KEY(no_load_optim, "resume the weights, iteration and data position of a checkpoint without its optimizer state "
+                         "(AdamW starts afresh), e.g. when only that state is damaged"),
+      KEY(load_strict, "a checkpoint must hold exactly the model of this config: a field that changes the weights "
+                       "(docs/checkpoints.md#what-a-load-checks) or a tensor without a place is an error. false: load "
+                       "the tensors whose name and shape match, leave the others at their initial values, and log "
+                       "every tensor dropped or left"),
       KEY(keep_last_checkpoints, "this run's checkpoints kept in `save` (newest saves); older ones are deleted. 0: keep all"),
       KEY(overwrite, "let this run replace checkpoints of another run (or model) in `save`; off: that is an error"),
       KEY(data_path, "Megatron indexed dataset prefixes, optionally weighted: [0.3, a, 0.7, b]"),

@@ -59,6 +59,8 @@ struct TrainingArgs {
   bool auto_resume = true;    // resume from `save` when it holds a checkpoint
   bool finetune = false;      // `load` gives the weights only: iteration 0, fresh optimizer (Megatron's --finetune)
   std::string pretrained_checkpoint;  // weights to start from when `save` holds no checkpoint of this run
+  bool no_load_optim = false;  // resume weights and data position, a fresh optimizer (Megatron's --no-load-optim)
+  bool load_strict = true;     // a checkpoint must hold this model (checkpoint/model_fit.h); false: load what matches
   int64_t keep_last_checkpoints = 3;
   bool overwrite = false;     // replace another run's checkpoints in `save` (else an error)
   // data

@@ -41,6 +41,9 @@ const char* const kNsSchedule =
     "Primus's own pipeline-schedule switch; here the schedule is pipeline_schedule (1f1b, interleaved-1f1b, zb-h1, "
     "zb-h2, zbv, v-half, v-min, dualpipev, zb-auto, gpipe)";
 const char* const kNsOther = "not implemented by this engine";
+const char* const kCkptStrictness =
+    "how torch distributed checkpointing treats unexpected and missing keys; this engine's checkpoints are strict "
+    "(every difference in the model is an error naming it) unless load_strict is false";
 }  // namespace
 
 // clang-format off
@@ -217,7 +220,7 @@ const std::vector<ForeignKey>& foreign_keys() {
       {"dist_ckpt_format_deprecated", KeyStatus::NoEffect, "null", kStorage, Src::MP},
       {"dist_ckpt_optim_fully_reshardable", KeyStatus::NoEffect, "false", kStorage, Src::MP},
       {"dist_ckpt_save_pre_mcore_014", KeyStatus::NoEffect, "false", kStorage, Src::MP},
-      {"dist_ckpt_strictness", KeyStatus::NoEffect, "assume_ok_unexpected", kStorage, Src::MP},
+      {"dist_ckpt_strictness", KeyStatus::NoEffect, "assume_ok_unexpected", kCkptStrictness, Src::MP},
       {"dist_ckpt_workers", KeyStatus::NoEffect, "1", kStorage, Src::M},
       {"distrib_optim_fully_reshardable_mem_efficient", KeyStatus::NoEffect, "false", kStorage, Src::M},
       {"distribute_saved_activations", KeyStatus::NoEffect, "false", kMemory, Src::MP},
@@ -713,7 +716,6 @@ const std::vector<ForeignKey>& foreign_keys() {
       {"no_fp8_weight_transpose_cache", KeyStatus::NotSupported, "false", kNsLowPrecision, Src::P},
       {"no_gradient_accumulation_fusion", KeyStatus::NoEffect, "false", kKernels, Src::M},
       {"no_gradient_reduce_div_fusion", KeyStatus::NoEffect, "false", kKernels, Src::M},
-      {"no_load_optim", KeyStatus::NotSupported, "null", kNsOther, Src::MP},
       {"no_load_rng", KeyStatus::NotSupported, "null", kNsOther, Src::MP},
       {"no_masked_softmax_fusion", KeyStatus::NoEffect, "false", kKernels, Src::M},
       {"no_mmap_bin_files", KeyStatus::NoEffect, "false", kStorage, Src::M},
@@ -1190,6 +1192,7 @@ const std::vector<std::pair<const char*, Src>>& applied_key_sources() {
       {"mscale", Src::MP},
       {"mscale_all_dim", Src::MP},
       {"multi_latent_attention", Src::MP},
+      {"no_load_optim", Src::MP},
       {"norm_epsilon", Src::P},
       {"num_attention_heads", Src::MP},
       {"num_experts", Src::MP},

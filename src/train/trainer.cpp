@@ -25,8 +25,9 @@
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
-#include <yaml-cpp/yaml.h>
 
+#include "checkpoint/checkpoint.h"
+#include "checkpoint/model_fit.h"
 #include "core/error.h"
 #include "core/launch_env.h"
 #include "core/log.h"
@@ -56,7 +57,6 @@
 #include "trace/pass_spans.h"
 #include "trace/profiler.h"
 #include "trace/traced_group.h"
-#include "train/checkpoint.h"
 #include "train/compute.h"
 #include "train/memory_estimate.h"
 #include "train/run_check.h"
@@ -68,6 +68,8 @@ namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
 
 namespace primus::train {
+using namespace checkpoint;
+
 namespace {
 
 double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
@@ -103,28 +105,6 @@ void fill_microbatch(const SampleSource& src, int64_t first, int64_t mbs, int64_
   if (src.eod_mask >= 0)  // a negative target is left out of the loss
     for (int64_t i = 0; i < mbs * seq; ++i)
       if (tokens[i] == src.eod_mask) targets[i] = -1;
-}
-
-// A checkpoint must hold the model the config describes: same layers and sizes.
-void check_same_model(const std::string& dir, const ModelSpec& spec) {
-  const YAML::Node cfg = YAML::Load(read_checkpoint_config(dir));
-  const YAML::Node node = cfg["modules"] && cfg["modules"]["pre_trainer"] ? cfg["modules"]["pre_trainer"]["model_spec"]
-                                                                           : YAML::Node();
-  if (!node) fail("{}/config.yaml has no modules.pre_trainer.model_spec", dir);
-  const ModelSpec saved = model_spec_from_yaml(node, dir + "/config.yaml");
-  auto same = [&](const char* key, auto a, auto b) {
-    if (a != b) fail("checkpoint {} holds a model with {} {}, the config's model has {}", dir, key, a, b);
-  };
-  same("num_layers", saved.num_layers, spec.num_layers);
-  same("hidden_size", saved.hidden_size, spec.hidden_size);
-  same("ffn_hidden_size", saved.ffn_hidden_size, spec.ffn_hidden_size);
-  same("num_attention_heads", saved.num_attention_heads, spec.num_attention_heads);
-  same("num_query_groups", saved.query_groups(), spec.query_groups());
-  same("kv_channels", saved.head_dim(), spec.head_dim());
-  same("vocab_size", saved.vocab_size, spec.vocab_size);
-  same("untie_embeddings_and_output_weights", saved.untie_embeddings_and_output_weights,
-       spec.untie_embeddings_and_output_weights);
-  same("add_qkv_bias", saved.add_qkv_bias, spec.add_qkv_bias);
 }
 
 std::string progress_bar(int64_t done, int64_t total, int width = 30) {
@@ -530,17 +510,30 @@ void Trainer::build_optimizer() {
 std::string Trainer::try_restore(const std::string& dir, bool weights_only) {
   ParamStore& params = model_->params();
   std::string problem;
+  ModelFit fit;
+  try {  // the whole model on every rank: a rank loads only its own tensors
+    fit = check_model_fit(dir, spec_, {weights_only ? LoadPurpose::Weights : LoadPurpose::Resume, a_.load_strict});
+  } catch (const Error& e) {
+    problem = e.what();
+  }
+  if (world_->all_reduce_value(int32_t(problem.empty() ? 0 : 1)) != 0)
+    return problem.empty() ? "another rank could not read the checkpoint's model" : problem;
+  // load_strict false: the tensors the checkpoint does not fill keep their initial values.
+  std::vector<float> initial;
+  if (!fit.fresh.empty() && sharded_weights_) initial = sharded_weights_->gather_values();
+  LoadOptions lo;
+  lo.optimizer = !weights_only && !a_.no_load_optim;
+  lo.strict = a_.load_strict;
+  lo.initial_values = initial.empty() ? nullptr : initial.data();
   CheckpointData ck;
   try {
-    check_same_model(dir, spec_);  // a rank loads only its tensors, so it cannot see missing layers
-    LoadOptions lo;
-    lo.optimizer = !weights_only;
     ck = load_checkpoint(dir, params, lo);
   } catch (const Error& e) {
     problem = e.what();
   }
   if (world_->all_reduce_value(int32_t(problem.empty() ? 0 : 1)) != 0)
     return problem.empty() ? "another rank could not read its part" : problem;
+  if (rank0_ && !fit.exact()) log::warn("{}", fit.summary(dir));
   if (sharded_weights_) {
     sharded_weights_->load_values(ck.params.data());
   } else {
@@ -554,15 +547,20 @@ std::string Trainer::try_restore(const std::string& dir, bool weights_only) {
     log::info("starting from the weights of {} (iteration 0, fresh optimizer)", dir);
     return "";
   }
-  if (sharded_weights_)
-    sharded_weights_->load_state(ck.state.optimizer_step, ck.exp_avg.data(), ck.exp_avg_sq.data());
-  if (sharded_)
-    sharded_->load_state(ck.state.optimizer_step, ck.exp_avg.data(), ck.exp_avg_sq.data(), int64_t(ck.exp_avg.size()));
-  if (sharded_ && experts_) experts_->load_state(ck.state.optimizer_step, ck.exp_avg.data(), ck.exp_avg_sq.data());
-  if (replicated_)
-    replicated_->set_state(ck.state.optimizer_step, ck.exp_avg.data(), ck.exp_avg_sq.data());
+  if (!lo.optimizer) {  // no_load_optim: the weights and the data position, a fresh optimizer
+    ck.state.optimizer_step = 0;
+  } else {
+    if (sharded_weights_)
+      sharded_weights_->load_state(ck.state.optimizer_step, ck.exp_avg.data(), ck.exp_avg_sq.data());
+    if (sharded_)
+      sharded_->load_state(ck.state.optimizer_step, ck.exp_avg.data(), ck.exp_avg_sq.data(),
+                           int64_t(ck.exp_avg.size()));
+    if (sharded_ && experts_) experts_->load_state(ck.state.optimizer_step, ck.exp_avg.data(), ck.exp_avg_sq.data());
+    if (replicated_) replicated_->set_state(ck.state.optimizer_step, ck.exp_avg.data(), ck.exp_avg_sq.data());
+  }
   state_ = ck.state;
-  log::info("resumed from {} at iteration {} ({} samples consumed)", dir, state_.iteration, state_.consumed_samples);
+  log::info("resumed from {} at iteration {} ({} samples consumed{})", dir, state_.iteration, state_.consumed_samples,
+            lo.optimizer ? "" : "; a fresh optimizer state: no_load_optim");
   return "";
 }
 
@@ -578,6 +576,7 @@ void Trainer::resume() {
     if (!problem.empty()) fail("cannot load checkpoint {}: {}", dir, problem);
   } else {
     bool resumed = false;
+    std::vector<std::pair<std::string, std::string>> skipped;  // (checkpoint, why), newest first
     if (a_.auto_resume) {
       for (const std::string& dir : list_checkpoints(cfg_.checkpoint_dir())) {
         const std::string problem = try_restore(dir);
@@ -585,9 +584,13 @@ void Trainer::resume() {
           resumed = true;
           break;
         }
-        log::warn("skipping checkpoint {}: {}", dir, problem);
+        skipped.push_back({dir, problem});
       }
     }
+    // Checkpoints that this run cannot resume are not started over beside, unless --overwrite asks
+    // for their numbers to be replaced. Each reason is said once: in that error, or as a warning.
+    if (!resumed && !skipped.empty() && !a_.overwrite) fail_nothing_to_resume(cfg_.checkpoint_dir(), skipped);
+    for (const auto& [dir, why] : skipped) log::warn("skipped checkpoint {}: {}", dir, why);
     if (!resumed && !a_.pretrained_checkpoint.empty()) {
       const std::string dir = resolve_checkpoint(a_.pretrained_checkpoint);
       const std::string problem = try_restore(dir, true);
