@@ -104,6 +104,28 @@ uint8_t e8m0_of(float value) {
 
 float e8m0_value(uint8_t e) { return e == 0xFF ? NAN : std::ldexp(1.0f, int(e) - 127); }
 
+// round() for arrays, branch-free so that the compiler vectorizes it: |v| + C - C with C =
+// 2^(e - mantissa + 23) rounds |v| < 2^(e + 1) to a multiple of 2^(e - mantissa), ties to even,
+// where e is v's binade (at least the smallest normal's); then saturation and the sign.
+void round_array(const float* x, float mul, float post, int64_t n, Format f, float* out) {
+  const Layout l = layout_of(f);
+  const float m = max_finite(f);
+  // Binades above the largest finite value's saturate anyway: capped, C stays finite.
+  const int32_t emin_biased = l.emin + 127, ecap = (f == Format::E4M3 ? 8 : 15) + 128, shift = 23 - l.mantissa;
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) {
+    const float v = x[i] * mul;
+    const uint32_t b = bits_of(v), sign = b & 0x80000000u;
+    const float a = float_of(b & 0x7FFFFFFFu);
+    const int32_t e = std::min(std::max(int32_t((b >> 23) & 0xFF), emin_biased), ecap);
+    const float c = float_of(uint32_t(e + shift) << 23);
+    float r = (a + c) - c;
+    r = r >= m ? m : r;                        // saturation (infinities included)
+    r = a != a ? a : r;                        // NaN stays NaN
+    out[i] = float_of(bits_of(r) | sign) * post;
+  }
+}
+
 float amax(const float* x, int64_t n) {
   float m = 0.0f;
   for (int64_t i = 0; i < n; ++i) m = nan_max(m, std::fabs(x[i]));
@@ -126,6 +148,10 @@ void for_block(const Block& b, int64_t cols, F&& f) {
 // A block's values rescaled by its power-of-two scale: round(x * s) / s, exact.
 void quantize_block(const float* x, int64_t cols, const Block& b, Format f, float s, float* out) {
   const float inv = 1.0f / s;  // a power of two: exact
+  if (b.nc > 1 || b.nr == 1) {  // row by row
+    for (int64_t r = b.r0; r < b.r0 + b.nr; ++r) round_array(x + r * cols + b.c0, s, inv, b.nc, f, out + r * cols + b.c0);
+    return;
+  }
   for_block(b, cols, [&](int64_t i) { out[i] = round(x[i] * s, f) * inv; });
 }
 
@@ -142,7 +168,7 @@ float quantize(const float* x, int64_t rows, int64_t cols, Format f, Granularity
   const int64_t n = rows * cols;
   const float fmax = max_finite(f);
   if (g == Granularity::Tensor) {
-    for (int64_t i = 0; i < n; ++i) out[i] = round(x[i] * scale, f);
+    round_array(x, scale, 1.0f, n, f, out);
     return amax(x, n);
   }
   // Block extents: along the reduction dimension for 1-D blocks, square for 2-D ones.

@@ -26,6 +26,8 @@ float max_finite(Format f);         // 448 | 57344
 // NaN; the sign of zero is kept.
 float round(float x, Format f);
 uint8_t encode(float x, Format f);  // the bits of round(x, f)
+// out[i] = round(x[i] * mul, f) * post, vectorized (the same values as round()).
+void round_array(const float* x, float mul, float post, int64_t n, Format f, float* out);
 float decode(uint8_t bits, Format f);
 
 // A tensor's or tile's quantization scale from its amax (TE's compute_scale_from_amax): max / amax;
