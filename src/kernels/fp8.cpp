@@ -128,8 +128,13 @@ void round_array(const float* x, float mul, float post, int64_t n, Format f, flo
 
 float amax(const float* x, int64_t n) {
   float m = 0.0f;
-  for (int64_t i = 0; i < n; ++i) m = nan_max(m, std::fabs(x[i]));
-  return m;
+  bool nan = false;
+#pragma omp simd reduction(max : m) reduction(|| : nan)
+  for (int64_t i = 0; i < n; ++i) {
+    m = std::max(m, std::fabs(x[i]));
+    nan = nan || x[i] != x[i];
+  }
+  return nan ? NAN : m;
 }
 
 namespace {
@@ -163,6 +168,11 @@ float block_amax(const float* x, int64_t cols, const Block& b) {
 
 }  // namespace
 
+int64_t band_rows(Granularity g, bool reduce_cols) {
+  if (g == Granularity::Tensor || (g != Granularity::Block128 && reduce_cols)) return 1;
+  return g == Granularity::Mx32 ? 32 : 128;
+}
+
 float quantize(const float* x, int64_t rows, int64_t cols, Format f, Granularity g, bool reduce_cols, float scale,
                float* out) {
   const int64_t n = rows * cols;
@@ -175,16 +185,21 @@ float quantize(const float* x, int64_t rows, int64_t cols, Format f, Granularity
   const int64_t len = g == Granularity::Mx32 ? 32 : 128;
   const int64_t br = g == Granularity::Block128 ? 128 : reduce_cols ? 1 : len;
   const int64_t bc = g == Granularity::Block128 ? 128 : reduce_cols ? len : 1;
-  float total = 0.0f;
-  for (int64_t r0 = 0; r0 < rows; r0 += br)
+  const int64_t block_rows = (rows + br - 1) / br;
+  std::vector<float> row_amax(size_t(block_rows), 0.0f);
+  for (int64_t i = 0; i < block_rows; ++i) {
+    const int64_t r0 = i * br;
     for (int64_t c0 = 0; c0 < cols; c0 += bc) {
       const Block b{r0, std::min(br, rows - r0), c0, std::min(bc, cols - c0)};
       const float a = block_amax(x, cols, b);
-      total = nan_max(total, a);
+      row_amax[size_t(i)] = nan_max(row_amax[size_t(i)], a);
       const float s = g == Granularity::Mx32 ? 1.0f / e8m0_value(e8m0_of(a * (1.0f / fmax)))
                                              : scale_from_amax(a, fmax, true);
       quantize_block(x, cols, b, f, s, out);
     }
+  }
+  float total = 0.0f;
+  for (float a : row_amax) total = nan_max(total, a);
   return total;
 }
 

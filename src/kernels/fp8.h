@@ -56,8 +56,11 @@ const char* granularity_name(Granularity g);
 //           multiplies by nothing
 // reduce_cols: the GEMM reduces over x's columns (1-D blocks run along a row), else over its rows
 // (along a column). Ragged edges make smaller blocks. Returns amax |x| (NaN when x holds a NaN).
+// Serial: a band of band_rows() rows is quantized alone, so callers split the rows between threads.
 float quantize(const float* x, int64_t rows, int64_t cols, Format f, Granularity g, bool reduce_cols, float scale,
                float* out);
+// The rows of a block: 128 (blocks; 1-D blocks down the columns), 32 (MX blocks down the columns), 1.
+int64_t band_rows(Granularity g, bool reduce_cols);
 // amax |x| over n values (NaN when one is NaN).
 float amax(const float* x, int64_t n);
 
