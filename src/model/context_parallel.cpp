@@ -31,20 +31,6 @@ RingStart ring_start(ops::Backend& be, DType act, const Tensor& qkv, const ops::
 
 }  // namespace
 
-std::vector<int32_t> context_parallel_rows(const int32_t* tokens, int64_t batch, int64_t seq, int cp, int cp_rank) {
-  if (cp < 1 || cp_rank < 0 || cp_rank >= cp || seq % (2 * cp) != 0)
-    fail("context parallel rows: sequence length {} over {} ranks (rank {}) needs a multiple of 2 x {}", seq, cp,
-         cp_rank, cp);
-  const int64_t ch = seq / (2 * cp);
-  std::vector<int32_t> out;
-  out.reserve(size_t(batch * 2 * ch));
-  for (int j = 0; j < 2; ++j) {
-    const int64_t start = (j == 0 ? cp_rank : 2 * cp - 1 - cp_rank) * ch;
-    for (int64_t b = 0; b < batch; ++b) out.insert(out.end(), tokens + b * seq + start, tokens + b * seq + start + ch);
-  }
-  return out;
-}
-
 ContextParallelAttention::ContextParallelAttention(ops::Backend& backend, parallel::ProcessGroup& cp, CpComm comm,
                                                    DType activation)
     : be_(backend),

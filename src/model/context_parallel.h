@@ -36,10 +36,8 @@
 
 namespace primus {
 
-// This cp rank's tokens of a microbatch [batch, seq] (seq divisible by 2 cp): its two chunks of
-// every sequence in the rows' order, [chunk j][batch][seq / (2 cp)] (what the data loader hands it).
-std::vector<int32_t> context_parallel_rows(const int32_t* tokens, int64_t batch, int64_t seq, int cp, int cp_rank);
-
+// A rank's rows are its two chunks of every sequence, [chunk j][batch][seq / (2 cp)]: the data
+// loader hands them over in that order (data/microbatch.h, context_parallel_rows).
 class ContextParallelAttention final : public AttentionCore {
  public:
   ContextParallelAttention(ops::Backend& backend, parallel::ProcessGroup& cp, CpComm comm, DType activation);

@@ -11,19 +11,6 @@
 
 namespace primus {
 
-Recompute parse_recompute(const std::string& s) {
-  if (s.empty() || s == "none" || s == "null") return Recompute::None;
-  if (s == "selective") return Recompute::Selective;
-  if (s == "full") return Recompute::Full;
-  fail("recompute_granularity '{}' is not one of: full, selective (or leave it unset)", s);
-}
-
-CpComm parse_cp_comm(const std::string& s) {
-  if (s.empty() || s == "p2p") return CpComm::P2P;
-  if (s == "a2a") return CpComm::A2A;
-  fail("cp_comm_type '{}' is not one of: p2p, a2a", s);
-}
-
 DType activation_dtype(Precision p) {
   return p == Precision::Bf16 ? DType::BF16 : p == Precision::Fp64 ? DType::F64 : DType::F32;
 }

@@ -66,8 +66,6 @@
 
 namespace primus {
 
-Recompute parse_recompute(const std::string& s);  // "", "none", "selective", "full"
-
 // The working (activation) dtype of a run; the master weights are fp32, fp64 for Fp64.
 enum class Precision : uint8_t { Fp32, Bf16, Fp64 };
 DType activation_dtype(Precision p);
@@ -94,7 +92,6 @@ struct LlamaOptions {
 // logits_memory_budget (3 GEMMs); else it works in chunks of options.vocab_chunk columns.
 bool head_keeps_logits(const LlamaOptions& options, Precision precision, int64_t rows, int64_t vocab_local);
 
-CpComm parse_cp_comm(const std::string& s);  // "p2p" | "a2a"
 
 // Checks that spec can be split tp ways (heads, query groups, ffn and vocabulary divisible);
 // throws primus::Error naming the rule that fails.

@@ -188,7 +188,7 @@ Projection plan(const config::ExperimentConfig& cfg, const Target& t) {
   p.gpus_per_node = t.gpus_per_node > 0 ? t.gpus_per_node : t.hardware.measured ? mp : t.hardware.gpus_per_node;
   p.nodes = t.nodes > 0 ? t.nodes : (mp + p.gpus_per_node - 1) / p.gpus_per_node;
   p.layout = train::plan_layout(a, cfg.model_spec, p.nodes * p.gpus_per_node);
-  p.sharding = t.sharding ? *t.sharding : parse_sharding(p.layout.sharding);  // the trainer's resolution
+  p.sharding = t.sharding ? *t.sharding : parse_sharding(config::choice_name(p.layout.sharding));  // the trainer's resolution
   p.shape.micro_batch_size = a.micro_batch_size;
   p.shape.seq_length = a.seq_length;
   p.shape.tp = p.layout.tp;
@@ -200,7 +200,7 @@ Projection plan(const config::ExperimentConfig& cfg, const Target& t) {
   p.shape.etp = p.layout.etp;
   if (p.spec.is_moe() && p.layout.dp % p.shape.ep != 0)
     fail("projection: expert_model_parallel_size {} must divide the data-parallel size {}", p.shape.ep, p.layout.dp);
-  p.shape.recompute = parse_recompute(a.recompute_granularity);
+  p.shape.recompute = a.recompute_granularity;
   p.shape.precision = a.bf16 ? Precision::Bf16 : Precision::Fp32;
   return p;
 }

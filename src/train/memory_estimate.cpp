@@ -121,8 +121,8 @@ MemoryEstimate estimate_memory(const ModelSpec& spec, const ParallelLayout& layo
     q = heads * w + heads * double(spec.v_head_dim);
   }
   double attention = 4 * h + 2 + qkv + q + heads, dense_mlp = 3 * f;
-  if (args.recompute_granularity == "full") attention = h, dense_mlp = 0;  // the layer input only
-  else if (args.recompute_granularity == "selective") attention -= q + heads;  // attention internals recomputed
+  if (args.recompute_granularity == Recompute::Full) attention = h, dense_mlp = 0;  // the layer input only
+  else if (args.recompute_granularity == Recompute::Selective) attention -= q + heads;  // attention internals recomputed
   // Whole experts (etp 1) run on all of a tp rank's rows alike unless sequence parallelism splits
   // them. Split experts (etp = tp) run on all rows (gathered under sequence parallelism, one more
   // row of h per token) with their ffn widths divided.

@@ -28,7 +28,7 @@ std::string ParallelLayout::describe() const {
                                                    : fmt::format(" (etp {})", etp);
   if (sequence_parallel) out += " (sequence parallel)";
   if (cp > 1) out += fmt::format("; context parallel {}", cp_all_to_all ? "a2a" : "p2p (ring)");
-  if (sharding != "no_shard") out += "; data_parallel_sharding_strategy " + sharding;
+  if (shard_optimizer()) out += fmt::format("; data_parallel_sharding_strategy {}", config::choice_name(sharding));
   if (schedule) {
     out += fmt::format("; {} over {} stages ({} chunk{} per rank)", schedule->algorithm, pp * vpp, vpp,
                        vpp > 1 ? "s" : "");
@@ -113,22 +113,18 @@ ParallelLayout plan_layout(const config::TrainingArgs& a, const ModelSpec& spec,
   positive(a.expert_model_parallel_size, "expert_model_parallel_size");
   if (a.virtual_pipeline_model_parallel_size < 0)
     fail("virtual_pipeline_model_parallel_size must not be negative, got {}", a.virtual_pipeline_model_parallel_size);
+  using config::DpSharding;
   L.sharding = a.data_parallel_sharding_strategy;
   if (a.use_torch_fsdp2) {
-    if (!L.sharding.empty() && L.sharding != "optim_grads_params")
-      fail("use_torch_fsdp2 means data_parallel_sharding_strategy optim_grads_params, the config says {}", L.sharding);
-    L.sharding = "optim_grads_params";
+    if (L.sharding != DpSharding::Unset && L.sharding != DpSharding::OptimGradsParams)
+      fail("use_torch_fsdp2 means data_parallel_sharding_strategy optim_grads_params, the config says {}",
+           config::choice_name(L.sharding));
+    L.sharding = DpSharding::OptimGradsParams;
   }
-  if (L.sharding.empty()) L.sharding = a.use_distributed_optimizer ? "optim" : "no_shard";
-  if (L.sharding != "no_shard" && L.sharding != "optim" && L.sharding != "optim_grads" &&
-      L.sharding != "optim_grads_params")
-    fail("data_parallel_sharding_strategy '{}' is not one of: no_shard, optim, optim_grads, optim_grads_params",
-         L.sharding);
-  if (L.sharding == "no_shard" && a.use_distributed_optimizer)
+  if (L.sharding == DpSharding::Unset) L.sharding = a.use_distributed_optimizer ? DpSharding::Optim : DpSharding::NoShard;
+  if (L.sharding == DpSharding::NoShard && a.use_distributed_optimizer)
     fail("use_distributed_optimizer shards the optimizer, data_parallel_sharding_strategy no_shard does not: set one");
-  if (a.cp_comm_type != "p2p" && a.cp_comm_type != "a2a")
-    fail("cp_comm_type '{}' is not one of: p2p, a2a", a.cp_comm_type);
-  L.cp_all_to_all = a.cp_comm_type == "a2a";
+  L.cp_all_to_all = a.cp_comm_type == CpComm::A2A;
   if (a.expert_model_parallel_size > 1 && !spec.is_moe())
     fail("expert_model_parallel_size {}: model {} has no experts (num_experts is not set); use 1",
          a.expert_model_parallel_size, spec.name);

@@ -25,12 +25,15 @@ struct ParallelLayout {
   int etp = 1;
   bool sequence_parallel = false;
   bool cp_all_to_all = false;   // cp_comm_type a2a (else p2p ring attention)
-  // data_parallel_sharding_strategy resolved (use_torch_fsdp2 is optim_grads_params): no_shard,
-  // optim (ZeRO-1), optim_grads (ZeRO-2), optim_grads_params (ZeRO-3 / FSDP); shards span dp x cp.
-  std::string sharding = "no_shard";
-  bool shard_optimizer() const { return sharding != "no_shard"; }
-  bool shard_gradients() const { return sharding == "optim_grads" || sharding == "optim_grads_params"; }
-  bool shard_parameters() const { return sharding == "optim_grads_params"; }
+  // data_parallel_sharding_strategy resolved (use_torch_fsdp2 is optim_grads_params; never Unset):
+  // no_shard, optim (ZeRO-1), optim_grads (ZeRO-2), optim_grads_params (ZeRO-3 / FSDP); shards span
+  // dp x cp.
+  config::DpSharding sharding = config::DpSharding::NoShard;
+  bool shard_optimizer() const { return sharding != config::DpSharding::NoShard; }
+  bool shard_gradients() const {
+    return sharding == config::DpSharding::OptimGrads || sharding == config::DpSharding::OptimGradsParams;
+  }
+  bool shard_parameters() const { return sharding == config::DpSharding::OptimGradsParams; }
   int64_t microbatches_per_rank = 1;  // global_batch_size / (micro_batch_size * dp)
   std::vector<pipeline::LayerRange> stages;  // pp * vpp, in model order
   std::optional<pipeline::Schedule> schedule;  // when the model is split in more than one stage
@@ -57,7 +60,7 @@ struct ParallelLayout {
 pipeline::ModelCosts model_costs(const ModelSpec& spec, int64_t micro_batch_size, int64_t seq_length, int tp = 1);
 
 // Rules, in order: sizes positive; expert parallel size 1 for a dense model, dividing num_experts; the sharding strategy
-// known; tp x pp x cp divides
+// resolved (use_torch_fsdp2, use_distributed_optimizer); tp x pp x cp divides
 // the world size; under cp, seq_length divisible by 2 x cp and, for a2a, heads and query groups
 // per tp rank by cp; heads, query groups, ffn and vocabulary divisible by tp;
 // sequence parallel needs tokens per microbatch divisible by tp; global_batch_size a multiple of

@@ -305,7 +305,7 @@ ModelGemms model_gemms(const Options& o) {
   g.micro_batch = a.micro_batch_size;
   g.seq = a.seq_length > 0 ? a.seq_length : spec.max_position_embeddings;
   g.rows = g.micro_batch * g.seq;
-  g.recompute = a.recompute_granularity == "full";
+  g.recompute = a.recompute_granularity == Recompute::Full;
   if (o.vocab_chunk < 0) fail("--vocab-chunk must be positive, got {}", o.vocab_chunk);
   if (o.vocab_chunk > 0) {
     g.vocab_chunk = o.vocab_chunk;
