@@ -6,16 +6,6 @@
 
 namespace primus {
 
-const char* fp8_recipe_name(Fp8Recipe r) {
-  switch (r) {
-    case Fp8Recipe::Delayed: return "delayed";
-    case Fp8Recipe::Tensorwise: return "tensorwise";
-    case Fp8Recipe::Blockwise: return "blockwise";
-    case Fp8Recipe::Mxfp8: return "mxfp8";
-  }
-  return "?";
-}
-
 Linears::Linears(ops::Backend& backend, DType activation, const Fp8Options& fp8, int64_t num_layers)
     : be_(backend), act_(activation), opt_(fp8), num_layers_(num_layers) {
   if (opt_.enabled && opt_.amax_history_len < 1)

@@ -22,12 +22,9 @@
 #include "core/tensor.h"
 #include "kernels/backend.h"
 #include "kernels/fp8.h"
+#include "model/options.h"  // Fp8Recipe
 
 namespace primus {
-
-// Megatron's and Transformer Engine's fp8_recipe.
-enum class Fp8Recipe : uint8_t { Delayed, Tensorwise, Blockwise, Mxfp8 };
-const char* fp8_recipe_name(Fp8Recipe r);  // "delayed" | "tensorwise" | "blockwise" | "mxfp8"
 
 struct Fp8Options {
   bool enabled = false;
