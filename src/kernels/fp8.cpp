@@ -152,7 +152,9 @@ void for_block(const Block& b, int64_t cols, F&& f) {
 
 // A block's values rescaled by its power-of-two scale: round(x * s) / s, exact.
 void quantize_block(const float* x, int64_t cols, const Block& b, Format f, float s, float* out) {
-  const float inv = 1.0f / s;  // a power of two: exact
+  int exp = 0;
+  std::frexp(s, &exp);
+  const float inv = std::ldexp(1.0f, 1 - exp);  // 1 / s for the power of two s = 2^(exp - 1): exact
   if (b.nc > 1 || b.nr == 1) {  // row by row
     for (int64_t r = b.r0; r < b.r0 + b.nr; ++r) round_array(x + r * cols + b.c0, s, inv, b.nc, f, out + r * cols + b.c0);
     return;
@@ -193,7 +195,10 @@ float quantize(const float* x, int64_t rows, int64_t cols, Format f, Granularity
       const Block b{r0, std::min(br, rows - r0), c0, std::min(bc, cols - c0)};
       const float a = block_amax(x, cols, b);
       row_amax[size_t(i)] = nan_max(row_amax[size_t(i)], a);
-      const float s = g == Granularity::Mx32 ? 1.0f / e8m0_value(e8m0_of(a * (1.0f / fmax)))
+      // MX: the element scale 2^(127 - e), a normal float for every e (its reciprocal, the block's
+      // E8M0 value, is not for e = 0: an all-zero block under flush-to-zero must not divide by it).
+      const uint8_t e = g == Granularity::Mx32 ? e8m0_of(a * (1.0f / fmax)) : 0;
+      const float s = g == Granularity::Mx32 ? (e == 0xFF ? NAN : std::ldexp(1.0f, 127 - int(e)))
                                              : scale_from_amax(a, fmax, true);
       quantize_block(x, cols, b, f, s, out);
     }

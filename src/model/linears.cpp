@@ -85,32 +85,45 @@ void Linears::update_scales(const std::vector<float>& amaxes) {
 
 std::vector<std::string> Linears::state_names() const {
   std::vector<std::string> names;
-  for (int w : order_)
-    for (const char* op : {".fp8_x", ".fp8_w", ".fp8_dy"}) names.push_back(state_.at(w).name + op);
+  for (int w : order_) names.push_back(state_.at(w).name + ".fp8_scaling");
   return names;
 }
 
-std::vector<float> Linears::state() const {
-  std::vector<float> v;
-  for (int w : order_)
+std::map<std::string, std::vector<float>> Linears::state() const {
+  std::map<std::string, std::vector<float>> out;
+  for (int w : order_) {
+    std::vector<float>& v = out[state_.at(w).name + ".fp8_scaling"];
     for (const auto& d : state_.at(w).operand) {
       v.insert(v.end(), d.history.begin(), d.history.end());
       v.push_back(d.scale);
     }
-  return v;
+  }
+  return out;
 }
 
-void Linears::set_state(const std::vector<float>& values) {
+std::vector<std::string> Linears::load_state(const std::map<std::string, std::vector<float>>& saved) {
   const size_t per = size_t(opt_.amax_history_len) + 1;
-  PRIMUS_CHECK(values.size() == order_.size() * 3 * per, "FP8 state of {} values for {} linears", values.size(),
-               order_.size());
-  size_t i = 0;
-  for (int w : order_)
+  std::vector<std::string> fresh;
+  for (int w : order_) {
+    const std::string name = state_.at(w).name + ".fp8_scaling";
+    auto it = saved.find(name);
+    if (it == saved.end() || it->second.size() != 3 * per) {
+      fresh.push_back(name);
+      continue;
+    }
+    size_t i = 0;
     for (auto& d : state_.at(w).operand) {
-      std::copy(values.begin() + long(i), values.begin() + long(i + per - 1), d.history.begin());
-      d.scale = values[i + per - 1];
+      std::copy(it->second.begin() + long(i), it->second.begin() + long(i + per - 1), d.history.begin());
+      d.scale = it->second[i + per - 1];
       i += per;
     }
+  }
+  return fresh;
+}
+
+void Linears::clear_current_amaxes() {
+  for (int w : order_)
+    for (auto& d : state_.at(w).operand) d.history[0] = 0.0f;
 }
 
 }  // namespace primus

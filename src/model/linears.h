@@ -58,10 +58,15 @@ class Linears {
   // the ranks that share the tensors; update_scales() takes them back and advances every history.
   std::vector<float> current_amaxes() const;
   void update_scales(const std::vector<float>& amaxes);
-  // Every history and scale, flat (for checkpoints), and their names (weight name + ".fp8_x" ...).
+  // For checkpoints: per FP8 linear, "<weight name>.fp8_scaling" -> the histories and scales of
+  // x, W and dy (3 x (amax_history_len + 1) values). load_state() takes what a checkpoint held and
+  // returns the names it had to start fresh (absent, or of another history length).
+  bool delayed() const { return opt_.enabled && opt_.recipe == Fp8Recipe::Delayed && !order_.empty(); }
+  std::map<std::string, std::vector<float>> state() const;
   std::vector<std::string> state_names() const;
-  std::vector<float> state() const;
-  void set_state(const std::vector<float>& values);
+  std::vector<std::string> load_state(const std::map<std::string, std::vector<float>>& saved);
+  // Forgets the amaxes recorded since the last update (evaluation's forwards, say).
+  void clear_current_amaxes();
 
  private:
   enum Operand { X, W, Dy };

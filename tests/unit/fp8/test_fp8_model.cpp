@@ -140,15 +140,23 @@ TEST(Fp8Linears, DelayedScalingUsesTheLastStepsAmax) {
   fp8::quantize(x.data<float>(), 4, 8, fp8::Format::E4M3, fp8::Granularity::Tensor, true, sx, xq.data<float>());
   fp8::quantize(W.data<float>(), 5, 8, fp8::Format::E4M3, fp8::Granularity::Tensor, true, sw, wq.data<float>());
   expect_same(y, gemm(be, false, true, (1.0f / sx) * (1.0f / sw), xq, wq, 4, 5));
-  // The state round-trips (a checkpoint's): histories then the scale, per operand.
-  const std::vector<float> st = lin.state();
-  ASSERT_EQ(st.size(), 3u * 5u);
-  EXPECT_EQ(st[4], sx);
-  EXPECT_EQ(lin.state_names()[2], "decoder.layers.0.mlp.linear_fc1.weight.fp8_dy");
+  // The state round-trips (a checkpoint's): per linear, histories then the scale, per operand.
+  const auto st = lin.state();
+  const std::string name = "decoder.layers.0.mlp.linear_fc1.weight.fp8_scaling";
+  ASSERT_EQ(st.size(), 1u);
+  ASSERT_EQ(st.at(name).size(), 3u * 5u);
+  EXPECT_EQ(st.at(name)[4], sx);
+  EXPECT_EQ(lin.state_names(), std::vector<std::string>{name});
   Linears other(be, DType::F32, o, 1);
   other.declare(0, "decoder.layers.0.mlp.linear_fc1.weight", 0);
-  other.set_state(st);
+  EXPECT_TRUE(other.load_state(st).empty());
   EXPECT_EQ(other.state(), st);
+  // Another history length, or a checkpoint without it: started fresh, and said so.
+  o.amax_history_len = 8;
+  Linears longer(be, DType::F32, o, 1);
+  longer.declare(0, "decoder.layers.0.mlp.linear_fc1.weight", 0);
+  EXPECT_EQ(longer.load_state(st), std::vector<std::string>{name});
+  EXPECT_EQ(longer.load_state({}), std::vector<std::string>{name});
 }
 
 ModelSpec tiny() {

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include <gtest/gtest.h>
+#include <xmmintrin.h>
 
 #include "kernels/fp8.h"
 
@@ -189,6 +190,20 @@ TEST(Fp8, Mxfp8BlocksOf32WithE8M0Scales) {
   EXPECT_EQ(out[1], 10.0f / 32.0f);
   EXPECT_EQ(out[2], 1.0f);
   EXPECT_EQ(out[35], 0.0f);  // an all-zero block
+}
+
+// Under flush-to-zero (as training runs), an all-zero block's E8M0 scale 2^-127 is a denormal:
+// its elements must stay 0, not become 0 / 0.
+TEST(Fp8, AllZeroBlocksStayZeroUnderFlushToZero) {
+  const unsigned csr = _mm_getcsr();
+  _mm_setcsr(csr | 0x8040);  // FTZ and DAZ
+  std::vector<float> x(64, 0.0f), out(64, 1.0f);
+  for (Granularity g : {Granularity::Mx32, Granularity::Tile1x128, Granularity::Block128})
+    for (bool rc : {true, false}) {
+      quantize(x.data(), 8, 8, Format::E5M2, g, rc, 0, out.data());
+      for (float v : out) ASSERT_EQ(v, 0.0f) << granularity_name(g) << " " << rc;
+    }
+  _mm_setcsr(csr);
 }
 
 TEST(Fp8, DelayedScalingRollsItsHistory) {
