@@ -250,7 +250,7 @@ int main(int argc, char** argv) {
                                      bf16 ? Precision::Bf16 : Precision::Fp32, profile));
         ours_runs.back().peak_gflops = round_peak;
         if (fp8.enabled)
-          fp8_runs.push_back(run_ours(spec, mbs, seq, iters, warmup, parse_recompute(recompute),
+          fp8_runs.push_back(run_ours(spec, mbs, seq, iters, warmup, recompute_of(recompute),
                                       bf16 ? Precision::Bf16 : Precision::Fp32, profile, fp8));
         for (const auto& mode : peer_modes) {
           bool ok = false;

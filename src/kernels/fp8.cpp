@@ -139,33 +139,47 @@ float amax(const float* x, int64_t n) {
 
 namespace {
 
-// One block of the array: rows [r0, r0 + nr), columns [c0, c0 + nc).
-struct Block {
-  int64_t r0, nr, c0, nc;
-};
-
-template <typename F>
-void for_block(const Block& b, int64_t cols, F&& f) {
-  for (int64_t r = b.r0; r < b.r0 + b.nr; ++r)
-    for (int64_t c = b.c0; c < b.c0 + b.nc; ++c) f(r * cols + c);
+// round_array with a multiplier and a factor per element (a band's per-column block scales).
+void round_scaled(const float* x, const float* mul, const float* post, int64_t n, Format f, float* out) {
+  const Layout l = layout_of(f);
+  const float m = max_finite(f);
+  const int32_t emin_biased = l.emin + 127, ecap = (f == Format::E4M3 ? 8 : 15) + 128, shift = 23 - l.mantissa;
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) {
+    const float v = x[i] * mul[i];
+    const uint32_t b = bits_of(v), sign = b & 0x80000000u;
+    const float a = float_of(b & 0x7FFFFFFFu);
+    const int32_t e = std::min(std::max(int32_t((b >> 23) & 0xFF), emin_biased), ecap);
+    const float c = float_of(uint32_t(e + shift) << 23);
+    float r = (a + c) - c;
+    r = r >= m ? m : r;
+    r = a != a ? a : r;
+    out[i] = float_of(bits_of(r) | sign) * post[i];
+  }
 }
 
-// A block's values rescaled by its power-of-two scale: round(x * s) / s, exact.
-void quantize_block(const float* x, int64_t cols, const Block& b, Format f, float s, float* out) {
+// colmax[c] = max(colmax[c], |x[c]|) with NaN sticky, for one row.
+void column_max(const float* x, int64_t n, float* colmax) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) {
+    const float a = std::fabs(x[i]), m = colmax[i];
+    colmax[i] = (a > m || a != a) ? a : m;
+  }
+}
+
+// A block's power-of-two scale from its amax (blockwise: TE's, from the block's amax; MX: 2^(127 -
+// e), e the block's E8M0 exponent: a normal float for every e, where its reciprocal, the E8M0
+// value, is a denormal for e = 0 that flush-to-zero would turn into a division by zero).
+float block_scale(float amax, Granularity g, float fmax) {
+  if (g != Granularity::Mx32) return scale_from_amax(amax, fmax, true);
+  const uint8_t e = e8m0_of(amax * (1.0f / fmax));
+  return e == 0xFF ? NAN : std::ldexp(1.0f, 127 - int(e));
+}
+
+float inverse_pow2(float s) {  // 1 / s for a power of two s = 2^(exp - 1): exact
   int exp = 0;
   std::frexp(s, &exp);
-  const float inv = std::ldexp(1.0f, 1 - exp);  // 1 / s for the power of two s = 2^(exp - 1): exact
-  if (b.nc > 1 || b.nr == 1) {  // row by row
-    for (int64_t r = b.r0; r < b.r0 + b.nr; ++r) round_array(x + r * cols + b.c0, s, inv, b.nc, f, out + r * cols + b.c0);
-    return;
-  }
-  for_block(b, cols, [&](int64_t i) { out[i] = round(x[i] * s, f) * inv; });
-}
-
-float block_amax(const float* x, int64_t cols, const Block& b) {
-  float m = 0.0f;
-  for_block(b, cols, [&](int64_t i) { m = nan_max(m, std::fabs(x[i])); });
-  return m;
+  return std::ldexp(1.0f, 1 - exp);
 }
 
 }  // namespace
@@ -183,28 +197,36 @@ float quantize(const float* x, int64_t rows, int64_t cols, Format f, Granularity
     round_array(x, scale, 1.0f, n, f, out);
     return amax(x, n);
   }
-  // Block extents: along the reduction dimension for 1-D blocks, square for 2-D ones.
-  const int64_t len = g == Granularity::Mx32 ? 32 : 128;
-  const int64_t br = g == Granularity::Block128 ? 128 : reduce_cols ? 1 : len;
-  const int64_t bc = g == Granularity::Block128 ? 128 : reduce_cols ? len : 1;
-  const int64_t block_rows = (rows + br - 1) / br;
-  std::vector<float> row_amax(size_t(block_rows), 0.0f);
-  for (int64_t i = 0; i < block_rows; ++i) {
-    const int64_t r0 = i * br;
-    for (int64_t c0 = 0; c0 < cols; c0 += bc) {
-      const Block b{r0, std::min(br, rows - r0), c0, std::min(bc, cols - c0)};
-      const float a = block_amax(x, cols, b);
-      row_amax[size_t(i)] = nan_max(row_amax[size_t(i)], a);
-      // MX: the element scale 2^(127 - e), a normal float for every e (its reciprocal, the block's
-      // E8M0 value, is not for e = 0: an all-zero block under flush-to-zero must not divide by it).
-      const uint8_t e = g == Granularity::Mx32 ? e8m0_of(a * (1.0f / fmax)) : 0;
-      const float s = g == Granularity::Mx32 ? (e == 0xFF ? NAN : std::ldexp(1.0f, 127 - int(e)))
-                                             : scale_from_amax(a, fmax, true);
-      quantize_block(x, cols, b, f, s, out);
-    }
-  }
+  // In bands of whole blocks: the amax of each column over the band's rows, then each block's
+  // scale spread over its columns, then every row rounded with its columns' scales. Blocks run
+  // along the reduction dimension: along a row (1-D, reduce_cols), down a column (1-D, not
+  // reduce_cols), or over 128 x 128 (2-D).
+  const int64_t br = band_rows(g, reduce_cols);
+  const int64_t bc = g == Granularity::Block128 ? 128 : reduce_cols ? (g == Granularity::Mx32 ? 32 : 128) : 1;
+  std::vector<float> colmax(static_cast<size_t>(cols)), mul(static_cast<size_t>(cols)), post(static_cast<size_t>(cols));
   float total = 0.0f;
-  for (float a : row_amax) total = nan_max(total, a);
+  for (int64_t r0 = 0; r0 < rows; r0 += br) {
+    const int64_t nr = std::min(br, rows - r0);
+    std::fill(colmax.begin(), colmax.end(), 0.0f);
+    for (int64_t r = r0; r < r0 + nr; ++r) column_max(x + r * cols, cols, colmax.data());
+    for (int64_t c0 = 0; c0 < cols; c0 += bc) {
+      const int64_t nc = std::min(bc, cols - c0);
+      float a = 0.0f;
+      bool nan = false;
+      const float* cm = colmax.data() + c0;
+#pragma omp simd reduction(max : a) reduction(|| : nan)
+      for (int64_t c = 0; c < nc; ++c) {
+        a = std::max(a, cm[c]);
+        nan = nan || cm[c] != cm[c];
+      }
+      if (nan) a = NAN;
+      total = nan_max(total, a);
+      const float sc = block_scale(a, g, fmax), inv = inverse_pow2(sc);
+      std::fill(mul.begin() + c0, mul.begin() + c0 + nc, sc);
+      std::fill(post.begin() + c0, post.begin() + c0 + nc, inv);
+    }
+    for (int64_t r = r0; r < r0 + nr; ++r) round_scaled(x + r * cols, mul.data(), post.data(), cols, f, out + r * cols);
+  }
   return total;
 }
 

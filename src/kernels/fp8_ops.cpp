@@ -63,9 +63,9 @@ void store(const float* v, int64_t n, Tensor& t, int64_t i0) {
 Backend::Fp8Quantized quantize_host(const Tensor& src, fp8::Format format, fp8::Granularity g, bool reduce_cols,
                                     float scale, Tensor& dst) {
   const int64_t rows = src.size(0), cols = src.size(1);
-  // Bands of whole blocks (or, for one scale per tensor, of about 16k values).
-  const int64_t band = g == fp8::Granularity::Tensor ? std::max<int64_t>(1, 16384 / std::max<int64_t>(cols, 1))
-                                                     : fp8::band_rows(g, reduce_cols);
+  // Bands of whole blocks (of about 16k values where a block is a row or the tensor).
+  const int64_t whole = fp8::band_rows(g, reduce_cols);  // rows of whole blocks; 1: any number of rows
+  const int64_t band = whole == 1 ? std::max<int64_t>(1, 16384 / std::max<int64_t>(cols, 1)) : whole;
   const int64_t bands = (rows + band - 1) / band;
   const bool current = g == fp8::Granularity::Tensor && scale == 0;
   float amax = 0.0f;
