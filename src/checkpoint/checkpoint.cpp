@@ -3,11 +3,13 @@
 #include "checkpoint/checkpoint.h"
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstring>
 #include <fstream>
 #include <map>
 #include <memory>
+#include <thread>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -121,20 +123,39 @@ class Loader {
     const PlanResult r =
         plan(info.name, st.global, target, entries,
              [&](const Entry& e, const auto& lo, const auto& hi, const auto& ss, const auto& dsh) {
-               ShardReader& rd = reader(e.file);
-               if (uint64_t(e.offset + numel_of(e.place.shape)) > rd.numel())
-                 fail("checkpoint {}: tensor {} lies outside {} ({} elements)", dir_.string(), info.name, e.file,
-                      rd.numel());
                for_each_run(e.place.shape, info.shape, lo, hi, ss, dsh, [&](int64_t so, int64_t d, int64_t count) {
                  PRIMUS_CHECK(so >= 0 && so + count <= numel_of(e.place.shape) && d >= 0 && d + count <= info.numel,
                               "tensor {}: copy run outside a local tensor", info.name);
-                 for (int s = 0; s < sections; ++s)
-                   rd.read(s, uint64_t(e.offset + so), uint64_t(count), dst[s] + info.offset + d);
+                 read_parts(info, e, so, count, sections, dst, info.offset + d);
                });
              });
     if (!r.gaps.empty())
       fail("checkpoint {}: tensor {} (global shape {}) is not fully covered: {} is in none of its files ({})",
            dir_.string(), info.name, shape_str(st.global), gaps_str(r), files_holding(st));
+  }
+
+  // Reads the saved slice's local elements [so, so + count) from the parts (files) that hold them
+  // into element `at` of the sections' flat buffers.
+  void read_parts(const StoredParam& info, const Entry& e, int64_t so, int64_t count, int sections,
+                  float* const dst[kSections], int64_t at) {
+    for (int64_t x = so, end = so + count; x < end;) {
+      const Part* best = nullptr;  // the part that covers x and reaches furthest (parts sorted by begin)
+      for (const Part& p : e.parts) {
+        if (p.begin > x) break;
+        if (p.end > x && (!best || p.end > best->end)) best = &p;
+      }
+      if (!best)
+        fail("checkpoint {}: element {} of tensor {}'s slice is in none of its files ({})", dir_.string(), x,
+             info.name, e.file);
+      ShardReader& rd = reader(best->file);
+      if (uint64_t(best->offset + (best->end - best->begin)) > rd.numel())
+        fail("checkpoint {}: tensor {} lies outside {} ({} elements)", dir_.string(), info.name, best->file,
+             rd.numel());
+      const int64_t n = std::min(end, best->end) - x;
+      for (int s = 0; s < sections; ++s)
+        rd.read(s, uint64_t(best->offset + (x - best->begin)), uint64_t(n), dst[s] + at + (x - so));
+      x += n;
+    }
   }
 
   // A tensor a non-strict load does not fill keeps the model's values (its moments start at 0).
@@ -204,32 +225,57 @@ void raise_if_failed(const std::vector<int>& failed, const std::string& own_erro
 
 }  // namespace
 
-namespace {
-
-// A collective save, in three steps that every rank of the world runs; a failure on any rank is
-// reported at the end of the step to all of them, so none waits forever, and leaves no checkpoint.
-class Saver {
+// A collective save in three steps that every rank of the world runs: open (rank 0 makes the
+// temporary folder), write (each rank its shard, maybe on a thread), finish (the outcomes shared,
+// rank 0 publishes). A failure on any rank is reported at the end of a step to all of them, so
+// none waits forever, and leaves no checkpoint. Collectives run on the caller's thread only.
+class CheckpointSave::Impl {
  public:
-  Saver(const std::string& save_dir, const ParamStore& params, const float* exp_avg, const float* exp_avg_sq,
-        const TrainState& state, const std::string& config_yaml, const SaveOptions& opt)
-      : params_(params),
-        moments_{exp_avg, exp_avg_sq},
+  Impl(const std::string& save_dir, const ShardSource& source, const TrainState& state,
+       const std::string& config_yaml, const SaveOptions& opt)
+      : ranges_(source.ranges),
         state_(state),
         config_yaml_(config_yaml),
         opt_(opt),
         rank_(opt.world ? opt.world->rank() : 0),
         size_(opt.world ? opt.world->size() : 1),
         slot_(save_slot(save_dir, state.iteration)),
-        what_(fmt::format("checkpoint {} not saved", slot_.final_dir.string())) {}
-
-  std::string run() {
+        what_(fmt::format("checkpoint {} not saved", slot_.final_dir.string())) {
+    if (source.layout) tensors_ = source.layout->infos();
+    for (const SaveRange& r : ranges_) writer_ = writer_ || r.numel > 0;
     open();
-    write();
+    if (opt_.async) {
+      copy_to_host();
+      thread_ = std::thread([this] { write(); });
+    } else {
+      write();
+    }
+  }
+  ~Impl() {
+    if (thread_.joinable()) thread_.join();
+  }
+
+  bool written() const { return done_.load(); }
+  bool all_written() const {
+    const int32_t mine = done_.load() ? 1 : 0;
+    return opt_.world ? opt_.world->all_reduce_value(mine, parallel::ReduceOp::Min) == 1 : mine == 1;
+  }
+
+  SaveReport finish() {
+    if (thread_.joinable()) thread_.join();
+    const auto t0 = std::chrono::steady_clock::now();
+    exchange();
     publish();
-    return slot_.final_dir.string();
+    report_.publish_ms = ms_since(t0);
+    report_.dir = slot_.final_dir.string();
+    return report_;
   }
 
  private:
+  static double ms_since(std::chrono::steady_clock::time_point t0) {
+    return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  }
+
   // 1. Rank 0 checks that the save replaces no other run's checkpoint and makes the temporary
   // folder; the others wait for it.
   void open() {
@@ -242,30 +288,62 @@ class Saver {
     raise_if_failed(failed_ranks(opt_.world, err.empty()), err, what_);
   }
 
-  // 2. Writers write their shard file and fsync it; everyone shares (ok, writer, bytes, crc).
+  // async: the ranges' data into host buffers of this save's own, so that training may go on.
+  void copy_to_host() {
+    const auto t0 = std::chrono::steady_clock::now();
+    int64_t total = 0;
+    for (const SaveRange& r : ranges_) total += r.numel;
+    host_.resize(size_t(total) * kSections);
+    int64_t at = 0;
+    for (SaveRange& r : ranges_) {
+      for (int s = 0; s < kSections; ++s) {
+        float* dst = host_.data() + size_t(s) * size_t(total) + size_t(at);
+        if (r.numel > 0 && r.data[s]) std::memcpy(dst, r.data[s], size_t(r.numel) * sizeof(float));
+        r.data[s] = r.data[s] ? dst : nullptr;
+      }
+      at += r.numel;
+    }
+    report_.copy_ms = ms_since(t0);
+  }
+
+  // 2. This rank writes its shard file and fsyncs it (no collectives: it may run on a thread).
   void write() {
-    Written mine;
-    const std::string err = caught([&] {
+    const auto t0 = std::chrono::steady_clock::now();
+    error_ = caught([&] {
       if (opt_.block_bytes <= 0) fail("checkpoint block_bytes must be positive, not {}", opt_.block_bytes);
-      if (!opt_.writer) return;
-      // A store on the GPU (bf16 mixed precision) is written from a host copy of its master weights.
-      const Tensor values = params_.device() == Device::CPU ? params_.values() : params_.values().to(Device::CPU);
-      const float* data[kSections] = {values.data<float>(), moments_[0], moments_[1]};
-      mine = write_shard(slot_.tmp / shard_file_name(rank_), rank_, state_.run_id, state_.iteration, params_, data,
-                         opt_.block_bytes, opt_.state);
+      if (!writer_) return;
+      mine_ = write_shard(slot_.tmp / shard_file_name(rank_), rank_, state_.run_id, state_.iteration, tensors_,
+                          ranges_, opt_.block_bytes, opt_.state);
     });
-    if (err.empty() && opt_.writer) maybe_kill_after(shard_file_name(rank_));
-    const int64_t record[4] = {err.empty() ? 1 : 0, opt_.writer ? 1 : 0, int64_t(mine.bytes), int64_t(mine.crc)};
-    records_.resize(4 * size_t(size_));
+    if (error_.empty() && writer_) maybe_kill_after(shard_file_name(rank_));
+    report_.write_ms = ms_since(t0);
+    report_.bytes = mine_.bytes;
+    report_.host_buffer_bytes = host_.size() * sizeof(float) + (writer_ ? kWriteBufferBytes : 0);
+    done_ = true;
+  }
+
+  // Everyone shares (ok, writer, bytes, crc, write time, host buffer bytes).
+  void exchange() {
+    const int64_t record[kRecord] = {error_.empty() ? 1 : 0, writer_ ? 1 : 0, int64_t(mine_.bytes), int64_t(mine_.crc),
+                                     int64_t(report_.write_ms * 1e3), int64_t(report_.host_buffer_bytes)};
+    records_.resize(kRecord * size_t(size_));
     if (opt_.world)
-      opt_.world->all_gather(record, records_.data(), 4, parallel::CommType::I64);
+      opt_.world->all_gather(record, records_.data(), kRecord, parallel::CommType::I64);
     else
-      std::copy(record, record + 4, records_.begin());
+      std::copy(record, record + kRecord, records_.begin());
     std::vector<int> failed;
-    for (int r = 0; r < size_; ++r)
-      if (records_[4 * r] == 0) failed.push_back(r);
+    for (int r = 0; r < size_; ++r) {
+      const int64_t* rec = &records_[kRecord * size_t(r)];
+      if (rec[0] == 0) failed.push_back(r);
+      if (rec[1] != 0) {
+        report_.writers += 1;
+        report_.total_bytes += uint64_t(rec[2]);
+      }
+      report_.max_write_ms = std::max(report_.max_write_ms, double(rec[4]) / 1e3);
+      report_.max_host_buffer_bytes = std::max(report_.max_host_buffer_bytes, uint64_t(rec[5]));
+    }
     if (!failed.empty() && rank_ == 0) discard_save_slot(slot_);
-    raise_if_failed(failed, err, what_);
+    raise_if_failed(failed, error_, what_);
   }
 
   // 3. Rank 0 indexes the shards, writes config.yaml and meta.json, renames, moves `latest`.
@@ -303,17 +381,18 @@ class Saver {
   }
 
   // meta.json's files and tensor index, from the shard headers just written (each read back and
-  // verified), and the check that every tensor saved is whole across the files: a rank wrongly
-  // marked as no writer shows here, at save time, not at the next load.
+  // verified), and the check that every tensor saved is whole across the files: a rank that wrote
+  // less than it should shows here, at save time, not at the next load.
   void index_shards(json& meta) const {
     json files = json::object(), tensors = json::object(), state = json::object();
     for (int r = 0; r < size_; ++r) {
-      if (records_[4 * r + 1] == 0) continue;
+      const int64_t* rec = &records_[kRecord * size_t(r)];
+      if (rec[1] == 0) continue;
       const std::string file = shard_file_name(r);
-      files[file] = {{"bytes", records_[4 * r + 2]}, {"crc32", records_[4 * r + 3]}, {"rank", r}};
+      files[file] = {{"bytes", rec[2]}, {"crc32", rec[3]}, {"rank", r}};
       ShardExpect expect;
-      expect.bytes = uint64_t(records_[4 * r + 2]);
-      expect.crc = uint32_t(records_[4 * r + 3]);
+      expect.bytes = uint64_t(rec[2]);
+      expect.crc = uint32_t(rec[3]);
       expect.run_id = state_.run_id;
       expect.iteration = state_.iteration;
       const ShardReader rd(slot_.tmp / file, expect);
@@ -330,16 +409,17 @@ class Saver {
                t.at("global_shape").dump(), file, entry["global_shape"].dump());
         entry["shards"].push_back({{"file", file},
                                    {"offset", t.at("offset")},
+                                   {"range", t.at("range")},
                                    {"shape", t.at("shape")},
                                    {"shard_dim", t.at("shard_dim")},
                                    {"pieces", t.at("pieces")}});
       }
     }
-    if (files.empty()) fail("no rank is a writer (SaveOptions::writer is false everywhere)");
+    if (files.empty()) fail("no rank is a writer (no rank has ranges to write)");
     meta["files"] = files;
     meta["tensors"] = tensors;
     if (!state.empty()) meta["state"] = state;
-    for (const auto& [name, st] : parse_index(slot_.tmp, meta)) {
+    for (const auto& [name, st] : parse_index(slot_.tmp, meta)) {  // (each slice whole across its parts)
       std::vector<const Entry*> entries;
       for (const Entry& e : st.entries) entries.push_back(&e);
       const PlanResult r = plan(name, st.global, make_placement(st.global, -1, {}), entries, [](auto&&...) {});
@@ -350,24 +430,63 @@ class Saver {
     }
   }
 
-  const ParamStore& params_;
-  const float* moments_[2];
-  const TrainState& state_;
-  const std::string& config_yaml_;
-  const SaveOptions& opt_;
+  static constexpr size_t kRecord = 6;
+  std::vector<StoredParam> tensors_;
+  std::vector<SaveRange> ranges_;
+  const TrainState state_;
+  const std::string config_yaml_;
+  const SaveOptions opt_;
   const int rank_, size_;
   const SaveSlot slot_;
   const std::string what_;
+  bool writer_ = false;
   int64_t save_seq_ = 0;
-  std::vector<int64_t> records_;  // per rank: ok, writer, bytes, crc
+  std::vector<float> host_;  // async: the ranges' three sections, copied
+  std::thread thread_;
+  std::atomic<bool> done_{false};
+  std::string error_;        // this rank's write's error ("" on success)
+  Written mine_;
+  SaveReport report_;
+  std::vector<int64_t> records_;  // per rank: kRecord values (exchange())
 };
 
-}  // namespace
+CheckpointSave::CheckpointSave(const std::string& save_dir, const ShardSource& source, const TrainState& state,
+                               const std::string& config_yaml, const SaveOptions& options)
+    : impl_(std::make_unique<Impl>(save_dir, source, state, config_yaml, options)) {}
+CheckpointSave::~CheckpointSave() = default;
+bool CheckpointSave::written() const { return impl_->written(); }
+bool CheckpointSave::all_written() const { return impl_->all_written(); }
+SaveReport CheckpointSave::finish() { return impl_->finish(); }
+
+ShardSource ShardSource::whole(const ParamStore& params, const float* values, const float* exp_avg,
+                               const float* exp_avg_sq) {
+  ShardSource s;
+  s.layout = &params;
+  s.ranges.push_back({0, params.numel(), {values, exp_avg, exp_avg_sq}});
+  return s;
+}
 
 std::string save_checkpoint(const std::string& save_dir, const ParamStore& params, const float* exp_avg,
                             const float* exp_avg_sq, const TrainState& state, const std::string& config_yaml,
                             const SaveOptions& opt) {
-  return Saver(save_dir, params, exp_avg, exp_avg_sq, state, config_yaml, opt).run();
+  // A store on the GPU (bf16 mixed precision) is written from a host copy of its master weights.
+  Tensor values;
+  ShardSource source;
+  source.layout = &params;
+  if (opt.writer) {
+    values = params.device() == Device::CPU ? params.values() : params.values().to(Device::CPU);
+    source = ShardSource::whole(params, values.data<float>(), exp_avg, exp_avg_sq);
+  }
+  SaveOptions sync = opt;
+  sync.async = false;
+  return CheckpointSave(save_dir, source, state, config_yaml, sync).finish().dir;
+}
+
+SaveReport save_checkpoint(const std::string& save_dir, const ShardSource& source, const TrainState& state,
+                           const std::string& config_yaml, const SaveOptions& opt) {
+  SaveOptions sync = opt;
+  sync.async = false;
+  return CheckpointSave(save_dir, source, state, config_yaml, sync).finish();
 }
 
 CheckpointData load_checkpoint(const std::string& dir, const ParamStore& params, const LoadOptions& opt) {

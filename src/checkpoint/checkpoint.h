@@ -1,9 +1,11 @@
 // Checkpoints that any parallel layout can write and any other can read (resharding on load).
 //
 // <save>/iter_NNNNNNN/ holds
-//   rank_RRRRR.bin  one per writing rank (R = world rank): the rank's tensors, each recorded with
-//                   its name, global shape and the slice of it the rank holds (shard dim and
-//                   pieces), then its flat fp32 buffers: values, exp_avg, exp_avg_sq. A JSON
+//   rank_RRRRR.bin  one per writing rank (R = world rank): the elements the rank owns (its ZeRO /
+//                   FSDP shards, or its share of a replicated tensor), each run recorded with its
+//                   tensor's name, global shape, the slice of it the rank's layout holds (shard dim
+//                   and pieces) and the range of that slice written here, then the packed fp32
+//                   sections: values, exp_avg, exp_avg_sq. A JSON
 //                   header (with its own CRC-32) carries that list and a CRC-32 per block of data,
 //                   so a reader that needs a slice reads and verifies only the blocks it touches.
 //   config.yaml     the resolved experiment config
@@ -26,6 +28,7 @@
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -76,8 +79,8 @@ struct CheckpointData {
 struct SaveOptions {
   // The ranks that save together; nullptr is a single process. Saving is collective over it.
   parallel::ProcessGroup* world = nullptr;
-  // Whether this rank writes a shard file. Replicas need not write: the trainer passes
-  // dp rank 0 and cp rank 0. Every tensor of the model must have at least one writer.
+  // Whether this rank writes a shard file (the overload of save_checkpoint that takes a whole
+  // store; a ShardSource says it by its ranges). Every tensor must have at least one writer.
   bool writer = true;
   CheckpointLayout layout;  // recorded in meta.json
   // Data is checksummed in blocks of this many bytes; a reader verifies the blocks it reads.
@@ -88,6 +91,68 @@ struct SaveOptions {
   // This rank's named run state beyond its tensors (FP8 scaling histories and scales), written
   // into its shard when it is a writer; a name saved by several ranks is indexed once.
   RunState state;
+  // `async_save`: CheckpointSave copies the ranges to host buffers and writes them on a thread.
+  bool async = false;
+};
+
+// A contiguous range [begin, begin + numel) of a rank's flat layout (its ParamStore's offsets)
+// that it writes, with the data of the three sections (values, exp_avg, exp_avg_sq) in host
+// memory. Elements outside the store's tensors (alignment gaps) are not written.
+struct SaveRange {
+  int64_t begin = 0, numel = 0;
+  const float* data[3] = {nullptr, nullptr, nullptr};
+};
+
+// What one rank writes: ranges of its store's layout, sorted and disjoint. Under ZeRO / FSDP the
+// ranges are the rank's own shards; replicas split a tensor's elements between them, so that each
+// element is written once. No ranges: the rank writes no file.
+struct ShardSource {
+  const ParamStore* layout = nullptr;  // names, shapes, slices and flat offsets of the tensors
+  std::vector<SaveRange> ranges;
+  // The whole store, values and moments (one writer's view): what save_checkpoint(params, ...) saves.
+  static ShardSource whole(const ParamStore& params, const float* values, const float* exp_avg,
+                           const float* exp_avg_sq);
+};
+
+// What a save did, for the log and metrics.jsonl.
+struct SaveReport {
+  std::string dir;              // the checkpoint folder
+  double write_ms = 0;          // this rank's shard: pack, checksum, write, fsync (its thread's time when async)
+  double max_write_ms = 0;      // the slowest rank's
+  double copy_ms = 0;           // async: copying the ranges to host buffers (on the training thread)
+  double publish_ms = 0;        // the end: agreement, rank 0's meta.json, rename, `latest`
+  uint64_t bytes = 0;           // this rank's shard file
+  uint64_t total_bytes = 0;     // every rank's shard files
+  int writers = 0;              // ranks that wrote a file
+  uint64_t host_buffer_bytes = 0;      // host memory this rank's save held: async copies + staging buffer
+  uint64_t max_host_buffer_bytes = 0;  // the largest over the ranks
+};
+
+// A collective save that may write in the background. The constructor (collective over
+// options.world) opens the temporary folder, then writes this rank's shard: before it returns,
+// or (options.async) on a thread, from host copies of the ranges it made first, so that training
+// may change its buffers at once. finish() (collective) waits for this rank's write, learns every
+// rank's outcome, and rank 0 publishes the checkpoint: meta.json, the rename, `latest`. So
+// `latest` moves only when every rank's shard is durable, and a crash before that leaves the
+// previous checkpoint the latest. A failure on any rank makes every rank's finish() throw and
+// leaves no checkpoint folder. A save destroyed unfinished (an exception elsewhere) waits for its
+// thread and leaves its temporary folder for the next save to remove.
+class CheckpointSave {
+ public:
+  CheckpointSave(const std::string& save_dir, const ShardSource& source, const TrainState& state,
+                 const std::string& config_yaml, const SaveOptions& options);
+  ~CheckpointSave();
+  CheckpointSave(const CheckpointSave&) = delete;
+  CheckpointSave& operator=(const CheckpointSave&) = delete;
+
+  bool written() const;  // local: this rank's shard is written (or its write failed)
+  // Collective: whether every rank's shard is written (finish() would not wait on a write).
+  bool all_written() const;
+  SaveReport finish();  // collective; once
+
+ private:
+  class Impl;
+  std::unique_ptr<Impl> impl_;
 };
 
 struct LoadOptions {
@@ -113,6 +178,9 @@ struct LoadOptions {
 std::string save_checkpoint(const std::string& save_dir, const ParamStore& params, const float* exp_avg,
                             const float* exp_avg_sq, const TrainState& state, const std::string& config_yaml,
                             const SaveOptions& options = {});
+// The same for the ranges a rank owns (ZeRO / FSDP shards), written synchronously.
+SaveReport save_checkpoint(const std::string& save_dir, const ShardSource& source, const TrainState& state,
+                           const std::string& config_yaml, const SaveOptions& options = {});
 
 // Reads a checkpoint folder into this rank's tensors, whatever layout saved it. Every block read
 // is checked against its CRC-32. Throws primus::Error naming the tensor and the file(s) at fault:

@@ -25,8 +25,11 @@ namespace {
 
 // Format 1 was one process's flat buffers (model.bin, optimizer.bin); format 2 is sharded; format 3
 // adds the checkpoint's identity (run id and iteration) to every shard header and to meta.json,
-// the save order, and a checksum over meta.json itself (kFormatVersion, format.h). Format 2 is still
-// read (without those checks).
+// the save order, and a checksum over meta.json itself; format 4 lets a shard hold a range of a
+// tensor's slice (`range`, the local elements [begin, end)), so that the ranks holding one slice
+// (ZeRO / FSDP shards, replicas sharing the writing) each write their part of it, and packs the
+// sections (no alignment gaps). kFormatVersion, format.h. Formats 2 and 3 are still read (a
+// missing `range` is the whole slice; format 2 without the identity checks).
 constexpr int kOldestReadVersion = 2;
 // A shard file: magic, u64 header length, u32 header CRC-32, u32 zero, the JSON header, zeros up
 // to a multiple of kDataAlign, then the sections values, exp_avg, exp_avg_sq (numel fp32 each).
@@ -271,12 +274,110 @@ void maybe_kill_after(const std::string& file) {
   if (kill_after && file == kill_after) ::raise(SIGKILL);
 }
 
+namespace {
+
+// One run of a shard's section data: `count` floats of tensor elements, in file order.
+struct Piece {
+  int tensor = 0;                 // into the tensor list
+  int64_t begin = 0, count = 0;   // the tensor's local elements [begin, begin + count)
+  const float* data[kSections] = {nullptr, nullptr, nullptr};
+};
+
+// The tensor elements the ranges hold, tensor by tensor (alignment gaps between tensors are not
+// written).
+std::vector<Piece> pieces_of(const std::vector<StoredParam>& tensors, const std::vector<SaveRange>& ranges) {
+  std::vector<Piece> out;
+  for (size_t r = 0; r < ranges.size(); ++r)
+    if (ranges[r].numel < 0 || ranges[r].begin < 0 || (r > 0 && ranges[r].begin < ranges[r - 1].begin + ranges[r - 1].numel))
+      fail("checkpoint: the ranges a rank writes must be sorted and disjoint (range {} at {})", r, ranges[r].begin);
+  for (size_t t = 0; t < tensors.size(); ++t) {
+    const int64_t a = tensors[t].offset, b = a + tensors[t].numel;
+    auto it = std::upper_bound(ranges.begin(), ranges.end(), a,
+                               [](int64_t x, const SaveRange& r) { return x < r.begin + r.numel; });
+    for (; it != ranges.end() && it->begin < b; ++it) {
+      const int64_t lo = std::max(a, it->begin), hi = std::min(b, it->begin + it->numel);
+      if (lo >= hi) continue;
+      Piece p{int(t), lo - a, hi - lo, {}};
+      for (int s = 0; s < kSections; ++s) {
+        if (!it->data[s]) fail("checkpoint: no {} data given for tensor {}", kSectionNames[s], tensors[t].name);
+        p.data[s] = it->data[s] + (lo - it->begin);
+      }
+      out.push_back(p);
+    }
+  }
+  return out;
+}
+
+// CRC-32 of every block_bytes of one section, streamed over its pieces.
+std::vector<uint32_t> block_crcs_of(const std::vector<Piece>& pieces, int section, uint64_t block_bytes) {
+  std::vector<uint32_t> crcs;
+  uint32_t crc = 0;
+  uint64_t in_block = 0;
+  for (const Piece& p : pieces) {
+    const char* at = reinterpret_cast<const char*>(p.data[section]);
+    uint64_t left = uint64_t(p.count) * sizeof(float);
+    while (left > 0) {
+      const uint64_t n = std::min(left, block_bytes - in_block);
+      crc = crc_update(crc, at, n);
+      at += n;
+      left -= n;
+      in_block += n;
+      if (in_block == block_bytes) {
+        crcs.push_back(crc);
+        crc = 0;
+        in_block = 0;
+      }
+    }
+  }
+  if (in_block > 0) crcs.push_back(crc);
+  return crcs;
+}
+
+// Writes through a bounded staging buffer: small pieces are gathered into it, large ones go
+// straight from the caller's memory.
+class StagedWriter {
+ public:
+  StagedWriter(FileWriter& w, size_t capacity) : w_(w), cap_(capacity) { buf_.reserve(cap_); }
+  void write(const void* data, size_t bytes) {
+    if (buf_.size() + bytes > cap_) flush();
+    if (bytes >= cap_) return w_.write(data, bytes);
+    const char* p = static_cast<const char*>(data);
+    buf_.insert(buf_.end(), p, p + bytes);
+  }
+  void flush() {
+    if (!buf_.empty()) w_.write(buf_.data(), buf_.size());
+    buf_.clear();
+  }
+  size_t capacity() const { return cap_; }
+
+ private:
+  FileWriter& w_;
+  size_t cap_;
+  std::vector<char> buf_;
+};
+
+}  // namespace
+
 // Writes this rank's shard file; returns its size and CRC-32. The whole-file CRC is combined from
-// the header's and the blocks' CRCs, so the data is checksummed in one pass.
+// the header's and the blocks' CRCs, so the data is checksummed in one pass over memory before it
+// is written.
 Written write_shard(const fs::path& path, int rank, const std::string& run_id, int64_t iteration,
-                    const ParamStore& params, const float* const data[kSections], int64_t block_bytes,
-                    const RunState& state) {
-  const uint64_t n = uint64_t(params.numel());
+                    const std::vector<StoredParam>& tensors, const std::vector<SaveRange>& ranges,
+                    int64_t block_bytes, const RunState& state) {
+  const std::vector<Piece> pieces = pieces_of(tensors, ranges);
+  uint64_t n = 0;
+  json list = json::array();
+  for (const Piece& pc : pieces) {
+    const StoredParam& p = tensors[size_t(pc.tensor)];
+    list.push_back({{"name", p.name},
+                    {"shape", p.shape},
+                    {"global_shape", p.global_shape},
+                    {"offset", n},
+                    {"range", {pc.begin, pc.begin + pc.count}},
+                    {"shard_dim", p.shard.pieces.empty() ? -1 : p.shard.dim},
+                    {"pieces", pieces_json(p.shard.pieces)}});
+    n += uint64_t(pc.count);
+  }
   const uint64_t section_bytes = n * sizeof(float);
   json h;
   h["format"] = "primus-shard";
@@ -287,15 +388,7 @@ Written write_shard(const fs::path& path, int rank, const std::string& run_id, i
   h["dtype"] = "float32";
   h["numel"] = n;
   h["block_bytes"] = block_bytes;
-  json tensors = json::array();
-  for (const StoredParam& p : params.infos())
-    tensors.push_back({{"name", p.name},
-                       {"shape", p.shape},
-                       {"global_shape", p.global_shape},
-                       {"offset", p.offset},
-                       {"shard_dim", p.shard.pieces.empty() ? -1 : p.shard.dim},
-                       {"pieces", pieces_json(p.shard.pieces)}});
-  h["tensors"] = tensors;
+  h["tensors"] = std::move(list);
   // name -> the floats' bit patterns (the header holds integers only: reject_floats)
   for (const auto& [name, values] : state) {
     std::vector<uint32_t> bits(values.size());
@@ -304,10 +397,7 @@ Written write_shard(const fs::path& path, int rank, const std::string& run_id, i
   }
   std::vector<std::vector<uint32_t>> block_crcs(kSections);
   for (int s = 0; s < kSections; ++s) {
-    if (n > 0 && data[s] == nullptr) fail("checkpoint: no {} buffer given for rank {}", kSectionNames[s], rank);
-    const char* bytes = reinterpret_cast<const char*>(data[s]);
-    for (uint64_t off = 0; off < section_bytes; off += uint64_t(block_bytes))
-      block_crcs[s].push_back(crc_of(bytes + off, std::min<uint64_t>(uint64_t(block_bytes), section_bytes - off)));
+    block_crcs[s] = block_crcs_of(pieces, s, uint64_t(block_bytes));
     h["sections"][kSectionNames[s]] = {{"block_crc32", block_crcs[s]}};
   }
   const std::string header = h.dump();
@@ -322,24 +412,29 @@ Written write_shard(const fs::path& path, int rank, const std::string& run_id, i
   safe::require_free(path.parent_path().string(), file_bytes, "checkpoint shard " + path.filename().string() + " in");
 
   FileWriter w(path, file_bytes);
-  w.write(prefix, kPrefixBytes);
-  w.write(header.data(), header.size());
-  w.write(pad.data(), pad.size());
+  StagedWriter out(w, kWriteBufferBytes);
+  out.write(prefix, kPrefixBytes);
+  out.write(header.data(), header.size());
+  out.write(pad.data(), pad.size());
   uint32_t crc = crc_of(prefix, kPrefixBytes);
   crc = crc_update(crc, header.data(), header.size());
   crc = crc_update(crc, pad.data(), pad.size());
   for (int s = 0; s < kSections; ++s) {
-    if (section_bytes > 0) w.write(data[s], section_bytes);
+    for (const Piece& pc : pieces) out.write(pc.data[s], size_t(pc.count) * sizeof(float));
     for (size_t b = 0; b < block_crcs[s].size(); ++b) {
       const uint64_t len = std::min<uint64_t>(uint64_t(block_bytes), section_bytes - b * uint64_t(block_bytes));
       crc = uint32_t(crc32_combine(crc, block_crcs[s][b], z_off_t(len)));
     }
-    if (s == 0) maybe_kill_after(path.filename().string() + ":half");  // crash tests: a half-written shard
+    if (s == 0) {
+      out.flush();
+      maybe_kill_after(path.filename().string() + ":half");  // crash tests: a half-written shard
+    }
     // Fault injection for the agreement tests: this rank fails halfway through its file.
     const char* fail_rank = std::getenv("PRIMUS_FAULT_CHECKPOINT_FAIL_RANK");
     if (s == 0 && fail_rank && std::atoi(fail_rank) == rank)
       fail("injected failure while writing {} (PRIMUS_FAULT_CHECKPOINT_FAIL_RANK={})", path.string(), rank);
   }
+  out.flush();
   w.finish();
   return {w.written(), crc};
 }
@@ -462,25 +557,59 @@ ShardExpect shard_expect(const json& meta, const std::string& file) {
   return e;
 }
 
+// The slices of a tensor are grouped by placement: the ranks that hold one slice may each have
+// written a range of it (format 4), and replicas the whole of it; the slice is their union, which
+// must cover it.
 std::map<std::string, SavedTensor> parse_index(const fs::path& dir, const json& meta) {
   std::map<std::string, SavedTensor> index;
   try {
     for (const auto& [name, t] : meta.at("tensors").items()) {
       SavedTensor& st = index[name];
       st.global = t.at("global_shape").get<Shape>();
+      std::map<std::string, size_t> by_placement;  // placement's JSON -> index into st.entries
       for (const auto& s : t.at("shards")) {
-        Entry e;
-        e.file = s.at("file").get<std::string>();
-        e.offset = s.at("offset").get<int64_t>();
-        e.place = placement_json(s);
-        const std::string problem = placement_problem(e.place, st.global);
-        if (!problem.empty() || e.offset < 0)
-          fail("checkpoint {}: meta.json's entry for tensor {} in {} is inconsistent: {}", dir.string(), name, e.file,
-               problem.empty() ? "negative offset" : problem);
-        if (!meta.at("files").contains(e.file))
+        Part part;
+        part.file = s.at("file").get<std::string>();
+        part.offset = s.at("offset").get<int64_t>();
+        const Placement place = placement_json(s);
+        const std::string problem = placement_problem(place, st.global);
+        const int64_t numel = numel_of(place.shape);
+        part.end = numel;
+        if (s.contains("range")) {
+          part.begin = s.at("range").at(0).get<int64_t>();
+          part.end = s.at("range").at(1).get<int64_t>();
+        }
+        if (!problem.empty() || part.offset < 0 || part.begin < 0 || part.begin >= part.end || part.end > numel)
+          fail("checkpoint {}: meta.json's entry for tensor {} in {} is inconsistent: {}", dir.string(), name,
+               part.file,
+               !problem.empty() ? problem
+               : part.offset < 0 ? std::string("negative offset")
+                                 : fmt::format("range [{}, {}) of a slice of {} elements", part.begin, part.end, numel));
+        if (!meta.at("files").contains(part.file))
           fail("checkpoint {}: tensor {} is said to be in {}, which meta.json does not list", dir.string(), name,
-               e.file);
-        st.entries.push_back(std::move(e));
+               part.file);
+        const std::string key = json{s.at("shape"), s.at("shard_dim"), s.at("pieces")}.dump();
+        auto [it, added] = by_placement.emplace(key, st.entries.size());
+        if (added) st.entries.push_back(Entry{part.file, place, {}});
+        Entry& e = st.entries[it->second];
+        if (!added && e.file.find(part.file) == std::string::npos) e.file += "+" + part.file;
+        e.parts.push_back(std::move(part));
+      }
+      for (Entry& e : st.entries) {
+        std::sort(e.parts.begin(), e.parts.end(), [](const Part& l, const Part& r) { return l.begin < r.begin; });
+        const int64_t numel = numel_of(e.place.shape);
+        int64_t covered = 0, gap_end = numel;
+        for (const Part& p : e.parts) {
+          if (p.begin > covered) {
+            gap_end = p.begin;
+            break;
+          }
+          covered = std::max(covered, p.end);
+        }
+        if (covered < numel)
+          fail("checkpoint {}: tensor {} is not fully saved: elements [{}, {}) of its slice ({}, {}) are in none "
+               "of its files ({})",
+               dir.string(), name, covered, gap_end, describe(e.place), shape_str(e.place.shape), e.file);
       }
     }
   } catch (const json::exception& e) {

@@ -1,9 +1,9 @@
 // The checkpoint format (docs/checkpoints.md#format): shard files and meta.json.
 //
 // A shard file: magic "PRMSHRD2", u64 header length, u32 header CRC-32, u32 zero, a JSON header
-// (format version, the writer's rank, run id and iteration, its tensors with their global shapes
-// and slices, a CRC-32 per block of each section), zeros up to a multiple of 64 bytes, then the
-// sections values, exp_avg, exp_avg_sq (numel fp32 each). meta.json lists every file with its
+// (format version, the writer's rank, run id and iteration, its tensors with their global shapes,
+// slices and the range of each slice it holds, a CRC-32 per block of each section), zeros up to a
+// multiple of 64 bytes, then the sections values, exp_avg, exp_avg_sq (numel fp32 each). meta.json lists every file with its
 // size and CRC-32, indexes every tensor's slices, and carries a checksum of itself.
 //
 // Readers verify everything they use: sizes, the header's CRC, that a shard belongs to its
@@ -27,7 +27,7 @@
 
 namespace primus::checkpoint {
 
-inline constexpr int kFormatVersion = 3;  // the version written (format.cpp: what each adds)
+inline constexpr int kFormatVersion = 4;  // the version written (format.cpp: what each adds)
 inline constexpr int kSections = 3;       // values, exp_avg, exp_avg_sq
 inline constexpr const char* kSectionNames[kSections] = {"values", "exp_avg", "exp_avg_sq"};
 
@@ -50,12 +50,14 @@ struct Written {
 // Writes and fsyncs a whole file; a full disk is an error with the bytes needed (safe/disk.h).
 Written write_whole_file(const std::filesystem::path& p, const void* data, size_t bytes);
 
-// Writes a rank's shard file of `params` with the three sections in `data` (flat buffers laid out
-// like params.values()) and its run state, tied to its checkpoint by run id and iteration; returns
-// its size and CRC-32.
+// Writes a rank's shard file: the elements of `tensors` (a store's layout) that `ranges` cover,
+// packed, with their three sections' data from the ranges, and its run state, tied to its
+// checkpoint by run id and iteration; returns its size and CRC-32. Host memory beyond the data:
+// the header and a staging buffer of kWriteBufferBytes.
+inline constexpr size_t kWriteBufferBytes = 4u << 20;
 Written write_shard(const std::filesystem::path& path, int rank, const std::string& run_id, int64_t iteration,
-                    const ParamStore& params, const float* const data[kSections], int64_t block_bytes,
-                    const RunState& state = {});
+                    const std::vector<StoredParam>& tensors, const std::vector<SaveRange>& ranges,
+                    int64_t block_bytes, const RunState& state = {});
 
 // What a reader expects of a shard: from meta.json.
 struct ShardExpect {

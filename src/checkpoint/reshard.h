@@ -26,11 +26,21 @@ struct Placement {
   std::vector<int64_t> local_start;
 };
 
-// One saved slice of a tensor: where it lives and what it holds.
-struct Entry {
+// Where a range of a saved slice's elements lives: [begin, end) of the slice's local tensor (row
+// major) is in `file` from element `offset` of its sections. A slice that one rank wrote whole is
+// one part [0, numel); under ZeRO / FSDP, or when replicas share the writing, the ranks that hold
+// a slice each write a range of it (format 4), and the slice is the union of their parts.
+struct Part {
   std::string file;
   int64_t offset = 0;  // elements, into the file's sections
+  int64_t begin = 0, end = 0;
+};
+
+// One saved slice of a tensor: what it holds and where its elements live.
+struct Entry {
+  std::string file;          // for messages: the file(s) holding it
   Placement place;
+  std::vector<Part> parts;   // sorted by begin; together they cover [0, numel of place.shape)
 };
 
 // Each saved tensor: its global shape and its slices, as meta.json indexes them.
