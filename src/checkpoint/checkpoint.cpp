@@ -318,7 +318,7 @@ class CheckpointSave::Impl {
     if (error_.empty() && writer_) maybe_kill_after(shard_file_name(rank_));
     report_.write_ms = ms_since(t0);
     report_.bytes = mine_.bytes;
-    report_.host_buffer_bytes = host_.size() * sizeof(float) + (writer_ ? kWriteBufferBytes : 0);
+    report_.host_buffer_bytes = host_.size() * sizeof(float) + std::min<uint64_t>(kWriteBufferBytes, mine_.bytes);
     done_ = true;
   }
 

@@ -412,7 +412,7 @@ Written write_shard(const fs::path& path, int rank, const std::string& run_id, i
   safe::require_free(path.parent_path().string(), file_bytes, "checkpoint shard " + path.filename().string() + " in");
 
   FileWriter w(path, file_bytes);
-  StagedWriter out(w, kWriteBufferBytes);
+  StagedWriter out(w, size_t(std::min<uint64_t>(kWriteBufferBytes, file_bytes)));
   out.write(prefix, kPrefixBytes);
   out.write(header.data(), header.size());
   out.write(pad.data(), pad.size());

@@ -59,6 +59,9 @@ const std::vector<KeyInfo>& training_keys() {
                        "the tensors whose name and shape match, leave the others at their initial values, and log "
                        "every tensor dropped or left"),
       KEY(keep_last_checkpoints, "this run's checkpoints kept in `save` (newest saves); older ones are deleted. 0: keep all"),
+      KEY(async_save, "copy each checkpoint's state to host buffers at the save step and write it on a background "
+                      "thread while training goes on; the next save and the end of training wait for it, and "
+                      "`latest` moves only when every rank's shard is durable"),
       KEY(exit_signal_handler,
           "on SIGTERM (Slurm's time limit, scancel) finish the step in progress, save a checkpoint "
           "and exit with code 0"),

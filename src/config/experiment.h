@@ -68,6 +68,7 @@ struct TrainingArgs {
   bool no_load_optim = false;  // resume weights and data position, a fresh optimizer (Megatron's --no-load-optim)
   bool load_strict = true;     // a checkpoint must hold this model (checkpoint/model_fit.h); false: load what matches
   int64_t keep_last_checkpoints = 3;
+  bool async_save = false;    // write checkpoints on a thread from host copies (docs/checkpoints.md)
   bool overwrite = false;     // replace another run's checkpoints in `save` (else an error)
   bool exit_signal_handler = false;  // SIGTERM: save after the step in progress and exit 0 (safe/early_exit.h)
   double exit_duration_in_mins = 0;  // > 0: save and exit 0 once this many minutes have passed

@@ -156,6 +156,20 @@ std::vector<float> FlatAdamW::moment(bool second) const {
   return out;
 }
 
+const float* FlatAdamW::moment_range(bool second, int64_t begin, int64_t n,
+                                     std::vector<std::vector<float>>& copies) const {
+  if (begin < 0 || n < 0 || begin + n > numel_)
+    fail("FlatAdamW::moment_range: [{}, +{}) outside the {} elements", begin, n, numel_);
+  if (device_ == Device::CPU) return (second ? host_->exp_avg_sq() : host_->exp_avg()) + begin;
+  std::vector<float>& out = copies.emplace_back(size_t(n));
+#ifdef PRIMUS_HAVE_CUDA
+  if (n > 0)
+    cuda::copy_to_host(out.data(), static_cast<const char*>((second ? dev_->v : dev_->m).raw()) + begin * sizeof(float),
+                       sizeof(float) * size_t(n));
+#endif
+  return out.data();
+}
+
 void FlatAdamW::set_state(int64_t step_count, const float* exp_avg, const float* exp_avg_sq) {
   if (step_count < 0) fail("FlatAdamW::set_state: step count must be non-negative, got {}", step_count);
   step_ = step_count;

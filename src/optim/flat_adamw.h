@@ -42,6 +42,9 @@ class FlatAdamW {
   std::vector<float> exp_avg() const { return moment(false); }
   std::vector<float> exp_avg_sq() const { return moment(true); }
   void set_state(int64_t step_count, const float* exp_avg, const float* exp_avg_sq);
+  // Checkpoint writers: a host pointer to elements [begin, begin + n) of a moment, the optimizer's
+  // own memory on the CPU, or (on a GPU) a copy appended to `copies`.
+  const float* moment_range(bool second, int64_t begin, int64_t n, std::vector<std::vector<float>>& copies) const;
 
  private:
   struct DeviceState;

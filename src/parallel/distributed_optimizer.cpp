@@ -126,6 +126,14 @@ void DistributedOptimizer::step(double lr, double grad_scale) {
   }
 }
 
+std::vector<DistributedOptimizer::Shard> DistributedOptimizer::shards() const {
+  std::vector<Shard> out;
+  const auto& bks = buckets_.buckets();
+  for (size_t b = 0; b < bks.size(); ++b)
+    out.push_back({bks[b].shard_begin, bks[b].shard_end - bks[b].shard_begin, adams_[b].get()});
+  return out;
+}
+
 FullOptimizerState DistributedOptimizer::gather_state() const {
   FullOptimizerState out;
   out.step = step_;

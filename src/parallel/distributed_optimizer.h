@@ -81,6 +81,14 @@ class DistributedOptimizer {
   void load_state(int64_t step, const float* exp_avg, const float* exp_avg_sq, int64_t numel);
   void load_state(const FullOptimizerState& s);
 
+  // Checkpoint writers: this rank's shards, per bucket the range of the flat buffer and the AdamW
+  // whose state covers it (its element 0 at `begin`).
+  struct Shard {
+    int64_t begin = 0, numel = 0;
+    const FlatAdamW* adam = nullptr;
+  };
+  std::vector<Shard> shards() const;
+
   int64_t step_count() const { return step_; }
   const AdamWOptions& options() const { return options_; }
   void set_weight_decay(double wd);

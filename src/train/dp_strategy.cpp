@@ -1,6 +1,7 @@
 #include "train/dp_strategy.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 
 #include "optim/flat_adamw.h"
@@ -17,6 +18,44 @@ namespace {
 // parallelism (each cp rank holds its chunks' share of every gradient; Megatron's data-parallel
 // group with context parallel).
 parallel::ProcessGroup& gradient_group(const DpSetup& s) { return s.layout.cp > 1 ? *s.groups.dp_cp : *s.groups.dp; }
+
+// Collects the ranges a rank writes of a checkpoint (DpShardState). A range that `holders` ranks
+// hold identically is split between them, this rank (`index` among them) writing its share; of a
+// tensor every tp rank holds whole (StoredParam::tp_replicated) tp rank j writes only the j-th
+// share by position in the tensor (the ranges differ between tp ranks under ZeRO-1, whose buckets
+// follow each rank's own layout, but a tensor's position does not).
+class ShardStateBuilder {
+ public:
+  using Data = std::array<const float*, 3>;
+  ShardStateBuilder(const ParamStore& params, const parallel::MeshGroups& groups)
+      : params_(params), tp_size_(groups.tp ? groups.tp->size() : 1), tp_rank_(groups.tp ? groups.tp->rank() : 0) {
+    state_.source.layout = &params;
+  }
+  std::vector<std::vector<float>>& copies() { return state_.copies; }
+  // [begin, begin + numel) of tensor t's flat range, its data at `data` (element begin).
+  void add(int t, int64_t begin, int64_t numel, int holders, int index, Data data) {
+    int64_t lo = numel * index / holders, hi = numel * (index + 1) / holders;  // from begin
+    const StoredParam& p = params_.infos()[size_t(t)];
+    if (p.tp_replicated && tp_size_ > 1) {  // and this tp rank's share of the tensor, by position in it
+      lo = std::max(lo, p.offset + p.numel * tp_rank_ / tp_size_ - begin);
+      hi = std::min(hi, p.offset + p.numel * (tp_rank_ + 1) / tp_size_ - begin);
+    }
+    if (lo >= hi) return;
+    checkpoint::SaveRange r{begin + lo, hi - lo, {}};
+    for (int s = 0; s < 3; ++s) r.data[s] = data[size_t(s)] + lo;
+    state_.source.ranges.push_back(r);
+  }
+  DpShardState take() {
+    auto& rs = state_.source.ranges;
+    std::sort(rs.begin(), rs.end(), [](const auto& a, const auto& b) { return a.begin < b.begin; });
+    return std::move(state_);
+  }
+
+ private:
+  const ParamStore& params_;
+  int tp_size_, tp_rank_;
+  DpShardState state_;
+};
 
 // ---- replicated and ZeRO-1: the model's own flat buffers, reduced in buckets -----------------
 
@@ -71,6 +110,7 @@ class BucketedStrategy : public DataParallelStrategy {
 
   LlamaModel& model_;
   const parallel::MeshGroups& groups_;
+  parallel::ProcessGroup& gradient_group_;  // dp, or dp x cp
   ModelParallelGrads mp_;
   std::unique_ptr<ExpertGradients> experts_;  // expert parallel: the experts' reduction over edp x cp
   std::unique_ptr<parallel::GradBuckets> buckets_;
@@ -81,7 +121,7 @@ class BucketedStrategy : public DataParallelStrategy {
 };
 
 BucketedStrategy::BucketedStrategy(const DpSetup& s, parallel::GradReduce reduce)
-    : model_(s.model), groups_(s.groups), mp_(s.model, s.layout, s.groups, s.me) {
+    : model_(s.model), groups_(s.groups), gradient_group_(gradient_group(s)), mp_(s.model, s.layout, s.groups, s.me) {
   model_.init_weights(s.seed);
   ParamStore& params = model_.params();
   if (s.layout.ep > 1)
@@ -135,6 +175,20 @@ class ReplicatedStrategy final : public BucketedStrategy {
   void load_optimizer(int64_t step, std::span<const float> m, std::span<const float> v) override {
     adam_->set_state(step, m.data(), v.data());
   }
+  // Every tensor is whole here and on its replicas (dp x cp; the experts' edp x cp): each writes a share.
+  DpShardState shard_state() const override {
+    const ParamStore& params = model_.params();
+    ShardStateBuilder b(params, groups_);
+    const float* values = host_range(params.values(), 0, params.numel(), b.copies());
+    const float* m = adam_->moment_range(false, 0, params.numel(), b.copies());
+    const float* v = adam_->moment_range(true, 0, params.numel(), b.copies());
+    for (size_t t = 0; t < params.infos().size(); ++t) {
+      const StoredParam& p = params.infos()[t];
+      const parallel::ProcessGroup& g = experts_ && experts_->is_expert(int(t)) ? *groups_.edp_cp : gradient_group_;
+      b.add(int(t), p.offset, p.numel, g.size(), g.rank(), {values + p.offset, m + p.offset, v + p.offset});
+    }
+    return b.take();
+  }
 
  private:
   double optimizer_bytes() const override { return 2.0 * double(model_.params().numel()) * double(sizeof(float)); }
@@ -173,6 +227,29 @@ class DistributedOptimizerStrategy final : public BucketedStrategy {
     full.exp_avg_sq = std::move(gathered.exp_avg_sq);
     return full;
   }
+  // This rank's optimizer shards (one range per bucket, the experts' over edp), with the values
+  // there; a shard range is held by this rank alone within dp x cp.
+  DpShardState shard_state() const override {
+    const ParamStore& params = model_.params();
+    ShardStateBuilder b(params, groups_);
+    const float* values = host_range(params.values(), 0, params.numel(), b.copies());
+    const auto& infos = params.infos();
+    for (const parallel::DistributedOptimizer::Shard& sh : dist_->shards())
+      for (size_t t = 0; t < infos.size(); ++t) {
+        if (experts_ && experts_->is_expert(int(t))) continue;  // the dense step's state there is not theirs
+        const int64_t lo = std::max(sh.begin, infos[t].offset), hi = std::min(sh.begin + sh.numel, infos[t].offset + infos[t].numel);
+        if (lo >= hi) continue;
+        b.add(int(t), lo, hi - lo, 1, 0,
+              {values + lo, sh.adam->moment_range(false, lo - sh.begin, hi - lo, b.copies()),
+               sh.adam->moment_range(true, lo - sh.begin, hi - lo, b.copies())});
+      }
+    if (experts_)
+      for (const ExpertGradients::StateRange& r : experts_->state_ranges())
+        b.add(r.tensor, r.begin, r.numel, 1, 0,
+              {values + r.begin, r.adam->moment_range(false, r.adam_offset, r.numel, b.copies()),
+               r.adam->moment_range(true, r.adam_offset, r.numel, b.copies())});
+    return b.take();
+  }
   void load_optimizer(int64_t step, std::span<const float> m, std::span<const float> v) override {
     dist_->load_state(step, m.data(), v.data(), int64_t(m.size()));
     if (experts_) experts_->load_state(step, m.data(), v.data());
@@ -203,6 +280,13 @@ class ShardedStrategy final : public DataParallelStrategy {
   int64_t step_count() const override { return sharded_->step_count(); }
   const Tensor& gradients() const override { return sharded_->grad_shards(); }
   DpFullState full_state() const override;
+  // This rank's pieces: each held by it alone within its shards' group.
+  DpShardState shard_state() const override {
+    ShardStateBuilder b(model_.params(), groups_);
+    for (const ShardedWeights::HeldPiece& h : sharded_->held_pieces(b.copies()))
+      b.add(h.tensor, h.begin, h.numel, 1, 0, {h.data[0], h.data[1], h.data[2]});
+    return b.take();
+  }
   void load_values(std::span<const float> full) override { sharded_->load_values(full.data()); }
   void load_optimizer(int64_t step, std::span<const float> m, std::span<const float> v) override {
     sharded_->load_state(step, m.data(), v.data());
@@ -259,6 +343,12 @@ DpFullState ShardedStrategy::full_state() const {
 }
 
 }  // namespace
+
+int64_t DpShardState::numel() const {
+  int64_t n = 0;
+  for (const checkpoint::SaveRange& r : source.ranges) n += r.numel;
+  return n;
+}
 
 std::unique_ptr<DataParallelStrategy> make_dp_strategy(const DpSetup& setup) {
   if (setup.layout.shard_gradients()) return std::make_unique<ShardedStrategy>(setup);

@@ -26,6 +26,7 @@
 #include <span>
 #include <vector>
 
+#include "checkpoint/checkpoint.h"
 #include "model/llama.h"
 #include "optim/adamw.h"
 #include "parallel/mesh.h"
@@ -62,6 +63,18 @@ struct DpFullState {
   const ParamStore& params() const { return gathered ? *gathered : *store; }
 };
 
+// What this rank writes of a checkpoint: the elements of its tensor- and pipeline-parallel part
+// that it owns (checkpoint::ShardSource), with host pointers to their values and moments: into
+// its own buffers on the CPU, or into `copies` of device buffers. Under ZeRO-1 the rank's
+// optimizer shards, under ZeRO-2 / FSDP its pieces; a tensor that several ranks hold identically
+// (dp and cp replicas, tp-replicated norms) is split between them, so that every element is
+// written once. Valid until the next step changes the buffers.
+struct DpShardState {
+  checkpoint::ShardSource source;
+  std::vector<std::vector<float>> copies;
+  int64_t numel() const;  // elements written
+};
+
 class DataParallelStrategy {
  public:
   virtual ~DataParallelStrategy() = default;
@@ -80,6 +93,7 @@ class DataParallelStrategy {
 
   // ---- checkpoints ----
   virtual DpFullState full_state() const = 0;  // collective over the strategy's groups
+  virtual DpShardState shard_state() const = 0;  // local: no collectives, no full-state gather
   // full: this rank's tensors in the model's flat layout (ParamStore::numel() values). Local,
   // except that ZeRO-2 re-gathers its working copy (collective).
   virtual void load_values(std::span<const float> full) = 0;

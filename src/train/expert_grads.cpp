@@ -103,6 +103,18 @@ void ExpertGradients::gather_state(std::vector<float>& exp_avg, std::vector<floa
   }
 }
 
+std::vector<ExpertGradients::StateRange> ExpertGradients::state_ranges() const {
+  std::vector<StateRange> out;
+  if (!dist_) return out;
+  for (const parallel::DistributedOptimizer::Shard& sh : dist_->shards())  // packed coordinates
+    for (size_t i = 0; i < tensors_.size(); ++i) {
+      const StoredParam& p = params_.infos()[size_t(tensors_[i])];
+      const int64_t lo = std::max(sh.begin, at_[i]), hi = std::min(sh.begin + sh.numel, at_[i] + p.numel);
+      if (lo < hi) out.push_back({tensors_[i], p.offset + (lo - at_[i]), hi - lo, sh.adam, lo - sh.begin});
+    }
+  return out;
+}
+
 void ExpertGradients::load_state(int64_t step, const float* exp_avg, const float* exp_avg_sq) {
   if (!dist_) return;
   const int64_t n = grads_.numel();

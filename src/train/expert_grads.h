@@ -52,6 +52,16 @@ class ExpertGradients {
   // from them (local).
   void gather_state(std::vector<float>& exp_avg, std::vector<float>& exp_avg_sq) const;
   void load_state(int64_t step, const float* exp_avg, const float* exp_avg_sq);
+  // Distributed optimizer only, for checkpoint writers: this rank's shards of the experts' AdamW
+  // state in the flat layout of params ([begin, begin + numel) of one expert tensor), each with the
+  // AdamW that holds it and where in its state.
+  struct StateRange {
+    int tensor = 0;
+    int64_t begin = 0, numel = 0;
+    const FlatAdamW* adam = nullptr;
+    int64_t adam_offset = 0;
+  };
+  std::vector<StateRange> state_ranges() const;
   // Parameters this rank keeps optimizer state for (its shards).
   int64_t state_numel() const { return dist_ ? dist_->shard_numel() : 0; }
 

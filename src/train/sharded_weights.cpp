@@ -283,6 +283,31 @@ void ShardedWeights::load_state(int64_t step, const float* exp_avg, const float*
   adam_->set_state(step, m.data(), v.data());
 }
 
+const float* host_range(const Tensor& flat, int64_t begin, int64_t n, std::vector<std::vector<float>>& copies) {
+  PRIMUS_CHECK(flat.dtype() == DType::F32 && begin >= 0 && begin + n <= flat.numel(), "host_range outside its tensor");
+  if (flat.device() == Device::CPU) return flat.data<float>() + begin;
+  const Tensor host = flat.slice(0, begin, n).to(Device::CPU);
+  std::vector<float>& out = copies.emplace_back(host.data<float>(), host.data<float>() + n);
+  return out.data();
+}
+
+std::vector<ShardedWeights::HeldPiece> ShardedWeights::held_pieces(std::vector<std::vector<float>>& copies) const {
+  const auto& infos = model_.params().infos();
+  std::vector<HeldPiece> out;
+  for (size_t p = 0; p < pieces_.size(); ++p) {
+    const Piece& pc = pieces_[p];
+    if (pc.numel == 0) continue;
+    HeldPiece h{int(p), pc.full_offset, pc.numel, {}};
+    // A buffer's whole copy is authoritative over its piece (buffer()).
+    h.data[0] = buffers_[p].defined() ? host_range(buffers_[p], pc.full_offset - infos[p].offset, pc.numel, copies)
+                                      : host_range(master_, pc.shard_offset, pc.numel, copies);
+    h.data[1] = adam_->moment_range(false, pc.shard_offset, pc.numel, copies);
+    h.data[2] = adam_->moment_range(true, pc.shard_offset, pc.numel, copies);
+    out.push_back(h);
+  }
+  return out;
+}
+
 std::vector<float> ShardedWeights::gather_values() const {
   std::vector<float> out = gather_full(master_);
   const auto& infos = model_.params().infos();

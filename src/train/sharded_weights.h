@@ -48,6 +48,10 @@
 
 namespace primus::train {
 
+// A host pointer to fp32 elements [begin, begin + n) of a flat tensor: its own memory on the CPU,
+// or a copy appended to `copies` (device memory). For checkpoint writers.
+const float* host_range(const Tensor& flat, int64_t begin, int64_t n, std::vector<std::vector<float>>& copies);
+
 enum class ShardedStage : uint8_t {
   OptimGrads,        // ZeRO-2: working weights whole on every rank
   OptimGradsParams,  // ZeRO-3 / FSDP: working weights gathered per unit, just in time
@@ -75,6 +79,15 @@ class ShardedWeights final : public WeightSource {
   void load_state(int64_t step, const float* exp_avg, const float* exp_avg_sq);  // local
   std::vector<float> gather_values() const;                 // collective over dp; transient full copy
   parallel::FullOptimizerState gather_state() const;        // collective over dp
+
+  // Checkpoint writers: this rank's piece of every tensor that has one ([begin, begin + numel) of
+  // the model's flat layout) with host pointers to its values and moments (host_range).
+  struct HeldPiece {
+    int tensor = 0;
+    int64_t begin = 0, numel = 0;
+    const float* data[3] = {nullptr, nullptr, nullptr};
+  };
+  std::vector<HeldPiece> held_pieces(std::vector<std::vector<float>>& copies) const;
 
   // ---- a step ----
   void begin_step();                                // zeroes the gradient shards

@@ -52,6 +52,7 @@
 #include "trace/pass_spans.h"
 #include "trace/profiler.h"
 #include "trace/traced_group.h"
+#include "train/checkpoint_saves.h"
 #include "train/compute.h"
 #include "train/dp_strategy.h"
 #include "train/memory_estimate.h"
@@ -167,6 +168,7 @@ class Trainer {
   safe::RunLock run_lock_;                        // world rank 0: the run folder's lock (or its launcher's)
   safe::RunLock save_lock_;                       // world rank 0: the save folder's lock
   std::unique_ptr<MetricsLog> metrics_;  // rank 0: metrics.jsonl, TensorBoard
+  std::unique_ptr<CheckpointSaves> saves_;         // sync or async; at most one in flight
   MoeStepSummary moe_;                             // the last step's MoE statistics
   ModelStats stats_;
   double peak_gflops_ = 0;
@@ -468,6 +470,8 @@ void Trainer::open_outputs() {
     write_resolved_config(config_yaml_);  // into the launch snapshot, when primus-cli made one
     metrics_ = std::make_unique<MetricsLog>(cfg_, world_->size());
   }
+  saves_ = std::make_unique<CheckpointSaves>(
+      CheckpointSaves::Setup{world_, cfg_.checkpoint_dir(), a_.async_save, a_.keep_last_checkpoints, metrics_.get()});
   tty_ = ::isatty(STDOUT_FILENO) && rank0_;
   log::info("model {}: {:.2f}M parameters, {:.1f} MFLOP per token; {} x {} tokens per microbatch, {} microbatches "
             "per step",
@@ -595,24 +599,17 @@ double Trainer::evaluate() {
   return groups_.dp->all_reduce_value(total) / double(a_.eval_iters * num_micro_);
 }
 
+// Every rank writes what it owns (its ZeRO / FSDP shards, its share of replicated tensors):
+// checkpoint_saves.h, which also measures the save.
 void Trainer::save() {
   trace::Span span(profiler_.get(), trace::Category::Host, "checkpoint_save");
   watch_->before_save(state_.iteration);
-  // The full values and optimizer state in this rank's tp and pp layout (ZeRO gathers its shards).
-  const DpFullState full = dp_->full_state();
   SaveOptions so;
-  so.world = world_;
-  // dp replicas hold the same tensors; under expert parallelism the ep ranks of edp 0 hold the experts.
-  so.writer = me_.edp == 0 && me_.cp == 0;
   so.layout = {world_->size(), layout_.tp, layout_.pp, layout_.dp, layout_.cp, layout_.vpp};
   so.overwrite = a_.overwrite;
   so.state = model_->linears().state();  // FP8 delayed scaling's histories and scales (none otherwise)
-  summary_.last_checkpoint = save_checkpoint(cfg_.checkpoint_dir(), full.params(), full.exp_avg.data(),
-                                             full.exp_avg_sq.data(), state_, config_yaml_, so);
-  if (rank0_) metrics_->flush();
-  if (rank0_) prune_checkpoints(cfg_.checkpoint_dir(), a_.keep_last_checkpoints, state_.run_id, summary_.last_checkpoint);
-  world_->barrier();
-  log::info("saved checkpoint {}", summary_.last_checkpoint);
+  saves_->save(*dp_, state_, config_yaml_, so);
+  summary_.last_checkpoint = saves_->last_checkpoint();
 }
 
 void Trainer::log_interval(const StepResult& step) {
@@ -705,7 +702,10 @@ TrainSummary Trainer::run() {
                          {"consumed_samples", state_.consumed_samples},
                          {"eval_lm_loss", summary_.last_eval_loss}});
     }
-    if (a_.save_interval > 0 && state_.iteration % a_.save_interval == 0) save();
+    if (a_.save_interval > 0 && state_.iteration % a_.save_interval == 0)
+      save();
+    else
+      saves_->poll();  // an async save whose writes are done is published
     if (early_exit_->due(*world_)) {  // the checkpoint below, then exit code 0
       log::info("exiting after iteration {}: {}", state_.iteration, early_exit_->reason());
       break;
@@ -713,6 +713,8 @@ TrainSummary Trainer::run() {
   }
   if (state_.iteration > summary_.start_iteration && (a_.save_interval == 0 || state_.iteration % a_.save_interval != 0))
     save();
+  saves_->wait();
+  summary_.last_checkpoint = saves_->last_checkpoint();
   if (rank0_) metrics_->flush();
   watch_->finish(state_.iteration);
   log::flush();
