@@ -18,6 +18,7 @@
 #include <tuple>
 #include <vector>
 
+#include <fmt/format.h>
 #include <yaml-cpp/yaml.h>
 
 #include "checkpoint/checkpoint.h"
@@ -162,6 +163,33 @@ class Distributed : public ::testing::Test {
     return (dir_ / "ws" / "first" / "checkpoints").string();
   }
 
+  // Each of the four ranks wrote its own shard file of about a quarter of the checkpoint, and the
+  // saves are in metrics.jsonl with their measurements: every rank a writer, host memory within
+  // the staging buffer (sync saves copy nothing).
+  void expect_every_rank_wrote_a_quarter(const std::string& name, const std::string& iter) {
+    const fs::path ck = dir_ / "ws" / name / "checkpoints" / iter;
+    std::vector<double> sizes;
+    for (int r = 0; r < 4; ++r) {
+      const fs::path shard = ck / fmt::format("rank_{:05d}.bin", r);
+      ASSERT_TRUE(fs::exists(shard)) << shard;
+      sizes.push_back(double(fs::file_size(shard)));
+    }
+    const double total = sizes[0] + sizes[1] + sizes[2] + sizes[3];
+    for (double s : sizes) EXPECT_NEAR(s, total / 4, 0.1 * total / 4);  // rows split four ways; headers
+    std::ifstream in(dir_ / "ws" / name / "metrics.jsonl");
+    int saves = 0;
+    for (std::string line; std::getline(in, line);) {
+      const auto row = nlohmann::json::parse(line);
+      if (!row.contains("save_bytes")) continue;
+      ++saves;
+      EXPECT_EQ(row["save_writers"], 4);
+      EXPECT_NEAR(row["save_bytes"].get<double>(), total, 0.01 * total);
+      EXPECT_GE(row["save_blocking_ms"].get<double>(), row["save_write_ms"].get<double>() * 0.99);  // sync
+      EXPECT_LE(row["save_host_buffer_bytes"].get<double>(), 4.0 * 1048576);
+    }
+    EXPECT_GE(saves, 1);
+  }
+
   fs::path dir_;
   std::string par_out_;  // expect_same_training's parallel run's output
 };
@@ -295,12 +323,14 @@ TEST_F(Distributed, FsdpCp2Dp2) {
 TEST_F(Distributed, FsdpDp2Bf16) {
   expect_same_training(2, "--use_torch_fsdp2 true", kBf16, kBf16LossTol, kBf16WeightTol);
 }
-// Save under FSDP dp4 at iteration 10; load under tp2 x pp2 and under one process.
+// Save under FSDP dp4 at iteration 10, every rank writing its own shard (no gather); load under
+// tp2 x pp2 and under one process.
 TEST_F(Distributed, ReshardFsdpDp4ToTp2Pp2AndOneProcess) {
   Result ref = run(1, "ref", "");
   ASSERT_EQ(ref.status, 0) << ref.out;
   Result first = run(4, "first", "--use_torch_fsdp2 true --train_iters 10 --lr_decay_iters 20");
   ASSERT_EQ(first.status, 0) << first.out;
+  expect_every_rank_wrote_a_quarter("first", "iter_0000010");
   const std::string ck = (dir_ / "ws" / "first" / "checkpoints").string();
   Result tp = run(4, "tp2pp2", "--load " + ck + " --tensor_model_parallel_size 2 --pipeline_model_parallel_size 2");
   ASSERT_EQ(tp.status, 0) << tp.out;
@@ -311,6 +341,29 @@ TEST_F(Distributed, ReshardFsdpDp4ToTp2Pp2AndOneProcess) {
   const auto want = losses("ref");
   ASSERT_EQ(want.size(), 20u);
   for (const char* name : {"tp2pp2", "one", "fsdp"}) {
+    const auto got = losses(name);
+    ASSERT_EQ(got.size(), 10u) << name;
+    for (size_t i = 0; i < got.size(); ++i)
+      EXPECT_NEAR(got[i], want[10 + i], 1e-5 * std::fabs(want[10 + i])) << name << " iteration " << 11 + i;
+  }
+}
+// ZeRO-1 at dp4: each rank writes its optimizer shards (and the values there); the checkpoint
+// loads under tp2 and under one process with the uninterrupted run's losses.
+TEST_F(Distributed, ReshardZero1Dp4ToTp2AndOneProcess) {
+  Result ref = run(1, "ref", "");
+  ASSERT_EQ(ref.status, 0) << ref.out;
+  Result first = run(4, "first", "--use_distributed_optimizer true --ddp_bucket_size 20000 --train_iters 10 "
+                                 "--lr_decay_iters 20");
+  ASSERT_EQ(first.status, 0) << first.out;
+  expect_every_rank_wrote_a_quarter("first", "iter_0000010");
+  const std::string ck = (dir_ / "ws" / "first" / "checkpoints").string();
+  Result tp = run(2, "tp2", "--load " + ck + " --tensor_model_parallel_size 2");
+  ASSERT_EQ(tp.status, 0) << tp.out;
+  Result one = run(1, "one", "--load " + ck);
+  ASSERT_EQ(one.status, 0) << one.out;
+  const auto want = losses("ref");
+  ASSERT_EQ(want.size(), 20u);
+  for (const char* name : {"tp2", "one"}) {
     const auto got = losses(name);
     ASSERT_EQ(got.size(), 10u) << name;
     for (size_t i = 0; i < got.size(); ++i)

@@ -133,10 +133,14 @@ void expect_same_as_uninterrupted(const Workdir& w, const std::string& exp) {
     const size_t start = (24 + header + 63) / 64 * 64;
     return start < bytes.size() ? bytes.substr(start) : std::string();
   };
-  const std::string a = weights(w.run("reference") / "checkpoints/iter_0000012/rank_00000.bin");
-  const std::string b = weights(w.run(exp) / "checkpoints/iter_0000012/rank_00000.bin");
-  ASSERT_FALSE(a.empty());
-  EXPECT_TRUE(a == b) << "final weights differ";
+  for (const auto& f : fs::directory_iterator(w.run("reference") / "checkpoints/iter_0000012")) {
+    const std::string name = f.path().filename().string();
+    if (name.rfind("rank_", 0) != 0) continue;  // every rank's shard
+    const std::string a = weights(f.path());
+    const std::string b = weights(w.run(exp) / "checkpoints/iter_0000012" / name);
+    ASSERT_FALSE(a.empty()) << name;
+    EXPECT_TRUE(a == b) << "final weights differ in " << name;
+  }
 }
 
 }  // namespace
@@ -175,6 +179,37 @@ TEST(SafeFaults, KillDuringACheckpointWriteRestartsFromTheOneBefore) {
   json a = analysis(w, "ckpt");
   EXPECT_EQ(a["stops"][0]["cause"], "crashed_rank");
   EXPECT_EQ(a["stops"][0]["iteration"], 8);
+}
+
+// async_save: rank 1 of two data-parallel ranks (each writes half of every checkpoint) is killed
+// halfway through its background write of checkpoint 8, while rank 0 trains on. Checkpoint 8
+// never became `latest`; the restart resumes from 4 and ends bit-identical to the uninterrupted
+// run, which saved synchronously: async saves change nothing in the state.
+TEST(SafeFaults, KillDuringAnAsyncBackgroundWriteRestartsFromTheOneBefore) {
+  Workdir w;
+  const std::string env = "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1";
+  ASSERT_EQ(w.train("reference", env, "--nproc 2").rc, 0);
+  Result r = w.train("async", env + " PRIMUS_FAULT_KILL=rank=1,iteration=8,during=checkpoint,at=half",
+                     "--nproc 2 --max-restarts 1", "--async_save true");
+  ASSERT_EQ(r.rc, 0) << r.out;
+  EXPECT_NE(slurp(w.run("async") / "logs/rank-0.log").find("resumed from " + (w.run("async") / "checkpoints/iter_0000004").string()),
+            std::string::npos);
+  expect_same_as_uninterrupted(w, "async");
+  // Both ranks' halves of the final checkpoint, and every save was asynchronous and measured.
+  for (const char* shard : {"rank_00000.bin", "rank_00001.bin"})
+    EXPECT_EQ(slurp(w.run("reference") / "checkpoints/iter_0000012" / shard).size(),
+              slurp(w.run("async") / "checkpoints/iter_0000012" / shard).size()) << shard;
+  std::ifstream in(w.run("async") / "metrics.jsonl");
+  int saves = 0;
+  for (std::string line; std::getline(in, line);) {
+    const json row = json::parse(line);
+    if (!row.contains("save_write_ms")) continue;
+    ++saves;
+    EXPECT_TRUE(row["save_async"].get<bool>());
+    EXPECT_EQ(row["save_writers"], 2);
+    EXPECT_GT(row["save_bytes"].get<int64_t>(), 0);
+  }
+  EXPECT_GE(saves, 2);  // after the restart: the saves of iterations 8 and 12
 }
 
 TEST(SafeFaults, WithoutRestartsAKilledRankStopsTheRunAndIsNamed) {
