@@ -243,7 +243,9 @@ class CheckpointSave::Impl {
         what_(fmt::format("checkpoint {} not saved", slot_.final_dir.string())) {
     if (source.layout) tensors_ = source.layout->infos();
     for (const SaveRange& r : ranges_) writer_ = writer_ || r.numel > 0;
+    const auto t0 = std::chrono::steady_clock::now();
     open();
+    report_.open_ms = ms_since(t0);
     if (opt_.async) {
       copy_to_host();
       thread_ = std::thread([this] { write(); });
@@ -262,7 +264,9 @@ class CheckpointSave::Impl {
   }
 
   SaveReport finish() {
+    const auto t_wait = std::chrono::steady_clock::now();
     if (thread_.joinable()) thread_.join();
+    report_.wait_ms = ms_since(t_wait);
     const auto t0 = std::chrono::steady_clock::now();
     exchange();
     publish();

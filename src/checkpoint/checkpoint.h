@@ -119,7 +119,9 @@ struct SaveReport {
   std::string dir;              // the checkpoint folder
   double write_ms = 0;          // this rank's shard: pack, checksum, write, fsync (its thread's time when async)
   double max_write_ms = 0;      // the slowest rank's
+  double open_ms = 0;           // opening: the agreement, rank 0's temporary folder
   double copy_ms = 0;           // async: copying the ranges to host buffers (on the training thread)
+  double wait_ms = 0;           // async: finish() waiting for this rank's write
   double publish_ms = 0;        // the end: agreement, rank 0's meta.json, rename, `latest`
   uint64_t bytes = 0;           // this rank's shard file
   uint64_t total_bytes = 0;     // every rank's shard files

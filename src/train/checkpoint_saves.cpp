@@ -51,6 +51,10 @@ void CheckpointSaves::save(const DataParallelStrategy& dp, const checkpoint::Tra
   o.world = s_.world;
   o.async = s_.async;
   pending_ = std::make_unique<checkpoint::CheckpointSave>(s_.dir, shard_.source, state, config_yaml, o);
+  // The save's own memory: sync, the whole write; async, the host copy (its thread then adds at
+  // most the staging buffer). Later steps' activations are not the save's.
+  const int64_t hwm = rss_before_ >= 0 ? proc_status_bytes("VmHWM") : -1;
+  rss_delta_ = hwm >= 0 ? double(std::max<int64_t>(0, hwm - rss_before_)) : -1.0;
   if (s_.async) shard_ = {};  // copied: the strategy's host copies (device buffers) can go
   blocked_ms_ = ms_since(t0);
   if (!s_.async) finish();
@@ -70,20 +74,21 @@ void CheckpointSaves::finish() {
   const checkpoint::SaveReport r = save->finish();
   save.reset();
   shard_ = {};
-  const int64_t hwm = rss_before_ >= 0 ? proc_status_bytes("VmHWM") : -1;
-  const double rss_delta = hwm >= 0 ? double(std::max<int64_t>(0, hwm - rss_before_)) : -1.0;
   if (s_.metrics) s_.metrics->flush();
   if (s_.metrics) checkpoint::prune_checkpoints(s_.dir, s_.keep_last, run_id_, r.dir);
   blocked_ms_ += ms_since(t0);
   // The slowest rank's blocking time and the largest memory rise, for the log and metrics.
-  double worst[2] = {blocked_ms_, rss_delta};
+  double worst[2] = {blocked_ms_, rss_delta_};
   if (s_.world) s_.world->all_reduce(worst, 2, parallel::CommType::F64, parallel::ReduceOp::Max);
   last_ = r.dir;
   log::info("saved checkpoint {} ({}): {} rank(s) wrote {}; write {:.1f} ms (slowest rank), training blocked "
-            "{:.1f} ms{}; host memory for the save: buffers {} (largest rank), peak resident +{}",
+            "{:.1f} ms (slowest rank; here: open {:.1f}{}, end {:.1f}); host memory for the save: buffers {} "
+            "(largest rank), peak resident +{}",
             r.dir, s_.async ? "async" : "sync", r.writers, mib(double(r.total_bytes)), r.max_write_ms, worst[0],
-            s_.async ? fmt::format(" (host copy {:.1f} ms)", r.copy_ms) : "", mib(double(r.max_host_buffer_bytes)),
-            worst[1] >= 0 ? mib(worst[1]) : "unknown");
+            r.open_ms,
+            s_.async ? fmt::format(", host copy {:.1f}, waiting for the write {:.1f}", r.copy_ms, r.wait_ms)
+                     : fmt::format(", write {:.1f}", r.write_ms),
+            r.publish_ms, mib(double(r.max_host_buffer_bytes)), worst[1] >= 0 ? mib(worst[1]) : "unknown");
   if (s_.metrics)
     s_.metrics->write({{"iteration", iteration_},
                        {"save_blocking_ms", worst[0]},

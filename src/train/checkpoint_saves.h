@@ -14,7 +14,9 @@
 //                              staging buffer (format.h kWriteBufferBytes)
 //   save_peak_rss_delta_bytes  the most a rank's peak resident memory (VmHWM, reset by
 //                              /proc/self/clear_refs at the save's start) rose above its resident
-//                              memory then, until the save ended; -1 where Linux does not tell
+//                              memory then: over the whole write (sync), or up to the end of the
+//                              host copy (async: the thread adds at most its staging buffer, and
+//                              the steps that follow are not the save's); -1 where Linux does not tell
 #pragma once
 
 #include <chrono>
@@ -59,6 +61,7 @@ class CheckpointSaves {
   std::string run_id_;
   double blocked_ms_ = 0;  // this rank's, so far, for the save in flight
   int64_t rss_before_ = -1;
+  double rss_delta_ = -1;
   std::string last_;
 };
 

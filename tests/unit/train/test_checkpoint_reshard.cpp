@@ -317,6 +317,64 @@ TEST(CheckpointReshard, EveryLayoutLoadsEveryOther) {
   }
 }
 
+// Every rank writes a part of what it holds (format 4), as ZeRO / FSDP and replicas sharing the
+// writing do: dp rank d of D writes, by `per_tensor`, the d-th share of every tensor, or the d-th
+// share of its whole flat buffer (cutting tensors anywhere, as ZeRO-1's bucket shards do).
+// `skip` names a rank that writes nothing.
+std::vector<std::string> save_layout_ranges(const fs::path& save, const Layout& l, bool per_tensor, int skip = -1) {
+  return run_ranks(l.world(), [&](int rank, ProcessGroup& world) {
+    ParamStore p;
+    build(p, l, rank);
+    Buffers b = fill(p);
+    const float* data[3] = {p.values().data<float>(), b.m.data(), b.v.data()};
+    checkpoint::ShardSource src;
+    src.layout = &p;
+    const int64_t d = l.dp_rank(rank), D = l.dp;
+    auto add = [&](int64_t begin, int64_t n) {
+      const int64_t lo = begin + n * d / D, hi = begin + n * (d + 1) / D;
+      if (lo < hi) src.ranges.push_back({lo, hi - lo, {data[0] + lo, data[1] + lo, data[2] + lo}});
+    };
+    if (per_tensor)
+      for (const auto& info : p.infos()) add(info.offset, info.numel);
+    else
+      add(0, p.numel());
+    if (rank == skip) src.ranges.clear();
+    checkpoint::SaveOptions o;
+    o.world = &world;
+    o.block_bytes = 42;
+    checkpoint::save_checkpoint(save.string(), src, {5, 40, 5, 1234, "reshard"}, "model: toy\n", o);
+  });
+}
+
+TEST(CheckpointReshard, EveryRankWritesItsShareAndEveryLayoutLoads) {
+  for (bool per_tensor : {true, false})
+    for (const Layout& from : {Layout{1, 2, 2}, Layout{2, 1, 2}, Layout{1, 1, 3}}) {
+      TempDir t;
+      ASSERT_TRUE(all_ok(save_layout_ranges(t.dir, from, per_tensor)));
+      const std::string dir = checkpoint::resolve_checkpoint(t.dir.string());
+      EXPECT_NO_THROW(checkpoint::verify_checkpoint(dir));
+      size_t shard_files = 0;
+      for (const auto& e : fs::directory_iterator(dir)) shard_files += e.path().extension() == ".bin";
+      EXPECT_EQ(shard_files, size_t(from.world()));  // every rank a writer
+      for (const Layout& to : kLayouts)
+        EXPECT_EQ(load_layout_mismatches(dir, to), 0) << "saved tp" << from.tp << " pp" << from.pp << " dp" << from.dp
+                                                      << (per_tensor ? " per tensor" : " flat") << ", loaded tp"
+                                                      << to.tp << " pp" << to.pp;
+    }
+}
+
+// A rank that should have written its share and did not: the save fails on every rank, naming the
+// tensor and the elements no file holds, and no checkpoint appears.
+TEST(CheckpointReshard, AShareNobodyWroteFailsTheSave) {
+  TempDir t;
+  const auto errors = save_layout_ranges(t.dir, {1, 1, 2}, true, 1);
+  for (const auto& e : errors) EXPECT_FALSE(e.empty());
+  EXPECT_NE(errors[0].find("is not fully saved"), std::string::npos) << errors[0];
+  EXPECT_NE(errors[0].find("are in none of its files"), std::string::npos) << errors[0];
+  EXPECT_NE(errors[1].find("rank(s) 0 failed"), std::string::npos) << errors[1];
+  EXPECT_FALSE(fs::exists(t.dir / "latest"));
+}
+
 TEST(CheckpointReshard, MetaRecordsLayoutFilesAndSlices) {
   TempDir t;
   ASSERT_TRUE(all_ok(save_layout(t.dir, {2, 2, 1})));
