@@ -3,7 +3,11 @@
 # and end with final weights bit-identical to an uninterrupted run (docs/stability.md).
 #
 #   bash benchmarks/safe/kill_in_save.sh [TRIALS (20)] [PRIMUS_CLI (build/src/cli/primus-cli)]
+#   ASYNC=1 bash benchmarks/safe/kill_in_save.sh ...   the killed runs save with async_save true
 #
+# With ASYNC=1 the kill lands in the rank's background write (shard, half) or in the publication
+# of the checkpoint at a later step (meta, renamed); the reference stays synchronous, so every
+# trial also checks that async saves leave the state bit-identical.
 # Two ranks with tensor parallelism 2, so that both write a shard of every checkpoint; a save
 # every 2 iterations of 12. Trial i kills rank i % 2 (SIGKILL, PRIMUS_FAULT_KILL with
 # during=checkpoint) at a random save, at a point inside it that cycles through: right after the
@@ -39,10 +43,14 @@ modules:
       tensor_model_parallel_size: 2
       mock_data: true
 YAML
+async_flag=()
+[[ "${ASYNC:-0}" == 1 ]] && async_flag=(--async_save true)
 train() {  # exp_name, extra env...
   local exp="$1"; shift
-  (cd "$work" && env "$@" "$cli" direct --nproc 2 --max-restarts 1 -- train pretrain --config exp.yaml --exp_name "$exp") \
-    >"$work/$exp.log" 2>&1
+  local extra=()
+  [[ "$exp" != reference ]] && extra=("${async_flag[@]}")
+  (cd "$work" && env "$@" "$cli" direct --nproc 2 --max-restarts 1 -- train pretrain --config exp.yaml --exp_name "$exp" \
+    "${extra[@]}") >"$work/$exp.log" 2>&1
 }
 # The final weights (and moments) of each shard: the file past its header, which names the run.
 weights() {
@@ -83,5 +91,5 @@ for ((i = 0; i < trials; i++)); do
   if [[ $status == ok ]]; then ok=$((ok + 1)); else tail -15 "$work/$exp.log"; fi
   rm -rf "$work/ws/$exp"
 done
-echo "kill_in_save: $ok of $trials trials resumed and ended bit-identical to the uninterrupted run ($(($(date +%s) - t0)) s)"
+echo "kill_in_save${ASYNC:+ (ASYNC=$ASYNC)}: $ok of $trials trials resumed and ended bit-identical to the uninterrupted run ($(($(date +%s) - t0)) s)"
 [[ $ok == "$trials" ]]

@@ -297,11 +297,13 @@ class CheckpointSave::Impl {
     const auto t0 = std::chrono::steady_clock::now();
     int64_t total = 0;
     for (const SaveRange& r : ranges_) total += r.numel;
-    host_.resize(size_t(total) * kSections);
+    std::vector<float>& host = opt_.host_buffer ? *opt_.host_buffer : own_host_;
+    host.resize(size_t(total) * kSections);
+    host_bytes_ = host.size() * sizeof(float);
     int64_t at = 0;
     for (SaveRange& r : ranges_) {
       for (int s = 0; s < kSections; ++s) {
-        float* dst = host_.data() + size_t(s) * size_t(total) + size_t(at);
+        float* dst = host.data() + size_t(s) * size_t(total) + size_t(at);
         if (r.numel > 0 && r.data[s]) std::memcpy(dst, r.data[s], size_t(r.numel) * sizeof(float));
         r.data[s] = r.data[s] ? dst : nullptr;
       }
@@ -322,7 +324,7 @@ class CheckpointSave::Impl {
     if (error_.empty() && writer_) maybe_kill_after(shard_file_name(rank_));
     report_.write_ms = ms_since(t0);
     report_.bytes = mine_.bytes;
-    report_.host_buffer_bytes = host_.size() * sizeof(float) + std::min<uint64_t>(kWriteBufferBytes, mine_.bytes);
+    report_.host_buffer_bytes = host_bytes_ + std::min<uint64_t>(kWriteBufferBytes, mine_.bytes);
     done_ = true;
   }
 
@@ -445,7 +447,8 @@ class CheckpointSave::Impl {
   const std::string what_;
   bool writer_ = false;
   int64_t save_seq_ = 0;
-  std::vector<float> host_;  // async: the ranges' three sections, copied
+  std::vector<float> own_host_;  // async without SaveOptions::host_buffer: the ranges' three sections, copied
+  uint64_t host_bytes_ = 0;
   std::thread thread_;
   std::atomic<bool> done_{false};
   std::string error_;        // this rank's write's error ("" on success)

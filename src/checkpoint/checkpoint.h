@@ -93,6 +93,10 @@ struct SaveOptions {
   RunState state;
   // `async_save`: CheckpointSave copies the ranges to host buffers and writes them on a thread.
   bool async = false;
+  // async: the host buffer to copy into, kept by the caller between saves so that only the first
+  // save pays for allocating (and faulting in) its pages; nullptr: the save's own. It must not be
+  // touched until finish() returns.
+  std::vector<float>* host_buffer = nullptr;
 };
 
 // A contiguous range [begin, begin + numel) of a rank's flat layout (its ParamStore's offsets)

@@ -50,6 +50,7 @@ void CheckpointSaves::save(const DataParallelStrategy& dp, const checkpoint::Tra
   checkpoint::SaveOptions o = options;
   o.world = s_.world;
   o.async = s_.async;
+  o.host_buffer = &host_buffer_;
   pending_ = std::make_unique<checkpoint::CheckpointSave>(s_.dir, shard_.source, state, config_yaml, o);
   // The save's own memory: sync, the whole write; async, the host copy (its thread then adds at
   // most the staging buffer). Later steps' activations are not the save's.

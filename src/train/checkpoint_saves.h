@@ -11,7 +11,8 @@
 //   save_write_ms              the slowest rank's shard write (pack, checksum, write, fsync)
 //   save_bytes, save_writers   the shard files' bytes over all ranks, and how many ranks wrote
 //   save_host_buffer_bytes     the most host memory a rank's save held: its async copies plus the
-//                              staging buffer (format.h kWriteBufferBytes)
+//                              staging buffer (format.h kWriteBufferBytes). The async copy's
+//                              buffer is kept between saves (12 bytes per element the rank owns)
 //   save_peak_rss_delta_bytes  the most a rank's peak resident memory (VmHWM, reset by
 //                              /proc/self/clear_refs at the save's start) rose above its resident
 //                              memory then: over the whole write (sync), or up to the end of the
@@ -57,6 +58,7 @@ class CheckpointSaves {
   Setup s_;
   std::unique_ptr<checkpoint::CheckpointSave> pending_;
   DpShardState shard_;  // sync saves read it; async saves copied it
+  std::vector<float> host_buffer_;  // async: the copy, kept between saves (its pages stay faulted in)
   int64_t iteration_ = 0;
   std::string run_id_;
   double blocked_ms_ = 0;  // this rank's, so far, for the save in flight
