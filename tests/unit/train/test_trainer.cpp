@@ -20,7 +20,10 @@ static std::vector<nlohmann::json> metrics_rows(const config::ExperimentConfig& 
   std::ifstream in(fs::path(cfg.run_dir()) / "metrics.jsonl");
   std::vector<nlohmann::json> rows;
   std::string line;
-  while (std::getline(in, line)) rows.push_back(nlohmann::json::parse(line));
+  while (std::getline(in, line)) {
+    nlohmann::json row = nlohmann::json::parse(line);
+    if (!row.contains("save_bytes")) rows.push_back(std::move(row));  // not the saves' rows (docs/checkpoints.md)
+  }
   return rows;
 }
 
