@@ -41,7 +41,7 @@ nlohmann::ordered_json to_json(const Projection& p) {
   j["layout"] = layout_json(p);
   j["sharding"] = sharding_name(p.sharding);
   j["recompute"] = p.args.recompute_granularity.empty() ? "none" : p.args.recompute_granularity;
-  j["precision"] = precision_name(p.shape.precision);
+  j["precision"] = precision_name(p.precision);
   j["micro_batch_size"] = p.args.micro_batch_size;
   j["global_batch_size"] = p.args.global_batch_size;
   j["seq_length"] = p.args.seq_length;
@@ -90,7 +90,7 @@ std::string to_text(const Projection& p) {
                               p.hardware.name, p.hardware.source, p.layout.describe());
   s += fmt::format("  sharding {}, recompute {}, {}, micro batch {}, global batch {}, sequence {}\n",
                    sharding_name(p.sharding), p.args.recompute_granularity.empty() ? "none" : p.args.recompute_granularity,
-                   precision_name(p.shape.precision), p.args.micro_batch_size, p.args.global_batch_size,
+                   precision_name(p.precision), p.args.micro_batch_size, p.args.global_batch_size,
                    p.args.seq_length);
   if (p.memory) {
     s += "\nmemory per rank (every tp and dp rank of a pipeline rank alike)\n";

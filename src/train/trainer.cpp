@@ -47,6 +47,8 @@
 #include "parallel/self_process_group.h"
 #include "pipeline/executor.h"
 #include "pipeline/simulator.h"
+#include "plan/memory_estimate.h"
+#include "plan/parallel_layout.h"
 #include "safe/metrics_writer.h"
 #include "train/expert_grads.h"
 #include "train/moe_step.h"
@@ -58,9 +60,7 @@
 #include "trace/traced_group.h"
 #include "train/checkpoint.h"
 #include "train/compute.h"
-#include "train/memory_estimate.h"
 #include "train/run_check.h"
-#include "train/parallel_layout.h"
 #include "train/pipeline_runner.h"
 #include "train/sharded_weights.h"
 
@@ -162,7 +162,7 @@ struct PipelineTimes {
 // per chunk op, shared over the pipeline group, and split between a rank's chunks (vpp > 1) in
 // proportion to their modelled work (ParallelLayout::stage_costs) when the stages are unequal.
 // The runner runs an overlapped pair's two passes one after the other: pair_overlap 0.
-pipeline::Costs measured_stage_costs(const ParallelLayout& layout, parallel::ProcessGroup& pp, double f, double b,
+pipeline::Costs measured_stage_costs(const plan::ParallelLayout& layout, parallel::ProcessGroup& pp, double f, double b,
                                      double w) {
   std::vector<double> per_rank(size_t(3 * layout.pp), 0.0);
   per_rank[3 * pp.rank()] = f;
@@ -241,7 +241,7 @@ class Trainer {
   // Processes and layout.
   std::unique_ptr<parallel::SelfProcessGroup> self_;
   parallel::ProcessGroup* world_ = nullptr;  // host values: agreements, barriers, checkpoints
-  ParallelLayout layout_;
+  plan::ParallelLayout layout_;
   Compute compute_;
   std::unique_ptr<trace::Profiler> profiler_;  // profiling on: the backend and the groups record through it
   std::unique_ptr<parallel::ProcessGroup> gpu_world_;  // the tensors' communicator on GPUs (NCCL)
@@ -341,7 +341,7 @@ void Trainer::build_processes() {
     self_ = std::make_unique<parallel::SelfProcessGroup>();
     world_ = self_.get();
   }
-  layout_ = plan_layout(a_, spec_, world_->size());
+  layout_ = plan::plan_layout(a_, spec_, world_->size());
   compute_ = choose_compute(a_, env.local_rank);
   gpu_world_ = device_world(compute_, *world_);
   mesh_ = std::make_unique<parallel::RankMesh>(world_->size(), layout_.sizes());
@@ -356,7 +356,7 @@ void Trainer::build_processes() {
                    "rank 0 could not take the run folder's lock");
   // A model that cannot fit stops here, before anything is allocated.
   // (The ranks of a host share its memory; each rank has a GPU of its own.)
-  check_memory(estimate_memory(spec_, layout_, a_, compute_.precision == Precision::Bf16),
+  plan::check_memory(plan::estimate_memory(spec_, layout_, a_, compute_.precision == Precision::Bf16),
                compute_.device == Device::CUDA ? 1 : env.local_world_size, compute_.memory_available(),
                compute_.memory_name());
 }

@@ -6,17 +6,17 @@
 
 #include "core/error.h"
 #include "model/model_spec.h"
-#include "train/memory_estimate.h"
-#include "train/parallel_layout.h"
+#include "plan/memory_estimate.h"
+#include "plan/parallel_layout.h"
 #include "trainer_fixture.h"
 
 using namespace primus;
 
 namespace {
 
-train::MemoryEstimate estimate(const config::ExperimentConfig& cfg, int world, bool mixed = false) {
-  const train::ParallelLayout layout = train::plan_layout(cfg.train, cfg.model_spec, world);
-  return train::estimate_memory(cfg.model_spec, layout, cfg.train, mixed);
+plan::MemoryEstimate estimate(const config::ExperimentConfig& cfg, int world, bool mixed = false) {
+  const plan::ParallelLayout layout = plan::plan_layout(cfg.train, cfg.model_spec, world);
+  return plan::estimate_memory(cfg.model_spec, layout, cfg.train, mixed);
 }
 
 }  // namespace
@@ -50,7 +50,7 @@ TEST(MemoryEstimate, AnAbsurdModelIsRefusedWithTheNumbersAndTheKeys) {
   const auto e = estimate(cfg, 1);
   EXPECT_GT(e.total_bytes(), 1e14);
   try {
-    train::check_memory(e, 1, uint64_t(24) << 30, "host memory (MemAvailable)");
+    plan::check_memory(e, 1, uint64_t(24) << 30, "host memory (MemAvailable)");
     ADD_FAILURE() << "no error";
   } catch (const Error& err) {
     const std::string m = err.what();
@@ -60,10 +60,10 @@ TEST(MemoryEstimate, AnAbsurdModelIsRefusedWithTheNumbersAndTheKeys) {
   }
   // The tiny model fits easily; two ranks on one host count twice.
   const auto tiny = estimate(exp.load(), 1);
-  EXPECT_NO_THROW(train::check_memory(tiny, 2, uint64_t(1) << 30, "host"));
-  EXPECT_THROW(train::check_memory(tiny, 2, uint64_t(tiny.total_bytes() * 1.5), "host"), Error);
-  EXPECT_NO_THROW(train::check_memory(e, 1, 0, "unknown"));  // nothing known: no check
-  EXPECT_GT(train::host_available_bytes(), uint64_t(1) << 20);
+  EXPECT_NO_THROW(plan::check_memory(tiny, 2, uint64_t(1) << 30, "host"));
+  EXPECT_THROW(plan::check_memory(tiny, 2, uint64_t(tiny.total_bytes() * 1.5), "host"), Error);
+  EXPECT_NO_THROW(plan::check_memory(e, 1, 0, "unknown"));  // nothing known: no check
+  EXPECT_GT(plan::host_available_bytes(), uint64_t(1) << 20);
 }
 
 // MoE under tp and ep: the routed experts are divided by ep, and whole on every tp rank with the

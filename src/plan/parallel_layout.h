@@ -1,6 +1,7 @@
 // The parallel layout of a training run, planned and checked from the config and the world size
 // before any rank builds a model or reads data: every rule that can fail fails here, with a
-// message naming the rule, the keys and the numbers.
+// message naming the rule, the keys and the numbers. The trainer, the projection and the tools
+// (`benchmark gemm --shapes-from`, `analyze schedule`) plan with it.
 #pragma once
 
 #include <optional>
@@ -8,13 +9,26 @@
 #include <vector>
 
 #include "config/experiment.h"
+#include "model/llama.h"
 #include "model/model_spec.h"
 #include "parallel/mesh.h"
 #include "pipeline/balance.h"
 #include "pipeline/partition.h"
 #include "pipeline/schedule.h"
 
-namespace primus::train {
+namespace primus::plan {
+
+// data_parallel_sharding_strategy: what the data-parallel ranks shard (over dp x cp).
+enum class Sharding : uint8_t {
+  NoShard,  // no_shard: every rank holds everything
+  Zero1,    // optim (use_distributed_optimizer): the AdamW state
+  Zero2,    // optim_grads: the AdamW state, the gradients and the master weights
+  Fsdp,     // optim_grads_params (use_torch_fsdp2): that and the working weights, gathered per unit
+};
+// Megatron's names (no_shard, optim, optim_grads, optim_grads_params) or zero1, zero2, fsdp.
+Sharding parse_sharding(const std::string& s);
+const char* sharding_name(Sharding s);           // no_shard, zero1, zero2, fsdp
+const char* megatron_sharding_name(Sharding s);  // no_shard, optim, optim_grads, optim_grads_params
 
 struct ParallelLayout {
   int world_size = 1;
@@ -25,16 +39,16 @@ struct ParallelLayout {
   int etp = 1;
   bool sequence_parallel = false;
   bool cp_all_to_all = false;   // cp_comm_type a2a (else p2p ring attention)
-  // data_parallel_sharding_strategy resolved (use_torch_fsdp2 is optim_grads_params): no_shard,
-  // optim (ZeRO-1), optim_grads (ZeRO-2), optim_grads_params (ZeRO-3 / FSDP); shards span dp x cp.
-  std::string sharding = "no_shard";
-  bool shard_optimizer() const { return sharding != "no_shard"; }
-  bool shard_gradients() const { return sharding == "optim_grads" || sharding == "optim_grads_params"; }
-  bool shard_parameters() const { return sharding == "optim_grads_params"; }
+  // data_parallel_sharding_strategy resolved (use_torch_fsdp2 is optim_grads_params, and
+  // use_distributed_optimizer optim); shards span dp x cp.
+  Sharding sharding = Sharding::NoShard;
+  bool shard_optimizer() const { return sharding != Sharding::NoShard; }
+  bool shard_gradients() const { return sharding == Sharding::Zero2 || sharding == Sharding::Fsdp; }
+  bool shard_parameters() const { return sharding == Sharding::Fsdp; }
   int64_t microbatches_per_rank = 1;  // global_batch_size / (micro_batch_size * dp)
   std::vector<pipeline::LayerRange> stages;  // pp * vpp, in model order
   std::optional<pipeline::Schedule> schedule;  // when the model is split in more than one stage
-  // Per stage, the F, B and W work of one microbatch in GFLOP (model_costs), with the pipeline.
+  // Per stage, the F, B and W work of one microbatch in GFLOP (layer_costs), with the pipeline.
   std::vector<pipeline::StageCost> stage_costs;
   // pipeline_balance auto: what the balancing chose it over.
   std::optional<pipeline::BalanceResult> balance;
@@ -48,13 +62,15 @@ struct ParallelLayout {
   std::string describe_balance(double gflops_per_second = 0) const;
 };
 
-// The F, B and W work of one microbatch (micro_batch_size x seq_length tokens) on one of tp
-// ranks, in GFLOP, per decoder layer and for the model's two ends: GEMMs at 2 FLOP per
-// multiply-add (the backward's input and weight halves to B and W), causal attention at 2 s q
-// FLOP per token forward and twice that backward (as model_stats counts), the cross-entropy
-// over the vocabulary at 5 operations per logit forward and 3 backward, the embedding at one
-// row copy per token (and its scatter-add in W).
-pipeline::ModelCosts model_costs(const ModelSpec& spec, int64_t micro_batch_size, int64_t seq_length, int tp = 1);
+// The F, B and W work of one microbatch on one tensor-parallel rank, in GFLOP, per decoder layer
+// and for the model's two ends: the FLOPs of every op the real passes run (plan/model_walk.h: the
+// model walked on the shape-only backend with one chunk per layer), with the layout's tensor,
+// sequence, context and expert parallelism. pipeline_balance auto splits the layers by them.
+pipeline::ModelCosts layer_costs(const ModelSpec& spec, const config::TrainingArgs& args, const ParallelLayout& layout);
+
+// This pipeline rank's chunks of the model (one per virtual stage, in chunk order, each with its
+// layers and whether it holds the embedding or the head); the whole model without a pipeline.
+std::vector<ModelPartition::Chunk> model_chunks(const ParallelLayout& layout, int pp_rank);
 
 // Rules, in order: sizes positive; expert parallel size 1 for a dense model, dividing num_experts; the sharding strategy
 // known; tp x pp x cp divides
@@ -62,7 +78,7 @@ pipeline::ModelCosts model_costs(const ModelSpec& spec, int64_t micro_batch_size
 // per tp rank by cp; heads, query groups, ffn and vocabulary divisible by tp;
 // sequence parallel needs tokens per microbatch divisible by tp; global_batch_size a multiple of
 // micro_batch_size x dp; layers split over pp x vpp stages (even, or as decoder_first/last_
-// pipeline_num_layers say, or by pipeline_balance auto from model_costs, which excludes the two
+// pipeline_num_layers say, or by pipeline_balance auto from layer_costs, which excludes the two
 // keys); the pipeline schedule exists for pp, vpp and the microbatches (e.g. dualpipev needs
 // m >= 2 pp). zb-auto is built for the split's per-stage costs and under
 // zero_bubble_max_pending_backward (0: pp) microbatch activations, with the paper's heuristic
@@ -74,4 +90,4 @@ ParallelLayout plan_layout(const config::TrainingArgs& args, const ModelSpec& sp
 // for a dense model. plan_layout's rule, for the tools that list a rank's work without a world.
 int resolve_expert_tensor_parallel_size(const config::TrainingArgs& args, const ModelSpec& spec);
 
-}  // namespace primus::train
+}  // namespace primus::plan

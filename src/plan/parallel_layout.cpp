@@ -1,13 +1,45 @@
-#include "train/parallel_layout.h"
+#include "plan/parallel_layout.h"
 
 #include <fmt/format.h>
 
 #include "core/error.h"
 #include "core/log.h"
 #include "model/llama.h"
+#include "model/moe.h"
+#include "plan/model_walk.h"
 #include "pipeline/schedules/registry.h"
 
-namespace primus::train {
+namespace primus::plan {
+
+Sharding parse_sharding(const std::string& s) {
+  if (s == "no_shard") return Sharding::NoShard;
+  if (s == "optim" || s == "zero1") return Sharding::Zero1;
+  if (s == "optim_grads" || s == "zero2") return Sharding::Zero2;
+  if (s == "optim_grads_params" || s == "fsdp") return Sharding::Fsdp;
+  fail("data_parallel_sharding_strategy '{}' is not one of: no_shard, optim (zero1), optim_grads (zero2), "
+       "optim_grads_params (fsdp)",
+       s);
+}
+
+const char* sharding_name(Sharding s) {
+  switch (s) {
+    case Sharding::NoShard: return "no_shard";
+    case Sharding::Zero1: return "zero1";
+    case Sharding::Zero2: return "zero2";
+    case Sharding::Fsdp: return "fsdp";
+  }
+  return "?";
+}
+
+const char* megatron_sharding_name(Sharding s) {
+  switch (s) {
+    case Sharding::NoShard: return "no_shard";
+    case Sharding::Zero1: return "optim";
+    case Sharding::Zero2: return "optim_grads";
+    case Sharding::Fsdp: return "optim_grads_params";
+  }
+  return "?";
+}
 
 parallel::ParallelSizes ParallelLayout::sizes() const {
   parallel::ParallelSizes s;
@@ -26,7 +58,8 @@ std::string ParallelLayout::describe() const {
                                                    : fmt::format(" (etp {})", etp);
   if (sequence_parallel) out += " (sequence parallel)";
   if (cp > 1) out += fmt::format("; context parallel {}", cp_all_to_all ? "a2a" : "p2p (ring)");
-  if (sharding != "no_shard") out += "; data_parallel_sharding_strategy " + sharding;
+  if (sharding != Sharding::NoShard)
+    out += std::string("; data_parallel_sharding_strategy ") + megatron_sharding_name(sharding);
   if (schedule) {
     out += fmt::format("; {} over {} stages ({} chunk{} per rank)", schedule->algorithm, pp * vpp, vpp,
                        vpp > 1 ? "s" : "");
@@ -69,21 +102,38 @@ std::string ParallelLayout::describe_balance(double gflops_per_second) const {
   return out;
 }
 
-pipeline::ModelCosts model_costs(const ModelSpec& spec, int64_t micro_batch_size, int64_t seq_length, int tp) {
-  if (micro_batch_size < 1 || seq_length < 1 || tp < 1)
-    fail("model costs need a positive micro_batch_size, seq_length and tensor_model_parallel_size (got {}, {}, {})",
-         micro_batch_size, seq_length, tp);
-  const double tokens = double(micro_batch_size) * double(seq_length), g = tokens / 1e9 / tp;
-  const double h = double(spec.hidden_size), v = double(spec.vocab_size), s = double(seq_length);
-  const double q = double(spec.q_size());
-  std::vector<double> gemm(spec.num_layers, 0.0);  // multiply-adds per token in each layer's GEMMs
-  for (const ParamInfo& p : model_parameter_layout(spec))
-    if (p.shape.size() == 2 && p.name.starts_with("decoder.layers."))
-      gemm[std::stoll(p.name.substr(std::string("decoder.layers.").size()))] += double(p.numel);
+std::vector<ModelPartition::Chunk> model_chunks(const ParallelLayout& L, int pp_rank) {
+  PRIMUS_CHECK(pp_rank >= 0 && pp_rank < L.pp, "pipeline rank {} of {}", pp_rank, L.pp);
+  if (!L.schedule) {
+    const pipeline::LayerRange& r = L.stages.front();
+    return {{r.first_layer, r.num_layers, true, true}};
+  }
+  std::vector<ModelPartition::Chunk> chunks;
+  const int stages = L.pp * L.vpp;
+  for (int c = 0; c < L.vpp; ++c) {
+    const int stage = L.schedule->stage_of(pp_rank, c);
+    const pipeline::LayerRange& r = L.stages[size_t(stage)];
+    chunks.push_back({r.first_layer, r.num_layers, stage == 0, stage == stages - 1});
+  }
+  return chunks;
+}
+
+pipeline::ModelCosts layer_costs(const ModelSpec& spec, const config::TrainingArgs& a, const ParallelLayout& L) {
+  // The whole model on one rank of the layout's tp, cp and ep groups, a chunk per part: the
+  // embedding, each decoder layer, the head.
+  RankShape shape = rank_shape(spec, L, a, a.bf16 ? Precision::Bf16 : Precision::Fp32);
+  shape.pipeline = true;
+  shape.chunks = {{0, 0, true, false}};
+  for (int64_t l = 0; l < spec.num_layers; ++l) shape.chunks.push_back({l, 1, false, false});
+  shape.chunks.push_back({spec.num_layers, 0, false, true});
+  const RankRecord rec = walk_rank(spec, shape);
+  auto cost = [](const ChunkRecord& c) {
+    return pipeline::StageCost{c.f.flops() / 1e9, c.b.flops() / 1e9, c.w.flops() / 1e9};
+  };
   pipeline::ModelCosts c;
-  for (double n : gemm) c.layers.push_back({g * (2 * n + 2 * s * q), g * (2 * n + 4 * s * q), g * 2 * n});
-  c.embedding = {g * h, 0.0, g * h};
-  c.head = {g * (2 * v * h + 5 * v), g * (2 * v * h + 3 * v), g * 2 * v * h};
+  c.embedding = cost(rec.chunks.front());
+  for (size_t i = 1; i + 1 < rec.chunks.size(); ++i) c.layers.push_back(cost(rec.chunks[i]));
+  c.head = cost(rec.chunks.back());
   return c;
 }
 
@@ -122,18 +172,17 @@ ParallelLayout plan_layout(const config::TrainingArgs& a, const ModelSpec& spec,
   positive(a.expert_model_parallel_size, "expert_model_parallel_size");
   if (a.virtual_pipeline_model_parallel_size < 0)
     fail("virtual_pipeline_model_parallel_size must not be negative, got {}", a.virtual_pipeline_model_parallel_size);
-  L.sharding = a.data_parallel_sharding_strategy;
-  if (a.use_torch_fsdp2) {
-    if (!L.sharding.empty() && L.sharding != "optim_grads_params")
-      fail("use_torch_fsdp2 means data_parallel_sharding_strategy optim_grads_params, the config says {}", L.sharding);
-    L.sharding = "optim_grads_params";
-  }
-  if (L.sharding.empty()) L.sharding = a.use_distributed_optimizer ? "optim" : "no_shard";
-  if (L.sharding != "no_shard" && L.sharding != "optim" && L.sharding != "optim_grads" &&
-      L.sharding != "optim_grads_params")
+  const std::string& strategy = a.data_parallel_sharding_strategy;
+  if (a.use_torch_fsdp2 && !strategy.empty() && strategy != "optim_grads_params")
+    fail("use_torch_fsdp2 means data_parallel_sharding_strategy optim_grads_params, the config says {}", strategy);
+  if (a.use_torch_fsdp2) L.sharding = Sharding::Fsdp;
+  else if (strategy.empty()) L.sharding = a.use_distributed_optimizer ? Sharding::Zero1 : Sharding::NoShard;
+  else if (strategy == "no_shard" || strategy == "optim" || strategy == "optim_grads" || strategy == "optim_grads_params")
+    L.sharding = parse_sharding(strategy);
+  else
     fail("data_parallel_sharding_strategy '{}' is not one of: no_shard, optim, optim_grads, optim_grads_params",
-         L.sharding);
-  if (L.sharding == "no_shard" && a.use_distributed_optimizer)
+         strategy);
+  if (L.sharding == Sharding::NoShard && a.use_distributed_optimizer)
     fail("use_distributed_optimizer shards the optimizer, data_parallel_sharding_strategy no_shard does not: set one");
   if (a.cp_comm_type != "p2p" && a.cp_comm_type != "a2a")
     fail("cp_comm_type '{}' is not one of: p2p, a2a", a.cp_comm_type);
@@ -223,8 +272,7 @@ ParallelLayout plan_layout(const config::TrainingArgs& a, const ModelSpec& spec,
   };
   L.schedule = build();
   L.vpp = L.schedule->vpp;
-  const int64_t seq = a.seq_length > 0 ? a.seq_length : spec.max_position_embeddings;  // 0: the model's
-  const pipeline::ModelCosts costs = model_costs(spec, a.micro_batch_size, seq, L.tp);
+  const pipeline::ModelCosts costs = layer_costs(spec, a, L);
   if (auto_balance) {
     L.balance = pipeline::balance_layers(*L.schedule, costs, pipeline::Costs{});
     L.stages = L.balance->split;
@@ -241,4 +289,4 @@ ParallelLayout plan_layout(const config::TrainingArgs& a, const ModelSpec& spec,
   return L;
 }
 
-}  // namespace primus::train
+}  // namespace primus::plan

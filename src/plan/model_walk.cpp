@@ -1,0 +1,214 @@
+#include "plan/model_walk.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <memory>
+
+#include "core/error.h"
+#include "core/meta_device.h"
+
+namespace primus::plan {
+namespace {
+
+// The bytes a tensor takes on the meta device (and in the host pool): rounded up to 64.
+double held(const Tensor& t) { return t.defined() ? double((t.nbytes() + 63) / 64 * 64) : 0.0; }
+
+double in_use() { return double(meta_memory_stats().in_use); }
+
+// Which parameter an op's weight pointer falls in: the model's master values, gradients or
+// working copy, all laid out like the ParamStore.
+class ParamResolver {
+ public:
+  explicit ParamResolver(LlamaModel& m) : infos_(m.params().infos()) {
+    for (const Tensor* t : {&m.params().values(), &m.params().grads(), static_cast<const Tensor*>(&m.working_weights())})
+      if (t->defined()) buffers_.push_back({t->raw(), t->nbytes(), dtype_size(t->dtype())});
+  }
+  int operator()(const void* p) const {
+    if (!p) return -1;
+    const auto a = reinterpret_cast<uintptr_t>(p);
+    for (const Buffer& b : buffers_) {
+      const auto base = reinterpret_cast<uintptr_t>(b.base);
+      if (a < base || a >= base + b.bytes) continue;
+      const int64_t element = int64_t((a - base) / b.elem);
+      auto it = std::upper_bound(infos_.begin(), infos_.end(), element,
+                                 [](int64_t e, const StoredParam& s) { return e < s.offset; });
+      if (it == infos_.begin()) return -1;
+      --it;
+      return element < it->offset + it->numel ? int(it - infos_.begin()) : -1;
+    }
+    return -1;
+  }
+
+ private:
+  struct Buffer {
+    const void* base;
+    size_t bytes, elem;
+  };
+  const std::vector<StoredParam>& infos_;
+  std::vector<Buffer> buffers_;
+};
+
+// One pass of the walk: the ops and collectives it records and the bytes it holds.
+class PassWindow {
+ public:
+  PassWindow(ops::MetaBackend& be, parallel::CommLog& log) : be_(be), log_(log) {
+    be_.take_calls();
+    log_.take();
+    start_ = in_use();
+    reset_peak_meta_memory();
+  }
+  // Ends the window: the pass's record; the peak and the change of live bytes over it.
+  PassRecord finish(const ParamResolver& resolve, double& peak, double& change) {
+    PassRecord r;
+    r.ops = be_.take_calls();
+    r.comms = log_.take();
+    for (const ops::OpCall& c : r.ops) r.params.push_back(resolve(c.weight));
+    peak = double(meta_memory_stats().peak) - start_;
+    change = in_use() - start_;
+    return r;
+  }
+
+ private:
+  ops::MetaBackend& be_;
+  parallel::CommLog& log_;
+  double start_ = 0;
+};
+
+ModelPartition partition_of(const RankShape& s, parallel::CommLog& log,
+                            std::vector<std::unique_ptr<parallel::RecordingProcessGroup>>& groups) {
+  auto group = [&](const char* name, int size) -> parallel::ProcessGroup* {
+    if (size <= 1) return nullptr;
+    groups.push_back(std::make_unique<parallel::RecordingProcessGroup>(name, size, 0, log));
+    return groups.back().get();
+  };
+  ModelPartition p;
+  p.tp_size = s.tp;
+  p.tp_group = group("tp", s.tp);
+  p.sequence_parallel = s.sequence_parallel;
+  p.chunks = s.chunks;
+  p.cp_size = s.cp;
+  p.cp_group = group("cp", s.cp);
+  p.cp_comm = s.cp_comm;
+  p.ep_size = s.ep;
+  p.ep_group = group("ep", s.ep);
+  p.etp_size = s.etp;
+  return p;
+}
+
+}  // namespace
+
+double PassRecord::flops() const {
+  double f = 0;
+  for (const ops::OpCall& c : ops) f += c.flops;
+  return f;
+}
+
+const std::string& RankRecord::param_name(int id) const {
+  static const std::string none;
+  return id >= 0 && size_t(id) < params.size() ? params[size_t(id)].name : none;
+}
+
+RankShape rank_shape(const ModelSpec& spec, const ParallelLayout& L, const config::TrainingArgs& a,
+                     Precision precision, int pp_rank) {
+  RankShape s;
+  s.micro_batch_size = a.micro_batch_size;
+  s.seq_length = a.seq_length > 0 ? a.seq_length : spec.max_position_embeddings;
+  s.precision = precision;
+  s.options.recompute = parse_recompute(a.recompute_granularity);
+  s.tp = L.tp;
+  s.sequence_parallel = L.sequence_parallel;
+  s.cp = L.cp;
+  s.cp_comm = L.cp_all_to_all ? CpComm::A2A : CpComm::P2P;
+  s.ep = L.ep;
+  s.etp = L.etp;
+  if (pp_rank >= 0) s.chunks = model_chunks(L, pp_rank);
+  s.pipeline = L.schedule.has_value();
+  return s;
+}
+
+RankRecord walk_rank(const ModelSpec& spec, const RankShape& shape) {
+  const auto t0 = std::chrono::steady_clock::now();
+  if (shape.micro_batch_size < 1 || shape.seq_length < 1)
+    fail("the shape-only walk needs a positive micro_batch_size and seq_length (got {} and {})",
+         shape.micro_batch_size, shape.seq_length);
+  if (shape.cp < 1 || shape.seq_length % shape.cp != 0)
+    fail("seq_length {} does not split over context_parallel_size {}", shape.seq_length, shape.cp);
+  RankRecord rec;
+  rec.shape = shape;
+  ops::MetaBackend be(shape.load);
+  parallel::CommLog log([&be] { return be.calls().size(); });
+  std::vector<std::unique_ptr<parallel::RecordingProcessGroup>> groups;
+  ModelPartition part = partition_of(shape, log, groups);
+  LlamaOptions options = shape.options;
+  options.resident_weights = true;  // the walk's passes read the model's own (empty) buffers
+  const double before = in_use();
+  LlamaModel model(spec, be, shape.precision, options, std::move(part));
+  const ParamResolver resolve(model);
+  rec.params = model.params().infos();
+  rec.units = model.weight_units();
+  rec.param_numel = model.params().numel();
+  rec.master = model.params().dtype();
+  rec.activation = model.activation_dtype();
+  rec.weight_bytes = held(model.params().values()) + held(model.params().grads()) +
+                     (model.has_separate_working_weights() ? held(model.working_weights()) : 0.0);
+  rec.model_bytes = in_use() - before - rec.weight_bytes;
+
+  // One microbatch: token ids spread over the vocabulary, every target counted.
+  const int64_t seq = shape.seq_length / shape.cp, N = shape.micro_batch_size * seq;
+  std::vector<int32_t> tokens(static_cast<size_t>(N)), targets(static_cast<size_t>(N));
+  for (int64_t i = 0; i < N; ++i) {
+    tokens[size_t(i)] = int32_t(i % spec.vocab_size);
+    targets[size_t(i)] = int32_t((i + 1) % spec.vocab_size);
+  }
+  LlamaContext ctx;
+  const double ctx_before = in_use();
+  model.begin_microbatch(ctx, tokens.data(), targets.data(), shape.micro_batch_size, seq);
+  rec.microbatch_bytes = in_use() - ctx_before;
+  const int n = model.num_chunks();
+  const Shape message = {model.activation_rows(shape.micro_batch_size, seq), spec.hidden_size};
+  const double dloss = 1.0;
+  rec.message = message;
+  rec.chunks.resize(size_t(n));
+  if (!shape.pipeline && n != 1) fail("a walk without a pipeline runs one chunk, not {}", n);
+
+  for (int c = 0; c < n; ++c) {  // F in chunk order; the input is the chunk's, the output is sent away
+    ChunkRecord& ch = rec.chunks[size_t(c)];
+    ch.chunk = model.partition().chunks[size_t(c)];
+    PassWindow win(be, log);
+    {
+      Tensor input = ch.chunk.has_embedding ? Tensor() : be.empty(message, model.activation_dtype());
+      Tensor out = model.forward_chunk(ctx, c, input);
+    }
+    double change = 0;
+    ch.f = win.finish(resolve, ch.peak_f, change);
+    ch.kept_after_f = change;
+  }
+  for (int c = n; c-- > 0;) {  // B (or the fused backward) in reverse
+    ChunkRecord& ch = rec.chunks[size_t(c)];
+    PassWindow win(be, log);
+    if (shape.pipeline) {
+      Tensor dy = ch.chunk.has_head ? Tensor() : be.empty(message, model.activation_dtype());
+      Tensor dx = model.backward_input_chunk(ctx, c, dy, dloss);
+    } else {
+      model.backward(ctx, dloss);
+    }
+    double peak = 0, change = 0;
+    ch.b = win.finish(resolve, peak, change);
+    ch.peak_b = ch.kept_after_f + peak;
+    ch.kept_after_b = ch.kept_after_f + change;
+  }
+  if (shape.pipeline)
+    for (int c = n; c-- > 0;) {  // W in reverse
+      ChunkRecord& ch = rec.chunks[size_t(c)];
+      PassWindow win(be, log);
+      model.backward_weight_chunk(ctx, c);
+      double peak = 0, change = 0;
+      ch.w = win.finish(resolve, peak, change);
+      ch.peak_w = ch.kept_after_b + peak;
+    }
+  rec.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return rec;
+}
+
+}  // namespace primus::plan
