@@ -48,6 +48,16 @@ class RecordingProcessGroup final : public ProcessGroup {
   Device device() const override { return device_; }
   const std::vector<int>& world_ranks() const override { return world_; }
 
+  using ProcessGroup::all_gather;
+  using ProcessGroup::all_reduce;
+  using ProcessGroup::all_to_all;
+  using ProcessGroup::broadcast;
+  using ProcessGroup::iall_gather;
+  using ProcessGroup::iall_reduce;
+  using ProcessGroup::irecv;
+  using ProcessGroup::ireduce_scatter;
+  using ProcessGroup::isend;
+  using ProcessGroup::reduce_scatter;
   void all_reduce(void* buf, int64_t count, CommType t, ReduceOp op) override;
   void reduce_scatter(const void* send, void* recv, int64_t recv_count, CommType t, ReduceOp op) override;
   void all_gather(const void* send, void* recv, int64_t send_count, CommType t) override;

@@ -29,7 +29,10 @@ class Merger {
     const std::string key = fmt::format("{}|{}{}|{}x{}x{}|{}{}|{}{}{}|{}", g.what, g.trans_a, g.trans_b, g.m, g.n, g.k,
                                         int(g.in), int(g.out), g.bias, g.accumulate, g.grouped, g.groups);
     auto [it, fresh] = index_.emplace(key, out_.size());
-    if (fresh) out_.push_back(g);
+    if (fresh) {
+      out_.push_back(g);
+      out_.back().count = 0;
+    }
     out_[it->second].count += g.count;
   }
 

@@ -218,8 +218,8 @@ std::vector<MemoryEstimate> estimate_memory_per_rank(const ModelSpec& spec, cons
                                                      const config::TrainingArgs& a, Precision precision,
                                                      Sharding sharding) {
   std::vector<MemoryEstimate> out;
-  for (int r = 0; r < L.pp; ++r)
-    out.push_back(estimate_rank_memory(walk_rank(spec, rank_shape(spec, L, a, precision, r)), L, a, sharding, r));
+  const std::vector<RankRecord> walks = walk_ranks(spec, L, a, precision);
+  for (int r = 0; r < L.pp; ++r) out.push_back(estimate_rank_memory(walks[size_t(r)], L, a, sharding, r));
   return out;
 }
 

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <map>
 #include <cstdint>
 #include <memory>
 
@@ -127,6 +128,15 @@ RankShape rank_shape(const ModelSpec& spec, const ParallelLayout& L, const confi
   return s;
 }
 
+void build_rank(const ModelSpec& spec, const RankShape& shape) {
+  ops::MetaBackend be(shape.load);
+  parallel::CommLog log;
+  std::vector<std::unique_ptr<parallel::RecordingProcessGroup>> groups;
+  LlamaOptions options = shape.options;
+  options.resident_weights = false;  // the layout only: nothing to hold
+  const LlamaModel model(spec, be, shape.precision, options, partition_of(shape, log, groups));
+}
+
 RankRecord walk_rank(const ModelSpec& spec, const RankShape& shape) {
   const auto t0 = std::chrono::steady_clock::now();
   if (shape.micro_batch_size < 1 || shape.seq_length < 1)
@@ -209,6 +219,32 @@ RankRecord walk_rank(const ModelSpec& spec, const RankShape& shape) {
     }
   rec.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return rec;
+}
+
+std::vector<RankRecord> walk_ranks(const ModelSpec& spec, const ParallelLayout& L, const config::TrainingArgs& a,
+                                   Precision precision, const ops::RouterLoad& load) {
+  std::vector<RankRecord> out;
+  std::map<std::string, size_t> walked;  // partition kind -> its first rank
+  for (int r = 0; r < L.pp; ++r) {
+    RankShape shape = rank_shape(spec, L, a, precision, r);
+    shape.load = load;
+    std::string kind;
+    for (const ModelPartition::Chunk& c : shape.chunks) {
+      kind += c.has_embedding ? "E" : "";
+      for (int64_t l = c.first_layer; l < c.first_layer + c.num_layers; ++l)
+        kind += !spec.is_moe_layer(l) ? "d" : load.per_layer.count(l) ? "m" + std::to_string(l) : "m";
+      kind += c.has_head ? "H|" : "|";
+    }
+    const auto it = walked.find(kind);
+    if (it != walked.end()) {
+      out.push_back(out[it->second]);
+      out.back().shape = shape;
+      continue;
+    }
+    walked[kind] = out.size();
+    out.push_back(walk_rank(spec, shape));
+  }
+  return out;
 }
 
 }  // namespace primus::plan

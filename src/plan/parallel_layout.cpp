@@ -5,7 +5,6 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "model/llama.h"
-#include "model/moe.h"
 #include "plan/model_walk.h"
 #include "pipeline/schedules/registry.h"
 
@@ -118,6 +117,15 @@ std::vector<ModelPartition::Chunk> model_chunks(const ParallelLayout& L, int pp_
   return chunks;
 }
 
+// The model's own rules on the layout (heads, query groups, ffn and vocabulary over tp; the heads
+// of a2a context parallelism over cp; what the MoE blocks run with under sequence and context
+// parallelism; the experts over ep): one rank's model built on the shape-only backend checks
+// them as the trainer's will, with the same messages.
+void check_partition(const ModelSpec& spec, const config::TrainingArgs& a, const ParallelLayout& L) {
+  RankShape shape = rank_shape(spec, L, a, a.bf16 ? Precision::Bf16 : Precision::Fp32, 0);
+  build_rank(spec, shape);
+}
+
 pipeline::ModelCosts layer_costs(const ModelSpec& spec, const config::TrainingArgs& a, const ParallelLayout& L) {
   // The whole model on one rank of the layout's tp, cp and ep groups, a chunk per part: the
   // embedding, each decoder layer, the head.
@@ -205,26 +213,14 @@ ParallelLayout plan_layout(const config::TrainingArgs& a, const ModelSpec& spec,
     fail("expert_model_parallel_size ({}) must divide the data-parallel size ({} = {} ranks / tensor x pipeline x "
          "context parallel {}): the expert-parallel groups are made of dp ranks",
          L.ep, L.dp, world_size, mp);
-  check_tensor_parallel(spec, L.tp);
   if (L.cp > 1) {
     const int64_t seq = a.seq_length > 0 ? a.seq_length : spec.max_position_embeddings;
     if (seq % (2 * L.cp) != 0)
       fail("context_parallel_size {} cuts each sequence in 2 x {} = {} chunks: seq_length {} is not divisible by {}",
            L.cp, L.cp, 2 * L.cp, seq, 2 * L.cp);
-    // MLA packs one group per head.
-    const int64_t heads = spec.num_attention_heads / L.tp,
-                  groups = (spec.multi_latent_attention ? spec.num_attention_heads : spec.query_groups()) / L.tp;
-    if (L.cp_all_to_all && (heads % L.cp != 0 || groups % L.cp != 0))
-      fail("cp_comm_type a2a splits the attention heads over context_parallel_size {}: {} heads and {} query groups "
-           "per tensor-parallel rank (num_attention_heads {}, num_query_groups {}, tensor_model_parallel_size {}) are "
-           "not divisible by {}; use cp_comm_type p2p",
-           L.cp, heads, groups, spec.num_attention_heads, spec.query_groups(), L.tp, L.cp);
   }
 
   L.sequence_parallel = a.sequence_parallel && L.tp > 1;
-  // The ranks that split a microbatch's routed tokens: cp, and tp under sequence parallelism with
-  // whole experts (split experts route every row on every tp rank).
-  if (spec.is_moe()) check_moe_supported(spec, (L.sequence_parallel && L.etp == 1 ? L.tp : 1) * L.cp);
   if (a.sequence_parallel && L.tp == 1)
     log::warn("sequence_parallel has no effect with tensor_model_parallel_size 1; running without it");
   if (L.sequence_parallel && (a.micro_batch_size * a.seq_length / L.cp) % L.tp != 0)
@@ -243,6 +239,7 @@ ParallelLayout plan_layout(const config::TrainingArgs& a, const ModelSpec& spec,
     if (a.decoder_first_pipeline_num_layers > 0 || a.decoder_last_pipeline_num_layers > 0)
       fail("decoder_first/last_pipeline_num_layers need pipeline_model_parallel_size > 1");
     L.stages = pipeline::split_layers(spec.num_layers, 1, 1);
+    check_partition(spec, a, L);
     return L;
   }
   if (L.microbatches_per_rank > 0x7fffffff) fail("too many microbatches per rank: {}", L.microbatches_per_rank);
@@ -272,7 +269,7 @@ ParallelLayout plan_layout(const config::TrainingArgs& a, const ModelSpec& spec,
   };
   L.schedule = build();
   L.vpp = L.schedule->vpp;
-  const pipeline::ModelCosts costs = layer_costs(spec, a, L);
+  const pipeline::ModelCosts costs = layer_costs(spec, a, L);  // (the model built: its rules checked)
   if (auto_balance) {
     L.balance = pipeline::balance_layers(*L.schedule, costs, pipeline::Costs{});
     L.stages = L.balance->split;

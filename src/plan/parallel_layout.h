@@ -68,21 +68,24 @@ struct ParallelLayout {
 // sequence, context and expert parallelism. pipeline_balance auto splits the layers by them.
 pipeline::ModelCosts layer_costs(const ModelSpec& spec, const config::TrainingArgs& args, const ParallelLayout& layout);
 
+// The model's own rules on the layout, checked by building pipeline rank 0's model on the
+// shape-only backend (plan_layout calls it; pipeline layouts build every layer for layer_costs).
+void check_partition(const ModelSpec& spec, const config::TrainingArgs& args, const ParallelLayout& layout);
+
 // This pipeline rank's chunks of the model (one per virtual stage, in chunk order, each with its
 // layers and whether it holds the embedding or the head); the whole model without a pipeline.
 std::vector<ModelPartition::Chunk> model_chunks(const ParallelLayout& layout, int pp_rank);
 
-// Rules, in order: sizes positive; expert parallel size 1 for a dense model, dividing num_experts; the sharding strategy
-// known; tp x pp x cp divides
-// the world size; under cp, seq_length divisible by 2 x cp and, for a2a, heads and query groups
-// per tp rank by cp; heads, query groups, ffn and vocabulary divisible by tp;
-// sequence parallel needs tokens per microbatch divisible by tp; global_batch_size a multiple of
-// micro_batch_size x dp; layers split over pp x vpp stages (even, or as decoder_first/last_
-// pipeline_num_layers say, or by pipeline_balance auto from layer_costs, which excludes the two
-// keys); the pipeline schedule exists for pp, vpp and the microbatches (e.g. dualpipev needs
-// m >= 2 pp). zb-auto is built for the split's per-stage costs and under
+// Rules, in order: sizes positive; expert parallel size 1 for a dense model, dividing num_experts;
+// the sharding strategy known; tp x pp x cp divides the world size; under cp, seq_length
+// divisible by 2 x cp; sequence parallel needs tokens per microbatch divisible by tp;
+// global_batch_size a multiple of micro_batch_size x dp; layers split over pp x vpp stages (even,
+// or as decoder_first/last_pipeline_num_layers say, or by pipeline_balance auto from layer_costs,
+// which excludes the two keys); the pipeline schedule exists for pp, vpp and the microbatches
+// (e.g. dualpipev needs m >= 2 pp). zb-auto is built for the split's per-stage costs and under
 // zero_bubble_max_pending_backward (0: pp) microbatch activations, with the paper's heuristic
-// only: its ILP's time limit would make the ranks' schedules differ.
+// only: its ILP's time limit would make the ranks' schedules differ. Then the model's own rules
+// (check_partition): heads, query groups, ffn and vocabulary over tp, a2a's heads over cp, MoE.
 ParallelLayout plan_layout(const config::TrainingArgs& args, const ModelSpec& spec, int world_size);
 
 // expert_tensor_parallel_size resolved (0 or null: tensor_model_parallel_size, Megatron's default)

@@ -131,8 +131,7 @@ Projection plan(const config::ExperimentConfig& cfg, const Target& t) {
   p.sharding = t.sharding ? *t.sharding : p.layout.sharding;  // the trainer's resolution by default
   p.precision = a.bf16 ? Precision::Bf16 : Precision::Fp32;
   const auto t0 = std::chrono::steady_clock::now();
-  for (int r = 0; r < p.layout.pp; ++r)
-    p.walks.push_back(plan::walk_rank(p.spec, plan::rank_shape(p.spec, p.layout, a, p.precision, r)));
+  p.walks = plan::walk_ranks(p.spec, p.layout, a, p.precision, t.load);
   p.walk_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return p;
 }

@@ -1,5 +1,6 @@
 // Issue 21, finding 5: no memory estimate before building a model; `--num_layers 2000` allocated
-// 12.5 GB over 53 s and ended in a bare std::bad_alloc. The estimate runs before any allocation.
+// 12.5 GB over 53 s and ended in a bare std::bad_alloc. The estimate runs before any allocation:
+// the model walked on the shape-only backend (plan/model_walk.h).
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -27,26 +28,29 @@ TEST(MemoryEstimate, ParametersAndBytesPerParameterFollowThePrecisionAndTheLayou
   const int64_t total = model_stats(cfg.model_spec, cfg.train.seq_length).parameters;
   const auto fp32 = estimate(cfg, 1);
   EXPECT_EQ(fp32.parameters, total);
-  EXPECT_DOUBLE_EQ(fp32.bytes_per_parameter, 16.0);  // value, gradient, two moments
+  // value, gradient, two moments (and the flat layout's alignment gaps)
+  EXPECT_NEAR(fp32.bytes_per_parameter(), 16.0, 0.1);
   EXPECT_GT(fp32.activation_bytes, 0.0);
   const auto mixed = estimate(cfg, 1, true);
-  EXPECT_DOUBLE_EQ(mixed.bytes_per_parameter, 18.0);  // + the bf16 working copy
+  EXPECT_NEAR(mixed.bytes_per_parameter(), 18.0, 0.1);  // + the bf16 working copy
   EXPECT_LT(mixed.activation_bytes, fp32.activation_bytes);  // bf16 activations
   // ZeRO-1 over dp 2 halves the moments; tp 2 halves what a rank holds (norms aside).
   const auto zero = estimate(exp.load({{"num_layers", "4"}, {"use_distributed_optimizer", "true"}}), 2);
-  EXPECT_DOUBLE_EQ(zero.bytes_per_parameter, 12.0);
+  EXPECT_NEAR(zero.bytes_per_parameter(), 12.0, 0.1);
   const auto tp2 = estimate(exp.load({{"num_layers", "4"}, {"tensor_model_parallel_size", "2"}}), 2);
   EXPECT_NEAR(double(tp2.parameters), total / 2.0, total * 0.02);
-  // Full recompute keeps only each layer's input.
+  // Full recompute keeps only each layer's input from its F to its B; its peak is then the
+  // backward's rebuilt layer beside the head's logits (which this small model's 256-entry
+  // vocabulary makes a large share).
   const auto full = estimate(exp.load({{"num_layers", "4"}, {"recompute_granularity", "full"}}), 1);
-  EXPECT_LT(full.activation_bytes, fp32.activation_bytes / 4);
+  EXPECT_LT(full.activation_bytes, fp32.activation_bytes / 2);
 }
 
 TEST(MemoryEstimate, AnAbsurdModelIsRefusedWithTheNumbersAndTheKeys) {
   test::TinyExperiment exp;
-  // 100000 layers of a 4096-wide model: hundreds of terabytes. Constant time in num_layers.
-  const auto cfg = exp.load({{"num_layers", "100000"}, {"hidden_size", "4096"}, {"ffn_hidden_size", "11008"},
-                             {"num_attention_heads", "32"}, {"num_query_groups", "32"}});
+  // 2000 layers of a 16384-wide model: a hundred terabytes, walked without allocating any of it.
+  const auto cfg = exp.load({{"num_layers", "2000"}, {"hidden_size", "16384"}, {"ffn_hidden_size", "53248"},
+                             {"num_attention_heads", "128"}, {"num_query_groups", "128"}});
   const auto e = estimate(cfg, 1);
   EXPECT_GT(e.total_bytes(), 1e14);
   try {
@@ -114,7 +118,7 @@ TEST(MemoryEstimate, MoeExpertsAreDividedByEpAndWholeOnEveryTpRank) {
   EXPECT_GT(top2.activation_bytes, top1.activation_bytes);
   const auto full = estimate(with({{"recompute_granularity", "full"}}), 1);
   const auto dense_full = estimate(exp.load({{"num_layers", "4"}, {"recompute_granularity", "full"}}), 1);
-  EXPECT_GT(full.activation_bytes, 2 * dense_full.activation_bytes);
+  EXPECT_GT(full.activation_bytes, 1.5 * dense_full.activation_bytes);
   const auto tp2 = estimate(with({{"tensor_model_parallel_size", "2"}, {"expert_tensor_parallel_size", "1"}}), 2);
   const auto tp2_sp = estimate(
       with({{"tensor_model_parallel_size", "2"}, {"sequence_parallel", "true"}, {"expert_tensor_parallel_size", "1"}}),
