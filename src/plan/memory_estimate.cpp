@@ -138,6 +138,70 @@ Shards shards_of(const RankRecord& rec, int dense_group, int expert_group) {
   return s;
 }
 
+// The expert tensors of a rank under expert parallelism, packed as train/expert_grads.h packs them.
+struct Experts {
+  int64_t numel = 0;
+  std::vector<ParamSegment> segments;
+};
+Experts experts_of(const RankRecord& rec, int ep) {
+  Experts x;
+  for (const StoredParam& p : rec.params)
+    if (ep > 1 && is_expert_param(p.name)) {
+      x.segments.push_back({p.name, x.numel, p.numel, p.weight_decay});
+      x.numel += p.numel;
+    }
+  return x;
+}
+
+// no_shard and ZeRO-1: the model's own master, working copy and gradients; AdamW over everything
+// or over this rank's shards of the trainer's buckets; the experts' packed gradients (and their
+// own distributed optimizer over edp) under expert parallelism.
+void replicated_state(MemoryEstimate& e, const RankRecord& rec, const ParallelLayout& L, const config::TrainingArgs& a,
+                      Sharding sharding) {
+  const double P = double(rec.param_numel), master = double(dtype_size(rec.master));
+  const int dp = L.dp * L.cp, edp = std::max(1, L.dp / std::max(1, L.ep)) * L.cp;
+  e.parameter_bytes = held(P, master);
+  e.working_bytes = rec.activation != rec.master ? held(P, double(dtype_size(rec.activation))) : 0;
+  e.gradient_bytes = held(P, master);
+  if (sharding == Sharding::NoShard) {
+    e.optimizer_bytes = 2 * held(P, 4);
+  } else {
+    std::vector<ParamSegment> segments;
+    for (const StoredParam& p : rec.params) segments.push_back({p.name, p.offset, p.numel, p.weight_decay});
+    const int64_t bucket = a.ddp_bucket_size > 0 ? a.ddp_bucket_size : parallel::default_bucket_size(L.dp);
+    const Buckets b = meta_buckets(dp, bucket, rec.param_numel, std::move(segments));
+    e.optimizer_bytes = 2 * held(double(b.shard), 4);
+    e.buffer_bytes += b.scratch;
+  }
+  const Experts x = experts_of(rec, L.ep);
+  if (x.numel == 0) return;
+  e.gradient_bytes += held(double(x.numel), 4);
+  if (sharding == Sharding::NoShard) return;
+  const Buckets b = meta_buckets(edp, parallel::default_bucket_size(edp), x.numel, x.segments);
+  e.parameter_bytes += held(double(x.numel), 4);
+  e.optimizer_bytes += 2 * held(double(b.shard), 4);
+  e.buffer_bytes += b.scratch;
+}
+
+// ZeRO-2 and FSDP: the rank's shards of master, gradients and moments (and of the working copy
+// in bf16), ZeRO-2's whole working copy, the buffers kept whole; while the passes run, a unit's
+// whole fp32 gradient accumulating and two more in their reductions, and under FSDP the unit
+// being computed and the next one gathered.
+void sharded_state(MemoryEstimate& e, const RankRecord& rec, const ParallelLayout& L, Sharding sharding) {
+  const int dp = L.dp * L.cp, edp = std::max(1, L.dp / std::max(1, L.ep)) * L.cp;
+  const double act = double(dtype_size(rec.activation));
+  const Shards s = shards_of(rec, dp, edp);
+  const double S = double(s.numel);
+  e.parameter_bytes = held(S, 4);
+  e.working_bytes = (rec.activation != rec.master ? held(S, act) : 0) +
+                    (sharding == Sharding::Zero2 ? held(double(rec.param_numel), act) : 0);
+  e.gradient_bytes = held(S, 4);
+  e.optimizer_bytes = 2 * held(S, 4);
+  if (s.buffers > 0) e.buffer_bytes += held(double(s.buffers), 4);
+  const double unit = double(s.max_unit);
+  e.buffer_bytes += 3 * held(unit, 4) + (sharding == Sharding::Fsdp ? 2 * held(unit, act) : 0);
+}
+
 }  // namespace
 
 MemoryEstimate estimate_rank_memory(const RankRecord& rec, const ParallelLayout& L, const config::TrainingArgs& a,
@@ -145,58 +209,15 @@ MemoryEstimate estimate_rank_memory(const RankRecord& rec, const ParallelLayout&
   MemoryEstimate e;
   e.pp_rank = pp_rank;
   for (const StoredParam& p : rec.params) e.parameters += p.numel;
-  const double P = double(rec.param_numel), act = double(dtype_size(rec.activation));
-  const double master = double(dtype_size(rec.master));
-  const bool separate_working = rec.activation != rec.master;
-  const int dp = L.dp * L.cp;  // gradients are reduced and ZeRO shards over dp x cp
-  const int edp = std::max(1, L.dp / std::max(1, L.ep)) * L.cp;
-  int64_t experts = 0;  // expert tensors' elements (packed, train/expert_grads.h)
-  std::vector<ParamSegment> expert_segments;
-  for (const StoredParam& p : rec.params)
-    if (L.ep > 1 && is_expert_param(p.name)) {
-      expert_segments.push_back({p.name, experts, p.numel, p.weight_decay});
-      experts += p.numel;
-    }
   e.buffer_bytes = rec.model_bytes;
-  if (sharding == Sharding::NoShard || sharding == Sharding::Zero1) {
-    e.parameter_bytes = held(P, master);
-    e.working_bytes = separate_working ? held(P, act) : 0;
-    e.gradient_bytes = held(P, master);
-    if (sharding == Sharding::NoShard) {
-      e.optimizer_bytes = 2 * held(P, 4);
-    } else {
-      std::vector<ParamSegment> segments;
-      for (const StoredParam& p : rec.params) segments.push_back({p.name, p.offset, p.numel, p.weight_decay});
-      const int64_t bucket = a.ddp_bucket_size > 0 ? a.ddp_bucket_size : parallel::default_bucket_size(L.dp);
-      const Buckets b = meta_buckets(dp, bucket, rec.param_numel, std::move(segments));
-      e.optimizer_bytes = 2 * held(double(b.shard), 4);
-      e.buffer_bytes += b.scratch;
-    }
-    if (experts > 0) {  // the experts' packed gradients (and under ZeRO-1 their own distributed optimizer)
-      e.gradient_bytes += held(double(experts), 4);
-      if (sharding == Sharding::Zero1) {
-        const Buckets b = meta_buckets(edp, parallel::default_bucket_size(edp), experts, expert_segments);
-        e.parameter_bytes += held(double(experts), 4);
-        e.optimizer_bytes += 2 * held(double(b.shard), 4);
-        e.buffer_bytes += b.scratch;
-      }
-    }
-  } else {
-    const Shards s = shards_of(rec, dp, edp);
-    const double S = double(s.numel);
-    e.parameter_bytes = held(S, 4);
-    e.working_bytes = (separate_working ? held(S, act) : 0) + (sharding == Sharding::Zero2 ? held(P, act) : 0);
-    e.gradient_bytes = held(S, 4);
-    e.optimizer_bytes = 2 * held(S, 4);
-    if (s.buffers > 0) e.buffer_bytes += held(double(s.buffers), 4);
-    // While the passes run: a unit's whole fp32 gradient accumulating and two more in their
-    // reductions; under FSDP the unit being computed and the next one gathered.
-    const double unit = double(s.max_unit);
-    e.buffer_bytes += 3 * held(unit, 4) + (sharding == Sharding::Fsdp ? 2 * held(unit, act) : 0);
-  }
+  if (sharding == Sharding::NoShard || sharding == Sharding::Zero1)
+    replicated_state(e, rec, L, a, sharding);
+  else
+    sharded_state(e, rec, L, sharding);
   if (L.schedule) {  // the executor's posted receives and a send in flight, one message each
     const double message = double(rec.message[0]) * double(rec.message[1]);
-    e.buffer_bytes += double(pipeline::ExecutorOptions{}.recv_ahead + 1) * held(message, act);
+    e.buffer_bytes +=
+        double(pipeline::ExecutorOptions{}.recv_ahead + 1) * held(message, double(dtype_size(rec.activation)));
   }
   e.activation_bytes = walk_schedule(rec, L, pp_rank, &e.peak_in_flight);
   return e;

@@ -137,6 +137,102 @@ void build_rank(const ModelSpec& spec, const RankShape& shape) {
   const LlamaModel model(spec, be, shape.precision, options, partition_of(shape, log, groups));
 }
 
+namespace {
+
+// One rank's model on the shape-only backend and one microbatch through its passes.
+class RankWalk {
+ public:
+  RankWalk(const ModelSpec& spec, const RankShape& shape)
+      : shape_(shape),
+        be_(shape.load),
+        log_([this] { return be_.calls().size(); }),
+        before_(in_use()),
+        model_(spec, be_, shape.precision, resident(shape.options), partition_of(shape, log_, groups_)),
+        resolve_(model_) {}
+
+  // What the model holds before any pass, and its parameters.
+  void describe(RankRecord& rec) {
+    rec.params = model_.params().infos();
+    rec.units = model_.weight_units();
+    rec.param_numel = model_.params().numel();
+    rec.master = model_.params().dtype();
+    rec.activation = model_.activation_dtype();
+    rec.weight_bytes = held(model_.params().values()) + held(model_.params().grads()) +
+                       (model_.has_separate_working_weights() ? held(model_.working_weights()) : 0.0);
+    rec.model_bytes = in_use() - before_ - rec.weight_bytes;
+  }
+
+  // One microbatch: token ids spread over the vocabulary, every target counted.
+  void begin(RankRecord& rec) {
+    const int64_t V = model_.spec().vocab_size, seq = shape_.seq_length / shape_.cp, N = shape_.micro_batch_size * seq;
+    std::vector<int32_t> tokens(static_cast<size_t>(N)), targets(static_cast<size_t>(N));
+    for (int64_t i = 0; i < N; ++i) {
+      tokens[size_t(i)] = int32_t(i % V);
+      targets[size_t(i)] = int32_t((i + 1) % V);
+    }
+    const double start = in_use();
+    model_.begin_microbatch(ctx_, tokens.data(), targets.data(), shape_.micro_batch_size, seq);
+    rec.microbatch_bytes = in_use() - start;
+    message_ = {model_.activation_rows(shape_.micro_batch_size, seq), model_.spec().hidden_size};
+    rec.message = message_;
+    rec.chunks.resize(size_t(model_.num_chunks()));
+    for (int c = 0; c < model_.num_chunks(); ++c) rec.chunks[size_t(c)].chunk = model_.partition().chunks[size_t(c)];
+  }
+
+  // F of chunk c: its input arrives (its own), its output is sent away.
+  void forward(ChunkRecord& ch, int c) {
+    PassWindow win(be_, log_);
+    {
+      Tensor input = ch.chunk.has_embedding ? Tensor() : message();
+      Tensor out = model_.forward_chunk(ctx_, c, input);
+    }
+    ch.f = win.finish(resolve_, ch.peak_f, ch.kept_after_f);
+  }
+
+  // B of chunk c, or without a pipeline the fused backward of the whole model.
+  void backward(ChunkRecord& ch, int c) {
+    PassWindow win(be_, log_);
+    if (shape_.pipeline) {
+      Tensor dy = ch.chunk.has_head ? Tensor() : message();
+      Tensor dx = model_.backward_input_chunk(ctx_, c, dy, kDloss);
+    } else {
+      model_.backward(ctx_, kDloss);
+    }
+    double peak = 0, change = 0;
+    ch.b = win.finish(resolve_, peak, change);
+    ch.peak_b = ch.kept_after_f + peak;
+    ch.kept_after_b = ch.kept_after_f + change;
+  }
+
+  void weights(ChunkRecord& ch, int c) {
+    PassWindow win(be_, log_);
+    model_.backward_weight_chunk(ctx_, c);
+    double peak = 0, change = 0;
+    ch.w = win.finish(resolve_, peak, change);
+    ch.peak_w = ch.kept_after_b + peak;
+  }
+
+ private:
+  static constexpr double kDloss = 1.0;
+  static LlamaOptions resident(LlamaOptions o) {
+    o.resident_weights = true;  // the passes read the model's own (empty) buffers
+    return o;
+  }
+  Tensor message() const { return be_.empty(message_, model_.activation_dtype()); }
+
+  RankShape shape_;
+  ops::MetaBackend be_;
+  parallel::CommLog log_;
+  std::vector<std::unique_ptr<parallel::RecordingProcessGroup>> groups_;
+  double before_;
+  LlamaModel model_;
+  ParamResolver resolve_;
+  LlamaContext ctx_;
+  Shape message_;
+};
+
+}  // namespace
+
 RankRecord walk_rank(const ModelSpec& spec, const RankShape& shape) {
   const auto t0 = std::chrono::steady_clock::now();
   if (shape.micro_batch_size < 1 || shape.seq_length < 1)
@@ -146,77 +242,15 @@ RankRecord walk_rank(const ModelSpec& spec, const RankShape& shape) {
     fail("seq_length {} does not split over context_parallel_size {}", shape.seq_length, shape.cp);
   RankRecord rec;
   rec.shape = shape;
-  ops::MetaBackend be(shape.load);
-  parallel::CommLog log([&be] { return be.calls().size(); });
-  std::vector<std::unique_ptr<parallel::RecordingProcessGroup>> groups;
-  ModelPartition part = partition_of(shape, log, groups);
-  LlamaOptions options = shape.options;
-  options.resident_weights = true;  // the walk's passes read the model's own (empty) buffers
-  const double before = in_use();
-  LlamaModel model(spec, be, shape.precision, options, std::move(part));
-  const ParamResolver resolve(model);
-  rec.params = model.params().infos();
-  rec.units = model.weight_units();
-  rec.param_numel = model.params().numel();
-  rec.master = model.params().dtype();
-  rec.activation = model.activation_dtype();
-  rec.weight_bytes = held(model.params().values()) + held(model.params().grads()) +
-                     (model.has_separate_working_weights() ? held(model.working_weights()) : 0.0);
-  rec.model_bytes = in_use() - before - rec.weight_bytes;
-
-  // One microbatch: token ids spread over the vocabulary, every target counted.
-  const int64_t seq = shape.seq_length / shape.cp, N = shape.micro_batch_size * seq;
-  std::vector<int32_t> tokens(static_cast<size_t>(N)), targets(static_cast<size_t>(N));
-  for (int64_t i = 0; i < N; ++i) {
-    tokens[size_t(i)] = int32_t(i % spec.vocab_size);
-    targets[size_t(i)] = int32_t((i + 1) % spec.vocab_size);
-  }
-  LlamaContext ctx;
-  const double ctx_before = in_use();
-  model.begin_microbatch(ctx, tokens.data(), targets.data(), shape.micro_batch_size, seq);
-  rec.microbatch_bytes = in_use() - ctx_before;
-  const int n = model.num_chunks();
-  const Shape message = {model.activation_rows(shape.micro_batch_size, seq), spec.hidden_size};
-  const double dloss = 1.0;
-  rec.message = message;
-  rec.chunks.resize(size_t(n));
+  RankWalk walk(spec, shape);
+  walk.describe(rec);
+  walk.begin(rec);
+  const int n = int(rec.chunks.size());
   if (!shape.pipeline && n != 1) fail("a walk without a pipeline runs one chunk, not {}", n);
-
-  for (int c = 0; c < n; ++c) {  // F in chunk order; the input is the chunk's, the output is sent away
-    ChunkRecord& ch = rec.chunks[size_t(c)];
-    ch.chunk = model.partition().chunks[size_t(c)];
-    PassWindow win(be, log);
-    {
-      Tensor input = ch.chunk.has_embedding ? Tensor() : be.empty(message, model.activation_dtype());
-      Tensor out = model.forward_chunk(ctx, c, input);
-    }
-    double change = 0;
-    ch.f = win.finish(resolve, ch.peak_f, change);
-    ch.kept_after_f = change;
-  }
-  for (int c = n; c-- > 0;) {  // B (or the fused backward) in reverse
-    ChunkRecord& ch = rec.chunks[size_t(c)];
-    PassWindow win(be, log);
-    if (shape.pipeline) {
-      Tensor dy = ch.chunk.has_head ? Tensor() : be.empty(message, model.activation_dtype());
-      Tensor dx = model.backward_input_chunk(ctx, c, dy, dloss);
-    } else {
-      model.backward(ctx, dloss);
-    }
-    double peak = 0, change = 0;
-    ch.b = win.finish(resolve, peak, change);
-    ch.peak_b = ch.kept_after_f + peak;
-    ch.kept_after_b = ch.kept_after_f + change;
-  }
+  for (int c = 0; c < n; ++c) walk.forward(rec.chunks[size_t(c)], c);  // F in chunk order
+  for (int c = n; c-- > 0;) walk.backward(rec.chunks[size_t(c)], c);   // B (or the fused backward) in reverse
   if (shape.pipeline)
-    for (int c = n; c-- > 0;) {  // W in reverse
-      ChunkRecord& ch = rec.chunks[size_t(c)];
-      PassWindow win(be, log);
-      model.backward_weight_chunk(ctx, c);
-      double peak = 0, change = 0;
-      ch.w = win.finish(resolve, peak, change);
-      ch.peak_w = ch.kept_after_b + peak;
-    }
+    for (int c = n; c-- > 0;) walk.weights(rec.chunks[size_t(c)], c);  // W in reverse
   rec.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return rec;
 }

@@ -15,6 +15,9 @@ nlohmann::ordered_json layout_json(const Projection& p) {
           {"pp", L.pp},
           {"dp", L.dp},
           {"vpp", L.vpp},
+          {"cp", L.cp},
+          {"ep", L.ep},
+          {"etp", L.etp},
           {"sequence_parallel", L.sequence_parallel},
           {"schedule", L.schedule ? L.schedule->algorithm : ""},
           {"microbatches_per_rank", L.microbatches_per_rank},
@@ -40,6 +43,7 @@ nlohmann::ordered_json to_json(const Projection& p) {
   j["gpus_per_node"] = p.gpus_per_node;
   j["layout"] = layout_json(p);
   j["sharding"] = sharding_name(p.sharding);
+  j["walk_seconds"] = p.walk_seconds;
   j["recompute"] = p.args.recompute_granularity.empty() ? "none" : p.args.recompute_granularity;
   j["precision"] = precision_name(p.precision);
   j["micro_batch_size"] = p.args.micro_batch_size;
