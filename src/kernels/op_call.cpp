@@ -1,5 +1,7 @@
 #include "kernels/op_call.h"
 
+#include <algorithm>
+
 #include <fmt/format.h>
 
 namespace primus::ops {
