@@ -3,13 +3,13 @@
 #include <cstdint>
 #include <string>
 
+#include "checkpoint/format.h"
 #include "core/error.h"
 #include "fuzz_util.h"
-#include "train/checkpoint.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   try {
-    primus::train::parse_shard_header(std::string(reinterpret_cast<const char*>(data), size), "rank_00000.bin");
+    primus::checkpoint::parse_shard_header(std::string(reinterpret_cast<const char*>(data), size), "rank_00000.bin");
   } catch (const primus::Error& e) {
     primus::fuzz::refused(e);
   }

@@ -17,6 +17,7 @@ APT_PACKAGES=(
   python3-torch zlib1g-dev
   coinor-libcbc-dev  # CBC: zb-auto's ILP refinement (the Zero Bubble paper's solver)
   clang libclang-rt-14-dev libomp-dev  # libFuzzer for the parsers' fuzz targets
+  clang-format  # .clang-format: `git clang-format` on the lines a change touches
   libdnnl-dev  # oneDNN: one of the CPU bf16 backend's two GEMMs, the one on AMX tiles
   librsvg2-bin  # rsvg-convert: `analyze run` pictures as PNG beside the SVG
 )

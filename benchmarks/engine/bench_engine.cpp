@@ -165,19 +165,27 @@ static std::string all_rates(const std::vector<Result>& runs) {
   return s;
 }
 
+// --recompute-granularity's names are model/options.h's.
+static Recompute recompute_of(const std::string& name) {
+  for (Recompute r : {Recompute::None, Recompute::Selective, Recompute::Full})
+    if (name == recompute_name(r)) return r;
+  return Recompute::None;  // (CLI11 checked the name)
+}
+
 int main(int argc, char** argv) {
   CLI::App app{"Primus CPU engine benchmark: one training step, ours beside PyTorch"};
   std::vector<std::string> models{"llama2c_15M"};
   int64_t mbs = 8, seq = 256;
   int iters = 5, warmup = 1, rounds = 1;
   bool torch = true, profile = false;
-  std::string recompute, precision = "fp32", torch_modes = "both";
+  std::string recompute = "none", precision = "fp32", torch_modes = "both";
   app.add_option("--model", models, "preset names or YAML paths (repeatable)");
   app.add_option("--micro-batch-size", mbs);
   app.add_option("--seq-length", seq);
   app.add_option("--iters", iters, "timed steps");
   app.add_option("--warmup", warmup, "untimed steps first");
-  app.add_option("--recompute-granularity", recompute, "none | selective | full");
+  app.add_option("--recompute-granularity", recompute, "none | selective | full")
+      ->check(CLI::IsMember({"none", "selective", "full"}));
   app.add_option("--precision", precision, "fp32 | bf16 (bf16 mixed precision on the CPU bf16 backend)")
       ->check(CLI::IsMember({"fp32", "bf16"}));
   app.add_option("--torch-precision", torch_modes, "the PyTorch peer's modes: both (fp32 and autocast bf16) | match")
@@ -223,7 +231,7 @@ int main(int argc, char** argv) {
         // The peak again right before each of our runs: MFU from numbers taken under the same load.
         const double round_peak =
             bf16 ? cpu::bf16k::measure_bf16_gemm_peak_gflops(2048, 2) : cpu::measure_sgemm_peak_gflops(2048, 2);
-        ours_runs.push_back(run_ours(spec, mbs, seq, iters, warmup, parse_recompute(recompute),
+        ours_runs.push_back(run_ours(spec, mbs, seq, iters, warmup, recompute_of(recompute),
                                      bf16 ? Precision::Bf16 : Precision::Fp32, profile));
         ours_runs.back().peak_gflops = round_peak;
         for (const auto& mode : peer_modes) {

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <optional>
 #include <sstream>
 
 #include <fmt/format.h>
@@ -49,6 +50,12 @@ const std::vector<KeyInfo>& training_keys() {
                     "iteration 0 with a fresh optimizer and data order"),
       KEY(pretrained_checkpoint, "checkpoint whose weights a new run starts from (as `finetune`) when `save` holds "
                                  "no checkpoint to resume; a restarted run resumes its own checkpoints"),
+      KEY(no_load_optim, "resume the weights, iteration and data position of a checkpoint without its optimizer state "
+                         "(AdamW starts afresh), e.g. when only that state is damaged"),
+      KEY(load_strict, "a checkpoint must hold exactly the model of this config: a field that changes the weights "
+                       "(docs/checkpoints.md#what-a-load-checks) or a tensor without a place is an error. false: load "
+                       "the tensors whose name and shape match, leave the others at their initial values, and log "
+                       "every tensor dropped or left"),
       KEY(keep_last_checkpoints, "this run's checkpoints kept in `save` (newest saves); older ones are deleted. 0: keep all"),
       KEY(overwrite, "let this run replace checkpoints of another run (or model) in `save`; off: that is an error"),
       KEY(data_path, "Megatron indexed dataset prefixes, optionally weighted: [0.3, a, 0.7, b]"),
@@ -181,6 +188,11 @@ void set_training_key(TrainingArgs& args, const KeyInfo& key, const YAML::Node& 
           else if (!value.IsNull())
             add(value);
           args.*member = out;
+        } else if constexpr (std::is_enum_v<T>) {  // a name of config/choices.h's table
+          const std::optional<T> v = value.IsScalar() ? find_choice<T>(value.Scalar()) : std::nullopt;
+          if (!v)
+            fail("{}: {}", at.str(), not_a_choice<T>(key.name, value.IsScalar() ? value.Scalar() : describe(value)));
+          args.*member = *v;
         } else {
           const char* want = std::is_same_v<T, bool>          ? "true or false"
                              : std::is_same_v<T, int64_t>     ? "an integer"
@@ -257,6 +269,8 @@ std::string ExperimentConfig::resolved_yaml() const {
             YAML::Node seq(YAML::NodeType::Sequence);
             for (const auto& s : train.*member) seq.push_back(s);
             ov[k.name] = seq;
+          } else if constexpr (std::is_enum_v<T>) {
+            ov[k.name] = std::string(choice_name(train.*member));
           } else {
             ov[k.name] = train.*member;
           }
@@ -274,15 +288,12 @@ std::string ExperimentConfig::resolved_yaml() const {
 }
 
 namespace {
-ExperimentConfig load_experiment_unguarded(const std::string& path,
-                                          const std::vector<std::pair<std::string, std::string>>& overrides) {
-  ExperimentConfig cfg;
-  cfg.config_file = path;
-  cfg.tree = load_yaml_tree(path);
-  YamlTree& tree = cfg.tree;
+
+// Command-line overrides: a dotted path or a top-level key sets that node; a training, model or
+// foreign key sets it under modules.pre_trainer.overrides.
+void apply_command_line(YamlTree& tree, const std::vector<std::pair<std::string, std::string>>& overrides) {
   const std::vector<std::string> model_keys = model_spec_keys();
   const std::vector<std::string> train_keys = names_of_training_keys();
-
   for (auto [key, value] : overrides) {
     std::replace(key.begin(), key.end(), '-', '_');
     if (const ForeignKey* fk = find_foreign_key(key); fk && fk->status == KeyStatus::Applied) key = fk->engine_value;
@@ -298,7 +309,11 @@ ExperimentConfig load_experiment_unguarded(const std::string& path,
       fail("unknown option --{} on the command line{}", key, did_you_mean(key, all));
     }
   }
+}
 
+// The top-level keys and the modules.pre_trainer section (returned), with its framework and model.
+YAML::Node read_top_level(ExperimentConfig& cfg, const std::string& path) {
+  const YamlTree& tree = cfg.tree;
   const YAML::Node& root = tree.root;
   check_keys(root, kTopKeys, tree, "", "the experiment config");
   cfg.work_group = scalar_or(root, "work_group", "", tree, "work_group");
@@ -319,56 +334,69 @@ ExperimentConfig load_experiment_unguarded(const std::string& path,
     fail("{}: framework '{}' is not supported; this engine trains Megatron-style configs (framework: megatron)",
          tree.origin("modules.pre_trainer.framework").str(), framework);
   cfg.model = scalar_or(pt, "model", "", tree, "modules.pre_trainer.model");
-  // The module config's keys are defaults under the experiment's overrides.
-  if (const std::string module = scalar_or(pt, "config", "", tree, "modules.pre_trainer.config"); !module.empty()) {
-    const std::string file = resolve_module_config(module, path, tree.origin("modules.pre_trainer.config"));
-    const YamlTree defaults = load_yaml_tree(file);
-    if (!defaults.root.IsMap()) fail("{}: a module config must be a map of key: value", file);
-    YAML::Node ov = tree.root["modules"]["pre_trainer"]["overrides"];
-    if (!ov || ov.IsNull()) {
-      tree.root["modules"]["pre_trainer"]["overrides"] = YAML::Node(YAML::NodeType::Map);
-      ov = tree.root["modules"]["pre_trainer"]["overrides"];
-    }
-    if (!ov.IsMap()) fail("{}: 'overrides' must be a map of key: value", tree.origin("modules.pre_trainer.overrides").str());
-    for (auto kv : defaults.root) {
-      const std::string k = kv.first.as<std::string>();
-      if (ov[k]) continue;
-      ov[k] = kv.second;
-      tree.origins["modules.pre_trainer.overrides." + k] = defaults.origin(k);
-    }
-  }
-  if (cfg.model.empty()) fail("{}: modules.pre_trainer.model is missing: name a preset (e.g. tiny) or a model YAML", path);
+  return pt;
+}
 
+// `config: pre_trainer.yaml`: the module config's keys are defaults under the experiment's overrides.
+void merge_module_config(YamlTree& tree, const YAML::Node& pt, const std::string& path) {
+  const std::string module = scalar_or(pt, "config", "", tree, "modules.pre_trainer.config");
+  if (module.empty()) return;
+  const std::string file = resolve_module_config(module, path, tree.origin("modules.pre_trainer.config"));
+  const YamlTree defaults = load_yaml_tree(file);
+  if (!defaults.root.IsMap()) fail("{}: a module config must be a map of key: value", file);
+  YAML::Node ov = tree.root["modules"]["pre_trainer"]["overrides"];
+  if (!ov || ov.IsNull()) {
+    tree.root["modules"]["pre_trainer"]["overrides"] = YAML::Node(YAML::NodeType::Map);
+    ov = tree.root["modules"]["pre_trainer"]["overrides"];
+  }
+  if (!ov.IsMap()) fail("{}: 'overrides' must be a map of key: value", tree.origin("modules.pre_trainer.overrides").str());
+  for (auto kv : defaults.root) {
+    const std::string k = kv.first.as<std::string>();
+    if (ov[k]) continue;
+    ov[k] = kv.second;
+    tree.origins["modules.pre_trainer.overrides." + k] = defaults.origin(k);
+  }
+}
+
+// The overrides: training keys into cfg.train, Megatron's no-effect keys listed, refused ones
+// refused; the model keys are returned for the preset.
+YAML::Node read_overrides(ExperimentConfig& cfg, const YAML::Node& pt) {
+  const YamlTree& tree = cfg.tree;
+  const std::vector<std::string> model_keys = model_spec_keys();
   YAML::Node model_overrides(YAML::NodeType::Map);
-  if (const YAML::Node ov = pt["overrides"]; ov && !ov.IsNull()) {
-    if (!ov.IsMap()) fail("{}: 'overrides' must be a map of key: value", tree.origin("modules.pre_trainer.overrides").str());
-    for (auto kv : ov) {
-      const std::string written = kv.first.as<std::string>();
-      const std::string kpath = "modules.pre_trainer.overrides." + written;
-      std::string k = written;  // Megatron's other name of one of our keys: ours
-      if (const ForeignKey* fk = find_foreign_key(k); fk && fk->status == KeyStatus::Applied) k = fk->engine_value;
-      auto ti = std::find_if(training_keys().begin(), training_keys().end(), [&](const KeyInfo& x) { return k == x.name; });
-      if (ti != training_keys().end()) {
-        set_training_key(cfg.train, *ti, kv.second, tree.origin(kpath));
-      } else if (std::find(model_keys.begin(), model_keys.end(), k) != model_keys.end()) {
-        if (!kv.second.IsNull()) model_overrides[k] = kv.second;  // null: the preset's value
-      } else if (const ForeignKey* fk = find_foreign_key(k)) {
-        if (fk->status == KeyStatus::NoEffect) {
-          if (!kv.second.IsNull()) cfg.no_effect.push_back({k, describe(kv.second), fk->note});
-        } else if (!is_engine_value(*fk, kv.second)) {
-          fail("{}: '{}' is not supported: {}; this engine runs as '{}: {}' (remove the key or set it to that)",
-               tree.origin(kpath).str(), k, fk->note, k, fk->engine_value);
-        }
-      } else {
-        fail("{}: unknown key '{}'{} in overrides", tree.origin(kpath).str(), k, did_you_mean(k, all_key_names()));
+  const YAML::Node ov = pt["overrides"];
+  if (!ov || ov.IsNull()) return model_overrides;
+  if (!ov.IsMap()) fail("{}: 'overrides' must be a map of key: value", tree.origin("modules.pre_trainer.overrides").str());
+  for (auto kv : ov) {
+    const std::string written = kv.first.as<std::string>();
+    const std::string kpath = "modules.pre_trainer.overrides." + written;
+    std::string k = written;  // Megatron's other name of one of our keys: ours
+    if (const ForeignKey* fk = find_foreign_key(k); fk && fk->status == KeyStatus::Applied) k = fk->engine_value;
+    auto ti = std::find_if(training_keys().begin(), training_keys().end(), [&](const KeyInfo& x) { return k == x.name; });
+    if (ti != training_keys().end()) {
+      set_training_key(cfg.train, *ti, kv.second, tree.origin(kpath));
+    } else if (std::find(model_keys.begin(), model_keys.end(), k) != model_keys.end()) {
+      if (!kv.second.IsNull()) model_overrides[k] = kv.second;  // null: the preset's value
+    } else if (const ForeignKey* fk = find_foreign_key(k)) {
+      if (fk->status == KeyStatus::NoEffect) {
+        if (!kv.second.IsNull()) cfg.no_effect.push_back({k, describe(kv.second), fk->note});
+      } else if (!is_engine_value(*fk, kv.second)) {
+        fail("{}: '{}' is not supported: {}; this engine runs as '{}: {}' (remove the key or set it to that)",
+             tree.origin(kpath).str(), k, fk->note, k, fk->engine_value);
       }
+    } else {
+      fail("{}: unknown key '{}'{} in overrides", tree.origin(kpath).str(), k, did_you_mean(k, all_key_names()));
     }
   }
+  return model_overrides;
+}
 
+// The model preset (or YAML) with the config's model keys applied.
+void load_model(ExperimentConfig& cfg, const YAML::Node& model_overrides, const std::string& path) {
   try {
     cfg.model_spec = load_model_spec(resolve_model(cfg.model, path));
   } catch (const Error& e) {
-    fail("{}: model '{}': {}", tree.origin("modules.pre_trainer.model").str(), cfg.model, e.what());
+    fail("{}: model '{}': {}", cfg.tree.origin("modules.pre_trainer.model").str(), cfg.model, e.what());
   }
   if (model_overrides.size() > 0) {
     const std::string name = cfg.model_spec.name;
@@ -376,11 +404,13 @@ ExperimentConfig load_experiment_unguarded(const std::string& path,
     cfg.model_spec.name = name;
     cfg.model_spec.validate();
   }
+}
 
-  // Derived defaults, then the checks that must fail before any training starts.
+// Derived defaults, then the checks that must fail before any training starts.
+void derive_and_check(ExperimentConfig& cfg) {
   TrainingArgs& t = cfg.train;
   const ModelSpec& m = cfg.model_spec;
-  auto at = [&](const char* key) { return tree.origin(std::string("modules.pre_trainer.overrides.") + key).str(); };
+  auto at = [&](const char* key) { return cfg.tree.origin(std::string("modules.pre_trainer.overrides.") + key).str(); };
   if (t.seq_length == 0) t.seq_length = m.max_position_embeddings;
   if (t.global_batch_size == 0) t.global_batch_size = t.micro_batch_size;
   if (t.lr_decay_iters == 0) t.lr_decay_iters = t.train_iters;
@@ -403,9 +433,6 @@ ExperimentConfig load_experiment_unguarded(const std::string& path,
          at("data_path"));
   if (t.device != "auto" && t.device != "cpu" && t.device != "cuda")
     fail("{}: device '{}' is not one of: auto, cpu, cuda", at("device"), t.device);
-  if (t.recompute_granularity != "" && t.recompute_granularity != "full" && t.recompute_granularity != "selective")
-    fail("{}: recompute_granularity '{}' is not one of: full, selective", at("recompute_granularity"),
-         t.recompute_granularity);
   if (t.profile_step_start < 0) fail("{}: profile_step_start must not be negative", at("profile_step_start"));
   if (t.profile && t.profile_step_end <= t.profile_step_start)
     fail("{}: profile_step_end ({}) must be greater than profile_step_start ({})", at("profile_step_end"),
@@ -415,6 +442,20 @@ ExperimentConfig load_experiment_unguarded(const std::string& path,
          t.profile_step_start, t.train_iters);
   for (int64_t r : t.profile_ranks)
     if (r < 0) fail("{}: profile_ranks lists rank {}; ranks are 0 or more", at("profile_ranks"), r);
+}
+
+ExperimentConfig load_experiment_unguarded(const std::string& path,
+                                          const std::vector<std::pair<std::string, std::string>>& overrides) {
+  ExperimentConfig cfg;
+  cfg.config_file = path;
+  cfg.tree = load_yaml_tree(path);
+  apply_command_line(cfg.tree, overrides);
+  const YAML::Node pt = read_top_level(cfg, path);
+  merge_module_config(cfg.tree, pt, path);
+  if (cfg.model.empty()) fail("{}: modules.pre_trainer.model is missing: name a preset (e.g. tiny) or a model YAML", path);
+  const YAML::Node model_overrides = read_overrides(cfg, pt);
+  load_model(cfg, model_overrides, path);
+  derive_and_check(cfg);
   return cfg;
 }
 
@@ -489,6 +530,9 @@ std::string training_keys_reference() {
           } else if constexpr (std::is_same_v<T, std::string>) {
             type = "text";
             def = (d.*member).empty() ? "\"\"" : d.*member;
+          } else if constexpr (std::is_enum_v<T>) {
+            type = "choice";
+            def = *choice_name(d.*member) ? choice_name(d.*member) : "\"\"";
           } else if constexpr (std::is_same_v<T, bool>) {
             type = "bool";
             def = d.*member ? "true" : "false";

@@ -23,6 +23,7 @@
 #include <variant>
 #include <vector>
 
+#include "config/choices.h"
 #include "config/yaml_tree.h"
 #include "model/model_spec.h"
 
@@ -59,6 +60,8 @@ struct TrainingArgs {
   bool auto_resume = true;    // resume from `save` when it holds a checkpoint
   bool finetune = false;      // `load` gives the weights only: iteration 0, fresh optimizer (Megatron's --finetune)
   std::string pretrained_checkpoint;  // weights to start from when `save` holds no checkpoint of this run
+  bool no_load_optim = false;  // resume weights and data position, a fresh optimizer (Megatron's --no-load-optim)
+  bool load_strict = true;     // a checkpoint must hold this model (checkpoint/model_fit.h); false: load what matches
   int64_t keep_last_checkpoints = 3;
   bool overwrite = false;     // replace another run's checkpoints in `save` (else an error)
   // data
@@ -69,7 +72,7 @@ struct TrainingArgs {
   std::string tokenizer_type;
   std::string tokenizer_model;
   // engine
-  std::string recompute_granularity;
+  Recompute recompute_granularity = Recompute::None;  // "": none
   std::string device = "auto";
   bool bf16 = false;                 // bf16 mixed precision (the GPU backend's precision)
   std::string gemm_tuning_cache;     // GEMM tuning file for the GPU (benchmark gemm --tune writes it)
@@ -79,7 +82,7 @@ struct TrainingArgs {
   int64_t pipeline_model_parallel_size = 1;
   int64_t virtual_pipeline_model_parallel_size = 0;  // 0: the schedule's default
   int64_t context_parallel_size = 1;
-  std::string cp_comm_type = "p2p";  // p2p (ring attention) | a2a (all-to-all over heads)
+  CpComm cp_comm_type = CpComm::P2P;  // p2p (ring attention) | a2a (all-to-all over heads)
   int64_t expert_model_parallel_size = 1;
   int64_t expert_tensor_parallel_size = 0;  // 0 (or null): tensor_model_parallel_size, as Megatron
   bool sequence_parallel = false;
@@ -89,8 +92,8 @@ struct TrainingArgs {
   std::string pipeline_balance = "none";          // none | auto (plan/parallel_layout.h)
   int64_t zero_bubble_max_pending_backward = 0;   // zb-auto's memory limit; 0: pp (ZB-1p)
   bool use_distributed_optimizer = false;
-  // no_shard | optim | optim_grads | optim_grads_params; empty: optim when use_distributed_optimizer
-  std::string data_parallel_sharding_strategy;
+  // no_shard | optim | optim_grads | optim_grads_params; unset: optim when use_distributed_optimizer
+  DpSharding data_parallel_sharding_strategy = DpSharding::Unset;
   bool use_torch_fsdp2 = false;  // Primus recipes' alias of optim_grads_params
   bool overlap_grad_reduce = true;
   int64_t ddp_bucket_size = 0;  // elements; 0: max(40M, 1M x dp) as Megatron
@@ -103,7 +106,8 @@ struct TrainingArgs {
 
 using FieldRef = std::variant<int64_t TrainingArgs::*, double TrainingArgs::*, bool TrainingArgs::*,
                               std::string TrainingArgs::*, std::vector<std::string> TrainingArgs::*,
-                              std::vector<int64_t> TrainingArgs::*>;
+                              std::vector<int64_t> TrainingArgs::*, Recompute TrainingArgs::*,
+                              CpComm TrainingArgs::*, DpSharding TrainingArgs::*>;
 struct KeyInfo {
   const char* name;
   FieldRef field;

@@ -8,9 +8,10 @@
 //                  unless the value is the one this engine always runs with (or null)
 //
 // The keys we apply are the training keys (config/experiment.h) and the model keys
-// (model/model_spec.h); a name there wins over an entry here, so that implementing a key only
-// needs it added there (its line here is then ignored; delete it when convenient). One entry per
-// line, sorted by name.
+// (model/model_spec.h); none of them has an entry here. Implementing a key moves its line from
+// foreign_keys() to applied_key_sources() in foreign_keys.cpp (where its name comes from);
+// test_megatron_keys fails while an entry here shadows a key we apply. One entry per line, sorted
+// by name.
 #pragma once
 
 #include <string>

@@ -9,12 +9,13 @@
 #include <nlohmann/json.hpp>
 #include <yaml-cpp/yaml.h>
 
+#include "checkpoint/checkpoint.h"
+#include "checkpoint/model_fit.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "data/tokenizer.h"
 #include "hf/safetensors.h"
 #include "model/param_store.h"
-#include "train/checkpoint.h"
 
 namespace primus::hf {
 
@@ -269,22 +270,21 @@ std::string import_hf(const ImportOptions& o) {
   YAML::Emitter e;
   e << cfg;
 
-  train::TrainState state;
-  state.run_id = train::new_run_id(nullptr);
-  train::SaveOptions so;
+  checkpoint::TrainState state;
+  state.run_id = checkpoint::new_run_id(nullptr);
+  checkpoint::SaveOptions so;
   so.overwrite = o.overwrite;
   std::vector<float> zeros(size_t(store->numel()), 0.0f);
-  return train::save_checkpoint(o.save_dir, *store, zeros.data(), zeros.data(), state, std::string(e.c_str()) + "\n",
-                                so);
+  return checkpoint::save_checkpoint(o.save_dir, *store, zeros.data(), zeros.data(), state,
+                                     std::string(e.c_str()) + "\n", so);
 }
 
 std::vector<std::string> export_hf(const ExportOptions& o) {
   if (o.dtype != "F32" && o.dtype != "BF16") fail("export dtype must be F32 or BF16, not '{}'", o.dtype);
-  const std::string dir = train::resolve_checkpoint(o.checkpoint);
-  const YAML::Node cfg = YAML::Load(train::read_checkpoint_config(dir));
-  const YAML::Node pt = cfg["modules"] ? cfg["modules"]["pre_trainer"] : YAML::Node();
-  if (!pt || !pt["model_spec"]) fail("{}/config.yaml has no modules.pre_trainer.model_spec", dir);
-  const ModelSpec spec = model_spec_from_yaml(pt["model_spec"], dir + "/config.yaml");
+  const std::string dir = checkpoint::resolve_checkpoint(o.checkpoint);
+  const ModelSpec spec = checkpoint::read_checkpoint_model(dir);
+  checkpoint::check_model_fit(dir, spec, {checkpoint::LoadPurpose::Read});
+  const YAML::Node pt = YAML::Load(checkpoint::read_checkpoint_config(dir))["modules"]["pre_trainer"];
   const std::string arch = !o.architecture.empty() ? o.architecture
                            : spec.qk_layernorm     ? "Qwen3ForCausalLM"
                            : spec.add_qkv_bias     ? "Qwen2ForCausalLM"
@@ -292,9 +292,9 @@ std::vector<std::string> export_hf(const ExportOptions& o) {
   const json config = hf_config_from_spec(spec, arch, o.dtype == "F32" ? "float32" : "bfloat16");
 
   auto store = whole_model_store(spec);
-  train::LoadOptions lo;
+  checkpoint::LoadOptions lo;
   lo.optimizer = false;
-  const train::CheckpointData ck = train::load_checkpoint(dir, *store, lo);
+  const checkpoint::CheckpointData ck = checkpoint::load_checkpoint(dir, *store, lo);
   std::vector<TensorOut> out;
   for (const Mapping& m : name_map(spec)) {
     const int id = store->find(m.ours);

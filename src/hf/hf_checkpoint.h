@@ -1,5 +1,5 @@
 // Conversion between Hugging Face Llama-family checkpoints (config.json + safetensors, single or
-// sharded) and this project's checkpoints (train/checkpoint.h), for the architectures
+// sharded) and this project's checkpoints (checkpoint/checkpoint.h), for the architectures
 // LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM and Qwen3ForCausalLM, in fp32 or bf16.
 //
 // Our model and Hugging Face's share the rotary convention (rotate-half: pairs (i, i + d/2)), so

@@ -1,4 +1,4 @@
-// The op set of training, one interface for every device and precision (DESIGN.md: one model
+// The op set of training, one interface for every device and precision (docs/architecture.md: one model
 // over the op set). The Llama model (model/llama.h) is written once against it, so the same model
 // code runs on:
 //   - cpu::CpuBackend (kernels/cpu/cpu_backend.h): fp32 (and fp64, for the finite-difference

@@ -31,20 +31,6 @@ RingStart ring_start(ops::Backend& be, DType act, const Tensor& qkv, const ops::
 
 }  // namespace
 
-std::vector<int32_t> context_parallel_rows(const int32_t* tokens, int64_t batch, int64_t seq, int cp, int cp_rank) {
-  if (cp < 1 || cp_rank < 0 || cp_rank >= cp || seq % (2 * cp) != 0)
-    fail("context parallel rows: sequence length {} over {} ranks (rank {}) needs a multiple of 2 x {}", seq, cp,
-         cp_rank, cp);
-  const int64_t ch = seq / (2 * cp);
-  std::vector<int32_t> out;
-  out.reserve(size_t(batch * 2 * ch));
-  for (int j = 0; j < 2; ++j) {
-    const int64_t start = (j == 0 ? cp_rank : 2 * cp - 1 - cp_rank) * ch;
-    for (int64_t b = 0; b < batch; ++b) out.insert(out.end(), tokens + b * seq + start, tokens + b * seq + start + ch);
-  }
-  return out;
-}
-
 ContextParallelAttention::ContextParallelAttention(ops::Backend& backend, parallel::ProcessGroup& cp, CpComm comm,
                                                    DType activation)
     : be_(backend),
@@ -55,14 +41,14 @@ ContextParallelAttention::ContextParallelAttention(ops::Backend& backend, parall
       size_(cp.size()),
       rank_(cp.rank()) {}
 
-void ContextParallelAttention::forward(const Tensor& qkv, Tensor& out, BlockContext& c, const ops::AttentionShape& s) {
+void ContextParallelAttention::forward(const Tensor& qkv, Tensor& out, AttentionSaves& c, const ops::AttentionShape& s) {
   if (comm_ == CpComm::P2P)
     ring_forward(qkv, out, c, s);
   else
     a2a_forward(qkv, out, c, s);
 }
 
-void ContextParallelAttention::backward(const Tensor& qkv, const Tensor& out, const BlockContext& c,
+void ContextParallelAttention::backward(const Tensor& qkv, const Tensor& out, const AttentionSaves& c,
                                         const Tensor& dout, Tensor& dqkv, const ops::AttentionShape& s) {
   if (comm_ == CpComm::P2P)
     ring_backward(qkv, out, c, dout, dqkv, s);
@@ -73,7 +59,7 @@ void ContextParallelAttention::backward(const Tensor& qkv, const Tensor& out, co
 // ---------------------------------------------------------------------------------------------
 // p2p: ring attention
 
-void ContextParallelAttention::ring_forward(const Tensor& qkv, Tensor& out, BlockContext& c,
+void ContextParallelAttention::ring_forward(const Tensor& qkv, Tensor& out, AttentionSaves& c,
                                             const ops::AttentionShape& s) {
   auto [B, ch, rows, HD, KV, bs, next_rank, prev_rank, kv, incoming] = ring_start(be_, act_, qkv, s, rank_, size_);
   Tensor acc[2], lse[2];  // per query chunk: the running output (stat dtype) and log-sum-exp
@@ -116,7 +102,7 @@ void ContextParallelAttention::ring_forward(const Tensor& qkv, Tensor& out, Bloc
   }
 }
 
-void ContextParallelAttention::ring_backward(const Tensor& qkv, const Tensor& out, const BlockContext& c,
+void ContextParallelAttention::ring_backward(const Tensor& qkv, const Tensor& out, const AttentionSaves& c,
                                              const Tensor& dout, Tensor& dqkv, const ops::AttentionShape& s) {
   auto [B, ch, rows, HD, KV, bs, next_rank, prev_rank, kv, incoming] = ring_start(be_, act_, qkv, s, rank_, size_);
   Tensor dq = be_.zeros({2 * rows, HD}, stat_);
@@ -194,7 +180,7 @@ void chunks_to_sequence(const Tensor& ranks_rows, const Tensor& sequence, int cp
 
 }  // namespace
 
-void ContextParallelAttention::a2a_forward(const Tensor& qkv, Tensor& out, BlockContext& c,
+void ContextParallelAttention::a2a_forward(const Tensor& qkv, Tensor& out, AttentionSaves& c,
                                            const ops::AttentionShape& s) {
   const int P = size_;
   const int64_t D = s.head_dim, Hc = s.heads / P, Gc = s.groups / P, HD = s.heads * D, GD = s.groups * D;
@@ -209,19 +195,19 @@ void ContextParallelAttention::a2a_forward(const Tensor& qkv, Tensor& out, Block
     copy_block(send, q * N, (Hc + Gc) * D, qkv, 0, HD + GD + q * Gc * D, N, Gc * D);
   }
   cp_.all_to_all(send.raw(), recv.raw(), N * Qc, t);
-  c.cp_qkv = be_.empty({B * S, Qc}, act_);
-  chunks_to_sequence(recv, c.cp_qkv, P, B, ch, Qc, true, chunk);
-  c.cp_out = be_.empty({B * S, Hc * D}, act_);
+  c.seq_qkv = be_.empty({B * S, Qc}, act_);
+  chunks_to_sequence(recv, c.seq_qkv, P, B, ch, Qc, true, chunk);
+  c.seq_out = be_.empty({B * S, Hc * D}, act_);
   c.lse = be_.empty({B, Hc, S}, stat_);
-  be_.attention_forward(c.cp_qkv, c.cp_out, c.lse, {B, S, Hc, Gc, D});
+  be_.attention_forward(c.seq_qkv, c.seq_out, c.lse, {B, S, Hc, Gc, D});
   // Every rank's rows of this rank's heads go back to it.
   Tensor back = be_.empty({P * N, Hc * D}, act_), mine = be_.empty({P * N, Hc * D}, act_);
-  chunks_to_sequence(back, c.cp_out, P, B, ch, Hc * D, false, chunk);
+  chunks_to_sequence(back, c.seq_out, P, B, ch, Hc * D, false, chunk);
   cp_.all_to_all(back.raw(), mine.raw(), N * Hc * D, t);
   for (int q = 0; q < P; ++q) copy_block(out, 0, q * Hc * D, mine, q * N, 0, N, Hc * D);
 }
 
-void ContextParallelAttention::a2a_backward(const BlockContext& c, const Tensor& dout, Tensor& dqkv,
+void ContextParallelAttention::a2a_backward(const AttentionSaves& c, const Tensor& dout, Tensor& dqkv,
                                             const ops::AttentionShape& s) {
   const int P = size_;
   const int64_t D = s.head_dim, Hc = s.heads / P, Gc = s.groups / P, HD = s.heads * D, GD = s.groups * D;
@@ -233,7 +219,7 @@ void ContextParallelAttention::a2a_backward(const BlockContext& c, const Tensor&
   cp_.all_to_all(send.raw(), recv.raw(), N * Hc * D, t);
   Tensor dout_full = be_.empty({B * S, Hc * D}, act_), dqkv_full = be_.empty({B * S, Qc}, act_);
   chunks_to_sequence(recv, dout_full, P, B, ch, Hc * D, true, chunk);
-  be_.attention_backward(c.cp_qkv, c.cp_out, c.lse, dout_full, dqkv_full, {B, S, Hc, Gc, D});
+  be_.attention_backward(c.seq_qkv, c.seq_out, c.lse, dout_full, dqkv_full, {B, S, Hc, Gc, D});
   Tensor back = be_.empty({P * N, Qc}, act_), mine = be_.empty({P * N, Qc}, act_);
   chunks_to_sequence(back, dqkv_full, P, B, ch, Qc, false, chunk);
   cp_.all_to_all(back.raw(), mine.raw(), N * Qc, t);

@@ -1,4 +1,5 @@
-// Attention under context parallelism, called by the model's attention step (llama.cpp).
+// Attention under context parallelism: the attention core (model/attention_core.h) of a layout
+// with context_parallel_size > 1.
 //
 // Each of the cp ranks holds two chunks of every sequence, chunk r and chunk 2 cp - 1 - r of the
 // 2 cp equal chunks (Megatron's and Transformer Engine's load balance: the early chunk sees few
@@ -30,34 +31,32 @@
 #include <vector>
 
 #include "kernels/backend.h"
-#include "model/llama.h"
+#include "model/attention_core.h"
 #include "parallel/process_group.h"
 
 namespace primus {
 
-// This cp rank's tokens of a microbatch [batch, seq] (seq divisible by 2 cp): its two chunks of
-// every sequence in the rows' order, [chunk j][batch][seq / (2 cp)] (what the data loader hands it).
-std::vector<int32_t> context_parallel_rows(const int32_t* tokens, int64_t batch, int64_t seq, int cp, int cp_rank);
-
-class ContextParallelAttention {
+// A rank's rows are its two chunks of every sequence, [chunk j][batch][seq / (2 cp)]: the data
+// loader hands them over in that order (data/microbatch.h, context_parallel_rows).
+class ContextParallelAttention final : public AttentionCore {
  public:
   ContextParallelAttention(ops::Backend& backend, parallel::ProcessGroup& cp, CpComm comm, DType activation);
 
   // s: this rank's heads and groups (after tensor parallelism), s.batch sequences and s.seq = this
   // rank's tokens per sequence (two chunks). qkv [batch * seq, qkv_stride] rotated, in the rows'
   // chunk order; out [batch * seq, heads * head_dim]. Saves what the backward needs in c.lse (and,
-  // a2a, c.cp_qkv, c.cp_out).
-  void forward(const Tensor& qkv, Tensor& out, BlockContext& c, const ops::AttentionShape& s);
+  // a2a, c.seq_qkv, c.seq_out).
+  void forward(const Tensor& qkv, Tensor& out, AttentionSaves& c, const ops::AttentionShape& s) override;
   // dqkv [batch * seq, qkv_stride] is overwritten with the gradients of this rank's q, k and v.
-  void backward(const Tensor& qkv, const Tensor& out, const BlockContext& c, const Tensor& dout, Tensor& dqkv,
-                const ops::AttentionShape& s);
+  void backward(const Tensor& qkv, const Tensor& out, const AttentionSaves& c, const Tensor& dout, Tensor& dqkv,
+                const ops::AttentionShape& s) override;
 
  private:
-  void ring_forward(const Tensor& qkv, Tensor& out, BlockContext& c, const ops::AttentionShape& s);
-  void ring_backward(const Tensor& qkv, const Tensor& out, const BlockContext& c, const Tensor& dout, Tensor& dqkv,
+  void ring_forward(const Tensor& qkv, Tensor& out, AttentionSaves& c, const ops::AttentionShape& s);
+  void ring_backward(const Tensor& qkv, const Tensor& out, const AttentionSaves& c, const Tensor& dout, Tensor& dqkv,
                      const ops::AttentionShape& s);
-  void a2a_forward(const Tensor& qkv, Tensor& out, BlockContext& c, const ops::AttentionShape& s);
-  void a2a_backward(const BlockContext& c, const Tensor& dout, Tensor& dqkv, const ops::AttentionShape& s);
+  void a2a_forward(const Tensor& qkv, Tensor& out, AttentionSaves& c, const ops::AttentionShape& s);
+  void a2a_backward(const AttentionSaves& c, const Tensor& dout, Tensor& dqkv, const ops::AttentionShape& s);
   // Global chunk index of this rank's chunk j, and of rank `r`'s.
   int chunk_of(int rank, int j) const { return j == 0 ? rank : 2 * size_ - 1 - rank; }
 

@@ -11,20 +11,6 @@
 
 namespace primus {
 
-Recompute parse_recompute(const std::string& s) {
-  if (s.empty() || s == "none" || s == "null") return Recompute::None;
-  if (s == "selective") return Recompute::Selective;
-  if (s == "full") return Recompute::Full;
-  fail("recompute_granularity '{}' is not one of: full, selective (or leave it unset)", s);
-}
-
-CpComm parse_cp_comm(const std::string& s) {
-  if (s.empty() || s == "p2p") return CpComm::P2P;
-  if (s == "a2a") return CpComm::A2A;
-  fail("cp_comm_type '{}' is not one of: p2p, a2a", s);
-}
-const char* cp_comm_name(CpComm c) { return c == CpComm::P2P ? "p2p" : "a2a"; }
-
 DType activation_dtype(Precision p) {
   return p == Precision::Bf16 ? DType::BF16 : p == Precision::Fp64 ? DType::F64 : DType::F32;
 }
@@ -90,12 +76,23 @@ class LlamaModel::Held {
   std::vector<int> units_;
 };
 
+// The parts' view of the weights: the model's units, wherever the weight source keeps them.
+class LlamaModel::Params final : public ParamAccess {
+ public:
+  explicit Params(const LlamaModel& m) : m_(m) {}
+  Tensor weight(int id) const override { return m_.w(id); }
+  Tensor grad(int id) const override { return m_.g(id); }
+  Tensor master(int id) const override { return m_.source().buffer(id); }
+
+ private:
+  const LlamaModel& m_;
+};
+
 std::vector<int> LlamaModel::Block::ids() const {
-  std::vector<int> v = {attn_norm, proj_w, mlp_norm};
-  for (int id : {qkv_w, fc1_w, fc2_w, qkv_b, q_norm, k_norm})
-    if (id >= 0) v.push_back(id);
-  for (int id : mla.ids()) v.push_back(id);
-  v.insert(v.end(), moe_ids.begin(), moe_ids.end());
+  std::vector<int> v = {attn_norm};
+  for (int id : attention->param_ids()) v.push_back(id);
+  v.push_back(mlp_norm);
+  for (int id : feed_forward->param_ids()) v.push_back(id);
   return v;
 }
 
@@ -114,20 +111,27 @@ LlamaModel::LlamaModel(const ModelSpec& spec, ops::Backend& backend, Precision p
       part_(std::move(partition)),
       params_(master_dtype(precision)) {
   spec_.validate();
-  std::shared_ptr<const TokenDispatcher> dispatcher;  // every MoE block's, under expert parallelism
-  if (part_.ep_size > 1) {
-    if (!part_.ep_group || part_.ep_group->size() != part_.ep_size)
-      fail("expert_model_parallel_size {} needs an ep group of that size", part_.ep_size);
-    dispatcher = std::make_shared<TokenDispatcher>(*part_.ep_group, be_, spec_.num_experts,
-                                                   parse_token_dispatch(spec_.moe_token_dispatcher_type));
-  }
   if (!be_.computes_in(act_))
     fail("the {} backend does not compute in {}: {} needs another backend", be_.name(), dtype_name(act_),
          precision_name(precision_));
   if (opt_.vocab_chunk <= 0) fail("vocab_chunk must be positive, got {}", opt_.vocab_chunk);
-  const int64_t C = spec_.hidden_size, V = spec_.vocab_size, L = spec_.num_layers, F = spec_.ffn_hidden_size;
-  const int64_t H = spec_.num_attention_heads, G = spec_.query_groups(), D = spec_.head_dim();
-  const int64_t attention_groups = spec_.multi_latent_attention ? H : G;  // MLA packs one group per head
+  check_partition();
+  tp_rows_ = {&be_, part_.tp_size > 1 ? part_.tp_group : nullptr, part_.sequence_parallel};
+  param_access_ = std::make_unique<Params>(*this);
+  kit_ = std::make_unique<PartKit>(PartKit{spec_, be_, act_, stat_, part_, tp_rows_, *param_access_});
+  attention_parts_ = std::make_unique<AttentionParts>(*kit_);
+  feed_forward_parts_ = std::make_unique<FeedForwardParts>(*kit_);
+  register_parameters();
+  if (opt_.resident_weights) {
+    params_.allocate(be_.device());
+    work_ = act_ == params_.dtype() ? params_.values() : be_.zeros({params_.numel()}, act_);
+    resident_ = std::make_unique<ResidentWeights>(*this);
+    source_ = resident_.get();
+  }
+}
+
+// The partition's groups and chunks: sizes that match, on the backend's device.
+void LlamaModel::check_partition() {
   check_tensor_parallel(spec_, part_.tp_size);
   if (part_.tp_size > 1) {
     if (!part_.tp_group || part_.tp_group->size() != part_.tp_size)
@@ -141,44 +145,8 @@ LlamaModel::LlamaModel(const ModelSpec& spec, ops::Backend& backend, Precision p
     part_.sequence_parallel = false;  // nothing to split with one rank
   }
   if (part_.cp_size < 1) fail("context parallel size must be at least 1, got {}", part_.cp_size);
-  if (part_.cp_size > 1) {
-    if (!part_.cp_group || part_.cp_group->size() != part_.cp_size)
-      fail("context parallel size {} needs a cp group of that size", part_.cp_size);
-    if (part_.cp_group->device() != be_.device())
-      fail("the context-parallel group {} moves {} buffers but the model computes on the {}",
-           part_.cp_group->describe(), device_name(part_.cp_group->device()), device_name(be_.device()));
-    part_.cp_rank = part_.cp_group->rank();
-    if (part_.cp_comm == CpComm::A2A &&
-        ((H / part_.tp_size) % part_.cp_size || (attention_groups / part_.tp_size) % part_.cp_size))
-      fail("cp_comm_type a2a splits the attention heads ({}) and query groups ({}) of each tensor-parallel rank over "
-           "context_parallel_size {}: not divisible (use cp_comm_type p2p)",
-           H / part_.tp_size, attention_groups / part_.tp_size, part_.cp_size);
-  } else {
-    part_.cp_rank = 0;
-  }
-  // The routers' token share. With whole experts (etp 1) under sequence parallelism each tp rank
-  // routes its own rows; under context parallelism each cp rank its own chunks of the sequences:
-  // the routing counts are summed over both. Without sequence parallelism, or with the experts
-  // split over tp (etp = tp, whose MoE blocks gather the rows first), every tp rank routes all
-  // rows alike.
-  if (part_.etp_size != 1 && part_.etp_size != part_.tp_size)
-    fail("expert_tensor_parallel_size {} must be 1 or tensor_model_parallel_size ({})", part_.etp_size, part_.tp_size);
-  tp_rows_ = {&be_, part_.tp_size > 1 ? part_.tp_group : nullptr, part_.sequence_parallel};
-  const TensorParallelRows expert_tp = part_.etp_size > 1 ? tp_rows_ : TensorParallelRows{&be_};
-  TokenShare share;
-  const bool sp_share = part_.sequence_parallel && part_.etp_size == 1;
-  const bool cp_share = part_.cp_size > 1 && part_.cp_group;
-  if (spec_.is_moe() && (sp_share || cp_share)) {
-    const int sp = sp_share ? part_.tp_size : 1;
-    share.ranks = sp * (cp_share ? part_.cp_size : 1);
-    share.rank = (cp_share ? part_.cp_group->rank() : 0) * sp + (sp_share ? part_.tp_rank : 0);
-    share.sum = [tp = sp_share ? part_.tp_group : nullptr,
-                 cp = cp_share ? part_.cp_group : nullptr](std::vector<int64_t>& v) {
-      if (tp) tp->all_reduce(v);
-      if (cp) cp->all_reduce(v);
-    };
-  }
-  if (spec_.is_moe()) check_moe_supported(spec_, share.ranks);
+  part_.cp_rank = part_.cp_size > 1 && part_.cp_group ? part_.cp_group->rank() : 0;
+  const int64_t L = spec_.num_layers;
   if (part_.chunks.empty()) part_.chunks.push_back({0, L, true, true});
   int embeddings = 0, heads = 0;
   for (const auto& ch : part_.chunks) {
@@ -189,68 +157,33 @@ LlamaModel::LlamaModel(const ModelSpec& spec, ops::Backend& backend, Precision p
     heads += ch.has_head;
   }
   if (embeddings > 1 || heads > 1) fail("a rank can hold the embedding and the output layer at most once");
+}
 
-  const int tp = part_.tp_size, r = part_.tp_rank;
-  vocab_local_ = V / tp;
-  vocab_start_ = vocab_local_ * r;
-  const ShardSpec vocab_shard = tp > 1 ? ShardSpec{0, {{vocab_start_, vocab_local_}}} : ShardSpec{};
-  if (embeddings)
+// Registration in model order (embedding, blocks, head), so that every precision, device and
+// layout shares names, shapes and, with one rank, offsets; then the weight units.
+void LlamaModel::register_parameters() {
+  const int64_t C = spec_.hidden_size, V = spec_.vocab_size;
+  bool embedding = false, head = false;
+  for (const auto& ch : part_.chunks) embedding |= ch.has_embedding, head |= ch.has_head;
+  vocab_local_ = V / part_.tp_size;
+  vocab_start_ = vocab_local_ * part_.tp_rank;
+  const ShardSpec vocab_shard = part_.tp_size > 1 ? ShardSpec{0, {{vocab_start_, vocab_local_}}} : ShardSpec{};
+  if (embedding)
     embedding_ = params_.add_sharded("embedding.word_embeddings.weight", {V, C}, vocab_shard, ParamInit::Normal, true);
-
-  // Column-parallel QKV: this rank's q heads, then its k groups, then its v groups; fc1: its gate
-  // rows, then its up rows. Row-parallel proj and fc2: the matching input columns.
-  const int64_t hl = H / tp, gl = G / tp, Fl = F / tp;
-  ShardSpec qkv_shard, proj_shard, fc1_shard, fc2_shard;
-  if (tp > 1) {
-    qkv_shard = {0, {{r * hl * D, hl * D}, {H * D + r * gl * D, gl * D}, {H * D + G * D + r * gl * D, gl * D}}};
-    const int64_t out_head = spec_.multi_latent_attention ? spec_.v_head_dim : D;  // linear_proj's input per head
-    proj_shard = {1, {{r * hl * out_head, hl * out_head}}};
-    fc1_shard = {0, {{r * Fl, Fl}, {F + r * Fl, Fl}}};
-    fc2_shard = {1, {{r * Fl, Fl}}};
-  }
   for (const auto& ch : part_.chunks) {
     const size_t begin = blocks_.size();
     for (int64_t l = ch.first_layer; l < ch.first_layer + ch.num_layers; ++l) {
       const std::string pre = fmt::format("decoder.layers.{}.", l);
       Block b;
       b.attn_norm = params_.add(pre + "input_layernorm.weight", {C}, ParamInit::Ones, false);
-      if (spec_.multi_latent_attention) {
-        b.qkv_w = -1;
-        b.mla = register_mla_params(params_, spec_, l, tp, r);
-      } else {
-        b.qkv_w = params_.add_sharded(pre + "self_attention.linear_qkv.weight", {spec_.qkv_size(), C}, qkv_shard,
-                                      ParamInit::Normal, true);
-      }
-      if (spec_.add_qkv_bias && !spec_.multi_latent_attention)
-        b.qkv_b = params_.add_sharded(pre + "self_attention.linear_qkv.bias", {spec_.qkv_size()}, qkv_shard,
-                                      ParamInit::Zeros, false);
-      if (spec_.qk_layernorm && !spec_.multi_latent_attention) {
-        b.q_norm = params_.add(pre + "self_attention.q_layernorm.weight", {D}, ParamInit::Ones, false);
-        b.k_norm = params_.add(pre + "self_attention.k_layernorm.weight", {D}, ParamInit::Ones, false);
-        params_.mark_tp_partial_grads(b.q_norm);
-        params_.mark_tp_partial_grads(b.k_norm);
-      }
-      b.proj_w = params_.add_sharded(pre + "self_attention.linear_proj.weight", {C, spec_.attention_out_size()},
-                                     proj_shard, ParamInit::ScaledNormal, true);
+      b.attention = attention_parts_->make(params_, l);
       b.mlp_norm = params_.add(pre + "pre_mlp_layernorm.weight", {C}, ParamInit::Ones, false);
-      if (spec_.is_moe_layer(l)) {
-        b.moe = int(moe_.size());
-        moe_.emplace_back(spec_, be_, act_,
-                          register_moe_params(params_, spec_, l, part_.ep_rank, part_.ep_size, expert_tp.size(),
-                                              expert_tp.rank()),
-                          dispatcher, share, expert_tp);
-        b.moe_ids = moe_.back().params().ids();
-        moe_stats_.push_back({l, std::vector<int64_t>(size_t(spec_.num_experts), 0)});
-      } else {
-        b.fc1_w = params_.add_sharded(pre + "mlp.linear_fc1.weight", {2 * F, C}, fc1_shard, ParamInit::Normal, true);
-        b.fc2_w =
-            params_.add_sharded(pre + "mlp.linear_fc2.weight", {C, F}, fc2_shard, ParamInit::ScaledNormal, true);
-      }
-      blocks_.push_back(b);
+      b.feed_forward = feed_forward_parts_->make(params_, l);
+      blocks_.push_back(std::move(b));
     }
     chunk_blocks_.push_back({begin, blocks_.size()});
   }
-  if (heads) {
+  if (head) {
     final_norm_ = params_.add("decoder.final_layernorm.weight", {C}, ParamInit::Ones, false);
     if (spec_.untie_embeddings_and_output_weights)
       output_ = params_.add_sharded("output_layer.weight", {V, C}, vocab_shard, ParamInit::Normal, true);
@@ -262,37 +195,18 @@ LlamaModel::LlamaModel(const ModelSpec& spec, ops::Backend& backend, Precision p
   // Units in parameter order: the embedding, each block, the head (with a tied embedding that this
   // rank also uses as input, the head's output layer is the embedding's unit).
   unit_of_.assign(params_.infos().size(), -1);
-  auto add_unit = [&](int first, int last) {
+  const auto add_unit = [&](int first, int last) {
     for (int p = first; p <= last; ++p) unit_of_[p] = int(units_.size());
     const auto& in = params_.infos();
     units_.push_back({first, last, in[first].offset, in[last].offset + in[last].numel});
   };
   if (embedding_ >= 0) add_unit(embedding_, embedding_);
-  for (const Block& b : blocks_) {  // a block's parameters are registered together (an MoE block's last)
+  for (const Block& b : blocks_) {  // a block's parameters are registered together
     const std::vector<int> ids = b.ids();
     add_unit(b.attn_norm, *std::max_element(ids.begin(), ids.end()));
   }
-  if (heads) add_unit(final_norm_, output_ == embedding_ ? final_norm_ : output_);
+  if (head) add_unit(final_norm_, output_ == embedding_ ? final_norm_ : output_);
   for (size_t p = 0; p < unit_of_.size(); ++p) PRIMUS_CHECK(unit_of_[p] >= 0, "parameter {} in no unit", p);
-  if (opt_.resident_weights) {
-    params_.allocate(be_.device());
-    work_ = act_ == params_.dtype() ? params_.values() : be_.zeros({params_.numel()}, act_);
-    resident_ = std::make_unique<ResidentWeights>(*this);
-    source_ = resident_.get();
-  }
-  if (part_.cp_size > 1) cp_ = std::make_unique<ContextParallelAttention>(be_, *part_.cp_group, part_.cp_comm, act_);
-  if (spec_.multi_latent_attention)
-    mla_ = std::make_unique<Mla>(be_, act_, spec_, tp, part_.cp_size, part_.cp_rank);
-  if (spec_.qk_layernorm && !mla_) qk_norm_ = std::make_unique<QkNorm>(be_, act_, hl, gl, D, float(spec_.norm_epsilon));
-
-  const int64_t half = D / 2, P = spec_.max_position_embeddings;
-  Tensor cos = Tensor::empty({P, half}, stat_), sin = Tensor::empty({P, half}, stat_);
-  if (stat_ == DType::F64)
-    rope_tables_of(spec_, P, cos.data<double>(), sin.data<double>());
-  else
-    rope_tables_of(spec_, P, cos.data<float>(), sin.data<float>());
-  rope_cos_ = cos.to(be_.device());
-  rope_sin_ = sin.to(be_.device());
 }
 
 LlamaModel::~LlamaModel() = default;
@@ -325,28 +239,12 @@ Tensor LlamaModel::g(int id) const {
   return source().grads(u).slice(0, p.offset - units_[u].begin, p.numel).view(p.shape);
 }
 
-void LlamaModel::rope(Tensor& x, int64_t heads, int64_t batch, int64_t seq, bool inverse) const {
-  const int64_t D = spec_.head_dim();
-  if (part_.cp_size == 1) return be_.rope_apply(x, heads, D, seq, 0, rope_cos_, rope_sin_, inverse);
-  // This rank's two chunks: rows [chunk j][batch][position], chunk j at its global position.
-  const int64_t ch = seq / 2, cp = part_.cp_size, r = part_.cp_rank;
-  for (int64_t j = 0; j < 2; ++j) {
-    Tensor rows = x.slice(0, j * batch * ch, batch * ch);
-    be_.rope_apply(rows, heads, D, ch, (j == 0 ? r : 2 * cp - 1 - r) * ch, rope_cos_, rope_sin_, inverse);
-  }
-}
-
 void LlamaModel::sum_over_context(double& total, int64_t& valid) const {
   if (part_.cp_size == 1) return;
   std::vector<double> v = {total, double(valid)};
   part_.cp_group->all_reduce(v);
   total = v[0];
   valid = int64_t(v[1]);
-}
-
-ops::AttentionShape LlamaModel::attention_shape(int64_t batch, int64_t seq) const {
-  return {batch, seq, spec_.num_attention_heads / part_.tp_size, spec_.query_groups() / part_.tp_size,
-          spec_.head_dim()};
 }
 
 bool head_keeps_logits(const LlamaOptions& options, Precision precision, int64_t rows, int64_t vocab_local) {
@@ -370,210 +268,63 @@ int64_t LlamaModel::activation_rows(int64_t batch, int64_t seq) const {
 Tensor LlamaModel::gather_rows(const Tensor& local) const { return tp_rows_.gather(local); }
 Tensor LlamaModel::reduce_partial(Tensor partial) const { return tp_rows_.reduce(std::move(partial)); }
 
-// residual + in W^T for a row-parallel weight W [C, in]: with one rank the GEMM adds onto the
-// residual; with tp ranks the partial products are summed first.
-Tensor LlamaModel::row_parallel_residual(const Tensor& in, int weight, const Tensor& residual) const {
-  const int64_t N = in.size(0), C = spec_.hidden_size;
-  if (part_.tp_size == 1) {
-    Tensor y = act({N, C});
-    be_.gemm(false, true, 1.0f, in, w(weight), 1.0f, residual, y, Tensor());
-    return y;
-  }
-  Tensor partial = act({N, C});
-  be_.gemm(false, true, 1.0f, in, w(weight), 0.0f, Tensor(), partial, Tensor());
-  Tensor y = reduce_partial(partial);
-  be_.add(y, residual, y);
-  return y;
-}
-
 // ---------------------------------------------------------------------------------------------
-// Transformer block
+// Transformer block: norm -> attention -> residual -> norm -> feed-forward -> residual. The parts
+// (model/block_part.h) do everything between the norms and the residuals; every tp rank runs the
+// same steps, so the collectives inside them match.
 
-// The forward's steps, each filling its part of the context from earlier parts; rebuild() reruns
-// some. Nl rows are this rank's (x, norms, residuals), N all rows (the linears and attention);
-// they differ only under sequence parallelism. Q, QS and F are this rank's widths.
-struct LlamaModel::Steps {
-  const LlamaModel& m;
-  const Block& b;
-  int64_t batch, seq, Nl, N;
-  Steps(const LlamaModel& model, const Block& block, int64_t batch_, int64_t seq_, int64_t local_rows)
-      : m(model), b(block), batch(batch_), seq(seq_), Nl(local_rows), N(batch_ * seq_) {}
-  int64_t C() const { return m.spec_.hidden_size; }
-  int64_t D() const { return m.spec_.head_dim(); }
-  int64_t heads() const { return m.spec_.num_attention_heads / m.part_.tp_size; }
-  int64_t groups() const { return m.spec_.query_groups() / m.part_.tp_size; }
-  int64_t Q() const { return (heads() + 2 * groups()) * D(); }
-  int64_t QS() const { return m.mla_ ? m.spec_.attention_out_size() / m.part_.tp_size : heads() * D(); }
-  int64_t F() const { return m.spec_.ffn_hidden_size / m.part_.tp_size; }
-  float eps() const { return float(m.spec_.norm_epsilon); }
-
-  // A norm of this rank's rows, gathered to all rows for the column-parallel linear after it
-  // (an MoE block works on this rank's rows: gather false).
-  Tensor norm(const Tensor& x, int weight, Tensor& rstd, bool gather = true) {
-    Tensor h = m.act({x.size(0), C()});
-    rstd = m.stat({x.size(0)});
-    m.be_.rmsnorm_forward(x, m.w(weight), h, rstd, eps());
-    return gather ? m.gather_rows(h) : h;
-  }
-  // qkv = h1 Wqkv^T (+b); rotated by the caller (q heads and k groups are adjacent in the row).
-  Tensor qkv(const Tensor& h1, int64_t rows) {
-    Tensor t = m.act({rows, Q()});
-    m.be_.gemm(false, true, 1.0f, h1, m.w(b.qkv_w), 0.0f, Tensor(), t, b.qkv_b >= 0 ? m.w(b.qkv_b) : Tensor());
-    return t;
-  }
-  void attention(BlockContext& c) {
-    if (m.mla_ && m.cp_) {  // the packed heads through the context-parallel attention
-      const ops::AttentionShape s = m.mla_->shape(batch, seq);
-      c.mla.out = m.act({N, s.heads * s.head_dim});
-      m.cp_->forward(c.qkv, c.mla.out, c, s);
-      c.attn = m.mla_->values(c.mla.out);
-      return;
-    }
-    if (m.mla_) {
-      c.attn = m.mla_->attention(c.qkv, c.mla, c.lse, batch, seq);
-      return;
-    }
-    c.attn = m.act({N, QS()});
-    if (m.cp_) return m.cp_->forward(c.qkv, c.attn, c, m.attention_shape(batch, seq));
-    c.lse = m.stat({batch, heads(), seq});
-    m.be_.attention_forward(c.qkv, c.attn, c.lse, m.attention_shape(batch, seq));
-  }
-  Tensor fc1(const Tensor& h2) {
-    Tensor t = m.act({h2.size(0), 2 * F()});
-    m.be_.gemm(false, true, 1.0f, h2, m.w(b.fc1_w), 0.0f, Tensor(), t, Tensor());
-    return t;
-  }
-  Tensor swiglu(const Tensor& gate_up) {
-    Tensor t = m.act({gate_up.size(0), F()});
-    m.be_.swiglu_forward(gate_up, t);
-    return t;
-  }
-};
-
-Tensor LlamaModel::block_forward(const Block& b, BlockContext& c, const Tensor& x, int64_t batch, int64_t seq) {
+Tensor LlamaModel::block_forward(const Block& b, BlockContext& c, const Tensor& x, const PassShape& m) {
   c = BlockContext();
   c.x = x;
-  block_rebuild(b, c, batch, seq);  // from an empty context: the whole forward
-  Tensor y = b.moe >= 0 ? moe_forward(b, c, batch, seq)
-                        : row_parallel_residual(c.act, b.fc2_w, c.x2);  // y = x2 + act W2^T
-  if (opt_.recompute == Recompute::Selective) {
-    // Keep x, qkv, x2 and gate_up; the rest is cheap to recompute from them.
-    c.h1 = c.rstd1 = c.attn = c.lse = c.cp_qkv = c.cp_out = c.h2 = c.rstd2 = c.act = Tensor();
-  } else if (opt_.recompute == Recompute::Full) {
-    // An MoE block keeps its own saves (its routing and the dispatched rows): the rest reruns.
-    Tensor keep = c.x;
-    std::shared_ptr<MoeContext> moe = c.moe;
-    c = BlockContext();
-    c.x = keep;
-    c.moe = moe;
+  c.attention = b.attention->new_context();
+  c.feed_forward = b.feed_forward->new_context();
+  Tensor h1 = kit_->norm(x, b.attn_norm, c.rstd1);
+  c.x2 = b.attention->forward(*c.attention, h1, x, m, true);
+  Tensor h2 = kit_->norm(c.x2, b.mlp_norm, c.rstd2);
+  Tensor y = b.feed_forward->forward(*c.feed_forward, h2, c.x2, m, true);
+  if (opt_.recompute != Recompute::None) {  // the parts keep what their recompute needs
+    c.rstd1 = c.rstd2 = Tensor();
+    if (opt_.recompute == Recompute::Full) c.x2 = Tensor();  // only the block input stays
+    b.attention->drop(*c.attention, opt_.recompute);
+    b.feed_forward->drop(*c.feed_forward, opt_.recompute);
   }
   return y;
 }
 
-// Computes whatever the context lacks, in dependency order: everything after a forward with
-// full recompute, the dropped parts after selective recompute, nothing otherwise. Every tp rank
-// runs the same steps, so the collectives inside them match.
-void LlamaModel::block_rebuild(const Block& b, BlockContext& c, int64_t batch, int64_t seq) {
-  Steps st(*this, b, batch, seq, c.x.size(0));
-  if (!c.h1.defined()) c.h1 = st.norm(c.x, b.attn_norm, c.rstd1);
-  if (!c.qkv.defined() && mla_) {
-    c.qkv = mla_->forward(b.mla, c.mla, c.h1, seq, 0, [&](int id) { return w(id); });
-  } else if (!c.qkv.defined()) {
-    c.qkv = st.qkv(c.h1, st.N);
-    if (qk_norm_) qk_norm_->forward(c.qkv, w(b.q_norm), w(b.k_norm), c.qk);
-    rope(c.qkv, st.heads() + st.groups(), batch, seq, false);
-  }
-  if (!c.attn.defined()) st.attention(c);
-  if (!c.x2.defined()) c.x2 = row_parallel_residual(c.attn, b.proj_w, c.x);  // x2 = x + attn Wo^T
-  if (!c.h2.defined()) c.h2 = st.norm(c.x2, b.mlp_norm, c.rstd2, b.moe < 0);
-  if (b.moe >= 0) return;  // the MoE block runs in block_forward (moe_forward)
-  if (!c.gate_up.defined()) c.gate_up = st.fc1(c.h2);
-  if (!c.act.defined()) c.act = st.swiglu(c.gate_up);
+// After recompute dropped them: the norms and whatever each part let go, in forward order.
+void LlamaModel::block_rebuild(const Block& b, BlockContext& c, const PassShape& m) {
+  if (c.rstd1.defined()) return;  // nothing was dropped
+  const Tensor h1 = kit_->norm(c.x, b.attn_norm, c.rstd1);
+  const bool want_x2 = !c.x2.defined();
+  Tensor x2 = b.attention->forward(*c.attention, h1, c.x, m, want_x2);
+  if (want_x2) c.x2 = x2;
+  const Tensor h2 = kit_->norm(c.x2, b.mlp_norm, c.rstd2);
+  b.feed_forward->forward(*c.feed_forward, h2, c.x2, m, false);
 }
 
-// Under tensor parallelism the column-parallel linears' input gradients (dh1, dh2) are partial
-// sums, reduced over tp before the norms; under sequence parallelism the output gradients of the
-// row-parallel linears (dy, dx2) are first gathered to all rows.
-Tensor LlamaModel::block_backward_input(const Block& b, BlockContext& c, const Tensor& dy, int64_t batch,
-                                        int64_t seq) {
+// dy and the returned dx are this rank's rows (under sequence parallelism N / tp); the parts
+// gather and reduce around their linears themselves.
+Tensor LlamaModel::block_backward_input(const Block& b, BlockContext& c, const Tensor& dy, const PassShape& m) {
   PRIMUS_CHECK(c.x.defined(), "backward_input before forward");
-  block_rebuild(b, c, batch, seq);
-  const Steps st(*this, b, batch, seq, c.x.size(0));
-  const int64_t N = st.N, Nl = st.Nl, C = st.C();
-  c.dy = b.moe >= 0 ? dy : gather_rows(dy);  // an MoE block's rows are this rank's
-  if (b.moe >= 0) {
-    c.dh2 = moe_[size_t(b.moe)].backward_input(*c.moe, c.dy, [&](int id) { return w(id); });
-  } else {
-    Tensor da = act({N, st.F()});
-    be_.gemm(false, false, 1.0f, c.dy, w(b.fc2_w), 0.0f, Tensor(), da, Tensor());
-    c.dgate_up = act({N, 2 * st.F()});
-    be_.swiglu_backward(da, c.gate_up, c.dgate_up);
-    Tensor dh2 = act({N, C});
-    be_.gemm(false, false, 1.0f, c.dgate_up, w(b.fc1_w), 0.0f, Tensor(), dh2, Tensor());
-    c.dh2 = reduce_partial(dh2);
-  }
+  block_rebuild(b, c, m);
+  const int64_t Nl = c.x.size(0), C = spec_.hidden_size;
+  c.dh2 = b.feed_forward->backward_input(*c.feed_forward, dy, m);
   Tensor dx2 = act({Nl, C});  // dy through the residual, plus the norm's gradient
   be_.rmsnorm_backward_input(c.dh2, c.x2, w(b.mlp_norm), c.rstd2, dy, dx2);
-  c.dx2 = gather_rows(dx2);
-  Tensor dattn = act({N, st.QS()});
-  be_.gemm(false, false, 1.0f, c.dx2, w(b.proj_w), 0.0f, Tensor(), dattn, Tensor());
-  if (mla_) {
-    Mla::AttentionBackward cp_backward;
-    if (cp_)
-      cp_backward = [&](const Tensor& out, const Tensor& dout, Tensor& dqkv) {
-        cp_->backward(c.qkv, out, c, dout, dqkv, mla_->shape(batch, seq));
-      };
-    // This rank's heads' part of dh1, as after a column-parallel linear.
-    c.dh1 = reduce_partial(mla_->backward_input(b.mla, c.mla, c.qkv, c.lse, dattn, batch, seq,
-                                                [&](int id) { return w(id); }, cp_backward));
-  } else {
-    c.dqkv = act({N, st.Q()});
-    if (cp_)
-      cp_->backward(c.qkv, c.attn, c, dattn, c.dqkv, attention_shape(batch, seq));
-    else
-      be_.attention_backward(c.qkv, c.attn, c.lse, dattn, c.dqkv, attention_shape(batch, seq));
-    rope(c.dqkv, st.heads() + st.groups(), batch, seq, true);
-    if (qk_norm_) qk_norm_->backward_input(c.dqkv, w(b.q_norm), w(b.k_norm), c.qk);
-    Tensor dh1 = act({N, C});
-    be_.gemm(false, false, 1.0f, c.dqkv, w(b.qkv_w), 0.0f, Tensor(), dh1, Tensor());
-    c.dh1 = reduce_partial(dh1);
-  }
+  c.dh1 = b.attention->backward_input(*c.attention, dx2, m);
   Tensor dx = act({Nl, C});
   be_.rmsnorm_backward_input(c.dh1, c.x, w(b.attn_norm), c.rstd1, dx2, dx);
-  // The W pass needs the linears' inputs and output gradients, and the norms' inputs.
-  c.qkv = c.lse = c.cp_qkv = c.cp_out = c.gate_up = Tensor();
   return dx;
 }
 
 void LlamaModel::block_backward_weight(const Block& b, BlockContext& c) {
-  PRIMUS_CHECK(c.dy.defined(), "backward_weight before backward_input");
-  auto acc = [&](const Tensor& dy, const Tensor& x, int id) {  // dW += dy^T x
-    Tensor gw = g(id);
-    be_.gemm(true, false, 1.0f, dy, x, 1.0f, gw, gw, Tensor());
-  };
-  if (b.moe >= 0) {
-    moe_[size_t(b.moe)].backward_weight(*c.moe, [&](int id) { return g(id); });
-  } else {
-    acc(c.dy, c.act, b.fc2_w);
-    acc(c.dgate_up, c.h2, b.fc1_w);
-  }
+  PRIMUS_CHECK(c.dh1.defined(), "backward_weight before backward_input");
+  b.feed_forward->backward_weight(*c.feed_forward);
   Tensor gn2 = g(b.mlp_norm);
   be_.rmsnorm_backward_weight(c.dh2, c.x2, c.rstd2, gn2);
-  acc(c.dx2, c.attn, b.proj_w);
-  if (mla_)
-    mla_->backward_weight(b.mla, c.mla, c.h1, [&](int id) { return g(id); });
-  else
-    acc(c.dqkv, c.h1, b.qkv_w);
-  if (b.qkv_b >= 0) {
-    Tensor gb = g(b.qkv_b);
-    be_.column_sum_accumulate(c.dqkv, gb);
-  }
+  b.attention->backward_weight(*c.attention);
   Tensor gn1 = g(b.attn_norm);
   be_.rmsnorm_backward_weight(c.dh1, c.x, c.rstd1, gn1);
-  if (qk_norm_) {
-    Tensor gq = g(b.q_norm), gk = g(b.k_norm);
-    qk_norm_->backward_weight(c.qk, gq, gk);
-  }
   c = BlockContext();
 }
 
@@ -646,7 +397,7 @@ Tensor LlamaModel::forward_chunk(LlamaContext& ctx, int chunk, const Tensor& inp
   }
   for (size_t l = b0; l < b1; ++l) {
     const Held held(*this, {blocks_[l].attn_norm}, next_unit(l + 1));
-    x = block_forward(blocks_[l], ctx.blocks[l], x, ctx.batch, ctx.seq);
+    x = block_forward(blocks_[l], ctx.blocks[l], x, {ctx.batch, ctx.seq});
   }
   if (!ch.has_head) return x;
   const Held held(*this, {final_norm_, output_}, -1);
@@ -672,8 +423,7 @@ Tensor LlamaModel::backward_input_chunk(LlamaContext& ctx, int chunk, const Tens
   }
   for (size_t l = b1; l-- > b0;) {
     const Held held(*this, {blocks_[l].attn_norm}, previous_unit(l));
-    if (ctx.blocks[l].moe) ctx.blocks[l].moe->loss_scale = dloss;  // the router losses' share
-    dx = block_backward_input(blocks_[l], ctx.blocks[l], dx, ctx.batch, ctx.seq);
+    dx = block_backward_input(blocks_[l], ctx.blocks[l], dx, {ctx.batch, ctx.seq, dloss});
   }
   if (!ch.has_embedding) return dx;
   ctx.dembedded = dx;
@@ -725,10 +475,9 @@ void LlamaModel::backward(LlamaContext& ctx, double dloss) {
   }
   head_weight_pass(ctx);
   for (size_t l = blocks_.size(); l-- > 0;) {
-    if (ctx.blocks[l].moe) ctx.blocks[l].moe->loss_scale = dloss;  // the router losses' share
     {
       const Held held(*this, {blocks_[l].attn_norm}, l > 0 ? block_unit(l - 1) : -1);
-      dx = block_backward_input(blocks_[l], ctx.blocks[l], dx, ctx.batch, ctx.seq);
+      dx = block_backward_input(blocks_[l], ctx.blocks[l], dx, {ctx.batch, ctx.seq, dloss});
     }
     block_backward_weight(blocks_[l], ctx.blocks[l]);
     weights_done(blocks_[l].ids());
@@ -864,43 +613,14 @@ DecodeState LlamaModel::start_decoding(int64_t max_positions) const {
   DecodeState s;
   s.capacity = std::min(max_positions, spec_.max_position_embeddings);
   if (s.capacity <= 0) fail("a decoder needs room for at least one position");
-  for (size_t l = 0; l < blocks_.size(); ++l) s.cache.push_back(act({s.capacity, mla_ ? mla_->packed_width() : spec_.qkv_size()}));
+  for (const Block& b : blocks_) s.cache.push_back(act({s.capacity, b.attention->cache_width()}));
   return s;
 }
 
 Tensor LlamaModel::block_decode(const Block& b, Tensor& cache, const Tensor& x, int64_t pos0) const {
-  const int64_t n = x.size(0), L = pos0 + n;
-  Steps st(*this, b, 1, n, n);
   Tensor rstd;
-  const Tensor h1 = st.norm(x, b.attn_norm, rstd);
-  Tensor rows = cache.slice(0, pos0, n);
-  Tensor attn;
-  if (mla_) {  // the cache holds the packed heads
-    MlaContext unused;
-    rows.copy_from(mla_->forward(b.mla, unused, h1, n, pos0, [&](int id) { return w(id); }));
-    const ops::AttentionShape s = mla_->shape(1, L);
-    Tensor out = act({n, s.heads * s.head_dim});
-    be_.attention_decode(cache, pos0, out, s);
-    attn = mla_->values(out);
-  } else {
-    Tensor qkv = st.qkv(h1, n);
-    if (qk_norm_) {
-      QkNormContext unused;
-      qk_norm_->forward(qkv, w(b.q_norm), w(b.k_norm), unused);
-    }
-    be_.rope_apply(qkv, st.heads() + st.groups(), st.D(), n, pos0, rope_cos_, rope_sin_, false);
-    rows.copy_from(qkv);
-    attn = act({n, st.QS()});
-    be_.attention_decode(cache, pos0, attn, {1, L, st.heads(), st.groups(), st.D()});
-  }
-  const Tensor x2 = row_parallel_residual(attn, b.proj_w, x);
-  const Tensor h2 = st.norm(x2, b.mlp_norm, rstd);
-  if (b.moe >= 0) {  // the new rows routed by themselves (a capacity factor applies to them alone)
-    const MoeLayer& m = moe_[size_t(b.moe)];
-    MoeContext mc;
-    return m.forward(mc, h2, x2, [&](int id) { return w(id); }, expert_bias_of(m), 1, n);
-  }
-  return row_parallel_residual(st.swiglu(st.fc1(h2)), b.fc2_w, x2);
+  const Tensor x2 = b.attention->decode(cache, kit_->norm(x, b.attn_norm, rstd), x, pos0);
+  return b.feed_forward->decode(cache, kit_->norm(x2, b.mlp_norm, rstd), x2, pos0);
 }
 
 std::vector<float> LlamaModel::decode(DecodeState& state, const std::vector<int32_t>& tokens) const {
@@ -943,6 +663,30 @@ Tensor LlamaModel::last_logits(const LlamaContext& ctx) const {
     std::copy(z.begin(), z.end(), out.data<float>() + b * V);
   }
   return out;
+}
+
+}  // namespace primus
+
+namespace primus {
+
+// ---------------------------------------------------------------------------------------------
+// Mixture of experts: the MoE parts' statistics and the expert-bias balancing step.
+
+const std::vector<MoeLayerStats>& LlamaModel::moe_stats() const {
+  moe_stats_.clear();
+  for (const MoeFeedForward* m : feed_forward_parts_->moe()) moe_stats_.push_back(m->stats());
+  return moe_stats_;
+}
+
+void LlamaModel::reset_moe_stats() {
+  for (MoeFeedForward* m : feed_forward_parts_->moe()) m->reset_stats();
+}
+
+void LlamaModel::update_expert_biases(const std::vector<std::vector<int64_t>>& tokens) {
+  const auto& moe = feed_forward_parts_->moe();
+  PRIMUS_CHECK(tokens.size() == moe.size(), "expert counts for {} of {} MoE blocks", tokens.size(), moe.size());
+  for (size_t i = 0; i < moe.size(); ++i) moe[i]->update_expert_bias(tokens[i]);
+  if (opt_.resident_weights) sync_working_weights();  // (a weight source keeps its buffers in fp32 only)
 }
 
 }  // namespace primus

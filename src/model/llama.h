@@ -1,4 +1,4 @@
-// The Llama-family decoder with explicit passes and no autograd (see DESIGN.md), written once
+// The Llama-family decoder with explicit passes and no autograd (docs/architecture.md), written once
 // against the op set (kernels/backend.h) for every precision, device and parallel layout:
 //
 //   forward(ctx, x)          saves into ctx what the backward needs
@@ -6,10 +6,10 @@
 //   backward_weight(ctx)     the "W" op: accumulates the weight gradients, then frees ctx
 //
 // A context is per microbatch, so a pipeline can keep several in flight and run B and W apart.
-// One block computes, per token row (N = batch * seq rows):
-//   h1 = rmsnorm(x)            qkv = h1 Wqkv^T (+b), rope(q, k)     o = attention(qkv)
-//   x2 = x + o Wo^T            h2 = rmsnorm(x2)   gu = h2 W13^T     a = silu(g) * u
-//   y  = x2 + a W2^T
+// One block computes, per token row (N = batch * seq rows), from its two parts (model/block_part.h):
+//   x2 = x + attention(rmsnorm(x))       attention part: GQA (qkv, QK-norm, rope, core, proj) or MLA
+//   y  = x2 + feed_forward(rmsnorm(x2))  feed-forward part: SwiGLU (fc1, silu(g) * u, fc2) or MoE
+// The block owns the norms and residuals; each part its parameters, passes, saves and decode step.
 //
 // Precision (Precision below) is a property of the run, not of the code:
 //   master weights   ParamStore (fp32; fp64 for the finite-difference tests): what the optimizer
@@ -53,22 +53,18 @@
 
 #include "core/tensor.h"
 #include "kernels/backend.h"
-#include "model/mla.h"
+#include "model/attention_parts.h"
+#include "model/block_part.h"
+#include "model/feed_forward_parts.h"
 #include "model/model_spec.h"
-#include "model/moe.h"
+#include "model/options.h"
 #include "model/param_store.h"
-#include "model/qk_norm.h"
+#include "model/partition.h"
 #include "model/tensor_parallel_rows.h"
 #include "model/weight_source.h"
 #include "parallel/process_group.h"
 
 namespace primus {
-
-// Megatron's recompute_granularity. selective recomputes the cheap, memory-hungry parts (the
-// attention core, SwiGLU and the norms) from saved inputs; full keeps only each block's input
-// and re-runs the whole block before its backward.
-enum class Recompute : uint8_t { None, Selective, Full };
-Recompute parse_recompute(const std::string& s);  // "", "none", "selective", "full"
 
 // The working (activation) dtype of a run; the master weights are fp32, fp64 for Fp64.
 enum class Precision : uint8_t { Fp32, Bf16, Fp64 };
@@ -94,48 +90,17 @@ struct LlamaOptions {
 // logits_memory_budget (3 GEMMs); else it works in chunks of options.vocab_chunk columns.
 bool head_keeps_logits(const LlamaOptions& options, Precision precision, int64_t rows, int64_t vocab_local);
 
-// cp_comm_type: how attention under context parallelism reaches the other ranks' keys and values.
-//   p2p  ring attention: key/value blocks passed around the cp group while the current one computes
-//   a2a  all-to-all over heads (Ulysses): each rank attends over the whole sequence for heads/cp heads
-enum class CpComm : uint8_t { P2P, A2A };
-CpComm parse_cp_comm(const std::string& s);  // "p2p" | "a2a"
-const char* cp_comm_name(CpComm c);
-
-// What part of the model this rank holds, and the group it shares its layers with.
-struct ModelPartition {
-  int tp_size = 1, tp_rank = 0;
-  parallel::ProcessGroup* tp_group = nullptr;  // required when tp_size > 1
-  bool sequence_parallel = false;
-  struct Chunk {
-    int64_t first_layer = 0, num_layers = 0;
-    bool has_embedding = false, has_head = false;  // the first / the last pipeline stage
-  };
-  std::vector<Chunk> chunks;  // in chunk order; empty: one chunk with the whole model
-  // Context parallel: this rank's place in the cp group (required when cp_size > 1).
-  int cp_size = 1, cp_rank = 0;
-  parallel::ProcessGroup* cp_group = nullptr;
-  CpComm cp_comm = CpComm::P2P;
-  // Expert parallel: this rank holds experts ep_rank*L .. ep_rank*L+L-1 of each MoE layer (L =
-  // num_experts / ep_size); the ep group exchanges the tokens (required when ep_size > 1).
-  int ep_size = 1, ep_rank = 0;
-  parallel::ProcessGroup* ep_group = nullptr;
-  // expert_tensor_parallel_size: 1 (every tp rank holds whole experts) or tp_size (each expert's
-  // ffn, and the shared expert's, split over tp_group like the dense MLP's).
-  int etp_size = 1;
-};
 
 // Checks that spec can be split tp ways (heads, query groups, ffn and vocabulary divisible);
 // throws primus::Error naming the rule that fails.
 void check_tensor_parallel(const ModelSpec& spec, int tp_size);
 
+// A block's saves: its input, residual and norms' statistics, its norms' output gradients (B ->
+// W), and each part's own context.
 struct BlockContext {
-  Tensor x;                                                       // block input (owned by the previous layer)
-  QkNormContext qk;                                               // qk_layernorm's saves
-  MlaContext mla;                                                 // multi_latent_attention's saves
-  Tensor h1, rstd1, qkv, attn, lse, x2, h2, rstd2, gate_up, act;  // forward saves
-  Tensor cp_qkv, cp_out;  // context parallel a2a: the whole sequence's qkv and output of this rank's heads
-  Tensor dy, dqkv, dh1, dx2, dgate_up, dh2;                       // B-pass outputs the W pass needs
-  std::shared_ptr<MoeContext> moe;                                // an MoE block's routing and saves
+  Tensor x, rstd1, x2, rstd2;  // the block input (owned by the previous layer), the residual after attention
+  Tensor dh1, dh2;             // the gradients reaching the norms' outputs (for their weights)
+  std::unique_ptr<PartContext> attention, feed_forward;
 };
 
 struct HeadContext {
@@ -160,8 +125,6 @@ struct DecodeState {
   int64_t position = 0, capacity = 0;
   std::vector<Tensor> cache;  // per layer: [capacity, qkv size], the rotated qkv rows
 };
-
-class ContextParallelAttention;  // model/context_parallel.h
 
 class LlamaModel {
  public:
@@ -250,13 +213,8 @@ class LlamaModel {
   // ---- mixture of experts (model/moe.h) ----
   // Per MoE block of this rank, in layer order: its statistics summed since the last reset
   // (tokens per expert over the microbatches' forwards, aux and z losses summed).
-  struct MoeLayerStats {
-    int64_t layer = 0;
-    std::vector<int64_t> tokens_per_expert;
-    int64_t dropped = 0, forwards = 0;
-    double aux_loss = 0, z_loss = 0;
-  };
-  const std::vector<MoeLayerStats>& moe_stats() const { return moe_stats_; }
+  using MoeLayerStats = primus::MoeLayerStats;
+  const std::vector<MoeLayerStats>& moe_stats() const;
   void reset_moe_stats();
   // The aux-loss-free balancing step (moe_router_enable_expert_bias): each block's expert bias
   // moves by moe_router_bias_update_rate against its load; `tokens` per block as in moe_stats()
@@ -264,40 +222,36 @@ class LlamaModel {
   void update_expert_biases(const std::vector<std::vector<int64_t>>& tokens);
 
  private:
+  // A decoder layer: its two norms and its two parts.
   struct Block {
-    int attn_norm, qkv_w, qkv_b = -1, proj_w, mlp_norm, fc1_w = -1, fc2_w = -1;
-    int q_norm = -1, k_norm = -1;  // qk_layernorm
-    MlaParams mla;                 // multi_latent_attention (then qkv_w and qkv_b are -1)
-    int moe = -1;                // index into moe_ (an MoE block instead of the dense MLP)
-    std::vector<int> moe_ids;    // its tensors
+    int attn_norm = -1, mlp_norm = -1;
+    std::unique_ptr<BlockPart> attention, feed_forward;
     std::vector<int> ids() const;
   };
-  struct Steps;  // one block's forward steps (llama.cpp)
-  class Held;    // the units a pass holds acquired (llama.cpp)
+  class Held;  // the units a pass holds acquired (llama.cpp)
   class ResidentWeights;
+  class Params;  // the parts' view of the weights (ParamAccess)
+  void check_partition();
+  void register_parameters();
 
   Tensor w(int id) const;  // working weight, shaped (its unit acquired)
   int block_unit(size_t block) const { return unit_of_[blocks_[block].attn_norm]; }
   Tensor g(int id) const;  // gradient, shaped
   Tensor act(const Shape& shape) const { return be_.empty(shape, act_); }
   Tensor stat(const Shape& shape) const { return be_.empty(shape, stat_); }
-  ops::AttentionShape attention_shape(int64_t batch, int64_t seq) const;
   WeightSource& source() const { return *source_; }
-  // Rotary embedding of the first `heads` heads of every row of x ([batch * seq] rows at positions
-  // 0 .. seq-1, or under context parallelism this rank's two chunks); inverse for the backward.
-  void rope(Tensor& x, int64_t heads, int64_t batch, int64_t seq, bool inverse) const;
   // The microbatch's loss sum and valid tokens summed over the cp group (identities without cp).
   void sum_over_context(double& total, int64_t& valid) const;
 
   // Tensor-parallel collectives on [rows, C] activations (identities with one rank): tp_rows_'s.
   Tensor gather_rows(const Tensor& local) const;
   Tensor reduce_partial(Tensor partial) const;
-  Tensor row_parallel_residual(const Tensor& in, int weight, const Tensor& residual) const;
 
-  Tensor block_forward(const Block& b, BlockContext& c, const Tensor& x, int64_t batch, int64_t seq);
-  Tensor moe_forward(const Block& b, BlockContext& c, int64_t batch, int64_t seq);  // llama_moe.cpp
-  void block_rebuild(const Block& b, BlockContext& c, int64_t batch, int64_t seq);
-  Tensor block_backward_input(const Block& b, BlockContext& c, const Tensor& dy, int64_t batch, int64_t seq);
+  // A block's passes: norm -> attention -> residual -> norm -> feed-forward -> residual.
+  Tensor block_forward(const Block& b, BlockContext& c, const Tensor& x, const PassShape& m);
+  // Reruns what recompute dropped (nothing without recompute).
+  void block_rebuild(const Block& b, BlockContext& c, const PassShape& m);
+  Tensor block_backward_input(const Block& b, BlockContext& c, const Tensor& dy, const PassShape& m);
   void block_backward_weight(const Block& b, BlockContext& c);
   Tensor block_decode(const Block& b, Tensor& cache, const Tensor& x, int64_t pos0) const;
 
@@ -326,22 +280,20 @@ class LlamaModel {
   TensorParallelRows tp_rows_;  // the tp group's gather and reduce (set once the partition is checked)
   ParamStore params_;
   Tensor work_;  // working weights: params_.values() itself, or its bf16 copy
+  std::unique_ptr<Params> param_access_;
+  std::unique_ptr<PartKit> kit_;
+  std::unique_ptr<AttentionParts> attention_parts_;
+  std::unique_ptr<FeedForwardParts> feed_forward_parts_;
   std::vector<Block> blocks_;
   std::vector<std::pair<size_t, size_t>> chunk_blocks_;  // [begin, end) into blocks_ per chunk
   int64_t vocab_start_ = 0, vocab_local_ = 0;           // this rank's rows of the vocabulary
   int embedding_ = -1, final_norm_ = -1, output_ = -1;   // output_ == embedding_ when tied
-  Tensor rope_cos_, rope_sin_;                           // stat dtype, on the device
-  std::vector<MoeLayer> moe_;                            // this rank's MoE blocks
-  std::vector<MoeLayerStats> moe_stats_;
-  std::vector<double> expert_bias_of(const MoeLayer& m) const;
+  mutable std::vector<MoeLayerStats> moe_stats_;        // moe_stats()'s copy of the parts'
   WeightGradHook weight_grad_hook_;
   std::vector<WeightUnit> units_;
   std::vector<int> unit_of_;                 // per parameter
   std::unique_ptr<WeightSource> resident_;   // the model's own buffers as a source
   WeightSource* source_ = nullptr;
-  std::unique_ptr<ContextParallelAttention> cp_;  // when cp_size > 1
-  std::unique_ptr<QkNorm> qk_norm_;               // qk_layernorm
-  std::unique_ptr<Mla> mla_;                      // multi_latent_attention
 };
 
 }  // namespace primus

@@ -93,8 +93,6 @@ Mla::Mla(ops::Backend& backend, DType activation, const ModelSpec& s, int tp, in
       W_(std::max(Dq_, dv_)),
       Rq_(s.q_lora_rank),
       R_(s.kv_lora_rank),
-      cp_(cp),
-      cp_rank_(cp_rank),
       eps_(float(s.norm_epsilon)) {
   PRIMUS_CHECK(tp >= 1 && s.num_attention_heads % tp == 0, "MLA: {} heads over {} tensor-parallel ranks",
                s.num_attention_heads, tp);
@@ -112,8 +110,7 @@ Mla::Mla(ops::Backend& backend, DType activation, const ModelSpec& s, int tp, in
     c = c32;
     sn = s32;
   }
-  cos_ = c.to(be_.device());
-  sin_ = sn.to(be_.device());
+  rope_ = std::make_unique<Rotary>(be_, c, sn, dr_, cp, cp_rank);
 }
 
 Tensor Mla::norm(const Tensor& x, int weight, Tensor& rstd, const Weights& w) const {
@@ -122,17 +119,6 @@ Tensor Mla::norm(const Tensor& x, int weight, Tensor& rstd, const Weights& w) co
   rstd = be_.empty({x.size(0)}, stat_);
   be_.rmsnorm_forward(x, w(weight), y, rstd, eps_);
   return y;
-}
-
-void Mla::rope(Tensor& x, int64_t heads, int64_t seq, int64_t pos0, bool inverse) const {
-  if (cp_ == 1) return be_.rope_apply(x, heads, dr_, seq, pos0, cos_, sin_, inverse);
-  // This rank's two chunks: rows [chunk j][batch][position], chunk j at its global position.
-  const int64_t ch = seq / 2, rows = x.size(0) / 2;
-  for (int64_t j = 0; j < 2; ++j) {
-    Tensor part = x.slice(0, j * rows, rows);
-    be_.rope_apply(part, heads, dr_, ch, pos0 + (j == 0 ? cp_rank_ : 2 * cp_ - 1 - cp_rank_) * ch, cos_, sin_,
-                   inverse);
-  }
 }
 
 Tensor Mla::forward(const MlaParams& p, MlaContext& c, const Tensor& h1, int64_t seq, int64_t pos0,
@@ -155,14 +141,14 @@ Tensor Mla::forward(const MlaParams& p, MlaContext& c, const Tensor& h1, int64_t
   copy_block(c.c, 0, 0, ckv, 0, 0, N, R_);
   Tensor kr = act({N, dr_});
   copy_block(kr, 0, 0, ckv, 0, R_, N, dr_);
-  rope(kr, 1, seq, pos0, false);
+  rope_->apply(kr, 1, seq, pos0, false);
   c.cn = norm(c.c, p.kv_norm, c.rstd_kv, w);
   Tensor kv = act({N, H * (dn_ + dv_)});
   be_.gemm(false, true, 1.0f, c.cn, w(p.kv_up), 0.0f, Tensor(), kv, Tensor());
   // Each head's rotary query part, rotated in a contiguous buffer.
   Tensor qr = act({N, H * dr_});
   for (int64_t h = 0; h < H; ++h) copy_block(qr, 0, h * dr_, q, 0, h * Dq_ + dn_, N, dr_);
-  rope(qr, H, seq, pos0, false);
+  rope_->apply(qr, H, seq, pos0, false);
   Tensor qkv = be_.zeros({N, 3 * H * W}, act_);
   for (int64_t h = 0; h < H; ++h) {
     copy_block(qkv, 0, h * W, q, 0, h * Dq_, N, dn_);
@@ -181,25 +167,15 @@ Tensor Mla::values(const Tensor& out) const {
   return v;
 }
 
-Tensor Mla::attention(const Tensor& qkv, MlaContext& c, Tensor& lse, int64_t batch, int64_t seq) const {
-  c.out = act({qkv.size(0), H_ * W_});
-  lse = be_.empty({batch, H_, seq}, stat_);
-  be_.attention_forward(qkv, c.out, lse, shape(batch, seq));
-  return values(c.out);
+Tensor Mla::values_grad(const Tensor& dattn) const {
+  const int64_t N = dattn.size(0);
+  Tensor dout = be_.zeros({N, H_ * W_}, act_);
+  for (int64_t h = 0; h < H_; ++h) copy_block(dout, 0, h * W_, dattn, 0, h * dv_, N, dv_);
+  return dout;
 }
 
-Tensor Mla::backward_input(const MlaParams& p, MlaContext& c, const Tensor& qkv, const Tensor& lse, const Tensor& dattn,
-                           int64_t batch, int64_t seq, const Weights& w,
-                           const AttentionBackward& attention_backward) const {
-  const int64_t N = dattn.size(0), H = H_, W = W_;
-  Tensor dout = be_.zeros({N, H * W}, act_);
-  for (int64_t h = 0; h < H; ++h) copy_block(dout, 0, h * W, dattn, 0, h * dv_, N, dv_);
-  Tensor dqkv = act({N, 3 * H * W});
-  if (attention_backward)
-    attention_backward(c.out, dout, dqkv);
-  else
-    be_.attention_backward(qkv, c.out, lse, dout, dqkv, shape(batch, seq));
-  c.out = Tensor();
+Tensor Mla::backward_input(const MlaParams& p, MlaContext& c, const Tensor& dqkv, int64_t seq, const Weights& w) const {
+  const int64_t N = dqkv.size(0), H = H_, W = W_;
   // Queries: the nope parts as they are, the rotary parts rotated back.
   c.dq = act({N, H * Dq_});
   Tensor dqr = act({N, H * dr_});
@@ -207,7 +183,7 @@ Tensor Mla::backward_input(const MlaParams& p, MlaContext& c, const Tensor& qkv,
     copy_block(c.dq, 0, h * Dq_, dqkv, 0, h * W, N, dn_);
     copy_block(dqr, 0, h * dr_, dqkv, 0, h * W + dn_, N, dr_);
   }
-  rope(dqr, H, seq, 0, true);
+  rope_->apply(dqr, H, seq, 0, true);
   for (int64_t h = 0; h < H; ++h) copy_block(c.dq, 0, h * Dq_ + dn_, dqr, 0, h * dr_, N, dr_);
   // Keys and values: per-head k_nope and v into kv's layout; the shared rotary
   // key's gradient summed over the heads (this rank's: a partial sum under tp).
@@ -219,7 +195,7 @@ Tensor Mla::backward_input(const MlaParams& p, MlaContext& c, const Tensor& qkv,
     copy_block(h == 0 ? dkr : part, 0, 0, dqkv, 0, (H + h) * W + dn_, N, dr_);
     if (h > 0) be_.add(dkr, part, dkr);
   }
-  rope(dkr, 1, seq, 0, true);
+  rope_->apply(dkr, 1, seq, 0, true);
   Tensor dcn = act({N, R_});
   be_.gemm(false, false, 1.0f, c.dkv, w(p.kv_up), 0.0f, Tensor(), dcn, Tensor());
   Tensor dc = dcn;

@@ -42,12 +42,14 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <vector>
 
 #include "core/tensor.h"
 #include "kernels/backend.h"
 #include "model/model_spec.h"
 #include "model/param_store.h"
+#include "model/rope.h"
 
 namespace primus {
 
@@ -73,7 +75,7 @@ double yarn_mscale(double factor, double m);
 struct MlaContext {
   Tensor cq, rstd_q, cqn;                // q latent [N, q_lora_rank], its rstd, its norm (or cq)
   Tensor c, rstd_kv, cn;                 // kv latent [N, kv_lora_rank], its rstd, its norm
-  Tensor out;                            // the attention op's padded output [N, heads * W]
+  Tensor out;                            // the attention core's padded output [N, heads * W]
                                          // (heads: this rank's)
   Tensor dq, dcqn, dcq, dkv, dcn, dckv;  // B-pass gradients the W pass reads
 };
@@ -85,9 +87,6 @@ class Mla {
   // cp_size, cp_rank: this rank's chunks of each sequence (rope positions).
   Mla(ops::Backend& backend, DType activation, const ModelSpec& spec, int tp_size = 1, int cp_size = 1,
       int cp_rank = 0);
-  // The attention op's backward on packed rows (the context-parallel one
-  // replaces the backend's): out and dout [N, heads * W], dqkv overwritten.
-  using AttentionBackward = std::function<void(const Tensor& out, const Tensor& dout, Tensor& dqkv)>;
 
   // Width of a packed row ([q | k | v] of every head) and the attention op's
   // shape.
@@ -101,30 +100,25 @@ class Mla {
   // The attention output [N, heads * v_head_dim] (linear_proj's input) of
   // packed out.
   Tensor values(const Tensor& out) const;
-  // The attention op on packed qkv: c.out and lse kept for the backward;
-  // returns values(c.out).
-  Tensor attention(const Tensor& qkv, MlaContext& c, Tensor& lse, int64_t batch, int64_t seq) const;
-  // dattn [N, heads * v_head_dim] -> dh1 [N, C] (through the attention op, rope
-  // and the projections); keeps what backward_weight needs in c. Under tp, dh1
-  // is this rank's heads' part: the caller sums it over tp.
-  Tensor backward_input(const MlaParams& p, MlaContext& c, const Tensor& qkv, const Tensor& lse, const Tensor& dattn,
-                        int64_t batch, int64_t seq, const Weights& w,
-                        const AttentionBackward& attention_backward = {}) const;
+  // The gradient of the packed out [N, heads * W] from that of values(out).
+  Tensor values_grad(const Tensor& dattn) const;
+  // dqkv (the packed qkv's gradient, from the attention core) -> dh1 [N, C]
+  // (through rope and the projections); keeps what backward_weight needs in c.
+  // Under tp, dh1 is this rank's heads' part: the caller sums it over tp.
+  Tensor backward_input(const MlaParams& p, MlaContext& c, const Tensor& dqkv, int64_t seq, const Weights& w) const;
   // Accumulates every MLA weight's gradient (h1: the block's normed input).
   void backward_weight(const MlaParams& p, MlaContext& c, const Tensor& h1, const Weights& g) const;
 
  private:
   Tensor act(const Shape& s) const { return be_.empty(s, act_); }
   Tensor norm(const Tensor& x, int weight, Tensor& rstd, const Weights& w) const;
-  void rope(Tensor& x, int64_t heads, int64_t seq, int64_t pos0, bool inverse) const;
 
   ops::Backend& be_;
   DType act_, stat_;
   int64_t C_, H_, dn_, dr_, dv_, Dq_, W_, Rq_, R_;  // H_: this rank's heads
-  int cp_, cp_rank_;
   float eps_,
-      q_alpha_;       // q's factor: the softmax scale the op's 1/sqrt(W) lacks
-  Tensor cos_, sin_;  // [positions, dr / 2], stat dtype
+      q_alpha_;                   // q's factor: the softmax scale the op's 1/sqrt(W) lacks
+  std::unique_ptr<Rotary> rope_;  // [positions, dr / 2] tables
 };
 
 }  // namespace primus

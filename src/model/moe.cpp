@@ -104,6 +104,25 @@ void check_moe_supported(const ModelSpec& spec, int sp_ranks) {
          spec.name);
 }
 
+void check_expert_tensor_parallel(const ModelSpec& spec, int tp, int etp) {
+  if (etp != 1 && etp != tp)
+    fail("expert_tensor_parallel_size {} must be 1 (experts whole on every tensor-parallel rank) or "
+         "tensor_model_parallel_size ({}); other sizes are not implemented",
+         etp, tp);
+  if (etp > 1 && spec.expert_ffn() % etp != 0)
+    fail("expert_tensor_parallel_size {} splits each expert's ffn (moe_ffn_hidden_size {}) over the tensor-parallel "
+         "ranks: not divisible",
+         etp, spec.expert_ffn());
+  if (etp > 1 && spec.moe_shared_expert_intermediate_size % etp != 0)
+    fail("expert_tensor_parallel_size {} splits the shared expert (moe_shared_expert_intermediate_size {}) over the "
+         "tensor-parallel ranks: not divisible",
+         etp, spec.moe_shared_expert_intermediate_size);
+}
+
+int moe_routing_ranks(bool sequence_parallel, int tp, int etp, int cp) {
+  return (sequence_parallel && etp == 1 ? tp : 1) * cp;
+}
+
 MoeLayer::MoeLayer(const ModelSpec& spec, ops::Backend& backend, DType activation, MoeParams params,
                    std::shared_ptr<const TokenDispatcher> dispatcher, TokenShare share, TensorParallelRows expert_tp)
     : spec_(spec),
@@ -117,10 +136,7 @@ MoeLayer::MoeLayer(const ModelSpec& spec, ops::Backend& backend, DType activatio
   if (!etp_.backend) etp_.backend = &be_;
   if (spec_.moe_pad_expert_input_to_capacity)
     fail("model {}: moe_pad_expert_input_to_capacity is not implemented (dropping without padding is)", spec_.name);
-  const int t = etp_.size();
-  if (t > 1 && (spec_.expert_ffn() % t || spec_.moe_shared_expert_intermediate_size % t))
-    fail("model {}: expert_tensor_parallel_size {} must divide the experts' ffn ({}) and the shared expert's ({})",
-         spec_.name, t, spec_.expert_ffn(), spec_.moe_shared_expert_intermediate_size);
+  check_expert_tensor_parallel(spec_, etp_.size(), etp_.size());
 }
 
 Tensor MoeLayer::forward(MoeContext& c, const Tensor& h_local, const Tensor& residual, const Weights& w,

@@ -61,6 +61,15 @@ bool is_expert_param(const std::string& name);
 // times context_parallel_size).
 void check_moe_supported(const ModelSpec& spec, int sp_ranks);
 
+// expert_tensor_parallel_size: 1 (whole experts on every tp rank) or tp (each expert's ffn and the
+// shared expert's split over the tp group), dividing both ffns; throws naming the sizes otherwise.
+// The layout planner and the MoE block both call it.
+void check_expert_tensor_parallel(const ModelSpec& spec, int tp_size, int etp_size);
+
+// The ranks over which a microbatch's routed tokens are split, each routing its own: cp, times tp
+// under sequence parallelism with whole experts (split experts gather every row on every tp rank).
+int moe_routing_ranks(bool sequence_parallel, int tp_size, int etp_size, int cp_size);
+
 // What one MoE block reports for one microbatch.
 struct MoeStats {
   std::vector<int64_t> tokens_per_expert;  // kept assignments per expert

@@ -111,7 +111,8 @@ Buckets meta_buckets(int group_size, int64_t bucket_size, int64_t numel, std::ve
 }
 
 // ZeRO-2 / FSDP (train/sharded_weights.h): every tensor split along its first dim over its group
-// (dp x cp; the experts over edp x cp under expert parallelism), a unit's pieces 16 elements apart.
+// (dp x cp; the experts over edp x cp under expert parallelism), a unit's pieces laid out as
+// parallel::fsdp_shard_unit lays them out for the weight source.
 struct Shards {
   int64_t numel = 0;       // this rank's shard elements
   int64_t max_unit = 0;    // the largest unit's whole elements
@@ -119,18 +120,19 @@ struct Shards {
 };
 Shards shards_of(const RankRecord& rec, int dense_group, int expert_group) {
   Shards s;
-  auto aligned = [](int64_t n) { return (n + 15) / 16 * 16; };
   for (const WeightUnit& u : rec.units) {
     s.max_unit = std::max(s.max_unit, u.end - u.begin);
     for (int expert = 0; expert < 2; ++expert) {
-      int64_t at = 0;
+      std::vector<parallel::FsdpTensor> tensors;
       for (int p = u.first_param; p <= u.last_param; ++p) {
         const StoredParam& info = rec.params[size_t(p)];
         if (is_expert_param(info.name) != bool(expert)) continue;
-        const int64_t rows = info.shape.empty() ? 1 : info.shape[0], inner = info.numel / rows;
-        at = aligned(at + parallel::fsdp_rows(rows, expert ? expert_group : dense_group, 0).count * inner);
+        const int64_t rows = info.shape.empty() ? 1 : info.shape[0];
+        tensors.push_back({1, rows, info.numel / rows, info.offset - u.begin, 0});
       }
-      s.numel += at;
+      if (tensors.empty()) continue;
+      s.numel += parallel::fsdp_shard_unit(std::move(tensors), u.end - u.begin, expert ? expert_group : dense_group, 0)
+                     .shard_numel;
     }
   }
   for (const StoredParam& p : rec.params)
@@ -157,13 +159,13 @@ Experts experts_of(const RankRecord& rec, int ep) {
 // or over this rank's shards of the trainer's buckets; the experts' packed gradients (and their
 // own distributed optimizer over edp) under expert parallelism.
 void replicated_state(MemoryEstimate& e, const RankRecord& rec, const ParallelLayout& L, const config::TrainingArgs& a,
-                      Sharding sharding) {
+                      config::DpSharding sharding) {
   const double P = double(rec.param_numel), master = double(dtype_size(rec.master));
   const int dp = L.dp * L.cp, edp = std::max(1, L.dp / std::max(1, L.ep)) * L.cp;
   e.parameter_bytes = held(P, master);
   e.working_bytes = rec.activation != rec.master ? held(P, double(dtype_size(rec.activation))) : 0;
   e.gradient_bytes = held(P, master);
-  if (sharding == Sharding::NoShard) {
+  if (sharding == config::DpSharding::NoShard) {
     e.optimizer_bytes = 2 * held(P, 4);
   } else {
     std::vector<ParamSegment> segments;
@@ -176,7 +178,7 @@ void replicated_state(MemoryEstimate& e, const RankRecord& rec, const ParallelLa
   const Experts x = experts_of(rec, L.ep);
   if (x.numel == 0) return;
   e.gradient_bytes += held(double(x.numel), 4);
-  if (sharding == Sharding::NoShard) return;
+  if (sharding == config::DpSharding::NoShard) return;
   const Buckets b = meta_buckets(edp, parallel::default_bucket_size(edp), x.numel, x.segments);
   e.parameter_bytes += held(double(x.numel), 4);
   e.optimizer_bytes += 2 * held(double(b.shard), 4);
@@ -184,33 +186,38 @@ void replicated_state(MemoryEstimate& e, const RankRecord& rec, const ParallelLa
 }
 
 // ZeRO-2 and FSDP: the rank's shards of master, gradients and moments (and of the working copy
-// in bf16), ZeRO-2's whole working copy, the buffers kept whole; while the passes run, a unit's
-// whole fp32 gradient accumulating and two more in their reductions, and under FSDP the unit
-// being computed and the next one gathered.
-void sharded_state(MemoryEstimate& e, const RankRecord& rec, const ParallelLayout& L, Sharding sharding) {
+// in bf16), ZeRO-2's whole working copy, the buffers kept whole. While the passes run, the
+// weight source holds a unit's whole fp32 gradient accumulating beside the reductions in flight
+// (parallel::kFsdpReductionsInFlight, each a unit's wire buffer), and under FSDP the gathered
+// units (parallel::kFsdpGathersInFlight: the one computing and the next); counted at the largest
+// unit. These transients are not in DataParallelStrategy::memory() (its persistent buffers, which
+// the shards above reproduce: tests/unit/train/test_memory_estimate.cpp builds the strategies and
+// compares), and they exist only once the strategy runs, so they are counted here.
+void sharded_state(MemoryEstimate& e, const RankRecord& rec, const ParallelLayout& L, config::DpSharding sharding) {
   const int dp = L.dp * L.cp, edp = std::max(1, L.dp / std::max(1, L.ep)) * L.cp;
   const double act = double(dtype_size(rec.activation));
   const Shards s = shards_of(rec, dp, edp);
   const double S = double(s.numel);
   e.parameter_bytes = held(S, 4);
   e.working_bytes = (rec.activation != rec.master ? held(S, act) : 0) +
-                    (sharding == Sharding::Zero2 ? held(double(rec.param_numel), act) : 0);
+                    (sharding == config::DpSharding::OptimGrads ? held(double(rec.param_numel), act) : 0);
   e.gradient_bytes = held(S, 4);
   e.optimizer_bytes = 2 * held(S, 4);
   if (s.buffers > 0) e.buffer_bytes += held(double(s.buffers), 4);
   const double unit = double(s.max_unit);
-  e.buffer_bytes += 3 * held(unit, 4) + (sharding == Sharding::Fsdp ? 2 * held(unit, act) : 0);
+  e.buffer_bytes += (1 + parallel::kFsdpReductionsInFlight) * held(unit, 4);
+  if (sharding == config::DpSharding::OptimGradsParams) e.buffer_bytes += parallel::kFsdpGathersInFlight * held(unit, act);
 }
 
 }  // namespace
 
 MemoryEstimate estimate_rank_memory(const RankRecord& rec, const ParallelLayout& L, const config::TrainingArgs& a,
-                                    Sharding sharding, int pp_rank) {
+                                    config::DpSharding sharding, int pp_rank) {
   MemoryEstimate e;
   e.pp_rank = pp_rank;
   for (const StoredParam& p : rec.params) e.parameters += p.numel;
   e.buffer_bytes = rec.model_bytes;
-  if (sharding == Sharding::NoShard || sharding == Sharding::Zero1)
+  if (sharding == config::DpSharding::NoShard || sharding == config::DpSharding::Optim)
     replicated_state(e, rec, L, a, sharding);
   else
     sharded_state(e, rec, L, sharding);
@@ -237,7 +244,7 @@ std::string MemoryEstimate::describe() const {
 
 std::vector<MemoryEstimate> estimate_memory_per_rank(const ModelSpec& spec, const ParallelLayout& L,
                                                      const config::TrainingArgs& a, Precision precision,
-                                                     Sharding sharding) {
+                                                     config::DpSharding sharding) {
   std::vector<MemoryEstimate> out;
   const std::vector<RankRecord> walks = walk_ranks(spec, L, a, precision);
   for (int r = 0; r < L.pp; ++r) out.push_back(estimate_rank_memory(walks[size_t(r)], L, a, sharding, r));

@@ -55,12 +55,12 @@ struct MemoryEstimate {
 
 // The estimate of pipeline rank `pp_rank` from its walk (plan/model_walk.h).
 MemoryEstimate estimate_rank_memory(const RankRecord& walk, const ParallelLayout& layout,
-                                    const config::TrainingArgs& args, Sharding sharding, int pp_rank);
+                                    const config::TrainingArgs& args, config::DpSharding sharding, int pp_rank);
 // Every pipeline rank's estimate (index = pp rank), under `sharding` (the layout's own by
 // default, or another to compare).
 std::vector<MemoryEstimate> estimate_memory_per_rank(const ModelSpec& spec, const ParallelLayout& layout,
                                                      const config::TrainingArgs& args, Precision precision,
-                                                     Sharding sharding);
+                                                     config::DpSharding sharding);
 // The most loaded rank's, under the layout's sharding. `mixed`: bf16 mixed precision, else fp32.
 MemoryEstimate estimate_memory(const ModelSpec& spec, const ParallelLayout& layout, const config::TrainingArgs& args,
                                bool mixed);

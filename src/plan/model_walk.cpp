@@ -116,7 +116,7 @@ RankShape rank_shape(const ModelSpec& spec, const ParallelLayout& L, const confi
   s.micro_batch_size = a.micro_batch_size;
   s.seq_length = a.seq_length > 0 ? a.seq_length : spec.max_position_embeddings;
   s.precision = precision;
-  s.options.recompute = parse_recompute(a.recompute_granularity);
+  s.options.recompute = a.recompute_granularity;
   s.tp = L.tp;
   s.sequence_parallel = L.sequence_parallel;
   s.cp = L.cp;
@@ -126,15 +126,6 @@ RankShape rank_shape(const ModelSpec& spec, const ParallelLayout& L, const confi
   if (pp_rank >= 0) s.chunks = model_chunks(L, pp_rank);
   s.pipeline = L.schedule.has_value();
   return s;
-}
-
-void build_rank(const ModelSpec& spec, const RankShape& shape) {
-  ops::MetaBackend be(shape.load);
-  parallel::CommLog log;
-  std::vector<std::unique_ptr<parallel::RecordingProcessGroup>> groups;
-  LlamaOptions options = shape.options;
-  options.resident_weights = false;  // the layout only: nothing to hold
-  const LlamaModel model(spec, be, shape.precision, options, partition_of(shape, log, groups));
 }
 
 namespace {

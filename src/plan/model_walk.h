@@ -100,10 +100,6 @@ struct RankRecord {
 // primus::Error for a model or partition the real model refuses (the same messages).
 RankRecord walk_rank(const ModelSpec& spec, const RankShape& shape);
 
-// Builds the rank's model on the shape-only backend and nothing more: the model's checks of the
-// partition (throws primus::Error as the real model would).
-void build_rank(const ModelSpec& spec, const RankShape& shape);
-
 // Every pipeline rank of a layout walked (index = pp rank). Ranks whose chunks hold the same
 // kinds of layers (dense or MoE, model_spec.h is_moe_layer) in the same places, and the same
 // ends, run the same passes: such a partition is walked once and its record shared (its

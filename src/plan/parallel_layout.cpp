@@ -4,41 +4,13 @@
 
 #include "core/error.h"
 #include "core/log.h"
+#include "model/attention_core.h"
 #include "model/llama.h"
-#include "plan/model_walk.h"
+#include "model/moe.h"
 #include "pipeline/schedules/registry.h"
+#include "plan/model_walk.h"
 
 namespace primus::plan {
-
-Sharding parse_sharding(const std::string& s) {
-  if (s == "no_shard") return Sharding::NoShard;
-  if (s == "optim" || s == "zero1") return Sharding::Zero1;
-  if (s == "optim_grads" || s == "zero2") return Sharding::Zero2;
-  if (s == "optim_grads_params" || s == "fsdp") return Sharding::Fsdp;
-  fail("data_parallel_sharding_strategy '{}' is not one of: no_shard, optim (zero1), optim_grads (zero2), "
-       "optim_grads_params (fsdp)",
-       s);
-}
-
-const char* sharding_name(Sharding s) {
-  switch (s) {
-    case Sharding::NoShard: return "no_shard";
-    case Sharding::Zero1: return "zero1";
-    case Sharding::Zero2: return "zero2";
-    case Sharding::Fsdp: return "fsdp";
-  }
-  return "?";
-}
-
-const char* megatron_sharding_name(Sharding s) {
-  switch (s) {
-    case Sharding::NoShard: return "no_shard";
-    case Sharding::Zero1: return "optim";
-    case Sharding::Zero2: return "optim_grads";
-    case Sharding::Fsdp: return "optim_grads_params";
-  }
-  return "?";
-}
 
 parallel::ParallelSizes ParallelLayout::sizes() const {
   parallel::ParallelSizes s;
@@ -57,8 +29,7 @@ std::string ParallelLayout::describe() const {
                                                    : fmt::format(" (etp {})", etp);
   if (sequence_parallel) out += " (sequence parallel)";
   if (cp > 1) out += fmt::format("; context parallel {}", cp_all_to_all ? "a2a" : "p2p (ring)");
-  if (sharding != Sharding::NoShard)
-    out += std::string("; data_parallel_sharding_strategy ") + megatron_sharding_name(sharding);
+  if (shard_optimizer()) out += fmt::format("; data_parallel_sharding_strategy {}", config::choice_name(sharding));
   if (schedule) {
     out += fmt::format("; {} over {} stages ({} chunk{} per rank)", schedule->algorithm, pp * vpp, vpp,
                        vpp > 1 ? "s" : "");
@@ -117,15 +88,6 @@ std::vector<ModelPartition::Chunk> model_chunks(const ParallelLayout& L, int pp_
   return chunks;
 }
 
-// The model's own rules on the layout (heads, query groups, ffn and vocabulary over tp; the heads
-// of a2a context parallelism over cp; what the MoE blocks run with under sequence and context
-// parallelism; the experts over ep): one rank's model built on the shape-only backend checks
-// them as the trainer's will, with the same messages.
-void check_partition(const ModelSpec& spec, const config::TrainingArgs& a, const ParallelLayout& L) {
-  RankShape shape = rank_shape(spec, L, a, a.bf16 ? Precision::Bf16 : Precision::Fp32, 0);
-  build_rank(spec, shape);
-}
-
 pipeline::ModelCosts layer_costs(const ModelSpec& spec, const config::TrainingArgs& a, const ParallelLayout& L) {
   // The whole model on one rank of the layout's tp, cp and ep groups, a chunk per part: the
   // embedding, each decoder layer, the head.
@@ -152,86 +114,31 @@ int resolve_expert_tensor_parallel_size(const config::TrainingArgs& a, const Mod
     fail("expert_tensor_parallel_size must not be negative, got {}", a.expert_tensor_parallel_size);
   const int64_t etp = a.expert_tensor_parallel_size == 0 ? a.tensor_model_parallel_size : a.expert_tensor_parallel_size;
   if (!spec.is_moe()) return 1;
-  if (etp != 1 && etp != a.tensor_model_parallel_size)
-    fail("expert_tensor_parallel_size {} must be 1 (experts whole on every tensor-parallel rank) or "
-         "tensor_model_parallel_size ({}); other sizes are not implemented",
-         etp, a.tensor_model_parallel_size);
-  if (etp > 1 && spec.expert_ffn() % etp != 0)
-    fail("expert_tensor_parallel_size {} splits each expert's ffn (moe_ffn_hidden_size {}) over the tensor-parallel "
-         "ranks: not divisible",
-         etp, spec.expert_ffn());
-  if (etp > 1 && spec.moe_shared_expert_intermediate_size % etp != 0)
-    fail("expert_tensor_parallel_size {} splits the shared expert (moe_shared_expert_intermediate_size {}) over the "
-         "tensor-parallel ranks: not divisible",
-         etp, spec.moe_shared_expert_intermediate_size);
+  check_expert_tensor_parallel(spec, int(a.tensor_model_parallel_size), int(etp));
   return int(etp);
 }
 
-ParallelLayout plan_layout(const config::TrainingArgs& a, const ModelSpec& spec, int world_size) {
-  ParallelLayout L;
-  L.world_size = world_size;
-  auto positive = [](int64_t v, const char* key) {
-    if (v < 1) fail("{} must be at least 1, got {}", key, v);
-    return int(v);
-  };
-  L.tp = positive(a.tensor_model_parallel_size, "tensor_model_parallel_size");
-  L.pp = positive(a.pipeline_model_parallel_size, "pipeline_model_parallel_size");
-  L.cp = positive(a.context_parallel_size, "context_parallel_size");
-  positive(a.expert_model_parallel_size, "expert_model_parallel_size");
-  if (a.virtual_pipeline_model_parallel_size < 0)
-    fail("virtual_pipeline_model_parallel_size must not be negative, got {}", a.virtual_pipeline_model_parallel_size);
-  const std::string& strategy = a.data_parallel_sharding_strategy;
-  if (a.use_torch_fsdp2 && !strategy.empty() && strategy != "optim_grads_params")
-    fail("use_torch_fsdp2 means data_parallel_sharding_strategy optim_grads_params, the config says {}", strategy);
-  if (a.use_torch_fsdp2) L.sharding = Sharding::Fsdp;
-  else if (strategy.empty()) L.sharding = a.use_distributed_optimizer ? Sharding::Zero1 : Sharding::NoShard;
-  else if (strategy == "no_shard" || strategy == "optim" || strategy == "optim_grads" || strategy == "optim_grads_params")
-    L.sharding = parse_sharding(strategy);
-  else
-    fail("data_parallel_sharding_strategy '{}' is not one of: no_shard, optim, optim_grads, optim_grads_params",
-         strategy);
-  if (L.sharding == Sharding::NoShard && a.use_distributed_optimizer)
-    fail("use_distributed_optimizer shards the optimizer, data_parallel_sharding_strategy no_shard does not: set one");
-  if (a.cp_comm_type != "p2p" && a.cp_comm_type != "a2a")
-    fail("cp_comm_type '{}' is not one of: p2p, a2a", a.cp_comm_type);
-  L.cp_all_to_all = a.cp_comm_type == "a2a";
-  if (a.expert_model_parallel_size > 1 && !spec.is_moe())
-    fail("expert_model_parallel_size {}: model {} has no experts (num_experts is not set); use 1",
-         a.expert_model_parallel_size, spec.name);
-  if (spec.is_moe() && spec.num_experts % a.expert_model_parallel_size != 0)
-    fail("num_experts ({}) of model {} must be divisible by expert_model_parallel_size ({})", spec.num_experts,
-         spec.name, a.expert_model_parallel_size);
-  L.ep = int(a.expert_model_parallel_size);
-  L.etp = resolve_expert_tensor_parallel_size(a, spec);
-  const int mp = L.tp * L.pp * L.cp;
-  if (world_size % mp != 0)
-    fail("tensor_model_parallel_size ({}) x pipeline_model_parallel_size ({}) x context_parallel_size ({}) = {} "
-         "must divide the number of ranks ({}); data parallel takes the rest",
-         L.tp, L.pp, L.cp, mp, world_size);
-  L.dp = world_size / mp;
-  if (L.dp % L.ep != 0)
-    fail("expert_model_parallel_size ({}) must divide the data-parallel size ({} = {} ranks / tensor x pipeline x "
-         "context parallel {}): the expert-parallel groups are made of dp ranks",
-         L.ep, L.dp, world_size, mp);
-  if (L.cp > 1) {
-    const int64_t seq = a.seq_length > 0 ? a.seq_length : spec.max_position_embeddings;
-    if (seq % (2 * L.cp) != 0)
-      fail("context_parallel_size {} cuts each sequence in 2 x {} = {} chunks: seq_length {} is not divisible by {}",
-           L.cp, L.cp, 2 * L.cp, seq, 2 * L.cp);
+namespace {
+
+// data_parallel_sharding_strategy as use_torch_fsdp2 and use_distributed_optimizer resolve it.
+config::DpSharding resolve_sharding(const config::TrainingArgs& a) {
+  using config::DpSharding;
+  DpSharding sharding = a.data_parallel_sharding_strategy;
+  if (a.use_torch_fsdp2) {
+    if (sharding != DpSharding::Unset && sharding != DpSharding::OptimGradsParams)
+      fail("use_torch_fsdp2 means data_parallel_sharding_strategy optim_grads_params, the config says {}",
+           config::choice_name(sharding));
+    sharding = DpSharding::OptimGradsParams;
   }
+  if (sharding == DpSharding::Unset) sharding = a.use_distributed_optimizer ? DpSharding::Optim : DpSharding::NoShard;
+  if (sharding == DpSharding::NoShard && a.use_distributed_optimizer)
+    fail("use_distributed_optimizer shards the optimizer, data_parallel_sharding_strategy no_shard does not: set one");
+  return sharding;
+}
 
-  L.sequence_parallel = a.sequence_parallel && L.tp > 1;
-  if (a.sequence_parallel && L.tp == 1)
-    log::warn("sequence_parallel has no effect with tensor_model_parallel_size 1; running without it");
-  if (L.sequence_parallel && (a.micro_batch_size * a.seq_length / L.cp) % L.tp != 0)
-    fail("sequence_parallel splits micro_batch_size x seq_length / context_parallel_size = {} tokens over "
-         "tensor_model_parallel_size {}: not divisible",
-         a.micro_batch_size * a.seq_length / L.cp, L.tp);
-  if (a.global_batch_size % (a.micro_batch_size * L.dp) != 0)
-    fail("global_batch_size ({}) must be a multiple of micro_batch_size ({}) x data-parallel size ({}) = {}",
-         a.global_batch_size, a.micro_batch_size, L.dp, a.micro_batch_size * L.dp);
-  L.microbatches_per_rank = a.global_batch_size / (a.micro_batch_size * L.dp);
-
+// The stages and, with more than one pipeline rank, the schedule, the layers per stage and their
+// costs (L's sizes and microbatches already planned).
+void plan_pipeline(ParallelLayout& L, const config::TrainingArgs& a, const ModelSpec& spec) {
   const int64_t vpp_asked = a.virtual_pipeline_model_parallel_size;
   if (L.pp == 1) {
     if (vpp_asked > 1)
@@ -239,8 +146,7 @@ ParallelLayout plan_layout(const config::TrainingArgs& a, const ModelSpec& spec,
     if (a.decoder_first_pipeline_num_layers > 0 || a.decoder_last_pipeline_num_layers > 0)
       fail("decoder_first/last_pipeline_num_layers need pipeline_model_parallel_size > 1");
     L.stages = pipeline::split_layers(spec.num_layers, 1, 1);
-    check_partition(spec, a, L);
-    return L;
+    return;
   }
   if (L.microbatches_per_rank > 0x7fffffff) fail("too many microbatches per rank: {}", L.microbatches_per_rank);
   if (a.pipeline_balance != "none" && a.pipeline_balance != "auto")
@@ -269,7 +175,7 @@ ParallelLayout plan_layout(const config::TrainingArgs& a, const ModelSpec& spec,
   };
   L.schedule = build();
   L.vpp = L.schedule->vpp;
-  const pipeline::ModelCosts costs = layer_costs(spec, a, L);  // (the model built: its rules checked)
+  const pipeline::ModelCosts costs = layer_costs(spec, a, L);
   if (auto_balance) {
     L.balance = pipeline::balance_layers(*L.schedule, costs, pipeline::Costs{});
     L.stages = L.balance->split;
@@ -283,6 +189,68 @@ ParallelLayout plan_layout(const config::TrainingArgs& a, const ModelSpec& spec,
     req.costs.stages = L.stage_costs;
     L.schedule = build();
   }
+}
+
+}  // namespace
+
+ParallelLayout plan_layout(const config::TrainingArgs& a, const ModelSpec& spec, int world_size) {
+  ParallelLayout L;
+  L.world_size = world_size;
+  auto positive = [](int64_t v, const char* key) {
+    if (v < 1) fail("{} must be at least 1, got {}", key, v);
+    return int(v);
+  };
+  L.tp = positive(a.tensor_model_parallel_size, "tensor_model_parallel_size");
+  L.pp = positive(a.pipeline_model_parallel_size, "pipeline_model_parallel_size");
+  L.cp = positive(a.context_parallel_size, "context_parallel_size");
+  positive(a.expert_model_parallel_size, "expert_model_parallel_size");
+  if (a.virtual_pipeline_model_parallel_size < 0)
+    fail("virtual_pipeline_model_parallel_size must not be negative, got {}", a.virtual_pipeline_model_parallel_size);
+  L.sharding = resolve_sharding(a);
+  L.cp_all_to_all = a.cp_comm_type == CpComm::A2A;
+  if (a.expert_model_parallel_size > 1 && !spec.is_moe())
+    fail("expert_model_parallel_size {}: model {} has no experts (num_experts is not set); use 1",
+         a.expert_model_parallel_size, spec.name);
+  if (spec.is_moe() && spec.num_experts % a.expert_model_parallel_size != 0)
+    fail("num_experts ({}) of model {} must be divisible by expert_model_parallel_size ({})", spec.num_experts,
+         spec.name, a.expert_model_parallel_size);
+  L.ep = int(a.expert_model_parallel_size);
+  L.etp = resolve_expert_tensor_parallel_size(a, spec);
+  const int mp = L.tp * L.pp * L.cp;
+  if (world_size % mp != 0)
+    fail("tensor_model_parallel_size ({}) x pipeline_model_parallel_size ({}) x context_parallel_size ({}) = {} "
+         "must divide the number of ranks ({}); data parallel takes the rest",
+         L.tp, L.pp, L.cp, mp, world_size);
+  L.dp = world_size / mp;
+  if (L.dp % L.ep != 0)
+    fail("expert_model_parallel_size ({}) must divide the data-parallel size ({} = {} ranks / tensor x pipeline x "
+         "context parallel {}): the expert-parallel groups are made of dp ranks",
+         L.ep, L.dp, world_size, mp);
+  check_tensor_parallel(spec, L.tp);
+  if (L.cp > 1) {
+    const int64_t seq = a.seq_length > 0 ? a.seq_length : spec.max_position_embeddings;
+    if (seq % (2 * L.cp) != 0)
+      fail("context_parallel_size {} cuts each sequence in 2 x {} = {} chunks: seq_length {} is not divisible by {}",
+           L.cp, L.cp, 2 * L.cp, seq, 2 * L.cp);
+    if (L.cp_all_to_all) check_all_to_all_heads(spec, L.tp, L.cp);
+  }
+
+  L.sequence_parallel = a.sequence_parallel && L.tp > 1;
+  // The ranks that split a microbatch's routed tokens: cp, and tp under sequence parallelism with
+  // whole experts (split experts route every row on every tp rank).
+  if (spec.is_moe()) check_moe_supported(spec, moe_routing_ranks(L.sequence_parallel, L.tp, L.etp, L.cp));
+  if (a.sequence_parallel && L.tp == 1)
+    log::warn("sequence_parallel has no effect with tensor_model_parallel_size 1; running without it");
+  if (L.sequence_parallel && (a.micro_batch_size * a.seq_length / L.cp) % L.tp != 0)
+    fail("sequence_parallel splits micro_batch_size x seq_length / context_parallel_size = {} tokens over "
+         "tensor_model_parallel_size {}: not divisible",
+         a.micro_batch_size * a.seq_length / L.cp, L.tp);
+  if (a.global_batch_size % (a.micro_batch_size * L.dp) != 0)
+    fail("global_batch_size ({}) must be a multiple of micro_batch_size ({}) x data-parallel size ({}) = {}",
+         a.global_batch_size, a.micro_batch_size, L.dp, a.micro_batch_size * L.dp);
+  L.microbatches_per_rank = a.global_batch_size / (a.micro_batch_size * L.dp);
+
+  plan_pipeline(L, a, spec);
   return L;
 }
 

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "config/choices.h"
 #include "config/experiment.h"
 #include "model/llama.h"
 #include "model/model_spec.h"
@@ -18,18 +19,6 @@
 
 namespace primus::plan {
 
-// data_parallel_sharding_strategy: what the data-parallel ranks shard (over dp x cp).
-enum class Sharding : uint8_t {
-  NoShard,  // no_shard: every rank holds everything
-  Zero1,    // optim (use_distributed_optimizer): the AdamW state
-  Zero2,    // optim_grads: the AdamW state, the gradients and the master weights
-  Fsdp,     // optim_grads_params (use_torch_fsdp2): that and the working weights, gathered per unit
-};
-// Megatron's names (no_shard, optim, optim_grads, optim_grads_params) or zero1, zero2, fsdp.
-Sharding parse_sharding(const std::string& s);
-const char* sharding_name(Sharding s);           // no_shard, zero1, zero2, fsdp
-const char* megatron_sharding_name(Sharding s);  // no_shard, optim, optim_grads, optim_grads_params
-
 struct ParallelLayout {
   int world_size = 1;
   int tp = 1, pp = 1, cp = 1, dp = 1, vpp = 1;
@@ -39,12 +28,15 @@ struct ParallelLayout {
   int etp = 1;
   bool sequence_parallel = false;
   bool cp_all_to_all = false;   // cp_comm_type a2a (else p2p ring attention)
-  // data_parallel_sharding_strategy resolved (use_torch_fsdp2 is optim_grads_params, and
-  // use_distributed_optimizer optim); shards span dp x cp.
-  Sharding sharding = Sharding::NoShard;
-  bool shard_optimizer() const { return sharding != Sharding::NoShard; }
-  bool shard_gradients() const { return sharding == Sharding::Zero2 || sharding == Sharding::Fsdp; }
-  bool shard_parameters() const { return sharding == Sharding::Fsdp; }
+  // data_parallel_sharding_strategy resolved (use_torch_fsdp2 is optim_grads_params,
+  // use_distributed_optimizer optim; never Unset): no_shard, optim (ZeRO-1), optim_grads (ZeRO-2),
+  // optim_grads_params (ZeRO-3 / FSDP); shards span dp x cp.
+  config::DpSharding sharding = config::DpSharding::NoShard;
+  bool shard_optimizer() const { return sharding != config::DpSharding::NoShard; }
+  bool shard_gradients() const {
+    return sharding == config::DpSharding::OptimGrads || sharding == config::DpSharding::OptimGradsParams;
+  }
+  bool shard_parameters() const { return sharding == config::DpSharding::OptimGradsParams; }
   int64_t microbatches_per_rank = 1;  // global_batch_size / (micro_batch_size * dp)
   std::vector<pipeline::LayerRange> stages;  // pp * vpp, in model order
   std::optional<pipeline::Schedule> schedule;  // when the model is split in more than one stage
@@ -68,24 +60,25 @@ struct ParallelLayout {
 // sequence, context and expert parallelism. pipeline_balance auto splits the layers by them.
 pipeline::ModelCosts layer_costs(const ModelSpec& spec, const config::TrainingArgs& args, const ParallelLayout& layout);
 
-// The model's own rules on the layout, checked by building pipeline rank 0's model on the
-// shape-only backend (plan_layout calls it; pipeline layouts build every layer for layer_costs).
-void check_partition(const ModelSpec& spec, const config::TrainingArgs& args, const ParallelLayout& layout);
-
 // This pipeline rank's chunks of the model (one per virtual stage, in chunk order, each with its
 // layers and whether it holds the embedding or the head); the whole model without a pipeline.
 std::vector<ModelPartition::Chunk> model_chunks(const ParallelLayout& layout, int pp_rank);
 
 // Rules, in order: sizes positive; expert parallel size 1 for a dense model, dividing num_experts;
-// the sharding strategy known; tp x pp x cp divides the world size; under cp, seq_length
-// divisible by 2 x cp; sequence parallel needs tokens per microbatch divisible by tp;
-// global_batch_size a multiple of micro_batch_size x dp; layers split over pp x vpp stages (even,
-// or as decoder_first/last_pipeline_num_layers say, or by pipeline_balance auto from layer_costs,
-// which excludes the two keys); the pipeline schedule exists for pp, vpp and the microbatches
-// (e.g. dualpipev needs m >= 2 pp). zb-auto is built for the split's per-stage costs and under
-// zero_bubble_max_pending_backward (0: pp) microbatch activations, with the paper's heuristic
-// only: its ILP's time limit would make the ranks' schedules differ. Then the model's own rules
-// (check_partition): heads, query groups, ffn and vocabulary over tp, a2a's heads over cp, MoE.
+// the sharding strategy resolved (use_torch_fsdp2, use_distributed_optimizer); the expert
+// tensor-parallel size (check_expert_tensor_parallel, model/moe.h); tp x pp x cp divides the world
+// size; heads, query groups, ffn and vocabulary divisible by tp (check_tensor_parallel,
+// model/llama.h); under cp, seq_length divisible by 2 x cp and, for a2a, heads and query groups per
+// tp rank by cp (check_all_to_all_heads, model/attention_core.h); the MoE limits for the ranks that
+// split a microbatch's routed tokens (check_moe_supported, moe_routing_ranks); sequence parallel
+// needs tokens per microbatch divisible by tp; global_batch_size a multiple of micro_batch_size x
+// dp; layers split over pp x vpp stages (even, or as decoder_first/last_pipeline_num_layers say,
+// or by pipeline_balance auto from layer_costs, which excludes the two keys); the pipeline
+// schedule exists for pp, vpp and the microbatches (e.g. dualpipev needs m >= 2 pp). zb-auto is
+// built for the split's per-stage costs and under zero_bubble_max_pending_backward (0: pp)
+// microbatch activations, with the paper's heuristic only: its ILP's time limit would make the
+// ranks' schedules differ. The model's rules are the model's own functions, called here so that
+// a layout fails before any rank builds anything, with the model's messages.
 ParallelLayout plan_layout(const config::TrainingArgs& args, const ModelSpec& spec, int world_size);
 
 // expert_tensor_parallel_size resolved (0 or null: tensor_model_parallel_size, Megatron's default)

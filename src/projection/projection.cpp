@@ -9,11 +9,30 @@
 #include <fmt/format.h>
 
 #include "core/error.h"
-#include "parallel/data_parallel.h"
 #include "model/moe.h"
+#include "parallel/data_parallel.h"
 #include "pipeline/simulator.h"
 
 namespace primus::projection {
+
+DpSharding parse_sharding(const std::string& s) {
+  if (s == "zero1") return DpSharding::Optim;
+  if (s == "zero2") return DpSharding::OptimGrads;
+  if (s == "fsdp") return DpSharding::OptimGradsParams;
+  const std::optional<DpSharding> v = config::find_choice<DpSharding>(s);
+  if (!v || *v == DpSharding::Unset)
+    fail("--sharding '{}' is not one of: no_shard, zero1 (optim), zero2 (optim_grads), fsdp (optim_grads_params)", s);
+  return *v;
+}
+
+const char* sharding_name(DpSharding s) {
+  switch (s) {
+    case DpSharding::Optim: return "zero1";
+    case DpSharding::OptimGrads: return "zero2";
+    case DpSharding::OptimGradsParams: return "fsdp";
+    default: return config::choice_name(s);
+  }
+}
 
 double comm_seconds(const std::string& op, double bytes, int n, const Link& link) {
   if (n <= 1 || link.gbs <= 0) return 0.0;
@@ -158,7 +177,7 @@ void project_memory(Projection& p) {
     r.capacity = p.hardware.memory_gb * double(1u << 30);
     for (const auto& rm : r.per_rank) r.fits = r.fits && rm.peak <= r.capacity;
   }
-  if (p.sharding == Sharding::Fsdp || p.sharding == Sharding::Zero2)
+  if (p.sharding == DpSharding::OptimGradsParams || p.sharding == DpSharding::OptimGrads)
     r.notes.push_back("zero2 / fsdp: the units' whole gradients in flight (three of the largest unit) and, under "
                       "fsdp, two gathered units are counted at the activations' peak");
   r.notes.push_back("no allocator fragmentation or framework overhead is added: leave headroom");
@@ -218,7 +237,7 @@ void project_performance(Projection& p, OpTimer& timer) {
     double dp_total = 0, dp_exposed = 0;
     if (dpc > 1) {
       const double grads = 4 * P;
-      const bool sharded = p.sharding != Sharding::NoShard;
+      const bool sharded = p.sharding != DpSharding::NoShard;
       double reduce = comm_seconds(sharded ? "reduce_scatter" : "all_reduce", grads, dpc, dp_link);
       if (ep > 1)  // the experts' gradients are summed over the expert-data-parallel group only
         reduce = comm_seconds(sharded ? "reduce_scatter" : "all_reduce", 4 * (P - rp.experts), dpc, dp_link) +
@@ -228,14 +247,14 @@ void project_performance(Projection& p, OpTimer& timer) {
       const double micro = double(L.microbatches_per_rank);
       // zero2 / fsdp reduce-scatter each unit after each microbatch's W passes; fsdp gathers the
       // working weights for every forward and every backward, zero2 once after the step.
-      if (p.sharding == Sharding::Zero2 || p.sharding == Sharding::Fsdp) {
+      if (p.sharding == DpSharding::OptimGrads || p.sharding == DpSharding::OptimGradsParams) {
         reduce *= micro;
-        gather = comm_seconds("all_gather", work_bytes * P, dpc, dp_link) * (p.sharding == Sharding::Fsdp ? 2 * micro : 1);
+        gather = comm_seconds("all_gather", work_bytes * P, dpc, dp_link) * (p.sharding == DpSharding::OptimGradsParams ? 2 * micro : 1);
       }
       const int64_t bucket = args.ddp_bucket_size > 0 ? args.ddp_bucket_size : parallel::default_bucket_size(dpc);
       const int64_t nb = std::max<int64_t>(1, (rp.count + bucket - 1) / bucket);
       double exposed = reduce;
-      if (args.overlap_grad_reduce && nb > 1 && (p.sharding == Sharding::NoShard || p.sharding == Sharding::Zero1)) {
+      if (args.overlap_grad_reduce && nb > 1 && (p.sharding == DpSharding::NoShard || p.sharding == DpSharding::Optim)) {
         // Buckets start as the last microbatch's W passes finish: they overlap that backward.
         double window = 0;
         for (size_t c = 0; c < p.walks[size_t(pr)].chunks.size(); ++c)
@@ -246,7 +265,7 @@ void project_performance(Projection& p, OpTimer& timer) {
       }
       dp_total = reduce + gather;
       dp_exposed = exposed + gather;
-      if (p.sharding == Sharding::Zero2 || p.sharding == Sharding::Fsdp) {
+      if (p.sharding == DpSharding::OptimGrads || p.sharding == DpSharding::OptimGradsParams) {
         // Per unit and microbatch, beside the passes: hidden behind the rank's F, B and W of the
         // step (prefetch and reductions in flight), except what exceeds them and, under fsdp, the
         // gather of the first unit of each pass, which nothing precedes.
@@ -254,14 +273,14 @@ void project_performance(Projection& p, OpTimer& timer) {
         for (size_t c = 0; c < p.walks[size_t(pr)].chunks.size(); ++c)
           for (const StageTimes& t : r.stages)
             if (t.stage == (L.schedule ? L.schedule->stage_of(pr, int(c)) : 0)) window += micro * (t.f + t.b + t.w);
-        const double per_step_gather = p.sharding == Sharding::Zero2 ? gather : 0;  // after the step: exposed
+        const double per_step_gather = p.sharding == DpSharding::OptimGrads ? gather : 0;  // after the step: exposed
         const double overlappable = dp_total - per_step_gather;
-        const double first = p.sharding == Sharding::Fsdp ? gather / double(std::max<int64_t>(1, rp.layers + 2)) : 0;
+        const double first = p.sharding == DpSharding::OptimGradsParams ? gather / double(std::max<int64_t>(1, rp.layers + 2)) : 0;
         dp_exposed = per_step_gather + std::max(first, overlappable - window);
       }
     }
     const bool bf16 = p.precision == Precision::Bf16;
-    const double local = p.sharding == Sharding::NoShard ? P : P / dpc;
+    const double local = p.sharding == DpSharding::NoShard ? P : P / dpc;
     const double opt = timer.optimizer_seconds(int64_t(local), bf16) + timer.grad_norm_seconds(int64_t(local)) +
                        timer.zero_grad_seconds(int64_t(P));
     // Small collectives: the loss over pp and dp, the norm over mp (and dp), the tied embedding
@@ -286,7 +305,7 @@ void project_performance(Projection& p, OpTimer& timer) {
   const double fpt = model_stats(m, args.seq_length).flops_per_token;
   r.tflops_per_gpu = fpt * r.tokens_per_s / double(L.world_size) / 1e12;
   r.mfu = p.hardware.peak_tflops > 0 ? r.tflops_per_gpu / p.hardware.peak_tflops : 0;
-  if (p.sharding == Sharding::Fsdp || p.sharding == Sharding::Zero2)
+  if (p.sharding == DpSharding::OptimGradsParams || p.sharding == DpSharding::OptimGrads)
     r.notes.push_back("zero2 / fsdp: a reduce-scatter per unit and microbatch and (fsdp) a gather per forward and "
                       "backward, hidden behind the step's compute up to its length (GPU streams; on 2 CPU cores only "
                       "9-20% was hidden, docs/context_parallel.md); not checked against a GPU run");

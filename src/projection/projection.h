@@ -17,7 +17,6 @@
 // reduction from its bucket count and overlap; the optimizer, gradient norm and zeroing. Links:
 // ring collectives over the slowest link the group crosses (comm_seconds).
 #pragma once
-#pragma once
 
 #include <optional>
 #include <string>
@@ -35,15 +34,17 @@
 
 namespace primus::projection {
 
-using plan::Sharding;
-using plan::parse_sharding;
-using plan::sharding_name;
+using config::DpSharding;
+// --sharding's spellings: Megatron's data_parallel_sharding_strategy names (no_shard, optim,
+// optim_grads, optim_grads_params) or zero1, zero2, fsdp; throws primus::Error naming them.
+DpSharding parse_sharding(const std::string& s);
+const char* sharding_name(DpSharding s);  // no_shard, zero1, zero2, fsdp (the reports' names)
 
 struct Target {
   int nodes = 0;          // 0: the fewest that hold tp x pp x cp
   int gpus_per_node = 0;  // 0: the hardware's (8 for the named GPUs; this machine: tp x pp x cp)
   trace::Hardware hardware;
-  std::optional<Sharding> sharding;  // default: the config's data_parallel_sharding_strategy (as the trainer resolves it)
+  std::optional<DpSharding> sharding;  // default: the config's data_parallel_sharding_strategy (as the trainer resolves it)
   ops::RouterLoad load;               // the MoE routers' load (balanced by default, or a run's measured histogram)
 };
 
@@ -96,7 +97,7 @@ struct Projection {
   ModelSpec spec;
   config::TrainingArgs args;
   plan::ParallelLayout layout;
-  Sharding sharding = Sharding::NoShard;
+  DpSharding sharding = DpSharding::NoShard;
   Precision precision = Precision::Fp32;
   trace::Hardware hardware;
   int nodes = 1, gpus_per_node = 1;

@@ -44,7 +44,7 @@ nlohmann::ordered_json to_json(const Projection& p) {
   j["layout"] = layout_json(p);
   j["sharding"] = sharding_name(p.sharding);
   j["walk_seconds"] = p.walk_seconds;
-  j["recompute"] = p.args.recompute_granularity.empty() ? "none" : p.args.recompute_granularity;
+  j["recompute"] = recompute_name(p.args.recompute_granularity);
   j["precision"] = precision_name(p.precision);
   j["micro_batch_size"] = p.args.micro_batch_size;
   j["global_batch_size"] = p.args.global_batch_size;
@@ -93,7 +93,7 @@ std::string to_text(const Projection& p) {
   std::string s = fmt::format("projection of {} on {} node(s) x {} {} ({}): {}\n", p.model, p.nodes, p.gpus_per_node,
                               p.hardware.name, p.hardware.source, p.layout.describe());
   s += fmt::format("  sharding {}, recompute {}, {}, micro batch {}, global batch {}, sequence {}\n",
-                   sharding_name(p.sharding), p.args.recompute_granularity.empty() ? "none" : p.args.recompute_granularity,
+                   sharding_name(p.sharding), recompute_name(p.args.recompute_granularity),
                    precision_name(p.precision), p.args.micro_batch_size, p.args.global_batch_size,
                    p.args.seq_length);
   if (p.memory) {

@@ -40,7 +40,7 @@ FaultSpec parse_fault(const std::string& kind, const std::string& text, const st
       if (v != "checkpoint" && v != "step") fail("{}: during= must be step or checkpoint, got '{}'", variable, v);
       f.during = v == "step" ? "" : v;
     } else if (k == "at" && kind == "kill") {
-      // Where inside the save (checkpoint.cpp's kill points): after this rank's shard file, halfway
+      // Where inside the save (src/checkpoint's kill points): after this rank's shard file, halfway
       // through it, after meta.json (rank 0), after the rename before `latest` moves (rank 0).
       if (v != "shard" && v != "half" && v != "meta" && v != "renamed")
         fail("{}: at= must be shard, half, meta or renamed, got '{}'", variable, v);

@@ -234,8 +234,8 @@ void TrainWatch::before_save(int64_t iteration) {
   beat("save", iteration);
   if (faults_.kill && faults_.kill->during == "checkpoint" && iteration == faults_.kill->iteration &&
       claim_fault_once(run_dir_, "kill")) {
-    // The checkpoint writer's own crash hook (src/train/checkpoint.cpp): SIGKILL at the chosen point
-    // of this rank's part of the save.
+    // The checkpoint writer's own crash hook (maybe_kill_after, src/checkpoint/format.h): SIGKILL at
+    // the chosen point of this rank's part of the save.
     const std::string shard = fmt::format("rank_{:05d}.bin", hb_.rank);
     const std::string& at = faults_.kill->at;
     const std::string point = at == "shard" ? shard : at == "half" ? shard + ":half" : at == "meta" ? "meta.json" : "renamed";

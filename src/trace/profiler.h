@@ -60,7 +60,7 @@ const char* category_name(Category c);  // "compute", "communication", "memcpy",
 // group with several transfers in flight, e.g. gradient buckets, spreads them over lanes).
 enum class Track : uint8_t { Compute, Communication, Host, Passes };
 
-// The pass an op belongs to (the model's explicit passes, DESIGN.md).
+// The pass an op belongs to (the model's explicit passes, docs/architecture.md).
 enum class Pass : uint8_t { None, F, B, W };
 const char* pass_name(Pass p);  // "", "F", "B", "W"
 

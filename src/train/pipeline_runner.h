@@ -1,18 +1,21 @@
 // The Llama model as a pipeline stage: the executor's StageRunner over LlamaModel's chunk passes,
-// and a forward-only pass through the stages for evaluation.
+// and a forward-only pass through the stages for evaluation. The bubble these runs leave is
+// measured and simulated in pipeline/bubble.h.
 #pragma once
 
 #include <functional>
 #include <map>
 #include <vector>
 
+#include "data/microbatch.h"
 #include "model/llama.h"
 #include "pipeline/executor.h"
 
 namespace primus::train {
 
-// Fills tokens and targets [mbs, seq] of this rank's microbatch `m` of the step.
-using MicrobatchFill = std::function<void(int m, std::vector<int32_t>& tokens, std::vector<int32_t>& targets)>;
+// Fills tokens and targets [mbs, seq] of this rank's microbatch `m` of the step (the data
+// loader's, data/microbatch.h).
+using data::MicrobatchFill;
 
 class LlamaStageRunner final : public pipeline::StageRunner {
  public:

@@ -1,8 +1,8 @@
 #include "train/run_check.h"
 
+#include "checkpoint/run_folder.h"
 #include "core/error.h"
 #include "data/tokenizer.h"
-#include "train/checkpoint.h"
 #include "plan/memory_estimate.h"
 #include "plan/parallel_layout.h"
 
@@ -32,7 +32,7 @@ void check_run(const config::ExperimentConfig& cfg, int world_size, int ranks_on
            cfg.model_spec.vocab_size);
   }
   // A `save` path that is a file (or cannot be created) fails here, not at the first save hours in.
-  check_save_folder(cfg.checkpoint_dir(), "", {}, true);
+  checkpoint::check_save_folder(cfg.checkpoint_dir(), "", {}, true);
   if (ranks_on_host > 0)
     plan::check_memory(plan::estimate_memory(cfg.model_spec, layout, a, a.bf16), ranks_on_host, plan::host_available_bytes(),
                  "this host's memory (MemAvailable)");

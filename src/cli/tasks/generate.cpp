@@ -4,12 +4,13 @@
 
 #include <yaml-cpp/yaml.h>
 
+#include "checkpoint/checkpoint.h"
+#include "checkpoint/model_fit.h"
 #include "cli/registry.h"
 #include "core/error.h"
 #include "data/tokenizer.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "model/generation.h"
-#include "train/checkpoint.h"
 
 namespace primus::cli {
 namespace {
@@ -22,20 +23,18 @@ struct Options {
 };
 
 int run(const Options& o) {
-  const std::string dir = train::resolve_checkpoint(o.load);
-  const YAML::Node cfg = YAML::Load(train::read_checkpoint_config(dir));
-  const YAML::Node pt = cfg["modules"]["pre_trainer"];
-  if (!pt || !pt["model_spec"]) fail("{}/config.yaml has no modules.pre_trainer.model_spec", dir);
-  ModelSpec spec = model_spec_from_yaml(pt["model_spec"], dir + "/config.yaml");
-  const YAML::Node ov = pt["overrides"];
+  const std::string dir = checkpoint::resolve_checkpoint(o.load);
+  const ModelSpec spec = checkpoint::read_checkpoint_model(dir);
+  checkpoint::check_model_fit(dir, spec, {checkpoint::LoadPurpose::Read});
+  const YAML::Node ov = YAML::Load(checkpoint::read_checkpoint_config(dir))["modules"]["pre_trainer"]["overrides"];
   const std::string tok_type = ov && ov["tokenizer_type"] ? ov["tokenizer_type"].as<std::string>() : "";
   if (tok_type.empty()) fail("the checkpoint's config names no tokenizer_type; cannot turn text into tokens");
   auto tok = data::build_tokenizer({tok_type, ov["tokenizer_model"] ? ov["tokenizer_model"].as<std::string>() : ""});
 
   LlamaModel model(spec, cpu::cpu_backend(), Precision::Fp32);
-  train::LoadOptions lo;
+  checkpoint::LoadOptions lo;
   lo.optimizer = false;  // the weights only: damaged optimizer state does not matter here
-  auto ck = train::load_checkpoint(dir, model.params(), lo);
+  auto ck = checkpoint::load_checkpoint(dir, model.params(), lo);
   std::copy(ck.params.begin(), ck.params.end(), model.params().values().data<float>());
 
   std::vector<int32_t> prompt = tok->encode(o.prompt);

@@ -200,8 +200,9 @@ TaskSetup setup(const std::string& what) {
                    "for CPU, simulate for a named GPU)")
         ->check(CLI::IsMember({"benchmark", "simulate"}));
     app.add_option("--sharding", o->sharding,
-                   "no_shard | zero1 | zero2 | fsdp (default: the config's data_parallel_sharding_strategy)")
-        ->check(CLI::IsMember({"no_shard", "zero1", "zero2", "fsdp"}));
+                   "no_shard | zero1 | zero2 | fsdp, or Megatron's optim | optim_grads | optim_grads_params (default: "
+                   "the config's data_parallel_sharding_strategy)")
+        ->check(CLI::IsMember({"no_shard", "zero1", "zero2", "fsdp", "optim", "optim_grads", "optim_grads_params"}));
     app.add_option("--router-load", o->router_load,
                    "an MoE run's folder (or metrics.jsonl): route by its measured tokens per expert instead of "
                    "balanced");

@@ -16,6 +16,7 @@
 
 #include <yaml-cpp/yaml.h>
 
+#include "checkpoint/checkpoint.h"
 #include "config/experiment.h"
 #include "core/launch_env.h"
 #include "gpu_per_rank.h"
@@ -24,7 +25,6 @@
 #include "model/llama.h"
 #include "parallel/mpi_process_group.h"
 #include "support/relative_error.h"
-#include "train/checkpoint.h"
 #include "train/trainer.h"
 
 namespace fs = std::filesystem;
@@ -46,13 +46,13 @@ std::vector<double> metric(const fs::path& run_dir, const char* key) {
 // How far the run's training moved its weights: the final checkpoint's weights (read into one
 // process's layout) minus the initial ones.
 std::vector<float> weight_update(const fs::path& run_dir, uint64_t seed) {
-  const std::string ck = train::resolve_checkpoint((run_dir / "checkpoints").string());
-  const YAML::Node cfg = YAML::Load(train::read_checkpoint_config(ck));
+  const std::string ck = checkpoint::resolve_checkpoint((run_dir / "checkpoints").string());
+  const YAML::Node cfg = YAML::Load(checkpoint::read_checkpoint_config(ck));
   LlamaModel model(model_spec_from_yaml(cfg["modules"]["pre_trainer"]["model_spec"], ck), cpu::cpu_backend(),
                    Precision::Fp32);
   model.init_weights(seed);
   const float* init = model.params().values().data<float>();
-  std::vector<float> delta = train::load_checkpoint(ck, model.params()).params;
+  std::vector<float> delta = checkpoint::load_checkpoint(ck, model.params()).params;
   for (size_t i = 0; i < delta.size(); ++i) delta[i] -= init[i];
   return delta;
 }

@@ -120,6 +120,44 @@ TEST(Config, WrongTypesAreErrors) {
   EXPECT_NE(e.find("must be true or false"), std::string::npos) << e;
 }
 
+// Keys with a few named values become enums when the config is read: an unknown name is an error
+// naming the file, the key, the value and the choices; the resolved config writes the names back.
+TEST(Config, ChoiceKeysBecomeEnumsAndPrintTheirNames) {
+  TempDir d;
+  auto f = d.write("c.yaml", std::string(kBase) + "      recompute_granularity: selective\n");
+  auto cfg = load_experiment(f, {{"cp_comm_type", "a2a"}, {"data_parallel_sharding_strategy", "optim_grads"}});
+  EXPECT_EQ(cfg.train.recompute_granularity, Recompute::Selective);
+  EXPECT_EQ(cfg.train.cp_comm_type, CpComm::A2A);
+  EXPECT_EQ(cfg.train.data_parallel_sharding_strategy, DpSharding::OptimGrads);
+  std::string y = cfg.resolved_yaml();
+  EXPECT_NE(y.find("recompute_granularity: selective"), std::string::npos) << y;
+  EXPECT_NE(y.find("cp_comm_type: a2a"), std::string::npos) << y;
+  EXPECT_NE(y.find("data_parallel_sharding_strategy: optim_grads\n"), std::string::npos) << y;
+  // Unset keys keep their defaults and print as before: "" for recompute and the sharding strategy.
+  cfg = load_experiment(f, {{"recompute_granularity", "null"}});
+  EXPECT_EQ(cfg.train.recompute_granularity, Recompute::None);
+  EXPECT_EQ(cfg.train.data_parallel_sharding_strategy, DpSharding::Unset);
+  y = cfg.resolved_yaml();
+  EXPECT_NE(y.find("recompute_granularity: \"\""), std::string::npos) << y;
+  EXPECT_NE(y.find("data_parallel_sharding_strategy: \"\""), std::string::npos) << y;
+  EXPECT_NE(y.find("cp_comm_type: p2p"), std::string::npos) << y;
+  auto bad = d.write("bad.yaml", std::string(kBase) + "      recompute_granularity: partial\n");
+  std::string e = error_of([&] { load_experiment(bad); });
+  EXPECT_NE(e.find("bad.yaml:14"), std::string::npos) << e;
+  EXPECT_NE(e.find("recompute_granularity 'partial' is not one of: full, selective (or leave it unset)"),
+            std::string::npos)
+      << e;
+  e = error_of([&] { load_experiment(f, {{"cp_comm_type", "ring"}}); });
+  EXPECT_NE(e.find("cp_comm_type 'ring' is not one of: p2p, a2a"), std::string::npos) << e;
+  e = error_of([&] { load_experiment(f, {{"data_parallel_sharding_strategy", "zero3"}}); });
+  EXPECT_NE(e.find("data_parallel_sharding_strategy 'zero3' is not one of: no_shard, optim, optim_grads, "
+                   "optim_grads_params"),
+            std::string::npos)
+      << e;
+  e = error_of([&] { load_experiment(f, {{"cp_comm_type", "[p2p]"}}); });
+  EXPECT_NE(e.find("cp_comm_type 'a list' is not one of"), std::string::npos) << e;
+}
+
 TEST(Config, LayoutErrorsBeforeTraining) {
   TempDir d;
   auto f = d.write("c.yaml", kBase);

@@ -45,8 +45,6 @@ TEST(MegatronKeys, TableIsSortedUniqueAndLeavesOurKeysToUs) {
     if (i > 0) EXPECT_LT(std::string(keys[i - 1].name), std::string(keys[i].name)) << "sorted, unique";
     if (keys[i].status == KeyStatus::Applied)  // another name of one of ours
       EXPECT_EQ(ours.count(keys[i].engine_value), 1u) << keys[i].name << " -> " << keys[i].engine_value;
-    // A key we apply may keep a leftover line here (ours win, and the docs say "applied"): what
-    // matters is that loading applies it, checked below for the keys the examples use.
   }
   for (const char* name : {"wandb_project", "stderr_sink_level", "ckpt_format", "enable_primus_turbo",
                            "cross_entropy_fusion_impl", "overlap_param_gather", "use_flash_attn"})
@@ -57,6 +55,24 @@ TEST(MegatronKeys, TableIsSortedUniqueAndLeavesOurKeysToUs) {
   EXPECT_STREQ(key_source("micro_batch_size"), "Megatron-LM, Primus");
   EXPECT_STREQ(key_source("enable_primus_turbo"), "Primus");
   EXPECT_STREQ(key_source("pipeline_balance"), "this engine");
+}
+
+// A key we apply must not keep its old line in the foreign table: the line's verdict ("not
+// supported", a default, a note) would be stale, and it would be the table, not the code, that
+// said so. Implementing a key moves its line to applied_key_sources() in foreign_keys.cpp.
+TEST(MegatronKeys, NoForeignEntryShadowsAnAppliedKey) {
+  std::vector<std::string> shadowing;
+  for (const auto& k : training_keys())
+    if (find_foreign_key(k.name)) shadowing.push_back(k.name);
+  for (const auto& k : model_spec_keys())
+    if (find_foreign_key(k)) shadowing.push_back(k);
+  EXPECT_TRUE(shadowing.empty()) << "applied keys with a line in foreign_keys.cpp's foreign_keys() (move them to "
+                                    "applied_key_sources()): "
+                                 << ::testing::PrintToString(shadowing);
+  // Their names keep where they come from.
+  EXPECT_STREQ(key_source("num_experts"), "Megatron-LM, Primus");
+  EXPECT_STREQ(key_source("original_max_position_embeddings"), "Primus");
+  EXPECT_STREQ(key_source("kv_lora_rank"), "Megatron-LM, Primus");
 }
 
 TEST(MegatronKeys, NoEffectKeysAreAcceptedAndListed) {
@@ -146,6 +162,9 @@ TEST(MegatronKeys, MegatronDestNamesAreAliases) {
   EXPECT_DOUBLE_EQ(
       load_experiment(d.write("b.yaml", experiment("")), {{"layernorm-epsilon", "3e-6"}}).model_spec.norm_epsilon,
       3e-6);
+  // Megatron's config-dataclass name (TransformerConfig.num_moe_experts) of a model key.
+  auto m = d.write("m.yaml", experiment("      num_moe_experts: 4\n"));
+  EXPECT_EQ(load_experiment(m).model_spec.num_experts, 4);
 }
 
 TEST(MegatronKeys, FlagsAsZeroAndOne) {
@@ -155,7 +174,7 @@ TEST(MegatronKeys, FlagsAsZeroAndOne) {
   auto cfg = load_experiment(f);
   EXPECT_TRUE(cfg.train.use_distributed_optimizer);
   EXPECT_FALSE(cfg.train.overlap_grad_reduce);
-  EXPECT_TRUE(cfg.train.use_torch_fsdp2);  // a key of ours (train/parallel_layout.h)
+  EXPECT_TRUE(cfg.train.use_torch_fsdp2);  // a key of ours (plan/parallel_layout.h)
   EXPECT_EQ(cfg.no_effect.size(), 1u);     // recompute_method: a memory-saving choice, no effect on the result
   auto g = d.write("g.yaml", experiment("      use_distributed_optimizer: 2\n"));
   EXPECT_NE(error_of([&] { load_experiment(g); }).find("must be true or false, got '2'"), std::string::npos);
@@ -199,7 +218,7 @@ TEST(MegatronKeys, ArgumentTableInTheDocsMatchesTheCode) {
   EXPECT_NE(table.find("| `micro_batch_size` | applied |"), std::string::npos);
   EXPECT_NE(table.find("| `wandb_project` | no effect |"), std::string::npos);
   EXPECT_NE(table.find("| `swiglu` | not supported | `true` |"), std::string::npos);
-  // One row per name: a key of ours that keeps a leftover line in foreign_keys.cpp shows once, applied.
+  // One row per name.
   std::set<std::string> seen;
   for (size_t i = table.find("\n| `"); i != std::string::npos; i = table.find("\n| `", i + 1)) {
     const std::string name = table.substr(i + 4, table.find('`', i + 4) - (i + 4));

@@ -11,15 +11,15 @@
 #include <nlohmann/json.hpp>
 #include <yaml-cpp/yaml.h>
 
+#include "checkpoint/checkpoint.h"
 #include "core/error.h"
-#include "support/error_of.h"
 #include "hf/hf_checkpoint.h"
 #include "hf/safetensors.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "model/generation.h"
 #include "model/llama.h"
+#include "support/error_of.h"
 #include "support/run_command.h"
-#include "train/checkpoint.h"
 #include "train/trainer.h"
 #include "trainer_fixture.h"
 
@@ -79,12 +79,12 @@ std::vector<std::vector<float>> peer_logits(const std::string& dir, const std::v
 
 // Our model's logits at every position, from a checkpoint of ours.
 std::vector<std::vector<float>> our_logits(const std::string& ckpt, const std::vector<int32_t>& tokens) {
-  const YAML::Node cfg = YAML::Load(train::read_checkpoint_config(ckpt));
+  const YAML::Node cfg = YAML::Load(checkpoint::read_checkpoint_config(ckpt));
   const ModelSpec spec = model_spec_from_yaml(cfg["modules"]["pre_trainer"]["model_spec"], ckpt);
   LlamaModel model(spec, cpu::cpu_backend(), Precision::Fp32);
-  train::LoadOptions lo;
+  checkpoint::LoadOptions lo;
   lo.optimizer = false;
-  auto ck = train::load_checkpoint(ckpt, model.params(), lo);
+  auto ck = checkpoint::load_checkpoint(ckpt, model.params(), lo);
   std::copy(ck.params.begin(), ck.params.end(), model.params().values().data<float>());
   KVCacheDecoder dec(model, spec.max_position_embeddings);
   std::vector<std::vector<float>> out;
@@ -186,7 +186,7 @@ TEST(HfCheckpoint, TrainedExportedImportedTrainsOnWithTheSameLoss) {
   TempDir t;
   const auto base = exp.load({{"train_iters", "6"}, {"eval_interval", "0"}});
   const train::TrainSummary first = train::pretrain(base);
-  const std::string trained = train::resolve_checkpoint(base.checkpoint_dir());
+  const std::string trained = checkpoint::resolve_checkpoint(base.checkpoint_dir());
   hf::ExportOptions eo;
   eo.checkpoint = trained;
   eo.out_dir = t / "hf";
@@ -308,7 +308,7 @@ TEST(HfCheckpoint, MistralSlidingWindowCapsTheLength) {
   c["sliding_window"] = 64;
   std::ofstream(t / "src/config.json") << c.dump();
   const std::string ckpt = hf::import_hf({t / "src", t / "save", "", false});
-  const YAML::Node cfg = YAML::Load(train::read_checkpoint_config(ckpt));
+  const YAML::Node cfg = YAML::Load(checkpoint::read_checkpoint_config(ckpt));
   EXPECT_EQ(cfg["modules"]["pre_trainer"]["model_spec"]["max_position_embeddings"].as<int64_t>(), 64);
   hf::ExportOptions eo;
   eo.checkpoint = ckpt;

@@ -5,6 +5,7 @@
 // to 1e-11 relative (double precision: only the summation order differs).
 #include <gtest/gtest.h>
 
+#include "data/microbatch.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "model/context_parallel.h"
 #include "model_compare.h"
@@ -55,8 +56,8 @@ void run_case(const Case& c) {
   const int64_t B = 2, S = 8 * c.cp;  // chunks of 4 tokens
   for (uint64_t seed : {31, 32}) {
     const MpBatch mb = mp_batch(B, S, spec.vocab_size, seed);
-    const auto tokens = context_parallel_rows(mb.tokens.data(), B, S, c.cp, cp->rank());
-    const auto targets = context_parallel_rows(mb.targets.data(), B, S, c.cp, cp->rank());
+    const auto tokens = data::context_parallel_rows(mb.tokens.data(), B, S, c.cp, cp->rank());
+    const auto targets = data::context_parallel_rows(mb.targets.data(), B, S, c.cp, cp->rank());
     LlamaContext a, b;
     const double want = ref.forward(a, mb.tokens.data(), mb.targets.data(), B, S);
     const double got = model.forward(b, tokens.data(), targets.data(), B, S / c.cp);
@@ -105,5 +106,5 @@ TEST(ContextParallel, BadLayoutsAreRefused) {
   const MpBatch mb = mp_batch(1, 5, 12, 1);
   LlamaContext ctx;
   EXPECT_THROW(model.forward(ctx, mb.tokens.data(), mb.targets.data(), 1, 5), Error);  // odd share of a sequence
-  EXPECT_THROW(context_parallel_rows(mb.tokens.data(), 1, 6, 2, 0), Error);              // 6 not a multiple of 4
+  EXPECT_THROW(data::context_parallel_rows(mb.tokens.data(), 1, 6, 2, 0), Error);              // 6 not a multiple of 4
 }

@@ -90,12 +90,12 @@ TEST_F(Projection, ShardingDividesTheOptimizerState) {
   auto zero = plan(config("      use_distributed_optimizer: true\n"), h100(1, 2));
   project_memory(zero);
   auto fsdp_target = h100(1, 2);
-  fsdp_target.sharding = Sharding::Fsdp;
+  fsdp_target.sharding = DpSharding::OptimGradsParams;
   auto fsdp = plan(config(""), fsdp_target);
   project_memory(fsdp);
   ASSERT_EQ(none.layout.dp, 2);
   const RankMemory &a = none.memory->per_rank[0], &b = zero.memory->per_rank[0], &c = fsdp.memory->per_rank[0];
-  EXPECT_EQ(zero.sharding, Sharding::Zero1);
+  EXPECT_EQ(zero.sharding, DpSharding::Optim);
   EXPECT_DOUBLE_EQ(a.optimizer, 2 * a.parameters);  // two fp32 moments
   EXPECT_NEAR(b.optimizer, 0.5 * a.optimizer, 1024);   // half the moments (the buckets' shards)
   EXPECT_NEAR(b.buffers - a.buffers, 0.5 * a.parameters, 1024);  // the reduce-scatter's receive buffer
@@ -106,9 +106,9 @@ TEST_F(Projection, ShardingDividesTheOptimizerState) {
   EXPECT_NEAR(c.optimizer, a.optimizer / 2, 0.01 * a.optimizer);
   EXPECT_FALSE(fsdp.memory->notes.empty());
   // The config's strategy is the default, as the trainer resolves it (use_torch_fsdp2 included).
-  EXPECT_EQ(plan(config("      use_torch_fsdp2: true\n"), h100(1, 2)).sharding, Sharding::Fsdp);
+  EXPECT_EQ(plan(config("      use_torch_fsdp2: true\n"), h100(1, 2)).sharding, DpSharding::OptimGradsParams);
   auto zero2 = plan(config("      data_parallel_sharding_strategy: optim_grads\n"), h100(1, 2));
-  EXPECT_EQ(zero2.sharding, Sharding::Zero2);
+  EXPECT_EQ(zero2.sharding, DpSharding::OptimGrads);
   project_memory(zero2);
   const RankMemory& d = zero2.memory->per_rank[0];
   EXPECT_DOUBLE_EQ(d.gradients, c.gradients);

@@ -16,9 +16,9 @@
 #include <nlohmann/json.hpp>
 #include <zlib.h>
 
+#include "checkpoint/checkpoint.h"
 #include "core/error.h"
 #include "parallel/process_group.h"
-#include "train/checkpoint.h"
 
 namespace fs = std::filesystem;
 using namespace primus;
@@ -217,7 +217,7 @@ Buffers fill(ParamStore& p) {
 }
 
 // Counts elements of a loaded rank that differ from the expected function (all three buffers).
-int64_t mismatches(const ParamStore& p, const train::CheckpointData& ck) {
+int64_t mismatches(const ParamStore& p, const checkpoint::CheckpointData& ck) {
   int64_t bad = 0;
   for (const auto& info : p.infos()) {
     const auto gi = global_indices(info);
@@ -250,15 +250,15 @@ std::vector<std::string> save_layout(const fs::path& save, const Layout& l, int6
     ParamStore p;
     build(p, l, rank);
     Buffers b = fill(p);
-    train::SaveOptions o;
+    checkpoint::SaveOptions o;
     o.world = &world;
     o.writer = writer ? writer(rank) : l.dp_rank(rank) == 0;
     o.layout.tp = l.tp;
     o.layout.pp = l.pp;
     o.layout.dp = l.dp;
     o.block_bytes = 42;
-    train::TrainState st{it, it * 8, it, 1234, "reshard"};
-    train::save_checkpoint(save.string(), p, b.m.data(), b.v.data(), st, "model: toy\n", o);
+    checkpoint::TrainState st{it, it * 8, it, 1234, "reshard"};
+    checkpoint::save_checkpoint(save.string(), p, b.m.data(), b.v.data(), st, "model: toy\n", o);
   });
 }
 
@@ -268,7 +268,7 @@ int64_t load_layout_mismatches(const std::string& dir, const Layout& l) {
   for (int rank = 0; rank < l.world(); ++rank) {
     ParamStore p;
     build(p, l, rank);
-    const train::CheckpointData ck = train::load_checkpoint(dir, p);
+    const checkpoint::CheckpointData ck = checkpoint::load_checkpoint(dir, p);
     EXPECT_EQ(ck.state.iteration, 5);
     EXPECT_EQ(ck.state.consumed_samples, 40);
     EXPECT_EQ(ck.config_yaml, "model: toy\n");
@@ -281,7 +281,7 @@ std::string load_error(const std::string& dir, const Layout& l, int rank, int nu
   ParamStore p;
   build(p, l, rank, num_layers, col_cols);
   try {
-    train::load_checkpoint(dir, p);
+    checkpoint::load_checkpoint(dir, p);
   } catch (const Error& e) {
     return e.what();
   }
@@ -305,8 +305,8 @@ TEST(CheckpointReshard, EveryLayoutLoadsEveryOther) {
   for (const Layout& from : kLayouts) {
     TempDir t;
     ASSERT_TRUE(all_ok(save_layout(t.dir, from)));
-    const std::string dir = train::resolve_checkpoint(t.dir.string());
-    EXPECT_NO_THROW(train::verify_checkpoint(dir));
+    const std::string dir = checkpoint::resolve_checkpoint(t.dir.string());
+    EXPECT_NO_THROW(checkpoint::verify_checkpoint(dir));
     // Replicas (dp) write nothing: one file per tp x pp rank.
     size_t shard_files = 0;
     for (const auto& e : fs::directory_iterator(dir)) shard_files += e.path().extension() == ".bin";
@@ -320,7 +320,7 @@ TEST(CheckpointReshard, EveryLayoutLoadsEveryOther) {
 TEST(CheckpointReshard, MetaRecordsLayoutFilesAndSlices) {
   TempDir t;
   ASSERT_TRUE(all_ok(save_layout(t.dir, {2, 2, 1})));
-  const std::string dir = train::resolve_checkpoint(t.dir.string());
+  const std::string dir = checkpoint::resolve_checkpoint(t.dir.string());
   std::ifstream in(fs::path(dir) / "meta.json");
   const auto meta = nlohmann::json::parse(in);
   EXPECT_EQ(meta["layout"]["tp"], 2);
@@ -337,10 +337,10 @@ TEST(CheckpointReshard, MetaRecordsLayoutFilesAndSlices) {
   EXPECT_EQ(qkv["shards"][1]["pieces"], nlohmann::json::parse("[[4,4],[10,2],[14,2]]"));
   // The tied embedding is held by both stages: four slices of it.
   EXPECT_EQ(meta["tensors"]["embedding.word_embeddings.weight"]["shards"].size(), 4u);
-  train::CheckpointData ck;
+  checkpoint::CheckpointData ck;
   ParamStore p;
   build(p, {1, 1, 1}, 0);
-  ck = train::load_checkpoint(dir, p);
+  ck = checkpoint::load_checkpoint(dir, p);
   EXPECT_EQ(ck.saved_layout.tp, 2);
   EXPECT_EQ(ck.saved_layout.pp, 2);
 }
@@ -354,15 +354,15 @@ TEST(CheckpointReshard, SplitAlongAnotherDim) {
     p.add_sharded("w", {8, 6, 3}, ShardSpec{1, {{rank * 3, 3}}}, ParamInit::Normal, true);
     p.allocate();
     Buffers b = fill(p);
-    train::SaveOptions o;
+    checkpoint::SaveOptions o;
     o.world = &world;
     o.block_bytes = 16;
-    train::save_checkpoint(t.dir.string(), p, b.m.data(), b.v.data(), {5, 40, 5, 1, "reshard"}, "model: toy\n", o);
+    checkpoint::save_checkpoint(t.dir.string(), p, b.m.data(), b.v.data(), {5, 40, 5, 1, "reshard"}, "model: toy\n", o);
   })));
   ParamStore p;
   p.add_sharded("w", {8, 6, 3}, ShardSpec{0, {{5, 3}, {1, 2}}}, ParamInit::Normal, true);
   p.allocate();
-  const auto ck = train::load_checkpoint(train::resolve_checkpoint(t.dir.string()), p);
+  const auto ck = checkpoint::load_checkpoint(checkpoint::resolve_checkpoint(t.dir.string()), p);
   EXPECT_EQ(mismatches(p, ck), 0);
 }
 
@@ -371,9 +371,9 @@ TEST(CheckpointReshard, ValuesOnlyLoadSkipsTheMoments) {
   ASSERT_TRUE(all_ok(save_layout(t.dir, {2, 1, 1})));
   ParamStore p;
   build(p, {4, 1, 1}, 3);
-  train::LoadOptions o;
+  checkpoint::LoadOptions o;
   o.optimizer = false;
-  const auto ck = train::load_checkpoint(train::resolve_checkpoint(t.dir.string()), p, o);
+  const auto ck = checkpoint::load_checkpoint(checkpoint::resolve_checkpoint(t.dir.string()), p, o);
   EXPECT_TRUE(ck.exp_avg.empty());
   ASSERT_EQ(ck.params.size(), size_t(p.numel()));
   const auto& info = p.infos()[size_t(p.find("decoder.layers.0.linear_fc2.weight"))];
@@ -384,20 +384,20 @@ TEST(CheckpointReshard, ValuesOnlyLoadSkipsTheMoments) {
 TEST(CheckpointReshard, TruncatedShardFileIsNamed) {
   TempDir t;
   ASSERT_TRUE(all_ok(save_layout(t.dir, {2, 2, 1})));
-  const fs::path dir = train::resolve_checkpoint(t.dir.string());
+  const fs::path dir = checkpoint::resolve_checkpoint(t.dir.string());
   fs::resize_file(dir / "rank_00001.bin", fs::file_size(dir / "rank_00001.bin") - 10);
   const std::string e = load_error(dir, {1, 1, 1}, 0);
   EXPECT_NE(e.find("rank_00001.bin"), std::string::npos) << e;
   EXPECT_NE(e.find("truncated"), std::string::npos) << e;
   // A layout that needs no slice of that file still loads (tp rank 0 of stage 1 reads rank 2's).
   EXPECT_EQ(load_error(dir, {2, 2, 1}, 2), "(loaded)");
-  EXPECT_THROW(train::verify_checkpoint(dir), Error);
+  EXPECT_THROW(checkpoint::verify_checkpoint(dir), Error);
 }
 
 TEST(CheckpointReshard, CorruptedBlockAndHeaderAreDetected) {
   TempDir t;
   ASSERT_TRUE(all_ok(save_layout(t.dir, {2, 1, 1})));
-  const fs::path dir = train::resolve_checkpoint(t.dir.string());
+  const fs::path dir = checkpoint::resolve_checkpoint(t.dir.string());
   auto flip = [](const fs::path& f, std::streamoff at) {
     std::fstream s(f, std::ios::in | std::ios::out | std::ios::binary);
     char c;
@@ -417,13 +417,13 @@ TEST(CheckpointReshard, CorruptedBlockAndHeaderAreDetected) {
   flip(dir / "rank_00000.bin", 40);  // inside the JSON header
   e = load_error(dir, {1, 1, 1}, 0);
   EXPECT_NE(e.find("rank_00000.bin is corrupted: its header"), std::string::npos) << e;
-  EXPECT_THROW(train::verify_checkpoint(dir), Error);
+  EXPECT_THROW(checkpoint::verify_checkpoint(dir), Error);
 }
 
 TEST(CheckpointReshard, MissingTensorAndShapeMismatchAreNamed) {
   TempDir t;
   ASSERT_TRUE(all_ok(save_layout(t.dir, {2, 2, 1})));
-  const std::string dir = train::resolve_checkpoint(t.dir.string());
+  const std::string dir = checkpoint::resolve_checkpoint(t.dir.string());
   // A model with four layers asks for layers the checkpoint lacks.
   std::string e = load_error(dir, {1, 1, 1}, 0, 4);
   EXPECT_NE(e.find("has no tensor decoder.layers.2."), std::string::npos) << e;
@@ -441,12 +441,12 @@ TEST(CheckpointReshard, PartialCoverageIsRefusedOnSaveAndOnLoad) {
   ASSERT_EQ(errors.size(), 2u);
   EXPECT_NE(errors[0].find("not fully saved"), std::string::npos) << errors[0];
   EXPECT_NE(errors[1].find("rank(s) 0 failed"), std::string::npos) << errors[1];
-  EXPECT_TRUE(train::list_checkpoints(t.dir.string()).empty());
+  EXPECT_TRUE(checkpoint::list_checkpoints(t.dir.string()).empty());
   EXPECT_FALSE(fs::exists(t.dir / "latest"));
 
   // A checkpoint whose meta.json lost one slice: the load names the tensor, the range, the files.
   ASSERT_TRUE(all_ok(save_layout(t.dir, {2, 1, 1})));
-  const fs::path dir = train::resolve_checkpoint(t.dir.string());
+  const fs::path dir = checkpoint::resolve_checkpoint(t.dir.string());
   nlohmann::json meta;
   {
     std::ifstream in(dir / "meta.json");
@@ -476,24 +476,24 @@ TEST(CheckpointReshard, AFailingRankFailsEveryRankAndKeepsThePreviousCheckpoint)
   for (int r = 0; r < 4; ++r) EXPECT_FALSE(errors[r].empty()) << "rank " << r << " did not fail";
   EXPECT_NE(errors[2].find("injected failure"), std::string::npos) << errors[2];
   EXPECT_NE(errors[0].find("rank(s) 2 failed"), std::string::npos) << errors[0];
-  EXPECT_FALSE(fs::exists(t.dir / train::checkpoint_name(6)));
-  EXPECT_EQ(fs::path(train::resolve_checkpoint(t.dir.string())).filename(), train::checkpoint_name(5));
+  EXPECT_FALSE(fs::exists(t.dir / checkpoint::checkpoint_name(6)));
+  EXPECT_EQ(fs::path(checkpoint::resolve_checkpoint(t.dir.string())).filename(), checkpoint::checkpoint_name(5));
   for (const auto& e : fs::directory_iterator(t.dir))
     EXPECT_EQ(e.path().filename().string().find(".tmp"), std::string::npos) << e.path();
-  EXPECT_EQ(load_layout_mismatches(train::resolve_checkpoint(t.dir.string()), {1, 1, 1}), 0);
+  EXPECT_EQ(load_layout_mismatches(checkpoint::resolve_checkpoint(t.dir.string()), {1, 1, 1}), 0);
 }
 
 TEST(CheckpointReshard, LoadAgreesOverRanks) {
   TempDir t;
   ASSERT_TRUE(all_ok(save_layout(t.dir, {2, 1, 1})));
-  const std::string dir = train::resolve_checkpoint(t.dir.string());
+  const std::string dir = checkpoint::resolve_checkpoint(t.dir.string());
   // Rank 1's model asks for a tensor the checkpoint lacks; rank 0 could load but must not go on.
   const auto errors = run_ranks(2, [&](int rank, ProcessGroup& world) {
     ParamStore p;
     build(p, {2, 1, 1}, rank, rank == 1 ? 4 : 2);
-    train::LoadOptions o;
+    checkpoint::LoadOptions o;
     o.world = &world;
-    train::load_checkpoint(dir, p, o);
+    checkpoint::load_checkpoint(dir, p, o);
   });
   EXPECT_NE(errors[1].find("has no tensor"), std::string::npos) << errors[1];
   EXPECT_NE(errors[0].find("rank(s) 1 failed"), std::string::npos) << errors[0];
@@ -516,22 +516,23 @@ TEST(CheckpointReshardMpi, SaveUnderTp2Pp2LoadUnderTp4AndOneProcess) {
     ParamStore p;
     build(p, l, rank);
     Buffers b = fill(p);
-    train::SaveOptions o;
+    checkpoint::SaveOptions o;
     o.world = &world;
     o.layout = {4, 2, 2, 1, 1, 1};
     o.block_bytes = 42;
-    train::save_checkpoint(save.string(), p, b.m.data(), b.v.data(), {it, it * 8, it, 1234, "reshard"}, "model: toy\n", o);
+    checkpoint::save_checkpoint(save.string(), p, b.m.data(), b.v.data(), {it, it * 8, it, 1234, "reshard"},
+                                "model: toy\n", o);
   };
   ASSERT_NO_THROW(save_iter(5));
-  const std::string dir = train::resolve_checkpoint(save.string());
+  const std::string dir = checkpoint::resolve_checkpoint(save.string());
 
   // Each rank is one rank of tp4, agreeing over the world; and each also loads the whole model.
   {
     ParamStore p;
     build(p, {4, 1, 1}, rank);
-    train::LoadOptions o;
+    checkpoint::LoadOptions o;
     o.world = &world;
-    const auto ck = train::load_checkpoint(dir, p, o);
+    const auto ck = checkpoint::load_checkpoint(dir, p, o);
     EXPECT_EQ(mismatches(p, ck), 0);
     EXPECT_EQ(ck.saved_layout.tp, 2);
   }
@@ -548,8 +549,8 @@ TEST(CheckpointReshardMpi, SaveUnderTp2Pp2LoadUnderTp4AndOneProcess) {
   }
   ::unsetenv("PRIMUS_FAULT_CHECKPOINT_FAIL_RANK");
   world.barrier();
-  EXPECT_EQ(train::resolve_checkpoint(save.string()), dir);
-  EXPECT_FALSE(fs::exists(save / train::checkpoint_name(6)));
+  EXPECT_EQ(checkpoint::resolve_checkpoint(save.string()), dir);
+  EXPECT_FALSE(fs::exists(save / checkpoint::checkpoint_name(6)));
   world.barrier();
   if (rank == 0) fs::remove_all(save);
 }

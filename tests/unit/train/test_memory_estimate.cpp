@@ -6,9 +6,12 @@
 #include <chrono>
 
 #include "core/error.h"
+#include "kernels/cpu/cpu_backend.h"
 #include "model/model_spec.h"
+#include "parallel/recording_process_group.h"
 #include "plan/memory_estimate.h"
 #include "plan/parallel_layout.h"
+#include "train/dp_strategy.h"
 #include "trainer_fixture.h"
 
 using namespace primus;
@@ -126,4 +129,49 @@ TEST(MemoryEstimate, MoeExpertsAreDividedByEpAndWholeOnEveryTpRank) {
   EXPECT_GT(tp2.activation_bytes, tp2_sp.activation_bytes);
   // Split experts save less per routed row than whole ones (their gate|up and activation divided).
   EXPECT_LT(estimate(with({{"tensor_model_parallel_size", "2"}}), 2).activation_bytes, tp2.activation_bytes);
+}
+
+// The weights, gradients and optimizer state the estimate counts are what the data-parallel
+// strategy of each sharding holds (DataParallelStrategy::memory(), which the log's peak split
+// reports): each strategy built for rank 0 of dp 4, dense and with experts over ep 2, on groups
+// that record instead of communicating. (The estimate runs before any strategy exists, and at
+// scales where none could be built, so it sizes the same buffers from the walk.)
+TEST(MemoryEstimate, WeightsGradientsAndOptimizerStateAreWhatTheStrategyHolds) {
+  test::TinyExperiment exp;
+  const std::vector<std::pair<std::string, std::string>> moe = {
+      {"num_experts", "4"}, {"moe_ffn_hidden_size", "32"}, {"moe_router_topk", "2"}, {"moe_layer_freq", "2"},
+      {"expert_model_parallel_size", "2"}};
+  for (const char* sharding : {"no_shard", "optim", "optim_grads", "optim_grads_params"})
+    for (const bool experts : {false, true}) {
+      std::vector<std::pair<std::string, std::string>> keys = {
+          {"num_layers", "4"}, {"global_batch_size", "8"}, {"data_parallel_sharding_strategy", sharding}};
+      if (experts) keys.insert(keys.end(), moe.begin(), moe.end());
+      const auto cfg = exp.load(keys);
+      SCOPED_TRACE(std::string(sharding) + (experts ? " with experts over ep 2" : " dense"));
+      const plan::ParallelLayout layout = plan::plan_layout(cfg.train, cfg.model_spec, 4);
+      const plan::MemoryEstimate e = plan::estimate_memory(cfg.model_spec, layout, cfg.train, false);
+
+      parallel::CommLog log;
+      auto group = [&](const char* name, int size) {
+        return std::make_unique<parallel::RecordingProcessGroup>(name, size, 0, log, Device::CPU);
+      };
+      parallel::MeshGroups g;
+      g.tp = group("tp", 1), g.cp = group("cp", 1), g.pp = group("pp", 1), g.mp = group("mp", 1);
+      g.dp = group("dp", layout.dp), g.dp_cp = group("dp_cp", layout.dp);
+      g.ep = group("ep", layout.ep), g.edp = group("edp", layout.dp / layout.ep);
+      g.edp_cp = group("edp_cp", layout.dp / layout.ep);
+      LlamaOptions options;
+      options.resident_weights = !layout.shard_gradients();
+      ModelPartition part;
+      part.ep_size = layout.ep;
+      part.ep_group = g.ep.get();
+      LlamaModel model(cfg.model_spec, cpu::cpu_backend(), Precision::Fp32, options, part);
+      const auto strategy = train::make_dp_strategy({model, layout, g, parallel::MeshCoord{}, AdamWOptions{},
+                                                     cfg.train.ddp_bucket_size, true, 1});
+      const train::DpMemory held = strategy->memory();
+      // The estimate rounds each buffer up to the host pool's 64 bytes.
+      EXPECT_NEAR(e.parameter_bytes + e.working_bytes, held.parameters, 256);
+      EXPECT_NEAR(e.gradient_bytes, held.gradients, 256);
+      EXPECT_NEAR(e.optimizer_bytes, held.optimizer, 256);
+    }
 }

@@ -5,8 +5,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "checkpoint/checkpoint.h"
 #include "core/error.h"
-#include "train/checkpoint.h"
 #include "train/trainer.h"
 #include "trainer_fixture.h"
 
@@ -40,7 +40,8 @@ TEST(Trainer, LossFallsWellBelowItsStart) {
   for (const auto& r : rows) saw_eval |= r.contains("eval_lm_loss");
   EXPECT_TRUE(saw_eval);
   // The final checkpoint exists and `latest` names it.
-  EXPECT_EQ(train::resolve_checkpoint(cfg.checkpoint_dir()), (fs::path(cfg.checkpoint_dir()) / "iter_0000040").string());
+  EXPECT_EQ(checkpoint::resolve_checkpoint(cfg.checkpoint_dir()),
+            (fs::path(cfg.checkpoint_dir()) / "iter_0000040").string());
 }
 
 TEST(Trainer, ResumeContinuesExactlyAsTheUninterruptedRun) {

@@ -9,8 +9,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "checkpoint/checkpoint.h"
 #include "core/error.h"
-#include "train/checkpoint.h"
 #include "train/compute.h"
 #include "train/trainer.h"
 #include "trainer_fixture.h"

@@ -17,20 +17,25 @@
 // Loading fills each of this rank's tensors (any ShardSpec) from whichever files hold the global
 // ranges it needs, so a checkpoint saved under tp2 x pp2 loads into one process and vice versa.
 // docs/checkpoints.md describes the format.
+//
+// The module's parts: format.h (shard files, meta.json), reshard.h (which saved slices fill which
+// local one), this file (save and load, with the ranks' agreement on failure), run_folder.h (the
+// save folder: latest, save order, pruning, run ids; included here) and model_fit.h (whether a
+// checkpoint's model is the one a run describes: checked before every load).
 #pragma once
 
 #include <cstdint>
-#include <optional>
 #include <string>
 #include <vector>
 
+#include "checkpoint/run_folder.h"
 #include "model/param_store.h"
 
 namespace primus::parallel {
 class ProcessGroup;
 }
 
-namespace primus::train {
+namespace primus::checkpoint {
 
 struct TrainState {
   int64_t iteration = 0;         // optimizer steps done
@@ -56,6 +61,9 @@ struct CheckpointData {
   std::vector<float> params, exp_avg, exp_avg_sq;
   std::string config_yaml;
   CheckpointLayout saved_layout;
+  // LoadOptions::strict false: this rank's tensors that the checkpoint did not fill (it lacks them
+  // or holds them in another shape); their values are the initial ones, their moments 0.
+  std::vector<std::string> fresh;
 };
 
 struct SaveOptions {
@@ -73,17 +81,17 @@ struct SaveOptions {
 };
 
 struct LoadOptions {
-  bool optimizer = true;  // false: read the values only (e.g. for `generate`)
+  bool optimizer = true;  // false: read the values only (e.g. for `generate`, `no_load_optim`)
   // When given, loading ends with an agreement over these ranks: if any rank fails, every rank
   // throws, so that no two ranks resume from different checkpoints.
   parallel::ProcessGroup* world = nullptr;
+  // true: every tensor of the store must be in the checkpoint with its global shape (else an
+  // error naming it). false (`load_strict: false`, after check_model_fit agreed): a tensor the
+  // checkpoint lacks or holds in another shape keeps its initial value, taken from
+  // `initial_values` (host, the store's flat layout) or, when that is null, the store's values.
+  bool strict = true;
+  const float* initial_values = nullptr;
 };
-
-std::string checkpoint_name(int64_t iteration);  // "iter_0000100"
-
-// A fresh run id (16 hex digits, random), the same on every rank of `world` (collective; nullptr:
-// one process).
-std::string new_run_id(parallel::ProcessGroup* world);
 
 // Writes a checkpoint of `params` (values) and the optimizer moments (flat buffers laid out like
 // params.values()), with the state; returns its folder. Collective over options.world. A failure
@@ -96,9 +104,10 @@ std::string save_checkpoint(const std::string& save_dir, const ParamStore& param
 // Reads a checkpoint folder into this rank's tensors, whatever layout saved it. Every block read
 // is checked against its CRC-32. Throws primus::Error naming the tensor and the file(s) at fault:
 // a missing, truncated or corrupted file, a tensor the checkpoint lacks, a global shape that
-// differs from the model's, a global range that no file covers.
-CheckpointData load_checkpoint(const std::string& dir, const ParamStore& params,
-                               const LoadOptions& options = {});
+// differs from the model's, a global range that no file covers. Whether the checkpoint holds
+// tensors this model has no place for is check_model_fit's question (model_fit.h): one rank's
+// store holds only its own part of the model.
+CheckpointData load_checkpoint(const std::string& dir, const ParamStore& params, const LoadOptions& options = {});
 
 // Reads every file of a checkpoint whole and checks its size and CRC-32 against meta.json.
 void verify_checkpoint(const std::string& dir);
@@ -106,43 +115,4 @@ void verify_checkpoint(const std::string& dir);
 // Reads only config.yaml (verified against its checksum), e.g. for `generate`.
 std::string read_checkpoint_config(const std::string& dir);
 
-// `path` is a checkpoint folder or a save folder with `latest`: the folder to load.
-std::string resolve_checkpoint(const std::string& path);
-
-// Checkpoint folders in `save_dir`, newest first: `latest` first, then the others by save order
-// (meta.json's save_seq, newest first; folders without one after them, by iteration).
-std::vector<std::string> list_checkpoints(const std::string& save_dir);
-
-// Deletes this run's checkpoints (those whose meta.json has `run_id`) beyond the newest `keep` by
-// save order (0 keeps all). Never deletes `just_written`, the one `latest` names, another run's
-// checkpoints, or a folder whose meta.json cannot be read. Call it on one rank only; returns the
-// folders deleted.
-std::vector<std::string> prune_checkpoints(const std::string& save_dir, int64_t keep, const std::string& run_id,
-                                           const std::string& just_written);
-
-// Checks, before training starts, that a run `run_id` can save into `save_dir`: that it is a folder
-// (or can be created), and that none of the checkpoints it will write (the iterations in
-// `iterations`) would replace a checkpoint of another run, unless `overwrite`. Throws primus::Error
-// naming the folder and, for a conflict, the other run and `--overwrite`.
-void check_save_folder(const std::string& save_dir, const std::string& run_id, const std::vector<int64_t>& iterations,
-                       bool overwrite);
-
-// The iterations a run from `start` (exclusive) to `train_iters` saves at with `save_interval`
-// (0: only the end), as the trainer saves: every multiple of the interval, and the last one.
-std::vector<int64_t> planned_saves(int64_t start, int64_t train_iters, int64_t save_interval);
-
-// The identity meta.json records: for messages and tests.
-struct CheckpointIdentity {
-  std::string run_id;  // "" for a format-2 checkpoint (before run ids)
-  int64_t iteration = 0;
-  int64_t save_seq = 0;  // order of saves into the folder (0: unknown)
-};
-// Reads and verifies meta.json (its own checksum included) of a checkpoint folder.
-CheckpointIdentity read_checkpoint_identity(const std::string& dir);
-
-// Parsers exposed for the fuzz targets (fuzz/): each takes untrusted bytes and either returns or
-// throws primus::Error, never crashes. `name` is used in messages.
-void parse_meta_json(const std::string& text, const std::string& name);
-void parse_shard_header(const std::string& bytes, const std::string& name);
-
-}  // namespace primus::train
+}  // namespace primus::checkpoint

@@ -1,0 +1,380 @@
+// Saving and loading checkpoints, with the ranks' agreement on failure (checkpoint.h). The format
+// is format.cpp's, the slicing reshard.cpp's, the folder's bookkeeping run_folder.cpp's.
+#include "checkpoint/checkpoint.h"
+
+#include <algorithm>
+#include <chrono>
+#include <fstream>
+#include <map>
+#include <memory>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <nlohmann/json.hpp>
+
+#include "checkpoint/format.h"
+#include "checkpoint/reshard.h"
+#include "checkpoint/run_folder.h"
+#include "core/error.h"
+#include "core/suggest.h"
+#include "parallel/process_group.h"
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace primus::checkpoint {
+namespace {
+
+// Fills one rank's tensors (any ShardSpec) from whichever files of a checkpoint hold the global
+// ranges they need.
+class Loader {
+ public:
+  Loader(fs::path dir, const ParamStore& params, const LoadOptions& opt)
+      : dir_(std::move(dir)), params_(params), opt_(opt), meta_(read_meta(dir_)) {
+    read_state();
+    index_ = parse_index(dir_, meta_);
+  }
+
+  CheckpointData run() {
+    const size_t n = size_t(params_.numel());
+    out_.params.assign(n, 0.0f);
+    if (opt_.optimizer) {
+      out_.exp_avg.assign(n, 0.0f);
+      out_.exp_avg_sq.assign(n, 0.0f);
+    }
+    for (const StoredParam& info : params_.infos()) {
+      if (const SavedTensor* st = source(info))
+        fill(info, *st);
+      else
+        keep_initial(info);
+    }
+    std::vector<char> config = read_verified(dir_, meta_, "config.yaml");
+    out_.config_yaml.assign(config.begin(), config.end());
+    return std::move(out_);
+  }
+
+ private:
+  void read_state() {
+    try {
+      out_.state.iteration = meta_.at("iteration");
+      out_.state.consumed_samples = meta_.at("consumed_samples");
+      out_.state.optimizer_step = meta_.at("optimizer_step");
+      out_.state.seed = meta_.at("seed");
+      out_.state.run_id = meta_.value("run_id", std::string());
+      const json& l = meta_.at("layout");
+      out_.saved_layout = {l.at("world_size").get<int>(), l.at("tp").get<int>(), l.at("pp").get<int>(),
+                           l.at("dp").get<int>(),         l.at("cp").get<int>(), l.at("vpp").get<int>()};
+    } catch (const json::exception& e) {
+      fail("checkpoint {}/meta.json is missing a field: {}", dir_.string(), e.what());
+    }
+  }
+
+  // The saved tensor that fills `info`; nullptr when a non-strict load leaves it as it is (the
+  // checkpoint lacks it, or holds it in another shape). A strict load throws instead.
+  const SavedTensor* source(const StoredParam& info) const {
+    auto it = index_.find(info.name);
+    if (it != index_.end() && it->second.global == info.global_shape) return &it->second;
+    if (!opt_.strict) return nullptr;
+    if (it == index_.end()) {
+      std::vector<std::string> names;
+      for (const auto& [name, st] : index_) names.push_back(name);
+      fail("checkpoint {} has no tensor {}{}", dir_.string(), info.name, did_you_mean(info.name, names));
+    }
+    fail("checkpoint {}: tensor {} has global shape {} there ({}) but {} in the model", dir_.string(), info.name,
+         shape_str(it->second.global), files_holding(it->second), shape_str(info.global_shape));
+  }
+
+  void fill(const StoredParam& info, const SavedTensor& st) {
+    const int sections = opt_.optimizer ? kSections : 1;
+    float* dst[kSections] = {out_.params.data(), out_.exp_avg.data(), out_.exp_avg_sq.data()};
+    const Placement target = make_placement(info.shape, info.shard.dim, info.shard.pieces);
+    std::vector<const Entry*> entries;
+    for (const Entry& e : st.entries) entries.push_back(&e);
+    const PlanResult r =
+        plan(info.name, st.global, target, entries,
+             [&](const Entry& e, const auto& lo, const auto& hi, const auto& ss, const auto& dsh) {
+               ShardReader& rd = reader(e.file);
+               if (uint64_t(e.offset + numel_of(e.place.shape)) > rd.numel())
+                 fail("checkpoint {}: tensor {} lies outside {} ({} elements)", dir_.string(), info.name, e.file,
+                      rd.numel());
+               for_each_run(e.place.shape, info.shape, lo, hi, ss, dsh, [&](int64_t so, int64_t d, int64_t count) {
+                 PRIMUS_CHECK(so >= 0 && so + count <= numel_of(e.place.shape) && d >= 0 && d + count <= info.numel,
+                              "tensor {}: copy run outside a local tensor", info.name);
+                 for (int s = 0; s < sections; ++s)
+                   rd.read(s, uint64_t(e.offset + so), uint64_t(count), dst[s] + info.offset + d);
+               });
+             });
+    if (!r.gaps.empty())
+      fail("checkpoint {}: tensor {} (global shape {}) is not fully covered: {} is in none of its files ({})",
+           dir_.string(), info.name, shape_str(st.global), gaps_str(r), files_holding(st));
+  }
+
+  // A tensor a non-strict load does not fill keeps the model's values (its moments start at 0).
+  void keep_initial(const StoredParam& info) {
+    const float* initial = opt_.initial_values;
+    if (!initial) {
+      if (initial_.empty()) {
+        if (!params_.values().defined() || params_.dtype() != DType::F32)
+          fail("checkpoint {}: tensor {} is not in it, and the model's own values are not at hand to keep",
+               dir_.string(), info.name);
+        const Tensor host = params_.device() == Device::CPU ? params_.values() : params_.values().to(Device::CPU);
+        initial_.assign(host.data<float>(), host.data<float>() + params_.numel());
+      }
+      initial = initial_.data();
+    }
+    std::copy(initial + info.offset, initial + info.offset + info.numel, out_.params.begin() + info.offset);
+    out_.fresh.push_back(info.name);
+  }
+
+  ShardReader& reader(const std::string& file) {
+    auto& r = readers_[file];
+    if (!r) r = std::make_unique<ShardReader>(dir_ / file, shard_expect(meta_, file));
+    return *r;
+  }
+
+  fs::path dir_;
+  const ParamStore& params_;
+  const LoadOptions& opt_;
+  json meta_;
+  std::map<std::string, SavedTensor> index_;
+  CheckpointData out_;
+  std::map<std::string, std::unique_ptr<ShardReader>> readers_;
+  std::vector<float> initial_;  // a host copy of the store's values, when a tensor keeps them
+};
+
+// ---- agreement over ranks ---------------------------------------------------------------------
+
+// Runs fn, turning any exception into its message ("" on success).
+template <typename Fn>
+std::string caught(Fn&& fn) {
+  try {
+    fn();
+  } catch (const std::exception& e) {
+    return e.what()[0] ? e.what() : "unknown error";
+  }
+  return "";
+}
+
+// Every rank learns which ranks failed (an all-gather of one flag each): a collective, so it also
+// serves as a barrier.
+std::vector<int> failed_ranks(parallel::ProcessGroup* world, bool ok) {
+  if (!world) return ok ? std::vector<int>{} : std::vector<int>{0};
+  const int64_t mine = ok ? 1 : 0;
+  std::vector<int64_t> all(size_t(world->size()), 0);
+  world->all_gather(&mine, all.data(), 1, parallel::CommType::I64);
+  std::vector<int> failed;
+  for (size_t r = 0; r < all.size(); ++r)
+    if (all[r] == 0) failed.push_back(int(r));
+  return failed;
+}
+
+void raise_if_failed(const std::vector<int>& failed, const std::string& own_error, const std::string& what) {
+  if (failed.empty()) return;
+  if (!own_error.empty()) throw Error(own_error);
+  fail("{}: rank(s) {} failed (their error says why)", what, fmt::join(failed, ", "));
+}
+
+}  // namespace
+
+namespace {
+
+// A collective save, in three steps that every rank of the world runs; a failure on any rank is
+// reported at the end of the step to all of them, so none waits forever, and leaves no checkpoint.
+class Saver {
+ public:
+  Saver(const std::string& save_dir, const ParamStore& params, const float* exp_avg, const float* exp_avg_sq,
+        const TrainState& state, const std::string& config_yaml, const SaveOptions& opt)
+      : params_(params),
+        moments_{exp_avg, exp_avg_sq},
+        state_(state),
+        config_yaml_(config_yaml),
+        opt_(opt),
+        rank_(opt.world ? opt.world->rank() : 0),
+        size_(opt.world ? opt.world->size() : 1),
+        slot_(save_slot(save_dir, state.iteration)),
+        what_(fmt::format("checkpoint {} not saved", slot_.final_dir.string())) {}
+
+  std::string run() {
+    open();
+    write();
+    publish();
+    return slot_.final_dir.string();
+  }
+
+ private:
+  // 1. Rank 0 checks that the save replaces no other run's checkpoint and makes the temporary
+  // folder; the others wait for it.
+  void open() {
+    std::string err;
+    if (rank_ == 0)
+      err = caught([&] {
+        if (state_.run_id.empty()) fail("checkpoint: the training state has no run id (new_run_id())");
+        save_seq_ = open_save_slot(slot_, state_.run_id, opt_.overwrite);
+      });
+    raise_if_failed(failed_ranks(opt_.world, err.empty()), err, what_);
+  }
+
+  // 2. Writers write their shard file and fsync it; everyone shares (ok, writer, bytes, crc).
+  void write() {
+    Written mine;
+    const std::string err = caught([&] {
+      if (opt_.block_bytes <= 0) fail("checkpoint block_bytes must be positive, not {}", opt_.block_bytes);
+      if (!opt_.writer) return;
+      // A store on the GPU (bf16 mixed precision) is written from a host copy of its master weights.
+      const Tensor values = params_.device() == Device::CPU ? params_.values() : params_.values().to(Device::CPU);
+      const float* data[kSections] = {values.data<float>(), moments_[0], moments_[1]};
+      mine = write_shard(slot_.tmp / shard_file_name(rank_), rank_, state_.run_id, state_.iteration, params_, data,
+                         opt_.block_bytes);
+    });
+    if (err.empty() && opt_.writer) maybe_kill_after(shard_file_name(rank_));
+    const int64_t record[4] = {err.empty() ? 1 : 0, opt_.writer ? 1 : 0, int64_t(mine.bytes), int64_t(mine.crc)};
+    records_.resize(4 * size_t(size_));
+    if (opt_.world)
+      opt_.world->all_gather(record, records_.data(), 4, parallel::CommType::I64);
+    else
+      std::copy(record, record + 4, records_.begin());
+    std::vector<int> failed;
+    for (int r = 0; r < size_; ++r)
+      if (records_[4 * r] == 0) failed.push_back(r);
+    if (!failed.empty() && rank_ == 0) discard_save_slot(slot_);
+    raise_if_failed(failed, err, what_);
+  }
+
+  // 3. Rank 0 indexes the shards, writes config.yaml and meta.json, renames, moves `latest`.
+  void publish() {
+    std::string err;
+    if (rank_ == 0)
+      err = caught([&] {
+        json meta = state_json();
+        index_shards(meta);
+        const Written cfg = write_whole_file(slot_.tmp / "config.yaml", config_yaml_.data(), config_yaml_.size());
+        meta["files"]["config.yaml"] = {{"bytes", cfg.bytes}, {"crc32", cfg.crc}};
+        maybe_kill_after("config.yaml");
+        write_meta(slot_.tmp, meta);
+        fsync_path(slot_.tmp, true);
+        maybe_kill_after("meta.json");
+        publish_save_slot(slot_);
+      });
+    if (!err.empty() && rank_ == 0) discard_save_slot(slot_);
+    raise_if_failed(failed_ranks(opt_.world, err.empty()), err, what_);
+  }
+
+  json state_json() const {
+    json meta;
+    meta["iteration"] = state_.iteration;
+    meta["consumed_samples"] = state_.consumed_samples;
+    meta["optimizer_step"] = state_.optimizer_step;
+    meta["seed"] = state_.seed;
+    meta["run_id"] = state_.run_id;
+    meta["save_seq"] = save_seq_;
+    meta["saved_at"] =
+        std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
+    const CheckpointLayout& l = opt_.layout;
+    meta["layout"] = {{"world_size", size_}, {"tp", l.tp}, {"pp", l.pp}, {"dp", l.dp}, {"cp", l.cp}, {"vpp", l.vpp}};
+    return meta;
+  }
+
+  // meta.json's files and tensor index, from the shard headers just written (each read back and
+  // verified), and the check that every tensor saved is whole across the files: a rank wrongly
+  // marked as no writer shows here, at save time, not at the next load.
+  void index_shards(json& meta) const {
+    json files = json::object(), tensors = json::object();
+    for (int r = 0; r < size_; ++r) {
+      if (records_[4 * r + 1] == 0) continue;
+      const std::string file = shard_file_name(r);
+      files[file] = {{"bytes", records_[4 * r + 2]}, {"crc32", records_[4 * r + 3]}, {"rank", r}};
+      ShardExpect expect;
+      expect.bytes = uint64_t(records_[4 * r + 2]);
+      expect.crc = uint32_t(records_[4 * r + 3]);
+      expect.run_id = state_.run_id;
+      expect.iteration = state_.iteration;
+      const ShardReader rd(slot_.tmp / file, expect);
+      for (const json& t : rd.header().at("tensors")) {
+        const std::string tname = t.at("name");
+        json& entry = tensors[tname];
+        if (!entry.contains("global_shape"))
+          entry["global_shape"] = t.at("global_shape");
+        else if (entry["global_shape"] != t.at("global_shape"))
+          fail("ranks disagree on the global shape of tensor {}: {} in {}, {} elsewhere", tname,
+               t.at("global_shape").dump(), file, entry["global_shape"].dump());
+        entry["shards"].push_back({{"file", file},
+                                   {"offset", t.at("offset")},
+                                   {"shape", t.at("shape")},
+                                   {"shard_dim", t.at("shard_dim")},
+                                   {"pieces", t.at("pieces")}});
+      }
+    }
+    if (files.empty()) fail("no rank is a writer (SaveOptions::writer is false everywhere)");
+    meta["files"] = files;
+    meta["tensors"] = tensors;
+    for (const auto& [name, st] : parse_index(slot_.tmp, meta)) {
+      std::vector<const Entry*> entries;
+      for (const Entry& e : st.entries) entries.push_back(&e);
+      const PlanResult r = plan(name, st.global, make_placement(st.global, -1, {}), entries, [](auto&&...) {});
+      if (!r.gaps.empty())
+        fail("tensor {} is not fully saved: {} is in no rank's file ({}); is every tensor-parallel rank and "
+             "pipeline stage a writer?",
+             name, gaps_str(r), files_holding(st));
+    }
+  }
+
+  const ParamStore& params_;
+  const float* moments_[2];
+  const TrainState& state_;
+  const std::string& config_yaml_;
+  const SaveOptions& opt_;
+  const int rank_, size_;
+  const SaveSlot slot_;
+  const std::string what_;
+  int64_t save_seq_ = 0;
+  std::vector<int64_t> records_;  // per rank: ok, writer, bytes, crc
+};
+
+}  // namespace
+
+std::string save_checkpoint(const std::string& save_dir, const ParamStore& params, const float* exp_avg,
+                            const float* exp_avg_sq, const TrainState& state, const std::string& config_yaml,
+                            const SaveOptions& opt) {
+  return Saver(save_dir, params, exp_avg, exp_avg_sq, state, config_yaml, opt).run();
+}
+
+CheckpointData load_checkpoint(const std::string& dir, const ParamStore& params, const LoadOptions& opt) {
+  CheckpointData out;
+  const std::string err = caught([&] { out = Loader(fs::path(dir), params, opt).run(); });
+  raise_if_failed(failed_ranks(opt.world, err.empty()), err, fmt::format("checkpoint {} not loaded", dir));
+  return out;
+}
+
+void verify_checkpoint(const std::string& dir_text) {
+  const fs::path dir(dir_text);
+  const json meta = read_meta(dir);
+  if (!meta.contains("files") || !meta["files"].is_object())
+    fail("checkpoint {}/meta.json lists no files", dir.string());
+  std::vector<char> buf(1 << 20);
+  for (const auto& [name, f] : meta["files"].items()) {
+    const fs::path p = dir / name;
+    std::ifstream in(p, std::ios::binary);
+    if (!in) fail("checkpoint file {} is missing or unreadable", p.string());
+    uint64_t bytes = 0;
+    uint32_t crc = 0;
+    while (in) {
+      in.read(buf.data(), std::streamsize(buf.size()));
+      const auto got = size_t(in.gcount());
+      crc = crc_update(crc, buf.data(), got);
+      bytes += got;
+    }
+    if (bytes != f.at("bytes").get<uint64_t>())
+      fail("checkpoint file {} is truncated or padded: {} bytes, meta.json says {}", p.string(), bytes,
+           f.at("bytes").get<uint64_t>());
+    if (crc != f.at("crc32").get<uint32_t>())
+      fail("checkpoint file {} is corrupted: its CRC-32 does not match meta.json", p.string());
+  }
+}
+
+std::string read_checkpoint_config(const std::string& dir) {
+  const json meta = read_meta(dir);
+  std::vector<char> config = read_verified(dir, meta, "config.yaml");
+  return std::string(config.begin(), config.end());
+}
+
+}  // namespace primus::checkpoint

@@ -1,0 +1,114 @@
+// The checkpoint format (docs/checkpoints.md#format): shard files and meta.json.
+//
+// A shard file: magic "PRMSHRD2", u64 header length, u32 header CRC-32, u32 zero, a JSON header
+// (format version, the writer's rank, run id and iteration, its tensors with their global shapes
+// and slices, a CRC-32 per block of each section), zeros up to a multiple of 64 bytes, then the
+// sections values, exp_avg, exp_avg_sq (numel fp32 each). meta.json lists every file with its
+// size and CRC-32, indexes every tensor's slices, and carries a checksum of itself.
+//
+// Readers verify everything they use: sizes, the header's CRC, that a shard belongs to its
+// meta.json (run id, iteration, whole-file CRC), each block they read. Every parser here takes
+// untrusted bytes and either returns or throws primus::Error (fuzz/ runs them).
+// A part of src/checkpoint; its callers use checkpoint/checkpoint.h.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "checkpoint/reshard.h"
+#include "model/param_store.h"
+
+namespace primus::checkpoint {
+
+inline constexpr int kFormatVersion = 3;  // the version written (format.cpp: what each adds)
+inline constexpr int kSections = 3;       // values, exp_avg, exp_avg_sq
+inline constexpr const char* kSectionNames[kSections] = {"values", "exp_avg", "exp_avg_sq"};
+
+uint32_t crc_update(uint32_t crc, const void* data, size_t bytes);  // CRC-32 (zlib's)
+uint32_t crc_of(const void* data, size_t bytes);
+
+std::string shard_file_name(int rank);  // "rank_00003.bin"
+
+// fsync of a file or a folder (after a rename in it); throws primus::Error naming it.
+void fsync_path(const std::filesystem::path& p, bool directory);
+
+// Fault injection for the crash tests: SIGKILL right after writing `file` (or reaching the point
+// of that name) when PRIMUS_FAULT_CHECKPOINT_KILL_AFTER names it.
+void maybe_kill_after(const std::string& file);
+
+struct Written {
+  uint64_t bytes = 0;
+  uint32_t crc = 0;
+};
+// Writes and fsyncs a whole file; a full disk is an error with the bytes needed (safe/disk.h).
+Written write_whole_file(const std::filesystem::path& p, const void* data, size_t bytes);
+
+// Writes a rank's shard file of `params` with the three sections in `data` (flat buffers laid out
+// like params.values()), tied to its checkpoint by run id and iteration; returns its size and CRC-32.
+Written write_shard(const std::filesystem::path& path, int rank, const std::string& run_id, int64_t iteration,
+                    const ParamStore& params, const float* const data[kSections], int64_t block_bytes);
+
+// What a reader expects of a shard: from meta.json.
+struct ShardExpect {
+  uint64_t bytes = ~uint64_t(0);  // ~0: unknown (at save, reading a shard just written)
+  std::optional<uint32_t> crc;    // the whole file's CRC-32
+  std::optional<std::string> run_id;
+  int64_t iteration = -1;
+};
+ShardExpect shard_expect(const nlohmann::json& meta, const std::string& file);
+
+// Reads slices of one shard file: verifies its size, its header's CRC, that it belongs to its
+// meta.json (run id, iteration, whole-file CRC), and the CRC of every block it reads (one cached
+// block per section, since slices are read in increasing order).
+class ShardReader {
+ public:
+  ShardReader(std::filesystem::path path, const ShardExpect& expect);
+  ~ShardReader();
+  ShardReader(const ShardReader&) = delete;
+  ShardReader& operator=(const ShardReader&) = delete;
+
+  const nlohmann::json& header() const { return header_; }
+  uint64_t numel() const { return numel_; }
+  const std::filesystem::path& path() const { return path_; }
+
+  // Copies `count` floats from element `first` of a section into dst.
+  void read(int section, uint64_t first, uint64_t count, float* dst);
+
+ private:
+  struct Block {
+    int64_t index = -1;
+    std::vector<char> bytes;
+  };
+  void pread_all(void* dst, uint64_t bytes, uint64_t at, const char* what);
+  void load_block(int section, uint64_t b);
+
+  std::filesystem::path path_;
+  int fd_ = -1;
+  nlohmann::json header_;
+  uint64_t numel_ = 0, block_bytes_ = 0, section_bytes_ = 0, data_offset_ = 0;
+  std::vector<uint32_t> block_crcs_[kSections];
+  Block cache_[kSections];
+};
+
+// meta.json of a checkpoint folder, parsed and checked: JSON, format version, its own checksum,
+// the file list (no name outside the folder).
+nlohmann::json read_meta(const std::filesystem::path& dir);
+// Writes `meta` as <dir>/meta.json with its format version and its own checksum, fsynced.
+void write_meta(const std::filesystem::path& dir, nlohmann::json meta);
+// A small file of the checkpoint (config.yaml), verified against meta.json's size and CRC-32.
+std::vector<char> read_verified(const std::filesystem::path& dir, const nlohmann::json& meta, const std::string& name);
+// meta.json's tensor index: each tensor's global shape and slices, checked for consistency.
+std::map<std::string, SavedTensor> parse_index(const std::filesystem::path& dir, const nlohmann::json& meta);
+
+// The parsers above on untrusted bytes, for the fuzz targets (fuzz/): each either returns or
+// throws primus::Error, never crashes. `name` is used in messages.
+void parse_meta_json(const std::string& text, const std::string& name);
+void parse_shard_header(const std::string& bytes, const std::string& name);
+
+}  // namespace primus::checkpoint

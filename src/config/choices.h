@@ -1,0 +1,80 @@
+// The keys whose value is one of a few names become enums here, at the config boundary: the
+// table of each enum's spellings, the parse with an error naming the key, the value and the
+// choices, and the name written back (config.yaml and --print-config print what was given).
+// Header-only: the model's enums come from model/options.h, which has no dependencies, so the
+// config library still links only core and yaml-cpp.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+
+#include <fmt/format.h>
+
+#include "model/options.h"
+
+namespace primus::config {
+
+// data_parallel_sharding_strategy, Megatron's names: no_shard, optim (ZeRO-1), optim_grads
+// (ZeRO-2), optim_grads_params (ZeRO-3 / FSDP). Unset: the key was not given; the layout resolves
+// it from use_torch_fsdp2 and use_distributed_optimizer (plan/parallel_layout.h).
+enum class DpSharding : uint8_t { Unset, NoShard, Optim, OptimGrads, OptimGradsParams };
+
+template <class E>
+struct Choice {
+  E value;
+  const char* name;  // "" is the spelling of "unset" where a key has one
+};
+
+inline constexpr Choice<Recompute> kRecomputeChoices[] = {
+    {Recompute::None, ""}, {Recompute::Full, "full"}, {Recompute::Selective, "selective"}};
+inline constexpr Choice<CpComm> kCpCommChoices[] = {{CpComm::P2P, "p2p"}, {CpComm::A2A, "a2a"}};
+inline constexpr Choice<DpSharding> kDpShardingChoices[] = {{DpSharding::Unset, ""},
+                                                           {DpSharding::NoShard, "no_shard"},
+                                                           {DpSharding::Optim, "optim"},
+                                                           {DpSharding::OptimGrads, "optim_grads"},
+                                                           {DpSharding::OptimGradsParams, "optim_grads_params"}};
+
+inline std::span<const Choice<Recompute>> choices_of(Recompute) { return kRecomputeChoices; }
+inline std::span<const Choice<CpComm>> choices_of(CpComm) { return kCpCommChoices; }
+inline std::span<const Choice<DpSharding>> choices_of(DpSharding) { return kDpShardingChoices; }
+
+// The name a config writes for `v`.
+template <class E>
+const char* choice_name(E v) {
+  for (const Choice<E>& c : choices_of(E{}))
+    if (c.value == v) return c.name;
+  return "?";
+}
+
+template <class E>
+std::optional<E> find_choice(std::string_view name) {
+  for (const Choice<E>& c : choices_of(E{}))
+    if (name == c.name) return c.value;
+  return std::nullopt;
+}
+
+// "full, selective (or leave it unset)": the names a key accepts, for its error.
+template <class E>
+std::string choice_list() {
+  std::string out;
+  bool unset = false;
+  for (const Choice<E>& c : choices_of(E{})) {
+    if (*c.name == '\0') {
+      unset = true;
+      continue;
+    }
+    out += (out.empty() ? "" : ", ") + std::string(c.name);
+  }
+  return unset ? out + " (or leave it unset)" : out;
+}
+
+// "cp_comm_type 'ring' is not one of: p2p, a2a"
+template <class E>
+std::string not_a_choice(std::string_view key, std::string_view value) {
+  return fmt::format("{} '{}' is not one of: {}", key, value, choice_list<E>());
+}
+
+}  // namespace primus::config

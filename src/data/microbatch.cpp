@@ -1,0 +1,57 @@
+#include "data/microbatch.h"
+
+#include <algorithm>
+
+#include "core/error.h"
+#include "core/rng.h"
+
+namespace primus::data {
+
+std::vector<int32_t> SampleSource::get(int64_t i) const {
+  if (dataset) return dataset->get(i % dataset->size());
+  std::vector<int32_t> s(seq + 1);
+  const Rng rng(mock_seed);
+  for (int64_t j = 0; j <= seq; ++j) s[j] = int32_t(rng.at(uint64_t(i) * uint64_t(seq + 1) + j) % mock_vocab);
+  return s;
+}
+
+void fill_microbatch(const SampleSource& src, int64_t first, int64_t mbs, int64_t seq, std::vector<int32_t>& tokens,
+                     std::vector<int32_t>& targets) {
+  tokens.resize(mbs * seq);
+  targets.resize(mbs * seq);
+  for (int64_t b = 0; b < mbs; ++b) {
+    std::vector<int32_t> s = src.get(first + b);
+    if (int64_t(s.size()) != seq + 1) fail("dataset sample {} has {} tokens, expected {}", first + b, s.size(), seq + 1);
+    std::copy(s.begin(), s.end() - 1, tokens.begin() + b * seq);
+    std::copy(s.begin() + 1, s.end(), targets.begin() + b * seq);
+  }
+  if (src.eod_mask >= 0)  // a negative target is left out of the loss
+    for (int64_t i = 0; i < mbs * seq; ++i)
+      if (tokens[i] == src.eod_mask) targets[i] = -1;
+}
+
+std::vector<int32_t> context_parallel_rows(const int32_t* tokens, int64_t batch, int64_t seq, int cp, int cp_rank) {
+  if (cp < 1 || cp_rank < 0 || cp_rank >= cp || seq % (2 * cp) != 0)
+    fail("context parallel rows: sequence length {} over {} ranks (rank {}) needs a multiple of 2 x {}", seq, cp,
+         cp_rank, cp);
+  const int64_t ch = seq / (2 * cp);
+  std::vector<int32_t> out;
+  out.reserve(size_t(batch * 2 * ch));
+  for (int j = 0; j < 2; ++j) {
+    const int64_t start = (j == 0 ? cp_rank : 2 * cp - 1 - cp_rank) * ch;
+    for (int64_t b = 0; b < batch; ++b) out.insert(out.end(), tokens + b * seq + start, tokens + b * seq + start + ch);
+  }
+  return out;
+}
+
+MicrobatchFill microbatches_from(const SampleSource& src, int64_t first_sample, const MicrobatchSlice& slice) {
+  return [&src, first_sample, s = slice](int j, std::vector<int32_t>& tk, std::vector<int32_t>& tg) {
+    fill_microbatch(src, first_sample + (s.dp_rank * s.per_rank + j) * s.mbs, s.mbs, s.seq, tk, tg);
+    if (s.cp > 1) {
+      tk = context_parallel_rows(tk.data(), s.mbs, s.seq, s.cp, s.cp_rank);
+      tg = context_parallel_rows(tg.data(), s.mbs, s.seq, s.cp, s.cp_rank);
+    }
+  };
+}
+
+}  // namespace primus::data

@@ -1,0 +1,277 @@
+#include "model/attention_parts.h"
+
+#include <fmt/format.h>
+
+namespace primus {
+namespace {
+
+// linear_proj [C, heads x out_head] is row-parallel: this rank's heads' input columns.
+ShardSpec proj_shard(const PartKit& k, int64_t out_head) {
+  const int tp = k.part.tp_size, r = k.part.tp_rank;
+  const int64_t hl = k.spec.num_attention_heads / tp;
+  return tp > 1 ? ShardSpec{1, {{r * hl * out_head, hl * out_head}}} : ShardSpec{};
+}
+
+int add_proj(const PartKit& k, ParamStore& params, const std::string& pre, int64_t out_head) {
+  return params.add_sharded(pre + "self_attention.linear_proj.weight", {k.spec.hidden_size, k.spec.attention_out_size()},
+                            proj_shard(k, out_head), ParamInit::ScaledNormal, true);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Grouped-query attention
+
+struct GqaContext final : PartContext {
+  Tensor h, qkv, attn;    // the normed input (all rows), the rotated qkv, the core's output
+  AttentionSaves core;    // the attention core's own
+  QkNormContext qk;       // qk_layernorm's
+  Tensor dx2, dqkv;       // B outputs the W pass reads (dx2: the output gradient, all rows)
+};
+
+class GqaAttention final : public BlockPart {
+ public:
+  GqaAttention(const PartKit& kit, ParamStore& params, int64_t layer, AttentionCore& core, const Rotary& rope,
+               const QkNorm* qk_norm)
+      : k_(kit),
+        core_(core),
+        rope_(rope),
+        qk_norm_(qk_norm),
+        heads_(kit.spec.num_attention_heads / kit.part.tp_size),
+        groups_(kit.spec.query_groups() / kit.part.tp_size),
+        D_(kit.spec.head_dim()) {
+    const ModelSpec& s = kit.spec;
+    const std::string pre = fmt::format("decoder.layers.{}.", layer);
+    // Column-parallel linear_qkv: this rank's q heads, then its k groups, then its v groups.
+    const int tp = kit.part.tp_size, r = kit.part.tp_rank;
+    const int64_t H = s.num_attention_heads, G = s.query_groups(), D = D_;
+    const ShardSpec qkv_shard =
+        tp > 1 ? ShardSpec{0, {{r * heads_ * D, heads_ * D}, {H * D + r * groups_ * D, groups_ * D},
+                               {H * D + G * D + r * groups_ * D, groups_ * D}}}
+               : ShardSpec{};
+    qkv_w_ = params.add_sharded(pre + "self_attention.linear_qkv.weight", {s.qkv_size(), s.hidden_size}, qkv_shard,
+                                ParamInit::Normal, true);
+    if (s.add_qkv_bias)
+      qkv_b_ = params.add_sharded(pre + "self_attention.linear_qkv.bias", {s.qkv_size()}, qkv_shard, ParamInit::Zeros,
+                                  false);
+    if (qk_norm_) {  // one weight for all q heads, one for all k groups; tp-partial gradients
+      q_norm_ = params.add(pre + "self_attention.q_layernorm.weight", {D}, ParamInit::Ones, false);
+      k_norm_ = params.add(pre + "self_attention.k_layernorm.weight", {D}, ParamInit::Ones, false);
+      params.mark_tp_partial_grads(q_norm_);
+      params.mark_tp_partial_grads(k_norm_);
+    }
+    proj_w_ = add_proj(kit, params, pre, D);
+  }
+
+  std::vector<int> param_ids() const override {
+    std::vector<int> v = {qkv_w_};
+    for (int id : {qkv_b_, q_norm_, k_norm_})
+      if (id >= 0) v.push_back(id);
+    v.push_back(proj_w_);
+    return v;
+  }
+  std::unique_ptr<PartContext> new_context() const override { return std::make_unique<GqaContext>(); }
+
+  Tensor forward(PartContext& pc, const Tensor& h, const Tensor& residual, const PassShape& m,
+                 bool want_output) override {
+    GqaContext& c = static_cast<GqaContext&>(pc);
+    if (!c.h.defined()) c.h = k_.tp.gather(h);
+    if (!c.qkv.defined()) {
+      c.qkv = k_.linear(c.h, qkv_w_, qkv_b_);
+      if (qk_norm_) qk_norm_->forward(c.qkv, w(q_norm_), w(k_norm_), c.qk);
+      rope_.apply(c.qkv, heads_ + groups_, m.seq, 0, false);
+    }
+    if (!c.attn.defined()) {
+      c.attn = k_.empty({c.qkv.size(0), heads_ * D_});
+      core_.forward(c.qkv, c.attn, c.core, shape(m));
+    }
+    return want_output ? k_.row_parallel_residual(c.attn, proj_w_, residual) : Tensor();
+  }
+
+  void drop(PartContext& pc, Recompute r) const override {
+    GqaContext& c = static_cast<GqaContext&>(pc);
+    if (r == Recompute::Full) {
+      c = GqaContext();
+    } else if (r == Recompute::Selective) {  // keep the projections' outputs (qkv, qk-norm's rows)
+      c.h = c.attn = Tensor();
+      c.core = AttentionSaves();
+    }
+  }
+
+  Tensor backward_input(PartContext& pc, const Tensor& dy, const PassShape& m) override {
+    GqaContext& c = static_cast<GqaContext&>(pc);
+    c.dx2 = k_.tp.gather(dy);
+    const Tensor dattn = k_.linear_input_grad(c.dx2, proj_w_);
+    c.dqkv = k_.empty({c.qkv.size(0), c.qkv.size(1)});
+    core_.backward(c.qkv, c.attn, c.core, dattn, c.dqkv, shape(m));
+    rope_.apply(c.dqkv, heads_ + groups_, m.seq, 0, true);
+    if (qk_norm_) qk_norm_->backward_input(c.dqkv, w(q_norm_), w(k_norm_), c.qk);
+    Tensor dh = k_.linear_input_grad(c.dqkv, qkv_w_);
+    c.qkv = Tensor();  // W reads h, attn, dx2, dqkv and qk-norm's saves
+    c.core = AttentionSaves();
+    return k_.tp.reduce(dh);
+  }
+
+  void backward_weight(PartContext& pc) override {
+    GqaContext& c = static_cast<GqaContext&>(pc);
+    k_.linear_weight_grad(c.dx2, c.attn, proj_w_);
+    k_.linear_weight_grad(c.dqkv, c.h, qkv_w_);
+    if (qkv_b_ >= 0) {
+      Tensor gb = k_.params.grad(qkv_b_);
+      k_.be.column_sum_accumulate(c.dqkv, gb);
+    }
+    if (qk_norm_) {
+      Tensor gq = k_.params.grad(q_norm_), gk = k_.params.grad(k_norm_);
+      qk_norm_->backward_weight(c.qk, gq, gk);
+    }
+    c = GqaContext();
+  }
+
+  int64_t cache_width() const override { return (heads_ + 2 * groups_) * D_; }
+
+  Tensor decode(Tensor& cache, const Tensor& h, const Tensor& residual, int64_t pos0) const override {
+    const int64_t n = h.size(0);
+    Tensor qkv = k_.linear(h, qkv_w_, qkv_b_);
+    if (qk_norm_) {
+      QkNormContext unused;
+      qk_norm_->forward(qkv, w(q_norm_), w(k_norm_), unused);
+    }
+    rope_.apply(qkv, heads_ + groups_, n, pos0, false);
+    cache.slice(0, pos0, n).copy_from(qkv);
+    Tensor attn = k_.empty({n, heads_ * D_});
+    k_.be.attention_decode(cache, pos0, attn, {1, pos0 + n, heads_, groups_, D_});
+    return k_.row_parallel_residual(attn, proj_w_, residual);
+  }
+
+ private:
+  Tensor w(int id) const { return k_.params.weight(id); }
+  ops::AttentionShape shape(const PassShape& m) const { return {m.batch, m.seq, heads_, groups_, D_}; }
+
+  const PartKit& k_;
+  AttentionCore& core_;
+  const Rotary& rope_;
+  const QkNorm* qk_norm_;
+  int64_t heads_, groups_, D_;  // this rank's
+  int qkv_w_ = -1, qkv_b_ = -1, q_norm_ = -1, k_norm_ = -1, proj_w_ = -1;
+};
+
+// ---------------------------------------------------------------------------------------------
+// Multi-latent attention
+
+struct MlaPartContext final : PartContext {
+  Tensor h, qkv, attn;   // the normed input (all rows), the packed qkv, linear_proj's input
+  MlaContext mla;        // the projections' saves (and the core's padded output)
+  AttentionSaves core;
+  Tensor dx2;
+};
+
+class MlaAttention final : public BlockPart {
+ public:
+  MlaAttention(const PartKit& kit, ParamStore& params, int64_t layer, AttentionCore& core, const Mla& mla)
+      : k_(kit), core_(core), mla_(mla) {
+    p_ = register_mla_params(params, kit.spec, layer, kit.part.tp_size, kit.part.tp_rank);
+    proj_w_ = add_proj(kit, params, fmt::format("decoder.layers.{}.", layer), kit.spec.v_head_dim);
+    weights_ = [this](int id) { return k_.params.weight(id); };
+    grads_ = [this](int id) { return k_.params.grad(id); };
+  }
+
+  std::vector<int> param_ids() const override {
+    std::vector<int> v = p_.ids();
+    v.push_back(proj_w_);
+    return v;
+  }
+  std::unique_ptr<PartContext> new_context() const override { return std::make_unique<MlaPartContext>(); }
+
+  Tensor forward(PartContext& pc, const Tensor& h, const Tensor& residual, const PassShape& m,
+                 bool want_output) override {
+    MlaPartContext& c = static_cast<MlaPartContext&>(pc);
+    if (!c.h.defined()) c.h = k_.tp.gather(h);
+    if (!c.qkv.defined()) c.qkv = mla_.forward(p_, c.mla, c.h, m.seq, 0, weights_);
+    if (!c.attn.defined()) {
+      const ops::AttentionShape s = mla_.shape(m.batch, m.seq);
+      c.mla.out = k_.empty({c.qkv.size(0), s.heads * s.head_dim});
+      core_.forward(c.qkv, c.mla.out, c.core, s);
+      c.attn = mla_.values(c.mla.out);
+    }
+    return want_output ? k_.row_parallel_residual(c.attn, proj_w_, residual) : Tensor();
+  }
+
+  void drop(PartContext& pc, Recompute r) const override {
+    MlaPartContext& c = static_cast<MlaPartContext&>(pc);
+    if (r == Recompute::Full) {
+      c = MlaPartContext();
+    } else if (r == Recompute::Selective) {  // keep the projections' outputs and saves
+      c.h = c.attn = c.mla.out = Tensor();
+      c.core = AttentionSaves();
+    }
+  }
+
+  Tensor backward_input(PartContext& pc, const Tensor& dy, const PassShape& m) override {
+    MlaPartContext& c = static_cast<MlaPartContext&>(pc);
+    c.dx2 = k_.tp.gather(dy);
+    const Tensor dout = mla_.values_grad(k_.linear_input_grad(c.dx2, proj_w_));
+    Tensor dqkv = k_.empty({c.qkv.size(0), mla_.packed_width()});
+    core_.backward(c.qkv, c.mla.out, c.core, dout, dqkv, mla_.shape(m.batch, m.seq));
+    c.mla.out = c.qkv = Tensor();
+    c.core = AttentionSaves();
+    // This rank's heads' part of dh, as after a column-parallel linear.
+    return k_.tp.reduce(mla_.backward_input(p_, c.mla, dqkv, m.seq, weights_));
+  }
+
+  void backward_weight(PartContext& pc) override {
+    MlaPartContext& c = static_cast<MlaPartContext&>(pc);
+    k_.linear_weight_grad(c.dx2, c.attn, proj_w_);
+    mla_.backward_weight(p_, c.mla, c.h, grads_);
+    c = MlaPartContext();
+  }
+
+  int64_t cache_width() const override { return mla_.packed_width(); }  // the packed heads
+
+  Tensor decode(Tensor& cache, const Tensor& h, const Tensor& residual, int64_t pos0) const override {
+    const int64_t n = h.size(0);
+    MlaContext unused;
+    cache.slice(0, pos0, n).copy_from(mla_.forward(p_, unused, h, n, pos0, weights_));
+    const ops::AttentionShape s = mla_.shape(1, pos0 + n);
+    Tensor out = k_.empty({n, s.heads * s.head_dim});
+    k_.be.attention_decode(cache, pos0, out, s);
+    return k_.row_parallel_residual(mla_.values(out), proj_w_, residual);
+  }
+
+ private:
+  const PartKit& k_;
+  AttentionCore& core_;
+  const Mla& mla_;
+  MlaParams p_;
+  int proj_w_ = -1;
+  Mla::Weights weights_, grads_;
+};
+
+}  // namespace
+
+AttentionParts::AttentionParts(const PartKit& kit) : kit_(kit) {
+  const ModelSpec& s = kit.spec;
+  const ModelPartition& p = kit.part;
+  if (p.cp_size > 1 && p.cp_comm == CpComm::A2A) check_all_to_all_heads(s, p.tp_size, p.cp_size);
+  core_ = make_attention_core(kit.be, kit.act, p.cp_size, p.cp_group, p.cp_comm);
+  if (s.multi_latent_attention) {
+    mla_ = std::make_unique<Mla>(kit.be, kit.act, s, p.tp_size, p.cp_size, p.cp_rank);
+    return;
+  }
+  const int64_t half = s.head_dim() / 2, P = s.max_position_embeddings;
+  Tensor cos = Tensor::empty({P, half}, kit.stat), sin = Tensor::empty({P, half}, kit.stat);
+  if (kit.stat == DType::F64)
+    rope_tables_of(s, P, cos.data<double>(), sin.data<double>());
+  else
+    rope_tables_of(s, P, cos.data<float>(), sin.data<float>());
+  rope_ = std::make_unique<Rotary>(kit.be, cos, sin, s.head_dim(), p.cp_size, p.cp_rank);
+  if (s.qk_layernorm)
+    qk_norm_ = std::make_unique<QkNorm>(kit.be, kit.act, s.num_attention_heads / p.tp_size,
+                                        s.query_groups() / p.tp_size, s.head_dim(), float(s.norm_epsilon));
+}
+
+AttentionParts::~AttentionParts() = default;
+
+std::unique_ptr<BlockPart> AttentionParts::make(ParamStore& params, int64_t layer) {
+  if (mla_) return std::make_unique<MlaAttention>(kit_, params, layer, *core_, *mla_);
+  return std::make_unique<GqaAttention>(kit_, params, layer, *core_, *rope_, qk_norm_.get());
+}
+
+}  // namespace primus

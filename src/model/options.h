@@ -1,0 +1,24 @@
+// The model's run options that a config chooses by name: the enums and their names, nothing else
+// (no dependencies), so that the config library can include it without linking the model. The
+// config parses these keys (config/choices.h); the model only ever sees the enums.
+#pragma once
+
+#include <cstdint>
+
+namespace primus {
+
+// Megatron's recompute_granularity. selective recomputes the cheap, memory-hungry parts (the
+// attention core, SwiGLU and the norms) from saved inputs; full keeps only each block's input
+// and re-runs the whole block before its backward.
+enum class Recompute : uint8_t { None, Selective, Full };
+constexpr const char* recompute_name(Recompute r) {
+  return r == Recompute::Full ? "full" : r == Recompute::Selective ? "selective" : "none";
+}
+
+// cp_comm_type: how attention under context parallelism reaches the other ranks' keys and values.
+//   p2p  ring attention: key/value blocks passed around the cp group while the current one computes
+//   a2a  all-to-all over heads (Ulysses): each rank attends over the whole sequence for heads/cp heads
+enum class CpComm : uint8_t { P2P, A2A };
+constexpr const char* cp_comm_name(CpComm c) { return c == CpComm::P2P ? "p2p" : "a2a"; }
+
+}  // namespace primus

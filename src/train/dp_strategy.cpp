@@ -1,0 +1,273 @@
+#include "train/dp_strategy.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "optim/flat_adamw.h"
+#include "parallel/data_parallel.h"
+#include "parallel/distributed_optimizer.h"
+#include "train/expert_grads.h"
+#include "train/model_parallel_grads.h"
+#include "train/sharded_weights.h"
+
+namespace primus::train {
+namespace {
+
+// Where the dp gradients are summed and the ZeRO shards span: dp, or dp x cp under context
+// parallelism (each cp rank holds its chunks' share of every gradient; Megatron's data-parallel
+// group with context parallel).
+parallel::ProcessGroup& gradient_group(const DpSetup& s) { return s.layout.cp > 1 ? *s.groups.dp_cp : *s.groups.dp; }
+
+// ---- replicated and ZeRO-1: the model's own flat buffers, reduced in buckets -----------------
+
+// The model holds its weights and gradients; the dp buckets start as the W passes finish (a
+// tensor's bucket once the step's last W pass of it is done). Under expert parallelism each
+// expert tensor's gradient is kept aside before its bucket starts and reduced over edp x cp.
+class BucketedStrategy : public DataParallelStrategy {
+ public:
+  void begin_step() override {
+    model_.params().zero_grad();
+    buckets_->reset();
+    std::fill(w_done_.begin(), w_done_.end(), 0);
+  }
+  void finish_gradients() override {
+    const auto whole = [this](int t) { return model_.params().grad_tensor(t); };
+    if (mp_.tied_tensor() >= 0) {  // its bucket waited for the sum over the two stages
+      mp_.sum_tied_embedding(whole);
+      buckets_->mark_ready(mp_.tied_tensor());
+    }
+    buckets_->finish();
+    if (experts_) experts_->reduce();
+    mp_.sum_tensor_parallel(whole);
+  }
+  const Tensor& gradients() const override { return model_.params().grads(); }
+  void load_values(std::span<const float> full) override {
+    Tensor loaded = Tensor::empty({model_.params().numel()});
+    std::copy(full.begin(), full.end(), loaded.data<float>());
+    Tensor values = model_.params().values();  // a handle on the store's buffer (on the GPU for a device store)
+    values.copy_from(loaded);
+    model_.sync_working_weights();
+  }
+  DpMemory memory() const override {
+    const ParamStore& params = model_.params();
+    DpMemory m;
+    m.parameters = double(params.numel()) * double(dtype_size(params.dtype())) +
+                   (model_.has_separate_working_weights() ? double(model_.working_weights().nbytes()) : 0.0);
+    m.gradients = double(params.grads().nbytes());
+    if (experts_) {  // the experts' packed gradients (and under ZeRO-1 their values) beside the model's
+      m.gradients += double(experts_->gradient_bytes());
+      m.parameters += double(experts_->value_bytes());
+    }
+    m.optimizer = optimizer_bytes();
+    return m;
+  }
+
+ protected:
+  BucketedStrategy(const DpSetup& s, parallel::GradReduce reduce);
+  virtual double optimizer_bytes() const = 0;
+  // The experts' squared gradient sum over the whole model (collective over ep and mp), 0 without
+  // expert parallelism. replicated: the plain AdamW (nullptr under ZeRO-1).
+  double experts_sq_sum(const FlatAdamW* replicated) const {
+    if (!experts_) return 0.0;
+    const double mine = mp_.counts_experts() ? experts_->grad_sq_sum(replicated) : 0.0;
+    return groups_.mp->all_reduce_value(groups_.ep->all_reduce_value(mine));
+  }
+
+  LlamaModel& model_;
+  const parallel::MeshGroups& groups_;
+  ModelParallelGrads mp_;
+  std::unique_ptr<ExpertGradients> experts_;  // expert parallel: the experts' reduction over edp x cp
+  std::unique_ptr<parallel::GradBuckets> buckets_;
+
+ private:
+  void weights_done(const std::vector<int>& ids);  // the model's weight-gradient hook
+  std::vector<int> w_done_, w_expected_;            // per tensor: W passes seen this step, and expected
+};
+
+BucketedStrategy::BucketedStrategy(const DpSetup& s, parallel::GradReduce reduce)
+    : model_(s.model), groups_(s.groups), mp_(s.model, s.layout, s.groups, s.me) {
+  model_.init_weights(s.seed);
+  ParamStore& params = model_.params();
+  if (s.layout.ep > 1)
+    experts_ = std::make_unique<ExpertGradients>(params, *s.groups.edp_cp, s.layout.shard_optimizer(), s.adam);
+  parallel::GradBucketsOptions bo;
+  bo.bucket_size = s.bucket_size > 0 ? s.bucket_size : parallel::default_bucket_size(s.layout.dp);
+  bo.overlap_grad_reduce = s.overlap_grad_reduce;
+  bo.reduce = reduce;
+  buckets_ = std::make_unique<parallel::GradBuckets>(gradient_group(s), params.grads().data<float>(), params.numel(),
+                                                     segments_of(params), bo);
+  const int num_tensors = int(params.infos().size());
+  w_done_.assign(num_tensors, 0);
+  w_expected_.resize(num_tensors);
+  for (int t = 0; t < num_tensors; ++t)
+    w_expected_[t] = int(s.layout.microbatches_per_rank) * model_.weight_grad_passes(t);
+  model_.set_weight_grad_hook([this](const std::vector<int>& ids) { weights_done(ids); });
+}
+
+void BucketedStrategy::weights_done(const std::vector<int>& ids) {
+  for (int t : ids)
+    if (++w_done_[t] == w_expected_[t] && t != mp_.tied_tensor()) {
+      if (experts_ && experts_->is_expert(t)) experts_->keep(t);
+      buckets_->mark_ready(t);
+    }
+}
+
+// no_shard: the summed gradients everywhere, AdamW on every rank.
+class ReplicatedStrategy final : public BucketedStrategy {
+ public:
+  explicit ReplicatedStrategy(const DpSetup& s) : BucketedStrategy(s, parallel::GradReduce::AllReduce) {
+    const ParamStore& params = model_.params();
+    adam_ = std::make_unique<FlatAdamW>(s.adam, segments_of(params), params.numel(), params.device());
+  }
+  double gradient_norm() override {
+    const double experts = experts_sq_sum(adam_.get());
+    const double dense = adam_->grad_sq_sum(model_.params().grads(), mp_.counted());
+    return std::sqrt(groups_.mp->all_reduce_value(dense) + experts);
+  }
+  void step(double lr, double grad_scale) override {
+    Tensor* working = model_.has_separate_working_weights() ? &model_.working_weights() : nullptr;
+    adam_->step(model_.params().values(), model_.params().grads(), working, lr, grad_scale);
+  }
+  int64_t step_count() const override { return adam_->step_count(); }
+  DpFullState full_state() const override {
+    DpFullState full;
+    full.store = &model_.params();
+    full.exp_avg = adam_->exp_avg();  // host copies
+    full.exp_avg_sq = adam_->exp_avg_sq();
+    return full;
+  }
+  void load_optimizer(int64_t step, std::span<const float> m, std::span<const float> v) override {
+    adam_->set_state(step, m.data(), v.data());
+  }
+
+ private:
+  double optimizer_bytes() const override { return 2.0 * double(model_.params().numel()) * double(sizeof(float)); }
+  std::unique_ptr<FlatAdamW> adam_;
+};
+
+// optim (ZeRO-1): the buckets reduce-scattered; each rank steps its shards and all-gathers the
+// parameters. The experts, whose slots the all-gather would fill from another rank's experts, get
+// a distributed optimizer of their own over edp (ExpertGradients).
+class DistributedOptimizerStrategy final : public BucketedStrategy {
+ public:
+  explicit DistributedOptimizerStrategy(const DpSetup& s) : BucketedStrategy(s, parallel::GradReduce::ReduceScatter) {
+    dist_ = std::make_unique<parallel::DistributedOptimizer>(*buckets_, model_.params().values().data<float>(), s.adam);
+  }
+  double gradient_norm() override {
+    const double experts = experts_sq_sum(nullptr);
+    const std::vector<int>& counted = mp_.counted();
+    const double dense = dist_->grad_norm(groups_.mp.get(), [&counted](int t) {
+      return std::binary_search(counted.begin(), counted.end(), t);
+    });
+    return experts_ ? std::sqrt(dense * dense + experts) : dense;
+  }
+  void step(double lr, double grad_scale) override {
+    if (experts_) experts_->save_values();
+    dist_->step(lr, grad_scale);
+    if (experts_) experts_->step(lr, grad_scale);  // the experts are not the dp shards'
+    model_.sync_working_weights();
+  }
+  int64_t step_count() const override { return dist_->step_count(); }
+  DpFullState full_state() const override {
+    parallel::FullOptimizerState gathered = dist_->gather_state();  // over dp
+    if (experts_) experts_->gather_state(gathered.exp_avg, gathered.exp_avg_sq);  // the experts' own, over edp
+    DpFullState full;
+    full.store = &model_.params();
+    full.exp_avg = std::move(gathered.exp_avg);
+    full.exp_avg_sq = std::move(gathered.exp_avg_sq);
+    return full;
+  }
+  void load_optimizer(int64_t step, std::span<const float> m, std::span<const float> v) override {
+    dist_->load_state(step, m.data(), v.data(), int64_t(m.size()));
+    if (experts_) experts_->load_state(step, m.data(), v.data());
+  }
+
+ private:
+  double optimizer_bytes() const override {
+    return double(dist_->state_bytes()) +
+           (experts_ ? 2.0 * double(experts_->state_numel()) * double(sizeof(float)) : 0.0);
+  }
+  std::unique_ptr<parallel::DistributedOptimizer> dist_;
+};
+
+// ---- ZeRO-2 and ZeRO-3 / FSDP: the rank's shards ----------------------------------------------
+
+class ShardedStrategy final : public DataParallelStrategy {
+ public:
+  explicit ShardedStrategy(const DpSetup& s);
+  void begin_step() override { sharded_->begin_step(); }
+  void finish_gradients() override {
+    sharded_->finish_gradients();
+    const auto piece = [this](int t) { return sharded_->grad_piece(t); };
+    mp_->sum_tied_embedding(piece);
+    mp_->sum_tensor_parallel(piece);
+  }
+  double gradient_norm() override;
+  void step(double lr, double grad_scale) override { sharded_->step(lr, grad_scale); }
+  int64_t step_count() const override { return sharded_->step_count(); }
+  const Tensor& gradients() const override { return sharded_->grad_shards(); }
+  DpFullState full_state() const override;
+  void load_values(std::span<const float> full) override { sharded_->load_values(full.data()); }
+  void load_optimizer(int64_t step, std::span<const float> m, std::span<const float> v) override {
+    sharded_->load_state(step, m.data(), v.data());
+  }
+  DpMemory memory() const override {  // the rank's shards (and ZeRO-2's whole working copy)
+    return {double(sharded_->parameter_bytes()), double(sharded_->gradient_bytes()),
+            double(sharded_->optimizer_bytes())};
+  }
+
+ private:
+  LlamaModel& model_;
+  const parallel::MeshGroups& groups_;
+  parallel::ProcessGroup& shards_group_;
+  std::unique_ptr<ShardedWeights> sharded_;
+  std::unique_ptr<ModelParallelGrads> mp_;
+};
+
+ShardedStrategy::ShardedStrategy(const DpSetup& s)
+    : model_(s.model), groups_(s.groups), shards_group_(gradient_group(s)) {
+  sharded_ = std::make_unique<ShardedWeights>(
+      model_, shards_group_, s.layout.ep > 1 ? s.groups.edp_cp.get() : nullptr,
+      s.layout.shard_parameters() ? ShardedStage::OptimGradsParams : ShardedStage::OptimGrads, s.adam);
+  model_.set_weight_source(sharded_.get());
+  sharded_->init_weights(s.seed);
+  mp_ = std::make_unique<ModelParallelGrads>(model_, s.layout, s.groups, s.me);
+  // Each unit is reduce-scattered as its W passes finish.
+  model_.set_weight_grad_hook([this](const std::vector<int>& ids) { sharded_->weights_done(ids); });
+}
+
+// Each element of a tensor is on one rank of its shards' group: dense tensors over dp (x cp),
+// experts over edp x cp, then each expert is on one rank of ep.
+double ShardedStrategy::gradient_norm() {
+  const double dense = shards_group_.all_reduce_value(sharded_->grad_sq_sum(mp_->counted()));
+  const double experts =
+      mp_->experts().empty()
+          ? 0.0
+          : groups_.ep->all_reduce_value(groups_.edp_cp->all_reduce_value(
+                mp_->counts_experts() ? sharded_->grad_sq_sum(mp_->experts()) : 0.0));
+  return std::sqrt(groups_.mp->all_reduce_value(dense + experts));
+}
+
+// Every rank of the shards' group gathers the full values and moments of its tensor-parallel and
+// pipeline part (transient host copies), so that the usual writer saves them.
+DpFullState ShardedStrategy::full_state() const {
+  parallel::FullOptimizerState gathered = sharded_->gather_state();
+  DpFullState full;
+  full.gathered.emplace(model_.params());
+  full.gathered->allocate_values(Device::CPU);
+  const std::vector<float> values = sharded_->gather_values();
+  std::copy(values.begin(), values.end(), full.gathered->values().data<float>());
+  full.exp_avg = std::move(gathered.exp_avg);
+  full.exp_avg_sq = std::move(gathered.exp_avg_sq);
+  return full;
+}
+
+}  // namespace
+
+std::unique_ptr<DataParallelStrategy> make_dp_strategy(const DpSetup& setup) {
+  if (setup.layout.shard_gradients()) return std::make_unique<ShardedStrategy>(setup);
+  if (setup.layout.shard_optimizer()) return std::make_unique<DistributedOptimizerStrategy>(setup);
+  return std::make_unique<ReplicatedStrategy>(setup);
+}
+
+}  // namespace primus::train
