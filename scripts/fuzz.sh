@@ -35,7 +35,8 @@ cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_C_COMPI
   || { cat "$build.cmake.log"; exit 1; }
 cmake --build "$build" -j "${PRIMUS_FUZZ_BUILD_JOBS:-2}" --target fuzz_targets >"$build.build.log" 2>&1 \
   || { tail -40 "$build.build.log"; exit 1; }
-targets=(yaml_config idx_header checkpoint_header checkpoint_meta tokenizer_json jsonl_line)
+targets=()
+for f in "$root"/fuzz/fuzz_*.cpp; do t="$(basename "$f" .cpp)"; targets+=("${t#fuzz_}"); done
 mkdir -p "$build/artifacts"
 export ASAN_OPTIONS="detect_leaks=1:allocator_may_return_null=1"
 for t in "${targets[@]}"; do
@@ -45,8 +46,9 @@ for t in "${targets[@]}"; do
   cp -n "$root/fuzz/corpus/$t/"* "$work/" 2>/dev/null || true
   log="$build/fuzz_$t.log"
   # -rss_limit_mb: an input may not make a parser allocate gigabytes; -timeout: nor loop.
+  # -max_len 1 MiB: the corpus holds large seeds (deep nesting, long lines) that must not be cut.
   if ! (cd "$build" && "./fuzz/fuzz_$t" "$work" -jobs=1 -workers=1 -max_total_time="$seconds" -timeout=10 \
-          -rss_limit_mb=2048 -max_len=65536 -print_final_stats=1 -artifact_prefix="$build/artifacts/$t-" \
+          -rss_limit_mb=2048 -max_len=1048576 -print_final_stats=1 -artifact_prefix="$build/artifacts/$t-" \
           >"$log" 2>&1); then
     echo "fuzz_$t: FAILED (see $log and $build/artifacts/)"
     grep -m5 -E "ERROR|SUMMARY|Test unit written" "$log" || tail -20 "$log"

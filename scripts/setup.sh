@@ -20,6 +20,8 @@ APT_PACKAGES=(
   clang-format  # .clang-format: `git clang-format` on the lines a change touches
   libdnnl-dev  # oneDNN: one of the CPU bf16 backend's two GEMMs, the one on AMX tiles
   librsvg2-bin  # rsvg-convert: `analyze run` pictures as PNG beside the SVG
+  python3-protobuf python3-crc32c  # the tests' independent reader of TensorBoard event files
+  libnuma-dev  # --numa: each rank bound to its GPU's NUMA node
 )
 # Tools that may already come from elsewhere (e.g. a Node.js install outside apt): installed from
 # Debian only when the command is missing, so that the two never conflict.

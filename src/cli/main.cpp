@@ -74,13 +74,12 @@ int main(int argc, char** argv) {
     const int rc = launch(task_args);
     primus::parallel::finalize_mpi();  // a task that trained over MPI leaves it up for the exit
     return rc;
-  } catch (const primus::Error& e) {
-    std::cerr << "error: " << e.what() << "\n";
-    primus::parallel::abort_mpi(1);  // one rank failed: end the others rather than leave them waiting
-    return 1;
   } catch (const std::exception& e) {
-    std::cerr << "error: " << e.what() << "\n";
-    primus::parallel::abort_mpi(1);
+    // One write for the whole line (std::cerr is unbuffered: three insertions would be three
+    // writes, which the lines of other ranks could split), so that the launcher can show the line
+    // that every rank of a job prints once.
+    std::cerr << fmt::format("error: {}\n", e.what());
+    primus::parallel::abort_mpi(1);  // one rank failed: end the others rather than leave them waiting
     return 1;
   }
 }

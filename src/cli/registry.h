@@ -5,6 +5,8 @@
 //   primus-cli <runtime> [runtime options] -- <task> [<subtask>] [task options]
 #pragma once
 
+#include <cerrno>
+#include <cstdlib>
 #include <functional>
 #include <string>
 #include <vector>
@@ -17,6 +19,19 @@ namespace primus::cli {
 
 // A task's setup adds its options to `app` and returns the action to run once parsing is done.
 // The action returns the process exit code.
+// The check of a count option (--nproc, --target-nodes, ...): a whole number of 1 or more, with a
+// message that says so ("--target-nodes: must be a whole number of 1 or more, got 0").
+inline const CLI::Validator kAtLeastOne(
+    [](std::string& v) -> std::string {
+      char* end = nullptr;
+      errno = 0;
+      const long long n = std::strtoll(v.c_str(), &end, 10);
+      if (end == v.c_str() || *end != '\0' || errno != 0 || n < 1)
+        return "must be a whole number of 1 or more, got " + v;
+      return "";
+    },
+    "N>=1");
+
 using TaskAction = std::function<int()>;
 using TaskSetup = std::function<TaskAction(CLI::App& app)>;
 

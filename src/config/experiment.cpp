@@ -57,6 +57,11 @@ const std::vector<KeyInfo>& training_keys() {
                        "the tensors whose name and shape match, leave the others at their initial values, and log "
                        "every tensor dropped or left"),
       KEY(keep_last_checkpoints, "this run's checkpoints kept in `save` (newest saves); older ones are deleted. 0: keep all"),
+      KEY(exit_signal_handler,
+          "on SIGTERM (Slurm's time limit, scancel) finish the step in progress, save a checkpoint "
+          "and exit with code 0"),
+      KEY(exit_duration_in_mins, "save a checkpoint and exit with code 0 after the step that passes this many minutes "
+                                 "since the trainer started (set it below the job's time limit). 0: off"),
       KEY(overwrite, "let this run replace checkpoints of another run (or model) in `save`; off: that is an error"),
       KEY(data_path, "Megatron indexed dataset prefixes, optionally weighted: [0.3, a, 0.7, b]"),
       KEY(split, "train,valid,test proportions of the documents, e.g. 969,30,1"),
@@ -82,11 +87,13 @@ const std::vector<KeyInfo>& training_keys() {
                                  "chunks cp_rank and 2 cp - 1 - cp_rank"),
       KEY(cp_comm_type, "p2p | a2a. p2p: ring attention, key/value blocks passed around the cp group; a2a: "
                         "all-to-all over heads (Ulysses), needs heads and query groups per tp rank divisible by cp"),
-      KEY(expert_model_parallel_size, "expert-parallel ranks (ep), folded into dp: each holds num_experts / ep of the routed experts"),
-      KEY(expert_tensor_parallel_size, "tensor-parallel ranks of the MoE blocks (etp): 1 keeps the experts whole on every "
-                                       "tp rank, tensor_model_parallel_size splits each expert's ffn (and the shared "
-                                       "expert's) over the tp ranks. 0 or null: tensor_model_parallel_size (Megatron's "
-                                       "default)"),
+      KEY(expert_model_parallel_size,
+          "expert-parallel ranks (ep), folded into dp: each holds num_experts / ep of the routed experts"),
+      KEY(expert_tensor_parallel_size,
+          "tensor-parallel ranks of the MoE blocks (etp): 1 keeps the experts whole on every "
+          "tp rank, tensor_model_parallel_size splits each expert's ffn (and the shared "
+          "expert's) over the tp ranks. 0 or null: tensor_model_parallel_size (Megatron's "
+          "default)"),
       KEY(sequence_parallel, "split norms and residuals over the tp ranks by tokens (needs tp > 1)"),
       KEY(pipeline_schedule, "1f1b | interleaved-1f1b | zb-h1 | zb-h2 | zbv | v-half | v-min | dualpipev | zb-auto | "
                              "gpipe"),
@@ -103,7 +110,7 @@ const std::vector<KeyInfo>& training_keys() {
                                            "(ZeRO-3 / FSDP) (Megatron's names); empty: optim when "
                                            "use_distributed_optimizer, else no_shard (docs/context_parallel.md)"),
       KEY(use_torch_fsdp2, "alias of data_parallel_sharding_strategy optim_grads_params (FSDP: parameters, gradients "
-                       "and optimizer state sharded over dp)"),
+                           "and optimizer state sharded over dp)"),
       KEY(overlap_grad_reduce, "start each gradient bucket's reduction as soon as its backward is done"),
       KEY(ddp_bucket_size, "elements per gradient bucket; 0: max(40M, 1M x dp)"),
       KEY(profile, "write a Chrome trace per profiled rank to <run dir>/trace/ (docs/profiling.md)"),
@@ -111,6 +118,20 @@ const std::vector<KeyInfo>& training_keys() {
       KEY(profile_step_end, "profiling ends after this step: steps profile_step_start + 1 .. profile_step_end are "
                             "traced"),
       KEY(profile_ranks, "the ranks that write a trace"),
+      KEY(tensorboard_dir, "write TensorBoard event files with Megatron's tags here (docs/stability.md#tensorboard); "
+                           "empty: none (unless disable_tensorboard is false)"),
+      KEY(disable_tensorboard, "Primus's switch: false writes the event files to <run dir>/tensorboard when "
+                               "tensorboard_dir is empty"),
+      KEY(tensorboard_log_interval, "the per-iteration tags are written for the logged iterations divisible by this"),
+      KEY(tensorboard_queue_size, "events kept in memory before they are written (and at least every 2 minutes, "
+                                  "at each checkpoint and at the end)"),
+      KEY(log_timers_to_tensorboard, "also write iteration-time (s) and throughput (TFLOP/s per rank)"),
+      KEY(log_memory_to_tensorboard, "also write mem-reserved-bytes, mem-allocated-bytes, mem-max-allocated-bytes"),
+      KEY(log_validation_ppl_to_tensorboard, "also write the validation perplexity (lm loss validation ppl)"),
+      KEY(log_world_size_to_tensorboard, "also write world-size"),
+      KEY(log_loss_scale_to_tensorboard, "write loss-scale (1: this engine trains without loss scaling)"),
+      KEY(log_learning_rate_to_tensorboard, "write learning-rate"),
+      KEY(log_batch_size_to_tensorboard, "write batch-size"),
   };
   return keys;
 }
@@ -261,6 +282,18 @@ std::string ExperimentConfig::resolved_yaml() const {
   out["exp_name"] = exp_name;
   out["workspace"] = workspace;
   YAML::Node ov = out["modules"]["pre_trainer"]["overrides"];
+  // One value per key: the training keys are written below, resolved, under their own names; the
+  // model keys live in model_spec. What the config wrote for either (under an alias too) goes.
+  std::vector<std::string> written_elsewhere;
+  const std::vector<std::string> model_keys = model_spec_keys();
+  if (ov.IsMap())
+    for (auto kv : ov) {
+      const std::string k = kv.first.as<std::string>();
+      const ForeignKey* fk = find_foreign_key(k);
+      if ((fk && fk->status == KeyStatus::Applied) || std::find(model_keys.begin(), model_keys.end(), k) != model_keys.end())
+        written_elsewhere.push_back(k);
+    }
+  for (const auto& k : written_elsewhere) ov.remove(k);
   for (const auto& k : training_keys())
     std::visit(
         [&](auto member) {
@@ -352,7 +385,8 @@ void merge_module_config(YamlTree& tree, const YAML::Node& pt, const std::string
   if (!ov.IsMap()) fail("{}: 'overrides' must be a map of key: value", tree.origin("modules.pre_trainer.overrides").str());
   for (auto kv : defaults.root) {
     const std::string k = kv.first.as<std::string>();
-    if (ov[k]) continue;
+    // A null default sets nothing: it must not turn a nullable model key of the preset to "none".
+    if (ov[k] || kv.second.IsNull()) continue;
     ov[k] = kv.second;
     tree.origins["modules.pre_trainer.overrides." + k] = defaults.origin(k);
   }
@@ -376,7 +410,9 @@ YAML::Node read_overrides(ExperimentConfig& cfg, const YAML::Node& pt) {
     if (ti != training_keys().end()) {
       set_training_key(cfg.train, *ti, kv.second, tree.origin(kpath));
     } else if (std::find(model_keys.begin(), model_keys.end(), k) != model_keys.end()) {
-      if (!kv.second.IsNull()) model_overrides[k] = kv.second;  // null: the preset's value
+      // null: "none" for a nullable key (q_lora_rank: null drops the query's low-rank projection),
+      // else the preset's value.
+      if (!kv.second.IsNull() || model_key_nullable(k)) model_overrides[k] = kv.second;
     } else if (const ForeignKey* fk = find_foreign_key(k)) {
       if (fk->status == KeyStatus::NoEffect) {
         if (!kv.second.IsNull()) cfg.no_effect.push_back({k, describe(kv.second), fk->note});
@@ -440,6 +476,10 @@ void derive_and_check(ExperimentConfig& cfg) {
   if (t.profile && t.profile_step_start >= t.train_iters)
     fail("{}: profile_step_start {} leaves nothing to profile in a run of train_iters {}", at("profile_step_start"),
          t.profile_step_start, t.train_iters);
+  if (t.exit_duration_in_mins < 0) fail("{}: exit_duration_in_mins must not be negative", at("exit_duration_in_mins"));
+  if (t.tensorboard_log_interval <= 0)
+    fail("{}: tensorboard_log_interval must be positive", at("tensorboard_log_interval"));
+  if (t.tensorboard_queue_size <= 0) fail("{}: tensorboard_queue_size must be positive", at("tensorboard_queue_size"));
   for (int64_t r : t.profile_ranks)
     if (r < 0) fail("{}: profile_ranks lists rank {}; ranks are 0 or more", at("profile_ranks"), r);
 }

@@ -64,6 +64,8 @@ struct TrainingArgs {
   bool load_strict = true;     // a checkpoint must hold this model (checkpoint/model_fit.h); false: load what matches
   int64_t keep_last_checkpoints = 3;
   bool overwrite = false;     // replace another run's checkpoints in `save` (else an error)
+  bool exit_signal_handler = false;  // SIGTERM: save after the step in progress and exit 0 (safe/early_exit.h)
+  double exit_duration_in_mins = 0;  // > 0: save and exit 0 once this many minutes have passed
   // data
   std::vector<std::string> data_path;
   std::string split = "969,30,1";
@@ -102,6 +104,18 @@ struct TrainingArgs {
   int64_t profile_step_start = 10;
   int64_t profile_step_end = 12;
   std::vector<int64_t> profile_ranks = {0};
+  // TensorBoard event files (Megatron's and Primus's names; safe/tensorboard.h)
+  std::string tensorboard_dir;      // "": none, unless disable_tensorboard is false
+  bool disable_tensorboard = true;  // Primus: false writes them to <run dir>/tensorboard
+  int64_t tensorboard_log_interval = 1;
+  int64_t tensorboard_queue_size = 1000;
+  bool log_timers_to_tensorboard = false;
+  bool log_memory_to_tensorboard = false;
+  bool log_validation_ppl_to_tensorboard = false;
+  bool log_world_size_to_tensorboard = false;
+  bool log_loss_scale_to_tensorboard = true;
+  bool log_learning_rate_to_tensorboard = true;
+  bool log_batch_size_to_tensorboard = true;
 };
 
 using FieldRef = std::variant<int64_t TrainingArgs::*, double TrainingArgs::*, bool TrainingArgs::*,

@@ -6,6 +6,7 @@
 
 #include <fmt/format.h>
 
+#include "core/bytes.h"
 #include "core/error.h"
 
 namespace fs = std::filesystem;
@@ -54,8 +55,24 @@ std::string substitute_env(const std::string& text, const Origin& where) {
   return out;
 }
 
-// Records origins of every leaf and substitutes variables in place.
-void annotate(YAML::Node node, const std::string& path, const std::string& file, YamlTree& tree) {
+// Bounds on a config file, checked before it is walked: real configs are a few kilobytes, a few
+// levels deep, with at most thousands of values. yaml-cpp's parser stops at 2000 levels itself, but
+// what follows here recurses once per level, and aliases (*name) share one node among many places:
+// a few lines of aliases to aliases stand for billions of values.
+constexpr uint64_t kMaxConfigBytes = uint64_t(16) << 20;
+constexpr int kMaxConfigDepth = 64;
+constexpr int64_t kMaxConfigValues = 100'000;
+
+// Records origins of every leaf and substitutes variables in place. `values` counts the nodes
+// visited (an alias's target once per use).
+void annotate(YAML::Node node, const std::string& path, const std::string& file, YamlTree& tree, int depth,
+              int64_t& values) {
+  if (++values > kMaxConfigValues)
+    fail("{}: the config holds more than {} values (each use of an alias counts its target again); a real "
+         "config has a few thousand", file, kMaxConfigValues);
+  if ((node.IsMap() || node.IsSequence()) && depth >= kMaxConfigDepth)
+    fail("{}:{}: maps and lists nest more than {} levels deep here; a real config needs a few", file,
+         node.Mark().line + 1, kMaxConfigDepth);
   if (node.IsMap()) {
     std::map<std::string, int> seen;  // key -> line: yaml-cpp keeps both of a duplicate pair
     for (auto kv : node) {
@@ -67,10 +84,10 @@ void annotate(YAML::Node node, const std::string& path, const std::string& file,
         fail("{}:{}: duplicate key '{}'{} (first set at line {}); YAML keeps one of them silently, remove the other",
              file, line, key, path.empty() ? "" : " in " + path, it->second);
       tree.origins[join(path, key)] = Origin{file, line};
-      annotate(kv.second, join(path, key), file, tree);
+      annotate(kv.second, join(path, key), file, tree, depth + 1, values);
     }
   } else if (node.IsSequence()) {
-    for (size_t i = 0; i < node.size(); ++i) annotate(node[i], path, file, tree);
+    for (size_t i = 0; i < node.size(); ++i) annotate(node[i], path, file, tree, depth + 1, values);
   } else if (node.IsScalar()) {
     const std::string s = node.Scalar();
     if (s.find("${") != std::string::npos) node = substitute_env(s, Origin{file, node.Mark().line + 1});
@@ -106,6 +123,9 @@ YamlTree load_rec(const std::string& path, std::vector<std::string>& stack) {
   for (const auto& s : stack)
     if (s == canon) fail("{}: extends cycle back to itself", path);
   if (!fs::is_regular_file(path)) fail("config file {} does not exist or is not a file", path);
+  if (const uint64_t size = fs::file_size(path); size > kMaxConfigBytes)
+    fail("config file {} is {}, more than the {} a config may have", path, human_bytes(size),
+         human_bytes(kMaxConfigBytes));
   YAML::Node doc;
   try {
     doc = YAML::LoadFile(path);
@@ -139,7 +159,8 @@ YamlTree load_rec(const std::string& path, std::vector<std::string>& stack) {
     doc.remove("extends");
   }
   YamlTree own;
-  annotate(doc, "", path, own);
+  int64_t values = 0;
+  annotate(doc, "", path, own, 0, values);
   merge_into(result.root, doc);
   for (auto& [k, o] : own.origins) result.origins[k] = o;
   stack.pop_back();

@@ -1,13 +1,12 @@
 #include "data/normalizer.h"
 
-#include <functional>
-
 #include <unicode/unorm2.h>
 #include <unicode/ustring.h>
 
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "data/component_steps.h"
 
 namespace primus::data {
 
@@ -54,12 +53,10 @@ std::string unicode_normalize(std::string_view s, const std::string& form) {
 
 TextNormalizer TextNormalizer::from_json(const json& node, const std::string& where) {
   TextNormalizer t;
-  std::function<void(const json&)> add = [&](const json& n) {
-    if (n.is_null()) return;
+  for (const json* step : component_steps(node, "normalizers", fmt::format("tokenizer file '{}': normalizer", where))) {
+    const json& n = *step;
     const std::string type = n.value("type", "");
-    if (type == "Sequence") {
-      for (const auto& m : n.at("normalizers")) add(m);
-    } else if (type == "NFC" || type == "NFKC" || type == "NFD" || type == "NFKD") {
+    if (type == "NFC" || type == "NFKC" || type == "NFD" || type == "NFKD") {
       t.steps_.push_back({Step::Form, type, ""});
     } else if (type == "Prepend") {
       t.steps_.push_back({Step::Prepend, n.at("prepend").get<std::string>(), ""});
@@ -75,8 +72,7 @@ TextNormalizer TextNormalizer::from_json(const json& node, const std::string& wh
       fail("tokenizer file '{}': normalizer '{}' is not supported (NFC, NFKC, NFD, NFKD, Prepend, Replace, "
            "Sequence)", where, type);
     }
-  };
-  add(node);
+  }
   return t;
 }
 

@@ -13,8 +13,11 @@
 #include <nlohmann/json.hpp>
 #include <sentencepiece_processor.h>
 
+#include "core/bounded_json.h"
+#include "core/bytes.h"
 #include "core/error.h"
 #include "data/bpe.h"
+#include "data/component_steps.h"
 #include "data/normalizer.h"
 
 namespace primus::data {
@@ -24,10 +27,16 @@ using json = nlohmann::json;
 
 namespace {
 
+// Tokenizer files are read whole; the largest real ones (Gemma 3's tokenizer.json) are about 33 MB.
+constexpr uint64_t kMaxTokenizerFileBytes = uint64_t(256) << 20;
+
 std::string read_file(const std::string& path, const char* what) {
   std::error_code ec;
   if (!fs::exists(path, ec)) fail("{} '{}' does not exist", what, path);
   if (fs::is_directory(path, ec)) fail("{} '{}' is a folder, expected a file", what, path);
+  if (const uint64_t size = fs::file_size(path, ec); !ec && size > kMaxTokenizerFileBytes)
+    fail("{} '{}' is {}, more than the {} a tokenizer file may have", what, path, human_bytes(size),
+         human_bytes(kMaxTokenizerFileBytes));
   std::ifstream f(path, std::ios::binary);
   if (!f) fail("cannot read {} '{}'", what, path);
   std::ostringstream ss;
@@ -272,9 +281,8 @@ std::unique_ptr<Tokenizer> build_tiktoken(const TokenizerOptions& o) {
   std::vector<std::string> ranks;
   if (!data.empty() && data[0] == '[') {
     // Megatron's JSON list: [{"rank": i, "token_bytes": base64, "token_str": ...}, ...]
-    json j;
+    const json j = parse_json(data, fmt::format("tiktoken rank file '{}'", o.model));
     try {
-      j = json::parse(data);
       for (size_t i = 0; i < j.size(); ++i) {
         if (j[i].at("rank").get<size_t>() != i) fail("{}: entry {} has rank {}", o.model, i, j[i].at("rank").dump());
         ranks.push_back(base64_decode(j[i].at("token_bytes").get<std::string>(), o.model));
@@ -379,6 +387,107 @@ int32_t token_id(const json& v, const std::string& where, const std::string& tok
   return v.get<int32_t>();
 }
 
+// Byte-level BPE (GPT-2, Llama 3, Qwen) names ByteLevel in its pre-tokenizer or decoder; otherwise
+// the vocabulary is text with a space marker (SentencePiece-style: Llama 2, Mistral, Gemma).
+bool has_byte_level(const json& component, const char* list_key, const std::string& where, const char* what) {
+  for (const json* step : component_steps(component, list_key, fmt::format("tokenizer file '{}': {}", where, what)))
+    if (step->value("type", "") == "ByteLevel") return true;
+  return false;
+}
+
+// Pre-tokenizer: Split(regex) steps, ByteLevel (whose use_regex means GPT-2's regex) and
+// Metaspace, applied in order.
+void read_pre_tokenizer(const json& component, const std::string& where, BpeTokenizer::Config& cfg) {
+  using Step = BpeTokenizer::PreStep;
+  for (const json* step :
+       component_steps(component, "pretokenizers", fmt::format("tokenizer file '{}': pre-tokenizer", where))) {
+    const json& p = *step;
+    const std::string t = p.value("type", "");
+    if (t == "Split") {
+      const json& pat = p.at("pattern");
+      Step st;
+      if (pat.contains("Regex")) st = Step::of(Step::Regex, pat["Regex"].get<std::string>());
+      else if (pat.contains("String"))  // a literal: quoted for PCRE2
+        st = Step::of(Step::Regex, "\\Q" + pat["String"].get<std::string>() + "\\E");
+      else fail("tokenizer file '{}': Split has neither a Regex nor a String pattern", where);
+      const std::string behavior = p.value("behavior", "Isolated");
+      const std::vector<std::string> names = {"Isolated", "Removed", "MergedWithPrevious", "MergedWithNext",
+                                              "Contiguous"};
+      auto it = std::find(names.begin(), names.end(), behavior);
+      if (it == names.end())
+        fail("tokenizer file '{}': Split behavior '{}' is unknown ({})", where, behavior, fmt::join(names, ", "));
+      st.behavior = static_cast<Step::Behavior>(it - names.begin());
+      st.invert = p.value("invert", false);
+      cfg.pre.push_back(st);
+    } else if (t == "ByteLevel") {
+      if (p.value("add_prefix_space", false)) cfg.pre.push_back(Step::of(Step::PrefixSpace));
+      if (p.value("use_regex", true)) cfg.pre.push_back(Step::of(Step::Regex, known_tiktoken_pattern("gpt2")));
+    } else if (t == "Metaspace") {
+      Step st = Step::of(Step::Metaspace);
+      st.replacement = p.value("replacement", "\u2581");
+      // Older files say add_prefix_space (false: never), newer ones prepend_scheme; the HF library
+      // lets an explicit false win.
+      std::string scheme = p.value("add_prefix_space", true) ? p.value("prepend_scheme", "always") : "never";
+      if (scheme == "always") st.prepend = Step::Always;
+      else if (scheme == "first") st.prepend = Step::First;
+      else if (scheme == "never") st.prepend = Step::Never;
+      else fail("tokenizer file '{}': Metaspace prepend_scheme '{}' is unknown (always, first, never)", where, scheme);
+      st.split = p.value("split", true);
+      if (st.replacement.empty()) fail("tokenizer file '{}': Metaspace has an empty replacement", where);
+      cfg.pre.push_back(st);
+    } else {
+      fail("tokenizer file '{}': pre-tokenizer '{}' is not supported (Split, ByteLevel, Metaspace, Sequence)", where,
+           t);
+    }
+  }
+}
+
+// Decoder of a char-level vocabulary: the space marker back to spaces, <0xXX> tokens to bytes.
+void read_decoder(const json& component, const std::string& where, BpeTokenizer::Config& cfg) {
+  for (const json* step : component_steps(component, "decoders", fmt::format("tokenizer file '{}': decoder", where))) {
+    const json& d = *step;
+    const std::string t = d.value("type", "");
+    if (t == "Replace" && d.at("pattern").contains("String") && d.value("content", "") == " ") {
+      cfg.space_marker = d["pattern"]["String"].get<std::string>();
+    } else if (t == "Metaspace") {
+      cfg.space_marker = d.value("replacement", "\u2581");
+      if (d.value("add_prefix_space", true) && d.value("prepend_scheme", "always") != "never") cfg.strip_leading = 1;
+    } else if (t == "ByteFallback") {
+      cfg.byte_fallback_decode = true;
+    } else if (t == "Strip") {
+      if (d.value("content", " ") != " " || d.value("stop", 0) != 0)
+        fail("tokenizer file '{}': decoder Strip other than of leading spaces is not supported", where);
+      cfg.strip_leading = d.value("start", 0);
+    } else if (t != "Fuse" && t != "ByteLevel") {
+      fail("tokenizer file '{}': decoder '{}' is not supported (Replace, ByteFallback, Fuse, Strip, Metaspace, "
+           "ByteLevel, Sequence)", where, t);
+    }
+  }
+}
+
+// Post-processor: the single-sequence template's special tokens (e.g. Llama 3's BOS).
+void read_post_processor(const json& component, const std::string& where, BpeTokenizer::Config& cfg) {
+  for (const json* step :
+       component_steps(component, "processors", fmt::format("tokenizer file '{}': post-processor", where))) {
+    const json& p = *step;
+    const std::string t = p.value("type", "");
+    if (t == "TemplateProcessing") {
+      bool after = false;
+      for (const auto& item : p.at("single")) {
+        if (item.contains("Sequence")) {
+          after = true;
+        } else if (item.contains("SpecialToken")) {
+          std::string name = item["SpecialToken"].at("id").get<std::string>();
+          for (const json& id : p.at("special_tokens").at(name).at("ids"))
+            (after ? cfg.suffix : cfg.prefix).push_back(token_id(id, where, name));
+        }
+      }
+    } else if (t != "ByteLevel") {
+      fail("tokenizer file '{}': post-processor '{}' is not supported (TemplateProcessing, ByteLevel)", where, t);
+    }
+  }
+}
+
 std::unique_ptr<Tokenizer> build_hf(const TokenizerOptions& o) {
   if (o.model.empty()) fail("HuggingFaceTokenizer needs --tokenizer-model (tokenizer.json or its folder)");
   fs::path path = o.model;
@@ -386,12 +495,7 @@ std::unique_ptr<Tokenizer> build_hf(const TokenizerOptions& o) {
   if (fs::is_directory(path, ec)) path /= "tokenizer.json";
   std::string text = read_file(path.string(), "tokenizer file");
   const std::string where = path.string();
-  json j;
-  try {
-    j = json::parse(text);
-  } catch (const json::exception& e) {
-    fail("tokenizer file '{}' is not valid JSON: {}", where, e.what());
-  }
+  const json j = parse_json(text, fmt::format("tokenizer file '{}'", where));
   BpeTokenizer::Config cfg;
   cfg.type = "HuggingFaceTokenizer";
   std::vector<std::string> token_bytes;
@@ -409,21 +513,8 @@ std::unique_ptr<Tokenizer> build_hf(const TokenizerOptions& o) {
         fail("tokenizer file '{}': BPE {} '{}' is not supported", where, k, model[k].get<std::string>());
     if (model.contains("dropout") && !model["dropout"].is_null() && model["dropout"].get<double>() > 0)
       fail("tokenizer file '{}': BPE dropout is not supported (it makes encoding random)", where);
-    // Byte-level BPE (GPT-2, Llama 3, Qwen) names ByteLevel in its pre-tokenizer or decoder; otherwise
-    // the vocabulary is text with a space marker (SentencePiece-style: Llama 2, Mistral, Gemma).
-    std::function<bool(const json&)> has_byte_level = [&](const json& n) {
-      if (n.is_object()) {
-        if (n.value("type", "") == "ByteLevel") return true;
-        for (const auto& [k, v] : n.items())
-          if (has_byte_level(v)) return true;
-      } else if (n.is_array()) {
-        for (const auto& v : n)
-          if (has_byte_level(v)) return true;
-      }
-      return false;
-    };
-    cfg.char_level =
-        !has_byte_level(j.value("pre_tokenizer", json())) && !has_byte_level(j.value("decoder", json()));
+    cfg.char_level = !has_byte_level(j.value("pre_tokenizer", json()), "pretokenizers", where, "pre-tokenizer") &&
+                     !has_byte_level(j.value("decoder", json()), "decoders", where, "decoder");
 
     // Byte-level vocabulary: each character stands for one byte.
     auto b2u = bytes_to_unicode();
@@ -518,99 +609,9 @@ std::unique_ptr<Tokenizer> build_hf(const TokenizerOptions& o) {
              t.at("content").dump());
     }
 
-    // Pre-tokenizer: Split(regex) steps, ByteLevel (whose use_regex means GPT-2's regex) and
-    // Metaspace, applied in order.
-    using Step = BpeTokenizer::PreStep;
-    std::function<void(const json&)> pre = [&](const json& p) {
-      if (p.is_null()) return;
-      std::string t = p.value("type", "");
-      if (t == "Sequence") {
-        for (const auto& q : p.at("pretokenizers")) pre(q);
-      } else if (t == "Split") {
-        const json& pat = p.at("pattern");
-        Step st;
-        if (pat.contains("Regex")) st = Step::of(Step::Regex, pat["Regex"].get<std::string>());
-        else if (pat.contains("String"))  // a literal: quoted for PCRE2
-          st = Step::of(Step::Regex, "\\Q" + pat["String"].get<std::string>() + "\\E");
-        else fail("tokenizer file '{}': Split has neither a Regex nor a String pattern", where);
-        const std::string behavior = p.value("behavior", "Isolated");
-        const std::vector<std::string> names = {"Isolated", "Removed", "MergedWithPrevious", "MergedWithNext",
-                                                "Contiguous"};
-        auto it = std::find(names.begin(), names.end(), behavior);
-        if (it == names.end())
-          fail("tokenizer file '{}': Split behavior '{}' is unknown ({})", where, behavior, fmt::join(names, ", "));
-        st.behavior = static_cast<Step::Behavior>(it - names.begin());
-        st.invert = p.value("invert", false);
-        cfg.pre.push_back(st);
-      } else if (t == "ByteLevel") {
-        if (p.value("add_prefix_space", false)) cfg.pre.push_back(Step::of(Step::PrefixSpace));
-        if (p.value("use_regex", true)) cfg.pre.push_back(Step::of(Step::Regex, known_tiktoken_pattern("gpt2")));
-      } else if (t == "Metaspace") {
-        Step st = Step::of(Step::Metaspace);
-        st.replacement = p.value("replacement", "\u2581");
-        // Older files say add_prefix_space (false: never), newer ones prepend_scheme; the HF library
-        // lets an explicit false win.
-        std::string scheme = p.value("add_prefix_space", true) ? p.value("prepend_scheme", "always") : "never";
-        if (scheme == "always") st.prepend = Step::Always;
-        else if (scheme == "first") st.prepend = Step::First;
-        else if (scheme == "never") st.prepend = Step::Never;
-        else fail("tokenizer file '{}': Metaspace prepend_scheme '{}' is unknown (always, first, never)", where, scheme);
-        st.split = p.value("split", true);
-        if (st.replacement.empty()) fail("tokenizer file '{}': Metaspace has an empty replacement", where);
-        cfg.pre.push_back(st);
-      } else {
-        fail("tokenizer file '{}': pre-tokenizer '{}' is not supported (Split, ByteLevel, Metaspace, Sequence)",
-             where, t);
-      }
-    };
-    pre(j.value("pre_tokenizer", json()));
-
-    // Decoder of a char-level vocabulary: the space marker back to spaces, <0xXX> tokens to bytes.
-    std::function<void(const json&)> dec = [&](const json& d) {
-      if (d.is_null()) return;
-      std::string t = d.value("type", "");
-      if (t == "Sequence") {
-        for (const auto& q : d.at("decoders")) dec(q);
-      } else if (t == "Replace" && d.at("pattern").contains("String") && d.value("content", "") == " ") {
-        cfg.space_marker = d["pattern"]["String"].get<std::string>();
-      } else if (t == "Metaspace") {
-        cfg.space_marker = d.value("replacement", "\u2581");
-        if (d.value("add_prefix_space", true) && d.value("prepend_scheme", "always") != "never")
-          cfg.strip_leading = 1;
-      } else if (t == "ByteFallback") {
-        cfg.byte_fallback_decode = true;
-      } else if (t == "Strip") {
-        if (d.value("content", " ") != " " || d.value("stop", 0) != 0)
-          fail("tokenizer file '{}': decoder Strip other than of leading spaces is not supported", where);
-        cfg.strip_leading = d.value("start", 0);
-      } else if (t != "Fuse" && t != "ByteLevel") {
-        fail("tokenizer file '{}': decoder '{}' is not supported (Replace, ByteFallback, Fuse, Strip, Metaspace, "
-             "ByteLevel, Sequence)", where, t);
-      }
-    };
-    dec(j.value("decoder", json()));
-
-    // Post-processor: the single-sequence template's special tokens (e.g. Llama 3's BOS).
-    std::function<void(const json&)> post = [&](const json& p) {
-      if (p.is_null()) return;
-      std::string t = p.value("type", "");
-      if (t == "Sequence") {
-        for (const auto& q : p.at("processors")) post(q);
-      } else if (t == "TemplateProcessing") {
-        bool after = false;
-        for (const auto& item : p.at("single")) {
-          if (item.contains("Sequence")) {
-            after = true;
-          } else if (item.contains("SpecialToken")) {
-            std::string name = item["SpecialToken"].at("id").get<std::string>();
-            for (auto id : p.at("special_tokens").at(name).at("ids")) (after ? cfg.suffix : cfg.prefix).push_back(id);
-          }
-        }
-      } else if (t != "ByteLevel") {
-        fail("tokenizer file '{}': post-processor '{}' is not supported (TemplateProcessing, ByteLevel)", where, t);
-      }
-    };
-    post(j.value("post_processor", json()));
+    read_pre_tokenizer(j.value("pre_tokenizer", json()), where, cfg);
+    read_decoder(j.value("decoder", json()), where, cfg);
+    read_post_processor(j.value("post_processor", json()), where, cfg);
   } catch (const json::exception& e) {
     fail("tokenizer file '{}' is not a tokenizer.json this reader understands: {}", where, e.what());
   }
@@ -624,7 +625,8 @@ std::unique_ptr<Tokenizer> build_hf(const TokenizerOptions& o) {
   fs::path config = path.parent_path() / "tokenizer_config.json";
   if (fs::exists(config, ec)) {
     try {
-      json c = json::parse(read_file(config.string(), "tokenizer config"));
+      const json c = parse_json(read_file(config.string(), "tokenizer config"),
+                                fmt::format("tokenizer config '{}'", config.string()));
       if (c.contains("bos_token")) cfg.bos = id_of(token_text(c["bos_token"]));
       if (c.contains("eos_token")) cfg.eos = id_of(token_text(c["eos_token"]));
       if (c.contains("pad_token")) cfg.pad = id_of(token_text(c["pad_token"]));

@@ -1,6 +1,9 @@
 #include "hf/hf_checkpoint.h"
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -11,11 +14,15 @@
 
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/model_fit.h"
+#include "core/bounded_json.h"
+#include "core/bytes.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "data/tokenizer.h"
 #include "hf/safetensors.h"
 #include "model/param_store.h"
+#include "plan/memory_estimate.h"
+#include "safe/disk.h"
 
 namespace primus::hf {
 
@@ -58,12 +65,13 @@ std::vector<Mapping> name_map(const ModelSpec& s) {
   return m;
 }
 
-// A ParamStore holding the whole model in the order of model_parameter_layout (as LlamaModel's).
+// A ParamStore holding the whole model's values (no gradients: nothing is trained here) in the
+// order of model_parameter_layout (as LlamaModel's).
 std::unique_ptr<ParamStore> whole_model_store(const ModelSpec& spec) {
   auto store = std::make_unique<ParamStore>();
   for (const ParamInfo& p : model_parameter_layout(spec))
     store->add(p.name, p.shape, p.shape.size() == 1 ? ParamInit::Ones : ParamInit::Normal, p.weight_decay);
-  store->allocate();
+  store->allocate_values();
   return store;
 }
 
@@ -77,14 +85,11 @@ T get(const json& c, const char* key, const std::string& where) {
   }
 }
 
+// config.json files are a few kilobytes.
 json read_json(const fs::path& p, const char* what) {
-  std::ifstream f(p);
-  if (!f) fail("cannot read {} '{}'", what, p.string());
-  try {
-    return json::parse(f);
-  } catch (const json::exception& e) {
-    fail("{} '{}' is not valid JSON: {}", what, p.string(), e.what());
-  }
+  JsonLimits limits;
+  limits.max_bytes = uint64_t(16) << 20;
+  return read_json_file(p, fmt::format("{} '{}'", what, p.string()), limits);
 }
 
 }  // namespace
@@ -200,21 +205,81 @@ json hf_config_from_spec(const ModelSpec& s, const std::string& arch, const std:
   return c;
 }
 
-std::string import_hf(const ImportOptions& o) {
-  const fs::path dir(o.hf_dir);
-  const std::string where = (dir / "config.json").string();
-  std::string arch;
-  const ModelSpec spec = spec_from_hf_config(read_json(dir / "config.json", "Hugging Face config"), where, &arch);
-  SafetensorsReader st(o.hf_dir);
+namespace {
 
-  auto store = whole_model_store(spec);
+// Folders this command creates, removed again (when still empty) if it fails: a failed import or
+// export leaves nothing behind. Records the path's missing ancestors before anything is written.
+class CreatedFolders {
+ public:
+  explicit CreatedFolders(const fs::path& path) {
+    std::error_code ec;
+    for (fs::path p = fs::absolute(path); !p.empty() && !fs::exists(p, ec); p = p.parent_path()) {
+      missing_.push_back(p);
+      if (p == p.parent_path()) break;
+    }
+  }
+  ~CreatedFolders() {
+    if (!kept_)
+      for (const fs::path& p : missing_) {  // deepest first; remove() leaves a folder that is not empty
+        std::error_code ec;
+        fs::remove(p, ec);
+      }
+  }
+  void keep() { kept_ = true; }
+
+ private:
+  std::vector<fs::path> missing_;
+  bool kept_ = false;
+};
+
+// What an import holds at once: every parameter as fp32 plus the checkpoint's zero optimizer
+// moments (4 + 4 bytes each), and the largest tensor while it is converted (its bytes as stored
+// and as fp32: up to 8 bytes a value). Computed from one layer (imported models are dense: every
+// layer has the same tensors), so an absurd num_hidden_layers costs nothing to refuse.
+void check_import_memory(const ModelSpec& spec, const std::string& where) {
+  ModelSpec one = spec;
+  one.num_layers = 1;
+  double outside = 0, layer = 0, largest = 0;
+  for (const ParamInfo& p : model_parameter_layout(one)) {
+    (p.name.starts_with("decoder.layers.") ? layer : outside) += double(p.numel);
+    largest = std::max(largest, double(p.numel));
+  }
+  const double params = outside + layer * double(spec.num_layers);
+  const double need = 8 * params + 8 * largest;
+  const uint64_t available = plan::host_available_bytes();
+  if (available == 0 || need <= double(available)) return;
+  auto size = [](double b) { return human_bytes(uint64_t(std::min(b, 1e19))); };
+  fail("{} describes a model of {:.0f} parameters ({} layers of {:.0f}, {:.0f} outside the layers); importing it "
+       "needs about {} of memory ({} of fp32 values, {} of zero optimizer moments for the checkpoint, {} to convert "
+       "the largest tensor), and this host has {} free (MemAvailable). Check num_hidden_layers, hidden_size, "
+       "intermediate_size and vocab_size there",
+       where, params, spec.num_layers, layer, outside, size(need), size(4 * params), size(4 * params),
+       size(8 * largest), human_bytes(available));
+}
+
+// NaN and Inf values of one tensor: refused, or a warning with allow_nonfinite.
+void check_finite(const std::vector<float>& v, const std::string& name, const ImportOptions& o) {
+  int64_t nan = 0, inf = 0;
+  for (float x : v) nan += std::isnan(x), inf += std::isinf(x);
+  if (nan + inf == 0) return;
+  const std::string what =
+      fmt::format("{}: tensor '{}' has {} NaN and {} infinite values (of {})", o.hf_dir, name, nan, inf, v.size());
+  if (!o.allow_nonfinite)
+    fail("{}; a model with them computes NaN. --allow-nonfinite imports it anyway", what);
+  log::warn("{}; imported anyway (--allow-nonfinite)", what);
+}
+
+// Fills `store` (our tensors) from the Hugging Face tensors; every tensor of the folder must find
+// its place.
+void fill_store(const SafetensorsReader& st, const ModelSpec& spec, const std::string& arch, ParamStore& store,
+                const ImportOptions& o) {
   std::map<std::string, bool> used;
   for (const auto& [name, t] : st.tensors()) used[name] = false;
   for (const Mapping& m : name_map(spec)) {
-    const int id = store->find(m.ours);
+    const int id = store.find(m.ours);
     if (id < 0) fail("internal: the model has no tensor '{}'", m.ours);
-    const StoredParam& p = store->infos()[id];
-    float* dst = store->value<float>(id);
+    const StoredParam& p = store.infos()[id];
+    float* dst = store.value<float>(id);
     int64_t filled = 0, rows = 0;
     for (const std::string& h : m.theirs) {
       const TensorEntry& e = st.entry(h);
@@ -227,6 +292,7 @@ std::string import_hf(const ImportOptions& o) {
       if (rows > (p.shape.empty() ? 1 : p.shape[0]))
         fail("{}: tensor '{}' does not fit {} of shape [{}]", o.hf_dir, h, m.ours, fmt::join(p.shape, ", "));
       const std::vector<float> v = st.as_f32(h);
+      check_finite(v, h, o);
       std::copy(v.begin(), v.end(), dst + filled);
       filled += int64_t(v.size());
       used[h] = true;
@@ -245,8 +311,13 @@ std::string import_hf(const ImportOptions& o) {
     }
     fail("{}: tensor '{}' has no place in a {} model of this config (unsupported feature?)", o.hf_dir, name, arch);
   }
+}
 
-  // The checkpoint's config: the model, and the tokenizer when there is one.
+// The checkpoint's config: the model, and the tokenizer when there is one (read now: a tokenizer
+// that does not load, or whose ids exceed the model's vocabulary, is an import error rather than a
+// surprise in `generate` or training).
+std::string import_config(const ModelSpec& spec, const ImportOptions& o) {
+  const fs::path dir(o.hf_dir);
   YAML::Node cfg;
   cfg["exp_name"] = "hf_import";
   YAML::Node pt = cfg["modules"]["pre_trainer"];
@@ -256,8 +327,6 @@ std::string import_hf(const ImportOptions& o) {
   std::error_code ec;
   if (tok.empty() && fs::exists(dir / "tokenizer.json", ec)) tok = o.hf_dir;
   if (!tok.empty()) {
-    // Read it now: a tokenizer that does not load, or whose ids exceed the model's vocabulary, is an
-    // import error rather than a surprise in `generate` or training.
     data::TokenizerOptions to;
     to.type = "HuggingFaceTokenizer";
     to.model = tok;
@@ -269,15 +338,154 @@ std::string import_hf(const ImportOptions& o) {
   }
   YAML::Emitter e;
   e << cfg;
+  return std::string(e.c_str()) + "\n";
+}
 
+}  // namespace
+
+std::string import_hf(const ImportOptions& o) {
+  const fs::path dir(o.hf_dir);
+  const std::string where = (dir / "config.json").string();
+  std::string arch;
+  const ModelSpec spec = spec_from_hf_config(read_json(dir / "config.json", "Hugging Face config"), where, &arch);
+  check_import_memory(spec, where);  // before anything of the model's size is allocated
+  const std::string config = import_config(spec, o);
+  SafetensorsReader st(o.hf_dir);
+  auto store = whole_model_store(spec);
+  fill_store(st, spec, arch, *store, o);
+
+  CreatedFolders created(o.save_dir);
   checkpoint::TrainState state;
   state.run_id = checkpoint::new_run_id(nullptr);
   checkpoint::SaveOptions so;
   so.overwrite = o.overwrite;
   std::vector<float> zeros(size_t(store->numel()), 0.0f);
-  return checkpoint::save_checkpoint(o.save_dir, *store, zeros.data(), zeros.data(), state,
-                                     std::string(e.c_str()) + "\n", so);
+  const std::string written =
+      checkpoint::save_checkpoint(o.save_dir, *store, zeros.data(), zeros.data(), state, config, so);
+  created.keep();
+  return written;
 }
+
+namespace {
+
+// The files of a Hugging Face model folder that an export writes or that would describe another
+// model beside the exported one: config, weights (safetensors or PyTorch, single or sharded, with
+// their index) and tokenizer files. Anything else in the folder (a README, a licence) is kept.
+bool is_model_file(const std::string& name) {
+  static const std::vector<std::string> exact = {"config.json",          "generation_config.json",
+                                                 "tokenizer.json",       "tokenizer_config.json",
+                                                 "special_tokens_map.json", "tokenizer.model",
+                                                 "model.safetensors.index.json", "pytorch_model.bin.index.json"};
+  if (std::find(exact.begin(), exact.end(), name) != exact.end()) return true;
+  return name.ends_with(".safetensors") || (name.starts_with("pytorch_model") && name.ends_with(".bin"));
+}
+
+// The output folder of an export. The files are written into a temporary folder beside it, then
+// moved into place: a new folder by one rename; an existing one (empty, or with --overwrite) first
+// loses the previous model's files, so that no stale shard or index outlives the export. A failed
+// export removes the temporary folder and leaves the output as it was.
+class ExportFolder {
+ public:
+  ExportFolder(const fs::path& out, bool overwrite)
+      : out_(out), abs_(without_trailing_slash(fs::absolute(out))), created_(abs_.parent_path()) {
+    std::error_code ec;
+    if (fs::exists(out_, ec) && !fs::is_directory(out_, ec)) fail("--output {} is a file, not a folder", out_.string());
+    if (fs::is_directory(out_, ec) && !fs::is_empty(out_, ec) && !overwrite) {
+      std::vector<std::string> names;
+      for (const auto& e : fs::directory_iterator(out_)) names.push_back(e.path().filename().string());
+      std::sort(names.begin(), names.end());
+      if (names.size() > 6) names.resize(6), names.back() = "...";
+      fail("--output {} is not empty ({}); export writes into a new or empty folder. Choose another --output, or add "
+           "--overwrite to replace the Hugging Face model files in it (config, weights, index, tokenizer files; "
+           "other files stay)", out_.string(), fmt::join(names, ", "));
+    }
+    const fs::path parent = abs_.parent_path();
+    fs::create_directories(parent, ec);
+    if (ec) fail("cannot create {}: {}", parent.string(), ec.message());
+    tmp_ = parent / fmt::format(".{}.export-{}", abs_.filename().string(), ::getpid());
+    fs::remove_all(tmp_, ec);
+    fs::create_directory(tmp_, ec);
+    if (ec) fail("cannot create {}: {}", tmp_.string(), ec.message());
+  }
+  ~ExportFolder() {
+    std::error_code ec;
+    if (!tmp_.empty()) fs::remove_all(tmp_, ec);
+  }
+  const fs::path& tmp() const { return tmp_; }
+
+  // Moves the files written into tmp() into the output folder; returns their final paths.
+  std::vector<std::string> commit(const std::vector<std::string>& written) {
+    std::error_code ec;
+    if (!fs::exists(abs_, ec)) {
+      fs::rename(tmp_, abs_);
+      tmp_.clear();
+    } else {
+      for (const auto& e : fs::directory_iterator(abs_))
+        if (e.is_regular_file() && is_model_file(e.path().filename().string())) fs::remove(e.path());
+      for (const auto& f : written) fs::rename(f, abs_ / fs::path(f).filename());
+    }
+    created_.keep();
+    std::vector<std::string> out;
+    for (const auto& f : written) out.push_back((out_ / fs::path(f).filename()).string());
+    return out;
+  }
+
+ private:
+  static fs::path without_trailing_slash(fs::path p) {
+    p = p.lexically_normal();  // "out/", "out/.", "./out" all name out
+    return p.filename().empty() ? p.parent_path() : p;
+  }
+  fs::path out_, abs_, tmp_;  // as given (for messages), absolute, the temporary folder
+  CreatedFolders created_;
+};
+
+// Our tensors split into Hugging Face's, as `dtype`.
+std::vector<TensorOut> hf_tensors(const ModelSpec& spec, const ParamStore& store, const std::vector<float>& values,
+                                  const std::string& dtype) {
+  std::vector<TensorOut> out;
+  for (const Mapping& m : name_map(spec)) {
+    const int id = store.find(m.ours);
+    const StoredParam& p = store.infos()[id];
+    const int64_t row = p.shape.size() > 1 ? p.numel / p.shape[0] : 1;
+    // Row counts of the parts: q, k, v heads; gate, up halves.
+    std::vector<int64_t> parts;
+    if (m.theirs.size() == 3) parts = {spec.q_size(), spec.kv_size(), spec.kv_size()};
+    else if (m.theirs.size() == 2) parts = {spec.ffn_hidden_size, spec.ffn_hidden_size};
+    else parts = {p.shape[0]};
+    int64_t at = p.offset;
+    for (size_t i = 0; i < m.theirs.size(); ++i) {
+      std::vector<float> v(values.begin() + at, values.begin() + at + parts[i] * row);
+      at += parts[i] * row;
+      std::vector<int64_t> shape = p.shape;
+      shape[0] = parts[i];
+      out.push_back({m.theirs[i], dtype, shape, f32_to_bytes(v, dtype)});
+    }
+  }
+  return out;
+}
+
+// The tokenizer files beside the tokenizer.json the checkpoint names, copied into `dir`: a Hugging
+// Face folder is whole with them.
+std::vector<std::string> copy_tokenizer(const YAML::Node& pt, const fs::path& dir) {
+  std::vector<std::string> files;
+  const YAML::Node ov = pt["overrides"];
+  if (!ov || !ov["tokenizer_type"] || ov["tokenizer_type"].as<std::string>() != "HuggingFaceTokenizer" ||
+      !ov["tokenizer_model"])
+    return files;
+  fs::path tok = ov["tokenizer_model"].as<std::string>();
+  std::error_code ec;
+  if (fs::is_directory(tok, ec)) tok /= "tokenizer.json";
+  for (const char* f : {"tokenizer.json", "tokenizer_config.json"}) {
+    const fs::path src = tok.parent_path() / f;
+    if (fs::exists(src, ec)) {
+      fs::copy_file(src, dir / f, fs::copy_options::overwrite_existing);
+      files.push_back((dir / f).string());
+    }
+  }
+  return files;
+}
+
+}  // namespace
 
 std::vector<std::string> export_hf(const ExportOptions& o) {
   if (o.dtype != "F32" && o.dtype != "BF16") fail("export dtype must be F32 or BF16, not '{}'", o.dtype);
@@ -295,46 +503,22 @@ std::vector<std::string> export_hf(const ExportOptions& o) {
   checkpoint::LoadOptions lo;
   lo.optimizer = false;
   const checkpoint::CheckpointData ck = checkpoint::load_checkpoint(dir, *store, lo);
-  std::vector<TensorOut> out;
-  for (const Mapping& m : name_map(spec)) {
-    const int id = store->find(m.ours);
-    const StoredParam& p = store->infos()[id];
-    const int64_t row = p.shape.size() > 1 ? p.numel / p.shape[0] : 1;
-    // Row counts of the parts: q, k, v heads; gate, up halves.
-    std::vector<int64_t> parts;
-    if (m.theirs.size() == 3) parts = {spec.q_size(), spec.kv_size(), spec.kv_size()};
-    else if (m.theirs.size() == 2) parts = {spec.ffn_hidden_size, spec.ffn_hidden_size};
-    else parts = {p.shape[0]};
-    int64_t at = p.offset;
-    for (size_t i = 0; i < m.theirs.size(); ++i) {
-      std::vector<float> v(ck.params.begin() + at, ck.params.begin() + at + parts[i] * row);
-      at += parts[i] * row;
-      std::vector<int64_t> shape = p.shape;
-      shape[0] = parts[i];
-      out.push_back({m.theirs[i], o.dtype, shape, f32_to_bytes(v, o.dtype)});
-    }
+  const std::vector<TensorOut> tensors = hf_tensors(spec, *store, ck.params, o.dtype);
+
+  ExportFolder out(o.out_dir, o.overwrite);
+  uint64_t bytes = 0;
+  for (const TensorOut& t : tensors) bytes += t.bytes.size();
+  safe::require_free(out.tmp().string(), bytes, "the exported weights in");
+  std::vector<std::string> files = write_safetensors(out.tmp().string(), tensors, o.max_shard_bytes, {{"format", "pt"}});
+  const fs::path cfg_path = out.tmp() / "config.json";
+  {
+    std::ofstream f(cfg_path);
+    f << config.dump(2) << "\n";
+    if (!f.flush()) fail("cannot write {}", cfg_path.string());
   }
-  fs::create_directories(o.out_dir);
-  std::vector<std::string> files = write_safetensors(o.out_dir, out, o.max_shard_bytes, {{"format", "pt"}});
-  const fs::path cfg_path = fs::path(o.out_dir) / "config.json";
-  std::ofstream(cfg_path) << config.dump(2) << "\n";
   files.push_back(cfg_path.string());
-  // The tokenizer the checkpoint names, when it is a tokenizer.json: a Hugging Face folder is whole with it.
-  const YAML::Node ov = pt["overrides"];
-  if (ov && ov["tokenizer_type"] && ov["tokenizer_type"].as<std::string>() == "HuggingFaceTokenizer" &&
-      ov["tokenizer_model"]) {
-    fs::path tok = ov["tokenizer_model"].as<std::string>();
-    std::error_code ec;
-    if (fs::is_directory(tok, ec)) tok /= "tokenizer.json";
-    for (const char* f : {"tokenizer.json", "tokenizer_config.json"}) {
-      const fs::path src = tok.parent_path() / f;
-      if (fs::exists(src, ec) && fs::absolute(src) != fs::absolute(fs::path(o.out_dir) / f)) {
-        fs::copy_file(src, fs::path(o.out_dir) / f, fs::copy_options::overwrite_existing);
-        files.push_back((fs::path(o.out_dir) / f).string());
-      }
-    }
-  }
-  return files;
+  for (const auto& f : copy_tokenizer(pt, out.tmp())) files.push_back(f);
+  return out.commit(files);
 }
 
 }  // namespace primus::hf

@@ -31,8 +31,11 @@ struct ImportOptions {
   std::string save_dir;   // our save folder: the checkpoint goes to <save_dir>/iter_0000000
   std::string tokenizer;  // tokenizer.json (or its folder) recorded in the checkpoint's config; "": hf_dir's if any
   bool overwrite = false;
+  bool allow_nonfinite = false;  // NaN / Inf weights: a warning instead of an error
 };
-// Returns the checkpoint folder written.
+// Returns the checkpoint folder written. Before anything of the model's size is allocated, the
+// memory it needs (from config.json) is compared with the host's; the weights are checked to be
+// finite. A failed import leaves no folder behind.
 std::string import_hf(const ImportOptions& options);
 
 struct ExportOptions {
@@ -41,8 +44,11 @@ struct ExportOptions {
   std::string dtype = "F32";  // F32 or BF16
   std::string architecture;   // "": Qwen3ForCausalLM with qk_layernorm, Qwen2ForCausalLM with QKV biases, else LlamaForCausalLM
   uint64_t max_shard_bytes = 5'000'000'000;  // Hugging Face's default shard size ("5GB")
+  bool overwrite = false;  // out_dir may hold files: its model files are replaced, others kept
 };
-// Returns the files written.
+// Returns the files written. out_dir must be new or empty unless `overwrite`; the files are written
+// into a temporary folder beside it and moved into place, after the previous model's files (config,
+// weights, index, tokenizer files) are removed. A failed export leaves out_dir as it was.
 std::vector<std::string> export_hf(const ExportOptions& options);
 
 }  // namespace primus::hf

@@ -5,10 +5,12 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "core/bounded_json.h"
 #include "core/dtype.h"
 #include "core/error.h"
 
@@ -22,6 +24,8 @@ namespace {
 constexpr const char* kIndexName = "model.safetensors.index.json";
 // A header larger than this is not a real model's (HF's own reader refuses above 100 MB).
 constexpr uint64_t kMaxHeader = 100u << 20;
+// The largest real index (DeepSeek-V3's, 91k tensors) is about 9 MB.
+constexpr uint64_t kMaxIndex = uint64_t(64) << 20;
 
 float half_to_float(uint16_t h) {
   const uint32_t sign = uint32_t(h >> 15) << 31, exp = (h >> 10) & 0x1F, man = h & 0x3FF;
@@ -71,29 +75,7 @@ SafetensorsReader::SafetensorsReader(const std::string& path) : where_(path) {
   if (!fs::exists(p, ec)) fail("safetensors path '{}' does not exist", path);
   if (fs::is_directory(p, ec)) {
     if (fs::exists(p / kIndexName, ec)) {
-      const std::string index = (p / kIndexName).string();
-      json j;
-      try {
-        std::ifstream f(index);
-        j = json::parse(f);
-        std::vector<std::string> files;
-        for (auto& [name, file] : j.at("weight_map").items()) {
-          const std::string fn = file.get<std::string>();
-          if (fn.find('/') != std::string::npos || fn.find("..") != std::string::npos)
-            fail("{}: tensor '{}' names file '{}' outside the folder", index, name, fn);
-          files.push_back(fn);
-        }
-        std::sort(files.begin(), files.end());
-        files.erase(std::unique(files.begin(), files.end()), files.end());
-        for (const auto& fn : files) read_header((p / fn).string());
-        for (auto& [name, file] : j.at("weight_map").items()) {
-          auto it = tensors_.find(name);
-          if (it == tensors_.end() || it->second.file != (p / file.get<std::string>()).string())
-            fail("{}: tensor '{}' is not in its file '{}'", index, name, file.get<std::string>());
-        }
-      } catch (const json::exception& e) {
-        fail("'{}' is not a valid safetensors index: {}", index, e.what());
-      }
+      read_index(p);
       return;
     }
     p /= "model.safetensors";
@@ -101,6 +83,41 @@ SafetensorsReader::SafetensorsReader(const std::string& path) : where_(path) {
       fail("folder '{}' holds neither model.safetensors nor {}", path, kIndexName);
   }
   read_header(p.string());
+}
+
+void SafetensorsReader::read_index(const fs::path& dir) {
+  const std::string index = (dir / kIndexName).string();
+  JsonLimits limits;
+  limits.max_bytes = kMaxIndex;
+  limits.unique_keys = true;  // a tensor named twice in weight_map
+  const json j = read_json_file(index, fmt::format("safetensors index '{}'", index), limits);
+  try {
+    std::vector<std::string> files;
+    for (auto& [name, file] : j.at("weight_map").items()) {
+      const std::string fn = file.get<std::string>();
+      if (fn.find('/') != std::string::npos || fn.find("..") != std::string::npos)
+        fail("{}: tensor '{}' names file '{}' outside the folder", index, name, fn);
+      files.push_back(fn);
+    }
+    std::sort(files.begin(), files.end());
+    files.erase(std::unique(files.begin(), files.end()), files.end());
+    // A single model.safetensors beside an index that does not name it: two models in one folder
+    // (e.g. a sharded export over a single-file one), and no way to tell which one is meant.
+    std::error_code ec;
+    if (fs::exists(dir / "model.safetensors", ec) &&
+        !std::binary_search(files.begin(), files.end(), std::string("model.safetensors")))
+      fail("folder '{}' holds model.safetensors and {}, which names other files ({}): they are two different "
+           "models; keep the one you mean and move the other out of the folder",
+           dir.string(), kIndexName, fmt::join(files, ", "));
+    for (const auto& fn : files) read_header((dir / fn).string());
+    for (auto& [name, file] : j.at("weight_map").items()) {
+      auto it = tensors_.find(name);
+      if (it == tensors_.end() || it->second.file != (dir / file.get<std::string>()).string())
+        fail("{}: tensor '{}' is not in its file '{}'", index, name, file.get<std::string>());
+    }
+  } catch (const json::exception& e) {
+    fail("'{}' is not a valid safetensors index: {}", index, e.what());
+  }
 }
 
 void SafetensorsReader::read_header(const std::string& file) {
@@ -112,12 +129,9 @@ void SafetensorsReader::read_header(const std::string& file) {
   uint64_t n = 0;
   for (int i = 7; i >= 0; --i) n = (n << 8) | static_cast<unsigned char>(len_bytes[i]);
   if (n > kMaxHeader || n > size - 8) fail("safetensors file '{}': header length {} does not fit the file", file, n);
-  json h;
-  try {
-    h = json::parse(read_range(file, 8, n));
-  } catch (const json::exception& e) {
-    fail("safetensors file '{}': the header is not valid JSON: {}", file, e.what());
-  }
+  JsonLimits limits;
+  limits.unique_keys = true;  // a tensor named twice: the JSON reader would keep the last one silently
+  const json h = parse_json(read_range(file, 8, n), fmt::format("the header of safetensors file '{}'", file), limits);
   if (!h.is_object()) fail("safetensors file '{}': the header is not a JSON object", file);
   const uint64_t data = 8 + n, data_size = size - data;
   std::vector<std::pair<uint64_t, uint64_t>> ranges;
@@ -126,20 +140,32 @@ void SafetensorsReader::read_header(const std::string& file) {
     TensorEntry t;
     t.name = name;
     t.file = file;
+    // Sizes and offsets must be whole numbers as written: 1e33 (a float to JSON) converted to an
+    // integer is undefined behaviour.
+    auto whole = [&](const json& x, const char* field) {
+      if (!x.is_number_unsigned() || x.get<uint64_t>() > uint64_t(std::numeric_limits<int64_t>::max()))
+        fail("safetensors file '{}': tensor '{}' has {} holding {}, not a size", file, t.name, field, x.dump());
+      return x.get<uint64_t>();
+    };
     try {
       t.dtype = v.at("dtype").get<std::string>();
-      t.shape = v.at("shape").get<std::vector<int64_t>>();
-      const auto& off = v.at("data_offsets");
-      if (!off.is_array() || off.size() != 2) fail("data_offsets must be two numbers");
-      t.begin = off[0].get<uint64_t>(), t.end = off[1].get<uint64_t>();
+      const json& shape = v.at("shape");
+      const json& off = v.at("data_offsets");
+      if (!shape.is_array() || !off.is_array() || off.size() != 2)
+        fail("safetensors file '{}': tensor '{}' needs a shape list and two data_offsets", file, name);
+      for (const json& d : shape) t.shape.push_back(int64_t(whole(d, "shape")));
+      t.begin = whole(off[0], "data_offsets"), t.end = whole(off[1], "data_offsets");
     } catch (const json::exception& e) {
       fail("safetensors file '{}': tensor '{}' has a malformed entry: {}", file, name, e.what());
     }
     const int64_t es = dtype_size(t.dtype);
     if (es == 0) fail("safetensors file '{}': tensor '{}' has unknown dtype '{}'", file, name, t.dtype);
+    uint64_t bytes = uint64_t(es);  // the shape's size, without overflow: no larger than the file
     for (int64_t d : t.shape)
-      if (d < 0 || d > (int64_t(1) << 40)) fail("safetensors file '{}': tensor '{}' has a bad shape", file, name);
-    if (t.begin > t.end || t.end > data_size || t.end - t.begin != uint64_t(t.numel() * es))
+      if (d < 0 || __builtin_mul_overflow(bytes, uint64_t(d), &bytes) || bytes > size)
+        fail("safetensors file '{}': tensor '{}' has shape [{}], which does not fit the file ({} bytes)", file, name,
+             fmt::join(t.shape, ", "), size);
+    if (t.begin > t.end || t.end > data_size || t.end - t.begin != bytes)
       fail("safetensors file '{}': tensor '{}' ({} {}) has data_offsets [{}, {}] that do not match its size or the "
            "file ({} data bytes)", file, name, t.dtype, fmt::join(t.shape, "x"), t.begin, t.end, data_size);
     if (tensors_.count(name)) fail("safetensors: tensor '{}' appears twice ({} and {})", name, tensors_[name].file, file);

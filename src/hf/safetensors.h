@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <filesystem>
 #include <map>
 #include <string>
 #include <vector>
@@ -26,7 +27,9 @@ int64_t dtype_size(const std::string& dtype);
 
 // Reads a model.safetensors file, a folder with model.safetensors, or a folder with
 // model.safetensors.index.json and its shards. Headers are checked on open (offsets inside the
-// file, sizes matching shapes, no overlaps); errors name the file and the tensor.
+// file, sizes matching shapes, no overlaps, no tensor named twice, nesting and size bounded:
+// core/bounded_json.h); errors name the file and the tensor. A folder holding both an index and a
+// model.safetensors that the index does not name is refused: they are two models.
 class SafetensorsReader {
  public:
   explicit SafetensorsReader(const std::string& path);
@@ -37,6 +40,7 @@ class SafetensorsReader {
   std::vector<float> as_f32(const std::string& name) const;  // F32, BF16 or F16, widened exactly
 
  private:
+  void read_index(const std::filesystem::path& dir);
   void read_header(const std::string& file);
   std::string where_;
   std::map<std::string, TensorEntry> tensors_;

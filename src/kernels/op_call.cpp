@@ -11,7 +11,8 @@ double nbytes(const Tensor& t) { return t.defined() ? double(t.nbytes()) : 0.0; 
 int64_t rows(const Tensor& t) { return t.dim() > 0 ? t.size(0) : 0; }
 int64_t cols(const Tensor& t) { return t.dim() > 1 ? t.size(1) : 1; }
 
-OpCall call(const char* op, DType dtype, int64_t a, int64_t b, double flops, double bytes, const void* weight = nullptr) {
+OpCall call(const char* op, DType dtype, int64_t a, int64_t b, double flops, double bytes,
+            const void* weight = nullptr) {
   OpCall c;
   c.op = op;
   c.dtype = c.out = dtype;
@@ -209,7 +210,8 @@ OpCall add_call(const Tensor& a, const Tensor& b, const Tensor& out) {
 }
 
 OpCall ce_init_call(const Tensor& row_max, const Tensor& row_sum, const Tensor& target_logit) {
-  return call("ce_init", row_max.dtype(), rows(row_max), 1, 0.0, nbytes(row_max) + nbytes(row_sum) + nbytes(target_logit));
+  return call("ce_init", row_max.dtype(), rows(row_max), 1, 0.0,
+              nbytes(row_max) + nbytes(row_sum) + nbytes(target_logit));
 }
 
 OpCall ce_chunk_forward_call(const Tensor& logits, const Tensor& targets, const Tensor& row_max) {

@@ -30,12 +30,12 @@
 namespace primus::ops {
 
 struct OpCall {
-  const char* op = "";        // the backend op: "gemm", "rmsnorm_forward", ... (a literal)
-  DType dtype = DType::F32;   // what it reads: the activation dtype, or a GEMM's A
-  DType out = DType::F32;     // what it writes: a GEMM's D, a cast's destination (else dtype)
+  const char* op = "";       // the backend op: "gemm", "rmsnorm_forward", ... (a literal)
+  DType dtype = DType::F32;  // what it reads: the activation dtype, or a GEMM's A
+  DType out = DType::F32;    // what it writes: a GEMM's D, a cast's destination (else dtype)
   int64_t a = 0, b = 0, c = 0, d = 0, e = 0;
   bool trans_a = false, trans_b = false;
-  bool accumulate = false;    // gemm: C is read (beta != 0); rmsnorm_backward_input: a residual
+  bool accumulate = false;  // gemm: C is read (beta != 0); rmsnorm_backward_input: a residual
   bool bias = false, inverse = false, causal = false;
   std::vector<std::array<int64_t, 3>> problems;  // grouped_gemm
   double flops = 0, bytes = 0;

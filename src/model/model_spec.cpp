@@ -653,6 +653,12 @@ std::vector<std::string> model_spec_keys() {
   return keys;
 }
 
+bool model_key_nullable(const std::string& key) {
+  for (const auto& f : fields())
+    if (key == f.key) return f.nullable;
+  return false;
+}
+
 void apply_model_keys(ModelSpec& spec, const YAML::Node& node, const std::string& origin) {
   const std::vector<std::string> keys = model_spec_keys();
   for (auto it = node.begin(); it != node.end(); ++it) {

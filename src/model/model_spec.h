@@ -152,6 +152,9 @@ std::vector<ParamInfo> model_parameter_layout(const ModelSpec& spec);
 
 // The keys a model spec accepts (Megatron names), e.g. for an experiment config's overrides.
 std::vector<std::string> model_spec_keys();
+// Whether YAML null (Megatron's None) is a value of this model key ("none": 0 or ""), as for
+// q_lora_rank and num_experts; for the other keys null means "unset".
+bool model_key_nullable(const std::string& key);
 // Applies the model keys of `node` (a map) on top of `spec`, with the same type checks and
 // errors (naming `origin`, line and column) as a preset file. Does not validate.
 void apply_model_keys(ModelSpec& spec, const YAML::Node& node, const std::string& origin);

@@ -195,3 +195,22 @@ WorkPtr ProcessGroup::irecv(Tensor& t, int src, int tag) {
 }
 
 }  // namespace primus::parallel
+
+namespace primus::parallel {
+
+std::vector<std::string> all_gather_strings(ProcessGroup& pg, const std::string& text) {
+  std::vector<int64_t> lens(size_t(pg.size()));
+  int64_t len = int64_t(text.size());
+  pg.all_gather(&len, lens.data(), 1, CommType::I64);
+  const int64_t longest = std::max<int64_t>(1, *std::max_element(lens.begin(), lens.end()));
+  std::string mine = text;
+  mine.resize(size_t(longest), ' ');
+  std::vector<char> all(size_t(longest) * size_t(pg.size()));
+  pg.all_gather(mine.data(), all.data(), longest, CommType::U8);
+  std::vector<std::string> out;
+  for (int r = 0; r < pg.size(); ++r)
+    out.emplace_back(all.data() + size_t(r) * size_t(longest), size_t(lens[size_t(r)]));
+  return out;
+}
+
+}  // namespace primus::parallel

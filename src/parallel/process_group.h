@@ -61,6 +61,11 @@ using WorkPtr = std::unique_ptr<Work>;
 // Waits for every handle in order (e.g. the sends and receives of one pipeline step).
 void wait_all(std::vector<WorkPtr>& works);
 
+class ProcessGroup;
+// Every member's `text`, in group-rank order, on every member (two all-gathers: the lengths,
+// then the texts padded to the longest). Host groups only: reports and small records.
+std::vector<std::string> all_gather_strings(ProcessGroup& pg, const std::string& text);
+
 class ProcessGroup {
  public:
   virtual ~ProcessGroup() = default;

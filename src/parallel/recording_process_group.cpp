@@ -91,7 +91,8 @@ void RecordingProcessGroup::all_gather(const void* send, void* recv, int64_t sen
   if (!on_host(send) || !on_host(recv)) return;
   const size_t b = size_t(send_count) * comm_type_size(t);
   for (int r = 0; r < size_; ++r)
-    if (static_cast<char*>(recv) + size_t(r) * b != send) std::memmove(static_cast<char*>(recv) + size_t(r) * b, send, b);
+    if (static_cast<char*>(recv) + size_t(r) * b != send)
+      std::memmove(static_cast<char*>(recv) + size_t(r) * b, send, b);
 }
 
 void RecordingProcessGroup::broadcast(void*, int64_t count, CommType t, int root) {

@@ -21,8 +21,8 @@ struct CommCall {
   const char* op = "";  // all_reduce, reduce_scatter, all_gather, broadcast, all_to_all, send, recv, barrier
   double bytes = 0;     // the whole buffer (a gather's output, a scatter's input), as trace/traced_group counts
   CommType type = CommType::F32;
-  std::string group;    // the group's name: "tp", "cp", "ep", ...
-  int ranks = 1;        // the group's size
+  std::string group;              // the group's name: "tp", "cp", "ep", ...
+  int ranks = 1;                  // the group's size
   size_t issued = 0, waited = 0;  // the log's clock: blocking calls wait where they are issued
 };
 
@@ -73,7 +73,7 @@ class RecordingProcessGroup final : public ProcessGroup {
 
  private:
   size_t record(const char* op, int64_t count, CommType t);  // issued now; returns its index
-  WorkPtr pending(size_t index);                            // waited when the Work is
+  WorkPtr pending(size_t index);                             // waited when the Work is
   std::string name_;
   int size_, rank_;
   CommLog& log_;

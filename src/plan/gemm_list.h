@@ -29,11 +29,11 @@ struct GemmEntry {
   bool trans_a = false, trans_b = false;
   int64_t m = 0, n = 0, k = 0;
   DType in = DType::F32, out = DType::F32;  // A and B's dtype; C and D's
-  bool bias = false;        // a bias[n] on every row
-  bool accumulate = false;  // C is read (beta = 1): a residual or the running sum
-  bool grouped = false;     // a problem of a grouped GEMM
-  int64_t groups = 0;       // in GemmList::grouped: the problems of the call
-  int64_t count = 0;        // runs per microbatch
+  bool bias = false;                        // a bias[n] on every row
+  bool accumulate = false;                  // C is read (beta = 1): a residual or the running sum
+  bool grouped = false;                     // a problem of a grouped GEMM
+  int64_t groups = 0;                       // in GemmList::grouped: the problems of the call
+  int64_t count = 0;                        // runs per microbatch
   double flops() const { return 2.0 * double(m) * double(n) * double(k) * double(count); }
 };
 

@@ -114,9 +114,9 @@ Buckets meta_buckets(int group_size, int64_t bucket_size, int64_t numel, std::ve
 // (dp x cp; the experts over edp x cp under expert parallelism), a unit's pieces laid out as
 // parallel::fsdp_shard_unit lays them out for the weight source.
 struct Shards {
-  int64_t numel = 0;       // this rank's shard elements
-  int64_t max_unit = 0;    // the largest unit's whole elements
-  int64_t buffers = 0;     // buffer tensors, kept whole (the MoE expert bias)
+  int64_t numel = 0;     // this rank's shard elements
+  int64_t max_unit = 0;  // the largest unit's whole elements
+  int64_t buffers = 0;   // buffer tensors, kept whole (the MoE expert bias)
 };
 Shards shards_of(const RankRecord& rec, int dense_group, int expert_group) {
   Shards s;
@@ -206,7 +206,8 @@ void sharded_state(MemoryEstimate& e, const RankRecord& rec, const ParallelLayou
   if (s.buffers > 0) e.buffer_bytes += held(double(s.buffers), 4);
   const double unit = double(s.max_unit);
   e.buffer_bytes += (1 + parallel::kFsdpReductionsInFlight) * held(unit, 4);
-  if (sharding == config::DpSharding::OptimGradsParams) e.buffer_bytes += parallel::kFsdpGathersInFlight * held(unit, act);
+  if (sharding == config::DpSharding::OptimGradsParams)
+    e.buffer_bytes += parallel::kFsdpGathersInFlight * held(unit, act);
 }
 
 }  // namespace
@@ -223,8 +224,8 @@ MemoryEstimate estimate_rank_memory(const RankRecord& rec, const ParallelLayout&
     sharded_state(e, rec, L, sharding);
   if (L.schedule) {  // the executor's posted receives and a send in flight, one message each
     const double message = double(rec.message[0]) * double(rec.message[1]);
-    e.buffer_bytes +=
-        double(pipeline::ExecutorOptions{}.recv_ahead + 1) * held(message, double(dtype_size(rec.activation)));
+    e.buffer_bytes += double(pipeline::ExecutorOptions{}.recv_ahead + 1) *
+                      held(message, double(dtype_size(rec.activation)));
   }
   e.activation_bytes = walk_schedule(rec, L, pp_rank, &e.peak_in_flight);
   return e;

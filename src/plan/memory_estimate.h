@@ -40,11 +40,11 @@ namespace primus::plan {
 
 struct MemoryEstimate {
   int pp_rank = 0;
-  int64_t parameters = 0;  // tensor elements this rank holds (its shards of its chunks' tensors)
+  int64_t parameters = 0;      // tensor elements this rank holds (its shards of its chunks' tensors)
   double parameter_bytes = 0;  // master weights (or their shard)
   double working_bytes = 0;    // the working copy beside them (bf16 runs, ZeRO-2's whole copy)
   double gradient_bytes = 0, optimizer_bytes = 0, activation_bytes = 0, buffer_bytes = 0;
-  double peak_in_flight = 0;   // microbatch-chunks holding activations at their peak
+  double peak_in_flight = 0;  // microbatch-chunks holding activations at their peak
   double total_bytes() const {
     return parameter_bytes + working_bytes + gradient_bytes + optimizer_bytes + activation_bytes + buffer_bytes;
   }

@@ -2,8 +2,8 @@
 
 #include <algorithm>
 #include <chrono>
-#include <map>
 #include <cstdint>
+#include <map>
 #include <memory>
 
 #include "core/error.h"
@@ -22,7 +22,8 @@ double in_use() { return double(meta_memory_stats().in_use); }
 class ParamResolver {
  public:
   explicit ParamResolver(LlamaModel& m) : infos_(m.params().infos()) {
-    for (const Tensor* t : {&m.params().values(), &m.params().grads(), static_cast<const Tensor*>(&m.working_weights())})
+    for (const Tensor* t :
+         {&m.params().values(), &m.params().grads(), static_cast<const Tensor*>(&m.working_weights())})
       if (t->defined()) buffers_.push_back({t->raw(), t->nbytes(), dtype_size(t->dtype())});
   }
   int operator()(const void* p) const {
@@ -110,8 +111,8 @@ const std::string& RankRecord::param_name(int id) const {
   return id >= 0 && size_t(id) < params.size() ? params[size_t(id)].name : none;
 }
 
-RankShape rank_shape(const ModelSpec& spec, const ParallelLayout& L, const config::TrainingArgs& a,
-                     Precision precision, int pp_rank) {
+RankShape rank_shape(const ModelSpec& spec, const ParallelLayout& L, const config::TrainingArgs& a, Precision precision,
+                     int pp_rank) {
   RankShape s;
   s.micro_batch_size = a.micro_batch_size;
   s.seq_length = a.seq_length > 0 ? a.seq_length : spec.max_position_embeddings;
@@ -227,8 +228,8 @@ class RankWalk {
 RankRecord walk_rank(const ModelSpec& spec, const RankShape& shape) {
   const auto t0 = std::chrono::steady_clock::now();
   if (shape.micro_batch_size < 1 || shape.seq_length < 1)
-    fail("the shape-only walk needs a positive micro_batch_size and seq_length (got {} and {})",
-         shape.micro_batch_size, shape.seq_length);
+    fail("the shape-only walk needs a positive micro_batch_size and seq_length (got {} and {})", shape.micro_batch_size,
+         shape.seq_length);
   if (shape.cp < 1 || shape.seq_length % shape.cp != 0)
     fail("seq_length {} does not split over context_parallel_size {}", shape.seq_length, shape.cp);
   RankRecord rec;

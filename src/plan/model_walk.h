@@ -37,7 +37,7 @@ struct RankShape {
   int64_t micro_batch_size = 1;
   int64_t seq_length = 0;  // the whole sequence; a context-parallel rank holds seq_length / cp of it
   Precision precision = Precision::Fp32;
-  LlamaOptions options;    // recompute and the head's logits budget (the walk's weights are resident)
+  LlamaOptions options;  // recompute and the head's logits budget (the walk's weights are resident)
   int tp = 1;
   bool sequence_parallel = false;
   int cp = 1;

@@ -24,9 +24,10 @@ parallel::ParallelSizes ParallelLayout::sizes() const {
 std::string ParallelLayout::describe() const {
   std::string out = fmt::format("world {} = tp {} x pp {} x dp {}", world_size, tp, pp, dp);
   if (cp > 1) out = fmt::format("world {} = tp {} x cp {} x pp {} x dp {}", world_size, tp, cp, pp, dp);
-  if (ep > 1 || etp > 1) out += ep > 1 && etp > 1 ? fmt::format(" (ep {}, etp {})", ep, etp)
-                                : ep > 1           ? fmt::format(" (ep {})", ep)
-                                                   : fmt::format(" (etp {})", etp);
+  if (ep > 1 || etp > 1)
+    out += ep > 1 && etp > 1 ? fmt::format(" (ep {}, etp {})", ep, etp)
+           : ep > 1          ? fmt::format(" (ep {})", ep)
+                             : fmt::format(" (etp {})", etp);
   if (sequence_parallel) out += " (sequence parallel)";
   if (cp > 1) out += fmt::format("; context parallel {}", cp_all_to_all ? "a2a" : "p2p (ring)");
   if (shard_optimizer()) out += fmt::format("; data_parallel_sharding_strategy {}", config::choice_name(sharding));
@@ -53,7 +54,9 @@ std::string ParallelLayout::describe_balance(double gflops_per_second) const {
                          (t.forward + t.backward + t.weight) * (ms ? 1e3 / gflops_per_second : 1.0));
     return out;
   };
-  auto step = [&](double v) { return ms ? fmt::format("{:.4g} ms", v * 1e3 / gflops_per_second) : fmt::format("{:.4g}", v); };
+  auto step = [&](double v) {
+    return ms ? fmt::format("{:.4g} ms", v * 1e3 / gflops_per_second) : fmt::format("{:.4g}", v);
+  };
   const pipeline::BalanceResult& b = *balance;
   std::string keys;
   if (b.first_rank_layers < 0) keys = "per-stage counts, not expressible by decoder_first/last_pipeline_num_layers";

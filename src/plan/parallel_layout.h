@@ -27,7 +27,7 @@ struct ParallelLayout {
   // over the tp group); 1 for a dense model.
   int etp = 1;
   bool sequence_parallel = false;
-  bool cp_all_to_all = false;   // cp_comm_type a2a (else p2p ring attention)
+  bool cp_all_to_all = false;  // cp_comm_type a2a (else p2p ring attention)
   // data_parallel_sharding_strategy resolved (use_torch_fsdp2 is optim_grads_params,
   // use_distributed_optimizer optim; never Unset): no_shard, optim (ZeRO-1), optim_grads (ZeRO-2),
   // optim_grads_params (ZeRO-3 / FSDP); shards span dp x cp.
@@ -37,8 +37,8 @@ struct ParallelLayout {
     return sharding == config::DpSharding::OptimGrads || sharding == config::DpSharding::OptimGradsParams;
   }
   bool shard_parameters() const { return sharding == config::DpSharding::OptimGradsParams; }
-  int64_t microbatches_per_rank = 1;  // global_batch_size / (micro_batch_size * dp)
-  std::vector<pipeline::LayerRange> stages;  // pp * vpp, in model order
+  int64_t microbatches_per_rank = 1;           // global_batch_size / (micro_batch_size * dp)
+  std::vector<pipeline::LayerRange> stages;    // pp * vpp, in model order
   std::optional<pipeline::Schedule> schedule;  // when the model is split in more than one stage
   // Per stage, the F, B and W work of one microbatch in GFLOP (layer_costs), with the pipeline.
   std::vector<pipeline::StageCost> stage_costs;

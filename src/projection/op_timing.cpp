@@ -99,7 +99,8 @@ double MeasuredOps::run(const ops::OpCall& o) {
   }
   if (op == "rmsnorm_backward_input") {
     Tensor x = filled(be, {r, c}, dt), w = filled(be, {c}, dt), dy = filled(be, {r, c}, dt),
-           res = o.accumulate ? filled(be, {r, c}, dt) : Tensor(), rstd = filled(be, {r}, stat), dx = be.empty({r, c}, dt);
+           res = o.accumulate ? filled(be, {r, c}, dt) : Tensor(), rstd = filled(be, {r}, stat),
+           dx = be.empty({r, c}, dt);
     return time_it(be, [&] { be.rmsnorm_backward_input(dy, x, w, rstd, res, dx); });
   }
   if (op == "rmsnorm_backward_weight") {
@@ -150,7 +151,8 @@ double MeasuredOps::run(const ops::OpCall& o) {
     // Bytes: a copy of r rows of c bytes (pitches o.c and o.d), zeroing of r bytes.
     const int64_t dpitch = std::max(o.c, c), spitch = std::max(o.d, c);
     const int64_t words = op == "zero" ? (r + 3) / 4 : (std::max(dpitch, spitch) * r + 3) / 4;
-    Tensor dst = filled(be, {std::max<int64_t>(words, 1)}, DType::F32), src = filled(be, {std::max<int64_t>(words, 1)}, DType::F32);
+    Tensor dst = filled(be, {std::max<int64_t>(words, 1)}, DType::F32),
+           src = filled(be, {std::max<int64_t>(words, 1)}, DType::F32);
     if (op == "zero") return time_it(be, [&] { device_zero(be.device(), dst.raw(), size_t(r)); });
     return time_it(be, [&] {
       device_copy_2d(be.device(), dst.raw(), size_t(dpitch), src.raw(), size_t(spitch), size_t(c), size_t(r));

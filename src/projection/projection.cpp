@@ -158,8 +158,7 @@ Projection plan(const config::ExperimentConfig& cfg, const Target& t) {
 void project_memory(Projection& p) {
   MemoryReport r;
   for (int pr = 0; pr < p.layout.pp; ++pr) {
-    const plan::MemoryEstimate e =
-        plan::estimate_rank_memory(p.walks[size_t(pr)], p.layout, p.args, p.sharding, pr);
+    const plan::MemoryEstimate e = plan::estimate_rank_memory(p.walks[size_t(pr)], p.layout, p.args, p.sharding, pr);
     RankMemory rm;
     rm.pp_rank = pr;
     rm.parameter_count = e.parameters;
@@ -249,12 +248,14 @@ void project_performance(Projection& p, OpTimer& timer) {
       // working weights for every forward and every backward, zero2 once after the step.
       if (p.sharding == DpSharding::OptimGrads || p.sharding == DpSharding::OptimGradsParams) {
         reduce *= micro;
-        gather = comm_seconds("all_gather", work_bytes * P, dpc, dp_link) * (p.sharding == DpSharding::OptimGradsParams ? 2 * micro : 1);
+        gather = comm_seconds("all_gather", work_bytes * P, dpc, dp_link) *
+                 (p.sharding == DpSharding::OptimGradsParams ? 2 * micro : 1);
       }
       const int64_t bucket = args.ddp_bucket_size > 0 ? args.ddp_bucket_size : parallel::default_bucket_size(dpc);
       const int64_t nb = std::max<int64_t>(1, (rp.count + bucket - 1) / bucket);
       double exposed = reduce;
-      if (args.overlap_grad_reduce && nb > 1 && (p.sharding == DpSharding::NoShard || p.sharding == DpSharding::Optim)) {
+      if (args.overlap_grad_reduce && nb > 1 &&
+          (p.sharding == DpSharding::NoShard || p.sharding == DpSharding::Optim)) {
         // Buckets start as the last microbatch's W passes finish: they overlap that backward.
         double window = 0;
         for (size_t c = 0; c < p.walks[size_t(pr)].chunks.size(); ++c)
@@ -275,7 +276,9 @@ void project_performance(Projection& p, OpTimer& timer) {
             if (t.stage == (L.schedule ? L.schedule->stage_of(pr, int(c)) : 0)) window += micro * (t.f + t.b + t.w);
         const double per_step_gather = p.sharding == DpSharding::OptimGrads ? gather : 0;  // after the step: exposed
         const double overlappable = dp_total - per_step_gather;
-        const double first = p.sharding == DpSharding::OptimGradsParams ? gather / double(std::max<int64_t>(1, rp.layers + 2)) : 0;
+        const double first = p.sharding == DpSharding::OptimGradsParams
+                                 ? gather / double(std::max<int64_t>(1, rp.layers + 2))
+                                 : 0;
         dp_exposed = per_step_gather + std::max(first, overlappable - window);
       }
     }

@@ -44,8 +44,9 @@ struct Target {
   int nodes = 0;          // 0: the fewest that hold tp x pp x cp
   int gpus_per_node = 0;  // 0: the hardware's (8 for the named GPUs; this machine: tp x pp x cp)
   trace::Hardware hardware;
-  std::optional<DpSharding> sharding;  // default: the config's data_parallel_sharding_strategy (as the trainer resolves it)
-  ops::RouterLoad load;               // the MoE routers' load (balanced by default, or a run's measured histogram)
+  std::optional<DpSharding>
+      sharding;          // default: the config's data_parallel_sharding_strategy (as the trainer resolves it)
+  ops::RouterLoad load;  // the MoE routers' load (balanced by default, or a run's measured histogram)
 };
 
 // Ring collectives: all_reduce 2(n-1) steps of S/n, reduce_scatter / all_gather / all_to_all

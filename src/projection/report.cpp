@@ -93,9 +93,8 @@ std::string to_text(const Projection& p) {
   std::string s = fmt::format("projection of {} on {} node(s) x {} {} ({}): {}\n", p.model, p.nodes, p.gpus_per_node,
                               p.hardware.name, p.hardware.source, p.layout.describe());
   s += fmt::format("  sharding {}, recompute {}, {}, micro batch {}, global batch {}, sequence {}\n",
-                   sharding_name(p.sharding), recompute_name(p.args.recompute_granularity),
-                   precision_name(p.precision), p.args.micro_batch_size, p.args.global_batch_size,
-                   p.args.seq_length);
+                   sharding_name(p.sharding), recompute_name(p.args.recompute_granularity), precision_name(p.precision),
+                   p.args.micro_batch_size, p.args.global_batch_size, p.args.seq_length);
   if (p.memory) {
     s += "\nmemory per rank (every tp and dp rank of a pipeline rank alike)\n";
     s += fmt::format("  {:>7} {:>14} {:>11} {:>11} {:>11} {:>11} {:>11} {:>11} {:>11}\n", "pp rank", "parameters",

@@ -14,6 +14,7 @@
 #include "safe/detect.h"
 #include "safe/events.h"
 #include "safe/heartbeat.h"
+#include "safe/metrics_writer.h"
 
 namespace fs = std::filesystem;
 using nlohmann::json;
@@ -66,6 +67,10 @@ const std::map<std::string, std::pair<std::string, std::string>>& cause_text() {
                            "a drop without an event points at the node (other jobs, throttling) or the storage."}},
       {"unknown",
        {"unknown", "no event or log line explains it: look at logs/stderr.log and the rank logs."}},
+      {"metrics_skipped",
+       {"metrics lines passed over", "the curves and numbers above leave these lines out: a line cut short by a "
+                                     "crash is expected once; NaN values point at the steps the nan events name; "
+                                     "other garbage means something else wrote into metrics.jsonl."}},
   };
   return m;
 }
@@ -205,11 +210,16 @@ RunAnalysis analyze_run(const fs::path& dir) {
   };
   // ---- metrics: loss, throughput -------------------------------------------------------------
   std::map<int64_t, json> rows;  // by iteration; a restart rewrites the iterations it redoes
-  for (const auto& line : read_lines(dir / "metrics.jsonl")) {
-    try {
-      json r = json::parse(line);
-      if (r.contains("iteration") && r.contains("lm_loss")) rows[r["iteration"].get<int64_t>()] = r;
-    } catch (const json::exception&) {
+  if (fs::exists(dir / "metrics.jsonl")) {
+    const MetricsFile metrics = read_metrics(dir / "metrics.jsonl");
+    for (const json& r : metrics.rows)
+      if (r.contains("lm_loss")) rows[r["iteration"].get<int64_t>()] = r;
+    if (!metrics.skipped.empty()) {
+      Finding f = make_finding("metrics_skipped");
+      f.iteration = -1;
+      f.detail = "passed over " + metrics.describe_skipped();
+      f.evidence = "metrics.jsonl";
+      a.warnings.push_back(f);
     }
   }
   if (!rows.empty()) {

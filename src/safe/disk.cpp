@@ -26,14 +26,6 @@ uint64_t free_bytes(const std::string& path) {
   return uint64_t(st.f_bavail) * uint64_t(st.f_frsize);
 }
 
-std::string human_bytes(uint64_t bytes) {
-  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
-  double v = double(bytes);
-  int u = 0;
-  while (v >= 1024 && u < 5) v /= 1024, ++u;
-  return u == 0 ? fmt::format("{} B", bytes) : fmt::format("{:.1f} {}", v, units[u]);
-}
-
 void require_free(const std::string& path, uint64_t bytes, const std::string& what) {
   uint64_t avail = 0;
   if (const char* fake = std::getenv("PRIMUS_FAULT_DISK_FREE"))

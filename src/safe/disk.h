@@ -5,6 +5,8 @@
 #include <cstdint>
 #include <string>
 
+#include "core/bytes.h"
+
 namespace primus::safe {
 
 // Bytes an unprivileged writer may still use on the file system holding `path` (statvfs's
@@ -20,7 +22,7 @@ void require_free(const std::string& path, uint64_t bytes, const std::string& wh
 // "No space left on device (ENOSPC)" and friends as one message: `verb` the path, bytes needed.
 [[noreturn]] void fail_write(const std::string& path, int err, uint64_t bytes_needed);
 
-// Bytes in human form ("3.2 MiB") for messages.
-std::string human_bytes(uint64_t bytes);
+// Bytes in human form ("3.2 MiB") for messages: core/bytes.h.
+using primus::human_bytes;
 
 }  // namespace primus::safe

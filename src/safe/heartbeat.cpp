@@ -39,11 +39,21 @@ std::vector<UnwritableHeartbeat> parse_unwritable_heartbeats(const std::string& 
 std::string write_heartbeat(const fs::path& run_dir, const Heartbeat& hb) {
   // NaN has no JSON spelling: it is written as null and read back as NaN.
   auto num = [](double v) { return std::isfinite(v) ? json(v) : json(nullptr); };
-  const json j{{"rank", hb.rank},          {"world_size", hb.world_size}, {"pid", hb.pid},
-               {"host", hb.host},          {"iteration", hb.iteration},   {"phase", hb.phase},
-               {"step_time", hb.step_time}, {"compute_time", hb.compute_time}, {"loss", num(hb.loss)},
-               {"grad_norm", num(hb.grad_norm)}, {"time", hb.time},      {"beat", hb.beat},
-               {"restarts", hb.restarts},  {"recent", hb.recent}};
+  json j{{"rank", hb.rank},
+         {"world_size", hb.world_size},
+         {"pid", hb.pid},
+         {"host", hb.host},
+         {"iteration", hb.iteration},
+         {"phase", hb.phase},
+         {"step_time", hb.step_time},
+         {"compute_time", hb.compute_time},
+         {"loss", num(hb.loss)},
+         {"grad_norm", num(hb.grad_norm)},
+         {"time", hb.time},
+         {"beat", hb.beat},
+         {"restarts", hb.restarts},
+         {"recent", hb.recent}};
+  if (!hb.slurm_step.empty()) j["slurm_step"] = hb.slurm_step;
   const std::string text = j.dump() + "\n";
   const fs::path final_path = heartbeat_path(run_dir, hb.rank);
   const fs::path tmp = final_path.string() + ".tmp";
@@ -79,6 +89,7 @@ std::optional<Heartbeat> read_heartbeat(const fs::path& file) {
     hb.world_size = j.value("world_size", 1);
     hb.pid = j.value("pid", 0);
     hb.host = j.value("host", "");
+    hb.slurm_step = j.value("slurm_step", "");
     hb.iteration = j.value("iteration", int64_t(0));
     hb.phase = j.value("phase", "");
     hb.step_time = j.value("step_time", 0.0);

@@ -18,6 +18,7 @@ struct Heartbeat {
   int rank = 0, world_size = 1;
   int pid = 0;
   std::string host;
+  std::string slurm_step;       // "<job>.<step>" when the rank is a Slurm task (its stack can be asked for there)
   int64_t iteration = 0;        // the last iteration finished
   std::string phase = "start";  // start | step | eval | save | done | failed
   double step_time = 0;         // seconds, the last step

@@ -1,5 +1,7 @@
 #include "safe/launcher_link.h"
 
+#include "core/launch_env.h"
+
 #include <signal.h>
 #include <sys/prctl.h>
 #include <unistd.h>
@@ -29,6 +31,7 @@ long long process_start_ticks(int pid) {
 void export_launcher_identity(std::map<std::string, std::string>& env) {
   env["PRIMUS_LAUNCHER_PID"] = std::to_string(::getpid());
   env["PRIMUS_LAUNCHER_START"] = std::to_string(process_start_ticks(::getpid()));
+  env["PRIMUS_LAUNCHER_HOST"] = host_name();
 }
 
 void die_with_parent() { ::prctl(PR_SET_PDEATHSIG, SIGKILL); }
@@ -40,6 +43,9 @@ bool die_with_launcher(double poll_s) {
   const int pid = std::atoi(pid_text);
   const long long start = start_text ? std::atoll(start_text) : -1;
   if (pid <= 1) return false;
+  // A rank that srun started on another node cannot see the launcher's pid (srun ends its tasks
+  // when it ends).
+  if (const char* h = std::getenv("PRIMUS_LAUNCHER_HOST"); h && *h && std::string(h) != host_name()) return false;
   if (::getppid() == pid) ::prctl(PR_SET_PDEATHSIG, SIGKILL);
   // The launcher may already be gone between our start and now.
   auto gone = [pid, start] {

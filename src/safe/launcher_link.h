@@ -12,14 +12,15 @@
 
 namespace primus::safe {
 
-// Adds PRIMUS_LAUNCHER_PID and PRIMUS_LAUNCHER_START (this process) to a child's environment.
+// Adds PRIMUS_LAUNCHER_PID, PRIMUS_LAUNCHER_START and PRIMUS_LAUNCHER_HOST (this process) to a child's
+// environment.
 void export_launcher_identity(std::map<std::string, std::string>& env);
 
 // In a child between fork and exec: SIGKILL when the parent dies. Async-signal-safe.
 void die_with_parent();
 
 // In a rank: when PRIMUS_LAUNCHER_PID is set, die (SIGKILL) within about `poll_s` seconds of the
-// launcher's end. Returns false when there is no launcher to watch.
+// launcher's end. Returns false when there is no launcher to watch (none, or on another host).
 bool die_with_launcher(double poll_s = 0.25);
 
 // The start time of process `pid` in clock ticks since boot (/proc/<pid>/stat field 22), or -1.

@@ -23,7 +23,7 @@ using nlohmann::json;
 
 namespace primus::safe {
 
-fs::path run_lock_path(const fs::path& run_dir) { return run_dir / "run.lock"; }
+fs::path run_lock_path(const fs::path& run_dir) { return run_dir / kRunFolder.file; }
 
 RunLock::~RunLock() {
   if (fd_ >= 0) ::close(fd_);  // closing the last descriptor releases the flock
@@ -71,29 +71,29 @@ bool lock_is_held(const fs::path& lock_file) {
 
 }  // namespace
 
-std::string RunLock::describe_holder(const fs::path& run_dir) {
-  const json h = read_holder(run_lock_path(run_dir));
+std::string RunLock::describe_holder(const fs::path& dir, const LockedFolder& what) {
+  const json h = read_holder(dir / what.file);
   if (!h.is_object() || !h.contains("pid")) return "";
   return fmt::format("pid {} on host {} ({}, since {})", h.value("pid", 0), h.value("host", "?"), h.value("role", "?"),
                      h.value("since", "?"));
 }
 
-RunLock RunLock::acquire(const fs::path& run_dir, const std::string& role) {
+RunLock RunLock::acquire(const fs::path& dir, const std::string& role, const LockedFolder& what) {
   std::error_code ec;
-  fs::create_directories(run_dir, ec);
-  if (ec) fail("cannot create the run folder {}: {}", run_dir.string(), ec.message());
+  fs::create_directories(dir, ec);
+  if (ec) fail("cannot create the {} {}: {}", what.noun, dir.string(), ec.message());
   RunLock lock;
-  lock.path_ = run_lock_path(run_dir);
+  lock.path_ = dir / what.file;
   const int fd = ::open(lock.path_.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-  if (fd < 0) fail("cannot open the run folder's lock {}: {}", lock.path_.string(), std::strerror(errno));
+  if (fd < 0) fail("cannot open the {}'s lock {}: {}", what.noun, lock.path_.string(), std::strerror(errno));
   if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
     const int err = errno;
     ::close(fd);
     if (err != EWOULDBLOCK) fail("cannot lock {}: {}", lock.path_.string(), std::strerror(err));
-    const std::string who = describe_holder(run_dir);
-    fail("the run folder {} is in use by another run: {} holds {}; wait for that run to end, stop it, or choose "
-         "another exp_name or workspace",
-         run_dir.string(), who.empty() ? "a process that has not written its name yet" : who, lock.path_.string());
+    const std::string who = describe_holder(dir, what);
+    fail("the {} {} is in use by another run: {} holds {}; wait for that run to end, stop it, or {}", what.noun,
+         dir.string(), who.empty() ? "a process that has not written its name yet" : who, lock.path_.string(),
+         what.remedy);
   }
   lock.fd_ = fd;
   std::random_device rd;

@@ -2,6 +2,8 @@
 // direct) before it writes anything there and by a training rank started without one. A second
 // run into the same folder stops at once with an error naming the holder's pid and host, instead
 // of two trainers deleting each other's temporary checkpoint folders and interleaving metrics.
+// One run per save folder the same way: <save>/save.lock, taken by the trainer's rank 0 at start
+// (kSaveFolder), since a `save` outside the run folder is shared by runs of different names.
 //
 // The lock file holds one JSON line about its holder (pid, host, role, start time, token). The
 // launcher passes its token to the ranks (PRIMUS_RUN_LOCK_TOKEN): a rank that finds the lock held
@@ -14,6 +16,15 @@
 
 namespace primus::safe {
 
+// What a lock guards: the lock file's name in the folder, and the words of its error.
+struct LockedFolder {
+  const char* file;    // "run.lock"
+  const char* noun;    // "run folder"
+  const char* remedy;  // what a second run can do instead
+};
+inline constexpr LockedFolder kRunFolder{"run.lock", "run folder", "choose another exp_name or workspace"};
+inline constexpr LockedFolder kSaveFolder{"save.lock", "save folder", "give this run another save folder (save)"};
+
 class RunLock {
  public:
   RunLock() = default;
@@ -24,8 +35,9 @@ class RunLock {
   RunLock& operator=(const RunLock&) = delete;
 
   // Takes the lock for this process (`role`: "launcher", "rank 0", ...). Throws primus::Error
-  // naming the holder when another process has it. Creates run_dir when needed.
-  static RunLock acquire(const std::filesystem::path& run_dir, const std::string& role);
+  // naming the holder when another process has it. Creates the folder when needed.
+  static RunLock acquire(const std::filesystem::path& dir, const std::string& role,
+                         const LockedFolder& what = kRunFolder);
 
   // For a training rank: when the lock is held by the launcher that started this process (its
   // token is PRIMUS_RUN_LOCK_TOKEN), returns a lock that joins it (holds nothing itself);
@@ -38,7 +50,7 @@ class RunLock {
   std::filesystem::path path() const { return path_; }
 
   // Who holds the lock according to its file ("pid 123 on host h (launcher, since ...)"), or "".
-  static std::string describe_holder(const std::filesystem::path& run_dir);
+  static std::string describe_holder(const std::filesystem::path& dir, const LockedFolder& what = kRunFolder);
 
  private:
   int fd_ = -1;

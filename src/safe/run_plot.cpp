@@ -11,6 +11,7 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "safe/metrics_writer.h"
 
 namespace fs = std::filesystem;
 
@@ -152,21 +153,10 @@ void draw_panel(std::ostringstream& o, const Panel& p, const std::vector<RunCurv
 
 RunCurves read_run_curves(const fs::path& run_dir) {
   const fs::path file = run_dir / "metrics.jsonl";
-  std::ifstream in(file);
-  if (!in) fail("{}: no metrics.jsonl (is {} a run folder?)", file.string(), run_dir.string());
+  std::error_code ec;
+  if (!fs::exists(file, ec)) fail("{}: no metrics.jsonl (is {} a run folder?)", file.string(), run_dir.string());
   ByIter loss, eval, lr, gn, tps;
-  std::string line;
-  int lineno = 0;
-  while (std::getline(in, line)) {
-    ++lineno;
-    if (line.empty()) continue;
-    nlohmann::json j;
-    try {
-      j = nlohmann::json::parse(line);
-    } catch (const nlohmann::json::exception&) {
-      continue;  // a row cut short by a crash: the rows before it still count
-    }
-    if (!j.is_object() || !j.contains("iteration") || !j["iteration"].is_number()) continue;
+  for (const nlohmann::json& j : read_metrics(file).rows) {  // lines it passes over: analyze run reports them
     const int64_t it = j["iteration"].get<int64_t>();
     auto take = [&](const char* key, ByIter& into) {
       if (j.contains(key) && j[key].is_number()) into[it] = j[key].get<double>();

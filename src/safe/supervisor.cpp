@@ -121,6 +121,7 @@ struct Attempt {
   bool saw_heartbeat = false;
   int64_t last_iteration = 0;
   std::map<int, int64_t> iteration_of;  // each rank's last reported iteration
+  std::map<int, std::string> host_of;   // each rank's node, from its heartbeat or srun's report
   std::string first_error;
   // Where the ranks named by a finding were: the earliest of their last iterations.
   int64_t iteration_for(const std::vector<int>& ranks) const {
@@ -142,10 +143,22 @@ class Runner {
  private:
   void start();
   void pump_stderr(int timeout_ms);
+  void show_stderr(std::string_view chunk, bool end);
   void kill_job(const std::string& why);
   void event(const std::string& kind, const std::string& severity, const std::string& message, json extra = {},
              bool print = true);
   void watch_tick();
+  // Ranks on other nodes (Slurm tasks): `scancel --signal=USR1 <step>` makes each write its own
+  // stack into the shared watch folder (train_watch.h); copy_own_stack takes the rank's.
+  bool ask_slurm_for_stacks(const std::string& step);
+  std::string copy_own_stack(int rank, const std::string& host, const fs::path& out);
+  // The ranks the job has: as launched, or (srun, world_size 0) as their heartbeats say.
+  int world_size() const {
+    if (o_.world_size > 0) return o_.world_size;
+    int n = 0;
+    for (const auto& [r, hb] : beats_) n = std::max(n, hb.world_size);
+    return n;
+  }
 
   std::vector<std::string> argv_;
   std::map<std::string, std::string> env_;
@@ -155,6 +168,9 @@ class Runner {
   int err_fd_ = -1;
   std::ofstream err_log_;
   std::string err_text_, partial_line_;
+  std::string shown_pending_;           // the job's stderr not yet shown: the start of a line
+  bool mid_line_ = false;               // part of the current line was shown already
+  std::set<std::string> errors_shown_;  // "error: ..." lines shown
   HangDetector hangs_;
   StragglerDetector stragglers_;
   std::map<int, Heartbeat> beats_;
@@ -166,6 +182,13 @@ class Runner {
   std::map<int, int64_t> unwritable_beat_;  // the rank's beat when it said so
   std::set<int> unwritable_reported_;
   size_t err_parsed_ = 0;  // how much of err_text_ was searched for those lines
+  std::string remote_stack_step_;              // the Slurm step asked for its stacks
+  std::map<int, uintmax_t> own_stack_before_;  // each rank's own stack file size before that
+  // Tests of the multi-node paths on one machine: every rank counts as on another host.
+  const bool ranks_remote_ = [] {
+    const char* e = std::getenv("PRIMUS_FAULT_REMOTE_RANKS");
+    return e && std::string(e) == "1";
+  }();
   Attempt a_;
   const std::string host_ = host_name();
 };
@@ -219,12 +242,35 @@ void Runner::pump_stderr(int timeout_ms) {
   if (n <= 0) {
     ::close(err_fd_);
     err_fd_ = -1;
+    show_stderr({}, true);
     return;
   }
-  (void)!::write(2, buf, size_t(n));
+  show_stderr(std::string_view(buf, size_t(n)), false);
   err_log_.write(buf, n);
   err_log_.flush();
   if (err_text_.size() < (8u << 20)) err_text_.append(buf, size_t(n));
+}
+
+// The job's stderr on ours, line by line: an "error: ..." line shown once (every rank of a job
+// stops on the same bad input and says so; mpirun forwards each rank's line). stderr.log keeps
+// every line. A partial line that cannot become an error line goes out at once.
+void Runner::show_stderr(std::string_view chunk, bool end) {
+  static constexpr std::string_view kError = "error: ";
+  shown_pending_ += chunk;
+  size_t start = 0;
+  for (size_t nl; (nl = shown_pending_.find('\n', start)) != std::string::npos; start = nl + 1) {
+    const std::string_view line(shown_pending_.data() + start, nl - start);
+    const bool repeated = !mid_line_ && line.starts_with(kError) && !errors_shown_.insert(std::string(line)).second;
+    if (!repeated) (void)!::write(2, line.data(), line.size() + 1);
+    mid_line_ = false;
+  }
+  shown_pending_.erase(0, start);
+  const std::string_view rest(shown_pending_);
+  if (!rest.empty() && (end || mid_line_ || !kError.starts_with(rest.substr(0, kError.size())))) {
+    (void)!::write(2, rest.data(), rest.size());
+    shown_pending_.clear();
+    mid_line_ = !end;
+  }
 }
 
 void Runner::kill_job(const std::string& why) {
@@ -251,6 +297,31 @@ void Runner::kill_job(const std::string& why) {
   (void)why;
 }
 
+bool Runner::ask_slurm_for_stacks(const std::string& step) {
+  const auto scancel = which("scancel");
+  if (!scancel) return false;
+  for (const auto& [r, hb] : beats_) {
+    const fs::path own = watch_dir(o_.run_dir) / ("stack_rank_" + std::to_string(r) + ".txt");
+    std::error_code ec;
+    own_stack_before_[r] = fs::exists(own, ec) ? fs::file_size(own, ec) : 0;
+  }
+  return run_to_file({*scancel, "--signal=USR1", step}, watch_dir(o_.run_dir) / "scancel.log", 10) == 0;
+}
+
+std::string Runner::copy_own_stack(int rank, const std::string& host, const fs::path& out) {
+  const fs::path own = watch_dir(o_.run_dir) / ("stack_rank_" + std::to_string(rank) + ".txt");
+  const uintmax_t before = own_stack_before_[rank];
+  std::error_code ec;
+  for (int i = 0; i < 60 && (!fs::exists(own, ec) || fs::file_size(own, ec) <= before); ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  if (!fs::exists(own, ec) || fs::file_size(own, ec) <= before) return "";
+  std::ofstream(out, std::ios::app) << fmt::format("=== rank {} on {} (through scancel --signal=USR1 {}) at {} ===\n",
+                                                   rank, host, remote_stack_step_, iso_time(now_epoch()))
+                                    << slurp(own).substr(before);
+  return fmt::format("the rank's own backtrace on {}, asked for with scancel --signal=USR1 {}", host,
+                     remote_stack_step_);
+}
+
 void Runner::watch_tick() {
   const double now = mono();
   beats_ = read_heartbeats(o_.run_dir);
@@ -271,9 +342,10 @@ void Runner::watch_tick() {
     }
   }
   if (!beats_.empty()) a_.saw_heartbeat = true;
-  hangs_.observe(beats_, now, o_.world_size);
+  hangs_.observe(beats_, now, world_size());
   for (const auto& [r, hb] : beats_) {
-    if (hb.host == host_ && hb.pid > 0) pids_[r] = hb.pid;
+    a_.host_of[r] = hb.host;
+    if (hb.host == host_ && hb.pid > 0 && !ranks_remote_) pids_[r] = hb.pid;
     a_.last_iteration = std::max(a_.last_iteration, hb.iteration);
     a_.iteration_of[r] = hb.iteration;
     for (auto [it, t] : hb.recent) stragglers_.add(r, it, t);
@@ -337,8 +409,21 @@ void Runner::watch_tick() {
     for (int r : ranks) {
       auto it = pids_.find(r);
       if (it == pids_.end()) {
-        event("stack_dump", "warn", fmt::format("rank {}: no stack dump (no heartbeat from a process on this host)", r),
-              {{"ranks", {r}}});
+        const std::string step = beats_.count(r) ? beats_[r].slurm_step : "";
+        if (!step.empty() && remote_stack_step_.empty() && ask_slurm_for_stacks(step)) remote_stack_step_ = step;
+        if (remote_stack_step_.empty() || step != remote_stack_step_) {
+          event("stack_dump", "warn",
+                fmt::format("rank {}: no stack dump (its process is not on this host, and no Slurm step to signal)", r),
+                {{"ranks", {r}}});
+          continue;
+        }
+        const fs::path out = watch_dir(o_.run_dir) / fmt::format("stacks_attempt{}_rank{}.txt", attempt_, r);
+        const std::string how = copy_own_stack(r, beats_[r].host, out);
+        event("stack_dump", how.empty() ? "warn" : "info",
+              how.empty() ? fmt::format("rank {}: no stack dump (rank on {} did not answer SIGUSR1 from scancel)", r,
+                                        beats_[r].host)
+                          : fmt::format("rank {}: stack written to {} ({})", r, out.string(), how),
+              {{"ranks", {r}}, {"file", out.string()}});
         continue;
       }
       const fs::path out = watch_dir(o_.run_dir) / fmt::format("stacks_attempt{}_rank{}.txt", attempt_, r);
@@ -384,6 +469,7 @@ Attempt Runner::run() {
   beats_ = read_heartbeats(o_.run_dir);
   for (const auto& [r, hb] : beats_) {
     a_.saw_heartbeat = true;
+    a_.host_of[r] = hb.host;
     a_.last_iteration = std::max(a_.last_iteration, hb.iteration);
     a_.iteration_of[r] = hb.iteration;
     if (hb.phase == "failed" &&
@@ -394,6 +480,25 @@ Attempt Runner::run() {
   static const std::regex died(R"(process rank (\d+) with PID \d+ on node (\S+) exited on signal (\d+))");
   for (std::sregex_iterator it(err_text_.begin(), err_text_.end(), died), end; it != end; ++it)
     a_.signal_of[std::stoi((*it)[1])] = std::stoi((*it)[3]);
+  // srun names them too: "srun: error: node7: task 1: Killed", "... tasks 0-3: Segmentation fault".
+  static const std::regex srun_died(
+      R"(srun: error: (\S+): tasks? (\d+)(?:-(\d+))?: (Killed|Segmentation fault|Aborted|Bus error|Terminated))");
+  for (std::sregex_iterator it(err_text_.begin(), err_text_.end(), srun_died), end; it != end; ++it) {
+    const std::string what = (*it)[4];
+    const int sig = what == "Killed"               ? SIGKILL
+                    : what == "Segmentation fault" ? SIGSEGV
+                    : what == "Aborted"            ? SIGABRT
+                    : what == "Bus error"          ? SIGBUS
+                                                   : SIGTERM;
+    const int first = std::stoi((*it)[2]), last = (*it)[3].matched ? std::stoi((*it)[3]) : first;
+    for (int r = first; r <= last; ++r) {
+      a_.signal_of[r] = sig;
+      a_.host_of[r] = (*it)[1];
+    }
+  }
+  // srun ends the peers of a dead rank with SIGTERM (--kill-on-bad-exit): they are not the cause.
+  if (std::any_of(a_.signal_of.begin(), a_.signal_of.end(), [](auto& rs) { return rs.second != SIGTERM; }))
+    std::erase_if(a_.signal_of, [](auto& rs) { return rs.second == SIGTERM; });
   if (o_.world_size == 1 && a_.rc > 128 && !a_.hang && !a_.interrupted) a_.signal_of[0] = a_.rc - 128;
   static const std::regex err_line(R"((^|\n)error: ([^\n]*))");
   std::smatch m;
@@ -460,8 +565,9 @@ int supervise(const std::vector<std::string>& argv, std::map<std::string, std::s
   export_launcher_identity(env);
   g_interrupted = 0;
   int rc = 0;
+  std::vector<std::string> command = argv;
   for (int attempt = 1;; ++attempt) {
-    Runner runner(argv, env, o, attempt);
+    Runner runner(command, env, o, attempt);
     Attempt a = runner.run();
     rc = a.hang ? 124 : a.rc;
     auto ev = [&](const std::string& kind, const std::string& sev, const std::string& msg, json extra,
@@ -512,10 +618,22 @@ int supervise(const std::vector<std::string>& argv, std::map<std::string, std::s
     const bool restartable = reason != "finished" && reason != "interrupted" && o.watch &&
                              (a.hang || a.saw_heartbeat) && attempt <= o.max_restarts;
     if (restartable) {
+      std::vector<std::string> nodes;
+      for (int r : ranks)
+        if (auto it = a.host_of.find(r); it != a.host_of.end() && !it->second.empty() &&
+                                         std::find(nodes.begin(), nodes.end(), it->second) == nodes.end())
+          nodes.push_back(it->second);
+      if (o.before_restart) o.before_restart(command, nodes);
       ev("restart", "warn",
          fmt::format("restart {} of {} after {} (exit code {}): {}; resuming from the last good checkpoint", attempt,
                      o.max_restarts, reason, rc, detail),
-         {{"reason", reason}, {"ranks", ranks}, {"restart", attempt}, {"iteration", a.iteration_for(ranks)}, {"detail", detail}});
+         {{"reason", reason},
+          {"ranks", ranks},
+          {"nodes", nodes},
+          {"restart", attempt},
+          {"iteration", a.iteration_for(ranks)},
+          {"detail", detail},
+          {"command", command}});
       continue;
     }
     json extra{{"status", reason == "finished" ? "ok" : "failed"}, {"reason", reason}, {"exit_code", rc},

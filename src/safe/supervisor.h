@@ -3,8 +3,9 @@
 // ranks' heartbeats, and acts:
 //   - hang: no heartbeat progress from a rank for hang_timeout seconds -> its stack is dumped
 //     (gdb, else the rank's own SIGUSR1 handler, plus the kernel stack), the job is killed;
-//   - dead rank: a rank's process is gone without saying done/failed -> the job is killed if it
-//     does not end by itself within a grace period;
+//   - dead rank: a rank's process is gone without saying done/failed (its pid on this host, or
+//     mpirun's / srun's report of a task killed by a signal) -> the job is killed if it does not
+//     end by itself within a grace period;
 //   - straggler: a rank consistently slower than its peers -> a warning event;
 //   - failure after training started (a hang, a dead rank, a failed rank) -> relaunch, up to
 //     max_restarts times; the trainer's auto-resume continues from the last good checkpoint.
@@ -12,6 +13,7 @@
 #pragma once
 
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
@@ -20,7 +22,7 @@ namespace primus::safe {
 
 struct SuperviseOptions {
   std::filesystem::path run_dir;
-  int world_size = 1;
+  int world_size = 1;           // 0: as many as the heartbeats say (srun's task count is Slurm's)
   bool watch = true;            // false: start and wait, nothing else (no restarts either)
   int max_restarts = 0;
   double hang_timeout = 600;    // seconds; 0: no hang detection
@@ -28,6 +30,9 @@ struct SuperviseOptions {
   double straggler_factor = 1.5;
   double poll_interval = 0.1;   // seconds
   double dead_rank_grace = 10;  // seconds a job may take to end by itself after a rank died
+  // Before each restart, with the nodes of the ranks that hung, died or failed (from their
+  // heartbeats, or srun's "task N" lines): may change the command (slurm leaves the nodes out).
+  std::function<void(std::vector<std::string>& argv, const std::vector<std::string>& failed_nodes)> before_restart;
 };
 
 // Runs `argv` with `env` under supervision; returns the exit code of the last attempt (124 when

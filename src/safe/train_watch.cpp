@@ -99,6 +99,9 @@ TrainWatch::TrainWatch(const fs::path& run_dir, int64_t start_iteration)
   hb_.world_size = where.world_size;
   hb_.pid = int(::getpid());
   hb_.host = where.node;
+  const char* job = std::getenv("SLURM_JOB_ID");
+  const char* step = std::getenv("SLURM_STEP_ID");
+  if (job && step && *job && *step) hb_.slurm_step = std::string(job) + "." + step;
   hb_.restarts = restarts_;
   hb_.iteration = start_iteration;
   if (heartbeats_) {

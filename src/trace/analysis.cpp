@@ -8,6 +8,7 @@
 
 #include <fmt/format.h>
 
+#include "core/bounded_json.h"
 #include "core/error.h"
 #include "pipeline/schedules/registry.h"
 #include "pipeline/simulator.h"
@@ -34,9 +35,13 @@ std::vector<fs::path> trace_files_in(const fs::path& dir) {
   return out;
 }
 
-}  // namespace
+JsonLimits trace_json_limits() {
+  JsonLimits l;
+  l.max_bytes = uint64_t(1) << 30;  // a profile window of a few steps writes tens of MB per rank
+  return l;
+}
 
-RankTrace parse_trace(const nlohmann::json& j, const std::string& file) {
+RankTrace parse_trace_events(const nlohmann::json& j, const std::string& file) {
   if (!j.is_object() || !j.contains("traceEvents") || !j.contains("otherData") ||
       arg<std::string>(j["otherData"], "producer", "") != "primus-cpp")
     fail("{} is not a trace written by primus-cli's profiler (train pretrain --profile true)", file);
@@ -79,6 +84,16 @@ RankTrace parse_trace(const nlohmann::json& j, const std::string& file) {
   return t;
 }
 
+}  // namespace
+
+RankTrace parse_trace(const nlohmann::json& j, const std::string& file) {
+  try {
+    return parse_trace_events(j, file);
+  } catch (const nlohmann::json::exception& e) {  // a field of the wrong type
+    fail("{} is not a trace this reader understands: {}", file, e.what());
+  }
+}
+
 std::vector<RankTrace> load_traces(const std::vector<std::string>& paths) {
   std::vector<fs::path> files;
   for (const std::string& p : paths) {
@@ -100,13 +115,7 @@ std::vector<RankTrace> load_traces(const std::vector<std::string>& paths) {
   std::vector<RankTrace> out;
   std::set<int> seen;
   for (const fs::path& f : files) {
-    std::ifstream in(f);
-    nlohmann::json j;
-    try {
-      in >> j;
-    } catch (const nlohmann::json::exception& e) {
-      fail("{} is not valid JSON: {}", f.string(), e.what());
-    }
+    const nlohmann::json j = read_json_file(f, f.string(), trace_json_limits());
     RankTrace t = parse_trace(j, f.string());
     if (!seen.insert(t.rank).second) fail("{} is a second trace of rank {}", f.string(), t.rank);
     out.push_back(std::move(t));

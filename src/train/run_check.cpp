@@ -34,8 +34,8 @@ void check_run(const config::ExperimentConfig& cfg, int world_size, int ranks_on
   // A `save` path that is a file (or cannot be created) fails here, not at the first save hours in.
   checkpoint::check_save_folder(cfg.checkpoint_dir(), "", {}, true);
   if (ranks_on_host > 0)
-    plan::check_memory(plan::estimate_memory(cfg.model_spec, layout, a, a.bf16), ranks_on_host, plan::host_available_bytes(),
-                 "this host's memory (MemAvailable)");
+    plan::check_memory(plan::estimate_memory(cfg.model_spec, layout, a, a.bf16), ranks_on_host,
+                       plan::host_available_bytes(), "this host's memory (MemAvailable)");
 }
 
 }  // namespace primus::train

@@ -47,7 +47,7 @@
 #include "pipeline/executor.h"
 #include "plan/memory_estimate.h"
 #include "plan/parallel_layout.h"
-#include "safe/metrics_writer.h"
+#include "safe/early_exit.h"
 #include "safe/run_lock.h"
 #include "safe/train_watch.h"
 #include "trace/hardware.h"
@@ -56,6 +56,7 @@
 #include "trace/traced_group.h"
 #include "train/compute.h"
 #include "train/dp_strategy.h"
+#include "train/metrics_log.h"
 #include "train/moe_step.h"
 #include "train/pipeline_runner.h"
 #include "train/run_check.h"
@@ -91,6 +92,7 @@ class Trainer {
   void build_profiler();
   void build_data();
   void build_model();
+  void lock_save_folder();
   void resume();
   // weights_only: the values alone (finetune, pretrained_checkpoint); iteration, data position and
   // optimizer start fresh.
@@ -138,9 +140,11 @@ class Trainer {
   TrainState state_;
   TrainSummary summary_;
   std::unique_ptr<safe::TrainWatch> watch_;
+  std::unique_ptr<safe::EarlyExit> early_exit_;  // exit_signal_handler, exit_duration_in_mins
   std::string config_yaml_;
   safe::RunLock run_lock_;                        // world rank 0: the run folder's lock (or its launcher's)
-  std::unique_ptr<safe::MetricsWriter> metrics_;  // rank 0
+  safe::RunLock save_lock_;                       // world rank 0: the save folder's lock
+  std::unique_ptr<MetricsLog> metrics_;  // rank 0: metrics.jsonl, TensorBoard
   MoeStepSummary moe_;                             // the last step's MoE statistics
   ModelStats stats_;
   double peak_gflops_ = 0;
@@ -169,6 +173,7 @@ Trainer::Trainer(const config::ExperimentConfig& cfg)
   build_data();
   build_model();
   lr_schedule_ = std::make_unique<LRSchedule>(lr_schedule_options(a_));
+  lock_save_folder();
   resume();
   open_outputs();
   // The peak the log reports is the training loop's: the build's transient full copies (the
@@ -220,8 +225,8 @@ void Trainer::build_processes() {
   // A model that cannot fit stops here, before anything is allocated.
   // (The ranks of a host share its memory; each rank has a GPU of its own.)
   plan::check_memory(plan::estimate_memory(spec_, layout_, a_, compute_.precision == Precision::Bf16),
-               compute_.device == Device::CUDA ? 1 : env.local_world_size, compute_.memory_available(),
-               compute_.memory_name());
+                     compute_.device == Device::CUDA ? 1 : env.local_world_size, compute_.memory_available(),
+                     compute_.memory_name());
 }
 
 // Profiling (docs/profiling.md): the backend and the mesh's groups are wrapped in decorators that
@@ -365,6 +370,16 @@ std::string Trainer::try_restore(const std::string& dir, bool weights_only) {
   return "";
 }
 
+// One run per save folder as per run folder: a second run given another run's `save` stops here,
+// before it reads or writes checkpoints there (a save folder outside the run folder is shared by
+// runs of any name). Taken after the data and model are built, so that a run refused earlier
+// creates no save folder.
+void Trainer::lock_save_folder() {
+  on_rank0_for_all(
+      [&] { save_lock_ = safe::RunLock::acquire(cfg_.checkpoint_dir(), "trainer rank 0", safe::kSaveFolder); },
+      "rank 0 could not take the save folder's lock");
+}
+
 // An explicit `load` must load; auto-resume falls back past damaged checkpoints.
 void Trainer::resume() {
   state_.seed = a_.seed;
@@ -422,7 +437,7 @@ void Trainer::open_outputs() {
   if (rank0_) {
     std::ofstream(fs::path(cfg_.run_dir()) / "config.yaml") << config_yaml_;
     write_resolved_config(config_yaml_);  // into the launch snapshot, when primus-cli made one
-    metrics_ = std::make_unique<safe::MetricsWriter>((fs::path(cfg_.run_dir()) / "metrics.jsonl").string());
+    metrics_ = std::make_unique<MetricsLog>(cfg_, world_->size());
   }
   tty_ = ::isatty(STDOUT_FILENO) && rank0_;
   log::info("model {}: {:.2f}M parameters, {:.1f} MFLOP per token; {} x {} tokens per microbatch, {} microbatches "
@@ -437,6 +452,7 @@ void Trainer::open_outputs() {
             compute_.device == Device::CUDA ? "data-sheet dense bf16" : "measured SGEMM");
   summary_.start_iteration = state_.iteration;
   watch_ = std::make_unique<safe::TrainWatch>(cfg_.run_dir(), state_.iteration);  // heartbeats, NaN policy, faults
+  early_exit_ = std::make_unique<safe::EarlyExit>(a_.exit_signal_handler, a_.exit_duration_in_mins);
 }
 
 // =============================================================================================
@@ -549,6 +565,7 @@ void Trainer::save() {
   so.overwrite = a_.overwrite;
   summary_.last_checkpoint = save_checkpoint(cfg_.checkpoint_dir(), full.params(), full.exp_avg.data(),
                                              full.exp_avg_sq.data(), state_, config_yaml_, so);
+  if (rank0_) metrics_->flush();
   if (rank0_) prune_checkpoints(cfg_.checkpoint_dir(), a_.keep_last_checkpoints, state_.run_id, summary_.last_checkpoint);
   world_->barrier();
   log::info("saved checkpoint {}", summary_.last_checkpoint);
@@ -559,7 +576,8 @@ void Trainer::log_interval(const StepResult& step) {
   const double tflops = stats_.flops_per_token * tps / 1e12;
   const double mfu = tflops * 1e3 / peak_gflops_;
   const double mean_loss = interval_loss_ / double(interval_steps_);
-  const size_t peak = compute_.backend->memory_stats().peak;
+  const MemoryStats mem = compute_.backend->memory_stats();
+  const size_t peak = mem.peak;
   if (mfu > 1.0 && !mfu_warned_) {  // a CPU peak measured while other work held the cores
     log::warn("MFU above 100%: this run computes faster than the peak of {:.1f} GFLOP/s it divides by (on a CPU, "
               "a peak measured at start-up while other work held the cores); set PRIMUS_PEAK_GFLOPS to the "
@@ -570,8 +588,8 @@ void Trainer::log_interval(const StepResult& step) {
   // The peak split: weights (master and bf16 working copy), fp32 gradients and AdamW moments are
   // what this rank's buffers hold (the strategy's); the rest of the peak is activations and
   // transient buffers (gathered FSDP units among them).
-  const DpMemory mem = dp_->memory();
-  const double param_bytes = mem.parameters, grad_bytes = mem.gradients, optim_bytes = mem.optimizer;
+  const DpMemory buffers = dp_->memory();
+  const double param_bytes = buffers.parameters, grad_bytes = buffers.gradients, optim_bytes = buffers.optimizer;
   const double activation_bytes = std::max(0.0, double(peak) - param_bytes - grad_bytes - optim_bytes);
   if (tty_) fmt::print("\r\033[K");
   log::info(" iteration {:>6}/{:>6} | consumed samples: {:>9} | elapsed time per iteration (ms): {:.1f} | "
@@ -587,6 +605,7 @@ void Trainer::log_interval(const StepResult& step) {
                      {"tflops", tflops},                {"mfu", mfu},
                      {"step_time_ms", 1e3 * interval_time_ / interval_steps_},
                      {"peak_memory_bytes", peak},       {"restarts", watch_->restarts()},
+                     {"memory_allocated_bytes", mem.in_use}, {"memory_reserved_bytes", mem.in_use + mem.cached},
                      {"memory_parameters_bytes", param_bytes},
                      {"memory_gradients_bytes", grad_bytes},
                      {"memory_optimizer_bytes", optim_bytes},
@@ -637,12 +656,20 @@ TrainSummary Trainer::run() {
       summary_.last_eval_loss = evaluate();
       log::info(" validation at iteration {} | lm loss: {:.6E} | lm loss PPL: {:.3f}", state_.iteration,
                 summary_.last_eval_loss, std::exp(summary_.last_eval_loss));
-      if (rank0_) metrics_->write({{"iteration", state_.iteration}, {"eval_lm_loss", summary_.last_eval_loss}});
+      if (rank0_)
+        metrics_->write({{"iteration", state_.iteration},
+                         {"consumed_samples", state_.consumed_samples},
+                         {"eval_lm_loss", summary_.last_eval_loss}});
     }
     if (a_.save_interval > 0 && state_.iteration % a_.save_interval == 0) save();
+    if (early_exit_->due(*world_)) {  // the checkpoint below, then exit code 0
+      log::info("exiting after iteration {}: {}", state_.iteration, early_exit_->reason());
+      break;
+    }
   }
   if (state_.iteration > summary_.start_iteration && (a_.save_interval == 0 || state_.iteration % a_.save_interval != 0))
     save();
+  if (rank0_) metrics_->flush();
   watch_->finish(state_.iteration);
   log::flush();
   return summary_;

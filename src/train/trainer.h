@@ -1,5 +1,5 @@
 // The pretraining loop: gradient accumulation over microbatches, AdamW with an LR schedule and
-// global-norm clipping, evaluation on the valid split, logging (terminal, metrics.jsonl) and
+// global-norm clipping, evaluation on the valid split, logging (terminal, metrics.jsonl, TensorBoard) and
 // checkpoints with exact resume.
 #pragma once
 

@@ -31,10 +31,10 @@ struct OptSpec {
   bool value;
 };
 const std::vector<OptSpec>& common_specs() {
-  static const std::vector<OptSpec> s = {
-      {"--dry-run", false}, {"--print-env", false}, {"--force", false},    {"--env", true},
-      {"--patch", true},    {"--hooks-dir", true},  {"--log-ranks", true}, {"--workspace", true},
-      {"--exp-name", true}, {"--replay", true}};
+  static const std::vector<OptSpec> s = {{"--dry-run", false},  {"--print-env", false}, {"--force", false},
+                                         {"--env", true},       {"--patch", true},      {"--hooks-dir", true},
+                                         {"--log-ranks", true}, {"--workspace", true},  {"--exp-name", true},
+                                         {"--replay", true},    {"--numa", false},      {"--no-numa", false}};
   return s;
 }
 
@@ -128,6 +128,47 @@ void add_common_options(CLI::App& app, CommonOptions& o) {
   app.add_option("--workspace", o.workspace, "folder for run folders (default: the config's workspace, else ./output)");
   app.add_option("--exp-name", o.exp_name, "run folder name (default: the config's exp_name, else generated)");
   app.add_option("--replay", o.replay, "run again from a snapshot folder (also accepted after the task)");
+  app.add_flag("--numa", o.numa, "bind each rank to the NUMA node of its GPU (spread over the nodes without GPUs)");
+  app.add_flag("--no-numa", o.no_numa, "no NUMA binding (the default; overrides PRIMUS_NUMA and .primus.yaml)");
+}
+
+void add_watch_options(CLI::App& app, WatchOptions& o, bool slurm) {
+  app.add_option("--max-restarts", o.max_restarts,
+                 "relaunch a failed training job up to K times; it resumes from the last good checkpoint")
+      ->check(CLI::NonNegativeNumber)
+      ->envname("PRIMUS_MAX_RESTARTS");
+  app.add_option("--hang-timeout", o.hang_timeout,
+                 "seconds without heartbeat progress from a rank before the job counts as hung (0: off; default 600)")
+      ->check(CLI::NonNegativeNumber)
+      ->envname("PRIMUS_HANG_TIMEOUT");
+  app.add_option("--nan-policy", o.nan_policy,
+                 "a NaN/Inf loss or gradient: skip the step (default), stop, or warn and update anyway")
+      ->check(CLI::IsMember({"skip", "stop", "warn"}));
+  app.add_flag("--no-watch", o.no_watch, "no heartbeats, hang detection or restarts: start the job and wait");
+  if (slurm)
+    app.add_flag("--exclude-failed-nodes", o.exclude_failed_nodes,
+                 "a restart asks Slurm for the job without the nodes of the ranks that failed (a replacement from "
+                 "the allocation, or from the partition outside one)");
+}
+
+std::vector<std::string> WatchOptions::forward() const {
+  std::vector<std::string> f = {"--max-restarts", std::to_string(max_restarts),
+                                "--hang-timeout", fmt::format("{}", hang_timeout),
+                                "--nan-policy",   nan_policy};
+  if (no_watch) f.push_back("--no-watch");
+  if (exclude_failed_nodes) f.push_back("--exclude-failed-nodes");
+  return f;
+}
+
+bool watch_option_arity(const std::string& name, bool& takes_value) {
+  for (const OptSpec& s :
+       {OptSpec{"--max-restarts", true}, OptSpec{"--hang-timeout", true}, OptSpec{"--nan-policy", true},
+        OptSpec{"--no-watch", false}, OptSpec{"--exclude-failed-nodes", false}})
+    if (name == s.name) {
+      takes_value = s.value;
+      return true;
+    }
+  return false;
 }
 
 bool common_option_arity(const std::string& name, bool& takes_value) {
@@ -229,6 +270,18 @@ Launch prepare_launch(const std::string& runtime, const CommonOptions& opt, cons
   L.log_ranks = lr.value;
   L.settings.push_back({"log_ranks", lr});
 
+  if (L.opt.numa && L.opt.no_numa) fail("--numa and --no-numa contradict each other: give one");
+  Setting numa = resolve_setting(L.opt.numa      ? "1"
+                                 : L.opt.no_numa ? "0"
+                                                 : "",
+                                 L.opt.numa ? "--numa" : "--no-numa", "PRIMUS_NUMA", L.project, "numa", "0");
+  if (numa.value == "true") numa.value = "1";
+  if (numa.value == "false") numa.value = "0";
+  if (numa.value != "0" && numa.value != "1")
+    fail("numa ({}) must be 0 or 1 (true or false), got '{}'", numa.source, numa.value);
+  L.numa = numa.value == "1";
+  L.settings.push_back({"numa", numa});
+
   // Additive lists: .primus.yaml, then PRIMUS_*, then the command line.
   for (auto& d : L.project.list("hooks_dirs", true)) L.hooks_dirs.push_back(d);
   for (auto& d : split_colon(std::getenv("PRIMUS_HOOKS_DIRS"))) L.hooks_dirs.push_back(abs_path(d));
@@ -287,6 +340,7 @@ Launch prepare_launch(const std::string& runtime, const CommonOptions& opt, cons
   L.env.set("PRIMUS_RUN_DIR", L.run_dir.string(), "runtime");
   L.env.set("PRIMUS_SNAPSHOT_DIR", L.snapshot_dir().string(), "runtime");
   L.env.set("PRIMUS_LOG_RANKS", L.log_ranks, "runtime");
+  L.env.set("PRIMUS_NUMA", L.numa ? "1" : "0", "runtime");
   L.env.set("PRIMUS_ENV_APPLIED", "1", "runtime");
   return L;
 }
@@ -325,6 +379,7 @@ void Launch::write_snapshot(const std::vector<std::string>& runtime_args) const 
 
 std::vector<std::string> Launch::forward_options(bool with_hooks_dirs) const {
   std::vector<std::string> f = {"--workspace", workspace, "--exp-name", exp_name, "--log-ranks", log_ranks};
+  if (numa) f.push_back("--numa");
   for (auto& e : opt.env) f.insert(f.end(), {"--env", e});
   for (auto& p : opt.patches) f.insert(f.end(), {"--patch", abs_path(p)});
   if (with_hooks_dirs)

@@ -25,12 +25,27 @@ struct CommonOptions {
   bool dry_run = false;    // print the commands and environment, start nothing
   bool print_env = false;  // print the effective environment with sources, start nothing
   bool force = false;      // replay even when hardware or versions differ
+  bool numa = false, no_numa = false;  // bind each rank to its GPU's NUMA node (cli/lib/numa.h)
   std::vector<std::string> env, patches, hooks_dirs;
   std::string log_ranks, workspace, exp_name, replay;
 };
 void add_common_options(CLI::App& app, CommonOptions& o);
 // For runtimes that pass unknown flags through (slurm): is `name` one of ours, with a value?
 bool common_option_arity(const std::string& name, bool& takes_value);
+
+// The in-flight watch's options (src/safe/supervisor.h), for the runtimes that start ranks and
+// watch them: direct and slurm (srun, and sbatch's job, which runs a watched srun).
+struct WatchOptions {
+  bool no_watch = false;
+  int max_restarts = 0;
+  double hang_timeout = 600;
+  std::string nan_policy = "skip";
+  bool exclude_failed_nodes = false;         // slurm: a restart leaves out the nodes of the ranks that failed
+  std::vector<std::string> forward() const;  // the options again, for a primus-cli started by a batch script
+};
+// `slurm`: also --exclude-failed-nodes.
+void add_watch_options(CLI::App& app, WatchOptions& o, bool slurm);
+bool watch_option_arity(const std::string& name, bool& takes_value);
 
 // The part of the command line after "--": optionally a nested runtime ("container --image I
 // --"), then the task, its subtask and its options.
@@ -64,6 +79,7 @@ struct Launch {
   EnvPlan env;
   std::vector<std::string> patches, hooks_dirs;  // absolute
   std::string log_ranks = "0";
+  bool numa = false;  // --numa / --no-numa, PRIMUS_NUMA, .primus.yaml numa (PRIMUS_NUMA in the ranks' environment)
 
   std::filesystem::path snapshot_dir() const { return run_dir / "snapshot"; }
   std::string describe() const;

@@ -142,7 +142,7 @@ RuntimeRegistrar reg{{"container", "run the task inside a docker/podman image (p
                         app.add_option("--mount", o->mounts, "extra bind mount /host:/container[:ro] (repeatable)");
                         app.add_option("--option", o->engine_options, "extra option for '<engine> run' (repeatable)");
                         app.add_option("--nproc,-n", o->nproc, "ranks inside the container (passed to direct)")
-                            ->check(CLI::PositiveNumber);
+                            ->check(kAtLeastOne);
                         app.add_option("--cli-path", o->cli_path, "primus-cli inside the image (default: this one's path)");
                         return [o](const std::vector<std::string>& task_args) { return launch(*o, task_args); };
                       }}};

@@ -12,14 +12,15 @@
 #include <fmt/format.h>
 
 #include "cli/lib/launch.h"
+#include "cli/lib/numa.h"
 #include "cli/lib/process.h"
+#include "cli/lib/watched_run.h"
 #include "cli/registry.h"
 #include "core/error.h"
 #include "core/launch_env.h"
 #include "core/log.h"
 #include "safe/launcher_link.h"
 #include "safe/run_lock.h"
-#include "safe/supervisor.h"
 #include "safe/train_watch.h"
 
 namespace primus::cli {
@@ -29,11 +30,7 @@ struct DirectOptions {
   CommonOptions common;
   int nproc = 0;
   std::string run_hooks;  // "pre" | "post": only run that phase's hooks (used by sbatch scripts)
-  // The in-flight watch (src/safe/supervisor.h): on unless --no-watch.
-  bool no_watch = false;
-  int max_restarts = 0;
-  double hang_timeout = 600;
-  std::string nan_policy = "skip";
+  WatchOptions watch;     // the in-flight watch (src/safe/supervisor.h): on unless --no-watch
 };
 
 std::vector<std::string> rank_command(const std::vector<std::string>& task_args) {
@@ -59,6 +56,9 @@ int run_rank(const DirectOptions& o, const std::vector<std::string>& task_args) 
   safe::die_with_launcher();  // no trainer outlives `primus-cli direct`, even one killed with SIGKILL
   log::init_from_env();
   LaunchEnv e = discover_launch_env();
+  // Before the task's threads exist, so that they inherit the binding.
+  if (const char* numa = std::getenv("PRIMUS_NUMA"); numa && std::string(numa) == "1")
+    log::info("numa: {}", bind_rank_to_numa_node(e.local_rank, e.local_world_size));
   log::debug("rank {} of {} (local {} of {}) on {}, started by {}", e.rank, e.world_size, e.local_rank,
              e.local_world_size, e.node, e.launcher);
   int rc = run_task(task_args);
@@ -68,7 +68,7 @@ int run_rank(const DirectOptions& o, const std::vector<std::string>& task_args) 
 
 int launch(const DirectOptions& o, const std::vector<std::string>& task_args) {
   if (is_launched_rank()) return run_rank(o, task_args);
-  safe::parse_nan_policy(o.nan_policy);  // a typo fails here, before anything starts
+  safe::parse_nan_policy(o.watch.nan_policy);  // a typo fails here, before anything starts
   PrepareOptions p;
   p.nproc = o.nproc;
   Launch L = prepare_launch("direct", o.common, task_args, p);
@@ -130,25 +130,13 @@ int launch(const DirectOptions& o, const std::vector<std::string>& task_args) {
   if (L.line.task == "train") lock = safe::RunLock::acquire(L.run_dir, "primus-cli direct launcher");
   L.write_snapshot(invocation().runtime_args);
   std::cerr << fmt::format("primus-cli: run folder {} (snapshot in snapshot/, logs in logs/)\n", L.run_dir.string());
-  EnvMap env = L.env.full();
-  if (lock.held()) env["PRIMUS_RUN_LOCK_TOKEN"] = lock.token();
-  safe::export_launcher_identity(env);
-  env["PRIMUS_NAN_POLICY"] = o.nan_policy;
-  if (o.no_watch) env["PRIMUS_WATCH"] = "0";
-  if (o.no_watch) return run_between_hooks(hooks, L.line.task_args, cmd, env, env);
-  // Watched: the same hooks around a supervised (and possibly restarted) job.
-  run_hooks(hooks.pre, "pre", L.line.task_args, env);
-  safe::SuperviseOptions so;
-  so.run_dir = L.run_dir;
-  so.world_size = L.nproc;
-  so.max_restarts = o.max_restarts;
-  so.hang_timeout = o.hang_timeout;
-  so.nan_policy = o.nan_policy;
-  const int rc = safe::supervise(cmd, env, so);
-  EnvMap hook_env = env;
-  hook_env["PRIMUS_TASK_EXIT_CODE"] = std::to_string(rc);
-  run_hooks(hooks.post, "post", L.line.task_args, hook_env);
-  return rc;
+  WatchedCommand c;
+  c.argv = cmd;
+  c.env = L.env.full();
+  if (lock.held()) c.env["PRIMUS_RUN_LOCK_TOKEN"] = lock.token();
+  c.hook_env = c.env;
+  c.world_size = L.nproc;
+  return run_watched(L, o.watch, std::move(c));
 }
 
 RuntimeRegistrar reg{{"direct", "run the task on this host (N ranks through mpirun with --nproc N)",
@@ -157,19 +145,8 @@ RuntimeRegistrar reg{{"direct", "run the task on this host (N ranks through mpir
                         add_common_options(app, o->common);
                         app.add_option("--nproc,-n", o->nproc,
                                        "ranks to start on this host (default: PRIMUS_NPROC, .primus.yaml, the GPU count, 1)")
-                            ->check(CLI::PositiveNumber);
-                        app.add_option("--max-restarts", o->max_restarts,
-                                       "relaunch a failed training job up to K times; it resumes from the last good checkpoint")
-                            ->check(CLI::NonNegativeNumber)
-                            ->envname("PRIMUS_MAX_RESTARTS");
-                        app.add_option("--hang-timeout", o->hang_timeout,
-                                       "seconds without heartbeat progress from a rank before the job counts as hung (0: off; default 600)")
-                            ->check(CLI::NonNegativeNumber)
-                            ->envname("PRIMUS_HANG_TIMEOUT");
-                        app.add_option("--nan-policy", o->nan_policy,
-                                       "a NaN/Inf loss or gradient: skip the step (default), stop, or warn and update anyway")
-                            ->check(CLI::IsMember({"skip", "stop", "warn"}));
-                        app.add_flag("--no-watch", o->no_watch, "no heartbeats, hang detection or restarts: start the job and wait");
+                            ->check(kAtLeastOne);
+                        add_watch_options(app, o->watch, false);
                         app.add_option("--run-hooks", o->run_hooks, "only run the pre or post hooks of the task (sbatch scripts use it)")
                             ->group("");
                         return [o](const std::vector<std::string>& task_args) { return launch(*o, task_args); };

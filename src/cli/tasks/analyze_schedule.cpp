@@ -152,8 +152,8 @@ plan::ParallelLayout model_layout(const Options& o) {
   }
   if (a.pipeline_model_parallel_size < 2) fail("pipeline_model_parallel_size must be at least 2 to split a model");
   // One data-parallel rank: the world is the model-parallel ranks.
-  return plan::plan_layout(a, spec, int(a.tensor_model_parallel_size * a.pipeline_model_parallel_size *
-                                         a.context_parallel_size));
+  return plan::plan_layout(
+      a, spec, int(a.tensor_model_parallel_size * a.pipeline_model_parallel_size * a.context_parallel_size));
 }
 
 int run(const Options& o) {

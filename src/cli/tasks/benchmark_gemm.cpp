@@ -303,7 +303,7 @@ ModelGemms model_gemms(const Options& o, bool bf16) {
   config::TrainingArgs a = cfg.train;
   if (bf16) a.bf16 = true;
   if (o.vocab_chunk < 0) fail("--vocab-chunk must be positive, got {}", o.vocab_chunk);
-  LlamaOptions options;  // the trainer's
+  LlamaOptions options;     // the trainer's
   if (o.vocab_chunk > 0) {  // the head in chunks of that width, whether or not its logits would fit
     options.vocab_chunk = o.vocab_chunk;
     options.logits_memory_budget = 0;
@@ -383,12 +383,17 @@ int run_list(const Options& o, const ModelGemms& mg) {
     nlohmann::ordered_json list = nlohmann::ordered_json::array(), grouped = nlohmann::ordered_json::array();
     for (const auto& g : mg.gemms) list.push_back(entry(g));
     for (const auto& g : mg.grouped) grouped.push_back(entry(g));
-    nlohmann::ordered_json j = {{"model", mg.model},        {"micro_batch_size", mg.micro_batch},
-                                {"seq_length", mg.seq},     {"rows", mg.rows},
+    nlohmann::ordered_json j = {{"model", mg.model},
+                                {"micro_batch_size", mg.micro_batch},
+                                {"seq_length", mg.seq},
+                                {"rows", mg.rows},
                                 {"microbatches_per_step", mg.microbatches},
-                                {"vocab_chunk", mg.vocab_chunk}, {"recompute_forward", mg.recompute},
-                                {"distinct", d.size()},     {"flops_per_microbatch", total},
-                                {"gemms", list},            {"grouped_calls", grouped}};
+                                {"vocab_chunk", mg.vocab_chunk},
+                                {"recompute_forward", mg.recompute},
+                                {"distinct", d.size()},
+                                {"flops_per_microbatch", total},
+                                {"gemms", list},
+                                {"grouped_calls", grouped}};
     std::cout << j.dump(2) << std::endl;
     return 0;
   }
@@ -446,9 +451,16 @@ int run_compare_cpu(const Options& o, const ModelGemms& mg) {
     flops_total += flops * n;
     const char* faster = own <= dnnl ? "avx512-bf16" : "onednn";
     if (o.run.json) {
-      rows.push_back({{"what", x.whats.front()}, {"op", op_name(lg.trans_a, lg.trans_b)}, {"m", M}, {"n", N}, {"k", K},
-                      {"out_dtype", dtype_name(lg.out)}, {"count", x.count},
-                      {"avx512_ms", own}, {"onednn_ms", dnnl}, {"faster", faster},
+      rows.push_back({{"what", x.whats.front()},
+                      {"op", op_name(lg.trans_a, lg.trans_b)},
+                      {"m", M},
+                      {"n", N},
+                      {"k", K},
+                      {"out_dtype", dtype_name(lg.out)},
+                      {"count", x.count},
+                      {"avx512_ms", own},
+                      {"onednn_ms", dnnl},
+                      {"faster", faster},
                       {"backend", cpu::bf16k::gemm_impl_name(chosen)}});
     } else {
       std::cout << fmt::format("  {:<36} {:>2} {:<10} {:<6} {:>6} {:>6} {:>6} {:>5} {:>11.3f} {:>11.3f} {:>7.2f}x {}\n",

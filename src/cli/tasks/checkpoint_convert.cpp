@@ -22,8 +22,11 @@ TaskRegistrar import_reg{
                       "tokenizer.json (or its folder) to record for `generate` and training (default: the --hf "
                       "folder's, when it has one)");
        app.add_flag("--overwrite", o->overwrite, "replace a checkpoint of another run at <save>/iter_0000000");
+       app.add_flag("--allow-nonfinite", o->allow_nonfinite,
+                    "import weights with NaN or infinite values (a warning names each tensor); refused without it");
        return [o]() {
-         std::cout << "imported " << o->hf_dir << " into " << hf::import_hf(*o) << "\n";
+         const std::string written = hf::import_hf(*o);  // nothing is printed before it succeeds
+         std::cout << "imported " << o->hf_dir << " into " << written << "\n";
          return 0;
        };
      }}};
@@ -43,8 +46,11 @@ TaskRegistrar export_reg{
                       "QKV biases, else Llama)");
        app.add_option("--max-shard-size", o->max_shard_bytes,
                       "largest safetensors file in bytes; more weights go into shards with an index")
-           ->check(CLI::PositiveNumber)
+           ->check(kAtLeastOne)
            ->capture_default_str();
+       app.add_flag("--overwrite", o->overwrite,
+                    "write into a folder that is not empty: its Hugging Face model files (config, weights, index, "
+                    "tokenizer files) are deleted and replaced, other files stay");
        return [o]() {
          for (const auto& f : hf::export_hf(*o)) std::cout << "wrote " << f << "\n";
          return 0;

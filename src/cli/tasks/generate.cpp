@@ -66,7 +66,7 @@ TaskRegistrar reg{{"generate", "", "sample text from a checkpoint (KV cache, tem
                      auto o = std::make_shared<Options>();
                      app.add_option("--load", o->load, "checkpoint folder, or a save folder with `latest`")->required();
                      app.add_option("--prompt", o->prompt, "text to continue")->required();
-                     app.add_option("--max-new-tokens", o->max_new_tokens, "tokens to sample")->check(CLI::PositiveNumber);
+                     app.add_option("--max-new-tokens", o->max_new_tokens, "tokens to sample")->check(kAtLeastOne);
                      app.add_option("--temperature", o->temperature, "0 for greedy")->check(CLI::NonNegativeNumber);
                      app.add_option("--top-p", o->top_p, "nucleus probability mass")->check(CLI::Range(0.0, 1.0));
                      app.add_option("--seed", o->seed, "sampling seed");

@@ -1,5 +1,6 @@
 // info: small tasks that show what a launch gives a rank; the runtime tests run them.
-//   info ranks    one line per rank: rank, local rank, world size, node, launcher, device
+//   info ranks    one line per rank: rank, local rank, world size, node, launcher, device, the NUMA
+//                 nodes it runs on
 //   info env      the tuning variables this rank sees (NCCL_*, OMP_*, ...), sorted
 //   info config   loads a YAML config, applies --set key=value, records the resolved config in
 //                 the launch's snapshot (primus::write_resolved_config) and prints it
@@ -11,6 +12,7 @@
 #include <fmt/format.h>
 #include <yaml-cpp/yaml.h>
 
+#include "cli/lib/numa.h"
 #include "cli/lib/process.h"
 #include "cli/registry.h"
 #include "core/error.h"
@@ -23,9 +25,9 @@ namespace {
 int info_ranks() {
   LaunchEnv e = discover_launch_env();
   const char* dev = std::getenv("PRIMUS_DEVICE");
-  std::string line = fmt::format("rank={} local_rank={} world_size={} local_world_size={} node={} launcher={} device={}",
-                                 e.rank, e.local_rank, e.world_size, e.local_world_size, e.node, e.launcher,
-                                 dev ? dev : "unknown");
+  std::string line = fmt::format(
+      "rank={} local_rank={} world_size={} local_world_size={} node={} launcher={} device={} numa={}", e.rank,
+      e.local_rank, e.world_size, e.local_world_size, e.node, e.launcher, dev ? dev : "unknown", current_numa_nodes());
   log::info("{}", line);
   // Every rank answers on stdout (the terminal log shows rank 0 only): tests and users count them.
   std::cout << line << std::endl;

@@ -30,22 +30,13 @@ struct PreflightOptions {
   double storage_mb = 64, p2p_mb = 4, max_allreduce_mb = 16;
 };
 
-// Gathers every rank's results on rank 0 (JSON text through two all-gathers).
+// Gathers every rank's results (JSON text).
 std::vector<safe::CheckResult> gather(parallel::ProcessGroup& pg, const std::vector<safe::CheckResult>& mine) {
   json arr = json::array();
   for (const auto& c : mine) arr.push_back(safe::to_json(c));
-  std::string text = arr.dump();
-  std::vector<int64_t> lens(size_t(pg.size()));
-  int64_t len = int64_t(text.size());
-  pg.all_gather(&len, lens.data(), 1, parallel::CommType::I64);
-  const int64_t longest = *std::max_element(lens.begin(), lens.end());
-  text.resize(size_t(longest), ' ');
-  std::vector<char> all(size_t(longest) * size_t(pg.size()));
-  pg.all_gather(text.data(), all.data(), longest, parallel::CommType::U8);
   std::vector<safe::CheckResult> out;
-  for (int r = 0; r < pg.size(); ++r)
-    for (const auto& j : json::parse(std::string(all.data() + size_t(r) * size_t(longest), size_t(lens[size_t(r)]))))
-      out.push_back(safe::check_from_json(j));
+  for (const std::string& text : parallel::all_gather_strings(pg, arr.dump()))
+    for (const auto& j : json::parse(text)) out.push_back(safe::check_from_json(j));
   return out;
 }
 

@@ -16,8 +16,8 @@
 #include <thread>
 
 #include <omp.h>
-#include <nlohmann/json.hpp>
 #include <yaml-cpp/yaml.h>
+#include <nlohmann/json.hpp>
 
 #include "cli/lib/overrides.h"
 #include "cli/registry.h"
@@ -127,7 +127,6 @@ ops::RouterLoad router_load_from(const std::string& path) {
 
 int run(const std::string& what, const Options& o, const std::vector<std::string>& extras) {
   if (o.config.empty()) fail("projection {} needs --config <experiment.yaml>", what);
-  if (o.nodes < 0 || o.gpus_per_node < 0) fail("--target-nodes and --gpus-per-node must be positive");
   const config::ExperimentConfig cfg = config::load_experiment(o.config, key_values(extras));
   parallel::ProcessGroup* world = nullptr;
   if (discover_launch_env().world_size > 1) {
@@ -189,9 +188,12 @@ TaskSetup setup(const std::string& what) {
   return [what](CLI::App& app) -> TaskAction {
     auto o = std::make_shared<Options>();
     app.add_option("--config", o->config, "experiment YAML; any config key may follow as --key value");
-    app.add_option("--target-nodes", o->nodes, "nodes to project for (default: the fewest that hold tp x pp x cp)");
+    // 0 inside means "not given" (the default); given, they must be 1 or more.
+    app.add_option("--target-nodes", o->nodes, "nodes to project for (default: the fewest that hold tp x pp x cp)")
+        ->check(kAtLeastOne);
     app.add_option("--gpus-per-node", o->gpus_per_node,
-                   "ranks per node (default: 8 for a named GPU; on this machine's CPU tp x pp x cp)");
+                   "ranks per node (default: 8 for a named GPU; on this machine's CPU tp x pp x cp)")
+        ->check(kAtLeastOne);
     app.add_option("--hardware-config", o->hardware,
                    "H100, H200, MI300X, MI325X, MI355X, CPU (this machine, measured) or a YAML file")
         ->capture_default_str();

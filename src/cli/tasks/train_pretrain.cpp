@@ -47,8 +47,8 @@ TaskRegistrar reg{{"train", "pretrain", "pretrain a model from an experiment con
                          cfg.workspace = ws;
                          cfg.exp_name = exp;
                        }
-                       if (*print) {
-                         std::cout << cfg.resolved_yaml();
+                       if (*print) {  // once: not in the launcher's check pass too
+                         if (*check_world == 0) std::cout << cfg.resolved_yaml();
                          return 0;
                        }
                        if (*check_world > 0) {

@@ -62,8 +62,8 @@ void MetaBackend::on_zero(size_t bytes) {
   if (bytes > 0) record(zero_call(bytes));
 }
 
-void MetaBackend::gemm(bool trans_a, bool trans_b, float, const Tensor& A, const Tensor& B, float beta,
-                       const Tensor& C, Tensor& D, const Tensor& bias) {
+void MetaBackend::gemm(bool trans_a, bool trans_b, float, const Tensor& A, const Tensor& B, float beta, const Tensor& C,
+                       Tensor& D, const Tensor& bias) {
   record(gemm_call(trans_a, trans_b, A, B, beta, C, D, bias));
 }
 
@@ -118,8 +118,8 @@ void MetaBackend::attention_merge(Tensor& acc, Tensor& lse, const Tensor& block_
 }
 
 void MetaBackend::attention_block_backward(const Tensor& qkv, const Tensor& kv, const Tensor& out, const Tensor& lse,
-                                           const Tensor& dout, Tensor& dq_acc, Tensor& dkv_acc,
-                                           const AttentionShape& s, bool causal) {
+                                           const Tensor& dout, Tensor& dq_acc, Tensor& dkv_acc, const AttentionShape& s,
+                                           bool causal) {
   record(attention_block_backward_call(qkv, kv, out, lse, dout, dq_acc, dkv_acc, s, causal));
 }
 
@@ -135,9 +135,7 @@ void MetaBackend::embedding_backward(const std::vector<int32_t>&, const Tensor& 
   record(embedding_backward_call(dout, dtable));
 }
 
-void MetaBackend::column_sum_accumulate(const Tensor& dy, Tensor& out) {
-  record(column_sum_accumulate_call(dy, out));
-}
+void MetaBackend::column_sum_accumulate(const Tensor& dy, Tensor& out) { record(column_sum_accumulate_call(dy, out)); }
 
 void MetaBackend::add(const Tensor& a, const Tensor& b, Tensor& out) { record(add_call(a, b, out)); }
 

@@ -275,8 +275,9 @@ TEST_F(Cli, SlurmDryRunPrintsTheExactCommands) {
   std::string d = dir.string();
   auto r = run("slurm srun -N 2 -p gpu --dry-run --workspace ws --exp-name s1 -- info ranks");
   ASSERT_EQ(r.code, 0) << r.out;
-  EXPECT_NE(r.out.find("command: srun --mpi=pmix -N 2 -p gpu " + kCli + " direct --workspace " + d +
-                       "/ws --exp-name s1 --log-ranks 0 -- info ranks\n"),
+  // Watched (the default): a rank that dies takes the step down, so the watch can restart it.
+  EXPECT_NE(r.out.find("command: srun --mpi=pmix -N 2 -p gpu --kill-on-bad-exit=1 " + kCli + " direct --workspace " +
+                       d + "/ws --exp-name s1 --log-ranks 0 -- info ranks\n"),
             std::string::npos)
       << r.out;
   auto b = run("slurm sbatch -N 64 -t 72:00:00 --dry-run --workspace ws --exp-name b1 -- container --image I -- info ranks");
@@ -285,7 +286,10 @@ TEST_F(Cli, SlurmDryRunPrintsTheExactCommands) {
                        d + "/ws/b1/sbatch.sh\n"),
             std::string::npos)
       << b.out;
-  EXPECT_NE(b.out.find("\nsrun --mpi=pmix " + kCli + " container --image I --workspace " + d + "/ws --exp-name b1 --log-ranks 0 -- info ranks\n"),
+  // The job runs a watched srun in its allocation (hooks, watch and restarts on the batch host).
+  EXPECT_NE(b.out.find("\nexec " + kCli + " slurm srun --batch-step --workspace " + d +
+                       "/ws --exp-name b1 --log-ranks 0 --max-restarts 0 --hang-timeout 600 --nan-policy skip -- "
+                       "container --image I -- info ranks\n"),
             std::string::npos)
       << b.out;
   EXPECT_FALSE(fs::exists(dir / "ws"));

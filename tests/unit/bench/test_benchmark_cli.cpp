@@ -84,8 +84,7 @@ TEST(BenchmarkGemmCli, CpuCompareTimesBothOnAModelsGemms) {
     return;
   }
   for (const char* part : {"self_attention.linear_qkv forward", "output_layer weight grad", "avx512-bf16 everywhere",
-                           "onednn everywhere",
-                           "the backend's choice", "the faster of the two"})
+                           "onednn everywhere", "the backend's choice", "the faster of the two"})
     EXPECT_TRUE(has(r.out, part)) << part << "\n" << r.out;
 }
 
@@ -247,19 +246,22 @@ TEST(BenchmarkGemmCli, ListsExactlyTheGemmsOfAProfiledStep) {
     const std::string dir = testing::TempDir() + "/gemms_" + model;
     primus::test::run_command("rm -rf '" + dir + "' && mkdir -p '" + dir + "'");
     const std::string config = dir + "/exp.yaml";
-    std::ofstream(config) << "exp_name: step\nworkspace: " << dir << "/ws\nmodules:\n  pre_trainer:\n    model: " << model
-                          << "\n    overrides:\n      micro_batch_size: 2\n      global_batch_size: 4\n"
-                             "      seq_length: 64\n      train_iters: 2\n      log_interval: 1\n      eval_interval: 0\n"
-                             "      save_interval: 0\n      mock_data: true\n      bf16: false\n      profile: true\n"
-                             "      profile_step_start: 1\n      profile_step_end: 2\n"
-                          << (std::string(model) == "tiny_llama" ? "" : "      moe_router_force_load_balancing: true\n");
-    const auto train = primus::test::run_command("cd '" + dir + "' && OMP_NUM_THREADS=1 " + std::string(PRIMUS_CLI_PATH) +
+    std::ofstream(config)
+        << "exp_name: step\nworkspace: " << dir << "/ws\nmodules:\n  pre_trainer:\n    model: " << model
+        << "\n    overrides:\n      micro_batch_size: 2\n      global_batch_size: 4\n"
+           "      seq_length: 64\n      train_iters: 2\n      log_interval: 1\n      eval_interval: 0\n"
+           "      save_interval: 0\n      mock_data: true\n      bf16: false\n      profile: true\n"
+           "      profile_step_start: 1\n      profile_step_end: 2\n"
+        << (std::string(model) == "tiny_llama" ? "" : "      moe_router_force_load_balancing: true\n");
+    const auto train = primus::test::run_command("cd '" + dir + "' && OMP_NUM_THREADS=1 " +
+                                                 std::string(PRIMUS_CLI_PATH) +
                                                  " direct --no-watch -- train pretrain --config '" + config + "' 2>&1");
     ASSERT_EQ(train.code, 0) << train.out;
     std::map<Key, int64_t> traced, listed;
     const auto trace = nlohmann::json::parse(std::ifstream(dir + "/ws/step/trace/rank-0.json"));
     for (const auto& e : trace["traceEvents"]) {
-      if (!e.contains("args") || !e["args"].contains("op") || e["args"]["op"] != "gemm" || e.value("cat", "") != "compute")
+      if (!e.contains("args") || !e["args"].contains("op") || e["args"]["op"] != "gemm" ||
+          e.value("cat", "") != "compute")
         continue;
       const auto& a = e["args"];
       ++traced[{a["M"].get<int64_t>(), a["N"].get<int64_t>(), a["K"].get<int64_t>(), a.value("groups", int64_t(0))}];
@@ -270,7 +272,8 @@ TEST(BenchmarkGemmCli, ListsExactlyTheGemmsOfAProfiledStep) {
     const int64_t micro = j["microbatches_per_step"].get<int64_t>();
     for (const auto& g : j["gemms"])
       if (!g["grouped"].get<bool>())
-        listed[{g["m"].get<int64_t>(), g["n"].get<int64_t>(), g["k"].get<int64_t>(), 0}] += micro * g["count"].get<int64_t>();
+        listed[{g["m"].get<int64_t>(), g["n"].get<int64_t>(), g["k"].get<int64_t>(), 0}] += micro *
+                                                                                            g["count"].get<int64_t>();
     for (const auto& g : j["grouped_calls"])
       listed[{g["m"].get<int64_t>(), g["n"].get<int64_t>(), g["k"].get<int64_t>(), g["groups"].get<int64_t>()}] +=
           micro * g["count"].get<int64_t>();

@@ -2,9 +2,12 @@
 
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+
+#include <fmt/format.h>
 
 #include "config/experiment.h"
 #include "core/error.h"
@@ -211,4 +214,71 @@ TEST(Config, DuplicateKeysAreAnErrorNamingBothLines) {
   std::ofstream(file) << "? [a, b]\n: 1\n";
   EXPECT_THROW(primus::config::load_yaml_tree(file.string()), primus::Error);
   std::filesystem::remove_all(dir);
+}
+
+// Issue 32: `--q_lora_rank null` was ignored (the model kept the preset's 96) and the saved config
+// listed both values. null is "none" for every nullable model key, in a file and on the command
+// line; the resolved config holds one value per key (model keys in model_spec only, an alias once).
+TEST(Config, NullSetsANullableModelKeyAndTheResolvedConfigHasOneValuePerKey) {
+  TempDir d;
+  std::string text = kBase;
+  text.replace(text.find("model: tiny"), 11, "model: tiny_moe");
+  const std::string f = d.write("moe.yaml", text + "      moe_shared_expert_intermediate_size: null\n");
+  const ExperimentConfig preset = load_experiment(f);
+  ASSERT_EQ(preset.model_spec.q_lora_rank, 96);  // tiny_moe's
+  const ExperimentConfig cfg =
+      load_experiment(f, {{"q_lora_rank", "null"}, {"num_experts", "~"}, {"layernorm_epsilon", "1e-4"}});
+  EXPECT_EQ(cfg.model_spec.q_lora_rank, 0);
+  EXPECT_EQ(cfg.model_spec.num_experts, 0);
+  EXPECT_EQ(cfg.model_spec.moe_shared_expert_intermediate_size, 0);  // from the file
+  EXPECT_DOUBLE_EQ(cfg.model_spec.norm_epsilon, 1e-4);
+  // A key that is not nullable keeps the preset's value under null.
+  EXPECT_EQ(load_experiment(f, {{"hidden_size", "null"}}).model_spec.hidden_size, preset.model_spec.hidden_size);
+  const std::string y = cfg.resolved_yaml();
+  auto count = [&](const std::string& key) {
+    size_t n = 0;
+    for (size_t at = y.find(" " + key + ":"); at != std::string::npos; at = y.find(" " + key + ":", at + 1)) ++n;
+    return n;
+  };
+  EXPECT_EQ(count("q_lora_rank"), 1u) << y;
+  EXPECT_NE(y.find("q_lora_rank: 0"), std::string::npos) << y;
+  EXPECT_EQ(count("num_experts"), 1u) << y;
+  EXPECT_EQ(count("norm_epsilon"), 1u) << y;
+  EXPECT_EQ(count("layernorm_epsilon"), 0u) << y;
+  EXPECT_EQ(count("lr"), 1u) << y;
+}
+
+// A null in the module config's defaults sets nothing: it must not turn the preset's q_lora_rank
+// to "none" as an explicit override does.
+TEST(Config, NullModuleDefaultsLeaveThePresetAlone) {
+  TempDir d;
+  d.write("pre_trainer.yaml", "q_lora_rank: null\nlr: 5.0e-4\n");
+  std::string text = kBase;
+  text.replace(text.find("model: tiny"), 11, "config: pre_trainer.yaml\n    model: tiny_moe");
+  text.replace(text.find("      lr: 1.0e-3\n"), 17, "");
+  const ExperimentConfig cfg = load_experiment(d.write("exp.yaml", text));
+  EXPECT_EQ(cfg.model_spec.q_lora_rank, 96);
+  EXPECT_DOUBLE_EQ(cfg.train.lr, 5e-4);
+}
+
+// Issue 32: a config of a few aliases to aliases stands for billions of values (the loader hung);
+// nesting is bounded too. Both are errors naming the file.
+TEST(Config, AliasBombsAndDeepNestingAreRefused) {
+  TempDir d;
+  std::string bomb = std::string(kBase) + "a0: &a0 [x, x, x, x, x, x, x, x, x, x]\n";
+  for (int i = 1; i < 10; ++i) {
+    bomb += fmt::format("a{}: &a{} [", i, i);
+    for (int k = 0; k < 10; ++k) bomb += fmt::format("{}*a{}", k ? ", " : "", i - 1);
+    bomb += "]\n";
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  std::string e = error_of([&] { load_experiment(d.write("bomb.yaml", bomb)); });
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 10.0);
+  EXPECT_NE(e.find("bomb.yaml: the config holds more than 100000 values"), std::string::npos) << e;
+  std::string deep = kBase;
+  for (int i = 0; i < 100; ++i) deep += std::string(size_t(2 * i), ' ') + fmt::format("k{}:\n", i);
+  deep += std::string(200, ' ') + "v: 1\n";
+  e = error_of([&] { load_experiment(d.write("deep.yaml", deep)); });
+  EXPECT_NE(e.find("deep.yaml:"), std::string::npos) << e;
+  EXPECT_NE(e.find("nest more than 64 levels deep"), std::string::npos) << e;
 }

@@ -9,6 +9,7 @@
 #include "data/normalizer.h"
 #include "data/tokenizer.h"
 #include "support/error_of.h"
+#include "support/hostile_files.h"
 #include "test_util.h"
 
 namespace primus::data {
@@ -168,6 +169,44 @@ TEST(HfTokenizerJson, WhatIsNotReadIsRefusedByName) {
   j = sp_tokenizer();
   j["decoder"] = {{"type", "WordPiece"}};
   EXPECT_NE(load_error(j).find("decoder 'WordPiece'"), std::string::npos);
+}
+
+// Issue 32: a normalizer Sequence nested 50,000 deep (1.6 MB) killed the reader with SIGSEGV
+// (20,000 worked). Nesting is bounded when the file is parsed; each component's steps are walked
+// without recursion and counted.
+TEST(HfTokenizerJson, DeepOrHugeComponentsAreRefusedByName) {
+  const auto dir = temp_dir();
+  const std::string deep = test::write_nested_normalizer_tokenizer(dir / "deep", 50'000);
+  EXPECT_GT(std::filesystem::file_size(deep), 1'500'000u);
+  std::string e = test::error_of([&] { build_tokenizer({.type = "HuggingFaceTokenizer", .model = deep}); });
+  EXPECT_NE(e.find("nests objects and arrays more than 64 levels deep"), std::string::npos) << e;
+  EXPECT_NE(e.find("deep/tokenizer.json"), std::string::npos) << e;
+  // The same file 20 levels deep is a real (if odd) tokenizer: it loads and normalizes.
+  const auto ok = build_tokenizer(
+      {.type = "HuggingFaceTokenizer", .model = test::write_nested_normalizer_tokenizer(dir / "ok", 20)});
+  EXPECT_EQ(ok->decode(ok->encode("e\xcc\x81")), "\xc3\xa9");  // NFC: e + combining acute is é
+  // Every component: pre-tokenizer, decoder, post-processor.
+  for (const auto& [key, list] : {std::pair<std::string, std::string>{"pre_tokenizer", "pretokenizers"},
+                                  {"decoder", "decoders"},
+                                  {"post_processor", "processors"}}) {
+    json j = sp_tokenizer();
+    json node = {{"type", "Fuse"}};
+    for (int i = 0; i < 100; ++i) node = {{"type", "Sequence"}, {list, json::array({node})}};
+    j[key] = node;
+    EXPECT_NE(load_error(j).find("more than 64 levels deep"), std::string::npos) << key;
+  }
+  // A flat Sequence of thousands of steps: each would run on every text encoded.
+  json j = sp_tokenizer();
+  j["normalizer"] = {{"type", "Sequence"}, {"normalizers", json::array()}};
+  for (int i = 0; i < 2000; ++i) j["normalizer"]["normalizers"].push_back({{"type", "NFC"}});
+  e = load_error(j);
+  EXPECT_NE(e.find("normalizer has more than 1024 steps"), std::string::npos) << e;
+  j = sp_tokenizer();
+  j["normalizer"] = {{"type", "Sequence"}};
+  EXPECT_NE(load_error(j).find("a Sequence needs a \"normalizers\" list"), std::string::npos);
+  j = sp_tokenizer();
+  j["decoder"] = {{"type", "Sequence"}, {"decoders", {"Fuse"}}};
+  EXPECT_NE(load_error(j).find("decoder: a step must be an object"), std::string::npos);
 }
 
 }  // namespace

@@ -14,6 +14,7 @@
 #include "checkpoint/checkpoint.h"
 #include "core/error.h"
 #include "hf/hf_checkpoint.h"
+#include "hf_peer.h"
 #include "hf/safetensors.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "model/generation.h"
@@ -31,7 +32,8 @@ namespace {
 
 using test::error_of;
 
-const std::string kPeer = std::string(PRIMUS_SOURCE_DIR) + "/tests/oracles/hf_llama_peer.py";
+using test::kHfPeer;
+using test::peer_write;
 
 struct TempDir {
   fs::path path;
@@ -63,15 +65,9 @@ std::string qwen3_like_preset(const TempDir& t) {
   return tied_preset(t, "qwen3_tiny.yaml", "kv_channels: 32\nqk_layernorm: true\n");
 }
 
-void peer_write(const std::string& out, const std::string& model, const std::string& dtype, uint64_t shard) {
-  auto r = test::run_command(fmt::format("/usr/bin/python3 {} write {} --model {} --dtype {} --max-shard-bytes {} 2>&1",
-                                         kPeer, out, model, dtype, shard));
-  ASSERT_EQ(r.code, 0) << r.out;
-}
-
 std::vector<std::vector<float>> peer_logits(const std::string& dir, const std::vector<int32_t>& tokens) {
   auto r = test::run_command(
-      fmt::format("/usr/bin/python3 {} logits {} --tokens '{}' 2>&1", kPeer, dir, fmt::join(tokens, " ")));
+      fmt::format("/usr/bin/python3 {} logits {} --tokens '{}' 2>&1", kHfPeer, dir, fmt::join(tokens, " ")));
   EXPECT_EQ(r.code, 0) << r.out;
   if (r.code != 0) return {};
   return json::parse(r.out).get<std::vector<std::vector<float>>>();

@@ -110,3 +110,55 @@ TEST(Safetensors, BadFilesAreNamedErrors) {
   EXPECT_NE(error_of([&] { SafetensorsReader r((d / "empty").string()); }).find("neither"), std::string::npos);
   fs::remove_all(d);
 }
+
+// Issue 32: a tensor named twice in a header was read as its last entry, silently; a shape whose
+// size overflows 64 bits was undefined arithmetic; a header nested thousands deep is refused before
+// it is walked.
+TEST(Safetensors, DuplicateNamesOverflowingShapesAndDeepHeadersAreRefused) {
+  const fs::path d = fresh_dir("hostile");
+  write_raw(d / "dup.safetensors",
+            R"({"w":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},"w":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})",
+            std::string(8, '\0'));
+  std::string e = error_of([&] { SafetensorsReader r((d / "dup.safetensors").string()); });
+  EXPECT_NE(e.find("has the key 'w' twice"), std::string::npos) << e;
+  write_raw(d / "huge.safetensors",
+            R"({"w":{"dtype":"F32","shape":[1099511627776,1099511627776,16],"data_offsets":[0,0]}})", "");
+  e = error_of([&] { SafetensorsReader r((d / "huge.safetensors").string()); });
+  EXPECT_NE(e.find("does not fit the file"), std::string::npos) << e;
+  // Found by fuzz_safetensors_header: a size too large for an integer is a float to JSON, and its
+  // conversion was undefined behaviour.
+  write_raw(d / "float.safetensors", R"({"w":{"dtype":"F32","shape":[1099511627099511109951162709951196],"data_offsets":[0,4]}})",
+            std::string(4, '\0'));
+  e = error_of([&] { SafetensorsReader r((d / "float.safetensors").string()); });
+  EXPECT_NE(e.find("has shape holding 1.099511627099511e+33, not a size"), std::string::npos) << e;
+  write_raw(d / "deep.safetensors", R"({"__metadata__":)" + std::string(30000, '[') + std::string(30000, ']') + "}", "");
+  e = error_of([&] { SafetensorsReader r((d / "deep.safetensors").string()); });
+  EXPECT_NE(e.find("more than 64 levels deep"), std::string::npos) << e;
+}
+
+// Issue 32: an export over an older sharded one left its index beside the new model.safetensors,
+// and the reader preferred the stale index: the old weights came back. Both in one folder, the
+// index not naming model.safetensors, is refused; an index that names it is read as before.
+TEST(Safetensors, AnIndexThatDisagreesWithASingleFileIsRefused) {
+  const fs::path d = fresh_dir("mixed");
+  std::vector<TensorOut> old_ts, new_ts;
+  for (int i = 0; i < 3; ++i) {
+    old_ts.push_back({fmt::format("t{}", i), "F32", {4}, f32_to_bytes(std::vector<float>(4, 1.0f), "F32")});
+    new_ts.push_back({fmt::format("t{}", i), "F32", {4}, f32_to_bytes(std::vector<float>(4, 2.0f), "F32")});
+  }
+  write_safetensors(d.string(), old_ts, 20);  // shards and an index
+  write_safetensors(d.string(), new_ts, uint64_t(1) << 30);  // model.safetensors beside them
+  const std::string e = error_of([&] { SafetensorsReader r(d.string()); });
+  EXPECT_NE(e.find("holds model.safetensors and model.safetensors.index.json"), std::string::npos) << e;
+  EXPECT_NE(e.find("model-00001-of-00003.safetensors"), std::string::npos) << e;
+  // An index whose every tensor is in model.safetensors agrees with it.
+  std::ofstream(d / "model.safetensors.index.json")
+      << R"({"weight_map": {"t0": "model.safetensors", "t1": "model.safetensors", "t2": "model.safetensors"}})";
+  SafetensorsReader r(d.string());
+  EXPECT_EQ(r.as_f32("t1"), std::vector<float>(4, 2.0f));
+  // A tensor named twice in the index is refused.
+  std::ofstream(d / "model.safetensors.index.json")
+      << R"({"weight_map": {"t0": "model.safetensors", "t0": "model-00001-of-00003.safetensors"}})";
+  EXPECT_NE(error_of([&] { SafetensorsReader r2(d.string()); }).find("has the key 't0' twice"), std::string::npos);
+  fs::remove_all(d);
+}

@@ -224,4 +224,3 @@ TEST(Bf16Model, RejectsBadInput) {
   EXPECT_THROW(LlamaModel(spec, be, Precision::Fp32), Error);
   EXPECT_THROW(LlamaModel(spec, cpu::cpu_backend(), Precision::Bf16), Error);
 }
-

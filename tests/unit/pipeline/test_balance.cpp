@@ -11,8 +11,8 @@
 #include "pipeline/balance.h"
 #include "pipeline/schedules/registry.h"
 #include "pipeline/simulator.h"
-#include "split_checks.h"
 #include "plan/parallel_layout.h"
+#include "split_checks.h"
 
 using namespace primus;
 using namespace primus::pipeline;

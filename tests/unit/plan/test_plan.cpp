@@ -85,9 +85,12 @@ TEST(GemmList, CoversMlaAndMoeLayers) {
   for (const auto& p : model_parameter_layout(s)) {
     if (p.shape.size() != 2 || p.name.starts_with("embedding.")) continue;
     const double n = double(p.numel);
-    if (p.expert >= 0) experts += 6.0 * N * n * double(s.moe_router_topk) / double(s.num_experts);
-    else if (p.name.ends_with("gate_weight")) want += 4.0 * N * n;
-    else want += 6.0 * N * n;
+    if (p.expert >= 0)
+      experts += 6.0 * N * n * double(s.moe_router_topk) / double(s.num_experts);
+    else if (p.name.ends_with("gate_weight"))
+      want += 4.0 * N * n;
+    else
+      want += 6.0 * N * n;
   }
   ASSERT_GT(experts, 0);
   config::TrainingArgs a = args_of(2, 8);

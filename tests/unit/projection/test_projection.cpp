@@ -96,8 +96,8 @@ TEST_F(Projection, ShardingDividesTheOptimizerState) {
   ASSERT_EQ(none.layout.dp, 2);
   const RankMemory &a = none.memory->per_rank[0], &b = zero.memory->per_rank[0], &c = fsdp.memory->per_rank[0];
   EXPECT_EQ(zero.sharding, DpSharding::Optim);
-  EXPECT_DOUBLE_EQ(a.optimizer, 2 * a.parameters);  // two fp32 moments
-  EXPECT_NEAR(b.optimizer, 0.5 * a.optimizer, 1024);   // half the moments (the buckets' shards)
+  EXPECT_DOUBLE_EQ(a.optimizer, 2 * a.parameters);               // two fp32 moments
+  EXPECT_NEAR(b.optimizer, 0.5 * a.optimizer, 1024);             // half the moments (the buckets' shards)
   EXPECT_NEAR(b.buffers - a.buffers, 0.5 * a.parameters, 1024);  // the reduce-scatter's receive buffer
   EXPECT_DOUBLE_EQ(b.gradients, a.gradients);
   // FSDP's shards are rows of each tensor: half of each, up to a row and the alignment.

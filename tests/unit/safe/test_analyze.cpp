@@ -153,3 +153,32 @@ TEST(Analyze, RefusesWhatIsNotARun) {
   std::ofstream(r.dir / "file.txt") << "x";
   EXPECT_NE(err(r.dir / "file.txt").find("is not a folder"), std::string::npos);
 }
+
+// Issue 32: garbage and NaN lines of metrics.jsonl were skipped without a word. They are passed
+// over still (the curves and numbers use the good rows), and the analysis says which and why.
+TEST(Analyze, MetricsLinesPassedOverAreReported) {
+  FakeRun r;
+  {
+    std::ofstream m(r.dir / "metrics.jsonl");
+    m << json{{"iteration", 1}, {"lm_loss", 5.0}}.dump() << "\n"
+      << "garbage from another writer\n"
+      << json{{"iteration", 2}, {"lm_loss", nullptr}, {"grad_norm", 1.0}}.dump() << "\n"  // a NaN loss, as JSON writes it
+      << R"({"iteration": 3, "lm_loss": NaN})" << "\n"                                      // NaN written as text
+      << json{{"lm_loss", 4.0}}.dump() << "\n"
+      << json{{"iteration", 4}, {"lm_loss", 4.5}}.dump() << "\n"
+      << R"({"iteration": 5, "lm_lo)";  // cut short by a crash
+  }
+  r.event("launcher", "job_end", 1, {{"status", "ok"}, {"reason", "finished"}});
+  const auto a = analyze_run(r.dir);
+  EXPECT_DOUBLE_EQ(a.first_loss, 5.0);
+  EXPECT_DOUBLE_EQ(a.last_loss, 4.5);
+  const Finding* skipped = nullptr;
+  for (const auto& w : a.warnings)
+    if (w.cause == "metrics_skipped") skipped = &w;
+  ASSERT_NE(skipped, nullptr) << render_text(a);
+  EXPECT_NE(skipped->detail.find("5 of 7 lines: line 2 not JSON; line 3 lm_loss is null (NaN or infinite); line 4 "
+                                 "not JSON; line 5 no numeric iteration; line 7 not JSON"),
+            std::string::npos)
+      << skipped->detail;
+  EXPECT_NE(render_text(a).find("metrics lines passed over"), std::string::npos) << render_text(a);
+}

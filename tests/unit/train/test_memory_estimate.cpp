@@ -35,7 +35,7 @@ TEST(MemoryEstimate, ParametersAndBytesPerParameterFollowThePrecisionAndTheLayou
   EXPECT_NEAR(fp32.bytes_per_parameter(), 16.0, 0.1);
   EXPECT_GT(fp32.activation_bytes, 0.0);
   const auto mixed = estimate(cfg, 1, true);
-  EXPECT_NEAR(mixed.bytes_per_parameter(), 18.0, 0.1);  // + the bf16 working copy
+  EXPECT_NEAR(mixed.bytes_per_parameter(), 18.0, 0.1);       // + the bf16 working copy
   EXPECT_LT(mixed.activation_bytes, fp32.activation_bytes);  // bf16 activations
   // ZeRO-1 over dp 2 halves the moments; tp 2 halves what a rank holds (norms aside).
   const auto zero = estimate(exp.load({{"num_layers", "4"}, {"use_distributed_optimizer", "true"}}), 2);
@@ -52,8 +52,11 @@ TEST(MemoryEstimate, ParametersAndBytesPerParameterFollowThePrecisionAndTheLayou
 TEST(MemoryEstimate, AnAbsurdModelIsRefusedWithTheNumbersAndTheKeys) {
   test::TinyExperiment exp;
   // 2000 layers of a 16384-wide model: a hundred terabytes, walked without allocating any of it.
-  const auto cfg = exp.load({{"num_layers", "2000"}, {"hidden_size", "16384"}, {"ffn_hidden_size", "53248"},
-                             {"num_attention_heads", "128"}, {"num_query_groups", "128"}});
+  const auto cfg = exp.load({{"num_layers", "2000"},
+                             {"hidden_size", "16384"},
+                             {"ffn_hidden_size", "53248"},
+                             {"num_attention_heads", "128"},
+                             {"num_query_groups", "128"}});
   const auto e = estimate(cfg, 1);
   EXPECT_GT(e.total_bytes(), 1e14);
   try {
@@ -138,13 +141,16 @@ TEST(MemoryEstimate, MoeExpertsAreDividedByEpAndWholeOnEveryTpRank) {
 // scales where none could be built, so it sizes the same buffers from the walk.)
 TEST(MemoryEstimate, WeightsGradientsAndOptimizerStateAreWhatTheStrategyHolds) {
   test::TinyExperiment exp;
-  const std::vector<std::pair<std::string, std::string>> moe = {
-      {"num_experts", "4"}, {"moe_ffn_hidden_size", "32"}, {"moe_router_topk", "2"}, {"moe_layer_freq", "2"},
-      {"expert_model_parallel_size", "2"}};
+  const std::vector<std::pair<std::string, std::string>> moe = {{"num_experts", "4"},
+                                                                {"moe_ffn_hidden_size", "32"},
+                                                                {"moe_router_topk", "2"},
+                                                                {"moe_layer_freq", "2"},
+                                                                {"expert_model_parallel_size", "2"}};
   for (const char* sharding : {"no_shard", "optim", "optim_grads", "optim_grads_params"})
     for (const bool experts : {false, true}) {
-      std::vector<std::pair<std::string, std::string>> keys = {
-          {"num_layers", "4"}, {"global_batch_size", "8"}, {"data_parallel_sharding_strategy", sharding}};
+      std::vector<std::pair<std::string, std::string>> keys = {{"num_layers", "4"},
+                                                               {"global_batch_size", "8"},
+                                                               {"data_parallel_sharding_strategy", sharding}};
       if (experts) keys.insert(keys.end(), moe.begin(), moe.end());
       const auto cfg = exp.load(keys);
       SCOPED_TRACE(std::string(sharding) + (experts ? " with experts over ep 2" : " dense"));
@@ -166,8 +172,8 @@ TEST(MemoryEstimate, WeightsGradientsAndOptimizerStateAreWhatTheStrategyHolds) {
       part.ep_size = layout.ep;
       part.ep_group = g.ep.get();
       LlamaModel model(cfg.model_spec, cpu::cpu_backend(), Precision::Fp32, options, part);
-      const auto strategy = train::make_dp_strategy({model, layout, g, parallel::MeshCoord{}, AdamWOptions{},
-                                                     cfg.train.ddp_bucket_size, true, 1});
+      const auto strategy = train::make_dp_strategy(
+          {model, layout, g, parallel::MeshCoord{}, AdamWOptions{}, cfg.train.ddp_bucket_size, true, 1});
       const train::DpMemory held = strategy->memory();
       // The estimate rounds each buffer up to the host pool's 64 bytes.
       EXPECT_NEAR(e.parameter_bytes + e.working_bytes, held.parameters, 256);

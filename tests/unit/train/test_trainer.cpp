@@ -7,6 +7,9 @@
 
 #include "checkpoint/checkpoint.h"
 #include "core/error.h"
+#include "safe/run_lock.h"
+#include "support/error_of.h"
+#include "support/hostile_files.h"
 #include "train/trainer.h"
 #include "trainer_fixture.h"
 
@@ -83,3 +86,31 @@ TEST(Trainer, BadInputFailsBeforeTraining) {
   }
   EXPECT_FALSE(fs::exists(fs::path(missing.run_dir()) / "checkpoints"));
 }
+
+// Issue 32: two runs sharing one `save` folder (different exp_names, so different run folders and
+// run locks) collided only at their first save. The save folder has a lock of its own, taken at
+// start: a second run stops before step 1 naming the holder, and runs once the holder is gone.
+TEST(Trainer, ASecondRunSharingTheSaveFolderIsRefusedAtStart) {
+  test::TinyExperiment exp;
+  const fs::path save = exp.dir / "shared_checkpoints";
+  safe::RunLock other = safe::RunLock::acquire(save, "the other run's rank 0", safe::kSaveFolder);
+  const auto cfg = exp.load({{"exp_name", "second"}, {"save", save.string()}, {"train_iters", "6"}, {"eval_interval", "0"}});
+  const std::string e = test::error_of([&] { train::pretrain(cfg); });
+  EXPECT_NE(e.find("the save folder " + save.string() + " is in use by another run"), std::string::npos) << e;
+  EXPECT_NE(e.find("pid " + std::to_string(::getpid())), std::string::npos) << e;
+  EXPECT_NE(e.find("another save folder"), std::string::npos) << e;
+  EXPECT_FALSE(fs::exists(fs::path(cfg.run_dir()) / "metrics.jsonl"));  // nothing ran
+  other = safe::RunLock();  // the other run ends
+  EXPECT_EQ(train::pretrain(cfg).iterations, 6);
+}
+
+// Issue 32: a tokenizer.json whose normalizer is nested 50,000 deep killed the trainer with SIGSEGV
+// while it loaded the tokenizer; now it is an error naming the file.
+TEST(Trainer, ATokenizerNested50000DeepIsRefused) {
+  test::TinyExperiment exp;
+  const std::string deep = test::write_nested_normalizer_tokenizer(exp.dir / "deep", 50'000);
+  const auto cfg = exp.load({{"tokenizer_type", "HuggingFaceTokenizer"}, {"tokenizer_model", deep}});
+  const std::string e = test::error_of([&] { train::pretrain(cfg); });
+  EXPECT_NE(e.find("nests objects and arrays more than 64 levels deep"), std::string::npos) << e;
+}
+
