@@ -13,7 +13,7 @@ out = subprocess.run([cli, "direct", "--", "train", "pretrain", "--config-refere
 def tables(lines):
     found, cur = [], None
     for line in lines:
-        if line.startswith("| "):
+        if line.startswith("|"):
             if cur is None:
                 cur = []
                 found.append(cur)
@@ -28,7 +28,7 @@ for table in tables(out):
     header = table[0]
     start = doc.index(header)
     end = start
-    while end < len(doc) and doc[end].startswith("| "):
+    while end < len(doc) and doc[end].startswith("|"):
         end += 1
     doc[start:end] = table
 doc_path.write_text("\n".join(doc) + "\n")

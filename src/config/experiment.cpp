@@ -34,6 +34,8 @@ const std::vector<KeyInfo>& training_keys() {
       KEY(lr_wsd_decay_style, "WSD's final decay: linear | cosine | exponential | minus_sqrt"),
       KEY(lr_wsd_decay_iters, "WSD: steps of the final decay at the end of lr_decay_iters"),
       KEY(weight_decay, "AdamW's decoupled weight decay (not applied to norms and biases)"),
+      KEY(decay_norms_and_biases, "apply weight_decay to norm weights and biases too, as torchtitan's and MaxText's "
+                                  "AdamW do (their configs set it); false: Megatron's rule"),
       KEY(clip_grad, "clip gradients to this global L2 norm; 0 turns clipping off"),
       KEY(adam_beta1, "AdamW beta1"),
       KEY(adam_beta2, "AdamW beta2"),
@@ -139,7 +141,7 @@ const std::vector<KeyInfo>& training_keys() {
 
 namespace {
 
-const std::vector<std::string> kTopKeys = {"work_group", "user_name", "exp_name", "workspace", "modules"};
+const std::vector<std::string> kTopKeys = {"work_group", "user_name", "exp_name", "workspace", "env", "modules"};
 const std::vector<std::string> kTrainerKeys = {"framework", "config", "model", "overrides"};
 
 std::vector<std::string> names_of_training_keys() {
@@ -317,18 +319,24 @@ std::string ExperimentConfig::resolved_yaml() const {
     head = "# accepted with no effect on this engine:\n";
     for (const auto& k : no_effect) head += fmt::format("#   {}: {}  ({})\n", k.key, k.value, k.note);
   }
-  return head + std::string(e.c_str()) + "\n";
+  return head + dialect_side_by_side(dialect) + std::string(e.c_str()) + "\n";
 }
 
 namespace {
 
 // Command-line overrides: a dotted path or a top-level key sets that node; a training, model or
-// foreign key sets it under modules.pre_trainer.overrides.
+// foreign key, or a key of the config's dialect (`--training.steps 10` of a torchtitan config),
+// sets it under modules.pre_trainer.overrides.
 void apply_command_line(YamlTree& tree, const std::vector<std::pair<std::string, std::string>>& overrides) {
   const std::vector<std::string> model_keys = model_spec_keys();
   const std::vector<std::string> train_keys = names_of_training_keys();
+  const Framework dialect = written_framework(tree, overrides);
   for (auto [key, value] : overrides) {
     std::replace(key.begin(), key.end(), '-', '_');
+    if (is_dialect_key(dialect, key)) {
+      tree.set("modules.pre_trainer.overrides." + key, value);
+      continue;
+    }
     if (const ForeignKey* fk = find_foreign_key(key); fk && fk->status == KeyStatus::Applied) key = fk->engine_value;
     if (key.find('.') != std::string::npos ||
         std::find(kTopKeys.begin(), kTopKeys.end(), key) != kTopKeys.end())
@@ -339,12 +347,13 @@ void apply_command_line(YamlTree& tree, const std::vector<std::pair<std::string,
     else {
       std::vector<std::string> all = kTopKeys;
       for (const auto& k : all_key_names()) all.push_back(k);
+      for (const auto& k : dialect_key_names(dialect)) all.push_back(k);
       fail("unknown option --{} on the command line{}", key, did_you_mean(key, all));
     }
   }
 }
 
-// The top-level keys and the modules.pre_trainer section (returned), with its framework and model.
+// The top-level keys and the modules.pre_trainer section (returned), its keys checked.
 YAML::Node read_top_level(ExperimentConfig& cfg, const std::string& path) {
   const YamlTree& tree = cfg.tree;
   const YAML::Node& root = tree.root;
@@ -362,12 +371,34 @@ YAML::Node read_top_level(ExperimentConfig& cfg, const std::string& path) {
   const YAML::Node pt = modules["pre_trainer"];
   if (!pt || !pt.IsMap()) fail("{}: 'modules.pre_trainer' must be a map", tree.origin("modules").str());
   check_keys(pt, kTrainerKeys, tree, "modules.pre_trainer", "modules.pre_trainer");
-  const std::string framework = scalar_or(pt, "framework", "megatron", tree, "modules.pre_trainer.framework");
-  if (framework != "megatron" && framework != "primus")
-    fail("{}: framework '{}' is not supported; this engine trains Megatron-style configs (framework: megatron)",
-         tree.origin("modules.pre_trainer.framework").str(), framework);
-  cfg.model = scalar_or(pt, "model", "", tree, "modules.pre_trainer.model");
   return pt;
+}
+
+// Primus's top-level `env:` block: the variables the task exports for the run.
+void read_env(ExperimentConfig& cfg) {
+  const YamlTree& tree = cfg.tree;
+  const YAML::Node env = tree.root["env"];
+  if (!env || env.IsNull()) return;
+  if (!env.IsMap()) fail("{}: 'env' must be a map of NAME: value", tree.origin("env").str());
+  for (auto kv : env) {
+    const std::string name = kv.first.Scalar();
+    if (!kv.second.IsScalar()) fail("{}: env '{}' must be a value", tree.origin("env." + name).str(), name);
+    cfg.env.emplace_back(name, kv.second.Scalar());
+  }
+}
+
+// modules.pre_trainer's framework: a torchtitan or MaxText module is translated into this engine's
+// keys in place (config/dialect.h), its "-1" degrees and per-device batches resolved against
+// world_size; then its model.
+void read_framework(ExperimentConfig& cfg, const YAML::Node& pt, const std::string& path, int world_size) {
+  const Framework framework =
+      parse_framework(scalar_or(pt, "framework", "megatron", cfg.tree, "modules.pre_trainer.framework"),
+                      cfg.tree.origin("modules.pre_trainer.framework"));
+  if (framework != Framework::Megatron) {
+    cfg.dialect = translate_dialect(framework, cfg.tree, path, world_size);
+    for (const auto& k : cfg.dialect.no_effect) cfg.no_effect.push_back({k.key, k.value, k.note});
+  }
+  cfg.model = scalar_or(pt, "model", "", cfg.tree, "modules.pre_trainer.model");
 }
 
 // `config: pre_trainer.yaml`: the module config's keys are defaults under the experiment's overrides.
@@ -485,12 +516,15 @@ void derive_and_check(ExperimentConfig& cfg) {
 }
 
 ExperimentConfig load_experiment_unguarded(const std::string& path,
-                                          const std::vector<std::pair<std::string, std::string>>& overrides) {
+                                          const std::vector<std::pair<std::string, std::string>>& overrides,
+                                          int world_size) {
   ExperimentConfig cfg;
   cfg.config_file = path;
   cfg.tree = load_yaml_tree(path);
   apply_command_line(cfg.tree, overrides);
   const YAML::Node pt = read_top_level(cfg, path);
+  read_env(cfg);
+  read_framework(cfg, pt, path, world_size);
   merge_module_config(cfg.tree, pt, path);
   if (cfg.model.empty()) fail("{}: modules.pre_trainer.model is missing: name a preset (e.g. tiny) or a model YAML", path);
   const YAML::Node model_overrides = read_overrides(cfg, pt);
@@ -501,11 +535,12 @@ ExperimentConfig load_experiment_unguarded(const std::string& path,
 
 }  // namespace
 
-ExperimentConfig load_experiment(const std::string& path, const std::vector<std::pair<std::string, std::string>>& overrides) {
+ExperimentConfig load_experiment(const std::string& path,
+                                 const std::vector<std::pair<std::string, std::string>>& overrides, int world_size) {
   // Whatever a library throws on odd input (a path the file system refuses, a YAML node of an
   // unexpected kind) becomes an error naming the config file.
   try {
-    return load_experiment_unguarded(path, overrides);
+    return load_experiment_unguarded(path, overrides, world_size);
   } catch (const std::filesystem::filesystem_error& e) {
     fail("{}: {}", path, e.what());
   } catch (const YAML::Exception& e) {

@@ -13,9 +13,12 @@
 //         train_iters: 200
 //         lr: 3.0e-3
 //
+// `framework: torchtitan` and `framework: maxtext` modules are written in those frameworks' names
+// and translated into these keys first (config/dialect.h).
+//
 // Unknown keys and wrong types are errors naming the key, its file and line, and the nearest
 // valid key. The table of training keys (training_keys()) is also the source of the config
-// reference in docs/config_reference.md, checked by a test.
+// reference in docs/config.md, checked by a test.
 #pragma once
 
 #include <cstdint>
@@ -24,6 +27,7 @@
 #include <vector>
 
 #include "config/choices.h"
+#include "config/dialect.h"
 #include "config/yaml_tree.h"
 #include "model/model_spec.h"
 
@@ -45,6 +49,7 @@ struct TrainingArgs {
   std::string lr_wsd_decay_style = "exponential";
   int64_t lr_wsd_decay_iters = 0;
   double weight_decay = 0.01;
+  bool decay_norms_and_biases = false;  // decay every tensor (torchtitan's, MaxText's AdamW); off: Megatron's rule
   double clip_grad = 1.0;
   double adam_beta1 = 0.9;
   double adam_beta2 = 0.999;
@@ -132,6 +137,8 @@ const std::vector<KeyInfo>& training_keys();
 struct ExperimentConfig {
   std::string config_file;
   std::string work_group, user_name, exp_name, workspace;
+  // Primus's top-level `env:` block: variables the task sets for the run (train pretrain exports them).
+  std::vector<std::pair<std::string, std::string>> env;
   std::string model;  // as written: preset name or path
   ModelSpec model_spec;
   TrainingArgs train;
@@ -142,6 +149,8 @@ struct ExperimentConfig {
     std::string key, value, note;
   };
   std::vector<NoEffectKey> no_effect;
+  // framework torchtitan / maxtext (config/dialect.h): each key as written and what it became.
+  DialectRecord dialect;
 
   std::string run_dir() const;          // <workspace>/<exp_name>
   std::string checkpoint_dir() const;   // train.save or <run_dir>/checkpoints
@@ -149,9 +158,12 @@ struct ExperimentConfig {
 };
 
 // Loads `path`, applies command-line overrides given as (key, value) pairs (a key is a training
-// or model key, a top-level key, or a dotted path), validates everything.
+// or model key, a top-level key, a dotted path, or a key of the config's dialect), validates
+// everything. `world_size`: the ranks that will train (0: not known), which a torchtitan or
+// MaxText config's "the ranks left over" degrees and per-device batches are resolved against.
 ExperimentConfig load_experiment(const std::string& path,
-                                 const std::vector<std::pair<std::string, std::string>>& overrides = {});
+                                 const std::vector<std::pair<std::string, std::string>>& overrides = {},
+                                 int world_size = 0);
 
 // Markdown table of every training key (name, type, default, meaning).
 std::string training_keys_reference();

@@ -71,7 +71,8 @@ void AdamW::step(float* params, const float* grads, const std::vector<ParamSegme
   float* v_all = v_.data<float>();
 
   for (const auto& s : segments) {
-    const float decay = s.weight_decay ? float(1.0 - lr * options_.weight_decay) : 1.0f;
+    const bool decayed = s.weight_decay || options_.decay_norms_and_biases;
+    const float decay = decayed ? float(1.0 - lr * options_.weight_decay) : 1.0f;
     float* __restrict p = params + s.offset;
     const float* __restrict g = grads + s.offset;
     float* __restrict m = m_all + s.offset;

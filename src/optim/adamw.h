@@ -29,6 +29,8 @@ struct AdamWOptions {
   double beta2 = 0.999;
   double eps = 1e-8;
   double weight_decay = 0.01;
+  // Decay every segment, its weight_decay flag aside (torchtitan's and MaxText's AdamW).
+  bool decay_norms_and_biases = false;
 };
 
 // Decoupled weight decay (Loshchilov & Hutter), as torch.optim.AdamW and Megatron's fused Adam:

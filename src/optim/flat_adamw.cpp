@@ -46,6 +46,8 @@ struct FlatAdamW::DeviceState {};
 FlatAdamW::FlatAdamW(AdamWOptions options, std::vector<ParamSegment> segments, int64_t numel, Device device)
     : options_(options), segments_(std::move(segments)), numel_(numel), device_(device) {
   host_ = std::make_unique<AdamW>(options_, device == Device::CPU ? numel : 0);  // validates the options
+  if (options_.decay_norms_and_biases)  // the device table reads the segments' flags
+    for (auto& seg : segments_) seg.weight_decay = true;
   for (const auto& s : segments_)
     if (s.offset < 0 || s.numel < 0 || s.offset + s.numel > numel_)
       fail("FlatAdamW: segment '{}' [{}, {}) lies outside the {} elements", s.name, s.offset, s.offset + s.numel,

@@ -92,6 +92,9 @@ class Trainer {
   void build_profiler();
   void build_data();
   void build_model();
+  AdamWOptions adam_options() const {
+    return {a_.adam_beta1, a_.adam_beta2, a_.adam_eps, a_.weight_decay, a_.decay_norms_and_biases};
+  }
   void lock_save_folder();
   void resume();
   // weights_only: the values alone (finetune, pretrained_checkpoint); iteration, data position and
@@ -318,8 +321,8 @@ void Trainer::build_model() {
       part.chunks.push_back({r.first_layer, r.num_layers, stage == 0, stage == num_stages - 1});
     }
   model_ = std::make_unique<LlamaModel>(spec_, *compute_.backend, compute_.precision, mopt, part);
-  dp_ = make_dp_strategy({*model_, layout_, groups_, me_, {a_.adam_beta1, a_.adam_beta2, a_.adam_eps, a_.weight_decay},
-                          a_.ddp_bucket_size, a_.overlap_grad_reduce, uint64_t(a_.seed)});
+  dp_ = make_dp_strategy(
+      {*model_, layout_, groups_, me_, adam_options(), a_.ddp_bucket_size, a_.overlap_grad_reduce, uint64_t(a_.seed)});
   // (the profiler's per-module weight memory needs resident weights)
   if (profiler_ && mopt.resident_weights) profiler_->set_parameters(model_->params(), model_->working_weights());
 }

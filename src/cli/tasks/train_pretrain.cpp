@@ -7,6 +7,7 @@
 #include "cli/registry.h"
 #include "config/experiment.h"
 #include "core/error.h"
+#include "core/launch_env.h"
 #include "core/log.h"
 #include "train/run_check.h"
 #include "train/trainer.h"
@@ -22,7 +23,8 @@ TaskRegistrar reg{{"train", "pretrain", "pretrain a model from an experiment con
                      app.add_option("--config", *config, "experiment YAML (see examples/ and docs/config.md)");
                      app.add_flag("--print-config", *print, "print the resolved config and exit");
                      app.add_flag("--config-reference", *reference,
-                                  "print the table of training keys (docs/config.md) and exit");
+                                  "print the tables of training keys and of Megatron's, torchtitan's and MaxText's "
+                                  "keys (docs/config.md) and exit");
                      // The launcher's check before it starts ranks (direct.cpp): config, layout and
                      // memory for N ranks on this host, so that an error is printed once.
                      app.add_option("--check-for-ranks", *check_world)->group("");
@@ -34,11 +36,17 @@ TaskRegistrar reg{{"train", "pretrain", "pretrain a model from an experiment con
                        if (*reference) {  // once: not again in the launcher's check pass
                          if (*check_world == 0)
                            std::cout << config::training_keys_reference() << "\n"
-                                     << config::argument_status_reference();
+                                     << config::argument_status_reference() << "\n"
+                                     << config::dialect_keys_reference(config::Framework::TorchTitan) << "\n"
+                                     << config::dialect_keys_reference(config::Framework::MaxText);
                          return 0;
                        }
                        if (config->empty()) fail("train pretrain needs --config <experiment.yaml>");
-                       auto cfg = config::load_experiment(*config, key_values(self->remaining()));
+                       // The ranks that will train: a torchtitan or MaxText config's "-1" degrees and
+                       // per-device batches are resolved against them.
+                       const int world = *check_world > 0 ? *check_world : discover_launch_env().world_size;
+                       auto cfg = config::load_experiment(*config, key_values(self->remaining()), world);
+                       for (const auto& [name, value] : cfg.env) ::setenv(name.c_str(), value.c_str(), 1);
                        // Under primus-cli the runtime chose the run folder (its --workspace/--exp-name
                        // and replays win over the config); logs, snapshot and metrics share it.
                        const char* ws = std::getenv("PRIMUS_WORKSPACE");
@@ -47,8 +55,8 @@ TaskRegistrar reg{{"train", "pretrain", "pretrain a model from an experiment con
                          cfg.workspace = ws;
                          cfg.exp_name = exp;
                        }
-                       if (*print) {  // once: not in the launcher's check pass too
-                         if (*check_world == 0) std::cout << cfg.resolved_yaml();
+                       if (*print) {  // once: by the first rank, not in the launcher's check pass too
+                         if (*check_world == 0 && discover_launch_env().rank == 0) std::cout << cfg.resolved_yaml();
                          return 0;
                        }
                        if (*check_world > 0) {

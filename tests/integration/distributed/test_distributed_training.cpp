@@ -114,6 +114,18 @@ class Distributed : public ::testing::Test {
     return ck.params;
   }
 
+  // The largest difference between two runs' final weights, relative to the largest weight of a.
+  double weight_difference(const std::string& a, const std::string& b) {
+    const auto wa = weights(a), wb = weights(b);
+    EXPECT_EQ(wa.size(), wb.size());
+    double max_diff = 0, max_abs = 0;
+    for (size_t i = 0; i < std::min(wa.size(), wb.size()); ++i) {
+      max_diff = std::max(max_diff, double(std::fabs(wa[i] - wb[i])));
+      max_abs = std::max(max_abs, double(std::fabs(wa[i])));
+    }
+    return max_diff / max_abs;
+  }
+
   // Trains the layout given by `overrides` on nproc ranks and compares it with the one-process run.
   // model_overrides change the model for both runs. Tolerances: relative on each loss, and on the
   // largest weight difference against the largest weight.
@@ -131,16 +143,10 @@ class Distributed : public ::testing::Test {
     const auto ea = losses("ref", "eval_lm_loss"), eb = losses("par", "eval_lm_loss");
     ASSERT_EQ(ea.size(), 2u);
     ASSERT_EQ(eb.size(), 2u);
-    for (size_t i = 0; i < ea.size(); ++i) EXPECT_NEAR(eb[i], ea[i], loss_rtol * std::fabs(ea[i])) << "evaluation " << i;
-    const auto wa = weights("ref"), wb = weights("par");
-    ASSERT_EQ(wa.size(), wb.size());
-    double max_diff = 0, max_abs = 0;
-    for (size_t i = 0; i < wa.size(); ++i) {
-      max_diff = std::max(max_diff, double(std::fabs(wa[i] - wb[i])));
-      max_abs = std::max(max_abs, double(std::fabs(wa[i])));
-    }
+    for (size_t i = 0; i < ea.size(); ++i)
+      EXPECT_NEAR(eb[i], ea[i], loss_rtol * std::fabs(ea[i])) << "evaluation " << i;
     // fp32 sums in another order, through 20 Adam steps: a few ulps of the largest weight.
-    EXPECT_LT(max_diff, weight_rtol * max_abs) << "max weight difference " << max_diff << " of " << max_abs;
+    EXPECT_LT(weight_difference("ref", "par"), weight_rtol);
     // The layout line names what ran.
     EXPECT_NE(got.out.find("parallel layout: world " + std::to_string(nproc)), std::string::npos) << got.out;
   }
@@ -463,6 +469,30 @@ TEST_F(Distributed, BadLayoutsAreRejectedBeforeTraining) {
     EXPECT_TRUE(std::regex_search(r.out, std::regex(c.message))) << c.overrides << "\n" << r.out;
     EXPECT_EQ(r.out.find("iteration "), std::string::npos) << "trained before failing: " << c.overrides;
   }
+}
+
+// decay_norms_and_biases (torchtitan's and MaxText's AdamW) reaches the ZeRO-1 and the FSDP
+// optimizers: both train as one process does with it, and that differs from a run without it.
+TEST_F(Distributed, DecayNormsAndBiasesUnderZero1AndFsdp) {
+  const std::string decay = "--decay_norms_and_biases true --weight_decay 0.5";
+  const Result ref = run(1, "ref", decay), plain = run(1, "plain", "--weight_decay 0.5");
+  ASSERT_EQ(ref.status, 0) << ref.out;
+  ASSERT_EQ(plain.status, 0) << plain.out;
+  const Result zero1 = run(2, "zero1", decay + " --use_distributed_optimizer true --ddp_bucket_size 20000");
+  ASSERT_EQ(zero1.status, 0) << zero1.out;
+  const Result fsdp = run(2, "fsdp", decay + " --data_parallel_sharding_strategy optim_grads_params");
+  ASSERT_EQ(fsdp.status, 0) << fsdp.out;
+  const auto a = losses("ref");
+  ASSERT_EQ(a.size(), 20u);
+  for (const char* name : {"zero1", "fsdp"}) {
+    const auto b = losses(name);
+    ASSERT_EQ(b.size(), 20u) << name;
+    for (size_t i = 0; i < a.size(); ++i)
+      EXPECT_NEAR(b[i], a[i], 1e-5 * std::fabs(a[i])) << name << " iteration " << i + 1;
+    EXPECT_LT(weight_difference("ref", name), 1e-4) << name;
+  }
+  // The norm weights (about 1) lose about lr x 0.5 a step more with the key: far past the tolerance.
+  EXPECT_GT(weight_difference("ref", "plain"), 1e-3);
 }
 
 // Mixture of experts (docs/moe.md): the router's statistics and losses, the expert-bias update

@@ -6,6 +6,7 @@
 
 #include "core/error.h"
 #include "optim/adamw.h"
+#include "optim/flat_adamw.h"
 
 using namespace primus;
 
@@ -93,6 +94,24 @@ TEST(AdamW, NoDecaySegmentsAndGapsAreRespected) {
   EXPECT_FLOAT_EQ(p[3], 1.f);
   EXPECT_FLOAT_EQ(p[4], 1.f);
   EXPECT_FLOAT_EQ(p[5], 1.f);
+}
+
+// decay_norms_and_biases (torchtitan's and MaxText's AdamW): the no-decay segments decay too; the
+// padding outside every segment stays; FlatAdamW on the CPU does the same.
+TEST(AdamW, DecayNormsAndBiasesDecaysEverySegment) {
+  AdamWOptions o{0.9, 0.999, 1e-8, 0.1};
+  o.decay_norms_and_biases = true;
+  AdamW opt(o, 6);
+  std::vector<float> p = {1, 1, 1, 1, 1, 1}, g(6, 0.f);
+  std::vector<ParamSegment> segs = {{"decayed", 0, 2, true}, {"norm", 2, 2, false}};
+  opt.step(p.data(), g.data(), segs, 0.5);
+  for (int i = 0; i < 4; ++i) EXPECT_FLOAT_EQ(p[i], 0.95f) << i;
+  EXPECT_FLOAT_EQ(p[4], 1.f);
+  FlatAdamW flat(o, segs, 6, Device::CPU);
+  std::vector<float> q = {1, 1, 1, 1, 1, 1};
+  flat.step(q.data(), g.data(), nullptr, 0.5);
+  for (int i = 0; i < 4; ++i) EXPECT_FLOAT_EQ(q[i], 0.95f) << i;
+  EXPECT_FLOAT_EQ(q[5], 1.f);
 }
 
 TEST(AdamW, ShardsGiveTheSameResultAsTheWhole) {

@@ -1,0 +1,504 @@
+// `framework: torchtitan`: torchtitan's JobConfig sections as Primus writes them, translated into
+// this engine's keys. Names, defaults and model flavours are those of pytorch/torchtitan at
+// 73a0e697 (torchtitan/config/job_config.py, torchtitan/models/*/__init__.py,
+// torchtitan/components/lr_scheduler.py), the commit AMD-AGI/Primus fd1eeabb pins, with Primus's
+// additions (training.mock_data, the primus_turbo section, the module keys of
+// primus/configs/modules/module_base.yaml). Older torchtitan's top-level `float8` section is
+// listed too (refused, as FP8).
+#include <algorithm>
+#include <cmath>
+
+#include <fmt/format.h>
+
+#include "config/dialect.h"
+#include "core/error.h"
+
+namespace primus::config {
+namespace {
+
+constexpr KeyStatus A = KeyStatus::Applied, N = KeyStatus::NoEffect, X = KeyStatus::NotSupported;
+
+const char* const kLogging = "logging, metrics, profiling or job bookkeeping that this engine does its own way";
+const char* const kKernels =
+    "a kernel, compiler or backend choice; this engine runs its own kernels with the same math";
+const char* const kTuning = "performance or communication tuning; the result does not depend on it here";
+const char* const kMemory =
+    "a memory-saving choice; the result does not depend on it (this engine's: recompute_granularity, "
+    "data_parallel_sharding_strategy)";
+const char* const kStorage =
+    "checkpoint format or bookkeeping; this engine writes its own checkpoints (docs/checkpoints.md)";
+const char* const kData = "torchtitan's Hugging Face data loading; this engine reads Megatron-format data (data_path)";
+const char* const kFp8 = "FP8 / MX training is not built on this engine yet (the FP8 issue adds it)";
+const char* const kValidation = "configures torchtitan's validation loop, which is refused (validation.enable)";
+const char* const kFt = "TorchFT fault tolerance (replica groups) is not built; this engine restarts from checkpoints "
+                        "(--max-restarts)";
+const char* const kNotBuilt = "not implemented by this engine";
+
+// clang-format off
+const std::vector<DialectKey>& table() {
+  static const std::vector<DialectKey> keys = {
+      {"activation_checkpoint.debug", N, "false", kLogging},
+      {"activation_checkpoint.determinism_check", N, "default", kTuning},
+      {"activation_checkpoint.early_stop", N, "false", kMemory},
+      {"activation_checkpoint.memory_budget", N, "0.5", kMemory},
+      {"activation_checkpoint.mode", A, "selective", "recompute_granularity (none: none; selective and memory_budget: selective; full: full)"},
+      {"activation_checkpoint.per_op_sac_force_recompute_mm_shapes_by_fqns", N, "[moe.router.gate]", kMemory},
+      {"activation_checkpoint.preserve_rng_state", N, "true", kTuning},
+      {"activation_checkpoint.selective_ac_option", N, "2", kMemory},
+      {"activation_checkpoint.visualize_memory_budget_pareto", N, "false", kLogging},
+      {"checkpoint.async_mode", N, "disabled", kStorage},
+      {"checkpoint.create_seed_checkpoint", X, "false", "a seed-checkpoint run (no training) is not built; `checkpoint export` writes weights"},
+      {"checkpoint.enable", A, "false", "save_interval (false: the engine's end-of-run checkpoint only; true: every checkpoint.interval steps)"},
+      {"checkpoint.enable_first_step_checkpoint", N, "false", kStorage},
+      {"checkpoint.enable_ft_dataloader_checkpoints", N, "true", kStorage},
+      {"checkpoint.exclude_from_loading", X, "[]", "partial loading of torchtitan checkpoints is not built (finetune loads weights only)"},
+      {"checkpoint.export_dtype", N, "float32", kStorage},
+      {"checkpoint.folder", N, "checkpoint", "this engine saves to <workspace>/<exp_name>/checkpoints (or save)"},
+      {"checkpoint.initial_load_in_hf", X, "false", "Hugging Face weights come in through `checkpoint import`, then pretrained_checkpoint"},
+      {"checkpoint.initial_load_in_hf_quantized", X, "false", "Hugging Face weights come in through `checkpoint import`, then pretrained_checkpoint"},
+      {"checkpoint.initial_load_model_only", N, "true", kStorage},
+      {"checkpoint.initial_load_path", X, "null", "torchtitan's DCP checkpoints are not read; this engine starts from its own (load, pretrained_checkpoint)"},
+      {"checkpoint.interval", A, "500", "save_interval when checkpoint.enable"},
+      {"checkpoint.keep_latest_k", A, "10", "keep_last_checkpoints (0: keep all)"},
+      {"checkpoint.last_save_in_hf", N, "false", kStorage},
+      {"checkpoint.last_save_model_only", N, "true", kStorage},
+      {"checkpoint.load_only", X, "false", "a load-only run is not built"},
+      {"checkpoint.load_step", X, "-1", "resuming from a chosen step is not built; this engine resumes from the newest checkpoint (or load)"},
+      {"comm.init_timeout_seconds", N, "300", kTuning},
+      {"comm.mode", X, "default", "fake and local-tensor communication modes are not built"},
+      {"comm.save_traces_file_prefix", N, "rank_", kLogging},
+      {"comm.save_traces_folder", N, "comm_traces", kLogging},
+      {"comm.trace_buf_size", N, "20000", kLogging},
+      {"comm.train_timeout_seconds", N, "100", kTuning},
+      {"compile.backend", N, "inductor", kKernels},
+      {"compile.components", N, "[model, loss]", kKernels},
+      {"compile.enable", N, "false", kKernels},
+      {"debug.deterministic", N, "false", "this engine's runs are deterministic for a given layout"},
+      {"debug.deterministic_warn_only", N, "false", kLogging},
+      {"debug.moe_force_load_balance", A, "false", "moe_router_force_load_balancing (MoE models only)"},
+      {"debug.seed", A, "null", "seed (null: this engine's default seed)"},
+      {"experimental.custom_args_module", N, "", "a Python extension point; Primus's primus_turbo section is read here directly"},
+      {"experimental.custom_import", X, "\"\"", "importing Python code (models, components) is not possible in this engine"},
+      {"fault_tolerance.enable", X, "false", kFt},
+      {"fault_tolerance.group_size", N, "0", kFt},
+      {"fault_tolerance.min_replica_size", N, "1", kFt},
+      {"fault_tolerance.process_group", N, "gloo", kFt},
+      {"fault_tolerance.process_group_timeout_ms", N, "10000", kFt},
+      {"fault_tolerance.replica_id", N, "0", kFt},
+      {"fault_tolerance.semi_sync_method", X, "null", kFt},
+      {"file_sink_level", N, "DEBUG", kLogging},
+      {"float8.emulate", X, "false", kFp8},
+      {"float8.enable_fsdp_float8_all_gather", X, "false", kFp8},
+      {"float8.filter_fqns", N, "[]", kFp8},
+      {"float8.moe_fqns_prototype", X, "[]", kFp8},
+      {"float8.precompute_float8_dynamic_scale_for_fsdp", X, "false", kFp8},
+      {"float8.recipe_name", X, "null", kFp8},
+      {"job.config_file", N, "null", kLogging},
+      {"job.custom_config_module", N, "", "a Python extension point; Primus's primus_turbo section is read here directly"},
+      {"job.description", N, "default job", kLogging},
+      {"job.dump_folder", N, "./outputs", "this engine writes to <workspace>/<exp_name>/"},
+      {"job.print_config", N, "false", "--print-config prints the resolved config"},
+      {"job.save_config_file", N, "null", "this engine saves the resolved config as <workspace>/<exp_name>/config.yaml"},
+      {"lr_scheduler.decay_ratio", A, "null", "lr_wsd_decay_iters (round(steps x decay_ratio); null: every step after the warmup)"},
+      {"lr_scheduler.decay_type", A, "linear", "lr_wsd_decay_style (linear: linear, sqrt: minus_sqrt, cosine: cosine)"},
+      {"lr_scheduler.min_lr_factor", A, "0.0", "min_lr = optimizer.lr x min_lr_factor"},
+      {"lr_scheduler.total_steps", A, "null", "lr_decay_iters (null: training.steps)"},
+      {"lr_scheduler.warmup_steps", A, "200", "lr_warmup_init = lr / warmup_steps, lr_warmup_iters = warmup_steps - 1 (torchtitan's first step already runs at lr / warmup_steps)"},
+      {"memory_estimation.disable_fake_mode", N, "false", kLogging},
+      {"memory_estimation.enable", N, "false", "this engine checks memory before starting ranks (docs/stability.md)"},
+      {"metrics.disable_color_printing", N, "false", kLogging},
+      {"metrics.enable_tensorboard", N, "false", kLogging},
+      {"metrics.enable_wandb", N, "false", kLogging},
+      {"metrics.log_freq", A, "10", "log_interval"},
+      {"metrics.save_for_all_ranks", N, "false", kLogging},
+      {"metrics.save_tb_folder", N, "tb", kLogging},
+      {"model.converters", A, "[]", "primus_turbo: no effect (kernels); float8 / mx converters: refused (FP8 / MX training is not built yet)"},
+      {"model.flavor", A, "debugmodel", "the model preset, with model.name (docs/config.md lists the flavours)"},
+      {"model.hf_assets_path", N, "./tests/assets/tokenizer", "Hugging Face assets (tokenizer, weights); this engine's: tokenizer_type and tokenizer_model, `checkpoint import`"},
+      {"model.name", A, "llama3", "the model preset, with model.flavor"},
+      {"model.print_after_conversion", N, "false", kLogging},
+      {"model.tokenizer_path", N, "null", "this engine's tokenizer keys are tokenizer_type and tokenizer_model"},
+      {"optimizer.beta1", A, "0.9", "adam_beta1"},
+      {"optimizer.beta2", A, "0.95", "adam_beta2"},
+      {"optimizer.early_step_in_backward", X, "false", "stepping the optimizer inside the backward pass (no global gradient clipping) is not built"},
+      {"optimizer.eps", A, "1e-08", "adam_eps"},
+      {"optimizer.implementation", N, "fused", kKernels},
+      {"optimizer.lr", A, "0.0008", "lr"},
+      {"optimizer.name", A, "AdamW", "AdamW only (with decay_norms_and_biases: torchtitan decays every parameter)"},
+      {"optimizer.weight_decay", A, "0.1", "weight_decay, with decay_norms_and_biases: true"},
+      {"parallelism.context_parallel_degree", A, "1", "context_parallel_size (ring attention: cp_comm_type p2p)"},
+      {"parallelism.context_parallel_load_balancer", N, "headtail", "this engine balances causal attention over cp with two chunks per rank (head and tail)"},
+      {"parallelism.context_parallel_rotate_method", N, "allgather", kTuning},
+      {"parallelism.data_parallel_replicate_degree", A, "1", "the data-parallel size (with the shard degree; HSDP, both above 1, is refused)"},
+      {"parallelism.data_parallel_shard_degree", A, "-1", "the data-parallel size; above 1: data_parallel_sharding_strategy optim_grads_params (FSDP). -1: the ranks left over"},
+      {"parallelism.disable_loss_parallel", N, "false", kTuning},
+      {"parallelism.enable_async_tensor_parallel", N, "false", kTuning},
+      {"parallelism.expert_parallel_comm_backend", N, "standard", kTuning},
+      {"parallelism.expert_parallel_degree", A, "1", "expert_model_parallel_size"},
+      {"parallelism.expert_tensor_parallel_degree", A, "1", "expert_tensor_parallel_size"},
+      {"parallelism.fsdp_reshard_after_forward", N, "default", kMemory},
+      {"parallelism.module_fqns_per_model_part", N, "null", "how layers are split over pipeline stages; the result does not depend on it (this engine's: decoder_first/last_pipeline_num_layers, pipeline_balance)"},
+      {"parallelism.pipeline_parallel_degree", A, "1", "pipeline_model_parallel_size"},
+      {"parallelism.pipeline_parallel_expert_parallel_overlap", N, "true", kTuning},
+      {"parallelism.pipeline_parallel_first_stage_less_layers", N, "1", "how layers are split over pipeline stages; the result does not depend on it (this engine's: decoder_first/last_pipeline_num_layers, pipeline_balance)"},
+      {"parallelism.pipeline_parallel_last_stage_less_layers", N, "1", "how layers are split over pipeline stages; the result does not depend on it (this engine's: decoder_first/last_pipeline_num_layers, pipeline_balance)"},
+      {"parallelism.pipeline_parallel_layers_per_stage", N, "null", "how layers are split over pipeline stages; the result does not depend on it (this engine's: decoder_first/last_pipeline_num_layers, pipeline_balance)"},
+      {"parallelism.pipeline_parallel_microbatch_size", A, "1", "micro_batch_size when pipeline_parallel_degree > 1"},
+      {"parallelism.pipeline_parallel_schedule", A, "1F1B", "pipeline_schedule (1F1B, Interleaved1F1B, GPipe, ZBVZeroBubble, DualPipeV)"},
+      {"parallelism.pipeline_parallel_schedule_csv", X, "\"\"", "a pipeline schedule read from a CSV file is not built (this engine's schedules: pipeline_schedule)"},
+      {"parallelism.tensor_parallel_degree", A, "1", "tensor_model_parallel_size, with sequence_parallel as torchtitan's tensor parallelism"},
+      {"primus_turbo.enable_attention_float8", X, "false", kFp8},
+      {"primus_turbo.enable_embedding_autocast", N, "true", kKernels},
+      {"primus_turbo.enable_primus_turbo", N, "false", kKernels},
+      {"primus_turbo.use_classic_attention", N, "false", kKernels},
+      {"primus_turbo.use_moe_fp8", N, "true", "Turbo's FP8 grouped GEMM for MoE layers, used only with the FP8 converters (refused) on MoE models"},
+      {"primus_turbo.use_turbo_async_tp", N, "false", kKernels},
+      {"primus_turbo.use_turbo_attention", N, "false", kKernels},
+      {"primus_turbo.use_turbo_float8_linear", N, "false", "Turbo's kernel for FP8 linears, used only with the float8 converter (refused)"},
+      {"primus_turbo.use_turbo_grouped_mm", N, "false", kKernels},
+      {"primus_turbo.use_turbo_mx_linear", N, "false", "Turbo's kernel for MX linears, used only with the mx converter (refused)"},
+      {"profiling.enable_memory_snapshot", N, "false", kLogging},
+      {"profiling.enable_profiling", N, "false", "torchtitan's profiler; this engine's: profile, profile_step_start, profile_step_end (docs/profiling.md)"},
+      {"profiling.profile_freq", N, "10", kLogging},
+      {"profiling.profiler_active", N, "1", kLogging},
+      {"profiling.profiler_warmup", N, "3", kLogging},
+      {"profiling.save_memory_snapshot_folder", N, "memory_snapshot", kLogging},
+      {"profiling.save_traces_folder", N, "profile_traces", kLogging},
+      {"quantize.grouped_mm.float8.fqns", X, "[]", kFp8},
+      {"quantize.grouped_mm.mx.fqns", X, "[]", kFp8},
+      {"quantize.grouped_mm.mx.recipe_name", N, "mxfp8", kFp8},
+      {"quantize.linear.float8.emulate", N, "false", kFp8},
+      {"quantize.linear.float8.enable_fsdp_float8_all_gather", N, "false", kFp8},
+      {"quantize.linear.float8.filter_fqns", N, "[]", kFp8},
+      {"quantize.linear.float8.precompute_float8_dynamic_scale_for_fsdp", N, "false", kFp8},
+      {"quantize.linear.float8.recipe_name", N, "null", kFp8},
+      {"quantize.linear.mx.filter_fqns", N, "[output]", kFp8},
+      {"quantize.linear.mx.mxfp8_dim1_cast_kernel_choice", N, "triton", kFp8},
+      {"quantize.linear.mx.recipe_name", N, "mxfp8_cublas", kFp8},
+      {"sink_level", N, "null", kLogging},
+      {"stderr_sink_level", N, "INFO", kLogging},
+      {"trainable", N, "false", "Primus's module flag; this engine's task decides what runs"},
+      {"training.dataloader.num_workers", N, "0", kTuning},
+      {"training.dataloader.persistent_workers", N, "false", kTuning},
+      {"training.dataloader.pin_memory", N, "false", kTuning},
+      {"training.dataloader.prefetch_factor", N, "null", kTuning},
+      {"training.dataset", A, "c4_test", "with mock_data false: refused (a Hugging Face dataset) unless this engine's data_path is given"},
+      {"training.dataset_path", A, "null", "with mock_data false: refused (a Hugging Face dataset) unless this engine's data_path is given"},
+      {"training.dtype", X, "float32", "full bf16 training (bf16 parameters and optimizer state) is not built; this engine's bf16 keeps fp32 master weights (training.mixed_precision_param)"},
+      {"training.enable_cpu_offload", N, "false", kMemory},
+      {"training.gc_debug", N, "false", kTuning},
+      {"training.gc_freq", N, "50", kTuning},
+      {"training.global_batch_size", A, "-1", "global_batch_size (-1: local_batch_size x the data-parallel size)"},
+      {"training.local_batch_size", A, "8", "micro_batch_size (per rank; with pipeline parallelism the pipeline's microbatch size is)"},
+      {"training.max_norm", A, "1.0", "clip_grad"},
+      {"training.mixed_precision_param", A, "bfloat16", "bf16 (bfloat16: true, float32: false)"},
+      {"training.mixed_precision_reduce", X, "float32", "gradients are reduced in fp32 here"},
+      {"training.mock_data", A, "false", "mock_data (Primus's key)"},
+      {"training.seq_len", A, "2048", "seq_length"},
+      {"training.steps", A, "10000", "train_iters"},
+      {"validation.dataloader.num_workers", N, "0", kValidation},
+      {"validation.dataloader.persistent_workers", N, "false", kValidation},
+      {"validation.dataloader.pin_memory", N, "false", kValidation},
+      {"validation.dataloader.prefetch_factor", N, "null", kValidation},
+      {"validation.dataset", N, "c4_validation", kValidation},
+      {"validation.dataset_path", N, "null", kValidation},
+      {"validation.enable", A, "false", "false: eval_interval 0; true is refused (torchtitan's validation set, batch and length are not mapped; this engine's: eval_interval, eval_iters)"},
+      {"validation.freq", N, "10", kValidation},
+      {"validation.local_batch_size", N, "8", kValidation},
+      {"validation.seq_len", N, "2048", kValidation},
+      {"validation.steps", N, "-1", kValidation},
+  };
+  return keys;
+}
+// clang-format on
+
+// A torchtitan flavour on this engine: the preset, or why it is refused.
+struct Flavour {
+  const char* name;
+  const char* flavor;
+  const char* preset;  // nullptr: refused with `why`
+  const char* why;
+};
+
+const char* const kMoe =
+    "torchtitan's mixture-of-experts layers balance experts with a bias update centred on its mean "
+    "(load_balance_coeff), which this engine's MoE (Megatron's uncentred update) does not do; torchtitan's MoE "
+    "flavours are not mapped yet";
+const char* const kLlama4 = "Llama 4 is not built on this engine yet (the model-families issue adds it)";
+const char* const kGptOss = "gpt-oss is not built on this engine yet (the model-families issue adds it)";
+
+// clang-format off
+const std::vector<Flavour>& flavours() {
+  static const std::vector<Flavour> f = {
+      // torchtitan's llama3 always applies Llama 3.1's rotary scaling: the Llama 3.1 presets.
+      {"llama3", "8B", "llama3.1_8B", nullptr},
+      {"llama3", "70B", "llama3.1_70B", nullptr},
+      {"llama3", "405B", "llama3.1_405B", nullptr},
+      {"qwen3", "0.6B", "qwen3_0.6B", nullptr},
+      {"qwen3", "1.7B", "qwen3_1.7B", nullptr},
+      {"qwen3", "4B", "qwen3_4B", nullptr},
+      {"qwen3", "8B", "qwen3_8B", nullptr},
+      {"qwen3", "14B", "qwen3_14B", nullptr},
+      {"qwen3", "32B", "qwen3_32B", nullptr},
+      {"qwen3", "30B-A3B", nullptr, kMoe},
+      {"qwen3", "235B-A22B", nullptr, kMoe},
+      {"deepseek_v3", "16B", nullptr, kMoe},
+      {"deepseek_v3", "236B", nullptr, kMoe},
+      {"deepseek_v3", "671B", nullptr, kMoe},
+      {"llama4", "*", nullptr, kLlama4},
+      {"gpt_oss", "*", nullptr, kGptOss},
+  };
+  return f;
+}
+// clang-format on
+
+class TorchTitan final : public Dialect {
+ public:
+  Framework framework() const override { return Framework::TorchTitan; }
+  const char* source() const override {
+    return "pytorch/torchtitan at 73a0e697 (the commit AMD-AGI/Primus fd1eeabb pins) and AMD-AGI/Primus at fd1eeabb";
+  }
+  const std::vector<DialectKey>& keys() const override { return table(); }
+  void translate(DialectSettings& s) const override {
+    const bool moe = model(s);
+    const Layout layout = parallel_layout(s, moe);
+    batch(s, layout);
+    optimizer(s);
+    schedule(s);
+    data(s);
+    rest(s, moe);
+  }
+
+ private:
+  // model.name and model.flavor -> a preset; returns whether it has MoE layers.
+  static bool model(DialectSettings& s) {
+    std::vector<std::string> converters;  // a list, or torchtitan's comma-separated text
+    const YAML::Node list = s.node("model.converters");
+    if (list.IsScalar()) {
+      for (size_t b = 0, e; b <= list.Scalar().size(); b = e + 1) {
+        e = std::min(list.Scalar().find(',', b), list.Scalar().size());
+        if (e > b) converters.push_back(list.Scalar().substr(b, e - b));
+      }
+    } else {
+      for (const YAML::Node& c : list) converters.push_back(c.IsScalar() ? c.Scalar() : "(a map)");
+    }
+    for (const std::string& name : converters) {
+      if (name == "primus_turbo") continue;
+      if (name.find("float8") != std::string::npos || name.find("mx") != std::string::npos)
+        s.refuse("model.converters", fmt::format("the '{}' converter: {}", name, kFp8));
+      s.refuse("model.converters", fmt::format("the '{}' converter is not built (known: primus_turbo)", name));
+    }
+    const std::string name = s.text("model.name"), flavor = s.text("model.flavor");
+    std::vector<std::string> known;
+    for (const auto& f : flavours()) {
+      if (f.preset) known.push_back(fmt::format("{} {}", f.name, f.flavor));
+      if (name != f.name || (flavor != f.flavor && std::string(f.flavor) != "*")) continue;
+      if (!f.preset) s.refuse(flavor == f.flavor ? "model.flavor" : "model.name", f.why);
+      s.set_model(f.preset, {"model.name", "model.flavor"});
+      return false;  // the mapped flavours are dense
+    }
+    s.refuse("model.flavor", fmt::format("no preset of this engine is torchtitan's {} '{}'; mapped flavours: {}", name,
+                                         flavor, fmt::join(known, ", ")));
+  }
+
+  struct Layout {
+    int64_t dp, pp;
+  };
+
+  // parallelism.*: the degrees against the launch, FSDP, the pipeline schedule.
+  static Layout parallel_layout(DialectSettings& s, bool moe) {
+    const int64_t tp = s.integer("parallelism.tensor_parallel_degree");
+    const int64_t pp = s.integer("parallelism.pipeline_parallel_degree");
+    const int64_t cp = s.integer("parallelism.context_parallel_degree");
+    const int64_t replicate = s.integer("parallelism.data_parallel_replicate_degree");
+    int64_t shard = s.integer("parallelism.data_parallel_shard_degree");
+    for (const char* k : {"parallelism.tensor_parallel_degree", "parallelism.pipeline_parallel_degree",
+                          "parallelism.context_parallel_degree", "parallelism.data_parallel_replicate_degree"})
+      if (s.integer(k) < 1) s.refuse(k, "a parallel degree is 1 or more");
+    if (shard == 0 || shard < -1)
+      s.refuse("parallelism.data_parallel_shard_degree", "1 or more, or -1 (the ranks left over)");
+    const int64_t others = tp * pp * cp * replicate;
+    if (shard == -1 && !s.world_known()) {
+      shard = 1;  // no launch to fill (--print-config, projection): one data-parallel rank
+    } else if (shard == -1) {
+      if (s.world_size() % others != 0)
+        s.refuse("parallelism.data_parallel_shard_degree",
+                 fmt::format("-1 takes the ranks left over, but {} ranks are not a multiple of tp x pp x cp x "
+                             "data_parallel_replicate_degree = {}",
+                             s.world_size(), others));
+      shard = s.world_size() / others;
+    } else if (s.world_known() && others * shard != s.world_size()) {
+      s.refuse("parallelism.data_parallel_shard_degree",
+               fmt::format("the degrees ask for {} ranks (tp x pp x cp x replicate x shard), this launch has {}",
+                           others * shard, s.world_size()));
+    }
+    if (replicate > 1 && shard > 1)
+      s.refuse("parallelism.data_parallel_replicate_degree",
+               "HSDP (replicated and sharded data parallelism at once) is not built; this engine shards over the "
+               "whole data-parallel group (data_parallel_shard_degree) or replicates (data_parallel_replicate_degree)");
+    const int64_t dp = replicate * shard;
+    const std::vector<std::string> degrees = {"parallelism.data_parallel_replicate_degree",
+                                              "parallelism.data_parallel_shard_degree"};
+    s.set("data_parallel_sharding_strategy", YAML::Node(shard > 1 ? "optim_grads_params" : "no_shard"), degrees);
+    s.set("tensor_model_parallel_size", YAML::Node(tp), {"parallelism.tensor_parallel_degree"});
+    s.set("sequence_parallel", YAML::Node(tp > 1), {"parallelism.tensor_parallel_degree"});
+    s.set("pipeline_model_parallel_size", YAML::Node(pp), {"parallelism.pipeline_parallel_degree"});
+    s.set("context_parallel_size", YAML::Node(cp), {"parallelism.context_parallel_degree"});
+    const int64_t ep = s.integer("parallelism.expert_parallel_degree");
+    const int64_t etp = s.integer("parallelism.expert_tensor_parallel_degree");
+    if (moe) {  // without MoE layers torchtitan ignores both
+      s.set("expert_model_parallel_size", YAML::Node(ep), {"parallelism.expert_parallel_degree"});
+      s.set("expert_tensor_parallel_size", YAML::Node(etp), {"parallelism.expert_tensor_parallel_degree"});
+    }
+    pipeline_schedule(s, pp);
+    return {dp, pp};
+  }
+
+  // parallelism.pipeline_parallel_schedule: read always; without pipeline stages it has no effect.
+  static void pipeline_schedule(DialectSettings& s, int64_t pp) {
+    // clang-format off
+    static const std::vector<std::pair<const char*, const char*>> schedules = {
+        {"1F1B", "1f1b"}, {"Interleaved1F1B", "interleaved-1f1b"}, {"GPipe", "gpipe"}, {"ZBVZeroBubble", "zbv"},
+        {"DualPipeV", "dualpipev"}};
+    // clang-format on
+    const std::string want = s.text("parallelism.pipeline_parallel_schedule");
+    if (pp == 1) return;
+    auto it = std::find_if(schedules.begin(), schedules.end(), [&](const auto& p) { return want == p.first; });
+    if (it == schedules.end())
+      s.refuse("parallelism.pipeline_parallel_schedule",
+               "not built; the schedules mapped: 1F1B, Interleaved1F1B, GPipe, ZBVZeroBubble, DualPipeV");
+    s.set("pipeline_schedule", YAML::Node(it->second), {"parallelism.pipeline_parallel_schedule"});
+  }
+
+  // training.local_batch_size and global_batch_size: micro and global batch, length and steps.
+  static void batch(DialectSettings& s, const Layout& layout) {
+    const int64_t dp = layout.dp, pp = layout.pp;
+    const int64_t local = s.integer("training.local_batch_size");
+    int64_t global = s.integer("training.global_batch_size");
+    if (local < 1) s.refuse("training.local_batch_size", "a batch holds 1 sequence or more");
+    if (global == -1) global = local * dp;
+    if (global < 1 || global % (local * dp) != 0)
+      s.refuse("training.global_batch_size",
+               fmt::format("a multiple of local_batch_size x the data-parallel size = {} x {}", local, dp));
+    int64_t micro = local;
+    std::vector<std::string> micro_from = {"training.local_batch_size"};
+    const int64_t pp_micro = s.integer("parallelism.pipeline_parallel_microbatch_size");
+    if (pp > 1) {
+      if (pp_micro < 1 || local % pp_micro != 0)
+        s.refuse("parallelism.pipeline_parallel_microbatch_size",
+                 fmt::format("must divide training.local_batch_size ({})", local));
+      micro = pp_micro;
+      micro_from.push_back("parallelism.pipeline_parallel_microbatch_size");
+    }
+    s.set("micro_batch_size", YAML::Node(micro), micro_from);
+    s.set("global_batch_size", YAML::Node(global), {"training.global_batch_size", "training.local_batch_size"});
+    s.set("seq_length", YAML::Node(s.integer("training.seq_len")), {"training.seq_len"});
+    s.set("train_iters", YAML::Node(s.integer("training.steps")), {"training.steps"});
+  }
+
+  static void optimizer(DialectSettings& s) {
+    if (s.text("optimizer.name") != "AdamW")
+      s.refuse("optimizer.name", "only AdamW is built (torchtitan's Adam adds weight decay to the gradient instead)");
+    s.set("lr", yaml_number(s.number("optimizer.lr")), {"optimizer.lr"});
+    s.set("adam_beta1", yaml_number(s.number("optimizer.beta1")), {"optimizer.beta1"});
+    s.set("adam_beta2", yaml_number(s.number("optimizer.beta2")), {"optimizer.beta2"});
+    s.set("adam_eps", yaml_number(s.number("optimizer.eps")), {"optimizer.eps"});
+    s.set("weight_decay", yaml_number(s.number("optimizer.weight_decay")), {"optimizer.weight_decay"});
+    s.set("decay_norms_and_biases", YAML::Node(true), {"optimizer.name"});
+    s.set("clip_grad", yaml_number(s.number("training.max_norm")), {"training.max_norm"});
+  }
+
+  // torchtitan's warmup-stable-decay schedule (components/lr_scheduler.py) as this engine's: its
+  // step s (from 0) runs at lr x (s + 1) / warmup while s < warmup, at lr until the decay, then
+  // decays over decay_steps with progress (s + 1 - warmup - stable) / decay_steps, where
+  // stable = total + 1 - warmup - decay_steps. That is the engine's WSD with lr_warmup_init =
+  // lr / warmup, lr_warmup_iters = warmup - 1, lr_decay_iters = total and lr_wsd_decay_iters =
+  // decay_steps; without decay steps, the constant style.
+  static void schedule(DialectSettings& s) {
+    const int64_t steps = s.integer("training.steps");
+    const int64_t total = s.is_null("lr_scheduler.total_steps") ? steps : s.integer("lr_scheduler.total_steps");
+    if (total < steps)
+      s.refuse("lr_scheduler.total_steps",
+               "a schedule shorter than training.steps (torchtitan extends its decay past the end) is not built");
+    const int64_t warmup = std::min(s.integer("lr_scheduler.warmup_steps"), total);  // torchtitan clamps too
+    if (warmup < 0) s.refuse("lr_scheduler.warmup_steps", "must not be negative");
+    int64_t decay = total - warmup;
+    if (!s.is_null("lr_scheduler.decay_ratio")) {
+      const double ratio = s.number("lr_scheduler.decay_ratio");
+      if (ratio < 0 || ratio > 1) s.refuse("lr_scheduler.decay_ratio", "a fraction of the steps, in [0, 1]");
+      decay = std::min<int64_t>(int64_t(std::nearbyint(double(total) * ratio)), total - warmup);
+    }
+    static const std::vector<std::pair<const char*, const char*>> styles = {{"linear", "linear"},
+                                                                            {"sqrt", "minus_sqrt"},
+                                                                            {"cosine", "cosine"}};
+    const std::string type = s.text("lr_scheduler.decay_type");
+    auto style = std::find_if(styles.begin(), styles.end(), [&](const auto& p) { return type == p.first; });
+    if (style == styles.end()) s.refuse("lr_scheduler.decay_type", "one of linear, sqrt, cosine");
+    const double lr = s.number("optimizer.lr"), factor = s.number("lr_scheduler.min_lr_factor");
+    if (factor < 0 || factor > 1) s.refuse("lr_scheduler.min_lr_factor", "a fraction of the learning rate, in [0, 1]");
+    const std::vector<std::string> w = {"lr_scheduler.warmup_steps", "optimizer.lr"};
+    s.set("lr_warmup_init", yaml_number(warmup > 0 ? lr / double(warmup) : 0.0), w);
+    s.set("lr_warmup_iters", YAML::Node(std::max<int64_t>(warmup - 1, 0)), w);
+    s.set("min_lr", yaml_number(lr * factor), {"lr_scheduler.min_lr_factor", "optimizer.lr"});
+    const std::vector<std::string> d = {"lr_scheduler.decay_ratio", "lr_scheduler.decay_type",
+                                        "lr_scheduler.total_steps"};
+    if (decay == 0) {
+      s.set("lr_decay_style", YAML::Node("constant"), d);
+      return;
+    }
+    s.set("lr_decay_style", YAML::Node("WSD"), d);
+    s.set("lr_wsd_decay_style", YAML::Node(style->second), d);
+    s.set("lr_decay_iters", YAML::Node(total), d);
+    s.set("lr_wsd_decay_iters", YAML::Node(decay), d);
+  }
+
+  static void data(DialectSettings& s) {
+    const bool mock = s.flag("training.mock_data");
+    const std::vector<std::string> from = {"training.mock_data", "training.dataset", "training.dataset_path"};
+    s.text("training.dataset");
+    s.text("training.dataset_path");
+    if (!mock && !s.has_engine_key("data_path"))
+      s.refuse("training.mock_data",
+               fmt::format("the data would be torchtitan's Hugging Face dataset '{}', which this engine does not read; "
+                           "set training.mock_data: true, ",
+                           s.text("training.dataset")) +
+                   "or give Megatron-format data with this engine's keys data_path, tokenizer_type and tokenizer_model "
+                   "(docs/data.md)");
+    s.set("mock_data", YAML::Node(mock), from);
+    if (!s.is_null("debug.seed")) s.set("seed", YAML::Node(s.integer("debug.seed")), {"debug.seed"});
+    const std::string precision = s.text("training.mixed_precision_param");
+    if (precision != "bfloat16" && precision != "float32")
+      s.refuse("training.mixed_precision_param", "bfloat16 or float32");
+    s.set("bf16", YAML::Node(precision == "bfloat16"), {"training.mixed_precision_param"});
+  }
+
+  static void rest(DialectSettings& s, bool moe) {
+    s.set("log_interval", YAML::Node(s.integer("metrics.log_freq")), {"metrics.log_freq"});
+    if (s.flag("validation.enable"))
+      s.refuse("validation.enable",
+               "torchtitan's validation loop (its own dataset, batch and length) is not mapped; this engine evaluates "
+               "with eval_interval and eval_iters on the valid split of its data");
+    s.set("eval_interval", YAML::Node(0), {"validation.enable"});
+    const bool save = s.flag("checkpoint.enable");
+    const int64_t interval = s.integer("checkpoint.interval");
+    s.set("save_interval", YAML::Node(save ? interval : 0), {"checkpoint.enable", "checkpoint.interval"});
+    s.set("keep_last_checkpoints", YAML::Node(s.integer("checkpoint.keep_latest_k")), {"checkpoint.keep_latest_k"});
+    static const std::vector<std::pair<const char*, const char*>> modes = {
+        {"none", ""}, {"selective", "selective"}, {"memory_budget", "selective"}, {"full", "full"}};
+    const std::string mode = s.text("activation_checkpoint.mode");
+    auto m = std::find_if(modes.begin(), modes.end(), [&](const auto& p) { return mode == p.first; });
+    if (m == modes.end()) s.refuse("activation_checkpoint.mode", "one of none, selective, full, memory_budget");
+    if (*m->second) s.set("recompute_granularity", YAML::Node(m->second), {"activation_checkpoint.mode"});
+    if (s.flag("debug.moe_force_load_balance") && moe)
+      s.set("moe_router_force_load_balancing", YAML::Node(true), {"debug.moe_force_load_balance"});
+  }
+};
+
+}  // namespace
+
+const Dialect& torchtitan_dialect() {
+  static const TorchTitan d;
+  return d;
+}
+
+}  // namespace primus::config
