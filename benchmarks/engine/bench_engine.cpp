@@ -30,6 +30,7 @@
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/cpu/cpu_features.h"
 #include "kernels/cpu/gemm.h"
+#include "model/linears.h"
 #include "model/llama.h"
 #include "model/model_spec.h"
 #include "optim/adamw.h"
@@ -54,13 +55,14 @@ struct Result {
 };
 
 static Result run_ours(const ModelSpec& spec, int64_t mbs, int64_t seq, int iters, int warmup, Recompute rc,
-                       Precision precision, bool profile) {
+                       Precision precision, bool profile, const Fp8Options& fp8 = {}) {
   std::unique_ptr<ops::Backend> bf16_backend;
   if (precision == Precision::Bf16) bf16_backend = std::make_unique<cpu::Bf16Backend>();
   ops::Backend& inner = bf16_backend ? *bf16_backend : static_cast<ops::Backend&>(cpu::cpu_backend());
   bench::TimedBackend timed(inner);
   LlamaOptions opt;
   opt.recompute = rc;
+  opt.fp8 = fp8;
   LlamaModel model(spec, profile ? timed : inner, precision, opt);
   model.init_weights(1234);
   const std::vector<ParamSegment> segments = segments_of(model.params());
@@ -94,6 +96,8 @@ static Result run_ours(const ModelSpec& spec, int64_t mbs, int64_t seq, int iter
     const double tc = seconds_since(t2);
     auto t3 = Clock::now();
     optimizer_step(true);
+    if (fp8.enabled && fp8.recipe == Fp8Recipe::Delayed)  // the step's amaxes into the scales (one rank)
+      model.linears().update_scales(model.linears().current_amaxes());
     const double to = seconds_since(t3);
     if (it == 0) r.loss_first = loss;
     r.loss_last = loss;
@@ -194,6 +198,11 @@ int main(int argc, char** argv) {
       ->check(CLI::PositiveNumber);
   app.add_flag("!--no-torch", torch, "skip the PyTorch peer");
   app.add_flag("--profile", profile, "time every op of our step by category (adds a little overhead)");
+  std::string fp8_recipe;
+  app.add_option("--fp8", fp8_recipe,
+                 "also run ours with FP8 linears (hybrid formats) in this recipe, in the same rounds, and print its "
+                 "ratio to ours without: delayed | tensorwise | blockwise | mxfp8")
+      ->check(CLI::IsMember({"delayed", "tensorwise", "blockwise", "mxfp8"}));
   CLI11_PARSE(app, argc, argv);
 
   try {
@@ -225,8 +234,14 @@ int main(int argc, char** argv) {
       const std::string path = spec.name.find('/') != std::string::npos || spec.name.ends_with(".yaml")
                                    ? spec.name
                                    : model_preset_dir() + "/" + spec.name + ".yaml";
-      std::vector<Result> ours_runs;
+      std::vector<Result> ours_runs, fp8_runs;
       std::map<std::string, std::vector<Result>> peer_runs;
+      Fp8Options fp8;
+      if (!fp8_recipe.empty()) {
+        fp8.enabled = true;
+        for (Fp8Recipe r : {Fp8Recipe::Delayed, Fp8Recipe::Tensorwise, Fp8Recipe::Blockwise, Fp8Recipe::Mxfp8})
+          if (fp8_recipe == fp8_recipe_name(r)) fp8.recipe = r;
+      }
       for (int round = 0; round < rounds; ++round) {
         // The peak again right before each of our runs: MFU from numbers taken under the same load.
         const double round_peak =
@@ -234,6 +249,9 @@ int main(int argc, char** argv) {
         ours_runs.push_back(run_ours(spec, mbs, seq, iters, warmup, recompute_of(recompute),
                                      bf16 ? Precision::Bf16 : Precision::Fp32, profile));
         ours_runs.back().peak_gflops = round_peak;
+        if (fp8.enabled)
+          fp8_runs.push_back(run_ours(spec, mbs, seq, iters, warmup, recompute_of(recompute),
+                                      bf16 ? Precision::Bf16 : Precision::Fp32, profile, fp8));
         for (const auto& mode : peer_modes) {
           bool ok = false;
           Result p = run_torch(path, mbs, seq, iters, warmup, threads, mode, &ok);
@@ -272,6 +290,28 @@ int main(int argc, char** argv) {
                          {"gflops", ours.gflops},
                          {"mfu", mfu}};
       if (bf16) row["bf16_gemm_peak_gflops"] = bf16_peak;
+      if (!fp8_runs.empty()) {  // FP8 beside ours without it, round by round
+        std::vector<Result> sorted = fp8_runs;
+        const Result& f = median(sorted);
+        std::vector<double> ratios;
+        for (size_t k = 0; k < fp8_runs.size(); ++k) ratios.push_back(fp8_runs[k].tokens_per_sec / ours_runs[k].tokens_per_sec);
+        std::sort(ratios.begin(), ratios.end());
+        const double ratio = ratios.size() % 2 ? ratios[ratios.size() / 2]
+                                               : 0.5 * (ratios[ratios.size() / 2 - 1] + ratios[ratios.size() / 2]);
+        fmt::print("  primus fp8   {:>8.0f} tokens/s  step {:.3f} s  ({} recipe, hybrid, on the {} path)  loss {:.3f} -> "
+                   "{:.3f}{}\n",
+                   f.tokens_per_sec, f.step_time, fp8_recipe, precision, f.loss_first, f.loss_last,
+                   rounds > 1 ? fmt::format("  (rounds: {})", all_rates(fp8_runs)) : std::string());
+        fmt::print("  fp8 ratio    {:.2f}x ours without fp8{}\n", ratio, rounds > 1 ? " (median of the rounds' ratios)" : "");
+        row["fp8_recipe"] = fp8_recipe;
+        row["fp8_tokens_per_sec"] = f.tokens_per_sec;
+        row["fp8_ratio"] = ratio;
+        if (profile)
+          row["fp8_quantize_seconds"] = f.ops[size_t(bench::TimedBackend::Fp8Quantize)];
+        if (profile)
+          fmt::print("  fp8 quantization {:.3f} s of its {:.3f} s step\n", f.ops[size_t(bench::TimedBackend::Fp8Quantize)],
+                     f.step_time);
+      }
       for (const auto& mode : peer_modes) {
         auto it = peer_runs.find(mode);
         if (it == peer_runs.end()) continue;

@@ -14,10 +14,10 @@ namespace primus::bench {
 
 class TimedBackend final : public ops::Backend {
  public:
-  enum Category { Gemm, Attention, Elementwise, CrossEntropy, Cast, kCategories };
+  enum Category { Gemm, Attention, Elementwise, CrossEntropy, Cast, Fp8Quantize, kCategories };
   static const char* category_name(int c) {
     static const char* names[] = {"GEMM", "attention", "norms, SwiGLU, RoPE, embedding, adds", "cross-entropy",
-                                  "casts"};
+                                  "casts", "FP8 quantization"};
     return names[c];
   }
 
@@ -40,6 +40,12 @@ class TimedBackend final : public ops::Backend {
     for (size_t i = 0; i < A.size() && i < D.size(); ++i)
       gemm_flops += 2.0 * double(D[i].size(0)) * double(D[i].size(1)) * double(ta ? A[i].size(0) : A[i].size(1));
     time(Gemm, [&] { in_.grouped_gemm(ta, tb, alpha, A, B, beta, D); });
+  }
+  Fp8Quantized quantize_fp8(const Tensor& src, fp8::Format f, fp8::Granularity g, bool reduce_cols, float scale,
+                            Tensor& dst) override {
+    Fp8Quantized q;
+    time(Fp8Quantize, [&] { q = in_.quantize_fp8(src, f, g, reduce_cols, scale, dst); });
+    return q;
   }
   void rmsnorm_forward(const Tensor& x, const Tensor& w, Tensor& y, Tensor& rstd, float eps) override {
     time(Elementwise, [&] { in_.rmsnorm_forward(x, w, y, rstd, eps); });

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstring>
 #include <fstream>
 #include <map>
 #include <memory>
@@ -50,6 +51,7 @@ class Loader {
     }
     std::vector<char> config = read_verified(dir_, meta_, "config.yaml");
     out_.config_yaml.assign(config.begin(), config.end());
+    read_run_state();
     return std::move(out_);
   }
 
@@ -66,6 +68,32 @@ class Loader {
                            l.at("dp").get<int>(),         l.at("cp").get<int>(), l.at("vpp").get<int>()};
     } catch (const json::exception& e) {
       fail("checkpoint {}/meta.json is missing a field: {}", dir_.string(), e.what());
+    }
+  }
+
+  // The run state asked for, from the shard that meta.json names for it (header verified).
+  void read_run_state() {
+    if (opt_.state.empty() || !meta_.contains("state")) return;
+    const json& index = meta_.at("state");
+    std::map<std::string, std::unique_ptr<ShardReader>> readers;
+    for (const std::string& name : opt_.state) {
+      if (!index.contains(name)) continue;
+      const std::string file = index.at(name).get<std::string>();
+      auto& rd = readers[file];
+      if (!rd) rd = std::make_unique<ShardReader>(dir_ / file, shard_expect(meta_, file));
+      const json& st = rd->header().contains("state") ? rd->header().at("state") : json::object();
+      if (!st.contains(name) || !st.at(name).is_array())
+        fail("checkpoint {}: meta.json says {} holds run state {}, but it does not", dir_.string(), file, name);
+      std::vector<uint32_t> bits;
+      try {
+        bits = st.at(name).get<std::vector<uint32_t>>();  // the floats' bit patterns (format.cpp)
+      } catch (const json::exception& e) {
+        fail("checkpoint {}: run state {} in {} is not a list of 32-bit values ({})", dir_.string(), name, file,
+             e.what());
+      }
+      std::vector<float>& v = out_.state_values[name];
+      v.resize(bits.size());
+      std::memcpy(v.data(), bits.data(), bits.size() * sizeof(float));
     }
   }
 
@@ -224,7 +252,7 @@ class Saver {
       const Tensor values = params_.device() == Device::CPU ? params_.values() : params_.values().to(Device::CPU);
       const float* data[kSections] = {values.data<float>(), moments_[0], moments_[1]};
       mine = write_shard(slot_.tmp / shard_file_name(rank_), rank_, state_.run_id, state_.iteration, params_, data,
-                         opt_.block_bytes);
+                         opt_.block_bytes, opt_.state);
     });
     if (err.empty() && opt_.writer) maybe_kill_after(shard_file_name(rank_));
     const int64_t record[4] = {err.empty() ? 1 : 0, opt_.writer ? 1 : 0, int64_t(mine.bytes), int64_t(mine.crc)};
@@ -278,7 +306,7 @@ class Saver {
   // verified), and the check that every tensor saved is whole across the files: a rank wrongly
   // marked as no writer shows here, at save time, not at the next load.
   void index_shards(json& meta) const {
-    json files = json::object(), tensors = json::object();
+    json files = json::object(), tensors = json::object(), state = json::object();
     for (int r = 0; r < size_; ++r) {
       if (records_[4 * r + 1] == 0) continue;
       const std::string file = shard_file_name(r);
@@ -289,6 +317,9 @@ class Saver {
       expect.run_id = state_.run_id;
       expect.iteration = state_.iteration;
       const ShardReader rd(slot_.tmp / file, expect);
+      if (rd.header().contains("state"))
+        for (const auto& [name, values] : rd.header().at("state").items())
+          if (!state.contains(name)) state[name] = file;  // replicas hold the same state
       for (const json& t : rd.header().at("tensors")) {
         const std::string tname = t.at("name");
         json& entry = tensors[tname];
@@ -307,6 +338,7 @@ class Saver {
     if (files.empty()) fail("no rank is a writer (SaveOptions::writer is false everywhere)");
     meta["files"] = files;
     meta["tensors"] = tensors;
+    if (!state.empty()) meta["state"] = state;
     for (const auto& [name, st] : parse_index(slot_.tmp, meta)) {
       std::vector<const Entry*> entries;
       for (const Entry& e : st.entries) entries.push_back(&e);

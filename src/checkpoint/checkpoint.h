@@ -25,6 +25,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -36,6 +37,10 @@ class ProcessGroup;
 }
 
 namespace primus::checkpoint {
+
+// Named run state beyond the tensors (FP8 scaling histories and scales): small float vectors
+// carried in a writer's shard header (so its CRC covers them) and indexed by name in meta.json.
+using RunState = std::map<std::string, std::vector<float>>;
 
 struct TrainState {
   int64_t iteration = 0;         // optimizer steps done
@@ -64,6 +69,8 @@ struct CheckpointData {
   // LoadOptions::strict false: this rank's tensors that the checkpoint did not fill (it lacks them
   // or holds them in another shape); their values are the initial ones, their moments 0.
   std::vector<std::string> fresh;
+  // The run state asked for (LoadOptions::state) that the checkpoint holds, by name.
+  RunState state_values;
 };
 
 struct SaveOptions {
@@ -78,6 +85,9 @@ struct SaveOptions {
   // A checkpoint folder of the same name written by another run is replaced only when true
   // (`--overwrite`); otherwise the save fails with an error naming both runs.
   bool overwrite = false;
+  // This rank's named run state beyond its tensors (FP8 scaling histories and scales), written
+  // into its shard when it is a writer; a name saved by several ranks is indexed once.
+  RunState state;
 };
 
 struct LoadOptions {
@@ -91,6 +101,9 @@ struct LoadOptions {
   // `initial_values` (host, the store's flat layout) or, when that is null, the store's values.
   bool strict = true;
   const float* initial_values = nullptr;
+  // Names of run state (SaveOptions::state) to read into CheckpointData::state_values; a name the
+  // checkpoint lacks is left out (the caller starts it fresh).
+  std::vector<std::string> state;
 };
 
 // Writes a checkpoint of `params` (values) and the optimizer moments (flat buffers laid out like

@@ -274,7 +274,8 @@ void maybe_kill_after(const std::string& file) {
 // Writes this rank's shard file; returns its size and CRC-32. The whole-file CRC is combined from
 // the header's and the blocks' CRCs, so the data is checksummed in one pass.
 Written write_shard(const fs::path& path, int rank, const std::string& run_id, int64_t iteration,
-                    const ParamStore& params, const float* const data[kSections], int64_t block_bytes) {
+                    const ParamStore& params, const float* const data[kSections], int64_t block_bytes,
+                    const RunState& state) {
   const uint64_t n = uint64_t(params.numel());
   const uint64_t section_bytes = n * sizeof(float);
   json h;
@@ -295,6 +296,12 @@ Written write_shard(const fs::path& path, int rank, const std::string& run_id, i
                        {"shard_dim", p.shard.pieces.empty() ? -1 : p.shard.dim},
                        {"pieces", pieces_json(p.shard.pieces)}});
   h["tensors"] = tensors;
+  // name -> the floats' bit patterns (the header holds integers only: reject_floats)
+  for (const auto& [name, values] : state) {
+    std::vector<uint32_t> bits(values.size());
+    std::memcpy(bits.data(), values.data(), values.size() * sizeof(float));
+    h["state"][name] = bits;
+  }
   std::vector<std::vector<uint32_t>> block_crcs(kSections);
   for (int s = 0; s < kSections; ++s) {
     if (n > 0 && data[s] == nullptr) fail("checkpoint: no {} buffer given for rank {}", kSectionNames[s], rank);

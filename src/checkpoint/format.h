@@ -21,6 +21,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "checkpoint/checkpoint.h"  // RunState
 #include "checkpoint/reshard.h"
 #include "model/param_store.h"
 
@@ -50,9 +51,11 @@ struct Written {
 Written write_whole_file(const std::filesystem::path& p, const void* data, size_t bytes);
 
 // Writes a rank's shard file of `params` with the three sections in `data` (flat buffers laid out
-// like params.values()), tied to its checkpoint by run id and iteration; returns its size and CRC-32.
+// like params.values()) and its run state, tied to its checkpoint by run id and iteration; returns
+// its size and CRC-32.
 Written write_shard(const std::filesystem::path& path, int rank, const std::string& run_id, int64_t iteration,
-                    const ParamStore& params, const float* const data[kSections], int64_t block_bytes);
+                    const ParamStore& params, const float* const data[kSections], int64_t block_bytes,
+                    const RunState& state = {});
 
 // What a reader expects of a shard: from meta.json.
 struct ShardExpect {

@@ -13,6 +13,7 @@
 
 #include <fmt/format.h>
 
+#include "kernels/fp8.h"  // fp8::AmaxAlgo
 #include "model/options.h"
 
 namespace primus::config {
@@ -37,7 +38,19 @@ inline constexpr Choice<DpSharding> kDpShardingChoices[] = {{DpSharding::Unset, 
                                                            {DpSharding::OptimGrads, "optim_grads"},
                                                            {DpSharding::OptimGradsParams, "optim_grads_params"}};
 
+inline constexpr Choice<Fp8Mode> kFp8ModeChoices[] = {
+    {Fp8Mode::Off, ""}, {Fp8Mode::E4M3, "e4m3"}, {Fp8Mode::Hybrid, "hybrid"}};
+inline constexpr Choice<Fp8Recipe> kFp8RecipeChoices[] = {{Fp8Recipe::Delayed, "delayed"},
+                                                         {Fp8Recipe::Tensorwise, "tensorwise"},
+                                                         {Fp8Recipe::Blockwise, "blockwise"},
+                                                         {Fp8Recipe::Mxfp8, "mxfp8"}};
+inline constexpr Choice<fp8::AmaxAlgo> kAmaxAlgoChoices[] = {{fp8::AmaxAlgo::Max, "max"},
+                                                            {fp8::AmaxAlgo::MostRecent, "most_recent"}};
+
 inline std::span<const Choice<Recompute>> choices_of(Recompute) { return kRecomputeChoices; }
+inline std::span<const Choice<Fp8Mode>> choices_of(Fp8Mode) { return kFp8ModeChoices; }
+inline std::span<const Choice<Fp8Recipe>> choices_of(Fp8Recipe) { return kFp8RecipeChoices; }
+inline std::span<const Choice<fp8::AmaxAlgo>> choices_of(fp8::AmaxAlgo) { return kAmaxAlgoChoices; }
 inline std::span<const Choice<CpComm>> choices_of(CpComm) { return kCpCommChoices; }
 inline std::span<const Choice<DpSharding>> choices_of(DpSharding) { return kDpShardingChoices; }
 

@@ -107,6 +107,19 @@ const std::vector<KeyInfo>& training_keys() {
       KEY(zero_bubble_max_pending_backward, "zb-auto's memory limit in microbatch activations per rank: "
                                             "pipeline_model_parallel_size gives ZB-1p, twice that ZB-2p. 0: "
                                             "pipeline_model_parallel_size"),
+      KEY(fp8, "FP8 linear layers: null (off) | e4m3 (E4M3 everywhere) | hybrid (E4M3 forward, E5M2 gradients); "
+               "docs/fp8.md"),
+      KEY(fp8_recipe, "how FP8 operands are scaled: delayed (amax history) | tensorwise (current) | blockwise (1x128 "
+                      "tiles, 128x128 weight blocks) | mxfp8 (32-element blocks, E8M0 scales)"),
+      KEY(fp8_margin, "delayed scaling: scale = FP8 max / 2^margin / amax"),
+      KEY(fp8_amax_history_len, "delayed scaling: steps of amax history per tensor"),
+      KEY(fp8_amax_compute_algo, "delayed scaling: max (of the history) | most_recent"),
+      KEY(fp8_wgrad, "the weight gradients' GEMMs in FP8 too (false: in the activation dtype)"),
+      KEY(first_last_layers_bf16, "keep the first num_layers_at_start_in_bf16 and last num_layers_at_end_in_bf16 "
+                                  "layers out of FP8"),
+      KEY(num_layers_at_start_in_bf16, "with first_last_layers_bf16: the first layers kept out of FP8"),
+      KEY(num_layers_at_end_in_bf16, "with first_last_layers_bf16: the last layers kept out of FP8"),
+      KEY(fp8_param_gather, "all-gather FP8 parameters under the distributed optimizer (not built: false only)"),
       KEY(use_distributed_optimizer, "ZeRO-1: each data-parallel rank keeps the optimizer state of its shard only"),
       KEY(data_parallel_sharding_strategy, "no_shard | optim (ZeRO-1) | optim_grads (ZeRO-2) | optim_grads_params "
                                            "(ZeRO-3 / FSDP) (Megatron's names); empty: optim when "
@@ -473,6 +486,26 @@ void load_model(ExperimentConfig& cfg, const YAML::Node& model_overrides, const 
   }
 }
 
+// The FP8 keys: what is built, and every combination that is not refused by name (docs/fp8.md).
+template <class At>
+void check_fp8(const TrainingArgs& t, const ModelSpec& m, const At& at) {
+  if (t.fp8 == Fp8Mode::Off) return;
+  if (t.fp8_margin < 0) fail("{}: fp8_margin must not be negative, got {}", at("fp8_margin"), t.fp8_margin);
+  if (t.fp8_amax_history_len < 1)
+    fail("{}: fp8_amax_history_len must be at least 1, got {}", at("fp8_amax_history_len"), t.fp8_amax_history_len);
+  if (t.fp8_param_gather)
+    fail("{}: fp8_param_gather (FP8 parameters all-gathered by the distributed optimizer) is not built: the "
+         "weights are kept and gathered in bf16/fp32 and quantized where each GEMM reads them; set it to false",
+         at("fp8_param_gather"));
+  if (m.is_moe())
+    fail("{}: fp8 with a mixture of experts (model {}, num_experts {}) is not built yet: the experts' grouped GEMM "
+         "runs in bf16 only; train it without fp8",
+         at("fp8"), m.name, m.num_experts);
+  if (t.first_last_layers_bf16 && (t.num_layers_at_start_in_bf16 < 0 || t.num_layers_at_end_in_bf16 < 0))
+    fail("{}: num_layers_at_start_in_bf16 ({}) and num_layers_at_end_in_bf16 ({}) must not be negative",
+         at("first_last_layers_bf16"), t.num_layers_at_start_in_bf16, t.num_layers_at_end_in_bf16);
+}
+
 // Derived defaults, then the checks that must fail before any training starts.
 void derive_and_check(ExperimentConfig& cfg) {
   TrainingArgs& t = cfg.train;
@@ -500,6 +533,7 @@ void derive_and_check(ExperimentConfig& cfg) {
          at("data_path"));
   if (t.device != "auto" && t.device != "cpu" && t.device != "cuda")
     fail("{}: device '{}' is not one of: auto, cpu, cuda", at("device"), t.device);
+  check_fp8(t, m, at);
   if (t.profile_step_start < 0) fail("{}: profile_step_start must not be negative", at("profile_step_start"));
   if (t.profile && t.profile_step_end <= t.profile_step_start)
     fail("{}: profile_step_end ({}) must be greater than profile_step_start ({})", at("profile_step_end"),

@@ -104,6 +104,17 @@ struct TrainingArgs {
   bool use_torch_fsdp2 = false;  // Primus recipes' alias of optim_grads_params
   bool overlap_grad_reduce = true;
   int64_t ddp_bucket_size = 0;  // elements; 0: max(40M, 1M x dp) as Megatron
+  // FP8 linear layers (docs/fp8.md): Megatron's keys with Primus's defaults (trainer_base.yaml)
+  Fp8Mode fp8 = Fp8Mode::Off;  // null | e4m3 | hybrid
+  Fp8Recipe fp8_recipe = Fp8Recipe::Delayed;
+  int64_t fp8_margin = 0;
+  int64_t fp8_amax_history_len = 1024;
+  fp8::AmaxAlgo fp8_amax_compute_algo = fp8::AmaxAlgo::Max;
+  bool fp8_wgrad = true;
+  bool first_last_layers_bf16 = false;
+  int64_t num_layers_at_start_in_bf16 = 1;
+  int64_t num_layers_at_end_in_bf16 = 1;
+  bool fp8_param_gather = false;
   // profiling (Megatron's names; trace/profiler.h)
   bool profile = false;
   int64_t profile_step_start = 10;
@@ -126,7 +137,8 @@ struct TrainingArgs {
 using FieldRef = std::variant<int64_t TrainingArgs::*, double TrainingArgs::*, bool TrainingArgs::*,
                               std::string TrainingArgs::*, std::vector<std::string> TrainingArgs::*,
                               std::vector<int64_t> TrainingArgs::*, Recompute TrainingArgs::*,
-                              CpComm TrainingArgs::*, DpSharding TrainingArgs::*>;
+                              CpComm TrainingArgs::*, DpSharding TrainingArgs::*, Fp8Mode TrainingArgs::*,
+                              Fp8Recipe TrainingArgs::*, fp8::AmaxAlgo TrainingArgs::*>;
 struct KeyInfo {
   const char* name;
   FieldRef field;

@@ -32,7 +32,9 @@ const char* const kStorage = "checkpoint format, data caching or resume bookkeep
 const char* const kAlias = "another name of the key in the accepted-value column (Megatron's dest name)";
 const char* const kNsMoe =
     "a mixture-of-experts feature that this engine does not have (its MoE keys are the model keys of docs/moe.md)";
-const char* const kNsLowPrecision = "a precision other than fp32 and bf16 mixed precision";
+const char* const kNsLowPrecision =
+    "a low-precision variant this engine does not have (its own: fp32, bf16 mixed precision, and FP8 linears through "
+    "fp8 and fp8_recipe, docs/fp8.md)";
 const char* const kNsMla = "an attention or layer variant that this Llama-family engine does not have";
 const char* const kNsCp =
     "a context-parallel variant that this engine does not have (its own: context_parallel_size with cp_comm_type p2p "
@@ -315,7 +317,6 @@ const std::vector<ForeignKey>& foreign_keys() {
       {"finalize_model_grads_func", KeyStatus::NotSupported, "null", kNsOther, Src::M},
       {"fine_grained_activation_offloading", KeyStatus::NotSupported, "false", kNsOther, Src::M},
       {"fine_grained_offloading_max_inflight_offloads", KeyStatus::NotSupported, "null", kNsOther, Src::M},
-      {"first_last_layers_bf16", KeyStatus::NotSupported, "false", kNsLowPrecision, Src::MP},
       {"fla_cache_dir", KeyStatus::NotSupported, "null", kNsOther, Src::P},
       {"fla_mla_attn", KeyStatus::NotSupported, "null", kNsOther, Src::P},
       {"flash_attention_version", KeyStatus::NotSupported, "null", kNsOther, Src::M},
@@ -334,19 +335,12 @@ const std::vector<ForeignKey>& foreign_keys() {
       {"fp4_param_gather", KeyStatus::NotSupported, "false", kNsLowPrecision, Src::M},
       {"fp4_quantizer_factory", KeyStatus::NotSupported, "null", kNsLowPrecision, Src::M},
       {"fp4_recipe", KeyStatus::NotSupported, "nvfp4", kNsLowPrecision, Src::MP},
-      {"fp8", KeyStatus::NotSupported, "null", kNsLowPrecision, Src::MP},
-      {"fp8_amax_compute_algo", KeyStatus::NotSupported, "most_recent", kNsLowPrecision, Src::MP},
-      {"fp8_amax_history_len", KeyStatus::NotSupported, "1", kNsLowPrecision, Src::MP},
       {"fp8_dot_product_attention", KeyStatus::NotSupported, "false", kNsLowPrecision, Src::M},
-      {"fp8_interval", KeyStatus::NotSupported, "1", kNsLowPrecision, Src::MP},
-      {"fp8_margin", KeyStatus::NotSupported, "0", kNsLowPrecision, Src::MP},
+      {"fp8_interval", KeyStatus::NoEffect, "1", "deprecated in Megatron: scales update every step", Src::MP},
       {"fp8_multi_head_attention", KeyStatus::NotSupported, "false", kNsLowPrecision, Src::M},
       {"fp8_output_proj", KeyStatus::NotSupported, "false", kNsLowPrecision, Src::M},
       {"fp8_param", KeyStatus::NotSupported, "false", kNsLowPrecision, Src::M},
-      {"fp8_param_gather", KeyStatus::NotSupported, "false", kNsLowPrecision, Src::MP},
       {"fp8_quantizer_factory", KeyStatus::NotSupported, "null", kNsLowPrecision, Src::M},
-      {"fp8_recipe", KeyStatus::NotSupported, "delayed", kNsLowPrecision, Src::MP},
-      {"fp8_wgrad", KeyStatus::NotSupported, "true", kNsLowPrecision, Src::MP},
       {"freeze_all_layers", KeyStatus::NotSupported, "false", kNsOther, Src::M},
       {"fsdp_db_use_persist_buf_on_alloc_fail", KeyStatus::NotSupported, "false", kNsOther, Src::M},
       {"fsdp_double_buffer", KeyStatus::NotSupported, "false", kNsOther, Src::M},
@@ -736,8 +730,6 @@ const std::vector<ForeignKey>& foreign_keys() {
       {"num_dataset_builder_threads", KeyStatus::NoEffect, "1", kStorage, Src::MP},
       {"num_distributed_optimizer_instances", KeyStatus::NoEffect, "1", kTuning, Src::MP},
       {"num_hash_layers", KeyStatus::NotSupported, "3", kNsMla, Src::P},
-      {"num_layers_at_end_in_bf16", KeyStatus::NotSupported, "1", kNsLowPrecision, Src::MP},
-      {"num_layers_at_start_in_bf16", KeyStatus::NotSupported, "1", kNsLowPrecision, Src::MP},
       {"num_layers_in_first_pipeline_stage", KeyStatus::Applied, "decoder_first_pipeline_num_layers", kAlias, Src::M},
       {"num_layers_in_last_pipeline_stage", KeyStatus::Applied, "decoder_last_pipeline_num_layers", kAlias, Src::M},
       {"num_layers_per_virtual_pipeline_stage", KeyStatus::NotSupported, "null", kNsOther, Src::MP},
@@ -1140,6 +1132,14 @@ const std::vector<std::pair<const char*, Src>>& applied_key_sources() {
       {"expert_model_parallel_size", Src::MP},
       {"expert_tensor_parallel_size", Src::MP},
       {"ffn_hidden_size", Src::MP},
+      {"first_last_layers_bf16", Src::MP},
+      {"fp8", Src::MP},
+      {"fp8_amax_compute_algo", Src::MP},
+      {"fp8_amax_history_len", Src::MP},
+      {"fp8_margin", Src::MP},
+      {"fp8_param_gather", Src::MP},
+      {"fp8_recipe", Src::MP},
+      {"fp8_wgrad", Src::MP},
       {"global_batch_size", Src::MP},
       {"hidden_size", Src::MP},
       {"init_method_std", Src::MP},
@@ -1194,6 +1194,8 @@ const std::vector<std::pair<const char*, Src>>& applied_key_sources() {
       {"num_attention_heads", Src::MP},
       {"num_experts", Src::MP},
       {"num_layers", Src::MP},
+      {"num_layers_at_end_in_bf16", Src::MP},
+      {"num_layers_at_start_in_bf16", Src::MP},
       {"num_query_groups", Src::MP},
       {"original_max_position_embeddings", Src::P},
       {"overlap_grad_reduce", Src::MP},

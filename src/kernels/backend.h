@@ -29,6 +29,7 @@
 #include "core/memory.h"
 #include "core/tensor.h"
 #include "kernels/cpu/attention.h"
+#include "kernels/fp8.h"
 
 namespace primus::ops {
 
@@ -162,6 +163,19 @@ class Backend {
                                            int64_t /*experts*/) const {
     return {};
   }
+
+  // ---- FP8 (kernels/fp8.h, docs/fp8.md). An FP8 GEMM runs as gemm() of quantized operands:
+  // dst (src's shape and dtype: the activation dtype, which holds every FP8 value exactly)
+  // receives src quantized as fp8::quantize does it for a GEMM that reduces over src's columns
+  // (reduce_cols) or rows. Tensor granularity: `scale` multiplies before rounding (0: current
+  // scaling, max / amax of src), and the GEMM's alpha carries 1 / scale. Returns amax |src| and
+  // the scale used (1 for blocks, whose scales are folded into dst). The default runs
+  // fp8::quantize on the host, through a copy for a device's tensors.
+  struct Fp8Quantized {
+    float amax = 0, scale = 1;
+  };
+  virtual Fp8Quantized quantize_fp8(const Tensor& src, fp8::Format format, fp8::Granularity granularity,
+                                    bool reduce_cols, float scale, Tensor& dst);
 
   // Between the master, stat and activation dtypes, same number of elements.
   virtual void cast(const Tensor& src, Tensor& dst) = 0;

@@ -12,9 +12,18 @@ ShardSpec proj_shard(const PartKit& k, int64_t out_head) {
   return tp > 1 ? ShardSpec{1, {{r * hl * out_head, hl * out_head}}} : ShardSpec{};
 }
 
-int add_proj(const PartKit& k, ParamStore& params, const std::string& pre, int64_t out_head) {
-  return params.add_sharded(pre + "self_attention.linear_proj.weight", {k.spec.hidden_size, k.spec.attention_out_size()},
-                            proj_shard(k, out_head), ParamInit::ScaledNormal, true);
+// Registers a linear's weight and declares it to the linears (model/linears.h).
+int add_linear(const PartKit& k, ParamStore& params, const std::string& name, const Shape& shape,
+               const ShardSpec& shard, ParamInit init, int64_t layer) {
+  const int id = params.add_sharded(name, shape, shard, init, true);
+  k.linears.declare(id, name, layer);
+  return id;
+}
+
+int add_proj(const PartKit& k, ParamStore& params, int64_t layer, int64_t out_head) {
+  return add_linear(k, params, fmt::format("decoder.layers.{}.self_attention.linear_proj.weight", layer),
+                    {k.spec.hidden_size, k.spec.attention_out_size()}, proj_shard(k, out_head),
+                    ParamInit::ScaledNormal, layer);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -47,8 +56,8 @@ class GqaAttention final : public BlockPart {
         tp > 1 ? ShardSpec{0, {{r * heads_ * D, heads_ * D}, {H * D + r * groups_ * D, groups_ * D},
                                {H * D + G * D + r * groups_ * D, groups_ * D}}}
                : ShardSpec{};
-    qkv_w_ = params.add_sharded(pre + "self_attention.linear_qkv.weight", {s.qkv_size(), s.hidden_size}, qkv_shard,
-                                ParamInit::Normal, true);
+    qkv_w_ = add_linear(kit, params, pre + "self_attention.linear_qkv.weight", {s.qkv_size(), s.hidden_size},
+                        qkv_shard, ParamInit::Normal, layer);
     if (s.add_qkv_bias)
       qkv_b_ = params.add_sharded(pre + "self_attention.linear_qkv.bias", {s.qkv_size()}, qkv_shard, ParamInit::Zeros,
                                   false);
@@ -58,7 +67,7 @@ class GqaAttention final : public BlockPart {
       params.mark_tp_partial_grads(q_norm_);
       params.mark_tp_partial_grads(k_norm_);
     }
-    proj_w_ = add_proj(kit, params, pre, D);
+    proj_w_ = add_proj(kit, params, layer, D);
   }
 
   std::vector<int> param_ids() const override {
@@ -168,7 +177,9 @@ class MlaAttention final : public BlockPart {
   MlaAttention(const PartKit& kit, ParamStore& params, int64_t layer, AttentionCore& core, const Mla& mla)
       : k_(kit), core_(core), mla_(mla) {
     p_ = register_mla_params(params, kit.spec, layer, kit.part.tp_size, kit.part.tp_rank);
-    proj_w_ = add_proj(kit, params, fmt::format("decoder.layers.{}.", layer), kit.spec.v_head_dim);
+    for (int id : {p_.q_proj, p_.q_down, p_.q_up, p_.kv_down, p_.kv_up})
+      if (id >= 0) kit.linears.declare(id, params.infos()[size_t(id)].name, layer);
+    proj_w_ = add_proj(kit, params, layer, kit.spec.v_head_dim);
     weights_ = [this](int id) { return k_.params.weight(id); };
     grads_ = [this](int id) { return k_.params.grad(id); };
   }
@@ -252,7 +263,7 @@ AttentionParts::AttentionParts(const PartKit& kit) : kit_(kit) {
   if (p.cp_size > 1 && p.cp_comm == CpComm::A2A) check_all_to_all_heads(s, p.tp_size, p.cp_size);
   core_ = make_attention_core(kit.be, kit.act, p.cp_size, p.cp_group, p.cp_comm);
   if (s.multi_latent_attention) {
-    mla_ = std::make_unique<Mla>(kit.be, kit.act, s, p.tp_size, p.cp_size, p.cp_rank);
+    mla_ = std::make_unique<Mla>(kit.be, kit.act, s, kit.linears, p.tp_size, p.cp_size, p.cp_rank);
     return;
   }
   const int64_t half = s.head_dim() / 2, P = s.max_position_embeddings;

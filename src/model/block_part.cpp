@@ -5,7 +5,7 @@ namespace primus {
 Tensor PartKit::linear(const Tensor& x, int weight, int bias) const {
   const Tensor W = params.weight(weight);
   Tensor y = empty({x.size(0), W.size(0)});
-  be.gemm(false, true, 1.0f, x, W, 0.0f, Tensor(), y, bias >= 0 ? params.weight(bias) : Tensor());
+  linears.forward(1.0f, x, W, weight, 0.0f, Tensor(), y, bias >= 0 ? params.weight(bias) : Tensor());
   return y;
 }
 
@@ -16,11 +16,11 @@ Tensor PartKit::row_parallel_residual(const Tensor& in, int weight, const Tensor
   const int64_t N = in.size(0), C = W.size(0);
   if (tp.size() == 1) {
     Tensor y = empty({N, C});
-    be.gemm(false, true, 1.0f, in, W, 1.0f, residual, y, Tensor());
+    linears.forward(1.0f, in, W, weight, 1.0f, residual, y, Tensor());
     return y;
   }
   Tensor partial = empty({N, C});
-  be.gemm(false, true, 1.0f, in, W, 0.0f, Tensor(), partial, Tensor());
+  linears.forward(1.0f, in, W, weight, 0.0f, Tensor(), partial, Tensor());
   Tensor y = tp.reduce(partial);
   be.add(y, residual, y);
   return y;
@@ -29,13 +29,13 @@ Tensor PartKit::row_parallel_residual(const Tensor& in, int weight, const Tensor
 Tensor PartKit::linear_input_grad(const Tensor& dy, int weight) const {
   const Tensor W = params.weight(weight);
   Tensor dx = empty({dy.size(0), W.size(1)});
-  be.gemm(false, false, 1.0f, dy, W, 0.0f, Tensor(), dx, Tensor());
+  linears.input_grad(1.0f, dy, W, weight, 0.0f, Tensor(), dx);
   return dx;
 }
 
 void PartKit::linear_weight_grad(const Tensor& dy, const Tensor& x, int weight) const {
   Tensor gw = params.grad(weight);
-  be.gemm(true, false, 1.0f, dy, x, 1.0f, gw, gw, Tensor());
+  linears.weight_grad(1.0f, dy, x, weight, gw);
 }
 
 Tensor PartKit::norm(const Tensor& x, int weight, Tensor& rstd) const {

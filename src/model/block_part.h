@@ -20,6 +20,7 @@
 
 #include "core/tensor.h"
 #include "kernels/backend.h"
+#include "model/linears.h"
 #include "model/model_spec.h"
 #include "model/options.h"
 #include "model/partition.h"
@@ -48,7 +49,7 @@ struct PartContext {
 };
 
 // What the parts of one rank's model share: the op set, the dtypes, the layout, the weights, and
-// the linears every part is made of (the one place a linear's GEMMs are written).
+// the linears every part is made of (their GEMMs: model/linears.h, where FP8 is decided).
 struct PartKit {
   const ModelSpec& spec;
   ops::Backend& be;
@@ -56,6 +57,7 @@ struct PartKit {
   const ModelPartition& part;
   TensorParallelRows tp;  // the tp group's gather and reduce (identities with one rank)
   const ParamAccess& params;
+  Linears& linears;  // a part declares each of its linear weights here when it registers it
 
   Tensor empty(const Shape& s) const { return be.empty(s, act); }
   Tensor stat_empty(const Shape& s) const { return be.empty(s, stat); }

@@ -26,6 +26,8 @@ class SwiGluMlp final : public BlockPart {
     const ShardSpec fc2_shard = tp > 1 ? ShardSpec{1, {{r * Fl, Fl}}} : ShardSpec{};
     fc1_ = params.add_sharded(pre + "linear_fc1.weight", {2 * F, C}, fc1_shard, ParamInit::Normal, true);
     fc2_ = params.add_sharded(pre + "linear_fc2.weight", {C, F}, fc2_shard, ParamInit::ScaledNormal, true);
+    kit.linears.declare(fc1_, pre + "linear_fc1.weight", layer);
+    kit.linears.declare(fc2_, pre + "linear_fc2.weight", layer);
   }
 
   std::vector<int> param_ids() const override { return {fc1_, fc2_}; }

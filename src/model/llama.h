@@ -83,6 +83,8 @@ struct LlamaOptions {
   // false: the model allocates no master weights, working copy or gradients of its own (params()
   // is the layout only); a WeightSource set before the first pass supplies them (FSDP).
   bool resident_weights = true;
+  // FP8 linear layers (model/linears.h, docs/fp8.md); off by default.
+  Fp8Options fp8;
 };
 
 // Whether the head keeps the logits gradient for `rows` token rows against `vocab_local` output
@@ -146,6 +148,9 @@ class LlamaModel {
   Precision precision() const { return precision_; }
   ParamStore& params() { return params_; }
   const ParamStore& params() const { return params_; }
+  // The linear layers' GEMMs and, under FP8, their scaling state (model/linears.h).
+  Linears& linears() { return *linears_; }
+  const Linears& linears() const { return *linears_; }
   // The weights the ops read, laid out like params().values(): the master itself, or its bf16 copy.
   Tensor& working_weights() { return work_; }
   bool has_separate_working_weights() const { return work_.dtype() != params_.dtype(); }
@@ -281,6 +286,7 @@ class LlamaModel {
   ParamStore params_;
   Tensor work_;  // working weights: params_.values() itself, or its bf16 copy
   std::unique_ptr<Params> param_access_;
+  std::unique_ptr<Linears> linears_;
   std::unique_ptr<PartKit> kit_;
   std::unique_ptr<AttentionParts> attention_parts_;
   std::unique_ptr<FeedForwardParts> feed_forward_parts_;

@@ -80,8 +80,10 @@ void mla_rope_tables(const ModelSpec& s, int64_t positions, double* cos, double*
     }
 }
 
-Mla::Mla(ops::Backend& backend, DType activation, const ModelSpec& s, int tp, int cp, int cp_rank)
+Mla::Mla(ops::Backend& backend, DType activation, const ModelSpec& s, const Linears& linears, int tp, int cp,
+         int cp_rank)
     : be_(backend),
+      lin_(linears),
       act_(activation),
       stat_(ops::stat_dtype(activation)),
       C_(s.hidden_size),
@@ -127,16 +129,16 @@ Tensor Mla::forward(const MlaParams& p, MlaContext& c, const Tensor& h1, int64_t
   // Queries, scaled by q_alpha_ (rope is linear: the order does not matter).
   Tensor q = act({N, H * Dq_});
   if (p.q_proj >= 0) {
-    be_.gemm(false, true, q_alpha_, h1, w(p.q_proj), 0.0f, Tensor(), q, Tensor());
+    lin_.forward(q_alpha_, h1, w(p.q_proj), p.q_proj, 0.0f, Tensor(), q, Tensor());
   } else {
     c.cq = act({N, Rq_});
-    be_.gemm(false, true, 1.0f, h1, w(p.q_down), 0.0f, Tensor(), c.cq, Tensor());
+    lin_.forward(1.0f, h1, w(p.q_down), p.q_down, 0.0f, Tensor(), c.cq, Tensor());
     c.cqn = norm(c.cq, p.q_norm, c.rstd_q, w);
-    be_.gemm(false, true, q_alpha_, c.cqn, w(p.q_up), 0.0f, Tensor(), q, Tensor());
+    lin_.forward(q_alpha_, c.cqn, w(p.q_up), p.q_up, 0.0f, Tensor(), q, Tensor());
   }
   // The latent and the shared rotary key.
   Tensor ckv = act({N, R_ + dr_});
-  be_.gemm(false, true, 1.0f, h1, w(p.kv_down), 0.0f, Tensor(), ckv, Tensor());
+  lin_.forward(1.0f, h1, w(p.kv_down), p.kv_down, 0.0f, Tensor(), ckv, Tensor());
   c.c = act({N, R_});
   copy_block(c.c, 0, 0, ckv, 0, 0, N, R_);
   Tensor kr = act({N, dr_});
@@ -144,7 +146,7 @@ Tensor Mla::forward(const MlaParams& p, MlaContext& c, const Tensor& h1, int64_t
   rope_->apply(kr, 1, seq, pos0, false);
   c.cn = norm(c.c, p.kv_norm, c.rstd_kv, w);
   Tensor kv = act({N, H * (dn_ + dv_)});
-  be_.gemm(false, true, 1.0f, c.cn, w(p.kv_up), 0.0f, Tensor(), kv, Tensor());
+  lin_.forward(1.0f, c.cn, w(p.kv_up), p.kv_up, 0.0f, Tensor(), kv, Tensor());
   // Each head's rotary query part, rotated in a contiguous buffer.
   Tensor qr = act({N, H * dr_});
   for (int64_t h = 0; h < H; ++h) copy_block(qr, 0, h * dr_, q, 0, h * Dq_ + dn_, N, dr_);
@@ -197,7 +199,7 @@ Tensor Mla::backward_input(const MlaParams& p, MlaContext& c, const Tensor& dqkv
   }
   rope_->apply(dkr, 1, seq, 0, true);
   Tensor dcn = act({N, R_});
-  be_.gemm(false, false, 1.0f, c.dkv, w(p.kv_up), 0.0f, Tensor(), dcn, Tensor());
+  lin_.input_grad(1.0f, c.dkv, w(p.kv_up), p.kv_up, 0.0f, Tensor(), dcn);
   Tensor dc = dcn;
   if (p.kv_norm >= 0) {
     c.dcn = dcn;
@@ -208,28 +210,27 @@ Tensor Mla::backward_input(const MlaParams& p, MlaContext& c, const Tensor& dqkv
   copy_block(c.dckv, 0, 0, dc, 0, 0, N, R_);
   copy_block(c.dckv, 0, R_, dkr, 0, 0, N, dr_);
   Tensor dh1 = act({N, C_});
-  be_.gemm(false, false, 1.0f, c.dckv, w(p.kv_down), 0.0f, Tensor(), dh1, Tensor());
+  lin_.input_grad(1.0f, c.dckv, w(p.kv_down), p.kv_down, 0.0f, Tensor(), dh1);
   if (p.q_proj >= 0) {
-    be_.gemm(false, false, q_alpha_, c.dq, w(p.q_proj), 1.0f, dh1, dh1, Tensor());
+    lin_.input_grad(q_alpha_, c.dq, w(p.q_proj), p.q_proj, 1.0f, dh1, dh1);
   } else {
     Tensor dcqn = act({N, Rq_});
-    be_.gemm(false, false, q_alpha_, c.dq, w(p.q_up), 0.0f, Tensor(), dcqn, Tensor());
+    lin_.input_grad(q_alpha_, c.dq, w(p.q_up), p.q_up, 0.0f, Tensor(), dcqn);
     c.dcq = dcqn;
     if (p.q_norm >= 0) {
       c.dcqn = dcqn;
       c.dcq = act({N, Rq_});
       be_.rmsnorm_backward_input(dcqn, c.cq, w(p.q_norm), c.rstd_q, Tensor(), c.dcq);
     }
-    be_.gemm(false, false, 1.0f, c.dcq, w(p.q_down), 1.0f, dh1, dh1, Tensor());
+    lin_.input_grad(1.0f, c.dcq, w(p.q_down), p.q_down, 1.0f, dh1, dh1);
   }
   return dh1;
 }
 
 void Mla::backward_weight(const MlaParams& p, MlaContext& c, const Tensor& h1, const Weights& g) const {
-  auto acc = [&](float alpha, const Tensor& dy, const Tensor& x,
-                 int id) {  // dW += alpha dy^T x
+  auto acc = [&](float alpha, const Tensor& dy, const Tensor& x, int id) {  // dW += alpha dy^T x
     Tensor gw = g(id);
-    be_.gemm(true, false, alpha, dy, x, 1.0f, gw, gw, Tensor());
+    lin_.weight_grad(alpha, dy, x, id, gw);
   };
   if (p.q_proj >= 0) {
     acc(q_alpha_, c.dq, h1, p.q_proj);

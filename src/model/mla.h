@@ -47,6 +47,7 @@
 
 #include "core/tensor.h"
 #include "kernels/backend.h"
+#include "model/linears.h"
 #include "model/model_spec.h"
 #include "model/param_store.h"
 #include "model/rope.h"
@@ -85,8 +86,9 @@ class Mla {
   using Weights = std::function<Tensor(int)>;
   // tp_size: the ranks the heads are split over (heads divisible by it);
   // cp_size, cp_rank: this rank's chunks of each sequence (rope positions).
-  Mla(ops::Backend& backend, DType activation, const ModelSpec& spec, int tp_size = 1, int cp_size = 1,
-      int cp_rank = 0);
+  // linears: where the projections' GEMMs run (model/linears.h).
+  Mla(ops::Backend& backend, DType activation, const ModelSpec& spec, const Linears& linears, int tp_size = 1,
+      int cp_size = 1, int cp_rank = 0);
 
   // Width of a packed row ([q | k | v] of every head) and the attention op's
   // shape.
@@ -114,6 +116,7 @@ class Mla {
   Tensor norm(const Tensor& x, int weight, Tensor& rstd, const Weights& w) const;
 
   ops::Backend& be_;
+  const Linears& lin_;
   DType act_, stat_;
   int64_t C_, H_, dn_, dr_, dv_, Dq_, W_, Rq_, R_;  // H_: this rank's heads
   float eps_,

@@ -21,4 +21,15 @@ constexpr const char* recompute_name(Recompute r) {
 enum class CpComm : uint8_t { P2P, A2A };
 constexpr const char* cp_comm_name(CpComm c) { return c == CpComm::P2P ? "p2p" : "a2a"; }
 
+// fp8 (Megatron's key): off (null), e4m3 (E4M3 for every operand), hybrid (E4M3 forward, E5M2 for
+// the gradients). fp8_recipe: how FP8 operands are scaled (model/linears.h, docs/fp8.md).
+enum class Fp8Mode : uint8_t { Off, E4M3, Hybrid };
+enum class Fp8Recipe : uint8_t { Delayed, Tensorwise, Blockwise, Mxfp8 };
+constexpr const char* fp8_recipe_name(Fp8Recipe r) {
+  return r == Fp8Recipe::Delayed      ? "delayed"
+         : r == Fp8Recipe::Tensorwise ? "tensorwise"
+         : r == Fp8Recipe::Blockwise  ? "blockwise"
+                                      : "mxfp8";
+}
+
 }  // namespace primus

@@ -221,6 +221,18 @@ std::vector<double> TracedBackend::row_dots(const Tensor& a, const std::vector<i
   return d;
 }
 
+ops::Backend::Fp8Quantized TracedBackend::quantize_fp8(const Tensor& src, fp8::Format format,
+                                                       fp8::Granularity granularity, bool reduce_cols, float scale,
+                                                       Tensor& dst) {
+  if (!p_.active()) return be_.quantize_fp8(src, format, granularity, reduce_cols, scale, dst);
+  Event& e = p_.op_begin("quantize_fp8");
+  const Fp8Quantized q = be_.quantize_fp8(src, format, granularity, reduce_cols, scale, dst);
+  const Mark end = p_.clock().device(nullptr);
+  finish(e, end, OpKind::Forward, nullptr, "fp8", src.dtype(), {rows(src), cols(src)}, double(src.numel()),
+         nbytes(src) + nbytes(dst));
+  return q;
+}
+
 void TracedBackend::embedding_forward(const Tensor& tokens, const Tensor& table, Tensor& out) {
   if (!p_.active()) return be_.embedding_forward(tokens, table, out);
   Event& e = p_.op_begin("embedding_forward");

@@ -67,6 +67,24 @@ using Clock = std::chrono::steady_clock;
 namespace primus::train {
 using namespace checkpoint;
 
+// The FP8 keys as the model takes them (model/linears.h).
+Fp8Options fp8_options(const config::TrainingArgs& a) {
+  Fp8Options o;
+  o.enabled = a.fp8 != Fp8Mode::Off;
+  o.forward = fp8::Format::E4M3;
+  o.backward = a.fp8 == Fp8Mode::Hybrid ? fp8::Format::E5M2 : fp8::Format::E4M3;
+  o.recipe = a.fp8_recipe;
+  o.margin = int(a.fp8_margin);
+  o.amax_history_len = int(a.fp8_amax_history_len);
+  o.amax_compute_algo = a.fp8_amax_compute_algo;
+  o.wgrad = a.fp8_wgrad;
+  if (a.first_last_layers_bf16) {
+    o.bf16_layers_at_start = a.num_layers_at_start_in_bf16;
+    o.bf16_layers_at_end = a.num_layers_at_end_in_bf16;
+  }
+  return o;
+}
+
 namespace {
 
 double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
@@ -96,6 +114,7 @@ class Trainer {
     return {a_.adam_beta1, a_.adam_beta2, a_.adam_eps, a_.weight_decay, a_.decay_norms_and_biases};
   }
   void lock_save_folder();
+  void update_fp8_scales();
   void resume();
   // weights_only: the values alone (finetune, pretrained_checkpoint); iteration, data position and
   // optimizer start fresh.
@@ -301,6 +320,7 @@ void Trainer::build_model() {
   mopt.recompute = a_.recompute_granularity;
   // ZeRO-2 and FSDP: the model holds no weights of its own; the strategy's shards serve them.
   mopt.resident_weights = !layout_.shard_gradients();
+  mopt.fp8 = fp8_options(a_);
   ModelPartition part;
   part.tp_size = layout_.tp;
   part.tp_group = groups_.tp.get();
@@ -349,6 +369,7 @@ std::string Trainer::try_restore(const std::string& dir, bool weights_only) {
   lo.optimizer = !weights_only && !a_.no_load_optim;
   lo.strict = a_.load_strict;
   lo.initial_values = initial.empty() ? nullptr : initial.data();
+  if (!weights_only) lo.state = model_->linears().state_names();
   CheckpointData ck;
   try {
     ck = load_checkpoint(dir, model_->params(), lo);
@@ -368,6 +389,11 @@ std::string Trainer::try_restore(const std::string& dir, bool weights_only) {
   else  // no_load_optim: the weights and the data position, a fresh optimizer
     ck.state.optimizer_step = 0;
   state_ = ck.state;
+  const std::vector<std::string> fresh_fp8 = model_->linears().load_state(ck.state_values);
+  if (rank0_ && !fresh_fp8.empty())
+    log::warn("{} holds no FP8 scaling state for {} of this model's {} FP8 linears (e.g. {}, saved without fp8 "
+              "delayed scaling or with another fp8_amax_history_len): their amax histories start fresh",
+              dir, fresh_fp8.size(), model_->linears().state_names().size(), fresh_fp8.front());
   log::info("resumed from {} at iteration {} ({} samples consumed{})", dir, state_.iteration, state_.consumed_samples,
             lo.optimizer ? "" : "; a fresh optimizer state: no_load_optim");
   return "";
@@ -495,6 +521,7 @@ StepResult Trainer::train_step() {
   watch_->begin_step(state_.iteration + 1);
   dp_->begin_step();
   model_->reset_moe_stats();  // evaluation forwards do not count
+  model_->linears().clear_current_amaxes();  // nor do they in FP8's amax histories
   double loss_sum = forward_backward(trace::in_host_span(
       profiler_.get(), "data_loading", data::microbatches_from(train_src_, state_.consumed_samples, slice_)));
   compute_.backend->synchronize();  // compute time counts the device's work
@@ -521,6 +548,7 @@ StepResult Trainer::train_step() {
     dp_->step(r.lr, clip_scale);
     compute_.backend->synchronize();
   }
+  update_fp8_scales();
   moe_ = finish_moe_step(*model_, *groups_.dp, m_local_, !skip,  // expert load, bias update
                          {layout_.sequence_parallel && layout_.etp == 1 ? groups_.tp.get() : nullptr,
                           layout_.cp > 1 ? groups_.cp.get() : nullptr});
@@ -531,6 +559,18 @@ StepResult Trainer::train_step() {
   if (profiler_)
     if (const fs::path f = profiler_->step_end(state_.iteration); !f.empty()) log::info("profile: wrote {}", f.string());
   return r;
+}
+
+// FP8 delayed scaling: the step's amaxes, max-reduced over the ranks that hold the same linears
+// (the tp shards of a tensor, and the dp x cp replicas that saw other data), become the scales
+// of the next step, the same on all of them.
+void Trainer::update_fp8_scales() {
+  Linears& lin = model_->linears();
+  if (!lin.delayed()) return;
+  std::vector<float> amax = lin.current_amaxes();
+  for (parallel::ProcessGroup* g : {groups_.tp.get(), layout_.cp > 1 ? groups_.dp_cp.get() : groups_.dp.get()})
+    if (g && g->size() > 1 && !amax.empty()) g->all_reduce(amax, parallel::ReduceOp::Max);
+  lin.update_scales(amax);
 }
 
 // =============================================================================================
@@ -566,6 +606,7 @@ void Trainer::save() {
   so.writer = me_.edp == 0 && me_.cp == 0;
   so.layout = {world_->size(), layout_.tp, layout_.pp, layout_.dp, layout_.cp, layout_.vpp};
   so.overwrite = a_.overwrite;
+  so.state = model_->linears().state();  // FP8 delayed scaling's histories and scales (none otherwise)
   summary_.last_checkpoint = save_checkpoint(cfg_.checkpoint_dir(), full.params(), full.exp_avg.data(),
                                              full.exp_avg_sq.data(), state_, config_yaml_, so);
   if (rank0_) metrics_->flush();

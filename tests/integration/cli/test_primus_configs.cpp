@@ -56,7 +56,13 @@ TEST_P(PrimusConfigs, LoadPrintAndTrainThreeIterations) {
   const test::CommandResult trained =
       run("direct --workspace " + ws.string() + " -- train pretrain --config " + config + kTiny);
   ASSERT_EQ(trained.code, 0) << trained.out;
-  EXPECT_NE(trained.out.find("accepted with no effect on this engine (14 keys)"), std::string::npos) << trained.out;
+  // The FP8 twins add fp8: hybrid (applied, docs/fp8.md) and moe_use_legacy_grouped_gemm (no effect).
+  const bool fp8 = std::string(GetParam()).find("-FP8-") != std::string::npos;
+  EXPECT_NE(trained.out.find(fp8 ? "accepted with no effect on this engine (15 keys)"
+                                 : "accepted with no effect on this engine (14 keys)"),
+            std::string::npos)
+      << trained.out;
+  if (fp8) EXPECT_NE(printed.out.find("fp8: hybrid"), std::string::npos) << printed.out;
   // One run folder under the workspace, with three logged iterations of a finite loss.
   fs::path metrics;
   for (const auto& e : fs::directory_iterator(ws))
@@ -123,7 +129,8 @@ TEST(PrimusConfigsRanks, ListedOnceAndRefusedOnce) {
 
 INSTANTIATE_TEST_SUITE_P(Examples, PrimusConfigs,
                          ::testing::Values("llama3.1_8B-BF16-pretrain", "llama2_7B-BF16-pretrain",
-                                           "qwen2.5_7B-BF16-pretrain"),
+                                           "qwen2.5_7B-BF16-pretrain", "llama3.1_8B-FP8-pretrain",
+                                           "llama2_7B-FP8-pretrain", "qwen2.5_7B-FP8-pretrain"),
                          [](const auto& info) {
                            std::string n = info.param;
                            for (char& c : n)

@@ -1,0 +1,246 @@
+#include "kernels/fp8.h"
+
+#include <algorithm>
+#include <cfloat>
+#include <cmath>
+#include <cstring>
+
+namespace primus::fp8 {
+namespace {
+
+struct Layout {
+  int mantissa, bias, emin;  // mantissa bits, exponent bias, exponent of the smallest normal
+};
+Layout layout_of(Format f) { return f == Format::E4M3 ? Layout{3, 7, -6} : Layout{2, 15, -14}; }
+
+uint32_t bits_of(float v) {
+  uint32_t b;
+  std::memcpy(&b, &v, sizeof b);
+  return b;
+}
+float float_of(uint32_t b) {
+  float v;
+  std::memcpy(&v, &b, sizeof v);
+  return v;
+}
+
+// max(a, b) where a NaN wins.
+float nan_max(float a, float b) { return std::isnan(a) || std::isnan(b) ? NAN : std::max(a, b); }
+
+}  // namespace
+
+const char* format_name(Format f) { return f == Format::E4M3 ? "e4m3" : "e5m2"; }
+float max_finite(Format f) { return f == Format::E4M3 ? 448.0f : 57344.0f; }
+
+const char* granularity_name(Granularity g) {
+  switch (g) {
+    case Granularity::Tensor: return "tensor";
+    case Granularity::Tile1x128: return "1x128 tiles";
+    case Granularity::Block128: return "128x128 blocks";
+    case Granularity::Mx32: return "1x32 blocks (E8M0)";
+  }
+  return "?";
+}
+
+float round(float x, Format f) {
+  if (std::isnan(x)) return x;
+  const float m = max_finite(f), a = std::fabs(x);
+  if (a >= m) return std::copysign(m, x);
+  if (a == 0.0f) return x;
+  const Layout l = layout_of(f);
+  int e = 0;
+  std::frexp(a, &e);                 // a = fr * 2^e, fr in [0.5, 1)
+  e = std::max(e - 1, l.emin);       // the binade (subnormals share the smallest normal's quantum)
+  const float q = std::ldexp(1.0f, e - l.mantissa);
+  const float r = std::nearbyint(a / q) * q;  // a / q is exact; nearbyint rounds ties to even
+  return std::copysign(std::min(r, m), x);
+}
+
+uint8_t encode(float x, Format f) {
+  const Layout l = layout_of(f);
+  const float r = round(x, f);
+  const uint8_t sign = std::signbit(r) ? 0x80 : 0;
+  if (std::isnan(r)) return sign | (f == Format::E4M3 ? 0x7F : 0x7E);
+  const float a = std::fabs(r);
+  if (a == 0.0f) return sign;
+  int e = 0;
+  std::frexp(a, &e);
+  e -= 1;
+  if (e < l.emin)  // subnormal: exponent field 0, the value in units of the smallest subnormal
+    return sign | uint8_t(std::lround(a / std::ldexp(1.0f, l.emin - l.mantissa)));
+  const int mant = int(std::lround((a / std::ldexp(1.0f, e) - 1.0f) * float(1 << l.mantissa)));
+  return sign | uint8_t((e + l.bias) << l.mantissa) | uint8_t(mant);
+}
+
+float decode(uint8_t bits, Format f) {
+  const Layout l = layout_of(f);
+  const float sign = bits & 0x80 ? -1.0f : 1.0f;
+  const int exp = (bits & 0x7F) >> l.mantissa, mant = bits & ((1 << l.mantissa) - 1);
+  if (f == Format::E4M3 && exp == 15 && mant == 7) return NAN;
+  if (f == Format::E5M2 && exp == 31) return mant == 0 ? sign * INFINITY : NAN;
+  if (exp == 0) return sign * std::ldexp(float(mant), l.emin - l.mantissa);
+  return sign * std::ldexp(1.0f + float(mant) / float(1 << l.mantissa), exp - l.bias);
+}
+
+float scale_from_amax(float amax, float max, bool pow2) {
+  if (std::isinf(amax) || amax == 0.0f || std::isnan(amax)) return 1.0f;
+  float scale = max / amax;
+  if (std::isinf(scale)) scale = FLT_MAX;
+  if (pow2) scale = float_of(bits_of(scale) & 0xFF800000u);
+  return scale;
+}
+
+uint8_t e8m0_of(float value) {
+  if (std::isnan(value)) return 0xFF;
+  if (std::isinf(value)) return 0xFE;
+  if (value == 0.0f) return 0;
+  const uint32_t b = bits_of(value);
+  uint32_t exponent = (b >> 23) & 0xFF;
+  const uint32_t mantissa = b & 0x7FFFFF;
+  // Round up (a value above 2^e needs 2^(e+1)), saturating below the NaN encoding.
+  if (mantissa > 0 && exponent != 0xFE && !(exponent == 0 && mantissa <= 0x400000)) ++exponent;
+  return uint8_t(exponent);
+}
+
+float e8m0_value(uint8_t e) { return e == 0xFF ? NAN : std::ldexp(1.0f, int(e) - 127); }
+
+// round() for arrays, branch-free so that the compiler vectorizes it: |v| + C - C with C =
+// 2^(e - mantissa + 23) rounds |v| < 2^(e + 1) to a multiple of 2^(e - mantissa), ties to even,
+// where e is v's binade (at least the smallest normal's); then saturation and the sign.
+void round_array(const float* x, float mul, float post, int64_t n, Format f, float* out) {
+  const Layout l = layout_of(f);
+  const float m = max_finite(f);
+  // Binades above the largest finite value's saturate anyway: capped, C stays finite.
+  const int32_t emin_biased = l.emin + 127, ecap = (f == Format::E4M3 ? 8 : 15) + 128, shift = 23 - l.mantissa;
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) {
+    const float v = x[i] * mul;
+    const uint32_t b = bits_of(v), sign = b & 0x80000000u;
+    const float a = float_of(b & 0x7FFFFFFFu);
+    const int32_t e = std::min(std::max(int32_t((b >> 23) & 0xFF), emin_biased), ecap);
+    const float c = float_of(uint32_t(e + shift) << 23);
+    float r = (a + c) - c;
+    r = r >= m ? m : r;                        // saturation (infinities included)
+    r = a != a ? a : r;                        // NaN stays NaN
+    out[i] = float_of(bits_of(r) | sign) * post;
+  }
+}
+
+float amax(const float* x, int64_t n) {
+  float m = 0.0f;
+  bool nan = false;
+#pragma omp simd reduction(max : m) reduction(|| : nan)
+  for (int64_t i = 0; i < n; ++i) {
+    m = std::max(m, std::fabs(x[i]));
+    nan = nan || x[i] != x[i];
+  }
+  return nan ? NAN : m;
+}
+
+namespace {
+
+// round_array with a multiplier and a factor per element (a band's per-column block scales).
+void round_scaled(const float* x, const float* mul, const float* post, int64_t n, Format f, float* out) {
+  const Layout l = layout_of(f);
+  const float m = max_finite(f);
+  const int32_t emin_biased = l.emin + 127, ecap = (f == Format::E4M3 ? 8 : 15) + 128, shift = 23 - l.mantissa;
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) {
+    const float v = x[i] * mul[i];
+    const uint32_t b = bits_of(v), sign = b & 0x80000000u;
+    const float a = float_of(b & 0x7FFFFFFFu);
+    const int32_t e = std::min(std::max(int32_t((b >> 23) & 0xFF), emin_biased), ecap);
+    const float c = float_of(uint32_t(e + shift) << 23);
+    float r = (a + c) - c;
+    r = r >= m ? m : r;
+    r = a != a ? a : r;
+    out[i] = float_of(bits_of(r) | sign) * post[i];
+  }
+}
+
+// colmax[c] = max(colmax[c], |x[c]|) with NaN sticky, for one row.
+void column_max(const float* x, int64_t n, float* colmax) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) {
+    const float a = std::fabs(x[i]), m = colmax[i];
+    colmax[i] = (a > m || a != a) ? a : m;
+  }
+}
+
+// A block's power-of-two scale from its amax (blockwise: TE's, from the block's amax; MX: 2^(127 -
+// e), e the block's E8M0 exponent: a normal float for every e, where its reciprocal, the E8M0
+// value, is a denormal for e = 0 that flush-to-zero would turn into a division by zero).
+float block_scale(float amax, Granularity g, float fmax) {
+  if (g != Granularity::Mx32) return scale_from_amax(amax, fmax, true);
+  const uint8_t e = e8m0_of(amax * (1.0f / fmax));
+  return e == 0xFF ? NAN : std::ldexp(1.0f, 127 - int(e));
+}
+
+float inverse_pow2(float s) {  // 1 / s for a power of two s = 2^(exp - 1): exact
+  int exp = 0;
+  std::frexp(s, &exp);
+  return std::ldexp(1.0f, 1 - exp);
+}
+
+}  // namespace
+
+int64_t band_rows(Granularity g, bool reduce_cols) {
+  if (g == Granularity::Tensor || (g != Granularity::Block128 && reduce_cols)) return 1;
+  return g == Granularity::Mx32 ? 32 : 128;
+}
+
+float quantize(const float* x, int64_t rows, int64_t cols, Format f, Granularity g, bool reduce_cols, float scale,
+               float* out) {
+  const int64_t n = rows * cols;
+  const float fmax = max_finite(f);
+  if (g == Granularity::Tensor) {
+    round_array(x, scale, 1.0f, n, f, out);
+    return amax(x, n);
+  }
+  // In bands of whole blocks: the amax of each column over the band's rows, then each block's
+  // scale spread over its columns, then every row rounded with its columns' scales. Blocks run
+  // along the reduction dimension: along a row (1-D, reduce_cols), down a column (1-D, not
+  // reduce_cols), or over 128 x 128 (2-D).
+  const int64_t br = band_rows(g, reduce_cols);
+  const int64_t bc = g == Granularity::Block128 ? 128 : reduce_cols ? (g == Granularity::Mx32 ? 32 : 128) : 1;
+  std::vector<float> colmax(static_cast<size_t>(cols)), mul(static_cast<size_t>(cols)), post(static_cast<size_t>(cols));
+  float total = 0.0f;
+  for (int64_t r0 = 0; r0 < rows; r0 += br) {
+    const int64_t nr = std::min(br, rows - r0);
+    std::fill(colmax.begin(), colmax.end(), 0.0f);
+    for (int64_t r = r0; r < r0 + nr; ++r) column_max(x + r * cols, cols, colmax.data());
+    for (int64_t c0 = 0; c0 < cols; c0 += bc) {
+      const int64_t nc = std::min(bc, cols - c0);
+      float a = 0.0f;
+      bool nan = false;
+      const float* cm = colmax.data() + c0;
+#pragma omp simd reduction(max : a) reduction(|| : nan)
+      for (int64_t c = 0; c < nc; ++c) {
+        a = std::max(a, cm[c]);
+        nan = nan || cm[c] != cm[c];
+      }
+      if (nan) a = NAN;
+      total = nan_max(total, a);
+      const float sc = block_scale(a, g, fmax), inv = inverse_pow2(sc);
+      std::fill(mul.begin() + c0, mul.begin() + c0 + nc, sc);
+      std::fill(post.begin() + c0, post.begin() + c0 + nc, inv);
+    }
+    for (int64_t r = r0; r < r0 + nr; ++r) round_scaled(x + r * cols, mul.data(), post.data(), cols, f, out + r * cols);
+  }
+  return total;
+}
+
+void DelayedScale::record(float a) { history[0] = nan_max(history[0], a); }
+
+void DelayedScale::update(AmaxAlgo algo, float scaled_max) {
+  const float newest = history[0];
+  float m = 0.0f;
+  for (float a : history) m = std::fmax(m, a);  // a NaN entry is passed over, as in TE
+  std::rotate(history.begin(), history.begin() + 1, history.end());  // newest to the back
+  history[0] = 0.0f;
+  const float a = algo == AmaxAlgo::MostRecent ? newest : m;
+  if (std::isfinite(a) && a > 0.0f) scale = scaled_max / a;
+  if (std::isinf(scale)) scale = FLT_MAX;
+}
+
+}  // namespace primus::fp8

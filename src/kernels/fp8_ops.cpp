@@ -1,0 +1,118 @@
+// The FP8 op of the op set (backend.h) in its default form: fp8::quantize on the host, in bands
+// of rows split between the threads (one parallel region; current scaling's amax first), each band
+// converted to fp32 and back in a thread's buffer. A device's tensors go through a host copy.
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "core/error.h"
+#include "kernels/backend.h"
+
+namespace primus::ops {
+namespace {
+
+// n values of t from element i0 as fp32 (exact from bf16), and back.
+void load(const Tensor& t, int64_t i0, int64_t n, float* out) {
+  switch (t.dtype()) {
+    case DType::F32: std::memcpy(out, t.data<float>() + i0, size_t(n) * 4); break;
+    case DType::F64: {
+      const double* p = t.data<double>() + i0;
+#pragma omp simd
+      for (int64_t i = 0; i < n; ++i) out[i] = float(p[i]);
+      break;
+    }
+    case DType::BF16: {
+      const uint16_t* p = reinterpret_cast<const uint16_t*>(t.raw()) + i0;
+#pragma omp simd
+      for (int64_t i = 0; i < n; ++i) {
+        const uint32_t bits = uint32_t(p[i]) << 16;
+        std::memcpy(out + i, &bits, 4);
+      }
+      break;
+    }
+    default: fail("quantize_fp8 of a {} tensor", dtype_name(t.dtype()));
+  }
+}
+
+void store(const float* v, int64_t n, Tensor& t, int64_t i0) {
+  switch (t.dtype()) {
+    case DType::F32: std::memcpy(t.data<float>() + i0, v, size_t(n) * 4); break;
+    case DType::F64: {
+      double* p = t.data<double>() + i0;
+#pragma omp simd
+      for (int64_t i = 0; i < n; ++i) p[i] = v[i];
+      break;
+    }
+    case DType::BF16: {  // FP8 values (rescaled by powers of two) are bf16 values: exact
+      uint16_t* p = reinterpret_cast<uint16_t*>(t.raw()) + i0;
+#pragma omp simd
+      for (int64_t i = 0; i < n; ++i) {
+        uint32_t bits;
+        std::memcpy(&bits, v + i, 4);
+        p[i] = uint16_t((bits + 0x7FFFu + ((bits >> 16) & 1u)) >> 16);  // to nearest even (below 2^-133)
+      }
+      break;
+    }
+    default: fail("quantize_fp8 into a {} tensor", dtype_name(t.dtype()));
+  }
+}
+
+Backend::Fp8Quantized quantize_host(const Tensor& src, fp8::Format format, fp8::Granularity g, bool reduce_cols,
+                                    float scale, Tensor& dst) {
+  const int64_t rows = src.size(0), cols = src.size(1);
+  // Bands of whole blocks (of about 16k values where a block is a row or the tensor).
+  const int64_t whole = fp8::band_rows(g, reduce_cols);  // rows of whole blocks; 1: any number of rows
+  const int64_t band = whole == 1 ? std::max<int64_t>(1, 16384 / std::max<int64_t>(cols, 1)) : whole;
+  const int64_t bands = (rows + band - 1) / band;
+  const bool current = g == fp8::Granularity::Tensor && scale == 0;
+  float amax = 0.0f;
+  bool nan = false;
+#pragma omp parallel
+  {
+    std::vector<float> x(size_t(band * cols)), q(size_t(band * cols));
+    if (current) {  // current scaling: the tensor's amax first
+#pragma omp for reduction(max : amax) reduction(|| : nan) schedule(static)
+      for (int64_t b = 0; b < bands; ++b) {
+        const int64_t n = std::min(band, rows - b * band) * cols;
+        load(src, b * band * cols, n, x.data());
+        const float a = fp8::amax(x.data(), n);
+        nan = nan || std::isnan(a);
+        if (!std::isnan(a)) amax = std::max(amax, a);
+      }
+#pragma omp single
+      scale = fp8::scale_from_amax(nan ? NAN : amax, fp8::max_finite(format), false);
+    }
+#pragma omp for reduction(max : amax) reduction(|| : nan) schedule(static)
+    for (int64_t b = 0; b < bands; ++b) {
+      const int64_t r = std::min(band, rows - b * band), n = r * cols;
+      load(src, b * band * cols, n, x.data());
+      const float a = fp8::quantize(x.data(), r, cols, format, g, reduce_cols, scale, q.data());
+      nan = nan || std::isnan(a);
+      if (!std::isnan(a)) amax = std::max(amax, a);
+      store(q.data(), n, dst, b * band * cols);
+    }
+  }
+  return {nan ? NAN : amax, g == fp8::Granularity::Tensor ? scale : 1.0f};
+}
+
+}  // namespace
+
+Backend::Fp8Quantized Backend::quantize_fp8(const Tensor& src, fp8::Format format, fp8::Granularity granularity,
+                                            bool reduce_cols, float scale, Tensor& dst) {
+  PRIMUS_CHECK(src.dim() == 2 && dst.shape() == src.shape() && src.is_contiguous() && dst.is_contiguous() &&
+                   src.dtype() == dst.dtype(),
+               "quantize_fp8: src {} {} into dst {} {}", dtype_name(src.dtype()), src.shape_str(),
+               dtype_name(dst.dtype()), dst.shape_str());
+  if (src.device() == Device::CPU && dst.device() == Device::CPU)
+    return quantize_host(src, format, granularity, reduce_cols, scale, dst);
+  const Tensor h = src.to(Device::CPU);
+  Tensor out = Tensor::empty(dst.shape(), dst.dtype());
+  const Fp8Quantized q = quantize_host(h, format, granularity, reduce_cols, scale, out);
+  dst.copy_from(out);
+  return q;
+}
+
+}  // namespace primus::ops

@@ -1,0 +1,89 @@
+// The GEMMs of the model's linear layers, in one place: every linear of every block part (and
+// MLA's projections) runs its three GEMMs through Linears, so how a linear computes is decided
+// here, once, for every part, precision, backend and layout:
+//
+//   forward       D = alpha x W^T + beta C (+ bias)   W [out, in], x [rows, in]
+//   input_grad    D = alpha dy W + beta C             dy [rows, out]
+//   weight_grad   gW += alpha dy^T x                  gW in the master dtype
+//
+// in the activation dtype, or, for the linears that FP8 covers (docs/fp8.md), with FP8 operands:
+// each operand quantized along the GEMM's reduction dimension by the recipe (Fp8Options), the
+// product accumulated in fp32 by the same gemm() of the op set, the scales applied around it.
+// Forward operands (x, W) use the forward format, gradients (dy) the backward one (hybrid: E4M3
+// and E5M2). Delayed scaling keeps an amax history per linear and operand, advanced once per
+// optimizer step (update_scales); the other recipes scale from the tensor itself.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "core/tensor.h"
+#include "kernels/backend.h"
+#include "kernels/fp8.h"
+#include "model/options.h"  // Fp8Recipe
+
+namespace primus {
+
+struct Fp8Options {
+  bool enabled = false;
+  fp8::Format forward = fp8::Format::E4M3, backward = fp8::Format::E5M2;  // fp8: hybrid; e4m3: both E4M3
+  Fp8Recipe recipe = Fp8Recipe::Delayed;
+  int margin = 0;                // delayed: scale = max / 2^margin / amax
+  int amax_history_len = 1024;   // delayed
+  fp8::AmaxAlgo amax_compute_algo = fp8::AmaxAlgo::Max;
+  bool wgrad = true;             // fp8_wgrad: the weight gradient's GEMM in FP8 too
+  int64_t bf16_layers_at_start = 0, bf16_layers_at_end = 0;  // first_last_layers_bf16
+};
+
+class Linears {
+ public:
+  Linears(ops::Backend& backend, DType activation, const Fp8Options& fp8, int64_t num_layers);
+
+  // Declares weight `weight` (named `name`, of decoder layer `layer`) a linear: FP8 covers it when
+  // FP8 is on and the layer is not one of those kept in bf16.
+  void declare(int weight, const std::string& name, int64_t layer);
+  bool fp8(int weight) const { return state_.count(weight) > 0; }
+  const Fp8Options& fp8_options() const { return opt_; }
+
+  void forward(float alpha, const Tensor& x, const Tensor& W, int weight, float beta, const Tensor& C, Tensor& D,
+               const Tensor& bias) const;
+  void input_grad(float alpha, const Tensor& dy, const Tensor& W, int weight, float beta, const Tensor& C,
+                  Tensor& D) const;
+  void weight_grad(float alpha, const Tensor& dy, const Tensor& x, int weight, Tensor& gW) const;
+
+  // ---- delayed scaling's state: per FP8 linear (in declaration order), its x, W and dy ----
+  // The amaxes recorded since the last update ([linears x 3]), for the caller to reduce (max) over
+  // the ranks that share the tensors; update_scales() takes them back and advances every history.
+  std::vector<float> current_amaxes() const;
+  void update_scales(const std::vector<float>& amaxes);
+  // For checkpoints: per FP8 linear, "<weight name>.fp8_scaling" -> the histories and scales of
+  // x, W and dy (3 x (amax_history_len + 1) values). load_state() takes what a checkpoint held and
+  // returns the names it had to start fresh (absent, or of another history length).
+  bool delayed() const { return opt_.enabled && opt_.recipe == Fp8Recipe::Delayed && !order_.empty(); }
+  std::map<std::string, std::vector<float>> state() const;
+  std::vector<std::string> state_names() const;
+  std::vector<std::string> load_state(const std::map<std::string, std::vector<float>>& saved);
+  // Forgets the amaxes recorded since the last update (evaluation's forwards, say).
+  void clear_current_amaxes();
+
+ private:
+  enum Operand { X, W, Dy };
+  struct Scales {
+    std::string name;
+    fp8::DelayedScale operand[3];
+  };
+  // dst = src quantized for a GEMM reducing over its columns or rows; returns 1 / scale.
+  float quantize(const Tensor& src, Operand op, int weight, bool reduce_cols, Tensor& dst) const;
+  fp8::Granularity granularity(Operand op) const;
+
+  ops::Backend& be_;
+  DType act_;
+  Fp8Options opt_;
+  int64_t num_layers_;
+  mutable std::map<int, Scales> state_;  // FP8 linears by weight id (amaxes recorded in const passes)
+  std::vector<int> order_;               // declaration order
+};
+
+}  // namespace primus
