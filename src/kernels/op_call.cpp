@@ -244,6 +244,12 @@ OpCall cast_call(const Tensor& src, const Tensor& dst) {
   return c;
 }
 
+// FP8 quantization of a GEMM operand (backend.h quantize_fp8): an operation per value, the
+// operand read and its quantized copy written.
+OpCall quantize_fp8_call(const Tensor& src, const Tensor& dst) {
+  return call("quantize_fp8", src.dtype(), rows(src), cols(src), double(src.numel()), nbytes(src) + nbytes(dst));
+}
+
 OpCall copy_call(size_t width, size_t rows, size_t dpitch, size_t spitch) {
   OpCall c = call("copy", DType::F32, int64_t(rows), int64_t(width), 0.0, 2.0 * double(width) * double(rows));
   c.c = int64_t(dpitch), c.d = int64_t(spitch);

@@ -84,6 +84,7 @@ OpCall ce_finish_call(const Tensor& row_max, const Tensor& row_sum, const Tensor
                       const Tensor& lse);
 OpCall ce_chunk_backward_call(const Tensor& logits, const Tensor& lse, const Tensor& targets, const Tensor& dlogits);
 OpCall cast_call(const Tensor& src, const Tensor& dst);
+OpCall quantize_fp8_call(const Tensor& src, const Tensor& dst);
 // Device copies and zeroing (not ops of the op set, but device work all the same: the model's
 // copies of row blocks, its zeroed buffers).
 OpCall copy_call(size_t width, size_t rows, size_t dpitch, size_t spitch);

@@ -50,7 +50,6 @@ GemmList model_gemms(const ModelSpec& spec, const ParallelLayout& L, const confi
   list.precision = a.bf16 ? Precision::Bf16 : Precision::Fp32;
   RankShape shape = rank_shape(spec, L, a, list.precision);
   if (options) shape.options = *options;
-  shape.options.recompute = a.recompute_granularity;
   // Every stage, in model order, on one rank: the GEMMs of one microbatch through the pipeline.
   const int stages = int(L.stages.size());
   for (int s = 0; s < stages; ++s)

@@ -47,8 +47,9 @@ struct GemmList {
   std::vector<GemmEntry> grouped;  // the grouped calls as the profiler records them
 };
 
-// `options` overrides the trainer's LlamaOptions (e.g. the head's vocabulary chunking); the
-// layout's tp, sp, cp, ep and etp and the config's micro batch, sequence and precision apply.
+// `options` replaces the trainer's LlamaOptions (plan/model_options.h: recompute, FP8), e.g. with
+// the head's vocabulary chunking; the layout's tp, sp, cp, ep and etp and the config's micro
+// batch, sequence and precision apply.
 GemmList model_gemms(const ModelSpec& spec, const ParallelLayout& layout, const config::TrainingArgs& args,
                      const LlamaOptions* options = nullptr);
 

@@ -8,6 +8,7 @@
 
 #include "core/error.h"
 #include "core/meta_device.h"
+#include "plan/model_options.h"
 
 namespace primus::plan {
 namespace {
@@ -117,7 +118,7 @@ RankShape rank_shape(const ModelSpec& spec, const ParallelLayout& L, const confi
   s.micro_batch_size = a.micro_batch_size;
   s.seq_length = a.seq_length > 0 ? a.seq_length : spec.max_position_embeddings;
   s.precision = precision;
-  s.options.recompute = a.recompute_granularity;
+  s.options = model_options(a);
   s.tp = L.tp;
   s.sequence_parallel = L.sequence_parallel;
   s.cp = L.cp;

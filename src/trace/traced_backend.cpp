@@ -228,8 +228,8 @@ ops::Backend::Fp8Quantized TracedBackend::quantize_fp8(const Tensor& src, fp8::F
   Event& e = p_.op_begin("quantize_fp8");
   const Fp8Quantized q = be_.quantize_fp8(src, format, granularity, reduce_cols, scale, dst);
   const Mark end = p_.clock().device(nullptr);
-  finish(e, end, OpKind::Forward, nullptr, "fp8", src.dtype(), {rows(src), cols(src)}, double(src.numel()),
-         nbytes(src) + nbytes(dst));
+  const ops::OpCall c = ops::quantize_fp8_call(src, dst);
+  finish(e, end, OpKind::Forward, nullptr, "fp8", c.dtype, {c.a, c.b}, c.flops, c.bytes);
   return q;
 }
 

@@ -46,6 +46,7 @@
 #include "pipeline/bubble.h"
 #include "pipeline/executor.h"
 #include "plan/memory_estimate.h"
+#include "plan/model_options.h"
 #include "plan/parallel_layout.h"
 #include "safe/early_exit.h"
 #include "safe/run_lock.h"
@@ -66,24 +67,6 @@ using Clock = std::chrono::steady_clock;
 
 namespace primus::train {
 using namespace checkpoint;
-
-// The FP8 keys as the model takes them (model/linears.h).
-Fp8Options fp8_options(const config::TrainingArgs& a) {
-  Fp8Options o;
-  o.enabled = a.fp8 != Fp8Mode::Off;
-  o.forward = fp8::Format::E4M3;
-  o.backward = a.fp8 == Fp8Mode::Hybrid ? fp8::Format::E5M2 : fp8::Format::E4M3;
-  o.recipe = a.fp8_recipe;
-  o.margin = int(a.fp8_margin);
-  o.amax_history_len = int(a.fp8_amax_history_len);
-  o.amax_compute_algo = a.fp8_amax_compute_algo;
-  o.wgrad = a.fp8_wgrad;
-  if (a.first_last_layers_bf16) {
-    o.bf16_layers_at_start = a.num_layers_at_start_in_bf16;
-    o.bf16_layers_at_end = a.num_layers_at_end_in_bf16;
-  }
-  return o;
-}
 
 namespace {
 
@@ -316,11 +299,9 @@ void Trainer::build_data() {
 // This rank's part of the model (its tensor-parallel shard of its pipeline chunks) and the
 // data-parallel strategy attached to it, which initializes the weights.
 void Trainer::build_model() {
-  LlamaOptions mopt;
-  mopt.recompute = a_.recompute_granularity;
+  LlamaOptions mopt = plan::model_options(a_);
   // ZeRO-2 and FSDP: the model holds no weights of its own; the strategy's shards serve them.
   mopt.resident_weights = !layout_.shard_gradients();
-  mopt.fp8 = fp8_options(a_);
   ModelPartition part;
   part.tp_size = layout_.tp;
   part.tp_group = groups_.tp.get();

@@ -42,6 +42,7 @@
 #include "kernels/cpu/gemm.h"
 #include "model/llama.h"
 #include "plan/gemm_list.h"
+#include "plan/model_options.h"
 #include "plan/parallel_layout.h"
 
 #ifdef PRIMUS_HAVE_CUDA
@@ -303,7 +304,7 @@ ModelGemms model_gemms(const Options& o, bool bf16) {
   config::TrainingArgs a = cfg.train;
   if (bf16) a.bf16 = true;
   if (o.vocab_chunk < 0) fail("--vocab-chunk must be positive, got {}", o.vocab_chunk);
-  LlamaOptions options;     // the trainer's
+  LlamaOptions options = plan::model_options(a);  // the trainer's
   if (o.vocab_chunk > 0) {  // the head in chunks of that width, whether or not its logits would fit
     options.vocab_chunk = o.vocab_chunk;
     options.logits_memory_budget = 0;

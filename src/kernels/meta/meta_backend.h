@@ -6,7 +6,8 @@
 // those passes hold at every moment; plan/model_walk.h does that walk.
 //
 // Host reads of device values get well-defined values: a meta tensor reads as zeros (host_values,
-// copies to the host), ce_finish returns a loss of 0, row_dots return zeros. The MoE router's
+// copies to the host), ce_finish returns a loss of 0, row_dots return zeros, quantize_fp8 an amax
+// of 0. The MoE router's
 // choices, which the model makes from the router logits' values, come from the walk's RouterLoad
 // instead (router_load): balanced by default, or a measured histogram.
 #pragma once
@@ -93,6 +94,9 @@ class MetaBackend final : public Backend, private MetaObserver {
                         Tensor& out) override;
   std::vector<double> row_dots(const Tensor& a, const std::vector<int32_t>& rows, const Tensor& b) override;  // zeros
   std::vector<int64_t> router_load(int64_t layer, int64_t tokens, int64_t topk, int64_t experts) const override;
+  // As quantizing zeros: amax 0, and the scale given (current scaling's 1 for an amax of 0).
+  Fp8Quantized quantize_fp8(const Tensor& src, fp8::Format format, fp8::Granularity granularity, bool reduce_cols,
+                            float scale, Tensor& dst) override;
   void cast(const Tensor& src, Tensor& dst) override;
 
   MemoryStats memory_stats() const override { return meta_memory_stats(); }

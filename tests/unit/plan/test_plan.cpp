@@ -122,6 +122,37 @@ TEST(GemmList, CoversMlaAndMoeLayers) {
   EXPECT_DOUBLE_EQ(flops(model_gemms(s, plan_layout(a, s, 2), a).gemms, "(grouped)"), experts);
 }
 
+// FP8 linears (model/linears.h) come into the walk as the trainer builds them (model_options):
+// every pass quantizes its GEMMs' operands, and the GEMMs stay the same calls.
+TEST(ModelWalk, Fp8LinearsQuantizeTheirOperandsInEveryPass) {
+  const ModelSpec s = small_spec();
+  config::TrainingArgs a = args_of(2, 32);
+  a.bf16 = true;
+  auto walk = [&](Fp8Mode mode, Fp8Recipe recipe) {
+    a.fp8 = mode;
+    a.fp8_recipe = recipe;
+    const ParallelLayout L = plan_layout(a, s, 1);
+    return walk_rank(s, rank_shape(s, L, a, Precision::Bf16, 0));
+  };
+  auto count = [](const PassRecord& p, const std::string& op) {
+    size_t n = 0;
+    for (const auto& c : p.ops) n += op == c.op;
+    return n;
+  };
+  const RankRecord bf16 = walk(Fp8Mode::Off, Fp8Recipe::Delayed);
+  const PassRecord& plain_f = bf16.chunks.front().f;
+  EXPECT_EQ(count(plain_f, "quantize_fp8") + count(bf16.chunks.front().b, "quantize_fp8"), 0u);
+  for (const Fp8Recipe recipe : {Fp8Recipe::Delayed, Fp8Recipe::Tensorwise, Fp8Recipe::Blockwise}) {
+    SCOPED_TRACE(fp8_recipe_name(recipe));
+    const RankRecord fp8 = walk(Fp8Mode::Hybrid, recipe);
+    const ChunkRecord& c = fp8.chunks.front();
+    EXPECT_GT(count(c.f, "quantize_fp8"), 0u);
+    EXPECT_GT(count(c.b, "quantize_fp8"), 0u);  // the fused backward: input and weight gradients
+    EXPECT_EQ(count(c.f, "gemm"), count(plain_f, "gemm"));
+    EXPECT_GT(c.f.flops(), plain_f.flops());  // the quantizations' own
+  }
+}
+
 // The walk of one rank of the big recipes (docs/profiling.md): Llama 3.1 405B at tp 8 pp 8 vpp 2
 // and DeepSeek-V3 at ep 64 over pp 16, on 1024 GPUs. Only the rank's partition is built, on the
 // shape-only backend: seconds, not the terabytes the model would take.
