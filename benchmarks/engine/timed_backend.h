@@ -35,7 +35,8 @@ class TimedBackend final : public ops::Backend {
     gemm_flops += 2.0 * double(D.size(0)) * double(D.size(1)) * double(ta ? A.size(0) : A.size(1));
     time(Gemm, [&] { in_.gemm(ta, tb, alpha, A, B, beta, C, D, bias); });
   }
-  void grouped_gemm(bool ta, bool tb, float alpha, const std::vector<Tensor>& A, const std::vector<Tensor>& B,
+  using ops::Backend::grouped_gemm;
+  void grouped_gemm(bool ta, bool tb, const std::vector<float>& alpha, const std::vector<Tensor>& A, const std::vector<Tensor>& B,
                     float beta, std::vector<Tensor>& D) override {
     for (size_t i = 0; i < A.size() && i < D.size(); ++i)
       gemm_flops += 2.0 * double(D[i].size(0)) * double(D[i].size(1)) * double(ta ? A[i].size(0) : A[i].size(1));

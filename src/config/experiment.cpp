@@ -488,7 +488,7 @@ void load_model(ExperimentConfig& cfg, const YAML::Node& model_overrides, const 
 
 // The FP8 keys: what is built, and every combination that is not refused by name (docs/fp8.md).
 template <class At>
-void check_fp8(const TrainingArgs& t, const ModelSpec& m, const At& at) {
+void check_fp8(const TrainingArgs& t, const At& at) {
   if (t.fp8 == Fp8Mode::Off) return;
   if (t.fp8_margin < 0) fail("{}: fp8_margin must not be negative, got {}", at("fp8_margin"), t.fp8_margin);
   if (t.fp8_amax_history_len < 1)
@@ -497,10 +497,6 @@ void check_fp8(const TrainingArgs& t, const ModelSpec& m, const At& at) {
     fail("{}: fp8_param_gather (FP8 parameters all-gathered by the distributed optimizer) is not built: the "
          "weights are kept and gathered in bf16/fp32 and quantized where each GEMM reads them; set it to false",
          at("fp8_param_gather"));
-  if (m.is_moe())
-    fail("{}: fp8 with a mixture of experts (model {}, num_experts {}) is not built yet: the experts' grouped GEMM "
-         "runs in bf16 only; train it without fp8",
-         at("fp8"), m.name, m.num_experts);
   if (t.first_last_layers_bf16 && (t.num_layers_at_start_in_bf16 < 0 || t.num_layers_at_end_in_bf16 < 0))
     fail("{}: num_layers_at_start_in_bf16 ({}) and num_layers_at_end_in_bf16 ({}) must not be negative",
          at("first_last_layers_bf16"), t.num_layers_at_start_in_bf16, t.num_layers_at_end_in_bf16);
@@ -533,7 +529,7 @@ void derive_and_check(ExperimentConfig& cfg) {
          at("data_path"));
   if (t.device != "auto" && t.device != "cpu" && t.device != "cuda")
     fail("{}: device '{}' is not one of: auto, cpu, cuda", at("device"), t.device);
-  check_fp8(t, m, at);
+  check_fp8(t, at);
   if (t.profile_step_start < 0) fail("{}: profile_step_start must not be negative", at("profile_step_start"));
   if (t.profile && t.profile_step_end <= t.profile_step_start)
     fail("{}: profile_step_end ({}) must be greater than profile_step_start ({})", at("profile_step_end"),

@@ -59,12 +59,18 @@ class Backend {
                     const Tensor& C, Tensor& D, const Tensor& bias) = 0;
 
   // Grouped GEMM (mixture of experts: one product per expert, over that expert's rows). For
-  // each i, D[i] = alpha * op(A[i]) op(B[i]) + beta * D[i]: gemm() with C = D[i] (not read when
-  // beta == 0) and no bias. The problems share the transposes, alpha, beta and the dtypes, not
-  // their shapes; their D's must not overlap. The default runs gemm() for each; a backend
-  // overrides it to run them as one operation (kernels/grouped_gemm.cpp says which do).
-  virtual void grouped_gemm(bool trans_a, bool trans_b, float alpha, const std::vector<Tensor>& A,
+  // each i, D[i] = alpha[i] * op(A[i]) op(B[i]) + beta * D[i]: gemm() with C = D[i] (not read when
+  // beta == 0) and no bias. The problems share the transposes, beta and the dtypes, not their
+  // shapes or alphas (FP8's per-expert scales: model/linears.h); their D's must not overlap. The
+  // default runs gemm() for each; a backend overrides it to run them as one operation
+  // (kernels/grouped_gemm.cpp says which do). alpha holds one value per problem.
+  virtual void grouped_gemm(bool trans_a, bool trans_b, const std::vector<float>& alpha, const std::vector<Tensor>& A,
                             const std::vector<Tensor>& B, float beta, std::vector<Tensor>& D);
+  // The same alpha for every problem.
+  void grouped_gemm(bool trans_a, bool trans_b, float alpha, const std::vector<Tensor>& A,
+                    const std::vector<Tensor>& B, float beta, std::vector<Tensor>& D) {
+    grouped_gemm(trans_a, trans_b, std::vector<float>(A.size(), alpha), A, B, beta, D);
+  }
 
   // RMSNorm over rows: y = x * rstd * w; rstd [n] in the stat dtype.
   virtual void rmsnorm_forward(const Tensor& x, const Tensor& w, Tensor& y, Tensor& rstd, float eps) = 0;

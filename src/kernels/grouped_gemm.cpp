@@ -7,12 +7,12 @@
 
 namespace primus::ops {
 
-void Backend::grouped_gemm(bool trans_a, bool trans_b, float alpha, const std::vector<Tensor>& A,
+void Backend::grouped_gemm(bool trans_a, bool trans_b, const std::vector<float>& alpha, const std::vector<Tensor>& A,
                            const std::vector<Tensor>& B, float beta, std::vector<Tensor>& D) {
-  PRIMUS_CHECK(A.size() == B.size() && A.size() == D.size(), "grouped_gemm of {} A, {} B and {} D", A.size(), B.size(),
-               D.size());
+  PRIMUS_CHECK(A.size() == B.size() && A.size() == D.size() && alpha.size() == A.size(),
+               "grouped_gemm of {} A, {} B, {} D and {} alphas", A.size(), B.size(), D.size(), alpha.size());
   for (size_t i = 0; i < A.size(); ++i)
-    gemm(trans_a, trans_b, alpha, A[i], B[i], beta, beta != 0.0f ? D[i] : Tensor(), D[i], Tensor());
+    gemm(trans_a, trans_b, alpha[i], A[i], B[i], beta, beta != 0.0f ? D[i] : Tensor(), D[i], Tensor());
 }
 
 }  // namespace primus::ops

@@ -101,10 +101,20 @@ MoeFeedForward::MoeFeedForward(const PartKit& kit, ParamStore& params, int64_t l
       layer_(kit.spec, kit.be, kit.act,
              register_moe_params(params, kit.spec, layer, kit.part.ep_rank, kit.part.ep_size, expert_tp.size(),
                                  expert_tp.rank()),
-             std::move(dispatcher), share, expert_tp),
+             kit.linears, std::move(dispatcher), share, expert_tp),
       stats_{layer, std::vector<int64_t>(size_t(kit.spec.num_experts), 0)} {
   weights_ = [this](int id) { return k_.params.weight(id); };
   grads_ = [this](int id) { return k_.params.grad(id); };
+  // The experts' and the shared expert's linears (the router and the shared gate stay in high
+  // precision, as in Transformer Engine).
+  const MoeParams& p = layer_.params();
+  std::vector<int> linears;
+  for (const auto* ids : {&p.fc1, &p.fc2})
+    for (int id : *ids)
+      if (id >= 0) linears.push_back(id);
+  for (int id : {p.shared_fc1, p.shared_fc2})
+    if (id >= 0) linears.push_back(id);
+  for (int id : linears) kit.linears.declare(id, params.infos()[size_t(id)].name, layer);
 }
 
 std::unique_ptr<PartContext> MoeFeedForward::new_context() const { return std::make_unique<MoePartContext>(); }

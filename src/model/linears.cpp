@@ -39,27 +39,55 @@ float Linears::quantize(const Tensor& src, Operand op, int weight, bool reduce_c
   return 1.0f / q.scale;
 }
 
+Linears::Operands Linears::operands(Gemm kind, const Tensor& a, const Tensor& b, int weight) const {
+  if (!fp8(weight) || (kind == Gemm::WeightGrad && !opt_.wgrad)) return {a, b, 1.0f};
+  // Which operand each is, and whether its GEMM reduces over its columns: x W^T over the input
+  // features (x's and W's columns), dy W over the output features (dy's columns, W's rows), dy^T x
+  // over the tokens (both operands' rows).
+  struct Roles {
+    Operand a, b;
+    bool a_cols, b_cols;
+  };
+  const Roles r = kind == Gemm::Forward     ? Roles{X, W, true, true}
+                  : kind == Gemm::InputGrad ? Roles{Dy, W, true, false}
+                                            : Roles{Dy, X, false, false};
+  Operands o{be_.empty(a.shape(), act_), be_.empty(b.shape(), act_), 1.0f};
+  const float sa = quantize(a, r.a, weight, r.a_cols, o.a);
+  const float sb = quantize(b, r.b, weight, r.b_cols, o.b);
+  o.alpha = sa * sb;
+  return o;
+}
+
 void Linears::forward(float alpha, const Tensor& x, const Tensor& W, int weight, float beta, const Tensor& C,
                       Tensor& D, const Tensor& bias) const {
-  if (!fp8(weight)) return be_.gemm(false, true, alpha, x, W, beta, C, D, bias);
-  Tensor xq = be_.empty(x.shape(), act_), wq = be_.empty(W.shape(), act_);
-  const float sx = quantize(x, X, weight, true, xq), sw = quantize(W, Operand::W, weight, true, wq);
-  be_.gemm(false, true, alpha * sx * sw, xq, wq, beta, C, D, bias);
+  const Operands o = operands(Gemm::Forward, x, W, weight);
+  be_.gemm(false, true, alpha * o.alpha, o.a, o.b, beta, C, D, bias);
 }
 
 void Linears::input_grad(float alpha, const Tensor& dy, const Tensor& W, int weight, float beta, const Tensor& C,
                          Tensor& D) const {
-  if (!fp8(weight)) return be_.gemm(false, false, alpha, dy, W, beta, C, D, Tensor());
-  Tensor dyq = be_.empty(dy.shape(), act_), wq = be_.empty(W.shape(), act_);
-  const float sd = quantize(dy, Dy, weight, true, dyq), sw = quantize(W, Operand::W, weight, false, wq);
-  be_.gemm(false, false, alpha * sd * sw, dyq, wq, beta, C, D, Tensor());
+  const Operands o = operands(Gemm::InputGrad, dy, W, weight);
+  be_.gemm(false, false, alpha * o.alpha, o.a, o.b, beta, C, D, Tensor());
 }
 
 void Linears::weight_grad(float alpha, const Tensor& dy, const Tensor& x, int weight, Tensor& gW) const {
-  if (!fp8(weight) || !opt_.wgrad) return be_.gemm(true, false, alpha, dy, x, 1.0f, gW, gW, Tensor());
-  Tensor dyq = be_.empty(dy.shape(), act_), xq = be_.empty(x.shape(), act_);
-  const float sd = quantize(dy, Dy, weight, false, dyq), sx = quantize(x, X, weight, false, xq);
-  be_.gemm(true, false, alpha * sd * sx, dyq, xq, 1.0f, gW, gW, Tensor());
+  const Operands o = operands(Gemm::WeightGrad, dy, x, weight);
+  be_.gemm(true, false, alpha * o.alpha, o.a, o.b, 1.0f, gW, gW, Tensor());
+}
+
+void Linears::grouped(Gemm kind, const std::vector<Tensor>& A, const std::vector<Tensor>& B,
+                      const std::vector<int>& weights, std::vector<Tensor>& D) const {
+  PRIMUS_CHECK(A.size() == B.size() && A.size() == D.size() && A.size() == weights.size(),
+               "grouped linears: {} A, {} B, {} D, {} weights", A.size(), B.size(), D.size(), weights.size());
+  if (A.empty()) return;
+  std::vector<Tensor> a(A.size()), b(A.size());
+  std::vector<float> alpha(A.size());
+  for (size_t i = 0; i < A.size(); ++i) {
+    Operands o = operands(kind, A[i], B[i], weights[i]);
+    a[i] = std::move(o.a), b[i] = std::move(o.b), alpha[i] = o.alpha;
+  }
+  const bool wgrad = kind == Gemm::WeightGrad;
+  be_.grouped_gemm(wgrad, kind == Gemm::Forward, alpha, a, b, wgrad ? 1.0f : 0.0f, D);
 }
 
 std::vector<float> Linears::current_amaxes() const {

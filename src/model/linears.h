@@ -53,6 +53,13 @@ class Linears {
                   Tensor& D) const;
   void weight_grad(float alpha, const Tensor& dy, const Tensor& x, int weight, Tensor& gW) const;
 
+  // Many linears' GEMMs of one kind as one grouped GEMM (the experts of an MoE block): problem i
+  // is forward (D_i = A_i W_i^T, B_i = W_i), input_grad (D_i = A_i W_i) or weight_grad (D_i +=
+  // A_i^T B_i, D_i = gW_i), W_i being weight weights[i]; each with FP8 operands when FP8 covers it.
+  enum class Gemm : uint8_t { Forward, InputGrad, WeightGrad };
+  void grouped(Gemm kind, const std::vector<Tensor>& A, const std::vector<Tensor>& B, const std::vector<int>& weights,
+               std::vector<Tensor>& D) const;
+
   // ---- delayed scaling's state: per FP8 linear (in declaration order), its x, W and dy ----
   // The amaxes recorded since the last update ([linears x 3]), for the caller to reduce (max) over
   // the ranks that share the tensors; update_scales() takes them back and advances every history.
@@ -76,6 +83,14 @@ class Linears {
   };
   // dst = src quantized for a GEMM reducing over its columns or rows; returns 1 / scale.
   float quantize(const Tensor& src, Operand op, int weight, bool reduce_cols, Tensor& dst) const;
+  // A GEMM's operands as it runs them: the given ones (alpha 1), or, when FP8 covers `weight`,
+  // both quantized along the reduction dimension of `kind` with alpha the product of the inverse
+  // scales. The one place where a linear's GEMM decides its precision.
+  struct Operands {
+    Tensor a, b;
+    float alpha = 1.0f;
+  };
+  Operands operands(Gemm kind, const Tensor& a, const Tensor& b, int weight) const;
   fp8::Granularity granularity(Operand op) const;
 
   ops::Backend& be_;

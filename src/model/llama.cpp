@@ -118,10 +118,6 @@ LlamaModel::LlamaModel(const ModelSpec& spec, ops::Backend& backend, Precision p
   check_partition();
   tp_rows_ = {&be_, part_.tp_size > 1 ? part_.tp_group : nullptr, part_.sequence_parallel};
   param_access_ = std::make_unique<Params>(*this);
-  if (opt_.fp8.enabled && spec_.is_moe())
-    fail("fp8 with a mixture of experts (num_experts {}) is not built yet: the experts' grouped GEMM runs in bf16 "
-         "only; train model {} without fp8",
-         spec_.num_experts, spec_.name);
   linears_ = std::make_unique<Linears>(be_, act_, opt_.fp8, spec_.num_layers);
   kit_ = std::make_unique<PartKit>(PartKit{spec_, be_, act_, stat_, part_, tp_rows_, *param_access_, *linears_});
   attention_parts_ = std::make_unique<AttentionParts>(*kit_);

@@ -19,21 +19,6 @@ void for_experts(const std::vector<int64_t>& offsets, F&& f) {
     if (offsets[e + 1] > offsets[e]) f(int64_t(e), offsets[e], offsets[e + 1] - offsets[e]);
 }
 
-// The experts' products as one grouped GEMM (backend.h): for every expert with rows,
-// D_e = op(A_e) op(B_e) + beta D_e with [A_e, B_e, D_e] = operands(expert, first row, rows).
-template <typename F>
-void experts_gemm(ops::Backend& be, const std::vector<int64_t>& offsets, bool trans_a, bool trans_b, float beta,
-                  F&& operands) {
-  std::vector<Tensor> A, B, D;
-  for_experts(offsets, [&](int64_t e, int64_t o, int64_t n) {
-    auto [a, b, d] = operands(e, o, n);
-    A.push_back(std::move(a));
-    B.push_back(std::move(b));
-    D.push_back(std::move(d));
-  });
-  if (!A.empty()) be.grouped_gemm(trans_a, trans_b, 1.0f, A, B, beta, D);
-}
-
 }  // namespace
 
 std::vector<int> MoeParams::ids() const {
@@ -124,9 +109,11 @@ int moe_routing_ranks(bool sequence_parallel, int tp, int etp, int cp) {
 }
 
 MoeLayer::MoeLayer(const ModelSpec& spec, ops::Backend& backend, DType activation, MoeParams params,
-                   std::shared_ptr<const TokenDispatcher> dispatcher, TokenShare share, TensorParallelRows expert_tp)
+                   const Linears& linears, std::shared_ptr<const TokenDispatcher> dispatcher, TokenShare share,
+                   TensorParallelRows expert_tp)
     : spec_(spec),
       be_(backend),
+      lin_(linears),
       act_(activation),
       stat_(ops::stat_dtype(activation)),
       p_(std::move(params)),
@@ -137,6 +124,20 @@ MoeLayer::MoeLayer(const ModelSpec& spec, ops::Backend& backend, DType activatio
   if (spec_.moe_pad_expert_input_to_capacity)
     fail("model {}: moe_pad_expert_input_to_capacity is not implemented (dropping without padding is)", spec_.name);
   check_expert_tensor_parallel(spec_, etp_.size(), etp_.size());
+}
+
+template <typename F>
+void MoeLayer::experts(Linears::Gemm kind, const std::vector<int64_t>& offsets, F&& operands) const {
+  std::vector<Tensor> A, B, D;
+  std::vector<int> ids;
+  for_experts(offsets, [&](int64_t e, int64_t o, int64_t n) {
+    auto [a, b, d, id] = operands(e, o, n);
+    A.push_back(std::move(a));
+    B.push_back(std::move(b));
+    D.push_back(std::move(d));
+    ids.push_back(id);
+  });
+  lin_.grouped(kind, A, B, ids, D);
 }
 
 Tensor MoeLayer::forward(MoeContext& c, const Tensor& h_local, const Tensor& residual, const Weights& w,
@@ -191,12 +192,14 @@ Tensor MoeLayer::forward(MoeContext& c, const Tensor& h_local, const Tensor& res
     c.act = empty({M, F});
     c.yp = empty({M, C});
     // Two grouped GEMMs over the experts' row slices, one SwiGLU over all rows between.
-    experts_gemm(be_, c.offsets, false, true, 0.0f, [&](int64_t e, int64_t o, int64_t n) {
-      return std::tuple{c.xp.slice(0, o, n), w(p_.fc1[size_t(e)]), c.gu.slice(0, o, n)};
+    experts(Linears::Gemm::Forward, c.offsets, [&](int64_t e, int64_t o, int64_t n) {
+      const int id = p_.fc1[size_t(e)];
+      return std::tuple{c.xp.slice(0, o, n), w(id), c.gu.slice(0, o, n), id};
     });
     be_.swiglu_forward(c.gu, c.act);
-    experts_gemm(be_, c.offsets, false, true, 0.0f, [&](int64_t e, int64_t o, int64_t n) {
-      return std::tuple{c.act.slice(0, o, n), w(p_.fc2[size_t(e)]), c.yp.slice(0, o, n)};
+    experts(Linears::Gemm::Forward, c.offsets, [&](int64_t e, int64_t o, int64_t n) {
+      const int id = p_.fc2[size_t(e)];
+      return std::tuple{c.act.slice(0, o, n), w(id), c.yp.slice(0, o, n), id};
     });
   }
   c.yt = ep_ ? ep_->combine(c.plan, c.yp, C, act_) : c.yp;
@@ -204,14 +207,14 @@ Tensor MoeLayer::forward(MoeContext& c, const Tensor& h_local, const Tensor& res
   if (p_.shared_fc1 >= 0) {
     const int64_t Fs = spec_.moe_shared_expert_intermediate_size / etp_.size();
     c.sgu = empty({N, 2 * Fs});
-    be_.gemm(false, true, 1.0f, h, w(p_.shared_fc1), 0.0f, Tensor(), c.sgu, Tensor());
+    lin_.forward(1.0f, h, w(p_.shared_fc1), p_.shared_fc1, 0.0f, Tensor(), c.sgu, Tensor());
     c.sact = empty({N, Fs});
     be_.swiglu_forward(c.sgu, c.sact);
     if (p_.shared_gate < 0) {
-      be_.gemm(false, true, 1.0f, c.sact, w(p_.shared_fc2), 1.0f, out, out, Tensor());
+      lin_.forward(1.0f, c.sact, w(p_.shared_fc2), p_.shared_fc2, 1.0f, out, out, Tensor());
     } else {
       c.sout = empty({N, C});
-      be_.gemm(false, true, 1.0f, c.sact, w(p_.shared_fc2), 0.0f, Tensor(), c.sout, Tensor());
+      lin_.forward(1.0f, c.sact, w(p_.shared_fc2), p_.shared_fc2, 0.0f, Tensor(), c.sout, Tensor());
       const std::vector<int32_t> zero(size_t(N), 0);
       std::vector<double> g = be_.row_dots(w(p_.shared_gate), zero, h);  // <gate_weight, h_t>
       for (double& v : g) v = 1.0 / (1.0 + std::exp(-v));
@@ -280,12 +283,14 @@ Tensor MoeLayer::backward_input(MoeContext& c, const Tensor& dy_local, const Wei
     Tensor da = empty({M, F});
     c.dgu = empty({M, 2 * F});
     dxp = empty({M, C});
-    experts_gemm(be_, c.offsets, false, false, 0.0f, [&](int64_t e, int64_t o, int64_t n) {
-      return std::tuple{c.dy.slice(0, o, n), w(p_.fc2[size_t(e)]), da.slice(0, o, n)};
+    experts(Linears::Gemm::InputGrad, c.offsets, [&](int64_t e, int64_t o, int64_t n) {
+      const int id = p_.fc2[size_t(e)];
+      return std::tuple{c.dy.slice(0, o, n), w(id), da.slice(0, o, n), id};
     });
     be_.swiglu_backward(da, c.gu, c.dgu);
-    experts_gemm(be_, c.offsets, false, false, 0.0f, [&](int64_t e, int64_t o, int64_t n) {
-      return std::tuple{c.dgu.slice(0, o, n), w(p_.fc1[size_t(e)]), dxp.slice(0, o, n)};
+    experts(Linears::Gemm::InputGrad, c.offsets, [&](int64_t e, int64_t o, int64_t n) {
+      const int id = p_.fc1[size_t(e)];
+      return std::tuple{c.dgu.slice(0, o, n), w(id), dxp.slice(0, o, n), id};
     });
   }
   const Tensor dxt = ep_ ? ep_->combine(c.plan, dxp, C, act_) : dxp;
@@ -302,10 +307,10 @@ Tensor MoeLayer::backward_input(MoeContext& c, const Tensor& dy_local, const Wei
       for (int64_t t = 0; t < N; ++t) dg[size_t(t)] *= c.gate[size_t(t)] * (1 - c.gate[size_t(t)]);
     }
     Tensor dsact = empty({N, Fs});
-    be_.gemm(false, false, 1.0f, c.dy_shared, w(p_.shared_fc2), 0.0f, Tensor(), dsact, Tensor());
+    lin_.input_grad(1.0f, c.dy_shared, w(p_.shared_fc2), p_.shared_fc2, 0.0f, Tensor(), dsact);
     c.dsgu = empty({N, 2 * Fs});
     be_.swiglu_backward(dsact, c.sgu, c.dsgu);
-    be_.gemm(false, false, 1.0f, c.dsgu, w(p_.shared_fc1), 1.0f, dh, dh, Tensor());
+    lin_.input_grad(1.0f, c.dsgu, w(p_.shared_fc1), p_.shared_fc1, 1.0f, dh, dh);
   }
   // The experts' part of dh, summed over tp when they are split (this rank's rows under sequence
   // parallelism). The router's and the gate's parts are whole on every tp rank: added after, on
@@ -332,16 +337,19 @@ void MoeLayer::backward_weight(MoeContext& c, const Weights& grad) const {
     be_.gemm(true, false, 1.0f, dy, x, 1.0f, gw, gw, Tensor());
   };
   // dW_e += dy_e^T x_e for every expert, fc2's then fc1's, each as one grouped GEMM.
-  experts_gemm(be_, c.offsets, true, false, 1.0f, [&](int64_t e, int64_t o, int64_t n) {
-    return std::tuple{c.dy.slice(0, o, n), c.act.slice(0, o, n), grad(p_.fc2[size_t(e)])};
+  experts(Linears::Gemm::WeightGrad, c.offsets, [&](int64_t e, int64_t o, int64_t n) {
+    const int id = p_.fc2[size_t(e)];
+    return std::tuple{c.dy.slice(0, o, n), c.act.slice(0, o, n), grad(id), id};
   });
-  experts_gemm(be_, c.offsets, true, false, 1.0f, [&](int64_t e, int64_t o, int64_t n) {
-    return std::tuple{c.dgu.slice(0, o, n), c.xp.slice(0, o, n), grad(p_.fc1[size_t(e)])};
+  experts(Linears::Gemm::WeightGrad, c.offsets, [&](int64_t e, int64_t o, int64_t n) {
+    const int id = p_.fc1[size_t(e)];
+    return std::tuple{c.dgu.slice(0, o, n), c.xp.slice(0, o, n), grad(id), id};
   });
   acc(c.dlogits, c.h_local, p_.router);
   if (p_.shared_fc1 >= 0) {
-    acc(c.dy_shared, c.sact, p_.shared_fc2);
-    acc(c.dsgu, c.h, p_.shared_fc1);
+    Tensor g2 = grad(p_.shared_fc2), g1 = grad(p_.shared_fc1);
+    lin_.weight_grad(1.0f, c.dy_shared, c.sact, p_.shared_fc2, g2);
+    lin_.weight_grad(1.0f, c.dsgu, c.h, p_.shared_fc1, g1);
     if (p_.shared_gate >= 0)
       acc(ops::tensor_from_values(c.dgate, {c.h_local.size(0), 1}, act_, be_.device()), c.h_local, p_.shared_gate);
   }

@@ -31,6 +31,7 @@
 
 #include "core/tensor.h"
 #include "kernels/backend.h"
+#include "model/linears.h"
 #include "model/model_spec.h"
 #include "model/param_store.h"
 #include "model/router.h"
@@ -102,7 +103,8 @@ class MoeLayer {
   // dispatcher: expert parallelism (token_dispatch.h); null when this rank holds every expert.
   // share: sequence or context parallelism, each rank routes its own tokens (router.h).
   // expert_tp: the tp group when the experts are split over it (expert_tensor_parallel_size > 1).
-  MoeLayer(const ModelSpec& spec, ops::Backend& backend, DType activation, MoeParams params,
+  // linears: where the experts' and the shared expert's GEMMs run (model/linears.h: FP8 or not).
+  MoeLayer(const ModelSpec& spec, ops::Backend& backend, DType activation, MoeParams params, const Linears& linears,
            std::shared_ptr<const TokenDispatcher> dispatcher = nullptr, TokenShare share = {},
            TensorParallelRows expert_tp = {});
 
@@ -120,7 +122,13 @@ class MoeLayer {
   Tensor empty(const Shape& s) const { return be_.empty(s, act_); }
   void check_same_routing(const MoeContext& c) const;  // split experts: collective over tp
   ModelSpec spec_;
+  // The experts' GEMMs of one kind as one grouped GEMM over the experts with rows: problem e is
+  // operands(expert, first permuted row, rows) = [A_e, B_e, D_e] and the expert's weight id.
+  template <typename F>
+  void experts(Linears::Gemm kind, const std::vector<int64_t>& offsets, F&& operands) const;
+
   ops::Backend& be_;
+  const Linears& lin_;
   DType act_, stat_;
   MoeParams p_;
   std::shared_ptr<const TokenDispatcher> ep_;

@@ -56,7 +56,7 @@ void TracedBackend::gemm(bool trans_a, bool trans_b, float alpha, const Tensor& 
   finish_gemm(e, end, trans_b, B, D, c.dtype, {c.a, c.b, c.c}, c.flops, c.bytes);
 }
 
-void TracedBackend::grouped_gemm(bool trans_a, bool trans_b, float alpha, const std::vector<Tensor>& A,
+void TracedBackend::grouped_gemm(bool trans_a, bool trans_b, const std::vector<float>& alpha, const std::vector<Tensor>& A,
                                  const std::vector<Tensor>& B, float beta, std::vector<Tensor>& D) {
   if (!p_.active() || A.empty() || A.size() != B.size() || A.size() != D.size())
     return be_.grouped_gemm(trans_a, trans_b, alpha, A, B, beta, D);

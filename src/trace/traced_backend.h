@@ -26,7 +26,8 @@ class TracedBackend final : public ops::Backend {
             Tensor& D, const Tensor& bias) override;
   // One "gemm" event for the whole group: its FLOPs and bytes summed, dims those of the one GEMM
   // it equals (the problems' rows stacked; for a weight gradient their K), dims[3] the problems.
-  void grouped_gemm(bool trans_a, bool trans_b, float alpha, const std::vector<Tensor>& A,
+  using ops::Backend::grouped_gemm;
+  void grouped_gemm(bool trans_a, bool trans_b, const std::vector<float>& alpha, const std::vector<Tensor>& A,
                     const std::vector<Tensor>& B, float beta, std::vector<Tensor>& D) override;
   void rmsnorm_forward(const Tensor& x, const Tensor& w, Tensor& y, Tensor& rstd, float eps) override;
   void rmsnorm_backward_input(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& rstd,

@@ -112,10 +112,10 @@ void CudaBackend::gemm(bool ta, bool tb, float alpha, const Tensor& A, const Ten
              p.bias ? bias.raw() : nullptr, stream());
 }
 
-void CudaBackend::grouped_gemm(bool ta, bool tb, float alpha, const std::vector<Tensor>& A, const std::vector<Tensor>& Bm,
-                               float beta, std::vector<Tensor>& D) {
-  PRIMUS_CHECK(A.size() == Bm.size() && A.size() == D.size(), "grouped_gemm of {} A, {} B and {} D", A.size(),
-               Bm.size(), D.size());
+void CudaBackend::grouped_gemm(bool ta, bool tb, const std::vector<float>& alpha, const std::vector<Tensor>& A,
+                               const std::vector<Tensor>& Bm, float beta, std::vector<Tensor>& D) {
+  PRIMUS_CHECK(A.size() == Bm.size() && A.size() == D.size() && alpha.size() == A.size(),
+               "grouped_gemm of {} A, {} B, {} D and {} alphas", A.size(), Bm.size(), D.size(), alpha.size());
   std::vector<GroupedGemmProblem> problems;
   for (size_t i = 0; i < A.size(); ++i) {
     PRIMUS_CHECK(A[i].dim() == 2 && Bm[i].dim() == 2 && D[i].dim() == 2, "grouped_gemm problem {} takes 2-d tensors", i);
@@ -127,7 +127,7 @@ void CudaBackend::grouped_gemm(bool ta, bool tb, float alpha, const std::vector<
       continue;
     }
     if (D[i].dtype() != DType::BF16) {  // bf16 x bf16 -> fp32 is not a type combination of the grouped call
-      gemm(ta, tb, alpha, A[i], Bm[i], beta, beta != 0.0f ? D[i] : Tensor(), D[i], Tensor());
+      gemm(ta, tb, alpha[i], A[i], Bm[i], beta, beta != 0.0f ? D[i] : Tensor(), D[i], Tensor());
       continue;
     }
     const GemmProblem g = gemm_problem(ta, tb, A[i], Bm[i], D[i], fmt::format("grouped_gemm problem {}", i));
@@ -135,9 +135,10 @@ void CudaBackend::grouped_gemm(bool ta, bool tb, float alpha, const std::vector<
     p.m = g.m, p.n = g.n, p.k = g.k;
     p.lda = g.lda, p.ldb = g.ldb, p.ldd = g.ldd;
     p.A = A[i].raw(), p.B = Bm[i].raw(), p.D = D[i].raw();
+    p.alpha = alpha[i];
     problems.push_back(p);
   }
-  cuda::grouped_gemm(ta, tb, alpha, beta, problems);
+  cuda::grouped_gemm(ta, tb, beta, problems);
 }
 
 void CudaBackend::rmsnorm_forward(const Tensor& x, const Tensor& w, Tensor& y, Tensor& rstd, float eps) {

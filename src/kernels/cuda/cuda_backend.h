@@ -21,7 +21,8 @@ class CudaBackend final : public ops::Backend {
             Tensor& D, const Tensor& bias) override;
   // bf16 outputs (the experts' forward and input-gradient GEMMs): one cuBLAS grouped call
   // (grouped_gemm.h); fp32 outputs (their weight gradients): one cuBLASLt GEMM each.
-  void grouped_gemm(bool trans_a, bool trans_b, float alpha, const std::vector<Tensor>& A,
+  using ops::Backend::grouped_gemm;
+  void grouped_gemm(bool trans_a, bool trans_b, const std::vector<float>& alpha, const std::vector<Tensor>& A,
                     const std::vector<Tensor>& B, float beta, std::vector<Tensor>& D) override;
   void rmsnorm_forward(const Tensor& x, const Tensor& w, Tensor& y, Tensor& rstd, float eps) override;
   void rmsnorm_backward_input(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& rstd,

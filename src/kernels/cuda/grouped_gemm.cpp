@@ -47,7 +47,7 @@ int as_int(int64_t v, const char* what, size_t problem) {
 
 }  // namespace
 
-void grouped_gemm(bool trans_a, bool trans_b, float alpha, float beta, const std::vector<GroupedGemmProblem>& problems) {
+void grouped_gemm(bool trans_a, bool trans_b, float beta, const std::vector<GroupedGemmProblem>& problems) {
   // Row-major D = op(A) op(B) is column-major D^T = op(B)^T op(A)^T (as in gemm.cpp): cuBLAS's A
   // is our B and its m our n; each matrix's leading dimension is its row stride.
   std::vector<cublasOperation_t> ta, tb;
@@ -69,7 +69,7 @@ void grouped_gemm(bool trans_a, bool trans_b, float alpha, float beta, const std
     ldb.push_back(as_int(p.lda, "lda", i));
     ldc.push_back(as_int(p.ldd, "ldd", i));
     group_size.push_back(1);
-    alphas.push_back(alpha);
+    alphas.push_back(p.alpha);
     betas.push_back(beta);
     a.push_back(p.B);
     b.push_back(p.A);

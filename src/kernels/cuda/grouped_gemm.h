@@ -23,11 +23,12 @@ struct GroupedGemmProblem {
   const void* A = nullptr;
   const void* B = nullptr;
   void* D = nullptr;
+  float alpha = 1.0f;  // D = alpha op(A) op(B) + beta D
 };
 
 // Runs every problem on the compute stream (runtime.h), after the pointer arrays' copy on it;
 // problems with m or n 0 are skipped. Errors (a cuBLAS status, k 0, a dimension past int) are
 // primus::Error naming the call and the problem.
-void grouped_gemm(bool trans_a, bool trans_b, float alpha, float beta, const std::vector<GroupedGemmProblem>& problems);
+void grouped_gemm(bool trans_a, bool trans_b, float beta, const std::vector<GroupedGemmProblem>& problems);
 
 }  // namespace primus::cuda

@@ -49,7 +49,7 @@ TEST(MegatronKeys, TableIsSortedUniqueAndLeavesOurKeysToUs) {
   for (const char* name : {"wandb_project", "stderr_sink_level", "ckpt_format", "enable_primus_turbo",
                            "cross_entropy_fusion_impl", "overlap_param_gather", "use_flash_attn"})
     ASSERT_TRUE(find_foreign_key(name) && find_foreign_key(name)->status == KeyStatus::NoEffect) << name;
-  for (const char* name : {"swiglu", "normalization", "mamba_num_heads", "fp8", "train_data_path"})
+  for (const char* name : {"swiglu", "normalization", "mamba_num_heads", "fp4", "train_data_path"})
     ASSERT_TRUE(find_foreign_key(name) && find_foreign_key(name)->status == KeyStatus::NotSupported) << name;
   EXPECT_EQ(find_foreign_key("no_such_key"), nullptr);
   EXPECT_STREQ(key_source("micro_batch_size"), "Megatron-LM, Primus");
@@ -102,7 +102,7 @@ TEST(MegatronKeys, NotSupportedIsAnErrorUnlessItIsTheEngineValue) {
     const char* key;
   };
   for (const Case& c : {Case{"      normalization: LayerNorm\n", "normalization"},
-                        Case{"      mamba_num_heads: 8\n", "mamba_num_heads"}, Case{"      fp8: hybrid\n", "fp8"},
+                        Case{"      mamba_num_heads: 8\n", "mamba_num_heads"}, Case{"      fp4: e2m1\n", "fp4"},
                         Case{"      swiglu: false\n", "swiglu"}, Case{"      no_save_optim: true\n", "no_save_optim"},
                         Case{"      attention_dropout: 0.1\n", "attention_dropout"}}) {
     auto f = d.write("bad.yaml", experiment(c.line));

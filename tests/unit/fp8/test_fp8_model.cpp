@@ -96,6 +96,49 @@ INSTANTIATE_TEST_SUITE_P(Recipes, Fp8Linear,
                                            RecipeCase{Fp8Recipe::Mxfp8, fp8::Granularity::Mx32,
                                                       fp8::Granularity::Mx32}));
 
+// The experts' grouped GEMMs: each problem equals its own linear's GEMM, each with its own scales
+// (an expert outside FP8 beside them runs as it is).
+TEST_P(Fp8Linear, GroupedGemmsAreEachProblemsOwn) {
+  cpu::CpuBackend be;
+  Fp8Options o;
+  o.enabled = true;
+  o.recipe = GetParam().recipe;
+  Linears lin(be, DType::F32, o, 2);
+  lin.declare(0, "e0", 0);
+  lin.declare(1, "e1", 0);
+  lin.declare(2, "e2", 1);
+  o.enabled = false;
+  const int64_t in = 40, out = 24;
+  const std::vector<int64_t> rows = {5, 9, 3};
+  const std::vector<int> ids = {0, 1, 7};  // weight 7 is not an FP8 linear
+  std::vector<Tensor> X, W, DY;
+  for (int e = 0; e < 3; ++e) {
+    X.push_back(random({rows[size_t(e)], in}, 10 + e, 1.0f + float(e)));
+    W.push_back(random({out, in}, 20 + e, 0.05f * float(e + 1)));
+    DY.push_back(random({rows[size_t(e)], out}, 30 + e, 1e-3f));
+  }
+  auto same = [&](Linears::Gemm kind) {
+    std::vector<Tensor> got, want;
+    for (int e = 0; e < 3; ++e) {
+      const bool wg = kind == Linears::Gemm::WeightGrad;
+      const Shape s = wg ? Shape{out, in} : kind == Linears::Gemm::Forward ? Shape{rows[size_t(e)], out}
+                                                                           : Shape{rows[size_t(e)], in};
+      got.push_back(Tensor::zeros(s));
+      want.push_back(Tensor::zeros(s));
+      if (kind == Linears::Gemm::Forward) lin.forward(1.0f, X[size_t(e)], W[size_t(e)], ids[size_t(e)], 0.0f, Tensor(), want.back(), Tensor());
+      if (kind == Linears::Gemm::InputGrad) lin.input_grad(1.0f, DY[size_t(e)], W[size_t(e)], ids[size_t(e)], 0.0f, Tensor(), want.back());
+      if (wg) lin.weight_grad(1.0f, DY[size_t(e)], X[size_t(e)], ids[size_t(e)], want.back());
+    }
+    const std::vector<Tensor>& A = kind == Linears::Gemm::Forward ? X : DY;
+    const std::vector<Tensor>& B = kind == Linears::Gemm::WeightGrad ? X : W;
+    lin.grouped(kind, A, B, ids, got);
+    for (int e = 0; e < 3; ++e) expect_same(got[size_t(e)], want[size_t(e)]);
+  };
+  same(Linears::Gemm::Forward);
+  same(Linears::Gemm::InputGrad);
+  same(Linears::Gemm::WeightGrad);
+}
+
 TEST(Fp8Linears, FirstAndLastLayersStayInBf16AndWgradCanStayInHighPrecision) {
   cpu::CpuBackend be;
   Fp8Options o;

@@ -95,14 +95,14 @@ void Bf16Backend::gemm(bool ta, bool tb, float alpha, const Tensor& A, const Ten
   bf16k::gemm(gemm_args(ta, tb, alpha, A, B, beta, C, D, bias));
 }
 
-void Bf16Backend::grouped_gemm(bool ta, bool tb, float alpha, const std::vector<Tensor>& A, const std::vector<Tensor>& B,
-                               float beta, std::vector<Tensor>& D) {
-  PRIMUS_CHECK(A.size() == B.size() && A.size() == D.size(), "grouped_gemm of {} A, {} B and {} D", A.size(), B.size(),
-               D.size());
+void Bf16Backend::grouped_gemm(bool ta, bool tb, const std::vector<float>& alpha, const std::vector<Tensor>& A,
+                               const std::vector<Tensor>& B, float beta, std::vector<Tensor>& D) {
+  PRIMUS_CHECK(A.size() == B.size() && A.size() == D.size() && alpha.size() == A.size(),
+               "grouped_gemm of {} A, {} B, {} D and {} alphas", A.size(), B.size(), D.size(), alpha.size());
   std::vector<bf16k::GemmArgs> args;
   args.reserve(A.size());
   for (size_t i = 0; i < A.size(); ++i)
-    args.push_back(gemm_args(ta, tb, alpha, A[i], B[i], beta, beta != 0.0f ? D[i] : Tensor(), D[i], Tensor()));
+    args.push_back(gemm_args(ta, tb, alpha[i], A[i], B[i], beta, beta != 0.0f ? D[i] : Tensor(), D[i], Tensor()));
   bf16k::gemm_grouped(args.data(), int64_t(args.size()));
 }
 
