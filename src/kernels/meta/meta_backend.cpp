@@ -67,7 +67,7 @@ void MetaBackend::gemm(bool trans_a, bool trans_b, float, const Tensor& A, const
   record(gemm_call(trans_a, trans_b, A, B, beta, C, D, bias));
 }
 
-void MetaBackend::grouped_gemm(bool trans_a, bool trans_b, float, const std::vector<Tensor>& A,
+void MetaBackend::grouped_gemm(bool trans_a, bool trans_b, const std::vector<float>&, const std::vector<Tensor>& A,
                                const std::vector<Tensor>& B, float beta, std::vector<Tensor>& D) {
   PRIMUS_CHECK(A.size() == B.size() && A.size() == D.size(), "grouped_gemm of {} A, {} B and {} D", A.size(), B.size(),
                D.size());

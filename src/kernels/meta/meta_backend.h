@@ -55,8 +55,9 @@ class MetaBackend final : public Backend, private MetaObserver {
 
   void gemm(bool trans_a, bool trans_b, float alpha, const Tensor& A, const Tensor& B, float beta, const Tensor& C,
             Tensor& D, const Tensor& bias) override;
-  void grouped_gemm(bool trans_a, bool trans_b, float alpha, const std::vector<Tensor>& A, const std::vector<Tensor>& B,
-                    float beta, std::vector<Tensor>& D) override;
+  using ops::Backend::grouped_gemm;
+  void grouped_gemm(bool trans_a, bool trans_b, const std::vector<float>& alpha, const std::vector<Tensor>& A,
+                    const std::vector<Tensor>& B, float beta, std::vector<Tensor>& D) override;
   void rmsnorm_forward(const Tensor& x, const Tensor& w, Tensor& y, Tensor& rstd, float eps) override;
   void rmsnorm_backward_input(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& rstd,
                               const Tensor& residual, Tensor& dx) override;
