@@ -30,15 +30,15 @@ namespace primus::data {
 
 struct ChatTemplateLimits {
   size_t max_output_bytes = size_t(64) << 20;  // the rendered text; also any one string or list built
-  int64_t max_steps = 10'000'000;               // statements run, loop iterations and calls, per render
-  int max_call_depth = 64;                      // macros calling macros
+  int64_t max_steps = 10'000'000;              // statements run, loop iterations and calls, per render
+  int max_call_depth = 64;                     // macros calling macros
 };
 
 // The variables apply_chat_template passes to the template.
 struct ChatRenderInput {
   nlohmann::ordered_json messages = nlohmann::ordered_json::array();  // [{"role": ..., "content": ...}, ...]
-  std::string bos_token;                                            // passed when not empty
-  std::string eos_token;                                            // passed when not empty
+  std::string bos_token;                                              // passed when not empty
+  std::string eos_token;                                              // passed when not empty
   bool add_generation_prompt = false;
   nlohmann::ordered_json tools;  // a list of tool schemas, or null (the template sees None, as in HF)
   nlohmann::ordered_json extra = nlohmann::ordered_json::object();  // more variables: enable_thinking, ...

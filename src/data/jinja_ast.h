@@ -18,23 +18,23 @@ using StmtPtr = std::unique_ptr<Stmt>;
 using Body = std::vector<StmtPtr>;
 
 enum class ExprKind {
-  Literal,   // value
-  Name,      // name
-  List,      // items
-  Tuple,     // items
-  Dict,      // keys[i]: items[i]
-  Attr,      // object.name
-  Item,      // object[items[0]]
-  Slice,     // object[items[0]:items[1]:items[2]] (null = omitted)
-  Call,      // object(args...)
-  Filter,    // object | name(args...)
-  Test,      // object is [not] name(args...)
-  Neg,       // -object
-  Pos,       // +object
-  Not,       // not object
-  Binary,    // items[0] op items[1]: + - * / // % ** ~ and or
-  Compare,   // items[0] ops[0] items[1] ops[1] items[2] ...: == != < <= > >= in notin
-  Cond,      // items[0] if items[1] else items[2] (items[2] may be null)
+  Literal,  // value
+  Name,     // name
+  List,     // items
+  Tuple,    // items
+  Dict,     // keys[i]: items[i]
+  Attr,     // object.name
+  Item,     // object[items[0]]
+  Slice,    // object[items[0]:items[1]:items[2]] (null = omitted)
+  Call,     // object(args...)
+  Filter,   // object | name(args...)
+  Test,     // object is [not] name(args...)
+  Neg,      // -object
+  Pos,      // +object
+  Not,      // not object
+  Binary,   // items[0] op items[1]: + - * / // % ** ~ and or
+  Compare,  // items[0] ops[0] items[1] ops[1] items[2] ...: == != < <= > >= in notin
+  Cond,     // items[0] if items[1] else items[2] (items[2] may be null)
 };
 
 struct Arg {
@@ -46,7 +46,7 @@ struct Expr {
   ExprKind kind;
   size_t offset = 0;
   Value value;
-  std::string name;  // Name, Attr, Filter, Test; Binary's operator
+  std::string name;      // Name, Attr, Filter, Test; Binary's operator
   bool negated = false;  // Test: `is not`
   ExprPtr object;
   std::vector<ExprPtr> items;
@@ -56,13 +56,13 @@ struct Expr {
 };
 
 enum class StmtKind {
-  Text,        // text
-  Output,      // {{ expr }}
-  If,          // conditions[i] -> bodies[i]; else_body
-  For,         // for targets in expr [if filter] body [else else_body]
-  Set,         // set targets = expr, or set name.attr = expr
-  SetBlock,    // set targets[0] %} body {% endset
-  Macro,       // macro name(params) body
+  Text,      // text
+  Output,    // {{ expr }}
+  If,        // conditions[i] -> bodies[i]; else_body
+  For,       // for targets in expr [if filter] body [else else_body]
+  Set,       // set targets = expr, or set name.attr = expr
+  SetBlock,  // set targets[0] %} body {% endset
+  Macro,     // macro name(params) body
   Break,
   Continue,
   Generation,  // Hugging Face's {% generation %} body {% endgeneration %}

@@ -191,10 +191,18 @@ Value select_items(const Value& v, const CallArgs& a, const BuiltinContext& ctx,
   return Value::list(std::move(out));
 }
 
-Value f_select(const Value& v, const CallArgs& a, const BuiltinContext& c) { return select_items(v, a, c, false, true); }
-Value f_reject(const Value& v, const CallArgs& a, const BuiltinContext& c) { return select_items(v, a, c, false, false); }
-Value f_selectattr(const Value& v, const CallArgs& a, const BuiltinContext& c) { return select_items(v, a, c, true, true); }
-Value f_rejectattr(const Value& v, const CallArgs& a, const BuiltinContext& c) { return select_items(v, a, c, true, false); }
+Value f_select(const Value& v, const CallArgs& a, const BuiltinContext& c) {
+  return select_items(v, a, c, false, true);
+}
+Value f_reject(const Value& v, const CallArgs& a, const BuiltinContext& c) {
+  return select_items(v, a, c, false, false);
+}
+Value f_selectattr(const Value& v, const CallArgs& a, const BuiltinContext& c) {
+  return select_items(v, a, c, true, true);
+}
+Value f_rejectattr(const Value& v, const CallArgs& a, const BuiltinContext& c) {
+  return select_items(v, a, c, true, false);
+}
 
 Value f_map(const Value& v, const CallArgs& a, const BuiltinContext& ctx) {
   std::vector<Value> out;
@@ -255,10 +263,14 @@ Value f_round(const Value& v, const CallArgs& a, const BuiltinContext&) {
   if (!v.is_number()) fail("round: a number is required, not {}", v.type_name());
   const double scale = std::pow(10.0, double(precision)), x = v.as_double() * scale;
   double r;
-  if (method == "common") r = std::round(x);
-  else if (method == "ceil") r = std::ceil(x);
-  else if (method == "floor") r = std::floor(x);
-  else fail("round: method must be 'common', 'ceil' or 'floor', not '{}'", method);
+  if (method == "common")
+    r = std::round(x);
+  else if (method == "ceil")
+    r = std::ceil(x);
+  else if (method == "floor")
+    r = std::floor(x);
+  else
+    fail("round: method must be 'common', 'ceil' or 'floor', not '{}'", method);
   return Value(r / scale);
 }
 
@@ -281,7 +293,8 @@ Value f_format(const Value& v, const CallArgs& a, const BuiltinContext&) {
 
 Value f_indent(const Value& v, const CallArgs& a, const BuiltinContext&) {
   BoundArgs b("indent", a, {"width", "first", "blank"});
-  const std::string pad = b[0].is_string() ? b[0].str() : std::string(size_t(b.given(0) ? b.integer(0, "width") : 4), ' ');
+  const std::string pad = b[0].is_string() ? b[0].str()
+                                           : std::string(size_t(b.given(0) ? b.integer(0, "width") : 4), ' ');
   std::vector<std::string> lines = py_splitlines(to_str(v) + "\n");
   std::string out;
   for (size_t i = 0; i < lines.size(); ++i) {
@@ -293,14 +306,37 @@ Value f_indent(const Value& v, const CallArgs& a, const BuiltinContext&) {
 
 const std::unordered_map<std::string_view, FilterFn>& filters() {
   static const std::unordered_map<std::string_view, FilterFn> table = {
-      {"trim", f_trim},         {"tojson", f_tojson},       {"length", f_length},   {"count", f_length},
-      {"upper", f_upper},       {"lower", f_lower},         {"title", f_title},     {"capitalize", f_capitalize},
-      {"join", f_join},         {"default", f_default},     {"d", f_default},       {"items", f_items},
-      {"first", f_first},       {"last", f_last},           {"string", f_string},   {"replace", f_replace},
-      {"list", f_list},         {"reverse", f_reverse},     {"select", f_select},   {"reject", f_reject},
-      {"selectattr", f_selectattr}, {"rejectattr", f_rejectattr}, {"map", f_map}, {"abs", f_abs},
-      {"int", f_int},           {"float", f_float},         {"round", f_round},     {"sum", f_sum},
-      {"safe", f_safe},         {"format", f_format},       {"indent", f_indent},
+      {"trim", f_trim},
+      {"tojson", f_tojson},
+      {"length", f_length},
+      {"count", f_length},
+      {"upper", f_upper},
+      {"lower", f_lower},
+      {"title", f_title},
+      {"capitalize", f_capitalize},
+      {"join", f_join},
+      {"default", f_default},
+      {"d", f_default},
+      {"items", f_items},
+      {"first", f_first},
+      {"last", f_last},
+      {"string", f_string},
+      {"replace", f_replace},
+      {"list", f_list},
+      {"reverse", f_reverse},
+      {"select", f_select},
+      {"reject", f_reject},
+      {"selectattr", f_selectattr},
+      {"rejectattr", f_rejectattr},
+      {"map", f_map},
+      {"abs", f_abs},
+      {"int", f_int},
+      {"float", f_float},
+      {"round", f_round},
+      {"sum", f_sum},
+      {"safe", f_safe},
+      {"format", f_format},
+      {"indent", f_indent},
   };
   return table;
 }
@@ -405,78 +441,104 @@ bool affix_matches(const std::string& s, const Value& affix, bool prefix, const 
   return one(affix);
 }
 
+Value m_strip(const Value& s, const CallArgs& a, const BuiltinContext&) {
+  return m_strip_side(s, a, StripSide::Both, "str.strip");
+}
+Value m_lstrip(const Value& s, const CallArgs& a, const BuiltinContext&) {
+  return m_strip_side(s, a, StripSide::Left, "str.lstrip");
+}
+Value m_rstrip(const Value& s, const CallArgs& a, const BuiltinContext&) {
+  return m_strip_side(s, a, StripSide::Right, "str.rstrip");
+}
+
+Value m_split(const Value& s, const CallArgs& a, const BuiltinContext&) {
+  BoundArgs b("str.split", a, {"sep", "maxsplit"});
+  return py_split(s.str(), b[0], b.given(1) ? b.integer(1, "maxsplit") : -1);
+}
+
+Value m_startswith(const Value& s, const CallArgs& a, const BuiltinContext&) {
+  BoundArgs b("str.startswith", a, {"prefix"});
+  return Value(affix_matches(s.str(), b[0], true, "str.startswith"));
+}
+
+Value m_endswith(const Value& s, const CallArgs& a, const BuiltinContext&) {
+  BoundArgs b("str.endswith", a, {"suffix"});
+  return Value(affix_matches(s.str(), b[0], false, "str.endswith"));
+}
+
+// str.upper() and the other methods without arguments that map a string to a string.
+template <std::string (*F)(const std::string&)>
+Value m_mapped(const Value& s, const CallArgs& a, const BuiltinContext&) {
+  BoundArgs("a str method", a, {});
+  return Value(F(s.str()));
+}
+
+Value m_replace(const Value& s, const CallArgs& a, const BuiltinContext& c) {
+  BoundArgs b("str.replace", a, {"old", "new", "count"});
+  std::string out = py_replace(s.str(), b.str(0, "old"), b.str(1, "new"), b.given(2) ? b.integer(2, "count") : -1);
+  if (out.size() > c.max_value_bytes) fail("str.replace makes a string larger than {} bytes", c.max_value_bytes);
+  return Value(std::move(out));
+}
+
+Value m_find(const Value& s, const CallArgs& a, const BuiltinContext&) {
+  BoundArgs b("str.find", a, {"sub"});
+  const size_t at = s.str().find(b.str(0, "sub"));
+  return Value(at == std::string::npos ? int64_t(-1) : int64_t(code_point_count(s.str().substr(0, at))));
+}
+
+Value m_count(const Value& s, const CallArgs& a, const BuiltinContext&) {
+  BoundArgs b("str.count", a, {"sub"});
+  const std::string& sub = b.str(0, "sub");
+  if (sub.empty()) return Value(int64_t(code_point_count(s.str()) + 1));
+  int64_t n = 0;
+  for (size_t at = s.str().find(sub); at != std::string::npos; at = s.str().find(sub, at + sub.size())) ++n;
+  return Value(n);
+}
+
+Value m_join(const Value& s, const CallArgs& a, const BuiltinContext& c) {
+  BoundArgs b("str.join", a, {"iterable"});
+  std::string out;
+  bool first = true;
+  for (const Value& x : iterate(b[0])) {
+    if (!x.is_string()) fail("str.join: expected str items, found {}", x.type_name());
+    out += (first ? "" : s.str()) + x.str();
+    first = false;
+    if (out.size() > c.max_value_bytes) fail("str.join makes a string larger than {} bytes", c.max_value_bytes);
+  }
+  return Value(std::move(out));
+}
+
+Value m_removeprefix(const Value& s, const CallArgs& a, const BuiltinContext&) {
+  BoundArgs b("str.removeprefix", a, {"prefix"});
+  const std::string& p = b.str(0, "prefix");
+  return Value(s.str().compare(0, p.size(), p) == 0 ? s.str().substr(p.size()) : s.str());
+}
+
+Value m_removesuffix(const Value& s, const CallArgs& a, const BuiltinContext&) {
+  BoundArgs b("str.removesuffix", a, {"suffix"});
+  const std::string& p = b.str(0, "suffix");
+  const bool ends = p.size() <= s.str().size() && s.str().compare(s.str().size() - p.size(), p.size(), p) == 0;
+  return Value(ends && !p.empty() ? s.str().substr(0, s.str().size() - p.size()) : s.str());
+}
+
 const std::unordered_map<std::string_view, FilterFn>& string_methods() {
   static const std::unordered_map<std::string_view, FilterFn> table = {
-      {"strip", [](const Value& s, const CallArgs& a, const BuiltinContext&) { return m_strip_side(s, a, StripSide::Both, "str.strip"); }},
-      {"lstrip", [](const Value& s, const CallArgs& a, const BuiltinContext&) { return m_strip_side(s, a, StripSide::Left, "str.lstrip"); }},
-      {"rstrip", [](const Value& s, const CallArgs& a, const BuiltinContext&) { return m_strip_side(s, a, StripSide::Right, "str.rstrip"); }},
-      {"split",
-       [](const Value& s, const CallArgs& a, const BuiltinContext&) {
-         BoundArgs b("str.split", a, {"sep", "maxsplit"});
-         return py_split(s.str(), b[0], b.given(1) ? b.integer(1, "maxsplit") : -1);
-       }},
-      {"startswith",
-       [](const Value& s, const CallArgs& a, const BuiltinContext&) {
-         BoundArgs b("str.startswith", a, {"prefix"});
-         return Value(affix_matches(s.str(), b[0], true, "str.startswith"));
-       }},
-      {"endswith",
-       [](const Value& s, const CallArgs& a, const BuiltinContext&) {
-         BoundArgs b("str.endswith", a, {"suffix"});
-         return Value(affix_matches(s.str(), b[0], false, "str.endswith"));
-       }},
-      {"upper", [](const Value& s, const CallArgs& a, const BuiltinContext&) { BoundArgs("str.upper", a, {}); return Value(py_upper(s.str())); }},
-      {"lower", [](const Value& s, const CallArgs& a, const BuiltinContext&) { BoundArgs("str.lower", a, {}); return Value(py_lower(s.str())); }},
-      {"title", [](const Value& s, const CallArgs& a, const BuiltinContext&) { BoundArgs("str.title", a, {}); return Value(py_title(s.str())); }},
-      {"capitalize", [](const Value& s, const CallArgs& a, const BuiltinContext&) { BoundArgs("str.capitalize", a, {}); return Value(py_capitalize(s.str())); }},
-      {"replace",
-       [](const Value& s, const CallArgs& a, const BuiltinContext& c) {
-         BoundArgs b("str.replace", a, {"old", "new", "count"});
-         std::string out = py_replace(s.str(), b.str(0, "old"), b.str(1, "new"), b.given(2) ? b.integer(2, "count") : -1);
-         if (out.size() > c.max_value_bytes) fail("str.replace makes a string larger than {} bytes", c.max_value_bytes);
-         return Value(std::move(out));
-       }},
-      {"find",
-       [](const Value& s, const CallArgs& a, const BuiltinContext&) {
-         BoundArgs b("str.find", a, {"sub"});
-         const size_t at = s.str().find(b.str(0, "sub"));
-         return Value(at == std::string::npos ? int64_t(-1) : int64_t(code_point_count(s.str().substr(0, at))));
-       }},
-      {"count",
-       [](const Value& s, const CallArgs& a, const BuiltinContext&) {
-         BoundArgs b("str.count", a, {"sub"});
-         const std::string& sub = b.str(0, "sub");
-         if (sub.empty()) return Value(int64_t(code_point_count(s.str()) + 1));
-         int64_t n = 0;
-         for (size_t at = s.str().find(sub); at != std::string::npos; at = s.str().find(sub, at + sub.size())) ++n;
-         return Value(n);
-       }},
-      {"join",
-       [](const Value& s, const CallArgs& a, const BuiltinContext& c) {
-         BoundArgs b("str.join", a, {"iterable"});
-         std::string out;
-         bool first = true;
-         for (const Value& x : iterate(b[0])) {
-           if (!x.is_string()) fail("str.join: expected str items, found {}", x.type_name());
-           out += (first ? "" : s.str()) + x.str();
-           first = false;
-           if (out.size() > c.max_value_bytes) fail("str.join makes a string larger than {} bytes", c.max_value_bytes);
-         }
-         return Value(std::move(out));
-       }},
-      {"removeprefix",
-       [](const Value& s, const CallArgs& a, const BuiltinContext&) {
-         BoundArgs b("str.removeprefix", a, {"prefix"});
-         const std::string& p = b.str(0, "prefix");
-         return Value(s.str().compare(0, p.size(), p) == 0 ? s.str().substr(p.size()) : s.str());
-       }},
-      {"removesuffix",
-       [](const Value& s, const CallArgs& a, const BuiltinContext&) {
-         BoundArgs b("str.removesuffix", a, {"suffix"});
-         const std::string& p = b.str(0, "suffix");
-         const bool ends = p.size() <= s.str().size() && s.str().compare(s.str().size() - p.size(), p.size(), p) == 0;
-         return Value(ends && !p.empty() ? s.str().substr(0, s.str().size() - p.size()) : s.str());
-       }},
+      {"strip", m_strip},
+      {"lstrip", m_lstrip},
+      {"rstrip", m_rstrip},
+      {"split", m_split},
+      {"startswith", m_startswith},
+      {"endswith", m_endswith},
+      {"upper", m_mapped<py_upper>},
+      {"lower", m_mapped<py_lower>},
+      {"title", m_mapped<py_title>},
+      {"capitalize", m_mapped<py_capitalize>},
+      {"replace", m_replace},
+      {"find", m_find},
+      {"count", m_count},
+      {"join", m_join},
+      {"removeprefix", m_removeprefix},
+      {"removesuffix", m_removesuffix},
   };
   return table;
 }
@@ -540,8 +602,7 @@ Value method_of(const Value& obj, std::string_view name, const BuiltinContext& c
   if (is_mutator(obj, name)) {
     const std::string what = obj.type_name() + "." + std::string(name);
     return Value::callable(what, [what](const CallArgs&) -> Value {
-      fail("{}(): a chat template may not change a list or dict (Hugging Face renders in an immutable sandbox)",
-           what);
+      fail("{}(): a chat template may not change a list or dict (Hugging Face renders in an immutable sandbox)", what);
     });
   }
   return Value::undefined(std::string(name));

@@ -90,7 +90,8 @@ class Interpreter {
 
   void step(size_t offset) {
     if (++steps_ > limits_.max_steps)
-      error_at(offset, fmt::format("rendering takes more than {} steps (a loop that does not end?)", limits_.max_steps));
+      error_at(offset,
+               fmt::format("rendering takes more than {} steps (a loop that does not end?)", limits_.max_steps));
   }
 
   // ---- built-in functions ----
@@ -198,7 +199,8 @@ class Interpreter {
       scope.vars[targets[0]] = v;
       return;
     }
-    if (!v.is_list() && !v.is_string() && !v.is_dict()) error_at(offset, fmt::format("cannot unpack a {}", v.type_name()));
+    if (!v.is_list() && !v.is_string() && !v.is_dict())
+      error_at(offset, fmt::format("cannot unpack a {}", v.type_name()));
     const std::vector<Value> items = guarded([&] { return iterate(v); }, offset);
     if (items.size() != targets.size())
       error_at(offset, fmt::format("cannot unpack {} values into {} names", items.size(), targets.size()));
@@ -255,14 +257,18 @@ class Interpreter {
     if (s.text.empty()) return bind_targets(s.targets, v, scope, s.offset);
     const Value* ns = scope.find(s.targets[0]);
     if (!ns || !ns->is_dict() || !ns->dict().namespace_object)
-      error_at(s.offset, fmt::format("cannot assign attribute '{}' on '{}', which is not a namespace()", s.text,
-                                     s.targets[0]));
-    guarded([&] { ns->mutable_dict().set(s.text, std::move(v)); return 0; }, s.offset);
+      error_at(s.offset,
+               fmt::format("cannot assign attribute '{}' on '{}', which is not a namespace()", s.text, s.targets[0]));
+    guarded(
+        [&] {
+          ns->mutable_dict().set(s.text, std::move(v));
+          return 0;
+        },
+        s.offset);
   }
 
   Flow exec_generation(const Stmt& s, Scope& scope) {
-    if (out_.capturing())
-      error_at(s.offset, "{% generation %} inside a macro or a {% set %} block is not supported");
+    if (out_.capturing()) error_at(s.offset, "{% generation %} inside a macro or a {% set %} block is not supported");
     const size_t begin = out_.size();
     const Flow f = exec_body(s.bodies[0], scope);
     spans_.emplace_back(begin, out_.size());
@@ -271,8 +277,8 @@ class Interpreter {
 
   void define_macro(const Stmt& s, Scope& scope) {
     const Stmt* macro = &s;
-    scope.vars[s.targets[0]] =
-        Value::callable(s.targets[0], [this, macro](const CallArgs& a) { return call_macro(*macro, a); });
+    scope.vars[s.targets[0]] = Value::callable(s.targets[0],
+                                               [this, macro](const CallArgs& a) { return call_macro(*macro, a); });
   }
 
   Value call_macro(const Stmt& m, const CallArgs& a) {
@@ -283,8 +289,10 @@ class Interpreter {
     Scope frame{root_, {}};
     for (size_t i = 0; i < m.params.size(); ++i) {
       const Param& p = m.params[i];
-      if (i < a.positional.size()) frame.vars[p.name] = a.positional[i];
-      else frame.vars[p.name] = p.default_value ? eval(*p.default_value, frame) : Value::undefined(p.name);
+      if (i < a.positional.size())
+        frame.vars[p.name] = a.positional[i];
+      else
+        frame.vars[p.name] = p.default_value ? eval(*p.default_value, frame) : Value::undefined(p.name);
     }
     for (const auto& [name, v] : a.named) {
       if (std::none_of(m.params.begin(), m.params.end(), [&](const Param& p) { return p.name == name; }))
@@ -355,8 +363,10 @@ class Interpreter {
   CallArgs eval_args(const std::vector<Arg>& args, Scope& scope) {
     CallArgs a;
     for (const Arg& x : args) {
-      if (x.name.empty()) a.positional.push_back(eval(*x.value, scope));
-      else a.named.emplace_back(x.name, eval(*x.value, scope));
+      if (x.name.empty())
+        a.positional.push_back(eval(*x.value, scope));
+      else
+        a.named.emplace_back(x.name, eval(*x.value, scope));
     }
     return a;
   }
@@ -406,7 +416,8 @@ class Interpreter {
       if (!x) return std::nullopt;
       const Value v = eval(*x, scope);
       if (v.is_none()) return std::nullopt;
-      if (v.kind() != K::Int && v.kind() != K::Bool) fail("slice indices must be integers or None, not {}", v.type_name());
+      if (v.kind() != K::Int && v.kind() != K::Bool)
+        fail("slice indices must be integers or None, not {}", v.type_name());
       return v.as_int();
     };
     const auto start = bound(e.items[0]), stop = bound(e.items[1]), stride = bound(e.items[2]);
@@ -480,14 +491,22 @@ class Interpreter {
       Value right = eval(*e.items[i + 1], scope);
       const std::string& op = e.ops[i];
       bool r;
-      if (op == "==") r = equal(left, right);
-      else if (op == "!=") r = !equal(left, right);
-      else if (op == "<") r = less_than(left, right);
-      else if (op == ">") r = less_than(right, left);
-      else if (op == "<=") r = !less_than(right, left);
-      else if (op == ">=") r = !less_than(left, right);
-      else if (op == "in") r = contains(right, left);
-      else r = !contains(right, left);  // notin
+      if (op == "==")
+        r = equal(left, right);
+      else if (op == "!=")
+        r = !equal(left, right);
+      else if (op == "<")
+        r = less_than(left, right);
+      else if (op == ">")
+        r = less_than(right, left);
+      else if (op == "<=")
+        r = !less_than(right, left);
+      else if (op == ">=")
+        r = !less_than(left, right);
+      else if (op == "in")
+        r = contains(right, left);
+      else
+        r = !contains(right, left);  // notin
       if (!r) return Value(false);
       left = std::move(right);
     }

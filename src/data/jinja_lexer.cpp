@@ -112,7 +112,10 @@ class Unescaper {
     char32_t v = 0;
     for (int k = 0; k < n; ++k, ++i_) {
       const char h = i_ < end_ ? src_[i_] : '\0';
-      const int d = h >= '0' && h <= '9' ? h - '0' : h >= 'a' && h <= 'f' ? h - 'a' + 10 : h >= 'A' && h <= 'F' ? h - 'A' + 10 : -1;
+      const int d = h >= '0' && h <= '9'   ? h - '0'
+                    : h >= 'a' && h <= 'f' ? h - 'a' + 10
+                    : h >= 'A' && h <= 'F' ? h - 'A' + 10
+                                           : -1;
       if (d < 0) fail("chat template: {}: a \\x, \\u or \\U escape needs {} hex digits", source_position(src_, i_), n);
       v = v * 16 + char32_t(d);
     }

@@ -192,9 +192,12 @@ std::string percent_format(const std::string& fmt, const Value& args) {
     if (next >= values.size()) fail("not enough arguments for format string");
     const Value& v = values[next++];
     if (conv == 'd' && !v.is_number()) fail("%d format: a number is required, not {}", v.type_name());
-    if (conv == 's') out += to_str(v);
-    else if (conv == 'r') out += to_repr(v);
-    else out += std::to_string(is_int(v) ? v.as_int() : int64_t(v.as_double()));
+    if (conv == 's')
+      out += to_str(v);
+    else if (conv == 'r')
+      out += to_repr(v);
+    else
+      out += std::to_string(is_int(v) ? v.as_int() : int64_t(v.as_double()));
   }
   if (next < values.size()) fail("not all arguments converted during string formatting");
   return out;

@@ -134,8 +134,8 @@ class Parser {
       expect(Tok::BlockEnd, "'%}'");
       return make_stmt(kw == "break" ? StmtKind::Break : StmtKind::Continue, t.offset);
     }
-    static const char* const kRefused[] = {"include", "import", "from", "extends", "block", "call", "filter",
-                                           "with", "raw", "do", "autoescape", "trans"};
+    static const char* const kRefused[] = {"include", "import", "from", "extends", "block",      "call",
+                                           "filter",  "with",   "raw",  "do",      "autoescape", "trans"};
     for (const char* r : kRefused)
       if (kw == r) error(t, fmt::format("the '{{% {} %}}' tag is not supported in chat templates", kw));
     error(t, fmt::format("unknown tag '{}'", kw));
@@ -401,9 +401,12 @@ class Parser {
   ExprPtr parse_name() {
     const Token& t = next();
     auto e = make_expr(ExprKind::Literal, t.offset);
-    if (t.text == "true" || t.text == "True") e->value = Value(true);
-    else if (t.text == "false" || t.text == "False") e->value = Value(false);
-    else if (t.text == "none" || t.text == "None") e->value = Value::none();
+    if (t.text == "true" || t.text == "True")
+      e->value = Value(true);
+    else if (t.text == "false" || t.text == "False")
+      e->value = Value(false);
+    else if (t.text == "none" || t.text == "None")
+      e->value = Value::none();
     else {
       e->kind = ExprKind::Name;
       e->name = t.text;
@@ -557,10 +560,10 @@ class Parser {
     t->name = expect_name();
     t->object = std::move(object);
     const Token& c = cur();
-    const bool arg_follows =
-        c.type == Tok::String || c.type == Tok::Int || c.type == Tok::Float ||
-        (c.type == Tok::Name && c.text != "else" && c.text != "or" && c.text != "and" && c.text != "is") ||
-        (c.type == Tok::Op && (c.text == "[" || c.text == "{"));
+    const bool arg_follows = c.type == Tok::String || c.type == Tok::Int || c.type == Tok::Float ||
+                             (c.type == Tok::Name && c.text != "else" && c.text != "or" && c.text != "and" &&
+                              c.text != "is") ||
+                             (c.type == Tok::Op && (c.text == "[" || c.text == "{"));
     if (is_op("(")) {
       t->args = parse_args();
     } else if (arg_follows) {

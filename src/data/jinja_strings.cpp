@@ -93,7 +93,8 @@ std::string icu_map(const std::string& s, F f) {
 std::string upper_one(char32_t c) { return py_upper(u32_to_utf8(std::u32string(1, c))); }
 std::string lower_one(char32_t c) { return py_lower(u32_to_utf8(std::u32string(1, c))); }
 std::string title_one(char32_t c) {
-  return icu_map(u32_to_utf8(std::u32string(1, c)), [](icu::UnicodeString& u) { u.toTitle(nullptr, icu::Locale::getRoot()); });
+  return icu_map(u32_to_utf8(std::u32string(1, c)),
+                 [](icu::UnicodeString& u) { u.toTitle(nullptr, icu::Locale::getRoot()); });
 }
 bool cased(char32_t c) { return u_hasBinaryProperty(UChar32(c), UCHAR_CASED); }
 

@@ -73,16 +73,28 @@ class Value {
   enum class Kind { Undefined, None, Bool, Int, Float, String, List, Dict, Callable };
 
   Value() = default;  // undefined
-  static Value undefined(std::string name) { Value v; v.data_ = UndefinedName{std::move(name)}; return v; }
-  static Value none() { Value v; v.data_ = nullptr; return v; }
-  Value(bool b) : data_(b) {}  // NOLINT: implicit, as Python's literals
-  Value(int64_t i) : data_(i) {}  // NOLINT
-  Value(int i) : data_(int64_t(i)) {}  // NOLINT
-  Value(double f) : data_(f) {}  // NOLINT
-  Value(std::string s) : data_(std::move(s)) {}  // NOLINT
+  static Value undefined(std::string name) {
+    Value v;
+    v.data_ = UndefinedName{std::move(name)};
+    return v;
+  }
+  static Value none() {
+    Value v;
+    v.data_ = nullptr;
+    return v;
+  }
+  Value(bool b) : data_(b) {}                      // NOLINT: implicit, as Python's literals
+  Value(int64_t i) : data_(i) {}                   // NOLINT
+  Value(int i) : data_(int64_t(i)) {}              // NOLINT
+  Value(double f) : data_(f) {}                    // NOLINT
+  Value(std::string s) : data_(std::move(s)) {}    // NOLINT
   Value(const char* s) : data_(std::string(s)) {}  // NOLINT
   static Value list(std::vector<Value> items, bool tuple = false);
-  static Value dict(std::shared_ptr<Dict> d) { Value v; v.data_ = std::move(d); return v; }
+  static Value dict(std::shared_ptr<Dict> d) {
+    Value v;
+    v.data_ = std::move(d);
+    return v;
+  }
   static Value callable(std::string name, std::function<Value(const CallArgs&)> f);
 
   Kind kind() const;
@@ -94,7 +106,7 @@ class Value {
   bool is_dict() const { return kind() == Kind::Dict; }
 
   bool as_bool() const { return std::get<bool>(data_); }
-  int64_t as_int() const;  // bool or int
+  int64_t as_int() const;    // bool or int
   double as_double() const;  // bool, int or float
   const std::string& str() const { return std::get<std::string>(data_); }
   const List& list() const { return *std::get<std::shared_ptr<List>>(data_); }

@@ -68,8 +68,9 @@ TEST(ChatTemplate, ForLoopVariablesElseAndControls) {
   EXPECT_EQ(render("{% for k, v in d.items() if k != 'b' %}{{k}}={{v}} {{ loop.index }}/{{ loop.length }} {% endfor %}",
                    {{"d", {{"a", 1}, {"b", 2}, {"c", 3}}}}),
             "a=1 1/2 c=3 2/2 ");
-  EXPECT_EQ(render("{% for i in range(5) %}{% if i == 1 %}{% continue %}{% endif %}{% if i == 3 %}{% break %}{% endif %}"
-                   "{{ i }}{% endfor %}"),
+  EXPECT_EQ(render(
+                "{% for i in range(5) %}{% if i == 1 %}{% continue %}{% endif %}{% if i == 3 %}{% break %}{% endif %}"
+                "{{ i }}{% endfor %}"),
             "02");
   EXPECT_EQ(render("{% for c in 'héllo' %}[{{ c }}]{% endfor %}"), "[h][é][l][l][o]");
   EXPECT_EQ(render("{% for x in undefined_thing %}x{% endfor %}."), ".");
@@ -120,32 +121,39 @@ TEST(ChatTemplate, ComparisonsAndLogic) {
 
 TEST(ChatTemplate, AttributesItemsAndSlices) {
   const ojson vars = {{"m", {{"role", "user"}, {"content", "hi"}}}, {"xs", {1, 2, 3, 4}}};
-  EXPECT_EQ(render("{{ m.role }} {{ m['content'] }} {{ m.missing is defined }} {{ xs[-1] }} {{ xs[9] is defined }}", vars),
+  EXPECT_EQ(render("{{ m.role }} {{ m['content'] }} {{ m.missing is defined }} {{ xs[-1] }} {{ xs[9] is defined }}",
+                   vars),
             "user hi False 4 False");
-  EXPECT_EQ(render("{{ xs[1:] }} {{ xs[:-1] }} {{ xs[::-1] }} {{ xs[::2] }} {{ 'abc'[::-1] }} {{ 'héllo'[1:3] }}", vars),
+  EXPECT_EQ(render("{{ xs[1:] }} {{ xs[:-1] }} {{ xs[::-1] }} {{ xs[::2] }} {{ 'abc'[::-1] }} {{ 'héllo'[1:3] }}",
+                   vars),
             "[2, 3, 4] [1, 2, 3] [4, 3, 2, 1] [1, 3] cba él");
   EXPECT_EQ(render("{{ none.x }}|{{ m.content.upper() }}", vars), "|HI");
   EXPECT_NE(error_of("{{ x.y }}").find("'x' is undefined"), std::string::npos);
 }
 
 TEST(ChatTemplate, Filters) {
-  EXPECT_EQ(render("{{ '  x  '|trim }}|{{ 'xx-a-xx'|trim('x') }}|{{ 'Hi'|upper }}{{ 'Hi'|lower }}|{{ 'hello world'|title }}"),
-            "x|-a-|HIhi|Hello World");
+  EXPECT_EQ(
+      render("{{ '  x  '|trim }}|{{ 'xx-a-xx'|trim('x') }}|{{ 'Hi'|upper }}{{ 'Hi'|lower }}|{{ 'hello world'|title }}"),
+      "x|-a-|HIhi|Hello World");
   EXPECT_EQ(render("{{ [1,2,3]|join(', ') }} {{ 'x'|default('y') }} {{ z|default('y') }} {{ ''|default('y', true) }}"),
             "1, 2, 3 x y y");
-  EXPECT_EQ(render("{{ [3,1]|first }}{{ 'abc'|last }}{{ {'a':1}|list }}{{ 'ab'|list }}{{ [1,2]|string }}{{ [1,2]|length }}"),
-            "3c['a']['a', 'b'][1, 2]2");
+  EXPECT_EQ(
+      render("{{ [3,1]|first }}{{ 'abc'|last }}{{ {'a':1}|list }}{{ 'ab'|list }}{{ [1,2]|string }}{{ [1,2]|length }}"),
+      "3c['a']['a', 'b'][1, 2]2");
   EXPECT_EQ(render("{{ 'aaa'|replace('a','x', 2) }} {{ {'a': 1}|items|list }} {{ [1,2,3]|reverse|list }}"),
             "xxa [('a', 1)] [3, 2, 1]");
-  EXPECT_EQ(render("{{ [{'a':1},{'a':2}]|selectattr('a','equalto',2)|list }}{{ [{'a':1},{'a':2}]|map(attribute='a')|list }}"
-                   "{{ ['A','b']|map('lower')|join }}{{ [1,2,3,4]|select('odd')|list }}{{ ['x','code']|reject('equalto','code')|list }}"),
-            "[{'a': 2}][1, 2]ab[1, 3]['x']");
+  EXPECT_EQ(
+      render("{{ [{'a':1},{'a':2}]|selectattr('a','equalto',2)|list }}{{ [{'a':1},{'a':2}]|map(attribute='a')|list }}"
+             "{{ ['A','b']|map('lower')|join }}{{ [1,2,3,4]|select('odd')|list }}{{ "
+             "['x','code']|reject('equalto','code')|list }}"),
+      "[{'a': 2}][1, 2]ab[1, 3]['x']");
   EXPECT_EQ(render("{{ 1.0|int }} {{ '3'|int }} {{ 3|float }} {{ 2.5|round }} {{ -3|abs }} {{ 'aBc'|capitalize }}"),
             "1 3 3.0 3.0 3 Abc");
 }
 
 TEST(ChatTemplate, ToJsonIsPythonsJsonDumps) {
-  const ojson vars = {{"t", {{"name", "f"}, {"z", 1.5}, {"a", {1, nullptr, true}}, {"s", "é\n\"\u2028"}, {"e", ojson::object()}}}};
+  const ojson vars = {
+      {"t", {{"name", "f"}, {"z", 1.5}, {"a", {1, nullptr, true}}, {"s", "é\n\"\u2028"}, {"e", ojson::object()}}}};
   EXPECT_EQ(render("{{ t|tojson }}", vars),
             "{\"name\": \"f\", \"z\": 1.5, \"a\": [1, null, true], \"s\": \"é\\n\\\"\u2028\", \"e\": {}}");
   EXPECT_EQ(render("{{ {'a':{'b':[]}, 'c': [1, 2]}|tojson(indent=2) }}"),
@@ -159,9 +167,10 @@ TEST(ChatTemplate, TestsAndStringMethods) {
             "TrueTrueTrueTrueFalseTrueTrueTrueTrue");
   EXPECT_EQ(render("{{ '  a b  '.split() }} {{ 'a,b,,c'.split(',') }} {{ 'a b c'.split(' ', 1) }}"),
             "['a', 'b'] ['a', 'b', '', 'c'] ['a', 'b c']");
-  EXPECT_EQ(render("{{ 'hello world'.title() }} {{ 'ß'.upper() }} {{ 'xxaxx'.strip('x') }} {{ '\\n\\na\\n'.lstrip('\\n') }}"
-                   "{{ 'abc'.startswith(('x','a')) }}{{ 'abc'.endswith('bc') }} {{ 'a-b'.replace('-', '+') }}"),
-            "Hello World SS a a\nTrueTrue a+b");
+  EXPECT_EQ(
+      render("{{ 'hello world'.title() }} {{ 'ß'.upper() }} {{ 'xxaxx'.strip('x') }} {{ '\\n\\na\\n'.lstrip('\\n') }}"
+             "{{ 'abc'.startswith(('x','a')) }}{{ 'abc'.endswith('bc') }} {{ 'a-b'.replace('-', '+') }}"),
+      "Hello World SS a a\nTrueTrue a+b");
   EXPECT_EQ(render("{{ d.get('a') }}{{ d.get('z') }}{{ d.get('z', 5) }}{{ d.keys()|list }}{{ d.values()|list }}",
                    {{"d", {{"a", 1}}}}),
             "1None5['a'][1]");
@@ -198,8 +207,9 @@ TEST(ChatTemplate, GenerationSpans) {
 }
 
 TEST(ChatTemplate, RenderInputPassesWhatHuggingFacePasses) {
-  ChatTemplate t("{{ bos_token }}{{ tools is none }}{{ documents is none }}{{ add_generation_prompt }}{{ messages|length }}"
-                 "{{ enable_thinking }}{{ eos_token }}");
+  ChatTemplate t(
+      "{{ bos_token }}{{ tools is none }}{{ documents is none }}{{ add_generation_prompt }}{{ messages|length }}"
+      "{{ enable_thinking }}{{ eos_token }}");
   ChatRenderInput in;
   in.messages = ojson::parse(R"([{"role": "user", "content": "q"}])");
   in.bos_token = "<s>";
@@ -234,11 +244,13 @@ TEST(ChatTemplate, HostileTemplatesFailCleanly) {
   ChatTemplateLimits small;
   small.max_output_bytes = 1000;
   small.max_steps = 10000;
-  EXPECT_NE(error_of("{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}", ojson::object(), small)
+  EXPECT_NE(error_of("{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}",
+                     ojson::object(), small)
                 .find("more than 10000 steps"),
             std::string::npos);
-  EXPECT_NE(error_of("{% for i in range(2000) %}xx{% endfor %}", ojson::object(), small).find("would exceed 1000 bytes"),
-            std::string::npos);
+  EXPECT_NE(
+      error_of("{% for i in range(2000) %}xx{% endfor %}", ojson::object(), small).find("would exceed 1000 bytes"),
+      std::string::npos);
   EXPECT_NE(error_of("{{ 'x' * 100000 }}", ojson::object(), small).find("larger than"), std::string::npos);
   EXPECT_NE(error_of("{{ range(1000000) }}").find("at most 100000"), std::string::npos);
   EXPECT_NE(error_of("{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}").find("more than 64 deep"),
@@ -261,7 +273,8 @@ TEST(ChatTemplate, LoadsTheTemplateOfATokenizerConfig) {
     chat_template_from_config(listed, "cfg 'x'", "rag");
     FAIL() << "a missing name must be an error";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("no chat template named 'rag' (it has: tool_use, default)"), std::string::npos);
+    EXPECT_NE(std::string(e.what()).find("no chat template named 'rag' (it has: tool_use, default)"),
+              std::string::npos);
   }
   EXPECT_THROW(chat_template_from_config(nlohmann::json::object(), "cfg"), Error);
 

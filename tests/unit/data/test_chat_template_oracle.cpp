@@ -46,8 +46,8 @@ ojson oracle_render(const std::string& python, const std::vector<Case>& cases) {
   const fs::path dir = testing::temp_dir();
   testing::spit(dir / "cases.json", in.dump());
   std::string out;
-  const std::string cmd =
-      python + " " + (kRoot / "tests/unit/data/hf_chat_template_oracle.py").string() + " " + (dir / "cases.json").string();
+  const std::string cmd = python + " " + (kRoot / "tests/unit/data/hf_chat_template_oracle.py").string() + " " +
+                          (dir / "cases.json").string();
   EXPECT_EQ(testing::run(cmd, out), 0) << cmd;
   return ojson::parse(out);
 }
@@ -67,7 +67,8 @@ void expect_same_as_oracle(const std::vector<Case>& cases, size_t failing) {
     const ojson& want = expected[i];
     try {
       const Rendered got = ChatTemplate(cases[i].tmpl).render(cases[i].vars);
-      ASSERT_FALSE(want.contains("error")) << "the oracle failed with " << want["error"] << ", we rendered:\n" << got.text;
+      ASSERT_FALSE(want.contains("error")) << "the oracle failed with " << want["error"] << ", we rendered:\n"
+                                           << got.text;
       EXPECT_EQ(got.text, want["text"].get<std::string>());
       std::vector<std::pair<size_t, size_t>> spans;
       for (const auto& s : want["spans"]) spans.emplace_back(s[0].get<size_t>(), s[1].get<size_t>());
@@ -127,8 +128,8 @@ std::vector<std::pair<std::string, ojson>> conversations() {
 }
 
 ojson variables(const Model& m, const ojson& messages, bool generation_prompt, const ojson& tools = nullptr) {
-  ojson v = {{"messages", messages}, {"tools", tools}, {"documents", nullptr},
-             {"add_generation_prompt", generation_prompt}};
+  ojson v = {
+      {"messages", messages}, {"tools", tools}, {"documents", nullptr}, {"add_generation_prompt", generation_prompt}};
   if (!m.bos.empty()) v["bos_token"] = m.bos;
   if (!m.eos.empty()) v["eos_token"] = m.eos;
   return v;
@@ -206,23 +207,28 @@ TEST(ChatTemplateOracle, Constructs) {
       "{{ messages[-1].content|trim }}{{ messages[0]['role'] }}{{ messages|length }}{{ messages[5] is defined }}",
       "{% set ns = namespace(found=false, n=0) %}{% for m in messages %}{% if m.role == 'assistant' %}"
       "{% set ns.found = true %}{% endif %}{% set ns.n = ns.n + 1 %}{% endfor %}{{ ns.found }}{{ ns.n }}",
-      "{% macro turn(role, text='x') -%}\n<{{ role }}>{{ text }}\n{%- endmacro %}{{ turn('u') }}{{ turn('a', text='y') }}",
+      "{% macro turn(role, text='x') -%}\n<{{ role }}>{{ text }}\n{%- endmacro %}{{ turn('u') }}{{ turn('a', text='y') "
+      "}}",
       "{% for m in messages %}{% if m.role == 'assistant' %}{% generation %}{{ m.content }}{% endgeneration %}"
       "{% else %}[{{ m.content }}]{% endif %}{% endfor %}",
-      "{%- for m in messages %}\n  {%- if m.role == 'assistant' %}\n    {%- generation %}\n      {{- m.content | trim }}"
+      "{%- for m in messages %}\n  {%- if m.role == 'assistant' %}\n    {%- generation %}\n      {{- m.content | trim "
+      "}}"
       "\n    {%- endgeneration %}\n  {%- endif %}\n{%- endfor %}\n{% generation %}{% endgeneration %}",
       "{{ none }}{{ true }}{{ xs }}{{ d }}{{ (1, 'a') }}{{ {'k': \"it's\"} }}{{ ['a\\nb', '\\t', 'é', '\\x01'] }}",
       "{{ 'a' ~ 1 ~ 2.50 ~ none ~ true }}{{ '%s|%d|%r' % ('x', 3.9, 'y') }}{{ '{}'|format() if false else 'ok' }}",
-      "{{ undefined_var }}|{{ undefined_var|default('dflt') }}|{{ undefined_var is defined }}|{{ (undefined_var or 'o') }}",
+      "{{ undefined_var }}|{{ undefined_var|default('dflt') }}|{{ undefined_var is defined }}|{{ (undefined_var or "
+      "'o') }}",
       "{% set x = 1 %}{% for i in xs %}{% set x = x + i %}{% endfor %}{{ x }}",
       "{% for i in range(1, 10, 3) %}{{ i }}{% endfor %}{% for i in range(3)|reverse %}{{ i }}{% endfor %}",
       "{{ 'ß'.upper() }}{{ 'İ'.lower()|length }}{{ 'ǅ'.upper() }}{{ 'hello wORLD'.capitalize() }}{{ 'a1b'.title() }}",
       "{{ s.startswith('  H') }}{{ s.endswith(('x', '\\n')) }}{{ s.replace(' ', '_', 1) }}{{ s.split('l') }}",
       "{{ 'a,b,c'.split(',', 1) }}{{ ' a  b '.split(' ') }}{{ ''.split() }}{{ 'x'.split('x') }}",
-      "{{ d.get('b') }}{{ d.get('zz') }}{{ d.get('zz', 0) }}{{ d.keys()|list }}{{ d.values()|list }}{{ d.items()|list }}",
+      "{{ d.get('b') }}{{ d.get('zz') }}{{ d.get('zz', 0) }}{{ d.keys()|list }}{{ d.values()|list }}{{ d.items()|list "
+      "}}",
       "{{ 'é' in s }}{{ 'b' in d }}{{ 3 in xs }}{{ 4 not in xs }}{{ xs|min if false else 0 }}",
       "{{ raise_exception('Bad input: ' ~ n) }}",
-      "{% if true %}{% for x in [] %}{% else %}empty{% endfor %}{% endif %}{% for x in xs if x > 1 %}{{ loop.length }}{% endfor %}",
+      "{% if true %}{% for x in [] %}{% else %}empty{% endfor %}{% endif %}{% for x in xs if x > 1 %}{{ loop.length "
+      "}}{% endfor %}",
       "{{ xs[1:] }}{{ xs[:-1] }}{{ xs[-2:] }}{{ xs[::-2] }}{{ xs[5:] }}{{ xs[-10:1] }}{{ 'abc'[-1] }}{{ 'abc'[1::] }}",
       "{{ 1 if n is number else 0 }}{{ s is string }}{{ d is mapping }}{{ xs is iterable }}{{ n is iterable }}"
       "{{ none is none }}{{ f is float }}{{ n is integer }}{{ true is boolean }}{{ d.a is sequence }}",
