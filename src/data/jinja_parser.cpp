@@ -262,9 +262,9 @@ class Parser {
     return e;
   }
 
-  ExprPtr binary(const char* op, ExprPtr l, ExprPtr r, size_t at) {
+  ExprPtr binary(std::string op, ExprPtr l, ExprPtr r, size_t at) {
     auto b = make_expr(ExprKind::Binary, at);
-    b->name = op;
+    b->name = std::move(op);
     b->items.push_back(std::move(l));
     b->items.push_back(std::move(r));
     return b;

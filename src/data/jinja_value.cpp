@@ -201,7 +201,7 @@ std::string float_repr(double d) {
   const std::string sign = d < 0 ? "-" : "";
   if (exp < -4 || exp >= 16) {
     std::string m = digits.substr(0, 1);
-    if (digits.size() > 1) m += "." + digits.substr(1);
+    if (digits.size() > 1) m.append(".").append(digits, 1);
     return fmt::format("{}{}e{}{:02d}", sign, m, exp < 0 ? '-' : '+', std::abs(exp));
   }
   const int point = exp + 1;  // digits before the decimal point
@@ -326,7 +326,9 @@ class JsonWriter {
     return float_repr(d);
   }
   void newline(int level) {
-    if (indent_ >= 0) out += "\n" + std::string(size_t(indent_) * level, ' ');
+    if (indent_ < 0) return;
+    out.push_back('\n');
+    out.append(size_t(indent_) * level, ' ');
   }
   const char* item_separator() const { return indent_ >= 0 ? "," : ", "; }
 
