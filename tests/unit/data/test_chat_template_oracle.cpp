@@ -46,7 +46,7 @@ ojson oracle_render(const std::string& python, const std::vector<Case>& cases) {
   const fs::path dir = testing::temp_dir();
   testing::spit(dir / "cases.json", in.dump());
   std::string out;
-  const std::string cmd = python + " " + (kRoot / "tests/unit/data/hf_chat_template_oracle.py").string() + " " +
+  const std::string cmd = python + " " + (kRoot / "tests/oracles/hf_chat_template_oracle.py").string() + " " +
                           (dir / "cases.json").string();
   EXPECT_EQ(testing::run(cmd, out), 0) << cmd;
   return ojson::parse(out);
