@@ -97,8 +97,9 @@ int64_t expert_capacity(int64_t tokens, int64_t topk, int64_t experts, double ca
   return int64_t(std::ceil(double(tokens) * double(topk) / double(experts) * capacity_factor));
 }
 
-Routing route(const ModelSpec& spec, std::vector<double> logits, const std::vector<double>& expert_bias,
-              int64_t batch, int64_t seq, const TokenShare& share) {
+namespace {
+// A routing's sizes: this rank's share of batch x seq tokens over the spec's experts.
+Routing routing_of(const ModelSpec& spec, int64_t batch, int64_t seq, const TokenShare& share) {
   Routing r;
   r.batch = batch;
   r.seq = seq;
@@ -106,6 +107,13 @@ Routing route(const ModelSpec& spec, std::vector<double> logits, const std::vect
   r.total_tokens = batch * seq;
   r.experts = spec.num_experts;
   r.topk = spec.moe_router_topk;
+  return r;
+}
+}  // namespace
+
+Routing route(const ModelSpec& spec, std::vector<double> logits, const std::vector<double>& expert_bias,
+              int64_t batch, int64_t seq, const TokenShare& share) {
+  Routing r = routing_of(spec, batch, seq, share);
   const int64_t N = r.tokens, E = r.experts, k = r.topk;
   PRIMUS_CHECK(int64_t(logits.size()) == N * E, "route: {} logits for {} x {}", logits.size(), N, E);
   PRIMUS_CHECK(expert_bias.empty() || int64_t(expert_bias.size()) == E, "route: expert bias size");
@@ -212,13 +220,7 @@ Routing route(const ModelSpec& spec, std::vector<double> logits, const std::vect
 
 Routing route_by_load(const ModelSpec& spec, const std::vector<int64_t>& load, int64_t batch, int64_t seq,
                       const TokenShare& share) {
-  Routing r;
-  r.batch = batch;
-  r.seq = seq;
-  r.tokens = batch * seq / share.ranks;
-  r.total_tokens = batch * seq;
-  r.experts = spec.num_experts;
-  r.topk = spec.moe_router_topk;
+  Routing r = routing_of(spec, batch, seq, share);
   const int64_t N = r.tokens, E = r.experts, k = r.topk;
   PRIMUS_CHECK(int64_t(load.size()) == E, "route_by_load: {} counts for {} experts", load.size(), E);
   const double scale = spec.moe_router_topk_scaling_factor > 0 ? spec.moe_router_topk_scaling_factor : 1.0;
