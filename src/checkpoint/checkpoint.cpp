@@ -126,7 +126,14 @@ class Loader {
                for_each_run(e.place.shape, info.shape, lo, hi, ss, dsh, [&](int64_t so, int64_t d, int64_t count) {
                  PRIMUS_CHECK(so >= 0 && so + count <= numel_of(e.place.shape) && d >= 0 && d + count <= info.numel,
                               "tensor {}: copy run outside a local tensor", info.name);
-                 read_parts(info, e, so, count, sections, dst, info.offset + d);
+                 if (opt_.ranges.empty()) return read_parts(info, e, so, count, sections, dst, info.offset + d);
+                 const int64_t a = info.offset + d, b = a + count;  // the run, in the flat layout
+                 auto it = std::upper_bound(opt_.ranges.begin(), opt_.ranges.end(), a,
+                                            [](int64_t x, const auto& r) { return x < r.first + r.second; });
+                 for (; it != opt_.ranges.end() && it->first < b; ++it) {
+                   const int64_t lo = std::max(a, it->first), hi = std::min(b, it->first + it->second);
+                   if (lo < hi) read_parts(info, e, so + (lo - a), hi - lo, sections, dst, lo);
+                 }
                });
              });
     if (!r.gaps.empty())

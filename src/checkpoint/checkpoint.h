@@ -175,6 +175,10 @@ struct LoadOptions {
   // Names of run state (SaveOptions::state) to read into CheckpointData::state_values; a name the
   // checkpoint lacks is left out (the caller starts it fresh).
   std::vector<std::string> state;
+  // Only these ranges of the store's flat layout ([first, first + second), sorted, disjoint) are
+  // read; the rest of the buffers stay 0. Empty: all. A rank that keeps only its ZeRO / FSDP
+  // shards reads only their bytes (`benchmark checkpoint` loads this way).
+  std::vector<std::pair<int64_t, int64_t>> ranges;
 };
 
 // Writes a checkpoint of `params` (values) and the optimizer moments (flat buffers laid out like

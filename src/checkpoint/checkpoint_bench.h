@@ -1,0 +1,46 @@
+// `benchmark checkpoint`: how fast this machine saves and loads a model's checkpoint, against the
+// disk's own sequential write and read speed measured in the same run (the limit).
+//
+// Every rank of `world` owns 1/N of every tensor (as replicas share the writing, docs/checkpoints.md
+// "Who writes what"; ZeRO / FSDP shards are the same amount), holds only that part (12 bytes per
+// owned element: values and two moments), and in turn, each phase between barriers and timed by
+// its slowest rank:
+//   disk write  writes a plain file of its shard's size (4 MiB writes, fsync)
+//   disk read   reads it back (its pages dropped from the page cache first)
+//   save        saves its part through the checkpoint writer (CheckpointSave, synchronous)
+//   load        reads back only its own ranges (LoadOptions::ranges; pages dropped first)
+// The page cache is bypassed with posix_fadvise(DONTNEED) on fsynced files, so reads come from
+// the disk where the kernel honours it.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "model/param_store.h"
+
+namespace primus::parallel {
+class ProcessGroup;
+}
+
+namespace primus::checkpoint {
+
+struct BenchPhase {
+  double seconds = 0;        // the slowest rank's
+  uint64_t bytes = 0;        // over all ranks
+  std::vector<double> rank_seconds;
+  double gbps() const { return seconds > 0 ? double(bytes) / seconds / 1e9 : 0.0; }
+};
+
+struct CheckpointBench {
+  int ranks = 1;
+  int64_t parameters = 0;
+  std::vector<uint64_t> rank_bytes;  // each rank's shard file
+  BenchPhase disk_write, disk_read, save, load;
+};
+
+// `layout`: the model's tensors (not allocated). Collective over world (nullptr: one process).
+// Writes under `dir` (created; the files are removed at the end).
+CheckpointBench bench_checkpoint(const ParamStore& layout, parallel::ProcessGroup* world, const std::string& dir);
+
+}  // namespace primus::checkpoint
