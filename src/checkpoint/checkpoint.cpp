@@ -253,9 +253,12 @@ class CheckpointSave::Impl {
     const auto t0 = std::chrono::steady_clock::now();
     open();
     report_.open_ms = ms_since(t0);
-    if (opt_.async) {
-      copy_to_host();
-      thread_ = std::thread([this] { write(); });
+    if (opt_.async) {  // a failure here (no memory for the copy) is this rank's outcome at finish()
+      error_ = caught([&] {
+        copy_to_host();
+        thread_ = std::thread([this] { write(); });
+      });
+      if (!error_.empty()) done_ = true;
     } else {
       write();
     }

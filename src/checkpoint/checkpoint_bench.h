@@ -5,10 +5,11 @@
 // "Who writes what"; ZeRO / FSDP shards are the same amount), holds only that part (12 bytes per
 // owned element: values and two moments), and in turn, each phase between barriers and timed by
 // its slowest rank:
-//   disk write  writes a plain file of its shard's size (4 MiB writes, fsync)
+//   disk write  writes its data to a plain file (writes of up to 1 GiB, as a shard's; fsync)
 //   disk read   reads it back (its pages dropped from the page cache first)
 //   save        saves its part through the checkpoint writer (CheckpointSave, synchronous)
 //   load        reads back only its own ranges (LoadOptions::ranges; pages dropped first)
+//   disk write and read again; the faster of the two measurements of the disk is reported
 // The page cache is bypassed with posix_fadvise(DONTNEED) on fsynced files, so reads come from
 // the disk where the kernel honours it.
 #pragma once

@@ -446,10 +446,10 @@ ShardReader::ShardReader(fs::path path, const ShardExpect& expect) : path_(std::
   if (expect.bytes != ~uint64_t(0) && size != expect.bytes)
     fail("checkpoint file {} is truncated or padded: {} bytes, meta.json says {}", path_.string(), size, expect.bytes);
   char prefix[kPrefixBytes];
-  pread_all(prefix, kPrefixBytes, 0, "its prefix");
+  pread_all(fd_, prefix, kPrefixBytes, 0, "its prefix");
   const uint64_t header_bytes = header_length(prefix, size, path_.string());
   std::string text(header_bytes, '\0');
-  pread_all(text.data(), header_bytes, kPrefixBytes, "its header");
+  pread_all(fd_, text.data(), header_bytes, kPrefixBytes, "its header");
   ShardHeader h = parse_header(prefix, text, size, path_.string());
   if (expect.run_id && (h.run_id != *expect.run_id || h.iteration != expect.iteration))
     fail("checkpoint file {} does not belong to its checkpoint: it was saved by run '{}' at iteration {}, "
@@ -469,6 +469,8 @@ ShardReader::ShardReader(fs::path path, const ShardExpect& expect) : path_(std::
 
 ShardReader::~ShardReader() {
   if (fd_ >= 0) ::close(fd_);
+  for (int fd : section_fd_)
+    if (fd >= 0) ::close(fd);
 }
 
 void ShardReader::read(int section, uint64_t first, uint64_t count, float* dst) {
@@ -490,10 +492,10 @@ void ShardReader::read(int section, uint64_t first, uint64_t count, float* dst) 
   }
 }
 
-void ShardReader::pread_all(void* dst, uint64_t bytes, uint64_t at, const char* what) {
+void ShardReader::pread_all(int fd, void* dst, uint64_t bytes, uint64_t at, const char* what) {
   char* p = static_cast<char*>(dst);
   while (bytes > 0) {
-    const ssize_t n = ::pread(fd_, p, bytes, off_t(at));
+    const ssize_t n = ::pread(fd, p, bytes, off_t(at));
     if (n < 0 && errno == EINTR) continue;
     if (n < 0) fail("reading {} of checkpoint file {} failed: {}", what, path_.string(), std::strerror(errno));
     if (n == 0) fail("checkpoint file {} is truncated: it ends inside {}", path_.string(), what);
@@ -509,7 +511,10 @@ void ShardReader::load_block(int section, uint64_t b) {
   c.index = -1;
   c.bytes.resize(std::min<uint64_t>(block_bytes_, section_bytes_ - start));
   const std::string what = fmt::format("block {} of {}", b, kSectionNames[section]);
-  pread_all(c.bytes.data(), c.bytes.size(), data_offset_ + uint64_t(section) * section_bytes_ + start, what.c_str());
+  int& fd = section_fd_[section];
+  if (fd < 0) fd = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) fail("checkpoint file {} is unreadable: {}", path_.string(), std::strerror(errno));
+  pread_all(fd, c.bytes.data(), c.bytes.size(), data_offset_ + uint64_t(section) * section_bytes_ + start, what.c_str());
   if (crc_of(c.bytes.data(), c.bytes.size()) != block_crcs_[section][b])
     fail("checkpoint file {} is corrupted: {} fails its CRC-32{}", path_.string(), what,
          section == 0 ? "" : " (optimizer state: --no_load_optim true resumes the weights without it)");

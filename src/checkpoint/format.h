@@ -90,11 +90,14 @@ class ShardReader {
     int64_t index = -1;
     std::vector<char> bytes;
   };
-  void pread_all(void* dst, uint64_t bytes, uint64_t at, const char* what);
+  void pread_all(int fd, void* dst, uint64_t bytes, uint64_t at, const char* what);
   void load_block(int section, uint64_t b);
 
   std::filesystem::path path_;
   int fd_ = -1;
+  // One descriptor per section: a tensor's values and moments are read together from three places
+  // of the file, and the kernel's readahead follows one sequential stream per descriptor.
+  int section_fd_[kSections] = {-1, -1, -1};
   nlohmann::json header_;
   uint64_t numel_ = 0, block_bytes_ = 0, section_bytes_ = 0, data_offset_ = 0;
   std::vector<uint32_t> block_crcs_[kSections];

@@ -47,9 +47,9 @@ std::string report(const checkpoint::CheckpointBench& r, const std::string& dir,
       "two moments), in {}; times are the slowest rank's\n\n",
       r.parameters / 1e6, r.ranks, r.ranks, dir);
   s += "| phase | MiB (all ranks) | ms | GB/s | of the disk's |\n|---|---:|---:|---:|---:|\n";
-  s += row("disk sequential write (4 MiB writes, fsync)", r.disk_write, r.disk_write);
+  s += row("disk sequential write (fsync)", r.disk_write, r.disk_write);
   s += row("checkpoint save", r.save, r.disk_write);
-  s += row("disk sequential read (page cache dropped)", r.disk_read, r.disk_read);
+  s += row("disk sequential read (4 MiB reads, page cache dropped)", r.disk_read, r.disk_read);
   s += row("checkpoint load (own ranges)", r.load, r.disk_read);
   s += "\n| rank | shard MiB | save ms | load ms |\n|---:|---:|---:|---:|\n";
   for (int k = 0; k < r.ranks; ++k)
