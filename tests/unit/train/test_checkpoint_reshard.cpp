@@ -17,6 +17,7 @@
 #include <zlib.h>
 
 #include "checkpoint/checkpoint.h"
+#include "checkpoint/checkpoint_bench.h"
 #include "core/error.h"
 #include "parallel/process_group.h"
 
@@ -373,6 +374,65 @@ TEST(CheckpointReshard, AShareNobodyWroteFailsTheSave) {
   EXPECT_NE(errors[0].find("are in none of its files"), std::string::npos) << errors[0];
   EXPECT_NE(errors[1].find("rank(s) 0 failed"), std::string::npos) << errors[1];
   EXPECT_FALSE(fs::exists(t.dir / "latest"));
+}
+
+// LoadOptions::ranges: a rank reads only the ranges it keeps (its ZeRO / FSDP shards); every
+// element there is the saved one, the rest stays 0.
+TEST(CheckpointReshard, LoadingOnlyOwnRangesFillsThemAndNothingElse) {
+  TempDir t;
+  ASSERT_TRUE(all_ok(save_layout_ranges(t.dir, {1, 1, 2}, false)));
+  const std::string dir = checkpoint::resolve_checkpoint(t.dir.string());
+  ParamStore p;
+  build(p, {2, 1, 1}, 1);  // tp rank 1 of tp2: another layout
+  checkpoint::LoadOptions lo;
+  const int64_t n = p.numel();
+  lo.ranges = {{1, n / 3}, {n / 2, n / 4}};
+  const checkpoint::CheckpointData ck = checkpoint::load_checkpoint(dir, p, lo);
+  int64_t filled = 0, wrong = 0, outside = 0;
+  for (const auto& info : p.infos()) {
+    const auto gi = global_indices(info);
+    for (int64_t i = 0; i < info.numel; ++i) {
+      const int64_t k = info.offset + i;
+      const bool mine = (k >= 1 && k < 1 + n / 3) || (k >= n / 2 && k < n / 2 + n / 4);
+      if (!mine) {
+        outside += ck.params[size_t(k)] != 0.0f || ck.exp_avg_sq[size_t(k)] != 0.0f;
+        continue;
+      }
+      ++filled;
+      wrong += ck.params[size_t(k)] != expected(info.name, gi[i], 0) || ck.exp_avg[size_t(k)] != expected(info.name, gi[i], 1) ||
+               ck.exp_avg_sq[size_t(k)] != expected(info.name, gi[i], 2);
+    }
+  }
+  EXPECT_GT(filled, n / 3);
+  EXPECT_EQ(wrong, 0);
+  EXPECT_EQ(outside, 0);
+}
+
+// `benchmark checkpoint` on two ranks (threads): every phase moves the bytes it should and takes
+// time; each rank's shard is about half of the whole.
+TEST(CheckpointBench, TwoRanksMeasureEveryPhase) {
+  TempDir t;
+  std::vector<checkpoint::CheckpointBench> results(2);
+  ASSERT_TRUE(all_ok(run_ranks(2, [&](int rank, ProcessGroup& world) {
+    ParamStore p;
+    build(p, {1, 1, 1}, 0);
+    results[size_t(rank)] = checkpoint::bench_checkpoint(p, &world, (t.dir / "bench").string());
+  })));
+  const checkpoint::CheckpointBench& r = results[0];
+  EXPECT_EQ(r.ranks, 2);
+  ASSERT_EQ(r.rank_bytes.size(), 2u);
+  const uint64_t data = uint64_t(r.parameters) * 12;
+  EXPECT_EQ(r.disk_write.bytes, data);
+  EXPECT_EQ(r.disk_read.bytes, data);
+  EXPECT_GT(r.save.bytes, data);  // the data and two headers
+  EXPECT_EQ(r.save.bytes, r.rank_bytes[0] + r.rank_bytes[1]);
+  EXPECT_EQ(r.load.bytes, r.save.bytes);
+  EXPECT_NEAR(double(r.rank_bytes[0]), double(r.rank_bytes[1]), 0.2 * double(r.rank_bytes[0]));
+  for (const checkpoint::BenchPhase* ph : {&r.disk_write, &r.disk_read, &r.save, &r.load}) {
+    EXPECT_GT(ph->seconds, 0);
+    EXPECT_EQ(ph->rank_seconds.size(), 2u);
+  }
+  EXPECT_FALSE(fs::exists(t.dir / "bench" / "checkpoints"));  // cleaned up
 }
 
 TEST(CheckpointReshard, MetaRecordsLayoutFilesAndSlices) {
