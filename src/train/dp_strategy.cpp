@@ -292,6 +292,7 @@ class ShardedStrategy final : public DataParallelStrategy {
     return b.take();
   }
   void load_values(std::span<const float> full) override { sharded_->load_values(full.data()); }
+  std::vector<std::pair<int64_t, int64_t>> load_ranges() const override { return sharded_->read_ranges(); }
   void load_optimizer(int64_t step, std::span<const float> m, std::span<const float> v) override {
     sharded_->load_state(step, m.data(), v.data());
   }

@@ -98,6 +98,9 @@ class DataParallelStrategy {
   // except that ZeRO-2 re-gathers its working copy (collective).
   virtual void load_values(std::span<const float> full) = 0;
   virtual void load_optimizer(int64_t step, std::span<const float> exp_avg, std::span<const float> exp_avg_sq) = 0;
+  // The parts of those full arrays that load_values and load_optimizer read (sorted flat ranges),
+  // so that a resume reads only them from the checkpoint (LoadOptions::ranges); empty: all.
+  virtual std::vector<std::pair<int64_t, int64_t>> load_ranges() const { return {}; }
 
   // ---- memory ----
   virtual DpMemory memory() const = 0;

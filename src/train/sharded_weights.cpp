@@ -306,6 +306,19 @@ std::vector<ShardedWeights::HeldPiece> ShardedWeights::held_pieces(std::vector<s
   return out;
 }
 
+std::vector<std::pair<int64_t, int64_t>> ShardedWeights::read_ranges() const {
+  const auto& infos = model_.params().infos();
+  std::vector<std::pair<int64_t, int64_t>> out;
+  for (size_t p = 0; p < pieces_.size(); ++p) {
+    if (buffers_[p].defined())
+      out.push_back({infos[p].offset, infos[p].numel});
+    else if (pieces_[p].numel > 0)
+      out.push_back({pieces_[p].full_offset, pieces_[p].numel});
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
 std::vector<float> ShardedWeights::gather_values() const {
   std::vector<float> out = gather_full(master_);
   const auto& infos = model_.params().infos();

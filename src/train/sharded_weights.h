@@ -88,6 +88,9 @@ class ShardedWeights final : public WeightSource {
     const float* data[3] = {nullptr, nullptr, nullptr};
   };
   std::vector<HeldPiece> held_pieces(std::vector<std::vector<float>>& copies) const;
+  // What load_values and load_state read of full arrays: this rank's pieces, and the buffers whole
+  // ([begin, begin + numel) of the flat layout, sorted).
+  std::vector<std::pair<int64_t, int64_t>> read_ranges() const;
 
   // ---- a step ----
   void begin_step();                                // zeroes the gradient shards

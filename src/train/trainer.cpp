@@ -352,6 +352,7 @@ std::string Trainer::try_restore(const std::string& dir, bool weights_only) {
   lo.optimizer = !weights_only && !a_.no_load_optim;
   lo.strict = a_.load_strict;
   lo.initial_values = initial.empty() ? nullptr : initial.data();
+  lo.ranges = dp_->load_ranges();  // ZeRO-2 / FSDP: only this rank's pieces are read
   if (!weights_only) lo.state = model_->linears().state_names();
   CheckpointData ck;
   try {
