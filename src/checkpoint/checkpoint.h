@@ -22,8 +22,9 @@
 //
 // The module's parts: format.h (shard files, meta.json), reshard.h (which saved slices fill which
 // local one), this file (save and load, with the ranks' agreement on failure), run_folder.h (the
-// save folder: latest, save order, pruning, run ids; included here) and model_fit.h (whether a
-// checkpoint's model is the one a run describes: checked before every load).
+// save folder: latest, save order, pruning, run ids; included here), model_fit.h (whether a
+// checkpoint's model is the one a run describes: checked before every load) and checkpoint_bench.h
+// (`benchmark checkpoint`).
 #pragma once
 
 #include <cstdint>
