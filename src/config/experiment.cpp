@@ -536,6 +536,9 @@ YAML::Node read_overrides(ExperimentConfig& cfg, const YAML::Node& pt) {
       if (fk->status == KeyStatus::NoEffect) {
         if (!kv.second.IsNull()) cfg.no_effect.push_back({k, describe(kv.second), fk->note});
       } else if (!is_engine_value(*fk, kv.second)) {
+        if (kv.second.IsMap())  // a feature's block (lora: {enabled: true, ...})
+          fail("{}: '{}' is not supported: {}; set {}.enabled: false (or remove the key)", tree.origin(kpath).str(), k,
+               fk->note, k);
         fail("{}: '{}' is not supported: {}; this engine runs as '{}: {}' (remove the key or set it to that)",
              tree.origin(kpath).str(), k, fk->note, k, fk->engine_value);
       }

@@ -534,7 +534,7 @@ const std::vector<ForeignKey>& foreign_keys() {
       {"logits_save_top_k", KeyStatus::NotSupported, "null", kNsOther, Src::M},
       {"logits_save_top_p", KeyStatus::NotSupported, "null", kNsOther, Src::M},
       {"logits_save_top_p_min_k", KeyStatus::NotSupported, "1", kNsOther, Src::M},
-      {"lora", KeyStatus::NotSupported, "{\"alpha\": 32, \"dim\": 32, \"dropout\": 0.0, \"dropout_position\": \"pre\", \"enabled\": false, \"lora_A_init_method\": \"xavier\", \"lora_B_init_method\": \"zero\", \"target_modules\": [\"linear_qkv\", \"linear_proj\", \"linear_fc1\", \"linear_fc2\"]}", "LoRA adapters (lora.enabled: true) are not built yet; lora with enabled: false is accepted", Src::P},
+      {"lora", KeyStatus::NotSupported, "{\"alpha\": 32, \"dim\": 32, \"dropout\": 0.0, \"dropout_position\": \"pre\", \"enabled\": false, \"lora_A_init_method\": \"xavier\", \"lora_B_init_method\": \"zero\", \"target_modules\": [\"linear_qkv\", \"linear_proj\", \"linear_fc1\", \"linear_fc2\"]}", "LoRA adapters (lora.enabled: true) are not built yet", Src::P},
       {"loss_scale", KeyStatus::NotSupported, "null", kNsLowPrecision, Src::MP},
       {"loss_scale_window", KeyStatus::NotSupported, "1000", kNsLowPrecision, Src::MP},
       {"lr_decay_samples", KeyStatus::NotSupported, "null", kNsOther, Src::MP},

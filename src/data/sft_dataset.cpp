@@ -97,10 +97,19 @@ SftDataset::SftDataset(const SftRecords& records, const ChatFormat& format, cons
     s.mask.resize(len, 0);
     samples_.push_back(std::move(s));
   }
+  const auto untrained = std::count_if(samples_.begin(), samples_.end(), [](const SftTokens& s) {
+    return std::find(s.mask.begin() + 1, s.mask.end(), uint8_t(1)) == s.mask.end();
+  });
+  if (untrained == int64_t(samples_.size()))
+    fail("sft: no conversation keeps a response token within seq_length + 1 = {} tokens (the longest has {}): "
+         "raise seq_length",
+         len, longest);
   if (truncated_ > 0)
     log::warn("sft: {} of {} conversations are longer than seq_length + 1 = {} tokens (the longest {}) and are "
-              "truncated",
-              truncated_, samples_.size(), len, longest);
+              "truncated{}",
+              truncated_, samples_.size(), len, longest,
+              untrained > 0 ? fmt::format("; {} of them keep no response token and add nothing to the loss", untrained)
+                            : "");
   // Epoch after epoch, each in its own seeded order (Fisher-Yates over a counter-based stream).
   const int64_t n = int64_t(samples_.size());
   const int64_t want = std::max(o.num_samples, n);

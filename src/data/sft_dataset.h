@@ -3,7 +3,8 @@
 // a chat format, tokenized with the model's tokenizer (data/sft_format.h), one conversation per
 // sample of seq_length + 1 tokens:
 //
-//   longer      truncated to seq_length + 1 tokens (the build logs how many, once)
+//   longer      truncated to seq_length + 1 tokens (the build logs how many, once, and how many keep
+//               no response token; when none keeps one, that is an error)
 //   shorter     padded with the tokenizer's pad id (else its eos, else 0), left out of the loss
 //
 // loss_mask(i) keeps in the loss only the response tokens and their end token; the trainer's

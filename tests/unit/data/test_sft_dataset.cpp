@@ -69,12 +69,16 @@ TEST(SftDataset, PadsTruncatesAndMasks) {
   EXPECT_TRUE(m[29] && m[30] && m[31] && m[32]);
   EXPECT_EQ(s[32], tok->eos());
   for (size_t i = 33; i < s.size(); ++i) EXPECT_FALSE(m[i]) << i;  // padding is out of the loss
-  // 20 + 1 tokens keep the prompt only: nothing of the answer is trained.
-  SftDataset cut(rs, *squad, *tok, {.seq_length = 20, .num_samples = 0, .seed = 1});
+  // 30 + 1 tokens keep the prompt and " a" of the answer.
+  SftDataset cut(rs, *squad, *tok, {.seq_length = 30, .num_samples = 0, .seed = 1});
   EXPECT_EQ(cut.truncated(), 1);
-  EXPECT_EQ(cut.get(0).size(), 21u);
+  EXPECT_EQ(cut.get(0).size(), 31u);
   const auto cm = cut.loss_mask(0);
-  EXPECT_EQ(std::count(cm.begin(), cm.end(), 1), 0);
+  EXPECT_EQ(std::count(cm.begin(), cm.end(), 1), 2);
+  // 20 + 1 tokens keep the prompt only: a data set where no answer survives is an error.
+  EXPECT_NE(test::error_of([&] { SftDataset(rs, *squad, *tok, {.seq_length = 20, .num_samples = 0, .seed = 1}); })
+                .find("no conversation keeps a response token within seq_length + 1 = 21 tokens (the longest has 33)"),
+            std::string::npos);
 }
 
 TEST(SftDataset, EpochsAreSeededShufflesOfEveryRecord) {
