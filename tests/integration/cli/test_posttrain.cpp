@@ -1,8 +1,9 @@
 // `train posttrain` (SFT) and `data sft-preview` through primus-cli: the tiny example trains and
 // its loss falls; the tokens the loss mask leaves out contribute nothing (a conversation with an
 // untrained tail trains to the same losses as without it, one with another assistant turn does
-// not); dp2 and cp2 give the one-process losses; what is not built is refused by name; Primus's
-// native SFT configs (tests/integration/primus_configs/sft/, unchanged) load under tiny overrides.
+// not); dp2, cp2 and pp2 give the one-process losses; a fine-tune starts from our checkpoint or a
+// Hugging Face folder (hf_path); what is not built is refused by name; Primus's native SFT configs
+// (tests/integration/primus_configs/sft/, unchanged) load under tiny overrides.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -136,9 +137,35 @@ TEST(Posttrain, MaskedTokensContributeNothing) {
   for (const auto& f : {plain, user_tail, assistant_tail}) fs::remove(f);
 }
 
-TEST(Posttrain, Dp2AndCp2GiveTheOneProcessLosses) {
+TEST(Posttrain, Dp2Cp2AndPp2GiveTheOneProcessLosses) {
   expect_same(one_process(), train("dp2", "", "direct --nproc 2"), 2e-5, "dp2");
   expect_same(one_process(), train("cp2", " --context_parallel_size 2", "direct --nproc 2"), 2e-5, "cp2");
+  expect_same(one_process(), train("pp2", " --pipeline_model_parallel_size 2", "direct --nproc 2"), 2e-5, "pp2");
+}
+
+// A fine-tune starts from a checkpoint of ours (pretrained_checkpoint) or from a Hugging Face
+// folder (hf_path, imported once): the same weights, so the same losses, below the first run's.
+TEST(Posttrain, StartsFromACheckpointOrAHuggingFaceFolder) {
+  const fs::path ws = workspace("start");
+  auto posttrain = [&](const std::string& exp, const std::string& args) {
+    const auto r = run("direct --workspace " + ws.string() + " --exp-name " + exp + " -- train posttrain --config " +
+                       kExample + kTiny + args);
+    EXPECT_EQ(r.code, 0) << r.out;
+    return r.out;
+  };
+  posttrain("base", "");
+  const auto exported = run("direct --workspace " + ws.string() + " -- checkpoint export --load " +
+                            (ws / "base/checkpoints").string() + " --output " + (ws / "hf").string());
+  ASSERT_EQ(exported.code, 0) << exported.out;
+  const std::string from_hf = posttrain("from_hf", " --hf_path " + (ws / "hf").string() + " --finetune true");
+  EXPECT_NE(from_hf.find("hf_path: imported " + (ws / "hf").string()), std::string::npos) << from_hf;
+  EXPECT_TRUE(fs::exists(ws / "from_hf/hf_import/iter_0000000"));
+  posttrain("from_ckpt", " --pretrained_checkpoint " + (ws / "base/checkpoints").string());
+  const std::vector<double> base = losses(ws / "base"), a = losses(ws / "from_hf"), b = losses(ws / "from_ckpt");
+  expect_same(a, b, 1e-6, "hf_path and pretrained_checkpoint of the same weights");
+  ASSERT_FALSE(a.empty());
+  EXPECT_LT(a.front(), base.front() - 1.0) << "the fine-tune starts from the trained weights";
+  fs::remove_all(ws);
 }
 
 TEST(Posttrain, RefusesWhatIsNotBuiltByName) {
