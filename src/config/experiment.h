@@ -88,7 +88,7 @@ struct TrainingArgs {
   std::string sft_dataset_name;             // a local JSONL or JSON file
   std::string sft_dataset_split = "train";
   data::ChatFormatName sft_conversation_format = data::ChatFormatName::Alpaca;
-  bool enable_packed_sequences = false;  // several conversations per sequence (not built yet: false only)
+  bool enable_packed_sequences = false;  // several conversations per sequence, first-fit decreasing
   bool use_packed_attention = false;     // attention kept within each packed conversation (not built yet)
   // engine
   Recompute recompute_granularity = Recompute::None;  // "": none

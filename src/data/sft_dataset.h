@@ -1,7 +1,9 @@
 // Supervised fine-tuning samples from a local chat data set (Primus's sft_dataset_name,
 // sft_dataset_split, sft_conversation_format): records read from a JSONL or JSON file, rendered by
 // a chat format, tokenized with the model's tokenizer (data/sft_format.h), one conversation per
-// sample of seq_length + 1 tokens:
+// sample of seq_length + 1 tokens, or with packing (enable_packed_sequences) as many as fit,
+// first-fit decreasing, one after the other (attention then runs across them, Primus's
+// use_packed_attention: false):
 //
 //   longer      truncated to seq_length + 1 tokens (the build logs how many, once, and how many keep
 //               no response token; when none keeps one, that is an error)
@@ -43,7 +45,12 @@ struct SftDatasetOptions {
   int64_t seq_length = 0;   // samples are seq_length + 1 tokens
   int64_t num_samples = 0;  // samples wanted (epochs follow each other); 0: one epoch
   uint64_t seed = 1234;
+  bool pack = false;        // enable_packed_sequences: several conversations per sample
 };
+
+// First-fit decreasing: the items by length, longest first (ties in index order), each into the
+// first bin (in the order bins were opened) with room for it. Returns the item indices of each bin.
+std::vector<std::vector<int32_t>> pack_first_fit_decreasing(const std::vector<int64_t>& lengths, int64_t capacity);
 
 class SftDataset : public SampleDataset {
  public:
@@ -54,13 +61,23 @@ class SftDataset : public SampleDataset {
   std::vector<int32_t> get(int64_t i) const override;
   std::vector<uint8_t> loss_mask(int64_t i) const override;
 
-  int64_t conversations() const { return int64_t(samples_.size()); }
+  // Where each conversation of sample i starts ({0} unpacked): the document boundaries that
+  // attention within each packed conversation (use_packed_attention) will need.
+  std::vector<int64_t> document_starts(int64_t i) const;
+
+  int64_t conversations() const { return conversations_; }
+  int64_t sequences() const { return int64_t(samples_.size()); }
   int64_t truncated() const { return truncated_; }
 
  private:
-  std::vector<SftTokens> samples_;  // padded to seq_length + 1
-  std::vector<int32_t> order_;      // sample index of each draw
-  int64_t truncated_ = 0;
+  std::vector<SftTokens> tokenize(const SftRecords& records, const ChatFormat& format, const Tokenizer& tokenizer,
+                                  size_t len);
+  void shuffle_epochs(int64_t want, uint64_t seed);
+
+  std::vector<SftTokens> samples_;            // padded to seq_length + 1
+  std::vector<std::vector<int64_t>> starts_;  // packed: each sample's conversation starts
+  std::vector<int32_t> order_;                // sample index of each draw
+  int64_t conversations_ = 0, truncated_ = 0;
 };
 
 }  // namespace primus::data

@@ -306,11 +306,12 @@ void Trainer::build_data() {
 void Trainer::build_sft_data(const data::Tokenizer& tok) {
   const std::unique_ptr<data::ChatFormat> format = data::fixed_chat_format(a_.sft_conversation_format);
   const int64_t evals = a_.eval_interval > 0 ? a_.train_iters / a_.eval_interval + 1 : 0;
-  data::SftDatasetOptions o{seq_, a_.train_iters * gbs_, uint64_t(a_.seed)};
+  data::SftDatasetOptions o{seq_, a_.train_iters * gbs_, uint64_t(a_.seed), a_.enable_packed_sequences};
   auto train = std::make_shared<data::SftDataset>(data::read_sft_records(a_.sft_dataset_name, a_.sft_dataset_split),
                                                   *format, tok, o);
-  log::info("sft: {} conversations of {} ({}, split {}) in samples of {} tokens", train->conversations(),
-            a_.sft_dataset_name, config::choice_name(a_.sft_conversation_format), a_.sft_dataset_split, seq_ + 1);
+  log::info("sft: {} conversations of {} ({}, split {}) in {} samples of {} tokens", train->conversations(),
+            a_.sft_dataset_name, config::choice_name(a_.sft_conversation_format), a_.sft_dataset_split,
+            train->sequences(), seq_ + 1);
   train_src_.dataset = train;
   const data::SftRecords valid = data::read_sft_records(a_.sft_dataset_name, "validation", /*optional=*/true);
   if (!valid.records.empty()) {

@@ -111,6 +111,20 @@ TEST(Posttrain, TinyExampleLossFalls) {
   EXPECT_LT(l.back(), l.front() - 1.0) << "the loss falls";
 }
 
+// Packed (enable_packed_sequences): conversations share sequences, attending across each other.
+TEST(Posttrain, PackedLossFalls) {
+  const fs::path ws = workspace("packed");
+  const auto r = run("direct --workspace " + ws.string() + " --exp-name run -- train posttrain --config " + kExample +
+                     kTiny + " --enable_packed_sequences true --seq_length 256");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("sft: 400 conversations packed into"), std::string::npos) << r.out;
+  const std::vector<double> l = losses(ws / "run");
+  ASSERT_EQ(l.size(), 6u);
+  for (double x : l) EXPECT_TRUE(std::isfinite(x));
+  EXPECT_LT(l.back(), l.front() - 1.0) << "the loss falls";
+  fs::remove_all(ws);
+}
+
 // A chat set of 16 conversations, each with `tail` appended after its assistant turn.
 std::string chat_set(const std::string& name, const std::string& tail) {
   const fs::path p = fs::temp_directory_path() / ("primus-sft-" + name + "-" + std::to_string(::getpid()) + ".jsonl");
@@ -177,10 +191,9 @@ TEST(Posttrain, RefusesWhatIsNotBuiltByName) {
   };
   EXPECT_NE(out("posttrain", kExample + " --stage dpo").find("stage 'dpo' (preference tuning) is not built yet"),
             std::string::npos);
-  EXPECT_NE(out("posttrain", kExample + " --enable_packed_sequences true")
-                .find("enable_packed_sequences (several conversations packed into one sequence) is not built yet"),
+  EXPECT_NE(out("posttrain", kExample + " --enable_packed_sequences true --use_packed_attention true")
+                .find("use_packed_attention (attention kept within each packed conversation) is not built yet"),
             std::string::npos);
-  EXPECT_NE(out("posttrain", kExample + " --use_packed_attention true").find("use_packed_attention"), std::string::npos);
   EXPECT_NE(out("posttrain", kExample + " --modules.post_trainer.overrides.lora.enabled true")
                 .find("'lora' is not supported: LoRA adapters (lora.enabled: true) are not built yet; set "
                       "lora.enabled: false"),
@@ -196,9 +209,9 @@ TEST(Posttrain, RefusesWhatIsNotBuiltByName) {
             std::string::npos);
 }
 
-// Primus's native SFT configs, unchanged: LoRA (all of them) is refused by name, then packing and
-// the other features not built; with LoRA switched off, llama3_8B's SFT config and DeepSeek-V2-Lite's
-// (MoE and MLA, shrunk) train three iterations on the shipped chat set.
+// Primus's native SFT configs, unchanged: LoRA (all of them) is refused by name, then the other
+// features not built; with LoRA switched off, llama3_8B's SFT and packed SFT configs and
+// DeepSeek-V2-Lite's (MoE and MLA, shrunk) train three iterations on the shipped chat set.
 const std::string kPrimusTiny =
     " --num-layers 2 --hidden-size 64 --ffn-hidden-size 128 --num-attention-heads 4 --num-query-groups 2"
     " --vocab-size 320 --seq-length 256 --max-position-embeddings 256 --micro-batch-size 2 --global-batch-size 4"
@@ -214,13 +227,11 @@ TEST(PrimusSftConfigs, LoadRefuseAndTrain) {
                "/tests/integration/primus_configs/sft/" + config + ".yaml" + kPrimusTiny + args);
   };
   const std::string lora = "'lora' is not supported: LoRA adapters (lora.enabled: true) are not built yet";
-  const std::string packed = "enable_packed_sequences (several conversations packed into one sequence) is not built yet";
   const std::vector<std::tuple<std::string, std::string, std::string>> refusals = {
       {"llama3_8B-BF16-sft", "", lora},
       {"llama3_8B-BF16-sft-packed", "", lora},
       {"qwen3_30B_A3B-BF16-sft-packed", "", "'use_precision_aware_optimizer' is not supported"},
       {"deepseek_v2_lite-BF16-sft", "", lora},
-      {"llama3_8B-BF16-sft-packed", kNoLora, packed},
   };
   for (const auto& [config, args, error] : refusals) {
     const auto r = posttrain(config, args);
@@ -229,13 +240,16 @@ TEST(PrimusSftConfigs, LoadRefuseAndTrain) {
   }
   const auto llama = posttrain("llama3_8B-BF16-sft", kNoLora + kFromScratch);
   ASSERT_EQ(llama.code, 0) << llama.out;
+  const auto packed = posttrain("llama3_8B-BF16-sft-packed", kNoLora + kFromScratch);
+  ASSERT_EQ(packed.code, 0) << packed.out;
+  EXPECT_NE(packed.out.find("conversations packed into"), std::string::npos) << packed.out;
   const auto deepseek = posttrain("deepseek_v2_lite-BF16-sft",
                                   kNoLora + kFromScratch +
                                       " --moe-layer-freq 1 --num-experts 4 --moe-router-topk 2 --moe-ffn-hidden-size 64"
                                       " --kv-lora-rank 32 --qk-head-dim 16 --qk-pos-emb-head-dim 16 --v-head-dim 16"
                                       " --expert-model-parallel-size 1");
   ASSERT_EQ(deepseek.code, 0) << deepseek.out;
-  for (const char* run : {"llama3_8B-sft", "deepseek_v2_lite-sft"}) {
+  for (const char* run : {"llama3_8B-sft", "llama3_8B-sft-packed", "deepseek_v2_lite-sft"}) {
     const std::vector<double> l = losses(ws / run);
     ASSERT_EQ(l.size(), 3u) << run;
     for (double x : l) EXPECT_TRUE(std::isfinite(x) && x > 0) << run;

@@ -104,6 +104,54 @@ TEST(SftDataset, EpochsAreSeededShufflesOfEveryRecord) {
   EXPECT_TRUE(differs) << "another seed, another order";
 }
 
+TEST(SftPacking, FirstFitDecreasing) {
+  // Longest first: 9 -> bin 0, 7 -> bin 1, 5 -> bin 2, 4 -> bin 2, 3 -> bin 1, 2 -> a new bin 3.
+  EXPECT_EQ(pack_first_fit_decreasing({5, 9, 3, 7, 2, 4}, 10),
+            (std::vector<std::vector<int32_t>>{{1}, {3, 2}, {0, 5}, {4}}));
+  EXPECT_EQ(pack_first_fit_decreasing({3, 3, 3}, 10), (std::vector<std::vector<int32_t>>{{0, 1, 2}}));
+  EXPECT_NE(test::error_of([] { pack_first_fit_decreasing({3, 11}, 10); }).find("11 tokens cannot be packed into 10"),
+            std::string::npos);
+}
+
+TEST(SftPacking, PackedSamplesHoldEveryConversationOnce) {
+  const auto tok = bytes();
+  const auto fmt = fixed_chat_format(ChatFormatName::ChatML);
+  const SftRecords rs = records({R"({"prompt": "a", "response": "1"})", R"({"prompt": "bbbbbbbbbbbb", "response": "22"})",
+                                 R"({"prompt": "c", "response": "333"})", R"({"prompt": "dddddd", "response": "4"})",
+                                 R"({"prompt": "e", "response": "55555"})"});
+  const SftDataset plain(rs, *fmt, *tok, {.seq_length = 139, .num_samples = 0, .seed = 5});
+  const SftDataset packed(rs, *fmt, *tok, {.seq_length = 139, .num_samples = 0, .seed = 5, .pack = true});
+  EXPECT_EQ(plain.sequences(), 5);
+  EXPECT_EQ(packed.conversations(), 5);
+  // Conversations of 74, 67, 66, 64 and 62 tokens into sequences of 140: 74 + 66, 67 + 64, 62.
+  EXPECT_EQ(packed.sequences(), 3);
+  std::multiset<std::string> conversations;
+  int64_t trained = 0, packed_trained = 0;
+  for (int64_t i = 0; i < plain.size(); ++i) {
+    const auto m = plain.loss_mask(i);
+    trained += std::count(m.begin(), m.end(), 1);
+  }
+  for (int64_t i = 0; i < packed.size(); ++i) {
+    const auto s = packed.get(i);
+    const auto m = packed.loss_mask(i);
+    ASSERT_EQ(s.size(), 140u);
+    packed_trained += std::count(m.begin(), m.end(), 1);
+    const std::vector<int64_t> starts = packed.document_starts(i);
+    for (size_t d = 0; d < starts.size(); ++d) {
+      const std::string text(s.begin() + starts[d], s.end());
+      conversations.insert(text.substr(0, text.find("<|im_end|>", text.find("assistant")) + 10));
+    }
+  }
+  EXPECT_EQ(packed_trained, trained) << "the same tokens are trained, packed or not";
+  ASSERT_EQ(conversations.size(), 5u);
+  for (const char* r : {"user\na<", "user\nbbbbbbbbbbbb<", "user\nc<", "user\ndddddd<", "user\ne<"})
+    EXPECT_EQ(std::count_if(conversations.begin(), conversations.end(),
+                            [&](const std::string& c) { return c.starts_with("<|im_start|>") && c.find(r) != std::string::npos; }),
+              1)
+        << r;
+  EXPECT_EQ(plain.document_starts(0), (std::vector<int64_t>{0}));
+}
+
 TEST(SftDataset, MicrobatchTargetsAreMinusOneOutsideTheResponses) {
   const auto tok = bytes();
   const auto fmt = fixed_chat_format(ChatFormatName::ChatML);
