@@ -51,15 +51,15 @@ SftRecords read_sft_records(const std::string& path, const std::string& split, b
   // A JSONL file, unless the first non-blank character opens a list or an object spread over lines.
   const bool jsonl = path.ends_with(".jsonl");
   if (jsonl) {
-    read_jsonl(path, in, out);
+    if (!optional) read_jsonl(path, in, out);  // one split: the training one
   } else {
     const json j = json::parse(in, nullptr, false);
     if (j.is_discarded()) {
       in.clear();
       in.seekg(0);
-      read_jsonl(path, in, out);  // a JSONL file by another name
+      if (!optional) read_jsonl(path, in, out);  // a JSONL file by another name
     } else if (j.is_array()) {
-      add_list(j, path, out);
+      if (!optional) add_list(j, path, out);
     } else if (j.is_object()) {
       if (!j.contains(split)) {
         if (optional) return out;

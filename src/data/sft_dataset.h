@@ -29,8 +29,9 @@ namespace primus::data {
 
 // The records of `split` in a local file: a JSONL file (one object per line) or a JSON list holds
 // one split and is read whole; a JSON object maps split names to lists ({"train": [...],
-// "validation": [...]}). `where` of each record names its file and line or index. A missing split
-// of a JSON object is an empty result when `optional`, else an error naming the splits there are.
+// "validation": [...]}). `where` of each record names its file and line or index. `optional` asks
+// for a split beside the training one (validation): a JSON object's, when it has it; a JSONL file
+// or JSON list has none. Otherwise a missing split is an error naming the splits there are.
 struct SftRecords {
   std::vector<nlohmann::ordered_json> records;
   std::vector<std::string> where;  // "file:line" or "file[split][i]"

@@ -317,7 +317,7 @@ void Trainer::build_sft_data(const data::Tokenizer& tok) {
   if (!valid.records.empty()) {
     o.num_samples = evals * a_.eval_iters * gbs_;
     valid_src_.dataset = std::make_shared<data::SftDataset>(valid, *format, tok, o);
-  } else if (a_.eval_interval > 0 && a_.eval_iters > 0 && a_.sft_dataset_split != "validation") {
+  } else if (a_.eval_interval > 0 && a_.eval_iters > 0) {
     log::warn("sft: {} has no validation split (a JSON object's \"validation\" list): evaluation is off",
               a_.sft_dataset_name);
   }

@@ -36,6 +36,10 @@ TEST(SftRecords, JsonlJsonListAndSplits) {
                 .find("has no split 'test' (sft_dataset_split); its splits: train, validation"),
             std::string::npos);
   EXPECT_TRUE(read_sft_records((dir / "c.json").string(), "test", /*optional=*/true).records.empty());
+  // A JSONL file or a JSON list is the training split alone: no validation split beside it.
+  EXPECT_TRUE(read_sft_records((dir / "a.jsonl").string(), "validation", /*optional=*/true).records.empty());
+  EXPECT_TRUE(read_sft_records((dir / "b.json").string(), "validation", /*optional=*/true).records.empty());
+  EXPECT_EQ(read_sft_records((dir / "c.json").string(), "validation", /*optional=*/true).records.size(), 1u);
   spit(dir / "bad.jsonl", "{\"prompt\": \"p\", \"response\": \"r\"}\n{oops\n");
   EXPECT_NE(test::error_of([&] { read_sft_records((dir / "bad.jsonl").string(), "train"); }).find("bad.jsonl:2: not a JSON"),
             std::string::npos);
