@@ -92,7 +92,8 @@ std::vector<std::vector<int32_t>> pack_first_fit_decreasing(const std::vector<in
   std::vector<int64_t> room(2 * leaves, capacity);
   std::vector<std::vector<int32_t>> bins;
   for (int32_t i : by_length) {
-    if (lengths[size_t(i)] > capacity) fail("a conversation of {} tokens cannot be packed into {}", lengths[size_t(i)], capacity);
+    if (lengths[size_t(i)] > capacity)
+      fail("a conversation of {} tokens cannot be packed into {}", lengths[size_t(i)], capacity);
     size_t node = 1;
     while (node < leaves) node = room[2 * node] >= lengths[size_t(i)] ? 2 * node : 2 * node + 1;
     const size_t bin = node - leaves;
@@ -122,7 +123,8 @@ SftDataset::SftDataset(const SftRecords& records, const ChatFormat& format, cons
       for (int32_t c : bin) {
         starts.push_back(int64_t(packed.ids.size()));
         packed.ids.insert(packed.ids.end(), conversations[size_t(c)].ids.begin(), conversations[size_t(c)].ids.end());
-        packed.mask.insert(packed.mask.end(), conversations[size_t(c)].mask.begin(), conversations[size_t(c)].mask.end());
+        packed.mask.insert(packed.mask.end(), conversations[size_t(c)].mask.begin(),
+                           conversations[size_t(c)].mask.end());
       }
       samples_.push_back(std::move(packed));
       starts_.push_back(std::move(starts));

@@ -46,7 +46,7 @@ struct SftDatasetOptions {
   int64_t seq_length = 0;   // samples are seq_length + 1 tokens
   int64_t num_samples = 0;  // samples wanted (epochs follow each other); 0: one epoch
   uint64_t seed = 1234;
-  bool pack = false;        // enable_packed_sequences: several conversations per sample
+  bool pack = false;  // enable_packed_sequences: several conversations per sample
 };
 
 // First-fit decreasing: the items by length, longest first (ties in index order), each into the

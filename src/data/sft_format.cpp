@@ -35,7 +35,8 @@ std::string first_text(const json& j, std::initializer_list<const char*> keys, c
 // SQuAD's answers: {"text": [...], "answer_start": [...]} or a plain list; the first answer.
 std::string squad_answer(const json& answers, const std::string& where) {
   const json* list = answers.is_object() && answers.contains("text") ? &answers["text"] : &answers;
-  if (!list->is_array()) fail("{}: field 'answers' must be a list or {{\"text\": [...]}}, got {}", where, list->type_name());
+  if (!list->is_array())
+    fail("{}: field 'answers' must be a list or {{\"text\": [...]}}, got {}", where, list->type_name());
   if (list->empty()) return "";
   if (!(*list)[0].is_string()) fail("{}: the first of 'answers' must be text", where);
   return (*list)[0].get<std::string>();
@@ -48,9 +49,12 @@ SftRecord single_turn(const SftRecord& r) {
   SftRecord out;
   for (const SftTurn& t : r.messages) {
     if (t.content.empty()) continue;
-    if (t.role == "system") out.system = t.content;
-    else if (t.role == "user") out.instruction = t.content;
-    else if (t.role == "assistant") out.response = t.content;
+    if (t.role == "system")
+      out.system = t.content;
+    else if (t.role == "user")
+      out.instruction = t.content;
+    else if (t.role == "assistant")
+      out.response = t.content;
   }
   return out;
 }
@@ -145,7 +149,8 @@ SftRecord sft_record_from_json(const json& j, const std::string& where) {
   if (!j.is_object()) fail("{}: a record must be a JSON object, got {}", where, j.type_name());
   SftRecord r;
   if (const json* m = first_of(j, {"messages"})) {
-    if (!m->is_array()) fail("{}: field 'messages' must be a list of {{\"role\", \"content\"}}, got {}", where, m->type_name());
+    if (!m->is_array())
+      fail("{}: field 'messages' must be a list of {{\"role\", \"content\"}}, got {}", where, m->type_name());
     for (size_t i = 0; i < m->size(); ++i) {
       const json& t = (*m)[i];
       const std::string at = where + " messages[" + std::to_string(i) + "]";
@@ -160,8 +165,10 @@ SftRecord sft_record_from_json(const json& j, const std::string& where) {
   r.system = text_field(j, "system", where);
   r.instruction = first_text(j, {"instruction", "prompt", "question"}, where);
   r.input = first_text(j, {"input", "context"}, where);
-  if (first_of(j, {"response", "output", "answer"})) r.response = first_text(j, {"response", "output", "answer"}, where);
-  else if (const json* a = first_of(j, {"answers"})) r.response = squad_answer(*a, where);
+  if (first_of(j, {"response", "output", "answer"}))
+    r.response = first_text(j, {"response", "output", "answer"}, where);
+  else if (const json* a = first_of(j, {"answers"}))
+    r.response = squad_answer(*a, where);
   else
     fail("{}: no response to train on: a record needs 'output', 'response', 'answer', 'answers' or 'messages'", where);
   return r;

@@ -35,7 +35,8 @@ int preview(const Args& a) {
     const data::SftTokens t = data::tokenize_chat(text, *tokenizer);
     const auto trained = std::count(t.mask.begin(), t.mask.end(), uint8_t(1));
     std::cout << fmt::format("[{}] {}: {} tokens, {} trained\n", i, records.where[i], t.ids.size(), trained)
-              << "text:\n" << text.text << (text.end_with_eos ? "<eos>" : "") << "\n"
+              << "text:\n"
+              << text.text << (text.end_with_eos ? "<eos>" : "") << "\n"
               << fmt::format("input_ids: {}\nloss_mask: {}\n\n", fmt::join(t.ids, " "), fmt::join(t.mask, " "));
   }
   std::cout << fmt::format("{} of {} records of {} shown ({} format)\n", n, records.records.size(), a.input,

@@ -1,8 +1,8 @@
 // `train posttrain` (SFT) and `data sft-preview` through primus-cli: the tiny example trains and
 // its loss falls; the tokens the loss mask leaves out contribute nothing (a conversation with an
 // untrained tail trains to the same losses as without it, one with another assistant turn does
-// not); dp2, cp2 and pp2 give the one-process losses; a fine-tune starts from our checkpoint or a
-// Hugging Face folder (hf_path); what is not built is refused by name; Primus's native SFT configs
+// not); dp2, cp2 and pp2 give the one-process losses; a resumed run goes on exactly; a fine-tune starts from our
+// checkpoint or a Hugging Face folder (hf_path); what is not built is refused by name; Primus's native SFT configs
 // (tests/integration/primus_configs/sft/, unchanged) load under tiny overrides.
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -10,6 +10,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -28,9 +29,10 @@ const std::string kRoot = PRIMUS_SOURCE_DIR;
 const std::string kExample = kRoot + "/examples/sft_tiny_cpu.yaml";
 
 test::CommandResult run(const std::string& args) {
-  return test::run_command(
-      "cd '" + kRoot + "' && env -u PRIMUS_WORKSPACE -u PRIMUS_EXP_NAME OMPI_ALLOW_RUN_AS_ROOT=1 "
-      "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 '" + kCli + "' " + args + " 2>&1");
+  return test::run_command("cd '" + kRoot +
+                           "' && env -u PRIMUS_WORKSPACE -u PRIMUS_EXP_NAME OMPI_ALLOW_RUN_AS_ROOT=1 "
+                           "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 '" +
+                           kCli + "' " + args + " 2>&1");
 }
 
 fs::path workspace(const std::string& name) {
@@ -141,7 +143,8 @@ std::string chat_set(const std::string& name, const std::string& tail) {
 TEST(Posttrain, MaskedTokensContributeNothing) {
   const std::string plain = chat_set("plain", "");
   const std::string user_tail = chat_set("user", ", {\"role\": \"user\", \"content\": \"thanks, and 7 * 7?\"}");
-  const std::string assistant_tail = chat_set("assistant", ", {\"role\": \"assistant\", \"content\": \"You are welcome\"}");
+  const std::string assistant_tail = chat_set("assistant",
+                                              ", {\"role\": \"assistant\", \"content\": \"You are welcome\"}");
   const std::vector<double> a = train("plain", " --sft_dataset_name " + plain);
   const std::vector<double> b = train("user", " --sft_dataset_name " + user_tail);
   const std::vector<double> c = train("assistant", " --sft_dataset_name " + assistant_tail);
@@ -155,6 +158,28 @@ TEST(Posttrain, Dp2Cp2AndPp2GiveTheOneProcessLosses) {
   expect_same(one_process(), train("dp2", "", "direct --nproc 2"), 2e-5, "dp2");
   expect_same(one_process(), train("cp2", " --context_parallel_size 2", "direct --nproc 2"), 2e-5, "cp2");
   expect_same(one_process(), train("pp2", " --pipeline_model_parallel_size 2", "direct --nproc 2"), 2e-5, "pp2");
+}
+
+// An SFT run stopped after 3 steps and resumed goes on with the samples and losses of the run done
+// in one go (the sample order is a function of the seed; the data position is in the checkpoint).
+TEST(Posttrain, ResumesExactly) {
+  const fs::path ws = workspace("resume");
+  for (const char* part : {" --train_iters 3 --lr_decay_iters 6", ""}) {
+    const auto r = run("direct --workspace " + ws.string() + " --exp-name run -- train posttrain --config " + kExample +
+                       kTiny + part);
+    ASSERT_EQ(r.code, 0) << r.out;
+  }
+  std::map<int, double> by_iteration;
+  std::ifstream in(ws / "run" / "metrics.jsonl");
+  std::string line;
+  while (std::getline(in, line)) {
+    const auto j = nlohmann::json::parse(line);
+    if (j.contains("lm_loss") && j.contains("iteration")) by_iteration[j["iteration"].get<int>()] = j["lm_loss"];
+  }
+  const std::vector<double>& whole = one_process();
+  ASSERT_EQ(by_iteration.size(), 6u);
+  for (int i = 1; i <= 6; ++i) EXPECT_EQ(by_iteration[i], whole[size_t(i - 1)]) << "iteration " << i;
+  fs::remove_all(ws);
 }
 
 // A fine-tune starts from a checkpoint of ours (pretrained_checkpoint) or from a Hugging Face
@@ -198,9 +223,11 @@ TEST(Posttrain, RefusesWhatIsNotBuiltByName) {
                 .find("'lora' is not supported: LoRA adapters (lora.enabled: true) are not built yet; set "
                       "lora.enabled: false"),
             std::string::npos);
-  EXPECT_NE(out("pretrain", kExample).find("is a post-training config (modules.post_trainer): run it with train posttrain"),
+  EXPECT_NE(
+      out("pretrain", kExample).find("is a post-training config (modules.post_trainer): run it with train posttrain"),
+      std::string::npos);
+  EXPECT_NE(out("posttrain", kRoot + "/examples/tiny_llama_cpu.yaml").find("is a pretraining config"),
             std::string::npos);
-  EXPECT_NE(out("posttrain", kRoot + "/examples/tiny_llama_cpu.yaml").find("is a pretraining config"), std::string::npos);
   EXPECT_NE(out("posttrain", kExample + " --sft_dataset_name tatsu-lab/alpaca")
                 .find("sft_dataset_name 'tatsu-lab/alpaca' is not a local file"),
             std::string::npos);

@@ -32,8 +32,9 @@ TEST(SftRecords, JsonlJsonListAndSplits) {
                           "validation": [{"prompt": "v", "response": "w"}]})");
   EXPECT_EQ(read_sft_records((dir / "c.json").string(), "train").records.size(), 2u);
   EXPECT_EQ(read_sft_records((dir / "c.json").string(), "validation").records.size(), 1u);
-  EXPECT_NE(test::error_of([&] { read_sft_records((dir / "c.json").string(), "test"); })
-                .find("has no split 'test' (sft_dataset_split); its splits: train, validation"),
+  EXPECT_NE(test::error_of([&] {
+              read_sft_records((dir / "c.json").string(), "test");
+            }).find("has no split 'test' (sft_dataset_split); its splits: train, validation"),
             std::string::npos);
   EXPECT_TRUE(read_sft_records((dir / "c.json").string(), "test", /*optional=*/true).records.empty());
   // A JSONL file or a JSON list is the training split alone: no validation split beside it.
@@ -41,10 +42,13 @@ TEST(SftRecords, JsonlJsonListAndSplits) {
   EXPECT_TRUE(read_sft_records((dir / "b.json").string(), "validation", /*optional=*/true).records.empty());
   EXPECT_EQ(read_sft_records((dir / "c.json").string(), "validation", /*optional=*/true).records.size(), 1u);
   spit(dir / "bad.jsonl", "{\"prompt\": \"p\", \"response\": \"r\"}\n{oops\n");
-  EXPECT_NE(test::error_of([&] { read_sft_records((dir / "bad.jsonl").string(), "train"); }).find("bad.jsonl:2: not a JSON"),
+  EXPECT_NE(test::error_of([&] {
+              read_sft_records((dir / "bad.jsonl").string(), "train");
+            }).find("bad.jsonl:2: not a JSON"),
             std::string::npos);
-  EXPECT_NE(test::error_of([] { read_sft_records("tatsu-lab/alpaca", "train"); })
-                .find("sft_dataset_name 'tatsu-lab/alpaca' is not a local file"),
+  EXPECT_NE(test::error_of([] {
+              read_sft_records("tatsu-lab/alpaca", "train");
+            }).find("sft_dataset_name 'tatsu-lab/alpaca' is not a local file"),
             std::string::npos);
 }
 
@@ -80,8 +84,9 @@ TEST(SftDataset, PadsTruncatesAndMasks) {
   const auto cm = cut.loss_mask(0);
   EXPECT_EQ(std::count(cm.begin(), cm.end(), 1), 2);
   // 20 + 1 tokens keep the prompt only: a data set where no answer survives is an error.
-  EXPECT_NE(test::error_of([&] { SftDataset(rs, *squad, *tok, {.seq_length = 20, .num_samples = 0, .seed = 1}); })
-                .find("no conversation keeps a response token within seq_length + 1 = 21 tokens (the longest has 33)"),
+  EXPECT_NE(test::error_of([&] {
+              SftDataset(rs, *squad, *tok, {.seq_length = 20, .num_samples = 0, .seed = 1});
+            }).find("no conversation keeps a response token within seq_length + 1 = 21 tokens (the longest has 33)"),
             std::string::npos);
 }
 
@@ -113,14 +118,17 @@ TEST(SftPacking, FirstFitDecreasing) {
   EXPECT_EQ(pack_first_fit_decreasing({5, 9, 3, 7, 2, 4}, 10),
             (std::vector<std::vector<int32_t>>{{1}, {3, 2}, {0, 5}, {4}}));
   EXPECT_EQ(pack_first_fit_decreasing({3, 3, 3}, 10), (std::vector<std::vector<int32_t>>{{0, 1, 2}}));
-  EXPECT_NE(test::error_of([] { pack_first_fit_decreasing({3, 11}, 10); }).find("11 tokens cannot be packed into 10"),
+  EXPECT_NE(test::error_of([] {
+              pack_first_fit_decreasing({3, 11}, 10);
+            }).find("11 tokens cannot be packed into 10"),
             std::string::npos);
 }
 
 TEST(SftPacking, PackedSamplesHoldEveryConversationOnce) {
   const auto tok = bytes();
   const auto fmt = fixed_chat_format(ChatFormatName::ChatML);
-  const SftRecords rs = records({R"({"prompt": "a", "response": "1"})", R"({"prompt": "bbbbbbbbbbbb", "response": "22"})",
+  const SftRecords rs = records({R"({"prompt": "a", "response": "1"})",
+                                 R"({"prompt": "bbbbbbbbbbbb", "response": "22"})",
                                  R"({"prompt": "c", "response": "333"})", R"({"prompt": "dddddd", "response": "4"})",
                                  R"({"prompt": "e", "response": "55555"})"});
   const SftDataset plain(rs, *fmt, *tok, {.seq_length = 139, .num_samples = 0, .seed = 5});
@@ -150,7 +158,9 @@ TEST(SftPacking, PackedSamplesHoldEveryConversationOnce) {
   ASSERT_EQ(conversations.size(), 5u);
   for (const char* r : {"user\na<", "user\nbbbbbbbbbbbb<", "user\nc<", "user\ndddddd<", "user\ne<"})
     EXPECT_EQ(std::count_if(conversations.begin(), conversations.end(),
-                            [&](const std::string& c) { return c.starts_with("<|im_start|>") && c.find(r) != std::string::npos; }),
+                            [&](const std::string& c) {
+                              return c.starts_with("<|im_start|>") && c.find(r) != std::string::npos;
+                            }),
               1)
         << r;
   EXPECT_EQ(plain.document_starts(0), (std::vector<int64_t>{0}));
@@ -160,7 +170,8 @@ TEST(SftDataset, MicrobatchTargetsAreMinusOneOutsideTheResponses) {
   const auto tok = bytes();
   const auto fmt = fixed_chat_format(ChatFormatName::ChatML);
   const SftRecords rs = records({R"({"prompt": "hi", "response": "yo"})", R"({"prompt": "x", "response": "zz"})"});
-  auto ds = std::make_shared<SftDataset>(rs, *fmt, *tok, SftDatasetOptions{.seq_length = 64, .num_samples = 0, .seed = 3});
+  auto ds = std::make_shared<SftDataset>(rs, *fmt, *tok,
+                                         SftDatasetOptions{.seq_length = 64, .num_samples = 0, .seed = 3});
   SampleSource src;
   src.dataset = ds;
   std::vector<int32_t> tokens, targets;

@@ -50,7 +50,8 @@ TEST(SftRecord, ReadsEveryFieldShape) {
   r = rec(R"({"question": "2+2?", "answer": 4})");
   EXPECT_EQ(r.instruction, "2+2?");
   EXPECT_EQ(r.response, "4");  // a number is its JSON text
-  r = rec(R"({"question": "Who?", "context": "Ann came.", "answers": {"text": ["Ann", "ann"], "answer_start": [0, 0]}})");
+  r = rec(
+      R"({"question": "Who?", "context": "Ann came.", "answers": {"text": ["Ann", "ann"], "answer_start": [0, 0]}})");
   EXPECT_EQ(r.input, "Ann came.");
   EXPECT_EQ(r.response, "Ann");
   r = rec(R"({"messages": [{"role": "system", "content": "S"}, {"role": "user", "content": "U"},
@@ -65,21 +66,23 @@ TEST(SftRecord, BadRecordsNameTheProblem) {
   EXPECT_NE(error_of([] { rec(R"({"instruction": "no answer"})"); }).find("t.jsonl:1: no response to train on"),
             std::string::npos);
   EXPECT_NE(error_of([] { rec(R"({"messages": "hi"})"); }).find("field 'messages' must be a list"), std::string::npos);
-  EXPECT_NE(error_of([] { rec(R"({"messages": [{"role": "user", "content": [{"type": "text"}]}]})"); })
-                .find("t.jsonl:1 messages[0]: field 'content' must be text, got array"),
+  EXPECT_NE(error_of([] {
+              rec(R"({"messages": [{"role": "user", "content": [{"type": "text"}]}]})");
+            }).find("t.jsonl:1 messages[0]: field 'content' must be text, got array"),
             std::string::npos);
-  EXPECT_NE(error_of([] { rec(R"({"messages": [{"role": "user", "content": "only a question"}]})"); })
-                .find("no assistant message to train on"),
+  EXPECT_NE(error_of([] {
+              rec(R"({"messages": [{"role": "user", "content": "only a question"}]})");
+            }).find("no assistant message to train on"),
             std::string::npos);
   EXPECT_NE(error_of([] { rec("[1, 2]"); }).find("a record must be a JSON object"), std::string::npos);
 }
 
 TEST(SftFormat, AlpacaTextAndMask) {
   std::string text;
-  SftTokens t = render_bytes(ChatFormatName::Alpaca, R"({"instruction": "Add", "input": "1 and 2", "output": "3"})", &text);
-  EXPECT_EQ(text,
-            "Below is an instruction that describes a task. Write a response that appropriately completes the "
-            "request.\n\n### Instruction:\nAdd\n\n### Input:\n1 and 2\n\n### Response:\n3");
+  SftTokens t = render_bytes(ChatFormatName::Alpaca, R"({"instruction": "Add", "input": "1 and 2", "output": "3"})",
+                             &text);
+  EXPECT_EQ(text, "Below is an instruction that describes a task. Write a response that appropriately completes the "
+                  "request.\n\n### Instruction:\nAdd\n\n### Input:\n1 and 2\n\n### Response:\n3");
   EXPECT_EQ(trained_bytes(t, *bytes()), "3<eos>");
   EXPECT_EQ(t.ids.back(), bytes()->eos());
   // A system prompt replaces the preamble; no input, no Input block.
@@ -90,7 +93,8 @@ TEST(SftFormat, AlpacaTextAndMask) {
 TEST(SftFormat, ChatMLTextAndMask) {
   std::string text;
   SftTokens t = render_bytes(ChatFormatName::ChatML, R"({"system": "S", "question": "Q?", "answer": "A."})", &text);
-  EXPECT_EQ(text, "<|im_start|>system\nS<|im_end|>\n<|im_start|>user\nQ?<|im_end|>\n<|im_start|>assistant\nA.<|im_end|>");
+  EXPECT_EQ(text,
+            "<|im_start|>system\nS<|im_end|>\n<|im_start|>user\nQ?<|im_end|>\n<|im_start|>assistant\nA.<|im_end|>");
   EXPECT_EQ(trained_bytes(t, *bytes()), "A.<|im_end|>");
   EXPECT_NE(t.ids.back(), bytes()->eos());  // <|im_end|> is the end token
 }
@@ -155,7 +159,8 @@ class WordTokenizer : public Tokenizer {
 
 TEST(SftFormat, MaskFollowsTokensThatGlueASpaceToTheAnswer) {
   const WordTokenizer tok;
-  const ChatText text = fixed_chat_format(ChatFormatName::Squad)->render(rec(R"({"question": "Who", "context": "Ann came",
+  const ChatText text =
+      fixed_chat_format(ChatFormatName::Squad)->render(rec(R"({"question": "Who", "context": "Ann came",
                                                                                  "answer": "Ann Lee"})"));
   const SftTokens t = tokenize_chat(text, tok);
   // <s> Context : " Ann" " came" " Question" : " Who" " Answer" : | " Ann" " Lee" <eos>

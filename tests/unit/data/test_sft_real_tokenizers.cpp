@@ -30,7 +30,8 @@ const char* kConversation = R"({"messages": [{"role": "system", "content": "Be b
     {"role": "user", "content": "And plus 2?"}, {"role": "assistant", "content": "-77"}]})";
 
 TEST(SftRealTokenizers, Qwen3ChatMLTurns) {
-  const auto tok = build_tokenizer({.type = "HuggingFaceTokenizer", .model = (kModels / "tokenizer-qwen3/models").string()});
+  const auto tok = build_tokenizer(
+      {.type = "HuggingFaceTokenizer", .model = (kModels / "tokenizer-qwen3/models").string()});
   const SftRecord r = sft_record_from_json(nlohmann::ordered_json::parse(kConversation), "conversation");
   const SftTokens t = tokenize_chat(fixed_chat_format(ChatFormatName::OpenAI)->render(r), *tok);
   const std::vector<int32_t> ids = trained(t);
@@ -40,7 +41,8 @@ TEST(SftRealTokenizers, Qwen3ChatMLTurns) {
 }
 
 TEST(SftRealTokenizers, Llama2AlpacaWithBosAndEos) {
-  const auto tok = build_tokenizer({.type = "HuggingFaceTokenizer", .model = (kModels / "tokenizer-llama2/models").string()});
+  const auto tok = build_tokenizer(
+      {.type = "HuggingFaceTokenizer", .model = (kModels / "tokenizer-llama2/models").string()});
   const SftRecord r = sft_record_from_json(nlohmann::ordered_json::parse(kConversation), "conversation");
   const SftTokens t = tokenize_chat(fixed_chat_format(ChatFormatName::Alpaca)->render(r), *tok);
   ASSERT_EQ(t.ids.front(), tok->bos());
