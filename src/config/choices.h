@@ -56,10 +56,10 @@ inline constexpr Choice<TrainStage> kTrainStageChoices[] = {
     {TrainStage::Pretrain, ""}, {TrainStage::Pretrain, "pretrain"}, {TrainStage::Sft, "sft"}, {TrainStage::Dpo, "dpo"}};
 // sft_conversation_format; "messages" is Primus's other name of "openai".
 inline constexpr Choice<data::ChatFormatName> kChatFormatChoices[] = {{data::ChatFormatName::Alpaca, "alpaca"},
-                                                                     {data::ChatFormatName::ChatML, "chatml"},
-                                                                     {data::ChatFormatName::OpenAI, "openai"},
-                                                                     {data::ChatFormatName::OpenAI, "messages"},
-                                                                     {data::ChatFormatName::Squad, "squad"}};
+                                                                      {data::ChatFormatName::ChatML, "chatml"},
+                                                                      {data::ChatFormatName::OpenAI, "openai"},
+                                                                      {data::ChatFormatName::OpenAI, "messages"},
+                                                                      {data::ChatFormatName::Squad, "squad"}};
 
 inline std::span<const Choice<Recompute>> choices_of(Recompute) { return kRecomputeChoices; }
 inline std::span<const Choice<Fp8Mode>> choices_of(Fp8Mode) { return kFp8ModeChoices; }

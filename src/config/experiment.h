@@ -146,12 +146,12 @@ struct TrainingArgs {
   bool log_batch_size_to_tensorboard = true;
 };
 
-using FieldRef = std::variant<int64_t TrainingArgs::*, double TrainingArgs::*, bool TrainingArgs::*,
-                              std::string TrainingArgs::*, std::vector<std::string> TrainingArgs::*,
-                              std::vector<int64_t> TrainingArgs::*, Recompute TrainingArgs::*,
-                              CpComm TrainingArgs::*, DpSharding TrainingArgs::*, Fp8Mode TrainingArgs::*,
-                              Fp8Recipe TrainingArgs::*, fp8::AmaxAlgo TrainingArgs::*, TrainStage TrainingArgs::*,
-                              data::ChatFormatName TrainingArgs::*>;
+using FieldRef =
+    std::variant<int64_t TrainingArgs::*, double TrainingArgs::*, bool TrainingArgs::*, std::string TrainingArgs::*,
+                 std::vector<std::string> TrainingArgs::*, std::vector<int64_t> TrainingArgs::*,
+                 Recompute TrainingArgs::*, CpComm TrainingArgs::*, DpSharding TrainingArgs::*, Fp8Mode TrainingArgs::*,
+                 Fp8Recipe TrainingArgs::*, fp8::AmaxAlgo TrainingArgs::*, TrainStage TrainingArgs::*,
+                 data::ChatFormatName TrainingArgs::*>;
 struct KeyInfo {
   const char* name;
   FieldRef field;
