@@ -203,17 +203,23 @@ std::string refusal(const std::string& dir, const std::vector<Difference>& diffs
 
 }  // namespace
 
+YAML::Node trainer_module(const YAML::Node& config) {
+  if (!config.IsMap() || !config["modules"] || !config["modules"].IsMap()) return YAML::Node(YAML::NodeType::Undefined);
+  for (const char* name : {"pre_trainer", "post_trainer"})
+    if (config["modules"][name]) return config["modules"][name];
+  return YAML::Node(YAML::NodeType::Undefined);
+}
+
 ModelSpec read_checkpoint_model(const std::string& dir) {
   const std::string origin = dir + "/config.yaml";
   YAML::Node node;
   try {
-    const YAML::Node cfg = YAML::Load(read_checkpoint_config(dir));
-    if (cfg.IsMap() && cfg["modules"] && cfg["modules"]["pre_trainer"])
-      node = cfg["modules"]["pre_trainer"]["model_spec"];
+    const YAML::Node module = trainer_module(YAML::Load(read_checkpoint_config(dir)));
+    if (module.IsMap()) node = module["model_spec"];
   } catch (const YAML::Exception& e) {
     fail("{} is not valid YAML: {}", origin, e.what());
   }
-  if (!node || !node.IsMap()) fail("{} has no modules.pre_trainer.model_spec", origin);
+  if (!node || !node.IsMap()) fail("{} has no modules.pre_trainer.model_spec (nor post_trainer's)", origin);
   ModelSpec spec = model_spec_from_yaml(node, origin);
   spec.validate();
   return spec;

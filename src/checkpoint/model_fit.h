@@ -16,11 +16,17 @@
 #include <utility>
 #include <vector>
 
+#include <yaml-cpp/yaml.h>
+
 #include "model/model_spec.h"
 
 namespace primus::checkpoint {
 
-// The model a checkpoint was saved with: modules.pre_trainer.model_spec of its config.yaml
+// The trainer module of a checkpoint's config.yaml (parsed): modules.pre_trainer, or
+// modules.post_trainer for a post-training run; an undefined node when there is neither.
+YAML::Node trainer_module(const YAML::Node& config);
+
+// The model a checkpoint was saved with: the trainer module's model_spec of its config.yaml
 // (verified against meta.json), validated. Throws primus::Error when there is none.
 ModelSpec read_checkpoint_model(const std::string& dir);
 

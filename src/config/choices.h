@@ -13,6 +13,7 @@
 
 #include <fmt/format.h>
 
+#include "data/sft_options.h"  // data::ChatFormatName
 #include "kernels/fp8.h"  // fp8::AmaxAlgo
 #include "model/options.h"
 
@@ -22,6 +23,10 @@ namespace primus::config {
 // (ZeRO-2), optim_grads_params (ZeRO-3 / FSDP). Unset: the key was not given; the layout resolves
 // it from use_torch_fsdp2 and use_distributed_optimizer (plan/parallel_layout.h).
 enum class DpSharding : uint8_t { Unset, NoShard, Optim, OptimGrads, OptimGradsParams };
+
+// Primus's `stage`: what a run trains. Pretraining (modules.pre_trainer, `train pretrain`) leaves it
+// unset; post-training (modules.post_trainer, `train posttrain`) names sft or dpo.
+enum class TrainStage : uint8_t { Pretrain, Sft, Dpo };
 
 template <class E>
 struct Choice {
@@ -47,12 +52,23 @@ inline constexpr Choice<Fp8Recipe> kFp8RecipeChoices[] = {{Fp8Recipe::Delayed, "
 inline constexpr Choice<fp8::AmaxAlgo> kAmaxAlgoChoices[] = {{fp8::AmaxAlgo::Max, "max"},
                                                             {fp8::AmaxAlgo::MostRecent, "most_recent"}};
 
+inline constexpr Choice<TrainStage> kTrainStageChoices[] = {
+    {TrainStage::Pretrain, ""}, {TrainStage::Pretrain, "pretrain"}, {TrainStage::Sft, "sft"}, {TrainStage::Dpo, "dpo"}};
+// sft_conversation_format; "messages" is Primus's other name of "openai".
+inline constexpr Choice<data::ChatFormatName> kChatFormatChoices[] = {{data::ChatFormatName::Alpaca, "alpaca"},
+                                                                      {data::ChatFormatName::ChatML, "chatml"},
+                                                                      {data::ChatFormatName::OpenAI, "openai"},
+                                                                      {data::ChatFormatName::OpenAI, "messages"},
+                                                                      {data::ChatFormatName::Squad, "squad"}};
+
 inline std::span<const Choice<Recompute>> choices_of(Recompute) { return kRecomputeChoices; }
 inline std::span<const Choice<Fp8Mode>> choices_of(Fp8Mode) { return kFp8ModeChoices; }
 inline std::span<const Choice<Fp8Recipe>> choices_of(Fp8Recipe) { return kFp8RecipeChoices; }
 inline std::span<const Choice<fp8::AmaxAlgo>> choices_of(fp8::AmaxAlgo) { return kAmaxAlgoChoices; }
 inline std::span<const Choice<CpComm>> choices_of(CpComm) { return kCpCommChoices; }
 inline std::span<const Choice<DpSharding>> choices_of(DpSharding) { return kDpShardingChoices; }
+inline std::span<const Choice<TrainStage>> choices_of(TrainStage) { return kTrainStageChoices; }
+inline std::span<const Choice<data::ChatFormatName>> choices_of(data::ChatFormatName) { return kChatFormatChoices; }
 
 // The name a config writes for `v`.
 template <class E>

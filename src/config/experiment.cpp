@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <map>
 #include <optional>
 #include <sstream>
 
@@ -75,6 +76,20 @@ const std::vector<KeyInfo>& training_keys() {
                          "with mock_data and no tokenizer, the last vocabulary id)"),
       KEY(tokenizer_type, "Megatron tokenizer type, e.g. SentencePieceTokenizer, HuggingFaceTokenizer, TikTokenizer"),
       KEY(tokenizer_model, "the tokenizer's model file"),
+      KEY(stage, "what a modules.post_trainer config trains: sft (dpo is not built yet); unset under "
+                 "modules.pre_trainer (docs/posttraining.md)"),
+      KEY(hf_path, "post-training: a local Hugging Face model folder (config.json, safetensors) whose weights the "
+                   "run starts from, imported once into <run dir>/hf_import as `checkpoint import` does"),
+      KEY(sft_dataset_name, "SFT: the chat data set, a local JSONL file or JSON file (a list of records, or an "
+                            "object of splits)"),
+      KEY(sft_dataset_split, "SFT: the split of a JSON object of splits that trains; its `validation` split "
+                             "evaluates"),
+      KEY(sft_conversation_format, "SFT: alpaca | chatml | openai (alias messages) | squad: how a record becomes "
+                                   "text; the loss covers the responses and their end token"),
+      KEY(enable_packed_sequences, "SFT: as many conversations per sequence as fit (first-fit decreasing), "
+                                   "attending across each other; false: one conversation per sequence, padded"),
+      KEY(use_packed_attention, "SFT with packing: attention kept within each conversation (not built yet: false "
+                                "only)"),
       KEY(recompute_granularity, "activation recompute: full | selective; empty: none"),
       KEY(device, "auto | cpu | cuda. auto: the GPU when bf16 is on and one is present, else the CPU"),
       KEY(bf16, "bf16 mixed precision: bf16 weights and activations, fp32 master weights, gradients and "
@@ -328,6 +343,10 @@ std::string ExperimentConfig::resolved_yaml() const {
         },
         k.field);
   out["modules"]["pre_trainer"]["model_spec"] = model_spec_to_yaml(model_spec);
+  if (post_trainer) {  // under the name the config gave it
+    out["modules"]["post_trainer"] = out["modules"]["pre_trainer"];
+    out["modules"].remove("pre_trainer");
+  }
   YAML::Emitter e;
   e << out;
   std::string head;
@@ -369,6 +388,60 @@ void apply_command_line(YamlTree& tree, const std::vector<std::pair<std::string,
   }
 }
 
+// Primus's post-training module, modules.post_trainer, is read as modules.pre_trainer: its node,
+// the origins of its keys and the command line's dotted paths into it move to pre_trainer's name.
+// Returns whether the config had one.
+bool adopt_post_trainer(YamlTree& tree, std::vector<std::pair<std::string, std::string>>& overrides,
+                        const std::string& path) {
+  YAML::Node modules = tree.root["modules"];
+  if (!modules || !modules.IsMap() || !modules["post_trainer"]) return false;
+  if (modules["pre_trainer"])
+    fail("{}: a config has one trainer module: modules.pre_trainer (train pretrain) or modules.post_trainer "
+         "(train posttrain), not both",
+         path);
+  modules["pre_trainer"] = modules["post_trainer"];
+  modules.remove("post_trainer");
+  const std::string from = "modules.post_trainer", to = "modules.pre_trainer";
+  auto moved = [&](const std::string& key) {
+    return key == from || key.starts_with(from + ".") ? to + key.substr(from.size()) : key;
+  };
+  std::map<std::string, Origin> origins;
+  for (const auto& [k, o] : tree.origins) origins[moved(k)] = o;
+  tree.origins = std::move(origins);
+  for (auto& kv : overrides) {
+    std::replace(kv.first.begin(), kv.first.end(), '-', '_');
+    kv.first = moved(kv.first);
+  }
+  return true;
+}
+
+// Post-training: a post_trainer module trains stage sft (dpo and the SFT features not built yet
+// refused by name); a pre_trainer module pretrains.
+template <class At>
+void check_stage(const ExperimentConfig& cfg, const At& at) {
+  const TrainingArgs& t = cfg.train;
+  if (!cfg.post_trainer) {
+    if (t.stage != TrainStage::Pretrain)
+      fail("{}: stage '{}' is post-training: put the config's keys under modules.post_trainer and run train posttrain",
+           at("stage"), choice_name(t.stage));
+    return;
+  }
+  if (t.stage == TrainStage::Pretrain)
+    fail("{}: a modules.post_trainer config needs stage: sft (Primus's sft_trainer.yaml sets it)", at("stage"));
+  if (t.stage == TrainStage::Dpo)
+    fail("{}: stage 'dpo' (preference tuning) is not built yet; stage 'sft' is", at("stage"));
+  if (t.sft_dataset_name.empty())
+    fail("{}: stage sft needs sft_dataset_name: a local JSONL or JSON file of conversations", at("sft_dataset_name"));
+  if (t.use_packed_attention)
+    fail("{}: use_packed_attention (attention kept within each packed conversation) is not built yet; set it to "
+         "false: packed conversations then attend across each other (Primus's default)",
+         at("use_packed_attention"));
+  if (!t.data_path.empty() || t.mock_data)
+    fail("{}: stage sft reads its data from sft_dataset_name; remove data_path and mock_data", at("data_path"));
+  if (t.tokenizer_type.empty())
+    fail("{}: stage sft tokenizes its conversations: set tokenizer_type (and tokenizer_model)", at("tokenizer_type"));
+}
+
 // The top-level keys and the modules.pre_trainer section (returned), its keys checked.
 YAML::Node read_top_level(ExperimentConfig& cfg, const std::string& path) {
   const YamlTree& tree = cfg.tree;
@@ -382,7 +455,8 @@ YAML::Node read_top_level(ExperimentConfig& cfg, const std::string& path) {
     fail("{}: exp_name '{}' must be a non-empty name without '/'", tree.origin("exp_name").str(), cfg.exp_name);
 
   const YAML::Node modules = root["modules"];
-  if (!modules || !modules.IsMap()) fail("{}: the config needs a 'modules: pre_trainer:' section", path);
+  if (!modules || !modules.IsMap())
+    fail("{}: the config needs a 'modules: pre_trainer:' (or 'post_trainer:') section", path);
   check_keys(modules, {"pre_trainer"}, tree, "modules", "modules");
   const YAML::Node pt = modules["pre_trainer"];
   if (!pt || !pt.IsMap()) fail("{}: 'modules.pre_trainer' must be a map", tree.origin("modules").str());
@@ -464,6 +538,9 @@ YAML::Node read_overrides(ExperimentConfig& cfg, const YAML::Node& pt) {
       if (fk->status == KeyStatus::NoEffect) {
         if (!kv.second.IsNull()) cfg.no_effect.push_back({k, describe(kv.second), fk->note});
       } else if (!is_engine_value(*fk, kv.second)) {
+        if (kv.second.IsMap())  // a feature's block (lora: {enabled: true, ...})
+          fail("{}: '{}' is not supported: {}; set {}.enabled: false (or remove the key)", tree.origin(kpath).str(), k,
+               fk->note, k);
         fail("{}: '{}' is not supported: {}; this engine runs as '{}: {}' (remove the key or set it to that)",
              tree.origin(kpath).str(), k, fk->note, k, fk->engine_value);
       }
@@ -527,7 +604,8 @@ void derive_and_check(ExperimentConfig& cfg) {
   if (t.save_interval < 0) fail("{}: save_interval must not be negative", at("save_interval"));
   if (t.keep_last_checkpoints < 0) fail("{}: keep_last_checkpoints must not be negative", at("keep_last_checkpoints"));
   if (t.clip_grad < 0) fail("{}: clip_grad must not be negative", at("clip_grad"));
-  if (t.data_path.empty() && !t.mock_data)
+  check_stage(cfg, at);
+  if (t.data_path.empty() && !t.mock_data && t.stage == TrainStage::Pretrain)
     fail("{}: data_path is empty: give Megatron dataset prefixes (data preprocess makes them) or set mock_data: true",
          at("data_path"));
   if (t.device != "auto" && t.device != "cpu" && t.device != "cuda")
@@ -554,7 +632,9 @@ ExperimentConfig load_experiment_unguarded(const std::string& path,
   ExperimentConfig cfg;
   cfg.config_file = path;
   cfg.tree = load_yaml_tree(path);
-  apply_command_line(cfg.tree, overrides);
+  std::vector<std::pair<std::string, std::string>> command_line = overrides;
+  cfg.post_trainer = adopt_post_trainer(cfg.tree, command_line, path);
+  apply_command_line(cfg.tree, command_line);
   const YAML::Node pt = read_top_level(cfg, path);
   read_env(cfg);
   read_framework(cfg, pt, path, world_size);

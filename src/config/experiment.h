@@ -13,6 +13,10 @@
 //         train_iters: 200
 //         lr: 3.0e-3
 //
+// A post-training config names `modules: post_trainer:` instead (Primus's `train posttrain`), with
+// the same keys and `stage: sft`; it is read as a pre_trainer section is, and written back (config.yaml,
+// --print-config) under its own name.
+//
 // `framework: torchtitan` and `framework: maxtext` modules are written in those frameworks' names
 // and translated into these keys first (config/dialect.h).
 //
@@ -79,6 +83,14 @@ struct TrainingArgs {
   bool eod_mask_loss = false;  // no loss on positions whose input token is the end-of-document token
   std::string tokenizer_type;
   std::string tokenizer_model;
+  // post-training (docs/posttraining.md): Primus's post_trainer keys
+  TrainStage stage = TrainStage::Pretrain;  // sft | dpo under modules.post_trainer; unset: pretraining
+  std::string hf_path;                      // a Hugging Face model folder to start from (imported once)
+  std::string sft_dataset_name;             // a local JSONL or JSON file
+  std::string sft_dataset_split = "train";
+  data::ChatFormatName sft_conversation_format = data::ChatFormatName::Alpaca;
+  bool enable_packed_sequences = false;  // several conversations per sequence, first-fit decreasing
+  bool use_packed_attention = false;     // attention kept within each packed conversation (not built yet)
   // engine
   Recompute recompute_granularity = Recompute::None;  // "": none
   std::string device = "auto";
@@ -135,11 +147,12 @@ struct TrainingArgs {
   bool log_batch_size_to_tensorboard = true;
 };
 
-using FieldRef = std::variant<int64_t TrainingArgs::*, double TrainingArgs::*, bool TrainingArgs::*,
-                              std::string TrainingArgs::*, std::vector<std::string> TrainingArgs::*,
-                              std::vector<int64_t> TrainingArgs::*, Recompute TrainingArgs::*,
-                              CpComm TrainingArgs::*, DpSharding TrainingArgs::*, Fp8Mode TrainingArgs::*,
-                              Fp8Recipe TrainingArgs::*, fp8::AmaxAlgo TrainingArgs::*>;
+using FieldRef =
+    std::variant<int64_t TrainingArgs::*, double TrainingArgs::*, bool TrainingArgs::*, std::string TrainingArgs::*,
+                 std::vector<std::string> TrainingArgs::*, std::vector<int64_t> TrainingArgs::*,
+                 Recompute TrainingArgs::*, CpComm TrainingArgs::*, DpSharding TrainingArgs::*, Fp8Mode TrainingArgs::*,
+                 Fp8Recipe TrainingArgs::*, fp8::AmaxAlgo TrainingArgs::*, TrainStage TrainingArgs::*,
+                 data::ChatFormatName TrainingArgs::*>;
 struct KeyInfo {
   const char* name;
   FieldRef field;
@@ -153,6 +166,7 @@ struct ExperimentConfig {
   // Primus's top-level `env:` block: variables the task sets for the run (train pretrain exports them).
   std::vector<std::pair<std::string, std::string>> env;
   std::string model;  // as written: preset name or path
+  bool post_trainer = false;  // the module is modules.post_trainer (train posttrain), else pre_trainer
   ModelSpec model_spec;
   TrainingArgs train;
   YamlTree tree;      // the resolved YAML, for --print-config and checkpoints

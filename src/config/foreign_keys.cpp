@@ -262,7 +262,6 @@ const std::vector<ForeignKey>& foreign_keys() {
       {"enable_odc_lb_mini", KeyStatus::NotSupported, "false", kNsOther, Src::P},
       {"enable_one_logger", KeyStatus::NoEffect, "true", kLogging, Src::MP},
       {"enable_optimizer_post_validation", KeyStatus::NoEffect, "false", kTuning, Src::P},
-      {"enable_packed_sequences", KeyStatus::NotSupported, "false", kNsOther, Src::P},
       {"enable_primus_turbo", KeyStatus::NoEffect, "false", kKernels, Src::P},
       {"enable_turbo_attention_float8", KeyStatus::NoEffect, "false", kKernels, Src::P},
       {"enable_zb_runtime", KeyStatus::NoEffect, "true", kLogging, Src::P},
@@ -534,7 +533,7 @@ const std::vector<ForeignKey>& foreign_keys() {
       {"logits_save_top_k", KeyStatus::NotSupported, "null", kNsOther, Src::M},
       {"logits_save_top_p", KeyStatus::NotSupported, "null", kNsOther, Src::M},
       {"logits_save_top_p_min_k", KeyStatus::NotSupported, "1", kNsOther, Src::M},
-      {"lora", KeyStatus::NotSupported, "{\"alpha\": 32, \"dim\": 32, \"dropout\": 0.0, \"dropout_position\": \"pre\", \"enabled\": false, \"lora_A_init_method\": \"xavier\", \"lora_B_init_method\": \"zero\", \"target_modules\": [\"linear_qkv\", \"linear_proj\", \"linear_fc1\", \"linear_fc2\"]}", kNsOther, Src::P},
+      {"lora", KeyStatus::NotSupported, "{\"alpha\": 32, \"dim\": 32, \"dropout\": 0.0, \"dropout_position\": \"pre\", \"enabled\": false, \"lora_A_init_method\": \"xavier\", \"lora_B_init_method\": \"zero\", \"target_modules\": [\"linear_qkv\", \"linear_proj\", \"linear_fc1\", \"linear_fc2\"]}", "LoRA adapters (lora.enabled: true) are not built yet", Src::P},
       {"loss_scale", KeyStatus::NotSupported, "null", kNsLowPrecision, Src::MP},
       {"loss_scale_window", KeyStatus::NotSupported, "1000", kNsLowPrecision, Src::MP},
       {"lr_decay_samples", KeyStatus::NotSupported, "null", kNsOther, Src::MP},
@@ -918,9 +917,6 @@ const std::vector<ForeignKey>& foreign_keys() {
       {"scatter_gather_tensors_in_pipeline", KeyStatus::NoEffect, "true", kTuning, Src::P},
       {"sft", KeyStatus::NotSupported, "false", kNsOther, Src::M},
       {"sft_bridge_compat_inline_bos", KeyStatus::NotSupported, "false", kNsOther, Src::P},
-      {"sft_conversation_format", KeyStatus::NotSupported, "alpaca", kNsOther, Src::P},
-      {"sft_dataset_name", KeyStatus::NotSupported, "tatsu-lab/alpaca", kNsOther, Src::P},
-      {"sft_dataset_split", KeyStatus::NotSupported, "train", kNsOther, Src::P},
       {"sft_sanitize_nan_grads", KeyStatus::NotSupported, "false", kNsOther, Src::P},
       {"sft_tokenizer_prompt_format", KeyStatus::NotSupported, "nemotron-h-aligned", kNsOther, Src::M},
       {"sgd_momentum", KeyStatus::NotSupported, "0.9", kNsOther, Src::MP},
@@ -935,7 +931,6 @@ const std::vector<ForeignKey>& foreign_keys() {
       {"spec", KeyStatus::NoEffect, "null", kKernels, Src::MP},
       {"special_tokens", KeyStatus::NotSupported, "null", kNsOther, Src::M},
       {"squared_relu", KeyStatus::NotSupported, "false", kNsOther, Src::MP},
-      {"stage", KeyStatus::NoEffect, "sft", kStorage, Src::P},
       {"standalone_embedding_stage", KeyStatus::NotSupported, "false", kNsOther, Src::P},
       {"start_eval_at_iter", KeyStatus::NotSupported, "null", kNsOther, Src::M},
       {"start_weight_decay", KeyStatus::NotSupported, "null", kNsOther, Src::MP},
@@ -1031,7 +1026,6 @@ const std::vector<ForeignKey>& foreign_keys() {
       {"use_nccl_ub", KeyStatus::NoEffect, "false", kTuning, Src::M},
       {"use_nsys_profiler", KeyStatus::NoEffect, "false", kLogging, Src::M},
       {"use_one_sent_docs", KeyStatus::NotSupported, "false", kNsOther, Src::MP},
-      {"use_packed_attention", KeyStatus::NotSupported, "false", kNsOther, Src::P},
       {"use_persistent_ckpt_worker", KeyStatus::NoEffect, "false", kStorage, Src::MP},
       {"use_precision_aware_optimizer", KeyStatus::NotSupported, "false", kNsLowPrecision, Src::MP},
       {"use_pytorch_profiler", KeyStatus::NoEffect, "false", kLogging, Src::MP},
@@ -1124,6 +1118,7 @@ const std::vector<std::pair<const char*, Src>>& applied_key_sources() {
       {"decoder_first_pipeline_num_layers", Src::MP},
       {"decoder_last_pipeline_num_layers", Src::MP},
       {"disable_tensorboard", Src::P},
+      {"enable_packed_sequences", Src::P},
       {"eod_mask_loss", Src::MP},
       {"eval_interval", Src::MP},
       {"eval_iters", Src::MP},
@@ -1141,6 +1136,7 @@ const std::vector<std::pair<const char*, Src>>& applied_key_sources() {
       {"fp8_recipe", Src::MP},
       {"fp8_wgrad", Src::MP},
       {"global_batch_size", Src::MP},
+      {"hf_path", Src::P},
       {"hidden_size", Src::MP},
       {"init_method_std", Src::MP},
       {"kv_channels", Src::MP},
@@ -1213,7 +1209,11 @@ const std::vector<std::pair<const char*, Src>>& applied_key_sources() {
       {"seed", Src::MP},
       {"seq_length", Src::MP},
       {"sequence_parallel", Src::MP},
+      {"sft_conversation_format", Src::P},
+      {"sft_dataset_name", Src::P},
+      {"sft_dataset_split", Src::P},
       {"split", Src::MP},
+      {"stage", Src::P},
       {"tensor_model_parallel_size", Src::MP},
       {"tensorboard_dir", Src::MP},
       {"tensorboard_log_interval", Src::MP},
@@ -1223,6 +1223,7 @@ const std::vector<std::pair<const char*, Src>>& applied_key_sources() {
       {"train_iters", Src::MP},
       {"untie_embeddings_and_output_weights", Src::MP},
       {"use_distributed_optimizer", Src::MP},
+      {"use_packed_attention", Src::P},
       {"use_rope_scaling", Src::MP},
       {"use_torch_fsdp2", Src::MP},
       {"v_head_dim", Src::MP},
@@ -1253,6 +1254,11 @@ const ForeignKey* find_foreign_key(const std::string& name) {
 bool is_engine_value(const ForeignKey& key, const YAML::Node& value) {
   if (!value || value.IsNull()) return true;
   if (value.IsSequence() && value.size() == 0 && std::string(key.engine_value) == "null") return true;  // []
+  // A feature's block switched off (lora: {enabled: false, dim: 32, ...}) leaves the engine as it is.
+  if (value.IsMap() && value["enabled"] && value["enabled"].IsScalar()) {
+    bool on = true;
+    return YAML::convert<bool>::decode(value["enabled"], on) && !on;
+  }
   if (!value.IsScalar()) return false;
   const std::string v = value.Scalar(), e = key.engine_value;
   if (v == e) return true;

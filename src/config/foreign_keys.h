@@ -41,8 +41,8 @@ const std::vector<ForeignKey>& foreign_keys();
 const ForeignKey* find_foreign_key(const std::string& name);
 // "Megatron-LM", "Primus", "Megatron-LM, Primus" or "this engine": where a key name comes from.
 const char* key_source(const std::string& name);
-// True when `value` leaves the engine as it is: null, the engine's value, or false for a flag
-// whose engine value is null.
+// True when `value` leaves the engine as it is: null, the engine's value, false for a flag whose
+// engine value is null, or a feature's block with `enabled: false` (lora).
 bool is_engine_value(const ForeignKey& key, const YAML::Node& value);
 
 }  // namespace primus::config

@@ -33,6 +33,9 @@ class SampleDataset {
   virtual int64_t size() const = 0;
   // seq_length + 1 tokens (inputs are [0, seq_length), labels [1, seq_length]).
   virtual std::vector<int32_t> get(int64_t i) const = 0;
+  // Which of sample i's tokens the loss takes as targets: seq_length + 1 flags, 0 leaving that token
+  // out; empty (every dataset but SFT's, data/sft_dataset.h): all of them.
+  virtual std::vector<uint8_t> loss_mask(int64_t /*i*/) const { return {}; }
 };
 
 struct GPTDatasetConfig {

@@ -24,6 +24,11 @@ void fill_microbatch(const SampleSource& src, int64_t first, int64_t mbs, int64_
     if (int64_t(s.size()) != seq + 1) fail("dataset sample {} has {} tokens, expected {}", first + b, s.size(), seq + 1);
     std::copy(s.begin(), s.end() - 1, tokens.begin() + b * seq);
     std::copy(s.begin() + 1, s.end(), targets.begin() + b * seq);
+    if (src.dataset) {  // SFT: only the responses are targets
+      const std::vector<uint8_t> keep = src.dataset->loss_mask((first + b) % src.dataset->size());
+      for (size_t t = 1; t < keep.size(); ++t)
+        if (!keep[t]) targets[b * seq + int64_t(t) - 1] = -1;
+    }
   }
   if (src.eod_mask >= 0)  // a negative target is left out of the loss
     for (int64_t i = 0; i < mbs * seq; ++i)

@@ -4,8 +4,9 @@
 // Samples of seq_length + 1 tokens come from the Megatron datasets (gpt_dataset.h) or, with
 // mock_data, from a counter-based random stream. A microbatch is micro_batch_size consecutive
 // samples, split into inputs (tokens 0 .. seq-1) and targets (tokens 1 .. seq); a target of -1 is
-// left out of the loss (eod_mask_loss). Under context parallelism each rank keeps two chunks of
-// every sequence (context_parallel_rows): the rows the model's context-parallel attention expects.
+// left out of the loss (eod_mask_loss, and the tokens an SFT sample's loss mask leaves out). Under
+// context parallelism each rank keeps two chunks of every sequence (context_parallel_rows): the
+// rows the model's context-parallel attention expects.
 #pragma once
 
 #include <cstdint>

@@ -492,7 +492,7 @@ std::vector<std::string> export_hf(const ExportOptions& o) {
   const std::string dir = checkpoint::resolve_checkpoint(o.checkpoint);
   const ModelSpec spec = checkpoint::read_checkpoint_model(dir);
   checkpoint::check_model_fit(dir, spec, {checkpoint::LoadPurpose::Read});
-  const YAML::Node pt = YAML::Load(checkpoint::read_checkpoint_config(dir))["modules"]["pre_trainer"];
+  const YAML::Node pt = checkpoint::trainer_module(YAML::Load(checkpoint::read_checkpoint_config(dir)));
   const std::string arch = !o.architecture.empty() ? o.architecture
                            : spec.qk_layernorm     ? "Qwen3ForCausalLM"
                            : spec.add_qkv_bias     ? "Qwen2ForCausalLM"

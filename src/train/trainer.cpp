@@ -35,6 +35,7 @@
 #include "core/log.h"
 #include "data/gpt_dataset.h"
 #include "data/microbatch.h"
+#include "data/sft_dataset.h"
 #include "data/tokenizer.h"
 #include "kernels/cpu/gemm.h"
 #include "model/llama.h"
@@ -93,6 +94,7 @@ class Trainer {
   void build_processes();
   void build_profiler();
   void build_data();
+  void build_sft_data(const data::Tokenizer& tok);
   void build_model();
   AdamWOptions adam_options() const {
     return {a_.adam_beta1, a_.adam_beta2, a_.adam_eps, a_.weight_decay, a_.decay_norms_and_biases};
@@ -261,13 +263,16 @@ void Trainer::build_profiler() {
 
 void Trainer::build_data() {
   int32_t eod = -1;
+  std::unique_ptr<data::Tokenizer> tok;
   if (!a_.tokenizer_type.empty()) {
-    auto tok = data::build_tokenizer({a_.tokenizer_type, a_.tokenizer_model});
+    tok = data::build_tokenizer({a_.tokenizer_type, a_.tokenizer_model});
     if (tok->vocab_size() > spec_.vocab_size)
       fail("tokenizer {} has {} tokens but the model's vocab_size is {}", a_.tokenizer_model, tok->vocab_size(),
            spec_.vocab_size);
     eod = tok->eod();
-  } else if (a_.mock_data) {
+  }
+  if (a_.stage == config::TrainStage::Sft) return build_sft_data(*tok);  // the config checked the tokenizer
+  if (!tok && a_.mock_data) {
     eod = int32_t(spec_.vocab_size - 1);  // mock data without a tokenizer: the last id stands for eod
   }
   if (a_.eod_mask_loss && eod < 0)
@@ -296,6 +301,28 @@ void Trainer::build_data() {
   train_src_.eod_mask = valid_src_.eod_mask = eod_mask;
   if (!ds.valid && a_.eval_interval > 0 && a_.eval_iters > 0)
     log::warn("split {} leaves no validation documents: evaluation is off", a_.split);
+}
+
+// SFT: one conversation per sample from the chat data set, the loss on the responses only
+// (data/sft_dataset.h); the same sample order on every rank, each taking its microbatches.
+void Trainer::build_sft_data(const data::Tokenizer& tok) {
+  const std::unique_ptr<data::ChatFormat> format = data::fixed_chat_format(a_.sft_conversation_format);
+  const int64_t evals = a_.eval_interval > 0 ? a_.train_iters / a_.eval_interval + 1 : 0;
+  data::SftDatasetOptions o{seq_, a_.train_iters * gbs_, uint64_t(a_.seed), a_.enable_packed_sequences};
+  auto train = std::make_shared<data::SftDataset>(data::read_sft_records(a_.sft_dataset_name, a_.sft_dataset_split),
+                                                  *format, tok, o);
+  log::info("sft: {} conversations of {} ({}, split {}) in {} samples of {} tokens", train->conversations(),
+            a_.sft_dataset_name, config::choice_name(a_.sft_conversation_format), a_.sft_dataset_split,
+            train->sequences(), seq_ + 1);
+  train_src_.dataset = train;
+  const data::SftRecords valid = data::read_sft_records(a_.sft_dataset_name, "validation", /*optional=*/true);
+  if (!valid.records.empty()) {
+    o.num_samples = evals * a_.eval_iters * gbs_;
+    valid_src_.dataset = std::make_shared<data::SftDataset>(valid, *format, tok, o);
+  } else if (a_.eval_interval > 0 && a_.eval_iters > 0) {
+    log::warn("sft: {} has no validation split (a JSON object's \"validation\" list): evaluation is off",
+              a_.sft_dataset_name);
+  }
 }
 
 // This rank's part of the model (its tensor-parallel shard of its pipeline chunks) and the

@@ -119,7 +119,7 @@ int launch(const DirectOptions& o, const std::vector<std::string>& task_args) {
   }
 
   // A config, layout or memory error is said once, here, rather than by every rank.
-  if (L.line.task == "train" && L.line.subtask == "pretrain") {
+  if (L.line.task == "train" && (L.line.subtask == "pretrain" || L.line.subtask == "posttrain")) {
     for (const auto& [k, v] : L.env.full()) ::setenv(k.c_str(), v.c_str(), 1);  // ${VAR}s as the ranks see them
     std::vector<std::string> check = L.line.task_args;
     check.insert(check.end(), {"--check-for-ranks", std::to_string(L.nproc)});

@@ -26,7 +26,7 @@ int run(const Options& o) {
   const std::string dir = checkpoint::resolve_checkpoint(o.load);
   const ModelSpec spec = checkpoint::read_checkpoint_model(dir);
   checkpoint::check_model_fit(dir, spec, {checkpoint::LoadPurpose::Read});
-  const YAML::Node ov = YAML::Load(checkpoint::read_checkpoint_config(dir))["modules"]["pre_trainer"]["overrides"];
+  const YAML::Node ov = checkpoint::trainer_module(YAML::Load(checkpoint::read_checkpoint_config(dir)))["overrides"];
   const std::string tok_type = ov && ov["tokenizer_type"] ? ov["tokenizer_type"].as<std::string>() : "";
   if (tok_type.empty()) fail("the checkpoint's config names no tokenizer_type; cannot turn text into tokens");
   auto tok = data::build_tokenizer({tok_type, ov["tokenizer_model"] ? ov["tokenizer_model"].as<std::string>() : ""});

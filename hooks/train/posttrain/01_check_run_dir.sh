@@ -1,0 +1,1 @@
+../pretrain/01_check_run_dir.sh
