@@ -54,6 +54,8 @@ struct BwdParams {
   int o_stride;  // dout row stride = heads * D
   float scale;       // 1 / sqrt(D)
   float scale_log2;  // log2(e) / sqrt(D)
+  const int* doc_start;  // documents (flash_attention.h), or null
+  int key_pos0;
 };
 
 // ---- 1. delta and lse2 ----
@@ -135,9 +137,18 @@ __global__ void __launch_bounds__(kBwdThreads, kBwdMinBlocks<D>) fa_bwd_dkdv_ker
   const int S = p.seq, H = p.heads;
   const int n0 = n_block * BN;
 
-  const int n_q_blocks = (S + BM - 1) / BM;
+  const int* doc_row = p.doc_start ? p.doc_start + int64_t(b) * S : nullptr;
+  int n_q_blocks = (S + BM - 1) / BM;
+  if (doc_row) {  // documents: rows whose document starts after this tile's last key see none of it
+    int lo = 0, hi = S;
+    while (lo < hi) {
+      const int mid = (lo + hi) / 2;
+      if (doc_row[mid] - p.key_pos0 <= n0 + BN - 1) lo = mid + 1; else hi = mid;
+    }
+    n_q_blocks = (lo + BM - 1) / BM;
+  }
   const int m_begin = CAUSAL ? n0 / BM : 0;  // causal: query tiles below this one see no key here
-  const int per_head = n_q_blocks - m_begin;
+  const int per_head = max(0, n_q_blocks - m_begin);
   const int steps = p.per_group * per_head;
 
   // K and V of this tile; rows past the sequence end are zero.
@@ -194,7 +205,7 @@ __global__ void __launch_bounds__(kBwdThreads, kBwdMinBlocks<D>) fa_bwd_dkdv_ker
     // 32wn + 8nb + 2t + (e & 1). (P is packed before dP is accumulated so that 32 fp32 scores
     // and 32 fp32 dP are never live together beside dK and dV.)
     {
-      const bool need_mask = (CAUSAL && n0 + BN - 1 > m0) || n0 + BN > S;
+      const bool need_mask = (CAUSAL && n0 + BN - 1 > m0) || n0 + BN > S || doc_row;
       uint32_t pk[2][2][4];  // [mt][r][nb]: bf16x2 of P
       {
         float acc_s[2][4][4];
@@ -206,6 +217,8 @@ __global__ void __launch_bounds__(kBwdThreads, kBwdMinBlocks<D>) fa_bwd_dkdv_ker
           for (int r = 0; r < 2; ++r) {
             const int q = 32 * wm + 16 * mt + g + 8 * r;  // row within the query tile
             const float l2 = sLse[q];
+            // documents: the query's first visible key, relative to this tile (rows past the end: any)
+            const int first = doc_row && m0 + q < S ? doc_row[m0 + q] - p.key_pos0 - n0 : -BN;
 #pragma unroll
             for (int nb = 0; nb < 4; ++nb) {
               const int k = 32 * wn + 8 * nb + 2 * t;  // column within the key tile (and k + 1)
@@ -213,7 +226,7 @@ __global__ void __launch_bounds__(kBwdThreads, kBwdMinBlocks<D>) fa_bwd_dkdv_ker
 #pragma unroll
               for (int e = 0; e < 2; ++e) {
                 pv[e] = ex2(fmaf(acc_s[mt][nb][2 * r + e], p.scale_log2, -l2));
-                if (need_mask && (n0 + k + e >= S || (CAUSAL && n0 + k + e > m0 + q))) pv[e] = 0.f;
+                if (need_mask && (n0 + k + e >= S || (CAUSAL && n0 + k + e > m0 + q) || k + e < first)) pv[e] = 0.f;
               }
               pk[mt][r][nb] = pack_bf16(pv[0], pv[1]);
               *reinterpret_cast<uint32_t*>(smem + L::P + swz<BN>(q, k)) = pk[mt][r][nb];
@@ -408,6 +421,8 @@ void backward(const __nv_bfloat16* qkv, const __nv_bfloat16* kv, int kv_stride, 
   p.scale = float(1.0 / std::sqrt(double(D)));
   p.scale_log2 = float(1.4426950408889634 / std::sqrt(double(D)));
   p.dq_scale = block ? p.scale : 1.0f;
+  p.doc_start = d.doc_start;
+  p.key_pos0 = int(d.key_pos0);
   const int batch = int(B);
   if (D == 64) {
     causal ? fa::launch_dkdv<64, true>(p, batch, stream) : fa::launch_dkdv<64, false>(p, batch, stream);

@@ -42,6 +42,8 @@ struct FwdParams {
   int64_t out_stride;  // heads * D
   float scale;         // 1 / sqrt(D)
   float scale_log2;    // log2(e) / sqrt(D)
+  const int* doc_start;  // documents (flash_attention.h), or null
+  int key_pos0;
 };
 
 template <int D_, int BM_, int BN_, int NWARPS_, bool Q_IN_REGS_>
@@ -89,6 +91,18 @@ __global__ void __launch_bounds__(Cfg::NTHREADS) fa_fwd_kernel(const FwdParams p
 
   const int n_end = CAUSAL ? min(S, m0 + BM) : S;  // keys [0, n_end) are visible to some row
   const int n_blocks = (n_end + BN - 1) / BN;
+  // Documents: row r sees keys from first[r] (key rows); the tile's first row has the lowest, as
+  // starts do not decrease, so tiles below n_lo hold no visible key. Rows past the end see all.
+  const int* doc_row = p.doc_start ? p.doc_start + int64_t(b) * S : nullptr;
+  const int n_lo = doc_row ? max(0, doc_row[m0] - p.key_pos0) / BN : 0;
+  int first[MT][2];
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int row = m0 + wrow + 16 * mt + g + 8 * r;
+      first[mt][r] = doc_row && row < S ? doc_row[row] - p.key_pos0 : 0;
+    }
 
   load_tile<BM, D, NTHREADS>(sQ, q_src, p.stride, min(BM, S - m0), p.qkv, tid);
   {
@@ -119,7 +133,7 @@ __global__ void __launch_bounds__(Cfg::NTHREADS) fa_fwd_kernel(const FwdParams p
       row_sum[mt][r] = 0.f;
     }
 
-  for (int n_block = n_blocks - 1; n_block >= 0; --n_block) {
+  for (int n_block = n_blocks - 1; n_block >= n_lo; --n_block) {
     const int n0 = n_block * BN;
     load_tile<BN, D, NTHREADS>(sV, v_src + int64_t(n0) * p.kv_stride, p.kv_stride, min(BN, S - n0), p.kv, tid);
     cp_async_commit();
@@ -151,9 +165,10 @@ __global__ void __launch_bounds__(Cfg::NTHREADS) fa_fwd_kernel(const FwdParams p
       }
     }
 
-    // Mask keys past the sequence end and, causal, keys after the query. Element e of n-block nb
-    // in m-tile mt is row wrow + 16*mt + g + 8*(e >> 1), key n0 + 8*nb + 2*t + (e & 1).
-    if ((CAUSAL && n0 + BN - 1 > m0) || n0 + BN > S) {
+    // Mask keys past the sequence end, causal, keys after the query, and keys before the query's
+    // document. Element e of n-block nb in m-tile mt is row wrow + 16*mt + g + 8*(e >> 1), key
+    // n0 + 8*nb + 2*t + (e & 1).
+    if ((CAUSAL && n0 + BN - 1 > m0) || n0 + BN > S || doc_row) {
 #pragma unroll
       for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
@@ -162,13 +177,13 @@ __global__ void __launch_bounds__(Cfg::NTHREADS) fa_fwd_kernel(const FwdParams p
           for (int e = 0; e < 4; ++e) {
             const int row = m0 + wrow + 16 * mt + g + 8 * (e >> 1);
             const int key = n0 + 8 * nb + 2 * t + (e & 1);
-            if (key >= S || (CAUSAL && key > row)) acc_s[mt][nb][e] = -INFINITY;
+            if (key >= S || (CAUSAL && key > row) || key < first[mt][e >> 1]) acc_s[mt][nb][e] = -INFINITY;
           }
     }
 
     cp_async_wait<0>();  // V_n has landed (this thread's part) ...
     __syncthreads();     // ... everyone's part, and every warp is done with K_n
-    if (n_block > 0) {
+    if (n_block > n_lo) {
       const int nk = n0 - BN;
       load_tile<BN, D, NTHREADS>(sK, k_src + int64_t(nk) * p.kv_stride, p.kv_stride, min(BN, S - nk), p.kv, tid);
       cp_async_commit();
@@ -308,6 +323,8 @@ void forward(const __nv_bfloat16* qkv, const __nv_bfloat16* kv, int kv_stride, i
   p.out_stride = d.heads * d.head_dim;
   p.scale = float(1.0 / std::sqrt(double(d.head_dim)));
   p.scale_log2 = float(1.4426950408889634 / std::sqrt(double(d.head_dim)));
+  p.doc_start = d.doc_start;
+  p.key_pos0 = int(d.key_pos0);
   const int batch = int(d.batch);
   if (d.head_dim == 64) {
     causal ? fa::launch_fwd<64, true>(p, batch, stream) : fa::launch_fwd<64, false>(p, batch, stream);
