@@ -40,7 +40,7 @@ namespace primus::ops {
 //   key_pos0   the position of the key rows' first row (ring attention's key blocks; 0 otherwise)
 // Every attention op but decode honours it (model/documents.h builds it).
 struct AttentionShape : cpu::AttentionShape {
-  Tensor doc_start;
+  Tensor doc_start{};
   int64_t key_pos0 = 0;
 };
 // The kernels' view of s's documents, on `device` (null start: none). Checks doc_start's dtype,
