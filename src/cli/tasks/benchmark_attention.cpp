@@ -5,8 +5,9 @@
 //                                            [--documents N] [--warmup 3] [--iters 10] [--json]
 //
 // --documents N packs N equal documents into each sequence (attention within each document, the
-// kernels' doc_start: kernels/cpu/attention.h) and times that beside causal attention over the
-// whole sequence in the same run; its FLOPs count the documents' causal attention only.
+// kernels' doc_start: kernels/cpu/attention.h) and times that beside, in the same run, causal
+// attention over the whole sequence and the documents alone (batch x N sequences of seq / N: the
+// same work without packing); its FLOPs count the documents' causal attention only.
 // The layout is the models' fused qkv row per token (kernels/cpu/attention.h). On the GPU it runs
 // this project's flash attention (cuda::flash_attention_forward/backward, bf16); on the CPU, causal
 // only, the bf16 backend's kernels (--dtype bf16, the default: AVX512-BF16, with the share of the
@@ -52,6 +53,7 @@ struct Options {
 struct Times {
   double fwd_ms = 0, bwd_ms = 0;
   double causal_fwd_ms = 0, causal_bwd_ms = 0;  // --documents > 1: the whole sequence's causal attention
+  double alone_fwd_ms = 0, alone_bwd_ms = 0;    // --documents > 1: the documents as sequences of their own
   std::string device_name;
   double peak_tflops = 0;  // CPU bf16: the bf16 GEMM peak measured in the same run
 };
@@ -77,6 +79,8 @@ Times run_cpu(const Options& o, int64_t groups, int64_t d) {
   t.device_name = bench::cpu_name();
   const std::vector<int32_t> starts = document_starts(o);
   const cpu::Documents packed{o.documents > 1 ? starts.data() : nullptr, 0};
+  cpu::AttentionShape alone = s;  // the documents as sequences of their own: the same rows
+  alone.batch = o.batch * o.documents, alone.seq = o.seq / o.documents;
   if (o.dtype == "bf16") {
     std::string why;
     if (!cpu::Bf16Backend::supported(&why))
@@ -87,30 +91,36 @@ Times run_cpu(const Options& o, int64_t groups, int64_t d) {
     std::vector<float> lse(size_t(o.batch * o.heads * o.seq));
     for (size_t i = 0; i < qkv_n; ++i) qkv[i] = bf16::from_float(float(rng.normal_at(i))).bits;
     for (size_t i = 0; i < out_n; ++i) dout[i] = bf16::from_float(float(rng.normal_at(qkv_n + i))).bits;
-    auto time = [&](const cpu::Documents& docs, double& fwd_ms, double& bwd_ms) {
-      fwd_ms = bench::cpu_time_ms([&] { cpu::bf16k::attention_forward(qkv.data(), out.data(), lse.data(), s, docs); },
+    auto time = [&](const cpu::AttentionShape& a, const cpu::Documents& docs, double& fwd_ms, double& bwd_ms) {
+      fwd_ms = bench::cpu_time_ms([&] { cpu::bf16k::attention_forward(qkv.data(), out.data(), lse.data(), a, docs); },
                                   o.run.warmup, o.run.iters);
       bwd_ms = bench::cpu_time_ms(
-          [&] { cpu::bf16k::attention_backward(qkv.data(), out.data(), lse.data(), dout.data(), dqkv.data(), s, docs); },
+          [&] { cpu::bf16k::attention_backward(qkv.data(), out.data(), lse.data(), dout.data(), dqkv.data(), a, docs); },
           o.run.warmup, o.run.iters);
     };
-    time(packed, t.fwd_ms, t.bwd_ms);
-    if (o.documents > 1) time({}, t.causal_fwd_ms, t.causal_bwd_ms);
+    time(s, packed, t.fwd_ms, t.bwd_ms);
+    if (o.documents > 1) {
+      time(s, {}, t.causal_fwd_ms, t.causal_bwd_ms);
+      time(alone, {}, t.alone_fwd_ms, t.alone_bwd_ms);
+    }
     t.peak_tflops = cpu::bf16k::measure_bf16_gemm_peak_gflops(2048, 4) / 1e3;
     return t;
   }
   std::vector<float> qkv(qkv_n), out(out_n), lse(size_t(o.batch * o.heads * o.seq)), dout(out.size()), dqkv(qkv.size());
   for (size_t i = 0; i < qkv.size(); ++i) qkv[i] = float(rng.normal_at(i));
   for (size_t i = 0; i < dout.size(); ++i) dout[i] = float(rng.normal_at(qkv.size() + i));
-  auto time = [&](const cpu::Documents& docs, double& fwd_ms, double& bwd_ms) {
-    fwd_ms = bench::cpu_time_ms([&] { cpu::attention_forward<float>(qkv.data(), out.data(), lse.data(), s, docs); },
+  auto time = [&](const cpu::AttentionShape& a, const cpu::Documents& docs, double& fwd_ms, double& bwd_ms) {
+    fwd_ms = bench::cpu_time_ms([&] { cpu::attention_forward<float>(qkv.data(), out.data(), lse.data(), a, docs); },
                                 o.run.warmup, o.run.iters);
     bwd_ms = bench::cpu_time_ms(
-        [&] { cpu::attention_backward<float>(qkv.data(), out.data(), lse.data(), dout.data(), dqkv.data(), s, docs); },
+        [&] { cpu::attention_backward<float>(qkv.data(), out.data(), lse.data(), dout.data(), dqkv.data(), a, docs); },
         o.run.warmup, o.run.iters);
   };
-  time(packed, t.fwd_ms, t.bwd_ms);
-  if (o.documents > 1) time({}, t.causal_fwd_ms, t.causal_bwd_ms);
+  time(s, packed, t.fwd_ms, t.bwd_ms);
+  if (o.documents > 1) {
+    time(s, {}, t.causal_fwd_ms, t.causal_bwd_ms);
+    time(alone, {}, t.alone_fwd_ms, t.alone_bwd_ms);
+  }
   return t;
 }
 
@@ -144,10 +154,14 @@ Times run_cuda(const Options& o, int64_t groups, int64_t d) {
                            o.run.iters);
     PRIMUS_CUDA_CHECK_LAUNCH();
   };
-  cuda::AttentionDims packed = dims;
+  cuda::AttentionDims packed = dims, alone = dims;
   if (o.documents > 1) packed.doc_start = doc_start.as<int32_t>();
+  alone.batch = o.batch * o.documents, alone.seq = o.seq / o.documents;
   time(packed, t.fwd_ms, t.bwd_ms);
-  if (o.documents > 1) time(dims, t.causal_fwd_ms, t.causal_bwd_ms);
+  if (o.documents > 1) {
+    time(dims, t.causal_fwd_ms, t.causal_bwd_ms);
+    time(alone, t.alone_fwd_ms, t.alone_bwd_ms);
+  }
   cuda::synchronize();
   return t;
 }
@@ -215,6 +229,8 @@ int run(Options o) {
     if (o.documents > 1) {
       j["causal_fwd_ms"] = t.causal_fwd_ms;
       j["causal_bwd_ms"] = t.causal_bwd_ms;
+      j["alone_fwd_ms"] = t.alone_fwd_ms;
+      j["alone_bwd_ms"] = t.alone_bwd_ms;
     }
     if (t.peak_tflops > 0) {
       j["peak_tflops"] = t.peak_tflops;
@@ -239,11 +255,15 @@ int run(Options o) {
   line("forward", fwd, t.fwd_ms);
   line("backward", bwd, t.bwd_ms);
   line("forward+backward", fwd + bwd, both_ms);
-  if (o.documents > 1)
+  if (o.documents > 1) {
     std::cout << fmt::format("  causal attention over the whole sequence, same run: forward {:.4f} ms, backward "
                              "{:.4f} ms; packed takes {:.1f}% and {:.1f}% of it\n",
                              t.causal_fwd_ms, t.causal_bwd_ms, 100 * t.fwd_ms / t.causal_fwd_ms,
                              100 * t.bwd_ms / t.causal_bwd_ms);
+    std::cout << fmt::format("  the documents alone ({} sequences of {}), same run: forward {:.4f} ms, backward "
+                             "{:.4f} ms\n",
+                             o.batch * o.documents, o.seq / o.documents, t.alone_fwd_ms, t.alone_bwd_ms);
+  }
   if (t.peak_tflops > 0)
     std::cout << fmt::format("  bf16 GEMM peak {:.4g} TFLOP/s (2048^3 best of 4, measured now)\n", t.peak_tflops);
   return 0;
