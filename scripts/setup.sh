@@ -21,6 +21,7 @@ APT_PACKAGES=(
   libdnnl-dev  # oneDNN: one of the CPU bf16 backend's two GEMMs, the one on AMX tiles
   librsvg2-bin  # rsvg-convert: `analyze run` pictures as PNG beside the SVG
   python3-protobuf python3-crc32c  # the tests' independent reader of TensorBoard event files
+  python3-jinja2  # the chat template oracle: Python's Jinja2 in Hugging Face's environment
   libnuma-dev  # --numa: each rank bound to its GPU's NUMA node
 )
 # Tools that may already come from elsewhere (e.g. a Node.js install outside apt): installed from

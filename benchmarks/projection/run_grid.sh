@@ -3,7 +3,8 @@
 # trained for a few steps (one thread per rank, mock data), then projected with `projection both`
 # on this machine's CPU by as many ranks as the training had, measuring at the same time (each op
 # timed here while the cores are shared as in training, the link between the ranks measured by
-# all-reduces); prints the Markdown table of the docs. The machine is shared: the grid is run
+# all-reduces; MoE rows routed by the run's measured tokens per expert, --router-load); prints the
+# Markdown table of the docs. The machine is shared: the grid is run
 # ROUNDS times, layout after layout, and each figure is the median over the rounds (the spread of
 # the step-time errors over the rounds is printed beside it).
 #
@@ -45,6 +46,7 @@ GRID=(
   "one process, full recompute|1|--recompute_granularity full"
   "dp2|2|"
   "dp2, distributed optimizer|2|--use_distributed_optimizer true"
+  "dp4, FSDP|4|--data_parallel_sharding_strategy optim_grads_params"
   "tp2|2|--tensor_model_parallel_size 2"
   "tp2, sequence parallel|2|--tensor_model_parallel_size 2 --sequence_parallel true"
   "pp2 1f1b|2|--pipeline_model_parallel_size 2 --pipeline_schedule 1f1b"
@@ -57,6 +59,7 @@ GRID=(
   "MoE (tiny_mixtral) balanced, one process|1|--moe_router_force_load_balancing true|grid_moe.yaml"
   "MoE (tiny_mixtral) balanced, dp2|2|--moe_router_force_load_balancing true|grid_moe.yaml"
   "MoE (tiny_mixtral) balanced, ep2 alltoall|2|--moe_router_force_load_balancing true --expert_model_parallel_size 2 --moe_token_dispatcher_type alltoall|grid_moe.yaml"
+  "MoE (tiny_mixtral), ep2 alltoall|2|--expert_model_parallel_size 2 --moe_token_dispatcher_type alltoall|grid_moe.yaml"
   "MoE (tiny_mixtral) balanced, tp2 etp2|2|--moe_router_force_load_balancing true --tensor_model_parallel_size 2|grid_moe.yaml"
   "MoE (tiny_mixtral) balanced, tp2 etp1|2|--moe_router_force_load_balancing true --tensor_model_parallel_size 2 --expert_tensor_parallel_size 1|grid_moe.yaml"
   "MoE (tiny_mixtral) balanced, tp2 etp2, sequence parallel|2|--moe_router_force_load_balancing true --tensor_model_parallel_size 2 --sequence_parallel true|grid_moe.yaml"
@@ -74,8 +77,11 @@ for row in "${GRID[@]}"; do
   rm -rf ws
   # shellcheck disable=SC2086
   "$CLI" direct --nproc "$np" -- train pretrain --config "$cfg" $ov > train.log 2>&1 || { echo "$name: training failed" >&2; tail -3 train.log >&2; continue; }
+  # MoE rows route by the training run's measured tokens per expert (its metrics.jsonl).
+  load=""
+  if [ "$cfg" != grid.yaml ]; then load="--router-load ws/grid"; fi
   # shellcheck disable=SC2086
-  "$CLI" direct --nproc "$np" -- projection both --config "$cfg" $ov --target-nodes 1 --gpus-per-node "$np" \
+  "$CLI" direct --nproc "$np" -- projection both --config "$cfg" $ov $load --target-nodes 1 --gpus-per-node "$np" \
       --hardware-config CPU --format json > proj.json 2> proj.log || { echo "$name: projection failed" >&2; tail -3 proj.log >&2; continue; }
   python3 - "$name" "$np" "$round" <<'PY'
 import json, sys

@@ -20,7 +20,7 @@ namespace primus::config {
 
 // data_parallel_sharding_strategy, Megatron's names: no_shard, optim (ZeRO-1), optim_grads
 // (ZeRO-2), optim_grads_params (ZeRO-3 / FSDP). Unset: the key was not given; the layout resolves
-// it from use_torch_fsdp2 and use_distributed_optimizer (train/parallel_layout.h).
+// it from use_torch_fsdp2 and use_distributed_optimizer (plan/parallel_layout.h).
 enum class DpSharding : uint8_t { Unset, NoShard, Optim, OptimGrads, OptimGradsParams };
 
 template <class E>

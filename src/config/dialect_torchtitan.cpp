@@ -28,7 +28,12 @@ const char* const kMemory =
 const char* const kStorage =
     "checkpoint format or bookkeeping; this engine writes its own checkpoints (docs/checkpoints.md)";
 const char* const kData = "torchtitan's Hugging Face data loading; this engine reads Megatron-format data (data_path)";
-const char* const kFp8 = "FP8 / MX training is not built on this engine yet (the FP8 issue adds it)";
+const char* const kFp8Moe = "FP8 / MX training of MoE experts' grouped GEMMs (torchtitan's MoE flavours are not mapped)";
+const char* const kFp8Same =
+    "a communication choice: the FP8 values are the same either way, a weight's tensorwise scale coming from the "
+    "whole weight's amax";
+const char* const kFp8Filter =
+    "applied: must list \"output\" (the output layer stays in bf16 on this engine); other entries are refused";
 const char* const kValidation = "configures torchtitan's validation loop, which is refused (validation.enable)";
 const char* const kFt = "TorchFT fault tolerance (replica groups) is not built; this engine restarts from checkpoints "
                         "(--max-restarts)";
@@ -87,12 +92,12 @@ const std::vector<DialectKey>& table() {
       {"fault_tolerance.replica_id", N, "0", kFt},
       {"fault_tolerance.semi_sync_method", X, "null", kFt},
       {"file_sink_level", N, "DEBUG", kLogging},
-      {"float8.emulate", X, "false", kFp8},
-      {"float8.enable_fsdp_float8_all_gather", X, "false", kFp8},
-      {"float8.filter_fqns", N, "[]", kFp8},
-      {"float8.moe_fqns_prototype", X, "[]", kFp8},
-      {"float8.precompute_float8_dynamic_scale_for_fsdp", X, "false", kFp8},
-      {"float8.recipe_name", X, "null", kFp8},
+      {"float8.emulate", N, "false", "this engine's FP8 is an exact emulation on every device (docs/fp8.md)"},
+      {"float8.enable_fsdp_float8_all_gather", N, "false", kFp8Same},
+      {"float8.filter_fqns", A, "[]", kFp8Filter},
+      {"float8.moe_fqns_prototype", X, "[]", kFp8Moe},
+      {"float8.precompute_float8_dynamic_scale_for_fsdp", N, "false", kFp8Same},
+      {"float8.recipe_name", A, "null", "with the float8 converter: null and tensorwise: fp8 hybrid, fp8_recipe tensorwise; rowwise scaling is refused"},
       {"job.config_file", N, "null", kLogging},
       {"job.custom_config_module", N, "", "a Python extension point; Primus's primus_turbo section is read here directly"},
       {"job.description", N, "default job", kLogging},
@@ -112,7 +117,7 @@ const std::vector<DialectKey>& table() {
       {"metrics.log_freq", A, "10", "log_interval"},
       {"metrics.save_for_all_ranks", N, "false", kLogging},
       {"metrics.save_tb_folder", N, "tb", kLogging},
-      {"model.converters", A, "[]", "primus_turbo: no effect (kernels); float8 / mx converters: refused (FP8 / MX training is not built yet)"},
+      {"model.converters", A, "[]", "primus_turbo: no effect (kernels); quantize.linear.float8 (or float8): fp8 hybrid with tensorwise scaling; quantize.linear.mx: fp8 e4m3, fp8_recipe mxfp8 (docs/fp8.md)"},
       {"model.flavor", A, "debugmodel", "the model preset, with model.name (docs/config.md lists the flavours)"},
       {"model.hf_assets_path", N, "./tests/assets/tokenizer", "Hugging Face assets (tokenizer, weights); this engine's: tokenizer_type and tokenizer_model, `checkpoint import`"},
       {"model.name", A, "llama3", "the model preset, with model.flavor"},
@@ -147,16 +152,16 @@ const std::vector<DialectKey>& table() {
       {"parallelism.pipeline_parallel_schedule", A, "1F1B", "pipeline_schedule (1F1B, Interleaved1F1B, GPipe, ZBVZeroBubble, DualPipeV)"},
       {"parallelism.pipeline_parallel_schedule_csv", X, "\"\"", "a pipeline schedule read from a CSV file is not built (this engine's schedules: pipeline_schedule)"},
       {"parallelism.tensor_parallel_degree", A, "1", "tensor_model_parallel_size, with sequence_parallel as torchtitan's tensor parallelism"},
-      {"primus_turbo.enable_attention_float8", X, "false", kFp8},
+      {"primus_turbo.enable_attention_float8", X, "false", "FP8 attention is not built (attention stays in bf16; docs/fp8.md)"},
       {"primus_turbo.enable_embedding_autocast", N, "true", kKernels},
       {"primus_turbo.enable_primus_turbo", N, "false", kKernels},
       {"primus_turbo.use_classic_attention", N, "false", kKernels},
-      {"primus_turbo.use_moe_fp8", N, "true", "Turbo's FP8 grouped GEMM for MoE layers, used only with the FP8 converters (refused) on MoE models"},
+      {"primus_turbo.use_moe_fp8", N, "true", "Turbo's FP8 grouped GEMM for MoE layers (torchtitan's MoE flavours are not mapped)"},
       {"primus_turbo.use_turbo_async_tp", N, "false", kKernels},
       {"primus_turbo.use_turbo_attention", N, "false", kKernels},
-      {"primus_turbo.use_turbo_float8_linear", N, "false", "Turbo's kernel for FP8 linears, used only with the float8 converter (refused)"},
+      {"primus_turbo.use_turbo_float8_linear", N, "false", "Turbo's kernel for FP8 linears; this engine runs its own, with the same math"},
       {"primus_turbo.use_turbo_grouped_mm", N, "false", kKernels},
-      {"primus_turbo.use_turbo_mx_linear", N, "false", "Turbo's kernel for MX linears, used only with the mx converter (refused)"},
+      {"primus_turbo.use_turbo_mx_linear", N, "false", "Turbo's kernel for MX linears; this engine runs its own, with the same math"},
       {"profiling.enable_memory_snapshot", N, "false", kLogging},
       {"profiling.enable_profiling", N, "false", "torchtitan's profiler; this engine's: profile, profile_step_start, profile_step_end (docs/profiling.md)"},
       {"profiling.profile_freq", N, "10", kLogging},
@@ -164,17 +169,17 @@ const std::vector<DialectKey>& table() {
       {"profiling.profiler_warmup", N, "3", kLogging},
       {"profiling.save_memory_snapshot_folder", N, "memory_snapshot", kLogging},
       {"profiling.save_traces_folder", N, "profile_traces", kLogging},
-      {"quantize.grouped_mm.float8.fqns", X, "[]", kFp8},
-      {"quantize.grouped_mm.mx.fqns", X, "[]", kFp8},
-      {"quantize.grouped_mm.mx.recipe_name", N, "mxfp8", kFp8},
-      {"quantize.linear.float8.emulate", N, "false", kFp8},
-      {"quantize.linear.float8.enable_fsdp_float8_all_gather", N, "false", kFp8},
-      {"quantize.linear.float8.filter_fqns", N, "[]", kFp8},
-      {"quantize.linear.float8.precompute_float8_dynamic_scale_for_fsdp", N, "false", kFp8},
-      {"quantize.linear.float8.recipe_name", N, "null", kFp8},
-      {"quantize.linear.mx.filter_fqns", N, "[output]", kFp8},
-      {"quantize.linear.mx.mxfp8_dim1_cast_kernel_choice", N, "triton", kFp8},
-      {"quantize.linear.mx.recipe_name", N, "mxfp8_cublas", kFp8},
+      {"quantize.grouped_mm.float8.fqns", X, "[]", kFp8Moe},
+      {"quantize.grouped_mm.mx.fqns", X, "[]", kFp8Moe},
+      {"quantize.grouped_mm.mx.recipe_name", N, "mxfp8", kFp8Moe},
+      {"quantize.linear.float8.emulate", N, "false", "this engine's FP8 is an exact emulation on every device (docs/fp8.md)"},
+      {"quantize.linear.float8.enable_fsdp_float8_all_gather", N, "false", kFp8Same},
+      {"quantize.linear.float8.filter_fqns", A, "[]", kFp8Filter},
+      {"quantize.linear.float8.precompute_float8_dynamic_scale_for_fsdp", N, "false", kFp8Same},
+      {"quantize.linear.float8.recipe_name", A, "null", "with the quantize.linear.float8 converter: null and tensorwise: fp8 hybrid, fp8_recipe tensorwise; rowwise scaling is refused"},
+      {"quantize.linear.mx.filter_fqns", A, "[output]", kFp8Filter},
+      {"quantize.linear.mx.mxfp8_dim1_cast_kernel_choice", N, "triton", kKernels},
+      {"quantize.linear.mx.recipe_name", A, "mxfp8_cublas", "with the quantize.linear.mx converter: mxfp8_cublas_rceil (scales rounded up, as this engine's): fp8 e4m3, fp8_recipe mxfp8; the recipes that round scales down (mxfp8_cublas, mxfp8_emulated) and MXFP4 are refused"},
       {"sink_level", N, "null", kLogging},
       {"stderr_sink_level", N, "INFO", kLogging},
       {"trainable", N, "false", "Primus's module flag; this engine's task decides what runs"},
@@ -272,6 +277,11 @@ class TorchTitan final : public Dialect {
  private:
   // model.name and model.flavor -> a preset; returns whether it has MoE layers.
   static bool model(DialectSettings& s) {
+    // The FP8 converters' keys, read whether or not their converter is on (as torchtitan does).
+    for (const char* k : {"float8.recipe_name", "float8.filter_fqns", "quantize.linear.float8.recipe_name",
+                          "quantize.linear.float8.filter_fqns", "quantize.linear.mx.recipe_name",
+                          "quantize.linear.mx.filter_fqns"})
+      s.node(k);
     std::vector<std::string> converters;  // a list, or torchtitan's comma-separated text
     const YAML::Node list = s.node("model.converters");
     if (list.IsScalar()) {
@@ -284,9 +294,21 @@ class TorchTitan final : public Dialect {
     }
     for (const std::string& name : converters) {
       if (name == "primus_turbo") continue;
-      if (name.find("float8") != std::string::npos || name.find("mx") != std::string::npos)
-        s.refuse("model.converters", fmt::format("the '{}' converter: {}", name, kFp8));
-      s.refuse("model.converters", fmt::format("the '{}' converter is not built (known: primus_turbo)", name));
+      if (name == "float8" || name == "quantize.linear.float8") {
+        float8(s, name + ".");
+      } else if (name == "quantize.linear.mx") {
+        mx(s);
+      } else if (name.find("float8") != std::string::npos || name.find("mx") != std::string::npos) {
+        s.refuse("model.converters",
+                 fmt::format("the '{}' converter is not built (the FP8 converters mapped: quantize.linear.float8, "
+                             "float8, quantize.linear.mx)",
+                             name));
+      } else {
+        s.refuse("model.converters",
+                 fmt::format("the '{}' converter is not built (known: primus_turbo, quantize.linear.float8, float8, "
+                             "quantize.linear.mx)",
+                             name));
+      }
     }
     const std::string name = s.text("model.name"), flavor = s.text("model.flavor");
     std::vector<std::string> known;
@@ -299,6 +321,54 @@ class TorchTitan final : public Dialect {
     }
     s.refuse("model.flavor", fmt::format("no preset of this engine is torchtitan's {} '{}'; mapped flavours: {}", name,
                                          flavor, fmt::join(known, ", ")));
+  }
+
+  // torchao's float8 training as torchtitan configures it: dynamic (current) scaling per tensor,
+  // E4M3 for inputs and weights and E5M2 for the output gradients, every linear's three GEMMs in
+  // FP8: this engine's fp8 hybrid with fp8_recipe tensorwise. `prefix`: the converter's section.
+  static void float8(DialectSettings& s, const std::string& prefix) {
+    const std::string recipe = prefix + "recipe_name";
+    if (!s.is_null(recipe) && s.text(recipe) != "tensorwise")
+      s.refuse(recipe, "rowwise scaling is not built; this engine's FP8 recipes are tensorwise (null), and with "
+                       "Megatron's keys delayed, blockwise and mxfp8 (docs/fp8.md)");
+    output_filtered(s, prefix + "filter_fqns");
+    const std::vector<std::string> from = {"model.converters", recipe};
+    s.set("fp8", YAML::Node("hybrid"), from);
+    s.set("fp8_recipe", YAML::Node("tensorwise"), from);
+  }
+
+  // torchao's MXFP8: E4M3 in blocks of 32 along the reduction dimension with E8M0 scales for all
+  // three GEMMs. This engine rounds a block's scale up (TE's rule, torchao's rceil).
+  static void mx(DialectSettings& s) {
+    const std::string recipe = s.text("quantize.linear.mx.recipe_name");
+    if (recipe != "mxfp8_cublas_rceil")
+      s.refuse("quantize.linear.mx.recipe_name",
+               fmt::format("'{}' is not built: this engine's MXFP8 rounds each block's scale up (the "
+                           "mxfp8_cublas_rceil recipe); the recipes that round it down and MXFP4 would train "
+                           "other values",
+                           recipe));
+    output_filtered(s, "quantize.linear.mx.filter_fqns");
+    const std::vector<std::string> from = {"model.converters", "quantize.linear.mx.recipe_name"};
+    s.set("fp8", YAML::Node("e4m3"), from);
+    s.set("fp8_recipe", YAML::Node("mxfp8"), from);
+  }
+
+  // filter_fqns: the modules left out of FP8. This engine's FP8 covers the decoder's linears and
+  // never the output layer, so the list must be exactly that: "output".
+  static void output_filtered(DialectSettings& s, const std::string& key) {
+    bool output = false;
+    for (const YAML::Node& f : s.node(key)) {
+      const std::string name = f.IsScalar() ? f.Scalar() : "(a map)";
+      if (name == "output") {
+        output = true;
+        continue;
+      }
+      s.refuse(key, fmt::format("leaving '{}' out of FP8 is not built: FP8 covers every linear of the decoder "
+                                "layers (first_last_layers_bf16 keeps whole layers out), and never the output layer",
+                                name));
+    }
+    if (!output)
+      s.refuse(key, "must list \"output\": the output layer in FP8 is not built (it stays in bf16 here)");
   }
 
   struct Layout {

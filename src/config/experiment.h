@@ -88,7 +88,7 @@ struct TrainingArgs {
   bool bf16 = false;                 // bf16 mixed precision (the GPU backend's precision)
   std::string gemm_tuning_cache;     // GEMM tuning file for the GPU (benchmark gemm --tune writes it)
   bool gemm_online_tuning = false;   // time GEMM algorithms on first use and keep the fastest
-  // parallelism (Megatron's names; the layout is checked in train/parallel_layout.h)
+  // parallelism (Megatron's names; the layout is checked in plan/parallel_layout.h)
   int64_t tensor_model_parallel_size = 1;
   int64_t pipeline_model_parallel_size = 1;
   int64_t virtual_pipeline_model_parallel_size = 0;  // 0: the schedule's default
@@ -100,7 +100,7 @@ struct TrainingArgs {
   std::string pipeline_schedule = "1f1b";
   int64_t decoder_first_pipeline_num_layers = 0;
   int64_t decoder_last_pipeline_num_layers = 0;
-  std::string pipeline_balance = "none";          // none | auto (train/parallel_layout.h)
+  std::string pipeline_balance = "none";          // none | auto (plan/parallel_layout.h)
   int64_t zero_bubble_max_pending_backward = 0;   // zb-auto's memory limit; 0: pp (ZB-1p)
   bool use_distributed_optimizer = false;
   // no_shard | optim | optim_grads | optim_grads_params; unset: optim when use_distributed_optimizer

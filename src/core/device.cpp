@@ -3,6 +3,7 @@
 #include <cstring>
 
 #include "core/error.h"
+#include "core/meta_device.h"
 
 namespace primus {
 
@@ -19,9 +20,10 @@ void register_device_hooks(Device device, const DeviceHooks& hooks) {
   g_cuda_set = true;
 }
 
-bool device_registered(Device device) { return device == Device::CPU || g_cuda_set; }
+bool device_registered(Device device) { return device != Device::CUDA || g_cuda_set; }
 
 const DeviceHooks& device_hooks(Device device) {
+  if (device == Device::Meta) return meta_device_hooks();
   if (device != Device::CUDA || !g_cuda_set)
     fail("{} tensors need the GPU backend, which is not built or not initialised in this process",
          device_name(device));

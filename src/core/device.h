@@ -1,6 +1,7 @@
 // Device memory hooks. core knows nothing of CUDA: a GPU backend registers how to allocate, zero
 // and copy its memory, and Tensor uses those hooks for storage on that device. Without a
-// registered backend, asking for device storage is an error that says so.
+// registered backend, asking for device storage is an error that says so. The shape-only device
+// (Device::Meta) has its hooks built in (core/meta_device.h).
 #pragma once
 
 #include <cstddef>
@@ -26,7 +27,8 @@ struct DeviceHooks {
 };
 
 void register_device_hooks(Device device, const DeviceHooks& hooks);
-// The hooks of `device`; throws primus::Error when no backend registered them.
+// The hooks of `device` (CUDA: registered by its backend, Meta: built in); throws primus::Error
+// when no backend registered them.
 const DeviceHooks& device_hooks(Device device);
 bool device_registered(Device device);
 

@@ -1,6 +1,7 @@
 // Element types and devices. fp32 is what the CPU backend computes in; fp64 serves the
 // finite-difference tests; bf16/fp16 are the activation types of mixed precision; i32 holds
-// token ids that a device kernel reads.
+// token ids that a device kernel reads. Meta is the shape-only device (core/meta_device.h):
+// tensors with shapes and dtypes whose storage holds no bytes.
 #pragma once
 
 #include <cstddef>
@@ -10,8 +11,8 @@
 namespace primus {
 
 enum class DType : uint8_t { F32, F64, BF16, F16, I32 };
-enum class Device : uint8_t { CPU, CUDA };
-inline const char* device_name(Device d) { return d == Device::CPU ? "cpu" : "cuda"; }
+enum class Device : uint8_t { CPU, CUDA, Meta };
+inline const char* device_name(Device d) { return d == Device::CPU ? "cpu" : d == Device::CUDA ? "cuda" : "meta"; }
 
 inline size_t dtype_size(DType t) {
   switch (t) {

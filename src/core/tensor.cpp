@@ -151,6 +151,9 @@ void Tensor::copy_from(const Tensor& src) {
   const size_t es = dtype_size(dtype_);
   if (device_ != Device::CPU || src.device_ != Device::CPU) {
     PRIMUS_CHECK(is_contiguous() && src.is_contiguous(), "copy between devices needs contiguous tensors");
+    PRIMUS_CHECK(device_ == src.device_ || device_ == Device::CPU || src.device_ == Device::CPU,
+                 "copy from a {} tensor to a {} tensor: go through the host", device_name(src.device_),
+                 device_name(device_));
     const CopyKind kind = src.device_ == Device::CPU ? CopyKind::HostToDevice
                           : device_ == Device::CPU   ? CopyKind::DeviceToHost
                                                      : CopyKind::DeviceToDevice;

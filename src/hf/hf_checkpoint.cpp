@@ -21,8 +21,8 @@
 #include "data/tokenizer.h"
 #include "hf/safetensors.h"
 #include "model/param_store.h"
+#include "plan/memory_estimate.h"
 #include "safe/disk.h"
-#include "train/memory_estimate.h"
 
 namespace primus::hf {
 
@@ -246,7 +246,7 @@ void check_import_memory(const ModelSpec& spec, const std::string& where) {
   }
   const double params = outside + layer * double(spec.num_layers);
   const double need = 8 * params + 8 * largest;
-  const uint64_t available = train::host_available_bytes();
+  const uint64_t available = plan::host_available_bytes();
   if (available == 0 || need <= double(available)) return;
   auto size = [](double b) { return human_bytes(uint64_t(std::min(b, 1e19))); };
   fail("{} describes a model of {:.0f} parameters ({} layers of {:.0f}, {:.0f} outside the layers); importing it "

@@ -7,7 +7,9 @@
 //     the fp32 kernels with each result rounded to bf16 once. It defines what every bf16 op must
 //     compute and is the reference of the GPU tests;
 //   - cuda::CudaBackend (kernels/cuda/cuda_backend.h): bf16 on cuBLASLt, flash attention and
-//     fused kernels.
+//     fused kernels;
+//   - ops::MetaBackend (kernels/meta/meta_backend.h): the shape-only backend, tensors without
+//     values on Device::Meta; it records every call (kernels/op_call.h) instead of computing it.
 //
 // Types. A run computes in one activation dtype (bf16, fp32 or fp64), which fixes the others:
 //   activations, the weights' working copy, dlogits      the activation dtype
@@ -174,6 +176,14 @@ class Backend {
                                 Tensor& out);
   // dots[i] = <a[rows[i]], b[i]> in double (the gradient of a routing weight).
   virtual std::vector<double> row_dots(const Tensor& a, const std::vector<int32_t>& rows, const Tensor& b);
+  // A backend without values (kernels/meta/meta_backend.h, the shape-only walk) decides the MoE
+  // router's choices itself: the rows each expert gets when `tokens` token rows choose `topk` of
+  // `experts` each, in the MoE block of decoder layer `layer` (model/moe.h routes by them). Empty,
+  // as every backend with values returns: the router decides from the logits.
+  virtual std::vector<int64_t> router_load(int64_t /*layer*/, int64_t /*tokens*/, int64_t /*topk*/,
+                                           int64_t /*experts*/) const {
+    return {};
+  }
 
   // ---- FP8 (kernels/fp8.h, docs/fp8.md). An FP8 GEMM runs as gemm() of quantized operands:
   // dst (src's shape and dtype: the activation dtype, which holds every FP8 value exactly)

@@ -54,6 +54,12 @@ std::vector<double> host_values(const Tensor& t) {
 }
 
 Tensor tensor_from_values(const std::vector<double>& values, const Shape& shape, DType dtype, Device device) {
+  if (device == Device::Meta) {  // a shape-only tensor holds no values (core/meta_device.h)
+    Tensor t = Tensor::empty(shape, dtype, device);
+    PRIMUS_CHECK(t.numel() == int64_t(values.size()), "tensor_from_values: {} values for {}", values.size(),
+                 t.shape_str());
+    return t;
+  }
   Tensor h = Tensor::empty(shape, dtype);
   PRIMUS_CHECK(h.numel() == int64_t(values.size()), "tensor_from_values: {} values for {}", values.size(),
                h.shape_str());

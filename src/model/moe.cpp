@@ -49,6 +49,7 @@ MoeParams register_moe_params(ParamStore& params, const ModelSpec& spec, int64_t
     return etp_size > 1 ? ShardSpec{1, {{etp_rank * fl, fl}}} : ShardSpec{};
   };
   MoeParams m;
+  m.layer = layer;
   m.router = params.add(p + "router.weight", {E, C}, ParamInit::Normal, true);
   // A buffer that the optimizer leaves alone: its gradient stays 0 and it has no weight decay.
   if (spec.moe_router_enable_expert_bias) {
@@ -152,7 +153,10 @@ Tensor MoeLayer::forward(MoeContext& c, const Tensor& h_local, const Tensor& res
   // Router logits in the stat dtype (fp32 for bf16 runs, as moe_router_dtype fp32).
   Tensor logits = be_.empty({N, E}, stat_);
   be_.gemm(false, true, 1.0f, h, w(p_.router), 0.0f, Tensor(), logits, Tensor());
-  c.routing = route(spec_, ops::host_values(logits), expert_bias, batch, seq, share_);
+  // A backend without values (the shape-only walk) gives the router's load instead of logits.
+  const std::vector<int64_t> load = be_.router_load(p_.layer, N, k, E);
+  c.routing = load.empty() ? route(spec_, ops::host_values(logits), expert_bias, batch, seq, share_)
+                           : route_by_load(spec_, load, batch, seq, share_);
   const Routing& r = c.routing;
 
   // Permute: the kept choices grouped by expert, in token order within an expert.

@@ -43,6 +43,7 @@ namespace primus {
 // Parameter ids of one MoE block in a ParamStore, under Megatron-Core's names with the global
 // expert index (decoder.layers.L.mlp.experts.local_experts.E.linear_fc1.weight).
 struct MoeParams {
+  int64_t layer = -1;  // the decoder layer
   int router = -1, expert_bias = -1;
   std::vector<int> fc1, fc2;  // per global expert; -1 for the experts other ep ranks hold
   int shared_fc1 = -1, shared_fc2 = -1, shared_gate = -1;

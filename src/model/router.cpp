@@ -97,8 +97,9 @@ int64_t expert_capacity(int64_t tokens, int64_t topk, int64_t experts, double ca
   return int64_t(std::ceil(double(tokens) * double(topk) / double(experts) * capacity_factor));
 }
 
-Routing route(const ModelSpec& spec, std::vector<double> logits, const std::vector<double>& expert_bias,
-              int64_t batch, int64_t seq, const TokenShare& share) {
+namespace {
+// A routing's sizes: this rank's share of batch x seq tokens over the spec's experts.
+Routing routing_of(const ModelSpec& spec, int64_t batch, int64_t seq, const TokenShare& share) {
   Routing r;
   r.batch = batch;
   r.seq = seq;
@@ -106,6 +107,13 @@ Routing route(const ModelSpec& spec, std::vector<double> logits, const std::vect
   r.total_tokens = batch * seq;
   r.experts = spec.num_experts;
   r.topk = spec.moe_router_topk;
+  return r;
+}
+}  // namespace
+
+Routing route(const ModelSpec& spec, std::vector<double> logits, const std::vector<double>& expert_bias,
+              int64_t batch, int64_t seq, const TokenShare& share) {
+  Routing r = routing_of(spec, batch, seq, share);
   const int64_t N = r.tokens, E = r.experts, k = r.topk;
   PRIMUS_CHECK(int64_t(logits.size()) == N * E, "route: {} logits for {} x {}", logits.size(), N, E);
   PRIMUS_CHECK(expert_bias.empty() || int64_t(expert_bias.size()) == E, "route: expert bias size");
@@ -210,12 +218,44 @@ Routing route(const ModelSpec& spec, std::vector<double> logits, const std::vect
   return r;
 }
 
+Routing route_by_load(const ModelSpec& spec, const std::vector<int64_t>& load, int64_t batch, int64_t seq,
+                      const TokenShare& share) {
+  Routing r = routing_of(spec, batch, seq, share);
+  const int64_t N = r.tokens, E = r.experts, k = r.topk;
+  PRIMUS_CHECK(int64_t(load.size()) == E, "route_by_load: {} counts for {} experts", load.size(), E);
+  const double scale = spec.moe_router_topk_scaling_factor > 0 ? spec.moe_router_topk_scaling_factor : 1.0;
+  r.expert.reserve(size_t(N * k));
+  for (int64_t e = 0; e < E; ++e) r.expert.insert(r.expert.end(), size_t(load[size_t(e)]), int32_t(e));
+  PRIMUS_CHECK(int64_t(r.expert.size()) == N * k, "route_by_load: {} rows for {} tokens x top-{}", r.expert.size(), N,
+               k);
+  r.raw.assign(size_t(N * k), 1.0 / double(k));
+  r.weight.assign(size_t(N * k), scale / double(k));
+  r.kept.assign(size_t(N * k), 1);
+  r.routed_per_expert = load;
+  if (share.ranks > 1) share.sum(r.routed_per_expert);
+  r.kept_per_expert = load;
+  if (spec.moe_expert_capacity_factor > 0) {  // the earliest rows of an expert stay
+    const int64_t cap = expert_capacity(N, k, E, spec.moe_expert_capacity_factor);
+    std::vector<int64_t> seen(size_t(E), 0);
+    for (int64_t i = 0; i < N * k; ++i) {
+      const int32_t e = r.expert[size_t(i)];
+      if (++seen[size_t(e)] <= cap) continue;
+      r.kept[size_t(i)] = 0;
+      r.weight[size_t(i)] = 0;
+      --r.kept_per_expert[size_t(e)];
+      ++r.dropped;
+    }
+  }
+  return r;
+}
+
 std::vector<double> route_backward(const ModelSpec& spec, const Routing& r, const std::vector<double>& dweight,
                                    double loss_scale) {
   const int64_t N = r.tokens, E = r.experts, k = r.topk;
   PRIMUS_CHECK(int64_t(dweight.size()) == N * k, "route_backward: {} weight gradients", dweight.size());
   std::vector<double> dl(size_t(N * E), 0.0);
   if (spec.moe_router_force_load_balancing) return dl;  // the logits were replaced by noise
+  if (r.logits.empty()) return dl;                      // routed by load (route_by_load): no logits
   const bool sigmoid_scores = spec.moe_router_score_function == "sigmoid";
   const bool pre = spec.moe_router_pre_softmax;
   const double scale = spec.moe_router_topk_scaling_factor > 0 ? spec.moe_router_topk_scaling_factor : 1.0;

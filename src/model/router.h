@@ -44,6 +44,14 @@ struct TokenShare {
 Routing route(const ModelSpec& spec, std::vector<double> logits, const std::vector<double>& expert_bias,
               int64_t batch, int64_t seq, const TokenShare& share = {});
 
+// The routing of a backend without values (the shape-only walk, kernels/meta): `load` rows per
+// expert (summing to tokens x topk; backend.h router_load), the choices dealt out in token order,
+// each with weight 1 / topk (times the top-k scaling factor), dropped beyond the expert capacity
+// when moe_expert_capacity_factor is set. It has no logits (route_backward gives zeros) and no
+// losses.
+Routing route_by_load(const ModelSpec& spec, const std::vector<int64_t>& load, int64_t batch, int64_t seq,
+                      const TokenShare& share = {});
+
 // dlogits [tokens, experts]: the gradient of  sum(dweight * weight) + loss_scale * (aux + z).
 std::vector<double> route_backward(const ModelSpec& spec, const Routing& r, const std::vector<double>& dweight,
                                    double loss_scale);

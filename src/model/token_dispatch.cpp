@@ -32,8 +32,11 @@ DispatchPlan TokenDispatcher::plan(const std::vector<int64_t>& token_offsets) co
   ep_.all_gather(send.raw(), recv.raw(), E_, parallel::CommType::I32);
   Tensor all = Tensor::empty({int64_t(P) * E_}, DType::I32, Device::CPU);
   all.copy_from(recv);
+  // Without values (the shape-only walk) every rank routes as this one does: the same counts.
+  const Tensor& counts = be_.device() == Device::Meta ? mine : all;
   DispatchPlan p;
-  p.counts.assign(all.data<int32_t>(), all.data<int32_t>() + int64_t(P) * E_);
+  for (int s = 0; s < (be_.device() == Device::Meta ? P : 1); ++s)
+    p.counts.insert(p.counts.end(), counts.data<int32_t>(), counts.data<int32_t>() + counts.numel());
   p.expert_offsets.assign(size_t(E_ + 1), 0);
   const int me = ep_.rank();
   for (int64_t e = 0; e < E_; ++e) {

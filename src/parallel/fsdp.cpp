@@ -13,6 +13,20 @@ FsdpRows fsdp_rows(int64_t length, int dp, int rank) {
   return {first, std::min(length, first + k) - first};
 }
 
+FsdpUnit fsdp_shard_unit(std::vector<FsdpTensor> tensors, int64_t full_numel, int dp, int rank) {
+  FsdpUnit u;
+  u.full_numel = full_numel;
+  int64_t at = 0;
+  for (FsdpTensor& t : tensors) {
+    t.shard_offset = at;
+    const int64_t piece = t.outer * fsdp_rows(t.length, dp, rank).count * t.inner;
+    at = (at + piece + kFsdpPieceAlign - 1) / kFsdpPieceAlign * kFsdpPieceAlign;
+  }
+  u.tensors = std::move(tensors);
+  u.shard_numel = at;
+  return u;
+}
+
 namespace {
 
 char* at(const Tensor& t, int64_t element) { return static_cast<char*>(t.raw()) + element * int64_t(dtype_size(t.dtype())); }

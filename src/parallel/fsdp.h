@@ -1,8 +1,8 @@
 // Fully sharded data parallel (ZeRO-2 and ZeRO-3 / FSDP): how a unit of tensors is split over the
-// data-parallel ranks, and the unit's two collectives. A weight source (model/weight_source.h)
-// is meant to decide when: that FSDP source, the sharded parameter store and the trainer's
-// optim_grads / optim_grads_params are not written yet (docs/context_parallel.md), so nothing
-// but tests/unit/parallel/test_fsdp.cpp calls this file today. It knows buffers, not models.
+// data-parallel ranks, and the unit's two collectives. The weight source that decides when they
+// run is train/sharded_weights.h; the memory estimate (plan/memory_estimate.h) sizes a rank's
+// shards with the same geometry (fsdp_shard_unit) before anything is built. It knows buffers, not
+// models.
 //
 // Sharding (FSDP2's per-parameter scheme). A tensor is split along one dim, seen as
 // [outer, length, inner] around it: with k = ceil(length / dp), dp rank r holds rows
@@ -50,6 +50,20 @@ struct FsdpUnit {
   int64_t full_numel = 0;   // length of the full buffer
   int64_t shard_numel = 0;  // length of this rank's shard buffer (0 when it holds nothing of the unit)
 };
+
+// The unit of `tensors` (outer, length, inner and full_offset given; full_numel elements whole)
+// as rank `rank` of `dp` holds it: each tensor's piece (its fsdp_rows) placed in the rank's shard
+// buffer in the order given, each piece starting kFsdpPieceAlign elements after a multiple (as
+// ParamStore's tensors), and the unit's shard_numel (a multiple of kFsdpPieceAlign).
+constexpr int64_t kFsdpPieceAlign = 16;
+FsdpUnit fsdp_shard_unit(std::vector<FsdpTensor> tensors, int64_t full_numel, int dp, int rank);
+
+// How far a sharded run's unit collectives run ahead of and behind the passes
+// (train/sharded_weights.h): ZeRO-3 gathers the next unit while one computes, and both stages
+// keep this many units' gradient reductions in flight while the backward goes on (a unit's whole
+// gradient accumulates beside them).
+constexpr int kFsdpGathersInFlight = 2;
+constexpr int kFsdpReductionsInFlight = 2;
 
 class FsdpGroup {
  public:

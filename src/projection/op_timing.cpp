@@ -5,6 +5,7 @@
 
 #include <fmt/format.h>
 
+#include "core/device.h"
 #include "core/error.h"
 #include "optim/flat_adamw.h"
 
@@ -54,7 +55,7 @@ double time_it(ops::Backend& be, Fn&& fn) {
 
 }  // namespace
 
-double MeasuredOps::seconds(const OpSpec& op) {
+double MeasuredOps::seconds(const ops::OpCall& op) {
   const std::string k = op.key();
   auto it = cache_.find(k);
   if (it != cache_.end()) return it->second;
@@ -66,121 +67,146 @@ double MeasuredOps::seconds(const OpSpec& op) {
 
 std::string MeasuredOps::describe() const { return fmt::format("ops measured on this machine's {} backend", be_.name()); }
 
-double MeasuredOps::run(const OpSpec& o) {
+// Runs the call on the backend with operands of its shapes and dtypes (kernels/op_call.h's
+// dimensions), filled with small values.
+double MeasuredOps::run(const ops::OpCall& o) {
   ops::Backend& be = be_;
-  const DType act = o.dtype, stat = ops::stat_dtype(act);
-  if (o.op == "gemm") {
+  const std::string op = o.op;
+  const DType dt = o.dtype, stat = ops::stat_dtype(dt);
+  if (op == "gemm") {
     const int64_t m = o.a, n = o.b, k = o.c;
-    Tensor A = filled(be, o.trans_a ? Shape{k, m} : Shape{m, k}, act);
-    Tensor B = filled(be, o.trans_b ? Shape{n, k} : Shape{k, n}, act, 0.05f);
-    Tensor D = filled(be, {m, n}, o.out_stat ? stat : act, 0.0f);
+    Tensor A = filled(be, o.trans_a ? Shape{k, m} : Shape{m, k}, dt);
+    Tensor B = filled(be, o.trans_b ? Shape{n, k} : Shape{k, n}, dt, 0.05f);
+    Tensor D = filled(be, {m, n}, o.out, 0.0f);
+    Tensor bias = o.bias ? filled(be, {n}, dt, 0.01f) : Tensor();
     return time_it(be, [&] {
-      be.gemm(o.trans_a, o.trans_b, 1.0f, A, B, o.accumulate ? 1.0f : 0.0f, o.accumulate ? D : Tensor(), D, Tensor());
+      be.gemm(o.trans_a, o.trans_b, 1.0f, A, B, o.accumulate ? 1.0f : 0.0f, o.accumulate ? D : Tensor(), D, bias);
     });
   }
+  if (op == "grouped_gemm") {
+    std::vector<Tensor> A, B, D;
+    for (const auto& [m, n, k] : o.problems) {
+      A.push_back(filled(be, o.trans_a ? Shape{k, m} : Shape{m, k}, dt));
+      B.push_back(filled(be, o.trans_b ? Shape{n, k} : Shape{k, n}, dt, 0.05f));
+      D.push_back(filled(be, {m, n}, o.out, 0.0f));
+    }
+    return time_it(be, [&] { be.grouped_gemm(o.trans_a, o.trans_b, 1.0f, A, B, o.accumulate ? 1.0f : 0.0f, D); });
+  }
   const int64_t r = o.a, c = o.b;
-  if (o.op == "rmsnorm_forward") {
-    Tensor x = filled(be, {r, c}, act), w = filled(be, {c}, act), y = be.empty({r, c}, act), rstd = be.empty({r}, stat);
+  if (op == "rmsnorm_forward") {
+    Tensor x = filled(be, {r, c}, dt), w = filled(be, {c}, dt), y = be.empty({r, c}, dt), rstd = be.empty({r}, stat);
     return time_it(be, [&] { be.rmsnorm_forward(x, w, y, rstd, 1e-5f); });
   }
-  if (o.op == "rmsnorm_backward_input") {
-    Tensor x = filled(be, {r, c}, act), w = filled(be, {c}, act), dy = filled(be, {r, c}, act),
-           res = filled(be, {r, c}, act), rstd = filled(be, {r}, stat), dx = be.empty({r, c}, act);
+  if (op == "rmsnorm_backward_input") {
+    Tensor x = filled(be, {r, c}, dt), w = filled(be, {c}, dt), dy = filled(be, {r, c}, dt),
+           res = o.accumulate ? filled(be, {r, c}, dt) : Tensor(), rstd = filled(be, {r}, stat),
+           dx = be.empty({r, c}, dt);
     return time_it(be, [&] { be.rmsnorm_backward_input(dy, x, w, rstd, res, dx); });
   }
-  if (o.op == "rmsnorm_backward_weight") {
-    Tensor x = filled(be, {r, c}, act), dy = filled(be, {r, c}, act), rstd = filled(be, {r}, stat),
+  if (op == "rmsnorm_backward_weight") {
+    Tensor x = filled(be, {r, c}, dt), dy = filled(be, {r, c}, dt), rstd = filled(be, {r}, stat),
            dw = filled(be, {c}, stat, 0.0f);
     return time_it(be, [&] { be.rmsnorm_backward_weight(dy, x, rstd, dw); });
   }
-  if (o.op == "swiglu_forward") {
-    Tensor gu = filled(be, {r, 2 * c}, act), a = be.empty({r, c}, act);
+  if (op == "swiglu_forward") {
+    Tensor gu = filled(be, {r, 2 * c}, dt), a = be.empty({r, c}, dt);
     return time_it(be, [&] { be.swiglu_forward(gu, a); });
   }
-  if (o.op == "swiglu_backward") {
-    Tensor gu = filled(be, {r, 2 * c}, act), da = filled(be, {r, c}, act), dgu = be.empty({r, 2 * c}, act);
+  if (op == "swiglu_backward") {
+    Tensor gu = filled(be, {r, 2 * c}, dt), da = filled(be, {r, c}, dt), dgu = be.empty({r, 2 * c}, dt);
     return time_it(be, [&] { be.swiglu_backward(da, gu, dgu); });
   }
-  if (o.op == "rope_apply") {
+  if (op == "rope_apply") {
     const int64_t P = std::max<int64_t>(o.e, 1), half = o.d / 2;
-    Tensor x = filled(be, {r, c}, act), cs = filled(be, {P, half}, stat), sn = filled(be, {P, half}, stat);
-    return time_it(be, [&] { be.rope_apply(x, o.c, o.d, o.e, 0, cs, sn, o.inverse); });
+    Tensor x = filled(be, {r, c}, dt), cs = filled(be, {P, half}, stat), sn = filled(be, {P, half}, stat);
+    return time_it(be, [&] { be.rope_apply(x, o.c, o.d, P, 0, cs, sn, o.inverse); });
   }
-  if (o.op == "attention_forward" || o.op == "attention_backward") {
+  if (op == "attention_forward" || op == "attention_backward") {
     const ops::AttentionShape s{o.a, o.b, o.c, o.d, o.e};
     const int64_t N = s.batch * s.seq;
-    Tensor qkv = filled(be, {N, s.qkv_stride()}, act), out = filled(be, {N, s.heads * s.head_dim}, act),
+    Tensor qkv = filled(be, {N, s.qkv_stride()}, dt), out = filled(be, {N, s.heads * s.head_dim}, dt),
            lse = be.empty({s.batch, s.heads, s.seq}, stat);
     be.attention_forward(qkv, out, lse, s);
-    if (o.op == "attention_forward") return time_it(be, [&] { be.attention_forward(qkv, out, lse, s); });
-    Tensor dout = filled(be, {N, s.heads * s.head_dim}, act), dqkv = be.empty({N, s.qkv_stride()}, act);
+    if (op == "attention_forward") return time_it(be, [&] { be.attention_forward(qkv, out, lse, s); });
+    Tensor dout = filled(be, {N, s.heads * s.head_dim}, dt), dqkv = be.empty({N, s.qkv_stride()}, dt);
     return time_it(be, [&] { be.attention_backward(qkv, out, lse, dout, dqkv, s); });
   }
-  if (o.op == "attention_block_forward" || o.op == "attention_block_backward" || o.op == "attention_merge") {
+  if (op == "attention_block_forward" || op == "attention_block_backward" || op == "attention_merge") {
     // A ring-attention block: query chunk and key chunk of [batch, seq] rows each.
     const ops::AttentionShape s{o.a, o.b, o.c, o.d, o.e};
     const int64_t N = s.batch * s.seq, HD = s.heads * s.head_dim, KV = 2 * s.groups * s.head_dim;
-    Tensor qkv = filled(be, {N, s.qkv_stride()}, act), kv = filled(be, {N, KV}, act), out = filled(be, {N, HD}, act),
+    Tensor qkv = filled(be, {N, s.qkv_stride()}, dt), kv = filled(be, {N, KV}, dt), out = filled(be, {N, HD}, dt),
            lse = be.empty({s.batch, s.heads, s.seq}, stat);
     be.attention_block_forward(qkv, kv, out, lse, s, o.causal);
-    if (o.op == "attention_block_forward")
+    if (op == "attention_block_forward")
       return time_it(be, [&] { be.attention_block_forward(qkv, kv, out, lse, s, o.causal); });
-    if (o.op == "attention_merge") {
+    if (op == "attention_merge") {
       Tensor acc = filled(be, {N, HD}, stat), acc_lse = filled(be, {s.batch, s.heads, s.seq}, stat);
       return time_it(be, [&] { be.attention_merge(acc, acc_lse, out, lse, s); });
     }
-    Tensor dout = filled(be, {N, HD}, act), dq = filled(be, {N, HD}, stat, 0.0f), dkv = filled(be, {N, KV}, stat, 0.0f);
+    Tensor dout = filled(be, {N, HD}, dt), dq = filled(be, {N, HD}, stat, 0.0f), dkv = filled(be, {N, KV}, stat, 0.0f);
     return time_it(be, [&] { be.attention_block_backward(qkv, kv, out, lse, dout, dq, dkv, s, o.causal); });
   }
-  if (o.op == "copy") {
-    Tensor src = filled(be, {r, c}, act), dst = be.empty({r, c}, act);
-    return time_it(be, [&] { dst.copy_from(src); });
+  if (op == "copy" || op == "zero") {
+    // Bytes: a copy of r rows of c bytes (pitches o.c and o.d), zeroing of r bytes.
+    const int64_t dpitch = std::max(o.c, c), spitch = std::max(o.d, c);
+    const int64_t words = op == "zero" ? (r + 3) / 4 : (std::max(dpitch, spitch) * r + 3) / 4;
+    Tensor dst = filled(be, {std::max<int64_t>(words, 1)}, DType::F32),
+           src = filled(be, {std::max<int64_t>(words, 1)}, DType::F32);
+    if (op == "zero") return time_it(be, [&] { device_zero(be.device(), dst.raw(), size_t(r)); });
+    return time_it(be, [&] {
+      device_copy_2d(be.device(), dst.raw(), size_t(dpitch), src.raw(), size_t(spitch), size_t(c), size_t(r));
+    });
   }
-  if (o.op == "gather_rows" || o.op == "scatter_add_rows" || o.op == "row_dots") {
+  if (op == "gather_rows" || op == "scatter_add_rows" || op == "row_dots") {
     // The MoE block's routing row ops: r rows of width c, each from (or to, or against) one of
-    // the o.c source rows, spread evenly as balanced routing spreads them.
+    // the o.c rows of the other side, spread evenly as balanced routing spreads them.
     const int64_t src_rows = std::max<int64_t>(o.c, 1);
     std::vector<int32_t> rows(static_cast<size_t>(r));
     for (int64_t i = 0; i < r; ++i) rows[size_t(i)] = int32_t(i % src_rows);
     const std::vector<double> scale(size_t(r), 0.5);
-    Tensor many = filled(be, {r, c}, act), few = filled(be, {src_rows, c}, act);
-    if (o.op == "gather_rows") return time_it(be, [&] { be.gather_rows(few, rows, scale, many); });
-    if (o.op == "scatter_add_rows") return time_it(be, [&] { be.scatter_add_rows(many, rows, scale, few); });
+    Tensor many = filled(be, {r, c}, dt), few = filled(be, {src_rows, c}, dt);
+    if (op == "gather_rows") return time_it(be, [&] { be.gather_rows(few, rows, scale, many); });
+    if (op == "scatter_add_rows") return time_it(be, [&] { be.scatter_add_rows(many, rows, scale, few); });
     volatile double sink = 0;
     return time_it(be, [&] { sink = sink + be.row_dots(few, rows, many)[0]; });
   }
-  if (o.op == "embedding_forward") {
-    Tensor t = tokens(be, r, o.c), table = filled(be, {o.c, c}, act), out = be.empty({r, c}, act);
+  if (op == "embedding_forward") {
+    Tensor t = tokens(be, r, o.c), table = filled(be, {o.c, c}, dt), out = be.empty({r, c}, dt);
     return time_it(be, [&] { be.embedding_forward(t, table, out); });
   }
-  if (o.op == "embedding_backward") {
+  if (op == "embedding_backward") {
     std::vector<int32_t> t(static_cast<size_t>(r));
     for (int64_t i = 0; i < r; ++i) t[size_t(i)] = int32_t((i * 7919) % std::max<int64_t>(o.c, 1));
-    Tensor dout = filled(be, {r, c}, act), table = filled(be, {o.c, c}, stat, 0.0f);
+    Tensor dout = filled(be, {r, c}, dt), table = filled(be, {o.c, c}, o.out, 0.0f);
     return time_it(be, [&] { be.embedding_backward(t, dout, table); });
   }
-  if (o.op == "column_sum_accumulate") {
-    Tensor dy = filled(be, {r, c}, act), out = filled(be, {c}, stat, 0.0f);
+  if (op == "column_sum_accumulate") {
+    Tensor dy = filled(be, {r, c}, dt), out = filled(be, {c}, o.out, 0.0f);
     return time_it(be, [&] { be.column_sum_accumulate(dy, out); });
   }
-  if (o.op == "add") {
-    Tensor a = filled(be, {r, c}, act), b = filled(be, {r, c}, act), out = be.empty({r, c}, act);
+  if (op == "add") {
+    Tensor a = filled(be, {r, c}, dt), b = filled(be, {r, c}, dt), out = be.empty({r, c}, dt);
     return time_it(be, [&] { be.add(a, b, out); });
   }
-  if (o.op == "cast") {
-    Tensor src = filled(be, {r, c}, stat), dst = be.empty({r, c}, act);
+  if (op == "cast") {
+    Tensor src = filled(be, {r, c}, dt), dst = be.empty({r, c}, o.out);
     return time_it(be, [&] { be.cast(src, dst); });
   }
-  if (o.op.rfind("ce_", 0) == 0) {
-    Tensor m = be.empty({r}, stat), s = be.empty({r}, stat), zt = be.empty({r}, stat), lse = filled(be, {r}, stat);
+  if (op.rfind("ce_", 0) == 0) {  // row statistics in the call's dtype (the stat dtype)
+    Tensor m = be.empty({r}, dt), s = be.empty({r}, dt), zt = be.empty({r}, dt), lse = filled(be, {r}, dt);
     Tensor tg = tokens(be, r, std::max<int64_t>(c, 1));
     be.ce_init(m, s, zt);
-    if (o.op == "ce_init") return time_it(be, [&] { be.ce_init(m, s, zt); });
-    if (o.op == "ce_finish") return time_it(be, [&] { be.ce_finish(m, s, zt, tg, lse); });
-    Tensor logits = filled(be, {r, c}, stat);
-    if (o.op == "ce_chunk_forward") return time_it(be, [&] { be.ce_chunk_forward(logits, tg, 0, m, s, zt); });
-    if (o.op == "ce_chunk_backward") {
-      Tensor d = be.empty({r, c}, act);
+    if (op == "ce_init") return time_it(be, [&] { be.ce_init(m, s, zt); });
+    if (op == "ce_finish") return time_it(be, [&] { be.ce_finish(m, s, zt, tg, lse); });
+    if (op == "ce_merge_max") {
+      Tensor g = filled(be, {r}, dt);
+      return time_it(be, [&] { be.ce_merge_max(m, s, g); });
+    }
+    Tensor logits = filled(be, {r, c}, dt);
+    if (op == "ce_chunk_forward") return time_it(be, [&] { be.ce_chunk_forward(logits, tg, 0, m, s, zt); });
+    if (op == "ce_chunk_backward") {
+      Tensor d = be.empty({r, c}, o.out);
       return time_it(be, [&] { be.ce_chunk_backward(logits, lse, tg, 0, d); });
     }
   }
@@ -230,10 +256,11 @@ double RooflineOps::memory_seconds(double bytes) const {
   return bytes / (hw_.memory_bandwidth_gbs * 1e9 * eff_.memory);
 }
 
-double RooflineOps::seconds(const OpSpec& o) {
-  const bool attn = o.op.rfind("attention", 0) == 0;
-  const double peak = hw_.peak_tflops * 1e12 * (o.op == "gemm" ? eff_.gemm : attn ? eff_.attention : 1.0);
-  const double compute = (o.op == "gemm" || attn) ? o.flops / peak : 0.0;
+double RooflineOps::seconds(const ops::OpCall& o) {
+  const std::string op = o.op;
+  const bool attn = op.rfind("attention", 0) == 0, gemm = op == "gemm" || op == "grouped_gemm";
+  const double peak = hw_.peak_tflops * 1e12 * (gemm ? eff_.gemm : attn ? eff_.attention : 1.0);
+  const double compute = (gemm || attn) ? o.flops / peak : 0.0;
   return std::max(compute, memory_seconds(o.bytes)) + eff_.launch_us * 1e-6;
 }
 

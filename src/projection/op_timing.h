@@ -1,7 +1,8 @@
-// How long an op of the op set takes: measured by running it on a backend of this machine
-// (each distinct shape once, best of a few runs after a warm-up), or from the roofline of a
-// named machine: max(FLOPs / (peak x efficiency), bytes / (bandwidth x efficiency)) plus a
-// launch cost. The efficiencies are assumptions, listed in docs/profiling.md.
+// How long a call of an op of the op set takes (kernels/op_call.h, as the shape-only walk records
+// it): measured by running it on a backend of this machine (each distinct call once, the median
+// of a few runs after a warm-up), or from the roofline of a named machine: max(FLOPs / (peak x
+// efficiency), bytes / (bandwidth x efficiency)) plus a launch cost. The efficiencies are
+// assumptions, listed in docs/profiling.md.
 #pragma once
 
 #include <functional>
@@ -9,7 +10,7 @@
 #include <string>
 
 #include "kernels/backend.h"
-#include "projection/workload.h"
+#include "kernels/op_call.h"
 #include "trace/hardware.h"
 
 namespace primus::projection {
@@ -17,7 +18,7 @@ namespace primus::projection {
 class OpTimer {
  public:
   virtual ~OpTimer() = default;
-  virtual double seconds(const OpSpec& op) = 0;
+  virtual double seconds(const ops::OpCall& op) = 0;
   virtual std::string describe() const = 0;
   // AdamW over n parameters (fp32 master, moments and gradients; a bf16 working copy when
   // `working_bf16`), the gradient norm's sum of squares over n, and zeroing n gradients.
@@ -33,7 +34,7 @@ class OpTimer {
 class MeasuredOps final : public OpTimer {
  public:
   explicit MeasuredOps(ops::Backend& backend, std::function<void()> sync = {}) : be_(backend), sync_(std::move(sync)) {}
-  double seconds(const OpSpec& op) override;
+  double seconds(const ops::OpCall& op) override;
   std::string describe() const override;
   double optimizer_seconds(int64_t n, bool working_bf16) override;
   double grad_norm_seconds(int64_t n) override;
@@ -41,7 +42,7 @@ class MeasuredOps final : public OpTimer {
   int measured() const { return int(cache_.size()); }
 
  private:
-  double run(const OpSpec& op);
+  double run(const ops::OpCall& op);
   ops::Backend& be_;
   std::function<void()> sync_;
   std::map<std::string, double> cache_;
@@ -59,7 +60,7 @@ struct RooflineEfficiency {
 class RooflineOps final : public OpTimer {
  public:
   RooflineOps(trace::Hardware hw, RooflineEfficiency eff = {}) : hw_(std::move(hw)), eff_(eff) {}
-  double seconds(const OpSpec& op) override;
+  double seconds(const ops::OpCall& op) override;
   std::string describe() const override;
   double optimizer_seconds(int64_t n, bool working_bf16) override;
   double grad_norm_seconds(int64_t n) override;

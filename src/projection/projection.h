@@ -1,23 +1,19 @@
 // `projection memory|performance|both` (Primus's command): what a config needs per rank and how
 // fast it trains at a target scale, before the cluster exists.
 //
-// Memory per rank (every tp and dp rank of a pipeline rank needs the same):
-//   parameters    fp32 master weights of the rank's layers (tp shards), and a bf16 working copy
-//                 in bf16 runs
-//   gradients     fp32, the master's layout
-//   optimizer     AdamW's two fp32 moments: on every dp rank (no_shard), or a 1/dp shard with
-//                 its reduce-scatter buffers (zero1 = use_distributed_optimizer). fsdp also
-//                 shards parameters and gradients and gathers one layer's working weights (two
-//                 with prefetch) at a time: a model of the strategy the trainer does not have yet,
-//                 not checked against a run
-//   activations   per layer what the passes keep (recompute none, selective, full) and need at
-//                 their peak (workload.h), for the microbatches a rank holds at each op of its
-//                 schedule: the schedule's op list is walked (F keeps, B keeps less until W, W
-//                 frees), so in-flight microbatches come from the schedule itself
-//   buffers       the pipeline's posted receives, the RoPE tables
-// Step time: each op's time measured on this machine (or the roofline of a named machine,
-// op_timing.h); tensor-parallel collectives on the critical path; the pipeline through the
-// schedule simulator with the stages' F, B, W and the transfers' time; the data-parallel gradient
+// Everything about the model comes from walking it: each pipeline rank's partition of the real
+// model runs one microbatch's F, B and W on the shape-only backend (plan/model_walk.h), which
+// records every op with its shapes, FLOPs and bytes, every collective with its group and bytes,
+// and the bytes the passes hold.
+//
+// Memory per rank (every tp and dp rank of a pipeline rank needs the same): the plan's memory
+// model (plan/memory_estimate.h): weights, gradients and optimizer state by sharding strategy, the
+// activations the walk measured under the schedule's in-flight microbatches, and buffers.
+// Step time: each op the walk recorded, timed on this machine (or from the roofline of a named
+// machine, op_timing.h); the collectives on the tensor-, context- and expert-parallel groups at
+// the link they cross, exposed by what they outlast of the ops that run while they are in flight
+// (a ring attention step's transfer behind its blocks); the pipeline through the schedule
+// simulator with the stages' F, B, W and the transfers' time; the data-parallel gradient
 // reduction from its bucket count and overlap; the optimizer, gradient norm and zeroing. Links:
 // ring collectives over the slowest link the group crosses (comm_seconds).
 #pragma once
@@ -30,24 +26,27 @@
 
 #include "config/experiment.h"
 #include "parallel/process_group.h"
+#include "plan/memory_estimate.h"
+#include "plan/model_walk.h"
+#include "plan/parallel_layout.h"
 #include "projection/op_timing.h"
-#include "projection/workload.h"
-#include "train/parallel_layout.h"
 #include "trace/hardware.h"
 
 namespace primus::projection {
 
-enum class Sharding { NoShard, Zero1, Zero2, Fsdp };
-// no_shard | zero1 | zero2 | fsdp, or Megatron's data_parallel_sharding_strategy names (optim,
-// optim_grads, optim_grads_params)
-Sharding parse_sharding(const std::string& s);
-const char* sharding_name(Sharding s);
+using config::DpSharding;
+// --sharding's spellings: Megatron's data_parallel_sharding_strategy names (no_shard, optim,
+// optim_grads, optim_grads_params) or zero1, zero2, fsdp; throws primus::Error naming them.
+DpSharding parse_sharding(const std::string& s);
+const char* sharding_name(DpSharding s);  // no_shard, zero1, zero2, fsdp (the reports' names)
 
 struct Target {
   int nodes = 0;          // 0: the fewest that hold tp x pp x cp
   int gpus_per_node = 0;  // 0: the hardware's (8 for the named GPUs; this machine: tp x pp x cp)
   trace::Hardware hardware;
-  std::optional<Sharding> sharding;  // default: the config's data_parallel_sharding_strategy (as the trainer resolves it)
+  std::optional<DpSharding>
+      sharding;          // default: the config's data_parallel_sharding_strategy (as the trainer resolves it)
+  ops::RouterLoad load;  // the MoE routers' load (balanced by default, or a run's measured histogram)
 };
 
 // Ring collectives: all_reduce 2(n-1) steps of S/n, reduce_scatter / all_gather / all_to_all
@@ -98,17 +97,20 @@ struct Projection {
   std::string model;
   ModelSpec spec;
   config::TrainingArgs args;
-  train::ParallelLayout layout;
-  Sharding sharding = Sharding::NoShard;
+  plan::ParallelLayout layout;
+  DpSharding sharding = DpSharding::NoShard;
+  Precision precision = Precision::Fp32;
   trace::Hardware hardware;
   int nodes = 1, gpus_per_node = 1;
-  WorkloadShape shape;
+  std::vector<plan::RankRecord> walks;  // per pipeline rank: its partition walked (plan/model_walk.h)
+  double walk_seconds = 0;              // how long the walks took
   std::optional<MemoryReport> memory;
   std::optional<PerformanceReport> performance;
 };
 
 // The layout at the target scale: the config's parallel sizes over nodes x gpus_per_node ranks
-// (data parallel takes the rest). Throws primus::Error when the sizes do not fit.
+// (data parallel takes the rest), and every pipeline rank's partition walked. Throws
+// primus::Error when the sizes do not fit.
 Projection plan(const config::ExperimentConfig& cfg, const Target& target);
 void project_memory(Projection& p);
 void project_performance(Projection& p, OpTimer& timer);

@@ -15,6 +15,9 @@ nlohmann::ordered_json layout_json(const Projection& p) {
           {"pp", L.pp},
           {"dp", L.dp},
           {"vpp", L.vpp},
+          {"cp", L.cp},
+          {"ep", L.ep},
+          {"etp", L.etp},
           {"sequence_parallel", L.sequence_parallel},
           {"schedule", L.schedule ? L.schedule->algorithm : ""},
           {"microbatches_per_rank", L.microbatches_per_rank},
@@ -40,8 +43,9 @@ nlohmann::ordered_json to_json(const Projection& p) {
   j["gpus_per_node"] = p.gpus_per_node;
   j["layout"] = layout_json(p);
   j["sharding"] = sharding_name(p.sharding);
+  j["walk_seconds"] = p.walk_seconds;
   j["recompute"] = recompute_name(p.args.recompute_granularity);
-  j["precision"] = precision_name(p.shape.precision);
+  j["precision"] = precision_name(p.precision);
   j["micro_batch_size"] = p.args.micro_batch_size;
   j["global_batch_size"] = p.args.global_batch_size;
   j["seq_length"] = p.args.seq_length;
@@ -89,9 +93,8 @@ std::string to_text(const Projection& p) {
   std::string s = fmt::format("projection of {} on {} node(s) x {} {} ({}): {}\n", p.model, p.nodes, p.gpus_per_node,
                               p.hardware.name, p.hardware.source, p.layout.describe());
   s += fmt::format("  sharding {}, recompute {}, {}, micro batch {}, global batch {}, sequence {}\n",
-                   sharding_name(p.sharding), recompute_name(p.args.recompute_granularity),
-                   precision_name(p.shape.precision), p.args.micro_batch_size, p.args.global_batch_size,
-                   p.args.seq_length);
+                   sharding_name(p.sharding), recompute_name(p.args.recompute_granularity), precision_name(p.precision),
+                   p.args.micro_batch_size, p.args.global_batch_size, p.args.seq_length);
   if (p.memory) {
     s += "\nmemory per rank (every tp and dp rank of a pipeline rank alike)\n";
     s += fmt::format("  {:>7} {:>14} {:>11} {:>11} {:>11} {:>11} {:>11} {:>11} {:>11}\n", "pp rank", "parameters",

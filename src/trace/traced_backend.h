@@ -1,7 +1,8 @@
 // TracedBackend: the op set (kernels/backend.h) with every op recorded while the profiler is
 // active, forwarded to the real backend in any case. Each op becomes a compute event with its
-// shapes, FLOPs and bytes moved (GEMM: 2 M N K FLOPs and the bytes of A, B and D, as TraceLens
-// counts them; causal attention: 2 N s q forward and twice that backward, as model_stats counts),
+// shapes, FLOPs and bytes moved (the rules of kernels/op_call.h, which the shape-only backend
+// records too: GEMM 2 M N K FLOPs and the bytes of A, B and D, as TraceLens counts them; causal
+// attention 2 N s q forward and twice that backward, as model_stats counts),
 // the layer and module of the weight it reads or the gradient it writes (found by pointer in the
 // model's flat buffers), and its kind: forward, input gradient or weight gradient. Results are
 // the real backend's, bit for bit: the decorator only watches.

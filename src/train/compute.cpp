@@ -10,7 +10,7 @@
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/cpu/cpu_features.h"
 #include "kernels/cpu/reference_backend.h"
-#include "train/memory_estimate.h"
+#include "plan/memory_estimate.h"
 
 #ifdef PRIMUS_HAVE_CUDA
 #include "kernels/cuda/cuda_backend.h"
@@ -45,7 +45,7 @@ uint64_t Compute::memory_available() const {
     return free_bytes;
   }
 #endif
-  return host_available_bytes();
+  return plan::host_available_bytes();
 }
 
 std::string Compute::memory_name() const {

@@ -54,6 +54,10 @@ class BucketedStrategy : public DataParallelStrategy {
     m.parameters = double(params.numel()) * double(dtype_size(params.dtype())) +
                    (model_.has_separate_working_weights() ? double(model_.working_weights().nbytes()) : 0.0);
     m.gradients = double(params.grads().nbytes());
+    if (experts_) {  // the experts' packed gradients (and under ZeRO-1 their values) beside the model's
+      m.gradients += double(experts_->gradient_bytes());
+      m.parameters += double(experts_->value_bytes());
+    }
     m.optimizer = optimizer_bytes();
     return m;
   }

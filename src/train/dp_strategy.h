@@ -29,7 +29,7 @@
 #include "model/llama.h"
 #include "optim/adamw.h"
 #include "parallel/mesh.h"
-#include "train/parallel_layout.h"
+#include "plan/parallel_layout.h"
 
 namespace primus::train {
 
@@ -37,7 +37,7 @@ namespace primus::train {
 // the layout shards the gradients (ParallelLayout::shard_gradients()).
 struct DpSetup {
   LlamaModel& model;
-  const ParallelLayout& layout;
+  const plan::ParallelLayout& layout;
   const parallel::MeshGroups& groups;
   parallel::MeshCoord me;
   AdamWOptions adam;

@@ -54,6 +54,10 @@ class ExpertGradients {
   void load_state(int64_t step, const float* exp_avg, const float* exp_avg_sq);
   // Parameters this rank keeps optimizer state for (its shards).
   int64_t state_numel() const { return dist_ ? dist_->shard_numel() : 0; }
+  // The packed buffers it holds beside the model's: the experts' gradients, and (sharded) their
+  // values, which the distributed optimizer steps.
+  int64_t gradient_bytes() const { return grads_.defined() ? int64_t(grads_.nbytes()) : 0; }
+  int64_t value_bytes() const { return values_.defined() ? int64_t(values_.nbytes()) : 0; }
 
  private:
   ParamStore& params_;

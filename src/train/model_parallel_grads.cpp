@@ -11,7 +11,7 @@ void sum_over(parallel::ProcessGroup& g, const Tensor& grad) {
 
 }  // namespace
 
-ModelParallelGrads::ModelParallelGrads(LlamaModel& model, const ParallelLayout& layout,
+ModelParallelGrads::ModelParallelGrads(LlamaModel& model, const plan::ParallelLayout& layout,
                                        const parallel::MeshGroups& groups, const parallel::MeshCoord& me)
     : tp_(groups.tp.get()), counts_experts_(me.tp == 0 || layout.etp > 1) {
   const ParamStore& params = model.params();

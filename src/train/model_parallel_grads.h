@@ -22,7 +22,7 @@
 #include "model/llama.h"
 #include "parallel/mesh.h"
 #include "parallel/process_group.h"
-#include "train/parallel_layout.h"
+#include "plan/parallel_layout.h"
 
 namespace primus::train {
 
@@ -31,7 +31,7 @@ class ModelParallelGrads {
   using GradOf = std::function<Tensor(int tensor)>;
 
   // Collective over pp (the embedding group is made here).
-  ModelParallelGrads(LlamaModel& model, const ParallelLayout& layout, const parallel::MeshGroups& groups,
+  ModelParallelGrads(LlamaModel& model, const plan::ParallelLayout& layout, const parallel::MeshGroups& groups,
                      const parallel::MeshCoord& me);
 
   // This rank's copy of a tied embedding split over stages; -1 when it has none.

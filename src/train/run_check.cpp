@@ -3,8 +3,8 @@
 #include "checkpoint/run_folder.h"
 #include "core/error.h"
 #include "data/tokenizer.h"
-#include "train/memory_estimate.h"
-#include "train/parallel_layout.h"
+#include "plan/memory_estimate.h"
+#include "plan/parallel_layout.h"
 
 namespace primus::train {
 
@@ -23,7 +23,7 @@ LRScheduleOptions lr_schedule_options(const config::TrainingArgs& a) {
 
 void check_run(const config::ExperimentConfig& cfg, int world_size, int ranks_on_host) {
   const config::TrainingArgs& a = cfg.train;
-  const ParallelLayout layout = plan_layout(a, cfg.model_spec, world_size);
+  const plan::ParallelLayout layout = plan::plan_layout(a, cfg.model_spec, world_size);
   (void)LRSchedule(lr_schedule_options(a));
   if (!a.tokenizer_type.empty()) {
     auto tok = data::build_tokenizer({a.tokenizer_type, a.tokenizer_model});
@@ -34,8 +34,8 @@ void check_run(const config::ExperimentConfig& cfg, int world_size, int ranks_on
   // A `save` path that is a file (or cannot be created) fails here, not at the first save hours in.
   checkpoint::check_save_folder(cfg.checkpoint_dir(), "", {}, true);
   if (ranks_on_host > 0)
-    check_memory(estimate_memory(cfg.model_spec, layout, a, a.bf16), ranks_on_host, host_available_bytes(),
-                 "this host's memory (MemAvailable)");
+    plan::check_memory(plan::estimate_memory(cfg.model_spec, layout, a, a.bf16), ranks_on_host,
+                       plan::host_available_bytes(), "this host's memory (MemAvailable)");
 }
 
 }  // namespace primus::train

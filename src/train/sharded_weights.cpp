@@ -8,11 +8,6 @@
 namespace primus::train {
 namespace {
 
-constexpr int64_t kAlign = 16;  // shard pieces of a unit start 16 elements apart (as ParamStore's tensors)
-constexpr size_t kReductionsInFlight = 2;
-
-int64_t aligned(int64_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
-
 Tensor host_tensor(const std::vector<float>& v) {
   Tensor t = Tensor::empty({int64_t(v.size())});
   std::copy(v.begin(), v.end(), t.data<float>());
@@ -46,22 +41,25 @@ ShardedWeights::ShardedWeights(LlamaModel& model, parallel::ProcessGroup& dp, pa
     per_microbatch_.push_back(passes);
     for (int g = 0; g < int(comms.size()); ++g) {
       const int n = comms[size_t(g)]->size(), r = comms[size_t(g)]->rank();
-      parallel::FsdpUnit fu;
-      fu.full_numel = wu.end - wu.begin;
-      int64_t at = 0;  // into the part's shard
+      std::vector<parallel::FsdpTensor> tensors;
+      std::vector<int> ids;
       for (int p = wu.first_param; p <= wu.last_param; ++p) {
         if (group_of(p) != g) continue;
         const StoredParam& info = infos[size_t(p)];
-        const int64_t rows = info.shape.empty() ? 1 : info.shape[0], inner = info.numel / rows;
-        const parallel::FsdpRows mine = parallel::fsdp_rows(rows, n, r);
-        fu.tensors.push_back({1, rows, inner, info.offset - wu.begin, at});
-        pieces_[size_t(p)] = {info.offset + mine.first * inner, shard_numel_ + at, mine.count * inner};
-        at = aligned(at + mine.count * inner);
+        const int64_t rows = info.shape.empty() ? 1 : info.shape[0];
+        tensors.push_back({1, rows, info.numel / rows, info.offset - wu.begin, 0});
+        ids.push_back(p);
       }
-      if (fu.tensors.empty()) continue;  // (the same on every rank of the group: same stage, same ep slot)
-      fu.shard_numel = at;
-      parts_[u].push_back({g, int(fsdp_units[size_t(g)].size()), shard_numel_, at});
-      shard_numel_ += at;
+      if (tensors.empty()) continue;  // (the same on every rank of the group: same stage, same ep slot)
+      parallel::FsdpUnit fu = parallel::fsdp_shard_unit(std::move(tensors), wu.end - wu.begin, n, r);
+      for (size_t i = 0; i < ids.size(); ++i) {
+        const parallel::FsdpTensor& t = fu.tensors[i];
+        const parallel::FsdpRows mine = parallel::fsdp_rows(t.length, n, r);
+        pieces_[size_t(ids[i])] = {infos[size_t(ids[i])].offset + mine.first * t.inner, shard_numel_ + t.shard_offset,
+                                   mine.count * t.inner};
+      }
+      parts_[u].push_back({g, int(fsdp_units[size_t(g)].size()), shard_numel_, fu.shard_numel});
+      shard_numel_ += fu.shard_numel;
       fsdp_units[size_t(g)].push_back(std::move(fu));
     }
   }
@@ -113,7 +111,7 @@ void ShardedWeights::acquire(int unit, int next) {
   };
   ++holds_[size_t(unit)];
   if (!gathered_[size_t(unit)].defined()) start(unit);
-  // Prefetch: the next unit's gather runs while this one computes.
+  // Prefetch: the next unit's gather runs while this one computes (parallel::kFsdpGathersInFlight).
   if (next >= 0 && !gathered_[size_t(next)].defined()) start(next);
   for (auto& g : gathering_[size_t(unit)]) g->wait();
   gathering_[size_t(unit)].clear();
@@ -171,7 +169,7 @@ void ShardedWeights::reduce_unit(int unit) {
   be_.synchronize();  // the W passes' sums are final before the copies into the wire buffers
   const Tensor whole = grads(unit);
   for (const Part& part : parts_[size_t(unit)]) {
-    while (reductions_.size() >= kReductionsInFlight) complete_oldest_reduction();
+    while (reductions_.size() >= size_t(parallel::kFsdpReductionsInFlight)) complete_oldest_reduction();
     Tensor sums = Tensor::zeros({std::max<int64_t>(1, part.shard_numel)}, DType::F32, be_.device());
     auto work = groups_[size_t(part.group)]->start_reduce(part.index, whole, sums.slice(0, 0, part.shard_numel));
     reductions_.push_back({part, std::move(sums), std::move(work)});

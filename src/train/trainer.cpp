@@ -45,6 +45,9 @@
 #include "parallel/self_process_group.h"
 #include "pipeline/bubble.h"
 #include "pipeline/executor.h"
+#include "plan/memory_estimate.h"
+#include "plan/model_options.h"
+#include "plan/parallel_layout.h"
 #include "safe/early_exit.h"
 #include "safe/run_lock.h"
 #include "safe/train_watch.h"
@@ -54,10 +57,8 @@
 #include "trace/traced_group.h"
 #include "train/compute.h"
 #include "train/dp_strategy.h"
-#include "train/memory_estimate.h"
-#include "train/moe_step.h"
 #include "train/metrics_log.h"
-#include "train/parallel_layout.h"
+#include "train/moe_step.h"
 #include "train/pipeline_runner.h"
 #include "train/run_check.h"
 
@@ -66,24 +67,6 @@ using Clock = std::chrono::steady_clock;
 
 namespace primus::train {
 using namespace checkpoint;
-
-// The FP8 keys as the model takes them (model/linears.h).
-Fp8Options fp8_options(const config::TrainingArgs& a) {
-  Fp8Options o;
-  o.enabled = a.fp8 != Fp8Mode::Off;
-  o.forward = fp8::Format::E4M3;
-  o.backward = a.fp8 == Fp8Mode::Hybrid ? fp8::Format::E5M2 : fp8::Format::E4M3;
-  o.recipe = a.fp8_recipe;
-  o.margin = int(a.fp8_margin);
-  o.amax_history_len = int(a.fp8_amax_history_len);
-  o.amax_compute_algo = a.fp8_amax_compute_algo;
-  o.wgrad = a.fp8_wgrad;
-  if (a.first_last_layers_bf16) {
-    o.bf16_layers_at_start = a.num_layers_at_start_in_bf16;
-    o.bf16_layers_at_end = a.num_layers_at_end_in_bf16;
-  }
-  return o;
-}
 
 namespace {
 
@@ -138,7 +121,7 @@ class Trainer {
   // Processes and layout.
   std::unique_ptr<parallel::SelfProcessGroup> self_;
   parallel::ProcessGroup* world_ = nullptr;  // host values: agreements, barriers, checkpoints
-  ParallelLayout layout_;
+  plan::ParallelLayout layout_;
   Compute compute_;
   std::unique_ptr<trace::Profiler> profiler_;  // profiling on: the backend and the groups record through it
   std::unique_ptr<parallel::ProcessGroup> gpu_world_;  // the tensors' communicator on GPUs (NCCL)
@@ -230,7 +213,7 @@ void Trainer::build_processes() {
     self_ = std::make_unique<parallel::SelfProcessGroup>();
     world_ = self_.get();
   }
-  layout_ = plan_layout(a_, spec_, world_->size());
+  layout_ = plan::plan_layout(a_, spec_, world_->size());
   compute_ = choose_compute(a_, env.local_rank);
   gpu_world_ = device_world(compute_, *world_);
   mesh_ = std::make_unique<parallel::RankMesh>(world_->size(), layout_.sizes());
@@ -246,9 +229,9 @@ void Trainer::build_processes() {
                    "rank 0 could not take the run folder's lock");
   // A model that cannot fit stops here, before anything is allocated.
   // (The ranks of a host share its memory; each rank has a GPU of its own.)
-  check_memory(estimate_memory(spec_, layout_, a_, compute_.precision == Precision::Bf16),
-               compute_.device == Device::CUDA ? 1 : env.local_world_size, compute_.memory_available(),
-               compute_.memory_name());
+  plan::check_memory(plan::estimate_memory(spec_, layout_, a_, compute_.precision == Precision::Bf16),
+                     compute_.device == Device::CUDA ? 1 : env.local_world_size, compute_.memory_available(),
+                     compute_.memory_name());
 }
 
 // Profiling (docs/profiling.md): the backend and the mesh's groups are wrapped in decorators that
@@ -328,11 +311,9 @@ void Trainer::build_data() {
 // This rank's part of the model (its tensor-parallel shard of its pipeline chunks) and the
 // data-parallel strategy attached to it, which initializes the weights.
 void Trainer::build_model() {
-  LlamaOptions mopt;
-  mopt.recompute = a_.recompute_granularity;
+  LlamaOptions mopt = plan::model_options(a_);
   // ZeRO-2 and FSDP: the model holds no weights of its own; the strategy's shards serve them.
   mopt.resident_weights = !layout_.shard_gradients();
-  mopt.fp8 = fp8_options(a_);
   ModelPartition part;
   part.tp_size = layout_.tp;
   part.tp_group = groups_.tp.get();

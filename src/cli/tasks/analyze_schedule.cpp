@@ -1,7 +1,7 @@
 // analyze schedule: builds a pipeline schedule by name, validates and simulates it, and prints
 // it as a terminal timeline, JSON or SVG; --compare prints one row per algorithm. With a model
 // (--model, or an experiment --config) the stage times come from the model's FLOPs for the
-// layer split the trainer would use (train/parallel_layout.h), pipeline_balance included.
+// layer split the trainer would use (plan/parallel_layout.h), pipeline_balance included.
 //
 //   primus-cli direct -- analyze schedule --algorithm zb-h1 --pp 4 --microbatches 8 --format text
 //   primus-cli direct -- analyze schedule --algorithm 1f1b --pp 4 --microbatches 8 --model tiny_llama
@@ -19,7 +19,7 @@
 #include "pipeline/render.h"
 #include "pipeline/schedules/registry.h"
 #include "pipeline/simulator.h"
-#include "train/parallel_layout.h"
+#include "plan/parallel_layout.h"
 
 namespace primus::cli {
 namespace {
@@ -122,7 +122,7 @@ int compare(const Options& o) {
 }
 
 // The trainer's layout for the model: its split (balanced or not), stage costs and schedule.
-train::ParallelLayout model_layout(const Options& o) {
+plan::ParallelLayout model_layout(const Options& o) {
   if (o.times_given) fail("--model and --config take the stage times from the model; drop --t-forward/backward/weight");
   if (o.compare) fail("--compare runs every algorithm with its own chunks; give --model with one --algorithm");
   config::TrainingArgs a;
@@ -152,15 +152,15 @@ train::ParallelLayout model_layout(const Options& o) {
   }
   if (a.pipeline_model_parallel_size < 2) fail("pipeline_model_parallel_size must be at least 2 to split a model");
   // One data-parallel rank: the world is the model-parallel ranks.
-  return train::plan_layout(a, spec, int(a.tensor_model_parallel_size * a.pipeline_model_parallel_size *
-                                         a.context_parallel_size));
+  return plan::plan_layout(
+      a, spec, int(a.tensor_model_parallel_size * a.pipeline_model_parallel_size * a.context_parallel_size));
 }
 
 int run(const Options& o) {
   if (o.format != "text" && o.format != "json" && o.format != "svg")
     fail("--format must be text, json or svg (got '{}')", o.format);
   ScheduleRequest req = o.req;
-  std::optional<train::ParallelLayout> layout;
+  std::optional<plan::ParallelLayout> layout;
   if (!o.model.empty() || !o.config.empty()) {
     layout = model_layout(o);
     req.costs.stages = layout->stage_costs;

@@ -15,15 +15,14 @@
 // out or fp32), cuBLASLt's heuristic candidates are timed first, then the GEMM runs with the
 // fastest: the report shows the heuristic's first choice beside the best candidate.
 //
-// --shapes-from lists the GEMMs that one microbatch of the config's model runs in bf16 mixed
-// precision on one tensor-parallel rank (model/llama_gemms.h): micro_batch_size x seq_length
-// rows, the rank's share of heads, ffn and vocabulary, the head in vocabulary chunks as the model
-// chooses them (head_keeps_logits: one chunk when the logits and their gradient fit
-// logits_memory_budget, else vocab_chunk columns; --vocab-chunk overrides), the forward GEMMs
-// twice under recompute_granularity: full. --tune times the candidates of each distinct
-// problem and writes the winners to a cache file that training reads (gemm_tuning_cache).
-// --compare times the CPU's two bf16 GEMMs on each distinct problem: the measurement behind the
-// backend's choice between them.
+// --shapes-from lists the GEMMs that one microbatch of the config's model runs on one
+// tensor-parallel rank, through every pipeline stage (plan/gemm_list.h): the real model walked on
+// the shape-only backend, so the list is what a profiled step runs, in the config's precision
+// (--tune and --compare: in bf16), with its layout, recompute and the head's vocabulary chunks as
+// the model chooses them (--vocab-chunk forces chunks of that width). --tune times the candidates
+// of each distinct problem and writes the winners to a cache file that training reads
+// (gemm_tuning_cache). --compare times the CPU's two bf16 GEMMs on each distinct problem: the
+// measurement behind the backend's choice between them.
 #include <iostream>
 #include <map>
 #include <memory>
@@ -41,9 +40,10 @@
 #include "kernels/cpu/bf16/bf16_backend.h"
 #include "kernels/cpu/bf16/gemm.h"
 #include "kernels/cpu/gemm.h"
-#include "model/llama_gemms.h"
 #include "model/llama.h"
-#include "train/parallel_layout.h"
+#include "plan/gemm_list.h"
+#include "plan/model_options.h"
+#include "plan/parallel_layout.h"
 
 #ifdef PRIMUS_HAVE_CUDA
 #include "kernels/cuda/gemm.h"
@@ -291,59 +291,58 @@ int run_shape(const Options& o) {
 
 struct ModelGemms {
   std::string model;
-  int64_t micro_batch = 0, seq = 0, rows = 0, vocab_chunk = 0;
+  int64_t micro_batch = 0, seq = 0, rows = 0, microbatches = 1;
+  int64_t vocab_chunk = 0;  // the output layer's logits GEMM's width
   bool recompute = false;
-  std::vector<LlamaGemm> gemms;
+  std::vector<plan::GemmEntry> gemms, grouped;
 };
 
-ModelGemms model_gemms(const Options& o) {
+// bf16: the GEMMs in bf16 mixed precision whatever the config says (tuning and --compare).
+ModelGemms model_gemms(const Options& o, bool bf16) {
   const config::ExperimentConfig cfg = config::load_experiment(o.shapes_from);
   const ModelSpec& spec = cfg.model_spec;
-  const config::TrainingArgs& a = cfg.train;
+  config::TrainingArgs a = cfg.train;
+  if (bf16) a.bf16 = true;
+  if (o.vocab_chunk < 0) fail("--vocab-chunk must be positive, got {}", o.vocab_chunk);
+  LlamaOptions options = plan::model_options(a);  // the trainer's
+  if (o.vocab_chunk > 0) {  // the head in chunks of that width, whether or not its logits would fit
+    options.vocab_chunk = o.vocab_chunk;
+    options.logits_memory_budget = 0;
+  }
+  // One data-parallel replica of the model-parallel ranks (and the expert-parallel ones).
+  const int64_t world = a.tensor_model_parallel_size * a.pipeline_model_parallel_size * a.context_parallel_size *
+                        std::max<int64_t>(a.expert_model_parallel_size, 1);
+  const plan::ParallelLayout layout = plan::plan_layout(a, spec, int(world));
+  const plan::GemmList list = plan::model_gemms(spec, layout, a, &options);
   ModelGemms g;
   g.model = spec.name;
-  g.micro_batch = a.micro_batch_size;
-  g.seq = a.seq_length > 0 ? a.seq_length : spec.max_position_embeddings;
-  g.rows = g.micro_batch * g.seq;
-  g.recompute = a.recompute_granularity == Recompute::Full;
-  if (o.vocab_chunk < 0) fail("--vocab-chunk must be positive, got {}", o.vocab_chunk);
-  if (o.vocab_chunk > 0) {
-    g.vocab_chunk = o.vocab_chunk;
-  } else {
-    const LlamaOptions defaults;  // the trainer's
-    const int64_t vocab_local = spec.vocab_size / std::max<int64_t>(a.tensor_model_parallel_size, 1);
-    g.vocab_chunk = head_keeps_logits(defaults, Precision::Bf16, g.rows, vocab_local) ? vocab_local
-                                                                                     : defaults.vocab_chunk;
-  }
-  if (a.context_parallel_size > 1)
-    std::cerr << fmt::format("warning: {}: context_parallel_size {} is not built: the GEMMs listed are those of cp = 1\n",
-                             o.shapes_from, a.context_parallel_size);
-  check_tensor_parallel(spec, int(a.tensor_model_parallel_size));
-  GemmLayout layout;
-  layout.tp = int(a.tensor_model_parallel_size);
-  layout.etp = train::resolve_expert_tensor_parallel_size(a, spec);  // the trainer's rule
-  layout.ep = int(std::max<int64_t>(a.expert_model_parallel_size, 1));
-  layout.sequence_parallel = a.sequence_parallel;
-  if (spec.is_moe() && spec.num_experts % layout.ep != 0)
-    fail("{}: num_experts ({}) must be divisible by expert_model_parallel_size ({})", o.shapes_from, spec.num_experts,
-         layout.ep);
-  g.gemms = llama_gemms(spec, g.micro_batch, g.seq, g.vocab_chunk, g.recompute, layout);
+  g.micro_batch = list.micro_batch;
+  g.seq = list.seq;
+  g.rows = list.rows;
+  g.microbatches = list.microbatches;
+  for (const auto& e : list.gemms)  // the head's chunk: its logits GEMM (the output layer, or the tied embedding)
+    if (g.vocab_chunk == 0 && e.trans_b && !e.trans_a &&
+        (e.what.starts_with("output_layer ") || e.what.starts_with("embedding.word_embeddings ")))
+      g.vocab_chunk = e.n;
+  g.recompute = list.recompute;
+  g.gemms = list.gemms;
+  g.grouped = list.grouped;
   return g;
 }
 
 struct Distinct {
-  LlamaGemm g;                     // the first GEMM with this problem
+  plan::GemmEntry g;               // the first GEMM with this problem
   std::vector<std::string> whats;  // every GEMM with it
   int64_t count = 0;               // runs per microbatch, all of them
 };
 
 // GEMMs with the same problem (same key) merged, in first-seen order.
-std::vector<Distinct> distinct_gemms(const std::vector<LlamaGemm>& gemms) {
+std::vector<Distinct> distinct_gemms(const std::vector<plan::GemmEntry>& gemms) {
   std::vector<Distinct> out;
   std::map<std::string, size_t> index;
   for (const auto& g : gemms) {
-    const std::string key = fmt::format("{}{}:{}:{}:{}:{}:{}:{}", g.trans_a, g.trans_b, g.m, g.n, g.k, g.f32_out,
-                                        g.bias, g.accumulate);
+    const std::string key = fmt::format("{}{}:{}:{}:{}:{}>{}:{}:{}", g.trans_a, g.trans_b, g.m, g.n, g.k,
+                                        dtype_name(g.in), dtype_name(g.out), g.bias, g.accumulate);
     auto [it, fresh] = index.emplace(key, out.size());
     if (fresh) out.push_back({g, {}, 0});
     out[it->second].whats.push_back(g.what);
@@ -352,47 +351,62 @@ std::vector<Distinct> distinct_gemms(const std::vector<LlamaGemm>& gemms) {
   return out;
 }
 
-std::string types_of(const LlamaGemm& g) { return g.f32_out ? "bf16>fp32" : "bf16>bf16"; }
-std::string extras_of(const LlamaGemm& g) {
+std::string types_of(const plan::GemmEntry& g) { return fmt::format("{}>{}", dtype_name(g.in), dtype_name(g.out)); }
+std::string extras_of(const plan::GemmEntry& g) {
   std::string s;
   if (g.bias) s += "+bias";
   if (g.accumulate) s += "+C";
   return s;
 }
+bool f32_out(const plan::GemmEntry& g) { return g.out == DType::F32; }
 
 int run_list(const Options& o, const ModelGemms& mg) {
   const std::vector<Distinct> d = distinct_gemms(mg.gemms);
   double total = 0;
   for (const auto& g : mg.gemms) total += g.flops();
+  auto entry = [](const plan::GemmEntry& g) {
+    nlohmann::ordered_json e = {{"what", g.what},
+                                {"op", op_name(g.trans_a, g.trans_b)},
+                                {"m", g.m},
+                                {"n", g.n},
+                                {"k", g.k},
+                                {"in_dtype", dtype_name(g.in)},
+                                {"out_dtype", dtype_name(g.out)},
+                                {"bias", g.bias},
+                                {"accumulate", g.accumulate},
+                                {"grouped", g.grouped},
+                                {"count", g.count},
+                                {"flops", g.flops()}};
+    if (g.groups > 0) e["groups"] = g.groups;
+    return e;
+  };
   if (o.run.json) {
-    nlohmann::ordered_json list = nlohmann::ordered_json::array();
-    for (const auto& g : mg.gemms)
-      list.push_back({{"what", g.what},
-                      {"op", op_name(g.trans_a, g.trans_b)},
-                      {"m", g.m},
-                      {"n", g.n},
-                      {"k", g.k},
-                      {"out_dtype", g.f32_out ? "fp32" : "bf16"},
-                      {"bias", g.bias},
-                      {"accumulate", g.accumulate},
-                      {"count", g.count},
-                      {"flops", g.flops()}});
-    nlohmann::ordered_json j = {{"model", mg.model},        {"micro_batch_size", mg.micro_batch},
-                                {"seq_length", mg.seq},     {"rows", mg.rows},
-                                {"vocab_chunk", mg.vocab_chunk}, {"recompute_forward", mg.recompute},
-                                {"distinct", d.size()},     {"flops_per_microbatch", total},
-                                {"gemms", list}};
+    nlohmann::ordered_json list = nlohmann::ordered_json::array(), grouped = nlohmann::ordered_json::array();
+    for (const auto& g : mg.gemms) list.push_back(entry(g));
+    for (const auto& g : mg.grouped) grouped.push_back(entry(g));
+    nlohmann::ordered_json j = {{"model", mg.model},
+                                {"micro_batch_size", mg.micro_batch},
+                                {"seq_length", mg.seq},
+                                {"rows", mg.rows},
+                                {"microbatches_per_step", mg.microbatches},
+                                {"vocab_chunk", mg.vocab_chunk},
+                                {"recompute_forward", mg.recompute},
+                                {"distinct", d.size()},
+                                {"flops_per_microbatch", total},
+                                {"gemms", list},
+                                {"grouped_calls", grouped}};
     std::cout << j.dump(2) << std::endl;
     return 0;
   }
   std::cout << fmt::format("GEMMs of one microbatch of {} (micro batch {}, seq {}: N = {} rows; vocab chunk {}{}): "
-                           "{} GEMMs, {} distinct problems, {:.4g} TFLOP per microbatch\n",
+                           "{} GEMMs, {} distinct problems, {:.4g} TFLOP per microbatch, {} microbatches per step\n",
                            mg.model, mg.micro_batch, mg.seq, mg.rows, mg.vocab_chunk,
-                           mg.recompute ? "; full recompute" : "", mg.gemms.size(), d.size(), total / 1e12);
-  std::cout << fmt::format("  {:<36} {:>2} {:<10} {:<6} {:>8} {:>8} {:>8} {:>6} {:>12}\n", "what", "op", "types", "",
+                           mg.recompute ? "; full recompute" : "", mg.gemms.size(), d.size(), total / 1e12,
+                           mg.microbatches);
+  std::cout << fmt::format("  {:<48} {:>2} {:<10} {:<6} {:>8} {:>8} {:>8} {:>6} {:>12}\n", "what", "op", "types", "",
                            "m", "n", "k", "runs", "GFLOP/run");
   for (const auto& g : mg.gemms)
-    std::cout << fmt::format("  {:<36} {:>2} {:<10} {:<6} {:>8} {:>8} {:>8} {:>6} {:>12.3f}\n", g.what,
+    std::cout << fmt::format("  {:<48} {:>2} {:<10} {:<6} {:>8} {:>8} {:>8} {:>6} {:>12.3f}\n", g.what,
                              op_name(g.trans_a, g.trans_b), types_of(g), extras_of(g), g.m, g.n, g.k, g.count,
                              2.0 * double(g.m) * double(g.n) * double(g.k) / 1e9);
   return 0;
@@ -415,17 +429,17 @@ int run_compare_cpu(const Options& o, const ModelGemms& mg) {
   double t_own = 0, t_dnnl = 0, t_backend = 0, t_best = 0, flops_total = 0;
   uint64_t seed = 1;
   for (const auto& x : d) {
-    const LlamaGemm& lg = x.g;
+    const plan::GemmEntry& lg = x.g;
     const int64_t M = lg.m, N = lg.n, K = lg.k;
     const std::vector<uint16_t> A = random_bf16(size_t(M * K), seed++), B = random_bf16(size_t(K * N), seed++),
                                 bias = random_bf16(size_t(N), seed++);
-    std::vector<uint16_t> D16(lg.f32_out ? 0 : size_t(M * N));
-    std::vector<float> D32(lg.f32_out ? size_t(M * N) : 0);
+    std::vector<uint16_t> D16(f32_out(lg) ? 0 : size_t(M * N));
+    std::vector<float> D32(f32_out(lg) ? size_t(M * N) : 0);
     cpu::bf16k::GemmArgs g;
     g.trans_a = lg.trans_a, g.trans_b = lg.trans_b, g.M = M, g.N = N, g.K = K;
     g.A = A.data(), g.lda = lg.trans_a ? M : K, g.B = B.data(), g.ldb = lg.trans_b ? K : N;
-    g.D = lg.f32_out ? static_cast<void*>(D32.data()) : static_cast<void*>(D16.data());
-    g.f32_out = lg.f32_out;
+    g.D = f32_out(lg) ? static_cast<void*>(D32.data()) : static_cast<void*>(D16.data());
+    g.f32_out = f32_out(lg);
     g.beta = lg.accumulate ? 1.0f : 0.0f;
     g.C = lg.accumulate ? g.D : nullptr;
     g.bias = lg.bias ? bias.data() : nullptr;
@@ -438,9 +452,16 @@ int run_compare_cpu(const Options& o, const ModelGemms& mg) {
     flops_total += flops * n;
     const char* faster = own <= dnnl ? "avx512-bf16" : "onednn";
     if (o.run.json) {
-      rows.push_back({{"what", x.whats.front()}, {"op", op_name(lg.trans_a, lg.trans_b)}, {"m", M}, {"n", N}, {"k", K},
-                      {"out_dtype", lg.f32_out ? "fp32" : "bf16"}, {"count", x.count},
-                      {"avx512_ms", own}, {"onednn_ms", dnnl}, {"faster", faster},
+      rows.push_back({{"what", x.whats.front()},
+                      {"op", op_name(lg.trans_a, lg.trans_b)},
+                      {"m", M},
+                      {"n", N},
+                      {"k", K},
+                      {"out_dtype", dtype_name(lg.out)},
+                      {"count", x.count},
+                      {"avx512_ms", own},
+                      {"onednn_ms", dnnl},
+                      {"faster", faster},
                       {"backend", cpu::bf16k::gemm_impl_name(chosen)}});
     } else {
       std::cout << fmt::format("  {:<36} {:>2} {:<10} {:<6} {:>6} {:>6} {:>6} {:>5} {:>11.3f} {:>11.3f} {:>7.2f}x {}\n",
@@ -470,13 +491,13 @@ int run_compare_cpu(const Options& o, const ModelGemms& mg) {
 }
 
 #ifdef PRIMUS_HAVE_CUDA
-cuda::GemmProblem problem_of(const LlamaGemm& g) {
+cuda::GemmProblem problem_of(const plan::GemmEntry& g) {
   cuda::GemmProblem p;
   p.trans_a = g.trans_a;
   p.trans_b = g.trans_b;
   p.m = g.m, p.n = g.n, p.k = g.k;
   p.ab = cuda::GemmType::BF16;
-  p.cd = g.f32_out ? cuda::GemmType::F32 : cuda::GemmType::BF16;
+  p.cd = f32_out(g) ? cuda::GemmType::F32 : cuda::GemmType::BF16;
   p.bias = g.bias;
   p.accumulate = g.accumulate;
   return cuda::normalized(p);
@@ -559,18 +580,18 @@ int run(const Options& o) {
     if (o.dtype != "bf16") fail("--compare times the CPU's bf16 GEMMs: --dtype must be bf16");
     if (bench::resolve_device(o.run.device) != BenchDevice::CPU)
       fail("--compare times the CPU's two bf16 GEMMs: add --device cpu");
-    return run_compare_cpu(o, model_gemms(o));
+    return run_compare_cpu(o, model_gemms(o, true));
   }
   if (!o.list && !o.tune)
     fail("--shapes-from {}: add --list (print the model's GEMMs), --tune (time them on the GPU and save the "
          "fastest algorithms) or --compare (time the CPU's two bf16 GEMMs on them)",
          o.shapes_from);
-  if (o.list) return run_list(o, model_gemms(o));
+  if (o.list) return run_list(o, model_gemms(o, false));
   if (o.dtype != "bf16") fail("--tune --shapes-from tunes the bf16 mixed-precision model's GEMMs: --dtype must be bf16");
   if (o.run.device == "cpu") fail("--tune times cuBLASLt's algorithms: it needs the GPU, not --device cpu");
 #ifdef PRIMUS_HAVE_CUDA
   if (!cuda::available()) fail("--tune needs a GPU: {}", cuda::unavailable_reason());
-  return run_tune(o, model_gemms(o));
+  return run_tune(o, model_gemms(o, true));
 #else
   fail("--tune needs a GPU, and this primus-cli was built without the CUDA backend (no nvcc at build time)");
 #endif

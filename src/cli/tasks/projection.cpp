@@ -3,18 +3,21 @@
 //
 //   primus-cli direct -- projection both --config exp.yaml [--<key> <value> ...] [--target-nodes N]
 //        [--gpus-per-node G] [--hardware-config H100|H200|MI300X|MI325X|MI355X|CPU|file.yaml]
-//        [--profiling-mode benchmark|simulate] [--sharding no_shard|zero1|zero2|fsdp] [--format text|json]
+//        [--profiling-mode benchmark|simulate] [--sharding no_shard|zero1|zero2|fsdp] [--router-load RUN]
+//        [--format text|json]
 //
 // benchmark (the default on this machine's CPU) times each op on the backend the trainer would
 // use here; simulate (the default for a named GPU) uses the hardware's roofline.
 #include <algorithm>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <thread>
 
 #include <omp.h>
 #include <yaml-cpp/yaml.h>
+#include <nlohmann/json.hpp>
 
 #include "cli/lib/overrides.h"
 #include "cli/registry.h"
@@ -29,7 +32,7 @@ namespace primus::cli {
 namespace {
 
 struct Options {
-  std::string config, hardware = "CPU", mode, sharding, format = "text", output;
+  std::string config, hardware = "CPU", mode, sharding, format = "text", output, router_load;
   int nodes = 0, gpus_per_node = 0;
 };
 
@@ -98,6 +101,30 @@ trace::Hardware hardware_of(const std::string& name) {
        fmt::format("{}", fmt::join(trace::hardware_names(), ", ")));
 }
 
+// A run's measured MoE load: the tokens per expert of each MoE layer in the last metrics.jsonl row
+// that has them (the trainer logs them as moe_expert_load at every log interval).
+ops::RouterLoad router_load_from(const std::string& path) {
+  const std::string file = std::filesystem::is_directory(path) ? path + "/metrics.jsonl" : path;
+  std::ifstream in(file);
+  if (!in) fail("--router-load {}: cannot read it (give a run folder or its metrics.jsonl)", file);
+  nlohmann::json last;
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.find("moe_expert_load") == std::string::npos) continue;
+    try {
+      last = nlohmann::json::parse(line);
+    } catch (const nlohmann::json::exception& e) {
+      fail("--router-load {}: a line is not JSON: {}", file, e.what());
+    }
+  }
+  if (last.is_null() || !last["moe_expert_load"].is_array())
+    fail("--router-load {}: no row with moe_expert_load (the tokens per expert an MoE run logs)", file);
+  ops::RouterLoad load;
+  for (const auto& layer : last["moe_expert_load"])
+    load.per_layer[layer.at("layer").get<int64_t>()] = layer.at("tokens_per_expert").get<std::vector<double>>();
+  return load;
+}
+
 int run(const std::string& what, const Options& o, const std::vector<std::string>& extras) {
   if (o.config.empty()) fail("projection {} needs --config <experiment.yaml>", what);
   const config::ExperimentConfig cfg = config::load_experiment(o.config, key_values(extras));
@@ -111,6 +138,7 @@ int run(const std::string& what, const Options& o, const std::vector<std::string
   t.gpus_per_node = o.gpus_per_node;
   t.hardware = hardware_of(o.hardware);
   if (!o.sharding.empty()) t.sharding = projection::parse_sharding(o.sharding);
+  if (!o.router_load.empty()) t.load = router_load_from(o.router_load);
   // This machine's CPU with several ranks here: the link between them as it is now.
   if (world && t.hardware.measured && !o.hardware.ends_with(".yaml")) {
     const projection::Link l = projection::measure_link(*world);
@@ -174,8 +202,12 @@ TaskSetup setup(const std::string& what) {
                    "for CPU, simulate for a named GPU)")
         ->check(CLI::IsMember({"benchmark", "simulate"}));
     app.add_option("--sharding", o->sharding,
-                   "no_shard | zero1 | zero2 | fsdp (default: the config's data_parallel_sharding_strategy)")
-        ->check(CLI::IsMember({"no_shard", "zero1", "zero2", "fsdp"}));
+                   "no_shard | zero1 | zero2 | fsdp, or Megatron's optim | optim_grads | optim_grads_params (default: "
+                   "the config's data_parallel_sharding_strategy)")
+        ->check(CLI::IsMember({"no_shard", "zero1", "zero2", "fsdp", "optim", "optim_grads", "optim_grads_params"}));
+    app.add_option("--router-load", o->router_load,
+                   "an MoE run's folder (or metrics.jsonl): route by its measured tokens per expert instead of "
+                   "balanced");
     app.add_option("--format", o->format, "output format")->check(CLI::IsMember({"text", "json"}))->capture_default_str();
     app.add_option("--output", o->output, "write to this file instead of stdout");
     app.allow_extras();

@@ -90,7 +90,8 @@ TEST_P(DialectExamples, TrainThreeIterations) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Primus, DialectExamples,
-                         ::testing::Values("torchtitan/llama3.1_8B-BF16-pretrain", "torchtitan/qwen3_8B-pretrain",
+                         ::testing::Values("torchtitan/llama3.1_8B-BF16-pretrain", "torchtitan/llama3.1_8B-FP8-pretrain",
+                                           "torchtitan/qwen3_8B-pretrain",
                                            "torchtitan/qwen3_0.6B-pretrain", "maxtext/llama3_8B-bf16-pretrain",
                                            "maxtext/llama2_7B-bf16-pretrain", "maxtext/qwen3_14B-bf16-pretrain"),
                          [](const auto& info) {
@@ -109,8 +110,12 @@ TEST(DialectExamplesRefused, NameTheMissingFeature) {
     const char* want;
   };
   const Case cases[] = {
-      {"torchtitan/llama3.1_8B-FP8-pretrain", "",
-       "the 'quantize.linear.float8' converter: FP8 / MX training is not built"},
+      {"torchtitan/llama3.1_8B-FP8-pretrain", " --quantize.linear.float8.recipe_name rowwise",
+       "'quantize.linear.float8.recipe_name: rowwise' is not supported: rowwise scaling is not built"},
+      {"torchtitan/llama3.1_8B-FP8-pretrain", " --quantize.linear.float8.filter_fqns []",
+       "must list \"output\": the output layer in FP8 is not built"},
+      {"torchtitan/llama3.1_8B-BF16-pretrain", " --model.converters quantize.linear.mx",
+       "'mxfp8_cublas' is not built: this engine's MXFP8 rounds each block's scale up"},
       {"torchtitan/deepseek_v3_16b-BF16-pretrain", "", "torchtitan's mixture-of-experts layers"},
       {"torchtitan/llama4_17Bx16E-BF16-pretrain", "", "Llama 4 is not built on this engine yet"},
       {"maxtext/llama3_8B-nanoo_fp8-pretrain", " --weight_dtype float32",

@@ -3,7 +3,10 @@
 // fail with a message naming the problem and a non-zero exit.
 #include <gtest/gtest.h>
 
+#include <fstream>
+#include <map>
 #include <string>
+#include <tuple>
 
 #include <nlohmann/json.hpp>
 
@@ -80,8 +83,8 @@ TEST(BenchmarkGemmCli, CpuCompareTimesBothOnAModelsGemms) {
     EXPECT_TRUE(has(r.out, "needs AVX512-BF16")) << r.out;
     return;
   }
-  for (const char* part : {"layer qkv forward", "head weight grad", "avx512-bf16 everywhere", "onednn everywhere",
-                           "the backend's choice", "the faster of the two"})
+  for (const char* part : {"self_attention.linear_qkv forward", "output_layer weight grad", "avx512-bf16 everywhere",
+                           "onednn everywhere", "the backend's choice", "the faster of the two"})
     EXPECT_TRUE(has(r.out, part)) << part << "\n" << r.out;
 }
 
@@ -122,8 +125,10 @@ TEST(BenchmarkGemmCli, BadArgumentsAreErrors) {
 }
 
 TEST(BenchmarkGemmCli, ListsTheGemmsOfAnExperimentConfig) {
-  // tiny_llama: 4 layers, hidden 256, ffn 768, 8 heads / 4 groups (head dim 32), vocab 2048;
-  // micro batch 8 x seq 128 = 1024 rows; the logits fit, so one vocabulary chunk.
+  // tiny_llama: 4 layers, hidden 256, ffn 768, 8 heads / 4 groups (head dim 32), vocab 2048, an
+  // untied output layer; bf16; micro batch 8 x seq 128 = 1024 rows; the logits fit, so one
+  // vocabulary chunk. The list is the model's own passes walked (plan/gemm_list.h), named by the
+  // weight each GEMM reads or whose gradient it writes.
   Result r = cli("gemm --shapes-from " + kTinyConfig + " --list --json");
   ASSERT_EQ(r.code, 0) << r.out;
   auto j = nlohmann::json::parse(r.out);
@@ -131,20 +136,30 @@ TEST(BenchmarkGemmCli, ListsTheGemmsOfAnExperimentConfig) {
   EXPECT_EQ(j["rows"], 1024);
   EXPECT_EQ(j["vocab_chunk"], 2048);
   const auto& g = j["gemms"];
-  ASSERT_EQ(g.size(), 15u);
-  EXPECT_EQ(g[0]["what"], "layer qkv forward");
-  EXPECT_EQ(g[0]["op"], "NT");
-  EXPECT_EQ(g[0]["m"], 1024);
-  EXPECT_EQ(g[0]["n"], 256 + 2 * 128);
-  EXPECT_EQ(g[0]["k"], 256);
-  EXPECT_EQ(g[0]["count"], 4);
-  EXPECT_EQ(g[2]["n"], 2 * 768);  // fc1 forward: gate and up
-  EXPECT_EQ(g[8]["op"], "TN");    // fc2 weight grad
-  EXPECT_EQ(g[8]["out_dtype"], "fp32");
-  EXPECT_EQ(g[8]["accumulate"], true);
-  EXPECT_EQ(g[12]["what"], "head logits");
-  EXPECT_EQ(g[12]["n"], 2048);
-  EXPECT_EQ(g[12]["count"], 1);
+  ASSERT_EQ(g.size(), 15u);  // the 4 linears' 3 GEMMs each, the output layer's 3
+  auto find = [&](const std::string& what) {
+    for (const auto& x : g)
+      if (x["what"] == what) return x;
+    ADD_FAILURE() << "no " << what << " in " << g.dump();
+    return nlohmann::json();
+  };
+  EXPECT_EQ(g[0]["what"], "self_attention.linear_qkv forward");  // the order the step runs them
+  const auto qkv = find("self_attention.linear_qkv forward");
+  EXPECT_EQ(qkv["op"], "NT");
+  EXPECT_EQ(qkv["m"], 1024);
+  EXPECT_EQ(qkv["n"], 256 + 2 * 128);
+  EXPECT_EQ(qkv["k"], 256);
+  EXPECT_EQ(qkv["count"], 4);
+  EXPECT_EQ(qkv["in_dtype"], "bf16");
+  EXPECT_EQ(find("mlp.linear_fc1 forward")["n"], 2 * 768);  // gate and up
+  const auto fc2w = find("mlp.linear_fc2 weight grad");
+  EXPECT_EQ(fc2w["op"], "TN");
+  EXPECT_EQ(fc2w["out_dtype"], "fp32");
+  EXPECT_EQ(fc2w["accumulate"], true);
+  const auto logits = find("output_layer forward");
+  EXPECT_EQ(logits["n"], 2048);
+  EXPECT_EQ(logits["count"], 1);
+  EXPECT_EQ(logits["out_dtype"], "fp32");
   double flops = 0;
   for (const auto& x : g) flops += x["flops"].get<double>();
   EXPECT_DOUBLE_EQ(j["flops_per_microbatch"].get<double>(), flops);
@@ -152,8 +167,8 @@ TEST(BenchmarkGemmCli, ListsTheGemmsOfAnExperimentConfig) {
   Result t = cli("gemm --shapes-from " + kTinyConfig + " --list --vocab-chunk 512");
   ASSERT_EQ(t.code, 0) << t.out;
   EXPECT_TRUE(has(t.out, "vocab chunk 512")) << t.out;
-  EXPECT_TRUE(has(t.out, "layer qkv forward")) << t.out;
-  EXPECT_TRUE(has(t.out, "head weight grad")) << t.out;
+  EXPECT_TRUE(has(t.out, "self_attention.linear_qkv forward")) << t.out;
+  EXPECT_TRUE(has(t.out, "output_layer weight grad")) << t.out;
 }
 
 TEST(BenchmarkAttentionCli, CpuForwardAndBackward) {
@@ -217,4 +232,55 @@ TEST(BenchmarkAttentionCli, DeviceCudaWithoutGpuIsAClearError) {
   Result r = cli("attention --seq 16 --heads 2 --head-dim 64 --device cuda --iters 1", true);
   if (r.code == 0) GTEST_SKIP() << "this machine has a usable GPU";
   EXPECT_TRUE(has(r.out, "error: --device cuda:")) << r.out;
+}
+
+// `benchmark gemm --shapes-from X` lists exactly the GEMMs a profiled step of X runs: a dense, an
+// MLA + MoE and a MoE config each trained for two steps with the second profiled, every "gemm"
+// event of the trace (M, N, K and, for the experts' grouped GEMMs, the problems) against the
+// list's GEMMs times the step's microbatches. A grouped call's problems are the experts that got
+// rows: the MoE runs route by noise (moe_router_force_load_balancing), which leaves none empty,
+// as the list's balanced routing does.
+TEST(BenchmarkGemmCli, ListsExactlyTheGemmsOfAProfiledStep) {
+  using Key = std::tuple<int64_t, int64_t, int64_t, int64_t>;
+  for (const char* model : {"tiny_llama", "tiny_moe", "tiny_mixtral"}) {
+    const std::string dir = testing::TempDir() + "/gemms_" + model;
+    primus::test::run_command("rm -rf '" + dir + "' && mkdir -p '" + dir + "'");
+    const std::string config = dir + "/exp.yaml";
+    std::ofstream(config)
+        << "exp_name: step\nworkspace: " << dir << "/ws\nmodules:\n  pre_trainer:\n    model: " << model
+        << "\n    overrides:\n      micro_batch_size: 2\n      global_batch_size: 4\n"
+           "      seq_length: 64\n      train_iters: 2\n      log_interval: 1\n      eval_interval: 0\n"
+           "      save_interval: 0\n      mock_data: true\n      bf16: false\n      profile: true\n"
+           "      profile_step_start: 1\n      profile_step_end: 2\n"
+        << (std::string(model) == "tiny_llama" ? "" : "      moe_router_force_load_balancing: true\n");
+    const auto train = primus::test::run_command("cd '" + dir + "' && OMP_NUM_THREADS=1 " +
+                                                 std::string(PRIMUS_CLI_PATH) +
+                                                 " direct --no-watch -- train pretrain --config '" + config + "' 2>&1");
+    ASSERT_EQ(train.code, 0) << train.out;
+    std::map<Key, int64_t> traced, listed;
+    const auto trace = nlohmann::json::parse(std::ifstream(dir + "/ws/step/trace/rank-0.json"));
+    for (const auto& e : trace["traceEvents"]) {
+      if (!e.contains("args") || !e["args"].contains("op") || e["args"]["op"] != "gemm" ||
+          e.value("cat", "") != "compute")
+        continue;
+      const auto& a = e["args"];
+      ++traced[{a["M"].get<int64_t>(), a["N"].get<int64_t>(), a["K"].get<int64_t>(), a.value("groups", int64_t(0))}];
+    }
+    Result r = cli("gemm --shapes-from " + config + " --list --json");
+    ASSERT_EQ(r.code, 0) << r.out;
+    const auto j = nlohmann::json::parse(r.out);
+    const int64_t micro = j["microbatches_per_step"].get<int64_t>();
+    for (const auto& g : j["gemms"])
+      if (!g["grouped"].get<bool>())
+        listed[{g["m"].get<int64_t>(), g["n"].get<int64_t>(), g["k"].get<int64_t>(), 0}] += micro *
+                                                                                            g["count"].get<int64_t>();
+    for (const auto& g : j["grouped_calls"])
+      listed[{g["m"].get<int64_t>(), g["n"].get<int64_t>(), g["k"].get<int64_t>(), g["groups"].get<int64_t>()}] +=
+          micro * g["count"].get<int64_t>();
+    EXPECT_FALSE(traced.empty()) << model;
+    EXPECT_EQ(listed, traced) << model;
+    if (std::string(model) != "tiny_llama") {
+      EXPECT_FALSE(j["grouped_calls"].empty()) << model;
+    }
+  }
 }

@@ -174,7 +174,7 @@ TEST(MegatronKeys, FlagsAsZeroAndOne) {
   auto cfg = load_experiment(f);
   EXPECT_TRUE(cfg.train.use_distributed_optimizer);
   EXPECT_FALSE(cfg.train.overlap_grad_reduce);
-  EXPECT_TRUE(cfg.train.use_torch_fsdp2);  // a key of ours (train/parallel_layout.h)
+  EXPECT_TRUE(cfg.train.use_torch_fsdp2);  // a key of ours (plan/parallel_layout.h)
   EXPECT_EQ(cfg.no_effect.size(), 1u);     // recompute_method: a memory-saving choice, no effect on the result
   auto g = d.write("g.yaml", experiment("      use_distributed_optimizer: 2\n"));
   EXPECT_NE(error_of([&] { load_experiment(g); }).find("must be true or false, got '2'"), std::string::npos);

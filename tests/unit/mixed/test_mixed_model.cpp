@@ -12,7 +12,6 @@
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/cpu/reference_backend.h"
 #include "model/llama.h"
-#include "model/llama_gemms.h"
 #include "optim/adamw.h"
 #include "optim/flat_adamw.h"
 #include "support/relative_error.h"
@@ -224,80 +223,4 @@ TEST(Bf16Model, RejectsBadInput) {
   // A backend that does not compute in the requested precision is refused by name.
   EXPECT_THROW(LlamaModel(spec, be, Precision::Fp32), Error);
   EXPECT_THROW(LlamaModel(spec, cpu::cpu_backend(), Precision::Bf16), Error);
-}
-
-// The GEMM list that tuning times is the one the model runs: count its FLOPs against the model's
-// own FLOP count (6 N P for the linears, without attention).
-TEST(Bf16Model, GemmListCoversEveryLinear) {
-  ModelSpec s = spec_of(false, true);
-  const int64_t mbs = 2, seq = 8, N = mbs * seq;
-  const auto gemms = llama_gemms(s, mbs, seq, 1 << 20);
-  double flops = 0;
-  for (const auto& g : gemms) flops += g.flops();
-  const double per_layer = double(s.qkv_size()) * s.hidden_size + double(s.hidden_size) * s.q_size() +
-                           3.0 * s.hidden_size * s.ffn_hidden_size;
-  const double linear = per_layer * s.num_layers + double(s.vocab_size) * s.hidden_size;  // + output layer
-  EXPECT_DOUBLE_EQ(flops, 6.0 * N * linear);
-  // Chunked head: the logits GEMM three times per chunk, the chunks covering the vocabulary.
-  const auto chunked = llama_gemms(s, mbs, seq, 10);
-  int64_t logits_cols = 0;
-  for (const auto& g : chunked)
-    if (g.what == "head logits") logits_cols += g.n * g.count / 3;
-  EXPECT_EQ(logits_cols, s.vocab_size);
-}
-
-// MLA and MoE layers: every linear weight's three GEMMs over the rows that use it, the routed
-// experts' rows balanced (each expert N x topk / E rows, so its FLOPs are topk / E of a dense
-// weight's); the shared gate has no forward GEMM. Split experts (etp = tp) halve a rank's expert
-// FLOPs, and so do whole experts under sequence parallelism (N / tp rows).
-TEST(Bf16Model, GemmListCoversMlaAndMoeLayers) {
-  ModelSpec s = spec_of(false, false);
-  s.num_layers = 4;
-  s.multi_latent_attention = true;
-  s.q_lora_rank = 12;
-  s.kv_lora_rank = 8;
-  s.qk_head_dim = 8;
-  s.qk_pos_emb_head_dim = 4;
-  s.v_head_dim = 8;
-  s.num_query_groups = 4;
-  s.num_experts = 4;
-  s.moe_ffn_hidden_size = 16;
-  s.moe_router_topk = 2;
-  s.moe_layer_pattern = {0, 1, 0, 1};
-  s.moe_shared_expert_intermediate_size = 16;
-  s.moe_shared_expert_gate = true;
-  s.validate();
-  const int64_t mbs = 2, seq = 8, N = mbs * seq;
-  auto flops = [](const std::vector<LlamaGemm>& gemms, const std::string& prefix = "") {
-    double f = 0;
-    for (const auto& g : gemms)
-      if (g.what.starts_with(prefix)) f += g.flops();
-    return f;
-  };
-  double want = 0, experts = 0;
-  for (const auto& p : model_parameter_layout(s)) {
-    if (p.shape.size() != 2 || p.name.starts_with("embedding.")) continue;
-    const double n = double(p.numel);
-    if (p.expert >= 0) experts += 6.0 * N * n * double(s.moe_router_topk) / double(s.num_experts);
-    else if (p.name.ends_with("gate_weight")) want += 4.0 * N * n;
-    else want += 6.0 * N * n;
-  }
-  ASSERT_GT(experts, 0);
-  const auto one = llama_gemms(s, mbs, seq, 1 << 20);
-  EXPECT_DOUBLE_EQ(flops(one), want + experts);
-  EXPECT_DOUBLE_EQ(flops(one, "moe expert"), experts);
-  for (const char* what : {"layer q_down forward", "layer q_up forward", "layer kv_down forward", "layer kv_up forward"})
-    EXPECT_TRUE(std::any_of(one.begin(), one.end(), [&](const LlamaGemm& g) { return g.what == what; })) << what;
-  EXPECT_TRUE(std::none_of(one.begin(), one.end(), [](const LlamaGemm& g) { return g.what == "layer qkv forward"; }));
-  // ep 2 (folded into dp: each rank its own tokens): half the experts, each with twice the rows.
-  const auto ep2 = llama_gemms(s, mbs, seq, 1 << 20, false, {1, 1, 2, false});
-  EXPECT_DOUBLE_EQ(flops(ep2, "moe expert"), experts);
-  for (size_t i = 0; i < one.size(); ++i)
-    if (one[i].what == "moe expert fc1 forward (grouped)") {
-      EXPECT_EQ(ep2[i].m, 2 * one[i].m);
-      EXPECT_EQ(ep2[i].count, one[i].count / 2);
-    }
-  EXPECT_DOUBLE_EQ(flops(llama_gemms(s, mbs, seq, 1 << 20, false, {2, 2, 1, true}), "moe expert"), experts / 2);
-  EXPECT_DOUBLE_EQ(flops(llama_gemms(s, mbs, seq, 1 << 20, false, {2, 1, 1, true}), "moe expert"), experts / 2);
-  EXPECT_DOUBLE_EQ(flops(llama_gemms(s, mbs, seq, 1 << 20, false, {2, 1, 1, false}), "moe expert"), experts);
 }

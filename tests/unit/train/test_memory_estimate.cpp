@@ -1,22 +1,26 @@
 // Issue 21, finding 5: no memory estimate before building a model; `--num_layers 2000` allocated
-// 12.5 GB over 53 s and ended in a bare std::bad_alloc. The estimate runs before any allocation.
+// 12.5 GB over 53 s and ended in a bare std::bad_alloc. The estimate runs before any allocation:
+// the model walked on the shape-only backend (plan/model_walk.h).
 #include <gtest/gtest.h>
 
 #include <chrono>
 
 #include "core/error.h"
+#include "kernels/cpu/cpu_backend.h"
 #include "model/model_spec.h"
-#include "train/memory_estimate.h"
-#include "train/parallel_layout.h"
+#include "parallel/recording_process_group.h"
+#include "plan/memory_estimate.h"
+#include "plan/parallel_layout.h"
+#include "train/dp_strategy.h"
 #include "trainer_fixture.h"
 
 using namespace primus;
 
 namespace {
 
-train::MemoryEstimate estimate(const config::ExperimentConfig& cfg, int world, bool mixed = false) {
-  const train::ParallelLayout layout = train::plan_layout(cfg.train, cfg.model_spec, world);
-  return train::estimate_memory(cfg.model_spec, layout, cfg.train, mixed);
+plan::MemoryEstimate estimate(const config::ExperimentConfig& cfg, int world, bool mixed = false) {
+  const plan::ParallelLayout layout = plan::plan_layout(cfg.train, cfg.model_spec, world);
+  return plan::estimate_memory(cfg.model_spec, layout, cfg.train, mixed);
 }
 
 }  // namespace
@@ -27,30 +31,36 @@ TEST(MemoryEstimate, ParametersAndBytesPerParameterFollowThePrecisionAndTheLayou
   const int64_t total = model_stats(cfg.model_spec, cfg.train.seq_length).parameters;
   const auto fp32 = estimate(cfg, 1);
   EXPECT_EQ(fp32.parameters, total);
-  EXPECT_DOUBLE_EQ(fp32.bytes_per_parameter, 16.0);  // value, gradient, two moments
+  // value, gradient, two moments (and the flat layout's alignment gaps)
+  EXPECT_NEAR(fp32.bytes_per_parameter(), 16.0, 0.1);
   EXPECT_GT(fp32.activation_bytes, 0.0);
   const auto mixed = estimate(cfg, 1, true);
-  EXPECT_DOUBLE_EQ(mixed.bytes_per_parameter, 18.0);  // + the bf16 working copy
+  EXPECT_NEAR(mixed.bytes_per_parameter(), 18.0, 0.1);       // + the bf16 working copy
   EXPECT_LT(mixed.activation_bytes, fp32.activation_bytes);  // bf16 activations
   // ZeRO-1 over dp 2 halves the moments; tp 2 halves what a rank holds (norms aside).
   const auto zero = estimate(exp.load({{"num_layers", "4"}, {"use_distributed_optimizer", "true"}}), 2);
-  EXPECT_DOUBLE_EQ(zero.bytes_per_parameter, 12.0);
+  EXPECT_NEAR(zero.bytes_per_parameter(), 12.0, 0.1);
   const auto tp2 = estimate(exp.load({{"num_layers", "4"}, {"tensor_model_parallel_size", "2"}}), 2);
   EXPECT_NEAR(double(tp2.parameters), total / 2.0, total * 0.02);
-  // Full recompute keeps only each layer's input.
+  // Full recompute keeps only each layer's input from its F to its B; its peak is then the
+  // backward's rebuilt layer beside the head's logits (which this small model's 256-entry
+  // vocabulary makes a large share).
   const auto full = estimate(exp.load({{"num_layers", "4"}, {"recompute_granularity", "full"}}), 1);
-  EXPECT_LT(full.activation_bytes, fp32.activation_bytes / 4);
+  EXPECT_LT(full.activation_bytes, fp32.activation_bytes / 2);
 }
 
 TEST(MemoryEstimate, AnAbsurdModelIsRefusedWithTheNumbersAndTheKeys) {
   test::TinyExperiment exp;
-  // 100000 layers of a 4096-wide model: hundreds of terabytes. Constant time in num_layers.
-  const auto cfg = exp.load({{"num_layers", "100000"}, {"hidden_size", "4096"}, {"ffn_hidden_size", "11008"},
-                             {"num_attention_heads", "32"}, {"num_query_groups", "32"}});
+  // 2000 layers of a 16384-wide model: a hundred terabytes, walked without allocating any of it.
+  const auto cfg = exp.load({{"num_layers", "2000"},
+                             {"hidden_size", "16384"},
+                             {"ffn_hidden_size", "53248"},
+                             {"num_attention_heads", "128"},
+                             {"num_query_groups", "128"}});
   const auto e = estimate(cfg, 1);
   EXPECT_GT(e.total_bytes(), 1e14);
   try {
-    train::check_memory(e, 1, uint64_t(24) << 30, "host memory (MemAvailable)");
+    plan::check_memory(e, 1, uint64_t(24) << 30, "host memory (MemAvailable)");
     ADD_FAILURE() << "no error";
   } catch (const Error& err) {
     const std::string m = err.what();
@@ -60,10 +70,10 @@ TEST(MemoryEstimate, AnAbsurdModelIsRefusedWithTheNumbersAndTheKeys) {
   }
   // The tiny model fits easily; two ranks on one host count twice.
   const auto tiny = estimate(exp.load(), 1);
-  EXPECT_NO_THROW(train::check_memory(tiny, 2, uint64_t(1) << 30, "host"));
-  EXPECT_THROW(train::check_memory(tiny, 2, uint64_t(tiny.total_bytes() * 1.5), "host"), Error);
-  EXPECT_NO_THROW(train::check_memory(e, 1, 0, "unknown"));  // nothing known: no check
-  EXPECT_GT(train::host_available_bytes(), uint64_t(1) << 20);
+  EXPECT_NO_THROW(plan::check_memory(tiny, 2, uint64_t(1) << 30, "host"));
+  EXPECT_THROW(plan::check_memory(tiny, 2, uint64_t(tiny.total_bytes() * 1.5), "host"), Error);
+  EXPECT_NO_THROW(plan::check_memory(e, 1, 0, "unknown"));  // nothing known: no check
+  EXPECT_GT(plan::host_available_bytes(), uint64_t(1) << 20);
 }
 
 // MoE under tp and ep: the routed experts are divided by ep, and whole on every tp rank with the
@@ -114,7 +124,7 @@ TEST(MemoryEstimate, MoeExpertsAreDividedByEpAndWholeOnEveryTpRank) {
   EXPECT_GT(top2.activation_bytes, top1.activation_bytes);
   const auto full = estimate(with({{"recompute_granularity", "full"}}), 1);
   const auto dense_full = estimate(exp.load({{"num_layers", "4"}, {"recompute_granularity", "full"}}), 1);
-  EXPECT_GT(full.activation_bytes, 2 * dense_full.activation_bytes);
+  EXPECT_GT(full.activation_bytes, 1.5 * dense_full.activation_bytes);
   const auto tp2 = estimate(with({{"tensor_model_parallel_size", "2"}, {"expert_tensor_parallel_size", "1"}}), 2);
   const auto tp2_sp = estimate(
       with({{"tensor_model_parallel_size", "2"}, {"sequence_parallel", "true"}, {"expert_tensor_parallel_size", "1"}}),
@@ -122,4 +132,52 @@ TEST(MemoryEstimate, MoeExpertsAreDividedByEpAndWholeOnEveryTpRank) {
   EXPECT_GT(tp2.activation_bytes, tp2_sp.activation_bytes);
   // Split experts save less per routed row than whole ones (their gate|up and activation divided).
   EXPECT_LT(estimate(with({{"tensor_model_parallel_size", "2"}}), 2).activation_bytes, tp2.activation_bytes);
+}
+
+// The weights, gradients and optimizer state the estimate counts are what the data-parallel
+// strategy of each sharding holds (DataParallelStrategy::memory(), which the log's peak split
+// reports): each strategy built for rank 0 of dp 4, dense and with experts over ep 2, on groups
+// that record instead of communicating. (The estimate runs before any strategy exists, and at
+// scales where none could be built, so it sizes the same buffers from the walk.)
+TEST(MemoryEstimate, WeightsGradientsAndOptimizerStateAreWhatTheStrategyHolds) {
+  test::TinyExperiment exp;
+  const std::vector<std::pair<std::string, std::string>> moe = {{"num_experts", "4"},
+                                                                {"moe_ffn_hidden_size", "32"},
+                                                                {"moe_router_topk", "2"},
+                                                                {"moe_layer_freq", "2"},
+                                                                {"expert_model_parallel_size", "2"}};
+  for (const char* sharding : {"no_shard", "optim", "optim_grads", "optim_grads_params"})
+    for (const bool experts : {false, true}) {
+      std::vector<std::pair<std::string, std::string>> keys = {{"num_layers", "4"},
+                                                               {"global_batch_size", "8"},
+                                                               {"data_parallel_sharding_strategy", sharding}};
+      if (experts) keys.insert(keys.end(), moe.begin(), moe.end());
+      const auto cfg = exp.load(keys);
+      SCOPED_TRACE(std::string(sharding) + (experts ? " with experts over ep 2" : " dense"));
+      const plan::ParallelLayout layout = plan::plan_layout(cfg.train, cfg.model_spec, 4);
+      const plan::MemoryEstimate e = plan::estimate_memory(cfg.model_spec, layout, cfg.train, false);
+
+      parallel::CommLog log;
+      auto group = [&](const char* name, int size) {
+        return std::make_unique<parallel::RecordingProcessGroup>(name, size, 0, log, Device::CPU);
+      };
+      parallel::MeshGroups g;
+      g.tp = group("tp", 1), g.cp = group("cp", 1), g.pp = group("pp", 1), g.mp = group("mp", 1);
+      g.dp = group("dp", layout.dp), g.dp_cp = group("dp_cp", layout.dp);
+      g.ep = group("ep", layout.ep), g.edp = group("edp", layout.dp / layout.ep);
+      g.edp_cp = group("edp_cp", layout.dp / layout.ep);
+      LlamaOptions options;
+      options.resident_weights = !layout.shard_gradients();
+      ModelPartition part;
+      part.ep_size = layout.ep;
+      part.ep_group = g.ep.get();
+      LlamaModel model(cfg.model_spec, cpu::cpu_backend(), Precision::Fp32, options, part);
+      const auto strategy = train::make_dp_strategy(
+          {model, layout, g, parallel::MeshCoord{}, AdamWOptions{}, cfg.train.ddp_bucket_size, true, 1});
+      const train::DpMemory held = strategy->memory();
+      // The estimate rounds each buffer up to the host pool's 64 bytes.
+      EXPECT_NEAR(e.parameter_bytes + e.working_bytes, held.parameters, 256);
+      EXPECT_NEAR(e.gradient_bytes, held.gradients, 256);
+      EXPECT_NEAR(e.optimizer_bytes, held.optimizer, 256);
+    }
 }

@@ -1,4 +1,4 @@
-#include "train/parallel_layout.h"
+#include "plan/parallel_layout.h"
 
 #include <fmt/format.h>
 
@@ -8,8 +8,9 @@
 #include "model/llama.h"
 #include "model/moe.h"
 #include "pipeline/schedules/registry.h"
+#include "plan/model_walk.h"
 
-namespace primus::train {
+namespace primus::plan {
 
 parallel::ParallelSizes ParallelLayout::sizes() const {
   parallel::ParallelSizes s;
@@ -23,9 +24,10 @@ parallel::ParallelSizes ParallelLayout::sizes() const {
 std::string ParallelLayout::describe() const {
   std::string out = fmt::format("world {} = tp {} x pp {} x dp {}", world_size, tp, pp, dp);
   if (cp > 1) out = fmt::format("world {} = tp {} x cp {} x pp {} x dp {}", world_size, tp, cp, pp, dp);
-  if (ep > 1 || etp > 1) out += ep > 1 && etp > 1 ? fmt::format(" (ep {}, etp {})", ep, etp)
-                                : ep > 1           ? fmt::format(" (ep {})", ep)
-                                                   : fmt::format(" (etp {})", etp);
+  if (ep > 1 || etp > 1)
+    out += ep > 1 && etp > 1 ? fmt::format(" (ep {}, etp {})", ep, etp)
+           : ep > 1          ? fmt::format(" (ep {})", ep)
+                             : fmt::format(" (etp {})", etp);
   if (sequence_parallel) out += " (sequence parallel)";
   if (cp > 1) out += fmt::format("; context parallel {}", cp_all_to_all ? "a2a" : "p2p (ring)");
   if (shard_optimizer()) out += fmt::format("; data_parallel_sharding_strategy {}", config::choice_name(sharding));
@@ -52,7 +54,9 @@ std::string ParallelLayout::describe_balance(double gflops_per_second) const {
                          (t.forward + t.backward + t.weight) * (ms ? 1e3 / gflops_per_second : 1.0));
     return out;
   };
-  auto step = [&](double v) { return ms ? fmt::format("{:.4g} ms", v * 1e3 / gflops_per_second) : fmt::format("{:.4g}", v); };
+  auto step = [&](double v) {
+    return ms ? fmt::format("{:.4g} ms", v * 1e3 / gflops_per_second) : fmt::format("{:.4g}", v);
+  };
   const pipeline::BalanceResult& b = *balance;
   std::string keys;
   if (b.first_rank_layers < 0) keys = "per-stage counts, not expressible by decoder_first/last_pipeline_num_layers";
@@ -71,21 +75,38 @@ std::string ParallelLayout::describe_balance(double gflops_per_second) const {
   return out;
 }
 
-pipeline::ModelCosts model_costs(const ModelSpec& spec, int64_t micro_batch_size, int64_t seq_length, int tp) {
-  if (micro_batch_size < 1 || seq_length < 1 || tp < 1)
-    fail("model costs need a positive micro_batch_size, seq_length and tensor_model_parallel_size (got {}, {}, {})",
-         micro_batch_size, seq_length, tp);
-  const double tokens = double(micro_batch_size) * double(seq_length), g = tokens / 1e9 / tp;
-  const double h = double(spec.hidden_size), v = double(spec.vocab_size), s = double(seq_length);
-  const double q = double(spec.q_size());
-  std::vector<double> gemm(spec.num_layers, 0.0);  // multiply-adds per token in each layer's GEMMs
-  for (const ParamInfo& p : model_parameter_layout(spec))
-    if (p.shape.size() == 2 && p.name.starts_with("decoder.layers."))
-      gemm[std::stoll(p.name.substr(std::string("decoder.layers.").size()))] += double(p.numel);
+std::vector<ModelPartition::Chunk> model_chunks(const ParallelLayout& L, int pp_rank) {
+  PRIMUS_CHECK(pp_rank >= 0 && pp_rank < L.pp, "pipeline rank {} of {}", pp_rank, L.pp);
+  if (!L.schedule) {
+    const pipeline::LayerRange& r = L.stages.front();
+    return {{r.first_layer, r.num_layers, true, true}};
+  }
+  std::vector<ModelPartition::Chunk> chunks;
+  const int stages = L.pp * L.vpp;
+  for (int c = 0; c < L.vpp; ++c) {
+    const int stage = L.schedule->stage_of(pp_rank, c);
+    const pipeline::LayerRange& r = L.stages[size_t(stage)];
+    chunks.push_back({r.first_layer, r.num_layers, stage == 0, stage == stages - 1});
+  }
+  return chunks;
+}
+
+pipeline::ModelCosts layer_costs(const ModelSpec& spec, const config::TrainingArgs& a, const ParallelLayout& L) {
+  // The whole model on one rank of the layout's tp, cp and ep groups, a chunk per part: the
+  // embedding, each decoder layer, the head.
+  RankShape shape = rank_shape(spec, L, a, a.bf16 ? Precision::Bf16 : Precision::Fp32);
+  shape.pipeline = true;
+  shape.chunks = {{0, 0, true, false}};
+  for (int64_t l = 0; l < spec.num_layers; ++l) shape.chunks.push_back({l, 1, false, false});
+  shape.chunks.push_back({spec.num_layers, 0, false, true});
+  const RankRecord rec = walk_rank(spec, shape);
+  auto cost = [](const ChunkRecord& c) {
+    return pipeline::StageCost{c.f.flops() / 1e9, c.b.flops() / 1e9, c.w.flops() / 1e9};
+  };
   pipeline::ModelCosts c;
-  for (double n : gemm) c.layers.push_back({g * (2 * n + 2 * s * q), g * (2 * n + 4 * s * q), g * 2 * n});
-  c.embedding = {g * h, 0.0, g * h};
-  c.head = {g * (2 * v * h + 5 * v), g * (2 * v * h + 3 * v), g * 2 * v * h};
+  c.embedding = cost(rec.chunks.front());
+  for (size_t i = 1; i + 1 < rec.chunks.size(); ++i) c.layers.push_back(cost(rec.chunks[i]));
+  c.head = cost(rec.chunks.back());
   return c;
 }
 
@@ -100,6 +121,81 @@ int resolve_expert_tensor_parallel_size(const config::TrainingArgs& a, const Mod
   return int(etp);
 }
 
+namespace {
+
+// data_parallel_sharding_strategy as use_torch_fsdp2 and use_distributed_optimizer resolve it.
+config::DpSharding resolve_sharding(const config::TrainingArgs& a) {
+  using config::DpSharding;
+  DpSharding sharding = a.data_parallel_sharding_strategy;
+  if (a.use_torch_fsdp2) {
+    if (sharding != DpSharding::Unset && sharding != DpSharding::OptimGradsParams)
+      fail("use_torch_fsdp2 means data_parallel_sharding_strategy optim_grads_params, the config says {}",
+           config::choice_name(sharding));
+    sharding = DpSharding::OptimGradsParams;
+  }
+  if (sharding == DpSharding::Unset) sharding = a.use_distributed_optimizer ? DpSharding::Optim : DpSharding::NoShard;
+  if (sharding == DpSharding::NoShard && a.use_distributed_optimizer)
+    fail("use_distributed_optimizer shards the optimizer, data_parallel_sharding_strategy no_shard does not: set one");
+  return sharding;
+}
+
+// The stages and, with more than one pipeline rank, the schedule, the layers per stage and their
+// costs (L's sizes and microbatches already planned).
+void plan_pipeline(ParallelLayout& L, const config::TrainingArgs& a, const ModelSpec& spec) {
+  const int64_t vpp_asked = a.virtual_pipeline_model_parallel_size;
+  if (L.pp == 1) {
+    if (vpp_asked > 1)
+      fail("virtual_pipeline_model_parallel_size {} needs pipeline_model_parallel_size > 1", vpp_asked);
+    if (a.decoder_first_pipeline_num_layers > 0 || a.decoder_last_pipeline_num_layers > 0)
+      fail("decoder_first/last_pipeline_num_layers need pipeline_model_parallel_size > 1");
+    L.stages = pipeline::split_layers(spec.num_layers, 1, 1);
+    return;
+  }
+  if (L.microbatches_per_rank > 0x7fffffff) fail("too many microbatches per rank: {}", L.microbatches_per_rank);
+  if (a.pipeline_balance != "none" && a.pipeline_balance != "auto")
+    fail("pipeline_balance must be none or auto (got '{}')", a.pipeline_balance);
+  const bool auto_balance = a.pipeline_balance == "auto";
+  if (auto_balance && (a.decoder_first_pipeline_num_layers > 0 || a.decoder_last_pipeline_num_layers > 0))
+    fail("pipeline_balance auto chooses the layers per stage itself; unset decoder_first_pipeline_num_layers ({}) and "
+         "decoder_last_pipeline_num_layers ({}), or set pipeline_balance none",
+         a.decoder_first_pipeline_num_layers, a.decoder_last_pipeline_num_layers);
+  if (a.zero_bubble_max_pending_backward < 0)
+    fail("zero_bubble_max_pending_backward must not be negative (got {}; 0 means pipeline_model_parallel_size)",
+         a.zero_bubble_max_pending_backward);
+  pipeline::ScheduleRequest req;
+  req.pp = L.pp;
+  req.microbatches = int(L.microbatches_per_rank);
+  req.vpp = int(vpp_asked);
+  if (a.pipeline_schedule == "zb-auto") req.memory_limit = double(a.zero_bubble_max_pending_backward);
+  auto build = [&] {
+    try {
+      return pipeline::generate(a.pipeline_schedule, req);
+    } catch (const Error& e) {
+      fail("pipeline_schedule {} with pipeline_model_parallel_size {} and {} microbatches per data-parallel rank "
+           "(global_batch_size / (micro_batch_size x dp)): {}",
+           a.pipeline_schedule, L.pp, L.microbatches_per_rank, e.what());
+    }
+  };
+  L.schedule = build();
+  L.vpp = L.schedule->vpp;
+  const pipeline::ModelCosts costs = layer_costs(spec, a, L);
+  if (auto_balance) {
+    L.balance = pipeline::balance_layers(*L.schedule, costs, pipeline::Costs{});
+    L.stages = L.balance->split;
+  } else {
+    L.stages = pipeline::split_layers(*L.schedule, spec.num_layers, a.decoder_first_pipeline_num_layers,
+                                      a.decoder_last_pipeline_num_layers);
+  }
+  L.stage_costs = pipeline::stage_costs(L.stages, costs);
+  // zb-auto schedules for the times it is given: the split's, from the model.
+  if (a.pipeline_schedule == "zb-auto") {
+    req.costs.stages = L.stage_costs;
+    L.schedule = build();
+  }
+}
+
+}  // namespace
+
 ParallelLayout plan_layout(const config::TrainingArgs& a, const ModelSpec& spec, int world_size) {
   ParallelLayout L;
   L.world_size = world_size;
@@ -113,17 +209,7 @@ ParallelLayout plan_layout(const config::TrainingArgs& a, const ModelSpec& spec,
   positive(a.expert_model_parallel_size, "expert_model_parallel_size");
   if (a.virtual_pipeline_model_parallel_size < 0)
     fail("virtual_pipeline_model_parallel_size must not be negative, got {}", a.virtual_pipeline_model_parallel_size);
-  using config::DpSharding;
-  L.sharding = a.data_parallel_sharding_strategy;
-  if (a.use_torch_fsdp2) {
-    if (L.sharding != DpSharding::Unset && L.sharding != DpSharding::OptimGradsParams)
-      fail("use_torch_fsdp2 means data_parallel_sharding_strategy optim_grads_params, the config says {}",
-           config::choice_name(L.sharding));
-    L.sharding = DpSharding::OptimGradsParams;
-  }
-  if (L.sharding == DpSharding::Unset) L.sharding = a.use_distributed_optimizer ? DpSharding::Optim : DpSharding::NoShard;
-  if (L.sharding == DpSharding::NoShard && a.use_distributed_optimizer)
-    fail("use_distributed_optimizer shards the optimizer, data_parallel_sharding_strategy no_shard does not: set one");
+  L.sharding = resolve_sharding(a);
   L.cp_all_to_all = a.cp_comm_type == CpComm::A2A;
   if (a.expert_model_parallel_size > 1 && !spec.is_moe())
     fail("expert_model_parallel_size {}: model {} has no experts (num_experts is not set); use 1",
@@ -167,58 +253,8 @@ ParallelLayout plan_layout(const config::TrainingArgs& a, const ModelSpec& spec,
          a.global_batch_size, a.micro_batch_size, L.dp, a.micro_batch_size * L.dp);
   L.microbatches_per_rank = a.global_batch_size / (a.micro_batch_size * L.dp);
 
-  const int64_t vpp_asked = a.virtual_pipeline_model_parallel_size;
-  if (L.pp == 1) {
-    if (vpp_asked > 1)
-      fail("virtual_pipeline_model_parallel_size {} needs pipeline_model_parallel_size > 1", vpp_asked);
-    if (a.decoder_first_pipeline_num_layers > 0 || a.decoder_last_pipeline_num_layers > 0)
-      fail("decoder_first/last_pipeline_num_layers need pipeline_model_parallel_size > 1");
-    L.stages = pipeline::split_layers(spec.num_layers, 1, 1);
-    return L;
-  }
-  if (L.microbatches_per_rank > 0x7fffffff) fail("too many microbatches per rank: {}", L.microbatches_per_rank);
-  if (a.pipeline_balance != "none" && a.pipeline_balance != "auto")
-    fail("pipeline_balance must be none or auto (got '{}')", a.pipeline_balance);
-  const bool auto_balance = a.pipeline_balance == "auto";
-  if (auto_balance && (a.decoder_first_pipeline_num_layers > 0 || a.decoder_last_pipeline_num_layers > 0))
-    fail("pipeline_balance auto chooses the layers per stage itself; unset decoder_first_pipeline_num_layers ({}) and "
-         "decoder_last_pipeline_num_layers ({}), or set pipeline_balance none",
-         a.decoder_first_pipeline_num_layers, a.decoder_last_pipeline_num_layers);
-  if (a.zero_bubble_max_pending_backward < 0)
-    fail("zero_bubble_max_pending_backward must not be negative (got {}; 0 means pipeline_model_parallel_size)",
-         a.zero_bubble_max_pending_backward);
-  pipeline::ScheduleRequest req;
-  req.pp = L.pp;
-  req.microbatches = int(L.microbatches_per_rank);
-  req.vpp = int(vpp_asked);
-  if (a.pipeline_schedule == "zb-auto") req.memory_limit = double(a.zero_bubble_max_pending_backward);
-  auto build = [&] {
-    try {
-      return pipeline::generate(a.pipeline_schedule, req);
-    } catch (const Error& e) {
-      fail("pipeline_schedule {} with pipeline_model_parallel_size {} and {} microbatches per data-parallel rank "
-           "(global_batch_size / (micro_batch_size x dp)): {}",
-           a.pipeline_schedule, L.pp, L.microbatches_per_rank, e.what());
-    }
-  };
-  L.schedule = build();
-  L.vpp = L.schedule->vpp;
-  const int64_t seq = a.seq_length > 0 ? a.seq_length : spec.max_position_embeddings;  // 0: the model's
-  const pipeline::ModelCosts costs = model_costs(spec, a.micro_batch_size, seq, L.tp);
-  if (auto_balance) {
-    L.balance = pipeline::balance_layers(*L.schedule, costs, pipeline::Costs{});
-    L.stages = L.balance->split;
-  } else {
-    L.stages = pipeline::split_layers(*L.schedule, spec.num_layers, a.decoder_first_pipeline_num_layers,
-                                      a.decoder_last_pipeline_num_layers);
-  }
-  L.stage_costs = pipeline::stage_costs(L.stages, costs);
-  // zb-auto schedules for the times it is given: the split's, from the model.
-  if (a.pipeline_schedule == "zb-auto") {
-    req.costs.stages = L.stage_costs;
-    L.schedule = build();
-  }
+  plan_pipeline(L, a, spec);
   return L;
 }
 
-}  // namespace primus::train
+}  // namespace primus::plan
