@@ -71,8 +71,8 @@ struct Training {
 // Three AdamW steps on two alternating microbatches of documents: one per sequence (packed
 // false: batch kDocs of kLen) or packed into one sequence (batch 1 of kDocs * kLen) with `docs`'
 // flags.
-Training train(ops::Backend& be, Precision precision, bool packed, bool restart_positions, bool separate_attention) {
-  const ModelSpec spec = tiny_spec();
+Training train(ops::Backend& be, Precision precision, bool packed, bool restart_positions, bool separate_attention,
+               const ModelSpec& spec = tiny_spec()) {
   LlamaModel m(spec, be, precision);
   m.init_weights(5);
   const std::vector<ParamSegment> segs = segments_of(m.params());
@@ -143,6 +143,22 @@ TEST(PackedModel, DocumentRowsFollowTheContextParallelChunks) {
   EXPECT_EQ(cp.seq_doc_start.numel(), 16);
   docs.separate_attention = false;
   EXPECT_FALSE(document_rows(docs, 2, 8, 1, 0, Device::CPU).separates_attention());
+}
+
+// Multi-latent attention (model/mla.h): its rotary parts rotate at the restarted positions too.
+TEST(PackedModel, PackedDocumentsTrainAsOnePerSequenceWithMla) {
+  ModelSpec spec = tiny_spec();
+  spec.num_query_groups = 0;
+  spec.multi_latent_attention = true;
+  spec.q_lora_rank = 12;
+  spec.kv_lora_rank = 10;
+  spec.qk_head_dim = 6;
+  spec.qk_pos_emb_head_dim = 4;
+  spec.v_head_dim = 8;
+  cpu::CpuBackend& be = cpu::cpu_backend();
+  const Training alone = train(be, Precision::Fp32, false, false, false, spec);
+  const Training packed = train(be, Precision::Fp32, true, true, true, spec);
+  expect_same_training(packed, alone, 2e-6);
 }
 
 TEST(PackedModel, PackedDocumentsTrainAsOnePerSequenceOnTheCpuBf16Backend) {
