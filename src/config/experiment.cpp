@@ -74,6 +74,11 @@ const std::vector<KeyInfo>& training_keys() {
       KEY(mock_data, "train on random tokens instead of data_path (benchmarks, smoke tests)"),
       KEY(eod_mask_loss, "no loss on positions whose input token is the end-of-document token (the tokenizer's eod; "
                          "with mock_data and no tokenizer, the last vocabulary id)"),
+      KEY(reset_position_ids, "rotary positions restart at 0 after each end-of-document input token (the eod as for "
+                              "eod_mask_loss): documents packed in a sample are positioned as if alone"),
+      KEY(reset_attention_mask, "attention stays within each document of a sample, documents split after each "
+                                "end-of-document input token; the attention kernels skip the key tiles of other "
+                                "documents"),
       KEY(tokenizer_type, "Megatron tokenizer type, e.g. SentencePieceTokenizer, HuggingFaceTokenizer, TikTokenizer"),
       KEY(tokenizer_model, "the tokenizer's model file"),
       KEY(stage, "what a modules.post_trainer config trains: sft (dpo is not built yet); unset under "

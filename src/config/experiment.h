@@ -81,6 +81,10 @@ struct TrainingArgs {
   std::string split = "969,30,1";
   bool mock_data = false;
   bool eod_mask_loss = false;  // no loss on positions whose input token is the end-of-document token
+  // Documents split after each end-of-document input token (data/microbatch.h): positions restart
+  // at each, attention stays within each.
+  bool reset_position_ids = false;
+  bool reset_attention_mask = false;
   std::string tokenizer_type;
   std::string tokenizer_model;
   // post-training (docs/posttraining.md): Primus's post_trainer keys

@@ -15,8 +15,20 @@ std::vector<int32_t> SampleSource::get(int64_t i) const {
   return s;
 }
 
-void fill_microbatch(const SampleSource& src, int64_t first, int64_t mbs, int64_t seq, std::vector<int32_t>& tokens,
-                     std::vector<int32_t>& targets) {
+std::vector<std::vector<int32_t>> documents_after_eod(const std::vector<int32_t>& tokens, int64_t mbs, int64_t seq,
+                                                      int32_t eod) {
+  std::vector<std::vector<int32_t>> starts(static_cast<size_t>(mbs));
+  for (int64_t b = 0; b < mbs; ++b) {
+    starts[size_t(b)].push_back(0);
+    for (int64_t i = 0; i + 1 < seq; ++i)
+      if (tokens[size_t(b * seq + i)] == eod) starts[size_t(b)].push_back(int32_t(i + 1));
+  }
+  return starts;
+}
+
+void fill_microbatch(const SampleSource& src, int64_t first, int64_t mbs, int64_t seq, Microbatch& mb) {
+  std::vector<int32_t>& tokens = mb.tokens;
+  std::vector<int32_t>& targets = mb.targets;
   tokens.resize(mbs * seq);
   targets.resize(mbs * seq);
   for (int64_t b = 0; b < mbs; ++b) {
@@ -33,6 +45,12 @@ void fill_microbatch(const SampleSource& src, int64_t first, int64_t mbs, int64_
   if (src.eod_mask >= 0)  // a negative target is left out of the loss
     for (int64_t i = 0; i < mbs * seq; ++i)
       if (tokens[i] == src.eod_mask) targets[i] = -1;
+  mb.docs = PackedDocuments();
+  if (src.reset_position_ids || src.reset_attention_mask) {
+    mb.docs.starts = documents_after_eod(tokens, mbs, seq, src.eod);
+    mb.docs.restart_positions = src.reset_position_ids;
+    mb.docs.separate_attention = src.reset_attention_mask;
+  }
 }
 
 std::vector<int32_t> context_parallel_rows(const int32_t* tokens, int64_t batch, int64_t seq, int cp, int cp_rank) {
@@ -50,11 +68,11 @@ std::vector<int32_t> context_parallel_rows(const int32_t* tokens, int64_t batch,
 }
 
 MicrobatchFill microbatches_from(const SampleSource& src, int64_t first_sample, const MicrobatchSlice& slice) {
-  return [&src, first_sample, s = slice](int j, std::vector<int32_t>& tk, std::vector<int32_t>& tg) {
-    fill_microbatch(src, first_sample + (s.dp_rank * s.per_rank + j) * s.mbs, s.mbs, s.seq, tk, tg);
-    if (s.cp > 1) {
-      tk = context_parallel_rows(tk.data(), s.mbs, s.seq, s.cp, s.cp_rank);
-      tg = context_parallel_rows(tg.data(), s.mbs, s.seq, s.cp, s.cp_rank);
+  return [&src, first_sample, s = slice](int j, Microbatch& mb) {
+    fill_microbatch(src, first_sample + (s.dp_rank * s.per_rank + j) * s.mbs, s.mbs, s.seq, mb);
+    if (s.cp > 1) {  // the documents stay the whole sequences'
+      mb.tokens = context_parallel_rows(mb.tokens.data(), s.mbs, s.seq, s.cp, s.cp_rank);
+      mb.targets = context_parallel_rows(mb.targets.data(), s.mbs, s.seq, s.cp, s.cp_rank);
     }
   };
 }

@@ -7,6 +7,15 @@
 // left out of the loss (eod_mask_loss, and the tokens an SFT sample's loss mask leaves out). Under
 // context parallelism each rank keeps two chunks of every sequence (context_parallel_rows): the
 // rows the model's context-parallel attention expects.
+//
+// Packed documents. A Microbatch also says where documents begin in each of its (whole)
+// sequences and what the model does at their boundaries (core/packed_documents.h): Megatron's
+// reset_attention_mask (attention only within a document) and reset_position_ids (positions
+// restart at each document) split the samples after every eod input token, as Megatron's
+// get_ltor_masks_and_position_ids does. Any other packer (packed SFT samples) fills the same
+// fields: tokens and targets [mbs, seq] (this rank's rows), docs.starts one ascending list per
+// sequence of the whole-sequence positions where its documents begin (the first 0), and the two
+// flags; the model keeps them under every layout.
 #pragma once
 
 #include <cstdint>
@@ -14,6 +23,7 @@
 #include <memory>
 #include <vector>
 
+#include "core/packed_documents.h"
 #include "data/gpt_dataset.h"
 
 namespace primus::data {
@@ -24,15 +34,29 @@ struct SampleSource {
   int64_t mock_vocab = 0, seq = 0;
   uint64_t mock_seed = 0;
   int32_t eod_mask = -1;  // eod_mask_loss: no loss where the input token is this id
+  // reset_position_ids / reset_attention_mask: documents begin after each input token `eod`.
+  int32_t eod = -1;
+  bool reset_position_ids = false, reset_attention_mask = false;
 
   bool empty() const { return !dataset && mock_vocab == 0; }
   std::vector<int32_t> get(int64_t i) const;  // sample i (the dataset's i modulo its size)
 };
 
-// Fills tokens/targets [mbs, seq] from samples first .. first+mbs-1. A sample of another length
-// is an error naming it.
-void fill_microbatch(const SampleSource& src, int64_t first, int64_t mbs, int64_t seq, std::vector<int32_t>& tokens,
-                     std::vector<int32_t>& targets);
+// What a rank feeds the model for one microbatch: tokens and targets of its rows, and the
+// documents packed into the whole sequences (inactive: one document per sequence).
+struct Microbatch {
+  std::vector<int32_t> tokens, targets;
+  PackedDocuments docs;
+};
+
+// Fills mb's tokens/targets [mbs, seq] (and, with a reset key, its documents) from samples first ..
+// first+mbs-1. A sample of another length is an error naming it.
+void fill_microbatch(const SampleSource& src, int64_t first, int64_t mbs, int64_t seq, Microbatch& mb);
+
+// Where the documents of each of the mbs sequences of `tokens` [mbs, seq] begin: at 0 and after
+// every `eod` token (not after the last position), Megatron's split.
+std::vector<std::vector<int32_t>> documents_after_eod(const std::vector<int32_t>& tokens, int64_t mbs, int64_t seq,
+                                                      int32_t eod);
 
 // This cp rank's tokens of a microbatch [batch, seq] (seq divisible by 2 cp): each sequence is cut
 // in 2 cp chunks and the rank keeps chunks cp_rank and 2 cp - 1 - cp_rank (one early, one late:
@@ -40,8 +64,9 @@ void fill_microbatch(const SampleSource& src, int64_t first, int64_t mbs, int64_
 // context-parallel attention (model/context_parallel.h) reads its rows in this order.
 std::vector<int32_t> context_parallel_rows(const int32_t* tokens, int64_t batch, int64_t seq, int cp, int cp_rank);
 
-// Fills tokens and targets of this rank's microbatch `m` of the step.
-using MicrobatchFill = std::function<void(int m, std::vector<int32_t>& tokens, std::vector<int32_t>& targets)>;
+// Fills this rank's microbatch `m` of the step: its rows' tokens and targets (under cp its two
+// chunks of each sequence) and the whole sequences' documents.
+using MicrobatchFill = std::function<void(int m, Microbatch& mb)>;
 
 // Which microbatches of a global batch are this rank's: microbatch j of dp rank d is the global
 // batch's microbatch d * per_rank + j; under context parallelism the rank keeps its two chunks of

@@ -33,7 +33,21 @@
 
 namespace primus::ops {
 
-using AttentionShape = cpu::AttentionShape;
+// The sizes of an attention call (kernels/cpu/attention.h: batch sequences of seq rows, heads,
+// query groups, head_dim) and, when documents are packed into its sequences, where each query
+// row's document starts (kernels/cpu/attention.h, Documents: attention stays inside each
+// document, and the kernels skip the key tiles no query of a tile sees):
+//   doc_start  int32 [batch * seq] on device(), the position at which each query row's document
+//              begins, non-decreasing within a sequence; undefined: no documents
+//   key_pos0   the position of the key rows' first row (ring attention's key blocks; 0 otherwise)
+// Every attention op but decode honours it (model/documents.h builds it).
+struct AttentionShape : cpu::AttentionShape {
+  Tensor doc_start{};
+  int64_t key_pos0 = 0;
+};
+// The kernels' view of s's documents, on `device` (null start: none). Checks doc_start's dtype,
+// size and device; one place for every backend.
+cpu::Documents documents_of(const AttentionShape& s, Device device);
 
 // fp32 statistics for bf16/fp32 activations, fp64 for fp64.
 inline DType stat_dtype(DType activation) { return activation == DType::F64 ? DType::F64 : DType::F32; }
@@ -89,7 +103,8 @@ class Backend {
   virtual void rope_apply(Tensor& x, int64_t heads, int64_t head_dim, int64_t seq, int64_t pos0, const Tensor& cos,
                           const Tensor& sin, bool inverse) = 0;
 
-  // Causal attention on the fused qkv layout of kernels/cpu/attention.h. lse [batch, heads, seq].
+  // Causal attention on the fused qkv layout of kernels/cpu/attention.h, within each document
+  // when s.doc_start is defined. lse [batch, heads, seq].
   virtual void attention_forward(const Tensor& qkv, Tensor& out, Tensor& lse, const AttentionShape& s) = 0;
   virtual void attention_backward(const Tensor& qkv, const Tensor& out, const Tensor& lse, const Tensor& dout,
                                   Tensor& dqkv, const AttentionShape& s) = 0;

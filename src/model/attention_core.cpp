@@ -4,14 +4,15 @@
 
 namespace primus {
 
-void LocalAttention::forward(const Tensor& qkv, Tensor& out, AttentionSaves& saves, const ops::AttentionShape& s) {
+void LocalAttention::forward(const Tensor& qkv, Tensor& out, AttentionSaves& saves, const ops::AttentionShape& s,
+                             const DocumentRows* docs) {
   saves.lse = be_.empty({s.batch, s.heads, s.seq}, stat_);
-  be_.attention_forward(qkv, out, saves.lse, s);
+  be_.attention_forward(qkv, out, saves.lse, with_documents(s, docs ? docs->doc_start : Tensor()));
 }
 
 void LocalAttention::backward(const Tensor& qkv, const Tensor& out, const AttentionSaves& saves, const Tensor& dout,
-                              Tensor& dqkv, const ops::AttentionShape& s) {
-  be_.attention_backward(qkv, out, saves.lse, dout, dqkv, s);
+                              Tensor& dqkv, const ops::AttentionShape& s, const DocumentRows* docs) {
+  be_.attention_backward(qkv, out, saves.lse, dout, dqkv, with_documents(s, docs ? docs->doc_start : Tensor()));
 }
 
 std::unique_ptr<AttentionCore> make_attention_core(ops::Backend& backend, DType activation, int cp_size,

@@ -13,6 +13,7 @@
 #include <memory>
 
 #include "kernels/backend.h"
+#include "model/documents.h"
 #include "model/model_spec.h"
 #include "model/options.h"
 #include "parallel/process_group.h"
@@ -29,19 +30,22 @@ class AttentionCore {
  public:
   virtual ~AttentionCore() = default;
   // qkv [rows, qkv_stride] rotated; out [rows, heads * head_dim] (allocated by the caller);
-  // s: this rank's heads and groups, s.batch sequences of s.seq of this rank's tokens.
-  virtual void forward(const Tensor& qkv, Tensor& out, AttentionSaves& saves, const ops::AttentionShape& s) = 0;
+  // s: this rank's heads and groups, s.batch sequences of s.seq of this rank's tokens. docs: the
+  // microbatch's packed documents (model/documents.h), attention kept inside each; null: none.
+  virtual void forward(const Tensor& qkv, Tensor& out, AttentionSaves& saves, const ops::AttentionShape& s,
+                       const DocumentRows* docs) = 0;
   // dqkv [rows, qkv_stride] is overwritten with the gradients of q, k and v.
   virtual void backward(const Tensor& qkv, const Tensor& out, const AttentionSaves& saves, const Tensor& dout,
-                        Tensor& dqkv, const ops::AttentionShape& s) = 0;
+                        Tensor& dqkv, const ops::AttentionShape& s, const DocumentRows* docs) = 0;
 };
 
 class LocalAttention final : public AttentionCore {
  public:
   LocalAttention(ops::Backend& backend, DType activation) : be_(backend), stat_(ops::stat_dtype(activation)) {}
-  void forward(const Tensor& qkv, Tensor& out, AttentionSaves& saves, const ops::AttentionShape& s) override;
+  void forward(const Tensor& qkv, Tensor& out, AttentionSaves& saves, const ops::AttentionShape& s,
+               const DocumentRows* docs) override;
   void backward(const Tensor& qkv, const Tensor& out, const AttentionSaves& saves, const Tensor& dout, Tensor& dqkv,
-                const ops::AttentionShape& s) override;
+                const ops::AttentionShape& s, const DocumentRows* docs) override;
 
  private:
   ops::Backend& be_;

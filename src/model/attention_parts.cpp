@@ -86,11 +86,11 @@ class GqaAttention final : public BlockPart {
     if (!c.qkv.defined()) {
       c.qkv = k_.linear(c.h, qkv_w_, qkv_b_);
       if (qk_norm_) qk_norm_->forward(c.qkv, w(q_norm_), w(k_norm_), c.qk);
-      rope_.apply(c.qkv, heads_ + groups_, m.seq, 0, false);
+      rope_.apply(c.qkv, heads_ + groups_, m.seq, 0, false, m.positions());
     }
     if (!c.attn.defined()) {
       c.attn = k_.empty({c.qkv.size(0), heads_ * D_});
-      core_.forward(c.qkv, c.attn, c.core, shape(m));
+      core_.forward(c.qkv, c.attn, c.core, shape(m), m.docs);
     }
     return want_output ? k_.row_parallel_residual(c.attn, proj_w_, residual) : Tensor();
   }
@@ -110,8 +110,8 @@ class GqaAttention final : public BlockPart {
     c.dx2 = k_.tp.gather(dy);
     const Tensor dattn = k_.linear_input_grad(c.dx2, proj_w_);
     c.dqkv = k_.empty({c.qkv.size(0), c.qkv.size(1)});
-    core_.backward(c.qkv, c.attn, c.core, dattn, c.dqkv, shape(m));
-    rope_.apply(c.dqkv, heads_ + groups_, m.seq, 0, true);
+    core_.backward(c.qkv, c.attn, c.core, dattn, c.dqkv, shape(m), m.docs);
+    rope_.apply(c.dqkv, heads_ + groups_, m.seq, 0, true, m.positions());
     if (qk_norm_) qk_norm_->backward_input(c.dqkv, w(q_norm_), w(k_norm_), c.qk);
     Tensor dh = k_.linear_input_grad(c.dqkv, qkv_w_);
     c.qkv = Tensor();  // W reads h, attn, dx2, dqkv and qk-norm's saves
@@ -195,11 +195,11 @@ class MlaAttention final : public BlockPart {
                  bool want_output) override {
     MlaPartContext& c = static_cast<MlaPartContext&>(pc);
     if (!c.h.defined()) c.h = k_.tp.gather(h);
-    if (!c.qkv.defined()) c.qkv = mla_.forward(p_, c.mla, c.h, m.seq, 0, weights_);
+    if (!c.qkv.defined()) c.qkv = mla_.forward(p_, c.mla, c.h, m.seq, 0, weights_, m.positions());
     if (!c.attn.defined()) {
       const ops::AttentionShape s = mla_.shape(m.batch, m.seq);
       c.mla.out = k_.empty({c.qkv.size(0), s.heads * s.head_dim});
-      core_.forward(c.qkv, c.mla.out, c.core, s);
+      core_.forward(c.qkv, c.mla.out, c.core, s, m.docs);
       c.attn = mla_.values(c.mla.out);
     }
     return want_output ? k_.row_parallel_residual(c.attn, proj_w_, residual) : Tensor();
@@ -220,11 +220,11 @@ class MlaAttention final : public BlockPart {
     c.dx2 = k_.tp.gather(dy);
     const Tensor dout = mla_.values_grad(k_.linear_input_grad(c.dx2, proj_w_));
     Tensor dqkv = k_.empty({c.qkv.size(0), mla_.packed_width()});
-    core_.backward(c.qkv, c.mla.out, c.core, dout, dqkv, mla_.shape(m.batch, m.seq));
+    core_.backward(c.qkv, c.mla.out, c.core, dout, dqkv, mla_.shape(m.batch, m.seq), m.docs);
     c.mla.out = c.qkv = Tensor();
     c.core = AttentionSaves();
     // This rank's heads' part of dh, as after a column-parallel linear.
-    return k_.tp.reduce(mla_.backward_input(p_, c.mla, dqkv, m.seq, weights_));
+    return k_.tp.reduce(mla_.backward_input(p_, c.mla, dqkv, m.seq, weights_, m.positions()));
   }
 
   void backward_weight(PartContext& pc) override {

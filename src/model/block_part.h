@@ -20,6 +20,7 @@
 
 #include "core/tensor.h"
 #include "kernels/backend.h"
+#include "model/documents.h"
 #include "model/linears.h"
 #include "model/model_spec.h"
 #include "model/options.h"
@@ -41,6 +42,11 @@ class ParamAccess {
 struct PassShape {
   int64_t batch = 0, seq = 0;  // seq: this rank's tokens per sequence (under cp its two chunks)
   double dloss = 1.0;          // backward: the objective's gradient w.r.t. the microbatch's mean loss
+  const DocumentRows* docs = nullptr;  // packed documents (model/documents.h), or none
+  // The rows' rotary positions when packed documents restart them, else null (model/rope.h).
+  const std::vector<int32_t>* positions() const {
+    return docs && docs->restarts_positions() ? &docs->positions : nullptr;
+  }
 };
 
 // A part's saves between its passes; each part defines its own.

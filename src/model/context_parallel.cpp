@@ -41,26 +41,35 @@ ContextParallelAttention::ContextParallelAttention(ops::Backend& backend, parall
       size_(cp.size()),
       rank_(cp.rank()) {}
 
-void ContextParallelAttention::forward(const Tensor& qkv, Tensor& out, AttentionSaves& c, const ops::AttentionShape& s) {
+void ContextParallelAttention::forward(const Tensor& qkv, Tensor& out, AttentionSaves& c, const ops::AttentionShape& s,
+                                       const DocumentRows* docs) {
   if (comm_ == CpComm::P2P)
-    ring_forward(qkv, out, c, s);
+    ring_forward(qkv, out, c, s, docs ? docs->doc_start : Tensor());
   else
-    a2a_forward(qkv, out, c, s);
+    a2a_forward(qkv, out, c, s, docs ? docs->seq_doc_start : Tensor());
 }
 
 void ContextParallelAttention::backward(const Tensor& qkv, const Tensor& out, const AttentionSaves& c,
-                                        const Tensor& dout, Tensor& dqkv, const ops::AttentionShape& s) {
+                                        const Tensor& dout, Tensor& dqkv, const ops::AttentionShape& s,
+                                        const DocumentRows* docs) {
   if (comm_ == CpComm::P2P)
-    ring_backward(qkv, out, c, dout, dqkv, s);
+    ring_backward(qkv, out, c, dout, dqkv, s, docs ? docs->doc_start : Tensor());
   else
-    a2a_backward(c, dout, dqkv, s);
+    a2a_backward(c, dout, dqkv, s, docs ? docs->seq_doc_start : Tensor());
+}
+
+ops::AttentionShape ContextParallelAttention::pair_shape(const ops::AttentionShape& bs, const Tensor& doc_start, int j,
+                                                         int key_chunk) const {
+  if (!doc_start.defined()) return bs;
+  const int64_t rows = bs.batch * bs.seq;
+  return with_documents(bs, doc_start.slice(0, j * rows, rows), int64_t(key_chunk) * bs.seq);
 }
 
 // ---------------------------------------------------------------------------------------------
 // p2p: ring attention
 
 void ContextParallelAttention::ring_forward(const Tensor& qkv, Tensor& out, AttentionSaves& c,
-                                            const ops::AttentionShape& s) {
+                                            const ops::AttentionShape& s, const Tensor& doc_start) {
   auto [B, ch, rows, HD, KV, bs, next_rank, prev_rank, kv, incoming] = ring_start(be_, act_, qkv, s, rank_, size_);
   Tensor acc[2], lse[2];  // per query chunk: the running output (stat dtype) and log-sum-exp
   for (int i = 0; i < size_; ++i) {
@@ -76,7 +85,8 @@ void ContextParallelAttention::ring_forward(const Tensor& qkv, Tensor& out, Atte
         const int a = chunk_of(rank_, j), b = chunk_of(src, l);
         if (b > a) continue;  // keys after every query of the chunk
         Tensor o = be_.empty({rows, HD}, act_), L = be_.empty({B, s.heads, ch}, stat_);
-        be_.attention_block_forward(qkv.slice(0, j * rows, rows), kv.slice(0, l * rows, rows), o, L, bs, b == a);
+        be_.attention_block_forward(qkv.slice(0, j * rows, rows), kv.slice(0, l * rows, rows), o, L,
+                                    pair_shape(bs, doc_start, j, b), b == a);
         if (acc[j].defined()) {
           be_.attention_merge(acc[j], lse[j], o, L, bs);
         } else if (act_ == stat_) {
@@ -103,7 +113,8 @@ void ContextParallelAttention::ring_forward(const Tensor& qkv, Tensor& out, Atte
 }
 
 void ContextParallelAttention::ring_backward(const Tensor& qkv, const Tensor& out, const AttentionSaves& c,
-                                             const Tensor& dout, Tensor& dqkv, const ops::AttentionShape& s) {
+                                             const Tensor& dout, Tensor& dqkv, const ops::AttentionShape& s,
+                                             const Tensor& doc_start) {
   auto [B, ch, rows, HD, KV, bs, next_rank, prev_rank, kv, incoming] = ring_start(be_, act_, qkv, s, rank_, size_);
   Tensor dq = be_.zeros({2 * rows, HD}, stat_);
   // The key/value gradient of the block held at step i, summed over the ranks it visited so far,
@@ -127,7 +138,8 @@ void ContextParallelAttention::ring_backward(const Tensor& qkv, const Tensor& ou
         Tensor dq_j = dq.slice(0, j * rows, rows), dkv_l = dkv.slice(0, l * rows, rows);
         be_.attention_block_backward(qkv.slice(0, j * rows, rows), kv.slice(0, l * rows, rows),
                                      out.slice(0, j * rows, rows), c.lse.slice(0, j, 1).view({B, s.heads, ch}),
-                                     dout.slice(0, j * rows, rows), dq_j, dkv_l, bs, b == a);
+                                     dout.slice(0, j * rows, rows), dq_j, dkv_l, pair_shape(bs, doc_start, j, b),
+                                     b == a);
       }
     if (dkv_recv) {
       dkv_recv->wait();
@@ -181,7 +193,7 @@ void chunks_to_sequence(const Tensor& ranks_rows, const Tensor& sequence, int cp
 }  // namespace
 
 void ContextParallelAttention::a2a_forward(const Tensor& qkv, Tensor& out, AttentionSaves& c,
-                                           const ops::AttentionShape& s) {
+                                           const ops::AttentionShape& s, const Tensor& seq_doc_start) {
   const int P = size_;
   const int64_t D = s.head_dim, Hc = s.heads / P, Gc = s.groups / P, HD = s.heads * D, GD = s.groups * D;
   const int64_t B = s.batch, ch = s.seq / 2, N = B * s.seq, S = s.seq * P, Qc = (Hc + 2 * Gc) * D;
@@ -199,7 +211,7 @@ void ContextParallelAttention::a2a_forward(const Tensor& qkv, Tensor& out, Atten
   chunks_to_sequence(recv, c.seq_qkv, P, B, ch, Qc, true, chunk);
   c.seq_out = be_.empty({B * S, Hc * D}, act_);
   c.lse = be_.empty({B, Hc, S}, stat_);
-  be_.attention_forward(c.seq_qkv, c.seq_out, c.lse, {B, S, Hc, Gc, D});
+  be_.attention_forward(c.seq_qkv, c.seq_out, c.lse, with_documents({B, S, Hc, Gc, D}, seq_doc_start));
   // Every rank's rows of this rank's heads go back to it.
   Tensor back = be_.empty({P * N, Hc * D}, act_), mine = be_.empty({P * N, Hc * D}, act_);
   chunks_to_sequence(back, c.seq_out, P, B, ch, Hc * D, false, chunk);
@@ -208,7 +220,7 @@ void ContextParallelAttention::a2a_forward(const Tensor& qkv, Tensor& out, Atten
 }
 
 void ContextParallelAttention::a2a_backward(const AttentionSaves& c, const Tensor& dout, Tensor& dqkv,
-                                            const ops::AttentionShape& s) {
+                                            const ops::AttentionShape& s, const Tensor& seq_doc_start) {
   const int P = size_;
   const int64_t D = s.head_dim, Hc = s.heads / P, Gc = s.groups / P, HD = s.heads * D, GD = s.groups * D;
   const int64_t B = s.batch, ch = s.seq / 2, N = B * s.seq, S = s.seq * P, Qc = (Hc + 2 * Gc) * D;
@@ -219,7 +231,8 @@ void ContextParallelAttention::a2a_backward(const AttentionSaves& c, const Tenso
   cp_.all_to_all(send.raw(), recv.raw(), N * Hc * D, t);
   Tensor dout_full = be_.empty({B * S, Hc * D}, act_), dqkv_full = be_.empty({B * S, Qc}, act_);
   chunks_to_sequence(recv, dout_full, P, B, ch, Hc * D, true, chunk);
-  be_.attention_backward(c.seq_qkv, c.seq_out, c.lse, dout_full, dqkv_full, {B, S, Hc, Gc, D});
+  be_.attention_backward(c.seq_qkv, c.seq_out, c.lse, dout_full, dqkv_full,
+                         with_documents({B, S, Hc, Gc, D}, seq_doc_start));
   Tensor back = be_.empty({P * N, Qc}, act_), mine = be_.empty({P * N, Qc}, act_);
   chunks_to_sequence(back, dqkv_full, P, B, ch, Qc, false, chunk);
   cp_.all_to_all(back.raw(), mine.raw(), N * Qc, t);

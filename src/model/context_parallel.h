@@ -46,17 +46,26 @@ class ContextParallelAttention final : public AttentionCore {
   // rank's tokens per sequence (two chunks). qkv [batch * seq, qkv_stride] rotated, in the rows'
   // chunk order; out [batch * seq, heads * head_dim]. Saves what the backward needs in c.lse (and,
   // a2a, c.seq_qkv, c.seq_out).
-  void forward(const Tensor& qkv, Tensor& out, AttentionSaves& c, const ops::AttentionShape& s) override;
+  // docs: packed documents (model/documents.h): each ring block's queries get their rows' document
+  // starts and the key block's first position; the all-to-all's whole sequences get theirs.
+  void forward(const Tensor& qkv, Tensor& out, AttentionSaves& c, const ops::AttentionShape& s,
+               const DocumentRows* docs) override;
   // dqkv [batch * seq, qkv_stride] is overwritten with the gradients of this rank's q, k and v.
   void backward(const Tensor& qkv, const Tensor& out, const AttentionSaves& c, const Tensor& dout, Tensor& dqkv,
-                const ops::AttentionShape& s) override;
+                const ops::AttentionShape& s, const DocumentRows* docs) override;
 
  private:
-  void ring_forward(const Tensor& qkv, Tensor& out, AttentionSaves& c, const ops::AttentionShape& s);
+  void ring_forward(const Tensor& qkv, Tensor& out, AttentionSaves& c, const ops::AttentionShape& s,
+                    const Tensor& doc_start);
   void ring_backward(const Tensor& qkv, const Tensor& out, const AttentionSaves& c, const Tensor& dout, Tensor& dqkv,
-                     const ops::AttentionShape& s);
-  void a2a_forward(const Tensor& qkv, Tensor& out, AttentionSaves& c, const ops::AttentionShape& s);
-  void a2a_backward(const AttentionSaves& c, const Tensor& dout, Tensor& dqkv, const ops::AttentionShape& s);
+                     const ops::AttentionShape& s, const Tensor& doc_start);
+  void a2a_forward(const Tensor& qkv, Tensor& out, AttentionSaves& c, const ops::AttentionShape& s,
+                   const Tensor& seq_doc_start);
+  void a2a_backward(const AttentionSaves& c, const Tensor& dout, Tensor& dqkv, const ops::AttentionShape& s,
+                    const Tensor& seq_doc_start);
+  // The block pair (query chunk j of this rank, key chunk `key_chunk`): bs with the queries'
+  // document starts and the keys' first position, when documents are packed.
+  ops::AttentionShape pair_shape(const ops::AttentionShape& bs, const Tensor& doc_start, int j, int key_chunk) const;
   // Global chunk index of this rank's chunk j, and of rank `r`'s.
   int chunk_of(int rank, int j) const { return j == 0 ? rank : 2 * size_ - 1 - rank; }
 

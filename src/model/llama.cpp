@@ -333,7 +333,7 @@ void LlamaModel::block_backward_weight(const Block& b, BlockContext& c) {
 // Microbatches and chunks
 
 void LlamaModel::begin_microbatch(LlamaContext& ctx, const int32_t* tokens, const int32_t* targets, int64_t batch,
-                                  int64_t seq) const {
+                                  int64_t seq, const PackedDocuments* docs) const {
   if (batch <= 0 || seq <= 0) fail("empty microbatch: batch {} x sequence {}", batch, seq);
   if (part_.cp_size > 1 && seq % 2 != 0)
     fail("context parallelism gives each rank two equal chunks of every sequence: its {} tokens per sequence are "
@@ -372,6 +372,7 @@ void LlamaModel::begin_microbatch(LlamaContext& ctx, const int32_t* tokens, cons
     std::copy(targets, targets + N, tg.data<int32_t>());
     ctx.targets_dev = tg.to(be_.device());
   }
+  if (docs) ctx.docs = document_rows(*docs, batch, seq, part_.cp_size, part_.cp_rank, be_.device());
   ctx.blocks.resize(blocks_.size());
 }
 
@@ -398,7 +399,7 @@ Tensor LlamaModel::forward_chunk(LlamaContext& ctx, int chunk, const Tensor& inp
   }
   for (size_t l = b0; l < b1; ++l) {
     const Held held(*this, {blocks_[l].attn_norm}, next_unit(l + 1));
-    x = block_forward(blocks_[l], ctx.blocks[l], x, {ctx.batch, ctx.seq});
+    x = block_forward(blocks_[l], ctx.blocks[l], x, {ctx.batch, ctx.seq, 1.0, &ctx.docs});
   }
   if (!ch.has_head) return x;
   const Held held(*this, {final_norm_, output_}, -1);
@@ -424,7 +425,7 @@ Tensor LlamaModel::backward_input_chunk(LlamaContext& ctx, int chunk, const Tens
   }
   for (size_t l = b1; l-- > b0;) {
     const Held held(*this, {blocks_[l].attn_norm}, previous_unit(l));
-    dx = block_backward_input(blocks_[l], ctx.blocks[l], dx, {ctx.batch, ctx.seq, dloss});
+    dx = block_backward_input(blocks_[l], ctx.blocks[l], dx, {ctx.batch, ctx.seq, dloss, &ctx.docs});
   }
   if (!ch.has_embedding) return dx;
   ctx.dembedded = dx;
@@ -453,10 +454,10 @@ void LlamaModel::embedding_weight_pass(LlamaContext& ctx) {
 }
 
 double LlamaModel::forward(LlamaContext& ctx, const int32_t* tokens, const int32_t* targets, int64_t batch,
-                           int64_t seq) {
+                           int64_t seq, const PackedDocuments* docs) {
   PRIMUS_CHECK(num_chunks() == 1 && part_.chunks[0].has_embedding && part_.chunks[0].has_head,
                "forward() runs the whole model: use forward_chunk() on a pipeline stage");
-  begin_microbatch(ctx, tokens, targets, batch, seq);
+  begin_microbatch(ctx, tokens, targets, batch, seq, docs);
   forward_chunk(ctx, 0, Tensor());
   return ctx.loss;
 }
@@ -478,7 +479,7 @@ void LlamaModel::backward(LlamaContext& ctx, double dloss) {
   for (size_t l = blocks_.size(); l-- > 0;) {
     {
       const Held held(*this, {blocks_[l].attn_norm}, l > 0 ? block_unit(l - 1) : -1);
-      dx = block_backward_input(blocks_[l], ctx.blocks[l], dx, {ctx.batch, ctx.seq, dloss});
+      dx = block_backward_input(blocks_[l], ctx.blocks[l], dx, {ctx.batch, ctx.seq, dloss, &ctx.docs});
     }
     block_backward_weight(blocks_[l], ctx.blocks[l]);
     weights_done(blocks_[l].ids());

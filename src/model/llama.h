@@ -120,6 +120,7 @@ struct LlamaContext {
   Tensor embedded, dembedded;            // the embedding's output, and the gradient reaching it
   std::vector<BlockContext> blocks;
   HeadContext head;
+  DocumentRows docs;  // packed documents (model/documents.h); empty: none
 };
 
 // The key/value cache of one sequence being decoded.
@@ -166,7 +167,11 @@ class LlamaModel {
   // >= 0 (a negative target masks a token out). tokens and targets are [batch, seq]; under context
   // parallelism this rank's two chunks of each sequence ([2 chunks][batch][seq / 2]: seq is the
   // rank's share, 2 x cp x seq / 2 the whole length), and the loss is the whole sequence's mean.
-  double forward(LlamaContext& ctx, const int32_t* tokens, const int32_t* targets, int64_t batch, int64_t seq);
+  // docs: documents packed into the sequences (core/packed_documents.h: their starts in the whole
+  // sequences, whatever the layout), attention kept inside each and/or positions restarting at
+  // each; null or inactive: one document per sequence.
+  double forward(LlamaContext& ctx, const int32_t* tokens, const int32_t* targets, int64_t batch, int64_t seq,
+                 const PackedDocuments* docs = nullptr);
   // dloss: gradient of the objective w.r.t. this microbatch's mean loss (1 / microbatches).
   void backward_input(LlamaContext& ctx, double dloss);  // B for every layer
   void backward_weight(LlamaContext& ctx);               // W for every layer
@@ -175,9 +180,10 @@ class LlamaModel {
   // ---- one pipeline chunk at a time (the executor's StageRunner calls these) ----
   const ModelPartition& partition() const { return part_; }
   int num_chunks() const { return int(part_.chunks.size()); }
-  // Checks and stores the microbatch's tokens and targets (targets may be null: inference) in ctx.
+  // Checks and stores the microbatch's tokens and targets (targets may be null: inference) and its
+  // packed documents (as forward()'s; null: none) in ctx.
   void begin_microbatch(LlamaContext& ctx, const int32_t* tokens, const int32_t* targets, int64_t batch,
-                        int64_t seq) const;
+                        int64_t seq, const PackedDocuments* docs = nullptr) const;
   // Rows of the activation a chunk receives and sends: batch * seq (seq: this rank's tokens per
   // sequence), divided by tp under sequence parallelism. Its dtype is the working dtype.
   int64_t activation_rows(int64_t batch, int64_t seq) const;

@@ -124,7 +124,7 @@ Tensor Mla::norm(const Tensor& x, int weight, Tensor& rstd, const Weights& w) co
 }
 
 Tensor Mla::forward(const MlaParams& p, MlaContext& c, const Tensor& h1, int64_t seq, int64_t pos0,
-                    const Weights& w) const {
+                    const Weights& w, const std::vector<int32_t>* positions) const {
   const int64_t N = h1.size(0), H = H_, W = W_;
   // Queries, scaled by q_alpha_ (rope is linear: the order does not matter).
   Tensor q = act({N, H * Dq_});
@@ -143,14 +143,14 @@ Tensor Mla::forward(const MlaParams& p, MlaContext& c, const Tensor& h1, int64_t
   copy_block(c.c, 0, 0, ckv, 0, 0, N, R_);
   Tensor kr = act({N, dr_});
   copy_block(kr, 0, 0, ckv, 0, R_, N, dr_);
-  rope_->apply(kr, 1, seq, pos0, false);
+  rope_->apply(kr, 1, seq, pos0, false, positions);
   c.cn = norm(c.c, p.kv_norm, c.rstd_kv, w);
   Tensor kv = act({N, H * (dn_ + dv_)});
   lin_.forward(1.0f, c.cn, w(p.kv_up), p.kv_up, 0.0f, Tensor(), kv, Tensor());
   // Each head's rotary query part, rotated in a contiguous buffer.
   Tensor qr = act({N, H * dr_});
   for (int64_t h = 0; h < H; ++h) copy_block(qr, 0, h * dr_, q, 0, h * Dq_ + dn_, N, dr_);
-  rope_->apply(qr, H, seq, pos0, false);
+  rope_->apply(qr, H, seq, pos0, false, positions);
   Tensor qkv = be_.zeros({N, 3 * H * W}, act_);
   for (int64_t h = 0; h < H; ++h) {
     copy_block(qkv, 0, h * W, q, 0, h * Dq_, N, dn_);
@@ -176,7 +176,8 @@ Tensor Mla::values_grad(const Tensor& dattn) const {
   return dout;
 }
 
-Tensor Mla::backward_input(const MlaParams& p, MlaContext& c, const Tensor& dqkv, int64_t seq, const Weights& w) const {
+Tensor Mla::backward_input(const MlaParams& p, MlaContext& c, const Tensor& dqkv, int64_t seq, const Weights& w,
+                           const std::vector<int32_t>* positions) const {
   const int64_t N = dqkv.size(0), H = H_, W = W_;
   // Queries: the nope parts as they are, the rotary parts rotated back.
   c.dq = act({N, H * Dq_});
@@ -185,7 +186,7 @@ Tensor Mla::backward_input(const MlaParams& p, MlaContext& c, const Tensor& dqkv
     copy_block(c.dq, 0, h * Dq_, dqkv, 0, h * W, N, dn_);
     copy_block(dqr, 0, h * dr_, dqkv, 0, h * W + dn_, N, dr_);
   }
-  rope_->apply(dqr, H, seq, 0, true);
+  rope_->apply(dqr, H, seq, 0, true, positions);
   for (int64_t h = 0; h < H; ++h) copy_block(c.dq, 0, h * Dq_ + dn_, dqr, 0, h * dr_, N, dr_);
   // Keys and values: per-head k_nope and v into kv's layout; the shared rotary
   // key's gradient summed over the heads (this rank's: a partial sum under tp).
@@ -197,7 +198,7 @@ Tensor Mla::backward_input(const MlaParams& p, MlaContext& c, const Tensor& dqkv
     copy_block(h == 0 ? dkr : part, 0, 0, dqkv, 0, (H + h) * W + dn_, N, dr_);
     if (h > 0) be_.add(dkr, part, dkr);
   }
-  rope_->apply(dkr, 1, seq, 0, true);
+  rope_->apply(dkr, 1, seq, 0, true, positions);
   Tensor dcn = act({N, R_});
   lin_.input_grad(1.0f, c.dkv, w(p.kv_up), p.kv_up, 0.0f, Tensor(), dcn);
   Tensor dc = dcn;

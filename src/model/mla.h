@@ -96,9 +96,9 @@ class Mla {
   ops::AttentionShape shape(int64_t batch, int64_t seq) const { return {batch, seq, H_, H_, W_}; }
 
   // h1 [N, C] -> the packed, rotated qkv [N, packed_width]; row r at position
-  // pos0 + r % seq.
+  // pos0 + r % seq, or at positions[r] when given (packed documents: model/rope.h).
   Tensor forward(const MlaParams& p, MlaContext& c, const Tensor& h1, int64_t seq, int64_t pos0,
-                 const Weights& w) const;
+                 const Weights& w, const std::vector<int32_t>* positions = nullptr) const;
   // The attention output [N, heads * v_head_dim] (linear_proj's input) of
   // packed out.
   Tensor values(const Tensor& out) const;
@@ -107,7 +107,8 @@ class Mla {
   // dqkv (the packed qkv's gradient, from the attention core) -> dh1 [N, C]
   // (through rope and the projections); keeps what backward_weight needs in c.
   // Under tp, dh1 is this rank's heads' part: the caller sums it over tp.
-  Tensor backward_input(const MlaParams& p, MlaContext& c, const Tensor& dqkv, int64_t seq, const Weights& w) const;
+  Tensor backward_input(const MlaParams& p, MlaContext& c, const Tensor& dqkv, int64_t seq, const Weights& w,
+                        const std::vector<int32_t>* positions = nullptr) const;
   // Accumulates every MLA weight's gradient (h1: the block's normed input).
   void backward_weight(const MlaParams& p, MlaContext& c, const Tensor& h1, const Weights& g) const;
 

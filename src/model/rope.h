@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "kernels/backend.h"
 #include "kernels/cpu/elementwise.h"
@@ -29,8 +30,10 @@ class Rotary {
   // cos, sin: host tables [positions, dims / 2] in the stat dtype.
   Rotary(ops::Backend& backend, const Tensor& cos, const Tensor& sin, int64_t dims, int cp_size = 1, int cp_rank = 0);
   // x [batch * seq rows, stride]: row r of a sequence at position pos0 + r % seq (under cp, pos0 +
-  // the chunk's start); inverse for the backward.
-  void apply(Tensor& x, int64_t heads, int64_t seq, int64_t pos0, bool inverse) const;
+  // the chunk's start); inverse for the backward. positions, when given (packed documents whose
+  // positions restart: model/documents.h), holds each row's position instead (seq, pos0 unused).
+  void apply(Tensor& x, int64_t heads, int64_t seq, int64_t pos0, bool inverse,
+             const std::vector<int32_t>* positions = nullptr) const;
 
  private:
   ops::Backend& be_;

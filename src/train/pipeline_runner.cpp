@@ -17,10 +17,10 @@ Shape LlamaStageRunner::message_shape() const {
 LlamaContext& LlamaStageRunner::context(int microbatch) {
   auto it = ctx_.find(microbatch);
   if (it != ctx_.end()) return it->second.ctx;
-  std::vector<int32_t> tokens, targets;
-  fill_(microbatch, tokens, targets);
+  data::Microbatch mb;
+  fill_(microbatch, mb);
   Live& live = ctx_[microbatch];
-  model_.begin_microbatch(live.ctx, tokens.data(), targets.data(), mbs_, seq_);
+  model_.begin_microbatch(live.ctx, mb.tokens.data(), mb.targets.data(), mbs_, seq_, &mb.docs);
   return live.ctx;
 }
 
@@ -50,7 +50,7 @@ double pipeline_forward_only(LlamaModel& model, const pipeline::Schedule& schedu
   const int me = pp_group.rank(), S = schedule.num_stages();
   const Shape shape = {model.activation_rows(mbs, seq), model.spec().hidden_size};
   double loss = 0;
-  std::vector<int32_t> tokens, targets;
+  data::Microbatch mb;
   for (int m = 0; m < microbatches; ++m) {
     LlamaContext ctx;
     bool begun = false;
@@ -61,8 +61,8 @@ double pipeline_forward_only(LlamaModel& model, const pipeline::Schedule& schedu
     for (int s = 0; s < S; ++s) {
       if (schedule.rank_of_stage(s) != me) continue;
       if (!begun) {
-        fill(m, tokens, targets);
-        model.begin_microbatch(ctx, tokens.data(), targets.data(), mbs, seq);
+        fill(m, mb);
+        model.begin_microbatch(ctx, mb.tokens.data(), mb.targets.data(), mbs, seq, &mb.docs);
         begun = true;
       }
       if (s > 0 && schedule.rank_of_stage(s - 1) != me) {

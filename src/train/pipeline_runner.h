@@ -13,8 +13,8 @@
 
 namespace primus::train {
 
-// Fills tokens and targets [mbs, seq] of this rank's microbatch `m` of the step (the data
-// loader's, data/microbatch.h).
+// Fills this rank's microbatch `m` of the step: tokens, targets [mbs, seq] and packed documents
+// (the data loader's, data/microbatch.h).
 using data::MicrobatchFill;
 
 class LlamaStageRunner final : public pipeline::StageRunner {

@@ -275,13 +275,23 @@ void Trainer::build_data() {
   if (!tok && a_.mock_data) {
     eod = int32_t(spec_.vocab_size - 1);  // mock data without a tokenizer: the last id stands for eod
   }
-  if (a_.eod_mask_loss && eod < 0)
-    fail("eod_mask_loss needs tokenizer_type (and tokenizer_model) to know the end-of-document token");
+  for (const auto& [on, key] : {std::pair{a_.eod_mask_loss, "eod_mask_loss"},
+                                 std::pair{a_.reset_position_ids, "reset_position_ids"},
+                                 std::pair{a_.reset_attention_mask, "reset_attention_mask"}})
+    if (on && eod < 0) fail("{} needs tokenizer_type (and tokenizer_model) to know the end-of-document token", key);
   const int32_t eod_mask = a_.eod_mask_loss ? eod : -1;
+  // Documents split after each eod (data/microbatch.h), in training and evaluation alike.
+  const auto set_documents = [&](data::SampleSource& src) {
+    src.eod = eod;
+    src.reset_position_ids = a_.reset_position_ids;
+    src.reset_attention_mask = a_.reset_attention_mask;
+  };
   const int64_t evals = a_.eval_interval > 0 ? a_.train_iters / a_.eval_interval + 1 : 0;
   if (a_.mock_data) {
     train_src_ = {nullptr, spec_.vocab_size, seq_, uint64_t(a_.seed) * 2 + 1, eod_mask};
     valid_src_ = {nullptr, spec_.vocab_size, seq_, uint64_t(a_.seed) * 2 + 2, eod_mask};
+    set_documents(train_src_);
+    set_documents(valid_src_);
     return;
   }
   data::GPTDatasetConfig dc;
@@ -299,6 +309,8 @@ void Trainer::build_data() {
   train_src_.dataset = ds.train;
   valid_src_.dataset = ds.valid;
   train_src_.eod_mask = valid_src_.eod_mask = eod_mask;
+  set_documents(train_src_);
+  set_documents(valid_src_);
   if (!ds.valid && a_.eval_interval > 0 && a_.eval_iters > 0)
     log::warn("split {} leaves no validation documents: evaluation is off", a_.split);
 }
@@ -513,13 +525,13 @@ double Trainer::forward_backward(const data::MicrobatchFill& fill) {
     return runner.loss_sum();
   }
   double loss_sum = 0;
-  std::vector<int32_t> tokens, targets;
+  data::Microbatch mb;
   for (int j = 0; j < m_local_; ++j) {
-    fill(j, tokens, targets);
+    fill(j, mb);
     LlamaContext ctx;
     {
       trace::PassSpan f(profiler_.get(), trace::Pass::F, j, -1);
-      loss_sum += model_->forward(ctx, tokens.data(), targets.data(), mbs_, seq_local_);
+      loss_sum += model_->forward(ctx, mb.tokens.data(), mb.targets.data(), mbs_, seq_local_, &mb.docs);
     }
     trace::PassSpan bw(profiler_.get(), trace::Pass::B, j, -1, /*fused_bw=*/true);
     model_->backward(ctx, dloss);
@@ -592,7 +604,7 @@ void Trainer::update_fp8_scales() {
 double Trainer::evaluate() {
   trace::Span span(profiler_.get(), trace::Category::Annotation, "evaluate");
   double total = 0;
-  std::vector<int32_t> tokens, targets;
+  data::Microbatch mb;
   for (int64_t e = 0; e < a_.eval_iters; ++e) {
     const data::MicrobatchFill fill = data::microbatches_from(valid_src_, e * num_micro_ * mbs_, slice_);
     if (layout_.schedule) {
@@ -600,9 +612,9 @@ double Trainer::evaluate() {
       continue;
     }
     for (int j = 0; j < m_local_; ++j) {
-      fill(j, tokens, targets);
+      fill(j, mb);
       LlamaContext ctx;
-      total += model_->forward(ctx, tokens.data(), targets.data(), mbs_, seq_local_);
+      total += model_->forward(ctx, mb.tokens.data(), mb.targets.data(), mbs_, seq_local_, &mb.docs);
     }
   }
   return groups_.dp->all_reduce_value(total) / double(a_.eval_iters * num_micro_);

@@ -595,6 +595,34 @@ TEST(CudaBackend, Bf16ModelMatchesTheReferenceAlongATrainingRun) {
   }
 }
 
+// Packed documents on the GPU (model/documents.h: the flash attention's doc_start, rotary tables
+// gathered at the restarted positions): the two sequences of the learnable batch packed into one
+// (attention inside each, positions restarting) give the loss and gradients of the two sequences
+// on their own. Each row's target depends on its own token only, so the two are the same problem.
+TEST(CudaBackend, PackedDocumentsEqualTheDocumentsOnePerSequence) {
+  PRIMUS_REQUIRE_GPU();
+  const ModelSpec spec = spec64();
+  cuda::CudaBackend gpu;
+  LlamaModel alone(spec, gpu, Precision::Bf16), packed(spec, gpu, Precision::Bf16);
+  alone.init_weights(3);
+  packed.init_weights(3);
+  const LearnableBatch d;
+  PackedDocuments docs;
+  docs.starts = {{0, int32_t(d.S)}};
+  docs.restart_positions = docs.separate_attention = true;
+  LlamaContext ca, cb;
+  const double la = alone.forward(ca, d.tokens.data(), d.targets.data(), d.B, d.S);
+  const double lb = packed.forward(cb, d.tokens.data(), d.targets.data(), 1, d.B * d.S, &docs);
+  EXPECT_NEAR(lb, la, 1e-3 * la);
+  alone.backward(ca, 1.0);
+  packed.backward(cb, 1.0);
+  EXPECT_LT(grad_rel_error(packed, alone), 1e-2);
+  // Without separate attention the second sequence sees the first: another problem.
+  docs.separate_attention = false;
+  LlamaContext cc;
+  EXPECT_GT(std::fabs(packed.forward(cc, d.tokens.data(), d.targets.data(), 1, d.B * d.S, &docs) - la), 1e-3 * la);
+}
+
 // device: cuda through the trainer, on mock data: it trains, logs a GPU MFU, and its checkpoint
 // loads on the CPU.
 TEST(CudaBackend, TrainerRunsOnTheGpu) {

@@ -344,6 +344,131 @@ TEST(FlashAttentionBlocks, DiagonalAndFullPairs) {
   check_block({1, 70, 2, 2, 128, false});
 }
 
+// ---- Packed documents (AttentionDims::doc_start, kernels/cpu/attention.h's Documents) ----
+
+// Each row's document start from per-sequence starts.
+std::vector<int32_t> doc_start_of(const std::vector<std::vector<int32_t>>& starts, int64_t seq) {
+  std::vector<int32_t> st(starts.size() * size_t(seq));
+  for (size_t b = 0; b < starts.size(); ++b)
+    for (size_t d = 0; d < starts[b].size(); ++d) {
+      const int64_t end = d + 1 < starts[b].size() ? starts[b][d + 1] : seq;
+      for (int64_t t = starts[b][d]; t < end; ++t) st[b * size_t(seq) + size_t(t)] = starts[b][d];
+    }
+  return st;
+}
+
+// -inf (a row that sees no key of a block) as a finite sentinel, so that it compares equal.
+std::vector<float> finite(std::vector<float> v) {
+  for (float& x : v)
+    if (x == -INFINITY) x = -1e30f;
+  return v;
+}
+
+// Packed attention on the GPU equals each document's attention alone (the CPU kernel on that
+// document's rows, batch 1), forward and backward, on the same bf16 inputs; the backward is fed
+// the reference's (bf16) out and lse as in check().
+void check_packed(const Case& c, const std::vector<std::vector<int32_t>>& starts) {
+  SCOPED_TRACE(name(c) + " packed");
+  const std::vector<int32_t> st = doc_start_of(starts, c.seq);
+  const DeviceArray<int32_t> st_dev(st);
+  AttentionDims d{c.batch, c.seq, c.heads, c.groups, c.head_dim};
+  d.doc_start = st_dev.get();
+  const int64_t rows = c.batch * c.seq, stride = d.qkv_stride(), HD = c.heads * c.head_dim;
+  const std::vector<float> qkv = round_bf16(random_floats(size_t(rows * stride), 71));
+  const std::vector<float> dout = round_bf16(random_floats(size_t(rows * HD), 72));
+  // The reference: every document alone.
+  std::vector<float> out_ref(size_t(rows * HD)), lse_ref(size_t(c.batch * c.heads * c.seq)), dqkv_ref(qkv.size());
+  for (size_t b = 0; b < starts.size(); ++b)
+    for (size_t k = 0; k < starts[b].size(); ++k) {
+      const int64_t a = starts[b][k], n = (k + 1 < starts[b].size() ? starts[b][k + 1] : c.seq) - a;
+      const int64_t r0 = int64_t(b) * c.seq + a;
+      const cpu::AttentionShape one{1, n, c.heads, c.groups, c.head_dim};
+      std::vector<float> o(size_t(n * HD)), l(size_t(c.heads * n)), g(size_t(n * stride));
+      cpu::attention_forward<float>(qkv.data() + r0 * stride, o.data(), l.data(), one);
+      const std::vector<float> ob = round_bf16(o);
+      cpu::attention_backward<float>(qkv.data() + r0 * stride, ob.data(), l.data(), dout.data() + r0 * HD, g.data(),
+                                     one);
+      std::copy(o.begin(), o.end(), out_ref.begin() + r0 * HD);
+      std::copy(g.begin(), g.end(), dqkv_ref.begin() + r0 * stride);
+      for (int64_t h = 0; h < c.heads; ++h)
+        for (int64_t t = 0; t < n; ++t)
+          lse_ref[size_t((int64_t(b) * c.heads + h) * c.seq + a + t)] = l[size_t(h * n + t)];
+    }
+  auto bf = [](const DeviceBf16& x) { return reinterpret_cast<__nv_bfloat16*>(x.get()); };
+  const DeviceBf16 qkv_dev(to_bf16_bits(qkv));
+  const DeviceBf16 out_dev(std::vector<uint16_t>(size_t(rows * HD), kBf16NaN));
+  const DeviceArray<float> lse_dev(std::vector<float>(lse_ref.size(), NAN));
+  cuda::flash_attention_forward(bf(qkv_dev), bf(out_dev), lse_dev.get(), d, true, cuda::stream());
+  expect_close(from_bf16_bits(out_dev.host()), out_ref, 2e-2, 2e-2, "packed out");
+  expect_close(lse_dev.host(), lse_ref, 1e-3, 1e-3, "packed lse");
+  const DeviceBf16 outb_dev(to_bf16_bits(round_bf16(out_ref)));
+  const DeviceArray<float> lser_dev(lse_ref);
+  const DeviceBf16 dout_dev(to_bf16_bits(dout));
+  const DeviceBf16 dqkv_dev(std::vector<uint16_t>(qkv.size(), kBf16NaN));
+  cuda::flash_attention_backward(bf(qkv_dev), bf(outb_dev), lser_dev.get(), bf(dout_dev), bf(dqkv_dev), d, true,
+                                 cuda::stream());
+  const std::vector<float> dqkv = from_bf16_bits(dqkv_dev.host());
+  const int64_t kv = c.groups * c.head_dim;
+  expect_grad_close(columns(dqkv, rows, stride, 0, HD), columns(dqkv_ref, rows, stride, 0, HD), "packed dq");
+  expect_grad_close(columns(dqkv, rows, stride, HD, kv), columns(dqkv_ref, rows, stride, HD, kv), "packed dk");
+  expect_grad_close(columns(dqkv, rows, stride, HD + kv, kv), columns(dqkv_ref, rows, stride, HD + kv, kv),
+                    "packed dv");
+}
+
+// Documents that cross the 128-row forward tiles and the 64-row backward tiles, start on a tile
+// boundary, and one of a single row; D=64 and D=128 with GQA.
+TEST(FlashAttentionPacked, EachDocumentEqualsItsAttentionAlone) {
+  PRIMUS_REQUIRE_GPU();
+  check_packed({2, 200, 4, 2, 64, true}, {{0, 37, 128, 129, 170}, {0, 64, 199}});
+  check_packed({1, 150, 2, 1, 128, true}, {{0, 70, 140}});
+}
+
+// A ring block pair with documents (key_pos0: the key block's first position): the query block
+// follows the key block (full pair); some queries' documents began in the key block, others
+// after it (no visible key: out 0, lse -inf), against the CPU kernel with the same documents.
+TEST(FlashAttentionPacked, RingBlockPairWithDocuments) {
+  PRIMUS_REQUIRE_GPU();
+  const Case c{1, 96, 4, 2, 64, false};
+  // Whole-sequence starts of the query rows (positions 96 .. 191): documents from 40, 96, 150.
+  std::vector<int32_t> st(96);
+  for (int64_t t = 0; t < 96; ++t) st[size_t(t)] = 96 + t < 150 ? (t < 20 ? 40 : 96) : 150;
+  const DeviceArray<int32_t> st_dev(st);
+  AttentionDims d{c.batch, c.seq, c.heads, c.groups, c.head_dim};
+  d.doc_start = st_dev.get();
+  d.key_pos0 = 0;
+  const cpu::AttentionShape shape{c.batch, c.seq, c.heads, c.groups, c.head_dim};
+  const cpu::Documents docs{st.data(), 0};
+  const int64_t rows = c.seq, stride = d.qkv_stride(), HD = c.heads * c.head_dim, KV = 2 * c.groups * c.head_dim;
+  const std::vector<float> qkv = round_bf16(random_floats(size_t(rows * stride), 81));
+  const std::vector<float> kv = round_bf16(random_floats(size_t(rows * KV), 82));
+  const std::vector<float> dout = round_bf16(random_floats(size_t(rows * HD), 83));
+  auto bf = [](const DeviceBf16& x) { return reinterpret_cast<__nv_bfloat16*>(x.get()); };
+  std::vector<float> out_ref(size_t(rows * HD)), lse_ref(size_t(c.heads * rows));
+  cpu::attention_block_forward<float>(qkv.data(), kv.data(), out_ref.data(), lse_ref.data(), shape, false, docs);
+  const DeviceBf16 qkv_dev(to_bf16_bits(qkv)), kv_dev(to_bf16_bits(kv));
+  const DeviceBf16 out_dev(std::vector<uint16_t>(size_t(rows * HD), kBf16NaN));
+  const DeviceArray<float> lse_dev(std::vector<float>(lse_ref.size(), NAN));
+  cuda::flash_attention_block_forward(bf(qkv_dev), bf(kv_dev), bf(out_dev), lse_dev.get(), d, false, cuda::stream());
+  expect_close(from_bf16_bits(out_dev.host()), out_ref, 2e-2, 2e-2, "block out");
+  expect_close(finite(lse_dev.host()), finite(lse_ref), 1e-3, 1e-3, "block lse");
+  // Backward with a finite (merged) lse: the block's own where it saw keys (a row that saw none has
+  // its diagonal block's; any finite value does, as it sees no key here).
+  std::vector<float> lse_merged = lse_ref;
+  for (float& x : lse_merged)
+    if (x == -INFINITY) x = 1.f;
+  std::vector<float> dq_ref(size_t(rows * HD), 1.f), dkv_ref(size_t(rows * KV), 1.f);
+  const std::vector<float> out_b = round_bf16(out_ref);
+  cpu::attention_block_backward<float>(qkv.data(), kv.data(), out_b.data(), lse_merged.data(), dout.data(),
+                                       dq_ref.data(), dkv_ref.data(), shape, false, docs);
+  const DeviceBf16 outb_dev(to_bf16_bits(out_b)), dout_dev(to_bf16_bits(dout));
+  const DeviceArray<float> lsem_dev(lse_merged);
+  const DeviceArray<float> dq_dev(std::vector<float>(dq_ref.size(), 1.f)), dkv_dev(std::vector<float>(dkv_ref.size(), 1.f));
+  cuda::flash_attention_block_backward(bf(qkv_dev), bf(kv_dev), bf(outb_dev), lsem_dev.get(), bf(dout_dev),
+                                       dq_dev.get(), dkv_dev.get(), d, false, cuda::stream());
+  expect_grad_close(dq_dev.host(), dq_ref, "block dq");
+  expect_grad_close(dkv_dev.host(), dkv_ref, "block dk, dv");
+}
+
 TEST(FlashAttention, UnsupportedShapes) {  // no GPU needed
   EXPECT_EQ(cuda::flash_attention_unsupported({2, 128, 4, 4, 64}), "");
   EXPECT_EQ(cuda::flash_attention_unsupported({1, 300, 8, 2, 128}), "");

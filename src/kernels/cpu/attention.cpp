@@ -41,9 +41,25 @@ template <typename T> Operands<T> block(const T* qkv, const T* kv, const Attenti
   return {qkv, s.qkv_stride(), kv, kv + s.groups * s.head_dim, 2 * s.groups * s.head_dim};
 }
 
+// The first key (a row index of the key block) that query row `row` (b*seq + t) may see: 0
+// without documents, else its document's start in key rows (negative: before the block).
+inline int64_t first_key(const Documents& docs, int64_t row) {
+  return docs.start ? int64_t(docs.start[row]) - docs.key_pos0 : 0;
+}
+
+// Query rows [0, S) of sequence b that see some key before `key_end` (a key row): all of them
+// without documents; with documents (start non-decreasing) those before the first row whose
+// document starts at or after key_end.
+inline int64_t rows_seeing(const Documents& docs, int64_t b, int64_t S, int64_t key_end) {
+  if (!docs.start) return S;
+  const int32_t* st = docs.start + b * S;
+  const int64_t limit = key_end - 1 + docs.key_pos0;  // rows whose document starts at or before it
+  return std::upper_bound(st, st + S, limit, [](int64_t v, int32_t x) { return v < int64_t(x); }) - st;
+}
+
 // causal: query t sees keys s <= t; else every key.
 template <typename T>
-void forward(const Operands<T>& x, T* out, T* lse, const AttentionShape& s, bool causal) {
+void forward(const Operands<T>& x, T* out, T* lse, const AttentionShape& s, bool causal, const Documents& docs) {
   const int64_t S = s.seq, D = s.head_dim;
   const int64_t q_size = s.heads * D, per_group = s.heads / s.groups;
   const int64_t tiles = (S + kTile - 1) / kTile;
@@ -69,8 +85,12 @@ void forward(const Operands<T>& x, T* out, T* lse, const AttentionShape& s, bool
       std::fill(m.begin(), m.end(), -std::numeric_limits<T>::infinity());
       std::fill(l.begin(), l.end(), T(0));
       std::fill(acc.begin(), acc.end(), T(0));
+      // Key tiles before every row's document hold no visible key: start at the tile's lowest.
+      int64_t lo = S;
+      for (int64_t t = t0; t < t1; ++t) lo = std::min(lo, first_key(docs, b * S + t));
+      const int64_t s_begin = std::max<int64_t>(lo, 0) / kTile * kTile;
 
-      for (int64_t s0 = 0; s0 < (causal ? t1 : S); s0 += kTile) {
+      for (int64_t s0 = s_begin; s0 < (causal ? t1 : S); s0 += kTile) {
         const int64_t s1 = std::min(S, s0 + kTile), cols = s1 - s0;
         for (int64_t c = 0; c < cols; ++c) {
           const T* kr = x.k + (kv_row0 + s0 + c) * x.kv_stride + g * D;
@@ -103,17 +123,24 @@ void forward(const Operands<T>& x, T* out, T* lse, const AttentionShape& s, bool
             for (int64_t i = 0; i < kRows; ++i)
               for (int64_t j = 0; j < kCols && c0 + j < kTile; ++j) p[i * kTile + c0 + j] = sc[i][j];
           }
-          // Online softmax per row; masked columns get probability 0.
+          // Online softmax per row over its visible columns [c_lo, visible); the others get
+          // probability 0 (a row that sees none of the tile keeps its statistics).
           for (int64_t i = 0; i < nr; ++i) {
             const int64_t r = r0 + i, visible = causal ? std::min(cols, t0 + r - s0 + 1) : cols;
+            const int64_t c_lo = std::max<int64_t>(first_key(docs, b * S + t0 + r) - s0, 0);
             T* pr = &p[i * kTile];
+            if (c_lo >= visible) {
+              std::fill(pr, pr + cmax, T(0));
+              continue;
+            }
+            std::fill(pr, pr + c_lo, T(0));
             T mx = m[r];
 #pragma omp simd reduction(max : mx)
-            for (int64_t c = 0; c < visible; ++c) mx = pr[c] > mx ? pr[c] : mx;  // vectorises; std::max does not
+            for (int64_t c = c_lo; c < visible; ++c) mx = pr[c] > mx ? pr[c] : mx;  // vectorises; std::max does not
             const T alpha = fast_exp(m[r] - mx);
             T sum = 0;
 #pragma omp simd reduction(+ : sum)
-            for (int64_t c = 0; c < visible; ++c) {
+            for (int64_t c = c_lo; c < visible; ++c) {
               pr[c] = fast_exp(pr[c] - mx);
               sum += pr[c];
             }
@@ -146,9 +173,9 @@ void forward(const Operands<T>& x, T* out, T* lse, const AttentionShape& s, bool
       for (int64_t r = 0; r < rows; ++r) {
         const int64_t t = t0 + r;
         T* orow = out + (b * S + t) * q_size + h * D;
-        const T inv = T(1) / l[r];
+        const T inv = l[r] > T(0) ? T(1) / l[r] : T(0);  // 0: a row that saw no key (documents)
         for (int64_t d = 0; d < D; ++d) orow[d] = acc[r * Dp + d] * inv;
-        lse[(b * s.heads + h) * S + t] = m[r] + std::log(l[r]);
+        lse[(b * s.heads + h) * S + t] = l[r] > T(0) ? m[r] + std::log(l[r]) : -std::numeric_limits<T>::infinity();
       }
     }
   }
@@ -169,7 +196,7 @@ template <typename T> struct Gradients {
 // tasks never write the same memory. Query rows go kRows at a time, as in the forward.
 template <typename T>
 void backward(const Operands<T>& x, const T* out, const T* lse, const T* dout, const Gradients<T>& y,
-              const AttentionShape& s, bool causal) {
+              const AttentionShape& s, bool causal, const Documents& docs) {
   const int64_t S = s.seq, D = s.head_dim;
   const int64_t q_size = s.heads * D, per_group = s.heads / s.groups;
   const T scale = T(1) / std::sqrt(T(D));
@@ -183,6 +210,7 @@ void backward(const Operands<T>& x, const T* out, const T* lse, const T* dout, c
     // dK and dV of the tile accumulate in [kTile][Dp] and are added to dqkv when it is done.
     std::vector<T> kt(Dp * kTile, T(0)), vtt(Dp * kTile, T(0)), kn(kTile * Dp, T(0)), dk(kTile * Dp), dv(kTile * Dp),
         qs(kRows * Dp, T(0)), go(kRows * Dp, T(0)), p(kRows * kTile), ds(kRows * kTile), Di(kRows), L(kRows);
+    std::vector<int64_t> c_lo(kRows);  // each row's first visible column of the key tile
 #pragma omp for schedule(dynamic, 1)
     for (int64_t task = 0; task < tasks; ++task) {
       const int64_t b = task / s.groups, g = task % s.groups;
@@ -197,6 +225,8 @@ void backward(const Operands<T>& x, const T* out, const T* lse, const T* dout, c
           std::fill(dv_row(t), dv_row(t) + D, T(0));
         }
       for (int64_t h = g * per_group; h < (g + 1) * per_group; ++h) {
+        if (!y.accumulate)  // with documents a row may skip key tile 0
+          for (int64_t t = 0; t < S; ++t) std::fill(dqbase + t * y.dq_stride + h * D, dqbase + t * y.dq_stride + (h + 1) * D, T(0));
         for (int64_t s0 = 0; s0 < S; s0 += kTile) {
           const int64_t s1 = std::min(S, s0 + kTile), cols = s1 - s0;
           std::fill(kt.begin(), kt.end(), T(0));
@@ -212,7 +242,8 @@ void backward(const Operands<T>& x, const T* out, const T* lse, const T* dout, c
           }
           std::fill(dk.begin(), dk.end(), T(0));
           std::fill(dv.begin(), dv.end(), T(0));
-          for (int64_t r0 = causal ? s0 : 0; r0 < S; r0 += kRows) {  // query rows that see this key tile
+          const int64_t r_end = rows_seeing(docs, b, S, s1);  // documents: later rows start after the tile
+          for (int64_t r0 = causal ? s0 : 0; r0 < r_end; r0 += kRows) {  // query rows that see this key tile
             const int64_t nr = std::min(kRows, S - r0);
             const int64_t cmax = causal ? std::min(cols, r0 + nr - 1 - s0 + 1) : cols;
             if (cmax <= 0) continue;
@@ -229,6 +260,7 @@ void backward(const Operands<T>& x, const T* out, const T* lse, const T* dout, c
               }
               Di[i] = di;
               L[i] = lse[(b * s.heads + h) * S + t];
+              c_lo[i] = i < nr ? std::max<int64_t>(first_key(docs, b * S + t) - s0, 0) : 0;
             }
             // Scores and dO V^T for the block, then P and dS; masked columns get 0.
             for (int64_t c0 = 0; c0 < cmax; c0 += kCols) {
@@ -248,7 +280,7 @@ void backward(const Operands<T>& x, const T* out, const T* lse, const T* dout, c
               for (int64_t i = 0; i < kRows; ++i) {
                 const int64_t visible = i >= nr ? 0 : causal ? std::min(cols, r0 + i - s0 + 1) : cols;
                 for (int64_t j = 0; j < kCols && c0 + j < kTile; ++j) {
-                  const bool on = c0 + j < visible;
+                  const bool on = c0 + j < visible && c0 + j >= c_lo[i];
                   const T pv = on ? fast_exp(sc[i][j] - L[i]) : T(0);
                   p[i * kTile + c0 + j] = pv;
                   ds[i * kTile + c0 + j] = on ? pv * (gp[i][j] - Di[i]) : T(0);
@@ -283,12 +315,7 @@ void backward(const Operands<T>& x, const T* out, const T* lse, const T* dout, c
               }
               for (int64_t i = 0; i < nr; ++i) {
                 T* dqr = dqbase + (r0 + i) * y.dq_stride + h * D;
-                for (int64_t j = 0; j < kCols && d0 + j < D; ++j) {
-                  if (s0 == 0 && !y.accumulate)
-                    dqr[d0 + j] = dq[i][j] * scale;
-                  else
-                    dqr[d0 + j] += dq[i][j] * scale;
-                }
+                for (int64_t j = 0; j < kCols && d0 + j < D; ++j) dqr[d0 + j] += dq[i][j] * scale;
               }
             }
           }
@@ -309,28 +336,30 @@ void backward(const Operands<T>& x, const T* out, const T* lse, const T* dout, c
 }  // namespace
 
 template <typename T>
-void attention_forward(const T* qkv, T* out, T* lse, const AttentionShape& s) {
-  forward(fused(qkv, s), out, lse, s, true);
+void attention_forward(const T* qkv, T* out, T* lse, const AttentionShape& s, const Documents& docs) {
+  forward(fused(qkv, s), out, lse, s, true, docs);
 }
 
 template <typename T>
-void attention_backward(const T* qkv, const T* out, const T* lse, const T* dout, T* dqkv, const AttentionShape& s) {
+void attention_backward(const T* qkv, const T* out, const T* lse, const T* dout, T* dqkv, const AttentionShape& s,
+                        const Documents& docs) {
   const Operands<T> x = fused(qkv, s);
   const Gradients<T> y{dqkv, x.q_stride, dqkv + (x.k - qkv), dqkv + (x.v - qkv), x.kv_stride, false};
-  backward(x, out, lse, dout, y, s, true);
+  backward(x, out, lse, dout, y, s, true, docs);
 }
 
 template <typename T>
-void attention_block_forward(const T* qkv, const T* kv, T* out, T* lse, const AttentionShape& s, bool causal) {
-  forward(block(qkv, kv, s), out, lse, s, causal);
+void attention_block_forward(const T* qkv, const T* kv, T* out, T* lse, const AttentionShape& s, bool causal,
+                             const Documents& docs) {
+  forward(block(qkv, kv, s), out, lse, s, causal, docs);
 }
 
 template <typename T>
 void attention_block_backward(const T* qkv, const T* kv, const T* out, const T* lse, const T* dout, T* dq_acc,
-                              T* dkv_acc, const AttentionShape& s, bool causal) {
+                              T* dkv_acc, const AttentionShape& s, bool causal, const Documents& docs) {
   const int64_t GD = s.groups * s.head_dim;
   const Gradients<T> y{dq_acc, s.heads * s.head_dim, dkv_acc, dkv_acc + GD, 2 * GD, true};
-  backward(block(qkv, kv, s), out, lse, dout, y, s, causal);
+  backward(block(qkv, kv, s), out, lse, dout, y, s, causal, docs);
 }
 
 template <typename T>
@@ -389,20 +418,22 @@ void attention_decode(const T* cache, int64_t first, T* out, const AttentionShap
   }
 }
 
-template void attention_forward<float>(const float*, float*, float*, const AttentionShape&);
-template void attention_forward<double>(const double*, double*, double*, const AttentionShape&);
+template void attention_forward<float>(const float*, float*, float*, const AttentionShape&, const Documents&);
+template void attention_forward<double>(const double*, double*, double*, const AttentionShape&, const Documents&);
 template void attention_backward<float>(const float*, const float*, const float*, const float*, float*,
-                                        const AttentionShape&);
+                                        const AttentionShape&, const Documents&);
 template void attention_backward<double>(const double*, const double*, const double*, const double*, double*,
-                                         const AttentionShape&);
+                                         const AttentionShape&, const Documents&);
 
-template void attention_block_forward<float>(const float*, const float*, float*, float*, const AttentionShape&, bool);
+template void attention_block_forward<float>(const float*, const float*, float*, float*, const AttentionShape&, bool,
+                                             const Documents&);
 template void attention_block_forward<double>(const double*, const double*, double*, double*, const AttentionShape&,
-                                              bool);
+                                              bool, const Documents&);
 template void attention_block_backward<float>(const float*, const float*, const float*, const float*, const float*,
-                                              float*, float*, const AttentionShape&, bool);
+                                              float*, float*, const AttentionShape&, bool, const Documents&);
 template void attention_block_backward<double>(const double*, const double*, const double*, const double*,
-                                               const double*, double*, double*, const AttentionShape&, bool);
+                                               const double*, double*, double*, const AttentionShape&, bool,
+                                               const Documents&);
 
 template void attention_merge<float>(float*, float*, const float*, const float*, const AttentionShape&);
 template void attention_merge<double>(double*, double*, const double*, const double*, const AttentionShape&);

@@ -16,13 +16,28 @@ struct AttentionShape {
   int64_t qkv_stride() const { return (heads + 2 * groups) * head_dim; }
 };
 
+// Documents packed into the sequences (reset_attention_mask, packed SFT samples): attention stays
+// inside each document. start[b*seq + t] is the position where query row t's document begins, in
+// the positions of the key rows: key row s of a sequence is at position key_pos0 + s. Query t sees
+// key s only when key_pos0 + s >= start[b*seq + t] (and, causal, s <= t). Within a sequence start
+// never decreases (documents are runs of consecutive rows), which lets every kernel skip the key
+// tiles that no query of a tile sees: packed attention costs about the sum of its documents'
+// causal attention. start null: no documents (every key by the causal rule alone). Without
+// context parallelism key_pos0 is 0 and start holds positions within the sequence; a query that
+// sees no key of a block (a block of another document) gets output 0 and log-sum-exp -inf.
+struct Documents {
+  const int32_t* start = nullptr;
+  int64_t key_pos0 = 0;
+};
+
 // out [batch*seq, heads*head_dim]; lse [batch, heads, seq].
 template <typename T>
-void attention_forward(const T* qkv, T* out, T* lse, const AttentionShape& s);
+void attention_forward(const T* qkv, T* out, T* lse, const AttentionShape& s, const Documents& docs = {});
 
 // dqkv [batch*seq, qkv_stride] is overwritten with the gradients of q, k and v.
 template <typename T>
-void attention_backward(const T* qkv, const T* out, const T* lse, const T* dout, T* dqkv, const AttentionShape& s);
+void attention_backward(const T* qkv, const T* out, const T* lse, const T* dout, T* dqkv, const AttentionShape& s,
+                        const Documents& docs = {});
 
 // Context parallelism splits a sequence over ranks; a rank's queries then attend to key/value
 // blocks that arrive from the others, one block at a time, and the blocks' results are merged by
@@ -32,13 +47,14 @@ void attention_backward(const T* qkv, const T* out, const T* lse, const T* dout,
 // causal: query t sees keys s <= t (the block on the diagonal: same positions); else all keys.
 // out [batch*seq, heads*head_dim] and lse [batch, heads, seq] are this block's alone.
 template <typename T>
-void attention_block_forward(const T* qkv, const T* kv, T* out, T* lse, const AttentionShape& s, bool causal);
+void attention_block_forward(const T* qkv, const T* kv, T* out, T* lse, const AttentionShape& s, bool causal,
+                             const Documents& docs = {});
 
 // The block's share of the gradients, given the MERGED out and lse (over every block) and dout:
 // dq_acc [batch*seq, heads*head_dim] += dq; dkv_acc [batch*seq, 2*groups*head_dim] += [dk | dv].
 template <typename T>
 void attention_block_backward(const T* qkv, const T* kv, const T* out, const T* lse, const T* dout, T* dq_acc,
-                              T* dkv_acc, const AttentionShape& s, bool causal);
+                              T* dkv_acc, const AttentionShape& s, bool causal, const Documents& docs = {});
 
 // Merges a block into the running result: with w = exp(lse - m), wb = exp(block_lse - m) (m the
 // larger), acc = (acc w + block_out wb) / (w + wb) and lse = m + log(w + wb). Start from acc 0,

@@ -167,7 +167,8 @@ void CpuBackend::attention_forward(const Tensor& qkv, Tensor& out, Tensor& lse, 
   PRIMUS_CHECK(qkv.numel() == s.batch * s.seq * s.qkv_stride() && out.numel() == s.batch * s.seq * s.heads * s.head_dim &&
                    lse.numel() == s.batch * s.heads * s.seq,
                "attention shapes qkv {} out {} lse {}", qkv.shape_str(), out.shape_str(), lse.shape_str());
-  dispatch(t, [&]<typename T>() { cpu::attention_forward<T>(P<T>(qkv), P<T>(out), P<T>(lse), s); });
+  const cpu::Documents docs = ops::documents_of(s, device());
+  dispatch(t, [&]<typename T>() { cpu::attention_forward<T>(P<T>(qkv), P<T>(out), P<T>(lse), s, docs); });
 }
 
 void CpuBackend::attention_backward(const Tensor& qkv, const Tensor& out, const Tensor& lse, const Tensor& dout,
@@ -175,8 +176,9 @@ void CpuBackend::attention_backward(const Tensor& qkv, const Tensor& out, const 
   const DType t = real_type(qkv, "attention qkv");
   for (const Tensor* u : std::initializer_list<const Tensor*>{&out, &lse, &dout, &dqkv}) same_type(t, *u, "attention operand");
   PRIMUS_CHECK(dqkv.numel() == qkv.numel() && dout.numel() == out.numel(), "attention backward shapes");
+  const cpu::Documents docs = ops::documents_of(s, device());
   dispatch(t, [&]<typename T>() {
-    cpu::attention_backward<T>(P<T>(qkv), P<T>(out), P<T>(lse), P<T>(dout), P<T>(dqkv), s);
+    cpu::attention_backward<T>(P<T>(qkv), P<T>(out), P<T>(lse), P<T>(dout), P<T>(dqkv), s, docs);
   });
 }
 
@@ -195,7 +197,10 @@ void CpuBackend::attention_block_forward(const Tensor& qkv, const Tensor& kv, Te
   const DType t = real_type(qkv, "attention qkv");
   for (const Tensor* u : std::initializer_list<const Tensor*>{&kv, &out, &lse}) same_type(t, *u, "attention operand");
   check_block_shapes(qkv, kv, out, lse, s);
-  dispatch(t, [&]<typename T>() { cpu::attention_block_forward<T>(P<T>(qkv), P<T>(kv), P<T>(out), P<T>(lse), s, causal); });
+  const cpu::Documents docs = ops::documents_of(s, device());
+  dispatch(t, [&]<typename T>() {
+    cpu::attention_block_forward<T>(P<T>(qkv), P<T>(kv), P<T>(out), P<T>(lse), s, causal, docs);
+  });
 }
 
 void CpuBackend::attention_merge(Tensor& acc, Tensor& lse, const Tensor& block_out, const Tensor& block_lse,
@@ -220,9 +225,10 @@ void CpuBackend::attention_block_backward(const Tensor& qkv, const Tensor& kv, c
   PRIMUS_CHECK(dout.numel() == out.numel() && dq_acc.numel() == out.numel() && dkv_acc.numel() == kv.numel(),
                "attention block backward shapes dout {} dq {} dkv {}", dout.shape_str(), dq_acc.shape_str(),
                dkv_acc.shape_str());
+  const cpu::Documents docs = ops::documents_of(s, device());
   dispatch(t, [&]<typename T>() {
     cpu::attention_block_backward<T>(P<T>(qkv), P<T>(kv), P<T>(out), P<T>(lse), P<T>(dout), P<T>(dq_acc),
-                                     P<T>(dkv_acc), s, causal);
+                                     P<T>(dkv_acc), s, causal, docs);
   });
 }
 

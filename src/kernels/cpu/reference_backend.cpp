@@ -138,7 +138,7 @@ void ReferenceBackend::attention_forward(const Tensor& qkv, Tensor& out, Tensor&
   expect(lse, DType::F32, {s.batch, s.heads, s.seq}, "attention lse");
   const std::vector<float> q = read(qkv, "attention qkv");
   std::vector<float> o(out.numel());
-  cpu::attention_forward<float>(q.data(), o.data(), lse.data<float>(), s);
+  cpu::attention_forward<float>(q.data(), o.data(), lse.data<float>(), s, ops::documents_of(s, device()));
   write(out, o.data(), "attention out");
 }
 
@@ -147,7 +147,7 @@ void ReferenceBackend::attention_backward(const Tensor& qkv, const Tensor& out, 
   const std::vector<float> q = read(qkv, "attention qkv"), o = read(out, "attention out"),
                            d = read(dout, "attention dout");
   std::vector<float> dq(dqkv.numel());
-  cpu::attention_backward<float>(q.data(), o.data(), lse.data<float>(), d.data(), dq.data(), s);
+  cpu::attention_backward<float>(q.data(), o.data(), lse.data<float>(), d.data(), dq.data(), s, ops::documents_of(s, device()));
   write(dqkv, dq.data(), "attention dqkv");
 }
 
@@ -158,7 +158,8 @@ void ReferenceBackend::attention_block_forward(const Tensor& qkv, const Tensor& 
                "attention block shapes qkv {} kv {}", qkv.shape_str(), kv.shape_str());
   const std::vector<float> q = read(qkv, "attention qkv"), k = read(kv, "attention kv");
   std::vector<float> o(out.numel());
-  cpu::attention_block_forward<float>(q.data(), k.data(), o.data(), lse.data<float>(), s, causal);
+  cpu::attention_block_forward<float>(q.data(), k.data(), o.data(), lse.data<float>(), s, causal,
+                                      ops::documents_of(s, device()));
   write(out, o.data(), "attention block out");
 }
 
@@ -185,7 +186,7 @@ void ReferenceBackend::attention_block_backward(const Tensor& qkv, const Tensor&
   const std::vector<float> q = read(qkv, "attention qkv"), k = read(kv, "attention kv"), o = read(out, "attention out"),
                            d = read(dout, "attention dout");
   cpu::attention_block_backward<float>(q.data(), k.data(), o.data(), lse.data<float>(), d.data(),
-                                       dq_acc.data<float>(), dkv_acc.data<float>(), s, causal);
+                                       dq_acc.data<float>(), dkv_acc.data<float>(), s, causal, ops::documents_of(s, device()));
 }
 
 void ReferenceBackend::attention_decode(const Tensor& cache, int64_t first, Tensor& out, const ops::AttentionShape& s) {

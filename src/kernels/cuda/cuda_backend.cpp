@@ -55,7 +55,11 @@ Tensor upload_scale(const std::vector<double>& scale, size_t rows, const char* o
 }
 const double* scales(const Tensor& t) { return t.defined() ? static_cast<const double*>(t.raw()) : nullptr; }
 
-AttentionDims dims_of(const ops::AttentionShape& s) { return {s.batch, s.seq, s.heads, s.groups, s.head_dim}; }
+// The flash attention's dims of s, its documents included.
+AttentionDims dims_of(const ops::AttentionShape& s) {
+  const cpu::Documents docs = ops::documents_of(s, Device::CUDA);
+  return {s.batch, s.seq, s.heads, s.groups, s.head_dim, docs.start, docs.key_pos0};
+}
 
 }  // namespace
 

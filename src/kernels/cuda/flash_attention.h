@@ -33,8 +33,15 @@
 
 namespace primus::cuda {
 
+// doc_start (device, int32 [batch * seq]) and key_pos0: documents packed into the sequences, as
+// kernels/cpu/attention.h's Documents (query row t sees key s only when key_pos0 + s >= doc_start
+// of t; non-decreasing within a sequence); null: none. The forward starts each CTA at the key tile
+// of its first row's document and the backward ends each key tile's query loop at the last row
+// whose document has begun, so packed attention skips the tiles between documents.
 struct AttentionDims {
   int64_t batch = 0, seq = 0, heads = 0, groups = 0, head_dim = 0;
+  const int32_t* doc_start = nullptr;
+  int64_t key_pos0 = 0;
   int64_t qkv_stride() const { return (heads + 2 * groups) * head_dim; }
 };
 

@@ -55,6 +55,8 @@ struct BwdParams {
   float scale;       // 1 / sqrt(D)
   float scale_log2;  // log2(e) / sqrt(D)
 };
+// The documents (flash_attention.h) travel as kernel arguments of their own beside BwdParams: two
+// more fields in it cost the plain kernels 12-40 bytes of spills (ptxas, CUDA 13, sm_90).
 
 // ---- 1. delta and lse2 ----
 // D/8 consecutive threads share one (row, head): each loads 8 bf16 of dO and of O (16 bytes),
@@ -100,6 +102,17 @@ __global__ void __launch_bounds__(256) fa_bwd_preprocess_kernel(const bf16* out,
 }
 
 // ---- 2. dK, dV (and dQ by atomics) ----
+
+// The rows [0, S) of a sequence whose document starts at or before position `last` (starts
+// non-decreasing: a prefix).
+__device__ __forceinline__ int rows_seeing(const int* start, int S, int last) {
+  int lo = 0, hi = S;
+  while (lo < hi) {
+    const int mid = (lo + hi) / 2;
+    if (start[mid] <= last) lo = mid + 1; else hi = mid;
+  }
+  return lo;
+}
 template <int D>
 struct BwdSmem {
   static constexpr int kTileBytes = kBwdTile * D * 2;  // a 64 x D bf16 tile
@@ -119,8 +132,11 @@ struct BwdSmem {
 // D=128 needs the full 255 (two CTAs, 2 x 114 KB).
 template <int D> constexpr int kBwdMinBlocks = D == 64 ? 3 : 2;
 
-template <int D, bool CAUSAL>
-__global__ void __launch_bounds__(kBwdThreads, kBwdMinBlocks<D>) fa_bwd_dkdv_kernel(const BwdParams p) {
+// DOCS: documents packed into the sequences (BwdParams::doc_start); a separate instantiation, so
+// that plain attention carries none of its registers.
+template <int D, bool CAUSAL, bool DOCS>
+__global__ void __launch_bounds__(kBwdThreads, kBwdMinBlocks<D>) fa_bwd_dkdv_kernel(const BwdParams p, const int* doc_start,
+                                                                                  int key_pos0) {
   constexpr int BM = kBwdTile, BN = kBwdTile, NTHREADS = kBwdThreads;
   constexpr int NTD = D / 16;  // n8 blocks of a warp's D/2 head-dim columns
   using L = BwdSmem<D>;
@@ -135,9 +151,12 @@ __global__ void __launch_bounds__(kBwdThreads, kBwdMinBlocks<D>) fa_bwd_dkdv_ker
   const int S = p.seq, H = p.heads;
   const int n0 = n_block * BN;
 
-  const int n_q_blocks = (S + BM - 1) / BM;
+  const int* doc_row = DOCS ? doc_start + int64_t(b) * S : nullptr;
+  // Documents: rows whose document starts after this tile's last key see none of it (their
+  // starts do not decrease: the rows before the first such row).
+  const int n_q_blocks = DOCS ? (rows_seeing(doc_row, S, n0 + BN - 1 + key_pos0) + BM - 1) / BM : (S + BM - 1) / BM;
   const int m_begin = CAUSAL ? n0 / BM : 0;  // causal: query tiles below this one see no key here
-  const int per_head = n_q_blocks - m_begin;
+  const int per_head = n_q_blocks - m_begin;  // documents: may be negative (no steps)
   const int steps = p.per_group * per_head;
 
   // K and V of this tile; rows past the sequence end are zero.
@@ -194,7 +213,7 @@ __global__ void __launch_bounds__(kBwdThreads, kBwdMinBlocks<D>) fa_bwd_dkdv_ker
     // 32wn + 8nb + 2t + (e & 1). (P is packed before dP is accumulated so that 32 fp32 scores
     // and 32 fp32 dP are never live together beside dK and dV.)
     {
-      const bool need_mask = (CAUSAL && n0 + BN - 1 > m0) || n0 + BN > S;
+      const bool need_mask = (CAUSAL && n0 + BN - 1 > m0) || n0 + BN > S || DOCS;
       uint32_t pk[2][2][4];  // [mt][r][nb]: bf16x2 of P
       {
         float acc_s[2][4][4];
@@ -206,6 +225,8 @@ __global__ void __launch_bounds__(kBwdThreads, kBwdMinBlocks<D>) fa_bwd_dkdv_ker
           for (int r = 0; r < 2; ++r) {
             const int q = 32 * wm + 16 * mt + g + 8 * r;  // row within the query tile
             const float l2 = sLse[q];
+            // documents: the query's first visible key, relative to this tile (rows past the end: any)
+            const int first = doc_row && m0 + q < S ? doc_row[m0 + q] - key_pos0 - n0 : -BN;
 #pragma unroll
             for (int nb = 0; nb < 4; ++nb) {
               const int k = 32 * wn + 8 * nb + 2 * t;  // column within the key tile (and k + 1)
@@ -213,7 +234,7 @@ __global__ void __launch_bounds__(kBwdThreads, kBwdMinBlocks<D>) fa_bwd_dkdv_ker
 #pragma unroll
               for (int e = 0; e < 2; ++e) {
                 pv[e] = ex2(fmaf(acc_s[mt][nb][2 * r + e], p.scale_log2, -l2));
-                if (need_mask && (n0 + k + e >= S || (CAUSAL && n0 + k + e > m0 + q))) pv[e] = 0.f;
+                if (need_mask && (n0 + k + e >= S || (CAUSAL && n0 + k + e > m0 + q) || (DOCS && k + e < first))) pv[e] = 0.f;
               }
               pk[mt][r][nb] = pack_bf16(pv[0], pv[1]);
               *reinterpret_cast<uint32_t*>(smem + L::P + swz<BN>(q, k)) = pk[mt][r][nb];
@@ -326,9 +347,10 @@ __global__ void __launch_bounds__(256) fa_bwd_convert_dq_kernel(const float* dq_
   }
 }
 
-template <int D, bool CAUSAL>
-void launch_dkdv(const BwdParams& p, int batch, cudaStream_t stream) {
-  auto kernel = fa_bwd_dkdv_kernel<D, CAUSAL>;
+template <int D, bool CAUSAL, bool DOCS>
+void launch_dkdv(const BwdParams& p, const AttentionDims& d, cudaStream_t stream) {
+  const int batch = int(d.batch);
+  auto kernel = fa_bwd_dkdv_kernel<D, CAUSAL, DOCS>;
   constexpr int smem = BwdSmem<D>::kBytes;
   static_assert(smem > 48 * 1024, "raise the limit below only when needed");
   // Once per instantiation (thread-safe static initialisation); one process drives one GPU.
@@ -340,7 +362,7 @@ void launch_dkdv(const BwdParams& p, int batch, cudaStream_t stream) {
   }();
   PRIMUS_CUDA_CHECK(attr);
   const dim3 grid(unsigned(p.groups), unsigned(batch), unsigned((p.seq + kBwdTile - 1) / kBwdTile));
-  kernel<<<grid, kBwdThreads, smem, stream>>>(p);
+  kernel<<<grid, kBwdThreads, smem, stream>>>(p, d.doc_start, int(d.key_pos0));
   PRIMUS_CUDA_CHECK_LAUNCH();
 }
 
@@ -408,11 +430,18 @@ void backward(const __nv_bfloat16* qkv, const __nv_bfloat16* kv, int kv_stride, 
   p.scale = float(1.0 / std::sqrt(double(D)));
   p.scale_log2 = float(1.4426950408889634 / std::sqrt(double(D)));
   p.dq_scale = block ? p.scale : 1.0f;
-  const int batch = int(B);
+  const bool docs = d.doc_start != nullptr;
   if (D == 64) {
-    causal ? fa::launch_dkdv<64, true>(p, batch, stream) : fa::launch_dkdv<64, false>(p, batch, stream);
+    if (docs)
+      causal ? fa::launch_dkdv<64, true, true>(p, d, stream) : fa::launch_dkdv<64, false, true>(p, d, stream);
+    else
+      causal ? fa::launch_dkdv<64, true, false>(p, d, stream) : fa::launch_dkdv<64, false, false>(p, d, stream);
   } else {
-    causal ? fa::launch_dkdv<128, true>(p, batch, stream) : fa::launch_dkdv<128, false>(p, batch, stream);
+    if (docs)
+      causal ? fa::launch_dkdv<128, true, true>(p, d, stream) : fa::launch_dkdv<128, false, true>(p, d, stream);
+    else
+      causal ? fa::launch_dkdv<128, true, false>(p, d, stream)
+             : fa::launch_dkdv<128, false, false>(p, d, stream);
   }
   if (block) return;
 

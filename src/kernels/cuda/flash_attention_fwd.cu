@@ -43,6 +43,8 @@ struct FwdParams {
   float scale;         // 1 / sqrt(D)
   float scale_log2;    // log2(e) / sqrt(D)
 };
+// The documents (flash_attention.h) travel as kernel arguments of their own beside FwdParams, as
+// in the backward (flash_attention_bwd.cu).
 
 template <int D_, int BM_, int BN_, int NWARPS_, bool Q_IN_REGS_>
 struct FwdConfig {
@@ -63,8 +65,10 @@ template <int D> struct FwdTraits;
 template <> struct FwdTraits<64> { using Cfg = FwdConfig<64, 128, 64, 4, true>; };
 template <> struct FwdTraits<128> { using Cfg = FwdConfig<128, 128, 32, 4, false>; };
 
-template <typename Cfg, bool CAUSAL>
-__global__ void __launch_bounds__(Cfg::NTHREADS) fa_fwd_kernel(const FwdParams p) {
+// DOCS: documents packed into the sequences (FwdParams::doc_start); a separate instantiation, so
+// that plain attention carries none of its registers.
+template <typename Cfg, bool CAUSAL, bool DOCS>
+__global__ void __launch_bounds__(Cfg::NTHREADS) fa_fwd_kernel(const FwdParams p, const int* doc_start, int key_pos0) {
   constexpr int D = Cfg::D, BM = Cfg::BM, BN = Cfg::BN, MT = Cfg::MT, NTHREADS = Cfg::NTHREADS;
   constexpr int KT = D / 16;   // k-steps of Q K^T
   constexpr int NB = BN / 8;   // n-blocks of S
@@ -89,6 +93,11 @@ __global__ void __launch_bounds__(Cfg::NTHREADS) fa_fwd_kernel(const FwdParams p
 
   const int n_end = CAUSAL ? min(S, m0 + BM) : S;  // keys [0, n_end) are visible to some row
   const int n_blocks = (n_end + BN - 1) / BN;
+  // Documents: a row sees the keys from its document's start on (re-read from global memory where
+  // a tile is masked: held in registers they spill); the tile's first row has the lowest start,
+  // as starts do not decrease, so the key tiles below n_lo hold no visible key.
+  const int* doc_row = DOCS ? doc_start + int64_t(b) * S : nullptr;
+  const int n_lo = doc_row ? max(0, doc_row[m0] - key_pos0) / BN : 0;
 
   load_tile<BM, D, NTHREADS>(sQ, q_src, p.stride, min(BM, S - m0), p.qkv, tid);
   {
@@ -119,7 +128,7 @@ __global__ void __launch_bounds__(Cfg::NTHREADS) fa_fwd_kernel(const FwdParams p
       row_sum[mt][r] = 0.f;
     }
 
-  for (int n_block = n_blocks - 1; n_block >= 0; --n_block) {
+  for (int n_block = n_blocks - 1; n_block >= n_lo; --n_block) {
     const int n0 = n_block * BN;
     load_tile<BN, D, NTHREADS>(sV, v_src + int64_t(n0) * p.kv_stride, p.kv_stride, min(BN, S - n0), p.kv, tid);
     cp_async_commit();
@@ -151,9 +160,10 @@ __global__ void __launch_bounds__(Cfg::NTHREADS) fa_fwd_kernel(const FwdParams p
       }
     }
 
-    // Mask keys past the sequence end and, causal, keys after the query. Element e of n-block nb
-    // in m-tile mt is row wrow + 16*mt + g + 8*(e >> 1), key n0 + 8*nb + 2*t + (e & 1).
-    if ((CAUSAL && n0 + BN - 1 > m0) || n0 + BN > S) {
+    // Mask keys past the sequence end, causal, keys after the query, and keys before the query's
+    // document. Element e of n-block nb in m-tile mt is row wrow + 16*mt + g + 8*(e >> 1), key
+    // n0 + 8*nb + 2*t + (e & 1).
+    if ((CAUSAL && n0 + BN - 1 > m0) || n0 + BN > S || DOCS) {
 #pragma unroll
       for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
@@ -162,13 +172,13 @@ __global__ void __launch_bounds__(Cfg::NTHREADS) fa_fwd_kernel(const FwdParams p
           for (int e = 0; e < 4; ++e) {
             const int row = m0 + wrow + 16 * mt + g + 8 * (e >> 1);
             const int key = n0 + 8 * nb + 2 * t + (e & 1);
-            if (key >= S || (CAUSAL && key > row)) acc_s[mt][nb][e] = -INFINITY;
+            if (key >= S || (CAUSAL && key > row) || (DOCS && row < S && key + key_pos0 < doc_row[row])) acc_s[mt][nb][e] = -INFINITY;
           }
     }
 
     cp_async_wait<0>();  // V_n has landed (this thread's part) ...
     __syncthreads();     // ... everyone's part, and every warp is done with K_n
-    if (n_block > 0) {
+    if (n_block > n_lo) {
       const int nk = n0 - BN;
       load_tile<BN, D, NTHREADS>(sK, k_src + int64_t(nk) * p.kv_stride, p.kv_stride, min(BN, S - nk), p.kv, tid);
       cp_async_commit();
@@ -261,10 +271,11 @@ __global__ void __launch_bounds__(Cfg::NTHREADS) fa_fwd_kernel(const FwdParams p
   }
 }
 
-template <int D, bool CAUSAL>
-void launch_fwd(const FwdParams& p, int batch, cudaStream_t stream) {
+template <int D, bool CAUSAL, bool DOCS>
+void launch_fwd(const FwdParams& p, const AttentionDims& d, cudaStream_t stream) {
+  const int batch = int(d.batch);
   using Cfg = typename FwdTraits<D>::Cfg;
-  auto kernel = fa_fwd_kernel<Cfg, CAUSAL>;
+  auto kernel = fa_fwd_kernel<Cfg, CAUSAL, DOCS>;
   // Once per instantiation (thread-safe static initialisation); one process drives one GPU.
   static const cudaError_t attr = [&] {
     if constexpr (Cfg::SMEM > 48 * 1024) {
@@ -276,7 +287,7 @@ void launch_fwd(const FwdParams& p, int batch, cudaStream_t stream) {
   }();
   PRIMUS_CUDA_CHECK(attr);
   const dim3 grid(unsigned(p.heads), unsigned(batch), unsigned((p.seq + Cfg::BM - 1) / Cfg::BM));
-  kernel<<<grid, Cfg::NTHREADS, Cfg::SMEM, stream>>>(p);
+  kernel<<<grid, Cfg::NTHREADS, Cfg::SMEM, stream>>>(p, d.doc_start, int(d.key_pos0));
   PRIMUS_CUDA_CHECK_LAUNCH();
 }
 
@@ -308,11 +319,17 @@ void forward(const __nv_bfloat16* qkv, const __nv_bfloat16* kv, int kv_stride, i
   p.out_stride = d.heads * d.head_dim;
   p.scale = float(1.0 / std::sqrt(double(d.head_dim)));
   p.scale_log2 = float(1.4426950408889634 / std::sqrt(double(d.head_dim)));
-  const int batch = int(d.batch);
+  const bool docs = d.doc_start != nullptr;
   if (d.head_dim == 64) {
-    causal ? fa::launch_fwd<64, true>(p, batch, stream) : fa::launch_fwd<64, false>(p, batch, stream);
+    if (docs)
+      causal ? fa::launch_fwd<64, true, true>(p, d, stream) : fa::launch_fwd<64, false, true>(p, d, stream);
+    else
+      causal ? fa::launch_fwd<64, true, false>(p, d, stream) : fa::launch_fwd<64, false, false>(p, d, stream);
   } else {
-    causal ? fa::launch_fwd<128, true>(p, batch, stream) : fa::launch_fwd<128, false>(p, batch, stream);
+    if (docs)
+      causal ? fa::launch_fwd<128, true, true>(p, d, stream) : fa::launch_fwd<128, false, true>(p, d, stream);
+    else
+      causal ? fa::launch_fwd<128, true, false>(p, d, stream) : fa::launch_fwd<128, false, false>(p, d, stream);
   }
 }
 

@@ -36,8 +36,10 @@ TEST(Microbatch, ARanksMicrobatchesAreItsSliceOfTheGlobalBatch) {
   // dp rank 1 of a global batch starting at sample 40, 3 microbatches per dp rank: its microbatch
   // 2 is the global batch's microbatch 1 * 3 + 2 = 5, samples 40 + 10 and 40 + 11.
   const MicrobatchFill fill = microbatches_from(src, 40, {1, 3, mbs, seq, 1, 0});
-  std::vector<int32_t> tokens, targets;
-  fill(2, tokens, targets);
+  Microbatch mb;
+  fill(2, mb);
+  const std::vector<int32_t>&tokens = mb.tokens, &targets = mb.targets;
+  EXPECT_FALSE(mb.docs.active());
   ASSERT_EQ(tokens.size(), size_t(mbs * seq));
   EXPECT_EQ(tokens[0], 5000);
   EXPECT_EQ(targets[0], 5001);  // the next token
@@ -49,9 +51,36 @@ TEST(Microbatch, EodMaskingDropsTheTargetsAfterTheEodToken) {
   SampleSource src;
   src.dataset = std::make_shared<Counting>(10, 4);
   src.eod_mask = 302;  // sample 3's third token
-  std::vector<int32_t> tokens, targets;
-  fill_microbatch(src, 3, 1, 4, tokens, targets);
-  EXPECT_EQ(targets, (std::vector<int32_t>{301, 302, -1, 304}));
+  Microbatch mb;
+  fill_microbatch(src, 3, 1, 4, mb);
+  EXPECT_EQ(mb.targets, (std::vector<int32_t>{301, 302, -1, 304}));
+}
+
+// Megatron's split (get_ltor_masks_and_position_ids): a document begins after each eod input
+// token, except after the last position; the eod belongs to the document it ends. Under context
+// parallelism every rank keeps the whole sequences' starts.
+TEST(Microbatch, ResetKeysSplitDocumentsAfterEachEodInputToken) {
+  const int64_t seq = 8;
+  SampleSource src;
+  src.dataset = std::make_shared<Counting>(10, seq);
+  src.eod = 2;  // sample 0 holds 0 .. 8: eod at input position 2
+  src.reset_attention_mask = true;
+  Microbatch mb;
+  fill_microbatch(src, 0, 1, seq, mb);
+  EXPECT_TRUE(mb.docs.active() && mb.docs.separate_attention && !mb.docs.restart_positions);
+  EXPECT_EQ(mb.docs.starts, (std::vector<std::vector<int32_t>>{{0, 3}}));
+  src.eod = 7;  // the last input position: nothing follows it
+  src.reset_attention_mask = false;
+  src.reset_position_ids = true;
+  fill_microbatch(src, 0, 1, seq, mb);
+  EXPECT_EQ(mb.docs.starts, (std::vector<std::vector<int32_t>>{{0}}));
+  EXPECT_TRUE(mb.docs.restart_positions);
+  EXPECT_EQ(documents_after_eod({5, 1, 5, 5, 5, 2}, 2, 3, 5), (std::vector<std::vector<int32_t>>{{0, 1}, {0, 1, 2}}));
+  // cp 2: the rows are split, the documents are the whole sequence's.
+  src.eod = 5;
+  microbatches_from(src, 0, {0, 1, 1, seq, 2, 1})(0, mb);
+  EXPECT_EQ(mb.tokens.size(), size_t(seq / 2));
+  EXPECT_EQ(mb.docs.starts, (std::vector<std::vector<int32_t>>{{0, 6}}));
 }
 
 TEST(Microbatch, ContextParallelRanksTakeTwoBalancedChunksThatCoverEverySequence) {
@@ -61,8 +90,9 @@ TEST(Microbatch, ContextParallelRanksTakeTwoBalancedChunksThatCoverEverySequence
   src.dataset = std::make_shared<Counting>(100, seq);
   std::vector<int32_t> all;
   for (int r = 0; r < cp; ++r) {
-    std::vector<int32_t> tokens, targets;
-    microbatches_from(src, 0, {0, 1, mbs, seq, cp, r})(0, tokens, targets);
+    Microbatch mb;
+    microbatches_from(src, 0, {0, 1, mbs, seq, cp, r})(0, mb);
+    const std::vector<int32_t>&tokens = mb.tokens, &targets = mb.targets;
     ASSERT_EQ(tokens.size(), size_t(mbs * seq / cp));
     // Rank r's first chunk is chunk r, its second chunk 2 cp - 1 - r (4 tokens each).
     EXPECT_EQ(tokens[0], r * 4);
@@ -82,8 +112,8 @@ TEST(Microbatch, MockSamplesAreAFunctionOfTheSeedAndASampleOfAnotherLengthIsAnEr
   SampleSource a{nullptr, 50, 8, 7, -1}, b{nullptr, 50, 8, 7, -1};
   EXPECT_EQ(a.get(3), b.get(3));
   EXPECT_NE(a.get(3), a.get(4));
-  std::vector<int32_t> tokens, targets;
+  Microbatch mb;
   SampleSource wrong;
   wrong.dataset = std::make_shared<Counting>(10, 4);
-  EXPECT_THROW(fill_microbatch(wrong, 0, 1, 8, tokens, targets), Error);
+  EXPECT_THROW(fill_microbatch(wrong, 0, 1, 8, mb), Error);
 }

@@ -2,7 +2,9 @@
 // group (and tp group) and a one-process reference; every rank feeds its two chunks of each
 // sequence (context_parallel_rows), the loss must be the whole sequence's mean and every gradient,
 // summed over the cp group (as data parallelism over dp x cp does in training), the reference's
-// to 1e-11 relative (double precision: only the summation order differs).
+// to 1e-11 relative (double precision: only the summation order differs). With packed documents
+// (model/documents.h) too: the ring's blocks and the all-to-all's whole sequences keep attention
+// inside each document and rotate each row at its position in its document.
 #include <gtest/gtest.h>
 
 #include "data/microbatch.h"
@@ -22,6 +24,7 @@ struct Case {
   bool sp = false;
   Recompute recompute = Recompute::None;
   bool chunked_vocab = false;
+  bool packed = false;  // documents packed into the sequences: separate attention, restarted positions
 };
 
 void run_case(const Case& c) {
@@ -54,13 +57,20 @@ void run_case(const Case& c) {
   model.init_weights(3);
 
   const int64_t B = 2, S = 8 * c.cp;  // chunks of 4 tokens
+  // Documents that cross chunks, one of a single row, one starting on a chunk boundary (so that
+  // some ring blocks pair queries and keys of different documents only).
+  PackedDocuments docs;
+  if (c.packed) {
+    docs.starts = {{0, 5, 6, int32_t(S / 2 + 1)}, {0, int32_t(S / 2)}};
+    docs.restart_positions = docs.separate_attention = true;
+  }
   for (uint64_t seed : {31, 32}) {
     const MpBatch mb = mp_batch(B, S, spec.vocab_size, seed);
     const auto tokens = data::context_parallel_rows(mb.tokens.data(), B, S, c.cp, cp->rank());
     const auto targets = data::context_parallel_rows(mb.targets.data(), B, S, c.cp, cp->rank());
     LlamaContext a, b;
-    const double want = ref.forward(a, mb.tokens.data(), mb.targets.data(), B, S);
-    const double got = model.forward(b, tokens.data(), targets.data(), B, S / c.cp);
+    const double want = ref.forward(a, mb.tokens.data(), mb.targets.data(), B, S, &docs);
+    const double got = model.forward(b, tokens.data(), targets.data(), B, S / c.cp, &docs);
     EXPECT_NEAR(got, want, 1e-12 * std::fabs(want));
     ref.backward(a, 0.5);
     model.backward_input(b, 0.5);  // the split passes, as a zero-bubble schedule runs them
@@ -84,6 +94,13 @@ TEST(ContextParallel, Cp4AllToAllSelectiveRecompute) { run_case({4, 1, CpComm::A
 TEST(ContextParallel, Cp2Tp2SequenceParallelRing) { run_case({2, 2, CpComm::P2P, true}); }
 TEST(ContextParallel, Cp2Tp2AllToAllFullRecomputeChunkedVocab) {
   run_case({2, 2, CpComm::A2A, false, Recompute::Full, true});
+}
+
+TEST(ContextParallel, Cp2RingPackedDocuments) { run_case({2, 1, CpComm::P2P, false, Recompute::None, false, true}); }
+TEST(ContextParallel, Cp2AllToAllPackedDocuments) { run_case({2, 1, CpComm::A2A, false, Recompute::None, false, true}); }
+TEST(ContextParallel, Cp4RingPackedDocuments) { run_case({4, 1, CpComm::P2P, false, Recompute::None, false, true}); }
+TEST(ContextParallel, Cp2Tp2SequenceParallelRingPackedDocumentsSelectiveRecompute) {
+  run_case({2, 2, CpComm::P2P, true, Recompute::Selective, false, true});
 }
 
 TEST(ContextParallel, BadLayoutsAreRefused) {

@@ -64,6 +64,28 @@ void copy_rows(const uint16_t* src, int64_t ld, int64_t t0, int64_t n, int64_t n
   for (int64_t i = 0; i < n; ++i) std::memcpy(dst + i * Dp, src + (t0 + i) * ld, size_t(D) * 2);
 }
 
+// The first key row that query row `row` (b*S + t) may see (0 without documents), and the rows of
+// sequence b that see some key before key_end (documents: their starts do not decrease).
+int64_t first_key(const Documents& docs, int64_t row) {
+  return docs.start ? int64_t(docs.start[row]) - docs.key_pos0 : 0;
+}
+int64_t rows_seeing(const Documents& docs, int64_t b, int64_t S, int64_t key_end) {
+  if (!docs.start) return S;
+  const int32_t* st = docs.start + b * S;
+  int64_t lo = 0, hi = S;  // the first row whose document starts after key_end - 1
+  while (lo < hi) {
+    const int64_t mid = (lo + hi) / 2;
+    if (int64_t(st[mid]) - docs.key_pos0 <= key_end - 1) lo = mid + 1; else hi = mid;
+  }
+  return lo;
+}
+// Lanes j .. j+15 of a row whose visible columns are [c_lo, visible).
+__mmask16 visible_lanes(int64_t j, int64_t c_lo, int64_t visible) {
+  const __mmask16 below = j < visible ? tail_mask(visible - j) : __mmask16(0);
+  const __mmask16 before = j < c_lo ? tail_mask(c_lo - j) : __mmask16(0);
+  return __mmask16(below & ~before);
+}
+
 // Pieces of one scratch slot (scratch.h), 64-byte aligned.
 struct Scratch {
   char* base = nullptr;
@@ -84,7 +106,8 @@ size_t bytes_for(int64_t n) {
 
 }  // namespace
 
-void attention_forward(const uint16_t* qkv, uint16_t* out, float* lse, const AttentionShape& shape) {
+void attention_forward(const uint16_t* qkv, uint16_t* out, float* lse, const AttentionShape& shape,
+                       const Documents& docs) {
   const Dims d(shape);
   const int64_t ps = d.panel_size();
   Scratch packs(kAttentionPacks, 2 * bytes_for<uint16_t>(d.B * d.G * ps));
@@ -116,29 +139,32 @@ void attention_forward(const uint16_t* qkv, uint16_t* out, float* lse, const Att
       for (int64_t i = 0; i < kRows; ++i) m[i] = -INFINITY, l[i] = 0;
       std::memset(o, 0, size_t(kRows * d.Dp) * 4);
       const int64_t t_last = t0 + rows - 1;
-      for (int64_t s0 = 0; s0 <= t_last; s0 += kKeys) {
+      int64_t lo = d.S;  // documents: key tiles before every row's document are skipped
+      for (int64_t i = 0; i < rows; ++i) lo = min64(lo, first_key(docs, b * d.S + t0 + i));
+      for (int64_t s0 = (lo > 0 ? lo : 0) / kKeys * kKeys; s0 <= t_last; s0 += kKeys) {
         // Scores: 16-key panels s0/16 .. s0/16 + 3, each [Dp/2][16][2].
         dot_block({q, d.Dp, 2}, kRows, {K + (s0 / 16) * (d.Dp / 2) * 32, 32, (d.Dp / 2) * 32}, kKeys, d.Dp / 2, sc,
                   kKeys, false);
         const int64_t cmax = min64(kKeys, t_last - s0 + 1);  // columns any row of the tile sees
         for (int64_t i = 0; i < rows; ++i) {
           const int64_t visible = min64(cmax, t0 + i - s0 + 1);  // causal: keys s <= t
+          const int64_t c_lo = first_key(docs, b * d.S + t0 + i) - s0;  // documents: keys before it are masked
           float* si = sc + i * kKeys;
           uint16_t* pi = p + i * kKeys;
-          if (visible <= 0) {
+          if (visible <= 0 || c_lo >= visible) {
             std::memset(pi, 0, kKeys * 2);
             continue;
           }
           __m512 mx = _mm512_set1_ps(m[i]);
           for (int64_t j = 0; j < visible; j += 16) {
-            const __mmask16 mk = tail_mask(visible - j);
+            const __mmask16 mk = visible_lanes(j, c_lo, visible);
             mx = _mm512_mask_max_ps(mx, mk, mx, _mm512_mul_ps(_mm512_loadu_ps(si + j), _mm512_set1_ps(d.scale)));
           }
           const float m_new = _mm512_reduce_max_ps(mx);
           const float alpha = std::exp(m[i] - m_new);
           __m512 sum = _mm512_setzero_ps();
           for (int64_t j = 0; j < kKeys; j += 16) {
-            const __mmask16 mk = j < visible ? tail_mask(visible - j) : __mmask16(0);
+            const __mmask16 mk = visible_lanes(j, c_lo, visible);
             const __m512 e = _mm512_maskz_mov_ps(
                 mk, exp512(_mm512_fmsub_ps(_mm512_loadu_ps(si + j), _mm512_set1_ps(d.scale), _mm512_set1_ps(m_new))));
             sum = _mm512_add_ps(sum, e);  // the fp32 probabilities, as the reference sums them
@@ -159,12 +185,12 @@ void attention_forward(const uint16_t* qkv, uint16_t* out, float* lse, const Att
       }
       for (int64_t i = 0; i < rows; ++i) {
         const int64_t t = t0 + i;
-        const float inv = 1.0f / l[i];
+        const float inv = l[i] > 0.0f ? 1.0f / l[i] : 0.0f;  // 0: a row that saw no key (documents)
         const float* oi = o + i * d.Dp;
         uint16_t* dst = out + (b * d.S + t) * d.q_size + h * d.D;
         for (int64_t c = 0; c < d.D; c += 16)
           store_bf16(dst + c, _mm512_mul_ps(_mm512_loadu_ps(oi + c), _mm512_set1_ps(inv)), tail_mask(d.D - c));
-        lse[(b * d.H + h) * d.S + t] = m[i] + std::log(l[i]);
+        lse[(b * d.H + h) * d.S + t] = l[i] > 0.0f ? m[i] + std::log(l[i]) : -INFINITY;
       }
     }
   }
@@ -173,7 +199,7 @@ void attention_forward(const uint16_t* qkv, uint16_t* out, float* lse, const Att
 // One task per (batch, kv group): it owns dK and dV of its group and dQ of its heads. Key tiles
 // outside, query tiles inside, for every head of the group.
 void attention_backward(const uint16_t* qkv, const uint16_t* out, const float* lse, const uint16_t* dout,
-                        uint16_t* dqkv, const AttentionShape& shape) {
+                        uint16_t* dqkv, const AttentionShape& shape, const Documents& docs) {
   const Dims d(shape);
   const int64_t ps = d.panel_size();
   const bool parallel = double(d.B * d.H) * double(d.S) * double(d.S) * double(d.D) / 2 >= kParallelMin;
@@ -222,7 +248,8 @@ void attention_backward(const uint16_t* qkv, const uint16_t* out, const float* l
         for (int64_t s0 = 0; s0 < d.S; s0 += kKeys) {
           const uint16_t* Kt = kc + (s0 / 16) * (d.Dp / 2) * 32;
           const uint16_t* Vt = vc + (s0 / 16) * (d.Dp / 2) * 32;
-          for (int64_t r0 = s0 / kRows * kRows; r0 < d.S; r0 += kRows) {
+          const int64_t r_end = rows_seeing(docs, b, d.S, s0 + kKeys);  // documents: later rows start after the tile
+          for (int64_t r0 = s0 / kRows * kRows; r0 < r_end; r0 += kRows) {
             // S = Q K^T and dP = dO V^T for the tile's rows and keys.
             const Cols kt{Kt, 32, (d.Dp / 2) * 32}, vt{Vt, 32, (d.Dp / 2) * 32};
             dot_block({q + r0 * d.Dp, d.Dp, 2}, kRows, kt, kKeys, d.Dp / 2, sc, kKeys, false);
@@ -231,10 +258,11 @@ void attention_backward(const uint16_t* qkv, const uint16_t* out, const float* l
             for (int64_t i = 0; i < kRows; ++i) {
               const int64_t t = r0 + i;
               const int64_t visible = t < d.S ? min64(kKeys, t - s0 + 1) : 0;
+              const int64_t c_lo = t < d.S ? first_key(docs, b * d.S + t) - s0 : 0;
               const float* si = sc + i * kKeys;
               const float* dpi = dp + i * kKeys;
               for (int64_t j = 0; j < kKeys; j += 16) {
-                const __mmask16 mk = j < visible ? tail_mask(visible - j) : __mmask16(0);
+                const __mmask16 mk = visible_lanes(j, c_lo, visible);
                 __m512 pv = _mm512_setzero_ps(), dsv = _mm512_setzero_ps();
                 if (mk) {
                   pv = _mm512_maskz_mov_ps(

@@ -170,7 +170,7 @@ void Bf16Backend::attention_forward(const Tensor& qkv, Tensor& out, Tensor& lse,
   expect(qkv, DType::BF16, s.batch * s.seq * s.qkv_stride(), "attention qkv");
   expect(out, DType::BF16, s.batch * s.seq * s.heads * s.head_dim, "attention out");
   expect(lse, DType::F32, s.batch * s.heads * s.seq, "attention lse");
-  bf16k::attention_forward(U(qkv), U(out), F(lse), s);
+  bf16k::attention_forward(U(qkv), U(out), F(lse), s, ops::documents_of(s, device()));
 }
 
 void Bf16Backend::attention_backward(const Tensor& qkv, const Tensor& out, const Tensor& lse, const Tensor& dout,
@@ -184,7 +184,7 @@ void Bf16Backend::attention_backward(const Tensor& qkv, const Tensor& out, const
   expect(lse, DType::F32, s.batch * s.heads * s.seq, "attention lse");
   expect(dout, DType::BF16, rows * s.heads * s.head_dim, "attention dout");
   expect(dqkv, DType::BF16, rows * s.qkv_stride(), "attention dqkv");
-  bf16k::attention_backward(U(qkv), U(out), F(lse), U(dout), U(dqkv), s);
+  bf16k::attention_backward(U(qkv), U(out), F(lse), U(dout), U(dqkv), s, ops::documents_of(s, device()));
 }
 
 void Bf16Backend::attention_decode(const Tensor& cache, int64_t first, Tensor& out, const ops::AttentionShape& s) {

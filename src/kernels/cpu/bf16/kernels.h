@@ -11,9 +11,11 @@
 namespace primus::cpu::bf16k {
 
 // ---- attention (attention_avx512.cpp), the layout of kernels/cpu/attention.h ----
-void attention_forward(const uint16_t* qkv, uint16_t* out, float* lse, const AttentionShape& s);
+// docs: documents packed into the sequences (kernels/cpu/attention.h), or none.
+void attention_forward(const uint16_t* qkv, uint16_t* out, float* lse, const AttentionShape& s,
+                       const Documents& docs = {});
 void attention_backward(const uint16_t* qkv, const uint16_t* out, const float* lse, const uint16_t* dout,
-                        uint16_t* dqkv, const AttentionShape& s);
+                        uint16_t* dqkv, const AttentionShape& s, const Documents& docs = {});
 void attention_decode(const uint16_t* cache, int64_t first, uint16_t* out, const AttentionShape& s);
 
 // ---- rows and elements (elementwise_avx512.cpp) ----

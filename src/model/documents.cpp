@@ -1,0 +1,58 @@
+#include "model/documents.h"
+
+#include <algorithm>
+
+namespace primus {
+
+DocumentRows document_rows(const PackedDocuments& docs, int64_t batch, int64_t seq, int cp, int cp_rank,
+                           Device device) {
+  DocumentRows r;
+  if (!docs.active()) return r;
+  const int64_t S = seq * cp, ch = seq / 2;  // the whole sequence; a chunk under cp
+  docs.check(batch, S);
+  // Per whole-sequence position: its document's start.
+  std::vector<int32_t> start(size_t(batch * S));
+  for (int64_t b = 0; b < batch; ++b) {
+    const std::vector<int32_t>& st = docs.starts[size_t(b)];
+    for (size_t d = 0; d < st.size(); ++d) {
+      const int64_t end = d + 1 < st.size() ? st[d + 1] : S;
+      std::fill(start.begin() + b * S + st[d], start.begin() + b * S + end, st[d]);
+    }
+  }
+  // This rank's rows as whole-sequence indices b * S + position.
+  std::vector<int64_t> rows;
+  rows.reserve(size_t(batch * seq));
+  if (cp == 1) {
+    for (int64_t i = 0; i < batch * S; ++i) rows.push_back(i);
+  } else {
+    for (int j = 0; j < 2; ++j) {
+      const int64_t c = j == 0 ? cp_rank : 2 * cp - 1 - cp_rank;
+      for (int64_t b = 0; b < batch; ++b)
+        for (int64_t i = 0; i < ch; ++i) rows.push_back(b * S + c * ch + i);
+    }
+  }
+  if (docs.restart_positions) {
+    r.positions.resize(rows.size());
+    for (size_t i = 0; i < rows.size(); ++i) r.positions[i] = int32_t(rows[i] % S - start[size_t(rows[i])]);
+  }
+  if (docs.separate_attention) {
+    Tensor mine = Tensor::empty({int64_t(rows.size())}, DType::I32);
+    for (size_t i = 0; i < rows.size(); ++i) mine.data<int32_t>()[i] = start[size_t(rows[i])];
+    r.doc_start = mine.to(device);
+    if (cp > 1) {
+      Tensor whole = Tensor::empty({batch * S}, DType::I32);
+      std::copy(start.begin(), start.end(), whole.data<int32_t>());
+      r.seq_doc_start = whole.to(device);
+    }
+  }
+  return r;
+}
+
+ops::AttentionShape with_documents(ops::AttentionShape s, const Tensor& doc_start, int64_t key_pos0) {
+  if (!doc_start.defined()) return s;
+  s.doc_start = doc_start;
+  s.key_pos0 = key_pos0;
+  return s;
+}
+
+}  // namespace primus
