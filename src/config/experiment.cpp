@@ -93,8 +93,8 @@ const std::vector<KeyInfo>& training_keys() {
                                    "text; the loss covers the responses and their end token"),
       KEY(enable_packed_sequences, "SFT: as many conversations per sequence as fit (first-fit decreasing), "
                                    "attending across each other; false: one conversation per sequence, padded"),
-      KEY(use_packed_attention, "SFT with packing: attention kept within each conversation (not built yet: false "
-                                "only)"),
+      KEY(use_packed_attention, "SFT with packing: attention kept within each conversation and positions "
+                                "restarting at each (the packed-document attention of docs/engine.md)"),
       KEY(recompute_granularity, "activation recompute: full | selective; empty: none"),
       KEY(device, "auto | cpu | cuda. auto: the GPU when bf16 is on and one is present, else the CPU"),
       KEY(bf16, "bf16 mixed precision: bf16 weights and activations, fp32 master weights, gradients and "
@@ -437,10 +437,6 @@ void check_stage(const ExperimentConfig& cfg, const At& at) {
     fail("{}: stage 'dpo' (preference tuning) is not built yet; stage 'sft' is", at("stage"));
   if (t.sft_dataset_name.empty())
     fail("{}: stage sft needs sft_dataset_name: a local JSONL or JSON file of conversations", at("sft_dataset_name"));
-  if (t.use_packed_attention)
-    fail("{}: use_packed_attention (attention kept within each packed conversation) is not built yet; set it to "
-         "false: packed conversations then attend across each other (Primus's default)",
-         at("use_packed_attention"));
   if (!t.data_path.empty() || t.mock_data)
     fail("{}: stage sft reads its data from sft_dataset_name; remove data_path and mock_data", at("data_path"));
   if (t.tokenizer_type.empty())

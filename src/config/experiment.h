@@ -94,7 +94,7 @@ struct TrainingArgs {
   std::string sft_dataset_split = "train";
   data::ChatFormatName sft_conversation_format = data::ChatFormatName::Alpaca;
   bool enable_packed_sequences = false;  // several conversations per sequence, first-fit decreasing
-  bool use_packed_attention = false;     // attention kept within each packed conversation (not built yet)
+  bool use_packed_attention = false;     // attention kept within each packed conversation, positions restarting
   // engine
   Recompute recompute_granularity = Recompute::None;  // "": none
   std::string device = "auto";

@@ -36,6 +36,9 @@ class SampleDataset {
   // Which of sample i's tokens the loss takes as targets: seq_length + 1 flags, 0 leaving that token
   // out; empty (every dataset but SFT's, data/sft_dataset.h): all of them.
   virtual std::vector<uint8_t> loss_mask(int64_t /*i*/) const { return {}; }
+  // Where the documents packed into sample i begin (ascending, the first 0); empty: one document,
+  // or none that the dataset knows of (every dataset but packed SFT's).
+  virtual std::vector<int32_t> document_starts(int64_t /*i*/) const { return {}; }
 };
 
 struct GPTDatasetConfig {

@@ -46,7 +46,16 @@ void fill_microbatch(const SampleSource& src, int64_t first, int64_t mbs, int64_
     for (int64_t i = 0; i < mbs * seq; ++i)
       if (tokens[i] == src.eod_mask) targets[i] = -1;
   mb.docs = PackedDocuments();
-  if (src.reset_position_ids || src.reset_attention_mask) {
+  if (src.dataset_documents && src.dataset) {
+    for (int64_t b = 0; b < mbs; ++b) {
+      std::vector<int32_t> starts = src.dataset->document_starts((first + b) % src.dataset->size());
+      // a conversation starting at the last token (a target only) has no input row
+      std::erase_if(starts, [&](int32_t p) { return p >= seq; });
+      if (starts.empty() || starts.front() != 0) starts.insert(starts.begin(), 0);
+      mb.docs.starts.push_back(std::move(starts));
+    }
+    mb.docs.restart_positions = mb.docs.separate_attention = true;
+  } else if (src.reset_position_ids || src.reset_attention_mask) {
     mb.docs.starts = documents_after_eod(tokens, mbs, seq, src.eod);
     mb.docs.restart_positions = src.reset_position_ids;
     mb.docs.separate_attention = src.reset_attention_mask;

@@ -37,6 +37,9 @@ struct SampleSource {
   // reset_position_ids / reset_attention_mask: documents begin after each input token `eod`.
   int32_t eod = -1;
   bool reset_position_ids = false, reset_attention_mask = false;
+  // use_packed_attention: the dataset's own document starts (packed SFT conversations), each
+  // attended to alone with positions restarting at its start.
+  bool dataset_documents = false;
 
   bool empty() const { return !dataset && mock_vocab == 0; }
   std::vector<int32_t> get(int64_t i) const;  // sample i (the dataset's i modulo its size)

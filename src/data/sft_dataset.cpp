@@ -190,8 +190,10 @@ std::vector<uint8_t> SftDataset::loss_mask(int64_t i) const {
   return samples_[size_t(order_[size_t(i % size())])].mask;
 }
 
-std::vector<int64_t> SftDataset::document_starts(int64_t i) const {
-  return starts_.empty() ? std::vector<int64_t>{0} : starts_[size_t(order_[size_t(i % size())])];
+std::vector<int32_t> SftDataset::document_starts(int64_t i) const {
+  if (starts_.empty()) return {0};
+  const std::vector<int64_t>& s = starts_[size_t(order_[size_t(i % size())])];
+  return std::vector<int32_t>(s.begin(), s.end());
 }
 
 }  // namespace primus::data

@@ -2,8 +2,8 @@
 // sft_dataset_split, sft_conversation_format): records read from a JSONL or JSON file, rendered by
 // a chat format, tokenized with the model's tokenizer (data/sft_format.h), one conversation per
 // sample of seq_length + 1 tokens, or with packing (enable_packed_sequences) as many as fit,
-// first-fit decreasing, one after the other (attention then runs across them, Primus's
-// use_packed_attention: false):
+// first-fit decreasing, one after the other (attention runs across them, Primus's
+// use_packed_attention: false; with true, within each, positions restarting at each):
 //
 //   longer      truncated to seq_length + 1 tokens (the build logs how many, once, and how many keep
 //               no response token; when none keeps one, that is an error)
@@ -62,9 +62,9 @@ class SftDataset : public SampleDataset {
   std::vector<int32_t> get(int64_t i) const override;
   std::vector<uint8_t> loss_mask(int64_t i) const override;
 
-  // Where each conversation of sample i starts ({0} unpacked): the document boundaries that
-  // attention within each packed conversation (use_packed_attention) will need.
-  std::vector<int64_t> document_starts(int64_t i) const;
+  // Where each conversation of sample i starts ({0} unpacked): with use_packed_attention the
+  // microbatch's documents (data/microbatch.h), attention kept within each conversation.
+  std::vector<int32_t> document_starts(int64_t i) const override;
 
   int64_t conversations() const { return conversations_; }
   int64_t sequences() const { return int64_t(samples_.size()); }

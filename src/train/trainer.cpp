@@ -327,6 +327,7 @@ void Trainer::build_sft_data(const data::Tokenizer& tok) {
             a_.sft_dataset_name, config::choice_name(a_.sft_conversation_format), a_.sft_dataset_split,
             train->sequences(), seq_ + 1);
   train_src_.dataset = train;
+  train_src_.dataset_documents = valid_src_.dataset_documents = a_.enable_packed_sequences && a_.use_packed_attention;
   const data::SftRecords valid = data::read_sft_records(a_.sft_dataset_name, "validation", /*optional=*/true);
   if (!valid.records.empty()) {
     o.num_samples = evals * a_.eval_iters * gbs_;

@@ -148,7 +148,7 @@ TEST(SftPacking, PackedSamplesHoldEveryConversationOnce) {
     const auto m = packed.loss_mask(i);
     ASSERT_EQ(s.size(), 140u);
     packed_trained += std::count(m.begin(), m.end(), 1);
-    const std::vector<int64_t> starts = packed.document_starts(i);
+    const std::vector<int32_t> starts = packed.document_starts(i);
     for (size_t d = 0; d < starts.size(); ++d) {
       const std::string text(s.begin() + starts[d], s.end());
       conversations.insert(text.substr(0, text.find("<|im_end|>", text.find("assistant")) + 10));
@@ -163,7 +163,7 @@ TEST(SftPacking, PackedSamplesHoldEveryConversationOnce) {
                             }),
               1)
         << r;
-  EXPECT_EQ(plain.document_starts(0), (std::vector<int64_t>{0}));
+  EXPECT_EQ(plain.document_starts(0), (std::vector<int32_t>{0}));
 }
 
 TEST(SftDataset, MicrobatchTargetsAreMinusOneOutsideTheResponses) {
@@ -174,8 +174,15 @@ TEST(SftDataset, MicrobatchTargetsAreMinusOneOutsideTheResponses) {
                                          SftDatasetOptions{.seq_length = 64, .num_samples = 0, .seed = 3});
   SampleSource src;
   src.dataset = ds;
-  std::vector<int32_t> tokens, targets;
-  fill_microbatch(src, 0, 2, 64, tokens, targets);
+  Microbatch mb;
+  fill_microbatch(src, 0, 2, 64, mb);
+  const std::vector<int32_t>&tokens = mb.tokens, &targets = mb.targets;
+  EXPECT_FALSE(mb.docs.active()) << "without use_packed_attention";
+  src.dataset_documents = true;  // use_packed_attention: each sample's one conversation, from 0
+  Microbatch alone;
+  fill_microbatch(src, 0, 2, 64, alone);
+  EXPECT_TRUE(alone.docs.active());
+  EXPECT_EQ(alone.docs.starts, (std::vector<std::vector<int32_t>>{{0}, {0}}));
   for (int64_t b = 0; b < 2; ++b) {
     const auto s = ds->get(b);
     const auto m = ds->loss_mask(b);
