@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# The README's first command: set-up (apt, build), the demo corpus, a small Llama trained on it on
-# the CPU, and a sample of what it learned.
+# The README's first command: set-up (apt, and the build of primus-cli alone), the demo corpus, a
+# small Llama trained on it on the CPU, and a sample of what it learned.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup.sh
+bash scripts/setup.sh --main  # primus-cli and its packages only: the tests are built by scripts/test.sh
 bash scripts/prepare_demo_data.sh
 cli=build/src/cli/primus-cli
 "$cli" direct -- train pretrain --config examples/tiny_llama_cpu.yaml "$@"

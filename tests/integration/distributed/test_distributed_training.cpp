@@ -24,6 +24,7 @@
 #include "checkpoint/checkpoint.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "model/llama.h"
+#include "support/shared_run.h"
 
 namespace fs = std::filesystem;
 using namespace primus;
@@ -79,7 +80,23 @@ class Distributed : public ::testing::Test {
 
   // Runs `train pretrain` on nproc ranks in the test folder, into run folder ws/<name>.
   Result run(int nproc, const std::string& name, const std::string& overrides) {
-    const std::string cmd = "cd " + dir_.string() +
+    return run_in(dir_, nproc, name, overrides);
+  }
+  // The one-process run of the model that `overrides` describe, as run folder ws/ref: trained once
+  // per build of primus-cli and set of overrides, shared by every case that compares against it
+  // (tests/support/shared_run.h), copied into this case's folder.
+  Result reference(const std::string& overrides) {
+    const std::string description = std::string("test_distributed_training one-process reference\n") + kConfig +
+                                    "\noverrides: " + overrides + "\n" + test::file_stamp(PRIMUS_CLI_PATH);
+    const auto r = test::shared_run(description, dir_ / "ws" / "ref", [&](const fs::path& scratch) {
+      std::ofstream(scratch / "exp.yaml") << kConfig;
+      const Result got = run_in(scratch, 1, "ref", overrides);
+      return test::SharedRunResult{got.status, got.out, scratch / "ws" / "ref"};
+    });
+    return {r.status, r.out};
+  }
+  Result run_in(const fs::path& dir, int nproc, const std::string& name, const std::string& overrides) {
+    const std::string cmd = "cd " + dir.string() +
                             " && OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1 "
                             "PRIMUS_PEAK_GFLOPS=100 " PRIMUS_CLI_PATH " direct --nproc " +
                             std::to_string(nproc) + " --exp-name " + name +
@@ -132,7 +149,7 @@ class Distributed : public ::testing::Test {
   // largest weight difference against the largest weight.
   void expect_same_training(int nproc, const std::string& overrides, const std::string& model_overrides = "",
                             double loss_rtol = 1e-5, double weight_rtol = 1e-4) {
-    Result ref = run(1, "ref", model_overrides);
+    Result ref = reference(model_overrides);
     ASSERT_EQ(ref.status, 0) << ref.out;
     Result got = run(nproc, "par", model_overrides + " " + overrides);
     par_out_ = got.out;
@@ -155,7 +172,7 @@ class Distributed : public ::testing::Test {
   // The one-process run "ref" (20 iterations) and run "first" under tp2 x pp2, stopped at iteration
   // 10 with ref's schedule; returns first's checkpoint folder.
   std::string reference_and_tp2pp2_checkpoint(const std::string& overrides) {
-    Result ref = run(1, "ref", overrides);
+    Result ref = reference(overrides);
     EXPECT_EQ(ref.status, 0) << ref.out;
     Result first = run(4, "first", overrides + " --tensor_model_parallel_size 2 --pipeline_model_parallel_size 2"
                                                " --train_iters 10 --lr_decay_iters 20");
@@ -352,7 +369,7 @@ TEST_F(DistributedFp8, Pp2Blockwise) {
 // Save under FSDP dp4 at iteration 10, every rank writing its own shard (no gather); load under
 // tp2 x pp2 and under one process.
 TEST_F(Distributed, ReshardFsdpDp4ToTp2Pp2AndOneProcess) {
-  Result ref = run(1, "ref", "");
+  Result ref = reference("");
   ASSERT_EQ(ref.status, 0) << ref.out;
   Result first = run(4, "first", "--use_torch_fsdp2 true --train_iters 10 --lr_decay_iters 20");
   ASSERT_EQ(first.status, 0) << first.out;
@@ -554,7 +571,7 @@ TEST_F(Distributed, BadLayoutsAreRejectedBeforeTraining) {
 // optimizers: both train as one process does with it, and that differs from a run without it.
 TEST_F(Distributed, DecayNormsAndBiasesUnderZero1AndFsdp) {
   const std::string decay = "--decay_norms_and_biases true --weight_decay 0.5";
-  const Result ref = run(1, "ref", decay), plain = run(1, "plain", "--weight_decay 0.5");
+  const Result ref = reference(decay), plain = run(1, "plain", "--weight_decay 0.5");
   ASSERT_EQ(ref.status, 0) << ref.out;
   ASSERT_EQ(plain.status, 0) << plain.out;
   const Result zero1 = run(2, "zero1", decay + " --use_distributed_optimizer true --ddp_bucket_size 20000");
@@ -633,7 +650,7 @@ TEST_F(Distributed, MlaCp2Tp2SequenceParallelAllToAll) {
 // uninterrupted one-process run's losses.
 TEST_F(Distributed, MlaCheckpointReshardsBetweenTp2AndTp1) {
   const std::string mla = kMla, half = " --train_iters 10 --lr_decay_iters 20";
-  Result ref = run(1, "ref", mla);
+  Result ref = reference(mla);
   ASSERT_EQ(ref.status, 0) << ref.out;
   Result tp2 = run(2, "tp2", mla + " --tensor_model_parallel_size 2" + half);
   ASSERT_EQ(tp2.status, 0) << tp2.out;
@@ -849,7 +866,7 @@ TEST_F(ExpertParallel, Ep2Cp2Dp2DistributedOptimizer) {
 // process, under ep 2, under ep 2 x edp 2 with the distributed optimizer and under ep 2 x tp 2
 // with sequence parallelism, each with the uninterrupted one-process run's losses.
 TEST_F(ExpertParallel, CheckpointAtEp4LoadsAtEp1AndEp2) {
-  Result ref = run(1, "ref", kMoe);
+  Result ref = reference(kMoe);
   ASSERT_EQ(ref.status, 0) << ref.out;
   Result first = run(4, "first", std::string(kMoe) + " --expert_model_parallel_size 4 --moe_token_dispatcher_type "
                                                      "alltoall --use_distributed_optimizer true --ddp_bucket_size 20000 "
@@ -871,7 +888,7 @@ TEST_F(ExpertParallel, CheckpointAtEp4LoadsAtEp1AndEp2) {
 TEST_F(ExpertParallel, CheckpointAtEtp2Edp2LoadsAtOneProcessEtp1AndEdp2) {
   const std::string moe = std::string(kMoe) + " --moe_shared_expert_gate true";
   const std::string zero1 = " --use_distributed_optimizer true --ddp_bucket_size 20000";
-  Result ref = run(1, "ref", moe);
+  Result ref = reference(moe);
   ASSERT_EQ(ref.status, 0) << ref.out;
   Result first = run(8, "first", moe + zero1 + " --expert_model_parallel_size 2 --tensor_model_parallel_size 2 "
                                                "--sequence_parallel true --train_iters 10 --lr_decay_iters 20");
