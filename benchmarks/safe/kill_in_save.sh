@@ -4,12 +4,14 @@
 #
 #   bash benchmarks/safe/kill_in_save.sh [TRIALS (20)] [PRIMUS_CLI (build/src/cli/primus-cli)]
 #   ASYNC=1 bash benchmarks/safe/kill_in_save.sh ...   the killed runs save with async_save true
+#   FSDP=1 bash benchmarks/safe/kill_in_save.sh ...    four ranks under FSDP (optim_grads_params),
+#                                                      each writing its own part of every tensor
 #
 # With ASYNC=1 the kill lands in the rank's background write (shard, half) or in the publication
 # of the checkpoint at a later step (meta, renamed); the reference stays synchronous, so every
 # trial also checks that async saves leave the state bit-identical.
-# Two ranks with tensor parallelism 2, so that both write a shard of every checkpoint; a save
-# every 2 iterations of 12. Trial i kills rank i % 2 (SIGKILL, PRIMUS_FAULT_KILL with
+# Two ranks with tensor parallelism 2 (FSDP=1: four data-parallel ranks under FSDP), so that every
+# rank writes a shard of every checkpoint; a save every 2 iterations of 12. Trial i kills rank i % ranks (SIGKILL, PRIMUS_FAULT_KILL with
 # during=checkpoint) at a random save, at a point inside it that cycles through: right after the
 # rank's shard file, halfway through it, and on rank 0 after meta.json or after the folder's
 # rename (before `latest` moves). The launcher (--max-restarts 1) restarts the job, which resumes
@@ -22,6 +24,12 @@ cli="${2:-$root/build/src/cli/primus-cli}"
 work="$(mktemp -d /tmp/primus_kill_in_save.XXXXXX)"
 trap 'rm -rf "$work"' EXIT
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1
+nproc=2
+layout="tensor_model_parallel_size: 2"
+if [[ "${FSDP:-0}" == 1 ]]; then
+  nproc=4
+  layout="data_parallel_sharding_strategy: optim_grads_params"
+fi
 cat > "$work/exp.yaml" <<YAML
 exp_name: reference
 workspace: $work/ws
@@ -31,7 +39,7 @@ modules:
     overrides:
       num_layers: 2
       micro_batch_size: 2
-      global_batch_size: 4
+      global_batch_size: $((2 * nproc))
       seq_length: 32
       train_iters: 12
       lr: 3.0e-3
@@ -40,7 +48,7 @@ modules:
       eval_interval: 0
       save_interval: 2
       keep_last_checkpoints: 2
-      tensor_model_parallel_size: 2
+      $layout
       mock_data: true
 YAML
 async_flag=()
@@ -49,7 +57,7 @@ train() {  # exp_name, extra env...
   local exp="$1"; shift
   local extra=()
   [[ "$exp" != reference ]] && extra=("${async_flag[@]}")
-  (cd "$work" && env "$@" "$cli" direct --nproc 2 --max-restarts 1 -- train pretrain --config exp.yaml --exp_name "$exp" \
+  (cd "$work" && env "$@" "$cli" direct --nproc "$nproc" --max-restarts 1 -- train pretrain --config exp.yaml --exp_name "$exp" \
     "${extra[@]}") >"$work/$exp.log" 2>&1
 }
 # The final weights (and moments) of each shard: the file past its header, which names the run.
@@ -64,15 +72,21 @@ print(hashlib.sha256(b[start:]).hexdigest())
 PY
 }
 train reference || { echo "the reference run failed:"; tail -20 "$work/reference.log"; exit 1; }
-ref0=$(weights "$work/ws/reference/checkpoints/iter_0000012/rank_00000.bin")
-ref1=$(weights "$work/ws/reference/checkpoints/iter_0000012/rank_00001.bin")
+# Every rank's final shard, as one line per rank.
+final() {
+  local r
+  for ((r = 0; r < nproc; r++)); do
+    weights "$work/ws/$1/checkpoints/iter_0000012/rank_0000$r.bin" 2>/dev/null || echo missing
+  done
+}
+ref=$(final reference)
 points0=(shard half meta renamed)
 points1=(shard half)
 ok=0
 t0=$(date +%s)
 for ((i = 0; i < trials; i++)); do
-  rank=$((i % 2))
-  if [[ $rank == 0 ]]; then at=${points0[$(((i / 2) % 4))]}; else at=${points1[$(((i / 2) % 2))]}; fi
+  rank=$((i % nproc))
+  if [[ $rank == 0 ]]; then at=${points0[$(((i / nproc) % 4))]}; else at=${points1[$(((i / nproc) % 2))]}; fi
   it=$((2 * (1 + RANDOM % 6)))  # a save: 2, 4, ..., 12 (12 is the final one)
   exp="trial$i"
   status=ok
@@ -81,15 +95,14 @@ for ((i = 0; i < trials; i++)); do
     status="FAILED (exit code; see below)"
   else
     restarts=$(grep -c '"kind":"restart"' "$work/ws/$exp/events.jsonl" || true)
-    w0=$(weights "$work/ws/$exp/checkpoints/iter_0000012/rank_00000.bin" 2>/dev/null || echo missing)
-    w1=$(weights "$work/ws/$exp/checkpoints/iter_0000012/rank_00001.bin" 2>/dev/null || echo missing)
+    got=$(final "$exp")
     resumed=$( (grep -ho "resumed from [^ ]*" "$work/ws/$exp/logs/rank-0.log" || true) | tail -1 | sed 's|.*/||')
     if [[ $restarts != 1 ]]; then status="FAILED ($restarts restarts)";
-    elif [[ $w0 != "$ref0" || $w1 != "$ref1" ]]; then status="FAILED (final weights differ)"; fi
+    elif [[ $got != "$ref" ]]; then status="FAILED (final weights differ)"; fi
   fi
   echo "trial $((i + 1))/$trials: SIGKILL rank $rank at the save of iteration $it (after $at): resumed from ${resumed:-nothing (started over)}; $status"
   if [[ $status == ok ]]; then ok=$((ok + 1)); else tail -15 "$work/$exp.log"; fi
   rm -rf "$work/ws/$exp"
 done
-echo "kill_in_save${ASYNC:+ (ASYNC=$ASYNC)}: $ok of $trials trials resumed and ended bit-identical to the uninterrupted run ($(($(date +%s) - t0)) s)"
+echo "kill_in_save${ASYNC:+ (ASYNC=$ASYNC)}${FSDP:+ (FSDP=$FSDP)}: $ok of $trials trials resumed and ended bit-identical to the uninterrupted run ($(($(date +%s) - t0)) s)"
 [[ $ok == "$trials" ]]

@@ -623,16 +623,16 @@ TEST(CudaBackend, PackedDocumentsEqualTheDocumentsOnePerSequence) {
   EXPECT_GT(std::fabs(packed.forward(cc, d.tokens.data(), d.targets.data(), 1, d.B * d.S, &docs) - la), 1e-3 * la);
 }
 
-// device: cuda through the trainer, on mock data: it trains, logs a GPU MFU, and its checkpoint
-// loads on the CPU.
-TEST(CudaBackend, TrainerRunsOnTheGpu) {
-  PRIMUS_REQUIRE_GPU();
+namespace {
+// A fresh folder with exp.yaml: the tiny model trained on the GPU on mock data, `iters` iterations,
+// `more` extra override lines (indented by 6).
+std::filesystem::path gpu_experiment(const std::string& name, int iters, int log_interval, const std::string& more) {
   namespace fs = std::filesystem;
-  const fs::path dir = fs::temp_directory_path() / "primus_gpu_trainer";
+  const fs::path dir = fs::temp_directory_path() / name;
   fs::remove_all(dir);
   fs::create_directories(dir);
-  std::ofstream(dir / "exp.yaml") << "exp_name: gpu\nworkspace: " << (dir / "ws").string() << R"(
-modules:
+  std::ofstream(dir / "exp.yaml") << "exp_name: gpu\nworkspace: " << (dir / "ws").string() << "\n"
+                                  << fmt::format(R"(modules:
   pre_trainer:
     model: tiny
     overrides:
@@ -641,15 +641,26 @@ modules:
       micro_batch_size: 4
       global_batch_size: 8
       seq_length: 64
-      train_iters: 20
+      train_iters: {}
       lr: 3.0e-3
       lr_warmup_iters: 2
-      log_interval: 5
-      eval_interval: 0
+      log_interval: {}
+      eval_interval: 0{}
       mock_data: true
       bf16: true
       device: cuda
-)";
+)",
+                                                 iters, log_interval, more);
+  return dir;
+}
+}  // namespace
+
+// device: cuda through the trainer, on mock data: it trains, logs a GPU MFU, and its checkpoint
+// loads on the CPU.
+TEST(CudaBackend, TrainerRunsOnTheGpu) {
+  PRIMUS_REQUIRE_GPU();
+  namespace fs = std::filesystem;
+  const fs::path dir = gpu_experiment("primus_gpu_trainer", 20, 5, "");
   const auto cfg = config::load_experiment((dir / "exp.yaml").string());
   const auto s = train::pretrain(cfg);
   EXPECT_EQ(s.iterations, 20);
@@ -666,29 +677,7 @@ modules:
 TEST(CudaBackend, TrainerSavesAsyncFromTheGpuAndResumes) {
   PRIMUS_REQUIRE_GPU();
   namespace fs = std::filesystem;
-  const fs::path dir = fs::temp_directory_path() / "primus_gpu_async_save";
-  fs::remove_all(dir);
-  fs::create_directories(dir);
-  std::ofstream(dir / "exp.yaml") << "exp_name: gpu\nworkspace: " << (dir / "ws").string() << R"(
-modules:
-  pre_trainer:
-    model: tiny
-    overrides:
-      num_attention_heads: 1
-      num_query_groups: 1
-      micro_batch_size: 4
-      global_batch_size: 8
-      seq_length: 64
-      train_iters: 8
-      lr: 3.0e-3
-      lr_warmup_iters: 2
-      log_interval: 1
-      eval_interval: 0
-      save_interval: 2
-      mock_data: true
-      bf16: true
-      device: cuda
-)";
+  const fs::path dir = gpu_experiment("primus_gpu_async_save", 8, 1, "\n      save_interval: 2");
   auto train = [&](const std::string& name, std::vector<std::pair<std::string, std::string>> o) {
     o.push_back({"exp_name", name});
     return train::pretrain(config::load_experiment((dir / "exp.yaml").string(), o));
