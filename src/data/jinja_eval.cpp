@@ -295,7 +295,8 @@ class Interpreter {
         frame.vars[p.name] = p.default_value ? eval(*p.default_value, frame) : Value::undefined(p.name);
     }
     for (const auto& [name, v] : a.named) {
-      if (std::none_of(m.params.begin(), m.params.end(), [&](const Param& p) { return p.name == name; }))
+      const std::string& named = name;  // (clang 14 captures no structured binding)
+      if (std::none_of(m.params.begin(), m.params.end(), [&](const Param& p) { return p.name == named; }))
         fail("macro '{}' has no argument named '{}'", m.targets[0], name);
       frame.vars[name] = v;
     }

@@ -17,7 +17,8 @@ BoundArgs::BoundArgs(std::string_view fn, const CallArgs& args, std::initializer
     fail("{} takes at most {} argument(s), {} given", fn, names.size(), args.positional.size());
   for (size_t i = 0; i < args.positional.size(); ++i) values_[i] = args.positional[i];
   for (const auto& [name, v] : args.named) {
-    auto it = std::find_if(names.begin(), names.end(), [&](const char* n) { return name == n; });
+    const std::string& named = name;  // (clang 14 captures no structured binding)
+    auto it = std::find_if(names.begin(), names.end(), [&](const char* n) { return named == n; });
     if (it == names.end()) fail("{} has no argument named '{}'", fn, name);
     const size_t i = size_t(it - names.begin());
     if (i < args.positional.size()) fail("{} got argument '{}' twice", fn, name);

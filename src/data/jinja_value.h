@@ -48,7 +48,7 @@ class Dict {
   const Value* find(std::string_view key) const;
   void set(const std::string& key, Value v);
   const std::vector<std::pair<std::string, Value>>& entries() const { return entries_; }
-  size_t size() const { return entries_.size(); }
+  size_t size() const;  // defined below Value (clang needs Value complete for the vector's size)
   int depth() const { return depth_; }
 
  private:
@@ -128,6 +128,8 @@ class Value {
                std::shared_ptr<Dict>, std::shared_ptr<Callable>>
       data_;
 };
+
+inline size_t Dict::size() const { return entries_.size(); }
 
 // Python's ==, which never fails (1 == 1.0 == True; different types are unequal).
 bool equal(const Value& a, const Value& b);
