@@ -103,6 +103,7 @@ const std::vector<ModelField>& fields() {
       {"moe_router_topk", Changes::Meaning, moe, AS_IS(moe_router_topk)},
       {"moe_router_score_function", Changes::Meaning, moe, AS_IS(moe_router_score_function)},
       {"moe_router_pre_softmax", Changes::Meaning, moe, AS_IS(moe_router_pre_softmax)},
+      {"moe_router_norm_topk_prob", Changes::Meaning, moe, AS_IS(moe_router_norm_topk_prob)},
       {"moe_router_topk_scaling_factor", Changes::Meaning, moe, AS_IS(moe_router_topk_scaling_factor)},
       {"moe_router_num_groups", Changes::Meaning, moe, OR_NULL(moe_router_num_groups)},
       {"moe_router_group_topk", Changes::Meaning, grouped_routing, OR_NULL(moe_router_group_topk)},

@@ -111,6 +111,11 @@ Routing routing_of(const ModelSpec& spec, int64_t batch, int64_t seq, const Toke
 }
 }  // namespace
 
+// Whether the chosen scores (sigmoid, or softmax over all experts) are divided by their sum.
+bool renormalised(const ModelSpec& spec) {
+  return spec.moe_router_score_function == "sigmoid" ? spec.moe_router_topk > 1 : spec.moe_router_norm_topk_prob;
+}
+
 Routing route(const ModelSpec& spec, std::vector<double> logits, const std::vector<double>& expert_bias,
               int64_t batch, int64_t seq, const TokenShare& share) {
   Routing r = routing_of(spec, batch, seq, share);
@@ -166,7 +171,7 @@ Routing route(const ModelSpec& spec, std::vector<double> logits, const std::vect
     }
     if (!sigmoid_scores && !pre) {  // softmax over the chosen logits
       softmax_row(&r.raw[size_t(t * k)], &r.raw[size_t(t * k)], k);
-    } else if (sigmoid_scores && k > 1) {
+    } else if (renormalised(spec)) {
       for (int64_t j = 0; j < k; ++j) sum += r.raw[size_t(t * k + j)];
       for (int64_t j = 0; j < k; ++j) r.raw[size_t(t * k + j)] /= sum + 1e-20;
     }
@@ -270,7 +275,7 @@ std::vector<double> route_backward(const ModelSpec& spec, const Routing& r, cons
       for (int64_t j = 0; j < k; ++j) dot += w[j] * dw[size_t(j)];
       for (int64_t j = 0; j < k; ++j)
         dl[size_t(t * E + r.expert[size_t(t * k + j)])] += w[j] * (dw[size_t(j)] - dot);
-    } else if (sigmoid_scores && k > 1) {  // w = s_chosen / sum(s_chosen)
+    } else if (renormalised(spec)) {  // w = s_chosen / sum(s_chosen)
       double sum = 0, dot = 0;
       for (int64_t j = 0; j < k; ++j) sum += r.scores[size_t(t * E + r.expert[size_t(t * k + j)])];
       for (int64_t j = 0; j < k; ++j) dot += w[j] * dw[size_t(j)];
@@ -331,15 +336,19 @@ std::vector<double> route_backward(const ModelSpec& spec, const Routing& r, cons
   return dl;
 }
 
-void update_expert_bias(std::vector<double>& bias, const std::vector<int64_t>& tokens_per_expert, double rate) {
+void update_expert_bias(std::vector<double>& bias, const std::vector<int64_t>& tokens_per_expert, double rate,
+                        bool centered) {
   PRIMUS_CHECK(bias.size() == tokens_per_expert.size(), "expert bias and counts differ in size");
   if (bias.empty()) return;
   const double mean =
       double(std::accumulate(tokens_per_expert.begin(), tokens_per_expert.end(), int64_t(0))) / double(bias.size());
+  std::vector<double> delta(bias.size());
   for (size_t e = 0; e < bias.size(); ++e) {
     const double off = mean - double(tokens_per_expert[e]);
-    bias[e] += rate * double((off > 0) - (off < 0));
+    delta[e] = rate * double((off > 0) - (off < 0));
   }
+  const double shift = centered ? std::accumulate(delta.begin(), delta.end(), 0.0) / double(delta.size()) : 0.0;
+  for (size_t e = 0; e < bias.size(); ++e) bias[e] += delta[e] - shift;
 }
 
 }  // namespace primus

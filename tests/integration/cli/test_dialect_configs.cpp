@@ -116,7 +116,13 @@ TEST(DialectExamplesRefused, NameTheMissingFeature) {
        "must list \"output\": the output layer in FP8 is not built"},
       {"torchtitan/llama3.1_8B-BF16-pretrain", " --model.converters quantize.linear.mx",
        "'mxfp8_cublas' is not built: this engine's MXFP8 rounds each block's scale up"},
-      {"torchtitan/deepseek_v3_16b-BF16-pretrain", "", "torchtitan's mixture-of-experts layers"},
+      {"torchtitan/deepseek_v3_16b-BF16-pretrain",
+       " --model.converters quantize.linear.float8 --quantize.linear.float8.filter_fqns [output]",
+       "FP8 on torchtitan's MoE flavours is not mapped"},
+      {"torchtitan/deepseek_v3_16b-BF16-pretrain", " --primus_turbo.use_moe_fp8 true",
+       "'primus_turbo.use_moe_fp8: true' is not supported: Primus-Turbo's FP8 grouped GEMM"},
+      {"torchtitan/deepseek_v3_16b-BF16-pretrain", " --parallelism.context_parallel_degree 2",
+       "which torchtitan runs without context parallelism"},
       {"torchtitan/llama4_17Bx16E-BF16-pretrain", "", "Llama 4 is not built on this engine yet"},
       {"maxtext/llama3_8B-nanoo_fp8-pretrain", " --weight_dtype float32",
        "llama3_8B-nanoo_fp8-pretrain.yaml:40: 'quantization' is not supported: quantized training"},
@@ -128,6 +134,50 @@ TEST(DialectExamplesRefused, NameTheMissingFeature) {
                                       " --print-config");
     EXPECT_NE(r.code, 0) << c.config;
     EXPECT_NE(r.out.find(c.want), std::string::npos) << c.config << ":\n" << r.out;
+  }
+}
+
+// torchtitan's MoE flavours on the presets of the same shapes, with torchtitan's routing: no aux
+// loss, the expert bias centred, softmax over all experts before the top-k (renormalised for
+// Qwen3), DeepSeek's YaRN off at 4096 tokens and attention within documents. Primus's DeepSeek 16B
+// example and the Qwen3 0.6B one turned into 30B-A3B train three iterations, shrunk.
+TEST(DialectMoeFlavours, TrainWithTorchtitansRouting) {
+  const std::string moe_shape =
+      " --num-layers 2 --hidden-size 64 --ffn-hidden-size 128 --num-attention-heads 4 --vocab-size 512"
+      " --num-experts 4 --moe-ffn-hidden-size 32 --moe-router-topk 2 --moe-layer-freq 1"
+      " --training.mock_data true --training.seq_len 32 --training.local_batch_size 2 --training.steps 3"
+      " --metrics.log_freq 1 --parallelism.expert_parallel_degree 1";
+  struct Case {
+    const char* name;
+    std::string args;
+    std::vector<const char*> resolved;
+  };
+  const Case cases[] = {
+      {"deepseek",
+       "torchtitan/deepseek_v3_16b-BF16-pretrain.yaml --kv-lora-rank 32 --qk-head-dim 16 --qk-pos-emb-head-dim 8"
+       " --v-head-dim 16 --moe-shared-expert-intermediate-size 64",
+       {"model: deepseek_v2_lite", "moe_router_pre_softmax: true", "moe_router_norm_topk_prob: false",
+        "moe_router_bias_update_centered: true", "moe_router_load_balancing_type: none",
+        "rotary_scaling_factor: 1", "reset_attention_mask: true", "norm_epsilon: 1e-05"}},
+      {"qwen3moe",
+       "torchtitan/qwen3_0.6B-pretrain.yaml --model.flavor 30B-A3B --num-query-groups 2 --kv-channels 16",
+       {"model: qwen3_30B_A3B", "moe_router_pre_softmax: true", "moe_router_norm_topk_prob: true",
+        "moe_router_enable_expert_bias: true", "moe_router_bias_update_centered: true", "moe_aux_loss_coeff: 0"}},
+  };
+  for (const Case& c : cases) {
+    const std::string args = " -- train pretrain --config " + kConfigs + c.args + moe_shape;
+    const test::CommandResult printed = run("direct" + args + " --print-config");
+    ASSERT_EQ(printed.code, 0) << printed.out;
+    for (const char* want : c.resolved)
+      EXPECT_NE(printed.out.find(want), std::string::npos) << c.name << ": " << want << "\n" << printed.out;
+    const fs::path ws = workspace(c.name);
+    const test::CommandResult trained = run("direct --workspace " + ws.string() + args);
+    ASSERT_EQ(trained.code, 0) << trained.out;
+    const auto rows = losses(ws);
+    ASSERT_EQ(rows.size(), 3u) << trained.out;
+    for (const Row& r : rows) EXPECT_TRUE(std::isfinite(r.loss)) << c.name;
+    EXPECT_NE(rows[2].loss, rows[0].loss) << c.name;
+    fs::remove_all(ws);
   }
 }
 

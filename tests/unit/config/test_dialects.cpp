@@ -331,10 +331,18 @@ TEST(Dialects, UnbuiltKeysAreRefusedByName) {
        "Llama 4 is not built on this engine yet"},
       {Framework::TorchTitan, "      model:\n        name: gpt_oss\n        flavor: 20b\n",
        "gpt-oss is not built on this engine yet"},
-      {Framework::TorchTitan, "      model:\n        name: deepseek_v3\n        flavor: 16B\n",
-       "'model.flavor: 16B' is not supported: torchtitan's mixture-of-experts"},
-      {Framework::TorchTitan, "      model:\n        name: qwen3\n        flavor: 30B-A3B\n",
-       "torchtitan's mixture-of-experts"},
+      {Framework::TorchTitan,
+       "      model:\n        name: qwen3\n        flavor: 30B-A3B\n        converters: [float8]\n"
+       "      float8:\n        filter_fqns: [output]\n",
+       "is not supported: FP8 on torchtitan's MoE flavours is not mapped"},
+      {Framework::TorchTitan,
+       "      model:\n        name: deepseek_v3\n        flavor: 16B\n      primus_turbo:\n"
+       "        enable_primus_turbo: true\n        use_turbo_grouped_mm: true\n",
+       "'primus_turbo.use_moe_fp8: true' is not supported: Primus-Turbo's FP8 grouped GEMM"},
+      {Framework::TorchTitan,
+       "      model:\n        name: deepseek_v3\n        flavor: 671B\n      parallelism:\n"
+       "        context_parallel_degree: 2\n",
+       "without context parallelism", 2},
       {Framework::TorchTitan, "      parallelism:\n        data_parallel_replicate_degree: 2\n", "HSDP", 4},
       {Framework::TorchTitan,
        "      lr_scheduler:\n        total_steps: 5\n",
