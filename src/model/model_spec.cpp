@@ -91,6 +91,7 @@ const std::vector<Field>& fields() {
       {"moe_router_bias_update_centered", &ModelSpec::moe_router_bias_update_centered},
       {"moe_expert_capacity_factor", &ModelSpec::moe_expert_capacity_factor, true},
       {"moe_token_drop_policy", &ModelSpec::moe_token_drop_policy},
+      {"moe_expert_capacity_per_sequence", &ModelSpec::moe_expert_capacity_per_sequence},
       {"moe_pad_expert_input_to_capacity", &ModelSpec::moe_pad_expert_input_to_capacity},
       {"moe_router_force_load_balancing", &ModelSpec::moe_router_force_load_balancing},
       {"moe_token_dispatcher_type", &ModelSpec::moe_token_dispatcher_type},
@@ -494,6 +495,10 @@ void ModelSpec::validate_moe() const {
   non_negative("moe_router_topk_scaling_factor", moe_router_topk_scaling_factor);
   non_negative("moe_router_bias_update_rate", moe_router_bias_update_rate);
   non_negative("moe_expert_capacity_factor", moe_expert_capacity_factor);
+  if (moe_expert_capacity_per_sequence && (moe_expert_capacity_factor <= 0 || moe_token_drop_policy != "position"))
+    fail("{}: moe_expert_capacity_per_sequence (MaxText's dropping) needs moe_expert_capacity_factor and "
+         "moe_token_drop_policy: position",
+         who);
   if (moe_layer_pattern.empty()) {
     if (moe_layer_freq < 1) fail("{}: moe_layer_freq must be at least 1, got {}", who, moe_layer_freq);
   } else {

@@ -85,6 +85,9 @@ struct ModelSpec {
   bool moe_router_bias_update_centered = false;
   double moe_expert_capacity_factor = 0;   // 0 (null): dropless
   std::string moe_token_drop_policy = "probs";  // probs | position
+  // MaxText's token dropping (its dense-matmul path): the capacity is per sequence,
+  // int(max(ceil(seq * topk / experts) * factor, factor)), the earliest tokens kept (position).
+  bool moe_expert_capacity_per_sequence = false;
   bool moe_pad_expert_input_to_capacity = false;
   bool moe_router_force_load_balancing = false;
   std::string moe_token_dispatcher_type = "allgather";  // allgather | alltoall

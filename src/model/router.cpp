@@ -97,6 +97,11 @@ int64_t expert_capacity(int64_t tokens, int64_t topk, int64_t experts, double ca
   return int64_t(std::ceil(double(tokens) * double(topk) / double(experts) * capacity_factor));
 }
 
+int64_t sequence_capacity(int64_t seq, int64_t topk, int64_t experts, double capacity_factor) {
+  const double per = std::ceil(double(seq * topk) / double(experts));
+  return int64_t(std::max(per * capacity_factor, capacity_factor));
+}
+
 namespace {
 // A routing's sizes: this rank's share of batch x seq tokens over the spec's experts.
 Routing routing_of(const ModelSpec& spec, int64_t batch, int64_t seq, const TokenShare& share) {
@@ -187,18 +192,24 @@ Routing route(const ModelSpec& spec, std::vector<double> logits, const std::vect
   if (spec.moe_expert_capacity_factor > 0) {
     // Per expert, keep the `capacity` assignments with the largest weights (probs) or the
     // earliest tokens (position); ties go to the earlier token.
-    const int64_t cap = expert_capacity(N, k, E, spec.moe_expert_capacity_factor);
-    std::vector<std::vector<int64_t>> of(static_cast<size_t>(E));
-    for (int64_t i = 0; i < N * k; ++i) of[size_t(r.expert[size_t(i)])].push_back(i);
-    for (auto& list : of) {
-      if (int64_t(list.size()) <= cap) continue;
-      if (spec.moe_token_drop_policy == "probs")
-        std::stable_sort(list.begin(), list.end(),
-                         [&](int64_t a, int64_t b) { return r.weight[size_t(a)] > r.weight[size_t(b)]; });
-      for (size_t i = size_t(cap); i < list.size(); ++i) {
-        r.kept[size_t(list[i])] = 0;
-        r.weight[size_t(list[i])] = 0;
-        ++r.dropped;
+    // Over the rank's tokens, or (MaxText's) over each sequence's.
+    const bool per_sequence = spec.moe_expert_capacity_per_sequence;
+    const int64_t rows = per_sequence ? r.seq : N;
+    const int64_t cap = per_sequence ? sequence_capacity(r.seq, k, E, spec.moe_expert_capacity_factor)
+                                     : expert_capacity(N, k, E, spec.moe_expert_capacity_factor);
+    for (int64_t first = 0; first < N; first += rows) {
+      std::vector<std::vector<int64_t>> of(static_cast<size_t>(E));
+      for (int64_t i = first * k; i < (first + rows) * k; ++i) of[size_t(r.expert[size_t(i)])].push_back(i);
+      for (auto& list : of) {
+        if (int64_t(list.size()) <= cap) continue;
+        if (spec.moe_token_drop_policy == "probs")
+          std::stable_sort(list.begin(), list.end(),
+                           [&](int64_t a, int64_t b) { return r.weight[size_t(a)] > r.weight[size_t(b)]; });
+        for (size_t i = size_t(cap); i < list.size(); ++i) {
+          r.kept[size_t(list[i])] = 0;
+          r.weight[size_t(list[i])] = 0;
+          ++r.dropped;
+        }
       }
     }
   }
@@ -240,7 +251,10 @@ Routing route_by_load(const ModelSpec& spec, const std::vector<int64_t>& load, i
   if (share.ranks > 1) share.sum(r.routed_per_expert);
   r.kept_per_expert = load;
   if (spec.moe_expert_capacity_factor > 0) {  // the earliest rows of an expert stay
-    const int64_t cap = expert_capacity(N, k, E, spec.moe_expert_capacity_factor);
+    // Per sequence (MaxText's): each of the batch's sequences holds as many (an upper bound).
+    const int64_t cap = spec.moe_expert_capacity_per_sequence
+                            ? sequence_capacity(r.seq, k, E, spec.moe_expert_capacity_factor) * (N / r.seq)
+                            : expert_capacity(N, k, E, spec.moe_expert_capacity_factor);
     std::vector<int64_t> seen(size_t(E), 0);
     for (int64_t i = 0; i < N * k; ++i) {
       const int32_t e = r.expert[size_t(i)];

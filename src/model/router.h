@@ -64,5 +64,7 @@ void update_expert_bias(std::vector<double>& bias, const std::vector<int64_t>& t
 
 // Expert capacity (tokens an expert takes): ceil(tokens * topk / experts * capacity_factor).
 int64_t expert_capacity(int64_t tokens, int64_t topk, int64_t experts, double capacity_factor);
+// MaxText's, per sequence of `seq` tokens: int(max(ceil(seq * topk / experts) * factor, factor)).
+int64_t sequence_capacity(int64_t seq, int64_t topk, int64_t experts, double capacity_factor);
 
 }  // namespace primus

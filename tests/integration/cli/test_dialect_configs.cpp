@@ -126,7 +126,8 @@ TEST(DialectExamplesRefused, NameTheMissingFeature) {
       {"torchtitan/llama4_17Bx16E-BF16-pretrain", "", "Llama 4 is not built on this engine yet"},
       {"maxtext/llama3_8B-nanoo_fp8-pretrain", " --weight_dtype float32",
        "llama3_8B-nanoo_fp8-pretrain.yaml:40: 'quantization' is not supported: quantized training"},
-      {"maxtext/mixtral_8x7B-bf16-pretrain", " --weight_dtype float32", "MaxText's mixture-of-experts models"},
+      {"maxtext/mixtral_8x7B-bf16-pretrain", " --weight_dtype float32 --load_balance_loss_weight 0.01",
+       "MaxText's load-balance loss (per sequence, scaled by num_experts^2) is not mapped"},
       {"maxtext/llama3_8B-bf16-pretrain", "", "'weight_dtype' is not supported: bf16 parameters and optimizer state"},
   };
   for (const Case& c : cases) {
@@ -177,6 +178,43 @@ TEST(DialectMoeFlavours, TrainWithTorchtitansRouting) {
     ASSERT_EQ(rows.size(), 3u) << trained.out;
     for (const Row& r : rows) EXPECT_TRUE(std::isfinite(r.loss)) << c.name;
     EXPECT_NE(rows[2].loss, rows[0].loss) << c.name;
+    fs::remove_all(ws);
+  }
+}
+
+// MaxText's Mixtral and Qwen3 MoE models: no aux loss, and with capacity_factor on the dense
+// path, tokens dropped per sequence. Primus's Mixtral example, shrunk, trains three iterations on
+// two ranks (the expert axis: ep 2, the dense weights sharded over it), and dropping shows in the
+// log; Qwen3-30B-A3B on one process, with its model file's rotary base.
+TEST(DialectMoeFlavours, MaxTextMixtralAndQwen3Moe) {
+  const std::string shape = kMaxTextShape + " --num_experts 4 --num_experts_per_tok 2 --base_moe_mlp_dim 32 --max_target_length 32"
+                                            " --per_device_batch_size 2 --steps 3 --log_period 1 --weight_dtype float32";
+  struct Case {
+    const char* name;
+    std::string config;
+    int ranks;
+    std::vector<const char*> resolved;
+  };
+  const Case cases[] = {
+      {"mixtral", "maxtext/mixtral_8x7B-bf16-pretrain.yaml", 2,
+       {"model: mixtral_8x7B_v0.1", "moe_expert_capacity_per_sequence: true", "moe_token_drop_policy: position",
+        "moe_router_load_balancing_type: none", "expert_model_parallel_size: 2"}},
+      {"qwen3moe", "maxtext/qwen3_14B-bf16-pretrain.yaml --model_name qwen3-30b-a3b --decoder_block qwen3_moe --ici_fsdp_parallelism -1",
+       1,
+       {"model: qwen3_30B_A3B", "rotary_base: 10000000", "moe_aux_loss_coeff: 0"}},
+  };
+  for (const Case& c : cases) {
+    const std::string args = " -- train pretrain --config " + kConfigs + c.config + shape;
+    const std::string nproc = " --nproc " + std::to_string(c.ranks);
+    const test::CommandResult printed = run("direct" + nproc + args + " --print-config");
+    ASSERT_EQ(printed.code, 0) << printed.out;
+    for (const char* want : c.resolved)
+      EXPECT_NE(printed.out.find(want), std::string::npos) << c.name << ": " << want << "\n" << printed.out;
+    const fs::path ws = workspace(c.name);
+    const test::CommandResult trained = run("direct" + nproc + " --workspace " + ws.string() + args);
+    ASSERT_EQ(trained.code, 0) << trained.out;
+    EXPECT_EQ(losses(ws).size(), 3u) << trained.out;
+    if (std::string(c.name) == "mixtral") EXPECT_NE(trained.out.find("| dropped "), std::string::npos) << trained.out;
     fs::remove_all(ws);
   }
 }

@@ -89,6 +89,31 @@ TEST(Router, CapacityDropsTheLowestProbabilityTokens) {
   EXPECT_EQ(std::vector<uint8_t>(p.kept.begin(), p.kept.end()), (std::vector<uint8_t>{1, 1, 0, 0}));
 }
 
+TEST(Router, PerSequenceCapacityKeepsEachSequencesEarliestTokens) {
+  // MaxText's dropping: every token prefers expert 0; a capacity of ceil(4 x 1 / 2) = 2 per
+  // sequence keeps the first two tokens of each of the two sequences, where the microbatch-wide
+  // capacity (4) keeps the first sequence whole.
+  ModelSpec s = router_spec(2, 1);
+  s.moe_expert_capacity_factor = 1.0;
+  s.moe_token_drop_policy = "position";
+  std::vector<double> logits;
+  for (int t = 0; t < 8; ++t) logits.insert(logits.end(), {1.0, 0.0});
+  Routing whole = route(s, logits, {}, 2, 4);
+  EXPECT_EQ(std::vector<uint8_t>(whole.kept.begin(), whole.kept.end()), (std::vector<uint8_t>{1, 1, 1, 1, 0, 0, 0, 0}));
+  s.moe_expert_capacity_per_sequence = true;
+  s.validate_moe();
+  Routing per = route(s, logits, {}, 2, 4);
+  EXPECT_EQ(std::vector<uint8_t>(per.kept.begin(), per.kept.end()), (std::vector<uint8_t>{1, 1, 0, 0, 1, 1, 0, 0}));
+  EXPECT_EQ(per.dropped, 4);
+  // The capacity rounds up before the factor and down after it: ceil(5 x 2 / 4) x 1.25 = 3.75 -> 3
+  // (the microbatch rule: ceil(5 x 2 / 4 x 1.25) = 4); at least the factor itself.
+  EXPECT_EQ(sequence_capacity(5, 2, 4, 1.25), 3);
+  EXPECT_EQ(expert_capacity(5, 2, 4, 1.25), 4);
+  EXPECT_EQ(sequence_capacity(1, 1, 64, 2.0), 2);
+  s.moe_token_drop_policy = "probs";
+  EXPECT_THROW(s.validate_moe(), Error);
+}
+
 TEST(Router, GroupLimitedChoosesWithinTheBestGroups) {
   ModelSpec s = router_spec(8, 2);
   s.moe_router_num_groups = 4;
