@@ -44,7 +44,9 @@ inline data::SftRecords sft_packing_records(int n) {
 // All n conversations in one microbatch: unpacked, sequences of `seq` (every conversation must fit
 // seq + 1), or packed into sequences of `seq`.
 inline SftBatch sft_packing_batch(int n, bool packed, int64_t seq) {
-  const auto tok = data::build_tokenizer({.type = "ByteLevelTokenizer"});
+  data::TokenizerOptions to;
+  to.type = "ByteLevelTokenizer";
+  const auto tok = data::build_tokenizer(to);
   const auto format = data::fixed_chat_format(data::ChatFormatName::OpenAI);
   data::SftDatasetOptions o;
   o.seq_length = seq;
