@@ -245,6 +245,37 @@ TEST(Posttrain, PackedTrainsAsOneConversationPerSequence) {
   fs::remove(set);
 }
 
+// sft_conversation_format chat_template through the trainer and sft-preview: a tokenizer folder
+// whose tokenizer_config.json holds ChatML as a Jinja template renders the example's conversations
+// as the openai format does and trains the same tokens (each assistant content and <|im_end|>), so
+// the run gives the openai run's losses exactly.
+TEST(Posttrain, ChatTemplateFormatTrainsAsTheSameFixedFormat) {
+  const fs::path ws = workspace("chat_template");
+  fs::create_directories(ws / "tokenizer");
+  std::ofstream(ws / "tokenizer" / "tokenizer_config.json")
+      << R"({"chat_template": "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}",)"
+      << R"( "eos_token": "<|im_end|>"})";
+  const std::string folder = (ws / "tokenizer").string();
+  expect_same(one_process(),
+              train("chat_template_run", " --sft_conversation_format chat_template --tokenizer_model " + folder), 0,
+              "chat_template against openai");
+  const auto preview = [&](const std::string& format) {
+    return run("direct --workspace " + ws.string() + " -- data sft-preview --input examples/data/arith_chat.json" +
+               " --format " + format + " --tokenizer-type ByteLevelTokenizer --tokenizer-model " + folder + " --limit 2");
+  };
+  const auto a = preview("chat_template"), b = preview("openai");
+  ASSERT_EQ(a.code, 0) << a.out;
+  const auto body = [](const std::string& out) { return out.substr(out.find("[0]"), out.rfind("2 of 400") - out.find("[0]")); };
+  EXPECT_EQ(body(a.out), body(b.out));
+  EXPECT_NE(a.out.find("(chat_template format)"), std::string::npos) << a.out;
+  const auto missing = run("direct --workspace " + ws.string() +
+                           " -- data sft-preview --input examples/data/arith_chat.json --format chat_template"
+                           " --tokenizer-type ByteLevelTokenizer");
+  EXPECT_NE(missing.code, 0);
+  EXPECT_NE(missing.out.find("set tokenizer_model to the Hugging Face model's folder"), std::string::npos) << missing.out;
+  fs::remove_all(ws);
+}
+
 // An SFT run stopped after 3 steps and resumed goes on with the samples and losses of the run done
 // in one go (the sample order is a function of the seed; the data position is in the checkpoint).
 TEST(Posttrain, ResumesExactly) {
