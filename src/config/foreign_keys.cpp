@@ -695,7 +695,7 @@ const std::vector<ForeignKey>& foreign_keys() {
       {"no_check_for_nan_in_loss_and_grad", KeyStatus::NotSupported, "false", kNsOther, Src::M},
       {"no_create_attention_mask_in_dataloader", KeyStatus::NotSupported, "false", kNsOther, Src::M},
       {"no_data_sharding", KeyStatus::NotSupported, "false", kNsOther, Src::M},
-      {"no_fp8_weight_transpose_cache", KeyStatus::NotSupported, "false", kNsLowPrecision, Src::P},
+      {"no_fp8_weight_transpose_cache", KeyStatus::NoEffect, "false", "a memory choice of Transformer Engine's FP8 linears: the FP8 weight's transpose is formed again for the backward instead of kept, the same values (this engine quantizes each GEMM's operands itself, docs/fp8.md)", Src::P},
       {"no_gradient_accumulation_fusion", KeyStatus::NoEffect, "false", kKernels, Src::M},
       {"no_gradient_reduce_div_fusion", KeyStatus::NoEffect, "false", kKernels, Src::M},
       {"no_load_rng", KeyStatus::NotSupported, "null", kNsOther, Src::MP},
