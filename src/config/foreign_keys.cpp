@@ -204,6 +204,7 @@ const std::vector<ForeignKey>& foreign_keys() {
       {"dino_warmup_teacher_temp_epochs", KeyStatus::NotSupported, "30", kNsOther, Src::MP},
       {"disable_bf16_reduced_precision_matmul", KeyStatus::NotSupported, "false", kNsLowPrecision, Src::M},
       {"disable_compile_dependencies", KeyStatus::NoEffect, "true", kKernels, Src::P},
+      {"disable_delayed_scaling_patches", KeyStatus::NoEffect, "false", "Primus's patch that moves delayed FP8 scaling's update into a fused preamble and prefetches data: the same scales either way", Src::P},
       {"disable_jit_fuser", KeyStatus::NoEffect, "false", kTuning, Src::M},
       {"disable_last_saving", KeyStatus::NoEffect, "false", kStorage, Src::P},
       {"disable_mamba_mem_eff_path", KeyStatus::NotSupported, "false", kNsOther, Src::P},
