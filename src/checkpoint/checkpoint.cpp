@@ -40,10 +40,19 @@ class Loader {
 
   CheckpointData run() {
     const size_t n = size_t(params_.numel());
-    out_.params.assign(n, 0.0f);
-    if (opt_.optimizer) {
-      out_.exp_avg.assign(n, 0.0f);
-      out_.exp_avg_sq.assign(n, 0.0f);
+    if (opt_.into[0]) {
+      if (opt_.optimizer && (!opt_.into[1] || !opt_.into[2]))
+        fail("checkpoint {}: LoadOptions::into names no buffers for the optimizer moments", dir_.string());
+      std::copy(opt_.into, opt_.into + kSections, dst_);
+    } else {
+      out_.params.assign(n, 0.0f);
+      if (opt_.optimizer) {
+        out_.exp_avg.assign(n, 0.0f);
+        out_.exp_avg_sq.assign(n, 0.0f);
+      }
+      dst_[0] = out_.params.data();
+      dst_[1] = out_.exp_avg.data();
+      dst_[2] = out_.exp_avg_sq.data();
     }
     for (const StoredParam& info : params_.infos()) {
       if (const SavedTensor* st = source(info))
@@ -51,6 +60,7 @@ class Loader {
       else
         keep_initial(info);
     }
+    batch_.run(opt_.read_threads, uint64_t(std::max<int64_t>(1, opt_.read_chunk_bytes)));
     std::vector<char> config = read_verified(dir_, meta_, "config.yaml");
     out_.config_yaml.assign(config.begin(), config.end());
     read_run_state();
@@ -116,7 +126,7 @@ class Loader {
 
   void fill(const StoredParam& info, const SavedTensor& st) {
     const int sections = opt_.optimizer ? kSections : 1;
-    float* dst[kSections] = {out_.params.data(), out_.exp_avg.data(), out_.exp_avg_sq.data()};
+    float* const* dst = dst_;
     const Placement target = make_placement(info.shape, info.shard.dim, info.shard.pieces);
     std::vector<const Entry*> entries;
     for (const Entry& e : st.entries) entries.push_back(&e);
@@ -160,7 +170,7 @@ class Loader {
              rd.numel());
       const int64_t n = std::min(end, best->end) - x;
       for (int s = 0; s < sections; ++s)
-        rd.read(s, uint64_t(best->offset + (x - best->begin)), uint64_t(n), dst[s] + at + (x - so));
+        batch_.add(rd, s, uint64_t(best->offset + (x - best->begin)), uint64_t(n), dst[s] + at + (x - so));
       x += n;
     }
   }
@@ -178,7 +188,9 @@ class Loader {
       }
       initial = initial_.data();
     }
-    std::copy(initial + info.offset, initial + info.offset + info.numel, out_.params.begin() + info.offset);
+    std::copy(initial + info.offset, initial + info.offset + info.numel, dst_[0] + info.offset);
+    if (opt_.optimizer)
+      for (int s = 1; s < kSections; ++s) std::fill(dst_[s] + info.offset, dst_[s] + info.offset + info.numel, 0.0f);
     out_.fresh.push_back(info.name);
   }
 
@@ -195,6 +207,8 @@ class Loader {
   std::map<std::string, SavedTensor> index_;
   CheckpointData out_;
   std::map<std::string, std::unique_ptr<ShardReader>> readers_;
+  float* dst_[kSections] = {nullptr, nullptr, nullptr};  // where the sections go: `into` or out_'s buffers
+  ShardBatch batch_;  // the runs to read, read together at the end of run()
   std::vector<float> initial_;  // a host copy of the store's values, when a tensor keeps them
 };
 
