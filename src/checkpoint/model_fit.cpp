@@ -298,6 +298,7 @@ std::vector<std::string> model_keys_free_to_change() {
           "moe_aux_loss_coeff",
           "moe_z_loss_coeff",
           "moe_router_bias_update_rate",
+          "moe_router_bias_update_centered",
           "moe_expert_capacity_factor",
           "moe_token_drop_policy",
           "moe_pad_expert_input_to_capacity",
