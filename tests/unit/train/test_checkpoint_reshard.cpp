@@ -448,6 +448,33 @@ TEST(CheckpointReshard, LoadingIntoCallersBuffersWritesOnlyTheRanges) {
   EXPECT_EQ(touched, 0);
 }
 
+// LoadOptions::optimizer_ranges (a ZeRO-1 resume): every value, the moments only in the ranges.
+TEST(CheckpointReshard, OptimizerRangesRestrictOnlyTheMoments) {
+  TempDir t;
+  ASSERT_TRUE(all_ok(save_layout_ranges(t.dir, {1, 1, 2}, true)));
+  const std::string dir = checkpoint::resolve_checkpoint(t.dir.string());
+  ParamStore p;
+  build(p, {1, 1, 1}, 0);
+  const int64_t n = p.numel();
+  checkpoint::LoadOptions lo;
+  lo.optimizer_ranges = {{2, n / 3}, {n / 2, n / 5}};
+  const checkpoint::CheckpointData ck = checkpoint::load_checkpoint(dir, p, lo);
+  int64_t wrong = 0, moments = 0;
+  for (const auto& info : p.infos()) {
+    const auto gi = global_indices(info);
+    for (int64_t i = 0; i < info.numel; ++i) {
+      const int64_t k = info.offset + i;
+      const bool mine = (k >= 2 && k < 2 + n / 3) || (k >= n / 2 && k < n / 2 + n / 5);
+      moments += mine;
+      wrong += ck.params[size_t(k)] != expected(info.name, gi[i], 0);
+      wrong += ck.exp_avg[size_t(k)] != (mine ? expected(info.name, gi[i], 1) : 0.0f);
+      wrong += ck.exp_avg_sq[size_t(k)] != (mine ? expected(info.name, gi[i], 2) : 0.0f);
+    }
+  }
+  EXPECT_GT(moments, n / 3);
+  EXPECT_EQ(wrong, 0);
+}
+
 // A damaged block is found by the threaded reads too, and named.
 TEST(CheckpointReshard, ThreadedReadsNameADamagedBlock) {
   TempDir t;
