@@ -152,7 +152,7 @@ class ShardBatch {
  public:
   void add(ShardReader& reader, int section, uint64_t first, uint64_t count, float* dst);
   // Reads everything added, with up to `threads` threads, in chunks of about `chunk_bytes`; the
-  // first failure (in file order) is thrown after all threads end.
+  // failure of the earliest read that failed is thrown after all threads end.
   void run(int threads, uint64_t chunk_bytes);
 
  private:
