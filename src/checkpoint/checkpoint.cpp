@@ -142,12 +142,10 @@ class Loader {
                    return in_ranges(opt_.ranges, a, count, [&](int64_t lo, int64_t n) {
                      read_parts(info, e, so + (lo - a), n, 0, sections, dst, lo);
                    });
-                 in_ranges(opt_.ranges, a, count, [&](int64_t lo, int64_t n) {
-                   read_parts(info, e, so + (lo - a), n, 0, 1, dst, lo);
-                 });
-                 in_ranges(moments, a, count, [&](int64_t lo, int64_t n) {
-                   read_parts(info, e, so + (lo - a), n, 1, sections, dst, lo);
-                 });
+                 in_ranges(opt_.ranges, a, count,
+                           [&](int64_t lo, int64_t n) { read_parts(info, e, so + (lo - a), n, 0, 1, dst, lo); });
+                 in_ranges(moments, a, count,
+                           [&](int64_t lo, int64_t n) { read_parts(info, e, so + (lo - a), n, 1, sections, dst, lo); });
                });
              });
     if (!r.gaps.empty())
@@ -226,7 +224,7 @@ class Loader {
   CheckpointData out_;
   std::map<std::string, std::unique_ptr<ShardReader>> readers_;
   float* dst_[kSections] = {nullptr, nullptr, nullptr};  // where the sections go: `into` or out_'s buffers
-  ShardBatch batch_;  // the runs to read, read together at the end of run()
+  ShardBatch batch_;                                     // the runs to read, read together at the end of run()
   std::vector<float> initial_;  // a host copy of the store's values, when a tensor keeps them
 };
 

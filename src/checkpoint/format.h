@@ -145,9 +145,10 @@ class ShardReader {
 };
 
 // Reads many runs from many shards: runs are gathered per (shard, section), then read in chunks
-// of about `chunk_bytes` (LoadOptions::read_chunk_bytes) of whole blocks, straight into their destinations, each chunk's blocks
-// checked against their CRCs, by a few threads at once (one thread's CRC overlaps another's
-// read). Runs whose source elements overlap an earlier run's go through ShardReader::read.
+// of about `chunk_bytes` (LoadOptions::read_chunk_bytes) of whole blocks, straight into their
+// destinations, each chunk's blocks checked against their CRCs, by a few threads at once (one
+// thread's CRC overlaps another's read). Runs whose source elements overlap an earlier run's go
+// through ShardReader::read.
 class ShardBatch {
  public:
   void add(ShardReader& reader, int section, uint64_t first, uint64_t count, float* dst);

@@ -37,9 +37,12 @@ std::string report(const checkpoint::CheckpointBench& r, const std::string& dir,
   };
   if (json) {
     nlohmann::json j{{"ranks", r.ranks}, {"parameters", r.parameters}, {"rank_bytes", r.rank_bytes}, {"dir", dir}};
-    for (const auto& [name, p] : std::vector<std::pair<const char*, const checkpoint::BenchPhase*>>{
-             {"disk_write", &r.disk_write}, {"disk_read", &r.disk_read}, {"save", &r.save}, {"load", &r.load},
-             {"load_new", &r.load_new}})
+    for (const auto& [name, p] :
+         std::vector<std::pair<const char*, const checkpoint::BenchPhase*>>{{"disk_write", &r.disk_write},
+                                                                            {"disk_read", &r.disk_read},
+                                                                            {"save", &r.save},
+                                                                            {"load", &r.load},
+                                                                            {"load_new", &r.load_new}})
       j[name] = {{"bytes", p->bytes}, {"seconds", p->seconds}, {"gb_per_s", p->gbps()}, {"rank_seconds", p->rank_seconds}};
     return j.dump(1) + "\n";
   }
