@@ -25,6 +25,7 @@ APT_PACKAGES=(
   libsentencepiece-dev sentencepiece libpcre2-dev
   libicu-dev  # Unicode normalization (NFC, NFKC) for tokenizer.json normalizers
   zlib1g-dev
+  libisal-dev  # ISA-L: the checkpoints' CRC-32 (src/checkpoint/format.cpp)
   coinor-libcbc-dev  # CBC: zb-auto's ILP refinement (the Zero Bubble paper's solver)
   libdnnl-dev  # oneDNN: one of the CPU bf16 backend's two GEMMs, the one on AMX tiles
   libnuma-dev  # --numa: each rank bound to its GPU's NUMA node

@@ -40,10 +40,19 @@ class Loader {
 
   CheckpointData run() {
     const size_t n = size_t(params_.numel());
-    out_.params.assign(n, 0.0f);
-    if (opt_.optimizer) {
-      out_.exp_avg.assign(n, 0.0f);
-      out_.exp_avg_sq.assign(n, 0.0f);
+    if (opt_.into[0]) {
+      if (opt_.optimizer && (!opt_.into[1] || !opt_.into[2]))
+        fail("checkpoint {}: LoadOptions::into names no buffers for the optimizer moments", dir_.string());
+      std::copy(opt_.into, opt_.into + kSections, dst_);
+    } else {
+      out_.params.assign(n, 0.0f);
+      if (opt_.optimizer) {
+        out_.exp_avg.assign(n, 0.0f);
+        out_.exp_avg_sq.assign(n, 0.0f);
+      }
+      dst_[0] = out_.params.data();
+      dst_[1] = out_.exp_avg.data();
+      dst_[2] = out_.exp_avg_sq.data();
     }
     for (const StoredParam& info : params_.infos()) {
       if (const SavedTensor* st = source(info))
@@ -51,6 +60,7 @@ class Loader {
       else
         keep_initial(info);
     }
+    batch_.run(opt_.read_threads, uint64_t(std::max<int64_t>(1, opt_.read_chunk_bytes)));
     std::vector<char> config = read_verified(dir_, meta_, "config.yaml");
     out_.config_yaml.assign(config.begin(), config.end());
     read_run_state();
@@ -116,7 +126,7 @@ class Loader {
 
   void fill(const StoredParam& info, const SavedTensor& st) {
     const int sections = opt_.optimizer ? kSections : 1;
-    float* dst[kSections] = {out_.params.data(), out_.exp_avg.data(), out_.exp_avg_sq.data()};
+    float* const* dst = dst_;
     const Placement target = make_placement(info.shape, info.shard.dim, info.shard.pieces);
     std::vector<const Entry*> entries;
     for (const Entry& e : st.entries) entries.push_back(&e);
@@ -126,14 +136,16 @@ class Loader {
                for_each_run(e.place.shape, info.shape, lo, hi, ss, dsh, [&](int64_t so, int64_t d, int64_t count) {
                  PRIMUS_CHECK(so >= 0 && so + count <= numel_of(e.place.shape) && d >= 0 && d + count <= info.numel,
                               "tensor {}: copy run outside a local tensor", info.name);
-                 if (opt_.ranges.empty()) return read_parts(info, e, so, count, sections, dst, info.offset + d);
-                 const int64_t a = info.offset + d, b = a + count;  // the run, in the flat layout
-                 auto it = std::upper_bound(opt_.ranges.begin(), opt_.ranges.end(), a,
-                                            [](int64_t x, const auto& r) { return x < r.first + r.second; });
-                 for (; it != opt_.ranges.end() && it->first < b; ++it) {
-                   const int64_t lo = std::max(a, it->first), hi = std::min(b, it->first + it->second);
-                   if (lo < hi) read_parts(info, e, so + (lo - a), hi - lo, sections, dst, lo);
-                 }
+                 const int64_t a = info.offset + d;  // the run, in the flat layout
+                 const auto& moments = opt_.optimizer_ranges.empty() ? opt_.ranges : opt_.optimizer_ranges;
+                 if (sections == 1 || moments == opt_.ranges)
+                   return in_ranges(opt_.ranges, a, count, [&](int64_t lo, int64_t n) {
+                     read_parts(info, e, so + (lo - a), n, 0, sections, dst, lo);
+                   });
+                 in_ranges(opt_.ranges, a, count,
+                           [&](int64_t lo, int64_t n) { read_parts(info, e, so + (lo - a), n, 0, 1, dst, lo); });
+                 in_ranges(moments, a, count,
+                           [&](int64_t lo, int64_t n) { read_parts(info, e, so + (lo - a), n, 1, sections, dst, lo); });
                });
              });
     if (!r.gaps.empty())
@@ -141,9 +153,23 @@ class Loader {
            dir_.string(), info.name, shape_str(st.global), gaps_str(r), files_holding(st));
   }
 
-  // Reads the saved slice's local elements [so, so + count) from the parts (files) that hold them
-  // into element `at` of the sections' flat buffers.
-  void read_parts(const StoredParam& info, const Entry& e, int64_t so, int64_t count, int sections,
+  // Calls fn(begin, count) for the parts of [a, a + count) inside `ranges` (sorted, disjoint;
+  // empty: all of it).
+  template <typename Fn>
+  static void in_ranges(const std::vector<std::pair<int64_t, int64_t>>& ranges, int64_t a, int64_t count, Fn&& fn) {
+    if (ranges.empty()) return fn(a, count);
+    const int64_t b = a + count;
+    auto it = std::upper_bound(ranges.begin(), ranges.end(), a,
+                               [](int64_t x, const auto& r) { return x < r.first + r.second; });
+    for (; it != ranges.end() && it->first < b; ++it) {
+      const int64_t lo = std::max(a, it->first), hi = std::min(b, it->first + it->second);
+      if (lo < hi) fn(lo, hi - lo);
+    }
+  }
+
+  // Reads the saved slice's local elements [so, so + count) of the sections [s0, s1) from the
+  // parts (files) that hold them into element `at` of the sections' flat buffers.
+  void read_parts(const StoredParam& info, const Entry& e, int64_t so, int64_t count, int s0, int s1,
                   float* const dst[kSections], int64_t at) {
     for (int64_t x = so, end = so + count; x < end;) {
       const Part* best = nullptr;  // the part that covers x and reaches furthest (parts sorted by begin)
@@ -159,8 +185,8 @@ class Loader {
         fail("checkpoint {}: tensor {} lies outside {} ({} elements)", dir_.string(), info.name, best->file,
              rd.numel());
       const int64_t n = std::min(end, best->end) - x;
-      for (int s = 0; s < sections; ++s)
-        rd.read(s, uint64_t(best->offset + (x - best->begin)), uint64_t(n), dst[s] + at + (x - so));
+      for (int s = s0; s < s1; ++s)
+        batch_.add(rd, s, uint64_t(best->offset + (x - best->begin)), uint64_t(n), dst[s] + at + (x - so));
       x += n;
     }
   }
@@ -178,7 +204,9 @@ class Loader {
       }
       initial = initial_.data();
     }
-    std::copy(initial + info.offset, initial + info.offset + info.numel, out_.params.begin() + info.offset);
+    std::copy(initial + info.offset, initial + info.offset + info.numel, dst_[0] + info.offset);
+    if (opt_.optimizer)
+      for (int s = 1; s < kSections; ++s) std::fill(dst_[s] + info.offset, dst_[s] + info.offset + info.numel, 0.0f);
     out_.fresh.push_back(info.name);
   }
 
@@ -195,6 +223,8 @@ class Loader {
   std::map<std::string, SavedTensor> index_;
   CheckpointData out_;
   std::map<std::string, std::unique_ptr<ShardReader>> readers_;
+  float* dst_[kSections] = {nullptr, nullptr, nullptr};  // where the sections go: `into` or out_'s buffers
+  ShardBatch batch_;                                     // the runs to read, read together at the end of run()
   std::vector<float> initial_;  // a host copy of the store's values, when a tensor keeps them
 };
 

@@ -180,6 +180,19 @@ struct LoadOptions {
   // read; the rest of the buffers stay 0. Empty: all. A rank that keeps only its ZeRO / FSDP
   // shards reads only their bytes (`benchmark checkpoint` loads this way).
   std::vector<std::pair<int64_t, int64_t>> ranges;
+  // The same for the optimizer moments alone (ZeRO-1: every value, only the rank's optimizer
+  // shards' moments). Empty: as `ranges`.
+  std::vector<std::pair<int64_t, int64_t>> optimizer_ranges;
+  // Host buffers of the store's flat layout (values, exp_avg, exp_avg_sq; the moments unused when
+  // `optimizer` is false) to read into, e.g. the rank's own state: the data goes there straight
+  // from the files, and CheckpointData's buffers stay empty. Only the elements read (`ranges`, or
+  // every tensor's) are written; a tensor a non-strict load keeps gets its initial values and zero
+  // moments. nullptr: the load allocates CheckpointData's buffers (zeros where nothing is read).
+  float* into[3] = {nullptr, nullptr, nullptr};
+  // Threads that read and check the blocks (each overlapping its CRCs with the others' reads),
+  // each a contiguous stretch of the data, in reads of about read_chunk_bytes of whole blocks.
+  int read_threads = 4;
+  int64_t read_chunk_bytes = 8 << 20;
 };
 
 // Writes a checkpoint of `params` (values) and the optimizer moments (flat buffers laid out like

@@ -8,7 +8,10 @@
 //   disk write  writes its data to a plain file (writes of up to 1 GiB, as a shard's; fsync)
 //   disk read   reads it back (its pages dropped from the page cache first)
 //   save        saves its part through the checkpoint writer (CheckpointSave, synchronous)
-//   load        reads back only its own ranges (LoadOptions::ranges; pages dropped first)
+//   load        reads back only its own ranges (LoadOptions::ranges; pages dropped first) into
+//               its own state's flat buffers (LoadOptions::into: resident, as a resuming rank's),
+//               and checks them against what it saved
+//   load_new    the same into buffers the load allocates (CheckpointData's: page faults included)
 //   disk write and read again; the faster of the two measurements of the disk is reported
 // The page cache is bypassed with posix_fadvise(DONTNEED) on fsynced files, so reads come from
 // the disk where the kernel honours it.
@@ -37,7 +40,7 @@ struct CheckpointBench {
   int ranks = 1;
   int64_t parameters = 0;
   std::vector<uint64_t> rank_bytes;  // each rank's shard file
-  BenchPhase disk_write, disk_read, save, load;
+  BenchPhase disk_write, disk_read, save, load, load_new;
 };
 
 // `layout`: the model's tensors (not allocated). Collective over world (nullptr: one process).

@@ -2,6 +2,9 @@
 #include "checkpoint/format.h"
 
 #include <fcntl.h>
+#include <isa-l/crc.h>
+#include <limits.h>
+#include <sys/uio.h>
 #include <unistd.h>
 #include <zlib.h>
 
@@ -10,7 +13,9 @@
 #include <cstring>
 
 #include <algorithm>
+#include <atomic>
 #include <fstream>
+#include <thread>
 
 #include <fmt/format.h>
 
@@ -240,15 +245,14 @@ Placement placement_json(const json& t) {
 }  // namespace
 
 uint32_t crc_update(uint32_t crc, const void* data, size_t bytes) {
-  uLong c = crc;
-  const auto* p = static_cast<const Bytef*>(data);
-  while (bytes > 0) {  // zlib takes 32-bit lengths
-    const uInt n = static_cast<uInt>(std::min<size_t>(bytes, 1u << 30));
-    c = crc32(c, p, n);
+  const auto* p = static_cast<const unsigned char*>(data);
+  while (bytes > 0) {  // ISA-L takes 64-bit lengths, but keep calls bounded
+    const uint64_t n = std::min<size_t>(bytes, size_t(1) << 30);
+    crc = crc32_gzip_refl(crc, p, n);  // the same CRC-32 as zlib's crc32 (CheckpointFormat.CrcIsZlibs)
     p += n;
     bytes -= n;
   }
-  return static_cast<uint32_t>(c);
+  return crc;
 }
 uint32_t crc_of(const void* data, size_t bytes) { return crc_update(0, data, bytes); }
 
@@ -492,7 +496,7 @@ void ShardReader::read(int section, uint64_t first, uint64_t count, float* dst) 
   }
 }
 
-void ShardReader::pread_all(int fd, void* dst, uint64_t bytes, uint64_t at, const char* what) {
+void ShardReader::pread_all(int fd, void* dst, uint64_t bytes, uint64_t at, const char* what) const {
   char* p = static_cast<char*>(dst);
   while (bytes > 0) {
     const ssize_t n = ::pread(fd, p, bytes, off_t(at));
@@ -515,10 +519,198 @@ void ShardReader::load_block(int section, uint64_t b) {
   if (fd < 0) fd = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) fail("checkpoint file {} is unreadable: {}", path_.string(), std::strerror(errno));
   pread_all(fd, c.bytes.data(), c.bytes.size(), data_offset_ + uint64_t(section) * section_bytes_ + start, what.c_str());
-  if (crc_of(c.bytes.data(), c.bytes.size()) != block_crcs_[section][b])
-    fail("checkpoint file {} is corrupted: {} fails its CRC-32{}", path_.string(), what,
-         section == 0 ? "" : " (optimizer state: --no_load_optim true resumes the weights without it)");
+  if (crc_of(c.bytes.data(), c.bytes.size()) != block_crcs_[section][b]) fail_block(section, b);
   c.index = int64_t(b);
+}
+
+void ShardReader::fail_block(int section, uint64_t b) const {
+  fail("checkpoint file {} is corrupted: block {} of {} fails its CRC-32{}", path_.string(), b, kSectionNames[section],
+       section == 0 ? "" : " (optimizer state: --no_load_optim true resumes the weights without it)");
+}
+
+void ShardReader::check_run(uint64_t first, uint64_t count) const {
+  if (first + count > numel_ || first + count < first)
+    fail("checkpoint file {}: elements [{}, {}) lie outside its {} elements (meta.json and the file disagree)",
+         path_.string(), first, first + count, numel_);
+}
+
+namespace {
+
+// The pieces of a byte range of a file, in order, each to its own memory: one preadv per at most
+// IOV_MAX pieces, continued after short reads.
+class ScatterRead {
+ public:
+  void add(char* dst, uint64_t bytes) {
+    if (bytes == 0) return;
+    if (!iov_.empty() && static_cast<char*>(iov_.back().iov_base) + iov_.back().iov_len == dst)
+      iov_.back().iov_len += bytes;
+    else
+      iov_.push_back({dst, size_t(bytes)});
+  }
+  const std::vector<iovec>& pieces() const { return iov_; }
+  // Reads the pieces from `at`; returns "" or the problem.
+  std::string read(int fd, uint64_t at) {
+    std::vector<iovec> left = iov_;
+    size_t i = 0;
+    while (i < left.size()) {
+      const int n_iov = int(std::min<size_t>(left.size() - i, IOV_MAX));
+      const ssize_t n = ::preadv(fd, &left[i], n_iov, off_t(at));
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0) return std::strerror(errno);
+      if (n == 0) return "the file ends early";
+      at += uint64_t(n);
+      for (size_t got = size_t(n); got > 0;) {
+        const size_t take = std::min(got, left[i].iov_len);
+        left[i].iov_base = static_cast<char*>(left[i].iov_base) + take;
+        left[i].iov_len -= take;
+        got -= take;
+        if (left[i].iov_len == 0) ++i;
+      }
+    }
+    return "";
+  }
+
+ private:
+  std::vector<iovec> iov_;
+};
+
+}  // namespace
+
+ShardReader::Descriptor ShardReader::open_descriptor() const {
+  Descriptor d;
+  d.fd = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC);
+  if (d.fd < 0) fail("checkpoint file {} is unreadable: {}", path_.string(), std::strerror(errno));
+  return d;
+}
+
+ShardReader::Descriptor::~Descriptor() {
+  if (fd >= 0) ::close(fd);
+}
+
+void ShardReader::read_blocks(int fd, int section, uint64_t b0, uint64_t b1, const std::vector<ByteRun>& runs,
+                              std::vector<char>& scratch) const {
+  const uint64_t start = b0 * block_bytes_, end = std::min(b1 * block_bytes_, section_bytes_);
+  scratch.resize(size_t(end - start));  // the bytes no run wants, read for their blocks' CRCs
+  ScatterRead sr;
+  uint64_t at = start;
+  for (const ByteRun& r : runs) {
+    const uint64_t a = r.begin, b = a + r.bytes;
+    PRIMUS_CHECK(a >= at && b <= end, "checkpoint file {}: a read run outside its chunk", path_.string());
+    sr.add(scratch.data() + (at - start), a - at);
+    sr.add(r.dst, b - a);
+    at = b;
+  }
+  sr.add(scratch.data() + (at - start), end - at);
+  const std::string problem = sr.read(fd, data_offset_ + uint64_t(section) * section_bytes_ + start);
+  if (!problem.empty())
+    fail("reading blocks {} to {} of {} of checkpoint file {} failed: {}", b0, b1 - 1, kSectionNames[section],
+         path_.string(), problem);
+  // Each block's CRC over the pieces it spans.
+  uint64_t b = b0, in_block = 0, block_len = std::min(block_bytes_, section_bytes_ - b * block_bytes_);
+  uint32_t crc = 0;
+  for (const iovec& v : sr.pieces()) {
+    const char* p = static_cast<const char*>(v.iov_base);
+    uint64_t left = v.iov_len;
+    while (left > 0) {
+      const uint64_t n = std::min(left, block_len - in_block);
+      crc = crc_update(crc, p, n);
+      p += n;
+      left -= n;
+      in_block += n;
+      if (in_block == block_len) {
+        if (crc != block_crcs_[section][b]) fail_block(section, b);
+        ++b;
+        crc = 0;
+        in_block = 0;
+        if (b < b1) block_len = std::min(block_bytes_, section_bytes_ - b * block_bytes_);
+      }
+    }
+  }
+}
+
+void ShardBatch::add(ShardReader& reader, int section, uint64_t first, uint64_t count, float* dst) {
+  if (count == 0) return;
+  reader.check_run(first, count);
+  Group& g = groups_[{&reader, section}];
+  g.reader = &reader;
+  g.section = section;
+  g.runs.push_back({first, count, dst});
+}
+
+void ShardBatch::run(int threads, uint64_t chunk_bytes) {
+  struct Task {
+    Group* group;
+    uint64_t b0, b1;
+    std::vector<ByteRun> runs;
+  };
+  std::vector<Task> tasks;
+  std::vector<std::pair<Group*, ReadRun>> one_by_one;  // read through ShardReader::read afterwards
+  for (auto& [key, g] : groups_) {
+    std::sort(g.runs.begin(), g.runs.end(), [](const ReadRun& l, const ReadRun& r) { return l.first < r.first; });
+    const uint64_t bb = g.reader->block_bytes();
+    const uint64_t chunk_blocks = std::max<uint64_t>(1, chunk_bytes / bb);
+    uint64_t read_to = 0;  // elements: the end of the runs taken so far
+    for (const ReadRun& r : g.runs) {
+      if (r.first < read_to) {
+        one_by_one.push_back({&g, r});
+        continue;
+      }
+      read_to = r.first + r.count;
+      // In bytes: a block need not hold whole elements.
+      ByteRun run{r.first * sizeof(float), r.count * sizeof(float), reinterpret_cast<char*>(r.dst)};
+      while (run.bytes > 0) {  // tasks: stretches of touched blocks, at most chunk_blocks each
+        const uint64_t b = run.begin / bb;
+        Task* t = tasks.empty() ? nullptr : &tasks.back();
+        if (!t || t->group != &g || b > t->b1 || b >= t->b0 + chunk_blocks) {
+          tasks.push_back({&g, b, b, {}});
+          t = &tasks.back();
+        }
+        const uint64_t n = std::min(run.bytes, (t->b0 + chunk_blocks) * bb - run.begin);
+        t->runs.push_back({run.begin, n, run.dst});
+        t->b1 = std::max(t->b1, (run.begin + n + bb - 1) / bb);
+        run.begin += n;
+        run.bytes -= n;
+        run.dst += n;
+      }
+    }
+  }
+  // Each thread reads a contiguous stretch of the tasks (about the same bytes each) through
+  // descriptors of its own: the kernel's readahead follows one sequential stream per descriptor,
+  // and threads interleaving offsets on one descriptor would defeat it.
+  const int n = int(std::clamp<size_t>(size_t(threads), 1, std::max<size_t>(1, tasks.size())));
+  uint64_t total = 0;
+  for (const Task& t : tasks) total += t.b1 - t.b0;
+  std::vector<size_t> first(size_t(n) + 1, tasks.size());
+  first[0] = 0;
+  for (size_t i = 0, k = 1, seen = 0; i < tasks.size() && k < size_t(n); ++i) {
+    seen += tasks[i].b1 - tasks[i].b0;
+    while (k < size_t(n) && seen * uint64_t(n) >= total * k) first[k++] = i + 1;
+  }
+  std::vector<std::string> errors(tasks.size());
+  std::atomic<bool> failed{false};
+  auto work = [&](int k) {
+    std::vector<char> scratch;
+    std::map<const ShardReader*, ShardReader::Descriptor> fds;
+    for (size_t i = first[size_t(k)]; i < first[size_t(k) + 1] && !failed; ++i) {
+      const Task& t = tasks[i];
+      try {
+        auto& fd = fds[t.group->reader];
+        if (!fd.valid()) fd = t.group->reader->open_descriptor();
+        t.group->reader->read_blocks(fd.fd, t.group->section, t.b0, t.b1, t.runs, scratch);
+      } catch (const std::exception& e) {
+        errors[i] = e.what();
+        failed = true;  // stop early: the load fails anyway
+      }
+    }
+  };
+  std::vector<std::thread> pool;
+  for (int k = 1; k < n; ++k) pool.emplace_back(work, k);
+  work(0);
+  for (std::thread& t : pool) t.join();
+  for (const std::string& e : errors)
+    if (!e.empty()) throw Error(e);
+  for (auto& [g, r] : one_by_one) g->reader->read(g->section, r.first, r.count, r.dst);
+  groups_.clear();
 }
 
 std::vector<char> read_verified(const fs::path& dir, const json& meta, const std::string& name) {

@@ -254,6 +254,25 @@ class DistributedOptimizerStrategy final : public BucketedStrategy {
                r.adam->moment_range(true, r.adam_offset, r.numel, b.copies())});
     return b.take();
   }
+  // Its optimizer shards (the dense step's, whole) and the experts' state ranges: what
+  // load_optimizer reads, so that a resume reads only these moments.
+  std::vector<std::pair<int64_t, int64_t>> optimizer_load_ranges() const override {
+    std::vector<std::pair<int64_t, int64_t>> r;
+    for (const parallel::DistributedOptimizer::Shard& sh : dist_->shards())
+      if (sh.numel > 0) r.push_back({sh.begin, sh.numel});
+    if (experts_)
+      for (const ExpertGradients::StateRange& e : experts_->state_ranges())
+        if (e.numel > 0) r.push_back({e.begin, e.numel});
+    std::sort(r.begin(), r.end());
+    std::vector<std::pair<int64_t, int64_t>> merged;  // sorted and disjoint, as LoadOptions wants
+    for (const auto& [b, n] : r) {
+      if (!merged.empty() && b <= merged.back().first + merged.back().second)
+        merged.back().second = std::max(merged.back().second, b + n - merged.back().first);
+      else
+        merged.push_back({b, n});
+    }
+    return merged;
+  }
   void load_optimizer(int64_t step, std::span<const float> m, std::span<const float> v) override {
     dist_->load_state(step, m.data(), v.data(), int64_t(m.size()));
     if (experts_) experts_->load_state(step, m.data(), v.data());

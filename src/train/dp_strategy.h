@@ -101,6 +101,9 @@ class DataParallelStrategy {
   // The parts of those full arrays that load_values and load_optimizer read (sorted flat ranges),
   // so that a resume reads only them from the checkpoint (LoadOptions::ranges); empty: all.
   virtual std::vector<std::pair<int64_t, int64_t>> load_ranges() const { return {}; }
+  // The parts of the moments' full arrays that load_optimizer reads (LoadOptions::optimizer_ranges);
+  // ZeRO-1: its optimizer shards. Empty: as load_ranges().
+  virtual std::vector<std::pair<int64_t, int64_t>> optimizer_load_ranges() const { return {}; }
 
   // ---- memory ----
   virtual DpMemory memory() const = 0;

@@ -394,6 +394,7 @@ std::string Trainer::try_restore(const std::string& dir, bool weights_only) {
   lo.strict = a_.load_strict;
   lo.initial_values = initial.empty() ? nullptr : initial.data();
   lo.ranges = dp_->load_ranges();  // ZeRO-2 / FSDP: only this rank's pieces are read
+  lo.optimizer_ranges = dp_->optimizer_load_ranges();  // ZeRO-1: only its optimizer shards' moments
   if (!weights_only) lo.state = model_->linears().state_names();
   CheckpointData ck;
   try {

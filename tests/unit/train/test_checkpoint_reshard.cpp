@@ -18,6 +18,7 @@
 
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/checkpoint_bench.h"
+#include "checkpoint/format.h"
 #include "core/error.h"
 #include "parallel/process_group.h"
 
@@ -408,6 +409,116 @@ TEST(CheckpointReshard, LoadingOnlyOwnRangesFillsThemAndNothingElse) {
   EXPECT_EQ(outside, 0);
 }
 
+// LoadOptions::into: the data goes into the caller's buffers, only where it is read (the rest
+// keeps its contents), the same as a load into CheckpointData's buffers; read by three threads in
+// reads of a few blocks each (blocks of 42 bytes: elements split between blocks).
+TEST(CheckpointReshard, LoadingIntoCallersBuffersWritesOnlyTheRanges) {
+  TempDir t;
+  ASSERT_TRUE(all_ok(save_layout_ranges(t.dir, {1, 1, 2}, false)));
+  const std::string dir = checkpoint::resolve_checkpoint(t.dir.string());
+  ParamStore p;
+  build(p, {2, 1, 1}, 1);
+  const int64_t n = p.numel();
+  checkpoint::LoadOptions lo;
+  lo.ranges = {{1, n / 3}, {n / 2, n / 4}};
+  lo.read_threads = 3;
+  lo.read_chunk_bytes = 100;
+  const checkpoint::CheckpointData ref = checkpoint::load_checkpoint(dir, p, lo);
+  std::vector<float> into(size_t(3 * n), -7.0f);
+  for (int s = 0; s < 3; ++s) lo.into[s] = into.data() + s * n;
+  const checkpoint::CheckpointData ck = checkpoint::load_checkpoint(dir, p, lo);
+  EXPECT_TRUE(ck.params.empty());
+  const std::vector<float>* want[3] = {&ref.params, &ref.exp_avg, &ref.exp_avg_sq};
+  int64_t wrong = 0, touched = 0, read = 0;
+  std::vector<bool> in_tensor(size_t(n), false);  // alignment gaps are never written
+  for (const auto& info : p.infos()) std::fill_n(in_tensor.begin() + info.offset, info.numel, true);
+  for (int64_t k = 0; k < n; ++k) {
+    const bool mine = in_tensor[size_t(k)] && ((k >= 1 && k < 1 + n / 3) || (k >= n / 2 && k < n / 2 + n / 4));
+    read += mine;
+    for (int s = 0; s < 3; ++s) {
+      const float got = into[size_t(s * n + k)];
+      if (mine)
+        wrong += got != (*want[s])[size_t(k)];
+      else
+        touched += got != -7.0f;
+    }
+  }
+  EXPECT_GT(read, n / 3);
+  EXPECT_EQ(wrong, 0);
+  EXPECT_EQ(touched, 0);
+}
+
+// LoadOptions::optimizer_ranges (a ZeRO-1 resume): every value, the moments only in the ranges.
+TEST(CheckpointReshard, OptimizerRangesRestrictOnlyTheMoments) {
+  TempDir t;
+  ASSERT_TRUE(all_ok(save_layout_ranges(t.dir, {1, 1, 2}, true)));
+  const std::string dir = checkpoint::resolve_checkpoint(t.dir.string());
+  ParamStore p;
+  build(p, {1, 1, 1}, 0);
+  const int64_t n = p.numel();
+  checkpoint::LoadOptions lo;
+  lo.optimizer_ranges = {{2, n / 3}, {n / 2, n / 5}};
+  const checkpoint::CheckpointData ck = checkpoint::load_checkpoint(dir, p, lo);
+  int64_t wrong = 0, moments = 0;
+  for (const auto& info : p.infos()) {
+    const auto gi = global_indices(info);
+    for (int64_t i = 0; i < info.numel; ++i) {
+      const int64_t k = info.offset + i;
+      const bool mine = (k >= 2 && k < 2 + n / 3) || (k >= n / 2 && k < n / 2 + n / 5);
+      moments += mine;
+      wrong += ck.params[size_t(k)] != expected(info.name, gi[i], 0);
+      wrong += ck.exp_avg[size_t(k)] != (mine ? expected(info.name, gi[i], 1) : 0.0f);
+      wrong += ck.exp_avg_sq[size_t(k)] != (mine ? expected(info.name, gi[i], 2) : 0.0f);
+    }
+  }
+  EXPECT_GT(moments, n / 3);
+  EXPECT_EQ(wrong, 0);
+}
+
+// A damaged block is found by the threaded reads too, and named.
+TEST(CheckpointReshard, ThreadedReadsNameADamagedBlock) {
+  TempDir t;
+  ASSERT_TRUE(all_ok(save_layout_ranges(t.dir, {1, 1, 1}, false)));
+  const std::string dir = checkpoint::resolve_checkpoint(t.dir.string());
+  const fs::path shard = fs::path(dir) / "rank_00000.bin";
+  {  // flip a byte near the end: a block of exp_avg_sq
+    std::fstream f(shard, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekg(-10, std::ios::end);
+    char c = 0;
+    f.read(&c, 1);
+    c = char(c ^ 0x5a);
+    f.seekp(-10, std::ios::end);
+    f.write(&c, 1);
+  }
+  ParamStore p;
+  build(p, {1, 1, 1}, 0);
+  checkpoint::LoadOptions lo;
+  lo.read_threads = 3;
+  lo.read_chunk_bytes = 100;
+  std::string e;
+  try {
+    checkpoint::load_checkpoint(dir, p, lo);
+  } catch (const Error& x) {
+    e = x.what();
+  }
+  EXPECT_NE(e.find("rank_00000.bin is corrupted: block"), std::string::npos) << e;
+  EXPECT_NE(e.find("of exp_avg_sq fails its CRC-32"), std::string::npos) << e;
+}
+
+// The CRC-32 computed (ISA-L) is zlib's, in one call or in pieces: old checkpoints keep loading.
+TEST(CheckpointFormat, CrcIsZlibs) {
+  std::vector<unsigned char> bytes(100003);
+  for (size_t i = 0; i < bytes.size(); ++i) bytes[i] = static_cast<unsigned char>(i * 131 + (i >> 7));
+  for (size_t len : {size_t(0), size_t(1), size_t(15), size_t(64), size_t(4097), bytes.size()}) {
+    const uLong want = crc32(0, bytes.data(), uInt(len));
+    EXPECT_EQ(checkpoint::crc_of(bytes.data(), len), uint32_t(want)) << len;
+    const size_t cut = len / 3;
+    EXPECT_EQ(checkpoint::crc_update(checkpoint::crc_of(bytes.data(), cut), bytes.data() + cut, len - cut),
+              uint32_t(want))
+        << len;
+  }
+}
+
 // `benchmark checkpoint` on two ranks (threads): every phase moves the bytes it should and takes
 // time; each rank's shard is about half of the whole.
 TEST(CheckpointBench, TwoRanksMeasureEveryPhase) {
@@ -427,8 +538,9 @@ TEST(CheckpointBench, TwoRanksMeasureEveryPhase) {
   EXPECT_GT(r.save.bytes, data);  // the data and two headers
   EXPECT_EQ(r.save.bytes, r.rank_bytes[0] + r.rank_bytes[1]);
   EXPECT_EQ(r.load.bytes, r.save.bytes);
+  EXPECT_EQ(r.load_new.bytes, r.save.bytes);
   EXPECT_NEAR(double(r.rank_bytes[0]), double(r.rank_bytes[1]), 0.2 * double(r.rank_bytes[0]));
-  for (const checkpoint::BenchPhase* ph : {&r.disk_write, &r.disk_read, &r.save, &r.load}) {
+  for (const checkpoint::BenchPhase* ph : {&r.disk_write, &r.disk_read, &r.save, &r.load, &r.load_new}) {
     EXPECT_GT(ph->seconds, 0);
     EXPECT_EQ(ph->rank_seconds.size(), 2u);
   }
