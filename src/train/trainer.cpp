@@ -500,6 +500,15 @@ void Trainer::open_outputs() {
             cfg_.model, stats_.parameters / 1e6, stats_.flops_per_token / 1e6, mbs_, seq_, num_micro_);
   log::info("parallel layout: {}; this rank: tp {} cp {} pp {} dp {}, {:.2f}M parameters", layout_.describe(), me_.tp,
             me_.cp, me_.pp, me_.dp, model_->params().numel() / 1e6);
+  if (model_->frozen_base()) {  // LoRA: what trains (docs/posttraining.md#lora)
+    const ParamStore& p = model_->params();
+    const int64_t trainable = p.numel() - model_->trainable_begin();
+    const LoraOptions& l = model_->linears().lora();
+    log::info("LoRA: dim {}, alpha {} (scale {}): this rank trains {} adapter parameters in {} tensors ({:.3f}% of "
+              "its {}), AdamW state {:.3f} MiB; the rest is frozen (no gradient, no optimizer state)",
+              l.dim, l.alpha, l.scale(), trainable, p.infos().size() - size_t(model_->first_trainable()),
+              100.0 * double(trainable) / double(p.numel()), p.numel(), dp_->memory().optimizer / 1048576.0);
+  }
   log::info("compute: {}", compute_.describe());
   if (rank0_ && !cfg_.no_effect.empty()) log::info("{}", config::no_effect_summary(cfg_));
   log::info("training iterations {} to {}; MFU against a peak of {:.1f} GFLOP/s ({})", state_.iteration + 1,
