@@ -26,8 +26,9 @@ const std::vector<LoraKey>& lora_keys() {
       {"dropout_position", "pre | post (with dropout 0 both are the same)"},
       {"lora_A_init_method", "xavier | normal | kaiming | zero"},
       {"lora_B_init_method", "xavier | normal | kaiming | zero (zero: the first step is the base model's)"},
-      {"target_modules", "the linears that get adapters: linear_qkv, linear_proj, linear_fc1, linear_fc2 (Megatron-Core "
-                         "names; the routed experts' and the shared expert's too)"},
+      {"target_modules",
+       "the linears that get adapters: linear_qkv, linear_proj, linear_fc1, linear_fc2 (Megatron-Core "
+       "names; the routed experts' and the shared expert's too)"},
   };
   return keys;
 }
@@ -97,8 +98,7 @@ void read_lora(const YAML::Node& node, const std::string& at, LoraOptions& out) 
   if (!out.enabled) return;
   if (out.dim <= 0) fail("{}: lora.dim must be positive, got {}", at, out.dim);
   if (out.dropout != 0.0)
-    fail("{}: lora.dropout {} is not built (the adapters run without dropout); set lora.dropout: 0.0", at,
-         out.dropout);
+    fail("{}: lora.dropout {} is not built (the adapters run without dropout); set lora.dropout: 0.0", at, out.dropout);
 }
 
 YAML::Node lora_to_yaml(const LoraOptions& l) {

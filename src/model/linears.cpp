@@ -20,6 +20,14 @@ std::optional<LoraTarget> lora_target(const std::string& name) {
   return std::nullopt;
 }
 
+// The adapter names of base weight `name` when LoRA targets it.
+std::optional<std::pair<std::string, std::string>> adapter_names(const std::string& name, const LoraOptions& lora) {
+  const std::optional<LoraTarget> t = lora_target(name);
+  if (!lora.enabled || !t || !lora.applies_to(*t)) return std::nullopt;
+  const std::string pre = name.substr(0, name.size() - std::string(".weight").size()) + ".adapter.";
+  return std::make_pair(pre + "linear_in.weight", pre + "linear_out.weight");
+}
+
 ParamInit param_init(LoraInit i) {
   switch (i) {
     case LoraInit::Xavier: return ParamInit::XavierNormal;
@@ -88,28 +96,38 @@ Linears::Operands Linears::operands(Gemm kind, const Tensor& a, const Tensor& b,
   return o;
 }
 
+std::vector<std::pair<std::string, Shape>> lora_adapter_layout(const std::vector<ParamInfo>& layout,
+                                                               const LoraOptions& lora) {
+  std::vector<std::pair<std::string, Shape>> out;
+  for (const ParamInfo& p : layout)
+    if (const auto names = adapter_names(p.name, lora); names && p.shape.size() == 2) {
+      out.push_back({names->first, {lora.dim, p.shape[1]}});
+      out.push_back({names->second, {p.shape[0], lora.dim}});
+    }
+  return out;
+}
+
 std::vector<int> Linears::add_adapters(ParamStore& params) {
   std::vector<int> ids;
   if (!lora_.enabled) return ids;
   const int64_t r = lora_.dim;
   const ParamInit a_init = param_init(lora_.a_init), b_init = param_init(lora_.b_init);
   for (const Declared& d : declared_) {
-    const std::optional<LoraTarget> t = lora_target(d.name);
-    if (!t || !lora_.applies_to(*t)) continue;
+    const auto names = adapter_names(d.name, lora_);
+    if (!names) continue;
     const StoredParam base = params.infos()[size_t(d.weight)];  // a copy: add() grows the table
-    const std::string pre = d.name.substr(0, d.name.size() - std::string(".weight").size()) + ".adapter.";
     const int64_t out = base.global_shape[0], in = base.global_shape[1];
     Adapter ad;
     if (base.shard.pieces.empty()) {  // whole on every rank
-      ad.a = params.add(pre + "linear_in.weight", {r, in}, a_init, true);
-      ad.b = params.add(pre + "linear_out.weight", {out, r}, b_init, true);
+      ad.a = params.add(names->first, {r, in}, a_init, true);
+      ad.b = params.add(names->second, {out, r}, b_init, true);
     } else if (base.shard.dim == 1) {  // row-parallel: A by the base's columns, B whole
-      ad.a = params.add_sharded(pre + "linear_in.weight", {r, in}, base.shard, a_init, true);
-      ad.b = params.add(pre + "linear_out.weight", {out, r}, b_init, true);
+      ad.a = params.add_sharded(names->first, {r, in}, base.shard, a_init, true);
+      ad.b = params.add(names->second, {out, r}, b_init, true);
       params.mark_tp_partial_grads(ad.b);
     } else {  // column-parallel: B by the base's rows (its pieces: q/k/v, gate/up), A whole
-      ad.a = params.add(pre + "linear_in.weight", {r, in}, a_init, true);
-      ad.b = params.add_sharded(pre + "linear_out.weight", {out, r}, base.shard, b_init, true);
+      ad.a = params.add(names->first, {r, in}, a_init, true);
+      ad.b = params.add_sharded(names->second, {out, r}, base.shard, b_init, true);
       params.mark_tp_partial_grads(ad.a);
     }
     adapters_[d.weight] = ad;

@@ -37,7 +37,8 @@
 #include "core/tensor.h"
 #include "kernels/backend.h"
 #include "kernels/fp8.h"
-#include "model/options.h"  // Fp8Recipe
+#include "model/model_spec.h"  // ParamInfo
+#include "model/options.h"     // Fp8Recipe, LoraOptions
 
 namespace primus {
 
@@ -54,6 +55,13 @@ struct Fp8Options {
   bool wgrad = true;             // fp8_wgrad: the weight gradient's GEMM in FP8 too
   int64_t bf16_layers_at_start = 0, bf16_layers_at_end = 0;  // first_last_layers_bf16
 };
+
+// The LoRA adapters of a model's tensor layout (model_parameter_layout: every rank's tensors, by
+// global shape), named and shaped as Linears::add_adapters registers them: for each 2-D weight
+// "<module>.weight" that lora.target_modules names, "<module>.adapter.linear_in.weight" [dim, in]
+// and "<module>.adapter.linear_out.weight" [out, dim]. Empty without LoRA.
+std::vector<std::pair<std::string, Shape>> lora_adapter_layout(const std::vector<ParamInfo>& layout,
+                                                               const LoraOptions& lora);
 
 class Linears {
  public:

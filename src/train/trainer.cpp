@@ -375,7 +375,9 @@ std::string Trainer::try_restore(const std::string& dir, bool weights_only) {
   std::string problem;
   ModelFit fit;
   try {  // the whole model on every rank: a rank loads only its own tensors
-    fit = check_model_fit(dir, spec_, {weights_only ? LoadPurpose::Weights : LoadPurpose::Resume, a_.load_strict});
+    fit = check_model_fit(dir, spec_,
+                          {weights_only ? LoadPurpose::Weights : LoadPurpose::Resume, a_.load_strict,
+                           lora_adapter_layout(model_parameter_layout(spec_), a_.lora)});
   } catch (const Error& e) {
     problem = e.what();
   }
@@ -390,7 +392,10 @@ std::string Trainer::try_restore(const std::string& dir, bool weights_only) {
   }
   LoadOptions lo;
   lo.optimizer = !weights_only && !a_.no_load_optim;
-  lo.strict = a_.load_strict;
+  lo.strict = a_.load_strict && !fit.extra_fresh;  // LoRA from a base model: the adapters keep their init
+  if (rank0_ && fit.extra_fresh)
+    log::info("LoRA: {} holds no adapters; they start from their initial values (lora_B_init_method {})", dir,
+              config::choice_name(a_.lora.b_init));
   lo.initial_values = initial.empty() ? nullptr : initial.data();
   lo.ranges = dp_->load_ranges();  // ZeRO-2 / FSDP: only this rank's pieces are read
   if (!weights_only) lo.state = model_->linears().state_names();
