@@ -724,6 +724,7 @@ std::string argument_status_reference() {
   for (const auto& k : model_spec_keys())
     if (k != "extends" && k != "description")
       rows.push_back({k, "applied", "", from(k), "model key ([model_math.md](model_math.md))"});
+  rows.push_back({"lora", "applied", "", from("lora"), "the LoRA block ([posttraining.md](posttraining.md#lora))"});
   for (const auto& k : foreign_keys()) {
     if (std::any_of(rows.begin(), rows.end(), [&](const Row& r) { return r.name == k.name; })) continue;
     rows.push_back({k.name, to_string(k.status), k.status == KeyStatus::NoEffect ? "" : k.engine_value, from(k.name),

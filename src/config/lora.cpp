@@ -23,9 +23,9 @@ const std::vector<LoraKey>& lora_keys() {
       {"dim", "the adapters' rank r: A is [r, in], B [out, r]"},
       {"alpha", "the adapters' output is scaled by alpha / dim"},
       {"dropout", "dropout on the adapter's input; only 0 is built"},
-      {"dropout_position", "pre | post (with dropout 0 both are the same)"},
-      {"lora_A_init_method", "xavier | normal | kaiming | zero"},
-      {"lora_B_init_method", "xavier | normal | kaiming | zero (zero: the first step is the base model's)"},
+      {"dropout_position", "pre or post (with dropout 0 both are the same)"},
+      {"lora_A_init_method", "xavier, normal, kaiming or zero (model/param_store.h ParamInit)"},
+      {"lora_B_init_method", "xavier, normal, kaiming or zero (zero: the first step is the base model's)"},
       {"target_modules",
        "the linears that get adapters: linear_qkv, linear_proj, linear_fc1, linear_fc2 (Megatron-Core "
        "names; the routed experts' and the shared expert's too)"},
