@@ -183,6 +183,19 @@ TEST(Posttrain, Dp2Cp2AndPp2GiveTheOneProcessLosses) {
   expect_same(one_process(), train("pp2", " --pipeline_model_parallel_size 2", "direct --nproc 2"), 2e-5, "pp2");
 }
 
+// LoRA through the whole trainer: tp2 (B or A sharded with the base, the whole factor's gradient
+// summed over tp), dp2 (the adapters' gradients reduced, AdamW on their range) and pp2 (each
+// stage's adapters after its own tensors) give the one-process LoRA losses; the loss falls.
+TEST(Posttrain, LoraUnderTp2Dp2AndPp2GivesTheOneProcessLosses) {
+  const std::string lora = " --lora.enabled true --lora.dim 8 --lora.alpha 16 --lr 3e-3";
+  const std::vector<double> one = train("lora_one", lora);
+  ASSERT_EQ(one.size(), 6u);
+  EXPECT_LT(one.back(), one.front() - 0.3) << "the adapters learn";
+  expect_same(one, train("lora_tp2", lora + " --tensor_model_parallel_size 2", "direct --nproc 2"), 2e-5, "tp2");
+  expect_same(one, train("lora_dp2", lora, "direct --nproc 2"), 2e-5, "dp2");
+  expect_same(one, train("lora_pp2", lora + " --pipeline_model_parallel_size 2", "direct --nproc 2"), 2e-5, "pp2");
+}
+
 // An SFT run stopped after 3 steps and resumed goes on with the samples and losses of the run done
 // in one go (the sample order is a function of the seed; the data position is in the checkpoint).
 TEST(Posttrain, ResumesExactly) {
