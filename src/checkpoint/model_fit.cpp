@@ -103,6 +103,7 @@ const std::vector<ModelField>& fields() {
       {"moe_router_topk", Changes::Meaning, moe, AS_IS(moe_router_topk)},
       {"moe_router_score_function", Changes::Meaning, moe, AS_IS(moe_router_score_function)},
       {"moe_router_pre_softmax", Changes::Meaning, moe, AS_IS(moe_router_pre_softmax)},
+      {"moe_router_norm_topk_prob", Changes::Meaning, moe, AS_IS(moe_router_norm_topk_prob)},
       {"moe_router_topk_scaling_factor", Changes::Meaning, moe, AS_IS(moe_router_topk_scaling_factor)},
       {"moe_router_num_groups", Changes::Meaning, moe, OR_NULL(moe_router_num_groups)},
       {"moe_router_group_topk", Changes::Meaning, grouped_routing, OR_NULL(moe_router_group_topk)},
@@ -307,8 +308,10 @@ std::vector<std::string> model_keys_free_to_change() {
           "moe_aux_loss_coeff",
           "moe_z_loss_coeff",
           "moe_router_bias_update_rate",
+          "moe_router_bias_update_centered",
           "moe_expert_capacity_factor",
           "moe_token_drop_policy",
+          "moe_expert_capacity_per_sequence",
           "moe_pad_expert_input_to_capacity",
           "moe_router_force_load_balancing",
           "moe_token_dispatcher_type"};

@@ -54,12 +54,15 @@ inline constexpr Choice<fp8::AmaxAlgo> kAmaxAlgoChoices[] = {{fp8::AmaxAlgo::Max
 
 inline constexpr Choice<TrainStage> kTrainStageChoices[] = {
     {TrainStage::Pretrain, ""}, {TrainStage::Pretrain, "pretrain"}, {TrainStage::Sft, "sft"}, {TrainStage::Dpo, "dpo"}};
-// sft_conversation_format; "messages" is Primus's other name of "openai".
+// sft_conversation_format; "messages" is Primus's other name of "openai"; "chat_template" (the
+// tokenizer's own) is ours: Primus's formatters have no such value.
 inline constexpr Choice<data::ChatFormatName> kChatFormatChoices[] = {{data::ChatFormatName::Alpaca, "alpaca"},
                                                                       {data::ChatFormatName::ChatML, "chatml"},
                                                                       {data::ChatFormatName::OpenAI, "openai"},
                                                                       {data::ChatFormatName::OpenAI, "messages"},
-                                                                      {data::ChatFormatName::Squad, "squad"}};
+                                                                      {data::ChatFormatName::Squad, "squad"},
+                                                                      {data::ChatFormatName::ChatTemplate,
+                                                                       "chat_template"}};
 
 // The lora block's names (model/options.h; Megatron-Bridge's LoRA dataclass).
 inline constexpr Choice<LoraInit> kLoraInitChoices[] = {

@@ -28,7 +28,7 @@ const char* const kStorage =
 const char* const kData = "MaxText's own input pipelines (tokenizing, packing, shuffling); this engine reads "
                           "Megatron-format data (data_path) or mock data (dataset_type: synthetic)";
 const char* const kInference = "inference, decoding or serving; training does not read it";
-const char* const kMoe = "configures mixture-of-experts layers; MaxText's MoE models are refused here (num_experts)";
+const char* const kMoe = "configures mixture-of-experts layers beyond the Mixtral and Qwen3 MoE ones mapped (docs/config.md)";
 const char* const kMla = "configures multi-head latent attention (attention_type: mla), which is refused here";
 const char* const kYarn = "configures the YaRN rotary (rope_type: yarn), which is refused here";
 const char* const kMultimodal = "configures a vision or audio encoder (use_multimodal), which is refused here";
@@ -86,7 +86,7 @@ const std::vector<DialectKey>& table() {
       {"base_config", N, "base.yml", kPrimus},
       {"base_emb_dim", A, "2048", "hidden_size"},
       {"base_mlp_dim", A, "7168", "ffn_hidden_size"},
-      {"base_moe_mlp_dim", N, "-1", kMoe},
+      {"base_moe_mlp_dim", A, "-1", "moe_ffn_hidden_size (MoE models; -1: the model's)"},
       {"base_num_decoder_layers", A, "16", "num_layers"},
       {"base_num_kv_heads", A, "16", "num_query_groups"},
       {"base_num_query_heads", A, "16", "num_attention_heads"},
@@ -99,7 +99,7 @@ const std::vector<DialectKey>& table() {
       {"block_diffusion_mask_id", N, "-1", kVariant},
       {"block_diffusion_min_noise", N, "0.001", kVariant},
       {"bwd_quantization_calibration_method", N, "absmax", kQuant},
-      {"capacity_factor", N, "-1.0", kMoe},
+      {"capacity_factor", A, "-1.0", "with sparse_matmul: false, moe_expert_capacity_factor per sequence (moe_expert_capacity_per_sequence, drop policy position); else dropless"},
       {"cast_logits_to_fp32", N, "true", kPrecision},
       {"causal_block_size", N, "32", kKernels},
       {"chat_template", N, "\"\"", kData},
@@ -155,7 +155,7 @@ const std::vector<DialectKey>& table() {
       {"dcn_context_usp_ulysses_parallelism", A, "1", "context_parallel_size with cp_comm_type a2a (-1: the devices left over)"},
       {"dcn_data_parallelism", A, "-1", "the data-parallel size (no_shard) (-1: the devices left over)"},
       {"dcn_diloco_parallelism", X, "1", kDiloco},
-      {"dcn_expert_parallelism", A, "1", "the data-parallel size, sharded as fsdp (the models mapped are dense) (-1: the devices left over)"},
+      {"dcn_expert_parallelism", A, "1", "the data-parallel size, sharded as fsdp; for MoE models also expert_model_parallel_size (-1: the devices left over)"},
       {"dcn_fsdp_parallelism", A, "1", "the data-parallel size, sharded: data_parallel_sharding_strategy optim_grads_params (-1: the devices left over)"},
       {"dcn_fsdp_transpose_parallelism", A, "1", "the data-parallel size, sharded as fsdp (-1: the devices left over)"},
       {"dcn_pipeline_parallelism", A, "1", "pipeline_model_parallel_size (-1: the devices left over)"},
@@ -332,7 +332,7 @@ const std::vector<DialectKey>& table() {
       {"ici_context_usp_ulysses_parallelism", A, "1", "context_parallel_size with cp_comm_type a2a (-1: the devices left over)"},
       {"ici_data_parallelism", A, "1", "the data-parallel size (no_shard) (-1: the devices left over)"},
       {"ici_diloco_parallelism", X, "1", kDiloco},
-      {"ici_expert_parallelism", A, "1", "the data-parallel size, sharded as fsdp (the models mapped are dense) (-1: the devices left over)"},
+      {"ici_expert_parallelism", A, "1", "the data-parallel size, sharded as fsdp; for MoE models also expert_model_parallel_size (-1: the devices left over)"},
       {"ici_fsdp_parallelism", A, "-1", "the data-parallel size, sharded: data_parallel_sharding_strategy optim_grads_params (-1: the devices left over)"},
       {"ici_fsdp_transpose_parallelism", A, "1", "the data-parallel size, sharded as fsdp (-1: the devices left over)"},
       {"ici_pipeline_parallelism", A, "1", "pipeline_model_parallel_size (-1: the devices left over)"},
@@ -379,7 +379,7 @@ const std::vector<DialectKey>& table() {
       {"learning_rate", A, "3e-05", "lr"},
       {"learning_rate_final_fraction", A, "0.1", "min_lr = learning_rate x learning_rate_final_fraction"},
       {"learning_rate_schedule_steps", A, "-1", "lr_decay_iters = learning_rate_schedule_steps - 1 (-1: steps); shorter than steps is refused"},
-      {"load_balance_loss_weight", N, "0.0", kMoe},
+      {"load_balance_loss_weight", A, "0.0", "0: no auxiliary loss (moe_router_load_balancing_type none); MaxText's per-sequence loss is refused"},
       {"load_from_prefill_dir", N, "false", kInference},
       {"load_full_state_path", X, "\"\"", "MaxText's Orbax checkpoints are not read; this engine starts from its own (load, pretrained_checkpoint)"},
       {"load_parameters_path", X, "\"\"", "MaxText's Orbax checkpoints are not read; this engine starts from its own (load, pretrained_checkpoint) or imported Hugging Face weights"},
@@ -477,7 +477,7 @@ const std::vector<DialectKey>& table() {
       {"n_window_for_audio", N, "50", kMultimodal},
       {"n_window_infer_for_audio", N, "800", kMultimodal},
       {"nope_layer_interval", X, "-1", kNotBuilt},
-      {"norm_topk_prob", N, "false", kMoe},
+      {"norm_topk_prob", A, "false", "read; the models mapped take a softmax over the chosen logits, which sums to 1 already"},
       {"normalization_layer_epsilon", A, "1e-05", "norm_epsilon"},
       {"normalize_embedding_logits", A, "true", "with logits_via_embedding: true, refused (logits divided by sqrt(emb_dim) are not built)"},
       {"num_attention_heads_for_vit", N, "16", kMultimodal},
@@ -486,8 +486,8 @@ const std::vector<DialectKey>& table() {
       {"num_conv_layers_for_audio", N, "3", kMultimodal},
       {"num_diloco_fragments", N, "null", kDiloco},
       {"num_epoch", N, "1", kData},
-      {"num_experts", X, "1", "MaxText's mixture of experts (its routing, capacity and load-balancing rules) is not mapped onto this engine's MoE yet"},
-      {"num_experts_per_tok", N, "1", kMoe},
+      {"num_experts", A, "1", "num_experts (MoE models: mixtral-*, qwen3-30b-a3b*)"},
+      {"num_experts_per_tok", A, "1", "moe_router_topk (MoE models)"},
       {"num_hidden_layers_for_vit", N, "34", kMultimodal},
       {"num_kv_shared_layers", X, "0", kNotBuilt},
       {"num_layers_per_pipeline_stage", N, "1", kSplit},
@@ -637,7 +637,7 @@ const std::vector<DialectKey>& table() {
       {"skip_step_scaling_factor", N, "6.0", "configures skip_step_on_spikes (refused)"},
       {"sliding_window_size", N, "0", kVariant},
       {"source_checkpoint_layout", N, "orbax", kStorage},
-      {"sparse_matmul", N, "true", kMoe},
+      {"sparse_matmul", A, "true", "true: dropless (MaxText's ragged-dot path ignores capacity_factor); false: capacity_factor applies"},
       {"spatial_merge_size_for_vit", N, "2", kMultimodal},
       {"stack_prefill_result_cache", N, "false", kInference},
       {"stderr_sink_level", N, "INFO", kPrimus},
@@ -769,11 +769,17 @@ struct Model {
   const char* preset;  // nullptr: refused with `why`
   const char* block;   // MaxText's decoder_block of the model
   const char* why;
+  bool moe = false;
+  // MaxText's model file's values where the preset has others (applied unless the config writes them).
+  std::vector<std::pair<const char*, const char*>> differs = {};
 };
 
 const char* const kMoeModels =
-    "MaxText's mixture-of-experts models (their routing, token capacity and load-balancing rules) are not mapped "
+    "MaxText's mixture-of-experts models other than mixtral-8x7b, mixtral-8x22b and qwen3-30b-a3b are not mapped "
     "onto this engine's MoE yet";
+const char* const kDeepSeek =
+    "MaxText's DeepSeek models (its 'deepseek' block: MLA with MaxText's YaRN variant, routed scaling, shared "
+    "experts) are not mapped onto this engine's presets yet";
 const char* const kFamilies = "this model family is not built on this engine yet (the model-families issue adds "
                               "gpt-oss and Llama 4)";
 
@@ -796,10 +802,13 @@ const std::vector<Model>& models() {
       {"qwen3-8b", "qwen3_8B", "qwen3", nullptr},
       {"qwen3-14b", "qwen3_14B", "qwen3", nullptr},
       {"qwen3-32b", "qwen3_32B", "qwen3", nullptr},
-      {"mixtral-*", nullptr, nullptr, kMoeModels},
-      {"deepseek*", nullptr, nullptr, kMoeModels},
-      {"qwen3-30b-a3b*", nullptr, nullptr, kMoeModels},
-      {"qwen3-235b-a22b", nullptr, nullptr, kMoeModels},
+      {"mixtral-8x7b", "mixtral_8x7B_v0.1", "mixtral", nullptr, true},
+      {"mixtral-8x22b", "mixtral_8x22B_v0.1", "mixtral", nullptr, true, {{"vocab_size", "32768"}}},
+      {"qwen3-30b-a3b-base", "qwen3_30B_A3B", "qwen3_moe", nullptr, true},
+      {"qwen3-30b-a3b", "qwen3_30B_A3B", "qwen3_moe", nullptr, true, {{"rotary_base", "10000000"}}},
+      {"deepseek*", nullptr, nullptr, kDeepSeek},
+      {"qwen3-235b-a22b", nullptr, nullptr, "its model file sets load_balance_loss_weight 0.001: MaxText's per-sequence "
+                                            "load-balance loss (scaled by num_experts^2) is not mapped"},
       {"qwen3-480b-a35b", nullptr, nullptr, kMoeModels},
       {"gpt-oss-*", nullptr, nullptr, kFamilies},
       {"llama4-*", nullptr, nullptr, kFamilies},
@@ -901,14 +910,15 @@ class MaxText final : public Dialect {
   }
   const std::vector<DialectKey>& keys() const override { return table(); }
   void translate(DialectSettings& s) const override {
-    model(s);
-    layout_and_batch(s);
+    const bool moe = model(s);
+    layout_and_batch(s, moe);
     schedule(s);
     rest(s);
   }
 
  private:
-  static void model(DialectSettings& s) {
+  // model_name -> a preset; returns whether it has MoE layers.
+  static bool model(DialectSettings& s) {
     const std::string name = s.text("model_name");
     auto it = std::find_if(models().begin(), models().end(), [&](const Model& m) { return matches(m.name, name); });
     if (it == models().end()) {
@@ -920,6 +930,7 @@ class MaxText final : public Dialect {
     }
     if (!it->preset) s.refuse("model_name", it->why);
     s.set_model(it->preset, {"model_name"});
+    for (const auto& [key, value] : it->differs) s.set(key, YAML::Load(value), {"model_name"});
     const std::string block = s.text("decoder_block");
     if (s.written("decoder_block") && block != it->block)
       s.refuse("decoder_block",
@@ -958,16 +969,55 @@ class MaxText final : public Dialect {
     const bool use_scale = s.flag("rope_use_scale");
     const bool scaled = (name.starts_with("llama3.1") || rope.starts_with("llama3.1")) && use_scale;
     s.set("use_rope_scaling", YAML::Node(scaled), {"model_name", "rope_type", "rope_use_scale"});
+    experts(s, *it);
+    return it->moe;
+  }
+
+  // MaxText's MoE layers (layers/moe.py) for the Mixtral and Qwen3 MoE blocks: the top-k of the
+  // raw gate logits, a softmax over them (norm_topk_prob then changes nothing), no auxiliary loss
+  // unless load_balance_loss_weight (refused: a per-sequence loss scaled by num_experts^2), and on
+  // the dense-matmul path (sparse_matmul: false) tokens dropped per sequence beyond the capacity.
+  static void experts(DialectSettings& s, const Model& m) {
+    const int64_t experts = s.integer("num_experts"), topk = s.integer("num_experts_per_tok");
+    const int64_t moe_dim = s.integer("base_moe_mlp_dim");
+    const double capacity = s.number("capacity_factor"), balance = s.number("load_balance_loss_weight");
+    const bool sparse = s.flag("sparse_matmul");
+    s.flag("norm_topk_prob");
+    if (!m.moe) {
+      if (experts > 1)
+        s.refuse("num_experts", fmt::format("{} is a dense model here; the MoE models mapped are mixtral-8x7b, "
+                                            "mixtral-8x22b and qwen3-30b-a3b",
+                                            m.name));
+      return;
+    }
+    if (s.written("num_experts")) s.set("num_experts", YAML::Node(experts), {"num_experts"});
+    if (s.written("num_experts_per_tok")) s.set("moe_router_topk", YAML::Node(topk), {"num_experts_per_tok"});
+    if (s.written("base_moe_mlp_dim") && moe_dim > 0)
+      s.set("moe_ffn_hidden_size", YAML::Node(moe_dim), {"base_moe_mlp_dim"});
+    if (balance > 0)
+      s.refuse("load_balance_loss_weight",
+               "MaxText's load-balance loss (per sequence, scaled by num_experts^2) is not mapped onto this engine's "
+               "aux_loss or seq_aux_loss");
+    s.set("moe_router_load_balancing_type", YAML::Node("none"), {"load_balance_loss_weight"});
+    s.set("moe_aux_loss_coeff", YAML::Node(0), {"load_balance_loss_weight"});
+    const std::vector<std::string> from = {"capacity_factor", "sparse_matmul"};
+    if (capacity > 0 && !sparse) {
+      s.set("moe_expert_capacity_factor", yaml_number(capacity), from);
+      s.set("moe_token_drop_policy", YAML::Node("position"), from);
+      s.set("moe_expert_capacity_per_sequence", YAML::Node(true), from);
+    } else {
+      s.set("moe_expert_capacity_factor", YAML::Node(YAML::NodeType::Null), from);
+    }
   }
 
   // The mesh, the batch (per_device_batch_size x the devices), the precision.
-  static void layout_and_batch(DialectSettings& s) {
+  static void layout_and_batch(DialectSettings& s, bool moe) {
     const Mesh mesh(s);
     if (s.world_known() && mesh.devices() != s.world_size())
       s.refuse("ici_fsdp_parallelism", fmt::format("the *_parallelism degrees ask for {} devices, this launch has {}",
                                                    mesh.devices(), s.world_size()));
-    // The models mapped are dense: MaxText shards their parameters over the expert axis as over
-    // fsdp, and splits the batch over it.
+    // MaxText shards the dense parameters over the expert axis as over fsdp, and splits the batch
+    // over it; the experts of an MoE model are split over it (expert parallelism).
     const int64_t data = mesh.degree("data");
     const int64_t fsdp = mesh.degree("fsdp") * mesh.degree("fsdp_transpose") * mesh.degree("expert");
     const int64_t ring = mesh.degree("sequence") * mesh.degree("context"), a2a = mesh.degree("context_usp_ulysses");
@@ -988,6 +1038,12 @@ class MaxText final : public Dialect {
     s.set("pipeline_model_parallel_size", YAML::Node(pp), {"ici_pipeline_parallelism", "dcn_pipeline_parallelism"});
     s.set("context_parallel_size", YAML::Node(ring * a2a), {"ici_context_parallelism", "ici_sequence_parallelism"});
     if (a2a > 1) s.set("cp_comm_type", YAML::Node("a2a"), {"ici_context_usp_ulysses_parallelism"});
+    if (moe) {
+      s.set("expert_model_parallel_size", YAML::Node(mesh.degree("expert")),
+            {"ici_expert_parallelism", "dcn_expert_parallelism"});
+      if (ring * a2a > 1 && s.number("capacity_factor") > 0 && !s.flag("sparse_matmul"))
+        s.refuse("capacity_factor", "MaxText drops tokens per sub-sequence under context parallelism; not mapped");
+    }
 
     // MaxText: global batch = int(devices x per_device_batch_size) x gradient_accumulation_steps,
     // spread over the batch axes (data, fsdp and expert); pipeline stages split it in microbatches.

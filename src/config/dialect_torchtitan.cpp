@@ -28,7 +28,7 @@ const char* const kMemory =
 const char* const kStorage =
     "checkpoint format or bookkeeping; this engine writes its own checkpoints (docs/checkpoints.md)";
 const char* const kData = "torchtitan's Hugging Face data loading; this engine reads Megatron-format data (data_path)";
-const char* const kFp8Moe = "FP8 / MX training of MoE experts' grouped GEMMs (torchtitan's MoE flavours are not mapped)";
+const char* const kFp8Moe = "FP8 / MX training of MoE experts' grouped GEMMs (FP8 on torchtitan's MoE flavours is not mapped)";
 const char* const kFp8Same =
     "a communication choice: the FP8 values are the same either way, a weight's tensorwise scale coming from the "
     "whole weight's amax";
@@ -154,13 +154,13 @@ const std::vector<DialectKey>& table() {
       {"parallelism.tensor_parallel_degree", A, "1", "tensor_model_parallel_size, with sequence_parallel as torchtitan's tensor parallelism"},
       {"primus_turbo.enable_attention_float8", X, "false", "FP8 attention is not built (attention stays in bf16; docs/fp8.md)"},
       {"primus_turbo.enable_embedding_autocast", N, "true", kKernels},
-      {"primus_turbo.enable_primus_turbo", N, "false", kKernels},
+      {"primus_turbo.enable_primus_turbo", A, "false", "Turbo's kernels, with this engine's math; on MoE flavours read with use_moe_fp8"},
       {"primus_turbo.use_classic_attention", N, "false", kKernels},
-      {"primus_turbo.use_moe_fp8", N, "true", "Turbo's FP8 grouped GEMM for MoE layers (torchtitan's MoE flavours are not mapped)"},
+      {"primus_turbo.use_moe_fp8", A, "true", "Turbo's FP8 grouped GEMM for the experts: refused on MoE flavours when enable_primus_turbo and use_turbo_grouped_mm are on, else no effect"},
       {"primus_turbo.use_turbo_async_tp", N, "false", kKernels},
       {"primus_turbo.use_turbo_attention", N, "false", kKernels},
       {"primus_turbo.use_turbo_float8_linear", N, "false", "Turbo's kernel for FP8 linears; this engine runs its own, with the same math"},
-      {"primus_turbo.use_turbo_grouped_mm", N, "false", kKernels},
+      {"primus_turbo.use_turbo_grouped_mm", A, "false", "Turbo's grouped GEMM, with this engine's math; on MoE flavours read with use_moe_fp8"},
       {"primus_turbo.use_turbo_mx_linear", N, "false", "Turbo's kernel for MX linears; this engine runs its own, with the same math"},
       {"profiling.enable_memory_snapshot", N, "false", kLogging},
       {"profiling.enable_profiling", N, "false", "torchtitan's profiler; this engine's: profile, profile_step_start, profile_step_end (docs/profiling.md)"},
@@ -217,18 +217,66 @@ const std::vector<DialectKey>& table() {
 }
 // clang-format on
 
-// A torchtitan flavour on this engine: the preset, or why it is refused.
+// torchtitan's MoE layers (models/moe/moe.py) on this engine's router: no auxiliary loss; the
+// aux-loss-free expert bias (load_balance_coeff 1e-3, MoEArgs' default, which no flavour changes)
+// added to the scores for the choice only and moved once per optimizer step by the sign of each
+// expert's load against the mean, centred on its mean (components/optimizer.py); softmax scores over
+// all experts before the top-k, renormalised when the flavour sets route_norm (sigmoid scores always
+// are for top-k > 1, as route_norm sets for DeepSeek-V3). route_scale and the node-limited groups are
+// the presets' moe_router_topk_scaling_factor and moe_router_num_groups / moe_router_group_topk.
+void titan_moe(DialectSettings& s, bool softmax_route_norm) {
+  const std::vector<std::string> from = {"model.name", "model.flavor"};
+  s.set("moe_router_load_balancing_type", YAML::Node("none"), from);
+  s.set("moe_aux_loss_coeff", YAML::Node(0), from);
+  s.set("moe_router_enable_expert_bias", YAML::Node(true), from);
+  s.set("moe_router_bias_update_rate", yaml_number(1e-3), from);
+  s.set("moe_router_bias_update_centered", YAML::Node(true), from);
+  if (s.text("model.name") == "qwen3" || s.text("model.flavor") != "671B") {  // softmax scores
+    s.set("moe_router_pre_softmax", YAML::Node(true), from);
+    s.set("moe_router_norm_topk_prob", YAML::Node(softmax_route_norm), from);
+  }
+}
+
+void qwen3_moe(DialectSettings& s) {
+  titan_moe(s, true);
+  // torchtitan's 235B-A22B flavour sets rope_theta 5e6 (the 30B-A3B one, like the preset, 1e6).
+  if (s.text("model.flavor") == "235B-A22B")
+    s.set("rotary_base", YAML::Node(5000000), {"model.name", "model.flavor"});
+}
+
+// torchtitan's deepseek_v3 flavours (models/deepseek_v3/model/args.py): RMSNorm eps 1e-5; YaRN
+// (factor 40 over 4096 positions) only when training.seq_len exceeds 4096, with the attention's
+// softmax scale multiplied by (0.1 mscale ln 40 + 1)^2 (mscale 0.70 for 16B, else 1.0); attention
+// within each document (block_causal) for every flavour at this commit, which torchtitan runs
+// without context parallelism.
+void deepseek_moe(DialectSettings& s) {
+  titan_moe(s, false);
+  const std::vector<std::string> from = {"model.name", "model.flavor"};
+  s.set("norm_epsilon", yaml_number(1e-5), from);
+  if (s.integer("training.seq_len") <= 4096) {
+    s.set("rotary_scaling_factor", YAML::Node(1), {"model.flavor", "training.seq_len"});
+  } else {
+    const double mscale = s.text("model.flavor") == "16B" ? 0.70 : 1.0;
+    s.set("mscale", yaml_number(mscale), from);
+    s.set("mscale_all_dim", yaml_number(mscale), from);
+  }
+  s.set("reset_attention_mask", YAML::Node(true), from);
+  if (s.integer("parallelism.context_parallel_degree") > 1)
+    s.refuse("parallelism.context_parallel_degree",
+             "torchtitan's deepseek_v3 flavours attend within each document (flex attention, block_causal), which "
+             "torchtitan runs without context parallelism");
+}
+
+// A torchtitan flavour on this engine: the preset (and, for MoE flavours, what differs from it),
+// or why it is refused.
 struct Flavour {
   const char* name;
   const char* flavor;
   const char* preset;  // nullptr: refused with `why`
   const char* why;
+  void (*moe)(DialectSettings&) = nullptr;  // an MoE flavour: torchtitan's routing on the preset
 };
 
-const char* const kMoe =
-    "torchtitan's mixture-of-experts layers balance experts with a bias update centred on its mean "
-    "(load_balance_coeff), which this engine's MoE (Megatron's uncentred update) does not do; torchtitan's MoE "
-    "flavours are not mapped yet";
 const char* const kLlama4 = "Llama 4 is not built on this engine yet (the model-families issue adds it)";
 const char* const kGptOss = "gpt-oss is not built on this engine yet (the model-families issue adds it)";
 
@@ -245,11 +293,12 @@ const std::vector<Flavour>& flavours() {
       {"qwen3", "8B", "qwen3_8B", nullptr},
       {"qwen3", "14B", "qwen3_14B", nullptr},
       {"qwen3", "32B", "qwen3_32B", nullptr},
-      {"qwen3", "30B-A3B", nullptr, kMoe},
-      {"qwen3", "235B-A22B", nullptr, kMoe},
-      {"deepseek_v3", "16B", nullptr, kMoe},
-      {"deepseek_v3", "236B", nullptr, kMoe},
-      {"deepseek_v3", "671B", nullptr, kMoe},
+      {"qwen3", "30B-A3B", "qwen3_30B_A3B", nullptr, qwen3_moe},
+      {"qwen3", "235B-A22B", "qwen3_235B_A22B", nullptr, qwen3_moe},
+      // DeepSeek-V2-Lite's and DeepSeek-V2's shapes under the deepseek_v3 model.
+      {"deepseek_v3", "16B", "deepseek_v2_lite", nullptr, deepseek_moe},
+      {"deepseek_v3", "236B", "deepseek_v2", nullptr, deepseek_moe},
+      {"deepseek_v3", "671B", "deepseek_v3", nullptr, deepseek_moe},
       {"llama4", "*", nullptr, kLlama4},
       {"gpt_oss", "*", nullptr, kGptOss},
   };
@@ -282,6 +331,9 @@ class TorchTitan final : public Dialect {
                           "quantize.linear.float8.filter_fqns", "quantize.linear.mx.recipe_name",
                           "quantize.linear.mx.filter_fqns"})
       s.node(k);
+    // Turbo's FP8 experts, read whether or not the flavour has experts.
+    const bool turbo = s.flag("primus_turbo.enable_primus_turbo"), grouped = s.flag("primus_turbo.use_turbo_grouped_mm");
+    const bool turbo_fp8_experts = s.flag("primus_turbo.use_moe_fp8") && turbo && grouped;
     std::vector<std::string> converters;  // a list, or torchtitan's comma-separated text
     const YAML::Node list = s.node("model.converters");
     if (list.IsScalar()) {
@@ -292,8 +344,10 @@ class TorchTitan final : public Dialect {
     } else {
       for (const YAML::Node& c : list) converters.push_back(c.IsScalar() ? c.Scalar() : "(a map)");
     }
+    bool fp8 = false;
     for (const std::string& name : converters) {
       if (name == "primus_turbo") continue;
+      fp8 = true;  // or refused below
       if (name == "float8" || name == "quantize.linear.float8") {
         float8(s, name + ".");
       } else if (name == "quantize.linear.mx") {
@@ -317,7 +371,19 @@ class TorchTitan final : public Dialect {
       if (name != f.name || (flavor != f.flavor && std::string(f.flavor) != "*")) continue;
       if (!f.preset) s.refuse(flavor == f.flavor ? "model.flavor" : "model.name", f.why);
       s.set_model(f.preset, {"model.name", "model.flavor"});
-      return false;  // the mapped flavours are dense
+      if (f.moe) {
+        if (fp8)
+          s.refuse("model.converters",
+                   "FP8 on torchtitan's MoE flavours is not mapped: torchtitan's float8 converter puts the router's "
+                   "gate in FP8 and leaves the experts in bf16 (or scales them rowwise, quantize.grouped_mm), while "
+                   "this engine's FP8 keeps the router in fp32 and covers the experts with the linears' recipe");
+        if (turbo_fp8_experts)
+          s.refuse("primus_turbo.use_moe_fp8",
+                   "Primus-Turbo's FP8 grouped GEMM for the experts (on with enable_primus_turbo and "
+                   "use_turbo_grouped_mm) is not mapped onto this engine's FP8 recipes; set it false for bf16 experts");
+        f.moe(s);
+      }
+      return f.moe != nullptr;
     }
     s.refuse("model.flavor", fmt::format("no preset of this engine is torchtitan's {} '{}'; mapped flavours: {}", name,
                                          flavor, fmt::join(known, ", ")));

@@ -90,8 +90,9 @@ const std::vector<KeyInfo>& training_keys() {
                             "object of splits)"),
       KEY(sft_dataset_split, "SFT: the split of a JSON object of splits that trains; its `validation` split "
                              "evaluates"),
-      KEY(sft_conversation_format, "SFT: alpaca | chatml | openai (alias messages) | squad: how a record becomes "
-                                   "text; the loss covers the responses and their end token"),
+      KEY(sft_conversation_format, "SFT: alpaca | chatml | openai (alias messages) | squad | chat_template (the "
+                                   "tokenizer_config.json's, as Hugging Face's apply_chat_template): how a record "
+                                   "becomes text; the loss covers the responses and their end token"),
       KEY(enable_packed_sequences, "SFT: as many conversations per sequence as fit (first-fit decreasing), "
                                    "attending across each other; false: one conversation per sequence, padded"),
       KEY(use_packed_attention, "SFT with packing: attention kept within each conversation and positions "

@@ -78,7 +78,12 @@ SftRecords read_sft_records(const std::string& path, const std::string& split, b
 
 SftTokens sft_sample(const json& record, const std::string& where, const ChatFormat& format,
                      const Tokenizer& tokenizer) {
-  return tokenize_chat(format.render(sft_record_from_json(record, where)), tokenizer);
+  const SftRecord r = sft_record_from_json(record, where);
+  try {
+    return tokenize_chat(format.render(r), tokenizer);
+  } catch (const Error& e) {
+    fail("{}: {}", where, e.what());
+  }
 }
 
 std::vector<std::vector<int32_t>> pack_first_fit_decreasing(const std::vector<int64_t>& lengths, int64_t capacity) {

@@ -157,6 +157,7 @@ SftRecord sft_record_from_json(const json& j, const std::string& where) {
       if (!t.is_object()) fail("{}: a message must be an object with role and content, got {}", at, t.type_name());
       r.messages.push_back({text_field(t, "role", at), text_field(t, "content", at)});
     }
+    r.messages_json = *m;
     if (std::none_of(r.messages.begin(), r.messages.end(),
                      [](const SftTurn& t) { return t.role == "assistant" && !t.content.empty(); }))
       fail("{}: the conversation has no assistant message to train on", where);
@@ -180,17 +181,20 @@ std::unique_ptr<ChatFormat> fixed_chat_format(ChatFormatName name) {
     case ChatFormatName::ChatML: return std::make_unique<ChatML>();
     case ChatFormatName::OpenAI: return std::make_unique<OpenAIMessages>();
     case ChatFormatName::Squad: return std::make_unique<Squad>();
+    case ChatFormatName::ChatTemplate:
+      fail("the chat_template format is the tokenizer's own: build it with chat_format(name, tokenizer folder)");
   }
   fail("unknown chat format {}", int(name));
 }
 
 SftTokens tokenize_chat(const ChatText& t, const Tokenizer& tokenizer) {
   SftTokens out;
-  out.ids = tokenizer.encode(t.text);
+  auto encode = [&](std::string_view s) { return t.add_special_tokens ? tokenizer.encode(s) : tokenizer.encode_bare(s); };
+  out.ids = encode(t.text);
   out.mask.assign(out.ids.size(), 0);
   for (const auto& [begin, end] : t.trained) {
-    const std::vector<int32_t> before = tokenizer.encode(std::string_view(t.text).substr(0, begin));
-    const std::vector<int32_t> through = tokenizer.encode(std::string_view(t.text).substr(0, end));
+    const std::vector<int32_t> before = encode(std::string_view(t.text).substr(0, begin));
+    const std::vector<int32_t> through = encode(std::string_view(t.text).substr(0, end));
     const size_t first = common_prefix(before, out.ids);
     size_t last = common_prefix(through, out.ids);
     if (last < through.size()) last = std::min(last + 1, out.ids.size());  // a token straddles the span's end

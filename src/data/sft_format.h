@@ -6,8 +6,8 @@
 //   tokenize_chat --SftTokens{ids, mask}--> data/sft_dataset.h's samples
 //
 // The fixed formats (alpaca, chatml, openai/messages, squad) are ChatFormats; a model's own chat
-// template (data/chat_template.h) is another one to come: it renders text and the assistant
-// spans too, and everything after render() stays the same.
+// template is another (data/sft_chat_template.h): it renders text and the assistant spans too,
+// and everything after render() stays the same.
 #pragma once
 
 #include <cstddef>
@@ -33,6 +33,9 @@ struct SftTurn {
 // system prompt.
 struct SftRecord {
   std::vector<SftTurn> messages;  // non-empty: a conversation (the fields below are then unused)
+  // The record's `messages` list as given, every key of each message kept (a chat template may
+  // read more than role and content: reasoning_content, tool_calls, ...); null for other shapes.
+  nlohmann::ordered_json messages_json;
   std::string system, instruction, input, response;
 };
 
@@ -42,10 +45,14 @@ SftRecord sft_record_from_json(const nlohmann::ordered_json& j, const std::strin
 
 // A rendered sample: its text and the [begin, end) byte spans of it that the loss covers.
 // end_with_eos: the tokenizer's end-of-sequence id follows the text and is trained on too.
+// add_special_tokens false: the text writes the model's own special tokens (a chat template writes
+// its BOS), so it is encoded as it is, nothing added around it (Tokenizer::encode_bare, as
+// apply_chat_template encodes with add_special_tokens=False).
 struct ChatText {
   std::string text;
   std::vector<std::pair<size_t, size_t>> trained;
   bool end_with_eos = false;
+  bool add_special_tokens = true;
 };
 
 class ChatFormat {
@@ -54,6 +61,8 @@ class ChatFormat {
   virtual ChatText render(const SftRecord& record) const = 0;
 };
 
+// The fixed formats; ChatFormatName::ChatTemplate is the tokenizer's (chat_format() in
+// data/sft_chat_template.h) and an error here.
 std::unique_ptr<ChatFormat> fixed_chat_format(ChatFormatName name);
 
 // Token ids and, per id, 1 where the loss takes it as a target (0 elsewhere).

@@ -129,16 +129,8 @@ class BpeTokenizer : public Tokenizer {
     for (const auto& [text, id] : cfg_.specials) special_text_[id] = text;
   }
 
-  std::vector<int32_t> encode(std::string_view text) const override {
-    check_utf8(text);  // once per document, so regex matching can skip its own check
-    std::vector<int32_t> out(cfg_.prefix);
-    out.reserve(text.size() / 3 + 8);
-    auto plain = [&](size_t b, size_t n) { encode_plain(text.substr(b, n), b == 0, out); };
-    if (splitter_.empty()) plain(0, text.size());
-    else splitter_.split(text, plain, [&](int32_t id) { out.push_back(id); });
-    out.insert(out.end(), cfg_.suffix.begin(), cfg_.suffix.end());
-    return out;
-  }
+  std::vector<int32_t> encode(std::string_view text) const override { return encode_with(text, true); }
+  std::vector<int32_t> encode_bare(std::string_view text) const override { return encode_with(text, false); }
 
   std::string decode(std::span<const int32_t> ids) const override {
     std::string out;
@@ -163,6 +155,18 @@ class BpeTokenizer : public Tokenizer {
   std::string type() const override { return cfg_.type; }
 
  private:
+  // around: the post-processor's template tokens before and after the text.
+  std::vector<int32_t> encode_with(std::string_view text, bool around) const {
+    check_utf8(text);  // once per document, so regex matching can skip its own check
+    std::vector<int32_t> out;
+    if (around) out = cfg_.prefix;
+    out.reserve(text.size() / 3 + 8);
+    auto plain = [&](size_t b, size_t n) { encode_plain(text.substr(b, n), b == 0, out); };
+    if (splitter_.empty()) plain(0, text.size());
+    else splitter_.split(text, plain, [&](int32_t id) { out.push_back(id); });
+    if (around) out.insert(out.end(), cfg_.suffix.begin(), cfg_.suffix.end());
+    return out;
+  }
   // One stretch of text between added tokens; at_origin: it starts the input (Metaspace "first").
   void encode_plain(std::string_view text, bool at_origin, std::vector<int32_t>& out) const {
     if (cfg_.normalizer.identity()) {
@@ -683,6 +687,15 @@ class SentencePieceTokenizer : public Tokenizer {
   std::vector<int32_t> encode(std::string_view text) const override {
     std::vector<int32_t> out;
     if (type_ == "Llama2Tokenizer" && bos_ >= 0) out.push_back(bos_);
+    encode_into(text, out);
+    return out;
+  }
+  std::vector<int32_t> encode_bare(std::string_view text) const override {
+    std::vector<int32_t> out;
+    encode_into(text, out);
+    return out;
+  }
+  void encode_into(std::string_view text, std::vector<int32_t>& out) const {
     auto plain = [&](size_t b, size_t n) {
       std::vector<int> ids;
       auto st = sp_.Encode(text.substr(b, n), &ids);
@@ -691,7 +704,6 @@ class SentencePieceTokenizer : public Tokenizer {
     };
     if (splitter_) splitter_->split(text, plain, [&](int32_t id) { out.push_back(id); });
     else plain(0, text.size());
-    return out;
   }
 
   std::string decode(std::span<const int32_t> ids) const override {

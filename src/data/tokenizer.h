@@ -26,6 +26,11 @@ class Tokenizer {
   virtual ~Tokenizer() = default;
 
   virtual std::vector<int32_t> encode(std::string_view text) const = 0;
+  // The ids of the text alone, as Hugging Face's encode(text, add_special_tokens=False): added
+  // tokens written in the text are still matched, but nothing is added around it (no BOS of
+  // Llama2Tokenizer, no post-processor template). A chat template's text needs this: it writes its
+  // own BOS (apply_chat_template tokenizes so).
+  virtual std::vector<int32_t> encode_bare(std::string_view text) const { return encode(text); }
   virtual std::string decode(std::span<const int32_t> ids) const = 0;
 
   // Number of ids the model may see (special tokens included); ids are in [0, vocab_size).

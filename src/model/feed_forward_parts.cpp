@@ -173,7 +173,8 @@ void MoeFeedForward::update_expert_bias(const std::vector<int64_t>& tokens) {
   const int id = layer_.params().expert_bias;
   if (id < 0) return;
   std::vector<double> bias = expert_bias();
-  primus::update_expert_bias(bias, tokens, k_.spec.moe_router_bias_update_rate);
+  primus::update_expert_bias(bias, tokens, k_.spec.moe_router_bias_update_rate,
+                            k_.spec.moe_router_bias_update_centered);
   Tensor dst = k_.params.master(id);
   dst.copy_from(ops::tensor_from_values(bias, {dst.numel()}, dst.dtype(), dst.device()));
 }

@@ -78,6 +78,7 @@ const std::vector<Field>& fields() {
       {"moe_shared_expert_gate", &ModelSpec::moe_shared_expert_gate},
       {"moe_router_score_function", &ModelSpec::moe_router_score_function},
       {"moe_router_pre_softmax", &ModelSpec::moe_router_pre_softmax},
+      {"moe_router_norm_topk_prob", &ModelSpec::moe_router_norm_topk_prob},
       {"moe_router_topk_scaling_factor", &ModelSpec::moe_router_topk_scaling_factor, true},
       {"moe_router_num_groups", &ModelSpec::moe_router_num_groups, true},
       {"moe_router_group_topk", &ModelSpec::moe_router_group_topk, true},
@@ -87,8 +88,10 @@ const std::vector<Field>& fields() {
       {"moe_z_loss_coeff", &ModelSpec::moe_z_loss_coeff, true},
       {"moe_router_enable_expert_bias", &ModelSpec::moe_router_enable_expert_bias},
       {"moe_router_bias_update_rate", &ModelSpec::moe_router_bias_update_rate},
+      {"moe_router_bias_update_centered", &ModelSpec::moe_router_bias_update_centered},
       {"moe_expert_capacity_factor", &ModelSpec::moe_expert_capacity_factor, true},
       {"moe_token_drop_policy", &ModelSpec::moe_token_drop_policy},
+      {"moe_expert_capacity_per_sequence", &ModelSpec::moe_expert_capacity_per_sequence},
       {"moe_pad_expert_input_to_capacity", &ModelSpec::moe_pad_expert_input_to_capacity},
       {"moe_router_force_load_balancing", &ModelSpec::moe_router_force_load_balancing},
       {"moe_token_dispatcher_type", &ModelSpec::moe_token_dispatcher_type},
@@ -459,11 +462,16 @@ void ModelSpec::validate_moe() const {
          moe_shared_expert_intermediate_size);
   if (moe_shared_expert_gate && moe_shared_expert_intermediate_size == 0)
     fail("{}: moe_shared_expert_gate needs a shared expert (moe_shared_expert_intermediate_size)", who);
-  if (moe_router_enable_expert_bias && moe_router_score_function != "sigmoid")
-    fail("{}: moe_router_enable_expert_bias needs moe_router_score_function: sigmoid (got {})", who,
-         moe_router_score_function);
   if (moe_router_pre_softmax && moe_router_score_function != "softmax")
     fail("{}: moe_router_pre_softmax applies to moe_router_score_function: softmax only", who);
+  if (moe_router_enable_expert_bias && moe_router_score_function != "sigmoid" && !moe_router_pre_softmax)
+    fail("{}: moe_router_enable_expert_bias adds the bias to the scores the choice ranks: it needs "
+         "moe_router_score_function: sigmoid, or softmax with moe_router_pre_softmax: true",
+         who);
+  if (moe_router_norm_topk_prob && !moe_router_pre_softmax)
+    fail("{}: moe_router_norm_topk_prob applies to moe_router_pre_softmax: true only (the other routings' "
+         "weights are normalised by their definition)",
+         who);
   if (moe_router_num_groups < 0 || moe_router_group_topk < 0)
     fail("{}: moe_router_num_groups and moe_router_group_topk must be positive (or null)", who);
   if ((moe_router_num_groups > 0) != (moe_router_group_topk > 0))
@@ -487,6 +495,10 @@ void ModelSpec::validate_moe() const {
   non_negative("moe_router_topk_scaling_factor", moe_router_topk_scaling_factor);
   non_negative("moe_router_bias_update_rate", moe_router_bias_update_rate);
   non_negative("moe_expert_capacity_factor", moe_expert_capacity_factor);
+  if (moe_expert_capacity_per_sequence && (moe_expert_capacity_factor <= 0 || moe_token_drop_policy != "position"))
+    fail("{}: moe_expert_capacity_per_sequence (MaxText's dropping) needs moe_expert_capacity_factor and "
+         "moe_token_drop_policy: position",
+         who);
   if (moe_layer_pattern.empty()) {
     if (moe_layer_freq < 1) fail("{}: moe_layer_freq must be at least 1, got {}", who, moe_layer_freq);
   } else {

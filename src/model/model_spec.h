@@ -67,6 +67,10 @@ struct ModelSpec {
   bool moe_shared_expert_gate = false;
   std::string moe_router_score_function = "softmax";  // softmax | sigmoid
   bool moe_router_pre_softmax = false;
+  // With moe_router_pre_softmax: the chosen experts' scores renormalised to sum to 1 (Hugging
+  // Face's norm_topk_prob, torchtitan's route_norm). Sigmoid scores are for top-k > 1 always, and
+  // a softmax over the chosen logits sums to 1 by construction.
+  bool moe_router_norm_topk_prob = false;
   double moe_router_topk_scaling_factor = 0;  // 0 (null): none
   int64_t moe_router_num_groups = 0;          // 0 (null): no group-limited routing
   int64_t moe_router_group_topk = 0;
@@ -76,8 +80,14 @@ struct ModelSpec {
   double moe_z_loss_coeff = 0.0;  // 0 (null): none
   bool moe_router_enable_expert_bias = false;
   double moe_router_bias_update_rate = 1e-3;
+  // The bias update centred on its mean over the experts (torchtitan's): the same choices (a shift
+  // of every expert's bias moves no top-k), other stored biases.
+  bool moe_router_bias_update_centered = false;
   double moe_expert_capacity_factor = 0;   // 0 (null): dropless
   std::string moe_token_drop_policy = "probs";  // probs | position
+  // MaxText's token dropping (its dense-matmul path): the capacity is per sequence,
+  // int(max(ceil(seq * topk / experts) * factor, factor)), the earliest tokens kept (position).
+  bool moe_expert_capacity_per_sequence = false;
   bool moe_pad_expert_input_to_capacity = false;
   bool moe_router_force_load_balancing = false;
   std::string moe_token_dispatcher_type = "allgather";  // allgather | alltoall

@@ -97,6 +97,11 @@ int64_t expert_capacity(int64_t tokens, int64_t topk, int64_t experts, double ca
   return int64_t(std::ceil(double(tokens) * double(topk) / double(experts) * capacity_factor));
 }
 
+int64_t sequence_capacity(int64_t seq, int64_t topk, int64_t experts, double capacity_factor) {
+  const double per = std::ceil(double(seq * topk) / double(experts));
+  return int64_t(std::max(per * capacity_factor, capacity_factor));
+}
+
 namespace {
 // A routing's sizes: this rank's share of batch x seq tokens over the spec's experts.
 Routing routing_of(const ModelSpec& spec, int64_t batch, int64_t seq, const TokenShare& share) {
@@ -110,6 +115,11 @@ Routing routing_of(const ModelSpec& spec, int64_t batch, int64_t seq, const Toke
   return r;
 }
 }  // namespace
+
+// Whether the chosen scores (sigmoid, or softmax over all experts) are divided by their sum.
+bool renormalised(const ModelSpec& spec) {
+  return spec.moe_router_score_function == "sigmoid" ? spec.moe_router_topk > 1 : spec.moe_router_norm_topk_prob;
+}
 
 Routing route(const ModelSpec& spec, std::vector<double> logits, const std::vector<double>& expert_bias,
               int64_t batch, int64_t seq, const TokenShare& share) {
@@ -166,7 +176,7 @@ Routing route(const ModelSpec& spec, std::vector<double> logits, const std::vect
     }
     if (!sigmoid_scores && !pre) {  // softmax over the chosen logits
       softmax_row(&r.raw[size_t(t * k)], &r.raw[size_t(t * k)], k);
-    } else if (sigmoid_scores && k > 1) {
+    } else if (renormalised(spec)) {
       for (int64_t j = 0; j < k; ++j) sum += r.raw[size_t(t * k + j)];
       for (int64_t j = 0; j < k; ++j) r.raw[size_t(t * k + j)] /= sum + 1e-20;
     }
@@ -182,18 +192,24 @@ Routing route(const ModelSpec& spec, std::vector<double> logits, const std::vect
   if (spec.moe_expert_capacity_factor > 0) {
     // Per expert, keep the `capacity` assignments with the largest weights (probs) or the
     // earliest tokens (position); ties go to the earlier token.
-    const int64_t cap = expert_capacity(N, k, E, spec.moe_expert_capacity_factor);
-    std::vector<std::vector<int64_t>> of(static_cast<size_t>(E));
-    for (int64_t i = 0; i < N * k; ++i) of[size_t(r.expert[size_t(i)])].push_back(i);
-    for (auto& list : of) {
-      if (int64_t(list.size()) <= cap) continue;
-      if (spec.moe_token_drop_policy == "probs")
-        std::stable_sort(list.begin(), list.end(),
-                         [&](int64_t a, int64_t b) { return r.weight[size_t(a)] > r.weight[size_t(b)]; });
-      for (size_t i = size_t(cap); i < list.size(); ++i) {
-        r.kept[size_t(list[i])] = 0;
-        r.weight[size_t(list[i])] = 0;
-        ++r.dropped;
+    // Over the rank's tokens, or (MaxText's) over each sequence's.
+    const bool per_sequence = spec.moe_expert_capacity_per_sequence;
+    const int64_t rows = per_sequence ? r.seq : N;
+    const int64_t cap = per_sequence ? sequence_capacity(r.seq, k, E, spec.moe_expert_capacity_factor)
+                                     : expert_capacity(N, k, E, spec.moe_expert_capacity_factor);
+    for (int64_t first = 0; first < N; first += rows) {
+      std::vector<std::vector<int64_t>> of(static_cast<size_t>(E));
+      for (int64_t i = first * k; i < (first + rows) * k; ++i) of[size_t(r.expert[size_t(i)])].push_back(i);
+      for (auto& list : of) {
+        if (int64_t(list.size()) <= cap) continue;
+        if (spec.moe_token_drop_policy == "probs")
+          std::stable_sort(list.begin(), list.end(),
+                           [&](int64_t a, int64_t b) { return r.weight[size_t(a)] > r.weight[size_t(b)]; });
+        for (size_t i = size_t(cap); i < list.size(); ++i) {
+          r.kept[size_t(list[i])] = 0;
+          r.weight[size_t(list[i])] = 0;
+          ++r.dropped;
+        }
       }
     }
   }
@@ -235,7 +251,10 @@ Routing route_by_load(const ModelSpec& spec, const std::vector<int64_t>& load, i
   if (share.ranks > 1) share.sum(r.routed_per_expert);
   r.kept_per_expert = load;
   if (spec.moe_expert_capacity_factor > 0) {  // the earliest rows of an expert stay
-    const int64_t cap = expert_capacity(N, k, E, spec.moe_expert_capacity_factor);
+    // Per sequence (MaxText's): each of the batch's sequences holds as many (an upper bound).
+    const int64_t cap = spec.moe_expert_capacity_per_sequence
+                            ? sequence_capacity(r.seq, k, E, spec.moe_expert_capacity_factor) * (N / r.seq)
+                            : expert_capacity(N, k, E, spec.moe_expert_capacity_factor);
     std::vector<int64_t> seen(size_t(E), 0);
     for (int64_t i = 0; i < N * k; ++i) {
       const int32_t e = r.expert[size_t(i)];
@@ -270,7 +289,7 @@ std::vector<double> route_backward(const ModelSpec& spec, const Routing& r, cons
       for (int64_t j = 0; j < k; ++j) dot += w[j] * dw[size_t(j)];
       for (int64_t j = 0; j < k; ++j)
         dl[size_t(t * E + r.expert[size_t(t * k + j)])] += w[j] * (dw[size_t(j)] - dot);
-    } else if (sigmoid_scores && k > 1) {  // w = s_chosen / sum(s_chosen)
+    } else if (renormalised(spec)) {  // w = s_chosen / sum(s_chosen)
       double sum = 0, dot = 0;
       for (int64_t j = 0; j < k; ++j) sum += r.scores[size_t(t * E + r.expert[size_t(t * k + j)])];
       for (int64_t j = 0; j < k; ++j) dot += w[j] * dw[size_t(j)];
@@ -331,15 +350,19 @@ std::vector<double> route_backward(const ModelSpec& spec, const Routing& r, cons
   return dl;
 }
 
-void update_expert_bias(std::vector<double>& bias, const std::vector<int64_t>& tokens_per_expert, double rate) {
+void update_expert_bias(std::vector<double>& bias, const std::vector<int64_t>& tokens_per_expert, double rate,
+                        bool centered) {
   PRIMUS_CHECK(bias.size() == tokens_per_expert.size(), "expert bias and counts differ in size");
   if (bias.empty()) return;
   const double mean =
       double(std::accumulate(tokens_per_expert.begin(), tokens_per_expert.end(), int64_t(0))) / double(bias.size());
+  std::vector<double> delta(bias.size());
   for (size_t e = 0; e < bias.size(); ++e) {
     const double off = mean - double(tokens_per_expert[e]);
-    bias[e] += rate * double((off > 0) - (off < 0));
+    delta[e] = rate * double((off > 0) - (off < 0));
   }
+  const double shift = centered ? std::accumulate(delta.begin(), delta.end(), 0.0) / double(delta.size()) : 0.0;
+  for (size_t e = 0; e < bias.size(); ++e) bias[e] += delta[e] - shift;
 }
 
 }  // namespace primus

@@ -56,11 +56,15 @@ Routing route_by_load(const ModelSpec& spec, const std::vector<int64_t>& load, i
 std::vector<double> route_backward(const ModelSpec& spec, const Routing& r, const std::vector<double>& dweight,
                                    double loss_scale);
 
-// Megatron's aux-loss-free balancing: bias_e += rate * sign(mean - tokens_e), tokens per expert
-// summed over the whole step (and over the ranks that share the expert).
-void update_expert_bias(std::vector<double>& bias, const std::vector<int64_t>& tokens_per_expert, double rate);
+// Aux-loss-free balancing: bias_e += rate * sign(mean - tokens_e) (Megatron's), less the mean of
+// those steps over the experts when `centered` (torchtitan's); tokens per expert summed over the
+// whole step (and over the ranks that share the expert).
+void update_expert_bias(std::vector<double>& bias, const std::vector<int64_t>& tokens_per_expert, double rate,
+                        bool centered);
 
 // Expert capacity (tokens an expert takes): ceil(tokens * topk / experts * capacity_factor).
 int64_t expert_capacity(int64_t tokens, int64_t topk, int64_t experts, double capacity_factor);
+// MaxText's, per sequence of `seq` tokens: int(max(ceil(seq * topk / experts) * factor, factor)).
+int64_t sequence_capacity(int64_t seq, int64_t topk, int64_t experts, double capacity_factor);
 
 }  // namespace primus

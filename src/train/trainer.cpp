@@ -35,6 +35,7 @@
 #include "core/log.h"
 #include "data/gpt_dataset.h"
 #include "data/microbatch.h"
+#include "data/sft_chat_template.h"
 #include "data/sft_dataset.h"
 #include "data/tokenizer.h"
 #include "kernels/cpu/gemm.h"
@@ -318,7 +319,7 @@ void Trainer::build_data() {
 // SFT: one conversation per sample from the chat data set, the loss on the responses only
 // (data/sft_dataset.h); the same sample order on every rank, each taking its microbatches.
 void Trainer::build_sft_data(const data::Tokenizer& tok) {
-  const std::unique_ptr<data::ChatFormat> format = data::fixed_chat_format(a_.sft_conversation_format);
+  const std::unique_ptr<data::ChatFormat> format = data::chat_format(a_.sft_conversation_format, a_.tokenizer_model);
   const int64_t evals = a_.eval_interval > 0 ? a_.train_iters / a_.eval_interval + 1 : 0;
   data::SftDatasetOptions o{seq_, a_.train_iters * gbs_, uint64_t(a_.seed), a_.enable_packed_sequences};
   auto train = std::make_shared<data::SftDataset>(data::read_sft_records(a_.sft_dataset_name, a_.sft_dataset_split),

@@ -21,6 +21,7 @@
 #include "model/llama.h"
 #include "optim/flat_adamw.h"
 #include "support/relative_error.h"
+#include "support/sft_packed_batches.h"
 #include "train/trainer.h"
 
 using namespace primus;
@@ -621,6 +622,29 @@ TEST(CudaBackend, PackedDocumentsEqualTheDocumentsOnePerSequence) {
   docs.separate_attention = false;
   LlamaContext cc;
   EXPECT_GT(std::fabs(packed.forward(cc, d.tokens.data(), d.targets.data(), 1, d.B * d.S, &docs) - la), 1e-3 * la);
+}
+
+// Packed SFT on the GPU (tests/support/sft_packed_batches.h): three conversations through the real
+// SftDataset, one per sequence or packed with use_packed_attention into one, all in one
+// microbatch: the same loss and gradients to bf16 resolution.
+TEST(CudaBackend, PackedSftEqualsOneConversationPerSequence) {
+  PRIMUS_REQUIRE_GPU();
+  ModelSpec spec = spec64();
+  spec.max_position_embeddings = 512;
+  cuda::CudaBackend gpu;
+  const test::SftBatch alone = test::sft_packing_batch(3, false, 255), packed = test::sft_packing_batch(3, true, 511);
+  ASSERT_LT(packed.batch, alone.batch);
+  LlamaModel a(spec, gpu, Precision::Bf16), b(spec, gpu, Precision::Bf16);
+  a.init_weights(3);
+  b.init_weights(3);
+  LlamaContext ca, cb;
+  const double la = a.forward(ca, alone.mb.tokens.data(), alone.mb.targets.data(), alone.batch, alone.seq);
+  const double lb = b.forward(cb, packed.mb.tokens.data(), packed.mb.targets.data(), packed.batch, packed.seq,
+                              &packed.mb.docs);
+  EXPECT_NEAR(lb, la, 1e-2 * la);
+  a.backward(ca, 1.0);
+  b.backward(cb, 1.0);
+  EXPECT_LT(grad_rel_error(b, a), 1e-2);
 }
 
 namespace {

@@ -11,6 +11,7 @@
 #include "cli/registry.h"
 #include "config/choices.h"
 #include "core/error.h"
+#include "data/sft_chat_template.h"
 #include "data/sft_dataset.h"
 #include "data/tokenizer.h"
 
@@ -27,12 +28,12 @@ int preview(const Args& a) {
   const auto format_name = config::find_choice<data::ChatFormatName>(a.format);
   if (!format_name) fail("--format: {}", config::not_a_choice<data::ChatFormatName>("format", a.format));
   const auto tokenizer = data::build_tokenizer(a.tok);
-  const auto format = data::fixed_chat_format(*format_name);
+  const auto format = data::chat_format(*format_name, a.tok.model);
   const data::SftRecords records = data::read_sft_records(a.input, a.split);
   const size_t n = std::min<size_t>(records.records.size(), size_t(std::max<int64_t>(a.limit, 0)));
   for (size_t i = 0; i < n; ++i) {
+    const data::SftTokens t = data::sft_sample(records.records[i], records.where[i], *format, *tokenizer);
     const data::ChatText text = format->render(data::sft_record_from_json(records.records[i], records.where[i]));
-    const data::SftTokens t = data::tokenize_chat(text, *tokenizer);
     const auto trained = std::count(t.mask.begin(), t.mask.end(), uint8_t(1));
     std::cout << fmt::format("[{}] {}: {} tokens, {} trained\n", i, records.where[i], t.ids.size(), trained)
               << "text:\n"
@@ -50,7 +51,8 @@ TaskRegistrar reg{{"data", "sft-preview",
                      auto a = std::make_shared<Args>();
                      app.add_option("--input", a->input, "a local JSONL or JSON chat data set")->required();
                      app.add_option("--format", a->format,
-                                    "conversation format: alpaca | chatml | openai | messages | squad")
+                                    "conversation format: alpaca | chatml | openai | messages | squad | chat_template (the "
+                                    "--tokenizer-model folder's tokenizer_config.json)")
                          ->capture_default_str();
                      app.add_option("--split", a->split, "the split of a JSON object of splits")->capture_default_str();
                      app.add_option("--limit", a->limit, "records to print")->capture_default_str();

@@ -116,11 +116,18 @@ TEST(DialectExamplesRefused, NameTheMissingFeature) {
        "must list \"output\": the output layer in FP8 is not built"},
       {"torchtitan/llama3.1_8B-BF16-pretrain", " --model.converters quantize.linear.mx",
        "'mxfp8_cublas' is not built: this engine's MXFP8 rounds each block's scale up"},
-      {"torchtitan/deepseek_v3_16b-BF16-pretrain", "", "torchtitan's mixture-of-experts layers"},
+      {"torchtitan/deepseek_v3_16b-BF16-pretrain",
+       " --model.converters quantize.linear.float8 --quantize.linear.float8.filter_fqns [output]",
+       "FP8 on torchtitan's MoE flavours is not mapped"},
+      {"torchtitan/deepseek_v3_16b-BF16-pretrain", " --primus_turbo.use_moe_fp8 true",
+       "'primus_turbo.use_moe_fp8: true' is not supported: Primus-Turbo's FP8 grouped GEMM"},
+      {"torchtitan/deepseek_v3_16b-BF16-pretrain", " --parallelism.context_parallel_degree 2",
+       "which torchtitan runs without context parallelism"},
       {"torchtitan/llama4_17Bx16E-BF16-pretrain", "", "Llama 4 is not built on this engine yet"},
       {"maxtext/llama3_8B-nanoo_fp8-pretrain", " --weight_dtype float32",
        "llama3_8B-nanoo_fp8-pretrain.yaml:40: 'quantization' is not supported: quantized training"},
-      {"maxtext/mixtral_8x7B-bf16-pretrain", " --weight_dtype float32", "MaxText's mixture-of-experts models"},
+      {"maxtext/mixtral_8x7B-bf16-pretrain", " --weight_dtype float32 --load_balance_loss_weight 0.01",
+       "MaxText's load-balance loss (per sequence, scaled by num_experts^2) is not mapped"},
       {"maxtext/llama3_8B-bf16-pretrain", "", "'weight_dtype' is not supported: bf16 parameters and optimizer state"},
   };
   for (const Case& c : cases) {
@@ -128,6 +135,87 @@ TEST(DialectExamplesRefused, NameTheMissingFeature) {
                                       " --print-config");
     EXPECT_NE(r.code, 0) << c.config;
     EXPECT_NE(r.out.find(c.want), std::string::npos) << c.config << ":\n" << r.out;
+  }
+}
+
+// torchtitan's MoE flavours on the presets of the same shapes, with torchtitan's routing: no aux
+// loss, the expert bias centred, softmax over all experts before the top-k (renormalised for
+// Qwen3), DeepSeek's YaRN off at 4096 tokens and attention within documents. Primus's DeepSeek 16B
+// example and the Qwen3 0.6B one turned into 30B-A3B train three iterations, shrunk.
+TEST(DialectMoeFlavours, TrainWithTorchtitansRouting) {
+  const std::string moe_shape =
+      " --num-layers 2 --hidden-size 64 --ffn-hidden-size 128 --num-attention-heads 4 --vocab-size 512"
+      " --num-experts 4 --moe-ffn-hidden-size 32 --moe-router-topk 2 --moe-layer-freq 1"
+      " --training.mock_data true --training.seq_len 32 --training.local_batch_size 2 --training.steps 3"
+      " --metrics.log_freq 1 --parallelism.expert_parallel_degree 1";
+  struct Case {
+    const char* name;
+    std::string args;
+    std::vector<const char*> resolved;
+  };
+  const Case cases[] = {
+      {"deepseek",
+       "torchtitan/deepseek_v3_16b-BF16-pretrain.yaml --kv-lora-rank 32 --qk-head-dim 16 --qk-pos-emb-head-dim 8"
+       " --v-head-dim 16 --moe-shared-expert-intermediate-size 64",
+       {"model: deepseek_v2_lite", "moe_router_pre_softmax: true", "moe_router_norm_topk_prob: false",
+        "moe_router_bias_update_centered: true", "moe_router_load_balancing_type: none",
+        "rotary_scaling_factor: 1", "reset_attention_mask: true", "norm_epsilon: 1e-05"}},
+      {"qwen3moe",
+       "torchtitan/qwen3_0.6B-pretrain.yaml --model.flavor 30B-A3B --num-query-groups 2 --kv-channels 16",
+       {"model: qwen3_30B_A3B", "moe_router_pre_softmax: true", "moe_router_norm_topk_prob: true",
+        "moe_router_enable_expert_bias: true", "moe_router_bias_update_centered: true", "moe_aux_loss_coeff: 0"}},
+  };
+  for (const Case& c : cases) {
+    const std::string args = " -- train pretrain --config " + kConfigs + c.args + moe_shape;
+    const test::CommandResult printed = run("direct" + args + " --print-config");
+    ASSERT_EQ(printed.code, 0) << printed.out;
+    for (const char* want : c.resolved)
+      EXPECT_NE(printed.out.find(want), std::string::npos) << c.name << ": " << want << "\n" << printed.out;
+    const fs::path ws = workspace(c.name);
+    const test::CommandResult trained = run("direct --workspace " + ws.string() + args);
+    ASSERT_EQ(trained.code, 0) << trained.out;
+    const auto rows = losses(ws);
+    ASSERT_EQ(rows.size(), 3u) << trained.out;
+    for (const Row& r : rows) EXPECT_TRUE(std::isfinite(r.loss)) << c.name;
+    EXPECT_NE(rows[2].loss, rows[0].loss) << c.name;
+    fs::remove_all(ws);
+  }
+}
+
+// MaxText's Mixtral and Qwen3 MoE models: no aux loss, and with capacity_factor on the dense
+// path, tokens dropped per sequence. Primus's Mixtral example, shrunk, trains three iterations on
+// two ranks (the expert axis: ep 2, the dense weights sharded over it), and dropping shows in the
+// log; Qwen3-30B-A3B on one process, with its model file's rotary base.
+TEST(DialectMoeFlavours, MaxTextMixtralAndQwen3Moe) {
+  const std::string shape = kMaxTextShape + " --num_experts 4 --num_experts_per_tok 2 --base_moe_mlp_dim 32 --max_target_length 32"
+                                            " --per_device_batch_size 2 --steps 3 --log_period 1 --weight_dtype float32";
+  struct Case {
+    const char* name;
+    std::string config;
+    int ranks;
+    std::vector<const char*> resolved;
+  };
+  const Case cases[] = {
+      {"mixtral", "maxtext/mixtral_8x7B-bf16-pretrain.yaml", 2,
+       {"model: mixtral_8x7B_v0.1", "moe_expert_capacity_per_sequence: true", "moe_token_drop_policy: position",
+        "moe_router_load_balancing_type: none", "expert_model_parallel_size: 2"}},
+      {"qwen3moe", "maxtext/qwen3_14B-bf16-pretrain.yaml --model_name qwen3-30b-a3b --decoder_block qwen3_moe --ici_fsdp_parallelism -1",
+       1,
+       {"model: qwen3_30B_A3B", "rotary_base: 10000000", "moe_aux_loss_coeff: 0"}},
+  };
+  for (const Case& c : cases) {
+    const std::string args = " -- train pretrain --config " + kConfigs + c.config + shape;
+    const std::string nproc = " --nproc " + std::to_string(c.ranks);
+    const test::CommandResult printed = run("direct" + nproc + args + " --print-config");
+    ASSERT_EQ(printed.code, 0) << printed.out;
+    for (const char* want : c.resolved)
+      EXPECT_NE(printed.out.find(want), std::string::npos) << c.name << ": " << want << "\n" << printed.out;
+    const fs::path ws = workspace(c.name);
+    const test::CommandResult trained = run("direct" + nproc + " --workspace " + ws.string() + args);
+    ASSERT_EQ(trained.code, 0) << trained.out;
+    EXPECT_EQ(losses(ws).size(), 3u) << trained.out;
+    if (std::string(c.name) == "mixtral") EXPECT_NE(trained.out.find("| dropped "), std::string::npos) << trained.out;
+    fs::remove_all(ws);
   }
 }
 

@@ -196,6 +196,99 @@ TEST(Posttrain, LoraUnderTp2Dp2AndPp2GivesTheOneProcessLosses) {
   expect_same(one, train("lora_pp2", lora + " --pipeline_model_parallel_size 2", "direct --nproc 2"), 2e-5, "pp2");
 }
 
+// Packed SFT trains as unpacked SFT (use_packed_attention): eight conversations of the same length
+// (system prompt, two turns), one per sequence of 224 tokens or two per sequence of 448, every step
+// one microbatch of the whole set, give the same losses and gradient norms for three steps (each
+// step's weights come from the previous step's gradients): in fp32 on one process and under cp2 on
+// two ranks, and in bf16 to bf16 resolution. (tests/unit/engine/test_sft_packing.cpp compares the
+// gradients themselves.)
+std::vector<std::pair<double, double>> losses_and_grad_norms(const fs::path& run_dir) {
+  std::vector<std::pair<double, double>> out;
+  std::ifstream in(run_dir / "metrics.jsonl");
+  std::string line;
+  while (std::getline(in, line)) {
+    const auto j = nlohmann::json::parse(line);
+    if (j.contains("lm_loss") && j.contains("grad_norm")) out.emplace_back(j["lm_loss"], j["grad_norm"]);
+  }
+  return out;
+}
+
+TEST(Posttrain, PackedTrainsAsOneConversationPerSequence) {
+  const fs::path set = fs::temp_directory_path() / ("primus-sft-same-length-" + std::to_string(::getpid()) + ".jsonl");
+  {
+    std::ofstream out(set);
+    for (int i = 0; i < 8; ++i) {
+      const int a = 10 + 3 * i, b = 12 + 4 * i;
+      const std::string twice = std::to_string(1000 + 2 * (a + b)).substr(1);  // three digits
+      out << R"({"messages": [{"role": "system", "content": "Answer with the sum only."}, {"role": "user", "content": )"
+          << "\"What is " << a << " + " << b << "?\"}, {\"role\": \"assistant\", \"content\": \"" << a + b
+          << R"("}, {"role": "user", "content": "And times two?"}, {"role": "assistant", "content": ")" << twice
+          << "\"}]}\n";
+    }
+  }
+  const fs::path ws = workspace("packed_equal");
+  const std::string common =
+      " --sft_dataset_name " + set.string() + " --train_iters 3 --max_position_embeddings 448";
+  auto run_named = [&](const std::string& name, const std::string& launcher, const std::string& more) {
+    const auto r = run(launcher + " --workspace " + ws.string() + " --exp-name " + name +
+                       " -- train posttrain --config " + kExample + kTiny + common + more);
+    EXPECT_EQ(r.code, 0) << r.out;
+    return std::make_pair(r.out, losses_and_grad_norms(ws / name));
+  };
+  const std::string alone = " --seq_length 224 --micro_batch_size 8 --global_batch_size 8";
+  const std::string packed = " --seq_length 448 --micro_batch_size 4 --global_batch_size 4"
+                             " --enable_packed_sequences true --use_packed_attention true";
+  const auto [alone_log, a] = run_named("alone", "direct", alone);
+  const auto [packed_log, p] = run_named("packed", "direct", packed);
+  EXPECT_NE(packed_log.find("sft: 8 conversations packed into 4 sequences of 449 tokens"), std::string::npos)
+      << packed_log;
+  const auto cp2 = run_named("packed_cp2", "direct --nproc 2", packed + " --context_parallel_size 2").second;
+  const auto a16 = run_named("alone_bf16", "direct", alone + " --bf16 true").second;
+  const auto p16 = run_named("packed_bf16", "direct", packed + " --bf16 true").second;
+  ASSERT_EQ(a.size(), 3u);
+  for (const auto& [run, rel] : {std::make_pair(&p, 2e-5), std::make_pair(&cp2, 2e-5), std::make_pair(&p16, 2e-2)}) {
+    ASSERT_EQ(run->size(), a.size());
+    for (size_t i = 0; i < a.size(); ++i) {
+      const auto& ref = run == &p16 ? a16[i] : a[i];
+      EXPECT_NEAR((*run)[i].first, ref.first, rel * ref.first) << "loss, iteration " << i + 1;
+      EXPECT_NEAR((*run)[i].second, ref.second, rel * ref.second) << "grad norm, iteration " << i + 1;
+    }
+  }
+  fs::remove_all(ws);
+  fs::remove(set);
+}
+
+// sft_conversation_format chat_template through the trainer and sft-preview: a tokenizer folder
+// whose tokenizer_config.json holds ChatML as a Jinja template renders the example's conversations
+// as the openai format does and trains the same tokens (each assistant content and <|im_end|>), so
+// the run gives the openai run's losses exactly.
+TEST(Posttrain, ChatTemplateFormatTrainsAsTheSameFixedFormat) {
+  const fs::path ws = workspace("chat_template");
+  fs::create_directories(ws / "tokenizer");
+  std::ofstream(ws / "tokenizer" / "tokenizer_config.json")
+      << R"({"chat_template": "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}",)"
+      << R"( "eos_token": "<|im_end|>"})";
+  const std::string folder = (ws / "tokenizer").string();
+  expect_same(one_process(),
+              train("chat_template_run", " --sft_conversation_format chat_template --tokenizer_model " + folder), 0,
+              "chat_template against openai");
+  const auto preview = [&](const std::string& format) {
+    return run("direct --workspace " + ws.string() + " -- data sft-preview --input examples/data/arith_chat.json" +
+               " --format " + format + " --tokenizer-type ByteLevelTokenizer --tokenizer-model " + folder + " --limit 2");
+  };
+  const auto a = preview("chat_template"), b = preview("openai");
+  ASSERT_EQ(a.code, 0) << a.out;
+  const auto body = [](const std::string& out) { return out.substr(out.find("[0]"), out.rfind("2 of 400") - out.find("[0]")); };
+  EXPECT_EQ(body(a.out), body(b.out));
+  EXPECT_NE(a.out.find("(chat_template format)"), std::string::npos) << a.out;
+  const auto missing = run("direct --workspace " + ws.string() +
+                           " -- data sft-preview --input examples/data/arith_chat.json --format chat_template"
+                           " --tokenizer-type ByteLevelTokenizer");
+  EXPECT_NE(missing.code, 0);
+  EXPECT_NE(missing.out.find("set tokenizer_model to the Hugging Face model's folder"), std::string::npos) << missing.out;
+  fs::remove_all(ws);
+}
+
 // An SFT run stopped after 3 steps and resumed goes on with the samples and losses of the run done
 // in one go (the sample order is a function of the seed; the data position is in the checkpoint).
 TEST(Posttrain, ResumesExactly) {

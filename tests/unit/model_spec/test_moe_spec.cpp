@@ -128,8 +128,8 @@ TEST(MoeSpec, NullMeansNone) {
 TEST(MoeSpec, BadInputNamesTheKey) {
   auto err = [](const std::string& extra) { return error_of([&] { tiny_moe(extra).validate(); }); };
   EXPECT_NE(err("moe_router_topk: 9\n").find("moe_router_topk (9) cannot exceed num_experts (8)"), std::string::npos);
-  EXPECT_NE(err("moe_router_enable_expert_bias: true\n").find("moe_router_enable_expert_bias needs "
-                                                                 "moe_router_score_function: sigmoid"),
+  EXPECT_NE(err("moe_router_enable_expert_bias: true\n").find("moe_router_enable_expert_bias adds the bias to the scores "
+                                                                 "the choice ranks: it needs"),
             std::string::npos);
   EXPECT_NE(err("moe_router_score_function: sigmod\n").find("moe_router_score_function 'sigmod' is not one of"),
             std::string::npos);

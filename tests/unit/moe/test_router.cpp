@@ -57,7 +57,7 @@ TEST(Router, ZLossIsMeanSquaredLogsumexp) {
 
 TEST(Router, ExpertBiasFollowsTheSignRule) {
   std::vector<double> bias = {0.0, 0.0, 0.5, 0.0};
-  update_expert_bias(bias, {5, 1, 3, 3}, 0.1);  // mean 3: overloaded down, underloaded up
+  update_expert_bias(bias, {5, 1, 3, 3}, 0.1, false);  // mean 3: overloaded down, underloaded up
   EXPECT_DOUBLE_EQ(bias[0], -0.1);
   EXPECT_DOUBLE_EQ(bias[1], 0.1);
   EXPECT_DOUBLE_EQ(bias[2], 0.5);
@@ -89,6 +89,31 @@ TEST(Router, CapacityDropsTheLowestProbabilityTokens) {
   EXPECT_EQ(std::vector<uint8_t>(p.kept.begin(), p.kept.end()), (std::vector<uint8_t>{1, 1, 0, 0}));
 }
 
+TEST(Router, PerSequenceCapacityKeepsEachSequencesEarliestTokens) {
+  // MaxText's dropping: every token prefers expert 0; a capacity of ceil(4 x 1 / 2) = 2 per
+  // sequence keeps the first two tokens of each of the two sequences, where the microbatch-wide
+  // capacity (4) keeps the first sequence whole.
+  ModelSpec s = router_spec(2, 1);
+  s.moe_expert_capacity_factor = 1.0;
+  s.moe_token_drop_policy = "position";
+  std::vector<double> logits;
+  for (int t = 0; t < 8; ++t) logits.insert(logits.end(), {1.0, 0.0});
+  Routing whole = route(s, logits, {}, 2, 4);
+  EXPECT_EQ(std::vector<uint8_t>(whole.kept.begin(), whole.kept.end()), (std::vector<uint8_t>{1, 1, 1, 1, 0, 0, 0, 0}));
+  s.moe_expert_capacity_per_sequence = true;
+  s.validate_moe();
+  Routing per = route(s, logits, {}, 2, 4);
+  EXPECT_EQ(std::vector<uint8_t>(per.kept.begin(), per.kept.end()), (std::vector<uint8_t>{1, 1, 0, 0, 1, 1, 0, 0}));
+  EXPECT_EQ(per.dropped, 4);
+  // The capacity rounds up before the factor and down after it: ceil(5 x 2 / 4) x 1.25 = 3.75 -> 3
+  // (the microbatch rule: ceil(5 x 2 / 4 x 1.25) = 4); at least the factor itself.
+  EXPECT_EQ(sequence_capacity(5, 2, 4, 1.25), 3);
+  EXPECT_EQ(expert_capacity(5, 2, 4, 1.25), 4);
+  EXPECT_EQ(sequence_capacity(1, 1, 64, 2.0), 2);
+  s.moe_token_drop_policy = "probs";
+  EXPECT_THROW(s.validate_moe(), Error);
+}
+
 TEST(Router, GroupLimitedChoosesWithinTheBestGroups) {
   ModelSpec s = router_spec(8, 2);
   s.moe_router_num_groups = 4;
@@ -99,6 +124,51 @@ TEST(Router, GroupLimitedChoosesWithinTheBestGroups) {
   Routing r = route(s, l, {}, 1, 1);
   EXPECT_EQ(r.expert[0] / 2, 1);
   EXPECT_EQ(r.expert[1] / 2, 1);
+}
+
+TEST(Router, CenteredBiasUpdateShiftsEveryExpertAlike) {
+  // torchtitan's update: the sign steps less their mean; the choice of a biased routing is the same.
+  std::vector<double> plain = {0.0, 0.0, 0.5, 0.0}, centered = plain;
+  update_expert_bias(plain, {5, 1, 2, 2}, 0.1, false);  // mean 2.5: steps -0.1, +0.1, +0.1, +0.1
+  update_expert_bias(centered, {5, 1, 2, 2}, 0.1, true);
+  double mean_step = 0;
+  for (size_t e = 0; e < 4; ++e) mean_step += (plain[e] - (e == 2 ? 0.5 : 0.0)) / 4;
+  EXPECT_NEAR(mean_step, 0.05, 1e-15);
+  for (size_t e = 0; e < 4; ++e) EXPECT_NEAR(centered[e], plain[e] - 0.05, 1e-15) << e;
+  ModelSpec s = router_spec(4, 2);
+  s.moe_router_score_function = "sigmoid";
+  s.moe_router_enable_expert_bias = true;
+  std::vector<double> logits = test::random_vector(size_t(6 * 4), 5);
+  EXPECT_EQ(route(s, logits, plain, 2, 3).expert, route(s, logits, centered, 2, 3).expert);
+}
+
+TEST(Router, PreSoftmaxWithNormalisedTopkAndExpertBias) {
+  // torchtitan's softmax routing (Qwen3-MoE): softmax over all experts, the choice by score plus
+  // bias, the chosen scores renormalised. Without a bias the weights are those of a softmax over
+  // the chosen logits (Megatron's default routing).
+  ModelSpec s = router_spec(5, 2);
+  s.moe_router_pre_softmax = true;
+  s.moe_router_norm_topk_prob = true;
+  std::vector<double> logits = test::random_vector(size_t(6 * 5), 21);
+  ModelSpec after = router_spec(5, 2);
+  Routing a = route(s, logits, {}, 2, 3), b = route(after, logits, {}, 2, 3);
+  EXPECT_EQ(a.expert, b.expert);
+  for (size_t i = 0; i < a.weight.size(); ++i) EXPECT_NEAR(a.weight[i], b.weight[i], 1e-14) << i;
+  s.moe_router_enable_expert_bias = true;
+  s.validate_moe();
+  // Logits (2, 1.9, 0, 0, 0): a bias of 0.5 on expert 2 beats expert 1's softmax score.
+  Routing c = route(s, {2.0, 1.9, 0.0, 0.0, 0.0}, {0.0, 0.0, 0.5, 0.0, 0.0}, 1, 1);
+  EXPECT_EQ(std::vector<int32_t>(c.expert.begin(), c.expert.end()), (std::vector<int32_t>{2, 0}));  // by score + bias
+  const double e0 = std::exp(2.0), e2 = 1.0;
+  EXPECT_NEAR(c.weight[0], e2 / (e0 + e2), 1e-14);
+  EXPECT_NEAR(c.weight[1], e0 / (e0 + e2), 1e-14);
+  // Refused where it means nothing: norm without pre-softmax, bias on softmax after top-k.
+  ModelSpec bad = router_spec(5, 2);
+  bad.moe_router_norm_topk_prob = true;
+  EXPECT_THROW(bad.validate_moe(), Error);
+  ModelSpec bias_after = router_spec(5, 2);
+  bias_after.moe_router_enable_expert_bias = true;
+  EXPECT_THROW(bias_after.validate_moe(), Error);
 }
 
 // route_backward against finite differences of sum(dweight * weight) + scale * (aux + z).
@@ -134,6 +204,11 @@ TEST(Router, GradientsMatchFiniteDifferences) {
   c.moe_router_score_function = "sigmoid";
   c.moe_aux_loss_coeff = 0.1;
   check_router_grad(c, 13);
+  ModelSpec n = router_spec(6, 3);  // softmax before top-k, the chosen scores renormalised, scaled
+  n.moe_router_pre_softmax = true;
+  n.moe_router_norm_topk_prob = true;
+  n.moe_router_topk_scaling_factor = 1.5;
+  check_router_grad(n, 15);
   ModelSpec d = router_spec(4, 1);  // sigmoid, top-1 (the raw score)
   d.moe_router_score_function = "sigmoid";
   check_router_grad(d, 14);
