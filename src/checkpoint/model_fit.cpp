@@ -134,12 +134,20 @@ struct TensorDiff {
   std::vector<std::string> dropped, fresh;
 };
 
-TensorDiff tensor_differences(const std::string& dir, const ModelSpec& spec) {
+TensorDiff tensor_differences(const std::string& dir, const ModelSpec& spec, const FitOptions& options,
+                              bool& extra_fresh) {
   std::map<std::string, Shape> saved;
   for (const auto& [name, st] : parse_index(dir, read_meta(dir))) saved[name] = st.global;
   TensorDiff d;
   std::map<std::string, Shape> model;
   for (const ParamInfo& p : model_parameter_layout(spec)) model[p.name] = p.shape;
+  // The extra tensors (LoRA adapters): a Weights load of a checkpoint without any of them starts
+  // them from their initial values.
+  extra_fresh = options.purpose == LoadPurpose::Weights && !options.extra.empty() &&
+                std::none_of(options.extra.begin(), options.extra.end(),
+                             [&](const auto& e) { return saved.count(e.first) > 0; });
+  if (!extra_fresh)
+    for (const auto& [name, shape] : options.extra) model[name] = shape;
   for (const auto& [name, shape] : model) {
     auto it = saved.find(name);
     if (it == saved.end())
@@ -228,7 +236,8 @@ ModelSpec read_checkpoint_model(const std::string& dir) {
 
 ModelFit check_model_fit(const std::string& dir, const ModelSpec& spec, const FitOptions& options) {
   const std::vector<Difference> diffs = field_differences(read_checkpoint_model(dir), spec);
-  const TensorDiff t = tensor_differences(dir, spec);
+  bool extra_fresh = false;
+  const TensorDiff t = tensor_differences(dir, spec, options, extra_fresh);
   bool refused = !t.dropped.empty() || !t.fresh.empty();
   for (const Difference& d : diffs)
     if (d.field->changes == Changes::Tensors || options.purpose != LoadPurpose::Weights) refused = true;
@@ -238,6 +247,7 @@ ModelFit check_model_fit(const std::string& dir, const ModelSpec& spec, const Fi
     fit.differences.push_back(fmt::format("{}: {} in the checkpoint, {} in this run", d.field->key, d.saved, d.wanted));
   fit.dropped = t.dropped;
   fit.fresh = t.fresh;
+  fit.extra_fresh = extra_fresh;
   return fit;
 }
 

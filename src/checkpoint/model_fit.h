@@ -44,6 +44,10 @@ struct FitOptions {
   // false (`load_strict: false`): no difference is an error; the load takes the tensors whose name
   // and shape match and the returned ModelFit says what it drops and what starts fresh.
   bool strict = true;
+  // Tensors the run's model holds beyond the spec's layout (LoRA adapters, model/linears.h), by
+  // global shape. A Weights load of a checkpoint that holds none of them (LoRA starting from a
+  // base model) leaves them at their initial values (B = 0: the base model's outputs), not refused.
+  std::vector<std::pair<std::string, std::vector<int64_t>>> extra;
 };
 
 // What a load of the checkpoint into the model does where they differ.
@@ -51,6 +55,7 @@ struct ModelFit {
   std::vector<std::string> differences;  // "qk_layernorm: true in the checkpoint, false in this run"
   std::vector<std::string> dropped;      // checkpoint tensors the model has no place for (or of another shape)
   std::vector<std::string> fresh;        // model tensors the checkpoint lacks (or of another shape)
+  bool extra_fresh = false;              // FitOptions::extra all absent and left at their initial values
   bool exact() const { return differences.empty() && dropped.empty() && fresh.empty(); }
   // One paragraph for the log: the differences, the tensors dropped and those left at their initial values.
   std::string summary(const std::string& dir) const;

@@ -64,7 +64,22 @@ inline constexpr Choice<data::ChatFormatName> kChatFormatChoices[] = {{data::Cha
                                                                       {data::ChatFormatName::ChatTemplate,
                                                                        "chat_template"}};
 
+// The lora block's names (model/options.h; Megatron-Bridge's LoRA dataclass).
+inline constexpr Choice<LoraInit> kLoraInitChoices[] = {
+    {LoraInit::Xavier, "xavier"}, {LoraInit::Normal, "normal"}, {LoraInit::Kaiming, "kaiming"}, {LoraInit::Zero, "zero"}};
+inline constexpr Choice<LoraDropoutPosition> kLoraDropoutPositionChoices[] = {{LoraDropoutPosition::Pre, "pre"},
+                                                                              {LoraDropoutPosition::Post, "post"}};
+inline constexpr Choice<LoraTarget> kLoraTargetChoices[] = {{LoraTarget::LinearQkv, "linear_qkv"},
+                                                            {LoraTarget::LinearProj, "linear_proj"},
+                                                            {LoraTarget::LinearFc1, "linear_fc1"},
+                                                            {LoraTarget::LinearFc2, "linear_fc2"}};
+
 inline std::span<const Choice<Recompute>> choices_of(Recompute) { return kRecomputeChoices; }
+inline std::span<const Choice<LoraInit>> choices_of(LoraInit) { return kLoraInitChoices; }
+inline std::span<const Choice<LoraDropoutPosition>> choices_of(LoraDropoutPosition) {
+  return kLoraDropoutPositionChoices;
+}
+inline std::span<const Choice<LoraTarget>> choices_of(LoraTarget) { return kLoraTargetChoices; }
 inline std::span<const Choice<Fp8Mode>> choices_of(Fp8Mode) { return kFp8ModeChoices; }
 inline std::span<const Choice<Fp8Recipe>> choices_of(Fp8Recipe) { return kFp8RecipeChoices; }
 inline std::span<const Choice<fp8::AmaxAlgo>> choices_of(fp8::AmaxAlgo) { return kAmaxAlgoChoices; }

@@ -10,6 +10,7 @@
 #include <fmt/ranges.h>
 
 #include "config/foreign_keys.h"
+#include "config/lora.h"
 #include "core/error.h"
 #include "core/suggest.h"
 
@@ -348,6 +349,7 @@ std::string ExperimentConfig::resolved_yaml() const {
           }
         },
         k.field);
+  ov["lora"] = lora_to_yaml(train.lora);
   out["modules"]["pre_trainer"]["model_spec"] = model_spec_to_yaml(model_spec);
   if (post_trainer) {  // under the name the config gave it
     out["modules"]["post_trainer"] = out["modules"]["pre_trainer"];
@@ -379,6 +381,10 @@ void apply_command_line(YamlTree& tree, const std::vector<std::pair<std::string,
       continue;
     }
     if (const ForeignKey* fk = find_foreign_key(key); fk && fk->status == KeyStatus::Applied) key = fk->engine_value;
+    if (key.starts_with("lora.")) {  // --lora.dim 8: the trainer's lora block
+      tree.set("modules.pre_trainer.overrides." + key, value);
+      continue;
+    }
     if (key.find('.') != std::string::npos ||
         std::find(kTopKeys.begin(), kTopKeys.end(), key) != kTopKeys.end())
       tree.set(key, value);
@@ -445,7 +451,28 @@ void check_stage(const ExperimentConfig& cfg, const At& at) {
 }
 
 // The top-level keys and the modules.pre_trainer section (returned), its keys checked.
+// Primus reads only its meta keys, `platform` and `modules` at the top of an experiment config: a
+// trainer key written there (llama3_8B-BF16-lora-sft.yaml's `lora:` and `lr:` beside its `extends:`)
+// has no effect in Primus, and none here; it is listed with the keys accepted with no effect.
+void top_level_trainer_keys(ExperimentConfig& cfg) {
+  const std::vector<std::string> model_keys = model_spec_keys();
+  std::vector<std::string> seen;
+  for (auto kv : cfg.tree.root) {
+    const std::string k = kv.first.as<std::string>();
+    const bool known = k == "lora" ||
+                       std::any_of(training_keys().begin(), training_keys().end(),
+                                   [&](const KeyInfo& x) { return k == x.name; }) ||
+                       std::find(model_keys.begin(), model_keys.end(), k) != model_keys.end() || find_foreign_key(k);
+    if (!known || std::find(kTopKeys.begin(), kTopKeys.end(), k) != kTopKeys.end()) continue;
+    cfg.no_effect.push_back({k, describe(kv.second),
+                             "a top-level key: Primus reads trainer keys only under modules.<trainer>.overrides"});
+    seen.push_back(k);
+  }
+  for (const auto& k : seen) cfg.tree.root.remove(k);
+}
+
 YAML::Node read_top_level(ExperimentConfig& cfg, const std::string& path) {
+  top_level_trainer_keys(cfg);
   const YamlTree& tree = cfg.tree;
   const YAML::Node& root = tree.root;
   check_keys(root, kTopKeys, tree, "", "the experiment config");
@@ -530,7 +557,9 @@ YAML::Node read_overrides(ExperimentConfig& cfg, const YAML::Node& pt) {
     std::string k = written;  // Megatron's other name of one of our keys: ours
     if (const ForeignKey* fk = find_foreign_key(k); fk && fk->status == KeyStatus::Applied) k = fk->engine_value;
     auto ti = std::find_if(training_keys().begin(), training_keys().end(), [&](const KeyInfo& x) { return k == x.name; });
-    if (ti != training_keys().end()) {
+    if (k == "lora") {
+      read_lora(kv.second, tree.origin(kpath).str(), cfg.train.lora);
+    } else if (ti != training_keys().end()) {
       set_training_key(cfg.train, *ti, kv.second, tree.origin(kpath));
     } else if (std::find(model_keys.begin(), model_keys.end(), k) != model_keys.end()) {
       // null: "none" for a nullable key (q_lora_rank: null drops the query's low-rank projection),
@@ -613,6 +642,15 @@ void derive_and_check(ExperimentConfig& cfg) {
   if (t.device != "auto" && t.device != "cpu" && t.device != "cuda")
     fail("{}: device '{}' is not one of: auto, cpu, cuda", at("device"), t.device);
   check_fp8(t, at);
+  if (t.lora.enabled && (t.use_torch_fsdp2 || t.data_parallel_sharding_strategy == DpSharding::OptimGrads ||
+                         t.data_parallel_sharding_strategy == DpSharding::OptimGradsParams))
+    fail("{}: LoRA with ZeRO-2 / FSDP (optim_grads, optim_grads_params, use_torch_fsdp2) is not built: the frozen "
+         "weights are kept whole on every data-parallel rank (the adapters' optimizer state is small and kept whole "
+         "too); use no_shard or optim",
+         at("lora"));
+  if (t.lora.enabled && t.fp8 != Fp8Mode::Off)
+    fail("{}: LoRA with FP8 linears is not built (the adapters would need their own FP8 scaling); unset fp8",
+         at("lora"));
   if (t.profile_step_start < 0) fail("{}: profile_step_start must not be negative", at("profile_step_start"));
   if (t.profile && t.profile_step_end <= t.profile_step_start)
     fail("{}: profile_step_end ({}) must be greater than profile_step_start ({})", at("profile_step_end"),
@@ -687,6 +725,7 @@ std::string argument_status_reference() {
   for (const auto& k : model_spec_keys())
     if (k != "extends" && k != "description")
       rows.push_back({k, "applied", "", from(k), "model key ([model_math.md](model_math.md))"});
+  rows.push_back({"lora", "applied", "", from("lora"), "the LoRA block ([posttraining.md](posttraining.md#lora))"});
   for (const auto& k : foreign_keys()) {
     if (std::any_of(rows.begin(), rows.end(), [&](const Row& r) { return r.name == k.name; })) continue;
     rows.push_back({k.name, to_string(k.status), k.status == KeyStatus::NoEffect ? "" : k.engine_value, from(k.name),

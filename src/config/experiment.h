@@ -132,6 +132,8 @@ struct TrainingArgs {
   int64_t num_layers_at_start_in_bf16 = 1;
   int64_t num_layers_at_end_in_bf16 = 1;
   bool fp8_param_gather = false;
+  // Primus's `lora:` block (config/lora.h): adapters on the named linears, the rest frozen
+  LoraOptions lora;
   // profiling (Megatron's names; trace/profiler.h)
   bool profile = false;
   int64_t profile_step_start = 10;

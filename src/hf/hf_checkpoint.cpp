@@ -6,6 +6,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <map>
 
 #include <fmt/format.h>
@@ -14,12 +15,14 @@
 
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/model_fit.h"
+#include "config/lora.h"
 #include "core/bounded_json.h"
 #include "core/bytes.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "data/tokenizer.h"
 #include "hf/safetensors.h"
+#include "model/linears.h"  // lora_adapter_layout
 #include "model/param_store.h"
 #include "plan/memory_estimate.h"
 #include "safe/disk.h"
@@ -67,10 +70,13 @@ std::vector<Mapping> name_map(const ModelSpec& s) {
 
 // A ParamStore holding the whole model's values (no gradients: nothing is trained here) in the
 // order of model_parameter_layout (as LlamaModel's).
-std::unique_ptr<ParamStore> whole_model_store(const ModelSpec& spec) {
+// The whole model's tensors, and `extra` ones (LoRA adapters) after them.
+std::unique_ptr<ParamStore> whole_model_store(const ModelSpec& spec,
+                                              const std::vector<std::pair<std::string, Shape>>& extra = {}) {
   auto store = std::make_unique<ParamStore>();
   for (const ParamInfo& p : model_parameter_layout(spec))
     store->add(p.name, p.shape, p.shape.size() == 1 ? ParamInit::Ones : ParamInit::Normal, p.weight_decay);
+  for (const auto& [name, shape] : extra) store->add(name, shape, ParamInit::Zeros, true);
   store->allocate_values();
   return store;
 }
@@ -373,6 +379,7 @@ namespace {
 // their index) and tokenizer files. Anything else in the folder (a README, a licence) is kept.
 bool is_model_file(const std::string& name) {
   static const std::vector<std::string> exact = {"config.json",          "generation_config.json",
+                                                 "adapter_config.json",
                                                  "tokenizer.json",       "tokenizer_config.json",
                                                  "special_tokens_map.json", "tokenizer.model",
                                                  "model.safetensors.index.json", "pytorch_model.bin.index.json"};
@@ -485,24 +492,115 @@ std::vector<std::string> copy_tokenizer(const YAML::Node& pt, const fs::path& di
   return files;
 }
 
+// The adapter names of a fused base weight: "<base>.adapter.linear_in.weight" / "linear_out".
+std::pair<std::string, std::string> adapter_of(const std::string& base) {
+  const std::string pre = base.substr(0, base.size() - std::string(".weight").size()) + ".adapter.";
+  return {pre + "linear_in.weight", pre + "linear_out.weight"};
+}
+
+// W += scale B A for every adapted weight of `values` (the store's flat layout), in double.
+void merge_adapters(const ParamStore& store, std::vector<float>& values, double scale) {
+  for (const StoredParam& w : store.infos()) {
+    const auto [a_name, b_name] = adapter_of(w.name);
+    const int a = store.find(a_name), b = store.find(b_name);
+    if (a < 0 || b < 0 || w.shape.size() != 2) continue;
+    const int64_t out = w.shape[0], in = w.shape[1], r = store.infos()[size_t(a)].shape[0];
+    const float* A = values.data() + store.infos()[size_t(a)].offset;
+    const float* B = values.data() + store.infos()[size_t(b)].offset;
+    float* W = values.data() + w.offset;
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < out; ++i)
+      for (int64_t j = 0; j < in; ++j) {
+        double acc = 0;
+        for (int64_t k = 0; k < r; ++k) acc += double(B[i * r + k]) * double(A[k * in + j]);
+        W[i * in + j] = float(double(W[i * in + j]) + scale * acc);
+      }
+  }
+}
+
+// The adapters as PEFT names them: per Hugging Face weight, lora_A (the adapter's A, shared by
+// the parts of a fused weight) and lora_B (its rows of B).
+std::vector<TensorOut> peft_tensors(const ModelSpec& spec, const ParamStore& store, const std::vector<float>& values,
+                                    const std::string& dtype, std::vector<std::string>& modules) {
+  std::vector<TensorOut> out;
+  for (const Mapping& m : name_map(spec)) {
+    const auto [a_name, b_name] = adapter_of(m.ours);
+    const int a = store.find(a_name), b = store.find(b_name);
+    if (a < 0 || b < 0) continue;
+    const StoredParam& pa = store.infos()[size_t(a)];
+    const StoredParam& pb = store.infos()[size_t(b)];
+    const int64_t r = pa.shape[0];
+    std::vector<int64_t> parts;  // rows of B per Hugging Face weight
+    if (m.theirs.size() == 3) parts = {spec.q_size(), spec.kv_size(), spec.kv_size()};
+    else if (m.theirs.size() == 2) parts = {spec.ffn_hidden_size, spec.ffn_hidden_size};
+    else parts = {pb.shape[0]};
+    const std::vector<float> A(values.begin() + pa.offset, values.begin() + pa.offset + pa.numel);
+    int64_t at = pb.offset;
+    for (size_t i = 0; i < m.theirs.size(); ++i) {
+      const std::string& hf = m.theirs[i];  // model.layers.N.self_attn.q_proj.weight
+      const std::string stem = "base_model.model." + hf.substr(0, hf.size() - std::string(".weight").size());
+      std::vector<float> B(values.begin() + at, values.begin() + at + parts[i] * r);
+      at += parts[i] * r;
+      out.push_back({stem + ".lora_A.weight", dtype, pa.shape, f32_to_bytes(A, dtype)});
+      out.push_back({stem + ".lora_B.weight", dtype, {parts[i], r}, f32_to_bytes(B, dtype)});
+      const std::string module = hf.substr(0, hf.size() - std::string(".weight").size());
+      const std::string leaf = module.substr(module.rfind('.') + 1);
+      if (std::find(modules.begin(), modules.end(), leaf) == modules.end()) modules.push_back(leaf);
+    }
+  }
+  return out;
+}
+
+json peft_config(const LoraOptions& l, const std::vector<std::string>& modules) {
+  return json{{"peft_type", "LORA"},       {"task_type", "CAUSAL_LM"},     {"r", l.dim},
+              {"lora_alpha", l.alpha},     {"lora_dropout", l.dropout},    {"target_modules", modules},
+              {"bias", "none"},            {"fan_in_fan_out", false},      {"use_rslora", false},
+              {"inference_mode", true},    {"modules_to_save", nullptr},   {"base_model_name_or_path", nullptr}};
+}
+
+void write_json(const fs::path& path, const json& j) {
+  std::ofstream f(path);
+  f << j.dump(2) << "\n";
+  if (!f.flush()) fail("cannot write {}", path.string());
+}
+
 }  // namespace
 
 std::vector<std::string> export_hf(const ExportOptions& o) {
   if (o.dtype != "F32" && o.dtype != "BF16") fail("export dtype must be F32 or BF16, not '{}'", o.dtype);
   const std::string dir = checkpoint::resolve_checkpoint(o.checkpoint);
   const ModelSpec spec = checkpoint::read_checkpoint_model(dir);
-  checkpoint::check_model_fit(dir, spec, {checkpoint::LoadPurpose::Read});
   const YAML::Node pt = checkpoint::trainer_module(YAML::Load(checkpoint::read_checkpoint_config(dir)));
+  LoraOptions lora;
+  if (pt["overrides"] && pt["overrides"]["lora"]) config::read_lora(pt["overrides"]["lora"], dir + "/config.yaml", lora);
+  if (o.adapters && !lora.enabled)
+    fail("checkpoint {} has no LoRA adapters (its config's lora.enabled is false): export it without --adapters", dir);
+  const auto adapters = lora_adapter_layout(model_parameter_layout(spec), lora);
+  checkpoint::check_model_fit(dir, spec, {checkpoint::LoadPurpose::Read, true, adapters});
   const std::string arch = !o.architecture.empty() ? o.architecture
                            : spec.qk_layernorm     ? "Qwen3ForCausalLM"
                            : spec.add_qkv_bias     ? "Qwen2ForCausalLM"
                                                    : "LlamaForCausalLM";
   const json config = hf_config_from_spec(spec, arch, o.dtype == "F32" ? "float32" : "bfloat16");
 
-  auto store = whole_model_store(spec);
+  auto store = whole_model_store(spec, adapters);
   checkpoint::LoadOptions lo;
   lo.optimizer = false;
-  const checkpoint::CheckpointData ck = checkpoint::load_checkpoint(dir, *store, lo);
+  checkpoint::CheckpointData ck = checkpoint::load_checkpoint(dir, *store, lo);
+  if (o.adapters) {  // the PEFT folder
+    std::vector<std::string> modules;
+    const std::vector<TensorOut> tensors = peft_tensors(spec, *store, ck.params, o.dtype, modules);
+    ExportFolder out(o.out_dir, o.overwrite);
+    std::vector<std::string> files =
+        write_safetensors(out.tmp().string(), tensors, std::numeric_limits<uint64_t>::max(), {{"format", "pt"}});
+    PRIMUS_CHECK(files.size() == 1, "one adapter file, got {}", files.size());
+    const fs::path adapter_file = out.tmp() / "adapter_model.safetensors";
+    fs::rename(files[0], adapter_file);
+    files = {adapter_file.string(), (out.tmp() / "adapter_config.json").string()};
+    write_json(files[1], peft_config(lora, modules));
+    return out.commit(files);
+  }
+  if (lora.enabled) merge_adapters(*store, ck.params, lora.scale());  // W + (alpha / dim) B A
   const std::vector<TensorOut> tensors = hf_tensors(spec, *store, ck.params, o.dtype);
 
   ExportFolder out(o.out_dir, o.overwrite);
@@ -511,11 +609,7 @@ std::vector<std::string> export_hf(const ExportOptions& o) {
   safe::require_free(out.tmp().string(), bytes, "the exported weights in");
   std::vector<std::string> files = write_safetensors(out.tmp().string(), tensors, o.max_shard_bytes, {{"format", "pt"}});
   const fs::path cfg_path = out.tmp() / "config.json";
-  {
-    std::ofstream f(cfg_path);
-    f << config.dump(2) << "\n";
-    if (!f.flush()) fail("cannot write {}", cfg_path.string());
-  }
+  write_json(cfg_path, config);
   files.push_back(cfg_path.string());
   for (const auto& f : copy_tokenizer(pt, out.tmp())) files.push_back(f);
   return out.commit(files);

@@ -45,6 +45,11 @@ struct ExportOptions {
   std::string architecture;   // "": Qwen3ForCausalLM with qk_layernorm, Qwen2ForCausalLM with QKV biases, else LlamaForCausalLM
   uint64_t max_shard_bytes = 5'000'000'000;  // Hugging Face's default shard size ("5GB")
   bool overwrite = false;  // out_dir may hold files: its model files are replaced, others kept
+  // A LoRA checkpoint (its config's lora.enabled): false writes the merged weights W + (alpha / dim)
+  // B A; true writes the adapters alone as a PEFT folder (adapter_config.json and
+  // adapter_model.safetensors, PEFT's names: base_model.model.model.layers.N.self_attn.q_proj.lora_A.weight,
+  // the fused qkv and gate/up adapters split as their weights are: A shared, B by rows).
+  bool adapters = false;
 };
 // Returns the files written. out_dir must be new or empty unless `overwrite`; the files are written
 // into a temporary folder beside it and moved into place, after the previous model's files (config,

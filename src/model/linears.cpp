@@ -1,18 +1,56 @@
 #include "model/linears.h"
 
 #include <cmath>
+#include <optional>
 
 #include "core/error.h"
+#include "model/block_part.h"
+#include "model/param_store.h"
 
 namespace primus {
+namespace {
 
-Linears::Linears(ops::Backend& backend, DType activation, const Fp8Options& fp8, int64_t num_layers)
-    : be_(backend), act_(activation), opt_(fp8), num_layers_(num_layers) {
+// Megatron-Core's module names of the linears LoRA may target, by LoraTarget.
+constexpr const char* kTargetModules[] = {"linear_qkv", "linear_proj", "linear_fc1", "linear_fc2"};
+
+// The target a weight named "<...>.<module>.weight" is, if any.
+std::optional<LoraTarget> lora_target(const std::string& name) {
+  for (size_t t = 0; t < std::size(kTargetModules); ++t)
+    if (name.ends_with(std::string(".") + kTargetModules[t] + ".weight")) return LoraTarget(t);
+  return std::nullopt;
+}
+
+// The adapter names of base weight `name` when LoRA targets it.
+std::optional<std::pair<std::string, std::string>> adapter_names(const std::string& name, const LoraOptions& lora) {
+  const std::optional<LoraTarget> t = lora_target(name);
+  if (!lora.enabled || !t || !lora.applies_to(*t)) return std::nullopt;
+  const std::string pre = name.substr(0, name.size() - std::string(".weight").size()) + ".adapter.";
+  return std::make_pair(pre + "linear_in.weight", pre + "linear_out.weight");
+}
+
+ParamInit param_init(LoraInit i) {
+  switch (i) {
+    case LoraInit::Xavier: return ParamInit::XavierNormal;
+    case LoraInit::Normal: return ParamInit::AdapterNormal;
+    case LoraInit::Kaiming: return ParamInit::KaimingUniform;
+    case LoraInit::Zero: return ParamInit::Zeros;
+  }
+  return ParamInit::Zeros;
+}
+
+}  // namespace
+
+Linears::Linears(ops::Backend& backend, DType activation, const Fp8Options& fp8, int64_t num_layers,
+                 const LoraOptions& lora)
+    : be_(backend), act_(activation), opt_(fp8), num_layers_(num_layers), lora_(lora) {
   if (opt_.enabled && opt_.amax_history_len < 1)
     fail("fp8_amax_history_len must be at least 1, got {}", opt_.amax_history_len);
+  PRIMUS_CHECK(!lora_.enabled || (lora_.dim > 0 && lora_.dropout == 0.0 && !opt_.enabled),
+               "LoRA needs dim > 0, dropout 0 and no FP8 (the config refuses the rest)");
 }
 
 void Linears::declare(int weight, const std::string& name, int64_t layer) {
+  declared_.push_back({weight, name});
   if (!opt_.enabled || layer < opt_.bf16_layers_at_start || layer >= num_layers_ - opt_.bf16_layers_at_end) return;
   Scales s{name, {fp8::DelayedScale(opt_.amax_history_len), fp8::DelayedScale(opt_.amax_history_len),
                   fp8::DelayedScale(opt_.amax_history_len)}};
@@ -58,19 +96,105 @@ Linears::Operands Linears::operands(Gemm kind, const Tensor& a, const Tensor& b,
   return o;
 }
 
+std::vector<std::pair<std::string, Shape>> lora_adapter_layout(const std::vector<ParamInfo>& layout,
+                                                               const LoraOptions& lora) {
+  std::vector<std::pair<std::string, Shape>> out;
+  for (const ParamInfo& p : layout)
+    if (const auto names = adapter_names(p.name, lora); names && p.shape.size() == 2) {
+      out.push_back({names->first, {lora.dim, p.shape[1]}});
+      out.push_back({names->second, {p.shape[0], lora.dim}});
+    }
+  return out;
+}
+
+std::vector<int> Linears::add_adapters(ParamStore& params) {
+  std::vector<int> ids;
+  if (!lora_.enabled) return ids;
+  const int64_t r = lora_.dim;
+  const ParamInit a_init = param_init(lora_.a_init), b_init = param_init(lora_.b_init);
+  for (const Declared& d : declared_) {
+    const auto names = adapter_names(d.name, lora_);
+    if (!names) continue;
+    const StoredParam base = params.infos()[size_t(d.weight)];  // a copy: add() grows the table
+    const int64_t out = base.global_shape[0], in = base.global_shape[1];
+    Adapter ad;
+    if (base.shard.pieces.empty()) {  // whole on every rank
+      ad.a = params.add(names->first, {r, in}, a_init, true);
+      ad.b = params.add(names->second, {out, r}, b_init, true);
+    } else if (base.shard.dim == 1) {  // row-parallel: A by the base's columns, B whole
+      ad.a = params.add_sharded(names->first, {r, in}, base.shard, a_init, true);
+      ad.b = params.add(names->second, {out, r}, b_init, true);
+      params.mark_tp_partial_grads(ad.b);
+    } else {  // column-parallel: B by the base's rows (its pieces: q/k/v, gate/up), A whole
+      ad.a = params.add(names->first, {r, in}, a_init, true);
+      ad.b = params.add_sharded(names->second, {out, r}, base.shard, b_init, true);
+      params.mark_tp_partial_grads(ad.a);
+    }
+    adapters_[d.weight] = ad;
+    ids.push_back(ad.a);
+    ids.push_back(ad.b);
+  }
+  return ids;
+}
+
+const Linears::Adapter* Linears::adapter(int weight) const {
+  const auto it = adapters_.find(weight);
+  return it == adapters_.end() ? nullptr : &it->second;
+}
+
+std::vector<int> Linears::adapters_of(const std::vector<int>& weights) const {
+  std::vector<int> out;
+  for (int w : weights)
+    if (const Adapter* ad = adapter(w)) out.insert(out.end(), {ad->a, ad->b});
+  return out;
+}
+
+void Linears::adapter_gemm(Gemm kind, float alpha, const Tensor& a, const Tensor& b, const Adapter& ad,
+                           Tensor& D) const {
+  const int64_t rows = a.size(0);
+  if (rows == 0) return;
+  PRIMUS_CHECK(params_, "LoRA adapters without the model's parameters (Linears::set_params)");
+  const Tensor A = params_->weight(ad.a), B = params_->weight(ad.b);
+  const float s = alpha * float(lora_.scale());
+  Tensor low = be_.empty({rows, lora_.dim}, act_);
+  switch (kind) {
+    case Gemm::Forward:  // a = x: D += s (x A^T) B^T
+      be_.gemm(false, true, 1.0f, a, A, 0.0f, Tensor(), low, Tensor());
+      be_.gemm(false, true, s, low, B, 1.0f, D, D, Tensor());
+      break;
+    case Gemm::InputGrad:  // a = dy: D += s (dy B) A
+      be_.gemm(false, false, 1.0f, a, B, 0.0f, Tensor(), low, Tensor());
+      be_.gemm(false, false, s, low, A, 1.0f, D, D, Tensor());
+      break;
+    case Gemm::WeightGrad: {  // a = dy, b = x: gA += s (dy B)^T x, gB += s dy^T (x A^T)
+      Tensor gA = params_->grad(ad.a), gB = params_->grad(ad.b);
+      be_.gemm(false, false, 1.0f, a, B, 0.0f, Tensor(), low, Tensor());
+      be_.gemm(true, false, s, low, b, 1.0f, gA, gA, Tensor());
+      be_.gemm(false, true, 1.0f, b, A, 0.0f, Tensor(), low, Tensor());
+      be_.gemm(true, false, s, a, low, 1.0f, gB, gB, Tensor());
+      break;
+    }
+  }
+}
+
 void Linears::forward(float alpha, const Tensor& x, const Tensor& W, int weight, float beta, const Tensor& C,
                       Tensor& D, const Tensor& bias) const {
   const Operands o = operands(Gemm::Forward, x, W, weight);
   be_.gemm(false, true, alpha * o.alpha, o.a, o.b, beta, C, D, bias);
+  if (const Adapter* ad = adapter(weight)) adapter_gemm(Gemm::Forward, alpha, x, Tensor(), *ad, D);
 }
 
 void Linears::input_grad(float alpha, const Tensor& dy, const Tensor& W, int weight, float beta, const Tensor& C,
                          Tensor& D) const {
   const Operands o = operands(Gemm::InputGrad, dy, W, weight);
   be_.gemm(false, false, alpha * o.alpha, o.a, o.b, beta, C, D, Tensor());
+  if (const Adapter* ad = adapter(weight)) adapter_gemm(Gemm::InputGrad, alpha, dy, Tensor(), *ad, D);
 }
 
+// Under LoRA the base weights are frozen: only the adapters' gradients are computed.
 void Linears::weight_grad(float alpha, const Tensor& dy, const Tensor& x, int weight, Tensor& gW) const {
+  if (const Adapter* ad = adapter(weight)) adapter_gemm(Gemm::WeightGrad, alpha, dy, x, *ad, gW);
+  if (lora_.enabled) return;
   const Operands o = operands(Gemm::WeightGrad, dy, x, weight);
   be_.gemm(true, false, alpha * o.alpha, o.a, o.b, 1.0f, gW, gW, Tensor());
 }
@@ -87,7 +211,9 @@ void Linears::grouped(Gemm kind, const std::vector<Tensor>& A, const std::vector
     a[i] = std::move(o.a), b[i] = std::move(o.b), alpha[i] = o.alpha;
   }
   const bool wgrad = kind == Gemm::WeightGrad;
-  be_.grouped_gemm(wgrad, kind == Gemm::Forward, alpha, a, b, wgrad ? 1.0f : 0.0f, D);
+  if (!(wgrad && lora_.enabled)) be_.grouped_gemm(wgrad, kind == Gemm::Forward, alpha, a, b, wgrad ? 1.0f : 0.0f, D);
+  for (size_t i = 0; i < A.size(); ++i)
+    if (const Adapter* ad = adapter(weights[i])) adapter_gemm(kind, 1.0f, A[i], B[i], *ad, D[i]);
 }
 
 std::vector<float> Linears::current_amaxes() const {

@@ -12,6 +12,21 @@
 // Forward operands (x, W) use the forward format, gradients (dy) the backward one (hybrid: E4M3
 // and E5M2). Delayed scaling keeps an amax history per linear and operand, advanced once per
 // optimizer step (update_scales); the other recipes scale from the tensor itself.
+//
+// LoRA (LoraOptions, docs/posttraining.md#lora) lives here too, so that every linear of every part
+// gets its adapters without a second copy of a layer: a linear W [out, in] that lora.target_modules
+// names has A [dim, in] and B [out, dim] (Megatron-Bridge's adapter.linear_in / linear_out), and
+//
+//   forward       D += alpha s (x A^T) B^T                   s = lora.alpha / lora.dim
+//   input_grad    D += alpha s (dy B) A
+//   weight_grad   gA += alpha s (dy B)^T x,  gB += alpha s dy^T (x A^T);  W frozen: no gW
+//
+// recomputing the rank-dim products instead of saving them. Under tensor parallelism the adapter
+// factor on the base's sharded side is sharded with it (a column-parallel W: B by rows, the same
+// pieces; a row-parallel W: A by columns) and the other is whole on every tp rank, its gradient a
+// partial sum over tp (StoredParam::tp_partial_grads): a row-parallel W's partial output carries
+// s (x_r A_r^T) B^T into the tp reduction the part already does, a column-parallel W's partial
+// input gradient s (dy_r B_r) A into its own. No collective is added.
 #pragma once
 
 #include <cstdint>
@@ -22,9 +37,13 @@
 #include "core/tensor.h"
 #include "kernels/backend.h"
 #include "kernels/fp8.h"
-#include "model/options.h"  // Fp8Recipe
+#include "model/model_spec.h"  // ParamInfo
+#include "model/options.h"     // Fp8Recipe, LoraOptions
 
 namespace primus {
+
+class ParamAccess;  // model/block_part.h
+class ParamStore;   // model/param_store.h
 
 struct Fp8Options {
   bool enabled = false;
@@ -37,13 +56,36 @@ struct Fp8Options {
   int64_t bf16_layers_at_start = 0, bf16_layers_at_end = 0;  // first_last_layers_bf16
 };
 
+// The LoRA adapters of a model's tensor layout (model_parameter_layout: every rank's tensors, by
+// global shape), named and shaped as Linears::add_adapters registers them: for each 2-D weight
+// "<module>.weight" that lora.target_modules names, "<module>.adapter.linear_in.weight" [dim, in]
+// and "<module>.adapter.linear_out.weight" [out, dim]. Empty without LoRA.
+std::vector<std::pair<std::string, Shape>> lora_adapter_layout(const std::vector<ParamInfo>& layout,
+                                                               const LoraOptions& lora);
+
 class Linears {
  public:
-  Linears(ops::Backend& backend, DType activation, const Fp8Options& fp8, int64_t num_layers);
+  Linears(ops::Backend& backend, DType activation, const Fp8Options& fp8, int64_t num_layers,
+          const LoraOptions& lora = {});
 
   // Declares weight `weight` (named `name`, of decoder layer `layer`) a linear: FP8 covers it when
-  // FP8 is on and the layer is not one of those kept in bf16.
+  // FP8 is on and the layer is not one of those kept in bf16; LoRA when lora.target_modules names it.
   void declare(int weight, const std::string& name, int64_t layer);
+
+  // ---- LoRA ----
+  struct Adapter {
+    int a = -1, b = -1;  // linear_in [dim, in], linear_out [out, dim]
+  };
+  const LoraOptions& lora() const { return lora_; }
+  // Registers the adapters of the declared linears that lora.target_modules names, after every
+  // part registered its weights (so that the trainable tensors follow the frozen ones in the
+  // store); returns their ids. Nothing without LoRA.
+  std::vector<int> add_adapters(ParamStore& params);
+  // Where the passes read the adapters' weights and gradients (the model's units).
+  void set_params(const ParamAccess* params) { params_ = params; }
+  const Adapter* adapter(int weight) const;
+  // The adapters of the given linears (a block's), in registration order.
+  std::vector<int> adapters_of(const std::vector<int>& weights) const;
   bool fp8(int weight) const { return state_.count(weight) > 0; }
   const Fp8Options& fp8_options() const { return opt_; }
 
@@ -92,6 +134,8 @@ class Linears {
   };
   Operands operands(Gemm kind, const Tensor& a, const Tensor& b, int weight) const;
   fp8::Granularity granularity(Operand op) const;
+  // The adapter's terms of each GEMM kind (see the top of this file); a, b as grouped() takes them.
+  void adapter_gemm(Gemm kind, float alpha, const Tensor& a, const Tensor& b, const Adapter& ad, Tensor& D) const;
 
   ops::Backend& be_;
   DType act_;
@@ -99,6 +143,14 @@ class Linears {
   int64_t num_layers_;
   mutable std::map<int, Scales> state_;  // FP8 linears by weight id (amaxes recorded in const passes)
   std::vector<int> order_;               // declaration order
+  LoraOptions lora_;
+  struct Declared {
+    int weight;
+    std::string name;
+  };
+  std::vector<Declared> declared_;       // every linear, for add_adapters
+  std::map<int, Adapter> adapters_;      // by base weight id
+  const ParamAccess* params_ = nullptr;
 };
 
 }  // namespace primus

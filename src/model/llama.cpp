@@ -88,11 +88,17 @@ class LlamaModel::Params final : public ParamAccess {
   const LlamaModel& m_;
 };
 
-std::vector<int> LlamaModel::Block::ids() const {
+std::vector<int> LlamaModel::Block::base_ids() const {
   std::vector<int> v = {attn_norm};
   for (int id : attention->param_ids()) v.push_back(id);
   v.push_back(mlp_norm);
   for (int id : feed_forward->param_ids()) v.push_back(id);
+  return v;
+}
+
+std::vector<int> LlamaModel::Block::ids() const {
+  std::vector<int> v = base_ids();
+  v.insert(v.end(), adapters.begin(), adapters.end());
   return v;
 }
 
@@ -118,7 +124,8 @@ LlamaModel::LlamaModel(const ModelSpec& spec, ops::Backend& backend, Precision p
   check_partition();
   tp_rows_ = {&be_, part_.tp_size > 1 ? part_.tp_group : nullptr, part_.sequence_parallel};
   param_access_ = std::make_unique<Params>(*this);
-  linears_ = std::make_unique<Linears>(be_, act_, opt_.fp8, spec_.num_layers);
+  linears_ = std::make_unique<Linears>(be_, act_, opt_.fp8, spec_.num_layers, opt_.lora);
+  linears_->set_params(param_access_.get());
   kit_ = std::make_unique<PartKit>(PartKit{spec_, be_, act_, stat_, part_, tp_rows_, *param_access_, *linears_});
   attention_parts_ = std::make_unique<AttentionParts>(*kit_);
   feed_forward_parts_ = std::make_unique<FeedForwardParts>(*kit_);
@@ -193,8 +200,23 @@ void LlamaModel::register_parameters() {
     else  // a last pipeline stage without the first: a replica of the tied embedding (see trainer)
       output_ = params_.add_sharded("embedding.word_embeddings.weight", {V, C}, vocab_shard, ParamInit::Normal, true);
   }
+  // LoRA: the adapters after every frozen tensor, so that the trainable ones are one flat range.
+  const std::vector<int> adapters = linears_->add_adapters(params_);
+  if (!adapters.empty()) {
+    first_trainable_ = adapters.front();
+    trainable_begin_ = params_.infos()[size_t(first_trainable_)].offset;
+    for (Block& b : blocks_) b.adapters = linears_->adapters_of(b.base_ids());
+    for (int id : adapters)
+      if ((part_.tp_size > 1 || part_.ep_size > 1) &&
+          params_.infos()[size_t(id)].name.find(".experts.local_experts.") != std::string::npos)
+        fail("LoRA on the routed experts under tensor or expert parallelism is not built (their grouped GEMMs "
+             "take adapters with tp 1 and ep 1): drop linear_fc1 and linear_fc2 from lora.target_modules, or "
+             "run with tensor_model_parallel_size and expert_model_parallel_size 1");
+  } else if (opt_.lora.enabled) {
+    fail("lora.target_modules names no linear of this model's layers on this rank");
+  }
   // Units in parameter order: the embedding, each block, the head (with a tied embedding that this
-  // rank also uses as input, the head's output layer is the embedding's unit).
+  // rank also uses as input, the head's output layer is the embedding's unit), the adapters.
   unit_of_.assign(params_.infos().size(), -1);
   const auto add_unit = [&](int first, int last) {
     for (int p = first; p <= last; ++p) unit_of_[p] = int(units_.size());
@@ -203,10 +225,11 @@ void LlamaModel::register_parameters() {
   };
   if (embedding_ >= 0) add_unit(embedding_, embedding_);
   for (const Block& b : blocks_) {  // a block's parameters are registered together
-    const std::vector<int> ids = b.ids();
+    const std::vector<int> ids = b.base_ids();
     add_unit(b.attn_norm, *std::max_element(ids.begin(), ids.end()));
   }
   if (head) add_unit(final_norm_, output_ == embedding_ ? final_norm_ : output_);
+  if (!adapters.empty()) add_unit(adapters.front(), adapters.back());
   for (size_t p = 0; p < unit_of_.size(); ++p) PRIMUS_CHECK(unit_of_[p] >= 0, "parameter {} in no unit", p);
 }
 
@@ -448,7 +471,7 @@ void LlamaModel::backward_weight_chunk(LlamaContext& ctx, int chunk) {
 void LlamaModel::embedding_weight_pass(LlamaContext& ctx) {
   PRIMUS_CHECK(ctx.dembedded.defined(), "backward_weight before backward_input");
   Tensor ge = g(embedding_);
-  be_.embedding_backward(ctx.shard_tokens, gather_rows(ctx.dembedded), ge);
+  if (!frozen_base()) be_.embedding_backward(ctx.shard_tokens, gather_rows(ctx.dembedded), ge);
   ctx.dembedded = ctx.embedded = Tensor();
   weights_done({embedding_});
 }
@@ -592,7 +615,8 @@ void LlamaModel::head_backward_weight(LlamaContext& ctx) {
   Tensor gn = g(final_norm_);
   be_.rmsnorm_backward_weight(h.dhn, h.x, h.rstd, gn);
   Tensor gW = g(output_);
-  if (h.dlogits.defined()) {
+  if (frozen_base()) {  // LoRA: no gradient for the frozen output layer
+  } else if (h.dlogits.defined()) {
     be_.gemm(true, false, scale, h.dlogits, h.hn, 1.0f, gW, gW, Tensor());
   } else {
     for (int64_t c0 = 0; c0 < Vl; c0 += opt_.vocab_chunk) {

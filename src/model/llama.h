@@ -85,6 +85,8 @@ struct LlamaOptions {
   bool resident_weights = true;
   // FP8 linear layers (model/linears.h, docs/fp8.md); off by default.
   Fp8Options fp8;
+  // LoRA adapters on the named linears, the rest frozen (model/linears.h); off by default.
+  LoraOptions lora;
 };
 
 // Whether the head keeps the logits gradient for `rows` token rows against `vocab_local` output
@@ -216,6 +218,11 @@ class LlamaModel {
   int weight_grad_passes(int param_id) const {
     return param_id == embedding_ && output_ == embedding_ ? 2 : 1;
   }
+  // Under LoRA only the adapters train: they follow every frozen tensor in the store, from flat
+  // offset trainable_begin() (0 without LoRA: everything trains) and tensor first_trainable().
+  bool frozen_base() const { return opt_.lora.enabled; }
+  int64_t trainable_begin() const { return trainable_begin_; }
+  int first_trainable() const { return first_trainable_; }
   int embedding_param() const { return embedding_; }  // -1 when this rank has none
   int output_param() const { return output_; }        // -1 when this rank has no head
   // Whether the head keeps the logits gradient for `rows` rows (else it works in chunks).
@@ -237,7 +244,9 @@ class LlamaModel {
   struct Block {
     int attn_norm = -1, mlp_norm = -1;
     std::unique_ptr<BlockPart> attention, feed_forward;
-    std::vector<int> ids() const;
+    std::vector<int> adapters;       // its linears' LoRA adapters (after every frozen tensor)
+    std::vector<int> base_ids() const;  // its norms' and parts' tensors, registered together
+    std::vector<int> ids() const;       // those and its adapters: what its W pass accumulates
   };
   class Held;  // the units a pass holds acquired (llama.cpp)
   class ResidentWeights;
@@ -293,6 +302,8 @@ class LlamaModel {
   Tensor work_;  // working weights: params_.values() itself, or its bf16 copy
   std::unique_ptr<Params> param_access_;
   std::unique_ptr<Linears> linears_;
+  int64_t trainable_begin_ = 0;
+  int first_trainable_ = 0;
   std::unique_ptr<PartKit> kit_;
   std::unique_ptr<AttentionParts> attention_parts_;
   std::unique_ptr<FeedForwardParts> feed_forward_parts_;

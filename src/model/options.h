@@ -32,4 +32,26 @@ constexpr const char* fp8_recipe_name(Fp8Recipe r) {
                                       : "mxfp8";
 }
 
+// LoRA (Primus's `lora:` block of sft_trainer.yaml, Megatron-Bridge's LoRA dataclass): low-rank
+// adapters beside the named linears, y = W x + (alpha / dim) B A dropout(x), the base frozen
+// (model/linears.h, docs/posttraining.md#lora).
+//   target_modules  linear_qkv | linear_proj | linear_fc1 | linear_fc2 (Megatron-Core's module names)
+//   *_init_method   xavier (normal, std sqrt(2 / (fan_in + fan_out))) | normal (N(0, 0.2)) |
+//                   kaiming (uniform, a = sqrt 5: bound 1 / sqrt(fan_in)) | zero
+enum class LoraTarget : uint8_t { LinearQkv, LinearProj, LinearFc1, LinearFc2 };
+enum class LoraInit : uint8_t { Xavier, Normal, Kaiming, Zero };
+enum class LoraDropoutPosition : uint8_t { Pre, Post };
+
+struct LoraOptions {
+  bool enabled = false;
+  int64_t dim = 32;
+  double alpha = 32;
+  double dropout = 0.0;
+  LoraDropoutPosition dropout_position = LoraDropoutPosition::Pre;
+  LoraInit a_init = LoraInit::Xavier, b_init = LoraInit::Zero;
+  bool targets[4] = {true, true, true, true};  // by LoraTarget
+  bool applies_to(LoraTarget t) const { return targets[uint8_t(t)]; }
+  double scale() const { return alpha / double(dim); }
+};
+
 }  // namespace primus

@@ -1,5 +1,7 @@
 #include "model/param_store.h"
 
+#include <cmath>
+
 #include "core/rng.h"
 
 namespace primus {
@@ -90,11 +92,25 @@ void init_values(const std::vector<StoredParam>& infos, T* values, uint64_t seed
         for (int64_t i = 0; i < info.numel; ++i) v[i] = T(0);
         break;
       case ParamInit::Normal:
-      case ParamInit::ScaledNormal: {
-        const double s = info.init == ParamInit::Normal ? std : scaled_std;
+      case ParamInit::ScaledNormal:
+      case ParamInit::XavierNormal:
+      case ParamInit::AdapterNormal:
+      case ParamInit::KaimingUniform: {
+        const double fan_out = double(info.global_shape[0]),
+                     fan_in = info.global_shape.size() > 1 ? double(info.global_shape[1]) : 1.0;
+        const bool uniform = info.init == ParamInit::KaimingUniform;
+        const double s = info.init == ParamInit::Normal           ? std
+                         : info.init == ParamInit::ScaledNormal   ? scaled_std
+                         : info.init == ParamInit::XavierNormal   ? std::sqrt(2.0 / (fan_in + fan_out))
+                         : info.init == ParamInit::AdapterNormal  ? 0.2
+                                                                  : 1.0 / std::sqrt(fan_in);
+        // normal: N(0, s); uniform: U(-s, s), both drawn at the global element's index
+        auto draw = [&rng, s, uniform](uint64_t i) {
+          return uniform ? s * (2.0 * double(rng.at(i) >> 11) * 0x1.0p-53 - 1.0) : s * rng.normal_at(i);
+        };
         if (info.shard.pieces.empty()) {
 #pragma omp parallel for schedule(static)
-          for (int64_t i = 0; i < info.numel; ++i) v[i] = T(s * rng.normal_at(static_cast<uint64_t>(i)));
+          for (int64_t i = 0; i < info.numel; ++i) v[i] = T(draw(static_cast<uint64_t>(i)));
           break;
         }
         // A shard draws the numbers of the global elements it holds: local (outer, j, inner) is
@@ -111,7 +127,7 @@ void init_values(const std::vector<StoredParam>& infos, T* values, uint64_t seed
         for (int64_t i = 0; i < info.numel; ++i) {
           const int64_t in = i % inner, jj = (i / inner) % local_d, outer = i / (inner * local_d);
           const int64_t gi = (outer * global_d + to_global[jj]) * inner + in;
-          v[i] = T(s * rng.normal_at(static_cast<uint64_t>(gi)));
+          v[i] = T(draw(static_cast<uint64_t>(gi)));
         }
         break;
       }

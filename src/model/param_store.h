@@ -14,7 +14,11 @@
 
 namespace primus {
 
-enum class ParamInit : uint8_t { Normal, ScaledNormal, Ones, Zeros };
+// Normal and ScaledNormal draw N(0, std) with the run's init_method_std (scaled: over the layers);
+// the LoRA adapters' (model/options.h LoraInit) draw from the global shape's fans: XavierNormal
+// std sqrt(2 / (fan_in + fan_out)), AdapterNormal N(0, 0.2), KaimingUniform U(-b, b) with
+// b = 1 / sqrt(fan_in) (PyTorch's kaiming_uniform_ with a = sqrt 5); fan_in = shape[1].
+enum class ParamInit : uint8_t { Normal, ScaledNormal, Ones, Zeros, XavierNormal, AdapterNormal, KaimingUniform };
 
 // Where a rank's tensor sits in the model's global tensor. The local tensor is the concatenation,
 // along `dim`, of `pieces` of the global one, in order: one piece for a plain tensor-parallel

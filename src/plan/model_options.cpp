@@ -23,6 +23,7 @@ LlamaOptions model_options(const config::TrainingArgs& a) {
   LlamaOptions o;
   o.recompute = a.recompute_granularity;
   o.fp8 = fp8_options(a);
+  o.lora = a.lora;
   return o;
 }
 

@@ -10,7 +10,7 @@ namespace primus::plan {
 
 // The FP8 keys as the model takes them (model/linears.h Fp8Options).
 Fp8Options fp8_options(const config::TrainingArgs& args);
-// recompute_granularity and the FP8 keys; the rest LlamaOptions' defaults (resident weights: the
+// recompute_granularity, the FP8 keys and the lora block; the rest LlamaOptions' defaults (resident weights: the
 // trainer clears them under ZeRO-2 / FSDP).
 LlamaOptions model_options(const config::TrainingArgs& args);
 

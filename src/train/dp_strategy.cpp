@@ -152,50 +152,80 @@ void BucketedStrategy::weights_done(const std::vector<int>& ids) {
     }
 }
 
-// no_shard: the summed gradients everywhere, AdamW on every rank.
+// no_shard: the summed gradients everywhere, AdamW on every rank. Under LoRA (LlamaModel::
+// frozen_base) AdamW covers the trainable tensors alone, the flat range from trainable_begin():
+// the frozen ones have no optimizer state (a checkpoint holds zero moments for them) and no part
+// in the gradient norm.
 class ReplicatedStrategy final : public BucketedStrategy {
  public:
-  explicit ReplicatedStrategy(const DpSetup& s) : BucketedStrategy(s, parallel::GradReduce::AllReduce) {
+  explicit ReplicatedStrategy(const DpSetup& s)
+      : BucketedStrategy(s, parallel::GradReduce::AllReduce),
+        first_(model_.first_trainable()),
+        begin_(model_.trainable_begin()) {
     const ParamStore& params = model_.params();
-    adam_ = std::make_unique<FlatAdamW>(s.adam, segments_of(params), params.numel(), params.device());
+    std::vector<ParamSegment> segments = segments_of(params);
+    segments.erase(segments.begin(), segments.begin() + first_);
+    for (ParamSegment& seg : segments) seg.offset -= begin_;
+    adam_ = std::make_unique<FlatAdamW>(s.adam, std::move(segments), params.numel() - begin_, params.device());
+    for (int t : mp_.counted())
+      if (t >= first_) counted_.push_back(t - first_);
   }
   double gradient_norm() override {
-    const double experts = experts_sq_sum(adam_.get());
-    const double dense = adam_->grad_sq_sum(model_.params().grads(), mp_.counted());
+    // Under LoRA the experts are frozen (their adapters, if any, are dense tensors of the range).
+    const double experts = first_ > 0 ? 0.0 : experts_sq_sum(adam_.get());
+    const double dense = adam_->grad_sq_sum(model_.params().grads().data<float>() + begin_, counted_);
     return std::sqrt(groups_.mp->all_reduce_value(dense) + experts);
   }
   void step(double lr, double grad_scale) override {
-    Tensor* working = model_.has_separate_working_weights() ? &model_.working_weights() : nullptr;
-    adam_->step(model_.params().values(), model_.params().grads(), working, lr, grad_scale);
+    bf16* working = model_.has_separate_working_weights() ? model_.working_weights().data<bf16>() + begin_ : nullptr;
+    adam_->step(model_.params().values().data<float>() + begin_, model_.params().grads().data<float>() + begin_,
+                working, lr, grad_scale);
   }
   int64_t step_count() const override { return adam_->step_count(); }
   DpFullState full_state() const override {
     DpFullState full;
     full.store = &model_.params();
-    full.exp_avg = adam_->exp_avg();  // host copies
-    full.exp_avg_sq = adam_->exp_avg_sq();
+    full.exp_avg = whole(adam_->exp_avg());  // host copies
+    full.exp_avg_sq = whole(adam_->exp_avg_sq());
     return full;
   }
   void load_optimizer(int64_t step, std::span<const float> m, std::span<const float> v) override {
-    adam_->set_state(step, m.data(), v.data());
+    adam_->set_state(step, m.data() + begin_, v.data() + begin_);
   }
   // Every tensor is whole here and on its replicas (dp x cp; the experts' edp x cp): each writes a share.
   DpShardState shard_state() const override {
     const ParamStore& params = model_.params();
     ShardStateBuilder b(params, groups_);
+    const int64_t n = params.numel() - begin_;
     const float* values = host_range(params.values(), 0, params.numel(), b.copies());
-    const float* m = adam_->moment_range(false, 0, params.numel(), b.copies());
-    const float* v = adam_->moment_range(true, 0, params.numel(), b.copies());
+    const float* m = adam_->moment_range(false, 0, n, b.copies());
+    const float* v = adam_->moment_range(true, 0, n, b.copies());
+    const float* zeros = begin_ > 0 ? b.copies().emplace_back(size_t(begin_), 0.0f).data() : nullptr;
     for (size_t t = 0; t < params.infos().size(); ++t) {
       const StoredParam& p = params.infos()[t];
       const parallel::ProcessGroup& g = experts_ && experts_->is_expert(int(t)) ? *groups_.edp_cp : gradient_group_;
-      b.add(int(t), p.offset, p.numel, g.size(), g.rank(), {values + p.offset, m + p.offset, v + p.offset});
+      const bool trains = int(t) >= first_;
+      const float* mt = trains ? m + (p.offset - begin_) : zeros + p.offset;
+      const float* vt = trains ? v + (p.offset - begin_) : zeros + p.offset;
+      b.add(int(t), p.offset, p.numel, g.size(), g.rank(), {values + p.offset, mt, vt});
     }
     return b.take();
   }
 
  private:
-  double optimizer_bytes() const override { return 2.0 * double(model_.params().numel()) * double(sizeof(float)); }
+  double optimizer_bytes() const override {
+    return 2.0 * double(model_.params().numel() - begin_) * double(sizeof(float));
+  }
+  // A moment of the trainable range as the store's whole layout (zero for the frozen tensors).
+  std::vector<float> whole(std::vector<float> trainable) const {
+    if (begin_ == 0) return trainable;
+    std::vector<float> out(size_t(begin_), 0.0f);
+    out.insert(out.end(), trainable.begin(), trainable.end());
+    return out;
+  }
+  const int first_;       // the first tensor AdamW steps (0 without LoRA)
+  const int64_t begin_;   // its flat offset
+  std::vector<int> counted_;  // the tensors the norm counts, as indices of AdamW's segments
   std::unique_ptr<FlatAdamW> adam_;
 };
 
@@ -374,7 +404,14 @@ int64_t DpShardState::numel() const {
   return n;
 }
 
+// Under LoRA the replicated strategy, whatever the layout asks of the optimizer: the adapters'
+// AdamW state is small, and sharding the frozen weights (ZeRO-2 / FSDP) is not built (the config
+// refuses it).
 std::unique_ptr<DataParallelStrategy> make_dp_strategy(const DpSetup& setup) {
+  if (setup.model.frozen_base()) {
+    PRIMUS_CHECK(!setup.layout.shard_gradients(), "LoRA under ZeRO-2 / FSDP (the config refuses it)");
+    return std::make_unique<ReplicatedStrategy>(setup);
+  }
   if (setup.layout.shard_gradients()) return std::make_unique<ShardedStrategy>(setup);
   if (setup.layout.shard_optimizer()) return std::make_unique<DistributedOptimizerStrategy>(setup);
   return std::make_unique<ReplicatedStrategy>(setup);

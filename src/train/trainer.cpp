@@ -376,7 +376,9 @@ std::string Trainer::try_restore(const std::string& dir, bool weights_only) {
   std::string problem;
   ModelFit fit;
   try {  // the whole model on every rank: a rank loads only its own tensors
-    fit = check_model_fit(dir, spec_, {weights_only ? LoadPurpose::Weights : LoadPurpose::Resume, a_.load_strict});
+    fit = check_model_fit(dir, spec_,
+                          {weights_only ? LoadPurpose::Weights : LoadPurpose::Resume, a_.load_strict,
+                           lora_adapter_layout(model_parameter_layout(spec_), a_.lora)});
   } catch (const Error& e) {
     problem = e.what();
   }
@@ -391,7 +393,10 @@ std::string Trainer::try_restore(const std::string& dir, bool weights_only) {
   }
   LoadOptions lo;
   lo.optimizer = !weights_only && !a_.no_load_optim;
-  lo.strict = a_.load_strict;
+  lo.strict = a_.load_strict && !fit.extra_fresh;  // LoRA from a base model: the adapters keep their init
+  if (rank0_ && fit.extra_fresh)
+    log::info("LoRA: {} holds no adapters; they start from their initial values (lora_B_init_method {})", dir,
+              config::choice_name(a_.lora.b_init));
   lo.initial_values = initial.empty() ? nullptr : initial.data();
   lo.ranges = dp_->load_ranges();  // ZeRO-2 / FSDP: only this rank's pieces are read
   lo.optimizer_ranges = dp_->optimizer_load_ranges();  // ZeRO-1: only its optimizer shards' moments
@@ -502,6 +507,15 @@ void Trainer::open_outputs() {
             cfg_.model, stats_.parameters / 1e6, stats_.flops_per_token / 1e6, mbs_, seq_, num_micro_);
   log::info("parallel layout: {}; this rank: tp {} cp {} pp {} dp {}, {:.2f}M parameters", layout_.describe(), me_.tp,
             me_.cp, me_.pp, me_.dp, model_->params().numel() / 1e6);
+  if (model_->frozen_base()) {  // LoRA: what trains (docs/posttraining.md#lora)
+    const ParamStore& p = model_->params();
+    const int64_t trainable = p.numel() - model_->trainable_begin();
+    const LoraOptions& l = model_->linears().lora();
+    log::info("LoRA: dim {}, alpha {} (scale {}): this rank trains {} adapter parameters in {} tensors ({:.3f}% of "
+              "its {}), AdamW state {:.3f} MiB; the rest is frozen (no gradient, no optimizer state)",
+              l.dim, l.alpha, l.scale(), trainable, p.infos().size() - size_t(model_->first_trainable()),
+              100.0 * double(trainable) / double(p.numel()), p.numel(), dp_->memory().optimizer / 1048576.0);
+  }
   log::info("compute: {}", compute_.describe());
   if (rank0_ && !cfg_.no_effect.empty()) log::info("{}", config::no_effect_summary(cfg_));
   log::info("training iterations {} to {}; MFU against a peak of {:.1f} GFLOP/s ({})", state_.iteration + 1,

@@ -9,6 +9,7 @@
 #include "checkpoint/checkpoint.h"
 #include "cli/lib/overrides.h"
 #include "config/experiment.h"
+#include "config/lora.h"
 #include "core/error.h"
 #include "core/launch_env.h"
 #include "core/log.h"
@@ -93,6 +94,7 @@ TaskAction train_task(CLI::App& app, TrainTask which) {
     if (*reference) {  // once: not again in the launcher's check pass
       if (*check_world == 0)
         std::cout << config::training_keys_reference() << "\n"
+                  << config::lora_keys_reference() << "\n"
                   << config::argument_status_reference() << "\n"
                   << config::dialect_keys_reference(config::Framework::TorchTitan) << "\n"
                   << config::dialect_keys_reference(config::Framework::MaxText);

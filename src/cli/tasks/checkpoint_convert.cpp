@@ -51,6 +51,9 @@ TaskRegistrar export_reg{
        app.add_flag("--overwrite", o->overwrite,
                     "write into a folder that is not empty: its Hugging Face model files (config, weights, index, "
                     "tokenizer files) are deleted and replaced, other files stay");
+       app.add_flag("--adapters", o->adapters,
+                    "a LoRA checkpoint's adapters alone, as a PEFT folder (adapter_config.json, "
+                    "adapter_model.safetensors); without it a LoRA checkpoint exports merged weights");
        return [o]() {
          for (const auto& f : hf::export_hf(*o)) std::cout << "wrote " << f << "\n";
          return 0;

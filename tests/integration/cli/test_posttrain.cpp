@@ -183,6 +183,19 @@ TEST(Posttrain, Dp2Cp2AndPp2GiveTheOneProcessLosses) {
   expect_same(one_process(), train("pp2", " --pipeline_model_parallel_size 2", "direct --nproc 2"), 2e-5, "pp2");
 }
 
+// LoRA through the whole trainer: tp2 (B or A sharded with the base, the whole factor's gradient
+// summed over tp), dp2 (the adapters' gradients reduced, AdamW on their range) and pp2 (each
+// stage's adapters after its own tensors) give the one-process LoRA losses; the loss falls.
+TEST(Posttrain, LoraUnderTp2Dp2AndPp2GivesTheOneProcessLosses) {
+  const std::string lora = " --lora.enabled true --lora.dim 8 --lora.alpha 16 --lr 3e-3";
+  const std::vector<double> one = train("lora_one", lora);
+  ASSERT_EQ(one.size(), 6u);
+  EXPECT_LT(one.back(), one.front() - 0.3) << "the adapters learn";
+  expect_same(one, train("lora_tp2", lora + " --tensor_model_parallel_size 2", "direct --nproc 2"), 2e-5, "tp2");
+  expect_same(one, train("lora_dp2", lora, "direct --nproc 2"), 2e-5, "dp2");
+  expect_same(one, train("lora_pp2", lora + " --pipeline_model_parallel_size 2", "direct --nproc 2"), 2e-5, "pp2");
+}
+
 // Packed SFT trains as unpacked SFT (use_packed_attention): eight conversations of the same length
 // (system prompt, two turns), one per sequence of 224 tokens or two per sequence of 448, every step
 // one microbatch of the whole set, give the same losses and gradient norms for three steps (each
@@ -332,9 +345,18 @@ TEST(Posttrain, RefusesWhatIsNotBuiltByName) {
   };
   EXPECT_NE(out("posttrain", kExample + " --stage dpo").find("stage 'dpo' (preference tuning) is not built yet"),
             std::string::npos);
-  EXPECT_NE(out("posttrain", kExample + " --modules.post_trainer.overrides.lora.enabled true")
-                .find("'lora' is not supported: LoRA adapters (lora.enabled: true) are not built yet; set "
-                      "lora.enabled: false"),
+  EXPECT_NE(out("posttrain", kExample + " --lora.enabled true --lora.dropout 0.05")
+                .find("lora.dropout 0.05 is not built (the adapters run without dropout); set lora.dropout: 0.0"),
+            std::string::npos);
+  EXPECT_NE(out("posttrain", kExample + " --lora.enabled true --lora.target_modules [linear_qkv,linear_q_proj]")
+                .find("lora.target_modules 'linear_q_proj' is not one of: linear_qkv, linear_proj, linear_fc1, "
+                      "linear_fc2"),
+            std::string::npos);
+  EXPECT_NE(out("posttrain", kExample + " --lora.enabled true --lora.exclude_modules [linear_qkv]")
+                .find("lora.exclude_modules is not supported: matching the linears by exclusion is not built"),
+            std::string::npos);
+  EXPECT_NE(out("posttrain", kExample + " --lora.enabled true --data_parallel_sharding_strategy optim_grads_params")
+                .find("LoRA with ZeRO-2 / FSDP (optim_grads, optim_grads_params, use_torch_fsdp2) is not built"),
             std::string::npos);
   EXPECT_NE(
       out("pretrain", kExample).find("is a post-training config (modules.post_trainer): run it with train posttrain"),
@@ -349,9 +371,11 @@ TEST(Posttrain, RefusesWhatIsNotBuiltByName) {
             std::string::npos);
 }
 
-// Primus's native SFT configs, unchanged: LoRA (all of them) is refused by name, then the other
-// features not built; with LoRA switched off, llama3_8B's SFT and packed SFT configs and
-// DeepSeek-V2-Lite's (MoE and MLA, shrunk) train three iterations on the shipped chat set.
+// Primus's native SFT configs, unchanged: qwen3_30B_A3B's is refused for
+// use_precision_aware_optimizer; llama3_8B's SFT (LoRA on), its LoRA SFT (which extends it and
+// writes its own lora block at the top level, where Primus reads no trainer key) and its packed SFT
+// with LoRA switched off, and DeepSeek-V2-Lite's (MoE and MLA, shrunk; LoRA on the routed and
+// shared experts too) train three iterations on the shipped chat set.
 const std::string kPrimusTiny =
     " --num-layers 2 --hidden-size 64 --ffn-hidden-size 128 --num-attention-heads 4 --num-query-groups 2"
     " --vocab-size 320 --seq-length 256 --max-position-embeddings 256 --micro-batch-size 2 --global-batch-size 4"
@@ -366,30 +390,34 @@ TEST(PrimusSftConfigs, LoadRefuseAndTrain) {
     return run("direct --workspace " + ws.string() + " -- train posttrain --config " + kRoot +
                "/tests/integration/primus_configs/sft/" + config + ".yaml" + kPrimusTiny + args);
   };
-  const std::string lora = "'lora' is not supported: LoRA adapters (lora.enabled: true) are not built yet";
-  const std::vector<std::tuple<std::string, std::string, std::string>> refusals = {
-      {"llama3_8B-BF16-sft", "", lora},
-      {"llama3_8B-BF16-sft-packed", "", lora},
-      {"qwen3_30B_A3B-BF16-sft-packed", "", "'use_precision_aware_optimizer' is not supported"},
-      {"deepseek_v2_lite-BF16-sft", "", lora},
-  };
-  for (const auto& [config, args, error] : refusals) {
-    const auto r = posttrain(config, args);
-    EXPECT_NE(r.code, 0) << config;
-    EXPECT_NE(r.out.find(error), std::string::npos) << config << ": " << r.out;
-  }
-  const auto llama = posttrain("llama3_8B-BF16-sft", kNoLora + kFromScratch);
+  const auto qwen = posttrain("qwen3_30B_A3B-BF16-sft-packed", "");
+  EXPECT_NE(qwen.code, 0);
+  EXPECT_NE(qwen.out.find("'use_precision_aware_optimizer' is not supported"), std::string::npos) << qwen.out;
+  const auto llama = posttrain("llama3_8B-BF16-sft", kFromScratch);
   ASSERT_EQ(llama.code, 0) << llama.out;
+  EXPECT_NE(llama.out.find("LoRA: dim 32, alpha 32 (scale 1): this rank trains"), std::string::npos) << llama.out;
+  // The LoRA config, unchanged: the `lora:` of its base's overrides applies; its top-level keys
+  // (lora with dropout 0.05, lr, batch sizes, train_iters) have no effect, as in Primus.
+  const auto lora = run("direct --workspace " + ws.string() + " -- train posttrain --config " + kRoot +
+                        "/tests/integration/primus_configs/sft/llama3_8B-BF16-lora-sft.yaml" + kPrimusTiny +
+                        kFromScratch + " --exp_name llama3_8B-lora-sft");
+  ASSERT_EQ(lora.code, 0) << lora.out;
+  EXPECT_NE(lora.out.find("lora, lr, min_lr, micro_batch_size, global_batch_size, train_iters, lr_warmup_iters (a "
+                          "top-level key: Primus reads trainer keys only under modules.<trainer>.overrides)"),
+            std::string::npos)
+      << lora.out;
+  EXPECT_NE(lora.out.find("LoRA: dim 32, alpha 32"), std::string::npos) << lora.out;
   const auto packed = posttrain("llama3_8B-BF16-sft-packed", kNoLora + kFromScratch);
   ASSERT_EQ(packed.code, 0) << packed.out;
   EXPECT_NE(packed.out.find("conversations packed into"), std::string::npos) << packed.out;
   const auto deepseek = posttrain("deepseek_v2_lite-BF16-sft",
-                                  kNoLora + kFromScratch +
+                                  kFromScratch +
                                       " --moe-layer-freq 1 --num-experts 4 --moe-router-topk 2 --moe-ffn-hidden-size 64"
                                       " --kv-lora-rank 32 --qk-head-dim 16 --qk-pos-emb-head-dim 16 --v-head-dim 16"
                                       " --expert-model-parallel-size 1");
   ASSERT_EQ(deepseek.code, 0) << deepseek.out;
-  for (const char* run : {"llama3_8B-sft", "llama3_8B-sft-packed", "deepseek_v2_lite-sft"}) {
+  EXPECT_NE(deepseek.out.find("LoRA: dim"), std::string::npos) << deepseek.out;
+  for (const char* run : {"llama3_8B-sft", "llama3_8B-lora-sft", "llama3_8B-sft-packed", "deepseek_v2_lite-sft"}) {
     const std::vector<double> l = losses(ws / run);
     ASSERT_EQ(l.size(), 3u) << run;
     for (double x : l) EXPECT_TRUE(std::isfinite(x) && x > 0) << run;

@@ -10,6 +10,7 @@
 #include <fmt/format.h>
 
 #include "config/experiment.h"
+#include "config/lora.h"
 #include "core/error.h"
 #include "support/error_of.h"
 #include "support/temp_dir.h"
@@ -190,6 +191,51 @@ TEST(Config, ReferenceDocMatchesTheCode) {
   const std::string doc((std::istreambuf_iterator<char>(in)), {});
   EXPECT_NE(doc.find(training_keys_reference()), std::string::npos)
       << "docs/config.md is out of date; paste in:\n" << training_keys_reference();
+  EXPECT_NE(doc.find(lora_keys_reference()), std::string::npos)
+      << "docs/config.md's lora table is out of date; paste in:\n" << lora_keys_reference();
+}
+
+// The lora block: names become enums here, the rest refused by name with the place it was written.
+TEST(Config, LoraBlock) {
+  TempDir d;
+  const std::string f = d.write("lora.yaml", R"(
+modules:
+  pre_trainer:
+    model: tiny
+    overrides:
+      train_iters: 1
+      mock_data: true
+      lora:
+        enabled: true
+        dim: 8
+        alpha: 16
+        lora_A_init_method: kaiming
+        target_modules: [linear_proj, linear_fc2]
+)");
+  const ExperimentConfig cfg = load_experiment(f);
+  const LoraOptions& l = cfg.train.lora;
+  EXPECT_TRUE(l.enabled);
+  EXPECT_EQ(l.dim, 8);
+  EXPECT_EQ(l.scale(), 2.0);
+  EXPECT_EQ(l.a_init, LoraInit::Kaiming);
+  EXPECT_EQ(l.b_init, LoraInit::Zero);
+  EXPECT_FALSE(l.applies_to(LoraTarget::LinearQkv));
+  EXPECT_TRUE(l.applies_to(LoraTarget::LinearFc2));
+  EXPECT_EQ(load_experiment(f, {{"lora.dim", "4"}}).train.lora.dim, 4);
+  // Written back as read (config.yaml).
+  EXPECT_NE(cfg.resolved_yaml().find("target_modules:\n          - linear_proj\n          - linear_fc2"), std::string::npos)
+      << cfg.resolved_yaml();
+  auto error = [&](std::vector<std::pair<std::string, std::string>> o) {
+    return error_of([&] { load_experiment(f, o); });
+  };
+  EXPECT_NE(error({{"lora.lora_B_init_method", "ones"}}).find("lora.lora_B_init_method 'ones' is not one of: xavier, "
+                                                              "normal, kaiming, zero"),
+            std::string::npos);
+  EXPECT_NE(error({{"lora.rank", "4"}}).find("unknown key 'lora.rank'"), std::string::npos);
+  EXPECT_NE(error({{"lora.dim", "0"}}).find("lora.dim must be positive"), std::string::npos);
+  EXPECT_NE(error({{"lora.target_modules", "[\"*.layers.0.*.linear_qkv\"]"}}).find("wildcard"), std::string::npos);
+  EXPECT_NE(error({{"fp8", "hybrid"}}).find("LoRA with FP8 linears is not built"), std::string::npos);
+  EXPECT_NE(error({{"lora.dim", "0"}}).find("lora.yaml"), std::string::npos);  // where it was written
 }
 
 // Issue 21: a key given twice in one map was taken silently (the last one, or the first, by

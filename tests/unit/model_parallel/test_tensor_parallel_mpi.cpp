@@ -17,6 +17,7 @@ struct Case {
   bool sp, tied, bias;
   Recompute recompute;
   size_t logits_budget;  // 0: vocabulary chunks in the cross-entropy
+  bool lora = false;     // LoRA adapters (B drawn non-zero), the base frozen
 };
 
 void run_case(const Case& c) {
@@ -27,6 +28,12 @@ void run_case(const Case& c) {
   const ModelSpec spec = mp_spec(c.tied, c.bias, 4, 2);
   LlamaOptions opt;
   opt.recompute = c.recompute;
+  if (c.lora) {
+    opt.lora.enabled = true;
+    opt.lora.dim = 3;
+    opt.lora.alpha = 6;
+    opt.lora.b_init = LoraInit::Normal;
+  }
   if (c.logits_budget == 0) {
     opt.logits_memory_budget = 0;
     opt.vocab_chunk = 2;  // several chunks per rank's 12 / tp columns
@@ -51,11 +58,12 @@ void run_case(const Case& c) {
     model.backward_input(b, 0.5);  // the split passes, as a zero-bubble schedule runs them
     model.backward_weight(b);
   }
-  // Sequence parallel: replicated tensors (norms) hold each rank's rows' share: sum over tp.
-  if (c.sp)
+  // Sequence parallel: replicated tensors (norms) hold each rank's rows' share: sum over tp. The
+  // adapter factor whole on every rank (tp_partial_grads) holds a partial sum with or without.
+  if (c.sp || c.lora)
     for (size_t id = 0; id < model.params().infos().size(); ++id) {
       const StoredParam& p = model.params().infos()[id];
-      if (p.tp_replicated) tp->all_reduce(model.params().grad<double>(int(id)), p.numel, parallel::CommType::F64,
+      if ((c.sp && p.tp_replicated) || p.tp_partial_grads) tp->all_reduce(model.params().grad<double>(int(id)), p.numel, parallel::CommType::F64,
                                           parallel::ReduceOp::Sum);
     }
   expect_matches(model.params(), ref.params(), true, 1e-11);
@@ -64,6 +72,11 @@ void run_case(const Case& c) {
 }  // namespace
 
 TEST(TensorParallel, Tp2) { run_case({2, false, false, false, Recompute::None, size_t(512) << 20}); }
+// LoRA: B sharded with a column-parallel base, A with a row-parallel one, the other factor whole.
+TEST(TensorParallel, Tp2Lora) { run_case({2, false, false, false, Recompute::None, size_t(512) << 20, true}); }
+TEST(TensorParallel, Tp2SequenceParallelLora) {
+  run_case({2, true, false, false, Recompute::None, size_t(512) << 20, true});
+}
 TEST(TensorParallel, Tp2TiedWithBias) { run_case({2, false, true, true, Recompute::None, size_t(512) << 20}); }
 TEST(TensorParallel, Tp2SequenceParallel) { run_case({2, true, false, false, Recompute::None, size_t(512) << 20}); }
 TEST(TensorParallel, Tp2SequenceParallelFullRecomputeChunkedVocab) {

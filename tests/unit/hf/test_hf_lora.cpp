@@ -1,0 +1,109 @@
+// LoRA checkpoints out to Hugging Face: `checkpoint export` merges W + (alpha / dim) B A, and the
+// imported merged model computes the LoRA model's loss; `--adapters` writes a PEFT folder
+// (adapter_config.json, adapter_model.safetensors) with PEFT's names and shapes, the fused qkv and
+// gate/up adapters split (A shared, B by rows), whose tensors give back the merged weights.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+
+#include <nlohmann/json.hpp>
+
+#include "checkpoint/checkpoint.h"
+#include "core/rng.h"
+#include "hf/hf_checkpoint.h"
+#include "hf/safetensors.h"
+#include "kernels/cpu/cpu_backend.h"
+#include "model/llama.h"
+#include "plan/model_options.h"
+#include "train/trainer.h"
+#include "trainer_fixture.h"
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+using namespace primus;
+
+namespace {
+
+// The loss of `model` with the weights of checkpoint `dir` on a fixed batch.
+double loss_of(LlamaModel& model, const std::string& dir) {
+  const checkpoint::CheckpointData ck = checkpoint::load_checkpoint(dir, model.params());
+  std::copy(ck.params.begin(), ck.params.end(), model.params().values().data<float>());
+  model.sync_working_weights();
+  Rng rng(3);
+  std::vector<int32_t> tokens(2 * 16), targets(2 * 16);
+  for (auto& t : tokens) t = int32_t(rng.next_u64() % 50);
+  for (auto& t : targets) t = int32_t(rng.next_u64() % 50);
+  LlamaContext c;
+  return model.forward(c, tokens.data(), targets.data(), 2, 16);
+}
+
+}  // namespace
+
+TEST(HfLora, MergedExportAndPeftFolder) {
+  test::TinyExperiment exp;
+  const fs::path t = exp.dir / "out";
+  const auto cfg = exp.load({{"modules.pre_trainer.overrides.lora.enabled", "true"}, {"lora.dim", "4"},
+                             {"lora.alpha", "8"}, {"train_iters", "4"}, {"lr_warmup_iters", "0"}, {"lr", "2e-2"},
+                             {"eval_interval", "0"}});
+  train::pretrain(cfg);
+  const std::string ckpt = checkpoint::resolve_checkpoint(cfg.checkpoint_dir());
+
+  // Merged: export, import, and the plain model computes the LoRA model's loss.
+  hf::ExportOptions eo;
+  eo.checkpoint = ckpt;
+  eo.out_dir = (t / "merged").string();
+  hf::export_hf(eo);
+  const std::string imported = hf::import_hf({(t / "merged").string(), (t / "imported").string(), "", false});
+  LlamaModel lora(cfg.model_spec, cpu::cpu_backend(), Precision::Fp32, plan::model_options(cfg.train));
+  LlamaModel plain(cfg.model_spec, cpu::cpu_backend(), Precision::Fp32);
+  const double want = loss_of(lora, ckpt), got = loss_of(plain, imported);
+  EXPECT_NEAR(got, want, 1e-5 * want);
+  // The adapters changed the model: the frozen base alone computes another loss.
+  LlamaModel base(cfg.model_spec, cpu::cpu_backend(), Precision::Fp32);
+  base.init_weights(uint64_t(cfg.train.seed));
+  LlamaContext bc;
+  Rng rng(3);
+  std::vector<int32_t> tokens(2 * 16), targets(2 * 16);
+  for (auto& x : tokens) x = int32_t(rng.next_u64() % 50);
+  for (auto& x : targets) x = int32_t(rng.next_u64() % 50);
+  EXPECT_GT(std::fabs(base.forward(bc, tokens.data(), targets.data(), 2, 16) - want), 1e-4);
+
+  // PEFT folder.
+  eo.out_dir = (t / "peft").string();
+  eo.adapters = true;
+  hf::export_hf(eo);
+  ASSERT_TRUE(fs::exists(t / "peft" / "adapter_model.safetensors"));
+  const json pc = json::parse(std::ifstream(t / "peft" / "adapter_config.json"));
+  EXPECT_EQ(pc["peft_type"], "LORA");
+  EXPECT_EQ(pc["r"], 4);
+  EXPECT_EQ(pc["lora_alpha"].get<double>(), 8.0);
+  EXPECT_EQ(pc["target_modules"],
+            json({"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}));
+  const ModelSpec& s = cfg.model_spec;
+  const int64_t C = s.hidden_size, F = s.ffn_hidden_size;
+  hf::SafetensorsReader peft((t / "peft" / "adapter_model.safetensors").string());
+  EXPECT_EQ(peft.tensors().size(), size_t(s.num_layers * 7 * 2));
+  const std::string l0 = "base_model.model.model.layers.0.";
+  EXPECT_EQ(peft.entry(l0 + "self_attn.q_proj.lora_A.weight").shape, (std::vector<int64_t>{4, C}));
+  EXPECT_EQ(peft.entry(l0 + "self_attn.k_proj.lora_B.weight").shape, (std::vector<int64_t>{s.kv_size(), 4}));
+  EXPECT_EQ(peft.entry(l0 + "self_attn.o_proj.lora_A.weight").shape, (std::vector<int64_t>{4, s.q_size()}));
+  EXPECT_EQ(peft.entry(l0 + "mlp.up_proj.lora_B.weight").shape, (std::vector<int64_t>{F, 4}));
+  EXPECT_EQ(peft.entry(l0 + "mlp.down_proj.lora_A.weight").shape, (std::vector<int64_t>{4, F}));
+  // Read back: merged up_proj = base up_proj + (alpha / r) lora_B lora_A.
+  hf::SafetensorsReader merged((t / "merged").string());
+  const std::vector<float> up = merged.as_f32("model.layers.0.mlp.up_proj.weight");
+  const std::vector<float> A = peft.as_f32(l0 + "mlp.up_proj.lora_A.weight"), B = peft.as_f32(l0 + "mlp.up_proj.lora_B.weight");
+  const float* W = base.params().value<float>(base.params().find("decoder.layers.0.mlp.linear_fc1.weight")) + F * C;
+  double max_b = 0, max_err = 0;
+  for (float b : B) max_b = std::max(max_b, double(std::fabs(b)));
+  EXPECT_GT(max_b, 0.0) << "B trained away from zero";
+  for (int64_t i = 0; i < F; ++i)
+    for (int64_t j = 0; j < C; ++j) {
+      double d = 0;
+      for (int64_t k = 0; k < 4; ++k) d += double(B[size_t(i * 4 + k)]) * double(A[size_t(k * C + j)]);
+      max_err = std::max(max_err, std::fabs(double(W[i * C + j]) + 2.0 * d - double(up[size_t(i * C + j)])));
+    }
+  EXPECT_LT(max_err, 1e-6);
+}
