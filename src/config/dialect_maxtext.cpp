@@ -674,7 +674,7 @@ const std::vector<DialectKey>& table() {
       {"use_chunked_prefill", N, "false", kInference},
       {"use_custom_sort_vjp", N, "true", kMoe},
       {"use_double_wide_mlp", X, "false", kNotBuilt},
-      {"use_dpo", X, "false", "DPO is not built"},
+      {"use_dpo", X, "false", "MaxText's DPO is not mapped (this engine's: stage: dpo under modules.post_trainer, docs/posttraining.md)"},
       {"use_gather_mosaic_kernel", N, "false", kMoe},
       {"use_gmm_v2", N, "false", kMoe},
       {"use_indexer", X, "false", kNotBuilt},

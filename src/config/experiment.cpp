@@ -82,8 +82,8 @@ const std::vector<KeyInfo>& training_keys() {
                                 "documents"),
       KEY(tokenizer_type, "Megatron tokenizer type, e.g. SentencePieceTokenizer, HuggingFaceTokenizer, TikTokenizer"),
       KEY(tokenizer_model, "the tokenizer's model file"),
-      KEY(stage, "what a modules.post_trainer config trains: sft (dpo is not built yet); unset under "
-                 "modules.pre_trainer (docs/posttraining.md)"),
+      KEY(stage, "what a modules.post_trainer config trains: sft (supervised fine-tuning) or dpo (direct preference "
+                 "optimization); unset under modules.pre_trainer (docs/posttraining.md)"),
       KEY(hf_path, "post-training: a local Hugging Face model folder (config.json, safetensors) whose weights the "
                    "run starts from, imported once into <run dir>/hf_import as `checkpoint import` does"),
       KEY(sft_dataset_name, "SFT: the chat data set, a local JSONL file or JSON file (a list of records, or an "
@@ -97,6 +97,11 @@ const std::vector<KeyInfo>& training_keys() {
                                    "attending across each other; false: one conversation per sequence, padded"),
       KEY(use_packed_attention, "SFT with packing: attention kept within each conversation and positions "
                                 "restarting at each (the packed-document attention of docs/engine.md)"),
+      KEY(dpo_beta, "DPO: beta, the strength of the implicit KL penalty against the reference (TRL's beta): the loss "
+                    "is -log sigmoid(beta * (chosen - rejected log-ratio margin))"),
+      KEY(dpo_loss_type, "DPO: sigmoid (the DPO paper's loss; TRL's other loss types are not built)"),
+      KEY(dpo_label_smoothing, "DPO: the probability that a pair's preference is flipped (TRL's label_smoothing, "
+                               "conservative DPO); 0: plain DPO"),
       KEY(recompute_granularity, "activation recompute: full | selective; empty: none"),
       KEY(device, "auto | cpu | cuda. auto: the GPU when bf16 is on and one is present, else the CPU"),
       KEY(bf16, "bf16 mixed precision: bf16 weights and activations, fp32 master weights, gradients and "
@@ -427,8 +432,28 @@ bool adopt_post_trainer(YamlTree& tree, std::vector<std::pair<std::string, std::
   return true;
 }
 
-// Post-training: a post_trainer module trains stage sft (dpo and the SFT features not built yet
-// refused by name); a pre_trainer module pretrains.
+// DPO (train/dpo.h): the loss's parameters, and what it does not run on yet.
+template <class At>
+void check_dpo(const ExperimentConfig& cfg, const At& at) {
+  const TrainingArgs& t = cfg.train;
+  if (!(t.dpo_beta > 0)) fail("{}: dpo_beta must be positive, got {}", at("dpo_beta"), t.dpo_beta);
+  if (!(t.dpo_label_smoothing >= 0 && t.dpo_label_smoothing < 0.5))
+    fail("{}: dpo_label_smoothing must be in [0, 0.5), got {}", at("dpo_label_smoothing"), t.dpo_label_smoothing);
+  if (t.pipeline_model_parallel_size > 1)
+    fail("{}: stage dpo runs the chosen and rejected sides of a pair and then their backward, which the pipeline "
+         "schedules do not yet: pipeline_model_parallel_size must be 1",
+         at("pipeline_model_parallel_size"));
+  if (cfg.model_spec.num_experts > 0)
+    fail("{}: stage dpo with mixture-of-experts models is not built yet (the router's auxiliary losses would be "
+         "weighted by the DPO gradient)",
+         at("num_experts"));
+  if (t.enable_packed_sequences)
+    fail("{}: stage dpo runs each side of a pair as a sequence of its own: set enable_packed_sequences to false",
+         at("enable_packed_sequences"));
+}
+
+// Post-training: a post_trainer module trains stage sft or dpo (what is not built refused by
+// name); a pre_trainer module pretrains.
 template <class At>
 void check_stage(const ExperimentConfig& cfg, const At& at) {
   const TrainingArgs& t = cfg.train;
@@ -439,15 +464,17 @@ void check_stage(const ExperimentConfig& cfg, const At& at) {
     return;
   }
   if (t.stage == TrainStage::Pretrain)
-    fail("{}: a modules.post_trainer config needs stage: sft (Primus's sft_trainer.yaml sets it)", at("stage"));
-  if (t.stage == TrainStage::Dpo)
-    fail("{}: stage 'dpo' (preference tuning) is not built yet; stage 'sft' is", at("stage"));
+    fail("{}: a modules.post_trainer config needs stage: sft or dpo (Primus's sft_trainer.yaml sets sft)", at("stage"));
+  const char* stage = choice_name(t.stage);
   if (t.sft_dataset_name.empty())
-    fail("{}: stage sft needs sft_dataset_name: a local JSONL or JSON file of conversations", at("sft_dataset_name"));
+    fail("{}: stage {} needs sft_dataset_name: a local JSONL or JSON file of {}", at("sft_dataset_name"), stage,
+         t.stage == TrainStage::Dpo ? "preference pairs" : "conversations");
   if (!t.data_path.empty() || t.mock_data)
-    fail("{}: stage sft reads its data from sft_dataset_name; remove data_path and mock_data", at("data_path"));
+    fail("{}: stage {} reads its data from sft_dataset_name; remove data_path and mock_data", at("data_path"), stage);
   if (t.tokenizer_type.empty())
-    fail("{}: stage sft tokenizes its conversations: set tokenizer_type (and tokenizer_model)", at("tokenizer_type"));
+    fail("{}: stage {} tokenizes its conversations: set tokenizer_type (and tokenizer_model)", at("tokenizer_type"),
+         stage);
+  if (t.stage == TrainStage::Dpo) check_dpo(cfg, at);
 }
 
 // The top-level keys and the modules.pre_trainer section (returned), its keys checked.

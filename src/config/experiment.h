@@ -95,6 +95,10 @@ struct TrainingArgs {
   data::ChatFormatName sft_conversation_format = data::ChatFormatName::Alpaca;
   bool enable_packed_sequences = false;  // several conversations per sequence, first-fit decreasing
   bool use_packed_attention = false;     // attention kept within each packed conversation, positions restarting
+  // DPO (stage: dpo; TRL's beta, loss_type, label_smoothing)
+  double dpo_beta = 0.1;
+  DpoLossType dpo_loss_type = DpoLossType::Sigmoid;
+  double dpo_label_smoothing = 0.0;
   // engine
   Recompute recompute_granularity = Recompute::None;  // "": none
   std::string device = "auto";
@@ -158,7 +162,7 @@ using FieldRef =
                  std::vector<std::string> TrainingArgs::*, std::vector<int64_t> TrainingArgs::*,
                  Recompute TrainingArgs::*, CpComm TrainingArgs::*, DpSharding TrainingArgs::*, Fp8Mode TrainingArgs::*,
                  Fp8Recipe TrainingArgs::*, fp8::AmaxAlgo TrainingArgs::*, TrainStage TrainingArgs::*,
-                 data::ChatFormatName TrainingArgs::*>;
+                 DpoLossType TrainingArgs::*, data::ChatFormatName TrainingArgs::*>;
 struct KeyInfo {
   const char* name;
   FieldRef field;

@@ -141,7 +141,7 @@ SftDataset::SftDataset(const SftRecords& records, const ChatFormat& format, cons
     s.ids.resize(len, pad);
     s.mask.resize(len, 0);
   }
-  shuffle_epochs(std::max(o.num_samples, int64_t(samples_.size())), o.seed);
+  order_ = shuffled_epochs(int64_t(samples_.size()), std::max(o.num_samples, int64_t(samples_.size())), o.seed);
 }
 
 // Each conversation's ids and mask, at most `len` of them (the log says how many were cut, once).
@@ -175,18 +175,18 @@ std::vector<SftTokens> SftDataset::tokenize(const SftRecords& records, const Cha
   return out;
 }
 
-// Epoch after epoch, each in its own seeded order (Fisher-Yates over a counter-based stream).
-void SftDataset::shuffle_epochs(int64_t want, uint64_t seed) {
-  const int64_t n = int64_t(samples_.size());
-  order_.reserve(size_t(want));
+std::vector<int32_t> shuffled_epochs(int64_t n, int64_t want, uint64_t seed) {
+  std::vector<int32_t> order;
+  order.reserve(size_t(want));
   std::vector<int32_t> perm(static_cast<size_t>(n));
   const Rng rng(seed ^ 0x5f7a5eedULL, 0);
-  for (int64_t epoch = 0; int64_t(order_.size()) < want; ++epoch) {
+  for (int64_t epoch = 0; int64_t(order.size()) < want; ++epoch) {
     std::iota(perm.begin(), perm.end(), 0);
     for (int64_t i = n - 1; i > 0; --i)
       std::swap(perm[size_t(i)], perm[size_t(rng.at(uint64_t(epoch) * uint64_t(n) + uint64_t(i)) % uint64_t(i + 1))]);
-    for (int64_t i = 0; i < n && int64_t(order_.size()) < want; ++i) order_.push_back(perm[size_t(i)]);
+    for (int64_t i = 0; i < n && int64_t(order.size()) < want; ++i) order.push_back(perm[size_t(i)]);
   }
+  return order;
 }
 
 std::vector<int32_t> SftDataset::get(int64_t i) const { return samples_[size_t(order_[size_t(i % size())])].ids; }

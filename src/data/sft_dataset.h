@@ -53,6 +53,10 @@ struct SftDatasetOptions {
 // first bin (in the order bins were opened) with room for it. Returns the item indices of each bin.
 std::vector<std::vector<int32_t>> pack_first_fit_decreasing(const std::vector<int64_t>& lengths, int64_t capacity);
 
+// `want` draws of n items, epoch after epoch, each epoch in its own seeded order (Fisher-Yates over
+// a counter-based stream): SFT's samples, DPO's pairs (data/dpo_dataset.h).
+std::vector<int32_t> shuffled_epochs(int64_t n, int64_t want, uint64_t seed);
+
 class SftDataset : public SampleDataset {
  public:
   SftDataset(const SftRecords& records, const ChatFormat& format, const Tokenizer& tokenizer,
@@ -73,7 +77,6 @@ class SftDataset : public SampleDataset {
  private:
   std::vector<SftTokens> tokenize(const SftRecords& records, const ChatFormat& format, const Tokenizer& tokenizer,
                                   size_t len);
-  void shuffle_epochs(int64_t want, uint64_t seed);
 
   std::vector<SftTokens> samples_;            // padded to seq_length + 1
   std::vector<std::vector<int64_t>> starts_;  // packed: each sample's conversation starts

@@ -33,6 +33,7 @@
 #include "core/error.h"
 #include "core/launch_env.h"
 #include "core/log.h"
+#include "data/dpo_dataset.h"
 #include "data/gpt_dataset.h"
 #include "data/microbatch.h"
 #include "data/sft_chat_template.h"
@@ -60,6 +61,7 @@
 #include "train/checkpoint_saves.h"
 #include "train/compute.h"
 #include "train/dp_strategy.h"
+#include "train/dpo.h"
 #include "train/metrics_log.h"
 #include "train/moe_step.h"
 #include "train/pipeline_runner.h"
@@ -96,6 +98,8 @@ class Trainer {
   void build_profiler();
   void build_data();
   void build_sft_data(const data::Tokenizer& tok);
+  void build_dpo_data(const data::Tokenizer& tok);
+  void build_dpo();
   void build_model();
   AdamWOptions adam_options() const {
     return {a_.adam_beta1, a_.adam_beta2, a_.adam_eps, a_.weight_decay, a_.decay_norms_and_biases};
@@ -144,6 +148,11 @@ class Trainer {
   std::unique_ptr<LlamaModel> model_;
   std::unique_ptr<DataParallelStrategy> dp_;
   std::unique_ptr<LRSchedule> lr_schedule_;
+  // stage dpo: the preference pairs and the objective (train/dpo.h) in place of the LM loss; its
+  // statistics of the last step, of the log interval, and of the last evaluation.
+  std::shared_ptr<data::DpoDataset> dpo_train_, dpo_valid_;
+  std::unique_ptr<DpoObjective> dpo_;
+  DpoStats dpo_step_, dpo_interval_, dpo_eval_;
 
   // Run state and outputs.
   TrainState state_;
@@ -185,6 +194,7 @@ Trainer::Trainer(const config::ExperimentConfig& cfg)
   lr_schedule_ = std::make_unique<LRSchedule>(lr_schedule_options(a_));
   lock_save_folder();
   resume();
+  build_dpo();
   open_outputs();
   // The peak the log reports is the training loop's: the build's transient full copies (the
   // initial weights and a loaded checkpoint under ZeRO-2 / FSDP) are gone by now.
@@ -225,6 +235,9 @@ void Trainer::build_processes() {
   groups_ = parallel::build_groups(*mesh_, gpu_world_ ? *gpu_world_ : *world_);
   me_ = mesh_->coord(world_->rank());
   rank0_ = world_->rank() == 0;
+  // DPO runs each side of each pair as a microbatch of one sequence: two per pair, and the
+  // data-parallel strategy waits for that many backward passes per step.
+  if (a_.stage == config::TrainStage::Dpo) layout_.microbatches_per_rank = 2 * gbs_ / layout_.dp;
   m_local_ = layout_.microbatches_per_rank;
   seq_local_ = seq_ / layout_.cp;
   slice_ = {me_.dp, m_local_, mbs_, seq_, layout_.cp, me_.cp};
@@ -273,6 +286,7 @@ void Trainer::build_data() {
     eod = tok->eod();
   }
   if (a_.stage == config::TrainStage::Sft) return build_sft_data(*tok);  // the config checked the tokenizer
+  if (a_.stage == config::TrainStage::Dpo) return build_dpo_data(*tok);
   if (!tok && a_.mock_data) {
     eod = int32_t(spec_.vocab_size - 1);  // mock data without a tokenizer: the last id stands for eod
   }
@@ -337,6 +351,37 @@ void Trainer::build_sft_data(const data::Tokenizer& tok) {
     log::warn("sft: {} has no validation split (a JSON object's \"validation\" list): evaluation is off",
               a_.sft_dataset_name);
   }
+}
+
+// DPO: preference pairs from the same files and formats as SFT's conversations
+// (data/dpo_dataset.h), a global batch of global_batch_size pairs.
+void Trainer::build_dpo_data(const data::Tokenizer& tok) {
+  const std::unique_ptr<data::ChatFormat> format = data::fixed_chat_format(a_.sft_conversation_format);
+  data::DpoDatasetOptions o{seq_, a_.train_iters * gbs_, uint64_t(a_.seed)};
+  dpo_train_ = std::make_shared<data::DpoDataset>(
+      data::read_sft_records(a_.sft_dataset_name, a_.sft_dataset_split), *format, tok, o);
+  log::info("dpo: {} preference pairs of {} ({}, split {}), each side a sequence of {} tokens", dpo_train_->pairs(),
+            a_.sft_dataset_name, config::choice_name(a_.sft_conversation_format), a_.sft_dataset_split, seq_ + 1);
+  train_src_.dataset = dpo_train_;
+  const data::SftRecords valid = data::read_sft_records(a_.sft_dataset_name, "validation", /*optional=*/true);
+  if (!valid.records.empty()) {
+    o.num_pairs = 0;  // evaluation draws wrap around one epoch
+    valid_src_.dataset = dpo_valid_ = std::make_shared<data::DpoDataset>(valid, *format, tok, o);
+  } else if (a_.eval_interval > 0 && a_.eval_iters > 0) {
+    log::warn("dpo: {} has no validation split (a JSON object's \"validation\" list): evaluation is off",
+              a_.sft_dataset_name);
+  }
+}
+
+// DPO's objective over the model as built and loaded: the reference log-probabilities of every
+// pair come from these starting weights (or, on a resumed run, from the file the start wrote).
+void Trainer::build_dpo() {
+  if (a_.stage != config::TrainStage::Dpo) return;
+  const DpoObjective::Setup setup{*model_, *groups_.dp,   me_.dp, seq_, seq_local_, layout_.cp, me_.cp,
+                                  {a_.dpo_beta, a_.dpo_label_smoothing}};
+  dpo_ = std::make_unique<DpoObjective>(setup, dpo_train_, dpo_valid_);
+  dpo_->prepare_reference((fs::path(cfg_.checkpoint_dir()) / "dpo_reference.json").string(), state_.iteration > 0,
+                          rank0_);
 }
 
 // This rank's part of the model (its tensor-parallel shard of its pipeline chunks) and the
@@ -564,8 +609,12 @@ StepResult Trainer::train_step() {
   dp_->begin_step();
   model_->reset_moe_stats();  // evaluation forwards do not count
   model_->linears().clear_current_amaxes();  // nor do they in FP8's amax histories
-  double loss_sum = forward_backward(trace::in_host_span(
-      profiler_.get(), "data_loading", data::microbatches_from(train_src_, state_.consumed_samples, slice_)));
+  double loss_sum = 0;
+  if (dpo_)  // (its statistics are summed over the dp ranks already)
+    dpo_step_ = dpo_->train(state_.consumed_samples, gbs_);
+  else
+    loss_sum = forward_backward(trace::in_host_span(
+        profiler_.get(), "data_loading", data::microbatches_from(train_src_, state_.consumed_samples, slice_)));
   compute_.backend->synchronize();  // compute time counts the device's work
   // This rank's own work; the reductions below wait for the slowest rank (stragglers show here).
   r.compute_seconds = seconds_since(t0);
@@ -576,7 +625,7 @@ StepResult Trainer::train_step() {
   }
   // Loss: the last stage's sum, over pipeline ranks and dp ranks (tp ranks agree).
   if (layout_.schedule) loss_sum = groups_.pp->all_reduce_value(loss_sum);
-  r.loss = groups_.dp->all_reduce_value(loss_sum) / double(num_micro_);
+  r.loss = dpo_ ? dpo_step_.mean_loss() : groups_.dp->all_reduce_value(loss_sum) / double(num_micro_);
   {
     trace::Region region(profiler_.get(), "gradient_norm");
     r.grad_norm = dp_->gradient_norm();
@@ -620,6 +669,11 @@ void Trainer::update_fp8_scales() {
 
 double Trainer::evaluate() {
   trace::Span span(profiler_.get(), trace::Category::Annotation, "evaluate");
+  if (dpo_) {
+    dpo_eval_ = DpoStats();
+    for (int64_t e = 0; e < a_.eval_iters; ++e) dpo_eval_ += dpo_->evaluate(e * gbs_, gbs_);
+    return dpo_eval_.mean_loss();
+  }
   double total = 0;
   data::Microbatch mb;
   for (int64_t e = 0; e < a_.eval_iters; ++e) {
@@ -691,6 +745,11 @@ void Trainer::log_interval(const StepResult& step) {
                      {"memory_activations_bytes", activation_bytes},
                      {"skipped_iterations", watch_->skipped_iterations()}};
   if (layout_.schedule) log_pipeline(row);
+  if (dpo_) {  // the interval's pairs
+    log::info(" dpo | {}", dpo_interval_.describe());
+    dpo_interval_.to_metrics(row, "");
+    dpo_interval_ = DpoStats();
+  }
   if (moe_.any) {  // of the interval's last iteration
     log::info(" {}", describe_moe_step(moe_));
     add_moe_metrics(moe_, row);
@@ -723,6 +782,7 @@ TrainSummary Trainer::run() {
     summary_.iterations = state_.iteration;
     summary_.last_loss = step.loss;
     interval_loss_ += step.loss;
+    dpo_interval_ += dpo_step_;
     interval_time_ += step.seconds;
     interval_steps_ += 1;
     watch_->end_step(state_.iteration, step.loss, step.grad_norm, step.seconds, step.compute_seconds);
@@ -733,12 +793,14 @@ TrainSummary Trainer::run() {
     if (a_.eval_interval > 0 && a_.eval_iters > 0 && state_.iteration % a_.eval_interval == 0 && !valid_src_.empty()) {
       watch_->phase("eval", state_.iteration);
       summary_.last_eval_loss = evaluate();
-      log::info(" validation at iteration {} | lm loss: {:.6E} | lm loss PPL: {:.3f}", state_.iteration,
-                summary_.last_eval_loss, std::exp(summary_.last_eval_loss));
-      if (rank0_)
-        metrics_->write({{"iteration", state_.iteration},
+      log::info(" validation at iteration {} | lm loss: {:.6E} | lm loss PPL: {:.3f}{}", state_.iteration,
+                summary_.last_eval_loss, std::exp(summary_.last_eval_loss),
+                dpo_ ? " | " + dpo_eval_.describe() : std::string());
+      nlohmann::json row{{"iteration", state_.iteration},
                          {"consumed_samples", state_.consumed_samples},
-                         {"eval_lm_loss", summary_.last_eval_loss}});
+                         {"eval_lm_loss", summary_.last_eval_loss}};
+      if (dpo_) dpo_eval_.to_metrics(row, "eval_");
+      if (rank0_) metrics_->write(row);
     }
     if (a_.save_interval > 0 && state_.iteration % a_.save_interval == 0)
       save();

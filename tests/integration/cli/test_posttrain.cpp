@@ -343,7 +343,7 @@ TEST(Posttrain, RefusesWhatIsNotBuiltByName) {
     EXPECT_NE(r.code, 0) << r.out;
     return r.out;
   };
-  EXPECT_NE(out("posttrain", kExample + " --stage dpo").find("stage 'dpo' (preference tuning) is not built yet"),
+  EXPECT_NE(out("posttrain", kRoot + "/examples/dpo_tiny_cpu.yaml --dpo_beta 0").find("dpo_beta must be positive, got 0"),
             std::string::npos);
   EXPECT_NE(out("posttrain", kExample + " --lora.enabled true --lora.dropout 0.05")
                 .find("lora.dropout 0.05 is not built (the adapters run without dropout); set lora.dropout: 0.0"),
@@ -423,6 +423,54 @@ TEST(PrimusSftConfigs, LoadRefuseAndTrain) {
     for (double x : l) EXPECT_TRUE(std::isfinite(x) && x > 0) << run;
   }
   fs::remove_all(ws);
+}
+
+// DPO (stage: dpo) on the example's preference pairs, shrunk to fp32 and three steps: the first
+// step's loss is ln 2 with every reward 0 (the policy is the reference), and two data-parallel
+// ranks give the one-process losses, rewards and gradient norms; a pair without `rejected` is an
+// error naming its record.
+TEST(Dpo, FirstStepIsLn2AndDp2GivesTheOneProcessRun) {
+  const std::string tiny =
+      " --num_layers 2 --hidden_size 64 --ffn_hidden_size 128 --num_attention_heads 4 --num_query_groups 2"
+      " --seq_length 128 --micro_batch_size 1 --global_batch_size 4 --train_iters 3 --lr_warmup_iters 0"
+      " --log_interval 1 --eval_interval 0 --bf16 false";
+  std::vector<std::vector<nlohmann::json>> runs;
+  for (int n : {1, 2}) {
+    const fs::path ws = workspace("dpo" + std::to_string(n));
+    const auto r = run("direct --nproc " + std::to_string(n) + " --workspace " + ws.string() +
+                       " --exp-name run -- train posttrain --config " + kRoot + "/examples/dpo_tiny_cpu.yaml" + tiny);
+    ASSERT_EQ(r.code, 0) << r.out;
+    std::vector<nlohmann::json> rows;
+    std::ifstream in(ws / "run" / "metrics.jsonl");
+    for (std::string line; std::getline(in, line);) {
+      const auto j = nlohmann::json::parse(line);
+      if (j.contains("lm_loss") && j.contains("iteration")) rows.push_back(j);
+    }
+    ASSERT_EQ(rows.size(), 3u) << r.out;
+    runs.push_back(rows);
+    fs::remove_all(ws);
+  }
+  const auto& first = runs[0][0];
+  EXPECT_NEAR(first["lm_loss"].get<double>(), std::log(2.0), 1e-12);
+  for (const char* k : {"rewards_chosen", "rewards_rejected", "rewards_margins"})
+    EXPECT_EQ(first[k].get<double>(), 0.0) << k;
+  EXPECT_NE(runs[0][2]["lm_loss"].get<double>(), runs[0][0]["lm_loss"].get<double>());  // it trained
+  for (size_t i = 0; i < 3; ++i)
+    for (const char* k : {"lm_loss", "grad_norm", "rewards_margins", "rewards_accuracies"}) {
+      const double a = runs[0][i][k].get<double>(), b = runs[1][i][k].get<double>();
+      EXPECT_NEAR(b, a, 1e-5 * std::max(1.0, std::abs(a))) << k << " iteration " << i + 1;
+    }
+
+  const fs::path dir = workspace("dpo-bad");
+  fs::create_directories(dir);
+  std::ofstream(dir / "pairs.jsonl") << "{\"prompt\": \"1+1=\", \"chosen\": \"2\", \"rejected\": \"3\"}\n"
+                                        "{\"prompt\": \"2+2=\", \"chosen\": \"4\"}\n";
+  const auto bad = run("direct --workspace " + (dir / "ws").string() + " -- train posttrain --config " + kRoot +
+                       "/examples/dpo_tiny_cpu.yaml" + tiny + " --sft_dataset_name " + (dir / "pairs.jsonl").string());
+  EXPECT_NE(bad.code, 0);
+  EXPECT_NE(bad.out.find("pairs.jsonl"), std::string::npos) << bad.out;
+  EXPECT_NE(bad.out.find("rejected"), std::string::npos) << bad.out;
+  fs::remove_all(dir);
 }
 
 }  // namespace

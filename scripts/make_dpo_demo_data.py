@@ -1,0 +1,66 @@
+#!/usr/bin/env python3
+"""Writes examples/data/arith_pref.json, the small preference set of examples/dpo_tiny_cpu.yaml:
+arithmetic questions, each with a chosen answer (the right result) and a rejected one (a wrong
+result, off by 1 to 10), as {"train": [...], "validation": [...]}. Three record shapes, as TRL's
+preference data sets have them:
+  - "prompt", "chosen", "rejected" as text;
+  - explicit prompt in messages: "prompt" a list of messages, "chosen"/"rejected" lists holding the
+    assistant's answer;
+  - implicit prompt: "chosen" and "rejected" whole conversations that share their first turns (a
+    system prompt, sometimes an earlier question and answer).
+Deterministic: the same file on every run (Python's random with a fixed seed)."""
+import json
+import random
+import sys
+
+rng = random.Random(20261128)
+OPS = [("+", lambda a, b: a + b), ("-", lambda a, b: a - b), ("*", lambda a, b: a * b)]
+ASK = ["What is {a} {op} {b}?", "Compute {a} {op} {b}.", "{a} {op} {b} = ?"]
+
+
+def question():
+    op, f = rng.choice(OPS)
+    a, b = rng.randint(0, 99), rng.randint(0, 99 if op != "*" else 12)
+    r = f(a, b)
+    wrong = r + rng.choice([-1, 1]) * rng.randint(1, 10)
+    ask = rng.choice(ASK).format(a=a, op=op, b=b)
+    return ask, f"{a} {op} {b} = {r}", f"{a} {op} {b} = {wrong}"
+
+
+def user(text):
+    return {"role": "user", "content": text}
+
+
+def assistant(text):
+    return {"role": "assistant", "content": text}
+
+
+def pair():
+    ask, good, bad = question()
+    shape = rng.random()
+    if shape < 0.4:
+        return {"prompt": ask, "chosen": good, "rejected": bad}
+    if shape < 0.7:
+        return {"prompt": [user(ask)], "chosen": [assistant(good)], "rejected": [assistant(bad)]}
+    shared = [{"role": "system", "content": "You are a calculator."}]
+    if rng.random() < 0.5:  # an earlier turn, the same in both
+        ask0, good0, _ = question()
+        shared += [user(ask0), assistant(good0)]
+    shared.append(user(ask))
+    return {"chosen": shared + [assistant(good)], "rejected": shared + [assistant(bad)]}
+
+
+def main():
+    out = sys.argv[1] if len(sys.argv) > 1 else "examples/data/arith_pref.json"
+    data = {"train": [pair() for _ in range(400)], "validation": [pair() for _ in range(40)]}
+    with open(out, "w", encoding="utf-8") as f:
+        f.write("{\n")
+        for i, split in enumerate(("train", "validation")):
+            f.write(f'"{split}": [\n')
+            f.write(",\n".join(json.dumps(r) for r in data[split]))
+            f.write("\n]" + (",\n" if i == 0 else "\n"))
+        f.write("}\n")
+
+
+if __name__ == "__main__":
+    main()
