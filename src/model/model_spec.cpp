@@ -58,6 +58,9 @@ const std::vector<Field>& fields() {
       {"rope_high_freq_factor", &ModelSpec::rope_high_freq_factor},
       {"rope_original_max_position_embeddings", &ModelSpec::rope_original_max_position_embeddings},
       {"qk_layernorm", &ModelSpec::qk_layernorm},
+      {"softmax_type", &ModelSpec::softmax_type},
+      {"window_size", &ModelSpec::window_size, true},                      // a [left, right] pair: set_window_size
+      {"window_attn_skip_freq", &ModelSpec::window_attn_skip_freq, true},  // also a list: set_window_pattern
       {"multi_latent_attention", &ModelSpec::multi_latent_attention},
       {"q_lora_rank", &ModelSpec::q_lora_rank, true},
       {"kv_lora_rank", &ModelSpec::kv_lora_rank},
@@ -198,8 +201,48 @@ void set_moe_layer_freq(ModelSpec& spec, const YAML::Node& value, const std::str
   spec.moe_layer_pattern = parse_layer_pattern(value.Scalar(), at);
 }
 
+// window_size: null, or Megatron's [left, right] with right 0 (causal) and left >= -1 (-1: none).
+void set_window_size(ModelSpec& spec, const YAML::Node& value, const std::string& at) {
+  if (value.IsNull()) {
+    spec.window_size = -1;
+    return;
+  }
+  int64_t left = 0, right = 0;
+  if (!value.IsSequence() || value.size() != 2 || !YAML::convert<int64_t>::decode(value[0], left) ||
+      !YAML::convert<int64_t>::decode(value[1], right))
+    fail("{}: 'window_size' must be null or a pair [left, right] of integers, e.g. [128, 0], got {}", at,
+         scalar_text(value));
+  if (right != 0)
+    fail("{}: 'window_size' [{}, {}]: only causal windows are supported (right = 0): queries never see later keys "
+         "in a decoder",
+         at, left, right);
+  if (left < -1) fail("{}: 'window_size' left window must be >= 0 (or -1 for none), got {}", at, left);
+  spec.window_size = left;
+}
+
+// window_attn_skip_freq: null, an integer, or a 0/1 list (one entry per layer, 1: the window).
+void set_window_pattern(ModelSpec& spec, const YAML::Node& value, const std::string& at) {
+  spec.window_attn_pattern.clear();
+  spec.window_attn_skip_freq = 0;
+  if (value.IsNull()) return;
+  int64_t v = 0;
+  if (value.IsScalar() && YAML::convert<int64_t>::decode(value, v)) {
+    spec.window_attn_skip_freq = v;
+    return;
+  }
+  if (!value.IsSequence()) fail("{}: 'window_attn_skip_freq' must be null, an integer or a 0/1 list, got {}", at, scalar_text(value));
+  for (const auto& e : value) {
+    if (!e.IsScalar() || !YAML::convert<int64_t>::decode(e, v) || (v != 0 && v != 1))
+      fail("{}: 'window_attn_skip_freq' list entries must be 0 (full attention) or 1 (window), got {}", at,
+           scalar_text(e));
+    spec.window_attn_pattern.push_back(v);
+  }
+}
+
 void set_field(ModelSpec& spec, const Field& f, const YAML::Node& value, const std::string& at) {
   if (std::string_view(f.key) == "moe_layer_freq") return set_moe_layer_freq(spec, value, at);
+  if (std::string_view(f.key) == "window_size") return set_window_size(spec, value, at);
+  if (std::string_view(f.key) == "window_attn_skip_freq") return set_window_pattern(spec, value, at);
   std::visit(
       [&](auto member) {
         using T = std::remove_reference_t<decltype(spec.*member)>;
@@ -239,11 +282,24 @@ YAML::Node load_yaml_file(const fs::path& path) {
   }
 }
 
+// Presets of Primus's model families whose parts are not built yet: refused by name with the
+// reason (docs/model_math.md lists what each needs).
+const char* unbuilt_preset(const std::string& name) {
+  static const char* const kGptOss =
+      "gpt-oss needs biases on its attention, router and expert linears (add_bias_linear), the experts' clamped "
+      "SwiGLU (activation_func_clamp_value, glu_linear_offset) and YaRN on grouped-query attention, which are not "
+      "built yet (its attention sinks and sliding windows are: softmax_type, window_size, window_attn_skip_freq); "
+      "see docs/model_math.md, gpt-oss";
+  if (name == "gpt_oss_20B" || name == "gpt_oss_120B") return kGptOss;
+  return nullptr;
+}
+
 fs::path preset_path(const std::string& name) {
   fs::path dir = model_preset_dir();
   fs::path p = dir / (name + ".yaml");
   std::error_code ec;
   if (fs::is_regular_file(p, ec)) return p;
+  if (const char* why = unbuilt_preset(name)) fail("model preset '{}' is not available yet: {}", name, why);
   std::vector<std::string> names = list_model_presets();
   fail("unknown model preset '{}'{}; presets in {}: {}", name, did_you_mean(name, names), dir.string(),
        fmt::join(names, ", "));
@@ -410,6 +466,16 @@ void ModelSpec::validate() const {
     if (!std::isfinite(rotary_scaling_factor) || rotary_scaling_factor < 1)
       fail("{}: rotary_scaling_factor must be at least 1 (1: no YaRN scaling), got {}", who, rotary_scaling_factor);
   }
+  if (softmax_type != "vanilla" && softmax_type != "off-by-one" && softmax_type != "learnable")
+    fail("{}: softmax_type must be vanilla, off-by-one or learnable, got '{}'", who, softmax_type);
+  if (window_attn_skip_freq < 0)
+    fail("{}: window_attn_skip_freq must be positive (or null), got {}", who, window_attn_skip_freq);
+  if (!window_attn_pattern.empty() && int64_t(window_attn_pattern.size()) != num_layers)
+    fail("{}: window_attn_skip_freq lists {} layers for num_layers {}", who, window_attn_pattern.size(), num_layers);
+  if (multi_latent_attention && (window_size >= 0 || has_attention_sinks()))
+    fail("{}: window_size and softmax_type {} are gpt-oss's grouped-query attention options, not multi-latent "
+         "attention's",
+         who, softmax_type);
   validate_moe();
   auto finite_positive = [&](const char* field, double v) {
     if (!std::isfinite(v) || v <= 0) fail("{}: {} must be a positive number, got {}", who, field, v);
@@ -497,6 +563,13 @@ void ModelSpec::validate_moe() const {
   }
 }
 
+int64_t ModelSpec::layer_window(int64_t layer) const {
+  if (window_size < 0) return -1;
+  if (!window_attn_pattern.empty()) return window_attn_pattern[size_t(layer)] ? window_size : -1;
+  if (window_attn_skip_freq > 0) return (layer + 1) % window_attn_skip_freq != 0 ? window_size : -1;
+  return window_size;
+}
+
 std::vector<ParamInfo> model_parameter_layout(const ModelSpec& spec) {
   spec.validate();
   const int64_t h = spec.hidden_size, f = spec.ffn_hidden_size, v = spec.vocab_size;
@@ -537,6 +610,8 @@ std::vector<ParamInfo> model_parameter_layout(const ModelSpec& spec) {
         add(p + "self_attention.q_layernorm.weight", {spec.head_dim()}, false);
         add(p + "self_attention.k_layernorm.weight", {spec.head_dim()}, false);
       }
+      if (spec.learns_attention_sinks())  // one logit per head (Megatron's softmax_offset)
+        add(p + "self_attention.core_attention.softmax_offset", {H}, false);
       add(p + "self_attention.linear_proj.weight", {h, q}, true);
     }
     add(p + "pre_mlp_layernorm.weight", {h}, false);
@@ -631,7 +706,10 @@ ModelStats model_stats(const ModelSpec& spec, int64_t seq_length) {
     // Every routed expert has the same size: top-k of num_experts of them run per token.
     const int64_t active = layer_active[l] + (moe ? layer_experts[l] / spec.num_experts * spec.moe_router_topk : 0);
     // 6 FLOPs per weight per token (2 forward, 4 backward) over the weights a token meets.
-    double flops = 6.0 * double(active - layer_buffers[l]) + attn_core;
+    // A sliding window of w leaves (s - w - 1)(s - w) / 2 of the s^2 / 2 causal pairs unseen.
+    const double w = double(spec.layer_window(l));
+    const double unseen = w >= 0 && w + 1 < s ? (s - w - 1) * (s - w) / 2 : 0.0;
+    double flops = 6.0 * double(active - layer_buffers[l]) + attn_core * (1.0 - unseen / (s * s / 2));
     st.layers.push_back(
         {fmt::format("decoder.layers.{}", l), layer_params[l], flops, moe ? moe_act : dense_act, active});
   }
@@ -678,6 +756,21 @@ YAML::Node model_spec_to_yaml(const ModelSpec& spec) {
     for (int64_t v : spec.moe_layer_pattern) l.push_back(v);
     l.SetStyle(YAML::EmitterStyle::Flow);
     out["moe_layer_freq"] = l;
+  }
+  if (spec.window_size >= 0) {
+    YAML::Node w(YAML::NodeType::Sequence);
+    w.push_back(spec.window_size);
+    w.push_back(0);
+    w.SetStyle(YAML::EmitterStyle::Flow);
+    out["window_size"] = w;
+  } else {
+    out["window_size"] = YAML::Node(YAML::NodeType::Null);
+  }
+  if (!spec.window_attn_pattern.empty()) {
+    YAML::Node l(YAML::NodeType::Sequence);
+    for (int64_t v : spec.window_attn_pattern) l.push_back(v);
+    l.SetStyle(YAML::EmitterStyle::Flow);
+    out["window_attn_skip_freq"] = l;
   }
   return out;
 }
