@@ -255,6 +255,12 @@ TEST_F(Distributed, Tp2SequenceParallelQkLayernormBf16) {
   expect_same_training(2, "--tensor_model_parallel_size 2 --sequence_parallel true",
                        std::string("--qk_layernorm true ") + kBf16, kBf16LossTol, kBf16WeightTol);
 }
+// gpt-oss's attention (docs/model_math.md): learned sinks split by heads over tp (each rank's
+// heads' own gradient), a window on alternate layers whatever stage holds them.
+TEST_F(Distributed, Tp2Pp2GptOssAttention) {
+  expect_same_training(4, "--tensor_model_parallel_size 2 --pipeline_model_parallel_size 2 --sequence_parallel true",
+                       "--softmax_type learnable --window_size '[8, 0]' --window_attn_skip_freq 2");
+}
 
 class PipelineSchedules : public Distributed, public ::testing::WithParamInterface<std::string> {};
 TEST_P(PipelineSchedules, Pp4) {
