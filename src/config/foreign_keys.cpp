@@ -47,8 +47,8 @@ const char* const kNsTurboSinks =
     "Primus-Turbo's switch of gpt-oss's learned sinks and sliding window; here they are the model keys "
     "softmax_type: learnable, window_size: [N, 0] and window_attn_skip_freq: 2 (the window on odd layers, 1-based)";
 const char* const kNsGptOss =
-    "a part of gpt-oss not built yet (its sinks and sliding windows are: softmax_type, window_size, "
-    "window_attn_skip_freq); docs/model_math.md, gpt-oss, lists what is missing";
+    "a part of gpt-oss not built yet (its sinks, sliding windows and linear biases are: softmax_type, window_size, "
+    "window_attn_skip_freq, add_bias_linear); docs/model_math.md, gpt-oss, lists what is missing";
 const char* const kCkptStrictness =
     "how torch distributed checkpointing treats unexpected and missing keys; this engine's checkpoints are strict "
     "(every difference in the model is an error naming it) unless load_strict is false";
@@ -66,7 +66,6 @@ const std::vector<ForeignKey>& foreign_keys() {
       {"activation_offload_fraction", KeyStatus::NotSupported, "1.0", kNsOther, Src::M},
       {"activation_situ_beta", KeyStatus::NotSupported, "4.0", kNsOther, Src::P},
       {"activation_situ_linear_beta", KeyStatus::NotSupported, "25.0", kNsOther, Src::P},
-      {"add_bias_linear", KeyStatus::NotSupported, "false", kNsGptOss, Src::MP},
       {"add_position_embedding", KeyStatus::NotSupported, "false", kNsOther, Src::MP},
       {"adlr_autoresume", KeyStatus::NotSupported, "false", kNsOther, Src::MP},
       {"adlr_autoresume_interval", KeyStatus::NotSupported, "1000", kNsOther, Src::MP},
@@ -1107,6 +1106,7 @@ const std::vector<std::pair<const char*, Src>>& applied_key_sources() {
       {"adam_beta1", Src::MP},
       {"adam_beta2", Src::MP},
       {"adam_eps", Src::MP},
+      {"add_bias_linear", Src::MP},
       {"add_qkv_bias", Src::MP},
       {"async_save", Src::MP},
       {"bf16", Src::MP},

@@ -36,6 +36,7 @@ struct GqaContext final : PartContext {
   AttentionSaves core;    // the attention core's own
   QkNormContext qk;       // qk_layernorm's
   Tensor dx2, dqkv;       // B outputs the W pass reads (dx2: the output gradient, all rows)
+  Tensor dy;              // the output gradient on this rank's rows (linear_proj's bias)
   Tensor dsinks;          // learned sinks: their gradient from B, added in W (stat dtype)
 };
 
@@ -107,7 +108,7 @@ class GqaAttention final : public BlockPart {
                : ShardSpec{};
     qkv_w_ = add_linear(kit, params, pre + "self_attention.linear_qkv.weight", {s.qkv_size(), s.hidden_size},
                         qkv_shard, ParamInit::Normal, layer);
-    if (s.add_qkv_bias)
+    if (s.qkv_bias())
       qkv_b_ = params.add_sharded(pre + "self_attention.linear_qkv.bias", {s.qkv_size()}, qkv_shard, ParamInit::Zeros,
                                   false);
     if (qk_norm_) {  // one weight for all q heads, one for all k groups; tp-partial gradients
@@ -118,6 +119,8 @@ class GqaAttention final : public BlockPart {
     }
     sinks_ = std::make_unique<AttentionSinks>(kit, params, pre, heads_);
     proj_w_ = add_proj(kit, params, layer, D);
+    if (s.add_bias_linear)  // replicated over tp, added once after the row-parallel sum
+      proj_b_ = params.add(pre + "self_attention.linear_proj.bias", {s.hidden_size}, ParamInit::Zeros, false);
   }
 
   std::vector<int> param_ids() const override {
@@ -125,6 +128,7 @@ class GqaAttention final : public BlockPart {
     for (int id : {qkv_b_, q_norm_, k_norm_, sinks_->id()})
       if (id >= 0) v.push_back(id);
     v.push_back(proj_w_);
+    if (proj_b_ >= 0) v.push_back(proj_b_);
     return v;
   }
   std::unique_ptr<PartContext> new_context() const override { return std::make_unique<GqaContext>(); }
@@ -142,7 +146,7 @@ class GqaAttention final : public BlockPart {
       c.attn = k_.empty({c.qkv.size(0), heads_ * D_});
       core_.forward(c.qkv, c.attn, c.core, shape(m), m.docs);
     }
-    return want_output ? k_.row_parallel_residual(c.attn, proj_w_, residual) : Tensor();
+    return want_output ? k_.row_parallel_residual(c.attn, proj_w_, residual, proj_b_) : Tensor();
   }
 
   void drop(PartContext& pc, Recompute r) const override {
@@ -158,6 +162,7 @@ class GqaAttention final : public BlockPart {
   Tensor backward_input(PartContext& pc, const Tensor& dy, const PassShape& m) override {
     GqaContext& c = static_cast<GqaContext&>(pc);
     c.dx2 = k_.tp.gather(dy);
+    if (proj_b_ >= 0) c.dy = dy;
     const Tensor dattn = k_.linear_input_grad(c.dx2, proj_w_);
     c.dqkv = k_.empty({c.qkv.size(0), c.qkv.size(1)});
     const ops::AttentionShape s = shape(m);
@@ -174,6 +179,7 @@ class GqaAttention final : public BlockPart {
   void backward_weight(PartContext& pc) override {
     GqaContext& c = static_cast<GqaContext&>(pc);
     k_.linear_weight_grad(c.dx2, c.attn, proj_w_);
+    if (proj_b_ >= 0) k_.bias_grad(c.dy, proj_b_);
     k_.linear_weight_grad(c.dqkv, c.h, qkv_w_);
     if (qkv_b_ >= 0) {
       Tensor gb = k_.params.grad(qkv_b_);
@@ -203,7 +209,7 @@ class GqaAttention final : public BlockPart {
     s.window = window_;
     s.sinks = sinks_->values();
     k_.be.attention_decode(cache, pos0, attn, s);
-    return k_.row_parallel_residual(attn, proj_w_, residual);
+    return k_.row_parallel_residual(attn, proj_w_, residual, proj_b_);
   }
 
  private:
@@ -223,7 +229,7 @@ class GqaAttention final : public BlockPart {
   int64_t heads_, groups_, D_;  // this rank's
   int64_t window_;              // this layer's sliding window (-1: none)
   std::unique_ptr<AttentionSinks> sinks_;
-  int qkv_w_ = -1, qkv_b_ = -1, q_norm_ = -1, k_norm_ = -1, proj_w_ = -1;
+  int qkv_w_ = -1, qkv_b_ = -1, q_norm_ = -1, k_norm_ = -1, proj_w_ = -1, proj_b_ = -1;
 };
 
 // ---------------------------------------------------------------------------------------------

@@ -51,6 +51,7 @@ const std::vector<Field>& fields() {
       {"rotary_base", &ModelSpec::rotary_base},
       {"untie_embeddings_and_output_weights", &ModelSpec::untie_embeddings_and_output_weights},
       {"add_qkv_bias", &ModelSpec::add_qkv_bias},
+      {"add_bias_linear", &ModelSpec::add_bias_linear},
       {"init_method_std", &ModelSpec::init_method_std},
       {"use_rope_scaling", &ModelSpec::use_rope_scaling},
       {"rope_scaling_factor", &ModelSpec::rope_scaling_factor},
@@ -286,10 +287,9 @@ YAML::Node load_yaml_file(const fs::path& path) {
 // reason (docs/model_math.md lists what each needs).
 const char* unbuilt_preset(const std::string& name) {
   static const char* const kGptOss =
-      "gpt-oss needs biases on its attention, router and expert linears (add_bias_linear), the experts' clamped "
-      "SwiGLU (activation_func_clamp_value, glu_linear_offset) and YaRN on grouped-query attention, which are not "
-      "built yet (its attention sinks and sliding windows are: softmax_type, window_size, window_attn_skip_freq); "
-      "see docs/model_math.md, gpt-oss";
+      "gpt-oss needs the experts' clamped SwiGLU (activation_func_clamp_value, glu_linear_offset) and YaRN on "
+      "grouped-query attention, which are not built yet (its attention sinks, sliding windows and linear biases are: "
+      "softmax_type, window_size, window_attn_skip_freq, add_bias_linear); see docs/model_math.md, gpt-oss";
   if (name == "gpt_oss_20B" || name == "gpt_oss_120B") return kGptOss;
   return nullptr;
 }
@@ -472,6 +472,13 @@ void ModelSpec::validate() const {
     fail("{}: window_attn_skip_freq must be positive (or null), got {}", who, window_attn_skip_freq);
   if (!window_attn_pattern.empty() && int64_t(window_attn_pattern.size()) != num_layers)
     fail("{}: window_attn_skip_freq lists {} layers for num_layers {}", who, window_attn_pattern.size(), num_layers);
+  if (add_bias_linear && multi_latent_attention)
+    fail("{}: add_bias_linear with multi-latent attention is not built (gpt-oss's biases are on grouped-query "
+         "attention)", who);
+  if (add_bias_linear && moe_shared_expert_intermediate_size > 0)
+    fail("{}: add_bias_linear with a shared expert (moe_shared_expert_intermediate_size {}) is not built: the shared "
+         "expert's linears have no biases yet",
+         who, moe_shared_expert_intermediate_size);
   if (multi_latent_attention && (window_size >= 0 || has_attention_sinks()))
     fail("{}: window_size and softmax_type {} are gpt-oss's grouped-query attention options, not multi-latent "
          "attention's",
@@ -605,7 +612,7 @@ std::vector<ParamInfo> model_parameter_layout(const ModelSpec& spec) {
       add(p + "self_attention.linear_proj.weight", {h, spec.attention_out_size()}, true);
     } else {
       add(p + "self_attention.linear_qkv.weight", {qkv, h}, true);
-      if (spec.add_qkv_bias) add(p + "self_attention.linear_qkv.bias", {qkv}, false);
+      if (spec.qkv_bias()) add(p + "self_attention.linear_qkv.bias", {qkv}, false);
       if (spec.qk_layernorm) {  // one weight per head channel, shared by the heads (Qwen3)
         add(p + "self_attention.q_layernorm.weight", {spec.head_dim()}, false);
         add(p + "self_attention.k_layernorm.weight", {spec.head_dim()}, false);
@@ -613,24 +620,37 @@ std::vector<ParamInfo> model_parameter_layout(const ModelSpec& spec) {
       if (spec.learns_attention_sinks())  // one logit per head (Megatron's softmax_offset)
         add(p + "self_attention.core_attention.softmax_offset", {H}, false);
       add(p + "self_attention.linear_proj.weight", {h, q}, true);
+      if (spec.add_bias_linear) add(p + "self_attention.linear_proj.bias", {h}, false);
     }
     add(p + "pre_mlp_layernorm.weight", {h}, false);
     if (!spec.is_moe_layer(l)) {
       add(p + "mlp.linear_fc1.weight", {2 * f, h}, true);  // gate and up, fused
+      if (spec.add_bias_linear) add(p + "mlp.linear_fc1.bias", {2 * f}, false);
       add(p + "mlp.linear_fc2.weight", {h, f}, true);
+      if (spec.add_bias_linear) add(p + "mlp.linear_fc2.bias", {h}, false);
       continue;
     }
     const int64_t E = spec.num_experts, fe = spec.expert_ffn(), fs = spec.moe_shared_expert_intermediate_size;
     add(p + "mlp.router.weight", {E, h}, true);
+    if (spec.add_bias_linear) add(p + "mlp.router.bias", {E}, false);
     if (spec.moe_router_enable_expert_bias) {
       add(p + "mlp.router.expert_bias", {E}, false);
       out.back().trainable = false;  // moved by the load-balancing rule, not the optimizer
     }
     for (int64_t e = 0; e < E; ++e) {  // keyed by the global expert index: any EP layout loads them
-      add(p + fmt::format("mlp.experts.local_experts.{}.linear_fc1.weight", e), {2 * fe, h}, true);
+      const std::string x = p + fmt::format("mlp.experts.local_experts.{}.", e);
+      add(x + "linear_fc1.weight", {2 * fe, h}, true);
       out.back().expert = e;
-      add(p + fmt::format("mlp.experts.local_experts.{}.linear_fc2.weight", e), {h, fe}, true);
+      if (spec.add_bias_linear) {
+        add(x + "linear_fc1.bias", {2 * fe}, false);
+        out.back().expert = e;
+      }
+      add(x + "linear_fc2.weight", {h, fe}, true);
       out.back().expert = e;
+      if (spec.add_bias_linear) {
+        add(x + "linear_fc2.bias", {h}, false);
+        out.back().expert = e;
+      }
     }
     if (fs > 0) {
       add(p + "mlp.shared_experts.linear_fc1.weight", {2 * fs, h}, true);

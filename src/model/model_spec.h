@@ -27,6 +27,10 @@ struct ModelSpec {
   double rotary_base = 10000.0;
   bool untie_embeddings_and_output_weights = true;
   bool add_qkv_bias = false;
+  // Megatron's add_bias_linear: a bias on every linear (QKV, linear_proj, the MLP's fc1 and fc2, the
+  // router, each expert's fc1 and fc2), as gpt-oss has. Not with MLA or a shared expert (not built).
+  bool add_bias_linear = false;
+  bool qkv_bias() const { return add_qkv_bias || add_bias_linear; }
   double init_method_std = 0.02;
 
   // Llama 3.1 rotary frequency scaling ("rope_type": "llama3" in Hugging Face configs).
