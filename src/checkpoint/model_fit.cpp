@@ -55,6 +55,13 @@ std::string moe_layers(const ModelSpec& s) {
   for (int64_t i = 0; i < s.num_layers; ++i) l.push_back(s.is_moe_layer(i) ? 1 : 0);
   return fmt::format("[{}]", fmt::join(l, ", "));
 }
+// window_size and window_attn_skip_freq as each layer's window (-1: full attention): the forms
+// compare equal when they give the layers the same windows.
+std::string layer_windows(const ModelSpec& s) {
+  std::vector<int64_t> l;
+  for (int64_t i = 0; i < s.num_layers; ++i) l.push_back(s.layer_window(i));
+  return fmt::format("[{}]", fmt::join(l, ", "));
+}
 
 #define AS_IS(field) [](const ModelSpec& s) { return text(s.field); }
 #define OR_NULL(field) [](const ModelSpec& s) { return or_null(s.field); }
@@ -71,6 +78,8 @@ const std::vector<ModelField>& fields() {
       {"num_query_groups", Changes::Tensors, not_mla, [](const ModelSpec& s) { return text(s.query_groups()); }},
       {"kv_channels", Changes::Tensors, not_mla, [](const ModelSpec& s) { return text(s.head_dim()); }},
       {"add_qkv_bias", Changes::Tensors, not_mla, AS_IS(add_qkv_bias)},
+      {"add_bias_linear", Changes::Tensors, always, AS_IS(add_bias_linear)},
+      {"softmax_type", Changes::Tensors, not_mla, AS_IS(softmax_type)},  // learnable: the sinks' tensors
       {"qk_layernorm", Changes::Tensors, always, AS_IS(qk_layernorm)},
       {"multi_latent_attention", Changes::Tensors, always, AS_IS(multi_latent_attention)},
       {"q_lora_rank", Changes::Tensors, mla, OR_NULL(q_lora_rank)},
@@ -87,6 +96,8 @@ const std::vector<ModelField>& fields() {
       {"moe_shared_expert_gate", Changes::Tensors, shared_expert, AS_IS(moe_shared_expert_gate)},
       {"moe_router_enable_expert_bias", Changes::Tensors, moe, AS_IS(moe_router_enable_expert_bias)},
       {"norm_epsilon", Changes::Meaning, always, AS_IS(norm_epsilon)},
+      {"window_size", Changes::Meaning, not_mla, layer_windows},
+      {"window_attn_skip_freq", Changes::Meaning, not_mla, layer_windows},
       {"rotary_base", Changes::Meaning, always, AS_IS(rotary_base)},
       {"use_rope_scaling", Changes::Meaning, always, AS_IS(use_rope_scaling)},
       {"rope_scaling_factor", Changes::Meaning, rope_scaled, AS_IS(rope_scaling_factor)},

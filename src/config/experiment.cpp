@@ -304,9 +304,10 @@ std::string resolve_model(const std::string& model, const std::string& config_fi
     fs::path beside = fs::path(config_file).parent_path() / p;
     if (fs::is_regular_file(beside)) return beside.string();
     if (!fs::is_regular_file(p)) {
-      // "llama2_7B.yaml" as Primus writes it: a preset file name.
+      // "llama2_7B.yaml" as Primus writes it: a preset file name; one that is no file here is a
+      // preset name, which load_model_spec knows or refuses by name (e.g. gpt-oss's, not built yet).
       fs::path preset = fs::path(model_preset_dir()) / p.filename();
-      if (p.parent_path().empty() && fs::is_regular_file(preset)) return preset.string();
+      if (p.parent_path().empty()) return fs::is_regular_file(preset) ? preset.string() : p.stem().string();
     }
   }
   return model;

@@ -43,6 +43,12 @@ const char* const kNsSchedule =
     "Primus's own pipeline-schedule switch; here the schedule is pipeline_schedule (1f1b, interleaved-1f1b, zb-h1, "
     "zb-h2, zbv, v-half, v-min, dualpipev, zb-auto, gpipe)";
 const char* const kNsOther = "not implemented by this engine";
+const char* const kNsTurboSinks =
+    "Primus-Turbo's switch of gpt-oss's learned sinks and sliding window; here they are the model keys "
+    "softmax_type: learnable, window_size: [N, 0] and window_attn_skip_freq: 2 (the window on odd layers, 1-based)";
+const char* const kNsGptOss =
+    "a part of gpt-oss not built yet (its sinks, sliding windows and linear biases are: softmax_type, window_size, "
+    "window_attn_skip_freq, add_bias_linear); docs/model_math.md, gpt-oss, lists what is missing";
 const char* const kCkptStrictness =
     "how torch distributed checkpointing treats unexpected and missing keys; this engine's checkpoints are strict "
     "(every difference in the model is an error naming it) unless load_strict is false";
@@ -55,12 +61,11 @@ const std::vector<ForeignKey>& foreign_keys() {
       {"account_for_loss_in_pipeline_split", KeyStatus::NotSupported, "false", kNsOther, Src::MP},
       {"accumulate_allreduce_grads_in_fp32", KeyStatus::NoEffect, "false", kTuning, Src::MP},
       {"activation_func", KeyStatus::NotSupported, "null", kNsOther, Src::M},
-      {"activation_func_clamp_value", KeyStatus::NotSupported, "null", kNsOther, Src::MP},
+      {"activation_func_clamp_value", KeyStatus::NotSupported, "null", kNsGptOss, Src::MP},
       {"activation_func_fp8_input_store", KeyStatus::NotSupported, "false", kNsLowPrecision, Src::M},
       {"activation_offload_fraction", KeyStatus::NotSupported, "1.0", kNsOther, Src::M},
       {"activation_situ_beta", KeyStatus::NotSupported, "4.0", kNsOther, Src::P},
       {"activation_situ_linear_beta", KeyStatus::NotSupported, "25.0", kNsOther, Src::P},
-      {"add_bias_linear", KeyStatus::NotSupported, "false", kNsOther, Src::MP},
       {"add_position_embedding", KeyStatus::NotSupported, "false", kNsOther, Src::MP},
       {"adlr_autoresume", KeyStatus::NotSupported, "false", kNsOther, Src::MP},
       {"adlr_autoresume_interval", KeyStatus::NotSupported, "1000", kNsOther, Src::MP},
@@ -358,7 +363,7 @@ const std::vector<ForeignKey>& foreign_keys() {
       {"gdp_num_chunk_states_to_recompute", KeyStatus::NotSupported, "2", kNsOther, Src::M},
       {"gdp_num_householder", KeyStatus::NotSupported, "3", kNsOther, Src::M},
       {"generate_tracelens_report", KeyStatus::NoEffect, "false", kLogging, Src::P},
-      {"glu_linear_offset", KeyStatus::NotSupported, "0.0", kNsOther, Src::M},
+      {"glu_linear_offset", KeyStatus::NotSupported, "0.0", kNsGptOss, Src::M},
       {"gpu_sniff_test_interval", KeyStatus::NoEffect, "null", kLogging, Src::M},
       {"grad_reduce_in_bf16", KeyStatus::NotSupported, "false", kNsLowPrecision, Src::MP},
       {"grad_scale_func", KeyStatus::NotSupported, "null", kNsOther, Src::M},
@@ -830,7 +835,7 @@ const std::vector<ForeignKey>& foreign_keys() {
       {"quantile_balancing_num_bins", KeyStatus::NotSupported, "1024", kNsMoe, Src::P},
       {"quantile_balancing_update_interval", KeyStatus::NotSupported, "1", kNsMoe, Src::P},
       {"query_in_block_prob", KeyStatus::NotSupported, "0.1", kNsOther, Src::MP},
-      {"quick_geglu", KeyStatus::NotSupported, "false", kNsOther, Src::MP},
+      {"quick_geglu", KeyStatus::NotSupported, "false", kNsGptOss, Src::MP},
       {"rampup_batch_size", KeyStatus::NotSupported, "null", kNsOther, Src::MP},
       {"recompute_activations", KeyStatus::NotSupported, "false", kNsOther, Src::MP},
       {"recompute_layer_ids", KeyStatus::NoEffect, "null", kMemory, Src::P},
@@ -921,11 +926,10 @@ const std::vector<ForeignKey>& foreign_keys() {
       {"sharp_enabled_group", KeyStatus::NotSupported, "null", kNsOther, Src::MP},
       {"short_seq_prob", KeyStatus::NotSupported, "0.1", kNsOther, Src::MP},
       {"sink_level", KeyStatus::NoEffect, "null", kLogging, Src::P},
-      {"sink_sliding_window", KeyStatus::NotSupported, "0", kNsOther, Src::P},
-      {"sink_window_even_layers_only", KeyStatus::NotSupported, "true", kNsOther, Src::P},
+      {"sink_sliding_window", KeyStatus::NotSupported, "0", kNsTurboSinks, Src::P},
+      {"sink_window_even_layers_only", KeyStatus::NotSupported, "true", kNsTurboSinks, Src::P},
       {"skip_train", KeyStatus::NotSupported, "false", kNsOther, Src::MP},
       {"softmax_scale", KeyStatus::NotSupported, "null", kNsOther, Src::M},
-      {"softmax_type", KeyStatus::NotSupported, "vanilla", kNsOther, Src::M},
       {"spec", KeyStatus::NoEffect, "null", kKernels, Src::MP},
       {"special_tokens", KeyStatus::NotSupported, "null", kNsOther, Src::M},
       {"squared_relu", KeyStatus::NotSupported, "false", kNsOther, Src::MP},
@@ -1034,7 +1038,7 @@ const std::vector<ForeignKey>& foreign_keys() {
       {"use_same_sampling_seed_across_dp_ranks", KeyStatus::NotSupported, "false", kNsOther, Src::M},
       {"use_sharp", KeyStatus::NoEffect, "false", kTuning, Src::MP},
       {"use_short_conv", KeyStatus::NotSupported, "true", kNsOther, Src::P},
-      {"use_sink_attention", KeyStatus::NotSupported, "false", kNsOther, Src::P},
+      {"use_sink_attention", KeyStatus::NotSupported, "false", kNsTurboSinks, Src::P},
       {"use_te_activation_func", KeyStatus::NoEffect, "false", kKernels, Src::MP},
       {"use_te_rng_tracker", KeyStatus::NoEffect, "false", kKernels, Src::M},
       {"use_tokenizer_model_from_checkpoint_args", KeyStatus::NoEffect, "true", kStorage, Src::MP},
@@ -1079,14 +1083,12 @@ const std::vector<ForeignKey>& foreign_keys() {
       {"weight_deosc_ratio", KeyStatus::NotSupported, "4.0", kNsOther, Src::P},
       {"weight_deosc_start_step", KeyStatus::NotSupported, "0", kNsOther, Src::P},
       {"wgrad_deferral_limit", KeyStatus::NoEffect, "0", kTuning, Src::MP},
-      {"window_attn_skip_freq", KeyStatus::NotSupported, "null", kNsOther, Src::M},
-      {"window_size", KeyStatus::NotSupported, "null", kNsOther, Src::M},
       {"wsd_decay_steps", KeyStatus::NotSupported, "null", kNsOther, Src::M},
       {"yaml_cfg", KeyStatus::NoEffect, "null", kKernels, Src::MP},
-      {"yarn_beta_fast", KeyStatus::NotSupported, "null", kNsOther, Src::M},
-      {"yarn_beta_slow", KeyStatus::NotSupported, "null", kNsOther, Src::M},
-      {"yarn_correction_range_round_to_int", KeyStatus::NotSupported, "null", kNsOther, Src::M},
-      {"yarn_original_max_position_embeddings", KeyStatus::NotSupported, "null", kNsOther, Src::M},
+      {"yarn_beta_fast", KeyStatus::NotSupported, "null", kNsGptOss, Src::M},
+      {"yarn_beta_slow", KeyStatus::NotSupported, "null", kNsGptOss, Src::M},
+      {"yarn_correction_range_round_to_int", KeyStatus::NotSupported, "null", kNsGptOss, Src::M},
+      {"yarn_original_max_position_embeddings", KeyStatus::NotSupported, "null", kNsGptOss, Src::M},
       {"zero_bubble_adaptive_memory_limit_percentile", KeyStatus::NotSupported, "85", kNsOther, Src::P},
       {"zero_bubble_pipeline_timers_end_iter", KeyStatus::NoEffect, "110", kLogging, Src::P},
       {"zero_bubble_pipeline_timers_start_iter", KeyStatus::NoEffect, "100", kLogging, Src::P},
@@ -1104,6 +1106,7 @@ const std::vector<std::pair<const char*, Src>>& applied_key_sources() {
       {"adam_beta1", Src::MP},
       {"adam_beta2", Src::MP},
       {"adam_eps", Src::MP},
+      {"add_bias_linear", Src::MP},
       {"add_qkv_bias", Src::MP},
       {"async_save", Src::MP},
       {"bf16", Src::MP},
@@ -1213,6 +1216,7 @@ const std::vector<std::pair<const char*, Src>>& applied_key_sources() {
       {"sft_conversation_format", Src::P},
       {"sft_dataset_name", Src::P},
       {"sft_dataset_split", Src::P},
+      {"softmax_type", Src::M},
       {"split", Src::MP},
       {"stage", Src::P},
       {"tensor_model_parallel_size", Src::MP},
@@ -1231,6 +1235,8 @@ const std::vector<std::pair<const char*, Src>>& applied_key_sources() {
       {"virtual_pipeline_model_parallel_size", Src::MP},
       {"vocab_size", Src::MP},
       {"weight_decay", Src::MP},
+      {"window_attn_skip_freq", Src::M},
+      {"window_size", Src::M},
       {"zero_bubble_max_pending_backward", Src::P},
   };
   return keys;

@@ -40,14 +40,26 @@ namespace primus::ops {
 //   doc_start  int32 [batch * seq] on device(), the position at which each query row's document
 //              begins, non-decreasing within a sequence; undefined: no documents
 //   key_pos0   the position of the key rows' first row (ring attention's key blocks; 0 otherwise)
-// Every attention op but decode honours it (model/documents.h builds it).
+// Every attention op but decode honours it (model/documents.h builds it). Two more properties of
+// gpt-oss's attention (kernels/cpu/attention.h says what they compute):
+//   window     (cpu::AttentionShape) a sliding window of keys; attention_forward, _backward and
+//              _decode honour it, the ring's block ops refuse it
+//   sinks      stat dtype [heads] on device(): one learned logit per head in every row's softmax
+//              denominator; undefined: none. attention_forward and _decode honour it; the backward
+//              needs nothing more (lse holds it) but the sinks' own gradient,
+//              attention_sink_backward. The ring's block ops refuse it.
 struct AttentionShape : cpu::AttentionShape {
   Tensor doc_start{};
   int64_t key_pos0 = 0;
+  Tensor sinks{};
 };
 // The kernels' view of s's documents, on `device` (null start: none). Checks doc_start's dtype,
 // size and device; one place for every backend.
 cpu::Documents documents_of(const AttentionShape& s, Device device);
+// s.sinks checked (`stat` dtype, [heads], on `device`); null when s has none.
+const void* sinks_of(const AttentionShape& s, Device device, DType stat);
+// Fails unless s has neither a window nor sinks: `op` (the ring's block ops) supports neither.
+void refuse_window_and_sinks(const AttentionShape& s, const char* op);
 
 // fp32 statistics for bf16/fp32 activations, fp64 for fp64.
 inline DType stat_dtype(DType activation) { return activation == DType::F64 ? DType::F64 : DType::F32; }
@@ -108,6 +120,10 @@ class Backend {
   virtual void attention_forward(const Tensor& qkv, Tensor& out, Tensor& lse, const AttentionShape& s) = 0;
   virtual void attention_backward(const Tensor& qkv, const Tensor& out, const Tensor& lse, const Tensor& dout,
                                   Tensor& dqkv, const AttentionShape& s) = 0;
+  // The gradient of s.sinks (defined): dsinks (gradient dtype [heads]) += -sum over rows of
+  // exp(sinks[h] - lse) * rowsum(dout * out), each head summed in a fixed order.
+  virtual void attention_sink_backward(const Tensor& out, const Tensor& lse, const Tensor& dout, Tensor& dsinks,
+                                       const AttentionShape& s) = 0;
   // Context parallelism (model/context_parallel.h): attention of a block of queries against a
   // block of keys and values that may come from another rank, the blocks merged by log-sum-exp
   // (the layouts are kernels/cpu/attention.h's). A pair has s.seq query and s.seq key rows per

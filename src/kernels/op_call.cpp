@@ -26,12 +26,16 @@ OpCall call(const char* op, DType dtype, int64_t a, int64_t b, double flops, dou
 OpCall attention(const char* op, DType dtype, const cpu::AttentionShape& s, double flops, double bytes) {
   OpCall c = call(op, dtype, s.batch, s.seq, flops, bytes);
   c.c = s.heads, c.d = s.groups, c.e = s.head_dim;
+  c.window = s.window;
   return c;
 }
 
-// Causal attention over s positions: QK^T and PV over half the pairs, 2 s d FLOPs per query and key.
+// Causal attention over s positions: QK^T and PV over half the pairs (s^2 / 2), 4 d FLOPs per
+// query and key. A sliding window of w leaves out the (s - w - 1)(s - w) / 2 pairs behind it.
 double causal_flops(const cpu::AttentionShape& s) {
-  return 2.0 * double(s.batch) * double(s.heads) * double(s.seq) * double(s.seq) * double(s.head_dim);
+  const double S = double(s.seq), W = double(s.window);
+  const double behind = s.window >= 0 && s.window + 1 < s.seq ? (S - W - 1) * (S - W) / 2 : 0.0;
+  return 4.0 * double(s.batch) * double(s.heads) * (S * S / 2 - behind) * double(s.head_dim);
 }
 
 }  // namespace
@@ -40,6 +44,7 @@ std::string OpCall::key() const {
   std::string k = fmt::format("{}:{}>{}:{}x{}x{}x{}x{}:{}{}{}{}{}{}", op, dtype_name(dtype), dtype_name(out), a, b, c,
                               d, e, trans_a, trans_b, accumulate, bias, inverse, causal);
   for (const auto& p : problems) k += fmt::format(":{}x{}x{}", p[0], p[1], p[2]);
+  if (window >= 0) k += fmt::format(":w{}", window);
   return k;
 }
 
@@ -129,9 +134,18 @@ OpCall attention_backward_call(const Tensor& qkv, const Tensor& out, const Tenso
                    nbytes(qkv) + nbytes(out) + nbytes(lse) + nbytes(dout) + nbytes(dqkv));
 }
 
+OpCall attention_sink_backward_call(const Tensor& out, const Tensor& lse, const Tensor& dout, const Tensor& dsinks,
+                                    const cpu::AttentionShape& s) {
+  OpCall c = attention("attention_sink_backward", out.dtype(), s, 2.0 * double(out.numel()) + 3.0 * double(lse.numel()),
+                       nbytes(out) + nbytes(dout) + nbytes(lse) + 2 * nbytes(dsinks));
+  c.out = dsinks.dtype();
+  return c;
+}
+
 OpCall attention_decode_call(const Tensor& cache, int64_t first, const Tensor& out, const cpu::AttentionShape& s) {
   const double q = double(s.seq - first);
-  return attention("attention_decode", cache.dtype(), s, 4.0 * q * double(s.seq) * double(s.heads) * double(s.head_dim),
+  const double keys = s.window >= 0 ? std::min(double(s.seq), double(s.window + 1)) : double(s.seq);
+  return attention("attention_decode", cache.dtype(), s, 4.0 * q * keys * double(s.heads) * double(s.head_dim),
                    nbytes(cache) + nbytes(out));
 }
 

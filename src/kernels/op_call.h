@@ -10,7 +10,8 @@
 // Dimensions, by op:
 //   gemm                      a M, b N, c K (D [M, N] = op(A) op(B))
 //   grouped_gemm              problems: each one's {M, N, K}; a the number of problems
-//   attention_*               a batch, b seq, c heads, d groups, e head_dim (causal: a diagonal block)
+//   attention_*               a batch, b seq, c heads, d groups, e head_dim (causal: a diagonal block),
+//                             window the sliding window (-1: none; its FLOPs count the keys it sees)
 //   rope_apply                a rows, b row width, c heads rotated, d head_dim, e positions per sequence
 //   embedding_*               a rows, b columns, c rows of the table
 //   gather_rows, scatter_add_rows, row_dots   a rows listed, b columns, c rows of the other side
@@ -34,6 +35,7 @@ struct OpCall {
   DType dtype = DType::F32;  // what it reads: the activation dtype, or a GEMM's A
   DType out = DType::F32;    // what it writes: a GEMM's D, a cast's destination (else dtype)
   int64_t a = 0, b = 0, c = 0, d = 0, e = 0;
+  int64_t window = -1;  // attention's sliding window
   bool trans_a = false, trans_b = false;
   bool accumulate = false;  // gemm: C is read (beta != 0); rmsnorm_backward_input: a residual
   bool bias = false, inverse = false, causal = false;
@@ -62,6 +64,8 @@ OpCall rope_call(const Tensor& x, int64_t heads, int64_t head_dim, int64_t seq, 
 OpCall attention_forward_call(const Tensor& qkv, const Tensor& out, const Tensor& lse, const cpu::AttentionShape& s);
 OpCall attention_backward_call(const Tensor& qkv, const Tensor& out, const Tensor& lse, const Tensor& dout,
                                const Tensor& dqkv, const cpu::AttentionShape& s);
+OpCall attention_sink_backward_call(const Tensor& out, const Tensor& lse, const Tensor& dout, const Tensor& dsinks,
+                                    const cpu::AttentionShape& s);
 OpCall attention_decode_call(const Tensor& cache, int64_t first, const Tensor& out, const cpu::AttentionShape& s);
 OpCall attention_block_forward_call(const Tensor& qkv, const Tensor& kv, const Tensor& out, const Tensor& lse,
                                     const cpu::AttentionShape& s, bool causal);

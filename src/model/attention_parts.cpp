@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include "core/error.h"
+
 namespace primus {
 namespace {
 
@@ -34,6 +36,53 @@ struct GqaContext final : PartContext {
   AttentionSaves core;    // the attention core's own
   QkNormContext qk;       // qk_layernorm's
   Tensor dx2, dqkv;       // B outputs the W pass reads (dx2: the output gradient, all rows)
+  Tensor dy;              // the output gradient on this rank's rows (linear_proj's bias)
+  Tensor dsinks;          // learned sinks: their gradient from B, added in W (stat dtype)
+};
+
+// gpt-oss's attention sinks of this rank's heads (kernels/cpu/attention.h): a learned logit per
+// head (softmax_type learnable: Megatron's softmax_offset, sharded by heads under tp), or a fixed
+// 0 (off-by-one); none for vanilla. The kernels read them in the stat dtype.
+class AttentionSinks {
+ public:
+  AttentionSinks(const PartKit& kit, ParamStore& params, const std::string& prefix, int64_t heads) : k_(kit) {
+    const ModelSpec& s = kit.spec;
+    if (s.learns_attention_sinks()) {
+      const int tp = kit.part.tp_size, r = kit.part.tp_rank;
+      id_ = params.add_sharded(prefix + "self_attention.core_attention.softmax_offset", {s.num_attention_heads},
+                               tp > 1 ? ShardSpec{0, {{r * heads, heads}}} : ShardSpec{}, ParamInit::Normal, false);
+    } else if (s.has_attention_sinks()) {
+      fixed_ = kit.be.zeros({heads}, kit.stat);
+    }
+  }
+  int id() const { return id_; }
+  // The sinks as the kernels take them (undefined: none).
+  Tensor values() const {
+    if (id_ < 0) return fixed_;
+    const Tensor w = k_.params.weight(id_);
+    if (w.dtype() == k_.stat) return w;
+    Tensor v = k_.stat_empty({w.numel()});
+    k_.be.cast(w, v);
+    return v;
+  }
+  // B: the learned sinks' gradient from the core's out, lse and the output gradient.
+  Tensor backward(const Tensor& out, const Tensor& lse, const Tensor& dout, const ops::AttentionShape& s) const {
+    if (id_ < 0) return Tensor();
+    Tensor d = k_.be.zeros({s.heads}, k_.stat);
+    k_.be.attention_sink_backward(out, lse, dout, d, s);
+    return d;
+  }
+  // W: adds B's gradient.
+  void backward_weight(const Tensor& dsinks) const {
+    if (id_ < 0) return;
+    Tensor g = k_.params.grad(id_).view({dsinks.numel()});
+    k_.be.add(g, dsinks, g);
+  }
+
+ private:
+  const PartKit& k_;
+  int id_ = -1;
+  Tensor fixed_;
 };
 
 class GqaAttention final : public BlockPart {
@@ -46,7 +95,8 @@ class GqaAttention final : public BlockPart {
         qk_norm_(qk_norm),
         heads_(kit.spec.num_attention_heads / kit.part.tp_size),
         groups_(kit.spec.query_groups() / kit.part.tp_size),
-        D_(kit.spec.head_dim()) {
+        D_(kit.spec.head_dim()),
+        window_(kit.spec.layer_window(layer)) {
     const ModelSpec& s = kit.spec;
     const std::string pre = fmt::format("decoder.layers.{}.", layer);
     // Column-parallel linear_qkv: this rank's q heads, then its k groups, then its v groups.
@@ -58,7 +108,7 @@ class GqaAttention final : public BlockPart {
                : ShardSpec{};
     qkv_w_ = add_linear(kit, params, pre + "self_attention.linear_qkv.weight", {s.qkv_size(), s.hidden_size},
                         qkv_shard, ParamInit::Normal, layer);
-    if (s.add_qkv_bias)
+    if (s.qkv_bias())
       qkv_b_ = params.add_sharded(pre + "self_attention.linear_qkv.bias", {s.qkv_size()}, qkv_shard, ParamInit::Zeros,
                                   false);
     if (qk_norm_) {  // one weight for all q heads, one for all k groups; tp-partial gradients
@@ -67,14 +117,18 @@ class GqaAttention final : public BlockPart {
       params.mark_tp_partial_grads(q_norm_);
       params.mark_tp_partial_grads(k_norm_);
     }
+    sinks_ = std::make_unique<AttentionSinks>(kit, params, pre, heads_);
     proj_w_ = add_proj(kit, params, layer, D);
+    if (s.add_bias_linear)  // replicated over tp, added once after the row-parallel sum
+      proj_b_ = params.add(pre + "self_attention.linear_proj.bias", {s.hidden_size}, ParamInit::Zeros, false);
   }
 
   std::vector<int> param_ids() const override {
     std::vector<int> v = {qkv_w_};
-    for (int id : {qkv_b_, q_norm_, k_norm_})
+    for (int id : {qkv_b_, q_norm_, k_norm_, sinks_->id()})
       if (id >= 0) v.push_back(id);
     v.push_back(proj_w_);
+    if (proj_b_ >= 0) v.push_back(proj_b_);
     return v;
   }
   std::unique_ptr<PartContext> new_context() const override { return std::make_unique<GqaContext>(); }
@@ -92,7 +146,7 @@ class GqaAttention final : public BlockPart {
       c.attn = k_.empty({c.qkv.size(0), heads_ * D_});
       core_.forward(c.qkv, c.attn, c.core, shape(m), m.docs);
     }
-    return want_output ? k_.row_parallel_residual(c.attn, proj_w_, residual) : Tensor();
+    return want_output ? k_.row_parallel_residual(c.attn, proj_w_, residual, proj_b_) : Tensor();
   }
 
   void drop(PartContext& pc, Recompute r) const override {
@@ -108,9 +162,12 @@ class GqaAttention final : public BlockPart {
   Tensor backward_input(PartContext& pc, const Tensor& dy, const PassShape& m) override {
     GqaContext& c = static_cast<GqaContext&>(pc);
     c.dx2 = k_.tp.gather(dy);
+    if (proj_b_ >= 0) c.dy = dy;
     const Tensor dattn = k_.linear_input_grad(c.dx2, proj_w_);
     c.dqkv = k_.empty({c.qkv.size(0), c.qkv.size(1)});
-    core_.backward(c.qkv, c.attn, c.core, dattn, c.dqkv, shape(m), m.docs);
+    const ops::AttentionShape s = shape(m);
+    core_.backward(c.qkv, c.attn, c.core, dattn, c.dqkv, s, m.docs);
+    c.dsinks = sinks_->backward(c.attn, c.core.lse, dattn, s);
     rope_.apply(c.dqkv, heads_ + groups_, m.seq, 0, true, m.positions());
     if (qk_norm_) qk_norm_->backward_input(c.dqkv, w(q_norm_), w(k_norm_), c.qk);
     Tensor dh = k_.linear_input_grad(c.dqkv, qkv_w_);
@@ -122,6 +179,7 @@ class GqaAttention final : public BlockPart {
   void backward_weight(PartContext& pc) override {
     GqaContext& c = static_cast<GqaContext&>(pc);
     k_.linear_weight_grad(c.dx2, c.attn, proj_w_);
+    if (proj_b_ >= 0) k_.bias_grad(c.dy, proj_b_);
     k_.linear_weight_grad(c.dqkv, c.h, qkv_w_);
     if (qkv_b_ >= 0) {
       Tensor gb = k_.params.grad(qkv_b_);
@@ -131,6 +189,7 @@ class GqaAttention final : public BlockPart {
       Tensor gq = k_.params.grad(q_norm_), gk = k_.params.grad(k_norm_);
       qk_norm_->backward_weight(c.qk, gq, gk);
     }
+    if (c.dsinks.defined()) sinks_->backward_weight(c.dsinks);
     c = GqaContext();
   }
 
@@ -146,20 +205,31 @@ class GqaAttention final : public BlockPart {
     rope_.apply(qkv, heads_ + groups_, n, pos0, false);
     cache.slice(0, pos0, n).copy_from(qkv);
     Tensor attn = k_.empty({n, heads_ * D_});
-    k_.be.attention_decode(cache, pos0, attn, {1, pos0 + n, heads_, groups_, D_});
-    return k_.row_parallel_residual(attn, proj_w_, residual);
+    ops::AttentionShape s{1, pos0 + n, heads_, groups_, D_};
+    s.window = window_;
+    s.sinks = sinks_->values();
+    k_.be.attention_decode(cache, pos0, attn, s);
+    return k_.row_parallel_residual(attn, proj_w_, residual, proj_b_);
   }
 
  private:
   Tensor w(int id) const { return k_.params.weight(id); }
-  ops::AttentionShape shape(const PassShape& m) const { return {m.batch, m.seq, heads_, groups_, D_}; }
+  // This rank's attention of m: its heads, the layer's window and the sinks.
+  ops::AttentionShape shape(const PassShape& m) const {
+    ops::AttentionShape s{m.batch, m.seq, heads_, groups_, D_};
+    s.window = window_;
+    s.sinks = sinks_->values();
+    return s;
+  }
 
   const PartKit& k_;
   AttentionCore& core_;
   const Rotary& rope_;
   const QkNorm* qk_norm_;
   int64_t heads_, groups_, D_;  // this rank's
-  int qkv_w_ = -1, qkv_b_ = -1, q_norm_ = -1, k_norm_ = -1, proj_w_ = -1;
+  int64_t window_;              // this layer's sliding window (-1: none)
+  std::unique_ptr<AttentionSinks> sinks_;
+  int qkv_w_ = -1, qkv_b_ = -1, q_norm_ = -1, k_norm_ = -1, proj_w_ = -1, proj_b_ = -1;
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -261,6 +331,10 @@ AttentionParts::AttentionParts(const PartKit& kit) : kit_(kit) {
   const ModelSpec& s = kit.spec;
   const ModelPartition& p = kit.part;
   if (p.cp_size > 1 && p.cp_comm == CpComm::A2A) check_all_to_all_heads(s, p.tp_size, p.cp_size);
+  if (p.cp_size > 1 && (s.window_size >= 0 || s.has_attention_sinks()))
+    fail("model '{}': window_size and softmax_type {} (gpt-oss's attention) are not supported with "
+         "context_parallel_size {}: the ring and all-to-all attention cores have neither; use context_parallel_size 1",
+         s.name, s.softmax_type, p.cp_size);
   core_ = make_attention_core(kit.be, kit.act, p.cp_size, p.cp_group, p.cp_comm);
   if (s.multi_latent_attention) {
     mla_ = std::make_unique<Mla>(kit.be, kit.act, s, kit.linears, p.tp_size, p.cp_size, p.cp_rank);

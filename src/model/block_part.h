@@ -69,8 +69,12 @@ struct PartKit {
   Tensor stat_empty(const Shape& s) const { return be.empty(s, stat); }
   // y = x W^T (+ b) for W [out, in] (a column-parallel weight's shard); bias -1: none.
   Tensor linear(const Tensor& x, int weight, int bias = -1) const;
-  // residual + in W^T for a row-parallel W: the partial products summed over tp first.
-  Tensor row_parallel_residual(const Tensor& in, int weight, const Tensor& residual) const;
+  // residual + in W^T (+ b) for a row-parallel W: the partial products summed over tp first (the
+  // bias, replicated, added by tp rank 0 alone); bias -1: none.
+  Tensor row_parallel_residual(const Tensor& in, int weight, const Tensor& residual, int bias = -1) const;
+  // A replicated bias's gradient: db += column sums of dy, this rank's rows of the output gradient
+  // (under sequence parallelism a part, summed over tp with the other replicated tensors).
+  void bias_grad(const Tensor& dy, int bias) const;
   // dx = dy W (the input gradient of y = x W^T).
   Tensor linear_input_grad(const Tensor& dy, int weight) const;
   // dW += dy^T x.

@@ -13,6 +13,7 @@ namespace {
 struct MlpContext final : PartContext {
   Tensor h, gate_up, act;  // the normed input (all rows), fc1's output, SwiGLU's
   Tensor dy, dgate_up;     // B outputs the W pass reads (dy: the output gradient, all rows)
+  Tensor dy_local;         // the output gradient on this rank's rows (fc2's bias)
 };
 
 class SwiGluMlp final : public BlockPart {
@@ -25,21 +26,30 @@ class SwiGluMlp final : public BlockPart {
     const ShardSpec fc1_shard = tp > 1 ? ShardSpec{0, {{r * Fl, Fl}, {F + r * Fl, Fl}}} : ShardSpec{};
     const ShardSpec fc2_shard = tp > 1 ? ShardSpec{1, {{r * Fl, Fl}}} : ShardSpec{};
     fc1_ = params.add_sharded(pre + "linear_fc1.weight", {2 * F, C}, fc1_shard, ParamInit::Normal, true);
+    if (kit.spec.add_bias_linear)
+      fc1_b_ = params.add_sharded(pre + "linear_fc1.bias", {2 * F}, fc1_shard, ParamInit::Zeros, false);
     fc2_ = params.add_sharded(pre + "linear_fc2.weight", {C, F}, fc2_shard, ParamInit::ScaledNormal, true);
+    if (kit.spec.add_bias_linear)  // replicated over tp, added once after the row-parallel sum
+      fc2_b_ = params.add(pre + "linear_fc2.bias", {C}, ParamInit::Zeros, false);
     kit.linears.declare(fc1_, pre + "linear_fc1.weight", layer);
     kit.linears.declare(fc2_, pre + "linear_fc2.weight", layer);
   }
 
-  std::vector<int> param_ids() const override { return {fc1_, fc2_}; }
+  std::vector<int> param_ids() const override {
+    std::vector<int> v;
+    for (int id : {fc1_, fc1_b_, fc2_, fc2_b_})
+      if (id >= 0) v.push_back(id);
+    return v;
+  }
   std::unique_ptr<PartContext> new_context() const override { return std::make_unique<MlpContext>(); }
 
   Tensor forward(PartContext& pc, const Tensor& h, const Tensor& residual, const PassShape&,
                  bool want_output) override {
     MlpContext& c = static_cast<MlpContext&>(pc);
     if (!c.h.defined()) c.h = k_.tp.gather(h);
-    if (!c.gate_up.defined()) c.gate_up = k_.linear(c.h, fc1_);
+    if (!c.gate_up.defined()) c.gate_up = k_.linear(c.h, fc1_, fc1_b_);
     if (!c.act.defined()) c.act = swiglu(c.gate_up);
-    return want_output ? k_.row_parallel_residual(c.act, fc2_, residual) : Tensor();  // y = x2 + act W2^T
+    return want_output ? k_.row_parallel_residual(c.act, fc2_, residual, fc2_b_) : Tensor();  // y = x2 + act W2^T
   }
 
   void drop(PartContext& pc, Recompute r) const override {
@@ -53,6 +63,7 @@ class SwiGluMlp final : public BlockPart {
   Tensor backward_input(PartContext& pc, const Tensor& dy, const PassShape&) override {
     MlpContext& c = static_cast<MlpContext&>(pc);
     c.dy = k_.tp.gather(dy);
+    if (fc2_b_ >= 0) c.dy_local = dy;
     const Tensor da = k_.linear_input_grad(c.dy, fc2_);
     c.dgate_up = k_.empty({da.size(0), 2 * F_});
     k_.be.swiglu_backward(da, c.gate_up, c.dgate_up);
@@ -64,12 +75,14 @@ class SwiGluMlp final : public BlockPart {
   void backward_weight(PartContext& pc) override {
     MlpContext& c = static_cast<MlpContext&>(pc);
     k_.linear_weight_grad(c.dy, c.act, fc2_);
+    if (fc2_b_ >= 0) k_.bias_grad(c.dy_local, fc2_b_);
     k_.linear_weight_grad(c.dgate_up, c.h, fc1_);
+    if (fc1_b_ >= 0) k_.bias_grad(c.dgate_up, fc1_b_);  // this rank's columns, every row
     c = MlpContext();
   }
 
   Tensor decode(Tensor&, const Tensor& h, const Tensor& residual, int64_t) const override {
-    return k_.row_parallel_residual(swiglu(k_.linear(h, fc1_)), fc2_, residual);
+    return k_.row_parallel_residual(swiglu(k_.linear(h, fc1_, fc1_b_)), fc2_, residual, fc2_b_);
   }
 
  private:
@@ -81,7 +94,7 @@ class SwiGluMlp final : public BlockPart {
 
   const PartKit& k_;
   int64_t F_ = 0;  // this rank's ffn columns
-  int fc1_ = -1, fc2_ = -1;
+  int fc1_ = -1, fc2_ = -1, fc1_b_ = -1, fc2_b_ = -1;
 };
 
 struct MoePartContext final : PartContext {

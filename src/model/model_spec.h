@@ -27,6 +27,10 @@ struct ModelSpec {
   double rotary_base = 10000.0;
   bool untie_embeddings_and_output_weights = true;
   bool add_qkv_bias = false;
+  // Megatron's add_bias_linear: a bias on every linear (QKV, linear_proj, the MLP's fc1 and fc2, the
+  // router, each expert's fc1 and fc2), as gpt-oss has. Not with MLA or a shared expert (not built).
+  bool add_bias_linear = false;
+  bool qkv_bias() const { return add_qkv_bias || add_bias_linear; }
   double init_method_std = 0.02;
 
   // Llama 3.1 rotary frequency scaling ("rope_type": "llama3" in Hugging Face configs).
@@ -39,6 +43,18 @@ struct ModelSpec {
   // Per-head RMSNorm of queries and keys before rotary (Qwen3); under multi-latent attention,
   // Megatron's same key normalises the query and key/value latents (DeepSeek).
   bool qk_layernorm = false;
+
+  // gpt-oss's attention (docs/model_math.md), Megatron's names. softmax_type: vanilla | off-by-one
+  // (a fixed 0 logit in every softmax denominator) | learnable (one learned logit per head, the
+  // attention sinks). window_size: Megatron's [left, right] pair, read as the left window (query t
+  // sees keys t - left .. t; right must be 0, causal); -1 (YAML null, or left -1): none.
+  // window_attn_skip_freq: which layers use the window, Megatron's rule: an integer N puts every
+  // N-th layer (1-based) on full attention, the others on the window; a 0/1 list (1: window)
+  // gives each layer; 0 (null): every layer.
+  std::string softmax_type = "vanilla";
+  int64_t window_size = -1;
+  int64_t window_attn_skip_freq = 0;
+  std::vector<int64_t> window_attn_pattern;  // non-empty: the list form, one entry per layer
 
   // Multi-head latent attention (DeepSeek-V2/V3), Megatron's MLATransformerConfig names.
   bool multi_latent_attention = false;
@@ -103,6 +119,11 @@ struct ModelSpec {
   int64_t kv_size() const { return query_groups() * head_dim(); }
   int64_t qkv_size() const { return q_size() + 2 * kv_size(); }
   bool is_moe() const { return num_experts > 0; }
+  // The sliding window of decoder layer `layer` (0-based): window_size, or -1 (full attention).
+  int64_t layer_window(int64_t layer) const;
+  // Whether attention has sinks (softmax_type learnable or off-by-one), and whether they learn.
+  bool has_attention_sinks() const { return softmax_type != "vanilla"; }
+  bool learns_attention_sinks() const { return softmax_type == "learnable"; }
   // Whether decoder layer `layer` (0-based) has an MoE block instead of the dense MLP.
   bool is_moe_layer(int64_t layer) const;
   int64_t expert_ffn() const { return moe_ffn_hidden_size ? moe_ffn_hidden_size : ffn_hidden_size; }

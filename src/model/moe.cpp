@@ -23,7 +23,8 @@ void for_experts(const std::vector<int64_t>& offsets, F&& f) {
 
 std::vector<int> MoeParams::ids() const {
   std::vector<int> v = {router};
-  for (const auto* ids : {&fc1, &fc2})
+  if (router_b >= 0) v.push_back(router_b);
+  for (const auto* ids : {&fc1, &fc1_b, &fc2, &fc2_b})
     for (int id : *ids)
       if (id >= 0) v.push_back(id);
   for (int id : {expert_bias, shared_fc1, shared_fc2, shared_gate})
@@ -51,6 +52,7 @@ MoeParams register_moe_params(ParamStore& params, const ModelSpec& spec, int64_t
   MoeParams m;
   m.layer = layer;
   m.router = params.add(p + "router.weight", {E, C}, ParamInit::Normal, true);
+  if (spec.add_bias_linear) m.router_b = params.add(p + "router.bias", {E}, ParamInit::Zeros, false);
   // A buffer that the optimizer leaves alone: its gradient stays 0 and it has no weight decay.
   if (spec.moe_router_enable_expert_bias) {
     m.expert_bias = params.add(p + "router.expert_bias", {E}, ParamInit::Zeros, false);
@@ -59,12 +61,20 @@ MoeParams register_moe_params(ParamStore& params, const ModelSpec& spec, int64_t
   const int64_t local = E / ep_size;
   m.fc1.assign(size_t(E), -1);
   m.fc2.assign(size_t(E), -1);
+  if (spec.add_bias_linear) {
+    m.fc1_b.assign(size_t(E), -1);
+    m.fc2_b.assign(size_t(E), -1);
+  }
   for (int64_t e = ep_rank * local; e < (ep_rank + 1) * local; ++e) {
     const std::string x = p + fmt::format("experts.local_experts.{}.", e);
     m.fc1[size_t(e)] =
         params.add_sharded(x + "linear_fc1.weight", {2 * F, C}, fc1_shard(F), ParamInit::Normal, true);
+    if (spec.add_bias_linear)
+      m.fc1_b[size_t(e)] = params.add_sharded(x + "linear_fc1.bias", {2 * F}, fc1_shard(F), ParamInit::Zeros, false);
     m.fc2[size_t(e)] =
         params.add_sharded(x + "linear_fc2.weight", {C, F}, fc2_shard(F), ParamInit::ScaledNormal, true);
+    if (spec.add_bias_linear)
+      m.fc2_b[size_t(e)] = params.add(x + "linear_fc2.bias", {C}, ParamInit::Zeros, false);
   }
   if (Fs > 0) {
     m.shared_fc1 = params.add_sharded(p + "shared_experts.linear_fc1.weight", {2 * Fs, C}, fc1_shard(Fs),
@@ -94,6 +104,10 @@ void check_expert_tensor_parallel(const ModelSpec& spec, int tp, int etp) {
     fail("expert_tensor_parallel_size {} must be 1 (experts whole on every tensor-parallel rank) or "
          "tensor_model_parallel_size ({}); other sizes are not implemented",
          etp, tp);
+  if (etp > 1 && spec.add_bias_linear)
+    fail("expert_tensor_parallel_size {} with add_bias_linear is not built (each expert's fc2 bias would join every "
+         "tp rank's partial sum); use expert_tensor_parallel_size 1",
+         etp);
   if (etp > 1 && spec.expert_ffn() % etp != 0)
     fail("expert_tensor_parallel_size {} splits each expert's ffn (moe_ffn_hidden_size {}) over the tensor-parallel "
          "ranks: not divisible",
@@ -152,7 +166,7 @@ Tensor MoeLayer::forward(MoeContext& c, const Tensor& h_local, const Tensor& res
                share_.ranks);
   // Router logits in the stat dtype (fp32 for bf16 runs, as moe_router_dtype fp32).
   Tensor logits = be_.empty({N, E}, stat_);
-  be_.gemm(false, true, 1.0f, h, w(p_.router), 0.0f, Tensor(), logits, Tensor());
+  be_.gemm(false, true, 1.0f, h, w(p_.router), 0.0f, Tensor(), logits, p_.router_b >= 0 ? w(p_.router_b) : Tensor());
   // A backend without values (the shape-only walk) gives the router's load instead of logits.
   const std::vector<int64_t> load = be_.router_load(p_.layer, N, k, E);
   c.routing = load.empty() ? route(spec_, ops::host_values(logits), expert_bias, batch, seq, share_)
@@ -196,11 +210,13 @@ Tensor MoeLayer::forward(MoeContext& c, const Tensor& h_local, const Tensor& res
       const int id = p_.fc1[size_t(e)];
       return std::tuple{c.xp.slice(0, o, n), w(id), c.gu.slice(0, o, n), id};
     });
+    add_expert_biases(c.gu, c.offsets, p_.fc1_b, w);
     be_.swiglu_forward(c.gu, c.act);
     experts(Linears::Gemm::Forward, c.offsets, [&](int64_t e, int64_t o, int64_t n) {
       const int id = p_.fc2[size_t(e)];
       return std::tuple{c.act.slice(0, o, n), w(id), c.yp.slice(0, o, n), id};
     });
+    add_expert_biases(c.yp, c.offsets, p_.fc2_b, w);
   }
   c.yt = ep_ ? ep_->combine(c.plan, c.yp, C, act_) : c.yp;
   if (Mt > 0) be_.scatter_add_rows(c.yt, c.rows, c.weights, out);  // unpermute, weighted
@@ -330,6 +346,18 @@ Tensor MoeLayer::backward_input(MoeContext& c, const Tensor& dy_local, const Wei
   return dh;
 }
 
+// rows [o, o + n) of each expert's slice += that expert's bias (ids: per expert, empty: none).
+void MoeLayer::add_expert_biases(Tensor& rows, const std::vector<int64_t>& offsets, const std::vector<int>& ids,
+                                 const Weights& w) const {
+  if (ids.empty()) return;
+  for_experts(offsets, [&](int64_t e, int64_t o, int64_t n) {
+    const Tensor b = w(ids[size_t(e)]);
+    Tensor spread = empty({n, b.numel()}), slice = rows.slice(0, o, n);
+    be_.gather_rows(b.view({1, b.numel()}), std::vector<int32_t>(size_t(n), 0), {}, spread);
+    be_.add(slice, spread, slice);
+  });
+}
+
 void MoeLayer::backward_weight(MoeContext& c, const Weights& grad) const {
   PRIMUS_CHECK(c.dlogits.defined(), "MoE backward_weight before backward_input");
   auto acc = [&](const Tensor& dy, const Tensor& x, int id) {  // dW += dy^T x
@@ -346,6 +374,17 @@ void MoeLayer::backward_weight(MoeContext& c, const Weights& grad) const {
     return std::tuple{c.dgu.slice(0, o, n), c.xp.slice(0, o, n), grad(id), id};
   });
   acc(c.dlogits, c.h_local, p_.router);
+  if (p_.router_b >= 0) {
+    Tensor gb = grad(p_.router_b);
+    be_.column_sum_accumulate(c.dlogits, gb);
+  }
+  // The experts' biases: each one's column sums over its rows of d(fc1 out) and d(fc2 out).
+  for (const auto& [ids, dy] : {std::pair{&p_.fc1_b, &c.dgu}, std::pair{&p_.fc2_b, &c.dy}})
+    if (!ids->empty())
+      for_experts(c.offsets, [&](int64_t e, int64_t o, int64_t n) {
+        Tensor gb = grad((*ids)[size_t(e)]);
+        be_.column_sum_accumulate(dy->slice(0, o, n), gb);
+      });
   if (p_.shared_fc1 >= 0) {
     Tensor g2 = grad(p_.shared_fc2), g1 = grad(p_.shared_fc1);
     lin_.weight_grad(1.0f, c.dy_shared, c.sact, p_.shared_fc2, g2);

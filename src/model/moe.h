@@ -45,7 +45,9 @@ namespace primus {
 struct MoeParams {
   int64_t layer = -1;  // the decoder layer
   int router = -1, expert_bias = -1;
+  int router_b = -1;          // add_bias_linear: the router's bias
   std::vector<int> fc1, fc2;  // per global expert; -1 for the experts other ep ranks hold
+  std::vector<int> fc1_b, fc2_b;  // add_bias_linear: their biases (empty without)
   int shared_fc1 = -1, shared_fc2 = -1, shared_gate = -1;
   // All of them, for the weight-gradient hook (the expert bias's gradient is final, and 0, too).
   std::vector<int> ids() const;
@@ -121,6 +123,8 @@ class MoeLayer {
  private:
   Tensor empty(const Shape& s) const { return be_.empty(s, act_); }
   void check_same_routing(const MoeContext& c) const;  // split experts: collective over tp
+  void add_expert_biases(Tensor& rows, const std::vector<int64_t>& offsets, const std::vector<int>& ids,
+                         const Weights& w) const;
   ModelSpec spec_;
   // The experts' GEMMs of one kind as one grouped GEMM over the experts with rows: problem e is
   // operands(expert, first permuted row, rows) = [A_e, B_e, D_e] and the expert's weight id.

@@ -121,13 +121,19 @@ double MeasuredOps::run(const ops::OpCall& o) {
     Tensor x = filled(be, {r, c}, dt), cs = filled(be, {P, half}, stat), sn = filled(be, {P, half}, stat);
     return time_it(be, [&] { be.rope_apply(x, o.c, o.d, P, 0, cs, sn, o.inverse); });
   }
-  if (op == "attention_forward" || op == "attention_backward") {
-    const ops::AttentionShape s{o.a, o.b, o.c, o.d, o.e};
+  if (op == "attention_forward" || op == "attention_backward" || op == "attention_sink_backward") {
+    ops::AttentionShape s{o.a, o.b, o.c, o.d, o.e};
+    s.window = o.window;
     const int64_t N = s.batch * s.seq;
     Tensor qkv = filled(be, {N, s.qkv_stride()}, dt), out = filled(be, {N, s.heads * s.head_dim}, dt),
            lse = be.empty({s.batch, s.heads, s.seq}, stat);
     be.attention_forward(qkv, out, lse, s);
     if (op == "attention_forward") return time_it(be, [&] { be.attention_forward(qkv, out, lse, s); });
+    if (op == "attention_sink_backward") {
+      s.sinks = filled(be, {s.heads}, stat);
+      Tensor dout = filled(be, {N, s.heads * s.head_dim}, dt), dsinks = filled(be, {s.heads}, stat, 0.0f);
+      return time_it(be, [&] { be.attention_sink_backward(out, lse, dout, dsinks, s); });
+    }
     Tensor dout = filled(be, {N, s.heads * s.head_dim}, dt), dqkv = be.empty({N, s.qkv_stride()}, dt);
     return time_it(be, [&] { be.attention_backward(qkv, out, lse, dout, dqkv, s); });
   }

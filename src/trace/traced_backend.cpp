@@ -145,6 +145,17 @@ void TracedBackend::attention_backward(const Tensor& qkv, const Tensor& out, con
          c.bytes);
 }
 
+void TracedBackend::attention_sink_backward(const Tensor& out, const Tensor& lse, const Tensor& dout, Tensor& dsinks,
+                                            const ops::AttentionShape& s) {
+  if (!p_.active()) return be_.attention_sink_backward(out, lse, dout, dsinks, s);
+  Event& e = p_.op_begin("attention_sink_backward");
+  be_.attention_sink_backward(out, lse, dout, dsinks, s);
+  const Mark end = p_.clock().device(nullptr);
+  const ops::OpCall c = ops::attention_sink_backward_call(out, lse, dout, dsinks, s);
+  finish(e, end, OpKind::Backward, nullptr, "self_attention", c.dtype, {s.batch, s.seq, s.heads, s.head_dim}, c.flops,
+         c.bytes);
+}
+
 void TracedBackend::attention_decode(const Tensor& cache, int64_t first, Tensor& out, const ops::AttentionShape& s) {
   if (!p_.active()) return be_.attention_decode(cache, first, out, s);
   Event& e = p_.op_begin("attention_decode");

@@ -751,6 +751,35 @@ TEST(CudaBackend, Bf16MoeModelMatchesTheReference) {
   EXPECT_LT(grad_rel_error(b, a), 0.03);
 }
 
+// gpt-oss's attention (docs/model_math.md) on the GPU: learned sinks (cast to fp32 for the flash
+// attention, their gradient by the sink kernel) and a window on alternate layers give the
+// reference backend's loss and gradients, the sinks' included.
+TEST(CudaBackend, Bf16GptOssAttentionMatchesTheReference) {
+  PRIMUS_REQUIRE_GPU();
+  ModelSpec s = spec64();
+  s.softmax_type = "learnable";
+  s.window_size = 20;
+  s.window_attn_skip_freq = 2;
+  cpu::ReferenceBackend ref;
+  cuda::CudaBackend gpu;
+  LlamaModel a(s, ref, Precision::Bf16), b(s, gpu, Precision::Bf16);
+  a.init_weights(3);
+  b.init_weights(3);
+  const LearnableBatch batch;
+  forward_backward_both(a, b, batch, 0);
+  EXPECT_LT(grad_rel_error(b, a), 0.03);
+  const int id = a.params().find("decoder.layers.0.self_attention.core_attention.softmax_offset");
+  ASSERT_GE(id, 0);
+  const auto& info = a.params().infos()[size_t(id)];
+  const std::vector<float> ga = values(a.params().grads()), gb = values(b.params().grads());
+  const std::vector<float> sa(ga.begin() + info.offset, ga.begin() + info.offset + info.numel),
+      sb(gb.begin() + info.offset, gb.begin() + info.offset + info.numel);
+  EXPECT_LT(test::relative_l2_error(sb, sa), 0.03) << "the sinks' gradient";
+  double norm = 0;
+  for (float x : sa) norm += double(x) * x;
+  EXPECT_GT(norm, 0.0);
+}
+
 // FP8 linears (docs/fp8.md) on the GPU, GEMM by GEMM: from the same bf16 operands, each recipe's
 // forward, input-gradient and weight-gradient GEMMs and the experts' grouped GEMM (a scale per
 // problem) give the reference backend's results. Both quantize to the same FP8 values, so only the

@@ -469,6 +469,97 @@ TEST(FlashAttentionPacked, RingBlockPairWithDocuments) {
   expect_grad_close(dkv_dev.host(), dkv_ref, "block dk, dv");
 }
 
+// ---- Sliding windows and sinks (AttentionDims::window, ::sinks; kernels/cpu/attention.h) ----
+
+// The GPU's forward, backward and sinks' gradient against the CPU kernel with the same window,
+// sinks and documents (the CPU kernel is checked against a plain double reference in
+// tests/unit/engine/test_attention_sinks_window.cpp); the backward is fed the reference's bf16 out
+// and lse as in check().
+void check_window_sinks(const Case& c, int64_t window, bool with_sinks, const std::vector<std::vector<int32_t>>& starts) {
+  SCOPED_TRACE(name(c) + fmt::format(" window {}{}{}", window, with_sinks ? " sinks" : "", starts.empty() ? "" : " documents"));
+  const std::vector<int32_t> st = starts.empty() ? std::vector<int32_t>(1) : doc_start_of(starts, c.seq);
+  const DeviceArray<int32_t> st_dev(st);
+  const std::vector<float> sinks = {0.5f, 2.0f, -1.0f, 3.0f, 1.0f, 0.0f, -2.0f, 4.0f};
+  const DeviceArray<float> sinks_dev(std::vector<float>(sinks.begin(), sinks.begin() + c.heads));
+  AttentionDims d{c.batch, c.seq, c.heads, c.groups, c.head_dim};
+  d.window = window;
+  if (!starts.empty()) d.doc_start = st_dev.get();
+  if (with_sinks) d.sinks = sinks_dev.get();
+  cpu::AttentionShape shape{c.batch, c.seq, c.heads, c.groups, c.head_dim};
+  shape.window = window;
+  const cpu::Documents docs{starts.empty() ? nullptr : st.data(), 0};
+  const float* cpu_sinks = with_sinks ? sinks.data() : nullptr;
+  const int64_t rows = c.batch * c.seq, stride = d.qkv_stride(), HD = c.heads * c.head_dim;
+  const std::vector<float> qkv = round_bf16(random_floats(size_t(rows * stride), 91));
+  const std::vector<float> dout = round_bf16(random_floats(size_t(rows * HD), 92));
+  std::vector<float> out_ref(size_t(rows * HD)), lse_ref(size_t(c.batch * c.heads * c.seq)), dqkv_ref(qkv.size());
+  cpu::attention_forward<float>(qkv.data(), out_ref.data(), lse_ref.data(), shape, docs, cpu_sinks);
+  const std::vector<float> out_b = round_bf16(out_ref);
+  cpu::attention_backward<float>(qkv.data(), out_b.data(), lse_ref.data(), dout.data(), dqkv_ref.data(), shape, docs);
+
+  auto bf = [](const DeviceBf16& x) { return reinterpret_cast<__nv_bfloat16*>(x.get()); };
+  const DeviceBf16 qkv_dev(to_bf16_bits(qkv));
+  const DeviceBf16 out_dev(std::vector<uint16_t>(size_t(rows * HD), kBf16NaN));
+  const DeviceArray<float> lse_dev(std::vector<float>(lse_ref.size(), NAN));
+  {
+    const ExpectNoBankConflicts guard("forward");
+    cuda::flash_attention_forward(bf(qkv_dev), bf(out_dev), lse_dev.get(), d, true, cuda::stream());
+  }
+  expect_close(from_bf16_bits(out_dev.host()), out_ref, 2e-2, 2e-2, "out");
+  expect_close(lse_dev.host(), lse_ref, 1e-3, 1e-3, "lse");
+  const DeviceBf16 outb_dev(to_bf16_bits(out_b));
+  const DeviceArray<float> lser_dev(lse_ref);
+  const DeviceBf16 dout_dev(to_bf16_bits(dout));
+  const DeviceBf16 dqkv_dev(std::vector<uint16_t>(qkv.size(), kBf16NaN));
+  cuda::flash_attention_backward(bf(qkv_dev), bf(outb_dev), lser_dev.get(), bf(dout_dev), bf(dqkv_dev), d, true,
+                                 cuda::stream());
+  const std::vector<float> dqkv = from_bf16_bits(dqkv_dev.host());
+  const int64_t kv = c.groups * c.head_dim;
+  expect_grad_close(columns(dqkv, rows, stride, 0, HD), columns(dqkv_ref, rows, stride, 0, HD), "dq");
+  expect_grad_close(columns(dqkv, rows, stride, HD, kv), columns(dqkv_ref, rows, stride, HD, kv), "dk");
+  expect_grad_close(columns(dqkv, rows, stride, HD + kv, kv), columns(dqkv_ref, rows, stride, HD + kv, kv), "dv");
+  if (!with_sinks) return;
+  std::vector<float> dsinks_ref(size_t(c.heads), 0.25f);
+  cpu::attention_sink_backward<float>(out_b.data(), dout.data(), lse_ref.data(), sinks.data(), dsinks_ref.data(), shape);
+  const DeviceArray<float> dsinks_dev(std::vector<float>(size_t(c.heads), 0.25f));  // added to
+  cuda::attention_sink_backward(bf(outb_dev), lser_dev.get(), bf(dout_dev), sinks_dev.get(), dsinks_dev.get(), d,
+                                cuda::stream());
+  expect_close(dsinks_dev.host(), dsinks_ref, 1e-3 * std::max(1.0, rms(dsinks_ref)), 1e-3, "dsinks");
+}
+
+// Windows shorter than a tile (whole key tiles skipped), across tiles, and of one key; sinks alone
+// and with them; with documents; D=64 and D=128 with GQA.
+TEST(FlashAttentionWindowSinks, MatchTheCpuKernel) {
+  PRIMUS_REQUIRE_GPU();
+  check_window_sinks({2, 200, 4, 2, 64, true}, 7, true, {});
+  check_window_sinks({2, 200, 4, 2, 64, true}, 70, false, {});
+  check_window_sinks({1, 150, 4, 2, 64, true}, -1, true, {});
+  check_window_sinks({1, 150, 2, 1, 128, true}, 40, true, {});
+  check_window_sinks({1, 150, 2, 1, 128, true}, 0, false, {});
+  check_window_sinks({2, 200, 4, 2, 64, true}, 30, true, {{0, 37, 128, 129, 170}, {0, 64, 199}});
+}
+
+// Decoding with a window and sinks against the CPU kernel's decode.
+TEST(FlashAttentionWindowSinks, DecodeMatchesTheCpuKernel) {
+  PRIMUS_REQUIRE_GPU();
+  const int64_t seq = 90, heads = 4, groups = 2, D = 64, first = 60;
+  AttentionDims d{1, seq, heads, groups, D};
+  d.window = 20;
+  const std::vector<float> sinks = {0.5f, 2.0f, -1.0f, 3.0f};
+  const DeviceArray<float> sinks_dev(sinks);
+  d.sinks = sinks_dev.get();
+  cpu::AttentionShape shape{1, seq, heads, groups, D};
+  shape.window = 20;
+  const std::vector<float> cache = round_bf16(random_floats(size_t(seq * d.qkv_stride()), 93));
+  std::vector<float> ref(size_t((seq - first) * heads * D));
+  cpu::attention_decode<float>(cache.data(), first, ref.data(), shape, sinks.data());
+  const DeviceBf16 cache_dev(to_bf16_bits(cache));
+  const DeviceBf16 out_dev(std::vector<uint16_t>(ref.size(), kBf16NaN));
+  cuda::attention_decode(reinterpret_cast<__nv_bfloat16*>(cache_dev.get()), first,
+                         reinterpret_cast<__nv_bfloat16*>(out_dev.get()), d, cuda::stream());
+  expect_close(from_bf16_bits(out_dev.host()), ref, 2e-2, 2e-2, "decode out");
+}
+
 TEST(FlashAttention, UnsupportedShapes) {  // no GPU needed
   EXPECT_EQ(cuda::flash_attention_unsupported({2, 128, 4, 4, 64}), "");
   EXPECT_EQ(cuda::flash_attention_unsupported({1, 300, 8, 2, 128}), "");

@@ -41,25 +41,31 @@ template <typename T> Operands<T> block(const T* qkv, const T* kv, const Attenti
   return {qkv, s.qkv_stride(), kv, kv + s.groups * s.head_dim, 2 * s.groups * s.head_dim};
 }
 
-// The first key (a row index of the key block) that query row `row` (b*seq + t) may see: 0
-// without documents, else its document's start in key rows (negative: before the block).
-inline int64_t first_key(const Documents& docs, int64_t row) {
-  return docs.start ? int64_t(docs.start[row]) - docs.key_pos0 : 0;
+// The first key (a row index of the key block) that query row `row` (b*seq + t) may see: its
+// document's start in key rows (negative: before the block; 0 without documents), and, with a
+// sliding window (causal self-attention: queries and keys at the same positions), t - window.
+inline int64_t first_key(const Documents& docs, const AttentionShape& s, int64_t row) {
+  const int64_t doc = docs.start ? int64_t(docs.start[row]) - docs.key_pos0 : 0;
+  return std::max(doc, s.window_start(row % s.seq));
 }
 
 // Query rows [0, S) of sequence b that see some key before `key_end` (a key row): all of them
 // without documents; with documents (start non-decreasing) those before the first row whose
-// document starts at or after key_end.
-inline int64_t rows_seeing(const Documents& docs, int64_t b, int64_t S, int64_t key_end) {
-  if (!docs.start) return S;
+// document starts at or after key_end; with a window, none past key_end - 1 + window.
+inline int64_t rows_seeing(const Documents& docs, const AttentionShape& s, int64_t b, int64_t key_end) {
+  const int64_t S = s.seq;
+  const int64_t window_end = s.window < 0 ? S : std::min(S, key_end + s.window);
+  if (!docs.start) return window_end;
   const int32_t* st = docs.start + b * S;
   const int64_t limit = key_end - 1 + docs.key_pos0;  // rows whose document starts at or before it
-  return std::upper_bound(st, st + S, limit, [](int64_t v, int32_t x) { return v < int64_t(x); }) - st;
+  return std::min(window_end,
+                  int64_t(std::upper_bound(st, st + S, limit, [](int64_t v, int32_t x) { return v < int64_t(x); }) - st));
 }
 
-// causal: query t sees keys s <= t; else every key.
+// causal: query t sees keys s <= t; else every key. sinks: attention_forward's (null: none).
 template <typename T>
-void forward(const Operands<T>& x, T* out, T* lse, const AttentionShape& s, bool causal, const Documents& docs) {
+void forward(const Operands<T>& x, T* out, T* lse, const AttentionShape& s, bool causal, const Documents& docs,
+             const T* sinks) {
   const int64_t S = s.seq, D = s.head_dim;
   const int64_t q_size = s.heads * D, per_group = s.heads / s.groups;
   const int64_t tiles = (S + kTile - 1) / kTile;
@@ -82,12 +88,13 @@ void forward(const Operands<T>& x, T* out, T* lse, const AttentionShape& s, bool
       const int64_t t0 = qt * kTile, t1 = std::min(S, t0 + kTile), rows = t1 - t0;
       const T* qbase = x.q + b * S * x.q_stride;
       const int64_t kv_row0 = b * S;
-      std::fill(m.begin(), m.end(), -std::numeric_limits<T>::infinity());
-      std::fill(l.begin(), l.end(), T(0));
+      // A sink is a key of score sinks[h] and value 0: the softmax starts from it.
+      std::fill(m.begin(), m.end(), sinks ? sinks[h] : -std::numeric_limits<T>::infinity());
+      std::fill(l.begin(), l.end(), sinks ? T(1) : T(0));
       std::fill(acc.begin(), acc.end(), T(0));
       // Key tiles before every row's document hold no visible key: start at the tile's lowest.
       int64_t lo = S;
-      for (int64_t t = t0; t < t1; ++t) lo = std::min(lo, first_key(docs, b * S + t));
+      for (int64_t t = t0; t < t1; ++t) lo = std::min(lo, first_key(docs, s, b * S + t));
       const int64_t s_begin = std::max<int64_t>(lo, 0) / kTile * kTile;
 
       for (int64_t s0 = s_begin; s0 < (causal ? t1 : S); s0 += kTile) {
@@ -127,7 +134,7 @@ void forward(const Operands<T>& x, T* out, T* lse, const AttentionShape& s, bool
           // probability 0 (a row that sees none of the tile keeps its statistics).
           for (int64_t i = 0; i < nr; ++i) {
             const int64_t r = r0 + i, visible = causal ? std::min(cols, t0 + r - s0 + 1) : cols;
-            const int64_t c_lo = std::max<int64_t>(first_key(docs, b * S + t0 + r) - s0, 0);
+            const int64_t c_lo = std::max<int64_t>(first_key(docs, s, b * S + t0 + r) - s0, 0);
             T* pr = &p[i * kTile];
             if (c_lo >= visible) {
               std::fill(pr, pr + cmax, T(0));
@@ -242,7 +249,7 @@ void backward(const Operands<T>& x, const T* out, const T* lse, const T* dout, c
           }
           std::fill(dk.begin(), dk.end(), T(0));
           std::fill(dv.begin(), dv.end(), T(0));
-          const int64_t r_end = rows_seeing(docs, b, S, s1);  // documents: later rows start after the tile
+          const int64_t r_end = rows_seeing(docs, s, b, s1);  // documents, window: later rows see none of the tile
           for (int64_t r0 = causal ? s0 : 0; r0 < r_end; r0 += kRows) {  // query rows that see this key tile
             const int64_t nr = std::min(kRows, S - r0);
             const int64_t cmax = causal ? std::min(cols, r0 + nr - 1 - s0 + 1) : cols;
@@ -260,7 +267,7 @@ void backward(const Operands<T>& x, const T* out, const T* lse, const T* dout, c
               }
               Di[i] = di;
               L[i] = lse[(b * s.heads + h) * S + t];
-              c_lo[i] = i < nr ? std::max<int64_t>(first_key(docs, b * S + t) - s0, 0) : 0;
+              c_lo[i] = i < nr ? std::max<int64_t>(first_key(docs, s, b * S + t) - s0, 0) : 0;
             }
             // Scores and dO V^T for the block, then P and dS; masked columns get 0.
             for (int64_t c0 = 0; c0 < cmax; c0 += kCols) {
@@ -336,8 +343,28 @@ void backward(const Operands<T>& x, const T* out, const T* lse, const T* dout, c
 }  // namespace
 
 template <typename T>
-void attention_forward(const T* qkv, T* out, T* lse, const AttentionShape& s, const Documents& docs) {
-  forward(fused(qkv, s), out, lse, s, true, docs);
+void attention_forward(const T* qkv, T* out, T* lse, const AttentionShape& s, const Documents& docs,
+                       const T* sinks) {
+  forward(fused(qkv, s), out, lse, s, true, docs, sinks);
+}
+
+template <typename T>
+void attention_sink_backward(const T* out, const T* dout, const T* lse, const T* sinks, T* dsinks,
+                             const AttentionShape& s) {
+  const int64_t S = s.seq, D = s.head_dim, H = s.heads;
+#pragma omp parallel for schedule(static) if (s.batch * S * H * D >= kParallelMin)
+  for (int64_t h = 0; h < H; ++h) {  // one head's sum in one thread, in a fixed order
+    double sum = 0;
+    for (int64_t b = 0; b < s.batch; ++b)
+      for (int64_t t = 0; t < S; ++t) {
+        const T* o = out + (b * S + t) * H * D + h * D;
+        const T* g = dout + (b * S + t) * H * D + h * D;
+        T di = 0;
+        for (int64_t d = 0; d < D; ++d) di += o[d] * g[d];
+        sum += double(std::exp(sinks[h] - lse[(b * H + h) * S + t]) * di);
+      }
+    dsinks[h] -= T(sum);
+  }
 }
 
 template <typename T>
@@ -351,7 +378,7 @@ void attention_backward(const T* qkv, const T* out, const T* lse, const T* dout,
 template <typename T>
 void attention_block_forward(const T* qkv, const T* kv, T* out, T* lse, const AttentionShape& s, bool causal,
                              const Documents& docs) {
-  forward(block(qkv, kv, s), out, lse, s, causal, docs);
+  forward<T>(block(qkv, kv, s), out, lse, s, causal, docs, nullptr);
 }
 
 template <typename T>
@@ -382,7 +409,7 @@ void attention_merge(T* acc, T* lse, const T* block_out, const T* block_lse, con
 // One sequence's cached rows; each query row r attends to rows 0..r. Few rows per call (a prompt,
 // then one token at a time), so heads are the parallel dimension.
 template <typename T>
-void attention_decode(const T* cache, int64_t first, T* out, const AttentionShape& s) {
+void attention_decode(const T* cache, int64_t first, T* out, const AttentionShape& s, const T* sinks) {
   const int64_t L = s.seq, D = s.head_dim, stride = s.qkv_stride();
   const int64_t q_size = s.heads * D, kv_size = s.groups * D, per_group = s.heads / s.groups;
   const T scale = T(1) / std::sqrt(T(D));
@@ -395,8 +422,9 @@ void attention_decode(const T* cache, int64_t first, T* out, const AttentionShap
       for (int64_t h = 0; h < s.heads; ++h) {
         const int64_t row = first + r, g = h / per_group;
         const T* q = cache + row * stride + h * D;
-        T mx = -std::numeric_limits<T>::infinity();
-        for (int64_t t = 0; t <= row; ++t) {
+        const int64_t t_lo = s.window_start(row);
+        T mx = sinks ? sinks[h] : -std::numeric_limits<T>::infinity();
+        for (int64_t t = t_lo; t <= row; ++t) {
           const T* k = cache + t * stride + q_size + g * D;
           T d = 0;
 #pragma omp simd reduction(+ : d)
@@ -404,11 +432,11 @@ void attention_decode(const T* cache, int64_t first, T* out, const AttentionShap
           p[t] = d * scale;
           mx = std::max(mx, p[t]);
         }
-        T z = 0;
-        for (int64_t t = 0; t <= row; ++t) z += (p[t] = std::exp(p[t] - mx));
+        T z = sinks ? std::exp(sinks[h] - mx) : T(0);
+        for (int64_t t = t_lo; t <= row; ++t) z += (p[t] = std::exp(p[t] - mx));
         T* o = out + r * q_size + h * D;
         std::fill(o, o + D, T(0));
-        for (int64_t t = 0; t <= row; ++t) {
+        for (int64_t t = t_lo; t <= row; ++t) {
           const T* v = cache + t * stride + q_size + kv_size + g * D;
           const T w = p[t] / z;
 #pragma omp simd
@@ -418,8 +446,14 @@ void attention_decode(const T* cache, int64_t first, T* out, const AttentionShap
   }
 }
 
-template void attention_forward<float>(const float*, float*, float*, const AttentionShape&, const Documents&);
-template void attention_forward<double>(const double*, double*, double*, const AttentionShape&, const Documents&);
+template void attention_forward<float>(const float*, float*, float*, const AttentionShape&, const Documents&,
+                                       const float*);
+template void attention_forward<double>(const double*, double*, double*, const AttentionShape&, const Documents&,
+                                        const double*);
+template void attention_sink_backward<float>(const float*, const float*, const float*, const float*, float*,
+                                             const AttentionShape&);
+template void attention_sink_backward<double>(const double*, const double*, const double*, const double*, double*,
+                                              const AttentionShape&);
 template void attention_backward<float>(const float*, const float*, const float*, const float*, float*,
                                         const AttentionShape&, const Documents&);
 template void attention_backward<double>(const double*, const double*, const double*, const double*, double*,
@@ -438,7 +472,7 @@ template void attention_block_backward<double>(const double*, const double*, con
 template void attention_merge<float>(float*, float*, const float*, const float*, const AttentionShape&);
 template void attention_merge<double>(double*, double*, const double*, const double*, const AttentionShape&);
 
-template void attention_decode<float>(const float*, int64_t, float*, const AttentionShape&);
-template void attention_decode<double>(const double*, int64_t, double*, const AttentionShape&);
+template void attention_decode<float>(const float*, int64_t, float*, const AttentionShape&, const float*);
+template void attention_decode<double>(const double*, int64_t, double*, const AttentionShape&, const double*);
 
 }  // namespace primus::cpu

@@ -13,8 +13,21 @@ namespace primus::cpu {
 
 struct AttentionShape {
   int64_t batch = 0, seq = 0, heads = 0, groups = 0, head_dim = 0;
+  // Sliding-window attention (Megatron's window_size [window, 0]): query t sees keys t - window ..
+  // t alone; negative: every earlier key. Causal self-attention only (not the ring's blocks).
+  int64_t window = -1;
   int64_t qkv_stride() const { return (heads + 2 * groups) * head_dim; }
+  // The first key position that the window lets query position t see (0 without a window).
+  int64_t window_start(int64_t t) const { return window < 0 || t <= window ? 0 : t - window; }
 };
+
+// Attention sinks (gpt-oss; Megatron's softmax_type learnable / off-by-one): one logit per head,
+// sinks[h], joins every row's softmax denominator as a key whose value is zero:
+//   p_ts = exp(q_t.k_s / sqrt(D)) / (sum_u exp(q_t.k_u / sqrt(D)) + exp(sinks[h]))
+// The forward folds it into the online softmax's start (m = sinks[h], l = 1), so lse holds it and
+// the backward's probabilities need nothing more; the sink's own gradient is
+//   d sinks[h] = - sum_{b,t} exp(sinks[h] - lse[b,h,t]) * sum_d dout[b,t,h,d] out[b,t,h,d]
+// (attention_sink_backward). A null sinks pointer: no sinks.
 
 // Documents packed into the sequences (reset_attention_mask, packed SFT samples): attention stays
 // inside each document. start[b*seq + t] is the position where query row t's document begins, in
@@ -32,12 +45,19 @@ struct Documents {
 
 // out [batch*seq, heads*head_dim]; lse [batch, heads, seq].
 template <typename T>
-void attention_forward(const T* qkv, T* out, T* lse, const AttentionShape& s, const Documents& docs = {});
+void attention_forward(const T* qkv, T* out, T* lse, const AttentionShape& s, const Documents& docs = {},
+                       const T* sinks = nullptr);
 
-// dqkv [batch*seq, qkv_stride] is overwritten with the gradients of q, k and v.
+// dqkv [batch*seq, qkv_stride] is overwritten with the gradients of q, k and v (with sinks: lse is
+// the forward's, which holds them).
 template <typename T>
 void attention_backward(const T* qkv, const T* out, const T* lse, const T* dout, T* dqkv, const AttentionShape& s,
                         const Documents& docs = {});
+
+// dsinks [heads] += the sinks' gradient (above) from out, dout [batch*seq, heads*head_dim] and lse.
+template <typename T>
+void attention_sink_backward(const T* out, const T* dout, const T* lse, const T* sinks, T* dsinks,
+                             const AttentionShape& s);
 
 // Context parallelism splits a sequence over ranks; a rank's queries then attend to key/value
 // blocks that arrive from the others, one block at a time, and the blocks' results are merged by
@@ -65,7 +85,8 @@ void attention_merge(T* acc, T* lse, const T* block_out, const T* block_lse, con
 // Decoding with a key/value cache: cache [seq, qkv_stride] holds the qkv rows of positions
 // 0 .. seq-1 of one sequence (s.batch = 1); out [seq - first, heads*head_dim] receives the causal
 // attention of the query rows first .. seq-1.
+// s.window and sinks as in the forward.
 template <typename T>
-void attention_decode(const T* cache, int64_t first, T* out, const AttentionShape& s);
+void attention_decode(const T* cache, int64_t first, T* out, const AttentionShape& s, const T* sinks = nullptr);
 
 }  // namespace primus::cpu

@@ -168,7 +168,10 @@ void CpuBackend::attention_forward(const Tensor& qkv, Tensor& out, Tensor& lse, 
                    lse.numel() == s.batch * s.heads * s.seq,
                "attention shapes qkv {} out {} lse {}", qkv.shape_str(), out.shape_str(), lse.shape_str());
   const cpu::Documents docs = ops::documents_of(s, device());
-  dispatch(t, [&]<typename T>() { cpu::attention_forward<T>(P<T>(qkv), P<T>(out), P<T>(lse), s, docs); });
+  const void* sinks = ops::sinks_of(s, device(), t);
+  dispatch(t, [&]<typename T>() {
+    cpu::attention_forward<T>(P<T>(qkv), P<T>(out), P<T>(lse), s, docs, static_cast<const T*>(sinks));
+  });
 }
 
 void CpuBackend::attention_backward(const Tensor& qkv, const Tensor& out, const Tensor& lse, const Tensor& dout,
@@ -179,6 +182,20 @@ void CpuBackend::attention_backward(const Tensor& qkv, const Tensor& out, const 
   const cpu::Documents docs = ops::documents_of(s, device());
   dispatch(t, [&]<typename T>() {
     cpu::attention_backward<T>(P<T>(qkv), P<T>(out), P<T>(lse), P<T>(dout), P<T>(dqkv), s, docs);
+  });
+}
+
+void CpuBackend::attention_sink_backward(const Tensor& out, const Tensor& lse, const Tensor& dout, Tensor& dsinks,
+                                         const ops::AttentionShape& s) {
+  const DType t = real_type(out, "attention out");
+  for (const Tensor* u : std::initializer_list<const Tensor*>{&lse, &dout, &dsinks}) same_type(t, *u, "attention sink operand");
+  PRIMUS_CHECK(s.sinks.defined() && dout.numel() == out.numel() && out.numel() == s.batch * s.seq * s.heads * s.head_dim &&
+                   lse.numel() == s.batch * s.heads * s.seq && dsinks.numel() == s.heads,
+               "attention sink backward: out {} dout {} lse {} dsinks {} for {} heads", out.shape_str(), dout.shape_str(),
+               lse.shape_str(), dsinks.shape_str(), s.heads);
+  const void* sinks = ops::sinks_of(s, device(), t);
+  dispatch(t, [&]<typename T>() {
+    cpu::attention_sink_backward<T>(P<T>(out), P<T>(dout), P<T>(lse), static_cast<const T*>(sinks), P<T>(dsinks), s);
   });
 }
 
@@ -197,6 +214,7 @@ void CpuBackend::attention_block_forward(const Tensor& qkv, const Tensor& kv, Te
   const DType t = real_type(qkv, "attention qkv");
   for (const Tensor* u : std::initializer_list<const Tensor*>{&kv, &out, &lse}) same_type(t, *u, "attention operand");
   check_block_shapes(qkv, kv, out, lse, s);
+  ops::refuse_window_and_sinks(s, "attention_block_forward");
   const cpu::Documents docs = ops::documents_of(s, device());
   dispatch(t, [&]<typename T>() {
     cpu::attention_block_forward<T>(P<T>(qkv), P<T>(kv), P<T>(out), P<T>(lse), s, causal, docs);
@@ -225,6 +243,7 @@ void CpuBackend::attention_block_backward(const Tensor& qkv, const Tensor& kv, c
   PRIMUS_CHECK(dout.numel() == out.numel() && dq_acc.numel() == out.numel() && dkv_acc.numel() == kv.numel(),
                "attention block backward shapes dout {} dq {} dkv {}", dout.shape_str(), dq_acc.shape_str(),
                dkv_acc.shape_str());
+  ops::refuse_window_and_sinks(s, "attention_block_backward");
   const cpu::Documents docs = ops::documents_of(s, device());
   dispatch(t, [&]<typename T>() {
     cpu::attention_block_backward<T>(P<T>(qkv), P<T>(kv), P<T>(out), P<T>(lse), P<T>(dout), P<T>(dq_acc),
@@ -239,7 +258,10 @@ void CpuBackend::attention_decode(const Tensor& cache, int64_t first, Tensor& ou
                    cache.size(1) == s.qkv_stride() && out.numel() == (s.seq - first) * s.heads * s.head_dim,
                "attention decode of rows {}..{} on a cache {} into {}", first, s.seq, cache.shape_str(),
                out.shape_str());
-  dispatch(t, [&]<typename T>() { cpu::attention_decode<T>(P<T>(cache), first, P<T>(out), s); });
+  const void* sinks = ops::sinks_of(s, device(), t);
+  dispatch(t, [&]<typename T>() {
+    cpu::attention_decode<T>(P<T>(cache), first, P<T>(out), s, static_cast<const T*>(sinks));
+  });
 }
 
 void CpuBackend::embedding_forward(const Tensor& tokens, const Tensor& table, Tensor& out) {

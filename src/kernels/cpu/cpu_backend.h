@@ -29,6 +29,8 @@ class CpuBackend final : public ops::Backend {
   void attention_forward(const Tensor& qkv, Tensor& out, Tensor& lse, const ops::AttentionShape& s) override;
   void attention_backward(const Tensor& qkv, const Tensor& out, const Tensor& lse, const Tensor& dout, Tensor& dqkv,
                           const ops::AttentionShape& s) override;
+  void attention_sink_backward(const Tensor& out, const Tensor& lse, const Tensor& dout, Tensor& dsinks,
+                               const ops::AttentionShape& s) override;
   void attention_block_forward(const Tensor& qkv, const Tensor& kv, Tensor& out, Tensor& lse, const ops::AttentionShape& s,
                                bool causal) override;
   void attention_merge(Tensor& acc, Tensor& lse, const Tensor& block_out, const Tensor& block_lse,

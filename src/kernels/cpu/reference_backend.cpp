@@ -138,8 +138,20 @@ void ReferenceBackend::attention_forward(const Tensor& qkv, Tensor& out, Tensor&
   expect(lse, DType::F32, {s.batch, s.heads, s.seq}, "attention lse");
   const std::vector<float> q = read(qkv, "attention qkv");
   std::vector<float> o(out.numel());
-  cpu::attention_forward<float>(q.data(), o.data(), lse.data<float>(), s, ops::documents_of(s, device()));
+  cpu::attention_forward<float>(q.data(), o.data(), lse.data<float>(), s, ops::documents_of(s, device()),
+                                static_cast<const float*>(ops::sinks_of(s, device(), DType::F32)));
   write(out, o.data(), "attention out");
+}
+
+void ReferenceBackend::attention_sink_backward(const Tensor& out, const Tensor& lse, const Tensor& dout, Tensor& dsinks,
+                                               const ops::AttentionShape& s) {
+  expect(lse, DType::F32, {s.batch, s.heads, s.seq}, "attention lse");
+  expect(dsinks, DType::F32, {s.heads}, "attention dsinks");
+  PRIMUS_CHECK(s.sinks.defined(), "attention sink backward without sinks");
+  const std::vector<float> o = read(out, "attention out"), d = read(dout, "attention dout");
+  cpu::attention_sink_backward<float>(o.data(), d.data(), lse.data<float>(),
+                                      static_cast<const float*>(ops::sinks_of(s, device(), DType::F32)),
+                                      dsinks.data<float>(), s);
 }
 
 void ReferenceBackend::attention_backward(const Tensor& qkv, const Tensor& out, const Tensor& lse, const Tensor& dout,
@@ -156,6 +168,7 @@ void ReferenceBackend::attention_block_forward(const Tensor& qkv, const Tensor& 
   expect(lse, DType::F32, {s.batch, s.heads, s.seq}, "attention block lse");
   PRIMUS_CHECK(kv.numel() == s.batch * s.seq * 2 * s.groups * s.head_dim && qkv.numel() == s.batch * s.seq * s.qkv_stride(),
                "attention block shapes qkv {} kv {}", qkv.shape_str(), kv.shape_str());
+  ops::refuse_window_and_sinks(s, "attention_block_forward");
   const std::vector<float> q = read(qkv, "attention qkv"), k = read(kv, "attention kv");
   std::vector<float> o(out.numel());
   cpu::attention_block_forward<float>(q.data(), k.data(), o.data(), lse.data<float>(), s, causal,
@@ -183,6 +196,7 @@ void ReferenceBackend::attention_block_backward(const Tensor& qkv, const Tensor&
   expect(dkv_acc, DType::F32, {s.batch * s.seq, 2 * s.groups * s.head_dim}, "attention block dkv_acc");
   PRIMUS_CHECK(kv.numel() == dkv_acc.numel() && qkv.numel() == s.batch * s.seq * s.qkv_stride(),
                "attention block shapes qkv {} kv {}", qkv.shape_str(), kv.shape_str());
+  ops::refuse_window_and_sinks(s, "attention_block_backward");
   const std::vector<float> q = read(qkv, "attention qkv"), k = read(kv, "attention kv"), o = read(out, "attention out"),
                            d = read(dout, "attention dout");
   cpu::attention_block_backward<float>(q.data(), k.data(), o.data(), lse.data<float>(), d.data(),
@@ -196,7 +210,7 @@ void ReferenceBackend::attention_decode(const Tensor& cache, int64_t first, Tens
                out.shape_str());
   const std::vector<float> c = read(cache.slice(0, 0, s.seq), "attention cache");
   std::vector<float> o(out.numel());
-  cpu::attention_decode<float>(c.data(), first, o.data(), s);
+  cpu::attention_decode<float>(c.data(), first, o.data(), s, static_cast<const float*>(ops::sinks_of(s, device(), DType::F32)));
   write(out, o.data(), "attention out");
 }
 

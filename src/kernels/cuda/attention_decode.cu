@@ -21,7 +21,7 @@ constexpr int kMaxPerLane = 8;  // head_dim <= 256
 template <int P>  // values of the head dimension per lane: head_dim / 32
 __global__ void __launch_bounds__(kWarps * 32)
     attention_decode_kernel(const bf16* __restrict__ cache, int64_t first, bf16* __restrict__ out, int64_t stride,
-                            int heads, int groups) {
+                            int heads, int groups, int64_t window, const float* __restrict__ sinks) {
   constexpr int D = P * 32;
   const int h = blockIdx.x, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int64_t row = first + blockIdx.y;
@@ -36,7 +36,8 @@ __global__ void __launch_bounds__(kWarps * 32)
     acc[k] = 0.f;
   }
   float m = -INFINITY, l = 0.f;
-  for (int64_t t = warp; t <= row; t += kWarps) {
+  const int64_t t_lo = window >= 0 && row > window ? row - window : 0;  // the sliding window's first key
+  for (int64_t t = t_lo + warp; t <= row; t += kWarps) {
     const bf16* kr = cache + t * stride + k_off;
     float s = 0.f;
 #pragma unroll
@@ -61,9 +62,10 @@ __global__ void __launch_bounds__(kWarps * 32)
   for (int k = 0; k < P; ++k) sacc[warp][lane + 32 * k] = acc[k];
   __syncthreads();
   if (warp != 0) return;
-  float mx = -INFINITY;
-  for (int w = 0; w < kWarps; ++w) mx = fmaxf(mx, sm[w]);  // row >= 0: warp 0 saw key 0, so mx is finite
-  float total = 0.f, o[P];
+  // A sink (a key of score sinks[h], value 0) joins the denominator alone.
+  float mx = sinks ? sinks[h] : -INFINITY;
+  for (int w = 0; w < kWarps; ++w) mx = fmaxf(mx, sm[w]);  // warp 0 saw key t_lo, so mx is finite
+  float total = sinks ? expf(sinks[h] - mx) : 0.f, o[P];
 #pragma unroll
   for (int k = 0; k < P; ++k) o[k] = 0.f;
   for (int w = 0; w < kWarps; ++w) {
@@ -86,15 +88,17 @@ void attention_decode(const bf16* cache, int64_t first, bf16* out, const Attenti
   const dim3 grid(unsigned(d.heads), unsigned(d.seq - first));
   const int64_t stride = d.qkv_stride();
   const int heads = int(d.heads), groups = int(d.groups);
+  const int64_t window = d.window;
+  const float* sinks = d.sinks;
   switch (d.head_dim / 32) {
-    case 1: attention_decode_kernel<1><<<grid, kWarps * 32, 0, stream>>>(cache, first, out, stride, heads, groups); break;
-    case 2: attention_decode_kernel<2><<<grid, kWarps * 32, 0, stream>>>(cache, first, out, stride, heads, groups); break;
-    case 3: attention_decode_kernel<3><<<grid, kWarps * 32, 0, stream>>>(cache, first, out, stride, heads, groups); break;
-    case 4: attention_decode_kernel<4><<<grid, kWarps * 32, 0, stream>>>(cache, first, out, stride, heads, groups); break;
-    case 5: attention_decode_kernel<5><<<grid, kWarps * 32, 0, stream>>>(cache, first, out, stride, heads, groups); break;
-    case 6: attention_decode_kernel<6><<<grid, kWarps * 32, 0, stream>>>(cache, first, out, stride, heads, groups); break;
-    case 7: attention_decode_kernel<7><<<grid, kWarps * 32, 0, stream>>>(cache, first, out, stride, heads, groups); break;
-    default: attention_decode_kernel<8><<<grid, kWarps * 32, 0, stream>>>(cache, first, out, stride, heads, groups); break;
+    case 1: attention_decode_kernel<1><<<grid, kWarps * 32, 0, stream>>>(cache, first, out, stride, heads, groups, window, sinks); break;
+    case 2: attention_decode_kernel<2><<<grid, kWarps * 32, 0, stream>>>(cache, first, out, stride, heads, groups, window, sinks); break;
+    case 3: attention_decode_kernel<3><<<grid, kWarps * 32, 0, stream>>>(cache, first, out, stride, heads, groups, window, sinks); break;
+    case 4: attention_decode_kernel<4><<<grid, kWarps * 32, 0, stream>>>(cache, first, out, stride, heads, groups, window, sinks); break;
+    case 5: attention_decode_kernel<5><<<grid, kWarps * 32, 0, stream>>>(cache, first, out, stride, heads, groups, window, sinks); break;
+    case 6: attention_decode_kernel<6><<<grid, kWarps * 32, 0, stream>>>(cache, first, out, stride, heads, groups, window, sinks); break;
+    case 7: attention_decode_kernel<7><<<grid, kWarps * 32, 0, stream>>>(cache, first, out, stride, heads, groups, window, sinks); break;
+    default: attention_decode_kernel<8><<<grid, kWarps * 32, 0, stream>>>(cache, first, out, stride, heads, groups, window, sinks); break;
   }
   PRIMUS_CUDA_CHECK_LAUNCH();
 }

@@ -55,10 +55,11 @@ Tensor upload_scale(const std::vector<double>& scale, size_t rows, const char* o
 }
 const double* scales(const Tensor& t) { return t.defined() ? static_cast<const double*>(t.raw()) : nullptr; }
 
-// The flash attention's dims of s, its documents included.
+// The flash attention's dims of s, its documents, window and sinks included.
 AttentionDims dims_of(const ops::AttentionShape& s) {
   const cpu::Documents docs = ops::documents_of(s, Device::CUDA);
-  return {s.batch, s.seq, s.heads, s.groups, s.head_dim, docs.start, docs.key_pos0};
+  const auto* sinks = static_cast<const float*>(ops::sinks_of(s, Device::CUDA, DType::F32));
+  return {s.batch, s.seq, s.heads, s.groups, s.head_dim, docs.start, docs.key_pos0, s.window, sinks};
 }
 
 }  // namespace
@@ -224,8 +225,20 @@ void CudaBackend::attention_backward(const Tensor& qkv, const Tensor& out, const
   flash_attention_backward(B(qkv), B(out), F(lse), B(dout), B(dqkv), d, true, stream());
 }
 
+void CudaBackend::attention_sink_backward(const Tensor& out, const Tensor& lse, const Tensor& dout, Tensor& dsinks,
+                                          const ops::AttentionShape& s) {
+  PRIMUS_CHECK(s.sinks.defined(), "attention sink backward without sinks");
+  const AttentionDims d = dims_of(s);
+  check(out, DType::BF16, {s.batch * s.seq, s.heads * s.head_dim}, "attention out");
+  check(dout, DType::BF16, out.shape(), "attention dout");
+  check(lse, DType::F32, {s.batch, s.heads, s.seq}, "attention lse");
+  check(dsinks, DType::F32, {s.heads}, "attention dsinks");
+  cuda::attention_sink_backward(B(out), F(lse), B(dout), d.sinks, F(dsinks), d, stream());
+}
+
 void CudaBackend::attention_block_forward(const Tensor& qkv, const Tensor& kv, Tensor& out, Tensor& lse,
                                           const ops::AttentionShape& s, bool causal) {
+  ops::refuse_window_and_sinks(s, "attention_block_forward");
   const AttentionDims d = dims_of(s);
   if (const std::string why = flash_attention_unsupported(d); !why.empty()) fail("attention on the GPU: {}", why);
   const int64_t rows = s.batch * s.seq;
@@ -249,6 +262,7 @@ void CudaBackend::attention_merge(Tensor& acc, Tensor& lse, const Tensor& block_
 void CudaBackend::attention_block_backward(const Tensor& qkv, const Tensor& kv, const Tensor& out, const Tensor& lse,
                                            const Tensor& dout, Tensor& dq_acc, Tensor& dkv_acc,
                                            const ops::AttentionShape& s, bool causal) {
+  ops::refuse_window_and_sinks(s, "attention_block_backward");
   const AttentionDims d = dims_of(s);
   if (const std::string why = flash_attention_unsupported(d); !why.empty()) fail("attention on the GPU: {}", why);
   const int64_t rows = s.batch * s.seq;

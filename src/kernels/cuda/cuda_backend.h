@@ -42,6 +42,8 @@ class CudaBackend final : public ops::Backend {
   void attention_block_backward(const Tensor& qkv, const Tensor& kv, const Tensor& out, const Tensor& lse,
                                 const Tensor& dout, Tensor& dq_acc, Tensor& dkv_acc, const ops::AttentionShape& s,
                                 bool causal) override;
+  void attention_sink_backward(const Tensor& out, const Tensor& lse, const Tensor& dout, Tensor& dsinks,
+                               const ops::AttentionShape& s) override;
   void attention_decode(const Tensor& cache, int64_t first, Tensor& out, const ops::AttentionShape& s) override;
   void embedding_forward(const Tensor& tokens, const Tensor& table, Tensor& out) override;
   void embedding_backward(const std::vector<int32_t>& host_tokens, const Tensor& dout, Tensor& dtable) override;

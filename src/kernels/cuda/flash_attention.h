@@ -38,10 +38,18 @@ namespace primus::cuda {
 // of t; non-decreasing within a sequence); null: none. The forward starts each CTA at the key tile
 // of its first row's document and the backward ends each key tile's query loop at the last row
 // whose document has begun, so packed attention skips the tiles between documents.
+// window (kernels/cpu/attention.h): query t sees keys t - window .. t alone (negative: none); the
+// forward starts each CTA at its first row's first key tile and the backward ends each key tile's
+// query loop at the last row that sees it. sinks (device, fp32 [heads], or null): gpt-oss's
+// per-head logits in the softmax denominator (kernels/cpu/attention.h); the forward starts its
+// online softmax from them, so lse holds them. The ring's block calls take neither (the backend
+// refuses them).
 struct AttentionDims {
   int64_t batch = 0, seq = 0, heads = 0, groups = 0, head_dim = 0;
   const int32_t* doc_start = nullptr;
   int64_t key_pos0 = 0;
+  int64_t window = -1;
+  const float* sinks = nullptr;
   int64_t qkv_stride() const { return (heads + 2 * groups) * head_dim; }
 };
 
@@ -68,6 +76,11 @@ void flash_attention_block_forward(const __nv_bfloat16* qkv, const __nv_bfloat16
 void flash_attention_block_backward(const __nv_bfloat16* qkv, const __nv_bfloat16* kv, const __nv_bfloat16* out,
                                     const float* lse, const __nv_bfloat16* dout, float* dq_acc, float* dkv_acc,
                                     const AttentionDims& d, bool causal, cudaStream_t stream);
+// The sinks' gradient (ops::Backend::attention_sink_backward): dsinks [heads] (fp32) += -sum over
+// rows of exp(sinks[h] - lse) * rowsum(dout * out); one CTA per head, a fixed summation order
+// (attention_merge.cu).
+void attention_sink_backward(const __nv_bfloat16* out, const float* lse, const __nv_bfloat16* dout,
+                             const float* sinks, float* dsinks, const AttentionDims& d, cudaStream_t stream);
 // Folds a block's out (bf16) and lse into the running fp32 acc and lse (attention_merge.cu).
 void attention_merge(float* acc, float* lse, const __nv_bfloat16* block_out, const float* block_lse,
                      const AttentionDims& d, cudaStream_t stream);

@@ -132,11 +132,12 @@ struct BwdSmem {
 // D=128 needs the full 255 (two CTAs, 2 x 114 KB).
 template <int D> constexpr int kBwdMinBlocks = D == 64 ? 3 : 2;
 
-// DOCS: documents packed into the sequences (BwdParams::doc_start); a separate instantiation, so
-// that plain attention carries none of its registers.
-template <int D, bool CAUSAL, bool DOCS>
+// LIMIT: each row sees keys from a lower bound on, its document's start (doc_start, or none) and
+// row - window (window >= 0, or none); a separate instantiation, so that plain attention carries
+// none of its registers.
+template <int D, bool CAUSAL, bool LIMIT>
 __global__ void __launch_bounds__(kBwdThreads, kBwdMinBlocks<D>) fa_bwd_dkdv_kernel(const BwdParams p, const int* doc_start,
-                                                                                  int key_pos0) {
+                                                                                  int key_pos0, int window) {
   constexpr int BM = kBwdTile, BN = kBwdTile, NTHREADS = kBwdThreads;
   constexpr int NTD = D / 16;  // n8 blocks of a warp's D/2 head-dim columns
   using L = BwdSmem<D>;
@@ -151,10 +152,13 @@ __global__ void __launch_bounds__(kBwdThreads, kBwdMinBlocks<D>) fa_bwd_dkdv_ker
   const int S = p.seq, H = p.heads;
   const int n0 = n_block * BN;
 
-  const int* doc_row = DOCS ? doc_start + int64_t(b) * S : nullptr;
+  const int* doc_row = LIMIT && doc_start ? doc_start + int64_t(b) * S : nullptr;
   // Documents: rows whose document starts after this tile's last key see none of it (their
-  // starts do not decrease: the rows before the first such row).
-  const int n_q_blocks = DOCS ? (rows_seeing(doc_row, S, n0 + BN - 1 + key_pos0) + BM - 1) / BM : (S + BM - 1) / BM;
+  // starts do not decrease: the rows before the first such row); a window: rows past the tile's
+  // last key + window see none of it.
+  int rows_end = doc_row ? rows_seeing(doc_row, S, n0 + BN - 1 + key_pos0) : S;
+  if (LIMIT && window >= 0) rows_end = min(rows_end, n0 + BN + window);
+  const int n_q_blocks = (rows_end + BM - 1) / BM;
   const int m_begin = CAUSAL ? n0 / BM : 0;  // causal: query tiles below this one see no key here
   const int per_head = n_q_blocks - m_begin;  // documents: may be negative (no steps)
   const int steps = p.per_group * per_head;
@@ -213,7 +217,7 @@ __global__ void __launch_bounds__(kBwdThreads, kBwdMinBlocks<D>) fa_bwd_dkdv_ker
     // 32wn + 8nb + 2t + (e & 1). (P is packed before dP is accumulated so that 32 fp32 scores
     // and 32 fp32 dP are never live together beside dK and dV.)
     {
-      const bool need_mask = (CAUSAL && n0 + BN - 1 > m0) || n0 + BN > S || DOCS;
+      const bool need_mask = (CAUSAL && n0 + BN - 1 > m0) || n0 + BN > S || LIMIT;
       uint32_t pk[2][2][4];  // [mt][r][nb]: bf16x2 of P
       {
         float acc_s[2][4][4];
@@ -225,8 +229,10 @@ __global__ void __launch_bounds__(kBwdThreads, kBwdMinBlocks<D>) fa_bwd_dkdv_ker
           for (int r = 0; r < 2; ++r) {
             const int q = 32 * wm + 16 * mt + g + 8 * r;  // row within the query tile
             const float l2 = sLse[q];
-            // documents: the query's first visible key, relative to this tile (rows past the end: any)
-            const int first = doc_row && m0 + q < S ? doc_row[m0 + q] - key_pos0 - n0 : -BN;
+            // documents, window: the query's first visible key, relative to this tile (rows past the
+            // end: any)
+            int first = doc_row && m0 + q < S ? doc_row[m0 + q] - key_pos0 - n0 : -BN;
+            if (LIMIT && window >= 0 && m0 + q < S) first = max(first, m0 + q - window - n0);
 #pragma unroll
             for (int nb = 0; nb < 4; ++nb) {
               const int k = 32 * wn + 8 * nb + 2 * t;  // column within the key tile (and k + 1)
@@ -234,7 +240,7 @@ __global__ void __launch_bounds__(kBwdThreads, kBwdMinBlocks<D>) fa_bwd_dkdv_ker
 #pragma unroll
               for (int e = 0; e < 2; ++e) {
                 pv[e] = ex2(fmaf(acc_s[mt][nb][2 * r + e], p.scale_log2, -l2));
-                if (need_mask && (n0 + k + e >= S || (CAUSAL && n0 + k + e > m0 + q) || (DOCS && k + e < first))) pv[e] = 0.f;
+                if (need_mask && (n0 + k + e >= S || (CAUSAL && n0 + k + e > m0 + q) || (LIMIT && k + e < first))) pv[e] = 0.f;
               }
               pk[mt][r][nb] = pack_bf16(pv[0], pv[1]);
               *reinterpret_cast<uint32_t*>(smem + L::P + swz<BN>(q, k)) = pk[mt][r][nb];
@@ -347,10 +353,10 @@ __global__ void __launch_bounds__(256) fa_bwd_convert_dq_kernel(const float* dq_
   }
 }
 
-template <int D, bool CAUSAL, bool DOCS>
+template <int D, bool CAUSAL, bool LIMIT>
 void launch_dkdv(const BwdParams& p, const AttentionDims& d, cudaStream_t stream) {
   const int batch = int(d.batch);
-  auto kernel = fa_bwd_dkdv_kernel<D, CAUSAL, DOCS>;
+  auto kernel = fa_bwd_dkdv_kernel<D, CAUSAL, LIMIT>;
   constexpr int smem = BwdSmem<D>::kBytes;
   static_assert(smem > 48 * 1024, "raise the limit below only when needed");
   // Once per instantiation (thread-safe static initialisation); one process drives one GPU.
@@ -362,7 +368,7 @@ void launch_dkdv(const BwdParams& p, const AttentionDims& d, cudaStream_t stream
   }();
   PRIMUS_CUDA_CHECK(attr);
   const dim3 grid(unsigned(p.groups), unsigned(batch), unsigned((p.seq + kBwdTile - 1) / kBwdTile));
-  kernel<<<grid, kBwdThreads, smem, stream>>>(p, d.doc_start, int(d.key_pos0));
+  kernel<<<grid, kBwdThreads, smem, stream>>>(p, d.doc_start, int(d.key_pos0), int(d.window));
   PRIMUS_CUDA_CHECK_LAUNCH();
 }
 
@@ -430,7 +436,7 @@ void backward(const __nv_bfloat16* qkv, const __nv_bfloat16* kv, int kv_stride, 
   p.scale = float(1.0 / std::sqrt(double(D)));
   p.scale_log2 = float(1.4426950408889634 / std::sqrt(double(D)));
   p.dq_scale = block ? p.scale : 1.0f;
-  const bool docs = d.doc_start != nullptr;
+  const bool docs = d.doc_start != nullptr || d.window >= 0;
   if (D == 64) {
     if (docs)
       causal ? fa::launch_dkdv<64, true, true>(p, d, stream) : fa::launch_dkdv<64, false, true>(p, d, stream);

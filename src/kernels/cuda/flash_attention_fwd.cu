@@ -65,10 +65,12 @@ template <int D> struct FwdTraits;
 template <> struct FwdTraits<64> { using Cfg = FwdConfig<64, 128, 64, 4, true>; };
 template <> struct FwdTraits<128> { using Cfg = FwdConfig<128, 128, 32, 4, false>; };
 
-// DOCS: documents packed into the sequences (FwdParams::doc_start); a separate instantiation, so
-// that plain attention carries none of its registers.
-template <typename Cfg, bool CAUSAL, bool DOCS>
-__global__ void __launch_bounds__(Cfg::NTHREADS) fa_fwd_kernel(const FwdParams p, const int* doc_start, int key_pos0) {
+// LIMIT: each row sees keys from a lower bound on, its document's start (doc_start, or none) and
+// row - window (window >= 0, or none); a separate instantiation, so that plain attention carries
+// none of its registers. sinks: null, or one logit per head (flash_attention.h).
+template <typename Cfg, bool CAUSAL, bool LIMIT>
+__global__ void __launch_bounds__(Cfg::NTHREADS) fa_fwd_kernel(const FwdParams p, const int* doc_start, int key_pos0,
+                                                               int window, const float* sinks) {
   constexpr int D = Cfg::D, BM = Cfg::BM, BN = Cfg::BN, MT = Cfg::MT, NTHREADS = Cfg::NTHREADS;
   constexpr int KT = D / 16;   // k-steps of Q K^T
   constexpr int NB = BN / 8;   // n-blocks of S
@@ -96,8 +98,13 @@ __global__ void __launch_bounds__(Cfg::NTHREADS) fa_fwd_kernel(const FwdParams p
   // Documents: a row sees the keys from its document's start on (re-read from global memory where
   // a tile is masked: held in registers they spill); the tile's first row has the lowest start,
   // as starts do not decrease, so the key tiles below n_lo hold no visible key.
-  const int* doc_row = DOCS ? doc_start + int64_t(b) * S : nullptr;
-  const int n_lo = doc_row ? max(0, doc_row[m0] - key_pos0) / BN : 0;
+  // A window's first key (row - window) grows with the row too.
+  const int* doc_row = LIMIT && doc_start ? doc_start + int64_t(b) * S : nullptr;
+  auto first_key = [&](int row) {
+    const int doc = doc_row ? doc_row[row] - key_pos0 : 0;
+    return window >= 0 ? max(doc, row - window) : doc;
+  };
+  const int n_lo = LIMIT ? max(0, first_key(m0)) / BN : 0;
 
   load_tile<BM, D, NTHREADS>(sQ, q_src, p.stride, min(BM, S - m0), p.qkv, tid);
   {
@@ -120,12 +127,16 @@ __global__ void __launch_bounds__(Cfg::NTHREADS) fa_fwd_kernel(const FwdParams p
   float acc_o[MT][OB][4];
   zero(acc_o);
   float row_max[MT][2], row_sum[MT][2];  // [mt][0]: row g, [mt][1]: row g + 8 (this thread's part of l)
+  // A sink is a key of score sinks[h] (scaled: unscaled sinks[h] / scale) and value 0: the softmax
+  // starts from it, its 1 counted once per quad (lane t = 0).
+  const float m_start = sinks ? sinks[h] / p.scale : -INFINITY;
+  const float l_start = sinks && t == 0 ? 1.f : 0.f;
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      row_max[mt][r] = -INFINITY;
-      row_sum[mt][r] = 0.f;
+      row_max[mt][r] = m_start;
+      row_sum[mt][r] = l_start;
     }
 
   for (int n_block = n_blocks - 1; n_block >= n_lo; --n_block) {
@@ -163,7 +174,7 @@ __global__ void __launch_bounds__(Cfg::NTHREADS) fa_fwd_kernel(const FwdParams p
     // Mask keys past the sequence end, causal, keys after the query, and keys before the query's
     // document. Element e of n-block nb in m-tile mt is row wrow + 16*mt + g + 8*(e >> 1), key
     // n0 + 8*nb + 2*t + (e & 1).
-    if ((CAUSAL && n0 + BN - 1 > m0) || n0 + BN > S || DOCS) {
+    if ((CAUSAL && n0 + BN - 1 > m0) || n0 + BN > S || LIMIT) {
 #pragma unroll
       for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
@@ -172,7 +183,7 @@ __global__ void __launch_bounds__(Cfg::NTHREADS) fa_fwd_kernel(const FwdParams p
           for (int e = 0; e < 4; ++e) {
             const int row = m0 + wrow + 16 * mt + g + 8 * (e >> 1);
             const int key = n0 + 8 * nb + 2 * t + (e & 1);
-            if (key >= S || (CAUSAL && key > row) || (DOCS && row < S && key + key_pos0 < doc_row[row])) acc_s[mt][nb][e] = -INFINITY;
+            if (key >= S || (CAUSAL && key > row) || (LIMIT && row < S && key < first_key(row))) acc_s[mt][nb][e] = -INFINITY;
           }
     }
 
@@ -271,11 +282,11 @@ __global__ void __launch_bounds__(Cfg::NTHREADS) fa_fwd_kernel(const FwdParams p
   }
 }
 
-template <int D, bool CAUSAL, bool DOCS>
+template <int D, bool CAUSAL, bool LIMIT>
 void launch_fwd(const FwdParams& p, const AttentionDims& d, cudaStream_t stream) {
   const int batch = int(d.batch);
   using Cfg = typename FwdTraits<D>::Cfg;
-  auto kernel = fa_fwd_kernel<Cfg, CAUSAL, DOCS>;
+  auto kernel = fa_fwd_kernel<Cfg, CAUSAL, LIMIT>;
   // Once per instantiation (thread-safe static initialisation); one process drives one GPU.
   static const cudaError_t attr = [&] {
     if constexpr (Cfg::SMEM > 48 * 1024) {
@@ -287,7 +298,7 @@ void launch_fwd(const FwdParams& p, const AttentionDims& d, cudaStream_t stream)
   }();
   PRIMUS_CUDA_CHECK(attr);
   const dim3 grid(unsigned(p.heads), unsigned(batch), unsigned((p.seq + Cfg::BM - 1) / Cfg::BM));
-  kernel<<<grid, Cfg::NTHREADS, Cfg::SMEM, stream>>>(p, d.doc_start, int(d.key_pos0));
+  kernel<<<grid, Cfg::NTHREADS, Cfg::SMEM, stream>>>(p, d.doc_start, int(d.key_pos0), int(d.window), d.sinks);
   PRIMUS_CUDA_CHECK_LAUNCH();
 }
 
@@ -319,7 +330,7 @@ void forward(const __nv_bfloat16* qkv, const __nv_bfloat16* kv, int kv_stride, i
   p.out_stride = d.heads * d.head_dim;
   p.scale = float(1.0 / std::sqrt(double(d.head_dim)));
   p.scale_log2 = float(1.4426950408889634 / std::sqrt(double(d.head_dim)));
-  const bool docs = d.doc_start != nullptr;
+  const bool docs = d.doc_start != nullptr || d.window >= 0;
   if (d.head_dim == 64) {
     if (docs)
       causal ? fa::launch_fwd<64, true, true>(p, d, stream) : fa::launch_fwd<64, false, true>(p, d, stream);

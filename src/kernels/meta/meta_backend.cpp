@@ -107,6 +107,11 @@ void MetaBackend::attention_backward(const Tensor& qkv, const Tensor& out, const
   record(attention_backward_call(qkv, out, lse, dout, dqkv, s));
 }
 
+void MetaBackend::attention_sink_backward(const Tensor& out, const Tensor& lse, const Tensor& dout, Tensor& dsinks,
+                                          const AttentionShape& s) {
+  record(attention_sink_backward_call(out, lse, dout, dsinks, s));
+}
+
 void MetaBackend::attention_block_forward(const Tensor& qkv, const Tensor& kv, Tensor& out, Tensor& lse,
                                           const AttentionShape& s, bool causal) {
   record(attention_block_forward_call(qkv, kv, out, lse, s, causal));

@@ -76,6 +76,8 @@ class MetaBackend final : public Backend, private MetaObserver {
   void attention_block_backward(const Tensor& qkv, const Tensor& kv, const Tensor& out, const Tensor& lse,
                                 const Tensor& dout, Tensor& dq_acc, Tensor& dkv_acc, const AttentionShape& s,
                                 bool causal) override;
+  void attention_sink_backward(const Tensor& out, const Tensor& lse, const Tensor& dout, Tensor& dsinks,
+                               const AttentionShape& s) override;
   void attention_decode(const Tensor& cache, int64_t first, Tensor& out, const AttentionShape& s) override;
   void embedding_forward(const Tensor& tokens, const Tensor& table, Tensor& out) override;
   void embedding_backward(const std::vector<int32_t>& host_tokens, const Tensor& dout, Tensor& dtable) override;

@@ -255,6 +255,14 @@ TEST_F(Distributed, Tp2SequenceParallelQkLayernormBf16) {
   expect_same_training(2, "--tensor_model_parallel_size 2 --sequence_parallel true",
                        std::string("--qk_layernorm true ") + kBf16, kBf16LossTol, kBf16WeightTol);
 }
+// gpt-oss's attention (docs/model_math.md): learned sinks split by heads over tp (each rank's
+// heads' own gradient), a window on alternate layers whatever stage holds them, and the linears'
+// biases (the replicated ones, linear_proj's and fc2's, added once after the row-parallel sum and
+// their gradients summed over tp under sequence parallelism).
+TEST_F(Distributed, Tp2Pp2GptOssAttention) {
+  expect_same_training(4, "--tensor_model_parallel_size 2 --pipeline_model_parallel_size 2 --sequence_parallel true",
+                       "--softmax_type learnable --window_size '[8, 0]' --window_attn_skip_freq 2 --add_bias_linear true");
+}
 
 class PipelineSchedules : public Distributed, public ::testing::WithParamInterface<std::string> {};
 TEST_P(PipelineSchedules, Pp4) {
@@ -780,6 +788,16 @@ TEST_F(ExpertParallel, Ep2Tp2SequenceParallelEtp1) {
   expect_same_training(4, "--expert_model_parallel_size 2 --moe_token_dispatcher_type alltoall "
                           "--tensor_model_parallel_size 2 --sequence_parallel true --expert_tensor_parallel_size 1",
                        kMoe);
+  expect_same_moe_statistics();
+}
+// gpt-oss's MoE blocks (add_bias_linear: the router's and each expert's biases) with its attention,
+// under ep2 x tp2 with sequence parallelism and whole experts.
+TEST_F(ExpertParallel, Ep2Tp2SequenceParallelGptOss) {
+  expect_same_training(4, "--expert_model_parallel_size 2 --moe_token_dispatcher_type alltoall "
+                          "--tensor_model_parallel_size 2 --sequence_parallel true --expert_tensor_parallel_size 1",
+                       "--num_experts 4 --moe_ffn_hidden_size 32 --moe_router_topk 2 --moe_layer_freq 2 "
+                       "--moe_aux_loss_coeff 0.01 --add_bias_linear true --softmax_type learnable "
+                       "--window_size '[8, 0]' --window_attn_skip_freq 2");
   expect_same_moe_statistics();
 }
 // Expert tensor parallelism (expert_tensor_parallel_size = tp, the default as in Megatron): each

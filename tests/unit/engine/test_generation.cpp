@@ -39,6 +39,16 @@ TEST(Generation, KVCacheLogitsEqualAFullForwardWithQkLayernorm) {
   expect_cached_equals_full(s);
 }
 
+// gpt-oss's attention: the decoder's steps see the same window (layer 0) and sinks as the forward;
+// the 20-token sequence runs past the window of 5.
+TEST(Generation, KVCacheLogitsEqualAFullForwardWithSinksAndWindows) {
+  ModelSpec s = gen_spec();
+  s.softmax_type = "learnable";
+  s.window_size = 5;
+  s.window_attn_skip_freq = 2;
+  expect_cached_equals_full(s);
+}
+
 // MoE blocks (dropless): every new row is routed by itself, as in the full forward.
 TEST(Generation, KVCacheLogitsEqualAFullForwardWithMoe) {
   ModelSpec s = gen_spec();

@@ -357,3 +357,44 @@ TEST(Model, ParameterNamesFollowMegatron) {
   }
   EXPECT_GE(withqk.params().find("decoder.layers.1.self_attention.k_layernorm.weight"), 0);
 }
+
+// gpt-oss's attention (docs/model_math.md): a sliding window on alternate layers (Megatron's
+// window_attn_skip_freq 2: layer 1 of 2 on the window, layer 2 full) and learned sinks.
+static ModelSpec gpt_oss_attention(ModelSpec s, int64_t window, const char* softmax_type) {
+  s.window_size = window;
+  s.window_attn_skip_freq = 2;
+  s.softmax_type = softmax_type;
+  return s;
+}
+
+TEST(ModelGrads, GptOssAttentionWithLearnedSinksMatchesFiniteDifferences) {
+  check_model_grads(gpt_oss_attention(tiny_spec(false, true), 2, "learnable"), {});
+}
+
+TEST(ModelGrads, GptOssAttentionWithOffByOneSoftmaxMatchesFiniteDifferences) {
+  check_model_grads(gpt_oss_attention(tiny_spec(false, false), 3, "off-by-one"), {});
+}
+
+// The sinks' gradient goes from B to W through the part's context; selective and full recompute
+// rebuild what the window and the sinks need.
+TEST(ModelPasses, GptOssAttentionSplitAndRecomputeGiveIdenticalGradients) {
+  const ModelSpec spec = gpt_oss_attention(float_spec(), 20, "learnable");
+  float l0, l1, l2, l3;
+  LlamaOptions sel, full;
+  sel.recompute = Recompute::Selective;
+  full.recompute = Recompute::Full;
+  auto fused = float_grads(spec, {}, false, &l0);
+  auto none = float_grads(spec, {}, true, &l1);
+  auto s = float_grads(spec, sel, true, &l2);
+  auto f = float_grads(spec, full, true, &l3);
+  EXPECT_EQ(l0, l1);
+  EXPECT_EQ(l0, l2);
+  EXPECT_EQ(l0, l3);
+  EXPECT_EQ(0, std::memcmp(fused.data(), none.data(), none.size() * sizeof(float)));
+  EXPECT_EQ(0, std::memcmp(none.data(), s.data(), none.size() * sizeof(float)));
+  EXPECT_EQ(0, std::memcmp(none.data(), f.data(), none.size() * sizeof(float)));
+  // The window changes the model: full attention on every layer gives another loss.
+  float l_full;
+  float_grads(gpt_oss_attention(float_spec(), -1, "learnable"), {}, false, &l_full);
+  EXPECT_NE(l0, l_full);
+}

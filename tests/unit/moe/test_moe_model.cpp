@@ -111,9 +111,42 @@ TEST(MoeModel, DeepSeekStyleGradientsMatchFiniteDifferences) {
   check_grads(s);
 }
 
+// gpt-oss's biases (add_bias_linear): QKV, linear_proj, the dense MLP's fc1 and fc2, the router and
+// each expert's fc1 and fc2, with its attention sinks and windows.
+ModelSpec tiny_gpt_oss() {
+  ModelSpec s = tiny_moe(false);
+  s.add_bias_linear = true;
+  s.softmax_type = "learnable";
+  s.window_size = 2;
+  s.window_attn_skip_freq = 2;
+  return s;
+}
+
+TEST(MoeModel, GptOssBiasesGradientsMatchFiniteDifferences) { check_grads(tiny_gpt_oss()); }
+
+// The biases change the function: with them non-zero the loss moves.
+TEST(MoeModel, GptOssBiasesEnterTheForward) {
+  LlamaModel m(tiny_gpt_oss(), cpu::cpu_backend(), Precision::Fp64);
+  m.init_weights(5);
+  const Batch x = make_batch(2, 4, 7, 9);
+  const double before = objective(m, x);
+  for (const char* name : {"decoder.layers.1.mlp.router.bias", "decoder.layers.1.mlp.experts.local_experts.2.linear_fc1.bias",
+                           "decoder.layers.1.mlp.experts.local_experts.3.linear_fc2.bias",
+                           "decoder.layers.0.mlp.linear_fc2.bias", "decoder.layers.0.self_attention.linear_proj.bias"}) {
+    const int id = m.params().find(name);
+    ASSERT_GE(id, 0) << name;
+    const auto& info = m.params().infos()[size_t(id)];
+    double* v = m.params().values().data<double>() + info.offset;
+    v[0] += 0.5;
+    m.sync_working_weights();
+    EXPECT_NE(objective(m, x), before) << name;
+    v[0] -= 0.5;
+    m.sync_working_weights();
+  }
+}
+
 TEST(MoeModel, LayoutMatchesTheSpecCount) {
-  for (bool ds : {false, true}) {
-    ModelSpec s = tiny_moe(ds);
+  for (ModelSpec s : {tiny_moe(false), tiny_moe(true), tiny_gpt_oss()}) {
     LlamaModel m(s, cpu::cpu_backend(), Precision::Fp32);
     const auto layout = model_parameter_layout(s);
     ASSERT_EQ(m.params().infos().size(), layout.size());

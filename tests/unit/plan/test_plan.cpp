@@ -180,5 +180,30 @@ TEST(ModelWalk, OneRankOfTheBigRecipesTakesSeconds) {
   }
 }
 
+// gpt-oss's attention on the shape-only walk: each layer's attention ops carry its window, their
+// FLOPs count the keys the window lets a query see, and the learned sinks' gradient is one op per
+// layer in the backward.
+TEST(ModelWalk, WindowedLayersAndSinksAreCounted) {
+  ModelSpec s = small_spec();
+  s.window_size = 8;
+  s.window_attn_skip_freq = 2;  // layer 0 on the window, layer 1 full
+  s.softmax_type = "learnable";
+  const config::TrainingArgs a = args_of(2, 64);
+  const RankRecord rec = walk_rank(s, rank_shape(s, plan_layout(a, s, 1), a, Precision::Fp32, 0));
+  ASSERT_EQ(rec.chunks.size(), 1u);
+  std::vector<ops::OpCall> forward;
+  for (const auto& o : rec.chunks[0].f.ops)
+    if (std::string(o.op) == "attention_forward") forward.push_back(o);
+  ASSERT_EQ(forward.size(), 2u);
+  const double S = 64, W = 8, heads = double(s.num_attention_heads), d = double(s.head_dim());
+  EXPECT_EQ(forward[0].window, 8);
+  EXPECT_EQ(forward[1].window, -1);
+  EXPECT_DOUBLE_EQ(forward[0].flops, 4.0 * 2 * heads * d * (S * S / 2 - (S - W - 1) * (S - W) / 2));
+  EXPECT_DOUBLE_EQ(forward[1].flops, 4.0 * 2 * heads * d * S * S / 2);
+  int sink_grads = 0;
+  for (const auto& o : rec.chunks[0].b.ops) sink_grads += std::string(o.op) == "attention_sink_backward";
+  EXPECT_EQ(sink_grads, 2);
+}
+
 }  // namespace
 }  // namespace primus::plan

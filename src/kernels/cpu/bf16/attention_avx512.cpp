@@ -64,12 +64,16 @@ void copy_rows(const uint16_t* src, int64_t ld, int64_t t0, int64_t n, int64_t n
   for (int64_t i = 0; i < n; ++i) std::memcpy(dst + i * Dp, src + (t0 + i) * ld, size_t(D) * 2);
 }
 
-// The first key row that query row `row` (b*S + t) may see (0 without documents), and the rows of
-// sequence b that see some key before key_end (documents: their starts do not decrease).
-int64_t first_key(const Documents& docs, int64_t row) {
-  return docs.start ? int64_t(docs.start[row]) - docs.key_pos0 : 0;
+// The first key row that query row `row` (b*S + t) may see (its document's start, 0 without
+// documents, and t - window with a window), and the rows of sequence b that see some key before
+// key_end (documents: their starts do not decrease; a window: none past key_end - 1 + window).
+int64_t first_key(const Documents& docs, const AttentionShape& s, int64_t row) {
+  const int64_t doc = docs.start ? int64_t(docs.start[row]) - docs.key_pos0 : 0;
+  const int64_t win = s.window_start(row % s.seq);
+  return doc > win ? doc : win;
 }
-int64_t rows_seeing(const Documents& docs, int64_t b, int64_t S, int64_t key_end) {
+int64_t rows_seeing(const Documents& docs, const AttentionShape& s, int64_t b, int64_t key_end) {
+  const int64_t S = s.window < 0 ? s.seq : min64(s.seq, key_end + s.window);
   if (!docs.start) return S;
   const int32_t* st = docs.start + b * S;
   int64_t lo = 0, hi = S;  // the first row whose document starts after key_end - 1
@@ -107,7 +111,7 @@ size_t bytes_for(int64_t n) {
 }  // namespace
 
 void attention_forward(const uint16_t* qkv, uint16_t* out, float* lse, const AttentionShape& shape,
-                       const Documents& docs) {
+                       const Documents& docs, const float* sinks) {
   const Dims d(shape);
   const int64_t ps = d.panel_size();
   Scratch packs(kAttentionPacks, 2 * bytes_for<uint16_t>(d.B * d.G * ps));
@@ -136,11 +140,12 @@ void attention_forward(const uint16_t* qkv, uint16_t* out, float* lse, const Att
       copy_rows(base + h * d.D, d.stride, t0, rows, kRows, d.D, d.Dp, q);
       const uint16_t* K = kc + (b * d.G + g) * ps;
       const uint16_t* V = vk + (b * d.G + g) * ps;
-      for (int64_t i = 0; i < kRows; ++i) m[i] = -INFINITY, l[i] = 0;
+      // A sink is a key of score sinks[h] and value 0: the softmax starts from it.
+      for (int64_t i = 0; i < kRows; ++i) m[i] = sinks ? sinks[h] : -INFINITY, l[i] = sinks ? 1.0f : 0.0f;
       std::memset(o, 0, size_t(kRows * d.Dp) * 4);
       const int64_t t_last = t0 + rows - 1;
       int64_t lo = d.S;  // documents: key tiles before every row's document are skipped
-      for (int64_t i = 0; i < rows; ++i) lo = min64(lo, first_key(docs, b * d.S + t0 + i));
+      for (int64_t i = 0; i < rows; ++i) lo = min64(lo, first_key(docs, shape, b * d.S + t0 + i));
       for (int64_t s0 = (lo > 0 ? lo : 0) / kKeys * kKeys; s0 <= t_last; s0 += kKeys) {
         // Scores: 16-key panels s0/16 .. s0/16 + 3, each [Dp/2][16][2].
         dot_block({q, d.Dp, 2}, kRows, {K + (s0 / 16) * (d.Dp / 2) * 32, 32, (d.Dp / 2) * 32}, kKeys, d.Dp / 2, sc,
@@ -148,7 +153,7 @@ void attention_forward(const uint16_t* qkv, uint16_t* out, float* lse, const Att
         const int64_t cmax = min64(kKeys, t_last - s0 + 1);  // columns any row of the tile sees
         for (int64_t i = 0; i < rows; ++i) {
           const int64_t visible = min64(cmax, t0 + i - s0 + 1);  // causal: keys s <= t
-          const int64_t c_lo = first_key(docs, b * d.S + t0 + i) - s0;  // documents: keys before it are masked
+          const int64_t c_lo = first_key(docs, shape, b * d.S + t0 + i) - s0;  // documents, window: keys before it masked
           float* si = sc + i * kKeys;
           uint16_t* pi = p + i * kKeys;
           if (visible <= 0 || c_lo >= visible) {
@@ -248,7 +253,7 @@ void attention_backward(const uint16_t* qkv, const uint16_t* out, const float* l
         for (int64_t s0 = 0; s0 < d.S; s0 += kKeys) {
           const uint16_t* Kt = kc + (s0 / 16) * (d.Dp / 2) * 32;
           const uint16_t* Vt = vc + (s0 / 16) * (d.Dp / 2) * 32;
-          const int64_t r_end = rows_seeing(docs, b, d.S, s0 + kKeys);  // documents: later rows start after the tile
+          const int64_t r_end = rows_seeing(docs, shape, b, s0 + kKeys);  // documents, window: later rows see none
           for (int64_t r0 = s0 / kRows * kRows; r0 < r_end; r0 += kRows) {
             // S = Q K^T and dP = dO V^T for the tile's rows and keys.
             const Cols kt{Kt, 32, (d.Dp / 2) * 32}, vt{Vt, 32, (d.Dp / 2) * 32};
@@ -258,7 +263,7 @@ void attention_backward(const uint16_t* qkv, const uint16_t* out, const float* l
             for (int64_t i = 0; i < kRows; ++i) {
               const int64_t t = r0 + i;
               const int64_t visible = t < d.S ? min64(kKeys, t - s0 + 1) : 0;
-              const int64_t c_lo = t < d.S ? first_key(docs, b * d.S + t) - s0 : 0;
+              const int64_t c_lo = t < d.S ? first_key(docs, shape, b * d.S + t) - s0 : 0;
               const float* si = sc + i * kKeys;
               const float* dpi = dp + i * kKeys;
               for (int64_t j = 0; j < kKeys; j += 16) {
@@ -308,7 +313,8 @@ void attention_backward(const uint16_t* qkv, const uint16_t* out, const float* l
 
 // Few query rows (a prompt, then one token at a time): heads are the parallel dimension. Scores
 // by vdpbf16ps over the head dim, softmax in fp32, the weighted sum of V rows in fp32.
-void attention_decode(const uint16_t* cache, int64_t first, uint16_t* out, const AttentionShape& shape) {
+void attention_decode(const uint16_t* cache, int64_t first, uint16_t* out, const AttentionShape& shape,
+                      const float* sinks) {
   const Dims d(shape);
   const int64_t L = d.S, rows = L - first;
 #pragma omp parallel if(double(rows) * double(d.H) * double(L) * double(d.D) >= kParallelMin)
@@ -323,8 +329,9 @@ void attention_decode(const uint16_t* cache, int64_t first, uint16_t* out, const
       for (int64_t h = 0; h < d.H; ++h) {
         const int64_t row = first + r, g = h / d.per_group;
         std::memcpy(qpad, cache + row * d.stride + h * d.D, size_t(d.D) * 2);
-        float mx = -INFINITY;
-        for (int64_t t = 0; t <= row; ++t) {
+        const int64_t t_lo = shape.window_start(row);
+        float mx = sinks ? sinks[h] : -INFINITY;
+        for (int64_t t = t_lo; t <= row; ++t) {
           const uint16_t* k = cache + t * d.stride + d.q_size + g * d.D;
           __m512 acc = _mm512_setzero_ps();
           int64_t c = 0;
@@ -338,10 +345,10 @@ void attention_decode(const uint16_t* cache, int64_t first, uint16_t* out, const
           p[t] = _mm512_reduce_add_ps(acc) * d.scale;
           mx = p[t] > mx ? p[t] : mx;
         }
-        float z = 0;
-        for (int64_t t = 0; t <= row; ++t) z += (p[t] = std::exp(p[t] - mx));
+        float z = sinks ? std::exp(sinks[h] - mx) : 0.0f;
+        for (int64_t t = t_lo; t <= row; ++t) z += (p[t] = std::exp(p[t] - mx));
         std::memset(o, 0, size_t(d.Dp) * 4);
-        for (int64_t t = 0; t <= row; ++t) {
+        for (int64_t t = t_lo; t <= row; ++t) {
           const uint16_t* v = cache + t * d.stride + d.q_size + d.kv_size + g * d.D;
           const __m512 w = _mm512_set1_ps(p[t] / z);
           for (int64_t c = 0; c < d.D; c += 16) {

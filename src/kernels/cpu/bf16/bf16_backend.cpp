@@ -170,7 +170,13 @@ void Bf16Backend::attention_forward(const Tensor& qkv, Tensor& out, Tensor& lse,
   expect(qkv, DType::BF16, s.batch * s.seq * s.qkv_stride(), "attention qkv");
   expect(out, DType::BF16, s.batch * s.seq * s.heads * s.head_dim, "attention out");
   expect(lse, DType::F32, s.batch * s.heads * s.seq, "attention lse");
-  bf16k::attention_forward(U(qkv), U(out), F(lse), s, ops::documents_of(s, device()));
+  bf16k::attention_forward(U(qkv), U(out), F(lse), s, ops::documents_of(s, device()),
+                           static_cast<const float*>(ops::sinks_of(s, device(), DType::F32)));
+}
+
+void Bf16Backend::attention_sink_backward(const Tensor& out, const Tensor& lse, const Tensor& dout, Tensor& dsinks,
+                                          const ops::AttentionShape& s) {
+  ReferenceBackend().attention_sink_backward(out, lse, dout, dsinks, s);  // O(rows) next to the backward
 }
 
 void Bf16Backend::attention_backward(const Tensor& qkv, const Tensor& out, const Tensor& lse, const Tensor& dout,
@@ -195,7 +201,7 @@ void Bf16Backend::attention_decode(const Tensor& cache, int64_t first, Tensor& o
                    out.numel() == (s.seq - first) * s.heads * s.head_dim,
                "attention decode of rows {}..{} on a cache {} into {}", first, s.seq, cache.shape_str(),
                out.shape_str());
-  bf16k::attention_decode(U(cache), first, U(out), s);
+  bf16k::attention_decode(U(cache), first, U(out), s, static_cast<const float*>(ops::sinks_of(s, device(), DType::F32)));
 }
 
 void Bf16Backend::attention_block_forward(const Tensor& qkv, const Tensor& kv, Tensor& out, Tensor& lse,

@@ -11,12 +11,14 @@
 namespace primus::cpu::bf16k {
 
 // ---- attention (attention_avx512.cpp), the layout of kernels/cpu/attention.h ----
-// docs: documents packed into the sequences (kernels/cpu/attention.h), or none.
+// docs: documents packed into the sequences (kernels/cpu/attention.h), or none; s.window and sinks
+// (fp32 [heads], or null) as kernels/cpu/attention.h defines them.
 void attention_forward(const uint16_t* qkv, uint16_t* out, float* lse, const AttentionShape& s,
-                       const Documents& docs = {});
+                       const Documents& docs = {}, const float* sinks = nullptr);
 void attention_backward(const uint16_t* qkv, const uint16_t* out, const float* lse, const uint16_t* dout,
                         uint16_t* dqkv, const AttentionShape& s, const Documents& docs = {});
-void attention_decode(const uint16_t* cache, int64_t first, uint16_t* out, const AttentionShape& s);
+void attention_decode(const uint16_t* cache, int64_t first, uint16_t* out, const AttentionShape& s,
+                      const float* sinks = nullptr);
 
 // ---- rows and elements (elementwise_avx512.cpp) ----
 void rmsnorm_forward(const uint16_t* x, const uint16_t* w, uint16_t* y, float* rstd, int64_t n, int64_t c, float eps);
