@@ -75,6 +75,10 @@ class TimedBackend final : public ops::Backend {
                           const ops::AttentionShape& s) override {
     time(Attention, [&] { in_.attention_backward(qkv, out, lse, dout, dqkv, s); });
   }
+  void attention_sink_backward(const Tensor& out, const Tensor& lse, const Tensor& dout, Tensor& dsinks,
+                               const ops::AttentionShape& s) override {
+    time(Attention, [&] { in_.attention_sink_backward(out, lse, dout, dsinks, s); });
+  }
   void attention_block_forward(const Tensor& qkv, const Tensor& kv, Tensor& out, Tensor& lse,
                                const ops::AttentionShape& s, bool causal) override {
     time(Attention, [&] { in_.attention_block_forward(qkv, kv, out, lse, s, causal); });
