@@ -9,9 +9,10 @@ preference data sets have them:
   - implicit prompt: "chosen" and "rejected" whole conversations that share their first turns (a
     system prompt, sometimes an earlier question and answer).
 Deterministic: the same file on every run (Python's random with a fixed seed)."""
-import json
 import random
 import sys
+
+from split_json import write_splits
 
 rng = random.Random(20261128)
 OPS = [("+", lambda a, b: a + b), ("-", lambda a, b: a - b), ("*", lambda a, b: a * b)]
@@ -53,14 +54,7 @@ def pair():
 def main():
     out = sys.argv[1] if len(sys.argv) > 1 else "examples/data/arith_pref.json"
     data = {"train": [pair() for _ in range(400)], "validation": [pair() for _ in range(40)]}
-    with open(out, "w", encoding="utf-8") as f:
-        f.write("{\n")
-        for i, split in enumerate(("train", "validation")):
-            f.write(f'"{split}": [\n')
-            f.write(",\n".join(json.dumps(r) for r in data[split]))
-            f.write("\n]" + (",\n" if i == 0 else "\n"))
-        f.write("}\n")
-
+    write_splits(out, data)
 
 if __name__ == "__main__":
     main()

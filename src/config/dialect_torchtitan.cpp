@@ -217,28 +217,34 @@ const std::vector<DialectKey>& table() {
 }
 // clang-format on
 
+// How a torchtitan MoE flavour scores the experts (its MoEArgs' score_func and route_norm).
+enum class TitanScores {
+  Softmax,            // softmax over all experts before the top-k, not renormalised
+  SoftmaxRouteNorm,   // the same, the chosen scores renormalised (route_norm)
+  Sigmoid,            // sigmoid scores, renormalised for top-k > 1 (the preset's own routing)
+};
+
 // torchtitan's MoE layers (models/moe/moe.py) on this engine's router: no auxiliary loss; the
 // aux-loss-free expert bias (load_balance_coeff 1e-3, MoEArgs' default, which no flavour changes)
 // added to the scores for the choice only and moved once per optimizer step by the sign of each
-// expert's load against the mean, centred on its mean (components/optimizer.py); softmax scores over
-// all experts before the top-k, renormalised when the flavour sets route_norm (sigmoid scores always
-// are for top-k > 1, as route_norm sets for DeepSeek-V3). route_scale and the node-limited groups are
-// the presets' moe_router_topk_scaling_factor and moe_router_num_groups / moe_router_group_topk.
-void titan_moe(DialectSettings& s, bool softmax_route_norm) {
+// expert's load against the mean, centred on its mean (components/optimizer.py); the scores as the
+// flavour's row of the table says. route_scale and the node-limited groups are the presets'
+// moe_router_topk_scaling_factor and moe_router_num_groups / moe_router_group_topk.
+void titan_moe(DialectSettings& s, TitanScores scores) {
   const std::vector<std::string> from = {"model.name", "model.flavor"};
   s.set("moe_router_load_balancing_type", YAML::Node("none"), from);
   s.set("moe_aux_loss_coeff", YAML::Node(0), from);
   s.set("moe_router_enable_expert_bias", YAML::Node(true), from);
   s.set("moe_router_bias_update_rate", yaml_number(1e-3), from);
   s.set("moe_router_bias_update_centered", YAML::Node(true), from);
-  if (s.text("model.name") == "qwen3" || s.text("model.flavor") != "671B") {  // softmax scores
+  if (scores != TitanScores::Sigmoid) {
     s.set("moe_router_pre_softmax", YAML::Node(true), from);
-    s.set("moe_router_norm_topk_prob", YAML::Node(softmax_route_norm), from);
+    s.set("moe_router_norm_topk_prob", YAML::Node(scores == TitanScores::SoftmaxRouteNorm), from);
   }
 }
 
-void qwen3_moe(DialectSettings& s) {
-  titan_moe(s, true);
+void qwen3_moe(DialectSettings& s, TitanScores scores) {
+  titan_moe(s, scores);
   // torchtitan's 235B-A22B flavour sets rope_theta 5e6 (the 30B-A3B one, like the preset, 1e6).
   if (s.text("model.flavor") == "235B-A22B")
     s.set("rotary_base", YAML::Node(5000000), {"model.name", "model.flavor"});
@@ -249,8 +255,8 @@ void qwen3_moe(DialectSettings& s) {
 // softmax scale multiplied by (0.1 mscale ln 40 + 1)^2 (mscale 0.70 for 16B, else 1.0); attention
 // within each document (block_causal) for every flavour at this commit, which torchtitan runs
 // without context parallelism.
-void deepseek_moe(DialectSettings& s) {
-  titan_moe(s, false);
+void deepseek_moe(DialectSettings& s, TitanScores scores) {
+  titan_moe(s, scores);
   const std::vector<std::string> from = {"model.name", "model.flavor"};
   s.set("norm_epsilon", yaml_number(1e-5), from);
   if (s.integer("training.seq_len") <= 4096) {
@@ -274,7 +280,8 @@ struct Flavour {
   const char* flavor;
   const char* preset;  // nullptr: refused with `why`
   const char* why;
-  void (*moe)(DialectSettings&) = nullptr;  // an MoE flavour: torchtitan's routing on the preset
+  void (*moe)(DialectSettings&, TitanScores) = nullptr;  // an MoE flavour: torchtitan's routing on the preset
+  TitanScores scores = TitanScores::Sigmoid;              // an MoE flavour's expert scores
 };
 
 const char* const kLlama4 = "Llama 4 is not built on this engine yet (the model-families issue adds it)";
@@ -293,12 +300,12 @@ const std::vector<Flavour>& flavours() {
       {"qwen3", "8B", "qwen3_8B", nullptr},
       {"qwen3", "14B", "qwen3_14B", nullptr},
       {"qwen3", "32B", "qwen3_32B", nullptr},
-      {"qwen3", "30B-A3B", "qwen3_30B_A3B", nullptr, qwen3_moe},
-      {"qwen3", "235B-A22B", "qwen3_235B_A22B", nullptr, qwen3_moe},
+      {"qwen3", "30B-A3B", "qwen3_30B_A3B", nullptr, qwen3_moe, TitanScores::SoftmaxRouteNorm},
+      {"qwen3", "235B-A22B", "qwen3_235B_A22B", nullptr, qwen3_moe, TitanScores::SoftmaxRouteNorm},
       // DeepSeek-V2-Lite's and DeepSeek-V2's shapes under the deepseek_v3 model.
-      {"deepseek_v3", "16B", "deepseek_v2_lite", nullptr, deepseek_moe},
-      {"deepseek_v3", "236B", "deepseek_v2", nullptr, deepseek_moe},
-      {"deepseek_v3", "671B", "deepseek_v3", nullptr, deepseek_moe},
+      {"deepseek_v3", "16B", "deepseek_v2_lite", nullptr, deepseek_moe, TitanScores::Softmax},
+      {"deepseek_v3", "236B", "deepseek_v2", nullptr, deepseek_moe, TitanScores::Softmax},
+      {"deepseek_v3", "671B", "deepseek_v3", nullptr, deepseek_moe, TitanScores::Sigmoid},
       {"llama4", "*", nullptr, kLlama4},
       {"gpt_oss", "*", nullptr, kGptOss},
   };
@@ -381,7 +388,7 @@ class TorchTitan final : public Dialect {
           s.refuse("primus_turbo.use_moe_fp8",
                    "Primus-Turbo's FP8 grouped GEMM for the experts (on with enable_primus_turbo and "
                    "use_turbo_grouped_mm) is not mapped onto this engine's FP8 recipes; set it false for bf16 experts");
-        f.moe(s);
+        f.moe(s, f.scores);
       }
       return f.moe != nullptr;
     }
