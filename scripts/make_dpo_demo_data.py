@@ -9,23 +9,15 @@ preference data sets have them:
   - implicit prompt: "chosen" and "rejected" whole conversations that share their first turns (a
     system prompt, sometimes an earlier question and answer).
 Deterministic: the same file on every run (Python's random with a fixed seed)."""
-import random
 import sys
 
-from split_json import write_splits
-
-rng = random.Random(20261128)
-OPS = [("+", lambda a, b: a + b), ("-", lambda a, b: a - b), ("*", lambda a, b: a * b)]
-ASK = ["What is {a} {op} {b}?", "Compute {a} {op} {b}.", "{a} {op} {b} = ?"]
+from demo_data import ask, problem, rng, write_splits
 
 
 def question():
-    op, f = rng.choice(OPS)
-    a, b = rng.randint(0, 99), rng.randint(0, 99 if op != "*" else 12)
-    r = f(a, b)
+    a, op, b, r = problem()
     wrong = r + rng.choice([-1, 1]) * rng.randint(1, 10)
-    ask = rng.choice(ASK).format(a=a, op=op, b=b)
-    return ask, f"{a} {op} {b} = {r}", f"{a} {op} {b} = {wrong}"
+    return ask(a, op, b), f"{a} {op} {b} = {r}", f"{a} {op} {b} = {wrong}"
 
 
 def user(text):
@@ -37,17 +29,17 @@ def assistant(text):
 
 
 def pair():
-    ask, good, bad = question()
+    prompt, good, bad = question()
     shape = rng.random()
     if shape < 0.4:
-        return {"prompt": ask, "chosen": good, "rejected": bad}
+        return {"prompt": prompt, "chosen": good, "rejected": bad}
     if shape < 0.7:
-        return {"prompt": [user(ask)], "chosen": [assistant(good)], "rejected": [assistant(bad)]}
+        return {"prompt": [user(prompt)], "chosen": [assistant(good)], "rejected": [assistant(bad)]}
     shared = [{"role": "system", "content": "You are a calculator."}]
     if rng.random() < 0.5:  # an earlier turn, the same in both
         ask0, good0, _ = question()
         shared += [user(ask0), assistant(good0)]
-    shared.append(user(ask))
+    shared.append(user(prompt))
     return {"chosen": shared + [assistant(good)], "rejected": shared + [assistant(bad)]}
 
 

@@ -3,24 +3,17 @@
 arithmetic questions and answers in the messages shape ({"role", "content"}), some with a system
 prompt and a follow-up turn, as {"train": [...], "validation": [...]}. Deterministic: the same file
 on every run (Python's random with a fixed seed)."""
-import random
 import sys
 
-from split_json import write_splits
-
-rng = random.Random(20261128)
-OPS = [("+", lambda a, b: a + b), ("-", lambda a, b: a - b), ("*", lambda a, b: a * b)]
-ASK = ["What is {a} {op} {b}?", "Compute {a} {op} {b}.", "{a} {op} {b} = ?"]
+from demo_data import ask, problem, rng, write_splits
 
 
 def conversation():
-    op, f = rng.choice(OPS)
-    a, b = rng.randint(0, 99), rng.randint(0, 99 if op != "*" else 12)
+    a, op, b, r = problem()
     msgs = []
     if rng.random() < 0.25:
         msgs.append({"role": "system", "content": "You are a calculator."})
-    msgs.append({"role": "user", "content": rng.choice(ASK).format(a=a, op=op, b=b)})
-    r = f(a, b)
+    msgs.append({"role": "user", "content": ask(a, op, b)})
     msgs.append({"role": "assistant", "content": f"{a} {op} {b} = {r}"})
     if rng.random() < 0.2:  # a follow-up turn on the result
         c = rng.randint(2, 9)

@@ -11,23 +11,15 @@
 #include "grad_check.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "model/llama.h"
+#include "support/tiny_spec.h"
 
 using namespace primus;
 
 namespace {
 
 ModelSpec lora_spec(bool moe) {
-  ModelSpec s;
-  s.name = "lora-tiny";
-  s.num_layers = 2;
-  s.hidden_size = 16;
-  s.ffn_hidden_size = 24;
-  s.num_attention_heads = 4;
-  s.num_query_groups = 2;
-  s.vocab_size = 11;
-  s.max_position_embeddings = 16;
+  ModelSpec s = test::tiny_llama_spec("lora-tiny", 11, 16, 0.3, {.hidden = 16, .ffn = 24});
   s.untie_embeddings_and_output_weights = true;
-  s.init_method_std = 0.3;
   if (moe) {
     s.num_experts = 4;
     s.moe_router_topk = 2;

@@ -21,6 +21,7 @@
 #include "optim/adamw.h"
 #include "optim/flat_adamw.h"
 #include "support/relative_error.h"
+#include "support/tiny_spec.h"
 
 using namespace primus;
 
@@ -28,19 +29,7 @@ namespace {
 
 constexpr int64_t kDocs = 3, kLen = 40;  // 40: documents that do not start on a 64-row tile
 
-ModelSpec tiny_spec() {
-  ModelSpec s;
-  s.name = "test-packed";
-  s.num_layers = 2;
-  s.hidden_size = 64;
-  s.ffn_hidden_size = 96;
-  s.num_attention_heads = 4;
-  s.num_query_groups = 2;
-  s.vocab_size = 61;
-  s.max_position_embeddings = kDocs * kLen;
-  s.init_method_std = 0.1;
-  return s;
-}
+ModelSpec tiny_spec() { return test::tiny_llama_spec("test-packed", 61, kDocs * kLen, 0.1); }
 
 // kDocs documents of kLen tokens, each ending with eod (the last id): tokens and targets of the
 // documents one after the other (targets the next token within the document, -1 at the eod).

@@ -13,6 +13,7 @@
 #include "model/llama.h"
 #include "support/relative_error.h"
 #include "support/sft_packed_batches.h"
+#include "support/tiny_spec.h"
 
 using namespace primus;
 
@@ -21,18 +22,8 @@ namespace {
 constexpr int kConversations = 8;
 constexpr int64_t kSeq = 255, kPackedSeq = 511;  // every conversation fits 256 tokens
 
-ModelSpec sft_spec() {
-  ModelSpec s;
-  s.name = "test-sft-packing";
-  s.num_layers = 2;
-  s.hidden_size = 64;
-  s.ffn_hidden_size = 96;
-  s.num_attention_heads = 4;
-  s.num_query_groups = 2;
-  s.vocab_size = 259;  // the byte-level tokenizer's
-  s.max_position_embeddings = kPackedSeq;
-  s.init_method_std = 0.1;
-  return s;
+ModelSpec sft_spec() {  // vocabulary 259: the byte-level tokenizer's
+  return test::tiny_llama_spec("test-sft-packing", 259, kPackedSeq, 0.1);
 }
 
 struct Result {

@@ -11,6 +11,7 @@
 #include "model/linears.h"
 #include "model/llama.h"
 #include "optim/flat_adamw.h"
+#include "support/tiny_spec.h"
 
 using namespace primus;
 
@@ -202,19 +203,7 @@ TEST(Fp8Linears, DelayedScalingUsesTheLastStepsAmax) {
   EXPECT_EQ(longer.load_state({}), std::vector<std::string>{name});
 }
 
-ModelSpec tiny() {
-  ModelSpec s;
-  s.name = "test-fp8";
-  s.num_layers = 2;
-  s.hidden_size = 64;
-  s.ffn_hidden_size = 96;
-  s.num_attention_heads = 4;
-  s.num_query_groups = 2;
-  s.vocab_size = 61;
-  s.max_position_embeddings = 32;
-  s.init_method_std = 0.05;
-  return s;
-}
+ModelSpec tiny() { return test::tiny_llama_spec("test-fp8", 61, 32, 0.05); }
 
 // 40 AdamW steps on one batch: the loss falls in every recipe and ends near the fp32 run's.
 double train(const Fp8Options& o, std::vector<double>* losses = nullptr) {

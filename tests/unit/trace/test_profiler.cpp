@@ -16,24 +16,14 @@
 #include "trace/analysis.h"
 #include "trace/profiler.h"
 #include "trace/traced_group.h"
+#include "support/tiny_spec.h"
 
 namespace fs = std::filesystem;
 
 namespace primus::trace {
 namespace {
 
-ModelSpec small_model() {
-  ModelSpec s;
-  s.name = "test";
-  s.num_layers = 2;
-  s.hidden_size = 32;
-  s.ffn_hidden_size = 64;
-  s.num_attention_heads = 4;
-  s.num_query_groups = 2;
-  s.vocab_size = 64;
-  s.max_position_embeddings = 32;
-  return s;
-}
+ModelSpec small_model() { return test::tiny_llama_spec("test", 64, 32, ModelSpec{}.init_method_std, {.hidden = 32, .ffn = 64}); }
 
 struct Batch {
   std::vector<int32_t> tokens, targets;
