@@ -131,6 +131,10 @@ const std::vector<KeyInfo>& training_keys() {
                              "gpipe"),
       KEY(decoder_first_pipeline_num_layers, "layers on the first pipeline stage; 0: an even split"),
       KEY(decoder_last_pipeline_num_layers, "layers on the last pipeline stage; 0: an even split"),
+      KEY(pipeline_model_parallel_layout,
+          "the layers of each pipeline stage in Megatron's notation: stages in model order separated by |, E the "
+          "embedding (first), t a transformer layer, L the loss (last), t*n and (...)*n repeats, e.g. "
+          "\"Et*3|(t*4|)*2,t*3L\"; the stages over pipeline_model_parallel_size give the vpp. null: an even split"),
       KEY(pipeline_balance, "none | auto. auto: choose the layers per pipeline stage from each layer's cost, the "
                             "embedding and the output layer with its loss included, so that the stages take equal "
                             "time (instead of decoder_first/last_pipeline_num_layers)"),

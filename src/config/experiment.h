@@ -117,6 +117,7 @@ struct TrainingArgs {
   std::string pipeline_schedule = "1f1b";
   int64_t decoder_first_pipeline_num_layers = 0;
   int64_t decoder_last_pipeline_num_layers = 0;
+  std::string pipeline_model_parallel_layout;  // Megatron's "Et*3|t*4|...,L" (pipeline/partition.h); empty: unset
   std::string pipeline_balance = "none";          // none | auto (plan/parallel_layout.h)
   int64_t zero_bubble_max_pending_backward = 0;   // zb-auto's memory limit; 0: pp (ZB-1p)
   bool use_distributed_optimizer = false;

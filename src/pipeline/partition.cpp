@@ -1,5 +1,6 @@
 #include "pipeline/partition.h"
 
+#include <regex>
 #include <string>
 
 #include <fmt/format.h>
@@ -76,7 +77,79 @@ std::vector<int64_t> layers_per_rank(int64_t L, int pp, int vpp, int64_t first, 
   return per;
 }
 
+constexpr size_t kMaxLayoutLetters = 1 << 20;
+
+// Replaces each match of `pattern` (group 1 a text, group 2 a count) by the text repeated, as
+// Megatron's parse_str_to_list does with re.sub, refusing an expansion past kMaxLayoutLetters.
+std::string unroll(const std::string& text, const std::regex& pattern, const std::string& layout) {
+  std::string out;
+  size_t last = 0;
+  for (auto it = std::sregex_iterator(text.begin(), text.end(), pattern); it != std::sregex_iterator(); ++it) {
+    const std::smatch& m = *it;
+    out.append(text, last, size_t(m.position(0)) - last);
+    const std::string count = m[2].str();
+    const std::string piece = m[1].str();
+    if (count.size() > 7 || (out.size() + piece.size() * std::stoull(count)) > kMaxLayoutLetters)
+      fail("pipeline_model_parallel_layout '{}' unrolls to more than {} letters", layout, kMaxLayoutLetters);
+    for (unsigned long long i = 0, n = std::stoull(count); i < n; ++i) out += piece;
+    last = size_t(m.position(0) + m.length(0));
+  }
+  out.append(text, last, std::string::npos);
+  if (out.size() > kMaxLayoutLetters)
+    fail("pipeline_model_parallel_layout '{}' unrolls to more than {} letters", layout, kMaxLayoutLetters);
+  return out;
+}
+
 }  // namespace
+
+std::vector<int64_t> parse_pipeline_layout(const std::string& layout) {
+  std::string text;
+  for (char c : layout)
+    if (c != ',') text += c;
+  static const std::regex group(R"(\(([^)]+)\)\*(\d+))"), letter(R"((.)\*(\d+))");
+  text = unroll(unroll(text, group, layout), letter, layout);
+  if (text.empty() || text.front() != 'E' || text.back() != 'L')
+    fail("pipeline_model_parallel_layout '{}' must start with the embedding (E) and end with the loss (L)", layout);
+  std::vector<int64_t> layers(1, 0);
+  for (size_t i = 0; i < text.size(); ++i) {
+    const char c = text[i];
+    if (c == '|') {
+      layers.push_back(0);
+    } else if (c == 't') {
+      ++layers.back();
+    } else if (c == 'm') {
+      fail("pipeline_model_parallel_layout '{}' places a multi-token prediction layer (m), which this engine does "
+           "not build",
+           layout);
+    } else if ((c == 'E' && i != 0) || (c == 'L' && i + 1 != text.size())) {
+      fail("pipeline_model_parallel_layout '{}' names the {} more than once (E and L stand once each, first and last)",
+           layout, c == 'E' ? "embedding (E)" : "loss (L)");
+    } else if (c != 'E' && c != 'L') {
+      fail("pipeline_model_parallel_layout '{}' has the letter '{}'; the letters are E (embedding), t (transformer "
+           "layer), m (multi-token prediction), L (loss), with | between stages, x*n and (...)*n for repeats",
+           layout, c);
+    }
+  }
+  for (size_t s = 0; s < layers.size(); ++s)
+    if (layers[s] == 0)
+      fail("pipeline_model_parallel_layout '{}': stage {} holds no transformer layer; a stage of the embedding or the "
+           "loss alone is not built on this engine (give every stage at least one t)",
+           layout, s);
+  return layers;
+}
+
+std::vector<LayerRange> split_layers(const std::vector<int64_t>& layers_per_stage, int64_t num_layers) {
+  std::vector<LayerRange> split;
+  int64_t next = 0;
+  for (int64_t n : layers_per_stage) {
+    split.push_back({next, n});
+    next += n;
+  }
+  if (next != num_layers)
+    fail("pipeline_model_parallel_layout places {} transformer layers, the model has num_layers {}", next,
+         num_layers);
+  return split;
+}
 
 std::vector<LayerRange> split_layers(int64_t num_layers, int pp, int vpp,
                                      int64_t first_stage_layers, int64_t last_stage_layers,

@@ -17,6 +17,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "pipeline/schedule.h"
@@ -40,6 +41,21 @@ std::vector<LayerRange> split_layers(int64_t num_layers, int pp, int vpp,
 std::vector<LayerRange> split_layers(const Schedule& schedule, int64_t num_layers,
                                      int64_t first_stage_layers = 0,
                                      int64_t last_stage_layers = 0);
+
+// Megatron-LM's pipeline_model_parallel_layout: the stages in model order, separated by '|', each
+// a run of layer letters: E the embedding, t a transformer (decoder) layer, m a multi-token
+// prediction layer, L the loss; "x*n" repeats a letter and "(...)*n" a group, commas are only for
+// the eye ("Et*3|(tt|)*2,L" is "Ettt|tt|tt|L"). Stage i of the string is the looped placement's
+// stage i (pipeline rank i mod pp, chunk i / pp), so the count of stages over pp is the vpp.
+// Returns the decoder layers of each stage. Throws primus::Error, naming the layout, when it is
+// not one: another letter, the embedding not first or the loss not last or either not exactly
+// once, an MTP layer (not built), a stage without decoder layers (not built here), or an
+// expansion past a million letters.
+std::vector<int64_t> parse_pipeline_layout(const std::string& layout);
+
+// The split a parsed layout gives: stage s holds layers_per_stage[s] consecutive layers. Throws
+// when they do not add up to num_layers.
+std::vector<LayerRange> split_layers(const std::vector<int64_t>& layers_per_stage, int64_t num_layers);
 
 // The layers chunk `chunk` of pipeline rank `rank` holds under `schedule`'s placement, from a
 // split made by split_layers for that schedule.

@@ -141,14 +141,39 @@ config::DpSharding resolve_sharding(const config::TrainingArgs& a) {
 
 // The stages and, with more than one pipeline rank, the schedule, the layers per stage and their
 // costs (L's sizes and microbatches already planned).
+// pipeline_model_parallel_layout's decoder layers per stage, checked against the keys it replaces;
+// empty when the key is unset. Its stages over pp are the vpp (Megatron's rule).
+std::vector<int64_t> explicit_layout(const config::TrainingArgs& a, int pp) {
+  if (a.pipeline_model_parallel_layout.empty()) return {};
+  std::vector<int64_t> layers = pipeline::parse_pipeline_layout(a.pipeline_model_parallel_layout);
+  const auto stages = int64_t(layers.size());
+  if (stages % pp != 0)
+    fail("pipeline_model_parallel_layout has {} stages, not a multiple of pipeline_model_parallel_size {}", stages, pp);
+  const char* other = a.decoder_first_pipeline_num_layers > 0  ? "decoder_first_pipeline_num_layers"
+                      : a.decoder_last_pipeline_num_layers > 0 ? "decoder_last_pipeline_num_layers"
+                      : a.pipeline_balance == "auto"           ? "pipeline_balance auto"
+                                                               : nullptr;
+  if (other) fail("pipeline_model_parallel_layout sets the layers of every stage; unset {} (or the layout)", other);
+  const int64_t vpp = a.virtual_pipeline_model_parallel_size;
+  if (vpp > 0 && vpp != stages / pp)
+    fail("pipeline_model_parallel_layout has {} stages over pipeline_model_parallel_size {}: a vpp of {}, but "
+         "virtual_pipeline_model_parallel_size is {}",
+         stages, pp, stages / pp, vpp);
+  return layers;
+}
+
 void plan_pipeline(ParallelLayout& L, const config::TrainingArgs& a, const ModelSpec& spec) {
-  const int64_t vpp_asked = a.virtual_pipeline_model_parallel_size;
+  const std::vector<int64_t> layout = explicit_layout(a, L.pp);
+  const int64_t vpp_asked = layout.empty() ? a.virtual_pipeline_model_parallel_size : int64_t(layout.size()) / L.pp;
   if (L.pp == 1) {
+    if (layout.size() > 1)
+      fail("pipeline_model_parallel_layout has {} stages; with pipeline_model_parallel_size 1 it has one", layout.size());
     if (vpp_asked > 1)
       fail("virtual_pipeline_model_parallel_size {} needs pipeline_model_parallel_size > 1", vpp_asked);
     if (a.decoder_first_pipeline_num_layers > 0 || a.decoder_last_pipeline_num_layers > 0)
       fail("decoder_first/last_pipeline_num_layers need pipeline_model_parallel_size > 1");
-    L.stages = pipeline::split_layers(spec.num_layers, 1, 1);
+    L.stages = layout.empty() ? pipeline::split_layers(spec.num_layers, 1, 1)
+                              : pipeline::split_layers(layout, spec.num_layers);
     return;
   }
   if (L.microbatches_per_rank > 0x7fffffff) fail("too many microbatches per rank: {}", L.microbatches_per_rank);
@@ -162,6 +187,9 @@ void plan_pipeline(ParallelLayout& L, const config::TrainingArgs& a, const Model
   if (a.zero_bubble_max_pending_backward < 0)
     fail("zero_bubble_max_pending_backward must not be negative (got {}; 0 means pipeline_model_parallel_size)",
          a.zero_bubble_max_pending_backward);
+  // Megatron's 1F1B with virtual stages is its interleaved schedule.
+  const std::string algorithm =
+      a.pipeline_schedule == "1f1b" && vpp_asked > 1 ? std::string("interleaved-1f1b") : a.pipeline_schedule;
   pipeline::ScheduleRequest req;
   req.pp = L.pp;
   req.microbatches = int(L.microbatches_per_rank);
@@ -169,17 +197,23 @@ void plan_pipeline(ParallelLayout& L, const config::TrainingArgs& a, const Model
   if (a.pipeline_schedule == "zb-auto") req.memory_limit = double(a.zero_bubble_max_pending_backward);
   auto build = [&] {
     try {
-      return pipeline::generate(a.pipeline_schedule, req);
+      return pipeline::generate(algorithm, req);
     } catch (const Error& e) {
       fail("pipeline_schedule {} with pipeline_model_parallel_size {} and {} microbatches per data-parallel rank "
            "(global_batch_size / (micro_batch_size x dp)): {}",
-           a.pipeline_schedule, L.pp, L.microbatches_per_rank, e.what());
+           algorithm, L.pp, L.microbatches_per_rank, e.what());
     }
   };
   L.schedule = build();
   L.vpp = L.schedule->vpp;
   const pipeline::ModelCosts costs = layer_costs(spec, a, L);
-  if (auto_balance) {
+  if (!layout.empty()) {
+    if (L.vpp != vpp_asked || L.schedule->placement != pipeline::Placement::Looped)
+      fail("pipeline_model_parallel_layout places its {} stages in Megatron's looped order ({} per pipeline rank); "
+           "pipeline_schedule {} runs {} stage(s) per rank, placed {}",
+           layout.size(), vpp_asked, algorithm, L.vpp, pipeline::placement_name(L.schedule->placement));
+    L.stages = pipeline::split_layers(layout, spec.num_layers);
+  } else if (auto_balance) {
     L.balance = pipeline::balance_layers(*L.schedule, costs, pipeline::Costs{});
     L.stages = L.balance->split;
   } else {

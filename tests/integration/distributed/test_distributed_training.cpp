@@ -297,6 +297,13 @@ TEST_F(Distributed, BalancedPp4) {
   expect_same_training(4, "--pipeline_model_parallel_size 4 --pipeline_balance auto", "--vocab_size 4096");
 }
 
+// Megatron's pipeline_model_parallel_layout: four uneven stages over two ranks (vpp 2 from the
+// layout, Megatron's 1f1b then the interleaved schedule), trained like one process.
+TEST_F(Distributed, Pp2MegatronLayout) {
+  expect_same_training(2, "--pipeline_model_parallel_size 2 --pipeline_model_parallel_layout 'Et|t*3|t*3|t,L'");
+  EXPECT_NE(par_out_.find("interleaved-1f1b over 4 stages"), std::string::npos) << par_out_;
+}
+
 TEST_F(Distributed, Tp2Pp2) {
   expect_same_training(4, "--tensor_model_parallel_size 2 --pipeline_model_parallel_size 2 --sequence_parallel true");
 }

@@ -178,3 +178,53 @@ TEST(PipelineBalance, TrainerPlanWithBalanceAuto) {
     EXPECT_NE(std::string(e.what()).find("pipeline_balance must be none or auto"), std::string::npos) << e.what();
   }
 }
+
+// pipeline_model_parallel_layout: its stages are the split, their count over pp the vpp, and
+// Megatron's 1f1b with virtual stages is the interleaved schedule.
+TEST(PipelineLayout, PlanTakesTheLayoutsStagesAndVpp) {
+  config::TrainingArgs a;
+  a.pipeline_model_parallel_size = 2;
+  a.micro_batch_size = 1;
+  a.global_batch_size = 4;
+  a.seq_length = 32;
+  a.pipeline_model_parallel_layout = "Et|t*3|(t*2|)*1,t*3L";
+  ModelSpec spec = load_model_spec("tiny_llama");
+  spec.num_layers = 9;
+  const plan::ParallelLayout L = plan::plan_layout(a, spec, 2);
+  EXPECT_EQ(counts(L.stages), (std::vector<int64_t>{1, 3, 2, 3}));
+  EXPECT_EQ(L.vpp, 2);
+  EXPECT_EQ(L.schedule->algorithm, "interleaved-1f1b");
+
+  auto error_of = [&](config::TrainingArgs b, int world = 2) {
+    try {
+      plan::plan_layout(b, spec, world);
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  auto b = a;
+  b.virtual_pipeline_model_parallel_size = 4;
+  EXPECT_NE(error_of(b).find("a vpp of 2, but virtual_pipeline_model_parallel_size is 4"), std::string::npos);
+  b = a;
+  b.decoder_first_pipeline_num_layers = 1;
+  EXPECT_NE(error_of(b).find("unset decoder_first_pipeline_num_layers"), std::string::npos);
+  b = a;
+  b.pipeline_balance = "auto";
+  EXPECT_NE(error_of(b).find("unset pipeline_balance auto"), std::string::npos);
+  b = a;
+  b.pipeline_schedule = "zbv";
+  EXPECT_NE(error_of(b).find("placed v-shape"), std::string::npos) << error_of(b);
+  b = a;
+  b.pipeline_model_parallel_size = 3;
+  EXPECT_NE(error_of(b, 3).find("4 stages, not a multiple of pipeline_model_parallel_size 3"), std::string::npos);
+  b = a;
+  b.pipeline_model_parallel_layout = "Et|t*3|t*2|t*2L";
+  EXPECT_NE(error_of(b).find("places 8 transformer layers, the model has num_layers 9"), std::string::npos);
+  b = a;
+  b.pipeline_model_parallel_size = 1;
+  b.pipeline_model_parallel_layout = "Et*9L";
+  EXPECT_EQ(error_of(b, 1), "no error");
+  b.pipeline_model_parallel_layout = "Et*4|t*5L";
+  EXPECT_NE(error_of(b, 1).find("has 2 stages; with pipeline_model_parallel_size 1 it has one"), std::string::npos);
+}

@@ -136,3 +136,32 @@ TEST(SplitLayers, WhatEachRankHoldsUnderASchedule) {
   expect_error([&] { layers_of(v, sv, 2, 0); }, {"rank 2 is out of range"});
   expect_error([&] { layers_of(v, sv, 0, 2); }, {"chunk 2 is out of range"});
 }
+
+TEST(PipelineLayout, MegatronsNotationUnrolls) {
+  // Primus's qwen3_235B_A22B examples: 94 layers over 16 stages, 5 on the first and last.
+  const std::vector<int64_t> qwen = parse_pipeline_layout("Et*5|t*6|t*6|t*6|t*6|t*6|t*6|t*6|t*6|t*6|t*6|t*6|t*6|t*6|t*6|t*5,L");
+  ASSERT_EQ(qwen.size(), 16u);
+  EXPECT_EQ(qwen.front(), 5);
+  EXPECT_EQ(qwen.back(), 5);
+  int64_t total = 0;
+  for (int64_t n : qwen) total += n;
+  EXPECT_EQ(total, 94);
+  // Groups, commas for the eye, several digits.
+  EXPECT_EQ(parse_pipeline_layout("Ettt|(tt|)*2,t*10L"), (std::vector<int64_t>{3, 2, 2, 10}));
+  EXPECT_EQ(parse_pipeline_layout("EtL"), (std::vector<int64_t>{1}));
+  EXPECT_EQ(split_layers(std::vector<int64_t>{3, 2, 2, 10}, 17),
+            (std::vector<LayerRange>{{0, 3}, {3, 2}, {5, 2}, {7, 10}}));
+}
+
+TEST(PipelineLayout, WhatIsNotALayoutIsNamed) {
+  expect_error([] { parse_pipeline_layout("t*4|t*4,L"); }, {"start with the embedding (E)"});
+  expect_error([] { parse_pipeline_layout("Et*4|t*4"); }, {"end with the loss (L)"});
+  expect_error([] { parse_pipeline_layout("Et*4|Et*4L"); }, {"embedding (E) more than once"});
+  expect_error([] { parse_pipeline_layout("Et*4L|t*4L"); }, {"loss (L) more than once"});
+  expect_error([] { parse_pipeline_layout("Et*4|t*3m|L"); }, {"multi-token prediction layer (m)"});
+  expect_error([] { parse_pipeline_layout("Et*4|x*4L"); }, {"the letter 'x'"});
+  expect_error([] { parse_pipeline_layout("E|t*4|t*4L"); }, {"stage 0 holds no transformer layer"});
+  expect_error([] { parse_pipeline_layout("Et*99999999L"); }, {"more than 1048576 letters"});
+  expect_error([] { parse_pipeline_layout("E(t*2000|)*1000t*1000L"); }, {"more than 1048576 letters"});
+  expect_error([] { split_layers(std::vector<int64_t>{3, 2}, 6); }, {"places 5 transformer layers", "num_layers 6"});
+}
