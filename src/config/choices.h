@@ -28,6 +28,10 @@ enum class DpSharding : uint8_t { Unset, NoShard, Optim, OptimGrads, OptimGradsP
 // unset; post-training (modules.post_trainer, `train posttrain`) names sft or dpo.
 enum class TrainStage : uint8_t { Pretrain, Sft, Dpo };
 
+// pipeline_balance: none, the even split or decoder_first/last_pipeline_num_layers; auto, the layers
+// per stage chosen from each layer's cost (plan/parallel_layout.h).
+enum class PipelineBalance : uint8_t { None, Auto };
+
 // dpo_loss_type, TRL's `loss_type` names: sigmoid, the DPO paper's loss (train/dpo.h). TRL's other
 // losses (hinge, ipo, robust, ...) are not built: their names are not in the table below.
 enum class DpoLossType : uint8_t { Sigmoid };
@@ -58,6 +62,8 @@ inline constexpr Choice<fp8::AmaxAlgo> kAmaxAlgoChoices[] = {{fp8::AmaxAlgo::Max
 
 inline constexpr Choice<TrainStage> kTrainStageChoices[] = {
     {TrainStage::Pretrain, ""}, {TrainStage::Pretrain, "pretrain"}, {TrainStage::Sft, "sft"}, {TrainStage::Dpo, "dpo"}};
+inline constexpr Choice<PipelineBalance> kPipelineBalanceChoices[] = {{PipelineBalance::None, "none"},
+                                                                     {PipelineBalance::Auto, "auto"}};
 inline constexpr Choice<DpoLossType> kDpoLossTypeChoices[] = {{DpoLossType::Sigmoid, "sigmoid"}};
 // sft_conversation_format; "messages" is Primus's other name of "openai"; "chat_template" (the
 // tokenizer's own) is ours: Primus's formatters have no such value.
@@ -92,6 +98,7 @@ inline std::span<const Choice<CpComm>> choices_of(CpComm) { return kCpCommChoice
 inline std::span<const Choice<DpSharding>> choices_of(DpSharding) { return kDpShardingChoices; }
 inline std::span<const Choice<TrainStage>> choices_of(TrainStage) { return kTrainStageChoices; }
 inline std::span<const Choice<DpoLossType>> choices_of(DpoLossType) { return kDpoLossTypeChoices; }
+inline std::span<const Choice<PipelineBalance>> choices_of(PipelineBalance) { return kPipelineBalanceChoices; }
 inline std::span<const Choice<data::ChatFormatName>> choices_of(data::ChatFormatName) { return kChatFormatChoices; }
 
 // The name a config writes for `v`.

@@ -118,7 +118,7 @@ struct TrainingArgs {
   int64_t decoder_first_pipeline_num_layers = 0;
   int64_t decoder_last_pipeline_num_layers = 0;
   std::string pipeline_model_parallel_layout;  // Megatron's "Et*3|t*4|...,L" (pipeline/partition.h); empty: unset
-  std::string pipeline_balance = "none";          // none | auto (plan/parallel_layout.h)
+  PipelineBalance pipeline_balance = PipelineBalance::None;  // none | auto (plan/parallel_layout.h)
   int64_t zero_bubble_max_pending_backward = 0;   // zb-auto's memory limit; 0: pp (ZB-1p)
   bool use_distributed_optimizer = false;
   // no_shard | optim | optim_grads | optim_grads_params; unset: optim when use_distributed_optimizer
@@ -163,7 +163,7 @@ using FieldRef =
                  std::vector<std::string> TrainingArgs::*, std::vector<int64_t> TrainingArgs::*,
                  Recompute TrainingArgs::*, CpComm TrainingArgs::*, DpSharding TrainingArgs::*, Fp8Mode TrainingArgs::*,
                  Fp8Recipe TrainingArgs::*, fp8::AmaxAlgo TrainingArgs::*, TrainStage TrainingArgs::*,
-                 DpoLossType TrainingArgs::*, data::ChatFormatName TrainingArgs::*>;
+                 DpoLossType TrainingArgs::*, data::ChatFormatName TrainingArgs::*, PipelineBalance TrainingArgs::*>;
 struct KeyInfo {
   const char* name;
   FieldRef field;

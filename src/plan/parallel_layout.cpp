@@ -151,7 +151,7 @@ std::vector<int64_t> explicit_layout(const config::TrainingArgs& a, int pp) {
     fail("pipeline_model_parallel_layout has {} stages, not a multiple of pipeline_model_parallel_size {}", stages, pp);
   const char* other = a.decoder_first_pipeline_num_layers > 0  ? "decoder_first_pipeline_num_layers"
                       : a.decoder_last_pipeline_num_layers > 0 ? "decoder_last_pipeline_num_layers"
-                      : a.pipeline_balance == "auto"           ? "pipeline_balance auto"
+                      : a.pipeline_balance == config::PipelineBalance::Auto ? "pipeline_balance auto"
                                                                : nullptr;
   if (other) fail("pipeline_model_parallel_layout sets the layers of every stage; unset {} (or the layout)", other);
   const int64_t vpp = a.virtual_pipeline_model_parallel_size;
@@ -177,9 +177,7 @@ void plan_pipeline(ParallelLayout& L, const config::TrainingArgs& a, const Model
     return;
   }
   if (L.microbatches_per_rank > 0x7fffffff) fail("too many microbatches per rank: {}", L.microbatches_per_rank);
-  if (a.pipeline_balance != "none" && a.pipeline_balance != "auto")
-    fail("pipeline_balance must be none or auto (got '{}')", a.pipeline_balance);
-  const bool auto_balance = a.pipeline_balance == "auto";
+  const bool auto_balance = a.pipeline_balance == config::PipelineBalance::Auto;
   if (auto_balance && (a.decoder_first_pipeline_num_layers > 0 || a.decoder_last_pipeline_num_layers > 0))
     fail("pipeline_balance auto chooses the layers per stage itself; unset decoder_first_pipeline_num_layers ({}) and "
          "decoder_last_pipeline_num_layers ({}), or set pipeline_balance none",

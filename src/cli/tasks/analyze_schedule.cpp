@@ -145,7 +145,9 @@ plan::ParallelLayout model_layout(const Options& o) {
     a.micro_batch_size = o.micro_batch_size;
     a.global_batch_size = o.micro_batch_size * o.req.microbatches;
     a.seq_length = o.seq_length > 0 ? o.seq_length : spec.max_position_embeddings;
-    a.pipeline_balance = o.balance;
+    const auto balance = config::find_choice<config::PipelineBalance>(o.balance);
+    if (!balance) fail("{}", config::not_a_choice<config::PipelineBalance>("--balance", o.balance));
+    a.pipeline_balance = *balance;
     a.decoder_first_pipeline_num_layers = o.first_layers;
     a.decoder_last_pipeline_num_layers = o.last_layers;
     a.zero_bubble_max_pending_backward = int64_t(o.req.memory_limit);
