@@ -6,7 +6,7 @@
 #include <limits>
 #include <vector>
 
-#include "grad_check.h"
+#include "support/grad_check.h"
 #include "core/error.h"
 #include "kernels/cpu/attention.h"
 #include "kernels/cpu/elementwise.h"

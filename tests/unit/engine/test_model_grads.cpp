@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "core/rng.h"
-#include "grad_check.h"
+#include "support/grad_check.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "model/llama.h"
 

@@ -7,7 +7,7 @@
 #include <numeric>
 #include <vector>
 
-#include "../engine/grad_check.h"
+#include "support/grad_check.h"
 #include "core/rng.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/cpu/reference_backend.h"

@@ -6,7 +6,7 @@
 #include <cmath>
 #include <numeric>
 
-#include "../engine/grad_check.h"
+#include "support/grad_check.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/cpu/reference_backend.h"
 #include "kernels/host_values.h"
