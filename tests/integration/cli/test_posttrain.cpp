@@ -429,17 +429,25 @@ TEST(PrimusSftConfigs, LoadRefuseAndTrain) {
 // step's loss is ln 2 with every reward 0 (the policy is the reference), and two data-parallel
 // ranks give the one-process losses, rewards and gradient norms; a pair without `rejected` is an
 // error naming its record.
-TEST(Dpo, FirstStepIsLn2AndDp2GivesTheOneProcessRun) {
+TEST(Dpo, FirstStepIsLn2AndDp2Tp2Cp2GiveTheOneProcessRun) {
   const std::string tiny =
       " --num_layers 2 --hidden_size 64 --ffn_hidden_size 128 --num_attention_heads 4 --num_query_groups 2"
       " --seq_length 128 --micro_batch_size 1 --global_batch_size 4 --train_iters 3 --lr_warmup_iters 0"
       " --log_interval 1 --eval_interval 0 --bf16 false";
   std::vector<std::vector<nlohmann::json>> runs;
-  for (int n : {1, 2}) {
-    const fs::path ws = workspace("dpo" + std::to_string(n));
+  const std::vector<std::pair<int, std::string>> layouts = {
+      {1, ""}, {2, ""}, {2, " --tensor_model_parallel_size 2"}, {2, " --context_parallel_size 2"}};
+  for (const auto& [n, layout] : layouts) {
+    const fs::path ws = workspace("dpo" + std::to_string(runs.size()));
     const auto r = run("direct --nproc " + std::to_string(n) + " --workspace " + ws.string() +
-                       " --exp-name run -- train posttrain --config " + kRoot + "/examples/dpo_tiny_cpu.yaml" + tiny);
+                       " --exp-name run -- train posttrain --config " + kRoot + "/examples/dpo_tiny_cpu.yaml" + tiny +
+                       layout);
     ASSERT_EQ(r.code, 0) << r.out;
+    const char* ran = layout.find("tensor") != std::string::npos    ? "world 2 = tp 2 x pp 1 x dp 1"
+                      : layout.find("context") != std::string::npos ? "world 2 = tp 1 x cp 2 x pp 1 x dp 1"
+                      : n == 2                                      ? "world 2 = tp 1 x pp 1 x dp 2"
+                                                                    : "world 1";
+    EXPECT_NE(r.out.find(ran), std::string::npos) << r.out;
     std::vector<nlohmann::json> rows;
     std::ifstream in(ws / "run" / "metrics.jsonl");
     for (std::string line; std::getline(in, line);) {
@@ -455,11 +463,12 @@ TEST(Dpo, FirstStepIsLn2AndDp2GivesTheOneProcessRun) {
   for (const char* k : {"rewards_chosen", "rewards_rejected", "rewards_margins"})
     EXPECT_EQ(first[k].get<double>(), 0.0) << k;
   EXPECT_NE(runs[0][2]["lm_loss"].get<double>(), runs[0][0]["lm_loss"].get<double>());  // it trained
-  for (size_t i = 0; i < 3; ++i)
-    for (const char* k : {"lm_loss", "grad_norm", "rewards_margins", "rewards_accuracies"}) {
-      const double a = runs[0][i][k].get<double>(), b = runs[1][i][k].get<double>();
-      EXPECT_NEAR(b, a, 1e-5 * std::max(1.0, std::abs(a))) << k << " iteration " << i + 1;
-    }
+  for (size_t l = 1; l < layouts.size(); ++l)
+    for (size_t i = 0; i < 3; ++i)
+      for (const char* k : {"lm_loss", "grad_norm", "rewards_margins", "rewards_accuracies"}) {
+        const double a = runs[0][i][k].get<double>(), b = runs[l][i][k].get<double>();
+        EXPECT_NEAR(b, a, 1e-5 * std::max(1.0, std::abs(a))) << k << " iteration " << i + 1 << layouts[l].second;
+      }
 
   const fs::path dir = workspace("dpo-bad");
   fs::create_directories(dir);
