@@ -167,6 +167,28 @@ TEST(PrimusConfigsGptOss, AttentionSinksAndWindowsTrain) {
   fs::remove_all(ws);
 }
 
+// Kimi-K2 (configs/models/kimi_k2.yaml, from Primus's kimi_k2.yaml): the MI355X example loads
+// unchanged with the preset's 384 experts and latent attention, and trains shrunk on one process.
+TEST(PrimusConfigsKimiK2, LoadsUnchangedAndTrainsShrunk) {
+  const std::string config = kRoot + "/tests/integration/primus_configs/kimi_k2-BF16-pretrain.yaml";
+  const fs::path ws = fs::temp_directory_path() / ("primus-kimi-" + std::to_string(::getpid()));
+  fs::remove_all(ws);
+  const test::CommandResult printed =
+      run("direct --workspace " + ws.string() + " -- train pretrain --config " + config + " --print-config");
+  ASSERT_EQ(printed.code, 0) << printed.out;
+  for (const char* want : {"num_attention_heads: 64", "num_experts: 384", "multi_latent_attention: true",
+                           "moe_router_num_groups: 0", "vocab_size: 163840"})
+    EXPECT_NE(printed.out.find(want), std::string::npos) << want << "\n" << printed.out;
+  const test::CommandResult trained = run(
+      "direct --workspace " + ws.string() + " -- train pretrain --config " + config + kTiny +
+      " --pipeline-model-parallel-size 1 --expert-model-parallel-size 1 --num-experts 16 --moe-ffn-hidden-size 32"
+      " --moe-shared-expert-intermediate-size 32 --moe-layer-freq '([0]*1+[1]*1)' --kv-lora-rank 32 --q-lora-rank 32"
+      " --qk-head-dim 16 --qk-pos-emb-head-dim 8 --v-head-dim 16");
+  ASSERT_EQ(trained.code, 0) << trained.out;
+  EXPECT_NE(trained.out.find("iteration      3/     3"), std::string::npos) << trained.out;
+  fs::remove_all(ws);
+}
+
 INSTANTIATE_TEST_SUITE_P(Examples, PrimusConfigs,
                          ::testing::Values("llama3.1_8B-BF16-pretrain", "llama2_7B-BF16-pretrain",
                                            "qwen2.5_7B-BF16-pretrain", "llama3.1_8B-FP8-pretrain",

@@ -64,6 +64,27 @@ INSTANTIATE_TEST_SUITE_P(
 
 }  // namespace
 
+// Presets that follow Primus's YAMLs (configs/models/kimi_k2.yaml, glm4_7.yaml, glm5.yaml): the
+// counts these shapes give (pinned) and their distance from the figures the model makers
+// announced: Kimi-K2 1T total / 32B active, GLM-4.5 and 4.7 355B / 32B, GLM-5 744B / 40B (whose
+// sparse-attention indexer and MTP layer Primus's YAML and this preset leave out).
+TEST(MoeSpec, PrimusYamlPresetsNearTheAnnouncedSizes) {
+  struct Row {
+    const char* name;
+    int64_t parameters, active;
+    double announced_total, announced_active, tolerance;
+  };
+  for (const Row& r : {Row{"kimi_k2", 1'026'408'232'448, 32'861'500'928, 1.0e12, 32e9, 0.05},
+                       Row{"glm4_7", 355'756'876'800, 33'005'184'000, 355e9, 32e9, 0.05},
+                       Row{"glm5", 743'139'315'456, 41'012'825'856, 744e9, 40e9, 0.05}}) {
+    const ModelStats st = model_stats(load_model_spec(r.name), 4096);
+    EXPECT_EQ(st.parameters, r.parameters) << r.name;
+    EXPECT_EQ(st.active_parameters, r.active) << r.name;
+    EXPECT_NEAR(double(st.parameters) / r.announced_total, 1.0, r.tolerance) << r.name;
+    EXPECT_NEAR(double(st.active_parameters) / r.announced_active, 1.0, r.tolerance) << r.name;
+  }
+}
+
 TEST(MoeSpec, LayerFreqIntegerListAndExpression) {
   ModelSpec a = tiny_moe("moe_layer_freq: 2\n");
   a.validate();
