@@ -39,6 +39,7 @@
 #include "data/sft_chat_template.h"
 #include "data/sft_dataset.h"
 #include "data/tokenizer.h"
+#include "kernels/cpu/ceiling.h"
 #include "kernels/cpu/gemm.h"
 #include "model/llama.h"
 #include "optim/grad_clip.h"
@@ -167,6 +168,8 @@ class Trainer {
   MoeStepSummary moe_;                             // the last step's MoE statistics
   ModelStats stats_;
   double peak_gflops_ = 0;
+  double ceiling_gflops_ = 0;  // CPU: the instruction ceiling over all ranks (kernels/cpu/ceiling.h); 0 elsewhere
+  std::string ceiling_instruction_;
   bool mfu_warned_ = false;
   bool tty_ = false;
   double interval_loss_ = 0, interval_time_ = 0;
@@ -537,6 +540,11 @@ void Trainer::open_outputs() {
   // ranks.
   double peak = rank0_ ? compute_.backend->peak_tflops() * 1e3 : 0.0;
   peak_gflops_ = world_->all_reduce_value(peak) * world_->size();
+  if (compute_.device == Device::CPU) {  // MFU against the instruction ceiling too, beside the GEMM's
+    const cpu::InstructionCeiling& c = cpu::instruction_ceiling(compute_.precision == Precision::Bf16);
+    ceiling_gflops_ = world_->all_reduce_value(rank0_ ? c.gflops : 0.0) * world_->size();
+    ceiling_instruction_ = c.instruction;
+  }
   if (profiler_) profiler_->info().peak_tflops = peak_gflops_ / world_->size() / 1e3;
   config_yaml_ = cfg_.resolved_yaml();
   if (rank0_) {
@@ -563,9 +571,16 @@ void Trainer::open_outputs() {
   }
   log::info("compute: {}", compute_.describe());
   if (rank0_ && !cfg_.no_effect.empty()) log::info("{}", config::no_effect_summary(cfg_));
-  log::info("training iterations {} to {}; MFU against a peak of {:.1f} GFLOP/s ({})", state_.iteration + 1,
+  const bool bf16_gemm = compute_.device == Device::CPU && compute_.precision == Precision::Bf16;
+  log::info("training iterations {} to {}; MFU against a peak of {:.1f} GFLOP/s ({}){}", state_.iteration + 1,
             a_.train_iters, peak_gflops_,
-            compute_.device == Device::CUDA ? "data-sheet dense bf16" : "measured SGEMM");
+            compute_.device == Device::CUDA ? "data-sheet dense bf16"
+            : bf16_gemm                     ? "measured bf16 GEMM"
+                                            : "measured SGEMM",
+            ceiling_gflops_ > 0 ? fmt::format(" and, in brackets, against the instruction ceiling of {:.1f} GFLOP/s "
+                                              "({}, a register loop on every thread)",
+                                              ceiling_gflops_, ceiling_instruction_)
+                                : std::string());
   summary_.start_iteration = state_.iteration;
   watch_ = std::make_unique<safe::TrainWatch>(cfg_.run_dir(), state_.iteration);  // heartbeats, NaN policy, faults
   early_exit_ = std::make_unique<safe::EarlyExit>(a_.exit_signal_handler, a_.exit_duration_in_mins);
@@ -708,6 +723,7 @@ void Trainer::log_interval(const StepResult& step) {
   const double tps = double(interval_steps_ * gbs_ * seq_) / interval_time_;
   const double tflops = stats_.flops_per_token * tps / 1e12;
   const double mfu = tflops * 1e3 / peak_gflops_;
+  const double mfu_ceiling = ceiling_gflops_ > 0 ? tflops * 1e3 / ceiling_gflops_ : 0.0;
   const double mean_loss = interval_loss_ / double(interval_steps_);
   const MemoryStats mem = compute_.backend->memory_stats();
   const size_t peak = mem.peak;
@@ -727,15 +743,17 @@ void Trainer::log_interval(const StepResult& step) {
   if (tty_) fmt::print("\r\033[K");
   log::info(" iteration {:>6}/{:>6} | consumed samples: {:>9} | elapsed time per iteration (ms): {:.1f} | "
             "learning rate: {:.3E} | global batch size: {} | lm loss: {:.6E} | grad norm: {:.3f} | "
-            "tokens/s: {:.0f} | TFLOP/s: {:.3f} | MFU: {:.1f}% | peak tensor memory: {:.0f} MiB (parameters {:.1f}, "
+            "tokens/s: {:.0f} | TFLOP/s: {:.3f} | MFU: {:.1f}%{} | peak tensor memory: {:.0f} MiB (parameters {:.1f}, "
             "gradients {:.1f}, optimizer {:.1f}, activations and the rest {:.1f})",
             state_.iteration, a_.train_iters, state_.consumed_samples, 1e3 * interval_time_ / interval_steps_, step.lr,
-            gbs_, mean_loss, step.grad_norm, tps, tflops, 100 * mfu, peak / 1048576.0, param_bytes / 1048576.0,
+            gbs_, mean_loss, step.grad_norm, tps, tflops, 100 * mfu,
+            mfu_ceiling > 0 ? fmt::format(" ({:.1f}%)", 100 * mfu_ceiling) : std::string(), peak / 1048576.0, param_bytes / 1048576.0,
             grad_bytes / 1048576.0, optim_bytes / 1048576.0, activation_bytes / 1048576.0);
   nlohmann::json row{{"iteration", state_.iteration},   {"consumed_samples", state_.consumed_samples},
                      {"lm_loss", mean_loss},            {"lr", step.lr},
                      {"grad_norm", step.grad_norm},     {"tokens_per_sec", tps},
                      {"tflops", tflops},                {"mfu", mfu},
+                     {"mfu_ceiling", mfu_ceiling},
                      {"step_time_ms", 1e3 * interval_time_ / interval_steps_},
                      {"peak_memory_bytes", peak},       {"restarts", watch_->restarts()},
                      {"memory_allocated_bytes", mem.in_use}, {"memory_reserved_bytes", mem.in_use + mem.cached},

@@ -9,6 +9,8 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <tuple>
@@ -19,6 +21,7 @@
 #include "core/rng.h"
 #include "kernels/cpu/bf16/bf16_backend.h"
 #include "kernels/cpu/bf16/gemm.h"
+#include "kernels/cpu/ceiling.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/cpu/cpu_features.h"
 #include "kernels/cpu/reference_backend.h"
@@ -485,4 +488,26 @@ TEST(Bf16Ops, CpuFeaturesAreReported) {
   if (!f.avx512_bf16_usable()) {
     EXPECT_THROW(cpu::Bf16Backend(), Error);
   }
+}
+
+// The instruction ceiling (kernels/cpu/ceiling.h): the loop this CPU can run, named, positive, and
+// the cached value is the measured one's kind. Prints the numbers beside the measured GEMM peaks
+// (a benchmark's line, not a timed assertion: the machine may be shared).
+TEST(InstructionCeiling, MeasuresTheInstructionTheCpuHas) {
+  const cpu::CpuFeatures& f = cpu::cpu_features();
+  const cpu::InstructionCeiling b = cpu::measure_instruction_ceiling(true, 8, 1 << 14);
+  const cpu::InstructionCeiling s = cpu::measure_instruction_ceiling(false, 8, 1 << 14);
+  EXPECT_EQ(b.instruction, f.avx512_bf16_usable() ? "vdpbf16ps zmm"
+                           : f.avx512()          ? "vfmadd231ps zmm"
+                                                 : "vfmadd231ps ymm");
+  EXPECT_EQ(s.instruction, f.avx512() ? "vfmadd231ps zmm" : "vfmadd231ps ymm");
+  EXPECT_GT(b.gflops, 1.0);
+  EXPECT_GT(s.gflops, 1.0);
+  EXPECT_GT(b.threads, 0);
+  const cpu::InstructionCeiling& cached = cpu::instruction_ceiling(true);
+  if (std::getenv("PRIMUS_CEILING_GFLOPS") == nullptr) {
+    EXPECT_EQ(cached.instruction, b.instruction);
+  }
+  std::printf("instruction ceiling on %d threads: %s %.1f GFLOP/s, %s %.1f GFLOP/s\n", b.threads,
+              b.instruction.c_str(), b.gflops, s.instruction.c_str(), s.gflops);
 }

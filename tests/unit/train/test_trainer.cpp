@@ -39,8 +39,11 @@ TEST(Trainer, LossFallsWellBelowItsStart) {
   EXPECT_LT(s.last_eval_loss, 0.6 * s.first_loss);
   auto rows = metrics_rows(cfg);
   ASSERT_GE(rows.size(), 8u);
-  for (const char* key : {"iteration", "consumed_samples", "lm_loss", "lr", "grad_norm", "tokens_per_sec", "tflops", "mfu"})
+  for (const char* key :
+       {"iteration", "consumed_samples", "lm_loss", "lr", "grad_norm", "tokens_per_sec", "tflops", "mfu", "mfu_ceiling"})
     EXPECT_TRUE(rows[0].contains(key)) << key;
+  // On the CPU, MFU against the instruction ceiling too (kernels/cpu/ceiling.h).
+  EXPECT_GT(rows[0]["mfu_ceiling"].get<double>(), 0.0);
   EXPECT_EQ(rows[0]["iteration"], 5);
   EXPECT_EQ(rows[0]["consumed_samples"], 20);
   bool saw_eval = false;

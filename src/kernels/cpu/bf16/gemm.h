@@ -52,6 +52,12 @@ void gemm_grouped(const GemmArgs* g, int64_t count);
 // The machine's practical bf16 GEMM peak: best of `reps` n^3 products (bf16 in, fp32 out) on all
 // threads, through either implementation, in GFLOP/s. bf16 runs on the CPU report MFU against it
 // (PRIMUS_PEAK_BF16_GFLOPS overrides it), as fp32 runs do against the SGEMM peak.
+// The instruction ceiling's AVX-512 loops (kernels/cpu/ceiling.h, bf16/ceiling_avx512.cpp): `iters`
+// steps of 12 independent vdpbf16ps (or zmm FMA) chains in registers; the result only keeps the
+// work from being optimised away. Only where cpu_features.h finds the instructions.
+float dpbf16_zmm_loop(long iters);
+float fma_zmm_loop(long iters);
+
 double measure_bf16_gemm_peak_gflops(int n = 2048, int reps = 4);
 double bf16_gemm_peak_gflops();  // PRIMUS_PEAK_BF16_GFLOPS if set, else measured once (n = 1024) and cached
 

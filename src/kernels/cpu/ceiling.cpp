@@ -1,0 +1,79 @@
+#include "kernels/cpu/ceiling.h"
+
+#include <omp.h>
+
+#include <immintrin.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
+
+#include "kernels/cpu/bf16/gemm.h"
+#include "kernels/cpu/cpu_features.h"
+
+namespace primus::cpu {
+
+namespace {
+
+// 12 independent chains of ymm FMAs (latency 4, two ports: 8 in flight keep both busy).
+float fma_ymm_loop(long iters) {
+  __m256 acc[12];
+  for (int k = 0; k < 12; ++k) acc[k] = _mm256_set1_ps(float(k) * 1e-3f);
+  const __m256 a = _mm256_set1_ps(0.999f), b = _mm256_set1_ps(0.001f);
+  for (long i = 0; i < iters; ++i)
+    for (int k = 0; k < 12; ++k) acc[k] = _mm256_fmadd_ps(acc[k], a, b);
+  __m256 s = acc[0];
+  for (int k = 1; k < 12; ++k) s = _mm256_add_ps(s, acc[k]);
+  float out[8];
+  _mm256_storeu_ps(out, s);
+  return out[0];
+}
+
+template <class Loop>
+double best_gflops(Loop loop, double flops_per_instruction, int reps, long iters, int threads) {
+  double best = 0;
+  float sum = 0;
+  for (int r = 0; r < reps; ++r) {
+    const auto t0 = std::chrono::steady_clock::now();
+#pragma omp parallel num_threads(threads) reduction(+ : sum)
+    sum += loop(iters);
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    best = std::max(best, flops_per_instruction * 12.0 * double(iters) * threads / s / 1e9);
+  }
+  volatile float sink = sum;  // the loops' results are used
+  (void)sink;
+  return best;
+}
+
+}  // namespace
+
+InstructionCeiling measure_instruction_ceiling(bool bf16, int reps, long iters) {
+  const CpuFeatures& f = cpu_features();
+  InstructionCeiling c;
+  c.threads = omp_get_max_threads();
+  if (bf16 && f.avx512_bf16_usable()) {
+    c.instruction = "vdpbf16ps zmm";
+    c.gflops = best_gflops(bf16k::dpbf16_zmm_loop, 64, reps, iters, c.threads);
+  } else if (f.avx512()) {
+    c.instruction = "vfmadd231ps zmm";
+    c.gflops = best_gflops(bf16k::fma_zmm_loop, 32, reps, iters, c.threads);
+  } else {
+    c.instruction = "vfmadd231ps ymm";
+    c.gflops = best_gflops(fma_ymm_loop, 16, reps, iters, c.threads);
+  }
+  return c;
+}
+
+const InstructionCeiling& instruction_ceiling(bool bf16) {
+  static const auto get = [](bool b) {
+    if (const char* env = std::getenv("PRIMUS_CEILING_GFLOPS"); env && std::atof(env) > 0)
+      return InstructionCeiling{std::atof(env), "PRIMUS_CEILING_GFLOPS", omp_get_max_threads()};
+    return measure_instruction_ceiling(b);
+  };
+  static const InstructionCeiling fp32 = get(false);
+  if (!bf16) return fp32;
+  static const InstructionCeiling b16 = get(true);
+  return b16;
+}
+
+}  // namespace primus::cpu
