@@ -28,9 +28,16 @@ const char* const kStorage =
 const char* const kData = "MaxText's own input pipelines (tokenizing, packing, shuffling); this engine reads "
                           "Megatron-format data (data_path) or mock data (dataset_type: synthetic)";
 const char* const kInference = "inference, decoding or serving; training does not read it";
-const char* const kMoe = "configures mixture-of-experts layers beyond the Mixtral and Qwen3 MoE ones mapped (docs/config.md)";
-const char* const kMla = "configures multi-head latent attention (attention_type: mla), which is refused here";
-const char* const kYarn = "configures the YaRN rotary (rope_type: yarn), which is refused here";
+const char* const kMoe =
+    "configures mixture-of-experts layers beyond the Mixtral, Qwen3 MoE and DeepSeek-V2 ones mapped (docs/config.md)";
+const char* const kMla = "how multi-head latent attention is computed (rematerialisation, chunking, fused projections); "
+                         "the result does not depend on it";
+const char* const kDeepSeekFile =
+    "MaxText's DeepSeek-V2 models (deepseek2-16b, deepseek2-236b): must equal the model file's value, which the preset "
+    "has (another is refused); other models have no latent attention or DeepSeek routing and do not read it";
+const char* const kDeepSeekShape =
+    "MaxText's DeepSeek-V2 models: applied (the preset's latent attention, YaRN or expert shape); other models have "
+    "no latent attention or DeepSeek routing and do not read it";
 const char* const kMultimodal = "configures a vision or audio encoder (use_multimodal), which is refused here";
 const char* const kQuant = "configures quantized training or inference (quantization), which is refused here";
 const char* const kPrecision = "the precision of one operation inside mixed precision; this engine's kernels keep "
@@ -78,7 +85,7 @@ const std::vector<DialectKey>& table() {
       {"attention_out", N, "remat", kMemory},
       {"attention_output_dim", X, "-1", kNotBuilt},
       {"attention_sink", X, "false", kNotBuilt},
-      {"attention_type", X, "global", "attention variants other than global causal attention are not built"},
+      {"attention_type", A, "global", "global (causal attention); mla for the DeepSeek-V2 models (their model file's); other variants are refused"},
       {"attn_logits_soft_cap", X, "0.0", kNotBuilt},
       {"audio_path", N, "\"\"", kMultimodal},
       {"audio_placeholder", N, "<|audio|>", kMultimodal},
@@ -92,8 +99,8 @@ const std::vector<DialectKey>& table() {
       {"base_num_query_heads", A, "16", "num_attention_heads"},
       {"base_output_directory", N, "\"\"", kLogging},
       {"batch_split_factor", N, "1", kMoe},
-      {"beta_fast", N, "32", kYarn},
-      {"beta_slow", N, "1", kYarn},
+      {"beta_fast", A, "32", kDeepSeekShape},
+      {"beta_slow", A, "1", kDeepSeekShape},
       {"block_diffusion_canvas_policy", N, "all_masked", kVariant},
       {"block_diffusion_logit_alignment", N, "same_position", kVariant},
       {"block_diffusion_mask_id", N, "-1", kVariant},
@@ -122,8 +129,8 @@ const std::vector<DialectKey>& table() {
       {"compile_topology_num_slices", N, "-1", kCompile},
       {"compile_xla_flags", N, "\"\"", kCompile},
       {"compiled_trainstep_file", N, "\"\"", kCompile},
-      {"compress_ratios", N, "[]", kMla},
-      {"compressed_rope_max_timescale", N, "160000", kMla},
+      {"compress_ratios", A, "[]", kDeepSeekFile},
+      {"compressed_rope_max_timescale", A, "160000", kDeepSeekFile},
       {"compute_axis_order", N, "0,1,2,3", kInference},
       {"constant_bound_config", N, "\"\"", kQuant},
       {"context", N, "remat", kMemory},
@@ -167,7 +174,7 @@ const std::vector<DialectKey>& table() {
       {"decode_sampling_strategy", N, "greedy", kInference},
       {"decode_sampling_temperature", N, "1.0", kInference},
       {"decode_sampling_top_k", N, "0", kInference},
-      {"decoder_block", A, "llama2", "the model's own block (llama2, qwen3); another is refused"},
+      {"decoder_block", A, "llama2", "the model's own block (llama2, mixtral, qwen3, qwen3_moe, deepseek); another is refused"},
       {"decoder_layer_input", N, "device", kMemory},
       {"deepstack_visual_indexes_for_vit", N, "[]", kMultimodal},
       {"default_prompt", N, "\"\"", kInference},
@@ -262,7 +269,7 @@ const std::vector<DialectKey>& table() {
       {"experimental_sa_quant_q_fp8", X, "false", kQuant},
       {"file_sink_level", N, "DEBUG", kPrimus},
       {"final_logits_soft_cap", X, "0.0", kNotBuilt},
-      {"first_num_dense_layers", N, "0", kMoe},
+      {"first_num_dense_layers", A, "0", kDeepSeekShape},
       {"first_num_hash_layers", X, "0", kMoe},
       {"float32_gate_logits", N, "false", kMoe},
       {"float32_logits", N, "false", kPrecision},
@@ -371,7 +378,7 @@ const std::vector<DialectKey>& table() {
       {"jax_distributed_initialization_timeout", N, "300", kKernels},
       {"jax_profiler_port", N, "9999", kLogging},
       {"key_proj", N, "remat", kMemory},
-      {"kv_lora_rank", N, "512", kMla},
+      {"kv_lora_rank", A, "512", kDeepSeekShape},
       {"kv_proj", N, "remat", kMemory},
       {"kv_quant_axis", N, "heads_and_dkv", kInference},
       {"kv_quant_dtype", N, "int8", kInference},
@@ -421,7 +428,7 @@ const std::vector<DialectKey>& table() {
       {"max_inflight_computations", N, "2", kKernels},
       {"max_num_checkpoints_to_keep", A, "None", "keep_last_checkpoints (None: keep all)"},
       {"max_num_images_per_example", N, "-1", kMultimodal},
-      {"max_position_embeddings", N, "163840", kYarn},
+      {"max_position_embeddings", A, "163840", kDeepSeekShape},
       {"max_prefill_predict_length", N, "64", kInference},
       {"max_sample_len_for_audio", N, "10000", kMultimodal},
       {"max_segments_per_seq", N, "-1", kData},
@@ -461,7 +468,7 @@ const std::vector<DialectKey>& table() {
       {"monitor_goodput", N, "false", kLogging},
       {"monitor_step_time_deviation", N, "true", kLogging},
       {"mrope_section", N, "[24, 20, 20]", kMultimodal},
-      {"mscale", N, "1.0", kYarn},
+      {"mscale", A, "1.0", kDeepSeekShape},
       {"mtc_data_parallelism", N, "0", kStorage},
       {"mtp_eval_target_module", N, "0", kVariant},
       {"mtp_loss_scaling_factor", N, "0.1", kVariant},
@@ -473,7 +480,7 @@ const std::vector<DialectKey>& table() {
       {"muon_beta", N, "0.95", kMuon},
       {"muon_consistent_rms", N, "None", kMuon},
       {"muon_weight_decay", N, "0", kMuon},
-      {"n_routing_groups", N, "-1", kMoe},
+      {"n_routing_groups", A, "-1", kDeepSeekFile},
       {"n_window_for_audio", N, "50", kMultimodal},
       {"n_window_infer_for_audio", N, "800", kMultimodal},
       {"nope_layer_interval", X, "-1", kNotBuilt},
@@ -499,8 +506,8 @@ const std::vector<DialectKey>& table() {
       {"num_position_embeddings_for_vit", N, "1024", kMultimodal},
       {"num_slices", N, "-1", kMesh},
       {"num_vocab_tiling", N, "1", kKernels},
-      {"o_groups", N, "0", kMla},
-      {"o_lora_rank", N, "0", kMla},
+      {"o_groups", A, "0", kDeepSeekFile},
+      {"o_lora_rank", A, "0", kDeepSeekFile},
       {"olmo_apply_ngram_filter", N, "true", kData},
       {"olmo_index_path", N, "\"\"", kData},
       {"olmo_path_remap_from", N, "\"\"", kData},
@@ -508,7 +515,7 @@ const std::vector<DialectKey>& table() {
       {"opt_type", X, "adamw", "only AdamW is built"},
       {"optimize_mesh_for_tpu_v6e", N, "false", kMesh},
       {"optimizer_memory_host_offload", N, "false", kMemory},
-      {"original_max_position_embeddings", N, "4096", kYarn},
+      {"original_max_position_embeddings", A, "4096", kDeepSeekShape},
       {"out_hidden_size_for_vit", N, "512", kMultimodal},
       {"out_proj", N, "remat", kMemory},
       {"output_dim_for_audio", N, "512", kMultimodal},
@@ -547,11 +554,11 @@ const std::vector<DialectKey>& table() {
       {"prompt", N, "I love to", kInference},
       {"pure_nnx", N, "true", kKernels},
       {"pure_nnx_decoder", N, "true", kKernels},
-      {"q_lora_rank", N, "0", kMla},
+      {"q_lora_rank", A, "0", kDeepSeekShape},
       {"qk_clip_threshold", N, "100.0", kVariant},
-      {"qk_nope_head_dim", N, "128", kMla},
+      {"qk_nope_head_dim", A, "128", kDeepSeekShape},
       {"qk_norm_with_scale", X, "true", kNotBuilt},
-      {"qk_rope_head_dim", N, "64", kMla},
+      {"qk_rope_head_dim", A, "64", kDeepSeekShape},
       {"qkv_proj", N, "remat", kMemory},
       {"quant_cfg_path", N, "\"\"", kQuant},
       {"quantization", X, "\"\"", "quantized training (fp8, nanoo_fp8, int8, ...) is not built on this engine yet (the FP8 issue adds FP8)"},
@@ -578,21 +585,21 @@ const std::vector<DialectKey>& table() {
       {"return_log_prob", N, "false", kInference},
       {"reuse_example_batch", X, "0", kNotBuilt},
       {"ring_scan_unroll", N, "1", kKernels},
-      {"rope_attention_scaling", N, "false", kYarn},
-      {"rope_factor", N, "40", kYarn},
-      {"rope_interleave", N, "true", kYarn},
+      {"rope_attention_scaling", A, "false", kDeepSeekFile},
+      {"rope_factor", A, "40", kDeepSeekShape},
+      {"rope_interleave", A, "true", kDeepSeekFile},
       {"rope_linear_scaling_factor", X, "1.0", kNotBuilt},
       {"rope_max_timescale", A, "10000", "rotary_base"},
       {"rope_min_timescale", X, "1", kNotBuilt},
-      {"rope_pairwise", N, "false", kYarn},
+      {"rope_pairwise", A, "false", kDeepSeekFile},
       {"rope_theta_for_vit", N, "10000", kMultimodal},
-      {"rope_truncate", N, "true", kYarn},
-      {"rope_type", A, "default", "use_rope_scaling (default: off; llama3.1: on); yarn is refused"},
+      {"rope_truncate", A, "true", kDeepSeekFile},
+      {"rope_type", A, "default", "use_rope_scaling (default: off; llama3.1: on); yarn for the DeepSeek-V2 models (their model file's, the preset's YaRN), refused elsewhere"},
       {"rope_use_scale", A, "true", "use_rope_scaling with the llama3.1 rotary"},
-      {"routed_bias", N, "false", kMoe},
+      {"routed_bias", A, "false", kDeepSeekFile},
       {"routed_bias_update_rate", N, "0.0", kMoe},
-      {"routed_scaling_factor", N, "1.0", kMoe},
-      {"routed_score_func", N, "\"\"", kMoe},
+      {"routed_scaling_factor", A, "1.0", kDeepSeekShape},
+      {"routed_score_func", A, "\"\"", kDeepSeekFile},
       {"run_name", N, "\"\"", kLogging},
       {"sa_block_kv", N, "512", kKernels},
       {"sa_block_kv_compute", N, "512", kKernels},
@@ -627,7 +634,7 @@ const std::vector<DialectKey>& table() {
       {"sharding_tolerance", N, "0.02", kMesh},
       {"shardy", N, "true", kMesh},
       {"share_kv_projections", X, "false", kNotBuilt},
-      {"shared_experts", N, "0", kMoe},
+      {"shared_experts", A, "0", kDeepSeekShape},
       {"sink_level", N, "null", kPrimus},
       {"sinkhorn_iterations", N, "20", kKernels},
       {"skip_first_n_steps_for_profiler", N, "1", kLogging},
@@ -653,7 +660,7 @@ const std::vector<DialectKey>& table() {
       {"tokenize_train_data", N, "true", kData},
       {"tokenizer_path", N, "\"\"", kData},
       {"tokenizer_type", N, "sentencepiece", kData},
-      {"topk_routing_group", N, "-1", kMoe},
+      {"topk_routing_group", A, "-1", kDeepSeekFile},
       {"tpu_num_chips_to_profile_per_task", N, "1", kLogging},
       {"tpu_num_sparse_core_tiles_to_trace", N, "1", kLogging},
       {"tpu_num_sparse_cores_to_trace", N, "2", kLogging},
@@ -704,7 +711,7 @@ const std::vector<DialectKey>& table() {
       {"use_truncation", N, "true", kData},
       {"use_untrainable_positional_embedding", X, "false", kNotBuilt},
       {"use_vertex_tensorboard", N, "false", kLogging},
-      {"v_head_dim", N, "128", kMla},
+      {"v_head_dim", A, "128", kDeepSeekShape},
       {"v_norm_with_scale", N, "true", kVariant},
       {"value_proj", N, "remat", kMemory},
       {"vertex_tensorboard_project", N, "\"\"", kLogging},
@@ -778,8 +785,8 @@ const char* const kMoeModels =
     "MaxText's mixture-of-experts models other than mixtral-8x7b, mixtral-8x22b and qwen3-30b-a3b are not mapped "
     "onto this engine's MoE yet";
 const char* const kDeepSeek =
-    "MaxText's DeepSeek models (its 'deepseek' block: MLA with MaxText's YaRN variant, routed scaling, shared "
-    "experts) are not mapped onto this engine's presets yet";
+    "MaxText's DeepSeek-V3 and later models (sigmoid routing with its bias update, and for 3.2 and 4 sparse attention) "
+    "are not mapped onto this engine's presets yet; deepseek2-16b and deepseek2-236b are";
 const char* const kFamilies = "this model family is not built on this engine yet (the model-families issue adds "
                               "gpt-oss and Llama 4)";
 
@@ -806,6 +813,10 @@ const std::vector<Model>& models() {
       {"mixtral-8x22b", "mixtral_8x22B_v0.1", "mixtral", nullptr, true, {{"vocab_size", "32768"}}},
       {"qwen3-30b-a3b-base", "qwen3_30B_A3B", "qwen3_moe", nullptr, true},
       {"qwen3-30b-a3b", "qwen3_30B_A3B", "qwen3_moe", nullptr, true, {{"rotary_base", "10000000"}}},
+      {"deepseek2-16b", "deepseek_v2_lite", "deepseek", nullptr, true},
+      // MaxText's file leaves out DeepSeek-V2's device-limited routing (n_routing_groups -1).
+      {"deepseek2-236b", "deepseek_v2", "deepseek", nullptr, true,
+       {{"moe_router_num_groups", "null"}, {"moe_router_group_topk", "null"}}},
       {"deepseek*", nullptr, nullptr, kDeepSeek},
       {"qwen3-235b-a22b", nullptr, nullptr, "its model file sets load_balance_loss_weight 0.001: MaxText's per-sequence "
                                             "load-balance loss (scaled by num_experts^2) is not mapped"},
@@ -818,6 +829,106 @@ const std::vector<Model>& models() {
   return m;
 }
 // clang-format on
+
+// MaxText's DeepSeek-V2 model files (configs/models/deepseek2-16b.yml and deepseek2-236b.yml at the
+// commit above): the values the presets deepseek_v2_lite and deepseek_v2 carry (with the rows'
+// `differs`). Two have no counterpart in the engine's math and are the same model either way:
+// rope_interleave (MaxText rotates interleaved pairs, this engine's latent attention rotates halves:
+// a fixed permutation of the rotary rows of the query and key projections, which training from a
+// random initialisation does not see) and rope_attention_scaling false (the cos/sin factor
+// mscale / mscale_all_dim is 1 for these models).
+struct FileValue {
+  const char* key;
+  const char* v16b;
+  const char* v236b;
+};
+// clang-format off
+const std::vector<FileValue>& deepseek_file() {
+  static const std::vector<FileValue> f = {
+      {"attention_type", "mla", "mla"}, {"q_lora_rank", "0", "1536"}, {"kv_lora_rank", "512", "512"},
+      {"qk_nope_head_dim", "128", "128"}, {"qk_rope_head_dim", "64", "64"}, {"v_head_dim", "128", "128"},
+      {"rope_type", "yarn", "yarn"}, {"rope_factor", "40", "40"}, {"beta_fast", "32", "32"}, {"beta_slow", "1", "1"},
+      {"mscale", "0.707", "0.707"}, {"rope_interleave", "true", "true"}, {"rope_truncate", "true", "true"},
+      {"rope_attention_scaling", "false", "false"}, {"rope_pairwise", "false", "false"},
+      {"original_max_position_embeddings", "4096", "4096"}, {"max_position_embeddings", "163840", "163840"},
+      {"first_num_dense_layers", "1", "1"}, {"shared_experts", "2", "2"},
+      {"routed_scaling_factor", "1.0", "16.0"}, {"routed_score_func", "softmax", "softmax"},
+      {"routed_bias", "false", "false"}, {"n_routing_groups", "-1", "-1"}, {"topk_routing_group", "-1", "-1"},
+      {"o_groups", "0", "0"}, {"o_lora_rank", "0", "0"},
+  };
+  return f;
+}
+// clang-format on
+
+bool same_value(const std::string& a, const std::string& b) {
+  char *ea = nullptr, *eb = nullptr;
+  const double x = std::strtod(a.c_str(), &ea), y = std::strtod(b.c_str(), &eb);
+  if (!a.empty() && !b.empty() && *ea == '\0' && *eb == '\0') return x == y;
+  return a == b;
+}
+
+// The DeepSeek-V2 shapes a config may change: MaxText's key, the engine's.
+const std::vector<std::pair<const char*, const char*>>& deepseek_shapes() {
+  static const std::vector<std::pair<const char*, const char*>> m = {
+      {"kv_lora_rank", "kv_lora_rank"},         {"qk_nope_head_dim", "qk_head_dim"},
+      {"qk_rope_head_dim", "qk_pos_emb_head_dim"}, {"v_head_dim", "v_head_dim"},
+      {"rope_factor", "rotary_scaling_factor"}, {"beta_fast", "beta_fast"},
+      {"beta_slow", "beta_slow"},               {"original_max_position_embeddings", "original_max_position_embeddings"},
+      {"max_position_embeddings", "max_position_embeddings"}, {"routed_scaling_factor", "moe_router_topk_scaling_factor"}};
+  return m;
+}
+
+// The DeepSeek-V2 keys. For those models a written shape (deepseek_shapes, q_lora_rank, mscale,
+// first_num_dense_layers, shared_experts) is applied; any other written key must be the model
+// file's value. The other models read them and leave them alone, except the switch to latent
+// attention.
+void deepseek_keys(DialectSettings& s, const std::string& name, bool deepseek) {
+  const auto is_shape = [](const std::string& key) {
+    for (const auto& [k, e] : deepseek_shapes())
+      if (key == k) return true;
+    for (const char* k : {"q_lora_rank", "mscale", "first_num_dense_layers", "shared_experts"})
+      if (key == k) return true;
+    return false;
+  };
+  for (const FileValue& v : deepseek_file()) {
+    const std::string got = s.is_null(v.key) ? "" : s.text(v.key);
+    const std::string want = name == "deepseek2-236b" ? v.v236b : v.v16b;
+    if (!deepseek || !s.written(v.key) || same_value(got, want)) continue;
+    if (!is_shape(v.key))
+      s.refuse(v.key, fmt::format("MaxText's {} model file has {}: {}, which the preset trains; another value is not "
+                                  "mapped",
+                                  name, v.key, want));
+  }
+  if (deepseek) {
+    for (const auto& [key, engine] : deepseek_shapes())
+      if (s.written(key)) s.set(engine, yaml_number(s.number(key)), {key});
+    if (s.written("q_lora_rank")) {  // 0: no query latent
+      const int64_t q = s.integer("q_lora_rank");
+      s.set("q_lora_rank", q > 0 ? YAML::Node(q) : YAML::Node(YAML::NodeType::Null), {"q_lora_rank"});
+    }
+    if (s.written("mscale")) {  // softmax scale and the cos/sin factor mscale / mscale_all_dim = 1 (rope_attention_scaling false)
+      s.set("mscale", yaml_number(s.number("mscale")), {"mscale"});
+      s.set("mscale_all_dim", yaml_number(s.number("mscale")), {"mscale"});
+    }
+    // The layer count and expert width as written, else the model file's.
+    const bool big = name == "deepseek2-236b";
+    const int64_t layers = s.written("base_num_decoder_layers") ? s.integer("base_num_decoder_layers") : big ? 60 : 27;
+    const int64_t width = s.written("base_moe_mlp_dim") ? s.integer("base_moe_mlp_dim") : big ? 1536 : 1408;
+    const int64_t dense = s.written("first_num_dense_layers") ? s.integer("first_num_dense_layers") : 1;
+    const int64_t shared = s.written("shared_experts") ? s.integer("shared_experts") : 2;
+    if (dense < 0 || dense > layers)
+      s.refuse("first_num_dense_layers", fmt::format("must be between 0 and the {} layers", layers));
+    s.set("moe_layer_freq", YAML::Node(fmt::format("([0]*{}+[1]*{})", dense, layers - dense)),
+          {"first_num_dense_layers", "base_num_decoder_layers"});
+    s.set("moe_shared_expert_intermediate_size", YAML::Node(shared * width), {"shared_experts", "base_moe_mlp_dim"});
+  }
+  const bool compressed = s.node("compress_ratios").IsSequence() && s.node("compress_ratios").size() > 0;
+  s.number("compressed_rope_max_timescale");  // read: only DeepSeek-V4's compression (refused below) uses it
+  if (compressed) s.refuse("compress_ratios", "DeepSeek-V4's compressed attention is not built");
+  if (!deepseek && s.text("attention_type") != "global")
+    s.refuse("attention_type", "attention variants other than global causal attention are not built (latent "
+                               "attention only as MaxText's DeepSeek-V2 models have it)");
+}
 
 bool matches(const char* pattern, const std::string& name) {
   const std::string p = pattern;
@@ -963,9 +1074,12 @@ class MaxText final : public Dialect {
     } else if (s.written("normalize_embedding_logits")) {
       s.flag("normalize_embedding_logits");  // only tied embeddings read it
     }
+    const bool deepseek = std::string(it->block) == "deepseek";
+    deepseek_keys(s, name, deepseek);
     // MaxText's Llama 3.1 rotary scaling: model names llama3.1* or rope_type llama3.1, with rope_use_scale.
     const std::string rope = s.text("rope_type");
-    if (rope.starts_with("yarn")) s.refuse("rope_type", "the YaRN rotary of a non-MLA model is not mapped");
+    if (rope.starts_with("yarn") && !deepseek)
+      s.refuse("rope_type", "the YaRN rotary of a model without latent attention is not mapped");
     const bool use_scale = s.flag("rope_use_scale");
     const bool scaled = (name.starts_with("llama3.1") || rope.starts_with("llama3.1")) && use_scale;
     s.set("use_rope_scaling", YAML::Node(scaled), {"model_name", "rope_type", "rope_use_scale"});
@@ -974,7 +1088,9 @@ class MaxText final : public Dialect {
   }
 
   // MaxText's MoE layers (layers/moe.py) for the Mixtral and Qwen3 MoE blocks: the top-k of the
-  // raw gate logits, a softmax over them (norm_topk_prob then changes nothing), no auxiliary loss
+  // raw gate logits, a softmax over them (norm_topk_prob then changes nothing); for the DeepSeek-V2
+  // block a softmax over every expert, then the top-k, scaled by routed_scaling_factor and not
+  // renormalised, with the shared experts beside them (the presets' own routing); no auxiliary loss
   // unless load_balance_loss_weight (refused: a per-sequence loss scaled by num_experts^2), and on
   // the dense-matmul path (sparse_matmul: false) tokens dropped per sequence beyond the capacity.
   static void experts(DialectSettings& s, const Model& m) {
@@ -986,7 +1102,7 @@ class MaxText final : public Dialect {
     if (!m.moe) {
       if (experts > 1)
         s.refuse("num_experts", fmt::format("{} is a dense model here; the MoE models mapped are mixtral-8x7b, "
-                                            "mixtral-8x22b and qwen3-30b-a3b",
+                                            "mixtral-8x22b, qwen3-30b-a3b, deepseek2-16b and deepseek2-236b",
                                             m.name));
       return;
     }

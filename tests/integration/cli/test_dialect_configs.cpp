@@ -129,6 +129,14 @@ TEST(DialectExamplesRefused, NameTheMissingFeature) {
       {"maxtext/mixtral_8x7B-bf16-pretrain", " --weight_dtype float32 --load_balance_loss_weight 0.01",
        "MaxText's load-balance loss (per sequence, scaled by num_experts^2) is not mapped"},
       {"maxtext/llama3_8B-bf16-pretrain", "", "'weight_dtype' is not supported: bf16 parameters and optimizer state"},
+      {"maxtext/deepseek_v2_16B-bf16-pretrain", " --weight_dtype float32 --rope_interleave false",
+       "MaxText's deepseek2-16b model file has rope_interleave: true, which the preset trains"},
+      {"maxtext/deepseek_v2_16B-bf16-pretrain", " --weight_dtype float32 --n_routing_groups 4",
+       "has n_routing_groups: -1"},
+      {"maxtext/deepseek_v2_16B-bf16-pretrain", " --weight_dtype float32 --model_name deepseek3-671b",
+       "MaxText's DeepSeek-V3 and later models"},
+      {"maxtext/llama3_8B-bf16-pretrain", " --weight_dtype float32 --attention_type mla",
+       "latent attention only as MaxText's DeepSeek-V2 models have it"},
   };
   for (const Case& c : cases) {
     const test::CommandResult r = run("direct -- train pretrain --config " + kConfigs + c.config + ".yaml" + c.tiny +
@@ -182,10 +190,12 @@ TEST(DialectMoeFlavours, TrainWithTorchtitansRouting) {
   }
 }
 
-// MaxText's Mixtral and Qwen3 MoE models: no aux loss, and with capacity_factor on the dense
-// path, tokens dropped per sequence. Primus's Mixtral example, shrunk, trains three iterations on
-// two ranks (the expert axis: ep 2, the dense weights sharded over it), and dropping shows in the
-// log; Qwen3-30B-A3B on one process, with its model file's rotary base.
+// MaxText's Mixtral, Qwen3 MoE and DeepSeek-V2 models: no aux loss, and with capacity_factor on the
+// dense path, tokens dropped per sequence. Primus's Mixtral example, shrunk, trains three iterations
+// on two ranks (the expert axis: ep 2, the dense weights sharded over it), and dropping shows in the
+// log; Qwen3-30B-A3B on one process, with its model file's rotary base; Primus's DeepSeek-V2-16B
+// example on the deepseek_v2_lite preset (latent attention shrunk by MaxText's own keys, one dense
+// layer and two shared experts as its model file has them).
 TEST(DialectMoeFlavours, MaxTextMixtralAndQwen3Moe) {
   const std::string shape = kMaxTextShape + " --num_experts 4 --num_experts_per_tok 2 --base_moe_mlp_dim 32 --max_target_length 32"
                                             " --per_device_batch_size 2 --steps 3 --log_period 1 --weight_dtype float32";
@@ -202,6 +212,13 @@ TEST(DialectMoeFlavours, MaxTextMixtralAndQwen3Moe) {
       {"qwen3moe", "maxtext/qwen3_14B-bf16-pretrain.yaml --model_name qwen3-30b-a3b --decoder_block qwen3_moe --ici_fsdp_parallelism -1",
        1,
        {"model: qwen3_30B_A3B", "rotary_base: 10000000", "moe_aux_loss_coeff: 0"}},
+      {"deepseek",
+       "maxtext/deepseek_v2_16B-bf16-pretrain.yaml --kv_lora_rank 32 --qk_nope_head_dim 16 --qk_rope_head_dim 8"
+       " --v_head_dim 16",
+       1,
+       {"model: deepseek_v2_lite", "multi_latent_attention: true", "moe_router_pre_softmax: true", "kv_lora_rank: 32",
+        "qk_head_dim: 16", "moe_layer_freq: [0, 1]", "moe_shared_expert_intermediate_size: 64",
+        "moe_expert_capacity_per_sequence: true", "moe_router_load_balancing_type: none"}},
   };
   for (const Case& c : cases) {
     const std::string args = " -- train pretrain --config " + kConfigs + c.config + shape;
