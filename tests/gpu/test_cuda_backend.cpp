@@ -385,10 +385,10 @@ TEST(CudaBackend, AttentionRopeEmbeddingAndCrossEntropyMatchTheReference) {
     b.ce_init(t[m], t[su], t[zt]);
     for (size_t k = 0; k < chunks.size(); ++k) {
       const Tensor chunk = b.device() == Device::CPU ? chunks[k] : chunks[k].to(Device::CUDA);
-      b.ce_chunk_forward(chunk, t[tg], int64_t(k) * 128, t[m], t[su], t[zt]);
+      b.ce_chunk_forward(chunk, t[tg], int64_t(k) * 128, 0.0, t[m], t[su], t[zt]);
     }
     loss.push_back(b.ce_finish(t[m], t[su], t[zt], t[tg], t[l]));
-    b.ce_chunk_backward(t[logits], t[l], t[tg], 0, t[dl]);
+    b.ce_chunk_backward(t[logits], t[l], t[tg], 0, 0.0, t[dl]);
   }, be);
   p.expect(qkv, 0.02, 0.01, "rope");
   p.expect(out, 0.03, 0.02, "attention out");
