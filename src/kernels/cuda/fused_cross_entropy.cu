@@ -183,11 +183,11 @@ void ce_chunk_forward(const float* logits, const int32_t* targets, int64_t c0, i
   if (n <= 0 || vc <= 0) return;
   const unsigned grid = blocks_for(n, kRowsPerBlock);
   if (vc % 4 == 0 && aligned16(logits))
-    ce_chunk_forward_kernel<4>
-        <<<grid, kThreads, 0, stream>>>(logits, targets, c0, vc, softcap, row_max, row_sum, target_logit, n);
+    ce_chunk_forward_kernel<4><<<grid, kThreads, 0, stream>>>(logits, targets, c0, vc, softcap, row_max, row_sum,
+                                                              target_logit, n);
   else
-    ce_chunk_forward_kernel<1>
-        <<<grid, kThreads, 0, stream>>>(logits, targets, c0, vc, softcap, row_max, row_sum, target_logit, n);
+    ce_chunk_forward_kernel<1><<<grid, kThreads, 0, stream>>>(logits, targets, c0, vc, softcap, row_max, row_sum,
+                                                              target_logit, n);
   PRIMUS_CUDA_CHECK_LAUNCH();
 }
 
@@ -219,8 +219,8 @@ void ce_chunk_backward(const float* logits, const float* lse, const int32_t* tar
     ce_chunk_backward_kernel<8><<<blocks_for(n * (vc / 8), kThreads), kThreads, 0, stream>>>(logits, lse, targets, c0,
                                                                                              vc, softcap, dlogits, n);
   else
-    ce_chunk_backward_kernel<1>
-        <<<blocks_for(n * vc, kThreads), kThreads, 0, stream>>>(logits, lse, targets, c0, vc, softcap, dlogits, n);
+    ce_chunk_backward_kernel<1><<<blocks_for(n * vc, kThreads), kThreads, 0, stream>>>(logits, lse, targets, c0, vc,
+                                                                                       softcap, dlogits, n);
   PRIMUS_CUDA_CHECK_LAUNCH();
 }
 
