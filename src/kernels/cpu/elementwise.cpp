@@ -212,11 +212,11 @@ void ce_chunk_forward(const T* logits, const int32_t* targets, int64_t n, int64_
     for (int64_t j = 0; j < vc; ++j) raw_max = zi[j] > raw_max ? zi[j] : raw_max;
     T sum = 0;
     if (cap > T(0)) {  // soft-capped logits (kernels/softcap.h); the cap is monotonic: the max's cap is the max
-      const T capped_max = cap * fast_tanh(raw_max / cap);
+      const T inv = T(1) / cap, capped_max = cap * fast_tanh(raw_max * inv);
       mx = capped_max > mx ? capped_max : mx;
 #pragma omp simd reduction(+ : sum)
-      for (int64_t j = 0; j < vc; ++j) sum += fast_exp(cap * fast_tanh(zi[j] / cap) - mx);
-      if (targets[i] >= c0 && targets[i] < c0 + vc) zt[i] = cap * fast_tanh(zi[targets[i] - c0] / cap);
+      for (int64_t j = 0; j < vc; ++j) sum += fast_exp(cap * fast_tanh(zi[j] * inv) - mx);
+      if (targets[i] >= c0 && targets[i] < c0 + vc) zt[i] = cap * fast_tanh(zi[targets[i] - c0] * inv);
     } else {
       mx = raw_max > mx ? raw_max : mx;
 #pragma omp simd reduction(+ : sum)
@@ -243,9 +243,10 @@ void ce_chunk_backward(const T* logits, const T* lse, const int32_t* targets, in
     const bool hit = targets[i] >= c0 && targets[i] < c0 + vc;
     if (cap > T(0)) {  // (softmax - onehot) of the capped logit, times the cap's slope 1 - (z / cap)^2
       const int64_t tj = hit ? targets[i] - c0 : -1;
+      const T inv = T(1) / cap;
 #pragma omp simd
       for (int64_t j = 0; j < vc; ++j) {
-        const T u = fast_tanh(zi[j] / cap);
+        const T u = fast_tanh(zi[j] * inv);
         di[j] = (fast_exp(cap * u - li) - (j == tj ? T(1) : T(0))) * (T(1) - u * u);
       }
       continue;
