@@ -110,9 +110,9 @@ class TimedBackend final : public ops::Backend {
   void ce_init(Tensor& m, Tensor& s, Tensor& zt) override {
     time(CrossEntropy, [&] { in_.ce_init(m, s, zt); });
   }
-  void ce_chunk_forward(const Tensor& logits, const Tensor& targets, int64_t c0, Tensor& m, Tensor& s,
+  void ce_chunk_forward(const Tensor& logits, const Tensor& targets, int64_t c0, double softcap, Tensor& m, Tensor& s,
                         Tensor& zt) override {
-    time(CrossEntropy, [&] { in_.ce_chunk_forward(logits, targets, c0, m, s, zt); });
+    time(CrossEntropy, [&] { in_.ce_chunk_forward(logits, targets, c0, softcap, m, s, zt); });
   }
   void ce_merge_max(Tensor& m, Tensor& s, const Tensor& g) override {
     time(CrossEntropy, [&] { in_.ce_merge_max(m, s, g); });
@@ -122,9 +122,9 @@ class TimedBackend final : public ops::Backend {
     time(CrossEntropy, [&] { r = in_.ce_finish(m, s, zt, targets, lse); });
     return r;
   }
-  void ce_chunk_backward(const Tensor& logits, const Tensor& lse, const Tensor& targets, int64_t c0,
+  void ce_chunk_backward(const Tensor& logits, const Tensor& lse, const Tensor& targets, int64_t c0, double softcap,
                          Tensor& dlogits) override {
-    time(CrossEntropy, [&] { in_.ce_chunk_backward(logits, lse, targets, c0, dlogits); });
+    time(CrossEntropy, [&] { in_.ce_chunk_backward(logits, lse, targets, c0, softcap, dlogits); });
   }
   void cast(const Tensor& src, Tensor& dst) override {
     time(Cast, [&] { in_.cast(src, dst); });

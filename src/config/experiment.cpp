@@ -114,7 +114,16 @@ const std::vector<KeyInfo>& training_keys() {
                                       "are split over them"),
       KEY(pipeline_model_parallel_size, "pipeline stages (pp): layers are split over them"),
       KEY(virtual_pipeline_model_parallel_size, "model chunks per pipeline rank (vpp). 0: the schedule's default "
-                                                "(2 for interleaved-1f1b and the V-shape schedules, else 1)"),
+                                                "(2 for interleaved-1f1b and the V-shape schedules, else 1); more "
+                                                "than 1 with pipeline_schedule 1f1b runs interleaved-1f1b"),
+      KEY(num_virtual_stages_per_pipeline_rank,
+          "Megatron's name of the model chunks per pipeline rank: sets virtual_pipeline_model_parallel_size (with "
+          "more than 1, pipeline_schedule 1f1b runs as interleaved-1f1b). Not with "
+          "num_layers_per_virtual_pipeline_stage or pipeline_model_parallel_layout. 0 or null: unset"),
+      KEY(num_layers_per_virtual_pipeline_stage,
+          "Megatron's other way to give the chunks per pipeline rank: (num_layers / pipeline_model_parallel_size) / "
+          "this, each divisible, no uneven first or last stage; otherwise as num_virtual_stages_per_pipeline_rank. "
+          "0 or null: unset"),
       KEY(context_parallel_size, "context-parallel ranks (cp): each sequence is cut in 2 x cp chunks, a rank holds "
                                  "chunks cp_rank and 2 cp - 1 - cp_rank"),
       KEY(cp_comm_type, "p2p | a2a. p2p: ring attention, key/value blocks passed around the cp group; a2a: "
@@ -645,6 +654,59 @@ void check_fp8(const TrainingArgs& t, const At& at) {
          at("first_last_layers_bf16"), t.num_layers_at_start_in_bf16, t.num_layers_at_end_in_bf16);
 }
 
+// Megatron's virtual pipeline keys (megatron/training/arguments.py, "Uneven virtual pipeline
+// parallelism"): at most one of num_virtual_stages_per_pipeline_rank (the chunks per rank) and
+// num_layers_per_virtual_pipeline_stage (the layers per chunk: no uneven first or last stage, and
+// num_layers / pp divisible by it) and pipeline_model_parallel_layout (whose stages give the vpp in
+// plan/parallel_layout.cpp). The chunks per rank become virtual_pipeline_model_parallel_size, which
+// must agree when the config sets it too. That a virtual pipeline needs pipeline_model_parallel_size
+// > 1, and that 1f1b with more than one chunk per rank runs Megatron's interleaved schedule, are
+// plan/parallel_layout.cpp's.
+template <class At>
+void resolve_virtual_pipeline(ExperimentConfig& cfg, const At& at) {
+  TrainingArgs& t = cfg.train;
+  const int64_t stages = t.num_virtual_stages_per_pipeline_rank, layers = t.num_layers_per_virtual_pipeline_stage;
+  if (stages < 0)
+    fail("{}: num_virtual_stages_per_pipeline_rank must be positive (or null), got {}",
+         at("num_virtual_stages_per_pipeline_rank"), stages);
+  if (layers < 0)
+    fail("{}: num_layers_per_virtual_pipeline_stage must be positive (or null), got {}",
+         at("num_layers_per_virtual_pipeline_stage"), layers);
+  if (stages == 0 && layers == 0) return;
+  if (!t.pipeline_model_parallel_layout.empty())
+    fail("{}: pipeline_model_parallel_layout sets the stages and with them the chunks per rank; unset {} (Megatron's "
+         "rule: one of the three)",
+         at("pipeline_model_parallel_layout"),
+         stages > 0 ? "num_virtual_stages_per_pipeline_rank" : "num_layers_per_virtual_pipeline_stage");
+  if (stages > 0 && layers > 0)
+    fail("{}: set one of num_virtual_stages_per_pipeline_rank ({}) and num_layers_per_virtual_pipeline_stage ({}), "
+         "not both (Megatron's rule)",
+         at("num_layers_per_virtual_pipeline_stage"), stages, layers);
+  int64_t vpp = stages;
+  if (layers > 0) {
+    const int64_t L = cfg.model_spec.num_layers, pp = std::max<int64_t>(t.pipeline_model_parallel_size, 1);
+    if (t.decoder_first_pipeline_num_layers > 0 || t.decoder_last_pipeline_num_layers > 0)
+      fail("{}: num_layers_per_virtual_pipeline_stage gives every chunk the same layers; with an uneven first or last "
+           "stage (decoder_first/last_pipeline_num_layers) give the chunks per rank as "
+           "num_virtual_stages_per_pipeline_rank (Megatron's rule)",
+           at("num_layers_per_virtual_pipeline_stage"));
+    if (L % pp != 0)
+      fail("{}: num_layers_per_virtual_pipeline_stage needs num_layers ({}) divisible by pipeline_model_parallel_size "
+           "({})",
+           at("num_layers_per_virtual_pipeline_stage"), L, pp);
+    if ((L / pp) % layers != 0)
+      fail("{}: the {} layers per pipeline stage (num_layers {} / pipeline_model_parallel_size {}) are not divisible "
+           "by num_layers_per_virtual_pipeline_stage {}",
+           at("num_layers_per_virtual_pipeline_stage"), L / pp, L, pp, layers);
+    vpp = (L / pp) / layers;
+  }
+  const char* key = stages > 0 ? "num_virtual_stages_per_pipeline_rank" : "num_layers_per_virtual_pipeline_stage";
+  if (t.virtual_pipeline_model_parallel_size > 0 && t.virtual_pipeline_model_parallel_size != vpp)
+    fail("{}: {} gives {} model chunks per pipeline rank, virtual_pipeline_model_parallel_size says {}: set one",
+         at(key), key, vpp, t.virtual_pipeline_model_parallel_size);
+  t.virtual_pipeline_model_parallel_size = vpp;
+}
+
 // Derived defaults, then the checks that must fail before any training starts.
 void derive_and_check(ExperimentConfig& cfg) {
   TrainingArgs& t = cfg.train;
@@ -674,6 +736,7 @@ void derive_and_check(ExperimentConfig& cfg) {
   if (t.device != "auto" && t.device != "cpu" && t.device != "cuda")
     fail("{}: device '{}' is not one of: auto, cpu, cuda", at("device"), t.device);
   check_fp8(t, at);
+  resolve_virtual_pipeline(cfg, at);
   if (t.lora.enabled && (t.use_torch_fsdp2 || t.data_parallel_sharding_strategy == DpSharding::OptimGrads ||
                          t.data_parallel_sharding_strategy == DpSharding::OptimGradsParams))
     fail("{}: LoRA with ZeRO-2 / FSDP (optim_grads, optim_grads_params, use_torch_fsdp2) is not built: the frozen "

@@ -109,6 +109,9 @@ struct TrainingArgs {
   int64_t tensor_model_parallel_size = 1;
   int64_t pipeline_model_parallel_size = 1;
   int64_t virtual_pipeline_model_parallel_size = 0;  // 0: the schedule's default
+  // Megatron's names of the chunks per rank (resolve_virtual_pipeline in experiment.cpp); 0: unset
+  int64_t num_virtual_stages_per_pipeline_rank = 0;
+  int64_t num_layers_per_virtual_pipeline_stage = 0;
   int64_t context_parallel_size = 1;
   CpComm cp_comm_type = CpComm::P2P;  // p2p (ring attention) | a2a (all-to-all over heads)
   int64_t expert_model_parallel_size = 1;

@@ -43,6 +43,9 @@ const char* const kNsSchedule =
     "Primus's own pipeline-schedule switch; here the schedule is pipeline_schedule (1f1b, interleaved-1f1b, zb-h1, "
     "zb-h2, zbv, v-half, v-min, dualpipev, zb-auto, gpipe)";
 const char* const kNsOther = "not implemented by this engine";
+const char* const kNsAttnSoftcap =
+    "soft-capping of the attention scores, not implemented by this engine (Primus's grok2.yaml leaves it out: "
+    "\"not working yet\"); final_logit_softcapping and router_logit_softcapping are";
 const char* const kNsTurboSinks =
     "Primus-Turbo's switch of gpt-oss's learned sinks and sliding window; here they are the model keys "
     "softmax_type: learnable, window_size: [N, 0] and window_attn_skip_freq: 2 (the window on odd layers, 1-based)";
@@ -89,7 +92,7 @@ const std::vector<ForeignKey>& foreign_keys() {
       {"attention_dropout", KeyStatus::NotSupported, "0.0", kNsOther, Src::MP},
       {"attention_output_gate", KeyStatus::NotSupported, "false", kNsOther, Src::MP},
       {"attention_softmax_in_fp32", KeyStatus::NoEffect, "false", kKernels, Src::MP},
-      {"attn_logit_softcapping", KeyStatus::NotSupported, "null", kNsOther, Src::P},
+      {"attn_logit_softcapping", KeyStatus::NotSupported, "null", kNsAttnSoftcap, Src::P},
       {"attn_res_block_size", KeyStatus::NotSupported, "12", kNsOther, Src::P},
       {"attn_sink", KeyStatus::NotSupported, "true", kNsMla, Src::P},
       {"attn_sliding_window", KeyStatus::NotSupported, "128", kNsMla, Src::P},
@@ -317,7 +320,6 @@ const std::vector<ForeignKey>& foreign_keys() {
       {"fim_split_sample", KeyStatus::NotSupported, "null", kNsOther, Src::M},
       {"fim_spm_rate", KeyStatus::NotSupported, "0.5", kNsOther, Src::M},
       {"fim_suffix_token", KeyStatus::NotSupported, "null", kNsOther, Src::M},
-      {"final_logit_softcapping", KeyStatus::NotSupported, "null", kNsOther, Src::P},
       {"finalize_model_grads_func", KeyStatus::NotSupported, "null", kNsOther, Src::M},
       {"fine_grained_activation_offloading", KeyStatus::NotSupported, "false", kNsOther, Src::M},
       {"fine_grained_offloading_max_inflight_offloads", KeyStatus::NotSupported, "null", kNsOther, Src::M},
@@ -735,13 +737,11 @@ const std::vector<ForeignKey>& foreign_keys() {
       {"num_hash_layers", KeyStatus::NotSupported, "3", kNsMla, Src::P},
       {"num_layers_in_first_pipeline_stage", KeyStatus::Applied, "decoder_first_pipeline_num_layers", kAlias, Src::M},
       {"num_layers_in_last_pipeline_stage", KeyStatus::Applied, "decoder_last_pipeline_num_layers", kAlias, Src::M},
-      {"num_layers_per_virtual_pipeline_stage", KeyStatus::NotSupported, "null", kNsOther, Src::MP},
       {"num_microbatches_with_partial_activation_checkpoints", KeyStatus::NotSupported, "null", kNsOther, Src::M},
       {"num_moe_experts", KeyStatus::Applied, "num_experts", kAlias, Src::M},
       {"num_nextn_predict_layers", KeyStatus::NotSupported, "null", kNsMla, Src::P},
       {"num_seq_splits", KeyStatus::NotSupported, "1", kNsOther, Src::P},
       {"num_speculative_tokens", KeyStatus::NotSupported, "0", kNsOther, Src::M},
-      {"num_virtual_stages_per_pipeline_rank", KeyStatus::NotSupported, "null", kNsOther, Src::MP},
       {"num_workers", KeyStatus::NoEffect, "2", kTuning, Src::MP},
       {"nvtx_ranges", KeyStatus::NoEffect, "false", kLogging, Src::M},
       {"o_groups", KeyStatus::NotSupported, "8", kNsMla, Src::P},
@@ -906,7 +906,6 @@ const std::vector<ForeignKey>& foreign_keys() {
       {"rotary_percent", KeyStatus::NotSupported, "1.0", kNsOther, Src::MP},
       {"rotary_seq_len_interpolation_factor", KeyStatus::NotSupported, "null", kNsOther, Src::MP},
       {"routed_expert_hidden_size", KeyStatus::NotSupported, "3584", kNsMoe, Src::P},
-      {"router_logit_softcapping", KeyStatus::NotSupported, "null", kNsMoe, Src::P},
       {"run_workload_inspector_server", KeyStatus::NoEffect, "false", kLogging, Src::MP},
       {"sample_rate", KeyStatus::NotSupported, "1.0", kNsOther, Src::MP},
       {"save_activations_interval", KeyStatus::NoEffect, "null", kLogging, Src::M},
@@ -1127,6 +1126,7 @@ const std::vector<std::pair<const char*, Src>>& applied_key_sources() {
       {"expert_model_parallel_size", Src::MP},
       {"expert_tensor_parallel_size", Src::MP},
       {"ffn_hidden_size", Src::MP},
+      {"final_logit_softcapping", Src::P},
       {"first_last_layers_bf16", Src::MP},
       {"fp8", Src::MP},
       {"fp8_amax_compute_algo", Src::MP},
@@ -1193,7 +1193,9 @@ const std::vector<std::pair<const char*, Src>>& applied_key_sources() {
       {"num_layers", Src::MP},
       {"num_layers_at_end_in_bf16", Src::MP},
       {"num_layers_at_start_in_bf16", Src::MP},
+      {"num_layers_per_virtual_pipeline_stage", Src::MP},
       {"num_query_groups", Src::MP},
+      {"num_virtual_stages_per_pipeline_rank", Src::MP},
       {"original_max_position_embeddings", Src::P},
       {"overlap_grad_reduce", Src::MP},
       {"pipeline_model_parallel_layout", Src::MP},
@@ -1206,6 +1208,7 @@ const std::vector<std::pair<const char*, Src>>& applied_key_sources() {
       {"reset_attention_mask", Src::MP},
       {"reset_position_ids", Src::MP},
       {"rope_scaling_factor", Src::MP},
+      {"router_logit_softcapping", Src::P},
       {"rotary_base", Src::MP},
       {"rotary_scaling_factor", Src::MP},
       {"save", Src::MP},

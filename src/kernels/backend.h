@@ -162,20 +162,23 @@ class Backend {
 
   // Cross-entropy over vocabulary chunks (row statistics [n] in the stat dtype, targets int32
   // [n]). Chunk columns are global vocabulary ids c0 .. c0 + vc: a chunk of a vocabulary shard
-  // passes its shard's offset in c0.
+  // passes its shard's offset in c0. softcap > 0 soft-caps the logits first (kernels/softcap.h,
+  // Megatron's final_logit_softcapping): the loss is that of cap * tanh(logits / cap), and the
+  // backward's dlogits are w.r.t. the logits as given (the cap's slope included); 0: none.
   virtual void ce_init(Tensor& row_max, Tensor& row_sum, Tensor& target_logit) = 0;
-  virtual void ce_chunk_forward(const Tensor& logits, const Tensor& targets, int64_t c0, Tensor& row_max,
-                                Tensor& row_sum, Tensor& target_logit) = 0;
+  virtual void ce_chunk_forward(const Tensor& logits, const Tensor& targets, int64_t c0, double softcap,
+                                Tensor& row_max, Tensor& row_sum, Tensor& target_logit) = 0;
   // Re-bases row_sum from row_max to global_max (>= row_max, e.g. the max over vocabulary
   // shards): row_sum *= exp(row_max - global_max); row_max = global_max.
   virtual void ce_merge_max(Tensor& row_max, Tensor& row_sum, const Tensor& global_max) = 0;
   // Fills lse and returns the sum over unmasked rows of lse - target_logit (waits for the device).
   virtual double ce_finish(const Tensor& row_max, const Tensor& row_sum, const Tensor& target_logit,
                            const Tensor& targets, Tensor& lse) = 0;
-  // dlogits ([n, vc], activation dtype) = softmax - onehot for the chunk's columns; masked rows
-  // 0. dlogits may be logits itself when their dtypes agree.
+  // dlogits ([n, vc], activation dtype) = softmax - onehot for the chunk's columns (times the
+  // cap's slope 1 - (z / cap)^2 with softcap > 0, z the capped logit); masked rows 0. dlogits may be
+  // logits itself when their dtypes agree.
   virtual void ce_chunk_backward(const Tensor& logits, const Tensor& lse, const Tensor& targets, int64_t c0,
-                                 Tensor& dlogits) = 0;
+                                 double softcap, Tensor& dlogits) = 0;
 
   // ---- Token routing (mixture of experts, kernels/row_ops.cpp). Row lists live on the host, as
   // the router decides them there; `scale` is empty (1) or one factor per listed row. The default

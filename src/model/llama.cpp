@@ -6,6 +6,7 @@
 
 #include <fmt/format.h>
 
+#include "kernels/softcap.h"
 #include "model/context_parallel.h"
 #include "model/rope.h"
 
@@ -524,7 +525,7 @@ Tensor LlamaModel::head_logits(const Tensor& hn, int64_t c0, int64_t width) cons
 Tensor LlamaModel::head_chunk_dlogits(const LlamaContext& ctx, int64_t c0, int64_t width) const {
   Tensor z = head_logits(ctx.head.hn, c0, width);
   Tensor d = act_ == stat_ ? z : act({z.size(0), width});  // in place when the dtypes agree
-  be_.ce_chunk_backward(z, ctx.head.lse, ctx.targets_dev, vocab_start_ + c0, d);
+  be_.ce_chunk_backward(z, ctx.head.lse, ctx.targets_dev, vocab_start_ + c0, spec_.final_logit_softcapping, d);
   return d;
 }
 
@@ -544,11 +545,12 @@ double LlamaModel::head_forward(LlamaContext& ctx, const Tensor& x) {
   Tensor stored;
   if (head_stores_logits(N)) {
     stored = head_logits(h.hn, 0, Vl);
-    be_.ce_chunk_forward(stored, ctx.targets_dev, vocab_start_, m, s, zt);
+    be_.ce_chunk_forward(stored, ctx.targets_dev, vocab_start_, spec_.final_logit_softcapping, m, s, zt);
   } else {  // vocabulary chunks with an online log-sum-exp: memory N * vocab_chunk, never N * V
     for (int64_t c0 = 0; c0 < Vl; c0 += opt_.vocab_chunk) {
       const int64_t vc = std::min(opt_.vocab_chunk, Vl - c0);
-      be_.ce_chunk_forward(head_logits(h.hn, c0, vc), ctx.targets_dev, vocab_start_ + c0, m, s, zt);
+      be_.ce_chunk_forward(head_logits(h.hn, c0, vc), ctx.targets_dev, vocab_start_ + c0, spec_.final_logit_softcapping,
+                           m, s, zt);
     }
   }
   if (part_.tp_size > 1) {
@@ -565,7 +567,7 @@ double LlamaModel::head_forward(LlamaContext& ctx, const Tensor& x) {
   sum_over_context(total, ctx.valid);  // the whole sequence's mean
   if (stored.defined()) {
     h.dlogits = act_ == stat_ ? stored : act({N, Vl});
-    be_.ce_chunk_backward(stored, h.lse, ctx.targets_dev, vocab_start_, h.dlogits);
+    be_.ce_chunk_backward(stored, h.lse, ctx.targets_dev, vocab_start_, spec_.final_logit_softcapping, h.dlogits);
   }
   return ctx.valid ? total / double(ctx.valid) : 0.0;
 }
@@ -676,7 +678,10 @@ std::vector<float> LlamaModel::full_logits(const Tensor& hn) const {
     z = z32;
   }
   const Tensor host = z.to(Device::CPU);
-  return std::vector<float>(host.data<float>(), host.data<float>() + rows * V);
+  std::vector<float> out(host.data<float>(), host.data<float>() + rows * V);
+  if (spec_.final_logit_softcapping > 0)  // the logits the loss sees (Grok 2's final_logit_softcapping)
+    for (float& x : out) x = ops::softcap(x, float(spec_.final_logit_softcapping));
+  return out;
 }
 
 Tensor LlamaModel::last_logits(const LlamaContext& ctx) const {

@@ -62,6 +62,8 @@ const std::vector<Field>& fields() {
       {"softmax_type", &ModelSpec::softmax_type},
       {"window_size", &ModelSpec::window_size, true},                      // a [left, right] pair: set_window_size
       {"window_attn_skip_freq", &ModelSpec::window_attn_skip_freq, true},  // also a list: set_window_pattern
+      {"final_logit_softcapping", &ModelSpec::final_logit_softcapping, true},
+      {"router_logit_softcapping", &ModelSpec::router_logit_softcapping, true},
       {"multi_latent_attention", &ModelSpec::multi_latent_attention},
       {"q_lora_rank", &ModelSpec::q_lora_rank, true},
       {"kv_lora_rank", &ModelSpec::kv_lora_rank},
@@ -487,6 +489,10 @@ void ModelSpec::validate() const {
          "attention's",
          who, softmax_type);
   validate_moe();
+  for (const auto& [key, cap] : {std::pair{"final_logit_softcapping", final_logit_softcapping},
+                                 std::pair{"router_logit_softcapping", router_logit_softcapping}})
+    if (!std::isfinite(cap) || cap < 0)
+      fail("{}: {} must be a positive number (or null for none), got {}", who, key, cap);
   auto finite_positive = [&](const char* field, double v) {
     if (!std::isfinite(v) || v <= 0) fail("{}: {} must be a positive number, got {}", who, field, v);
   };

@@ -56,6 +56,12 @@ struct ModelSpec {
   int64_t window_attn_skip_freq = 0;
   std::vector<int64_t> window_attn_pattern;  // non-empty: the list form, one entry per layer
 
+  // Soft-capping (Grok 2), Primus's names: z = cap * tanh(x / cap) (kernels/softcap.h) on the final
+  // logits before the loss and in decoding (final_logit_softcapping), and on the MoE router's logits
+  // before the scores and the z-loss (router_logit_softcapping); 0 (YAML null): none.
+  double final_logit_softcapping = 0;
+  double router_logit_softcapping = 0;
+
   // Multi-head latent attention (DeepSeek-V2/V3), Megatron's MLATransformerConfig names.
   bool multi_latent_attention = false;
   int64_t q_lora_rank = 0;  // 0 (YAML null): queries straight from the hidden state

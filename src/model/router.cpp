@@ -7,6 +7,7 @@
 #include <numeric>
 
 #include "core/error.h"
+#include "kernels/softcap.h"
 
 namespace primus {
 namespace {
@@ -130,6 +131,10 @@ Routing route(const ModelSpec& spec, std::vector<double> logits, const std::vect
   if (spec.moe_router_force_load_balancing)
     for (int64_t t = 0; t < N; ++t)
       for (int64_t e = 0; e < E; ++e) logits[size_t(t * E + e)] = noise(share.rank * N + t, e);
+  // Grok 2's router_logit_softcapping: the capped logits are the router's logits from here on (the
+  // scores, the z-loss); route_backward multiplies by the cap's slope.
+  if (spec.router_logit_softcapping > 0)
+    for (double& x : logits) x = ops::softcap(x, spec.router_logit_softcapping);
   r.logits = std::move(logits);
   const bool sigmoid_scores = spec.moe_router_score_function == "sigmoid";
   const bool pre = spec.moe_router_pre_softmax;
@@ -347,6 +352,8 @@ std::vector<double> route_backward(const ModelSpec& spec, const Routing& r, cons
       for (int64_t e = 0; e < E; ++e) dl[size_t(t * E + e)] += f * sm[size_t(e)];
     }
   }
+  if (spec.router_logit_softcapping > 0)  // through the cap: w.r.t. the logits the router's GEMM gave
+    for (size_t i = 0; i < dl.size(); ++i) dl[i] *= ops::softcap_slope(r.logits[i], spec.router_logit_softcapping);
   return dl;
 }
 

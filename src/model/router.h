@@ -16,7 +16,7 @@ namespace primus {
 struct Routing {
   int64_t tokens = 0, experts = 0, topk = 0, batch = 0, seq = 0;
   int64_t total_tokens = 0;     // tokens of the microbatch over the ranks that share it (TokenShare)
-  std::vector<double> logits;   // [tokens, experts]
+  std::vector<double> logits;   // [tokens, experts], soft-capped by router_logit_softcapping
   std::vector<double> scores;   // softmax or sigmoid of the logits (what the weights come from)
   std::vector<int32_t> expert;  // [tokens, topk] chosen experts
   std::vector<double> weight;   // [tokens, topk] combine weights; 0 where capacity dropped it

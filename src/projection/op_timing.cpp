@@ -210,10 +210,10 @@ double MeasuredOps::run(const ops::OpCall& o) {
       return time_it(be, [&] { be.ce_merge_max(m, s, g); });
     }
     Tensor logits = filled(be, {r, c}, dt);
-    if (op == "ce_chunk_forward") return time_it(be, [&] { be.ce_chunk_forward(logits, tg, 0, m, s, zt); });
+    if (op == "ce_chunk_forward") return time_it(be, [&] { be.ce_chunk_forward(logits, tg, 0, 0.0, m, s, zt); });
     if (op == "ce_chunk_backward") {
       Tensor d = be.empty({r, c}, o.out);
-      return time_it(be, [&] { be.ce_chunk_backward(logits, lse, tg, 0, d); });
+      return time_it(be, [&] { be.ce_chunk_backward(logits, lse, tg, 0, 0.0, d); });
     }
   }
   fail("the projection cannot time op {}", o.op);

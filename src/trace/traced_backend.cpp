@@ -289,11 +289,11 @@ void TracedBackend::ce_init(Tensor& row_max, Tensor& row_sum, Tensor& target_log
   finish(e, end, OpKind::Forward, nullptr, "cross_entropy", c.dtype, {c.a}, c.flops, c.bytes);
 }
 
-void TracedBackend::ce_chunk_forward(const Tensor& logits, const Tensor& targets, int64_t c0, Tensor& row_max,
-                                     Tensor& row_sum, Tensor& target_logit) {
-  if (!p_.active()) return be_.ce_chunk_forward(logits, targets, c0, row_max, row_sum, target_logit);
+void TracedBackend::ce_chunk_forward(const Tensor& logits, const Tensor& targets, int64_t c0, double softcap,
+                                     Tensor& row_max, Tensor& row_sum, Tensor& target_logit) {
+  if (!p_.active()) return be_.ce_chunk_forward(logits, targets, c0, softcap, row_max, row_sum, target_logit);
   Event& e = p_.op_begin("ce_chunk_forward");
-  be_.ce_chunk_forward(logits, targets, c0, row_max, row_sum, target_logit);
+  be_.ce_chunk_forward(logits, targets, c0, softcap, row_max, row_sum, target_logit);
   const Mark end = p_.clock().device(nullptr);
   const ops::OpCall c = ops::ce_chunk_forward_call(logits, targets, row_max);
   finish(e, end, OpKind::Forward, nullptr, "cross_entropy", c.dtype, {c.a, c.b}, c.flops, c.bytes);
@@ -320,10 +320,10 @@ double TracedBackend::ce_finish(const Tensor& row_max, const Tensor& row_sum, co
 }
 
 void TracedBackend::ce_chunk_backward(const Tensor& logits, const Tensor& lse, const Tensor& targets, int64_t c0,
-                                      Tensor& dlogits) {
-  if (!p_.active()) return be_.ce_chunk_backward(logits, lse, targets, c0, dlogits);
+                                      double softcap, Tensor& dlogits) {
+  if (!p_.active()) return be_.ce_chunk_backward(logits, lse, targets, c0, softcap, dlogits);
   Event& e = p_.op_begin("ce_chunk_backward");
-  be_.ce_chunk_backward(logits, lse, targets, c0, dlogits);
+  be_.ce_chunk_backward(logits, lse, targets, c0, softcap, dlogits);
   const Mark end = p_.clock().device(nullptr);
   const ops::OpCall c = ops::ce_chunk_backward_call(logits, lse, targets, dlogits);
   finish(e, end, OpKind::Backward, nullptr, "cross_entropy", c.dtype, {c.a, c.b}, c.flops, c.bytes);

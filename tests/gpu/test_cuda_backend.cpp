@@ -385,10 +385,10 @@ TEST(CudaBackend, AttentionRopeEmbeddingAndCrossEntropyMatchTheReference) {
     b.ce_init(t[m], t[su], t[zt]);
     for (size_t k = 0; k < chunks.size(); ++k) {
       const Tensor chunk = b.device() == Device::CPU ? chunks[k] : chunks[k].to(Device::CUDA);
-      b.ce_chunk_forward(chunk, t[tg], int64_t(k) * 128, t[m], t[su], t[zt]);
+      b.ce_chunk_forward(chunk, t[tg], int64_t(k) * 128, 0.0, t[m], t[su], t[zt]);
     }
     loss.push_back(b.ce_finish(t[m], t[su], t[zt], t[tg], t[l]));
-    b.ce_chunk_backward(t[logits], t[l], t[tg], 0, t[dl]);
+    b.ce_chunk_backward(t[logits], t[l], t[tg], 0, 0.0, t[dl]);
   }, be);
   p.expect(qkv, 0.02, 0.01, "rope");
   p.expect(out, 0.03, 0.02, "attention out");
@@ -733,14 +733,15 @@ TEST(CudaBackend, TrainerSavesAsyncFromTheGpuAndResumes) {
 
 // A mixture-of-experts model (docs/moe.md) on the GPU: the router's GEMM, the per-expert GEMMs
 // and the routing row ops (fused_row_ops.cu) give the reference's loss and gradients.
-TEST(CudaBackend, Bf16MoeModelMatchesTheReference) {
-  PRIMUS_REQUIRE_GPU();
+static void expect_bf16_moe_model_matches_the_reference(double final_softcap, double router_softcap) {
   ModelSpec s = spec64();
   s.num_experts = 4;
   s.moe_ffn_hidden_size = 128;
   s.moe_router_topk = 2;
   s.moe_aux_loss_coeff = 0.01;
   s.moe_shared_expert_intermediate_size = 128;
+  s.final_logit_softcapping = final_softcap;
+  s.router_logit_softcapping = router_softcap;
   cpu::ReferenceBackend ref;
   cuda::CudaBackend gpu;
   LlamaModel a(s, ref, Precision::Bf16), b(s, gpu, Precision::Bf16);
@@ -749,6 +750,18 @@ TEST(CudaBackend, Bf16MoeModelMatchesTheReference) {
   const LearnableBatch batch;
   forward_backward_both(a, b, batch, 0);
   EXPECT_LT(grad_rel_error(b, a), 0.03);
+}
+
+TEST(CudaBackend, Bf16MoeModelMatchesTheReference) {
+  PRIMUS_REQUIRE_GPU();
+  expect_bf16_moe_model_matches_the_reference(0, 0);
+}
+
+// Grok 2's soft-capping (docs/model_math.md, Grok): the final cap in the fused cross-entropy's
+// kernels, the router's on the host; caps well under these logits (of about 0.3), which they flatten.
+TEST(CudaBackend, Bf16GrokSoftcapsMatchTheReference) {
+  PRIMUS_REQUIRE_GPU();
+  expect_bf16_moe_model_matches_the_reference(0.1, 0.05);
 }
 
 // gpt-oss's attention (docs/model_math.md) on the GPU: learned sinks (cast to fp32 for the flash

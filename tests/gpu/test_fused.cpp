@@ -12,6 +12,7 @@
 #include "gpu_test_util.h"
 #include "kernels/cpu/elementwise.h"
 #include "kernels/cuda/fused.h"
+#include "kernels/softcap.h"
 #include "optim/adamw.h"
 
 namespace primus {
@@ -354,7 +355,7 @@ struct CeRun {
 
 // The forward visits the chunks in `order` (default: ascending), as a caller may.
 CeRun ce_run(const std::vector<float>& logits, const std::vector<int32_t>& targets, int64_t n, int64_t v,
-             const std::vector<int64_t>& chunk_sizes, std::vector<size_t> order = {}) {
+             const std::vector<int64_t>& chunk_sizes, std::vector<size_t> order = {}, float softcap = 0.f) {
   DeviceArray<int32_t> dt(targets);
   const size_t rows = static_cast<size_t>(n);
   DeviceArray<float> rmax(rows), rsum(rows), tl(rows), lse(rows), loss(1);
@@ -372,7 +373,7 @@ CeRun ce_run(const std::vector<float>& logits, const std::vector<int32_t>& targe
     for (size_t k = 0; k < chunk_sizes.size(); ++k) order.push_back(k);
   for (const size_t k : order) {
     DeviceArray<float> dl(chunks[k]);  // exactly n * vc floats: a read past the chunk is outside it
-    cuda::ce_chunk_forward(dl.get(), dt.get(), starts[k], chunk_sizes[k], rmax.get(), rsum.get(), tl.get(), n,
+    cuda::ce_chunk_forward(dl.get(), dt.get(), starts[k], chunk_sizes[k], softcap, rmax.get(), rsum.get(), tl.get(), n,
                            cuda::stream());
   }
   cuda::ce_finish(rmax.get(), rsum.get(), tl.get(), dt.get(), lse.get(), loss.get(), n, cuda::stream());
@@ -385,7 +386,7 @@ CeRun ce_run(const std::vector<float>& logits, const std::vector<int32_t>& targe
     const int64_t vc = chunk_sizes[k];
     DeviceArray<float> dl(chunks[k]);
     DeviceBf16 dd(size_t(n * vc));
-    cuda::ce_chunk_backward(dl.get(), lse.get(), dt.get(), starts[k], vc, B(dd), n, cuda::stream());
+    cuda::ce_chunk_backward(dl.get(), lse.get(), dt.get(), starts[k], vc, softcap, B(dd), n, cuda::stream());
     const auto g = download_bf16(dd);
     for (int64_t i = 0; i < n; ++i)
       for (int64_t j = 0; j < vc; ++j) r.dlogits[size_t(i * v + starts[k] + j)] = g[size_t(i * vc + j)];
@@ -432,6 +433,41 @@ TEST(FusedCrossEntropy, ChunksMatchReferenceAndOneBigChunk) {
   }
   expect_close(many.lse, one.lse, 1e-6, 1e-6, "chunked lse vs one chunk");
   EXPECT_NEAR(double(many.loss), double(one.loss), 1e-5 * std::abs(double(one.loss)));
+}
+
+// Soft-capped logits (Grok's final_logit_softcapping, kernels/softcap.h): the loss of
+// cap * tanh(z / cap) and its gradient w.r.t. z, the cap's slope included, on the vector and the
+// scalar paths; logits of up to +-4 cap reach the saturated ends of tanh.
+TEST(FusedCrossEntropy, SoftcapMatchesReference) {
+  PRIMUS_REQUIRE_GPU();
+  const int64_t n = 13, v = 96;
+  const float cap = 5.f;
+  const auto logits = random_floats(size_t(n * v), 41, 8.0);
+  std::vector<int32_t> targets(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) targets[size_t(i)] = int32_t((i * 37) % v);
+  targets[5] = -1;
+  std::vector<float> capped(logits.size());
+  for (size_t i = 0; i < logits.size(); ++i) capped[i] = float(ops::softcap(double(logits[i]), double(cap)));
+  const CeRef ref = ce_reference(capped, targets, n, v);
+  for (const auto& sizes : {std::vector<int64_t>{96}, std::vector<int64_t>{31, 33, 32}}) {
+    const CeRun r = ce_run(logits, targets, n, v, sizes, {}, cap);
+    expect_close(r.lse, ref.lse, 1e-5, 1e-5, "lse");
+    EXPECT_NEAR(double(r.loss), ref.loss, 1e-5 * std::abs(ref.loss)) << "loss sum";
+    std::vector<float> dref(size_t(n * v));
+    for (int64_t i = 0; i < n; ++i) {
+      const int32_t t = targets[size_t(i)];
+      for (int64_t j = 0; j < v; ++j) {
+        const double z = capped[size_t(i * v + j)];
+        dref[size_t(i * v + j)] = t < 0 ? 0.f
+                                        : float((std::exp(z - double(ref.lse[size_t(i)])) - (j == t ? 1 : 0)) *
+                                                ops::softcap_slope(z, double(cap)));
+      }
+    }
+    expect_close(r.dlogits, dref, 4e-3, 1e-2, "dlogits");
+  }
+  // Soft-capping changes the loss: the uncapped run differs.
+  const CeRun plain = ce_run(logits, targets, n, v, {96});
+  EXPECT_GT(std::abs(double(plain.loss) - ref.loss), 1.0);
 }
 
 // Chunks in any order, with targets on both sides of every chunk edge, the last row's among them:
@@ -795,8 +831,8 @@ TEST(FusedKernels, ZeroRowsAreNoOps) {
   cuda::embedding_forward(nullptr, nullptr, nullptr, 0, 64, cuda::stream());
   cuda::embedding_backward(nullptr, nullptr, nullptr, 0, nullptr, nullptr, 64, cuda::stream());
   cuda::ce_init(nullptr, nullptr, nullptr, 0, cuda::stream());
-  cuda::ce_chunk_forward(nullptr, nullptr, 0, 64, nullptr, nullptr, nullptr, 0, cuda::stream());
-  cuda::ce_chunk_backward(nullptr, nullptr, nullptr, 0, 64, nullptr, 0, cuda::stream());
+  cuda::ce_chunk_forward(nullptr, nullptr, 0, 64, 0.f, nullptr, nullptr, nullptr, 0, cuda::stream());
+  cuda::ce_chunk_backward(nullptr, nullptr, nullptr, 0, 64, 0.f, nullptr, 0, cuda::stream());
   cuda::cast_f32_to_bf16(nullptr, nullptr, 0, cuda::stream());
   cuda::cast_bf16_to_f32(nullptr, nullptr, 0, cuda::stream());
   cuda::synchronize();

@@ -332,8 +332,8 @@ void CpuBackend::ce_init(Tensor& row_max, Tensor& row_sum, Tensor& target_logit)
 
 // Per row: the running max over this chunk, the running sum of exp(z - max) re-based to it, and
 // the target's logit when the target falls in the chunk.
-void CpuBackend::ce_chunk_forward(const Tensor& logits, const Tensor& targets, int64_t c0, Tensor& row_max,
-                                  Tensor& row_sum, Tensor& target_logit) {
+void CpuBackend::ce_chunk_forward(const Tensor& logits, const Tensor& targets, int64_t c0, double softcap,
+                                  Tensor& row_max, Tensor& row_sum, Tensor& target_logit) {
   const DType t = real_type(logits, "ce logits");
   for (const Tensor* u : std::initializer_list<const Tensor*>{&row_max, &row_sum, &target_logit}) same_type(t, *u, "ce row statistics");
   check_host(targets, "ce targets");
@@ -341,7 +341,7 @@ void CpuBackend::ce_chunk_forward(const Tensor& logits, const Tensor& targets, i
   PRIMUS_CHECK(targets.numel() == n && row_max.numel() == n, "ce chunk: logits {}, {} targets", logits.shape_str(),
                targets.numel());
   dispatch(t, [&]<typename T>() {
-    cpu::ce_chunk_forward<T>(P<T>(logits), targets.data<int32_t>(), n, vc, c0, P<T>(row_max), P<T>(row_sum),
+    cpu::ce_chunk_forward<T>(P<T>(logits), targets.data<int32_t>(), n, vc, c0, T(softcap), P<T>(row_max), P<T>(row_sum),
                              P<T>(target_logit));
   });
 }
@@ -378,14 +378,14 @@ double CpuBackend::ce_finish(const Tensor& row_max, const Tensor& row_sum, const
 }
 
 void CpuBackend::ce_chunk_backward(const Tensor& logits, const Tensor& lse, const Tensor& targets, int64_t c0,
-                                   Tensor& dlogits) {
+                                   double softcap, Tensor& dlogits) {
   const DType t = real_type(logits, "ce logits");
   same_type(t, lse, "ce lse");
   same_type(t, dlogits, "ce dlogits");
   const int64_t n = logits.size(0), vc = logits.size(1);
   PRIMUS_CHECK(dlogits.numel() == n * vc && targets.numel() == n, "ce chunk backward shapes");
   dispatch(t, [&]<typename T>() {
-    cpu::ce_chunk_backward<T>(P<T>(logits), P<T>(lse), targets.data<int32_t>(), n, vc, c0, P<T>(dlogits));
+    cpu::ce_chunk_backward<T>(P<T>(logits), P<T>(lse), targets.data<int32_t>(), n, vc, c0, T(softcap), P<T>(dlogits));
   });
 }
 

@@ -44,12 +44,12 @@ class CpuBackend final : public ops::Backend {
   void column_sum_accumulate(const Tensor& dy, Tensor& out) override;
   void add(const Tensor& a, const Tensor& b, Tensor& out) override;
   void ce_init(Tensor& row_max, Tensor& row_sum, Tensor& target_logit) override;
-  void ce_chunk_forward(const Tensor& logits, const Tensor& targets, int64_t c0, Tensor& row_max, Tensor& row_sum,
-                        Tensor& target_logit) override;
+  void ce_chunk_forward(const Tensor& logits, const Tensor& targets, int64_t c0, double softcap, Tensor& row_max,
+                        Tensor& row_sum, Tensor& target_logit) override;
   void ce_merge_max(Tensor& row_max, Tensor& row_sum, const Tensor& global_max) override;
   double ce_finish(const Tensor& row_max, const Tensor& row_sum, const Tensor& target_logit, const Tensor& targets,
                    Tensor& lse) override;
-  void ce_chunk_backward(const Tensor& logits, const Tensor& lse, const Tensor& targets, int64_t c0,
+  void ce_chunk_backward(const Tensor& logits, const Tensor& lse, const Tensor& targets, int64_t c0, double softcap,
                          Tensor& dlogits) override;
   void cast(const Tensor& src, Tensor& dst) override;
   MemoryStats memory_stats() const override;

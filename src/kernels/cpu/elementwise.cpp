@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <vector>
 
 #include "core/error.h"
@@ -200,26 +201,35 @@ void embedding_backward_weight(const int32_t* tokens, const T* dout, T* dtable, 
 // logit): the max reduction is a ternary, and fast_exp's clamp needs the kernels' -fno-trapping-math
 // (src/kernels/CMakeLists.txt). A NaN logit is skipped by the max but makes the sum, so the loss, NaN.
 template <typename T>
-void ce_chunk_forward(const T* logits, const int32_t* targets, int64_t n, int64_t vc, int64_t c0, T* m, T* s,
+void ce_chunk_forward(const T* logits, const int32_t* targets, int64_t n, int64_t vc, int64_t c0, T cap, T* m, T* s,
                       T* zt) {
 #pragma omp parallel for schedule(static) if(n * vc >= kParallelMin)
   for (int64_t i = 0; i < n; ++i) {
     const T* zi = logits + i * vc;
-    T mx = m[i];
+    T mx = m[i], raw_max = -std::numeric_limits<T>::infinity();
     // A ternary, not std::max: GCC 12 does not vectorise a max reduction through std::max's reference.
-#pragma omp simd reduction(max : mx)
-    for (int64_t j = 0; j < vc; ++j) mx = zi[j] > mx ? zi[j] : mx;
+#pragma omp simd reduction(max : raw_max)
+    for (int64_t j = 0; j < vc; ++j) raw_max = zi[j] > raw_max ? zi[j] : raw_max;
     T sum = 0;
+    if (cap > T(0)) {  // soft-capped logits (kernels/softcap.h); the cap is monotonic: the max's cap is the max
+      const T inv = T(1) / cap, capped_max = cap * fast_tanh(raw_max * inv);
+      mx = capped_max > mx ? capped_max : mx;
 #pragma omp simd reduction(+ : sum)
-    for (int64_t j = 0; j < vc; ++j) sum += fast_exp(zi[j] - mx);
+      for (int64_t j = 0; j < vc; ++j) sum += fast_exp(cap * fast_tanh(zi[j] * inv) - mx);
+      if (targets[i] >= c0 && targets[i] < c0 + vc) zt[i] = cap * fast_tanh(zi[targets[i] - c0] * inv);
+    } else {
+      mx = raw_max > mx ? raw_max : mx;
+#pragma omp simd reduction(+ : sum)
+      for (int64_t j = 0; j < vc; ++j) sum += fast_exp(zi[j] - mx);
+      if (targets[i] >= c0 && targets[i] < c0 + vc) zt[i] = zi[targets[i] - c0];
+    }
     s[i] = (s[i] == T(0) ? T(0) : s[i] * std::exp(m[i] - mx)) + sum;
     m[i] = mx;
-    if (targets[i] >= c0 && targets[i] < c0 + vc) zt[i] = zi[targets[i] - c0];
   }
 }
 
 template <typename T>
-void ce_chunk_backward(const T* logits, const T* lse, const int32_t* targets, int64_t n, int64_t vc, int64_t c0,
+void ce_chunk_backward(const T* logits, const T* lse, const int32_t* targets, int64_t n, int64_t vc, int64_t c0, T cap,
                        T* dlogits) {
 #pragma omp parallel for schedule(static) if(n * vc >= kParallelMin)
   for (int64_t i = 0; i < n; ++i) {
@@ -230,9 +240,20 @@ void ce_chunk_backward(const T* logits, const T* lse, const int32_t* targets, in
     }
     const T* zi = logits + i * vc;  // may be di itself: each element is read before it is written
     const T li = lse[i];
+    const bool hit = targets[i] >= c0 && targets[i] < c0 + vc;
+    if (cap > T(0)) {  // (softmax - onehot) of the capped logit, times the cap's slope 1 - (z / cap)^2
+      const int64_t tj = hit ? targets[i] - c0 : -1;
+      const T inv = T(1) / cap;
+#pragma omp simd
+      for (int64_t j = 0; j < vc; ++j) {
+        const T u = fast_tanh(zi[j] * inv);
+        di[j] = (fast_exp(cap * u - li) - (j == tj ? T(1) : T(0))) * (T(1) - u * u);
+      }
+      continue;
+    }
 #pragma omp simd
     for (int64_t j = 0; j < vc; ++j) di[j] = fast_exp(zi[j] - li);
-    if (targets[i] >= c0 && targets[i] < c0 + vc) di[targets[i] - c0] -= T(1);
+    if (hit) di[targets[i] - c0] -= T(1);
   }
 }
 
@@ -247,8 +268,8 @@ void ce_chunk_backward(const T* logits, const T* lse, const int32_t* targets, in
                               bool);                                                                         \
   template void embedding_forward<T>(const int32_t*, const T*, T*, int64_t, int64_t, int64_t);               \
   template void embedding_backward_weight<T>(const int32_t*, const T*, T*, int64_t, int64_t, int64_t);       \
-  template void ce_chunk_forward<T>(const T*, const int32_t*, int64_t, int64_t, int64_t, T*, T*, T*);         \
-  template void ce_chunk_backward<T>(const T*, const T*, const int32_t*, int64_t, int64_t, int64_t, T*);
+  template void ce_chunk_forward<T>(const T*, const int32_t*, int64_t, int64_t, int64_t, T, T*, T*, T*);      \
+  template void ce_chunk_backward<T>(const T*, const T*, const int32_t*, int64_t, int64_t, int64_t, T, T*);
 INSTANTIATE(float)
 INSTANTIATE(double)
 

@@ -53,11 +53,13 @@ void embedding_backward_weight(const int32_t* tokens, const T* dout, T* dtable, 
 // Cross-entropy over a chunk of vocabulary columns c0 .. c0 + vc of rows [n, vc] (see
 // ops::Backend::ce_chunk_forward/backward). forward updates each row's running max m, sum of
 // exp(z - m) and target logit zt; backward writes softmax - onehot (0 on rows whose target is
-// negative) and may write over the logits.
+// negative) and may write over the logits. cap > 0 soft-caps the logits first (kernels/softcap.h)
+// and the backward multiplies by the cap's slope.
 template <typename T>
-void ce_chunk_forward(const T* logits, const int32_t* targets, int64_t n, int64_t vc, int64_t c0, T* m, T* s, T* zt);
+void ce_chunk_forward(const T* logits, const int32_t* targets, int64_t n, int64_t vc, int64_t c0, T cap, T* m, T* s,
+                      T* zt);
 template <typename T>
-void ce_chunk_backward(const T* logits, const T* lse, const int32_t* targets, int64_t n, int64_t vc, int64_t c0,
+void ce_chunk_backward(const T* logits, const T* lse, const int32_t* targets, int64_t n, int64_t vc, int64_t c0, T cap,
                        T* dlogits);
 
 }  // namespace primus::cpu

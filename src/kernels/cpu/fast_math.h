@@ -28,4 +28,14 @@ inline float fast_exp(float x) {
 
 inline double fast_exp(double x) { return std::exp(x); }
 
+// tanh through fast_exp, so that soft-capped logits (kernels/softcap.h) vectorise: (e - 1) / (e + 1)
+// with e = exp(2y), saturating to +-1 where fast_exp clamps; about 1e-7 absolute near 0. Doubles keep
+// std::tanh.
+inline float fast_tanh(float y) {
+  const float e = fast_exp(2.0f * y);
+  return (e - 1.0f) / (e + 1.0f);
+}
+
+inline double fast_tanh(double y) { return std::tanh(y); }
+
 }  // namespace primus::cpu

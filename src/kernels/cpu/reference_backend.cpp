@@ -10,6 +10,7 @@
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/cpu/elementwise.h"
 #include "kernels/cpu/gemm.h"
+#include "kernels/softcap.h"
 
 namespace primus::cpu {
 
@@ -259,22 +260,24 @@ void ReferenceBackend::ce_init(Tensor& row_max, Tensor& row_sum, Tensor& target_
   std::fill_n(target_logit.data<float>(), target_logit.numel(), 0.0f);
 }
 
-void ReferenceBackend::ce_chunk_forward(const Tensor& logits, const Tensor& targets, int64_t c0, Tensor& row_max,
-                                        Tensor& row_sum, Tensor& target_logit) {
+void ReferenceBackend::ce_chunk_forward(const Tensor& logits, const Tensor& targets, int64_t c0, double softcap,
+                                        Tensor& row_max, Tensor& row_sum, Tensor& target_logit) {
   const int64_t n = logits.size(0), vc = logits.size(1);
   check_host(logits, "ce logits");
   const float* z = logits.data<float>();
   const int32_t* t = targets.data<int32_t>();
   float *m = row_max.data<float>(), *s = row_sum.data<float>(), *zt = target_logit.data<float>();
+  const float cap = float(softcap);
+  std::vector<float> zc(static_cast<size_t>(vc));
   for (int64_t i = 0; i < n; ++i) {
-    const float* zi = z + i * vc;
+    for (int64_t j = 0; j < vc; ++j) zc[size_t(j)] = ops::softcap(z[i * vc + j], cap);
     float mx = m[i];
-    for (int64_t j = 0; j < vc; ++j) mx = std::max(mx, zi[j]);
+    for (int64_t j = 0; j < vc; ++j) mx = std::max(mx, zc[size_t(j)]);
     float sum = 0;
-    for (int64_t j = 0; j < vc; ++j) sum += std::exp(zi[j] - mx);
+    for (int64_t j = 0; j < vc; ++j) sum += std::exp(zc[size_t(j)] - mx);
     s[i] = s[i] * std::exp(m[i] - mx) + sum;
     m[i] = mx;
-    if (t[i] >= c0 && t[i] < c0 + vc) zt[i] = zi[t[i] - c0];
+    if (t[i] >= c0 && t[i] < c0 + vc) zt[i] = zc[size_t(t[i] - c0)];
   }
 }
 
@@ -304,15 +307,19 @@ double ReferenceBackend::ce_finish(const Tensor& row_max, const Tensor& row_sum,
 }
 
 void ReferenceBackend::ce_chunk_backward(const Tensor& logits, const Tensor& lse, const Tensor& targets, int64_t c0,
-                                         Tensor& dlogits) {
+                                         double softcap, Tensor& dlogits) {
   const int64_t n = logits.size(0), vc = logits.size(1);
   const float *z = logits.data<float>(), *l = lse.data<float>();
   const int32_t* t = targets.data<int32_t>();
+  const float cap = float(softcap);
   std::vector<float> d(n * vc, 0.0f);
   for (int64_t i = 0; i < n; ++i) {
     if (t[i] < 0) continue;
-    for (int64_t j = 0; j < vc; ++j) d[i * vc + j] = std::exp(z[i * vc + j] - l[i]);
-    if (t[i] >= c0 && t[i] < c0 + vc) d[i * vc + t[i] - c0] -= 1.0f;
+    for (int64_t j = 0; j < vc; ++j) {
+      const float zc = ops::softcap(z[i * vc + j], cap);
+      const float onehot = t[i] == c0 + j ? 1.0f : 0.0f;
+      d[i * vc + j] = (std::exp(zc - l[i]) - onehot) * ops::softcap_slope(zc, cap);
+    }
   }
   write(dlogits, d.data(), "ce dlogits");
 }

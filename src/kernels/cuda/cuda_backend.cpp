@@ -400,15 +400,16 @@ void CudaBackend::ce_init(Tensor& row_max, Tensor& row_sum, Tensor& target_logit
   cuda::ce_init(F(row_max), F(row_sum), F(target_logit), n, stream());
 }
 
-void CudaBackend::ce_chunk_forward(const Tensor& logits, const Tensor& targets, int64_t c0, Tensor& row_max,
-                                   Tensor& row_sum, Tensor& target_logit) {
+void CudaBackend::ce_chunk_forward(const Tensor& logits, const Tensor& targets, int64_t c0, double softcap,
+                                   Tensor& row_max, Tensor& row_sum, Tensor& target_logit) {
   const int64_t n = logits.size(0), vc = logits.size(1);
   check(logits, DType::F32, "ce logits");
   check(targets, DType::I32, {n}, "ce targets");
   check(row_max, DType::F32, {n}, "ce row_max");
   check(row_sum, DType::F32, {n}, "ce row_sum");
   check(target_logit, DType::F32, {n}, "ce target_logit");
-  cuda::ce_chunk_forward(F(logits), I(targets), c0, vc, F(row_max), F(row_sum), F(target_logit), n, stream());
+  cuda::ce_chunk_forward(F(logits), I(targets), c0, vc, float(softcap), F(row_max), F(row_sum), F(target_logit), n,
+                         stream());
 }
 
 void CudaBackend::ce_merge_max(Tensor& row_max, Tensor& row_sum, const Tensor& global_max) {
@@ -431,13 +432,13 @@ double CudaBackend::ce_finish(const Tensor& row_max, const Tensor& row_sum, cons
 }
 
 void CudaBackend::ce_chunk_backward(const Tensor& logits, const Tensor& lse, const Tensor& targets, int64_t c0,
-                                    Tensor& dlogits) {
+                                    double softcap, Tensor& dlogits) {
   const int64_t n = logits.size(0), vc = logits.size(1);
   check(logits, DType::F32, "ce logits");
   check(lse, DType::F32, {n}, "ce lse");
   check(targets, DType::I32, {n}, "ce targets");
   check(dlogits, DType::BF16, {n, vc}, "ce dlogits");
-  cuda::ce_chunk_backward(F(logits), F(lse), I(targets), c0, vc, B(dlogits), n, stream());
+  cuda::ce_chunk_backward(F(logits), F(lse), I(targets), c0, vc, float(softcap), B(dlogits), n, stream());
 }
 
 void CudaBackend::cast(const Tensor& src, Tensor& dst) {

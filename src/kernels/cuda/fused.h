@@ -95,8 +95,9 @@ void column_sum_accumulate(const bf16* dy, float* out, int64_t n, int64_t m, cud
 // (-inf, 0, 0); each chunk of logits [n, vc] (vocabulary columns c0 .. c0+vc) updates them online;
 // a target outside the chunk, or negative (masked), leaves target_logit alone.
 void ce_init(float* row_max, float* row_sum, float* target_logit, int64_t n, cudaStream_t stream);
-void ce_chunk_forward(const float* logits, const int32_t* targets, int64_t c0, int64_t vc, float* row_max,
-                      float* row_sum, float* target_logit, int64_t n, cudaStream_t stream);
+// softcap > 0: the logits soft-capped first (kernels/softcap.h); 0: as they are.
+void ce_chunk_forward(const float* logits, const int32_t* targets, int64_t c0, int64_t vc, float softcap,
+                      float* row_max, float* row_sum, float* target_logit, int64_t n, cudaStream_t stream);
 // Re-bases the running sums to global_max (>= row_max; the max over vocabulary shards):
 // row_sum *= exp(row_max - global_max); row_max = global_max.
 void ce_merge_max(float* row_max, float* row_sum, const float* global_max, int64_t n, cudaStream_t stream);
@@ -104,10 +105,11 @@ void ce_merge_max(float* row_max, float* row_sum, const float* global_max, int64
 // of (lse[i] - target_logit[i]) (accumulated in fp64; written, not added; 0 when n == 0).
 void ce_finish(const float* row_max, const float* row_sum, const float* target_logit, const int32_t* targets,
                float* lse, float* loss_sum, int64_t n, cudaStream_t stream);
-// dlogits = exp(z - lse) - onehot(target), bf16 [n, vc]; rows with a negative target are 0.
+// dlogits = exp(z - lse) - onehot(target), bf16 [n, vc]; rows with a negative target are 0. With
+// softcap > 0, z = softcap * tanh(logit / softcap) and dlogits is times 1 - (z / softcap)^2.
 // (The 1/valid-tokens scale is applied by the GEMMs that consume it, as alpha.)
 void ce_chunk_backward(const float* logits, const float* lse, const int32_t* targets, int64_t c0, int64_t vc,
-                       bf16* dlogits, int64_t n, cudaStream_t stream);
+                       float softcap, bf16* dlogits, int64_t n, cudaStream_t stream);
 
 // ---- out = a + b, element-wise (out may be a or b): activations in bf16, gradient shards in fp32 ----
 void add(const bf16* a, const bf16* b, bf16* out, int64_t n, cudaStream_t stream);

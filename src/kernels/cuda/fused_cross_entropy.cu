@@ -36,6 +36,15 @@ __device__ __forceinline__ void lse_add(float& m, float& s, const float (&z)[V])
   }
 }
 
+// Soft-capping (kernels/softcap.h): cap * tanh(z / cap); cap <= 0: z.
+template <int V>
+__device__ __forceinline__ void softcap_values(float (&z)[V], float cap) {
+  if (cap > 0.f) {
+#pragma unroll
+    for (int k = 0; k < V; ++k) z[k] = cap * tanhf(z[k] / cap);
+  }
+}
+
 __global__ void ce_init_kernel(float* __restrict__ row_max, float* __restrict__ row_sum,
                                float* __restrict__ target_logit, int64_t n) {
   for (int64_t i = int64_t(blockIdx.x) * kThreads + threadIdx.x; i < n; i += int64_t(gridDim.x) * kThreads) {
@@ -50,7 +59,7 @@ __global__ void ce_init_kernel(float* __restrict__ row_max, float* __restrict__ 
 template <int V>
 __global__ void __launch_bounds__(kThreads)
     ce_chunk_forward_kernel(const float* __restrict__ logits, const int32_t* __restrict__ targets, int64_t c0,
-                            int64_t vc, float* __restrict__ row_max, float* __restrict__ row_sum,
+                            int64_t vc, float cap, float* __restrict__ row_max, float* __restrict__ row_sum,
                             float* __restrict__ target_logit, int64_t n) {
   const int lane = threadIdx.x & 31;
   const int64_t first = int64_t(blockIdx.x) * kRowsPerBlock + (threadIdx.x >> 5);
@@ -61,6 +70,7 @@ __global__ void __launch_bounds__(kThreads)
     for (int64_t j = int64_t(lane) * V; j < vc; j += 32 * V) {
       float zv[V];
       load_f32<V>(z + j, zv);
+      softcap_values<V>(zv, cap);
       lse_add<V>(m, s, zv);
     }
 #pragma unroll
@@ -75,7 +85,11 @@ __global__ void __launch_bounds__(kThreads)
       row_max[row] = rm;
       row_sum[row] = rs;
       const int64_t t = targets[row];
-      if (t >= c0 && t < c0 + vc) target_logit[row] = z[t - c0];
+      if (t >= c0 && t < c0 + vc) {
+        float zt[1] = {z[t - c0]};
+        softcap_values<1>(zt, cap);
+        target_logit[row] = zt[0];
+      }
     }
   }
 }
@@ -122,12 +136,13 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// dlogits = exp(z - lse) - onehot(target); zero rows for masked targets. Items of V columns.
+// dlogits = exp(z - lse) - onehot(target), z soft-capped and the result times the cap's slope
+// 1 - (z / cap)^2 when cap > 0; zero rows for masked targets. Items of V columns.
 template <int V>
 __global__ void __launch_bounds__(kThreads)
     ce_chunk_backward_kernel(const float* __restrict__ logits, const float* __restrict__ lse,
-                             const int32_t* __restrict__ targets, int64_t c0, int64_t vc, bf16* __restrict__ dlogits,
-                             int64_t n) {
+                             const int32_t* __restrict__ targets, int64_t c0, int64_t vc, float cap,
+                             bf16* __restrict__ dlogits, int64_t n) {
   const int64_t cv = vc / V, total = n * cv;
   for (int64_t idx = int64_t(blockIdx.x) * kThreads + threadIdx.x; idx < total; idx += int64_t(gridDim.x) * kThreads) {
     const int64_t i = idx / cv, j = (idx - i * cv) * V;
@@ -140,8 +155,16 @@ __global__ void __launch_bounds__(kThreads)
       const float l = lse[i];
       float zv[V];
       load_f32<V>(logits + i * vc + j, zv);
+      softcap_values<V>(zv, cap);
 #pragma unroll
       for (int k = 0; k < V; ++k) out[k] = expf(zv[k] - l) - (c0 + j + k == t ? 1.0f : 0.0f);
+      if (cap > 0.f) {
+#pragma unroll
+        for (int k = 0; k < V; ++k) {
+          const float u = zv[k] / cap;
+          out[k] *= 1.0f - u * u;
+        }
+      }
     }
     store_bf16<V>(dlogits + i * vc + j, out);
   }
@@ -155,15 +178,15 @@ void ce_init(float* row_max, float* row_sum, float* target_logit, int64_t n, cud
   PRIMUS_CUDA_CHECK_LAUNCH();
 }
 
-void ce_chunk_forward(const float* logits, const int32_t* targets, int64_t c0, int64_t vc, float* row_max,
-                      float* row_sum, float* target_logit, int64_t n, cudaStream_t stream) {
+void ce_chunk_forward(const float* logits, const int32_t* targets, int64_t c0, int64_t vc, float softcap,
+                      float* row_max, float* row_sum, float* target_logit, int64_t n, cudaStream_t stream) {
   if (n <= 0 || vc <= 0) return;
   const unsigned grid = blocks_for(n, kRowsPerBlock);
   if (vc % 4 == 0 && aligned16(logits))
-    ce_chunk_forward_kernel<4><<<grid, kThreads, 0, stream>>>(logits, targets, c0, vc, row_max, row_sum,
+    ce_chunk_forward_kernel<4><<<grid, kThreads, 0, stream>>>(logits, targets, c0, vc, softcap, row_max, row_sum,
                                                               target_logit, n);
   else
-    ce_chunk_forward_kernel<1><<<grid, kThreads, 0, stream>>>(logits, targets, c0, vc, row_max, row_sum,
+    ce_chunk_forward_kernel<1><<<grid, kThreads, 0, stream>>>(logits, targets, c0, vc, softcap, row_max, row_sum,
                                                               target_logit, n);
   PRIMUS_CUDA_CHECK_LAUNCH();
 }
@@ -190,14 +213,14 @@ void ce_finish(const float* row_max, const float* row_sum, const float* target_l
 }
 
 void ce_chunk_backward(const float* logits, const float* lse, const int32_t* targets, int64_t c0, int64_t vc,
-                       bf16* dlogits, int64_t n, cudaStream_t stream) {
+                       float softcap, bf16* dlogits, int64_t n, cudaStream_t stream) {
   if (n <= 0 || vc <= 0) return;
   if (vc % 8 == 0 && aligned16(logits) && aligned16(dlogits))
-    ce_chunk_backward_kernel<8><<<blocks_for(n * (vc / 8), kThreads), kThreads, 0, stream>>>(logits, lse, targets,
-                                                                                             c0, vc, dlogits, n);
+    ce_chunk_backward_kernel<8><<<blocks_for(n * (vc / 8), kThreads), kThreads, 0, stream>>>(logits, lse, targets, c0,
+                                                                                             vc, softcap, dlogits, n);
   else
     ce_chunk_backward_kernel<1><<<blocks_for(n * vc, kThreads), kThreads, 0, stream>>>(logits, lse, targets, c0, vc,
-                                                                                       dlogits, n);
+                                                                                       softcap, dlogits, n);
   PRIMUS_CUDA_CHECK_LAUNCH();
 }
 

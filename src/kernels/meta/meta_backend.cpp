@@ -148,8 +148,8 @@ void MetaBackend::ce_init(Tensor& row_max, Tensor& row_sum, Tensor& target_logit
   record(ce_init_call(row_max, row_sum, target_logit));
 }
 
-void MetaBackend::ce_chunk_forward(const Tensor& logits, const Tensor& targets, int64_t, Tensor& row_max, Tensor&,
-                                   Tensor&) {
+void MetaBackend::ce_chunk_forward(const Tensor& logits, const Tensor& targets, int64_t, double, Tensor& row_max,
+                                   Tensor&, Tensor&) {
   record(ce_chunk_forward_call(logits, targets, row_max));
 }
 
@@ -163,7 +163,7 @@ double MetaBackend::ce_finish(const Tensor& row_max, const Tensor& row_sum, cons
   return 0.0;
 }
 
-void MetaBackend::ce_chunk_backward(const Tensor& logits, const Tensor& lse, const Tensor& targets, int64_t,
+void MetaBackend::ce_chunk_backward(const Tensor& logits, const Tensor& lse, const Tensor& targets, int64_t, double,
                                     Tensor& dlogits) {
   record(ce_chunk_backward_call(logits, lse, targets, dlogits));
 }

@@ -9,6 +9,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <vector>
 
 #include "support/run_command.h"
 
@@ -187,6 +188,45 @@ TEST(PrimusConfigsKimiK2, LoadsUnchangedAndTrainsShrunk) {
   ASSERT_EQ(trained.code, 0) << trained.out;
   EXPECT_NE(trained.out.find("iteration      3/     3"), std::string::npos) << trained.out;
   fs::remove_all(ws);
+}
+
+// Grok (docs/model_math.md, Grok): Primus's examples name the grok1 and grok2 presets and set
+// Megatron's num_virtual_stages_per_pipeline_rank: 4 on pipeline_model_parallel_size: 4 and
+// expert_model_parallel_size: 8. Shrunk to two pipeline ranks of 8 layers (4 chunks each: the
+// interleaved schedule) and 8 experts of 32, they train with the presets' soft-capping; on one
+// process (the virtual stages unset, as a virtual pipeline needs pipeline ranks) too.
+TEST(PrimusConfigsGrok, ExamplesTrainWithVirtualStagesAndSoftcaps) {
+  const std::string dir = kRoot + "/tests/integration/primus_configs/";
+  struct Case {
+    std::string config, runtime, args, printed;
+  };
+  const std::vector<Case> cases = {{"grok2-FP8-pretrain.yaml", " --nproc 2",
+                                    " --pipeline-model-parallel-size 2 --num-layers 8", "final_logit_softcapping: 50"},
+                                   {"grok1-BF16-pretrain.yaml", "",
+                                    " --pipeline-model-parallel-size 1 --num-virtual-stages-per-pipeline-rank null",
+                                    "final_logit_softcapping: 0"}};
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.config);
+    const fs::path ws = fs::temp_directory_path() / ("primus-grok-" + std::to_string(::getpid()));
+    fs::remove_all(ws);
+    const std::string command = "direct --workspace " + ws.string() + c.runtime + " -- train pretrain --config " + dir +
+                                c.config + kTiny + " --moe-ffn-hidden-size 32 --expert-model-parallel-size 1" + c.args;
+    const test::CommandResult printed = run(command + " --print-config");
+    ASSERT_EQ(printed.code, 0) << printed.out;
+    EXPECT_NE(printed.out.find(c.printed), std::string::npos) << printed.out;
+    if (c.config.starts_with("grok2")) {
+      EXPECT_NE(printed.out.find("virtual_pipeline_model_parallel_size: 4"), std::string::npos) << printed.out;
+      EXPECT_NE(printed.out.find("router_logit_softcapping: 30"), std::string::npos) << printed.out;
+    }
+    const test::CommandResult trained = run(command);
+    ASSERT_EQ(trained.code, 0) << trained.out;
+    EXPECT_NE(trained.out.find("iteration      3/     3"), std::string::npos) << trained.out;
+    EXPECT_EQ(trained.out.find("lm loss: nan"), std::string::npos) << trained.out;
+    if (c.config.starts_with("grok2"))
+      EXPECT_NE(trained.out.find("interleaved-1f1b over 8 stages (4 chunks per rank)"), std::string::npos)
+          << trained.out;
+    fs::remove_all(ws);
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Examples, PrimusConfigs,

@@ -819,6 +819,16 @@ TEST_F(ExpertParallel, Ep2Tp2SequenceParallel) {
   expect_same_moe_statistics();
   EXPECT_NE(par_out_.find("(ep 2, etp 2)"), std::string::npos) << par_out_;
 }
+// Grok 2's soft-capping (docs/model_math.md, Grok): the final cap on each vocabulary shard's logits
+// before the tp-combined loss, the router's on each rank's tokens before the alltoall; caps small
+// enough to bend this tiny model's logits.
+TEST_F(ExpertParallel, GrokSoftcapsEp2Tp2) {
+  expect_same_training(4,
+                       "--expert_model_parallel_size 2 --moe_token_dispatcher_type alltoall "
+                       "--tensor_model_parallel_size 2",
+                       std::string(kMoe) + " --final_logit_softcapping 0.3 --router_logit_softcapping 0.1");
+  expect_same_moe_statistics();
+}
 TEST_F(ExpertParallel, Tp2SharedExpertGate) {
   expect_same_training(2, "--tensor_model_parallel_size 2", std::string(kMoe) + " --moe_shared_expert_gate true");
   expect_same_moe_statistics(1e-5, false);

@@ -431,8 +431,8 @@ TEST(Bf16Ops, ColumnSumAddAndCast) {
 
 // ---- cross-entropy over vocabulary chunks ----
 
-TEST(Bf16Ops, ChunkedCrossEntropyWithOffsetsAndMaskedTargets) {
-  SKIP_WITHOUT_BF16();
+// softcap > 0: Grok's final_logit_softcapping (kernels/softcap.h), fused into the same passes.
+static void check_chunked_cross_entropy(double softcap) {
   Backends b;
   const int64_t n = 21, vocab = 101, shard0 = 300;  // this shard holds ids 300 .. 400
   const std::vector<int64_t> chunks{0, 40, 80, 101};
@@ -445,7 +445,7 @@ TEST(Bf16Ops, ChunkedCrossEntropyWithOffsetsAndMaskedTargets) {
     be.ce_init(m, s, zt);
     for (size_t k = 0; k + 1 < chunks.size(); ++k) {
       const Tensor z = logits.slice(1, chunks[k], chunks[k + 1] - chunks[k]).clone();
-      be.ce_chunk_forward(z, targets, shard0 + chunks[k], m, s, zt);
+      be.ce_chunk_forward(z, targets, shard0 + chunks[k], softcap, m, s, zt);
     }
     Tensor g = m.clone();  // a "global" max above the local one, as over tensor-parallel shards
     for (int64_t i = 0; i < n; ++i) g.data<float>()[i] += float(i % 3);
@@ -462,19 +462,30 @@ TEST(Bf16Ops, ChunkedCrossEntropyWithOffsetsAndMaskedTargets) {
     const int64_t w = chunks[k + 1] - chunks[k];
     const Tensor z = logits.slice(1, chunks[k], w).clone();
     Tensor d1 = Tensor::empty({n, w}, DType::BF16), d2 = d1.clone();
-    b.fast.ce_chunk_backward(z, lse2, targets, shard0 + chunks[k], d1);
-    b.ref.ce_chunk_backward(z, lse2, targets, shard0 + chunks[k], d2);
+    b.fast.ce_chunk_backward(z, lse2, targets, shard0 + chunks[k], softcap, d1);
+    b.ref.ce_chunk_backward(z, lse2, targets, shard0 + chunks[k], softcap, d2);
     expect_close(d1, d2, kBf16Tol, fmt::format("dlogits chunk {}", k));
     // fp32 dlogits in place over the logits (dtypes agree)
     Tensor in_place = z.clone(), d32 = Tensor::empty({n, w}, DType::F32);
-    b.fast.ce_chunk_backward(in_place, lse2, targets, shard0 + chunks[k], in_place);
-    b.ref.ce_chunk_backward(z, lse2, targets, shard0 + chunks[k], d32);
+    b.fast.ce_chunk_backward(in_place, lse2, targets, shard0 + chunks[k], softcap, in_place);
+    b.ref.ce_chunk_backward(z, lse2, targets, shard0 + chunks[k], softcap, d32);
     expect_close(in_place, d32, kF32Tol, fmt::format("in-place fp32 dlogits chunk {}", k));
     for (int64_t i = 0; i < n; ++i) {
       if (targets.data<int32_t>()[i] >= 0) continue;
       for (int64_t j = 0; j < w; ++j) ASSERT_EQ(d1.data<bf16>()[i * w + j].bits, 0) << "masked row " << i;
     }
   }
+}
+
+TEST(Bf16Ops, ChunkedCrossEntropyWithOffsetsAndMaskedTargets) {
+  SKIP_WITHOUT_BF16();
+  check_chunked_cross_entropy(0.0);
+}
+
+// Logits of scale 8 against a cap of 5: most of them on tanh's curved part or saturated.
+TEST(Bf16Ops, ChunkedCrossEntropyWithSoftcap) {
+  SKIP_WITHOUT_BF16();
+  check_chunked_cross_entropy(5.0);
 }
 
 TEST(Bf16Ops, CpuFeaturesAreReported) {

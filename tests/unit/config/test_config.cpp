@@ -183,6 +183,81 @@ TEST(Config, LayoutErrorsBeforeTraining) {
   EXPECT_NE(e.find("cycle"), std::string::npos) << e;
 }
 
+// Megatron's virtual pipeline keys onto virtual_pipeline_model_parallel_size (tiny: 2 layers).
+TEST(Config, VirtualPipelineKeysFollowMegatronsRule) {
+  TempDir d;
+  auto f = d.write("c.yaml", kBase);
+  using Overrides = std::vector<std::pair<std::string, std::string>>;
+  // The chunks per rank (1f1b with more than one runs interleaved-1f1b: plan/parallel_layout.cpp,
+  // PipelineLayout.PlanTakesTheLayoutsStagesAndVpp).
+  ExperimentConfig c = load_experiment(f, Overrides{{"num_virtual_stages_per_pipeline_rank", "2"}});
+  EXPECT_EQ(c.train.virtual_pipeline_model_parallel_size, 2);
+  c = load_experiment(f, Overrides{{"num_virtual_stages_per_pipeline_rank", "2"}, {"pipeline_schedule", "zbv"}});
+  EXPECT_EQ(c.train.pipeline_schedule, "zbv");
+  c = load_experiment(f, Overrides{{"num_virtual_stages_per_pipeline_rank", "1"}});
+  EXPECT_EQ(c.train.virtual_pipeline_model_parallel_size, 1);
+  c = load_experiment(f, Overrides{{"num_virtual_stages_per_pipeline_rank", "null"}});
+  EXPECT_EQ(c.train.virtual_pipeline_model_parallel_size, 0);
+  // Layers per chunk: (num_layers / pp) / it.
+  c = load_experiment(f, Overrides{{"num_layers_per_virtual_pipeline_stage", "1"},
+                                   {"num_layers", "8"},
+                                   {"pipeline_model_parallel_size", "2"}});
+  EXPECT_EQ(c.train.virtual_pipeline_model_parallel_size, 4);
+  // Agreeing with virtual_pipeline_model_parallel_size is fine (the resolved config writes both).
+  c = load_experiment(f, Overrides{{"num_virtual_stages_per_pipeline_rank", "2"},
+                                   {"virtual_pipeline_model_parallel_size", "2"}});
+  EXPECT_EQ(c.train.virtual_pipeline_model_parallel_size, 2);
+  EXPECT_NE(c.resolved_yaml().find("virtual_pipeline_model_parallel_size: 2"), std::string::npos);
+  // Refused by name.
+  std::string e = error_of([&] {
+    load_experiment(f, Overrides{{"num_virtual_stages_per_pipeline_rank", "2"},
+                                 {"pipeline_model_parallel_layout", "Et|tL"}});
+  });
+  EXPECT_NE(e.find("pipeline_model_parallel_layout sets the stages and with them the chunks per rank; unset "
+                   "num_virtual_stages_per_pipeline_rank"),
+            std::string::npos)
+      << e;
+  e = error_of([&] {
+    load_experiment(f, Overrides{{"num_virtual_stages_per_pipeline_rank", "2"},
+                                 {"num_layers_per_virtual_pipeline_stage", "1"}});
+  });
+  EXPECT_NE(e.find("set one of num_virtual_stages_per_pipeline_rank (2) and num_layers_per_virtual_pipeline_stage (1)"),
+            std::string::npos)
+      << e;
+  e = error_of([&] {
+    load_experiment(f, Overrides{{"num_virtual_stages_per_pipeline_rank", "2"},
+                                 {"virtual_pipeline_model_parallel_size", "3"}});
+  });
+  EXPECT_NE(e.find("num_virtual_stages_per_pipeline_rank gives 2 model chunks per pipeline rank, "
+                   "virtual_pipeline_model_parallel_size says 3"),
+            std::string::npos)
+      << e;
+  e = error_of([&] {
+    load_experiment(f, Overrides{{"num_layers_per_virtual_pipeline_stage", "3"},
+                                 {"num_layers", "8"},
+                                 {"pipeline_model_parallel_size", "2"}});
+  });
+  EXPECT_NE(e.find("the 4 layers per pipeline stage (num_layers 8 / pipeline_model_parallel_size 2) are not divisible "
+                   "by num_layers_per_virtual_pipeline_stage 3"),
+            std::string::npos)
+      << e;
+  e = error_of([&] {
+    load_experiment(f, Overrides{{"num_layers_per_virtual_pipeline_stage", "1"},
+                                 {"num_layers", "7"},
+                                 {"pipeline_model_parallel_size", "2"}});
+  });
+  EXPECT_NE(e.find("needs num_layers (7) divisible by pipeline_model_parallel_size (2)"), std::string::npos) << e;
+  e = error_of([&] {
+    load_experiment(f, Overrides{{"num_layers_per_virtual_pipeline_stage", "1"},
+                                 {"num_layers", "8"},
+                                 {"pipeline_model_parallel_size", "2"},
+                                 {"decoder_first_pipeline_num_layers", "3"}});
+  });
+  EXPECT_NE(e.find("with an uneven first or last stage"), std::string::npos) << e;
+  e = error_of([&] { load_experiment(f, Overrides{{"num_virtual_stages_per_pipeline_rank", "-2"}}); });
+  EXPECT_NE(e.find("num_virtual_stages_per_pipeline_rank must be positive"), std::string::npos) << e;
+}
+
 TEST(Config, ReferenceDocMatchesTheCode) {
   // docs/config.md carries the table generated from training_keys(); regenerate it with
   // `primus-cli direct -- train pretrain --config-reference` when keys change.

@@ -1,5 +1,6 @@
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <map>
 #include <vector>
@@ -80,6 +81,34 @@ TEST(Generation, KVCacheLogitsEqualAFullForwardWithMlaAndMoe) {
   s.moe_router_topk = 2;
   s.moe_layer_freq = 2;
   expect_cached_equals_full(s);
+}
+
+// Grok 2's final_logit_softcapping: decoding and the full forward give the capped logits, those of
+// the uncapped model passed through cap * tanh(x / cap), all inside (-cap, cap).
+TEST(Generation, SoftcappedLogitsInDecodingAndTheFullForward) {
+  ModelSpec s = gen_spec();
+  s.init_method_std = 0.5;  // logits of several units against a cap of 2
+  s.final_logit_softcapping = 2.0;
+  expect_cached_equals_full(s);
+  ModelSpec plain = s;
+  plain.final_logit_softcapping = 0;
+  LlamaModel capped(s, cpu::cpu_backend(), Precision::Fp32), uncapped(plain, cpu::cpu_backend(), Precision::Fp32);
+  capped.init_weights(3);
+  uncapped.init_weights(3);
+  const std::vector<int32_t> prompt{4, 9, 1, 30};
+  KVCacheDecoder a(capped, 24), b(uncapped, 24);
+  std::vector<float> za, zb;
+  for (const int32_t t : prompt) {
+    za = a.step(t);
+    zb = b.step(t);
+  }
+  float widest = 0;
+  for (size_t v = 0; v < za.size(); ++v) {
+    EXPECT_NEAR(za[v], 2.0f * std::tanh(zb[v] / 2.0f), 1e-6f) << v;
+    EXPECT_LT(std::fabs(za[v]), 2.0f);
+    widest = std::max(widest, std::fabs(zb[v]));
+  }
+  EXPECT_GT(widest, 2.0f);  // the cap did bend some logits
 }
 
 static void expect_cached_equals_full(const ModelSpec& spec) {

@@ -82,6 +82,33 @@ TEST(ModelGrads, ChunkedCrossEntropyMatchesFiniteDifferences) {
   check_model_grads(tiny_spec(false, false), opt);
 }
 
+// Grok 2's final_logit_softcapping, fused into the cross-entropy: stored logits and vocabulary
+// chunks (the cap recomputed with each chunk's logits in the backward).
+TEST(ModelGrads, FinalLogitSoftcapMatchesFiniteDifferences) {
+  ModelSpec s = tiny_spec(false, false);
+  s.final_logit_softcapping = 0.7;
+  check_model_grads(s, {});
+  LlamaOptions chunks;
+  chunks.logits_memory_budget = 0;
+  chunks.vocab_chunk = 4;
+  check_model_grads(s, chunks);
+}
+
+// Megatron's rotary_scaling_factor scales YaRN, which only multi-latent attention uses here (as in
+// Megatron, where the GQA models' rope reads rope_scaling_factor with use_rope_scaling): Grok 2's
+// rotary_scaling_factor 16 leaves its plain RoPE as it is.
+TEST(Model, RotaryScalingFactorLeavesPlainRopeAlone) {
+  ModelSpec a = tiny_spec(false, false), b = a;
+  b.rotary_scaling_factor = 16;
+  LlamaModel ma(a, cpu::cpu_backend(), Precision::Fp64), mb(b, cpu::cpu_backend(), Precision::Fp64);
+  ma.init_weights(7);
+  mb.init_weights(7);
+  const Batch x = make_batch(2, 6, a.vocab_size, 3, false);
+  LlamaContext ca, cb;
+  EXPECT_EQ(ma.forward(ca, x.tokens.data(), x.targets.data(), x.b, x.s),
+            mb.forward(cb, x.tokens.data(), x.targets.data(), x.b, x.s));
+}
+
 TEST(ModelGrads, Llama31RopeScalingMatchesFiniteDifferences) {
   auto spec = tiny_spec(false, false);
   spec.use_rope_scaling = true;

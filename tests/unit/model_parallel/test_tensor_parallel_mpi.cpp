@@ -18,6 +18,7 @@ struct Case {
   Recompute recompute;
   size_t logits_budget;  // 0: vocabulary chunks in the cross-entropy
   bool lora = false;     // LoRA adapters (B drawn non-zero), the base frozen
+  double softcap = 0;    // final_logit_softcapping (Grok 2's), on each rank's vocabulary shard
 };
 
 void run_case(const Case& c) {
@@ -25,7 +26,8 @@ void run_case(const Case& c) {
   if (world.size() % c.tp != 0) GTEST_SKIP() << "world " << world.size() << " not divisible by tp " << c.tp;
   // tp groups of consecutive ranks; each group checks the same thing.
   auto tp = world.split(world.rank() / c.tp, world.rank(), "tp");
-  const ModelSpec spec = mp_spec(c.tied, c.bias, 4, 2);
+  ModelSpec spec = mp_spec(c.tied, c.bias, 4, 2);
+  spec.final_logit_softcapping = c.softcap;
   LlamaOptions opt;
   opt.recompute = c.recompute;
   if (c.lora) {
@@ -86,6 +88,11 @@ TEST(TensorParallel, Tp4SequenceParallelSelectiveRecompute) {
   run_case({4, true, true, false, Recompute::Selective, size_t(512) << 20});
 }
 TEST(TensorParallel, Tp4ChunkedVocab) { run_case({4, false, false, false, Recompute::None, 0}); }
+// The capped logits' loss combined over the vocabulary shards, stored and in chunks.
+TEST(TensorParallel, Tp2FinalLogitSoftcap) {
+  run_case({2, false, false, false, Recompute::None, size_t(512) << 20, false, 0.5});
+  run_case({2, true, false, false, Recompute::None, 0, false, 0.5});
+}
 
 TEST(TensorParallel, SequenceParallelNeedsDivisibleTokens) {
   auto& world = parallel::mpi_world();

@@ -85,6 +85,39 @@ TEST(MoeSpec, PrimusYamlPresetsNearTheAnnouncedSizes) {
   }
 }
 
+// Grok as Primus defines it (configs/models/grok{1,2}.yaml; docs/model_math.md, Grok): the counts
+// of these shapes, and where they meet the published figures.
+TEST(MoeSpec, GrokPresetCountsAndThePublishedFigures) {
+  const ModelSpec g1 = load_model_spec("grok1");
+  const ModelStats s1 = model_stats(g1, 4096);
+  EXPECT_EQ(s1.parameters, 315'271'944'192);
+  EXPECT_EQ(s1.active_parameters, 83'343'710'208);  // 2 of 8 experts, the input embedding counted
+  // The 64 decoder layers alone hold 314.88B: xai-org/grok-1's "314B". The rest is the embedding
+  // and output layer of Primus's 32000-token tokenizer (and the final norm).
+  const int64_t layers1 = s1.non_embedding_parameters - g1.hidden_size;
+  EXPECT_EQ(layers1, 314'878'722'048);
+  EXPECT_EQ(layers1 / 1'000'000'000, 314);
+  EXPECT_EQ(s1.parameters - s1.active_parameters, 64 * 6 * 3 * 6144 * int64_t(32768));  // 6 idle experts a layer
+
+  const ModelSpec g2 = load_model_spec("grok2");
+  const ModelStats s2 = model_stats(g2, 4096);
+  EXPECT_EQ(s2.parameters, 216'351'645'696);
+  EXPECT_EQ(s2.active_parameters, 61'732'823'040);  // Primus's comment: 62B active
+  EXPECT_EQ((s2.active_parameters + 500'000'000) / 1'000'000'000, 62);
+  // Primus's comment says 270B in all: Grok-2 as released also has a dense MLP of 32768 beside the
+  // experts in every layer ("residual_moe") and a 131072-token vocabulary, which Primus's YAML
+  // leaves out; with them (output layer untied) the same shapes count 269.5B.
+  const int64_t h = g2.hidden_size;
+  const int64_t released = s2.parameters + 64 * 3 * h * int64_t(32768) + 2 * (131072 - g2.vocab_size) * h;
+  EXPECT_EQ(released, 269'514'448'896);
+  EXPECT_EQ((released + 500'000'000) / 1'000'000'000, 270);
+  // The soft-caps and rotary_scaling_factor are not parameters: the spec as Primus writes it.
+  EXPECT_EQ(g2.final_logit_softcapping, 50.0);
+  EXPECT_EQ(g2.router_logit_softcapping, 30.0);
+  EXPECT_EQ(g2.rotary_scaling_factor, 16.0);
+  EXPECT_EQ(g1.final_logit_softcapping, 0.0);
+}
+
 TEST(MoeSpec, LayerFreqIntegerListAndExpression) {
   ModelSpec a = tiny_moe("moe_layer_freq: 2\n");
   a.validate();

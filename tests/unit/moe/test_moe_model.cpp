@@ -183,8 +183,34 @@ TEST(MoeModel, StatsCountEveryChoiceAndBiasMoves) {
   }
 }
 
-TEST(MoeModel, Bf16MatchesFp32AtBf16Resolution) {
+// Grok 2's soft-capping (kernels/softcap.h), caps small enough to bend these tiny logits: the final
+// logits' (fused into the cross-entropy) and the router's (on the host, z-loss included).
+ModelSpec tiny_grok() {
   ModelSpec s = tiny_moe(false);
+  s.final_logit_softcapping = 0.6;
+  s.router_logit_softcapping = 0.3;
+  return s;
+}
+
+TEST(MoeModel, GrokSoftcapsGradientsMatchFiniteDifferences) { check_grads(tiny_grok()); }
+
+// Each cap changes the loss (so each is applied), and the final cap bounds what decoding samples from.
+TEST(MoeModel, GrokSoftcapsEnterTheForward) {
+  const Batch x = make_batch(2, 4, 7, 9);
+  auto loss_of = [&](const ModelSpec& s) {
+    LlamaModel m(s, cpu::cpu_backend(), Precision::Fp64);
+    m.init_weights(5);
+    return objective(m, x);
+  };
+  ModelSpec no_final = tiny_grok(), no_router = tiny_grok();
+  no_final.final_logit_softcapping = 0;
+  no_router.router_logit_softcapping = 0;
+  const double both = loss_of(tiny_grok());
+  EXPECT_GT(std::fabs(both - loss_of(no_final)), 1e-6);
+  EXPECT_GT(std::fabs(both - loss_of(no_router)), 1e-6);
+}
+
+void check_bf16_against_fp32(ModelSpec s) {
   s.hidden_size = 32;
   s.num_attention_heads = 4;
   s.init_method_std = 0.02;
@@ -212,6 +238,15 @@ TEST(MoeModel, Bf16MatchesFp32AtBf16Resolution) {
     nb += double(gb[i]) * gb[i];
   }
   EXPECT_GT(dot / std::sqrt(na * nb), 0.99);
+}
+
+TEST(MoeModel, Bf16MatchesFp32AtBf16Resolution) { check_bf16_against_fp32(tiny_moe(false)); }
+
+TEST(MoeModel, GrokSoftcapsBf16MatchesFp32AtBf16Resolution) {
+  ModelSpec s = tiny_grok();
+  s.final_logit_softcapping = 0.05;  // the logits of init_method_std 0.02, bent by the cap
+  s.router_logit_softcapping = 0.02;
+  check_bf16_against_fp32(s);
 }
 
 TEST(MoeModel, LearnsARepeatingSequence) {

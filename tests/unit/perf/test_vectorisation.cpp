@@ -48,9 +48,9 @@ TEST(Vectorisation, CrossEntropyRowPassesRunFarBelowTheScalarLoop) {
     std::copy_n(logits.data<float>(), n * v, z.data<float>());
     double t0 = thread_seconds();
     be.ce_init(m, s, zt);
-    be.ce_chunk_forward(z, targets, 0, m, s, zt);
+    be.ce_chunk_forward(z, targets, 0, 0.0, m, s, zt);
     loss_backend = be.ce_finish(m, s, zt, targets, lse) / double(n);
-    be.ce_chunk_backward(z, lse, targets, 0, z);
+    be.ce_chunk_backward(z, lse, targets, 0, 0.0, z);
     const double t_backend = thread_seconds() - t0;
 
     std::copy_n(logits.data<float>(), n * v, scalar_z.data());

@@ -276,15 +276,16 @@ void Bf16Backend::ce_init(Tensor& row_max, Tensor& row_sum, Tensor& target_logit
   ReferenceBackend().ce_init(row_max, row_sum, target_logit);
 }
 
-void Bf16Backend::ce_chunk_forward(const Tensor& logits, const Tensor& targets, int64_t c0, Tensor& row_max,
-                                   Tensor& row_sum, Tensor& target_logit) {
+void Bf16Backend::ce_chunk_forward(const Tensor& logits, const Tensor& targets, int64_t c0, double softcap,
+                                   Tensor& row_max, Tensor& row_sum, Tensor& target_logit) {
   expect(logits, DType::F32, "ce logits");
   const int64_t n = logits.size(0), vc = logits.size(1);
   expect(targets, DType::I32, n, "ce targets");
   expect(row_max, DType::F32, n, "ce row_max");
   expect(row_sum, DType::F32, n, "ce row_sum");
   expect(target_logit, DType::F32, n, "ce target_logit");
-  bf16k::ce_chunk_forward(F(logits), targets.data<int32_t>(), n, vc, c0, F(row_max), F(row_sum), F(target_logit));
+  bf16k::ce_chunk_forward(F(logits), targets.data<int32_t>(), n, vc, c0, float(softcap), F(row_max), F(row_sum),
+                          F(target_logit));
 }
 
 void Bf16Backend::ce_merge_max(Tensor& row_max, Tensor& row_sum, const Tensor& global_max) {
@@ -303,7 +304,7 @@ double Bf16Backend::ce_finish(const Tensor& row_max, const Tensor& row_sum, cons
 }
 
 void Bf16Backend::ce_chunk_backward(const Tensor& logits, const Tensor& lse, const Tensor& targets, int64_t c0,
-                                    Tensor& dlogits) {
+                                    double softcap, Tensor& dlogits) {
   expect(logits, DType::F32, "ce logits");
   const int64_t n = logits.size(0), vc = logits.size(1);
   expect(lse, DType::F32, n, "ce lse");
@@ -311,10 +312,12 @@ void Bf16Backend::ce_chunk_backward(const Tensor& logits, const Tensor& lse, con
   check_host(dlogits, "ce dlogits");
   PRIMUS_CHECK(dlogits.numel() == n * vc, "ce dlogits {} for logits {}", dlogits.shape_str(), logits.shape_str());
   if (dlogits.dtype() == DType::BF16) {
-    bf16k::ce_chunk_backward(F(logits), F(lse), targets.data<int32_t>(), n, vc, c0, U(dlogits), nullptr);
+    bf16k::ce_chunk_backward(F(logits), F(lse), targets.data<int32_t>(), n, vc, c0, float(softcap), U(dlogits),
+                             nullptr);
   } else {
     expect(dlogits, DType::F32, "ce dlogits");
-    bf16k::ce_chunk_backward(F(logits), F(lse), targets.data<int32_t>(), n, vc, c0, nullptr, F(dlogits));
+    bf16k::ce_chunk_backward(F(logits), F(lse), targets.data<int32_t>(), n, vc, c0, float(softcap), nullptr,
+                             F(dlogits));
   }
 }
 

@@ -222,33 +222,44 @@ void cast_bf16_to_f32(const uint16_t* src, float* dst, int64_t n) {
   }
 }
 
+// Soft-capping (kernels/softcap.h): cap * tanh(x / cap), tanh as (e - 1) / (e + 1) with e = exp(2y)
+// (exp512 saturates, so the cap saturates to +-cap). cap <= 0: x.
+inline __m512 softcap512(__m512 x, float cap) {
+  if (!(cap > 0.0f)) return x;
+  const __m512 c = _mm512_set1_ps(cap), one = _mm512_set1_ps(1.0f);
+  const __m512 e = exp512(_mm512_mul_ps(x, _mm512_set1_ps(2.0f / cap)));
+  return _mm512_mul_ps(c, _mm512_div_ps(_mm512_sub_ps(e, one), _mm512_add_ps(e, one)));
+}
+
 // Per row: the running max over this chunk, the running sum of exp(z - max) re-based to it, and
-// the target's logit when the target falls in the chunk.
-void ce_chunk_forward(const float* logits, const int32_t* targets, int64_t n, int64_t vc, int64_t c0, float* row_max,
-                      float* row_sum, float* target_logit) {
+// the target's logit when the target falls in the chunk (z soft-capped when cap > 0).
+void ce_chunk_forward(const float* logits, const int32_t* targets, int64_t n, int64_t vc, int64_t c0, float cap,
+                      float* row_max, float* row_sum, float* target_logit) {
 #pragma omp parallel for schedule(static) if(n * vc >= kParallelMin)
   for (int64_t i = 0; i < n; ++i) {
     const float* z = logits + i * vc;
     __m512 mx = _mm512_set1_ps(row_max[i]);
     for (int64_t j = 0; j < vc; j += 16) {
       const __mmask16 m = tail_mask(vc - j);
-      mx = _mm512_mask_max_ps(mx, m, mx, _mm512_maskz_loadu_ps(m, z + j));
+      mx = _mm512_mask_max_ps(mx, m, mx, softcap512(_mm512_maskz_loadu_ps(m, z + j), cap));
     }
     const float M = _mm512_reduce_max_ps(mx);
     const __m512 Mv = _mm512_set1_ps(M);
     __m512 sum = _mm512_setzero_ps();
     for (int64_t j = 0; j < vc; j += 16) {
       const __mmask16 m = tail_mask(vc - j);
-      sum = _mm512_add_ps(sum, _mm512_maskz_mov_ps(m, exp512(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, z + j), Mv))));
+      const __m512 zc = softcap512(_mm512_maskz_loadu_ps(m, z + j), cap);
+      sum = _mm512_add_ps(sum, _mm512_maskz_mov_ps(m, exp512(_mm512_sub_ps(zc, Mv))));
     }
     row_sum[i] = (row_sum[i] == 0.0f ? 0.0f : row_sum[i] * std::exp(row_max[i] - M)) + _mm512_reduce_add_ps(sum);
     row_max[i] = M;
-    if (targets[i] >= c0 && targets[i] < c0 + vc) target_logit[i] = z[targets[i] - c0];
+    if (targets[i] >= c0 && targets[i] < c0 + vc)
+      target_logit[i] = _mm512_cvtss_f32(softcap512(_mm512_set1_ps(z[targets[i] - c0]), cap));
   }
 }
 
-void ce_chunk_backward(const float* logits, const float* lse, const int32_t* targets, int64_t n, int64_t vc,
-                       int64_t c0, uint16_t* dlogits_bf16, float* dlogits_f32) {
+void ce_chunk_backward(const float* logits, const float* lse, const int32_t* targets, int64_t n, int64_t vc, int64_t c0,
+                       float cap, uint16_t* dlogits_bf16, float* dlogits_f32) {
 #pragma omp parallel for schedule(static) if(n * vc >= kParallelMin)
   for (int64_t i = 0; i < n; ++i) {
     const float* z = logits + i * vc;  // may be dlogits_f32 itself: each element is read before it is written
@@ -256,9 +267,14 @@ void ce_chunk_backward(const float* logits, const float* lse, const int32_t* tar
     const __m512 l = _mm512_set1_ps(lse[i]);
     for (int64_t j = 0; j < vc; j += 16) {
       const __mmask16 m = tail_mask(vc - j);
-      __m512 d = t < 0 ? _mm512_setzero_ps() : exp512(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, z + j), l));
+      const __m512 zc = softcap512(_mm512_maskz_loadu_ps(m, z + j), cap);
+      __m512 d = t < 0 ? _mm512_setzero_ps() : exp512(_mm512_sub_ps(zc, l));
       if (t >= c0 + j && t < c0 + j + 16)  // the target's column: p - 1, rounded once
         d = _mm512_mask_sub_ps(d, __mmask16(1u << (t - c0 - j)), d, _mm512_set1_ps(1.0f));
+      if (cap > 0.0f) {  // times the cap's slope 1 - (z / cap)^2
+        const __m512 u = _mm512_mul_ps(zc, _mm512_set1_ps(1.0f / cap));
+        d = _mm512_mul_ps(d, _mm512_fnmadd_ps(u, u, _mm512_set1_ps(1.0f)));
+      }
       if (dlogits_bf16)
         store_bf16(dlogits_bf16 + i * vc + j, d, m);
       else

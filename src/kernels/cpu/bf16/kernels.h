@@ -40,11 +40,12 @@ void cast_f32_to_bf16(const float* src, uint16_t* dst, int64_t n);
 void cast_bf16_to_f32(const uint16_t* src, float* dst, int64_t n);
 
 // Cross-entropy over a chunk of fp32 logits [n, vc] whose columns are vocabulary ids c0 ..
-// c0 + vc (kernels/backend.h).
-void ce_chunk_forward(const float* logits, const int32_t* targets, int64_t n, int64_t vc, int64_t c0, float* row_max,
-                      float* row_sum, float* target_logit);
-// dlogits = softmax - onehot (masked rows 0), bf16 (or fp32, which may be logits itself).
-void ce_chunk_backward(const float* logits, const float* lse, const int32_t* targets, int64_t n, int64_t vc,
-                       int64_t c0, uint16_t* dlogits_bf16, float* dlogits_f32);
+// c0 + vc (kernels/backend.h), soft-capped first when cap > 0 (kernels/softcap.h).
+void ce_chunk_forward(const float* logits, const int32_t* targets, int64_t n, int64_t vc, int64_t c0, float cap,
+                      float* row_max, float* row_sum, float* target_logit);
+// dlogits = softmax - onehot (masked rows 0), times the cap's slope when cap > 0; bf16 (or fp32,
+// which may be logits itself).
+void ce_chunk_backward(const float* logits, const float* lse, const int32_t* targets, int64_t n, int64_t vc, int64_t c0,
+                       float cap, uint16_t* dlogits_bf16, float* dlogits_f32);
 
 }  // namespace primus::cpu::bf16k
