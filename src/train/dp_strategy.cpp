@@ -80,13 +80,6 @@ class BucketedStrategy : public DataParallelStrategy {
     mp_.sum_tensor_parallel(whole);
   }
   const Tensor& gradients() const override { return model_.params().grads(); }
-  void load_values(std::span<const float> full) override {
-    Tensor loaded = Tensor::empty({model_.params().numel()});
-    std::copy(full.begin(), full.end(), loaded.data<float>());
-    Tensor values = model_.params().values();  // a handle on the store's buffer (on the GPU for a device store)
-    values.copy_from(loaded);
-    model_.sync_working_weights();
-  }
   DpMemory memory() const override {
     const ParamStore& params = model_.params();
     DpMemory m;
@@ -104,6 +97,27 @@ class BucketedStrategy : public DataParallelStrategy {
  protected:
   BucketedStrategy(const DpSetup& s, parallel::GradReduce reduce);
   virtual double optimizer_bytes() const = 0;
+  // Resume targets: the store's values (and, with m and v, the moments of the tensors from
+  // `first_moment` on: m and v hold flat element `moment_begin` first), as runs of tensors that
+  // the same replicas hold (dp x cp; the experts edp x cp).
+  void add_replicated_targets(ResidentLoad& load, int first_moment, int64_t moment_begin, float* m, float* v) {
+    const ParamStore& params = model_.params();
+    const auto& infos = params.infos();
+    float* values = load.tensor(params.values(), 0, params.numel());
+    const auto replicas = [&](size_t t) {
+      return experts_ && experts_->is_expert(int(t)) ? groups_.edp_cp.get() : &gradient_group_;
+    };
+    for (size_t t = 0; t < infos.size();) {
+      size_t u = t + 1;
+      while (u < infos.size() && replicas(u) == replicas(t) && int(u) != first_moment) ++u;
+      const int64_t b = infos[t].offset, e = infos[u - 1].offset + infos[u - 1].numel;
+      const bool moments = m && int(t) >= first_moment;
+      load.add(b, e - b,
+               {values + b, moments ? m + (b - moment_begin) : nullptr, moments ? v + (b - moment_begin) : nullptr},
+               replicas(t));
+      t = u;
+    }
+  }
   // The experts' squared gradient sum over the whole model (collective over ep and mp), 0 without
   // expert parallelism. replicated: the plain AdamW (nullptr under ZeRO-1).
   double experts_sq_sum(const FlatAdamW* replicated) const {
@@ -189,8 +203,15 @@ class ReplicatedStrategy final : public BucketedStrategy {
     full.exp_avg_sq = whole(adam_->exp_avg_sq());
     return full;
   }
-  void load_optimizer(int64_t step, std::span<const float> m, std::span<const float> v) override {
-    adam_->set_state(step, m.data() + begin_, v.data() + begin_);
+  void load_targets(ResidentLoad& load, bool optimizer) override {
+    const int64_t n = model_.params().numel() - begin_;
+    float* m = optimizer && n > 0 ? load.moment(*adam_, false, 0, n) : nullptr;
+    float* v = optimizer && n > 0 ? load.moment(*adam_, true, 0, n) : nullptr;
+    add_replicated_targets(load, first_, begin_, m, v);
+  }
+  void finish_load(int64_t step, bool optimizer) override {
+    model_.sync_working_weights();
+    if (optimizer) adam_->set_state(step, nullptr, nullptr);
   }
   // Every tensor is whole here and on its replicas (dp x cp; the experts' edp x cp): each writes a share.
   DpShardState shard_state() const override {
@@ -284,28 +305,33 @@ class DistributedOptimizerStrategy final : public BucketedStrategy {
                r.adam->moment_range(true, r.adam_offset, r.numel, b.copies())});
     return b.take();
   }
-  // Its optimizer shards (the dense step's, whole) and the experts' state ranges: what
-  // load_optimizer reads, so that a resume reads only these moments.
-  std::vector<std::pair<int64_t, int64_t>> optimizer_load_ranges() const override {
-    std::vector<std::pair<int64_t, int64_t>> r;
+  // The values whole (replicated over dp x cp), the moments of its optimizer shards (as
+  // shard_state writes them: the dense step's state at the experts' places is not theirs and
+  // stays 0) and of the experts' state ranges.
+  void load_targets(ResidentLoad& load, bool optimizer) override {
+    add_replicated_targets(load, 0, 0, nullptr, nullptr);
+    if (!optimizer) return;
+    const auto& infos = model_.params().infos();
     for (const parallel::DistributedOptimizer::Shard& sh : dist_->shards())
-      if (sh.numel > 0) r.push_back({sh.begin, sh.numel});
+      for (size_t t = 0; t < infos.size(); ++t) {
+        if (experts_ && experts_->is_expert(int(t))) continue;
+        const int64_t lo = std::max(sh.begin, infos[t].offset), hi = std::min(sh.begin + sh.numel, infos[t].offset + infos[t].numel);
+        if (lo >= hi) continue;
+        load.add(lo, hi - lo,
+                 {nullptr, load.moment(*sh.adam, false, lo - sh.begin, hi - lo),
+                  load.moment(*sh.adam, true, lo - sh.begin, hi - lo)});
+      }
     if (experts_)
-      for (const ExpertGradients::StateRange& e : experts_->state_ranges())
-        if (e.numel > 0) r.push_back({e.begin, e.numel});
-    std::sort(r.begin(), r.end());
-    std::vector<std::pair<int64_t, int64_t>> merged;  // sorted and disjoint, as LoadOptions wants
-    for (const auto& [b, n] : r) {
-      if (!merged.empty() && b <= merged.back().first + merged.back().second)
-        merged.back().second = std::max(merged.back().second, b + n - merged.back().first);
-      else
-        merged.push_back({b, n});
-    }
-    return merged;
+      for (const ExpertGradients::StateRange& r : experts_->state_ranges())
+        load.add(r.begin, r.numel,
+                 {nullptr, load.moment(*r.adam, false, r.adam_offset, r.numel),
+                  load.moment(*r.adam, true, r.adam_offset, r.numel)});
   }
-  void load_optimizer(int64_t step, std::span<const float> m, std::span<const float> v) override {
-    dist_->load_state(step, m.data(), v.data(), int64_t(m.size()));
-    if (experts_) experts_->load_state(step, m.data(), v.data());
+  void finish_load(int64_t step, bool optimizer) override {
+    model_.sync_working_weights();
+    if (!optimizer) return;
+    dist_->load_state(step, nullptr, nullptr, buckets_->buffer_numel());
+    if (experts_) experts_->load_state(step, nullptr, nullptr);
   }
 
  private:
@@ -340,11 +366,8 @@ class ShardedStrategy final : public DataParallelStrategy {
       b.add(h.tensor, h.begin, h.numel, 1, 0, {h.data[0], h.data[1], h.data[2]});
     return b.take();
   }
-  void load_values(std::span<const float> full) override { sharded_->load_values(full.data()); }
-  std::vector<std::pair<int64_t, int64_t>> load_ranges() const override { return sharded_->read_ranges(); }
-  void load_optimizer(int64_t step, std::span<const float> m, std::span<const float> v) override {
-    sharded_->load_state(step, m.data(), v.data());
-  }
+  void load_targets(ResidentLoad& load, bool optimizer) override { sharded_->load_targets(load, optimizer); }
+  void finish_load(int64_t step, bool optimizer) override { sharded_->finish_load(step, optimizer); }
   DpMemory memory() const override {  // the rank's shards (and ZeRO-2's whole working copy)
     return {double(sharded_->parameter_bytes()), double(sharded_->gradient_bytes()),
             double(sharded_->optimizer_bytes())};
