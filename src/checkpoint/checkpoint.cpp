@@ -443,7 +443,7 @@ class CheckpointSave::Impl {
     if (error_.empty() && writer_) maybe_kill_after(shard_file_name(rank_));
     report_.write_ms = ms_since(t0);
     report_.bytes = mine_.bytes;
-    report_.host_buffer_bytes = host_bytes_ + std::min<uint64_t>(kWriteBufferBytes, mine_.bytes);
+    report_.host_buffer_bytes = opt_.source_host_bytes + host_bytes_ + std::min<uint64_t>(kWriteBufferBytes, mine_.bytes);
     done_ = true;
   }
 

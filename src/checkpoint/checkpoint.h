@@ -101,6 +101,9 @@ struct SaveOptions {
   // save pays for allocating (and faulting in) its pages; nullptr: the save's own. It must not be
   // touched until finish() returns.
   std::vector<float>* host_buffer = nullptr;
+  // Host memory the caller holds for this save beside its own state (the host copies of device
+  // buffers that `source` points into), counted in SaveReport::host_buffer_bytes.
+  uint64_t source_host_bytes = 0;
 };
 
 // A contiguous range [begin, begin + numel) of a rank's flat layout (its ParamStore's offsets)
@@ -134,7 +137,8 @@ struct SaveReport {
   uint64_t bytes = 0;           // this rank's shard file
   uint64_t total_bytes = 0;     // every rank's shard files
   int writers = 0;              // ranks that wrote a file
-  uint64_t host_buffer_bytes = 0;      // host memory this rank's save held: async copies + staging buffer
+  uint64_t host_buffer_bytes = 0;      // host memory this rank's save held: the caller's host copies
+                                       // (SaveOptions::source_host_bytes), async copies, staging buffer
   uint64_t max_host_buffer_bytes = 0;  // the largest over the ranks
 };
 

@@ -627,8 +627,11 @@ TEST(CheckpointBench, TwoRanksMeasureEveryPhase) {
   EXPECT_EQ(r.save.bytes, r.rank_bytes[0] + r.rank_bytes[1]);
   EXPECT_EQ(r.load.bytes, r.save.bytes);
   EXPECT_EQ(r.load_new.bytes, r.save.bytes);
+  EXPECT_EQ(r.load_all.bytes, r.save.bytes);
+  EXPECT_EQ(r.load_shared.bytes, r.save.bytes);
   EXPECT_NEAR(double(r.rank_bytes[0]), double(r.rank_bytes[1]), 0.2 * double(r.rank_bytes[0]));
-  for (const checkpoint::BenchPhase* ph : {&r.disk_write, &r.disk_read, &r.save, &r.load, &r.load_new}) {
+  for (const checkpoint::BenchPhase* ph :
+       {&r.disk_write, &r.disk_read, &r.save, &r.load, &r.load_new, &r.load_all, &r.load_shared}) {
     EXPECT_GT(ph->seconds, 0);
     EXPECT_EQ(ph->rank_seconds.size(), 2u);
   }
