@@ -288,44 +288,20 @@ class DistributedOptimizerStrategy final : public BucketedStrategy {
     const ParamStore& params = model_.params();
     ShardStateBuilder b(params, groups_);
     const float* values = host_range(params.values(), 0, params.numel(), b.copies());
-    const auto& infos = params.infos();
-    for (const parallel::DistributedOptimizer::Shard& sh : dist_->shards())
-      for (size_t t = 0; t < infos.size(); ++t) {
-        if (experts_ && experts_->is_expert(int(t))) continue;  // the dense step's state there is not theirs
-        const int64_t lo = std::max(sh.begin, infos[t].offset), hi = std::min(sh.begin + sh.numel, infos[t].offset + infos[t].numel);
-        if (lo >= hi) continue;
-        b.add(int(t), lo, hi - lo, 1, 0,
-              {values + lo, sh.adam->moment_range(false, lo - sh.begin, hi - lo, b.copies()),
-               sh.adam->moment_range(true, lo - sh.begin, hi - lo, b.copies())});
-      }
-    if (experts_)
-      for (const ExpertGradients::StateRange& r : experts_->state_ranges())
-        b.add(r.tensor, r.begin, r.numel, 1, 0,
-              {values + r.begin, r.adam->moment_range(false, r.adam_offset, r.numel, b.copies()),
-               r.adam->moment_range(true, r.adam_offset, r.numel, b.copies())});
+    for_each_state_range([&](int t, int64_t begin, int64_t n, FlatAdamW& adam, int64_t at) {
+      b.add(t, begin, n, 1, 0,
+            {values + begin, adam.moment_range(false, at, n, b.copies()), adam.moment_range(true, at, n, b.copies())});
+    });
     return b.take();
   }
-  // The values whole (replicated over dp x cp), the moments of its optimizer shards (as
-  // shard_state writes them: the dense step's state at the experts' places is not theirs and
-  // stays 0) and of the experts' state ranges.
+  // The values whole (replicated over dp x cp), the moments of the ranges shard_state writes
+  // (the dense step's state at the experts' places is not theirs and stays 0).
   void load_targets(ResidentLoad& load, bool optimizer) override {
     add_replicated_targets(load, 0, 0, nullptr, nullptr);
     if (!optimizer) return;
-    const auto& infos = model_.params().infos();
-    for (const parallel::DistributedOptimizer::Shard& sh : dist_->shards())
-      for (size_t t = 0; t < infos.size(); ++t) {
-        if (experts_ && experts_->is_expert(int(t))) continue;
-        const int64_t lo = std::max(sh.begin, infos[t].offset), hi = std::min(sh.begin + sh.numel, infos[t].offset + infos[t].numel);
-        if (lo >= hi) continue;
-        load.add(lo, hi - lo,
-                 {nullptr, load.moment(*sh.adam, false, lo - sh.begin, hi - lo),
-                  load.moment(*sh.adam, true, lo - sh.begin, hi - lo)});
-      }
-    if (experts_)
-      for (const ExpertGradients::StateRange& r : experts_->state_ranges())
-        load.add(r.begin, r.numel,
-                 {nullptr, load.moment(*r.adam, false, r.adam_offset, r.numel),
-                  load.moment(*r.adam, true, r.adam_offset, r.numel)});
+    for_each_state_range([&](int, int64_t begin, int64_t n, FlatAdamW& adam, int64_t at) {
+      load.add(begin, n, {nullptr, load.moment(adam, false, at, n), load.moment(adam, true, at, n)});
+    });
   }
   void finish_load(int64_t step, bool optimizer) override {
     model_.sync_working_weights();
@@ -338,6 +314,20 @@ class DistributedOptimizerStrategy final : public BucketedStrategy {
   double optimizer_bytes() const override {
     return double(dist_->state_bytes()) +
            (experts_ ? 2.0 * double(experts_->state_numel()) * double(sizeof(float)) : 0.0);
+  }
+  // Calls fn(tensor, begin, numel, adam, adam_offset) for the ranges of the flat layout whose AdamW
+  // state this rank holds: its dense shards within each dense tensor, and the experts' state ranges.
+  template <typename Fn>
+  void for_each_state_range(Fn&& fn) const {
+    const auto& infos = model_.params().infos();
+    for (const parallel::DistributedOptimizer::Shard& sh : dist_->shards())
+      for (size_t t = 0; t < infos.size(); ++t) {
+        if (experts_ && experts_->is_expert(int(t))) continue;  // the dense step's state there is not theirs
+        const int64_t lo = std::max(sh.begin, infos[t].offset), hi = std::min(sh.begin + sh.numel, infos[t].offset + infos[t].numel);
+        if (lo < hi) fn(int(t), lo, hi - lo, *sh.adam, lo - sh.begin);
+      }
+    if (experts_)
+      for (const ExpertGradients::StateRange& r : experts_->state_ranges()) fn(r.tensor, r.begin, r.numel, *r.adam, r.adam_offset);
   }
   std::unique_ptr<parallel::DistributedOptimizer> dist_;
 };
