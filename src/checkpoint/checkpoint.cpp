@@ -253,7 +253,7 @@ class Loader {
   std::map<std::string, SavedTensor> index_;
   CheckpointData out_;
   std::map<std::string, std::unique_ptr<ShardReader>> readers_;
-  std::vector<Span> spans_[kSections];  // where the sections go (make_spans)
+  std::vector<Span> spans_[kSections];                   // where the sections go (make_spans)
   ShardBatch batch_;                                     // the runs to read, read together at the end of run()
   std::vector<float> initial_;  // a host copy of the store's values, when a tensor keeps them
 };
@@ -443,7 +443,8 @@ class CheckpointSave::Impl {
     if (error_.empty() && writer_) maybe_kill_after(shard_file_name(rank_));
     report_.write_ms = ms_since(t0);
     report_.bytes = mine_.bytes;
-    report_.host_buffer_bytes = opt_.source_host_bytes + host_bytes_ + std::min<uint64_t>(kWriteBufferBytes, mine_.bytes);
+    report_.host_buffer_bytes = opt_.source_host_bytes + host_bytes_ +
+                                std::min<uint64_t>(kWriteBufferBytes, mine_.bytes);
     done_ = true;
   }
 

@@ -7,7 +7,9 @@ namespace primus::projection {
 namespace {
 
 std::string gib(double b) { return fmt::format("{:.2f} GiB", b / double(1u << 30)); }
-std::string mib_or_gib(double b) { return b < double(1u << 30) ? fmt::format("{:.1f} MiB", b / double(1u << 20)) : gib(b); }
+std::string mib_or_gib(double b) {
+  return b < double(1u << 30) ? fmt::format("{:.1f} MiB", b / double(1u << 20)) : gib(b);
+}
 
 nlohmann::ordered_json layout_json(const Projection& p) {
   const auto& L = p.layout;

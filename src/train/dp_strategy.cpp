@@ -323,11 +323,13 @@ class DistributedOptimizerStrategy final : public BucketedStrategy {
     for (const parallel::DistributedOptimizer::Shard& sh : dist_->shards())
       for (size_t t = 0; t < infos.size(); ++t) {
         if (experts_ && experts_->is_expert(int(t))) continue;  // the dense step's state there is not theirs
-        const int64_t lo = std::max(sh.begin, infos[t].offset), hi = std::min(sh.begin + sh.numel, infos[t].offset + infos[t].numel);
+        const int64_t lo = std::max(sh.begin, infos[t].offset),
+                      hi = std::min(sh.begin + sh.numel, infos[t].offset + infos[t].numel);
         if (lo < hi) fn(int(t), lo, hi - lo, *sh.adam, lo - sh.begin);
       }
     if (experts_)
-      for (const ExpertGradients::StateRange& r : experts_->state_ranges()) fn(r.tensor, r.begin, r.numel, *r.adam, r.adam_offset);
+      for (const ExpertGradients::StateRange& r : experts_->state_ranges())
+        fn(r.tensor, r.begin, r.numel, *r.adam, r.adam_offset);
   }
   std::unique_ptr<parallel::DistributedOptimizer> dist_;
 };

@@ -467,7 +467,8 @@ std::string Trainer::try_restore(const std::string& dir, bool weights_only) {
     log::info("starting from the weights of {} (iteration 0, fresh optimizer)", dir);
     return "";
   }
-  if (!lo.optimizer) ck.state.optimizer_step = 0;  // no_load_optim: the weights and the data position, a fresh optimizer
+  if (!lo.optimizer)
+    ck.state.optimizer_step = 0;  // no_load_optim: the weights and the data position, a fresh optimizer
   state_ = ck.state;
   const std::vector<std::string> fresh_fp8 = model_->linears().load_state(ck.state_values);
   if (rank0_ && !fresh_fp8.empty())

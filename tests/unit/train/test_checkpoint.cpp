@@ -88,8 +88,8 @@ TEST(Checkpoint, AFailedLoadLeavesNothingOfItInTheModel) {
       s.exp.load({{"train_iters", "6"}, {"save_interval", "0"}, {"eval_interval", "0"}, {"overwrite", "true"}}));
   EXPECT_EQ(over.start_iteration, 0);
   test::TinyExperiment fresh_exp;
-  const auto fresh =
-      train::pretrain(fresh_exp.load({{"train_iters", "6"}, {"save_interval", "0"}, {"eval_interval", "0"}}));
+  const auto fresh = train::pretrain(
+      fresh_exp.load({{"train_iters", "6"}, {"save_interval", "0"}, {"eval_interval", "0"}}));
   EXPECT_EQ(over.first_loss, fresh.first_loss);
   EXPECT_EQ(over.last_loss, fresh.last_loss);
 }

@@ -182,9 +182,9 @@ TEST(MemoryEstimate, WeightsGradientsAndOptimizerStateAreWhatTheStrategyHolds) {
       // A checkpoint save: the elements the strategy writes (its shard_state), exactly, and the
       // host memory the save reports for them (12 bytes each, the staging buffer; on the CPU
       // nothing is copied for a sync save).
-      const plan::SaveMemory save = plan::estimate_save_memory(
-          plan::walk_ranks(cfg.model_spec, layout, cfg.train, Precision::Fp32).front(), layout, cfg.train,
-          layout.sharding, false);
+      const plan::SaveMemory save =
+          plan::estimate_save_memory(plan::walk_ranks(cfg.model_spec, layout, cfg.train, Precision::Fp32).front(),
+                                     layout, cfg.train, layout.sharding, false);
       const train::DpShardState shard = strategy->shard_state();
       EXPECT_EQ(save.elements, shard.numel());
       const double copy = 12.0 * double(shard.numel());
