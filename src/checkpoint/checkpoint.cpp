@@ -39,21 +39,7 @@ class Loader {
   }
 
   CheckpointData run() {
-    const size_t n = size_t(params_.numel());
-    if (opt_.into[0]) {
-      if (opt_.optimizer && (!opt_.into[1] || !opt_.into[2]))
-        fail("checkpoint {}: LoadOptions::into names no buffers for the optimizer moments", dir_.string());
-      std::copy(opt_.into, opt_.into + kSections, dst_);
-    } else {
-      out_.params.assign(n, 0.0f);
-      if (opt_.optimizer) {
-        out_.exp_avg.assign(n, 0.0f);
-        out_.exp_avg_sq.assign(n, 0.0f);
-      }
-      dst_[0] = out_.params.data();
-      dst_[1] = out_.exp_avg.data();
-      dst_[2] = out_.exp_avg_sq.data();
-    }
+    make_spans();
     for (const StoredParam& info : params_.infos()) {
       if (const SavedTensor* st = source(info))
         fill(info, *st);
@@ -124,9 +110,50 @@ class Loader {
          shape_str(it->second.global), files_holding(it->second), shape_str(info.global_shape));
   }
 
+  // Where each section's elements go (spans_): LoadOptions::targets (of a range with replicas,
+  // only this rank's share), or `into`, or CheckpointData's full-size buffers (zeros where nothing
+  // is read), each restricted to `ranges` / `optimizer_ranges`.
+  void make_spans() {
+    const int sections = opt_.optimizer ? kSections : 1;
+    if (!opt_.targets.empty()) {
+      for (const LoadTarget& t : opt_.targets) {
+        const int k = t.replicas ? t.replicas->size() : 1, i = t.replicas ? t.replicas->rank() : 0;
+        const int64_t lo = t.numel * i / k, hi = t.numel * (i + 1) / k;  // this replica's share
+        for (int s = 0; s < sections; ++s)
+          if (t.data[s] && hi > lo) spans_[s].push_back({t.begin + lo, hi - lo, t.data[s] + lo});
+      }
+      for (int s = 0; s < sections; ++s) {
+        std::sort(spans_[s].begin(), spans_[s].end(), [](const Span& a, const Span& b) { return a.begin < b.begin; });
+        for (size_t j = 1; j < spans_[s].size(); ++j)
+          PRIMUS_CHECK(spans_[s][j].begin >= spans_[s][j - 1].begin + spans_[s][j - 1].numel,
+                       "LoadOptions::targets overlap in section {}", s);
+      }
+      return;
+    }
+    const size_t n = size_t(params_.numel());
+    float* dst[kSections] = {opt_.into[0], opt_.into[1], opt_.into[2]};
+    if (opt_.into[0]) {
+      if (opt_.optimizer && (!opt_.into[1] || !opt_.into[2]))
+        fail("checkpoint {}: LoadOptions::into names no buffers for the optimizer moments", dir_.string());
+    } else {
+      out_.params.assign(n, 0.0f);
+      if (opt_.optimizer) {
+        out_.exp_avg.assign(n, 0.0f);
+        out_.exp_avg_sq.assign(n, 0.0f);
+      }
+      dst[0] = out_.params.data();
+      dst[1] = out_.exp_avg.data();
+      dst[2] = out_.exp_avg_sq.data();
+    }
+    for (int s = 0; s < sections; ++s) {
+      const auto& ranges = s > 0 && !opt_.optimizer_ranges.empty() ? opt_.optimizer_ranges : opt_.ranges;
+      if (ranges.empty()) spans_[s].push_back({0, params_.numel(), dst[s]});
+      for (const auto& [b, len] : ranges) spans_[s].push_back({b, len, dst[s] + b});
+    }
+  }
+
   void fill(const StoredParam& info, const SavedTensor& st) {
     const int sections = opt_.optimizer ? kSections : 1;
-    float* const* dst = dst_;
     const Placement target = make_placement(info.shape, info.shard.dim, info.shard.pieces);
     std::vector<const Entry*> entries;
     for (const Entry& e : st.entries) entries.push_back(&e);
@@ -137,15 +164,9 @@ class Loader {
                  PRIMUS_CHECK(so >= 0 && so + count <= numel_of(e.place.shape) && d >= 0 && d + count <= info.numel,
                               "tensor {}: copy run outside a local tensor", info.name);
                  const int64_t a = info.offset + d;  // the run, in the flat layout
-                 const auto& moments = opt_.optimizer_ranges.empty() ? opt_.ranges : opt_.optimizer_ranges;
-                 if (sections == 1 || moments == opt_.ranges)
-                   return in_ranges(opt_.ranges, a, count, [&](int64_t lo, int64_t n) {
-                     read_parts(info, e, so + (lo - a), n, 0, sections, dst, lo);
-                   });
-                 in_ranges(opt_.ranges, a, count,
-                           [&](int64_t lo, int64_t n) { read_parts(info, e, so + (lo - a), n, 0, 1, dst, lo); });
-                 in_ranges(moments, a, count,
-                           [&](int64_t lo, int64_t n) { read_parts(info, e, so + (lo - a), n, 1, sections, dst, lo); });
+                 for (int s = 0; s < sections; ++s)
+                   in_spans(spans_[s], a, count,
+                            [&](int64_t at, int64_t n, float* dst) { read_parts(info, e, so + (at - a), n, s, dst); });
                });
              });
     if (!r.gaps.empty())
@@ -153,24 +174,28 @@ class Loader {
            dir_.string(), info.name, shape_str(st.global), gaps_str(r), files_holding(st));
   }
 
-  // Calls fn(begin, count) for the parts of [a, a + count) inside `ranges` (sorted, disjoint;
-  // empty: all of it).
+  // Where a section's elements [begin, begin + numel) of the flat layout go.
+  struct Span {
+    int64_t begin = 0, numel = 0;
+    float* data = nullptr;  // element `begin`
+  };
+
+  // Calls fn(begin, count, dst) for the parts of [a, a + count) inside the spans (sorted,
+  // disjoint), dst being where element `begin` goes.
   template <typename Fn>
-  static void in_ranges(const std::vector<std::pair<int64_t, int64_t>>& ranges, int64_t a, int64_t count, Fn&& fn) {
-    if (ranges.empty()) return fn(a, count);
+  static void in_spans(const std::vector<Span>& spans, int64_t a, int64_t count, Fn&& fn) {
     const int64_t b = a + count;
-    auto it = std::upper_bound(ranges.begin(), ranges.end(), a,
-                               [](int64_t x, const auto& r) { return x < r.first + r.second; });
-    for (; it != ranges.end() && it->first < b; ++it) {
-      const int64_t lo = std::max(a, it->first), hi = std::min(b, it->first + it->second);
-      if (lo < hi) fn(lo, hi - lo);
+    auto it = std::upper_bound(spans.begin(), spans.end(), a,
+                               [](int64_t x, const Span& r) { return x < r.begin + r.numel; });
+    for (; it != spans.end() && it->begin < b; ++it) {
+      const int64_t lo = std::max(a, it->begin), hi = std::min(b, it->begin + it->numel);
+      if (lo < hi) fn(lo, hi - lo, it->data + (lo - it->begin));
     }
   }
 
-  // Reads the saved slice's local elements [so, so + count) of the sections [s0, s1) from the
-  // parts (files) that hold them into element `at` of the sections' flat buffers.
-  void read_parts(const StoredParam& info, const Entry& e, int64_t so, int64_t count, int s0, int s1,
-                  float* const dst[kSections], int64_t at) {
+  // Reads the saved slice's local elements [so, so + count) of one section from the parts (files)
+  // that hold them into dst.
+  void read_parts(const StoredParam& info, const Entry& e, int64_t so, int64_t count, int section, float* dst) {
     for (int64_t x = so, end = so + count; x < end;) {
       const Part* best = nullptr;  // the part that covers x and reaches furthest (parts sorted by begin)
       for (const Part& p : e.parts) {
@@ -185,15 +210,22 @@ class Loader {
         fail("checkpoint {}: tensor {} lies outside {} ({} elements)", dir_.string(), info.name, best->file,
              rd.numel());
       const int64_t n = std::min(end, best->end) - x;
-      for (int s = s0; s < s1; ++s)
-        batch_.add(rd, s, uint64_t(best->offset + (x - best->begin)), uint64_t(n), dst[s] + at + (x - so));
+      batch_.add(rd, section, uint64_t(best->offset + (x - best->begin)), uint64_t(n), dst + (x - so));
+      out_.bytes_read += uint64_t(n) * sizeof(float);
       x += n;
     }
   }
 
   // A tensor a non-strict load does not fill keeps the model's values (its moments start at 0).
+  // Into LoadOptions::targets without initial_values, the values are left where they are.
   void keep_initial(const StoredParam& info) {
+    out_.fresh.push_back(info.name);
+    const int64_t a = info.offset;
+    if (opt_.optimizer)
+      for (int s = 1; s < kSections; ++s)
+        in_spans(spans_[s], a, info.numel, [](int64_t, int64_t n, float* dst) { std::fill(dst, dst + n, 0.0f); });
     const float* initial = opt_.initial_values;
+    if (!initial && !opt_.targets.empty()) return;
     if (!initial) {
       if (initial_.empty()) {
         if (!params_.values().defined() || params_.dtype() != DType::F32)
@@ -204,10 +236,8 @@ class Loader {
       }
       initial = initial_.data();
     }
-    std::copy(initial + info.offset, initial + info.offset + info.numel, dst_[0] + info.offset);
-    if (opt_.optimizer)
-      for (int s = 1; s < kSections; ++s) std::fill(dst_[s] + info.offset, dst_[s] + info.offset + info.numel, 0.0f);
-    out_.fresh.push_back(info.name);
+    in_spans(spans_[0], a, info.numel,
+             [&](int64_t at, int64_t n, float* dst) { std::copy(initial + at, initial + at + n, dst); });
   }
 
   ShardReader& reader(const std::string& file) {
@@ -223,7 +253,7 @@ class Loader {
   std::map<std::string, SavedTensor> index_;
   CheckpointData out_;
   std::map<std::string, std::unique_ptr<ShardReader>> readers_;
-  float* dst_[kSections] = {nullptr, nullptr, nullptr};  // where the sections go: `into` or out_'s buffers
+  std::vector<Span> spans_[kSections];                   // where the sections go (make_spans)
   ShardBatch batch_;                                     // the runs to read, read together at the end of run()
   std::vector<float> initial_;  // a host copy of the store's values, when a tensor keeps them
 };
@@ -258,6 +288,55 @@ void raise_if_failed(const std::vector<int>& failed, const std::string& own_erro
   if (failed.empty()) return;
   if (!own_error.empty()) throw Error(own_error);
   fail("{}: rank(s) {} failed (their error says why)", what, fmt::join(failed, ", "));
+}
+
+// Broadcasts `count` floats at `data` (host memory) from `root` over the group: in place when the
+// group moves host memory, else through a bounded device buffer.
+void broadcast_host(parallel::ProcessGroup& group, float* data, int64_t count, int root) {
+  const bool host = group.device() == Device::CPU;
+  const int64_t chunk = host ? (int64_t(1) << 28) : (int64_t(16) << 20);  // elements
+  Tensor staging;
+  for (int64_t at = 0; at < count; at += chunk) {
+    const int64_t n = std::min(chunk, count - at);
+    if (host) {
+      group.broadcast(data + at, n, parallel::CommType::F32, root);
+      continue;
+    }
+    if (!staging.defined() || staging.numel() < n) staging = Tensor::empty({n}, DType::F32, group.device());
+    Tensor piece = staging.slice(0, 0, n);
+    Tensor cpu = Tensor::empty({n});
+    if (group.rank() == root) {
+      std::copy(data + at, data + at + n, cpu.data<float>());
+      piece.copy_from(cpu);
+    }
+    group.broadcast(piece, root);
+    if (group.rank() != root) {
+      cpu.copy_from(piece);
+      std::copy(cpu.data<float>(), cpu.data<float>() + n, data + at);
+    }
+  }
+}
+
+// After every rank has read its part: each replica's share of the LoadTargets with replicas, sent
+// to the others (collective over each range's replicas, in the targets' order). Returns the bytes
+// this rank received.
+uint64_t exchange_replicas(const LoadOptions& opt) {
+  uint64_t received = 0;
+  const int sections = opt.optimizer ? kSections : 1;
+  for (const LoadTarget& t : opt.targets) {
+    if (!t.replicas || t.replicas->size() <= 1) continue;
+    const int k = t.replicas->size();
+    for (int j = 0; j < k; ++j) {
+      const int64_t lo = t.numel * j / k, hi = t.numel * (j + 1) / k;
+      if (hi <= lo) continue;
+      for (int s = 0; s < sections; ++s) {
+        if (!t.data[s]) continue;
+        broadcast_host(*t.replicas, t.data[s] + lo, hi - lo, j);
+        if (j != t.replicas->rank()) received += uint64_t(hi - lo) * sizeof(float);
+      }
+    }
+  }
+  return received;
 }
 
 }  // namespace
@@ -364,7 +443,8 @@ class CheckpointSave::Impl {
     if (error_.empty() && writer_) maybe_kill_after(shard_file_name(rank_));
     report_.write_ms = ms_since(t0);
     report_.bytes = mine_.bytes;
-    report_.host_buffer_bytes = host_bytes_ + std::min<uint64_t>(kWriteBufferBytes, mine_.bytes);
+    report_.host_buffer_bytes = opt_.source_host_bytes + host_bytes_ +
+                                std::min<uint64_t>(kWriteBufferBytes, mine_.bytes);
     done_ = true;
   }
 
@@ -540,6 +620,7 @@ CheckpointData load_checkpoint(const std::string& dir, const ParamStore& params,
   CheckpointData out;
   const std::string err = caught([&] { out = Loader(fs::path(dir), params, opt).run(); });
   raise_if_failed(failed_ranks(opt.world, err.empty()), err, fmt::format("checkpoint {} not loaded", dir));
+  out.bytes_received = exchange_replicas(opt);
   return out;
 }
 

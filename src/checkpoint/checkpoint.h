@@ -75,6 +75,9 @@ struct CheckpointData {
   std::vector<std::string> fresh;
   // The run state asked for (LoadOptions::state) that the checkpoint holds, by name.
   RunState state_values;
+  // What this rank moved: bytes read from the shard files (values and moments), and bytes it
+  // received from the replicas of its LoadTarget ranges (LoadTarget::replicas).
+  uint64_t bytes_read = 0, bytes_received = 0;
 };
 
 struct SaveOptions {
@@ -98,6 +101,9 @@ struct SaveOptions {
   // save pays for allocating (and faulting in) its pages; nullptr: the save's own. It must not be
   // touched until finish() returns.
   std::vector<float>* host_buffer = nullptr;
+  // Host memory the caller holds for this save beside its own state (the host copies of device
+  // buffers that `source` points into), counted in SaveReport::host_buffer_bytes.
+  uint64_t source_host_bytes = 0;
 };
 
 // A contiguous range [begin, begin + numel) of a rank's flat layout (its ParamStore's offsets)
@@ -131,7 +137,8 @@ struct SaveReport {
   uint64_t bytes = 0;           // this rank's shard file
   uint64_t total_bytes = 0;     // every rank's shard files
   int writers = 0;              // ranks that wrote a file
-  uint64_t host_buffer_bytes = 0;      // host memory this rank's save held: async copies + staging buffer
+  uint64_t host_buffer_bytes = 0;      // host memory this rank's save held: the caller's host copies
+                                       // (SaveOptions::source_host_bytes), async copies, staging buffer
   uint64_t max_host_buffer_bytes = 0;  // the largest over the ranks
 };
 
@@ -162,6 +169,22 @@ class CheckpointSave {
   std::unique_ptr<Impl> impl_;
 };
 
+// Where a load puts elements [begin, begin + numel) of the store's flat layout: host pointers to
+// element `begin` of each section (values, exp_avg, exp_avg_sq), e.g. into the rank's own
+// resident buffers; nullptr: that section of the range is not read. Alignment gaps between tensors
+// are not written.
+struct LoadTarget {
+  int64_t begin = 0, numel = 0;
+  float* data[3] = {nullptr, nullptr, nullptr};
+  // The ranks that load this range identically (data-parallel replicas, whose stores have the same
+  // layout), this rank among them; nullptr (or one rank): this rank alone. Each replica reads
+  // only its 1/size share of the range, by position ([numel i / size, numel (i + 1) / size) for
+  // replica i), checking its blocks' CRCs, and once every rank of LoadOptions::world has read its
+  // part, each share is broadcast from its reader to the others (exchanging within a node costs
+  // less than reading the same bytes again on every replica).
+  parallel::ProcessGroup* replicas = nullptr;
+};
+
 struct LoadOptions {
   bool optimizer = true;  // false: read the values only (e.g. for `generate`, `no_load_optim`)
   // When given, loading ends with an agreement over these ranks: if any rank fails, every rank
@@ -189,6 +212,13 @@ struct LoadOptions {
   // every tensor's) are written; a tensor a non-strict load keeps gets its initial values and zero
   // moments. nullptr: the load allocates CheckpointData's buffers (zeros where nothing is read).
   float* into[3] = {nullptr, nullptr, nullptr};
+  // Where the elements go, the rank's own buffers (the trainer's resume): per section sorted by
+  // begin and disjoint; the ranges with replicas in the same order on every rank of their group
+  // (their exchange is collective). When given, `ranges`, `optimizer_ranges` and `into` are unused,
+  // CheckpointData's buffers stay empty, and a tensor a non-strict load keeps has its values left
+  // as they are in the targets (the caller's buffers hold the initial ones) unless
+  // `initial_values` is given; its moments are set to 0.
+  std::vector<LoadTarget> targets;
   // Threads that read and check the blocks (each overlapping its CRCs with the others' reads),
   // each a contiguous stretch of the data, in reads of about read_chunk_bytes of whole blocks.
   int read_threads = 4;

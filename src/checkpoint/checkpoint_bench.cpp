@@ -87,6 +87,17 @@ class Phases {
   int size_;
 };
 
+// Loads every tensor of the store into buffers of this rank's (resident as a resuming rank's),
+// with `replicas`: as one of them (a share read, the rest received); returns their CRC-32.
+uint32_t load_whole(const std::string& dir, const ParamStore& layout, LoadOptions lo,
+                    parallel::ProcessGroup* replicas) {
+  const size_t flat = size_t(layout.numel());
+  std::vector<float> buffers(3 * flat, -1.0f);
+  lo.targets = {{0, layout.numel(), {buffers.data(), buffers.data() + flat, buffers.data() + 2 * flat}, replicas}};
+  (void)load_checkpoint(dir, layout, lo);
+  return crc_update(0, buffers.data(), buffers.size() * sizeof(float));
+}
+
 }  // namespace
 
 CheckpointBench bench_checkpoint(const ParamStore& layout, parallel::ProcessGroup* world, const std::string& dir_text) {
@@ -176,6 +187,25 @@ CheckpointBench bench_checkpoint(const ParamStore& layout, parallel::ProcessGrou
   lo.into[0] = lo.into[1] = lo.into[2] = nullptr;
   r.load_new = phases.run(saved.bytes, [&] { (void)load_checkpoint(saved.dir, layout, lo); });
   r.load_new.bytes = saved.total_bytes;
+  lo.ranges.clear();
+  // As replicas (no_shard): every rank needs the whole state. Each reading all of it, then each
+  // reading a 1/N share and receiving the rest (LoadTarget::replicas); the two must agree.
+  auto drop_all = [&] {  // the other ranks' files too: each rank reads them here
+    for (int k = 0; k < size; ++k) drop_cached(fs::path(saved.dir) / shard_file_name(k));
+    if (world) world->barrier();
+  };
+  uint32_t crc_all = 0;
+  drop_all();
+  r.load_all = phases.run(0, [&] { crc_all = load_whole(saved.dir, layout, lo, nullptr); });
+  r.load_all.bytes = saved.total_bytes;
+  uint32_t crc_shared = 0;
+  drop_all();
+  r.load_shared = phases.run(0, [&] { crc_shared = load_whole(saved.dir, layout, lo, world); });
+  r.load_shared.bytes = saved.total_bytes;
+  if (crc_all != crc_shared)
+    fail("benchmark checkpoint: rank {} holds other values after the load as replicas than after reading "
+         "everything",
+         rank);
   measure_disk();
   if (world) world->barrier();
   if (rank == 0) fs::remove_all(dir / "checkpoints");

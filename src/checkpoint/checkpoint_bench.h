@@ -12,6 +12,10 @@
 //               its own state's flat buffers (LoadOptions::into: resident, as a resuming rank's),
 //               and checks them against what it saved
 //   load_new    the same into buffers the load allocates (CheckpointData's: page faults included)
+//   load_all    every tensor whole into each rank's buffers (as no_shard replicas need it), each
+//               rank reading all of it
+//   load_shared the same, each rank reading a 1/N share and receiving the rest from the others
+//               (LoadTarget::replicas); checked equal to load_all's. Bytes: the checkpoint's.
 //   disk write and read again; the faster of the two measurements of the disk is reported
 // The page cache is bypassed with posix_fadvise(DONTNEED) on fsynced files, so reads come from
 // the disk where the kernel honours it.
@@ -40,7 +44,7 @@ struct CheckpointBench {
   int ranks = 1;
   int64_t parameters = 0;
   std::vector<uint64_t> rank_bytes;  // each rank's shard file
-  BenchPhase disk_write, disk_read, save, load, load_new;
+  BenchPhase disk_write, disk_read, save, load, load_new, load_all, load_shared;
 };
 
 // `layout`: the model's tensors (not allocated). Collective over world (nullptr: one process).

@@ -35,7 +35,7 @@ AdamW::AdamW(AdamWOptions options, int64_t numel) : options_(options), numel_(nu
 void AdamW::set_state(int64_t step_count, const float* exp_avg, const float* exp_avg_sq) {
   if (step_count < 0) fail("AdamW::set_state: step count must be non-negative, got {}", step_count);
   step_ = step_count;
-  if (numel_ == 0) return;
+  if (numel_ == 0 || (!exp_avg && !exp_avg_sq)) return;  // only the step: the moments are in place
   std::memcpy(m_.data<float>(), exp_avg, sizeof(float) * numel_);
   std::memcpy(v_.data<float>(), exp_avg_sq, sizeof(float) * numel_);
 }

@@ -56,7 +56,7 @@ class AdamW {
   const float* exp_avg_sq() const { return v_.data<float>(); }
   float* exp_avg() { return m_.data<float>(); }
   float* exp_avg_sq() { return v_.data<float>(); }
-  // Restores a saved state; both arrays hold numel() elements.
+  // Restores a saved state; both arrays hold numel() elements (both null: only the step count).
   void set_state(int64_t step_count, const float* exp_avg, const float* exp_avg_sq);
 
  private:

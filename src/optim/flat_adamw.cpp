@@ -170,9 +170,18 @@ const float* FlatAdamW::moment_range(bool second, int64_t begin, int64_t n,
   return out.data();
 }
 
+float* FlatAdamW::host_moment(bool second) {
+  if (device_ != Device::CPU) return nullptr;
+  return second ? host_->exp_avg_sq() : host_->exp_avg();
+}
+
 void FlatAdamW::set_state(int64_t step_count, const float* exp_avg, const float* exp_avg_sq) {
   if (step_count < 0) fail("FlatAdamW::set_state: step count must be non-negative, got {}", step_count);
   step_ = step_count;
+  if (!exp_avg && !exp_avg_sq) {
+    if (device_ == Device::CPU) host_->set_state(step_count, nullptr, nullptr);
+    return;
+  }
   if (device_ == Device::CPU) {
     host_->set_state(step_count, exp_avg, exp_avg_sq);
     return;

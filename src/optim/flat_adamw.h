@@ -41,7 +41,13 @@ class FlatAdamW {
   // Checkpointing: the moments as host vectors of numel elements, and their restore.
   std::vector<float> exp_avg() const { return moment(false); }
   std::vector<float> exp_avg_sq() const { return moment(true); }
+  // exp_avg and exp_avg_sq both null: only the step count (the moments were written in place,
+  // through host_moment).
   void set_state(int64_t step_count, const float* exp_avg, const float* exp_avg_sq);
+  int64_t numel() const { return numel_; }
+  // Checkpoint loads: the moment's own host memory (numel elements) to read into; nullptr when
+  // it is not host fp32 (on a GPU): then set_state from a host copy.
+  float* host_moment(bool second);
   // Checkpoint writers: a host pointer to elements [begin, begin + n) of a moment, the optimizer's
   // own memory on the CPU, or (on a GPU) a copy appended to `copies`.
   const float* moment_range(bool second, int64_t begin, int64_t n, std::vector<std::vector<float>>& copies) const;

@@ -178,11 +178,13 @@ void DistributedOptimizer::load_state(int64_t step, const float* exp_avg, const 
          "parameter buffer has {}",
          numel, buckets_.buffer_numel());
   if (step < 0) fail("DistributedOptimizer::load_state: negative step count {}", step);
-  if (numel > 0 && (!exp_avg || !exp_avg_sq))
+  const bool in_place = !exp_avg && !exp_avg_sq;  // only the step count: the moments were loaded in place
+  if (numel > 0 && !in_place && (!exp_avg || !exp_avg_sq))
     fail("DistributedOptimizer::load_state: null exp_avg or exp_avg_sq");
   const auto& bks = buckets_.buckets();
   for (size_t b = 0; b < bks.size(); ++b)
-    adams_[b]->set_state(step, exp_avg + bks[b].shard_begin, exp_avg_sq + bks[b].shard_begin);
+    adams_[b]->set_state(step, in_place ? nullptr : exp_avg + bks[b].shard_begin,
+                         in_place ? nullptr : exp_avg_sq + bks[b].shard_begin);
   step_ = step;
 }
 

@@ -76,7 +76,8 @@ class DistributedOptimizer {
   // per parameter, transient), so that any rank, or a checkpoint writer of another layout, can
   // save it; collective over dp. load_state: full arrays of buffer_numel() elements (the same
   // on every rank, e.g. read from a checkpoint); each rank keeps its shards. Local, no messages,
-  // so a state saved under one dp size or bucket size loads under another.
+  // so a state saved under one dp size or bucket size loads under another. Both arrays null:
+  // only the step count (the shards' moments were loaded in place, FlatAdamW::host_moment).
   FullOptimizerState gather_state() const;
   void load_state(int64_t step, const float* exp_avg, const float* exp_avg_sq, int64_t numel);
   void load_state(const FullOptimizerState& s);
@@ -85,7 +86,7 @@ class DistributedOptimizer {
   // whose state covers it (its element 0 at `begin`).
   struct Shard {
     int64_t begin = 0, numel = 0;
-    const FlatAdamW* adam = nullptr;
+    FlatAdamW* adam = nullptr;
   };
   std::vector<Shard> shards() const;
 

@@ -8,6 +8,7 @@
 
 #include <fmt/format.h>
 
+#include "checkpoint/format.h"
 #include "core/error.h"
 #include "core/meta_device.h"
 #include "model/moe.h"
@@ -97,7 +98,8 @@ struct Buckets {
   double scratch = 0;
   int64_t shard = 0;
 };
-Buckets meta_buckets(int group_size, int64_t bucket_size, int64_t numel, std::vector<ParamSegment> segments) {
+Buckets meta_buckets(int group_size, int64_t bucket_size, int64_t numel, std::vector<ParamSegment> segments,
+                     std::vector<std::pair<int64_t, int64_t>>* shards = nullptr) {
   MetaGroup g("dp", group_size);
   const Tensor grads = Tensor::empty({std::max<int64_t>(numel, 1)}, DType::F32, Device::Meta);
   parallel::GradBucketsOptions bo;
@@ -106,7 +108,10 @@ Buckets meta_buckets(int group_size, int64_t bucket_size, int64_t numel, std::ve
   const parallel::GradBuckets b(g.group, grads.data<float>(), numel, std::move(segments), bo);
   Buckets out;
   out.scratch = double(b.scratch_bytes());
-  for (const auto& bk : b.buckets()) out.shard += bk.shard_end - bk.shard_begin;
+  for (const auto& bk : b.buckets()) {
+    out.shard += bk.shard_end - bk.shard_begin;
+    if (shards) shards->push_back({bk.shard_begin, bk.shard_end});
+  }
   return out;
 }
 
@@ -210,7 +215,65 @@ void sharded_state(MemoryEstimate& e, const RankRecord& rec, const ParallelLayou
     e.buffer_bytes += parallel::kFsdpGathersInFlight * held(unit, act);
 }
 
+// The elements of tensor `p` (flat [p.offset, p.offset + p.numel)) inside [lo, hi) that tp rank 0
+// writes: of a tensor every tp rank holds whole, only its first 1/tp (ShardStateBuilder,
+// train/dp_strategy.cpp).
+int64_t written_of(const StoredParam& p, int64_t lo, int64_t hi, int tp) {
+  if (p.tp_replicated && tp > 1) hi = std::min(hi, p.offset + p.numel / tp);
+  lo = std::max(lo, p.offset);
+  hi = std::min(hi, p.offset + p.numel);
+  return std::max<int64_t>(0, hi - lo);
+}
+
+// The elements rank 0 of its groups writes (DataParallelStrategy::shard_state).
+int64_t save_elements(const RankRecord& rec, const ParallelLayout& L, const config::TrainingArgs& a,
+                      config::DpSharding sharding) {
+  const int dp = L.dp * L.cp, edp = std::max(1, L.dp / std::max(1, L.ep)) * L.cp;
+  const auto expert = [&](const StoredParam& p) { return L.ep > 1 && is_expert_param(p.name); };
+  int64_t n = 0;
+  if (sharding == config::DpSharding::NoShard) {  // rank 0's share [0, numel / holders) of each
+    for (const StoredParam& p : rec.params)
+      n += written_of(p, p.offset, p.offset + p.numel / (expert(p) ? edp : dp), L.tp);
+    return n;
+  }
+  if (sharding == config::DpSharding::Optim) {  // its bucket shards (the experts': their own, over edp)
+    std::vector<ParamSegment> segments;
+    for (const StoredParam& p : rec.params) segments.push_back({p.name, p.offset, p.numel, p.weight_decay});
+    std::vector<std::pair<int64_t, int64_t>> shards;
+    const int64_t bucket = a.ddp_bucket_size > 0 ? a.ddp_bucket_size : parallel::default_bucket_size(L.dp);
+    meta_buckets(dp, bucket, rec.param_numel, std::move(segments), &shards);
+    for (const auto& [lo, hi] : shards)
+      for (const StoredParam& p : rec.params)
+        if (!expert(p)) n += written_of(p, lo, hi, L.tp);
+    const Experts x = experts_of(rec, L.ep);
+    if (x.numel == 0) return n;
+    shards.clear();
+    meta_buckets(edp, parallel::default_bucket_size(edp), x.numel, x.segments, &shards);
+    for (const auto& [lo, hi] : shards)
+      for (const ParamSegment& seg : x.segments)
+        n += std::max<int64_t>(0, std::min(hi, seg.offset + seg.numel) - std::max(lo, seg.offset));
+    return n;
+  }
+  for (const StoredParam& p : rec.params) {  // ZeRO-2 / FSDP: its rows of each tensor
+    const int64_t rows = p.shape.empty() ? 1 : p.shape[0];
+    const parallel::FsdpRows r = parallel::fsdp_rows(rows, expert(p) ? edp : dp, 0);
+    n += written_of(p, p.offset, p.offset + r.count * (p.numel / std::max<int64_t>(1, rows)), L.tp);
+  }
+  return n;
+}
+
 }  // namespace
+
+SaveMemory estimate_save_memory(const RankRecord& rec, const ParallelLayout& L, const config::TrainingArgs& a,
+                                config::DpSharding sharding, bool device_state) {
+  SaveMemory m;
+  m.elements = save_elements(rec, L, a, sharding);
+  const double copy = 3.0 * double(sizeof(float)) * double(m.elements);  // values, exp_avg, exp_avg_sq
+  m.staging_bytes = std::min(double(checkpoint::kWriteBufferBytes), copy);
+  m.sync_bytes = m.staging_bytes + (device_state ? copy : 0.0);
+  m.async_bytes = m.sync_bytes + copy;
+  return m;
+}
 
 MemoryEstimate estimate_rank_memory(const RankRecord& rec, const ParallelLayout& L, const config::TrainingArgs& a,
                                     config::DpSharding sharding, int pp_rank) {

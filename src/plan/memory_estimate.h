@@ -65,6 +65,27 @@ std::vector<MemoryEstimate> estimate_memory_per_rank(const ModelSpec& spec, cons
 MemoryEstimate estimate_memory(const ModelSpec& spec, const ParallelLayout& layout, const config::TrainingArgs& args,
                                bool mixed);
 
+// The host memory a checkpoint save takes on one rank (docs/checkpoints.md, Memory during a save):
+// the rank writes the elements it owns (train/dp_strategy.h, DataParallelStrategy::shard_state:
+// under no_shard its 1/(dp x cp) share of every tensor, the experts' of edp x cp; under ZeRO-1
+// its optimizer shards; under ZeRO-2 / FSDP its rows; a tensor every tp rank holds whole split over
+// tp as well), 12 bytes each (the value and two moments). Counted for rank 0 of its dp and tp
+// groups (another rank's share differs by at most an element per tensor).
+//   staging      the shard writer's buffer: min(kWriteBufferBytes, 12 bytes x elements)
+//   sync         staging, plus, when the state is in device memory, the host copy of the elements
+//                (12 bytes each) that the writer reads
+//   async        sync plus the asynchronous save's own host copy (12 bytes per element), which it
+//                holds until its write ends
+// These are what a save reports as save_host_buffer_bytes (train/checkpoint_saves.h).
+struct SaveMemory {
+  int64_t elements = 0;  // elements this rank writes
+  double staging_bytes = 0, sync_bytes = 0, async_bytes = 0;
+};
+// device_state: the model's state lives in device memory (a GPU run), so a save copies it to
+// the host first.
+SaveMemory estimate_save_memory(const RankRecord& walk, const ParallelLayout& layout, const config::TrainingArgs& args,
+                                config::DpSharding sharding, bool device_state);
+
 // Memory this process may use on the host: MemAvailable (/proc/meminfo), or the cgroup's
 // memory.max when lower. 0 when unknown.
 uint64_t host_available_bytes();

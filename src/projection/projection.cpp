@@ -170,6 +170,8 @@ void project_memory(Projection& p) {
     rm.buffers = e.buffer_bytes;
     rm.peak = e.total_bytes();
     rm.peak_in_flight = e.peak_in_flight;
+    // a GPU's state is copied to the host to be saved; this machine's CPU runs save from its own
+    rm.save = plan::estimate_save_memory(p.walks[size_t(pr)], p.layout, p.args, p.sharding, !p.hardware.measured);
     r.per_rank.push_back(rm);
   }
   if (!p.hardware.measured && p.hardware.memory_gb > 0) {

@@ -66,6 +66,7 @@ struct RankMemory {
   double peak = 0;  // everything at the rank's highest point
   int64_t parameter_count = 0;
   double peak_in_flight = 0;  // microbatch-chunks alive at the peak
+  plan::SaveMemory save;      // the host memory of a checkpoint save (plan/memory_estimate.h)
 };
 
 struct MemoryReport {

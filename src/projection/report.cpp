@@ -7,6 +7,9 @@ namespace primus::projection {
 namespace {
 
 std::string gib(double b) { return fmt::format("{:.2f} GiB", b / double(1u << 30)); }
+std::string mib_or_gib(double b) {
+  return b < double(1u << 30) ? fmt::format("{:.1f} MiB", b / double(1u << 20)) : gib(b);
+}
 
 nlohmann::ordered_json layout_json(const Projection& p) {
   const auto& L = p.layout;
@@ -61,7 +64,10 @@ nlohmann::ordered_json to_json(const Projection& p) {
                      {"optimizer_bytes", r.optimizer},
                      {"activation_bytes", r.activations},
                      {"buffer_bytes", r.buffers},
-                     {"microbatch_chunks_in_flight_at_peak", r.peak_in_flight}});
+                     {"microbatch_chunks_in_flight_at_peak", r.peak_in_flight},
+                     {"save_elements", r.save.elements},
+                     {"save_host_bytes_sync", r.save.sync_bytes},
+                     {"save_host_bytes_async", r.save.async_bytes}});
     j["per_rank"] = per;
     j["memory"] = {{"capacity_bytes", p.memory->capacity}, {"fits", p.memory->fits}, {"notes", p.memory->notes}};
   }
@@ -106,6 +112,12 @@ std::string to_text(const Projection& p) {
     if (p.memory->capacity > 0)
       s += fmt::format("  {} in {} of device memory per GPU\n", p.memory->fits ? "fits" : "DOES NOT FIT",
                        gib(p.memory->capacity));
+    s += "\nhost memory of a checkpoint save per rank (beside the run's own)\n";
+    s += fmt::format("  {:>7} {:>14} {:>11} {:>11} {:>11}\n", "pp rank", "writes elems", "shard", "sync", "async");
+    for (const RankMemory& r : p.memory->per_rank)
+      s += fmt::format("  {:>7} {:>14} {:>11} {:>11} {:>11}\n", r.pp_rank, r.save.elements,
+                       mib_or_gib(12.0 * double(r.save.elements)), mib_or_gib(r.save.sync_bytes),
+                       mib_or_gib(r.save.async_bytes));
     for (const auto& n : p.memory->notes) s += "  note: " + n + "\n";
   }
   if (p.performance) {

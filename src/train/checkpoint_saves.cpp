@@ -51,6 +51,7 @@ void CheckpointSaves::save(const DataParallelStrategy& dp, const checkpoint::Tra
   o.world = s_.world;
   o.async = s_.async;
   o.host_buffer = &host_buffer_;
+  for (const std::vector<float>& c : shard_.copies) o.source_host_bytes += c.size() * sizeof(float);
   pending_ = std::make_unique<checkpoint::CheckpointSave>(s_.dir, shard_.source, state, config_yaml, o);
   // The save's own memory: sync, the whole write; async, the host copy (its thread then adds at
   // most the staging buffer). Later steps' activations are not the save's.

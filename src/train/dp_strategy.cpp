@@ -80,13 +80,6 @@ class BucketedStrategy : public DataParallelStrategy {
     mp_.sum_tensor_parallel(whole);
   }
   const Tensor& gradients() const override { return model_.params().grads(); }
-  void load_values(std::span<const float> full) override {
-    Tensor loaded = Tensor::empty({model_.params().numel()});
-    std::copy(full.begin(), full.end(), loaded.data<float>());
-    Tensor values = model_.params().values();  // a handle on the store's buffer (on the GPU for a device store)
-    values.copy_from(loaded);
-    model_.sync_working_weights();
-  }
   DpMemory memory() const override {
     const ParamStore& params = model_.params();
     DpMemory m;
@@ -104,6 +97,27 @@ class BucketedStrategy : public DataParallelStrategy {
  protected:
   BucketedStrategy(const DpSetup& s, parallel::GradReduce reduce);
   virtual double optimizer_bytes() const = 0;
+  // Resume targets: the store's values (and, with m and v, the moments of the tensors from
+  // `first_moment` on: m and v hold flat element `moment_begin` first), as runs of tensors that
+  // the same replicas hold (dp x cp; the experts edp x cp).
+  void add_replicated_targets(ResidentLoad& load, int first_moment, int64_t moment_begin, float* m, float* v) {
+    const ParamStore& params = model_.params();
+    const auto& infos = params.infos();
+    float* values = load.tensor(params.values(), 0, params.numel());
+    const auto replicas = [&](size_t t) {
+      return experts_ && experts_->is_expert(int(t)) ? groups_.edp_cp.get() : &gradient_group_;
+    };
+    for (size_t t = 0; t < infos.size();) {
+      size_t u = t + 1;
+      while (u < infos.size() && replicas(u) == replicas(t) && int(u) != first_moment) ++u;
+      const int64_t b = infos[t].offset, e = infos[u - 1].offset + infos[u - 1].numel;
+      const bool moments = m && int(t) >= first_moment;
+      load.add(b, e - b,
+               {values + b, moments ? m + (b - moment_begin) : nullptr, moments ? v + (b - moment_begin) : nullptr},
+               replicas(t));
+      t = u;
+    }
+  }
   // The experts' squared gradient sum over the whole model (collective over ep and mp), 0 without
   // expert parallelism. replicated: the plain AdamW (nullptr under ZeRO-1).
   double experts_sq_sum(const FlatAdamW* replicated) const {
@@ -189,8 +203,15 @@ class ReplicatedStrategy final : public BucketedStrategy {
     full.exp_avg_sq = whole(adam_->exp_avg_sq());
     return full;
   }
-  void load_optimizer(int64_t step, std::span<const float> m, std::span<const float> v) override {
-    adam_->set_state(step, m.data() + begin_, v.data() + begin_);
+  void load_targets(ResidentLoad& load, bool optimizer) override {
+    const int64_t n = model_.params().numel() - begin_;
+    float* m = optimizer && n > 0 ? load.moment(*adam_, false, 0, n) : nullptr;
+    float* v = optimizer && n > 0 ? load.moment(*adam_, true, 0, n) : nullptr;
+    add_replicated_targets(load, first_, begin_, m, v);
+  }
+  void finish_load(int64_t step, bool optimizer) override {
+    model_.sync_working_weights();
+    if (optimizer) adam_->set_state(step, nullptr, nullptr);
   }
   // Every tensor is whole here and on its replicas (dp x cp; the experts' edp x cp): each writes a share.
   DpShardState shard_state() const override {
@@ -267,51 +288,48 @@ class DistributedOptimizerStrategy final : public BucketedStrategy {
     const ParamStore& params = model_.params();
     ShardStateBuilder b(params, groups_);
     const float* values = host_range(params.values(), 0, params.numel(), b.copies());
-    const auto& infos = params.infos();
-    for (const parallel::DistributedOptimizer::Shard& sh : dist_->shards())
-      for (size_t t = 0; t < infos.size(); ++t) {
-        if (experts_ && experts_->is_expert(int(t))) continue;  // the dense step's state there is not theirs
-        const int64_t lo = std::max(sh.begin, infos[t].offset), hi = std::min(sh.begin + sh.numel, infos[t].offset + infos[t].numel);
-        if (lo >= hi) continue;
-        b.add(int(t), lo, hi - lo, 1, 0,
-              {values + lo, sh.adam->moment_range(false, lo - sh.begin, hi - lo, b.copies()),
-               sh.adam->moment_range(true, lo - sh.begin, hi - lo, b.copies())});
-      }
-    if (experts_)
-      for (const ExpertGradients::StateRange& r : experts_->state_ranges())
-        b.add(r.tensor, r.begin, r.numel, 1, 0,
-              {values + r.begin, r.adam->moment_range(false, r.adam_offset, r.numel, b.copies()),
-               r.adam->moment_range(true, r.adam_offset, r.numel, b.copies())});
+    for_each_state_range([&](int t, int64_t begin, int64_t n, FlatAdamW& adam, int64_t at) {
+      b.add(t, begin, n, 1, 0,
+            {values + begin, adam.moment_range(false, at, n, b.copies()), adam.moment_range(true, at, n, b.copies())});
+    });
     return b.take();
   }
-  // Its optimizer shards (the dense step's, whole) and the experts' state ranges: what
-  // load_optimizer reads, so that a resume reads only these moments.
-  std::vector<std::pair<int64_t, int64_t>> optimizer_load_ranges() const override {
-    std::vector<std::pair<int64_t, int64_t>> r;
-    for (const parallel::DistributedOptimizer::Shard& sh : dist_->shards())
-      if (sh.numel > 0) r.push_back({sh.begin, sh.numel});
-    if (experts_)
-      for (const ExpertGradients::StateRange& e : experts_->state_ranges())
-        if (e.numel > 0) r.push_back({e.begin, e.numel});
-    std::sort(r.begin(), r.end());
-    std::vector<std::pair<int64_t, int64_t>> merged;  // sorted and disjoint, as LoadOptions wants
-    for (const auto& [b, n] : r) {
-      if (!merged.empty() && b <= merged.back().first + merged.back().second)
-        merged.back().second = std::max(merged.back().second, b + n - merged.back().first);
-      else
-        merged.push_back({b, n});
-    }
-    return merged;
+  // The values whole (replicated over dp x cp), the moments of the ranges shard_state writes
+  // (the dense step's state at the experts' places is not theirs and stays 0).
+  void load_targets(ResidentLoad& load, bool optimizer) override {
+    add_replicated_targets(load, 0, 0, nullptr, nullptr);
+    if (!optimizer) return;
+    for_each_state_range([&](int, int64_t begin, int64_t n, FlatAdamW& adam, int64_t at) {
+      load.add(begin, n, {nullptr, load.moment(adam, false, at, n), load.moment(adam, true, at, n)});
+    });
   }
-  void load_optimizer(int64_t step, std::span<const float> m, std::span<const float> v) override {
-    dist_->load_state(step, m.data(), v.data(), int64_t(m.size()));
-    if (experts_) experts_->load_state(step, m.data(), v.data());
+  void finish_load(int64_t step, bool optimizer) override {
+    model_.sync_working_weights();
+    if (!optimizer) return;
+    dist_->load_state(step, nullptr, nullptr, buckets_->buffer_numel());
+    if (experts_) experts_->load_state(step, nullptr, nullptr);
   }
 
  private:
   double optimizer_bytes() const override {
     return double(dist_->state_bytes()) +
            (experts_ ? 2.0 * double(experts_->state_numel()) * double(sizeof(float)) : 0.0);
+  }
+  // Calls fn(tensor, begin, numel, adam, adam_offset) for the ranges of the flat layout whose AdamW
+  // state this rank holds: its dense shards within each dense tensor, and the experts' state ranges.
+  template <typename Fn>
+  void for_each_state_range(Fn&& fn) const {
+    const auto& infos = model_.params().infos();
+    for (const parallel::DistributedOptimizer::Shard& sh : dist_->shards())
+      for (size_t t = 0; t < infos.size(); ++t) {
+        if (experts_ && experts_->is_expert(int(t))) continue;  // the dense step's state there is not theirs
+        const int64_t lo = std::max(sh.begin, infos[t].offset),
+                      hi = std::min(sh.begin + sh.numel, infos[t].offset + infos[t].numel);
+        if (lo < hi) fn(int(t), lo, hi - lo, *sh.adam, lo - sh.begin);
+      }
+    if (experts_)
+      for (const ExpertGradients::StateRange& r : experts_->state_ranges())
+        fn(r.tensor, r.begin, r.numel, *r.adam, r.adam_offset);
   }
   std::unique_ptr<parallel::DistributedOptimizer> dist_;
 };
@@ -340,11 +358,8 @@ class ShardedStrategy final : public DataParallelStrategy {
       b.add(h.tensor, h.begin, h.numel, 1, 0, {h.data[0], h.data[1], h.data[2]});
     return b.take();
   }
-  void load_values(std::span<const float> full) override { sharded_->load_values(full.data()); }
-  std::vector<std::pair<int64_t, int64_t>> load_ranges() const override { return sharded_->read_ranges(); }
-  void load_optimizer(int64_t step, std::span<const float> m, std::span<const float> v) override {
-    sharded_->load_state(step, m.data(), v.data());
-  }
+  void load_targets(ResidentLoad& load, bool optimizer) override { sharded_->load_targets(load, optimizer); }
+  void finish_load(int64_t step, bool optimizer) override { sharded_->finish_load(step, optimizer); }
   DpMemory memory() const override {  // the rank's shards (and ZeRO-2's whole working copy)
     return {double(sharded_->parameter_bytes()), double(sharded_->gradient_bytes()),
             double(sharded_->optimizer_bytes())};

@@ -31,6 +31,7 @@
 #include "optim/adamw.h"
 #include "parallel/mesh.h"
 #include "plan/parallel_layout.h"
+#include "train/resident_load.h"
 
 namespace primus::train {
 
@@ -94,16 +95,14 @@ class DataParallelStrategy {
   // ---- checkpoints ----
   virtual DpFullState full_state() const = 0;  // collective over the strategy's groups
   virtual DpShardState shard_state() const = 0;  // local: no collectives, no full-state gather
-  // full: this rank's tensors in the model's flat layout (ParamStore::numel() values). Local,
-  // except that ZeRO-2 re-gathers its working copy (collective).
-  virtual void load_values(std::span<const float> full) = 0;
-  virtual void load_optimizer(int64_t step, std::span<const float> exp_avg, std::span<const float> exp_avg_sq) = 0;
-  // The parts of those full arrays that load_values and load_optimizer read (sorted flat ranges),
-  // so that a resume reads only them from the checkpoint (LoadOptions::ranges); empty: all.
-  virtual std::vector<std::pair<int64_t, int64_t>> load_ranges() const { return {}; }
-  // The parts of the moments' full arrays that load_optimizer reads (LoadOptions::optimizer_ranges);
-  // ZeRO-1: its optimizer shards. Empty: as load_ranges().
-  virtual std::vector<std::pair<int64_t, int64_t>> optimizer_load_ranges() const { return {}; }
+  // A resume reads straight into this rank's own state: load_targets says where the checkpoint's
+  // values (and, with `optimizer`, the moments) go (ResidentLoad: the rank's buffers, host copies
+  // only of device memory), the ranges that dp replicas hold alike marked as such (each replica
+  // reads a share, checkpoint::LoadTarget::replicas); after the load and ResidentLoad::commit,
+  // finish_load derives the rest (the working weights, ZeRO-2's whole copy: collective) and sets
+  // the optimizers' step count. A load that fails leaves the state partly written.
+  virtual void load_targets(ResidentLoad& load, bool optimizer) = 0;
+  virtual void finish_load(int64_t step, bool optimizer) = 0;
 
   // ---- memory ----
   virtual DpMemory memory() const = 0;

@@ -118,6 +118,7 @@ std::vector<ExpertGradients::StateRange> ExpertGradients::state_ranges() const {
 void ExpertGradients::load_state(int64_t step, const float* exp_avg, const float* exp_avg_sq) {
   if (!dist_) return;
   const int64_t n = grads_.numel();
+  if (!exp_avg && !exp_avg_sq) return dist_->load_state(step, nullptr, nullptr, n);  // loaded in place
   std::vector<float> m(static_cast<size_t>(n)), v(static_cast<size_t>(n));
   for (size_t i = 0; i < tensors_.size(); ++i) {
     const StoredParam& p = params_.infos()[size_t(tensors_[i])];

@@ -49,16 +49,17 @@ class ExpertGradients {
   void step(double lr, double grad_scale);  // AdamW on this rank's shards, all-gather, values back into the slots
   // The experts' moments in the flat layout of params (exp_avg, exp_avg_sq at each expert
   // tensor's offset): gathered over edp (collective) into `exp_avg` / `exp_avg_sq`, or loaded
-  // from them (local).
+  // from them (local; both null: only the step count, the moments loaded in place through
+  // state_ranges()).
   void gather_state(std::vector<float>& exp_avg, std::vector<float>& exp_avg_sq) const;
   void load_state(int64_t step, const float* exp_avg, const float* exp_avg_sq);
-  // Distributed optimizer only, for checkpoint writers: this rank's shards of the experts' AdamW
+  // Distributed optimizer only, for checkpoint writers and loads: this rank's shards of the experts' AdamW
   // state in the flat layout of params ([begin, begin + numel) of one expert tensor), each with the
   // AdamW that holds it and where in its state.
   struct StateRange {
     int tensor = 0;
     int64_t begin = 0, numel = 0;
-    const FlatAdamW* adam = nullptr;
+    FlatAdamW* adam = nullptr;
     int64_t adam_offset = 0;
   };
   std::vector<StateRange> state_ranges() const;

@@ -1,6 +1,7 @@
 #include "train/sharded_weights.h"
 
 #include <algorithm>
+#include <array>
 
 #include "core/error.h"
 #include "model/moe.h"
@@ -276,9 +277,36 @@ void ShardedWeights::load_values(const float* full) {
   if (stage_ == ShardedStage::OptimGrads) gather_whole();
 }
 
-void ShardedWeights::load_state(int64_t step, const float* exp_avg, const float* exp_avg_sq) {
-  const std::vector<float> m = to_shards(exp_avg), v = to_shards(exp_avg_sq);
-  adam_->set_state(step, m.data(), v.data());
+void ShardedWeights::load_targets(ResidentLoad& load, bool optimizer) {
+  const auto& infos = model_.params().infos();
+  for (size_t p = 0; p < pieces_.size(); ++p) {
+    const Piece& pc = pieces_[p];
+    std::array<float*, 3> d{};
+    if (optimizer && pc.numel > 0) {
+      d[1] = load.moment(*adam_, false, pc.shard_offset, pc.numel);
+      d[2] = load.moment(*adam_, true, pc.shard_offset, pc.numel);
+    }
+    if (buffers_[p].defined()) {  // whole on every rank; its piece of the master follows (finish_load)
+      load.add(infos[p].offset, infos[p].numel, {load.tensor(buffers_[p], 0, infos[p].numel), nullptr, nullptr});
+      load.add(pc.full_offset, pc.numel, {nullptr, d[1], d[2]});
+    } else if (pc.numel > 0) {
+      d[0] = load.tensor(master_, pc.shard_offset, pc.numel);
+      load.add(pc.full_offset, pc.numel, d);
+    }
+  }
+}
+
+void ShardedWeights::finish_load(int64_t step, bool optimizer) {
+  const auto& infos = model_.params().infos();
+  for (size_t p = 0; p < pieces_.size(); ++p) {
+    const Piece& pc = pieces_[p];
+    if (!buffers_[p].defined() || pc.numel == 0) continue;
+    Tensor piece = master_.slice(0, pc.shard_offset, pc.numel);
+    piece.copy_from(buffers_[p].slice(0, pc.full_offset - infos[p].offset, pc.numel));
+  }
+  if (working_.dtype() != DType::F32) be_.cast(master_, working_);
+  if (stage_ == ShardedStage::OptimGrads) gather_whole();
+  if (optimizer) adam_->set_state(step, nullptr, nullptr);
 }
 
 const float* host_range(const Tensor& flat, int64_t begin, int64_t n, std::vector<std::vector<float>>& copies) {
@@ -303,19 +331,6 @@ std::vector<ShardedWeights::HeldPiece> ShardedWeights::held_pieces(std::vector<s
     h.data[2] = adam_->moment_range(true, pc.shard_offset, pc.numel, copies);
     out.push_back(h);
   }
-  return out;
-}
-
-std::vector<std::pair<int64_t, int64_t>> ShardedWeights::read_ranges() const {
-  const auto& infos = model_.params().infos();
-  std::vector<std::pair<int64_t, int64_t>> out;
-  for (size_t p = 0; p < pieces_.size(); ++p) {
-    if (buffers_[p].defined())
-      out.push_back({infos[p].offset, infos[p].numel});
-    else if (pieces_[p].numel > 0)
-      out.push_back({pieces_[p].full_offset, pieces_[p].numel});
-  }
-  std::sort(out.begin(), out.end());
   return out;
 }
 

@@ -45,6 +45,7 @@
 #include "parallel/distributed_optimizer.h"
 #include "parallel/fsdp.h"
 #include "parallel/process_group.h"
+#include "train/resident_load.h"
 
 namespace primus::train {
 
@@ -76,7 +77,12 @@ class ShardedWeights final : public WeightSource {
   // ---- values and optimizer state (full arrays are host buffers in the model's flat layout) ----
   void init_weights(uint64_t seed);  // ParamStore::init's values, whatever the dp size
   void load_values(const float* full);  // each rank keeps its pieces (ZeRO-2 then re-gathers: collective)
-  void load_state(int64_t step, const float* exp_avg, const float* exp_avg_sq);  // local
+  // A resume: this rank's pieces (values and, when `optimizer`, moments) and the buffers whole
+  // are read into its own shard buffers (ResidentLoad); then, after ResidentLoad::commit,
+  // finish_load derives the rest: the buffers' pieces of the master, the working copy, ZeRO-2's
+  // whole copy (collective), the optimizer's step count.
+  void load_targets(ResidentLoad& load, bool optimizer);
+  void finish_load(int64_t step, bool optimizer);
   std::vector<float> gather_values() const;                 // collective over dp; transient full copy
   parallel::FullOptimizerState gather_state() const;        // collective over dp
 
@@ -88,10 +94,6 @@ class ShardedWeights final : public WeightSource {
     const float* data[3] = {nullptr, nullptr, nullptr};
   };
   std::vector<HeldPiece> held_pieces(std::vector<std::vector<float>>& copies) const;
-  // What load_values and load_state read of full arrays: this rank's pieces, and the buffers whole
-  // ([begin, begin + numel) of the flat layout, sorted).
-  std::vector<std::pair<int64_t, int64_t>> read_ranges() const;
-
   // ---- a step ----
   void begin_step();                                // zeroes the gradient shards
   void weights_done(const std::vector<int>& ids);   // the model's weight-gradient hook

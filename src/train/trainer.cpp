@@ -432,22 +432,19 @@ std::string Trainer::try_restore(const std::string& dir, bool weights_only) {
   }
   if (world_->all_reduce_value(int32_t(problem.empty() ? 0 : 1)) != 0)
     return problem.empty() ? "another rank could not read the checkpoint's model" : problem;
-  // load_strict false: the tensors the checkpoint does not fill keep their initial values.
-  std::vector<float> initial;
-  if (!fit.fresh.empty() && layout_.shard_gradients()) {  // the model's own buffers are not resident: gather them
-    const DpFullState full = dp_->full_state();        // (collective; the same verdict on every rank)
-    const Tensor v = full.params().values().to(Device::CPU);
-    initial.assign(v.data<float>(), v.data<float>() + v.numel());
-  }
   LoadOptions lo;
   lo.optimizer = !weights_only && !a_.no_load_optim;
+  // load_strict false: the tensors the checkpoint does not fill keep their initial values (in place).
   lo.strict = a_.load_strict && !fit.extra_fresh;  // LoRA from a base model: the adapters keep their init
   if (rank0_ && fit.extra_fresh)
     log::info("LoRA: {} holds no adapters; they start from their initial values (lora_B_init_method {})", dir,
               config::choice_name(a_.lora.b_init));
-  lo.initial_values = initial.empty() ? nullptr : initial.data();
-  lo.ranges = dp_->load_ranges();  // ZeRO-2 / FSDP: only this rank's pieces are read
-  lo.optimizer_ranges = dp_->optimizer_load_ranges();  // ZeRO-1: only its optimizer shards' moments
+  // Straight into this rank's own state: only its pieces (ZeRO-2 / FSDP) and optimizer shards
+  // (ZeRO-1) are read, and of what dp replicas hold alike each reads a share and they exchange.
+  ResidentLoad resident;
+  dp_->load_targets(resident, lo.optimizer);
+  lo.targets = resident.targets();
+  lo.world = world_;
   if (!weights_only) lo.state = model_->linears().state_names();
   CheckpointData ck;
   try {
@@ -455,18 +452,26 @@ std::string Trainer::try_restore(const std::string& dir, bool weights_only) {
   } catch (const Error& e) {
     problem = e.what();
   }
-  if (world_->all_reduce_value(int32_t(problem.empty() ? 0 : 1)) != 0)
+  if (world_->all_reduce_value(int32_t(problem.empty() ? 0 : 1)) != 0) {
+    // The load wrote into the model's state before it failed: start again from the initial state.
+    dp_.reset();
+    model_.reset();
+    build_model();
     return problem.empty() ? "another rank could not read its part" : problem;
+  }
+  const int64_t step = lo.optimizer ? ck.state.optimizer_step : 0;
+  resident.commit(step);
+  dp_->finish_load(step, lo.optimizer);
+  log::debug("resume from {}: read {:.1f} MiB, received {:.1f} MiB from replicas, host copies {:.1f} MiB", dir,
+             double(ck.bytes_read) / double(1 << 20), double(ck.bytes_received) / double(1 << 20),
+             double(resident.staging_bytes()) / double(1 << 20));
   if (rank0_ && !fit.exact()) log::warn("{}", fit.summary(dir));
-  dp_->load_values(ck.params);
   if (weights_only) {
     log::info("starting from the weights of {} (iteration 0, fresh optimizer)", dir);
     return "";
   }
-  if (lo.optimizer)
-    dp_->load_optimizer(ck.state.optimizer_step, ck.exp_avg, ck.exp_avg_sq);
-  else  // no_load_optim: the weights and the data position, a fresh optimizer
-    ck.state.optimizer_step = 0;
+  if (!lo.optimizer)
+    ck.state.optimizer_step = 0;  // no_load_optim: the weights and the data position, a fresh optimizer
   state_ = ck.state;
   const std::vector<std::string> fresh_fp8 = model_->linears().load_state(ck.state_values);
   if (rank0_ && !fresh_fp8.empty())

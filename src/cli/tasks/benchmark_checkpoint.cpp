@@ -42,7 +42,9 @@ std::string report(const checkpoint::CheckpointBench& r, const std::string& dir,
                                                                             {"disk_read", &r.disk_read},
                                                                             {"save", &r.save},
                                                                             {"load", &r.load},
-                                                                            {"load_new", &r.load_new}})
+                                                                            {"load_new", &r.load_new},
+                                                                            {"load_all", &r.load_all},
+                                                                            {"load_shared", &r.load_shared}})
       j[name] = {{"bytes", p->bytes}, {"seconds", p->seconds}, {"gb_per_s", p->gbps()}, {"rank_seconds", p->rank_seconds}};
     return j.dump(1) + "\n";
   }
@@ -56,6 +58,8 @@ std::string report(const checkpoint::CheckpointBench& r, const std::string& dir,
   s += row("disk sequential read (4 MiB reads, page cache dropped)", r.disk_read, r.disk_read);
   s += row("checkpoint load (own ranges, into the rank's buffers)", r.load, r.disk_read);
   s += row("checkpoint load (own ranges, into new buffers)", r.load_new, r.disk_read);
+  s += row("replicas: every rank the whole state, each reading all", r.load_all, r.disk_read);
+  s += row("replicas: every rank the whole state, each reading 1/N, exchanging", r.load_shared, r.disk_read);
   s += "\n| rank | shard MiB | save ms | load ms | load into new ms |\n|---:|---:|---:|---:|---:|\n";
   for (int k = 0; k < r.ranks; ++k)
     s += fmt::format("| {} | {:.1f} | {:.0f} | {:.0f} | {:.0f} |\n", k, r.rank_bytes[size_t(k)] / 1048576.0,

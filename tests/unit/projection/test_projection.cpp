@@ -115,6 +115,17 @@ TEST_F(Projection, ShardingDividesTheOptimizerState) {
   EXPECT_DOUBLE_EQ(d.gradients, c.gradients);
   EXPECT_DOUBLE_EQ(d.parameters, c.parameters);
   EXPECT_GT(d.working_weights, c.working_weights);  // zero2 keeps the working copy whole
+  // A checkpoint save's host memory (an H100: the state is copied to the host first): every
+  // strategy writes about half of the dp2 part, 12 bytes an element; async holds a second copy.
+  for (const RankMemory* r : {&a, &b, &c, &d}) {
+    const double copy = 12.0 * double(r->save.elements);
+    EXPECT_NEAR(double(r->save.elements), 0.5 * double(a.parameter_count), 0.02 * double(a.parameter_count));
+    EXPECT_DOUBLE_EQ(r->save.sync_bytes, r->save.staging_bytes + copy);
+    EXPECT_DOUBLE_EQ(r->save.async_bytes, r->save.sync_bytes + copy);
+  }
+  const auto j = to_json(none);
+  EXPECT_DOUBLE_EQ(j["per_rank"][0]["save_host_bytes_async"].get<double>(), a.save.async_bytes);
+  EXPECT_NE(to_text(none).find("host memory of a checkpoint save per rank"), std::string::npos);
 }
 
 // 1F1B holds at most pp microbatches on its first rank, GPipe all of them.

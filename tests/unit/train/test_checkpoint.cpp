@@ -67,6 +67,33 @@ TEST(Checkpoint, FlippedByteIsDetectedAndAutoResumeFallsBack) {
   EXPECT_THROW(train::pretrain(explicit_load), Error);
 }
 
+// A resume reads straight into the model's own state, so a load that fails has written part of it:
+// the trainer starts again from the initial state. With every checkpoint damaged near its end (the
+// values and first moments already read in) and `overwrite`, the run starts over exactly as a
+// fresh run does.
+TEST(Checkpoint, AFailedLoadLeavesNothingOfItInTheModel) {
+  Saved s;
+  for (int it : {3, 6}) {
+    const fs::path shard = fs::path(s.ckpt(it)) / "rank_00000.bin";
+    const auto at = std::streamoff(fs::file_size(shard)) - 1000;
+    std::fstream f(shard, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekg(at);
+    char c;
+    f.read(&c, 1);
+    c ^= 0x10;
+    f.seekp(at);
+    f.write(&c, 1);
+  }
+  const auto over = train::pretrain(
+      s.exp.load({{"train_iters", "6"}, {"save_interval", "0"}, {"eval_interval", "0"}, {"overwrite", "true"}}));
+  EXPECT_EQ(over.start_iteration, 0);
+  test::TinyExperiment fresh_exp;
+  const auto fresh = train::pretrain(
+      fresh_exp.load({{"train_iters", "6"}, {"save_interval", "0"}, {"eval_interval", "0"}}));
+  EXPECT_EQ(over.first_loss, fresh.first_loss);
+  EXPECT_EQ(over.last_loss, fresh.last_loss);
+}
+
 TEST(Checkpoint, TruncatedAndMissingFilesAreNamed) {
   Saved s;
   fs::resize_file(fs::path(s.ckpt(6)) / "rank_00000.bin", 100);

@@ -475,6 +475,94 @@ TEST(CheckpointReshard, OptimizerRangesRestrictOnlyTheMoments) {
   EXPECT_EQ(wrong, 0);
 }
 
+// LoadOptions::targets with replicas (a no_shard resume): three replicas of one layout read their
+// thirds of a range and receive the rest from each other; each ends with the plain load's values
+// and moments, having read a third of that range's bytes (and all of a range that is its own),
+// and CheckpointData's buffers stay empty. A block damaged anywhere fails the replica that reads
+// it, naming the block, and every other with "rank(s) N failed": none of them goes on.
+void load_as_replicas(const std::string& dir, int n_ranks, std::vector<std::vector<float>>& got,
+                      std::vector<checkpoint::CheckpointData>& cks, std::vector<std::string>& errors) {
+  got.assign(size_t(n_ranks), {});
+  cks.assign(size_t(n_ranks), {});
+  errors = run_ranks(n_ranks, [&](int rank, ProcessGroup& world) {
+    ParamStore p;
+    build(p, {1, 1, 1}, 0);
+    const int64_t n = p.numel(), half = n / 2;
+    std::vector<float>& buf = got[size_t(rank)];
+    buf.assign(size_t(3 * n), -7.0f);
+    checkpoint::LoadOptions lo;
+    lo.world = &world;
+    lo.read_threads = 2;
+    checkpoint::LoadTarget shared{0, half, {buf.data(), buf.data() + n, buf.data() + 2 * n}, &world};
+    checkpoint::LoadTarget own{half, n - half, {buf.data() + half, buf.data() + n + half, buf.data() + 2 * n + half}};
+    lo.targets = {shared, own};
+    cks[size_t(rank)] = checkpoint::load_checkpoint(dir, p, lo);
+  });
+}
+
+TEST(CheckpointReshard, ReplicasReadAShareAndExchangeTheRest) {
+  TempDir t;
+  ASSERT_TRUE(all_ok(save_layout_ranges(t.dir, {2, 1, 1}, true)));
+  const std::string dir = checkpoint::resolve_checkpoint(t.dir.string());
+  ParamStore p;
+  build(p, {1, 1, 1}, 0);
+  const int64_t n = p.numel(), half = n / 2;
+  const checkpoint::CheckpointData ref = checkpoint::load_checkpoint(dir, p);
+  checkpoint::LoadOptions rest;
+  rest.ranges = {{half, n - half}};
+  const uint64_t own_bytes = checkpoint::load_checkpoint(dir, p, rest).bytes_read;
+  const uint64_t shared_bytes = ref.bytes_read - own_bytes;
+  ASSERT_GT(shared_bytes, 0u);
+  ASSERT_GT(own_bytes, 0u);
+
+  std::vector<std::vector<float>> got;
+  std::vector<checkpoint::CheckpointData> cks;
+  std::vector<std::string> errors;
+  load_as_replicas(dir, 3, got, cks, errors);
+  ASSERT_TRUE(all_ok(errors));
+  const std::vector<float>* want[3] = {&ref.params, &ref.exp_avg, &ref.exp_avg_sq};
+  uint64_t read_total = 0;
+  for (int r = 0; r < 3; ++r) {
+    const checkpoint::CheckpointData& ck = cks[size_t(r)];
+    EXPECT_TRUE(ck.params.empty() && ck.exp_avg.empty());
+    EXPECT_EQ(ck.state.iteration, 5);
+    int64_t wrong = 0;
+    for (const auto& info : p.infos())
+      for (int64_t k = info.offset; k < info.offset + info.numel; ++k)
+        for (int s = 0; s < 3; ++s) wrong += got[size_t(r)][size_t(s * n + k)] != (*want[s])[size_t(k)];
+    EXPECT_EQ(wrong, 0) << "rank " << r;
+    EXPECT_GE(ck.bytes_read, own_bytes);
+    EXPECT_LT(ck.bytes_read - own_bytes, shared_bytes / 2) << "rank " << r << " read more than its share";
+    // it received the other replicas' shares of the range (three sections, alignment gaps included)
+    const int64_t mine = half * (r + 1) / 3 - half * r / 3;
+    EXPECT_EQ(ck.bytes_received, uint64_t(3 * (half - mine)) * sizeof(float));
+    read_total += ck.bytes_read;
+  }
+  EXPECT_EQ(read_total, shared_bytes + 3 * own_bytes);  // the shared range read once in all
+
+  // A damaged block: whichever replica reads it fails naming it, the others because it failed.
+  const fs::path shard = fs::path(dir) / "rank_00001.bin";
+  {
+    std::fstream f(shard, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekg(-10, std::ios::end);
+    char c = 0;
+    f.read(&c, 1);
+    c = char(c ^ 0x5a);
+    f.seekp(-10, std::ios::end);
+    f.write(&c, 1);
+  }
+  load_as_replicas(dir, 3, got, cks, errors);
+  int named = 0;
+  for (int r = 0; r < 3; ++r) {
+    EXPECT_FALSE(errors[size_t(r)].empty()) << "rank " << r << " went on";
+    named += errors[size_t(r)].find("rank_00001.bin is corrupted: block") != std::string::npos;
+    if (errors[size_t(r)].find("rank_00001.bin") == std::string::npos) {
+      EXPECT_NE(errors[size_t(r)].find("failed"), std::string::npos) << errors[size_t(r)];
+    }
+  }
+  EXPECT_GE(named, 1);
+}
+
 // A damaged block is found by the threaded reads too, and named.
 TEST(CheckpointReshard, ThreadedReadsNameADamagedBlock) {
   TempDir t;
@@ -539,8 +627,11 @@ TEST(CheckpointBench, TwoRanksMeasureEveryPhase) {
   EXPECT_EQ(r.save.bytes, r.rank_bytes[0] + r.rank_bytes[1]);
   EXPECT_EQ(r.load.bytes, r.save.bytes);
   EXPECT_EQ(r.load_new.bytes, r.save.bytes);
+  EXPECT_EQ(r.load_all.bytes, r.save.bytes);
+  EXPECT_EQ(r.load_shared.bytes, r.save.bytes);
   EXPECT_NEAR(double(r.rank_bytes[0]), double(r.rank_bytes[1]), 0.2 * double(r.rank_bytes[0]));
-  for (const checkpoint::BenchPhase* ph : {&r.disk_write, &r.disk_read, &r.save, &r.load, &r.load_new}) {
+  for (const checkpoint::BenchPhase* ph :
+       {&r.disk_write, &r.disk_read, &r.save, &r.load, &r.load_new, &r.load_all, &r.load_shared}) {
     EXPECT_GT(ph->seconds, 0);
     EXPECT_EQ(ph->rank_seconds.size(), 2u);
   }
@@ -767,6 +858,28 @@ TEST(CheckpointReshardMpi, SaveUnderTp2Pp2LoadUnderTp4AndOneProcess) {
     EXPECT_EQ(ck.saved_layout.tp, 2);
   }
   EXPECT_EQ(load_layout_mismatches(dir, {1, 1, 1}), 0);
+
+  // The four ranks as replicas of one process (no_shard dp4): each reads a quarter and the MPI
+  // broadcasts bring the rest; the result is the plain load's, element for element.
+  {
+    ParamStore p;
+    build(p, {1, 1, 1}, 0);
+    const int64_t n = p.numel();
+    const auto plain = checkpoint::load_checkpoint(dir, p);
+    std::vector<float> buf(size_t(3 * n), -7.0f);
+    checkpoint::LoadOptions o;
+    o.world = &world;
+    o.targets = {{0, n, {buf.data(), buf.data() + n, buf.data() + 2 * n}, &world}};
+    const auto ck = checkpoint::load_checkpoint(dir, p, o);
+    const std::vector<float>* want[3] = {&plain.params, &plain.exp_avg, &plain.exp_avg_sq};
+    int64_t wrong = 0;
+    for (const auto& info : p.infos())
+      for (int64_t k = info.offset; k < info.offset + info.numel; ++k)
+        for (int s = 0; s < 3; ++s) wrong += buf[size_t(s * n + k)] != (*want[s])[size_t(k)];
+    EXPECT_EQ(wrong, 0);
+    EXPECT_LT(ck.bytes_read, plain.bytes_read / 3);
+    EXPECT_GT(ck.bytes_received, plain.bytes_read / 2);
+  }
 
   // Rank 3 fails mid-write: every rank throws, iteration 5 stays the latest.
   if (rank == 3) ::setenv("PRIMUS_FAULT_CHECKPOINT_FAIL_RANK", "3", 1);

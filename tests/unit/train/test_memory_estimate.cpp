@@ -179,5 +179,16 @@ TEST(MemoryEstimate, WeightsGradientsAndOptimizerStateAreWhatTheStrategyHolds) {
       EXPECT_NEAR(e.parameter_bytes + e.working_bytes, held.parameters, 256);
       EXPECT_NEAR(e.gradient_bytes, held.gradients, 256);
       EXPECT_NEAR(e.optimizer_bytes, held.optimizer, 256);
+      // A checkpoint save: the elements the strategy writes (its shard_state), exactly, and the
+      // host memory the save reports for them (12 bytes each, the staging buffer; on the CPU
+      // nothing is copied for a sync save).
+      const plan::SaveMemory save =
+          plan::estimate_save_memory(plan::walk_ranks(cfg.model_spec, layout, cfg.train, Precision::Fp32).front(),
+                                     layout, cfg.train, layout.sharding, false);
+      const train::DpShardState shard = strategy->shard_state();
+      EXPECT_EQ(save.elements, shard.numel());
+      const double copy = 12.0 * double(shard.numel());
+      EXPECT_EQ(save.staging_bytes, std::min(copy, double(4u << 20)));
+      EXPECT_EQ(save.async_bytes, save.sync_bytes + copy);
     }
 }
