@@ -137,7 +137,8 @@ TEST(MemoryEstimate, MoeExpertsAreDividedByEpAndWholeOnEveryTpRank) {
 // The weights, gradients and optimizer state the estimate counts are what the data-parallel
 // strategy of each sharding holds (DataParallelStrategy::memory(), which the log's peak split
 // reports): each strategy built for rank 0 of dp 4, dense and with experts over ep 2, on groups
-// that record instead of communicating. (The estimate runs before any strategy exists, and at
+// that record instead of communicating, with fp32 and with bf16 AdamW moments (the precision-aware
+// optimizer: half the optimizer bytes). (The estimate runs before any strategy exists, and at
 // scales where none could be built, so it sizes the same buffers from the walk.)
 TEST(MemoryEstimate, WeightsGradientsAndOptimizerStateAreWhatTheStrategyHolds) {
   test::TinyExperiment exp;
@@ -147,13 +148,19 @@ TEST(MemoryEstimate, WeightsGradientsAndOptimizerStateAreWhatTheStrategyHolds) {
                                                                 {"moe_layer_freq", "2"},
                                                                 {"expert_model_parallel_size", "2"}};
   for (const char* sharding : {"no_shard", "optim", "optim_grads", "optim_grads_params"})
-    for (const bool experts : {false, true}) {
+    for (const bool experts : {false, true})
+      for (const bool bf16_state : {false, true}) {
       std::vector<std::pair<std::string, std::string>> keys = {{"num_layers", "4"},
                                                                {"global_batch_size", "8"},
                                                                {"data_parallel_sharding_strategy", sharding}};
       if (experts) keys.insert(keys.end(), moe.begin(), moe.end());
+      if (bf16_state)
+        keys.insert(keys.end(), {{"use_precision_aware_optimizer", "true"},
+                                 {"exp_avg_dtype", "bf16"},
+                                 {"exp_avg_sq_dtype", "bf16"}});
       const auto cfg = exp.load(keys);
-      SCOPED_TRACE(std::string(sharding) + (experts ? " with experts over ep 2" : " dense"));
+      SCOPED_TRACE(std::string(sharding) + (experts ? " with experts over ep 2" : " dense") +
+                   (bf16_state ? ", bf16 moments" : ""));
       const plan::ParallelLayout layout = plan::plan_layout(cfg.train, cfg.model_spec, 4);
       const plan::MemoryEstimate e = plan::estimate_memory(cfg.model_spec, layout, cfg.train, false);
 
@@ -172,12 +179,22 @@ TEST(MemoryEstimate, WeightsGradientsAndOptimizerStateAreWhatTheStrategyHolds) {
       part.ep_size = layout.ep;
       part.ep_group = g.ep.get();
       LlamaModel model(cfg.model_spec, cpu::cpu_backend(), Precision::Fp32, options, part);
+      AdamWOptions adam;
+      if (bf16_state) adam.exp_avg_dtype = adam.exp_avg_sq_dtype = DType::BF16;
       const auto strategy = train::make_dp_strategy(
-          {model, layout, g, parallel::MeshCoord{}, AdamWOptions{}, cfg.train.ddp_bucket_size, true, 1});
+          {model, layout, g, parallel::MeshCoord{}, adam, cfg.train.ddp_bucket_size, true, 1});
       const train::DpMemory held = strategy->memory();
       // The estimate rounds each buffer up to the host pool's 64 bytes.
       EXPECT_NEAR(e.parameter_bytes + e.working_bytes, held.parameters, 256);
       EXPECT_NEAR(e.gradient_bytes, held.gradients, 256);
       EXPECT_NEAR(e.optimizer_bytes, held.optimizer, 256);
+      if (bf16_state) {  // half the fp32 state, to the pool's rounding
+        auto fp32_keys = keys;
+        fp32_keys.resize(fp32_keys.size() - 3);
+        const auto fp32 = exp.load(fp32_keys);
+        const plan::MemoryEstimate f = plan::estimate_memory(fp32.model_spec, layout, fp32.train, false);
+        EXPECT_NEAR(e.optimizer_bytes, 0.5 * f.optimizer_bytes, 512);
+        EXPECT_GT(e.optimizer_bytes, 0);
+      }
     }
 }
