@@ -568,6 +568,12 @@ void Trainer::open_outputs() {
               100.0 * double(trainable) / double(p.numel()), p.numel(), dp_->memory().optimizer / 1048576.0);
   }
   log::info("compute: {}", compute_.describe());
+  if (a_.use_precision_aware_optimizer)  // docs/optim.md#low-precision-optimizer-state
+    log::info("precision-aware optimizer: main_grads_dtype {}, main_params_dtype {}, exp_avg_dtype {}, "
+              "exp_avg_sq_dtype {}; AdamW state {:.3f} MiB on this rank",
+              config::choice_name(a_.main_grads_dtype), config::choice_name(a_.main_params_dtype),
+              config::choice_name(a_.exp_avg_dtype), config::choice_name(a_.exp_avg_sq_dtype),
+              dp_->memory().optimizer / 1048576.0);
   if (rank0_ && !cfg_.no_effect.empty()) log::info("{}", config::no_effect_summary(cfg_));
   log::info("training iterations {} to {}; MFU against a peak of {:.1f} GFLOP/s ({})", state_.iteration + 1,
             a_.train_iters, peak_gflops_,

@@ -223,6 +223,8 @@ TEST_F(Distributed, Dp2) { expect_same_training(2, ""); }
 constexpr const char* kBf16 = "--bf16 true --device cpu";
 // Measured: 9e-5 (dp2) and 1.5e-4 (tp2 x pp2) relative on the losses, 2.4e-3 of the largest weight.
 constexpr double kBf16LossTol = 1e-3, kBf16WeightTol = 1e-2;
+// With bf16 main gradients too (PrecisionAwareOptimizerZero1AndFsdpDp2).
+constexpr double kPrecisionAwareLossTol = 3e-3;
 TEST_F(Distributed, Dp2Bf16) { expect_same_training(2, "", kBf16, kBf16LossTol, kBf16WeightTol); }
 TEST_F(Distributed, Tp2Pp2Bf16) {
   expect_same_training(4, "--tensor_model_parallel_size 2 --pipeline_model_parallel_size 2 --sequence_parallel true",
@@ -597,6 +599,33 @@ TEST_F(Distributed, DecayNormsAndBiasesUnderZero1AndFsdp) {
   }
   // The norm weights (about 1) lose about lr x 0.5 a step more with the key: far past the tolerance.
   EXPECT_GT(weight_difference("ref", "plain"), 1e-3);
+}
+
+// The precision-aware optimizer (docs/optim.md#low-precision-optimizer-state) as Primus's MoE
+// configs set it: bf16 main gradients and bf16 moments, in bf16 training. ZeRO-1 and FSDP over dp2
+// train as one process does with the same dtypes. The gradients are rounded to bf16 after each
+// microbatch and after the reduction, so dp2 (each rank accumulating half the microbatches, then
+// one rounded sum) rounds at other places than one process (all microbatches in sequence): the runs
+// agree to bf16's resolution.
+TEST_F(Distributed, PrecisionAwareOptimizerZero1AndFsdpDp2) {
+  const std::string low = std::string(kBf16) +
+                          " --use_precision_aware_optimizer true --main_grads_dtype bf16 --exp_avg_dtype bf16"
+                          " --exp_avg_sq_dtype bf16";
+  const Result ref = reference(low);
+  ASSERT_EQ(ref.status, 0) << ref.out;
+  const Result zero1 = run(2, "zero1", low + " --use_distributed_optimizer true --ddp_bucket_size 20000");
+  ASSERT_EQ(zero1.status, 0) << zero1.out;
+  const Result fsdp = run(2, "fsdp", low + " --data_parallel_sharding_strategy optim_grads_params");
+  ASSERT_EQ(fsdp.status, 0) << fsdp.out;
+  const auto a = losses("ref");
+  ASSERT_EQ(a.size(), 20u);
+  for (const char* name : {"zero1", "fsdp"}) {
+    const auto b = losses(name);
+    ASSERT_EQ(b.size(), 20u) << name;
+    for (size_t i = 0; i < a.size(); ++i)
+      EXPECT_NEAR(b[i], a[i], kPrecisionAwareLossTol * std::fabs(a[i])) << name << " iteration " << i + 1;
+    EXPECT_LT(weight_difference("ref", name), kBf16WeightTol) << name;
+  }
 }
 
 // Mixture of experts (docs/moe.md): the router's statistics and losses, the expert-bias update
