@@ -28,15 +28,20 @@ inline float load_state(const float* x, int64_t i) { return x[i]; }
 inline float load_state(const bf16* x, int64_t i) { return bf16_bits_to_float(x[i].bits); }
 inline void store_state(float* x, int64_t i, float v) { x[i] = v; }
 inline void store_state(bf16* x, int64_t i, float v) { x[i].bits = float_to_bf16_bits(v); }
-inline float round_param(float p, bool to_bf16) { return to_bf16 ? bf16_bits_to_float(float_to_bf16_bits(p)) : p; }
+template <bool kBf16>
+inline float round_param(float p) {
+  if constexpr (kBf16) return bf16_bits_to_float(float_to_bf16_bits(p));
+  return p;
+}
 
 struct StepConsts {
   float b1, b2, one_minus_b1, one_minus_b2, step_size, inv_sqrt_bc2, eps;
   bool bf16_params;
 };
 
-// One segment's update; M and V are float or bf16 (the moments' storage).
-template <class M, class V>
+// One segment's update; M and V are float or bf16 (the moments' storage), kBf16Params rounds the
+// updated parameters to bf16.
+template <class M, class V, bool kBf16Params>
 void update_segment(float* __restrict p, const float* __restrict g, M* __restrict m, V* __restrict v, int64_t n,
                     float decay, const StepConsts& c) {
 #pragma omp parallel for simd schedule(static) if (parallel : n > 32768)
@@ -46,8 +51,16 @@ void update_segment(float* __restrict p, const float* __restrict g, M* __restric
     const float vi = c.b2 * load_state(v, i) + c.one_minus_b2 * gi * gi;
     store_state(m, i, mi);
     store_state(v, i, vi);
-    p[i] = round_param(p[i] * decay - c.step_size * mi / (std::sqrt(vi) * c.inv_sqrt_bc2 + c.eps), c.bf16_params);
+    p[i] = round_param<kBf16Params>(p[i] * decay - c.step_size * mi / (std::sqrt(vi) * c.inv_sqrt_bc2 + c.eps));
   }
+}
+
+template <class M, class V>
+void update_segment(float* p, const float* g, M* m, V* v, int64_t n, float decay, const StepConsts& c) {
+  if (c.bf16_params)
+    update_segment<M, V, true>(p, g, m, v, n, decay, c);
+  else
+    update_segment<M, V, false>(p, g, m, v, n, decay, c);
 }
 
 void check_state_dtype(const char* key, DType d) {
