@@ -43,7 +43,7 @@ struct StepConsts {
 // updated parameters to bf16.
 template <class M, class V, bool kBf16Params>
 void update_segment(float* __restrict p, const float* __restrict g, M* __restrict m, V* __restrict v, int64_t n,
-                    float decay, const StepConsts& c) {
+                    float decay, const StepConsts c) {  // by value: no store through p can alias it
 #pragma omp parallel for simd schedule(static) if (parallel : n > 32768)
   for (int64_t i = 0; i < n; ++i) {
     const float gi = g[i];
