@@ -223,8 +223,6 @@ TEST_F(Distributed, Dp2) { expect_same_training(2, ""); }
 constexpr const char* kBf16 = "--bf16 true --device cpu";
 // Measured: 9e-5 (dp2) and 1.5e-4 (tp2 x pp2) relative on the losses, 2.4e-3 of the largest weight.
 constexpr double kBf16LossTol = 1e-3, kBf16WeightTol = 1e-2;
-// With bf16 main gradients too (PrecisionAwareOptimizerZero1AndFsdpDp2).
-constexpr double kPrecisionAwareLossTol = 3e-3;
 TEST_F(Distributed, Dp2Bf16) { expect_same_training(2, "", kBf16, kBf16LossTol, kBf16WeightTol); }
 TEST_F(Distributed, Tp2Pp2Bf16) {
   expect_same_training(4, "--tensor_model_parallel_size 2 --pipeline_model_parallel_size 2 --sequence_parallel true",
@@ -606,7 +604,8 @@ TEST_F(Distributed, DecayNormsAndBiasesUnderZero1AndFsdp) {
 // train as one process does with the same dtypes. The gradients are rounded to bf16 after each
 // microbatch and after the reduction, so dp2 (each rank accumulating half the microbatches, then
 // one rounded sum) rounds at other places than one process (all microbatches in sequence): the runs
-// agree to bf16's resolution.
+// agree to bf16's resolution (measured: losses within 9.3e-5 relative under ZeRO-1, 2.3e-4 under
+// FSDP; weights within 3.7e-3 and 4.8e-3 of the largest).
 TEST_F(Distributed, PrecisionAwareOptimizerZero1AndFsdpDp2) {
   const std::string low = std::string(kBf16) +
                           " --use_precision_aware_optimizer true --main_grads_dtype bf16 --exp_avg_dtype bf16"
@@ -622,9 +621,15 @@ TEST_F(Distributed, PrecisionAwareOptimizerZero1AndFsdpDp2) {
   for (const char* name : {"zero1", "fsdp"}) {
     const auto b = losses(name);
     ASSERT_EQ(b.size(), 20u) << name;
-    for (size_t i = 0; i < a.size(); ++i)
-      EXPECT_NEAR(b[i], a[i], kPrecisionAwareLossTol * std::fabs(a[i])) << name << " iteration " << i + 1;
-    EXPECT_LT(weight_difference("ref", name), kBf16WeightTol) << name;
+    double worst = 0;
+    for (size_t i = 0; i < a.size(); ++i) {
+      EXPECT_NEAR(b[i], a[i], kBf16LossTol * std::fabs(a[i])) << name << " iteration " << i + 1;
+      worst = std::max(worst, std::fabs(b[i] - a[i]) / std::fabs(a[i]));
+    }
+    const double weights = weight_difference("ref", name);
+    EXPECT_LT(weights, kBf16WeightTol) << name;
+    std::printf("[ info     ] %s: losses within %.1e of one process's (relative), weights within %.1e\n", name, worst,
+                weights);
   }
 }
 
