@@ -348,6 +348,7 @@ class ShardedStrategy final : public DataParallelStrategy {
     const auto piece = [this](int t) { return sharded_->grad_piece(t); };
     mp_->sum_tied_embedding(piece);
     mp_->sum_tensor_parallel(piece);
+    if (bf16_grads_) round_to_bf16(model_.backend(), sharded_->grad_shards());  // those sums in bf16 too
   }
   double gradient_norm() override;
   void step(double lr, double grad_scale) override { sharded_->step(lr, grad_scale); }
@@ -375,12 +376,13 @@ class ShardedStrategy final : public DataParallelStrategy {
   LlamaModel& model_;
   const parallel::MeshGroups& groups_;
   parallel::ProcessGroup& shards_group_;
+  const bool bf16_grads_;
   std::unique_ptr<ShardedWeights> sharded_;
   std::unique_ptr<ModelParallelGrads> mp_;
 };
 
 ShardedStrategy::ShardedStrategy(const DpSetup& s)
-    : model_(s.model), groups_(s.groups), shards_group_(gradient_group(s)) {
+    : model_(s.model), groups_(s.groups), shards_group_(gradient_group(s)), bf16_grads_(s.bf16_main_grads) {
   sharded_ = std::make_unique<ShardedWeights>(
       model_, shards_group_, s.layout.ep > 1 ? s.groups.edp_cp.get() : nullptr,
       s.layout.shard_parameters() ? ShardedStage::OptimGradsParams : ShardedStage::OptimGrads, s.adam,
