@@ -42,8 +42,9 @@ const std::vector<KeyInfo>& training_keys() {
       KEY(adam_beta1, "AdamW beta1"),
       KEY(adam_beta2, "AdamW beta2"),
       KEY(adam_eps, "AdamW epsilon"),
-      KEY(use_precision_aware_optimizer, "allow the four dtypes below to be other than fp32 (Megatron's precision-aware "
-                                         "optimizer; docs/optim.md#low-precision-optimizer-state)"),
+      KEY(use_precision_aware_optimizer,
+          "allow the four dtypes below to be other than fp32 (Megatron's precision-aware "
+          "optimizer; docs/optim.md#low-precision-optimizer-state)"),
       KEY(main_grads_dtype, "fp32 | bf16: bf16 rounds the gradients to bf16 after each microbatch's accumulation and "
                             "after the data-parallel reduction, as Megatron's bf16 gradient buffer (needs bf16: true)"),
       KEY(main_params_dtype, "fp32 | bf16: bf16 keeps the parameters bf16 (each update rounded to bf16, no fp32 "

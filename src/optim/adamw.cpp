@@ -101,7 +101,8 @@ AdamW::AdamW(AdamWOptions options, int64_t numel) : options_(options), numel_(nu
 }
 
 void AdamW::moment(bool second, int64_t begin, int64_t n, float* out) const {
-  if (begin < 0 || n < 0 || begin + n > numel_) fail("AdamW::moment: [{}, +{}) outside the {} elements", begin, n, numel_);
+  if (begin < 0 || n < 0 || begin + n > numel_)
+    fail("AdamW::moment: [{}, +{}) outside the {} elements", begin, n, numel_);
   const Tensor& t = second ? v_ : m_;
   if (t.dtype() == DType::F32) {
     std::copy(t.data<float>() + begin, t.data<float>() + begin + n, out);
@@ -149,8 +150,15 @@ void AdamW::step(float* params, const float* grads, const std::vector<ParamSegme
   const double bc2 = 1.0 - std::pow(b2, double(step_));
   // Constants in double, the loop in float: m_hat / (sqrt(v_hat) + eps) rewritten as
   // m * step_size / (sqrt(v) * inv_sqrt_bc2 + eps), as torch does, to keep one sqrt per element.
-  StepConsts c{float(b1), float(b2), float(1.0 - b1), float(1.0 - b2), float(lr / bc1), float(1.0 / std::sqrt(bc2)),
-               float(options_.eps), options_.bf16_params};
+  StepConsts c;
+  c.b1 = float(b1);
+  c.b2 = float(b2);
+  c.one_minus_b1 = float(1.0 - b1);
+  c.one_minus_b2 = float(1.0 - b2);
+  c.step_size = float(lr / bc1);
+  c.inv_sqrt_bc2 = float(1.0 / std::sqrt(bc2));
+  c.eps = float(options_.eps);
+  c.bf16_params = options_.bf16_params;
   const bool m32 = m_.dtype() == DType::F32, v32 = v_.dtype() == DType::F32;
   for (const auto& s : segments) {
     const bool decayed = s.weight_decay || options_.decay_norms_and_biases;
@@ -158,10 +166,14 @@ void AdamW::step(float* params, const float* grads, const std::vector<ParamSegme
     float* p = params + s.offset;
     const float* g = grads + s.offset;
     const int64_t o = s.offset, n = s.numel;
-    if (m32 && v32) update_segment(p, g, m_.data<float>() + o, v_.data<float>() + o, n, decay, c);
-    else if (m32) update_segment(p, g, m_.data<float>() + o, v_.data<bf16>() + o, n, decay, c);
-    else if (v32) update_segment(p, g, m_.data<bf16>() + o, v_.data<float>() + o, n, decay, c);
-    else update_segment(p, g, m_.data<bf16>() + o, v_.data<bf16>() + o, n, decay, c);
+    if (m32 && v32)
+      update_segment(p, g, m_.data<float>() + o, v_.data<float>() + o, n, decay, c);
+    else if (m32)
+      update_segment(p, g, m_.data<float>() + o, v_.data<bf16>() + o, n, decay, c);
+    else if (v32)
+      update_segment(p, g, m_.data<bf16>() + o, v_.data<float>() + o, n, decay, c);
+    else
+      update_segment(p, g, m_.data<bf16>() + o, v_.data<bf16>() + o, n, decay, c);
   }
 }
 

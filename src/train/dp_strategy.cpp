@@ -82,7 +82,8 @@ class BucketedStrategy : public DataParallelStrategy {
     // over two ranks rounds each sum once too; the wire itself stays fp32)
     if (bf16_grads_) {
       round_to_bf16(model_.backend(), model_.params().grads());
-      if (experts_ && experts_->packed_gradients().defined()) round_to_bf16(model_.backend(), experts_->packed_gradients());
+      if (experts_ && experts_->packed_gradients().defined())
+        round_to_bf16(model_.backend(), experts_->packed_gradients());
     }
   }
   const Tensor& gradients() const override { return model_.params().grads(); }
@@ -383,10 +384,10 @@ class ShardedStrategy final : public DataParallelStrategy {
 
 ShardedStrategy::ShardedStrategy(const DpSetup& s)
     : model_(s.model), groups_(s.groups), shards_group_(gradient_group(s)), bf16_grads_(s.bf16_main_grads) {
-  sharded_ = std::make_unique<ShardedWeights>(
-      model_, shards_group_, s.layout.ep > 1 ? s.groups.edp_cp.get() : nullptr,
-      s.layout.shard_parameters() ? ShardedStage::OptimGradsParams : ShardedStage::OptimGrads, s.adam,
-      s.bf16_main_grads);
+  sharded_ = std::make_unique<ShardedWeights>(model_, shards_group_, s.layout.ep > 1 ? s.groups.edp_cp.get() : nullptr,
+                                              s.layout.shard_parameters() ? ShardedStage::OptimGradsParams
+                                                                          : ShardedStage::OptimGrads,
+                                              s.adam, s.bf16_main_grads);
   model_.set_weight_source(sharded_.get());
   sharded_->init_weights(s.seed);
   mp_ = std::make_unique<ModelParallelGrads>(model_, s.layout, s.groups, s.me);

@@ -253,11 +253,11 @@ void adamw_step(float* params, const float* grads, void* exp_avg, void* exp_avg_
   const bool aligned = aligned16(params) && aligned16(grads) && aligned16(exp_avg) && aligned16(exp_avg_sq) &&
                        (!params_bf16 || (reinterpret_cast<uintptr_t>(params_bf16) & 7u) == 0);
   if (params_bf16)
-    launch_adamw_for<true>(p, params, grads, exp_avg, exp_avg_sq, params_bf16, chunks, num_chunks,
-                           prefix.as<int64_t>(), c, aligned, stream);
+    launch_adamw_for<true>(p, params, grads, exp_avg, exp_avg_sq, params_bf16, chunks, num_chunks, prefix.as<int64_t>(),
+                           c, aligned, stream);
   else
-    launch_adamw_for<false>(p, params, grads, exp_avg, exp_avg_sq, nullptr, chunks, num_chunks, prefix.as<int64_t>(),
-                            c, aligned, stream);
+    launch_adamw_for<false>(p, params, grads, exp_avg, exp_avg_sq, nullptr, chunks, num_chunks, prefix.as<int64_t>(), c,
+                            aligned, stream);
 }
 
 void sum_squares(const float* x, const AdamWChunk* ranges, int num_ranges, double* out, cudaStream_t stream) {

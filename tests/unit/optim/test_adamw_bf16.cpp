@@ -55,7 +55,8 @@ AdamWOptions options(DType m, DType v, bool bf16_params = false) {
 TEST(AdamWBf16, EachStoredMomentIsTheFp32UpdateRounded) {
   const int64_t n = 1000;
   const std::vector<ParamSegment> segs = {{"w", 0, 600, true}, {"b", 600, 400, false}};
-  for (const auto& [md, vd] : {std::pair{DType::BF16, DType::BF16}, {DType::BF16, DType::F32}, {DType::F32, DType::BF16}}) {
+  for (const auto& [md, vd] :
+       {std::pair{DType::BF16, DType::BF16}, {DType::BF16, DType::F32}, {DType::F32, DType::BF16}}) {
     AdamW low(options(md, vd), n);
     std::vector<float> p(static_cast<size_t>(n));
     for (int64_t i = 0; i < n; ++i) p[size_t(i)] = float(std::cos(double(i))) * 0.05f;

@@ -41,8 +41,8 @@ Keys with(Keys v, std::initializer_list<std::pair<std::string, std::string>> mor
   return v;
 }
 
-const Keys kShort = {{"train_iters", "12"}, {"log_interval", "1"}, {"eval_interval", "0"},
-                     {"lr_decay_iters", "12"}, {"device", "cpu"}, {"bf16", "true"}};
+const Keys kShort = {{"train_iters", "12"},    {"log_interval", "1"}, {"eval_interval", "0"},
+                     {"lr_decay_iters", "12"}, {"device", "cpu"},     {"bf16", "true"}};
 // Primus's settings (8 of its MoE configs and its SFT ones).
 const Keys kBf16State = {{"use_precision_aware_optimizer", "true"},
                          {"main_grads_dtype", "bf16"},
