@@ -257,7 +257,7 @@ const std::vector<ForeignKey>& foreign_keys() {
       {"enable_chunked_prefill", KeyStatus::NotSupported, "false", kNsOther, Src::M},
       {"enable_cuda_graph", KeyStatus::NoEffect, "false", kKernels, Src::MP},
       {"enable_exactly_numeric_match", KeyStatus::NoEffect, "true", kTuning, Src::P},
-      {"enable_experimental", KeyStatus::NotSupported, "false", kNsOther, Src::MP},
+      {"enable_experimental", KeyStatus::NoEffect, "false", kKernels, Src::MP},
       {"enable_ft_package", KeyStatus::NoEffect, "false", kLogging, Src::MP},
       {"enable_full_sharding_in_hsdp", KeyStatus::NotSupported, "false", kNsOther, Src::M},
       {"enable_fused_linear_ce", KeyStatus::NoEffect, "false", kKernels, Src::P},
