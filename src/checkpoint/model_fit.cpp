@@ -96,6 +96,8 @@ const std::vector<ModelField>& fields() {
       {"moe_shared_expert_gate", Changes::Tensors, shared_expert, AS_IS(moe_shared_expert_gate)},
       {"moe_router_enable_expert_bias", Changes::Tensors, moe, AS_IS(moe_router_enable_expert_bias)},
       {"norm_epsilon", Changes::Meaning, always, AS_IS(norm_epsilon)},
+      {"final_logit_softcapping", Changes::Meaning, always, AS_IS(final_logit_softcapping)},
+      {"router_logit_softcapping", Changes::Meaning, moe, AS_IS(router_logit_softcapping)},
       {"window_size", Changes::Meaning, not_mla, layer_windows},
       {"window_attn_skip_freq", Changes::Meaning, not_mla, layer_windows},
       {"rotary_base", Changes::Meaning, always, AS_IS(rotary_base)},

@@ -36,6 +36,11 @@ enum class PipelineBalance : uint8_t { None, Auto };
 // losses (hinge, ipo, robust, ...) are not built: their names are not in the table below.
 enum class DpoLossType : uint8_t { Sigmoid };
 
+// The precision-aware optimizer's dtypes (Megatron's main_grads_dtype, main_params_dtype,
+// exp_avg_dtype, exp_avg_sq_dtype; docs/optim.md): Megatron's spellings. Which are built for
+// which key is checked in experiment.cpp (check_precision_aware); the rest are refused by name.
+enum class OptimDtype : uint8_t { Fp32, Bf16, Fp16, Fp8 };
+
 template <class E>
 struct Choice {
   E value;
@@ -59,6 +64,9 @@ inline constexpr Choice<Fp8Recipe> kFp8RecipeChoices[] = {{Fp8Recipe::Delayed, "
                                                          {Fp8Recipe::Mxfp8, "mxfp8"}};
 inline constexpr Choice<fp8::AmaxAlgo> kAmaxAlgoChoices[] = {{fp8::AmaxAlgo::Max, "max"},
                                                             {fp8::AmaxAlgo::MostRecent, "most_recent"}};
+
+inline constexpr Choice<OptimDtype> kOptimDtypeChoices[] = {
+    {OptimDtype::Fp32, "fp32"}, {OptimDtype::Bf16, "bf16"}, {OptimDtype::Fp16, "fp16"}, {OptimDtype::Fp8, "fp8"}};
 
 inline constexpr Choice<TrainStage> kTrainStageChoices[] = {
     {TrainStage::Pretrain, ""}, {TrainStage::Pretrain, "pretrain"}, {TrainStage::Sft, "sft"}, {TrainStage::Dpo, "dpo"}};
@@ -96,6 +104,7 @@ inline std::span<const Choice<Fp8Recipe>> choices_of(Fp8Recipe) { return kFp8Rec
 inline std::span<const Choice<fp8::AmaxAlgo>> choices_of(fp8::AmaxAlgo) { return kAmaxAlgoChoices; }
 inline std::span<const Choice<CpComm>> choices_of(CpComm) { return kCpCommChoices; }
 inline std::span<const Choice<DpSharding>> choices_of(DpSharding) { return kDpShardingChoices; }
+inline std::span<const Choice<OptimDtype>> choices_of(OptimDtype) { return kOptimDtypeChoices; }
 inline std::span<const Choice<TrainStage>> choices_of(TrainStage) { return kTrainStageChoices; }
 inline std::span<const Choice<DpoLossType>> choices_of(DpoLossType) { return kDpoLossTypeChoices; }
 inline std::span<const Choice<PipelineBalance>> choices_of(PipelineBalance) { return kPipelineBalanceChoices; }

@@ -473,7 +473,7 @@ const std::vector<DialectKey>& table() {
       {"mtp_eval_target_module", N, "0", kVariant},
       {"mtp_loss_scaling_factor", N, "0.1", kVariant},
       {"mtp_num_layers", X, "0", "multi-token prediction is not built"},
-      {"mu_dtype", X, "\"\"", "AdamW's first moment is fp32 here"},
+      {"mu_dtype", A, "\"\"", "exp_avg_dtype (float32: fp32, bfloat16: bf16; unset: weight_dtype's), with use_precision_aware_optimizer"},
       {"multi_sampling", N, "false", kInference},
       {"multi_tier_checkpointing_backup_interval_minutes", N, "null", kStorage},
       {"multi_tier_checkpointing_backup_interval_steps", N, "null", kStorage},
@@ -732,7 +732,7 @@ const std::vector<DialectKey>& table() {
       {"wandb_project_name", N, "maxtext", kLogging},
       {"wandb_run_name", N, "\"\"", kLogging},
       {"warmup_steps_fraction", A, "0.1", "lr_warmup_iters = int(learning_rate_schedule_steps x warmup_steps_fraction), from 0"},
-      {"weight_dtype", X, "float32", "bf16 parameters and optimizer state (pure bf16 training) are not built; this engine's bf16 (dtype: bfloat16) keeps fp32 master weights"},
+      {"weight_dtype", A, "float32", "bfloat16: use_precision_aware_optimizer with main_params_dtype, main_grads_dtype and exp_avg_sq_dtype bf16 (optax keeps AdamW's nu in the parameters' dtype; needs dtype: bfloat16); float32: fp32 master weights"},
       {"weight_quantization_calibration_method", N, "absmax", kQuant},
       {"weight_sparsity_m", N, "null", kQuant},
       {"weight_sparsity_n", X, "null", kNotBuilt},
@@ -1242,6 +1242,30 @@ class MaxText final : public Dialect {
     s.set("lr_wsd_decay_iters", YAML::Node(wsd_steps - 1), {"wsd_decay_steps_fraction"});
   }
 
+  // weight_dtype and mu_dtype as the precision-aware optimizer. MaxText keeps the parameters in
+  // weight_dtype, their gradients with them, and optax's AdamW keeps mu in mu_dtype (weight_dtype when
+  // unset) and nu in the parameters' dtype. This engine stores them so (bf16 values) but computes the
+  // update in fp32 and rounds on store, as Transformer Engine does; optax computes in the arrays'
+  // dtype (docs/optim.md#low-precision-optimizer-state).
+  static void state_dtypes(DialectSettings& s) {
+    const std::string weight = s.text("weight_dtype"), mu_written = s.text("mu_dtype");
+    if (weight != "float32" && weight != "bfloat16") s.refuse("weight_dtype", "float32 or bfloat16");
+    if (!mu_written.empty() && mu_written != "float32" && mu_written != "bfloat16")
+      s.refuse("mu_dtype", "float32 or bfloat16 (or unset: weight_dtype's)");
+    const bool bf16_weights = weight == "bfloat16";
+    const bool bf16_mu = (mu_written.empty() ? weight : mu_written) == "bfloat16";
+    if (bf16_weights && s.text("dtype") != "bfloat16")
+      s.refuse("weight_dtype",
+               "bfloat16 weights computed in float32 (dtype: float32) are not mapped: this engine's bf16 gradients "
+               "need bf16 compute; set dtype: bfloat16, or weight_dtype: float32");
+    const std::vector<std::string> from = {"weight_dtype", "mu_dtype"};
+    s.set("use_precision_aware_optimizer", YAML::Node(bf16_weights || bf16_mu), from);
+    s.set("exp_avg_dtype", YAML::Node(bf16_mu ? "bf16" : "fp32"), from);
+    s.set("exp_avg_sq_dtype", YAML::Node(bf16_weights ? "bf16" : "fp32"), {"weight_dtype"});
+    s.set("main_params_dtype", YAML::Node(bf16_weights ? "bf16" : "fp32"), {"weight_dtype"});
+    s.set("main_grads_dtype", YAML::Node(bf16_weights ? "bf16" : "fp32"), {"weight_dtype", "dtype"});
+  }
+
   static void rest(DialectSettings& s) {
     s.set("adam_beta1", yaml_number(s.number("adam_b1")), {"adam_b1"});
     s.set("adam_beta2", yaml_number(s.number("adam_b2")), {"adam_b2"});
@@ -1249,6 +1273,7 @@ class MaxText final : public Dialect {
     s.set("weight_decay", yaml_number(s.number("adam_weight_decay")), {"adam_weight_decay"});
     s.set("decay_norms_and_biases", YAML::Node(true), {"adam_weight_decay"});
     s.set("clip_grad", yaml_number(s.number("gradient_clipping_threshold")), {"gradient_clipping_threshold"});
+    state_dtypes(s);
     s.set("seed", YAML::Node(s.integer("init_weights_seed")), {"init_weights_seed"});
     s.set("log_interval", YAML::Node(s.integer("log_period")), {"log_period"});
     const std::string data = s.text("dataset_type");

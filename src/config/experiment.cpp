@@ -42,6 +42,16 @@ const std::vector<KeyInfo>& training_keys() {
       KEY(adam_beta1, "AdamW beta1"),
       KEY(adam_beta2, "AdamW beta2"),
       KEY(adam_eps, "AdamW epsilon"),
+      KEY(use_precision_aware_optimizer,
+          "allow the four dtypes below to be other than fp32 (Megatron's precision-aware "
+          "optimizer; docs/optim.md#low-precision-optimizer-state)"),
+      KEY(main_grads_dtype, "fp32 | bf16: bf16 rounds the gradients to bf16 after each microbatch's accumulation and "
+                            "after the data-parallel reduction, as Megatron's bf16 gradient buffer (needs bf16: true)"),
+      KEY(main_params_dtype, "fp32 | bf16: bf16 keeps the parameters bf16 (each update rounded to bf16, no fp32 "
+                             "master values: MaxText's weight_dtype bfloat16); Megatron's fp16 is not built"),
+      KEY(exp_avg_dtype, "fp32 | bf16: AdamW's first moment stored in bf16 (the update computed in fp32, rounded to "
+                         "nearest even on store); fp16 and fp8 are not built"),
+      KEY(exp_avg_sq_dtype, "fp32 | bf16: AdamW's second moment, as exp_avg_dtype"),
       KEY(seed, "seed of weight init and data shuffling"),
       KEY(log_interval, "log a line (and a metrics.jsonl row) every this many steps"),
       KEY(eval_interval, "evaluate on the valid split every this many steps; 0: never"),
@@ -707,6 +717,31 @@ void resolve_virtual_pipeline(ExperimentConfig& cfg, const At& at) {
   t.virtual_pipeline_model_parallel_size = vpp;
 }
 
+// The precision-aware optimizer's keys: Megatron's rules (a dtype other than fp32 needs
+// use_precision_aware_optimizer) and what is built here (docs/optim.md#low-precision-optimizer-state).
+template <class At>
+void check_precision_aware(const TrainingArgs& t, const At& at) {
+  const std::pair<const char*, OptimDtype> keys[] = {{"main_grads_dtype", t.main_grads_dtype},
+                                                     {"main_params_dtype", t.main_params_dtype},
+                                                     {"exp_avg_dtype", t.exp_avg_dtype},
+                                                     {"exp_avg_sq_dtype", t.exp_avg_sq_dtype}};
+  for (const auto& [key, d] : keys) {
+    if (d == OptimDtype::Fp32) continue;
+    if (!t.use_precision_aware_optimizer)
+      fail("{}: {} {} needs use_precision_aware_optimizer: true (Megatron's rule: without it every optimizer dtype "
+           "is fp32)",
+           at(key), key, choice_name(d));
+    if (d == OptimDtype::Fp16 || d == OptimDtype::Fp8)
+      fail("{}: {} {} is not built: Transformer Engine keeps {} state with a per-tensor scale, which this engine "
+           "does not have; use bf16 or fp32",
+           at(key), key, choice_name(d), choice_name(d));
+  }
+  if (t.main_grads_dtype == OptimDtype::Bf16 && !t.bf16)
+    fail("{}: main_grads_dtype bf16 needs bf16: true (in fp32 training Megatron's gradients stay fp32 whatever this "
+         "key says)",
+         at("main_grads_dtype"));
+}
+
 // Derived defaults, then the checks that must fail before any training starts.
 void derive_and_check(ExperimentConfig& cfg) {
   TrainingArgs& t = cfg.train;
@@ -737,6 +772,7 @@ void derive_and_check(ExperimentConfig& cfg) {
     fail("{}: device '{}' is not one of: auto, cpu, cuda", at("device"), t.device);
   check_fp8(t, at);
   resolve_virtual_pipeline(cfg, at);
+  check_precision_aware(t, at);
   if (t.lora.enabled && (t.use_torch_fsdp2 || t.data_parallel_sharding_strategy == DpSharding::OptimGrads ||
                          t.data_parallel_sharding_strategy == DpSharding::OptimGradsParams))
     fail("{}: LoRA with ZeRO-2 / FSDP (optim_grads, optim_grads_params, use_torch_fsdp2) is not built: the frozen "

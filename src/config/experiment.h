@@ -58,6 +58,12 @@ struct TrainingArgs {
   double adam_beta1 = 0.9;
   double adam_beta2 = 0.999;
   double adam_eps = 1e-8;
+  // The precision-aware optimizer (Megatron's keys; docs/optim.md#low-precision-optimizer-state)
+  bool use_precision_aware_optimizer = false;
+  OptimDtype main_grads_dtype = OptimDtype::Fp32;   // fp32 | bf16
+  OptimDtype main_params_dtype = OptimDtype::Fp32;  // fp32 | bf16 (ours: MaxText's weight_dtype); fp16 refused
+  OptimDtype exp_avg_dtype = OptimDtype::Fp32;      // fp32 | bf16; fp16, fp8 refused
+  OptimDtype exp_avg_sq_dtype = OptimDtype::Fp32;   // fp32 | bf16; fp16, fp8 refused
   int64_t seed = 1234;
   // logging, evaluation, checkpoints
   int64_t log_interval = 100;
@@ -166,7 +172,8 @@ using FieldRef =
                  std::vector<std::string> TrainingArgs::*, std::vector<int64_t> TrainingArgs::*,
                  Recompute TrainingArgs::*, CpComm TrainingArgs::*, DpSharding TrainingArgs::*, Fp8Mode TrainingArgs::*,
                  Fp8Recipe TrainingArgs::*, fp8::AmaxAlgo TrainingArgs::*, TrainStage TrainingArgs::*,
-                 DpoLossType TrainingArgs::*, data::ChatFormatName TrainingArgs::*, PipelineBalance TrainingArgs::*>;
+                 DpoLossType TrainingArgs::*, data::ChatFormatName TrainingArgs::*, PipelineBalance TrainingArgs::*,
+                 OptimDtype TrainingArgs::*>;
 struct KeyInfo {
   const char* name;
   FieldRef field;

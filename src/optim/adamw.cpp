@@ -7,6 +7,72 @@
 #include "core/error.h"
 
 namespace primus {
+namespace {
+
+// bf16 <-> fp32 inline (core's bf16::from_float is out of line): the same rounding, to nearest
+// even, NaN kept NaN, so that the loops below vectorize.
+inline float bf16_bits_to_float(uint16_t b) {
+  const uint32_t u = uint32_t(b) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+inline uint16_t float_to_bf16_bits(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return uint16_t((u >> 16) | 0x40);
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return uint16_t(u >> 16);
+}
+inline float load_state(const float* x, int64_t i) { return x[i]; }
+inline float load_state(const bf16* x, int64_t i) { return bf16_bits_to_float(x[i].bits); }
+inline void store_state(float* x, int64_t i, float v) { x[i] = v; }
+inline void store_state(bf16* x, int64_t i, float v) { x[i].bits = float_to_bf16_bits(v); }
+template <bool kBf16>
+inline float round_param(float p) {
+  if constexpr (kBf16) return bf16_bits_to_float(float_to_bf16_bits(p));
+  return p;
+}
+
+struct StepConsts {
+  float b1, b2, one_minus_b1, one_minus_b2, step_size, inv_sqrt_bc2, eps;
+  bool bf16_params;
+};
+
+// One segment's update; M and V are float or bf16 (the moments' storage), kBf16Params rounds the
+// updated parameters to bf16.
+template <class M, class V, bool kBf16Params>
+void update_segment(float* __restrict p, const float* __restrict g, M* __restrict m, V* __restrict v, int64_t n,
+                    float decay, const StepConsts c) {  // by value: no store through p can alias it
+#pragma omp parallel for simd schedule(static) if (parallel : n > 32768)
+  for (int64_t i = 0; i < n; ++i) {
+    const float gi = g[i];
+    const float mi = c.b1 * load_state(m, i) + c.one_minus_b1 * gi;
+    const float vi = c.b2 * load_state(v, i) + c.one_minus_b2 * gi * gi;
+    store_state(m, i, mi);
+    store_state(v, i, vi);
+    p[i] = round_param<kBf16Params>(p[i] * decay - c.step_size * mi / (std::sqrt(vi) * c.inv_sqrt_bc2 + c.eps));
+  }
+}
+
+template <class M, class V>
+void update_segment(float* p, const float* g, M* m, V* v, int64_t n, float decay, const StepConsts& c) {
+  if (c.bf16_params)
+    update_segment<M, V, true>(p, g, m, v, n, decay, c);
+  else
+    update_segment<M, V, false>(p, g, m, v, n, decay, c);
+}
+
+void check_state_dtype(const char* key, DType d) {
+  if (d != DType::F32 && d != DType::BF16)
+    fail("AdamW: {} {} is not built: the moments are stored in fp32 or bf16", key, dtype_name(d));
+}
+
+}  // namespace
+
+int64_t adamw_state_bytes_per_param(const AdamWOptions& o) {
+  return int64_t(dtype_size(o.exp_avg_dtype) + dtype_size(o.exp_avg_sq_dtype));
+}
 
 std::vector<ParamSegment> shard_segments(const std::vector<ParamSegment>& segments, int64_t begin,
                                          int64_t end) {
@@ -27,17 +93,40 @@ AdamW::AdamW(AdamWOptions options, int64_t numel) : options_(options), numel_(nu
   if (!(o.eps > 0) || !std::isfinite(o.eps)) fail("adam_eps must be a positive number, got {}", o.eps);
   if (!(o.weight_decay >= 0) || !std::isfinite(o.weight_decay))
     fail("weight_decay must be a non-negative number, got {}", o.weight_decay);
+  check_state_dtype("exp_avg_dtype", o.exp_avg_dtype);
+  check_state_dtype("exp_avg_sq_dtype", o.exp_avg_sq_dtype);
   // One element at least, so that an empty shard still has valid (unused) storage.
-  m_ = Tensor::zeros({std::max<int64_t>(numel, 1)});
-  v_ = Tensor::zeros({std::max<int64_t>(numel, 1)});
+  m_ = Tensor::zeros({std::max<int64_t>(numel, 1)}, o.exp_avg_dtype);
+  v_ = Tensor::zeros({std::max<int64_t>(numel, 1)}, o.exp_avg_sq_dtype);
+}
+
+void AdamW::moment(bool second, int64_t begin, int64_t n, float* out) const {
+  if (begin < 0 || n < 0 || begin + n > numel_)
+    fail("AdamW::moment: [{}, +{}) outside the {} elements", begin, n, numel_);
+  const Tensor& t = second ? v_ : m_;
+  if (t.dtype() == DType::F32) {
+    std::copy(t.data<float>() + begin, t.data<float>() + begin + n, out);
+    return;
+  }
+  const bf16* x = t.data<bf16>() + begin;
+  for (int64_t i = 0; i < n; ++i) out[i] = load_state(x, i);
 }
 
 void AdamW::set_state(int64_t step_count, const float* exp_avg, const float* exp_avg_sq) {
   if (step_count < 0) fail("AdamW::set_state: step count must be non-negative, got {}", step_count);
   step_ = step_count;
   if (numel_ == 0 || (!exp_avg && !exp_avg_sq)) return;  // only the step: the moments are in place
-  std::memcpy(m_.data<float>(), exp_avg, sizeof(float) * numel_);
-  std::memcpy(v_.data<float>(), exp_avg_sq, sizeof(float) * numel_);
+  for (int which = 0; which < 2; ++which) {
+    Tensor& t = which == 0 ? m_ : v_;
+    const float* src = which == 0 ? exp_avg : exp_avg_sq;
+    if (!src) continue;  // loaded in place
+    if (t.dtype() == DType::F32) {
+      std::memcpy(t.data<float>(), src, sizeof(float) * numel_);
+    } else {
+      bf16* x = t.data<bf16>();
+      for (int64_t i = 0; i < numel_; ++i) store_state(x, i, src[i]);
+    }
+  }
 }
 
 void AdamW::step(float* params, const float* grads, const std::vector<ParamSegment>& segments, double lr) {
@@ -62,31 +151,30 @@ void AdamW::step(float* params, const float* grads, const std::vector<ParamSegme
   const double bc2 = 1.0 - std::pow(b2, double(step_));
   // Constants in double, the loop in float: m_hat / (sqrt(v_hat) + eps) rewritten as
   // m * step_size / (sqrt(v) * inv_sqrt_bc2 + eps), as torch does, to keep one sqrt per element.
-  const float fb1 = float(b1), fb2 = float(b2);
-  const float f1b1 = float(1.0 - b1), f1b2 = float(1.0 - b2);
-  const float step_size = float(lr / bc1);
-  const float inv_sqrt_bc2 = float(1.0 / std::sqrt(bc2));
-  const float eps = float(options_.eps);
-  float* m_all = m_.data<float>();
-  float* v_all = v_.data<float>();
-
+  StepConsts c;
+  c.b1 = float(b1);
+  c.b2 = float(b2);
+  c.one_minus_b1 = float(1.0 - b1);
+  c.one_minus_b2 = float(1.0 - b2);
+  c.step_size = float(lr / bc1);
+  c.inv_sqrt_bc2 = float(1.0 / std::sqrt(bc2));
+  c.eps = float(options_.eps);
+  c.bf16_params = options_.bf16_params;
+  const bool m32 = m_.dtype() == DType::F32, v32 = v_.dtype() == DType::F32;
   for (const auto& s : segments) {
     const bool decayed = s.weight_decay || options_.decay_norms_and_biases;
     const float decay = decayed ? float(1.0 - lr * options_.weight_decay) : 1.0f;
-    float* __restrict p = params + s.offset;
-    const float* __restrict g = grads + s.offset;
-    float* __restrict m = m_all + s.offset;
-    float* __restrict v = v_all + s.offset;
-    const int64_t n = s.numel;
-#pragma omp parallel for simd schedule(static) if (parallel : n > 32768)
-    for (int64_t i = 0; i < n; ++i) {
-      const float gi = g[i];
-      const float mi = fb1 * m[i] + f1b1 * gi;
-      const float vi = fb2 * v[i] + f1b2 * gi * gi;
-      m[i] = mi;
-      v[i] = vi;
-      p[i] = p[i] * decay - step_size * mi / (std::sqrt(vi) * inv_sqrt_bc2 + eps);
-    }
+    float* p = params + s.offset;
+    const float* g = grads + s.offset;
+    const int64_t o = s.offset, n = s.numel;
+    if (m32 && v32)
+      update_segment(p, g, m_.data<float>() + o, v_.data<float>() + o, n, decay, c);
+    else if (m32)
+      update_segment(p, g, m_.data<float>() + o, v_.data<bf16>() + o, n, decay, c);
+    else if (v32)
+      update_segment(p, g, m_.data<bf16>() + o, v_.data<float>() + o, n, decay, c);
+    else
+      update_segment(p, g, m_.data<bf16>() + o, v_.data<bf16>() + o, n, decay, c);
   }
 }
 

@@ -15,7 +15,7 @@ namespace primus {
 
 #ifdef PRIMUS_HAVE_CUDA
 struct FlatAdamW::DeviceState {
-  Tensor m, v;       // fp32 moments on the GPU
+  Tensor m, v;       // the moments on the GPU (fp32 or bf16, AdamWOptions)
   Tensor table;      // the segments as cuda::AdamWChunk, on the GPU
   Tensor norm_out;   // one double
   // The table of the tensors grad_sq_sum was last asked for (the trainer asks for the same set
@@ -55,8 +55,8 @@ FlatAdamW::FlatAdamW(AdamWOptions options, std::vector<ParamSegment> segments, i
   if (device == Device::CPU) return;
 #ifdef PRIMUS_HAVE_CUDA
   dev_ = std::make_unique<DeviceState>();
-  dev_->m = Tensor::zeros({std::max<int64_t>(numel, 1)}, DType::F32, Device::CUDA);
-  dev_->v = Tensor::zeros({std::max<int64_t>(numel, 1)}, DType::F32, Device::CUDA);
+  dev_->m = Tensor::zeros({std::max<int64_t>(numel, 1)}, options_.exp_avg_dtype, Device::CUDA);
+  dev_->v = Tensor::zeros({std::max<int64_t>(numel, 1)}, options_.exp_avg_sq_dtype, Device::CUDA);
   dev_->table = chunk_table(segments_, nullptr);
   dev_->norm_out = Tensor::zeros({1}, DType::F64, Device::CUDA);
 #else
@@ -130,9 +130,12 @@ void FlatAdamW::step(float* values, float* grads, bf16* working, double lr, doub
   p.weight_decay = options_.weight_decay;
   p.step = step_;
   p.grad_scale = grad_scale;
+  p.exp_avg_bf16 = options_.exp_avg_dtype == DType::BF16;
+  p.exp_avg_sq_bf16 = options_.exp_avg_sq_dtype == DType::BF16;
+  p.bf16_params = options_.bf16_params;
   int n = 0;
   for (const auto& s : segments_) n += s.numel > 0;
-  cuda::adamw_step(values, grads, dev_->m.data<float>(), dev_->v.data<float>(), reinterpret_cast<cuda::bf16*>(working),
+  cuda::adamw_step(values, grads, dev_->m.raw(), dev_->v.raw(), reinterpret_cast<cuda::bf16*>(working),
                    static_cast<const cuda::AdamWChunk*>(dev_->table.raw()), n, p, cuda::stream());
 #endif
 }
@@ -145,33 +148,44 @@ void FlatAdamW::set_weight_decay(double wd) {
 
 // One moment as a host vector: the host optimizer's, or a copy of the device's.
 std::vector<float> FlatAdamW::moment(bool second) const {
-  if (device_ == Device::CPU) {
-    const float* m = second ? host_->exp_avg_sq() : host_->exp_avg();
-    return std::vector<float>(m, m + numel_);
-  }
-  std::vector<float> out(numel_);
-#ifdef PRIMUS_HAVE_CUDA
-  cuda::copy_to_host(out.data(), (second ? dev_->v : dev_->m).raw(), sizeof(float) * numel_);
-#endif
+  std::vector<float> out(static_cast<size_t>(numel_));
+  copy_moment(second, 0, numel_, out.data());
   return out;
+}
+
+// Elements [begin, begin + n) of a moment as fp32 (a bf16 moment's values exactly).
+void FlatAdamW::copy_moment(bool second, int64_t begin, int64_t n, float* out) const {
+  if (n == 0) return;
+  if (device_ == Device::CPU) {
+    host_->moment(second, begin, n, out);
+    return;
+  }
+#ifdef PRIMUS_HAVE_CUDA
+  const Tensor& t = second ? dev_->v : dev_->m;
+  const size_t es = dtype_size(t.dtype());
+  if (t.dtype() == DType::F32) {
+    cuda::copy_to_host(out, static_cast<const char*>(t.raw()) + begin * es, es * size_t(n));
+    return;
+  }
+  std::vector<bf16> staged(static_cast<size_t>(n));
+  cuda::copy_to_host(staged.data(), static_cast<const char*>(t.raw()) + begin * es, es * size_t(n));
+  for (int64_t i = 0; i < n; ++i) out[i] = staged[size_t(i)].to_float();
+#endif
 }
 
 const float* FlatAdamW::moment_range(bool second, int64_t begin, int64_t n,
                                      std::vector<std::vector<float>>& copies) const {
   if (begin < 0 || n < 0 || begin + n > numel_)
     fail("FlatAdamW::moment_range: [{}, +{}) outside the {} elements", begin, n, numel_);
-  if (device_ == Device::CPU) return (second ? host_->exp_avg_sq() : host_->exp_avg()) + begin;
+  if (device_ == Device::CPU && host_->moment_is_fp32(second))
+    return (second ? host_->exp_avg_sq() : host_->exp_avg()) + begin;
   std::vector<float>& out = copies.emplace_back(size_t(n));
-#ifdef PRIMUS_HAVE_CUDA
-  if (n > 0)
-    cuda::copy_to_host(out.data(), static_cast<const char*>((second ? dev_->v : dev_->m).raw()) + begin * sizeof(float),
-                       sizeof(float) * size_t(n));
-#endif
+  copy_moment(second, begin, n, out.data());
   return out.data();
 }
 
 float* FlatAdamW::host_moment(bool second) {
-  if (device_ != Device::CPU) return nullptr;
+  if (device_ != Device::CPU || !host_->moment_is_fp32(second)) return nullptr;  // bf16: through set_state
   return second ? host_->exp_avg_sq() : host_->exp_avg();
 }
 
@@ -188,8 +202,18 @@ void FlatAdamW::set_state(int64_t step_count, const float* exp_avg, const float*
   }
 #ifdef PRIMUS_HAVE_CUDA
   if (numel_ == 0) return;
-  cuda::copy_to_device(dev_->m.raw(), exp_avg, sizeof(float) * numel_);
-  cuda::copy_to_device(dev_->v.raw(), exp_avg_sq, sizeof(float) * numel_);
+  for (int which = 0; which < 2; ++which) {
+    Tensor& t = which == 0 ? dev_->m : dev_->v;
+    const float* src = which == 0 ? exp_avg : exp_avg_sq;
+    if (!src) continue;  // loaded in place
+    if (t.dtype() == DType::F32) {
+      cuda::copy_to_device(t.raw(), src, sizeof(float) * numel_);
+      continue;
+    }
+    std::vector<bf16> staged(static_cast<size_t>(numel_));  // rounded to nearest even, as the step stores them
+    for (int64_t i = 0; i < numel_; ++i) staged[size_t(i)] = bf16::from_float(src[i]);
+    cuda::copy_to_device(t.raw(), staged.data(), sizeof(bf16) * numel_);
+  }
 #endif
 }
 

@@ -38,7 +38,8 @@ class FlatAdamW {
   int64_t step_count() const { return step_; }
   Device device() const { return device_; }
   const AdamWOptions& options() const { return options_; }
-  // Checkpointing: the moments as host vectors of numel elements, and their restore.
+  // Checkpointing: the moments as host fp32 vectors of numel elements (a bf16 moment's values
+  // exactly), and their restore (rounded to nearest even into a bf16 moment).
   std::vector<float> exp_avg() const { return moment(false); }
   std::vector<float> exp_avg_sq() const { return moment(true); }
   // exp_avg and exp_avg_sq both null: only the step count (the moments were written in place,
@@ -49,12 +50,13 @@ class FlatAdamW {
   // it is not host fp32 (on a GPU): then set_state from a host copy.
   float* host_moment(bool second);
   // Checkpoint writers: a host pointer to elements [begin, begin + n) of a moment, the optimizer's
-  // own memory on the CPU, or (on a GPU) a copy appended to `copies`.
+  // own memory on the CPU (fp32 moments), or a copy appended to `copies` (a GPU's, or bf16 moments).
   const float* moment_range(bool second, int64_t begin, int64_t n, std::vector<std::vector<float>>& copies) const;
 
  private:
   struct DeviceState;
   std::vector<float> moment(bool second) const;
+  void copy_moment(bool second, int64_t begin, int64_t n, float* out) const;
   AdamWOptions options_;
   std::vector<ParamSegment> segments_;
   int64_t numel_;

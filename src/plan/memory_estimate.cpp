@@ -26,6 +26,13 @@ std::string gib(double bytes) { return fmt::format("{:.2f} GiB", bytes / double(
 // A tensor of n elements of `size` bytes as the host pool and the meta device hold it.
 double held(double n, double size) { return std::max(64.0, std::ceil(n * size / 64.0) * 64.0); }
 
+// AdamW's two moments of n parameters: each its own allocation, fp32 or bf16 (exp_avg_dtype,
+// exp_avg_sq_dtype; the config allows no other).
+double moments(double n, const config::TrainingArgs& a) {
+  const auto size = [](config::OptimDtype d) { return d == config::OptimDtype::Bf16 ? 2.0 : 4.0; };
+  return held(n, size(a.exp_avg_dtype)) + held(n, size(a.exp_avg_sq_dtype));
+}
+
 // The activations a rank holds at each op of its schedule: F keeps the chunk's context, B keeps
 // what W needs, W frees it; the peak adds the op's own peak to what the other microbatches hold.
 // A microbatch's token ids and targets live from its first F to its last W.
@@ -171,13 +178,13 @@ void replicated_state(MemoryEstimate& e, const RankRecord& rec, const ParallelLa
   e.working_bytes = rec.activation != rec.master ? held(P, double(dtype_size(rec.activation))) : 0;
   e.gradient_bytes = held(P, master);
   if (sharding == config::DpSharding::NoShard) {
-    e.optimizer_bytes = 2 * held(P, 4);
+    e.optimizer_bytes = moments(P, a);
   } else {
     std::vector<ParamSegment> segments;
     for (const StoredParam& p : rec.params) segments.push_back({p.name, p.offset, p.numel, p.weight_decay});
     const int64_t bucket = a.ddp_bucket_size > 0 ? a.ddp_bucket_size : parallel::default_bucket_size(L.dp);
     const Buckets b = meta_buckets(dp, bucket, rec.param_numel, std::move(segments));
-    e.optimizer_bytes = 2 * held(double(b.shard), 4);
+    e.optimizer_bytes = moments(double(b.shard), a);
     e.buffer_bytes += b.scratch;
   }
   const Experts x = experts_of(rec, L.ep);
@@ -186,7 +193,7 @@ void replicated_state(MemoryEstimate& e, const RankRecord& rec, const ParallelLa
   if (sharding == config::DpSharding::NoShard) return;
   const Buckets b = meta_buckets(edp, parallel::default_bucket_size(edp), x.numel, x.segments);
   e.parameter_bytes += held(double(x.numel), 4);
-  e.optimizer_bytes += 2 * held(double(b.shard), 4);
+  e.optimizer_bytes += moments(double(b.shard), a);
   e.buffer_bytes += b.scratch;
 }
 
@@ -198,7 +205,8 @@ void replicated_state(MemoryEstimate& e, const RankRecord& rec, const ParallelLa
 // unit. These transients are not in DataParallelStrategy::memory() (its persistent buffers, which
 // the shards above reproduce: tests/unit/train/test_memory_estimate.cpp builds the strategies and
 // compares), and they exist only once the strategy runs, so they are counted here.
-void sharded_state(MemoryEstimate& e, const RankRecord& rec, const ParallelLayout& L, config::DpSharding sharding) {
+void sharded_state(MemoryEstimate& e, const RankRecord& rec, const ParallelLayout& L, const config::TrainingArgs& a,
+                   config::DpSharding sharding) {
   const int dp = L.dp * L.cp, edp = std::max(1, L.dp / std::max(1, L.ep)) * L.cp;
   const double act = double(dtype_size(rec.activation));
   const Shards s = shards_of(rec, dp, edp);
@@ -207,7 +215,7 @@ void sharded_state(MemoryEstimate& e, const RankRecord& rec, const ParallelLayou
   e.working_bytes = (rec.activation != rec.master ? held(S, act) : 0) +
                     (sharding == config::DpSharding::OptimGrads ? held(double(rec.param_numel), act) : 0);
   e.gradient_bytes = held(S, 4);
-  e.optimizer_bytes = 2 * held(S, 4);
+  e.optimizer_bytes = moments(S, a);
   if (s.buffers > 0) e.buffer_bytes += held(double(s.buffers), 4);
   const double unit = double(s.max_unit);
   e.buffer_bytes += (1 + parallel::kFsdpReductionsInFlight) * held(unit, 4);
@@ -284,7 +292,7 @@ MemoryEstimate estimate_rank_memory(const RankRecord& rec, const ParallelLayout&
   if (sharding == config::DpSharding::NoShard || sharding == config::DpSharding::Optim)
     replicated_state(e, rec, L, a, sharding);
   else
-    sharded_state(e, rec, L, sharding);
+    sharded_state(e, rec, L, a, sharding);
   if (L.schedule) {  // the executor's posted receives and a send in flight, one message each
     const double message = double(rec.message[0]) * double(rec.message[1]);
     e.buffer_bytes += double(pipeline::ExecutorOptions{}.recv_ahead + 1) *

@@ -10,7 +10,8 @@
 //                shard of both (train/sharded_weights.h's per-tensor row split), ZeRO-2 the whole
 //                working copy besides
 //   gradients    fp32, the master's layout (ZeRO-2 / FSDP: the shard)
-//   optimizer    AdamW's two fp32 moments of what the rank steps: everything (no_shard), its
+//   optimizer    AdamW's two moments (fp32, or bf16 as exp_avg_dtype / exp_avg_sq_dtype say) of
+//                what the rank steps: everything (no_shard), its
 //                shards of the gradient buckets (ZeRO-1: the buckets built as the trainer builds
 //                them, parallel/data_parallel.h), its shard (ZeRO-2 / FSDP); under expert
 //                parallelism with the plain or distributed optimizer, the experts' own packed

@@ -78,6 +78,13 @@ class BucketedStrategy : public DataParallelStrategy {
     buckets_->finish();
     if (experts_) experts_->reduce();
     mp_.sum_tensor_parallel(whole);
+    // bf16 main gradients: the reduced sums rounded once (a bf16 all-reduce or reduce-scatter
+    // over two ranks rounds each sum once too; the wire itself stays fp32)
+    if (bf16_grads_) {
+      round_to_bf16(model_.backend(), model_.params().grads());
+      if (experts_ && experts_->packed_gradients().defined())
+        round_to_bf16(model_.backend(), experts_->packed_gradients());
+    }
   }
   const Tensor& gradients() const override { return model_.params().grads(); }
   DpMemory memory() const override {
@@ -97,6 +104,12 @@ class BucketedStrategy : public DataParallelStrategy {
  protected:
   BucketedStrategy(const DpSetup& s, parallel::GradReduce reduce);
   virtual double optimizer_bytes() const = 0;
+  // After a resume loaded the values in place: bf16 parameters stay bf16 whatever was loaded, and
+  // the working weights follow.
+  void round_loaded_values() {
+    if (bf16_params_) round_to_bf16(model_.backend(), model_.params().values());
+    model_.sync_working_weights();
+  }
   // Resume targets: the store's values (and, with m and v, the moments of the tensors from
   // `first_moment` on: m and v hold flat element `moment_begin` first), as runs of tensors that
   // the same replicas hold (dp x cp; the experts edp x cp).
@@ -132,6 +145,8 @@ class BucketedStrategy : public DataParallelStrategy {
   ModelParallelGrads mp_;
   std::unique_ptr<ExpertGradients> experts_;  // expert parallel: the experts' reduction over edp x cp
   std::unique_ptr<parallel::GradBuckets> buckets_;
+  const AdamWOptions adam_options_;
+  const bool bf16_grads_, bf16_params_;
 
  private:
   void weights_done(const std::vector<int>& ids);  // the model's weight-gradient hook
@@ -139,8 +154,18 @@ class BucketedStrategy : public DataParallelStrategy {
 };
 
 BucketedStrategy::BucketedStrategy(const DpSetup& s, parallel::GradReduce reduce)
-    : model_(s.model), groups_(s.groups), gradient_group_(gradient_group(s)), mp_(s.model, s.layout, s.groups, s.me) {
+    : model_(s.model),
+      groups_(s.groups),
+      gradient_group_(gradient_group(s)),
+      mp_(s.model, s.layout, s.groups, s.me),
+      adam_options_(s.adam),
+      bf16_grads_(s.bf16_main_grads),
+      bf16_params_(s.adam.bf16_params) {
   model_.init_weights(s.seed);
+  if (bf16_params_) {  // bf16 parameters from the start
+    round_to_bf16(model_.backend(), model_.params().values());
+    model_.sync_working_weights();
+  }
   ParamStore& params = model_.params();
   if (s.layout.ep > 1)
     experts_ = std::make_unique<ExpertGradients>(params, *s.groups.edp_cp, s.layout.shard_optimizer(), s.adam);
@@ -159,11 +184,13 @@ BucketedStrategy::BucketedStrategy(const DpSetup& s, parallel::GradReduce reduce
 }
 
 void BucketedStrategy::weights_done(const std::vector<int>& ids) {
-  for (int t : ids)
+  for (int t : ids) {
+    if (bf16_grads_) round_to_bf16(model_.backend(), model_.params().grad_tensor(t));  // the bf16 accumulation
     if (++w_done_[t] == w_expected_[t] && t != mp_.tied_tensor()) {
       if (experts_ && experts_->is_expert(t)) experts_->keep(t);
       buckets_->mark_ready(t);
     }
+  }
 }
 
 // no_shard: the summed gradients everywhere, AdamW on every rank. Under LoRA (LlamaModel::
@@ -210,7 +237,7 @@ class ReplicatedStrategy final : public BucketedStrategy {
     add_replicated_targets(load, first_, begin_, m, v);
   }
   void finish_load(int64_t step, bool optimizer) override {
-    model_.sync_working_weights();
+    round_loaded_values();
     if (optimizer) adam_->set_state(step, nullptr, nullptr);
   }
   // Every tensor is whole here and on its replicas (dp x cp; the experts' edp x cp): each writes a share.
@@ -235,7 +262,7 @@ class ReplicatedStrategy final : public BucketedStrategy {
 
  private:
   double optimizer_bytes() const override {
-    return 2.0 * double(model_.params().numel() - begin_) * double(sizeof(float));
+    return double(model_.params().numel() - begin_) * double(adamw_state_bytes_per_param(adam_options_));
   }
   // A moment of the trainable range as the store's whole layout (zero for the frozen tensors).
   std::vector<float> whole(std::vector<float> trainable) const {
@@ -304,7 +331,7 @@ class DistributedOptimizerStrategy final : public BucketedStrategy {
     });
   }
   void finish_load(int64_t step, bool optimizer) override {
-    model_.sync_working_weights();
+    round_loaded_values();
     if (!optimizer) return;
     dist_->load_state(step, nullptr, nullptr, buckets_->buffer_numel());
     if (experts_) experts_->load_state(step, nullptr, nullptr);
@@ -313,7 +340,7 @@ class DistributedOptimizerStrategy final : public BucketedStrategy {
  private:
   double optimizer_bytes() const override {
     return double(dist_->state_bytes()) +
-           (experts_ ? 2.0 * double(experts_->state_numel()) * double(sizeof(float)) : 0.0);
+           (experts_ ? double(experts_->state_numel()) * double(adamw_state_bytes_per_param(adam_options_)) : 0.0);
   }
   // Calls fn(tensor, begin, numel, adam, adam_offset) for the ranges of the flat layout whose AdamW
   // state this rank holds: its dense shards within each dense tensor, and the experts' state ranges.
@@ -345,6 +372,7 @@ class ShardedStrategy final : public DataParallelStrategy {
     const auto piece = [this](int t) { return sharded_->grad_piece(t); };
     mp_->sum_tied_embedding(piece);
     mp_->sum_tensor_parallel(piece);
+    if (bf16_grads_) round_to_bf16(model_.backend(), sharded_->grad_shards());  // those sums in bf16 too
   }
   double gradient_norm() override;
   void step(double lr, double grad_scale) override { sharded_->step(lr, grad_scale); }
@@ -369,15 +397,17 @@ class ShardedStrategy final : public DataParallelStrategy {
   LlamaModel& model_;
   const parallel::MeshGroups& groups_;
   parallel::ProcessGroup& shards_group_;
+  const bool bf16_grads_;
   std::unique_ptr<ShardedWeights> sharded_;
   std::unique_ptr<ModelParallelGrads> mp_;
 };
 
 ShardedStrategy::ShardedStrategy(const DpSetup& s)
-    : model_(s.model), groups_(s.groups), shards_group_(gradient_group(s)) {
-  sharded_ = std::make_unique<ShardedWeights>(
-      model_, shards_group_, s.layout.ep > 1 ? s.groups.edp_cp.get() : nullptr,
-      s.layout.shard_parameters() ? ShardedStage::OptimGradsParams : ShardedStage::OptimGrads, s.adam);
+    : model_(s.model), groups_(s.groups), shards_group_(gradient_group(s)), bf16_grads_(s.bf16_main_grads) {
+  sharded_ = std::make_unique<ShardedWeights>(model_, shards_group_, s.layout.ep > 1 ? s.groups.edp_cp.get() : nullptr,
+                                              s.layout.shard_parameters() ? ShardedStage::OptimGradsParams
+                                                                          : ShardedStage::OptimGrads,
+                                              s.adam, s.bf16_main_grads);
   model_.set_weight_source(sharded_.get());
   sharded_->init_weights(s.seed);
   mp_ = std::make_unique<ModelParallelGrads>(model_, s.layout, s.groups, s.me);

@@ -46,10 +46,15 @@ struct DpSetup {
   int64_t bucket_size = 0;  // ddp_bucket_size in elements; 0: parallel::default_bucket_size(dp)
   bool overlap_grad_reduce = true;
   uint64_t seed = 0;        // the weights' initialization
+  // main_grads_dtype bf16 (docs/optim.md#low-precision-optimizer-state): each tensor's gradient
+  // rounded to bf16 after every W pass adds into it (before its bucket or unit is reduced), and
+  // after the data-parallel reduction. adam.bf16_params rounds the initial and loaded weights too.
+  bool bf16_main_grads = false;
 };
 
 // This rank's persistent buffers in bytes, for the log's peak-memory split: the weights (master
-// and working copy), the fp32 gradients and the AdamW moments. Gathered units are not in these.
+// and working copy), the fp32 gradients and the AdamW moments (fp32 or bf16). Gathered units are
+// not in these.
 struct DpMemory {
   double parameters = 0, gradients = 0, optimizer = 0;
 };

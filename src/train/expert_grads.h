@@ -68,6 +68,9 @@ class ExpertGradients {
   // The packed buffers it holds beside the model's: the experts' gradients, and (sharded) their
   // values, which the distributed optimizer steps.
   int64_t gradient_bytes() const { return grads_.defined() ? int64_t(grads_.nbytes()) : 0; }
+  // The packed gradients (undefined without experts): under the distributed optimizer this rank's
+  // shards of them hold the sums after reduce().
+  const Tensor& packed_gradients() const { return grads_; }
   int64_t value_bytes() const { return values_.defined() ? int64_t(values_.nbytes()) : 0; }
 
  private:

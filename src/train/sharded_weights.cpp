@@ -18,12 +18,14 @@ Tensor host_tensor(const std::vector<float>& v) {
 }  // namespace
 
 ShardedWeights::ShardedWeights(LlamaModel& model, parallel::ProcessGroup& dp, parallel::ProcessGroup* expert_dp,
-                               ShardedStage stage, AdamWOptions adam)
+                               ShardedStage stage, AdamWOptions adam, bool bf16_grads)
     : model_(model),
       be_(model.backend()),
       dp_(dp),
       stage_(stage),
-      work_dtype_(activation_dtype(model.precision())) {
+      work_dtype_(activation_dtype(model.precision())),
+      bf16_grads_(bf16_grads),
+      bf16_params_(adam.bf16_params) {
   const ParamStore& params = model_.params();
   PRIMUS_CHECK(params.dtype() == DType::F32, "sharded weights keep fp32 masters");
   PRIMUS_CHECK(dp_.device() == be_.device(), "the dp group's buffers must live on the backend's device");
@@ -167,8 +169,9 @@ void ShardedWeights::weights_done(const std::vector<int>& ids) {
 }
 
 void ShardedWeights::reduce_unit(int unit) {
-  be_.synchronize();  // the W passes' sums are final before the copies into the wire buffers
   const Tensor whole = grads(unit);
+  if (bf16_grads_) round_to_bf16(be_, whole);  // this microbatch's bf16 weight gradient
+  be_.synchronize();  // the W passes' sums are final before the copies into the wire buffers
   for (const Part& part : parts_[size_t(unit)]) {
     while (reductions_.size() >= size_t(parallel::kFsdpReductionsInFlight)) complete_oldest_reduction();
     Tensor sums = Tensor::zeros({std::max<int64_t>(1, part.shard_numel)}, DType::F32, be_.device());
@@ -185,6 +188,7 @@ void ShardedWeights::complete_oldest_reduction() {
   if (f.part.shard_numel == 0) return;
   Tensor mine = shard_of(grads_, f.part);
   be_.add(mine, f.sums.slice(0, 0, f.part.shard_numel), mine);
+  if (bf16_grads_) round_to_bf16(be_, mine);  // the bf16 gradient shard's accumulation
 }
 
 void ShardedWeights::finish_gradients() {
@@ -265,6 +269,12 @@ void ShardedWeights::init_weights(uint64_t seed) {
 }
 
 void ShardedWeights::load_values(const float* full) {
+  std::vector<float> rounded;
+  if (bf16_params_) {  // bf16 parameters: bf16 from the start, whatever was loaded
+    rounded.assign(full, full + model_.params().numel());
+    for (float& x : rounded) x = bf16::from_float(x).to_float();
+    full = rounded.data();
+  }
   const auto& infos = model_.params().infos();
   for (size_t p = 0; p < infos.size(); ++p)
     if (buffers_[p].defined()) {
@@ -304,9 +314,22 @@ void ShardedWeights::finish_load(int64_t step, bool optimizer) {
     Tensor piece = master_.slice(0, pc.shard_offset, pc.numel);
     piece.copy_from(buffers_[p].slice(0, pc.full_offset - infos[p].offset, pc.numel));
   }
+  if (bf16_params_) {  // bf16 parameters: bf16 whatever was loaded
+    round_to_bf16(be_, master_);
+    for (const Tensor& b : buffers_)
+      if (b.defined()) round_to_bf16(be_, b);
+  }
   if (working_.dtype() != DType::F32) be_.cast(master_, working_);
   if (stage_ == ShardedStage::OptimGrads) gather_whole();
   if (optimizer) adam_->set_state(step, nullptr, nullptr);
+}
+
+void round_to_bf16(ops::Backend& be, Tensor x) {
+  PRIMUS_CHECK(x.dtype() == DType::F32, "round_to_bf16 of a {} tensor", dtype_name(x.dtype()));
+  if (x.numel() == 0) return;
+  Tensor half = Tensor::empty(x.shape(), DType::BF16, x.device());
+  be.cast(x, half);
+  be.cast(half, x);
 }
 
 const float* host_range(const Tensor& flat, int64_t begin, int64_t n, std::vector<std::vector<float>>& copies) {

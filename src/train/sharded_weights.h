@@ -53,6 +53,11 @@ namespace primus::train {
 // or a copy appended to `copies` (device memory). For checkpoint writers.
 const float* host_range(const Tensor& flat, int64_t begin, int64_t n, std::vector<std::vector<float>>& copies);
 
+// Rounds every element of the fp32 tensor x (any device) to bf16, nearest even, in place, through
+// the backend's casts: the bf16 main gradients' and bf16 parameters' one rounding
+// (docs/optim.md#low-precision-optimizer-state).
+void round_to_bf16(ops::Backend& be, Tensor x);
+
 enum class ShardedStage : uint8_t {
   OptimGrads,        // ZeRO-2: working weights whole on every rank
   OptimGradsParams,  // ZeRO-3 / FSDP: working weights gathered per unit, just in time
@@ -63,8 +68,11 @@ class ShardedWeights final : public WeightSource {
   // model: built with LlamaOptions::resident_weights false (its ParamStore is the layout only).
   // dp: the group the shards span, on the backend's device. expert_dp: under expert parallel, the
   // group the experts' shards span (model/moe.h is_expert_param); nullptr: dp, like the rest.
+  // bf16_grads (main_grads_dtype bf16): a unit's gradient is rounded to bf16 before each
+  // reduction, and the gradient shards after each sum is added to them. adam.bf16_params: the
+  // master pieces hold bf16 values (rounded where loaded, and by every step).
   ShardedWeights(LlamaModel& model, parallel::ProcessGroup& dp, parallel::ProcessGroup* expert_dp, ShardedStage stage,
-                 AdamWOptions adam);
+                 AdamWOptions adam, bool bf16_grads = false);
   ~ShardedWeights() override;
 
   // ---- WeightSource ----
@@ -110,7 +118,7 @@ class ShardedWeights final : public WeightSource {
   // ---- memory (this rank's persistent buffers) ----
   int64_t parameter_bytes() const;  // master pieces, their working copy, ZeRO-2's whole working copy
   int64_t gradient_bytes() const { return int64_t(grads_.nbytes()); }
-  int64_t optimizer_bytes() const { return 2 * shard_numel_ * int64_t(sizeof(float)); }
+  int64_t optimizer_bytes() const { return shard_numel_ * adamw_state_bytes_per_param(adam_->options()); }
   int64_t shard_numel() const { return shard_numel_; }
 
  private:
@@ -146,6 +154,7 @@ class ShardedWeights final : public WeightSource {
   parallel::ProcessGroup& dp_;
   ShardedStage stage_;
   DType work_dtype_;
+  bool bf16_grads_ = false, bf16_params_ = false;
   std::vector<Piece> pieces_;                 // per parameter
   std::vector<std::vector<Part>> parts_;      // per unit
   std::vector<int> per_microbatch_;           // per unit: hook reports per microbatch

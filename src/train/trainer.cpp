@@ -103,7 +103,13 @@ class Trainer {
   void build_dpo();
   void build_model();
   AdamWOptions adam_options() const {
-    return {a_.adam_beta1, a_.adam_beta2, a_.adam_eps, a_.weight_decay, a_.decay_norms_and_biases};
+    // The config allows fp32 and bf16 only (check_precision_aware).
+    const auto dtype = [](config::OptimDtype d) { return d == config::OptimDtype::Bf16 ? DType::BF16 : DType::F32; };
+    AdamWOptions o{a_.adam_beta1, a_.adam_beta2, a_.adam_eps, a_.weight_decay, a_.decay_norms_and_biases};
+    o.exp_avg_dtype = dtype(a_.exp_avg_dtype);
+    o.exp_avg_sq_dtype = dtype(a_.exp_avg_sq_dtype);
+    o.bf16_params = a_.main_params_dtype == config::OptimDtype::Bf16;
+    return o;
   }
   void lock_save_folder();
   void update_fp8_scales();
@@ -413,8 +419,8 @@ void Trainer::build_model() {
       part.chunks.push_back({r.first_layer, r.num_layers, stage == 0, stage == num_stages - 1});
     }
   model_ = std::make_unique<LlamaModel>(spec_, *compute_.backend, compute_.precision, mopt, part);
-  dp_ = make_dp_strategy(
-      {*model_, layout_, groups_, me_, adam_options(), a_.ddp_bucket_size, a_.overlap_grad_reduce, uint64_t(a_.seed)});
+  dp_ = make_dp_strategy({*model_, layout_, groups_, me_, adam_options(), a_.ddp_bucket_size, a_.overlap_grad_reduce,
+                          uint64_t(a_.seed), a_.main_grads_dtype == config::OptimDtype::Bf16});
   // (the profiler's per-module weight memory needs resident weights)
   if (profiler_ && mopt.resident_weights) profiler_->set_parameters(model_->params(), model_->working_weights());
 }
@@ -575,6 +581,12 @@ void Trainer::open_outputs() {
               100.0 * double(trainable) / double(p.numel()), p.numel(), dp_->memory().optimizer / 1048576.0);
   }
   log::info("compute: {}", compute_.describe());
+  if (a_.use_precision_aware_optimizer)  // docs/optim.md#low-precision-optimizer-state
+    log::info("precision-aware optimizer: main_grads_dtype {}, main_params_dtype {}, exp_avg_dtype {}, "
+              "exp_avg_sq_dtype {}; AdamW state {:.3f} MiB on this rank",
+              config::choice_name(a_.main_grads_dtype), config::choice_name(a_.main_params_dtype),
+              config::choice_name(a_.exp_avg_dtype), config::choice_name(a_.exp_avg_sq_dtype),
+              dp_->memory().optimizer / 1048576.0);
   if (rank0_ && !cfg_.no_effect.empty()) log::info("{}", config::no_effect_summary(cfg_));
   const bool bf16_gemm = compute_.device == Device::CPU && compute_.precision == Precision::Bf16;
   log::info("training iterations {} to {}; MFU against a peak of {:.1f} GFLOP/s ({}){}", state_.iteration + 1,

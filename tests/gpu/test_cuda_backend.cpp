@@ -511,6 +511,46 @@ TEST(CudaBackend, FlatAdamWMatchesTheHostOptimizer) {
   EXPECT_EQ(dev.step_count(), 5);
 }
 
+// The precision-aware optimizer's state on the device (FlatAdamW with bf16 moments and bf16
+// parameters): the same steps as the host optimizer, a checkpoint's fp32 moments loaded rounded,
+// and read back (whole, and as the checkpoint writer's ranges) as the exact bf16 values.
+TEST(CudaBackend, FlatAdamWWithBf16StateMatchesTheHostOptimizer) {
+  PRIMUS_REQUIRE_GPU();
+  std::vector<ParamSegment> segs = {{"a", 0, 1000, true}, {"b", 1024, 37, false}, {"c", 1072, 5000, true}};
+  const int64_t n = 6080;
+  AdamWOptions o{0.9, 0.95, 1e-8, 0.1};
+  o.exp_avg_dtype = o.exp_avg_sq_dtype = DType::BF16;
+  o.bf16_params = true;
+  FlatAdamW host(o, segs, n, Device::CPU), dev(o, segs, n, Device::CUDA);
+  Tensor hv = random_host({n}, DType::F32, 3);
+  for (int64_t i = 0; i < n; ++i) hv.data<float>()[i] = bf16::from_float(hv.data<float>()[i]).to_float();
+  Tensor dv = hv.to(Device::CUDA);
+  // A checkpoint's fp32 moments: both load them rounded to nearest even.
+  std::vector<float> m0(static_cast<size_t>(n)), v0(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) {
+    m0[size_t(i)] = 1e-3f * float(i % 97) - 0.03f;
+    v0[size_t(i)] = 1e-6f * float(i % 89);
+  }
+  host.set_state(3, m0.data(), v0.data());
+  dev.set_state(3, m0.data(), v0.data());
+  EXPECT_EQ(dev.exp_avg(), host.exp_avg());
+  EXPECT_EQ(host.exp_avg()[5], bf16::from_float(m0[5]).to_float());
+  for (int step = 0; step < 4; ++step) {
+    Tensor hg = random_host({n}, DType::F32, 300 + step), dg = hg.to(Device::CUDA);
+    host.step(hv, hg, nullptr, 1e-2, 0.7);
+    dev.step(dv, dg, nullptr, 1e-2, 0.7);
+  }
+  expect_close(values(dv), values(hv), 0, 0, "bf16 parameters after 4 steps");
+  expect_close(dev.exp_avg(), host.exp_avg(), 0, 0, "first moments");
+  expect_close(dev.exp_avg_sq(), host.exp_avg_sq(), 0, 0, "second moments");
+  std::vector<std::vector<float>> copies;
+  const float* r = dev.moment_range(true, 1024, 37, copies);
+  const std::vector<float> whole = host.exp_avg_sq();
+  for (int i = 0; i < 37; ++i) ASSERT_EQ(r[i], whole[size_t(1024 + i)]) << i;
+  for (float x : whole) ASSERT_EQ(bf16::from_float(x).to_float(), x);
+  EXPECT_EQ(dev.step_count(), 7);
+}
+
 namespace {
 
 // What the whole-model cases share: a learnable batch, and the relative L2 error of the GPU
@@ -728,6 +768,31 @@ TEST(CudaBackend, TrainerSavesAsyncFromTheGpuAndResumes) {
   ASSERT_EQ(a.size(), b.size());
   EXPECT_EQ(sync.last_loss, async.last_loss);
   EXPECT_TRUE(a == b) << "the async run's final state differs from the sync run's";
+  fs::remove_all(dir);
+}
+
+// The precision-aware optimizer on the GPU (docs/optim.md#low-precision-optimizer-state): bf16
+// main gradients (rounded on the device by the backend's casts), bf16 moments and parameters in
+// the fused step. It trains; a run stopped at iteration 4 resumes to the uninterrupted run's loss
+// bit for bit.
+TEST(CudaBackend, PrecisionAwareOptimizerTrainsAndResumes) {
+  PRIMUS_REQUIRE_GPU();
+  namespace fs = std::filesystem;
+  const fs::path dir = gpu_experiment("primus_gpu_precision_aware", 8, 1,
+                                      "\n      use_precision_aware_optimizer: true\n      main_grads_dtype: bf16\n"
+                                      "      main_params_dtype: bf16\n      exp_avg_dtype: bf16\n"
+                                      "      exp_avg_sq_dtype: bf16");
+  auto train = [&](const std::string& name, std::vector<std::pair<std::string, std::string>> o) {
+    o.push_back({"exp_name", name});
+    return train::pretrain(config::load_experiment((dir / "exp.yaml").string(), o));
+  };
+  const auto whole = train("whole", {});
+  EXPECT_TRUE(std::isfinite(whole.last_loss));
+  EXPECT_LT(whole.last_loss, whole.first_loss);
+  (void)train("resumed", {{"train_iters", "4"}, {"lr_decay_iters", "8"}});
+  const auto resumed = train("resumed", {});
+  EXPECT_EQ(resumed.start_iteration, 4);
+  EXPECT_EQ(resumed.last_loss, whole.last_loss);
   fs::remove_all(dir);
 }
 

@@ -650,6 +650,91 @@ TEST(FusedAdamW, MatchesCpuWithGradScale) {
   run_adamw_case(0.1f, 0.37f, true);
 }
 
+// The precision-aware optimizer's state (optim/adamw.h): bf16 moments (one or both) and bf16
+// parameters, against the CPU optimizer with the same options. Both compute in fp32 from the
+// stored values, with the same fused multiply-adds as the fp32 step (which agrees bit for bit,
+// above), and round to nearest even on store: every stored value is a bf16 value and equals the
+// CPU's bit for bit.
+void run_adamw_bf16_state_case(bool m_bf16, bool v_bf16, bool bf16_params) {
+  const OptCase k = opt_case();
+  const int64_t N = k.numel;
+  const auto p0 = random_floats(size_t(N), 31);
+  std::vector<float> p_init(p0);
+  if (bf16_params)
+    for (float& x : p_init) x = bf16::from_float(x).to_float();
+  const std::vector<AdamWChunk> chunks = to_chunks(k.segments);
+  DeviceArray<AdamWChunk> dchunks(chunks);
+  DeviceArray<float> dp(p_init), dm32(static_cast<size_t>(N)), dv32(static_cast<size_t>(N));
+  DeviceBf16 dm16(std::vector<uint16_t>(size_t(N), 0)), dv16(std::vector<uint16_t>(size_t(N), 0));
+  AdamWOptions o;
+  o.beta1 = double(0.9f);
+  o.beta2 = double(0.95f);
+  o.eps = double(1e-8f);
+  o.weight_decay = double(0.1f);
+  o.exp_avg_dtype = m_bf16 ? DType::BF16 : DType::F32;
+  o.exp_avg_sq_dtype = v_bf16 ? DType::BF16 : DType::F32;
+  o.bf16_params = bf16_params;
+  AdamW cpu_opt(o, N);
+  std::vector<float> p_cpu = p_init;
+  for (int step = 1; step <= 3; ++step) {
+    const auto g = random_floats(size_t(N), 200 + uint64_t(step));
+    cpu_opt.step(p_cpu.data(), g.data(), k.segments, 3e-3);
+    DeviceArray<float> dg(g);
+    cuda::AdamWParams prm;
+    prm.lr = 3e-3;
+    prm.beta1 = 0.9f;
+    prm.beta2 = 0.95f;
+    prm.eps = 1e-8f;
+    prm.weight_decay = 0.1f;
+    prm.step = step;
+    prm.exp_avg_bf16 = m_bf16;
+    prm.exp_avg_sq_bf16 = v_bf16;
+    prm.bf16_params = bf16_params;
+    void* m = m_bf16 ? static_cast<void*>(B(dm16)) : static_cast<void*>(dm32.get());
+    void* v = v_bf16 ? static_cast<void*>(B(dv16)) : static_cast<void*>(dv32.get());
+    cuda::adamw_step(dp.get(), dg.get(), m, v, nullptr, dchunks.get(), int(chunks.size()), prm, cuda::stream());
+  }
+  auto as_float = [](const std::vector<uint16_t>& b) {
+    std::vector<float> out(b.size());
+    for (size_t i = 0; i < b.size(); ++i) out[i] = bf16{b[i]}.to_float();
+    return out;
+  };
+  const std::vector<float> p = dp.host();
+  const std::vector<float> m = m_bf16 ? as_float(dm16.host()) : dm32.host();
+  const std::vector<float> v = v_bf16 ? as_float(dv16.host()) : dv32.host();
+  std::vector<float> m_cpu(static_cast<size_t>(N)), v_cpu(static_cast<size_t>(N));
+  cpu_opt.moment(false, 0, N, m_cpu.data());
+  cpu_opt.moment(true, 0, N, v_cpu.data());
+  const struct {
+    const char* name;
+    const std::vector<float>& got;
+    const std::vector<float>& want;
+    bool bf16;
+  } arrays[] = {{"params", p, p_cpu, bf16_params}, {"exp_avg", m, m_cpu, m_bf16}, {"exp_avg_sq", v, v_cpu, v_bf16}};
+  for (const auto& a : arrays) {
+    size_t exact = 0;
+    for (int64_t i = 0; i < N; ++i) {
+      const float g = a.got[size_t(i)], w = a.want[size_t(i)];
+      if (a.bf16) ASSERT_EQ(bf16::from_float(g).to_float(), g) << a.name << "[" << i << "] is not a bf16 value";
+      ASSERT_NEAR(g, w, (a.bf16 ? 0x1p-7 : 2e-6) * std::fabs(w) + 1e-12) << a.name << "[" << i << "]";
+      exact += std::memcmp(&g, &w, sizeof(float)) == 0;
+    }
+    EXPECT_EQ(exact, size_t(N)) << a.name << ": bit-identical to the CPU step";
+  }
+}
+
+TEST(FusedAdamW, Bf16MomentsMatchTheCpuStep) {
+  PRIMUS_REQUIRE_GPU();
+  run_adamw_bf16_state_case(true, true, false);
+  run_adamw_bf16_state_case(true, false, false);
+  run_adamw_bf16_state_case(false, true, false);
+}
+
+TEST(FusedAdamW, Bf16ParametersMatchTheCpuStep) {
+  PRIMUS_REQUIRE_GPU();
+  run_adamw_bf16_state_case(true, true, true);
+}
+
 TEST(FusedAdamW, NoChunksIsANoOp) {
   PRIMUS_REQUIRE_GPU();
   DeviceArray<float> p(std::vector<float>{1.f, 2.f});

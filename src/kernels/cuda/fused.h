@@ -133,15 +133,20 @@ struct AdamWParams {
   double lr = 0, beta1 = 0.9, beta2 = 0.999, eps = 1e-8, weight_decay = 0;
   int64_t step = 1;          // after increment: bias correction uses beta^step
   double grad_scale = 1.0;   // gradients are multiplied by float(grad_scale) first (clipping folded in)
+  // The precision-aware optimizer (optim/adamw.h): a moment stored in bf16 (else fp32), read as
+  // fp32, updated in fp32 and rounded to nearest even on store (the parameter's update uses the fp32
+  // value); bf16_params rounds each updated parameter to bf16 where it is stored.
+  bool exp_avg_bf16 = false, exp_avg_sq_bf16 = false, bf16_params = false;
 };
 // Same arithmetic, in the same order, as optim/adamw.cpp:
 //   g = grad * grad_scale; m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2
 //   p = p * (1 - lr*wd [decayed chunks]) - (lr/bc1) * m / (sqrt(v) * (1/sqrt(bc2)) + eps)
 // with bc1 = 1 - b1^step, bc2 = 1 - b2^step computed in double on the host. When params_bf16 is
 // not null, the updated weight is also written there as bf16 (the working copy the model reads).
+// exp_avg / exp_avg_sq are float or bf16 arrays as the params' flags say.
 // The products are fused exactly where GCC fuses the CPU loop (-O3, x86-64-v3), so the two agree
 // bit for bit for the same options.
-void adamw_step(float* params, const float* grads, float* exp_avg, float* exp_avg_sq, bf16* params_bf16,
+void adamw_step(float* params, const float* grads, void* exp_avg, void* exp_avg_sq, bf16* params_bf16,
                 const AdamWChunk* chunks, int num_chunks, const AdamWParams& p, cudaStream_t stream);
 
 // Sum of squares of x over the given [offset, offset+numel) ranges (device table, like the

@@ -13,6 +13,7 @@
 #include "kernels/cuda/fused_common.cuh"  // first: see its note on fmt
 
 #include <cmath>
+#include <type_traits>
 
 namespace primus::cuda {
 
@@ -80,6 +81,7 @@ __device__ __forceinline__ int find_range(const int64_t* __restrict__ prefix, in
 struct AdamWConsts {
   float beta1, beta2, one_minus_beta1, one_minus_beta2;
   float step_size, inv_sqrt_bc2, eps, decay, grad_scale;
+  bool bf16_params;
 };
 
 // The update of optim/adamw.cpp, with explicit roundings so that nvcc cannot contract it any other
@@ -94,12 +96,20 @@ __device__ __forceinline__ void adamw_update(float& p, float& m, float& v, float
   const float den = __fmaf_rn(__fsqrt_rn(v), c.inv_sqrt_bc2, c.eps);
   const float upd = __fdiv_rn(__fmul_rn(c.step_size, m), den);
   p = __fmaf_rn(p, decay, -upd);
+  if (c.bf16_params) p = __bfloat162float(__float2bfloat16(p));  // nearest even
 }
 
-template <bool kBf16>
+// A moment's storage: fp32, or bf16 read as fp32 and rounded to nearest even on store.
+__device__ __forceinline__ float load_moment(const float* x, int64_t e) { return x[e]; }
+__device__ __forceinline__ float load_moment(const bf16* x, int64_t e) { return __bfloat162float(x[e]); }
+__device__ __forceinline__ void store_moment(float* x, int64_t e, float v) { x[e] = v; }
+__device__ __forceinline__ void store_moment(bf16* x, int64_t e, float v) { x[e] = __float2bfloat16(v); }
+
+// M, V: the moments' storage (float or bf16). The float4 path is taken with fp32 moments only.
+template <bool kBf16, class M, class V>
 __global__ void __launch_bounds__(kThreads)
-    adamw_kernel(float* __restrict__ params, const float* __restrict__ grads, float* __restrict__ exp_avg,
-                 float* __restrict__ exp_avg_sq, bf16* __restrict__ params_bf16, const AdamWChunk* __restrict__ chunks,
+    adamw_kernel(float* __restrict__ params, const float* __restrict__ grads, M* __restrict__ exp_avg,
+                 V* __restrict__ exp_avg_sq, bf16* __restrict__ params_bf16, const AdamWChunk* __restrict__ chunks,
                  int num, const int64_t* __restrict__ prefix, AdamWConsts c, bool bases_aligned) {
   const int64_t total = prefix[num];
   for (int64_t t = blockIdx.x; t < total; t += gridDim.x) {  // uniform over the block
@@ -109,21 +119,22 @@ __global__ void __launch_bounds__(kThreads)
     const int64_t end = std::min(begin + kTile, ch.offset + ch.numel);
     const float decay = ch.decay ? c.decay : 1.0f;
     int64_t e0 = begin;
-    if (bases_aligned && (begin & 3) == 0) {  // float4 of each buffer (and 4 bf16 = 8 bytes)
+    constexpr bool kVector = std::is_same_v<M, float> && std::is_same_v<V, float>;
+    if (kVector && bases_aligned && (begin & 3) == 0) {  // float4 of each buffer (and 4 bf16 = 8 bytes)
       const int64_t nv = (end - begin) / 4;
       for (int64_t q = threadIdx.x; q < nv; q += kThreads) {
         const int64_t e = begin + q * 4;
         float4 p = *reinterpret_cast<const float4*>(params + e);
         const float4 g = *reinterpret_cast<const float4*>(grads + e);
-        float4 m = *reinterpret_cast<const float4*>(exp_avg + e);
-        float4 v = *reinterpret_cast<const float4*>(exp_avg_sq + e);
+        float4 m = *reinterpret_cast<const float4*>(reinterpret_cast<const float*>(exp_avg) + e);
+        float4 v = *reinterpret_cast<const float4*>(reinterpret_cast<const float*>(exp_avg_sq) + e);
         adamw_update(p.x, m.x, v.x, g.x, decay, c);
         adamw_update(p.y, m.y, v.y, g.y, decay, c);
         adamw_update(p.z, m.z, v.z, g.z, decay, c);
         adamw_update(p.w, m.w, v.w, g.w, decay, c);
         __stwb(reinterpret_cast<float4*>(params + e), p);
-        __stwb(reinterpret_cast<float4*>(exp_avg + e), m);
-        __stwb(reinterpret_cast<float4*>(exp_avg_sq + e), v);
+        __stwb(reinterpret_cast<float4*>(reinterpret_cast<float*>(exp_avg) + e), m);
+        __stwb(reinterpret_cast<float4*>(reinterpret_cast<float*>(exp_avg_sq) + e), v);
         if constexpr (kBf16) {
           __stwb(reinterpret_cast<uint2*>(params_bf16 + e), make_uint2(pack_bf16x2(p.x, p.y), pack_bf16x2(p.z, p.w)));
         }
@@ -131,11 +142,11 @@ __global__ void __launch_bounds__(kThreads)
       e0 = begin + nv * 4;  // the last 0-3 elements of the range, below
     }
     for (int64_t e = e0 + threadIdx.x; e < end; e += kThreads) {
-      float p = params[e], m = exp_avg[e], v = exp_avg_sq[e];
+      float p = params[e], m = load_moment(exp_avg, e), v = load_moment(exp_avg_sq, e);
       adamw_update(p, m, v, grads[e], decay, c);
       params[e] = p;
-      exp_avg[e] = m;
-      exp_avg_sq[e] = v;
+      store_moment(exp_avg, e, m);
+      store_moment(exp_avg_sq, e, v);
       if constexpr (kBf16) params_bf16[e] = __float2bfloat16(p);
     }
   }
@@ -183,7 +194,40 @@ __global__ void __launch_bounds__(kThreads)
 
 }  // namespace
 
-void adamw_step(float* params, const float* grads, float* exp_avg, float* exp_avg_sq, bf16* params_bf16,
+namespace {
+
+template <bool kBf16, class M, class V>
+void launch_adamw(float* params, const float* grads, void* exp_avg, void* exp_avg_sq, bf16* params_bf16,
+                  const AdamWChunk* chunks, int num_chunks, const int64_t* prefix, const AdamWConsts& c, bool aligned,
+                  cudaStream_t stream) {
+  adamw_kernel<kBf16, M, V><<<kTileBlocks, kThreads, 0, stream>>>(params, grads, static_cast<M*>(exp_avg),
+                                                                  static_cast<V*>(exp_avg_sq), params_bf16, chunks,
+                                                                  num_chunks, prefix, c, aligned);
+  PRIMUS_CUDA_CHECK_LAUNCH();
+}
+
+// The kernel for the moments' dtypes.
+template <bool kBf16>
+void launch_adamw_for(const AdamWParams& p, float* params, const float* grads, void* exp_avg, void* exp_avg_sq,
+                      bf16* params_bf16, const AdamWChunk* chunks, int num_chunks, const int64_t* prefix,
+                      const AdamWConsts& c, bool aligned, cudaStream_t stream) {
+  if (!p.exp_avg_bf16 && !p.exp_avg_sq_bf16)
+    launch_adamw<kBf16, float, float>(params, grads, exp_avg, exp_avg_sq, params_bf16, chunks, num_chunks, prefix, c,
+                                      aligned, stream);
+  else if (!p.exp_avg_bf16)
+    launch_adamw<kBf16, float, bf16>(params, grads, exp_avg, exp_avg_sq, params_bf16, chunks, num_chunks, prefix, c,
+                                     aligned, stream);
+  else if (!p.exp_avg_sq_bf16)
+    launch_adamw<kBf16, bf16, float>(params, grads, exp_avg, exp_avg_sq, params_bf16, chunks, num_chunks, prefix, c,
+                                     aligned, stream);
+  else
+    launch_adamw<kBf16, bf16, bf16>(params, grads, exp_avg, exp_avg_sq, params_bf16, chunks, num_chunks, prefix, c,
+                                    aligned, stream);
+}
+
+}  // namespace
+
+void adamw_step(float* params, const float* grads, void* exp_avg, void* exp_avg_sq, bf16* params_bf16,
                 const AdamWChunk* chunks, int num_chunks, const AdamWParams& p, cudaStream_t stream) {
   if (num_chunks <= 0) return;
   PRIMUS_CHECK(p.step >= 1, "adamw_step: step must be >= 1 (counted after the increment), got {}", p.step);
@@ -201,6 +245,7 @@ void adamw_step(float* params, const float* grads, float* exp_avg, float* exp_av
   c.eps = float(p.eps);
   c.decay = float(1.0 - lr * p.weight_decay);
   c.grad_scale = float(p.grad_scale);
+  c.bf16_params = p.bf16_params;
 
   Scratch prefix(size_t(num_chunks + 1) * sizeof(int64_t));  // stream-ordered reuse (see fused_norm.cu)
   tile_prefix_kernel<<<1, kPrefixThreads, 0, stream>>>(chunks, num_chunks, prefix.as<int64_t>());
@@ -208,12 +253,11 @@ void adamw_step(float* params, const float* grads, float* exp_avg, float* exp_av
   const bool aligned = aligned16(params) && aligned16(grads) && aligned16(exp_avg) && aligned16(exp_avg_sq) &&
                        (!params_bf16 || (reinterpret_cast<uintptr_t>(params_bf16) & 7u) == 0);
   if (params_bf16)
-    adamw_kernel<true><<<kTileBlocks, kThreads, 0, stream>>>(params, grads, exp_avg, exp_avg_sq, params_bf16, chunks,
-                                                             num_chunks, prefix.as<int64_t>(), c, aligned);
+    launch_adamw_for<true>(p, params, grads, exp_avg, exp_avg_sq, params_bf16, chunks, num_chunks, prefix.as<int64_t>(),
+                           c, aligned, stream);
   else
-    adamw_kernel<false><<<kTileBlocks, kThreads, 0, stream>>>(params, grads, exp_avg, exp_avg_sq, nullptr, chunks,
-                                                              num_chunks, prefix.as<int64_t>(), c, aligned);
-  PRIMUS_CUDA_CHECK_LAUNCH();
+    launch_adamw_for<false>(p, params, grads, exp_avg, exp_avg_sq, nullptr, chunks, num_chunks, prefix.as<int64_t>(), c,
+                            aligned, stream);
 }
 
 void sum_squares(const float* x, const AdamWChunk* ranges, int num_ranges, double* out, cudaStream_t stream) {

@@ -63,11 +63,12 @@ const std::string kTitanTiny = kEngineShape +
 const std::string kMaxTextShape =
     " --base_emb_dim 64 --base_mlp_dim 128 --base_num_query_heads 4 --base_num_kv_heads 2 --head_dim 16"
     " --base_num_decoder_layers 2 --vocab_size 512";
-// Primus's MaxText module keeps bf16 parameters (weight_dtype: bfloat16, refused here) and its
-// examples ask for 8 devices (ici_fsdp_parallelism: 8): one process, fp32 master weights.
+// Primus's MaxText module keeps bf16 parameters (weight_dtype: bfloat16: the precision-aware
+// optimizer with bf16 parameters, gradients and moments) and its examples ask for 8 devices
+// (ici_fsdp_parallelism: 8): one process.
 const std::string kMaxTextTiny = kMaxTextShape +
                                  " --max_target_length 32 --per_device_batch_size 2 --gradient_accumulation_steps 2"
-                                 " --steps 3 --log_period 1 --weight_dtype float32 --ici_fsdp_parallelism -1";
+                                 " --steps 3 --log_period 1 --ici_fsdp_parallelism -1";
 
 class DialectExamples : public ::testing::TestWithParam<const char*> {};
 
@@ -128,7 +129,8 @@ TEST(DialectExamplesRefused, NameTheMissingFeature) {
        "llama3_8B-nanoo_fp8-pretrain.yaml:40: 'quantization' is not supported: quantized training"},
       {"maxtext/mixtral_8x7B-bf16-pretrain", " --weight_dtype float32 --load_balance_loss_weight 0.01",
        "MaxText's load-balance loss (per sequence, scaled by num_experts^2) is not mapped"},
-      {"maxtext/llama3_8B-bf16-pretrain", "", "'weight_dtype' is not supported: bf16 parameters and optimizer state"},
+      {"maxtext/llama3_8B-bf16-pretrain", " --dtype float32 --ici_fsdp_parallelism -1",
+       "'weight_dtype: bfloat16' is not supported: bfloat16 weights computed in float32"},
       {"maxtext/deepseek_v2_16B-bf16-pretrain", " --weight_dtype float32 --rope_interleave false",
        "MaxText's deepseek2-16b model file has rope_interleave: true, which the preset trains"},
       {"maxtext/deepseek_v2_16B-bf16-pretrain", " --weight_dtype float32 --n_routing_groups 4",

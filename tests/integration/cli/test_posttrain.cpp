@@ -371,8 +371,8 @@ TEST(Posttrain, RefusesWhatIsNotBuiltByName) {
             std::string::npos);
 }
 
-// Primus's native SFT configs, unchanged: qwen3_30B_A3B's is refused for
-// use_precision_aware_optimizer; llama3_8B's SFT (LoRA on), its LoRA SFT (which extends it and
+// Primus's native SFT configs, unchanged: qwen3_30B_A3B's passes its precision-aware optimizer
+// keys and is refused at mtp_num_layers (multi-token prediction); llama3_8B's SFT (LoRA on), its LoRA SFT (which extends it and
 // writes its own lora block at the top level, where Primus reads no trainer key) and its packed SFT
 // with LoRA switched off, and DeepSeek-V2-Lite's (MoE and MLA, shrunk; LoRA on the routed and
 // shared experts too) train three iterations on the shipped chat set.
@@ -392,7 +392,7 @@ TEST(PrimusSftConfigs, LoadRefuseAndTrain) {
   };
   const auto qwen = posttrain("qwen3_30B_A3B-BF16-sft-packed", "");
   EXPECT_NE(qwen.code, 0);
-  EXPECT_NE(qwen.out.find("'use_precision_aware_optimizer' is not supported"), std::string::npos) << qwen.out;
+  EXPECT_NE(qwen.out.find("'mtp_num_layers' is not supported"), std::string::npos) << qwen.out;
   const auto llama = posttrain("llama3_8B-BF16-sft", kFromScratch);
   ASSERT_EQ(llama.code, 0) << llama.out;
   EXPECT_NE(llama.out.find("LoRA: dim 32, alpha 32 (scale 1): this rank trains"), std::string::npos) << llama.out;

@@ -229,6 +229,29 @@ TEST(PrimusConfigsGrok, ExamplesTrainWithVirtualStagesAndSoftcaps) {
   }
 }
 
+// Primus's Qwen3-30B-A3B config (MI355X), unchanged: Megatron's precision-aware optimizer with bf16
+// main gradients and moments (docs/optim.md#low-precision-optimizer-state), enable_experimental
+// (no effect here) and the distributed optimizer. Shrunk to the tiny model with 16 experts, one
+// rank per parallel dimension, it trains three iterations and says which dtypes it keeps.
+TEST(PrimusConfigsPrecisionAware, Qwen3MoeTrainsWithBf16OptimizerState) {
+  const std::string config = kRoot + "/tests/integration/primus_configs/qwen3_30B_A3B-BF16-pretrain.yaml";
+  const fs::path ws = fs::temp_directory_path() / ("primus-configs-pa-" + std::to_string(::getpid()));
+  fs::remove_all(ws);
+  const test::CommandResult trained =
+      run("direct --workspace " + ws.string() + " -- train pretrain --config " + config + kTiny +
+          " --tensor-model-parallel-size 1 --pipeline-model-parallel-size 1 --context-parallel-size 1"
+          " --expert-model-parallel-size 1 --num-experts 16 --moe-router-topk 4 --moe-ffn-hidden-size 32"
+          " --moe-layer-freq 1");
+  ASSERT_EQ(trained.code, 0) << trained.out;
+  EXPECT_NE(trained.out.find("precision-aware optimizer: main_grads_dtype bf16, main_params_dtype fp32, exp_avg_dtype "
+                             "bf16, exp_avg_sq_dtype bf16"),
+            std::string::npos)
+      << trained.out;
+  EXPECT_NE(trained.out.find("iteration      3/     3"), std::string::npos) << trained.out;
+  EXPECT_EQ(trained.out.find("lm loss: nan"), std::string::npos) << trained.out;
+  fs::remove_all(ws);
+}
+
 INSTANTIATE_TEST_SUITE_P(Examples, PrimusConfigs,
                          ::testing::Values("llama3.1_8B-BF16-pretrain", "llama2_7B-BF16-pretrain",
                                            "qwen2.5_7B-BF16-pretrain", "llama3.1_8B-FP8-pretrain",

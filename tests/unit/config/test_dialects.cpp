@@ -362,8 +362,9 @@ TEST(Dialects, UnbuiltKeysAreRefusedByName) {
        1,
        {{"training.mock_data", "false"}}},
       {Framework::MaxText, "      quantization: nanoo_fp8\n", "'quantization' is not supported: quantized training"},
-      {Framework::MaxText, "      weight_dtype: bfloat16\n",
-       "'weight_dtype' is not supported: bf16 parameters and optimizer state"},
+      {Framework::MaxText, "      dtype: float32\n      weight_dtype: bfloat16\n",
+       "'weight_dtype: bfloat16' is not supported: bfloat16 weights computed in float32"},
+      {Framework::MaxText, "      mu_dtype: float16\n", "'mu_dtype: float16' is not supported: float32 or bfloat16"},
       {Framework::MaxText, "      num_experts: 8\n", "'num_experts: 8' is not supported: llama3-8b is a dense model here"},
       {Framework::MaxText, "      model_name: deepseek3-671b\n",
        "'model_name: deepseek3-671b' is not supported: MaxText's DeepSeek-V3 and later models"},
@@ -403,6 +404,31 @@ TEST(Dialects, UnbuiltKeysAreRefusedByName) {
         e.find("the command line") == std::string::npos)
       ADD_FAILURE() << "the error says not where the key was set: " << e;
   }
+}
+
+// MaxText's weight_dtype and mu_dtype as the precision-aware optimizer: bf16 parameters keep their
+// gradients and AdamW's nu in bf16 (optax), mu in mu_dtype or else weight_dtype's.
+TEST(Dialects, MaxTextWeightDtypeIsThePrecisionAwareOptimizer) {
+  TempDir d;
+  const TrainingArgs bf = load_experiment(d.write("a.yaml", maxtext("      weight_dtype: bfloat16\n"))).train;
+  EXPECT_TRUE(bf.bf16);
+  EXPECT_TRUE(bf.use_precision_aware_optimizer);
+  EXPECT_EQ(bf.main_params_dtype, OptimDtype::Bf16);
+  EXPECT_EQ(bf.main_grads_dtype, OptimDtype::Bf16);
+  EXPECT_EQ(bf.exp_avg_dtype, OptimDtype::Bf16);
+  EXPECT_EQ(bf.exp_avg_sq_dtype, OptimDtype::Bf16);
+  const TrainingArgs mu32 =
+      load_experiment(d.write("b.yaml", maxtext("      weight_dtype: bfloat16\n      mu_dtype: float32\n"))).train;
+  EXPECT_EQ(mu32.exp_avg_dtype, OptimDtype::Fp32);
+  EXPECT_EQ(mu32.exp_avg_sq_dtype, OptimDtype::Bf16);
+  const TrainingArgs fp = load_experiment(d.write("c.yaml", maxtext(""))).train;  // base.yml: float32
+  EXPECT_FALSE(fp.use_precision_aware_optimizer);
+  EXPECT_EQ(fp.main_params_dtype, OptimDtype::Fp32);
+  EXPECT_EQ(fp.exp_avg_dtype, OptimDtype::Fp32);
+  const TrainingArgs mu16 = load_experiment(d.write("e.yaml", maxtext("      mu_dtype: bfloat16\n"))).train;
+  EXPECT_TRUE(mu16.use_precision_aware_optimizer);
+  EXPECT_EQ(mu16.exp_avg_dtype, OptimDtype::Bf16);
+  EXPECT_EQ(mu16.main_params_dtype, OptimDtype::Fp32);
 }
 
 TEST(Dialects, CommandLineInBothNamesAndTypos) {

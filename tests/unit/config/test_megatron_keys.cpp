@@ -226,3 +226,39 @@ TEST(MegatronKeys, ArgumentTableInTheDocsMatchesTheCode) {
   }
   EXPECT_GT(seen.size(), 1100u);
 }
+
+// The precision-aware optimizer's keys (docs/optim.md#low-precision-optimizer-state): Primus's
+// settings load as enums; Megatron's rule (a dtype other than fp32 needs
+// use_precision_aware_optimizer), the dtypes not built (fp16, fp8) and bf16 gradients in fp32
+// training are refused by name, with the file and line.
+TEST(MegatronKeys, PrecisionAwareOptimizerKeys) {
+  TempDir d;
+  const std::string primus =
+      "      bf16: true\n      use_precision_aware_optimizer: true\n      main_grads_dtype: bf16\n"
+      "      exp_avg_dtype: bf16\n      exp_avg_sq_dtype: bf16\n";
+  const ExperimentConfig c = load_experiment(d.write("ok.yaml", experiment(primus)));
+  EXPECT_TRUE(c.train.use_precision_aware_optimizer);
+  EXPECT_EQ(c.train.main_grads_dtype, OptimDtype::Bf16);
+  EXPECT_EQ(c.train.main_params_dtype, OptimDtype::Fp32);
+  EXPECT_EQ(c.train.exp_avg_dtype, OptimDtype::Bf16);
+  EXPECT_EQ(c.train.exp_avg_sq_dtype, OptimDtype::Bf16);
+  EXPECT_NE(c.resolved_yaml().find("exp_avg_sq_dtype: bf16"), std::string::npos);
+  struct Case {
+    std::string lines, needle;
+  };
+  for (const Case& k :
+       {Case{"      exp_avg_dtype: bf16\n", "exp_avg_dtype bf16 needs use_precision_aware_optimizer: true"},
+        Case{"      use_precision_aware_optimizer: true\n      exp_avg_sq_dtype: fp16\n",
+             "exp_avg_sq_dtype fp16 is not built"},
+        Case{"      use_precision_aware_optimizer: true\n      exp_avg_dtype: fp8\n", "exp_avg_dtype fp8 is not built"},
+        Case{"      use_precision_aware_optimizer: true\n      main_params_dtype: fp16\n",
+             "main_params_dtype fp16 is not built"},
+        Case{"      use_precision_aware_optimizer: true\n      main_grads_dtype: bf16\n",
+             "main_grads_dtype bf16 needs bf16: true"},
+        Case{"      exp_avg_dtype: float16\n", "exp_avg_dtype 'float16' is not one of: fp32, bf16, fp16, fp8"}}) {
+    const std::string f = d.write("bad.yaml", experiment(k.lines));
+    const std::string e = error_of([&] { load_experiment(f); });
+    EXPECT_NE(e.find(k.needle), std::string::npos) << e;
+    EXPECT_NE(e.find("bad.yaml:"), std::string::npos) << "names the file and line: " << e;
+  }
+}
