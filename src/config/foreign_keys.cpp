@@ -47,8 +47,9 @@ const char* const kNsTurboSinks =
     "Primus-Turbo's switch of gpt-oss's learned sinks and sliding window; here they are the model keys "
     "softmax_type: learnable, window_size: [N, 0] and window_attn_skip_freq: 2 (the window on odd layers, 1-based)";
 const char* const kNsGptOss =
-    "a part of gpt-oss not built yet (its sinks, sliding windows and linear biases are: softmax_type, window_size, "
-    "window_attn_skip_freq, add_bias_linear); docs/model_math.md, gpt-oss, lists what is missing";
+    "a part of gpt-oss not built yet (its sinks, sliding windows, linear biases and clamped GLU are: softmax_type, "
+    "window_size, window_attn_skip_freq, add_bias_linear, quick_geglu, glu_linear_offset, activation_func_clamp_value); "
+    "docs/model_math.md, gpt-oss, lists what is missing";
 const char* const kCkptStrictness =
     "how torch distributed checkpointing treats unexpected and missing keys; this engine's checkpoints are strict "
     "(every difference in the model is an error naming it) unless load_strict is false";
@@ -61,7 +62,6 @@ const std::vector<ForeignKey>& foreign_keys() {
       {"account_for_loss_in_pipeline_split", KeyStatus::NotSupported, "false", kNsOther, Src::MP},
       {"accumulate_allreduce_grads_in_fp32", KeyStatus::NoEffect, "false", kTuning, Src::MP},
       {"activation_func", KeyStatus::NotSupported, "null", kNsOther, Src::M},
-      {"activation_func_clamp_value", KeyStatus::NotSupported, "null", kNsGptOss, Src::MP},
       {"activation_func_fp8_input_store", KeyStatus::NotSupported, "false", kNsLowPrecision, Src::M},
       {"activation_offload_fraction", KeyStatus::NotSupported, "1.0", kNsOther, Src::M},
       {"activation_situ_beta", KeyStatus::NotSupported, "4.0", kNsOther, Src::P},
@@ -363,7 +363,6 @@ const std::vector<ForeignKey>& foreign_keys() {
       {"gdp_num_chunk_states_to_recompute", KeyStatus::NotSupported, "2", kNsOther, Src::M},
       {"gdp_num_householder", KeyStatus::NotSupported, "3", kNsOther, Src::M},
       {"generate_tracelens_report", KeyStatus::NoEffect, "false", kLogging, Src::P},
-      {"glu_linear_offset", KeyStatus::NotSupported, "0.0", kNsGptOss, Src::M},
       {"gpu_sniff_test_interval", KeyStatus::NoEffect, "null", kLogging, Src::M},
       {"grad_reduce_in_bf16", KeyStatus::NotSupported, "false", kNsLowPrecision, Src::MP},
       {"grad_scale_func", KeyStatus::NotSupported, "null", kNsOther, Src::M},
@@ -834,7 +833,6 @@ const std::vector<ForeignKey>& foreign_keys() {
       {"quantile_balancing_num_bins", KeyStatus::NotSupported, "1024", kNsMoe, Src::P},
       {"quantile_balancing_update_interval", KeyStatus::NotSupported, "1", kNsMoe, Src::P},
       {"query_in_block_prob", KeyStatus::NotSupported, "0.1", kNsOther, Src::MP},
-      {"quick_geglu", KeyStatus::NotSupported, "false", kNsGptOss, Src::MP},
       {"rampup_batch_size", KeyStatus::NotSupported, "null", kNsOther, Src::MP},
       {"recompute_activations", KeyStatus::NotSupported, "false", kNsOther, Src::MP},
       {"recompute_layer_ids", KeyStatus::NoEffect, "null", kMemory, Src::P},
@@ -1102,6 +1100,7 @@ const std::vector<ForeignKey>& foreign_keys() {
 // clang-format off
 const std::vector<std::pair<const char*, Src>>& applied_key_sources() {
   static const std::vector<std::pair<const char*, Src>> keys = {
+      {"activation_func_clamp_value", Src::MP},
       {"adam_beta1", Src::MP},
       {"adam_beta2", Src::MP},
       {"adam_eps", Src::MP},
@@ -1136,6 +1135,7 @@ const std::vector<std::pair<const char*, Src>>& applied_key_sources() {
       {"fp8_recipe", Src::MP},
       {"fp8_wgrad", Src::MP},
       {"global_batch_size", Src::MP},
+      {"glu_linear_offset", Src::M},
       {"hf_path", Src::P},
       {"hidden_size", Src::MP},
       {"init_method_std", Src::MP},
@@ -1202,6 +1202,7 @@ const std::vector<std::pair<const char*, Src>>& applied_key_sources() {
       {"qk_head_dim", Src::MP},
       {"qk_layernorm", Src::MP},
       {"qk_pos_emb_head_dim", Src::MP},
+      {"quick_geglu", Src::MP},
       {"recompute_granularity", Src::MP},
       {"reset_attention_mask", Src::MP},
       {"reset_position_ids", Src::MP},

@@ -60,6 +60,9 @@ const std::vector<Field>& fields() {
       {"rope_original_max_position_embeddings", &ModelSpec::rope_original_max_position_embeddings},
       {"qk_layernorm", &ModelSpec::qk_layernorm},
       {"softmax_type", &ModelSpec::softmax_type},
+      {"quick_geglu", &ModelSpec::quick_geglu},
+      {"glu_linear_offset", &ModelSpec::glu_linear_offset},
+      {"activation_func_clamp_value", &ModelSpec::activation_func_clamp_value, true},
       {"window_size", &ModelSpec::window_size, true},                      // a [left, right] pair: set_window_size
       {"window_attn_skip_freq", &ModelSpec::window_attn_skip_freq, true},  // also a list: set_window_pattern
       {"multi_latent_attention", &ModelSpec::multi_latent_attention},
@@ -290,9 +293,10 @@ YAML::Node load_yaml_file(const fs::path& path) {
 // reason (docs/model_math.md lists what each needs).
 const char* unbuilt_preset(const std::string& name) {
   static const char* const kGptOss =
-      "gpt-oss needs the experts' clamped SwiGLU (activation_func_clamp_value, glu_linear_offset) and YaRN on "
-      "grouped-query attention, which are not built yet (its attention sinks, sliding windows and linear biases are: "
-      "softmax_type, window_size, window_attn_skip_freq, add_bias_linear); see docs/model_math.md, gpt-oss";
+      "gpt-oss needs YaRN rotary scaling on grouped-query attention (position_embedding_type yarn), which is not "
+      "built yet (its attention sinks, sliding windows, linear biases and the experts' clamped GLU are: softmax_type, "
+      "window_size, window_attn_skip_freq, add_bias_linear, quick_geglu, glu_linear_offset, "
+      "activation_func_clamp_value); see docs/model_math.md, gpt-oss";
   if (name == "gpt_oss_20B" || name == "gpt_oss_120B") return kGptOss;
   return nullptr;
 }
@@ -469,6 +473,10 @@ void ModelSpec::validate() const {
     if (!std::isfinite(rotary_scaling_factor) || rotary_scaling_factor < 1)
       fail("{}: rotary_scaling_factor must be at least 1 (1: no YaRN scaling), got {}", who, rotary_scaling_factor);
   }
+  if (!std::isfinite(glu_linear_offset)) fail("{}: glu_linear_offset must be a finite number, got {}", who, glu_linear_offset);
+  if (!std::isfinite(activation_func_clamp_value) || activation_func_clamp_value < 0)
+    fail("{}: activation_func_clamp_value must be positive (or null for no clamp), got {}", who,
+         activation_func_clamp_value);
   if (softmax_type != "vanilla" && softmax_type != "off-by-one" && softmax_type != "learnable")
     fail("{}: softmax_type must be vanilla, off-by-one or learnable, got '{}'", who, softmax_type);
   if (window_attn_skip_freq < 0)

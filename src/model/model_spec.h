@@ -51,6 +51,13 @@ struct ModelSpec {
   // window_attn_skip_freq: which layers use the window, Megatron's rule: an integer N puts every
   // N-th layer (1-based) on full attention, the others on the window; a 0/1 list (1: window)
   // gives each layer; 0 (null): every layer.
+  // The MLPs' gated linear unit (every MLP: dense, experts, shared), Megatron's glu():
+  //   act = g sigmoid(a g) (u + glu_linear_offset), g = min(gate, c), u = clamp(up, -c, c)
+  // a = 1 (SwiGLU) or 1.702 (quick_geglu: Megatron's quick_gelu), c = activation_func_clamp_value
+  // (0, YAML null: no clamp). gpt-oss: quick_geglu, offset 1, clamp 7.
+  bool quick_geglu = false;
+  double glu_linear_offset = 0.0;
+  double activation_func_clamp_value = 0.0;
   std::string softmax_type = "vanilla";
   int64_t window_size = -1;
   int64_t window_attn_skip_freq = 0;

@@ -124,6 +124,16 @@ ModelSpec tiny_gpt_oss() {
 
 TEST(MoeModel, GptOssBiasesGradientsMatchFiniteDifferences) { check_grads(tiny_gpt_oss()); }
 
+// gpt-oss's clamped GLU in every MLP (dense and experts): quick_geglu, the +1 on the linear half,
+// a clamp low enough that some of the tiny model's values are cut.
+TEST(MoeModel, GptOssClampedGluGradientsMatchFiniteDifferences) {
+  ModelSpec s = tiny_gpt_oss();
+  s.quick_geglu = true;
+  s.glu_linear_offset = 1.0;
+  s.activation_func_clamp_value = 0.3;
+  check_grads(s);
+}
+
 // The biases change the function: with them non-zero the loss moves.
 TEST(MoeModel, GptOssBiasesEnterTheForward) {
   LlamaModel m(tiny_gpt_oss(), cpu::cpu_backend(), Precision::Fp64);
