@@ -46,10 +46,6 @@ const char* const kNsOther = "not implemented by this engine";
 const char* const kNsTurboSinks =
     "Primus-Turbo's switch of gpt-oss's learned sinks and sliding window; here they are the model keys "
     "softmax_type: learnable, window_size: [N, 0] and window_attn_skip_freq: 2 (the window on odd layers, 1-based)";
-const char* const kNsGptOss =
-    "a part of gpt-oss not built yet (its sinks, sliding windows, linear biases and clamped GLU are: softmax_type, "
-    "window_size, window_attn_skip_freq, add_bias_linear, quick_geglu, glu_linear_offset, activation_func_clamp_value); "
-    "docs/model_math.md, gpt-oss, lists what is missing";
 const char* const kCkptStrictness =
     "how torch distributed checkpointing treats unexpected and missing keys; this engine's checkpoints are strict "
     "(every difference in the model is an error naming it) unless load_strict is false";
@@ -809,7 +805,6 @@ const std::vector<ForeignKey>& foreign_keys() {
       {"pipeline_dtype", KeyStatus::NotSupported, "null", kNsOther, Src::M},
       {"pipeline_model_parallel_comm_backend", KeyStatus::NoEffect, "null", kTuning, Src::MP},
       {"pipeline_model_parallel_split_rank", KeyStatus::NotSupported, "null", kNsOther, Src::P},
-      {"position_embedding_type", KeyStatus::NotSupported, "rope", kNsOther, Src::MP},
       {"pp_algorithm", KeyStatus::NotSupported, "1f1b-interleaved", kNsSchedule, Src::P},
       {"pp_cost_b", KeyStatus::NotSupported, "null", kNsOther, Src::P},
       {"pp_cost_f", KeyStatus::NotSupported, "null", kNsOther, Src::P},
@@ -1082,10 +1077,6 @@ const std::vector<ForeignKey>& foreign_keys() {
       {"wgrad_deferral_limit", KeyStatus::NoEffect, "0", kTuning, Src::MP},
       {"wsd_decay_steps", KeyStatus::NotSupported, "null", kNsOther, Src::M},
       {"yaml_cfg", KeyStatus::NoEffect, "null", kKernels, Src::MP},
-      {"yarn_beta_fast", KeyStatus::NotSupported, "null", kNsGptOss, Src::M},
-      {"yarn_beta_slow", KeyStatus::NotSupported, "null", kNsGptOss, Src::M},
-      {"yarn_correction_range_round_to_int", KeyStatus::NotSupported, "null", kNsGptOss, Src::M},
-      {"yarn_original_max_position_embeddings", KeyStatus::NotSupported, "null", kNsGptOss, Src::M},
       {"zero_bubble_adaptive_memory_limit_percentile", KeyStatus::NotSupported, "85", kNsOther, Src::P},
       {"zero_bubble_pipeline_timers_end_iter", KeyStatus::NoEffect, "110", kLogging, Src::P},
       {"zero_bubble_pipeline_timers_start_iter", KeyStatus::NoEffect, "100", kLogging, Src::P},
@@ -1198,6 +1189,7 @@ const std::vector<std::pair<const char*, Src>>& applied_key_sources() {
       {"overlap_grad_reduce", Src::MP},
       {"pipeline_model_parallel_layout", Src::MP},
       {"pipeline_model_parallel_size", Src::MP},
+      {"position_embedding_type", Src::MP},
       {"q_lora_rank", Src::MP},
       {"qk_head_dim", Src::MP},
       {"qk_layernorm", Src::MP},
@@ -1238,6 +1230,10 @@ const std::vector<std::pair<const char*, Src>>& applied_key_sources() {
       {"weight_decay", Src::MP},
       {"window_attn_skip_freq", Src::M},
       {"window_size", Src::M},
+      {"yarn_beta_fast", Src::M},
+      {"yarn_beta_slow", Src::M},
+      {"yarn_correction_range_round_to_int", Src::M},
+      {"yarn_original_max_position_embeddings", Src::M},
       {"zero_bubble_max_pending_backward", Src::P},
   };
   return keys;
