@@ -3,7 +3,8 @@
 # under PRIMUS/examples/megatron/configs (diffusion aside) is loaded (--print-config), and each one
 # that loads trains two iterations on one process with a tiny model forced on the command line
 # (for MoE configs 16 experts of 32, top-4; for MLA configs latent ranks of 32; one rank per
-# parallel dimension, no virtual stages or stage layout). Prints the counts and, for the rest, the first error of each, grouped.
+# parallel dimension, no virtual stages or stage layout; profiling off, as some examples profile
+# steps past the second). Prints the counts and, for the rest, the first error of each, grouped.
 #
 #   scripts/count_primus_examples.sh PRIMUS_CHECKOUT [PRIMUS_CLI]
 #
@@ -20,7 +21,7 @@ tiny="--num-layers 2 --hidden-size 64 --ffn-hidden-size 128 --num-attention-head
       --vocab-size 512 --seq-length 32 --max-position-embeddings 32 --micro-batch-size 2 --global-batch-size 4
       --train-iters 2 --log-interval 1 --lr-warmup-iters 0 --lr-decay-iters 100 --tensor-model-parallel-size 1
       --pipeline-model-parallel-size 1 --context-parallel-size 1 --expert-model-parallel-size 1
-      --virtual-pipeline-model-parallel-size null --pipeline-model-parallel-layout null"
+      --virtual-pipeline-model-parallel-size null --pipeline-model-parallel-layout null --profile false"
 total=0 loaded=0 trained=0
 : > "$work/errors"
 while IFS= read -r config; do

@@ -43,9 +43,6 @@ const char* const kNsSchedule =
     "Primus's own pipeline-schedule switch; here the schedule is pipeline_schedule (1f1b, interleaved-1f1b, zb-h1, "
     "zb-h2, zbv, v-half, v-min, dualpipev, zb-auto, gpipe)";
 const char* const kNsOther = "not implemented by this engine";
-const char* const kNsTurboSinks =
-    "Primus-Turbo's switch of gpt-oss's learned sinks and sliding window; here they are the model keys "
-    "softmax_type: learnable, window_size: [N, 0] and window_attn_skip_freq: 2 (the window on odd layers, 1-based)";
 const char* const kCkptStrictness =
     "how torch distributed checkpointing treats unexpected and missing keys; this engine's checkpoints are strict "
     "(every difference in the model is an error naming it) unless load_strict is false";
@@ -918,8 +915,6 @@ const std::vector<ForeignKey>& foreign_keys() {
       {"sharp_enabled_group", KeyStatus::NotSupported, "null", kNsOther, Src::MP},
       {"short_seq_prob", KeyStatus::NotSupported, "0.1", kNsOther, Src::MP},
       {"sink_level", KeyStatus::NoEffect, "null", kLogging, Src::P},
-      {"sink_sliding_window", KeyStatus::NotSupported, "0", kNsTurboSinks, Src::P},
-      {"sink_window_even_layers_only", KeyStatus::NotSupported, "true", kNsTurboSinks, Src::P},
       {"skip_train", KeyStatus::NotSupported, "false", kNsOther, Src::MP},
       {"softmax_scale", KeyStatus::NotSupported, "null", kNsOther, Src::M},
       {"spec", KeyStatus::NoEffect, "null", kKernels, Src::MP},
@@ -1030,7 +1025,6 @@ const std::vector<ForeignKey>& foreign_keys() {
       {"use_same_sampling_seed_across_dp_ranks", KeyStatus::NotSupported, "false", kNsOther, Src::M},
       {"use_sharp", KeyStatus::NoEffect, "false", kTuning, Src::MP},
       {"use_short_conv", KeyStatus::NotSupported, "true", kNsOther, Src::P},
-      {"use_sink_attention", KeyStatus::NotSupported, "false", kNsTurboSinks, Src::P},
       {"use_te_activation_func", KeyStatus::NoEffect, "false", kKernels, Src::MP},
       {"use_te_rng_tracker", KeyStatus::NoEffect, "false", kKernels, Src::M},
       {"use_tokenizer_model_from_checkpoint_args", KeyStatus::NoEffect, "true", kStorage, Src::MP},
@@ -1209,6 +1203,8 @@ const std::vector<std::pair<const char*, Src>>& applied_key_sources() {
       {"sft_conversation_format", Src::P},
       {"sft_dataset_name", Src::P},
       {"sft_dataset_split", Src::P},
+      {"sink_sliding_window", Src::P},
+      {"sink_window_even_layers_only", Src::P},
       {"softmax_type", Src::M},
       {"split", Src::MP},
       {"stage", Src::P},
@@ -1223,6 +1219,7 @@ const std::vector<std::pair<const char*, Src>>& applied_key_sources() {
       {"use_distributed_optimizer", Src::MP},
       {"use_packed_attention", Src::P},
       {"use_rope_scaling", Src::MP},
+      {"use_sink_attention", Src::P},
       {"use_torch_fsdp2", Src::MP},
       {"v_head_dim", Src::MP},
       {"virtual_pipeline_model_parallel_size", Src::MP},
