@@ -58,11 +58,11 @@ class TimedBackend final : public ops::Backend {
   void rmsnorm_backward_weight(const Tensor& dy, const Tensor& x, const Tensor& rstd, Tensor& dw) override {
     time(Elementwise, [&] { in_.rmsnorm_backward_weight(dy, x, rstd, dw); });
   }
-  void swiglu_forward(const Tensor& gate_up, Tensor& act) override {
-    time(Elementwise, [&] { in_.swiglu_forward(gate_up, act); });
+  void glu_forward(const Tensor& gate_up, Tensor& act, const ops::Glu& glu) override {
+    time(Elementwise, [&] { in_.glu_forward(gate_up, act, glu); });
   }
-  void swiglu_backward(const Tensor& dact, const Tensor& gate_up, Tensor& dgate_up) override {
-    time(Elementwise, [&] { in_.swiglu_backward(dact, gate_up, dgate_up); });
+  void glu_backward(const Tensor& dact, const Tensor& gate_up, Tensor& dgate_up, const ops::Glu& glu) override {
+    time(Elementwise, [&] { in_.glu_backward(dact, gate_up, dgate_up, glu); });
   }
   void rope_apply(Tensor& x, int64_t heads, int64_t head_dim, int64_t seq, int64_t pos0, const Tensor& cos,
                   const Tensor& sin, bool inverse) override {

@@ -43,6 +43,8 @@ bool grouped_routing(const ModelSpec& s) { return s.is_moe() && s.moe_router_num
 bool shared_expert(const ModelSpec& s) { return s.is_moe() && s.moe_shared_expert_intermediate_size > 0; }
 bool rope_scaled(const ModelSpec& s) { return s.use_rope_scaling; }
 bool yarn(const ModelSpec& s) { return s.multi_latent_attention && s.rotary_scaling_factor > 1; }
+bool gqa_yarn(const ModelSpec& s) { return !s.multi_latent_attention && s.position_embedding_type == "yarn"; }
+bool any_yarn(const ModelSpec& s) { return yarn(s) || gqa_yarn(s); }
 bool has_dense_layer(const ModelSpec& s) {
   for (int64_t l = 0; l < s.num_layers; ++l)
     if (!s.is_moe_layer(l)) return true;
@@ -99,6 +101,9 @@ const std::vector<ModelField>& fields() {
       {"final_logit_softcapping", Changes::Meaning, always, AS_IS(final_logit_softcapping)},
       {"router_logit_softcapping", Changes::Meaning, moe, AS_IS(router_logit_softcapping)},
       {"window_size", Changes::Meaning, not_mla, layer_windows},
+      {"quick_geglu", Changes::Meaning, always, AS_IS(quick_geglu)},
+      {"glu_linear_offset", Changes::Meaning, always, AS_IS(glu_linear_offset)},
+      {"activation_func_clamp_value", Changes::Meaning, always, AS_IS(activation_func_clamp_value)},
       {"window_attn_skip_freq", Changes::Meaning, not_mla, layer_windows},
       {"rotary_base", Changes::Meaning, always, AS_IS(rotary_base)},
       {"use_rope_scaling", Changes::Meaning, always, AS_IS(use_rope_scaling)},
@@ -107,9 +112,16 @@ const std::vector<ModelField>& fields() {
       {"rope_high_freq_factor", Changes::Meaning, rope_scaled, AS_IS(rope_high_freq_factor)},
       {"rope_original_max_position_embeddings", Changes::Meaning, rope_scaled,
        AS_IS(rope_original_max_position_embeddings)},
-      {"rotary_scaling_factor", Changes::Meaning, mla, AS_IS(rotary_scaling_factor)},
-      {"mscale", Changes::Meaning, yarn, AS_IS(mscale)},
-      {"mscale_all_dim", Changes::Meaning, yarn, AS_IS(mscale_all_dim)},
+      {"rotary_scaling_factor", Changes::Meaning, [](const ModelSpec& s) { return mla(s) || gqa_yarn(s); },
+       AS_IS(rotary_scaling_factor)},
+      {"mscale", Changes::Meaning, any_yarn, AS_IS(mscale)},
+      {"mscale_all_dim", Changes::Meaning, any_yarn, AS_IS(mscale_all_dim)},
+      {"position_embedding_type", Changes::Meaning, not_mla, AS_IS(position_embedding_type)},
+      {"yarn_beta_fast", Changes::Meaning, gqa_yarn, AS_IS(yarn_beta_fast)},
+      {"yarn_beta_slow", Changes::Meaning, gqa_yarn, AS_IS(yarn_beta_slow)},
+      {"yarn_original_max_position_embeddings", Changes::Meaning, gqa_yarn,
+       AS_IS(yarn_original_max_position_embeddings)},
+      {"yarn_correction_range_round_to_int", Changes::Meaning, gqa_yarn, AS_IS(yarn_correction_range_round_to_int)},
       {"beta_fast", Changes::Meaning, yarn, AS_IS(beta_fast)},
       {"beta_slow", Changes::Meaning, yarn, AS_IS(beta_slow)},
       {"original_max_position_embeddings", Changes::Meaning, yarn, AS_IS(original_max_position_embeddings)},

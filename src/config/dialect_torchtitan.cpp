@@ -285,7 +285,9 @@ struct Flavour {
 };
 
 const char* const kLlama4 = "Llama 4 is not built on this engine yet (the model-families issue adds it)";
-const char* const kGptOss = "gpt-oss is not built on this engine yet (the model-families issue adds it)";
+const char* const kGptOssDebug =
+    "torchtitan's gpt_oss debugmodel (dim 256, 4 layers, 8 experts) has no preset on this engine; its 20b and 120b "
+    "flavours map onto gpt_oss_20B and gpt_oss_120B";
 
 // clang-format off
 const std::vector<Flavour>& flavours() {
@@ -307,7 +309,12 @@ const std::vector<Flavour>& flavours() {
       {"deepseek_v3", "236B", "deepseek_v2", nullptr, deepseek_moe, TitanScores::Softmax},
       {"deepseek_v3", "671B", "deepseek_v3", nullptr, deepseek_moe, TitanScores::Sigmoid},
       {"llama4", "*", nullptr, kLlama4},
-      {"gpt_oss", "*", nullptr, kGptOss},
+      // gpt-oss (models/gpt_oss): OpenAI's models as the presets hold them (sinks, a 128-key window on
+      // layers 0, 2, ..., biases, the clamped GLU, unrounded YaRN of factor 32); softmax scores
+      // renormalised over the top 4, with the router's bias (gate_bias).
+      {"gpt_oss", "20b", "gpt_oss_20B", nullptr, titan_moe, TitanScores::SoftmaxRouteNorm},
+      {"gpt_oss", "120b", "gpt_oss_120B", nullptr, titan_moe, TitanScores::SoftmaxRouteNorm},
+      {"gpt_oss", "*", nullptr, kGptOssDebug},
   };
   return f;
 }

@@ -216,11 +216,23 @@ std::vector<std::string> names_of_training_keys() {
   return out;
 }
 
+// Primus-Turbo's switch of gpt-oss's attention (its PrimusTurboAttention): use_sink_attention
+// turns learned sinks on in every layer and, with sink_sliding_window N > 0, a window (N, 0) on
+// layers 1, 3, ... (1-based; sink_window_even_layers_only, its default) or on all; N = 0: no
+// window. Read as this engine's model keys softmax_type, window_size and window_attn_skip_freq
+// (TurboSinks below); without use_sink_attention the other two have no effect, as in Primus.
+const std::vector<std::string> kTurboSinkKeys = {"use_sink_attention", "sink_sliding_window",
+                                                 "sink_window_even_layers_only"};
+bool is_turbo_sink_key(const std::string& k) {
+  return std::find(kTurboSinkKeys.begin(), kTurboSinkKeys.end(), k) != kTurboSinkKeys.end();
+}
+
 // Every key name the overrides know: ours, then Megatron's and Primus's (for "did you mean").
 std::vector<std::string> all_key_names() {
   std::vector<std::string> out = names_of_training_keys();
   for (const auto& k : model_spec_keys()) out.push_back(k);
   for (const auto& k : foreign_keys()) out.push_back(k.name);
+  for (const auto& k : kTurboSinkKeys) out.push_back(k);
   return out;
 }
 
@@ -418,7 +430,8 @@ void apply_command_line(YamlTree& tree, const std::vector<std::pair<std::string,
         std::find(kTopKeys.begin(), kTopKeys.end(), key) != kTopKeys.end())
       tree.set(key, value);
     else if (std::find(train_keys.begin(), train_keys.end(), key) != train_keys.end() ||
-             std::find(model_keys.begin(), model_keys.end(), key) != model_keys.end() || find_foreign_key(key))
+             std::find(model_keys.begin(), model_keys.end(), key) != model_keys.end() || find_foreign_key(key) ||
+             is_turbo_sink_key(key))
       tree.set("modules.pre_trainer.overrides." + key, value);
     else {
       std::vector<std::string> all = kTopKeys;
@@ -593,6 +606,56 @@ void merge_module_config(YamlTree& tree, const YAML::Node& pt, const std::string
   }
 }
 
+// Primus-Turbo's sink keys (kTurboSinkKeys) of the overrides, as the model keys they stand for.
+class TurboSinks {
+ public:
+  explicit TurboSinks(const YamlTree& tree) : tree_(tree) {}
+  void add(const std::string& key, const YAML::Node& value) { written_[key] = value; }
+  // Writes softmax_type, window_size and window_attn_skip_freq into the model keys when
+  // use_sink_attention is on (refusing a config that also writes them), else lists the other two
+  // as having no effect.
+  void apply(ExperimentConfig& cfg, YAML::Node& model_overrides) const {
+    if (written_.empty()) return;
+    if (!flag("use_sink_attention", false)) {
+      for (const auto& [k, v] : written_)
+        if (k != "use_sink_attention" && !v.IsNull())
+          cfg.no_effect.push_back({k, describe(v), "read by Primus-Turbo only with use_sink_attention: true"});
+      return;
+    }
+    for (const char* ours : {"softmax_type", "window_size", "window_attn_skip_freq"})
+      if (model_overrides[ours])
+        fail("{}: use_sink_attention (Primus-Turbo's switch of gpt-oss's sinks and window) and {} both set the "
+             "attention's sinks and window; write one of them",
+             at("use_sink_attention"), ours);
+    int64_t window = 0;
+    if (const auto it = written_.find("sink_sliding_window"); it != written_.end() && !it->second.IsNull())
+      if (!YAML::convert<int64_t>::decode(it->second, window) || window < 0)
+        fail("{}: sink_sliding_window must be 0 (no window) or a positive number of tokens, got {}",
+             at("sink_sliding_window"), describe(it->second));
+    model_overrides["softmax_type"] = "learnable";
+    YAML::Node pair(YAML::NodeType::Sequence);
+    pair.push_back(window);
+    pair.push_back(0);
+    model_overrides["window_size"] = window > 0 ? pair : YAML::Node(YAML::NodeType::Null);
+    model_overrides["window_attn_skip_freq"] = flag("sink_window_even_layers_only", true)
+                                                   ? YAML::Node(2)
+                                                   : YAML::Node(YAML::NodeType::Null);
+  }
+
+ private:
+  std::string at(const std::string& key) const { return tree_.origin("modules.pre_trainer.overrides." + key).str(); }
+  bool flag(const std::string& key, bool unset) const {
+    const auto it = written_.find(key);
+    if (it == written_.end() || it->second.IsNull()) return unset;
+    bool v = false;
+    if (!YAML::convert<bool>::decode(it->second, v))
+      fail("{}: {} must be true or false, got {}", at(key), key, describe(it->second));
+    return v;
+  }
+  const YamlTree& tree_;
+  std::map<std::string, YAML::Node> written_;
+};
+
 // The overrides: training keys into cfg.train, Megatron's no-effect keys listed, refused ones
 // refused; the model keys are returned for the preset.
 YAML::Node read_overrides(ExperimentConfig& cfg, const YAML::Node& pt) {
@@ -602,6 +665,7 @@ YAML::Node read_overrides(ExperimentConfig& cfg, const YAML::Node& pt) {
   const YAML::Node ov = pt["overrides"];
   if (!ov || ov.IsNull()) return model_overrides;
   if (!ov.IsMap()) fail("{}: 'overrides' must be a map of key: value", tree.origin("modules.pre_trainer.overrides").str());
+  TurboSinks turbo(tree);
   for (auto kv : ov) {
     const std::string written = kv.first.as<std::string>();
     const std::string kpath = "modules.pre_trainer.overrides." + written;
@@ -610,6 +674,8 @@ YAML::Node read_overrides(ExperimentConfig& cfg, const YAML::Node& pt) {
     auto ti = std::find_if(training_keys().begin(), training_keys().end(), [&](const KeyInfo& x) { return k == x.name; });
     if (k == "lora") {
       read_lora(kv.second, tree.origin(kpath).str(), cfg.train.lora);
+    } else if (is_turbo_sink_key(k)) {
+      turbo.add(k, kv.second);
     } else if (ti != training_keys().end()) {
       set_training_key(cfg.train, *ti, kv.second, tree.origin(kpath));
     } else if (std::find(model_keys.begin(), model_keys.end(), k) != model_keys.end()) {
@@ -630,6 +696,7 @@ YAML::Node read_overrides(ExperimentConfig& cfg, const YAML::Node& pt) {
       fail("{}: unknown key '{}'{} in overrides", tree.origin(kpath).str(), k, did_you_mean(k, all_key_names()));
     }
   }
+  turbo.apply(cfg, model_overrides);
   return model_overrides;
 }
 
@@ -857,6 +924,12 @@ std::string argument_status_reference() {
     if (k != "extends" && k != "description")
       rows.push_back({k, "applied", "", from(k), "model key ([model_math.md](model_math.md))"});
   rows.push_back({"lora", "applied", "", from("lora"), "the LoRA block ([posttraining.md](posttraining.md#lora))"});
+  for (const auto& k : kTurboSinkKeys)
+    rows.push_back(
+        {k, "applied", "", from(k),
+         "Primus-Turbo's switch of gpt-oss's sinks and window, read as softmax_type: learnable, window_size: "
+         "[sink_sliding_window, 0] (0: none) and window_attn_skip_freq: 2 (sink_window_even_layers_only) or "
+         "null ([model_math.md](model_math.md#gpt-oss))"});
   for (const auto& k : foreign_keys()) {
     if (std::any_of(rows.begin(), rows.end(), [&](const Row& r) { return r.name == k.name; })) continue;
     rows.push_back({k.name, to_string(k.status), k.status == KeyStatus::NoEffect ? "" : k.engine_value, from(k.name),

@@ -46,12 +46,6 @@ const char* const kNsOther = "not implemented by this engine";
 const char* const kNsAttnSoftcap =
     "soft-capping of the attention scores, not implemented by this engine (Primus's grok2.yaml leaves it out: "
     "\"not working yet\"); final_logit_softcapping and router_logit_softcapping are";
-const char* const kNsTurboSinks =
-    "Primus-Turbo's switch of gpt-oss's learned sinks and sliding window; here they are the model keys "
-    "softmax_type: learnable, window_size: [N, 0] and window_attn_skip_freq: 2 (the window on odd layers, 1-based)";
-const char* const kNsGptOss =
-    "a part of gpt-oss not built yet (its sinks, sliding windows and linear biases are: softmax_type, window_size, "
-    "window_attn_skip_freq, add_bias_linear); docs/model_math.md, gpt-oss, lists what is missing";
 const char* const kCkptStrictness =
     "how torch distributed checkpointing treats unexpected and missing keys; this engine's checkpoints are strict "
     "(every difference in the model is an error naming it) unless load_strict is false";
@@ -64,7 +58,6 @@ const std::vector<ForeignKey>& foreign_keys() {
       {"account_for_loss_in_pipeline_split", KeyStatus::NotSupported, "false", kNsOther, Src::MP},
       {"accumulate_allreduce_grads_in_fp32", KeyStatus::NoEffect, "false", kTuning, Src::MP},
       {"activation_func", KeyStatus::NotSupported, "null", kNsOther, Src::M},
-      {"activation_func_clamp_value", KeyStatus::NotSupported, "null", kNsGptOss, Src::MP},
       {"activation_func_fp8_input_store", KeyStatus::NotSupported, "false", kNsLowPrecision, Src::M},
       {"activation_offload_fraction", KeyStatus::NotSupported, "1.0", kNsOther, Src::M},
       {"activation_situ_beta", KeyStatus::NotSupported, "4.0", kNsOther, Src::P},
@@ -363,7 +356,6 @@ const std::vector<ForeignKey>& foreign_keys() {
       {"gdp_num_chunk_states_to_recompute", KeyStatus::NotSupported, "2", kNsOther, Src::M},
       {"gdp_num_householder", KeyStatus::NotSupported, "3", kNsOther, Src::M},
       {"generate_tracelens_report", KeyStatus::NoEffect, "false", kLogging, Src::P},
-      {"glu_linear_offset", KeyStatus::NotSupported, "0.0", kNsGptOss, Src::M},
       {"gpu_sniff_test_interval", KeyStatus::NoEffect, "null", kLogging, Src::M},
       {"grad_reduce_in_bf16", KeyStatus::NotSupported, "false", kNsLowPrecision, Src::MP},
       {"grad_scale_func", KeyStatus::NotSupported, "null", kNsOther, Src::M},
@@ -806,7 +798,6 @@ const std::vector<ForeignKey>& foreign_keys() {
       {"pipeline_dtype", KeyStatus::NotSupported, "null", kNsOther, Src::M},
       {"pipeline_model_parallel_comm_backend", KeyStatus::NoEffect, "null", kTuning, Src::MP},
       {"pipeline_model_parallel_split_rank", KeyStatus::NotSupported, "null", kNsOther, Src::P},
-      {"position_embedding_type", KeyStatus::NotSupported, "rope", kNsOther, Src::MP},
       {"pp_algorithm", KeyStatus::NotSupported, "1f1b-interleaved", kNsSchedule, Src::P},
       {"pp_cost_b", KeyStatus::NotSupported, "null", kNsOther, Src::P},
       {"pp_cost_f", KeyStatus::NotSupported, "null", kNsOther, Src::P},
@@ -830,7 +821,6 @@ const std::vector<ForeignKey>& foreign_keys() {
       {"quantile_balancing_num_bins", KeyStatus::NotSupported, "1024", kNsMoe, Src::P},
       {"quantile_balancing_update_interval", KeyStatus::NotSupported, "1", kNsMoe, Src::P},
       {"query_in_block_prob", KeyStatus::NotSupported, "0.1", kNsOther, Src::MP},
-      {"quick_geglu", KeyStatus::NotSupported, "false", kNsGptOss, Src::MP},
       {"rampup_batch_size", KeyStatus::NotSupported, "null", kNsOther, Src::MP},
       {"recompute_activations", KeyStatus::NotSupported, "false", kNsOther, Src::MP},
       {"recompute_layer_ids", KeyStatus::NoEffect, "null", kMemory, Src::P},
@@ -920,8 +910,6 @@ const std::vector<ForeignKey>& foreign_keys() {
       {"sharp_enabled_group", KeyStatus::NotSupported, "null", kNsOther, Src::MP},
       {"short_seq_prob", KeyStatus::NotSupported, "0.1", kNsOther, Src::MP},
       {"sink_level", KeyStatus::NoEffect, "null", kLogging, Src::P},
-      {"sink_sliding_window", KeyStatus::NotSupported, "0", kNsTurboSinks, Src::P},
-      {"sink_window_even_layers_only", KeyStatus::NotSupported, "true", kNsTurboSinks, Src::P},
       {"skip_train", KeyStatus::NotSupported, "false", kNsOther, Src::MP},
       {"softmax_scale", KeyStatus::NotSupported, "null", kNsOther, Src::M},
       {"spec", KeyStatus::NoEffect, "null", kKernels, Src::MP},
@@ -1031,7 +1019,6 @@ const std::vector<ForeignKey>& foreign_keys() {
       {"use_same_sampling_seed_across_dp_ranks", KeyStatus::NotSupported, "false", kNsOther, Src::M},
       {"use_sharp", KeyStatus::NoEffect, "false", kTuning, Src::MP},
       {"use_short_conv", KeyStatus::NotSupported, "true", kNsOther, Src::P},
-      {"use_sink_attention", KeyStatus::NotSupported, "false", kNsTurboSinks, Src::P},
       {"use_te_activation_func", KeyStatus::NoEffect, "false", kKernels, Src::MP},
       {"use_te_rng_tracker", KeyStatus::NoEffect, "false", kKernels, Src::M},
       {"use_tokenizer_model_from_checkpoint_args", KeyStatus::NoEffect, "true", kStorage, Src::MP},
@@ -1078,10 +1065,6 @@ const std::vector<ForeignKey>& foreign_keys() {
       {"wgrad_deferral_limit", KeyStatus::NoEffect, "0", kTuning, Src::MP},
       {"wsd_decay_steps", KeyStatus::NotSupported, "null", kNsOther, Src::M},
       {"yaml_cfg", KeyStatus::NoEffect, "null", kKernels, Src::MP},
-      {"yarn_beta_fast", KeyStatus::NotSupported, "null", kNsGptOss, Src::M},
-      {"yarn_beta_slow", KeyStatus::NotSupported, "null", kNsGptOss, Src::M},
-      {"yarn_correction_range_round_to_int", KeyStatus::NotSupported, "null", kNsGptOss, Src::M},
-      {"yarn_original_max_position_embeddings", KeyStatus::NotSupported, "null", kNsGptOss, Src::M},
       {"zero_bubble_adaptive_memory_limit_percentile", KeyStatus::NotSupported, "85", kNsOther, Src::P},
       {"zero_bubble_pipeline_timers_end_iter", KeyStatus::NoEffect, "110", kLogging, Src::P},
       {"zero_bubble_pipeline_timers_start_iter", KeyStatus::NoEffect, "100", kLogging, Src::P},
@@ -1096,6 +1079,7 @@ const std::vector<ForeignKey>& foreign_keys() {
 // clang-format off
 const std::vector<std::pair<const char*, Src>>& applied_key_sources() {
   static const std::vector<std::pair<const char*, Src>> keys = {
+      {"activation_func_clamp_value", Src::MP},
       {"adam_beta1", Src::MP},
       {"adam_beta2", Src::MP},
       {"adam_eps", Src::MP},
@@ -1133,6 +1117,7 @@ const std::vector<std::pair<const char*, Src>>& applied_key_sources() {
       {"fp8_recipe", Src::MP},
       {"fp8_wgrad", Src::MP},
       {"global_batch_size", Src::MP},
+      {"glu_linear_offset", Src::M},
       {"hf_path", Src::P},
       {"hidden_size", Src::MP},
       {"init_method_std", Src::MP},
@@ -1199,10 +1184,12 @@ const std::vector<std::pair<const char*, Src>>& applied_key_sources() {
       {"overlap_grad_reduce", Src::MP},
       {"pipeline_model_parallel_layout", Src::MP},
       {"pipeline_model_parallel_size", Src::MP},
+      {"position_embedding_type", Src::MP},
       {"q_lora_rank", Src::MP},
       {"qk_head_dim", Src::MP},
       {"qk_layernorm", Src::MP},
       {"qk_pos_emb_head_dim", Src::MP},
+      {"quick_geglu", Src::MP},
       {"recompute_granularity", Src::MP},
       {"reset_attention_mask", Src::MP},
       {"reset_position_ids", Src::MP},
@@ -1218,6 +1205,8 @@ const std::vector<std::pair<const char*, Src>>& applied_key_sources() {
       {"sft_conversation_format", Src::P},
       {"sft_dataset_name", Src::P},
       {"sft_dataset_split", Src::P},
+      {"sink_sliding_window", Src::P},
+      {"sink_window_even_layers_only", Src::P},
       {"softmax_type", Src::M},
       {"split", Src::MP},
       {"stage", Src::P},
@@ -1233,6 +1222,7 @@ const std::vector<std::pair<const char*, Src>>& applied_key_sources() {
       {"use_packed_attention", Src::P},
       {"use_precision_aware_optimizer", Src::MP},
       {"use_rope_scaling", Src::MP},
+      {"use_sink_attention", Src::P},
       {"use_torch_fsdp2", Src::MP},
       {"v_head_dim", Src::MP},
       {"virtual_pipeline_model_parallel_size", Src::MP},
@@ -1240,6 +1230,10 @@ const std::vector<std::pair<const char*, Src>>& applied_key_sources() {
       {"weight_decay", Src::MP},
       {"window_attn_skip_freq", Src::M},
       {"window_size", Src::M},
+      {"yarn_beta_fast", Src::M},
+      {"yarn_beta_slow", Src::M},
+      {"yarn_correction_range_round_to_int", Src::M},
+      {"yarn_original_max_position_embeddings", Src::M},
       {"zero_bubble_max_pending_backward", Src::P},
   };
   return keys;

@@ -29,9 +29,12 @@
 #include "core/memory.h"
 #include "core/tensor.h"
 #include "kernels/cpu/attention.h"
+#include "kernels/cpu/elementwise.h"
 #include "kernels/fp8.h"
 
 namespace primus::ops {
+
+using Glu = cpu::Glu;
 
 // The sizes of an attention call (kernels/cpu/attention.h: batch sequences of seq rows, heads,
 // query groups, head_dim) and, when documents are packed into its sequences, where each query
@@ -105,9 +108,15 @@ class Backend {
                                       const Tensor& residual, Tensor& dx) = 0;
   virtual void rmsnorm_backward_weight(const Tensor& dy, const Tensor& x, const Tensor& rstd, Tensor& dw) = 0;
 
-  // SwiGLU on a fused [gate | up] row of 2f values: act = silu(gate) * up.
-  virtual void swiglu_forward(const Tensor& gate_up, Tensor& act) = 0;
-  virtual void swiglu_backward(const Tensor& dact, const Tensor& gate_up, Tensor& dgate_up) = 0;
+  // The gated linear unit on a fused [gate | up] row of 2f values (kernels/cpu/elementwise.h, Glu):
+  // act = g sigmoid(alpha g) (u + offset) with the gate and up clamped by limit; SwiGLU (act =
+  // silu(gate) * up) with the default Glu.
+  virtual void glu_forward(const Tensor& gate_up, Tensor& act, const Glu& glu) = 0;
+  virtual void glu_backward(const Tensor& dact, const Tensor& gate_up, Tensor& dgate_up, const Glu& glu) = 0;
+  void swiglu_forward(const Tensor& gate_up, Tensor& act) { glu_forward(gate_up, act, Glu{}); }
+  void swiglu_backward(const Tensor& dact, const Tensor& gate_up, Tensor& dgate_up) {
+    glu_backward(dact, gate_up, dgate_up, Glu{});
+  }
 
   // In place on x [rows, stride]: the first `heads` heads of head_dim of each row; row r has
   // position pos0 + r % seq; cos/sin [positions, head_dim/2] in the stat dtype; inverse for the

@@ -66,7 +66,7 @@ class SwiGluMlp final : public BlockPart {
     if (fc2_b_ >= 0) c.dy_local = dy;
     const Tensor da = k_.linear_input_grad(c.dy, fc2_);
     c.dgate_up = k_.empty({da.size(0), 2 * F_});
-    k_.be.swiglu_backward(da, c.gate_up, c.dgate_up);
+    k_.be.glu_backward(da, c.gate_up, c.dgate_up, glu_);
     Tensor dh = k_.linear_input_grad(c.dgate_up, fc1_);
     c.gate_up = Tensor();  // W reads h, act, dy and dgate_up
     return k_.tp.reduce(dh);
@@ -88,13 +88,14 @@ class SwiGluMlp final : public BlockPart {
  private:
   Tensor swiglu(const Tensor& gate_up) const {
     Tensor a = k_.empty({gate_up.size(0), F_});
-    k_.be.swiglu_forward(gate_up, a);
+    k_.be.glu_forward(gate_up, a, glu_);
     return a;
   }
 
   const PartKit& k_;
   int64_t F_ = 0;  // this rank's ffn columns
   int fc1_ = -1, fc2_ = -1, fc1_b_ = -1, fc2_b_ = -1;
+  ops::Glu glu_ = glu_of(k_.spec);
 };
 
 struct MoePartContext final : PartContext {

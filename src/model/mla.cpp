@@ -48,36 +48,8 @@ MlaParams register_mla_params(ParamStore& params, const ModelSpec& s, int64_t la
   return p;
 }
 
-double yarn_mscale(double factor, double m) { return factor <= 1 ? 1.0 : 0.1 * m * std::log(factor) + 1.0; }
-
 void mla_rope_tables(const ModelSpec& s, int64_t positions, double* cos, double* sin) {
-  const int64_t dim = s.qk_pos_emb_head_dim, half = dim / 2;
-  const double base = s.rotary_base, f = s.rotary_scaling_factor;
-  std::vector<double> inv(size_t(half), 0.0);
-  for (int64_t i = 0; i < half; ++i) inv[size_t(i)] = 1.0 / std::pow(base, double(2 * i) / double(dim));
-  double m = 1.0;
-  if (f > 1) {
-    // Frequencies that turn fewer than beta_slow times over the original
-    // context are interpolated (divided by the factor), more than beta_fast
-    // times kept, a linear ramp between.
-    auto correction_dim = [&](double rotations) {
-      return double(dim) * std::log(double(s.original_max_position_embeddings) / (rotations * 2 * std::numbers::pi)) /
-             (2 * std::log(base));
-    };
-    const double low = std::max(std::floor(correction_dim(s.beta_fast)), 0.0);
-    double high = std::min(std::ceil(correction_dim(s.beta_slow)), double(dim - 1));
-    if (low == high) high += 0.001;
-    for (int64_t i = 0; i < half; ++i) {
-      const double ramp = std::clamp((double(i) - low) / (high - low), 0.0, 1.0), keep = 1.0 - ramp;
-      inv[size_t(i)] = inv[size_t(i)] / f * (1.0 - keep) + inv[size_t(i)] * keep;
-    }
-    m = yarn_mscale(f, s.mscale) / yarn_mscale(f, s.mscale_all_dim);
-  }
-  for (int64_t p = 0; p < positions; ++p)
-    for (int64_t i = 0; i < half; ++i) {
-      cos[p * half + i] = std::cos(double(p) * inv[size_t(i)]) * m;
-      sin[p * half + i] = std::sin(double(p) * inv[size_t(i)]) * m;
-    }
+  yarn_rope_tables(yarn_of(s).value_or(Yarn{}), s.qk_pos_emb_head_dim, s.rotary_base, positions, cos, sin);
 }
 
 Mla::Mla(ops::Backend& backend, DType activation, const ModelSpec& s, const Linears& linears, int tp, int cp,

@@ -64,13 +64,10 @@ struct MlaParams {
 MlaParams register_mla_params(ParamStore& params, const ModelSpec& spec, int64_t layer, int tp_size = 1,
                               int tp_rank = 0);
 
-// YaRN (DeepSeek's, Megatron's YarnRotaryEmbedding) when
+// YaRN (model/rope.h, Yarn: DeepSeek's, Megatron's YarnRotaryEmbedding) when
 // s.rotary_scaling_factor > 1, else plain rotary: cos and sin [positions,
-// qk_pos_emb_head_dim / 2], the attention magnitude factor mscale(factor,
-// mscale) / mscale(factor, mscale_all_dim) folded into both.
+// qk_pos_emb_head_dim / 2], the concentration folded into both.
 void mla_rope_tables(const ModelSpec& s, int64_t positions, double* cos, double* sin);
-// 0.1 * m * ln(factor) + 1 for factor > 1, else 1.
-double yarn_mscale(double factor, double m);
 
 // What the B and W passes need.
 struct MlaContext {

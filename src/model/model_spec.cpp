@@ -60,6 +60,9 @@ const std::vector<Field>& fields() {
       {"rope_original_max_position_embeddings", &ModelSpec::rope_original_max_position_embeddings},
       {"qk_layernorm", &ModelSpec::qk_layernorm},
       {"softmax_type", &ModelSpec::softmax_type},
+      {"quick_geglu", &ModelSpec::quick_geglu},
+      {"glu_linear_offset", &ModelSpec::glu_linear_offset},
+      {"activation_func_clamp_value", &ModelSpec::activation_func_clamp_value, true},
       {"window_size", &ModelSpec::window_size, true},                      // a [left, right] pair: set_window_size
       {"window_attn_skip_freq", &ModelSpec::window_attn_skip_freq, true},  // also a list: set_window_pattern
       {"final_logit_softcapping", &ModelSpec::final_logit_softcapping, true},
@@ -76,6 +79,11 @@ const std::vector<Field>& fields() {
       {"beta_fast", &ModelSpec::beta_fast},
       {"beta_slow", &ModelSpec::beta_slow},
       {"original_max_position_embeddings", &ModelSpec::original_max_position_embeddings},
+      {"position_embedding_type", &ModelSpec::position_embedding_type},
+      {"yarn_beta_fast", &ModelSpec::yarn_beta_fast},
+      {"yarn_beta_slow", &ModelSpec::yarn_beta_slow},
+      {"yarn_original_max_position_embeddings", &ModelSpec::yarn_original_max_position_embeddings},
+      {"yarn_correction_range_round_to_int", &ModelSpec::yarn_correction_range_round_to_int},
       {"num_experts", &ModelSpec::num_experts, true},
       {"moe_ffn_hidden_size", &ModelSpec::moe_ffn_hidden_size, true},
       {"moe_router_topk", &ModelSpec::moe_router_topk},
@@ -288,23 +296,11 @@ YAML::Node load_yaml_file(const fs::path& path) {
   }
 }
 
-// Presets of Primus's model families whose parts are not built yet: refused by name with the
-// reason (docs/model_math.md lists what each needs).
-const char* unbuilt_preset(const std::string& name) {
-  static const char* const kGptOss =
-      "gpt-oss needs the experts' clamped SwiGLU (activation_func_clamp_value, glu_linear_offset) and YaRN on "
-      "grouped-query attention, which are not built yet (its attention sinks, sliding windows and linear biases are: "
-      "softmax_type, window_size, window_attn_skip_freq, add_bias_linear); see docs/model_math.md, gpt-oss";
-  if (name == "gpt_oss_20B" || name == "gpt_oss_120B") return kGptOss;
-  return nullptr;
-}
-
 fs::path preset_path(const std::string& name) {
   fs::path dir = model_preset_dir();
   fs::path p = dir / (name + ".yaml");
   std::error_code ec;
   if (fs::is_regular_file(p, ec)) return p;
-  if (const char* why = unbuilt_preset(name)) fail("model preset '{}' is not available yet: {}", name, why);
   std::vector<std::string> names = list_model_presets();
   fail("unknown model preset '{}'{}; presets in {}: {}", name, did_you_mean(name, names), dir.string(),
        fmt::join(names, ", "));
@@ -471,6 +467,27 @@ void ModelSpec::validate() const {
     if (!std::isfinite(rotary_scaling_factor) || rotary_scaling_factor < 1)
       fail("{}: rotary_scaling_factor must be at least 1 (1: no YaRN scaling), got {}", who, rotary_scaling_factor);
   }
+  if (position_embedding_type != "rope" && position_embedding_type != "yarn")
+    fail("{}: position_embedding_type must be rope or yarn (the rotary embeddings this engine builds), got '{}'", who,
+         position_embedding_type);
+  if (!multi_latent_attention && position_embedding_type == "yarn") {
+    if (!std::isfinite(rotary_scaling_factor) || rotary_scaling_factor < 1)
+      fail("{}: rotary_scaling_factor must be at least 1 (1: no YaRN scaling), got {}", who, rotary_scaling_factor);
+    if (use_rope_scaling)
+      fail("{}: position_embedding_type yarn and use_rope_scaling (Llama 3.1's scaling) are two rotary scalings; "
+           "set one",
+           who);
+    if (!(yarn_beta_fast > yarn_beta_slow && yarn_beta_slow > 0))
+      fail("{}: yarn_beta_fast ({}) must be greater than yarn_beta_slow ({}), and both positive", who, yarn_beta_fast,
+           yarn_beta_slow);
+    positive("yarn_original_max_position_embeddings", yarn_original_max_position_embeddings);
+  }
+  if (!std::isfinite(mscale) || mscale < 0 || !std::isfinite(mscale_all_dim) || mscale_all_dim < 0)
+    fail("{}: mscale ({}) and mscale_all_dim ({}) must be finite and not negative", who, mscale, mscale_all_dim);
+  if (!std::isfinite(glu_linear_offset)) fail("{}: glu_linear_offset must be a finite number, got {}", who, glu_linear_offset);
+  if (!std::isfinite(activation_func_clamp_value) || activation_func_clamp_value < 0)
+    fail("{}: activation_func_clamp_value must be positive (or null for no clamp), got {}", who,
+         activation_func_clamp_value);
   if (softmax_type != "vanilla" && softmax_type != "off-by-one" && softmax_type != "learnable")
     fail("{}: softmax_type must be vanilla, off-by-one or learnable, got '{}'", who, softmax_type);
   if (window_attn_skip_freq < 0)

@@ -51,6 +51,13 @@ struct ModelSpec {
   // window_attn_skip_freq: which layers use the window, Megatron's rule: an integer N puts every
   // N-th layer (1-based) on full attention, the others on the window; a 0/1 list (1: window)
   // gives each layer; 0 (null): every layer.
+  // The MLPs' gated linear unit (every MLP: dense, experts, shared), Megatron's glu():
+  //   act = g sigmoid(a g) (u + glu_linear_offset), g = min(gate, c), u = clamp(up, -c, c)
+  // a = 1 (SwiGLU) or 1.702 (quick_geglu: Megatron's quick_gelu), c = activation_func_clamp_value
+  // (0, YAML null: no clamp). gpt-oss: quick_geglu, offset 1, clamp 7.
+  bool quick_geglu = false;
+  double glu_linear_offset = 0.0;
+  double activation_func_clamp_value = 0.0;
   std::string softmax_type = "vanilla";
   int64_t window_size = -1;
   int64_t window_attn_skip_freq = 0;
@@ -69,13 +76,21 @@ struct ModelSpec {
   int64_t qk_head_dim = 128;          // the non-rotary part of a query/key head
   int64_t qk_pos_emb_head_dim = 64;   // the decoupled rotary part, shared by all heads for keys
   int64_t v_head_dim = 128;
-  // YaRN rotary scaling of MLA (used when rotary_scaling_factor > 1).
+  // YaRN rotary scaling (model/rope.h, Yarn), Megatron's keys and defaults. MLA uses it when
+  // rotary_scaling_factor > 1 with beta_fast, beta_slow and original_max_position_embeddings;
+  // grouped-query attention when position_embedding_type is yarn (else rope), with the yarn_*
+  // keys (gpt-oss). Both take rotary_scaling_factor, mscale and mscale_all_dim.
   double rotary_scaling_factor = 1.0;
   double mscale = 1.0;
-  double mscale_all_dim = 1.0;
+  double mscale_all_dim = 0.0;
   double beta_fast = 32.0;
   double beta_slow = 1.0;
   int64_t original_max_position_embeddings = 4096;
+  std::string position_embedding_type = "rope";
+  double yarn_beta_fast = 32.0;
+  double yarn_beta_slow = 1.0;
+  int64_t yarn_original_max_position_embeddings = 4096;
+  bool yarn_correction_range_round_to_int = true;
 
   // Mixture of experts (Megatron-Core names and defaults; docs/moe.md).
   int64_t num_experts = 0;          // 0 (YAML null): dense model

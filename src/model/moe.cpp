@@ -32,6 +32,10 @@ std::vector<int> MoeParams::ids() const {
   return v;
 }
 
+ops::Glu glu_of(const ModelSpec& spec) {
+  return {spec.quick_geglu ? 1.702 : 1.0, spec.glu_linear_offset, spec.activation_func_clamp_value};
+}
+
 // The same names, shapes and order as model_parameter_layout (model_spec.cpp).
 bool is_expert_param(const std::string& name) { return name.find(".mlp.experts.local_experts.") != std::string::npos; }
 
@@ -211,7 +215,7 @@ Tensor MoeLayer::forward(MoeContext& c, const Tensor& h_local, const Tensor& res
       return std::tuple{c.xp.slice(0, o, n), w(id), c.gu.slice(0, o, n), id};
     });
     add_expert_biases(c.gu, c.offsets, p_.fc1_b, w);
-    be_.swiglu_forward(c.gu, c.act);
+    be_.glu_forward(c.gu, c.act, glu_);
     experts(Linears::Gemm::Forward, c.offsets, [&](int64_t e, int64_t o, int64_t n) {
       const int id = p_.fc2[size_t(e)];
       return std::tuple{c.act.slice(0, o, n), w(id), c.yp.slice(0, o, n), id};
@@ -225,7 +229,7 @@ Tensor MoeLayer::forward(MoeContext& c, const Tensor& h_local, const Tensor& res
     c.sgu = empty({N, 2 * Fs});
     lin_.forward(1.0f, h, w(p_.shared_fc1), p_.shared_fc1, 0.0f, Tensor(), c.sgu, Tensor());
     c.sact = empty({N, Fs});
-    be_.swiglu_forward(c.sgu, c.sact);
+    be_.glu_forward(c.sgu, c.sact, glu_);
     if (p_.shared_gate < 0) {
       lin_.forward(1.0f, c.sact, w(p_.shared_fc2), p_.shared_fc2, 1.0f, out, out, Tensor());
     } else {
@@ -303,7 +307,7 @@ Tensor MoeLayer::backward_input(MoeContext& c, const Tensor& dy_local, const Wei
       const int id = p_.fc2[size_t(e)];
       return std::tuple{c.dy.slice(0, o, n), w(id), da.slice(0, o, n), id};
     });
-    be_.swiglu_backward(da, c.gu, c.dgu);
+    be_.glu_backward(da, c.gu, c.dgu, glu_);
     experts(Linears::Gemm::InputGrad, c.offsets, [&](int64_t e, int64_t o, int64_t n) {
       const int id = p_.fc1[size_t(e)];
       return std::tuple{c.dgu.slice(0, o, n), w(id), dxp.slice(0, o, n), id};
@@ -325,7 +329,7 @@ Tensor MoeLayer::backward_input(MoeContext& c, const Tensor& dy_local, const Wei
     Tensor dsact = empty({N, Fs});
     lin_.input_grad(1.0f, c.dy_shared, w(p_.shared_fc2), p_.shared_fc2, 0.0f, Tensor(), dsact);
     c.dsgu = empty({N, 2 * Fs});
-    be_.swiglu_backward(dsact, c.sgu, c.dsgu);
+    be_.glu_backward(dsact, c.sgu, c.dsgu, glu_);
     lin_.input_grad(1.0f, c.dsgu, w(p_.shared_fc1), p_.shared_fc1, 1.0f, dh, dh);
   }
   // The experts' part of dh, summed over tp when they are split (this rank's rows under sequence

@@ -56,6 +56,9 @@ struct MoeParams {
 // under expert tensor parallelism their (and the shared expert's) tp shards, as the dense MLP's.
 MoeParams register_moe_params(ParamStore& params, const ModelSpec& spec, int64_t layer, int ep_rank = 0,
                               int ep_size = 1, int etp_size = 1, int etp_rank = 0);
+// The MLPs' gated linear unit of the spec (quick_geglu, glu_linear_offset,
+// activation_func_clamp_value): every MLP of the model uses it, dense, routed and shared.
+ops::Glu glu_of(const ModelSpec& spec);
 // A routed expert's tensor (its gradient is reduced over the expert-data-parallel group).
 bool is_expert_param(const std::string& name);
 
@@ -126,6 +129,7 @@ class MoeLayer {
   void add_expert_biases(Tensor& rows, const std::vector<int64_t>& offsets, const std::vector<int>& ids,
                          const Weights& w) const;
   ModelSpec spec_;
+  ops::Glu glu_ = glu_of(spec_);  // the experts' and the shared expert's
   // The experts' GEMMs of one kind as one grouped GEMM over the experts with rows: problem e is
   // operands(expert, first permuted row, rows) = [A_e, B_e, D_e] and the expert's weight id.
   template <typename F>

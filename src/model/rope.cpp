@@ -1,8 +1,69 @@
 #include "model/rope.h"
 
+#include <algorithm>
+#include <cmath>
+#include <numbers>
+
 #include "core/error.h"
 
 namespace primus {
+
+double yarn_mscale(double factor, double m) { return factor <= 1 ? 1.0 : 0.1 * m * std::log(factor) + 1.0; }
+
+double Yarn::concentration() const { return yarn_mscale(factor, mscale) / yarn_mscale(factor, mscale_all_dim); }
+
+std::optional<Yarn> yarn_of(const ModelSpec& s) {
+  Yarn y;
+  y.factor = s.rotary_scaling_factor;
+  y.mscale = s.mscale;
+  y.mscale_all_dim = s.mscale_all_dim;
+  if (s.multi_latent_attention) {
+    if (s.rotary_scaling_factor <= 1) return std::nullopt;
+    y.beta_fast = s.beta_fast;
+    y.beta_slow = s.beta_slow;
+    y.original_max_position = s.original_max_position_embeddings;
+    return y;
+  }
+  if (s.position_embedding_type != "yarn") return std::nullopt;
+  y.beta_fast = s.yarn_beta_fast;
+  y.beta_slow = s.yarn_beta_slow;
+  y.original_max_position = s.yarn_original_max_position_embeddings;
+  y.round_to_int = s.yarn_correction_range_round_to_int;
+  return y;
+}
+
+void yarn_rope_tables(const Yarn& y, int64_t dim, double base, int64_t positions, double* cos, double* sin) {
+  const int64_t half = dim / 2;
+  const double f = y.factor;
+  std::vector<double> inv(size_t(half), 0.0);
+  for (int64_t i = 0; i < half; ++i) inv[size_t(i)] = 1.0 / std::pow(base, double(2 * i) / double(dim));
+  double m = 1.0;
+  if (f > 1) {
+    // The pair index whose frequency turns `rotations` times over the original context.
+    auto correction_dim = [&](double rotations) {
+      return double(dim) * std::log(double(y.original_max_position) / (rotations * 2 * std::numbers::pi)) /
+             (2 * std::log(base));
+    };
+    double low = correction_dim(y.beta_fast), high = correction_dim(y.beta_slow);
+    if (y.round_to_int) {
+      low = std::floor(low);
+      high = std::ceil(high);
+    }
+    low = std::max(low, 0.0);
+    high = std::min(high, double(dim - 1));
+    if (low == high) high += 0.001;
+    for (int64_t i = 0; i < half; ++i) {
+      const double ramp = std::clamp((double(i) - low) / (high - low), 0.0, 1.0), keep = 1.0 - ramp;
+      inv[size_t(i)] = inv[size_t(i)] / f * (1.0 - keep) + inv[size_t(i)] * keep;
+    }
+    m = y.concentration();
+  }
+  for (int64_t p = 0; p < positions; ++p)
+    for (int64_t i = 0; i < half; ++i) {
+      cos[p * half + i] = std::cos(double(p) * inv[size_t(i)]) * m;
+      sin[p * half + i] = std::sin(double(p) * inv[size_t(i)]) * m;
+    }
+}
 
 Rotary::Rotary(ops::Backend& backend, const Tensor& cos, const Tensor& sin, int64_t dims, int cp_size, int cp_rank)
     : be_(backend), cos_(cos.to(backend.device())), sin_(sin.to(backend.device())), dims_(dims), cp_(cp_size),

@@ -1,9 +1,10 @@
 // A model's rotary-embedding tables: cos and sin [positions, head_dim / 2] from its rotary base
-// and, when the spec asks for it, Llama 3.1's frequency scaling. One place for the fp32 model,
+// and, when the spec asks for it, Llama 3.1's frequency scaling or YaRN. One place for the fp32 model,
 // the bf16 model and the decoder, so that they rotate alike.
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <vector>
 
 #include "kernels/backend.h"
@@ -12,8 +13,46 @@
 
 namespace primus {
 
+// YaRN rotary scaling (Peng et al. 2023; Megatron's YarnRotaryEmbedding, Hugging Face's rope_type
+// "yarn"), one rule for multi-latent attention (DeepSeek) and grouped-query attention (gpt-oss):
+// the frequency of pair i, base^(-2i/dim), is kept where the pair turns more than beta_fast times
+// over original_max_position positions, divided by factor where it turns fewer than beta_slow
+// times, and blended linearly between (the correction range [low, high] of pair indices, floored
+// and ceiled when round_to_int); cos and sin both carry the concentration mscale(factor, mscale) /
+// mscale(factor, mscale_all_dim), mscale(f, m) = 0.1 m ln f + 1 (1 for m = 0 or f <= 1).
+struct Yarn {
+  double factor = 1.0;  // 1: no scaling
+  double beta_fast = 32.0, beta_slow = 1.0;
+  int64_t original_max_position = 4096;
+  bool round_to_int = true;
+  double mscale = 1.0, mscale_all_dim = 0.0;
+  double concentration() const;
+};
+// 0.1 * m * ln(factor) + 1 for factor > 1, else 1.
+double yarn_mscale(double factor, double m);
+// The spec's YaRN, by Megatron's keys: under multi_latent_attention rotary_scaling_factor,
+// beta_fast, beta_slow, original_max_position_embeddings (rounded ranges); on grouped-query
+// attention with position_embedding_type yarn rotary_scaling_factor, yarn_beta_fast,
+// yarn_beta_slow, yarn_original_max_position_embeddings, yarn_correction_range_round_to_int;
+// both with mscale and mscale_all_dim. std::nullopt when the spec has none.
+std::optional<Yarn> yarn_of(const ModelSpec& s);
+// cos and sin [positions, dim / 2] of YaRN y (factor 1: plain rotary, times the concentration).
+void yarn_rope_tables(const Yarn& y, int64_t dim, double base, int64_t positions, double* cos, double* sin);
+
+// Grouped-query attention's tables: YaRN when the spec asks for it (position_embedding_type
+// yarn), else plain rotary with Llama 3.1's scaling when use_rope_scaling.
 template <typename T>
 void rope_tables_of(const ModelSpec& s, int64_t positions, T* cos, T* sin) {
+  if (!s.multi_latent_attention && s.position_embedding_type == "yarn") {
+    const int64_t n = positions * (s.head_dim() / 2);
+    std::vector<double> c(static_cast<size_t>(n)), sn(static_cast<size_t>(n));
+    yarn_rope_tables(*yarn_of(s), s.head_dim(), s.rotary_base, positions, c.data(), sn.data());
+    for (int64_t i = 0; i < n; ++i) {
+      cos[i] = T(c[size_t(i)]);
+      sin[i] = T(sn[size_t(i)]);
+    }
+    return;
+  }
   cpu::RopeScaling sc;
   if (s.use_rope_scaling)
     sc = {s.rope_scaling_factor, s.rope_low_freq_factor, s.rope_high_freq_factor,

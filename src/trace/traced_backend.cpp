@@ -95,19 +95,19 @@ void TracedBackend::rmsnorm_backward_weight(const Tensor& dy, const Tensor& x, c
   finish(e, end, OpKind::WeightGrad, &dw, "norm", c.dtype, {c.a, c.b}, c.flops, c.bytes);
 }
 
-void TracedBackend::swiglu_forward(const Tensor& gate_up, Tensor& act) {
-  if (!p_.active()) return be_.swiglu_forward(gate_up, act);
+void TracedBackend::glu_forward(const Tensor& gate_up, Tensor& act, const ops::Glu& glu) {
+  if (!p_.active()) return be_.glu_forward(gate_up, act, glu);
   Event& e = p_.op_begin("swiglu_forward");
-  be_.swiglu_forward(gate_up, act);
+  be_.glu_forward(gate_up, act, glu);
   const Mark end = p_.clock().device(nullptr);
   const ops::OpCall c = ops::swiglu_forward_call(gate_up, act);
   finish(e, end, OpKind::Forward, nullptr, "mlp", c.dtype, {c.a, c.b}, c.flops, c.bytes);
 }
 
-void TracedBackend::swiglu_backward(const Tensor& dact, const Tensor& gate_up, Tensor& dgate_up) {
-  if (!p_.active()) return be_.swiglu_backward(dact, gate_up, dgate_up);
+void TracedBackend::glu_backward(const Tensor& dact, const Tensor& gate_up, Tensor& dgate_up, const ops::Glu& glu) {
+  if (!p_.active()) return be_.glu_backward(dact, gate_up, dgate_up, glu);
   Event& e = p_.op_begin("swiglu_backward");
-  be_.swiglu_backward(dact, gate_up, dgate_up);
+  be_.glu_backward(dact, gate_up, dgate_up, glu);
   const Mark end = p_.clock().device(nullptr);
   const ops::OpCall c = ops::swiglu_backward_call(dact, gate_up, dgate_up);
   finish(e, end, OpKind::Backward, nullptr, "mlp", c.dtype, {c.a, c.b}, c.flops, c.bytes);

@@ -189,6 +189,28 @@ TEST(CudaBackend, RowOpsMatchTheReference) {
   p.expect(s1, 0, 0, "fp32 add with a tail");
 }
 
+// gpt-oss's clamped GLU (ops::Glu: alpha 1.702, offset 1, a clamp that cuts some of the unit
+// normals) on the GPU against the reference, both passes; F = 72 runs the vectors of 8, F = 37 the
+// scalar kernel.
+TEST(CudaBackend, ClampedGluMatchesTheReference) {
+  PRIMUS_REQUIRE_GPU();
+  cuda::CudaBackend be;
+  const ops::Glu glu{1.702, 1.0, 0.7};
+  for (const int64_t F : {int64_t(72), int64_t(37)}) {
+    SCOPED_TRACE(F);
+    const int64_t N = 29;
+    Pair p;
+    const int gu = p.add(random_host({N, 2 * F}, DType::BF16, 5)), act = p.add(Tensor::zeros({N, F}, DType::BF16));
+    const int dact = p.add(random_host({N, F}, DType::BF16, 6)), dgu = p.add(Tensor::zeros({N, 2 * F}, DType::BF16));
+    p.run([&](ops::Backend& b, std::vector<Tensor>& t) {
+      b.glu_forward(t[gu], t[act], glu);
+      b.glu_backward(t[dact], t[gu], t[dgu], glu);
+    }, be);
+    p.expect(act, 0.02, 0.01, "clamped glu");
+    p.expect(dgu, 0.02, 0.01, "clamped glu backward");
+  }
+}
+
 namespace {
 
 // Counts the device-to-host copies made through core's device hooks (a host round trip of a

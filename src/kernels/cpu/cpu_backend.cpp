@@ -130,21 +130,21 @@ void CpuBackend::rmsnorm_backward_weight(const Tensor& dy, const Tensor& x, cons
   dispatch(t, [&]<typename T>() { cpu::rmsnorm_backward_weight<T>(P<T>(dy), P<T>(x), P<T>(rstd), P<T>(dw), n, c); });
 }
 
-void CpuBackend::swiglu_forward(const Tensor& gate_up, Tensor& act) {
+void CpuBackend::glu_forward(const Tensor& gate_up, Tensor& act, const ops::Glu& glu) {
   const DType t = real_type(gate_up, "swiglu gate_up");
   same_type(t, act, "swiglu act");
   const int64_t n = act.size(0), f = act.size(1);
   PRIMUS_CHECK(gate_up.numel() == 2 * n * f, "swiglu gate_up {} for act {}", gate_up.shape_str(), act.shape_str());
-  dispatch(t, [&]<typename T>() { cpu::swiglu_forward<T>(P<T>(gate_up), P<T>(act), n, f); });
+  dispatch(t, [&]<typename T>() { cpu::swiglu_forward<T>(P<T>(gate_up), P<T>(act), n, f, glu); });
 }
 
-void CpuBackend::swiglu_backward(const Tensor& dact, const Tensor& gate_up, Tensor& dgate_up) {
+void CpuBackend::glu_backward(const Tensor& dact, const Tensor& gate_up, Tensor& dgate_up, const ops::Glu& glu) {
   const DType t = real_type(gate_up, "swiglu gate_up");
   same_type(t, dact, "swiglu dact");
   same_type(t, dgate_up, "swiglu dgate_up");
   const int64_t n = dact.size(0), f = dact.size(1);
   PRIMUS_CHECK(gate_up.numel() == 2 * n * f && dgate_up.numel() == 2 * n * f, "swiglu backward shapes");
-  dispatch(t, [&]<typename T>() { cpu::swiglu_backward<T>(P<T>(dact), P<T>(gate_up), P<T>(dgate_up), n, f); });
+  dispatch(t, [&]<typename T>() { cpu::swiglu_backward<T>(P<T>(dact), P<T>(gate_up), P<T>(dgate_up), n, f, glu); });
 }
 
 void CpuBackend::rope_apply(Tensor& x, int64_t heads, int64_t head_dim, int64_t seq, int64_t pos0, const Tensor& cos,

@@ -78,8 +78,51 @@ static inline T sigmoid(T v) {
   return T(1) / (T(1) + fast_exp(-v));  // fast_exp vectorises; std::exp (float) would not
 }
 
+// Megatron's glu() with its options (elementwise.h): g = min(gate, limit), u = clamp(up, +-limit),
+// a = g sigmoid(alpha g) (u + offset); the clamps pass no gradient where they cut.
 template <typename T>
-void swiglu_forward(const T* gate_up, T* a, int64_t n, int64_t f) {
+void glu_forward(const T* gate_up, T* a, int64_t n, int64_t f, const Glu& glu) {
+  const T alpha = T(glu.alpha), offset = T(glu.offset), limit = T(glu.limit);
+  const bool clamp = glu.limit > 0;
+#pragma omp parallel for schedule(static) if(n * f >= kParallelMin)
+  for (int64_t i = 0; i < n; ++i) {
+    const T* g = gate_up + i * 2 * f;
+    const T* u = g + f;
+    T* ai = a + i * f;
+    for (int64_t j = 0; j < f; ++j) {
+      const T gc = clamp ? std::min(g[j], limit) : g[j];
+      const T uc = clamp ? std::min(std::max(u[j], -limit), limit) : u[j];
+      ai[j] = gc * sigmoid(alpha * gc) * (uc + offset);
+    }
+  }
+}
+
+// d/dg [g s(alpha g)] = s (1 + alpha g (1 - s)), s = sigmoid(alpha g).
+template <typename T>
+void glu_backward(const T* da, const T* gate_up, T* dgate_up, int64_t n, int64_t f, const Glu& glu) {
+  const T alpha = T(glu.alpha), offset = T(glu.offset), limit = T(glu.limit);
+  const bool clamp = glu.limit > 0;
+#pragma omp parallel for schedule(static) if(n * f >= kParallelMin)
+  for (int64_t i = 0; i < n; ++i) {
+    const T* g = gate_up + i * 2 * f;
+    const T* u = g + f;
+    const T* dai = da + i * f;
+    T* dg = dgate_up + i * 2 * f;
+    T* du = dg + f;
+    for (int64_t j = 0; j < f; ++j) {
+      const T gc = clamp ? std::min(g[j], limit) : g[j];
+      const T uc = clamp ? std::min(std::max(u[j], -limit), limit) : u[j];
+      const T s = sigmoid(alpha * gc);
+      const bool g_in = !clamp || g[j] <= limit, u_in = !clamp || (u[j] >= -limit && u[j] <= limit);
+      dg[j] = g_in ? dai[j] * (uc + offset) * s * (T(1) + alpha * gc * (T(1) - s)) : T(0);
+      du[j] = u_in ? dai[j] * gc * s : T(0);
+    }
+  }
+}
+
+template <typename T>
+void swiglu_forward(const T* gate_up, T* a, int64_t n, int64_t f, const Glu& glu) {
+  if (!glu.plain()) return glu_forward(gate_up, a, n, f, glu);
 #pragma omp parallel for schedule(static) if(n * f >= kParallelMin)
   for (int64_t i = 0; i < n; ++i) {
     const T* g = gate_up + i * 2 * f;
@@ -92,7 +135,8 @@ void swiglu_forward(const T* gate_up, T* a, int64_t n, int64_t f) {
 
 // silu'(g) = s * (1 + g * (1 - s)), s = sigmoid(g).
 template <typename T>
-void swiglu_backward(const T* da, const T* gate_up, T* dgate_up, int64_t n, int64_t f) {
+void swiglu_backward(const T* da, const T* gate_up, T* dgate_up, int64_t n, int64_t f, const Glu& glu) {
+  if (!glu.plain()) return glu_backward(da, gate_up, dgate_up, n, f, glu);
 #pragma omp parallel for schedule(static) if(n * f >= kParallelMin)
   for (int64_t i = 0; i < n; ++i) {
     const T* g = gate_up + i * 2 * f;
@@ -261,8 +305,8 @@ void ce_chunk_backward(const T* logits, const T* lse, const int32_t* targets, in
   template void rmsnorm_forward<T>(const T*, const T*, T*, T*, int64_t, int64_t, double);                     \
   template void rmsnorm_backward_input<T>(const T*, const T*, const T*, const T*, T*, int64_t, int64_t, bool); \
   template void rmsnorm_backward_weight<T>(const T*, const T*, const T*, T*, int64_t, int64_t);               \
-  template void swiglu_forward<T>(const T*, T*, int64_t, int64_t);                                           \
-  template void swiglu_backward<T>(const T*, const T*, T*, int64_t, int64_t);                                \
+  template void swiglu_forward<T>(const T*, T*, int64_t, int64_t, const Glu&);                               \
+  template void swiglu_backward<T>(const T*, const T*, T*, int64_t, int64_t, const Glu&);                    \
   template void rope_tables<T>(T*, T*, int64_t, int64_t, double, const RopeScaling&);                        \
   template void rope_apply<T>(T*, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, const T*, const T*,   \
                               bool);                                                                         \

@@ -19,11 +19,19 @@ void rmsnorm_backward_input(const T* dy, const T* x, const T* w, const T* rstd, 
 template <typename T>
 void rmsnorm_backward_weight(const T* dy, const T* x, const T* rstd, T* dw, int64_t n, int64_t c);
 
-// SwiGLU on a fused [gate | up] row of 2f values: a = silu(gate) * up.
+// The gated linear unit of a fused [gate | up] row of 2f values, Megatron's glu():
+//   a = g sigmoid(alpha g) (u + offset),  g = min(gate, limit), u = clamp(up, -limit, limit)
+// alpha 1, offset 0 and no limit (0) is SwiGLU, a = silu(gate) * up; gpt-oss's experts use
+// alpha 1.702 (quick_geglu), offset 1 (glu_linear_offset), limit 7 (activation_func_clamp_value).
+// The backward passes no gradient through a clamped value (gate > limit, |up| > limit).
+struct Glu {
+  double alpha = 1.0, offset = 0.0, limit = 0.0;  // limit 0: no clamp
+  bool plain() const { return alpha == 1.0 && offset == 0.0 && limit == 0.0; }
+};
 template <typename T>
-void swiglu_forward(const T* gate_up, T* a, int64_t n, int64_t f);
+void swiglu_forward(const T* gate_up, T* a, int64_t n, int64_t f, const Glu& glu = {});
 template <typename T>
-void swiglu_backward(const T* da, const T* gate_up, T* dgate_up, int64_t n, int64_t f);
+void swiglu_backward(const T* da, const T* gate_up, T* dgate_up, int64_t n, int64_t f, const Glu& glu = {});
 
 // Rotary embedding tables: cos/sin [positions, head_dim/2], with Llama 3.1's frequency scaling
 // when scaling_factor > 0 (low/high frequency factors, original context length).

@@ -106,19 +106,19 @@ void ReferenceBackend::rmsnorm_backward_weight(const Tensor& dy, const Tensor& x
   cpu::rmsnorm_backward_weight<float>(dyv.data(), xv.data(), rstd.data<float>(), dw.data<float>(), n, c);
 }
 
-void ReferenceBackend::swiglu_forward(const Tensor& gate_up, Tensor& act) {
+void ReferenceBackend::glu_forward(const Tensor& gate_up, Tensor& act, const ops::Glu& glu) {
   const int64_t n = act.size(0), f = act.size(1);
   const std::vector<float> g = read(gate_up, "swiglu gate_up");
   std::vector<float> a(n * f);
-  cpu::swiglu_forward<float>(g.data(), a.data(), n, f);
+  cpu::swiglu_forward<float>(g.data(), a.data(), n, f, glu);
   write(act, a.data(), "swiglu act");
 }
 
-void ReferenceBackend::swiglu_backward(const Tensor& dact, const Tensor& gate_up, Tensor& dgate_up) {
+void ReferenceBackend::glu_backward(const Tensor& dact, const Tensor& gate_up, Tensor& dgate_up, const ops::Glu& glu) {
   const int64_t n = dact.size(0), f = dact.size(1);
   const std::vector<float> da = read(dact, "swiglu dact"), g = read(gate_up, "swiglu gate_up");
   std::vector<float> dg(n * 2 * f);
-  cpu::swiglu_backward<float>(da.data(), g.data(), dg.data(), n, f);
+  cpu::swiglu_backward<float>(da.data(), g.data(), dg.data(), n, f, glu);
   write(dgate_up, dg.data(), "swiglu dgate_up");
 }
 

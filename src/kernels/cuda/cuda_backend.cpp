@@ -177,19 +177,20 @@ void CudaBackend::rmsnorm_backward_weight(const Tensor& dy, const Tensor& x, con
   cuda::rmsnorm_backward_weight(B(dy), B(x), F(rstd), F(dw), n, c, stream());
 }
 
-void CudaBackend::swiglu_forward(const Tensor& gate_up, Tensor& act) {
+void CudaBackend::glu_forward(const Tensor& gate_up, Tensor& act, const ops::Glu& glu) {
   const int64_t n = act.size(0), f = act.size(1);
   check(gate_up, DType::BF16, {n, 2 * f}, "swiglu gate_up");
   check(act, DType::BF16, "swiglu act");
-  cuda::swiglu_forward(B(gate_up), B(act), n, f, stream());
+  cuda::swiglu_forward(B(gate_up), B(act), n, f, stream(), {float(glu.alpha), float(glu.offset), float(glu.limit)});
 }
 
-void CudaBackend::swiglu_backward(const Tensor& dact, const Tensor& gate_up, Tensor& dgate_up) {
+void CudaBackend::glu_backward(const Tensor& dact, const Tensor& gate_up, Tensor& dgate_up, const ops::Glu& glu) {
   const int64_t n = dact.size(0), f = dact.size(1);
   check(dact, DType::BF16, "swiglu dact");
   check(gate_up, DType::BF16, {n, 2 * f}, "swiglu gate_up");
   check(dgate_up, DType::BF16, {n, 2 * f}, "swiglu dgate_up");
-  cuda::swiglu_backward(B(dact), B(gate_up), B(dgate_up), n, f, stream());
+  cuda::swiglu_backward(B(dact), B(gate_up), B(dgate_up), n, f, stream(),
+                        {float(glu.alpha), float(glu.offset), float(glu.limit)});
 }
 
 void CudaBackend::rope_apply(Tensor& x, int64_t heads, int64_t head_dim, int64_t seq, int64_t pos0, const Tensor& cos,

@@ -28,8 +28,8 @@ class CudaBackend final : public ops::Backend {
   void rmsnorm_backward_input(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& rstd,
                               const Tensor& residual, Tensor& dx) override;
   void rmsnorm_backward_weight(const Tensor& dy, const Tensor& x, const Tensor& rstd, Tensor& dw) override;
-  void swiglu_forward(const Tensor& gate_up, Tensor& act) override;
-  void swiglu_backward(const Tensor& dact, const Tensor& gate_up, Tensor& dgate_up) override;
+  void glu_forward(const Tensor& gate_up, Tensor& act, const ops::Glu& glu) override;
+  void glu_backward(const Tensor& dact, const Tensor& gate_up, Tensor& dgate_up, const ops::Glu& glu) override;
   void rope_apply(Tensor& x, int64_t heads, int64_t head_dim, int64_t seq, int64_t pos0, const Tensor& cos,
                   const Tensor& sin, bool inverse) override;
   void attention_forward(const Tensor& qkv, Tensor& out, Tensor& lse, const ops::AttentionShape& s) override;

@@ -34,9 +34,15 @@ void rmsnorm_backward_weight(const bf16* dy, const bf16* x, const float* rstd, f
                              cudaStream_t stream);
 
 // ---- SwiGLU on a fused [gate | up] row of 2f values ----
-void swiglu_forward(const bf16* gate_up, bf16* act, int64_t n, int64_t f, cudaStream_t stream);
+// With glu (kernels/cpu/elementwise.h, Glu): g = min(gate, limit), u = clamp(up, +-limit),
+// act = g sigmoid(alpha g) (u + offset); limit 0: no clamp. The default is SwiGLU.
+struct GluArgs {
+  float alpha = 1.0f, offset = 0.0f, limit = 0.0f;
+};
+void swiglu_forward(const bf16* gate_up, bf16* act, int64_t n, int64_t f, cudaStream_t stream,
+                    const GluArgs& glu = {});
 void swiglu_backward(const bf16* dact, const bf16* gate_up, bf16* dgate_up, int64_t n, int64_t f,
-                     cudaStream_t stream);
+                     cudaStream_t stream, const GluArgs& glu = {});
 
 // ---- Rotary embedding, in place, rotate-half pairing (i, i + head_dim/2) ----
 // Rows have stride `stride`; the first `heads` heads of head_dim in each row are rotated; row r

@@ -24,7 +24,8 @@ __device__ __forceinline__ float sigmoidf_(float v) { return 1.0f / (1.0f + expf
 // ---- SwiGLU: row i is [gate (f) | up (f)] ----
 template <int V>
 __global__ void __launch_bounds__(kThreads)
-    swiglu_forward_kernel(const bf16* __restrict__ gate_up, bf16* __restrict__ act, int64_t n, int64_t f) {
+    swiglu_forward_kernel(const bf16* __restrict__ gate_up, bf16* __restrict__ act, int64_t n, int64_t f,
+                          GluArgs glu) {
   const int64_t fv = f / V, total = n * fv;
   for (int64_t idx = int64_t(blockIdx.x) * kThreads + threadIdx.x; idx < total; idx += int64_t(gridDim.x) * kThreads) {
     const int64_t i = idx / fv, j = (idx - i * fv) * V;
@@ -33,16 +34,21 @@ __global__ void __launch_bounds__(kThreads)
     load_bf16<V>(g, gv);
     load_bf16<V>(g + f, uv);
 #pragma unroll
-    for (int k = 0; k < V; ++k) out[k] = gv[k] * sigmoidf_(gv[k]) * uv[k];
+    for (int k = 0; k < V; ++k) {
+      const float g_c = glu.limit > 0.f ? fminf(gv[k], glu.limit) : gv[k];
+      const float u_c = glu.limit > 0.f ? fminf(fmaxf(uv[k], -glu.limit), glu.limit) : uv[k];
+      out[k] = g_c * sigmoidf_(glu.alpha * g_c) * (glu.offset == 0.f ? u_c : u_c + glu.offset);
+    }
     store_bf16<V>(act + i * f + j, out);
   }
 }
 
-// silu'(g) = s * (1 + g * (1 - s)), s = sigmoid(g) (as the CPU kernel).
+// silu'(g) = s * (1 + g * (1 - s)), s = sigmoid(g) (as the CPU kernel); with glu's alpha, s =
+// sigmoid(alpha g) and the derivative s (1 + alpha g (1 - s)); a clamped value passes nothing.
 template <int V>
 __global__ void __launch_bounds__(kThreads)
     swiglu_backward_kernel(const bf16* __restrict__ dact, const bf16* __restrict__ gate_up,
-                           bf16* __restrict__ dgate_up, int64_t n, int64_t f) {
+                           bf16* __restrict__ dgate_up, int64_t n, int64_t f, GluArgs glu) {
   const int64_t fv = f / V, total = n * fv;
   for (int64_t idx = int64_t(blockIdx.x) * kThreads + threadIdx.x; idx < total; idx += int64_t(gridDim.x) * kThreads) {
     const int64_t i = idx / fv, j = (idx - i * fv) * V;
@@ -53,10 +59,14 @@ __global__ void __launch_bounds__(kThreads)
     load_bf16<V>(dact + i * f + j, dav);
 #pragma unroll
     for (int k = 0; k < V; ++k) {
-      const float s = sigmoidf_(gv[k]);
-      const float silu = gv[k] * s;
-      dg[k] = dav[k] * uv[k] * s * (1.0f + gv[k] * (1.0f - s));
-      du[k] = dav[k] * silu;
+      const bool clamp = glu.limit > 0.f;
+      const float g_c = clamp ? fminf(gv[k], glu.limit) : gv[k];
+      const float u_c = clamp ? fminf(fmaxf(uv[k], -glu.limit), glu.limit) : uv[k];
+      const float s = sigmoidf_(glu.alpha * g_c);
+      const float silu = g_c * s;
+      const float up = glu.offset == 0.f ? u_c : u_c + glu.offset;
+      dg[k] = !clamp || gv[k] <= glu.limit ? dav[k] * up * s * (1.0f + glu.alpha * g_c * (1.0f - s)) : 0.f;
+      du[k] = !clamp || (uv[k] >= -glu.limit && uv[k] <= glu.limit) ? dav[k] * silu : 0.f;
     }
     bf16* dgr = dgate_up + i * 2 * f + j;
     store_bf16<V>(dgr, dg);
@@ -193,23 +203,24 @@ void launch_cast(const From* src, To* dst, int64_t n, cudaStream_t stream) {
 
 }  // namespace
 
-void swiglu_forward(const bf16* gate_up, bf16* act, int64_t n, int64_t f, cudaStream_t stream) {
+void swiglu_forward(const bf16* gate_up, bf16* act, int64_t n, int64_t f, cudaStream_t stream, const GluArgs& glu) {
   if (n <= 0 || f <= 0) return;
   if (f % 8 == 0 && aligned16(gate_up) && aligned16(act))
-    swiglu_forward_kernel<8><<<blocks_for(n * (f / 8), kThreads), kThreads, 0, stream>>>(gate_up, act, n, f);
+    swiglu_forward_kernel<8><<<blocks_for(n * (f / 8), kThreads), kThreads, 0, stream>>>(gate_up, act, n, f, glu);
   else
-    swiglu_forward_kernel<1><<<blocks_for(n * f, kThreads), kThreads, 0, stream>>>(gate_up, act, n, f);
+    swiglu_forward_kernel<1><<<blocks_for(n * f, kThreads), kThreads, 0, stream>>>(gate_up, act, n, f, glu);
   PRIMUS_CUDA_CHECK_LAUNCH();
 }
 
 void swiglu_backward(const bf16* dact, const bf16* gate_up, bf16* dgate_up, int64_t n, int64_t f,
-                     cudaStream_t stream) {
+                     cudaStream_t stream, const GluArgs& glu) {
   if (n <= 0 || f <= 0) return;
   if (f % 8 == 0 && aligned16(dact) && aligned16(gate_up) && aligned16(dgate_up))
     swiglu_backward_kernel<8><<<blocks_for(n * (f / 8), kThreads), kThreads, 0, stream>>>(dact, gate_up, dgate_up,
-                                                                                          n, f);
+                                                                                          n, f, glu);
   else
-    swiglu_backward_kernel<1><<<blocks_for(n * f, kThreads), kThreads, 0, stream>>>(dact, gate_up, dgate_up, n, f);
+    swiglu_backward_kernel<1><<<blocks_for(n * f, kThreads), kThreads, 0, stream>>>(dact, gate_up, dgate_up, n, f,
+                                                                                   glu);
   PRIMUS_CUDA_CHECK_LAUNCH();
 }
 

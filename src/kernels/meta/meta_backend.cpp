@@ -87,9 +87,9 @@ void MetaBackend::rmsnorm_backward_weight(const Tensor& dy, const Tensor& x, con
   record(rmsnorm_backward_weight_call(dy, x, rstd, dw));
 }
 
-void MetaBackend::swiglu_forward(const Tensor& gate_up, Tensor& act) { record(swiglu_forward_call(gate_up, act)); }
+void MetaBackend::glu_forward(const Tensor& gate_up, Tensor& act, const Glu&) { record(swiglu_forward_call(gate_up, act)); }
 
-void MetaBackend::swiglu_backward(const Tensor& dact, const Tensor& gate_up, Tensor& dgate_up) {
+void MetaBackend::glu_backward(const Tensor& dact, const Tensor& gate_up, Tensor& dgate_up, const Glu&) {
   record(swiglu_backward_call(dact, gate_up, dgate_up));
 }
 

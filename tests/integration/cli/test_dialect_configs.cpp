@@ -150,8 +150,9 @@ TEST(DialectExamplesRefused, NameTheMissingFeature) {
 
 // torchtitan's MoE flavours on the presets of the same shapes, with torchtitan's routing: no aux
 // loss, the expert bias centred, softmax over all experts before the top-k (renormalised for
-// Qwen3), DeepSeek's YaRN off at 4096 tokens and attention within documents. Primus's DeepSeek 16B
-// example and the Qwen3 0.6B one turned into 30B-A3B train three iterations, shrunk.
+// Qwen3 and gpt-oss), DeepSeek's YaRN off at 4096 tokens and attention within documents. Primus's
+// DeepSeek 16B and gpt-oss 20B examples and the Qwen3 0.6B one turned into 30B-A3B train three
+// iterations, shrunk (gpt-oss's window forced to 8 keys so that it binds at 32 positions).
 TEST(DialectMoeFlavours, TrainWithTorchtitansRouting) {
   const std::string moe_shape =
       " --num-layers 2 --hidden-size 64 --ffn-hidden-size 128 --num-attention-heads 4 --vocab-size 512"
@@ -174,6 +175,11 @@ TEST(DialectMoeFlavours, TrainWithTorchtitansRouting) {
        "torchtitan/qwen3_0.6B-pretrain.yaml --model.flavor 30B-A3B --num-query-groups 2 --kv-channels 16",
        {"model: qwen3_30B_A3B", "moe_router_pre_softmax: true", "moe_router_norm_topk_prob: true",
         "moe_router_enable_expert_bias: true", "moe_router_bias_update_centered: true", "moe_aux_loss_coeff: 0"}},
+      {"gptoss",
+       "torchtitan/gpt_oss_20B-BF16-pretrain.yaml --num-query-groups 2 --kv-channels 16 --window-size \"[8, 0]\"",
+       {"model: gpt_oss_20B", "moe_router_pre_softmax: true", "moe_router_norm_topk_prob: true",
+        "moe_router_enable_expert_bias: true", "softmax_type: learnable", "position_embedding_type: yarn",
+        "quick_geglu: true"}},
   };
   for (const Case& c : cases) {
     const std::string args = " -- train pretrain --config " + kConfigs + c.args + moe_shape;

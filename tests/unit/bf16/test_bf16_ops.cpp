@@ -295,6 +295,39 @@ TEST(Bf16Ops, SwiGluForwardAndBackward) {
   }
 }
 
+// gpt-oss's clamped GLU (ops::Glu: alpha 1.702, offset 1, a clamp of 1.5 that cuts some of the
+// values in [-4, 4)): the bf16 backend runs the reference's loop, and both equal the fp32 CPU
+// kernel (finite-difference tested in test_engine) on the same inputs up to bf16 rounding.
+TEST(Bf16Ops, ClampedGluIsTheFp32KernelRoundedToBf16) {
+  SKIP_WITHOUT_BF16();
+  Backends b;
+  cpu::CpuBackend fp32;
+  const ops::Glu glu{1.702, 1.0, 1.5};
+  for (int64_t f : {5, 48}) {
+    const int64_t n = 19;
+    const Tensor gu = random({n, 2 * f}, DType::BF16, 30 + f, 4.0f), da = random({n, f}, DType::BF16, 31 + f);
+    Tensor a1 = Tensor::empty({n, f}, DType::BF16), a2 = a1.clone();
+    b.fast.glu_forward(gu, a1, glu);
+    b.ref.glu_forward(gu, a2, glu);
+    EXPECT_EQ(std::memcmp(a1.raw(), a2.raw(), size_t(a1.nbytes())), 0) << "act f=" << f;
+    Tensor g1 = Tensor::empty({n, 2 * f}, DType::BF16), g2 = g1.clone();
+    b.fast.glu_backward(da, gu, g1, glu);
+    b.ref.glu_backward(da, gu, g2, glu);
+    EXPECT_EQ(std::memcmp(g1.raw(), g2.raw(), size_t(g1.nbytes())), 0) << "dgate_up f=" << f;
+    Tensor gu32 = Tensor::empty({n, 2 * f}, DType::F32), da32 = Tensor::empty({n, f}, DType::F32);
+    cpu::cast_host(gu, gu32);
+    cpu::cast_host(da, da32);
+    Tensor a32 = Tensor::empty({n, f}, DType::F32), g32 = Tensor::empty({n, 2 * f}, DType::F32);
+    fp32.glu_forward(gu32, a32, glu);
+    fp32.glu_backward(da32, gu32, g32, glu);
+    Tensor a1f = Tensor::empty({n, f}, DType::F32), g1f = Tensor::empty({n, 2 * f}, DType::F32);
+    cpu::cast_host(a1, a1f);
+    cpu::cast_host(g1, g1f);
+    expect_close(a1f, a32, kBf16Tol, fmt::format("act against fp32 f={}", f));
+    expect_close(g1f, g32, kBf16Tol, fmt::format("dgate_up against fp32 f={}", f));
+  }
+}
+
 TEST(Bf16Ops, RopeForwardAndInverse) {
   SKIP_WITHOUT_BF16();
   Backends b;

@@ -329,8 +329,8 @@ TEST(Dialects, UnbuiltKeysAreRefusedByName) {
        "'optimizer.early_step_in_backward' is not supported"},
       {Framework::TorchTitan, "      model:\n        name: llama4\n        flavor: 17bx16e\n",
        "Llama 4 is not built on this engine yet"},
-      {Framework::TorchTitan, "      model:\n        name: gpt_oss\n        flavor: 20b\n",
-       "gpt-oss is not built on this engine yet"},
+      {Framework::TorchTitan, "      model:\n        name: gpt_oss\n        flavor: debugmodel\n",
+       "torchtitan's gpt_oss debugmodel (dim 256, 4 layers, 8 experts) has no preset on this engine"},
       {Framework::TorchTitan,
        "      model:\n        name: qwen3\n        flavor: 30B-A3B\n        converters: [float8]\n"
        "      float8:\n        filter_fqns: [output]\n",

@@ -90,6 +90,31 @@ TEST(MegatronKeys, NoEffectKeysAreAcceptedAndListed) {
       << printed;
 }
 
+// Primus-Turbo's switch of gpt-oss's sinks and window (docs/model_math.md, gpt-oss): read as the
+// model keys; without use_sink_attention the window keys have no effect (listed); bad values and a
+// config that also writes the model keys are refused by name.
+TEST(MegatronKeys, TurboSinkKeysAreTheAttentionModelKeys) {
+  TempDir d;
+  auto on = d.write("on.yaml", experiment("      use_sink_attention: true\n      sink_sliding_window: 16\n"));
+  ExperimentConfig c = load_experiment(on);
+  EXPECT_TRUE(c.model_spec.learns_attention_sinks());
+  EXPECT_EQ(c.model_spec.layer_window(0), 16);
+  EXPECT_EQ(c.model_spec.layer_window(1), -1);
+  auto all = d.write("all.yaml", experiment("      use_sink_attention: true\n      sink_sliding_window: 16\n"
+                                            "      sink_window_even_layers_only: false\n"));
+  EXPECT_EQ(load_experiment(all).model_spec.layer_window(1), 16);
+  auto off = d.write("off.yaml", experiment("      use_sink_attention: false\n      sink_sliding_window: 16\n"));
+  c = load_experiment(off);
+  EXPECT_FALSE(c.model_spec.has_attention_sinks());
+  ASSERT_EQ(c.no_effect.size(), 1u);
+  EXPECT_EQ(c.no_effect[0].key, "sink_sliding_window");
+  auto bad = d.write("bad.yaml", experiment("      use_sink_attention: true\n      sink_sliding_window: -2\n"));
+  EXPECT_NE(error_of([&] { load_experiment(bad); }).find("sink_sliding_window must be 0 (no window) or a positive"),
+            std::string::npos);
+  auto both = d.write("both.yaml", experiment("      use_sink_attention: true\n      softmax_type: off-by-one\n"));
+  EXPECT_NE(error_of([&] { load_experiment(both); }).find("and softmax_type both set"), std::string::npos);
+}
+
 TEST(MegatronKeys, NotSupportedIsAnErrorUnlessItIsTheEngineValue) {
   TempDir d;
   // The values this engine runs with, and null, load.

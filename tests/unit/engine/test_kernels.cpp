@@ -2,6 +2,7 @@
 // the objective L = sum(y * R) for a fixed random R (so dL/dy = R).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <vector>
@@ -62,6 +63,35 @@ TEST(Kernels, SwiGLUBackward) {
   };
   std::vector<double> dgu(n * 2 * f);
   swiglu_backward(R.data(), gu.data(), dgu.data(), n, f);
+  expect_grad_matches("dgate_up", gu.data(), dgu.data(), gu.size(), loss);
+}
+
+// gpt-oss's GLU (Glu: alpha 1.702, offset 1, clamp 0.8): values on both sides of the clamps (none
+// within the differences' step of them), the forward against its formula and the backward against
+// finite differences (a clamped value's gradient is 0).
+TEST(Kernels, ClampedGluMatchesItsFormulaAndFiniteDifferences) {
+  const int64_t n = 3, f = 6;
+  const Glu glu{1.702, 1.0, 0.8};
+  auto gu = random_vector(n * 2 * f, 8), R = random_vector(n * f, 9);
+  for (double& v : gu)
+    if (std::fabs(std::fabs(v) - 0.8) < 1e-3) v += 0.01;
+  int clamped = 0;
+  for (double v : gu) clamped += std::fabs(v) > 0.8;
+  ASSERT_GT(clamped, 4);
+  std::vector<double> a(n * f);
+  swiglu_forward(gu.data(), a.data(), n, f, glu);
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t j = 0; j < f; ++j) {
+      const double g = std::min(gu[size_t(i * 2 * f + j)], 0.8), u = std::clamp(gu[size_t(i * 2 * f + f + j)], -0.8, 0.8);
+      EXPECT_NEAR(a[size_t(i * f + j)], g / (1 + std::exp(-1.702 * g)) * (u + 1), 1e-14);
+    }
+  auto loss = [&] {
+    std::vector<double> y(n * f);
+    swiglu_forward(gu.data(), y.data(), n, f, glu);
+    return dot(y, R);
+  };
+  std::vector<double> dgu(n * 2 * f);
+  swiglu_backward(R.data(), gu.data(), dgu.data(), n, f, glu);
   expect_grad_matches("dgate_up", gu.data(), dgu.data(), gu.size(), loss);
 }
 

@@ -124,6 +124,47 @@ ModelSpec tiny_gpt_oss() {
 
 TEST(MoeModel, GptOssBiasesGradientsMatchFiniteDifferences) { check_grads(tiny_gpt_oss()); }
 
+// gpt-oss's clamped GLU in every MLP (dense and experts): quick_geglu, the +1 on the linear half,
+// a clamp low enough that some of the tiny model's values are cut.
+TEST(MoeModel, GptOssClampedGluGradientsMatchFiniteDifferences) {
+  ModelSpec s = tiny_gpt_oss();
+  s.quick_geglu = true;
+  s.glu_linear_offset = 1.0;
+  s.activation_func_clamp_value = 0.3;
+  check_grads(s);
+}
+
+// The whole gpt-oss layer: sinks, windows, biases, the clamped GLU and YaRN on grouped-query
+// attention (factor 4 over an original context of 4 positions, unrounded range: the head's pairs
+// spread over the ramp); every gradient against finite differences in fp64, and YaRN changes the
+// loss against plain rotary.
+ModelSpec tiny_gpt_oss_yarn() {
+  ModelSpec s = tiny_gpt_oss();
+  s.quick_geglu = true;
+  s.glu_linear_offset = 1.0;
+  s.activation_func_clamp_value = 0.3;
+  s.position_embedding_type = "yarn";
+  s.rotary_scaling_factor = 4;
+  s.yarn_original_max_position_embeddings = 4;
+  s.yarn_beta_fast = 8;
+  s.yarn_beta_slow = 0.5;
+  s.yarn_correction_range_round_to_int = false;
+  s.mscale_all_dim = 0;
+  return s;
+}
+
+TEST(MoeModel, GptOssWithYarnGradientsMatchFiniteDifferences) { check_grads(tiny_gpt_oss_yarn()); }
+
+TEST(MoeModel, GptOssYarnEntersTheForward) {
+  ModelSpec rope = tiny_gpt_oss_yarn();
+  rope.position_embedding_type = "rope";
+  LlamaModel a(tiny_gpt_oss_yarn(), cpu::cpu_backend(), Precision::Fp64), b(rope, cpu::cpu_backend(), Precision::Fp64);
+  a.init_weights(5);
+  b.init_weights(5);
+  const Batch x = make_batch(2, 4, 7, 9);
+  EXPECT_NE(objective(a, x), objective(b, x));
+}
+
 // The biases change the function: with them non-zero the loss moves.
 TEST(MoeModel, GptOssBiasesEnterTheForward) {
   LlamaModel m(tiny_gpt_oss(), cpu::cpu_backend(), Precision::Fp64);

@@ -136,14 +136,16 @@ void Bf16Backend::rmsnorm_backward_weight(const Tensor& dy, const Tensor& x, con
   bf16k::rmsnorm_backward_weight(U(dy), U(x), F(rstd), F(dw), n, c);
 }
 
-void Bf16Backend::swiglu_forward(const Tensor& gate_up, Tensor& act) {
+void Bf16Backend::glu_forward(const Tensor& gate_up, Tensor& act, const ops::Glu& glu) {
+  if (!glu.plain()) return ReferenceBackend().glu_forward(gate_up, act, glu);  // the same contract, unvectorised
   expect(act, DType::BF16, "swiglu act");
   const int64_t n = act.size(0), f = act.size(1);
   expect(gate_up, DType::BF16, 2 * n * f, "swiglu gate_up");
   bf16k::swiglu_forward(U(gate_up), U(act), n, f);
 }
 
-void Bf16Backend::swiglu_backward(const Tensor& dact, const Tensor& gate_up, Tensor& dgate_up) {
+void Bf16Backend::glu_backward(const Tensor& dact, const Tensor& gate_up, Tensor& dgate_up, const ops::Glu& glu) {
+  if (!glu.plain()) return ReferenceBackend().glu_backward(dact, gate_up, dgate_up, glu);
   expect(dact, DType::BF16, "swiglu dact");
   const int64_t n = dact.size(0), f = dact.size(1);
   expect(gate_up, DType::BF16, 2 * n * f, "swiglu gate_up");
