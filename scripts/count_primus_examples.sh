@@ -3,7 +3,7 @@
 # under PRIMUS/examples/megatron/configs (diffusion aside) is loaded (--print-config), and each one
 # that loads trains two iterations on one process with a tiny model forced on the command line
 # (for MoE configs 16 experts of 32, top-4; for MLA configs latent ranks of 32; one rank per
-# parallel dimension, so no virtual pipeline or stage layout: Megatron's num_virtual_stages_per_pipeline_rank
+# parallel dimension, so no virtual pipeline, stage layout or uneven stages: Megatron's num_virtual_stages_per_pipeline_rank
 # and pipeline_model_parallel_layout unset, as they need more than one pipeline rank; profiling off,
 # as some examples profile steps past the second). Prints the counts and, for the rest, the first
 # error of each, grouped.
@@ -24,7 +24,8 @@ tiny="--num-layers 2 --hidden-size 64 --ffn-hidden-size 128 --num-attention-head
       --train-iters 2 --log-interval 1 --lr-warmup-iters 0 --lr-decay-iters 100 --tensor-model-parallel-size 1
       --pipeline-model-parallel-size 1 --context-parallel-size 1 --expert-model-parallel-size 1
       --virtual-pipeline-model-parallel-size null --pipeline-model-parallel-layout null
-      --num-virtual-stages-per-pipeline-rank null --profile false"
+      --num-virtual-stages-per-pipeline-rank null --decoder-first-pipeline-num-layers null
+      --decoder-last-pipeline-num-layers null --profile false"
 total=0 loaded=0 trained=0
 : > "$work/errors"
 while IFS= read -r config; do
