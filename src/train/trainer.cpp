@@ -551,10 +551,11 @@ void Trainer::open_outputs() {
   // ranks.
   double peak = rank0_ ? compute_.backend->peak_tflops() * 1e3 : 0.0;
   peak_gflops_ = world_->all_reduce_value(peak) * world_->size();
-  if (compute_.device == Device::CPU) {  // MFU against the instruction ceiling too, beside the GEMM's
-    const cpu::InstructionCeiling& c = cpu::instruction_ceiling(compute_.precision == Precision::Bf16);
-    ceiling_gflops_ = world_->all_reduce_value(rank0_ ? c.gflops : 0.0) * world_->size();
-    ceiling_instruction_ = c.instruction;
+  if (compute_.device == Device::CPU) {  // MFU against the instruction ceiling too (rank 0 measures, as for the peak)
+    const cpu::InstructionCeiling c =
+        rank0_ ? cpu::instruction_ceiling(compute_.precision == Precision::Bf16) : cpu::InstructionCeiling{};
+    ceiling_gflops_ = world_->all_reduce_value(c.gflops) * world_->size();
+    ceiling_instruction_ = rank0_ ? c.instruction : cpu::ceiling_instruction(compute_.precision == Precision::Bf16);
   }
   if (profiler_) profiler_->info().peak_tflops = peak_gflops_ / world_->size() / 1e3;
   config_yaml_ = cfg_.resolved_yaml();

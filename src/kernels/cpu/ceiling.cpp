@@ -47,20 +47,21 @@ double best_gflops(Loop loop, double flops_per_instruction, int reps, long iters
 
 }  // namespace
 
-InstructionCeiling measure_instruction_ceiling(bool bf16, int reps, long iters) {
+std::string ceiling_instruction(bool bf16) {
   const CpuFeatures& f = cpu_features();
+  return bf16 && f.avx512_bf16_usable() ? "vdpbf16ps zmm" : f.avx512() ? "vfmadd231ps zmm" : "vfmadd231ps ymm";
+}
+
+InstructionCeiling measure_instruction_ceiling(bool bf16, int reps, long iters) {
   InstructionCeiling c;
   c.threads = omp_get_max_threads();
-  if (bf16 && f.avx512_bf16_usable()) {
-    c.instruction = "vdpbf16ps zmm";
+  c.instruction = ceiling_instruction(bf16);
+  if (c.instruction == "vdpbf16ps zmm")
     c.gflops = best_gflops(bf16k::dpbf16_zmm_loop, 64, reps, iters, c.threads);
-  } else if (f.avx512()) {
-    c.instruction = "vfmadd231ps zmm";
+  else if (c.instruction == "vfmadd231ps zmm")
     c.gflops = best_gflops(bf16k::fma_zmm_loop, 32, reps, iters, c.threads);
-  } else {
-    c.instruction = "vfmadd231ps ymm";
+  else
     c.gflops = best_gflops(fma_ymm_loop, 16, reps, iters, c.threads);
-  }
   return c;
 }
 

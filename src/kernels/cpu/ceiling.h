@@ -23,6 +23,9 @@ struct InstructionCeiling {
 // machine the best of them is the one no other process interrupted).
 InstructionCeiling measure_instruction_ceiling(bool bf16, int reps = 40, long iters = 1 << 17);
 
+// The instruction measure_instruction_ceiling times on this CPU, without timing it.
+std::string ceiling_instruction(bool bf16);
+
 // Measured once per process and precision (PRIMUS_CEILING_GFLOPS overrides it).
 const InstructionCeiling& instruction_ceiling(bool bf16);
 
