@@ -139,8 +139,6 @@ config::DpSharding resolve_sharding(const config::TrainingArgs& a) {
   return sharding;
 }
 
-// The stages and, with more than one pipeline rank, the schedule, the layers per stage and their
-// costs (L's sizes and microbatches already planned).
 // pipeline_model_parallel_layout's decoder layers per stage, checked against the keys it replaces;
 // empty when the key is unset. Its stages over pp are the vpp (Megatron's rule).
 std::vector<int64_t> explicit_layout(const config::TrainingArgs& a, int pp) {
@@ -162,6 +160,8 @@ std::vector<int64_t> explicit_layout(const config::TrainingArgs& a, int pp) {
   return layers;
 }
 
+// The stages and, with more than one pipeline rank, the schedule, the layers per stage and their
+// costs (L's sizes and microbatches already planned).
 void plan_pipeline(ParallelLayout& L, const config::TrainingArgs& a, const ModelSpec& spec) {
   const std::vector<int64_t> layout = explicit_layout(a, L.pp);
   const int64_t vpp_asked = layout.empty() ? a.virtual_pipeline_model_parallel_size : int64_t(layout.size()) / L.pp;
