@@ -223,13 +223,6 @@ class ReplicatedStrategy final : public BucketedStrategy {
                 working, lr, grad_scale);
   }
   int64_t step_count() const override { return adam_->step_count(); }
-  DpFullState full_state() const override {
-    DpFullState full;
-    full.store = &model_.params();
-    full.exp_avg = whole(adam_->exp_avg());  // host copies
-    full.exp_avg_sq = whole(adam_->exp_avg_sq());
-    return full;
-  }
   void load_targets(ResidentLoad& load, bool optimizer) override {
     const int64_t n = model_.params().numel() - begin_;
     float* m = optimizer && n > 0 ? load.moment(*adam_, false, 0, n) : nullptr;
@@ -264,13 +257,6 @@ class ReplicatedStrategy final : public BucketedStrategy {
   double optimizer_bytes() const override {
     return double(model_.params().numel() - begin_) * double(adamw_state_bytes_per_param(adam_options_));
   }
-  // A moment of the trainable range as the store's whole layout (zero for the frozen tensors).
-  std::vector<float> whole(std::vector<float> trainable) const {
-    if (begin_ == 0) return trainable;
-    std::vector<float> out(size_t(begin_), 0.0f);
-    out.insert(out.end(), trainable.begin(), trainable.end());
-    return out;
-  }
   const int first_;       // the first tensor AdamW steps (0 without LoRA)
   const int64_t begin_;   // its flat offset
   std::vector<int> counted_;  // the tensors the norm counts, as indices of AdamW's segments
@@ -300,15 +286,6 @@ class DistributedOptimizerStrategy final : public BucketedStrategy {
     model_.sync_working_weights();
   }
   int64_t step_count() const override { return dist_->step_count(); }
-  DpFullState full_state() const override {
-    parallel::FullOptimizerState gathered = dist_->gather_state();  // over dp
-    if (experts_) experts_->gather_state(gathered.exp_avg, gathered.exp_avg_sq);  // the experts' own, over edp
-    DpFullState full;
-    full.store = &model_.params();
-    full.exp_avg = std::move(gathered.exp_avg);
-    full.exp_avg_sq = std::move(gathered.exp_avg_sq);
-    return full;
-  }
   // This rank's optimizer shards (one range per bucket, the experts' over edp), with the values
   // there; a shard range is held by this rank alone within dp x cp.
   DpShardState shard_state() const override {
@@ -378,7 +355,6 @@ class ShardedStrategy final : public DataParallelStrategy {
   void step(double lr, double grad_scale) override { sharded_->step(lr, grad_scale); }
   int64_t step_count() const override { return sharded_->step_count(); }
   const Tensor& gradients() const override { return sharded_->grad_shards(); }
-  DpFullState full_state() const override;
   // This rank's pieces: each held by it alone within its shards' group.
   DpShardState shard_state() const override {
     ShardStateBuilder b(model_.params(), groups_);
@@ -425,20 +401,6 @@ double ShardedStrategy::gradient_norm() {
           : groups_.ep->all_reduce_value(groups_.edp_cp->all_reduce_value(
                 mp_->counts_experts() ? sharded_->grad_sq_sum(mp_->experts()) : 0.0));
   return std::sqrt(groups_.mp->all_reduce_value(dense + experts));
-}
-
-// Every rank of the shards' group gathers the full values and moments of its tensor-parallel and
-// pipeline part (transient host copies), so that the usual writer saves them.
-DpFullState ShardedStrategy::full_state() const {
-  parallel::FullOptimizerState gathered = sharded_->gather_state();
-  DpFullState full;
-  full.gathered.emplace(model_.params());
-  full.gathered->allocate_values(Device::CPU);
-  const std::vector<float> values = sharded_->gather_values();
-  std::copy(values.begin(), values.end(), full.gathered->values().data<float>());
-  full.exp_avg = std::move(gathered.exp_avg);
-  full.exp_avg_sq = std::move(gathered.exp_avg_sq);
-  return full;
 }
 
 }  // namespace

@@ -59,16 +59,6 @@ struct DpMemory {
   double parameters = 0, gradients = 0, optimizer = 0;
 };
 
-// The full state of this rank's tensor- and pipeline-parallel part, in the model's flat layout,
-// as the checkpoint writer takes it: the values (the model's store, or a gathered host copy) and
-// the two AdamW moments.
-struct DpFullState {
-  const ParamStore* store = nullptr;
-  std::optional<ParamStore> gathered;  // ZeRO-2 / FSDP: the full values, gathered over dp
-  std::vector<float> exp_avg, exp_avg_sq;
-  const ParamStore& params() const { return gathered ? *gathered : *store; }
-};
-
 // What this rank writes of a checkpoint: the elements of its tensor- and pipeline-parallel part
 // that it owns (checkpoint::ShardSource), with host pointers to their values and moments: into
 // its own buffers on the CPU, or into `copies` of device buffers. Under ZeRO-1 the rank's
@@ -98,7 +88,6 @@ class DataParallelStrategy {
   virtual const Tensor& gradients() const = 0;
 
   // ---- checkpoints ----
-  virtual DpFullState full_state() const = 0;  // collective over the strategy's groups
   virtual DpShardState shard_state() const = 0;  // local: no collectives, no full-state gather
   // A resume reads straight into this rank's own state: load_targets says where the checkpoint's
   // values (and, with `optimizer`, the moments) go (ResidentLoad: the rank's buffers, host copies

@@ -93,16 +93,6 @@ void ExpertGradients::step(double lr, double grad_scale) {
   }
 }
 
-void ExpertGradients::gather_state(std::vector<float>& exp_avg, std::vector<float>& exp_avg_sq) const {
-  if (!dist_) return;
-  const parallel::FullOptimizerState full = dist_->gather_state();
-  for (size_t i = 0; i < tensors_.size(); ++i) {
-    const StoredParam& p = params_.infos()[size_t(tensors_[i])];
-    std::copy_n(full.exp_avg.begin() + at_[i], p.numel, exp_avg.begin() + p.offset);
-    std::copy_n(full.exp_avg_sq.begin() + at_[i], p.numel, exp_avg_sq.begin() + p.offset);
-  }
-}
-
 std::vector<ExpertGradients::StateRange> ExpertGradients::state_ranges() const {
   std::vector<StateRange> out;
   if (!dist_) return out;

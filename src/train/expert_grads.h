@@ -47,11 +47,9 @@ class ExpertGradients {
   // Distributed optimizer only: around the dense step, which overwrites the expert slots.
   void save_values();
   void step(double lr, double grad_scale);  // AdamW on this rank's shards, all-gather, values back into the slots
-  // The experts' moments in the flat layout of params (exp_avg, exp_avg_sq at each expert
-  // tensor's offset): gathered over edp (collective) into `exp_avg` / `exp_avg_sq`, or loaded
-  // from them (local; both null: only the step count, the moments loaded in place through
-  // state_ranges()).
-  void gather_state(std::vector<float>& exp_avg, std::vector<float>& exp_avg_sq) const;
+  // The experts' moments loaded from the flat layout of params (exp_avg, exp_avg_sq at each
+  // expert tensor's offset; local; both null: only the step count, the moments loaded in place
+  // through state_ranges()).
   void load_state(int64_t step, const float* exp_avg, const float* exp_avg_sq);
   // Distributed optimizer only, for checkpoint writers and loads: this rank's shards of the experts' AdamW
   // state in the flat layout of params ([begin, begin + numel) of one expert tensor), each with the

@@ -248,19 +248,6 @@ std::vector<float> ShardedWeights::to_shards(const float* full) const {
   return out;
 }
 
-std::vector<float> ShardedWeights::gather_full(const Tensor& shard_buffer) const {
-  const auto& units = model_.weight_units();
-  std::vector<float> out(size_t(model_.params().numel()), 0.0f);
-  for (size_t u = 0; u < units.size(); ++u) {
-    Tensor full = Tensor::zeros({units[u].end - units[u].begin}, DType::F32, be_.device());
-    for (const Part& part : parts_[u])
-      groups_[size_t(part.group)]->start_gather(part.index, shard_of(shard_buffer, part), full)->wait();
-    const Tensor host = full.to(Device::CPU);
-    std::copy_n(host.data<float>(), host.numel(), out.begin() + units[u].begin);
-  }
-  return out;
-}
-
 void ShardedWeights::init_weights(uint64_t seed) {
   ParamStore full = model_.params();  // the layout; filled on the host
   full.allocate_values(Device::CPU);
@@ -355,25 +342,6 @@ std::vector<ShardedWeights::HeldPiece> ShardedWeights::held_pieces(std::vector<s
     out.push_back(h);
   }
   return out;
-}
-
-std::vector<float> ShardedWeights::gather_values() const {
-  std::vector<float> out = gather_full(master_);
-  const auto& infos = model_.params().infos();
-  for (size_t p = 0; p < infos.size(); ++p)
-    if (buffers_[p].defined()) {
-      const Tensor host = buffers_[p].to(Device::CPU);
-      std::copy_n(host.data<float>(), host.numel(), out.begin() + infos[p].offset);
-    }
-  return out;
-}
-
-parallel::FullOptimizerState ShardedWeights::gather_state() const {
-  parallel::FullOptimizerState s;
-  s.step = adam_->step_count();
-  s.exp_avg = gather_full(host_tensor(adam_->exp_avg()).to(be_.device()));
-  s.exp_avg_sq = gather_full(host_tensor(adam_->exp_avg_sq()).to(be_.device()));
-  return s;
 }
 
 int64_t ShardedWeights::parameter_bytes() const {

@@ -91,8 +91,6 @@ class ShardedWeights final : public WeightSource {
   // whole copy (collective), the optimizer's step count.
   void load_targets(ResidentLoad& load, bool optimizer);
   void finish_load(int64_t step, bool optimizer);
-  std::vector<float> gather_values() const;                 // collective over dp; transient full copy
-  parallel::FullOptimizerState gather_state() const;        // collective over dp
 
   // Checkpoint writers: this rank's piece of every tensor that has one ([begin, begin + numel) of
   // the model's flat layout) with host pointers to its values and moments (host_range).
@@ -143,7 +141,6 @@ class ShardedWeights final : public WeightSource {
     return shard_buffer.slice(0, part.shard_begin, part.shard_numel);
   }
   std::vector<float> to_shards(const float* full) const;  // host
-  std::vector<float> gather_full(const Tensor& shard_buffer) const;
   void reduce_unit(int unit);
   void complete_oldest_reduction();
   void gather_whole();  // ZeRO-2: every unit into the whole working copy
