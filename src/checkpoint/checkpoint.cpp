@@ -46,7 +46,7 @@ class Loader {
       else
         keep_initial(info);
     }
-    batch_.run(opt_.read_threads, uint64_t(std::max<int64_t>(1, opt_.read_chunk_bytes)));
+    batch_.run(opt_);
     std::vector<char> config = read_verified(dir_, meta_, "config.yaml");
     out_.config_yaml.assign(config.begin(), config.end());
     read_run_state();

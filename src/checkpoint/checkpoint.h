@@ -223,6 +223,12 @@ struct LoadOptions {
   // each a contiguous stretch of the data, in reads of about read_chunk_bytes of whole blocks.
   int read_threads = 4;
   int64_t read_chunk_bytes = 8 << 20;
+  // Those reads with O_DIRECT, disk to buffer without the page cache's copy (where the file
+  // system refuses it, through the page cache): on a loaded host that copy, not the disk, bounds
+  // the load. Each read asks for read_window_bytes, which are checked and copied out in
+  // cache-sized pieces.
+  bool read_direct = true;
+  int64_t read_window_bytes = 4 << 20;
 };
 
 // Writes a checkpoint of `params` (values) and the optimizer moments (flat buffers laid out like

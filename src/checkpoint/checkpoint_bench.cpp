@@ -1,6 +1,7 @@
 #include "checkpoint/checkpoint_bench.h"
 
 #include <fcntl.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -60,6 +61,14 @@ void read_plain(const fs::path& p, std::vector<char>& buf) {
   ::close(fd);
 }
 
+// User and system CPU time of this process, every thread's.
+double process_cpu_seconds() {
+  rusage u{};
+  ::getrusage(RUSAGE_SELF, &u);
+  auto sec = [](const timeval& t) { return double(t.tv_sec) + double(t.tv_usec) * 1e-6; };
+  return sec(u.ru_utime) + sec(u.ru_stime);
+}
+
 // Runs one phase on every rank between barriers: the slowest rank's time, every rank's time.
 class Phases {
  public:
@@ -67,12 +76,15 @@ class Phases {
   template <typename Fn>
   BenchPhase run(uint64_t my_bytes, Fn&& fn) {
     if (world_) world_->barrier();
+    const double cpu0 = process_cpu_seconds();
     const auto t0 = std::chrono::steady_clock::now();
     fn();
     const double mine = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const double my_cpu = process_cpu_seconds() - cpu0;
     BenchPhase p;
     p.rank_seconds = gather(mine);
     p.seconds = *std::max_element(p.rank_seconds.begin(), p.rank_seconds.end());
+    for (double c : gather(my_cpu)) p.cpu_seconds += c;
     for (double b : gather(double(my_bytes))) p.bytes += uint64_t(b);
     return p;
   }
@@ -87,15 +99,14 @@ class Phases {
   int size_;
 };
 
-// Loads every tensor of the store into buffers of this rank's (resident as a resuming rank's),
-// with `replicas`: as one of them (a share read, the rest received); returns their CRC-32.
-uint32_t load_whole(const std::string& dir, const ParamStore& layout, LoadOptions lo,
+// Loads every tensor of the store into `buffers` (3 x the flat size, this rank's: resident before
+// the load as a resuming rank's are), with `replicas`: as one of them (a share read, the rest
+// received).
+void load_whole(const std::string& dir, const ParamStore& layout, LoadOptions lo, std::vector<float>& buffers,
                     parallel::ProcessGroup* replicas) {
   const size_t flat = size_t(layout.numel());
-  std::vector<float> buffers(3 * flat, -1.0f);
   lo.targets = {{0, layout.numel(), {buffers.data(), buffers.data() + flat, buffers.data() + 2 * flat}, replicas}};
   (void)load_checkpoint(dir, layout, lo);
-  return crc_update(0, buffers.data(), buffers.size() * sizeof(float));
 }
 
 }  // namespace
@@ -194,13 +205,15 @@ CheckpointBench bench_checkpoint(const ParamStore& layout, parallel::ProcessGrou
     for (int k = 0; k < size; ++k) drop_cached(fs::path(saved.dir) / shard_file_name(k));
     if (world) world->barrier();
   };
-  uint32_t crc_all = 0;
+  std::vector<float> whole(3 * flat, -1.0f);
   drop_all();
-  r.load_all = phases.run(0, [&] { crc_all = load_whole(saved.dir, layout, lo, nullptr); });
+  r.load_all = phases.run(0, [&] { load_whole(saved.dir, layout, lo, whole, nullptr); });
   r.load_all.bytes = saved.total_bytes;
-  uint32_t crc_shared = 0;
+  const uint32_t crc_all = crc_update(0, whole.data(), whole.size() * sizeof(float));
+  std::fill(whole.begin(), whole.end(), -1.0f);
   drop_all();
-  r.load_shared = phases.run(0, [&] { crc_shared = load_whole(saved.dir, layout, lo, world); });
+  r.load_shared = phases.run(0, [&] { load_whole(saved.dir, layout, lo, whole, world); });
+  const uint32_t crc_shared = crc_update(0, whole.data(), whole.size() * sizeof(float));
   r.load_shared.bytes = saved.total_bytes;
   if (crc_all != crc_shared)
     fail("benchmark checkpoint: rank {} holds other values after the load as replicas than after reading "

@@ -37,7 +37,11 @@ struct BenchPhase {
   double seconds = 0;        // the slowest rank's
   uint64_t bytes = 0;        // over all ranks
   std::vector<double> rank_seconds;
+  // CPU time (user and system, every thread) the phase took, summed over the ranks: what the
+  // phase costs the machine, which other work on a shared host moves far less than its wall time.
+  double cpu_seconds = 0;
   double gbps() const { return seconds > 0 ? double(bytes) / seconds / 1e9 : 0.0; }
+  double cpu_seconds_per_gb() const { return bytes > 0 ? cpu_seconds / (double(bytes) / 1e9) : 0.0; }
 };
 
 struct CheckpointBench {

@@ -3,8 +3,6 @@
 
 #include <fcntl.h>
 #include <isa-l/crc.h>
-#include <limits.h>
-#include <sys/uio.h>
 #include <unistd.h>
 #include <zlib.h>
 
@@ -41,6 +39,9 @@ constexpr int kOldestReadVersion = 2;
 constexpr char kMagic[8] = {'P', 'R', 'M', 'S', 'H', 'R', 'D', '2'};
 constexpr size_t kPrefixBytes = 24;
 constexpr uint64_t kDataAlign = 64;
+// The pieces of a read window that its CRC and copies go through, small enough to stay in a
+// core's cache between the two.
+constexpr uint64_t kCachePieceBytes = 256 << 10;
 
 uint64_t data_offset_for(uint64_t header_bytes) {
   return (kPrefixBytes + header_bytes + kDataAlign - 1) / kDataAlign * kDataAlign;
@@ -534,51 +535,13 @@ void ShardReader::check_run(uint64_t first, uint64_t count) const {
          path_.string(), first, first + count, numel_);
 }
 
-namespace {
-
-// The pieces of a byte range of a file, in order, each to its own memory: one preadv per at most
-// IOV_MAX pieces, continued after short reads.
-class ScatterRead {
- public:
-  void add(char* dst, uint64_t bytes) {
-    if (bytes == 0) return;
-    if (!iov_.empty() && static_cast<char*>(iov_.back().iov_base) + iov_.back().iov_len == dst)
-      iov_.back().iov_len += bytes;
-    else
-      iov_.push_back({dst, size_t(bytes)});
-  }
-  const std::vector<iovec>& pieces() const { return iov_; }
-  // Reads the pieces from `at`; returns "" or the problem.
-  std::string read(int fd, uint64_t at) {
-    std::vector<iovec> left = iov_;
-    size_t i = 0;
-    while (i < left.size()) {
-      const int n_iov = int(std::min<size_t>(left.size() - i, IOV_MAX));
-      const ssize_t n = ::preadv(fd, &left[i], n_iov, off_t(at));
-      if (n < 0 && errno == EINTR) continue;
-      if (n < 0) return std::strerror(errno);
-      if (n == 0) return "the file ends early";
-      at += uint64_t(n);
-      for (size_t got = size_t(n); got > 0;) {
-        const size_t take = std::min(got, left[i].iov_len);
-        left[i].iov_base = static_cast<char*>(left[i].iov_base) + take;
-        left[i].iov_len -= take;
-        got -= take;
-        if (left[i].iov_len == 0) ++i;
-      }
-    }
-    return "";
-  }
-
- private:
-  std::vector<iovec> iov_;
-};
-
-}  // namespace
-
-ShardReader::Descriptor ShardReader::open_descriptor() const {
+ShardReader::Descriptor ShardReader::open_descriptor(bool direct) const {
   Descriptor d;
-  d.fd = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC);
+  if (direct) {
+    d.fd = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC | O_DIRECT);
+    d.direct = d.fd >= 0;
+  }
+  if (d.fd < 0) d.fd = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC);  // O_DIRECT refused (tmpfs, ...)
   if (d.fd < 0) fail("checkpoint file {} is unreadable: {}", path_.string(), std::strerror(errno));
   return d;
 }
@@ -587,45 +550,83 @@ ShardReader::Descriptor::~Descriptor() {
   if (fd >= 0) ::close(fd);
 }
 
-void ShardReader::read_blocks(int fd, int section, uint64_t b0, uint64_t b1, const std::vector<ByteRun>& runs,
-                              std::vector<char>& scratch) const {
+void ShardReader::Window::Free::operator()(char* p) const { std::free(p); }
+
+ShardReader::Window::Window(uint64_t bytes) : bytes_(std::max<uint64_t>(1, bytes)) {
+  void* p = nullptr;
+  // Room for a window's bytes widened to aligned ends on both sides.
+  if (::posix_memalign(&p, kAlign, bytes_ + 2 * kAlign) != 0) throw std::bad_alloc();
+  data_.reset(static_cast<char*>(p));
+}
+
+void ShardReader::read_blocks(Descriptor& d, int section, uint64_t b0, uint64_t b1, const std::vector<ByteRun>& runs,
+                              Window& window) const {
+  // Reading straight into the destinations (through the page cache) and taking the CRCs there
+  // afterwards costs the kernel's copy plus two passes over the destinations; here the disk fills
+  // the window (O_DIRECT: no copy by the CPU), and each cache-sized piece of it is checked and
+  // copied out while it is in the cache.
   const uint64_t start = b0 * block_bytes_, end = std::min(b1 * block_bytes_, section_bytes_);
-  scratch.resize(size_t(end - start));  // the bytes no run wants, read for their blocks' CRCs
-  ScatterRead sr;
-  uint64_t at = start;
-  for (const ByteRun& r : runs) {
-    const uint64_t a = r.begin, b = a + r.bytes;
-    PRIMUS_CHECK(a >= at && b <= end, "checkpoint file {}: a read run outside its chunk", path_.string());
-    sr.add(scratch.data() + (at - start), a - at);
-    sr.add(r.dst, b - a);
-    at = b;
-  }
-  sr.add(scratch.data() + (at - start), end - at);
-  const std::string problem = sr.read(fd, data_offset_ + uint64_t(section) * section_bytes_ + start);
-  if (!problem.empty())
-    fail("reading blocks {} to {} of {} of checkpoint file {} failed: {}", b0, b1 - 1, kSectionNames[section],
-         path_.string(), problem);
-  // Each block's CRC over the pieces it spans.
+  const uint64_t file_at = data_offset_ + uint64_t(section) * section_bytes_;
+  const std::string what = fmt::format("blocks {} to {} of {}", b0, b1 - 1, kSectionNames[section]);
+  size_t next_run = 0;
   uint64_t b = b0, in_block = 0, block_len = std::min(block_bytes_, section_bytes_ - b * block_bytes_);
   uint32_t crc = 0;
-  for (const iovec& v : sr.pieces()) {
-    const char* p = static_cast<const char*>(v.iov_base);
-    uint64_t left = v.iov_len;
-    while (left > 0) {
-      const uint64_t n = std::min(left, block_len - in_block);
-      crc = crc_update(crc, p, n);
-      p += n;
-      left -= n;
-      in_block += n;
-      if (in_block == block_len) {
-        if (crc != block_crcs_[section][b]) fail_block(section, b);
-        ++b;
-        crc = 0;
-        in_block = 0;
-        if (b < b1) block_len = std::min(block_bytes_, section_bytes_ - b * block_bytes_);
+  for (uint64_t w0 = start; w0 < end;) {
+    const uint64_t w1 = std::min(end, w0 + window.bytes());
+    const char* bytes = read_window(d, file_at + w0, file_at + w1, window, what);
+    for (uint64_t p0 = w0; p0 < w1;) {
+      const uint64_t p1 = std::min(w1, p0 + kCachePieceBytes);
+      const char* piece = bytes + (p0 - w0);
+      for (uint64_t at = 0; at < p1 - p0;) {  // the blocks' CRCs over the piece
+        const uint64_t n = std::min(p1 - p0 - at, block_len - in_block);
+        crc = crc_update(crc, piece + at, n);
+        at += n;
+        in_block += n;
+        if (in_block == block_len) {
+          if (crc != block_crcs_[section][b]) fail_block(section, b);
+          ++b;
+          crc = 0;
+          in_block = 0;
+          if (b < b1) block_len = std::min(block_bytes_, section_bytes_ - b * block_bytes_);
+        }
       }
+      for (; next_run < runs.size(); ++next_run) {  // the runs' parts inside the piece
+        const ByteRun& r = runs[next_run];
+        PRIMUS_CHECK(r.begin >= start && r.begin + r.bytes <= end,
+                     "checkpoint file {}: a read run outside its chunk", path_.string());
+        const uint64_t x = std::max(r.begin, p0), y = std::min(r.begin + r.bytes, p1);
+        if (x < y) std::memcpy(r.dst + (x - r.begin), piece + (x - p0), size_t(y - x));
+        if (r.begin + r.bytes > p1) break;  // it continues in the next piece
+      }
+      p0 = p1;
     }
+    w0 = w1;
   }
+}
+
+const char* ShardReader::read_window(Descriptor& d, uint64_t from, uint64_t to, Window& window,
+                                     const std::string& what) const {
+  if (!d.direct) {
+    pread_all(d.fd, window.data(), to - from, from, what.c_str());
+    return window.data();
+  }
+  // O_DIRECT wants the offset, the length and the buffer aligned: the range is widened to aligned
+  // ends (past the file's end a read is short, which is fine once `to` is reached).
+  const uint64_t a = from / Window::kAlign * Window::kAlign;
+  const uint64_t z = (to + Window::kAlign - 1) / Window::kAlign * Window::kAlign;
+  uint64_t got = 0;
+  while (a + got < to) {
+    const ssize_t n = ::pread(d.fd, window.data() + got, size_t(z - a - got), off_t(a + got));
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && errno == EINVAL && got == 0) {  // the file system took O_DIRECT at open, not here
+      d = open_descriptor(false);
+      return read_window(d, from, to, window, what);
+    }
+    if (n < 0) fail("reading {} of checkpoint file {} failed: {}", what, path_.string(), std::strerror(errno));
+    if (n == 0) fail("checkpoint file {} is truncated: it ends inside {}", path_.string(), what);
+    got += uint64_t(n);
+  }
+  return window.data() + (from - a);
 }
 
 void ShardBatch::add(ShardReader& reader, int section, uint64_t first, uint64_t count, float* dst) {
@@ -637,7 +638,9 @@ void ShardBatch::add(ShardReader& reader, int section, uint64_t first, uint64_t 
   g.runs.push_back({first, count, dst});
 }
 
-void ShardBatch::run(int threads, uint64_t chunk_bytes) {
+void ShardBatch::run(const LoadOptions& o) {
+  const int threads = o.read_threads;
+  const uint64_t chunk_bytes = uint64_t(std::max<int64_t>(1, o.read_chunk_bytes));
   struct Task {
     Group* group;
     uint64_t b0, b1;
@@ -689,14 +692,14 @@ void ShardBatch::run(int threads, uint64_t chunk_bytes) {
   std::vector<std::string> errors(tasks.size());
   std::atomic<bool> failed{false};
   auto work = [&](int k) {
-    std::vector<char> scratch;
+    ShardReader::Window window(uint64_t(std::max<int64_t>(1, o.read_window_bytes)));
     std::map<const ShardReader*, ShardReader::Descriptor> fds;
     for (size_t i = first[size_t(k)]; i < first[size_t(k) + 1] && !failed; ++i) {
       const Task& t = tasks[i];
       try {
         auto& fd = fds[t.group->reader];
-        if (!fd.valid()) fd = t.group->reader->open_descriptor();
-        t.group->reader->read_blocks(fd.fd, t.group->section, t.b0, t.b1, t.runs, scratch);
+        if (!fd.valid()) fd = t.group->reader->open_descriptor(o.read_direct);
+        t.group->reader->read_blocks(fd, t.group->section, t.b0, t.b1, t.runs, window);
       } catch (const std::exception& e) {
         errors[i] = e.what();
         failed = true;  // stop early: the load fails anyway

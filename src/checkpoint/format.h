@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <map>
+#include <memory>
 #include <optional>
 #include <string>
 #include <utility>
@@ -102,27 +103,47 @@ class ShardReader {
   void read(int section, uint64_t first, uint64_t count, float* dst);
 
   // The batched way (ShardBatch): checks a run against the file, and reads the blocks
-  // [b0, b1) of a section through `fd` with one preadv: the bytes of `runs` (sorted, disjoint, inside those
-  // blocks) straight into their destinations, the rest into `scratch`; then checks every block's
-  // CRC over those pieces. Thread-safe (positional reads, no shared state).
+  // [b0, b1) of a section through `d`, streamed through `window`: each window's bytes read, its
+  // blocks' CRCs checked over it in cache-sized pieces, the bytes of `runs` (sorted, disjoint,
+  // inside those blocks) copied from each piece to their destinations while it is in the cache.
+  // Thread-safe (positional reads, no shared state).
   void check_run(uint64_t first, uint64_t count) const;
   uint64_t block_bytes() const { return block_bytes_; }
   uint64_t section_bytes() const { return section_bytes_; }
-  void read_blocks(int fd, int section, uint64_t b0, uint64_t b1, const std::vector<ByteRun>& runs,
-                   std::vector<char>& scratch) const;
-  // A descriptor of the file of its own (closed with it), for one reading thread.
+  // A descriptor of the file of its own (closed with it), for one reading thread. `direct`: opened
+  // with O_DIRECT (reads go from the disk to the window without the page cache's copy); where the
+  // file system refuses it, the descriptor is buffered.
   struct Descriptor {
     int fd = -1;
+    bool direct = false;
     Descriptor() = default;
-    Descriptor(Descriptor&& o) noexcept : fd(std::exchange(o.fd, -1)) {}
+    Descriptor(Descriptor&& o) noexcept : fd(std::exchange(o.fd, -1)), direct(o.direct) {}
     Descriptor& operator=(Descriptor&& o) noexcept {
       std::swap(fd, o.fd);
+      std::swap(direct, o.direct);
       return *this;
     }
     ~Descriptor();
     bool valid() const { return fd >= 0; }
   };
-  Descriptor open_descriptor() const;
+  Descriptor open_descriptor(bool direct) const;
+  // A read buffer aligned for O_DIRECT, one per reading thread; `bytes`: what one read asks for.
+  class Window {
+   public:
+    explicit Window(uint64_t bytes);
+    char* data() { return data_.get(); }
+    uint64_t bytes() const { return bytes_; }
+    static constexpr uint64_t kAlign = 4096;
+
+   private:
+    struct Free {
+      void operator()(char* p) const;
+    };
+    std::unique_ptr<char, Free> data_;
+    uint64_t bytes_;
+  };
+  void read_blocks(Descriptor& d, int section, uint64_t b0, uint64_t b1, const std::vector<ByteRun>& runs,
+                   Window& window) const;
 
  private:
   struct Block {
@@ -130,6 +151,9 @@ class ShardReader {
     std::vector<char> bytes;
   };
   void pread_all(int fd, void* dst, uint64_t bytes, uint64_t at, const char* what) const;
+  // Reads the file's bytes [from, to) into the window (at most window.bytes()); returns where they
+  // start in it.
+  const char* read_window(Descriptor& d, uint64_t from, uint64_t to, Window& window, const std::string& what) const;
   [[noreturn]] void fail_block(int section, uint64_t b) const;
   void load_block(int section, uint64_t b);
 
@@ -145,16 +169,18 @@ class ShardReader {
 };
 
 // Reads many runs from many shards: runs are gathered per (shard, section), then read in chunks
-// of about `chunk_bytes` (LoadOptions::read_chunk_bytes) of whole blocks, straight into their
-// destinations, each chunk's blocks checked against their CRCs, by a few threads at once (one
-// thread's CRC overlaps another's read). Runs whose source elements overlap an earlier run's go
+// of about LoadOptions::read_chunk_bytes of whole blocks, through a window (with O_DIRECT when
+// read_direct and the file system allows it) into their destinations, each
+// chunk's blocks checked against their CRCs, by a few threads at once (one thread's CRC overlaps
+// another's read). Runs whose source elements overlap an earlier run's go
 // through ShardReader::read.
 class ShardBatch {
  public:
   void add(ShardReader& reader, int section, uint64_t first, uint64_t count, float* dst);
-  // Reads everything added, with up to `threads` threads, in chunks of about `chunk_bytes`; the
-  // failure of the earliest read that failed is thrown after all threads end.
-  void run(int threads, uint64_t chunk_bytes);
+  // Reads everything added as `o` says (read_threads, read_chunk_bytes, read_direct,
+  // read_window_bytes); the failure of the earliest read that failed is thrown after all threads
+  // end.
+  void run(const LoadOptions& o);
 
  private:
   struct Group {

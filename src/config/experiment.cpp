@@ -74,6 +74,9 @@ const std::vector<KeyInfo>& training_keys() {
       KEY(async_save, "copy each checkpoint's state to host buffers at the save step and write it on a background "
                       "thread while training goes on; the next save and the end of training wait for it, and "
                       "`latest` moves only when every rank's shard is durable"),
+      KEY(ckpt_fully_parallel_load,
+          "on resume, the data-parallel replicas of a tensor each read a 1/N share of it and exchange the rest, "
+          "instead of each reading all of it (pays where reads are remote or the disk is the limit)"),
       KEY(exit_signal_handler,
           "on SIGTERM (Slurm's time limit, scancel) finish the step in progress, save a checkpoint "
           "and exit with code 0"),

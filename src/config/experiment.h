@@ -79,6 +79,7 @@ struct TrainingArgs {
   bool load_strict = true;     // a checkpoint must hold this model (checkpoint/model_fit.h); false: load what matches
   int64_t keep_last_checkpoints = 3;
   bool async_save = false;    // write checkpoints on a thread from host copies (docs/checkpoints.md)
+  bool ckpt_fully_parallel_load = false;  // dp replicas each read a share of what they hold alike and exchange it
   bool overwrite = false;     // replace another run's checkpoints in `save` (else an error)
   bool exit_signal_handler = false;  // SIGTERM: save after the step in progress and exit 0 (safe/early_exit.h)
   double exit_duration_in_mins = 0;  // > 0: save and exit 0 once this many minutes have passed

@@ -446,10 +446,13 @@ std::string Trainer::try_restore(const std::string& dir, bool weights_only) {
     log::info("LoRA: {} holds no adapters; they start from their initial values (lora_B_init_method {})", dir,
               config::choice_name(a_.lora.b_init));
   // Straight into this rank's own state: only its pieces (ZeRO-2 / FSDP) and optimizer shards
-  // (ZeRO-1) are read, and of what dp replicas hold alike each reads a share and they exchange.
+  // (ZeRO-1) are read; of what dp replicas hold alike each reads all, or with
+  // ckpt_fully_parallel_load a share, and they exchange the rest.
   ResidentLoad resident;
   dp_->load_targets(resident, lo.optimizer);
   lo.targets = resident.targets();
+  if (!a_.ckpt_fully_parallel_load)
+    for (checkpoint::LoadTarget& t : lo.targets) t.replicas = nullptr;
   lo.world = world_;
   if (!weights_only) lo.state = model_->linears().state_names();
   CheckpointData ck;
@@ -468,9 +471,13 @@ std::string Trainer::try_restore(const std::string& dir, bool weights_only) {
   const int64_t step = lo.optimizer ? ck.state.optimizer_step : 0;
   resident.commit(step);
   dp_->finish_load(step, lo.optimizer);
-  log::debug("resume from {}: read {:.1f} MiB, received {:.1f} MiB from replicas, host copies {:.1f} MiB", dir,
-             double(ck.bytes_read) / double(1 << 20), double(ck.bytes_received) / double(1 << 20),
-             double(resident.staging_bytes()) / double(1 << 20));
+  const std::string io = fmt::format("read {:.1f} MiB, received {:.1f} MiB from replicas, host copies {:.1f} MiB",
+                                     double(ck.bytes_read) / double(1 << 20), double(ck.bytes_received) / double(1 << 20),
+                                     double(resident.staging_bytes()) / double(1 << 20));
+  if (a_.ckpt_fully_parallel_load && rank0_)
+    log::info("resume from {} (ckpt_fully_parallel_load): rank 0 {}", dir, io);
+  else
+    log::debug("resume from {}: {}", dir, io);
   if (rank0_ && !fit.exact()) log::warn("{}", fit.summary(dir));
   if (weights_only) {
     log::info("starting from the weights of {} (iteration 0, fresh optimizer)", dir);

@@ -32,8 +32,9 @@ struct Options {
 
 std::string report(const checkpoint::CheckpointBench& r, const std::string& dir, bool json) {
   auto row = [](const char* what, const checkpoint::BenchPhase& p, const checkpoint::BenchPhase& limit) {
-    return fmt::format("| {} | {:.1f} | {:.0f} | {:.3f} | {:.0f}% |\n", what, p.bytes / 1048576.0, p.seconds * 1e3,
-                       p.gbps(), limit.gbps() > 0 ? 100 * p.gbps() / limit.gbps() : 0.0);
+    return fmt::format("| {} | {:.1f} | {:.0f} | {:.3f} | {:.0f}% | {:.2f} |\n", what, p.bytes / 1048576.0,
+                       p.seconds * 1e3, p.gbps(), limit.gbps() > 0 ? 100 * p.gbps() / limit.gbps() : 0.0,
+                       p.cpu_seconds_per_gb());
   };
   if (json) {
     nlohmann::json j{{"ranks", r.ranks}, {"parameters", r.parameters}, {"rank_bytes", r.rank_bytes}, {"dir", dir}};
@@ -45,14 +46,15 @@ std::string report(const checkpoint::CheckpointBench& r, const std::string& dir,
                                                                             {"load_new", &r.load_new},
                                                                             {"load_all", &r.load_all},
                                                                             {"load_shared", &r.load_shared}})
-      j[name] = {{"bytes", p->bytes}, {"seconds", p->seconds}, {"gb_per_s", p->gbps()}, {"rank_seconds", p->rank_seconds}};
+      j[name] = {{"bytes", p->bytes}, {"seconds", p->seconds}, {"gb_per_s", p->gbps()}, {"rank_seconds", p->rank_seconds},
+                 {"cpu_seconds", p->cpu_seconds}};
     return j.dump(1) + "\n";
   }
   std::string s = fmt::format(
       "# benchmark checkpoint: {:.2f}M parameters, {} rank(s), each writing 1/{} of every tensor (fp32 values and "
       "two moments), in {}; times are the slowest rank's\n\n",
       r.parameters / 1e6, r.ranks, r.ranks, dir);
-  s += "| phase | MiB (all ranks) | ms | GB/s | of the disk's |\n|---|---:|---:|---:|---:|\n";
+  s += "| phase | MiB (all ranks) | ms | GB/s | of the disk's | CPU s per GB |\n|---|---:|---:|---:|---:|---:|\n";
   s += row("disk sequential write (fsync)", r.disk_write, r.disk_write);
   s += row("checkpoint save", r.save, r.disk_write);
   s += row("disk sequential read (4 MiB reads, page cache dropped)", r.disk_read, r.disk_read);

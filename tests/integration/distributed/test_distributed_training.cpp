@@ -482,12 +482,13 @@ TEST_F(Distributed, ShardingStrategiesMemoryAtDp4) {
   }
 }
 
-// Save under tp2 x pp2 at iteration 10, load under dp4 and under one process: training goes on
-// with the losses of the uninterrupted one-process run.
+// Save under tp2 x pp2 at iteration 10, load under dp4 (with ckpt_fully_parallel_load: each
+// replica reads a share and receives the rest) and under one process: training goes on with the
+// losses of the uninterrupted one-process run.
 TEST_F(Distributed, ReshardTp2Pp2ToDp4AndOneProcess) {
   const std::string ck = reference_and_tp2pp2_checkpoint("");
   ASSERT_FALSE(HasFailure());
-  Result dp4 = run(4, "dp4", "--load " + ck);
+  Result dp4 = run(4, "dp4", "--load " + ck + " --ckpt_fully_parallel_load true");
   ASSERT_EQ(dp4.status, 0) << dp4.out;
   Result one = run(1, "one", "--load " + ck);
   ASSERT_EQ(one.status, 0) << one.out;
@@ -500,6 +501,11 @@ TEST_F(Distributed, ReshardTp2Pp2ToDp4AndOneProcess) {
       EXPECT_NEAR(got[i], want[10 + i], 1e-5 * std::fabs(want[10 + i])) << name << " iteration " << 11 + i;
   }
   EXPECT_NE(dp4.out.find("resumed from"), std::string::npos) << dp4.out;
+  // Rank 0 received from the other replicas what it did not read (not 0.0 MiB).
+  const size_t io = dp4.out.find("(ckpt_fully_parallel_load): rank 0 read ");
+  ASSERT_NE(io, std::string::npos) << dp4.out;
+  const std::string line = dp4.out.substr(io, dp4.out.find('\n', io) - io);
+  EXPECT_EQ(line.find("received 0.0 MiB"), std::string::npos) << line;
   // A rank loads only its own tensors; a checkpoint of another model is still refused as a whole.
   Result wrong = run(2, "wrong", "--load " + ck + " --num_layers 4");
   EXPECT_NE(wrong.status, 0) << wrong.out;

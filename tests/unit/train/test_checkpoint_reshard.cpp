@@ -411,7 +411,9 @@ TEST(CheckpointReshard, LoadingOnlyOwnRangesFillsThemAndNothingElse) {
 
 // LoadOptions::into: the data goes into the caller's buffers, only where it is read (the rest
 // keeps its contents), the same as a load into CheckpointData's buffers; read by three threads in
-// reads of a few blocks each (blocks of 42 bytes: elements split between blocks).
+// reads of a few blocks each (blocks of 42 bytes: elements split between blocks), with O_DIRECT and
+// through the page cache, in windows of the default size and of 64 bytes (runs, blocks and
+// chunks cut by the windows).
 TEST(CheckpointReshard, LoadingIntoCallersBuffersWritesOnlyTheRanges) {
   TempDir t;
   ASSERT_TRUE(all_ok(save_layout_ranges(t.dir, {1, 1, 2}, false)));
@@ -424,28 +426,35 @@ TEST(CheckpointReshard, LoadingIntoCallersBuffersWritesOnlyTheRanges) {
   lo.read_threads = 3;
   lo.read_chunk_bytes = 100;
   const checkpoint::CheckpointData ref = checkpoint::load_checkpoint(dir, p, lo);
-  std::vector<float> into(size_t(3 * n), -7.0f);
-  for (int s = 0; s < 3; ++s) lo.into[s] = into.data() + s * n;
-  const checkpoint::CheckpointData ck = checkpoint::load_checkpoint(dir, p, lo);
-  EXPECT_TRUE(ck.params.empty());
-  const std::vector<float>* want[3] = {&ref.params, &ref.exp_avg, &ref.exp_avg_sq};
-  int64_t wrong = 0, touched = 0, read = 0;
   std::vector<bool> in_tensor(size_t(n), false);  // alignment gaps are never written
   for (const auto& info : p.infos()) std::fill_n(in_tensor.begin() + info.offset, info.numel, true);
-  for (int64_t k = 0; k < n; ++k) {
-    const bool mine = in_tensor[size_t(k)] && ((k >= 1 && k < 1 + n / 3) || (k >= n / 2 && k < n / 2 + n / 4));
-    read += mine;
-    for (int s = 0; s < 3; ++s) {
-      const float got = into[size_t(s * n + k)];
-      if (mine)
-        wrong += got != (*want[s])[size_t(k)];
-      else
-        touched += got != -7.0f;
+  for (const bool direct : {true, false})
+    for (const int64_t window : {int64_t(4) << 20, int64_t(64)}) {
+      SCOPED_TRACE(testing::Message() << "read_direct " << direct << ", read_window_bytes " << window);
+      lo.read_direct = direct;
+      lo.read_window_bytes = window;
+      std::vector<float> into(size_t(3 * n), -7.0f);
+      for (int s = 0; s < 3; ++s) lo.into[s] = into.data() + s * n;
+      const checkpoint::CheckpointData ck = checkpoint::load_checkpoint(dir, p, lo);
+      lo.into[0] = lo.into[1] = lo.into[2] = nullptr;
+      EXPECT_TRUE(ck.params.empty());
+      const std::vector<float>* want[3] = {&ref.params, &ref.exp_avg, &ref.exp_avg_sq};
+      int64_t wrong = 0, touched = 0, read = 0;
+      for (int64_t k = 0; k < n; ++k) {
+        const bool mine = in_tensor[size_t(k)] && ((k >= 1 && k < 1 + n / 3) || (k >= n / 2 && k < n / 2 + n / 4));
+        read += mine;
+        for (int s = 0; s < 3; ++s) {
+          const float got = into[size_t(s * n + k)];
+          if (mine)
+            wrong += got != (*want[s])[size_t(k)];
+          else
+            touched += got != -7.0f;
+        }
+      }
+      EXPECT_GT(read, n / 3);
+      EXPECT_EQ(wrong, 0);
+      EXPECT_EQ(touched, 0);
     }
-  }
-  EXPECT_GT(read, n / 3);
-  EXPECT_EQ(wrong, 0);
-  EXPECT_EQ(touched, 0);
 }
 
 // LoadOptions::optimizer_ranges (a ZeRO-1 resume): every value, the moments only in the ranges.
