@@ -217,7 +217,21 @@ TEST(HfCheckpoint, UnsupportedModelsAreRefusedByName) {
     return error_of([&] { hf::import_hf({t / "src", t / "save", "", true}); });
   };
   // Qwen3 needs its q/k norm tensors: a Llama folder relabelled Qwen3 lacks them, named.
-  EXPECT_NE(import_with([](json& c) { c["architectures"] = {"Qwen3ForCausalLM"}; }).find("self_attn.q_norm.weight"),
+  EXPECT_NE(import_with([](json& c) {
+              c["architectures"] = {"Qwen3ForCausalLM"};
+              c["model_type"] = "qwen3";
+            }).find("self_attn.q_norm.weight"),
+            std::string::npos);
+  // A config of another family: its model_type and architecture disagree, named.
+  EXPECT_NE(import_with([](json& c) { c["architectures"] = {"MixtralForCausalLM"}; }).find("model_type 'llama'"),
+            std::string::npos);
+  // A Llama folder relabelled Mixtral lacks the experts: the first missing one is named.
+  EXPECT_NE(import_with([](json& c) {
+              c["architectures"] = {"MixtralForCausalLM"};
+              c["model_type"] = "mixtral";
+              c["num_local_experts"] = 4;
+              c["num_experts_per_tok"] = 2;
+            }).find("block_sparse_moe.gate.weight"),
             std::string::npos);
   EXPECT_NE(import_with([](json& c) { c["architectures"] = {"GPT2LMHeadModel"}; }).find("GPT2LMHeadModel"),
             std::string::npos);
