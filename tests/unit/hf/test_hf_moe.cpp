@@ -1,0 +1,277 @@
+// Hugging Face checkpoints of the mixture-of-experts families (hf/hf_families.h): Mixtral,
+// Qwen2-MoE, Qwen3-MoE, DeepSeek-V2 and V3. A tiny random model of each in its Hugging Face layout
+// (tests/oracles/hf_moe_peer.py) imports and exports to the same bytes and gives the peer's logits;
+// the quantized formats dequantize to hand-computed values; bad folders are refused by name.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+#include "hf/dequant.h"
+#include "hf/hf_checkpoint.h"
+#include "hf/safetensors.h"
+#include "hf_peer.h"
+#include "support/error_of.h"
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+using namespace primus;
+
+namespace {
+
+using test::error_of;
+
+struct TempDir {
+  fs::path path;
+  TempDir() {
+    path = fs::temp_directory_path() / ("primus_hfmoe_" + std::to_string(::getpid()) + "_" +
+                                        ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::remove_all(path);
+    fs::create_directories(path);
+  }
+  ~TempDir() { fs::remove_all(path); }
+  std::string operator/(const std::string& s) const { return (path / s).string(); }
+};
+
+const std::vector<std::string> kFamilies = {"mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v2", "deepseek_v3"};
+const std::vector<int32_t> kTokens = {1, 17, 200, 3, 3, 255, 42, 0, 99, 128, 7, 64};
+
+json read_config(const std::string& dir) {
+  std::ifstream f(fs::path(dir) / "config.json");
+  return json::parse(f);
+}
+void write_config(const std::string& dir, const json& c) { std::ofstream(fs::path(dir) / "config.json") << c.dump(2); }
+
+// Rewrites the folder's safetensors with `edit` applied to its tensor list.
+void rewrite_tensors(const std::string& dir, const std::function<void(std::vector<hf::TensorOut>&)>& edit) {
+  std::vector<hf::TensorOut> ts;
+  {
+    hf::SafetensorsReader r(dir);
+    for (const auto& [name, e] : r.tensors()) ts.push_back({name, e.dtype, e.shape, r.raw(name)});
+  }
+  for (const auto& e : fs::directory_iterator(dir))
+    if (e.path().extension() == ".safetensors" || e.path().filename() == "model.safetensors.index.json")
+      fs::remove(e.path());
+  edit(ts);
+  hf::write_safetensors(dir, ts, 5'000'000'000);
+}
+
+// The keys of each family's config.json that describe the model (what an export must give back).
+std::vector<std::string> family_keys(const std::string& family) {
+  std::vector<std::string> k = {"architectures", "model_type", "hidden_size", "num_hidden_layers",
+                                "num_attention_heads", "vocab_size", "rms_norm_eps", "rope_theta",
+                                "tie_word_embeddings", "num_experts_per_tok"};
+  if (family == "mixtral") k.insert(k.end(), {"num_local_experts", "intermediate_size", "num_key_value_heads"});
+  if (family == "qwen2_moe" || family == "qwen3_moe")
+    k.insert(k.end(), {"num_experts", "moe_intermediate_size", "intermediate_size", "mlp_only_layers", "norm_topk_prob",
+                       "num_key_value_heads"});
+  if (family == "qwen2_moe") k.push_back("shared_expert_intermediate_size");
+  if (family == "qwen3_moe") k.push_back("head_dim");
+  if (family.starts_with("deepseek"))
+    k.insert(k.end(), {"n_routed_experts", "n_shared_experts", "moe_intermediate_size", "intermediate_size",
+                       "first_k_dense_replace", "q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim",
+                       "v_head_dim", "routed_scaling_factor", "scoring_func", "topk_method", "n_group", "topk_group",
+                       "norm_topk_prob", "aux_loss_alpha", "seq_aux"});
+  return k;
+}
+
+}  // namespace
+
+TEST(HfMoe, ImportThenExportGivesTheSameBytes) {
+  TempDir t;
+  for (const std::string& family : kFamilies)
+    for (const auto& [dtype, shard] : {std::pair<std::string, uint64_t>{"F32", 5'000'000'000}, {"BF16", 60'000}}) {
+      SCOPED_TRACE(family + " " + dtype);
+      const std::string src = t / "src", save = t / "save", dst = t / "dst";
+      fs::remove_all(src), fs::remove_all(save), fs::remove_all(dst);
+      test::peer_write_family(src, family, dtype, shard);
+      EXPECT_EQ(fs::exists(fs::path(src) / "model.safetensors.index.json"), shard < 1'000'000);
+      hf::import_hf({src, save, "", false});
+      hf::ExportOptions eo;
+      eo.checkpoint = save;
+      eo.out_dir = dst;
+      eo.dtype = dtype;
+      eo.max_shard_bytes = shard;
+      hf::export_hf(eo);  // the architecture the checkpoint's parts say
+      hf::SafetensorsReader a(src), b(dst);
+      ASSERT_EQ(a.tensors().size(), b.tensors().size());
+      for (const auto& [name, e] : a.tensors()) {
+        ASSERT_TRUE(b.has(name)) << name;
+        EXPECT_EQ(b.entry(name).shape, e.shape) << name;
+        EXPECT_TRUE(a.raw(name) == b.raw(name)) << name << " differs";
+      }
+      const json ja = read_config(src), jb = read_config(dst);
+      for (const std::string& k : family_keys(family)) EXPECT_EQ(ja[k], jb[k]) << k;
+    }
+}
+
+TEST(HfMoe, PeerModelGivesOurLogits) {
+  TempDir t;
+  for (const std::string& family : kFamilies) {
+    SCOPED_TRACE(family);
+    const std::string src = t / "src", save = t / "save", dst = t / "dst";
+    fs::remove_all(src), fs::remove_all(save), fs::remove_all(dst);
+    test::peer_write_family(src, family, "F32", 5'000'000'000);
+    const std::string ckpt = hf::import_hf({src, save, "", false});
+    const auto ours = test::our_logits(ckpt, kTokens);
+    test::expect_close(ours, test::peer_logits(src, kTokens));  // import: the peer on the source folder
+    hf::ExportOptions eo;
+    eo.checkpoint = ckpt;
+    eo.out_dir = dst;
+    hf::export_hf(eo);
+    test::expect_close(ours, test::peer_logits(dst, kTokens));  // export: the peer on our exported folder
+  }
+}
+
+// E4M3 (fn) and E2M1 / E8M0 by hand, and the block layouts.
+TEST(HfMoe, Fp8BlocksAndMxfp4DequantizeToHandComputedValues) {
+  EXPECT_EQ(hf::e4m3_to_float(0x38), 1.0f);               // 0.0111.000: 2^(7-7)
+  EXPECT_EQ(hf::e4m3_to_float(0xC4), -3.0f);              // 1.1000.100: -(1 + 4/8) 2^1
+  EXPECT_EQ(hf::e4m3_to_float(0x7E), 448.0f);             // the largest: (1 + 6/8) 2^8
+  EXPECT_EQ(hf::e4m3_to_float(0x01), std::ldexp(1.0f, -9));  // the smallest subnormal: 1/8 2^-6
+  EXPECT_TRUE(std::isnan(hf::e4m3_to_float(0x7F)));
+  EXPECT_EQ(hf::e2m1_to_float(0x7), 6.0f);
+  EXPECT_EQ(hf::e2m1_to_float(0xB), -1.5f);
+  // A 130 x 3 weight in 128 x 128 blocks: rows 128 and 129 take the second row of factors.
+  std::string fp8(130 * 3, char(0x38));
+  fp8[129 * 3 + 2] = char(0xC4);
+  const std::vector<float> w = hf::dequant_fp8_blocks(fp8, 130, 3, {0.5f, 4.0f}, {2, 1}, 128, "w");
+  EXPECT_EQ(w[0], 0.5f);
+  EXPECT_EQ(w[127 * 3 + 1], 0.5f);
+  EXPECT_EQ(w[128 * 3], 4.0f);
+  EXPECT_EQ(w[129 * 3 + 2], -12.0f);
+  EXPECT_NE(error_of([&] { hf::dequant_fp8_blocks(fp8, 130, 3, {0.5f}, {1, 1}, 128, "layer.w"); }).find("layer.w"),
+            std::string::npos);
+  // MXFP4: byte 0x2F holds -6 (low nibble, first) and 1 (high); scale byte 128: times 2.
+  std::string blocks(16, char(0)), scales(1, char(128));
+  blocks[0] = char(0x2F);
+  blocks[15] = char(0x70);  // 0, then 6
+  const std::vector<float> m = hf::dequant_mxfp4(blocks, scales, 1, 1, "b");
+  ASSERT_EQ(m.size(), 32u);
+  EXPECT_EQ(m[0], -12.0f);
+  EXPECT_EQ(m[1], 2.0f);
+  EXPECT_EQ(m[30], 0.0f);
+  EXPECT_EQ(m[31], 12.0f);
+}
+
+// A DeepSeek-V3 folder with an fp8 block-quantized weight (and its weight_scale_inv) imports
+// dequantized; without its factors it is refused by name.
+TEST(HfMoe, DeepSeekV3Fp8WeightsAreDequantizedOnImport) {
+  TempDir t;
+  const std::string src = t / "src";
+  test::peer_write_family(src, "deepseek_v3", "BF16", 5'000'000'000);
+  json c = read_config(src);
+  c["quantization_config"] = {{"quant_method", "fp8"}, {"fmt", "e4m3"}, {"activation_scheme", "dynamic"},
+                              {"weight_block_size", {128, 128}}};
+  write_config(src, c);
+  const std::string w = "model.layers.1.mlp.experts.2.up_proj.weight";  // [24, 64]
+  std::string fp8(24 * 64, char(0x38));
+  fp8[5 * 64 + 7] = char(0xC4);
+  rewrite_tensors(src, [&](std::vector<hf::TensorOut>& ts) {
+    for (auto& x : ts)
+      if (x.name == w) x = {w, "F8_E4M3", {24, 64}, fp8};
+    ts.push_back({w + "_scale_inv", "F32", {1, 1}, hf::f32_to_bytes({0.25f}, "F32")});
+  });
+  const std::string ckpt = hf::import_hf({src, t / "save", "", false});
+  hf::ExportOptions eo;
+  eo.checkpoint = ckpt;
+  eo.out_dir = t / "dst";
+  hf::export_hf(eo);
+  const std::vector<float> v = hf::SafetensorsReader(t / "dst").as_f32(w);
+  EXPECT_EQ(v[0], 0.25f);
+  EXPECT_EQ(v[5 * 64 + 7], -0.75f);
+  EXPECT_FALSE(read_config(t / "dst").contains("quantization_config"));  // exported as F32
+
+  rewrite_tensors(src, [&](std::vector<hf::TensorOut>& ts) {
+    std::erase_if(ts, [&](const hf::TensorOut& x) { return x.name == w + "_scale_inv"; });
+  });
+  EXPECT_NE(error_of([&] { hf::import_hf({src, t / "save2", "", false}); }).find(w + "_scale_inv"), std::string::npos);
+  c["quantization_config"] = {{"quant_method", "mxfp4"}};
+  write_config(src, c);
+  EXPECT_NE(error_of([&] { hf::import_hf({src, t / "save2", "", false}); }).find("quantization_config"),
+            std::string::npos);
+  EXPECT_FALSE(fs::exists(t / "save2"));
+}
+
+// DeepSeek-V3's multi-token-prediction layer (model.layers.<num_hidden_layers>.*) is skipped with
+// num_nextn_predict_layers; without it, the same tensor has no place and is named.
+TEST(HfMoe, MtpLayersAreSkipped) {
+  TempDir t;
+  const std::string src = t / "src";
+  test::peer_write_family(src, "deepseek_v3", "F32", 5'000'000'000);
+  rewrite_tensors(src, [&](std::vector<hf::TensorOut>& ts) {
+    ts.push_back({"model.layers.3.eh_proj.weight", "F32", {64, 128}, std::string(64 * 128 * 4, '\0')});
+  });
+  EXPECT_NE(error_of([&] { hf::import_hf({src, t / "save", "", false}); }).find("model.layers.3.eh_proj.weight"),
+            std::string::npos);
+  json c = read_config(src);
+  c["num_nextn_predict_layers"] = 1;
+  write_config(src, c);
+  EXPECT_NO_THROW(hf::import_hf({src, t / "save", "", true}));
+}
+
+TEST(HfMoe, HostileInputsAreRefusedByName) {
+  TempDir t;
+  const std::string src = t / "src";
+  test::peer_write_family(src, "mixtral", "F32", 5'000'000'000);
+  const json good = read_config(src);
+  auto import_with = [&](const std::function<void(json&)>& edit) {
+    json c = good;
+    edit(c);
+    write_config(src, c);
+    return error_of([&] { hf::import_hf({src, t / "save", "", true}); });
+  };
+  // A config of another family.
+  EXPECT_NE(import_with([](json& c) { c["model_type"] = "qwen3_moe"; }).find("model_type 'qwen3_moe'"), std::string::npos);
+  EXPECT_NE(import_with([](json& c) { c["architectures"] = {"Qwen3MoeForCausalLM"}, c["model_type"] = "qwen3_moe"; })
+                .find("'num_experts' is missing"),
+            std::string::npos);
+  // Values this model cannot represent.
+  EXPECT_NE(import_with([](json& c) { c["router_jitter_noise"] = 0.1; }).find("router_jitter_noise"), std::string::npos);
+  EXPECT_NE(import_with([](json& c) { c["num_experts_per_tok"] = 5; }).find("moe_router_topk"), std::string::npos);
+  write_config(src, good);
+  // A missing expert tensor.
+  rewrite_tensors(src, [](std::vector<hf::TensorOut>& ts) {
+    std::erase_if(ts, [](const hf::TensorOut& x) { return x.name == "model.layers.1.block_sparse_moe.experts.3.w2.weight"; });
+  });
+  EXPECT_NE(error_of([&] { hf::import_hf({src, t / "save", "", true}); })
+                .find("model.layers.1.block_sparse_moe.experts.3.w2.weight"),
+            std::string::npos);
+  // A truncated file.
+  fs::resize_file(fs::path(src) / "model.safetensors", fs::file_size(fs::path(src) / "model.safetensors") - 100);
+  EXPECT_NE(error_of([&] { hf::import_hf({src, t / "save", "", true}); }).find("model.safetensors"), std::string::npos);
+  EXPECT_FALSE(fs::exists(t / "save"));
+
+  // DeepSeek routings this router does not compute.
+  const std::string ds = t / "ds";
+  test::peer_write_family(ds, "deepseek_v2", "F32", 5'000'000'000);
+  json c = read_config(ds);
+  c["topk_method"] = "group_limited_greedy", c["n_group"] = 2, c["topk_group"] = 1;  // its top score; ours sums 2
+  write_config(ds, c);
+  EXPECT_NE(error_of([&] { hf::import_hf({ds, t / "save", "", true}); }).find("group_limited_greedy"), std::string::npos);
+  c = read_config(ds);
+  c["topk_method"] = "greedy", c["scoring_func"] = "sigmoid", c["norm_topk_prob"] = false;
+  write_config(ds, c);
+  EXPECT_NE(error_of([&] { hf::import_hf({ds, t / "save", "", true}); }).find("norm_topk_prob false"), std::string::npos);
+}
+
+// An export as a family that cannot hold the model is refused by name.
+TEST(HfMoe, ExportAsAnotherFamilyIsRefusedByName) {
+  TempDir t;
+  test::peer_write_family(t / "src", "qwen2_moe", "F32", 5'000'000'000);
+  const std::string ckpt = hf::import_hf({t / "src", t / "save", "", false});
+  hf::ExportOptions eo;
+  eo.checkpoint = ckpt;
+  eo.out_dir = t / "dst";
+  eo.architecture = "LlamaForCausalLM";
+  EXPECT_NE(error_of([&] { hf::export_hf(eo); }).find("QKV biases"), std::string::npos);
+  eo.architecture = "DeepseekV2ForCausalLM";
+  EXPECT_NE(error_of([&] { hf::export_hf(eo); }).find("QKV biases"), std::string::npos);
+  eo.architecture = "Qwen2ForCausalLM";
+  EXPECT_NE(error_of([&] { hf::export_hf(eo); }).find("experts"), std::string::npos);
+  EXPECT_FALSE(fs::exists(t / "dst"));
+}
