@@ -22,6 +22,7 @@
 #include "core/log.h"
 #include "data/tokenizer.h"
 #include "hf/dequant.h"
+#include "hf/gpt_oss_experts.h"
 #include "hf/hf_families.h"
 #include "hf/safetensors.h"
 #include "model/linears.h"  // lora_adapter_layout
@@ -84,8 +85,9 @@ namespace {
 // full causal attention for sequences no longer than the window, so the model's length is capped
 // there rather than compute something else beyond it. DeepSeek's YaRN: read_family_config.
 void read_rope_and_window(const json& c, const Architecture& a, const std::string& where, ModelSpec& s) {
-  const bool deepseek = a.family == Family::DeepseekV2 || a.family == Family::DeepseekV3;
-  if (!deepseek && c.contains("rope_scaling") && !c["rope_scaling"].is_null()) {
+  // DeepSeek's and gpt-oss's YaRN, gpt-oss's windows by layer: read_family_config.
+  if (a.family == Family::DeepseekV2 || a.family == Family::DeepseekV3 || a.family == Family::GptOss) return;
+  if (c.contains("rope_scaling") && !c["rope_scaling"].is_null()) {
     const json& r = c["rope_scaling"];
     const std::string type = r.value("rope_type", r.value("type", ""));
     if (type == "default") {
@@ -121,8 +123,9 @@ void check_quantization(const json& c, const std::string& where) {
   const std::string method = q.value("quant_method", "");
   const json block = q.value("weight_block_size", json());
   if (method == "fp8" && q.value("fmt", "e4m3") == "e4m3" && block == json({128, 128})) return;
-  fail("{}: quantization_config {} is not supported (fp8 e4m3 in 128x128 blocks only, as DeepSeek-V3's)", where,
-       q.dump());
+  if (method == "mxfp4") return;  // gpt-oss's experts (gpt_oss_experts.h)
+  fail("{}: quantization_config {} is not supported (fp8 e4m3 in 128x128 blocks as DeepSeek-V3's, mxfp4 as "
+       "gpt-oss's)", where, q.dump());
 }
 
 }  // namespace
@@ -138,7 +141,7 @@ ModelSpec spec_from_hf_config(const json& c, const std::string& where, std::stri
     fail("{}: model_type '{}' is not {}'s ('{}')", where, c["model_type"].get<std::string>(), a.name, a.model_type);
   const std::string act = c.value("hidden_act", "silu");
   if (act != "silu") fail("{}: hidden_act '{}' is not supported (silu: SwiGLU)", where, act);
-  if (c.value("attention_bias", false))
+  if (c.value("attention_bias", false) && a.family != Family::GptOss)
     fail("{}: attention_bias true (biases on q, k, v and o_proj) is not supported; QKV biases alone are Qwen2's", where);
   if (c.value("mlp_bias", false)) fail("{}: mlp_bias true is not supported", where);
   check_quantization(c, where);
@@ -254,6 +257,7 @@ void check_import_memory(const ModelSpec& spec, const std::string& where) {
   one.num_layers = 1;
   one.moe_layer_pattern.clear();
   one.moe_layer_freq = 1;
+  one.window_attn_pattern.clear();  // per-layer lists of num_layers entries
   double outside = 0, layer = 0, moe_layer = 0, largest = 0;
   for (const ParamInfo& p : model_parameter_layout(one)) {
     (p.name.starts_with("decoder.layers.") ? (spec.is_moe() ? moe_layer : layer) : outside) += double(p.numel);
@@ -347,6 +351,10 @@ void fill_store(const SafetensorsReader& st, const ModelSpec& spec, const Archit
            m.ours, fmt::join(p.shape, ", "), p.numel);
     if (!m.perm.empty()) permute_rows(dst, m.perm, p.numel / p.shape[0], false);
   }
+  if (arch.family == Family::GptOss)
+    import_gpt_oss_experts(st, spec, store, used, [&](const std::vector<float>& v, const std::string& name) {
+      check_finite(v, name, o);
+    });
   // Tied models sometimes store lm_head anyway (a copy of the embedding); RoPE buffers are derived.
   int64_t skipped = 0;
   for (const auto& [name, u] : used) {
@@ -518,6 +526,8 @@ std::vector<TensorOut> hf_tensors(const ModelSpec& spec, Family family, const Pa
       out.push_back({m.theirs[i], dtype, shape, f32_to_bytes(v, dtype)});
     }
   }
+  if (family == Family::GptOss)
+    for (TensorOut& t : export_gpt_oss_experts(spec, store, values, dtype)) out.push_back(std::move(t));
   return out;
 }
 

@@ -33,7 +33,7 @@ T value_or(const json& c, const char* key, T fallback, const std::string& where)
 
 bool is_deepseek(Family f) { return f == Family::DeepseekV2 || f == Family::DeepseekV3; }
 bool is_qwen_moe(Family f) { return f == Family::Qwen2Moe || f == Family::Qwen3Moe; }
-bool is_moe_family(Family f) { return f == Family::Mixtral || is_qwen_moe(f) || is_deepseek(f); }
+bool is_moe_family(Family f) { return f == Family::Mixtral || is_qwen_moe(f) || is_deepseek(f) || f == Family::GptOss; }
 
 // The MoE layers as our spec holds them: every layer (moe_layer_freq 1), else the 0/1 list.
 void set_moe_layers(ModelSpec& s, const std::vector<int64_t>& sparse) {
@@ -167,21 +167,106 @@ void read_deepseek(const json& c, const Architecture& a, const std::string& wher
   read_deepseek_router(c, a, where, s);
 }
 
+// gpt-oss (modeling_gpt_oss): every linear with a bias, learned sinks, the clamped GLU, windows by
+// layer_types, YaRN with HF's default attention factor (mscale 1, mscale_all_dim 0 here).
+void read_gpt_oss(const json& c, const std::string& where, ModelSpec& s) {
+  if (!value_or<bool>(c, "attention_bias", true, where))
+    fail("{}: attention_bias false is not supported for gpt-oss (every linear has a bias here)", where);
+  s.add_bias_linear = true;
+  s.softmax_type = "learnable";
+  s.quick_geglu = true;
+  s.glu_linear_offset = 1.0;
+  s.activation_func_clamp_value = value_or<double>(c, "swiglu_limit", 7.0, where);
+  s.num_experts = need<int64_t>(c, "num_local_experts", where);
+  s.moe_router_topk = need<int64_t>(c, "num_experts_per_tok", where);
+  s.moe_router_pre_softmax = false;  // softmax over the chosen logits
+  read_hf_aux_loss(c, where, s);
+  std::vector<std::string> types;
+  if (has(c, "layer_types")) types = need<std::vector<std::string>>(c, "layer_types", where);
+  else
+    for (int64_t l = 0; l < s.num_layers; ++l) types.push_back(l % 2 == 0 ? "sliding_attention" : "full_attention");
+  if (int64_t(types.size()) != s.num_layers)
+    fail("{}: layer_types lists {} layers, num_hidden_layers is {}", where, types.size(), s.num_layers);
+  std::vector<int64_t> pattern;
+  for (const std::string& t : types) {
+    if (t != "sliding_attention" && t != "full_attention")
+      fail("{}: layer_types entry '{}' is not supported (sliding_attention, full_attention)", where, t);
+    pattern.push_back(t == "sliding_attention");
+  }
+  if (std::count(pattern.begin(), pattern.end(), 1) > 0) {
+    const int64_t w = need<int64_t>(c, "sliding_window", where);
+    if (w < 1) fail("{}: sliding_window must be positive, got {}", where, w);
+    s.window_size = w - 1;  // HF's window of w keys is t - (w - 1) .. t
+    s.window_attn_pattern = pattern;
+  }
+  if (!has(c, "rope_scaling")) return;
+  const json& r = c["rope_scaling"];
+  const std::string w = where + " rope_scaling";
+  const std::string type = r.value("rope_type", r.value("type", ""));
+  if (type == "default") return;
+  if (type != "yarn") fail("{}: rope_scaling type '{}' is not supported (yarn only)", where, type);
+  for (const char* k : {"attention_factor", "mscale", "mscale_all_dim"})
+    if (has(r, k)) fail("{}: '{}' is not supported (HF's default attention factor 0.1 ln(factor) + 1 only)", w, k);
+  s.position_embedding_type = "yarn";
+  s.rotary_scaling_factor = need<double>(r, "factor", w);
+  s.yarn_original_max_position_embeddings = need<int64_t>(r, "original_max_position_embeddings", w);
+  s.yarn_beta_fast = value_or<double>(r, "beta_fast", 32.0, w);
+  s.yarn_beta_slow = value_or<double>(r, "beta_slow", 1.0, w);
+  s.yarn_correction_range_round_to_int = value_or<bool>(r, "truncate", true, w);
+  s.mscale = 1.0;
+  s.mscale_all_dim = 0.0;
+}
+
+void write_gpt_oss(const ModelSpec& s, const Architecture& a, json& c) {
+  auto need_part = [&](bool present, const char* what) {
+    if (!present) fail("a {} checkpoint has {}; model '{}' has not", a.name, what, s.name);
+  };
+  need_part(s.add_bias_linear, "biases on every linear (add_bias_linear)");
+  need_part(s.learns_attention_sinks(), "learned attention sinks (softmax_type: learnable)");
+  need_part(s.quick_geglu && s.glu_linear_offset == 1.0, "the GLU g sigmoid(1.702 g) (up + 1) (quick_geglu, glu_linear_offset 1)");
+  need_part(s.is_moe() && s.moe_layer_pattern.empty() && s.moe_layer_freq == 1, "experts in every layer");
+  need_part(s.moe_shared_expert_intermediate_size == 0, "no shared expert");
+  need_part(s.moe_router_score_function == "softmax" && !s.moe_router_pre_softmax,
+            "a softmax over the chosen logits (moe_router_pre_softmax false)");
+  need_part(s.position_embedding_type != "yarn" || (s.mscale == 1.0 && s.mscale_all_dim == 0.0),
+            "YaRN's default attention factor (mscale 1, mscale_all_dim 0)");
+  c["num_local_experts"] = s.num_experts;
+  c["num_experts_per_tok"] = s.moe_router_topk;
+  c["intermediate_size"] = s.expert_ffn();
+  c["swiglu_limit"] = s.activation_func_clamp_value;
+  c["attention_bias"] = true;
+  std::vector<std::string> types;
+  for (int64_t l = 0; l < s.num_layers; ++l)
+    types.push_back(s.layer_window(l) >= 0 ? "sliding_attention" : "full_attention");
+  c["layer_types"] = types;
+  c["sliding_window"] = s.window_size >= 0 ? json(s.window_size + 1) : json(nullptr);
+  if (s.position_embedding_type == "yarn")
+    c["rope_scaling"] = {{"rope_type", "yarn"},
+                         {"factor", s.rotary_scaling_factor},
+                         {"beta_fast", s.yarn_beta_fast},
+                         {"beta_slow", s.yarn_beta_slow},
+                         {"truncate", s.yarn_correction_range_round_to_int},
+                         {"original_max_position_embeddings", s.yarn_original_max_position_embeddings}};
+  write_hf_aux_loss(s, c);
+}
+
 // The spec's parts that none of these families has, refused by name on export.
 void refuse_foreign_parts(const ModelSpec& s, const Architecture& a) {
   auto no = [&](bool present, const char* what) {
     if (present) fail("a {} checkpoint cannot hold {} (model '{}')", a.name, what, s.name);
   };
-  no(s.add_bias_linear, "add_bias_linear (biases on every linear)");
-  no(s.has_attention_sinks(), "attention sinks (softmax_type)");
-  no(s.quick_geglu || s.glu_linear_offset != 0 || s.activation_func_clamp_value != 0,
-     "gpt-oss's clamped GLU (quick_geglu, glu_linear_offset, activation_func_clamp_value)");
-  no(s.window_size >= 0, "sliding-window attention (window_size)");
+  no(s.softmax_type == "off-by-one", "fixed attention sinks (softmax_type: off-by-one)");
   no(s.final_logit_softcapping != 0 || s.router_logit_softcapping != 0, "logit soft-capping");
-  no(!s.multi_latent_attention && s.position_embedding_type == "yarn", "YaRN on grouped-query attention");
+  if (a.family == Family::GptOss) return;
+  no(s.add_bias_linear, "add_bias_linear (biases on every linear; GptOssForCausalLM)");
+  no(s.has_attention_sinks(), "attention sinks (softmax_type; GptOssForCausalLM)");
+  no(s.quick_geglu || s.glu_linear_offset != 0 || s.activation_func_clamp_value != 0,
+     "gpt-oss's clamped GLU (quick_geglu, glu_linear_offset, activation_func_clamp_value; GptOssForCausalLM)");
+  no(s.window_size >= 0, "sliding-window attention (window_size; GptOssForCausalLM)");
+  no(!s.multi_latent_attention && s.position_embedding_type == "yarn", "YaRN on grouped-query attention (GptOssForCausalLM)");
   no(s.multi_latent_attention && !is_deepseek(a.family), "multi-latent attention (DeepseekV2ForCausalLM, DeepseekV3ForCausalLM)");
   no(s.is_moe() && !is_moe_family(a.family), "experts (MixtralForCausalLM, Qwen2MoeForCausalLM, Qwen3MoeForCausalLM, "
-                                             "DeepseekV2ForCausalLM, DeepseekV3ForCausalLM)");
+                                             "DeepseekV2ForCausalLM, DeepseekV3ForCausalLM, GptOssForCausalLM)");
 }
 
 // The MoE layers as HF's dense-layer list (Qwen's mlp_only_layers).
@@ -318,13 +403,15 @@ void attention_mappings(const ModelSpec& s, const std::string& o, const std::str
   }
   const std::vector<int64_t> qkv = {s.q_size(), s.kv_size(), s.kv_size()};
   m.push_back({a + "linear_qkv.weight", {t + "q_proj.weight", t + "k_proj.weight", t + "v_proj.weight"}, qkv, {}});
-  if (s.add_qkv_bias)
+  if (s.qkv_bias())
     m.push_back({a + "linear_qkv.bias", {t + "q_proj.bias", t + "k_proj.bias", t + "v_proj.bias"}, qkv, {}});
   if (s.qk_layernorm) {  // Qwen3: one head_dim weight for all q heads, one for all k heads
     m.push_back({a + "q_layernorm.weight", {t + "q_norm.weight"}, {}, {}});
     m.push_back({a + "k_layernorm.weight", {t + "k_norm.weight"}, {}, {}});
   }
   m.push_back({a + "linear_proj.weight", {t + "o_proj.weight"}, {}, {}});
+  if (s.add_bias_linear) m.push_back({a + "linear_proj.bias", {t + "o_proj.bias"}, {}, {}});
+  if (s.learns_attention_sinks()) m.push_back({a + "core_attention.softmax_offset", {t + "sinks"}, {}, {}});
 }
 
 // A gated MLP: ours linear_fc1 = [gate; up], linear_fc2 = down.
@@ -336,6 +423,11 @@ void glu_mappings(const std::string& ours, const std::string& gate, const std::s
 
 void moe_mappings(const ModelSpec& s, Family f, const std::string& o, const std::string& h, std::vector<Mapping>& m) {
   const std::string mlp = h + (f == Family::Mixtral ? "block_sparse_moe." : "mlp.");
+  if (f == Family::GptOss) {  // the experts are packed: gpt_oss_experts.h
+    m.push_back({o + "mlp.router.weight", {mlp + "router.weight"}, {}, {}});
+    m.push_back({o + "mlp.router.bias", {mlp + "router.bias"}, {}, {}});
+    return;
+  }
   m.push_back({o + "mlp.router.weight", {mlp + "gate.weight"}, {}, {}});
   if (s.moe_router_enable_expert_bias)
     m.push_back({o + "mlp.router.expert_bias", {mlp + "gate.e_score_correction_bias"}, {}, {}});
@@ -361,7 +453,7 @@ const std::vector<Architecture>& architectures() {
       {"Qwen2ForCausalLM", "qwen2", Family::Qwen2},         {"Qwen3ForCausalLM", "qwen3", Family::Qwen3},
       {"MixtralForCausalLM", "mixtral", Family::Mixtral},   {"Qwen2MoeForCausalLM", "qwen2_moe", Family::Qwen2Moe},
       {"Qwen3MoeForCausalLM", "qwen3_moe", Family::Qwen3Moe}, {"DeepseekV2ForCausalLM", "deepseek_v2", Family::DeepseekV2},
-      {"DeepseekV3ForCausalLM", "deepseek_v3", Family::DeepseekV3}};
+      {"DeepseekV3ForCausalLM", "deepseek_v3", Family::DeepseekV3}, {"GptOssForCausalLM", "gpt_oss", Family::GptOss}};
   return a;
 }
 
@@ -374,7 +466,8 @@ const Architecture& architecture_named(const std::string& name, const std::strin
 }
 
 const Architecture& default_architecture(const ModelSpec& s) {
-  const char* name = s.multi_latent_attention ? (s.moe_router_enable_expert_bias ? "DeepseekV3ForCausalLM" : "DeepseekV2ForCausalLM")
+  const char* name = s.add_bias_linear && s.learns_attention_sinks() ? "GptOssForCausalLM"
+                     : s.multi_latent_attention ? (s.moe_router_enable_expert_bias ? "DeepseekV3ForCausalLM" : "DeepseekV2ForCausalLM")
                      : s.is_moe() && s.moe_shared_expert_intermediate_size > 0 ? "Qwen2MoeForCausalLM"
                      : s.is_moe() && s.qk_layernorm                            ? "Qwen3MoeForCausalLM"
                      : s.is_moe()                                              ? "MixtralForCausalLM"
@@ -400,6 +493,7 @@ void read_family_config(const json& c, const Architecture& a, const std::string&
     case Family::Qwen3Moe: return read_qwen_moe(c, a, where, s);
     case Family::DeepseekV2:
     case Family::DeepseekV3: return read_deepseek(c, a, where, s);
+    case Family::GptOss: return read_gpt_oss(c, where, s);
     default: return;
   }
 }
@@ -412,6 +506,7 @@ void write_family_config(const ModelSpec& s, const Architecture& a, json& c) {
     case Family::Qwen3Moe: return write_qwen_moe(s, a, c);
     case Family::DeepseekV2:
     case Family::DeepseekV3: return write_deepseek(s, a, c);
+    case Family::GptOss: return write_gpt_oss(s, a, c);
     default: return;
   }
 }

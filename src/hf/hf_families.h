@@ -10,6 +10,9 @@
 //   DeepSeek-V2 (and V2-Lite), V3  multi-head latent attention, first_k_dense_replace dense layers,
 //                                  shared experts; V3's sigmoid scores, e_score_correction_bias
 //                                  and grouped routing; V3's fp8 block-quantized weights
+//   gpt-oss                        biases on every linear, attention sinks (self_attn.sinks),
+//                                  sliding windows by layer_types, YaRN, a router with a bias, and
+//                                  each layer's experts packed in one tensor (gpt_oss_experts.h)
 //
 // DeepSeek's rotary parts are stored for interleaved pairs (x0, x1), (x2, x3), ... while this
 // engine rotates halves (i, i + d/2): the rope rows of q (each head's last qk_rope_head_dim rows)
@@ -26,7 +29,7 @@
 
 namespace primus::hf {
 
-enum class Family { Llama, Mistral, Qwen2, Qwen3, Mixtral, Qwen2Moe, Qwen3Moe, DeepseekV2, DeepseekV3 };
+enum class Family { Llama, Mistral, Qwen2, Qwen3, Mixtral, Qwen2Moe, Qwen3Moe, DeepseekV2, DeepseekV3, GptOss };
 
 struct Architecture {
   std::string name;        // config.json's architectures[0], e.g. "MixtralForCausalLM"
@@ -50,7 +53,8 @@ struct Mapping {
 };
 
 // The attention and MLP tensors of decoder layer `l` (HF prefix `h` = "model.layers.N.", ours
-// `o` = "decoder.layers.N."), appended to `m`.
+// `o` = "decoder.layers.N."), appended to `m`; gpt-oss's packed experts are not among them
+// (gpt_oss_experts.h).
 void layer_mappings(const ModelSpec& s, Family f, int64_t l, std::vector<Mapping>& m);
 
 // Reads the family's MoE and MLA keys of config.json into `s` (the dense keys are read already);

@@ -32,7 +32,7 @@ import torch  # noqa: E402
 import torch_llama  # noqa: E402
 import hf_moe_peer  # noqa: E402
 
-DTYPES = {"F32": (torch.float32, 4), "BF16": (torch.bfloat16, 2)}
+DTYPES = {"F32": (torch.float32, 4), "BF16": (torch.bfloat16, 2), "U8": (torch.uint8, 1)}
 
 
 def hf_tensors(spec):
@@ -85,38 +85,43 @@ def read_safetensors(folder):
             b, end = e["data_offsets"]
             dtype, _ = DTYPES[e["dtype"]]
             raw = bytearray(data[8 + n + b:8 + n + end])
-            tensors[name] = torch.frombuffer(raw, dtype=dtype).reshape(e["shape"]).float()
+            t = torch.frombuffer(raw, dtype=dtype).reshape(e["shape"])
+            tensors[name] = t if dtype == torch.uint8 else t.float()  # MXFP4 blocks and scales stay bytes
     return tensors
 
 
 def write_safetensors(folder, named, dtype, max_shard):
     torch_dtype, _ = DTYPES[dtype]
-    blobs = [(name, list(t.shape), t.to(torch_dtype).contiguous().view(torch.int16 if dtype == "BF16"
-                                                                        else torch.float32).numpy().tobytes())
-             for name, t in named]
+
+    def raw(t):
+        if t.dtype == torch.uint8:  # MXFP4 blocks and scales
+            return "U8", t.contiguous().numpy().tobytes()
+        return dtype, t.to(torch_dtype).contiguous().view(torch.int16 if dtype == "BF16"
+                                                          else torch.float32).numpy().tobytes()
+    blobs = [(name, list(t.shape)) + raw(t) for name, t in named]
     shards, cur, size = [], [], 0
     for b in blobs:
-        if cur and size + len(b[2]) > max_shard:
+        if cur and size + len(b[3]) > max_shard:
             shards.append(cur)
             cur, size = [], 0
         cur.append(b)
-        size += len(b[2])
+        size += len(b[3])
     shards.append(cur)
     names = ["model.safetensors"] if len(shards) == 1 else \
         [f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))]
     weight_map = {}
     for fn, shard in zip(names, shards):
         header, off = {}, 0
-        for name, shape, raw in shard:
-            header[name] = {"dtype": dtype, "shape": shape, "data_offsets": [off, off + len(raw)]}
-            off += len(raw)
+        for name, shape, dt, data in shard:
+            header[name] = {"dtype": dt, "shape": shape, "data_offsets": [off, off + len(data)]}
+            off += len(data)
             weight_map[name] = fn
         h = json.dumps(header).encode()
         h += b" " * ((8 - len(h) % 8) % 8)
         with open(os.path.join(folder, fn), "wb") as f:
-            f.write(struct.pack("<Q", len(h)) + h + b"".join(raw for _, _, raw in shard))
+            f.write(struct.pack("<Q", len(h)) + h + b"".join(data for _, _, _, data in shard))
     if len(shards) > 1:
-        total = sum(len(b[2]) for b in blobs)
+        total = sum(len(b[3]) for b in blobs)
         json.dump({"metadata": {"total_size": total}, "weight_map": weight_map},
                   open(os.path.join(folder, "model.safetensors.index.json"), "w"), indent=2)
 
