@@ -14,6 +14,7 @@
 #include "checkpoint/checkpoint.h"
 #include "core/error.h"
 #include "hf/dequant.h"
+#include "hf/hf_families.h"
 #include "hf/hf_checkpoint.h"
 #include "hf/safetensors.h"
 #include "hf_peer.h"
@@ -333,4 +334,87 @@ TEST(HfMoe, ImportedCheckpointTrainsUnderExpertParallel) {
   ASSERT_EQ(one.size(), 3u);
   ASSERT_EQ(ep2.size(), 3u);
   for (size_t i = 0; i < 3; ++i) EXPECT_NEAR(ep2[i], one[i], 1e-5 * one[i]) << "step " << i + 1;
+}
+
+// The published config.json files of Mixtral-8x7B-v0.1, Qwen3-30B-A3B, DeepSeek-V2-Lite,
+// DeepSeek-V3 and gpt-oss-20b (their model keys, as Hugging Face hosts them) read into the models of
+// our presets of the same names: the same parameter and active counts, the same routing and
+// rotary keys.
+TEST(HfMoe, PublishedConfigsGiveOurPresets) {
+  const json mixtral = json::parse(R"({"architectures": ["MixtralForCausalLM"], "hidden_act": "silu", "hidden_size": 4096,
+    "intermediate_size": 14336, "max_position_embeddings": 32768, "model_type": "mixtral", "num_attention_heads": 32,
+    "num_experts_per_tok": 2, "num_hidden_layers": 32, "num_key_value_heads": 8, "num_local_experts": 8,
+    "output_router_logits": false, "rms_norm_eps": 1e-05, "rope_theta": 1000000.0, "router_aux_loss_coef": 0.02,
+    "sliding_window": null, "tie_word_embeddings": false, "vocab_size": 32000})");
+  const json qwen3 = json::parse(R"({"architectures": ["Qwen3MoeForCausalLM"], "attention_bias": false,
+    "decoder_sparse_step": 1, "head_dim": 128, "hidden_act": "silu", "hidden_size": 2048, "intermediate_size": 6144,
+    "max_position_embeddings": 40960, "mlp_only_layers": [], "model_type": "qwen3_moe", "moe_intermediate_size": 768,
+    "norm_topk_prob": true, "num_attention_heads": 32, "num_experts": 128, "num_experts_per_tok": 8,
+    "num_hidden_layers": 48, "num_key_value_heads": 4, "output_router_logits": false, "rms_norm_eps": 1e-06,
+    "rope_scaling": null, "rope_theta": 1000000.0, "router_aux_loss_coef": 0.001, "sliding_window": null,
+    "tie_word_embeddings": false, "use_sliding_window": false, "vocab_size": 151936})");
+  const json v2_lite = json::parse(R"({"architectures": ["DeepseekV2ForCausalLM"], "aux_loss_alpha": 0.001,
+    "first_k_dense_replace": 1, "hidden_act": "silu", "hidden_size": 2048, "intermediate_size": 10944,
+    "kv_lora_rank": 512, "max_position_embeddings": 163840, "model_type": "deepseek_v2", "moe_intermediate_size": 1408,
+    "moe_layer_freq": 1, "n_group": 1, "n_routed_experts": 64, "n_shared_experts": 2, "norm_topk_prob": false,
+    "num_attention_heads": 16, "num_experts_per_tok": 6, "num_hidden_layers": 27, "num_key_value_heads": 16,
+    "q_lora_rank": null, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "rms_norm_eps": 1e-06,
+    "rope_scaling": {"beta_fast": 32, "beta_slow": 1, "factor": 40, "mscale": 0.707, "mscale_all_dim": 0.707,
+                     "original_max_position_embeddings": 4096, "type": "yarn"},
+    "rope_theta": 10000, "routed_scaling_factor": 1.0, "scoring_func": "softmax", "seq_aux": true,
+    "tie_word_embeddings": false, "topk_group": 1, "topk_method": "greedy", "v_head_dim": 128, "vocab_size": 102400})");
+  const json v3 = json::parse(R"({"architectures": ["DeepseekV3ForCausalLM"], "aux_loss_alpha": 0.001,
+    "first_k_dense_replace": 3, "hidden_act": "silu", "hidden_size": 7168, "intermediate_size": 18432,
+    "kv_lora_rank": 512, "max_position_embeddings": 163840, "model_type": "deepseek_v3", "moe_intermediate_size": 2048,
+    "moe_layer_freq": 1, "n_group": 8, "n_routed_experts": 256, "n_shared_experts": 1, "norm_topk_prob": true,
+    "num_attention_heads": 128, "num_experts_per_tok": 8, "num_hidden_layers": 61, "num_key_value_heads": 128,
+    "num_nextn_predict_layers": 1, "q_lora_rank": 1536, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64,
+    "quantization_config": {"activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8",
+                            "weight_block_size": [128, 128]},
+    "rms_norm_eps": 1e-06, "rope_scaling": {"beta_fast": 32, "beta_slow": 1, "factor": 40, "mscale": 1.0,
+    "mscale_all_dim": 1.0, "original_max_position_embeddings": 4096, "type": "yarn"}, "rope_theta": 10000,
+    "routed_scaling_factor": 2.5, "scoring_func": "sigmoid", "seq_aux": true, "tie_word_embeddings": false,
+    "topk_group": 4, "topk_method": "noaux_tc", "v_head_dim": 128, "vocab_size": 129280})");
+  json gpt_oss = json::parse(R"({"architectures": ["GptOssForCausalLM"], "attention_bias": true, "head_dim": 64,
+    "hidden_act": "silu", "hidden_size": 2880, "initial_context_length": 4096, "intermediate_size": 2880,
+    "max_position_embeddings": 131072, "model_type": "gpt_oss", "num_attention_heads": 64, "num_experts_per_tok": 4,
+    "num_hidden_layers": 24, "num_key_value_heads": 8, "num_local_experts": 32, "output_router_logits": false,
+    "quantization_config": {"modules_to_not_convert": ["model.layers.*.self_attn", "model.layers.*.mlp.router",
+                            "model.embed_tokens", "lm_head"], "quant_method": "mxfp4"},
+    "rms_norm_eps": 1e-05, "rope_scaling": {"beta_fast": 32.0, "beta_slow": 1.0, "factor": 32.0,
+    "original_max_position_embeddings": 4096, "rope_type": "yarn", "truncate": false}, "rope_theta": 150000,
+    "router_aux_loss_coef": 0.9, "sliding_window": 128, "swiglu_limit": 7.0, "tie_word_embeddings": false,
+    "vocab_size": 201088})");
+  for (int l = 0; l < 24; ++l) gpt_oss["layer_types"].push_back(l % 2 == 0 ? "sliding_attention" : "full_attention");
+  for (const auto& [config, preset] : {std::pair{&mixtral, "mixtral_8x7B_v0.1"}, {&qwen3, "qwen3_30B_A3B"},
+                                       {&v2_lite, "deepseek_v2_lite"}, {&v3, "deepseek_v3"}, {&gpt_oss, "gpt_oss_20B"}}) {
+    SCOPED_TRACE(preset);
+    const ModelSpec ours = hf::spec_from_hf_config(*config, preset, nullptr), want = load_model_spec(preset);
+    const ModelStats a = model_stats(ours, 128), b = model_stats(want, 128);
+    EXPECT_EQ(a.parameters, b.parameters);
+    EXPECT_EQ(a.active_parameters, b.active_parameters);
+    EXPECT_EQ(a.flops_per_token, b.flops_per_token);  // windows, experts and attention widths alike
+    EXPECT_EQ(ours.moe_router_score_function, want.moe_router_score_function);
+    EXPECT_EQ(ours.moe_router_num_groups, want.moe_router_num_groups);
+    EXPECT_EQ(ours.moe_router_group_topk, want.moe_router_group_topk);
+    EXPECT_EQ(ours.moe_router_enable_expert_bias, want.moe_router_enable_expert_bias);
+    EXPECT_EQ(ours.moe_router_topk_scaling_factor, want.moe_router_topk_scaling_factor);
+    EXPECT_EQ(ours.moe_router_load_balancing_type, want.moe_router_load_balancing_type);
+    EXPECT_EQ(ours.rotary_base, want.rotary_base);
+    EXPECT_EQ(ours.rotary_scaling_factor, want.rotary_scaling_factor);
+    EXPECT_EQ(ours.mscale, want.mscale);
+    EXPECT_EQ(ours.mscale_all_dim, want.mscale_all_dim);
+    EXPECT_EQ(ours.position_embedding_type, want.position_embedding_type);
+    EXPECT_EQ(ours.yarn_correction_range_round_to_int, want.yarn_correction_range_round_to_int);
+    EXPECT_EQ(ours.window_size, want.window_size);
+    EXPECT_EQ(ours.activation_func_clamp_value, want.activation_func_clamp_value);
+    EXPECT_EQ(ours.norm_epsilon, want.norm_epsilon);
+    // Routing weights: a softmax over the chosen logits equals a softmax over all, renormalised.
+    auto renormalised = [](const ModelSpec& s) { return !s.moe_router_pre_softmax || s.moe_router_norm_topk_prob; };
+    EXPECT_EQ(renormalised(ours), renormalised(want));
+    // And back: the config an export writes reads into the same model.
+    const json back = hf::hf_config_from_spec(ours, hf::default_architecture(ours).name, "bfloat16");
+    EXPECT_EQ(back["architectures"], (*config)["architectures"]);
+    EXPECT_EQ(model_stats(hf::spec_from_hf_config(back, preset, nullptr), 128).flops_per_token, a.flops_per_token);
+  }
 }
