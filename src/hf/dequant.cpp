@@ -32,8 +32,8 @@ std::vector<float> dequant_fp8_blocks(const std::string& fp8, int64_t rows, int6
   std::vector<float> out(size_t(rows * cols));
   for (int64_t i = 0; i < rows; ++i)
     for (int64_t j = 0; j < cols; ++j)
-      out[size_t(i * cols + j)] =
-          e4m3_to_float(uint8_t(fp8[size_t(i * cols + j)])) * scale_inv[size_t((i / block) * bc + j / block)];
+      out[size_t(i * cols + j)] = e4m3_to_float(uint8_t(fp8[size_t(i * cols + j)])) *
+                                  scale_inv[size_t((i / block) * bc + j / block)];
   return out;
 }
 

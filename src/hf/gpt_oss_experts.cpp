@@ -10,7 +10,9 @@ namespace primus::hf {
 namespace {
 
 std::string hf_prefix(int64_t l) { return fmt::format("model.layers.{}.mlp.experts.", l); }
-std::string our_prefix(int64_t l, int64_t e) { return fmt::format("decoder.layers.{}.mlp.experts.local_experts.{}.", l, e); }
+std::string our_prefix(int64_t l, int64_t e) {
+  return fmt::format("decoder.layers.{}.mlp.experts.local_experts.{}.", l, e);
+}
 
 // Column j of gate_up (interleaved) for our fc1 row r: gate rows first, then up rows.
 int64_t interleaved(int64_t r, int64_t f) { return r < f ? 2 * r : 2 * (r - f) + 1; }
@@ -64,8 +66,8 @@ void import_gpt_oss_experts(const SafetensorsReader& st, const ModelSpec& s, Par
     const std::vector<float> gub = bias(st, p + "gate_up_proj_bias", E, 2 * f, used);
     const std::vector<float> dn = weight_out_in(st, p + "down_proj", E, h, f, used);  // [E, h, f]
     const std::vector<float> dnb = bias(st, p + "down_proj_bias", E, h, used);
-    for (const auto& [v, name] : {std::pair{&gu, "gate_up_proj"}, {&gub, "gate_up_proj_bias"}, {&dn, "down_proj"},
-                                  {&dnb, "down_proj_bias"}})
+    for (const auto& [v, name] :
+         {std::pair{&gu, "gate_up_proj"}, {&gub, "gate_up_proj_bias"}, {&dn, "down_proj"}, {&dnb, "down_proj_bias"}})
       check(*v, p + name);
     for (int64_t e = 0; e < E; ++e) {
       const std::string o = our_prefix(l, e);

@@ -96,7 +96,8 @@ void read_rope_and_window(const json& c, const Architecture& a, const std::strin
       s.rope_scaling_factor = get<double>(r, "factor", where + " rope_scaling");
       s.rope_low_freq_factor = get<double>(r, "low_freq_factor", where + " rope_scaling");
       s.rope_high_freq_factor = get<double>(r, "high_freq_factor", where + " rope_scaling");
-      s.rope_original_max_position_embeddings = get<int64_t>(r, "original_max_position_embeddings", where + " rope_scaling");
+      s.rope_original_max_position_embeddings = get<int64_t>(r, "original_max_position_embeddings",
+                                                             where + " rope_scaling");
     } else {
       fail("{}: rope_scaling type '{}' is not supported (llama3 only)", where, type);
     }
@@ -109,7 +110,8 @@ void read_rope_and_window(const json& c, const Architecture& a, const std::strin
     const int64_t w = c["sliding_window"].get<int64_t>();
     if (w < s.max_position_embeddings) {
       log::warn("{}: sliding-window attention (window {}) is not implemented; max_position_embeddings is capped from "
-                "{} to {}, where it equals full attention", where, w, s.max_position_embeddings, w);
+                "{} to {}, where it equals full attention",
+                where, w, s.max_position_embeddings, w);
       s.max_position_embeddings = w;
     }
   }
@@ -125,14 +127,15 @@ void check_quantization(const json& c, const std::string& where) {
   if (method == "fp8" && q.value("fmt", "e4m3") == "e4m3" && block == json({128, 128})) return;
   if (method == "mxfp4") return;  // gpt-oss's experts (gpt_oss_experts.h)
   fail("{}: quantization_config {} is not supported (fp8 e4m3 in 128x128 blocks as DeepSeek-V3's, mxfp4 as "
-       "gpt-oss's)", where, q.dump());
+       "gpt-oss's)",
+       where, q.dump());
 }
 
 }  // namespace
 
 ModelSpec spec_from_hf_config(const json& c, const std::string& where, std::string* architecture) {
-  const std::string name = c.contains("architectures") && c["architectures"].is_array() && !c["architectures"].empty() &&
-                                   c["architectures"][0].is_string()
+  const std::string name = c.contains("architectures") && c["architectures"].is_array() &&
+                                   !c["architectures"].empty() && c["architectures"][0].is_string()
                                ? c["architectures"][0].get<std::string>()
                                : "";
   const Architecture& a = architecture_named(name, where);
@@ -185,7 +188,8 @@ json hf_config_from_spec(const ModelSpec& s, const std::string& arch, const std:
          a.family == Family::Qwen2 ? "LlamaForCausalLM" : "MixtralForCausalLM");
   if (s.qk_layernorm && !qwen3 && !s.multi_latent_attention)
     fail("the model normalizes q and k per head (qk_layernorm), which only Qwen3ForCausalLM and Qwen3MoeForCausalLM "
-         "have (not {})", arch);
+         "have (not {})",
+         arch);
   if (!s.qk_layernorm && qwen3)
     fail("{} normalizes q and k per head and this model does not (qk_layernorm false); export it as {}", arch,
          a.family == Family::Qwen3 ? "LlamaForCausalLM" : "MixtralForCausalLM");
@@ -304,7 +308,8 @@ std::vector<float> tensor_values(const SafetensorsReader& st, const std::string&
   if (e.dtype != "F8_E4M3") return st.as_f32(h);
   const std::string scale = h + "_scale_inv";
   if (!st.has(scale)) fail("'{}' is F8_E4M3 without its block factors '{}'", h, scale);
-  if (e.shape.size() != 2) fail("'{}' is F8_E4M3 of shape [{}]; block-quantized weights are matrices", h, fmt::join(e.shape, ", "));
+  if (e.shape.size() != 2)
+    fail("'{}' is F8_E4M3 of shape [{}]; block-quantized weights are matrices", h, fmt::join(e.shape, ", "));
   used[scale] = true;
   return dequant_fp8_blocks(st.raw(h), e.shape[0], e.shape[1], st.as_f32(scale), st.entry(scale).shape, 128, h);
 }
@@ -352,9 +357,8 @@ void fill_store(const SafetensorsReader& st, const ModelSpec& spec, const Archit
     if (!m.perm.empty()) permute_rows(dst, m.perm, p.numel / p.shape[0], false);
   }
   if (arch.family == Family::GptOss)
-    import_gpt_oss_experts(st, spec, store, used, [&](const std::vector<float>& v, const std::string& name) {
-      check_finite(v, name, o);
-    });
+    import_gpt_oss_experts(st, spec, store, used,
+                           [&](const std::vector<float>& v, const std::string& name) { check_finite(v, name, o); });
   // Tied models sometimes store lm_head anyway (a copy of the embedding); RoPE buffers are derived.
   int64_t skipped = 0;
   for (const auto& [name, u] : used) {
@@ -372,7 +376,8 @@ void fill_store(const SafetensorsReader& st, const ModelSpec& spec, const Archit
   }
   if (skipped > 0)
     log::warn("{}: the {} tensors of its {} multi-token-prediction layer(s) (model.layers.{}.*) are skipped: this "
-              "model has no MTP module", o.hf_dir, skipped, mtp_layers, spec.num_layers);
+              "model has no MTP module",
+              o.hf_dir, skipped, mtp_layers, spec.num_layers);
 }
 
 // The checkpoint's config: the model, and the tokenizer when there is one (read now: a tokenizer
@@ -415,7 +420,8 @@ std::string import_hf(const ImportOptions& o) {
   const std::string config = import_config(spec, o);
   SafetensorsReader st(o.hf_dir);
   auto store = whole_model_store(spec);
-  const int64_t mtp = hf_config.contains("num_nextn_predict_layers") && hf_config["num_nextn_predict_layers"].is_number_integer()
+  const int64_t mtp = hf_config.contains("num_nextn_predict_layers") &&
+                              hf_config["num_nextn_predict_layers"].is_number_integer()
                           ? hf_config["num_nextn_predict_layers"].get<int64_t>()
                           : 0;
   fill_store(st, spec, architecture_named(arch, where), mtp, *store, o);
@@ -658,8 +664,8 @@ std::vector<std::string> export_hf(const ExportOptions& o) {
     return out.commit(files);
   }
   if (lora.enabled) merge_adapters(*store, ck.params, lora.scale());  // W + (alpha / dim) B A
-  const std::vector<TensorOut> tensors =
-      hf_tensors(spec, architecture_named(arch, "").family, *store, ck.params, o.dtype);
+  const std::vector<TensorOut> tensors = hf_tensors(spec, architecture_named(arch, "").family, *store, ck.params,
+                                                    o.dtype);
 
   ExportFolder out(o.out_dir, o.overwrite);
   uint64_t bytes = 0;

@@ -51,9 +51,11 @@ void set_moe_layers(ModelSpec& s, const std::vector<int64_t>& sparse) {
 // only with output_router_logits.
 void read_hf_aux_loss(const json& c, const std::string& where, ModelSpec& s) {
   if (value_or<double>(c, "router_jitter_noise", 0.0, where) != 0.0)
-    fail("{}: router_jitter_noise {} is not supported (this router adds no noise)", where, c["router_jitter_noise"].dump());
+    fail("{}: router_jitter_noise {} is not supported (this router adds no noise)", where,
+         c["router_jitter_noise"].dump());
   const bool on = value_or<bool>(c, "output_router_logits", false, where);
-  s.moe_aux_loss_coeff = on ? value_or<double>(c, "router_aux_loss_coef", 0.001, where) * double(s.moe_router_topk) : 0.0;
+  s.moe_aux_loss_coeff = on ? value_or<double>(c, "router_aux_loss_coef", 0.001, where) * double(s.moe_router_topk)
+                            : 0.0;
 }
 
 void write_hf_aux_loss(const ModelSpec& s, json& c) {
@@ -85,7 +87,8 @@ void read_qwen_moe(const json& c, const Architecture& a, const std::string& wher
   if (a.family == Family::Qwen2Moe) {
     s.moe_shared_expert_intermediate_size = need<int64_t>(c, "shared_expert_intermediate_size", where);
     if (s.moe_shared_expert_intermediate_size <= 0)
-      fail("{}: shared_expert_intermediate_size must be positive, got {}", where, s.moe_shared_expert_intermediate_size);
+      fail("{}: shared_expert_intermediate_size must be positive, got {}", where,
+           s.moe_shared_expert_intermediate_size);
     s.moe_shared_expert_gate = true;  // sigmoid(shared_expert_gate(x)) * shared_expert(x)
   }
   read_hf_aux_loss(c, where, s);
@@ -109,10 +112,12 @@ void read_yarn(const json& c, const std::string& where, ModelSpec& s) {
 // DeepSeek's router (modeling_deepseek's MoEGate) in Megatron's keys.
 void read_deepseek_router(const json& c, const Architecture& a, const std::string& where, ModelSpec& s) {
   const std::string scoring = value_or<std::string>(c, "scoring_func", "softmax", where);
-  const std::string method = value_or<std::string>(c, "topk_method", a.family == Family::DeepseekV3 ? "noaux_tc" : "greedy", where);
+  const std::string method = value_or<std::string>(c, "topk_method",
+                                                   a.family == Family::DeepseekV3 ? "noaux_tc" : "greedy", where);
   const bool norm = value_or<bool>(c, "norm_topk_prob", false, where);
   const double scale = value_or<double>(c, "routed_scaling_factor", 1.0, where);
-  const int64_t groups = value_or<int64_t>(c, "n_group", 1, where), group_topk = value_or<int64_t>(c, "topk_group", 1, where);
+  const int64_t groups = value_or<int64_t>(c, "n_group", 1, where),
+                group_topk = value_or<int64_t>(c, "topk_group", 1, where);
   if (scoring != "softmax" && scoring != "sigmoid")
     fail("{}: scoring_func '{}' is not supported (softmax, sigmoid)", where, scoring);
   if (method != "greedy" && method != "group_limited_greedy" && method != "noaux_tc")
@@ -121,7 +126,8 @@ void read_deepseek_router(const json& c, const Architecture& a, const std::strin
   s.moe_router_pre_softmax = scoring == "softmax";
   if (scoring == "sigmoid" && !norm && s.moe_router_topk > 1)
     fail("{}: scoring_func sigmoid with norm_topk_prob false is not supported (this router divides sigmoid scores "
-         "by their sum)", where);
+         "by their sum)",
+         where);
   s.moe_router_norm_topk_prob = scoring == "softmax" && norm && s.moe_router_topk > 1;
   // V2 scales the weights only when it does not normalise them; V3 always.
   const bool scaled = a.family == Family::DeepseekV3 || !s.moe_router_norm_topk_prob;
@@ -134,8 +140,8 @@ void read_deepseek_router(const json& c, const Architecture& a, const std::strin
     const int64_t wants = method == "noaux_tc" ? 2 : 1;
     if (takes != wants)
       fail("{}: topk_method {} with num_experts_per_tok {} and topk_group {} is not supported: it ranks a group by its "
-           "top {} score(s), this router by the sum of its top {}", where, method, s.moe_router_topk, group_topk, wants,
-           takes);
+           "top {} score(s), this router by the sum of its top {}",
+           where, method, s.moe_router_topk, group_topk, wants, takes);
     s.moe_router_num_groups = groups;
     s.moe_router_group_topk = group_topk;
   }
@@ -182,7 +188,8 @@ void read_gpt_oss(const json& c, const std::string& where, ModelSpec& s) {
   s.moe_router_pre_softmax = false;  // softmax over the chosen logits
   read_hf_aux_loss(c, where, s);
   std::vector<std::string> types;
-  if (has(c, "layer_types")) types = need<std::vector<std::string>>(c, "layer_types", where);
+  if (has(c, "layer_types"))
+    types = need<std::vector<std::string>>(c, "layer_types", where);
   else
     for (int64_t l = 0; l < s.num_layers; ++l) types.push_back(l % 2 == 0 ? "sliding_attention" : "full_attention");
   if (int64_t(types.size()) != s.num_layers)
@@ -223,7 +230,8 @@ void write_gpt_oss(const ModelSpec& s, const Architecture& a, json& c) {
   };
   need_part(s.add_bias_linear, "biases on every linear (add_bias_linear)");
   need_part(s.learns_attention_sinks(), "learned attention sinks (softmax_type: learnable)");
-  need_part(s.quick_geglu && s.glu_linear_offset == 1.0, "the GLU g sigmoid(1.702 g) (up + 1) (quick_geglu, glu_linear_offset 1)");
+  need_part(s.quick_geglu && s.glu_linear_offset == 1.0,
+            "the GLU g sigmoid(1.702 g) (up + 1) (quick_geglu, glu_linear_offset 1)");
   need_part(s.is_moe() && s.moe_layer_pattern.empty() && s.moe_layer_freq == 1, "experts in every layer");
   need_part(s.moe_shared_expert_intermediate_size == 0, "no shared expert");
   need_part(s.moe_router_score_function == "softmax" && !s.moe_router_pre_softmax,
@@ -263,8 +271,10 @@ void refuse_foreign_parts(const ModelSpec& s, const Architecture& a) {
   no(s.quick_geglu || s.glu_linear_offset != 0 || s.activation_func_clamp_value != 0,
      "gpt-oss's clamped GLU (quick_geglu, glu_linear_offset, activation_func_clamp_value; GptOssForCausalLM)");
   no(s.window_size >= 0, "sliding-window attention (window_size; GptOssForCausalLM)");
-  no(!s.multi_latent_attention && s.position_embedding_type == "yarn", "YaRN on grouped-query attention (GptOssForCausalLM)");
-  no(s.multi_latent_attention && !is_deepseek(a.family), "multi-latent attention (DeepseekV2ForCausalLM, DeepseekV3ForCausalLM)");
+  no(!s.multi_latent_attention && s.position_embedding_type == "yarn",
+     "YaRN on grouped-query attention (GptOssForCausalLM)");
+  no(s.multi_latent_attention && !is_deepseek(a.family),
+     "multi-latent attention (DeepseekV2ForCausalLM, DeepseekV3ForCausalLM)");
   no(s.is_moe() && !is_moe_family(a.family), "experts (MixtralForCausalLM, Qwen2MoeForCausalLM, Qwen3MoeForCausalLM, "
                                              "DeepseekV2ForCausalLM, DeepseekV3ForCausalLM, GptOssForCausalLM)");
 }
@@ -278,10 +288,13 @@ std::vector<int64_t> dense_layers(const ModelSpec& s) {
 }
 
 void write_mixtral(const ModelSpec& s, const Architecture& a, json& c) {
-  if (!dense_layers(s).empty()) fail("a {} checkpoint has experts in every layer; model '{}' has dense layers", a.name, s.name);
-  if (s.moe_shared_expert_intermediate_size > 0) fail("a {} checkpoint has no shared expert (model '{}')", a.name, s.name);
+  if (!dense_layers(s).empty())
+    fail("a {} checkpoint has experts in every layer; model '{}' has dense layers", a.name, s.name);
+  if (s.moe_shared_expert_intermediate_size > 0)
+    fail("a {} checkpoint has no shared expert (model '{}')", a.name, s.name);
   if (s.moe_router_score_function != "softmax" || (s.moe_router_pre_softmax && !s.moe_router_norm_topk_prob))
-    fail("a {} checkpoint routes by a softmax renormalised over the top-k; model '{}' routes otherwise", a.name, s.name);
+    fail("a {} checkpoint routes by a softmax renormalised over the top-k; model '{}' routes otherwise", a.name,
+         s.name);
   c["num_local_experts"] = s.num_experts;
   c["num_experts_per_tok"] = s.moe_router_topk;
   c["intermediate_size"] = s.expert_ffn();
@@ -323,9 +336,12 @@ void write_deepseek(const ModelSpec& s, const Architecture& a, json& c) {
   c["attention_bias"] = false;
   c["rope_scaling"] = nullptr;
   if (s.rotary_scaling_factor > 1)
-    c["rope_scaling"] = {{"type", "yarn"},           {"factor", s.rotary_scaling_factor},
-                         {"beta_fast", s.beta_fast}, {"beta_slow", s.beta_slow},
-                         {"mscale", s.mscale},       {"mscale_all_dim", s.mscale_all_dim},
+    c["rope_scaling"] = {{"type", "yarn"},
+                         {"factor", s.rotary_scaling_factor},
+                         {"beta_fast", s.beta_fast},
+                         {"beta_slow", s.beta_slow},
+                         {"mscale", s.mscale},
+                         {"mscale_all_dim", s.mscale_all_dim},
                          {"original_max_position_embeddings", s.original_max_position_embeddings}};
   if (a.family == Family::DeepseekV3) c["num_nextn_predict_layers"] = 0;
   if (!s.is_moe()) return;
@@ -334,19 +350,24 @@ void write_deepseek(const ModelSpec& s, const Architecture& a, json& c) {
   for (int64_t l = first; l < s.num_layers; ++l)
     if (!s.is_moe_layer(l))
       fail("a {} checkpoint has dense layers first (first_k_dense_replace), then experts; model '{}' has a dense layer "
-           "{} after MoE layer {}", a.name, s.name, l, first);
+           "{} after MoE layer {}",
+           a.name, s.name, l, first);
   const int64_t fe = s.expert_ffn(), fs = s.moe_shared_expert_intermediate_size;
   if (fs % fe != 0)
     fail("a {} checkpoint's shared experts are n_shared_experts x moe_intermediate_size; model '{}' has "
-         "moe_shared_expert_intermediate_size {}, not a multiple of {}", a.name, s.name, fs, fe);
+         "moe_shared_expert_intermediate_size {}, not a multiple of {}",
+         a.name, s.name, fs, fe);
   if (s.moe_shared_expert_gate) fail("a {} checkpoint's shared experts have no gate (model '{}')", a.name, s.name);
   const bool v3 = a.family == Family::DeepseekV3, sigmoid = s.moe_router_score_function == "sigmoid";
   if (s.moe_router_score_function == "softmax" && !s.moe_router_pre_softmax)
     fail("a {} checkpoint's softmax router scores all experts before the top-k (moe_router_pre_softmax); model '{}' "
-         "does not", a.name, s.name);
-  if (s.moe_router_enable_expert_bias != v3 || (s.moe_router_num_groups > 0 && !v3 && s.moe_router_topk / s.moe_router_group_topk > 1))
+         "does not",
+         a.name, s.name);
+  if (s.moe_router_enable_expert_bias != v3 ||
+      (s.moe_router_num_groups > 0 && !v3 && s.moe_router_topk / s.moe_router_group_topk > 1))
     fail("model '{}''s routing (expert bias {}, groups {}) is not {}'s: export it as {}", s.name,
-         s.moe_router_enable_expert_bias, s.moe_router_num_groups, a.name, v3 ? "DeepseekV2ForCausalLM" : "DeepseekV3ForCausalLM");
+         s.moe_router_enable_expert_bias, s.moe_router_num_groups, a.name,
+         v3 ? "DeepseekV2ForCausalLM" : "DeepseekV3ForCausalLM");
   const bool norm = sigmoid ? s.moe_router_topk > 1 : s.moe_router_norm_topk_prob;
   const double scale = s.moe_router_topk_scaling_factor > 0 ? s.moe_router_topk_scaling_factor : 1.0;
   if (!v3 && norm && scale != 1.0)
@@ -394,7 +415,9 @@ void attention_mappings(const ModelSpec& s, const std::string& o, const std::str
     } else {
       m.push_back({a + "linear_q_proj.weight", {t + "q_proj.weight"}, {}, qperm});
     }
-    m.push_back({a + "linear_kv_down_proj.weight", {t + "kv_a_proj_with_mqa.weight"}, {},
+    m.push_back({a + "linear_kv_down_proj.weight",
+                 {t + "kv_a_proj_with_mqa.weight"},
+                 {},
                  rope_perm(1, s.kv_lora_rank + s.qk_pos_emb_head_dim, s.kv_lora_rank, s.qk_pos_emb_head_dim)});
     m.push_back({a + "kv_layernorm.weight", {t + "kv_a_layernorm.weight"}, {}, {}});
     m.push_back({a + "linear_kv_up_proj.weight", {t + "kv_b_proj.weight"}, {}, {}});
@@ -432,9 +455,12 @@ void moe_mappings(const ModelSpec& s, Family f, const std::string& o, const std:
   if (s.moe_router_enable_expert_bias)
     m.push_back({o + "mlp.router.expert_bias", {mlp + "gate.e_score_correction_bias"}, {}, {}});
   for (int64_t e = 0; e < s.num_experts; ++e) {
-    const std::string ours = o + fmt::format("mlp.experts.local_experts.{}.", e), x = mlp + fmt::format("experts.{}.", e);
-    if (f == Family::Mixtral) glu_mappings(ours, x + "w1", x + "w3", x + "w2", s.expert_ffn(), m);
-    else glu_mappings(ours, x + "gate_proj", x + "up_proj", x + "down_proj", s.expert_ffn(), m);
+    const std::string ours = o + fmt::format("mlp.experts.local_experts.{}.", e),
+                      x = mlp + fmt::format("experts.{}.", e);
+    if (f == Family::Mixtral)
+      glu_mappings(ours, x + "w1", x + "w3", x + "w2", s.expert_ffn(), m);
+    else
+      glu_mappings(ours, x + "gate_proj", x + "up_proj", x + "down_proj", s.expert_ffn(), m);
   }
   if (s.moe_shared_expert_intermediate_size > 0) {
     const std::string x = mlp + (f == Family::Qwen2Moe ? "shared_expert." : "shared_experts.");
@@ -448,12 +474,16 @@ void moe_mappings(const ModelSpec& s, Family f, const std::string& o, const std:
 }  // namespace
 
 const std::vector<Architecture>& architectures() {
-  static const std::vector<Architecture> a = {
-      {"LlamaForCausalLM", "llama", Family::Llama},         {"MistralForCausalLM", "mistral", Family::Mistral},
-      {"Qwen2ForCausalLM", "qwen2", Family::Qwen2},         {"Qwen3ForCausalLM", "qwen3", Family::Qwen3},
-      {"MixtralForCausalLM", "mixtral", Family::Mixtral},   {"Qwen2MoeForCausalLM", "qwen2_moe", Family::Qwen2Moe},
-      {"Qwen3MoeForCausalLM", "qwen3_moe", Family::Qwen3Moe}, {"DeepseekV2ForCausalLM", "deepseek_v2", Family::DeepseekV2},
-      {"DeepseekV3ForCausalLM", "deepseek_v3", Family::DeepseekV3}, {"GptOssForCausalLM", "gpt_oss", Family::GptOss}};
+  static const std::vector<Architecture> a = {{"LlamaForCausalLM", "llama", Family::Llama},
+                                              {"MistralForCausalLM", "mistral", Family::Mistral},
+                                              {"Qwen2ForCausalLM", "qwen2", Family::Qwen2},
+                                              {"Qwen3ForCausalLM", "qwen3", Family::Qwen3},
+                                              {"MixtralForCausalLM", "mixtral", Family::Mixtral},
+                                              {"Qwen2MoeForCausalLM", "qwen2_moe", Family::Qwen2Moe},
+                                              {"Qwen3MoeForCausalLM", "qwen3_moe", Family::Qwen3Moe},
+                                              {"DeepseekV2ForCausalLM", "deepseek_v2", Family::DeepseekV2},
+                                              {"DeepseekV3ForCausalLM", "deepseek_v3", Family::DeepseekV3},
+                                              {"GptOssForCausalLM", "gpt_oss", Family::GptOss}};
   return a;
 }
 
@@ -467,7 +497,8 @@ const Architecture& architecture_named(const std::string& name, const std::strin
 
 const Architecture& default_architecture(const ModelSpec& s) {
   const char* name = s.add_bias_linear && s.learns_attention_sinks() ? "GptOssForCausalLM"
-                     : s.multi_latent_attention ? (s.moe_router_enable_expert_bias ? "DeepseekV3ForCausalLM" : "DeepseekV2ForCausalLM")
+                     : s.multi_latent_attention
+                         ? (s.moe_router_enable_expert_bias ? "DeepseekV3ForCausalLM" : "DeepseekV2ForCausalLM")
                      : s.is_moe() && s.moe_shared_expert_intermediate_size > 0 ? "Qwen2MoeForCausalLM"
                      : s.is_moe() && s.qk_layernorm                            ? "Qwen3MoeForCausalLM"
                      : s.is_moe()                                              ? "MixtralForCausalLM"
@@ -482,8 +513,10 @@ void layer_mappings(const ModelSpec& s, Family f, int64_t l, std::vector<Mapping
   m.push_back({o + "input_layernorm.weight", {h + "input_layernorm.weight"}, {}, {}});
   attention_mappings(s, o, h, m);
   m.push_back({o + "pre_mlp_layernorm.weight", {h + "post_attention_layernorm.weight"}, {}, {}});
-  if (s.is_moe_layer(l)) moe_mappings(s, f, o, h, m);
-  else glu_mappings(o + "mlp.", h + "mlp.gate_proj", h + "mlp.up_proj", h + "mlp.down_proj", s.ffn_hidden_size, m);
+  if (s.is_moe_layer(l))
+    moe_mappings(s, f, o, h, m);
+  else
+    glu_mappings(o + "mlp.", h + "mlp.gate_proj", h + "mlp.up_proj", h + "mlp.down_proj", s.ffn_hidden_size, m);
 }
 
 void read_family_config(const json& c, const Architecture& a, const std::string& where, ModelSpec& s) {
@@ -515,7 +548,8 @@ bool is_mtp_tensor(const std::string& name, const ModelSpec& s, int64_t mtp_laye
   if (mtp_layers <= 0 || !name.starts_with("model.layers.")) return false;
   const std::string rest = name.substr(std::string("model.layers.").size());
   const size_t dot = rest.find('.');
-  if (dot == 0 || dot == std::string::npos || dot > 9 || !std::all_of(rest.begin(), rest.begin() + long(dot), ::isdigit))
+  if (dot == 0 || dot == std::string::npos || dot > 9 ||
+      !std::all_of(rest.begin(), rest.begin() + long(dot), ::isdigit))
     return false;
   const int64_t l = std::stoll(rest.substr(0, dot));
   return l >= s.num_layers && l < s.num_layers + mtp_layers;

@@ -12,8 +12,8 @@
 #include <vector>
 
 #include <fmt/format.h>
-#include <nlohmann/json.hpp>
 #include <yaml-cpp/yaml.h>
+#include <nlohmann/json.hpp>
 
 #include "checkpoint/checkpoint.h"
 #include "kernels/cpu/cpu_backend.h"
@@ -76,7 +76,8 @@ inline void expect_close(const std::vector<std::vector<float>>& a, const std::ve
     }
   }
   EXPECT_GT(scale, 0.05);  // logits that say something
-  EXPECT_LT(worst, 2e-5 * std::max(1.0, scale)) << "largest logit difference " << worst << " (largest logit " << scale << ")";
+  EXPECT_LT(worst, 2e-5 * std::max(1.0, scale))
+      << "largest logit difference " << worst << " (largest logit " << scale << ")";
 }
 
 }  // namespace primus::test

@@ -32,11 +32,11 @@ namespace {
 
 using test::error_of;
 
-using test::kHfPeer;
-using test::peer_write;
-using test::peer_logits;
-using test::our_logits;
 using test::expect_close;
+using test::kHfPeer;
+using test::our_logits;
+using test::peer_logits;
+using test::peer_write;
 
 struct TempDir {
   fs::path path;

@@ -8,14 +8,14 @@
 #include <filesystem>
 #include <fstream>
 
-#include <nlohmann/json.hpp>
 #include <yaml-cpp/yaml.h>
+#include <nlohmann/json.hpp>
 
 #include "checkpoint/checkpoint.h"
 #include "core/error.h"
 #include "hf/dequant.h"
-#include "hf/hf_families.h"
 #include "hf/hf_checkpoint.h"
+#include "hf/hf_families.h"
 #include "hf/safetensors.h"
 #include "hf_peer.h"
 #include "support/error_of.h"
@@ -40,7 +40,8 @@ struct TempDir {
   std::string operator/(const std::string& s) const { return (path / s).string(); }
 };
 
-const std::vector<std::string> kFamilies = {"mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v2", "deepseek_v3", "gpt_oss"};
+const std::vector<std::string> kFamilies = {"mixtral",     "qwen2_moe",   "qwen3_moe",
+                                            "deepseek_v2", "deepseek_v3", "gpt_oss"};
 const std::vector<int32_t> kTokens = {1, 17, 200, 3, 3, 255, 42, 0, 99, 128, 7, 64};
 
 json read_config(const std::string& dir) {
@@ -65,8 +66,8 @@ void rewrite_tensors(const std::string& dir, const std::function<void(std::vecto
 
 // The keys of each family's config.json that describe the model (what an export must give back).
 std::vector<std::string> family_keys(const std::string& family) {
-  std::vector<std::string> k = {"architectures", "model_type", "hidden_size", "num_hidden_layers",
-                                "num_attention_heads", "vocab_size", "rms_norm_eps", "rope_theta",
+  std::vector<std::string> k = {"architectures",       "model_type",         "hidden_size",  "num_hidden_layers",
+                                "num_attention_heads", "vocab_size",         "rms_norm_eps", "rope_theta",
                                 "tie_word_embeddings", "num_experts_per_tok"};
   if (family == "mixtral") k.insert(k.end(), {"num_local_experts", "intermediate_size", "num_key_value_heads"});
   if (family == "qwen2_moe" || family == "qwen3_moe")
@@ -141,9 +142,9 @@ TEST(HfMoe, PeerModelGivesOurLogits) {
 
 // E4M3 (fn) and E2M1 / E8M0 by hand, and the block layouts.
 TEST(HfMoe, Fp8BlocksAndMxfp4DequantizeToHandComputedValues) {
-  EXPECT_EQ(hf::e4m3_to_float(0x38), 1.0f);               // 0.0111.000: 2^(7-7)
-  EXPECT_EQ(hf::e4m3_to_float(0xC4), -3.0f);              // 1.1000.100: -(1 + 4/8) 2^1
-  EXPECT_EQ(hf::e4m3_to_float(0x7E), 448.0f);             // the largest: (1 + 6/8) 2^8
+  EXPECT_EQ(hf::e4m3_to_float(0x38), 1.0f);                  // 0.0111.000: 2^(7-7)
+  EXPECT_EQ(hf::e4m3_to_float(0xC4), -3.0f);                 // 1.1000.100: -(1 + 4/8) 2^1
+  EXPECT_EQ(hf::e4m3_to_float(0x7E), 448.0f);                // the largest: (1 + 6/8) 2^8
   EXPECT_EQ(hf::e4m3_to_float(0x01), std::ldexp(1.0f, -9));  // the smallest subnormal: 1/8 2^-6
   EXPECT_TRUE(std::isnan(hf::e4m3_to_float(0x7F)));
   EXPECT_EQ(hf::e2m1_to_float(0x7), 6.0f);
@@ -156,7 +157,9 @@ TEST(HfMoe, Fp8BlocksAndMxfp4DequantizeToHandComputedValues) {
   EXPECT_EQ(w[127 * 3 + 1], 0.5f);
   EXPECT_EQ(w[128 * 3], 4.0f);
   EXPECT_EQ(w[129 * 3 + 2], -12.0f);
-  EXPECT_NE(error_of([&] { hf::dequant_fp8_blocks(fp8, 130, 3, {0.5f}, {1, 1}, 128, "layer.w"); }).find("layer.w"),
+  EXPECT_NE(error_of([&] {
+              hf::dequant_fp8_blocks(fp8, 130, 3, {0.5f}, {1, 1}, 128, "layer.w");
+            }).find("layer.w"),
             std::string::npos);
   // MXFP4: byte 0x2F holds -6 (low nibble, first) and 1 (high); scale byte 128: times 2.
   std::string blocks(16, char(0)), scales(1, char(128));
@@ -177,8 +180,8 @@ TEST(HfMoe, DeepSeekV3Fp8WeightsAreDequantizedOnImport) {
   const std::string src = t / "src";
   test::peer_write_family(src, "deepseek_v3", "BF16", 5'000'000'000);
   json c = read_config(src);
-  c["quantization_config"] = {{"quant_method", "fp8"}, {"fmt", "e4m3"}, {"activation_scheme", "dynamic"},
-                              {"weight_block_size", {128, 128}}};
+  c["quantization_config"] = {
+      {"quant_method", "fp8"}, {"fmt", "e4m3"}, {"activation_scheme", "dynamic"}, {"weight_block_size", {128, 128}}};
   write_config(src, c);
   const std::string w = "model.layers.1.mlp.experts.2.up_proj.weight";  // [24, 64]
   std::string fp8(24 * 64, char(0x38));
@@ -204,7 +207,9 @@ TEST(HfMoe, DeepSeekV3Fp8WeightsAreDequantizedOnImport) {
   EXPECT_NE(error_of([&] { hf::import_hf({src, t / "save2", "", false}); }).find(w + "_scale_inv"), std::string::npos);
   c["quantization_config"] = {{"quant_method", "gptq"}};
   write_config(src, c);
-  EXPECT_NE(error_of([&] { hf::import_hf({src, t / "save2", "", false}); }).find("quantization_config"),
+  EXPECT_NE(error_of([&] {
+              hf::import_hf({src, t / "save2", "", false});
+            }).find("quantization_config"),
             std::string::npos);
   EXPECT_FALSE(fs::exists(t / "save2"));
 }
@@ -218,7 +223,9 @@ TEST(HfMoe, MtpLayersAreSkipped) {
   rewrite_tensors(src, [&](std::vector<hf::TensorOut>& ts) {
     ts.push_back({"model.layers.3.eh_proj.weight", "F32", {64, 128}, std::string(64 * 128 * 4, '\0')});
   });
-  EXPECT_NE(error_of([&] { hf::import_hf({src, t / "save", "", false}); }).find("model.layers.3.eh_proj.weight"),
+  EXPECT_NE(error_of([&] {
+              hf::import_hf({src, t / "save", "", false});
+            }).find("model.layers.3.eh_proj.weight"),
             std::string::npos);
   json c = read_config(src);
   c["num_nextn_predict_layers"] = 1;
@@ -238,20 +245,26 @@ TEST(HfMoe, HostileInputsAreRefusedByName) {
     return error_of([&] { hf::import_hf({src, t / "save", "", true}); });
   };
   // A config of another family.
-  EXPECT_NE(import_with([](json& c) { c["model_type"] = "qwen3_moe"; }).find("model_type 'qwen3_moe'"), std::string::npos);
-  EXPECT_NE(import_with([](json& c) { c["architectures"] = {"Qwen3MoeForCausalLM"}, c["model_type"] = "qwen3_moe"; })
-                .find("'num_experts' is missing"),
+  EXPECT_NE(import_with([](json& c) { c["model_type"] = "qwen3_moe"; }).find("model_type 'qwen3_moe'"),
+            std::string::npos);
+  EXPECT_NE(import_with([](json& c) {
+              c["architectures"] = {"Qwen3MoeForCausalLM"}, c["model_type"] = "qwen3_moe";
+            }).find("'num_experts' is missing"),
             std::string::npos);
   // Values this model cannot represent.
-  EXPECT_NE(import_with([](json& c) { c["router_jitter_noise"] = 0.1; }).find("router_jitter_noise"), std::string::npos);
+  EXPECT_NE(import_with([](json& c) { c["router_jitter_noise"] = 0.1; }).find("router_jitter_noise"),
+            std::string::npos);
   EXPECT_NE(import_with([](json& c) { c["num_experts_per_tok"] = 5; }).find("moe_router_topk"), std::string::npos);
   write_config(src, good);
   // A missing expert tensor.
   rewrite_tensors(src, [](std::vector<hf::TensorOut>& ts) {
-    std::erase_if(ts, [](const hf::TensorOut& x) { return x.name == "model.layers.1.block_sparse_moe.experts.3.w2.weight"; });
+    std::erase_if(ts, [](const hf::TensorOut& x) {
+      return x.name == "model.layers.1.block_sparse_moe.experts.3.w2.weight";
+    });
   });
-  EXPECT_NE(error_of([&] { hf::import_hf({src, t / "save", "", true}); })
-                .find("model.layers.1.block_sparse_moe.experts.3.w2.weight"),
+  EXPECT_NE(error_of([&] {
+              hf::import_hf({src, t / "save", "", true});
+            }).find("model.layers.1.block_sparse_moe.experts.3.w2.weight"),
             std::string::npos);
   // A truncated file.
   fs::resize_file(fs::path(src) / "model.safetensors", fs::file_size(fs::path(src) / "model.safetensors") - 100);
@@ -264,11 +277,17 @@ TEST(HfMoe, HostileInputsAreRefusedByName) {
   json c = read_config(ds);
   c["topk_method"] = "group_limited_greedy", c["n_group"] = 2, c["topk_group"] = 1;  // its top score; ours sums 2
   write_config(ds, c);
-  EXPECT_NE(error_of([&] { hf::import_hf({ds, t / "save", "", true}); }).find("group_limited_greedy"), std::string::npos);
+  EXPECT_NE(error_of([&] {
+              hf::import_hf({ds, t / "save", "", true});
+            }).find("group_limited_greedy"),
+            std::string::npos);
   c = read_config(ds);
   c["topk_method"] = "greedy", c["scoring_func"] = "sigmoid", c["norm_topk_prob"] = false;
   write_config(ds, c);
-  EXPECT_NE(error_of([&] { hf::import_hf({ds, t / "save", "", true}); }).find("norm_topk_prob false"), std::string::npos);
+  EXPECT_NE(error_of([&] {
+              hf::import_hf({ds, t / "save", "", true});
+            }).find("norm_topk_prob false"),
+            std::string::npos);
 }
 
 // An export as a family that cannot hold the model is refused by name.
@@ -302,8 +321,8 @@ TEST(HfMoe, ImportedCheckpointTrainsUnderExpertParallel) {
     e << cfg["modules"]["pre_trainer"]["model_spec"];
     std::ofstream(t / "model.yaml") << e.c_str() << "\n";
   }
-  std::ofstream(t / "exp.yaml") << "exp_name: one\nworkspace: " << (t / "ws") << "\nmodules:\n  pre_trainer:\n    model: "
-                                << (t / "model.yaml") << R"(
+  std::ofstream(t / "exp.yaml") << "exp_name: one\nworkspace: " << (t / "ws")
+                                << "\nmodules:\n  pre_trainer:\n    model: " << (t / "model.yaml") << R"(
     overrides:
       micro_batch_size: 2
       global_batch_size: 4
@@ -312,14 +331,16 @@ TEST(HfMoe, ImportedCheckpointTrainsUnderExpertParallel) {
       mock_data: true
       log_interval: 1
       eval_interval: 0
-      pretrained_checkpoint: )" << (t / "ckpt") << "\n";
+      pretrained_checkpoint: )" << (t / "ckpt")
+                                << "\n";
   const std::string env = "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1";
-  auto r = test::run_command(fmt::format("cd {} && {} {} direct -- train pretrain --config exp.yaml 2>&1",
-                                         t.path.string(), env, cli));
+  auto r = test::run_command(
+      fmt::format("cd {} && {} {} direct -- train pretrain --config exp.yaml 2>&1", t.path.string(), env, cli));
   ASSERT_EQ(r.code, 0) << r.out;
-  r = test::run_command(fmt::format("cd {} && {} {} direct --nproc 2 -- train pretrain --config exp.yaml --exp_name ep2 "
-                                    "--expert_model_parallel_size 2 2>&1",
-                                    t.path.string(), env, cli));
+  r = test::run_command(
+      fmt::format("cd {} && {} {} direct --nproc 2 -- train pretrain --config exp.yaml --exp_name ep2 "
+                  "--expert_model_parallel_size 2 2>&1",
+                  t.path.string(), env, cli));
   ASSERT_EQ(r.code, 0) << r.out;
   auto losses = [](const fs::path& run) {
     std::vector<double> out;
@@ -341,7 +362,8 @@ TEST(HfMoe, ImportedCheckpointTrainsUnderExpertParallel) {
 // our presets of the same names: the same parameter and active counts, the same routing and
 // rotary keys.
 TEST(HfMoe, PublishedConfigsGiveOurPresets) {
-  const json mixtral = json::parse(R"({"architectures": ["MixtralForCausalLM"], "hidden_act": "silu", "hidden_size": 4096,
+  const json mixtral = json::parse(
+      R"({"architectures": ["MixtralForCausalLM"], "hidden_act": "silu", "hidden_size": 4096,
     "intermediate_size": 14336, "max_position_embeddings": 32768, "model_type": "mixtral", "num_attention_heads": 32,
     "num_experts_per_tok": 2, "num_hidden_layers": 32, "num_key_value_heads": 8, "num_local_experts": 8,
     "output_router_logits": false, "rms_norm_eps": 1e-05, "rope_theta": 1000000.0, "router_aux_loss_coef": 0.02,
@@ -386,8 +408,11 @@ TEST(HfMoe, PublishedConfigsGiveOurPresets) {
     "router_aux_loss_coef": 0.9, "sliding_window": 128, "swiglu_limit": 7.0, "tie_word_embeddings": false,
     "vocab_size": 201088})");
   for (int l = 0; l < 24; ++l) gpt_oss["layer_types"].push_back(l % 2 == 0 ? "sliding_attention" : "full_attention");
-  for (const auto& [config, preset] : {std::pair{&mixtral, "mixtral_8x7B_v0.1"}, {&qwen3, "qwen3_30B_A3B"},
-                                       {&v2_lite, "deepseek_v2_lite"}, {&v3, "deepseek_v3"}, {&gpt_oss, "gpt_oss_20B"}}) {
+  for (const auto& [config, preset] : {std::pair{&mixtral, "mixtral_8x7B_v0.1"},
+                                       {&qwen3, "qwen3_30B_A3B"},
+                                       {&v2_lite, "deepseek_v2_lite"},
+                                       {&v3, "deepseek_v3"},
+                                       {&gpt_oss, "gpt_oss_20B"}}) {
     SCOPED_TRACE(preset);
     const ModelSpec ours = hf::spec_from_hf_config(*config, preset, nullptr), want = load_model_spec(preset);
     const ModelStats a = model_stats(ours, 128), b = model_stats(want, 128);
