@@ -152,6 +152,7 @@ void read_deepseek_router(const json& c, const Architecture& a, const std::strin
 void read_deepseek(const json& c, const Architecture& a, const std::string& where, ModelSpec& s) {
   s.multi_latent_attention = true;
   s.qk_layernorm = true;  // q_a_layernorm and kv_a_layernorm
+  s.kv_channels = 0;      // transformers' DeepseekV3Config sets head_dim to qk_rope_head_dim: not a head width here
   s.q_lora_rank = value_or<int64_t>(c, "q_lora_rank", 0, where);
   s.kv_lora_rank = need<int64_t>(c, "kv_lora_rank", where);
   s.qk_head_dim = need<int64_t>(c, "qk_nope_head_dim", where);
@@ -323,11 +324,42 @@ void write_qwen_moe(const ModelSpec& s, const Architecture& a, json& c) {
   write_hf_aux_loss(s, c);
 }
 
+// DeepSeek's router keys (MoEGate) of our routing; a routing DeepSeek's code does not compute is
+// refused by name.
+void write_deepseek_router(const ModelSpec& s, const Architecture& a, json& c) {
+  const bool v3 = a.family == Family::DeepseekV3, sigmoid = s.moe_router_score_function == "sigmoid";
+  if (s.moe_router_score_function == "softmax" && !s.moe_router_pre_softmax)
+    fail("a {} checkpoint's softmax router scores all experts before the top-k (moe_router_pre_softmax); model '{}' "
+         "does not",
+         a.name, s.name);
+  // A group's score here is the sum of its top max(1, k / group_topk): V2's is its largest, V3's its top 2.
+  const int64_t takes = s.moe_router_num_groups > 0 ? std::max<int64_t>(1, s.moe_router_topk / s.moe_router_group_topk) : 0;
+  if (s.moe_router_enable_expert_bias != v3 || (takes > 0 && takes != (v3 ? 2 : 1)))
+    fail("model '{}''s routing (expert bias {}, groups {}) is not {}'s: export it as {}", s.name,
+         s.moe_router_enable_expert_bias, s.moe_router_num_groups, a.name,
+         v3 ? "DeepseekV2ForCausalLM" : "DeepseekV3ForCausalLM");
+  const bool norm = sigmoid ? s.moe_router_topk > 1 : s.moe_router_norm_topk_prob;
+  const double scale = s.moe_router_topk_scaling_factor > 0 ? s.moe_router_topk_scaling_factor : 1.0;
+  if (!v3 && norm && scale != 1.0)
+    fail("a {} checkpoint does not scale normalised weights; model '{}' has moe_router_topk_scaling_factor {}", a.name,
+         s.name, scale);
+  c["routed_scaling_factor"] = scale;
+  c["scoring_func"] = s.moe_router_score_function;
+  c["topk_method"] = v3 ? "noaux_tc" : s.moe_router_num_groups > 0 ? "group_limited_greedy" : "greedy";
+  c["n_group"] = s.moe_router_num_groups > 0 ? s.moe_router_num_groups : 1;
+  c["topk_group"] = s.moe_router_group_topk > 0 ? s.moe_router_group_topk : 1;
+  c["norm_topk_prob"] = norm;
+  c["aux_loss_alpha"] = s.moe_aux_loss_coeff;
+  c["seq_aux"] = s.moe_router_load_balancing_type == "seq_aux_loss";
+}
+
 void write_deepseek(const ModelSpec& s, const Architecture& a, json& c) {
   if (!s.multi_latent_attention)
     fail("a {} checkpoint has multi-latent attention; model '{}' has none", a.name, s.name);
   if (!s.qk_layernorm)
     fail("a {} checkpoint normalises the q and kv latents (qk_layernorm); model '{}' does not", a.name, s.name);
+  c["head_dim"] = s.qk_pos_emb_head_dim;  // as transformers' DeepseekV3Config
+  c["num_key_value_heads"] = s.num_attention_heads;
   c["q_lora_rank"] = s.q_lora_rank > 0 ? json(s.q_lora_rank) : json(nullptr);
   c["kv_lora_rank"] = s.kv_lora_rank;
   c["qk_nope_head_dim"] = s.qk_head_dim;
@@ -358,35 +390,13 @@ void write_deepseek(const ModelSpec& s, const Architecture& a, json& c) {
          "moe_shared_expert_intermediate_size {}, not a multiple of {}",
          a.name, s.name, fs, fe);
   if (s.moe_shared_expert_gate) fail("a {} checkpoint's shared experts have no gate (model '{}')", a.name, s.name);
-  const bool v3 = a.family == Family::DeepseekV3, sigmoid = s.moe_router_score_function == "sigmoid";
-  if (s.moe_router_score_function == "softmax" && !s.moe_router_pre_softmax)
-    fail("a {} checkpoint's softmax router scores all experts before the top-k (moe_router_pre_softmax); model '{}' "
-         "does not",
-         a.name, s.name);
-  if (s.moe_router_enable_expert_bias != v3 ||
-      (s.moe_router_num_groups > 0 && !v3 && s.moe_router_topk / s.moe_router_group_topk > 1))
-    fail("model '{}''s routing (expert bias {}, groups {}) is not {}'s: export it as {}", s.name,
-         s.moe_router_enable_expert_bias, s.moe_router_num_groups, a.name,
-         v3 ? "DeepseekV2ForCausalLM" : "DeepseekV3ForCausalLM");
-  const bool norm = sigmoid ? s.moe_router_topk > 1 : s.moe_router_norm_topk_prob;
-  const double scale = s.moe_router_topk_scaling_factor > 0 ? s.moe_router_topk_scaling_factor : 1.0;
-  if (!v3 && norm && scale != 1.0)
-    fail("a {} checkpoint does not scale normalised weights; model '{}' has moe_router_topk_scaling_factor {}", a.name,
-         s.name, scale);
+  write_deepseek_router(s, a, c);
   c["n_routed_experts"] = s.num_experts;
   c["n_shared_experts"] = fs > 0 ? json(fs / fe) : json(nullptr);
   c["num_experts_per_tok"] = s.moe_router_topk;
   c["moe_intermediate_size"] = fe;
   c["first_k_dense_replace"] = first;
   c["moe_layer_freq"] = 1;
-  c["routed_scaling_factor"] = scale;
-  c["scoring_func"] = s.moe_router_score_function;
-  c["topk_method"] = v3 ? "noaux_tc" : s.moe_router_num_groups > 0 ? "group_limited_greedy" : "greedy";
-  c["n_group"] = s.moe_router_num_groups > 0 ? s.moe_router_num_groups : 1;
-  c["topk_group"] = s.moe_router_group_topk > 0 ? s.moe_router_group_topk : 1;
-  c["norm_topk_prob"] = norm;
-  c["aux_loss_alpha"] = s.moe_aux_loss_coeff;
-  c["seq_aux"] = s.moe_router_load_balancing_type == "seq_aux_loss";
 }
 
 // Row permutation of `n` rows that puts the rope rows [at, at + d) of each of `blocks` blocks of
