@@ -255,38 +255,59 @@ class CreatedFolders {
 // moments (4 + 4 bytes each), and the largest tensor while it is converted (its bytes as stored
 // and as fp32: up to 8 bytes a value). Computed from one layer of each kind (dense, MoE) times
 // their counts, so an absurd num_hidden_layers costs nothing to refuse.
-void check_import_memory(const ModelSpec& spec, const std::string& where) {
-  // One layer of each kind (dense, MoE), counted as many times as the model has them.
+// The parameters of one decoder layer of `spec` with `experts` routed experts (0: a dense layer),
+// those outside the layers, and the largest tensor.
+struct LayerCount {
+  double layer = 0, outside = 0, largest = 0;
+};
+LayerCount count_one_layer(const ModelSpec& spec, int64_t experts) {
   ModelSpec one = spec;
   one.num_layers = 1;
   one.moe_layer_pattern.clear();
   one.moe_layer_freq = 1;
   one.window_attn_pattern.clear();  // per-layer lists of num_layers entries
-  double outside = 0, layer = 0, moe_layer = 0, largest = 0;
-  for (const ParamInfo& p : model_parameter_layout(one)) {
-    (p.name.starts_with("decoder.layers.") ? (spec.is_moe() ? moe_layer : layer) : outside) += double(p.numel);
-    largest = std::max(largest, double(p.numel));
+  one.num_experts = experts;
+  if (experts > 0) {
+    one.moe_router_topk = std::min(one.moe_router_topk, experts);
+    one.moe_router_num_groups = one.moe_router_group_topk = 0;
   }
-  double moe_layers = 0;
+  LayerCount c;
+  for (const ParamInfo& p : model_parameter_layout(one)) {
+    (p.name.starts_with("decoder.layers.") ? c.layer : c.outside) += double(p.numel);
+    c.largest = std::max(c.largest, double(p.numel));
+  }
+  return c;
+}
+
+void check_import_memory(const ModelSpec& spec, const std::string& where) {
+  // One dense layer, and an MoE layer from one with 1 and with 2 experts (everything of an MoE layer
+  // is linear in the experts): an absurd num_experts costs nothing either.
+  const LayerCount dense = count_one_layer(spec, 0);
+  double moe_layer = 0, moe_layers = 0, largest = dense.largest;
   if (spec.is_moe()) {
-    one.num_experts = 0;
-    for (const ParamInfo& p : model_parameter_layout(one))
-      if (p.name.starts_with("decoder.layers.")) layer += double(p.numel);
+    const LayerCount e1 = count_one_layer(spec, 1), e2 = count_one_layer(spec, 2);
+    moe_layer = e1.layer + double(spec.num_experts - 1) * (e2.layer - e1.layer);
+    largest = std::max({largest, e2.largest, double(spec.num_experts) * double(spec.hidden_size)});  // the router
     moe_layers = !spec.moe_layer_pattern.empty()
                      ? double(std::count(spec.moe_layer_pattern.begin(), spec.moe_layer_pattern.end(), 1))
                      : std::ceil(double(spec.num_layers) / double(std::max<int64_t>(1, spec.moe_layer_freq)));
   }
+  const double layer = dense.layer, outside = dense.outside;
   const double params = outside + layer * (double(spec.num_layers) - moe_layers) + moe_layer * moe_layers;
   const double need = 8 * params + 8 * largest;
   const uint64_t available = plan::host_available_bytes();
   if (available == 0 || need <= double(available)) return;
   auto size = [](double b) { return human_bytes(uint64_t(std::min(b, 1e19))); };
-  fail("{} describes a model of {:.0f} parameters ({} layers of {:.0f}, {:.0f} outside the layers); importing it "
-       "needs about {} of memory ({} of fp32 values, {} of zero optimizer moments for the checkpoint, {} to convert "
-       "the largest tensor), and this host has {} free (MemAvailable). Check num_hidden_layers, hidden_size, "
-       "intermediate_size and vocab_size there",
-       where, params, spec.num_layers, layer, outside, size(need), size(4 * params), size(4 * params),
-       size(8 * largest), human_bytes(available));
+  const std::string layers =
+      spec.is_moe() ? fmt::format("{} layers: {:.0f} MoE of {:.0f}, {:.0f} dense of {:.0f}", spec.num_layers, moe_layers,
+                                  moe_layer, double(spec.num_layers) - moe_layers, layer)
+                    : fmt::format("{} layers of {:.0f}", spec.num_layers, layer);
+  fail("{} describes a model of {:.0f} parameters ({}, {:.0f} outside the layers); importing it needs about {} of "
+       "memory ({} of fp32 values, {} of zero optimizer moments for the checkpoint, {} to convert the largest "
+       "tensor), and this host has {} free (MemAvailable). Check num_hidden_layers, hidden_size, intermediate_size{} "
+       "and vocab_size there",
+       where, params, layers, outside, size(need), size(4 * params), size(4 * params), size(8 * largest),
+       human_bytes(available), spec.is_moe() ? ", the experts' count and size" : "");
 }
 
 // NaN and Inf values of one tensor: refused, or a warning with allow_nonfinite.

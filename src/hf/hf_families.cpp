@@ -530,6 +530,10 @@ void layer_mappings(const ModelSpec& s, Family f, int64_t l, std::vector<Mapping
 }
 
 void read_family_config(const json& c, const Architecture& a, const std::string& where, ModelSpec& s) {
+  // The MoE families' per-layer lists (dense and MoE layers, windows) have num_hidden_layers entries.
+  constexpr int64_t kMaxLayers = 1'000'000;
+  if (is_moe_family(a.family) && (s.num_layers < 1 || s.num_layers > kMaxLayers))
+    fail("{}: num_hidden_layers {} is out of range (1 to {})", where, s.num_layers, kMaxLayers);
   switch (a.family) {
     case Family::Mixtral: return read_mixtral(c, where, s);
     case Family::Qwen2Moe:

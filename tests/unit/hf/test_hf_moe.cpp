@@ -4,6 +4,7 @@
 // the quantized formats dequantize to hand-computed values; bad folders are refused by name.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -255,6 +256,12 @@ TEST(HfMoe, HostileInputsAreRefusedByName) {
   EXPECT_NE(import_with([](json& c) { c["router_jitter_noise"] = 0.1; }).find("router_jitter_noise"),
             std::string::npos);
   EXPECT_NE(import_with([](json& c) { c["num_experts_per_tok"] = 5; }).find("moe_router_topk"), std::string::npos);
+  // Absurd sizes: refused before anything of their size is allocated, in well under a second.
+  const auto start = std::chrono::steady_clock::now();
+  EXPECT_NE(import_with([](json& c) { c["num_local_experts"] = int64_t(1) << 40; }).find("MoE of"), std::string::npos);
+  EXPECT_NE(import_with([](json& c) { c["num_hidden_layers"] = int64_t(1) << 40; }).find("num_hidden_layers"),
+            std::string::npos);
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), 1.0);
   write_config(src, good);
   // A missing expert tensor.
   rewrite_tensors(src, [](std::vector<hf::TensorOut>& ts) {
