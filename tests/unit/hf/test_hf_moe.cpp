@@ -119,7 +119,7 @@ TEST(HfMoe, ImportThenExportGivesTheSameBytes) {
     }
     const json ja = read_config(src), jb = read_config(dst);
     for (const std::string& k : family_keys(family)) EXPECT_EQ(ja[k], jb[k]) << k;
-    }
+  }
 }
 
 TEST(HfMoe, PeerModelGivesOurLogits) {
