@@ -1,11 +1,14 @@
-// Conversion between Hugging Face Llama-family checkpoints (config.json + safetensors, single or
-// sharded) and this project's checkpoints (checkpoint/checkpoint.h), for the architectures
-// LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM and Qwen3ForCausalLM, in fp32 or bf16.
+// Conversion between Hugging Face checkpoints (config.json + safetensors, single or sharded) and
+// this project's checkpoints (checkpoint/checkpoint.h), for the architectures of hf_families.h:
+// LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM and the
+// mixture-of-experts families (Mixtral, Qwen2-MoE, Qwen3-MoE, DeepSeek-V2/V3, gpt-oss), in fp32 or
+// bf16 (and, on import, DeepSeek-V3's fp8 blocks and gpt-oss's MXFP4 experts: dequant.h).
 //
 // Our model and Hugging Face's share the rotary convention (rotate-half: pairs (i, i + d/2)), so
-// q_proj / k_proj rows carry over unpermuted; only the fusions differ: our linear_qkv is
-// [q_proj; k_proj; v_proj] by rows and linear_fc1 is [gate_proj; up_proj]. Qwen3's q_norm / k_norm
-// are our q_layernorm / k_layernorm (qk_layernorm). Features this model lacks are refused by name.
+// q_proj / k_proj rows carry over unpermuted (DeepSeek's interleaved rope rows excepted:
+// hf_families.h); only the fusions differ: our linear_qkv is [q_proj; k_proj; v_proj] by rows and
+// linear_fc1 is [gate_proj; up_proj]. Qwen3's q_norm / k_norm are our q_layernorm / k_layernorm
+// (qk_layernorm). Features this model lacks are refused by name.
 #pragma once
 
 #include <cstdint>
@@ -21,9 +24,8 @@ namespace primus::hf {
 // The model spec a config.json describes; `where` names the file in errors. Sets *architecture
 // to the config's architecture (e.g. "LlamaForCausalLM").
 ModelSpec spec_from_hf_config(const nlohmann::json& config, const std::string& where, std::string* architecture);
-// config.json for `spec` as `architecture` (LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM,
-// Qwen3ForCausalLM);
-// torch_dtype "float32" or "bfloat16".
+// config.json for `spec` as `architecture` (one of hf_families.h's); torch_dtype "float32" or
+// "bfloat16". A spec the architecture cannot hold is refused by name.
 nlohmann::json hf_config_from_spec(const ModelSpec& spec, const std::string& architecture, const std::string& torch_dtype);
 
 struct ImportOptions {
@@ -42,7 +44,7 @@ struct ExportOptions {
   std::string checkpoint;    // a checkpoint folder or a save folder with `latest`
   std::string out_dir;       // gets config.json, the safetensors file(s), and the tokenizer files when known
   std::string dtype = "F32";  // F32 or BF16
-  std::string architecture;   // "": Qwen3ForCausalLM with qk_layernorm, Qwen2ForCausalLM with QKV biases, else LlamaForCausalLM
+  std::string architecture;   // "": the family the spec's parts say (hf_families.h default_architecture)
   uint64_t max_shard_bytes = 5'000'000'000;  // Hugging Face's default shard size ("5GB")
   bool overwrite = false;  // out_dir may hold files: its model files are replaced, others kept
   // A LoRA checkpoint (its config's lora.enabled): false writes the merged weights W + (alpha / dim)

@@ -7,8 +7,14 @@ peer model (benchmarks/engine/torch_llama.py).
     hf_llama_peer.py write OUT --model tiny [--dtype F32|BF16] [--max-shard-bytes N] [--seed S]
         random weights for the preset, written as a Hugging Face folder (LlamaForCausalLM, or
         Qwen2ForCausalLM when the preset has QKV biases, Qwen3ForCausalLM with qk_layernorm)
+    hf_llama_peer.py write OUT --family mixtral|qwen2_moe|qwen3_moe|deepseek_v2|deepseek_v3 [...]
+        a tiny random model of that mixture-of-experts family in its Hugging Face layout
     hf_llama_peer.py logits DIR --tokens "1 2 3"
         one JSON line: the fp32 logits at every position ([positions][vocab])
+
+The MoE families run in hf_moe_peer.py, a forward written from the Hugging Face modeling code's
+facts (modeling_mixtral, modeling_qwen2_moe, modeling_qwen3_moe, DeepSeek's modeling_deepseek), in
+float64, on Hugging Face's tensor names.
 
 Run it with /usr/bin/python3 (Debian's python3-torch).
 """
@@ -24,8 +30,9 @@ sys.path.insert(0, os.path.join(HERE, "..", "..", "benchmarks", "engine"))
 
 import torch  # noqa: E402
 import torch_llama  # noqa: E402
+import hf_moe_peer  # noqa: E402
 
-DTYPES = {"F32": (torch.float32, 4), "BF16": (torch.bfloat16, 2)}
+DTYPES = {"F32": (torch.float32, 4), "BF16": (torch.bfloat16, 2), "U8": (torch.uint8, 1)}
 
 
 def hf_tensors(spec):
@@ -78,38 +85,43 @@ def read_safetensors(folder):
             b, end = e["data_offsets"]
             dtype, _ = DTYPES[e["dtype"]]
             raw = bytearray(data[8 + n + b:8 + n + end])
-            tensors[name] = torch.frombuffer(raw, dtype=dtype).reshape(e["shape"]).float()
+            t = torch.frombuffer(raw, dtype=dtype).reshape(e["shape"])
+            tensors[name] = t if dtype == torch.uint8 else t.float()  # MXFP4 blocks and scales stay bytes
     return tensors
 
 
 def write_safetensors(folder, named, dtype, max_shard):
     torch_dtype, _ = DTYPES[dtype]
-    blobs = [(name, list(t.shape), t.to(torch_dtype).contiguous().view(torch.int16 if dtype == "BF16"
-                                                                        else torch.float32).numpy().tobytes())
-             for name, t in named]
+
+    def raw(t):
+        if t.dtype == torch.uint8:  # MXFP4 blocks and scales
+            return "U8", t.contiguous().numpy().tobytes()
+        return dtype, t.to(torch_dtype).contiguous().view(torch.int16 if dtype == "BF16"
+                                                          else torch.float32).numpy().tobytes()
+    blobs = [(name, list(t.shape)) + raw(t) for name, t in named]
     shards, cur, size = [], [], 0
     for b in blobs:
-        if cur and size + len(b[2]) > max_shard:
+        if cur and size + len(b[3]) > max_shard:
             shards.append(cur)
             cur, size = [], 0
         cur.append(b)
-        size += len(b[2])
+        size += len(b[3])
     shards.append(cur)
     names = ["model.safetensors"] if len(shards) == 1 else \
         [f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))]
     weight_map = {}
     for fn, shard in zip(names, shards):
         header, off = {}, 0
-        for name, shape, raw in shard:
-            header[name] = {"dtype": dtype, "shape": shape, "data_offsets": [off, off + len(raw)]}
-            off += len(raw)
+        for name, shape, dt, data in shard:
+            header[name] = {"dtype": dt, "shape": shape, "data_offsets": [off, off + len(data)]}
+            off += len(data)
             weight_map[name] = fn
         h = json.dumps(header).encode()
         h += b" " * ((8 - len(h) % 8) % 8)
         with open(os.path.join(folder, fn), "wb") as f:
-            f.write(struct.pack("<Q", len(h)) + h + b"".join(raw for _, _, raw in shard))
+            f.write(struct.pack("<Q", len(h)) + h + b"".join(data for _, _, _, data in shard))
     if len(shards) > 1:
-        total = sum(len(b[2]) for b in blobs)
+        total = sum(len(b[3]) for b in blobs)
         json.dump({"metadata": {"total_size": total}, "weight_map": weight_map},
                   open(os.path.join(folder, "model.safetensors.index.json"), "w"), indent=2)
 
@@ -136,6 +148,13 @@ def spec_from_config(c):
 
 
 def cmd_write(a):
+    if a.family:
+        config, named = hf_moe_peer.random_model(a.family, a.seed)
+        config["torch_dtype"] = "bfloat16" if a.dtype == "BF16" else "float32"
+        os.makedirs(a.out, exist_ok=True)
+        write_safetensors(a.out, named, a.dtype, a.max_shard_bytes)
+        json.dump(config, open(os.path.join(a.out, "config.json"), "w"), indent=2)
+        return
     spec = torch_llama.check_spec(torch_llama.load_spec(a.model))
     torch.manual_seed(a.seed)
     model = torch_llama.Llama(spec)
@@ -166,7 +185,13 @@ def cmd_write(a):
 
 
 def cmd_logits(a):
-    spec = spec_from_config(json.load(open(os.path.join(a.dir, "config.json"))))
+    config = json.load(open(os.path.join(a.dir, "config.json")))
+    if config["architectures"][0] in hf_moe_peer.ARCHITECTURES:
+        tensors = read_safetensors(a.dir)
+        tokens = [int(t) for t in a.tokens.split()]
+        print(json.dumps(hf_moe_peer.logits(config, tensors, tokens).tolist()))
+        return
+    spec = spec_from_config(config)
     tensors = read_safetensors(a.dir)
     model = torch_llama.Llama(spec)
     with torch.no_grad():
@@ -187,6 +212,7 @@ def main():
     w = sub.add_parser("write")
     w.add_argument("out")
     w.add_argument("--model", default="tiny")
+    w.add_argument("--family", choices=hf_moe_peer.FAMILIES, default=None)
     w.add_argument("--dtype", choices=DTYPES, default="F32")
     w.add_argument("--max-shard-bytes", type=int, default=5_000_000_000)
     w.add_argument("--seed", type=int, default=7)

@@ -32,7 +32,10 @@ namespace {
 
 using test::error_of;
 
+using test::expect_close;
 using test::kHfPeer;
+using test::our_logits;
+using test::peer_logits;
 using test::peer_write;
 
 struct TempDir {
@@ -63,43 +66,6 @@ std::string qwen2_like_preset(const TempDir& t) { return tied_preset(t, "qwen2_t
 // heads (16), as in Qwen3-4B (2560 / 32 heads, head_dim 128).
 std::string qwen3_like_preset(const TempDir& t) {
   return tied_preset(t, "qwen3_tiny.yaml", "kv_channels: 32\nqk_layernorm: true\n");
-}
-
-std::vector<std::vector<float>> peer_logits(const std::string& dir, const std::vector<int32_t>& tokens) {
-  auto r = test::run_command(
-      fmt::format("/usr/bin/python3 {} logits {} --tokens '{}' 2>&1", kHfPeer, dir, fmt::join(tokens, " ")));
-  EXPECT_EQ(r.code, 0) << r.out;
-  if (r.code != 0) return {};
-  return json::parse(r.out).get<std::vector<std::vector<float>>>();
-}
-
-// Our model's logits at every position, from a checkpoint of ours.
-std::vector<std::vector<float>> our_logits(const std::string& ckpt, const std::vector<int32_t>& tokens) {
-  const YAML::Node cfg = YAML::Load(checkpoint::read_checkpoint_config(ckpt));
-  const ModelSpec spec = model_spec_from_yaml(cfg["modules"]["pre_trainer"]["model_spec"], ckpt);
-  LlamaModel model(spec, cpu::cpu_backend(), Precision::Fp32);
-  checkpoint::LoadOptions lo;
-  lo.optimizer = false;
-  auto ck = checkpoint::load_checkpoint(ckpt, model.params(), lo);
-  std::copy(ck.params.begin(), ck.params.end(), model.params().values().data<float>());
-  KVCacheDecoder dec(model, spec.max_position_embeddings);
-  std::vector<std::vector<float>> out;
-  for (int32_t t : tokens) out.push_back(dec.step(t));
-  return out;
-}
-
-void expect_close(const std::vector<std::vector<float>>& a, const std::vector<std::vector<float>>& b) {
-  ASSERT_EQ(a.size(), b.size());
-  double worst = 0, scale = 0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    ASSERT_EQ(a[i].size(), b[i].size());
-    for (size_t k = 0; k < a[i].size(); ++k) {
-      worst = std::max(worst, double(std::abs(a[i][k] - b[i][k])));
-      scale = std::max(scale, double(std::abs(b[i][k])));
-    }
-  }
-  EXPECT_GT(scale, 0.05);  // logits that say something
-  EXPECT_LT(worst, 2e-5 * std::max(1.0, scale)) << "largest logit difference " << worst << " (largest logit " << scale << ")";
 }
 
 // The lm loss of every logged step of a run, from its metrics.jsonl.
@@ -217,7 +183,21 @@ TEST(HfCheckpoint, UnsupportedModelsAreRefusedByName) {
     return error_of([&] { hf::import_hf({t / "src", t / "save", "", true}); });
   };
   // Qwen3 needs its q/k norm tensors: a Llama folder relabelled Qwen3 lacks them, named.
-  EXPECT_NE(import_with([](json& c) { c["architectures"] = {"Qwen3ForCausalLM"}; }).find("self_attn.q_norm.weight"),
+  EXPECT_NE(import_with([](json& c) {
+              c["architectures"] = {"Qwen3ForCausalLM"};
+              c["model_type"] = "qwen3";
+            }).find("self_attn.q_norm.weight"),
+            std::string::npos);
+  // A config of another family: its model_type and architecture disagree, named.
+  EXPECT_NE(import_with([](json& c) { c["architectures"] = {"MixtralForCausalLM"}; }).find("model_type 'llama'"),
+            std::string::npos);
+  // A Llama folder relabelled Mixtral lacks the experts: the first missing one is named.
+  EXPECT_NE(import_with([](json& c) {
+              c["architectures"] = {"MixtralForCausalLM"};
+              c["model_type"] = "mixtral";
+              c["num_local_experts"] = 4;
+              c["num_experts_per_tok"] = 2;
+            }).find("block_sparse_moe.gate.weight"),
             std::string::npos);
   EXPECT_NE(import_with([](json& c) { c["architectures"] = {"GPT2LMHeadModel"}; }).find("GPT2LMHeadModel"),
             std::string::npos);

@@ -1,0 +1,572 @@
+#include "hf/hf_families.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+
+namespace primus::hf {
+
+using json = nlohmann::json;
+
+namespace {
+
+bool has(const json& c, const char* key) { return c.contains(key) && !c[key].is_null(); }
+
+template <typename T>
+T need(const json& c, const char* key, const std::string& where) {
+  if (!has(c, key)) fail("{}: '{}' is missing", where, key);
+  try {
+    return c[key].get<T>();
+  } catch (const json::exception&) {
+    fail("{}: '{}' has the wrong type: {}", where, key, c[key].dump());
+  }
+}
+
+template <typename T>
+T value_or(const json& c, const char* key, T fallback, const std::string& where) {
+  return has(c, key) ? need<T>(c, key, where) : fallback;
+}
+
+bool is_deepseek(Family f) { return f == Family::DeepseekV2 || f == Family::DeepseekV3; }
+bool is_qwen_moe(Family f) { return f == Family::Qwen2Moe || f == Family::Qwen3Moe; }
+bool is_moe_family(Family f) { return f == Family::Mixtral || is_qwen_moe(f) || is_deepseek(f) || f == Family::GptOss; }
+
+// The MoE layers as our spec holds them: every layer (moe_layer_freq 1), else the 0/1 list.
+void set_moe_layers(ModelSpec& s, const std::vector<int64_t>& sparse) {
+  if (std::all_of(sparse.begin(), sparse.end(), [](int64_t v) { return v == 1; })) {
+    s.moe_layer_freq = 1;
+    s.moe_layer_pattern.clear();
+  } else {
+    s.moe_layer_pattern = sparse;
+  }
+}
+
+// HF's load-balancing loss (load_balancing_loss_func, Mixtral and Qwen-MoE) is E * sum_i f_i P_i
+// with f_i the fraction of tokens that chose expert i (the top-k slots of a token sum to k);
+// Megatron's divides the counts by k: the same loss has a coefficient k times HF's. HF adds it
+// only with output_router_logits.
+void read_hf_aux_loss(const json& c, const std::string& where, ModelSpec& s) {
+  if (value_or<double>(c, "router_jitter_noise", 0.0, where) != 0.0)
+    fail("{}: router_jitter_noise {} is not supported (this router adds no noise)", where,
+         c["router_jitter_noise"].dump());
+  const bool on = value_or<bool>(c, "output_router_logits", false, where);
+  s.moe_aux_loss_coeff = on ? value_or<double>(c, "router_aux_loss_coef", 0.001, where) * double(s.moe_router_topk)
+                            : 0.0;
+}
+
+void write_hf_aux_loss(const ModelSpec& s, json& c) {
+  const bool on = s.moe_aux_loss_coeff > 0 && s.moe_router_load_balancing_type == "aux_loss";
+  c["output_router_logits"] = on;
+  c["router_aux_loss_coef"] = on ? s.moe_aux_loss_coeff / double(s.moe_router_topk) : 0.001;
+}
+
+void read_mixtral(const json& c, const std::string& where, ModelSpec& s) {
+  s.num_experts = need<int64_t>(c, "num_local_experts", where);
+  s.moe_router_topk = need<int64_t>(c, "num_experts_per_tok", where);
+  s.moe_router_pre_softmax = false;  // the softmax over the chosen logits: Mixtral's renormalised top-k
+  read_hf_aux_loss(c, where, s);
+}
+
+void read_qwen_moe(const json& c, const Architecture& a, const std::string& where, ModelSpec& s) {
+  s.num_experts = need<int64_t>(c, "num_experts", where);
+  s.moe_router_topk = need<int64_t>(c, "num_experts_per_tok", where);
+  s.moe_ffn_hidden_size = need<int64_t>(c, "moe_intermediate_size", where);
+  s.moe_router_pre_softmax = true;  // softmax over all experts, then the top-k
+  s.moe_router_norm_topk_prob = value_or<bool>(c, "norm_topk_prob", a.family == Family::Qwen3Moe, where);
+  const int64_t step = value_or<int64_t>(c, "decoder_sparse_step", 1, where);
+  if (step < 1) fail("{}: decoder_sparse_step must be at least 1, got {}", where, step);
+  std::vector<int64_t> dense = value_or<std::vector<int64_t>>(c, "mlp_only_layers", {}, where);
+  std::vector<int64_t> sparse(size_t(s.num_layers), 0);
+  for (int64_t l = 0; l < s.num_layers; ++l)
+    sparse[size_t(l)] = std::find(dense.begin(), dense.end(), l) == dense.end() && (l + 1) % step == 0;
+  set_moe_layers(s, sparse);
+  if (a.family == Family::Qwen2Moe) {
+    s.moe_shared_expert_intermediate_size = need<int64_t>(c, "shared_expert_intermediate_size", where);
+    if (s.moe_shared_expert_intermediate_size <= 0)
+      fail("{}: shared_expert_intermediate_size must be positive, got {}", where,
+           s.moe_shared_expert_intermediate_size);
+    s.moe_shared_expert_gate = true;  // sigmoid(shared_expert_gate(x)) * shared_expert(x)
+  }
+  read_hf_aux_loss(c, where, s);
+}
+
+void read_yarn(const json& c, const std::string& where, ModelSpec& s) {
+  if (!has(c, "rope_scaling")) return;
+  const json& r = c["rope_scaling"];
+  const std::string w = where + " rope_scaling";
+  const std::string type = r.value("rope_type", r.value("type", ""));
+  if (type == "default") return;
+  if (type != "yarn") fail("{}: rope_scaling type '{}' is not supported (yarn only)", where, type);
+  s.rotary_scaling_factor = need<double>(r, "factor", w);
+  s.original_max_position_embeddings = need<int64_t>(r, "original_max_position_embeddings", w);
+  s.beta_fast = value_or<double>(r, "beta_fast", 32.0, w);
+  s.beta_slow = value_or<double>(r, "beta_slow", 1.0, w);
+  s.mscale = value_or<double>(r, "mscale", 1.0, w);
+  s.mscale_all_dim = value_or<double>(r, "mscale_all_dim", 0.0, w);
+}
+
+// DeepSeek's router (modeling_deepseek's MoEGate) in Megatron's keys.
+void read_deepseek_router(const json& c, const Architecture& a, const std::string& where, ModelSpec& s) {
+  const std::string scoring = value_or<std::string>(c, "scoring_func", "softmax", where);
+  const std::string method = value_or<std::string>(c, "topk_method",
+                                                   a.family == Family::DeepseekV3 ? "noaux_tc" : "greedy", where);
+  const bool norm = value_or<bool>(c, "norm_topk_prob", false, where);
+  const double scale = value_or<double>(c, "routed_scaling_factor", 1.0, where);
+  const int64_t groups = value_or<int64_t>(c, "n_group", 1, where),
+                group_topk = value_or<int64_t>(c, "topk_group", 1, where);
+  if (scoring != "softmax" && scoring != "sigmoid")
+    fail("{}: scoring_func '{}' is not supported (softmax, sigmoid)", where, scoring);
+  if (method != "greedy" && method != "group_limited_greedy" && method != "noaux_tc")
+    fail("{}: topk_method '{}' is not supported (greedy, group_limited_greedy, noaux_tc)", where, method);
+  s.moe_router_score_function = scoring;
+  s.moe_router_pre_softmax = scoring == "softmax";
+  if (scoring == "sigmoid" && !norm && s.moe_router_topk > 1)
+    fail("{}: scoring_func sigmoid with norm_topk_prob false is not supported (this router divides sigmoid scores "
+         "by their sum)",
+         where);
+  s.moe_router_norm_topk_prob = scoring == "softmax" && norm && s.moe_router_topk > 1;
+  // V2 scales the weights only when it does not normalise them; V3 always.
+  const bool scaled = a.family == Family::DeepseekV3 || !s.moe_router_norm_topk_prob;
+  s.moe_router_topk_scaling_factor = scaled && scale != 1.0 ? scale : 0.0;
+  s.moe_router_enable_expert_bias = method == "noaux_tc";
+  if (method != "greedy" && groups > 1) {
+    // This router ranks a group by the sum of its top max(1, k / topk_group) scores: V3's
+    // noaux_tc sums its top 2, V2's group_limited_greedy takes its largest.
+    const int64_t takes = std::max<int64_t>(1, s.moe_router_topk / std::max<int64_t>(1, group_topk));
+    const int64_t wants = method == "noaux_tc" ? 2 : 1;
+    if (takes != wants)
+      fail("{}: topk_method {} with num_experts_per_tok {} and topk_group {} is not supported: it ranks a group by its "
+           "top {} score(s), this router by the sum of its top {}",
+           where, method, s.moe_router_topk, group_topk, wants, takes);
+    s.moe_router_num_groups = groups;
+    s.moe_router_group_topk = group_topk;
+  }
+  s.moe_aux_loss_coeff = value_or<double>(c, "aux_loss_alpha", 0.0, where);
+  s.moe_router_load_balancing_type = value_or<bool>(c, "seq_aux", false, where) ? "seq_aux_loss" : "aux_loss";
+}
+
+void read_deepseek(const json& c, const Architecture& a, const std::string& where, ModelSpec& s) {
+  s.multi_latent_attention = true;
+  s.qk_layernorm = true;  // q_a_layernorm and kv_a_layernorm
+  s.kv_channels = 0;      // transformers' DeepseekV3Config sets head_dim to qk_rope_head_dim: not a head width here
+  s.q_lora_rank = value_or<int64_t>(c, "q_lora_rank", 0, where);
+  s.kv_lora_rank = need<int64_t>(c, "kv_lora_rank", where);
+  s.qk_head_dim = need<int64_t>(c, "qk_nope_head_dim", where);
+  s.qk_pos_emb_head_dim = need<int64_t>(c, "qk_rope_head_dim", where);
+  s.v_head_dim = need<int64_t>(c, "v_head_dim", where);
+  if (s.qk_pos_emb_head_dim % 2 != 0) fail("{}: qk_rope_head_dim must be even, got {}", where, s.qk_pos_emb_head_dim);
+  read_yarn(c, where, s);
+  if (!has(c, "n_routed_experts")) return;  // a dense model
+  s.num_experts = need<int64_t>(c, "n_routed_experts", where);
+  s.moe_router_topk = need<int64_t>(c, "num_experts_per_tok", where);
+  s.moe_ffn_hidden_size = need<int64_t>(c, "moe_intermediate_size", where);
+  s.moe_shared_expert_intermediate_size = value_or<int64_t>(c, "n_shared_experts", 0, where) * s.moe_ffn_hidden_size;
+  const int64_t first = value_or<int64_t>(c, "first_k_dense_replace", 0, where);
+  const int64_t freq = value_or<int64_t>(c, "moe_layer_freq", 1, where);
+  if (freq < 1) fail("{}: moe_layer_freq must be at least 1, got {}", where, freq);
+  std::vector<int64_t> sparse(size_t(s.num_layers), 0);
+  for (int64_t l = 0; l < s.num_layers; ++l) sparse[size_t(l)] = l >= first && l % freq == 0;
+  set_moe_layers(s, sparse);
+  read_deepseek_router(c, a, where, s);
+}
+
+// gpt-oss (modeling_gpt_oss): every linear with a bias, learned sinks, the clamped GLU, windows by
+// layer_types, YaRN with HF's default attention factor (mscale 1, mscale_all_dim 0 here).
+void read_gpt_oss(const json& c, const std::string& where, ModelSpec& s) {
+  if (!value_or<bool>(c, "attention_bias", true, where))
+    fail("{}: attention_bias false is not supported for gpt-oss (every linear has a bias here)", where);
+  s.add_bias_linear = true;
+  s.softmax_type = "learnable";
+  s.quick_geglu = true;
+  s.glu_linear_offset = 1.0;
+  s.activation_func_clamp_value = value_or<double>(c, "swiglu_limit", 7.0, where);
+  s.num_experts = need<int64_t>(c, "num_local_experts", where);
+  s.moe_router_topk = need<int64_t>(c, "num_experts_per_tok", where);
+  s.moe_router_pre_softmax = false;  // softmax over the chosen logits
+  read_hf_aux_loss(c, where, s);
+  std::vector<std::string> types;
+  if (has(c, "layer_types"))
+    types = need<std::vector<std::string>>(c, "layer_types", where);
+  else
+    for (int64_t l = 0; l < s.num_layers; ++l) types.push_back(l % 2 == 0 ? "sliding_attention" : "full_attention");
+  if (int64_t(types.size()) != s.num_layers)
+    fail("{}: layer_types lists {} layers, num_hidden_layers is {}", where, types.size(), s.num_layers);
+  std::vector<int64_t> pattern;
+  for (const std::string& t : types) {
+    if (t != "sliding_attention" && t != "full_attention")
+      fail("{}: layer_types entry '{}' is not supported (sliding_attention, full_attention)", where, t);
+    pattern.push_back(t == "sliding_attention");
+  }
+  if (std::count(pattern.begin(), pattern.end(), 1) > 0) {
+    const int64_t w = need<int64_t>(c, "sliding_window", where);
+    if (w < 1) fail("{}: sliding_window must be positive, got {}", where, w);
+    s.window_size = w - 1;  // HF's window of w keys is t - (w - 1) .. t
+    s.window_attn_pattern = pattern;
+  }
+  if (!has(c, "rope_scaling")) return;
+  const json& r = c["rope_scaling"];
+  const std::string w = where + " rope_scaling";
+  const std::string type = r.value("rope_type", r.value("type", ""));
+  if (type == "default") return;
+  if (type != "yarn") fail("{}: rope_scaling type '{}' is not supported (yarn only)", where, type);
+  for (const char* k : {"attention_factor", "mscale", "mscale_all_dim"})
+    if (has(r, k)) fail("{}: '{}' is not supported (HF's default attention factor 0.1 ln(factor) + 1 only)", w, k);
+  s.position_embedding_type = "yarn";
+  s.rotary_scaling_factor = need<double>(r, "factor", w);
+  s.yarn_original_max_position_embeddings = need<int64_t>(r, "original_max_position_embeddings", w);
+  s.yarn_beta_fast = value_or<double>(r, "beta_fast", 32.0, w);
+  s.yarn_beta_slow = value_or<double>(r, "beta_slow", 1.0, w);
+  s.yarn_correction_range_round_to_int = value_or<bool>(r, "truncate", true, w);
+  s.mscale = 1.0;
+  s.mscale_all_dim = 0.0;
+}
+
+void write_gpt_oss(const ModelSpec& s, const Architecture& a, json& c) {
+  auto need_part = [&](bool present, const char* what) {
+    if (!present) fail("a {} checkpoint has {}; model '{}' has not", a.name, what, s.name);
+  };
+  need_part(s.add_bias_linear, "biases on every linear (add_bias_linear)");
+  need_part(s.learns_attention_sinks(), "learned attention sinks (softmax_type: learnable)");
+  need_part(s.quick_geglu && s.glu_linear_offset == 1.0,
+            "the GLU g sigmoid(1.702 g) (up + 1) (quick_geglu, glu_linear_offset 1)");
+  need_part(s.is_moe() && s.moe_layer_pattern.empty() && s.moe_layer_freq == 1, "experts in every layer");
+  need_part(s.moe_shared_expert_intermediate_size == 0, "no shared expert");
+  need_part(s.moe_router_score_function == "softmax" && !s.moe_router_pre_softmax,
+            "a softmax over the chosen logits (moe_router_pre_softmax false)");
+  need_part(s.position_embedding_type != "yarn" || (s.mscale == 1.0 && s.mscale_all_dim == 0.0),
+            "YaRN's default attention factor (mscale 1, mscale_all_dim 0)");
+  c["num_local_experts"] = s.num_experts;
+  c["num_experts_per_tok"] = s.moe_router_topk;
+  c["intermediate_size"] = s.expert_ffn();
+  c["swiglu_limit"] = s.activation_func_clamp_value;
+  c["attention_bias"] = true;
+  std::vector<std::string> types;
+  for (int64_t l = 0; l < s.num_layers; ++l)
+    types.push_back(s.layer_window(l) >= 0 ? "sliding_attention" : "full_attention");
+  c["layer_types"] = types;
+  c["sliding_window"] = s.window_size >= 0 ? json(s.window_size + 1) : json(nullptr);
+  if (s.position_embedding_type == "yarn")
+    c["rope_scaling"] = {{"rope_type", "yarn"},
+                         {"factor", s.rotary_scaling_factor},
+                         {"beta_fast", s.yarn_beta_fast},
+                         {"beta_slow", s.yarn_beta_slow},
+                         {"truncate", s.yarn_correction_range_round_to_int},
+                         {"original_max_position_embeddings", s.yarn_original_max_position_embeddings}};
+  write_hf_aux_loss(s, c);
+}
+
+// The spec's parts that none of these families has, refused by name on export.
+void refuse_foreign_parts(const ModelSpec& s, const Architecture& a) {
+  auto no = [&](bool present, const char* what) {
+    if (present) fail("a {} checkpoint cannot hold {} (model '{}')", a.name, what, s.name);
+  };
+  no(s.softmax_type == "off-by-one", "fixed attention sinks (softmax_type: off-by-one)");
+  no(s.final_logit_softcapping != 0 || s.router_logit_softcapping != 0, "logit soft-capping");
+  if (a.family == Family::GptOss) return;
+  no(s.add_bias_linear, "add_bias_linear (biases on every linear; GptOssForCausalLM)");
+  no(s.has_attention_sinks(), "attention sinks (softmax_type; GptOssForCausalLM)");
+  no(s.quick_geglu || s.glu_linear_offset != 0 || s.activation_func_clamp_value != 0,
+     "gpt-oss's clamped GLU (quick_geglu, glu_linear_offset, activation_func_clamp_value; GptOssForCausalLM)");
+  no(s.window_size >= 0, "sliding-window attention (window_size; GptOssForCausalLM)");
+  no(!s.multi_latent_attention && s.position_embedding_type == "yarn",
+     "YaRN on grouped-query attention (GptOssForCausalLM)");
+  no(s.multi_latent_attention && !is_deepseek(a.family),
+     "multi-latent attention (DeepseekV2ForCausalLM, DeepseekV3ForCausalLM)");
+  no(s.is_moe() && !is_moe_family(a.family), "experts (MixtralForCausalLM, Qwen2MoeForCausalLM, Qwen3MoeForCausalLM, "
+                                             "DeepseekV2ForCausalLM, DeepseekV3ForCausalLM, GptOssForCausalLM)");
+}
+
+// The MoE layers as HF's dense-layer list (Qwen's mlp_only_layers).
+std::vector<int64_t> dense_layers(const ModelSpec& s) {
+  std::vector<int64_t> out;
+  for (int64_t l = 0; l < s.num_layers; ++l)
+    if (!s.is_moe_layer(l)) out.push_back(l);
+  return out;
+}
+
+void write_mixtral(const ModelSpec& s, const Architecture& a, json& c) {
+  if (!dense_layers(s).empty())
+    fail("a {} checkpoint has experts in every layer; model '{}' has dense layers", a.name, s.name);
+  if (s.moe_shared_expert_intermediate_size > 0)
+    fail("a {} checkpoint has no shared expert (model '{}')", a.name, s.name);
+  if (s.moe_router_score_function != "softmax" || (s.moe_router_pre_softmax && !s.moe_router_norm_topk_prob))
+    fail("a {} checkpoint routes by a softmax renormalised over the top-k; model '{}' routes otherwise", a.name,
+         s.name);
+  c["num_local_experts"] = s.num_experts;
+  c["num_experts_per_tok"] = s.moe_router_topk;
+  c["intermediate_size"] = s.expert_ffn();
+  c["router_jitter_noise"] = 0.0;
+  c["sliding_window"] = nullptr;
+  write_hf_aux_loss(s, c);
+}
+
+void write_qwen_moe(const ModelSpec& s, const Architecture& a, json& c) {
+  if (s.moe_router_score_function != "softmax")
+    fail("a {} checkpoint routes by softmax scores; model '{}' has moe_router_score_function {}", a.name, s.name,
+         s.moe_router_score_function);
+  const bool shared = s.moe_shared_expert_intermediate_size > 0;
+  if (a.family == Family::Qwen3Moe && shared) fail("a {} checkpoint has no shared expert (model '{}')", a.name, s.name);
+  if (a.family == Family::Qwen2Moe && (!shared || !s.moe_shared_expert_gate))
+    fail("a {} checkpoint has a gated shared expert; model '{}' has {}", a.name, s.name,
+         shared ? "an ungated one" : "none");
+  c["num_experts"] = s.num_experts;
+  c["num_experts_per_tok"] = s.moe_router_topk;
+  c["moe_intermediate_size"] = s.expert_ffn();
+  c["decoder_sparse_step"] = 1;
+  c["mlp_only_layers"] = dense_layers(s);
+  c["norm_topk_prob"] = !s.moe_router_pre_softmax || s.moe_router_norm_topk_prob;
+  if (shared) c["shared_expert_intermediate_size"] = s.moe_shared_expert_intermediate_size;
+  c["use_sliding_window"] = false;
+  write_hf_aux_loss(s, c);
+}
+
+// DeepSeek's router keys (MoEGate) of our routing; a routing DeepSeek's code does not compute is
+// refused by name.
+void write_deepseek_router(const ModelSpec& s, const Architecture& a, json& c) {
+  const bool v3 = a.family == Family::DeepseekV3, sigmoid = s.moe_router_score_function == "sigmoid";
+  if (s.moe_router_score_function == "softmax" && !s.moe_router_pre_softmax)
+    fail("a {} checkpoint's softmax router scores all experts before the top-k (moe_router_pre_softmax); model '{}' "
+         "does not",
+         a.name, s.name);
+  // A group's score here is the sum of its top max(1, k / group_topk): V2's is its largest, V3's its top 2.
+  const int64_t takes = s.moe_router_num_groups > 0 ? std::max<int64_t>(1, s.moe_router_topk / s.moe_router_group_topk) : 0;
+  if (s.moe_router_enable_expert_bias != v3 || (takes > 0 && takes != (v3 ? 2 : 1)))
+    fail("model '{}''s routing (expert bias {}, groups {}) is not {}'s: export it as {}", s.name,
+         s.moe_router_enable_expert_bias, s.moe_router_num_groups, a.name,
+         v3 ? "DeepseekV2ForCausalLM" : "DeepseekV3ForCausalLM");
+  const bool norm = sigmoid ? s.moe_router_topk > 1 : s.moe_router_norm_topk_prob;
+  const double scale = s.moe_router_topk_scaling_factor > 0 ? s.moe_router_topk_scaling_factor : 1.0;
+  if (!v3 && norm && scale != 1.0)
+    fail("a {} checkpoint does not scale normalised weights; model '{}' has moe_router_topk_scaling_factor {}", a.name,
+         s.name, scale);
+  c["routed_scaling_factor"] = scale;
+  c["scoring_func"] = s.moe_router_score_function;
+  c["topk_method"] = v3 ? "noaux_tc" : s.moe_router_num_groups > 0 ? "group_limited_greedy" : "greedy";
+  c["n_group"] = s.moe_router_num_groups > 0 ? s.moe_router_num_groups : 1;
+  c["topk_group"] = s.moe_router_group_topk > 0 ? s.moe_router_group_topk : 1;
+  c["norm_topk_prob"] = norm;
+  c["aux_loss_alpha"] = s.moe_aux_loss_coeff;
+  c["seq_aux"] = s.moe_router_load_balancing_type == "seq_aux_loss";
+}
+
+void write_deepseek(const ModelSpec& s, const Architecture& a, json& c) {
+  if (!s.multi_latent_attention)
+    fail("a {} checkpoint has multi-latent attention; model '{}' has none", a.name, s.name);
+  if (!s.qk_layernorm)
+    fail("a {} checkpoint normalises the q and kv latents (qk_layernorm); model '{}' does not", a.name, s.name);
+  c["head_dim"] = s.qk_pos_emb_head_dim;  // as transformers' DeepseekV3Config
+  c["num_key_value_heads"] = s.num_attention_heads;
+  c["q_lora_rank"] = s.q_lora_rank > 0 ? json(s.q_lora_rank) : json(nullptr);
+  c["kv_lora_rank"] = s.kv_lora_rank;
+  c["qk_nope_head_dim"] = s.qk_head_dim;
+  c["qk_rope_head_dim"] = s.qk_pos_emb_head_dim;
+  c["v_head_dim"] = s.v_head_dim;
+  c["attention_bias"] = false;
+  c["rope_scaling"] = nullptr;
+  if (s.rotary_scaling_factor > 1)
+    c["rope_scaling"] = {{"type", "yarn"},
+                         {"factor", s.rotary_scaling_factor},
+                         {"beta_fast", s.beta_fast},
+                         {"beta_slow", s.beta_slow},
+                         {"mscale", s.mscale},
+                         {"mscale_all_dim", s.mscale_all_dim},
+                         {"original_max_position_embeddings", s.original_max_position_embeddings}};
+  if (a.family == Family::DeepseekV3) c["num_nextn_predict_layers"] = 0;
+  if (!s.is_moe()) return;
+  int64_t first = 0;
+  while (first < s.num_layers && !s.is_moe_layer(first)) ++first;
+  for (int64_t l = first; l < s.num_layers; ++l)
+    if (!s.is_moe_layer(l))
+      fail("a {} checkpoint has dense layers first (first_k_dense_replace), then experts; model '{}' has a dense layer "
+           "{} after MoE layer {}",
+           a.name, s.name, l, first);
+  const int64_t fe = s.expert_ffn(), fs = s.moe_shared_expert_intermediate_size;
+  if (fs % fe != 0)
+    fail("a {} checkpoint's shared experts are n_shared_experts x moe_intermediate_size; model '{}' has "
+         "moe_shared_expert_intermediate_size {}, not a multiple of {}",
+         a.name, s.name, fs, fe);
+  if (s.moe_shared_expert_gate) fail("a {} checkpoint's shared experts have no gate (model '{}')", a.name, s.name);
+  write_deepseek_router(s, a, c);
+  c["n_routed_experts"] = s.num_experts;
+  c["n_shared_experts"] = fs > 0 ? json(fs / fe) : json(nullptr);
+  c["num_experts_per_tok"] = s.moe_router_topk;
+  c["moe_intermediate_size"] = fe;
+  c["first_k_dense_replace"] = first;
+  c["moe_layer_freq"] = 1;
+}
+
+// Row permutation of `n` rows that puts the rope rows [at, at + d) of each of `blocks` blocks of
+// `stride` rows from interleaved pairs to halves: our row at + j is their row at + perm(j), with
+// perm = 0, 2, 4, ..., 1, 3, 5, ...
+std::vector<int64_t> rope_perm(int64_t blocks, int64_t stride, int64_t at, int64_t d) {
+  std::vector<int64_t> p(size_t(blocks * stride));
+  for (int64_t b = 0; b < blocks; ++b)
+    for (int64_t i = 0; i < stride; ++i) {
+      const int64_t j = i - at;
+      const int64_t src = j < 0 || j >= d ? i : at + (j < d / 2 ? 2 * j : 2 * (j - d / 2) + 1);
+      p[size_t(b * stride + i)] = b * stride + src;
+    }
+  return p;
+}
+
+void attention_mappings(const ModelSpec& s, const std::string& o, const std::string& h, std::vector<Mapping>& m) {
+  const std::string a = o + "self_attention.", t = h + "self_attn.";
+  if (s.multi_latent_attention) {
+    const int64_t H = s.num_attention_heads, qk = s.qk_head_dim + s.qk_pos_emb_head_dim;
+    const std::vector<int64_t> qperm = rope_perm(H, qk, s.qk_head_dim, s.qk_pos_emb_head_dim);
+    if (s.q_lora_rank > 0) {
+      m.push_back({a + "linear_q_down_proj.weight", {t + "q_a_proj.weight"}, {}, {}});
+      m.push_back({a + "q_layernorm.weight", {t + "q_a_layernorm.weight"}, {}, {}});
+      m.push_back({a + "linear_q_up_proj.weight", {t + "q_b_proj.weight"}, {}, qperm});
+    } else {
+      m.push_back({a + "linear_q_proj.weight", {t + "q_proj.weight"}, {}, qperm});
+    }
+    m.push_back({a + "linear_kv_down_proj.weight",
+                 {t + "kv_a_proj_with_mqa.weight"},
+                 {},
+                 rope_perm(1, s.kv_lora_rank + s.qk_pos_emb_head_dim, s.kv_lora_rank, s.qk_pos_emb_head_dim)});
+    m.push_back({a + "kv_layernorm.weight", {t + "kv_a_layernorm.weight"}, {}, {}});
+    m.push_back({a + "linear_kv_up_proj.weight", {t + "kv_b_proj.weight"}, {}, {}});
+    m.push_back({a + "linear_proj.weight", {t + "o_proj.weight"}, {}, {}});
+    return;
+  }
+  const std::vector<int64_t> qkv = {s.q_size(), s.kv_size(), s.kv_size()};
+  m.push_back({a + "linear_qkv.weight", {t + "q_proj.weight", t + "k_proj.weight", t + "v_proj.weight"}, qkv, {}});
+  if (s.qkv_bias())
+    m.push_back({a + "linear_qkv.bias", {t + "q_proj.bias", t + "k_proj.bias", t + "v_proj.bias"}, qkv, {}});
+  if (s.qk_layernorm) {  // Qwen3: one head_dim weight for all q heads, one for all k heads
+    m.push_back({a + "q_layernorm.weight", {t + "q_norm.weight"}, {}, {}});
+    m.push_back({a + "k_layernorm.weight", {t + "k_norm.weight"}, {}, {}});
+  }
+  m.push_back({a + "linear_proj.weight", {t + "o_proj.weight"}, {}, {}});
+  if (s.add_bias_linear) m.push_back({a + "linear_proj.bias", {t + "o_proj.bias"}, {}, {}});
+  if (s.learns_attention_sinks()) m.push_back({a + "core_attention.softmax_offset", {t + "sinks"}, {}, {}});
+}
+
+// A gated MLP: ours linear_fc1 = [gate; up], linear_fc2 = down.
+void glu_mappings(const std::string& ours, const std::string& gate, const std::string& up, const std::string& down,
+                  int64_t f, std::vector<Mapping>& m) {
+  m.push_back({ours + "linear_fc1.weight", {gate + ".weight", up + ".weight"}, {f, f}, {}});
+  m.push_back({ours + "linear_fc2.weight", {down + ".weight"}, {}, {}});
+}
+
+void moe_mappings(const ModelSpec& s, Family f, const std::string& o, const std::string& h, std::vector<Mapping>& m) {
+  const std::string mlp = h + (f == Family::Mixtral ? "block_sparse_moe." : "mlp.");
+  if (f == Family::GptOss) {  // the experts are packed: gpt_oss_experts.h
+    m.push_back({o + "mlp.router.weight", {mlp + "router.weight"}, {}, {}});
+    m.push_back({o + "mlp.router.bias", {mlp + "router.bias"}, {}, {}});
+    return;
+  }
+  m.push_back({o + "mlp.router.weight", {mlp + "gate.weight"}, {}, {}});
+  if (s.moe_router_enable_expert_bias)
+    m.push_back({o + "mlp.router.expert_bias", {mlp + "gate.e_score_correction_bias"}, {}, {}});
+  for (int64_t e = 0; e < s.num_experts; ++e) {
+    const std::string ours = o + fmt::format("mlp.experts.local_experts.{}.", e),
+                      x = mlp + fmt::format("experts.{}.", e);
+    if (f == Family::Mixtral)
+      glu_mappings(ours, x + "w1", x + "w3", x + "w2", s.expert_ffn(), m);
+    else
+      glu_mappings(ours, x + "gate_proj", x + "up_proj", x + "down_proj", s.expert_ffn(), m);
+  }
+  if (s.moe_shared_expert_intermediate_size > 0) {
+    const std::string x = mlp + (f == Family::Qwen2Moe ? "shared_expert." : "shared_experts.");
+    glu_mappings(o + "mlp.shared_experts.", x + "gate_proj", x + "up_proj", x + "down_proj",
+                 s.moe_shared_expert_intermediate_size, m);
+    if (s.moe_shared_expert_gate)
+      m.push_back({o + "mlp.shared_experts.gate_weight", {mlp + "shared_expert_gate.weight"}, {}, {}});
+  }
+}
+
+}  // namespace
+
+const std::vector<Architecture>& architectures() {
+  static const std::vector<Architecture> a = {{"LlamaForCausalLM", "llama", Family::Llama},
+                                              {"MistralForCausalLM", "mistral", Family::Mistral},
+                                              {"Qwen2ForCausalLM", "qwen2", Family::Qwen2},
+                                              {"Qwen3ForCausalLM", "qwen3", Family::Qwen3},
+                                              {"MixtralForCausalLM", "mixtral", Family::Mixtral},
+                                              {"Qwen2MoeForCausalLM", "qwen2_moe", Family::Qwen2Moe},
+                                              {"Qwen3MoeForCausalLM", "qwen3_moe", Family::Qwen3Moe},
+                                              {"DeepseekV2ForCausalLM", "deepseek_v2", Family::DeepseekV2},
+                                              {"DeepseekV3ForCausalLM", "deepseek_v3", Family::DeepseekV3},
+                                              {"GptOssForCausalLM", "gpt_oss", Family::GptOss}};
+  return a;
+}
+
+const Architecture& architecture_named(const std::string& name, const std::string& where) {
+  for (const Architecture& a : architectures())
+    if (a.name == name) return a;
+  std::vector<std::string> names;
+  for (const Architecture& a : architectures()) names.push_back(a.name);
+  fail("{}architecture '{}' is not supported ({})", where.empty() ? "" : where + ": ", name, fmt::join(names, ", "));
+}
+
+const Architecture& default_architecture(const ModelSpec& s) {
+  const char* name = s.add_bias_linear && s.learns_attention_sinks() ? "GptOssForCausalLM"
+                     : s.multi_latent_attention
+                         ? (s.moe_router_enable_expert_bias ? "DeepseekV3ForCausalLM" : "DeepseekV2ForCausalLM")
+                     : s.is_moe() && s.moe_shared_expert_intermediate_size > 0 ? "Qwen2MoeForCausalLM"
+                     : s.is_moe() && s.qk_layernorm                            ? "Qwen3MoeForCausalLM"
+                     : s.is_moe()                                              ? "MixtralForCausalLM"
+                     : s.qk_layernorm                                          ? "Qwen3ForCausalLM"
+                     : s.add_qkv_bias                                          ? "Qwen2ForCausalLM"
+                                                                               : "LlamaForCausalLM";
+  return architecture_named(name, "");
+}
+
+void layer_mappings(const ModelSpec& s, Family f, int64_t l, std::vector<Mapping>& m) {
+  const std::string o = fmt::format("decoder.layers.{}.", l), h = fmt::format("model.layers.{}.", l);
+  m.push_back({o + "input_layernorm.weight", {h + "input_layernorm.weight"}, {}, {}});
+  attention_mappings(s, o, h, m);
+  m.push_back({o + "pre_mlp_layernorm.weight", {h + "post_attention_layernorm.weight"}, {}, {}});
+  if (s.is_moe_layer(l))
+    moe_mappings(s, f, o, h, m);
+  else
+    glu_mappings(o + "mlp.", h + "mlp.gate_proj", h + "mlp.up_proj", h + "mlp.down_proj", s.ffn_hidden_size, m);
+}
+
+void read_family_config(const json& c, const Architecture& a, const std::string& where, ModelSpec& s) {
+  // The MoE families' per-layer lists (dense and MoE layers, windows) have num_hidden_layers entries.
+  constexpr int64_t kMaxLayers = 1'000'000;
+  if (is_moe_family(a.family) && (s.num_layers < 1 || s.num_layers > kMaxLayers))
+    fail("{}: num_hidden_layers {} is out of range (1 to {})", where, s.num_layers, kMaxLayers);
+  switch (a.family) {
+    case Family::Mixtral: return read_mixtral(c, where, s);
+    case Family::Qwen2Moe:
+    case Family::Qwen3Moe: return read_qwen_moe(c, a, where, s);
+    case Family::DeepseekV2:
+    case Family::DeepseekV3: return read_deepseek(c, a, where, s);
+    case Family::GptOss: return read_gpt_oss(c, where, s);
+    default: return;
+  }
+}
+
+void write_family_config(const ModelSpec& s, const Architecture& a, json& c) {
+  refuse_foreign_parts(s, a);
+  switch (a.family) {
+    case Family::Mixtral: return write_mixtral(s, a, c);
+    case Family::Qwen2Moe:
+    case Family::Qwen3Moe: return write_qwen_moe(s, a, c);
+    case Family::DeepseekV2:
+    case Family::DeepseekV3: return write_deepseek(s, a, c);
+    case Family::GptOss: return write_gpt_oss(s, a, c);
+    default: return;
+  }
+}
+
+bool is_mtp_tensor(const std::string& name, const ModelSpec& s, int64_t mtp_layers) {
+  if (mtp_layers <= 0 || !name.starts_with("model.layers.")) return false;
+  const std::string rest = name.substr(std::string("model.layers.").size());
+  const size_t dot = rest.find('.');
+  if (dot == 0 || dot == std::string::npos || dot > 9 ||
+      !std::all_of(rest.begin(), rest.begin() + long(dot), ::isdigit))
+    return false;
+  const int64_t l = std::stoll(rest.substr(0, dot));
+  return l >= s.num_layers && l < s.num_layers + mtp_layers;
+}
+
+}  // namespace primus::hf

@@ -1,0 +1,457 @@
+// Hugging Face checkpoints of the mixture-of-experts families (hf/hf_families.h): Mixtral,
+// Qwen2-MoE, Qwen3-MoE, DeepSeek-V2 and V3. A tiny random model of each in its Hugging Face layout
+// (tests/oracles/hf_moe_peer.py) imports and exports to the same bytes and gives the peer's logits;
+// the quantized formats dequantize to hand-computed values; bad folders are refused by name.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+
+#include <yaml-cpp/yaml.h>
+#include <nlohmann/json.hpp>
+
+#include "checkpoint/checkpoint.h"
+#include "core/error.h"
+#include "hf/dequant.h"
+#include "hf/hf_checkpoint.h"
+#include "hf/hf_families.h"
+#include "hf/safetensors.h"
+#include "hf_peer.h"
+#include "support/error_of.h"
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+using namespace primus;
+
+namespace {
+
+using test::error_of;
+
+struct TempDir {
+  fs::path path;
+  TempDir() {
+    path = fs::temp_directory_path() / ("primus_hfmoe_" + std::to_string(::getpid()) + "_" +
+                                        ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::remove_all(path);
+    fs::create_directories(path);
+  }
+  ~TempDir() { fs::remove_all(path); }
+  std::string operator/(const std::string& s) const { return (path / s).string(); }
+};
+
+const std::vector<std::string> kFamilies = {"mixtral",     "qwen2_moe",   "qwen3_moe",
+                                            "deepseek_v2", "deepseek_v3", "gpt_oss"};
+const std::vector<int32_t> kTokens = {1, 17, 200, 3, 3, 255, 42, 0, 99, 128, 7, 64};
+
+json read_config(const std::string& dir) {
+  std::ifstream f(fs::path(dir) / "config.json");
+  return json::parse(f);
+}
+void write_config(const std::string& dir, const json& c) { std::ofstream(fs::path(dir) / "config.json") << c.dump(2); }
+
+// Rewrites the folder's safetensors with `edit` applied to its tensor list.
+void rewrite_tensors(const std::string& dir, const std::function<void(std::vector<hf::TensorOut>&)>& edit) {
+  std::vector<hf::TensorOut> ts;
+  {
+    hf::SafetensorsReader r(dir);
+    for (const auto& [name, e] : r.tensors()) ts.push_back({name, e.dtype, e.shape, r.raw(name)});
+  }
+  for (const auto& e : fs::directory_iterator(dir))
+    if (e.path().extension() == ".safetensors" || e.path().filename() == "model.safetensors.index.json")
+      fs::remove(e.path());
+  edit(ts);
+  hf::write_safetensors(dir, ts, 5'000'000'000);
+}
+
+// The keys of each family's config.json that describe the model (what an export must give back).
+std::vector<std::string> family_keys(const std::string& family) {
+  std::vector<std::string> k = {"architectures",       "model_type",         "hidden_size",  "num_hidden_layers",
+                                "num_attention_heads", "vocab_size",         "rms_norm_eps", "rope_theta",
+                                "tie_word_embeddings", "num_experts_per_tok"};
+  if (family == "mixtral") k.insert(k.end(), {"num_local_experts", "intermediate_size", "num_key_value_heads"});
+  if (family == "qwen2_moe" || family == "qwen3_moe")
+    k.insert(k.end(), {"num_experts", "moe_intermediate_size", "intermediate_size", "mlp_only_layers", "norm_topk_prob",
+                       "num_key_value_heads"});
+  if (family == "qwen2_moe") k.push_back("shared_expert_intermediate_size");
+  if (family == "qwen3_moe") k.push_back("head_dim");
+  if (family == "gpt_oss")
+    k.insert(k.end(), {"num_local_experts", "intermediate_size", "num_key_value_heads", "head_dim", "sliding_window",
+                       "layer_types", "swiglu_limit", "attention_bias", "rope_scaling"});
+  if (family.starts_with("deepseek"))
+    k.insert(k.end(), {"n_routed_experts", "n_shared_experts", "moe_intermediate_size", "intermediate_size",
+                       "first_k_dense_replace", "q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim",
+                       "v_head_dim", "routed_scaling_factor", "scoring_func", "topk_method", "n_group", "topk_group",
+                       "norm_topk_prob", "aux_loss_alpha", "seq_aux"});
+  return k;
+}
+
+}  // namespace
+
+TEST(HfMoe, ImportThenExportGivesTheSameBytes) {
+  TempDir t;
+  // Every family in F32, one file; the two with the most conversions (MLA's rope rows, packed
+  // experts) also in BF16, sharded.
+  std::vector<std::pair<std::string, std::pair<std::string, uint64_t>>> cases;
+  for (const std::string& family : kFamilies) cases.push_back({family, {"F32", 5'000'000'000}});
+  for (const std::string family : {"deepseek_v3", "gpt_oss"}) cases.push_back({family, {"BF16", 60'000}});
+  for (const auto& [family, format] : cases) {
+    const auto& [dtype, shard] = format;
+    SCOPED_TRACE(family + " " + dtype);
+    const std::string src = t / "src", save = t / "save", dst = t / "dst";
+    fs::remove_all(src), fs::remove_all(save), fs::remove_all(dst);
+    test::peer_write_family(src, family, dtype, shard);
+    EXPECT_EQ(fs::exists(fs::path(src) / "model.safetensors.index.json"), shard < 1'000'000);
+    hf::import_hf({src, save, "", false});
+    hf::ExportOptions eo;
+    eo.checkpoint = save;
+    eo.out_dir = dst;
+    eo.dtype = dtype;
+    eo.max_shard_bytes = shard;
+    hf::export_hf(eo);  // the architecture the checkpoint's parts say
+    hf::SafetensorsReader a(src), b(dst);
+    ASSERT_EQ(a.tensors().size(), b.tensors().size());
+    for (const auto& [name, e] : a.tensors()) {
+      ASSERT_TRUE(b.has(name)) << name;
+      EXPECT_EQ(b.entry(name).shape, e.shape) << name;
+      EXPECT_TRUE(a.raw(name) == b.raw(name)) << name << " differs";
+    }
+    const json ja = read_config(src), jb = read_config(dst);
+    for (const std::string& k : family_keys(family)) EXPECT_EQ(ja[k], jb[k]) << k;
+  }
+}
+
+TEST(HfMoe, PeerModelGivesOurLogits) {
+  TempDir t;
+  std::vector<std::string> families = kFamilies;
+  families.push_back("gpt_oss_mxfp4");  // the experts in MXFP4, which the peer dequantizes by itself
+  for (const std::string& family : families) {
+    SCOPED_TRACE(family);
+    const std::string src = t / "src", save = t / "save", dst = t / "dst";
+    fs::remove_all(src), fs::remove_all(save), fs::remove_all(dst);
+    test::peer_write_family(src, family, "F32", 5'000'000'000);
+    const std::string ckpt = hf::import_hf({src, save, "", false});
+    const auto ours = test::our_logits(ckpt, kTokens);
+    test::expect_close(ours, test::peer_logits(src, kTokens));  // import: the peer on the source folder
+    // Export gives the source's bytes back (ImportThenExportGivesTheSameBytes), but for MXFP4
+    // experts, which it writes unpacked: the peer on that folder.
+    if (family != "gpt_oss_mxfp4") continue;
+    hf::ExportOptions eo;
+    eo.checkpoint = ckpt;
+    eo.out_dir = dst;
+    hf::export_hf(eo);
+    EXPECT_TRUE(hf::SafetensorsReader(dst).has("model.layers.0.mlp.experts.gate_up_proj"));
+    test::expect_close(ours, test::peer_logits(dst, kTokens));  // export: the peer on our exported folder
+  }
+}
+
+// E4M3 (fn) and E2M1 / E8M0 by hand, and the block layouts.
+TEST(HfMoe, Fp8BlocksAndMxfp4DequantizeToHandComputedValues) {
+  EXPECT_EQ(hf::e4m3_to_float(0x38), 1.0f);                  // 0.0111.000: 2^(7-7)
+  EXPECT_EQ(hf::e4m3_to_float(0xC4), -3.0f);                 // 1.1000.100: -(1 + 4/8) 2^1
+  EXPECT_EQ(hf::e4m3_to_float(0x7E), 448.0f);                // the largest: (1 + 6/8) 2^8
+  EXPECT_EQ(hf::e4m3_to_float(0x01), std::ldexp(1.0f, -9));  // the smallest subnormal: 1/8 2^-6
+  EXPECT_TRUE(std::isnan(hf::e4m3_to_float(0x7F)));
+  EXPECT_EQ(hf::e2m1_to_float(0x7), 6.0f);
+  EXPECT_EQ(hf::e2m1_to_float(0xB), -1.5f);
+  // A 130 x 3 weight in 128 x 128 blocks: rows 128 and 129 take the second row of factors.
+  std::string fp8(130 * 3, char(0x38));
+  fp8[129 * 3 + 2] = char(0xC4);
+  const std::vector<float> w = hf::dequant_fp8_blocks(fp8, 130, 3, {0.5f, 4.0f}, {2, 1}, 128, "w");
+  EXPECT_EQ(w[0], 0.5f);
+  EXPECT_EQ(w[127 * 3 + 1], 0.5f);
+  EXPECT_EQ(w[128 * 3], 4.0f);
+  EXPECT_EQ(w[129 * 3 + 2], -12.0f);
+  EXPECT_NE(error_of([&] {
+              hf::dequant_fp8_blocks(fp8, 130, 3, {0.5f}, {1, 1}, 128, "layer.w");
+            }).find("layer.w"),
+            std::string::npos);
+  // MXFP4: byte 0x2F holds -6 (low nibble, first) and 1 (high); scale byte 128: times 2.
+  std::string blocks(16, char(0)), scales(1, char(128));
+  blocks[0] = char(0x2F);
+  blocks[15] = char(0x70);  // 0, then 6
+  const std::vector<float> m = hf::dequant_mxfp4(blocks, scales, 1, 1, "b");
+  ASSERT_EQ(m.size(), 32u);
+  EXPECT_EQ(m[0], -12.0f);
+  EXPECT_EQ(m[1], 2.0f);
+  EXPECT_EQ(m[30], 0.0f);
+  EXPECT_EQ(m[31], 12.0f);
+}
+
+// A DeepSeek-V3 folder with an fp8 block-quantized weight (and its weight_scale_inv) imports
+// dequantized; without its factors it is refused by name.
+TEST(HfMoe, DeepSeekV3Fp8WeightsAreDequantizedOnImport) {
+  TempDir t;
+  const std::string src = t / "src";
+  test::peer_write_family(src, "deepseek_v3", "BF16", 5'000'000'000);
+  json c = read_config(src);
+  c["quantization_config"] = {
+      {"quant_method", "fp8"}, {"fmt", "e4m3"}, {"activation_scheme", "dynamic"}, {"weight_block_size", {128, 128}}};
+  write_config(src, c);
+  const std::string w = "model.layers.1.mlp.experts.2.up_proj.weight";  // [24, 64]
+  std::string fp8(24 * 64, char(0x38));
+  fp8[5 * 64 + 7] = char(0xC4);
+  rewrite_tensors(src, [&](std::vector<hf::TensorOut>& ts) {
+    for (auto& x : ts)
+      if (x.name == w) x = {w, "F8_E4M3", {24, 64}, fp8};
+    ts.push_back({w + "_scale_inv", "F32", {1, 1}, hf::f32_to_bytes({0.25f}, "F32")});
+  });
+  const std::string ckpt = hf::import_hf({src, t / "save", "", false});
+  hf::ExportOptions eo;
+  eo.checkpoint = ckpt;
+  eo.out_dir = t / "dst";
+  hf::export_hf(eo);
+  const std::vector<float> v = hf::SafetensorsReader(t / "dst").as_f32(w);
+  EXPECT_EQ(v[0], 0.25f);
+  EXPECT_EQ(v[5 * 64 + 7], -0.75f);
+  EXPECT_FALSE(read_config(t / "dst").contains("quantization_config"));  // exported as F32
+
+  rewrite_tensors(src, [&](std::vector<hf::TensorOut>& ts) {
+    std::erase_if(ts, [&](const hf::TensorOut& x) { return x.name == w + "_scale_inv"; });
+  });
+  EXPECT_NE(error_of([&] { hf::import_hf({src, t / "save2", "", false}); }).find(w + "_scale_inv"), std::string::npos);
+  c["quantization_config"] = {{"quant_method", "gptq"}};
+  write_config(src, c);
+  EXPECT_NE(error_of([&] {
+              hf::import_hf({src, t / "save2", "", false});
+            }).find("quantization_config"),
+            std::string::npos);
+  EXPECT_FALSE(fs::exists(t / "save2"));
+}
+
+// DeepSeek-V3's multi-token-prediction layer (model.layers.<num_hidden_layers>.*) is skipped with
+// num_nextn_predict_layers; without it, the same tensor has no place and is named.
+TEST(HfMoe, MtpLayersAreSkipped) {
+  TempDir t;
+  const std::string src = t / "src";
+  test::peer_write_family(src, "deepseek_v3", "F32", 5'000'000'000);
+  rewrite_tensors(src, [&](std::vector<hf::TensorOut>& ts) {
+    ts.push_back({"model.layers.3.eh_proj.weight", "F32", {64, 128}, std::string(64 * 128 * 4, '\0')});
+  });
+  EXPECT_NE(error_of([&] {
+              hf::import_hf({src, t / "save", "", false});
+            }).find("model.layers.3.eh_proj.weight"),
+            std::string::npos);
+  json c = read_config(src);
+  c["num_nextn_predict_layers"] = 1;
+  write_config(src, c);
+  EXPECT_NO_THROW(hf::import_hf({src, t / "save", "", true}));
+}
+
+TEST(HfMoe, HostileInputsAreRefusedByName) {
+  TempDir t;
+  const std::string src = t / "src";
+  test::peer_write_family(src, "mixtral", "F32", 5'000'000'000);
+  const json good = read_config(src);
+  auto import_with = [&](const std::function<void(json&)>& edit) {
+    json c = good;
+    edit(c);
+    write_config(src, c);
+    return error_of([&] { hf::import_hf({src, t / "save", "", true}); });
+  };
+  // A config of another family.
+  EXPECT_NE(import_with([](json& c) { c["model_type"] = "qwen3_moe"; }).find("model_type 'qwen3_moe'"),
+            std::string::npos);
+  EXPECT_NE(import_with([](json& c) {
+              c["architectures"] = {"Qwen3MoeForCausalLM"}, c["model_type"] = "qwen3_moe";
+            }).find("'num_experts' is missing"),
+            std::string::npos);
+  // Values this model cannot represent.
+  EXPECT_NE(import_with([](json& c) { c["router_jitter_noise"] = 0.1; }).find("router_jitter_noise"),
+            std::string::npos);
+  EXPECT_NE(import_with([](json& c) { c["num_experts_per_tok"] = 5; }).find("moe_router_topk"), std::string::npos);
+  // Absurd sizes: refused before anything of their size is allocated, in well under a second.
+  const auto start = std::chrono::steady_clock::now();
+  EXPECT_NE(import_with([](json& c) { c["num_local_experts"] = int64_t(1) << 40; }).find("MoE of"), std::string::npos);
+  EXPECT_NE(import_with([](json& c) { c["num_hidden_layers"] = int64_t(1) << 40; }).find("num_hidden_layers"),
+            std::string::npos);
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), 1.0);
+  write_config(src, good);
+  // A missing expert tensor.
+  rewrite_tensors(src, [](std::vector<hf::TensorOut>& ts) {
+    std::erase_if(ts, [](const hf::TensorOut& x) {
+      return x.name == "model.layers.1.block_sparse_moe.experts.3.w2.weight";
+    });
+  });
+  EXPECT_NE(error_of([&] {
+              hf::import_hf({src, t / "save", "", true});
+            }).find("model.layers.1.block_sparse_moe.experts.3.w2.weight"),
+            std::string::npos);
+  // A truncated file.
+  fs::resize_file(fs::path(src) / "model.safetensors", fs::file_size(fs::path(src) / "model.safetensors") - 100);
+  EXPECT_NE(error_of([&] { hf::import_hf({src, t / "save", "", true}); }).find("model.safetensors"), std::string::npos);
+  EXPECT_FALSE(fs::exists(t / "save"));
+
+  // DeepSeek routings this router does not compute.
+  const std::string ds = t / "ds";
+  test::peer_write_family(ds, "deepseek_v2", "F32", 5'000'000'000);
+  json c = read_config(ds);
+  c["topk_method"] = "group_limited_greedy", c["n_group"] = 2, c["topk_group"] = 1;  // its top score; ours sums 2
+  write_config(ds, c);
+  EXPECT_NE(error_of([&] {
+              hf::import_hf({ds, t / "save", "", true});
+            }).find("group_limited_greedy"),
+            std::string::npos);
+  c = read_config(ds);
+  c["topk_method"] = "greedy", c["scoring_func"] = "sigmoid", c["norm_topk_prob"] = false;
+  write_config(ds, c);
+  EXPECT_NE(error_of([&] {
+              hf::import_hf({ds, t / "save", "", true});
+            }).find("norm_topk_prob false"),
+            std::string::npos);
+}
+
+// An export as a family that cannot hold the model is refused by name.
+TEST(HfMoe, ExportAsAnotherFamilyIsRefusedByName) {
+  TempDir t;
+  test::peer_write_family(t / "src", "qwen2_moe", "F32", 5'000'000'000);
+  const std::string ckpt = hf::import_hf({t / "src", t / "save", "", false});
+  hf::ExportOptions eo;
+  eo.checkpoint = ckpt;
+  eo.out_dir = t / "dst";
+  eo.architecture = "LlamaForCausalLM";
+  EXPECT_NE(error_of([&] { hf::export_hf(eo); }).find("QKV biases"), std::string::npos);
+  eo.architecture = "DeepseekV2ForCausalLM";
+  EXPECT_NE(error_of([&] { hf::export_hf(eo); }).find("QKV biases"), std::string::npos);
+  eo.architecture = "Qwen2ForCausalLM";
+  EXPECT_NE(error_of([&] { hf::export_hf(eo); }).find("experts"), std::string::npos);
+  EXPECT_FALSE(fs::exists(t / "dst"));
+}
+
+// An imported MoE checkpoint is an ordinary one: trained from under expert parallelism on two
+// ranks (mpirun through `direct --nproc 2`, ep 2: two of the four experts a rank) it gives the
+// one-process run's losses.
+TEST(HfMoe, ImportedCheckpointTrainsUnderExpertParallel) {
+  TempDir t;
+  const std::string cli = PRIMUS_CLI_PATH;
+  test::peer_write_family(t / "src", "mixtral", "BF16", 5'000'000'000);
+  const std::string ckpt = hf::import_hf({t / "src", t / "ckpt", "", false});
+  {  // the imported model as a preset file
+    const YAML::Node cfg = YAML::Load(checkpoint::read_checkpoint_config(ckpt));
+    YAML::Emitter e;
+    e << cfg["modules"]["pre_trainer"]["model_spec"];
+    std::ofstream(t / "model.yaml") << e.c_str() << "\n";
+  }
+  std::ofstream(t / "exp.yaml") << "exp_name: one\nworkspace: " << (t / "ws")
+                                << "\nmodules:\n  pre_trainer:\n    model: " << (t / "model.yaml") << R"(
+    overrides:
+      micro_batch_size: 2
+      global_batch_size: 4
+      seq_length: 32
+      train_iters: 3
+      mock_data: true
+      log_interval: 1
+      eval_interval: 0
+      pretrained_checkpoint: )" << (t / "ckpt")
+                                << "\n";
+  const std::string env = "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1";
+  auto r = test::run_command(
+      fmt::format("cd {} && {} {} direct -- train pretrain --config exp.yaml 2>&1", t.path.string(), env, cli));
+  ASSERT_EQ(r.code, 0) << r.out;
+  r = test::run_command(
+      fmt::format("cd {} && {} {} direct --nproc 2 -- train pretrain --config exp.yaml --exp_name ep2 "
+                  "--expert_model_parallel_size 2 2>&1",
+                  t.path.string(), env, cli));
+  ASSERT_EQ(r.code, 0) << r.out;
+  auto losses = [](const fs::path& run) {
+    std::vector<double> out;
+    std::ifstream m(run / "metrics.jsonl");
+    for (std::string line; std::getline(m, line);) {
+      const json j = json::parse(line);
+      if (j.contains("lm_loss")) out.push_back(j["lm_loss"].get<double>());
+    }
+    return out;
+  };
+  const auto one = losses(fs::path(t / "ws") / "one"), ep2 = losses(fs::path(t / "ws") / "ep2");
+  ASSERT_EQ(one.size(), 3u);
+  ASSERT_EQ(ep2.size(), 3u);
+  for (size_t i = 0; i < 3; ++i) EXPECT_NEAR(ep2[i], one[i], 1e-5 * one[i]) << "step " << i + 1;
+}
+
+// The published config.json files of Mixtral-8x7B-v0.1, Qwen3-30B-A3B, DeepSeek-V2-Lite,
+// DeepSeek-V3 and gpt-oss-20b (their model keys, as Hugging Face hosts them) read into the models of
+// our presets of the same names: the same parameter and active counts, the same routing and
+// rotary keys.
+TEST(HfMoe, PublishedConfigsGiveOurPresets) {
+  const json mixtral = json::parse(
+      R"({"architectures": ["MixtralForCausalLM"], "hidden_act": "silu", "hidden_size": 4096,
+    "intermediate_size": 14336, "max_position_embeddings": 32768, "model_type": "mixtral", "num_attention_heads": 32,
+    "num_experts_per_tok": 2, "num_hidden_layers": 32, "num_key_value_heads": 8, "num_local_experts": 8,
+    "output_router_logits": false, "rms_norm_eps": 1e-05, "rope_theta": 1000000.0, "router_aux_loss_coef": 0.02,
+    "sliding_window": null, "tie_word_embeddings": false, "vocab_size": 32000})");
+  const json qwen3 = json::parse(R"({"architectures": ["Qwen3MoeForCausalLM"], "attention_bias": false,
+    "decoder_sparse_step": 1, "head_dim": 128, "hidden_act": "silu", "hidden_size": 2048, "intermediate_size": 6144,
+    "max_position_embeddings": 40960, "mlp_only_layers": [], "model_type": "qwen3_moe", "moe_intermediate_size": 768,
+    "norm_topk_prob": true, "num_attention_heads": 32, "num_experts": 128, "num_experts_per_tok": 8,
+    "num_hidden_layers": 48, "num_key_value_heads": 4, "output_router_logits": false, "rms_norm_eps": 1e-06,
+    "rope_scaling": null, "rope_theta": 1000000.0, "router_aux_loss_coef": 0.001, "sliding_window": null,
+    "tie_word_embeddings": false, "use_sliding_window": false, "vocab_size": 151936})");
+  const json v2_lite = json::parse(R"({"architectures": ["DeepseekV2ForCausalLM"], "aux_loss_alpha": 0.001,
+    "first_k_dense_replace": 1, "hidden_act": "silu", "hidden_size": 2048, "intermediate_size": 10944,
+    "kv_lora_rank": 512, "max_position_embeddings": 163840, "model_type": "deepseek_v2", "moe_intermediate_size": 1408,
+    "moe_layer_freq": 1, "n_group": 1, "n_routed_experts": 64, "n_shared_experts": 2, "norm_topk_prob": false,
+    "num_attention_heads": 16, "num_experts_per_tok": 6, "num_hidden_layers": 27, "num_key_value_heads": 16,
+    "q_lora_rank": null, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "rms_norm_eps": 1e-06,
+    "rope_scaling": {"beta_fast": 32, "beta_slow": 1, "factor": 40, "mscale": 0.707, "mscale_all_dim": 0.707,
+                     "original_max_position_embeddings": 4096, "type": "yarn"},
+    "rope_theta": 10000, "routed_scaling_factor": 1.0, "scoring_func": "softmax", "seq_aux": true,
+    "tie_word_embeddings": false, "topk_group": 1, "topk_method": "greedy", "v_head_dim": 128, "vocab_size": 102400})");
+  const json v3 = json::parse(R"({"architectures": ["DeepseekV3ForCausalLM"], "aux_loss_alpha": 0.001,
+    "first_k_dense_replace": 3, "hidden_act": "silu", "hidden_size": 7168, "intermediate_size": 18432,
+    "kv_lora_rank": 512, "max_position_embeddings": 163840, "model_type": "deepseek_v3", "moe_intermediate_size": 2048,
+    "moe_layer_freq": 1, "n_group": 8, "n_routed_experts": 256, "n_shared_experts": 1, "norm_topk_prob": true,
+    "num_attention_heads": 128, "num_experts_per_tok": 8, "num_hidden_layers": 61, "num_key_value_heads": 128,
+    "num_nextn_predict_layers": 1, "q_lora_rank": 1536, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64,
+    "quantization_config": {"activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8",
+                            "weight_block_size": [128, 128]},
+    "rms_norm_eps": 1e-06, "rope_scaling": {"beta_fast": 32, "beta_slow": 1, "factor": 40, "mscale": 1.0,
+    "mscale_all_dim": 1.0, "original_max_position_embeddings": 4096, "type": "yarn"}, "rope_theta": 10000,
+    "routed_scaling_factor": 2.5, "scoring_func": "sigmoid", "seq_aux": true, "tie_word_embeddings": false,
+    "topk_group": 4, "topk_method": "noaux_tc", "v_head_dim": 128, "vocab_size": 129280})");
+  json gpt_oss = json::parse(R"({"architectures": ["GptOssForCausalLM"], "attention_bias": true, "head_dim": 64,
+    "hidden_act": "silu", "hidden_size": 2880, "initial_context_length": 4096, "intermediate_size": 2880,
+    "max_position_embeddings": 131072, "model_type": "gpt_oss", "num_attention_heads": 64, "num_experts_per_tok": 4,
+    "num_hidden_layers": 24, "num_key_value_heads": 8, "num_local_experts": 32, "output_router_logits": false,
+    "quantization_config": {"modules_to_not_convert": ["model.layers.*.self_attn", "model.layers.*.mlp.router",
+                            "model.embed_tokens", "lm_head"], "quant_method": "mxfp4"},
+    "rms_norm_eps": 1e-05, "rope_scaling": {"beta_fast": 32.0, "beta_slow": 1.0, "factor": 32.0,
+    "original_max_position_embeddings": 4096, "rope_type": "yarn", "truncate": false}, "rope_theta": 150000,
+    "router_aux_loss_coef": 0.9, "sliding_window": 128, "swiglu_limit": 7.0, "tie_word_embeddings": false,
+    "vocab_size": 201088})");
+  for (int l = 0; l < 24; ++l) gpt_oss["layer_types"].push_back(l % 2 == 0 ? "sliding_attention" : "full_attention");
+  for (const auto& [config, preset] : {std::pair{&mixtral, "mixtral_8x7B_v0.1"},
+                                       {&qwen3, "qwen3_30B_A3B"},
+                                       {&v2_lite, "deepseek_v2_lite"},
+                                       {&v3, "deepseek_v3"},
+                                       {&gpt_oss, "gpt_oss_20B"}}) {
+    SCOPED_TRACE(preset);
+    const ModelSpec ours = hf::spec_from_hf_config(*config, preset, nullptr), want = load_model_spec(preset);
+    const ModelStats a = model_stats(ours, 128), b = model_stats(want, 128);
+    EXPECT_EQ(a.parameters, b.parameters);
+    EXPECT_EQ(a.active_parameters, b.active_parameters);
+    EXPECT_EQ(a.flops_per_token, b.flops_per_token);  // windows, experts and attention widths alike
+    EXPECT_EQ(ours.moe_router_score_function, want.moe_router_score_function);
+    EXPECT_EQ(ours.moe_router_num_groups, want.moe_router_num_groups);
+    EXPECT_EQ(ours.moe_router_group_topk, want.moe_router_group_topk);
+    EXPECT_EQ(ours.moe_router_enable_expert_bias, want.moe_router_enable_expert_bias);
+    EXPECT_EQ(ours.moe_router_topk_scaling_factor, want.moe_router_topk_scaling_factor);
+    EXPECT_EQ(ours.moe_router_load_balancing_type, want.moe_router_load_balancing_type);
+    EXPECT_EQ(ours.rotary_base, want.rotary_base);
+    EXPECT_EQ(ours.rotary_scaling_factor, want.rotary_scaling_factor);
+    EXPECT_EQ(ours.mscale, want.mscale);
+    EXPECT_EQ(ours.mscale_all_dim, want.mscale_all_dim);
+    EXPECT_EQ(ours.position_embedding_type, want.position_embedding_type);
+    EXPECT_EQ(ours.yarn_correction_range_round_to_int, want.yarn_correction_range_round_to_int);
+    EXPECT_EQ(ours.window_size, want.window_size);
+    EXPECT_EQ(ours.activation_func_clamp_value, want.activation_func_clamp_value);
+    EXPECT_EQ(ours.norm_epsilon, want.norm_epsilon);
+    // Routing weights: a softmax over the chosen logits equals a softmax over all, renormalised.
+    auto renormalised = [](const ModelSpec& s) { return !s.moe_router_pre_softmax || s.moe_router_norm_topk_prob; };
+    EXPECT_EQ(renormalised(ours), renormalised(want));
+    // And back: the config an export writes reads into the same model.
+    const json back = hf::hf_config_from_spec(ours, hf::default_architecture(ours).name, "bfloat16");
+    EXPECT_EQ(back["architectures"], (*config)["architectures"]);
+    EXPECT_EQ(model_stats(hf::spec_from_hf_config(back, preset, nullptr), 128).flops_per_token, a.flops_per_token);
+  }
+}
