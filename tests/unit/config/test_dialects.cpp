@@ -310,8 +310,6 @@ TEST(Dialects, UnbuiltKeysAreRefusedByName) {
        "'training.dtype' is not supported: full bf16 training",
        1,
        {{"training.dtype", "bfloat16"}}},
-      {Framework::TorchTitan, "      model:\n        converters: [primus_turbo, quantize.linear.float8]\n",
-       "'quantize.linear.float8.filter_fqns: []' is not supported: must list \"output\""},
       {Framework::TorchTitan,
        "      model:\n        converters: [float8]\n      float8:\n        filter_fqns: [output, layers.0]\n",
        "leaving 'layers.0' out of FP8 is not built"},
@@ -408,6 +406,38 @@ TEST(Dialects, UnbuiltKeysAreRefusedByName) {
 
 // MaxText's weight_dtype and mu_dtype as the precision-aware optimizer: bf16 parameters keep their
 // gradients and AdamW's nu in bf16 (optax), mu in mu_dtype or else weight_dtype's.
+// torchtitan's float8 converter quantizes the output layer unless filter_fqns lists "output"
+// (torchtitan's default list is empty; Primus's FP8 example keeps it out): fp8_output_layer.
+TEST(Dialects, TorchTitanFilterFqnsIsTheFp8OutputLayer) {
+  TempDir d;
+  const TrainingArgs all =
+      load_experiment(d.write("a.yaml", torchtitan("      model:\n        converters: [primus_turbo, quantize.linear.float8]\n")))
+          .train;
+  EXPECT_EQ(all.fp8, Fp8Mode::Hybrid);
+  EXPECT_EQ(all.fp8_recipe, Fp8Recipe::Tensorwise);
+  EXPECT_TRUE(all.fp8_output_layer);
+  const TrainingArgs kept = load_experiment(d.write("b.yaml", torchtitan("      model:\n        converters: [float8]\n"
+                                                                         "      float8:\n        filter_fqns: [output]\n")))
+                                .train;
+  EXPECT_EQ(kept.fp8, Fp8Mode::Hybrid);
+  EXPECT_FALSE(kept.fp8_output_layer);
+  // quantize.linear.mx's default list is [output].
+  const TrainingArgs mx = load_experiment(d.write("c.yaml", torchtitan("      model:\n        converters: [quantize.linear.mx]\n"
+                                                                       "      quantize:\n        linear:\n          mx:\n"
+                                                                       "            recipe_name: mxfp8_cublas_rceil\n")))
+                              .train;
+  EXPECT_EQ(mx.fp8_recipe, Fp8Recipe::Mxfp8);
+  EXPECT_FALSE(mx.fp8_output_layer);
+  const TrainingArgs off = load_experiment(d.write("e.yaml", torchtitan(""))).train;
+  EXPECT_EQ(off.fp8, Fp8Mode::Off);
+  EXPECT_FALSE(off.fp8_output_layer);
+  // The engine's key alone, without fp8, is refused.
+  std::string e = error_of([&] { load_experiment(d.write("f.yaml", torchtitan("")), {{"fp8_output_layer", "true"}}); });
+  EXPECT_NE(e.find("fp8_output_layer puts the output layer in FP8 with the linears' recipe, but fp8 is off"),
+            std::string::npos)
+      << e;
+}
+
 TEST(Dialects, MaxTextWeightDtypeIsThePrecisionAwareOptimizer) {
   TempDir d;
   const TrainingArgs bf = load_experiment(d.write("a.yaml", maxtext("      weight_dtype: bfloat16\n"))).train;
