@@ -127,7 +127,7 @@ TEST(DialectExamplesRefused, NameTheMissingFeature) {
        "which torchtitan runs without context parallelism"},
       {"torchtitan/llama4_17Bx16E-BF16-pretrain", "", "Llama 4 is not built on this engine yet"},
       {"maxtext/llama3_8B-nanoo_fp8-pretrain", " --weight_dtype float32",
-       "llama3_8B-nanoo_fp8-pretrain.yaml:40: 'quantization' is not supported: quantized training"},
+       "llama3_8B-nanoo_fp8-pretrain.yaml:40: 'quantization: nanoo_fp8' is not supported: flax's delayed scaling"},
       {"maxtext/mixtral_8x7B-bf16-pretrain", " --weight_dtype float32 --load_balance_loss_weight 0.01",
        "MaxText's load-balance loss (per sequence, scaled by num_experts^2) is not mapped"},
       {"maxtext/llama3_8B-bf16-pretrain", " --dtype float32 --ici_fsdp_parallelism -1",
