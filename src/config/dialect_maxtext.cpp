@@ -1021,6 +1021,7 @@ class MaxText final : public Dialect {
   }
   const std::vector<DialectKey>& keys() const override { return table(); }
   void translate(DialectSettings& s) const override {
+    quantization(s);  // first: a config that asks for quantized training hears that before the layout
     const bool moe = model(s);
     layout_and_batch(s, moe);
     schedule(s);
@@ -1301,7 +1302,6 @@ class MaxText final : public Dialect {
     s.set("decay_norms_and_biases", YAML::Node(true), {"adam_weight_decay"});
     s.set("clip_grad", yaml_number(s.number("gradient_clipping_threshold")), {"gradient_clipping_threshold"});
     state_dtypes(s);
-    quantization(s);
     s.set("seed", YAML::Node(s.integer("init_weights_seed")), {"init_weights_seed"});
     s.set("log_interval", YAML::Node(s.integer("log_period")), {"log_period"});
     const std::string data = s.text("dataset_type");
