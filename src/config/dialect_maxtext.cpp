@@ -561,7 +561,7 @@ const std::vector<DialectKey>& table() {
       {"qk_rope_head_dim", A, "64", kDeepSeekShape},
       {"qkv_proj", N, "remat", kMemory},
       {"quant_cfg_path", N, "\"\"", kQuant},
-      {"quantization", X, "\"\"", "quantized training (fp8, nanoo_fp8, int8, ...) is not built on this engine yet (the FP8 issue adds FP8)"},
+      {"quantization", A, "\"\"", "\"\" only: fp8 and nanoo_fp8 (flax's delayed scaling) quantize in the compute dtype, which this engine's FP8 does not (docs/fp8.md, From MaxText configs); int8, aqt and qwix modes are not built"},
       {"quantization_local_shard_count", N, "-1", kQuant},
       {"quantize_kvcache", N, "false", kInference},
       {"query_proj", N, "remat", kMemory},
@@ -1021,6 +1021,7 @@ class MaxText final : public Dialect {
   }
   const std::vector<DialectKey>& keys() const override { return table(); }
   void translate(DialectSettings& s) const override {
+    quantization(s);  // first: a config that asks for quantized training hears that before the layout
     const bool moe = model(s);
     layout_and_batch(s, moe);
     schedule(s);
@@ -1264,6 +1265,33 @@ class MaxText final : public Dialect {
     s.set("exp_avg_sq_dtype", YAML::Node(bf16_weights ? "bf16" : "fp32"), {"weight_dtype"});
     s.set("main_params_dtype", YAML::Node(bf16_weights ? "bf16" : "fp32"), {"weight_dtype"});
     s.set("main_grads_dtype", YAML::Node(bf16_weights ? "bf16" : "fp32"), {"weight_dtype", "dtype"});
+  }
+
+  // quantization: MaxText's fp8 (flax's Fp8DirectDotGeneralOp) and nanoo_fp8 (NANOOFp8DotGeneralOp,
+  // with the FNUZ formats) are delayed scaling as TE's, E4M3 forward and E5M2 gradients with a
+  // 1024-step history's max and margin 0, but flax quantizes x / scale in the compute dtype (bf16
+  // in MaxText's and Primus's configs): the reciprocal scale rounded to bf16 and the quotient rounded
+  // to bf16 before FP8, and nanoo_fp8 feeds the GEMM bf16(q x scale) rather than FP8 values with the
+  // scales after it. Other values than those FP8 would train: refused, each with why.
+  static void quantization(DialectSettings& s) {
+    const std::string q = s.text("quantization");
+    if (q.empty()) return;
+    const char* flax = "flax's delayed scaling (E4M3 forward, E5M2 gradients, a 1024-step amax history, margin 0, as "
+                       "this engine's fp8 hybrid with fp8_recipe delayed) quantizes x / scale in the compute dtype: "
+                       "with dtype bfloat16 the scale and each scaled value are rounded to bf16 before FP8 (two "
+                       "roundings), where this engine rounds x * scale in fp32 once as Transformer Engine does; ";
+    if (q == "fp8")
+      s.refuse("quantization", std::string(flax) + "the numbers would differ. Use this engine's keys instead (fp8: "
+                                                   "hybrid, fp8_recipe: delayed, docs/fp8.md)");
+    if (q == "nanoo_fp8")
+      s.refuse("quantization",
+               std::string(flax) + "nanoo_fp8 also runs the GEMM on the dequantized bf16(q x scale) operands in the "
+                                   "FNUZ formats (E4M3FNUZ, E5M2FNUZ) that this engine does not quantize to; the "
+                                   "numbers would differ. Use this engine's keys instead (fp8: hybrid, fp8_recipe: "
+                                   "delayed, docs/fp8.md)");
+    s.refuse("quantization", fmt::format("'{}' is not built: of MaxText's modes only FP8 is, through this engine's "
+                                         "keys (fp8, fp8_recipe; docs/fp8.md); int8, AQT and Qwix quantization are not",
+                                         q));
   }
 
   static void rest(DialectSettings& s) {

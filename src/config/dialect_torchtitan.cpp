@@ -33,7 +33,8 @@ const char* const kFp8Same =
     "a communication choice: the FP8 values are the same either way, a weight's tensorwise scale coming from the "
     "whole weight's amax";
 const char* const kFp8Filter =
-    "applied: must list \"output\" (the output layer stays in bf16 on this engine); other entries are refused";
+    "applied: \"output\" keeps the output layer in bf16, its absence puts it in FP8 (fp8_output_layer); other "
+    "entries are refused";
 const char* const kValidation = "configures torchtitan's validation loop, which is refused (validation.enable)";
 const char* const kFt = "TorchFT fault tolerance (replica groups) is not built; this engine restarts from checkpoints "
                         "(--max-restarts)";
@@ -433,8 +434,9 @@ class TorchTitan final : public Dialect {
     s.set("fp8_recipe", YAML::Node("mxfp8"), from);
   }
 
-  // filter_fqns: the modules left out of FP8. This engine's FP8 covers the decoder's linears and
-  // never the output layer, so the list must be exactly that: "output".
+  // filter_fqns: the modules left out of FP8. This engine's FP8 covers every linear of the decoder
+  // layers, and the output layer with fp8_output_layer: "output" in the list keeps it in bf16 (as
+  // Megatron does), its absence puts it in FP8; other modules are refused.
   static void output_filtered(DialectSettings& s, const std::string& key) {
     bool output = false;
     for (const YAML::Node& f : s.node(key)) {
@@ -444,11 +446,11 @@ class TorchTitan final : public Dialect {
         continue;
       }
       s.refuse(key, fmt::format("leaving '{}' out of FP8 is not built: FP8 covers every linear of the decoder "
-                                "layers (first_last_layers_bf16 keeps whole layers out), and never the output layer",
+                                "layers (first_last_layers_bf16 keeps whole layers out), and the output layer "
+                                "unless \"output\" is listed",
                                 name));
     }
-    if (!output)
-      s.refuse(key, "must list \"output\": the output layer in FP8 is not built (it stays in bf16 here)");
+    s.set("fp8_output_layer", YAML::Node(!output), {key});
   }
 
   struct Layout {

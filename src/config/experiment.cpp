@@ -175,6 +175,9 @@ const std::vector<KeyInfo>& training_keys() {
                                   "layers out of FP8"),
       KEY(num_layers_at_start_in_bf16, "with first_last_layers_bf16: the first layers kept out of FP8"),
       KEY(num_layers_at_end_in_bf16, "with first_last_layers_bf16: the last layers kept out of FP8"),
+      KEY(fp8_output_layer, "the output layer's three GEMMs in FP8 too, with the linears' recipe (false: in the "
+                            "activation dtype, as Megatron and Transformer Engine keep it); torchtitan's float8 "
+                            "without \"output\" in filter_fqns"),
       KEY(fp8_param_gather, "all-gather FP8 parameters under the distributed optimizer (not built: false only)"),
       KEY(use_distributed_optimizer, "ZeRO-1: each data-parallel rank keeps the optimizer state of its shard only"),
       KEY(data_parallel_sharding_strategy, "no_shard | optim (ZeRO-1) | optim_grads (ZeRO-2) | optim_grads_params "
@@ -721,6 +724,10 @@ void load_model(ExperimentConfig& cfg, const YAML::Node& model_overrides, const 
 // The FP8 keys: what is built, and every combination that is not refused by name (docs/fp8.md).
 template <class At>
 void check_fp8(const TrainingArgs& t, const At& at) {
+  if (t.fp8 == Fp8Mode::Off && t.fp8_output_layer)
+    fail("{}: fp8_output_layer puts the output layer in FP8 with the linears' recipe, but fp8 is off; set fp8 "
+         "(e4m3 | hybrid) or fp8_output_layer false",
+         at("fp8_output_layer"));
   if (t.fp8 == Fp8Mode::Off) return;
   if (t.fp8_margin < 0) fail("{}: fp8_margin must not be negative, got {}", at("fp8_margin"), t.fp8_margin);
   if (t.fp8_amax_history_len < 1)

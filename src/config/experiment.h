@@ -147,6 +147,7 @@ struct TrainingArgs {
   int64_t num_layers_at_start_in_bf16 = 1;
   int64_t num_layers_at_end_in_bf16 = 1;
   bool fp8_param_gather = false;
+  bool fp8_output_layer = false;  // this engine's: the output layer in FP8 too (torchtitan's float8 default)
   // Primus's `lora:` block (config/lora.h): adapters on the named linears, the rest frozen
   LoraOptions lora;
   // profiling (Megatron's names; trace/profiler.h)

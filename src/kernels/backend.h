@@ -225,6 +225,8 @@ class Backend {
   };
   virtual Fp8Quantized quantize_fp8(const Tensor& src, fp8::Format format, fp8::Granularity granularity,
                                     bool reduce_cols, float scale, Tensor& dst);
+  // What every quantize_fp8 asks of its operands (2-D, contiguous, dst of src's shape and dtype).
+  static void check_fp8_operands(const Tensor& src, const Tensor& dst);
 
   // Between the master, stat and activation dtypes, same number of elements.
   virtual void cast(const Tensor& src, Tensor& dst) = 0;

@@ -5,6 +5,8 @@
 #include <cmath>
 #include <cstring>
 
+#include "kernels/fp8_scalar.h"
+
 namespace primus::fp8 {
 namespace {
 
@@ -13,16 +15,7 @@ struct Layout {
 };
 Layout layout_of(Format f) { return f == Format::E4M3 ? Layout{3, 7, -6} : Layout{2, 15, -14}; }
 
-uint32_t bits_of(float v) {
-  uint32_t b;
-  std::memcpy(&b, &v, sizeof b);
-  return b;
-}
-float float_of(uint32_t b) {
-  float v;
-  std::memcpy(&v, &b, sizeof v);
-  return v;
-}
+scalar::Format scalar_format(Format f) { return f == Format::E4M3 ? scalar::e4m3() : scalar::e5m2(); }
 
 // max(a, b) where a NaN wins.
 float nan_max(float a, float b) { return std::isnan(a) || std::isnan(b) ? NAN : std::max(a, b); }
@@ -30,7 +23,7 @@ float nan_max(float a, float b) { return std::isnan(a) || std::isnan(b) ? NAN : 
 }  // namespace
 
 const char* format_name(Format f) { return f == Format::E4M3 ? "e4m3" : "e5m2"; }
-float max_finite(Format f) { return f == Format::E4M3 ? 448.0f : 57344.0f; }
+float max_finite(Format f) { return scalar_format(f).max; }
 
 const char* granularity_name(Granularity g) {
   switch (g) {
@@ -82,48 +75,17 @@ float decode(uint8_t bits, Format f) {
   return sign * std::ldexp(1.0f + float(mant) / float(1 << l.mantissa), exp - l.bias);
 }
 
-float scale_from_amax(float amax, float max, bool pow2) {
-  if (std::isinf(amax) || amax == 0.0f || std::isnan(amax)) return 1.0f;
-  float scale = max / amax;
-  if (std::isinf(scale)) scale = FLT_MAX;
-  if (pow2) scale = float_of(bits_of(scale) & 0xFF800000u);
-  return scale;
-}
+float scale_from_amax(float amax, float max, bool pow2) { return scalar::scale_from_amax(amax, max, pow2); }
 
-uint8_t e8m0_of(float value) {
-  if (std::isnan(value)) return 0xFF;
-  if (std::isinf(value)) return 0xFE;
-  if (value == 0.0f) return 0;
-  const uint32_t b = bits_of(value);
-  uint32_t exponent = (b >> 23) & 0xFF;
-  const uint32_t mantissa = b & 0x7FFFFF;
-  // Round up (a value above 2^e needs 2^(e+1)), saturating below the NaN encoding.
-  if (mantissa > 0 && exponent != 0xFE && !(exponent == 0 && mantissa <= 0x400000)) ++exponent;
-  return uint8_t(exponent);
-}
+uint8_t e8m0_of(float value) { return scalar::e8m0_of(value); }
 
 float e8m0_value(uint8_t e) { return e == 0xFF ? NAN : std::ldexp(1.0f, int(e) - 127); }
 
-// round() for arrays, branch-free so that the compiler vectorizes it: |v| + C - C with C =
-// 2^(e - mantissa + 23) rounds |v| < 2^(e + 1) to a multiple of 2^(e - mantissa), ties to even,
-// where e is v's binade (at least the smallest normal's); then saturation and the sign.
+// round() for arrays: scalar::round, which the compiler vectorizes (branch-free).
 void round_array(const float* x, float mul, float post, int64_t n, Format f, float* out) {
-  const Layout l = layout_of(f);
-  const float m = max_finite(f);
-  // Binades above the largest finite value's saturate anyway: capped, C stays finite.
-  const int32_t emin_biased = l.emin + 127, ecap = (f == Format::E4M3 ? 8 : 15) + 128, shift = 23 - l.mantissa;
+  const scalar::Format sf = scalar_format(f);
 #pragma omp simd
-  for (int64_t i = 0; i < n; ++i) {
-    const float v = x[i] * mul;
-    const uint32_t b = bits_of(v), sign = b & 0x80000000u;
-    const float a = float_of(b & 0x7FFFFFFFu);
-    const int32_t e = std::min(std::max(int32_t((b >> 23) & 0xFF), emin_biased), ecap);
-    const float c = float_of(uint32_t(e + shift) << 23);
-    float r = (a + c) - c;
-    r = r >= m ? m : r;                        // saturation (infinities included)
-    r = a != a ? a : r;                        // NaN stays NaN
-    out[i] = float_of(bits_of(r) | sign) * post;
-  }
+  for (int64_t i = 0; i < n; ++i) out[i] = scalar::round(x[i] * mul, sf) * post;
 }
 
 float amax(const float* x, int64_t n) {
@@ -141,21 +103,9 @@ namespace {
 
 // round_array with a multiplier and a factor per element (a band's per-column block scales).
 void round_scaled(const float* x, const float* mul, const float* post, int64_t n, Format f, float* out) {
-  const Layout l = layout_of(f);
-  const float m = max_finite(f);
-  const int32_t emin_biased = l.emin + 127, ecap = (f == Format::E4M3 ? 8 : 15) + 128, shift = 23 - l.mantissa;
+  const scalar::Format sf = scalar_format(f);
 #pragma omp simd
-  for (int64_t i = 0; i < n; ++i) {
-    const float v = x[i] * mul[i];
-    const uint32_t b = bits_of(v), sign = b & 0x80000000u;
-    const float a = float_of(b & 0x7FFFFFFFu);
-    const int32_t e = std::min(std::max(int32_t((b >> 23) & 0xFF), emin_biased), ecap);
-    const float c = float_of(uint32_t(e + shift) << 23);
-    float r = (a + c) - c;
-    r = r >= m ? m : r;
-    r = a != a ? a : r;
-    out[i] = float_of(bits_of(r) | sign) * post[i];
-  }
+  for (int64_t i = 0; i < n; ++i) out[i] = scalar::round(x[i] * mul[i], sf) * post[i];
 }
 
 // colmax[c] = max(colmax[c], |x[c]|) with NaN sticky, for one row.
@@ -167,26 +117,21 @@ void column_max(const float* x, int64_t n, float* colmax) {
   }
 }
 
-// A block's power-of-two scale from its amax (blockwise: TE's, from the block's amax; MX: 2^(127 -
-// e), e the block's E8M0 exponent: a normal float for every e, where its reciprocal, the E8M0
-// value, is a denormal for e = 0 that flush-to-zero would turn into a division by zero).
-float block_scale(float amax, Granularity g, float fmax) {
-  if (g != Granularity::Mx32) return scale_from_amax(amax, fmax, true);
-  const uint8_t e = e8m0_of(amax * (1.0f / fmax));
-  return e == 0xFF ? NAN : std::ldexp(1.0f, 127 - int(e));
-}
-
-float inverse_pow2(float s) {  // 1 / s for a power of two s = 2^(exp - 1): exact
-  int exp = 0;
-  std::frexp(s, &exp);
-  return std::ldexp(1.0f, 1 - exp);
-}
+// A block's power-of-two scale from its amax (scalar::block_scale: for MXFP8 2^(127 - e), a normal
+// float for every e, where its reciprocal, the E8M0 value, is a denormal for e = 0 that
+// flush-to-zero would turn into a division by zero).
+float block_scale(float amax, Granularity g, float fmax) { return scalar::block_scale(amax, g == Granularity::Mx32, fmax); }
 
 }  // namespace
 
 int64_t band_rows(Granularity g, bool reduce_cols) {
   if (g == Granularity::Tensor || (g != Granularity::Block128 && reduce_cols)) return 1;
   return g == Granularity::Mx32 ? 32 : 128;
+}
+
+int64_t block_cols(Granularity g, bool reduce_cols) {
+  if (g == Granularity::Tensor) return 0;
+  return g == Granularity::Block128 ? 128 : reduce_cols ? (g == Granularity::Mx32 ? 32 : 128) : 1;
 }
 
 float quantize(const float* x, int64_t rows, int64_t cols, Format f, Granularity g, bool reduce_cols, float scale,
@@ -202,7 +147,7 @@ float quantize(const float* x, int64_t rows, int64_t cols, Format f, Granularity
   // along the reduction dimension: along a row (1-D, reduce_cols), down a column (1-D, not
   // reduce_cols), or over 128 x 128 (2-D).
   const int64_t br = band_rows(g, reduce_cols);
-  const int64_t bc = g == Granularity::Block128 ? 128 : reduce_cols ? (g == Granularity::Mx32 ? 32 : 128) : 1;
+  const int64_t bc = block_cols(g, reduce_cols);
   std::vector<float> colmax(static_cast<size_t>(cols)), mul(static_cast<size_t>(cols)), post(static_cast<size_t>(cols));
   float total = 0.0f;
   for (int64_t r0 = 0; r0 < rows; r0 += br) {
@@ -221,7 +166,7 @@ float quantize(const float* x, int64_t rows, int64_t cols, Format f, Granularity
       }
       if (nan) a = NAN;
       total = nan_max(total, a);
-      const float sc = block_scale(a, g, fmax), inv = inverse_pow2(sc);
+      const float sc = block_scale(a, g, fmax), inv = scalar::inverse_pow2(sc);
       std::fill(mul.begin() + c0, mul.begin() + c0 + nc, sc);
       std::fill(post.begin() + c0, post.begin() + c0 + nc, inv);
     }

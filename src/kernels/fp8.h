@@ -61,6 +61,9 @@ float quantize(const float* x, int64_t rows, int64_t cols, Format f, Granularity
                float* out);
 // The rows of a block: 128 (blocks; 1-D blocks down the columns), 32 (MX blocks down the columns), 1.
 int64_t band_rows(Granularity g, bool reduce_cols);
+// The columns of a block: 128 (blocks; 1-D blocks along the rows), 32 (MX blocks along the rows), 1
+// (1-D blocks down the columns); 0 for Tensor (one scale for all).
+int64_t block_cols(Granularity g, bool reduce_cols);
 // amax |x| over n values (NaN when one is NaN).
 float amax(const float* x, int64_t n);
 

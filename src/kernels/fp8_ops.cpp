@@ -1,6 +1,7 @@
 // The FP8 op of the op set (backend.h) in its default form: fp8::quantize on the host, in bands
 // of rows split between the threads (one parallel region; current scaling's amax first), each band
-// converted to fp32 and back in a thread's buffer. A device's tensors go through a host copy.
+// converted to fp32 and back in a thread's buffer. A device's tensors go through a host copy
+// (the CUDA backend has its own kernels: kernels/cuda/fp8_quantize.cu).
 #include <omp.h>
 
 #include <algorithm>
@@ -100,12 +101,16 @@ Backend::Fp8Quantized quantize_host(const Tensor& src, fp8::Format format, fp8::
 
 }  // namespace
 
-Backend::Fp8Quantized Backend::quantize_fp8(const Tensor& src, fp8::Format format, fp8::Granularity granularity,
-                                            bool reduce_cols, float scale, Tensor& dst) {
+void Backend::check_fp8_operands(const Tensor& src, const Tensor& dst) {
   PRIMUS_CHECK(src.dim() == 2 && dst.shape() == src.shape() && src.is_contiguous() && dst.is_contiguous() &&
                    src.dtype() == dst.dtype(),
                "quantize_fp8: src {} {} into dst {} {}", dtype_name(src.dtype()), src.shape_str(),
                dtype_name(dst.dtype()), dst.shape_str());
+}
+
+Backend::Fp8Quantized Backend::quantize_fp8(const Tensor& src, fp8::Format format, fp8::Granularity granularity,
+                                            bool reduce_cols, float scale, Tensor& dst) {
+  check_fp8_operands(src, dst);
   if (src.device() == Device::CPU && dst.device() == Device::CPU)
     return quantize_host(src, format, granularity, reduce_cols, scale, dst);
   const Tensor h = src.to(Device::CPU);

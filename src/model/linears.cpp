@@ -49,9 +49,29 @@ Linears::Linears(ops::Backend& backend, DType activation, const Fp8Options& fp8,
                "LoRA needs dim > 0, dropout 0 and no FP8 (the config refuses the rest)");
 }
 
+bool fp8_head_needs_whole_logits(const Fp8Options& fp8, int64_t vocab_chunk) {
+  if (!fp8.enabled || !fp8.output_layer) return false;
+  switch (fp8.recipe) {
+    case Fp8Recipe::Delayed: return false;
+    case Fp8Recipe::Tensorwise: return true;
+    case Fp8Recipe::Blockwise: return vocab_chunk % 128 != 0;
+    case Fp8Recipe::Mxfp8: return vocab_chunk % 32 != 0;
+  }
+  return true;
+}
+
 void Linears::declare(int weight, const std::string& name, int64_t layer) {
   declared_.push_back({weight, name});
-  if (!opt_.enabled || layer < opt_.bf16_layers_at_start || layer >= num_layers_ - opt_.bf16_layers_at_end) return;
+  if (opt_.enabled && layer >= opt_.bf16_layers_at_start && layer < num_layers_ - opt_.bf16_layers_at_end)
+    cover(weight, name);
+}
+
+void Linears::declare_output(int weight, const std::string& name) {
+  declared_.push_back({weight, name});
+  if (opt_.enabled && opt_.output_layer) cover(weight, name);
+}
+
+void Linears::cover(int weight, const std::string& name) {
   Scales s{name, {fp8::DelayedScale(opt_.amax_history_len), fp8::DelayedScale(opt_.amax_history_len),
                   fp8::DelayedScale(opt_.amax_history_len)}};
   state_.emplace(weight, std::move(s));

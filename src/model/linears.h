@@ -54,7 +54,14 @@ struct Fp8Options {
   fp8::AmaxAlgo amax_compute_algo = fp8::AmaxAlgo::Max;
   bool wgrad = true;             // fp8_wgrad: the weight gradient's GEMM in FP8 too
   int64_t bf16_layers_at_start = 0, bf16_layers_at_end = 0;  // first_last_layers_bf16
+  bool output_layer = false;     // fp8_output_layer: the output layer's GEMMs in FP8 too (torchtitan's)
 };
+
+// Whether the output layer's FP8 quantization needs its whole operands, i.e. would change if the
+// head ran in vocabulary chunks of `vocab_chunk` columns: current (tensorwise) scaling takes the
+// amax of the whole tensor, and a chunk edge off a block edge splits blockwise's and MXFP8's blocks.
+// Delayed scaling scales by its history and is the same in chunks.
+bool fp8_head_needs_whole_logits(const Fp8Options& fp8, int64_t vocab_chunk);
 
 // The LoRA adapters of a model's tensor layout (model_parameter_layout: every rank's tensors, by
 // global shape), named and shaped as Linears::add_adapters registers them: for each 2-D weight
@@ -71,6 +78,9 @@ class Linears {
   // Declares weight `weight` (named `name`, of decoder layer `layer`) a linear: FP8 covers it when
   // FP8 is on and the layer is not one of those kept in bf16; LoRA when lora.target_modules names it.
   void declare(int weight, const std::string& name, int64_t layer);
+  // Declares the output layer's weight (the tied embedding's, or output_layer.weight) a linear: FP8
+  // covers it when FP8 and fp8 output_layer are on (first_last_layers_bf16 counts decoder layers).
+  void declare_output(int weight, const std::string& name);
 
   // ---- LoRA ----
   struct Adapter {
@@ -134,6 +144,7 @@ class Linears {
   };
   Operands operands(Gemm kind, const Tensor& a, const Tensor& b, int weight) const;
   fp8::Granularity granularity(Operand op) const;
+  void cover(int weight, const std::string& name);  // FP8 covers the linear
   // The adapter's terms of each GEMM kind (see the top of this file); a, b as grouped() takes them.
   void adapter_gemm(Gemm kind, float alpha, const Tensor& a, const Tensor& b, const Adapter& ad, Tensor& D) const;
 

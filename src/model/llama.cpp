@@ -200,6 +200,7 @@ void LlamaModel::register_parameters() {
       output_ = embedding_;
     else  // a last pipeline stage without the first: a replica of the tied embedding (see trainer)
       output_ = params_.add_sharded("embedding.word_embeddings.weight", {V, C}, vocab_shard, ParamInit::Normal, true);
+    linears_->declare_output(output_, params_.infos()[size_t(output_)].name);
   }
   // LoRA: the adapters after every frozen tensor, so that the trainable ones are one flat range.
   const std::vector<int> adapters = linears_->add_adapters(params_);
@@ -275,7 +276,8 @@ void LlamaModel::sum_over_context(double& total, int64_t& valid) const {
 bool head_keeps_logits(const LlamaOptions& options, Precision precision, int64_t rows, int64_t vocab_local) {
   const DType act = activation_dtype(precision), stat = ops::stat_dtype(act);
   const size_t per = dtype_size(stat) + (act != stat ? dtype_size(act) : 0);  // logits, and a bf16 gradient
-  return size_t(rows) * size_t(vocab_local) * per <= options.logits_memory_budget;
+  return size_t(rows) * size_t(vocab_local) * per <= options.logits_memory_budget ||
+         fp8_head_needs_whole_logits(options.fp8, options.vocab_chunk);
 }
 
 bool LlamaModel::head_stores_logits(int64_t rows) const {
@@ -514,11 +516,12 @@ void LlamaModel::backward(LlamaContext& ctx, double dloss) {
 
 // ---------------------------------------------------------------------------------------------
 // Head: final norm, logits over this rank's vocabulary rows in chunks, cross-entropy combined
-// over tp (per-row max, sum of exponentials, target logit).
+// over tp (per-row max, sum of exponentials, target logit). The output layer's GEMMs are a
+// linear's (Linears: in FP8 with fp8 output_layer).
 
 Tensor LlamaModel::head_logits(const Tensor& hn, int64_t c0, int64_t width) const {
   Tensor z = stat({hn.size(0), width});
-  be_.gemm(false, true, 1.0f, hn, w(output_).slice(0, c0, width), 0.0f, Tensor(), z, Tensor());
+  linears_->forward(1.0f, hn, w(output_).slice(0, c0, width), output_, 0.0f, Tensor(), z, Tensor());
   return z;
 }
 
@@ -583,11 +586,11 @@ Tensor LlamaModel::head_backward_input(LlamaContext& ctx, double dloss) {
   Tensor dhn = be_.zeros({N, C}, stat_);
   const Tensor W = w(output_);
   if (h.dlogits.defined()) {
-    be_.gemm(false, false, scale, h.dlogits, W, 1.0f, dhn, dhn, Tensor());
+    linears_->input_grad(scale, h.dlogits, W, output_, 1.0f, dhn, dhn);
   } else {
     for (int64_t c0 = 0; c0 < Vl; c0 += opt_.vocab_chunk) {
       const int64_t vc = std::min(opt_.vocab_chunk, Vl - c0);
-      be_.gemm(false, false, scale, head_chunk_dlogits(ctx, c0, vc), W.slice(0, c0, vc), 1.0f, dhn, dhn, Tensor());
+      linears_->input_grad(scale, head_chunk_dlogits(ctx, c0, vc), W.slice(0, c0, vc), output_, 1.0f, dhn, dhn);
     }
   }
   dhn = reduce_partial(dhn);
@@ -619,12 +622,12 @@ void LlamaModel::head_backward_weight(LlamaContext& ctx) {
   Tensor gW = g(output_);
   if (frozen_base()) {  // LoRA: no gradient for the frozen output layer
   } else if (h.dlogits.defined()) {
-    be_.gemm(true, false, scale, h.dlogits, h.hn, 1.0f, gW, gW, Tensor());
+    linears_->weight_grad(scale, h.dlogits, h.hn, output_, gW);
   } else {
     for (int64_t c0 = 0; c0 < Vl; c0 += opt_.vocab_chunk) {
       const int64_t vc = std::min(opt_.vocab_chunk, Vl - c0);
       Tensor gc = gW.slice(0, c0, vc);
-      be_.gemm(true, false, scale, head_chunk_dlogits(ctx, c0, vc), h.hn, 1.0f, gc, gc, Tensor());
+      linears_->weight_grad(scale, head_chunk_dlogits(ctx, c0, vc), h.hn, output_, gc);
     }
   }
   h = HeadContext();

@@ -91,7 +91,8 @@ struct LlamaOptions {
 
 // Whether the head keeps the logits gradient for `rows` token rows against `vocab_local` output
 // rows: when the logits (in the stat dtype) and, in bf16, their gradient fit
-// logits_memory_budget (3 GEMMs); else it works in chunks of options.vocab_chunk columns.
+// logits_memory_budget (3 GEMMs), or when the FP8 output layer's quantization needs the whole
+// logits (fp8_head_needs_whole_logits); else it works in chunks of options.vocab_chunk columns.
 bool head_keeps_logits(const LlamaOptions& options, Precision precision, int64_t rows, int64_t vocab_local);
 
 

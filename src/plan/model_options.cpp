@@ -12,6 +12,7 @@ Fp8Options fp8_options(const config::TrainingArgs& a) {
   o.amax_history_len = int(a.fp8_amax_history_len);
   o.amax_compute_algo = a.fp8_amax_compute_algo;
   o.wgrad = a.fp8_wgrad;
+  o.output_layer = a.fp8_output_layer;
   if (a.first_last_layers_bf16) {
     o.bf16_layers_at_start = a.num_layers_at_start_in_bf16;
     o.bf16_layers_at_end = a.num_layers_at_end_in_bf16;

@@ -880,6 +880,64 @@ TEST(CudaBackend, Bf16GptOssAttentionMatchesTheReference) {
   EXPECT_GT(norm, 0.0);
 }
 
+// quantize_fp8 on the GPU (cuda/fp8_quantize.cu) gives the host's values bit for bit (a NaN as a
+// NaN), and the same amax and scale: both formats, every granularity in both reduction directions,
+// tensor scaling with a given scale (one that saturates too) and current scaling, bf16 and fp32,
+// ragged blocks, all-zero blocks, and NaN, infinities, values past the largest finite one,
+// subnormal FP8 values and zeros of both signs in others.
+TEST(CudaBackend, Fp8QuantizeIsTheHostsBitForBit) {
+  PRIMUS_REQUIRE_GPU();
+  cuda::CudaBackend gpu;
+  cpu::ReferenceBackend ref;
+  const int64_t rows = 136, cols = 72;  // ragged 128 x 128 blocks, 1 x 128 tiles and 1 x 32 blocks
+  const std::vector<float> specials = {NAN, INFINITY, -INFINITY, 1e6f, -0.0f, 0.0f, 3e-6f, -2e-3f, 500.0f, -70000.0f};
+  auto bits = [](const Tensor& t, int64_t i) -> uint32_t {
+    if (t.dtype() == DType::BF16) return t.data<bf16>()[i].bits;
+    uint32_t b;
+    std::memcpy(&b, t.data<float>() + i, 4);
+    return b;
+  };
+  auto is_nan = [](const Tensor& t, int64_t i) {
+    return std::isnan(t.dtype() == DType::BF16 ? t.data<bf16>()[i].to_float() : t.data<float>()[i]);
+  };
+  for (const DType dt : {DType::BF16, DType::F32}) {
+    for (const bool clean : {false, true}) {  // with the special values, and without (finite amaxes)
+      Tensor x = random_host({rows, cols}, dt, clean ? 5 : 4, 3.0);
+      for (int64_t r = 128; r < rows; ++r)  // the last band: all-zero blocks
+        for (int64_t c = 0; c < 64; ++c)
+          dt == DType::BF16 ? void(x.data<bf16>()[r * cols + c] = bf16::from_float(0.0f))
+                            : void(x.data<float>()[r * cols + c] = 0.0f);
+      if (!clean)
+        for (size_t k = 0; k < specials.size(); ++k) {
+          const int64_t i = int64_t(k) * 997 % (128 * cols);
+          dt == DType::BF16 ? void(x.data<bf16>()[i] = bf16::from_float(specials[k]))
+                            : void(x.data<float>()[i] = specials[k]);
+        }
+      const Tensor xg = x.to(Device::CUDA);
+      for (const fp8::Format f : {fp8::Format::E4M3, fp8::Format::E5M2})
+        for (const fp8::Granularity g : {fp8::Granularity::Tensor, fp8::Granularity::Tile1x128,
+                                         fp8::Granularity::Block128, fp8::Granularity::Mx32})
+          for (const bool reduce_cols : {true, false})
+            for (const float scale : g == fp8::Granularity::Tensor ? std::vector<float>{0.0f, 37.5f, 1e4f}
+                                                                  : std::vector<float>{0.0f}) {
+              if (g == fp8::Granularity::Tensor && !reduce_cols) continue;  // the same scaling
+              SCOPED_TRACE(fmt::format("{} {} {} reduce_cols {} scale {} {}", dtype_name(dt), fp8::format_name(f),
+                                       fp8::granularity_name(g), reduce_cols, scale, clean ? "finite" : "specials"));
+              Tensor want = Tensor::empty(x.shape(), dt), got = gpu.empty(x.shape(), dt);
+              const auto qr = ref.quantize_fp8(x, f, g, reduce_cols, scale, want);
+              const auto qg = gpu.quantize_fp8(xg, f, g, reduce_cols, scale, got);
+              EXPECT_TRUE(std::isnan(qr.amax) ? std::isnan(qg.amax) : qr.amax == qg.amax) << qr.amax << " " << qg.amax;
+              EXPECT_EQ(qr.scale, qg.scale);
+              const Tensor h = got.to(Device::CPU);
+              int64_t wrong = 0, first = -1;
+              for (int64_t i = 0; i < x.numel(); ++i)
+                if (is_nan(want, i) ? !is_nan(h, i) : bits(want, i) != bits(h, i)) wrong++, first = first < 0 ? i : first;
+              EXPECT_EQ(wrong, 0) << "first at " << first;
+            }
+    }
+  }
+}
+
 // FP8 linears (docs/fp8.md) on the GPU, GEMM by GEMM: from the same bf16 operands, each recipe's
 // forward, input-gradient and weight-gradient GEMMs and the experts' grouped GEMM (a scale per
 // problem) give the reference backend's results. Both quantize to the same FP8 values, so only the

@@ -5,6 +5,7 @@
 #include <fmt/ranges.h>
 
 #include "kernels/cuda/flash_attention.h"
+#include "kernels/cuda/fp8_quantize.h"
 #include "kernels/cuda/fused.h"
 #include "kernels/cuda/gemm.h"
 #include "kernels/cuda/grouped_gemm.h"
@@ -440,6 +441,21 @@ void CudaBackend::ce_chunk_backward(const Tensor& logits, const Tensor& lse, con
   check(targets, DType::I32, {n}, "ce targets");
   check(dlogits, DType::BF16, {n, vc}, "ce dlogits");
   cuda::ce_chunk_backward(F(logits), F(lse), I(targets), c0, vc, float(softcap), B(dlogits), n, stream());
+}
+
+ops::Backend::Fp8Quantized CudaBackend::quantize_fp8(const Tensor& src, fp8::Format format,
+                                                     fp8::Granularity granularity, bool reduce_cols, float scale,
+                                                     Tensor& dst) {
+  check_fp8_operands(src, dst);
+  if (src.device() != Device::CUDA || dst.device() != Device::CUDA ||
+      (src.dtype() != DType::BF16 && src.dtype() != DType::F32))
+    return ops::Backend::quantize_fp8(src, format, granularity, reduce_cols, scale, dst);
+  const bool tensor = granularity == fp8::Granularity::Tensor;
+  const Fp8Result r =
+      fp8_quantize(src.raw(), dst.raw(), src.dtype() == DType::F32, src.size(0), src.size(1),
+                   format == fp8::Format::E4M3, tensor ? 0 : fp8::band_rows(granularity, reduce_cols),
+                   fp8::block_cols(granularity, reduce_cols), granularity == fp8::Granularity::Mx32, scale, stream());
+  return {r.amax, r.scale};
 }
 
 void CudaBackend::cast(const Tensor& src, Tensor& dst) {

@@ -65,6 +65,9 @@ class CudaBackend final : public ops::Backend {
   void ce_chunk_backward(const Tensor& logits, const Tensor& lse, const Tensor& targets, int64_t c0, double softcap,
                          Tensor& dlogits) override;
   void cast(const Tensor& src, Tensor& dst) override;
+  // On the GPU (cuda/fp8_quantize.h) for bf16 and fp32 device tensors: the host's values, bit for bit.
+  Fp8Quantized quantize_fp8(const Tensor& src, fp8::Format format, fp8::Granularity granularity, bool reduce_cols,
+                            float scale, Tensor& dst) override;
   void synchronize() override;
   MemoryStats memory_stats() const override;
   void reset_peak_memory() override;

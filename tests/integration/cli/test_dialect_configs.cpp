@@ -92,6 +92,7 @@ TEST_P(DialectExamples, TrainThreeIterations) {
 
 INSTANTIATE_TEST_SUITE_P(Primus, DialectExamples,
                          ::testing::Values("torchtitan/llama3.1_8B-BF16-pretrain", "torchtitan/llama3.1_8B-FP8-pretrain",
+                                           "torchtitan/llama3.1_405B-FP8-pretrain",
                                            "torchtitan/qwen3_8B-pretrain",
                                            "torchtitan/qwen3_0.6B-pretrain", "maxtext/llama3_8B-bf16-pretrain",
                                            "maxtext/llama2_7B-bf16-pretrain", "maxtext/qwen3_14B-bf16-pretrain"),
@@ -113,8 +114,8 @@ TEST(DialectExamplesRefused, NameTheMissingFeature) {
   const Case cases[] = {
       {"torchtitan/llama3.1_8B-FP8-pretrain", " --quantize.linear.float8.recipe_name rowwise",
        "'quantize.linear.float8.recipe_name: rowwise' is not supported: rowwise scaling is not built"},
-      {"torchtitan/llama3.1_8B-FP8-pretrain", " --quantize.linear.float8.filter_fqns []",
-       "must list \"output\": the output layer in FP8 is not built"},
+      {"torchtitan/llama3.1_8B-FP8-pretrain", " --quantize.linear.float8.filter_fqns [output,layers.0]",
+       "leaving 'layers.0' out of FP8 is not built"},
       {"torchtitan/llama3.1_8B-BF16-pretrain", " --model.converters quantize.linear.mx",
        "'mxfp8_cublas' is not built: this engine's MXFP8 rounds each block's scale up"},
       {"torchtitan/deepseek_v3_16b-BF16-pretrain",
@@ -126,7 +127,7 @@ TEST(DialectExamplesRefused, NameTheMissingFeature) {
        "which torchtitan runs without context parallelism"},
       {"torchtitan/llama4_17Bx16E-BF16-pretrain", "", "Llama 4 is not built on this engine yet"},
       {"maxtext/llama3_8B-nanoo_fp8-pretrain", " --weight_dtype float32",
-       "llama3_8B-nanoo_fp8-pretrain.yaml:40: 'quantization' is not supported: quantized training"},
+       "llama3_8B-nanoo_fp8-pretrain.yaml:40: 'quantization: nanoo_fp8' is not supported: flax's delayed scaling"},
       {"maxtext/mixtral_8x7B-bf16-pretrain", " --weight_dtype float32 --load_balance_loss_weight 0.01",
        "MaxText's load-balance loss (per sequence, scaled by num_experts^2) is not mapped"},
       {"maxtext/llama3_8B-bf16-pretrain", " --dtype float32 --ici_fsdp_parallelism -1",

@@ -310,8 +310,6 @@ TEST(Dialects, UnbuiltKeysAreRefusedByName) {
        "'training.dtype' is not supported: full bf16 training",
        1,
        {{"training.dtype", "bfloat16"}}},
-      {Framework::TorchTitan, "      model:\n        converters: [primus_turbo, quantize.linear.float8]\n",
-       "'quantize.linear.float8.filter_fqns: []' is not supported: must list \"output\""},
       {Framework::TorchTitan,
        "      model:\n        converters: [float8]\n      float8:\n        filter_fqns: [output, layers.0]\n",
        "leaving 'layers.0' out of FP8 is not built"},
@@ -361,7 +359,11 @@ TEST(Dialects, UnbuiltKeysAreRefusedByName) {
        "Hugging Face dataset 'c4_test', which this engine does not read",
        1,
        {{"training.mock_data", "false"}}},
-      {Framework::MaxText, "      quantization: nanoo_fp8\n", "'quantization' is not supported: quantized training"},
+      {Framework::MaxText, "      quantization: nanoo_fp8\n",
+       "'quantization: nanoo_fp8' is not supported: flax's delayed scaling (E4M3 forward, E5M2 gradients"},
+      {Framework::MaxText, "      quantization: fp8\n",
+       "in fp32 once as Transformer Engine does; the numbers would differ. Use this engine's keys instead"},
+      {Framework::MaxText, "      quantization: int8\n", "'int8' is not built: of MaxText's modes only FP8 is"},
       {Framework::MaxText, "      dtype: float32\n      weight_dtype: bfloat16\n",
        "'weight_dtype: bfloat16' is not supported: bfloat16 weights computed in float32"},
       {Framework::MaxText, "      mu_dtype: float16\n", "'mu_dtype: float16' is not supported: float32 or bfloat16"},
@@ -408,6 +410,38 @@ TEST(Dialects, UnbuiltKeysAreRefusedByName) {
 
 // MaxText's weight_dtype and mu_dtype as the precision-aware optimizer: bf16 parameters keep their
 // gradients and AdamW's nu in bf16 (optax), mu in mu_dtype or else weight_dtype's.
+// torchtitan's float8 converter quantizes the output layer unless filter_fqns lists "output"
+// (torchtitan's default list is empty; Primus's FP8 example keeps it out): fp8_output_layer.
+TEST(Dialects, TorchTitanFilterFqnsIsTheFp8OutputLayer) {
+  TempDir d;
+  const TrainingArgs all =
+      load_experiment(d.write("a.yaml", torchtitan("      model:\n        converters: [primus_turbo, quantize.linear.float8]\n")))
+          .train;
+  EXPECT_EQ(all.fp8, Fp8Mode::Hybrid);
+  EXPECT_EQ(all.fp8_recipe, Fp8Recipe::Tensorwise);
+  EXPECT_TRUE(all.fp8_output_layer);
+  const TrainingArgs kept = load_experiment(d.write("b.yaml", torchtitan("      model:\n        converters: [float8]\n"
+                                                                         "      float8:\n        filter_fqns: [output]\n")))
+                                .train;
+  EXPECT_EQ(kept.fp8, Fp8Mode::Hybrid);
+  EXPECT_FALSE(kept.fp8_output_layer);
+  // quantize.linear.mx's default list is [output].
+  const TrainingArgs mx = load_experiment(d.write("c.yaml", torchtitan("      model:\n        converters: [quantize.linear.mx]\n"
+                                                                       "      quantize:\n        linear:\n          mx:\n"
+                                                                       "            recipe_name: mxfp8_cublas_rceil\n")))
+                              .train;
+  EXPECT_EQ(mx.fp8_recipe, Fp8Recipe::Mxfp8);
+  EXPECT_FALSE(mx.fp8_output_layer);
+  const TrainingArgs off = load_experiment(d.write("e.yaml", torchtitan(""))).train;
+  EXPECT_EQ(off.fp8, Fp8Mode::Off);
+  EXPECT_FALSE(off.fp8_output_layer);
+  // The engine's key alone, without fp8, is refused.
+  std::string e = error_of([&] { load_experiment(d.write("f.yaml", torchtitan("")), {{"fp8_output_layer", "true"}}); });
+  EXPECT_NE(e.find("fp8_output_layer puts the output layer in FP8 with the linears' recipe, but fp8 is off"),
+            std::string::npos)
+      << e;
+}
+
 TEST(Dialects, MaxTextWeightDtypeIsThePrecisionAwareOptimizer) {
   TempDir d;
   const TrainingArgs bf = load_experiment(d.write("a.yaml", maxtext("      weight_dtype: bfloat16\n"))).train;
@@ -545,7 +579,7 @@ TEST(Dialects, TablesInTheDocsMatchTheCode) {
   EXPECT_NE(
       dialect_keys_reference(Framework::TorchTitan).find("| `training.steps` | applied | `10000` | train_iters |"),
       std::string::npos);
-  EXPECT_NE(dialect_keys_reference(Framework::MaxText).find("| `quantization` | not supported | `\"\"` |"),
+  EXPECT_NE(dialect_keys_reference(Framework::MaxText).find("| `quantization` | applied | `\"\"` |"),
             std::string::npos);
 }
 

@@ -246,3 +246,157 @@ TEST(Fp8Model, EveryRecipeLearnsABatchLikeFp32) {
 }
 
 }  // namespace
+
+// ---- the output layer in FP8 (fp8_output_layer, torchtitan's float8 without "output" in
+// filter_fqns): its three GEMMs through the same Linears, against the GEMMs of operands quantized
+// by hand and the backend's own cross-entropy kernels on the logits they give.
+
+namespace fp8_head {
+
+const int64_t B = 2, S = 16, V = 61;
+
+ModelSpec spec() {
+  ModelSpec s = tiny();
+  s.untie_embeddings_and_output_weights = true;
+  return s;
+}
+
+std::vector<int32_t> tokens(uint64_t seed) {
+  std::vector<int32_t> t(B * S);
+  Rng rng(seed);
+  for (auto& v : t) v = int32_t(rng.next_u64() % uint64_t(V));
+  return t;
+}
+
+Tensor grad_of(const LlamaModel& m, const std::string& name) {
+  const StoredParam& p = m.params().infos()[size_t(m.params().find(name))];
+  return m.params().grads().slice(0, p.offset, p.numel).view(p.shape).clone();
+}
+
+Tensor value_of(const LlamaModel& m, const std::string& name) {
+  const StoredParam& p = m.params().infos()[size_t(m.params().find(name))];
+  return m.params().values().slice(0, p.offset, p.numel).view(p.shape).clone();
+}
+
+struct Step {
+  double loss;
+  Tensor hn, x, rstd, targets, g_out, g_norm;
+  std::vector<float> amaxes;
+};
+
+Step step(cpu::CpuBackend& be, const Fp8Options& o, size_t budget = size_t(512) << 20, int64_t chunk = 16384) {
+  LlamaOptions lo;
+  lo.fp8 = o;
+  lo.logits_memory_budget = budget;
+  lo.vocab_chunk = chunk;
+  LlamaModel m(spec(), be, Precision::Fp32, lo);
+  m.init_weights(3);
+  m.params().zero_grad();
+  const std::vector<int32_t> tok = tokens(1), tgt = tokens(2);
+  LlamaContext ctx;
+  Step r;
+  r.loss = m.forward(ctx, tok.data(), tgt.data(), B, S);
+  r.hn = ctx.head.hn, r.x = ctx.head.x, r.rstd = ctx.head.rstd, r.targets = ctx.targets_dev;
+  m.backward(ctx, 1.0);
+  r.g_out = grad_of(m, "output_layer.weight");
+  r.g_norm = grad_of(m, "decoder.final_layernorm.weight");
+  r.amaxes = m.linears().current_amaxes();
+  return r;
+}
+
+Fp8Options output_fp8(Fp8Recipe r) {
+  Fp8Options o;
+  o.enabled = true;
+  o.recipe = r;
+  o.output_layer = true;
+  return o;
+}
+
+}  // namespace fp8_head
+
+// Tensorwise (current scaling, torchtitan's float8): the loss, the output layer's gradient and the
+// final norm's gradient (from the input gradient dhn) are bit for bit those of the hand-quantized
+// GEMMs: logits = (hn_q Wq^T) / (s_h s_w); dhn = g (dlogits_q Wq) / (s_d s_w), dlogits along the
+// vocabulary; gW = g (dlogits_q^T hn_q) / (s_d s_h) along the tokens; dlogits in E5M2 (hybrid).
+TEST(Fp8OutputLayer, ThreeGemmsAreTheGemmsOfTheQuantizedOperands) {
+  using namespace fp8_head;
+  cpu::CpuBackend be;
+  const Fp8Options o = output_fp8(Fp8Recipe::Tensorwise);
+  const Step got = step(be, o);
+  LlamaOptions lo;
+  lo.fp8 = o;
+  LlamaModel init(spec(), be, Precision::Fp32, lo);  // the same weights as step()'s
+  init.init_weights(3);
+  const Tensor W = value_of(init, "output_layer.weight");
+  const int64_t N = B * S, C = W.size(1);
+  const fp8::Format e4 = fp8::Format::E4M3, e5 = fp8::Format::E5M2;
+  Tensor hq, wq, dq;
+  // forward and the loss, by the backend's cross-entropy kernels
+  float s = by_hand(got.hn, e4, fp8::Granularity::Tensor, true, hq) * by_hand(W, e4, fp8::Granularity::Tensor, true, wq);
+  const Tensor z = gemm(be, false, true, s, hq, wq, N, V);
+  Tensor mx = Tensor::empty({N}), sm = Tensor::empty({N}), zt = Tensor::empty({N}), lse = Tensor::empty({N});
+  be.ce_init(mx, sm, zt);
+  be.ce_chunk_forward(z, got.targets, 0, 0.0, mx, sm, zt);
+  const double loss = be.ce_finish(mx, sm, zt, got.targets, lse) / double(N);
+  EXPECT_EQ(got.loss, loss);
+  Tensor d = Tensor::empty({N, V});
+  be.ce_chunk_backward(z, lse, got.targets, 0, 0.0, d);
+  const float g = 1.0f / float(N);
+  // input gradient, seen through the final norm's weight gradient
+  s = by_hand(d, e5, fp8::Granularity::Tensor, true, dq) * by_hand(W, e4, fp8::Granularity::Tensor, false, wq);
+  const Tensor dhn = gemm(be, false, false, g * s, dq, wq, N, C);
+  Tensor gn = Tensor::zeros({C});
+  be.rmsnorm_backward_weight(dhn, got.x, got.rstd, gn);
+  expect_same(got.g_norm, gn);
+  // weight gradient
+  s = by_hand(d, e5, fp8::Granularity::Tensor, false, dq) * by_hand(got.hn, e4, fp8::Granularity::Tensor, false, hq);
+  expect_same(got.g_out, gemm(be, true, false, g * s, dq, hq, V, C));
+  // and the default (Megatron's: the output layer in high precision) is another number
+  Fp8Options off = o;
+  off.output_layer = false;
+  EXPECT_NE(step(be, off).loss, got.loss);
+}
+
+// In vocabulary chunks (the head's memory bound) the FP8 output layer computes what it computes
+// whole: delayed scaling scales by its history and records the whole tensor's amax, MXFP8's and
+// blockwise's blocks stay whole when a chunk is a multiple of the block; current scaling, and
+// chunks that would split blocks, keep the whole logits instead.
+TEST(Fp8OutputLayer, VocabularyChunksChangeNothing) {
+  using namespace fp8_head;
+  cpu::CpuBackend be;
+  for (Fp8Recipe r : {Fp8Recipe::Delayed, Fp8Recipe::Mxfp8}) {
+    const Step whole = step(be, output_fp8(r)), chunked = step(be, output_fp8(r), 0, 32);
+    EXPECT_NEAR(whole.loss, chunked.loss, 1e-6) << fp8_recipe_name(r);  // the online log-sum-exp's order
+    expect_same(whole.g_out, chunked.g_out);
+    expect_same(whole.g_norm, chunked.g_norm);
+    EXPECT_EQ(whole.amaxes, chunked.amaxes) << fp8_recipe_name(r);
+  }
+  LlamaOptions lo;
+  lo.logits_memory_budget = 0;
+  lo.vocab_chunk = 256;
+  EXPECT_FALSE(head_keeps_logits(lo, Precision::Bf16, 1024, 4096));
+  lo.fp8 = output_fp8(Fp8Recipe::Blockwise);
+  EXPECT_FALSE(head_keeps_logits(lo, Precision::Bf16, 1024, 4096));
+  lo.vocab_chunk = 200;
+  EXPECT_TRUE(head_keeps_logits(lo, Precision::Bf16, 1024, 4096));
+  lo.fp8 = output_fp8(Fp8Recipe::Tensorwise);
+  lo.vocab_chunk = 256;
+  EXPECT_TRUE(head_keeps_logits(lo, Precision::Bf16, 1024, 4096));
+  lo.fp8.output_layer = false;
+  EXPECT_FALSE(head_keeps_logits(lo, Precision::Bf16, 1024, 4096));
+}
+
+// Delayed scaling keeps the output layer's histories like any linear's, last in the state.
+TEST(Fp8OutputLayer, DelayedStateIsTheOutputLayers) {
+  using namespace fp8_head;
+  cpu::CpuBackend be;
+  LlamaOptions lo;
+  lo.fp8 = output_fp8(Fp8Recipe::Delayed);
+  LlamaModel m(spec(), be, Precision::Fp32, lo);
+  const std::vector<std::string> names = m.linears().state_names();
+  ASSERT_FALSE(names.empty());
+  EXPECT_EQ(names.back(), "output_layer.weight.fp8_scaling");
+  lo.fp8.output_layer = false;
+  LlamaModel bf(spec(), be, Precision::Fp32, lo);
+  EXPECT_EQ(bf.linears().state_names().size() + 1, names.size());
+}

@@ -1,0 +1,178 @@
+// quantize_fp8 on the GPU (fp8_quantize.h): the host's fp8::quantize (kernels/fp8.cpp) as kernels,
+// with the same scalar rules (kernels/fp8_scalar.h), so the values are the same bits.
+//
+//   tensor scaling   amax_kernel (current scaling: the tensor's amax first, the scale on the
+//                    host from it), then tensor_kernel: out = round(x * scale), the amax folded
+//                    in as it goes (delayed scaling records it)
+//   blocks           block_scales_kernel (one thread block per quantization block: its amax, its
+//                    power-of-two scale and inverse), then block_kernel: out = round(x * s) / s
+//
+// An amax is a maximum, which no order changes: the partial maxima meet through atomicMax on the
+// bits of |x| (non-negative floats order as their bits), a NaN through a flag beside it.
+#include "kernels/cuda/fused_common.cuh"  // first: see its note on fmt
+
+#include <algorithm>
+
+#include "kernels/cuda/fp8_quantize.h"
+#include "kernels/fp8_scalar.h"
+
+namespace primus::cuda {
+
+using namespace fused_detail;
+namespace scalar = fp8::scalar;
+
+namespace {
+
+constexpr int kThreads = 256;
+
+// The value of element i as fp32 (bf16: exact, its bits widened), and back (bf16: to nearest
+// even, as the host's store; FP8 values and their power-of-two rescalings are exact).
+__device__ __forceinline__ float load(const float* x, int64_t i) { return x[i]; }
+__device__ __forceinline__ float load(const uint16_t* x, int64_t i) { return scalar::from_bits(uint32_t(x[i]) << 16); }
+__device__ __forceinline__ void store(float* out, int64_t i, float v) { out[i] = v; }
+__device__ __forceinline__ void store(uint16_t* out, int64_t i, float v) {
+  const uint32_t b = scalar::bits(v);
+  out[i] = uint16_t((b + 0x7FFFu + ((b >> 16) & 1u)) >> 16);
+}
+
+// acc[0]: the bits of the largest |x| that is not NaN; acc[1]: 1 when a NaN was seen.
+__device__ __forceinline__ void fold(unsigned* acc, unsigned abs_bits, bool nan) {
+  if (nan) atomicMax(acc + 1, 1u);
+  atomicMax(acc, abs_bits);
+}
+
+// The warp's maximum of v and whether any lane saw a NaN, in every lane.
+__device__ __forceinline__ void warp_max(unsigned& v, unsigned& nan) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    const unsigned ov = __shfl_xor_sync(kFullMask, v, o), on = __shfl_xor_sync(kFullMask, nan, o);
+    v = ov > v ? ov : v;
+    nan = on > nan ? on : nan;
+  }
+}
+
+template <typename T>
+__global__ void __launch_bounds__(kThreads) amax_kernel(const T* __restrict__ x, int64_t n, unsigned* acc) {
+  unsigned m = 0, nan = 0;
+  for (int64_t i = int64_t(blockIdx.x) * kThreads + threadIdx.x; i < n; i += int64_t(gridDim.x) * kThreads) {
+    const uint32_t a = scalar::bits(load(x, i)) & 0x7FFFFFFFu;
+    if (a > 0x7F800000u) nan = 1;
+    else m = a > m ? a : m;
+  }
+  warp_max(m, nan);
+  if ((threadIdx.x & 31) == 0) fold(acc, m, nan != 0);
+}
+
+template <typename T>
+__global__ void __launch_bounds__(kThreads)
+    tensor_kernel(const T* __restrict__ x, T* __restrict__ out, int64_t n, float scale, scalar::Format f,
+                  unsigned* acc) {
+  unsigned m = 0, nan = 0;
+  for (int64_t i = int64_t(blockIdx.x) * kThreads + threadIdx.x; i < n; i += int64_t(gridDim.x) * kThreads) {
+    const float v = load(x, i);
+    store(out, i, scalar::round(v * scale, f) * 1.0f);
+    const uint32_t a = scalar::bits(v) & 0x7FFFFFFFu;
+    if (a > 0x7F800000u) nan = 1;
+    else m = a > m ? a : m;
+  }
+  if (acc) {
+    warp_max(m, nan);
+    if ((threadIdx.x & 31) == 0) fold(acc, m, nan != 0);
+  }
+}
+
+// One thread block (of 32, 128 or 256 threads) per quantization block b = (rb, cb) of br x bc
+// elements: its amax, then (thread 0) its scale and inverse.
+template <typename T>
+__global__ void __launch_bounds__(kThreads)
+    block_scales_kernel(const T* __restrict__ x, int64_t rows, int64_t cols, int64_t br, int64_t bc, int64_t nbc,
+                        bool mx, float fmax, float* __restrict__ mul, float* __restrict__ post, unsigned* acc) {
+  __shared__ unsigned warp_m[kThreads / 32];
+  __shared__ unsigned warp_nan[kThreads / 32];
+  const int64_t b = blockIdx.x, r0 = (b / nbc) * br, c0 = (b % nbc) * bc;
+  const int64_t nr = br < rows - r0 ? br : rows - r0, nc = bc < cols - c0 ? bc : cols - c0;
+  unsigned m = 0, nan = 0;
+  for (int64_t i = threadIdx.x; i < nr * nc; i += blockDim.x) {
+    const uint32_t a = scalar::bits(load(x, (r0 + i / nc) * cols + c0 + i % nc)) & 0x7FFFFFFFu;
+    if (a > 0x7F800000u) nan = 1;
+    else m = a > m ? a : m;
+  }
+  warp_max(m, nan);
+  const int warp = int(threadIdx.x) >> 5, warps = int(blockDim.x) >> 5;
+  if ((threadIdx.x & 31) == 0) warp_m[warp] = m, warp_nan[warp] = nan;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    for (int w = 1; w < warps; ++w) m = warp_m[w] > m ? warp_m[w] : m, nan = warp_nan[w] > nan ? warp_nan[w] : nan;
+    const float amax = nan ? scalar::from_bits(0x7FC00000u) : scalar::from_bits(m);
+    const float s = scalar::block_scale(amax, mx, fmax);
+    mul[b] = s;
+    post[b] = scalar::inverse_pow2(s);
+    fold(acc, m, nan != 0);
+  }
+}
+
+template <typename T>
+__global__ void __launch_bounds__(kThreads)
+    block_kernel(const T* __restrict__ x, T* __restrict__ out, int64_t rows, int64_t cols, int64_t br, int64_t bc,
+                 int64_t nbc, const float* __restrict__ mul, const float* __restrict__ post, scalar::Format f) {
+  const int64_t n = rows * cols;
+  for (int64_t i = int64_t(blockIdx.x) * kThreads + threadIdx.x; i < n; i += int64_t(gridDim.x) * kThreads) {
+    const int64_t r = i / cols, c = i - r * cols, b = (r / br) * nbc + c / bc;
+    store(out, i, scalar::round(load(x, i) * mul[b], f) * post[b]);
+  }
+}
+
+template <typename T>
+Fp8Result run(const T* x, T* out, int64_t rows, int64_t cols, bool e4m3, int64_t br, int64_t bc, bool mx,
+              float scale, cudaStream_t stream) {
+  const scalar::Format f = e4m3 ? scalar::e4m3() : scalar::e5m2();
+  const int64_t n = rows * cols;
+  Scratch acc_mem(2 * sizeof(unsigned));
+  unsigned* acc = acc_mem.as<unsigned>();
+  PRIMUS_CUDA_CHECK(cudaMemsetAsync(acc, 0, 2 * sizeof(unsigned), stream));
+  unsigned host[2] = {0, 0};
+  auto amax_of = [&] {
+    PRIMUS_CUDA_CHECK(cudaMemcpyAsync(host, acc, sizeof host, cudaMemcpyDeviceToHost, stream));
+    PRIMUS_CUDA_CHECK(cudaStreamSynchronize(stream));
+    return host[1] ? scalar::from_bits(0x7FC00000u) : scalar::from_bits(host[0]);
+  };
+  const unsigned grid = blocks_for(n, kThreads);
+  if (br == 0) {  // tensor scaling
+    const bool current = scale == 0.0f;
+    if (current && n > 0) {
+      amax_kernel<T><<<grid, kThreads, 0, stream>>>(x, n, acc);
+      PRIMUS_CUDA_CHECK_LAUNCH();
+    }
+    if (current) scale = scalar::scale_from_amax(n > 0 ? amax_of() : 0.0f, f.max, false);
+    if (n > 0) {
+      tensor_kernel<T><<<grid, kThreads, 0, stream>>>(x, out, n, scale, f, current ? nullptr : acc);
+      PRIMUS_CUDA_CHECK_LAUNCH();
+    }
+    return {n > 0 ? amax_of() : 0.0f, scale};
+  }
+  if (n == 0) return {0.0f, 1.0f};
+  const int64_t nbr = (rows + br - 1) / br, nbc = (cols + bc - 1) / bc, blocks = nbr * nbc;
+  PRIMUS_CHECK(blocks < (int64_t(1) << 31), "quantize_fp8: {} blocks of {} x {}", blocks, br, bc);
+  Scratch scales(size_t(2 * blocks) * sizeof(float));
+  float* mul = scales.as<float>();
+  float* post = mul + blocks;
+  const int threads = br * bc >= kThreads ? kThreads : br * bc > 32 ? 128 : 32;
+  block_scales_kernel<T><<<unsigned(blocks), threads, 0, stream>>>(x, rows, cols, br, bc, nbc, mx, f.max, mul, post, acc);
+  PRIMUS_CUDA_CHECK_LAUNCH();
+  block_kernel<T><<<grid, kThreads, 0, stream>>>(x, out, rows, cols, br, bc, nbc, mul, post, f);
+  PRIMUS_CUDA_CHECK_LAUNCH();
+  return {amax_of(), 1.0f};
+}
+
+}  // namespace
+
+Fp8Result fp8_quantize(const void* x, void* out, bool f32, int64_t rows, int64_t cols, bool e4m3, int64_t block_rows,
+                       int64_t block_cols, bool mx, float scale, cudaStream_t stream) {
+  if (f32)
+    return run(static_cast<const float*>(x), static_cast<float*>(out), rows, cols, e4m3, block_rows, block_cols, mx,
+               scale, stream);
+  return run(static_cast<const uint16_t*>(x), static_cast<uint16_t*>(out), rows, cols, e4m3, block_rows, block_cols,
+             mx, scale, stream);
+}
+
+}  // namespace primus::cuda
