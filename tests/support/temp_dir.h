@@ -1,5 +1,5 @@
 // A fresh folder per test case (named after the process and the case), removed afterwards, with
-// a helper that writes a text file into it and returns its path.
+// helpers that give a path in it (t / "name") and write a text file into it, returning its path.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -22,6 +22,7 @@ struct TempDir {
   ~TempDir() { std::filesystem::remove_all(path); }
   TempDir(const TempDir&) = delete;
   TempDir& operator=(const TempDir&) = delete;
+  std::string operator/(const std::string& name) const { return (path / name).string(); }
   std::string write(const std::string& name, const std::string& text) const {
     std::ofstream(path / name) << text;
     return (path / name).string();

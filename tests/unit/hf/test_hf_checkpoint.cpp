@@ -20,6 +20,7 @@
 #include "model/generation.h"
 #include "model/llama.h"
 #include "support/error_of.h"
+#include "support/temp_dir.h"
 #include "support/run_command.h"
 #include "train/trainer.h"
 #include "trainer_fixture.h"
@@ -38,17 +39,7 @@ using test::our_logits;
 using test::peer_logits;
 using test::peer_write;
 
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    path = fs::temp_directory_path() / ("primus_hf_" + std::to_string(::getpid()) + "_" +
-                                        ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(path);
-    fs::create_directories(path);
-  }
-  ~TempDir() { fs::remove_all(path); }
-  std::string operator/(const std::string& s) const { return (path / s).string(); }
-};
+using test::TempDir;
 
 // A two-layer preset with a tied output layer (as the small Qwen models have) and `extra` keys.
 std::string tied_preset(const TempDir& t, const std::string& name, const std::string& extra) {

@@ -20,6 +20,7 @@
 #include "hf/safetensors.h"
 #include "hf_peer.h"
 #include "support/error_of.h"
+#include "support/temp_dir.h"
 
 namespace fs = std::filesystem;
 using json = nlohmann::json;
@@ -29,17 +30,7 @@ namespace {
 
 using test::error_of;
 
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    path = fs::temp_directory_path() / ("primus_hfmoe_" + std::to_string(::getpid()) + "_" +
-                                        ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(path);
-    fs::create_directories(path);
-  }
-  ~TempDir() { fs::remove_all(path); }
-  std::string operator/(const std::string& s) const { return (path / s).string(); }
-};
+using test::TempDir;
 
 const std::vector<std::string> kFamilies = {"mixtral",     "qwen2_moe",   "qwen3_moe",
                                             "deepseek_v2", "deepseek_v3", "gpt_oss"};
