@@ -387,7 +387,7 @@ void Trainer::build_dpo_data(const data::Tokenizer& tok) {
 void Trainer::build_dpo() {
   if (a_.stage != config::TrainStage::Dpo) return;
   const DpoObjective::Setup setup{*model_, *groups_.dp,   me_.dp, seq_, seq_local_, layout_.cp, me_.cp,
-                                  {a_.dpo_beta, a_.dpo_label_smoothing}};
+                                  {a_.dpo_beta, a_.dpo_label_smoothing}, uint64_t(a_.seed)};
   dpo_ = std::make_unique<DpoObjective>(setup, dpo_train_, dpo_valid_);
   dpo_->prepare_reference((fs::path(cfg_.checkpoint_dir()) / "dpo_reference.json").string(), state_.iteration > 0,
                           rank0_);
@@ -611,8 +611,18 @@ void Trainer::open_outputs() {
 // model is split in stages, else one after the other. The W passes hand their gradients to the
 // strategy's hook, which starts their reduction while the backward goes on. Returns the loss
 // summed over the microbatches whose loss this rank computed.
-double Trainer::forward_backward(const data::MicrobatchFill& fill) {
+double Trainer::forward_backward(const data::MicrobatchFill& data_fill) {
   const double dloss = 1.0 / double(num_micro_);
+  // LoRA dropout: each microbatch's key from the seed and its first sample (model/linears.h).
+  struct ClearKey {
+    LlamaModel& m;
+    ~ClearKey() { m.set_dropout_key(std::nullopt); }
+  } clear{*model_};
+  const int64_t first = state_.consumed_samples + slice_.dp_rank * slice_.per_rank * mbs_;
+  const data::MicrobatchFill fill = [&](int m, data::Microbatch& mb) {
+    data_fill(m, mb);
+    model_->set_dropout_key(lora_dropout_key(uint64_t(a_.seed), first + int64_t(m) * mbs_));
+  };
   if (layout_.schedule) {
     LlamaStageRunner runner(*model_, mbs_, seq_local_, dloss, fill);
     trace::PassSpans passes(runner, profiler_.get());  // F / B / W spans when profiling
