@@ -89,7 +89,7 @@ struct StepResult {
 
 class Trainer {
  public:
-  explicit Trainer(const config::ExperimentConfig& cfg);
+  Trainer(const config::ExperimentConfig& cfg, const StartingAdapters& adapters);
   TrainSummary run();
 
  private:
@@ -114,6 +114,8 @@ class Trainer {
   void lock_save_folder();
   void update_fp8_scales();
   void resume();
+  // Writes `adapters` (StartingAdapters) into this rank's adapter tensors (its tp pieces).
+  void start_adapters(const StartingAdapters& adapters);
   // weights_only: the values alone (finetune, pretrained_checkpoint); iteration, data position and
   // optimizer start fresh.
   std::string try_restore(const std::string& dir, bool weights_only = false);
@@ -186,7 +188,7 @@ class Trainer {
 // =============================================================================================
 // build
 
-Trainer::Trainer(const config::ExperimentConfig& cfg)
+Trainer::Trainer(const config::ExperimentConfig& cfg, const StartingAdapters& adapters)
     : cfg_(cfg),
       a_(cfg.train),
       spec_(cfg.model_spec),
@@ -203,6 +205,7 @@ Trainer::Trainer(const config::ExperimentConfig& cfg)
   lr_schedule_ = std::make_unique<LRSchedule>(lr_schedule_options(a_));
   lock_save_folder();
   resume();
+  start_adapters(adapters);
   build_dpo();
   open_outputs();
   // The peak the log reports is the training loop's: the build's transient full copies (the
@@ -544,6 +547,45 @@ void Trainer::resume() {
       "rank 0 refused the save folder");
 }
 
+void Trainer::start_adapters(const StartingAdapters& adapters) {
+  if (adapters.empty()) return;
+  if (state_.iteration > 0) {
+    if (rank0_)
+      log::info("peft_adapter_path {}: not read, the run resumed at iteration {} with its checkpoint's adapters",
+                a_.peft_adapter_path, state_.iteration);
+    return;
+  }
+  ParamStore& p = model_->params();
+  for (int id = model_->first_trainable(); id < int(p.infos().size()); ++id) {
+    const StoredParam& info = p.infos()[size_t(id)];
+    const auto it = adapters.find(info.name);
+    PRIMUS_CHECK(it != adapters.end() && int64_t(it->second.size()) == info.global_shape[0] * info.global_shape[1],
+                 "starting adapters: {} missing or of another size", info.name);
+    const std::vector<float>& g = it->second;
+    const int64_t cols = info.global_shape[1];
+    std::vector<float> local;  // this rank's pieces (ShardSpec), in order
+    local.reserve(size_t(info.numel));
+    if (info.shard.pieces.empty()) {
+      local = g;
+    } else if (info.shard.dim == 0) {
+      for (const ShardPiece& s : info.shard.pieces)
+        local.insert(local.end(), g.begin() + s.global_start * cols, g.begin() + (s.global_start + s.length) * cols);
+    } else {
+      for (int64_t row = 0; row < info.global_shape[0]; ++row)
+        for (const ShardPiece& s : info.shard.pieces)
+          local.insert(local.end(), g.begin() + row * cols + s.global_start,
+                       g.begin() + row * cols + s.global_start + s.length);
+    }
+    Tensor host = Tensor::empty(info.shape, DType::F32);
+    std::copy(local.begin(), local.end(), host.data<float>());
+    Tensor dst = p.value_tensor(id);
+    dst.copy_from(host);
+  }
+  dp_->finish_load(0, false);  // bf16 main params rounded, the working copy refreshed
+  if (rank0_)
+    log::info("LoRA: the adapters start from the PEFT folder {}", a_.peft_adapter_path);
+}
+
 void Trainer::open_outputs() {
   stats_ = model_stats(spec_, seq_);
   // MFU's denominator: the backend's peak (on the CPU one rank's measured SGEMM peak: ranks measure
@@ -576,9 +618,11 @@ void Trainer::open_outputs() {
     const ParamStore& p = model_->params();
     const int64_t trainable = p.numel() - model_->trainable_begin();
     const LoraOptions& l = model_->linears().lora();
-    log::info("LoRA: dim {}, alpha {} (scale {}): this rank trains {} adapter parameters in {} tensors ({:.3f}% of "
+    log::info("LoRA: dim {}, alpha {} (scale {}){}: this rank trains {} adapter parameters in {} tensors ({:.3f}% of "
               "its {}), AdamW state {:.3f} MiB; the rest is frozen (no gradient, no optimizer state)",
-              l.dim, l.alpha, l.scale(), trainable, p.infos().size() - size_t(model_->first_trainable()),
+              l.dim, l.alpha, l.scale(),
+              l.dropout > 0 ? fmt::format(", dropout {} {}", l.dropout, config::choice_name(l.dropout_position)) : "",
+              trainable, p.infos().size() - size_t(model_->first_trainable()),
               100.0 * double(trainable) / double(p.numel()), p.numel(), dp_->memory().optimizer / 1048576.0);
   }
   log::info("compute: {}", compute_.describe());
@@ -869,6 +913,8 @@ TrainSummary Trainer::run() {
 
 }  // namespace
 
-TrainSummary pretrain(const config::ExperimentConfig& cfg) { return Trainer(cfg).run(); }
+TrainSummary pretrain(const config::ExperimentConfig& cfg, const StartingAdapters& adapters) {
+  return Trainer(cfg, adapters).run();
+}
 
 }  // namespace primus::train

@@ -194,6 +194,16 @@ TEST(Posttrain, LoraUnderTp2Dp2AndPp2GivesTheOneProcessLosses) {
   expect_same(one, train("lora_tp2", lora + " --tensor_model_parallel_size 2", "direct --nproc 2"), 2e-5, "tp2");
   expect_same(one, train("lora_dp2", lora, "direct --nproc 2"), 2e-5, "dp2");
   expect_same(one, train("lora_pp2", lora + " --pipeline_model_parallel_size 2", "direct --nproc 2"), 2e-5, "pp2");
+  // With dropout the masks follow each microbatch's first sample, whichever rank runs it: dp2 and
+  // pp2 draw one process's masks (tp2 draws the row-parallel inputs' masks over its shards).
+  const std::string drop = lora + " --lora.dropout 0.1";
+  const std::vector<double> dropped = train("lora_drop_one", drop);
+  ASSERT_EQ(dropped.size(), 6u);
+  EXPECT_NE(dropped[1], one[1]) << "dropout changes the second step (B = 0 hides it in the first)";
+  EXPECT_LT(dropped.back(), dropped.front() - 0.3) << "the adapters learn under dropout";
+  expect_same(dropped, train("lora_drop_dp2", drop, "direct --nproc 2"), 2e-5, "dp2 with dropout");
+  expect_same(dropped, train("lora_drop_pp2", drop + " --pipeline_model_parallel_size 2", "direct --nproc 2"), 2e-5,
+              "pp2 with dropout");
 }
 
 // Packed SFT trains as unpacked SFT (use_packed_attention): eight conversations of the same length
@@ -345,8 +355,8 @@ TEST(Posttrain, RefusesWhatIsNotBuiltByName) {
   };
   EXPECT_NE(out("posttrain", kRoot + "/examples/dpo_tiny_cpu.yaml --dpo_beta 0").find("dpo_beta must be positive, got 0"),
             std::string::npos);
-  EXPECT_NE(out("posttrain", kExample + " --lora.enabled true --lora.dropout 0.05")
-                .find("lora.dropout 0.05 is not built (the adapters run without dropout); set lora.dropout: 0.0"),
+  EXPECT_NE(out("posttrain", kExample + " --lora.enabled true --lora.dropout 1")
+                .find("lora.dropout must be in [0, 1) (the probability of dropping an element), got 1"),
             std::string::npos);
   EXPECT_NE(out("posttrain", kExample + " --lora.enabled true --lora.target_modules [linear_qkv,linear_q_proj]")
                 .find("lora.target_modules 'linear_q_proj' is not one of: linear_qkv, linear_proj, linear_fc1, "
@@ -401,16 +411,17 @@ TEST(PrimusSftConfigs, LoadRefuseAndTrain) {
   ASSERT_EQ(llama.code, 0) << llama.out;
   EXPECT_NE(llama.out.find("LoRA: dim 32, alpha 32 (scale 1): this rank trains"), std::string::npos) << llama.out;
   // The LoRA config, unchanged: the `lora:` of its base's overrides applies; its top-level keys
-  // (lora with dropout 0.05, lr, batch sizes, train_iters) have no effect, as in Primus.
+  // (lora with dropout 0.05, lr, batch sizes, train_iters) have no effect, as in Primus. Its
+  // dropout 0.05 given where Primus reads it, the overrides, trains.
   const auto lora = run("direct --workspace " + ws.string() + " -- train posttrain --config " + kRoot +
                         "/tests/integration/primus_configs/sft/llama3_8B-BF16-lora-sft.yaml" + kPrimusTiny +
-                        kFromScratch + " --exp_name llama3_8B-lora-sft");
+                        kFromScratch + " --exp_name llama3_8B-lora-sft --modules.post_trainer.overrides.lora.dropout 0.05");
   ASSERT_EQ(lora.code, 0) << lora.out;
   EXPECT_NE(lora.out.find("lora, lr, min_lr, micro_batch_size, global_batch_size, train_iters, lr_warmup_iters (a "
                           "top-level key: Primus reads trainer keys only under modules.<trainer>.overrides)"),
             std::string::npos)
       << lora.out;
-  EXPECT_NE(lora.out.find("LoRA: dim 32, alpha 32"), std::string::npos) << lora.out;
+  EXPECT_NE(lora.out.find("LoRA: dim 32, alpha 32 (scale 1), dropout 0.05 pre"), std::string::npos) << lora.out;
   const auto packed = posttrain("llama3_8B-BF16-sft-packed", kNoLora + kFromScratch);
   ASSERT_EQ(packed.code, 0) << packed.out;
   EXPECT_NE(packed.out.find("conversations packed into"), std::string::npos) << packed.out;
