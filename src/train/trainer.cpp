@@ -41,6 +41,7 @@
 #include "data/tokenizer.h"
 #include "kernels/cpu/ceiling.h"
 #include "kernels/cpu/gemm.h"
+#include "model/attention_flops.h"
 #include "model/llama.h"
 #include "optim/grad_clip.h"
 #include "optim/lr_schedule.h"
@@ -85,6 +86,7 @@ std::string progress_bar(int64_t done, int64_t total, int width = 30) {
 
 struct StepResult {
   double loss = 0, grad_norm = 0, lr = 0, seconds = 0, compute_seconds = 0;
+  double attention_flops = 0;  // the global batch's attention core, as its passes ran it (packed documents)
 };
 
 class Trainer {
@@ -180,7 +182,8 @@ class Trainer {
   std::string ceiling_instruction_;
   bool mfu_warned_ = false;
   bool tty_ = false;
-  double interval_loss_ = 0, interval_time_ = 0;
+  double interval_loss_ = 0, interval_time_ = 0, interval_attention_flops_ = 0;
+  double step_attention_flops_ = 0;  // this rank's microbatches' (documents_attention_flops)
   int64_t interval_steps_ = 0;
   pipeline::BubbleMeter bubble_;
 };
@@ -666,6 +669,7 @@ double Trainer::forward_backward(const data::MicrobatchFill& data_fill) {
   const data::MicrobatchFill fill = [&](int m, data::Microbatch& mb) {
     data_fill(m, mb);
     model_->set_dropout_key(lora_dropout_key(uint64_t(a_.seed), first + int64_t(m) * mbs_));
+    step_attention_flops_ += documents_attention_flops(spec_, mb.docs, mbs_, seq_);
   };
   if (layout_.schedule) {
     LlamaStageRunner runner(*model_, mbs_, seq_local_, dloss, fill);
@@ -697,6 +701,7 @@ StepResult Trainer::train_step() {
   model_->reset_moe_stats();  // evaluation forwards do not count
   model_->linears().clear_current_amaxes();  // nor do they in FP8's amax histories
   double loss_sum = 0;
+  step_attention_flops_ = 0;
   if (dpo_)  // (its statistics are summed over the dp ranks already)
     dpo_step_ = dpo_->train(state_.consumed_samples, gbs_);
   else
@@ -712,7 +717,15 @@ StepResult Trainer::train_step() {
   }
   // Loss: the last stage's sum, over pipeline ranks and dp ranks (tp ranks agree).
   if (layout_.schedule) loss_sum = groups_.pp->all_reduce_value(loss_sum);
-  r.loss = dpo_ ? dpo_step_.mean_loss() : groups_.dp->all_reduce_value(loss_sum) / double(num_micro_);
+  if (dpo_) {
+    r.loss = dpo_step_.mean_loss();
+    r.attention_flops = double(gbs_) * attention_flops(spec_, seq_);  // one document per sequence
+  } else {  // the sums over the dp ranks' microbatches (tp, cp and pp ranks saw the same ones)
+    std::vector<double> sums = {loss_sum, step_attention_flops_};
+    groups_.dp->all_reduce(sums);
+    r.loss = sums[0] / double(num_micro_);
+    r.attention_flops = sums[1];
+  }
   {
     trace::Region region(profiler_.get(), "gradient_norm");
     r.grad_norm = dp_->gradient_norm();
@@ -793,7 +806,9 @@ void Trainer::save() {
 
 void Trainer::log_interval(const StepResult& step) {
   const double tps = double(interval_steps_ * gbs_ * seq_) / interval_time_;
-  const double tflops = stats_.flops_per_token * tps / 1e12;
+  // Attention as the passes ran it (packed documents attend within themselves), the rest per token.
+  const double tflops = ((stats_.flops_per_token - attention_flops(spec_, seq_) / double(seq_)) * tps +
+                         interval_attention_flops_ / interval_time_) / 1e12;
   const double mfu = tflops * 1e3 / peak_gflops_;
   const double mfu_ceiling = ceiling_gflops_ > 0 ? tflops * 1e3 / ceiling_gflops_ : 0.0;
   const double mean_loss = interval_loss_ / double(interval_steps_);
@@ -845,7 +860,7 @@ void Trainer::log_interval(const StepResult& step) {
     add_moe_metrics(moe_, row);
   }
   if (rank0_) metrics_->write(row);
-  interval_loss_ = interval_time_ = 0;
+  interval_loss_ = interval_time_ = interval_attention_flops_ = 0;
   interval_steps_ = 0;
 }
 
@@ -874,6 +889,7 @@ TrainSummary Trainer::run() {
     interval_loss_ += step.loss;
     dpo_interval_ += dpo_step_;
     interval_time_ += step.seconds;
+    interval_attention_flops_ += step.attention_flops;
     interval_steps_ += 1;
     watch_->end_step(state_.iteration, step.loss, step.grad_norm, step.seconds, step.compute_seconds);
     if (tty_)

@@ -252,6 +252,23 @@ TEST(Posttrain, PackedTrainsAsOneConversationPerSequence) {
   const auto [packed_log, p] = run_named("packed", "direct", packed);
   EXPECT_NE(packed_log.find("sft: 8 conversations packed into 4 sequences of 449 tokens"), std::string::npos)
       << packed_log;
+  // FLOPs per token as the log counts them (TFLOP/s over tokens/s): the packed run's attention is
+  // its documents', the same as one conversation per sequence, and less than the whole 448-token
+  // sequences' that the start-up line counts (model_stats at seq_length 448).
+  auto flops_per_token = [&](const std::string& name) {
+    std::ifstream in(ws / name / "metrics.jsonl");
+    for (std::string line; std::getline(in, line);) {
+      const auto j = nlohmann::json::parse(line);
+      if (j.contains("tflops")) return j["tflops"].get<double>() * 1e12 / j["tokens_per_sec"].get<double>();
+    }
+    return 0.0;
+  };
+  const double fpt_alone = flops_per_token("alone"), fpt_packed = flops_per_token("packed");
+  EXPECT_NEAR(fpt_packed, fpt_alone, 1e-9 * fpt_alone);
+  const size_t at = packed_log.find(" MFLOP per token");
+  ASSERT_NE(at, std::string::npos) << packed_log;
+  const double whole = std::stod(packed_log.substr(packed_log.rfind(", ", at) + 2)) * 1e6;
+  EXPECT_LT(fpt_packed, whole - 1e3) << "per-document attention counts less than whole sequences";
   const auto cp2 = run_named("packed_cp2", "direct --nproc 2", packed + " --context_parallel_size 2").second;
   const auto a16 = run_named("alone_bf16", "direct", alone + " --bf16 true").second;
   const auto p16 = run_named("packed_bf16", "direct", packed + " --bf16 true").second;
@@ -425,6 +442,22 @@ TEST(PrimusSftConfigs, LoadRefuseAndTrain) {
   const auto packed = posttrain("llama3_8B-BF16-sft-packed", kNoLora + kFromScratch);
   ASSERT_EQ(packed.code, 0) << packed.out;
   EXPECT_NE(packed.out.find("conversations packed into"), std::string::npos) << packed.out;
+  // The packed SQuAD config (LoRA on, its format squad, packed without per-document attention), its
+  // data set a local file of SQuAD's record shape; profiling off as it starts at step 10.
+  const fs::path squad = ws / "squad.jsonl";
+  fs::create_directories(ws);
+  {
+    std::ofstream out(squad);
+    for (int i = 0; i < 24; ++i)
+      out << R"({"id": ")" << i << R"(", "title": "Sums", "context": "Adding )" << i << " and " << i + 3
+          << R"( gives )" << 2 * i + 3 << R"(.", "question": "What is )" << i << " + " << i + 3
+          << R"(?", "answers": {"text": [")" << 2 * i + 3 << R"("], "answer_start": [0]}})" << "\n";
+  }
+  const auto squad_run = posttrain("llama3_8B-BF16-sft-packed-squad",
+                                   kFromScratch + " --profile false --sft_dataset_name " + squad.string());
+  ASSERT_EQ(squad_run.code, 0) << squad_run.out;
+  EXPECT_NE(squad_run.out.find("conversations packed into"), std::string::npos) << squad_run.out;
+  EXPECT_NE(squad_run.out.find("LoRA: dim"), std::string::npos) << squad_run.out;
   const auto deepseek = posttrain("deepseek_v2_lite-BF16-sft",
                                   kFromScratch +
                                       " --moe-layer-freq 1 --num-experts 4 --moe-router-topk 2 --moe-ffn-hidden-size 64"
@@ -432,7 +465,8 @@ TEST(PrimusSftConfigs, LoadRefuseAndTrain) {
                                       " --expert-model-parallel-size 1");
   ASSERT_EQ(deepseek.code, 0) << deepseek.out;
   EXPECT_NE(deepseek.out.find("LoRA: dim"), std::string::npos) << deepseek.out;
-  for (const char* run : {"llama3_8B-sft", "llama3_8B-lora-sft", "llama3_8B-sft-packed", "deepseek_v2_lite-sft"}) {
+  for (const char* run : {"llama3_8B-sft", "llama3_8B-lora-sft", "llama3_8B-sft-packed", "llama3_8B-sft-packed-squad",
+                          "deepseek_v2_lite-sft"}) {
     const std::vector<double> l = losses(ws / run);
     ASSERT_EQ(l.size(), 3u) << run;
     for (double x : l) EXPECT_TRUE(std::isfinite(x) && x > 0) << run;
