@@ -199,7 +199,7 @@ TEST(Posttrain, LoraUnderTp2Dp2AndPp2GivesTheOneProcessLosses) {
   const std::string drop = lora + " --lora.dropout 0.1";
   const std::vector<double> dropped = train("lora_drop_one", drop);
   ASSERT_EQ(dropped.size(), 6u);
-  EXPECT_NE(dropped[1], one[1]) << "dropout changes the second step (B = 0 hides it in the first)";
+  EXPECT_NE(dropped[3], one[3]) << "dropout changes the losses once B has left zero";
   EXPECT_LT(dropped.back(), dropped.front() - 0.3) << "the adapters learn under dropout";
   expect_same(dropped, train("lora_drop_dp2", drop, "direct --nproc 2"), 2e-5, "dp2 with dropout");
   expect_same(dropped, train("lora_drop_pp2", drop + " --pipeline_model_parallel_size 2", "direct --nproc 2"), 2e-5,
