@@ -253,7 +253,8 @@ TEST(Posttrain, PackedTrainsAsOneConversationPerSequence) {
   EXPECT_NE(packed_log.find("sft: 8 conversations packed into 4 sequences of 449 tokens"), std::string::npos)
       << packed_log;
   // FLOPs per token as the log counts them (TFLOP/s over tokens/s): the packed run's attention is
-  // its documents', the same as one conversation per sequence, and less than the whole 448-token
+  // its documents', within 0.1% of one conversation per sequence (the documents split 448 positions
+  // as 225 + 223 or so, where each unpacked sequence has 224), and less than the whole 448-token
   // sequences' that the start-up line counts (model_stats at seq_length 448).
   auto flops_per_token = [&](const std::string& name) {
     std::ifstream in(ws / name / "metrics.jsonl");
@@ -264,7 +265,7 @@ TEST(Posttrain, PackedTrainsAsOneConversationPerSequence) {
     return 0.0;
   };
   const double fpt_alone = flops_per_token("alone"), fpt_packed = flops_per_token("packed");
-  EXPECT_NEAR(fpt_packed, fpt_alone, 1e-9 * fpt_alone);
+  EXPECT_NEAR(fpt_packed, fpt_alone, 1e-3 * fpt_alone);
   const size_t at = packed_log.find(" MFLOP per token");
   ASSERT_NE(at, std::string::npos) << packed_log;
   const double whole = std::stod(packed_log.substr(packed_log.rfind(", ", at) + 2)) * 1e6;
