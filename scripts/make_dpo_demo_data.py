@@ -7,7 +7,10 @@ preference data sets have them:
   - explicit prompt in messages: "prompt" a list of messages, "chosen"/"rejected" lists holding the
     assistant's answer;
   - implicit prompt: "chosen" and "rejected" whole conversations that share their first turns (a
-    system prompt, sometimes an earlier question and answer).
+    short system prompt).
+96 training pairs (examples/dpo_tiny_cpu.yaml sees each several times in its 40 steps, so that a
+model trained from random weights learns them within a minute) and 24 validation pairs; every
+side fits the example's 128 tokens of the byte-level tokenizer.
 Deterministic: the same file on every run (Python's random with a fixed seed)."""
 import sys
 
@@ -35,17 +38,13 @@ def pair():
         return {"prompt": prompt, "chosen": good, "rejected": bad}
     if shape < 0.7:
         return {"prompt": [user(prompt)], "chosen": [assistant(good)], "rejected": [assistant(bad)]}
-    shared = [{"role": "system", "content": "You are a calculator."}]
-    if rng.random() < 0.5:  # an earlier turn, the same in both
-        ask0, good0, _ = question()
-        shared += [user(ask0), assistant(good0)]
-    shared.append(user(prompt))
+    shared = [{"role": "system", "content": "Be exact."}, user(prompt)]
     return {"chosen": shared + [assistant(good)], "rejected": shared + [assistant(bad)]}
 
 
 def main():
     out = sys.argv[1] if len(sys.argv) > 1 else "examples/data/arith_pref.json"
-    data = {"train": [pair() for _ in range(400)], "validation": [pair() for _ in range(40)]}
+    data = {"train": [pair() for _ in range(96)], "validation": [pair() for _ in range(24)]}
     write_splits(out, data)
 
 if __name__ == "__main__":

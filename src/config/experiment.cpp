@@ -99,6 +99,10 @@ const std::vector<KeyInfo>& training_keys() {
                  "optimization); unset under modules.pre_trainer (docs/posttraining.md)"),
       KEY(hf_path, "post-training: a local Hugging Face model folder (config.json, safetensors) whose weights the "
                    "run starts from, imported once into <run dir>/hf_import as `checkpoint import` does"),
+      KEY(peft_adapter_path, "post-training with LoRA: a PEFT adapter folder (adapter_config.json, "
+                             "adapter_model.safetensors, as `checkpoint export --adapters` writes) whose adapters "
+                             "a run that starts at iteration 0 starts from, over its base weights; its rank, alpha, "
+                             "targets and shapes must be the run's"),
       KEY(sft_dataset_name, "SFT: the chat data set, a local JSONL file or JSON file (a list of records, or an "
                             "object of splits)"),
       KEY(sft_dataset_split, "SFT: the split of a JSON object of splits that trains; its `validation` split "

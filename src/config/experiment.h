@@ -97,6 +97,7 @@ struct TrainingArgs {
   // post-training (docs/posttraining.md): Primus's post_trainer keys
   TrainStage stage = TrainStage::Pretrain;  // sft | dpo under modules.post_trainer; unset: pretraining
   std::string hf_path;                      // a Hugging Face model folder to start from (imported once)
+  std::string peft_adapter_path;            // a PEFT adapter folder whose LoRA adapters the run starts from
   std::string sft_dataset_name;             // a local JSONL or JSON file
   std::string sft_dataset_split = "train";
   data::ChatFormatName sft_conversation_format = data::ChatFormatName::Alpaca;

@@ -22,8 +22,8 @@ const std::vector<LoraKey>& lora_keys() {
       {"enabled", "adapters on the target linears, every other weight frozen (no gradient, no optimizer state)"},
       {"dim", "the adapters' rank r: A is [r, in], B [out, r]"},
       {"alpha", "the adapters' output is scaled by alpha / dim"},
-      {"dropout", "dropout on the adapter's input; only 0 is built"},
-      {"dropout_position", "pre or post (with dropout 0 both are the same)"},
+      {"dropout", "the probability of dropping an element in training (kept ones scaled by 1 / (1 - p)); 0: none"},
+      {"dropout_position", "pre: on the adapter's input; post: on its scaled output"},
       {"lora_A_init_method", "xavier, normal, kaiming or zero (model/param_store.h ParamInit)"},
       {"lora_B_init_method", "xavier, normal, kaiming or zero (zero: the first step is the base model's)"},
       {"target_modules",
@@ -97,8 +97,8 @@ void read_lora(const YAML::Node& node, const std::string& at, LoraOptions& out) 
   }
   if (!out.enabled) return;
   if (out.dim <= 0) fail("{}: lora.dim must be positive, got {}", at, out.dim);
-  if (out.dropout != 0.0)
-    fail("{}: lora.dropout {} is not built (the adapters run without dropout); set lora.dropout: 0.0", at, out.dropout);
+  if (!(out.dropout >= 0.0 && out.dropout < 1.0))
+    fail("{}: lora.dropout must be in [0, 1) (the probability of dropping an element), got {}", at, out.dropout);
 }
 
 YAML::Node lora_to_yaml(const LoraOptions& l) {

@@ -6,7 +6,7 @@
 //     enabled: false
 //     dim: 32                      adapter rank
 //     alpha: 32                    scale alpha / dim
-//     dropout: 0.0                 (only 0 is built)
+//     dropout: 0.0                 in [0, 1), training passes only
 //     dropout_position: pre        pre | post
 //     lora_A_init_method: xavier   xavier | normal | kaiming | zero
 //     lora_B_init_method: zero

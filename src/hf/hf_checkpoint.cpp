@@ -653,6 +653,68 @@ void write_json(const fs::path& path, const json& j) {
 
 }  // namespace
 
+// ---- a PEFT folder read back: the inverse of peft_tensors (A shared by a fused weight's parts, B
+// their rows stacked) ----
+std::map<std::string, std::vector<float>> read_peft_adapters(const std::string& dir, const ModelSpec& spec,
+                                                             const LoraOptions& lora) {
+  if (!lora.enabled) fail("PEFT adapter folder {}: the run has no LoRA adapters to start (set lora.enabled true)", dir);
+  const fs::path cfg_path = fs::path(dir) / "adapter_config.json";
+  const json c = read_json_file(cfg_path, "PEFT adapter config " + cfg_path.string());
+  const std::string where = cfg_path.string();
+  if (!c.is_object() || c.value("peft_type", std::string()) != "LORA")
+    fail("{}: not a LoRA adapter config (peft_type must be \"LORA\")", where);
+  const int64_t r = c.contains("r") && c["r"].is_number_integer() ? c["r"].get<int64_t>() : -1;
+  if (r != lora.dim) fail("{}: the adapters' rank r is {}, this run's lora.dim is {}", where, r, lora.dim);
+  const double alpha = c.contains("lora_alpha") && c["lora_alpha"].is_number() ? c["lora_alpha"].get<double>() : -1;
+  if (alpha != lora.alpha)
+    fail("{}: lora_alpha is {}, this run's lora.alpha is {} (the scale alpha / dim would change)", where, alpha,
+         lora.alpha);
+  for (const char* flag : {"use_rslora", "use_dora", "fan_in_fan_out"})
+    if (c.contains(flag) && c[flag].is_boolean() && c[flag].get<bool>())
+      fail("{}: {} true is not built (plain LoRA adapters only)", where, flag);
+  const SafetensorsReader st((fs::path(dir) / "adapter_model.safetensors").string());
+  const auto layout = lora_adapter_layout(model_parameter_layout(spec), lora);
+  std::map<std::string, Shape> want(layout.begin(), layout.end());
+  std::map<std::string, std::vector<float>> out;
+  std::vector<std::string> used;
+  auto tensor = [&](const std::string& name, const Shape& shape) {
+    const TensorEntry& e = st.entry(name);
+    if (e.shape != shape)
+      fail("{}: {} is [{}], this model's adapter is [{}]: the adapters of another base model", dir, name,
+           fmt::join(e.shape, ", "), fmt::join(shape, ", "));
+    used.push_back(name);
+    return st.as_f32(name);
+  };
+  for (const Mapping& m : name_map(spec)) {
+    const auto [a_name, b_name] = adapter_of(m.ours);
+    if (!want.count(a_name)) continue;
+    const Shape& a_shape = want[a_name];
+    std::vector<int64_t> parts;  // rows of B per Hugging Face weight (as peft_tensors splits them)
+    if (m.theirs.size() == 3) parts = {spec.q_size(), spec.kv_size(), spec.kv_size()};
+    else if (m.theirs.size() == 2) parts = {spec.ffn_hidden_size, spec.ffn_hidden_size};
+    else parts = {want[b_name][0]};
+    std::vector<float> A, B;
+    for (size_t i = 0; i < m.theirs.size(); ++i) {
+      const std::string& hf = m.theirs[i];
+      const std::string stem = "base_model.model." + hf.substr(0, hf.size() - std::string(".weight").size());
+      const std::vector<float> a = tensor(stem + ".lora_A.weight", a_shape);
+      if (i == 0) A = a;
+      else if (a != A)
+        fail("{}: {}.lora_A differs from {}'s: the fused {} has one A for its parts", dir, stem, m.theirs[0], m.ours);
+      const std::vector<float> b = tensor(stem + ".lora_B.weight", {parts[i], r});
+      B.insert(B.end(), b.begin(), b.end());
+    }
+    out[a_name] = std::move(A);
+    out[b_name] = std::move(B);
+  }
+  for (const auto& [name, shape] : want)
+    if (!out.count(name)) fail("PEFT adapter folder {}: no adapter for {} (this model's {})", dir, name, spec.name);
+  for (const auto& [name, e] : st.tensors())
+    if (std::find(used.begin(), used.end(), name) == used.end())
+      fail("{}: {} is not an adapter of this run (lora.target_modules, or another base model)", dir, name);
+  return out;
+}
+
 std::vector<std::string> export_hf(const ExportOptions& o) {
   if (o.dtype != "F32" && o.dtype != "BF16") fail("export dtype must be F32 or BF16, not '{}'", o.dtype);
   const std::string dir = checkpoint::resolve_checkpoint(o.checkpoint);

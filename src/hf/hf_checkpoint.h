@@ -12,12 +12,14 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
 #include <nlohmann/json_fwd.hpp>
 
 #include "model/model_spec.h"
+#include "model/options.h"  // LoraOptions
 
 namespace primus::hf {
 
@@ -53,6 +55,15 @@ struct ExportOptions {
   // the fused qkv and gate/up adapters split as their weights are: A shared, B by rows).
   bool adapters = false;
 };
+// A PEFT adapter folder (adapter_config.json and adapter_model.safetensors with PEFT's names, as
+// export_hf with `adapters` writes it) read back as `spec`'s LoRA adapters under `lora`: our
+// adapter names ("<module>.adapter.linear_in.weight" / "linear_out") -> their whole values (fp32,
+// row-major). Refused by name: another rank r or lora_alpha than the run's, an adapter this run
+// expects that the folder lacks, a tensor the run does not adapt, a tensor of another shape (the
+// adapters of another base model), the parts of a fused weight with different lora_A.
+std::map<std::string, std::vector<float>> read_peft_adapters(const std::string& dir, const ModelSpec& spec,
+                                                             const LoraOptions& lora);
+
 // Returns the files written. out_dir must be new or empty unless `overwrite`; the files are written
 // into a temporary folder beside it and moved into place, after the previous model's files (config,
 // weights, index, tokenizer files) are removed. A failed export leaves out_dir as it was.

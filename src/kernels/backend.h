@@ -169,6 +169,14 @@ class Backend {
   // out = a + b, all of one dtype and shape; out may be a or b.
   virtual void add(const Tensor& a, const Tensor& b, Tensor& out) = 0;
 
+  // Dropout (LoRA's, model/linears.h): y = x / (1 - p) where kernels/dropout_mask.h keeps the
+  // element (its flat index under `seed`), 0 elsewhere; p in [0, 1). The mask depends on the seed
+  // and the index alone, the same on every backend, so a backward redraws its forward's. x and y
+  // share a dtype (bf16, fp32 or fp64) and a size; y may be x. The default (kernels/dropout.cpp)
+  // computes on the host, the CPU backends' implementation (through a copy for a device's
+  // tensors); the CUDA backend overrides it with a kernel that gives the same bits.
+  virtual void dropout(const Tensor& x, Tensor& y, double p, uint64_t seed);
+
   // Cross-entropy over vocabulary chunks (row statistics [n] in the stat dtype, targets int32
   // [n]). Chunk columns are global vocabulary ids c0 .. c0 + vc: a chunk of a vocabulary shard
   // passes its shard's offset in c0. softcap > 0 soft-caps the logits first (kernels/softcap.h,

@@ -223,6 +223,11 @@ OpCall add_call(const Tensor& a, const Tensor& b, const Tensor& out) {
               nbytes(a) + nbytes(b) + nbytes(out));
 }
 
+OpCall dropout_call(const Tensor& x, const Tensor& y) {
+  return call("dropout", y.dtype(), rows(y), y.numel() / std::max<int64_t>(rows(y), 1), double(y.numel()),
+              nbytes(x) + nbytes(y));
+}
+
 OpCall ce_init_call(const Tensor& row_max, const Tensor& row_sum, const Tensor& target_logit) {
   return call("ce_init", row_max.dtype(), rows(row_max), 1, 0.0,
               nbytes(row_max) + nbytes(row_sum) + nbytes(target_logit));

@@ -81,6 +81,7 @@ OpCall embedding_forward_call(const Tensor& tokens, const Tensor& table, const T
 OpCall embedding_backward_call(const Tensor& dout, const Tensor& dtable);
 OpCall column_sum_accumulate_call(const Tensor& dy, const Tensor& out);
 OpCall add_call(const Tensor& a, const Tensor& b, const Tensor& out);
+OpCall dropout_call(const Tensor& x, const Tensor& y);
 OpCall ce_init_call(const Tensor& row_max, const Tensor& row_sum, const Tensor& target_logit);
 OpCall ce_chunk_forward_call(const Tensor& logits, const Tensor& targets, const Tensor& row_max);
 OpCall ce_merge_max_call(const Tensor& row_max, const Tensor& row_sum, const Tensor& global_max);

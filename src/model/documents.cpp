@@ -1,5 +1,7 @@
 #include "model/documents.h"
 
+#include "model/attention_flops.h"
+
 #include <algorithm>
 
 namespace primus {
@@ -53,6 +55,16 @@ ops::AttentionShape with_documents(ops::AttentionShape s, const Tensor& doc_star
   s.doc_start = doc_start;
   s.key_pos0 = key_pos0;
   return s;
+}
+
+double documents_attention_flops(const ModelSpec& spec, const PackedDocuments& docs, int64_t batch, int64_t seq) {
+  if (!docs.separate_attention || docs.starts.empty()) return double(batch) * attention_flops(spec, seq);
+  docs.check(batch, seq);
+  double f = 0;
+  for (const std::vector<int32_t>& starts : docs.starts)
+    for (size_t d = 0; d < starts.size(); ++d)
+      f += attention_flops(spec, (d + 1 < starts.size() ? int64_t(starts[d + 1]) : seq) - starts[d]);
+  return f;
 }
 
 }  // namespace primus

@@ -4,6 +4,7 @@
 #include <optional>
 
 #include "core/error.h"
+#include "core/rng.h"
 #include "model/block_part.h"
 #include "model/param_store.h"
 
@@ -28,6 +29,13 @@ std::optional<std::pair<std::string, std::string>> adapter_names(const std::stri
   return std::make_pair(pre + "linear_in.weight", pre + "linear_out.weight");
 }
 
+// FNV-1a of a weight's name: the same on every build and platform (its dropout masks' salt).
+uint64_t name_hash(const std::string& name) {
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (const unsigned char c : name) h = (h ^ c) * 0x100000001b3ull;
+  return h;
+}
+
 ParamInit param_init(LoraInit i) {
   switch (i) {
     case LoraInit::Xavier: return ParamInit::XavierNormal;
@@ -40,13 +48,17 @@ ParamInit param_init(LoraInit i) {
 
 }  // namespace
 
+uint64_t lora_dropout_key(uint64_t seed, int64_t first_sample) {
+  return splitmix64(splitmix64(seed ^ 0x4c6f5241ull) ^ uint64_t(first_sample));
+}
+
 Linears::Linears(ops::Backend& backend, DType activation, const Fp8Options& fp8, int64_t num_layers,
                  const LoraOptions& lora)
     : be_(backend), act_(activation), opt_(fp8), num_layers_(num_layers), lora_(lora) {
   if (opt_.enabled && opt_.amax_history_len < 1)
     fail("fp8_amax_history_len must be at least 1, got {}", opt_.amax_history_len);
-  PRIMUS_CHECK(!lora_.enabled || (lora_.dim > 0 && lora_.dropout == 0.0 && !opt_.enabled),
-               "LoRA needs dim > 0, dropout 0 and no FP8 (the config refuses the rest)");
+  PRIMUS_CHECK(!lora_.enabled || (lora_.dim > 0 && lora_.dropout >= 0.0 && lora_.dropout < 1.0 && !opt_.enabled),
+               "LoRA needs dim > 0, dropout in [0, 1) and no FP8 (the config refuses the rest)");
 }
 
 bool fp8_head_needs_whole_logits(const Fp8Options& fp8, int64_t vocab_chunk) {
@@ -150,6 +162,7 @@ std::vector<int> Linears::add_adapters(ParamStore& params) {
       ad.b = params.add_sharded(names->second, {out, r}, base.shard, b_init, true);
       params.mark_tp_partial_grads(ad.a);
     }
+    ad.salt = name_hash(d.name);
     adapters_[d.weight] = ad;
     ids.push_back(ad.a);
     ids.push_back(ad.b);
@@ -169,6 +182,17 @@ std::vector<int> Linears::adapters_of(const std::vector<int>& weights) const {
   return out;
 }
 
+Tensor Linears::dropped(const Tensor& t, const Adapter& ad) const {
+  Tensor out = be_.empty(t.shape(), t.dtype());
+  be_.dropout(t, out, lora_.dropout, splitmix64(*dropout_key_ ^ ad.salt));
+  return out;
+}
+
+void Linears::add_dropped(Tensor& t, const Adapter& ad, Tensor& D) const {
+  be_.dropout(t, t, lora_.dropout, splitmix64(*dropout_key_ ^ ad.salt));
+  be_.add(D, t, D);
+}
+
 void Linears::adapter_gemm(Gemm kind, float alpha, const Tensor& a, const Tensor& b, const Adapter& ad,
                            Tensor& D) const {
   const int64_t rows = a.size(0);
@@ -176,22 +200,41 @@ void Linears::adapter_gemm(Gemm kind, float alpha, const Tensor& a, const Tensor
   PRIMUS_CHECK(params_, "LoRA adapters without the model's parameters (Linears::set_params)");
   const Tensor A = params_->weight(ad.a), B = params_->weight(ad.b);
   const float s = alpha * float(lora_.scale());
+  // Dropout (the top of linears.h): pre drops x and the input gradient's term, post the output
+  // term and dy; the same mask in the forward and the backward.
+  const bool drop = dropout_key_ && lora_.dropout > 0.0;
+  const bool pre = drop && lora_.dropout_position == LoraDropoutPosition::Pre, post = drop && !pre;
   Tensor low = be_.empty({rows, lora_.dim}, act_);
   switch (kind) {
-    case Gemm::Forward:  // a = x: D += s (x A^T) B^T
-      be_.gemm(false, true, 1.0f, a, A, 0.0f, Tensor(), low, Tensor());
-      be_.gemm(false, true, s, low, B, 1.0f, D, D, Tensor());
+    case Gemm::Forward: {  // a = x: D += s (x' A^T) B^T, or D += drop(s (x A^T) B^T)
+      be_.gemm(false, true, 1.0f, pre ? dropped(a, ad) : a, A, 0.0f, Tensor(), low, Tensor());
+      if (!post) {
+        be_.gemm(false, true, s, low, B, 1.0f, D, D, Tensor());
+        break;
+      }
+      Tensor t = be_.empty(D.shape(), D.dtype());
+      be_.gemm(false, true, s, low, B, 0.0f, Tensor(), t, Tensor());
+      add_dropped(t, ad, D);
       break;
-    case Gemm::InputGrad:  // a = dy: D += s (dy B) A
-      be_.gemm(false, false, 1.0f, a, B, 0.0f, Tensor(), low, Tensor());
-      be_.gemm(false, false, s, low, A, 1.0f, D, D, Tensor());
+    }
+    case Gemm::InputGrad: {  // a = dy: D += s (dy' B) A, or D += drop(s (dy B) A)
+      be_.gemm(false, false, 1.0f, post ? dropped(a, ad) : a, B, 0.0f, Tensor(), low, Tensor());
+      if (!pre) {
+        be_.gemm(false, false, s, low, A, 1.0f, D, D, Tensor());
+        break;
+      }
+      Tensor t = be_.empty(D.shape(), D.dtype());
+      be_.gemm(false, false, s, low, A, 0.0f, Tensor(), t, Tensor());
+      add_dropped(t, ad, D);
       break;
-    case Gemm::WeightGrad: {  // a = dy, b = x: gA += s (dy B)^T x, gB += s dy^T (x A^T)
+    }
+    case Gemm::WeightGrad: {  // a = dy, b = x: gA += s (dy B)^T x, gB += s dy^T (x A^T) (dy', x' dropped)
       Tensor gA = params_->grad(ad.a), gB = params_->grad(ad.b);
-      be_.gemm(false, false, 1.0f, a, B, 0.0f, Tensor(), low, Tensor());
-      be_.gemm(true, false, s, low, b, 1.0f, gA, gA, Tensor());
-      be_.gemm(false, true, 1.0f, b, A, 0.0f, Tensor(), low, Tensor());
-      be_.gemm(true, false, s, a, low, 1.0f, gB, gB, Tensor());
+      const Tensor dy = post ? dropped(a, ad) : a, x = pre ? dropped(b, ad) : b;
+      be_.gemm(false, false, 1.0f, dy, B, 0.0f, Tensor(), low, Tensor());
+      be_.gemm(true, false, s, low, x, 1.0f, gA, gA, Tensor());
+      be_.gemm(false, true, 1.0f, x, A, 0.0f, Tensor(), low, Tensor());
+      be_.gemm(true, false, s, dy, low, 1.0f, gB, gB, Tensor());
       break;
     }
   }

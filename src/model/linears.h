@@ -21,7 +21,16 @@
 //   input_grad    D += alpha s (dy B) A
 //   weight_grad   gA += alpha s (dy B)^T x,  gB += alpha s dy^T (x A^T);  W frozen: no gW
 //
-// recomputing the rank-dim products instead of saving them. Under tensor parallelism the adapter
+// recomputing the rank-dim products instead of saving them. With lora.dropout p > 0 (Megatron-Bridge's
+// semantics): `pre` drops the adapter's input, x' = drop(x) in place of x in the forward, the
+// input gradient's term drop(s (dy B) A) and gA, gB from x'; `post` drops the adapter's scaled
+// output, D += drop(s (x A^T) B^T), and its backward uses drop(dy) in place of dy. drop keeps an
+// element with probability 1 - p and scales it by 1 / (1 - p) (the op set's dropout); its mask is
+// drawn from the microbatch's key (set_dropout_key, from the run's seed, the iteration and the
+// microbatch) and the linear's name, and redrawn in the backward, so nothing more is saved and a
+// resumed run draws the same masks. No key (evaluation, reference passes): no dropout. Under
+// tensor parallelism the mask of a row-parallel linear's input and of a column-parallel linear's
+// output is drawn over this rank's shard, so it is not one process's mask. Under tensor parallelism the adapter
 // factor on the base's sharded side is sharded with it (a column-parallel W: B by rows, the same
 // pieces; a row-parallel W: A by columns) and the other is whole on every tp rank, its gradient a
 // partial sum over tp (StoredParam::tp_partial_grads): a row-parallel W's partial output carries
@@ -31,6 +40,7 @@
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -70,6 +80,12 @@ bool fp8_head_needs_whole_logits(const Fp8Options& fp8, int64_t vocab_chunk);
 std::vector<std::pair<std::string, Shape>> lora_adapter_layout(const std::vector<ParamInfo>& layout,
                                                                const LoraOptions& lora);
 
+// The LoRA dropout key of a training microbatch (Linears::set_dropout_key): the run's seed and
+// the index of the microbatch's first sample in the run's stream of samples (a DPO pair's chosen
+// side is sample 2 d of draw d, its rejected side takes that key mixed once more), so that a resumed run, or another data-parallel split
+// of the same global batch, draws the same masks.
+uint64_t lora_dropout_key(uint64_t seed, int64_t first_sample);
+
 class Linears {
  public:
   Linears(ops::Backend& backend, DType activation, const Fp8Options& fp8, int64_t num_layers,
@@ -85,7 +101,11 @@ class Linears {
   // ---- LoRA ----
   struct Adapter {
     int a = -1, b = -1;  // linear_in [dim, in], linear_out [out, dim]
+    uint64_t salt = 0;   // the base weight's name hashed: its dropout masks' own stream
   };
+  // The dropout key of the microbatch whose passes run next (LlamaModel sets it from the
+  // context before each pass); none: the adapters run without dropout.
+  void set_dropout_key(std::optional<uint64_t> key) { dropout_key_ = key; }
   const LoraOptions& lora() const { return lora_; }
   // Registers the adapters of the declared linears that lora.target_modules names, after every
   // part registered its weights (so that the trainable tensors follow the frozen ones in the
@@ -147,6 +167,9 @@ class Linears {
   void cover(int weight, const std::string& name);  // FP8 covers the linear
   // The adapter's terms of each GEMM kind (see the top of this file); a, b as grouped() takes them.
   void adapter_gemm(Gemm kind, float alpha, const Tensor& a, const Tensor& b, const Adapter& ad, Tensor& D) const;
+  // t with LoRA's dropout applied under ad's mask (a new tensor); D += t dropped, in place of t.
+  Tensor dropped(const Tensor& t, const Adapter& ad) const;
+  void add_dropped(Tensor& t, const Adapter& ad, Tensor& D) const;
 
   ops::Backend& be_;
   DType act_;
@@ -162,6 +185,7 @@ class Linears {
   std::vector<Declared> declared_;       // every linear, for add_adapters
   std::map<int, Adapter> adapters_;      // by base weight id
   const ParamAccess* params_ = nullptr;
+  std::optional<uint64_t> dropout_key_;
 };
 
 }  // namespace primus

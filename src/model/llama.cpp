@@ -77,6 +77,18 @@ class LlamaModel::Held {
   std::vector<int> units_;
 };
 
+// A pass's microbatch dropout key in the linears for the pass's length (model/linears.h).
+class LlamaModel::Dropout {
+ public:
+  Dropout(const LlamaModel& m, const LlamaContext& ctx) : l_(*m.linears_) { l_.set_dropout_key(ctx.dropout_key); }
+  ~Dropout() { l_.set_dropout_key(std::nullopt); }
+  Dropout(const Dropout&) = delete;
+  Dropout& operator=(const Dropout&) = delete;
+
+ private:
+  Linears& l_;
+};
+
 // The parts' view of the weights: the model's units, wherever the weight source keeps them.
 class LlamaModel::Params final : public ParamAccess {
  public:
@@ -399,12 +411,14 @@ void LlamaModel::begin_microbatch(LlamaContext& ctx, const int32_t* tokens, cons
     ctx.targets_dev = tg.to(be_.device());
   }
   if (docs) ctx.docs = document_rows(*docs, batch, seq, part_.cp_size, part_.cp_rank, be_.device());
+  ctx.dropout_key = dropout_key_;
   ctx.blocks.resize(blocks_.size());
 }
 
 Tensor LlamaModel::forward_chunk(LlamaContext& ctx, int chunk, const Tensor& input) {
   PRIMUS_CHECK(chunk >= 0 && chunk < num_chunks(), "chunk {} of {}", chunk, num_chunks());
   const auto& ch = part_.chunks[chunk];
+  const Dropout dropout(*this, ctx);
   const int64_t N = ctx.batch * ctx.seq, C = spec_.hidden_size;
   const auto [b0, b1] = chunk_blocks_[chunk];
   const int head_unit = ch.has_head ? unit_of_[final_norm_] : -1;
@@ -436,6 +450,7 @@ Tensor LlamaModel::forward_chunk(LlamaContext& ctx, int chunk, const Tensor& inp
 Tensor LlamaModel::backward_input_chunk(LlamaContext& ctx, int chunk, const Tensor& dy, double dloss) {
   PRIMUS_CHECK(chunk >= 0 && chunk < num_chunks(), "chunk {} of {}", chunk, num_chunks());
   const auto& ch = part_.chunks[chunk];
+  const Dropout dropout(*this, ctx);
   const auto [b0, b1] = chunk_blocks_[chunk];
   auto previous_unit = [&](size_t l) { return l > b0 ? block_unit(l - 1) : -1; };  // backward order
   Tensor dx;
@@ -461,6 +476,7 @@ Tensor LlamaModel::backward_input_chunk(LlamaContext& ctx, int chunk, const Tens
 void LlamaModel::backward_weight_chunk(LlamaContext& ctx, int chunk) {
   PRIMUS_CHECK(chunk >= 0 && chunk < num_chunks(), "chunk {} of {}", chunk, num_chunks());
   const auto& ch = part_.chunks[chunk];
+  const Dropout dropout(*this, ctx);
   if (ch.has_head) head_weight_pass(ctx);
   const auto [b0, b1] = chunk_blocks_[chunk];
   for (size_t l = b1; l-- > b0;) {
@@ -496,6 +512,7 @@ void LlamaModel::backward_weight(LlamaContext& ctx) { backward_weight_chunk(ctx,
 void LlamaModel::backward(LlamaContext& ctx, double dloss) {
   PRIMUS_CHECK(num_chunks() == 1 && part_.chunks[0].has_embedding && part_.chunks[0].has_head,
                "backward() runs the whole model: use the chunk passes on a pipeline stage");
+  const Dropout dropout(*this, ctx);
   Tensor dx;
   {
     const Held held(*this, {final_norm_, output_}, blocks_.empty() ? -1 : block_unit(blocks_.size() - 1));

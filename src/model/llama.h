@@ -48,6 +48,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -124,6 +125,9 @@ struct LlamaContext {
   std::vector<BlockContext> blocks;
   HeadContext head;
   DocumentRows docs;  // packed documents (model/documents.h); empty: none
+  // LoRA dropout's key for this microbatch's passes (model/linears.h), stamped by
+  // begin_microbatch from set_dropout_key(); none: no dropout (evaluation, reference passes).
+  std::optional<uint64_t> dropout_key;
 };
 
 // The key/value cache of one sequence being decoded.
@@ -219,6 +223,9 @@ class LlamaModel {
   int weight_grad_passes(int param_id) const {
     return param_id == embedding_ && output_ == embedding_ ? 2 : 1;
   }
+  // The LoRA dropout key (model/linears.h) that begin_microbatch gives the microbatches it starts
+  // from now on (the trainer sets one per training microbatch and clears it after); none: none.
+  void set_dropout_key(std::optional<uint64_t> key) { dropout_key_ = key; }
   // Under LoRA only the adapters train: they follow every frozen tensor in the store, from flat
   // offset trainable_begin() (0 without LoRA: everything trains) and tensor first_trainable().
   bool frozen_base() const { return opt_.lora.enabled; }
@@ -250,6 +257,7 @@ class LlamaModel {
     std::vector<int> ids() const;       // those and its adapters: what its W pass accumulates
   };
   class Held;  // the units a pass holds acquired (llama.cpp)
+  class Dropout;  // a pass's LoRA dropout key installed in the linears (llama.cpp)
   class ResidentWeights;
   class Params;  // the parts' view of the weights (ParamAccess)
   void check_partition();
@@ -298,6 +306,7 @@ class LlamaModel {
   DType act_, stat_;
   LlamaOptions opt_;
   ModelPartition part_;
+  std::optional<uint64_t> dropout_key_;
   TensorParallelRows tp_rows_;  // the tp group's gather and reduce (set once the partition is checked)
   ParamStore params_;
   Tensor work_;  // working weights: params_.values() itself, or its bf16 copy

@@ -1,6 +1,7 @@
 // ModelSpec: YAML presets (with `extends:`), validation, and the counting that `analyze model`,
 // MFU and the benchmarks share. The conventions are written out in docs/model_math.md.
 #include "model/model_spec.h"
+#include "model/attention_flops.h"
 
 #include <unistd.h>
 
@@ -698,6 +699,30 @@ std::vector<ParamInfo> model_parameter_layout(const ModelSpec& spec) {
   return out;
 }
 
+namespace {
+
+// Layer l's attention FLOPs over one causal document of s tokens: attention_core per token (3 s
+// heads x (qk width + v width) FLOPs: 2 per multiply-add, s / 2 keys on average, forward and
+// backward) times s, less the pairs a sliding window of w leaves unseen, (s - w - 1)(s - w) / 2.
+double layer_attention_flops(const ModelSpec& spec, int64_t l, double s) {
+  const double heads = double(spec.num_attention_heads), q = double(spec.q_size());
+  const double per_token = spec.multi_latent_attention
+                               ? 3.0 * s * heads *
+                                     double(spec.qk_head_dim + spec.qk_pos_emb_head_dim + spec.v_head_dim)
+                               : 6.0 * s * q;
+  const double w = double(spec.layer_window(l));
+  const double unseen = w >= 0 && w + 1 < s ? (s - w - 1) * (s - w) / 2 : 0.0;
+  return s > 0 ? per_token * s * (1.0 - unseen / (s * s / 2)) : 0.0;
+}
+
+}  // namespace
+
+double attention_flops(const ModelSpec& spec, int64_t tokens) {
+  double f = 0;
+  for (int64_t l = 0; l < spec.num_layers; ++l) f += layer_attention_flops(spec, l, double(tokens));
+  return f;
+}
+
 ModelStats model_stats(const ModelSpec& spec, int64_t seq_length) {
   spec.validate();
   if (seq_length <= 0) fail("seq_length must be positive, got {}", seq_length);
@@ -735,12 +760,6 @@ ModelStats model_stats(const ModelSpec& spec, int64_t seq_length) {
   st.embedding_parameters = embedding + output;
   st.non_embedding_parameters = st.parameters - st.embedding_parameters;
 
-  // Attention core per token: QK^T and PV, 2 FLOPs per multiply-add, s/2 visible keys on average,
-  // times 3 for forward and backward: 3 s heads (qk width + v width).
-  const double attn_core = spec.multi_latent_attention
-                               ? 3.0 * s * heads *
-                                     double(spec.qk_head_dim + spec.qk_pos_emb_head_dim + spec.v_head_dim)
-                               : 6.0 * s * q;
   // Activations saved per token (fp32, no recompute): see docs/model_math.md (and docs/moe.md for
   // MoE and MLA layers).
   double attn_act = qkv + q;
@@ -760,11 +779,10 @@ ModelStats model_stats(const ModelSpec& spec, int64_t seq_length) {
     const bool moe = spec.is_moe_layer(l);
     // Every routed expert has the same size: top-k of num_experts of them run per token.
     const int64_t active = layer_active[l] + (moe ? layer_experts[l] / spec.num_experts * spec.moe_router_topk : 0);
-    // 6 FLOPs per weight per token (2 forward, 4 backward) over the weights a token meets.
-    // A sliding window of w leaves (s - w - 1)(s - w) / 2 of the s^2 / 2 causal pairs unseen.
-    const double w = double(spec.layer_window(l));
-    const double unseen = w >= 0 && w + 1 < s ? (s - w - 1) * (s - w) / 2 : 0.0;
-    double flops = 6.0 * double(active - layer_buffers[l]) + attn_core * (1.0 - unseen / (s * s / 2));
+    // 6 FLOPs per weight per token (2 forward, 4 backward) over the weights a token meets, and the
+    // attention core's (layer_attention_flops) per token of a sequence.
+    const double attn = layer_attention_flops(spec, l, s) / s;
+    double flops = 6.0 * double(active - layer_buffers[l]) + attn;
     st.layers.push_back(
         {fmt::format("decoder.layers.{}", l), layer_params[l], flops, moe ? moe_act : dense_act, active});
   }

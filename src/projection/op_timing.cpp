@@ -195,6 +195,10 @@ double MeasuredOps::run(const ops::OpCall& o) {
     Tensor a = filled(be, {r, c}, dt), b = filled(be, {r, c}, dt), out = be.empty({r, c}, dt);
     return time_it(be, [&] { be.add(a, b, out); });
   }
+  if (op == "dropout") {
+    Tensor x = filled(be, {r, c}, dt), y = be.empty({r, c}, dt);
+    return time_it(be, [&] { be.dropout(x, y, 0.05, 1); });
+  }
   if (op == "cast") {
     Tensor src = filled(be, {r, c}, dt), dst = be.empty({r, c}, o.out);
     return time_it(be, [&] { be.cast(src, dst); });

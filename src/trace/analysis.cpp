@@ -206,7 +206,8 @@ std::string op_category(const std::string& op, const std::string& cat) {
   if (op.rfind("embedding", 0) == 0) return "embedding";
   if (op == "optimizer_step") return "optimizer";
   if (op == "gradient_norm" || op == "column_sum_accumulate") return "reduce";
-  if (op.rfind("swiglu", 0) == 0 || op == "rope_apply" || op == "add" || op == "cast") return "elementwise";
+  if (op.rfind("swiglu", 0) == 0 || op == "rope_apply" || op == "add" || op == "cast" || op == "dropout")
+    return "elementwise";
   return "other";
 }
 

@@ -280,6 +280,15 @@ void TracedBackend::add(const Tensor& a, const Tensor& b, Tensor& out) {
   finish(e, end, OpKind::Other, nullptr, "residual", c.dtype, {rows(out), cols(out)}, c.flops, c.bytes);
 }
 
+void TracedBackend::dropout(const Tensor& x, Tensor& y, double p, uint64_t seed) {
+  if (!p_.active()) return be_.dropout(x, y, p, seed);
+  Event& e = p_.op_begin("dropout");
+  be_.dropout(x, y, p, seed);
+  const Mark end = p_.clock().device(nullptr);
+  const ops::OpCall c = ops::dropout_call(x, y);
+  finish(e, end, OpKind::Other, nullptr, "lora", c.dtype, {rows(y), cols(y)}, c.flops, c.bytes);
+}
+
 void TracedBackend::ce_init(Tensor& row_max, Tensor& row_sum, Tensor& target_logit) {
   if (!p_.active()) return be_.ce_init(row_max, row_sum, target_logit);
   Event& e = p_.op_begin("ce_init");

@@ -61,6 +61,7 @@ class TracedBackend final : public ops::Backend {
   void embedding_backward(const std::vector<int32_t>& host_tokens, const Tensor& dout, Tensor& dtable) override;
   void column_sum_accumulate(const Tensor& dy, Tensor& out) override;
   void add(const Tensor& a, const Tensor& b, Tensor& out) override;
+  void dropout(const Tensor& x, Tensor& y, double p, uint64_t seed) override;
   void ce_init(Tensor& row_max, Tensor& row_sum, Tensor& target_logit) override;
   void ce_chunk_forward(const Tensor& logits, const Tensor& targets, int64_t c0, double softcap, Tensor& row_max,
                         Tensor& row_sum, Tensor& target_logit) override;

@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 
 #include "core/error.h"
+#include "core/rng.h"
 #include "core/log.h"
 
 namespace primus::train {
@@ -73,10 +74,14 @@ double sequence_logp(LlamaModel& model, LlamaContext& ctx, const data::Microbatc
 }
 
 DpoPairLoss dpo_pair_step(LlamaModel& model, const data::Microbatch& chosen, const data::Microbatch& rejected,
-                          int64_t seq_local, double ref_c, double ref_r, const DpoLossOptions& o, double weight) {
+                          int64_t seq_local, double ref_c, double ref_r, const DpoLossOptions& o, double weight,
+                          std::optional<uint64_t> dropout_key) {
   LlamaContext c, r;
+  model.set_dropout_key(dropout_key);
   const double pi_c = sequence_logp(model, c, chosen, seq_local);
+  if (dropout_key) model.set_dropout_key(splitmix64(*dropout_key));
   const double pi_r = sequence_logp(model, r, rejected, seq_local);
+  model.set_dropout_key(std::nullopt);
   const DpoPairLoss p = dpo_pair_loss(o, pi_c, pi_r, ref_c, ref_r);
   // d pi / d mean = -valid: each side's backward of its mean loss, scaled.
   model.backward(c, -weight * p.dpi_chosen * double(c.valid));
@@ -175,12 +180,14 @@ DpoStats DpoObjective::run(Set& set, int64_t first, int64_t global_pairs, bool b
   DpoStats stats;
   data::Microbatch chosen, rejected;
   for (int64_t k = 0; k < per_rank; ++k) {
-    const size_t pair = size_t(set.draws->pair_of(first + s_.dp_rank * per_rank + k));
+    const int64_t draw = first + s_.dp_rank * per_rank + k;
+    const size_t pair = size_t(set.draws->pair_of(draw));
     fill(int(2 * k), chosen);
     fill(int(2 * k + 1), rejected);
     const double ref_c = set.ref[2 * pair], ref_r = set.ref[2 * pair + 1];
     if (backward) {
-      stats.add(dpo_pair_step(s_.model, chosen, rejected, s_.seq_local, ref_c, ref_r, s_.loss, 1.0 / double(global_pairs)));
+      stats.add(dpo_pair_step(s_.model, chosen, rejected, s_.seq_local, ref_c, ref_r, s_.loss, 1.0 / double(global_pairs),
+                              lora_dropout_key(s_.seed, 2 * draw)));
     } else {
       LlamaContext c, r;
       const double pi_c = sequence_logp(s_.model, c, chosen, s_.seq_local);

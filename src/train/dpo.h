@@ -19,6 +19,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -65,7 +66,7 @@ double sequence_logp(LlamaModel& model, LlamaContext& ctx, const data::Microbatc
 // weighted by `weight` (the pair's share of the step's objective: 1 / pairs in the global batch).
 DpoPairLoss dpo_pair_step(LlamaModel& model, const data::Microbatch& chosen, const data::Microbatch& rejected,
                           int64_t seq_local, double ref_chosen, double ref_rejected, const DpoLossOptions& o,
-                          double weight);
+                          double weight, std::optional<uint64_t> dropout_key = std::nullopt);
 
 // The trainer's DPO objective: the pairs of the training (and validation) set, the reference
 // log-probabilities of each, and the step's passes over this rank's share of a global batch.
@@ -78,6 +79,7 @@ class DpoObjective {
     int64_t seq = 0, seq_local = 0;  // the whole sequence, and this rank's share (under cp)
     int cp = 1, cp_rank = 0;
     DpoLossOptions loss;
+    uint64_t seed = 0;  // the run's: LoRA dropout's keys (model/linears.h lora_dropout_key)
   };
   DpoObjective(const Setup& setup, std::shared_ptr<data::DpoDataset> train, std::shared_ptr<data::DpoDataset> valid);
 

@@ -41,6 +41,7 @@
 #include "data/tokenizer.h"
 #include "kernels/cpu/ceiling.h"
 #include "kernels/cpu/gemm.h"
+#include "model/attention_flops.h"
 #include "model/llama.h"
 #include "optim/grad_clip.h"
 #include "optim/lr_schedule.h"
@@ -85,11 +86,12 @@ std::string progress_bar(int64_t done, int64_t total, int width = 30) {
 
 struct StepResult {
   double loss = 0, grad_norm = 0, lr = 0, seconds = 0, compute_seconds = 0;
+  double attention_flops = 0;  // the global batch's attention core, as its passes ran it (packed documents)
 };
 
 class Trainer {
  public:
-  explicit Trainer(const config::ExperimentConfig& cfg);
+  Trainer(const config::ExperimentConfig& cfg, const StartingAdapters& adapters);
   TrainSummary run();
 
  private:
@@ -114,6 +116,8 @@ class Trainer {
   void lock_save_folder();
   void update_fp8_scales();
   void resume();
+  // Writes `adapters` (StartingAdapters) into this rank's adapter tensors (its tp pieces).
+  void start_adapters(const StartingAdapters& adapters);
   // weights_only: the values alone (finetune, pretrained_checkpoint); iteration, data position and
   // optimizer start fresh.
   std::string try_restore(const std::string& dir, bool weights_only = false);
@@ -178,7 +182,8 @@ class Trainer {
   std::string ceiling_instruction_;
   bool mfu_warned_ = false;
   bool tty_ = false;
-  double interval_loss_ = 0, interval_time_ = 0;
+  double interval_loss_ = 0, interval_time_ = 0, interval_attention_flops_ = 0;
+  double step_attention_flops_ = 0;  // this rank's microbatches' (documents_attention_flops)
   int64_t interval_steps_ = 0;
   pipeline::BubbleMeter bubble_;
 };
@@ -186,7 +191,7 @@ class Trainer {
 // =============================================================================================
 // build
 
-Trainer::Trainer(const config::ExperimentConfig& cfg)
+Trainer::Trainer(const config::ExperimentConfig& cfg, const StartingAdapters& adapters)
     : cfg_(cfg),
       a_(cfg.train),
       spec_(cfg.model_spec),
@@ -203,6 +208,7 @@ Trainer::Trainer(const config::ExperimentConfig& cfg)
   lr_schedule_ = std::make_unique<LRSchedule>(lr_schedule_options(a_));
   lock_save_folder();
   resume();
+  start_adapters(adapters);
   build_dpo();
   open_outputs();
   // The peak the log reports is the training loop's: the build's transient full copies (the
@@ -387,7 +393,7 @@ void Trainer::build_dpo_data(const data::Tokenizer& tok) {
 void Trainer::build_dpo() {
   if (a_.stage != config::TrainStage::Dpo) return;
   const DpoObjective::Setup setup{*model_, *groups_.dp,   me_.dp, seq_, seq_local_, layout_.cp, me_.cp,
-                                  {a_.dpo_beta, a_.dpo_label_smoothing}};
+                                  {a_.dpo_beta, a_.dpo_label_smoothing}, uint64_t(a_.seed)};
   dpo_ = std::make_unique<DpoObjective>(setup, dpo_train_, dpo_valid_);
   dpo_->prepare_reference((fs::path(cfg_.checkpoint_dir()) / "dpo_reference.json").string(), state_.iteration > 0,
                           rank0_);
@@ -551,6 +557,45 @@ void Trainer::resume() {
       "rank 0 refused the save folder");
 }
 
+void Trainer::start_adapters(const StartingAdapters& adapters) {
+  if (adapters.empty()) return;
+  if (state_.iteration > 0) {
+    if (rank0_)
+      log::info("peft_adapter_path {}: not read, the run resumed at iteration {} with its checkpoint's adapters",
+                a_.peft_adapter_path, state_.iteration);
+    return;
+  }
+  ParamStore& p = model_->params();
+  for (int id = model_->first_trainable(); id < int(p.infos().size()); ++id) {
+    const StoredParam& info = p.infos()[size_t(id)];
+    const auto it = adapters.find(info.name);
+    PRIMUS_CHECK(it != adapters.end() && int64_t(it->second.size()) == info.global_shape[0] * info.global_shape[1],
+                 "starting adapters: {} missing or of another size", info.name);
+    const std::vector<float>& g = it->second;
+    const int64_t cols = info.global_shape[1];
+    std::vector<float> local;  // this rank's pieces (ShardSpec), in order
+    local.reserve(size_t(info.numel));
+    if (info.shard.pieces.empty()) {
+      local = g;
+    } else if (info.shard.dim == 0) {
+      for (const ShardPiece& s : info.shard.pieces)
+        local.insert(local.end(), g.begin() + s.global_start * cols, g.begin() + (s.global_start + s.length) * cols);
+    } else {
+      for (int64_t row = 0; row < info.global_shape[0]; ++row)
+        for (const ShardPiece& s : info.shard.pieces)
+          local.insert(local.end(), g.begin() + row * cols + s.global_start,
+                       g.begin() + row * cols + s.global_start + s.length);
+    }
+    Tensor host = Tensor::empty(info.shape, DType::F32);
+    std::copy(local.begin(), local.end(), host.data<float>());
+    Tensor dst = p.value_tensor(id);
+    dst.copy_from(host);
+  }
+  dp_->finish_load(0, false);  // bf16 main params rounded, the working copy refreshed
+  if (rank0_)
+    log::info("LoRA: the adapters start from the PEFT folder {}", a_.peft_adapter_path);
+}
+
 void Trainer::open_outputs() {
   stats_ = model_stats(spec_, seq_);
   // MFU's denominator: the backend's peak (on the CPU one rank's measured SGEMM peak: ranks measure
@@ -583,9 +628,11 @@ void Trainer::open_outputs() {
     const ParamStore& p = model_->params();
     const int64_t trainable = p.numel() - model_->trainable_begin();
     const LoraOptions& l = model_->linears().lora();
-    log::info("LoRA: dim {}, alpha {} (scale {}): this rank trains {} adapter parameters in {} tensors ({:.3f}% of "
+    log::info("LoRA: dim {}, alpha {} (scale {}){}: this rank trains {} adapter parameters in {} tensors ({:.3f}% of "
               "its {}), AdamW state {:.3f} MiB; the rest is frozen (no gradient, no optimizer state)",
-              l.dim, l.alpha, l.scale(), trainable, p.infos().size() - size_t(model_->first_trainable()),
+              l.dim, l.alpha, l.scale(),
+              l.dropout > 0 ? fmt::format(", dropout {} {}", l.dropout, config::choice_name(l.dropout_position)) : "",
+              trainable, p.infos().size() - size_t(model_->first_trainable()),
               100.0 * double(trainable) / double(p.numel()), p.numel(), dp_->memory().optimizer / 1048576.0);
   }
   log::info("compute: {}", compute_.describe());
@@ -618,8 +665,19 @@ void Trainer::open_outputs() {
 // model is split in stages, else one after the other. The W passes hand their gradients to the
 // strategy's hook, which starts their reduction while the backward goes on. Returns the loss
 // summed over the microbatches whose loss this rank computed.
-double Trainer::forward_backward(const data::MicrobatchFill& fill) {
+double Trainer::forward_backward(const data::MicrobatchFill& data_fill) {
   const double dloss = 1.0 / double(num_micro_);
+  // LoRA dropout: each microbatch's key from the seed and its first sample (model/linears.h).
+  struct ClearKey {
+    LlamaModel& m;
+    ~ClearKey() { m.set_dropout_key(std::nullopt); }
+  } clear{*model_};
+  const int64_t first = state_.consumed_samples + slice_.dp_rank * slice_.per_rank * mbs_;
+  const data::MicrobatchFill fill = [&](int m, data::Microbatch& mb) {
+    data_fill(m, mb);
+    model_->set_dropout_key(lora_dropout_key(uint64_t(a_.seed), first + int64_t(m) * mbs_));
+    step_attention_flops_ += documents_attention_flops(spec_, mb.docs, mbs_, seq_);
+  };
   if (layout_.schedule) {
     LlamaStageRunner runner(*model_, mbs_, seq_local_, dloss, fill);
     trace::PassSpans passes(runner, profiler_.get());  // F / B / W spans when profiling
@@ -650,6 +708,7 @@ StepResult Trainer::train_step() {
   model_->reset_moe_stats();  // evaluation forwards do not count
   model_->linears().clear_current_amaxes();  // nor do they in FP8's amax histories
   double loss_sum = 0;
+  step_attention_flops_ = 0;
   if (dpo_)  // (its statistics are summed over the dp ranks already)
     dpo_step_ = dpo_->train(state_.consumed_samples, gbs_);
   else
@@ -665,7 +724,15 @@ StepResult Trainer::train_step() {
   }
   // Loss: the last stage's sum, over pipeline ranks and dp ranks (tp ranks agree).
   if (layout_.schedule) loss_sum = groups_.pp->all_reduce_value(loss_sum);
-  r.loss = dpo_ ? dpo_step_.mean_loss() : groups_.dp->all_reduce_value(loss_sum) / double(num_micro_);
+  if (dpo_) {
+    r.loss = dpo_step_.mean_loss();
+    r.attention_flops = double(gbs_) * attention_flops(spec_, seq_);  // one document per sequence
+  } else {  // the sums over the dp ranks' microbatches (tp, cp and pp ranks saw the same ones)
+    std::vector<double> sums = {loss_sum, step_attention_flops_};
+    groups_.dp->all_reduce(sums);
+    r.loss = sums[0] / double(num_micro_);
+    r.attention_flops = sums[1];
+  }
   {
     trace::Region region(profiler_.get(), "gradient_norm");
     r.grad_norm = dp_->gradient_norm();
@@ -746,7 +813,9 @@ void Trainer::save() {
 
 void Trainer::log_interval(const StepResult& step) {
   const double tps = double(interval_steps_ * gbs_ * seq_) / interval_time_;
-  const double tflops = stats_.flops_per_token * tps / 1e12;
+  // Attention as the passes ran it (packed documents attend within themselves), the rest per token.
+  const double tflops = ((stats_.flops_per_token - attention_flops(spec_, seq_) / double(seq_)) * tps +
+                         interval_attention_flops_ / interval_time_) / 1e12;
   const double mfu = tflops * 1e3 / peak_gflops_;
   const double mfu_ceiling = ceiling_gflops_ > 0 ? tflops * 1e3 / ceiling_gflops_ : 0.0;
   const double mean_loss = interval_loss_ / double(interval_steps_);
@@ -798,7 +867,7 @@ void Trainer::log_interval(const StepResult& step) {
     add_moe_metrics(moe_, row);
   }
   if (rank0_) metrics_->write(row);
-  interval_loss_ = interval_time_ = 0;
+  interval_loss_ = interval_time_ = interval_attention_flops_ = 0;
   interval_steps_ = 0;
 }
 
@@ -827,6 +896,7 @@ TrainSummary Trainer::run() {
     interval_loss_ += step.loss;
     dpo_interval_ += dpo_step_;
     interval_time_ += step.seconds;
+    interval_attention_flops_ += step.attention_flops;
     interval_steps_ += 1;
     watch_->end_step(state_.iteration, step.loss, step.grad_norm, step.seconds, step.compute_seconds);
     if (tty_)
@@ -866,6 +936,8 @@ TrainSummary Trainer::run() {
 
 }  // namespace
 
-TrainSummary pretrain(const config::ExperimentConfig& cfg) { return Trainer(cfg).run(); }
+TrainSummary pretrain(const config::ExperimentConfig& cfg, const StartingAdapters& adapters) {
+  return Trainer(cfg, adapters).run();
+}
 
 }  // namespace primus::train

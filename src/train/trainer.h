@@ -5,8 +5,10 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "config/experiment.h"
 
@@ -20,8 +22,14 @@ struct TrainSummary {
   std::string last_checkpoint;
 };
 
+// LoRA adapters to start from (peft_adapter_path, read by hf::read_peft_adapters): the whole
+// values of every adapter of the model, by name ("<module>.adapter.linear_in.weight", ...).
+using StartingAdapters = std::map<std::string, std::vector<float>>;
+
 // Runs the experiment to train_iters. Every user error (data, tokenizer, checkpoint) is raised
-// as primus::Error before the first step.
-TrainSummary pretrain(const config::ExperimentConfig& cfg);
+// as primus::Error before the first step. `adapters` (non-empty) replace the adapters' initial
+// values of a run that starts at iteration 0, after its base weights are loaded; a resumed run
+// continues with its checkpoint's.
+TrainSummary pretrain(const config::ExperimentConfig& cfg, const StartingAdapters& adapters = {});
 
 }  // namespace primus::train

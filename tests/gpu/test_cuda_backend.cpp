@@ -189,6 +189,29 @@ TEST(CudaBackend, RowOpsMatchTheReference) {
   p.expect(s1, 0, 0, "fp32 add with a tail");
 }
 
+// LoRA's dropout (kernels/dropout_mask.h): the GPU draws the host's mask and rounds as it does, bit
+// for bit, bf16 and fp32, out of place and in place, on a size with no multiple of anything.
+TEST(CudaBackend, DropoutIsTheHostsBitForBit) {
+  PRIMUS_REQUIRE_GPU();
+  cuda::CudaBackend be;
+  const int64_t N = 37, C = 139;
+  Pair p;
+  const int xb = p.add(random_host({N, C}, DType::BF16, 1)), yb = p.add(Tensor::zeros({N, C}, DType::BF16));
+  const int xf = p.add(random_host({N, C}, DType::F32, 2)), yf = p.add(Tensor::zeros({N, C}, DType::F32));
+  const int inplace = p.add(random_host({N, C}, DType::BF16, 3));
+  p.run([&](ops::Backend& b, std::vector<Tensor>& t) {
+    b.dropout(t[xb], t[yb], 0.3, 1234);
+    b.dropout(t[xf], t[yf], 0.05, 99);
+    b.dropout(t[inplace], t[inplace], 0.5, 7);
+  }, be);
+  p.expect(yb, 0, 0, "bf16 dropout");
+  p.expect(yf, 0, 0, "fp32 dropout");
+  p.expect(inplace, 0, 0, "bf16 dropout in place");
+  const std::vector<float> v = values(p.gpu[size_t(yb)]);
+  EXPECT_GT(std::count(v.begin(), v.end(), 0.0f), N * C / 5);  // about 30% dropped
+  EXPECT_LT(std::count(v.begin(), v.end(), 0.0f), N * C * 2 / 5);
+}
+
 // gpt-oss's clamped GLU (ops::Glu: alpha 1.702, offset 1, a clamp that cuts some of the unit
 // normals) on the GPU against the reference, both passes; F = 72 runs the vectors of 8, F = 37 the
 // scalar kernel.

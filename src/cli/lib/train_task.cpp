@@ -125,7 +125,9 @@ TaskAction train_task(CLI::App& app, TrainTask which) {
       return 0;
     }
     start_from_hf(cfg);
-    train::pretrain(cfg);
+    train::pretrain(cfg, cfg.train.peft_adapter_path.empty()
+                             ? train::StartingAdapters{}
+                             : hf::read_peft_adapters(cfg.train.peft_adapter_path, cfg.model_spec, cfg.train.lora));
     return 0;
   };
 }

@@ -10,6 +10,7 @@
 #include "kernels/cuda/gemm.h"
 #include "kernels/cuda/grouped_gemm.h"
 #include "kernels/cuda/runtime.h"
+#include "kernels/dropout_mask.h"
 
 namespace primus::cuda {
 
@@ -333,6 +334,18 @@ void CudaBackend::add(const Tensor& a, const Tensor& b, Tensor& out) {
     cuda::add(F(a), F(b), F(out), out.numel(), stream());
   else
     cuda::add(B(a), B(b), B(out), out.numel(), stream());
+}
+
+void CudaBackend::dropout(const Tensor& x, Tensor& y, double p, uint64_t seed) {
+  PRIMUS_CHECK(p >= 0.0 && p < 1.0, "dropout: p {} outside [0, 1)", p);
+  const DType t = x.dtype() == DType::F32 ? DType::F32 : DType::BF16;
+  check(x, t, "dropout x");
+  check(y, t, x.shape(), "dropout y");
+  const ops::DropoutMask m(p, seed);
+  if (t == DType::F32)
+    cuda::dropout(F(x), F(y), y.numel(), m.seed, m.threshold, float(m.scale), stream());
+  else
+    cuda::dropout(B(x), B(y), y.numel(), m.seed, m.threshold, float(m.scale), stream());
 }
 
 void CudaBackend::gather_rows(const Tensor& x, const std::vector<int32_t>& rows, const std::vector<double>& scale,

@@ -49,6 +49,7 @@ class CudaBackend final : public ops::Backend {
   void embedding_backward(const std::vector<int32_t>& host_tokens, const Tensor& dout, Tensor& dtable) override;
   void column_sum_accumulate(const Tensor& dy, Tensor& out) override;
   void add(const Tensor& a, const Tensor& b, Tensor& out) override;
+  void dropout(const Tensor& x, Tensor& y, double p, uint64_t seed) override;
   // The routing row ops on the device (fused_row_ops.cu), bf16 or fp32: the same bits as the
   // op set's host default for gather_rows and scatter_add_rows; row_dots waits for the device.
   void gather_rows(const Tensor& x, const std::vector<int32_t>& rows, const std::vector<double>& scale,

@@ -121,6 +121,11 @@ void ce_chunk_backward(const float* logits, const float* lse, const int32_t* tar
 void add(const bf16* a, const bf16* b, bf16* out, int64_t n, cudaStream_t stream);
 void add(const float* a, const float* b, float* out, int64_t n, cudaStream_t stream);
 
+// ---- Dropout (the op set's, kernels/dropout_mask.h): y = x * scale where the mask keeps flat
+// index i, else 0; y may be x. The mask's bits are the host's. ----
+void dropout(const bf16* x, bf16* y, int64_t n, uint64_t seed, uint32_t threshold, float scale, cudaStream_t stream);
+void dropout(const float* x, float* y, int64_t n, uint64_t seed, uint32_t threshold, float scale, cudaStream_t stream);
+
 // ---- Casts ----
 void cast_f32_to_bf16(const float* src, bf16* dst, int64_t n, cudaStream_t stream);
 void cast_bf16_to_f32(const bf16* src, float* dst, int64_t n, cudaStream_t stream);

@@ -10,6 +10,7 @@
 #include <climits>
 
 #include "core/error.h"
+#include "kernels/dropout_mask.h"
 
 namespace primus::cuda {
 
@@ -174,6 +175,18 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+// ---- Dropout: one element per thread and step (the mask is per element) ----
+template <typename T>
+__global__ void __launch_bounds__(kThreads)
+    dropout_kernel(const T* x, T* y, int64_t n, uint64_t seed, uint32_t threshold, float scale) {
+  for (int64_t idx = int64_t(blockIdx.x) * kThreads + threadIdx.x; idx < n; idx += int64_t(gridDim.x) * kThreads) {
+    float v[1];
+    load_vec<1>(x + idx, v);
+    v[0] = ops::dropout_hash(seed, uint64_t(idx)) >= threshold ? v[0] * scale : 0.0f;
+    store_vec<1>(y + idx, v);
+  }
+}
+
 // ---- Casts: vectors of 8 over the first n - n % 8 elements, block 0 takes the tail ----
 template <int V, typename From, typename To>
 __global__ void __launch_bounds__(kThreads) cast_kernel(const From* __restrict__ src, To* __restrict__ dst, int64_t n) {
@@ -301,6 +314,22 @@ void launch_add(const T* a, const T* b, T* out, int64_t n, cudaStream_t stream) 
 
 void add(const bf16* a, const bf16* b, bf16* out, int64_t n, cudaStream_t stream) { launch_add(a, b, out, n, stream); }
 void add(const float* a, const float* b, float* out, int64_t n, cudaStream_t stream) { launch_add(a, b, out, n, stream); }
+
+template <typename T>
+void launch_dropout(const T* x, T* y, int64_t n, uint64_t seed, uint32_t threshold, float scale,
+                    cudaStream_t stream) {
+  if (n <= 0) return;
+  dropout_kernel<T><<<blocks_for(n, kThreads), kThreads, 0, stream>>>(x, y, n, seed, threshold, scale);
+  PRIMUS_CUDA_CHECK_LAUNCH();
+}
+
+void dropout(const bf16* x, bf16* y, int64_t n, uint64_t seed, uint32_t threshold, float scale, cudaStream_t stream) {
+  launch_dropout(x, y, n, seed, threshold, scale, stream);
+}
+void dropout(const float* x, float* y, int64_t n, uint64_t seed, uint32_t threshold, float scale,
+             cudaStream_t stream) {
+  launch_dropout(x, y, n, seed, threshold, scale, stream);
+}
 
 void cast_f32_to_bf16(const float* src, bf16* dst, int64_t n, cudaStream_t stream) {
   launch_cast(src, dst, n, stream);

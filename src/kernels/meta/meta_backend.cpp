@@ -144,6 +144,8 @@ void MetaBackend::column_sum_accumulate(const Tensor& dy, Tensor& out) { record(
 
 void MetaBackend::add(const Tensor& a, const Tensor& b, Tensor& out) { record(add_call(a, b, out)); }
 
+void MetaBackend::dropout(const Tensor& x, Tensor& y, double, uint64_t) { record(dropout_call(x, y)); }
+
 void MetaBackend::ce_init(Tensor& row_max, Tensor& row_sum, Tensor& target_logit) {
   record(ce_init_call(row_max, row_sum, target_logit));
 }

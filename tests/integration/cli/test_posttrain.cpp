@@ -194,6 +194,16 @@ TEST(Posttrain, LoraUnderTp2Dp2AndPp2GivesTheOneProcessLosses) {
   expect_same(one, train("lora_tp2", lora + " --tensor_model_parallel_size 2", "direct --nproc 2"), 2e-5, "tp2");
   expect_same(one, train("lora_dp2", lora, "direct --nproc 2"), 2e-5, "dp2");
   expect_same(one, train("lora_pp2", lora + " --pipeline_model_parallel_size 2", "direct --nproc 2"), 2e-5, "pp2");
+  // With dropout the masks follow each microbatch's first sample, whichever rank runs it: dp2 and
+  // pp2 draw one process's masks (tp2 draws the row-parallel inputs' masks over its shards).
+  const std::string drop = lora + " --lora.dropout 0.1";
+  const std::vector<double> dropped = train("lora_drop_one", drop);
+  ASSERT_EQ(dropped.size(), 6u);
+  EXPECT_NE(dropped[3], one[3]) << "dropout changes the losses once B has left zero";
+  EXPECT_LT(dropped.back(), dropped.front() - 0.3) << "the adapters learn under dropout";
+  expect_same(dropped, train("lora_drop_dp2", drop, "direct --nproc 2"), 2e-5, "dp2 with dropout");
+  expect_same(dropped, train("lora_drop_pp2", drop + " --pipeline_model_parallel_size 2", "direct --nproc 2"), 2e-5,
+              "pp2 with dropout");
 }
 
 // Packed SFT trains as unpacked SFT (use_packed_attention): eight conversations of the same length
@@ -242,6 +252,24 @@ TEST(Posttrain, PackedTrainsAsOneConversationPerSequence) {
   const auto [packed_log, p] = run_named("packed", "direct", packed);
   EXPECT_NE(packed_log.find("sft: 8 conversations packed into 4 sequences of 449 tokens"), std::string::npos)
       << packed_log;
+  // FLOPs per token as the log counts them (TFLOP/s over tokens/s): the packed run's attention is
+  // its documents', within 0.1% of one conversation per sequence (the documents split 448 positions
+  // as 225 + 223 or so, where each unpacked sequence has 224), and less than the whole 448-token
+  // sequences' that the start-up line counts (model_stats at seq_length 448).
+  auto flops_per_token = [&](const std::string& name) {
+    std::ifstream in(ws / name / "metrics.jsonl");
+    for (std::string line; std::getline(in, line);) {
+      const auto j = nlohmann::json::parse(line);
+      if (j.contains("tflops")) return j["tflops"].get<double>() * 1e12 / j["tokens_per_sec"].get<double>();
+    }
+    return 0.0;
+  };
+  const double fpt_alone = flops_per_token("alone"), fpt_packed = flops_per_token("packed");
+  EXPECT_NEAR(fpt_packed, fpt_alone, 1e-3 * fpt_alone);
+  const size_t at = packed_log.find(" MFLOP per token");
+  ASSERT_NE(at, std::string::npos) << packed_log;
+  const double whole = std::stod(packed_log.substr(packed_log.rfind(", ", at) + 2)) * 1e6;
+  EXPECT_LT(fpt_packed, whole - 1e3) << "per-document attention counts less than whole sequences";
   const auto cp2 = run_named("packed_cp2", "direct --nproc 2", packed + " --context_parallel_size 2").second;
   const auto a16 = run_named("alone_bf16", "direct", alone + " --bf16 true").second;
   const auto p16 = run_named("packed_bf16", "direct", packed + " --bf16 true").second;
@@ -345,8 +373,8 @@ TEST(Posttrain, RefusesWhatIsNotBuiltByName) {
   };
   EXPECT_NE(out("posttrain", kRoot + "/examples/dpo_tiny_cpu.yaml --dpo_beta 0").find("dpo_beta must be positive, got 0"),
             std::string::npos);
-  EXPECT_NE(out("posttrain", kExample + " --lora.enabled true --lora.dropout 0.05")
-                .find("lora.dropout 0.05 is not built (the adapters run without dropout); set lora.dropout: 0.0"),
+  EXPECT_NE(out("posttrain", kExample + " --lora.enabled true --lora.dropout 1")
+                .find("lora.dropout must be in [0, 1) (the probability of dropping an element), got 1"),
             std::string::npos);
   EXPECT_NE(out("posttrain", kExample + " --lora.enabled true --lora.target_modules [linear_qkv,linear_q_proj]")
                 .find("lora.target_modules 'linear_q_proj' is not one of: linear_qkv, linear_proj, linear_fc1, "
@@ -401,19 +429,36 @@ TEST(PrimusSftConfigs, LoadRefuseAndTrain) {
   ASSERT_EQ(llama.code, 0) << llama.out;
   EXPECT_NE(llama.out.find("LoRA: dim 32, alpha 32 (scale 1): this rank trains"), std::string::npos) << llama.out;
   // The LoRA config, unchanged: the `lora:` of its base's overrides applies; its top-level keys
-  // (lora with dropout 0.05, lr, batch sizes, train_iters) have no effect, as in Primus.
+  // (lora with dropout 0.05, lr, batch sizes, train_iters) have no effect, as in Primus. Its
+  // dropout 0.05 given where Primus reads it, the overrides, trains.
   const auto lora = run("direct --workspace " + ws.string() + " -- train posttrain --config " + kRoot +
                         "/tests/integration/primus_configs/sft/llama3_8B-BF16-lora-sft.yaml" + kPrimusTiny +
-                        kFromScratch + " --exp_name llama3_8B-lora-sft");
+                        kFromScratch + " --exp_name llama3_8B-lora-sft --modules.post_trainer.overrides.lora.dropout 0.05");
   ASSERT_EQ(lora.code, 0) << lora.out;
   EXPECT_NE(lora.out.find("lora, lr, min_lr, micro_batch_size, global_batch_size, train_iters, lr_warmup_iters (a "
                           "top-level key: Primus reads trainer keys only under modules.<trainer>.overrides)"),
             std::string::npos)
       << lora.out;
-  EXPECT_NE(lora.out.find("LoRA: dim 32, alpha 32"), std::string::npos) << lora.out;
+  EXPECT_NE(lora.out.find("LoRA: dim 32, alpha 32 (scale 1), dropout 0.05 pre"), std::string::npos) << lora.out;
   const auto packed = posttrain("llama3_8B-BF16-sft-packed", kNoLora + kFromScratch);
   ASSERT_EQ(packed.code, 0) << packed.out;
   EXPECT_NE(packed.out.find("conversations packed into"), std::string::npos) << packed.out;
+  // The packed SQuAD config (LoRA on, its format squad, packed without per-document attention), its
+  // data set a local file of SQuAD's record shape; profiling off as it starts at step 10.
+  const fs::path squad = ws / "squad.jsonl";
+  fs::create_directories(ws);
+  {
+    std::ofstream out(squad);
+    for (int i = 0; i < 24; ++i)
+      out << R"({"id": ")" << i << R"(", "title": "Sums", "context": "Adding )" << i << " and " << i + 3
+          << R"( gives )" << 2 * i + 3 << R"(.", "question": "What is )" << i << " + " << i + 3
+          << R"(?", "answers": {"text": [")" << 2 * i + 3 << R"("], "answer_start": [0]}})" << "\n";
+  }
+  const auto squad_run = posttrain("llama3_8B-BF16-sft-packed-squad",
+                                   kFromScratch + " --profile false --sft_dataset_name " + squad.string());
+  ASSERT_EQ(squad_run.code, 0) << squad_run.out;
+  EXPECT_NE(squad_run.out.find("conversations packed into"), std::string::npos) << squad_run.out;
+  EXPECT_NE(squad_run.out.find("LoRA: dim"), std::string::npos) << squad_run.out;
   const auto deepseek = posttrain("deepseek_v2_lite-BF16-sft",
                                   kFromScratch +
                                       " --moe-layer-freq 1 --num-experts 4 --moe-router-topk 2 --moe-ffn-hidden-size 64"
@@ -421,7 +466,8 @@ TEST(PrimusSftConfigs, LoadRefuseAndTrain) {
                                       " --expert-model-parallel-size 1");
   ASSERT_EQ(deepseek.code, 0) << deepseek.out;
   EXPECT_NE(deepseek.out.find("LoRA: dim"), std::string::npos) << deepseek.out;
-  for (const char* run : {"llama3_8B-sft", "llama3_8B-lora-sft", "llama3_8B-sft-packed", "deepseek_v2_lite-sft"}) {
+  for (const char* run : {"llama3_8B-sft", "llama3_8B-lora-sft", "llama3_8B-sft-packed", "llama3_8B-sft-packed-squad",
+                          "deepseek_v2_lite-sft"}) {
     const std::vector<double> l = losses(ws / run);
     ASSERT_EQ(l.size(), 3u) << run;
     for (double x : l) EXPECT_TRUE(std::isfinite(x) && x > 0) << run;

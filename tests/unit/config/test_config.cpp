@@ -308,6 +308,12 @@ modules:
             std::string::npos);
   EXPECT_NE(error({{"lora.rank", "4"}}).find("unknown key 'lora.rank'"), std::string::npos);
   EXPECT_NE(error({{"lora.dim", "0"}}).find("lora.dim must be positive"), std::string::npos);
+  EXPECT_NE(error({{"lora.dropout", "1.0"}}).find("lora.dropout must be in [0, 1)"), std::string::npos);
+  EXPECT_NE(error({{"lora.dropout", "-0.1"}}).find("lora.dropout must be in [0, 1)"), std::string::npos);
+  const LoraOptions dropped =
+      load_experiment(f, {{"lora.dropout", "0.05"}, {"lora.dropout_position", "post"}}).train.lora;
+  EXPECT_EQ(dropped.dropout, 0.05);
+  EXPECT_EQ(dropped.dropout_position, LoraDropoutPosition::Post);
   EXPECT_NE(error({{"lora.target_modules", "[\"*.layers.0.*.linear_qkv\"]"}}).find("wildcard"), std::string::npos);
   EXPECT_NE(error({{"fp8", "hybrid"}}).find("LoRA with FP8 linears is not built"), std::string::npos);
   EXPECT_NE(error({{"lora.dim", "0"}}).find("lora.yaml"), std::string::npos);  // where it was written

@@ -1,6 +1,8 @@
 // LoRA adapters (model/linears.h): their gradients against finite differences in double, on a
 // dense model and on an MoE model (routed and shared experts); the frozen tensors get no
-// gradient; with B initialised to zero the model computes the base model's loss exactly.
+// gradient; with B initialised to zero the model computes the base model's loss exactly. LoRA
+// dropout: one linear's three GEMMs against the masked reference computed by hand, the model's
+// gradients against finite differences of the same masked loss, and dropout 0 bit for bit today's.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -10,7 +12,10 @@
 #include "core/rng.h"
 #include "support/grad_check.h"
 #include "kernels/cpu/cpu_backend.h"
+#include "kernels/dropout_mask.h"
+#include "model/block_part.h"
 #include "model/llama.h"
+#include "model/param_store.h"
 #include "support/tiny_spec.h"
 
 using namespace primus;
@@ -58,10 +63,15 @@ bool is_norm_or_router(const std::string& name) {
   return name.find("layernorm") != std::string::npos || name.find("router") != std::string::npos;
 }
 
-void check_adapter_grads(bool moe) {
+void check_adapter_grads(bool moe, double dropout = 0.0,
+                         LoraDropoutPosition position = LoraDropoutPosition::Pre) {
   const ModelSpec spec = lora_spec(moe);
-  LlamaModel m(spec, cpu::cpu_backend(), Precision::Fp64, lora_options(LoraInit::Normal));
+  LlamaOptions o = lora_options(LoraInit::Normal);
+  o.lora.dropout = dropout;
+  o.lora.dropout_position = position;
+  LlamaModel m(spec, cpu::cpu_backend(), Precision::Fp64, o);
   m.init_weights(7);
+  if (dropout > 0) m.set_dropout_key(lora_dropout_key(5, 0));  // every forward below: the same masks
   const Batch batch = make_batch(spec.vocab_size, 3);
   auto loss = [&] {
     LlamaContext c;
@@ -145,4 +155,212 @@ TEST(Lora, TargetModulesAndShapes) {
   EXPECT_EQ(p.infos()[size_t(a)].shape, (Shape{3, 16}));  // [dim, in]: proj's in is heads x head dim
   EXPECT_EQ(p.infos()[size_t(b)].shape, (Shape{16, 3}));  // [out, dim]
   EXPECT_EQ(int(p.infos().size()) - m.first_trainable(), 2 * 2 * 2);
+}
+
+// ---- LoRA dropout ----
+
+TEST(LoraDropout, GradientsMatchFiniteDifferencesPre) { check_adapter_grads(false, 0.3, LoraDropoutPosition::Pre); }
+TEST(LoraDropout, GradientsMatchFiniteDifferencesPost) { check_adapter_grads(false, 0.3, LoraDropoutPosition::Post); }
+
+namespace {
+
+// One adapted linear, W [out, in] with A [r, in] and B [out, r] (fp64), run through Linears.
+struct OneLinear : ParamAccess {
+  static constexpr int64_t in = 6, out = 5, r = 2, rows = 7;
+  ParamStore store{DType::F64};
+  LoraOptions lora;
+  std::unique_ptr<Linears> lin;
+  int w = -1;
+  const std::string name = "decoder.layers.0.mlp.linear_fc1.weight";
+  explicit OneLinear(LoraDropoutPosition pos) {
+    lora.enabled = true, lora.dim = r, lora.alpha = 3, lora.dropout = 0.4, lora.dropout_position = pos;
+    lin = std::make_unique<Linears>(cpu::cpu_backend(), DType::F64, Fp8Options{}, 1, lora);
+    w = store.add(name, {out, in}, ParamInit::Normal, true);
+    lin->declare(w, name, 0);
+    lin->add_adapters(store);
+    store.allocate();
+    store.init(3, 0.5, 0.5);
+    lin->set_params(this);
+  }
+  Tensor weight(int id) const override { return store.value_tensor(id); }
+  Tensor grad(int id) const override { return store.grad_tensor(id); }
+  Tensor master(int id) const override { return store.value_tensor(id); }
+  const Linears::Adapter& ad() const { return *lin->adapter(w); }
+  // The mask the op set's dropout draws for this linear under `key` (kernels/dropout_mask.h).
+  std::vector<double> mask(uint64_t key, int64_t n) const {
+    const ops::DropoutMask m(lora.dropout, splitmix64(key ^ ad().salt));
+    std::vector<double> v(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) v[size_t(i)] = m.keeps(uint64_t(i)) ? m.scale : 0.0;
+    return v;
+  }
+};
+
+Tensor host_tensor(const Shape& shape, uint64_t seed) {
+  Tensor t = Tensor::empty(shape, DType::F64);
+  const auto v = primus::test::random_vector(size_t(t.numel()), seed);
+  std::copy(v.begin(), v.end(), t.data<double>());
+  return t;
+}
+
+// C [m, n] = op(X) op(Y) on the host (op: transpose when t).
+std::vector<double> matmul(const std::vector<double>& X, bool tx, const std::vector<double>& Y, bool ty, int64_t m,
+                           int64_t k, int64_t n) {
+  std::vector<double> C(size_t(m * n), 0.0);
+  for (int64_t i = 0; i < m; ++i)
+    for (int64_t j = 0; j < n; ++j)
+      for (int64_t l = 0; l < k; ++l)
+        C[size_t(i * n + j)] += X[size_t(tx ? l * m + i : i * k + l)] * Y[size_t(ty ? j * k + l : l * n + j)];
+  return C;
+}
+
+std::vector<double> vec(const Tensor& t) { return {t.data<double>(), t.data<double>() + t.numel()}; }
+std::vector<double> times(std::vector<double> a, const std::vector<double>& m) {
+  for (size_t i = 0; i < a.size(); ++i) a[i] *= m[i];
+  return a;
+}
+
+void expect_near(const std::vector<double>& got, const std::vector<double>& want, const char* what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  for (size_t i = 0; i < got.size(); ++i) ASSERT_NEAR(got[i], want[i], 1e-12) << what << "[" << i << "]";
+}
+
+// Megatron-Bridge's semantics (the top of model/linears.h), computed by hand from the mask.
+void check_masked_reference(LoraDropoutPosition pos) {
+  OneLinear L(pos);
+  const int64_t in = OneLinear::in, out = OneLinear::out, r = OneLinear::r, rows = OneLinear::rows;
+  const Tensor x = host_tensor({rows, in}, 11), dy = host_tensor({rows, out}, 12);
+  const std::vector<double> W = vec(L.store.value_tensor(L.w)), A = vec(L.store.value_tensor(L.ad().a)),
+                            B = vec(L.store.value_tensor(L.ad().b));
+  // B starts at zero: give it values, so that every term is seen.
+  const auto b = primus::test::random_vector(B.size(), 13);
+  std::copy(b.begin(), b.end(), L.store.value<double>(L.ad().b));
+  const std::vector<double> Bv = b, X = vec(x), DY = vec(dy);
+  const double s = 3.0 / 2.0;
+  const uint64_t key = 77;
+  L.lin->set_dropout_key(key);
+  Tensor D = Tensor::zeros({rows, out}, DType::F64), dX = Tensor::zeros({rows, in}, DType::F64);
+  Tensor gW = Tensor::zeros({out, in}, DType::F64);
+  L.lin->forward(1.0f, x, L.store.value_tensor(L.w), L.w, 0.0f, Tensor(), D, Tensor());
+  L.lin->input_grad(1.0f, dy, L.store.value_tensor(L.w), L.w, 0.0f, Tensor(), dX);
+  L.lin->weight_grad(1.0f, dy, x, L.w, gW);
+  auto scaled = [&](std::vector<double> v) {
+    for (double& e : v) e *= s;
+    return v;
+  };
+  auto plus = [](std::vector<double> a, const std::vector<double>& b2) {
+    for (size_t i = 0; i < a.size(); ++i) a[i] += b2[i];
+    return a;
+  };
+  const std::vector<double> base = matmul(X, false, W, true, rows, in, out);
+  const std::vector<double> base_dx = matmul(DY, false, W, false, rows, out, in);
+  std::vector<double> want_D, want_dx, want_gA, want_gB;
+  if (pos == LoraDropoutPosition::Pre) {
+    const std::vector<double> xd = times(X, L.mask(key, rows * in));
+    const std::vector<double> low = matmul(xd, false, A, true, rows, in, r);
+    want_D = plus(base, scaled(matmul(low, false, Bv, true, rows, r, out)));
+    const std::vector<double> dlow = matmul(DY, false, Bv, false, rows, out, r);
+    want_dx = plus(base_dx, times(scaled(matmul(dlow, false, A, false, rows, r, in)), L.mask(key, rows * in)));
+    want_gA = scaled(matmul(dlow, true, xd, false, r, rows, in));
+    want_gB = scaled(matmul(DY, true, low, false, out, rows, r));
+  } else {
+    const std::vector<double> low = matmul(X, false, A, true, rows, in, r);
+    want_D = plus(base, times(scaled(matmul(low, false, Bv, true, rows, r, out)), L.mask(key, rows * out)));
+    const std::vector<double> dyd = times(DY, L.mask(key, rows * out));
+    const std::vector<double> dlow = matmul(dyd, false, Bv, false, rows, out, r);
+    want_dx = plus(base_dx, scaled(matmul(dlow, false, A, false, rows, r, in)));
+    want_gA = scaled(matmul(dlow, true, X, false, r, rows, in));
+    want_gB = scaled(matmul(dyd, true, low, false, out, rows, r));
+  }
+  expect_near(vec(D), want_D, "forward");
+  expect_near(vec(dX), want_dx, "input gradient");
+  expect_near(vec(L.store.grad_tensor(L.ad().a)), want_gA, "gA");
+  expect_near(vec(L.store.grad_tensor(L.ad().b)), want_gB, "gB");
+  for (double g : vec(gW)) ASSERT_EQ(g, 0.0);  // frozen
+  // Some elements were dropped and some kept.
+  const std::vector<double> m = L.mask(key, rows * in);
+  EXPECT_GT(std::count(m.begin(), m.end(), 0.0), 0);
+  EXPECT_LT(std::count(m.begin(), m.end(), 0.0), int64_t(m.size()));
+}
+
+// The loss and every gradient of one step on the fp32 dense model.
+struct Step {
+  double loss = 0;
+  std::vector<float> grads;
+};
+Step lora_step(double dropout, std::optional<uint64_t> key) {
+  const ModelSpec spec = lora_spec(false);
+  LlamaOptions o = lora_options(LoraInit::Normal);
+  o.lora.dropout = dropout;
+  LlamaModel m(spec, cpu::cpu_backend(), Precision::Fp32, o);
+  m.init_weights(4);
+  m.set_dropout_key(key);
+  const Batch batch = make_batch(spec.vocab_size, 6);
+  LlamaContext c;
+  Step s;
+  m.params().zero_grad();
+  s.loss = m.forward(c, batch.tokens.data(), batch.targets.data(), batch.b, batch.s);
+  m.backward(c, 1.0);
+  const float* g = m.params().grads().data<float>();
+  s.grads.assign(g, g + m.params().numel());
+  return s;
+}
+
+}  // namespace
+
+TEST(LoraDropout, PreIsTheMaskedReference) { check_masked_reference(LoraDropoutPosition::Pre); }
+TEST(LoraDropout, PostIsTheMaskedReference) { check_masked_reference(LoraDropoutPosition::Post); }
+
+// Dropout 0 runs today's code bit for bit; p > 0 without a key (evaluation) is no dropout; with a
+// key it changes the loss, and the same key gives the same bits.
+TEST(LoraDropout, ZeroAndEvaluationAreTodaysBitsAndTheKeyDecides) {
+  const Step today = lora_step(0.0, std::nullopt);
+  const Step zero = lora_step(0.0, lora_dropout_key(1, 0));
+  const Step eval = lora_step(0.2, std::nullopt);
+  EXPECT_EQ(zero.loss, today.loss);
+  EXPECT_EQ(zero.grads, today.grads);
+  EXPECT_EQ(eval.loss, today.loss);
+  EXPECT_EQ(eval.grads, today.grads);
+  const Step a = lora_step(0.2, lora_dropout_key(1, 0)), a2 = lora_step(0.2, lora_dropout_key(1, 0));
+  const Step b = lora_step(0.2, lora_dropout_key(1, 4));
+  EXPECT_NE(a.loss, today.loss);
+  EXPECT_EQ(a.loss, a2.loss);
+  EXPECT_EQ(a.grads, a2.grads);
+  EXPECT_NE(a.loss, b.loss);
+}
+
+// The op: kept elements are x / (1 - p) exactly, about p of them dropped, the same mask in every
+// dtype, in place too.
+TEST(LoraDropout, TheOpKeepsOneMinusPAndScales) {
+  ops::Backend& be = cpu::cpu_backend();
+  const int64_t n = 20000;
+  const double p = 0.25;
+  Tensor x = Tensor::empty({100, n / 100}, DType::F32), x64 = Tensor::empty({100, n / 100}, DType::F64);
+  Tensor x16 = Tensor::empty({100, n / 100}, DType::BF16);
+  for (int64_t i = 0; i < n; ++i) {
+    x.data<float>()[i] = float(i % 17) - 8.5f;
+    x64.data<double>()[i] = double(i % 17) - 8.5;
+    x16.data<bf16>()[i] = bf16::from_float(float(i % 17) - 8.5f);
+  }
+  Tensor y = Tensor::empty(x.shape(), DType::F32), y64 = Tensor::empty(x.shape(), DType::F64);
+  Tensor y16 = x16.clone();
+  be.dropout(x, y, p, 99);
+  be.dropout(x64, y64, p, 99);
+  be.dropout(y16, y16, p, 99);  // in place
+  int64_t dropped = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const float v = y.data<float>()[i];
+    if (v == 0.0f) {
+      ++dropped;
+      EXPECT_EQ(y64.data<double>()[i], 0.0);
+      EXPECT_EQ(y16.data<bf16>()[i].to_float(), 0.0f);
+      continue;
+    }
+    ASSERT_EQ(v, x.data<float>()[i] * float(1.0 / (1.0 - p)));
+    ASSERT_EQ(y64.data<double>()[i], x64.data<double>()[i] * (1.0 / (1.0 - p)));
+    ASSERT_EQ(y16.data<bf16>()[i].to_float(), bf16::from_float(x16.data<bf16>()[i].to_float() * float(1.0 / (1.0 - p))).to_float());
+  }
+  EXPECT_NEAR(double(dropped) / double(n), p, 0.01);
+  Tensor other = Tensor::empty(x.shape(), DType::F32);
+  be.dropout(x, other, p, 100);
+  EXPECT_NE(std::memcmp(other.data<float>(), y.data<float>(), size_t(n) * 4), 0);
 }

@@ -17,6 +17,7 @@
 #include "core/rng.h"
 #include "kernels/cpu/bf16/bf16_backend.h"
 #include "kernels/cpu/cpu_backend.h"
+#include "model/attention_flops.h"
 #include "model/llama.h"
 #include "optim/adamw.h"
 #include "optim/flat_adamw.h"
@@ -174,4 +175,29 @@ TEST(PackedModel, DocumentStartsThatDoNotFitTheMicrobatchAreRefused) {
     LlamaContext ctx;
     EXPECT_THROW(m.forward(ctx, tokens.data(), tokens.data(), 1, kLen, &docs), Error);
   }
+}
+
+// FLOPs of packed documents (model/documents.h documents_attention_flops): the sum of each
+// document's causal attention, less than the whole sequence's and equal to the documents one per
+// sequence; without separate attention the whole sequence's; model_stats's attention share at a
+// sequence length is the same rule.
+TEST(PackedFlops, PackedDocumentsCountTheirOwnAttention) {
+  const ModelSpec spec = test::tiny_llama_spec("flops", 11, 64, 0.3, {.hidden = 32, .ffn = 48});
+  const int64_t seq = 24;
+  PackedDocuments docs;
+  docs.starts = {{0, 10, 18}, {0}};
+  docs.separate_attention = true;
+  const double packed = documents_attention_flops(spec, docs, 2, seq);
+  const double whole = 2 * attention_flops(spec, seq);
+  EXPECT_DOUBLE_EQ(packed, attention_flops(spec, 10) + attention_flops(spec, 8) + attention_flops(spec, 6) +
+                               attention_flops(spec, seq));
+  EXPECT_LT(packed, whole);
+  docs.separate_attention = false;  // positions restart, attention spans the sequence
+  docs.restart_positions = true;
+  EXPECT_EQ(documents_attention_flops(spec, docs, 2, seq), whole);
+  const ModelStats st = model_stats(spec, seq);
+  const ModelStats longer = model_stats(spec, 2 * seq);  // only the attention share grows with the length
+  EXPECT_NEAR(longer.flops_per_token - st.flops_per_token,
+              attention_flops(spec, 2 * seq) / double(2 * seq) - attention_flops(spec, seq) / double(seq),
+              1e-6 * st.flops_per_token);
 }

@@ -107,3 +107,70 @@ TEST(HfLora, MergedExportAndPeftFolder) {
     }
   EXPECT_LT(max_err, 1e-6);
 }
+
+// The PEFT folder read back (hf::read_peft_adapters) gives the checkpoint's adapters bit for bit,
+// and a run started from them (peft_adapter_path: train::pretrain's starting adapters) holds the
+// trained run's weights exactly (lr 0 keeps them through its step); a folder of another rank or of
+// another base model is refused, naming what differs.
+TEST(HfLora, PeftFolderRoundTripsAndRefusesAnotherRankOrBase) {
+  test::TinyExperiment exp;
+  const std::vector<std::pair<std::string, std::string>> lora = {
+      {"modules.pre_trainer.overrides.lora.enabled", "true"}, {"lora.dim", "4"}, {"lora.alpha", "8"},
+      {"eval_interval", "0"}, {"lr_warmup_iters", "0"}};
+  auto with = [&](std::vector<std::pair<std::string, std::string>> more) {
+    more.insert(more.begin(), lora.begin(), lora.end());
+    return exp.load(more);
+  };
+  const auto cfg = with({{"exp_name", "trained"}, {"train_iters", "2"}, {"lr", "2e-2"}});
+  train::pretrain(cfg);
+  const std::string ckpt = checkpoint::resolve_checkpoint(cfg.checkpoint_dir());
+  hf::ExportOptions eo;
+  eo.checkpoint = ckpt;
+  eo.out_dir = (exp.dir / "peft").string();
+  eo.adapters = true;
+  hf::export_hf(eo);
+
+  const auto adapters = hf::read_peft_adapters(eo.out_dir, cfg.model_spec, cfg.train.lora);
+  LlamaModel model(cfg.model_spec, cpu::cpu_backend(), Precision::Fp32, plan::model_options(cfg.train));
+  const ParamStore& p = model.params();
+  const checkpoint::CheckpointData saved = checkpoint::load_checkpoint(ckpt, p);
+  ASSERT_EQ(adapters.size(), p.infos().size() - size_t(model.first_trainable()));
+  double moved = 0;
+  for (int id = model.first_trainable(); id < int(p.infos().size()); ++id) {
+    const StoredParam& info = p.infos()[size_t(id)];
+    const std::vector<float> want(saved.params.begin() + info.offset, saved.params.begin() + info.offset + info.numel);
+    ASSERT_EQ(adapters.at(info.name), want) << info.name;
+    for (float v : want) moved += std::fabs(v);
+  }
+  EXPECT_GT(moved, 0.0);
+
+  // A run from the base (the same seed) and the folder's adapters starts with the trained weights.
+  const auto again = with({{"exp_name", "from_peft"}, {"train_iters", "1"}, {"lr", "0"}, {"min_lr", "0"},
+                           {"weight_decay", "0"}, {"peft_adapter_path", eo.out_dir}});
+  train::pretrain(again, adapters);
+  const checkpoint::CheckpointData started =
+      checkpoint::load_checkpoint(checkpoint::resolve_checkpoint(again.checkpoint_dir()), p);
+  EXPECT_EQ(started.params, saved.params);
+
+  auto refused = [&](const ModelSpec& spec, const LoraOptions& l) {
+    try {
+      hf::read_peft_adapters(eo.out_dir, spec, l);
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("not refused");
+  };
+  LoraOptions rank8 = cfg.train.lora;
+  rank8.dim = 8;
+  EXPECT_NE(refused(cfg.model_spec, rank8).find("the adapters' rank r is 4, this run's lora.dim is 8"),
+            std::string::npos);
+  ModelSpec wider = cfg.model_spec;
+  wider.ffn_hidden_size += 8;
+  EXPECT_NE(refused(wider, cfg.train.lora).find("the adapters of another base model"), std::string::npos)
+      << refused(wider, cfg.train.lora);
+  LoraOptions fewer = cfg.train.lora;
+  fewer.targets[uint8_t(LoraTarget::LinearFc2)] = false;
+  EXPECT_NE(refused(cfg.model_spec, fewer).find("down_proj.lora_A.weight is not an adapter of this run"),
+            std::string::npos)
+      << refused(cfg.model_spec, fewer);
+}
