@@ -249,6 +249,9 @@ class LlamaModel {
   int mtp_embedding_param() const { return mtp_embedding_; }
   // The MTP depths' mean losses of the last forward, unscaled, in depth order (empty without MTP).
   std::vector<double> mtp_losses(const LlamaContext& ctx) const;
+  // Per depth, those losses summed over the forwards since reset_mtp_losses() (the trainer's log).
+  const std::vector<double>& mtp_loss_sums() const { return mtp_loss_sums_; }
+  void reset_mtp_losses() { mtp_loss_sums_.assign(mtp_.size(), 0.0); }
   int output_param() const { return output_; }        // -1 when this rank has no head
   // Whether the head keeps the logits gradient for `rows` rows (else it works in chunks).
   bool head_stores_logits(int64_t rows) const;
@@ -359,6 +362,7 @@ class LlamaModel {
   int embedding_ = -1, final_norm_ = -1, output_ = -1;   // output_ == embedding_ when tied
   std::vector<MtpDepth> mtp_;                            // on the rank with the head
   int mtp_embedding_ = -1;
+  std::vector<double> mtp_loss_sums_;
   mutable std::vector<MoeLayerStats> moe_stats_;        // moe_stats()'s copy of the parts'
   WeightGradHook weight_grad_hook_;
   std::vector<WeightUnit> units_;

@@ -804,6 +804,7 @@ ModelStats model_stats(const ModelSpec& spec, int64_t seq_length) {
     row.flops_per_token += 6.0 * v * h;
     row.activation_bytes_per_token += 4.0 * (4 * h + 3) + final_act;  // enorm, hnorm, their concat
     st.mtp_parameters += row.parameters;
+    st.mtp_active_parameters += row.active_parameters;
     st.mtp_flops_per_token += row.flops_per_token;
     st.layers.push_back(row);
   }

@@ -189,7 +189,7 @@ struct ModelStats {
   double flops_per_token = 0;        // training FLOPs per token, see docs/model_math.md
   double activation_bytes_per_token = 0;
   // Of those, the multi-token prediction depths' (rows "mtp.layers.<k>"; 0 without MTP).
-  int64_t mtp_parameters = 0;
+  int64_t mtp_parameters = 0, mtp_active_parameters = 0;
   double mtp_flops_per_token = 0;
   struct Layer {
     std::string name;

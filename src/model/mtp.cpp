@@ -59,6 +59,7 @@ void LlamaModel::register_mtp() {
     d.final_norm = params_.add(pre + "final_layernorm.weight", {C}, ParamInit::Ones, false);
     mtp_.push_back(std::move(d));
   }
+  reset_mtp_losses();
 }
 
 // The tokens and targets k + 1 ahead, per sequence of the microbatch.
@@ -107,6 +108,7 @@ void LlamaModel::mtp_forward(LlamaContext& ctx) {
     copy_block(c.cat, 0, C, hn, 0, 0, rows, C);
     const Tensor y = block_forward(d.layer, c.block, kit_->linear(c.cat, d.eh_proj), m);
     c.loss = head_forward(c.head, d.final_norm, y, c.targets_dev, true, c.valid);
+    mtp_loss_sums_[k] += c.loss;
     h = c.head.normed;
   }
 }
