@@ -138,7 +138,7 @@ std::vector<double> rmsnorm(const std::vector<double>& x, const double* w, int64
 
 TEST(Mtp, OneDepthGradientsMatchFiniteDifferences) { check_grads(tiny_dense(1)); }
 TEST(Mtp, TwoDepthsGradientsMatchFiniteDifferences) { check_grads(tiny_dense(2)); }
-TEST(Mtp, MlaMoeTwoDepthsGradientsMatchFiniteDifferences) { check_grads(tiny_mla_moe(2)); }
+TEST(Mtp, MlaMoeGradientsMatchFiniteDifferences) { check_grads(tiny_mla_moe(1)); }
 
 TEST(Mtp, TiedEmbeddingGradientsMatchFiniteDifferences) {
   ModelSpec s = tiny_dense(1);
