@@ -711,6 +711,10 @@ TEST_F(Distributed, Pp2MlaMoeMtp) {
 TEST_F(Distributed, TiedEmbeddingPp2Mtp) {
   expect_same_training(2, "--pipeline_model_parallel_size 2", std::string("--untie_embeddings_and_output_weights false") + kMtp);
 }
+// ZeRO-3: the depths are units of their own, gathered when their passes acquire them.
+TEST_F(Distributed, FsdpDp2Mtp) {
+  expect_same_training(2, "--data_parallel_sharding_strategy optim_grads_params", std::string(kMla) + kMtp);
+}
 // eh_proj replicated over tp, its gradient summed over tp under sequence parallel.
 TEST_F(Distributed, MlaTp2SequenceParallelMtp) {
   expect_same_training(2, "--tensor_model_parallel_size 2 --sequence_parallel true", std::string(kMla) + kMtp);
