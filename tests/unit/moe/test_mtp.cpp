@@ -338,3 +338,21 @@ TEST(Mtp, MlaMoeWithMtpLearnsARepeatingSequence) {
   ASSERT_EQ(first.size(), 3u);
   for (size_t k = 0; k < 3; ++k) EXPECT_LT(last[k], 0.5 * first[k]) << "loss " << k;
 }
+
+// Decoding ignores the depths: a model with MTP decodes the logits of the same model without it.
+TEST(Mtp, DecodingIgnoresTheDepths) {
+  const ModelSpec s = tiny_dense(2);
+  ModelSpec plain = s;
+  plain.mtp_num_layers = 0;
+  LlamaModel m(s, cpu::cpu_backend(), Precision::Fp64), p(plain, cpu::cpu_backend(), Precision::Fp64);
+  m.init_weights(6);
+  for (const auto& info : p.params().infos()) copy_param(m, info.name, p, info.name);
+  const std::vector<int32_t> prompt = {1, 4, 2, 6};
+  DecodeState a = m.start_decoding(8), b = p.start_decoding(8);
+  const std::vector<float> la = m.decode(a, prompt), lb = p.decode(b, prompt);
+  ASSERT_EQ(la.size(), size_t(s.vocab_size));
+  EXPECT_EQ(la, lb);
+  LlamaContext c;  // a forward without targets (inference) runs no depth
+  m.forward(c, prompt.data(), nullptr, 1, 4);
+  EXPECT_TRUE(m.mtp_losses(c).empty());
+}
