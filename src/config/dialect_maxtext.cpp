@@ -472,7 +472,7 @@ const std::vector<DialectKey>& table() {
       {"mtc_data_parallelism", N, "0", kStorage},
       {"mtp_eval_target_module", N, "0", kVariant},
       {"mtp_loss_scaling_factor", N, "0.1", kVariant},
-      {"mtp_num_layers", X, "0", "multi-token prediction is not built"},
+      {"mtp_num_layers", X, "0", "MaxText's multi-token prediction is not mapped (Megatron's mtp_num_layers is built)"},
       {"mu_dtype", A, "\"\"", "exp_avg_dtype (float32: fp32, bfloat16: bf16; unset: weight_dtype's), with use_precision_aware_optimizer"},
       {"multi_sampling", N, "false", kInference},
       {"multi_tier_checkpointing_backup_interval_minutes", N, "null", kStorage},

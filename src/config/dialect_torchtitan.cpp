@@ -260,6 +260,7 @@ void deepseek_moe(DialectSettings& s, TitanScores scores) {
   titan_moe(s, scores);
   const std::vector<std::string> from = {"model.name", "model.flavor"};
   s.set("norm_epsilon", yaml_number(1e-5), from);
+  s.set("mtp_num_layers", YAML::Node(0), from);  // torchtitan's flavours have no multi-token prediction
   if (s.integer("training.seq_len") <= 4096) {
     s.set("rotary_scaling_factor", YAML::Node(1), {"model.flavor", "training.seq_len"});
   } else {

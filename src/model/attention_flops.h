@@ -11,7 +11,8 @@
 namespace primus {
 
 // Training FLOPs (forward and backward) of the attention core over one causal document of `tokens`
-// tokens, summed over the decoder layers (each layer's sliding window honoured): QK^T and PV over
+// tokens, summed over the decoder layers and the MTP depths' layers (each layer's sliding window
+// honoured): QK^T and PV over
 // its tokens^2 / 2 causal pairs, as model_stats counts a sequence's (its flops_per_token holds
 // attention_flops(spec, seq_length) / seq_length of it).
 double attention_flops(const ModelSpec& spec, int64_t tokens);

@@ -23,7 +23,7 @@ int add_linear(const PartKit& k, ParamStore& params, const std::string& name, co
 }
 
 int add_proj(const PartKit& k, ParamStore& params, int64_t layer, int64_t out_head) {
-  return add_linear(k, params, fmt::format("decoder.layers.{}.self_attention.linear_proj.weight", layer),
+  return add_linear(k, params, k.spec.layer_prefix(layer) + "self_attention.linear_proj.weight",
                     {k.spec.hidden_size, k.spec.attention_out_size()}, proj_shard(k, out_head),
                     ParamInit::ScaledNormal, layer);
 }
@@ -98,7 +98,7 @@ class GqaAttention final : public BlockPart {
         D_(kit.spec.head_dim()),
         window_(kit.spec.layer_window(layer)) {
     const ModelSpec& s = kit.spec;
-    const std::string pre = fmt::format("decoder.layers.{}.", layer);
+    const std::string pre = kit.spec.layer_prefix(layer);
     // Column-parallel linear_qkv: this rank's q heads, then its k groups, then its v groups.
     const int tp = kit.part.tp_size, r = kit.part.tp_rank;
     const int64_t H = s.num_attention_heads, G = s.query_groups(), D = D_;

@@ -19,7 +19,7 @@ struct MlpContext final : PartContext {
 class SwiGluMlp final : public BlockPart {
  public:
   SwiGluMlp(const PartKit& kit, ParamStore& params, int64_t layer) : k_(kit) {
-    const std::string pre = fmt::format("decoder.layers.{}.mlp.", layer);
+    const std::string pre = kit.spec.layer_prefix(layer) + "mlp.";
     const int tp = kit.part.tp_size, r = kit.part.tp_rank;
     const int64_t C = kit.spec.hidden_size, F = kit.spec.ffn_hidden_size, Fl = F / tp;
     F_ = Fl;

@@ -1,4 +1,5 @@
 #include "model/llama.h"
+#include "model/llama_held.h"
 
 #include <algorithm>
 #include <cmath>
@@ -54,27 +55,6 @@ class LlamaModel::ResidentWeights final : public WeightSource {
 
  private:
   LlamaModel& m_;
-};
-
-// Acquires the units that hold `params` (each once) for one pass; releases them when it ends.
-class LlamaModel::Held {
- public:
-  Held(const LlamaModel& m, std::initializer_list<int> params, int next) : src_(m.source()) {
-    for (int p : params) {
-      const int u = m.unit_of(p);
-      if (std::find(units_.begin(), units_.end(), u) == units_.end()) units_.push_back(u);
-    }
-    for (size_t i = 0; i < units_.size(); ++i) src_.acquire(units_[i], i + 1 < units_.size() ? units_[i + 1] : next);
-  }
-  ~Held() {
-    for (size_t i = units_.size(); i-- > 0;) src_.release(units_[i]);
-  }
-  Held(const Held&) = delete;
-  Held& operator=(const Held&) = delete;
-
- private:
-  WeightSource& src_;
-  std::vector<int> units_;
 };
 
 // A pass's microbatch dropout key in the linears for the pass's length (model/linears.h).
@@ -213,6 +193,7 @@ void LlamaModel::register_parameters() {
     else  // a last pipeline stage without the first: a replica of the tied embedding (see trainer)
       output_ = params_.add_sharded("embedding.word_embeddings.weight", {V, C}, vocab_shard, ParamInit::Normal, true);
     linears_->declare_output(output_, params_.infos()[size_t(output_)].name);
+    register_mtp();
   }
   // LoRA: the adapters after every frozen tensor, so that the trainable ones are one flat range.
   const std::vector<int> adapters = linears_->add_adapters(params_);
@@ -220,6 +201,7 @@ void LlamaModel::register_parameters() {
     first_trainable_ = adapters.front();
     trainable_begin_ = params_.infos()[size_t(first_trainable_)].offset;
     for (Block& b : blocks_) b.adapters = linears_->adapters_of(b.base_ids());
+    for (MtpDepth& d : mtp_) d.layer.adapters = linears_->adapters_of(d.layer.base_ids());
     for (int id : adapters)
       if ((part_.tp_size > 1 || part_.ep_size > 1) &&
           params_.infos()[size_t(id)].name.find(".experts.local_experts.") != std::string::npos)
@@ -243,6 +225,10 @@ void LlamaModel::register_parameters() {
     add_unit(b.attn_norm, *std::max_element(ids.begin(), ids.end()));
   }
   if (head) add_unit(final_norm_, output_ == embedding_ ? final_norm_ : output_);
+  for (size_t k = 0; k < mtp_.size(); ++k) {  // a depth's tensors (depth 0's with an embedding replica first)
+    const int first = k == 0 && mtp_embedding_ > output_ ? mtp_embedding_ : mtp_[k].enorm;
+    add_unit(first, mtp_[k].final_norm);
+  }
   if (!adapters.empty()) add_unit(adapters.front(), adapters.back());
   for (size_t p = 0; p < unit_of_.size(); ++p) PRIMUS_CHECK(unit_of_[p] >= 0, "parameter {} in no unit", p);
 }
@@ -413,6 +399,7 @@ void LlamaModel::begin_microbatch(LlamaContext& ctx, const int32_t* tokens, cons
   if (docs) ctx.docs = document_rows(*docs, batch, seq, part_.cp_size, part_.cp_rank, be_.device());
   ctx.dropout_key = dropout_key_;
   ctx.blocks.resize(blocks_.size());
+  if (tokens && targets) mtp_begin(ctx);
 }
 
 Tensor LlamaModel::forward_chunk(LlamaContext& ctx, int chunk, const Tensor& input) {
@@ -442,8 +429,11 @@ Tensor LlamaModel::forward_chunk(LlamaContext& ctx, int chunk, const Tensor& inp
     x = block_forward(blocks_[l], ctx.blocks[l], x, {ctx.batch, ctx.seq, 1.0, &ctx.docs});
   }
   if (!ch.has_head) return x;
-  const Held held(*this, {final_norm_, output_}, -1);
-  ctx.loss = head_forward(ctx, x);
+  {
+    const Held held(*this, {final_norm_, output_}, -1);
+    ctx.loss = head_forward(ctx.head, final_norm_, x, ctx.targets_dev, !ctx.targets.empty(), ctx.valid);
+  }
+  mtp_forward(ctx);
   return Tensor();
 }
 
@@ -455,8 +445,9 @@ Tensor LlamaModel::backward_input_chunk(LlamaContext& ctx, int chunk, const Tens
   auto previous_unit = [&](size_t l) { return l > b0 ? block_unit(l - 1) : -1; };  // backward order
   Tensor dx;
   if (ch.has_head) {
+    const Tensor dmtp = mtp_backward_input(ctx, dloss);
     const Held held(*this, {final_norm_, output_}, previous_unit(b1));
-    dx = head_backward_input(ctx, dloss);
+    dx = head_backward_input(ctx.head, dloss, ctx.valid, dmtp);
   } else {
     const int64_t rows = activation_rows(ctx.batch, ctx.seq);
     if (!dy.defined() || dy.dim() != 2 || dy.size(0) != rows || dy.size(1) != spec_.hidden_size || dy.dtype() != act_)
@@ -515,8 +506,9 @@ void LlamaModel::backward(LlamaContext& ctx, double dloss) {
   const Dropout dropout(*this, ctx);
   Tensor dx;
   {
+    const Tensor dmtp = mtp_backward_input(ctx, dloss);
     const Held held(*this, {final_norm_, output_}, blocks_.empty() ? -1 : block_unit(blocks_.size() - 1));
-    dx = head_backward_input(ctx, dloss);
+    dx = head_backward_input(ctx.head, dloss, ctx.valid, dmtp);
   }
   head_weight_pass(ctx);
   for (size_t l = blocks_.size(); l-- > 0;) {
@@ -542,34 +534,37 @@ Tensor LlamaModel::head_logits(const Tensor& hn, int64_t c0, int64_t width) cons
   return z;
 }
 
-Tensor LlamaModel::head_chunk_dlogits(const LlamaContext& ctx, int64_t c0, int64_t width) const {
-  Tensor z = head_logits(ctx.head.hn, c0, width);
+Tensor LlamaModel::head_chunk_dlogits(const HeadContext& h, int64_t c0, int64_t width) const {
+  Tensor z = head_logits(h.hn, c0, width);
   Tensor d = act_ == stat_ ? z : act({z.size(0), width});  // in place when the dtypes agree
-  be_.ce_chunk_backward(z, ctx.head.lse, ctx.targets_dev, vocab_start_ + c0, spec_.final_logit_softcapping, d);
+  be_.ce_chunk_backward(z, h.lse, h.targets, vocab_start_ + c0, spec_.final_logit_softcapping, d);
   return d;
 }
 
-double LlamaModel::head_forward(LlamaContext& ctx, const Tensor& x) {
-  HeadContext& h = ctx.head;
+double LlamaModel::head_forward(HeadContext& h, int norm, const Tensor& x, const Tensor& targets, bool has_targets,
+                                int64_t& valid) {
   const int64_t C = spec_.hidden_size;
   h = HeadContext();
   h.x = x;
+  h.norm = norm;
+  h.targets = targets;
   Tensor hn = act({x.size(0), C});
   h.rstd = stat({x.size(0)});
-  be_.rmsnorm_forward(x, w(final_norm_), hn, h.rstd, float(spec_.norm_epsilon));
+  be_.rmsnorm_forward(x, w(norm), hn, h.rstd, float(spec_.norm_epsilon));
+  h.normed = hn;
   h.hn = gather_rows(hn);
-  if (ctx.targets.empty()) return 0;  // inference
+  if (!has_targets) return 0;  // inference
   const int64_t N = h.hn.size(0), Vl = vocab_local_;
   Tensor m = stat({N}), s = stat({N}), zt = stat({N});
   be_.ce_init(m, s, zt);
   Tensor stored;
   if (head_stores_logits(N)) {
     stored = head_logits(h.hn, 0, Vl);
-    be_.ce_chunk_forward(stored, ctx.targets_dev, vocab_start_, spec_.final_logit_softcapping, m, s, zt);
+    be_.ce_chunk_forward(stored, targets, vocab_start_, spec_.final_logit_softcapping, m, s, zt);
   } else {  // vocabulary chunks with an online log-sum-exp: memory N * vocab_chunk, never N * V
     for (int64_t c0 = 0; c0 < Vl; c0 += opt_.vocab_chunk) {
       const int64_t vc = std::min(opt_.vocab_chunk, Vl - c0);
-      be_.ce_chunk_forward(head_logits(h.hn, c0, vc), ctx.targets_dev, vocab_start_ + c0, spec_.final_logit_softcapping,
+      be_.ce_chunk_forward(head_logits(h.hn, c0, vc), targets, vocab_start_ + c0, spec_.final_logit_softcapping,
                            m, s, zt);
     }
   }
@@ -583,21 +578,20 @@ double LlamaModel::head_forward(LlamaContext& ctx, const Tensor& x) {
     tp.all_reduce(zt.raw(), N, t, parallel::ReduceOp::Sum);
   }
   h.lse = stat({N});
-  double total = be_.ce_finish(m, s, zt, ctx.targets_dev, h.lse);
-  sum_over_context(total, ctx.valid);  // the whole sequence's mean
+  double total = be_.ce_finish(m, s, zt, targets, h.lse);
+  sum_over_context(total, valid);  // the whole sequence's mean
   if (stored.defined()) {
     h.dlogits = act_ == stat_ ? stored : act({N, Vl});
-    be_.ce_chunk_backward(stored, h.lse, ctx.targets_dev, vocab_start_, spec_.final_logit_softcapping, h.dlogits);
+    be_.ce_chunk_backward(stored, h.lse, targets, vocab_start_, spec_.final_logit_softcapping, h.dlogits);
   }
-  return ctx.valid ? total / double(ctx.valid) : 0.0;
+  return valid ? total / double(valid) : 0.0;
 }
 
-Tensor LlamaModel::head_backward_input(LlamaContext& ctx, double dloss) {
-  HeadContext& h = ctx.head;
+Tensor LlamaModel::head_backward_input(HeadContext& h, double dloss, int64_t valid, const Tensor& dnormed) {
   PRIMUS_CHECK(h.lse.defined(), "head backward without a forward that had targets");
   const int64_t N = h.hn.size(0), C = spec_.hidden_size, Vl = vocab_local_;
   // The scale is a GEMM's float alpha: computed in float (fp64 runs keep double).
-  h.grad_scale = !ctx.valid ? 0.0 : act_ == DType::F64 ? dloss / double(ctx.valid) : float(dloss) / float(ctx.valid);
+  h.grad_scale = !valid ? 0.0 : act_ == DType::F64 ? dloss / double(valid) : float(dloss) / float(valid);
   const float scale = float(h.grad_scale);
   // dhn = scale * dlogits Wout, summed over the chunks (and over tp) in the stat dtype.
   Tensor dhn = be_.zeros({N, C}, stat_);
@@ -607,10 +601,18 @@ Tensor LlamaModel::head_backward_input(LlamaContext& ctx, double dloss) {
   } else {
     for (int64_t c0 = 0; c0 < Vl; c0 += opt_.vocab_chunk) {
       const int64_t vc = std::min(opt_.vocab_chunk, Vl - c0);
-      linears_->input_grad(scale, head_chunk_dlogits(ctx, c0, vc), W.slice(0, c0, vc), output_, 1.0f, dhn, dhn);
+      linears_->input_grad(scale, head_chunk_dlogits(h, c0, vc), W.slice(0, c0, vc), output_, 1.0f, dhn, dhn);
     }
   }
   dhn = reduce_partial(dhn);
+  if (dnormed.defined()) {  // the MTP's gradient, added in the stat dtype
+    Tensor d = dnormed;
+    if (dnormed.dtype() != stat_) {
+      d = stat(dnormed.shape());
+      be_.cast(dnormed, d);
+    }
+    be_.add(dhn, d, dhn);
+  }
   if (stat_ == act_) {
     h.dhn = dhn;
   } else {
@@ -618,23 +620,25 @@ Tensor LlamaModel::head_backward_input(LlamaContext& ctx, double dloss) {
     be_.cast(dhn, h.dhn);
   }
   Tensor dx = act({h.x.size(0), C});
-  be_.rmsnorm_backward_input(h.dhn, h.x, w(final_norm_), h.rstd, Tensor(), dx);
+  be_.rmsnorm_backward_input(h.dhn, h.x, w(h.norm), h.rstd, Tensor(), dx);
   return dx;
 }
 
-// W of the head: in vocabulary chunks it recomputes the logits, which reads the weights.
+// W of the MTP depths, then of the head (the output layer's gradient complete before the head
+// reports it): in vocabulary chunks they recompute the logits, which reads the weights.
 void LlamaModel::head_weight_pass(LlamaContext& ctx) {
+  mtp_backward_weight(ctx);
   std::optional<Held> held;
   if (!ctx.head.dlogits.defined()) held.emplace(*this, std::initializer_list<int>{final_norm_, output_}, -1);
-  head_backward_weight(ctx);
+  head_backward_weight(ctx.head);
+  weights_done({final_norm_, output_});
 }
 
-void LlamaModel::head_backward_weight(LlamaContext& ctx) {
-  HeadContext& h = ctx.head;
+void LlamaModel::head_backward_weight(HeadContext& h) {
   PRIMUS_CHECK(h.dhn.defined(), "head backward_weight before backward_input");
   const int64_t Vl = vocab_local_;
   const float scale = float(h.grad_scale);
-  Tensor gn = g(final_norm_);
+  Tensor gn = g(h.norm);
   be_.rmsnorm_backward_weight(h.dhn, h.x, h.rstd, gn);
   Tensor gW = g(output_);
   if (frozen_base()) {  // LoRA: no gradient for the frozen output layer
@@ -644,11 +648,10 @@ void LlamaModel::head_backward_weight(LlamaContext& ctx) {
     for (int64_t c0 = 0; c0 < Vl; c0 += opt_.vocab_chunk) {
       const int64_t vc = std::min(opt_.vocab_chunk, Vl - c0);
       Tensor gc = gW.slice(0, c0, vc);
-      linears_->weight_grad(scale, head_chunk_dlogits(ctx, c0, vc), h.hn, output_, gc);
+      linears_->weight_grad(scale, head_chunk_dlogits(h, c0, vc), h.hn, output_, gc);
     }
   }
   h = HeadContext();
-  weights_done({final_norm_, output_});
 }
 
 // ---------------------------------------------------------------------------------------------

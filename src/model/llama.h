@@ -109,9 +109,26 @@ struct BlockContext {
   std::unique_ptr<PartContext> attention, feed_forward;
 };
 
+// An output head's saves: the main model's (decoder.final_layernorm) or an MTP depth's (its
+// final_layernorm), both through the shared output layer.
 struct HeadContext {
   Tensor x, hn, rstd, lse, dlogits, dhn;
+  Tensor normed;          // the norm's output on this rank's rows (hn is it gathered over tp)
+  Tensor targets;         // int32 on the device, the targets the loss is against
+  int norm = -1;          // the norm's weight
   double grad_scale = 0;  // dloss / valid tokens, set by the B pass
+};
+
+// One multi-token prediction depth's saves (docs/model_math.md#multi-token-prediction).
+struct MtpContext {
+  std::vector<int32_t> shard_tokens;  // the tokens k + 1 ahead, as this rank's vocabulary shard sees them
+  Tensor shard_tokens_dev, targets_dev;
+  int64_t valid = 0;                  // targets k + 1 ahead that are >= 0
+  double loss = 0;                    // this depth's mean loss (unscaled)
+  Tensor h, e, rstd_e, rstd_h, cat;   // the hidden and embedded inputs, [enorm(e), hnorm(h)]
+  Tensor du, den, dhn, de;            // B -> W: the gradients of eh_proj's output, the norms' outputs, e
+  BlockContext block;                 // the transformer layer (block.x: eh_proj's output)
+  HeadContext head;
 };
 
 struct LlamaContext {
@@ -128,6 +145,7 @@ struct LlamaContext {
   // LoRA dropout's key for this microbatch's passes (model/linears.h), stamped by
   // begin_microbatch from set_dropout_key(); none: no dropout (evaluation, reference passes).
   std::optional<uint64_t> dropout_key;
+  std::vector<MtpContext> mtp;  // the MTP depths', on the rank with the head (model_spec.h)
 };
 
 // The key/value cache of one sequence being decoded.
@@ -221,7 +239,8 @@ class LlamaModel {
   // How many times per microbatch the hook reports a tensor: 2 for a tied embedding that this
   // rank uses both as input and output layer, else 1.
   int weight_grad_passes(int param_id) const {
-    return param_id == embedding_ && output_ == embedding_ ? 2 : 1;
+    return 1 + (param_id == embedding_ && output_ == embedding_) +
+           (param_id == embedding_ && mtp_embedding_ == embedding_ && output_ != embedding_);
   }
   // The LoRA dropout key (model/linears.h) that begin_microbatch gives the microbatches it starts
   // from now on (the trainer sets one per training microbatch and clears it after); none: none.
@@ -232,6 +251,15 @@ class LlamaModel {
   int64_t trainable_begin() const { return trainable_begin_; }
   int first_trainable() const { return first_trainable_; }
   int embedding_param() const { return embedding_; }  // -1 when this rank has none
+  // The embedding the MTP depths read: embedding_param(), the tied output layer's replica, or (a last
+  // pipeline stage, untied) a replica of its own; -1 without MTP on this rank. Kept equal to the
+  // first stage's as the tied replica is (train/model_parallel_grads.h).
+  int mtp_embedding_param() const { return mtp_embedding_; }
+  // The MTP depths' mean losses of the last forward, unscaled, in depth order (empty without MTP).
+  std::vector<double> mtp_losses(const LlamaContext& ctx) const;
+  // Per depth, those losses summed over the forwards since reset_mtp_losses() (the trainer's log).
+  const std::vector<double>& mtp_loss_sums() const { return mtp_loss_sums_; }
+  void reset_mtp_losses() { mtp_loss_sums_.assign(mtp_.size(), 0.0); }
   int output_param() const { return output_; }        // -1 when this rank has no head
   // Whether the head keeps the logits gradient for `rows` rows (else it works in chunks).
   bool head_stores_logits(int64_t rows) const;
@@ -255,6 +283,13 @@ class LlamaModel {
     std::vector<int> adapters;       // its linears' LoRA adapters (after every frozen tensor)
     std::vector<int> base_ids() const;  // its norms' and parts' tensors, registered together
     std::vector<int> ids() const;       // those and its adapters: what its W pass accumulates
+  };
+  // A multi-token prediction depth (model/mtp.cpp): its norms, eh_proj [C, 2C], one transformer
+  // layer of the last decoder layer's kind, its final norm; the embedding and output layer shared.
+  struct MtpDepth {
+    int enorm = -1, hnorm = -1, eh_proj = -1, final_norm = -1;
+    Block layer;
+    std::vector<int> ids() const;  // everything its W pass accumulates, but the shared tensors
   };
   class Held;  // the units a pass holds acquired (llama.cpp)
   class Dropout;  // a pass's LoRA dropout key installed in the linears (llama.cpp)
@@ -284,17 +319,31 @@ class LlamaModel {
   void block_backward_weight(const Block& b, BlockContext& c);
   Tensor block_decode(const Block& b, Tensor& cache, const Tensor& x, int64_t pos0) const;
 
-  // Output layer: final norm, logits in vocabulary chunks, cross-entropy.
-  double head_forward(LlamaContext& ctx, const Tensor& x);
-  Tensor head_backward_input(LlamaContext& ctx, double dloss);
-  void head_backward_weight(LlamaContext& ctx);
-  void head_weight_pass(LlamaContext& ctx);  // head_backward_weight with the weights it needs held
+  // Output layer: final norm (weight `norm`), logits in vocabulary chunks, cross-entropy against
+  // `targets` (valid of them >= 0; summed over cp by the forward). Without targets (inference) the
+  // forward stops after the norm.
+  double head_forward(HeadContext& h, int norm, const Tensor& x, const Tensor& targets, bool has_targets,
+                      int64_t& valid);
+  // dloss: the objective's gradient w.r.t. the mean loss over `valid` tokens. dnormed (undefined: none): a
+  // further gradient reaching the norm's output on this rank's rows (the MTP's, on the main head).
+  Tensor head_backward_input(HeadContext& h, double dloss, int64_t valid, const Tensor& dnormed);
+  void head_backward_weight(HeadContext& h);  // the norm and output layer; empties h
+  void head_weight_pass(LlamaContext& ctx);  // the MTP's and the head's W with the weights they need held
   // Logits (stat dtype [N, width]) of hn against this rank's output rows c0 .. c0+width.
   Tensor head_logits(const Tensor& hn, int64_t c0, int64_t width) const;
   // fp32 host logits of the rows of hn (all the vocabulary), for inference.
   std::vector<float> full_logits(const Tensor& hn) const;
   // The logits gradient of one chunk, recomputed (chunked mode): softmax - onehot.
-  Tensor head_chunk_dlogits(const LlamaContext& ctx, int64_t c0, int64_t width) const;
+  Tensor head_chunk_dlogits(const HeadContext& h, int64_t c0, int64_t width) const;
+
+  // Multi-token prediction (model/mtp.cpp), on the rank with the head: registration after it, the
+  // shifted tokens and targets of a microbatch, F from the main head's normed output, B back to
+  // the gradient of that output (undefined without MTP), W.
+  void register_mtp();
+  void mtp_begin(LlamaContext& ctx) const;
+  void mtp_forward(LlamaContext& ctx);
+  Tensor mtp_backward_input(LlamaContext& ctx, double dloss);
+  void mtp_backward_weight(LlamaContext& ctx);
   void embedding_weight_pass(LlamaContext& ctx);
   void weights_done(const std::vector<int>& ids) const {
     if (weight_grad_hook_) weight_grad_hook_(ids);
@@ -321,6 +370,9 @@ class LlamaModel {
   std::vector<std::pair<size_t, size_t>> chunk_blocks_;  // [begin, end) into blocks_ per chunk
   int64_t vocab_start_ = 0, vocab_local_ = 0;           // this rank's rows of the vocabulary
   int embedding_ = -1, final_norm_ = -1, output_ = -1;   // output_ == embedding_ when tied
+  std::vector<MtpDepth> mtp_;                            // on the rank with the head
+  int mtp_embedding_ = -1;
+  std::vector<double> mtp_loss_sums_;
   mutable std::vector<MoeLayerStats> moe_stats_;        // moe_stats()'s copy of the parts'
   WeightGradHook weight_grad_hook_;
   std::vector<WeightUnit> units_;

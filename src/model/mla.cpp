@@ -16,7 +16,7 @@ std::vector<int> MlaParams::ids() const {
 }
 
 MlaParams register_mla_params(ParamStore& params, const ModelSpec& s, int64_t layer, int tp, int r) {
-  const std::string pre = fmt::format("decoder.layers.{}.self_attention.", layer);
+  const std::string pre = s.layer_prefix(layer) + "self_attention.";
   const int64_t C = s.hidden_size, H = s.num_attention_heads, qk = s.qk_head_dim + s.qk_pos_emb_head_dim;
   const int64_t kvw = s.qk_head_dim + s.v_head_dim, hl = H / tp;
   // Column-parallel rows are head-major ([head][width]): a rank's heads are one piece. Whole

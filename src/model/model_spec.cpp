@@ -110,6 +110,8 @@ const std::vector<Field>& fields() {
       {"moe_pad_expert_input_to_capacity", &ModelSpec::moe_pad_expert_input_to_capacity},
       {"moe_router_force_load_balancing", &ModelSpec::moe_router_force_load_balancing},
       {"moe_token_dispatcher_type", &ModelSpec::moe_token_dispatcher_type},
+      {"mtp_num_layers", &ModelSpec::mtp_num_layers, true},
+      {"mtp_loss_scaling_factor", &ModelSpec::mtp_loss_scaling_factor},
   };
   return f;
 }
@@ -507,6 +509,9 @@ void ModelSpec::validate() const {
          "attention's",
          who, softmax_type);
   validate_moe();
+  if (mtp_num_layers < 0) fail("{}: mtp_num_layers must be 0 (none) or positive, got {}", who, mtp_num_layers);
+  if (!std::isfinite(mtp_loss_scaling_factor) || mtp_loss_scaling_factor < 0)
+    fail("{}: mtp_loss_scaling_factor must be a finite number, not negative, got {}", who, mtp_loss_scaling_factor);
   for (const auto& [key, cap] : {std::pair{"final_logit_softcapping", final_logit_softcapping},
                                  std::pair{"router_logit_softcapping", router_logit_softcapping}})
     if (!std::isfinite(cap) || cap < 0)
@@ -529,8 +534,14 @@ void ModelSpec::validate() const {
   }
 }
 
+std::string ModelSpec::layer_prefix(int64_t layer) const {
+  if (layer < num_layers) return fmt::format("decoder.layers.{}.", layer);
+  return fmt::format("mtp.layers.{}.transformer_layer.", layer - num_layers);
+}
+
 bool ModelSpec::is_moe_layer(int64_t layer) const {
   if (num_experts <= 0) return false;
+  layer = layer_kind(layer);
   if (!moe_layer_pattern.empty())
     return layer >= 0 && layer < int64_t(moe_layer_pattern.size()) && moe_layer_pattern[size_t(layer)] != 0;
   return moe_layer_freq > 0 && layer % moe_layer_freq == 0;
@@ -608,6 +619,7 @@ void ModelSpec::validate_moe() const {
 
 int64_t ModelSpec::layer_window(int64_t layer) const {
   if (window_size < 0) return -1;
+  layer = layer_kind(layer);
   if (!window_attn_pattern.empty()) return window_attn_pattern[size_t(layer)] ? window_size : -1;
   if (window_attn_skip_freq > 0) return (layer + 1) % window_attn_skip_freq != 0 ? window_size : -1;
   return window_size;
@@ -627,8 +639,9 @@ std::vector<ParamInfo> model_parameter_layout(const ModelSpec& spec) {
   };
   add("embedding.word_embeddings.weight", {v, h}, true);
   const int64_t H = spec.num_attention_heads;
-  for (int64_t l = 0; l < spec.num_layers; ++l) {
-    const std::string p = fmt::format("decoder.layers.{}.", l);
+  // One transformer layer (a decoder layer, or an MTP depth's: ModelSpec::layer_prefix).
+  const auto add_layer = [&](int64_t l) {
+    const std::string p = spec.layer_prefix(l);
     add(p + "input_layernorm.weight", {h}, false);
     if (spec.multi_latent_attention) {
       // Queries through a low-rank latent (or straight), keys and values through a shared latent
@@ -664,7 +677,7 @@ std::vector<ParamInfo> model_parameter_layout(const ModelSpec& spec) {
       if (spec.add_bias_linear) add(p + "mlp.linear_fc1.bias", {2 * f}, false);
       add(p + "mlp.linear_fc2.weight", {h, f}, true);
       if (spec.add_bias_linear) add(p + "mlp.linear_fc2.bias", {h}, false);
-      continue;
+      return;
     }
     const int64_t E = spec.num_experts, fe = spec.expert_ffn(), fs = spec.moe_shared_expert_intermediate_size;
     add(p + "mlp.router.weight", {E, h}, true);
@@ -693,9 +706,18 @@ std::vector<ParamInfo> model_parameter_layout(const ModelSpec& spec) {
       add(p + "mlp.shared_experts.linear_fc2.weight", {h, fs}, true);
       if (spec.moe_shared_expert_gate) add(p + "mlp.shared_experts.gate_weight", {1, h}, true);
     }
-  }
+  };
+  for (int64_t l = 0; l < spec.num_layers; ++l) add_layer(l);
   add("decoder.final_layernorm.weight", {h}, false);
   if (spec.untie_embeddings_and_output_weights) add("output_layer.weight", {v, h}, true);
+  for (int64_t k = 0; k < spec.mtp_num_layers; ++k) {  // after the head, as LlamaModel registers them
+    const std::string p = fmt::format("mtp.layers.{}.", k);
+    add(p + "enorm.weight", {h}, false);
+    add(p + "hnorm.weight", {h}, false);
+    add(p + "eh_proj.weight", {h, 2 * h}, true);
+    add_layer(spec.num_layers + k);
+    add(p + "final_layernorm.weight", {h}, false);
+  }
   return out;
 }
 
@@ -719,7 +741,7 @@ double layer_attention_flops(const ModelSpec& spec, int64_t l, double s) {
 
 double attention_flops(const ModelSpec& spec, int64_t tokens) {
   double f = 0;
-  for (int64_t l = 0; l < spec.num_layers; ++l) f += layer_attention_flops(spec, l, double(tokens));
+  for (int64_t l = 0; l < spec.num_layers + spec.mtp_num_layers; ++l) f += layer_attention_flops(spec, l, double(tokens));
   return f;
 }
 
@@ -735,10 +757,11 @@ ModelStats model_stats(const ModelSpec& spec, int64_t seq_length) {
   const double s = double(seq_length);
 
   ModelStats st;
-  // Group the layout into rows: embedding, one per decoder layer, final norm, output layer. A
-  // routed expert's tensors count top-k / num_experts towards the active parameters.
-  std::vector<int64_t> layer_params(spec.num_layers, 0), layer_active(spec.num_layers, 0),
-      layer_experts(spec.num_layers, 0), layer_buffers(spec.num_layers, 0);
+  // Group the layout into rows: embedding, one per decoder layer, final norm, output layer, one per
+  // MTP depth (transformer layer index num_layers + k). A routed expert's tensors count top-k /
+  // num_experts towards the active parameters.
+  const size_t rows = size_t(spec.num_layers + spec.mtp_num_layers);
+  std::vector<int64_t> layer_params(rows, 0), layer_active(rows, 0), layer_experts(rows, 0), layer_buffers(rows, 0);
   int64_t embedding = 0, final_norm = 0, output = 0;
   for (const auto& p : model_parameter_layout(spec)) {
     if (__builtin_add_overflow(st.parameters, p.numel, &st.parameters))
@@ -750,7 +773,9 @@ ModelStats model_stats(const ModelSpec& spec, int64_t seq_length) {
     } else if (p.name.starts_with("decoder.final_layernorm.")) {
       final_norm += p.numel;
     } else {
-      int64_t l = std::stoll(p.name.substr(std::string("decoder.layers.").size()));
+      const bool mtp = p.name.starts_with("mtp.layers.");
+      int64_t l = std::stoll(p.name.substr(std::string(mtp ? "mtp.layers." : "decoder.layers.").size()));
+      if (mtp) l += spec.num_layers;
       layer_params[l] += p.numel;
       if (p.expert >= 0) layer_experts[l] += p.numel;
       else layer_active[l] += p.numel;
@@ -775,7 +800,7 @@ ModelStats model_stats(const ModelSpec& spec, int64_t seq_length) {
   const double final_act = 4.0 * (h + 1);
 
   st.layers.push_back({"embedding", embedding, 0.0, 0.0, embedding});
-  for (int64_t l = 0; l < spec.num_layers; ++l) {
+  const auto layer_row = [&](int64_t l) -> ModelStats::Layer {
     const bool moe = spec.is_moe_layer(l);
     // Every routed expert has the same size: top-k of num_experts of them run per token.
     const int64_t active = layer_active[l] + (moe ? layer_experts[l] / spec.num_experts * spec.moe_router_topk : 0);
@@ -783,12 +808,24 @@ ModelStats model_stats(const ModelSpec& spec, int64_t seq_length) {
     // attention core's (layer_attention_flops) per token of a sequence.
     const double attn = layer_attention_flops(spec, l, s) / s;
     double flops = 6.0 * double(active - layer_buffers[l]) + attn;
-    st.layers.push_back(
-        {fmt::format("decoder.layers.{}", l), layer_params[l], flops, moe ? moe_act : dense_act, active});
-  }
+    return {fmt::format("decoder.layers.{}", l), layer_params[l], flops, moe ? moe_act : dense_act, active};
+  };
+  for (int64_t l = 0; l < spec.num_layers; ++l) st.layers.push_back(layer_row(l));
   st.layers.push_back({"decoder.final_layernorm", final_norm, 6.0 * double(final_norm), final_act, final_norm});
   // The logits matmul runs whether or not the weight is tied to the embedding.
   st.layers.push_back({"output_layer", output, 6.0 * v * h, 0.0, output});
+  // An MTP depth: its norms, eh_proj and transformer layer, and its logits through the shared
+  // output layer; counted apart from the main model's (mtp_parameters, mtp_flops_per_token).
+  for (int64_t k = 0; k < spec.mtp_num_layers; ++k) {
+    ModelStats::Layer row = layer_row(spec.num_layers + k);
+    row.name = fmt::format("mtp.layers.{}", k);
+    row.flops_per_token += 6.0 * v * h;
+    row.activation_bytes_per_token += 4.0 * (4 * h + 3) + final_act;  // enorm, hnorm, their concat
+    st.mtp_parameters += row.parameters;
+    st.mtp_active_parameters += row.active_parameters;
+    st.mtp_flops_per_token += row.flops_per_token;
+    st.layers.push_back(row);
+  }
 
   for (const auto& l : st.layers) {
     st.active_parameters += l.active_parameters;

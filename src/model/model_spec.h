@@ -129,8 +129,19 @@ struct ModelSpec {
   bool moe_router_force_load_balancing = false;
   std::string moe_token_dispatcher_type = "allgather";  // allgather | alltoall
 
+  // Multi-token prediction (DeepSeek-V3; Megatron's keys, docs/model_math.md#multi-token-prediction):
+  // mtp_num_layers depths after the head, each one transformer layer of the last decoder layer's
+  // kind ("mtp.layers.<k>."), their loss scaled by mtp_loss_scaling_factor / mtp_num_layers.
+  int64_t mtp_num_layers = 0;
+  double mtp_loss_scaling_factor = 0.1;
+
 
   // Derived values (valid after validate()).
+  // Layer `layer`'s parameter prefix: "decoder.layers.<l>." for l < num_layers, else MTP depth
+  // l - num_layers's transformer layer "mtp.layers.<k>.transformer_layer.". An MTP layer has the
+  // last decoder layer's kind (dense or MoE, window).
+  std::string layer_prefix(int64_t layer) const;
+  int64_t layer_kind(int64_t layer) const { return layer < num_layers ? layer : num_layers - 1; }
   int64_t query_groups() const { return num_query_groups ? num_query_groups : num_attention_heads; }
   int64_t head_dim() const { return kv_channels ? kv_channels : hidden_size / num_attention_heads; }
   int64_t q_size() const { return num_attention_heads * head_dim(); }
@@ -177,6 +188,9 @@ struct ModelStats {
   int64_t non_embedding_parameters = 0;
   double flops_per_token = 0;        // training FLOPs per token, see docs/model_math.md
   double activation_bytes_per_token = 0;
+  // Of those, the multi-token prediction depths' (rows "mtp.layers.<k>"; 0 without MTP).
+  int64_t mtp_parameters = 0, mtp_active_parameters = 0;
+  double mtp_flops_per_token = 0;
   struct Layer {
     std::string name;
     int64_t parameters;

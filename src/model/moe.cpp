@@ -41,7 +41,7 @@ bool is_expert_param(const std::string& name) { return name.find(".mlp.experts.l
 
 MoeParams register_moe_params(ParamStore& params, const ModelSpec& spec, int64_t layer, int ep_rank, int ep_size,
                               int etp_size, int etp_rank) {
-  const std::string p = fmt::format("decoder.layers.{}.mlp.", layer);
+  const std::string p = spec.layer_prefix(layer) + "mlp.";
   const int64_t C = spec.hidden_size, E = spec.num_experts, F = spec.expert_ffn();
   const int64_t Fs = spec.moe_shared_expert_intermediate_size;
   // An SwiGLU's tp shard: fc1's rows of this rank's gate then its up columns, fc2's matching columns.

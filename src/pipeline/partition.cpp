@@ -103,6 +103,18 @@ std::string unroll(const std::string& text, const std::regex& pattern, const std
 }  // namespace
 
 std::vector<int64_t> parse_pipeline_layout(const std::string& layout) {
+  int64_t mtp = 0;
+  return parse_pipeline_layout(layout, mtp);
+}
+
+int64_t pipeline_layout_mtp_layers(const std::string& layout) {
+  int64_t mtp = 0;
+  parse_pipeline_layout(layout, mtp);
+  return mtp;
+}
+
+std::vector<int64_t> parse_pipeline_layout(const std::string& layout, int64_t& mtp_layers) {
+  mtp_layers = 0;
   std::string text;
   for (char c : layout)
     if (c != ',') text += c;
@@ -117,10 +129,12 @@ std::vector<int64_t> parse_pipeline_layout(const std::string& layout) {
       layers.push_back(0);
     } else if (c == 't') {
       ++layers.back();
-    } else if (c == 'm') {
-      fail("pipeline_model_parallel_layout '{}' places a multi-token prediction layer (m), which this engine does "
-           "not build",
-           layout);
+    } else if (c == 'm') {  // beside the loss: the MTP depths run on the stage with the head
+      if (text.find('|', i) != std::string::npos)
+        fail("pipeline_model_parallel_layout '{}' places a multi-token prediction layer (m) before the last stage; "
+             "this engine runs the MTP depths on the stage with the loss (L)",
+             layout);
+      ++mtp_layers;
     } else if ((c == 'E' && i != 0) || (c == 'L' && i + 1 != text.size())) {
       fail("pipeline_model_parallel_layout '{}' names the {} more than once (E and L stand once each, first and last)",
            layout, c == 'E' ? "embedding (E)" : "loss (L)");

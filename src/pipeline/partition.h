@@ -49,9 +49,12 @@ std::vector<LayerRange> split_layers(const Schedule& schedule, int64_t num_layer
 // stage i (pipeline rank i mod pp, chunk i / pp), so the count of stages over pp is the vpp.
 // Returns the decoder layers of each stage. Throws primus::Error, naming the layout, when it is
 // not one: another letter, the embedding not first or the loss not last or either not exactly
-// once, an MTP layer (not built), a stage without decoder layers (not built here), or an
-// expansion past a million letters.
+// once, an MTP layer outside the last stage (the MTP depths run beside the loss), a stage without
+// decoder layers (not built here), or an expansion past a million letters.
 std::vector<int64_t> parse_pipeline_layout(const std::string& layout);
+// The same, with the count of MTP layers (m) it places in mtp_layers.
+std::vector<int64_t> parse_pipeline_layout(const std::string& layout, int64_t& mtp_layers);
+int64_t pipeline_layout_mtp_layers(const std::string& layout);
 
 // The split a parsed layout gives: stage s holds layers_per_stage[s] consecutive layers. Throws
 // when they do not add up to num_layers.

@@ -10,12 +10,14 @@
 namespace primus::plan {
 namespace {
 
-// "decoder.layers.3.mlp.experts.local_experts.5.linear_fc1.weight" -> "mlp.experts.linear_fc1".
+// "decoder.layers.3.mlp.experts.local_experts.5.linear_fc1.weight" -> "mlp.experts.linear_fc1"; an MTP
+// depth's "mtp.layers.0.transformer_layer.mlp.linear_fc1.weight" -> "mtp.mlp.linear_fc1" (apart).
 std::string label(const std::string& name) {
-  static const std::regex layer(R"(^decoder\.layers\.\d+\.)"), expert(R"(\.local_experts\.\d+)"),
-      suffix(R"(\.(weight|bias)$)");
+  static const std::regex layer(R"(^decoder\.layers\.\d+\.)"), mtp(R"(^mtp\.layers\.\d+\.(transformer_layer\.)?)"),
+      expert(R"(\.local_experts\.\d+)"), suffix(R"(\.(weight|bias)$)");
   if (name.empty()) return "gemm";
   std::string s = std::regex_replace(name, layer, "");
+  s = std::regex_replace(s, mtp, "mtp.");
   s = std::regex_replace(s, expert, "");
   return std::regex_replace(s, suffix, "");
 }

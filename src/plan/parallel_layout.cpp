@@ -164,6 +164,11 @@ std::vector<int64_t> explicit_layout(const config::TrainingArgs& a, int pp) {
 // costs (L's sizes and microbatches already planned).
 void plan_pipeline(ParallelLayout& L, const config::TrainingArgs& a, const ModelSpec& spec) {
   const std::vector<int64_t> layout = explicit_layout(a, L.pp);
+  if (!layout.empty() && pipeline::pipeline_layout_mtp_layers(a.pipeline_model_parallel_layout) != spec.mtp_num_layers)
+    fail("pipeline_model_parallel_layout '{}' places {} multi-token prediction layers (m), the model has "
+         "mtp_num_layers {}",
+         a.pipeline_model_parallel_layout, pipeline::pipeline_layout_mtp_layers(a.pipeline_model_parallel_layout),
+         spec.mtp_num_layers);
   const int64_t vpp_asked = layout.empty() ? a.virtual_pipeline_model_parallel_size : int64_t(layout.size()) / L.pp;
   if (L.pp == 1) {
     if (layout.size() > 1)

@@ -16,12 +16,16 @@ ModelParallelGrads::ModelParallelGrads(LlamaModel& model, const plan::ParallelLa
     : tp_(groups.tp.get()), counts_experts_(me.tp == 0 || layout.etp > 1) {
   const ParamStore& params = model.params();
   const auto& infos = params.infos();
-  if (!model.spec().untie_embeddings_and_output_weights && layout.schedule) {
+  // The last stage's replica of the embedding: the tied output layer's, or the MTP depths' input.
+  const bool replica = !model.spec().untie_embeddings_and_output_weights || model.spec().mtp_num_layers > 0;
+  if (replica && layout.schedule) {
     const int last = layout.schedule->rank_of_stage(layout.pp * layout.vpp - 1);
     if (last != 0) {  // (a V-shape puts both ends on rank 0: one copy, nothing to sum)
       embedding_group_ = groups.pp->new_group({0, last}, "embedding");
       if (embedding_group_)
-        tied_tensor_ = model.embedding_param() >= 0 ? model.embedding_param() : model.output_param();
+        tied_tensor_ = model.embedding_param() >= 0       ? model.embedding_param()
+                       : model.mtp_embedding_param() >= 0 ? model.mtp_embedding_param()
+                                                          : model.output_param();
     }
   }
   for (int t = 0; t < int(infos.size()); ++t) {

@@ -176,6 +176,7 @@ class Trainer {
   std::unique_ptr<MetricsLog> metrics_;  // rank 0: metrics.jsonl, TensorBoard
   std::unique_ptr<CheckpointSaves> saves_;         // sync or async; at most one in flight
   MoeStepSummary moe_;                             // the last step's MoE statistics
+  std::vector<double> mtp_losses_;                 // the last step's MTP losses per depth (mean, unscaled)
   ModelStats stats_;
   double peak_gflops_ = 0;
   double ceiling_gflops_ = 0;  // CPU: the instruction ceiling over all ranks (kernels/cpu/ceiling.h); 0 elsewhere
@@ -392,6 +393,10 @@ void Trainer::build_dpo_data(const data::Tokenizer& tok) {
 // pair come from these starting weights (or, on a resumed run, from the file the start wrote).
 void Trainer::build_dpo() {
   if (a_.stage != config::TrainStage::Dpo) return;
+  if (spec_.mtp_num_layers > 0)
+    fail("DPO with multi-token prediction (mtp_num_layers {}) is not built: DPO's objective has no MTP term; set "
+         "mtp_num_layers 0",
+         spec_.mtp_num_layers);
   const DpoObjective::Setup setup{*model_, *groups_.dp,   me_.dp, seq_, seq_local_, layout_.cp, me_.cp,
                                   {a_.dpo_beta, a_.dpo_label_smoothing}, uint64_t(a_.seed)};
   dpo_ = std::make_unique<DpoObjective>(setup, dpo_train_, dpo_valid_);
@@ -706,6 +711,7 @@ StepResult Trainer::train_step() {
   watch_->begin_step(state_.iteration + 1);
   dp_->begin_step();
   model_->reset_moe_stats();  // evaluation forwards do not count
+  model_->reset_mtp_losses();
   model_->linears().clear_current_amaxes();  // nor do they in FP8's amax histories
   double loss_sum = 0;
   step_attention_flops_ = 0;
@@ -732,6 +738,13 @@ StepResult Trainer::train_step() {
     groups_.dp->all_reduce(sums);
     r.loss = sums[0] / double(num_micro_);
     r.attention_flops = sums[1];
+  }
+  if (spec_.mtp_num_layers > 0) {  // logged apart, as Megatron's "mtp_1 loss": the last stage's, over pp and dp
+    mtp_losses_ = model_->mtp_loss_sums();
+    mtp_losses_.resize(size_t(spec_.mtp_num_layers), 0.0);
+    if (layout_.schedule) groups_.pp->all_reduce(mtp_losses_);
+    groups_.dp->all_reduce(mtp_losses_);
+    for (double& l : mtp_losses_) l /= double(num_micro_);
   }
   {
     trace::Region region(profiler_.get(), "gradient_norm");
@@ -857,6 +870,14 @@ void Trainer::log_interval(const StepResult& step) {
                      {"memory_activations_bytes", activation_bytes},
                      {"skipped_iterations", watch_->skipped_iterations()}};
   if (layout_.schedule) log_pipeline(row);
+  if (!mtp_losses_.empty()) {  // of the interval's last iteration
+    std::string line;
+    for (size_t k = 0; k < mtp_losses_.size(); ++k) {
+      line += fmt::format("{}mtp_{} loss: {:.6E}", k ? " | " : "", k + 1, mtp_losses_[k]);
+      row[fmt::format("mtp_{}_loss", k + 1)] = mtp_losses_[k];
+    }
+    log::info(" {}", line);
+  }
   if (dpo_) {  // the interval's pairs
     log::info(" dpo | {}", dpo_interval_.describe());
     dpo_interval_.to_metrics(row, "");

@@ -874,6 +874,42 @@ TEST(CudaBackend, Bf16GrokSoftcapsMatchTheReference) {
   expect_bf16_moe_model_matches_the_reference(0.1, 0.05);
 }
 
+// Multi-token prediction (docs/model_math.md) on the GPU: two depths (the shifted tokens'
+// embedding, the norms, eh_proj's concatenation, a block, the shared output layer) give the
+// reference backend's main and MTP losses and gradients, the MTP tensors' included.
+TEST(CudaBackend, Bf16MtpModelMatchesTheReference) {
+  PRIMUS_REQUIRE_GPU();
+  ModelSpec s = spec64();
+  s.untie_embeddings_and_output_weights = true;
+  s.mtp_num_layers = 2;
+  cpu::ReferenceBackend ref;
+  cuda::CudaBackend gpu;
+  LlamaModel a(s, ref, Precision::Bf16), b(s, gpu, Precision::Bf16);
+  a.init_weights(3);
+  b.init_weights(3);
+  const LearnableBatch batch;
+  a.params().zero_grad();
+  b.params().zero_grad();
+  LlamaContext ca, cb;
+  const double la = a.forward(ca, batch.tokens.data(), batch.targets.data(), batch.B, batch.S);
+  const double lb = b.forward(cb, batch.tokens.data(), batch.targets.data(), batch.B, batch.S);
+  EXPECT_NEAR(lb, la, 0.01 * la);
+  const std::vector<double> ma = a.mtp_losses(ca), mb = b.mtp_losses(cb);
+  ASSERT_EQ(ma.size(), 2u);
+  ASSERT_EQ(mb.size(), 2u);
+  for (size_t k = 0; k < 2; ++k) EXPECT_NEAR(mb[k], ma[k], 0.01 * ma[k]) << "depth " << k;
+  a.backward(ca, 1.0);
+  b.backward(cb, 1.0);
+  EXPECT_LT(grad_rel_error(b, a), 0.03);
+  const int id = a.params().find("mtp.layers.1.eh_proj.weight");
+  ASSERT_GE(id, 0);
+  const auto& info = a.params().infos()[size_t(id)];
+  const std::vector<float> ga = values(a.params().grads()), gb = values(b.params().grads());
+  const std::vector<float> ea(ga.begin() + info.offset, ga.begin() + info.offset + info.numel),
+      eb(gb.begin() + info.offset, gb.begin() + info.offset + info.numel);
+  EXPECT_LT(test::relative_l2_error(eb, ea), 0.03) << "eh_proj's gradient";
+}
+
 // gpt-oss's attention (docs/model_math.md) on the GPU: learned sinks (cast to fp32 for the flash
 // attention, their gradient by the sink kernel) and a window on alternate layers give the
 // reference backend's loss and gradients, the sinks' included.

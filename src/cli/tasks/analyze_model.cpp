@@ -90,9 +90,9 @@ int run(const std::string& model, bool seq_given, int64_t seq_length_opt, const 
   // The attention core's share (QK^T and PV): see model_stats.
   const double attention_flops =
       spec.multi_latent_attention
-          ? 3.0 * double(spec.num_layers) * double(seq) * double(spec.num_attention_heads) *
+          ? 3.0 * double(spec.num_layers + spec.mtp_num_layers) * double(seq) * double(spec.num_attention_heads) *
                 double(spec.qk_head_dim + spec.qk_pos_emb_head_dim + spec.v_head_dim)
-          : 6.0 * double(spec.num_layers) * double(seq) * double(spec.q_size());
+          : 6.0 * double(spec.num_layers + spec.mtp_num_layers) * double(seq) * double(spec.q_size());
   // Active parameters with and without the input embedding: Mixtral and Qwen publish theirs with
   // it, DeepSeek's "37B activated" likewise; some tables leave the input embedding out.
   const int64_t input_embedding = st.layers.front().parameters;
@@ -114,6 +114,10 @@ int run(const std::string& model, bool seq_given, int64_t seq_length_opt, const 
         {"active_parameters_counts_input_embedding", true},
         {"embedding_parameters", st.embedding_parameters},
         {"non_embedding_parameters", st.non_embedding_parameters},
+        {"mtp_num_layers", spec.mtp_num_layers},
+        {"mtp_parameters", st.mtp_parameters},
+        {"mtp_active_parameters", st.mtp_active_parameters},
+        {"mtp_flops_per_token", st.mtp_flops_per_token},
         {"flops_per_token", st.flops_per_token},
         {"attention_flops_per_token", attention_flops},
         {"flops_per_sequence", st.flops_per_token * double(seq)},
@@ -140,6 +144,16 @@ int run(const std::string& model, bool seq_given, int64_t seq_length_opt, const 
     std::cout << fmt::format("  active parameters           {:>20}   (top-{} of {} experts; input embedding counted)\n",
                              grouped(st.active_parameters), spec.moe_router_topk, spec.num_experts);
     std::cout << fmt::format("  active without input embed. {:>20}\n", grouped(st.active_parameters - input_embedding));
+  }
+  if (spec.mtp_num_layers > 0) {  // the multi-token prediction depths apart from the main model
+    std::cout << fmt::format("  main model parameters       {:>20}\n", grouped(st.parameters - st.mtp_parameters));
+    if (spec.is_moe())
+      std::cout << fmt::format("  main model active           {:>20}\n",
+                               grouped(st.active_parameters - st.mtp_active_parameters));
+    std::cout << fmt::format("  MTP parameters              {:>20}   ({} multi-token prediction depth{}; embedding and "
+                             "output layer shared)\n",
+                             grouped(st.mtp_parameters), spec.mtp_num_layers, spec.mtp_num_layers == 1 ? "" : "s");
+    std::cout << fmt::format("  MTP FLOPs per token         {:>20}\n", si(st.mtp_flops_per_token, "FLOP"));
   }
   std::cout << fmt::format("  embedding parameters        {:>20}\n", grouped(st.embedding_parameters));
   std::cout << fmt::format("  non-embedding parameters    {:>20}\n", grouped(st.non_embedding_parameters));

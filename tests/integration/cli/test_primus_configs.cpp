@@ -208,6 +208,30 @@ TEST(PrimusConfigsKimiK2, LoadsUnchangedAndTrainsShrunk) {
   fs::remove_all(ws);
 }
 
+// DeepSeek-V3 with multi-token prediction (docs/model_math.md): MI355X's example names the
+// deepseek_v3 preset, whose one MTP depth (Primus's deepseek_v3.yaml: mtp_num_layers 1) it keeps;
+// shrunk to one process (its 32-stage layout unset) it trains with the depth's loss logged apart.
+TEST(PrimusConfigsDeepSeekV3, LoadsUnchangedAndTrainsWithItsMtpDepth) {
+  const std::string config = kRoot + "/tests/integration/primus_configs/deepseek_v3-BF16-pretrain.yaml";
+  const fs::path ws = fs::temp_directory_path() / ("primus-dsv3-" + std::to_string(::getpid()));
+  fs::remove_all(ws);
+  const test::CommandResult printed =
+      run("direct --workspace " + ws.string() + " -- train pretrain --config " + config + " --print-config");
+  ASSERT_EQ(printed.code, 0) << printed.out;
+  for (const char* want : {"mtp_num_layers: 1", "mtp_loss_scaling_factor: 0.1", "num_experts: 256"})
+    EXPECT_NE(printed.out.find(want), std::string::npos) << want << "\n" << printed.out;
+  const test::CommandResult trained = run(
+      "direct --workspace " + ws.string() + " -- train pretrain --config " + config + kTiny +
+      " --pipeline-model-parallel-size 1 --pipeline-model-parallel-layout null --expert-model-parallel-size 1"
+      " --num-experts 16 --moe-router-topk 4 --moe-ffn-hidden-size 32 --moe-shared-expert-intermediate-size 32"
+      " --moe-layer-freq '([0]*1+[1]*1)' --kv-lora-rank 32 --q-lora-rank 32 --qk-head-dim 16 --qk-pos-emb-head-dim 8"
+      " --v-head-dim 16 --moe-router-num-groups 4 --moe-router-group-topk 2");
+  ASSERT_EQ(trained.code, 0) << trained.out;
+  EXPECT_NE(trained.out.find("iteration      3/     3"), std::string::npos) << trained.out;
+  EXPECT_NE(trained.out.find("mtp_1 loss"), std::string::npos) << trained.out;
+  fs::remove_all(ws);
+}
+
 // Grok (docs/model_math.md, Grok): Primus's examples name the grok1 and grok2 presets and set
 // Megatron's num_virtual_stages_per_pipeline_rank: 4 on pipeline_model_parallel_size: 4 and
 // expert_model_parallel_size: 8. Shrunk to two pipeline ranks of 8 layers (4 chunks each: the

@@ -563,6 +563,9 @@ TEST_F(Distributed, BadLayoutsAreRejectedBeforeTraining) {
       {2, "--data_parallel_sharding_strategy zero3", "data_parallel_sharding_strategy 'zero3' is not one of"},
       {2, "--data_parallel_sharding_strategy no_shard --use_distributed_optimizer true", "set one"},
       {2, "--expert_model_parallel_size 2", "expert_model_parallel_size 2: model .* has no experts"},
+      {2, "--mtp_num_layers 2 --pipeline_model_parallel_size 2 --pipeline_model_parallel_layout Etttt\\|ttttmL",
+       "places 1 multi-token prediction layers \\(m\\), the model has mtp_num_layers 2"},
+      {2, "--mtp_num_layers 1 --context_parallel_size 2", "multi-token prediction .* under context parallelism is not built"},
       {2, "--num_experts 4 --expert_model_parallel_size 4",
        "expert_model_parallel_size \\(4\\) must divide the data-parallel size \\(2"},
       {3, "--num_experts 4 --expert_model_parallel_size 3",
@@ -700,6 +703,59 @@ TEST_F(Distributed, MlaCp2Tp2SequenceParallelAllToAll) {
   expect_same_training(
       4, "--context_parallel_size 2 --cp_comm_type a2a --tensor_model_parallel_size 2 --sequence_parallel true", kMla);
 }
+// Multi-token prediction (docs/model_math.md#multi-token-prediction): two depths of the last
+// layer's kind on the last pipeline stage, which holds a replica of the (untied) input embedding
+// kept equal to the first stage's; their losses (logged apart) and gradients as one process's.
+constexpr const char* kMtp = " --mtp_num_layers 2 --mtp_loss_scaling_factor 0.3";
+void expect_same_mtp_losses(const std::vector<double>& a, const std::vector<double>& b) {
+  ASSERT_EQ(a.size(), 20u);
+  ASSERT_EQ(b.size(), 20u);
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(b[i], a[i], 1e-5 * std::fabs(a[i])) << "iteration " << i + 1;
+}
+TEST_F(Distributed, Pp2MlaMoeMtp) {
+  expect_same_training(2, "--pipeline_model_parallel_size 2", std::string(kMoe) + kMla + kMtp);
+  for (const char* key : {"mtp_1_loss", "mtp_2_loss"}) expect_same_mtp_losses(losses("ref", key), losses("par", key));
+}
+// Tied: the last stage's replica is the output layer, which the MTP depths also read as their embedding.
+TEST_F(Distributed, TiedEmbeddingPp2Mtp) {
+  expect_same_training(2, "--pipeline_model_parallel_size 2", std::string("--untie_embeddings_and_output_weights false") + kMtp);
+}
+// ZeRO-3: the depths are units of their own, gathered when their passes acquire them.
+TEST_F(Distributed, FsdpDp2Mtp) {
+  expect_same_training(2, "--data_parallel_sharding_strategy optim_grads_params", std::string(kMla) + kMtp);
+}
+// eh_proj replicated over tp, its gradient summed over tp under sequence parallel.
+TEST_F(Distributed, MlaTp2SequenceParallelMtp) {
+  expect_same_training(2, "--tensor_model_parallel_size 2 --sequence_parallel true", std::string(kMla) + kMtp);
+}
+// A checkpoint with the MTP depths: a one-process run stopped at iteration 10 and resumed goes on
+// bit for bit as the uninterrupted run (the MTP losses too); resumed under pp2, within the
+// layouts' tolerance.
+TEST_F(Distributed, MtpCheckpointResumesBitForBit) {
+  const std::string model = std::string(kMla) + kMtp;
+  Result ref = reference(model);
+  ASSERT_EQ(ref.status, 0) << ref.out;
+  Result half = run(1, "half", model + " --train_iters 10 --lr_decay_iters 20");
+  ASSERT_EQ(half.status, 0) << half.out;
+  const std::string load = " --load " + (dir_ / "ws" / "half" / "checkpoints").string();
+  Result one = run(1, "one", model + load);
+  ASSERT_EQ(one.status, 0) << one.out;
+  Result pp2 = run(2, "pp2", model + load + " --pipeline_model_parallel_size 2");
+  ASSERT_EQ(pp2.status, 0) << pp2.out;
+  for (const char* key : {"lm_loss", "mtp_1_loss", "mtp_2_loss"}) {
+    const auto want = losses("ref", key), got = losses("one", key), got_pp2 = losses("pp2", key);
+    ASSERT_EQ(want.size(), 20u) << key;
+    ASSERT_EQ(got.size(), 10u) << key;
+    ASSERT_EQ(got_pp2.size(), 10u) << key;
+    for (size_t i = 0; i < got.size(); ++i) {
+      EXPECT_EQ(got[i], want[10 + i]) << key << " iteration " << 11 + i;
+      EXPECT_NEAR(got_pp2[i], want[10 + i], 1e-5 * std::fabs(want[10 + i])) << key << " iteration " << 11 + i;
+    }
+  }
+  EXPECT_NE(one.out.find("resumed from"), std::string::npos) << one.out;
+  EXPECT_NE(one.out.find("mtp_1 loss"), std::string::npos) << one.out;
+}
+
 // Checkpoints reshard the head-split MLA tensors: saved at tp2 at iteration 10 and resumed in one
 // process, saved in one process and resumed at tp2 with sequence parallel; both go on with the
 // uninterrupted one-process run's losses.
@@ -783,6 +839,15 @@ class ExpertParallel : public Distributed {
     }
   }
 };
+// The MTP depth's MoE layer (the last layer's kind) routes over ep like the decoder's.
+TEST_F(ExpertParallel, Ep2AllToAllMtp) {
+  expect_same_training(2, "--expert_model_parallel_size 2 --moe_token_dispatcher_type alltoall",
+                       std::string(kMoe) + " --mtp_num_layers 1 --num_layers 7");
+  const auto a = losses("ref", "mtp_1_loss"), b = losses("par", "mtp_1_loss");
+  ASSERT_EQ(a.size(), 20u);
+  ASSERT_EQ(b.size(), 20u);
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(b[i], a[i], 1e-5 * std::fabs(a[i])) << "iteration " << i + 1;
+}
 TEST_F(ExpertParallel, Ep2AllToAll) {
   expect_same_training(2, "--expert_model_parallel_size 2 --moe_token_dispatcher_type alltoall", kMoe);
   expect_same_moe_statistics();

@@ -385,7 +385,7 @@ TEST(Dialects, UnbuiltKeysAreRefusedByName) {
       {Framework::MaxText, "      mlp_activations: [gelu, linear]\n", "'mlp_activations' is not supported"},
       {Framework::MaxText, "      logits_via_embedding: true\n",
        "normalize_embedding_logits (logits divided by sqrt(emb_dim))"},
-      {Framework::MaxText, "      mtp_num_layers: 1\n", "multi-token prediction is not built"},
+      {Framework::MaxText, "      mtp_num_layers: 1\n", "multi-token prediction is not mapped"},
       {Framework::MaxText, "      steps: 10\n      learning_rate_schedule_steps: 5\n",
        "MaxText then trains at learning rate 0"},
       {Framework::MaxText,

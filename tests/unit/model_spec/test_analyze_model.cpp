@@ -80,5 +80,6 @@ TEST(AnalyzeModel, MoeActiveParametersAndFlops) {
   EXPECT_EQ(j["config"]["num_experts"].get<int64_t>(), 8);
   Result t = run("--model deepseek_v3");
   ASSERT_EQ(t.code, 0);
-  EXPECT_NE(t.out.find("active parameters                 37,552,297,472"), std::string::npos) << t.out;
+  EXPECT_NE(t.out.find("main model active                 37,552,297,472"), std::string::npos) << t.out;
+  EXPECT_NE(t.out.find("MTP parameters                    11,610,068,224"), std::string::npos) << t.out;
 }

@@ -35,12 +35,13 @@ class MoePresetCounts : public ::testing::TestWithParam<Published> {};
 TEST_P(MoePresetCounts, EqualsPublished) {
   ModelSpec s = load_model_spec(GetParam().name);
   ModelStats st = model_stats(s, 4096);
-  EXPECT_EQ(st.parameters, GetParam().parameters);
-  EXPECT_EQ(st.active_parameters, GetParam().active);
+  EXPECT_EQ(st.parameters - st.mtp_parameters, GetParam().parameters);  // the main model's
+  EXPECT_EQ(st.active_parameters - st.mtp_active_parameters, GetParam().active);
   EXPECT_EQ(st.parameters, st.embedding_parameters + st.non_embedding_parameters);
 }
 
-// Totals from the models' Hugging Face safetensors indexes (DeepSeek-V3 without its MTP module);
+// Totals from the models' Hugging Face safetensors indexes (DeepSeek-V3's main model: its MTP
+// depth is counted apart, below);
 // active counts as our convention computes them (input embedding included, top-k experts).
 INSTANTIATE_TEST_SUITE_P(
     Presets, MoePresetCounts,
@@ -63,6 +64,23 @@ INSTANTIATE_TEST_SUITE_P(
     });
 
 }  // namespace
+
+// DeepSeek-V3's multi-token prediction depth (mtp_num_layers 1, as Primus's deepseek_v3.yaml):
+// enorm, hnorm, eh_proj [7168, 14336], one MLA + MoE layer as the last decoder layer, its final
+// norm; the embedding and output layer shared. The release's MTP module ("14B", 671B + 14B = 685B)
+// also stores its own copies of those two (2 x 129280 x 7168).
+TEST(MoeSpec, DeepSeekV3MtpDepthCountedApart) {
+  const ModelSpec s = load_model_spec("deepseek_v3");
+  ASSERT_EQ(s.mtp_num_layers, 1);
+  const ModelStats st = model_stats(s, 4096);
+  const int64_t h = 7168, layer = st.layers[size_t(s.num_layers)].parameters;  // decoder.layers.60
+  EXPECT_EQ(st.mtp_parameters, 3 * h + 2 * h * h + layer);
+  EXPECT_EQ(st.mtp_parameters, 11'610'068'224);
+  EXPECT_EQ(st.parameters, 671'026'419'200 + 11'610'068'224);
+  EXPECT_EQ(st.layers.back().name, "mtp.layers.0");
+  EXPECT_NEAR(double(st.mtp_parameters + 2 * 129280 * h) / 1e9, 13.5, 0.05);  // the release's copies
+  EXPECT_GT(st.mtp_flops_per_token, 0.0);
+}
 
 // Presets that follow Primus's YAMLs (configs/models/kimi_k2.yaml, glm4_7.yaml, glm5.yaml): the
 // counts these shapes give (pinned) and their distance from the figures the model makers

@@ -159,6 +159,12 @@ TEST(PipelineLayout, WhatIsNotALayoutIsNamed) {
   expect_error([] { parse_pipeline_layout("Et*4|Et*4L"); }, {"embedding (E) more than once"});
   expect_error([] { parse_pipeline_layout("Et*4L|t*4L"); }, {"loss (L) more than once"});
   expect_error([] { parse_pipeline_layout("Et*4|t*3m|L"); }, {"multi-token prediction layer (m)"});
+  expect_error([] { parse_pipeline_layout("Etm|t*3L"); }, {"multi-token prediction layer (m) before the last stage"});
+  int64_t mtp = 0;
+  EXPECT_EQ(parse_pipeline_layout("Et*2|t*2mmL", mtp), (std::vector<int64_t>{2, 2}));  // the depths beside the loss
+  EXPECT_EQ(mtp, 2);
+  EXPECT_EQ(pipeline_layout_mtp_layers("Et|(tt|)*2,tmL"), 1);
+  EXPECT_EQ(pipeline_layout_mtp_layers("Et|tL"), 0);
   expect_error([] { parse_pipeline_layout("Et*4|x*4L"); }, {"the letter 'x'"});
   expect_error([] { parse_pipeline_layout("E|t*4|t*4L"); }, {"stage 0 holds no transformer layer"});
   expect_error([] { parse_pipeline_layout("Et*99999999L"); }, {"more than 1048576 letters"});
