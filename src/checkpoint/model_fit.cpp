@@ -106,6 +106,7 @@ const std::vector<ModelField>& fields() {
       {"activation_func_clamp_value", Changes::Meaning, always, AS_IS(activation_func_clamp_value)},
       {"window_attn_skip_freq", Changes::Meaning, not_mla, layer_windows},
       {"rotary_base", Changes::Meaning, always, AS_IS(rotary_base)},
+      {"rotary_percent", Changes::Meaning, not_mla, AS_IS(rotary_percent)},
       {"use_rope_scaling", Changes::Meaning, always, AS_IS(use_rope_scaling)},
       {"rope_scaling_factor", Changes::Meaning, rope_scaled, AS_IS(rope_scaling_factor)},
       {"rope_low_freq_factor", Changes::Meaning, rope_scaled, AS_IS(rope_low_freq_factor)},

@@ -340,13 +340,13 @@ AttentionParts::AttentionParts(const PartKit& kit) : kit_(kit) {
     mla_ = std::make_unique<Mla>(kit.be, kit.act, s, kit.linears, p.tp_size, p.cp_size, p.cp_rank);
     return;
   }
-  const int64_t half = s.head_dim() / 2, P = s.max_position_embeddings;
+  const int64_t half = s.rotary_dim() / 2, P = s.max_position_embeddings;
   Tensor cos = Tensor::empty({P, half}, kit.stat), sin = Tensor::empty({P, half}, kit.stat);
   if (kit.stat == DType::F64)
     rope_tables_of(s, P, cos.data<double>(), sin.data<double>());
   else
     rope_tables_of(s, P, cos.data<float>(), sin.data<float>());
-  rope_ = std::make_unique<Rotary>(kit.be, cos, sin, s.head_dim(), p.cp_size, p.cp_rank);
+  rope_ = std::make_unique<Rotary>(kit.be, cos, sin, s.rotary_dim(), p.cp_size, p.cp_rank, s.head_dim());
   if (s.qk_layernorm)
     qk_norm_ = std::make_unique<QkNorm>(kit.be, kit.act, s.num_attention_heads / p.tp_size,
                                         s.query_groups() / p.tp_size, s.head_dim(), float(s.norm_epsilon));

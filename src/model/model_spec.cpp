@@ -58,6 +58,7 @@ const std::vector<Field>& fields() {
       {"rope_low_freq_factor", &ModelSpec::rope_low_freq_factor},
       {"rope_high_freq_factor", &ModelSpec::rope_high_freq_factor},
       {"rope_original_max_position_embeddings", &ModelSpec::rope_original_max_position_embeddings},
+      {"rotary_percent", &ModelSpec::rotary_percent},
       {"qk_layernorm", &ModelSpec::qk_layernorm},
       {"softmax_type", &ModelSpec::softmax_type},
       {"quick_geglu", &ModelSpec::quick_geglu},
@@ -456,6 +457,15 @@ void ModelSpec::validate() const {
   if (!multi_latent_attention && head_dim() % 2 != 0)
     fail("{}: the head dimension ({}: {}) must be even for rotary embeddings", who,
          kv_channels ? "kv_channels" : "hidden_size / num_attention_heads", head_dim());
+  if (!(rotary_percent > 0 && rotary_percent <= 1))
+    fail("{}: rotary_percent must be in (0, 1], got {}", who, rotary_percent);
+  if (rotary_percent != 1 && multi_latent_attention)
+    fail("{}: rotary_percent {} with multi-latent attention: its rotary part is qk_pos_emb_head_dim", who,
+         rotary_percent);
+  if (!multi_latent_attention && (rotary_dim() < 2 || rotary_dim() % 2 != 0))
+    fail("{}: rotary_percent {} of the head dimension {} gives {} rotary channels; rotary embeddings need an even "
+         "number, at least 2",
+         who, rotary_percent, head_dim(), rotary_dim());
   if (multi_latent_attention) {
     if (q_lora_rank < 0) fail("{}: q_lora_rank must be positive (or null for none), got {}", who, q_lora_rank);
     positive("kv_lora_rank", kv_lora_rank);

@@ -39,6 +39,10 @@ struct ModelSpec {
   double rope_low_freq_factor = 1.0;
   double rope_high_freq_factor = 4.0;
   int64_t rope_original_max_position_embeddings = 8192;
+  // Megatron's rotary_percent: rotary embedding on the first rotary_dim() = int(head_dim *
+  // rotary_percent) channels of each query/key head (rotate-half pairs within them, frequencies
+  // over that width), the rest untouched (MiniMax-M2.5: 0.5).
+  double rotary_percent = 1.0;
 
   // Per-head RMSNorm of queries and keys before rotary (Qwen3); under multi-latent attention,
   // Megatron's same key normalises the query and key/value latents (DeepSeek).
@@ -133,6 +137,7 @@ struct ModelSpec {
   // Derived values (valid after validate()).
   int64_t query_groups() const { return num_query_groups ? num_query_groups : num_attention_heads; }
   int64_t head_dim() const { return kv_channels ? kv_channels : hidden_size / num_attention_heads; }
+  int64_t rotary_dim() const { return int64_t(double(head_dim()) * rotary_percent); }
   int64_t q_size() const { return num_attention_heads * head_dim(); }
   // Megatron's scaled init for the layers that write into the residual stream (linear_proj,
   // linear_fc2): init_method_std / sqrt(2 num_layers).

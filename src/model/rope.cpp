@@ -65,12 +65,26 @@ void yarn_rope_tables(const Yarn& y, int64_t dim, double base, int64_t positions
     }
 }
 
-Rotary::Rotary(ops::Backend& backend, const Tensor& cos, const Tensor& sin, int64_t dims, int cp_size, int cp_rank)
-    : be_(backend), cos_(cos.to(backend.device())), sin_(sin.to(backend.device())), dims_(dims), cp_(cp_size),
-      cp_rank_(cp_rank) {}
+Rotary::Rotary(ops::Backend& backend, const Tensor& cos, const Tensor& sin, int64_t dims, int cp_size, int cp_rank,
+               int64_t head_width)
+    : be_(backend), cos_(cos.to(backend.device())), sin_(sin.to(backend.device())), dims_(dims),
+      head_width_(head_width ? head_width : dims), cp_(cp_size), cp_rank_(cp_rank) {
+  PRIMUS_CHECK(dims_ <= head_width_, "rope: {} rotary channels in heads of {}", dims_, head_width_);
+}
 
 void Rotary::apply(Tensor& x, int64_t heads, int64_t seq, int64_t pos0, bool inverse,
                    const std::vector<int32_t>* positions) const {
+  if (head_width_ == dims_) return rotate(x, heads, seq, pos0, inverse, positions);
+  // Partial rotary: each head's first dims_ columns, rotated in a contiguous buffer.
+  const int64_t rows = x.size(0);
+  Tensor part = be_.empty({rows, heads * dims_}, x.dtype());
+  for (int64_t h = 0; h < heads; ++h) copy_block(part, 0, h * dims_, x, 0, h * head_width_, rows, dims_);
+  rotate(part, heads, seq, pos0, inverse, positions);
+  for (int64_t h = 0; h < heads; ++h) copy_block(x, 0, h * head_width_, part, 0, h * dims_, rows, dims_);
+}
+
+void Rotary::rotate(Tensor& x, int64_t heads, int64_t seq, int64_t pos0, bool inverse,
+                    const std::vector<int32_t>* positions) const {
   if (positions) {
     // The tables' rows at the rows' positions, then row r rotated at table row r.
     const int64_t rows = x.size(0);

@@ -40,6 +40,15 @@ TEST(Generation, KVCacheLogitsEqualAFullForwardWithQkLayernorm) {
   expect_cached_equals_full(s);
 }
 
+// MiniMax-M2.5's partial rotary (rotary_percent 0.5: 4 of each head's 8 channels) in the
+// decoder's steps as in the forward.
+TEST(Generation, KVCacheLogitsEqualAFullForwardWithPartialRotary) {
+  ModelSpec s = gen_spec();
+  s.rotary_percent = 0.5;
+  s.qk_layernorm = true;
+  expect_cached_equals_full(s);
+}
+
 // gpt-oss's attention: the decoder's steps see the same window (layer 0) and sinks as the forward;
 // the 20-token sequence runs past the window of 5.
 TEST(Generation, KVCacheLogitsEqualAFullForwardWithSinksAndWindows) {

@@ -76,7 +76,9 @@ TEST(MoeSpec, PrimusYamlPresetsNearTheAnnouncedSizes) {
   };
   for (const Row& r : {Row{"kimi_k2", 1'026'408'232'448, 32'861'500'928, 1.0e12, 32e9, 0.05},
                        Row{"glm4_7", 355'756'876'800, 33'005'184'000, 355e9, 32e9, 0.05},
-                       Row{"glm5", 743'139'315'456, 41'012'825'856, 744e9, 40e9, 0.05}}) {
+                       Row{"glm5", 743'139'315'456, 41'012'825'856, 744e9, 40e9, 0.05},
+                       // "~10B active": 10.42B without the input embedding, 11.03B with it.
+                       Row{"minimax_m2.5", 228'689'336'320, 11'030'124'544, 229e9, 10e9, 0.11}}) {
     const ModelStats st = model_stats(load_model_spec(r.name), 4096);
     EXPECT_EQ(st.parameters, r.parameters) << r.name;
     EXPECT_EQ(st.active_parameters, r.active) << r.name;
