@@ -123,6 +123,7 @@ struct LlamaContext {
   std::vector<BlockContext> blocks;
   HeadContext head;
   DocumentRows docs;  // packed documents (model/documents.h); empty: none
+  DocumentRows chunked_docs;  // the same with attention_chunk_size's chunks (Llama 4's local layers)
 };
 
 // The key/value cache of one sequence being decoded.

@@ -89,4 +89,37 @@ class Rotary {
   int cp_, cp_rank_;
 };
 
+// Llama 4's attention temperature tuning (Hugging Face's attn_temperature_tuning, ModelSpec's
+// floor_scale and attn_scale) on its NoPE layers: the queries of the row at position t are scaled
+// by log1p(floor((t + 1) / floor_scale)) * attn_scale + 1. A row's position is the rotary one
+// (Rotary's rule: pos0 + r % seq, cp's chunks, or packed documents' restarted positions). The
+// scaling is diagonal, so the backward applies it again.
+class QueryTemperature {
+ public:
+  QueryTemperature(ops::Backend& backend, double floor_scale, double attn_scale, int cp_size = 1, int cp_rank = 0);
+  double scale(int64_t position) const;
+  // x [rows, stride]: its first `width` columns (the query heads) scaled row by row.
+  void apply(Tensor& x, int64_t width, int64_t seq, int64_t pos0, const std::vector<int32_t>* positions) const;
+
+ private:
+  ops::Backend& be_;
+  double floor_scale_, attn_scale_;
+  int cp_, cp_rank_;
+};
+
+// What a grouped-query attention layer does to its query and key rows for their positions: the
+// rotary embedding (RoPE layers), or none (Llama 4's NoPE layers, no_rope_freq), then, when given,
+// the queries' temperature. AttentionParts picks one per layer.
+class QkPositions {
+ public:
+  QkPositions(const Rotary* rope, const QueryTemperature* temperature) : rope_(rope), temp_(temperature) {}
+  // qkv [rows, (heads + 2 groups) head_dim]; inverse for the backward (Rotary::apply's arguments).
+  void apply(Tensor& qkv, int64_t heads, int64_t groups, int64_t head_dim, int64_t seq, int64_t pos0, bool inverse,
+             const std::vector<int32_t>* positions = nullptr) const;
+
+ private:
+  const Rotary* rope_;
+  const QueryTemperature* temp_;
+};
+
 }  // namespace primus
