@@ -478,3 +478,39 @@ TEST(ModelPasses, GptOssAttentionSplitAndRecomputeGiveIdenticalGradients) {
   float_grads(gpt_oss_attention(float_spec(), -1, "learnable"), {}, false, &l_full);
   EXPECT_NE(l0, l_full);
 }
+
+// Llama 4's attention (chunks of 8 on the RoPE layer with the QK L2-norm, the NoPE layer with the
+// queries' temperature) under split B/W passes and selective and full recompute: the saves the
+// chunked documents, the norm without weights and the temperature need are rebuilt alike.
+TEST(ModelPasses, Llama4AttentionSplitAndRecomputeGiveIdenticalGradients) {
+  ModelSpec spec = float_spec();
+  spec.no_rope_freq = 2;
+  spec.qk_l2_norm = true;
+  spec.attention_chunk_size = 8;
+  spec.attn_temperature_tuning = true;
+  spec.floor_scale = 4;
+  float l0, l1, l2, l3;
+  LlamaOptions sel, full;
+  sel.recompute = Recompute::Selective;
+  full.recompute = Recompute::Full;
+  auto fused = float_grads(spec, {}, false, &l0);
+  auto none = float_grads(spec, {}, true, &l1);
+  auto s = float_grads(spec, sel, true, &l2);
+  auto f = float_grads(spec, full, true, &l3);
+  EXPECT_EQ(l0, l1);
+  EXPECT_EQ(l0, l2);
+  EXPECT_EQ(l0, l3);
+  EXPECT_EQ(0, std::memcmp(fused.data(), none.data(), none.size() * sizeof(float)));
+  EXPECT_EQ(0, std::memcmp(none.data(), s.data(), none.size() * sizeof(float)));
+  EXPECT_EQ(0, std::memcmp(none.data(), f.data(), none.size() * sizeof(float)));
+}
+
+// Hugging Face's attention temperature (Llama 4's NoPE layers): log1p(floor((t + 1) / floor_scale))
+// * attn_scale + 1, 1 until position floor_scale - 1.
+TEST(Rope, QueryTemperatureFollowsTheFormula) {
+  const QueryTemperature t(cpu::cpu_backend(), 8192, 0.1);
+  EXPECT_EQ(t.scale(0), 1.0);
+  EXPECT_EQ(t.scale(8190), 1.0);
+  EXPECT_DOUBLE_EQ(t.scale(8191), 1.0 + 0.1 * std::log(2.0));
+  EXPECT_DOUBLE_EQ(t.scale(3 * 8192 - 1), 1.0 + 0.1 * std::log(4.0));
+}
