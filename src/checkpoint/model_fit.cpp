@@ -65,6 +65,15 @@ std::string layer_windows(const ModelSpec& s) {
   return fmt::format("[{}]", fmt::join(l, ", "));
 }
 
+// no_rope_freq as each layer's rotary embedding (1: NoPE): the forms compare equal when they put
+// the same layers on NoPE.
+std::string nope_layers(const ModelSpec& s) {
+  std::vector<int> l;
+  for (int64_t i = 0; i < s.num_layers; ++i) l.push_back(s.layer_uses_rope(i) ? 0 : 1);
+  return fmt::format("[{}]", fmt::join(l, ", "));
+}
+bool temperature(const ModelSpec& s) { return s.attn_temperature_tuning; }
+
 #define AS_IS(field) [](const ModelSpec& s) { return text(s.field); }
 #define OR_NULL(field) [](const ModelSpec& s) { return or_null(s.field); }
 
@@ -106,6 +115,13 @@ const std::vector<ModelField>& fields() {
       {"activation_func_clamp_value", Changes::Meaning, always, AS_IS(activation_func_clamp_value)},
       {"window_attn_skip_freq", Changes::Meaning, not_mla, layer_windows},
       {"rotary_base", Changes::Meaning, always, AS_IS(rotary_base)},
+      {"rotary_percent", Changes::Meaning, not_mla, AS_IS(rotary_percent)},
+      {"no_rope_freq", Changes::Meaning, not_mla, nope_layers},
+      {"qk_l2_norm", Changes::Meaning, not_mla, AS_IS(qk_l2_norm)},
+      {"attention_chunk_size", Changes::Meaning, not_mla, OR_NULL(attention_chunk_size)},
+      {"attn_temperature_tuning", Changes::Meaning, not_mla, AS_IS(attn_temperature_tuning)},
+      {"floor_scale", Changes::Meaning, temperature, AS_IS(floor_scale)},
+      {"attn_scale", Changes::Meaning, temperature, AS_IS(attn_scale)},
       {"use_rope_scaling", Changes::Meaning, always, AS_IS(use_rope_scaling)},
       {"rope_scaling_factor", Changes::Meaning, rope_scaled, AS_IS(rope_scaling_factor)},
       {"rope_low_freq_factor", Changes::Meaning, rope_scaled, AS_IS(rope_low_freq_factor)},
@@ -126,6 +142,7 @@ const std::vector<ModelField>& fields() {
       {"beta_slow", Changes::Meaning, yarn, AS_IS(beta_slow)},
       {"original_max_position_embeddings", Changes::Meaning, yarn, AS_IS(original_max_position_embeddings)},
       {"moe_router_topk", Changes::Meaning, moe, AS_IS(moe_router_topk)},
+      {"moe_apply_probs_on_input", Changes::Meaning, moe, AS_IS(moe_apply_probs_on_input)},
       {"moe_router_score_function", Changes::Meaning, moe, AS_IS(moe_router_score_function)},
       {"moe_router_pre_softmax", Changes::Meaning, moe, AS_IS(moe_router_pre_softmax)},
       {"moe_router_norm_topk_prob", Changes::Meaning, moe, AS_IS(moe_router_norm_topk_prob)},

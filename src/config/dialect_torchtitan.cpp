@@ -275,6 +275,20 @@ void deepseek_moe(DialectSettings& s, TitanScores scores) {
              "torchtitan runs without context parallelism");
 }
 
+// torchtitan's llama4 17bx16e and 17bx128e flavours (models/llama4): Meta's shapes (the
+// llama4_17B16E and llama4_17B128E presets: experts of 8192 from its auto-scaled hidden dim, a
+// shared expert, sigmoid top-1 scores on the experts' input, Scout's rope scaling) with
+// torchtitan's MoE routing, global attention with RoPE on every layer, and neither the QK L2-norm
+// nor the attention temperature, which torchtitan's model does not have.
+void llama4_moe(DialectSettings& s, TitanScores scores) {
+  titan_moe(s, scores);
+  const std::vector<std::string> from = {"model.name", "model.flavor"};
+  s.set("qk_l2_norm", YAML::Node(false), from);
+  s.set("attn_temperature_tuning", YAML::Node(false), from);
+  s.set("no_rope_freq", YAML::Node(YAML::NodeType::Null), from);
+  s.set("attention_chunk_size", YAML::Node(YAML::NodeType::Null), from);
+}
+
 // A torchtitan flavour on this engine: the preset (and, for MoE flavours, what differs from it),
 // or why it is refused.
 struct Flavour {
@@ -286,7 +300,10 @@ struct Flavour {
   TitanScores scores = TitanScores::Sigmoid;              // an MoE flavour's expert scores
 };
 
-const char* const kLlama4 = "Llama 4 is not built on this engine yet (the model-families issue adds it)";
+const char* const kLlama4Other =
+    "torchtitan's llama4 debug flavours (dim 256, 6 layers) have no preset on this engine, and its _irope flavours "
+    "(NoPE on layers 0, 4, 8, ..., which no_rope_freq's rule cannot say for every layer count) are not mapped; its "
+    "17bx16e and 17bx128e flavours map onto llama4_17B16E and llama4_17B128E";
 const char* const kGptOssDebug =
     "torchtitan's gpt_oss debugmodel (dim 256, 4 layers, 8 experts) has no preset on this engine; its 20b and 120b "
     "flavours map onto gpt_oss_20B and gpt_oss_120B";
@@ -310,7 +327,9 @@ const std::vector<Flavour>& flavours() {
       {"deepseek_v3", "16B", "deepseek_v2_lite", nullptr, deepseek_moe, TitanScores::Softmax},
       {"deepseek_v3", "236B", "deepseek_v2", nullptr, deepseek_moe, TitanScores::Softmax},
       {"deepseek_v3", "671B", "deepseek_v3", nullptr, deepseek_moe, TitanScores::Sigmoid},
-      {"llama4", "*", nullptr, kLlama4},
+      {"llama4", "17bx16e", "llama4_17B16E", nullptr, llama4_moe, TitanScores::Sigmoid},
+      {"llama4", "17bx128e", "llama4_17B128E", nullptr, llama4_moe, TitanScores::Sigmoid},
+      {"llama4", "*", nullptr, kLlama4Other},
       // gpt-oss (models/gpt_oss): OpenAI's models as the presets hold them (sinks, a 128-key window on
       // layers 0, 2, ..., biases, the clamped GLU, unrounded YaRN of factor 32); softmax scores
       // renormalised over the top 4, with the router's bias (gate_bias).

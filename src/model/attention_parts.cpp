@@ -1,5 +1,7 @@
 #include "model/attention_parts.h"
 
+#include <algorithm>
+
 #include <fmt/format.h>
 
 #include "core/error.h"
@@ -87,16 +89,20 @@ class AttentionSinks {
 
 class GqaAttention final : public BlockPart {
  public:
-  GqaAttention(const PartKit& kit, ParamStore& params, int64_t layer, AttentionCore& core, const Rotary& rope,
-               const QkNorm* qk_norm)
+  // qk_norm: the layer's per-head norm of q and k (qk_layernorm: with weights; qk_l2_norm: none,
+  // unit_weight holds the ones it runs with), or null. pos: its rotary embedding and temperature.
+  GqaAttention(const PartKit& kit, ParamStore& params, int64_t layer, AttentionCore& core, QkPositions pos,
+               const QkNorm* qk_norm, const Tensor& unit_weight)
       : k_(kit),
         core_(core),
-        rope_(rope),
+        pos_(pos),
         qk_norm_(qk_norm),
+        unit_weight_(unit_weight),
         heads_(kit.spec.num_attention_heads / kit.part.tp_size),
         groups_(kit.spec.query_groups() / kit.part.tp_size),
         D_(kit.spec.head_dim()),
-        window_(kit.spec.layer_window(layer)) {
+        window_(kit.spec.layer_window(layer)),
+        chunk_(kit.spec.layer_attention_chunk(layer)) {
     const ModelSpec& s = kit.spec;
     const std::string pre = kit.spec.layer_prefix(layer);
     // Column-parallel linear_qkv: this rank's q heads, then its k groups, then its v groups.
@@ -111,7 +117,7 @@ class GqaAttention final : public BlockPart {
     if (s.qkv_bias())
       qkv_b_ = params.add_sharded(pre + "self_attention.linear_qkv.bias", {s.qkv_size()}, qkv_shard, ParamInit::Zeros,
                                   false);
-    if (qk_norm_) {  // one weight for all q heads, one for all k groups; tp-partial gradients
+    if (qk_norm_ && s.qk_layernorm) {  // one weight for all q heads, one for all k groups; tp-partial gradients
       q_norm_ = params.add(pre + "self_attention.q_layernorm.weight", {D}, ParamInit::Ones, false);
       k_norm_ = params.add(pre + "self_attention.k_layernorm.weight", {D}, ParamInit::Ones, false);
       params.mark_tp_partial_grads(q_norm_);
@@ -140,11 +146,11 @@ class GqaAttention final : public BlockPart {
     if (!c.qkv.defined()) {
       c.qkv = k_.linear(c.h, qkv_w_, qkv_b_);
       if (qk_norm_) qk_norm_->forward(c.qkv, w(q_norm_), w(k_norm_), c.qk);
-      rope_.apply(c.qkv, heads_ + groups_, m.seq, 0, false, m.positions());
+      pos_.apply(c.qkv, heads_, groups_, D_, m.seq, 0, false, m.positions());
     }
     if (!c.attn.defined()) {
       c.attn = k_.empty({c.qkv.size(0), heads_ * D_});
-      core_.forward(c.qkv, c.attn, c.core, shape(m), m.docs);
+      core_.forward(c.qkv, c.attn, c.core, shape(m), docs(m));
     }
     return want_output ? k_.row_parallel_residual(c.attn, proj_w_, residual, proj_b_) : Tensor();
   }
@@ -166,9 +172,9 @@ class GqaAttention final : public BlockPart {
     const Tensor dattn = k_.linear_input_grad(c.dx2, proj_w_);
     c.dqkv = k_.empty({c.qkv.size(0), c.qkv.size(1)});
     const ops::AttentionShape s = shape(m);
-    core_.backward(c.qkv, c.attn, c.core, dattn, c.dqkv, s, m.docs);
+    core_.backward(c.qkv, c.attn, c.core, dattn, c.dqkv, s, docs(m));
     c.dsinks = sinks_->backward(c.attn, c.core.lse, dattn, s);
-    rope_.apply(c.dqkv, heads_ + groups_, m.seq, 0, true, m.positions());
+    pos_.apply(c.dqkv, heads_, groups_, D_, m.seq, 0, true, m.positions());
     if (qk_norm_) qk_norm_->backward_input(c.dqkv, w(q_norm_), w(k_norm_), c.qk);
     Tensor dh = k_.linear_input_grad(c.dqkv, qkv_w_);
     c.qkv = Tensor();  // W reads h, attn, dx2, dqkv and qk-norm's saves
@@ -185,7 +191,7 @@ class GqaAttention final : public BlockPart {
       Tensor gb = k_.params.grad(qkv_b_);
       k_.be.column_sum_accumulate(c.dqkv, gb);
     }
-    if (qk_norm_) {
+    if (q_norm_ >= 0) {
       Tensor gq = k_.params.grad(q_norm_), gk = k_.params.grad(k_norm_);
       qk_norm_->backward_weight(c.qk, gq, gk);
     }
@@ -202,18 +208,34 @@ class GqaAttention final : public BlockPart {
       QkNormContext unused;
       qk_norm_->forward(qkv, w(q_norm_), w(k_norm_), unused);
     }
-    rope_.apply(qkv, heads_ + groups_, n, pos0, false);
+    pos_.apply(qkv, heads_, groups_, D_, n, pos0, false);
     cache.slice(0, pos0, n).copy_from(qkv);
     Tensor attn = k_.empty({n, heads_ * D_});
-    ops::AttentionShape s{1, pos0 + n, heads_, groups_, D_};
-    s.window = window_;
-    s.sinks = sinks_->values();
-    k_.be.attention_decode(cache, pos0, attn, s);
+    // Rows pos0 .. pos0 + n - 1, each run of them within one attention chunk (chunk_ > 0) decoded
+    // over its chunk's rows of the cache alone.
+    for (int64_t t = pos0; t < pos0 + n;) {
+      const int64_t from = chunk_ > 0 ? t / chunk_ * chunk_ : 0;
+      const int64_t end = chunk_ > 0 ? std::min(pos0 + n, from + chunk_) : pos0 + n;
+      ops::AttentionShape s{1, end - from, heads_, groups_, D_};
+      s.window = window_;
+      s.sinks = sinks_->values();
+      Tensor out = attn.slice(0, t - pos0, end - t);
+      k_.be.attention_decode(cache.slice(0, from, end - from), t - from, out, s);
+      t = end;
+    }
     return k_.row_parallel_residual(attn, proj_w_, residual, proj_b_);
   }
 
  private:
-  Tensor w(int id) const { return k_.params.weight(id); }
+  // The q/k norm's weights: the layer's (qk_layernorm) or ones (qk_l2_norm).
+  Tensor w(int id) const { return id >= 0 ? k_.params.weight(id) : unit_weight_; }
+  // The attention's documents: the chunked layers' (Llama 4) or the packed documents.
+  const DocumentRows* docs(const PassShape& m) const {
+    // A pass that forgot the chunk rows would attend across chunks without a word: refuse it.
+    PRIMUS_CHECK(chunk_ == 0 || (m.chunked_docs && m.chunked_docs->separates_attention()),
+                 "a chunked attention layer's pass has no chunk rows (PassShape::chunked_docs)");
+    return chunk_ > 0 ? m.chunked_docs : m.docs;
+  }
   // This rank's attention of m: its heads, the layer's window and the sinks.
   ops::AttentionShape shape(const PassShape& m) const {
     ops::AttentionShape s{m.batch, m.seq, heads_, groups_, D_};
@@ -224,10 +246,12 @@ class GqaAttention final : public BlockPart {
 
   const PartKit& k_;
   AttentionCore& core_;
-  const Rotary& rope_;
+  QkPositions pos_;
   const QkNorm* qk_norm_;
+  Tensor unit_weight_;
   int64_t heads_, groups_, D_;  // this rank's
   int64_t window_;              // this layer's sliding window (-1: none)
+  int64_t chunk_;               // this layer's attention chunk (0: none)
   std::unique_ptr<AttentionSinks> sinks_;
   int qkv_w_ = -1, qkv_b_ = -1, q_norm_ = -1, k_norm_ = -1, proj_w_ = -1, proj_b_ = -1;
 };
@@ -340,23 +364,43 @@ AttentionParts::AttentionParts(const PartKit& kit) : kit_(kit) {
     mla_ = std::make_unique<Mla>(kit.be, kit.act, s, kit.linears, p.tp_size, p.cp_size, p.cp_rank);
     return;
   }
-  const int64_t half = s.head_dim() / 2, P = s.max_position_embeddings;
+  const int64_t half = s.rotary_dim() / 2, P = s.max_position_embeddings;
   Tensor cos = Tensor::empty({P, half}, kit.stat), sin = Tensor::empty({P, half}, kit.stat);
   if (kit.stat == DType::F64)
     rope_tables_of(s, P, cos.data<double>(), sin.data<double>());
   else
     rope_tables_of(s, P, cos.data<float>(), sin.data<float>());
-  rope_ = std::make_unique<Rotary>(kit.be, cos, sin, s.head_dim(), p.cp_size, p.cp_rank);
-  if (s.qk_layernorm)
+  rope_ = std::make_unique<Rotary>(kit.be, cos, sin, s.rotary_dim(), p.cp_size, p.cp_rank, s.head_dim());
+  if (s.attn_temperature_tuning)
+    temperature_ = std::make_unique<QueryTemperature>(kit.be, s.floor_scale, s.attn_scale, p.cp_size, p.cp_rank);
+  if (s.qk_layernorm || s.qk_l2_norm)
     qk_norm_ = std::make_unique<QkNorm>(kit.be, kit.act, s.num_attention_heads / p.tp_size,
                                         s.query_groups() / p.tp_size, s.head_dim(), float(s.norm_epsilon));
+  if (s.qk_l2_norm) {  // the norm without weights: ones
+    const bool f64 = kit.act == DType::F64;
+    Tensor ones = Tensor::empty({s.head_dim()}, f64 ? DType::F64 : DType::F32);
+    for (int64_t i = 0; i < s.head_dim(); ++i)
+      f64 ? void(ones.data<double>()[i] = 1.0) : void(ones.data<float>()[i] = 1.0f);
+    unit_weight_ = ones.to(kit.be.device());
+    if (unit_weight_.dtype() != kit.act) {
+      Tensor w = kit.be.empty({s.head_dim()}, kit.act);
+      kit.be.cast(unit_weight_, w);
+      unit_weight_ = w;
+    }
+  }
 }
 
 AttentionParts::~AttentionParts() = default;
 
 std::unique_ptr<BlockPart> AttentionParts::make(ParamStore& params, int64_t layer) {
   if (mla_) return std::make_unique<MlaAttention>(kit_, params, layer, *core_, *mla_);
-  return std::make_unique<GqaAttention>(kit_, params, layer, *core_, *rope_, qk_norm_.get());
+  // Llama 4: the NoPE layers (no_rope_freq) have neither rotary embedding nor qk_l2_norm, and
+  // the queries' temperature (attn_temperature_tuning) instead.
+  const ModelSpec& s = kit_.spec;
+  const bool rope = s.layer_uses_rope(layer);
+  const QkPositions pos(rope ? rope_.get() : nullptr, rope ? nullptr : temperature_.get());
+  const QkNorm* norm = s.qk_layernorm || (s.qk_l2_norm && rope) ? qk_norm_.get() : nullptr;
+  return std::make_unique<GqaAttention>(kit_, params, layer, *core_, pos, norm, unit_weight_);
 }
 
 }  // namespace primus

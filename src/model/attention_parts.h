@@ -2,7 +2,9 @@
 //
 //   GqaAttention   grouped-query attention: qkv = h Wqkv^T (+ b) (linear_qkv, column-parallel: this
 //                  rank's heads, then its k and v groups), QK-norm (qk_layernorm, model/qk_norm.h),
-//                  rotary embedding, the attention core, linear_proj (row-parallel)
+//                  rotary embedding, the attention core, linear_proj (row-parallel); Llama 4's
+//                  layers as its variants: NoPE layers (no rotary, the queries' temperature),
+//                  the QK L2-norm, chunked attention as documents (model/documents.h)
 //   MlaAttention   multi-latent attention (model/mla.h): its projections pack the heads into the
 //                  core's fused layout, one group per head; linear_proj as above
 //
@@ -35,6 +37,8 @@ class AttentionParts {
   const PartKit& kit_;
   std::unique_ptr<AttentionCore> core_;
   std::unique_ptr<Rotary> rope_;  // GQA's tables
+  std::unique_ptr<QueryTemperature> temperature_;  // Llama 4's NoPE layers' (attn_temperature_tuning)
+  Tensor unit_weight_;  // qk_l2_norm: the ones its norm runs with (the activation dtype)
   std::unique_ptr<Mla> mla_;      // MLA's projections and tables
   std::unique_ptr<QkNorm> qk_norm_;
 };

@@ -43,6 +43,9 @@ struct PassShape {
   int64_t batch = 0, seq = 0;  // seq: this rank's tokens per sequence (under cp its two chunks)
   double dloss = 1.0;          // backward: the objective's gradient w.r.t. the microbatch's mean loss
   const DocumentRows* docs = nullptr;  // packed documents (model/documents.h), or none
+  // The attention rows of Llama 4's chunked layers (attention_chunk_size: packed documents and
+  // chunks, model/documents.h), or none.
+  const DocumentRows* chunked_docs = nullptr;
   // The rows' rotary positions when packed documents restart them, else null (model/rope.h).
   const std::vector<int32_t>* positions() const {
     return docs && docs->restarts_positions() ? &docs->positions : nullptr;

@@ -7,20 +7,26 @@
 namespace primus {
 
 DocumentRows document_rows(const PackedDocuments& docs, int64_t batch, int64_t seq, int cp, int cp_rank,
-                           Device device) {
+                           Device device, int64_t attention_chunk) {
   DocumentRows r;
-  if (!docs.active()) return r;
+  if (!docs.active() && attention_chunk <= 0) return r;
   const int64_t S = seq * cp, ch = seq / 2;  // the whole sequence; a chunk under cp
-  docs.check(batch, S);
+  if (docs.active()) docs.check(batch, S);
   // Per whole-sequence position: its document's start.
-  std::vector<int32_t> start(size_t(batch * S));
-  for (int64_t b = 0; b < batch; ++b) {
+  std::vector<int32_t> start(size_t(batch * S), 0);
+  for (int64_t b = 0; b < batch && docs.active(); ++b) {
     const std::vector<int32_t>& st = docs.starts[size_t(b)];
     for (size_t d = 0; d < st.size(); ++d) {
       const int64_t end = d + 1 < st.size() ? st[d + 1] : S;
       std::fill(start.begin() + b * S + st[d], start.begin() + b * S + end, st[d]);
     }
   }
+  // Where each position's attention starts: its document's (when separated), its chunk's.
+  std::vector<int32_t> attend(size_t(batch * S), 0);
+  if (docs.active() && docs.separate_attention) attend = start;
+  if (attention_chunk > 0)
+    for (int64_t i = 0; i < batch * S; ++i)
+      attend[size_t(i)] = std::max(attend[size_t(i)], int32_t((i % S) / attention_chunk * attention_chunk));
   // This rank's rows as whole-sequence indices b * S + position.
   std::vector<int64_t> rows;
   rows.reserve(size_t(batch * seq));
@@ -33,17 +39,17 @@ DocumentRows document_rows(const PackedDocuments& docs, int64_t batch, int64_t s
         for (int64_t i = 0; i < ch; ++i) rows.push_back(b * S + c * ch + i);
     }
   }
-  if (docs.restart_positions) {
+  if (docs.active() && docs.restart_positions) {
     r.positions.resize(rows.size());
     for (size_t i = 0; i < rows.size(); ++i) r.positions[i] = int32_t(rows[i] % S - start[size_t(rows[i])]);
   }
-  if (docs.separate_attention) {
+  if ((docs.active() && docs.separate_attention) || attention_chunk > 0) {
     Tensor mine = Tensor::empty({int64_t(rows.size())}, DType::I32);
-    for (size_t i = 0; i < rows.size(); ++i) mine.data<int32_t>()[i] = start[size_t(rows[i])];
+    for (size_t i = 0; i < rows.size(); ++i) mine.data<int32_t>()[i] = attend[size_t(rows[i])];
     r.doc_start = mine.to(device);
     if (cp > 1) {
       Tensor whole = Tensor::empty({batch * S}, DType::I32);
-      std::copy(start.begin(), start.end(), whole.data<int32_t>());
+      std::copy(attend.begin(), attend.end(), whole.data<int32_t>());
       r.seq_doc_start = whole.to(device);
     }
   }

@@ -31,8 +31,12 @@ struct DocumentRows {
 
 // docs (checked against batch sequences of seq * cp positions) for this rank's rows: batch
 // sequences of `seq` rows each (under cp the two chunks cp_rank and 2 cp - 1 - cp_rank).
+// attention_chunk > 0 (Llama 4's chunked attention, ModelSpec::attention_chunk_size): every chunk
+// of that many positions of a sequence is a document of its own as well, so that a row's
+// document starts at max(its packed document's start, floor(position / chunk) * chunk); the
+// rotary positions stay the packed documents' alone.
 DocumentRows document_rows(const PackedDocuments& docs, int64_t batch, int64_t seq, int cp, int cp_rank,
-                           Device device);
+                           Device device, int64_t attention_chunk = 0);
 
 // s with the documents of its query rows: doc_start [s.batch * s.seq] (rows of a block: a slice of
 // DocumentRows::doc_start), key_pos0 the position of its key rows' first row. Undefined

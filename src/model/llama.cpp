@@ -398,6 +398,9 @@ void LlamaModel::begin_microbatch(LlamaContext& ctx, const int32_t* tokens, cons
   }
   if (docs) ctx.docs = document_rows(*docs, batch, seq, part_.cp_size, part_.cp_rank, be_.device());
   ctx.dropout_key = dropout_key_;
+  if (spec_.attention_chunk_size > 0)
+    ctx.chunked_docs = document_rows(docs ? *docs : PackedDocuments(), batch, seq, part_.cp_size, part_.cp_rank,
+                                     be_.device(), spec_.attention_chunk_size);
   ctx.blocks.resize(blocks_.size());
   if (tokens && targets) mtp_begin(ctx);
 }
@@ -426,7 +429,7 @@ Tensor LlamaModel::forward_chunk(LlamaContext& ctx, int chunk, const Tensor& inp
   }
   for (size_t l = b0; l < b1; ++l) {
     const Held held(*this, {blocks_[l].attn_norm}, next_unit(l + 1));
-    x = block_forward(blocks_[l], ctx.blocks[l], x, {ctx.batch, ctx.seq, 1.0, &ctx.docs});
+    x = block_forward(blocks_[l], ctx.blocks[l], x, {ctx.batch, ctx.seq, 1.0, &ctx.docs, &ctx.chunked_docs});
   }
   if (!ch.has_head) return x;
   {
@@ -457,7 +460,7 @@ Tensor LlamaModel::backward_input_chunk(LlamaContext& ctx, int chunk, const Tens
   }
   for (size_t l = b1; l-- > b0;) {
     const Held held(*this, {blocks_[l].attn_norm}, previous_unit(l));
-    dx = block_backward_input(blocks_[l], ctx.blocks[l], dx, {ctx.batch, ctx.seq, dloss, &ctx.docs});
+    dx = block_backward_input(blocks_[l], ctx.blocks[l], dx, {ctx.batch, ctx.seq, dloss, &ctx.docs, &ctx.chunked_docs});
   }
   if (!ch.has_embedding) return dx;
   ctx.dembedded = dx;
@@ -514,7 +517,7 @@ void LlamaModel::backward(LlamaContext& ctx, double dloss) {
   for (size_t l = blocks_.size(); l-- > 0;) {
     {
       const Held held(*this, {blocks_[l].attn_norm}, l > 0 ? block_unit(l - 1) : -1);
-      dx = block_backward_input(blocks_[l], ctx.blocks[l], dx, {ctx.batch, ctx.seq, dloss, &ctx.docs});
+      dx = block_backward_input(blocks_[l], ctx.blocks[l], dx, {ctx.batch, ctx.seq, dloss, &ctx.docs, &ctx.chunked_docs});
     }
     block_backward_weight(blocks_[l], ctx.blocks[l]);
     weights_done(blocks_[l].ids());

@@ -146,6 +146,7 @@ struct LlamaContext {
   // begin_microbatch from set_dropout_key(); none: no dropout (evaluation, reference passes).
   std::optional<uint64_t> dropout_key;
   std::vector<MtpContext> mtp;  // the MTP depths', on the rank with the head (model_spec.h)
+  DocumentRows chunked_docs;  // the same with attention_chunk_size's chunks (Llama 4's local layers)
 };
 
 // The key/value cache of one sequence being decoded.

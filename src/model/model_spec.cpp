@@ -59,6 +59,7 @@ const std::vector<Field>& fields() {
       {"rope_low_freq_factor", &ModelSpec::rope_low_freq_factor},
       {"rope_high_freq_factor", &ModelSpec::rope_high_freq_factor},
       {"rope_original_max_position_embeddings", &ModelSpec::rope_original_max_position_embeddings},
+      {"rotary_percent", &ModelSpec::rotary_percent},
       {"qk_layernorm", &ModelSpec::qk_layernorm},
       {"softmax_type", &ModelSpec::softmax_type},
       {"quick_geglu", &ModelSpec::quick_geglu},
@@ -66,6 +67,12 @@ const std::vector<Field>& fields() {
       {"activation_func_clamp_value", &ModelSpec::activation_func_clamp_value, true},
       {"window_size", &ModelSpec::window_size, true},                      // a [left, right] pair: set_window_size
       {"window_attn_skip_freq", &ModelSpec::window_attn_skip_freq, true},  // also a list: set_window_pattern
+      {"no_rope_freq", &ModelSpec::no_rope_freq, true},  // also a list: set_no_rope_pattern
+      {"qk_l2_norm", &ModelSpec::qk_l2_norm},
+      {"attention_chunk_size", &ModelSpec::attention_chunk_size, true},
+      {"attn_temperature_tuning", &ModelSpec::attn_temperature_tuning},
+      {"floor_scale", &ModelSpec::floor_scale},
+      {"attn_scale", &ModelSpec::attn_scale},
       {"final_logit_softcapping", &ModelSpec::final_logit_softcapping, true},
       {"router_logit_softcapping", &ModelSpec::router_logit_softcapping, true},
       {"multi_latent_attention", &ModelSpec::multi_latent_attention},
@@ -112,6 +119,7 @@ const std::vector<Field>& fields() {
       {"moe_token_dispatcher_type", &ModelSpec::moe_token_dispatcher_type},
       {"mtp_num_layers", &ModelSpec::mtp_num_layers, true},
       {"mtp_loss_scaling_factor", &ModelSpec::mtp_loss_scaling_factor},
+      {"moe_apply_probs_on_input", &ModelSpec::moe_apply_probs_on_input},
   };
   return f;
 }
@@ -237,29 +245,34 @@ void set_window_size(ModelSpec& spec, const YAML::Node& value, const std::string
   spec.window_size = left;
 }
 
-// window_attn_skip_freq: null, an integer, or a 0/1 list (one entry per layer, 1: the window).
-void set_window_pattern(ModelSpec& spec, const YAML::Node& value, const std::string& at) {
-  spec.window_attn_pattern.clear();
-  spec.window_attn_skip_freq = 0;
+// A per-layer key that is null, an integer (every N-th layer) or a 0/1 list (one entry per layer,
+// 1 meaning `one`, 0 meaning `zero`): window_attn_skip_freq, no_rope_freq.
+void set_layer_pattern(const char* key, const char* zero, const char* one, int64_t& freq,
+                       std::vector<int64_t>& pattern, const YAML::Node& value, const std::string& at) {
+  pattern.clear();
+  freq = 0;
   if (value.IsNull()) return;
   int64_t v = 0;
   if (value.IsScalar() && YAML::convert<int64_t>::decode(value, v)) {
-    spec.window_attn_skip_freq = v;
+    freq = v;
     return;
   }
-  if (!value.IsSequence()) fail("{}: 'window_attn_skip_freq' must be null, an integer or a 0/1 list, got {}", at, scalar_text(value));
+  if (!value.IsSequence()) fail("{}: '{}' must be null, an integer or a 0/1 list, got {}", at, key, scalar_text(value));
   for (const auto& e : value) {
     if (!e.IsScalar() || !YAML::convert<int64_t>::decode(e, v) || (v != 0 && v != 1))
-      fail("{}: 'window_attn_skip_freq' list entries must be 0 (full attention) or 1 (window), got {}", at,
-           scalar_text(e));
-    spec.window_attn_pattern.push_back(v);
+      fail("{}: '{}' list entries must be 0 ({}) or 1 ({}), got {}", at, key, zero, one, scalar_text(e));
+    pattern.push_back(v);
   }
 }
 
 void set_field(ModelSpec& spec, const Field& f, const YAML::Node& value, const std::string& at) {
   if (std::string_view(f.key) == "moe_layer_freq") return set_moe_layer_freq(spec, value, at);
   if (std::string_view(f.key) == "window_size") return set_window_size(spec, value, at);
-  if (std::string_view(f.key) == "window_attn_skip_freq") return set_window_pattern(spec, value, at);
+  if (std::string_view(f.key) == "window_attn_skip_freq")
+    return set_layer_pattern(f.key, "full attention", "window", spec.window_attn_skip_freq, spec.window_attn_pattern,
+                             value, at);
+  if (std::string_view(f.key) == "no_rope_freq")
+    return set_layer_pattern(f.key, "RoPE", "NoPE", spec.no_rope_freq, spec.no_rope_pattern, value, at);
   std::visit(
       [&](auto member) {
         using T = std::remove_reference_t<decltype(spec.*member)>;
@@ -459,6 +472,15 @@ void ModelSpec::validate() const {
   if (!multi_latent_attention && head_dim() % 2 != 0)
     fail("{}: the head dimension ({}: {}) must be even for rotary embeddings", who,
          kv_channels ? "kv_channels" : "hidden_size / num_attention_heads", head_dim());
+  if (!(rotary_percent > 0 && rotary_percent <= 1))
+    fail("{}: rotary_percent must be in (0, 1], got {}", who, rotary_percent);
+  if (rotary_percent != 1 && multi_latent_attention)
+    fail("{}: rotary_percent {} with multi-latent attention: its rotary part is qk_pos_emb_head_dim", who,
+         rotary_percent);
+  if (!multi_latent_attention && (rotary_dim() < 2 || rotary_dim() % 2 != 0))
+    fail("{}: rotary_percent {} of the head dimension {} gives {} rotary channels; rotary embeddings need an even "
+         "number, at least 2",
+         who, rotary_percent, head_dim(), rotary_dim());
   if (multi_latent_attention) {
     if (q_lora_rank < 0) fail("{}: q_lora_rank must be positive (or null for none), got {}", who, q_lora_rank);
     positive("kv_lora_rank", kv_lora_rank);
@@ -497,6 +519,26 @@ void ModelSpec::validate() const {
     fail("{}: window_attn_skip_freq must be positive (or null), got {}", who, window_attn_skip_freq);
   if (!window_attn_pattern.empty() && int64_t(window_attn_pattern.size()) != num_layers)
     fail("{}: window_attn_skip_freq lists {} layers for num_layers {}", who, window_attn_pattern.size(), num_layers);
+  if (no_rope_freq < 0) fail("{}: no_rope_freq must be positive (or null), got {}", who, no_rope_freq);
+  if (no_rope_freq == 1)
+    fail("{}: no_rope_freq 1 puts every layer on NoPE; a model without rotary embedding is not built (use 2 or more, "
+         "or a 0/1 list)",
+         who);
+  if (!no_rope_pattern.empty() && int64_t(no_rope_pattern.size()) != num_layers)
+    fail("{}: no_rope_freq lists {} layers for num_layers {}", who, no_rope_pattern.size(), num_layers);
+  if (attention_chunk_size < 0)
+    fail("{}: attention_chunk_size must be positive (or null for none), got {}", who, attention_chunk_size);
+  if (attn_temperature_tuning && (!std::isfinite(floor_scale) || floor_scale <= 0 || !std::isfinite(attn_scale)))
+    fail("{}: floor_scale ({}) must be positive and attn_scale ({}) finite", who, floor_scale, attn_scale);
+  if (multi_latent_attention && (no_rope_freq > 0 || !no_rope_pattern.empty() || qk_l2_norm ||
+                                 attention_chunk_size > 0 || attn_temperature_tuning))
+    fail("{}: no_rope_freq, qk_l2_norm, attention_chunk_size and attn_temperature_tuning are Llama 4's grouped-query "
+         "attention options, not multi-latent attention's",
+         who);
+  if (qk_l2_norm && qk_layernorm)
+    fail("{}: qk_layernorm and qk_l2_norm are two norms of the queries and keys; set one", who);
+  if (attention_chunk_size > 0 && window_size >= 0)
+    fail("{}: attention_chunk_size and window_size are two local attentions; set one", who);
   if (add_bias_linear && multi_latent_attention)
     fail("{}: add_bias_linear with multi-latent attention is not built (gpt-oss's biases are on grouped-query "
          "attention)", who);
@@ -527,8 +569,8 @@ void ModelSpec::validate() const {
     finite_positive("rope_low_freq_factor", rope_low_freq_factor);
     finite_positive("rope_high_freq_factor", rope_high_freq_factor);
     // Llama 3.1's scaling interpolates between the two wavelength bounds, dividing by their gap.
-    if (!(rope_high_freq_factor > rope_low_freq_factor))
-      fail("{}: rope_high_freq_factor ({}) must be greater than rope_low_freq_factor ({})", who,
+    if (!(rope_high_freq_factor >= rope_low_freq_factor))
+      fail("{}: rope_high_freq_factor ({}) must be at least rope_low_freq_factor ({})", who,
            rope_high_freq_factor, rope_low_freq_factor);
     positive("rope_original_max_position_embeddings", rope_original_max_position_embeddings);
   }
@@ -615,6 +657,12 @@ void ModelSpec::validate_moe() const {
     for (int64_t v : moe_layer_pattern)
       if (v != 0 && v != 1) fail("{}: moe_layer_freq entries must be 0 (dense) or 1 (MoE), got {}", who, v);
   }
+}
+
+bool ModelSpec::layer_uses_rope(int64_t layer) const {
+  layer = layer_kind(layer);
+  if (!no_rope_pattern.empty()) return no_rope_pattern[size_t(layer)] == 0;
+  return no_rope_freq <= 0 || (layer + 1) % no_rope_freq != 0;
 }
 
 int64_t ModelSpec::layer_window(int64_t layer) const {
@@ -725,15 +773,21 @@ namespace {
 
 // Layer l's attention FLOPs over one causal document of s tokens: attention_core per token (3 s
 // heads x (qk width + v width) FLOPs: 2 per multiply-add, s / 2 keys on average, forward and
-// backward) times s, less the pairs a sliding window of w leaves unseen, (s - w - 1)(s - w) / 2.
+// backward) times s, less the pairs a sliding window of w leaves unseen, (s - w - 1)(s - w) / 2,
+// or that chunks of c (Llama 4's attention_chunk_size) leave unseen: they see
+// floor(s / c) c^2 / 2 + r^2 / 2 of the s^2 / 2, r = s mod c.
 double layer_attention_flops(const ModelSpec& spec, int64_t l, double s) {
   const double heads = double(spec.num_attention_heads), q = double(spec.q_size());
   const double per_token = spec.multi_latent_attention
                                ? 3.0 * s * heads *
                                      double(spec.qk_head_dim + spec.qk_pos_emb_head_dim + spec.v_head_dim)
                                : 6.0 * s * q;
-  const double w = double(spec.layer_window(l));
-  const double unseen = w >= 0 && w + 1 < s ? (s - w - 1) * (s - w) / 2 : 0.0;
+  const double w = double(spec.layer_window(l)), c = double(spec.layer_attention_chunk(l));
+  double unseen = w >= 0 && w + 1 < s ? (s - w - 1) * (s - w) / 2 : 0.0;
+  if (c > 0 && c < s) {
+    const double r = std::fmod(s, c);
+    unseen = s * s / 2 - (std::floor(s / c) * c * c / 2 + r * r / 2);
+  }
   return s > 0 ? per_token * s * (1.0 - unseen / (s * s / 2)) : 0.0;
 }
 
@@ -876,12 +930,14 @@ YAML::Node model_spec_to_yaml(const ModelSpec& spec) {
   } else {
     out["window_size"] = YAML::Node(YAML::NodeType::Null);
   }
-  if (!spec.window_attn_pattern.empty()) {
-    YAML::Node l(YAML::NodeType::Sequence);
-    for (int64_t v : spec.window_attn_pattern) l.push_back(v);
-    l.SetStyle(YAML::EmitterStyle::Flow);
-    out["window_attn_skip_freq"] = l;
-  }
+  for (const auto& [key, pattern] : {std::pair{"window_attn_skip_freq", &spec.window_attn_pattern},
+                                     std::pair{"no_rope_freq", &spec.no_rope_pattern}})
+    if (!pattern->empty()) {
+      YAML::Node l(YAML::NodeType::Sequence);
+      for (int64_t v : *pattern) l.push_back(v);
+      l.SetStyle(YAML::EmitterStyle::Flow);
+      out[key] = l;
+    }
   return out;
 }
 

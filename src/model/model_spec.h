@@ -39,6 +39,10 @@ struct ModelSpec {
   double rope_low_freq_factor = 1.0;
   double rope_high_freq_factor = 4.0;
   int64_t rope_original_max_position_embeddings = 8192;
+  // Megatron's rotary_percent: rotary embedding on the first rotary_dim() = int(head_dim *
+  // rotary_percent) channels of each query/key head (rotate-half pairs within them, frequencies
+  // over that width), the rest untouched (MiniMax-M2.5: 0.5).
+  double rotary_percent = 1.0;
 
   // Per-head RMSNorm of queries and keys before rotary (Qwen3); under multi-latent attention,
   // Megatron's same key normalises the query and key/value latents (DeepSeek).
@@ -62,6 +66,23 @@ struct ModelSpec {
   int64_t window_size = -1;
   int64_t window_attn_skip_freq = 0;
   std::vector<int64_t> window_attn_pattern;  // non-empty: the list form, one entry per layer
+
+  // Llama 4's attention (docs/model_math.md, Llama 4). no_rope_freq (Megatron's): which layers
+  // have no rotary embedding (NoPE): an integer N puts every N-th layer (1-based) on NoPE, a 0/1
+  // list (1: NoPE) gives each layer; 0 (null): RoPE everywhere. The RoPE layers of such a model
+  // carry the rest: qk_l2_norm (Megatron's: each query and key head divided by its RMS, no
+  // weights; Meta's Llama 4 applies it on the RoPE layers only, and so does this engine) and
+  // attention_chunk_size (Hugging Face's: a query sees the keys of its own chunk of that many
+  // positions, floor(t / C) * C .. t; 0 (null): none). The NoPE layers attend globally, their
+  // queries scaled by the temperature log1p(floor((t + 1) / floor_scale)) * attn_scale + 1 when
+  // attn_temperature_tuning (Hugging Face's names).
+  int64_t no_rope_freq = 0;
+  std::vector<int64_t> no_rope_pattern;  // non-empty: the list form, one entry per layer
+  bool qk_l2_norm = false;
+  int64_t attention_chunk_size = 0;
+  bool attn_temperature_tuning = false;
+  double floor_scale = 8192;
+  double attn_scale = 0.1;
 
   // Soft-capping (Grok 2), Primus's names: z = cap * tanh(x / cap) (kernels/softcap.h) on the final
   // logits before the loss and in decoding (final_logit_softcapping), and on the MoE router's logits
@@ -127,6 +148,9 @@ struct ModelSpec {
   bool moe_expert_capacity_per_sequence = false;
   bool moe_pad_expert_input_to_capacity = false;
   bool moe_router_force_load_balancing = false;
+  // Megatron's moe_apply_probs_on_input (top-1 only): the routing weight scales the expert's
+  // input instead of its output (Llama 4: expert(sigmoid(logit) x)).
+  bool moe_apply_probs_on_input = false;
   std::string moe_token_dispatcher_type = "allgather";  // allgather | alltoall
 
   // Multi-token prediction (DeepSeek-V3; Megatron's keys, docs/model_math.md#multi-token-prediction):
@@ -144,6 +168,7 @@ struct ModelSpec {
   int64_t layer_kind(int64_t layer) const { return layer < num_layers ? layer : num_layers - 1; }
   int64_t query_groups() const { return num_query_groups ? num_query_groups : num_attention_heads; }
   int64_t head_dim() const { return kv_channels ? kv_channels : hidden_size / num_attention_heads; }
+  int64_t rotary_dim() const { return int64_t(double(head_dim()) * rotary_percent); }
   int64_t q_size() const { return num_attention_heads * head_dim(); }
   // Megatron's scaled init for the layers that write into the residual stream (linear_proj,
   // linear_fc2): init_method_std / sqrt(2 num_layers).
@@ -153,6 +178,12 @@ struct ModelSpec {
   bool is_moe() const { return num_experts > 0; }
   // The sliding window of decoder layer `layer` (0-based): window_size, or -1 (full attention).
   int64_t layer_window(int64_t layer) const;
+  // Whether decoder layer `layer` (0-based) has a rotary embedding (no_rope_freq), and its
+  // attention chunk (attention_chunk_size on the RoPE layers, else 0: none).
+  bool layer_uses_rope(int64_t layer) const;
+  int64_t layer_attention_chunk(int64_t layer) const {
+    return layer_uses_rope(layer) ? attention_chunk_size : 0;
+  }
   // Whether attention has sinks (softmax_type learnable or off-by-one), and whether they learn.
   bool has_attention_sinks() const { return softmax_type != "vanilla"; }
   bool learns_attention_sinks() const { return softmax_type == "learnable"; }

@@ -198,7 +198,7 @@ Tensor MoeLayer::forward(MoeContext& c, const Tensor& h_local, const Tensor& res
   Tensor xt;
   if (Mt > 0) {
     xt = empty({Mt, C});
-    be_.gather_rows(h, c.rows, {}, xt);
+    be_.gather_rows(h, c.rows, input_weights(c), xt);  // moe_apply_probs_on_input: weighted here
   }
   // Expert parallelism: the rows go to their experts' ranks (collective, also with no rows here).
   if (ep_) c.plan = ep_->plan(c.token_offsets);
@@ -223,7 +223,7 @@ Tensor MoeLayer::forward(MoeContext& c, const Tensor& h_local, const Tensor& res
     add_expert_biases(c.yp, c.offsets, p_.fc2_b, w);
   }
   c.yt = ep_ ? ep_->combine(c.plan, c.yp, C, act_) : c.yp;
-  if (Mt > 0) be_.scatter_add_rows(c.yt, c.rows, c.weights, out);  // unpermute, weighted
+  if (Mt > 0) be_.scatter_add_rows(c.yt, c.rows, output_weights(c), out);  // unpermute, weighted
   if (p_.shared_fc1 >= 0) {
     const int64_t Fs = spec_.moe_shared_expert_intermediate_size / etp_.size();
     c.sgu = empty({N, 2 * Fs});
@@ -278,24 +278,22 @@ Tensor MoeLayer::backward_input(MoeContext& c, const Tensor& dy_local, const Wei
   std::iota(all.begin(), all.end(), 0);
   // d weight = <dy[row], yp> and d gate = <dy, shared out>: with split experts, over this rank's
   // part of the outputs, so summed over tp (one all-reduce of both).
-  std::vector<double> dots = Mt > 0 ? be_.row_dots(dy, c.rows, c.yt) : std::vector<double>();
+  // (moe_apply_probs_on_input: the weights' part comes after the experts' backward, below.)
+  const bool on_input = spec_.moe_apply_probs_on_input;
+  std::vector<double> dots = Mt > 0 && !on_input ? be_.row_dots(dy, c.rows, c.yt) : std::vector<double>();
   if (gated) {
     const std::vector<double> g = be_.row_dots(dy, all, c.sout);
     dots.insert(dots.end(), g.begin(), g.end());
   }
-  if (etp_.size() > 1 && !dots.empty()) {  // in a tensor on the compute device: NCCL stages only small host buffers
-    Tensor t = ops::tensor_from_values(dots, {int64_t(dots.size())}, DType::F64, be_.device());
-    etp_.group->all_reduce(t);
-    dots = ops::host_values(t);
-  }
+  sum_over_expert_tp(dots);
   std::vector<double> dweight(size_t(N * k), 0.0);
-  for (int64_t i = 0; i < Mt; ++i) dweight[size_t(c.slot[size_t(i)])] = dots[size_t(i)];
+  for (int64_t i = 0; i < Mt && !on_input; ++i) dweight[size_t(c.slot[size_t(i)])] = dots[size_t(i)];
 
   Tensor dh = be_.zeros({N, C}, act_);
   Tensor dyt;
   if (Mt > 0) {
     dyt = empty({Mt, C});  // d yp = weight * dy[row]
-    be_.gather_rows(dy, c.rows, c.weights, dyt);
+    be_.gather_rows(dy, c.rows, output_weights(c), dyt);
   }
   c.dy = ep_ ? ep_->dispatch(c.plan, dyt, C, act_) : dyt;
   Tensor dxp;
@@ -314,7 +312,12 @@ Tensor MoeLayer::backward_input(MoeContext& c, const Tensor& dy_local, const Wei
     });
   }
   const Tensor dxt = ep_ ? ep_->combine(c.plan, dxp, C, act_) : dxp;
-  if (Mt > 0) be_.scatter_add_rows(dxt, c.rows, {}, dh);
+  if (Mt > 0) be_.scatter_add_rows(dxt, c.rows, input_weights(c), dh);
+  if (on_input && Mt > 0) {  // d weight = <h[row], d(weighted input)>
+    std::vector<double> d = be_.row_dots(c.h, c.rows, dxt);
+    sum_over_expert_tp(d);
+    for (int64_t i = 0; i < Mt; ++i) dweight[size_t(c.slot[size_t(i)])] = d[size_t(i)];
+  }
   std::vector<double> dg;  // d(gate logit) per token
   if (p_.shared_fc1 >= 0) {
     const int64_t Fs = spec_.moe_shared_expert_intermediate_size / etp_.size();
@@ -348,6 +351,24 @@ Tensor MoeLayer::backward_input(MoeContext& c, const Tensor& dy_local, const Wei
     be_.gemm(false, false, 1.0f, dgt, w(p_.shared_gate), 1.0f, dh, dh, Tensor());
   }
   return dh;
+}
+
+void MoeLayer::sum_over_expert_tp(std::vector<double>& v) const {
+  if (etp_.size() <= 1 || v.empty()) return;
+  // In a tensor on the compute device: NCCL stages only small host buffers.
+  Tensor t = ops::tensor_from_values(v, {int64_t(v.size())}, DType::F64, be_.device());
+  etp_.group->all_reduce(t);
+  v = ops::host_values(t);
+}
+
+const std::vector<double>& MoeLayer::input_weights(const MoeContext& c) const {
+  static const std::vector<double> none;
+  return spec_.moe_apply_probs_on_input ? c.weights : none;
+}
+
+const std::vector<double>& MoeLayer::output_weights(const MoeContext& c) const {
+  static const std::vector<double> none;
+  return spec_.moe_apply_probs_on_input ? none : c.weights;
 }
 
 // rows [o, o + n) of each expert's slice += that expert's bias (ids: per expert, empty: none).

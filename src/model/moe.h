@@ -2,6 +2,7 @@
 //
 //   logits = h Wr^T            the router's GEMM on the backend, decided on the host (router.h)
 //   xp     = permute(h)        token rows sorted by expert, one per kept (token, expert) choice
+//                              (moe_apply_probs_on_input: each times its weight, and unpermute unweighted)
 //   yp_e   = swiglu(xp_e W1_e^T) W2_e^T     each expert over its rows: grouped GEMMs over row slices
 //   out    = residual + unpermute(yp, weights) + shared(h)   (shared: a dense SwiGLU, optionally
 //            gated by sigmoid(h g^T))
@@ -126,6 +127,11 @@ class MoeLayer {
  private:
   Tensor empty(const Shape& s) const { return be_.empty(s, act_); }
   void check_same_routing(const MoeContext& c) const;  // split experts: collective over tp
+  void sum_over_expert_tp(std::vector<double>& v) const;  // split experts' partial dot products
+  // The combine weights where they apply (moe_apply_probs_on_input: on the experts' input rows,
+  // else on their output rows); empty vectors where they do not.
+  const std::vector<double>& input_weights(const MoeContext& c) const;
+  const std::vector<double>& output_weights(const MoeContext& c) const;
   void add_expert_biases(Tensor& rows, const std::vector<int64_t>& offsets, const std::vector<int>& ids,
                          const Weights& w) const;
   ModelSpec spec_;

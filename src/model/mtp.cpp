@@ -91,7 +91,7 @@ void LlamaModel::mtp_begin(LlamaContext& ctx) const {
 void LlamaModel::mtp_forward(LlamaContext& ctx) {
   if (mtp_.empty() || ctx.targets.empty()) return;
   const int64_t N = ctx.batch * ctx.seq, C = spec_.hidden_size;
-  const PassShape m{ctx.batch, ctx.seq, 1.0, &ctx.docs};
+  const PassShape m{ctx.batch, ctx.seq, 1.0, &ctx.docs, &ctx.chunked_docs};
   Tensor h = ctx.head.normed;
   for (size_t k = 0; k < mtp_.size(); ++k) {
     const MtpDepth& d = mtp_[k];
@@ -119,7 +119,7 @@ Tensor LlamaModel::mtp_backward_input(LlamaContext& ctx, double dloss) {
   if (mtp_.empty() || ctx.mtp.empty() || !ctx.mtp[0].head.lse.defined()) return Tensor();
   const int64_t C = spec_.hidden_size;
   const double scaled = dloss * spec_.mtp_loss_scaling_factor / double(spec_.mtp_num_layers);
-  const PassShape m{ctx.batch, ctx.seq, dloss, &ctx.docs};
+  const PassShape m{ctx.batch, ctx.seq, dloss, &ctx.docs, &ctx.chunked_docs};
   Tensor dh;  // the gradient of depth k's normed output from depth k + 1
   for (size_t k = mtp_.size(); k-- > 0;) {
     const MtpDepth& d = mtp_[k];

@@ -3,10 +3,18 @@
 #include <algorithm>
 #include <cmath>
 #include <numbers>
+#include <numeric>
 
 #include "core/error.h"
 
 namespace primus {
+namespace {
+// Under context parallelism a rank holds chunks cp_rank and 2 cp - 1 - cp_rank of every sequence
+// (model/context_parallel.h): the first position of its chunk j, chunks of ch positions.
+int64_t cp_chunk_start(int64_t j, int cp, int cp_rank, int64_t ch) {
+  return (j == 0 ? cp_rank : 2 * cp - 1 - cp_rank) * ch;
+}
+}  // namespace
 
 double yarn_mscale(double factor, double m) { return factor <= 1 ? 1.0 : 0.1 * m * std::log(factor) + 1.0; }
 
@@ -65,12 +73,26 @@ void yarn_rope_tables(const Yarn& y, int64_t dim, double base, int64_t positions
     }
 }
 
-Rotary::Rotary(ops::Backend& backend, const Tensor& cos, const Tensor& sin, int64_t dims, int cp_size, int cp_rank)
-    : be_(backend), cos_(cos.to(backend.device())), sin_(sin.to(backend.device())), dims_(dims), cp_(cp_size),
-      cp_rank_(cp_rank) {}
+Rotary::Rotary(ops::Backend& backend, const Tensor& cos, const Tensor& sin, int64_t dims, int cp_size, int cp_rank,
+               int64_t head_width)
+    : be_(backend), cos_(cos.to(backend.device())), sin_(sin.to(backend.device())), dims_(dims),
+      head_width_(head_width ? head_width : dims), cp_(cp_size), cp_rank_(cp_rank) {
+  PRIMUS_CHECK(dims_ <= head_width_, "rope: {} rotary channels in heads of {}", dims_, head_width_);
+}
 
 void Rotary::apply(Tensor& x, int64_t heads, int64_t seq, int64_t pos0, bool inverse,
                    const std::vector<int32_t>* positions) const {
+  if (head_width_ == dims_) return rotate(x, heads, seq, pos0, inverse, positions);
+  // Partial rotary: each head's first dims_ columns, rotated in a contiguous buffer.
+  const int64_t rows = x.size(0);
+  Tensor part = be_.empty({rows, heads * dims_}, x.dtype());
+  for (int64_t h = 0; h < heads; ++h) copy_block(part, 0, h * dims_, x, 0, h * head_width_, rows, dims_);
+  rotate(part, heads, seq, pos0, inverse, positions);
+  for (int64_t h = 0; h < heads; ++h) copy_block(x, 0, h * head_width_, part, 0, h * dims_, rows, dims_);
+}
+
+void Rotary::rotate(Tensor& x, int64_t heads, int64_t seq, int64_t pos0, bool inverse,
+                    const std::vector<int32_t>* positions) const {
   if (positions) {
     // The tables' rows at the rows' positions, then row r rotated at table row r.
     const int64_t rows = x.size(0);
@@ -85,9 +107,40 @@ void Rotary::apply(Tensor& x, int64_t heads, int64_t seq, int64_t pos0, bool inv
   const int64_t ch = seq / 2, rows = x.size(0) / 2;
   for (int64_t j = 0; j < 2; ++j) {
     Tensor part = x.slice(0, j * rows, rows);
-    be_.rope_apply(part, heads, dims_, ch, pos0 + (j == 0 ? cp_rank_ : 2 * cp_ - 1 - cp_rank_) * ch, cos_, sin_,
-                   inverse);
+    be_.rope_apply(part, heads, dims_, ch, pos0 + cp_chunk_start(j, cp_, cp_rank_, ch), cos_, sin_, inverse);
   }
+}
+
+QueryTemperature::QueryTemperature(ops::Backend& backend, double floor_scale, double attn_scale, int cp_size,
+                                   int cp_rank)
+    : be_(backend), floor_scale_(floor_scale), attn_scale_(attn_scale), cp_(cp_size), cp_rank_(cp_rank) {}
+
+double QueryTemperature::scale(int64_t position) const {
+  return std::log1p(std::floor(double(position + 1) / floor_scale_)) * attn_scale_ + 1.0;
+}
+
+void QueryTemperature::apply(Tensor& x, int64_t width, int64_t seq, int64_t pos0,
+                             const std::vector<int32_t>* positions) const {
+  const int64_t rows = x.size(0);
+  std::vector<double> sc(static_cast<size_t>(rows));
+  const int64_t per_chunk = cp_ > 1 ? seq / 2 : seq, chunk_rows = cp_ > 1 ? rows / 2 : rows;
+  for (int64_t r = 0; r < rows; ++r) {
+    int64_t pos = pos0 + r % per_chunk;
+    if (cp_ > 1) pos += cp_chunk_start(r / chunk_rows, cp_, cp_rank_, per_chunk);
+    sc[size_t(r)] = scale(positions ? (*positions)[size_t(r)] : pos);
+  }
+  std::vector<int32_t> all(static_cast<size_t>(rows));
+  std::iota(all.begin(), all.end(), 0);
+  Tensor q = be_.empty({rows, width}, x.dtype()), scaled = be_.empty({rows, width}, x.dtype());
+  copy_block(q, 0, 0, x, 0, 0, rows, width);
+  be_.gather_rows(q, all, sc, scaled);
+  copy_block(x, 0, 0, scaled, 0, 0, rows, width);
+}
+
+void QkPositions::apply(Tensor& qkv, int64_t heads, int64_t groups, int64_t head_dim, int64_t seq, int64_t pos0,
+                        bool inverse, const std::vector<int32_t>* positions) const {
+  if (rope_) rope_->apply(qkv, heads + groups, seq, pos0, inverse, positions);
+  if (temp_) temp_->apply(qkv, heads * head_dim, seq, pos0, positions);
 }
 
 }  // namespace primus

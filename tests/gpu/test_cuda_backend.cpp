@@ -910,6 +910,35 @@ TEST(CudaBackend, Bf16MtpModelMatchesTheReference) {
   EXPECT_LT(test::relative_l2_error(eb, ea), 0.03) << "eh_proj's gradient";
 }
 
+// Llama 4 (docs/model_math.md, Llama 4) on the GPU: chunks of 16 of the 64 positions as documents
+// in the flash attention on the RoPE layer with the QK L2-norm, the NoPE layer with the queries'
+// temperature, top-1 sigmoid routing on the experts' input beside a shared expert, against the
+// reference backend's loss and gradients.
+TEST(CudaBackend, Bf16Llama4MatchesTheReference) {
+  PRIMUS_REQUIRE_GPU();
+  ModelSpec s = spec64();
+  s.no_rope_freq = 2;
+  s.qk_l2_norm = true;
+  s.attention_chunk_size = 16;
+  s.attn_temperature_tuning = true;
+  s.floor_scale = 8;
+  s.num_experts = 4;
+  s.moe_ffn_hidden_size = 128;
+  s.moe_router_topk = 1;
+  s.moe_router_score_function = "sigmoid";
+  s.moe_apply_probs_on_input = true;
+  s.moe_shared_expert_intermediate_size = 128;
+  cpu::ReferenceBackend ref;
+  cuda::CudaBackend gpu;
+  LlamaModel a(s, ref, Precision::Bf16), b(s, gpu, Precision::Bf16);
+  a.init_weights(3);
+  b.init_weights(3);
+  const LearnableBatch batch;
+  forward_backward_both(a, b, batch, 0);
+  EXPECT_LT(grad_rel_error(b, a), 0.03);
+}
+
+
 // gpt-oss's attention (docs/model_math.md) on the GPU: learned sinks (cast to fp32 for the flash
 // attention, their gradient by the sink kernel) and a window on alternate layers give the
 // reference backend's loss and gradients, the sinks' included.

@@ -166,7 +166,7 @@ void rope_tables(T* cos, T* sin, int64_t positions, int64_t head_dim, double bas
       const double high_wavelen = double(sc.original_max_position) / sc.high_freq_factor;
       if (wavelen > low_wavelen) {
         f /= sc.factor;
-      } else if (wavelen >= high_wavelen) {
+      } else if (wavelen >= high_wavelen && sc.high_freq_factor > sc.low_freq_factor) {  // equal: no band
         const double smooth = (double(sc.original_max_position) / wavelen - sc.low_freq_factor) /
                               (sc.high_freq_factor - sc.low_freq_factor);
         f = (1 - smooth) * f / sc.factor + smooth * f;

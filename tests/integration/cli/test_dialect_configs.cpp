@@ -125,7 +125,8 @@ TEST(DialectExamplesRefused, NameTheMissingFeature) {
        "'primus_turbo.use_moe_fp8: true' is not supported: Primus-Turbo's FP8 grouped GEMM"},
       {"torchtitan/deepseek_v3_16b-BF16-pretrain", " --parallelism.context_parallel_degree 2",
        "which torchtitan runs without context parallelism"},
-      {"torchtitan/llama4_17Bx16E-BF16-pretrain", "", "Llama 4 is not built on this engine yet"},
+      {"torchtitan/llama4_17Bx16E-BF16-pretrain", " --model.flavor 17bx16e_irope",
+       "its _irope flavours (NoPE on layers 0, 4, 8, ...,"},
       {"maxtext/llama3_8B-nanoo_fp8-pretrain", " --weight_dtype float32",
        "llama3_8B-nanoo_fp8-pretrain.yaml:40: 'quantization: nanoo_fp8' is not supported: flax's delayed scaling"},
       {"maxtext/mixtral_8x7B-bf16-pretrain", " --weight_dtype float32 --load_balance_loss_weight 0.01",
@@ -181,6 +182,15 @@ TEST(DialectMoeFlavours, TrainWithTorchtitansRouting) {
        {"model: gpt_oss_20B", "moe_router_pre_softmax: true", "moe_router_norm_topk_prob: true",
         "moe_router_enable_expert_bias: true", "softmax_type: learnable", "position_embedding_type: yarn",
         "quick_geglu: true"}},
+      // torchtitan's llama4 17bx16e: Meta's Scout shapes, torchtitan's routing (top-1 sigmoid on the
+      // experts' input, the centred expert bias), global RoPE attention without the L2-norm; Primus's
+      // example turns Primus-Turbo's FP8 experts on by torchtitan's default (refused), off here.
+      {"llama4",
+       "torchtitan/llama4_17Bx16E-BF16-pretrain.yaml --num-query-groups 2 --kv-channels 16"
+       " --moe-shared-expert-intermediate-size 64 --moe-router-topk 1 --primus_turbo.use_moe_fp8 false",
+       {"model: llama4_17B16E", "moe_apply_probs_on_input: true", "moe_router_score_function: sigmoid",
+        "moe_router_bias_update_centered: true", "qk_l2_norm: false", "attn_temperature_tuning: false",
+        "use_rope_scaling: true"}},
   };
   for (const Case& c : cases) {
     const std::string args = " -- train pretrain --config " + kConfigs + c.args + moe_shape;

@@ -912,6 +912,24 @@ TEST_F(ExpertParallel, Ep2Tp2SequenceParallelGptOss) {
                        "--window_size '[8, 0]' --window_attn_skip_freq 2");
   expect_same_moe_statistics();
 }
+// Llama 4 (docs/model_math.md, Llama 4): chunked RoPE layers with the QK L2-norm (chunks of 8 of
+// the 32 positions), NoPE layers with the queries' temperature, top-1 sigmoid routing on the
+// experts' input beside a shared expert, under ep2 x tp2 with sequence parallelism, and under cp2
+// (the ring's blocks with the chunks as documents).
+constexpr const char* kLlama4 =
+    "--num_experts 4 --moe_ffn_hidden_size 32 --moe_router_topk 1 --moe_layer_freq 2 "
+    "--moe_router_score_function sigmoid --moe_apply_probs_on_input true --moe_aux_loss_coeff 0.01 "
+    "--moe_shared_expert_intermediate_size 32 --no_rope_freq 2 --qk_l2_norm true --attention_chunk_size 8 "
+    "--attn_temperature_tuning true --floor_scale 4";
+TEST_F(ExpertParallel, Llama4Ep2Tp2SequenceParallel) {
+  expect_same_training(4, "--expert_model_parallel_size 2 --moe_token_dispatcher_type alltoall "
+                          "--tensor_model_parallel_size 2 --sequence_parallel true --expert_tensor_parallel_size 1",
+                       kLlama4);
+  expect_same_moe_statistics();
+}
+TEST_F(ExpertParallel, Llama4Cp2) {
+  expect_same_training(2, "--context_parallel_size 2 --moe_router_load_balancing_type aux_loss", kLlama4);
+}
 // Expert tensor parallelism (expert_tensor_parallel_size = tp, the default as in Megatron): each
 // expert's ffn and the shared expert's are split over tp, every tp rank routes all the rows
 // (gathered under sequence parallelism), the experts' partial outputs are summed over tp. Under

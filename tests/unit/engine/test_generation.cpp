@@ -40,6 +40,29 @@ TEST(Generation, KVCacheLogitsEqualAFullForwardWithQkLayernorm) {
   expect_cached_equals_full(s);
 }
 
+// MiniMax-M2.5's partial rotary (rotary_percent 0.5: 4 of each head's 8 channels) in the
+// decoder's steps as in the forward.
+TEST(Generation, KVCacheLogitsEqualAFullForwardWithPartialRotary) {
+  ModelSpec s = gen_spec();
+  s.rotary_percent = 0.5;
+  s.qk_layernorm = true;
+  expect_cached_equals_full(s);
+}
+
+// Llama 4's attention: chunks of 5 on the RoPE layer (layer 0: each step decodes over its chunk's
+// rows of the cache alone), the QK L2-norm there, and the NoPE layer (layer 1) with the queries'
+// temperature changing every 3 positions; the 20-token sequence spans four chunks.
+TEST(Generation, KVCacheLogitsEqualAFullForwardWithLlama4Attention) {
+  ModelSpec s = gen_spec();
+  s.no_rope_freq = 2;
+  s.qk_l2_norm = true;
+  s.attention_chunk_size = 5;
+  s.attn_temperature_tuning = true;
+  s.floor_scale = 3;
+  s.attn_scale = 0.5;
+  expect_cached_equals_full(s);
+}
+
 // gpt-oss's attention: the decoder's steps see the same window (layer 0) and sinks as the forward;
 // the 20-token sequence runs past the window of 5.
 TEST(Generation, KVCacheLogitsEqualAFullForwardWithSinksAndWindows) {

@@ -139,6 +139,24 @@ TEST(Kernels, Llama31RopeScalingMatchesReference) {
   }
 }
 
+// Llama 4 Scout's rope_scaling (llama3, factor 16, both frequency factors 1, 8192 positions):
+// no blend band; frequencies whose wavelength passes 8192 divided by 16, the others kept.
+TEST(Kernels, Llama4RopeScalingWithEqualFactorsHasNoBlend) {
+  const int64_t hd = 128, half = hd / 2;
+  std::vector<double> cs(2 * half), sn(2 * half);
+  rope_tables(cs.data(), sn.data(), 2, hd, 500000.0, RopeScaling{16.0, 1.0, 1.0, 8192});
+  int divided = 0;
+  for (int64_t i = 0; i < half; ++i) {
+    const double f = 1.0 / std::pow(500000.0, 2.0 * double(i) / double(hd));
+    const bool low = 2 * M_PI / f > 8192.0;
+    divided += low;
+    EXPECT_NEAR(std::atan2(sn[half + i], cs[half + i]), low ? f / 16 : f, 1e-12) << "frequency " << i;
+    ASSERT_TRUE(std::isfinite(cs[half + i])) << i;
+  }
+  EXPECT_GT(divided, 0);
+  EXPECT_LT(divided, half);
+}
+
 TEST(Kernels, EmbeddingBackwardAccumulatesRepeats) {
   const int64_t vocab = 6, c = 3, n = 4;
   std::vector<int32_t> tokens{2, 5, 2, 0};

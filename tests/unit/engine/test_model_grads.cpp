@@ -10,6 +10,7 @@
 #include "support/grad_check.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "model/llama.h"
+#include "model/rope.h"
 
 using namespace primus;
 
@@ -122,6 +123,58 @@ TEST(ModelGrads, QkLayernormMatchesFiniteDifferences) {
   auto spec = tiny_spec(false, false);
   spec.qk_layernorm = true;
   check_model_grads(spec, {});
+}
+
+// Megatron's rotary_percent (MiniMax-M2.5): rotary on the first half of each head (2 of 4
+// channels), with the per-head QK-norm MiniMax's YAML sets.
+TEST(ModelGrads, PartialRotaryMatchesFiniteDifferences) {
+  auto spec = tiny_spec(false, false);
+  spec.rotary_percent = 0.5;
+  spec.qk_layernorm = true;
+  check_model_grads(spec, {});
+}
+
+// The rule against a plain reference: in each of the first `heads` heads of hd columns, channels
+// i and i + rd/2 (i < rd/2) turn by pos * base^(-2i/rd); the other channels, and the columns past
+// the heads, stay; the inverse undoes it. Rows at given positions (packed documents) likewise.
+TEST(Rope, PartialRotaryTurnsTheFirstChannelsOfEachHead) {
+  const int64_t seq = 5, rows = 2 * seq, heads = 3, hd = 8, rd = 4, stride = heads * hd + 2, P = 16;
+  const double base = 10000.0;
+  ModelSpec s = tiny_spec(false, false);
+  s.kv_channels = hd;
+  s.rotary_percent = double(rd) / double(hd);
+  s.max_position_embeddings = P;
+  s.rotary_base = base;
+  ASSERT_EQ(s.rotary_dim(), rd);
+  ops::Backend& be = cpu::cpu_backend();
+  Tensor cos = Tensor::empty({P, rd / 2}, DType::F64), sin = Tensor::empty({P, rd / 2}, DType::F64);
+  rope_tables_of(s, P, cos.data<double>(), sin.data<double>());
+  const Rotary rope(be, cos, sin, rd, 1, 0, hd);
+  const auto x0 = primus::test::random_vector(size_t(rows * stride), 12);
+  const std::vector<int32_t> restart = {0, 1, 2, 0, 1, 2, 3, 4, 5, 6};
+  for (const std::vector<int32_t>* positions : {(const std::vector<int32_t>*)nullptr, &restart}) {
+    Tensor x = Tensor::empty({rows, stride}, DType::F64);
+    std::copy(x0.begin(), x0.end(), x.data<double>());
+    const int64_t pos0 = 3;
+    rope.apply(x, heads, seq, pos0, false, positions);
+    const double* y = x.data<double>();
+    for (int64_t r = 0; r < rows; ++r) {
+      const double pos = positions ? (*positions)[size_t(r)] : double(pos0 + r % seq);
+      for (int64_t c = 0; c < stride; ++c) {
+        const int64_t h = c / hd, j = c % hd;
+        double want = x0[size_t(r * stride + c)];
+        if (h < heads && j < rd) {
+          const int64_t i = j % (rd / 2);
+          const double a = x0[size_t(r * stride + h * hd + i)], b = x0[size_t(r * stride + h * hd + i + rd / 2)];
+          const double t = pos * std::pow(base, -2.0 * double(i) / double(rd));
+          want = j < rd / 2 ? a * std::cos(t) - b * std::sin(t) : b * std::cos(t) + a * std::sin(t);
+        }
+        ASSERT_NEAR(y[r * stride + c], want, 1e-12) << "row " << r << " column " << c;
+      }
+    }
+    rope.apply(x, heads, seq, pos0, true, positions);
+    for (int64_t i = 0; i < rows * stride; ++i) ASSERT_NEAR(x.data<double>()[i], x0[size_t(i)], 1e-12);
+  }
 }
 
 // DeepSeek's multi-latent attention: queries through their latent (with q_layernorm and
@@ -424,4 +477,40 @@ TEST(ModelPasses, GptOssAttentionSplitAndRecomputeGiveIdenticalGradients) {
   float l_full;
   float_grads(gpt_oss_attention(float_spec(), -1, "learnable"), {}, false, &l_full);
   EXPECT_NE(l0, l_full);
+}
+
+// Llama 4's attention (chunks of 8 on the RoPE layer with the QK L2-norm, the NoPE layer with the
+// queries' temperature) under split B/W passes and selective and full recompute: the saves the
+// chunked documents, the norm without weights and the temperature need are rebuilt alike.
+TEST(ModelPasses, Llama4AttentionSplitAndRecomputeGiveIdenticalGradients) {
+  ModelSpec spec = float_spec();
+  spec.no_rope_freq = 2;
+  spec.qk_l2_norm = true;
+  spec.attention_chunk_size = 8;
+  spec.attn_temperature_tuning = true;
+  spec.floor_scale = 4;
+  float l0, l1, l2, l3;
+  LlamaOptions sel, full;
+  sel.recompute = Recompute::Selective;
+  full.recompute = Recompute::Full;
+  auto fused = float_grads(spec, {}, false, &l0);
+  auto none = float_grads(spec, {}, true, &l1);
+  auto s = float_grads(spec, sel, true, &l2);
+  auto f = float_grads(spec, full, true, &l3);
+  EXPECT_EQ(l0, l1);
+  EXPECT_EQ(l0, l2);
+  EXPECT_EQ(l0, l3);
+  EXPECT_EQ(0, std::memcmp(fused.data(), none.data(), none.size() * sizeof(float)));
+  EXPECT_EQ(0, std::memcmp(none.data(), s.data(), none.size() * sizeof(float)));
+  EXPECT_EQ(0, std::memcmp(none.data(), f.data(), none.size() * sizeof(float)));
+}
+
+// Hugging Face's attention temperature (Llama 4's NoPE layers): log1p(floor((t + 1) / floor_scale))
+// * attn_scale + 1, 1 until position floor_scale - 1.
+TEST(Rope, QueryTemperatureFollowsTheFormula) {
+  const QueryTemperature t(cpu::cpu_backend(), 8192, 0.1);
+  EXPECT_EQ(t.scale(0), 1.0);
+  EXPECT_EQ(t.scale(8190), 1.0);
+  EXPECT_DOUBLE_EQ(t.scale(8191), 1.0 + 0.1 * std::log(2.0));
+  EXPECT_DOUBLE_EQ(t.scale(3 * 8192 - 1), 1.0 + 0.1 * std::log(4.0));
 }

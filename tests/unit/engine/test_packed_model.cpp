@@ -135,6 +135,33 @@ TEST(PackedModel, DocumentRowsFollowTheContextParallelChunks) {
   EXPECT_FALSE(document_rows(docs, 2, 8, 1, 0, Device::CPU).separates_attention());
 }
 
+// Llama 4's chunked attention (attention_chunk_size 4) as documents: each row's start is the
+// larger of its packed document's and its chunk's; the rotary positions stay the documents'; with
+// no packed documents (or documents that only restart positions) the chunks alone.
+TEST(PackedModel, AttentionChunksJoinThePackedDocuments) {
+  PackedDocuments docs;
+  docs.starts = {{0, 3, 6}, {0, 5}};
+  docs.restart_positions = docs.separate_attention = true;
+  const DocumentRows one = document_rows(docs, 2, 8, 1, 0, Device::CPU, 4);
+  EXPECT_EQ(one.positions, (std::vector<int32_t>{0, 1, 2, 0, 1, 2, 0, 1, 0, 1, 2, 3, 4, 0, 1, 2}));
+  const std::vector<int32_t> starts(one.doc_start.data<int32_t>(), one.doc_start.data<int32_t>() + 16);
+  EXPECT_EQ(starts, (std::vector<int32_t>{0, 0, 0, 3, 4, 4, 6, 6, 0, 0, 0, 0, 4, 5, 5, 5}));
+  const DocumentRows cp = document_rows(docs, 2, 4, 2, 1, Device::CPU, 4);
+  const std::vector<int32_t> cp_starts(cp.doc_start.data<int32_t>(), cp.doc_start.data<int32_t>() + 8);
+  EXPECT_EQ(cp_starts, (std::vector<int32_t>{0, 3, 0, 0, 4, 4, 4, 5}));
+  const std::vector<int32_t> seq_starts(cp.seq_doc_start.data<int32_t>(), cp.seq_doc_start.data<int32_t>() + 16);
+  EXPECT_EQ(seq_starts, starts);
+  for (bool restart_only : {false, true}) {
+    PackedDocuments d = docs;
+    d.starts = {{0, 3, 6}};
+    if (restart_only) d.separate_attention = false;
+    const DocumentRows chunks = document_rows(restart_only ? d : PackedDocuments(), 1, 8, 1, 0, Device::CPU, 3);
+    const std::vector<int32_t> c(chunks.doc_start.data<int32_t>(), chunks.doc_start.data<int32_t>() + 8);
+    EXPECT_EQ(c, (std::vector<int32_t>{0, 0, 0, 3, 3, 3, 6, 6}));
+    EXPECT_EQ(chunks.restarts_positions(), restart_only);
+  }
+}
+
 // Multi-latent attention (model/mla.h): its rotary parts rotate at the restarted positions too.
 TEST(PackedModel, PackedDocumentsTrainAsOnePerSequenceWithMla) {
   ModelSpec spec = tiny_spec();

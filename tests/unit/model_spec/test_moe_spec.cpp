@@ -94,13 +94,49 @@ TEST(MoeSpec, PrimusYamlPresetsNearTheAnnouncedSizes) {
   };
   for (const Row& r : {Row{"kimi_k2", 1'026'408'232'448, 32'861'500'928, 1.0e12, 32e9, 0.05},
                        Row{"glm4_7", 355'756'876'800, 33'005'184'000, 355e9, 32e9, 0.05},
-                       Row{"glm5", 743'139'315'456, 41'012'825'856, 744e9, 40e9, 0.05}}) {
+                       Row{"glm5", 743'139'315'456, 41'012'825'856, 744e9, 40e9, 0.05},
+                       // "~10B active": 10.42B without the input embedding, 11.03B with it.
+                       Row{"minimax_m2.5", 228'689'336'320, 11'030'124'544, 229e9, 10e9, 0.11}}) {
     const ModelStats st = model_stats(load_model_spec(r.name), 4096);
     EXPECT_EQ(st.parameters, r.parameters) << r.name;
     EXPECT_EQ(st.active_parameters, r.active) << r.name;
     EXPECT_NEAR(double(st.parameters) / r.announced_total, 1.0, r.tolerance) << r.name;
     EXPECT_NEAR(double(st.active_parameters) / r.announced_active, 1.0, r.tolerance) << r.name;
   }
+}
+
+// Llama 4 as Meta released it (configs/models/llama4_*.yaml; docs/model_math.md, Llama 4): the
+// text decoders' counts, against the published 109B / 400B total and 17B active (Scout's 109B is
+// the multimodal checkpoint's: within 2%), and the layers' attention and MLP kinds.
+TEST(MoeSpec, Llama4PresetsMatchThePublishedTotals) {
+  struct Row {
+    const char* name;
+    int64_t parameters, active;
+    double total;
+  };
+  for (const Row& r : {Row{"llama4_17B16E", 107'769'861'120, 17'172'894'720, 109e9},
+                       Row{"llama4_17B128E", 400'711'848'960, 17'184'691'200, 400e9}}) {
+    const ModelSpec s = load_model_spec(r.name);
+    const ModelStats st = model_stats(s, 8192);
+    EXPECT_EQ(st.parameters, r.parameters) << r.name;
+    EXPECT_EQ(st.active_parameters, r.active) << r.name;
+    EXPECT_NEAR(double(st.parameters) / r.total, 1.0, 0.02) << r.name;
+    EXPECT_NEAR(double(st.active_parameters) / 17e9, 1.0, 0.02) << r.name;
+    for (int64_t l = 0; l < s.num_layers; ++l) {
+      const bool nope = (l + 1) % 4 == 0;
+      EXPECT_EQ(s.layer_uses_rope(l), !nope) << r.name << " layer " << l;
+      EXPECT_EQ(s.layer_attention_chunk(l), nope ? 0 : 8192) << r.name << " layer " << l;
+    }
+  }
+  const ModelSpec maverick = load_model_spec("llama4_17B128E");
+  for (int64_t l = 0; l < maverick.num_layers; ++l) EXPECT_EQ(maverick.is_moe_layer(l), l % 2 == 1) << l;
+  EXPECT_TRUE(load_model_spec("llama4_17B16E").is_moe_layer(0));
+  // Chunked layers see (s / c) c^2 / 2 of the causal pairs: fewer than the global layers past 8192.
+  const ModelSpec scout = load_model_spec("llama4_17B16E");
+  const ModelStats at8k = model_stats(scout, 8192), at32k = model_stats(scout, 32768);
+  // Layer 0 (chunked) and layer 3 (global NoPE) differ in attention alone: at 8192 not at all.
+  EXPECT_DOUBLE_EQ(at8k.layers[1].flops_per_token, at8k.layers[4].flops_per_token);
+  EXPECT_LT(at32k.layers[1].flops_per_token, at32k.layers[4].flops_per_token);
 }
 
 // Grok as Primus defines it (configs/models/grok{1,2}.yaml; docs/model_math.md, Grok): the counts

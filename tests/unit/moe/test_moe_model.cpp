@@ -281,7 +281,115 @@ void check_bf16_against_fp32(ModelSpec s) {
   EXPECT_GT(dot / std::sqrt(na * nb), 0.99);
 }
 
+// Llama 4 (docs/model_math.md, Llama 4): a chunked RoPE layer with the QK L2-norm (chunks of 3
+// over 4 positions), then a NoPE layer with the queries' temperature (floor_scale 1: a new scale
+// at every position), and top-1 sigmoid routing whose score scales the expert's input, with a
+// shared expert; every gradient against finite differences in fp64.
+ModelSpec tiny_llama4() {
+  ModelSpec s = tiny_moe(false);
+  s.num_query_groups = 1;
+  s.no_rope_freq = 2;
+  s.qk_l2_norm = true;
+  s.attention_chunk_size = 3;
+  s.attn_temperature_tuning = true;
+  s.floor_scale = 1;
+  s.attn_scale = 0.5;
+  s.moe_layer_pattern = {1, 1};
+  s.moe_router_topk = 1;
+  s.moe_router_score_function = "sigmoid";
+  s.moe_apply_probs_on_input = true;
+  s.moe_shared_expert_intermediate_size = 6;
+  return s;
+}
+
+TEST(MoeModel, Llama4GradientsMatchFiniteDifferences) { check_grads(tiny_llama4()); }
+
+// Each of Llama 4's parts changes the loss: without it the model computes something else.
+TEST(MoeModel, Llama4PartsEnterTheForward) {
+  const ModelSpec base = tiny_llama4();
+  const Batch x = make_batch(2, 4, base.vocab_size, 9);
+  auto loss = [&](const ModelSpec& s) {
+    LlamaModel m(s, cpu::cpu_backend(), Precision::Fp64);
+    m.init_weights(5);
+    return objective(m, x);
+  };
+  const double l = loss(base);
+  ModelSpec v = base;
+  v.no_rope_freq = 0;
+  EXPECT_NE(l, loss(v)) << "no_rope_freq";
+  v = base;
+  v.qk_l2_norm = false;
+  EXPECT_NE(l, loss(v)) << "qk_l2_norm";
+  v = base;
+  v.attention_chunk_size = 0;
+  EXPECT_NE(l, loss(v)) << "attention_chunk_size";
+  v = base;
+  v.attn_temperature_tuning = false;
+  EXPECT_NE(l, loss(v)) << "attn_temperature_tuning";
+  v = base;
+  v.moe_apply_probs_on_input = false;
+  EXPECT_NE(l, loss(v)) << "moe_apply_probs_on_input";
+}
+
+// Chunked attention against a plain reference: with every layer on RoPE (relative positions) and
+// chunks of 4, a sequence's second chunk computes what the chunk alone computes; the loss on its
+// targets (the first chunk's masked) and every gradient equal those of the chunk run alone.
+TEST(MoeModel, Llama4ChunkAttendsAsTheChunkAlone) {
+  ModelSpec s = tiny_llama4();
+  s.no_rope_freq = 0;
+  s.attention_chunk_size = 4;
+  auto run = [&](const std::vector<int32_t>& tokens, const std::vector<int32_t>& targets, std::vector<double>& g) {
+    LlamaModel m(s, cpu::cpu_backend(), Precision::Fp64);
+    m.init_weights(5);
+    m.params().zero_grad();
+    LlamaContext c;
+    const double loss = m.forward(c, tokens.data(), targets.data(), 1, int64_t(tokens.size()));
+    m.backward(c, 1.0);
+    const double* p = m.params().grads().data<double>();
+    g.assign(p, p + m.params().numel());
+    return loss;
+  };
+  s.moe_aux_loss_coeff = 0;  // the router's losses count every token, the masked ones too
+  s.moe_z_loss_coeff = 0;
+  const std::vector<int32_t> tokens = {1, 5, 2, 6, 3, 0, 4, 2}, targets = {-1, -1, -1, -1, 0, 4, 2, 5};
+  std::vector<double> g_whole, g_chunk;
+  const double whole = run(tokens, targets, g_whole);
+  const double chunk = run({3, 0, 4, 2}, {0, 4, 2, 5}, g_chunk);
+  EXPECT_NEAR(whole, chunk, 1e-12);
+  ASSERT_EQ(g_whole.size(), g_chunk.size());
+  for (size_t i = 0; i < g_whole.size(); ++i) ASSERT_NEAR(g_whole[i], g_chunk[i], 1e-12) << i;
+  // Without chunks the first four tokens change the second chunk's loss.
+  s.attention_chunk_size = 0;
+  std::vector<double> unused;
+  EXPECT_GT(std::fabs(run(tokens, targets, unused) - chunk), 1e-6);
+}
+
+TEST(MoeModel, Llama4LearnsARepeatingSequence) {
+  ModelSpec s = tiny_llama4();
+  s.hidden_size = 16;
+  s.init_method_std = 0.1;
+  LlamaModel m(s, cpu::cpu_backend(), Precision::Fp32);
+  m.init_weights(1);
+  std::vector<int32_t> tokens = {1, 2, 3, 4, 5, 6, 1, 2}, targets = {2, 3, 4, 5, 6, 1, 2, 3};
+  float* v = m.params().values().data<float>();
+  const float* g = m.params().grads().data<float>();
+  double first = 0, last = 0;
+  for (int it = 0; it < 150; ++it) {
+    m.params().zero_grad();
+    m.reset_moe_stats();
+    LlamaContext c;
+    const double loss = m.forward(c, tokens.data(), targets.data(), 1, 8);
+    if (it == 0) first = loss;
+    last = loss;
+    m.backward(c, 1.0);
+    for (int64_t i = 0; i < m.params().numel(); ++i) v[i] -= 0.3f * g[i];
+  }
+  EXPECT_LT(last, 0.2 * first) << first << " -> " << last;
+}
+
 TEST(MoeModel, Bf16MatchesFp32AtBf16Resolution) { check_bf16_against_fp32(tiny_moe(false)); }
+
+TEST(MoeModel, Llama4Bf16MatchesFp32AtBf16Resolution) { check_bf16_against_fp32(tiny_llama4()); }
 
 TEST(MoeModel, GrokSoftcapsBf16MatchesFp32AtBf16Resolution) {
   ModelSpec s = tiny_grok();
