@@ -98,6 +98,7 @@ const std::vector<ModelField>& fields() {
       {"qk_head_dim", Changes::Tensors, mla, AS_IS(qk_head_dim)},
       {"qk_pos_emb_head_dim", Changes::Tensors, mla, AS_IS(qk_pos_emb_head_dim)},
       {"v_head_dim", Changes::Tensors, mla, AS_IS(v_head_dim)},
+      {"mtp_num_layers", Changes::Tensors, always, AS_IS(mtp_num_layers)},  // the MTP depths' tensors
       {"vocab_size", Changes::Tensors, always, AS_IS(vocab_size)},
       {"untie_embeddings_and_output_weights", Changes::Tensors, always, AS_IS(untie_embeddings_and_output_weights)},
       {"num_experts", Changes::Tensors, always, OR_NULL(num_experts)},
@@ -341,10 +342,11 @@ std::vector<std::string> model_keys_compared() {
 }
 
 std::vector<std::string> model_keys_free_to_change() {
-  // How the model trains, not what its weights are: position limit, initialization, the router's
-  // arithmetic precision, load balancing, its losses, capacity and dispatch.
+  // How the model trains, not what its weights are: position limit, initialization, the MTP loss's
+  // weight, the router's arithmetic precision, load balancing, its losses, capacity and dispatch.
   return {"max_position_embeddings",
           "init_method_std",
+          "mtp_loss_scaling_factor",
           "moe_router_dtype",
           "moe_router_load_balancing_type",
           "moe_aux_loss_coeff",

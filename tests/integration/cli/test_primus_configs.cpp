@@ -232,6 +232,53 @@ TEST(PrimusConfigsDeepSeekV3, LoadsUnchangedAndTrainsWithItsMtpDepth) {
   fs::remove_all(ws);
 }
 
+// Llama 4, GLM-5 and MiniMax-M2.5 (docs/model_math.md): Primus's MI355X examples load unchanged on
+// the llama4_17B16E (Meta's Scout: chunked attention, NoPE layers, QK L2-norm, routing on the
+// experts' input), glm5 (latent attention) and minimax_m2.5 (partial rotary) presets, and train
+// shrunk to one process: Scout with chunks of 16 of the 32 positions and its second layer NoPE.
+TEST(PrimusConfigsFamilies, Llama4Glm5AndMiniMaxLoadUnchangedAndTrainShrunk) {
+  const std::string one_rank =
+      " --tensor-model-parallel-size 1 --pipeline-model-parallel-size 1 --context-parallel-size 1"
+      " --expert-model-parallel-size 1 --virtual-pipeline-model-parallel-size null"
+      " --pipeline-model-parallel-layout null --num-virtual-stages-per-pipeline-rank null"
+      " --decoder-first-pipeline-num-layers null --decoder-last-pipeline-num-layers null --profile false"
+      " --num-experts 16 --moe-ffn-hidden-size 32 --moe-layer-freq 1";
+  struct Case {
+    const char* config;
+    std::vector<const char*> printed;
+    std::string args;
+  };
+  const std::vector<Case> cases = {
+      {"llama4_17B16E-BF16-pretrain.yaml",
+       {"attention_chunk_size: 8192", "no_rope_freq: 4", "qk_l2_norm: true", "moe_apply_probs_on_input: true",
+        "num_experts: 16", "moe_router_topk: 1"},
+       " --moe-shared-expert-intermediate-size 64 --attention-chunk-size 16 --no-rope-freq 2"},
+      {"glm5-BF16-pretrain.yaml",
+       {"multi_latent_attention: true", "num_experts: 256", "moe_router_topk: 8"},
+       " --moe-router-topk 4 --kv-lora-rank 32 --q-lora-rank 32 --qk-head-dim 16 --qk-pos-emb-head-dim 8"
+       " --v-head-dim 16"},
+      {"minimax_m2.5-BF16-pretrain.yaml",
+       {"rotary_percent: 0.5", "num_experts: 256", "qk_layernorm: true"},
+       " --moe-router-topk 4 --kv-channels 16"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.config);
+    const std::string config = kRoot + "/tests/integration/primus_configs/" + c.config;
+    const fs::path ws = fs::temp_directory_path() / ("primus-families-" + std::to_string(::getpid()));
+    fs::remove_all(ws);
+    const test::CommandResult printed =
+        run("direct --workspace " + ws.string() + " -- train pretrain --config " + config + " --print-config");
+    ASSERT_EQ(printed.code, 0) << printed.out;
+    for (const char* want : c.printed) EXPECT_NE(printed.out.find(want), std::string::npos) << want << "\n" << printed.out;
+    const test::CommandResult trained =
+        run("direct --workspace " + ws.string() + " -- train pretrain --config " + config + kTiny + one_rank + c.args);
+    ASSERT_EQ(trained.code, 0) << trained.out;
+    EXPECT_NE(trained.out.find("iteration      3/     3"), std::string::npos) << trained.out;
+    EXPECT_EQ(trained.out.find("lm loss: nan"), std::string::npos) << trained.out;
+    fs::remove_all(ws);
+  }
+}
+
 // Grok (docs/model_math.md, Grok): Primus's examples name the grok1 and grok2 presets and set
 // Megatron's num_virtual_stages_per_pipeline_rank: 4 on pipeline_model_parallel_size: 4 and
 // expert_model_parallel_size: 8. Shrunk to two pipeline ranks of 8 layers (4 chunks each: the
