@@ -275,6 +275,27 @@ static std::vector<float> float_grads(const ModelSpec& spec, LlamaOptions opt, b
   return grads_of<float>(m);
 }
 
+// The loss and gradients of `spec` are bit-identical fused, split into B and W, and split under
+// selective and under full recompute; returns the loss.
+static float expect_split_and_recompute_identical(const ModelSpec& spec) {
+  float l0, l1, l2, l3;
+  LlamaOptions sel, full;
+  sel.recompute = Recompute::Selective;
+  full.recompute = Recompute::Full;
+  auto fused = float_grads(spec, {}, false, &l0);
+  auto none = float_grads(spec, {}, true, &l1);
+  auto s = float_grads(spec, sel, true, &l2);
+  auto f = float_grads(spec, full, true, &l3);
+  EXPECT_EQ(l0, l1);
+  EXPECT_EQ(l0, l2);
+  EXPECT_EQ(l0, l3);
+  EXPECT_EQ(0, std::memcmp(fused.data(), none.data(), none.size() * sizeof(float)));
+  EXPECT_EQ(0, std::memcmp(none.data(), s.data(), none.size() * sizeof(float)));
+  EXPECT_EQ(0, std::memcmp(none.data(), f.data(), none.size() * sizeof(float)));
+  return l0;
+}
+
+
 static void expect_close(const std::vector<float>& a, const std::vector<float>& b, float rtol) {
   ASSERT_EQ(a.size(), b.size());
   double max_abs = 0;
@@ -323,20 +344,7 @@ TEST(ModelPasses, RecomputeGivesIdenticalGradients) {
 TEST(ModelPasses, QkLayernormSplitAndRecomputeGiveIdenticalGradients) {
   ModelSpec spec = float_spec();
   spec.qk_layernorm = true;
-  float l0, l1, l2, l3;
-  LlamaOptions sel, full;
-  sel.recompute = Recompute::Selective;
-  full.recompute = Recompute::Full;
-  auto fused = float_grads(spec, {}, false, &l0);
-  auto none = float_grads(spec, {}, true, &l1);
-  auto s = float_grads(spec, sel, true, &l2);
-  auto f = float_grads(spec, full, true, &l3);
-  EXPECT_EQ(l0, l1);
-  EXPECT_EQ(l0, l2);
-  EXPECT_EQ(l0, l3);
-  EXPECT_EQ(0, std::memcmp(fused.data(), none.data(), none.size() * sizeof(float)));
-  EXPECT_EQ(0, std::memcmp(none.data(), s.data(), none.size() * sizeof(float)));
-  EXPECT_EQ(0, std::memcmp(none.data(), f.data(), none.size() * sizeof(float)));
+  expect_split_and_recompute_identical(spec);
 }
 
 // MLA's saves survive selective recompute and are rebuilt by full recompute; B then W equals
@@ -352,20 +360,7 @@ TEST(ModelPasses, MlaSplitAndRecomputeGiveIdenticalGradients) {
   spec.v_head_dim = 8;
   spec.qk_layernorm = true;
   spec.add_qkv_bias = false;
-  float l0, l1, l2, l3;
-  LlamaOptions sel, full;
-  sel.recompute = Recompute::Selective;
-  full.recompute = Recompute::Full;
-  auto fused = float_grads(spec, {}, false, &l0);
-  auto none = float_grads(spec, {}, true, &l1);
-  auto s = float_grads(spec, sel, true, &l2);
-  auto f = float_grads(spec, full, true, &l3);
-  EXPECT_EQ(l0, l1);
-  EXPECT_EQ(l0, l2);
-  EXPECT_EQ(l0, l3);
-  EXPECT_EQ(0, std::memcmp(fused.data(), none.data(), none.size() * sizeof(float)));
-  EXPECT_EQ(0, std::memcmp(none.data(), s.data(), none.size() * sizeof(float)));
-  EXPECT_EQ(0, std::memcmp(none.data(), f.data(), none.size() * sizeof(float)));
+  expect_split_and_recompute_identical(spec);
 }
 
 TEST(Model, InitialLossIsLogVocab) {
@@ -459,20 +454,7 @@ TEST(ModelGrads, GptOssAttentionWithOffByOneSoftmaxMatchesFiniteDifferences) {
 // rebuild what the window and the sinks need.
 TEST(ModelPasses, GptOssAttentionSplitAndRecomputeGiveIdenticalGradients) {
   const ModelSpec spec = gpt_oss_attention(float_spec(), 20, "learnable");
-  float l0, l1, l2, l3;
-  LlamaOptions sel, full;
-  sel.recompute = Recompute::Selective;
-  full.recompute = Recompute::Full;
-  auto fused = float_grads(spec, {}, false, &l0);
-  auto none = float_grads(spec, {}, true, &l1);
-  auto s = float_grads(spec, sel, true, &l2);
-  auto f = float_grads(spec, full, true, &l3);
-  EXPECT_EQ(l0, l1);
-  EXPECT_EQ(l0, l2);
-  EXPECT_EQ(l0, l3);
-  EXPECT_EQ(0, std::memcmp(fused.data(), none.data(), none.size() * sizeof(float)));
-  EXPECT_EQ(0, std::memcmp(none.data(), s.data(), none.size() * sizeof(float)));
-  EXPECT_EQ(0, std::memcmp(none.data(), f.data(), none.size() * sizeof(float)));
+  const float l0 = expect_split_and_recompute_identical(spec);
   // The window changes the model: full attention on every layer gives another loss.
   float l_full;
   float_grads(gpt_oss_attention(float_spec(), -1, "learnable"), {}, false, &l_full);
@@ -489,20 +471,7 @@ TEST(ModelPasses, Llama4AttentionSplitAndRecomputeGiveIdenticalGradients) {
   spec.attention_chunk_size = 8;
   spec.attn_temperature_tuning = true;
   spec.floor_scale = 4;
-  float l0, l1, l2, l3;
-  LlamaOptions sel, full;
-  sel.recompute = Recompute::Selective;
-  full.recompute = Recompute::Full;
-  auto fused = float_grads(spec, {}, false, &l0);
-  auto none = float_grads(spec, {}, true, &l1);
-  auto s = float_grads(spec, sel, true, &l2);
-  auto f = float_grads(spec, full, true, &l3);
-  EXPECT_EQ(l0, l1);
-  EXPECT_EQ(l0, l2);
-  EXPECT_EQ(l0, l3);
-  EXPECT_EQ(0, std::memcmp(fused.data(), none.data(), none.size() * sizeof(float)));
-  EXPECT_EQ(0, std::memcmp(none.data(), s.data(), none.size() * sizeof(float)));
-  EXPECT_EQ(0, std::memcmp(none.data(), f.data(), none.size() * sizeof(float)));
+  expect_split_and_recompute_identical(spec);
 }
 
 // Hugging Face's attention temperature (Llama 4's NoPE layers): log1p(floor((t + 1) / floor_scale))
