@@ -266,6 +266,7 @@ LayerCount count_one_layer(const ModelSpec& spec, int64_t experts) {
   one.moe_layer_pattern.clear();
   one.moe_layer_freq = 1;
   one.window_attn_pattern.clear();  // per-layer lists of num_layers entries
+  one.no_rope_pattern.clear();
   one.num_experts = experts;
   if (experts > 0) {
     one.moe_router_topk = std::min(one.moe_router_topk, experts);
@@ -377,9 +378,9 @@ void fill_store(const SafetensorsReader& st, const ModelSpec& spec, const Archit
            m.ours, fmt::join(p.shape, ", "), p.numel);
     if (!m.perm.empty()) permute_rows(dst, m.perm, p.numel / p.shape[0], false);
   }
-  if (arch.family == Family::GptOss)
-    import_gpt_oss_experts(st, spec, store, used,
-                           [&](const std::vector<float>& v, const std::string& name) { check_finite(v, name, o); });
+  if (arch.family == Family::GptOss || arch.family == Family::Llama4)
+    import_packed_experts(arch.family == Family::GptOss ? kGptOssExperts : kLlama4Experts, st, spec, store, used,
+                          [&](const std::vector<float>& v, const std::string& name) { check_finite(v, name, o); });
   // Tied models sometimes store lm_head anyway (a copy of the embedding); RoPE buffers are derived.
   int64_t skipped = 0;
   for (const auto& [name, u] : used) {
@@ -553,8 +554,10 @@ std::vector<TensorOut> hf_tensors(const ModelSpec& spec, Family family, const Pa
       out.push_back({m.theirs[i], dtype, shape, f32_to_bytes(v, dtype)});
     }
   }
-  if (family == Family::GptOss)
-    for (TensorOut& t : export_gpt_oss_experts(spec, store, values, dtype)) out.push_back(std::move(t));
+  if (family == Family::GptOss || family == Family::Llama4)
+    for (TensorOut& t : export_packed_experts(family == Family::GptOss ? kGptOssExperts : kLlama4Experts, spec, store,
+                                              values, dtype))
+      out.push_back(std::move(t));
   return out;
 }
 

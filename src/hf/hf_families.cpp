@@ -33,7 +33,8 @@ T value_or(const json& c, const char* key, T fallback, const std::string& where)
 
 bool is_deepseek(Family f) { return f == Family::DeepseekV2 || f == Family::DeepseekV3; }
 bool is_qwen_moe(Family f) { return f == Family::Qwen2Moe || f == Family::Qwen3Moe; }
-bool is_moe_family(Family f) { return f == Family::Mixtral || is_qwen_moe(f) || is_deepseek(f) || f == Family::GptOss; }
+bool is_moe_family(Family f) { return f == Family::Mixtral || is_qwen_moe(f) || is_deepseek(f) || f == Family::GptOss ||
+                                   f == Family::Llama4; }
 
 // The MoE layers as our spec holds them: every layer (moe_layer_freq 1), else the 0/1 list.
 void set_moe_layers(ModelSpec& s, const std::vector<int64_t>& sparse) {
@@ -259,6 +260,98 @@ void write_gpt_oss(const ModelSpec& s, const Architecture& a, json& c) {
   write_hf_aux_loss(s, c);
 }
 
+// Llama 4 (transformers' modeling_llama4, Llama4TextConfig): experts of intermediate_size and one
+// ungated shared expert of the same width on the moe_layers (default every
+// interleave_moe_layer_step-th), dense layers of intermediate_size_mlp, top-1 routing whose sigmoid
+// score scales the expert's input; no_rope_layers (1: RoPE; default every
+// no_rope_layer_interval-th layer NoPE), use_qk_norm and attention_chunk_size on the RoPE layers,
+// the NoPE layers' query temperature (attn_temperature_tuning, truthy as a number too).
+void read_llama4(const json& c, const std::string& where, ModelSpec& s) {
+  const int64_t L = s.num_layers;
+  s.moe_ffn_hidden_size = need<int64_t>(c, "intermediate_size", where);
+  s.ffn_hidden_size = need<int64_t>(c, "intermediate_size_mlp", where);
+  s.num_experts = need<int64_t>(c, "num_local_experts", where);
+  s.moe_router_topk = need<int64_t>(c, "num_experts_per_tok", where);
+  if (s.moe_router_topk != 1)
+    fail("{}: num_experts_per_tok {} is not supported (Llama 4's sigmoid score scales the expert's input: top-1 only)",
+         where, s.moe_router_topk);
+  s.moe_shared_expert_intermediate_size = s.moe_ffn_hidden_size;
+  s.moe_router_score_function = "sigmoid";
+  s.moe_router_pre_softmax = false;
+  s.moe_apply_probs_on_input = true;
+  read_hf_aux_loss(c, where, s);
+  std::vector<int64_t> sparse(size_t(L), 0);
+  if (has(c, "moe_layers")) {
+    for (int64_t l : need<std::vector<int64_t>>(c, "moe_layers", where)) {
+      if (l < 0 || l >= L) fail("{}: moe_layers names layer {}, num_hidden_layers is {}", where, l, L);
+      sparse[size_t(l)] = 1;
+    }
+  } else {
+    const int64_t step = value_or<int64_t>(c, "interleave_moe_layer_step", 1, where);
+    if (step < 1) fail("{}: interleave_moe_layer_step must be at least 1, got {}", where, step);
+    for (int64_t l = step - 1; l < L; l += step) sparse[size_t(l)] = 1;
+  }
+  if (std::count(sparse.begin(), sparse.end(), 1) == 0)
+    fail("{}: no layer has experts (moe_layers, interleave_moe_layer_step): a dense Llama 4 is not supported", where);
+  set_moe_layers(s, sparse);
+  std::vector<int64_t> rope = value_or<std::vector<int64_t>>(c, "no_rope_layers", {}, where);
+  if (rope.empty()) {  // HF's default: every no_rope_layer_interval-th layer (1-based) NoPE
+    const int64_t every = value_or<int64_t>(c, "no_rope_layer_interval", 4, where);
+    if (every < 1) fail("{}: no_rope_layer_interval must be at least 1, got {}", where, every);
+    for (int64_t l = 0; l < L; ++l) rope.push_back((l + 1) % every != 0);
+  }
+  if (int64_t(rope.size()) != L) fail("{}: no_rope_layers lists {} layers, num_hidden_layers is {}", where, rope.size(), L);
+  std::vector<int64_t> nope;
+  for (int64_t r : rope) {
+    if (r != 0 && r != 1) fail("{}: no_rope_layers entry {} is not 0 (NoPE) or 1 (RoPE)", where, r);
+    nope.push_back(1 - r);
+  }
+  if (std::count(nope.begin(), nope.end(), 1) > 0) s.no_rope_pattern = nope;
+  s.qk_l2_norm = value_or<bool>(c, "use_qk_norm", true, where);
+  s.attention_chunk_size = value_or<int64_t>(c, "attention_chunk_size", 0, where);
+  if (s.attention_chunk_size < 0)
+    fail("{}: attention_chunk_size must be positive, got {}", where, s.attention_chunk_size);
+  if (has(c, "attn_temperature_tuning") && !c["attn_temperature_tuning"].is_boolean() &&
+      !c["attn_temperature_tuning"].is_number())
+    fail("{}: 'attn_temperature_tuning' has the wrong type: {}", where, c["attn_temperature_tuning"].dump());
+  const json& tuning = has(c, "attn_temperature_tuning") ? c["attn_temperature_tuning"] : json(true);
+  s.attn_temperature_tuning = tuning.is_boolean() ? tuning.get<bool>() : tuning.get<double>() != 0;
+  s.floor_scale = value_or<double>(c, "floor_scale", 8192.0, where);
+  s.attn_scale = value_or<double>(c, "attn_scale", 0.1, where);
+}
+
+void write_llama4(const ModelSpec& s, const Architecture& a, json& c) {
+  auto need_part = [&](bool present, const char* what) {
+    if (!present) fail("a {} checkpoint has {}; model '{}' has not", a.name, what, s.name);
+  };
+  need_part(s.is_moe(), "experts");
+  need_part(s.moe_router_topk == 1 && s.moe_router_score_function == "sigmoid" && s.moe_apply_probs_on_input,
+            "top-1 routing whose sigmoid score scales the expert's input (moe_apply_probs_on_input)");
+  need_part(s.moe_shared_expert_intermediate_size == s.expert_ffn() && !s.moe_shared_expert_gate,
+            "one ungated shared expert as wide as the experts");
+  need_part(s.rotary_percent == 1.0, "rotary embedding on the whole head (rotary_percent 1)");
+  std::vector<int64_t> moe_layers, rope;
+  for (int64_t l = 0; l < s.num_layers; ++l) {
+    if (s.is_moe_layer(l)) moe_layers.push_back(l);
+    rope.push_back(s.layer_uses_rope(l));
+  }
+  c["intermediate_size"] = s.expert_ffn();
+  c["intermediate_size_mlp"] = s.ffn_hidden_size;
+  c["num_local_experts"] = s.num_experts;
+  c["num_experts_per_tok"] = s.moe_router_topk;
+  c["interleave_moe_layer_step"] = 1;
+  c["moe_layers"] = moe_layers;
+  c["no_rope_layers"] = rope;
+  c["use_qk_norm"] = s.qk_l2_norm;
+  c["attention_chunk_size"] = s.attention_chunk_size > 0 ? json(s.attention_chunk_size) : json(nullptr);
+  c["attn_temperature_tuning"] = s.attn_temperature_tuning;
+  c["floor_scale"] = s.floor_scale;
+  c["attn_scale"] = s.attn_scale;
+  c["attention_bias"] = false;
+  c["router_jitter_noise"] = 0.0;
+  write_hf_aux_loss(s, c);
+}
+
 // The spec's parts that none of these families has, refused by name on export.
 void refuse_foreign_parts(const ModelSpec& s, const Architecture& a) {
   auto no = [&](bool present, const char* what) {
@@ -266,6 +359,11 @@ void refuse_foreign_parts(const ModelSpec& s, const Architecture& a) {
   };
   no(s.softmax_type == "off-by-one", "fixed attention sinks (softmax_type: off-by-one)");
   no(s.final_logit_softcapping != 0 || s.router_logit_softcapping != 0, "logit soft-capping");
+  if (a.family != Family::Llama4)
+    no(s.qk_l2_norm || s.attention_chunk_size > 0 || s.no_rope_freq > 0 || !s.no_rope_pattern.empty() ||
+           s.attn_temperature_tuning || s.moe_apply_probs_on_input,
+       "Llama 4's parts (qk_l2_norm, attention_chunk_size, no_rope_freq, attn_temperature_tuning, "
+       "moe_apply_probs_on_input; Llama4ForCausalLM)");
   if (a.family == Family::GptOss) return;
   no(s.add_bias_linear, "add_bias_linear (biases on every linear; GptOssForCausalLM)");
   no(s.has_attention_sinks(), "attention sinks (softmax_type; GptOssForCausalLM)");
@@ -277,7 +375,8 @@ void refuse_foreign_parts(const ModelSpec& s, const Architecture& a) {
   no(s.multi_latent_attention && !is_deepseek(a.family),
      "multi-latent attention (DeepseekV2ForCausalLM, DeepseekV3ForCausalLM)");
   no(s.is_moe() && !is_moe_family(a.family), "experts (MixtralForCausalLM, Qwen2MoeForCausalLM, Qwen3MoeForCausalLM, "
-                                             "DeepseekV2ForCausalLM, DeepseekV3ForCausalLM, GptOssForCausalLM)");
+                                             "DeepseekV2ForCausalLM, DeepseekV3ForCausalLM, GptOssForCausalLM, "
+                                             "Llama4ForCausalLM)");
 }
 
 // The MoE layers as HF's dense-layer list (Qwen's mlp_only_layers).
@@ -413,7 +512,8 @@ std::vector<int64_t> rope_perm(int64_t blocks, int64_t stride, int64_t at, int64
   return p;
 }
 
-void attention_mappings(const ModelSpec& s, const std::string& o, const std::string& h, std::vector<Mapping>& m) {
+void attention_mappings(const ModelSpec& s, Family f, int64_t l, const std::string& o, const std::string& h,
+                        std::vector<Mapping>& m) {
   const std::string a = o + "self_attention.", t = h + "self_attn.";
   if (s.multi_latent_attention) {
     const int64_t H = s.num_attention_heads, qk = s.qk_head_dim + s.qk_pos_emb_head_dim;
@@ -435,7 +535,12 @@ void attention_mappings(const ModelSpec& s, const std::string& o, const std::str
     return;
   }
   const std::vector<int64_t> qkv = {s.q_size(), s.kv_size(), s.kv_size()};
-  m.push_back({a + "linear_qkv.weight", {t + "q_proj.weight", t + "k_proj.weight", t + "v_proj.weight"}, qkv, {}});
+  std::vector<int64_t> perm;  // Llama 4's RoPE layers: each q and k head's rotary rows, then v unmoved
+  if (f == Family::Llama4 && s.layer_uses_rope(l)) {
+    perm = rope_perm(s.num_attention_heads + s.query_groups(), s.head_dim(), 0, s.rotary_dim());
+    for (int64_t i = s.q_size() + s.kv_size(); i < s.qkv_size(); ++i) perm.push_back(i);
+  }
+  m.push_back({a + "linear_qkv.weight", {t + "q_proj.weight", t + "k_proj.weight", t + "v_proj.weight"}, qkv, perm});
   if (s.qkv_bias())
     m.push_back({a + "linear_qkv.bias", {t + "q_proj.bias", t + "k_proj.bias", t + "v_proj.bias"}, qkv, {}});
   if (s.qk_layernorm) {  // Qwen3: one head_dim weight for all q heads, one for all k heads
@@ -455,7 +560,13 @@ void glu_mappings(const std::string& ours, const std::string& gate, const std::s
 }
 
 void moe_mappings(const ModelSpec& s, Family f, const std::string& o, const std::string& h, std::vector<Mapping>& m) {
-  const std::string mlp = h + (f == Family::Mixtral ? "block_sparse_moe." : "mlp.");
+  const std::string mlp = h + (f == Family::Mixtral ? "block_sparse_moe." : f == Family::Llama4 ? "feed_forward." : "mlp.");
+  if (f == Family::Llama4) {  // the experts are packed: gpt_oss_experts.h
+    m.push_back({o + "mlp.router.weight", {mlp + "router.weight"}, {}, {}});
+    glu_mappings(o + "mlp.shared_experts.", mlp + "shared_expert.gate_proj", mlp + "shared_expert.up_proj",
+                 mlp + "shared_expert.down_proj", s.moe_shared_expert_intermediate_size, m);
+    return;
+  }
   if (f == Family::GptOss) {  // the experts are packed: gpt_oss_experts.h
     m.push_back({o + "mlp.router.weight", {mlp + "router.weight"}, {}, {}});
     m.push_back({o + "mlp.router.bias", {mlp + "router.bias"}, {}, {}});
@@ -493,7 +604,8 @@ const std::vector<Architecture>& architectures() {
                                               {"Qwen3MoeForCausalLM", "qwen3_moe", Family::Qwen3Moe},
                                               {"DeepseekV2ForCausalLM", "deepseek_v2", Family::DeepseekV2},
                                               {"DeepseekV3ForCausalLM", "deepseek_v3", Family::DeepseekV3},
-                                              {"GptOssForCausalLM", "gpt_oss", Family::GptOss}};
+                                              {"GptOssForCausalLM", "gpt_oss", Family::GptOss},
+                                              {"Llama4ForCausalLM", "llama4_text", Family::Llama4}};
   return a;
 }
 
@@ -507,6 +619,7 @@ const Architecture& architecture_named(const std::string& name, const std::strin
 
 const Architecture& default_architecture(const ModelSpec& s) {
   const char* name = s.add_bias_linear && s.learns_attention_sinks() ? "GptOssForCausalLM"
+                     : s.moe_apply_probs_on_input || s.qk_l2_norm ? "Llama4ForCausalLM"
                      : s.multi_latent_attention
                          ? (s.moe_router_enable_expert_bias ? "DeepseekV3ForCausalLM" : "DeepseekV2ForCausalLM")
                      : s.is_moe() && s.moe_shared_expert_intermediate_size > 0 ? "Qwen2MoeForCausalLM"
@@ -521,12 +634,13 @@ const Architecture& default_architecture(const ModelSpec& s) {
 void layer_mappings(const ModelSpec& s, Family f, int64_t l, std::vector<Mapping>& m) {
   const std::string o = fmt::format("decoder.layers.{}.", l), h = fmt::format("model.layers.{}.", l);
   m.push_back({o + "input_layernorm.weight", {h + "input_layernorm.weight"}, {}, {}});
-  attention_mappings(s, o, h, m);
+  attention_mappings(s, f, l, o, h, m);
   m.push_back({o + "pre_mlp_layernorm.weight", {h + "post_attention_layernorm.weight"}, {}, {}});
+  const std::string mlp = h + (f == Family::Llama4 ? "feed_forward." : "mlp.");
   if (s.is_moe_layer(l))
     moe_mappings(s, f, o, h, m);
   else
-    glu_mappings(o + "mlp.", h + "mlp.gate_proj", h + "mlp.up_proj", h + "mlp.down_proj", s.ffn_hidden_size, m);
+    glu_mappings(o + "mlp.", mlp + "gate_proj", mlp + "up_proj", mlp + "down_proj", s.ffn_hidden_size, m);
 }
 
 void read_family_config(const json& c, const Architecture& a, const std::string& where, ModelSpec& s) {
@@ -541,6 +655,7 @@ void read_family_config(const json& c, const Architecture& a, const std::string&
     case Family::DeepseekV2:
     case Family::DeepseekV3: return read_deepseek(c, a, where, s);
     case Family::GptOss: return read_gpt_oss(c, where, s);
+    case Family::Llama4: return read_llama4(c, where, s);
     default: return;
   }
 }
@@ -554,6 +669,7 @@ void write_family_config(const ModelSpec& s, const Architecture& a, json& c) {
     case Family::DeepseekV2:
     case Family::DeepseekV3: return write_deepseek(s, a, c);
     case Family::GptOss: return write_gpt_oss(s, a, c);
+    case Family::Llama4: return write_llama4(s, a, c);
     default: return;
   }
 }

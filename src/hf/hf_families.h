@@ -13,10 +13,17 @@
 //   gpt-oss                        biases on every linear, attention sinks (self_attn.sinks),
 //                                  sliding windows by layer_types, YaRN, a router with a bias, and
 //                                  each layer's experts packed in one tensor (gpt_oss_experts.h)
+//   Llama 4 (Llama4ForCausalLM)     feed_forward.* blocks: dense layers' gate/up/down_proj of
+//                                  intermediate_size_mlp; MoE layers' router, the experts packed in
+//                                  experts.gate_up_proj / down_proj (gpt_oss_experts.h) and an
+//                                  ungated shared_expert; no_rope_layers, use_qk_norm,
+//                                  attention_chunk_size, attention temperature tuning
 //
 // DeepSeek's rotary parts are stored for interleaved pairs (x0, x1), (x2, x3), ... while this
 // engine rotates halves (i, i + d/2): the rope rows of q (each head's last qk_rope_head_dim rows)
 // and of kv_a_proj_with_mqa (its last rows) are permuted on import, by `perm`, and back on export.
+// Llama 4's rotary (complex pairs) is interleaved alike: each q and k head's rows of its RoPE
+// layers are permuted by the same rule.
 #pragma once
 
 #include <cstdint>
@@ -29,7 +36,7 @@
 
 namespace primus::hf {
 
-enum class Family { Llama, Mistral, Qwen2, Qwen3, Mixtral, Qwen2Moe, Qwen3Moe, DeepseekV2, DeepseekV3, GptOss };
+enum class Family { Llama, Mistral, Qwen2, Qwen3, Mixtral, Qwen2Moe, Qwen3Moe, DeepseekV2, DeepseekV3, GptOss, Llama4 };
 
 struct Architecture {
   std::string name;        // config.json's architectures[0], e.g. "MixtralForCausalLM"
@@ -53,7 +60,7 @@ struct Mapping {
 };
 
 // The attention and MLP tensors of decoder layer `l` (HF prefix `h` = "model.layers.N.", ours
-// `o` = "decoder.layers.N."), appended to `m`; gpt-oss's packed experts are not among them
+// `o` = "decoder.layers.N."), appended to `m`; gpt-oss's and Llama 4's packed experts are not among them
 // (gpt_oss_experts.h).
 void layer_mappings(const ModelSpec& s, Family f, int64_t l, std::vector<Mapping>& m);
 

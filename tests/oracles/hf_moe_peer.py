@@ -1,8 +1,10 @@
 """The mixture-of-experts families of Hugging Face, forward only, on Hugging Face's tensor names, in
 float64: the peer of the C++ import and export (hf_llama_peer.py calls it). Written from the facts of
 transformers' modeling_mixtral, modeling_qwen2_moe, modeling_qwen3_moe, modeling_gpt_oss (with its
-YaRN and MXFP4 experts) and DeepSeek's modeling_deepseek (V2 and V3): no code of theirs, and none of
-this repository's C++.
+YaRN and MXFP4 experts), modeling_llama4 (its text model: complex-pair rotary with Llama 3.1 scaling,
+chunked attention, NoPE layers with the query temperature, the L2 qk norm, top-1 sigmoid routing on
+the expert's input and a shared expert) and DeepSeek's modeling_deepseek (V2 and V3): no code of
+theirs, and none of this repository's C++.
 
     random_model(family, seed) -> (config.json dict, [(name, tensor)])
     logits(config, tensors, tokens) -> [positions, vocab] float64
@@ -13,8 +15,8 @@ import torch
 import math
 
 ARCHITECTURES = {"MixtralForCausalLM", "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM", "DeepseekV2ForCausalLM",
-                 "DeepseekV3ForCausalLM", "GptOssForCausalLM"}
-FAMILIES = ["mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v2", "deepseek_v3", "gpt_oss", "gpt_oss_mxfp4"]
+                 "DeepseekV3ForCausalLM", "GptOssForCausalLM", "Llama4ForCausalLM"}
+FAMILIES = ["mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v2", "deepseek_v3", "gpt_oss", "gpt_oss_mxfp4", "llama4"]
 FP4 = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0]
 
 _BASE = {"vocab_size": 256, "hidden_size": 64, "num_attention_heads": 4, "max_position_embeddings": 128,
@@ -39,6 +41,17 @@ def tiny_config(family):
             c.update(head_dim=32)  # not hidden / heads, as in Qwen3-30B-A3B
         else:
             c.update(shared_expert_intermediate_size=48)
+    elif family == "llama4":
+        # dense layers 0 and 2, MoE 1 and 3; NoPE layers 2 and 3; chunks of 4 and a temperature floor of 3
+        # so that both act on 12 tokens; Llama 3.1 scaling whose bands cut through the 8 frequencies
+        c.update(architectures=["Llama4ForCausalLM"], model_type="llama4_text", num_hidden_layers=4,
+                 num_key_value_heads=2, head_dim=16, intermediate_size=32, intermediate_size_mlp=96,
+                 num_local_experts=4, num_experts_per_tok=1, interleave_moe_layer_step=2, moe_layers=[1, 3],
+                 no_rope_layers=[1, 1, 0, 0], use_qk_norm=True, attention_chunk_size=4,
+                 attn_temperature_tuning=True, floor_scale=3, attn_scale=0.5, rms_norm_eps=1e-5,
+                 router_aux_loss_coef=0.001, output_router_logits=False, router_jitter_noise=0.0,
+                 rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                               "high_freq_factor": 4.0, "original_max_position_embeddings": 16})
     elif family.startswith("gpt_oss"):
         # a window of 4 keys on layer 0 and a clamp of 0.3, so that both act on 12 tokens; YaRN of 4x
         c.update(architectures=["GptOssForCausalLM"], model_type="gpt_oss", num_hidden_layers=2,
@@ -117,6 +130,8 @@ def is_sparse(c, i):
     arch = c["architectures"][0]
     if arch in ("MixtralForCausalLM", "GptOssForCausalLM"):
         return True
+    if arch == "Llama4ForCausalLM":
+        return i in c["moe_layers"]
     if arch.startswith("Qwen"):
         return i not in c.get("mlp_only_layers", []) and (i + 1) % c.get("decoder_sparse_step", 1) == 0
     return c.get("n_routed_experts") and i >= c["first_k_dense_replace"] and i % c.get("moe_layer_freq", 1) == 0
@@ -125,6 +140,13 @@ def is_sparse(c, i):
 def _mlp_shapes(c, i, p):
     arch, h = c["architectures"][0], c["hidden_size"]
     qwen_names = ("gate_proj", "up_proj", "down_proj")
+    if arch == "Llama4ForCausalLM":
+        m = p + "feed_forward."
+        if not is_sparse(c, i):
+            return _glu(m, qwen_names, c["intermediate_size_mlp"], h)
+        E, f = c["num_local_experts"], c["intermediate_size"]
+        return [(m + "router.weight", [E, h]), (m + "experts.gate_up_proj", [E, h, 2 * f]),
+                (m + "experts.down_proj", [E, f, h])] + _glu(m + "shared_expert.", qwen_names, f, h)
     if not is_sparse(c, i):
         return _glu(p + "mlp.", qwen_names, c["intermediate_size"], h)
     if arch == "GptOssForCausalLM":
@@ -254,6 +276,67 @@ def _gqa(c, W, x, a, layer=0):
     return o @ W[a + "o_proj.weight"].T + W.get(a + "o_proj.bias", 0.0)
 
 
+def _llama3_inv(inv, r):
+    """HF's rope_type llama3: long wavelengths divided by factor, short kept, the band between smoothed."""
+    factor, lo, hi, old = r["factor"], r["low_freq_factor"], r["high_freq_factor"], r["original_max_position_embeddings"]
+    wavelen = 2 * math.pi / inv
+    scaled = torch.where(wavelen > old / lo, inv / factor, inv)
+    smooth = (old / wavelen - lo) / (hi - lo)
+    medium = (wavelen >= old / hi) & (wavelen <= old / lo)
+    return torch.where(medium, (1 - smooth) * scaled / factor + smooth * scaled, scaled)
+
+
+def _rope_complex(x, pos, dim, theta, scaling=None):
+    """Llama 4's rotary: x [..., T, dim] as dim/2 complex numbers (x0 + i x1, x2 + i x3, ...) times e^(i t f)."""
+    inv = 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim))
+    if scaling and scaling.get("rope_type") == "llama3":
+        inv = _llama3_inv(inv, scaling)
+    f = torch.outer(pos.double(), inv)
+    xc = torch.view_as_complex(x.reshape(*x.shape[:-1], dim // 2, 2).contiguous())
+    return torch.view_as_real(xc * torch.polar(torch.ones_like(f), f)).reshape(x.shape)
+
+
+def _llama4_attention(c, W, x, a, layer):
+    T, H, G = x.shape[0], c["num_attention_heads"], c["num_key_value_heads"]
+    d = c.get("head_dim") or c["hidden_size"] // H
+    q, k, v = x @ W[a + "q_proj.weight"].T, x @ W[a + "k_proj.weight"].T, x @ W[a + "v_proj.weight"].T
+    q, k, v = q.view(T, H, d).transpose(0, 1), k.view(T, G, d).transpose(0, 1), v.view(T, G, d).transpose(0, 1)
+    pos = torch.arange(T)
+    rope = bool(c["no_rope_layers"][layer])
+    if rope:
+        q = _rope_complex(q, pos, d, c["rope_theta"], c.get("rope_scaling"))
+        k = _rope_complex(k, pos, d, c["rope_theta"], c.get("rope_scaling"))
+        if c.get("use_qk_norm"):  # L2 norm: no weights, after the rotary, RoPE layers only
+            q = q * torch.rsqrt(q.pow(2).mean(-1, keepdim=True) + c["rms_norm_eps"])
+            k = k * torch.rsqrt(k.pow(2).mean(-1, keepdim=True) + c["rms_norm_eps"])
+    elif c.get("attn_temperature_tuning"):
+        t = torch.log(torch.floor((pos.double() + 1.0) / c["floor_scale"]) + 1.0) * c["attn_scale"] + 1.0
+        q = q * t.view(1, T, 1)
+    k, v = k.repeat_interleave(H // G, dim=0), v.repeat_interleave(H // G, dim=0)
+    s = (q @ k.transpose(-1, -2)) * d ** -0.5
+    i, j = torch.arange(T).view(T, 1), torch.arange(T).view(1, T)
+    hidden = j > i
+    C = c.get("attention_chunk_size")
+    if rope and C:
+        hidden = hidden | (j // C != i // C)
+    o = torch.softmax(s.masked_fill(hidden, float("-inf")), dim=-1) @ v
+    return o.transpose(0, 1).reshape(T, H * d) @ W[a + "o_proj.weight"].T
+
+
+def _llama4_moe(c, W, x, p):
+    m = p + "feed_forward."
+    logits = x @ W[m + "router.weight"].T
+    top, e = torch.topk(logits, 1, dim=-1)
+    routed_in = x * torch.sigmoid(top)  # the score scales the expert's input
+    out = _swiglu(x, W, m + "shared_expert.")
+    gu, dn = W[m + "experts.gate_up_proj"], W[m + "experts.down_proj"]
+    for t in range(x.shape[0]):
+        y = routed_in[t] @ gu[int(e[t, 0])]
+        gate, up = y.chunk(2, dim=-1)
+        out[t] += (torch.nn.functional.silu(gate) * up) @ dn[int(e[t, 0])]
+    return out
+
+
 def _deinterleave(x):
     """DeepSeek's rotary on interleaved pairs: (x0, x1), (x2, x3), ... regrouped as halves first."""
     d = x.shape[-1]
@@ -355,6 +438,8 @@ def _moe(c, W, x, p):
     arch = c["architectures"][0]
     if arch == "GptOssForCausalLM":
         return _gpt_oss_moe(c, W, x, p)
+    if arch == "Llama4ForCausalLM":
+        return _llama4_moe(c, W, x, p)
     m = p + ("block_sparse_moe." if arch == "MixtralForCausalLM" else "mlp.")
     names = ("w1", "w3", "w2") if arch == "MixtralForCausalLM" else ("gate_proj", "up_proj", "down_proj")
     e, w = _route(c, x @ W[m + "gate.weight"].T, W, m)
@@ -378,12 +463,14 @@ def logits(c, tensors, tokens):
     eps = c["rms_norm_eps"]
     x = W["model.embed_tokens.weight"][torch.tensor(tokens)]
     mla = c["architectures"][0].startswith("Deepseek")
+    llama4 = c["architectures"][0] == "Llama4ForCausalLM"
     for i in range(c["num_hidden_layers"]):
         p = f"model.layers.{i}."
         hn = _rmsnorm(x, W[p + "input_layernorm.weight"], eps)
-        x = x + (_mla(c, W, hn, p + "self_attn.") if mla else _gqa(c, W, hn, p + "self_attn.", i))
+        a = p + "self_attn."
+        x = x + (_mla(c, W, hn, a) if mla else _llama4_attention(c, W, hn, a, i) if llama4 else _gqa(c, W, hn, a, i))
         hn = _rmsnorm(x, W[p + "post_attention_layernorm.weight"], eps)
-        x = x + (_moe(c, W, hn, p) if is_sparse(c, i) else _swiglu(hn, W, p + "mlp."))
+        x = x + (_moe(c, W, hn, p) if is_sparse(c, i) else _swiglu(hn, W, p + ("feed_forward." if llama4 else "mlp.")))
     x = _rmsnorm(x, W["model.norm.weight"], eps)
     head = W["model.embed_tokens.weight"] if c.get("tie_word_embeddings") else W["lm_head.weight"]
     return x @ head.T

@@ -1,5 +1,5 @@
 // Hugging Face checkpoints of the mixture-of-experts families (hf/hf_families.h): Mixtral,
-// Qwen2-MoE, Qwen3-MoE, DeepSeek-V2 and V3. A tiny random model of each in its Hugging Face layout
+// Qwen2-MoE, Qwen3-MoE, DeepSeek-V2 and V3, gpt-oss, Llama 4. A tiny random model of each in its Hugging Face layout
 // (tests/oracles/hf_moe_peer.py) imports and exports to the same bytes and gives the peer's logits;
 // the quantized formats dequantize to hand-computed values; bad folders are refused by name.
 #include <gtest/gtest.h>
@@ -32,8 +32,8 @@ using test::error_of;
 
 using test::TempDir;
 
-const std::vector<std::string> kFamilies = {"mixtral",     "qwen2_moe",   "qwen3_moe",
-                                            "deepseek_v2", "deepseek_v3", "gpt_oss"};
+const std::vector<std::string> kFamilies = {"mixtral",     "qwen2_moe",   "qwen3_moe", "deepseek_v2",
+                                            "deepseek_v3", "gpt_oss",     "llama4"};
 const std::vector<int32_t> kTokens = {1, 17, 200, 3, 3, 255, 42, 0, 99, 128, 7, 64};
 
 json read_config(const std::string& dir) {
@@ -70,6 +70,10 @@ std::vector<std::string> family_keys(const std::string& family) {
   if (family == "gpt_oss")
     k.insert(k.end(), {"num_local_experts", "intermediate_size", "num_key_value_heads", "head_dim", "sliding_window",
                        "layer_types", "swiglu_limit", "attention_bias", "rope_scaling"});
+  if (family == "llama4")
+    k.insert(k.end(), {"num_local_experts", "intermediate_size", "intermediate_size_mlp", "num_key_value_heads",
+                       "head_dim", "moe_layers", "no_rope_layers", "use_qk_norm", "attention_chunk_size",
+                       "attn_temperature_tuning", "floor_scale", "attn_scale", "rope_scaling"});
   if (family.starts_with("deepseek"))
     k.insert(k.end(), {"n_routed_experts", "n_shared_experts", "moe_intermediate_size", "intermediate_size",
                        "first_k_dense_replace", "q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim",
@@ -86,7 +90,7 @@ TEST(HfMoe, ImportThenExportGivesTheSameBytes) {
   // experts) also in BF16, sharded.
   std::vector<std::pair<std::string, std::pair<std::string, uint64_t>>> cases;
   for (const std::string& family : kFamilies) cases.push_back({family, {"F32", 5'000'000'000}});
-  for (const std::string family : {"deepseek_v3", "gpt_oss"}) cases.push_back({family, {"BF16", 60'000}});
+  for (const std::string family : {"deepseek_v3", "gpt_oss", "llama4"}) cases.push_back({family, {"BF16", 60'000}});
   for (const auto& [family, format] : cases) {
     const auto& [dtype, shard] = format;
     SCOPED_TRACE(family + " " + dtype);
@@ -361,7 +365,7 @@ TEST(HfMoe, ImportedCheckpointTrainsUnderExpertParallel) {
 }
 
 // The published config.json files of Mixtral-8x7B-v0.1, Qwen3-30B-A3B, DeepSeek-V2-Lite,
-// DeepSeek-V3 and gpt-oss-20b (their model keys, as Hugging Face hosts them) read into the models of
+// DeepSeek-V3, gpt-oss-20b and Llama 4 Scout / Maverick (their model keys, as Hugging Face hosts them) read into the models of
 // our presets of the same names: the same parameter and active counts, the same routing and
 // rotary keys.
 TEST(HfMoe, PublishedConfigsGiveOurPresets) {
@@ -411,11 +415,35 @@ TEST(HfMoe, PublishedConfigsGiveOurPresets) {
     "router_aux_loss_coef": 0.9, "sliding_window": 128, "swiglu_limit": 7.0, "tie_word_embeddings": false,
     "vocab_size": 201088})");
   for (int l = 0; l < 24; ++l) gpt_oss["layer_types"].push_back(l % 2 == 0 ? "sliding_attention" : "full_attention");
+  // Llama 4 Scout (-Instruct) and Maverick: the released config.json is Llama4ForConditionalGeneration's
+  // (model_type llama4, the vision tower beside); its text_config is the Llama4ForCausalLM config read
+  // here, with that architecture named.
+  const json scout_release = json::parse(R"({"architectures": ["Llama4ForConditionalGeneration"], "model_type": "llama4",
+    "text_config": {"attention_bias": false, "attention_chunk_size": 8192, "attn_scale": 0.1,
+    "attn_temperature_tuning": 4, "floor_scale": 8192, "head_dim": 128, "hidden_act": "silu", "hidden_size": 5120,
+    "interleave_moe_layer_step": 1, "intermediate_size": 8192, "intermediate_size_mlp": 16384,
+    "max_position_embeddings": 10485760, "model_type": "llama4_text", "num_attention_heads": 40,
+    "num_experts_per_tok": 1, "num_hidden_layers": 48, "num_key_value_heads": 8, "num_local_experts": 16,
+    "output_router_logits": false, "rms_norm_eps": 1e-05, "rope_scaling": {"factor": 16.0, "high_freq_factor": 1.0,
+    "low_freq_factor": 1.0, "original_max_position_embeddings": 8192, "rope_type": "llama3"}, "rope_theta": 500000.0,
+    "router_aux_loss_coef": 0.001, "router_jitter_noise": 0.0, "use_qk_norm": true, "vocab_size": 202048},
+    "tie_word_embeddings": false})");
+  json scout = scout_release["text_config"], maverick = scout;
+  scout["architectures"] = maverick["architectures"] = {"Llama4ForCausalLM"};
+  maverick["interleave_moe_layer_step"] = 2, maverick["num_local_experts"] = 128, maverick["use_qk_norm"] = false;
+  maverick["max_position_embeddings"] = 1048576, maverick["rope_scaling"] = nullptr;
+  for (int l = 0; l < 48; ++l) {
+    scout["moe_layers"].push_back(l);
+    if (l % 2 == 1) maverick["moe_layers"].push_back(l);
+    for (json* c : {&scout, &maverick}) (*c)["no_rope_layers"].push_back(int((l + 1) % 4 != 0));
+  }
   for (const auto& [config, preset] : {std::pair{&mixtral, "mixtral_8x7B_v0.1"},
                                        {&qwen3, "qwen3_30B_A3B"},
                                        {&v2_lite, "deepseek_v2_lite"},
                                        {&v3, "deepseek_v3"},
-                                       {&gpt_oss, "gpt_oss_20B"}}) {
+                                       {&gpt_oss, "gpt_oss_20B"},
+                                       {&scout, "llama4_17B16E"},
+                                       {&maverick, "llama4_17B128E"}}) {
     SCOPED_TRACE(preset);
     const ModelSpec ours = hf::spec_from_hf_config(*config, preset, nullptr);
     ModelSpec want = load_model_spec(preset);
@@ -439,6 +467,21 @@ TEST(HfMoe, PublishedConfigsGiveOurPresets) {
     EXPECT_EQ(ours.window_size, want.window_size);
     EXPECT_EQ(ours.activation_func_clamp_value, want.activation_func_clamp_value);
     EXPECT_EQ(ours.norm_epsilon, want.norm_epsilon);
+    for (int64_t l = 0; l < ours.num_layers; ++l) {  // Llama 4's NoPE and MoE layers
+      EXPECT_EQ(ours.layer_uses_rope(l), want.layer_uses_rope(l)) << "layer " << l;
+      EXPECT_EQ(ours.is_moe_layer(l), want.is_moe_layer(l)) << "layer " << l;
+    }
+    EXPECT_EQ(ours.use_rope_scaling, want.use_rope_scaling);
+    if (want.use_rope_scaling) {  // Llama 3.1's scaling (Scout's)
+      EXPECT_EQ(ours.rope_scaling_factor, want.rope_scaling_factor);
+      EXPECT_EQ(ours.rope_low_freq_factor, want.rope_low_freq_factor);
+      EXPECT_EQ(ours.rope_high_freq_factor, want.rope_high_freq_factor);
+      EXPECT_EQ(ours.rope_original_max_position_embeddings, want.rope_original_max_position_embeddings);
+    }
+    EXPECT_EQ(ours.qk_l2_norm, want.qk_l2_norm);
+    EXPECT_EQ(ours.attention_chunk_size, want.attention_chunk_size);
+    EXPECT_EQ(ours.attn_temperature_tuning, want.attn_temperature_tuning);
+    EXPECT_EQ(ours.moe_apply_probs_on_input, want.moe_apply_probs_on_input);
     // Routing weights: a softmax over the chosen logits equals a softmax over all, renormalised.
     auto renormalised = [](const ModelSpec& s) { return !s.moe_router_pre_softmax || s.moe_router_norm_topk_prob; };
     EXPECT_EQ(renormalised(ours), renormalised(want));
