@@ -297,6 +297,56 @@ TEST(HfMoe, HostileInputsAreRefusedByName) {
             std::string::npos);
 }
 
+// Llama 4: values its model here cannot represent, the multimodal wrapper, a missing packed
+// expert tensor, and exports across Llama 4 and the other families, refused by name.
+TEST(HfMoe, Llama4HostileInputsAreRefusedByName) {
+  TempDir t;
+  const std::string src = t / "src";
+  test::peer_write_family(src, "llama4", "F32", 5'000'000'000);
+  const json good = read_config(src);
+  auto import_with = [&](const std::function<void(json&)>& edit) {
+    json c = good;
+    edit(c);
+    write_config(src, c);
+    return error_of([&] { hf::import_hf({src, t / "save", "", true}); });
+  };
+  EXPECT_NE(import_with([](json& c) { c["num_experts_per_tok"] = 2; }).find("num_experts_per_tok 2"),
+            std::string::npos);
+  EXPECT_NE(import_with([](json& c) { c["no_rope_layers"] = {1, 0}; }).find("no_rope_layers lists 2 layers"),
+            std::string::npos);
+  EXPECT_NE(import_with([](json& c) { c["no_rope_layers"] = {1, 2, 0, 0}; }).find("no_rope_layers entry 2"),
+            std::string::npos);
+  EXPECT_NE(import_with([](json& c) { c["moe_layers"] = {1, 4}; }).find("moe_layers names layer 4"),
+            std::string::npos);
+  EXPECT_NE(import_with([](json& c) { c["attn_temperature_tuning"] = "yes"; }).find("attn_temperature_tuning"),
+            std::string::npos);
+  EXPECT_NE(import_with([](json& c) {
+              c["architectures"] = {"Llama4ForConditionalGeneration"};
+            }).find("architecture 'Llama4ForConditionalGeneration' is not supported"),
+            std::string::npos);
+  write_config(src, good);
+  const std::string ckpt = hf::import_hf({src, t / "ckpt", "", false});
+  hf::ExportOptions eo;
+  eo.checkpoint = ckpt;
+  eo.out_dir = t / "dst";
+  eo.architecture = "MixtralForCausalLM";
+  EXPECT_NE(error_of([&] { hf::export_hf(eo); }).find("Llama 4's parts"), std::string::npos);
+  EXPECT_FALSE(fs::exists(t / "dst"));
+  rewrite_tensors(src, [](std::vector<hf::TensorOut>& ts) {
+    std::erase_if(ts, [](const hf::TensorOut& x) { return x.name == "model.layers.3.feed_forward.experts.down_proj"; });
+  });
+  EXPECT_NE(error_of([&] {
+              hf::import_hf({src, t / "save", "", true});
+            }).find("model.layers.3.feed_forward.experts.down_proj"),
+            std::string::npos);
+  EXPECT_FALSE(fs::exists(t / "save"));
+  // A Mixtral checkpoint is not a Llama 4 one: its softmax top-2 routing is refused by name.
+  test::peer_write_family(t / "mixtral", "mixtral", "F32", 5'000'000'000);
+  eo.checkpoint = hf::import_hf({t / "mixtral", t / "mixtral_ckpt", "", false});
+  eo.architecture = "Llama4ForCausalLM";
+  EXPECT_NE(error_of([&] { hf::export_hf(eo); }).find("top-1 routing whose sigmoid score"), std::string::npos);
+}
+
 // An export as a family that cannot hold the model is refused by name.
 TEST(HfMoe, ExportAsAnotherFamilyIsRefusedByName) {
   TempDir t;
