@@ -13,7 +13,8 @@ peer model (benchmarks/engine/torch_llama.py).
         one JSON line: the fp32 logits at every position ([positions][vocab])
 
 The MoE families run in hf_moe_peer.py, a forward written from the Hugging Face modeling code's
-facts (modeling_mixtral, modeling_qwen2_moe, modeling_qwen3_moe, DeepSeek's modeling_deepseek), in
+facts (modeling_mixtral, modeling_qwen2_moe, modeling_qwen3_moe, modeling_gpt_oss, modeling_llama4,
+DeepSeek's modeling_deepseek), in
 float64, on Hugging Face's tensor names.
 
 Run it with /usr/bin/python3 (Debian's python3-torch).
