@@ -335,11 +335,18 @@ void write_llama4(const ModelSpec& s, const Architecture& a, json& c) {
     if (s.is_moe_layer(l)) moe_layers.push_back(l);
     rope.push_back(s.layer_uses_rope(l));
   }
+  need_part(!moe_layers.empty(), "a layer with experts");
   c["intermediate_size"] = s.expert_ffn();
   c["intermediate_size_mlp"] = s.ffn_hidden_size;
   c["num_local_experts"] = s.num_experts;
   c["num_experts_per_tok"] = s.moe_router_topk;
-  c["interleave_moe_layer_step"] = 1;
+  // The step whose default list these layers are, when they are one (Scout 1, Maverick 2); else 1
+  // (HF reads moe_layers first either way).
+  const int64_t step = moe_layers.front() + 1;
+  bool stepped = true;
+  for (size_t i = 0; i < moe_layers.size(); ++i) stepped = stepped && moe_layers[i] == step - 1 + int64_t(i) * step;
+  stepped = stepped && moe_layers.back() + step >= s.num_layers;
+  c["interleave_moe_layer_step"] = stepped ? step : 1;
   c["moe_layers"] = moe_layers;
   c["no_rope_layers"] = rope;
   c["use_qk_norm"] = s.qk_l2_norm;

@@ -72,7 +72,7 @@ std::vector<std::string> family_keys(const std::string& family) {
                        "layer_types", "swiglu_limit", "attention_bias", "rope_scaling"});
   if (family == "llama4")
     k.insert(k.end(), {"num_local_experts", "intermediate_size", "intermediate_size_mlp", "num_key_value_heads",
-                       "head_dim", "moe_layers", "no_rope_layers", "use_qk_norm", "attention_chunk_size",
+                       "head_dim", "moe_layers", "interleave_moe_layer_step", "no_rope_layers", "use_qk_norm", "attention_chunk_size",
                        "attn_temperature_tuning", "floor_scale", "attn_scale", "rope_scaling"});
   if (family.starts_with("deepseek"))
     k.insert(k.end(), {"n_routed_experts", "n_shared_experts", "moe_intermediate_size", "intermediate_size",
@@ -538,6 +538,8 @@ TEST(HfMoe, PublishedConfigsGiveOurPresets) {
     // And back: the config an export writes reads into the same model.
     const json back = hf::hf_config_from_spec(ours, hf::default_architecture(ours).name, "bfloat16");
     EXPECT_EQ(back["architectures"], (*config)["architectures"]);
+    if (config->contains("interleave_moe_layer_step"))  // Llama 4's
+      EXPECT_EQ(back["interleave_moe_layer_step"], (*config)["interleave_moe_layer_step"]);
     EXPECT_EQ(model_stats(hf::spec_from_hf_config(back, preset, nullptr), 128).flops_per_token, a.flops_per_token);
   }
 }
