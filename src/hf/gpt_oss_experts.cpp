@@ -9,7 +9,9 @@ namespace primus::hf {
 
 namespace {
 
-std::string hf_prefix(const PackedExperts& k, int64_t l) { return fmt::format("model.layers.{}.{}experts.", l, k.block); }
+std::string hf_prefix(const PackedExperts& k, int64_t l) {
+  return fmt::format("model.layers.{}.{}experts.", l, k.block);
+}
 std::string our_prefix(int64_t l, int64_t e) {
   return fmt::format("decoder.layers.{}.mlp.experts.local_experts.{}.", l, e);
 }
@@ -59,8 +61,8 @@ std::vector<float> bias(const SafetensorsReader& st, const std::string& name, in
 }  // namespace
 
 void import_packed_experts(const PackedExperts& k, const SafetensorsReader& st, const ModelSpec& s, ParamStore& store,
-                            std::map<std::string, bool>& used,
-                            const std::function<void(const std::vector<float>&, const std::string&)>& check) {
+                           std::map<std::string, bool>& used,
+                           const std::function<void(const std::vector<float>&, const std::string&)>& check) {
   const int64_t E = s.num_experts, h = s.hidden_size, f = s.expert_ffn();
   for (int64_t l = 0; l < s.num_layers; ++l) {
     if (!s.is_moe_layer(l)) continue;
@@ -91,7 +93,7 @@ void import_packed_experts(const PackedExperts& k, const SafetensorsReader& st, 
 }
 
 std::vector<TensorOut> export_packed_experts(const PackedExperts& k, const ModelSpec& s, const ParamStore& store,
-                                              const std::vector<float>& values, const std::string& dtype) {
+                                             const std::vector<float>& values, const std::string& dtype) {
   const int64_t E = s.num_experts, h = s.hidden_size, f = s.expert_ffn();
   std::vector<TensorOut> out;
   for (int64_t l = 0; l < s.num_layers; ++l) {

@@ -38,11 +38,11 @@ inline constexpr PackedExperts kLlama4Experts{"feed_forward.", false, false};
 // Fills every MoE layer's expert tensors of `store` from `st`, marking the tensors read in `used`;
 // `check` sees each tensor's values (the finiteness check). Errors name the tensor.
 void import_packed_experts(const PackedExperts& k, const SafetensorsReader& st, const ModelSpec& s, ParamStore& store,
-                            std::map<std::string, bool>& used,
-                            const std::function<void(const std::vector<float>&, const std::string&)>& check);
+                           std::map<std::string, bool>& used,
+                           const std::function<void(const std::vector<float>&, const std::string&)>& check);
 
 // The packed tensors of every MoE layer from `values` (the store's flat layout), as `dtype`.
 std::vector<TensorOut> export_packed_experts(const PackedExperts& k, const ModelSpec& s, const ParamStore& store,
-                                              const std::vector<float>& values, const std::string& dtype);
+                                             const std::vector<float>& values, const std::string& dtype);
 
 }  // namespace primus::hf

@@ -555,8 +555,8 @@ std::vector<TensorOut> hf_tensors(const ModelSpec& spec, Family family, const Pa
     }
   }
   if (family == Family::GptOss || family == Family::Llama4)
-    for (TensorOut& t : export_packed_experts(family == Family::GptOss ? kGptOssExperts : kLlama4Experts, spec, store,
-                                              values, dtype))
+    for (TensorOut& t :
+         export_packed_experts(family == Family::GptOss ? kGptOssExperts : kLlama4Experts, spec, store, values, dtype))
       out.push_back(std::move(t));
   return out;
 }

@@ -33,8 +33,9 @@ T value_or(const json& c, const char* key, T fallback, const std::string& where)
 
 bool is_deepseek(Family f) { return f == Family::DeepseekV2 || f == Family::DeepseekV3; }
 bool is_qwen_moe(Family f) { return f == Family::Qwen2Moe || f == Family::Qwen3Moe; }
-bool is_moe_family(Family f) { return f == Family::Mixtral || is_qwen_moe(f) || is_deepseek(f) || f == Family::GptOss ||
-                                   f == Family::Llama4; }
+bool is_moe_family(Family f) {
+  return f == Family::Mixtral || is_qwen_moe(f) || is_deepseek(f) || f == Family::GptOss || f == Family::Llama4;
+}
 
 // The MoE layers as our spec holds them: every layer (moe_layer_freq 1), else the 0/1 list.
 void set_moe_layers(ModelSpec& s, const std::vector<int64_t>& sparse) {
@@ -300,7 +301,8 @@ void read_llama4(const json& c, const std::string& where, ModelSpec& s) {
     if (every < 1) fail("{}: no_rope_layer_interval must be at least 1, got {}", where, every);
     for (int64_t l = 0; l < L; ++l) rope.push_back((l + 1) % every != 0);
   }
-  if (int64_t(rope.size()) != L) fail("{}: no_rope_layers lists {} layers, num_hidden_layers is {}", where, rope.size(), L);
+  if (int64_t(rope.size()) != L)
+    fail("{}: no_rope_layers lists {} layers, num_hidden_layers is {}", where, rope.size(), L);
   std::vector<int64_t> nope;
   for (int64_t r : rope) {
     if (r != 0 && r != 1) fail("{}: no_rope_layers entry {} is not 0 (NoPE) or 1 (RoPE)", where, r);
@@ -567,7 +569,9 @@ void glu_mappings(const std::string& ours, const std::string& gate, const std::s
 }
 
 void moe_mappings(const ModelSpec& s, Family f, const std::string& o, const std::string& h, std::vector<Mapping>& m) {
-  const std::string mlp = h + (f == Family::Mixtral ? "block_sparse_moe." : f == Family::Llama4 ? "feed_forward." : "mlp.");
+  const std::string mlp = h + (f == Family::Mixtral  ? "block_sparse_moe."
+                               : f == Family::Llama4 ? "feed_forward."
+                                                     : "mlp.");
   if (f == Family::Llama4) {  // the experts are packed: gpt_oss_experts.h
     m.push_back({o + "mlp.router.weight", {mlp + "router.weight"}, {}, {}});
     glu_mappings(o + "mlp.shared_experts.", mlp + "shared_expert.gate_proj", mlp + "shared_expert.up_proj",
@@ -626,7 +630,7 @@ const Architecture& architecture_named(const std::string& name, const std::strin
 
 const Architecture& default_architecture(const ModelSpec& s) {
   const char* name = s.add_bias_linear && s.learns_attention_sinks() ? "GptOssForCausalLM"
-                     : s.moe_apply_probs_on_input || s.qk_l2_norm ? "Llama4ForCausalLM"
+                     : s.moe_apply_probs_on_input || s.qk_l2_norm    ? "Llama4ForCausalLM"
                      : s.multi_latent_attention
                          ? (s.moe_router_enable_expert_bias ? "DeepseekV3ForCausalLM" : "DeepseekV2ForCausalLM")
                      : s.is_moe() && s.moe_shared_expert_intermediate_size > 0 ? "Qwen2MoeForCausalLM"

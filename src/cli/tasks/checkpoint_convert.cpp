@@ -41,10 +41,11 @@ TaskRegistrar export_reg{
        app.add_option("--dtype", o->dtype, "weight type of the files")
            ->check(CLI::IsMember({"F32", "BF16"}))
            ->capture_default_str();
-       app.add_option("--architecture", o->architecture,
-                      "LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, MixtralForCausalLM, "
-                      "Qwen2MoeForCausalLM, Qwen3MoeForCausalLM, DeepseekV2ForCausalLM, DeepseekV3ForCausalLM, "
-                      "GptOssForCausalLM or Llama4ForCausalLM (default: the family the model's parts say; docs/checkpoints.md)");
+       app.add_option(
+           "--architecture", o->architecture,
+           "LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, MixtralForCausalLM, "
+           "Qwen2MoeForCausalLM, Qwen3MoeForCausalLM, DeepseekV2ForCausalLM, DeepseekV3ForCausalLM, "
+           "GptOssForCausalLM or Llama4ForCausalLM (default: the family the model's parts say; docs/checkpoints.md)");
        app.add_option("--max-shard-size", o->max_shard_bytes,
                       "largest safetensors file in bytes; more weights go into shards with an index")
            ->check(kAtLeastOne)

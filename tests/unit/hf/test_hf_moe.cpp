@@ -32,8 +32,8 @@ using test::error_of;
 
 using test::TempDir;
 
-const std::vector<std::string> kFamilies = {"mixtral",     "qwen2_moe",   "qwen3_moe", "deepseek_v2",
-                                            "deepseek_v3", "gpt_oss",     "llama4"};
+const std::vector<std::string> kFamilies = {"mixtral",     "qwen2_moe", "qwen3_moe", "deepseek_v2",
+                                            "deepseek_v3", "gpt_oss",   "llama4"};
 const std::vector<int32_t> kTokens = {1, 17, 200, 3, 3, 255, 42, 0, 99, 128, 7, 64};
 
 json read_config(const std::string& dir) {
@@ -72,8 +72,8 @@ std::vector<std::string> family_keys(const std::string& family) {
                        "layer_types", "swiglu_limit", "attention_bias", "rope_scaling"});
   if (family == "llama4")
     k.insert(k.end(), {"num_local_experts", "intermediate_size", "intermediate_size_mlp", "num_key_value_heads",
-                       "head_dim", "moe_layers", "interleave_moe_layer_step", "no_rope_layers", "use_qk_norm", "attention_chunk_size",
-                       "attn_temperature_tuning", "floor_scale", "attn_scale", "rope_scaling"});
+                       "head_dim", "moe_layers", "interleave_moe_layer_step", "no_rope_layers", "use_qk_norm",
+                       "attention_chunk_size", "attn_temperature_tuning", "floor_scale", "attn_scale", "rope_scaling"});
   if (family.starts_with("deepseek"))
     k.insert(k.end(), {"n_routed_experts", "n_shared_experts", "moe_intermediate_size", "intermediate_size",
                        "first_k_dense_replace", "q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim",
@@ -312,12 +312,15 @@ TEST(HfMoe, Llama4HostileInputsAreRefusedByName) {
   };
   EXPECT_NE(import_with([](json& c) { c["num_experts_per_tok"] = 2; }).find("num_experts_per_tok 2"),
             std::string::npos);
-  EXPECT_NE(import_with([](json& c) { c["no_rope_layers"] = {1, 0}; }).find("no_rope_layers lists 2 layers"),
+  EXPECT_NE(import_with([](json& c) {
+              c["no_rope_layers"] = {1, 0};
+            }).find("no_rope_layers lists 2 layers"),
             std::string::npos);
-  EXPECT_NE(import_with([](json& c) { c["no_rope_layers"] = {1, 2, 0, 0}; }).find("no_rope_layers entry 2"),
+  EXPECT_NE(import_with([](json& c) {
+              c["no_rope_layers"] = {1, 2, 0, 0};
+            }).find("no_rope_layers entry 2"),
             std::string::npos);
-  EXPECT_NE(import_with([](json& c) { c["moe_layers"] = {1, 4}; }).find("moe_layers names layer 4"),
-            std::string::npos);
+  EXPECT_NE(import_with([](json& c) { c["moe_layers"] = {1, 4}; }).find("moe_layers names layer 4"), std::string::npos);
   EXPECT_NE(import_with([](json& c) { c["attn_temperature_tuning"] = "yes"; }).find("attn_temperature_tuning"),
             std::string::npos);
   EXPECT_NE(import_with([](json& c) {
@@ -415,9 +418,8 @@ TEST(HfMoe, ImportedCheckpointTrainsUnderExpertParallel) {
 }
 
 // The published config.json files of Mixtral-8x7B-v0.1, Qwen3-30B-A3B, DeepSeek-V2-Lite,
-// DeepSeek-V3, gpt-oss-20b and Llama 4 Scout / Maverick (their model keys, as Hugging Face hosts them) read into the models of
-// our presets of the same names: the same parameter and active counts, the same routing and
-// rotary keys.
+// DeepSeek-V3, gpt-oss-20b and Llama 4 Scout / Maverick (their model keys, as Hugging Face hosts them) read into the
+// models of our presets of the same names: the same parameter and active counts, the same routing and rotary keys.
 TEST(HfMoe, PublishedConfigsGiveOurPresets) {
   const json mixtral = json::parse(
       R"({"architectures": ["MixtralForCausalLM"], "hidden_act": "silu", "hidden_size": 4096,
@@ -468,7 +470,8 @@ TEST(HfMoe, PublishedConfigsGiveOurPresets) {
   // Llama 4 Scout (-Instruct) and Maverick: the released config.json is Llama4ForConditionalGeneration's
   // (model_type llama4, the vision tower beside); its text_config is the Llama4ForCausalLM config read
   // here, with that architecture named.
-  const json scout_release = json::parse(R"({"architectures": ["Llama4ForConditionalGeneration"], "model_type": "llama4",
+  const json scout_release = json::parse(
+      R"({"architectures": ["Llama4ForConditionalGeneration"], "model_type": "llama4",
     "text_config": {"attention_bias": false, "attention_chunk_size": 8192, "attn_scale": 0.1,
     "attn_temperature_tuning": 4, "floor_scale": 8192, "head_dim": 128, "hidden_act": "silu", "hidden_size": 5120,
     "interleave_moe_layer_step": 1, "intermediate_size": 8192, "intermediate_size_mlp": 16384,
