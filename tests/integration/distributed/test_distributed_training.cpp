@@ -930,6 +930,8 @@ TEST_F(ExpertParallel, Llama4Ep2Tp2SequenceParallel) {
 TEST_F(ExpertParallel, Llama4Cp2) {
   expect_same_training(2, "--context_parallel_size 2 --moe_router_load_balancing_type aux_loss", kLlama4);
 }
+// Two pipeline stages: the dense and the MoE layer, the NoPE layer with its temperature on the second.
+TEST_F(ExpertParallel, Llama4Pp2) { expect_same_training(2, "--pipeline_model_parallel_size 2", kLlama4); }
 // Expert tensor parallelism (expert_tensor_parallel_size = tp, the default as in Megatron): each
 // expert's ffn and the shared expert's are split over tp, every tp rank routes all the rows
 // (gathered under sequence parallelism), the experts' partial outputs are summed over tp. Under
