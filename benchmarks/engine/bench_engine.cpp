@@ -28,6 +28,7 @@
 #include "kernels/cpu/bf16/bf16_backend.h"
 #include "kernels/cpu/bf16/gemm.h"
 #include "kernels/cpu/cpu_backend.h"
+#include "kernels/cpu/ceiling.h"
 #include "kernels/cpu/cpu_features.h"
 #include "kernels/cpu/gemm.h"
 #include "model/linears.h"
@@ -47,7 +48,8 @@ struct Result {
   double tokens_per_sec = 0, step_time = 0, gflops = 0, loss_first = 0, loss_last = 0, forward = 0, backward = 0,
          clip = 0, optimizer = 0;
   size_t peak_bytes = 0;
-  double peak_gflops = 0;  // ours: the machine's peak, measured just before this run
+  double peak_gflops = 0;     // ours: the machine's peak, measured just before this run
+  double ceiling_gflops = 0;  // ours: the instruction ceiling (kernels/cpu/ceiling.h), measured just before this run
   // --profile: seconds per step in each op category, the GEMMs' FLOPs, and the part of the
   // optimizer step that refreshes the bf16 working copy.
   std::array<double, bench::TimedBackend::kCategories> ops{};
@@ -163,6 +165,13 @@ static const Result& median(std::vector<Result>& runs) {
   return runs[(runs.size() - 1) / 2];
 }
 
+// The median of values (the mean of the middle two for an even count).
+static double median_of(std::vector<double> v) {
+  if (v.empty()) return 0.0;
+  std::sort(v.begin(), v.end());
+  return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
+}
+
 static std::string all_rates(const std::vector<Result>& runs) {
   std::string s;
   for (const auto& r : runs) s += fmt::format("{}{:.0f}", s.empty() ? "" : ", ", r.tokens_per_sec);
@@ -235,6 +244,7 @@ int main(int argc, char** argv) {
                                    ? spec.name
                                    : model_preset_dir() + "/" + spec.name + ".yaml";
       std::vector<Result> ours_runs, fp8_runs;
+      std::string ceiling_instruction;
       std::map<std::string, std::vector<Result>> peer_runs;
       Fp8Options fp8;
       if (!fp8_recipe.empty()) {
@@ -246,9 +256,12 @@ int main(int argc, char** argv) {
         // The peak again right before each of our runs: MFU from numbers taken under the same load.
         const double round_peak =
             bf16 ? cpu::bf16k::measure_bf16_gemm_peak_gflops(2048, 2) : cpu::measure_sgemm_peak_gflops(2048, 2);
+        const cpu::InstructionCeiling round_ceiling = cpu::measure_instruction_ceiling(bf16);
+        ceiling_instruction = round_ceiling.instruction;
         ours_runs.push_back(run_ours(spec, mbs, seq, iters, warmup, recompute_of(recompute),
                                      bf16 ? Precision::Bf16 : Precision::Fp32, profile));
         ours_runs.back().peak_gflops = round_peak;
+        ours_runs.back().ceiling_gflops = round_ceiling.gflops;
         if (fp8.enabled)
           fp8_runs.push_back(run_ours(spec, mbs, seq, iters, warmup, recompute_of(recompute),
                                       bf16 ? Precision::Bf16 : Precision::Fp32, profile, fp8));
@@ -262,14 +275,15 @@ int main(int argc, char** argv) {
       Result ours = median(ours_sorted);
       ours.gflops = stats.flops_per_token * ours.tokens_per_sec / 1e9;
       // MFU of each round against the peak measured just before it; the median of those.
-      std::vector<double> mfus;
-      std::string round_peaks;
+      std::vector<double> mfus, ceiling_mfus;
+      std::string round_peaks, round_ceilings;
       for (const auto& r : ours_runs) {
         mfus.push_back(stats.flops_per_token * r.tokens_per_sec / 1e9 / r.peak_gflops);
+        ceiling_mfus.push_back(stats.flops_per_token * r.tokens_per_sec / 1e9 / r.ceiling_gflops);
         round_peaks += fmt::format("{}{:.0f}", round_peaks.empty() ? "" : ", ", r.peak_gflops);
+        round_ceilings += fmt::format("{}{:.0f}", round_ceilings.empty() ? "" : ", ", r.ceiling_gflops);
       }
-      std::sort(mfus.begin(), mfus.end());
-      const double mfu = mfus.size() % 2 ? mfus[mfus.size() / 2] : 0.5 * (mfus[mfus.size() / 2 - 1] + mfus[mfus.size() / 2]);
+      const double mfu = median_of(mfus), mfu_ceiling = median_of(ceiling_mfus);
       fmt::print("  primus {:<5} {:>8.0f} tokens/s  step {:.3f} s (fwd {:.3f}, bwd {:.3f}, clip {:.3f}, optim {:.3f})  "
                  "{:.1f} GFLOP/s  peak mem {:.0f} MiB  loss {:.3f} -> {:.3f}{}\n",
                  precision, ours.tokens_per_sec, ours.step_time, ours.forward, ours.backward, ours.clip, ours.optimizer,
@@ -277,6 +291,8 @@ int main(int argc, char** argv) {
                  rounds > 1 ? fmt::format("  (rounds: {})", all_rates(ours_runs)) : std::string());
       fmt::print("  MFU          {:.1f}% of the {} peak measured before each run ({} GFLOP/s){}\n", 100 * mfu, peak_name,
                  round_peaks, rounds > 1 ? " (median of the rounds)" : "");
+      fmt::print("  MFU          {:.1f}% of the instruction ceiling measured before each run ({}: {} GFLOP/s){}\n",
+                 100 * mfu_ceiling, ceiling_instruction, round_ceilings, rounds > 1 ? " (median of the rounds)" : "");
       nlohmann::json row{{"model", spec.name},
                          {"micro_batch_size", mbs},
                          {"seq_length", seq},
@@ -288,16 +304,16 @@ int main(int argc, char** argv) {
                          {"peak_gflops", peak},
                          {"tokens_per_sec", ours.tokens_per_sec},
                          {"gflops", ours.gflops},
-                         {"mfu", mfu}};
+                         {"mfu", mfu},
+                         {"ceiling_instruction", ceiling_instruction},
+                         {"mfu_ceiling", mfu_ceiling}};
       if (bf16) row["bf16_gemm_peak_gflops"] = bf16_peak;
       if (!fp8_runs.empty()) {  // FP8 beside ours without it, round by round
         std::vector<Result> sorted = fp8_runs;
         const Result& f = median(sorted);
         std::vector<double> ratios;
         for (size_t k = 0; k < fp8_runs.size(); ++k) ratios.push_back(fp8_runs[k].tokens_per_sec / ours_runs[k].tokens_per_sec);
-        std::sort(ratios.begin(), ratios.end());
-        const double ratio = ratios.size() % 2 ? ratios[ratios.size() / 2]
-                                               : 0.5 * (ratios[ratios.size() / 2 - 1] + ratios[ratios.size() / 2]);
+        const double ratio = median_of(ratios);
         fmt::print("  primus fp8   {:>8.0f} tokens/s  step {:.3f} s  ({} recipe, hybrid, on the {} path)  loss {:.3f} -> "
                    "{:.3f}{}\n",
                    f.tokens_per_sec, f.step_time, fp8_recipe, precision, f.loss_first, f.loss_last,
@@ -329,9 +345,7 @@ int main(int argc, char** argv) {
           ratios.push_back(ours_runs[k].tokens_per_sec / it->second[k].tokens_per_sec);
         std::string per_round;
         for (double x : ratios) per_round += fmt::format("{}{:.2f}", per_round.empty() ? "" : ", ", x);
-        std::sort(ratios.begin(), ratios.end());
-        const double ratio = ratios.size() % 2 ? ratios[ratios.size() / 2]
-                                               : 0.5 * (ratios[ratios.size() / 2 - 1] + ratios[ratios.size() / 2]);
+        const double ratio = median_of(ratios);
         fmt::print("  ratio        {:.2f}x PyTorch {}'s tokens/s{}\n", ratio, mode == "bf16" ? "autocast bf16" : "fp32",
                    rounds > 1 ? fmt::format(" (median of the rounds' ratios: {})", per_round) : std::string());
         row["torch_" + mode + "_tokens_per_sec"] = p.tokens_per_sec;

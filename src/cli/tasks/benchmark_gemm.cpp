@@ -39,6 +39,7 @@
 #include "core/rng.h"
 #include "kernels/cpu/bf16/bf16_backend.h"
 #include "kernels/cpu/bf16/gemm.h"
+#include "kernels/cpu/ceiling.h"
 #include "kernels/cpu/gemm.h"
 #include "model/llama.h"
 #include "plan/gemm_list.h"
@@ -96,6 +97,7 @@ struct ShapeResult {
   std::vector<CpuImplTime> cpu_impls;
   cpu::bf16k::GemmImpl backend_impl = cpu::bf16k::GemmImpl::Avx512;
   double peak_tflops = 0;
+  cpu::InstructionCeiling ceiling;  // CPU bf16: the vdpbf16ps register loop, measured in the same run
   // GPU only: the tuning that chose the algorithm
   bool tuned = false;
   double heuristic_ms = 0, best_ms = 0;
@@ -170,6 +172,7 @@ ShapeResult run_cpu_shape(const Options& o) {
   for (const auto& x : r.cpu_impls)
     if (x.impl == r.backend_impl) r.ms = x.ms;
   r.peak_tflops = cpu::bf16k::measure_bf16_gemm_peak_gflops(2048, 4) / 1e3;
+  r.ceiling = cpu::measure_instruction_ceiling(true);
   return r;
 }
 
@@ -231,6 +234,9 @@ int run_shape(const Options& o) {
   const double flops = 2.0 * double(o.m) * double(o.n) * double(o.k);
   const std::string out_dtype = cuda || o.out_dtype.empty() ? o.dtype : o.out_dtype;
   auto share = [&](double ms) { return r.peak_tflops > 0 ? bench::tflops(flops, ms) / r.peak_tflops : 0.0; };
+  auto ceiling_share = [&](double ms) {
+    return r.ceiling.gflops > 0 ? bench::tflops(flops, ms) * 1e3 / r.ceiling.gflops : 0.0;
+  };
   if (o.run.json) {
     nlohmann::ordered_json j = {{"op", "gemm"},
                                 {"device", cuda ? "cuda" : "cpu"},
@@ -248,11 +254,15 @@ int run_shape(const Options& o) {
       j["impl"] = cpu::bf16k::gemm_impl_name(r.backend_impl);
       j["peak_tflops"] = r.peak_tflops;
       j["peak_share"] = share(r.ms);
+      j["ceiling_instruction"] = r.ceiling.instruction;
+      j["ceiling_tflops"] = r.ceiling.gflops / 1e3;
+      j["ceiling_share"] = ceiling_share(r.ms);
       for (const auto& x : r.cpu_impls)
         j["impls"].push_back({{"impl", cpu::bf16k::gemm_impl_name(x.impl)},
                               {"ms", x.ms},
                               {"tflops", bench::tflops(flops, x.ms)},
-                              {"peak_share", share(x.ms)}});
+                              {"peak_share", share(x.ms)},
+                              {"ceiling_share", ceiling_share(x.ms)}});
     }
     if (r.tuned) {
       j["heuristic_ms"] = r.heuristic_ms;
@@ -274,9 +284,13 @@ int run_shape(const Options& o) {
     std::cout << fmt::format("  the bf16 backend runs {}; {:.0f}% of the machine's bf16 GEMM peak ({:.4g} TFLOP/s, "
                              "2048^3 best of 4, measured now)\n",
                              cpu::bf16k::gemm_impl_name(r.backend_impl), 100 * share(r.ms), r.peak_tflops);
+    std::cout << fmt::format("  {:.0f}% of the instruction ceiling ({} on {} threads: {:.4g} TFLOP/s, measured now)\n",
+                             100 * ceiling_share(r.ms), r.ceiling.instruction, r.ceiling.threads,
+                             r.ceiling.gflops / 1e3);
     for (const auto& x : r.cpu_impls)
-      std::cout << fmt::format("  {:<12} {:>10.4f} ms {:>10.4g} TFLOP/s {:>5.0f}% of peak\n",
-                               cpu::bf16k::gemm_impl_name(x.impl), x.ms, bench::tflops(flops, x.ms), 100 * share(x.ms));
+      std::cout << fmt::format("  {:<12} {:>10.4f} ms {:>10.4g} TFLOP/s {:>5.0f}% of peak {:>5.0f}% of ceiling\n",
+                               cpu::bf16k::gemm_impl_name(x.impl), x.ms, bench::tflops(flops, x.ms), 100 * share(x.ms),
+                               100 * ceiling_share(x.ms));
   }
   if (r.tuned)
     std::cout << fmt::format(

@@ -53,8 +53,9 @@ void gemm_grouped(const GemmArgs* g, int64_t count);
 // threads, through either implementation, in GFLOP/s. bf16 runs on the CPU report MFU against it
 // (PRIMUS_PEAK_BF16_GFLOPS overrides it), as fp32 runs do against the SGEMM peak.
 // The instruction ceiling's AVX-512 loops (kernels/cpu/ceiling.h, bf16/ceiling_avx512.cpp): `iters`
-// steps of 12 independent vdpbf16ps (or zmm FMA) chains in registers; the result only keeps the
-// work from being optimised away. Only where cpu_features.h finds the instructions.
+// steps of ceiling_zmm_chains() independent vdpbf16ps (or zmm FMA) chains in registers; the result
+// only keeps the work from being optimised away. Only where cpu_features.h finds the instructions.
+int ceiling_zmm_chains();
 float dpbf16_zmm_loop(long iters);
 float fma_zmm_loop(long iters);
 
