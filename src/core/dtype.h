@@ -4,6 +4,7 @@
 // tensors with shapes and dtypes whose storage holds no bytes.
 #pragma once
 
+#include <bit>
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -41,11 +42,23 @@ template <> struct dtype_of<float> { static constexpr DType value = DType::F32; 
 template <> struct dtype_of<double> { static constexpr DType value = DType::F64; };
 template <> struct dtype_of<int32_t> { static constexpr DType value = DType::I32; };
 
-// bf16 as storage: the upper half of an fp32, rounded to nearest even.
+// bf16 <-> fp32 on the bits, inline so that loops over them vectorize: a bf16 is the upper half
+// of an fp32, rounded to nearest even; a NaN stays a NaN. (The AVX-512 kernels keep their own
+// copy in kernels/cpu/bf16/avx512_common.h: code compiled for AVX-512 must not share inline
+// functions with the rest of the program.)
+inline float bf16_bits_to_float(uint16_t b) { return std::bit_cast<float>(uint32_t(b) << 16); }
+inline uint16_t float_to_bf16_bits(float f) {
+  uint32_t u = std::bit_cast<uint32_t>(f);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return uint16_t((u >> 16) | 0x40);
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return uint16_t(u >> 16);
+}
+
+// bf16 as storage.
 struct bf16 {
   uint16_t bits = 0;
-  static bf16 from_float(float f);
-  float to_float() const;
+  static bf16 from_float(float f) { return bf16{float_to_bf16_bits(f)}; }
+  float to_float() const { return bf16_bits_to_float(bits); }
 };
 template <> struct dtype_of<bf16> { static constexpr DType value = DType::BF16; };
 

@@ -12,21 +12,6 @@
 
 namespace primus {
 
-bf16 bf16::from_float(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return bf16{static_cast<uint16_t>((u >> 16) | 0x40)};  // NaN stays NaN
-  u += 0x7fffu + ((u >> 16) & 1u);  // round to nearest even
-  return bf16{static_cast<uint16_t>(u >> 16)};
-}
-
-float bf16::to_float() const {
-  uint32_t u = static_cast<uint32_t>(bits) << 16;
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
-
 Storage::Storage(size_t bytes, Device device) : bytes_(bytes), device_(device) {
   data_ = device == Device::CPU ? host_alloc(bytes) : device_hooks(device).alloc(bytes);
 }

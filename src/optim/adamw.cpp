@@ -9,21 +9,6 @@
 namespace primus {
 namespace {
 
-// bf16 <-> fp32 inline (core's bf16::from_float is out of line): the same rounding, to nearest
-// even, NaN kept NaN, so that the loops below vectorize.
-inline float bf16_bits_to_float(uint16_t b) {
-  const uint32_t u = uint32_t(b) << 16;
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
-inline uint16_t float_to_bf16_bits(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return uint16_t((u >> 16) | 0x40);
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return uint16_t(u >> 16);
-}
 inline float load_state(const float* x, int64_t i) { return x[i]; }
 inline float load_state(const bf16* x, int64_t i) { return bf16_bits_to_float(x[i].bits); }
 inline void store_state(float* x, int64_t i, float v) { x[i] = v; }

@@ -25,6 +25,8 @@ inline int32_t load_pair(const uint16_t* p) {
 }
 
 // ---- bf16 <-> fp32 ----
+// core/dtype.h's bf16_bits_to_float and float_to_bf16_bits, repeated: inline functions shared with
+// code compiled for the baseline could be linked in their AVX-512 form (target.h).
 
 inline float bf16_to_float(uint16_t b) {
   const uint32_t u = uint32_t(b) << 16;
