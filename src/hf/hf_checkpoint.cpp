@@ -305,10 +305,10 @@ void check_import_memory(const ModelSpec& spec, const std::string& where) {
   const uint64_t available = plan::host_available_bytes();
   if (available == 0 || need <= double(available)) return;
   auto size = [](double b) { return human_bytes(uint64_t(std::min(b, 1e19))); };
-  std::string layers =
-      spec.is_moe() ? fmt::format("{} layers: {:.0f} MoE of {:.0f}, {:.0f} dense of {:.0f}", spec.num_layers, moe_layers,
-                                  moe_layer, double(spec.num_layers) - moe_layers, layer)
-                    : fmt::format("{} layers of {:.0f}", spec.num_layers, layer);
+  std::string layers = spec.is_moe()
+                           ? fmt::format("{} layers: {:.0f} MoE of {:.0f}, {:.0f} dense of {:.0f}", spec.num_layers,
+                                         moe_layers, moe_layer, double(spec.num_layers) - moe_layers, layer)
+                           : fmt::format("{} layers of {:.0f}", spec.num_layers, layer);
   if (spec.mtp_num_layers > 0)
     layers += fmt::format(", {} multi-token-prediction depth(s) of {:.0f} in all", spec.mtp_num_layers, mtp);
   fail("{} describes a model of {:.0f} parameters ({}, {:.0f} outside the layers); importing it needs about {} of "
@@ -359,9 +359,10 @@ void check_mtp_copies(const SafetensorsReader& st, const ModelSpec& spec, std::m
                       const ImportOptions& o) {
   for (const auto& [copy, original] : mtp_copies(spec)) {
     if (!st.has(copy)) continue;
-    if (st.entry(copy).shape != st.entry(original).shape || tensor_values(st, copy, used) != tensor_values(st, original, used))
-      fail("{}: tensor '{}' differs from '{}': this model's multi-token prediction shares the main model's embedding and "
-           "output layer, so the copy must equal it",
+    if (st.entry(copy).shape != st.entry(original).shape ||
+        tensor_values(st, copy, used) != tensor_values(st, original, used))
+      fail("{}: tensor '{}' differs from '{}': this model's multi-token prediction shares the main model's embedding "
+           "and output layer, so the copy must equal it",
            o.hf_dir, copy, original);
     used[copy] = true;
   }
@@ -431,26 +432,31 @@ void drop_absent_mtp(const SafetensorsReader& st, ModelSpec& spec, const ImportO
   spec.mtp_num_layers = 0;
 }
 
-// The checkpoint's config: the model, and the tokenizer when there is one (read now: a tokenizer
-// that does not load, or whose ids exceed the model's vocabulary, is an import error rather than a
-// surprise in `generate` or training).
-std::string import_config(const ModelSpec& spec, const ImportOptions& o) {
-  const fs::path dir(o.hf_dir);
+// The tokenizer the checkpoint will name ("": none), read now: a tokenizer that does not load, or
+// whose ids exceed the model's vocabulary, is an import error rather than a surprise in `generate`
+// or training.
+std::string import_tokenizer(const ModelSpec& spec, const ImportOptions& o) {
+  std::string tok = o.tokenizer;
+  std::error_code ec;
+  if (tok.empty() && fs::exists(fs::path(o.hf_dir) / "tokenizer.json", ec)) tok = o.hf_dir;
+  if (tok.empty()) return tok;
+  data::TokenizerOptions to;
+  to.type = "HuggingFaceTokenizer";
+  to.model = tok;
+  const auto t = data::build_tokenizer(to);
+  if (t->vocab_size() > spec.vocab_size)
+    fail("tokenizer '{}' has {} ids, more than the model's vocab_size {}", tok, t->vocab_size(), spec.vocab_size);
+  return tok;
+}
+
+// The checkpoint's config: the model, and the tokenizer `tok` when there is one.
+std::string import_config(const ModelSpec& spec, const ImportOptions& o, const std::string& tok) {
   YAML::Node cfg;
   cfg["exp_name"] = "hf_import";
   YAML::Node pt = cfg["modules"]["pre_trainer"];
-  pt["model"] = fs::absolute(dir).string();
+  pt["model"] = fs::absolute(o.hf_dir).string();
   pt["model_spec"] = model_spec_to_yaml(spec);
-  std::string tok = o.tokenizer;
-  std::error_code ec;
-  if (tok.empty() && fs::exists(dir / "tokenizer.json", ec)) tok = o.hf_dir;
   if (!tok.empty()) {
-    data::TokenizerOptions to;
-    to.type = "HuggingFaceTokenizer";
-    to.model = tok;
-    const auto t = data::build_tokenizer(to);
-    if (t->vocab_size() > spec.vocab_size)
-      fail("tokenizer '{}' has {} ids, more than the model's vocab_size {}", tok, t->vocab_size(), spec.vocab_size);
     pt["overrides"]["tokenizer_type"] = "HuggingFaceTokenizer";
     pt["overrides"]["tokenizer_model"] = fs::absolute(tok).string();
   }
@@ -468,9 +474,10 @@ std::string import_hf(const ImportOptions& o) {
   const json hf_config = read_json(dir / "config.json", "Hugging Face config");
   ModelSpec spec = spec_from_hf_config(hf_config, where, &arch);
   check_import_memory(spec, where);  // before anything of the model's size is allocated
+  const std::string tok = import_tokenizer(spec, o);
   SafetensorsReader st(o.hf_dir);
   drop_absent_mtp(st, spec, o);
-  const std::string config = import_config(spec, o);
+  const std::string config = import_config(spec, o, tok);
   auto store = whole_model_store(spec);
   fill_store(st, spec, architecture_named(arch, where), *store, o);
 

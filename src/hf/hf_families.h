@@ -62,8 +62,8 @@ struct Mapping {
 };
 
 // The attention and MLP tensors of decoder layer `l` (HF prefix `h` = "model.layers.N.", ours
-// `o` = ModelSpec::layer_prefix: "decoder.layers.N.", an MTP depth's layer past num_layers), appended to `m`; gpt-oss's and Llama 4's packed experts are not among them
-// (gpt_oss_experts.h).
+// `o` = ModelSpec::layer_prefix: "decoder.layers.N.", an MTP depth's layer past num_layers), appended to `m`;
+// gpt-oss's and Llama 4's packed experts are not among them (gpt_oss_experts.h).
 void layer_mappings(const ModelSpec& s, Family f, int64_t l, std::vector<Mapping>& m);
 
 // Reads the family's MoE and MLA keys of config.json into `s` (the dense keys are read already);

@@ -315,14 +315,15 @@ TEST(HfMoe, MtpHostileInputsAreRefusedByName) {
       std::erase_if(ts, [&](const hf::TensorOut& x) { return x.name == name; });
     };
   };
-  for (const std::string name : {"model.layers.3.enorm.weight", "model.layers.3.eh_proj.weight",
-                                 "model.layers.3.shared_head.norm.weight", "model.layers.3.mlp.experts.5.up_proj.weight",
-                                 "model.layers.3.self_attn.kv_a_proj_with_mqa.weight"})
+  for (const std::string name :
+       {"model.layers.3.enorm.weight", "model.layers.3.eh_proj.weight", "model.layers.3.shared_head.norm.weight",
+        "model.layers.3.mlp.experts.5.up_proj.weight", "model.layers.3.self_attn.kv_a_proj_with_mqa.weight"})
     EXPECT_NE(import_with(drop(name)).find(name), std::string::npos) << name;
   // A wrong shape: eh_proj [C, C] for [C, 2C].
   EXPECT_NE(import_with([](std::vector<hf::TensorOut>& ts) {
               for (auto& x : ts)
-                if (x.name == "model.layers.3.eh_proj.weight") x = {x.name, "F32", {64, 64}, x.bytes.substr(0, 64 * 64 * 4)};
+                if (x.name == "model.layers.3.eh_proj.weight")
+                  x = {x.name, "F32", {64, 64}, x.bytes.substr(0, 64 * 64 * 4)};
             }).find("model.layers.3.eh_proj.weight"),
             std::string::npos);
   // A copy of the output head or the embedding that is not the main model's.
@@ -362,8 +363,9 @@ TEST(HfMoe, MtpHostileInputsAreRefusedByName) {
   EXPECT_NE(config_error([](json& c) { c["num_nextn_predict_layers"] = "one"; }).find("num_nextn_predict_layers"),
             std::string::npos);
   // An MTP layer that HF would build dense (first_k_dense_replace past it) while ours mirrors the last, MoE, layer.
-  EXPECT_NE(config_error([](json& c) { c["moe_layer_freq"] = 2, c["first_k_dense_replace"] = 0; })
-                .find("multi-token-prediction layer model.layers.3 is dense"),
+  EXPECT_NE(config_error([](json& c) {
+              c["moe_layer_freq"] = 2, c["first_k_dense_replace"] = 0;
+            }).find("multi-token-prediction layer model.layers.3 is dense"),
             std::string::npos);
   EXPECT_FALSE(fs::exists(save));
   write_config(src, good);
@@ -381,7 +383,9 @@ TEST(HfMoe, MtpHostileInputsAreRefusedByName) {
   json c = read_config(t / "v2");
   c["num_nextn_predict_layers"] = 1;
   write_config(t / "v2", c);
-  EXPECT_NE(error_of([&] { hf::import_hf({t / "v2", t / "save2", "", false}); }).find("num_nextn_predict_layers 1"),
+  EXPECT_NE(error_of([&] {
+              hf::import_hf({t / "v2", t / "save2", "", false});
+            }).find("num_nextn_predict_layers 1"),
             std::string::npos);
 }
 
@@ -692,8 +696,11 @@ TEST(HfMoe, PublishedConfigsGiveOurPresets) {
     // And back: the config an export writes reads into the same model.
     const json back = hf::hf_config_from_spec(ours, hf::default_architecture(ours).name, "bfloat16");
     EXPECT_EQ(back["architectures"], (*config)["architectures"]);
-    if (config->contains("interleave_moe_layer_step"))  // Llama 4's
+    if (config->contains("interleave_moe_layer_step")) {  // Llama 4's
       EXPECT_EQ(back["interleave_moe_layer_step"], (*config)["interleave_moe_layer_step"]);
+    }
+    // DeepSeek-V3's multi-token prediction depth (1), absent elsewhere.
+    EXPECT_EQ(back.value("num_nextn_predict_layers", json()), config->value("num_nextn_predict_layers", json()));
     EXPECT_EQ(model_stats(hf::spec_from_hf_config(back, preset, nullptr), 128).flops_per_token, a.flops_per_token);
   }
 }

@@ -80,7 +80,8 @@ void run_case(const Case& c) {
     const std::vector<double> mtp_want = ref.mtp_losses(a), mtp_got = model.mtp_losses(b);
     ASSERT_EQ(mtp_got.size(), size_t(c.mtp));
     ASSERT_EQ(mtp_want.size(), size_t(c.mtp));
-    for (size_t k = 0; k < mtp_got.size(); ++k) EXPECT_NEAR(mtp_got[k], mtp_want[k], 1e-12 * mtp_want[k]) << "depth " << k;
+    for (size_t k = 0; k < mtp_got.size(); ++k)
+      EXPECT_NEAR(mtp_got[k], mtp_want[k], 1e-12 * mtp_want[k]) << "depth " << k;
     ref.backward(a, 0.5);
     model.backward_input(b, 0.5);  // the split passes, as a zero-bubble schedule runs them
     model.backward_weight(b);
@@ -117,7 +118,9 @@ TEST(ContextParallel, Cp2RingMtp) { run_case({2, 1, CpComm::P2P, false, Recomput
 TEST(ContextParallel, Cp4AllToAllPackedDocumentsMtp) {
   run_case({4, 1, CpComm::A2A, false, Recompute::None, false, true, 2});
 }
-TEST(ContextParallel, Cp2Tp2SequenceParallelRingMtp) { run_case({2, 2, CpComm::P2P, true, Recompute::None, false, false, 1}); }
+TEST(ContextParallel, Cp2Tp2SequenceParallelRingMtp) {
+  run_case({2, 2, CpComm::P2P, true, Recompute::None, false, false, 1});
+}
 
 TEST(ContextParallel, BadLayoutsAreRefused) {
   auto& world = parallel::mpi_world();
