@@ -44,6 +44,7 @@ std::vector<Mapping> name_map(const ModelSpec& s, Family family = Family::Llama)
   for (int64_t l = 0; l < s.num_layers; ++l) layer_mappings(s, family, l, m);
   m.push_back({"decoder.final_layernorm.weight", {"model.norm.weight"}, {}, {}});
   if (s.untie_embeddings_and_output_weights) m.push_back({"output_layer.weight", {"lm_head.weight"}, {}, {}});
+  mtp_mappings(s, family, m);  // DeepSeek-V3's multi-token prediction (export refuses it for other families)
   return m;
 }
 
@@ -263,6 +264,7 @@ struct LayerCount {
 LayerCount count_one_layer(const ModelSpec& spec, int64_t experts) {
   ModelSpec one = spec;
   one.num_layers = 1;
+  one.mtp_num_layers = 0;  // counted by check_import_memory as layers of the last layer's kind
   one.moe_layer_pattern.clear();
   one.moe_layer_freq = 1;
   one.window_attn_pattern.clear();  // per-layer lists of num_layers entries
@@ -294,15 +296,21 @@ void check_import_memory(const ModelSpec& spec, const std::string& where) {
                      : std::ceil(double(spec.num_layers) / double(std::max<int64_t>(1, spec.moe_layer_freq)));
   }
   const double layer = dense.layer, outside = dense.outside;
-  const double params = outside + layer * (double(spec.num_layers) - moe_layers) + moe_layer * moe_layers;
+  // Each multi-token-prediction depth: a layer of the last one's kind, eh_proj [C, 2C] and three norms.
+  const double C = double(spec.hidden_size);
+  const double mtp = double(spec.mtp_num_layers) *
+                     ((spec.is_moe_layer(spec.num_layers) ? moe_layer : layer) + 2 * C * C + 3 * C);
+  const double params = outside + layer * (double(spec.num_layers) - moe_layers) + moe_layer * moe_layers + mtp;
   const double need = 8 * params + 8 * largest;
   const uint64_t available = plan::host_available_bytes();
   if (available == 0 || need <= double(available)) return;
   auto size = [](double b) { return human_bytes(uint64_t(std::min(b, 1e19))); };
-  const std::string layers =
-      spec.is_moe() ? fmt::format("{} layers: {:.0f} MoE of {:.0f}, {:.0f} dense of {:.0f}", spec.num_layers, moe_layers,
-                                  moe_layer, double(spec.num_layers) - moe_layers, layer)
-                    : fmt::format("{} layers of {:.0f}", spec.num_layers, layer);
+  std::string layers = spec.is_moe()
+                           ? fmt::format("{} layers: {:.0f} MoE of {:.0f}, {:.0f} dense of {:.0f}", spec.num_layers,
+                                         moe_layers, moe_layer, double(spec.num_layers) - moe_layers, layer)
+                           : fmt::format("{} layers of {:.0f}", spec.num_layers, layer);
+  if (spec.mtp_num_layers > 0)
+    layers += fmt::format(", {} multi-token-prediction depth(s) of {:.0f} in all", spec.mtp_num_layers, mtp);
   fail("{} describes a model of {:.0f} parameters ({}, {:.0f} outside the layers); importing it needs about {} of "
        "memory ({} of fp32 values, {} of zero optimizer moments for the checkpoint, {} to convert the largest "
        "tensor), and this host has {} free (MemAvailable). Check num_hidden_layers, hidden_size, intermediate_size{} "
@@ -345,10 +353,25 @@ void permute_rows(float* v, const std::vector<int64_t>& perm, int64_t row, bool 
   }
 }
 
+// The multi-token-prediction depths' copies of the embedding and output head (hf_families.h
+// mtp_copies): each one the folder holds must equal its original, which this model shares.
+void check_mtp_copies(const SafetensorsReader& st, const ModelSpec& spec, std::map<std::string, bool>& used,
+                      const ImportOptions& o) {
+  for (const auto& [copy, original] : mtp_copies(spec)) {
+    if (!st.has(copy)) continue;
+    if (st.entry(copy).shape != st.entry(original).shape ||
+        tensor_values(st, copy, used) != tensor_values(st, original, used))
+      fail("{}: tensor '{}' differs from '{}': this model's multi-token prediction shares the main model's embedding "
+           "and output layer, so the copy must equal it",
+           o.hf_dir, copy, original);
+    used[copy] = true;
+  }
+}
+
 // Fills `store` (our tensors) from the Hugging Face tensors; every tensor of the folder must find
-// its place, but for the `mtp_layers` multi-token-prediction layers after the model's, skipped.
-void fill_store(const SafetensorsReader& st, const ModelSpec& spec, const Architecture& arch, int64_t mtp_layers,
-                ParamStore& store, const ImportOptions& o) {
+// its place.
+void fill_store(const SafetensorsReader& st, const ModelSpec& spec, const Architecture& arch, ParamStore& store,
+                const ImportOptions& o) {
   std::map<std::string, bool> used;
   for (const auto& [name, t] : st.tensors()) used[name] = false;
   for (const Mapping& m : name_map(spec, arch.family)) {
@@ -381,8 +404,8 @@ void fill_store(const SafetensorsReader& st, const ModelSpec& spec, const Archit
   if (arch.family == Family::GptOss || arch.family == Family::Llama4)
     import_packed_experts(arch.family == Family::GptOss ? kGptOssExperts : kLlama4Experts, st, spec, store, used,
                           [&](const std::vector<float>& v, const std::string& name) { check_finite(v, name, o); });
+  check_mtp_copies(st, spec, used, o);
   // Tied models sometimes store lm_head anyway (a copy of the embedding); RoPE buffers are derived.
-  int64_t skipped = 0;
   for (const auto& [name, u] : used) {
     if (u || name.ends_with("rotary_emb.inv_freq")) continue;
     if (name == "lm_head.weight" && !spec.untie_embeddings_and_output_weights) {
@@ -390,38 +413,50 @@ void fill_store(const SafetensorsReader& st, const ModelSpec& spec, const Archit
         fail("{}: tie_word_embeddings is true but lm_head.weight differs from model.embed_tokens.weight", o.hf_dir);
       continue;
     }
-    if (is_mtp_tensor(name, spec, mtp_layers)) {
-      ++skipped;
-      continue;
-    }
     fail("{}: tensor '{}' has no place in a {} model of this config (unsupported feature?)", o.hf_dir, name, arch.name);
   }
-  if (skipped > 0)
-    log::warn("{}: the {} tensors of its {} multi-token-prediction layer(s) (model.layers.{}.*) are skipped: this "
-              "model has no MTP module",
-              o.hf_dir, skipped, mtp_layers, spec.num_layers);
 }
 
-// The checkpoint's config: the model, and the tokenizer when there is one (read now: a tokenizer
-// that does not load, or whose ids exceed the model's vocabulary, is an import error rather than a
-// surprise in `generate` or training).
-std::string import_config(const ModelSpec& spec, const ImportOptions& o) {
-  const fs::path dir(o.hf_dir);
+// A folder whose config.json says num_nextn_predict_layers but that holds none of those layers'
+// tensors (transformers' DeepseekV3ForCausalLM drops them on load, so its save_pretrained writes
+// such folders) is imported without multi-token prediction, with a warning; a folder holding some
+// of them must hold all (fill_store names the first missing).
+void drop_absent_mtp(const SafetensorsReader& st, ModelSpec& spec, const ImportOptions& o) {
+  if (spec.mtp_num_layers == 0) return;
+  const std::string first = fmt::format("model.layers.{}.", spec.num_layers);
+  for (const auto& [name, e] : st.tensors())
+    if (name.starts_with(first)) return;
+  log::warn("{}: config.json has num_nextn_predict_layers {}, but the folder holds no tensor model.layers.{}.*: "
+            "imported without multi-token prediction (mtp_num_layers 0)",
+            o.hf_dir, spec.mtp_num_layers, spec.num_layers);
+  spec.mtp_num_layers = 0;
+}
+
+// The tokenizer the checkpoint will name ("": none), read now: a tokenizer that does not load, or
+// whose ids exceed the model's vocabulary, is an import error rather than a surprise in `generate`
+// or training.
+std::string import_tokenizer(const ModelSpec& spec, const ImportOptions& o) {
+  std::string tok = o.tokenizer;
+  std::error_code ec;
+  if (tok.empty() && fs::exists(fs::path(o.hf_dir) / "tokenizer.json", ec)) tok = o.hf_dir;
+  if (tok.empty()) return tok;
+  data::TokenizerOptions to;
+  to.type = "HuggingFaceTokenizer";
+  to.model = tok;
+  const auto t = data::build_tokenizer(to);
+  if (t->vocab_size() > spec.vocab_size)
+    fail("tokenizer '{}' has {} ids, more than the model's vocab_size {}", tok, t->vocab_size(), spec.vocab_size);
+  return tok;
+}
+
+// The checkpoint's config: the model, and the tokenizer `tok` when there is one.
+std::string import_config(const ModelSpec& spec, const ImportOptions& o, const std::string& tok) {
   YAML::Node cfg;
   cfg["exp_name"] = "hf_import";
   YAML::Node pt = cfg["modules"]["pre_trainer"];
-  pt["model"] = fs::absolute(dir).string();
+  pt["model"] = fs::absolute(o.hf_dir).string();
   pt["model_spec"] = model_spec_to_yaml(spec);
-  std::string tok = o.tokenizer;
-  std::error_code ec;
-  if (tok.empty() && fs::exists(dir / "tokenizer.json", ec)) tok = o.hf_dir;
   if (!tok.empty()) {
-    data::TokenizerOptions to;
-    to.type = "HuggingFaceTokenizer";
-    to.model = tok;
-    const auto t = data::build_tokenizer(to);
-    if (t->vocab_size() > spec.vocab_size)
-      fail("tokenizer '{}' has {} ids, more than the model's vocab_size {}", tok, t->vocab_size(), spec.vocab_size);
     pt["overrides"]["tokenizer_type"] = "HuggingFaceTokenizer";
     pt["overrides"]["tokenizer_model"] = fs::absolute(tok).string();
   }
@@ -437,16 +472,14 @@ std::string import_hf(const ImportOptions& o) {
   const std::string where = (dir / "config.json").string();
   std::string arch;
   const json hf_config = read_json(dir / "config.json", "Hugging Face config");
-  const ModelSpec spec = spec_from_hf_config(hf_config, where, &arch);
+  ModelSpec spec = spec_from_hf_config(hf_config, where, &arch);
   check_import_memory(spec, where);  // before anything of the model's size is allocated
-  const std::string config = import_config(spec, o);
+  const std::string tok = import_tokenizer(spec, o);
   SafetensorsReader st(o.hf_dir);
+  drop_absent_mtp(st, spec, o);
+  const std::string config = import_config(spec, o, tok);
   auto store = whole_model_store(spec);
-  const int64_t mtp = hf_config.contains("num_nextn_predict_layers") &&
-                              hf_config["num_nextn_predict_layers"].is_number_integer()
-                          ? hf_config["num_nextn_predict_layers"].get<int64_t>()
-                          : 0;
-  fill_store(st, spec, architecture_named(arch, where), mtp, *store, o);
+  fill_store(st, spec, architecture_named(arch, where), *store, o);
 
   CreatedFolders created(o.save_dir);
   checkpoint::TrainState state;
@@ -558,6 +591,11 @@ std::vector<TensorOut> hf_tensors(const ModelSpec& spec, Family family, const Pa
     for (TensorOut& t :
          export_packed_experts(family == Family::GptOss ? kGptOssExperts : kLlama4Experts, spec, store, values, dtype))
       out.push_back(std::move(t));
+  for (const auto& [copy, original] : mtp_copies(spec)) {  // as DeepSeek's release stores them
+    const auto it = std::find_if(out.begin(), out.end(), [&](const TensorOut& t) { return t.name == original; });
+    PRIMUS_CHECK(it != out.end(), "the exported tensors have no '{}' to copy as '{}'", original, copy);
+    out.push_back({copy, it->dtype, it->shape, it->bytes});
+  }
   return out;
 }
 

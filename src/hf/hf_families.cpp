@@ -176,6 +176,30 @@ void read_deepseek(const json& c, const Architecture& a, const std::string& wher
   read_deepseek_router(c, a, where, s);
 }
 
+// DeepSeek-V3's multi-token prediction: num_nextn_predict_layers depths, stored after the main
+// layers as model.layers.<num_hidden_layers + k>.* (DeepSeek's README_WEIGHTS.md). HF's kind of that
+// layer follows first_k_dense_replace / moe_layer_freq at its own index (vLLM's DeepseekV2DecoderLayer
+// builds it by that index); ours is the last decoder layer's (Megatron's mirror_last): they must agree.
+void read_deepseek_mtp(const json& c, const Architecture& a, const std::string& where, ModelSpec& s) {
+  const int64_t depths = value_or<int64_t>(c, "num_nextn_predict_layers", 0, where);
+  if (depths < 0) fail("{}: num_nextn_predict_layers must be 0 or positive, got {}", where, depths);
+  if (depths > 0 && a.family != Family::DeepseekV3)
+    fail("{}: num_nextn_predict_layers {} (multi-token prediction) is read for DeepseekV3ForCausalLM only, not {}",
+         where, depths, a.name);
+  if (depths > 1024) fail("{}: num_nextn_predict_layers {} is out of range (0 to 1024)", where, depths);
+  s.mtp_num_layers = depths;
+  if (depths == 0 || !has(c, "n_routed_experts")) return;
+  const int64_t first = value_or<int64_t>(c, "first_k_dense_replace", 0, where);
+  const int64_t freq = value_or<int64_t>(c, "moe_layer_freq", 1, where);
+  for (int64_t l = s.num_layers; l < s.num_layers + depths; ++l) {
+    const bool theirs = l >= first && l % freq == 0;
+    if (theirs != s.is_moe_layer(l))
+      fail("{}: the multi-token-prediction layer model.layers.{} is {} by first_k_dense_replace {} and moe_layer_freq "
+           "{}, but this engine's MTP layer has the last decoder layer's kind ({})",
+           where, l, theirs ? "MoE" : "dense", first, freq, theirs ? "dense" : "MoE");
+  }
+}
+
 // gpt-oss (modeling_gpt_oss): every linear with a bias, learned sinks, the clamped GLU, windows by
 // layer_types, YaRN with HF's default attention factor (mscale 1, mscale_all_dim 0 here).
 void read_gpt_oss(const json& c, const std::string& where, ModelSpec& s) {
@@ -373,6 +397,8 @@ void refuse_foreign_parts(const ModelSpec& s, const Architecture& a) {
            s.attn_temperature_tuning || s.moe_apply_probs_on_input,
        "Llama 4's parts (qk_l2_norm, attention_chunk_size, no_rope_freq, attn_temperature_tuning, "
        "moe_apply_probs_on_input; Llama4ForCausalLM)");
+  no(s.mtp_num_layers > 0 && a.family != Family::DeepseekV3,
+     "multi-token prediction (mtp_num_layers; DeepseekV3ForCausalLM's num_nextn_predict_layers)");
   if (a.family == Family::GptOss) return;
   no(s.add_bias_linear, "add_bias_linear (biases on every linear; GptOssForCausalLM)");
   no(s.has_attention_sinks(), "attention sinks (softmax_type; GptOssForCausalLM)");
@@ -483,7 +509,7 @@ void write_deepseek(const ModelSpec& s, const Architecture& a, json& c) {
                          {"mscale", s.mscale},
                          {"mscale_all_dim", s.mscale_all_dim},
                          {"original_max_position_embeddings", s.original_max_position_embeddings}};
-  if (a.family == Family::DeepseekV3) c["num_nextn_predict_layers"] = 0;
+  if (a.family == Family::DeepseekV3) c["num_nextn_predict_layers"] = s.mtp_num_layers;
   if (!s.is_moe()) return;
   int64_t first = 0;
   while (first < s.num_layers && !s.is_moe_layer(first)) ++first;
@@ -643,7 +669,7 @@ const Architecture& default_architecture(const ModelSpec& s) {
 }
 
 void layer_mappings(const ModelSpec& s, Family f, int64_t l, std::vector<Mapping>& m) {
-  const std::string o = fmt::format("decoder.layers.{}.", l), h = fmt::format("model.layers.{}.", l);
+  const std::string o = s.layer_prefix(l), h = fmt::format("model.layers.{}.", l);
   m.push_back({o + "input_layernorm.weight", {h + "input_layernorm.weight"}, {}, {}});
   attention_mappings(s, f, l, o, h, m);
   m.push_back({o + "pre_mlp_layernorm.weight", {h + "post_attention_layernorm.weight"}, {}, {}});
@@ -654,11 +680,9 @@ void layer_mappings(const ModelSpec& s, Family f, int64_t l, std::vector<Mapping
     glu_mappings(o + "mlp.", mlp + "gate_proj", mlp + "up_proj", mlp + "down_proj", s.ffn_hidden_size, m);
 }
 
-void read_family_config(const json& c, const Architecture& a, const std::string& where, ModelSpec& s) {
-  // The MoE families' per-layer lists (dense and MoE layers, windows) have num_hidden_layers entries.
-  constexpr int64_t kMaxLayers = 1'000'000;
-  if (is_moe_family(a.family) && (s.num_layers < 1 || s.num_layers > kMaxLayers))
-    fail("{}: num_hidden_layers {} is out of range (1 to {})", where, s.num_layers, kMaxLayers);
+namespace {
+
+void read_family_parts(const json& c, const Architecture& a, const std::string& where, ModelSpec& s) {
   switch (a.family) {
     case Family::Mixtral: return read_mixtral(c, where, s);
     case Family::Qwen2Moe:
@@ -669,6 +693,17 @@ void read_family_config(const json& c, const Architecture& a, const std::string&
     case Family::Llama4: return read_llama4(c, where, s);
     default: return;
   }
+}
+
+}  // namespace
+
+void read_family_config(const json& c, const Architecture& a, const std::string& where, ModelSpec& s) {
+  // The MoE families' per-layer lists (dense and MoE layers, windows) have num_hidden_layers entries.
+  constexpr int64_t kMaxLayers = 1'000'000;
+  if (is_moe_family(a.family) && (s.num_layers < 1 || s.num_layers > kMaxLayers))
+    fail("{}: num_hidden_layers {} is out of range (1 to {})", where, s.num_layers, kMaxLayers);
+  read_family_parts(c, a, where, s);
+  read_deepseek_mtp(c, a, where, s);
 }
 
 void write_family_config(const ModelSpec& s, const Architecture& a, json& c) {
@@ -685,15 +720,32 @@ void write_family_config(const ModelSpec& s, const Architecture& a, json& c) {
   }
 }
 
-bool is_mtp_tensor(const std::string& name, const ModelSpec& s, int64_t mtp_layers) {
-  if (mtp_layers <= 0 || !name.starts_with("model.layers.")) return false;
-  const std::string rest = name.substr(std::string("model.layers.").size());
-  const size_t dot = rest.find('.');
-  if (dot == 0 || dot == std::string::npos || dot > 9 ||
-      !std::all_of(rest.begin(), rest.begin() + long(dot), ::isdigit))
-    return false;
-  const int64_t l = std::stoll(rest.substr(0, dot));
-  return l >= s.num_layers && l < s.num_layers + mtp_layers;
+// Each depth k's own tensors at HF's layer L + k (DeepSeek's README_WEIGHTS.md: enorm, hnorm,
+// eh_proj, the layer's self_attn and mlp, shared_head.norm); their meaning from vLLM's
+// deepseek_mtp.py, the reference that serves these checkpoints: enorm normalizes the embedded
+// tokens and hnorm the main model's output, eh_proj takes cat([enorm(e), hnorm(h)]) (the
+// embedding's half first, as Megatron's and mtp.cpp's order), and the logits are
+// shared_head.head(shared_head.norm(layer output)): shared_head.norm is mtp.cpp's final_layernorm.
+void mtp_mappings(const ModelSpec& s, Family f, std::vector<Mapping>& m) {
+  for (int64_t k = 0; k < s.mtp_num_layers; ++k) {
+    const std::string o = fmt::format("mtp.layers.{}.", k), h = fmt::format("model.layers.{}.", s.num_layers + k);
+    m.push_back({o + "enorm.weight", {h + "enorm.weight"}, {}, {}});
+    m.push_back({o + "hnorm.weight", {h + "hnorm.weight"}, {}, {}});
+    m.push_back({o + "eh_proj.weight", {h + "eh_proj.weight"}, {}, {}});
+    layer_mappings(s, f, s.num_layers + k, m);
+    m.push_back({o + "final_layernorm.weight", {h + "shared_head.norm.weight"}, {}, {}});
+  }
+}
+
+std::vector<std::pair<std::string, std::string>> mtp_copies(const ModelSpec& s) {
+  std::vector<std::pair<std::string, std::string>> out;
+  const std::string head = s.untie_embeddings_and_output_weights ? "lm_head.weight" : "model.embed_tokens.weight";
+  for (int64_t k = 0; k < s.mtp_num_layers; ++k) {
+    const std::string h = fmt::format("model.layers.{}.", s.num_layers + k);
+    out.push_back({h + "embed_tokens.weight", "model.embed_tokens.weight"});
+    out.push_back({h + "shared_head.head.weight", head});
+  }
+  return out;
 }
 
 }  // namespace primus::hf

@@ -9,7 +9,8 @@
 //   Qwen3-MoE                      mlp.gate, mlp.experts.E.*_proj; q_norm / k_norm
 //   DeepSeek-V2 (and V2-Lite), V3  multi-head latent attention, first_k_dense_replace dense layers,
 //                                  shared experts; V3's sigmoid scores, e_score_correction_bias
-//                                  and grouped routing; V3's fp8 block-quantized weights
+//                                  and grouped routing; V3's fp8 block-quantized weights and its
+//                                  multi-token-prediction layers (mtp_mappings)
 //   gpt-oss                        biases on every linear, attention sinks (self_attn.sinks),
 //                                  sliding windows by layer_types, YaRN, a router with a bias, and
 //                                  each layer's experts packed in one tensor (gpt_oss_experts.h)
@@ -28,6 +29,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json_fwd.hpp>
@@ -60,8 +62,8 @@ struct Mapping {
 };
 
 // The attention and MLP tensors of decoder layer `l` (HF prefix `h` = "model.layers.N.", ours
-// `o` = "decoder.layers.N."), appended to `m`; gpt-oss's and Llama 4's packed experts are not among them
-// (gpt_oss_experts.h).
+// `o` = ModelSpec::layer_prefix: "decoder.layers.N.", an MTP depth's layer past num_layers), appended to `m`;
+// gpt-oss's and Llama 4's packed experts are not among them (gpt_oss_experts.h).
 void layer_mappings(const ModelSpec& s, Family f, int64_t l, std::vector<Mapping>& m);
 
 // Reads the family's MoE and MLA keys of config.json into `s` (the dense keys are read already);
@@ -71,9 +73,14 @@ void read_family_config(const nlohmann::json& c, const Architecture& a, const st
 // cannot hold.
 void write_family_config(const ModelSpec& s, const Architecture& a, nlohmann::json& c);
 
-// Whether a tensor name belongs to one of `mtp_layers` multi-token-prediction layers after the
-// model's (DeepSeek-V3's model.layers.61.* when num_hidden_layers is 61 and
-// num_nextn_predict_layers 1): such layers are skipped on import.
-bool is_mtp_tensor(const std::string& name, const ModelSpec& s, int64_t mtp_layers);
+// DeepSeek-V3's multi-token-prediction depths (mtp_num_layers, config.json's
+// num_nextn_predict_layers): depth k is HF's model.layers.<num_hidden_layers + k>.* and our
+// mtp.layers.<k>.* (model/mtp.cpp): enorm, hnorm, eh_proj, the layer's tensors,
+// shared_head.norm = final_layernorm. Appended to `m`.
+void mtp_mappings(const ModelSpec& s, Family f, std::vector<Mapping>& m);
+// The depths' copies of the main model's tensors, {copy, original}: HF stores each depth's
+// embed_tokens and shared_head.head, which this model shares with the main model (the input
+// embedding, the output layer). Export writes them; import checks each one present equals its original.
+std::vector<std::pair<std::string, std::string>> mtp_copies(const ModelSpec& s);
 
 }  // namespace primus::hf

@@ -11,11 +11,18 @@
 // * sum_k loss_k, each loss the mean over its own valid targets. Rotary positions stay the rows'
 // own: Megatron shifts them with the tokens, a shift the relative rotary embedding does not see
 // on any row whose loss counts. The embedding is the model's input embedding (on a last pipeline
-// stage without it, a replica kept equal as the tied output layer's is).
+// stage without it, a replica kept equal as the tied output layer's is). Under context parallelism
+// a rank's rows are two chunks of each sequence (context_parallel.h): the shifted tokens and targets
+// come from the whole sequences, gathered over the cp group; everything else is row by row or the
+// layer's (context-parallel) attention, and each depth's loss is the whole sequence's mean.
+#include <algorithm>
+#include <vector>
+
 #include <fmt/format.h>
 
 #include "model/llama.h"
 #include "model/llama_held.h"
+#include "parallel/process_group.h"
 
 namespace primus {
 
@@ -29,10 +36,6 @@ std::vector<int> LlamaModel::MtpDepth::ids() const {
 // After the head, in model_parameter_layout's order (model_spec.cpp).
 void LlamaModel::register_mtp() {
   if (spec_.mtp_num_layers == 0) return;
-  if (part_.cp_size > 1)
-    fail("multi-token prediction (mtp_num_layers {}) under context parallelism is not built: its shifted tokens "
-         "cross the ranks' chunks; run with context_parallel_size 1",
-         spec_.mtp_num_layers);
   const int64_t C = spec_.hidden_size, V = spec_.vocab_size;
   if (embedding_ >= 0) {
     mtp_embedding_ = embedding_;
@@ -62,25 +65,69 @@ void LlamaModel::register_mtp() {
   reset_mtp_losses();
 }
 
-// The tokens and targets k + 1 ahead, per sequence of the microbatch.
+namespace {
+
+// The microbatch's whole sequences, [batch][len] in position order, and where each of this rank's
+// rows sits in them. Under context parallelism (cp ranks) the rank's rows are [chunk j][batch]
+// [position] of chunks r and 2 cp - 1 - r of each sequence (context_parallel.h,
+// data::context_parallel_rows); every rank's tokens and targets are summed into place over the cp
+// group (a small host all-reduce, as the loss sums).
+struct WholeSequences {
+  int64_t len = 0;
+  std::vector<int32_t> tokens, targets;
+  std::vector<int64_t> at;  // row -> index into tokens / targets
+};
+
+WholeSequences whole_sequences(const LlamaContext& ctx, const ModelPartition& part) {
+  const int64_t B = ctx.batch, S = ctx.seq, N = B * S, cp = part.cp_size, half = S / 2;
+  WholeSequences w;
+  w.len = S * cp;
+  const auto place = [&](int64_t rank, int64_t row) {
+    if (cp == 1) return row;
+    const int64_t j = row / (B * half), b = row / half % B, chunk = j == 0 ? rank : 2 * cp - 1 - rank;
+    return b * w.len + chunk * half + row % half;
+  };
+  for (int64_t row = 0; row < N; ++row) w.at.push_back(place(part.cp_rank, row));
+  if (cp == 1) {
+    w.tokens = ctx.tokens, w.targets = ctx.targets;
+    return w;
+  }
+  std::vector<int32_t> all(size_t(2 * cp * N), 0);  // per rank: its tokens, then its targets
+  std::copy(ctx.tokens.begin(), ctx.tokens.end(), all.begin() + 2 * part.cp_rank * N);
+  std::copy(ctx.targets.begin(), ctx.targets.end(), all.begin() + (2 * part.cp_rank + 1) * N);
+  part.cp_group->all_reduce(all);
+  w.tokens.resize(size_t(B * w.len));
+  w.targets.resize(size_t(B * w.len));
+  for (int64_t q = 0; q < cp; ++q)
+    for (int64_t row = 0; row < N; ++row) {
+      w.tokens[size_t(place(q, row))] = all[size_t(2 * q * N + row)];
+      w.targets[size_t(place(q, row))] = all[size_t((2 * q + 1) * N + row)];
+    }
+  return w;
+}
+
+}  // namespace
+
+// The tokens and targets k + 1 ahead of each row, in its whole sequence.
 void LlamaModel::mtp_begin(LlamaContext& ctx) const {
   if (mtp_.empty()) return;
-  const int64_t B = ctx.batch, S = ctx.seq, N = B * S;
+  const int64_t N = ctx.batch * ctx.seq;
+  const WholeSequences w = whole_sequences(ctx, part_);
   ctx.mtp.resize(mtp_.size());
   for (size_t k = 0; k < mtp_.size(); ++k) {
     MtpContext& c = ctx.mtp[k];
     c.shard_tokens.resize(size_t(N));
     Tensor tg = Tensor::empty({N}, DType::I32);
     int32_t* targets = tg.data<int32_t>();
-    for (int64_t b = 0; b < B; ++b)
-      for (int64_t i = 0; i < S; ++i) {
-        const int64_t j = i + int64_t(k) + 1, row = b * S + i;
-        const int32_t token = j < S ? ctx.tokens[size_t(b * S + j)] : 0;
-        targets[row] = j < S ? ctx.targets[size_t(b * S + j)] : -1;
-        c.valid += targets[row] >= 0;
-        const int64_t t = token - vocab_start_;
-        c.shard_tokens[size_t(row)] = t >= 0 && t < vocab_local_ ? int32_t(t) : -1;
-      }
+    for (int64_t row = 0; row < N; ++row) {
+      const int64_t at = w.at[size_t(row)], ahead = at + int64_t(k) + 1;
+      const bool inside = at % w.len + int64_t(k) + 1 < w.len;
+      const int32_t token = inside ? w.tokens[size_t(ahead)] : 0;
+      targets[row] = inside ? w.targets[size_t(ahead)] : -1;
+      c.valid += targets[row] >= 0;
+      const int64_t t = token - vocab_start_;
+      c.shard_tokens[size_t(row)] = t >= 0 && t < vocab_local_ ? int32_t(t) : -1;
+    }
     Tensor tk = Tensor::empty({N}, DType::I32);
     std::copy(c.shard_tokens.begin(), c.shard_tokens.end(), tk.data<int32_t>());
     c.shard_tokens_dev = tk.to(be_.device());

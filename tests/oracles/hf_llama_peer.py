@@ -7,10 +7,13 @@ peer model (benchmarks/engine/torch_llama.py).
     hf_llama_peer.py write OUT --model tiny [--dtype F32|BF16] [--max-shard-bytes N] [--seed S]
         random weights for the preset, written as a Hugging Face folder (LlamaForCausalLM, or
         Qwen2ForCausalLM when the preset has QKV biases, Qwen3ForCausalLM with qk_layernorm)
-    hf_llama_peer.py write OUT --family mixtral|qwen2_moe|qwen3_moe|deepseek_v2|deepseek_v3|gpt_oss|llama4 [...]
+    hf_llama_peer.py write OUT --family mixtral|qwen2_moe|qwen3_moe|deepseek_v2|deepseek_v3|deepseek_v3_mtp|gpt_oss|llama4 [...]
         a tiny random model of that mixture-of-experts family in its Hugging Face layout
     hf_llama_peer.py logits DIR --tokens "1 2 3"
         one JSON line: the fp32 logits at every position ([positions][vocab])
+    hf_llama_peer.py mtp-logits DIR --tokens "1 2 3"
+        one JSON line: DeepSeek-V3's multi-token-prediction logits, per depth k the positions that have
+        a token k + 1 ahead ([depths][positions][vocab]; hf_moe_peer.mtp_logits)
 
 The MoE families run in hf_moe_peer.py, a forward written from the Hugging Face modeling code's
 facts (modeling_mixtral, modeling_qwen2_moe, modeling_qwen3_moe, modeling_gpt_oss, modeling_llama4,
@@ -207,6 +210,12 @@ def cmd_logits(a):
     print(json.dumps(logits.tolist()))
 
 
+def cmd_mtp_logits(a):
+    config = json.load(open(os.path.join(a.dir, "config.json")))
+    tokens = [int(t) for t in a.tokens.split()]
+    print(json.dumps([d.tolist() for d in hf_moe_peer.mtp_logits(config, read_safetensors(a.dir), tokens)]))
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -217,12 +226,13 @@ def main():
     w.add_argument("--dtype", choices=DTYPES, default="F32")
     w.add_argument("--max-shard-bytes", type=int, default=5_000_000_000)
     w.add_argument("--seed", type=int, default=7)
-    lg = sub.add_parser("logits")
-    lg.add_argument("dir")
-    lg.add_argument("--tokens", required=True)
+    for cmd in ("logits", "mtp-logits"):
+        lg = sub.add_parser(cmd)
+        lg.add_argument("dir")
+        lg.add_argument("--tokens", required=True)
     a = ap.parse_args()
     torch.set_num_threads(1)
-    cmd_write(a) if a.cmd == "write" else cmd_logits(a)
+    {"write": cmd_write, "logits": cmd_logits, "mtp-logits": cmd_mtp_logits}[a.cmd](a)
 
 
 if __name__ == "__main__":

@@ -4,10 +4,13 @@ transformers' modeling_mixtral, modeling_qwen2_moe, modeling_qwen3_moe, modeling
 YaRN and MXFP4 experts), modeling_llama4 (its text model: complex-pair rotary with Llama 3.1 scaling,
 chunked attention, NoPE layers with the query temperature, the L2 qk norm, top-1 sigmoid routing on
 the expert's input and a shared expert) and DeepSeek's modeling_deepseek (V2 and V3): no code of
-theirs, and none of this repository's C++.
+theirs, and none of this repository's C++. DeepSeek-V3's multi-token-prediction layers (family
+deepseek_v3_mtp, num_nextn_predict_layers 1) from DeepSeek's README_WEIGHTS.md (the names) and
+vLLM's deepseek_mtp.py (what serves those weights: the meaning), see mtp_logits.
 
     random_model(family, seed) -> (config.json dict, [(name, tensor)])
     logits(config, tensors, tokens) -> [positions, vocab] float64
+    mtp_logits(config, tensors, tokens) -> per depth k, [positions - k - 1, vocab] float64
 """
 
 import torch
@@ -16,7 +19,8 @@ import math
 
 ARCHITECTURES = {"MixtralForCausalLM", "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM", "DeepseekV2ForCausalLM",
                  "DeepseekV3ForCausalLM", "GptOssForCausalLM", "Llama4ForCausalLM"}
-FAMILIES = ["mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v2", "deepseek_v3", "gpt_oss", "gpt_oss_mxfp4", "llama4"]
+FAMILIES = ["mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v2", "deepseek_v3", "deepseek_v3_mtp", "gpt_oss",
+            "gpt_oss_mxfp4", "llama4"]
 FP4 = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0]
 
 _BASE = {"vocab_size": 256, "hidden_size": 64, "num_attention_heads": 4, "max_position_embeddings": 128,
@@ -65,8 +69,9 @@ def tiny_config(family):
             c.update(quantization_config={"quant_method": "mxfp4", "modules_to_not_convert": ["model.layers.*.self_attn",
                                                                                           "model.layers.*.mlp.router"]})
     else:
-        v3 = family == "deepseek_v3"
-        c.update(architectures=["DeepseekV3ForCausalLM" if v3 else "DeepseekV2ForCausalLM"], model_type=family,
+        v3 = family.startswith("deepseek_v3")
+        c.update(architectures=["DeepseekV3ForCausalLM" if v3 else "DeepseekV2ForCausalLM"],
+                 model_type="deepseek_v3" if v3 else "deepseek_v2",
                  num_hidden_layers=3, num_key_value_heads=4, intermediate_size=96, moe_intermediate_size=24,
                  n_routed_experts=8, n_shared_experts=2, num_experts_per_tok=4 if v3 else 2,
                  first_k_dense_replace=1, moe_layer_freq=1, kv_lora_rank=32, q_lora_rank=48 if v3 else None,
@@ -75,7 +80,7 @@ def tiny_config(family):
                  n_group=4 if v3 else 1, topk_group=2 if v3 else 1, norm_topk_prob=v3, aux_loss_alpha=0.001,
                  seq_aux=True)
         if v3:
-            c.update(num_nextn_predict_layers=0)
+            c.update(num_nextn_predict_layers=1 if family == "deepseek_v3_mtp" else 0)
     return c
 
 
@@ -91,7 +96,25 @@ def _shapes(c):
     out.append(("model.norm.weight", [h]))
     if not c.get("tie_word_embeddings", False):
         out.append(("lm_head.weight", [c["vocab_size"], h]))
+    for i in range(L, L + c.get("num_nextn_predict_layers", 0)):  # DeepSeek-V3's MTP layers (README_WEIGHTS.md)
+        p = f"model.layers.{i}."
+        out += [(p + "input_layernorm.weight", [h]), (p + "post_attention_layernorm.weight", [h])]
+        out += _attention_shapes(c, p + "self_attn.")
+        out += _mlp_shapes(c, i, p)
+        out += [(p + "enorm.weight", [h]), (p + "hnorm.weight", [h]), (p + "eh_proj.weight", [h, 2 * h]),
+                (p + "embed_tokens.weight", [c["vocab_size"], h]), (p + "shared_head.norm.weight", [h]),
+                (p + "shared_head.head.weight", [c["vocab_size"], h])]
     return out
+
+
+def _mtp_copy_of(c, name):
+    """The main model's tensor an MTP layer's embed_tokens / shared_head.head copies (README_WEIGHTS.md:
+    they share the main model's parameters), or None."""
+    if name.startswith("model.layers.") and name.endswith(".embed_tokens.weight"):
+        return "model.embed_tokens.weight"
+    if name.endswith(".shared_head.head.weight"):
+        return "model.embed_tokens.weight" if c.get("tie_word_embeddings") else "lm_head.weight"
+    return None
 
 
 def _attention_shapes(c, a):
@@ -186,6 +209,9 @@ def random_model(family, seed):
     g = torch.Generator().manual_seed(seed)
     named = []
     for name, shape in _shapes(c):
+        if _mtp_copy_of(c, name):
+            named.append((name, dict(named)[_mtp_copy_of(c, name)].clone()))
+            continue
         if name.endswith("_blocks"):  # random E2M1 pairs
             named.append((name, torch.randint(0, 256, shape, generator=g, dtype=torch.uint8)))
             continue
@@ -454,23 +480,61 @@ def _moe(c, W, x, p):
     return out
 
 
-def logits(c, tensors, tokens):
+def _weights(c, tensors):
     W = {n: t if t.dtype == torch.uint8 else t.double() for n, t in tensors.items()}
     expected = {n for n, _ in _shapes(c)}
     extra = sorted(set(W) - expected - {"lm_head.weight"})
     if extra:
         raise SystemExit(f"error: tensors not used: {extra}")
-    eps = c["rms_norm_eps"]
-    x = W["model.embed_tokens.weight"][torch.tensor(tokens)]
+    return W
+
+
+def _layer(c, W, x, i):
+    """Decoder layer i (model.layers.i.*): pre-norm attention and feed-forward, each with its residual."""
+    eps, p = c["rms_norm_eps"], f"model.layers.{i}."
     mla = c["architectures"][0].startswith("Deepseek")
     llama4 = c["architectures"][0] == "Llama4ForCausalLM"
+    hn = _rmsnorm(x, W[p + "input_layernorm.weight"], eps)
+    a = p + "self_attn."
+    x = x + (_mla(c, W, hn, a) if mla else _llama4_attention(c, W, hn, a, i) if llama4 else _gqa(c, W, hn, a, i))
+    hn = _rmsnorm(x, W[p + "post_attention_layernorm.weight"], eps)
+    return x + (_moe(c, W, hn, p) if is_sparse(c, i) else _swiglu(hn, W, p + ("feed_forward." if llama4 else "mlp.")))
+
+
+def _hidden(c, W, tokens):
+    """The main model's output after model.norm, [positions, hidden]."""
+    x = W["model.embed_tokens.weight"][torch.tensor(tokens)]
     for i in range(c["num_hidden_layers"]):
-        p = f"model.layers.{i}."
-        hn = _rmsnorm(x, W[p + "input_layernorm.weight"], eps)
-        a = p + "self_attn."
-        x = x + (_mla(c, W, hn, a) if mla else _llama4_attention(c, W, hn, a, i) if llama4 else _gqa(c, W, hn, a, i))
-        hn = _rmsnorm(x, W[p + "post_attention_layernorm.weight"], eps)
-        x = x + (_moe(c, W, hn, p) if is_sparse(c, i) else _swiglu(hn, W, p + ("feed_forward." if llama4 else "mlp.")))
-    x = _rmsnorm(x, W["model.norm.weight"], eps)
+        x = _layer(c, W, x, i)
+    return _rmsnorm(x, W["model.norm.weight"], c["rms_norm_eps"])
+
+
+def logits(c, tensors, tokens):
+    W = _weights(c, tensors)
     head = W["model.embed_tokens.weight"] if c.get("tie_word_embeddings") else W["lm_head.weight"]
-    return x @ head.T
+    return _hidden(c, W, tokens) @ head.T
+
+
+def mtp_logits(c, tensors, tokens):
+    """DeepSeek-V3's multi-token prediction, depth k = 0 .. num_nextn_predict_layers - 1 on layer
+    L + k (L = num_hidden_layers); row i predicts token i + k + 2 from token i + k + 1 and the
+    previous depth's output. As vLLM's deepseek_mtp.py serves the released weights:
+        u = eh_proj(cat([enorm(embed_tokens[t_{i+k+1}]), hnorm(h_i)]))   the embedding's half first
+        y = decoder layer L + k (u)                                       its kind by first_k_dense_replace
+        logits = shared_head.head(shared_head.norm(y))
+    h for depth 0 is the main model's output after model.norm (vLLM's DeepseekV2Model returns it so).
+    Depth k + 1 reads depth k's shared_head.norm(y), Megatron-LM's chaining (the release has one depth;
+    vLLM runs each depth from the main model's states). Rows past the sequence's end (no token
+    i + k + 1) are left out; the rows kept never attend to them (causal)."""
+    W = _weights(c, tensors)
+    eps, L, T = c["rms_norm_eps"], c["num_hidden_layers"], len(tokens)
+    h = _hidden(c, W, tokens)
+    out = []
+    for k in range(c.get("num_nextn_predict_layers", 0)):
+        p = f"model.layers.{L + k}."
+        ahead = torch.tensor(tokens[k + 1:] + [0] * (k + 1))
+        e = _rmsnorm(W[p + "embed_tokens.weight"][ahead], W[p + "enorm.weight"], eps)
+        u = torch.cat([e, _rmsnorm(h, W[p + "hnorm.weight"], eps)], dim=-1) @ W[p + "eh_proj.weight"].T
+        h = _rmsnorm(_layer(c, W, u, L + k), W[p + "shared_head.norm.weight"], eps)
+        out.append((h @ W[p + "shared_head.head.weight"].T)[:T - k - 1])
+    return out

@@ -565,7 +565,6 @@ TEST_F(Distributed, BadLayoutsAreRejectedBeforeTraining) {
       {2, "--expert_model_parallel_size 2", "expert_model_parallel_size 2: model .* has no experts"},
       {2, "--mtp_num_layers 2 --pipeline_model_parallel_size 2 --pipeline_model_parallel_layout Etttt\\|ttttmL",
        "places 1 multi-token prediction layers \\(m\\), the model has mtp_num_layers 2"},
-      {2, "--mtp_num_layers 1 --context_parallel_size 2", "multi-token prediction .* under context parallelism is not built"},
       {2, "--num_experts 4 --expert_model_parallel_size 4",
        "expert_model_parallel_size \\(4\\) must divide the data-parallel size \\(2"},
       {3, "--num_experts 4 --expert_model_parallel_size 3",
@@ -727,6 +726,11 @@ TEST_F(Distributed, FsdpDp2Mtp) {
 // eh_proj replicated over tp, its gradient summed over tp under sequence parallel.
 TEST_F(Distributed, MlaTp2SequenceParallelMtp) {
   expect_same_training(2, "--tensor_model_parallel_size 2 --sequence_parallel true", std::string(kMla) + kMtp);
+}
+// Context parallel: the depths' shifted tokens and targets cross the ranks' chunks (model/mtp.cpp).
+TEST_F(Distributed, MlaCp2RingMtp) {
+  expect_same_training(2, "--context_parallel_size 2", std::string(kMla) + kMtp);
+  for (const char* key : {"mtp_1_loss", "mtp_2_loss"}) expect_same_mtp_losses(losses("ref", key), losses("par", key));
 }
 // A checkpoint with the MTP depths: a one-process run stopped at iteration 10 and resumed goes on
 // bit for bit as the uninterrupted run (the MTP losses too); resumed under pp2, within the

@@ -32,8 +32,9 @@ inline void peer_write(const std::string& out, const std::string& model, const s
   ASSERT_EQ(r.code, 0) << r.out;
 }
 
-// A tiny random model of a mixture-of-experts family (hf_moe_peer.py: mixtral, qwen2_moe,
-// qwen3_moe, deepseek_v2, deepseek_v3) in its Hugging Face layout.
+// A tiny random model of a mixture-of-experts family (hf_moe_peer.py FAMILIES: mixtral, qwen2_moe,
+// qwen3_moe, deepseek_v2, deepseek_v3, deepseek_v3_mtp with one multi-token-prediction layer, ...)
+// in its Hugging Face layout.
 inline void peer_write_family(const std::string& out, const std::string& family, const std::string& dtype,
                               uint64_t shard) {
   auto r = run_command(fmt::format("/usr/bin/python3 {} write {} --family {} --dtype {} --max-shard-bytes {} 2>&1",
@@ -48,6 +49,17 @@ inline std::vector<std::vector<float>> peer_logits(const std::string& dir, const
   EXPECT_EQ(r.code, 0) << r.out;
   if (r.code != 0) return {};
   return nlohmann::json::parse(r.out).get<std::vector<std::vector<float>>>();
+}
+
+// DeepSeek-V3's multi-token-prediction logits of a Hugging Face folder: per depth k, the positions
+// with a token k + 1 ahead (hf_moe_peer.py mtp_logits).
+inline std::vector<std::vector<std::vector<float>>> peer_mtp_logits(const std::string& dir,
+                                                                    const std::vector<int32_t>& tokens) {
+  auto r = test::run_command(
+      fmt::format("/usr/bin/python3 {} mtp-logits {} --tokens '{}' 2>&1", kHfPeer, dir, fmt::join(tokens, " ")));
+  EXPECT_EQ(r.code, 0) << r.out;
+  if (r.code != 0) return {};
+  return nlohmann::json::parse(r.out).get<std::vector<std::vector<std::vector<float>>>>();
 }
 
 // Our model's logits at every position, from a checkpoint of ours.

@@ -1,7 +1,8 @@
 // Hugging Face checkpoints of the mixture-of-experts families (hf/hf_families.h): Mixtral,
-// Qwen2-MoE, Qwen3-MoE, DeepSeek-V2 and V3, gpt-oss, Llama 4. A tiny random model of each in its Hugging Face layout
-// (tests/oracles/hf_moe_peer.py) imports and exports to the same bytes and gives the peer's logits;
-// the quantized formats dequantize to hand-computed values; bad folders are refused by name.
+// Qwen2-MoE, Qwen3-MoE, DeepSeek-V2 and V3 (with and without its multi-token-prediction layer), gpt-oss, Llama 4. A
+// tiny random model of each in its Hugging Face layout (tests/oracles/hf_moe_peer.py) imports and exports to the same
+// bytes and gives the peer's logits (and DeepSeek-V3's MTP logits and loss); the quantized formats dequantize to
+// hand-computed values; bad folders are refused by name.
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -13,6 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include "checkpoint/checkpoint.h"
+#include "checkpoint/model_fit.h"
 #include "core/error.h"
 #include "hf/dequant.h"
 #include "hf/hf_checkpoint.h"
@@ -32,8 +34,8 @@ using test::error_of;
 
 using test::TempDir;
 
-const std::vector<std::string> kFamilies = {"mixtral",     "qwen2_moe", "qwen3_moe", "deepseek_v2",
-                                            "deepseek_v3", "gpt_oss",   "llama4"};
+const std::vector<std::string> kFamilies = {"mixtral",     "qwen2_moe",       "qwen3_moe", "deepseek_v2",
+                                            "deepseek_v3", "deepseek_v3_mtp", "gpt_oss",   "llama4"};
 const std::vector<int32_t> kTokens = {1, 17, 200, 3, 3, 255, 42, 0, 99, 128, 7, 64};
 
 json read_config(const std::string& dir) {
@@ -79,6 +81,7 @@ std::vector<std::string> family_keys(const std::string& family) {
                        "first_k_dense_replace", "q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim",
                        "v_head_dim", "routed_scaling_factor", "scoring_func", "topk_method", "n_group", "topk_group",
                        "norm_topk_prob", "aux_loss_alpha", "seq_aux"});
+  if (family.starts_with("deepseek_v3")) k.push_back("num_nextn_predict_layers");
   return k;
 }
 
@@ -90,7 +93,7 @@ TEST(HfMoe, ImportThenExportGivesTheSameBytes) {
   // experts) also in BF16, sharded.
   std::vector<std::pair<std::string, std::pair<std::string, uint64_t>>> cases;
   for (const std::string& family : kFamilies) cases.push_back({family, {"F32", 5'000'000'000}});
-  for (const std::string family : {"deepseek_v3", "gpt_oss", "llama4"}) cases.push_back({family, {"BF16", 60'000}});
+  for (const std::string family : {"deepseek_v3_mtp", "gpt_oss", "llama4"}) cases.push_back({family, {"BF16", 60'000}});
   for (const auto& [family, format] : cases) {
     const auto& [dtype, shard] = format;
     SCOPED_TRACE(family + " " + dtype);
@@ -215,23 +218,175 @@ TEST(HfMoe, DeepSeekV3Fp8WeightsAreDequantizedOnImport) {
   EXPECT_FALSE(fs::exists(t / "save2"));
 }
 
-// DeepSeek-V3's multi-token-prediction layer (model.layers.<num_hidden_layers>.*) is skipped with
-// num_nextn_predict_layers; without it, the same tensor has no place and is named.
-TEST(HfMoe, MtpLayersAreSkipped) {
+namespace {
+
+// Our model's multi-token-prediction logits and losses (model/mtp.cpp) on `tokens` with their next
+// tokens as targets: per depth k, the positions with a token k + 1 ahead, each the depth's normed
+// output (its final_layernorm, HF's shared_head.norm) through the shared output layer.
+struct OurMtp {
+  std::vector<std::vector<std::vector<float>>> logits;
+  std::vector<double> losses;
+};
+OurMtp our_mtp(const std::string& ckpt, const std::vector<int32_t>& tokens) {
+  const YAML::Node cfg = YAML::Load(checkpoint::read_checkpoint_config(ckpt));
+  const ModelSpec spec = model_spec_from_yaml(cfg["modules"]["pre_trainer"]["model_spec"], ckpt);
+  LlamaModel model(spec, cpu::cpu_backend(), Precision::Fp32);
+  checkpoint::LoadOptions lo;
+  lo.optimizer = false;
+  const auto ck = checkpoint::load_checkpoint(ckpt, model.params(), lo);
+  std::copy(ck.params.begin(), ck.params.end(), model.params().values().data<float>());
+  std::vector<int32_t> targets(tokens.begin() + 1, tokens.end());
+  targets.push_back(-1);
+  LlamaContext ctx;
+  const int64_t T = int64_t(tokens.size()), C = spec.hidden_size, V = spec.vocab_size;
+  model.forward(ctx, tokens.data(), targets.data(), 1, T);
+  OurMtp out;
+  out.losses = model.mtp_losses(ctx);
+  const int head = model.params().find(spec.untie_embeddings_and_output_weights ? "output_layer.weight"
+                                                                                : "embedding.word_embeddings.weight");
+  const float* W = model.params().values().data<float>() + model.params().infos()[size_t(head)].offset;
+  for (size_t k = 0; k < ctx.mtp.size(); ++k) {
+    const float* h = ctx.mtp[k].head.normed.data<float>();
+    auto& rows = out.logits.emplace_back();
+    for (int64_t i = 0; i + int64_t(k) + 1 < T; ++i) {
+      auto& row = rows.emplace_back(size_t(V));
+      for (int64_t v = 0; v < V; ++v) {
+        double acc = 0;
+        for (int64_t c = 0; c < C; ++c) acc += double(h[i * C + c]) * double(W[v * C + c]);
+        row[size_t(v)] = float(acc);
+      }
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+// DeepSeek-V3's multi-token-prediction layer (model.layers.<num_hidden_layers>.*, num_nextn_predict_layers 1)
+// imports into this model's MTP depth: its logits equal the PyTorch peer's (hf_moe_peer.py mtp_logits, written from
+// vLLM's deepseek_mtp.py), and its loss the cross-entropy of the peer's logits against the tokens two ahead.
+// (ImportThenExportGivesTheSameBytes and PeerModelGivesOurLogits cover its bytes and the main logits.)
+TEST(HfMoe, MtpLayerGivesThePeersMtpLogitsAndLoss) {
   TempDir t;
   const std::string src = t / "src";
-  test::peer_write_family(src, "deepseek_v3", "F32", 5'000'000'000);
-  rewrite_tensors(src, [&](std::vector<hf::TensorOut>& ts) {
-    ts.push_back({"model.layers.3.eh_proj.weight", "F32", {64, 128}, std::string(64 * 128 * 4, '\0')});
-  });
-  EXPECT_NE(error_of([&] {
-              hf::import_hf({src, t / "save", "", false});
+  test::peer_write_family(src, "deepseek_v3_mtp", "F32", 5'000'000'000);
+  const std::string ckpt = hf::import_hf({src, t / "save", "", false});
+  EXPECT_EQ(checkpoint::read_checkpoint_model(ckpt).mtp_num_layers, 1);
+  const OurMtp ours = our_mtp(ckpt, kTokens);
+  const auto peer = test::peer_mtp_logits(src, kTokens);
+  ASSERT_EQ(peer.size(), 1u);
+  ASSERT_EQ(ours.logits.size(), 1u);
+  test::expect_close(ours.logits[0], peer[0]);
+  // Depth 0's row i targets token i + 2: rows 0 .. T - 3.
+  double loss = 0;
+  const size_t rows = kTokens.size() - 2;
+  for (size_t i = 0; i < rows; ++i) {
+    const auto& z = peer[0][i];
+    double m = -1e300, sum = 0;
+    for (float v : z) m = std::max(m, double(v));
+    for (float v : z) sum += std::exp(double(v) - m);
+    loss += m + std::log(sum) - double(z[size_t(kTokens[i + 2])]);
+  }
+  loss /= double(rows);
+  ASSERT_EQ(ours.losses.size(), 1u);
+  EXPECT_NEAR(ours.losses[0], loss, 1e-5 * loss);
+}
+
+// A DeepSeek-V3 folder whose MTP layer is incomplete or contradicts the model is refused, naming the
+// tensor; one without any MTP tensor (as transformers' save_pretrained writes it) imports without MTP.
+TEST(HfMoe, MtpHostileInputsAreRefusedByName) {
+  TempDir t;
+  const std::string src = t / "src", save = t / "save";
+  test::peer_write_family(src, "deepseek_v3_mtp", "F32", 5'000'000'000);
+  const json good = read_config(src);
+  std::vector<hf::TensorOut> all;
+  rewrite_tensors(src, [&](std::vector<hf::TensorOut>& ts) { all = ts; });
+  auto import_with = [&](const std::function<void(std::vector<hf::TensorOut>&)>& edit) {
+    rewrite_tensors(src, [&](std::vector<hf::TensorOut>& ts) {
+      ts = all;
+      edit(ts);
+    });
+    const std::string e = error_of([&] { hf::import_hf({src, save, "", false}); });
+    EXPECT_FALSE(fs::exists(save)) << e;
+    return e;
+  };
+  auto drop = [](const std::string& name) {
+    return [name](std::vector<hf::TensorOut>& ts) {
+      std::erase_if(ts, [&](const hf::TensorOut& x) { return x.name == name; });
+    };
+  };
+  for (const std::string name :
+       {"model.layers.3.enorm.weight", "model.layers.3.eh_proj.weight", "model.layers.3.shared_head.norm.weight",
+        "model.layers.3.mlp.experts.5.up_proj.weight", "model.layers.3.self_attn.kv_a_proj_with_mqa.weight"})
+    EXPECT_NE(import_with(drop(name)).find(name), std::string::npos) << name;
+  // A wrong shape: eh_proj [C, C] for [C, 2C].
+  EXPECT_NE(import_with([](std::vector<hf::TensorOut>& ts) {
+              for (auto& x : ts)
+                if (x.name == "model.layers.3.eh_proj.weight")
+                  x = {x.name, "F32", {64, 64}, x.bytes.substr(0, 64 * 64 * 4)};
             }).find("model.layers.3.eh_proj.weight"),
             std::string::npos);
-  json c = read_config(src);
+  // A copy of the output head or the embedding that is not the main model's.
+  for (const std::string name : {"model.layers.3.shared_head.head.weight", "model.layers.3.embed_tokens.weight"})
+    EXPECT_NE(import_with([&](std::vector<hf::TensorOut>& ts) {
+                for (auto& x : ts)
+                  if (x.name == name) x.bytes[5] ^= 1;
+              }).find(name + "' differs"),
+              std::string::npos)
+        << name;
+  // The copies absent: nothing is lost (they are the main model's), the import goes through.
+  rewrite_tensors(src, [&](std::vector<hf::TensorOut>& ts) {
+    ts = all;
+    drop("model.layers.3.shared_head.head.weight")(ts);
+    drop("model.layers.3.embed_tokens.weight")(ts);
+  });
+  EXPECT_EQ(checkpoint::read_checkpoint_model(hf::import_hf({src, save, "", false})).mtp_num_layers, 1);
+  // No MTP tensor at all: imported without MTP.
+  rewrite_tensors(src, [&](std::vector<hf::TensorOut>& ts) {
+    ts = all;
+    std::erase_if(ts, [](const hf::TensorOut& x) { return x.name.starts_with("model.layers.3."); });
+  });
+  EXPECT_EQ(checkpoint::read_checkpoint_model(hf::import_hf({src, save, "", true})).mtp_num_layers, 0);
+  fs::remove_all(save);
+  // The MTP tensors without num_nextn_predict_layers have no place; the key itself is checked.
+  rewrite_tensors(src, [&](std::vector<hf::TensorOut>& ts) { ts = all; });
+  auto config_error = [&](const std::function<void(json&)>& edit) {
+    json c = good;
+    edit(c);
+    write_config(src, c);
+    return error_of([&] { hf::import_hf({src, save, "", false}); });
+  };
+  EXPECT_NE(config_error([](json& c) { c.erase("num_nextn_predict_layers"); }).find("model.layers.3."),
+            std::string::npos);
+  EXPECT_NE(config_error([](json& c) { c["num_nextn_predict_layers"] = -1; }).find("num_nextn_predict_layers"),
+            std::string::npos);
+  EXPECT_NE(config_error([](json& c) { c["num_nextn_predict_layers"] = "one"; }).find("num_nextn_predict_layers"),
+            std::string::npos);
+  // An MTP layer that HF would build dense (first_k_dense_replace past it) while ours mirrors the last, MoE, layer.
+  EXPECT_NE(config_error([](json& c) {
+              c["moe_layer_freq"] = 2, c["first_k_dense_replace"] = 0;
+            }).find("multi-token-prediction layer model.layers.3 is dense"),
+            std::string::npos);
+  EXPECT_FALSE(fs::exists(save));
+  write_config(src, good);
+
+  // Export: num_nextn_predict_layers written; a family without MTP refuses the model by name.
+  const std::string ckpt = hf::import_hf({src, save, "", false});
+  hf::ExportOptions eo;
+  eo.checkpoint = ckpt;
+  eo.out_dir = t / "dst";
+  eo.architecture = "DeepseekV2ForCausalLM";
+  EXPECT_NE(error_of([&] { hf::export_hf(eo); }).find("multi-token prediction"), std::string::npos);
+  EXPECT_FALSE(fs::exists(t / "dst"));
+  // A DeepSeek-V2 config with num_nextn_predict_layers is refused by name.
+  test::peer_write_family(t / "v2", "deepseek_v2", "F32", 5'000'000'000);
+  json c = read_config(t / "v2");
   c["num_nextn_predict_layers"] = 1;
-  write_config(src, c);
-  EXPECT_NO_THROW(hf::import_hf({src, t / "save", "", true}));
+  write_config(t / "v2", c);
+  EXPECT_NE(error_of([&] {
+              hf::import_hf({t / "v2", t / "save2", "", false});
+            }).find("num_nextn_predict_layers 1"),
+            std::string::npos);
 }
 
 TEST(HfMoe, HostileInputsAreRefusedByName) {
@@ -499,8 +654,8 @@ TEST(HfMoe, PublishedConfigsGiveOurPresets) {
                                        {&maverick, "llama4_17B128E"}}) {
     SCOPED_TRACE(preset);
     const ModelSpec ours = hf::spec_from_hf_config(*config, preset, nullptr);
-    ModelSpec want = load_model_spec(preset);
-    want.mtp_num_layers = 0;  // DeepSeek-V3's MTP layer (num_nextn_predict_layers) is skipped on import
+    const ModelSpec want = load_model_spec(preset);
+    EXPECT_EQ(ours.mtp_num_layers, want.mtp_num_layers);  // DeepSeek-V3's num_nextn_predict_layers 1
     const ModelStats a = model_stats(ours, 128), b = model_stats(want, 128);
     EXPECT_EQ(a.parameters, b.parameters);
     EXPECT_EQ(a.active_parameters, b.active_parameters);
@@ -541,8 +696,11 @@ TEST(HfMoe, PublishedConfigsGiveOurPresets) {
     // And back: the config an export writes reads into the same model.
     const json back = hf::hf_config_from_spec(ours, hf::default_architecture(ours).name, "bfloat16");
     EXPECT_EQ(back["architectures"], (*config)["architectures"]);
-    if (config->contains("interleave_moe_layer_step"))  // Llama 4's
+    if (config->contains("interleave_moe_layer_step")) {  // Llama 4's
       EXPECT_EQ(back["interleave_moe_layer_step"], (*config)["interleave_moe_layer_step"]);
+    }
+    // DeepSeek-V3's multi-token prediction depth (1), absent elsewhere.
+    EXPECT_EQ(back.value("num_nextn_predict_layers", json()), config->value("num_nextn_predict_layers", json()));
     EXPECT_EQ(model_stats(hf::spec_from_hf_config(back, preset, nullptr), 128).flops_per_token, a.flops_per_token);
   }
 }

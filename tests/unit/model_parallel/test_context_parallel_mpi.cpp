@@ -4,7 +4,9 @@
 // summed over the cp group (as data parallelism over dp x cp does in training), the reference's
 // to 1e-11 relative (double precision: only the summation order differs). With packed documents
 // (model/documents.h) too: the ring's blocks and the all-to-all's whole sequences keep attention
-// inside each document and rotate each row at its position in its document.
+// inside each document and rotate each row at its position in its document. With multi-token
+// prediction (model/mtp.cpp): the depths' tokens and targets shifted across the ranks' chunks, each
+// depth's loss the whole sequence's mean.
 #include <gtest/gtest.h>
 
 #include "data/microbatch.h"
@@ -25,6 +27,7 @@ struct Case {
   Recompute recompute = Recompute::None;
   bool chunked_vocab = false;
   bool packed = false;  // documents packed into the sequences: separate attention, restarted positions
+  int64_t mtp = 0;      // multi-token-prediction depths
 };
 
 void run_case(const Case& c) {
@@ -38,6 +41,8 @@ void run_case(const Case& c) {
   spec.num_attention_heads = 8;  // 2 heads and 1 group per rank under tp2 x a2a cp2
   spec.num_query_groups = 4;
   spec.max_position_embeddings = 32;
+  spec.mtp_num_layers = c.mtp;
+  spec.mtp_loss_scaling_factor = 0.7;
   LlamaOptions opt;
   opt.recompute = c.recompute;
   if (c.chunked_vocab) {
@@ -72,6 +77,11 @@ void run_case(const Case& c) {
     const double want = ref.forward(a, mb.tokens.data(), mb.targets.data(), B, S, &docs);
     const double got = model.forward(b, tokens.data(), targets.data(), B, S / c.cp, &docs);
     EXPECT_NEAR(got, want, 1e-12 * std::fabs(want));
+    const std::vector<double> mtp_want = ref.mtp_losses(a), mtp_got = model.mtp_losses(b);
+    ASSERT_EQ(mtp_got.size(), size_t(c.mtp));
+    ASSERT_EQ(mtp_want.size(), size_t(c.mtp));
+    for (size_t k = 0; k < mtp_got.size(); ++k)
+      EXPECT_NEAR(mtp_got[k], mtp_want[k], 1e-12 * mtp_want[k]) << "depth " << k;
     ref.backward(a, 0.5);
     model.backward_input(b, 0.5);  // the split passes, as a zero-bubble schedule runs them
     model.backward_weight(b);
@@ -101,6 +111,15 @@ TEST(ContextParallel, Cp2AllToAllPackedDocuments) { run_case({2, 1, CpComm::A2A,
 TEST(ContextParallel, Cp4RingPackedDocuments) { run_case({4, 1, CpComm::P2P, false, Recompute::None, false, true}); }
 TEST(ContextParallel, Cp2Tp2SequenceParallelRingPackedDocumentsSelectiveRecompute) {
   run_case({2, 2, CpComm::P2P, true, Recompute::Selective, false, true});
+}
+
+// Two depths: depth 1's tokens are two ahead, so each chunk's last two rows read the next chunk's.
+TEST(ContextParallel, Cp2RingMtp) { run_case({2, 1, CpComm::P2P, false, Recompute::None, false, false, 2}); }
+TEST(ContextParallel, Cp4AllToAllPackedDocumentsMtp) {
+  run_case({4, 1, CpComm::A2A, false, Recompute::None, false, true, 2});
+}
+TEST(ContextParallel, Cp2Tp2SequenceParallelRingMtp) {
+  run_case({2, 2, CpComm::P2P, true, Recompute::None, false, false, 1});
 }
 
 TEST(ContextParallel, BadLayoutsAreRefused) {
