@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "core/context_parallel_rows.h"
 #include "core/error.h"
 #include "core/rng.h"
 
@@ -66,13 +67,8 @@ std::vector<int32_t> context_parallel_rows(const int32_t* tokens, int64_t batch,
   if (cp < 1 || cp_rank < 0 || cp_rank >= cp || seq % (2 * cp) != 0)
     fail("context parallel rows: sequence length {} over {} ranks (rank {}) needs a multiple of 2 x {}", seq, cp,
          cp_rank, cp);
-  const int64_t ch = seq / (2 * cp);
   std::vector<int32_t> out;
-  out.reserve(size_t(batch * 2 * ch));
-  for (int j = 0; j < 2; ++j) {
-    const int64_t start = (j == 0 ? cp_rank : 2 * cp - 1 - cp_rank) * ch;
-    for (int64_t b = 0; b < batch; ++b) out.insert(out.end(), tokens + b * seq + start, tokens + b * seq + start + ch);
-  }
+  for (const int64_t at : cp_sequence_rows(batch, seq, cp, cp_rank)) out.push_back(tokens[at]);
   return out;
 }
 

@@ -173,16 +173,15 @@ namespace {
 
 // Rows of every rank's two chunks (blocks of rank q at rows [q n, (q+1) n), n = 2 batch ch, each in
 // [chunk][batch][position] order) to the whole sequences in position order ([batch][position]), or
-// back. width: columns of both. chunk_of(q, j): the global chunk of rank q's chunk j.
-template <typename ChunkOf>
+// back (core/context_parallel_rows.h). width: columns of both.
 void chunks_to_sequence(const Tensor& ranks_rows, const Tensor& sequence, int cp, int64_t batch, int64_t ch,
-                        int64_t width, bool to_sequence, const ChunkOf& chunk_of) {
+                        int64_t width, bool to_sequence) {
   const int64_t S = 2 * cp * ch;
   const Tensor blocks = ranks_rows.view({int64_t(cp) * 2 * batch, ch * width});  // row: (q, j, b)
   const Tensor seqs = sequence.view({batch, S * width});                       // row: b
   for (int q = 0; q < cp; ++q)
     for (int j = 0; j < 2; ++j) {
-      const int64_t col = int64_t(chunk_of(q, j)) * ch * width, row = (int64_t(q) * 2 + j) * batch;
+      const int64_t col = cp_chunk_index(j, cp, q) * ch * width, row = (int64_t(q) * 2 + j) * batch;
       if (to_sequence)
         copy_block(seqs, 0, col, blocks, row, 0, batch, ch * width);
       else
@@ -197,7 +196,6 @@ void ContextParallelAttention::a2a_forward(const Tensor& qkv, Tensor& out, Atten
   const int P = size_;
   const int64_t D = s.head_dim, Hc = s.heads / P, Gc = s.groups / P, HD = s.heads * D, GD = s.groups * D;
   const int64_t B = s.batch, ch = s.seq / 2, N = B * s.seq, S = s.seq * P, Qc = (Hc + 2 * Gc) * D;
-  const auto chunk = [this](int q, int j) { return chunk_of(q, j); };
   const parallel::CommType t = parallel::comm_type_of(act_);
   // Rank q receives its heads' q, k and v columns of every row here.
   Tensor send = be_.empty({P * N, Qc}, act_), recv = be_.empty({P * N, Qc}, act_);
@@ -208,13 +206,13 @@ void ContextParallelAttention::a2a_forward(const Tensor& qkv, Tensor& out, Atten
   }
   cp_.all_to_all(send.raw(), recv.raw(), N * Qc, t);
   c.seq_qkv = be_.empty({B * S, Qc}, act_);
-  chunks_to_sequence(recv, c.seq_qkv, P, B, ch, Qc, true, chunk);
+  chunks_to_sequence(recv, c.seq_qkv, P, B, ch, Qc, true);
   c.seq_out = be_.empty({B * S, Hc * D}, act_);
   c.lse = be_.empty({B, Hc, S}, stat_);
   be_.attention_forward(c.seq_qkv, c.seq_out, c.lse, with_documents({B, S, Hc, Gc, D}, seq_doc_start));
   // Every rank's rows of this rank's heads go back to it.
   Tensor back = be_.empty({P * N, Hc * D}, act_), mine = be_.empty({P * N, Hc * D}, act_);
-  chunks_to_sequence(back, c.seq_out, P, B, ch, Hc * D, false, chunk);
+  chunks_to_sequence(back, c.seq_out, P, B, ch, Hc * D, false);
   cp_.all_to_all(back.raw(), mine.raw(), N * Hc * D, t);
   for (int q = 0; q < P; ++q) copy_block(out, 0, q * Hc * D, mine, q * N, 0, N, Hc * D);
 }
@@ -224,17 +222,16 @@ void ContextParallelAttention::a2a_backward(const AttentionSaves& c, const Tenso
   const int P = size_;
   const int64_t D = s.head_dim, Hc = s.heads / P, Gc = s.groups / P, HD = s.heads * D, GD = s.groups * D;
   const int64_t B = s.batch, ch = s.seq / 2, N = B * s.seq, S = s.seq * P, Qc = (Hc + 2 * Gc) * D;
-  const auto chunk = [this](int q, int j) { return chunk_of(q, j); };
   const parallel::CommType t = parallel::comm_type_of(act_);
   Tensor send = be_.empty({P * N, Hc * D}, act_), recv = be_.empty({P * N, Hc * D}, act_);
   for (int q = 0; q < P; ++q) copy_block(send, q * N, 0, dout, 0, q * Hc * D, N, Hc * D);
   cp_.all_to_all(send.raw(), recv.raw(), N * Hc * D, t);
   Tensor dout_full = be_.empty({B * S, Hc * D}, act_), dqkv_full = be_.empty({B * S, Qc}, act_);
-  chunks_to_sequence(recv, dout_full, P, B, ch, Hc * D, true, chunk);
+  chunks_to_sequence(recv, dout_full, P, B, ch, Hc * D, true);
   be_.attention_backward(c.seq_qkv, c.seq_out, c.lse, dout_full, dqkv_full,
                          with_documents({B, S, Hc, Gc, D}, seq_doc_start));
   Tensor back = be_.empty({P * N, Qc}, act_), mine = be_.empty({P * N, Qc}, act_);
-  chunks_to_sequence(back, dqkv_full, P, B, ch, Qc, false, chunk);
+  chunks_to_sequence(back, dqkv_full, P, B, ch, Qc, false);
   cp_.all_to_all(back.raw(), mine.raw(), N * Qc, t);
   for (int q = 0; q < P; ++q) {
     copy_block(dqkv, 0, q * Hc * D, mine, q * N, 0, N, Hc * D);

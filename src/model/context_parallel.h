@@ -30,6 +30,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "core/context_parallel_rows.h"
 #include "kernels/backend.h"
 #include "model/attention_core.h"
 #include "parallel/process_group.h"
@@ -67,7 +68,7 @@ class ContextParallelAttention final : public AttentionCore {
   // document starts and the keys' first position, when documents are packed.
   ops::AttentionShape pair_shape(const ops::AttentionShape& bs, const Tensor& doc_start, int j, int key_chunk) const;
   // Global chunk index of this rank's chunk j, and of rank `r`'s.
-  int chunk_of(int rank, int j) const { return j == 0 ? rank : 2 * size_ - 1 - rank; }
+  int chunk_of(int rank, int j) const { return int(cp_chunk_index(j, size_, rank)); }
 
   ops::Backend& be_;
   parallel::ProcessGroup& cp_;

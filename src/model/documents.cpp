@@ -1,5 +1,6 @@
 #include "model/documents.h"
 
+#include "core/context_parallel_rows.h"
 #include "model/attention_flops.h"
 
 #include <algorithm>
@@ -10,7 +11,7 @@ DocumentRows document_rows(const PackedDocuments& docs, int64_t batch, int64_t s
                            Device device, int64_t attention_chunk) {
   DocumentRows r;
   if (!docs.active() && attention_chunk <= 0) return r;
-  const int64_t S = seq * cp, ch = seq / 2;  // the whole sequence; a chunk under cp
+  const int64_t S = seq * cp;  // the whole sequence
   if (docs.active()) docs.check(batch, S);
   // Per whole-sequence position: its document's start.
   std::vector<int32_t> start(size_t(batch * S), 0);
@@ -28,17 +29,7 @@ DocumentRows document_rows(const PackedDocuments& docs, int64_t batch, int64_t s
     for (int64_t i = 0; i < batch * S; ++i)
       attend[size_t(i)] = std::max(attend[size_t(i)], int32_t((i % S) / attention_chunk * attention_chunk));
   // This rank's rows as whole-sequence indices b * S + position.
-  std::vector<int64_t> rows;
-  rows.reserve(size_t(batch * seq));
-  if (cp == 1) {
-    for (int64_t i = 0; i < batch * S; ++i) rows.push_back(i);
-  } else {
-    for (int j = 0; j < 2; ++j) {
-      const int64_t c = j == 0 ? cp_rank : 2 * cp - 1 - cp_rank;
-      for (int64_t b = 0; b < batch; ++b)
-        for (int64_t i = 0; i < ch; ++i) rows.push_back(b * S + c * ch + i);
-    }
-  }
+  const std::vector<int64_t> rows = cp_sequence_rows(batch, S, cp, cp_rank);
   if (docs.active() && docs.restart_positions) {
     r.positions.resize(rows.size());
     for (size_t i = 0; i < rows.size(); ++i) r.positions[i] = int32_t(rows[i] % S - start[size_t(rows[i])]);

@@ -20,6 +20,7 @@
 
 #include <fmt/format.h>
 
+#include "core/context_parallel_rows.h"
 #include "model/llama.h"
 #include "model/llama_held.h"
 #include "parallel/process_group.h"
@@ -68,10 +69,8 @@ void LlamaModel::register_mtp() {
 namespace {
 
 // The microbatch's whole sequences, [batch][len] in position order, and where each of this rank's
-// rows sits in them. Under context parallelism (cp ranks) the rank's rows are [chunk j][batch]
-// [position] of chunks r and 2 cp - 1 - r of each sequence (context_parallel.h,
-// data::context_parallel_rows); every rank's tokens and targets are summed into place over the cp
-// group (a small host all-reduce, as the loss sums).
+// rows sits in them (core/context_parallel_rows.h). Under context parallelism every rank's tokens
+// and targets are summed into place over the cp group (a small host all-reduce, as the loss sums).
 struct WholeSequences {
   int64_t len = 0;
   std::vector<int32_t> tokens, targets;
@@ -79,15 +78,10 @@ struct WholeSequences {
 };
 
 WholeSequences whole_sequences(const LlamaContext& ctx, const ModelPartition& part) {
-  const int64_t B = ctx.batch, S = ctx.seq, N = B * S, cp = part.cp_size, half = S / 2;
+  const int64_t B = ctx.batch, N = B * ctx.seq, cp = part.cp_size;
   WholeSequences w;
-  w.len = S * cp;
-  const auto place = [&](int64_t rank, int64_t row) {
-    if (cp == 1) return row;
-    const int64_t j = row / (B * half), b = row / half % B, chunk = j == 0 ? rank : 2 * cp - 1 - rank;
-    return b * w.len + chunk * half + row % half;
-  };
-  for (int64_t row = 0; row < N; ++row) w.at.push_back(place(part.cp_rank, row));
+  w.len = ctx.seq * cp;
+  w.at = cp_sequence_rows(B, w.len, int(cp), part.cp_rank);
   if (cp == 1) {
     w.tokens = ctx.tokens, w.targets = ctx.targets;
     return w;
@@ -98,11 +92,13 @@ WholeSequences whole_sequences(const LlamaContext& ctx, const ModelPartition& pa
   part.cp_group->all_reduce(all);
   w.tokens.resize(size_t(B * w.len));
   w.targets.resize(size_t(B * w.len));
-  for (int64_t q = 0; q < cp; ++q)
+  for (int64_t q = 0; q < cp; ++q) {
+    const std::vector<int64_t> at = cp_sequence_rows(B, w.len, int(cp), int(q));
     for (int64_t row = 0; row < N; ++row) {
-      w.tokens[size_t(place(q, row))] = all[size_t(2 * q * N + row)];
-      w.targets[size_t(place(q, row))] = all[size_t((2 * q + 1) * N + row)];
+      w.tokens[size_t(at[size_t(row)])] = all[size_t(2 * q * N + row)];
+      w.targets[size_t(at[size_t(row)])] = all[size_t((2 * q + 1) * N + row)];
     }
+  }
   return w;
 }
 

@@ -5,16 +5,10 @@
 #include <numbers>
 #include <numeric>
 
+#include "core/context_parallel_rows.h"
 #include "core/error.h"
 
 namespace primus {
-namespace {
-// Under context parallelism a rank holds chunks cp_rank and 2 cp - 1 - cp_rank of every sequence
-// (model/context_parallel.h): the first position of its chunk j, chunks of ch positions.
-int64_t cp_chunk_start(int64_t j, int cp, int cp_rank, int64_t ch) {
-  return (j == 0 ? cp_rank : 2 * cp - 1 - cp_rank) * ch;
-}
-}  // namespace
 
 double yarn_mscale(double factor, double m) { return factor <= 1 ? 1.0 : 0.1 * m * std::log(factor) + 1.0; }
 
@@ -107,7 +101,7 @@ void Rotary::rotate(Tensor& x, int64_t heads, int64_t seq, int64_t pos0, bool in
   const int64_t ch = seq / 2, rows = x.size(0) / 2;
   for (int64_t j = 0; j < 2; ++j) {
     Tensor part = x.slice(0, j * rows, rows);
-    be_.rope_apply(part, heads, dims_, ch, pos0 + cp_chunk_start(j, cp_, cp_rank_, ch), cos_, sin_, inverse);
+    be_.rope_apply(part, heads, dims_, ch, pos0 + cp_chunk_index(j, cp_, cp_rank_) * ch, cos_, sin_, inverse);
   }
 }
 
@@ -126,7 +120,7 @@ void QueryTemperature::apply(Tensor& x, int64_t width, int64_t seq, int64_t pos0
   const int64_t per_chunk = cp_ > 1 ? seq / 2 : seq, chunk_rows = cp_ > 1 ? rows / 2 : rows;
   for (int64_t r = 0; r < rows; ++r) {
     int64_t pos = pos0 + r % per_chunk;
-    if (cp_ > 1) pos += cp_chunk_start(r / chunk_rows, cp_, cp_rank_, per_chunk);
+    if (cp_ > 1) pos += cp_chunk_index(r / chunk_rows, cp_, cp_rank_) * per_chunk;
     sc[size_t(r)] = scale(positions ? (*positions)[size_t(r)] : pos);
   }
   std::vector<int32_t> all(static_cast<size_t>(rows));
