@@ -7,6 +7,7 @@
 // microbatch's token ids). docs/pipeline_schedules.md shows the two for ZB-2p.
 #pragma once
 
+#include <algorithm>
 #include <vector>
 
 #include "config/experiment.h"
