@@ -175,9 +175,11 @@ class GqaAttention final : public BlockPart {
     core_.backward(c.qkv, c.attn, c.core, dattn, c.dqkv, s, docs(m));
     c.dsinks = sinks_->backward(c.attn, c.core.lse, dattn, s);
     pos_.apply(c.dqkv, heads_, groups_, D_, m.seq, 0, true, m.positions());
-    if (qk_norm_) qk_norm_->backward_input(c.dqkv, w(q_norm_), w(k_norm_), c.qk);
+    if (qk_norm_) qk_norm_->backward_input(c.dqkv, w(q_norm_), w(k_norm_), c.qk, q_norm_ >= 0);
     Tensor dh = k_.linear_input_grad(c.dqkv, qkv_w_);
-    c.qkv = Tensor();  // W reads h, attn, dx2, dqkv and qk-norm's saves
+    // W reads h, attn, dx2 and dqkv (the linears' inputs and output gradients), dy and the sinks'
+    // and qk-norm's weight gradients: the rest was B's alone.
+    c.qkv = Tensor();
     c.core = AttentionSaves();
     return k_.tp.reduce(dh);
   }

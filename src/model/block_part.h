@@ -100,7 +100,10 @@ class BlockPart {
   // Lets go what recompute may rebuild (selective: the cheap parts; full: all the part can rebuild).
   virtual void drop(PartContext& c, Recompute r) const = 0;
   // The gradient of h (this rank's rows, summed over tp) from dy, the gradient of y (this rank's
-  // rows), not counting the residual path; keeps in c what backward_weight reads.
+  // rows), not counting the residual path; keeps in c what backward_weight reads (the linears'
+  // inputs and output gradients, small weight gradients computed here such as a norm's,
+  // model/norm_weight_grad.h) and lets go of the rest: the zero-bubble schedules hold c from B
+  // to W, and their memory model is the ratio of the two (docs/pipeline_schedules.md).
   virtual Tensor backward_input(PartContext& c, const Tensor& dy, const PassShape& m) = 0;
   // Accumulates the part's weight gradients; empties c.
   virtual void backward_weight(PartContext& c) = 0;

@@ -333,23 +333,24 @@ Tensor LlamaModel::block_backward_input(const Block& b, BlockContext& c, const T
   PRIMUS_CHECK(c.x.defined(), "backward_input before forward");
   block_rebuild(b, c, m);
   const int64_t Nl = c.x.size(0), C = spec_.hidden_size;
-  c.dh2 = b.feed_forward->backward_input(*c.feed_forward, dy, m);
+  const Tensor dh2 = b.feed_forward->backward_input(*c.feed_forward, dy, m);
   Tensor dx2 = act({Nl, C});  // dy through the residual, plus the norm's gradient
-  be_.rmsnorm_backward_input(c.dh2, c.x2, w(b.mlp_norm), c.rstd2, dy, dx2);
-  c.dh1 = b.attention->backward_input(*c.attention, dx2, m);
+  be_.rmsnorm_backward_input(dh2, c.x2, w(b.mlp_norm), c.rstd2, dy, dx2);
+  c.gn2.compute(be_, dh2, c.x2, c.rstd2);
+  const Tensor dh1 = b.attention->backward_input(*c.attention, dx2, m);
   Tensor dx = act({Nl, C});
-  be_.rmsnorm_backward_input(c.dh1, c.x, w(b.attn_norm), c.rstd1, dx2, dx);
+  be_.rmsnorm_backward_input(dh1, c.x, w(b.attn_norm), c.rstd1, dx2, dx);
+  c.gn1.compute(be_, dh1, c.x, c.rstd1);
+  c.x = c.x2 = c.rstd1 = c.rstd2 = Tensor();  // W reads what the parts keep and gn1, gn2
   return dx;
 }
 
 void LlamaModel::block_backward_weight(const Block& b, BlockContext& c) {
-  PRIMUS_CHECK(c.dh1.defined(), "backward_weight before backward_input");
+  PRIMUS_CHECK(c.gn1.defined(), "backward_weight before backward_input");
   b.feed_forward->backward_weight(*c.feed_forward);
-  Tensor gn2 = g(b.mlp_norm);
-  be_.rmsnorm_backward_weight(c.dh2, c.x2, c.rstd2, gn2);
+  c.gn2.add_to(be_, g(b.mlp_norm));
   b.attention->backward_weight(*c.attention);
-  Tensor gn1 = g(b.attn_norm);
-  be_.rmsnorm_backward_weight(c.dh1, c.x, c.rstd1, gn1);
+  c.gn1.add_to(be_, g(b.attn_norm));
   c = BlockContext();
 }
 
@@ -464,6 +465,7 @@ Tensor LlamaModel::backward_input_chunk(LlamaContext& ctx, int chunk, const Tens
   }
   if (!ch.has_embedding) return dx;
   ctx.dembedded = dx;
+  ctx.embedded = Tensor();  // block 0's input: B was its last reader
   return Tensor();
 }
 
@@ -616,14 +618,15 @@ Tensor LlamaModel::head_backward_input(HeadContext& h, double dloss, int64_t val
     }
     be_.add(dhn, d, dhn);
   }
-  if (stat_ == act_) {
-    h.dhn = dhn;
-  } else {
-    h.dhn = act(dhn.shape());
-    be_.cast(dhn, h.dhn);
+  if (stat_ != act_) {
+    Tensor d = act(dhn.shape());
+    be_.cast(dhn, d);
+    dhn = d;
   }
   Tensor dx = act({h.x.size(0), C});
-  be_.rmsnorm_backward_input(h.dhn, h.x, w(h.norm), h.rstd, Tensor(), dx);
+  be_.rmsnorm_backward_input(dhn, h.x, w(h.norm), h.rstd, Tensor(), dx);
+  h.gn.compute(be_, dhn, h.x, h.rstd);
+  h.x = h.rstd = h.normed = Tensor();  // W reads hn, the logits' gradient (or lse and targets) and gn
   return dx;
 }
 
@@ -638,11 +641,10 @@ void LlamaModel::head_weight_pass(LlamaContext& ctx) {
 }
 
 void LlamaModel::head_backward_weight(HeadContext& h) {
-  PRIMUS_CHECK(h.dhn.defined(), "head backward_weight before backward_input");
+  PRIMUS_CHECK(h.gn.defined(), "head backward_weight before backward_input");
   const int64_t Vl = vocab_local_;
   const float scale = float(h.grad_scale);
-  Tensor gn = g(h.norm);
-  be_.rmsnorm_backward_weight(h.dhn, h.x, h.rstd, gn);
+  h.gn.add_to(be_, g(h.norm));
   Tensor gW = g(output_);
   if (frozen_base()) {  // LoRA: no gradient for the frozen output layer
   } else if (h.dlogits.defined()) {

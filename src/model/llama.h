@@ -58,6 +58,7 @@
 #include "model/block_part.h"
 #include "model/feed_forward_parts.h"
 #include "model/model_spec.h"
+#include "model/norm_weight_grad.h"
 #include "model/options.h"
 #include "model/param_store.h"
 #include "model/partition.h"
@@ -105,14 +106,17 @@ void check_tensor_parallel(const ModelSpec& spec, int tp_size);
 // W), and each part's own context.
 struct BlockContext {
   Tensor x, rstd1, x2, rstd2;  // the block input (owned by the previous layer), the residual after attention
-  Tensor dh1, dh2;             // the gradients reaching the norms' outputs (for their weights)
+  // The norms' weight gradients, computed by B, added by W: B lets go of x, x2 and the statistics,
+  // which only B and these gradients read (model/norm_weight_grad.h).
+  NormWeightGrad gn1, gn2;
   std::unique_ptr<PartContext> attention, feed_forward;
 };
 
 // An output head's saves: the main model's (decoder.final_layernorm) or an MTP depth's (its
 // final_layernorm), both through the shared output layer.
 struct HeadContext {
-  Tensor x, hn, rstd, lse, dlogits, dhn;
+  Tensor x, hn, rstd, lse, dlogits;  // B lets go of x and rstd (the norm's weight gradient is in gn)
+  NormWeightGrad gn;                  // the final norm's weight gradient, from B, added by W
   Tensor normed;          // the norm's output on this rank's rows (hn is it gathered over tp)
   Tensor targets;         // int32 on the device, the targets the loss is against
   int norm = -1;          // the norm's weight

@@ -175,9 +175,9 @@ Tensor Mla::backward_input(const MlaParams& p, MlaContext& c, const Tensor& dqkv
   lin_.input_grad(1.0f, c.dkv, w(p.kv_up), p.kv_up, 0.0f, Tensor(), dcn);
   Tensor dc = dcn;
   if (p.kv_norm >= 0) {
-    c.dcn = dcn;
     dc = act({N, R_});
     be_.rmsnorm_backward_input(dcn, c.c, w(p.kv_norm), c.rstd_kv, Tensor(), dc);
+    c.gkv_norm.compute(be_, dcn, c.c, c.rstd_kv);
   }
   c.dckv = act({N, R_ + dr_});
   copy_block(c.dckv, 0, 0, dc, 0, 0, N, R_);
@@ -191,12 +191,14 @@ Tensor Mla::backward_input(const MlaParams& p, MlaContext& c, const Tensor& dqkv
     lin_.input_grad(q_alpha_, c.dq, w(p.q_up), p.q_up, 0.0f, Tensor(), dcqn);
     c.dcq = dcqn;
     if (p.q_norm >= 0) {
-      c.dcqn = dcqn;
       c.dcq = act({N, Rq_});
       be_.rmsnorm_backward_input(dcqn, c.cq, w(p.q_norm), c.rstd_q, Tensor(), c.dcq);
+      c.gq_norm.compute(be_, dcqn, c.cq, c.rstd_q);
     }
     lin_.input_grad(1.0f, c.dcq, w(p.q_down), p.q_down, 1.0f, dh1, dh1);
   }
+  // W reads the projections' inputs (h1, cqn, cn) and output gradients, and the norms' gradients.
+  c.cq = c.rstd_q = c.c = c.rstd_kv = Tensor();
   return dh1;
 }
 
@@ -209,17 +211,11 @@ void Mla::backward_weight(const MlaParams& p, MlaContext& c, const Tensor& h1, c
     acc(q_alpha_, c.dq, h1, p.q_proj);
   } else {
     acc(q_alpha_, c.dq, c.cqn, p.q_up);
-    if (p.q_norm >= 0) {
-      Tensor gn = g(p.q_norm);
-      be_.rmsnorm_backward_weight(c.dcqn, c.cq, c.rstd_q, gn);
-    }
+    if (p.q_norm >= 0) c.gq_norm.add_to(be_, g(p.q_norm));
     acc(1.0f, c.dcq, h1, p.q_down);
   }
   acc(1.0f, c.dkv, c.cn, p.kv_up);
-  if (p.kv_norm >= 0) {
-    Tensor gn = g(p.kv_norm);
-    be_.rmsnorm_backward_weight(c.dcn, c.c, c.rstd_kv, gn);
-  }
+  if (p.kv_norm >= 0) c.gkv_norm.add_to(be_, g(p.kv_norm));
   acc(1.0f, c.dckv, h1, p.kv_down);
   c = MlaContext();
 }

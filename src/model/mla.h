@@ -47,6 +47,7 @@
 
 #include "core/tensor.h"
 #include "kernels/backend.h"
+#include "model/norm_weight_grad.h"
 #include "model/linears.h"
 #include "model/model_spec.h"
 #include "model/param_store.h"
@@ -75,7 +76,8 @@ struct MlaContext {
   Tensor c, rstd_kv, cn;                 // kv latent [N, kv_lora_rank], its rstd, its norm
   Tensor out;                            // the attention core's padded output [N, heads * W]
                                          // (heads: this rank's)
-  Tensor dq, dcqn, dcq, dkv, dcn, dckv;  // B-pass gradients the W pass reads
+  Tensor dq, dcq, dkv, dckv;             // B-pass gradients the W pass reads
+  NormWeightGrad gq_norm, gkv_norm;      // the latent norms' weight gradients, from B
 };
 
 class Mla {

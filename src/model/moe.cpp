@@ -350,6 +350,7 @@ Tensor MoeLayer::backward_input(MoeContext& c, const Tensor& dy_local, const Wei
     Tensor dgt = ops::tensor_from_values(c.dgate, {Nl, 1}, act_, be_.device());
     be_.gemm(false, false, 1.0f, dgt, w(p_.shared_gate), 1.0f, dh, dh, Tensor());
   }
+  c.gu = c.yp = c.yt = c.sgu = c.sout = Tensor();  // B's alone: W reads the linears' inputs and output gradients
   return dh;
 }
 

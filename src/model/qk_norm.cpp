@@ -27,23 +27,26 @@ void QkNorm::forward(Tensor& qkv, const Tensor& wq, const Tensor& wk, QkNormCont
   norm(heads_ * D_, groups_, wk, c.k, c.rstd_k);
 }
 
-void QkNorm::backward_input(Tensor& dqkv, const Tensor& wq, const Tensor& wk, QkNormContext& c) const {
+void QkNorm::backward_input(Tensor& dqkv, const Tensor& wq, const Tensor& wk, QkNormContext& c, bool learned) const {
   const int64_t N = dqkv.size(0);
-  auto back = [&](int64_t col, int64_t n_heads, const Tensor& w, const Tensor& x, const Tensor& rstd, Tensor& dy) {
-    dy = be_.empty({N, n_heads * D_}, act_);
+  auto back = [&](int64_t col, int64_t n_heads, const Tensor& w, const Tensor& x, const Tensor& rstd,
+                  NormWeightGrad& g) {
+    Tensor dy = be_.empty({N, n_heads * D_}, act_);
     copy_block(dy, 0, 0, dqkv, 0, col, N, n_heads * D_);
     dy = dy.view({N * n_heads, D_});
     Tensor dx = be_.empty({N * n_heads, D_}, act_);
     be_.rmsnorm_backward_input(dy, x, w, rstd, Tensor(), dx);
     copy_block(dqkv, 0, col, dx.view({N, n_heads * D_}), 0, 0, N, n_heads * D_);
+    if (learned) g.compute(be_, dy, x, rstd);
   };
-  back(0, heads_, wq, c.q, c.rstd_q, c.dq);
-  back(heads_ * D_, groups_, wk, c.k, c.rstd_k, c.dk);
+  back(0, heads_, wq, c.q, c.rstd_q, c.gq);
+  back(heads_ * D_, groups_, wk, c.k, c.rstd_k, c.gk);
+  c.q = c.k = c.rstd_q = c.rstd_k = Tensor();
 }
 
-void QkNorm::backward_weight(const QkNormContext& c, Tensor& gq, Tensor& gk) const {
-  be_.rmsnorm_backward_weight(c.dq, c.q, c.rstd_q, gq);
-  be_.rmsnorm_backward_weight(c.dk, c.k, c.rstd_k, gk);
+void QkNorm::backward_weight(QkNormContext& c, Tensor& gq, Tensor& gk) const {
+  c.gq.add_to(be_, gq);
+  c.gk.add_to(be_, gk);
 }
 
 }  // namespace primus

@@ -14,14 +14,15 @@
 
 #include "core/tensor.h"
 #include "kernels/backend.h"
+#include "model/norm_weight_grad.h"
 
 namespace primus {
 
 // What the B and W passes need: the rows before the norm, their rstd, and (after B) the gradient
 // reaching the normalized rows.
 struct QkNormContext {
-  Tensor q, k, rstd_q, rstd_k;  // [N * heads, D], [N * groups, D], [N * heads], [N * groups]
-  Tensor dq, dk;                // gradients of the normalized rows, for the weights
+  Tensor q, k, rstd_q, rstd_k;  // [N * heads, D], [N * groups, D], [N * heads], [N * groups]; B's alone
+  NormWeightGrad gq, gk;        // the weights' gradients, from B (model/norm_weight_grad.h)
 };
 
 class QkNorm {
@@ -31,10 +32,11 @@ class QkNorm {
   // qkv [N, (heads + 2 groups) D]: its q heads and k groups normalized in place; c keeps the saves.
   void forward(Tensor& qkv, const Tensor& wq, const Tensor& wk, QkNormContext& c) const;
   // dqkv's q and k columns hold the gradients of the normalized rows: replaced by those of the
-  // rows before the norm; c keeps the former for backward_weight.
-  void backward_input(Tensor& dqkv, const Tensor& wq, const Tensor& wk, QkNormContext& c) const;
+  // rows before the norm. With learned weights c keeps their gradients for backward_weight; the
+  // forward's saves are let go either way.
+  void backward_input(Tensor& dqkv, const Tensor& wq, const Tensor& wk, QkNormContext& c, bool learned) const;
   // gq, gk (head_dim, master dtype) += the weights' gradients.
-  void backward_weight(const QkNormContext& c, Tensor& gq, Tensor& gk) const;
+  void backward_weight(QkNormContext& c, Tensor& gq, Tensor& gk) const;
 
  private:
   ops::Backend& be_;

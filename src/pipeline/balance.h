@@ -25,6 +25,10 @@ struct ModelCosts {
   std::vector<StageCost> layers;  // one per decoder layer
   StageCost embedding;            // added to the stage holding the embedding (stage 0)
   StageCost head;                 // added to the last stage: final norm, output layer, loss
+  // What a microbatch keeps from its B to its W over what it keeps from its F to its B, the
+  // zero-bubble paper's M_W / M_B (Costs::activation_after_b): measured by plan::layer_costs as the
+  // bytes the model's passes hold (at most 1 here; under recompute B rebuilds more than F kept).
+  double activation_after_b = 1.0;
 };
 
 // The cost of each stage of `split` (in stage order) under `costs`.

@@ -30,7 +30,7 @@
 // A microbatch's activation for one chunk is alive from the start of its F to the end of its W
 // (or BW); memory is counted in activations of one whole stage, so a chunk counts 1/vpp. Between
 // its B and its W a microbatch keeps Costs::activation_after_b of that (the zero-bubble paper's
-// M_W / M_B; 1 by default, since our W passes keep the layer inputs they need).
+// M_W / M_B; 1 by default; the trainer's plan gives the model's own, measured: plan::layer_costs).
 #pragma once
 
 #include <optional>

@@ -1,5 +1,8 @@
 #include "plan/parallel_layout.h"
 
+#include <algorithm>
+#include <optional>
+
 #include <fmt/format.h>
 
 #include "core/error.h"
@@ -40,6 +43,8 @@ std::string ParallelLayout::describe() const {
   }
   out += fmt::format("; {} microbatch{} per dp rank", microbatches_per_rank, microbatches_per_rank > 1 ? "es" : "");
   if (balance) out += "; " + describe_balance();
+  if (schedule && schedule->algorithm == "zb-auto")
+    out += fmt::format("; a microbatch keeps {:.3g} of its activation from B to W (M_W / M_B)", activation_after_b);
   if (schedule && !schedule->note.empty()) out += "; " + schedule->note;
   return out;
 }
@@ -107,6 +112,10 @@ pipeline::ModelCosts layer_costs(const ModelSpec& spec, const config::TrainingAr
   c.embedding = cost(rec.chunks.front());
   for (size_t i = 1; i + 1 < rec.chunks.size(); ++i) c.layers.push_back(cost(rec.chunks[i]));
   c.head = cost(rec.chunks.back());
+  // M_W / M_B of the whole model: the bytes all its chunks keep after B over those after F.
+  double after_f = 0, after_b = 0;
+  for (const ChunkRecord& ch : rec.chunks) after_f += ch.kept_after_f, after_b += ch.kept_after_b;
+  if (after_f > 0) c.activation_after_b = std::clamp(after_b / after_f, 0.0, 1.0);
   return c;
 }
 
@@ -162,7 +171,8 @@ std::vector<int64_t> explicit_layout(const config::TrainingArgs& a, int pp) {
 
 // The stages and, with more than one pipeline rank, the schedule, the layers per stage and their
 // costs (L's sizes and microbatches already planned).
-void plan_pipeline(ParallelLayout& L, const config::TrainingArgs& a, const ModelSpec& spec) {
+void plan_pipeline(ParallelLayout& L, const config::TrainingArgs& a, const ModelSpec& spec,
+                   std::optional<double> activation_after_b) {
   const std::vector<int64_t> layout = explicit_layout(a, L.pp);
   if (!layout.empty() && pipeline::pipeline_layout_mtp_layers(a.pipeline_model_parallel_layout) != spec.mtp_num_layers)
     fail("pipeline_model_parallel_layout '{}' places {} multi-token prediction layers (m), the model has "
@@ -224,16 +234,19 @@ void plan_pipeline(ParallelLayout& L, const config::TrainingArgs& a, const Model
                                       a.decoder_last_pipeline_num_layers);
   }
   L.stage_costs = pipeline::stage_costs(L.stages, costs);
+  L.activation_after_b = activation_after_b.value_or(costs.activation_after_b);
   // zb-auto schedules for the times it is given: the split's, from the model.
   if (a.pipeline_schedule == "zb-auto") {
     req.costs.stages = L.stage_costs;
+    req.costs.activation_after_b = L.activation_after_b;
     L.schedule = build();
   }
 }
 
 }  // namespace
 
-ParallelLayout plan_layout(const config::TrainingArgs& a, const ModelSpec& spec, int world_size) {
+ParallelLayout plan_layout(const config::TrainingArgs& a, const ModelSpec& spec, int world_size,
+                           std::optional<double> activation_after_b) {
   ParallelLayout L;
   L.world_size = world_size;
   auto positive = [](int64_t v, const char* key) {
@@ -290,7 +303,7 @@ ParallelLayout plan_layout(const config::TrainingArgs& a, const ModelSpec& spec,
          a.global_batch_size, a.micro_batch_size, L.dp, a.micro_batch_size * L.dp);
   L.microbatches_per_rank = a.global_batch_size / (a.micro_batch_size * L.dp);
 
-  plan_pipeline(L, a, spec);
+  plan_pipeline(L, a, spec, activation_after_b);
   return L;
 }
 

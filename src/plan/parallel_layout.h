@@ -44,6 +44,9 @@ struct ParallelLayout {
   std::vector<pipeline::StageCost> stage_costs;
   // pipeline_balance auto: what the balancing chose it over.
   std::optional<pipeline::BalanceResult> balance;
+  // zb-auto: the part of a microbatch's activation it keeps from its B to its W (M_W / M_B) that
+  // the schedule was built for: the model's, measured by layer_costs, unless the caller gave one.
+  double activation_after_b = 1.0;
   parallel::ParallelSizes sizes() const;
   // "world 8 = tp 2 x pp 2 x dp 2; 1f1b over 2 stages; 4 microbatches per dp rank", with the
   // layers per stage when they are not even and the balancing report (describe_balance).
@@ -55,7 +58,8 @@ struct ParallelLayout {
 };
 
 // The F, B and W work of one microbatch on one tensor-parallel rank, in GFLOP, per decoder layer
-// and for the model's two ends: the FLOPs of every op the real passes run (plan/model_walk.h: the
+// and for the model's two ends, and the bytes it keeps from B to W over those from F to B (its
+// activation_after_b): the FLOPs of every op the real passes run (plan/model_walk.h: the
 // model walked on the shape-only backend with one chunk per layer), with the layout's tensor,
 // sequence, context and expert parallelism. pipeline_balance auto splits the layers by them.
 pipeline::ModelCosts layer_costs(const ModelSpec& spec, const config::TrainingArgs& args, const ParallelLayout& layout);
@@ -77,9 +81,12 @@ std::vector<ModelPartition::Chunk> model_chunks(const ParallelLayout& layout, in
 // schedule exists for pp, vpp and the microbatches (e.g. dualpipev needs m >= 2 pp). zb-auto is
 // built for the split's per-stage costs and under zero_bubble_max_pending_backward (0: pp)
 // microbatch activations, with the paper's heuristic only: its ILP's time limit would make the
-// ranks' schedules differ. The model's rules are the model's own functions, called here so that
-// a layout fails before any rank builds anything, with the model's messages.
-ParallelLayout plan_layout(const config::TrainingArgs& args, const ModelSpec& spec, int world_size);
+// ranks' schedules differ; its memory model keeps activation_after_b of a microbatch from B to W
+// (none: the model's own ratio, measured by layer_costs). The model's rules are the model's own
+// functions, called here so that a layout fails before any rank builds anything, with the model's
+// messages.
+ParallelLayout plan_layout(const config::TrainingArgs& args, const ModelSpec& spec, int world_size,
+                           std::optional<double> activation_after_b = std::nullopt);
 
 // expert_tensor_parallel_size resolved (0 or null: tensor_model_parallel_size, Megatron's default)
 // and checked against the model: 1 or tp, dividing the experts' and the shared expert's ffn; 1

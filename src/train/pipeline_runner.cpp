@@ -1,11 +1,19 @@
 #include "train/pipeline_runner.h"
 
+#include <algorithm>
+
 #include "core/error.h"
 
 namespace primus::train {
 
 LlamaStageRunner::LlamaStageRunner(LlamaModel& model, int64_t mbs, int64_t seq, double dloss, MicrobatchFill fill)
-    : model_(model), mbs_(mbs), seq_(seq), dloss_(dloss), fill_(std::move(fill)) {}
+    : model_(model), mbs_(mbs), seq_(seq), dloss_(dloss), fill_(std::move(fill)) {
+  base_ = double(model_.backend().memory_stats().in_use);
+}
+
+void LlamaStageRunner::note_held() {
+  peak_held_ = std::max(peak_held_, double(model_.backend().memory_stats().in_use) - base_);
+}
 
 Shape LlamaStageRunner::message_shape() const {
   return {model_.activation_rows(mbs_, seq_), model_.spec().hidden_size};
@@ -28,13 +36,16 @@ Tensor LlamaStageRunner::forward(int microbatch, int chunk, const Tensor& input)
   LlamaContext& ctx = context(microbatch);
   Tensor out = model_.forward_chunk(ctx, chunk, input);
   if (model_.partition().chunks[chunk].has_head) loss_sum_ += ctx.loss;
+  note_held();
   return out;
 }
 
 Tensor LlamaStageRunner::backward_input(int microbatch, int chunk, const Tensor& grad_output) {
   auto it = ctx_.find(microbatch);
   if (it == ctx_.end()) fail("pipeline: B of microbatch {} chunk {} before its F", microbatch, chunk);
-  return model_.backward_input_chunk(it->second.ctx, chunk, grad_output, dloss_);
+  Tensor dx = model_.backward_input_chunk(it->second.ctx, chunk, grad_output, dloss_);
+  note_held();
+  return dx;
 }
 
 void LlamaStageRunner::backward_weight(int microbatch, int chunk) {
@@ -42,6 +53,7 @@ void LlamaStageRunner::backward_weight(int microbatch, int chunk) {
   if (it == ctx_.end()) fail("pipeline: W of microbatch {} chunk {} before its F", microbatch, chunk);
   model_.backward_weight_chunk(it->second.ctx, chunk);
   if (++it->second.weights_done == model_.num_chunks()) ctx_.erase(it);
+  note_held();
 }
 
 double pipeline_forward_only(LlamaModel& model, const pipeline::Schedule& schedule,

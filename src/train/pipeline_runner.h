@@ -28,9 +28,15 @@ class LlamaStageRunner final : public pipeline::StageRunner {
   void backward_weight(int microbatch, int chunk) override;
   double loss_sum() const { return loss_sum_; }  // over the microbatches whose loss this rank computed
   size_t live_contexts() const { return ctx_.size(); }
+  // The most tensor bytes (the backend's count) held at the end of any of this runner's passes
+  // beyond those held when it was made: what the microbatches in flight keep between their passes
+  // (with the messages the executor holds), the quantity the simulator's peak activations count.
+  double peak_held_bytes() const { return peak_held_; }
 
  private:
   LlamaContext& context(int microbatch);
+  void note_held();
+  double base_ = 0, peak_held_ = 0;
   LlamaModel& model_;
   int64_t mbs_, seq_;
   double dloss_;

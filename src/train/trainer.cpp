@@ -58,6 +58,7 @@
 #include "safe/train_watch.h"
 #include "trace/hardware.h"
 #include "trace/pass_spans.h"
+#include "train/pipeline_memory.h"
 #include "trace/profiler.h"
 #include "trace/traced_group.h"
 #include "train/checkpoint_saves.h"
@@ -187,6 +188,7 @@ class Trainer {
   double step_attention_flops_ = 0;  // this rank's microbatches' (documents_attention_flops)
   int64_t interval_steps_ = 0;
   pipeline::BubbleMeter bubble_;
+  std::unique_ptr<PipelineMemoryMeter> pipeline_memory_;  // with a pipeline
 };
 
 // =============================================================================================
@@ -266,6 +268,8 @@ void Trainer::build_processes() {
   plan::check_memory(plan::estimate_memory(spec_, layout_, a_, compute_.precision == Precision::Bf16),
                      compute_.device == Device::CUDA ? 1 : env.local_world_size, compute_.memory_available(),
                      compute_.memory_name());
+  if (layout_.schedule)
+    pipeline_memory_ = std::make_unique<PipelineMemoryMeter>(spec_, layout_, a_, compute_.precision, me_.pp);
 }
 
 // Profiling (docs/profiling.md): the backend and the mesh's groups are wrapped in decorators that
@@ -687,6 +691,7 @@ double Trainer::forward_backward(const data::MicrobatchFill& data_fill) {
     LlamaStageRunner runner(*model_, mbs_, seq_local_, dloss, fill);
     trace::PassSpans passes(runner, profiler_.get());  // F / B / W spans when profiling
     bubble_.add(pipeline::run_schedule(*layout_.schedule, passes, *groups_.pp));
+    pipeline_memory_->add(runner.peak_held_bytes());
     return runner.loss_sum();
   }
   double loss_sum = 0;
@@ -903,6 +908,17 @@ void Trainer::log_pipeline(nlohmann::json& row) {
             1e3 * b.mean.weight, 100 * b.simulated);
   row["pipeline_bubble_measured"] = b.measured;
   row["pipeline_bubble_simulated"] = b.simulated;
+  const PipelineMemoryMeter::Report m = pipeline_memory_->report(*groups_.pp);
+  std::string measured, simulated;
+  for (size_t r = 0; r < m.measured.size(); ++r) {
+    measured += fmt::format("{}{:.2f}", r ? " " : "", m.measured[r] / 1048576.0);
+    simulated += fmt::format("{}{:.2f}", r ? " " : "", m.simulated[r] / 1048576.0);
+  }
+  log::info(" pipeline activations held between passes per rank (MiB): {} | simulated (M_W / M_B {:.3g}): {}",
+            measured, layout_.activation_after_b, simulated);
+  row["pipeline_activation_bytes"] = m.measured;
+  row["pipeline_activation_simulated_bytes"] = m.simulated;
+  row["pipeline_activation_after_b"] = layout_.activation_after_b;
 }
 
 // =============================================================================================

@@ -40,6 +40,7 @@ struct Options {
   std::string balance = "auto";
   double gflops = 0;  // to print milliseconds instead of GFLOP
   bool times_given = false;
+  bool after_b_given = false;  // --activation-after-b: else, with a model, the model's measured ratio
 };
 
 json to_json(const Schedule& s, const SimResult& r) {
@@ -155,7 +156,8 @@ plan::ParallelLayout model_layout(const Options& o) {
   if (a.pipeline_model_parallel_size < 2) fail("pipeline_model_parallel_size must be at least 2 to split a model");
   // One data-parallel rank: the world is the model-parallel ranks.
   return plan::plan_layout(
-      a, spec, int(a.tensor_model_parallel_size * a.pipeline_model_parallel_size * a.context_parallel_size));
+      a, spec, int(a.tensor_model_parallel_size * a.pipeline_model_parallel_size * a.context_parallel_size),
+      o.after_b_given ? std::optional<double>(o.req.costs.activation_after_b) : std::nullopt);
 }
 
 int run(const Options& o) {
@@ -166,6 +168,7 @@ int run(const Options& o) {
   if (!o.model.empty() || !o.config.empty()) {
     layout = model_layout(o);
     req.costs.stages = layout->stage_costs;
+    req.costs.activation_after_b = layout->activation_after_b;  // the model's, or --activation-after-b
     if (o.gflops > 0)
       for (StageCost& c : req.costs.stages)
         c.forward /= o.gflops, c.backward /= o.gflops, c.weight /= o.gflops;
@@ -236,7 +239,7 @@ TaskRegistrar reg{{"analyze", "schedule",
                                     "ZB-1p (the default), 2p ZB-2p");
                      app.add_option("--activation-after-b", o->req.costs.activation_after_b,
                                     "part of a microbatch's activation kept from its B to its W (the zero-bubble "
-                                    "paper's M_W / M_B)")
+                                    "paper's M_W / M_B; with --model or --config the model's, measured)")
                          ->capture_default_str();
                      app.add_option("--pair-overlap", o->req.costs.pair_overlap,
                                     "overlapped F&B pairs (dualpipev) cost max + (1 - this) x min of their two ops")
@@ -272,6 +275,7 @@ TaskRegistrar reg{{"analyze", "schedule",
                      return [o, self]() {
                        for (const char* t : {"--t-forward", "--t-backward", "--t-weight"})
                          o->times_given = o->times_given || self->count(t) > 0;
+                       o->after_b_given = self->count("--activation-after-b") > 0;
                        return run(*o);
                      };
                    }}};

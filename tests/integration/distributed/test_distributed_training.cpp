@@ -297,6 +297,34 @@ TEST_F(Distributed, BalancedPp4) {
   expect_same_training(4, "--pipeline_model_parallel_size 4 --pipeline_balance auto", "--vocab_size 4096");
 }
 
+// ZB-2p in training (zb-auto, zero_bubble_max_pending_backward 2 x pp): what each of the two
+// ranks holds between its passes, measured, within 10% of the simulator's prediction for the
+// schedule and the model's M_W / M_B (docs/pipeline_schedules.md). B lets go of all that W does
+// not read, so a microbatch keeps less from its B to its W than from its F to its B (before, it
+// kept more: the norms' inputs and statistics, and the simulator had to assume 1).
+TEST_F(Distributed, ZeroBubble2pActivationMemory) {
+  const Result got = run(2, "zb2p", "--pipeline_model_parallel_size 2 --pipeline_schedule zb-auto "
+                                    "--zero_bubble_max_pending_backward 4 --train_iters 3 --eval_interval 0");
+  ASSERT_EQ(got.status, 0) << got.out;
+  std::ifstream in(dir_ / "ws" / "zb2p" / "metrics.jsonl");
+  int rows = 0;
+  for (std::string line; std::getline(in, line);) {
+    const auto row = nlohmann::json::parse(line);
+    if (!row.contains("pipeline_activation_bytes")) continue;
+    ++rows;
+    const auto measured = row["pipeline_activation_bytes"].get<std::vector<double>>();
+    const auto simulated = row["pipeline_activation_simulated_bytes"].get<std::vector<double>>();
+    ASSERT_EQ(measured.size(), 2u);
+    ASSERT_EQ(simulated.size(), 2u);
+    for (size_t r = 0; r < 2; ++r) {
+      EXPECT_GT(simulated[r], 0) << "rank " << r;
+      EXPECT_NEAR(measured[r], simulated[r], 0.1 * simulated[r]) << "rank " << r << "\n" << got.out;
+    }
+    EXPECT_LT(row["pipeline_activation_after_b"].get<double>(), 1.0);
+  }
+  EXPECT_EQ(rows, 3) << got.out;
+}
+
 // Megatron's pipeline_model_parallel_layout: four uneven stages over two ranks (vpp 2 from the
 // layout, Megatron's 1f1b then the interleaved schedule), trained like one process.
 TEST_F(Distributed, Pp2MegatronLayout) {
