@@ -120,6 +120,14 @@ void run_gemm(GemmProblem p, float alpha, const void* A, const void* B, float be
   cuda::gemm(p, alpha, A, B, beta, p.accumulate ? C.raw() : nullptr, D.raw(), p.bias ? bias.raw() : nullptr, stream());
 }
 
+// Logs `message` (FP8's notes on what runs emulated) the first time it comes.
+void say_once(const std::string& message) {
+  static std::mutex mu;
+  static std::set<std::string> said;
+  std::lock_guard<std::mutex> lock(mu);
+  if (said.insert(message).second) log::info("{}", message);
+}
+
 GemmType gemm_type(fp8::Format f) { return f == fp8::Format::E4M3 ? GemmType::E4M3 : GemmType::E5M2; }
 
 // Why cuBLASLt's FP8 GEMM does not take D = op(A) op(B) (+ C, bias) on this GPU, or null when it
@@ -150,15 +158,10 @@ void CudaBackend::gemm_fp8(const Fp8Pair& f, bool ta, bool tb, float alpha, cons
   GemmProblem p = gemm_problem(ta, tb, A, Bm, D, "gemm_fp8");
   const char* why = p.m == 0 || p.n == 0 || p.k == 0 ? "" : fp8_refusal(f, beta, C, D, bias);
   if (why) {  // the exact emulation: the FP8 values are bf16 values
-    if (*why) {
-      static std::mutex mu;
-      static std::set<std::string> said;
-      std::lock_guard<std::mutex> lock(mu);
-      if (said.insert(why).second)
-        log::info("FP8 GEMMs where cuBLASLt's FP8 kernels {} run as bf16 GEMMs of the same FP8 values (exact, "
-                  "docs/fp8.md)",
-                  why);
-    }
+    if (*why)
+      say_once(fmt::format("FP8 GEMMs where cuBLASLt's FP8 kernels {} run as bf16 GEMMs of the same FP8 values (exact, "
+                           "docs/fp8.md)",
+                           why));
     return gemm(ta, tb, alpha, A, Bm, beta, C, D, bias);
   }
   // cuBLASLt's FP8 layout (gemm.h): A [m, k] and B [n, k] as bytes, k padded with zeros to a
@@ -540,6 +543,13 @@ ops::Backend::Fp8Quantized CudaBackend::quantize_fp8(const Tensor& src, fp8::For
       (src.dtype() != DType::BF16 && src.dtype() != DType::F32))
     return ops::Backend::quantize_fp8(src, format, granularity, reduce_cols, scale, dst);
   const bool tensor = granularity == fp8::Granularity::Tensor;
+  if (!tensor)  // these operands never reach cuBLASLt's FP8 GEMMs
+    say_once(fmt::format("FP8 scaled by {} on the GPU: the GEMMs run as bf16 GEMMs of the block-scaled FP8 values "
+                         "(exact emulation, docs/fp8.md): {}",
+                         fp8::granularity_name(granularity),
+                         granularity == fp8::Granularity::Mx32
+                             ? "cuBLASLt's MXFP8 mode (VEC32_UE8M0) needs sm_100"
+                             : "cuBLASLt's block-scaled modes (VEC128_32F, BLK128x128_32F) are not built here yet"));
   const Fp8Result r =
       fp8_quantize(src.raw(), dst.raw(), src.dtype() == DType::F32, src.size(0), src.size(1),
                    format == fp8::Format::E4M3, tensor ? 0 : fp8::band_rows(granularity, reduce_cols),

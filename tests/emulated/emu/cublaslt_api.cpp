@@ -353,7 +353,7 @@ cublasStatus_t problem_of(const char* fn, cublasLtMatmulDesc_t desc, cublasLtMat
                    type_name(p->cd));
     for (int x = 0; x < 4; ++x)
       if (d.scale_ptr[x])
-        return error(CUBLAS_STATUS_INVALID_VALUE, fn, "a %c scale pointer with %s inputs: scale pointers are FP8's",
+        return error(CUBLAS_STATUS_INVALID_VALUE, fn, "%c's scale pointer with %s inputs: scale pointers are FP8's",
                      "ABCD"[x], type_name(p->ab));
     if (d.amax_d)
       return error(CUBLAS_STATUS_INVALID_VALUE, fn, "AMAX_D_POINTER with %s inputs: amax is FP8's", type_name(p->ab));
