@@ -12,6 +12,10 @@
 // (trans_b ? k x n : n x k), its B is our A with transb = trans_a and layout
 // (trans_a ? m x k : k x m), and C, D are n x m. The bias epilogue adds a vector over the rows of
 // the column-major D (n of them) to every column: our bias[n] on every row.
+//
+// FP8 problems (gemm.h) are the same calls with FP8 layouts for cuBLASLt's A and B (our B's type
+// and A's) and a bf16 bias type; normalized() has already held them to the TN format, which in
+// this mapping is our trans_a false, trans_b true.
 #include "kernels/cuda/gemm.h"
 
 #include <algorithm>
