@@ -272,18 +272,24 @@ void Linears::grouped(Gemm kind, const std::vector<Tensor>& A, const std::vector
   PRIMUS_CHECK(A.size() == B.size() && A.size() == D.size() && A.size() == weights.size(),
                "grouped linears: {} A, {} B, {} D, {} weights", A.size(), B.size(), D.size(), weights.size());
   if (A.empty()) return;
-  std::vector<Tensor> a(A.size()), b(A.size());
-  std::vector<float> alpha(A.size());
-  std::optional<ops::Backend::Fp8Pair> fp8;  // every problem's (the experts of one block share FP8's coverage)
+  // The problems whose operands hold FP8 values run as one FP8 grouped GEMM, the others (not FP8,
+  // or block-scaled) as one grouped GEMM; their D's are distinct tensors.
+  struct Group {
+    std::vector<Tensor> a, b, d;
+    std::vector<float> alpha;
+  } plain, fp8;
+  std::optional<ops::Backend::Fp8Pair> pair;  // the same for every FP8 problem of one kind
   for (size_t i = 0; i < A.size(); ++i) {
     Operands o = operands(kind, A[i], B[i], weights[i]);
-    PRIMUS_CHECK(i == 0 || o.fp8.has_value() == fp8.has_value(), "grouped linears: FP8 covers some problems only");
-    a[i] = std::move(o.a), b[i] = std::move(o.b), alpha[i] = o.alpha, fp8 = o.fp8;
+    Group& g = o.fp8 ? fp8 : plain;
+    if (o.fp8) pair = o.fp8;
+    g.a.push_back(std::move(o.a)), g.b.push_back(std::move(o.b)), g.d.push_back(D[i]), g.alpha.push_back(o.alpha);
   }
-  const bool wgrad = kind == Gemm::WeightGrad;
+  const bool wgrad = kind == Gemm::WeightGrad, ta = wgrad, tb = kind == Gemm::Forward;
+  const float beta = wgrad ? 1.0f : 0.0f;
   if (!(wgrad && lora_.enabled)) {
-    if (fp8) be_.grouped_gemm_fp8(*fp8, wgrad, kind == Gemm::Forward, alpha, a, b, wgrad ? 1.0f : 0.0f, D);
-    else be_.grouped_gemm(wgrad, kind == Gemm::Forward, alpha, a, b, wgrad ? 1.0f : 0.0f, D);
+    if (!plain.a.empty()) be_.grouped_gemm(ta, tb, plain.alpha, plain.a, plain.b, beta, plain.d);
+    if (!fp8.a.empty()) be_.grouped_gemm_fp8(*pair, ta, tb, fp8.alpha, fp8.a, fp8.b, beta, fp8.d);
   }
   for (size_t i = 0; i < A.size(); ++i)
     if (const Adapter* ad = adapter(weights[i])) adapter_gemm(kind, 1.0f, A[i], B[i], *ad, D[i]);
