@@ -103,8 +103,8 @@ fp8::Granularity Linears::granularity(Operand op) const {
 float Linears::quantize(const Tensor& src, Operand op, int weight, bool reduce_cols, Tensor& dst) const {
   fp8::DelayedScale& d = state_.at(weight).operand[op];
   const bool delayed = opt_.recipe == Fp8Recipe::Delayed;
-  const ops::Backend::Fp8Quantized q =
-      be_.quantize_fp8(src, format(op), granularity(op), reduce_cols, delayed ? d.scale : 0.0f, dst);
+  const ops::Backend::Fp8Quantized q = be_.quantize_fp8(src, format(op), granularity(op), reduce_cols,
+                                                        delayed ? d.scale : 0.0f, dst);
   if (delayed) d.record(q.amax);
   return 1.0f / q.scale;
 }
@@ -132,8 +132,10 @@ Linears::Operands Linears::operands(Gemm kind, const Tensor& a, const Tensor& b,
 
 void Linears::gemm(const Operands& o, bool trans_a, bool trans_b, float alpha, float beta, const Tensor& C, Tensor& D,
                    const Tensor& bias) const {
-  if (o.fp8) be_.gemm_fp8(*o.fp8, trans_a, trans_b, alpha * o.alpha, o.a, o.b, beta, C, D, bias);
-  else be_.gemm(trans_a, trans_b, alpha * o.alpha, o.a, o.b, beta, C, D, bias);
+  if (o.fp8)
+    be_.gemm_fp8(*o.fp8, trans_a, trans_b, alpha * o.alpha, o.a, o.b, beta, C, D, bias);
+  else
+    be_.gemm(trans_a, trans_b, alpha * o.alpha, o.a, o.b, beta, C, D, bias);
 }
 
 std::vector<std::pair<std::string, Shape>> lora_adapter_layout(const std::vector<ParamInfo>& layout,

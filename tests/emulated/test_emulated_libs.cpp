@@ -287,8 +287,10 @@ struct Fp8Lt {
     EXPECT_EQ(cublasLtMatrixLayoutCreate(&ld, d_type, m, n, m), CUBLAS_STATUS_SUCCESS);
     const Rng rng(7);
     // E4M3 codes 0x38..0x4F (1 to 7.5) and E5M2 codes 0x3C..0x47 (1 to 3.5), random signs.
-    for (int64_t i = 0; i < k * m; ++i) A.push_back(uint8_t(0x38 + rng.at(uint64_t(i)) % 24 | (rng.at(uint64_t(i) + 5000) & 1) << 7));
-    for (int64_t i = 0; i < k * n; ++i) B.push_back(uint8_t(0x3C + rng.at(uint64_t(i) + 9000) % 12 | (rng.at(uint64_t(i) + 13000) & 1) << 7));
+    for (int64_t i = 0; i < k * m; ++i)
+      A.push_back(uint8_t(0x38 + rng.at(uint64_t(i)) % 24 | (rng.at(uint64_t(i) + 5000) & 1) << 7));
+    for (int64_t i = 0; i < k * n; ++i)
+      B.push_back(uint8_t(0x3C + rng.at(uint64_t(i) + 9000) % 12 | (rng.at(uint64_t(i) + 13000) & 1) << 7));
     dA = std::make_unique<DeviceArray<uint8_t>>(A);
     dB = std::make_unique<DeviceArray<uint8_t>>(B);
     scale_a = std::make_unique<DeviceArray<float>>(std::vector<float>{0.5f});
@@ -376,8 +378,8 @@ TEST_F(EmulatedCublasLt, Fp8OutsideSm90sRulesIsNotSupported) {
     ASSERT_EQ(cublasLtMatrixLayoutCreate(&la, CUDA_R_8F_E4M3, p.m, p.k, p.m), CUBLAS_STATUS_SUCCESS);
     DeviceArray<float> D(size_t(p.m * p.n));
     const float one = 1.0f, zero = 0.0f;
-    EXPECT_EQ(cublasLtMatmul(p.h, p.desc, &one, p.dA->get(), la, p.dB->get(), p.lb, &zero, D.get(), p.lc, D.get(),
-                             p.ld, nullptr, nullptr, 0, cuda::stream()),
+    EXPECT_EQ(cublasLtMatmul(p.h, p.desc, &one, p.dA->get(), la, p.dB->get(), p.lb, &zero, D.get(), p.lc, D.get(), p.ld,
+                             nullptr, nullptr, 0, cuda::stream()),
               CUBLAS_STATUS_NOT_SUPPORTED);
     cublasLtMatrixLayoutDestroy(la);
   }
@@ -387,8 +389,8 @@ TEST_F(EmulatedCublasLt, Fp8OutsideSm90sRulesIsNotSupported) {
     ASSERT_EQ(cublasLtMatrixLayoutCreate(&la, CUDA_R_8F_E5M2, p.k, p.m, p.k), CUBLAS_STATUS_SUCCESS);
     DeviceArray<float> D(size_t(p.m * p.n));
     const float one = 1.0f, zero = 0.0f;
-    EXPECT_EQ(cublasLtMatmul(p.h, p.desc, &one, p.dA->get(), la, p.dB->get(), p.lb, &zero, D.get(), p.lc, D.get(),
-                             p.ld, nullptr, nullptr, 0, cuda::stream()),
+    EXPECT_EQ(cublasLtMatmul(p.h, p.desc, &one, p.dA->get(), la, p.dB->get(), p.lb, &zero, D.get(), p.lc, D.get(), p.ld,
+                             nullptr, nullptr, 0, cuda::stream()),
               CUBLAS_STATUS_NOT_SUPPORTED);
     cublasLtMatrixLayoutDestroy(la);
   }

@@ -1103,11 +1103,13 @@ TEST(CudaBackend, Fp8GemmsRunAsCublasLtFp8AndMatchTheEmulation) {
   cuda::clear_gemm_cache();
   cuda::set_online_tuning(true, 1);
   const float a = 1.0f / 4096;
-  p.run([&](ops::Backend& b, std::vector<Tensor>& t) {
-    b.gemm_fp8({F::E4M3, F::E4M3}, false, true, a, t[x], t[w], 0.0f, Tensor(), t[y], t[bias]);     // forward
-    b.gemm_fp8({F::E5M2, F::E4M3}, false, false, a, t[dy], t[w], 0.0f, Tensor(), t[dx], Tensor());  // input grad
-    b.gemm_fp8({F::E5M2, F::E4M3}, true, false, a, t[dy], t[x], 1.0f, t[gw], t[gw], Tensor());      // weight grad
-  }, gpu);
+  p.run(
+      [&](ops::Backend& b, std::vector<Tensor>& t) {
+        b.gemm_fp8({F::E4M3, F::E4M3}, false, true, a, t[x], t[w], 0.0f, Tensor(), t[y], t[bias]);      // forward
+        b.gemm_fp8({F::E5M2, F::E4M3}, false, false, a, t[dy], t[w], 0.0f, Tensor(), t[dx], Tensor());  // input grad
+        b.gemm_fp8({F::E5M2, F::E4M3}, true, false, a, t[dy], t[x], 1.0f, t[gw], t[gw], Tensor());      // weight grad
+      },
+      gpu);
   cuda::set_online_tuning(false);
   p.expect(y, 1e-2, 1e-2, "forward, E4M3 x E4M3, bias");
   p.expect(dx, 1e-2, 1e-2, "input gradient, E5M2 x E4M3");
@@ -1119,8 +1121,8 @@ TEST(CudaBackend, Fp8GemmsRunAsCublasLtFp8AndMatchTheEmulation) {
   const std::string text((std::istreambuf_iterator<char>(file)), std::istreambuf_iterator<char>());
   std::filesystem::remove_all(dir);
   cuda::clear_gemm_cache();
-  for (const char* key : {"\"e4m3:bf16:NT:m24:n48:k48:", "\"e5m2xe4m3:bf16:NT:m24:n40:k48:",
-                          "\"e5m2xe4m3:fp32:NT:m48:n40:k32:"})
+  for (const char* key :
+       {"\"e4m3:bf16:NT:m24:n48:k48:", "\"e5m2xe4m3:bf16:NT:m24:n40:k48:", "\"e5m2xe4m3:fp32:NT:m48:n40:k32:"})
     EXPECT_EQ(text.find(key) != std::string::npos, fp8_kernels) << key << " among the tuned GEMMs:\n" << text;
 }
 

@@ -122,8 +122,9 @@ TEST(GemmNormalized, Fp8ProblemsFollowCublasLtsRules) {
   };
   const GemmProblem ok = cuda::normalized(fp8([](GemmProblem&) {}));
   EXPECT_EQ(ok.key().substr(0, 20), "e5m2xe4m3:bf16:NT:m8");
-  EXPECT_EQ(cuda::normalized(fp8([](GemmProblem& p) { p.b = GemmType::E5M2, p.ab = GemmType::E4M3; })).key().substr(0, 15),
-            "e4m3xe5m2:bf16:");
+  EXPECT_EQ(
+      cuda::normalized(fp8([](GemmProblem& p) { p.b = GemmType::E5M2, p.ab = GemmType::E4M3; })).key().substr(0, 15),
+      "e4m3xe5m2:bf16:");
   EXPECT_FALSE(cuda::normalized(fp8([](GemmProblem& p) { p.ab = GemmType::E4M3; })).b.has_value());  // one type: no 'x'
   expect_error([&] { cuda::normalized(fp8([](GemmProblem& p) { p.b = GemmType::E5M2; })); }, {"E5M2 x E5M2"});
   expect_error([&] { cuda::normalized(fp8([](GemmProblem& p) { p.trans_b = false; })); }, {"TN", "trans_b true"});
@@ -131,9 +132,8 @@ TEST(GemmNormalized, Fp8ProblemsFollowCublasLtsRules) {
   expect_error([&] { cuda::normalized(fp8([](GemmProblem& p) { p.k = 24; })); }, {"multiples of 16", "lda=24"});
   expect_error([&] { cuda::normalized(fp8([](GemmProblem& p) { p.b = GemmType::BF16; })); }, {"both operands in FP8"});
   expect_error([&] { cuda::normalized(fp8([](GemmProblem& p) { p.cd = GemmType::E4M3; })); }, {"bf16 or fp32"});
-  expect_error([&] {
-    cuda::normalized(fp8([](GemmProblem& p) { p.ab = GemmType::BF16, p.b = GemmType::F32; }));
-  }, {"only FP8 operands"});
+  expect_error([&] { cuda::normalized(fp8([](GemmProblem& p) { p.ab = GemmType::BF16, p.b = GemmType::F32; })); },
+               {"only FP8 operands"});
 }
 
 cuda::GemmCacheFile sample_cache() {

@@ -7,6 +7,7 @@
 
 #include <fmt/ranges.h>
 
+#include "core/log.h"
 #include "kernels/cuda/flash_attention.h"
 #include "kernels/cuda/fp8_quantize.h"
 #include "kernels/cuda/fused.h"
@@ -14,7 +15,6 @@
 #include "kernels/cuda/grouped_gemm.h"
 #include "kernels/cuda/runtime.h"
 #include "kernels/dropout_mask.h"
-#include "core/log.h"
 
 namespace primus::cuda {
 
@@ -133,16 +133,17 @@ GemmType gemm_type(fp8::Format f) { return f == fp8::Format::E4M3 ? GemmType::E4
 // Why cuBLASLt's FP8 GEMM does not take D = op(A) op(B) (+ C, bias) on this GPU, or null when it
 // does. The packed A and B are always in its layout (gemm_fp8); D, C and the bias stay where they
 // are, so the FP8 kernels' 16-byte alignment applies to them.
-const char* fp8_refusal(const ops::Backend::Fp8Pair& f, float beta, const Tensor& C,
-                        const Tensor& D, const Tensor& bias) {
+const char* fp8_refusal(const ops::Backend::Fp8Pair& f, float beta, const Tensor& C, const Tensor& D,
+                        const Tensor& bias) {
   const DeviceInfo& g = device_info();
-  if (g.cc_major * 10 + g.cc_minor < 89) return "need compute capability 8.9 or later";
-  if (f.a == fp8::Format::E5M2 && f.b == fp8::Format::E5M2) return "E5M2 x E5M2 is not a cuBLASLt FP8 combination";
+  if (g.cc_major * 10 + g.cc_minor < 89) return "the GPU is older than sm_89 (cuBLASLt's FP8 kernels need 8.9)";
+  if (f.a == fp8::Format::E5M2 && f.b == fp8::Format::E5M2)
+    return "both operands are E5M2 (not an FP8 combination of cuBLASLt)";
   auto aligned = [](const Tensor& t) {
     return reinterpret_cast<uintptr_t>(t.raw()) % 16 == 0 && (t.size(1) * int64_t(dtype_size(t.dtype()))) % 16 == 0;
   };
   if (!aligned(D) || (beta != 0.0f && !aligned(C)) || (bias.defined() && reinterpret_cast<uintptr_t>(bias.raw()) % 16))
-    return "an output, C or bias not 16-byte aligned (row strides included)";
+    return "an output, C or bias is not 16-byte aligned (row strides included)";
   return nullptr;
 }
 
@@ -159,9 +160,7 @@ void CudaBackend::gemm_fp8(const Fp8Pair& f, bool ta, bool tb, float alpha, cons
   const char* why = p.m == 0 || p.n == 0 || p.k == 0 ? "" : fp8_refusal(f, beta, C, D, bias);
   if (why) {  // the exact emulation: the FP8 values are bf16 values
     if (*why)
-      say_once(fmt::format("FP8 GEMMs where cuBLASLt's FP8 kernels {} run as bf16 GEMMs of the same FP8 values (exact, "
-                           "docs/fp8.md)",
-                           why));
+      say_once(fmt::format("FP8 GEMMs run as bf16 GEMMs of the same FP8 values (exact, docs/fp8.md) where {}", why));
     return gemm(ta, tb, alpha, A, Bm, beta, C, D, bias);
   }
   // cuBLASLt's FP8 layout (gemm.h): A [m, k] and B [n, k] as bytes, k padded with zeros to a
@@ -195,8 +194,6 @@ void CudaBackend::grouped_gemm_fp8(const Fp8Pair& f, bool ta, bool tb, const std
     gemm_fp8(f, ta, tb, alpha[i], A[i], Bm[i], beta, beta != 0.0f ? D[i] : Tensor(), D[i], Tensor());
   }
 }
-
-
 
 void CudaBackend::grouped_gemm(bool ta, bool tb, const std::vector<float>& alpha, const std::vector<Tensor>& A,
                                const std::vector<Tensor>& Bm, float beta, std::vector<Tensor>& D) {

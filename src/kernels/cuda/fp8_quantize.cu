@@ -201,7 +201,7 @@ void fp8_pack(const void* x, bool f32, int64_t rows, int64_t cols, bool e4m3, bo
     pack_kernel<float><<<grid, kThreads, 0, stream>>>(static_cast<const float*>(x), out, cols, R, C, ld, transpose, f);
   else
     pack_kernel<uint16_t><<<grid, kThreads, 0, stream>>>(static_cast<const uint16_t*>(x), out, cols, R, C, ld,
-                                                         transpose, f);
+                                                         transpose, f);  // (one launch form: cuda_to_cpp.py)
   PRIMUS_CUDA_CHECK_LAUNCH();
 }
 

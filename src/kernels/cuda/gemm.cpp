@@ -37,8 +37,8 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "core/rng.h"
-#include "kernels/fp8.h"
 #include "kernels/cuda/runtime.h"
+#include "kernels/fp8.h"
 
 namespace primus::cuda {
 namespace {
@@ -92,7 +92,7 @@ struct PlanKeyHash {
   }
 };
 PlanKey plan_key(const GemmProblem& p) {
-  return {p.trans_a, p.trans_b, p.bias, p.accumulate, p.ab, p.b_type(), p.cd, p.align,
+  return {p.trans_a, p.trans_b, p.bias, p.accumulate, p.ab,  p.b_type(), p.cd, p.align,
           p.m,       p.n,       p.k,    p.lda,        p.ldb, p.ldc,      p.ldd};
 }
 

@@ -25,8 +25,9 @@ const char* gemm_type_name(GemmType t) {
 std::string GemmProblem::key() const {
   const std::string a_b = b && *b != ab ? fmt::format("{}x{}", gemm_type_name(ab), gemm_type_name(*b))
                                         : std::string(gemm_type_name(ab));
-  return fmt::format("{}:{}:{}{}:m{}:n{}:k{}:lda{}:ldb{}:ldc{}:ldd{}:bias{}:acc{}:al{}", a_b, gemm_type_name(cd), trans_a ? 'T' : 'N', trans_b ? 'T' : 'N', m, n, k, lda, ldb, ldc, ldd,
-                     int(bias), int(accumulate), align);
+  return fmt::format("{}:{}:{}{}:m{}:n{}:k{}:lda{}:ldb{}:ldc{}:ldd{}:bias{}:acc{}:al{}", a_b, gemm_type_name(cd),
+                     trans_a ? 'T' : 'N', trans_b ? 'T' : 'N', m, n, k, lda, ldb, ldc, ldd, int(bias), int(accumulate),
+                     align);
 }
 
 GemmProblem normalized(GemmProblem p) {

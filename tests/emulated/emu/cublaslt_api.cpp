@@ -76,9 +76,9 @@ struct Desc {
   const void* bias = nullptr;
   int32_t bias_type = -1;  // -1: D's type
   int64_t bias_batch_stride = 0;
-  const void* scale_ptr[4] = {}; // A, B, C, D: device fp32 (FP8), null: 1
-  int32_t scale_mode[4] = {};    // A, B, C, D: cublasLtMatmulMatrixScale_t
-  void* amax_d = nullptr;        // device fp32 (FP8)
+  const void* scale_ptr[4] = {};  // A, B, C, D: device fp32 (FP8), null: 1
+  int32_t scale_mode[4] = {};     // A, B, C, D: cublasLtMatmulMatrixScale_t
+  void* amax_d = nullptr;         // device fp32 (FP8)
   int8_t fast_accum = 0;
 };
 
@@ -267,8 +267,9 @@ cublasStatus_t fp8_rules(const char* fn, const Problem& p) {
                  op_name(d.transa), op_name(d.transb));
   for (const Layout* l : {p.a, p.b})
     if ((l->ld * int64_t(emu::blas::elem_size(l->type))) % 16)
-      return error(CUBLAS_STATUS_NOT_SUPPORTED, fn, "FP8 with ld %lld of a %s operand: ld must be a multiple of 16 bytes",
-                   (long long)l->ld, type_name(l->type));
+      return error(CUBLAS_STATUS_NOT_SUPPORTED, fn,
+                   "FP8 with ld %lld of a %s operand: ld must be a multiple of 16 bytes", (long long)l->ld,
+                   type_name(l->type));
   const bool e5m2_in = p.ab == CUDA_R_8F_E5M2 || p.bt == CUDA_R_8F_E5M2;
   const bool d_ok = p.cd == CUDA_R_16BF || p.cd == CUDA_R_32F || p.cd == CUDA_R_8F_E4M3 ||
                     (p.cd == CUDA_R_8F_E5M2 && e5m2_in);
@@ -400,8 +401,8 @@ cublasStatus_t problem_of(const char* fn, cublasLtMatmulDesc_t desc, cublasLtMat
     p->bias = true;
     p->bias_type = d.bias_type == -1 ? p->cd : uint32_t(d.bias_type);
     if (p->fp8 && p->bias_type != CUDA_R_16BF)
-      return error(CUBLAS_STATUS_NOT_SUPPORTED, fn, "a %s bias with FP8 inputs: the emulated FP8 GEMMs take a bf16 bias",
-                   type_name(p->bias_type));
+      return error(CUBLAS_STATUS_NOT_SUPPORTED, fn,
+                   "a %s bias with FP8 inputs: the emulated FP8 GEMMs take a bf16 bias", type_name(p->bias_type));
     if (!p->fp8 && p->bias_type != p->cd)
       return error(CUBLAS_STATUS_NOT_SUPPORTED, fn,
                    "a %s bias with a %s D: cuBLASLt documents the bias vector as of D's type (bf16 and fp32 "
@@ -571,9 +572,28 @@ class MatmulOp final : public emu::detail::Op {
   MatmulOp(float alpha, float beta, const void* A, const Layout& la, const void* B, const Layout& lb, const void* C,
            const Layout& lc, void* D, const Layout& ld, const Problem& p, const char* bias, const FakeAlgo* al,
            void* workspace, size_t ws)
-      : alpha_(alpha), beta_(beta), A_(A), B_(B), C_(C), D_(D), la_(la), lb_(lb), lc_(lc), ld_(ld), m_(p.m), n_(p.n),
-        k_(p.k), bias_type_(p.bias_type), has_bias_(p.bias), bias_(bias), ta_(p.desc->transa != CUBLAS_OP_N),
-        tb_(p.desc->transb != CUBLAS_OP_N), al_(al), workspace_(workspace), ws_(ws), amax_(p.desc->amax_d) {
+      : alpha_(alpha),
+        beta_(beta),
+        A_(A),
+        B_(B),
+        C_(C),
+        D_(D),
+        la_(la),
+        lb_(lb),
+        lc_(lc),
+        ld_(ld),
+        m_(p.m),
+        n_(p.n),
+        k_(p.k),
+        bias_type_(p.bias_type),
+        has_bias_(p.bias),
+        bias_(bias),
+        ta_(p.desc->transa != CUBLAS_OP_N),
+        tb_(p.desc->transb != CUBLAS_OP_N),
+        al_(al),
+        workspace_(workspace),
+        ws_(ws),
+        amax_(p.desc->amax_d) {
     for (int x = 0; x < 4; ++x) scale_[x] = static_cast<const float*>(p.desc->scale_ptr[x]);
   }
 
@@ -593,7 +613,7 @@ class MatmulOp final : public emu::detail::Op {
     if (read_c) touch(C_, lc_, Access::kRead);
     if (has_bias_) emu::detail::note_access(bias_, size_t(m_) * type_size(bias_type_), Access::kRead, 0);
     if (ws_) emu::detail::note_access(workspace_, ws_, Access::kWrite, 0);  // the algorithm's scratch
-    float scale[4];  // A, B, C, D
+    float scale[4];                                                         // A, B, C, D
     for (int x = 0; x < 4; ++x) {
       scale[x] = 1.0f;
       if (!scale_[x]) continue;
@@ -777,10 +797,14 @@ cublasStatus_t cublasLtMatmulDescGetAttribute(cublasLtMatmulDesc_t desc, cublasL
     case CUBLASLT_MATMUL_DESC_BIAS_BATCH_STRIDE:
       return get_value(d->bias_batch_stride, buf, size, written, fn, "BIAS_BATCH_STRIDE");
     case CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE: return get_value(d->bias_type, buf, size, written, fn, "BIAS_DATA_TYPE");
-    case CUBLASLT_MATMUL_DESC_A_SCALE_POINTER: return get_value(d->scale_ptr[0], buf, size, written, fn, "A_SCALE_POINTER");
-    case CUBLASLT_MATMUL_DESC_B_SCALE_POINTER: return get_value(d->scale_ptr[1], buf, size, written, fn, "B_SCALE_POINTER");
-    case CUBLASLT_MATMUL_DESC_C_SCALE_POINTER: return get_value(d->scale_ptr[2], buf, size, written, fn, "C_SCALE_POINTER");
-    case CUBLASLT_MATMUL_DESC_D_SCALE_POINTER: return get_value(d->scale_ptr[3], buf, size, written, fn, "D_SCALE_POINTER");
+    case CUBLASLT_MATMUL_DESC_A_SCALE_POINTER:
+      return get_value(d->scale_ptr[0], buf, size, written, fn, "A_SCALE_POINTER");
+    case CUBLASLT_MATMUL_DESC_B_SCALE_POINTER:
+      return get_value(d->scale_ptr[1], buf, size, written, fn, "B_SCALE_POINTER");
+    case CUBLASLT_MATMUL_DESC_C_SCALE_POINTER:
+      return get_value(d->scale_ptr[2], buf, size, written, fn, "C_SCALE_POINTER");
+    case CUBLASLT_MATMUL_DESC_D_SCALE_POINTER:
+      return get_value(d->scale_ptr[3], buf, size, written, fn, "D_SCALE_POINTER");
     case CUBLASLT_MATMUL_DESC_AMAX_D_POINTER: return get_value(d->amax_d, buf, size, written, fn, "AMAX_D_POINTER");
     case CUBLASLT_MATMUL_DESC_FAST_ACCUM: return get_value(d->fast_accum, buf, size, written, fn, "FAST_ACCUM");
     case CUBLASLT_MATMUL_DESC_A_SCALE_MODE: return get_value(d->scale_mode[0], buf, size, written, fn, "A_SCALE_MODE");
