@@ -221,7 +221,7 @@ class Backend {
     return {};
   }
 
-  // ---- FP8 (kernels/fp8.h, docs/fp8.md). An FP8 GEMM runs as gemm() of quantized operands:
+  // ---- FP8 (kernels/fp8.h, docs/fp8.md). An FP8 GEMM runs on quantized operands:
   // dst (src's shape and dtype: the activation dtype, which holds every FP8 value exactly)
   // receives src quantized as fp8::quantize does it for a GEMM that reduces over src's columns
   // (reduce_cols) or rows. Tensor granularity: `scale` multiplies before rounding (0: current
@@ -233,6 +233,26 @@ class Backend {
   };
   virtual Fp8Quantized quantize_fp8(const Tensor& src, fp8::Format format, fp8::Granularity granularity,
                                     bool reduce_cols, float scale, Tensor& dst);
+  // An FP8 GEMM: gemm() (grouped_gemm()) of operands that hold FP8 values, A's of format f.a and
+  // B's of f.b (tensor-granularity quantize_fp8 output, in the activation dtype), the tensor
+  // scales carried in alpha. The defaults are gemm() and grouped_gemm() themselves: exact, as every
+  // FP8 value is a bf16 value (the CPU backends' emulation). The CUDA backend runs cuBLASLt's FP8
+  // GEMMs where the GPU and the problem allow it (docs/cuda.md), with the same result up to the
+  // order of the fp32 sums.
+  struct Fp8Pair {
+    fp8::Format a, b;
+  };
+  virtual void gemm_fp8(const Fp8Pair& f, bool trans_a, bool trans_b, float alpha, const Tensor& A, const Tensor& B,
+                        float beta, const Tensor& C, Tensor& D, const Tensor& bias) {
+    (void)f;
+    gemm(trans_a, trans_b, alpha, A, B, beta, C, D, bias);
+  }
+  virtual void grouped_gemm_fp8(const Fp8Pair& f, bool trans_a, bool trans_b, const std::vector<float>& alpha,
+                                const std::vector<Tensor>& A, const std::vector<Tensor>& B, float beta,
+                                std::vector<Tensor>& D) {
+    (void)f;
+    grouped_gemm(trans_a, trans_b, alpha, A, B, beta, D);
+  }
   // What every quantize_fp8 asks of its operands (2-D, contiguous, dst of src's shape and dtype).
   static void check_fp8_operands(const Tensor& src, const Tensor& dst);
 

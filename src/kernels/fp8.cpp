@@ -49,21 +49,7 @@ float round(float x, Format f) {
   return std::copysign(std::min(r, m), x);
 }
 
-uint8_t encode(float x, Format f) {
-  const Layout l = layout_of(f);
-  const float r = round(x, f);
-  const uint8_t sign = std::signbit(r) ? 0x80 : 0;
-  if (std::isnan(r)) return sign | (f == Format::E4M3 ? 0x7F : 0x7E);
-  const float a = std::fabs(r);
-  if (a == 0.0f) return sign;
-  int e = 0;
-  std::frexp(a, &e);
-  e -= 1;
-  if (e < l.emin)  // subnormal: exponent field 0, the value in units of the smallest subnormal
-    return sign | uint8_t(std::lround(a / std::ldexp(1.0f, l.emin - l.mantissa)));
-  const int mant = int(std::lround((a / std::ldexp(1.0f, e) - 1.0f) * float(1 << l.mantissa)));
-  return sign | uint8_t((e + l.bias) << l.mantissa) | uint8_t(mant);
-}
+uint8_t encode(float x, Format f) { return scalar::encode(x, scalar_format(f)); }
 
 float decode(uint8_t bits, Format f) {
   const Layout l = layout_of(f);

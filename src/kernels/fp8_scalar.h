@@ -71,6 +71,18 @@ PRIMUS_FP8_HD float round(float v, const Format& f) {
   return from_bits(bits(r) | sign);
 }
 
+// The FP8 byte of round(v, f): the sign, then for a normal value the exponent field and the top
+// mantissa bits, for a subnormal one (or zero) the value in units of the smallest subnormal; NaN as
+// the format's NaN (E4M3 S.1111.111, E5M2 S.11111.10).
+PRIMUS_FP8_HD uint8_t encode(float v, const Format& f) {
+  const uint32_t b = bits(round(v, f)), sign = (b >> 24) & 0x80u, a = b & 0x7FFFFFFFu;
+  if (a > 0x7F800000u) return uint8_t(sign | (f.mantissa == 3 ? 0x7Fu : 0x7Eu));
+  const int32_t e = int32_t(a >> 23);
+  if (e >= f.emin_biased)
+    return uint8_t(sign | uint32_t(e - f.emin_biased + 1) << f.mantissa | (a & 0x7FFFFFu) >> (23 - f.mantissa));
+  return uint8_t(sign | uint32_t(from_bits(a) * pow2(f.mantissa + 127 - f.emin_biased)));
+}
+
 // TE's compute_scale_from_amax: max / amax; 1 when amax is 0, infinite or NaN; FLT_MAX when the
 // quotient overflows; with pow2 the power of two at or below it (the mantissa cleared).
 PRIMUS_FP8_HD float scale_from_amax(float amax, float max, bool pow2) {

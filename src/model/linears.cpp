@@ -103,8 +103,8 @@ fp8::Granularity Linears::granularity(Operand op) const {
 float Linears::quantize(const Tensor& src, Operand op, int weight, bool reduce_cols, Tensor& dst) const {
   fp8::DelayedScale& d = state_.at(weight).operand[op];
   const bool delayed = opt_.recipe == Fp8Recipe::Delayed;
-  const ops::Backend::Fp8Quantized q = be_.quantize_fp8(src, op == Dy ? opt_.backward : opt_.forward,
-                                                        granularity(op), reduce_cols, delayed ? d.scale : 0.0f, dst);
+  const ops::Backend::Fp8Quantized q = be_.quantize_fp8(src, format(op), granularity(op), reduce_cols,
+                                                        delayed ? d.scale : 0.0f, dst);
   if (delayed) d.record(q.amax);
   return 1.0f / q.scale;
 }
@@ -125,7 +125,17 @@ Linears::Operands Linears::operands(Gemm kind, const Tensor& a, const Tensor& b,
   const float sa = quantize(a, r.a, weight, r.a_cols, o.a);
   const float sb = quantize(b, r.b, weight, r.b_cols, o.b);
   o.alpha = sa * sb;
+  if (granularity(r.a) == fp8::Granularity::Tensor && granularity(r.b) == fp8::Granularity::Tensor)
+    o.fp8 = ops::Backend::Fp8Pair{format(r.a), format(r.b)};
   return o;
+}
+
+void Linears::gemm(const Operands& o, bool trans_a, bool trans_b, float alpha, float beta, const Tensor& C, Tensor& D,
+                   const Tensor& bias) const {
+  if (o.fp8)
+    be_.gemm_fp8(*o.fp8, trans_a, trans_b, alpha * o.alpha, o.a, o.b, beta, C, D, bias);
+  else
+    be_.gemm(trans_a, trans_b, alpha * o.alpha, o.a, o.b, beta, C, D, bias);
 }
 
 std::vector<std::pair<std::string, Shape>> lora_adapter_layout(const std::vector<ParamInfo>& layout,
@@ -242,15 +252,13 @@ void Linears::adapter_gemm(Gemm kind, float alpha, const Tensor& a, const Tensor
 
 void Linears::forward(float alpha, const Tensor& x, const Tensor& W, int weight, float beta, const Tensor& C,
                       Tensor& D, const Tensor& bias) const {
-  const Operands o = operands(Gemm::Forward, x, W, weight);
-  be_.gemm(false, true, alpha * o.alpha, o.a, o.b, beta, C, D, bias);
+  gemm(operands(Gemm::Forward, x, W, weight), false, true, alpha, beta, C, D, bias);
   if (const Adapter* ad = adapter(weight)) adapter_gemm(Gemm::Forward, alpha, x, Tensor(), *ad, D);
 }
 
 void Linears::input_grad(float alpha, const Tensor& dy, const Tensor& W, int weight, float beta, const Tensor& C,
                          Tensor& D) const {
-  const Operands o = operands(Gemm::InputGrad, dy, W, weight);
-  be_.gemm(false, false, alpha * o.alpha, o.a, o.b, beta, C, D, Tensor());
+  gemm(operands(Gemm::InputGrad, dy, W, weight), false, false, alpha, beta, C, D, Tensor());
   if (const Adapter* ad = adapter(weight)) adapter_gemm(Gemm::InputGrad, alpha, dy, Tensor(), *ad, D);
 }
 
@@ -258,8 +266,7 @@ void Linears::input_grad(float alpha, const Tensor& dy, const Tensor& W, int wei
 void Linears::weight_grad(float alpha, const Tensor& dy, const Tensor& x, int weight, Tensor& gW) const {
   if (const Adapter* ad = adapter(weight)) adapter_gemm(Gemm::WeightGrad, alpha, dy, x, *ad, gW);
   if (lora_.enabled) return;
-  const Operands o = operands(Gemm::WeightGrad, dy, x, weight);
-  be_.gemm(true, false, alpha * o.alpha, o.a, o.b, 1.0f, gW, gW, Tensor());
+  gemm(operands(Gemm::WeightGrad, dy, x, weight), true, false, alpha, 1.0f, gW, gW, Tensor());
 }
 
 void Linears::grouped(Gemm kind, const std::vector<Tensor>& A, const std::vector<Tensor>& B,
@@ -267,14 +274,25 @@ void Linears::grouped(Gemm kind, const std::vector<Tensor>& A, const std::vector
   PRIMUS_CHECK(A.size() == B.size() && A.size() == D.size() && A.size() == weights.size(),
                "grouped linears: {} A, {} B, {} D, {} weights", A.size(), B.size(), D.size(), weights.size());
   if (A.empty()) return;
-  std::vector<Tensor> a(A.size()), b(A.size());
-  std::vector<float> alpha(A.size());
+  // The problems whose operands hold FP8 values run as one FP8 grouped GEMM, the others (not FP8,
+  // or block-scaled) as one grouped GEMM; their D's are distinct tensors.
+  struct Group {
+    std::vector<Tensor> a, b, d;
+    std::vector<float> alpha;
+  } plain, fp8;
+  std::optional<ops::Backend::Fp8Pair> pair;  // the same for every FP8 problem of one kind
   for (size_t i = 0; i < A.size(); ++i) {
     Operands o = operands(kind, A[i], B[i], weights[i]);
-    a[i] = std::move(o.a), b[i] = std::move(o.b), alpha[i] = o.alpha;
+    Group& g = o.fp8 ? fp8 : plain;
+    if (o.fp8) pair = o.fp8;
+    g.a.push_back(std::move(o.a)), g.b.push_back(std::move(o.b)), g.d.push_back(D[i]), g.alpha.push_back(o.alpha);
   }
-  const bool wgrad = kind == Gemm::WeightGrad;
-  if (!(wgrad && lora_.enabled)) be_.grouped_gemm(wgrad, kind == Gemm::Forward, alpha, a, b, wgrad ? 1.0f : 0.0f, D);
+  const bool wgrad = kind == Gemm::WeightGrad, ta = wgrad, tb = kind == Gemm::Forward;
+  const float beta = wgrad ? 1.0f : 0.0f;
+  if (!(wgrad && lora_.enabled)) {
+    if (!plain.a.empty()) be_.grouped_gemm(ta, tb, plain.alpha, plain.a, plain.b, beta, plain.d);
+    if (!fp8.a.empty()) be_.grouped_gemm_fp8(*pair, ta, tb, fp8.alpha, fp8.a, fp8.b, beta, fp8.d);
+  }
   for (size_t i = 0; i < A.size(); ++i)
     if (const Adapter* ad = adapter(weights[i])) adapter_gemm(kind, 1.0f, A[i], B[i], *ad, D[i]);
 }

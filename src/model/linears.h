@@ -8,7 +8,10 @@
 //
 // in the activation dtype, or, for the linears that FP8 covers (docs/fp8.md), with FP8 operands:
 // each operand quantized along the GEMM's reduction dimension by the recipe (Fp8Options), the
-// product accumulated in fp32 by the same gemm() of the op set, the scales applied around it.
+// product accumulated in fp32, the scales applied around it: tensor-scaled operands (delayed,
+// tensorwise) hold FP8 values and run through the op set's FP8 GEMM (gemm_fp8, grouped_gemm_fp8:
+// cuBLASLt's FP8 GEMMs on CUDA), block-scaled ones (blockwise, MXFP8) hold FP8 values times their
+// blocks' inverse scales and run through gemm() (docs/fp8.md).
 // Forward operands (x, W) use the forward format, gradients (dy) the backward one (hybrid: E4M3
 // and E5M2). Delayed scaling keeps an amax history per linear and operand, advanced once per
 // optimizer step (update_scales); the other recipes scale from the tensor itself.
@@ -157,12 +160,17 @@ class Linears {
   float quantize(const Tensor& src, Operand op, int weight, bool reduce_cols, Tensor& dst) const;
   // A GEMM's operands as it runs them: the given ones (alpha 1), or, when FP8 covers `weight`,
   // both quantized along the reduction dimension of `kind` with alpha the product of the inverse
-  // scales. The one place where a linear's GEMM decides its precision.
+  // scales, and their formats when they hold FP8 values (tensor scaling). The one place where a
+  // linear's GEMM decides its precision; gemm() runs what it decided.
   struct Operands {
     Tensor a, b;
     float alpha = 1.0f;
+    std::optional<ops::Backend::Fp8Pair> fp8;
   };
   Operands operands(Gemm kind, const Tensor& a, const Tensor& b, int weight) const;
+  void gemm(const Operands& o, bool trans_a, bool trans_b, float alpha, float beta, const Tensor& C, Tensor& D,
+            const Tensor& bias) const;
+  fp8::Format format(Operand op) const { return op == Dy ? opt_.backward : opt_.forward; }
   fp8::Granularity granularity(Operand op) const;
   void cover(int weight, const std::string& name);  // FP8 covers the linear
   // The adapter's terms of each GEMM kind (see the top of this file); a, b as grouped() takes them.

@@ -67,6 +67,28 @@ void TracedBackend::grouped_gemm(bool trans_a, bool trans_b, const std::vector<f
   finish_gemm(e, end, trans_b, B[0], D[0], c.dtype, {c.a, c.b, c.c, c.d}, c.flops, c.bytes);
 }
 
+void TracedBackend::gemm_fp8(const Fp8Pair& f, bool trans_a, bool trans_b, float alpha, const Tensor& A,
+                             const Tensor& B, float beta, const Tensor& C, Tensor& D, const Tensor& bias) {
+  if (!p_.active()) return be_.gemm_fp8(f, trans_a, trans_b, alpha, A, B, beta, C, D, bias);
+  Event& e = p_.op_begin("gemm");
+  be_.gemm_fp8(f, trans_a, trans_b, alpha, A, B, beta, C, D, bias);
+  const Mark end = p_.clock().device(nullptr);
+  const ops::OpCall c = ops::gemm_call(trans_a, trans_b, A, B, beta, C, D, bias);
+  finish_gemm(e, end, trans_b, B, D, c.dtype, {c.a, c.b, c.c}, c.flops, c.bytes);
+}
+
+void TracedBackend::grouped_gemm_fp8(const Fp8Pair& f, bool trans_a, bool trans_b, const std::vector<float>& alpha,
+                                     const std::vector<Tensor>& A, const std::vector<Tensor>& B, float beta,
+                                     std::vector<Tensor>& D) {
+  if (!p_.active() || A.empty() || A.size() != B.size() || A.size() != D.size())
+    return be_.grouped_gemm_fp8(f, trans_a, trans_b, alpha, A, B, beta, D);
+  Event& e = p_.op_begin("gemm");
+  be_.grouped_gemm_fp8(f, trans_a, trans_b, alpha, A, B, beta, D);
+  const Mark end = p_.clock().device(nullptr);
+  const ops::OpCall c = ops::grouped_gemm_call(trans_a, trans_b, A, B, beta, D);
+  finish_gemm(e, end, trans_b, B[0], D[0], c.dtype, {c.a, c.b, c.c, c.d}, c.flops, c.bytes);
+}
+
 void TracedBackend::rmsnorm_forward(const Tensor& x, const Tensor& w, Tensor& y, Tensor& rstd, float eps) {
   if (!p_.active()) return be_.rmsnorm_forward(x, w, y, rstd, eps);
   Event& e = p_.op_begin("rmsnorm_forward");

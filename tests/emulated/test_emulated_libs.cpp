@@ -6,13 +6,16 @@
 #include <gtest/gtest.h>
 #include <nccl.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "core/rng.h"
 #include "gpu_test_util.h"
+#include "kernels/fp8.h"
 
 namespace primus::gputest {
 namespace {
@@ -257,6 +260,155 @@ TEST_F(EmulatedCublasLt, ForeignAlgorithmsAndHostPointersAreRefused) {
   EXPECT_EQ(cublasLtMatmul(p.h, p.desc, &p.alpha, p.dA->get(), p.la, p.dB->get(), p.lb, &p.beta, p.dC->get(), p.lc,
                            p.dA->get(), p.ld, &algos[0].algo, p.ws->get(), size_t(p.ws->n) * 4, cuda::stream()),
             CUBLAS_STATUS_INVALID_VALUE);
+}
+
+// FP8 (emu/cublaslt_api.cpp's top): E4M3 x E5M2 in the TN format, column-major, m x n from k,
+// with A's and B's scales on the device, into an fp32 D, and into an E4M3 D with D's scale and the
+// amax of the value before it. The operands are FP8 values whose products and sums are exact in
+// fp32, so the expected values are exact too; they come from the project's FP8 decoding and
+// encoding (kernels/fp8.h), which the emulator's own (emu/blas_values.h) thereby checks.
+struct Fp8Lt {
+  static constexpr int64_t m = 16, n = 8, k = 32;
+  cublasLtHandle_t h = nullptr;
+  cublasLtMatmulDesc_t desc = nullptr;
+  cublasLtMatrixLayout_t la = nullptr, lb = nullptr, lc = nullptr, ld = nullptr;
+  std::vector<uint8_t> A, B;  // A k x m (read transposed), B k x n
+  std::unique_ptr<DeviceArray<uint8_t>> dA, dB;
+  std::unique_ptr<DeviceArray<float>> scale_a, scale_b, scale_d, amax;
+
+  Fp8Lt(cudaDataType d_type, cudaDataType c_type) {
+    EXPECT_EQ(cublasLtCreate(&h), CUBLAS_STATUS_SUCCESS);
+    EXPECT_EQ(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F), CUBLAS_STATUS_SUCCESS);
+    set(CUBLASLT_MATMUL_DESC_TRANSA, CUBLAS_OP_T);
+    set(CUBLASLT_MATMUL_DESC_TRANSB, CUBLAS_OP_N);
+    EXPECT_EQ(cublasLtMatrixLayoutCreate(&la, CUDA_R_8F_E4M3, k, m, k), CUBLAS_STATUS_SUCCESS);
+    EXPECT_EQ(cublasLtMatrixLayoutCreate(&lb, CUDA_R_8F_E5M2, k, n, k), CUBLAS_STATUS_SUCCESS);
+    EXPECT_EQ(cublasLtMatrixLayoutCreate(&lc, c_type, m, n, m), CUBLAS_STATUS_SUCCESS);
+    EXPECT_EQ(cublasLtMatrixLayoutCreate(&ld, d_type, m, n, m), CUBLAS_STATUS_SUCCESS);
+    const Rng rng(7);
+    // E4M3 codes 0x38..0x4F (1 to 7.5) and E5M2 codes 0x3C..0x47 (1 to 3.5), random signs.
+    for (int64_t i = 0; i < k * m; ++i)
+      A.push_back(uint8_t(0x38 + rng.at(uint64_t(i)) % 24 | (rng.at(uint64_t(i) + 5000) & 1) << 7));
+    for (int64_t i = 0; i < k * n; ++i)
+      B.push_back(uint8_t(0x3C + rng.at(uint64_t(i) + 9000) % 12 | (rng.at(uint64_t(i) + 13000) & 1) << 7));
+    dA = std::make_unique<DeviceArray<uint8_t>>(A);
+    dB = std::make_unique<DeviceArray<uint8_t>>(B);
+    scale_a = std::make_unique<DeviceArray<float>>(std::vector<float>{0.5f});
+    scale_b = std::make_unique<DeviceArray<float>>(std::vector<float>{4.0f});
+    scale_d = std::make_unique<DeviceArray<float>>(std::vector<float>{4.0f});
+    amax = std::make_unique<DeviceArray<float>>(std::vector<float>{-1.0f});
+  }
+  ~Fp8Lt() {
+    for (auto l : {la, lb, lc, ld}) cublasLtMatrixLayoutDestroy(l);
+    cublasLtMatmulDescDestroy(desc);
+    cublasLtDestroy(h);
+  }
+  template <typename T>
+  cublasStatus_t set(cublasLtMatmulDescAttributes_t attr, T v) {
+    return cublasLtMatmulDescSetAttribute(desc, attr, &v, sizeof v);
+  }
+  void set_pointer(cublasLtMatmulDescAttributes_t attr, const void* p) {
+    EXPECT_EQ(cublasLtMatmulDescSetAttribute(desc, attr, &p, sizeof p), CUBLAS_STATUS_SUCCESS);
+  }
+  cublasStatus_t run(void* D, float alpha) {
+    const float beta = 0.0f;
+    return cublasLtMatmul(h, desc, &alpha, dA->get(), la, dB->get(), lb, &beta, D, lc, D, ld, nullptr, nullptr, 0,
+                          cuda::stream());
+  }
+  // alpha * 0.5 * 4 * (A^T B)(i, j), column-major m x n.
+  std::vector<float> product(float alpha) const {
+    std::vector<float> v(size_t(m * n));
+    for (int64_t j = 0; j < n; ++j)
+      for (int64_t i = 0; i < m; ++i) {
+        double s = 0;
+        for (int64_t l = 0; l < k; ++l)
+          s += double(fp8::decode(A[size_t(l + i * k)], fp8::Format::E4M3)) *
+               double(fp8::decode(B[size_t(l + j * k)], fp8::Format::E5M2));
+        v[size_t(i + j * m)] = float(alpha * 2.0 * s);
+      }
+    return v;
+  }
+};
+
+TEST_F(EmulatedCublasLt, Fp8ScalePointersAmaxAndFp8Output) {
+  {  // fp32 D: D = alpha scale_A scale_B A^T B
+    Fp8Lt p(CUDA_R_32F, CUDA_R_32F);
+    p.set_pointer(CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, p.scale_a->get());
+    p.set_pointer(CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, p.scale_b->get());
+    p.set_pointer(CUBLASLT_MATMUL_DESC_AMAX_D_POINTER, p.amax->get());
+    DeviceArray<float> D(size_t(p.m * p.n));
+    ASSERT_EQ(p.run(D.get(), 0.25f), CUBLAS_STATUS_SUCCESS);
+    const std::vector<float> want = p.product(0.25f);
+    EXPECT_EQ(D.host(), want);
+    float amax = 0;
+    for (float v : want) amax = std::max(amax, std::fabs(v));
+    EXPECT_EQ(p.amax->host()[0], amax);
+    // D's scale is for FP8 outputs only.
+    p.set_pointer(CUBLASLT_MATMUL_DESC_D_SCALE_POINTER, p.scale_d->get());
+    EXPECT_EQ(p.run(D.get(), 0.25f), CUBLAS_STATUS_INVALID_VALUE);
+  }
+  {  // E4M3 D with a bf16 C: D = satfinite(E4M3(scale_D (...))), amax before scale_D
+    Fp8Lt p(CUDA_R_8F_E4M3, CUDA_R_16BF);
+    p.set_pointer(CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, p.scale_a->get());
+    p.set_pointer(CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, p.scale_b->get());
+    p.set_pointer(CUBLASLT_MATMUL_DESC_D_SCALE_POINTER, p.scale_d->get());
+    p.set_pointer(CUBLASLT_MATMUL_DESC_AMAX_D_POINTER, p.amax->get());
+    DeviceArray<uint8_t> D(size_t(p.m * p.n));
+    ASSERT_EQ(p.run(D.get(), 1.0f), CUBLAS_STATUS_SUCCESS);
+    const std::vector<float> v = p.product(1.0f);
+    std::vector<uint8_t> want;
+    float amax = 0;
+    bool saturated = false;
+    for (float x : v) {
+      want.push_back(fp8::encode(x * 4, fp8::Format::E4M3));
+      amax = std::max(amax, std::fabs(x));
+      saturated = saturated || std::fabs(x * 4) > 448;
+    }
+    EXPECT_EQ(D.host(), want);
+    EXPECT_EQ(p.amax->host()[0], amax);
+    EXPECT_TRUE(saturated) << "the case should reach E4M3's saturation";
+  }
+}
+
+TEST_F(EmulatedCublasLt, Fp8OutsideSm90sRulesIsNotSupported) {
+  {  // NN (consistent shapes): sm_90 takes FP8 in the TN format only
+    Fp8Lt p(CUDA_R_32F, CUDA_R_32F);
+    ASSERT_EQ(p.set(CUBLASLT_MATMUL_DESC_TRANSA, CUBLAS_OP_N), CUBLAS_STATUS_SUCCESS);
+    cublasLtMatrixLayout_t la = nullptr;
+    ASSERT_EQ(cublasLtMatrixLayoutCreate(&la, CUDA_R_8F_E4M3, p.m, p.k, p.m), CUBLAS_STATUS_SUCCESS);
+    DeviceArray<float> D(size_t(p.m * p.n));
+    const float one = 1.0f, zero = 0.0f;
+    EXPECT_EQ(cublasLtMatmul(p.h, p.desc, &one, p.dA->get(), la, p.dB->get(), p.lb, &zero, D.get(), p.lc, D.get(), p.ld,
+                             nullptr, nullptr, 0, cuda::stream()),
+              CUBLAS_STATUS_NOT_SUPPORTED);
+    cublasLtMatrixLayoutDestroy(la);
+  }
+  {  // E5M2 x E5M2
+    Fp8Lt p(CUDA_R_32F, CUDA_R_32F);
+    cublasLtMatrixLayout_t la = nullptr;
+    ASSERT_EQ(cublasLtMatrixLayoutCreate(&la, CUDA_R_8F_E5M2, p.k, p.m, p.k), CUBLAS_STATUS_SUCCESS);
+    DeviceArray<float> D(size_t(p.m * p.n));
+    const float one = 1.0f, zero = 0.0f;
+    EXPECT_EQ(cublasLtMatmul(p.h, p.desc, &one, p.dA->get(), la, p.dB->get(), p.lb, &zero, D.get(), p.lc, D.get(), p.ld,
+                             nullptr, nullptr, 0, cuda::stream()),
+              CUBLAS_STATUS_NOT_SUPPORTED);
+    cublasLtMatrixLayoutDestroy(la);
+  }
+  {  // a block-scaled mode (sm_90 has VEC128_32F; not emulated)
+    Fp8Lt p(CUDA_R_32F, CUDA_R_32F);
+    ASSERT_EQ(p.set(CUBLASLT_MATMUL_DESC_A_SCALE_MODE, int32_t(CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F)),
+              CUBLAS_STATUS_SUCCESS);
+    DeviceArray<float> D(size_t(p.m * p.n));
+    EXPECT_EQ(p.run(D.get(), 1.0f), CUBLAS_STATUS_NOT_SUPPORTED);
+  }
+  {  // scale pointers belong to FP8: with fp32 operands they are an unsupported combination
+    Lt p;
+    p.build();
+    const void* s = p.dA->get();
+    ASSERT_EQ(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &s, sizeof s),
+              CUBLAS_STATUS_SUCCESS);
+    EXPECT_EQ(p.run(nullptr), CUBLAS_STATUS_INVALID_VALUE);
+  }
 }
 
 // ---------------------------------------------------------------- NCCL

@@ -10,13 +10,17 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <iterator>
 #include <vector>
+
+#include <unistd.h>
 
 #include "core/device.h"
 #include "core/rng.h"
 #include "gpu_test_util.h"
 #include "kernels/cpu/reference_backend.h"
 #include "kernels/cuda/cuda_backend.h"
+#include "kernels/cuda/gemm.h"
 #include "model/linears.h"
 #include "model/llama.h"
 #include "optim/flat_adamw.h"
@@ -1071,6 +1075,55 @@ TEST(CudaBackend, Fp8LinearGemmsMatchTheReference) {
       p.expect(gW[e], 1e-2, 1e-2, fmt::format("weight gradient {}", e));
     }
   }
+}
+
+// cuBLASLt's FP8 GEMMs (CudaBackend::gemm_fp8) in a linear's three layouts and the hybrid pairs
+// give the CPU emulation's numbers (gemm() of the same FP8 values: exact products, fp32 sums in
+// another order), with an inner dimension that is no multiple of 16 (padded with zeros), and on
+// sm_89 and later they do run as FP8 GEMMs: the problems tuned online carry the FP8 types in their
+// keys (an older GPU runs the bf16 GEMMs, the same numbers).
+TEST(CudaBackend, Fp8GemmsRunAsCublasLtFp8AndMatchTheEmulation) {
+  PRIMUS_REQUIRE_GPU();
+  cuda::CudaBackend gpu;
+  const cuda::DeviceInfo& g = cuda::device_info();
+  const bool fp8_kernels = g.cc_major * 10 + g.cc_minor >= 89;
+  using F = fp8::Format;
+  cpu::ReferenceBackend ref;
+  auto fp8_values = [&](const Shape& s, F f, uint64_t seed) {  // FP8 values of 64 x, in bf16
+    Tensor dst = Tensor::empty(s, DType::BF16);
+    ref.quantize_fp8(random_host(s, DType::BF16, seed), f, fp8::Granularity::Tensor, true, 64.0f, dst);
+    return dst;
+  };
+  const int64_t N = 24, in = 40, out = 48;
+  Pair p;
+  const int x = p.add(fp8_values({N, in}, F::E4M3, 1)), w = p.add(fp8_values({out, in}, F::E4M3, 2));
+  const int dy = p.add(fp8_values({N, out}, F::E5M2, 3)), bias = p.add(random_host({out}, DType::BF16, 4));
+  const int y = p.add(Tensor::zeros({N, out}, DType::BF16)), dx = p.add(Tensor::zeros({N, in}, DType::BF16));
+  const int gw = p.add(random_host({out, in}, DType::F32, 5));
+  cuda::clear_gemm_cache();
+  cuda::set_online_tuning(true, 1);
+  const float a = 1.0f / 4096;
+  p.run(
+      [&](ops::Backend& b, std::vector<Tensor>& t) {
+        b.gemm_fp8({F::E4M3, F::E4M3}, false, true, a, t[x], t[w], 0.0f, Tensor(), t[y], t[bias]);      // forward
+        b.gemm_fp8({F::E5M2, F::E4M3}, false, false, a, t[dy], t[w], 0.0f, Tensor(), t[dx], Tensor());  // input grad
+        b.gemm_fp8({F::E5M2, F::E4M3}, true, false, a, t[dy], t[x], 1.0f, t[gw], t[gw], Tensor());      // weight grad
+      },
+      gpu);
+  cuda::set_online_tuning(false);
+  p.expect(y, 1e-2, 1e-2, "forward, E4M3 x E4M3, bias");
+  p.expect(dx, 1e-2, 1e-2, "input gradient, E5M2 x E4M3");
+  p.expect(gw, 1e-5, 1e-5, "weight gradient, E5M2 x E4M3, fp32 accumulated");
+  const std::string dir = ::testing::TempDir() + "primus-fp8-gemm-" + std::to_string(getpid());
+  std::filesystem::create_directories(dir);
+  cuda::save_gemm_cache(dir + "/cache.json");
+  std::ifstream file(dir + "/cache.json");
+  const std::string text((std::istreambuf_iterator<char>(file)), std::istreambuf_iterator<char>());
+  std::filesystem::remove_all(dir);
+  cuda::clear_gemm_cache();
+  for (const char* key :
+       {"\"e4m3:bf16:NT:m24:n48:k48:", "\"e5m2xe4m3:bf16:NT:m24:n40:k48:", "\"e5m2xe4m3:fp32:NT:m48:n40:k32:"})
+    EXPECT_EQ(text.find(key) != std::string::npos, fp8_kernels) << key << " among the tuned GEMMs:\n" << text;
 }
 
 // FP8 linears (docs/fp8.md) on the GPU: each recipe, on a dense and a mixture-of-experts model,

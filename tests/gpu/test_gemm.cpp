@@ -110,6 +110,32 @@ TEST(GemmNormalized, RejectsBadProblems) {
   expect_error([&] { cuda::normalized(with([](GemmProblem& p) { p.align = 24; })); }, {"align", "24"});
 }
 
+// FP8 problems: cuBLASLt's rules on sm_90, by name (gemm.h); B's type shows in the key when it
+// differs from A's.
+TEST(GemmNormalized, Fp8ProblemsFollowCublasLtsRules) {
+  auto fp8 = [](auto change) {
+    GemmProblem p;
+    p.m = 8, p.n = 32, p.k = 32, p.trans_b = true;
+    p.ab = GemmType::E5M2, p.b = GemmType::E4M3;
+    change(p);
+    return p;
+  };
+  const GemmProblem ok = cuda::normalized(fp8([](GemmProblem&) {}));
+  EXPECT_EQ(ok.key().substr(0, 20), "e5m2xe4m3:bf16:NT:m8");
+  EXPECT_EQ(
+      cuda::normalized(fp8([](GemmProblem& p) { p.b = GemmType::E5M2, p.ab = GemmType::E4M3; })).key().substr(0, 15),
+      "e4m3xe5m2:bf16:");
+  EXPECT_FALSE(cuda::normalized(fp8([](GemmProblem& p) { p.ab = GemmType::E4M3; })).b.has_value());  // one type: no 'x'
+  expect_error([&] { cuda::normalized(fp8([](GemmProblem& p) { p.b = GemmType::E5M2; })); }, {"E5M2 x E5M2"});
+  expect_error([&] { cuda::normalized(fp8([](GemmProblem& p) { p.trans_b = false; })); }, {"TN", "trans_b true"});
+  expect_error([&] { cuda::normalized(fp8([](GemmProblem& p) { p.trans_a = true, p.lda = 8; })); }, {"TN"});
+  expect_error([&] { cuda::normalized(fp8([](GemmProblem& p) { p.k = 24; })); }, {"multiples of 16", "lda=24"});
+  expect_error([&] { cuda::normalized(fp8([](GemmProblem& p) { p.b = GemmType::BF16; })); }, {"both operands in FP8"});
+  expect_error([&] { cuda::normalized(fp8([](GemmProblem& p) { p.cd = GemmType::E4M3; })); }, {"bf16 or fp32"});
+  expect_error([&] { cuda::normalized(fp8([](GemmProblem& p) { p.ab = GemmType::BF16, p.b = GemmType::F32; })); },
+               {"only FP8 operands"});
+}
+
 cuda::GemmCacheFile sample_cache() {
   cuda::GemmCacheFile f;
   f.device = "NVIDIA H100 80GB HBM3";

@@ -1,9 +1,13 @@
 #include "kernels/cuda/cuda_backend.h"
 
 #include <algorithm>
+#include <mutex>
+#include <set>
+#include <string>
 
 #include <fmt/ranges.h>
 
+#include "core/log.h"
 #include "kernels/cuda/flash_attention.h"
 #include "kernels/cuda/fp8_quantize.h"
 #include "kernels/cuda/fused.h"
@@ -101,11 +105,9 @@ GemmProblem gemm_problem(bool ta, bool tb, const Tensor& A, const Tensor& Bm, co
   return p;
 }
 
-}  // namespace
-
-void CudaBackend::gemm(bool ta, bool tb, float alpha, const Tensor& A, const Tensor& Bm, float beta, const Tensor& C,
-                       Tensor& D, const Tensor& bias) {
-  GemmProblem p = gemm_problem(ta, tb, A, Bm, D, "gemm");
+// Runs p (its shape, A's and B's types set) on A and B with gemm()'s C, D and bias.
+void run_gemm(GemmProblem p, float alpha, const void* A, const void* B, float beta, const Tensor& C, Tensor& D,
+              const Tensor& bias) {
   p.accumulate = beta != 0.0f;
   if (p.accumulate) {
     check(C, D.dtype(), D.shape(), "gemm C");
@@ -115,8 +117,82 @@ void CudaBackend::gemm(bool ta, bool tb, float alpha, const Tensor& A, const Ten
   }
   p.bias = bias.defined();
   if (p.bias) check(bias, DType::BF16, {p.n}, "gemm bias");
-  cuda::gemm(p, alpha, A.raw(), Bm.raw(), beta, p.accumulate ? C.raw() : nullptr, D.raw(),
-             p.bias ? bias.raw() : nullptr, stream());
+  cuda::gemm(p, alpha, A, B, beta, p.accumulate ? C.raw() : nullptr, D.raw(), p.bias ? bias.raw() : nullptr, stream());
+}
+
+// Logs `message` (FP8's notes on what runs emulated) the first time it comes.
+void say_once(const std::string& message) {
+  static std::mutex mu;
+  static std::set<std::string> said;
+  std::lock_guard<std::mutex> lock(mu);
+  if (said.insert(message).second) log::info("{}", message);
+}
+
+GemmType gemm_type(fp8::Format f) { return f == fp8::Format::E4M3 ? GemmType::E4M3 : GemmType::E5M2; }
+
+// Why cuBLASLt's FP8 GEMM does not take D = op(A) op(B) (+ C, bias) on this GPU, or null when it
+// does. The packed A and B are always in its layout (gemm_fp8); D, C and the bias stay where they
+// are, so the FP8 kernels' 16-byte alignment applies to them.
+const char* fp8_refusal(const ops::Backend::Fp8Pair& f, float beta, const Tensor& C, const Tensor& D,
+                        const Tensor& bias) {
+  const DeviceInfo& g = device_info();
+  if (g.cc_major * 10 + g.cc_minor < 89) return "the GPU is older than sm_89 (cuBLASLt's FP8 kernels need 8.9)";
+  if (f.a == fp8::Format::E5M2 && f.b == fp8::Format::E5M2)
+    return "both operands are E5M2 (not an FP8 combination of cuBLASLt)";
+  auto aligned = [](const Tensor& t) {
+    return reinterpret_cast<uintptr_t>(t.raw()) % 16 == 0 && (t.size(1) * int64_t(dtype_size(t.dtype()))) % 16 == 0;
+  };
+  if (!aligned(D) || (beta != 0.0f && !aligned(C)) || (bias.defined() && reinterpret_cast<uintptr_t>(bias.raw()) % 16))
+    return "an output, C or bias is not 16-byte aligned (row strides included)";
+  return nullptr;
+}
+
+}  // namespace
+
+void CudaBackend::gemm(bool ta, bool tb, float alpha, const Tensor& A, const Tensor& Bm, float beta, const Tensor& C,
+                       Tensor& D, const Tensor& bias) {
+  run_gemm(gemm_problem(ta, tb, A, Bm, D, "gemm"), alpha, A.raw(), Bm.raw(), beta, C, D, bias);
+}
+
+void CudaBackend::gemm_fp8(const Fp8Pair& f, bool ta, bool tb, float alpha, const Tensor& A, const Tensor& Bm,
+                           float beta, const Tensor& C, Tensor& D, const Tensor& bias) {
+  GemmProblem p = gemm_problem(ta, tb, A, Bm, D, "gemm_fp8");
+  const char* why = p.m == 0 || p.n == 0 || p.k == 0 ? "" : fp8_refusal(f, beta, C, D, bias);
+  if (why) {  // the exact emulation: the FP8 values are bf16 values
+    if (*why)
+      say_once(fmt::format("FP8 GEMMs run as bf16 GEMMs of the same FP8 values (exact, docs/fp8.md) where {}", why));
+    return gemm(ta, tb, alpha, A, Bm, beta, C, D, bias);
+  }
+  // cuBLASLt's FP8 layout (gemm.h): A [m, k] and B [n, k] as bytes, k padded with zeros to a
+  // multiple of 16 (their leading dimension).
+  const int64_t k16 = (p.k + 15) / 16 * 16;
+  Scratch a8(size_t(p.m * k16)), b8(size_t(p.n * k16));
+  fp8_pack(A.raw(), false, A.size(0), A.size(1), f.a == fp8::Format::E4M3, ta, k16, a8.as<uint8_t>(), stream());
+  fp8_pack(Bm.raw(), false, Bm.size(0), Bm.size(1), f.b == fp8::Format::E4M3, !tb, k16, b8.as<uint8_t>(), stream());
+  p.trans_a = false, p.trans_b = true;
+  p.k = k16, p.lda = k16, p.ldb = k16;
+  p.ab = gemm_type(f.a);
+  p.b = gemm_type(f.b);
+  run_gemm(p, alpha, a8.get(), b8.get(), beta, C, D, bias);
+}
+
+void CudaBackend::grouped_gemm_fp8(const Fp8Pair& f, bool ta, bool tb, const std::vector<float>& alpha,
+                                   const std::vector<Tensor>& A, const std::vector<Tensor>& Bm, float beta,
+                                   std::vector<Tensor>& D) {
+  PRIMUS_CHECK(A.size() == Bm.size() && A.size() == D.size() && alpha.size() == A.size(),
+               "grouped_gemm_fp8 of {} A, {} B, {} D and {} alphas", A.size(), Bm.size(), D.size(), alpha.size());
+  // cuBLAS's grouped call has no FP8 types: one cuBLASLt FP8 GEMM per problem.
+  for (size_t i = 0; i < A.size(); ++i) {
+    PRIMUS_CHECK(A[i].dim() == 2 && D[i].dim() == 2, "grouped_gemm_fp8 problem {} takes 2-d tensors", i);
+    if (D[i].numel() == 0) continue;
+    if ((ta ? A[i].size(0) : A[i].size(1)) == 0) {  // an expert without rows in a weight gradient: D = beta D
+      PRIMUS_CHECK(beta == 0.0f || beta == 1.0f, "grouped_gemm_fp8 problem {}: an empty inner dimension with beta {}",
+                   i, beta);
+      if (beta == 0.0f) D[i].zero_();
+      continue;
+    }
+    gemm_fp8(f, ta, tb, alpha[i], A[i], Bm[i], beta, beta != 0.0f ? D[i] : Tensor(), D[i], Tensor());
+  }
 }
 
 void CudaBackend::grouped_gemm(bool ta, bool tb, const std::vector<float>& alpha, const std::vector<Tensor>& A,
@@ -464,6 +540,13 @@ ops::Backend::Fp8Quantized CudaBackend::quantize_fp8(const Tensor& src, fp8::For
       (src.dtype() != DType::BF16 && src.dtype() != DType::F32))
     return ops::Backend::quantize_fp8(src, format, granularity, reduce_cols, scale, dst);
   const bool tensor = granularity == fp8::Granularity::Tensor;
+  if (!tensor)  // these operands never reach cuBLASLt's FP8 GEMMs
+    say_once(fmt::format("FP8 scaled by {} on the GPU: the GEMMs run as bf16 GEMMs of the block-scaled FP8 values "
+                         "(exact emulation, docs/fp8.md): {}",
+                         fp8::granularity_name(granularity),
+                         granularity == fp8::Granularity::Mx32
+                             ? "cuBLASLt's MXFP8 mode (VEC32_UE8M0) needs sm_100"
+                             : "cuBLASLt's block-scaled modes (VEC128_32F, BLK128x128_32F) are not built here yet"));
   const Fp8Result r =
       fp8_quantize(src.raw(), dst.raw(), src.dtype() == DType::F32, src.size(0), src.size(1),
                    format == fp8::Format::E4M3, tensor ? 0 : fp8::band_rows(granularity, reduce_cols),

@@ -24,6 +24,16 @@ class CudaBackend final : public ops::Backend {
   using ops::Backend::grouped_gemm;
   void grouped_gemm(bool trans_a, bool trans_b, const std::vector<float>& alpha, const std::vector<Tensor>& A,
                     const std::vector<Tensor>& B, float beta, std::vector<Tensor>& D) override;
+  // cuBLASLt's FP8 GEMM (gemm.h) on sm_89 and later: the bf16 operands' FP8 values packed into
+  // bytes in its TN layout (fp8_pack, the inner dimension padded to a multiple of 16), fp32
+  // accumulation, the scales in alpha; gemm() itself (exact) where the GPU or an unaligned D, C or
+  // bias rules it out, said once in the log. The grouped form runs one FP8 GEMM per problem
+  // (cuBLAS's grouped call has no FP8 types).
+  void gemm_fp8(const Fp8Pair& f, bool trans_a, bool trans_b, float alpha, const Tensor& A, const Tensor& B, float beta,
+                const Tensor& C, Tensor& D, const Tensor& bias) override;
+  void grouped_gemm_fp8(const Fp8Pair& f, bool trans_a, bool trans_b, const std::vector<float>& alpha,
+                        const std::vector<Tensor>& A, const std::vector<Tensor>& B, float beta,
+                        std::vector<Tensor>& D) override;
   void rmsnorm_forward(const Tensor& x, const Tensor& w, Tensor& y, Tensor& rstd, float eps) override;
   void rmsnorm_backward_input(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& rstd,
                               const Tensor& residual, Tensor& dx) override;

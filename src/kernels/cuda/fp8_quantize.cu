@@ -4,6 +4,8 @@
 //   tensor scaling   amax_kernel (current scaling: the tensor's amax first, the scale on the
 //                    host from it), then tensor_kernel: out = round(x * scale), the amax folded
 //                    in as it goes (delayed scaling records it)
+//   packing          pack_kernel: FP8 values (held in bf16 or fp32) as FP8 bytes, transposed or
+//                    not, for cuBLASLt's FP8 GEMMs (cuda_backend.cpp, gemm_fp8)
 //   blocks           block_scales_kernel (one thread block per quantization block: its amax, its
 //                    power-of-two scale and inverse), then block_kernel: out = round(x * s) / s
 //
@@ -122,6 +124,19 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+// out[r * ld + c] = the byte of x's element (r, c) of the output's [R, C] (transposed: x's (c, r)),
+// 0 for c >= C.
+template <typename T>
+__global__ void __launch_bounds__(kThreads)
+    pack_kernel(const T* __restrict__ x, uint8_t* __restrict__ out, int64_t cols, int64_t R, int64_t C, int64_t ld,
+                bool transpose, scalar::Format f) {
+  const int64_t n = R * ld;
+  for (int64_t o = int64_t(blockIdx.x) * kThreads + threadIdx.x; o < n; o += int64_t(gridDim.x) * kThreads) {
+    const int64_t r = o / ld, c = o - r * ld;
+    out[o] = c < C ? scalar::encode(load(x, transpose ? c * cols + r : r * cols + c), f) : uint8_t(0);
+  }
+}
+
 template <typename T>
 Fp8Result run(const T* x, T* out, int64_t rows, int64_t cols, bool e4m3, int64_t br, int64_t bc, bool mx,
               float scale, cudaStream_t stream) {
@@ -173,6 +188,21 @@ Fp8Result fp8_quantize(const void* x, void* out, bool f32, int64_t rows, int64_t
                scale, stream);
   return run(static_cast<const uint16_t*>(x), static_cast<uint16_t*>(out), rows, cols, e4m3, block_rows, block_cols,
              mx, scale, stream);
+}
+
+void fp8_pack(const void* x, bool f32, int64_t rows, int64_t cols, bool e4m3, bool transpose, int64_t ld, uint8_t* out,
+              cudaStream_t stream) {
+  const int64_t R = transpose ? cols : rows, C = transpose ? rows : cols;
+  PRIMUS_CHECK(ld >= C, "fp8_pack: ld {} below the row length {}", ld, C);
+  if (R * ld == 0) return;
+  const scalar::Format f = e4m3 ? scalar::e4m3() : scalar::e5m2();
+  const unsigned grid = blocks_for(R * ld, kThreads);
+  if (f32)
+    pack_kernel<float><<<grid, kThreads, 0, stream>>>(static_cast<const float*>(x), out, cols, R, C, ld, transpose, f);
+  else
+    pack_kernel<uint16_t><<<grid, kThreads, 0, stream>>>(static_cast<const uint16_t*>(x), out, cols, R, C, ld,
+                                                         transpose, f);  // (one launch form: cuda_to_cpp.py)
+  PRIMUS_CUDA_CHECK_LAUNCH();
 }
 
 }  // namespace primus::cuda

@@ -24,4 +24,12 @@ struct Fp8Result {
 Fp8Result fp8_quantize(const void* x, void* out, bool f32, int64_t rows, int64_t cols, bool e4m3, int64_t block_rows,
                        int64_t block_cols, bool mx, float scale, cudaStream_t stream);
 
+// x [rows, cols] (bf16 when !f32, else fp32) as FP8 bytes of E4M3 (e4m3) or E5M2, for cuBLASLt's
+// FP8 GEMMs (gemm.h): out [rows, cols], or with transpose out [cols, rows], each row `ld` (at least
+// its length) bytes long with zeros past its end (a GEMM's inner dimension padded to a multiple of
+// 16 adds nothing). Each value is rounded to the format and encoded (fp8_scalar.h's encode): the FP8
+// values that tensor-scaled quantize_fp8 writes come out exactly. Runs on `stream` without waiting.
+void fp8_pack(const void* x, bool f32, int64_t rows, int64_t cols, bool e4m3, bool transpose, int64_t ld, uint8_t* out,
+              cudaStream_t stream);
+
 }  // namespace primus::cuda

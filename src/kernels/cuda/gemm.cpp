@@ -12,6 +12,10 @@
 // (trans_b ? k x n : n x k), its B is our A with transb = trans_a and layout
 // (trans_a ? m x k : k x m), and C, D are n x m. The bias epilogue adds a vector over the rows of
 // the column-major D (n of them) to every column: our bias[n] on every row.
+//
+// FP8 problems (gemm.h) are the same calls with FP8 layouts for cuBLASLt's A and B (our B's type
+// and A's) and a bf16 bias type; normalized() has already held them to the TN format, which in
+// this mapping is our trans_a false, trans_b true.
 #include "kernels/cuda/gemm.h"
 
 #include <algorithm>
@@ -34,6 +38,7 @@
 #include "core/log.h"
 #include "core/rng.h"
 #include "kernels/cuda/runtime.h"
+#include "kernels/fp8.h"
 
 namespace primus::cuda {
 namespace {
@@ -51,8 +56,16 @@ void lt_check(cublasStatus_t status, const char* call, const std::string& key) {
 // Names the call as written, e.g. "cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, ...)".
 #define PRIMUS_LT_CHECK(expr, key) lt_check((expr), #expr, (key))
 
-cudaDataType_t data_type(GemmType t) { return t == GemmType::BF16 ? CUDA_R_16BF : CUDA_R_32F; }
-size_t elem_size(GemmType t) { return t == GemmType::BF16 ? 2 : 4; }
+cudaDataType_t data_type(GemmType t) {
+  switch (t) {
+    case GemmType::BF16: return CUDA_R_16BF;
+    case GemmType::F32: return CUDA_R_32F;
+    case GemmType::E4M3: return CUDA_R_8F_E4M3;
+    case GemmType::E5M2: return CUDA_R_8F_E5M2;
+  }
+  return CUDA_R_32F;
+}
+size_t elem_size(GemmType t) { return t == GemmType::BF16 ? 2 : is_fp8(t) ? 1 : 4; }
 
 // The largest power of two (at most 256) that divides the address.
 int pointer_alignment(const void* ptr) {
@@ -64,7 +77,7 @@ int pointer_alignment(const void* ptr) {
 
 struct PlanKey {
   bool trans_a, trans_b, bias, accumulate;
-  GemmType ab, cd;
+  GemmType ab, b, cd;
   int align;
   int64_t m, n, k, lda, ldb, ldc, ldd;
   bool operator==(const PlanKey&) const = default;
@@ -72,14 +85,15 @@ struct PlanKey {
 struct PlanKeyHash {
   size_t operator()(const PlanKey& k) const {
     uint64_t h = splitmix64(uint64_t(k.trans_a) | uint64_t(k.trans_b) << 1 | uint64_t(k.bias) << 2 |
-                            uint64_t(k.accumulate) << 3 | uint64_t(k.ab) << 4 | uint64_t(k.cd) << 6 |
-                            uint64_t(k.align) << 8);
+                            uint64_t(k.accumulate) << 3 | uint64_t(k.ab) << 4 | uint64_t(k.cd) << 7 |
+                            uint64_t(k.b) << 10 | uint64_t(k.align) << 13);
     for (int64_t v : {k.m, k.n, k.k, k.lda, k.ldb, k.ldc, k.ldd}) h = splitmix64(h ^ uint64_t(v));
     return size_t(h);
   }
 };
 PlanKey plan_key(const GemmProblem& p) {
-  return {p.trans_a, p.trans_b, p.bias, p.accumulate, p.ab, p.cd, p.align, p.m, p.n, p.k, p.lda, p.ldb, p.ldc, p.ldd};
+  return {p.trans_a, p.trans_b, p.bias, p.accumulate, p.ab,  p.b_type(), p.cd, p.align,
+          p.m,       p.n,       p.k,    p.lda,        p.ldb, p.ldc,      p.ldd};
 }
 
 struct Plan {
@@ -163,7 +177,7 @@ Plan& get_plan(State& s, const GemmProblem& p) {
     const cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_BIAS;
     PRIMUS_LT_CHECK(
         cublasLtMatmulDescSetAttribute(pl.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof(epilogue)), key);
-    const int32_t bias_type = int32_t(data_type(p.ab));
+    const int32_t bias_type = int32_t(data_type(p.bias_type()));
     PRIMUS_LT_CHECK(
         cublasLtMatmulDescSetAttribute(pl.desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type, sizeof(bias_type)),
         key);
@@ -171,7 +185,7 @@ Plan& get_plan(State& s, const GemmProblem& p) {
     // stand-in with exactly p.align's alignment until gemm() sets the real one.
     set_bias_pointer(pl, reinterpret_cast<const void*>(uintptr_t(p.align)));
   }
-  PRIMUS_LT_CHECK(cublasLtMatrixLayoutCreate(&pl.a, data_type(p.ab), uint64_t(p.trans_b ? p.k : p.n),
+  PRIMUS_LT_CHECK(cublasLtMatrixLayoutCreate(&pl.a, data_type(p.b_type()), uint64_t(p.trans_b ? p.k : p.n),
                                              uint64_t(p.trans_b ? p.n : p.k), p.ldb),
                   key);
   PRIMUS_LT_CHECK(cublasLtMatrixLayoutCreate(&pl.b, data_type(p.ab), uint64_t(p.trans_a ? p.m : p.k),
@@ -269,6 +283,8 @@ void fill_random(void* dst, size_t bytes, GemmType t, uint64_t seed) {
     if (t == GemmType::BF16) {
       const uint16_t bits = bf16::from_float(v).bits;
       std::memcpy(host.data() + 2 * i, &bits, 2);
+    } else if (is_fp8(t)) {
+      host[i] = fp8::encode(v, t == GemmType::E4M3 ? fp8::Format::E4M3 : fp8::Format::E5M2);
     } else {
       std::memcpy(host.data() + 4 * i, &v, 4);
     }
@@ -286,12 +302,12 @@ void fill_random(void* dst, size_t bytes, GemmType t, uint64_t seed) {
 // fastest in the tuning cache when `record`. Lock held.
 GemmTuneResult tune_plan(State& s, Plan& pl, int max_candidates, int warmup, int iters, bool record) {
   const GemmProblem& p = pl.p;
-  const size_t ab = elem_size(p.ab), cd = elem_size(p.cd);
-  const size_t bytes_a = size_t((p.trans_a ? p.k : p.m) * p.lda) * ab;
-  const size_t bytes_b = size_t((p.trans_b ? p.n : p.k) * p.ldb) * ab;
+  const size_t cd = elem_size(p.cd);
+  const size_t bytes_a = size_t((p.trans_a ? p.k : p.m) * p.lda) * elem_size(p.ab);
+  const size_t bytes_b = size_t((p.trans_b ? p.n : p.k) * p.ldb) * elem_size(p.b_type());
   const size_t bytes_c = p.accumulate ? size_t(p.m * p.ldc) * cd : 0;
   const size_t bytes_d = size_t(p.m * p.ldd) * cd;
-  const size_t bytes_bias = p.bias ? size_t(p.n) * ab : 0;
+  const size_t bytes_bias = p.bias ? size_t(p.n) * elem_size(p.bias_type()) : 0;
   // Allocator blocks are at least 256-aligned: an offset of p.align gives exactly that alignment.
   const size_t off = p.align < 256 ? size_t(p.align) : 0;
   Scratch sa(bytes_a + 256), sb(bytes_b + 256), sc(bytes_c ? bytes_c + 256 : 0), sd(bytes_d + 256),
@@ -302,9 +318,9 @@ GemmTuneResult tune_plan(State& s, Plan& pl, int max_candidates, int warmup, int
   char* D = sd.as<char>() + off;
   char* bias = bytes_bias ? sbias.as<char>() + off : nullptr;
   fill_random(A, bytes_a, p.ab, 1);
-  fill_random(B, bytes_b, p.ab, 2);
+  fill_random(B, bytes_b, p.b_type(), 2);
   if (C) fill_random(C, bytes_c, p.cd, 3);
-  if (bias) fill_random(bias, bytes_bias, p.ab, 4);
+  if (bias) fill_random(bias, bytes_bias, p.bias_type(), 4);
   PRIMUS_CUDA_CHECK(cudaMemsetAsync(D, 0, bytes_d, stream()));
   if (p.bias) set_bias_pointer(pl, bias);
   const float alpha = 1.0f, beta = p.accumulate ? 1.0f : 0.0f;
@@ -367,10 +383,10 @@ void gemm(const GemmProblem& problem, float alpha, const void* A, const void* B,
     p.align = std::min(p.align, pointer_alignment(ptr));
   };
   need(A, "A", p.ab);
-  need(B, "B", p.ab);
+  need(B, "B", p.b_type());
   need(D, "D", p.cd);
   if (p.accumulate) need(C, "C", p.cd);
-  if (p.bias) need(bias, "bias", p.ab);
+  if (p.bias) need(bias, "bias", p.bias_type());
   if (p.accumulate && C == D && p.ldc != p.ldd)
     fail("GEMM {}: accumulating in place (C == D) needs ldc == ldd", p.key());
   const float beta_used = p.accumulate ? beta : 0.0f;

@@ -7,6 +7,11 @@
 //   C and D are [m, n] with ldc, ldd >= n; C may be D (accumulate) or another matrix (a residual)
 // A and B are bf16 (or both fp32); C and D share one type, bf16 or fp32; accumulation is fp32
 // (CUBLAS_COMPUTE_32F: no TF32 for fp32 inputs), alpha and beta are fp32.
+// FP8 (sm_89 and later): A and B of E4M3 or E5M2 bytes (E4M3 x E4M3, E4M3 x E5M2, E5M2 x E4M3; not
+// E5M2 x E5M2), C and D bf16 or fp32, a bias of bf16, fp32 accumulation without FAST_ACCUM. cuBLASLt
+// takes FP8 in the TN format only (its A transposed, its B not), which row-major is A [m, k] and
+// B [n, k] (trans_a false, trans_b true: x W^T), and lda and ldb multiples of 16; normalized()
+// refuses anything else by name. The tensor scales are the caller's, in alpha.
 // Internally the row-major product is cuBLASLt's column-major D^T = op(B)^T op(A)^T: the operands
 // swap places (cuBLASLt's A is our B), m and n swap, and the bias, a vector over the rows of the
 // column-major D^T, is our bias[n].
@@ -29,6 +34,7 @@
 
 #include <array>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -36,16 +42,18 @@
 
 namespace primus::cuda {
 
-enum class GemmType : uint8_t { BF16, F32 };
-const char* gemm_type_name(GemmType t);  // "bf16" | "fp32"
+enum class GemmType : uint8_t { BF16, F32, E4M3, E5M2 };
+const char* gemm_type_name(GemmType t);  // "bf16" | "fp32" | "e4m3" | "e5m2"
+inline bool is_fp8(GemmType t) { return t == GemmType::E4M3 || t == GemmType::E5M2; }
 
 struct GemmProblem {
   bool trans_a = false, trans_b = false;
   int64_t m = 0, n = 0, k = 0;
   int64_t lda = 0, ldb = 0, ldc = 0, ldd = 0;  // 0: the tight value for the shape
-  GemmType ab = GemmType::BF16;                // A and B
+  GemmType ab = GemmType::BF16;                // A, and B unless b says otherwise
+  std::optional<GemmType> b;                   // B's type when it is not A's (FP8's hybrid pairs)
   GemmType cd = GemmType::BF16;                // C and D
-  bool bias = false;                           // bias[n], of type ab, added to every row of D
+  bool bias = false;                           // bias[n], of type ab (bf16 for FP8), added to every row of D
   bool accumulate = false;                     // beta != 0 (C is read)
   // The alignment in bytes (a power of two, 256 at most) that the A, B, C, D and bias pointers
   // all share: algorithms that need more are excluded (a vectorised load on a misaligned
@@ -54,14 +62,18 @@ struct GemmProblem {
   int align = 256;
 
   // "bf16:bf16:NT:m8192:n3072:k2048:lda2048:ldb2048:ldc3072:ldd3072:bias0:acc0:al256": what the
-  // cache is keyed on (of the normalized() problem).
+  // cache is keyed on (of the normalized() problem); B's type follows A's after an 'x' when they
+  // differ ("e5m2xe4m3:bf16:NT:...").
   std::string key() const;
+  GemmType b_type() const { return b ? *b : ab; }
+  GemmType bias_type() const { return is_fp8(ab) ? GemmType::BF16 : ab; }
   double flops() const { return 2.0 * double(m) * double(n) * double(k); }
 };
 
 // The problem with its leading dimensions filled in and checked (throws primus::Error naming
-// the field when a dimension is non-positive or a leading dimension is too small, or the types
-// or the alignment are not supported). Without accumulate, C is not read and ldc is set to ldd.
+// the field when a dimension is non-positive or a leading dimension is too small, or the types,
+// the FP8 layout or the alignment are not supported). Without accumulate, C is not read and ldc is
+// set to ldd; b is cleared when it is A's type.
 GemmProblem normalized(GemmProblem p);
 
 // Runs one GEMM on `stream` (the compute stream when null). A bias pointer is read only when

@@ -12,12 +12,22 @@
 
 namespace primus::cuda {
 
-const char* gemm_type_name(GemmType t) { return t == GemmType::BF16 ? "bf16" : "fp32"; }
+const char* gemm_type_name(GemmType t) {
+  switch (t) {
+    case GemmType::BF16: return "bf16";
+    case GemmType::F32: return "fp32";
+    case GemmType::E4M3: return "e4m3";
+    case GemmType::E5M2: return "e5m2";
+  }
+  return "?";
+}
 
 std::string GemmProblem::key() const {
-  return fmt::format("{}:{}:{}{}:m{}:n{}:k{}:lda{}:ldb{}:ldc{}:ldd{}:bias{}:acc{}:al{}", gemm_type_name(ab),
-                     gemm_type_name(cd), trans_a ? 'T' : 'N', trans_b ? 'T' : 'N', m, n, k, lda, ldb, ldc, ldd,
-                     int(bias), int(accumulate), align);
+  const std::string a_b = b && *b != ab ? fmt::format("{}x{}", gemm_type_name(ab), gemm_type_name(*b))
+                                        : std::string(gemm_type_name(ab));
+  return fmt::format("{}:{}:{}{}:m{}:n{}:k{}:lda{}:ldb{}:ldc{}:ldd{}:bias{}:acc{}:al{}", a_b, gemm_type_name(cd),
+                     trans_a ? 'T' : 'N', trans_b ? 'T' : 'N', m, n, k, lda, ldb, ldc, ldd, int(bias), int(accumulate),
+                     align);
 }
 
 GemmProblem normalized(GemmProblem p) {
@@ -28,6 +38,20 @@ GemmProblem normalized(GemmProblem p) {
   if (p.m <= 0) fail("{}: m must be positive, got {}", what(), p.m);
   if (p.n <= 0) fail("{}: n must be positive, got {}", what(), p.n);
   if (p.k <= 0) fail("{}: k must be positive, got {}", what(), p.k);
+  if (p.b && *p.b == p.ab) p.b.reset();
+  if (is_fp8(p.cd)) fail("{}: C and D must be bf16 or fp32, got {}", what(), gemm_type_name(p.cd));
+  if (is_fp8(p.ab) != is_fp8(p.b_type()))
+    fail("{}: A is {} and B is {}: FP8 needs both operands in FP8", what(), gemm_type_name(p.ab),
+         gemm_type_name(p.b_type()));
+  if (p.b && !is_fp8(p.ab))
+    fail("{}: A is {} and B is {}: only FP8 operands may differ in type", what(), gemm_type_name(p.ab),
+         gemm_type_name(*p.b));
+  if (p.ab == GemmType::E5M2 && p.b_type() == GemmType::E5M2)
+    fail("{}: E5M2 x E5M2 is not an FP8 combination of cuBLASLt (one operand must be E4M3)", what());
+  if (is_fp8(p.ab) && (p.trans_a || !p.trans_b))
+    fail("{}: FP8 GEMMs take A [m, k] and B [n, k] (trans_a false, trans_b true): cuBLASLt's FP8 kernels need the "
+         "TN format",
+         what());
   if (p.ab == GemmType::F32 && p.cd == GemmType::BF16)
     fail("{}: fp32 A and B need fp32 C and D (bf16 C/D is supported with bf16 A/B only)", what());
   // Row-major: the leading dimension is the length of a stored row.
@@ -51,6 +75,8 @@ GemmProblem normalized(GemmProblem p) {
   leading(p.ldd, p.n, "ldd", "D");
   if (p.accumulate) leading(p.ldc, p.n, "ldc", "C");
   else p.ldc = p.ldd;  // C is not read: one canonical key
+  if (is_fp8(p.ab) && (p.lda % 16 || p.ldb % 16))
+    fail("{}: FP8 needs lda and ldb multiples of 16 (16 bytes), got lda={} ldb={}", what(), p.lda, p.ldb);
   if (p.align <= 0 || p.align > 256 || (p.align & (p.align - 1)))
     fail("{}: align must be a power of two between 1 and 256 bytes, got {}", what(), p.align);
   return p;

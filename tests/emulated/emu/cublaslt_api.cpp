@@ -28,9 +28,22 @@
 // number, the algorithm's index, the types it was chosen for and a checksum: AlgoCheck and Matmul
 // refuse an algorithm that was not made here or was made for other types.
 //
+// FP8 (cublasLt.h; the cuBLAS guide, cublasLtMatmul's FP8 requirements), as on an sm_90 GPU:
+// A and B of CUDA_R_8F_E4M3 or CUDA_R_8F_E5M2 (not both E5M2), in the TN format (TRANSA = T,
+// TRANSB = N), ld * element size of A and B multiples of 16 bytes and algorithms that need 16-byte
+// alignment; C and D bf16 or fp32 of one type, or D FP8 (E5M2 only when an input is E5M2) with a
+// bf16 C; a bias of bf16. The tensorwise scales are device fp32 pointers (null: 1):
+//   D = scale_D * (alpha * scale_A * scale_B * op(A) op(B) + beta * scale_C * C + bias)
+// with scale_D only for an FP8 D (a D_SCALE_POINTER with another D is INVALID_VALUE), and
+// AMAX_D_POINTER receiving max |.| of the value in parentheses (before scale_D and the rounding to
+// D's type). Scale pointers and AMAX_D with non-FP8 inputs are INVALID_VALUE. Scale modes other
+// than SCALAR_32F (the block-scaled modes: VEC128_32F and BLK128x128_32F exist on sm_90,
+// VEC32_UE8M0 and VEC16_UE4M3 need sm_100) are not emulated. FAST_ACCUM is accepted and changes
+// nothing (the emulation accumulates in fp32 either way).
+//
 // Not emulated (an error status naming it): batches, orders other than column-major, epilogues
 // other than DEFAULT and BIAS, pointer modes other than HOST, compute types other than 32F
-// (and its PEDANTIC form), fp16/fp8/integer types, search modes other than BEST_FIT.
+// (and its PEDANTIC form), fp16/integer types, search modes other than BEST_FIT.
 #include <cublasLt.h>
 
 #include <algorithm>
@@ -63,6 +76,10 @@ struct Desc {
   const void* bias = nullptr;
   int32_t bias_type = -1;  // -1: D's type
   int64_t bias_batch_stride = 0;
+  const void* scale_ptr[4] = {};  // A, B, C, D: device fp32 (FP8), null: 1
+  int32_t scale_mode[4] = {};     // A, B, C, D: cublasLtMatmulMatrixScale_t
+  void* amax_d = nullptr;         // device fp32 (FP8)
+  int8_t fast_accum = 0;
 };
 
 struct Layout {
@@ -169,6 +186,8 @@ const char* type_name(int64_t t) {
     case CUDA_R_16F: return "CUDA_R_16F";
     case CUDA_R_64F: return "CUDA_R_64F";
     case CUDA_R_8I: return "CUDA_R_8I";
+    case CUDA_R_8F_E4M3: return "CUDA_R_8F_E4M3";
+    case CUDA_R_8F_E5M2: return "CUDA_R_8F_E5M2";
     case CUDA_R_32I: return "CUDA_R_32I";
     default: return "another cudaDataType";
   }
@@ -227,10 +246,48 @@ struct Problem {
   const Desc* desc;
   const Layout *a, *b, *c, *d;
   int64_t m, n, k;
-  uint32_t ab, cd, bias_type;
+  uint32_t ab, bt, cd, ct, bias_type;  // A's type (and B's unless FP8), B's, D's, C's
   bool bias;
+  bool fp8;            // FP8 A and B
   uint64_t signature;  // the types an algorithm is made for
 };
+
+// FP8 inputs as an sm_90 GPU takes them (the top of this file); p's types and layouts set.
+cublasStatus_t fp8_rules(const char* fn, const Problem& p) {
+  using emu::blas::is_fp8;
+  const Desc& d = *p.desc;
+  if (!is_fp8(p.ab) || !is_fp8(p.bt))
+    return error(CUBLAS_STATUS_NOT_SUPPORTED, fn, "A is %s and B is %s: FP8 needs both in FP8", type_name(p.ab),
+                 type_name(p.bt));
+  if (p.ab == CUDA_R_8F_E5M2 && p.bt == CUDA_R_8F_E5M2)
+    return error(CUBLAS_STATUS_NOT_SUPPORTED, fn, "E5M2 x E5M2 is not an FP8 combination of cuBLASLt");
+  if (d.transa != CUBLAS_OP_T || d.transb != CUBLAS_OP_N)
+    return error(CUBLAS_STATUS_NOT_SUPPORTED, fn,
+                 "FP8 with TRANSA = %s, TRANSB = %s: sm_90 needs the TN format (A transposed, B not)",
+                 op_name(d.transa), op_name(d.transb));
+  for (const Layout* l : {p.a, p.b})
+    if ((l->ld * int64_t(emu::blas::elem_size(l->type))) % 16)
+      return error(CUBLAS_STATUS_NOT_SUPPORTED, fn,
+                   "FP8 with ld %lld of a %s operand: ld must be a multiple of 16 bytes", (long long)l->ld,
+                   type_name(l->type));
+  const bool e5m2_in = p.ab == CUDA_R_8F_E5M2 || p.bt == CUDA_R_8F_E5M2;
+  const bool d_ok = p.cd == CUDA_R_16BF || p.cd == CUDA_R_32F || p.cd == CUDA_R_8F_E4M3 ||
+                    (p.cd == CUDA_R_8F_E5M2 && e5m2_in);
+  const uint32_t c_needed = is_fp8(p.cd) ? uint32_t(CUDA_R_16BF) : p.cd;
+  if (!d_ok || p.ct != c_needed)
+    return error(CUBLAS_STATUS_NOT_SUPPORTED, fn, "FP8 %s x %s with C %s and D %s is not a cuBLASLt combination",
+                 type_name(p.ab), type_name(p.bt), type_name(p.ct), type_name(p.cd));
+  for (int x = 0; x < 4; ++x)
+    if (d.scale_mode[x] != CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F)
+      return error(CUBLAS_STATUS_NOT_SUPPORTED, fn,
+                   "%c scale mode %d is not emulated (SCALAR_32F only; on sm_90 cuBLASLt has VEC128_32F and "
+                   "BLK128x128_32F too, VEC32_UE8M0 and VEC16_UE4M3 need sm_100)",
+                   "ABCD"[x], d.scale_mode[x]);
+  if (d.scale_ptr[3] && !is_fp8(p.cd))
+    return error(CUBLAS_STATUS_INVALID_VALUE, fn, "D_SCALE_POINTER with a %s D: D's scale is for FP8 outputs",
+                 type_name(p.cd));
+  return CUBLAS_STATUS_SUCCESS;
+}
 
 // Checks the descriptor and layouts as cuBLASLt does and derives m, n, k.
 cublasStatus_t problem_of(const char* fn, cublasLtMatmulDesc_t desc, cublasLtMatrixLayout_t A,
@@ -276,18 +333,32 @@ cublasStatus_t problem_of(const char* fn, cublasLtMatmulDesc_t desc, cublasLtMat
     return error(CUBLAS_STATUS_NOT_SUPPORTED, fn, "fill mode %d is not emulated", d.fill_mode);
 
   // Types (cuBLASLt's table for CUBLAS_COMPUTE_32F, scale CUDA_R_32F: bf16 x bf16 -> bf16 or fp32,
-  // fp32 x fp32 -> fp32; C and D of one type).
+  // fp32 x fp32 -> fp32; C and D of one type; FP8 as the top of this file says).
   p->ab = p->a->type;
+  p->bt = p->b->type;
   p->cd = p->d->type;
-  if (p->b->type != p->ab)
-    return error(CUBLAS_STATUS_NOT_SUPPORTED, fn, "A is %s but B is %s", type_name(p->ab), type_name(p->b->type));
-  if (p->c->type != p->cd)
-    return error(CUBLAS_STATUS_NOT_SUPPORTED, fn, "C is %s but D is %s", type_name(p->c->type), type_name(p->cd));
-  const bool ok = (p->ab == CUDA_R_16BF && (p->cd == CUDA_R_16BF || p->cd == CUDA_R_32F)) ||
-                  (p->ab == CUDA_R_32F && p->cd == CUDA_R_32F);
-  if (!ok)
-    return error(CUBLAS_STATUS_NOT_SUPPORTED, fn, "A/B %s with C/D %s is not a supported (or not an emulated) combination",
-                 type_name(p->ab), type_name(p->cd));
+  p->ct = p->c->type;
+  p->fp8 = emu::blas::is_fp8(p->ab) || emu::blas::is_fp8(p->bt);
+  if (p->fp8) {
+    if (const cublasStatus_t s = fp8_rules(fn, *p); s != CUBLAS_STATUS_SUCCESS) return s;
+  } else {
+    if (p->bt != p->ab)
+      return error(CUBLAS_STATUS_NOT_SUPPORTED, fn, "A is %s but B is %s", type_name(p->ab), type_name(p->bt));
+    if (p->ct != p->cd)
+      return error(CUBLAS_STATUS_NOT_SUPPORTED, fn, "C is %s but D is %s", type_name(p->ct), type_name(p->cd));
+    const bool ok = (p->ab == CUDA_R_16BF && (p->cd == CUDA_R_16BF || p->cd == CUDA_R_32F)) ||
+                    (p->ab == CUDA_R_32F && p->cd == CUDA_R_32F);
+    if (!ok)
+      return error(CUBLAS_STATUS_NOT_SUPPORTED, fn,
+                   "A/B %s with C/D %s is not a supported (or not an emulated) combination", type_name(p->ab),
+                   type_name(p->cd));
+    for (int x = 0; x < 4; ++x)
+      if (d.scale_ptr[x])
+        return error(CUBLAS_STATUS_INVALID_VALUE, fn, "%c's scale pointer with %s inputs: scale pointers are FP8's",
+                     "ABCD"[x], type_name(p->ab));
+    if (d.amax_d)
+      return error(CUBLAS_STATUS_INVALID_VALUE, fn, "AMAX_D_POINTER with %s inputs: amax is FP8's", type_name(p->ab));
+  }
 
   // Shapes: D is m x n, op(A) m x k, op(B) k x n.
   p->m = int64_t(p->d->rows);
@@ -322,13 +393,17 @@ cublasStatus_t problem_of(const char* fn, cublasLtMatmulDesc_t desc, cublasLtMat
   p->k = a_k;
 
   // Epilogue: DEFAULT, or BIAS with a vector of D's type (cublasLt.h: "Bias vector elements are
-  // the same type as the elements of output matrix (Dtype)", the exceptions being IMMA and fp8).
+  // the same type as the elements of output matrix (Dtype)", the exceptions being IMMA and fp8,
+  // whose bias is bf16 here).
   p->bias = false;
   p->bias_type = p->cd;
   if (d.epilogue == CUBLASLT_EPILOGUE_BIAS) {
     p->bias = true;
     p->bias_type = d.bias_type == -1 ? p->cd : uint32_t(d.bias_type);
-    if (p->bias_type != p->cd)
+    if (p->fp8 && p->bias_type != CUDA_R_16BF)
+      return error(CUBLAS_STATUS_NOT_SUPPORTED, fn,
+                   "a %s bias with FP8 inputs: the emulated FP8 GEMMs take a bf16 bias", type_name(p->bias_type));
+    if (!p->fp8 && p->bias_type != p->cd)
       return error(CUBLAS_STATUS_NOT_SUPPORTED, fn,
                    "a %s bias with a %s D: cuBLASLt documents the bias vector as of D's type (bf16 and fp32 "
                    "GEMMs)",
@@ -336,7 +411,8 @@ cublasStatus_t problem_of(const char* fn, cublasLtMatmulDesc_t desc, cublasLtMat
   } else if (d.epilogue != CUBLASLT_EPILOGUE_DEFAULT) {
     return error(CUBLAS_STATUS_NOT_SUPPORTED, fn, "epilogue %u is not emulated (DEFAULT and BIAS)", d.epilogue);
   }
-  p->signature = uint64_t(p->ab) | uint64_t(p->cd) << 8 | uint64_t(p->bias) << 16 | uint64_t(uint32_t(d.compute)) << 32;
+  p->signature = uint64_t(p->ab) | uint64_t(p->cd) << 8 | uint64_t(p->bias) << 16 | uint64_t(p->bt) << 24 |
+                 uint64_t(uint32_t(d.compute)) << 32;
   return CUBLAS_STATUS_SUCCESS;
 }
 
@@ -352,6 +428,10 @@ uint32_t need(const FakeAlgo& al, size_t elem) { return std::max<uint32_t>(al.al
 
 // Whether the layouts' leading dimensions (and the bias pointer's value) allow the algorithm.
 bool layouts_allow(const FakeAlgo& al, const Problem& p, std::string* why) {
+  if (p.fp8 && al.align < 16) {
+    if (why) *why = "FP8 kernels need 16-byte alignment, the algorithm is one of " + std::to_string(al.align);
+    return false;
+  }
   const char* names = "ABCD";
   const Layout* ls[4] = {p.a, p.b, p.c, p.d};
   for (int i = 0; i < 4; ++i) {
@@ -379,6 +459,10 @@ float waves_of(const FakeAlgo& al, const Problem& p) {
   return float(tiles / 132.0);  // the emulated H100's SMs
 }
 uint64_t impl_flags(const Problem& p) {
+  if (p.fp8)
+    return CUBLASLT_NUMERICAL_IMPL_FLAGS_HMMA | CUBLASLT_NUMERICAL_IMPL_FLAGS_ACCUMULATOR_32F |
+           (p.ab == CUDA_R_8F_E4M3 || p.bt == CUDA_R_8F_E4M3 ? CUBLASLT_NUMERICAL_IMPL_FLAGS_INPUT_8F_E4M3 : 0) |
+           (p.ab == CUDA_R_8F_E5M2 || p.bt == CUDA_R_8F_E5M2 ? CUBLASLT_NUMERICAL_IMPL_FLAGS_INPUT_8F_E5M2 : 0);
   return p.ab == CUDA_R_16BF ? CUBLASLT_NUMERICAL_IMPL_FLAGS_HMMA | CUBLASLT_NUMERICAL_IMPL_FLAGS_ACCUMULATOR_32F |
                                    CUBLASLT_NUMERICAL_IMPL_FLAGS_INPUT_16BF
                              : CUBLASLT_NUMERICAL_IMPL_FLAGS_FMA | CUBLASLT_NUMERICAL_IMPL_FLAGS_ACCUMULATOR_32F |
@@ -481,16 +565,37 @@ bool overlap(const Mat& x, const Mat& y) {
 }
 
 // One cublasLtMatmul, queued on its stream: the operands' layouts and the scalars are copied when
-// it is issued (the caller may destroy its descriptors at once, as cuBLASLt allows).
+// it is issued (the caller may destroy its descriptors at once, as cuBLASLt allows); the FP8
+// scales are read from device memory, and the amax written there, when it runs.
 class MatmulOp final : public emu::detail::Op {
  public:
   MatmulOp(float alpha, float beta, const void* A, const Layout& la, const void* B, const Layout& lb, const void* C,
            const Layout& lc, void* D, const Layout& ld, const Problem& p, const char* bias, const FakeAlgo* al,
            void* workspace, size_t ws)
-      : alpha_(alpha), beta_(beta), A_(A), B_(B), C_(C), D_(D), la_(la), lb_(lb), lc_(lc), ld_(ld), m_(p.m), n_(p.n),
-        k_(p.k), ab_(p.ab), cd_(p.cd), bias_type_(p.bias_type), has_bias_(p.bias), bias_(bias),
-        ta_(p.desc->transa != CUBLAS_OP_N), tb_(p.desc->transb != CUBLAS_OP_N), al_(al), workspace_(workspace),
-        ws_(ws) {}
+      : alpha_(alpha),
+        beta_(beta),
+        A_(A),
+        B_(B),
+        C_(C),
+        D_(D),
+        la_(la),
+        lb_(lb),
+        lc_(lc),
+        ld_(ld),
+        m_(p.m),
+        n_(p.n),
+        k_(p.k),
+        bias_type_(p.bias_type),
+        has_bias_(p.bias),
+        bias_(bias),
+        ta_(p.desc->transa != CUBLAS_OP_N),
+        tb_(p.desc->transb != CUBLAS_OP_N),
+        al_(al),
+        workspace_(workspace),
+        ws_(ws),
+        amax_(p.desc->amax_d) {
+    for (int x = 0; x < 4; ++x) scale_[x] = static_cast<const float*>(p.desc->scale_ptr[x]);
+  }
 
   Status run() override {
     using emu::detail::Access;
@@ -508,29 +613,44 @@ class MatmulOp final : public emu::detail::Op {
     if (read_c) touch(C_, lc_, Access::kRead);
     if (has_bias_) emu::detail::note_access(bias_, size_t(m_) * type_size(bias_type_), Access::kRead, 0);
     if (ws_) emu::detail::note_access(workspace_, ws_, Access::kWrite, 0);  // the algorithm's scratch
+    float scale[4];                                                         // A, B, C, D
+    for (int x = 0; x < 4; ++x) {
+      scale[x] = 1.0f;
+      if (!scale_[x]) continue;
+      emu::detail::note_access(scale_[x], sizeof(float), Access::kRead, 0);
+      scale[x] = *scale_[x];
+    }
     touch(D_, ld_, Access::kWrite);
 
-    // D = alpha op(A) op(B) + beta C + bias: op(A)'s rows and op(B)'s columns gathered as fp32
-    // vectors over k, each dot product in the algorithm's order, one rounding to D's type.
+    // D = scale_D (alpha scale_A scale_B op(A) op(B) + beta scale_C C + bias): op(A)'s rows and
+    // op(B)'s columns gathered as fp32 vectors over k, each dot product in the algorithm's order,
+    // one rounding to D's type; the amax of the value before scale_D.
     const int64_t m = m_, n = n_, k = k_;
+    const float ab_scale = alpha_ * scale[0] * scale[1], c_scale = beta_ * scale[2];
     std::vector<float> arows, bcols;
     if (alpha_ != 0.0f) {
       arows.resize(size_t(m * k));
       bcols.resize(size_t(n * k));
       for (int64_t i = 0; i < m; ++i)
         for (int64_t l = 0; l < k; ++l)  // op(A)(i, l) = A(i, l) or A(l, i); X(r, c) is X[r + c * ld]
-          arows[size_t(i * k + l)] = load(A_, ab_, ta_ ? size_t(l + i * la_.ld) : size_t(i + l * la_.ld));
+          arows[size_t(i * k + l)] = load(A_, la_.type, ta_ ? size_t(l + i * la_.ld) : size_t(i + l * la_.ld));
       for (int64_t j = 0; j < n; ++j)
         for (int64_t l = 0; l < k; ++l)  // op(B)(l, j) = B(l, j) or B(j, l)
-          bcols[size_t(j * k + l)] = load(B_, ab_, tb_ ? size_t(j + l * lb_.ld) : size_t(l + j * lb_.ld));
+          bcols[size_t(j * k + l)] = load(B_, lb_.type, tb_ ? size_t(j + l * lb_.ld) : size_t(l + j * lb_.ld));
     }
+    float amax = 0.0f;
     for (int64_t j = 0; j < n; ++j)
       for (int64_t i = 0; i < m; ++i) {
-        float v = alpha_ != 0.0f ? alpha_ * dot(&arows[size_t(i * k)], &bcols[size_t(j * k)], k, *al_) : 0.0f;
-        if (read_c) v += beta_ * load(C_, cd_, size_t(i + j * lc_.ld));
+        float v = alpha_ != 0.0f ? ab_scale * dot(&arows[size_t(i * k)], &bcols[size_t(j * k)], k, *al_) : 0.0f;
+        if (read_c) v += c_scale * load(C_, lc_.type, size_t(i + j * lc_.ld));
         if (has_bias_) v += load(bias_, bias_type_, size_t(i));
-        store(D_, cd_, size_t(i + j * ld_.ld), v);
+        amax = std::isnan(v) || std::isnan(amax) ? NAN : std::max(amax, std::fabs(v));
+        store(D_, ld_.type, size_t(i + j * ld_.ld), emu::blas::is_fp8(ld_.type) ? v * scale[3] : v);
       }
+    if (amax_) {
+      emu::detail::note_access(amax_, sizeof(float), Access::kWrite, 0);
+      *static_cast<float*>(amax_) = amax;
+    }
     return kDone;
   }
 
@@ -540,13 +660,15 @@ class MatmulOp final : public emu::detail::Op {
   void* D_;
   Layout la_, lb_, lc_, ld_;
   int64_t m_, n_, k_;
-  uint32_t ab_, cd_, bias_type_;
+  uint32_t bias_type_;
   bool has_bias_;
   const char* bias_;
   bool ta_, tb_;
   const FakeAlgo* al_;
   void* workspace_;
   size_t ws_;
+  const float* scale_[4] = {};
+  void* amax_;
 };
 
 }  // namespace
@@ -642,6 +764,16 @@ cublasStatus_t cublasLtMatmulDescSetAttribute(cublasLtMatmulDesc_t desc, cublasL
     case CUBLASLT_MATMUL_DESC_BIAS_BATCH_STRIDE:
       return set_value(d->bias_batch_stride, buf, size, fn, "BIAS_BATCH_STRIDE");
     case CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE: return set_value(d->bias_type, buf, size, fn, "BIAS_DATA_TYPE");
+    case CUBLASLT_MATMUL_DESC_A_SCALE_POINTER: return set_value(d->scale_ptr[0], buf, size, fn, "A_SCALE_POINTER");
+    case CUBLASLT_MATMUL_DESC_B_SCALE_POINTER: return set_value(d->scale_ptr[1], buf, size, fn, "B_SCALE_POINTER");
+    case CUBLASLT_MATMUL_DESC_C_SCALE_POINTER: return set_value(d->scale_ptr[2], buf, size, fn, "C_SCALE_POINTER");
+    case CUBLASLT_MATMUL_DESC_D_SCALE_POINTER: return set_value(d->scale_ptr[3], buf, size, fn, "D_SCALE_POINTER");
+    case CUBLASLT_MATMUL_DESC_AMAX_D_POINTER: return set_value(d->amax_d, buf, size, fn, "AMAX_D_POINTER");
+    case CUBLASLT_MATMUL_DESC_FAST_ACCUM: return set_value(d->fast_accum, buf, size, fn, "FAST_ACCUM");
+    case CUBLASLT_MATMUL_DESC_A_SCALE_MODE: return set_value(d->scale_mode[0], buf, size, fn, "A_SCALE_MODE");
+    case CUBLASLT_MATMUL_DESC_B_SCALE_MODE: return set_value(d->scale_mode[1], buf, size, fn, "B_SCALE_MODE");
+    case CUBLASLT_MATMUL_DESC_C_SCALE_MODE: return set_value(d->scale_mode[2], buf, size, fn, "C_SCALE_MODE");
+    case CUBLASLT_MATMUL_DESC_D_SCALE_MODE: return set_value(d->scale_mode[3], buf, size, fn, "D_SCALE_MODE");
     default:
       return error(CUBLAS_STATUS_NOT_SUPPORTED, fn, "attribute %d is not emulated", int(attr));
   }
@@ -665,6 +797,20 @@ cublasStatus_t cublasLtMatmulDescGetAttribute(cublasLtMatmulDesc_t desc, cublasL
     case CUBLASLT_MATMUL_DESC_BIAS_BATCH_STRIDE:
       return get_value(d->bias_batch_stride, buf, size, written, fn, "BIAS_BATCH_STRIDE");
     case CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE: return get_value(d->bias_type, buf, size, written, fn, "BIAS_DATA_TYPE");
+    case CUBLASLT_MATMUL_DESC_A_SCALE_POINTER:
+      return get_value(d->scale_ptr[0], buf, size, written, fn, "A_SCALE_POINTER");
+    case CUBLASLT_MATMUL_DESC_B_SCALE_POINTER:
+      return get_value(d->scale_ptr[1], buf, size, written, fn, "B_SCALE_POINTER");
+    case CUBLASLT_MATMUL_DESC_C_SCALE_POINTER:
+      return get_value(d->scale_ptr[2], buf, size, written, fn, "C_SCALE_POINTER");
+    case CUBLASLT_MATMUL_DESC_D_SCALE_POINTER:
+      return get_value(d->scale_ptr[3], buf, size, written, fn, "D_SCALE_POINTER");
+    case CUBLASLT_MATMUL_DESC_AMAX_D_POINTER: return get_value(d->amax_d, buf, size, written, fn, "AMAX_D_POINTER");
+    case CUBLASLT_MATMUL_DESC_FAST_ACCUM: return get_value(d->fast_accum, buf, size, written, fn, "FAST_ACCUM");
+    case CUBLASLT_MATMUL_DESC_A_SCALE_MODE: return get_value(d->scale_mode[0], buf, size, written, fn, "A_SCALE_MODE");
+    case CUBLASLT_MATMUL_DESC_B_SCALE_MODE: return get_value(d->scale_mode[1], buf, size, written, fn, "B_SCALE_MODE");
+    case CUBLASLT_MATMUL_DESC_C_SCALE_MODE: return get_value(d->scale_mode[2], buf, size, written, fn, "C_SCALE_MODE");
+    case CUBLASLT_MATMUL_DESC_D_SCALE_MODE: return get_value(d->scale_mode[3], buf, size, written, fn, "D_SCALE_MODE");
     default:
       return error(CUBLAS_STATUS_NOT_SUPPORTED, fn, "attribute %d is not emulated", int(attr));
   }
@@ -888,10 +1034,29 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatmulDesc_t desc
     size_t bytes, elem;
     bool used;
   } ops[] = {{"A", a.p, a.extent(), type_size(p.ab), true},
-             {"B", b.p, b.extent(), type_size(p.ab), true},
-             {"C", c.p, c.extent(), type_size(p.cd), read_c},
+             {"B", b.p, b.extent(), type_size(p.bt), true},
+             {"C", c.p, c.extent(), type_size(p.ct), read_c},
              {"D", d.p, d.extent(), type_size(p.cd), true},
              {"the bias", bias, size_t(p.m) * type_size(p.bias_type), type_size(p.bias_type), p.bias}};
+  // The FP8 scalars: one fp32 each in device memory (not part of the algorithms' alignment rules).
+  const struct {
+    const char* name;
+    const void* ptr;
+  } scalars[] = {{"A's scale", p.desc->scale_ptr[0]},
+                 {"B's scale", p.desc->scale_ptr[1]},
+                 {"C's scale", p.desc->scale_ptr[2]},
+                 {"D's scale", p.desc->scale_ptr[3]},
+                 {"amax D", p.desc->amax_d}};
+  for (const auto& x : scalars) {
+    if (!x.ptr) continue;
+    if (!find_allocation(x.ptr, sizeof(float)))
+      return error(CUBLAS_STATUS_EXECUTION_FAILED, fn,
+                   "%s pointer %p is not device memory: on a GPU, an illegal memory access (scale pointers are device "
+                   "pointers)",
+                   x.name, x.ptr);
+    if (reinterpret_cast<uintptr_t>(x.ptr) % sizeof(float))
+      return error(CUBLAS_STATUS_INVALID_VALUE, fn, "%s pointer %p is not aligned to its fp32", x.name, x.ptr);
+  }
   for (const Operand& o : ops) {
     if (!o.used) continue;
     if (!o.ptr) return error(CUBLAS_STATUS_INVALID_VALUE, fn, "%s is null", o.name);
