@@ -33,6 +33,7 @@
 #include "model/linears.h"
 #include "model/llama.h"
 #include "model/model_spec.h"
+#include "model/router.h"
 #include "optim/adamw.h"
 #include "optim/flat_adamw.h"
 #include "optim/grad_clip.h"
@@ -52,6 +53,7 @@ struct Result {
   // optimizer step that refreshes the bf16 working copy.
   std::array<double, bench::TimedBackend::kCategories> ops{};
   double gemm_flops = 0, refresh = 0;
+  double routing = 0;  // MoE: the router's host work (model/router.h), seconds per step
 };
 
 static Result run_ours(const ModelSpec& spec, int64_t mbs, int64_t seq, int iters, int warmup, Recompute rc,
@@ -79,8 +81,9 @@ static Result run_ours(const ModelSpec& spec, int64_t mbs, int64_t seq, int iter
   std::vector<int32_t> tokens(mbs * seq), targets(mbs * seq);
   Result r;
   reset_peak_host_memory();
+  double routing0 = 0;
   for (int it = 0; it < warmup + iters; ++it) {
-    if (it == warmup) timed.reset();
+    if (it == warmup) timed.reset(), routing0 = routing_seconds();
     for (auto& t : tokens) t = int32_t(rng.next_u64() % spec.vocab_size);
     for (size_t i = 0; i < tokens.size(); ++i) targets[i] = tokens[(i + 1) % tokens.size()];
     auto t0 = Clock::now();
@@ -114,6 +117,7 @@ static Result run_ours(const ModelSpec& spec, int64_t mbs, int64_t seq, int iter
   if (profile) {
     for (int c = 0; c < bench::TimedBackend::kCategories; ++c) r.ops[size_t(c)] = timed.seconds[size_t(c)] / iters;
     r.gemm_flops = timed.gemm_flops / iters;
+    r.routing = (routing_seconds() - routing0) / iters;
     if (precision == Precision::Bf16) {  // the working-copy refresh: a step with it minus one without
       double with = 1e9, without = 1e9;
       for (int i = 0; i < 3; ++i) {
@@ -356,7 +360,10 @@ int main(int argc, char** argv) {
                      100 * s / r.step_time, extra);
           row["profile"][bench::TimedBackend::category_name(c)] = s;
         }
-        const double other = r.forward + r.backward - ops_total;
+        if (spec.is_moe())
+          fmt::print("    {:<40} {:>8.3f} s  {:>5.1f}%\n", "MoE routing on the host", r.routing,
+                     100 * r.routing / r.step_time);
+        const double other = r.forward + r.backward - ops_total - r.routing;
         fmt::print("    {:<40} {:>8.3f} s  {:>5.1f}%\n", "model code between ops", other, 100 * other / r.step_time);
         fmt::print("    {:<40} {:>8.3f} s  {:>5.1f}%\n", "gradient norm and clipping", r.clip, 100 * r.clip / r.step_time);
         fmt::print("    {:<40} {:>8.3f} s  {:>5.1f}%\n", "optimizer step", r.optimizer, 100 * r.optimizer / r.step_time);
@@ -364,6 +371,7 @@ int main(int argc, char** argv) {
           fmt::print("    {:<40} {:>8.3f} s  {:>5.1f}%\n", "  of which the bf16 working-copy refresh", r.refresh,
                      100 * r.refresh / r.step_time);
         row["profile"]["other"] = other;
+        row["profile"]["routing"] = r.routing;
         row["profile"]["clip"] = r.clip;
         row["profile"]["optimizer"] = r.optimizer;
         row["profile"]["refresh"] = r.refresh;

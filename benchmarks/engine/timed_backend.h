@@ -1,7 +1,7 @@
 // A backend that times another: every op of kernels/backend.h is forwarded and its wall time added
-// to a category (GEMM, attention, rows and elements, cross-entropy, casts). bench_engine --profile
-// uses it for the breakdown of a training step in docs/engine.md. The ops run synchronously on the
-// CPU, so the wall time of a call is its cost.
+// to a category (GEMM, attention, rows and elements, cross-entropy, casts, MoE routing row ops).
+// bench_engine --profile uses it for the breakdown of a training step in docs/engine.md. The ops
+// run synchronously on the CPU, so the wall time of a call is its cost.
 #pragma once
 
 #include <array>
@@ -14,10 +14,10 @@ namespace primus::bench {
 
 class TimedBackend final : public ops::Backend {
  public:
-  enum Category { Gemm, Attention, Elementwise, CrossEntropy, Cast, Fp8Quantize, kCategories };
+  enum Category { Gemm, Attention, Elementwise, CrossEntropy, Cast, Fp8Quantize, RowOps, kCategories };
   static const char* category_name(int c) {
     static const char* names[] = {"GEMM", "attention", "norms, SwiGLU, RoPE, embedding, adds", "cross-entropy",
-                                  "casts", "FP8 quantization"};
+                                  "casts", "FP8 quantization", "MoE permute, unpermute, row dots"};
     return names[c];
   }
 
@@ -128,6 +128,22 @@ class TimedBackend final : public ops::Backend {
   }
   void cast(const Tensor& src, Tensor& dst) override {
     time(Cast, [&] { in_.cast(src, dst); });
+  }
+  void gather_rows(const Tensor& x, const std::vector<int32_t>& rows, const std::vector<double>& scale,
+                   Tensor& out) override {
+    time(RowOps, [&] { in_.gather_rows(x, rows, scale, out); });
+  }
+  void scatter_add_rows(const Tensor& y, const std::vector<int32_t>& rows, const std::vector<double>& scale,
+                        Tensor& out) override {
+    time(RowOps, [&] { in_.scatter_add_rows(y, rows, scale, out); });
+  }
+  std::vector<double> row_dots(const Tensor& a, const std::vector<int32_t>& rows, const Tensor& b) override {
+    std::vector<double> d;
+    time(RowOps, [&] { d = in_.row_dots(a, rows, b); });
+    return d;
+  }
+  std::vector<int64_t> router_load(int64_t layer, int64_t tokens, int64_t topk, int64_t experts) const override {
+    return in_.router_load(layer, tokens, topk, experts);
   }
   void synchronize() override { in_.synchronize(); }
   MemoryStats memory_stats() const override { return in_.memory_stats(); }
