@@ -40,10 +40,11 @@ struct StepConsts {
 };
 
 // One segment's update; M and V are float or bf16 (the moments' storage), kBf16Params rounds the
-// updated parameters to bf16.
-template <class M, class V, bool kBf16Params>
-void update_segment(float* __restrict p, const float* __restrict g, M* __restrict m, V* __restrict v, int64_t n,
-                    float decay, const StepConsts c) {  // by value: no store through p can alias it
+// updated parameters to bf16, kWorking also writes them rounded to bf16 into w.
+template <class M, class V, bool kBf16Params, bool kWorking>
+void update_segment(float* __restrict p, const float* __restrict g, M* __restrict m, V* __restrict v,
+                    bf16* __restrict w, int64_t n, float decay,
+                    const StepConsts c) {  // by value: no store through p can alias it
 #pragma omp parallel for simd schedule(static) if (parallel : n > 32768)
   for (int64_t i = 0; i < n; ++i) {
     const float gi = g[i];
@@ -51,16 +52,20 @@ void update_segment(float* __restrict p, const float* __restrict g, M* __restric
     const float vi = c.b2 * load_state(v, i) + c.one_minus_b2 * gi * gi;
     store_state(m, i, mi);
     store_state(v, i, vi);
-    p[i] = round_param<kBf16Params>(p[i] * decay - c.step_size * mi / (std::sqrt(vi) * c.inv_sqrt_bc2 + c.eps));
+    const float pi = round_param<kBf16Params>(p[i] * decay - c.step_size * mi / (std::sqrt(vi) * c.inv_sqrt_bc2 + c.eps));
+    p[i] = pi;
+    if constexpr (kWorking) store_state(w, i, pi);
   }
 }
 
 template <class M, class V>
-void update_segment(float* p, const float* g, M* m, V* v, int64_t n, float decay, const StepConsts& c) {
+void update_segment(float* p, const float* g, M* m, V* v, bf16* w, int64_t n, float decay, const StepConsts& c) {
   if (c.bf16_params)
-    update_segment<M, V, true>(p, g, m, v, n, decay, c);
+    w ? update_segment<M, V, true, true>(p, g, m, v, w, n, decay, c)
+      : update_segment<M, V, true, false>(p, g, m, v, w, n, decay, c);
   else
-    update_segment<M, V, false>(p, g, m, v, n, decay, c);
+    w ? update_segment<M, V, false, true>(p, g, m, v, w, n, decay, c)
+      : update_segment<M, V, false, false>(p, g, m, v, w, n, decay, c);
 }
 
 void check_state_dtype(const char* key, DType d) {
@@ -129,7 +134,8 @@ void AdamW::set_state(int64_t step_count, const float* exp_avg, const float* exp
   }
 }
 
-void AdamW::step(float* params, const float* grads, const std::vector<ParamSegment>& segments, double lr) {
+void AdamW::step(float* params, const float* grads, const std::vector<ParamSegment>& segments, double lr,
+                 bf16* working) {
   if (!std::isfinite(lr) || lr < 0) fail("AdamW::step: learning rate must be a non-negative number, got {}", lr);
   // Check the segments before touching anything, so that a bad list cannot half-apply a step.
   std::vector<const ParamSegment*> order;
@@ -167,14 +173,15 @@ void AdamW::step(float* params, const float* grads, const std::vector<ParamSegme
     float* p = params + s.offset;
     const float* g = grads + s.offset;
     const int64_t o = s.offset, n = s.numel;
+    bf16* w = working ? working + o : nullptr;
     if (m32 && v32)
-      update_segment(p, g, m_.data<float>() + o, v_.data<float>() + o, n, decay, c);
+      update_segment(p, g, m_.data<float>() + o, v_.data<float>() + o, w, n, decay, c);
     else if (m32)
-      update_segment(p, g, m_.data<float>() + o, v_.data<bf16>() + o, n, decay, c);
+      update_segment(p, g, m_.data<float>() + o, v_.data<bf16>() + o, w, n, decay, c);
     else if (v32)
-      update_segment(p, g, m_.data<bf16>() + o, v_.data<float>() + o, n, decay, c);
+      update_segment(p, g, m_.data<bf16>() + o, v_.data<float>() + o, w, n, decay, c);
     else
-      update_segment(p, g, m_.data<bf16>() + o, v_.data<bf16>() + o, n, decay, c);
+      update_segment(p, g, m_.data<bf16>() + o, v_.data<bf16>() + o, w, n, decay, c);
   }
 }
 

@@ -109,15 +109,10 @@ void FlatAdamW::step(float* values, float* grads, bf16* working, double lr, doub
   if (!std::isfinite(lr) || lr < 0) fail("AdamW step: learning rate must be a non-negative number, got {}", lr);
   if (device_ == Device::CPU) {
     if (grad_scale != 1.0) scale_grads(grads, numel_, grad_scale);
-    host_->step(values, grads, segments_, lr);
+    // The working copy as the fused GPU step writes it: every segment, nothing between segments,
+    // in the update's own pass.
+    host_->step(values, grads, segments_, lr, working);
     step_ = host_->step_count();
-    if (working) {  // as the fused GPU step writes it: every segment, nothing between segments
-#pragma omp parallel
-      for (const auto& seg : segments_) {
-#pragma omp for schedule(static) nowait
-        for (int64_t i = seg.offset; i < seg.offset + seg.numel; ++i) working[i] = bf16::from_float(values[i]);
-      }
-    }
     return;
   }
 #ifdef PRIMUS_HAVE_CUDA

@@ -114,6 +114,27 @@ TEST(AdamW, DecayNormsAndBiasesDecaysEverySegment) {
   EXPECT_FLOAT_EQ(q[5], 1.f);
 }
 
+// bf16 mixed precision's working copy, written in the update's own pass: every updated parameter
+// of every segment rounded as bf16::from_float rounds it (a segment large enough for the
+// parallel loop among them), nothing between the segments.
+TEST(AdamW, FlatAdamWWritesTheWorkingCopyOfEverySegmentOnly) {
+  const int64_t n = 70000;
+  std::vector<ParamSegment> segs = {
+      {"big", 0, 50000, true}, {"small", 50010, 9990, false}, {"last", 60000, 10000, true}};
+  std::vector<float> p(static_cast<size_t>(n)), g(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) {
+    p[size_t(i)] = 0.01f * float(i % 977) - 3.f;
+    g[size_t(i)] = 0.001f * float(i % 101) - 0.05f;
+  }
+  std::vector<bf16> working(static_cast<size_t>(n), bf16{0x1234});
+  FlatAdamW flat(AdamWOptions{0.9, 0.95, 1e-8, 0.1}, segs, n, Device::CPU);
+  for (int step = 0; step < 2; ++step) flat.step(p.data(), g.data(), working.data(), 1e-2);
+  for (int64_t i = 0; i < n; ++i) {
+    const bool in = i < 50000 || i >= 50010;
+    ASSERT_EQ(working[size_t(i)].bits, in ? bf16::from_float(p[size_t(i)]).bits : uint16_t(0x1234)) << i;
+  }
+}
+
 TEST(AdamW, ShardsGiveTheSameResultAsTheWhole) {
   const int n = 10;
   std::vector<ParamSegment> segs = {{"a", 0, 3, true}, {"b", 3, 4, false}, {"c", 7, 3, true}};
