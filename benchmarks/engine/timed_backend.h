@@ -14,17 +14,19 @@ namespace primus::bench {
 
 class TimedBackend final : public ops::Backend {
  public:
-  enum Category { Gemm, Attention, Elementwise, CrossEntropy, Cast, Fp8Quantize, RowOps, kCategories };
+  enum Category { Gemm, GroupedGemm, Attention, Elementwise, CrossEntropy, Cast, Fp8Quantize, RowOps, kCategories };
   static const char* category_name(int c) {
-    static const char* names[] = {"GEMM", "attention", "norms, SwiGLU, RoPE, embedding, adds", "cross-entropy",
-                                  "casts", "FP8 quantization", "MoE permute, unpermute, row dots"};
+    static const char* names[] = {"GEMM",          "grouped GEMM (MoE experts)",
+                                  "attention",     "norms, SwiGLU, RoPE, embedding, adds",
+                                  "cross-entropy", "casts",
+                                  "FP8 quantization", "MoE permute, unpermute, row dots"};
     return names[c];
   }
 
   explicit TimedBackend(ops::Backend& inner) : in_(inner) {}
   std::array<double, kCategories> seconds{};
-  double gemm_flops = 0;
-  void reset() { seconds.fill(0), gemm_flops = 0; }
+  double gemm_flops = 0, grouped_flops = 0;  // (grouped_flops: those of the grouped GEMMs)
+  void reset() { seconds.fill(0), gemm_flops = grouped_flops = 0; }
 
   Device device() const override { return in_.device(); }
   std::string name() const override { return in_.name(); }
@@ -39,8 +41,8 @@ class TimedBackend final : public ops::Backend {
   void grouped_gemm(bool ta, bool tb, const std::vector<float>& alpha, const std::vector<Tensor>& A, const std::vector<Tensor>& B,
                     float beta, std::vector<Tensor>& D) override {
     for (size_t i = 0; i < A.size() && i < D.size(); ++i)
-      gemm_flops += 2.0 * double(D[i].size(0)) * double(D[i].size(1)) * double(ta ? A[i].size(0) : A[i].size(1));
-    time(Gemm, [&] { in_.grouped_gemm(ta, tb, alpha, A, B, beta, D); });
+      grouped_flops += 2.0 * double(D[i].size(0)) * double(D[i].size(1)) * double(ta ? A[i].size(0) : A[i].size(1));
+    time(GroupedGemm, [&] { in_.grouped_gemm(ta, tb, alpha, A, B, beta, D); });
   }
   Fp8Quantized quantize_fp8(const Tensor& src, fp8::Format f, fp8::Granularity g, bool reduce_cols, float scale,
                             Tensor& dst) override {

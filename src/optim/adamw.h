@@ -62,6 +62,10 @@ class AdamW {
   // precision's working copy; nothing between segments is written).
   void step(float* params, const float* grads, const std::vector<ParamSegment>& segments, double lr,
             bf16* working = nullptr);
+  // The same with the gradients times grad_scale (the clipping factor, as a float): each
+  // segment's gradients are multiplied by it in place first, in that pass.
+  void step(float* params, float* grads, const std::vector<ParamSegment>& segments, double lr, bf16* working,
+            double grad_scale);
 
   const AdamWOptions& options() const { return options_; }
   void set_weight_decay(double wd) { options_.weight_decay = wd; }  // for a wd schedule
