@@ -358,7 +358,7 @@ int main(int argc, char** argv) {
           const double s = r.ops[size_t(c)];
           ops_total += s;
           std::string extra;
-          const double flops = c == bench::TimedBackend::Gemm ? r.gemm_flops
+          const double flops = c == bench::TimedBackend::Gemm          ? r.gemm_flops
                                : c == bench::TimedBackend::GroupedGemm ? r.grouped_flops
                                                                        : 0.0;
           if (flops > 0 && s > 0)

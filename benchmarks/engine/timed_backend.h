@@ -16,10 +16,14 @@ class TimedBackend final : public ops::Backend {
  public:
   enum Category { Gemm, GroupedGemm, Attention, Elementwise, CrossEntropy, Cast, Fp8Quantize, RowOps, kCategories };
   static const char* category_name(int c) {
-    static const char* names[] = {"GEMM",          "grouped GEMM (MoE experts)",
-                                  "attention",     "norms, SwiGLU, RoPE, embedding, adds",
-                                  "cross-entropy", "casts",
-                                  "FP8 quantization", "MoE permute, unpermute, row dots"};
+    static const char* names[] = {"GEMM",
+                                  "grouped GEMM (MoE experts)",
+                                  "attention",
+                                  "norms, SwiGLU, RoPE, embedding, adds",
+                                  "cross-entropy",
+                                  "casts",
+                                  "FP8 quantization",
+                                  "MoE permute, unpermute, row dots"};
     return names[c];
   }
 

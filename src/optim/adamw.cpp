@@ -53,8 +53,8 @@ void update_segment(float* __restrict p, float* __restrict g, M* __restrict m, V
     const float vi = c.b2 * load_state(v, i) + c.one_minus_b2 * gi * gi;
     store_state(m, i, mi);
     store_state(v, i, vi);
-    const float pi =
-        round_param<kBf16Params>(p[i] * decay - c.step_size * mi / (std::sqrt(vi) * c.inv_sqrt_bc2 + c.eps));
+    const float pi = round_param<kBf16Params>(p[i] * decay -
+                                              c.step_size * mi / (std::sqrt(vi) * c.inv_sqrt_bc2 + c.eps));
     p[i] = pi;
     if constexpr (kWorking) store_state(w, i, pi);
   }

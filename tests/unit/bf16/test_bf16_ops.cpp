@@ -260,10 +260,10 @@ TEST(Bf16Ops, RoutingRowOpsGiveTheDefaultsBits) {
   for (int64_t C : {int64_t(1), int64_t(16), int64_t(37), int64_t(256)}) {
     Tensor x = random({11, C}, DType::BF16, 10 + uint64_t(C), 3.0f);
     uint16_t* xv = reinterpret_cast<uint16_t*>(x.raw());
-    xv[0] = 0x0001;                            // the smallest denormal
-    xv[x.numel() - 1] = 0x8075;                // a negative denormal
-    if (C > 1) xv[C + 1] = 0x7fc1;             // a NaN
-    xv[2 * C] = 0x7f70;                        // 3.2e38: times 1.5 rounds to infinity
+    xv[0] = 0x0001;                 // the smallest denormal
+    xv[x.numel() - 1] = 0x8075;     // a negative denormal
+    if (C > 1) xv[C + 1] = 0x7fc1;  // a NaN
+    xv[2 * C] = 0x7f70;             // 3.2e38: times 1.5 rounds to infinity
     const std::vector<int32_t> rows = {3, 0, 10, 3, 7, 2, 3, 8, 1, 0, 5, 9, 4, 6};  // 3 thrice, 0 twice
     std::vector<double> scale(rows.size());
     for (size_t i = 0; i < scale.size(); ++i) scale[i] = (i % 3 ? 1.5 : -0.3) + 1e-3 * double(i);

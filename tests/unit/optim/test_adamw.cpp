@@ -121,8 +121,9 @@ TEST(AdamW, DecayNormsAndBiasesDecaysEverySegment) {
 // that pass too.
 TEST(AdamW, FlatAdamWWritesTheWorkingCopyOfEverySegmentOnly) {
   const int64_t n = 70000;
-  std::vector<ParamSegment> segs = {
-      {"big", 0, 50000, true}, {"small", 50010, 9990, false}, {"last", 60000, 10000, true}};
+  std::vector<ParamSegment> segs = {{"big", 0, 50000, true},
+                                    {"small", 50010, 9990, false},
+                                    {"last", 60000, 10000, true}};
   std::vector<float> p(static_cast<size_t>(n)), g(static_cast<size_t>(n));
   for (int64_t i = 0; i < n; ++i) {
     p[size_t(i)] = 0.01f * float(i % 977) - 3.f;

@@ -36,7 +36,7 @@ inline void store_pd_bf16(uint16_t* p, __mmask16 m, __m512d lo, __m512d hi) {
 }  // namespace
 
 void gather_rows(const uint16_t* x, int64_t c, const int32_t* rows, const double* scale, int64_t n, uint16_t* out) {
-#pragma omp parallel for schedule(static) if(n * c >= kParallelMin)
+#pragma omp parallel for schedule(static) if (n * c >= kParallelMin)
   for (int64_t i = 0; i < n; ++i) {
     const uint16_t* src = x + int64_t(rows[i]) * c;
     uint16_t* dst = out + i * c;
@@ -52,7 +52,7 @@ void gather_rows(const uint16_t* x, int64_t c, const int32_t* rows, const double
 
 void scatter_add_rows(const uint16_t* y, int64_t c, const int64_t* first, const int32_t* order, int64_t out_rows,
                       const double* scale, uint16_t* out) {
-#pragma omp parallel for schedule(static) if(first[out_rows] * c >= kParallelMin)
+#pragma omp parallel for schedule(static) if (first[out_rows] * c >= kParallelMin)
   for (int64_t r = 0; r < out_rows; ++r) {
     if (first[r] == first[r + 1]) continue;  // no contribution: the row stays as it is
     uint16_t* dst = out + r * c;
@@ -77,7 +77,7 @@ void scatter_add_rows(const uint16_t* y, int64_t c, const int64_t* first, const 
 // bits); eight rows' chains run side by side.
 void row_dots(const uint16_t* a, int64_t c, const int32_t* rows, const uint16_t* b, int64_t n, double* out) {
   constexpr int64_t kRows = 8;
-#pragma omp parallel for schedule(static) if(n * c >= kParallelMin)
+#pragma omp parallel for schedule(static) if (n * c >= kParallelMin)
   for (int64_t i0 = 0; i0 < n; i0 += kRows) {
     const int64_t nr = min64(kRows, n - i0);
     const uint16_t* ar[kRows];
