@@ -34,6 +34,7 @@
 #include "model/linears.h"
 #include "model/llama.h"
 #include "model/model_spec.h"
+#include "model/router.h"
 #include "optim/adamw.h"
 #include "optim/flat_adamw.h"
 #include "optim/grad_clip.h"
@@ -53,7 +54,8 @@ struct Result {
   // --profile: seconds per step in each op category, the GEMMs' FLOPs, and the part of the
   // optimizer step that refreshes the bf16 working copy.
   std::array<double, bench::TimedBackend::kCategories> ops{};
-  double gemm_flops = 0, refresh = 0;
+  double gemm_flops = 0, grouped_flops = 0, refresh = 0;
+  double routing = 0;  // MoE: the router's host work (model/router.h), seconds per step
 };
 
 static Result run_ours(const ModelSpec& spec, int64_t mbs, int64_t seq, int iters, int warmup, Recompute rc,
@@ -71,18 +73,22 @@ static Result run_ours(const ModelSpec& spec, int64_t mbs, int64_t seq, int iter
   const AdamWOptions ao{0.9, 0.95, 1e-8, 0.1};
   AdamW adam(ao, model.params().numel());
   FlatAdamW flat(ao, segments, model.params().numel(), Device::CPU);
-  auto optimizer_step = [&](bool refresh) {
+  // The trainer's step: the gradients' norm, then AdamW with the clipping factor (applied in its pass).
+  auto optimizer_step = [&](bool refresh, double grad_scale) {
     if (precision == Precision::Bf16)
-      flat.step(model.params().values(), model.params().grads(), refresh ? &model.working_weights() : nullptr, 3e-4);
+      flat.step(model.params().values(), model.params().grads(), refresh ? &model.working_weights() : nullptr, 3e-4,
+                grad_scale);
     else
-      adam.step(model.params().values().data<float>(), model.params().grads().data<float>(), segments, 3e-4);
+      adam.step(model.params().values().data<float>(), model.params().grads().data<float>(), segments, 3e-4, nullptr,
+                grad_scale);
   };
   Rng rng(42);
   std::vector<int32_t> tokens(mbs * seq), targets(mbs * seq);
   Result r;
   reset_peak_host_memory();
+  double routing0 = 0;
   for (int it = 0; it < warmup + iters; ++it) {
-    if (it == warmup) timed.reset();
+    if (it == warmup) timed.reset(), routing0 = routing_seconds();
     for (auto& t : tokens) t = int32_t(rng.next_u64() % spec.vocab_size);
     for (size_t i = 0; i < tokens.size(); ++i) targets[i] = tokens[(i + 1) % tokens.size()];
     auto t0 = Clock::now();
@@ -94,10 +100,11 @@ static Result run_ours(const ModelSpec& spec, int64_t mbs, int64_t seq, int iter
     model.backward(ctx, 1.0);
     const double tb = seconds_since(t1);
     auto t2 = Clock::now();
-    clip_grad_norm(model.params().grads().data<float>(), model.params().numel(), 1.0);
+    const double grad_scale =
+        clip_coefficient(global_grad_norm(model.params().grads().data<float>(), model.params().numel()), 1.0);
     const double tc = seconds_since(t2);
     auto t3 = Clock::now();
-    optimizer_step(true);
+    optimizer_step(true, grad_scale);
     if (fp8.enabled && fp8.recipe == Fp8Recipe::Delayed)  // the step's amaxes into the scales (one rank)
       model.linears().update_scales(model.linears().current_amaxes());
     const double to = seconds_since(t3);
@@ -116,14 +123,16 @@ static Result run_ours(const ModelSpec& spec, int64_t mbs, int64_t seq, int iter
   if (profile) {
     for (int c = 0; c < bench::TimedBackend::kCategories; ++c) r.ops[size_t(c)] = timed.seconds[size_t(c)] / iters;
     r.gemm_flops = timed.gemm_flops / iters;
+    r.grouped_flops = timed.grouped_flops / iters;
+    r.routing = (routing_seconds() - routing0) / iters;
     if (precision == Precision::Bf16) {  // the working-copy refresh: a step with it minus one without
       double with = 1e9, without = 1e9;
       for (int i = 0; i < 3; ++i) {
         auto t = Clock::now();
-        optimizer_step(true);
+        optimizer_step(true, 1.0);
         with = std::min(with, seconds_since(t));
         t = Clock::now();
-        optimizer_step(false);
+        optimizer_step(false, 1.0);
         without = std::min(without, seconds_since(t));
       }
       r.refresh = std::max(0.0, with - without);
@@ -363,25 +372,35 @@ int main(int argc, char** argv) {
           const double s = r.ops[size_t(c)];
           ops_total += s;
           std::string extra;
-          if (c == bench::TimedBackend::Gemm && s > 0)
-            extra = fmt::format("  ({:.1f} GFLOP/s, {:.0f}% of the {} peak measured before the run)",
-                                r.gemm_flops / s / 1e9, 100 * r.gemm_flops / s / 1e9 / r.peak_gflops, peak_name);
+          const double flops = c == bench::TimedBackend::Gemm          ? r.gemm_flops
+                               : c == bench::TimedBackend::GroupedGemm ? r.grouped_flops
+                                                                       : 0.0;
+          if (flops > 0 && s > 0)
+            extra = fmt::format("  ({:.1f} GFLOP/s, {:.0f}% of the {} peak measured before the run)", flops / s / 1e9,
+                                100 * flops / s / 1e9 / r.peak_gflops, peak_name);
           fmt::print("    {:<40} {:>8.3f} s  {:>5.1f}%{}\n", bench::TimedBackend::category_name(c), s,
                      100 * s / r.step_time, extra);
           row["profile"][bench::TimedBackend::category_name(c)] = s;
         }
-        const double other = r.forward + r.backward - ops_total;
+        if (spec.is_moe())
+          fmt::print("    {:<40} {:>8.3f} s  {:>5.1f}%\n", "MoE routing on the host", r.routing,
+                     100 * r.routing / r.step_time);
+        const double other = r.forward + r.backward - ops_total - r.routing;
         fmt::print("    {:<40} {:>8.3f} s  {:>5.1f}%\n", "model code between ops", other, 100 * other / r.step_time);
-        fmt::print("    {:<40} {:>8.3f} s  {:>5.1f}%\n", "gradient norm and clipping", r.clip, 100 * r.clip / r.step_time);
-        fmt::print("    {:<40} {:>8.3f} s  {:>5.1f}%\n", "optimizer step", r.optimizer, 100 * r.optimizer / r.step_time);
+        fmt::print("    {:<40} {:>8.3f} s  {:>5.1f}%\n", "gradient norm", r.clip, 100 * r.clip / r.step_time);
+        fmt::print("    {:<40} {:>8.3f} s  {:>5.1f}%\n", "optimizer step (with the clipping)", r.optimizer,
+                   100 * r.optimizer / r.step_time);
         if (bf16)
           fmt::print("    {:<40} {:>8.3f} s  {:>5.1f}%\n", "  of which the bf16 working-copy refresh", r.refresh,
                      100 * r.refresh / r.step_time);
         row["profile"]["other"] = other;
+        row["profile"]["routing"] = r.routing;
         row["profile"]["clip"] = r.clip;
         row["profile"]["optimizer"] = r.optimizer;
         row["profile"]["refresh"] = r.refresh;
         row["profile"]["gemm_gflops"] = r.ops[0] > 0 ? r.gemm_flops / r.ops[0] / 1e9 : 0.0;
+        const double grouped_s = r.ops[size_t(bench::TimedBackend::GroupedGemm)];
+        row["profile"]["grouped_gemm_gflops"] = grouped_s > 0 ? r.grouped_flops / grouped_s / 1e9 : 0.0;
       }
       std::cout << "JSON " << row.dump() << "\n";
     }

@@ -1,7 +1,7 @@
 // A backend that times another: every op of kernels/backend.h is forwarded and its wall time added
-// to a category (GEMM, attention, rows and elements, cross-entropy, casts). bench_engine --profile
-// uses it for the breakdown of a training step in docs/engine.md. The ops run synchronously on the
-// CPU, so the wall time of a call is its cost.
+// to a category (GEMM, attention, rows and elements, cross-entropy, casts, MoE routing row ops).
+// bench_engine --profile uses it for the breakdown of a training step in docs/engine.md. The ops
+// run synchronously on the CPU, so the wall time of a call is its cost.
 #pragma once
 
 #include <array>
@@ -14,17 +14,23 @@ namespace primus::bench {
 
 class TimedBackend final : public ops::Backend {
  public:
-  enum Category { Gemm, Attention, Elementwise, CrossEntropy, Cast, Fp8Quantize, kCategories };
+  enum Category { Gemm, GroupedGemm, Attention, Elementwise, CrossEntropy, Cast, Fp8Quantize, RowOps, kCategories };
   static const char* category_name(int c) {
-    static const char* names[] = {"GEMM", "attention", "norms, SwiGLU, RoPE, embedding, adds", "cross-entropy",
-                                  "casts", "FP8 quantization"};
+    static const char* names[] = {"GEMM",
+                                  "grouped GEMM (MoE experts)",
+                                  "attention",
+                                  "norms, SwiGLU, RoPE, embedding, adds",
+                                  "cross-entropy",
+                                  "casts",
+                                  "FP8 quantization",
+                                  "MoE permute, unpermute, row dots"};
     return names[c];
   }
 
   explicit TimedBackend(ops::Backend& inner) : in_(inner) {}
   std::array<double, kCategories> seconds{};
-  double gemm_flops = 0;
-  void reset() { seconds.fill(0), gemm_flops = 0; }
+  double gemm_flops = 0, grouped_flops = 0;  // (grouped_flops: those of the grouped GEMMs)
+  void reset() { seconds.fill(0), gemm_flops = grouped_flops = 0; }
 
   Device device() const override { return in_.device(); }
   std::string name() const override { return in_.name(); }
@@ -39,8 +45,8 @@ class TimedBackend final : public ops::Backend {
   void grouped_gemm(bool ta, bool tb, const std::vector<float>& alpha, const std::vector<Tensor>& A, const std::vector<Tensor>& B,
                     float beta, std::vector<Tensor>& D) override {
     for (size_t i = 0; i < A.size() && i < D.size(); ++i)
-      gemm_flops += 2.0 * double(D[i].size(0)) * double(D[i].size(1)) * double(ta ? A[i].size(0) : A[i].size(1));
-    time(Gemm, [&] { in_.grouped_gemm(ta, tb, alpha, A, B, beta, D); });
+      grouped_flops += 2.0 * double(D[i].size(0)) * double(D[i].size(1)) * double(ta ? A[i].size(0) : A[i].size(1));
+    time(GroupedGemm, [&] { in_.grouped_gemm(ta, tb, alpha, A, B, beta, D); });
   }
   Fp8Quantized quantize_fp8(const Tensor& src, fp8::Format f, fp8::Granularity g, bool reduce_cols, float scale,
                             Tensor& dst) override {
@@ -128,6 +134,22 @@ class TimedBackend final : public ops::Backend {
   }
   void cast(const Tensor& src, Tensor& dst) override {
     time(Cast, [&] { in_.cast(src, dst); });
+  }
+  void gather_rows(const Tensor& x, const std::vector<int32_t>& rows, const std::vector<double>& scale,
+                   Tensor& out) override {
+    time(RowOps, [&] { in_.gather_rows(x, rows, scale, out); });
+  }
+  void scatter_add_rows(const Tensor& y, const std::vector<int32_t>& rows, const std::vector<double>& scale,
+                        Tensor& out) override {
+    time(RowOps, [&] { in_.scatter_add_rows(y, rows, scale, out); });
+  }
+  std::vector<double> row_dots(const Tensor& a, const std::vector<int32_t>& rows, const Tensor& b) override {
+    std::vector<double> d;
+    time(RowOps, [&] { d = in_.row_dots(a, rows, b); });
+    return d;
+  }
+  std::vector<int64_t> router_load(int64_t layer, int64_t tokens, int64_t topk, int64_t experts) const override {
+    return in_.router_load(layer, tokens, topk, experts);
   }
   void synchronize() override { in_.synchronize(); }
   MemoryStats memory_stats() const override { return in_.memory_stats(); }

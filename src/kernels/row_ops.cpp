@@ -8,6 +8,7 @@
 #include "core/error.h"
 #include "kernels/backend.h"
 #include "kernels/host_values.h"
+#include "kernels/row_ops.h"
 
 namespace primus::ops {
 namespace {
@@ -46,6 +47,27 @@ double scale_of(const std::vector<double>& scale, size_t i) { return scale.empty
 
 }  // namespace
 
+void check_gather_rows(const Tensor& x, const std::vector<int32_t>& rows, const std::vector<double>& scale,
+                       const Tensor& out) {
+  PRIMUS_CHECK(out.dim() == 2 && out.size(0) == int64_t(rows.size()) && out.size(1) == x.size(1) &&
+                   (scale.empty() || scale.size() == rows.size()),
+               "gather_rows: shapes");
+  check_rows(x, rows, "gather_rows");
+}
+
+void check_scatter_add_rows(const Tensor& y, const std::vector<int32_t>& rows, const std::vector<double>& scale,
+                            const Tensor& out) {
+  PRIMUS_CHECK(y.dim() == 2 && y.size(0) == int64_t(rows.size()) && out.size(1) == y.size(1) &&
+                   (scale.empty() || scale.size() == rows.size()),
+               "scatter_add_rows: shapes");
+  check_rows(out, rows, "scatter_add_rows");
+}
+
+void check_row_dots(const Tensor& a, const std::vector<int32_t>& rows, const Tensor& b) {
+  PRIMUS_CHECK(b.dim() == 2 && b.size(0) == int64_t(rows.size()) && a.size(1) == b.size(1), "row_dots: shapes");
+  check_rows(a, rows, "row_dots");
+}
+
 std::vector<double> host_values(const Tensor& t) {
   const Tensor h = host(t);
   std::vector<double> v(size_t(h.numel()));
@@ -69,10 +91,7 @@ Tensor tensor_from_values(const std::vector<double>& values, const Shape& shape,
 
 void Backend::gather_rows(const Tensor& x, const std::vector<int32_t>& rows, const std::vector<double>& scale,
                           Tensor& out) {
-  PRIMUS_CHECK(out.dim() == 2 && out.size(0) == int64_t(rows.size()) && out.size(1) == x.size(1) &&
-                   (scale.empty() || scale.size() == rows.size()),
-               "gather_rows: shapes");
-  check_rows(x, rows, "gather_rows");
+  check_gather_rows(x, rows, scale, out);
   synchronize();
   const Tensor hx = host(x);
   Tensor ho = out.device() == Device::CPU ? out : Tensor::empty(out.shape(), out.dtype());
@@ -86,10 +105,7 @@ void Backend::gather_rows(const Tensor& x, const std::vector<int32_t>& rows, con
 
 void Backend::scatter_add_rows(const Tensor& y, const std::vector<int32_t>& rows, const std::vector<double>& scale,
                                Tensor& out) {
-  PRIMUS_CHECK(y.dim() == 2 && y.size(0) == int64_t(rows.size()) && out.size(1) == y.size(1) &&
-                   (scale.empty() || scale.size() == rows.size()),
-               "scatter_add_rows: shapes");
-  check_rows(out, rows, "scatter_add_rows");
+  check_scatter_add_rows(y, rows, scale, out);
   synchronize();
   const Tensor hy = host(y);
   Tensor ho = host(out);
@@ -113,8 +129,7 @@ void Backend::scatter_add_rows(const Tensor& y, const std::vector<int32_t>& rows
 }
 
 std::vector<double> Backend::row_dots(const Tensor& a, const std::vector<int32_t>& rows, const Tensor& b) {
-  PRIMUS_CHECK(b.dim() == 2 && b.size(0) == int64_t(rows.size()) && a.size(1) == b.size(1), "row_dots: shapes");
-  check_rows(a, rows, "row_dots");
+  check_row_dots(a, rows, b);
   synchronize();
   const Tensor ha = host(a), hb = host(b);
   const int64_t C = a.size(1);

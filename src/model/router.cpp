@@ -1,6 +1,8 @@
 #include "model/router.h"
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -29,6 +31,20 @@ double logsumexp_row(const double* x, int64_t n) {
 }
 
 double sigmoid(double x) { return 1.0 / (1.0 + std::exp(-x)); }
+
+std::atomic<int64_t> routing_ns{0};
+
+// Adds the wall time of its scope to routing_seconds().
+class RoutingClock {
+ public:
+  RoutingClock() : t0_(std::chrono::steady_clock::now()) {}
+  ~RoutingClock() {
+    routing_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0_).count();
+  }
+
+ private:
+  std::chrono::steady_clock::time_point t0_;
+};
 
 // Indices of the k largest of x (ties: the lower index), in descending order of value.
 std::vector<int32_t> top_k(const std::vector<double>& x, int64_t k) {
@@ -94,6 +110,8 @@ std::vector<double> aux_grad(const ModelSpec& spec, const Routing& r) {
 
 }  // namespace
 
+double routing_seconds() { return double(routing_ns.load()) * 1e-9; }
+
 int64_t expert_capacity(int64_t tokens, int64_t topk, int64_t experts, double capacity_factor) {
   return int64_t(std::ceil(double(tokens) * double(topk) / double(experts) * capacity_factor));
 }
@@ -124,6 +142,7 @@ bool renormalised(const ModelSpec& spec) {
 
 Routing route(const ModelSpec& spec, std::vector<double> logits, const std::vector<double>& expert_bias,
               int64_t batch, int64_t seq, const TokenShare& share) {
+  const RoutingClock clock;
   Routing r = routing_of(spec, batch, seq, share);
   const int64_t N = r.tokens, E = r.experts, k = r.topk;
   PRIMUS_CHECK(int64_t(logits.size()) == N * E, "route: {} logits for {} x {}", logits.size(), N, E);
@@ -275,6 +294,7 @@ Routing route_by_load(const ModelSpec& spec, const std::vector<int64_t>& load, i
 
 std::vector<double> route_backward(const ModelSpec& spec, const Routing& r, const std::vector<double>& dweight,
                                    double loss_scale) {
+  const RoutingClock clock;
   const int64_t N = r.tokens, E = r.experts, k = r.topk;
   PRIMUS_CHECK(int64_t(dweight.size()) == N * k, "route_backward: {} weight gradients", dweight.size());
   std::vector<double> dl(size_t(N * E), 0.0);

@@ -62,6 +62,10 @@ std::vector<double> route_backward(const ModelSpec& spec, const Routing& r, cons
 void update_expert_bias(std::vector<double>& bias, const std::vector<int64_t>& tokens_per_expert, double rate,
                         bool centered);
 
+// Wall-clock seconds this process has spent in route() and route_backward(), all threads: the
+// router's host work, which bench_engine --profile reports as its own entry.
+double routing_seconds();
+
 // Expert capacity (tokens an expert takes): ceil(tokens * topk / experts * capacity_factor).
 int64_t expert_capacity(int64_t tokens, int64_t topk, int64_t experts, double capacity_factor);
 // MaxText's, per sequence of `seq` tokens: int(max(ceil(seq * topk / experts) * factor, factor)).

@@ -57,8 +57,15 @@ class AdamW {
   AdamW(AdamWOptions options, int64_t numel);
 
   // One update of params[seg] for every segment. Segments must lie inside [0, numel) and not
-  // overlap; elements outside every segment (padding) are left untouched.
-  void step(float* params, const float* grads, const std::vector<ParamSegment>& segments, double lr);
+  // overlap; elements outside every segment (padding) are left untouched. working (optional, the
+  // params' layout): each updated param rounded to bf16 there too, in the same pass (bf16 mixed
+  // precision's working copy; nothing between segments is written).
+  void step(float* params, const float* grads, const std::vector<ParamSegment>& segments, double lr,
+            bf16* working = nullptr);
+  // The same with the gradients times grad_scale (the clipping factor, as a float): each
+  // segment's gradients are multiplied by it in place first, in that pass.
+  void step(float* params, float* grads, const std::vector<ParamSegment>& segments, double lr, bf16* working,
+            double grad_scale);
 
   const AdamWOptions& options() const { return options_; }
   void set_weight_decay(double wd) { options_.weight_decay = wd; }  // for a wd schedule

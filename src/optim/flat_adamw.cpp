@@ -108,16 +108,10 @@ void FlatAdamW::step(const Tensor& values, const Tensor& grads, Tensor* working,
 void FlatAdamW::step(float* values, float* grads, bf16* working, double lr, double grad_scale) {
   if (!std::isfinite(lr) || lr < 0) fail("AdamW step: learning rate must be a non-negative number, got {}", lr);
   if (device_ == Device::CPU) {
-    if (grad_scale != 1.0) scale_grads(grads, numel_, grad_scale);
-    host_->step(values, grads, segments_, lr);
+    // The gradients' scaling and the working copy in the update's own pass (every segment,
+    // nothing between segments, as the fused GPU step writes the working copy).
+    host_->step(values, grads, segments_, lr, working, grad_scale);
     step_ = host_->step_count();
-    if (working) {  // as the fused GPU step writes it: every segment, nothing between segments
-#pragma omp parallel
-      for (const auto& seg : segments_) {
-#pragma omp for schedule(static) nowait
-        for (int64_t i = seg.offset; i < seg.offset + seg.numel; ++i) working[i] = bf16::from_float(values[i]);
-      }
-    }
     return;
   }
 #ifdef PRIMUS_HAVE_CUDA

@@ -25,10 +25,10 @@ class FlatAdamW {
   double grad_sq_sum(const Tensor& grads, const std::vector<int>& tensors) const;
   double grad_sq_sum(const float* grads, const std::vector<int>& tensors) const;  // numel elements on device()
 
-  // One step on every segment: gradients times grad_scale (the clipping factor; the gradients are
-  // scaled in place on the host), then AdamW. When working is given (bf16, laid out like values),
-  // each segment of it receives bf16(updated values); what lies between segments (the
-  // ParamStore's alignment padding) is left as it is, on both devices.
+  // One step on every segment: gradients times grad_scale (the clipping factor; on the host the
+  // segments' gradients are scaled in place, in the update's pass), then AdamW. When working is
+  // given (bf16, laid out like values), each segment of it receives bf16(updated values); what
+  // lies between segments (the ParamStore's alignment padding) is left as it is, on both devices.
   void step(const Tensor& values, const Tensor& grads, Tensor* working, double lr, double grad_scale = 1.0);
   // The same on buffers of numel elements on device() (a shard of larger buffers).
   void step(float* values, float* grads, bf16* working, double lr, double grad_scale = 1.0);

@@ -251,6 +251,57 @@ TEST(Bf16Ops, GroupedGemmGivesEachProblemsOwnResult) {
 
 // ---- rows ----
 
+// The MoE routing row ops: the bf16 backend's AVX-512 kernels give the default implementation's
+// bits (the reference backend inherits it), on ragged widths, repeated and skipped rows, scales
+// and none, and values at bf16's edges: denormals, a NaN, a product that rounds to infinity.
+TEST(Bf16Ops, RoutingRowOpsGiveTheDefaultsBits) {
+  SKIP_WITHOUT_BF16();
+  Backends b;
+  for (int64_t C : {int64_t(1), int64_t(16), int64_t(37), int64_t(256)}) {
+    Tensor x = random({11, C}, DType::BF16, 10 + uint64_t(C), 3.0f);
+    uint16_t* xv = reinterpret_cast<uint16_t*>(x.raw());
+    xv[0] = 0x0001;                 // the smallest denormal
+    xv[x.numel() - 1] = 0x8075;     // a negative denormal
+    if (C > 1) xv[C + 1] = 0x7fc1;  // a NaN
+    xv[2 * C] = 0x7f70;             // 3.2e38: times 1.5 rounds to infinity
+    const std::vector<int32_t> rows = {3, 0, 10, 3, 7, 2, 3, 8, 1, 0, 5, 9, 4, 6};  // 3 thrice, 0 twice
+    std::vector<double> scale(rows.size());
+    for (size_t i = 0; i < scale.size(); ++i) scale[i] = (i % 3 ? 1.5 : -0.3) + 1e-3 * double(i);
+    for (const std::vector<double>* s : {&scale, static_cast<std::vector<double>*>(nullptr)}) {
+      const std::vector<double> sc = s ? *s : std::vector<double>();
+      const std::string what = fmt::format("C {} {}", C, s ? "scaled" : "unscaled");
+      Tensor g1 = Tensor::empty({int64_t(rows.size()), C}, DType::BF16), g2 = g1.clone();
+      b.fast.gather_rows(x, rows, sc, g1);
+      b.ref.gather_rows(x, rows, sc, g2);
+      EXPECT_EQ(std::memcmp(g1.raw(), g2.raw(), size_t(g1.numel()) * 2), 0) << "gather_rows " << what;
+      // scatter onto a tensor with values (rows 6..10 get nothing from rows[0..6))
+      Tensor o1 = random({11, C}, DType::BF16, 99, 2.0f), o2 = o1.clone();
+      b.fast.scatter_add_rows(g1, rows, sc, o1);
+      b.ref.scatter_add_rows(g1, rows, sc, o2);
+      EXPECT_EQ(std::memcmp(o1.raw(), o2.raw(), size_t(o1.numel()) * 2), 0) << "scatter_add_rows " << what;
+      const std::vector<int32_t> some(rows.begin(), rows.begin() + 6);
+      const std::vector<double> ssome = s ? std::vector<double>(sc.begin(), sc.begin() + 6) : std::vector<double>();
+      Tensor p1 = random({11, C}, DType::BF16, 98, 2.0f), p2 = p1.clone();
+      b.fast.scatter_add_rows(g1.slice(0, 0, 6), some, ssome, p1);
+      b.ref.scatter_add_rows(g1.slice(0, 0, 6), some, ssome, p2);
+      EXPECT_EQ(std::memcmp(p1.raw(), p2.raw(), size_t(p1.numel()) * 2), 0) << "partial scatter " << what;
+      const std::vector<double> d1 = b.fast.row_dots(x, rows, g2), d2 = b.ref.row_dots(x, rows, g2);
+      ASSERT_EQ(d1.size(), d2.size());
+      EXPECT_EQ(std::memcmp(d1.data(), d2.data(), d1.size() * sizeof(double)), 0) << "row_dots " << what;
+    }
+  }
+  // The default's checks, by name; other dtypes take the default.
+  Tensor x = random({4, 8}, DType::BF16, 1), out = Tensor::empty({2, 8}, DType::BF16);
+  EXPECT_THROW(b.fast.gather_rows(x, {0, 4}, {}, out), Error);
+  EXPECT_THROW(b.fast.gather_rows(x, {0, 1}, {1.0}, out), Error);
+  EXPECT_THROW(b.fast.scatter_add_rows(out, {0, -1}, {}, x), Error);
+  EXPECT_THROW(b.fast.row_dots(x, {0}, out), Error);
+  Tensor xf = random({4, 8}, DType::F32, 2), of1 = Tensor::empty({2, 8}, DType::F32), of2 = of1.clone();
+  b.fast.gather_rows(xf, {3, 1}, {0.5, 2.0}, of1);
+  b.ref.gather_rows(xf, {3, 1}, {0.5, 2.0}, of2);
+  EXPECT_EQ(std::memcmp(of1.raw(), of2.raw(), 64), 0);
+}
+
 TEST(Bf16Ops, RmsNormForwardAndBackward) {
   SKIP_WITHOUT_BF16();
   Backends b;

@@ -7,6 +7,7 @@
 #include "core/error.h"
 #include "optim/adamw.h"
 #include "optim/flat_adamw.h"
+#include "optim/grad_clip.h"
 
 using namespace primus;
 
@@ -112,6 +113,42 @@ TEST(AdamW, DecayNormsAndBiasesDecaysEverySegment) {
   flat.step(q.data(), g.data(), nullptr, 0.5);
   for (int i = 0; i < 4; ++i) EXPECT_FLOAT_EQ(q[i], 0.95f) << i;
   EXPECT_FLOAT_EQ(q[5], 1.f);
+}
+
+// bf16 mixed precision's working copy, written in the update's own pass: every updated parameter
+// of every segment rounded as bf16::from_float rounds it (a segment large enough for the
+// parallel loop among them), nothing between the segments; and the clipping factor applied in
+// that pass too.
+TEST(AdamW, FlatAdamWWritesTheWorkingCopyOfEverySegmentOnly) {
+  const int64_t n = 70000;
+  std::vector<ParamSegment> segs = {{"big", 0, 50000, true},
+                                    {"small", 50010, 9990, false},
+                                    {"last", 60000, 10000, true}};
+  std::vector<float> p(static_cast<size_t>(n)), g(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) {
+    p[size_t(i)] = 0.01f * float(i % 977) - 3.f;
+    g[size_t(i)] = 0.001f * float(i % 101) - 0.05f;
+  }
+  std::vector<bf16> working(static_cast<size_t>(n), bf16{0x1234});
+  FlatAdamW flat(AdamWOptions{0.9, 0.95, 1e-8, 0.1}, segs, n, Device::CPU);
+  for (int step = 0; step < 2; ++step) flat.step(p.data(), g.data(), working.data(), 1e-2);
+  for (int64_t i = 0; i < n; ++i) {
+    const bool in = i < 50000 || i >= 50010;
+    ASSERT_EQ(working[size_t(i)].bits, in ? bf16::from_float(p[size_t(i)]).bits : uint16_t(0x1234)) << i;
+  }
+  // The clipping factor in the same pass: the bits of scaling the gradients first, then stepping.
+  std::vector<float> p2 = p, g1 = g, g2 = g;
+  std::vector<bf16> w2 = working;
+  FlatAdamW a1(AdamWOptions{0.9, 0.95, 1e-8, 0.1}, segs, n, Device::CPU), a2(a1.options(), segs, n, Device::CPU);
+  scale_grads(g1.data(), n, 0.37);
+  a1.step(p.data(), g1.data(), working.data(), 1e-2);
+  a2.step(p2.data(), g2.data(), w2.data(), 1e-2, 0.37);
+  for (int64_t i = 0; i < n; ++i) {
+    if (i >= 50000 && i < 50010) continue;  // between segments: not scaled, not stepped
+    ASSERT_EQ(p[size_t(i)], p2[size_t(i)]) << i;
+    ASSERT_EQ(g1[size_t(i)], g2[size_t(i)]) << i;
+    ASSERT_EQ(working[size_t(i)].bits, w2[size_t(i)].bits) << i;
+  }
 }
 
 TEST(AdamW, ShardsGiveTheSameResultAsTheWhole) {

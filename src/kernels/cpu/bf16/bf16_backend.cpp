@@ -9,6 +9,7 @@
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/cpu/cpu_features.h"
 #include "kernels/cpu/reference_backend.h"
+#include "kernels/row_ops.h"
 
 namespace primus::cpu {
 
@@ -333,6 +334,41 @@ void Bf16Backend::cast(const Tensor& src, Tensor& dst) {
     bf16k::cast_bf16_to_f32(U(src), F(dst), src.numel());
   else
     cast_host(src, dst);
+}
+
+namespace {
+bool bf16_rows(const Tensor& t) { return t.dtype() == DType::BF16 && t.device() == Device::CPU && t.is_contiguous(); }
+const double* scales(const std::vector<double>& s) { return s.empty() ? nullptr : s.data(); }
+}  // namespace
+
+void Bf16Backend::gather_rows(const Tensor& x, const std::vector<int32_t>& rows, const std::vector<double>& scale,
+                              Tensor& out) {
+  if (!bf16_rows(x) || !bf16_rows(out)) return ops::Backend::gather_rows(x, rows, scale, out);
+  ops::check_gather_rows(x, rows, scale, out);
+  bf16k::gather_rows(U(x), x.size(1), rows.data(), scales(scale), int64_t(rows.size()), U(out));
+}
+
+void Bf16Backend::scatter_add_rows(const Tensor& y, const std::vector<int32_t>& rows, const std::vector<double>& scale,
+                                   Tensor& out) {
+  if (!bf16_rows(y) || !bf16_rows(out)) return ops::Backend::scatter_add_rows(y, rows, scale, out);
+  ops::check_scatter_add_rows(y, rows, scale, out);
+  // The listed rows grouped by destination, in list order (a stable counting sort).
+  const int64_t R = out.size(0);
+  std::vector<int64_t> first(size_t(R + 1), 0);
+  for (int32_t r : rows) ++first[size_t(r) + 1];
+  for (int64_t r = 0; r < R; ++r) first[size_t(r + 1)] += first[size_t(r)];
+  std::vector<int64_t> next(first.begin(), first.end() - 1);
+  std::vector<int32_t> order(rows.size());
+  for (size_t i = 0; i < rows.size(); ++i) order[size_t(next[size_t(rows[i])]++)] = int32_t(i);
+  bf16k::scatter_add_rows(U(y), y.size(1), first.data(), order.data(), R, scales(scale), U(out));
+}
+
+std::vector<double> Bf16Backend::row_dots(const Tensor& a, const std::vector<int32_t>& rows, const Tensor& b) {
+  if (!bf16_rows(a) || !bf16_rows(b)) return ops::Backend::row_dots(a, rows, b);
+  ops::check_row_dots(a, rows, b);
+  std::vector<double> out(rows.size());
+  bf16k::row_dots(U(a), a.size(1), rows.data(), U(b), int64_t(rows.size()), out.data());
+  return out;
 }
 
 MemoryStats Bf16Backend::memory_stats() const { return host_memory_stats(); }

@@ -69,6 +69,12 @@ class Bf16Backend final : public ops::Backend {
   void ce_chunk_backward(const Tensor& logits, const Tensor& lse, const Tensor& targets, int64_t c0, double softcap,
                          Tensor& dlogits) override;
   void cast(const Tensor& src, Tensor& dst) override;
+  // The routing row ops on bf16 tensors (AVX-512, the default's bits); other dtypes take the default.
+  void gather_rows(const Tensor& x, const std::vector<int32_t>& rows, const std::vector<double>& scale,
+                   Tensor& out) override;
+  void scatter_add_rows(const Tensor& y, const std::vector<int32_t>& rows, const std::vector<double>& scale,
+                        Tensor& out) override;
+  std::vector<double> row_dots(const Tensor& a, const std::vector<int32_t>& rows, const Tensor& b) override;
   MemoryStats memory_stats() const override;
   void reset_peak_memory() override;
   // The measured bf16 GEMM peak (bf16k::bf16_gemm_peak_gflops), not the SGEMM one.

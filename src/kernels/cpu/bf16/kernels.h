@@ -39,6 +39,17 @@ void add_f32(const float* a, const float* b, float* out, int64_t n);
 void cast_f32_to_bf16(const float* src, uint16_t* dst, int64_t n);
 void cast_bf16_to_f32(const uint16_t* src, float* dst, int64_t n);
 
+// ---- MoE token routing (row_ops_avx512.cpp): kernels/backend.h's row ops, bit for bit the default
+// implementation's (double inside, one rounding per result, in list order) ----
+// out[i] = scale[i] (null: 1) * x[rows[i]], rows of c values.
+void gather_rows(const uint16_t* x, int64_t c, const int32_t* rows, const double* scale, int64_t n, uint16_t* out);
+// out[r] += scale[i] (null: 1) * y[i] for the listed i of each row r, order[first[r] .. first[r + 1])
+// in list order (first: out_rows + 1 offsets); rows without any stay untouched.
+void scatter_add_rows(const uint16_t* y, int64_t c, const int64_t* first, const int32_t* order, int64_t out_rows,
+                      const double* scale, uint16_t* out);
+// out[i] = <a[rows[i]], b[i]> in double, one fused multiply-add per column in order.
+void row_dots(const uint16_t* a, int64_t c, const int32_t* rows, const uint16_t* b, int64_t n, double* out);
+
 // Cross-entropy over a chunk of fp32 logits [n, vc] whose columns are vocabulary ids c0 ..
 // c0 + vc (kernels/backend.h), soft-capped first when cap > 0 (kernels/softcap.h).
 void ce_chunk_forward(const float* logits, const int32_t* targets, int64_t n, int64_t vc, int64_t c0, float cap,
