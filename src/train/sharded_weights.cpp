@@ -111,11 +111,9 @@ void ShardedWeights::acquire(int unit, int next) {
   auto start = [&](int u) {
     const WeightUnit& wu = model_.weight_units()[size_t(u)];
     Tensor full = Tensor::zeros({wu.end - wu.begin}, work_dtype_, be_.device());
-    for (const Part& part : parts_[size_t(u)]) {
+    for (const Part& part : parts_[size_t(u)])
       gathering_[size_t(u)].push_back(
           groups_[size_t(part.group)]->start_gather(part.index, shard_of(working_, part), full));
-      ++gathers_posted_;
-    }
     gathered_[size_t(u)] = full;
     // Kept for the backward of the microbatch (freed once its W passes are done).
     kept_[size_t(u)] = !schedule_.reshard_after_forward;
@@ -201,7 +199,6 @@ void ShardedWeights::reduce_unit(int unit) {
     while (reductions_.size() >= size_t(parallel::kFsdpReductionsInFlight)) complete_oldest_reduction();
     Tensor sums = Tensor::zeros({std::max<int64_t>(1, part.shard_numel)}, DType::F32, be_.device());
     auto work = groups_[size_t(part.group)]->start_reduce(part.index, whole, sums.slice(0, 0, part.shard_numel));
-    ++reductions_posted_;
     reductions_.push_back({part, std::move(sums), std::move(work)});
   }
   unit_grads_[size_t(unit)] = Tensor();  // copied into the wire buffers: freed now

@@ -135,9 +135,6 @@ class ShardedWeights final : public WeightSource {
   int64_t shard_numel() const { return shard_numel_; }
   // Whole-unit gradient bytes held through a step (reduce_every > 1: every unit's, 4 per parameter)
   int64_t accumulation_bytes() const;
-  // Collectives posted since construction: unit gathers and unit reductions (each part counts one).
-  int64_t gathers_posted() const { return gathers_posted_; }
-  int64_t reductions_posted() const { return reductions_posted_; }
 
  private:
   struct Piece {
@@ -181,7 +178,6 @@ class ShardedWeights final : public WeightSource {
   std::vector<int> microbatches_;             // per unit: microbatches accumulated since its last reduction
   ShardedSchedule schedule_;
   std::vector<uint8_t> kept_;                 // per unit: gathered by a forward, kept for its backward
-  int64_t gathers_posted_ = 0, reductions_posted_ = 0;
   int64_t shard_numel_ = 0;
   std::vector<std::unique_ptr<parallel::FsdpGroup>> groups_;  // dp's, then (expert parallel) edp's
   Tensor master_, working_, grads_;           // shard buffers (working_ is master_ in fp32)
