@@ -8,7 +8,11 @@
 # Strategies alternate within a round; ROUNDS rounds, figures from the last one printed per round.
 #
 #   bash benchmarks/sharding/run_dp4.sh [build/src/cli/primus-cli] [work folder] [model (tiny)] [rounds (1)]
-# model: tiny (the test model, 8 layers) or llama_100M (seq 256).
+# model: tiny (the test model, 8 layers) or any other preset (llama_100M: mbs 1, gbs 8, seq 256).
+# VARIANTS (default "no_shard optim optim_grads optim_grads_params"): a strategy with options after
+# '+': once (reduce_sharded_grads_once_per_step), keep (torch_fsdp2_reshard_after_forward false),
+# noprogress (mpi_progress_interval_us 0); a leading 'old:' runs OLD_CLI (another build, e.g. main's,
+# for old-vs-new in one run) with the strategy alone.
 set -euo pipefail
 CLI=$(realpath "${1:-build/src/cli/primus-cli}")
 WORK=${2:-$(mktemp -d /tmp/primus_sharding.XXXXXX)}
@@ -53,10 +57,19 @@ YAML
 echo "| strategy | step (ms) | tokens/s | parameters MiB | gradients MiB | optimizer MiB | rest of peak MiB | comm hidden |"
 echo "|---|---|---|---|---|---|---|---|"
 for round in $(seq "$ROUNDS"); do
-  for S in no_shard optim optim_grads optim_grads_params; do
+  for V in ${VARIANTS:-no_shard optim optim_grads optim_grads_params}; do
+    RUN_CLI=$CLI
+    SPEC=$V
+    if [ "${V#old:}" != "$V" ]; then RUN_CLI=$(realpath "$OLD_CLI"); SPEC=${V#old:}; fi
+    STRATEGY=${SPEC%%+*}
+    OPTS=()
+    case "+${SPEC#*+}+" in *+once+*) OPTS+=(--reduce_sharded_grads_once_per_step true) ;; esac
+    case "+${SPEC#*+}+" in *+keep+*) OPTS+=(--torch_fsdp2_reshard_after_forward false) ;; esac
+    case "+${SPEC#*+}+" in *+noprogress+*) OPTS+=(--mpi_progress_interval_us 0) ;; esac
+    S=${V//[:+]/_}
     rm -rf "ws/$S"
-    "$CLI" direct --nproc 4 --exp-name "$S" -- train pretrain --config exp.yaml \
-      --data_parallel_sharding_strategy "$S" --profile true $PROFILE --profile_ranks '[0,1,2,3]' \
+    "$RUN_CLI" direct --nproc 4 --exp-name "$S" -- train pretrain --config exp.yaml \
+      --data_parallel_sharding_strategy "$STRATEGY" "${OPTS[@]}" --profile true $PROFILE --profile_ranks '[0,1,2,3]' \
       > "$S.log" 2>&1 || { echo "$S failed: $WORK/$S.log"; exit 1; }
     "$CLI" direct -- analyze trace "ws/$S" --format json > "$S.analysis.json" 2> "$S.analysis.log"
     python3 - "$S" <<'PY'

@@ -142,7 +142,7 @@ const std::vector<DialectKey>& table() {
       {"parallelism.expert_parallel_comm_backend", N, "standard", kTuning},
       {"parallelism.expert_parallel_degree", A, "1", "expert_model_parallel_size"},
       {"parallelism.expert_tensor_parallel_degree", A, "1", "expert_tensor_parallel_size"},
-      {"parallelism.fsdp_reshard_after_forward", N, "default", kMemory},
+      {"parallelism.fsdp_reshard_after_forward", A, "default", "torch_fsdp2_reshard_after_forward: never is false; default and always are true (FSDP2's default under no pipeline stages)"},
       {"parallelism.module_fqns_per_model_part", N, "null", "how layers are split over pipeline stages; the result does not depend on it (this engine's: decoder_first/last_pipeline_num_layers, pipeline_balance)"},
       {"parallelism.pipeline_parallel_degree", A, "1", "pipeline_model_parallel_size"},
       {"parallelism.pipeline_parallel_expert_parallel_overlap", N, "true", kTuning},
@@ -512,6 +512,12 @@ class TorchTitan final : public Dialect {
     const std::vector<std::string> degrees = {"parallelism.data_parallel_replicate_degree",
                                               "parallelism.data_parallel_shard_degree"};
     s.set("data_parallel_sharding_strategy", YAML::Node(shard > 1 ? "optim_grads_params" : "no_shard"), degrees);
+    const std::string reshard = s.text("parallelism.fsdp_reshard_after_forward");
+    if (reshard != "default" && reshard != "always" && reshard != "never")
+      s.refuse("parallelism.fsdp_reshard_after_forward",
+               fmt::format("'{}' is not one of default, always, never", reshard));
+    s.set("torch_fsdp2_reshard_after_forward", YAML::Node(reshard != "never"),
+          {"parallelism.fsdp_reshard_after_forward"});
     s.set("tensor_model_parallel_size", YAML::Node(tp), {"parallelism.tensor_parallel_degree"});
     s.set("sequence_parallel", YAML::Node(tp > 1), {"parallelism.tensor_parallel_degree"});
     s.set("pipeline_model_parallel_size", YAML::Node(pp), {"parallelism.pipeline_parallel_degree"});

@@ -189,6 +189,17 @@ const std::vector<KeyInfo>& training_keys() {
                                            "use_distributed_optimizer, else no_shard (docs/context_parallel.md)"),
       KEY(use_torch_fsdp2, "alias of data_parallel_sharding_strategy optim_grads_params (FSDP: parameters, gradients "
                            "and optimizer state sharded over dp)"),
+      KEY(torch_fsdp2_reshard_after_forward,
+          "optim_grads_params: free each unit's gathered weights after its forward (true) or keep them until its "
+          "backward is done (false: one all-gather per unit and microbatch instead of two, the whole working weights "
+          "held between a microbatch's forward and backward; FSDP2's reshard_after_forward)"),
+      KEY(reduce_sharded_grads_once_per_step,
+          "optim_grads / optim_grads_params: keep every unit's whole fp32 gradient through the step and reduce-scatter "
+          "it once, in the last microbatch's backward (false: once per microbatch); costs 4 bytes per parameter "
+          "(docs/data_parallel.md)"),
+      KEY(mpi_progress_interval_us, "under MPI: a progress thread advances the non-blocking collectives (gradient "
+                                    "reductions, FSDP gathers) every this many microseconds while any is in flight, so "
+                                    "they run behind compute; 0: none (they advance only in MPI calls)"),
       KEY(overlap_grad_reduce, "start each gradient bucket's reduction as soon as its backward is done"),
       KEY(ddp_bucket_size, "elements per gradient bucket; 0: max(40M, 1M x dp)"),
       KEY(profile, "write a Chrome trace per profiled rank to <run dir>/trace/ (docs/profiling.md)"),
@@ -733,6 +744,9 @@ void check_fp8(const TrainingArgs& t, const At& at) {
          "(e4m3 | hybrid) or fp8_output_layer false",
          at("fp8_output_layer"));
   if (t.fp8 == Fp8Mode::Off) return;
+  if (t.mpi_progress_interval_us < 0)
+    fail("{}: mpi_progress_interval_us must be 0 (no progress thread) or a positive number of microseconds, got {}",
+         at("mpi_progress_interval_us"), t.mpi_progress_interval_us);
   if (t.fp8_margin < 0) fail("{}: fp8_margin must not be negative, got {}", at("fp8_margin"), t.fp8_margin);
   if (t.fp8_amax_history_len < 1)
     fail("{}: fp8_amax_history_len must be at least 1, got {}", at("fp8_amax_history_len"), t.fp8_amax_history_len);

@@ -135,6 +135,12 @@ struct TrainingArgs {
   // no_shard | optim | optim_grads | optim_grads_params; unset: optim when use_distributed_optimizer
   DpSharding data_parallel_sharding_strategy = DpSharding::Unset;
   bool use_torch_fsdp2 = false;  // Primus recipes' alias of optim_grads_params
+  // optim_grads_params: false keeps a unit gathered from its forward to its backward (Megatron's key)
+  bool torch_fsdp2_reshard_after_forward = true;
+  // optim_grads / optim_grads_params: whole gradients through the step, one reduce-scatter per unit
+  bool reduce_sharded_grads_once_per_step = false;
+  // MPI's progress thread (parallel/mpi_process_group.h): microseconds between progress passes; 0: none
+  int64_t mpi_progress_interval_us = 100;
   bool overlap_grad_reduce = true;
   int64_t ddp_bucket_size = 0;  // elements; 0: max(40M, 1M x dp) as Megatron
   // FP8 linear layers (docs/fp8.md): Megatron's keys with Primus's defaults (trainer_base.yaml)

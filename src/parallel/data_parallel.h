@@ -87,7 +87,7 @@ class GradBuckets {
   // sums).
   void finish();
   // Gives posted collectives a chance to progress: MPI advances a non-blocking collective only
-  // inside MPI calls, and there is no progress thread. mark_ready() calls it; a caller may also
+  // inside MPI calls (set_mpi_progress_interval's thread makes them in training). mark_ready() calls it; a caller may also
   // call it between compute ops. Cheap (one MPI_Test per bucket in flight).
   void poll();
   // Readies the buckets for the next step: clears the marks, and completes any collective still

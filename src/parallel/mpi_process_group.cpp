@@ -1,9 +1,13 @@
 #include "parallel/mpi_process_group.h"
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <climits>
+#include <condition_variable>
 #include <cstdlib>
 #include <mutex>
+#include <thread>
 
 #include <fmt/format.h>
 
@@ -17,6 +21,70 @@ std::mutex g_mutex;
 ThreadLevel g_level = ThreadLevel::Single;
 bool g_initialized_by_us = false;
 MpiProcessGroup* g_world = nullptr;
+
+bool finalized();
+
+// The progress thread (set_mpi_progress_interval): wakes while operations are in flight.
+class ProgressEngine {
+ public:
+  ~ProgressEngine() { stop(); }
+  bool start(int64_t interval_us) {
+    stop();
+    if (interval_us <= 0 || g_level != ThreadLevel::Multiple) return false;
+    if (MPI_Comm_dup(MPI_COMM_SELF, &probe_) != MPI_SUCCESS) return false;
+    interval_ = std::chrono::microseconds(interval_us);
+    quit_ = false;
+    thread_ = std::thread([this] { loop(); });
+    return true;
+  }
+  void stop() {
+    if (!thread_.joinable()) return;
+    {
+      std::lock_guard<std::mutex> lock(m_);
+      quit_ = true;
+    }
+    cv_.notify_one();
+    thread_.join();
+    if (!finalized()) MPI_Comm_free(&probe_);
+  }
+  bool running() const { return thread_.joinable(); }
+  void begin() {
+    if (inflight_.fetch_add(1) == 0 && running()) {
+      std::lock_guard<std::mutex> lock(m_);
+      cv_.notify_one();
+    }
+  }
+  void end() { inflight_.fetch_sub(1); }
+  int64_t passes() const { return passes_.load(); }
+
+ private:
+  void loop() {
+    for (;;) {
+      {
+        std::unique_lock<std::mutex> lock(m_);
+        cv_.wait(lock, [&] { return quit_ || inflight_.load() > 0; });
+        if (quit_) return;
+      }
+      int flag = 0;
+      MPI_Iprobe(MPI_ANY_SOURCE, MPI_ANY_TAG, probe_, &flag, MPI_STATUS_IGNORE);  // runs MPI's progress
+      passes_.fetch_add(1);
+      std::this_thread::sleep_for(interval_);
+    }
+  }
+  std::thread thread_;
+  std::mutex m_;
+  std::condition_variable cv_;
+  std::atomic<int> inflight_{0};
+  std::atomic<int64_t> passes_{0};
+  bool quit_ = false;
+  std::chrono::microseconds interval_{0};
+  MPI_Comm probe_ = MPI_COMM_NULL;
+};
+
+ProgressEngine& progress() {
+  static ProgressEngine* engine = new ProgressEngine();  // lives to the end; stopped by finalize_mpi
+  return *engine;
+}
 
 std::string mpi_error_string(int rc) {
   char buf[MPI_MAX_ERROR_STRING];
@@ -105,7 +173,9 @@ class MpiWork final : public Work {
  public:
   // expect_count >= 0: a receive whose delivered element count must match exactly.
   MpiWork(MPI_Request req, std::string what, MPI_Datatype type, int64_t expect_count)
-      : req_(req), what_(std::move(what)), type_(type), expect_count_(expect_count) {}
+      : req_(req), what_(std::move(what)), type_(type), expect_count_(expect_count) {
+    progress().begin();
+  }
 
   ~MpiWork() override {
     if (done_ || finalized()) return;
@@ -113,13 +183,14 @@ class MpiWork final : public Work {
     // cancelled, anything else is completed.
     if (expect_count_ >= 0) MPI_Cancel(&req_);
     MPI_Wait(&req_, MPI_STATUS_IGNORE);
+    progress().end();
   }
 
   void wait() override {
     if (done_) return;
     MPI_Status st;
     int rc = MPI_Wait(&req_, &st);
-    done_ = true;
+    set_done();
     finish(rc, st);
   }
 
@@ -129,16 +200,20 @@ class MpiWork final : public Work {
     int flag = 0;
     int rc = MPI_Test(&req_, &flag, &st);
     if (rc != MPI_SUCCESS) {
-      done_ = true;
+      set_done();
       finish(rc, st);
     }
     if (!flag) return false;
-    done_ = true;
+    set_done();
     finish(rc, st);
     return true;
   }
 
  private:
+  void set_done() {
+    done_ = true;
+    progress().end();
+  }
   void finish(int rc, const MPI_Status& st) {
     if (rc != MPI_SUCCESS) fail("{} failed: {}", what_, mpi_error_string(rc));
     if (expect_count_ >= 0) {
@@ -193,6 +268,7 @@ void init_mpi() {
 }
 
 void finalize_mpi() {
+  progress().stop();  // before MPI goes
   std::lock_guard<std::mutex> lock(g_mutex);
   delete g_world;  // frees its communicator while MPI is still up
   g_world = nullptr;
@@ -213,6 +289,13 @@ bool mpi_initialized() {
 }
 
 ThreadLevel mpi_thread_level() { return g_level; }
+
+bool set_mpi_progress_interval(int64_t interval_us) {
+  init_mpi();
+  return progress().start(interval_us);
+}
+
+int64_t mpi_progress_passes() { return progress().passes(); }
 
 MpiProcessGroup& mpi_world() {
   init_mpi();

@@ -31,6 +31,19 @@ void abort_mpi(int code);
 bool mpi_initialized();   // by us or by someone else, and not yet finalized
 ThreadLevel mpi_thread_level();
 
+// The progress engine. OpenMPI advances a non-blocking collective only inside MPI calls of the
+// process (its build has no asynchronous progress thread: `ompi_info` says "OMPI progress: no"),
+// so a reduce-scatter posted before a layer's compute would otherwise make almost no headway until
+// wait(). With an interval > 0 and MPI_THREAD_MULTIPLE granted, a thread of ours calls MPI's
+// progress (MPI_Iprobe on a communicator nobody sends on) every `interval_us` microseconds while
+// any non-blocking operation of this backend is in flight, and sleeps on a condition variable
+// while none is, so blocking code and compute-only phases pay nothing. 0 stops it. Results do not
+// depend on it (the same collectives, the same reduction order). Returns whether the thread runs:
+// false at interval 0, or when MPI granted less than MPI_THREAD_MULTIPLE.
+bool set_mpi_progress_interval(int64_t interval_us);
+// Progress passes the thread made since it started (tests: it ran while operations were in flight).
+int64_t mpi_progress_passes();
+
 class MpiProcessGroup final : public ProcessGroup {
  public:
   // Takes ownership of comm (freed in the destructor unless it is MPI_COMM_WORLD/SELF).

@@ -204,7 +204,9 @@ void replicated_state(MemoryEstimate& e, const RankRecord& rec, const ParallelLa
 // units (parallel::kFsdpGathersInFlight: the one computing and the next); counted at the largest
 // unit. These transients are not in DataParallelStrategy::memory() (its persistent buffers, which
 // the shards above reproduce: tests/unit/train/test_memory_estimate.cpp builds the strategies and
-// compares), and they exist only once the strategy runs, so they are counted here.
+// compares), and they exist only once the strategy runs, so they are counted here. With
+// reduce_sharded_grads_once_per_step the units' whole gradients are held through the step: counted
+// as gradients, as DataParallelStrategy::memory() counts them.
 void sharded_state(MemoryEstimate& e, const RankRecord& rec, const ParallelLayout& L, const config::TrainingArgs& a,
                    config::DpSharding sharding) {
   const int dp = L.dp * L.cp, edp = std::max(1, L.dp / std::max(1, L.ep)) * L.cp;
@@ -215,6 +217,9 @@ void sharded_state(MemoryEstimate& e, const RankRecord& rec, const ParallelLayou
   e.working_bytes = (rec.activation != rec.master ? held(S, act) : 0) +
                     (sharding == config::DpSharding::OptimGrads ? held(double(rec.param_numel), act) : 0);
   e.gradient_bytes = held(S, 4);
+  // reduce_sharded_grads_once_per_step: every unit's whole fp32 gradient through the step
+  // (ShardedWeights::accumulation_bytes), as no_shard holds it.
+  if (a.reduce_sharded_grads_once_per_step && L.microbatches_per_rank > 1) e.gradient_bytes += held(double(rec.param_numel), 4);
   e.optimizer_bytes = moments(S, a);
   if (s.buffers > 0) e.buffer_bytes += held(double(s.buffers), 4);
   const double unit = double(s.max_unit);

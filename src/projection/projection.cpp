@@ -246,12 +246,15 @@ void project_performance(Projection& p, OpTimer& timer) {
       double gather = sharded ? comm_seconds("all_gather", 4 * P, dpc, dp_link) : 0;
       const double work_bytes = p.precision == Precision::Bf16 ? 2.0 : 4.0;
       const double micro = double(L.microbatches_per_rank);
-      // zero2 / fsdp reduce-scatter each unit after each microbatch's W passes; fsdp gathers the
-      // working weights for every forward and every backward, zero2 once after the step.
+      // zero2 / fsdp reduce-scatter each unit after each microbatch's W passes (once per step with
+      // reduce_sharded_grads_once_per_step); fsdp gathers the working weights for every forward and
+      // every backward (once per microbatch with torch_fsdp2_reshard_after_forward false), zero2
+      // once after the step (train/sharded_weights.h).
       if (p.sharding == DpSharding::OptimGrads || p.sharding == DpSharding::OptimGradsParams) {
-        reduce *= micro;
+        if (!args.reduce_sharded_grads_once_per_step) reduce *= micro;
+        const double gathers = args.torch_fsdp2_reshard_after_forward ? 2 * micro : micro;
         gather = comm_seconds("all_gather", work_bytes * P, dpc, dp_link) *
-                 (p.sharding == DpSharding::OptimGradsParams ? 2 * micro : 1);
+                 (p.sharding == DpSharding::OptimGradsParams ? gathers : 1);
       }
       const int64_t bucket = args.ddp_bucket_size > 0 ? args.ddp_bucket_size : parallel::default_bucket_size(dpc);
       const int64_t nb = std::max<int64_t>(1, (rp.count + bucket - 1) / bucket);

@@ -364,8 +364,9 @@ class ShardedStrategy final : public DataParallelStrategy {
   }
   void load_targets(ResidentLoad& load, bool optimizer) override { sharded_->load_targets(load, optimizer); }
   void finish_load(int64_t step, bool optimizer) override { sharded_->finish_load(step, optimizer); }
-  DpMemory memory() const override {  // the rank's shards (and ZeRO-2's whole working copy)
-    return {double(sharded_->parameter_bytes()), double(sharded_->gradient_bytes()),
+  DpMemory memory() const override {  // the rank's shards (and ZeRO-2's whole working copy; whole gradients
+                                      // accumulated through the step)
+    return {double(sharded_->parameter_bytes()), double(sharded_->gradient_bytes() + sharded_->accumulation_bytes()),
             double(sharded_->optimizer_bytes())};
   }
 
@@ -378,12 +379,19 @@ class ShardedStrategy final : public DataParallelStrategy {
   std::unique_ptr<ModelParallelGrads> mp_;
 };
 
+ShardedSchedule schedule_of(const DpSetup& s) {
+  ShardedSchedule out;
+  out.reduce_every = s.reduce_sharded_grads_once_per_step ? int(s.layout.microbatches_per_rank) : 1;
+  out.reshard_after_forward = s.reshard_after_forward;
+  return out;
+}
+
 ShardedStrategy::ShardedStrategy(const DpSetup& s)
     : model_(s.model), groups_(s.groups), shards_group_(gradient_group(s)), bf16_grads_(s.bf16_main_grads) {
   sharded_ = std::make_unique<ShardedWeights>(model_, shards_group_, s.layout.ep > 1 ? s.groups.edp_cp.get() : nullptr,
                                               s.layout.shard_parameters() ? ShardedStage::OptimGradsParams
                                                                           : ShardedStage::OptimGrads,
-                                              s.adam, s.bf16_main_grads);
+                                              s.adam, s.bf16_main_grads, schedule_of(s));
   model_.set_weight_source(sharded_.get());
   sharded_->init_weights(s.seed);
   mp_ = std::make_unique<ModelParallelGrads>(model_, s.layout, s.groups, s.me);

@@ -50,6 +50,10 @@ struct DpSetup {
   // rounded to bf16 after every W pass adds into it (before its bucket or unit is reduced), and
   // after the data-parallel reduction. adam.bf16_params rounds the initial and loaded weights too.
   bool bf16_main_grads = false;
+  // ZeRO-2 / FSDP (train/sharded_weights.h, ShardedSchedule): reduce_sharded_grads_once_per_step and
+  // torch_fsdp2_reshard_after_forward.
+  bool reduce_sharded_grads_once_per_step = false;
+  bool reshard_after_forward = true;
 };
 
 // This rank's persistent buffers in bytes, for the log's peak-memory split: the weights (master

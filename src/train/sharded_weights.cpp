@@ -18,14 +18,16 @@ Tensor host_tensor(const std::vector<float>& v) {
 }  // namespace
 
 ShardedWeights::ShardedWeights(LlamaModel& model, parallel::ProcessGroup& dp, parallel::ProcessGroup* expert_dp,
-                               ShardedStage stage, AdamWOptions adam, bool bf16_grads)
+                               ShardedStage stage, AdamWOptions adam, bool bf16_grads, ShardedSchedule schedule)
     : model_(model),
       be_(model.backend()),
       dp_(dp),
       stage_(stage),
       work_dtype_(activation_dtype(model.precision())),
       bf16_grads_(bf16_grads),
-      bf16_params_(adam.bf16_params) {
+      bf16_params_(adam.bf16_params),
+      schedule_(schedule) {
+  PRIMUS_CHECK(schedule_.reduce_every >= 1, "reduce_every {} microbatches", schedule_.reduce_every);
   const ParamStore& params = model_.params();
   PRIMUS_CHECK(params.dtype() == DType::F32, "sharded weights keep fp32 masters");
   PRIMUS_CHECK(dp_.device() == be_.device(), "the dp group's buffers must live on the backend's device");
@@ -81,6 +83,8 @@ ShardedWeights::ShardedWeights(LlamaModel& model, parallel::ProcessGroup& dp, pa
   for (size_t p = 0; p < infos.size(); ++p)
     if (infos[p].buffer) buffers_[p] = Tensor::zeros({infos[p].numel}, DType::F32, dev);
   reported_.assign(units.size(), 0);
+  microbatches_.assign(units.size(), 0);
+  kept_.assign(units.size(), 0);
   std::vector<ParamSegment> segments;
   for (size_t p = 0; p < infos.size(); ++p)
     segments.push_back({infos[p].name, pieces_[p].shard_offset, pieces_[p].numel, infos[p].weight_decay});
@@ -111,6 +115,8 @@ void ShardedWeights::acquire(int unit, int next) {
       gathering_[size_t(u)].push_back(
           groups_[size_t(part.group)]->start_gather(part.index, shard_of(working_, part), full));
     gathered_[size_t(u)] = full;
+    // Kept for the backward of the microbatch (freed once its W passes are done).
+    kept_[size_t(u)] = !schedule_.reshard_after_forward;
   };
   ++holds_[size_t(unit)];
   if (!gathered_[size_t(unit)].defined()) start(unit);
@@ -123,7 +129,8 @@ void ShardedWeights::acquire(int unit, int next) {
 void ShardedWeights::release(int unit) {
   if (stage_ == ShardedStage::OptimGrads) return;
   PRIMUS_CHECK(holds_[size_t(unit)] > 0, "release of unit {} that no pass holds", unit);
-  if (--holds_[size_t(unit)] == 0 && gathering_[size_t(unit)].empty()) gathered_[size_t(unit)] = Tensor();
+  if (--holds_[size_t(unit)] == 0 && gathering_[size_t(unit)].empty() && !kept_[size_t(unit)])
+    gathered_[size_t(unit)] = Tensor();
 }
 
 Tensor ShardedWeights::weights(int unit) {
@@ -156,6 +163,8 @@ void ShardedWeights::begin_step() {
   PRIMUS_CHECK(reductions_.empty(), "a step began with gradient reductions in flight");
   grads_.zero_();
   std::fill(reported_.begin(), reported_.end(), 0);
+  std::fill(microbatches_.begin(), microbatches_.end(), 0);
+  drop_kept();  // e.g. kept by an evaluation's forwards
 }
 
 void ShardedWeights::weights_done(const std::vector<int>& ids) {
@@ -163,9 +172,23 @@ void ShardedWeights::weights_done(const std::vector<int>& ids) {
     const int u = model_.unit_of(id);
     if (++reported_[size_t(u)] == per_microbatch_[size_t(u)]) {
       reported_[size_t(u)] = 0;
-      reduce_unit(u);
+      unit_microbatch_done(u);
     }
   }
+}
+
+void ShardedWeights::unit_microbatch_done(int unit) {
+  const auto u = size_t(unit);
+  if (kept_[u]) {  // its backward is done: reshard now
+    kept_[u] = 0;
+    if (holds_[u] == 0 && gathering_[u].empty()) gathered_[u] = Tensor();
+  }
+  if (++microbatches_[u] < schedule_.reduce_every) {
+    if (bf16_grads_) round_to_bf16(be_, grads(unit));  // the bf16 accumulation, as each reduction's
+    return;
+  }
+  microbatches_[u] = 0;
+  reduce_unit(unit);
 }
 
 void ShardedWeights::reduce_unit(int unit) {
@@ -198,6 +221,7 @@ void ShardedWeights::finish_gradients() {
     if (unit_grads_[u].defined()) reduce_unit(int(u));
   while (!reductions_.empty()) complete_oldest_reduction();
   std::fill(reported_.begin(), reported_.end(), 0);
+  std::fill(microbatches_.begin(), microbatches_.end(), 0);
   drop_prefetches();
 }
 
@@ -205,8 +229,26 @@ void ShardedWeights::drop_prefetches() {
   for (size_t u = 0; u < gathering_.size(); ++u) {
     for (auto& g : gathering_[u]) g->wait();
     gathering_[u].clear();
-    if (holds_[u] == 0) gathered_[u] = Tensor();
+    if (holds_[u] == 0) {
+      gathered_[u] = Tensor();
+      kept_[u] = 0;
+    }
   }
+}
+
+void ShardedWeights::drop_kept() {
+  for (size_t u = 0; u < kept_.size(); ++u) {
+    if (!kept_[u] || holds_[u] > 0) continue;
+    for (auto& g : gathering_[u]) g->wait();
+    gathering_[u].clear();
+    gathered_[u] = Tensor();
+    kept_[u] = 0;
+  }
+}
+
+int64_t ShardedWeights::accumulation_bytes() const {
+  // The units' buffers, allocated as the W passes first ask, cover the flat layout.
+  return schedule_.reduce_every <= 1 ? 0 : model_.params().numel() * int64_t(sizeof(float));
 }
 
 Tensor ShardedWeights::grad_piece(int param) const {
@@ -219,6 +261,7 @@ double ShardedWeights::grad_sq_sum(const std::vector<int>& counted) const { retu
 // ---- optimizer ------------------------------------------------------------------------------
 
 void ShardedWeights::step(double lr, double grad_scale) {
+  drop_kept();  // a kept gathered copy would be stale after the update
   Tensor* working = working_.dtype() == DType::F32 ? nullptr : &working_;
   adam_->step(master_, grads_, working, lr, grad_scale);
   if (stage_ == ShardedStage::OptimGrads) gather_whole();
@@ -269,6 +312,7 @@ void ShardedWeights::load_values(const float* full) {
       std::copy_n(full + infos[p].offset, infos[p].numel, host.data<float>());
       buffers_[p].copy_from(host.to(buffers_[p].device()));
     }
+  drop_kept();
   master_.copy_from(host_tensor(to_shards(full)).to(master_.device()));
   if (working_.dtype() != DType::F32) be_.cast(master_, working_);
   if (stage_ == ShardedStage::OptimGrads) gather_whole();
@@ -294,6 +338,7 @@ void ShardedWeights::load_targets(ResidentLoad& load, bool optimizer) {
 }
 
 void ShardedWeights::finish_load(int64_t step, bool optimizer) {
+  drop_kept();
   const auto& infos = model_.params().infos();
   for (size_t p = 0; p < pieces_.size(); ++p) {
     const Piece& pc = pieces_[p];

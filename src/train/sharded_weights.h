@@ -10,17 +10,25 @@
 // precision), the fp32 gradient sums and the two AdamW moments.
 //
 // Gradients (both stages): a W pass adds into a whole fp32 gradient buffer of its unit, allocated
-// when first asked for. Once every tensor of the unit has had its W pass for a microbatch, the
-// buffer is reduce-scattered over dp and freed; each rank adds the result to its gradient shard.
-// So at most a unit's worth of gradients is whole at a time (two reductions stay in flight while
-// the backward goes on), at the cost of one reduce-scatter per unit and microbatch, as ZeRO-2 in
-// DeepSpeed and FSDP2's default do. Any partial sum may be reduced (the reduction is linear), so
-// the order in which a schedule runs its W passes never matters for the result.
+// when first asked for. Once every tensor of the unit has had its W passes for `reduce_every`
+// microbatches (ShardedSchedule), the buffer is reduce-scattered over dp and freed; each rank adds
+// the result to its gradient shard. By default (reduce_every 1) at most a unit's worth of gradients
+// is whole at a time (two reductions stay in flight while the backward goes on), at the cost of one
+// reduce-scatter per unit and microbatch, as ZeRO-2 in DeepSpeed and FSDP2's default do. With
+// reduce_every = the microbatches per step (reduce_sharded_grads_once_per_step), every unit's
+// gradient stays whole through the step (4 bytes per parameter more, as no_shard holds) and is
+// reduce-scattered once, during the last microbatch's backward, as Megatron's DDP and FSDP2's
+// set_requires_gradient_sync(False) do. Any partial sum may be reduced (the reduction is linear),
+// so the order in which a schedule runs its W passes never matters for the result.
 //
 // Weights: under optim_grads every rank keeps the whole working copy (re-gathered unit by unit
 // after each optimizer step); under optim_grads_params a unit is all-gathered (in the working
 // dtype) when a pass acquires it, the next unit's gather starts at the same time (prefetch), and
-// the gathered copy is freed when the pass releases it.
+// the gathered copy is freed when the pass releases it. With reshard_after_forward false (FSDP2's
+// and Megatron's torch_fsdp2_reshard_after_forward) a unit gathered for a forward stays gathered
+// until its W passes of that microbatch are done, so its backward gathers nothing: one gather per
+// unit and microbatch instead of two, at the cost of holding the whole working weights between a
+// microbatch's forward and backward. Gathered copies never outlive an optimizer step.
 //
 // Expert parallel: the experts of this rank's ep slot are sharded the same way over the
 // expert-data-parallel group (the ranks that hold the same experts) instead of dp, so a unit with
@@ -63,6 +71,13 @@ enum class ShardedStage : uint8_t {
   OptimGradsParams,  // ZeRO-3 / FSDP: working weights gathered per unit, just in time
 };
 
+// When the collectives run (the header's comment): results are the same either way, to fp32's
+// summation order.
+struct ShardedSchedule {
+  int reduce_every = 1;               // microbatches whose gradients a unit accumulates per reduction
+  bool reshard_after_forward = true;  // optim_grads_params: free a unit after its forward
+};
+
 class ShardedWeights final : public WeightSource {
  public:
   // model: built with LlamaOptions::resident_weights false (its ParamStore is the layout only).
@@ -72,7 +87,7 @@ class ShardedWeights final : public WeightSource {
   // reduction, and the gradient shards after each sum is added to them. adam.bf16_params: the
   // master pieces hold bf16 values (rounded where loaded, and by every step).
   ShardedWeights(LlamaModel& model, parallel::ProcessGroup& dp, parallel::ProcessGroup* expert_dp, ShardedStage stage,
-                 AdamWOptions adam, bool bf16_grads = false);
+                 AdamWOptions adam, bool bf16_grads = false, ShardedSchedule schedule = {});
   ~ShardedWeights() override;
 
   // ---- WeightSource ----
@@ -101,7 +116,7 @@ class ShardedWeights final : public WeightSource {
   };
   std::vector<HeldPiece> held_pieces(std::vector<std::vector<float>>& copies) const;
   // ---- a step ----
-  void begin_step();                                // zeroes the gradient shards
+  void begin_step();                                // zeroes the gradient shards (drops kept gathers)
   void weights_done(const std::vector<int>& ids);   // the model's weight-gradient hook
   // Reduces what is left and waits for every reduction: the shards then hold the sums over dp.
   void finish_gradients();
@@ -118,6 +133,8 @@ class ShardedWeights final : public WeightSource {
   int64_t gradient_bytes() const { return int64_t(grads_.nbytes()); }
   int64_t optimizer_bytes() const { return shard_numel_ * adamw_state_bytes_per_param(adam_->options()); }
   int64_t shard_numel() const { return shard_numel_; }
+  // Whole-unit gradient bytes held through a step (reduce_every > 1: every unit's, 4 per parameter)
+  int64_t accumulation_bytes() const;
 
  private:
   struct Piece {
@@ -145,6 +162,8 @@ class ShardedWeights final : public WeightSource {
   void complete_oldest_reduction();
   void gather_whole();  // ZeRO-2: every unit into the whole working copy
   void drop_prefetches();
+  void drop_kept();  // frees units kept gathered from a forward (no pass holds them)
+  void unit_microbatch_done(int unit);
 
   LlamaModel& model_;
   ops::Backend& be_;
@@ -155,7 +174,10 @@ class ShardedWeights final : public WeightSource {
   std::vector<Piece> pieces_;                 // per parameter
   std::vector<std::vector<Part>> parts_;      // per unit
   std::vector<int> per_microbatch_;           // per unit: hook reports per microbatch
-  std::vector<int> reported_;                 // per unit: hook reports since its last reduction
+  std::vector<int> reported_;                 // per unit: hook reports in its current microbatch
+  std::vector<int> microbatches_;             // per unit: microbatches accumulated since its last reduction
+  ShardedSchedule schedule_;
+  std::vector<uint8_t> kept_;                 // per unit: gathered by a forward, kept for its backward
   int64_t shard_numel_ = 0;
   std::vector<std::unique_ptr<parallel::FsdpGroup>> groups_;  // dp's, then (expert parallel) edp's
   Tensor master_, working_, grads_;           // shard buffers (working_ is master_ in fp32)

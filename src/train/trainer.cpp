@@ -239,6 +239,7 @@ void Trainer::build_processes() {
   if (env.world_size > 1) {
     parallel::init_mpi();
     world_ = &parallel::mpi_world();
+    parallel::set_mpi_progress_interval(a_.mpi_progress_interval_us);
     if (world_->size() != env.world_size)
       fail("the launcher says {} ranks but MPI sees {}: start the ranks with mpirun or srun", env.world_size,
            world_->size());
@@ -435,7 +436,8 @@ void Trainer::build_model() {
     }
   model_ = std::make_unique<LlamaModel>(spec_, *compute_.backend, compute_.precision, mopt, part);
   dp_ = make_dp_strategy({*model_, layout_, groups_, me_, adam_options(), a_.ddp_bucket_size, a_.overlap_grad_reduce,
-                          uint64_t(a_.seed), a_.main_grads_dtype == config::OptimDtype::Bf16});
+                          uint64_t(a_.seed), a_.main_grads_dtype == config::OptimDtype::Bf16,
+                          a_.reduce_sharded_grads_once_per_step, a_.torch_fsdp2_reshard_after_forward});
   // (the profiler's per-module weight memory needs resident weights)
   if (profiler_ && mopt.resident_weights) profiler_->set_parameters(model_->params(), model_->working_weights());
 }

@@ -361,6 +361,22 @@ TEST_F(Distributed, Cp2Dp2DistributedOptimizer) {
 // gradients reduce-scattered as their W passes finish. The same training as one process.
 TEST_F(Distributed, FsdpDp4) { expect_same_training(4, "--data_parallel_sharding_strategy optim_grads_params"); }
 TEST_F(Distributed, Zero2Dp4) { expect_same_training(4, "--data_parallel_sharding_strategy optim_grads"); }
+// The collective schedule (train/sharded_weights.h, ShardedSchedule): each unit reduced once per step
+// (here 2 microbatches per rank) and, under FSDP, gathered once per microbatch (kept from forward to
+// backward). The same training as one process; zb-h1 runs W late and apart from B, where a kept unit
+// must last until its W passes.
+TEST_F(Distributed, Zero2Dp4ReduceOncePerStep) {
+  expect_same_training(4, "--data_parallel_sharding_strategy optim_grads --reduce_sharded_grads_once_per_step true");
+}
+TEST_F(Distributed, FsdpDp4NoReshardReduceOncePerStep) {
+  expect_same_training(4, "--data_parallel_sharding_strategy optim_grads_params --torch_fsdp2_reshard_after_forward "
+                          "false --reduce_sharded_grads_once_per_step true");
+}
+TEST_F(Distributed, FsdpDp2Pp2ZbH1NoReshardReduceOncePerStep) {
+  expect_same_training(4, "--data_parallel_sharding_strategy optim_grads_params --pipeline_model_parallel_size 2 "
+                          "--pipeline_schedule zb-h1 --torch_fsdp2_reshard_after_forward false "
+                          "--reduce_sharded_grads_once_per_step true");
+}
 TEST_F(Distributed, TorchFsdp2Dp2Tp2) {
   expect_same_training(4, "--use_torch_fsdp2 true --tensor_model_parallel_size 2 --sequence_parallel true");
 }

@@ -168,6 +168,14 @@ TEST(Dialects, TorchTitanLayoutAndBatch) {
   EXPECT_DOUBLE_EQ(c.train.adam_beta2, 0.95);
   EXPECT_DOUBLE_EQ(c.train.weight_decay, 0.1);
   EXPECT_EQ(c.train.eval_interval, 0);
+  EXPECT_TRUE(c.train.torch_fsdp2_reshard_after_forward);  // fsdp_reshard_after_forward: default
+  EXPECT_FALSE(load_experiment(f, {{"parallelism.fsdp_reshard_after_forward", "never"}}, 4)
+                   .train.torch_fsdp2_reshard_after_forward);
+  EXPECT_TRUE(load_experiment(f, {{"parallelism.fsdp_reshard_after_forward", "always"}}, 4)
+                  .train.torch_fsdp2_reshard_after_forward);
+  EXPECT_NE(error_of([&] { load_experiment(f, {{"parallelism.fsdp_reshard_after_forward", "sometimes"}}, 4); })
+                .find("'sometimes' is not one of default, always, never"),
+            std::string::npos);
   // tp 2 x pp 2 with pipeline microbatches of 1: the rest is data parallel.
   c = load_experiment(f,
                       {{"parallelism.tensor_parallel_degree", "2"},

@@ -181,6 +181,33 @@ TEST(MpiPointToPoint, IallReduceOverlapsWork) {
   for (double v : g) EXPECT_DOUBLE_EQ(v, rank_sum(n) + n);
 }
 
+// The progress thread (set_mpi_progress_interval): it runs MPI's progress while a non-blocking
+// collective is in flight, whatever this thread does (here: sleeps, no MPI call), and not at all
+// while none is; the result is the same. Interval 0 stops it.
+TEST(MpiProgress, RunsWhileACollectiveIsInFlightAndSleepsOtherwise) {
+  ASSERT_EQ(mpi_thread_level(), ThreadLevel::Multiple) << "OpenMPI grants MPI_THREAD_MULTIPLE";
+  ASSERT_TRUE(set_mpi_progress_interval(50));
+  const int r = world().rank(), n = world().size();
+  const auto sleep = [] { std::this_thread::sleep_for(std::chrono::milliseconds(100)); };
+  const int64_t idle = mpi_progress_passes();
+  sleep();
+  EXPECT_LE(mpi_progress_passes(), idle + 1) << "passes while nothing was in flight";
+  std::vector<float> g(1 << 20, float(r + 1));
+  auto w = world().iall_reduce(g.data(), int64_t(g.size()), CommType::F32, ReduceOp::Sum);
+  const int64_t before = mpi_progress_passes();
+  sleep();
+  EXPECT_GT(mpi_progress_passes(), before) << "no progress pass while the all-reduce was in flight";
+  w->wait();
+  for (size_t i = 0; i < g.size(); i += 4099) ASSERT_EQ(g[i], float(rank_sum(n) + n));
+  world().barrier();
+  EXPECT_FALSE(set_mpi_progress_interval(0));
+  const int64_t stopped = mpi_progress_passes();
+  auto w2 = world().iall_reduce(g.data(), 16, CommType::F32, ReduceOp::Sum);
+  sleep();
+  EXPECT_EQ(mpi_progress_passes(), stopped);
+  w2->wait();
+}
+
 TEST(MpiGroups, NewGroupAndSplit) {
   const int r = world().rank(), n = world().size();
   // The even ranks, listed in reverse: group rank follows the list order.

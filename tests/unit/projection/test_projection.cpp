@@ -161,6 +161,28 @@ TEST_F(Projection, RooflinePerformanceScalesWithDataParallelism) {
   EXPECT_GT(four.performance->dp_total_s, 0.0);
 }
 
+// ZeRO-2 / FSDP's collective schedule (train/sharded_weights.h): with 2 microbatches per rank,
+// reducing once per step halves the reduce-scatter time, and keeping FSDP's units gathered from
+// forward to backward halves the gathers'. Totals of gradient reduction and gathers at dp 4.
+TEST_F(Projection, ShardedScheduleFollowsTheOptions) {
+  RooflineOps timer(*trace::find_hardware("H100"));
+  const auto dp_total = [&](const std::string& keys) {
+    auto p = plan(config("      global_batch_size: 16\n      data_parallel_sharding_strategy: optim_grads_params\n" + keys,
+                         "llama2c_15M"),
+                  h100(1, 4));
+    EXPECT_EQ(p.layout.microbatches_per_rank, 2);
+    project_performance(p, timer);
+    return p.performance->dp_total_s;
+  };
+  const double base = dp_total(""), once = dp_total("      reduce_sharded_grads_once_per_step: true\n"),
+               kept = dp_total("      torch_fsdp2_reshard_after_forward: false\n"),
+               both = dp_total("      reduce_sharded_grads_once_per_step: true\n"
+                               "      torch_fsdp2_reshard_after_forward: false\n");
+  EXPECT_LT(once, base);
+  EXPECT_LT(kept, base);
+  EXPECT_NEAR(base - kept, once - both, 1e-9 * base);  // the two savings are independent
+}
+
 // The walk of one decoder layer (a chunk of its own, walked as a pipeline stage) under `shape`.
 plan::ChunkRecord layer_walk(const ModelSpec& m, plan::RankShape shape, int64_t layer = 0) {
   shape.pipeline = true;

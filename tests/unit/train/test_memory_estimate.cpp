@@ -209,3 +209,82 @@ TEST(MemoryEstimate, WeightsGradientsAndOptimizerStateAreWhatTheStrategyHolds) {
         }
       }
 }
+
+// ZeRO-2 / FSDP collective schedule (train/sharded_weights.h, ShardedSchedule), counted on groups that
+// record instead of communicating: two microbatches of the tiny model at dp 2. By default every unit
+// is reduce-scattered once per microbatch and FSDP gathers a unit for its forward and again for its
+// backward; reduce_sharded_grads_once_per_step reduces each unit once per step, and
+// torch_fsdp2_reshard_after_forward false gathers each unit once per microbatch. The memory that
+// costs (the whole gradients through the step) is in the estimate and in the strategy's split alike.
+TEST(ShardedSchedule, FewerCollectivesWhereAskedAndTheirMemoryInTheEstimate) {
+  test::TinyExperiment exp;
+  struct Count {
+    int64_t gathers = 0, reductions = 0, units = 0;
+    double gradient_bytes = 0, estimated_gradient_bytes = 0;
+  };
+  auto run = [&](const char* sharding, bool once_per_step, bool reshard) {
+    const auto cfg = exp.load({{"num_layers", "4"},
+                               {"global_batch_size", "8"},
+                               {"micro_batch_size", "2"},
+                               {"data_parallel_sharding_strategy", sharding},
+                               {"reduce_sharded_grads_once_per_step", once_per_step ? "true" : "false"},
+                               {"torch_fsdp2_reshard_after_forward", reshard ? "true" : "false"}});
+    const plan::ParallelLayout layout = plan::plan_layout(cfg.train, cfg.model_spec, 2);
+    EXPECT_EQ(layout.microbatches_per_rank, 2);
+    parallel::CommLog log;
+    auto group = [&](const char* name, int size) {
+      return std::make_unique<parallel::RecordingProcessGroup>(name, size, 0, log, Device::CPU);
+    };
+    parallel::MeshGroups g;
+    g.tp = group("tp", 1), g.cp = group("cp", 1), g.pp = group("pp", 1), g.mp = group("mp", 1);
+    g.dp = group("dp", 2), g.dp_cp = group("dp_cp", 2), g.ep = group("ep", 1), g.edp = group("edp", 2);
+    g.edp_cp = group("edp_cp", 2);
+    LlamaOptions options;
+    options.resident_weights = false;
+    LlamaModel model(cfg.model_spec, cpu::cpu_backend(), Precision::Fp32, options);
+    train::DpSetup setup{model, layout, g, parallel::MeshCoord{}, AdamWOptions{}, 0, true, 1};
+    setup.reduce_sharded_grads_once_per_step = cfg.train.reduce_sharded_grads_once_per_step;
+    setup.reshard_after_forward = cfg.train.torch_fsdp2_reshard_after_forward;
+    const auto strategy = train::make_dp_strategy(setup);
+    const size_t before = log.calls().size();
+    strategy->begin_step();
+    const int64_t b = 2, s = cfg.train.seq_length;
+    std::vector<int32_t> tokens(size_t(b * s)), targets(size_t(b * s));
+    for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = int32_t(i % 50), targets[i] = int32_t((i + 1) % 50);
+    for (int mb = 0; mb < 2; ++mb) {
+      LlamaContext ctx;
+      model.forward(ctx, tokens.data(), targets.data(), b, s);
+      model.backward(ctx, 0.5);
+    }
+    strategy->finish_gradients();
+    Count c;
+    c.units = int64_t(model.weight_units().size());
+    for (size_t i = before; i < log.calls().size(); ++i) {
+      const std::string op = log.calls()[i].op;
+      c.gathers += op == "all_gather";
+      c.reductions += op == "reduce_scatter";
+    }
+    c.gradient_bytes = strategy->memory().gradients;
+    c.estimated_gradient_bytes = plan::estimate_memory(cfg.model_spec, layout, cfg.train, false).gradient_bytes;
+    return c;
+  };
+  for (const char* sharding : {"optim_grads", "optim_grads_params"}) {
+    SCOPED_TRACE(sharding);
+    const Count per_mb = run(sharding, false, true), per_step = run(sharding, true, true);
+    const int64_t units = per_mb.units;  // the embedding, the blocks, the head
+    EXPECT_EQ(units, 4 + 2);
+    EXPECT_EQ(per_mb.reductions, 2 * units);
+    EXPECT_EQ(per_step.reductions, units);
+    EXPECT_EQ(per_step.gathers, per_mb.gathers);
+    // 4 bytes per parameter more, in the strategy's split and in the estimate alike.
+    const double whole = per_step.gradient_bytes - per_mb.gradient_bytes;
+    EXPECT_GT(whole, 0);
+    EXPECT_NEAR(per_step.estimated_gradient_bytes - per_mb.estimated_gradient_bytes, whole, 128);
+    EXPECT_NEAR(per_step.estimated_gradient_bytes, per_step.gradient_bytes, 256);
+  }
+  const Count reshard = run("optim_grads_params", false, true), keep = run("optim_grads_params", false, false);
+  EXPECT_EQ(keep.gathers, 2 * keep.units);  // once per unit and microbatch
+  EXPECT_GT(reshard.gathers, keep.gathers);
+  EXPECT_EQ(keep.reductions, reshard.reductions);
+  EXPECT_EQ(run("optim_grads", false, false).gathers, 0);  // ZeRO-2 keeps its whole weights: no key to act on
+}
