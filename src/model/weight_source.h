@@ -6,8 +6,10 @@
 // reports, through the weight-gradient hook (llama.h), when it is done with it. The model's own
 // buffers are the default source (always there: acquire and release do nothing). FSDP
 // (parallel/fsdp.h) all-gathers a unit's shards just in time, prefetches the next unit, frees the
-// gathered copy on release, and reduce-scatters the unit's gradients once its last W pass of the
-// step is done; the trainer chooses the source.
+// gathered copy on release (or keeps it from a microbatch's forward to its W passes, with
+// torch_fsdp2_reshard_after_forward false), and reduce-scatters the unit's gradients after each
+// microbatch's W passes (or once per step, with reduce_sharded_grads_once_per_step); the trainer
+// chooses the source.
 #pragma once
 
 #include <cstdint>
