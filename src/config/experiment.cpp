@@ -874,9 +874,6 @@ void derive_and_check(ExperimentConfig& cfg) {
          "weights are kept whole on every data-parallel rank (the adapters' optimizer state is small and kept whole "
          "too); use no_shard or optim",
          at("lora"));
-  if (t.lora.enabled && t.fp8 != Fp8Mode::Off)
-    fail("{}: LoRA with FP8 linears is not built (the adapters would need their own FP8 scaling); unset fp8",
-         at("lora"));
   if (t.profile_step_start < 0) fail("{}: profile_step_start must not be negative", at("profile_step_start"));
   if (t.profile && t.profile_step_end <= t.profile_step_start)
     fail("{}: profile_step_end ({}) must be greater than profile_step_start ({})", at("profile_step_end"),

@@ -57,8 +57,8 @@ Linears::Linears(ops::Backend& backend, DType activation, const Fp8Options& fp8,
     : be_(backend), act_(activation), opt_(fp8), num_layers_(num_layers), lora_(lora) {
   if (opt_.enabled && opt_.amax_history_len < 1)
     fail("fp8_amax_history_len must be at least 1, got {}", opt_.amax_history_len);
-  PRIMUS_CHECK(!lora_.enabled || (lora_.dim > 0 && lora_.dropout >= 0.0 && lora_.dropout < 1.0 && !opt_.enabled),
-               "LoRA needs dim > 0, dropout in [0, 1) and no FP8 (the config refuses the rest)");
+  PRIMUS_CHECK(!lora_.enabled || (lora_.dim > 0 && lora_.dropout >= 0.0 && lora_.dropout < 1.0),
+               "LoRA needs dim > 0 and dropout in [0, 1) (the config refuses the rest)");
 }
 
 bool fp8_head_needs_whole_logits(const Fp8Options& fp8, int64_t vocab_chunk) {

@@ -24,7 +24,10 @@
 //   input_grad    D += alpha s (dy B) A
 //   weight_grad   gA += alpha s (dy B)^T x,  gB += alpha s dy^T (x A^T);  W frozen: no gW
 //
-// recomputing the rank-dim products instead of saving them. With lora.dropout p > 0 (Megatron-Bridge's
+// recomputing the rank-dim products instead of saving them. With FP8 on, the base's GEMMs run in
+// FP8 by the recipe (the weight gradient's is skipped) and the adapters' rank-dim products stay in
+// the activation dtype, as Transformer Engine's base linear beside Megatron-Bridge's adapter does.
+// With lora.dropout p > 0 (Megatron-Bridge's
 // semantics): `pre` drops the adapter's input, x' = drop(x) in place of x in the forward, the
 // input gradient's term drop(s (dy B) A) and gA, gB from x'; `post` drops the adapter's scaled
 // output, D += drop(s (x A^T) B^T), and its backward uses drop(dy) in place of dy. drop keeps an

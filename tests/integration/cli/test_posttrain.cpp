@@ -319,24 +319,47 @@ TEST(Posttrain, ChatTemplateFormatTrainsAsTheSameFixedFormat) {
 
 // An SFT run stopped after 3 steps and resumed goes on with the samples and losses of the run done
 // in one go (the sample order is a function of the seed; the data position is in the checkpoint).
-TEST(Posttrain, ResumesExactly) {
-  const fs::path ws = workspace("resume");
-  for (const char* part : {" --train_iters 3 --lr_decay_iters 6", ""}) {
-    const auto r = run("direct --workspace " + ws.string() + " --exp-name run -- train posttrain --config " + kExample +
-                       kTiny + part);
-    ASSERT_EQ(r.code, 0) << r.out;
-  }
+// The lm losses of a run's metrics.jsonl, by iteration.
+std::map<int, double> losses_by_iteration(const fs::path& run_dir) {
   std::map<int, double> by_iteration;
-  std::ifstream in(ws / "run" / "metrics.jsonl");
+  std::ifstream in(run_dir / "metrics.jsonl");
   std::string line;
   while (std::getline(in, line)) {
     const auto j = nlohmann::json::parse(line);
     if (j.contains("lm_loss") && j.contains("iteration")) by_iteration[j["iteration"].get<int>()] = j["lm_loss"];
   }
-  const std::vector<double>& whole = one_process();
+  return by_iteration;
+}
+
+// Three iterations, a save, and a resume for three more: the losses of `whole` (6 iterations), bit for bit.
+void expect_resumes_exactly(const std::string& name, const std::string& extra, const std::vector<double>& whole) {
+  const fs::path ws = workspace(name);
+  for (const char* part : {" --train_iters 3 --lr_decay_iters 6", ""}) {
+    const auto r = run("direct --workspace " + ws.string() + " --exp-name run -- train posttrain --config " + kExample +
+                       kTiny + extra + part);
+    ASSERT_EQ(r.code, 0) << r.out;
+  }
+  std::map<int, double> by_iteration = losses_by_iteration(ws / "run");
+  ASSERT_EQ(whole.size(), 6u);
   ASSERT_EQ(by_iteration.size(), 6u);
   for (int i = 1; i <= 6; ++i) EXPECT_EQ(by_iteration[i], whole[size_t(i - 1)]) << "iteration " << i;
   fs::remove_all(ws);
+}
+
+TEST(Posttrain, ResumesExactly) { expect_resumes_exactly("resume", "", one_process()); }
+
+// LoRA beside FP8 base linears (delayed scaling, whose amax histories are in the checkpoint).
+TEST(Posttrain, LoraWithFp8ResumesExactly) {
+  const std::string lora_fp8 = " --lora.enabled true --lora.dim 4 --fp8 hybrid --fp8_recipe delayed";
+  const fs::path ws = workspace("lora_fp8_whole");
+  const auto r = run("direct --workspace " + ws.string() + " --exp-name run -- train posttrain --config " + kExample +
+                     kTiny + lora_fp8);
+  ASSERT_EQ(r.code, 0) << r.out;
+  const std::map<int, double> by_iteration = losses_by_iteration(ws / "run");
+  fs::remove_all(ws);
+  std::vector<double> whole;
+  for (const auto& [i, loss] : by_iteration) whole.push_back(loss);
+  expect_resumes_exactly("lora_fp8_resume", lora_fp8, whole);
 }
 
 // A fine-tune starts from a checkpoint of ours (pretrained_checkpoint) or from a Hugging Face
