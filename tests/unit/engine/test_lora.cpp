@@ -371,8 +371,10 @@ TEST(LoraDropout, TheOpKeepsOneMinusPAndScales) {
 // gets no gradient, the adapters do, and plain gradient steps on the adapters alone bring one
 // batch's loss down. (Against the fp32 model the gradients of a model this small differ by 10-40%
 // in FP8 even without LoRA, so they are not compared element by element.)
-TEST(Lora, Fp8BaseLinearsBesideTheAdapters) {
-  const ModelSpec spec = lora_spec(false);
+namespace {
+
+void check_fp8_base_beside_adapters(bool moe) {
+  const ModelSpec spec = lora_spec(moe);
   const Batch batch = make_batch(spec.vocab_size, 9);
   for (Fp8Recipe recipe : {Fp8Recipe::Tensorwise, Fp8Recipe::Delayed, Fp8Recipe::Blockwise}) {
     SCOPED_TRACE(fp8_recipe_name(recipe));
@@ -424,3 +426,9 @@ TEST(Lora, Fp8BaseLinearsBesideTheAdapters) {
     EXPECT_LT(last, 0.9 * first) << "the adapters learn the batch with FP8 base linears";
   }
 }
+
+}  // namespace
+
+TEST(Lora, Fp8BaseLinearsBesideTheAdapters) { check_fp8_base_beside_adapters(false); }
+// The experts' FP8 grouped GEMMs beside their adapters (routed and shared experts).
+TEST(Lora, Fp8MoeBaseLinearsBesideTheAdapters) { check_fp8_base_beside_adapters(true); }
