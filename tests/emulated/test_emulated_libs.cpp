@@ -288,9 +288,9 @@ struct Fp8Lt {
     const Rng rng(7);
     // E4M3 codes 0x38..0x4F (1 to 7.5) and E5M2 codes 0x3C..0x47 (1 to 3.5), random signs.
     for (int64_t i = 0; i < k * m; ++i)
-      A.push_back(uint8_t(0x38 + rng.at(uint64_t(i)) % 24 | (rng.at(uint64_t(i) + 5000) & 1) << 7));
+      A.push_back(uint8_t((0x38 + rng.at(uint64_t(i)) % 24) | (rng.at(uint64_t(i) + 5000) & 1) << 7));
     for (int64_t i = 0; i < k * n; ++i)
-      B.push_back(uint8_t(0x3C + rng.at(uint64_t(i) + 9000) % 12 | (rng.at(uint64_t(i) + 13000) & 1) << 7));
+      B.push_back(uint8_t((0x3C + rng.at(uint64_t(i) + 9000) % 12) | (rng.at(uint64_t(i) + 13000) & 1) << 7));
     dA = std::make_unique<DeviceArray<uint8_t>>(A);
     dB = std::make_unique<DeviceArray<uint8_t>>(B);
     scale_a = std::make_unique<DeviceArray<float>>(std::vector<float>{0.5f});
@@ -309,6 +309,12 @@ struct Fp8Lt {
   }
   void set_pointer(cublasLtMatmulDescAttributes_t attr, const void* p) {
     EXPECT_EQ(cublasLtMatmulDescSetAttribute(desc, attr, &p, sizeof p), CUBLAS_STATUS_SUCCESS);
+  }
+  // A's layout replaced by one of another type or shape.
+  cublasStatus_t relayout_a(cudaDataType type, int64_t rows, int64_t cols, int64_t lda) {
+    cublasLtMatrixLayoutDestroy(la);
+    la = nullptr;
+    return cublasLtMatrixLayoutCreate(&la, type, rows, cols, lda);
   }
   cublasStatus_t run(void* D, float alpha) {
     const float beta = 0.0f;
@@ -374,25 +380,15 @@ TEST_F(EmulatedCublasLt, Fp8OutsideSm90sRulesIsNotSupported) {
   {  // NN (consistent shapes): sm_90 takes FP8 in the TN format only
     Fp8Lt p(CUDA_R_32F, CUDA_R_32F);
     ASSERT_EQ(p.set(CUBLASLT_MATMUL_DESC_TRANSA, CUBLAS_OP_N), CUBLAS_STATUS_SUCCESS);
-    cublasLtMatrixLayout_t la = nullptr;
-    ASSERT_EQ(cublasLtMatrixLayoutCreate(&la, CUDA_R_8F_E4M3, p.m, p.k, p.m), CUBLAS_STATUS_SUCCESS);
+    ASSERT_EQ(p.relayout_a(CUDA_R_8F_E4M3, p.m, p.k, p.m), CUBLAS_STATUS_SUCCESS);
     DeviceArray<float> D(size_t(p.m * p.n));
-    const float one = 1.0f, zero = 0.0f;
-    EXPECT_EQ(cublasLtMatmul(p.h, p.desc, &one, p.dA->get(), la, p.dB->get(), p.lb, &zero, D.get(), p.lc, D.get(), p.ld,
-                             nullptr, nullptr, 0, cuda::stream()),
-              CUBLAS_STATUS_NOT_SUPPORTED);
-    cublasLtMatrixLayoutDestroy(la);
+    EXPECT_EQ(p.run(D.get(), 1.0f), CUBLAS_STATUS_NOT_SUPPORTED);
   }
   {  // E5M2 x E5M2
     Fp8Lt p(CUDA_R_32F, CUDA_R_32F);
-    cublasLtMatrixLayout_t la = nullptr;
-    ASSERT_EQ(cublasLtMatrixLayoutCreate(&la, CUDA_R_8F_E5M2, p.k, p.m, p.k), CUBLAS_STATUS_SUCCESS);
+    ASSERT_EQ(p.relayout_a(CUDA_R_8F_E5M2, p.k, p.m, p.k), CUBLAS_STATUS_SUCCESS);
     DeviceArray<float> D(size_t(p.m * p.n));
-    const float one = 1.0f, zero = 0.0f;
-    EXPECT_EQ(cublasLtMatmul(p.h, p.desc, &one, p.dA->get(), la, p.dB->get(), p.lb, &zero, D.get(), p.lc, D.get(), p.ld,
-                             nullptr, nullptr, 0, cuda::stream()),
-              CUBLAS_STATUS_NOT_SUPPORTED);
-    cublasLtMatrixLayoutDestroy(la);
+    EXPECT_EQ(p.run(D.get(), 1.0f), CUBLAS_STATUS_NOT_SUPPORTED);
   }
   {  // a block-scaled mode (sm_90 has VEC128_32F; not emulated)
     Fp8Lt p(CUDA_R_32F, CUDA_R_32F);

@@ -45,6 +45,14 @@ json read_config(const std::string& dir) {
 void write_config(const std::string& dir, const json& c) { std::ofstream(fs::path(dir) / "config.json") << c.dump(2); }
 
 // Rewrites the folder's safetensors with `edit` applied to its tensor list.
+// The error of importing o.hf_dir after `edit` rewrote its config.json from `good`.
+std::string import_error_with(const hf::ImportOptions& o, const json& good, const std::function<void(json&)>& edit) {
+  json c = good;
+  edit(c);
+  write_config(o.hf_dir, c);
+  return error_of([&] { hf::import_hf(o); });
+}
+
 void rewrite_tensors(const std::string& dir, const std::function<void(std::vector<hf::TensorOut>&)>& edit) {
   std::vector<hf::TensorOut> ts;
   {
@@ -351,10 +359,7 @@ TEST(HfMoe, MtpHostileInputsAreRefusedByName) {
   // The MTP tensors without num_nextn_predict_layers have no place; the key itself is checked.
   rewrite_tensors(src, [&](std::vector<hf::TensorOut>& ts) { ts = all; });
   auto config_error = [&](const std::function<void(json&)>& edit) {
-    json c = good;
-    edit(c);
-    write_config(src, c);
-    return error_of([&] { hf::import_hf({src, save, "", false}); });
+    return import_error_with({src, save, "", false}, good, edit);
   };
   EXPECT_NE(config_error([](json& c) { c.erase("num_nextn_predict_layers"); }).find("model.layers.3."),
             std::string::npos);
@@ -395,10 +400,7 @@ TEST(HfMoe, HostileInputsAreRefusedByName) {
   test::peer_write_family(src, "mixtral", "F32", 5'000'000'000);
   const json good = read_config(src);
   auto import_with = [&](const std::function<void(json&)>& edit) {
-    json c = good;
-    edit(c);
-    write_config(src, c);
-    return error_of([&] { hf::import_hf({src, t / "save", "", true}); });
+    return import_error_with({src, t / "save", "", true}, good, edit);
   };
   // A config of another family.
   EXPECT_NE(import_with([](json& c) { c["model_type"] = "qwen3_moe"; }).find("model_type 'qwen3_moe'"),
@@ -460,10 +462,7 @@ TEST(HfMoe, Llama4HostileInputsAreRefusedByName) {
   test::peer_write_family(src, "llama4", "F32", 5'000'000'000);
   const json good = read_config(src);
   auto import_with = [&](const std::function<void(json&)>& edit) {
-    json c = good;
-    edit(c);
-    write_config(src, c);
-    return error_of([&] { hf::import_hf({src, t / "save", "", true}); });
+    return import_error_with({src, t / "save", "", true}, good, edit);
   };
   EXPECT_NE(import_with([](json& c) { c["num_experts_per_tok"] = 2; }).find("num_experts_per_tok 2"),
             std::string::npos);
