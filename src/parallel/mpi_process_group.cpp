@@ -9,6 +9,8 @@
 #include <mutex>
 #include <thread>
 
+#include <sched.h>
+
 #include <fmt/format.h>
 
 #include "core/error.h"
@@ -21,6 +23,7 @@ std::mutex g_mutex;
 ThreadLevel g_level = ThreadLevel::Single;
 bool g_initialized_by_us = false;
 MpiProcessGroup* g_world = nullptr;
+bool g_decided = false;  // g_waiter's mode, chosen once per process
 
 bool finalized();
 
@@ -80,6 +83,55 @@ class ProgressEngine {
   std::chrono::microseconds interval_{0};
   MPI_Comm probe_ = MPI_COMM_NULL;
 };
+
+// How a rank waits for MPI (mpi_waits_by_sleeping in the header).
+class Waiter {
+ public:
+  bool sleeps() const { return sleeps_; }
+  void decide(MPI_Comm world) {
+    const char* env = std::getenv("PRIMUS_MPI_WAIT");
+    const std::string mode = env && *env ? env : "auto";
+    if (mode == "spin" || mode == "sleep") {
+      sleeps_ = mode == "sleep";
+      return;
+    }
+    if (mode != "auto") fail("PRIMUS_MPI_WAIT={}: not one of auto, spin, sleep", mode);
+    int local = 1;
+    MPI_Comm node;
+    if (MPI_Comm_split_type(world, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node) == MPI_SUCCESS) {
+      MPI_Comm_size(node, &local);
+      MPI_Comm_free(&node);
+    }
+    cpu_set_t cores;
+    CPU_ZERO(&cores);
+    sleeps_ = local > (sched_getaffinity(0, sizeof cores, &cores) == 0 ? CPU_COUNT(&cores) : 1);
+  }
+  // MPI_Wait's contract: MPI's own wait, or MPI_Test with sleeps between tries (2 us doubling
+  // to 100 us: the added latency is at most a pause, small beside a time slice).
+  int wait(MPI_Request* req, MPI_Status* st) const {
+    if (!sleeps_) return MPI_Wait(req, st);
+    std::chrono::microseconds pause{2};
+    for (;;) {
+      int done = 0;
+      const int rc = MPI_Test(req, &done, st);
+      if (rc != MPI_SUCCESS || done) return rc;
+      std::this_thread::sleep_for(pause);
+      pause = std::min(pause * 2, std::chrono::microseconds(100));
+    }
+  }
+  // A blocking collective: MPI's call when spinning, else its non-blocking twin, waited for.
+  template <class Blocking, class Start>
+  int collective(Blocking blocking, Start start) const {
+    if (!sleeps_) return blocking();
+    MPI_Request req;
+    const int rc = start(&req);
+    return rc != MPI_SUCCESS ? rc : wait(&req, MPI_STATUS_IGNORE);
+  }
+
+ private:
+  bool sleeps_ = false;
+};
+Waiter g_waiter;
 
 ProgressEngine& progress() {
   static ProgressEngine* engine = new ProgressEngine();  // lives to the end; stopped by finalize_mpi
@@ -189,7 +241,7 @@ class MpiWork final : public Work {
   void wait() override {
     if (done_) return;
     MPI_Status st;
-    int rc = MPI_Wait(&req_, &st);
+    int rc = g_waiter.wait(&req_, &st);
     set_done();
     finish(rc, st);
   }
@@ -254,6 +306,8 @@ void init_mpi() {
     int provided = MPI_THREAD_SINGLE;
     MPI_Query_thread(&provided);
     g_level = to_level(provided);
+    if (!g_decided) g_waiter.decide(MPI_COMM_WORLD);
+    g_decided = true;
     return;
   }
   int provided = MPI_THREAD_SINGLE;
@@ -265,6 +319,8 @@ void init_mpi() {
     fail("MPI grants only thread level '{}'; Primus needs at least MPI_THREAD_FUNNELED",
          thread_level_name(g_level));
   std::atexit(finalize_mpi);
+  g_waiter.decide(MPI_COMM_WORLD);
+  g_decided = true;
 }
 
 void finalize_mpi() {
@@ -289,6 +345,8 @@ bool mpi_initialized() {
 }
 
 ThreadLevel mpi_thread_level() { return g_level; }
+
+bool mpi_waits_by_sleeping() { return g_waiter.sleeps(); }
 
 bool set_mpi_progress_interval(int64_t interval_us) {
   init_mpi();
@@ -334,7 +392,11 @@ void MpiProcessGroup::check(int rc, const char* op) const {
 void MpiProcessGroup::all_reduce(void* buf, int64_t count, CommType t, ReduceOp op) {
   check_reducible(*this, "all_reduce", t, op);
   int n = mpi_count(*this, "all_reduce", count);
-  check(MPI_Allreduce(MPI_IN_PLACE, buf, n, mpi_type(t), mpi_op(op, t), comm_), "all_reduce");
+  check(g_waiter.collective([&] { return MPI_Allreduce(MPI_IN_PLACE, buf, n, mpi_type(t), mpi_op(op, t), comm_); },
+                            [&](MPI_Request* r) {
+                              return MPI_Iallreduce(MPI_IN_PLACE, buf, n, mpi_type(t), mpi_op(op, t), comm_, r);
+                            }),
+        "all_reduce");
 }
 
 void MpiProcessGroup::reduce_scatter(const void* send, void* recv, int64_t recv_count,
@@ -342,30 +404,47 @@ void MpiProcessGroup::reduce_scatter(const void* send, void* recv, int64_t recv_
   check_reducible(*this, "reduce_scatter", t, op);
   mpi_count(*this, "reduce_scatter", recv_count * size_);
   int n = mpi_count(*this, "reduce_scatter", recv_count);
-  check(MPI_Reduce_scatter_block(send, recv, n, mpi_type(t), mpi_op(op, t), comm_),
+  check(g_waiter.collective(
+            [&] { return MPI_Reduce_scatter_block(send, recv, n, mpi_type(t), mpi_op(op, t), comm_); },
+            [&](MPI_Request* r) {
+              return MPI_Ireduce_scatter_block(send, recv, n, mpi_type(t), mpi_op(op, t), comm_, r);
+            }),
         "reduce_scatter");
 }
 
 void MpiProcessGroup::all_gather(const void* send, void* recv, int64_t send_count, CommType t) {
   mpi_count(*this, "all_gather", send_count * size_);
   int n = mpi_count(*this, "all_gather", send_count);
-  check(MPI_Allgather(send, n, mpi_type(t), recv, n, mpi_type(t), comm_), "all_gather");
+  check(g_waiter.collective([&] { return MPI_Allgather(send, n, mpi_type(t), recv, n, mpi_type(t), comm_); },
+                            [&](MPI_Request* r) {
+                              return MPI_Iallgather(send, n, mpi_type(t), recv, n, mpi_type(t), comm_, r);
+                            }),
+        "all_gather");
 }
 
 void MpiProcessGroup::broadcast(void* buf, int64_t count, CommType t, int root) {
   check_rank("broadcast", "root", root);
   int n = mpi_count(*this, "broadcast", count);
-  check(MPI_Bcast(buf, n, mpi_type(t), root, comm_), "broadcast");
+  check(g_waiter.collective([&] { return MPI_Bcast(buf, n, mpi_type(t), root, comm_); },
+                            [&](MPI_Request* r) { return MPI_Ibcast(buf, n, mpi_type(t), root, comm_, r); }),
+        "broadcast");
 }
 
 void MpiProcessGroup::all_to_all(const void* send, void* recv, int64_t count_per_rank,
                                  CommType t) {
   mpi_count(*this, "all_to_all", count_per_rank * size_);
   int n = mpi_count(*this, "all_to_all", count_per_rank);
-  check(MPI_Alltoall(send, n, mpi_type(t), recv, n, mpi_type(t), comm_), "all_to_all");
+  check(g_waiter.collective([&] { return MPI_Alltoall(send, n, mpi_type(t), recv, n, mpi_type(t), comm_); },
+                            [&](MPI_Request* r) {
+                              return MPI_Ialltoall(send, n, mpi_type(t), recv, n, mpi_type(t), comm_, r);
+                            }),
+        "all_to_all");
 }
 
-void MpiProcessGroup::barrier() { check(MPI_Barrier(comm_), "barrier"); }
+void MpiProcessGroup::barrier() {
+  check(g_waiter.collective([&] { return MPI_Barrier(comm_); }, [&](MPI_Request* r) { return MPI_Ibarrier(comm_, r); }),
+        "barrier");
+}
 
 WorkPtr MpiProcessGroup::iall_reduce(void* buf, int64_t count, CommType t, ReduceOp op) {
   check_reducible(*this, "iall_reduce", t, op);

@@ -31,6 +31,14 @@ void abort_mpi(int code);
 bool mpi_initialized();   // by us or by someone else, and not yet finalized
 ThreadLevel mpi_thread_level();
 
+// How a rank waits for another's message or a collective. MPI's blocking calls poll without a
+// pause; when a node's ranks outnumber its cores, a polling rank holds a core its peer needs and
+// every message waits a scheduler time slice (milliseconds). PRIMUS_MPI_WAIT, read once when MPI
+// starts: `spin` (MPI's blocking calls), `sleep` (the non-blocking twin of each call, then
+// MPI_Test with sleeps of 2 to 100 us between tries), `auto` or unset: sleep when the ranks on this
+// node outnumber the cores this rank may run on, spin otherwise. The same collectives either way.
+bool mpi_waits_by_sleeping();
+
 // The progress engine. OpenMPI advances a non-blocking collective only inside MPI calls of the
 // process (its build has no asynchronous progress thread: `ompi_info` says "OMPI progress: no"),
 // so a reduce-scatter posted before a layer's compute would otherwise make almost no headway until

@@ -9,6 +9,8 @@
 #include <numeric>
 #include <thread>
 
+#include <sched.h>
+
 #include "core/error.h"
 #include "parallel/mesh.h"
 #include "parallel/mpi_process_group.h"
@@ -32,6 +34,22 @@ TEST(MpiInit, ThreadLevelAndWorld) {
   EXPECT_EQ(world().name(), "world");
   init_mpi();  // a second call is a no-op
   EXPECT_EQ(&world(), &mpi_world());
+}
+
+// The wait mode PRIMUS_MPI_WAIT chose (ctest runs this binary under each mode: the cases below
+// then check every collective both ways); auto sleeps when this node's ranks outnumber the cores.
+TEST(MpiInit, WaitModeFollowsPrimusMpiWait) {
+  const char* env = std::getenv("PRIMUS_MPI_WAIT");
+  const std::string mode = env ? env : "auto";
+  if (mode == "sleep" || mode == "spin") {
+    EXPECT_EQ(mpi_waits_by_sleeping(), mode == "sleep");
+    return;
+  }
+  cpu_set_t cores;
+  CPU_ZERO(&cores);
+  ASSERT_EQ(sched_getaffinity(0, sizeof cores, &cores), 0);
+  EXPECT_EQ(mpi_waits_by_sleeping(), world().size() > CPU_COUNT(&cores))
+      << "all ranks of this test run on one node";
 }
 
 TEST(MpiCollectives, AllReduceSumMaxMinEveryType) {
