@@ -71,7 +71,7 @@ void expect_gpu_matches_reference(const std::string& layout_yaml) {
     fs::create_directories(dir);
   }
   world.barrier();
-  // Head dim 64 (flash attention's), 2 heads and 2 query groups (split by tp 2), 8 microbatches per
+  // Head dim 64 (flash attention's), 2 heads and 2 query groups (split by tp 2), 4 microbatches per
   // step; the layout sets num_layers.
   const std::string common = R"(
 modules:
@@ -84,7 +84,7 @@ modules:
       ffn_hidden_size: 256
       vocab_size: 512
       micro_batch_size: 2
-      global_batch_size: 16
+      global_batch_size: 8
       seq_length: 64
       train_iters: )" + std::to_string(kIters) + R"(
       lr: 1.0e-3
