@@ -868,12 +868,13 @@ void derive_and_check(ExperimentConfig& cfg) {
   check_fp8(t, at);
   resolve_virtual_pipeline(cfg, at);
   check_precision_aware(t, at);
-  if (t.lora.enabled && (t.use_torch_fsdp2 || t.data_parallel_sharding_strategy == DpSharding::OptimGrads ||
-                         t.data_parallel_sharding_strategy == DpSharding::OptimGradsParams))
-    fail("{}: LoRA with ZeRO-2 / FSDP (optim_grads, optim_grads_params, use_torch_fsdp2) is not built: the frozen "
-         "weights are kept whole on every data-parallel rank (the adapters' optimizer state is small and kept whole "
-         "too); use no_shard or optim",
-         at("lora"));
+  if (t.lora.enabled && !t.peft_adapter_path.empty() &&
+      (t.use_torch_fsdp2 || t.data_parallel_sharding_strategy == DpSharding::OptimGrads ||
+       t.data_parallel_sharding_strategy == DpSharding::OptimGradsParams))
+    fail("{}: starting LoRA adapters from a PEFT folder under ZeRO-2 / FSDP (optim_grads, optim_grads_params, "
+         "use_torch_fsdp2) is not built (the adapters are written into whole weights); use no_shard or optim for the "
+         "first run, then resume its checkpoint under any layout",
+         at("peft_adapter_path"));
   if (t.profile_step_start < 0) fail("{}: profile_step_start must not be negative", at("profile_step_start"));
   if (t.profile && t.profile_step_end <= t.profile_step_start)
     fail("{}: profile_step_end ({}) must be greater than profile_step_start ({})", at("profile_step_end"),

@@ -255,6 +255,9 @@ class LlamaModel {
   bool frozen_base() const { return opt_.lora.enabled; }
   int64_t trainable_begin() const { return trainable_begin_; }
   int first_trainable() const { return first_trainable_; }
+  // Whether tensor `param_id` trains (has a gradient and optimizer state): the one question the
+  // data-parallel strategies ask of a tensor (train/dp_strategy.cpp, train/sharded_weights.cpp).
+  bool trains(int param_id) const { return param_id >= first_trainable_; }
   int embedding_param() const { return embedding_; }  // -1 when this rank has none
   // The embedding the MTP depths read: embedding_param(), the tied output layer's replica, or (a last
   // pipeline stage, untied) a replica of its own; -1 without MTP on this rank. Kept equal to the

@@ -127,6 +127,8 @@ Buckets meta_buckets(int group_size, int64_t bucket_size, int64_t numel, std::ve
 // parallel::fsdp_shard_unit lays them out for the weight source.
 struct Shards {
   int64_t numel = 0;     // this rank's shard elements
+  int64_t trained = 0;   // of them, those of the units that train (LoRA: the adapters')
+  int64_t trained_units = 0;  // the units that train, whole (LoRA under FSDP keeps them whole)
   int64_t max_unit = 0;  // the largest unit's whole elements
   int64_t buffers = 0;   // buffer tensors, kept whole (the MoE expert bias)
 };
@@ -134,6 +136,8 @@ Shards shards_of(const RankRecord& rec, int dense_group, int expert_group) {
   Shards s;
   for (const WeightUnit& u : rec.units) {
     s.max_unit = std::max(s.max_unit, u.end - u.begin);
+    const bool trains = u.first_param >= rec.first_trainable;
+    if (trains) s.trained_units += u.end - u.begin;
     for (int expert = 0; expert < 2; ++expert) {
       std::vector<parallel::FsdpTensor> tensors;
       for (int p = u.first_param; p <= u.last_param; ++p) {
@@ -143,8 +147,11 @@ Shards shards_of(const RankRecord& rec, int dense_group, int expert_group) {
         tensors.push_back({1, rows, info.numel / rows, info.offset - u.begin, 0});
       }
       if (tensors.empty()) continue;
-      s.numel += parallel::fsdp_shard_unit(std::move(tensors), u.end - u.begin, expert ? expert_group : dense_group, 0)
-                     .shard_numel;
+      const int64_t n =
+          parallel::fsdp_shard_unit(std::move(tensors), u.end - u.begin, expert ? expert_group : dense_group, 0)
+              .shard_numel;
+      s.numel += n;
+      if (trains) s.trained += n;
     }
   }
   for (const StoredParam& p : rec.params)
@@ -169,16 +176,18 @@ Experts experts_of(const RankRecord& rec, int ep) {
 
 // no_shard and ZeRO-1: the model's own master, working copy and gradients; AdamW over everything
 // or over this rank's shards of the trainer's buckets; the experts' packed gradients (and their
-// own distributed optimizer over edp) under expert parallelism.
+// own distributed optimizer over edp) under expert parallelism. Under LoRA (a frozen base) ZeRO-1
+// runs as no_shard, AdamW over the adapters' range alone (train/dp_strategy.cpp make_dp_strategy).
 void replicated_state(MemoryEstimate& e, const RankRecord& rec, const ParallelLayout& L, const config::TrainingArgs& a,
                       config::DpSharding sharding) {
   const double P = double(rec.param_numel), master = double(dtype_size(rec.master));
   const int dp = L.dp * L.cp, edp = std::max(1, L.dp / std::max(1, L.ep)) * L.cp;
+  if (rec.first_trainable > 0) sharding = config::DpSharding::NoShard;
   e.parameter_bytes = held(P, master);
   e.working_bytes = rec.activation != rec.master ? held(P, double(dtype_size(rec.activation))) : 0;
   e.gradient_bytes = held(P, master);
   if (sharding == config::DpSharding::NoShard) {
-    e.optimizer_bytes = moments(P, a);
+    e.optimizer_bytes = moments(P - double(rec.trainable_begin), a);
   } else {
     std::vector<ParamSegment> segments;
     for (const StoredParam& p : rec.params) segments.push_back({p.name, p.offset, p.numel, p.weight_decay});
@@ -206,7 +215,9 @@ void replicated_state(MemoryEstimate& e, const RankRecord& rec, const ParallelLa
 // the shards above reproduce: tests/unit/train/test_memory_estimate.cpp builds the strategies and
 // compares), and they exist only once the strategy runs, so they are counted here. With
 // reduce_sharded_grads_once_per_step the units' whole gradients are held through the step: counted
-// as gradients, as DataParallelStrategy::memory() counts them.
+// as gradients, as DataParallelStrategy::memory() counts them. Under LoRA only the units that
+// train have gradient shards, moments and (once per step) whole gradients, and FSDP keeps them
+// whole beside the frozen units' shards (train/sharded_weights.h).
 void sharded_state(MemoryEstimate& e, const RankRecord& rec, const ParallelLayout& L, const config::TrainingArgs& a,
                    config::DpSharding sharding) {
   const int dp = L.dp * L.cp, edp = std::max(1, L.dp / std::max(1, L.ep)) * L.cp;
@@ -214,13 +225,18 @@ void sharded_state(MemoryEstimate& e, const RankRecord& rec, const ParallelLayou
   const Shards s = shards_of(rec, dp, edp);
   const double S = double(s.numel);
   e.parameter_bytes = held(S, 4);
+  const bool frozen_base = rec.first_trainable > 0;
   e.working_bytes = (rec.activation != rec.master ? held(S, act) : 0) +
-                    (sharding == config::DpSharding::OptimGrads ? held(double(rec.param_numel), act) : 0);
-  e.gradient_bytes = held(S, 4);
-  // reduce_sharded_grads_once_per_step: every unit's whole fp32 gradient through the step
+                    (sharding == config::DpSharding::OptimGrads ? held(double(rec.param_numel), act)
+                     : frozen_base                              ? held(double(s.trained_units), act)
+                                                                : 0);
+  const double T = double(s.trained);
+  e.gradient_bytes = held(T, 4);
+  // reduce_sharded_grads_once_per_step: every trainable unit's whole fp32 gradient through the step
   // (ShardedWeights::accumulation_bytes), as no_shard holds it.
-  if (a.reduce_sharded_grads_once_per_step && L.microbatches_per_rank > 1) e.gradient_bytes += held(double(rec.param_numel), 4);
-  e.optimizer_bytes = moments(S, a);
+  if (a.reduce_sharded_grads_once_per_step && L.microbatches_per_rank > 1)
+    e.gradient_bytes += held(double(s.trained_units), 4);
+  e.optimizer_bytes = moments(T, a);
   if (s.buffers > 0) e.buffer_bytes += held(double(s.buffers), 4);
   const double unit = double(s.max_unit);
   e.buffer_bytes += (1 + parallel::kFsdpReductionsInFlight) * held(unit, 4);
@@ -244,7 +260,8 @@ int64_t save_elements(const RankRecord& rec, const ParallelLayout& L, const conf
   const int dp = L.dp * L.cp, edp = std::max(1, L.dp / std::max(1, L.ep)) * L.cp;
   const auto expert = [&](const StoredParam& p) { return L.ep > 1 && is_expert_param(p.name); };
   int64_t n = 0;
-  if (sharding == config::DpSharding::NoShard) {  // rank 0's share [0, numel / holders) of each
+  // rank 0's share [0, numel / holders) of each (LoRA's ZeRO-1 is no_shard: make_dp_strategy)
+  if (sharding == config::DpSharding::NoShard || (sharding == config::DpSharding::Optim && rec.first_trainable > 0)) {
     for (const StoredParam& p : rec.params)
       n += written_of(p, p.offset, p.offset + p.numel / (expert(p) ? edp : dp), L.tp);
     return n;

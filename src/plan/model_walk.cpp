@@ -148,6 +148,8 @@ class RankWalk {
     rec.params = model_.params().infos();
     rec.units = model_.weight_units();
     rec.param_numel = model_.params().numel();
+    rec.first_trainable = model_.first_trainable();
+    rec.trainable_begin = model_.trainable_begin();
     rec.master = model_.params().dtype();
     rec.activation = model_.activation_dtype();
     rec.weight_bytes = held(model_.params().values()) + held(model_.params().grads()) +

@@ -82,6 +82,10 @@ struct RankRecord {
   std::vector<StoredParam> params;
   std::vector<WeightUnit> units;
   int64_t param_numel = 0;  // the flat layout's elements, alignment gaps included
+  // LoRA (LlamaModel::trains): the tensors from first_trainable, flat elements from trainable_begin,
+  // train; the rest are frozen (0 and 0 without LoRA).
+  int first_trainable = 0;
+  int64_t trainable_begin = 0;
   DType master = DType::F32, activation = DType::F32;
   // What the model holds before any pass: its weights (master, gradients, working copy), and the
   // rest (the RoPE tables).

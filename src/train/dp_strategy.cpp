@@ -168,7 +168,8 @@ BucketedStrategy::BucketedStrategy(const DpSetup& s, parallel::GradReduce reduce
   }
   ParamStore& params = model_.params();
   if (s.layout.ep > 1)
-    experts_ = std::make_unique<ExpertGradients>(params, *s.groups.edp_cp, s.layout.shard_optimizer(), s.adam);
+    experts_ = std::make_unique<ExpertGradients>(params, *s.groups.edp_cp, reduce == parallel::GradReduce::ReduceScatter,
+                                                 s.adam);  // the experts' own distributed optimizer with ZeRO-1's
   parallel::GradBucketsOptions bo;
   bo.bucket_size = s.bucket_size > 0 ? s.bucket_size : parallel::default_bucket_size(s.layout.dp);
   bo.overlap_grad_reduce = s.overlap_grad_reduce;
@@ -419,16 +420,13 @@ int64_t DpShardState::numel() const {
   return n;
 }
 
-// Under LoRA the replicated strategy, whatever the layout asks of the optimizer: the adapters'
-// AdamW state is small, and sharding the frozen weights (ZeRO-2 / FSDP) is not built (the config
-// refuses it).
+// ZeRO-2 / FSDP shard every weight, frozen or not, and reduce and step the trainable ones
+// (ShardedWeights). Under LoRA, ZeRO-1 runs the replicated strategy: the adapters' AdamW state is
+// small, and the whole frozen weights are on every rank anyway.
 std::unique_ptr<DataParallelStrategy> make_dp_strategy(const DpSetup& setup) {
-  if (setup.model.frozen_base()) {
-    PRIMUS_CHECK(!setup.layout.shard_gradients(), "LoRA under ZeRO-2 / FSDP (the config refuses it)");
-    return std::make_unique<ReplicatedStrategy>(setup);
-  }
   if (setup.layout.shard_gradients()) return std::make_unique<ShardedStrategy>(setup);
-  if (setup.layout.shard_optimizer()) return std::make_unique<DistributedOptimizerStrategy>(setup);
+  if (setup.layout.shard_optimizer() && !setup.model.frozen_base())
+    return std::make_unique<DistributedOptimizerStrategy>(setup);
   return std::make_unique<ReplicatedStrategy>(setup);
 }
 

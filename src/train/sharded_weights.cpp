@@ -39,8 +39,13 @@ ShardedWeights::ShardedWeights(LlamaModel& model, parallel::ProcessGroup& dp, pa
   pieces_.resize(infos.size());
   parts_.resize(units.size());
   std::vector<std::vector<parallel::FsdpUnit>> fsdp_units(comms.size());
+  train_begin_ = -1;
   for (size_t u = 0; u < units.size(); ++u) {
     const WeightUnit& wu = units[u];
+    trains_.push_back(model_.trains(wu.first_param));
+    PRIMUS_CHECK(model_.trains(wu.last_param) == bool(trains_[u]), "unit {} mixes frozen and trainable tensors", u);
+    if (trains_[u] && train_begin_ < 0) train_begin_ = shard_numel_;
+    PRIMUS_CHECK(trains_[u] || train_begin_ < 0, "frozen unit {} after a trainable one", u);
     int passes = 0;
     for (int p = wu.first_param; p <= wu.last_param; ++p) passes += model_.weight_grad_passes(p);
     per_microbatch_.push_back(passes);
@@ -68,13 +73,17 @@ ShardedWeights::ShardedWeights(LlamaModel& model, parallel::ProcessGroup& dp, pa
       fsdp_units[size_t(g)].push_back(std::move(fu));
     }
   }
+  if (train_begin_ < 0) train_begin_ = shard_numel_;
   for (size_t g = 0; g < comms.size(); ++g)
     groups_.push_back(std::make_unique<parallel::FsdpGroup>(*comms[g], std::move(fsdp_units[g])));
   const Device dev = be_.device();
   master_ = Tensor::zeros({shard_numel_}, DType::F32, dev);
-  grads_ = Tensor::zeros({shard_numel_}, DType::F32, dev);
+  grads_ = Tensor::zeros({shard_numel_ - train_begin_}, DType::F32, dev);
   working_ = work_dtype_ == DType::F32 ? master_ : Tensor::zeros({shard_numel_}, work_dtype_, dev);
-  if (stage_ == ShardedStage::OptimGrads) whole_ = Tensor::zeros({params.numel()}, work_dtype_, dev);
+  whole_.resize(units.size());
+  for (size_t u = 0; u < units.size(); ++u)
+    if (stage_ == ShardedStage::OptimGrads || (model_.frozen_base() && trains_[u]))
+      whole_[u] = Tensor::zeros({units[u].end - units[u].begin}, work_dtype_, dev);
   gathered_.resize(units.size());
   gathering_.resize(units.size());
   holds_.assign(units.size(), 0);
@@ -85,10 +94,12 @@ ShardedWeights::ShardedWeights(LlamaModel& model, parallel::ProcessGroup& dp, pa
   reported_.assign(units.size(), 0);
   microbatches_.assign(units.size(), 0);
   kept_.assign(units.size(), 0);
-  std::vector<ParamSegment> segments;
+  std::vector<ParamSegment> segments;  // the tensors that train, from model_.first_trainable()
   for (size_t p = 0; p < infos.size(); ++p)
-    segments.push_back({infos[p].name, pieces_[p].shard_offset, pieces_[p].numel, infos[p].weight_decay});
-  adam_ = std::make_unique<FlatAdamW>(adam, std::move(segments), shard_numel_, dev);
+    if (model_.trains(int(p)))
+      segments.push_back(
+          {infos[p].name, pieces_[p].shard_offset - train_begin_, pieces_[p].numel, infos[p].weight_decay});
+  adam_ = std::make_unique<FlatAdamW>(adam, std::move(segments), shard_numel_ - train_begin_, dev);
 }
 
 ShardedWeights::~ShardedWeights() {
@@ -107,7 +118,7 @@ ShardedWeights::~ShardedWeights() {
 // ---- WeightSource ---------------------------------------------------------------------------
 
 void ShardedWeights::acquire(int unit, int next) {
-  if (stage_ == ShardedStage::OptimGrads) return;
+  if (whole_[size_t(unit)].defined()) return;
   auto start = [&](int u) {
     const WeightUnit& wu = model_.weight_units()[size_t(u)];
     Tensor full = Tensor::zeros({wu.end - wu.begin}, work_dtype_, be_.device());
@@ -121,23 +132,20 @@ void ShardedWeights::acquire(int unit, int next) {
   ++holds_[size_t(unit)];
   if (!gathered_[size_t(unit)].defined()) start(unit);
   // Prefetch: the next unit's gather runs while this one computes (parallel::kFsdpGathersInFlight).
-  if (next >= 0 && !gathered_[size_t(next)].defined()) start(next);
+  if (next >= 0 && !whole_[size_t(next)].defined() && !gathered_[size_t(next)].defined()) start(next);
   for (auto& g : gathering_[size_t(unit)]) g->wait();
   gathering_[size_t(unit)].clear();
 }
 
 void ShardedWeights::release(int unit) {
-  if (stage_ == ShardedStage::OptimGrads) return;
+  if (whole_[size_t(unit)].defined()) return;
   PRIMUS_CHECK(holds_[size_t(unit)] > 0, "release of unit {} that no pass holds", unit);
   if (--holds_[size_t(unit)] == 0 && gathering_[size_t(unit)].empty() && !kept_[size_t(unit)])
     gathered_[size_t(unit)] = Tensor();
 }
 
 Tensor ShardedWeights::weights(int unit) {
-  if (stage_ == ShardedStage::OptimGrads) {
-    const WeightUnit& u = model_.weight_units()[size_t(unit)];
-    return whole_.slice(0, u.begin, u.end - u.begin);
-  }
+  if (whole_[size_t(unit)].defined()) return whole_[size_t(unit)];
   PRIMUS_CHECK(holds_[size_t(unit)] > 0 && gathered_[size_t(unit)].defined() && gathering_[size_t(unit)].empty(),
                "the weights of unit {} read while no pass holds it (FSDP gathers a unit only for its passes)", unit);
   return gathered_[size_t(unit)];
@@ -183,6 +191,10 @@ void ShardedWeights::unit_microbatch_done(int unit) {
     kept_[u] = 0;
     if (holds_[u] == 0 && gathering_[u].empty()) gathered_[u] = Tensor();
   }
+  if (!trains_[u]) {  // a frozen unit: what its W passes computed is no gradient of ours
+    unit_grads_[u] = Tensor();
+    return;
+  }
   if (++microbatches_[u] < schedule_.reduce_every) {
     if (bf16_grads_) round_to_bf16(be_, grads(unit));  // the bf16 accumulation, as each reduction's
     return;
@@ -209,7 +221,7 @@ void ShardedWeights::complete_oldest_reduction() {
   reductions_.pop_front();
   f.work->wait();
   if (f.part.shard_numel == 0) return;
-  Tensor mine = shard_of(grads_, f.part);
+  Tensor mine = grad_shard(f.part);
   be_.add(mine, f.sums.slice(0, 0, f.part.shard_numel), mine);
   if (bf16_grads_) round_to_bf16(be_, mine);  // the bf16 gradient shard's accumulation
 }
@@ -217,8 +229,13 @@ void ShardedWeights::complete_oldest_reduction() {
 void ShardedWeights::finish_gradients() {
   // A unit whose reports did not complete a microbatch (none in the model's passes) still
   // holds gradients: reduced here, in unit order on every rank.
-  for (size_t u = 0; u < unit_grads_.size(); ++u)
-    if (unit_grads_[u].defined()) reduce_unit(int(u));
+  for (size_t u = 0; u < unit_grads_.size(); ++u) {
+    if (!unit_grads_[u].defined()) continue;
+    if (trains_[u])
+      reduce_unit(int(u));
+    else
+      unit_grads_[u] = Tensor();
+  }
   while (!reductions_.empty()) complete_oldest_reduction();
   std::fill(reported_.begin(), reported_.end(), 0);
   std::fill(microbatches_.begin(), microbatches_.end(), 0);
@@ -247,31 +264,44 @@ void ShardedWeights::drop_kept() {
 }
 
 int64_t ShardedWeights::accumulation_bytes() const {
-  // The units' buffers, allocated as the W passes first ask, cover the flat layout.
-  return schedule_.reduce_every <= 1 ? 0 : model_.params().numel() * int64_t(sizeof(float));
+  // The trainable units' buffers, allocated as the W passes first ask (a frozen unit's is freed
+  // after each microbatch).
+  if (schedule_.reduce_every <= 1) return 0;
+  int64_t n = 0;
+  const auto& units = model_.weight_units();
+  for (size_t u = 0; u < units.size(); ++u)
+    if (trains_[u]) n += units[u].end - units[u].begin;
+  return n * int64_t(sizeof(float));
 }
 
 Tensor ShardedWeights::grad_piece(int param) const {
   const Piece& p = pieces_[size_t(param)];
-  return grads_.slice(0, p.shard_offset, p.numel);
+  if (!model_.trains(param)) return grads_.slice(0, 0, 0);  // frozen: no gradient
+  return grads_.slice(0, p.shard_offset - train_begin_, p.numel);
 }
 
-double ShardedWeights::grad_sq_sum(const std::vector<int>& counted) const { return adam_->grad_sq_sum(grads_, counted); }
+double ShardedWeights::grad_sq_sum(const std::vector<int>& counted) const {
+  std::vector<int> segments;  // AdamW's segments are the trainable tensors, from first_trainable()
+  for (int t : counted)
+    if (model_.trains(t)) segments.push_back(t - model_.first_trainable());
+  return adam_->grad_sq_sum(grads_, segments);
+}
 
 // ---- optimizer ------------------------------------------------------------------------------
 
 void ShardedWeights::step(double lr, double grad_scale) {
   drop_kept();  // a kept gathered copy would be stale after the update
-  Tensor* working = working_.dtype() == DType::F32 ? nullptr : &working_;
-  adam_->step(master_, grads_, working, lr, grad_scale);
-  if (stage_ == ShardedStage::OptimGrads) gather_whole();
+  const int64_t n = shard_numel_ - train_begin_;
+  Tensor working = working_.dtype() == DType::F32 ? Tensor() : working_.slice(0, train_begin_, n);
+  adam_->step(master_.slice(0, train_begin_, n), grads_, working.defined() ? &working : nullptr, lr, grad_scale);
+  gather_whole(true);  // the frozen units' whole copies stay as they are
 }
 
-void ShardedWeights::gather_whole() {
+void ShardedWeights::gather_whole(bool trained_only) {
   std::deque<std::unique_ptr<parallel::FsdpGroup::Pending>> inflight;
-  const auto& units = model_.weight_units();
-  for (size_t u = 0; u < units.size(); ++u) {
-    Tensor dst = whole_.slice(0, units[u].begin, units[u].end - units[u].begin);
+  for (size_t u = 0; u < whole_.size(); ++u) {
+    if (!whole_[u].defined() || (trained_only && !trains_[u])) continue;
+    const Tensor& dst = whole_[u];
     for (const Part& part : parts_[u]) {
       if (inflight.size() >= 2) {
         inflight.front()->wait();
@@ -315,7 +345,7 @@ void ShardedWeights::load_values(const float* full) {
   drop_kept();
   master_.copy_from(host_tensor(to_shards(full)).to(master_.device()));
   if (working_.dtype() != DType::F32) be_.cast(master_, working_);
-  if (stage_ == ShardedStage::OptimGrads) gather_whole();
+  gather_whole(false);
 }
 
 void ShardedWeights::load_targets(ResidentLoad& load, bool optimizer) {
@@ -323,9 +353,9 @@ void ShardedWeights::load_targets(ResidentLoad& load, bool optimizer) {
   for (size_t p = 0; p < pieces_.size(); ++p) {
     const Piece& pc = pieces_[p];
     std::array<float*, 3> d{};
-    if (optimizer && pc.numel > 0) {
-      d[1] = load.moment(*adam_, false, pc.shard_offset, pc.numel);
-      d[2] = load.moment(*adam_, true, pc.shard_offset, pc.numel);
+    if (optimizer && pc.numel > 0 && model_.trains(int(p))) {  // a frozen tensor has no moments
+      d[1] = load.moment(*adam_, false, pc.shard_offset - train_begin_, pc.numel);
+      d[2] = load.moment(*adam_, true, pc.shard_offset - train_begin_, pc.numel);
     }
     if (buffers_[p].defined()) {  // whole on every rank; its piece of the master follows (finish_load)
       load.add(infos[p].offset, infos[p].numel, {load.tensor(buffers_[p], 0, infos[p].numel), nullptr, nullptr});
@@ -352,7 +382,7 @@ void ShardedWeights::finish_load(int64_t step, bool optimizer) {
       if (b.defined()) round_to_bf16(be_, b);
   }
   if (working_.dtype() != DType::F32) be_.cast(master_, working_);
-  if (stage_ == ShardedStage::OptimGrads) gather_whole();
+  gather_whole(false);
   if (optimizer) adam_->set_state(step, nullptr, nullptr);
 }
 
@@ -382,8 +412,12 @@ std::vector<ShardedWeights::HeldPiece> ShardedWeights::held_pieces(std::vector<s
     // A buffer's whole copy is authoritative over its piece (buffer()).
     h.data[0] = buffers_[p].defined() ? host_range(buffers_[p], pc.full_offset - infos[p].offset, pc.numel, copies)
                                       : host_range(master_, pc.shard_offset, pc.numel, copies);
-    h.data[1] = adam_->moment_range(false, pc.shard_offset, pc.numel, copies);
-    h.data[2] = adam_->moment_range(true, pc.shard_offset, pc.numel, copies);
+    if (model_.trains(int(p))) {
+      h.data[1] = adam_->moment_range(false, pc.shard_offset - train_begin_, pc.numel, copies);
+      h.data[2] = adam_->moment_range(true, pc.shard_offset - train_begin_, pc.numel, copies);
+    } else {  // a frozen tensor: zero moments in the checkpoint, as no_shard writes them
+      h.data[1] = h.data[2] = copies.emplace_back(size_t(pc.numel), 0.0f).data();
+    }
     out.push_back(h);
   }
   return out;
@@ -392,7 +426,8 @@ std::vector<ShardedWeights::HeldPiece> ShardedWeights::held_pieces(std::vector<s
 int64_t ShardedWeights::parameter_bytes() const {
   int64_t b = int64_t(master_.nbytes());
   if (working_.dtype() != DType::F32) b += int64_t(working_.nbytes());
-  if (whole_.defined()) b += int64_t(whole_.nbytes());
+  for (const Tensor& w : whole_)
+    if (w.defined()) b += int64_t(w.nbytes());
   return b;
 }
 

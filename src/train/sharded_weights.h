@@ -30,6 +30,15 @@
 // unit and microbatch instead of two, at the cost of holding the whole working weights between a
 // microbatch's forward and backward. Gathered copies never outlive an optimizer step.
 //
+// LoRA (LlamaModel::trains): the frozen base is sharded and gathered like any weight, but only
+// the units that train (the adapters' unit, after every frozen one) have gradient shards, are
+// reduce-scattered and have AdamW state: the shard buffers hold the frozen units' pieces first and
+// the trainable ones from train_begin() on, and the gradient shards and moments cover that tail
+// alone. A frozen unit's W passes (the norms' gradients the model still computes) are discarded,
+// not reduced. Under optim_grads_params the trainable units, small beside a frozen base, are kept
+// whole on every rank (all-gathered after each step, as ZeRO-2 keeps every unit): the blocks read
+// their adapters without acquiring the adapters' unit.
+//
 // Expert parallel: the experts of this rank's ep slot are sharded the same way over the
 // expert-data-parallel group (the ranks that hold the same experts) instead of dp, so a unit with
 // experts has two parts, each gathered and reduced over its own group into the same whole buffers.
@@ -131,8 +140,11 @@ class ShardedWeights final : public WeightSource {
   // ---- memory (this rank's persistent buffers) ----
   int64_t parameter_bytes() const;  // master pieces, their working copy, ZeRO-2's whole working copy
   int64_t gradient_bytes() const { return int64_t(grads_.nbytes()); }
-  int64_t optimizer_bytes() const { return shard_numel_ * adamw_state_bytes_per_param(adam_->options()); }
+  int64_t optimizer_bytes() const {
+    return (shard_numel_ - train_begin_) * adamw_state_bytes_per_param(adam_->options());
+  }
   int64_t shard_numel() const { return shard_numel_; }
+  int64_t train_begin() const { return train_begin_; }  // the first shard element that trains
   // Whole-unit gradient bytes held through a step (reduce_every > 1: every unit's, 4 per parameter)
   int64_t accumulation_bytes() const;
 
@@ -157,10 +169,13 @@ class ShardedWeights final : public WeightSource {
   Tensor shard_of(const Tensor& shard_buffer, const Part& part) const {
     return shard_buffer.slice(0, part.shard_begin, part.shard_numel);
   }
+  Tensor grad_shard(const Part& part) const {  // a trainable part's gradient shard
+    return grads_.slice(0, part.shard_begin - train_begin_, part.shard_numel);
+  }
   std::vector<float> to_shards(const float* full) const;  // host
   void reduce_unit(int unit);
   void complete_oldest_reduction();
-  void gather_whole();  // ZeRO-2: every unit into the whole working copy
+  void gather_whole(bool trained_only);  // the units kept whole (whole_), or those of them that train
   void drop_prefetches();
   void drop_kept();  // frees units kept gathered from a forward (no pass holds them)
   void unit_microbatch_done(int unit);
@@ -180,8 +195,11 @@ class ShardedWeights final : public WeightSource {
   std::vector<uint8_t> kept_;                 // per unit: gathered by a forward, kept for its backward
   int64_t shard_numel_ = 0;
   std::vector<std::unique_ptr<parallel::FsdpGroup>> groups_;  // dp's, then (expert parallel) edp's
-  Tensor master_, working_, grads_;           // shard buffers (working_ is master_ in fp32)
-  Tensor whole_;                              // ZeRO-2: the whole working weights
+  std::vector<uint8_t> trains_;               // per unit: its tensors train (LlamaModel::trains)
+  int64_t train_begin_ = 0;                   // shard elements [train_begin_, shard_numel_) train
+  Tensor master_, working_;                   // shard buffers (working_ is master_ in fp32)
+  Tensor grads_;                              // the gradient shards of [train_begin_, shard_numel_)
+  std::vector<Tensor> whole_;                 // per unit kept whole (ZeRO-2: all): its working weights
   std::vector<Tensor> gathered_;              // ZeRO-3, per unit: the gathered working weights
   std::vector<std::vector<std::unique_ptr<parallel::FsdpGroup::Pending>>> gathering_;  // per unit: in flight
   std::vector<int> holds_;                    // per unit: passes holding it

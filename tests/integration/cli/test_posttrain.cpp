@@ -186,9 +186,40 @@ TEST(Posttrain, Dp2Cp2AndPp2GiveTheOneProcessLosses) {
 // LoRA through the whole trainer: tp2 (B or A sharded with the base, the whole factor's gradient
 // summed over tp), dp2 (the adapters' gradients reduced, AdamW on their range) and pp2 (each
 // stage's adapters after its own tensors) give the one-process LoRA losses; the loss falls.
+const std::string kLora = " --lora.enabled true --lora.dim 8 --lora.alpha 16 --lr 3e-3";
+
+// A run's losses and its first metrics row's memory_optimizer_bytes (rank 0's AdamW state).
+struct Recorded {
+  std::vector<double> losses;
+  double optimizer_bytes = -1;
+};
+Recorded run_recorded(const std::string& name, const std::string& args, const std::string& launcher) {
+  Recorded out;
+  const fs::path ws = workspace(name);
+  const auto r = run(launcher + " --workspace " + ws.string() + " --exp-name run -- train posttrain --config " +
+                     kExample + kTiny + args);
+  EXPECT_EQ(r.code, 0) << r.out;
+  out.losses = losses(ws / "run");
+  std::ifstream in(ws / "run" / "metrics.jsonl");
+  std::string line;
+  while (out.optimizer_bytes < 0 && std::getline(in, line)) {
+    const auto j = nlohmann::json::parse(line);
+    if (j.contains("memory_optimizer_bytes")) out.optimizer_bytes = j["memory_optimizer_bytes"].get<double>();
+  }
+  fs::remove_all(ws);
+  return out;
+}
+
+// The one-process LoRA run, shared by the tests that compare against it.
+const Recorded& lora_one() {
+  static const Recorded r = run_recorded("lora_one", kLora, "direct");
+  return r;
+}
+const std::vector<double>& lora_one_process() { return lora_one().losses; }
+
 TEST(Posttrain, LoraUnderTp2Dp2AndPp2GivesTheOneProcessLosses) {
-  const std::string lora = " --lora.enabled true --lora.dim 8 --lora.alpha 16 --lr 3e-3";
-  const std::vector<double> one = train("lora_one", lora);
+  const std::string& lora = kLora;
+  const std::vector<double>& one = lora_one_process();
   ASSERT_EQ(one.size(), 6u);
   EXPECT_LT(one.back(), one.front() - 0.3) << "the adapters learn";
   expect_same(one, train("lora_tp2", lora + " --tensor_model_parallel_size 2", "direct --nproc 2"), 2e-5, "tp2");
@@ -332,10 +363,11 @@ std::map<int, double> losses_by_iteration(const fs::path& run_dir) {
 }
 
 // Three iterations, a save, and a resume for three more: the losses of `whole` (6 iterations), bit for bit.
-void expect_resumes_exactly(const std::string& name, const std::string& extra, const std::vector<double>& whole) {
+void expect_resumes_exactly(const std::string& name, const std::string& extra, const std::vector<double>& whole,
+                            const std::string& launcher = "direct") {
   const fs::path ws = workspace(name);
   for (const char* part : {" --train_iters 3 --lr_decay_iters 6", ""}) {
-    const auto r = run("direct --workspace " + ws.string() + " --exp-name run -- train posttrain --config " + kExample +
+    const auto r = run(launcher + " --workspace " + ws.string() + " --exp-name run -- train posttrain --config " + kExample +
                        kTiny + extra + part);
     ASSERT_EQ(r.code, 0) << r.out;
   }
@@ -347,6 +379,48 @@ void expect_resumes_exactly(const std::string& name, const std::string& extra, c
 }
 
 TEST(Posttrain, ResumesExactly) { expect_resumes_exactly("resume", "", one_process()); }
+
+// LoRA under ZeRO-2 (optim_grads) and FSDP (use_torch_fsdp2) at dp2: the frozen base sharded like
+// any weight, only the adapters reduce-scattered and stepped. They give the one-process LoRA
+// losses; each rank's AdamW state is its half of the adapters' (about half of one process's, where
+// sharding the frozen tensors' state too would be many times that); a run stopped after 3 steps
+// resumes bit for bit, and its checkpoint resumes on one process (no_shard) to the one-process losses.
+TEST(Posttrain, LoraUnderZero2AndFsdpGivesTheOneProcessLossesAndResumes) {
+  const std::vector<double>& one = lora_one_process();
+  const std::string zero2 = kLora + " --data_parallel_sharding_strategy optim_grads", fsdp = kLora + " --use_torch_fsdp2 true";
+  const Recorded z = run_recorded("lora_zero2", zero2, "direct --nproc 2");
+  const Recorded f = run_recorded("lora_fsdp", fsdp, "direct --nproc 2");
+  expect_same(one, z.losses, 2e-5, "ZeRO-2 dp2");
+  expect_same(one, f.losses, 2e-5, "FSDP dp2");
+  EXPECT_GT(lora_one().optimizer_bytes, 0);
+  for (double b : {z.optimizer_bytes, f.optimizer_bytes}) {
+    EXPECT_GT(b, 0.4 * lora_one().optimizer_bytes);
+    EXPECT_LT(b, 0.6 * lora_one().optimizer_bytes);
+  }
+  expect_resumes_exactly("lora_zero2_resume", zero2, z.losses, "direct --nproc 2");
+  // Stopped after 3 steps under FSDP at dp2; resumed there (bit for bit) and, from a copy of the
+  // run, on one process (the one-process losses).
+  const fs::path ws = workspace("lora_fsdp_resume"), copy = workspace("lora_fsdp_to_one");
+  const auto args = [&](const fs::path& w) {
+    return " --workspace " + w.string() + " --exp-name run -- train posttrain --config " + kExample + kTiny + kLora;
+  };
+  const auto first = run("direct --nproc 2" + args(ws) + " --use_torch_fsdp2 true --train_iters 3 --lr_decay_iters 6");
+  ASSERT_EQ(first.code, 0) << first.out;
+  fs::create_directories(copy);
+  fs::copy(ws / "run", copy / "run", fs::copy_options::recursive);
+  const auto again = run("direct --nproc 2" + args(ws) + " --use_torch_fsdp2 true");
+  ASSERT_EQ(again.code, 0) << again.out;
+  const auto on_one = run("direct" + args(copy));
+  ASSERT_EQ(on_one.code, 0) << on_one.out;
+  std::map<int, double> fsdp_resumed = losses_by_iteration(ws / "run"), one_resumed = losses_by_iteration(copy / "run");
+  ASSERT_EQ(fsdp_resumed.size(), 6u);
+  ASSERT_EQ(one_resumed.size(), 6u);
+  for (int i = 1; i <= 6; ++i) EXPECT_EQ(fsdp_resumed[i], f.losses[size_t(i - 1)]) << "FSDP resumed, iteration " << i;
+  for (int i = 4; i <= 6; ++i)
+    EXPECT_NEAR(one_resumed[i], one[size_t(i - 1)], 2e-5 * std::abs(one[size_t(i - 1)])) << "one process, iteration " << i;
+  fs::remove_all(ws);
+  fs::remove_all(copy);
+}
 
 // LoRA beside FP8 base linears (delayed scaling, whose amax histories are in the checkpoint).
 TEST(Posttrain, LoraWithFp8ResumesExactly) {
@@ -406,8 +480,9 @@ TEST(Posttrain, RefusesWhatIsNotBuiltByName) {
   EXPECT_NE(out("posttrain", kExample + " --lora.enabled true --lora.exclude_modules [linear_qkv]")
                 .find("lora.exclude_modules is not supported: matching the linears by exclusion is not built"),
             std::string::npos);
-  EXPECT_NE(out("posttrain", kExample + " --lora.enabled true --data_parallel_sharding_strategy optim_grads_params")
-                .find("LoRA with ZeRO-2 / FSDP (optim_grads, optim_grads_params, use_torch_fsdp2) is not built"),
+  EXPECT_NE(out("posttrain", kExample + " --lora.enabled true --use_torch_fsdp2 true --peft_adapter_path /no/such")
+                .find("starting LoRA adapters from a PEFT folder under ZeRO-2 / FSDP (optim_grads, "
+                      "optim_grads_params, use_torch_fsdp2) is not built"),
             std::string::npos);
   EXPECT_NE(
       out("pretrain", kExample).find("is a post-training config (modules.post_trainer): run it with train posttrain"),

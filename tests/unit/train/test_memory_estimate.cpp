@@ -138,7 +138,8 @@ TEST(MemoryEstimate, MoeExpertsAreDividedByEpAndWholeOnEveryTpRank) {
 // strategy of each sharding holds (DataParallelStrategy::memory(), which the log's peak split
 // reports): each strategy built for rank 0 of dp 4, dense and with experts over ep 2, on groups
 // that record instead of communicating, with fp32 and with bf16 AdamW moments (the precision-aware
-// optimizer: half the optimizer bytes). (The estimate runs before any strategy exists, and at
+// optimizer: half the optimizer bytes), and under LoRA (the frozen base without gradient shards or
+// moments under ZeRO-2 / FSDP, ZeRO-1 run as no_shard). (The estimate runs before any strategy exists, and at
 // scales where none could be built, so it sizes the same buffers from the walk.)
 TEST(MemoryEstimate, WeightsGradientsAndOptimizerStateAreWhatTheStrategyHolds) {
   test::TinyExperiment exp;
@@ -149,18 +150,24 @@ TEST(MemoryEstimate, WeightsGradientsAndOptimizerStateAreWhatTheStrategyHolds) {
                                                                 {"expert_model_parallel_size", "2"}};
   for (const char* sharding : {"no_shard", "optim", "optim_grads", "optim_grads_params"})
     for (const bool experts : {false, true})
-      for (const bool bf16_state : {false, true}) {
+      for (const bool bf16_state : {false, true})
+        for (const bool lora : {false, true}) {
+        if (lora && bf16_state) continue;
         std::vector<std::pair<std::string, std::string>> keys = {{"num_layers", "4"},
                                                                  {"global_batch_size", "8"},
                                                                  {"data_parallel_sharding_strategy", sharding}};
         if (experts) keys.insert(keys.end(), moe.begin(), moe.end());
+        if (lora)  // (the routed experts' adapters are refused under ep > 1)
+          keys.insert(keys.end(), {{"modules.pre_trainer.overrides.lora.enabled", "true"},
+                                   {"lora.dim", "4"},
+                                   {"lora.target_modules", "[linear_qkv,linear_proj]"}});
         if (bf16_state)
           keys.insert(keys.end(), {{"use_precision_aware_optimizer", "true"},
                                    {"exp_avg_dtype", "bf16"},
                                    {"exp_avg_sq_dtype", "bf16"}});
         const auto cfg = exp.load(keys);
         SCOPED_TRACE(std::string(sharding) + (experts ? " with experts over ep 2" : " dense") +
-                     (bf16_state ? ", bf16 moments" : ""));
+                     (bf16_state ? ", bf16 moments" : "") + (lora ? ", LoRA" : ""));
         const plan::ParallelLayout layout = plan::plan_layout(cfg.train, cfg.model_spec, 4);
         const plan::MemoryEstimate e = plan::estimate_memory(cfg.model_spec, layout, cfg.train, false);
 
@@ -175,6 +182,7 @@ TEST(MemoryEstimate, WeightsGradientsAndOptimizerStateAreWhatTheStrategyHolds) {
         g.edp_cp = group("edp_cp", layout.dp / layout.ep);
         LlamaOptions options;
         options.resident_weights = !layout.shard_gradients();
+        options.lora = cfg.train.lora;
         ModelPartition part;
         part.ep_size = layout.ep;
         part.ep_group = g.ep.get();
