@@ -147,9 +147,9 @@ Shards shards_of(const RankRecord& rec, int dense_group, int expert_group) {
         tensors.push_back({1, rows, info.numel / rows, info.offset - u.begin, 0});
       }
       if (tensors.empty()) continue;
-      const int64_t n =
-          parallel::fsdp_shard_unit(std::move(tensors), u.end - u.begin, expert ? expert_group : dense_group, 0)
-              .shard_numel;
+      const int64_t n = parallel::fsdp_shard_unit(std::move(tensors), u.end - u.begin,
+                                                  expert ? expert_group : dense_group, 0)
+                            .shard_numel;
       s.numel += n;
       if (trains) s.trained += n;
     }

@@ -168,7 +168,8 @@ BucketedStrategy::BucketedStrategy(const DpSetup& s, parallel::GradReduce reduce
   }
   ParamStore& params = model_.params();
   if (s.layout.ep > 1)
-    experts_ = std::make_unique<ExpertGradients>(params, *s.groups.edp_cp, reduce == parallel::GradReduce::ReduceScatter,
+    experts_ = std::make_unique<ExpertGradients>(params, *s.groups.edp_cp,
+                                                 reduce == parallel::GradReduce::ReduceScatter,
                                                  s.adam);  // the experts' own distributed optimizer with ZeRO-1's
   parallel::GradBucketsOptions bo;
   bo.bucket_size = s.bucket_size > 0 ? s.bucket_size : parallel::default_bucket_size(s.layout.dp);

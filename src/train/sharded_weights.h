@@ -195,11 +195,11 @@ class ShardedWeights final : public WeightSource {
   std::vector<uint8_t> kept_;                 // per unit: gathered by a forward, kept for its backward
   int64_t shard_numel_ = 0;
   std::vector<std::unique_ptr<parallel::FsdpGroup>> groups_;  // dp's, then (expert parallel) edp's
-  std::vector<uint8_t> trains_;               // per unit: its tensors train (LlamaModel::trains)
-  int64_t train_begin_ = 0;                   // shard elements [train_begin_, shard_numel_) train
-  Tensor master_, working_;                   // shard buffers (working_ is master_ in fp32)
-  Tensor grads_;                              // the gradient shards of [train_begin_, shard_numel_)
-  std::vector<Tensor> whole_;                 // per unit kept whole (ZeRO-2: all): its working weights
+  std::vector<uint8_t> trains_;                               // per unit: its tensors train (LlamaModel::trains)
+  int64_t train_begin_ = 0;                                   // shard elements [train_begin_, shard_numel_) train
+  Tensor master_, working_;                                   // shard buffers (working_ is master_ in fp32)
+  Tensor grads_;                                              // the gradient shards of [train_begin_, shard_numel_)
+  std::vector<Tensor> whole_;                                 // per unit kept whole (ZeRO-2: all): its working weights
   std::vector<Tensor> gathered_;              // ZeRO-3, per unit: the gathered working weights
   std::vector<std::vector<std::unique_ptr<parallel::FsdpGroup::Pending>>> gathering_;  // per unit: in flight
   std::vector<int> holds_;                    // per unit: passes holding it

@@ -367,8 +367,8 @@ void expect_resumes_exactly(const std::string& name, const std::string& extra, c
                             const std::string& launcher = "direct") {
   const fs::path ws = workspace(name);
   for (const char* part : {" --train_iters 3 --lr_decay_iters 6", ""}) {
-    const auto r = run(launcher + " --workspace " + ws.string() + " --exp-name run -- train posttrain --config " + kExample +
-                       kTiny + extra + part);
+    const auto r = run(launcher + " --workspace " + ws.string() + " --exp-name run -- train posttrain --config " +
+                       kExample + kTiny + extra + part);
     ASSERT_EQ(r.code, 0) << r.out;
   }
   std::map<int, double> by_iteration = losses_by_iteration(ws / "run");
@@ -387,7 +387,8 @@ TEST(Posttrain, ResumesExactly) { expect_resumes_exactly("resume", "", one_proce
 // resumes bit for bit, and its checkpoint resumes on one process (no_shard) to the one-process losses.
 TEST(Posttrain, LoraUnderZero2AndFsdpGivesTheOneProcessLossesAndResumes) {
   const std::vector<double>& one = lora_one_process();
-  const std::string zero2 = kLora + " --data_parallel_sharding_strategy optim_grads", fsdp = kLora + " --use_torch_fsdp2 true";
+  const std::string zero2 = kLora + " --data_parallel_sharding_strategy optim_grads",
+                    fsdp = kLora + " --use_torch_fsdp2 true";
   const Recorded z = run_recorded("lora_zero2", zero2, "direct --nproc 2");
   const Recorded f = run_recorded("lora_fsdp", fsdp, "direct --nproc 2");
   expect_same(one, z.losses, 2e-5, "ZeRO-2 dp2");
@@ -417,7 +418,8 @@ TEST(Posttrain, LoraUnderZero2AndFsdpGivesTheOneProcessLossesAndResumes) {
   ASSERT_EQ(one_resumed.size(), 6u);
   for (int i = 1; i <= 6; ++i) EXPECT_EQ(fsdp_resumed[i], f.losses[size_t(i - 1)]) << "FSDP resumed, iteration " << i;
   for (int i = 4; i <= 6; ++i)
-    EXPECT_NEAR(one_resumed[i], one[size_t(i - 1)], 2e-5 * std::abs(one[size_t(i - 1)])) << "one process, iteration " << i;
+    EXPECT_NEAR(one_resumed[i], one[size_t(i - 1)], 2e-5 * std::abs(one[size_t(i - 1)]))
+        << "one process, iteration " << i;
   fs::remove_all(ws);
   fs::remove_all(copy);
 }

@@ -152,70 +152,70 @@ TEST(MemoryEstimate, WeightsGradientsAndOptimizerStateAreWhatTheStrategyHolds) {
     for (const bool experts : {false, true})
       for (const bool bf16_state : {false, true})
         for (const bool lora : {false, true}) {
-        if (lora && bf16_state) continue;
-        std::vector<std::pair<std::string, std::string>> keys = {{"num_layers", "4"},
-                                                                 {"global_batch_size", "8"},
-                                                                 {"data_parallel_sharding_strategy", sharding}};
-        if (experts) keys.insert(keys.end(), moe.begin(), moe.end());
-        if (lora)  // (the routed experts' adapters are refused under ep > 1)
-          keys.insert(keys.end(), {{"modules.pre_trainer.overrides.lora.enabled", "true"},
-                                   {"lora.dim", "4"},
-                                   {"lora.target_modules", "[linear_qkv,linear_proj]"}});
-        if (bf16_state)
-          keys.insert(keys.end(), {{"use_precision_aware_optimizer", "true"},
-                                   {"exp_avg_dtype", "bf16"},
-                                   {"exp_avg_sq_dtype", "bf16"}});
-        const auto cfg = exp.load(keys);
-        SCOPED_TRACE(std::string(sharding) + (experts ? " with experts over ep 2" : " dense") +
-                     (bf16_state ? ", bf16 moments" : "") + (lora ? ", LoRA" : ""));
-        const plan::ParallelLayout layout = plan::plan_layout(cfg.train, cfg.model_spec, 4);
-        const plan::MemoryEstimate e = plan::estimate_memory(cfg.model_spec, layout, cfg.train, false);
+          if (lora && bf16_state) continue;
+          std::vector<std::pair<std::string, std::string>> keys = {{"num_layers", "4"},
+                                                                   {"global_batch_size", "8"},
+                                                                   {"data_parallel_sharding_strategy", sharding}};
+          if (experts) keys.insert(keys.end(), moe.begin(), moe.end());
+          if (lora)  // (the routed experts' adapters are refused under ep > 1)
+            keys.insert(keys.end(), {{"modules.pre_trainer.overrides.lora.enabled", "true"},
+                                     {"lora.dim", "4"},
+                                     {"lora.target_modules", "[linear_qkv,linear_proj]"}});
+          if (bf16_state)
+            keys.insert(keys.end(), {{"use_precision_aware_optimizer", "true"},
+                                     {"exp_avg_dtype", "bf16"},
+                                     {"exp_avg_sq_dtype", "bf16"}});
+          const auto cfg = exp.load(keys);
+          SCOPED_TRACE(std::string(sharding) + (experts ? " with experts over ep 2" : " dense") +
+                       (bf16_state ? ", bf16 moments" : "") + (lora ? ", LoRA" : ""));
+          const plan::ParallelLayout layout = plan::plan_layout(cfg.train, cfg.model_spec, 4);
+          const plan::MemoryEstimate e = plan::estimate_memory(cfg.model_spec, layout, cfg.train, false);
 
-        parallel::CommLog log;
-        auto group = [&](const char* name, int size) {
-          return std::make_unique<parallel::RecordingProcessGroup>(name, size, 0, log, Device::CPU);
-        };
-        parallel::MeshGroups g;
-        g.tp = group("tp", 1), g.cp = group("cp", 1), g.pp = group("pp", 1), g.mp = group("mp", 1);
-        g.dp = group("dp", layout.dp), g.dp_cp = group("dp_cp", layout.dp);
-        g.ep = group("ep", layout.ep), g.edp = group("edp", layout.dp / layout.ep);
-        g.edp_cp = group("edp_cp", layout.dp / layout.ep);
-        LlamaOptions options;
-        options.resident_weights = !layout.shard_gradients();
-        options.lora = cfg.train.lora;
-        ModelPartition part;
-        part.ep_size = layout.ep;
-        part.ep_group = g.ep.get();
-        LlamaModel model(cfg.model_spec, cpu::cpu_backend(), Precision::Fp32, options, part);
-        AdamWOptions adam;
-        if (bf16_state) adam.exp_avg_dtype = adam.exp_avg_sq_dtype = DType::BF16;
-        const auto strategy = train::make_dp_strategy(
-            {model, layout, g, parallel::MeshCoord{}, adam, cfg.train.ddp_bucket_size, true, 1});
-        const train::DpMemory held = strategy->memory();
-        // The estimate rounds each buffer up to the host pool's 64 bytes.
-        EXPECT_NEAR(e.parameter_bytes + e.working_bytes, held.parameters, 256);
-        EXPECT_NEAR(e.gradient_bytes, held.gradients, 256);
-        EXPECT_NEAR(e.optimizer_bytes, held.optimizer, 256);
-        // A checkpoint save: the elements the strategy writes (its shard_state), exactly, and the
-        // host memory the save reports for them (12 bytes each, the staging buffer; on the CPU
-        // nothing is copied for a sync save).
-        const plan::SaveMemory save =
-            plan::estimate_save_memory(plan::walk_ranks(cfg.model_spec, layout, cfg.train, Precision::Fp32).front(),
-                                       layout, cfg.train, layout.sharding, false);
-        const train::DpShardState shard = strategy->shard_state();
-        EXPECT_EQ(save.elements, shard.numel());
-        const double copy = 12.0 * double(shard.numel());
-        EXPECT_EQ(save.staging_bytes, std::min(copy, double(4u << 20)));
-        EXPECT_EQ(save.async_bytes, save.sync_bytes + copy);
-        if (bf16_state) {  // half the fp32 state, to the pool's rounding
-          auto fp32_keys = keys;
-          fp32_keys.resize(fp32_keys.size() - 3);
-          const auto fp32 = exp.load(fp32_keys);
-          const plan::MemoryEstimate f = plan::estimate_memory(fp32.model_spec, layout, fp32.train, false);
-          EXPECT_NEAR(e.optimizer_bytes, 0.5 * f.optimizer_bytes, 512);
-          EXPECT_GT(e.optimizer_bytes, 0);
+          parallel::CommLog log;
+          auto group = [&](const char* name, int size) {
+            return std::make_unique<parallel::RecordingProcessGroup>(name, size, 0, log, Device::CPU);
+          };
+          parallel::MeshGroups g;
+          g.tp = group("tp", 1), g.cp = group("cp", 1), g.pp = group("pp", 1), g.mp = group("mp", 1);
+          g.dp = group("dp", layout.dp), g.dp_cp = group("dp_cp", layout.dp);
+          g.ep = group("ep", layout.ep), g.edp = group("edp", layout.dp / layout.ep);
+          g.edp_cp = group("edp_cp", layout.dp / layout.ep);
+          LlamaOptions options;
+          options.resident_weights = !layout.shard_gradients();
+          options.lora = cfg.train.lora;
+          ModelPartition part;
+          part.ep_size = layout.ep;
+          part.ep_group = g.ep.get();
+          LlamaModel model(cfg.model_spec, cpu::cpu_backend(), Precision::Fp32, options, part);
+          AdamWOptions adam;
+          if (bf16_state) adam.exp_avg_dtype = adam.exp_avg_sq_dtype = DType::BF16;
+          const auto strategy = train::make_dp_strategy(
+              {model, layout, g, parallel::MeshCoord{}, adam, cfg.train.ddp_bucket_size, true, 1});
+          const train::DpMemory held = strategy->memory();
+          // The estimate rounds each buffer up to the host pool's 64 bytes.
+          EXPECT_NEAR(e.parameter_bytes + e.working_bytes, held.parameters, 256);
+          EXPECT_NEAR(e.gradient_bytes, held.gradients, 256);
+          EXPECT_NEAR(e.optimizer_bytes, held.optimizer, 256);
+          // A checkpoint save: the elements the strategy writes (its shard_state), exactly, and the
+          // host memory the save reports for them (12 bytes each, the staging buffer; on the CPU
+          // nothing is copied for a sync save).
+          const plan::SaveMemory save =
+              plan::estimate_save_memory(plan::walk_ranks(cfg.model_spec, layout, cfg.train, Precision::Fp32).front(),
+                                         layout, cfg.train, layout.sharding, false);
+          const train::DpShardState shard = strategy->shard_state();
+          EXPECT_EQ(save.elements, shard.numel());
+          const double copy = 12.0 * double(shard.numel());
+          EXPECT_EQ(save.staging_bytes, std::min(copy, double(4u << 20)));
+          EXPECT_EQ(save.async_bytes, save.sync_bytes + copy);
+          if (bf16_state) {  // half the fp32 state, to the pool's rounding
+            auto fp32_keys = keys;
+            fp32_keys.resize(fp32_keys.size() - 3);
+            const auto fp32 = exp.load(fp32_keys);
+            const plan::MemoryEstimate f = plan::estimate_memory(fp32.model_spec, layout, fp32.train, false);
+            EXPECT_NEAR(e.optimizer_bytes, 0.5 * f.optimizer_bytes, 512);
+            EXPECT_GT(e.optimizer_bytes, 0);
+          }
         }
-      }
 }
 
 // ZeRO-2 / FSDP collective schedule (train/sharded_weights.h, ShardedSchedule), counted on groups that
