@@ -1,7 +1,8 @@
 // `train posttrain` (SFT) and `data sft-preview` through primus-cli: the tiny example trains and
 // its loss falls; the tokens the loss mask leaves out contribute nothing (a conversation with an
 // untrained tail trains to the same losses as without it, one with another assistant turn does
-// not); dp2, cp2 and pp2 give the one-process losses; a resumed run goes on exactly; a fine-tune starts from our
+// not); dp2, cp2 and pp2 (and LoRA under ZeRO-2 / FSDP) give the one-process losses; a resumed run
+// goes on exactly; a fine-tune starts from our
 // checkpoint or a Hugging Face folder (hf_path); what is not built is refused by name; Primus's native SFT configs
 // (tests/integration/primus_configs/sft/, unchanged) load under tiny overrides.
 #include <gtest/gtest.h>
