@@ -31,7 +31,7 @@ fi
 launcher=()
 command -v ccache >/dev/null && launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_C_COMPILER_LAUNCHER=ccache)
 cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ \
-  -DPRIMUS_FUZZ=ON -DPRIMUS_CUDA=OFF -DPRIMUS_BUILD_TESTS=OFF -DPRIMUS_BUILD_BENCHMARKS=OFF "${launcher[@]}" >"$build.cmake.log" 2>&1 \
+  -DPRIMUS_FUZZ=ON -DPRIMUS_UNITY_BUILD=ON -DPRIMUS_CUDA=OFF -DPRIMUS_BUILD_TESTS=OFF -DPRIMUS_BUILD_BENCHMARKS=OFF "${launcher[@]}" >"$build.cmake.log" 2>&1 \
   || { cat "$build.cmake.log"; exit 1; }
 cmake --build "$build" -j "${PRIMUS_FUZZ_BUILD_JOBS:-2}" --target fuzz_targets >"$build.build.log" 2>&1 \
   || { tail -40 "$build.build.log"; exit 1; }

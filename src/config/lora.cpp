@@ -34,7 +34,7 @@ const std::vector<LoraKey>& lora_keys() {
 }
 
 // Megatron-Bridge's other LoRA fields: refused by name.
-constexpr const char* kNotBuilt[][2] = {
+constexpr const char* kLoraNotBuilt[][2] = {
     {"exclude_modules", "matching the linears by exclusion is not built: list target_modules"},
     {"a2a_experimental", "the experimental all-to-all of the expert adapters is not built"},
     {"lora_dtype", "the adapters are kept in the run's master dtype (fp32) and computed in its activation dtype"},
@@ -77,12 +77,12 @@ void read_lora(const YAML::Node& node, const std::string& at, LoraOptions& out) 
   for (auto kv : node) {
     const std::string k = kv.first.as<std::string>();
     const YAML::Node v = kv.second;
-    for (const auto& nb : kNotBuilt)
+    for (const auto& nb : kLoraNotBuilt)
       if (k == nb[0] && !v.IsNull()) {
         bool off = false;
         if (!(YAML::convert<bool>::decode(v, off) && !off)) fail("{}: lora.{} is not supported: {}", at, k, nb[1]);
       }
-    if (std::none_of(std::begin(kNotBuilt), std::end(kNotBuilt), [&](const auto& nb) { return k == nb[0]; }) &&
+    if (std::none_of(std::begin(kLoraNotBuilt), std::end(kLoraNotBuilt), [&](const auto& nb) { return k == nb[0]; }) &&
         std::find(names.begin(), names.end(), k) == names.end())
       fail("{}: unknown key 'lora.{}'{}; valid keys: {}", at, k, did_you_mean(k, names), fmt::join(names, ", "));
     if (v.IsNull()) continue;

@@ -9,7 +9,6 @@
 namespace primus {
 namespace {
 
-constexpr size_t kAlign = 64;
 
 struct Pool {
   std::mutex mu;
@@ -22,7 +21,7 @@ Pool& pool() {
   return *p;
 }
 
-size_t round_up(size_t bytes) { return bytes == 0 ? kAlign : (bytes + kAlign - 1) / kAlign * kAlign; }
+size_t round_up(size_t bytes) { return bytes == 0 ? kHostAlignment : (bytes + kHostAlignment - 1) / kHostAlignment * kHostAlignment; }
 
 }  // namespace
 
@@ -41,10 +40,10 @@ void* host_alloc(size_t bytes) {
       return ptr;
     }
   }
-  void* ptr = std::aligned_alloc(kAlign, bytes);
+  void* ptr = std::aligned_alloc(kHostAlignment, bytes);
   if (!ptr) {
     release_cached_host_memory();  // give the cache back and try once more
-    ptr = std::aligned_alloc(kAlign, bytes);
+    ptr = std::aligned_alloc(kHostAlignment, bytes);
     if (!ptr) throw std::bad_alloc();
   }
   std::lock_guard<std::mutex> lock(p.mu);

@@ -14,6 +14,7 @@ struct MemoryStats {
   size_t cached = 0;  // bytes freed by tensors and kept for reuse
 };
 
+inline constexpr size_t kHostAlignment = 64;  // bytes: every host buffer (the pool, the meta device) starts on it
 void* host_alloc(size_t bytes);  // bytes rounded up to the alignment; never returns null
 void host_free(void* ptr, size_t bytes);
 MemoryStats host_memory_stats();

@@ -5,6 +5,7 @@
 #include <mutex>
 
 #include "core/error.h"
+#include "core/memory.h"
 
 namespace primus {
 namespace {
@@ -12,7 +13,6 @@ namespace {
 // Addresses from 2^62 up: non-canonical on x86-64 (and far above any mapping elsewhere), never
 // reused, so a dangling or stray access faults instead of reading someone's memory.
 constexpr uintptr_t kBase = uintptr_t(1) << 62;
-constexpr size_t kAlign = 64;  // as the host pool (core/memory.cpp)
 
 struct MetaDevice {
   std::mutex mu;
@@ -26,7 +26,7 @@ MetaDevice& meta() {
   return *d;
 }
 
-size_t rounded(size_t bytes) { return bytes == 0 ? kAlign : (bytes + kAlign - 1) / kAlign * kAlign; }
+size_t rounded(size_t bytes) { return bytes == 0 ? kHostAlignment : (bytes + kHostAlignment - 1) / kHostAlignment * kHostAlignment; }
 
 void* meta_alloc(size_t bytes) {
   MetaDevice& d = meta();

@@ -19,7 +19,7 @@ namespace primus::pipeline {
 
 namespace {
 
-constexpr double kEps = 1e-9;
+constexpr double kIlpEps = 1e-9;
 
 Costs costs_of(const ZbProblem& z) {
   Costs c;
@@ -122,7 +122,7 @@ ZbIlpResult zb_ilp_refine(const ZbProblem& z, const Schedule& start, const ZbIlp
   // No stage can be busy for less than its work: at that bound nothing is left to gain.
   double busiest = 0;
   for (const StageCost& c : z.stage) busiest = std::max(busiest, m * (c.forward + c.backward + c.weight));
-  if (start_sim.max_span <= busiest + kEps) {
+  if (start_sim.max_span <= busiest + kIlpEps) {
     res.lower_bound = busiest;
     res.optimal = true;
     res.status = fmt::format("ILP not needed: the heuristic's span {:.6g} is the busiest stage's work", res.span);
@@ -197,7 +197,7 @@ ZbIlpResult zb_ilp_refine(const ZbProblem& z, const Schedule& start, const ZbIlp
     for (const Pair& q : pairs)
       if (q.u_kind == kF) memory_rows[size_t(q.s) * m + q.a].push_back({q.col, q.v_kind == kB ? 1.0 - kept : kept});
     for (auto& row : memory_rows)
-      if (!row.empty()) lp.add_row(row, -kInf, z.memory_limit - 1.0 + kEps);
+      if (!row.empty()) lp.add_row(row, -kInf, z.memory_limit - 1.0 + kIlpEps);
   }
 
   // The start: each pair's order as the heuristic ran it.
@@ -263,8 +263,8 @@ ZbIlpResult zb_ilp_refine(const ZbProblem& z, const Schedule& start, const ZbIlp
   }
   const SimResult sim = simulate(ilp, costs);
   if (sim.peak_activations <= z.memory_limit + 1e-6 &&
-      (sim.max_span < start_sim.max_span - kEps ||
-       (sim.max_span < start_sim.max_span + kEps && sim.makespan < start_sim.makespan - kEps))) {
+      (sim.max_span < start_sim.max_span - kIlpEps ||
+       (sim.max_span < start_sim.max_span + kIlpEps && sim.makespan < start_sim.makespan - kIlpEps))) {
     res.schedule = std::move(ilp);
     res.span = sim.max_span;
     res.improved = true;

@@ -18,6 +18,7 @@
 #include <fmt/ranges.h>
 
 #include "core/launch_env.h"
+#include "safe/detect.h"
 #include "safe/preflight.h"
 
 namespace fs = std::filesystem;
@@ -33,7 +34,7 @@ std::string read_line(const fs::path& p) {
   return s;
 }
 
-double seconds_since(std::chrono::steady_clock::time_point t0) {
+double seconds_from(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
@@ -94,7 +95,7 @@ void check_disk(NodeFigures& f, const NodeSmokeOptions& o) {
     if (delay_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms));
   }
   ok = ok && ::fsync(fd) == 0;
-  const double write_s = seconds_since(t0);
+  const double write_s = seconds_from(t0);
   ::close(fd);
   if (!ok) {
     f.problems.push_back(fmt::format("disk {}: write failed: {}", o.disk_path.string(), std::strerror(errno)));
@@ -106,7 +107,7 @@ void check_disk(NodeFigures& f, const NodeSmokeOptions& o) {
   t0 = std::chrono::steady_clock::now();
   for (int64_t b = 0; b < blocks && ok; ++b)
     ok = ::read(rfd, back.data(), block) == ssize_t(block) && std::memcmp(back.data(), data.data(), block) == 0;
-  const double read_s = seconds_since(t0);
+  const double read_s = seconds_from(t0);
   ::close(rfd);
   fs::remove(file, ec);
   if (!ok) {
@@ -133,12 +134,6 @@ void collect_versions(NodeFigures& f) {
   f.versions["compiler"] = __VERSION__;
   if (::access("/proc/driver/nvidia/version", R_OK) == 0)
     f.versions["gpu driver"] = read_line("/proc/driver/nvidia/version");
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n == 0 ? 0 : n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
 std::string summary_of(const NodeFigures& f) {
@@ -250,7 +245,7 @@ std::vector<NodeVerdict> judge_nodes(const std::vector<NodeFigures>& nodes, cons
     std::vector<double> v;
     for (const auto& n : nodes)
       if (n.*fg.field > 0) v.push_back(n.*fg.field);
-    medians[fg.what] = median(v);
+    medians[fg.what] = v.empty() ? 0.0 : median(v);  // safe/detect.h
   }
   // Versions: each node against the majority.
   std::map<std::string, std::map<std::string, int>> counts;

@@ -15,7 +15,7 @@
 
 namespace primus::cli {
 namespace fs = std::filesystem;
-namespace {
+namespace container_runtime {  // named for the unity build (PRIMUS_UNITY_BUILD): the plugins share one namespace
 
 struct ContainerOptions {
   CommonOptions common;

@@ -24,7 +24,7 @@
 #include "safe/train_watch.h"
 
 namespace primus::cli {
-namespace {
+namespace direct_runtime {  // named for the unity build (PRIMUS_UNITY_BUILD): the plugins share one namespace
 
 struct DirectOptions {
   CommonOptions common;

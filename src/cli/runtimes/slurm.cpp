@@ -24,7 +24,7 @@
 
 namespace primus::cli {
 namespace fs = std::filesystem;
-namespace {
+namespace slurm_runtime {  // named for the unity build (PRIMUS_UNITY_BUILD): the plugins share one namespace
 
 bool has_flag(const std::vector<std::string>& flags, std::initializer_list<const char*> names) {
   for (auto& f : flags)

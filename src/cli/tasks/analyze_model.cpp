@@ -14,7 +14,7 @@
 #include "model/model_spec.h"
 
 namespace primus::cli {
-namespace {
+namespace analyze_model_task {  // named for the unity build (PRIMUS_UNITY_BUILD): the plugins share one namespace
 
 // 6738415616 -> "6,738,415,616"
 std::string grouped(int64_t v) {

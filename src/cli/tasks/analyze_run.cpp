@@ -15,7 +15,7 @@
 namespace fs = std::filesystem;
 
 namespace primus::cli {
-namespace {
+namespace analyze_run_task {  // named for the unity build (PRIMUS_UNITY_BUILD): the plugins share one namespace
 
 // Draws the curves of the runs that have metrics; returns the files written.
 std::vector<std::string> draw(const std::vector<std::string>& dirs, std::string out, bool asked) {

@@ -22,7 +22,7 @@
 #include "plan/parallel_layout.h"
 
 namespace primus::cli {
-namespace {
+namespace analyze_schedule_task {  // named for the unity build (PRIMUS_UNITY_BUILD): the plugins share one namespace
 
 using namespace primus::pipeline;
 using nlohmann::json;

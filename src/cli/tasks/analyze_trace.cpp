@@ -13,7 +13,7 @@
 #include "trace/analysis.h"
 
 namespace primus::cli {
-namespace {
+namespace analyze_trace_task {  // named for the unity build (PRIMUS_UNITY_BUILD): the plugins share one namespace
 
 struct Options {
   std::vector<std::string> paths, diff;

@@ -24,7 +24,7 @@
 namespace fs = std::filesystem;
 
 namespace primus::cli {
-namespace {
+namespace benchmark_checkpoint_task {  // named for the unity build (PRIMUS_UNITY_BUILD): the plugins share one namespace
 
 struct Options {
   std::string config, dir, format = "text", output;

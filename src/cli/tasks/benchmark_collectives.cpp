@@ -25,7 +25,7 @@
 #endif
 
 namespace primus::cli {
-namespace {
+namespace benchmark_collectives_task {  // named for the unity build (PRIMUS_UNITY_BUILD): the plugins share one namespace
 
 using parallel::CollOp;
 using parallel::CollResult;

@@ -52,7 +52,7 @@
 #endif
 
 namespace primus::cli {
-namespace {
+namespace benchmark_gemm_task {  // named for the unity build (PRIMUS_UNITY_BUILD): the plugins share one namespace
 
 using bench::BenchDevice;
 

@@ -8,7 +8,7 @@
 #include "hf/hf_checkpoint.h"
 
 namespace primus::cli {
-namespace {
+namespace checkpoint_convert_task {  // named for the unity build (PRIMUS_UNITY_BUILD): the plugins share one namespace
 
 TaskRegistrar import_reg{
     {"checkpoint", "import",

@@ -10,7 +10,7 @@
 #include "data/tokenizer.h"
 
 namespace primus::cli {
-namespace {
+namespace data_inspect_task {  // named for the unity build (PRIMUS_UNITY_BUILD): the plugins share one namespace
 
 struct Args {
   std::string prefix;

@@ -9,7 +9,7 @@
 #include "data/tokenizer.h"
 
 namespace primus::cli {
-namespace {
+namespace data_preprocess_task {  // named for the unity build (PRIMUS_UNITY_BUILD): the plugins share one namespace
 
 struct Args {
   data::PreprocessOptions pre;

@@ -16,7 +16,7 @@
 #include "data/tokenizer.h"
 
 namespace primus::cli {
-namespace {
+namespace data_sft_preview_task {  // named for the unity build (PRIMUS_UNITY_BUILD): the plugins share one namespace
 
 struct Args {
   std::string input, split = "train", format = "alpaca";

@@ -13,7 +13,7 @@
 #include "model/generation.h"
 
 namespace primus::cli {
-namespace {
+namespace generate_task {  // named for the unity build (PRIMUS_UNITY_BUILD): the plugins share one namespace
 
 struct Options {
   std::string load, prompt;

@@ -20,7 +20,7 @@
 #include "core/log.h"
 
 namespace primus::cli {
-namespace {
+namespace info_task {  // named for the unity build (PRIMUS_UNITY_BUILD): the plugins share one namespace
 
 int info_ranks() {
   LaunchEnv e = discover_launch_env();

@@ -21,7 +21,7 @@ namespace fs = std::filesystem;
 using nlohmann::json;
 
 namespace primus::cli {
-namespace {
+namespace preflight_check_task {  // named for the unity build (PRIMUS_UNITY_BUILD): the plugins share one namespace
 
 struct PreflightOptions {
   bool host = false, gpu = false, network = false, storage = false;

@@ -30,7 +30,7 @@ namespace fs = std::filesystem;
 using nlohmann::json;
 
 namespace primus::cli {
-namespace {
+namespace preflight_node_smoke_task {  // named for the unity build (PRIMUS_UNITY_BUILD): the plugins share one namespace
 
 struct Options {
   std::string exclude_file, json_file, device = "auto";

@@ -29,7 +29,7 @@
 #include "train/compute.h"
 
 namespace primus::cli {
-namespace {
+namespace projection_task {  // named for the unity build (PRIMUS_UNITY_BUILD): the plugins share one namespace
 
 struct Options {
   std::string config, hardware = "CPU", mode, sharding, format = "text", output, router_load;

@@ -5,7 +5,7 @@
 #include "cli/registry.h"
 
 namespace primus::cli {
-namespace {
+namespace train_posttrain_task {  // named for the unity build (PRIMUS_UNITY_BUILD): the plugins share one namespace
 
 TaskRegistrar reg{{"train", "posttrain", "fine-tune a model on chat data (SFT) from a post-training config",
                    [](CLI::App& app) -> TaskAction { return train_task(app, TrainTask::Posttrain); }}};

@@ -4,7 +4,7 @@
 #include "cli/registry.h"
 
 namespace primus::cli {
-namespace {
+namespace train_pretrain_task {  // named for the unity build (PRIMUS_UNITY_BUILD): the plugins share one namespace
 
 TaskRegistrar reg{{"train", "pretrain", "pretrain a model from an experiment config",
                    [](CLI::App& app) -> TaskAction { return train_task(app, TrainTask::Pretrain); }}};

@@ -12,7 +12,7 @@ namespace primus::cpu {
 namespace {
 constexpr int64_t kTile = 64;  // query and key tile; a K tile of 64 x 128 floats fits in L1/L2
 // Below this much work (multiply-adds of the score matrix) one thread does it all.
-constexpr int64_t kParallelMin = 1 << 16;
+constexpr int64_t kAttentionParallelMin = 1 << 16;
 }
 
 // Query rows are processed kRows at a time: each K tile value and V row loaded from cache feeds
@@ -71,7 +71,7 @@ void forward(const Operands<T>& x, T* out, T* lse, const AttentionShape& s, bool
   const int64_t tiles = (S + kTile - 1) / kTile;
   const T scale = T(1) / std::sqrt(T(D));
   const int64_t tasks = s.batch * s.heads * tiles;
-  const bool parallel = s.batch * s.heads * S * S * D / (causal ? 2 : 1) >= kParallelMin;
+  const bool parallel = s.batch * s.heads * S * S * D / (causal ? 2 : 1) >= kAttentionParallelMin;
   const int64_t Dp = (D + kCols - 1) / kCols * kCols;  // head dim padded to whole column blocks
 
 #pragma omp parallel if(parallel)
@@ -208,7 +208,7 @@ void backward(const Operands<T>& x, const T* out, const T* lse, const T* dout, c
   const int64_t q_size = s.heads * D, per_group = s.heads / s.groups;
   const T scale = T(1) / std::sqrt(T(D));
   const int64_t tasks = s.batch * s.groups;
-  const bool parallel = s.batch * s.heads * S * S * D / (causal ? 2 : 1) >= kParallelMin;
+  const bool parallel = s.batch * s.heads * S * S * D / (causal ? 2 : 1) >= kAttentionParallelMin;
   const int64_t Dp = (D + kCols - 1) / kCols * kCols;
 
 #pragma omp parallel if(parallel)
@@ -352,7 +352,7 @@ template <typename T>
 void attention_sink_backward(const T* out, const T* dout, const T* lse, const T* sinks, T* dsinks,
                              const AttentionShape& s) {
   const int64_t S = s.seq, D = s.head_dim, H = s.heads;
-#pragma omp parallel for schedule(static) if (s.batch * S * H * D >= kParallelMin)
+#pragma omp parallel for schedule(static) if (s.batch * S * H * D >= kAttentionParallelMin)
   for (int64_t h = 0; h < H; ++h) {  // one head's sum in one thread, in a fixed order
     double sum = 0;
     for (int64_t b = 0; b < s.batch; ++b)
@@ -393,7 +393,7 @@ template <typename T>
 void attention_merge(T* acc, T* lse, const T* block_out, const T* block_lse, const AttentionShape& s) {
   const int64_t S = s.seq, D = s.head_dim, H = s.heads;
   const int64_t items = s.batch * H * S;
-#pragma omp parallel for schedule(static) if (items * D >= kParallelMin)
+#pragma omp parallel for schedule(static) if (items * D >= kAttentionParallelMin)
   for (int64_t it = 0; it < items; ++it) {
     const int64_t t = it % S, h = (it / S) % H, b = it / (S * H);
     const T la = lse[it], lb = block_lse[it], m = std::max(la, lb);
@@ -414,7 +414,7 @@ void attention_decode(const T* cache, int64_t first, T* out, const AttentionShap
   const int64_t q_size = s.heads * D, kv_size = s.groups * D, per_group = s.heads / s.groups;
   const T scale = T(1) / std::sqrt(T(D));
   const int64_t rows = L - first;
-#pragma omp parallel if(rows * s.heads * L * D >= kParallelMin)
+#pragma omp parallel if(rows * s.heads * L * D >= kAttentionParallelMin)
   {
     std::vector<T> p(L);
 #pragma omp for schedule(static) collapse(2)

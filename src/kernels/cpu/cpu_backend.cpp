@@ -13,15 +13,16 @@
 
 namespace primus::cpu {
 
-namespace {
-
-// Loops over fewer elements than this run on one thread.
-constexpr int64_t kParallelMin = 1 << 15;
-
+// cpu_backend.h
 void check_host(const Tensor& t, const char* what) {
   PRIMUS_CHECK(t.defined(), "{} is undefined", what);
   PRIMUS_CHECK(t.device() == Device::CPU && t.is_contiguous(), "{} must be a contiguous host tensor", what);
 }
+
+namespace {
+
+// Loops over fewer elements than this run on one thread.
+constexpr int64_t kParallelMin = 1 << 15;
 
 // The element type every floating tensor of an op shares: fp32 or fp64.
 DType real_type(const Tensor& t, const char* what) {

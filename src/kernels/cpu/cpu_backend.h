@@ -64,4 +64,7 @@ CpuBackend& cpu_backend();
 // reference backend).
 void cast_host(const Tensor& src, Tensor& dst);
 
+// Every CPU backend's check of an operand: defined, on the host, contiguous ("what" names it).
+void check_host(const Tensor& t, const char* what);
+
 }  // namespace primus::cpu

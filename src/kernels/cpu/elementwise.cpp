@@ -10,13 +10,13 @@
 
 // Loops over fewer elements than this run on one thread: a parallel region costs more than it
 // saves on tiny work (decoding one token, the test models).
-static constexpr int64_t kParallelMin = 1 << 15;
+static constexpr int64_t kElementwiseParallelMin = 1 << 15;
 
 namespace primus::cpu {
 
 template <typename T>
 void rmsnorm_forward(const T* x, const T* w, T* y, T* rstd, int64_t n, int64_t c, double eps) {
-#pragma omp parallel for schedule(static) if(n * c >= kParallelMin)
+#pragma omp parallel for schedule(static) if(n * c >= kElementwiseParallelMin)
   for (int64_t i = 0; i < n; ++i) {
     const T* xi = x + i * c;
     T* yi = y + i * c;
@@ -34,7 +34,7 @@ void rmsnorm_forward(const T* x, const T* w, T* y, T* rstd, int64_t n, int64_t c
 template <typename T>
 void rmsnorm_backward_input(const T* dy, const T* x, const T* w, const T* rstd, T* dx, int64_t n, int64_t c,
                             bool accumulate) {
-#pragma omp parallel for schedule(static) if(n * c >= kParallelMin)
+#pragma omp parallel for schedule(static) if(n * c >= kElementwiseParallelMin)
   for (int64_t i = 0; i < n; ++i) {
     const T* xi = x + i * c;
     const T* dyi = dy + i * c;
@@ -58,7 +58,7 @@ void rmsnorm_backward_input(const T* dy, const T* x, const T* w, const T* rstd, 
 template <typename T>
 void rmsnorm_backward_weight(const T* dy, const T* x, const T* rstd, T* dw, int64_t n, int64_t c) {
   const int64_t block = 64;
-#pragma omp parallel for schedule(static) if(n * c >= kParallelMin)
+#pragma omp parallel for schedule(static) if(n * c >= kElementwiseParallelMin)
   for (int64_t j0 = 0; j0 < c; j0 += block) {
     const int64_t j1 = std::min(c, j0 + block);
     T acc[64] = {};
@@ -84,7 +84,7 @@ template <typename T>
 void glu_forward(const T* gate_up, T* a, int64_t n, int64_t f, const Glu& glu) {
   const T alpha = T(glu.alpha), offset = T(glu.offset), limit = T(glu.limit);
   const bool clamp = glu.limit > 0;
-#pragma omp parallel for schedule(static) if(n * f >= kParallelMin)
+#pragma omp parallel for schedule(static) if(n * f >= kElementwiseParallelMin)
   for (int64_t i = 0; i < n; ++i) {
     const T* g = gate_up + i * 2 * f;
     const T* u = g + f;
@@ -102,7 +102,7 @@ template <typename T>
 void glu_backward(const T* da, const T* gate_up, T* dgate_up, int64_t n, int64_t f, const Glu& glu) {
   const T alpha = T(glu.alpha), offset = T(glu.offset), limit = T(glu.limit);
   const bool clamp = glu.limit > 0;
-#pragma omp parallel for schedule(static) if(n * f >= kParallelMin)
+#pragma omp parallel for schedule(static) if(n * f >= kElementwiseParallelMin)
   for (int64_t i = 0; i < n; ++i) {
     const T* g = gate_up + i * 2 * f;
     const T* u = g + f;
@@ -123,7 +123,7 @@ void glu_backward(const T* da, const T* gate_up, T* dgate_up, int64_t n, int64_t
 template <typename T>
 void swiglu_forward(const T* gate_up, T* a, int64_t n, int64_t f, const Glu& glu) {
   if (!glu.plain()) return glu_forward(gate_up, a, n, f, glu);
-#pragma omp parallel for schedule(static) if(n * f >= kParallelMin)
+#pragma omp parallel for schedule(static) if(n * f >= kElementwiseParallelMin)
   for (int64_t i = 0; i < n; ++i) {
     const T* g = gate_up + i * 2 * f;
     const T* u = g + f;
@@ -137,7 +137,7 @@ void swiglu_forward(const T* gate_up, T* a, int64_t n, int64_t f, const Glu& glu
 template <typename T>
 void swiglu_backward(const T* da, const T* gate_up, T* dgate_up, int64_t n, int64_t f, const Glu& glu) {
   if (!glu.plain()) return glu_backward(da, gate_up, dgate_up, n, f, glu);
-#pragma omp parallel for schedule(static) if(n * f >= kParallelMin)
+#pragma omp parallel for schedule(static) if(n * f >= kElementwiseParallelMin)
   for (int64_t i = 0; i < n; ++i) {
     const T* g = gate_up + i * 2 * f;
     const T* u = g + f;
@@ -187,7 +187,7 @@ void rope_apply(T* x, int64_t rows, int64_t stride, int64_t heads, int64_t head_
                 const T* cos, const T* sin, bool inverse) {
   const int64_t half = head_dim / 2;
   const T sign = inverse ? T(-1) : T(1);
-#pragma omp parallel for schedule(static) if(rows * stride >= kParallelMin)
+#pragma omp parallel for schedule(static) if(rows * stride >= kElementwiseParallelMin)
   for (int64_t r = 0; r < rows; ++r) {
     const int64_t pos = pos0 + r % seq;
     const T* cp = cos + pos * half;
@@ -210,7 +210,7 @@ void embedding_forward(const int32_t* tokens, const T* table, T* out, int64_t n,
   for (int64_t i = 0; i < n; ++i)
     if (tokens[i] >= vocab)
       fail("token id {} at position {} is outside the vocabulary of {} entries", tokens[i], i, vocab);
-#pragma omp parallel for schedule(static) if(n * c >= kParallelMin)
+#pragma omp parallel for schedule(static) if(n * c >= kElementwiseParallelMin)
   for (int64_t i = 0; i < n; ++i) {
     T* dst = out + i * c;
     if (tokens[i] < 0) {
@@ -228,7 +228,7 @@ template <typename T>
 void embedding_backward_weight(const int32_t* tokens, const T* dout, T* dtable, int64_t n, int64_t vocab,
                                int64_t c) {
   const int64_t block = 64;
-#pragma omp parallel for schedule(static) if(n * c >= kParallelMin)
+#pragma omp parallel for schedule(static) if(n * c >= kElementwiseParallelMin)
   for (int64_t j0 = 0; j0 < c; j0 += block) {
     const int64_t j1 = std::min(c, j0 + block);
     for (int64_t i = 0; i < n; ++i) {
@@ -247,7 +247,7 @@ void embedding_backward_weight(const int32_t* tokens, const T* dout, T* dtable, 
 template <typename T>
 void ce_chunk_forward(const T* logits, const int32_t* targets, int64_t n, int64_t vc, int64_t c0, T cap, T* m, T* s,
                       T* zt) {
-#pragma omp parallel for schedule(static) if(n * vc >= kParallelMin)
+#pragma omp parallel for schedule(static) if(n * vc >= kElementwiseParallelMin)
   for (int64_t i = 0; i < n; ++i) {
     const T* zi = logits + i * vc;
     T mx = m[i], raw_max = -std::numeric_limits<T>::infinity();
@@ -275,7 +275,7 @@ void ce_chunk_forward(const T* logits, const int32_t* targets, int64_t n, int64_
 template <typename T>
 void ce_chunk_backward(const T* logits, const T* lse, const int32_t* targets, int64_t n, int64_t vc, int64_t c0, T cap,
                        T* dlogits) {
-#pragma omp parallel for schedule(static) if(n * vc >= kParallelMin)
+#pragma omp parallel for schedule(static) if(n * vc >= kElementwiseParallelMin)
   for (int64_t i = 0; i < n; ++i) {
     T* di = dlogits + i * vc;
     if (targets[i] < 0) {

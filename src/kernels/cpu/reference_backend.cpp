@@ -16,11 +16,6 @@ namespace primus::cpu {
 
 namespace {
 
-void check_host(const Tensor& t, const char* what) {
-  PRIMUS_CHECK(t.defined(), "{} is undefined", what);
-  PRIMUS_CHECK(t.device() == Device::CPU && t.is_contiguous(), "{} must be a contiguous host tensor", what);
-}
-
 // A tensor's values as fp32 (bf16 widened, fp32 copied).
 std::vector<float> read(const Tensor& t, const char* what) {
   check_host(t, what);

@@ -281,7 +281,7 @@ void fill_random(void* dst, size_t bytes, GemmType t, uint64_t seed) {
   for (size_t i = 0; i < count; ++i) {
     const float v = float(2.0 * ((rng.at(i) >> 11) * 0x1.0p-53) - 1.0);
     if (t == GemmType::BF16) {
-      const uint16_t bits = bf16::from_float(v).bits;
+      const uint16_t bits = primus::bf16::from_float(v).bits;
       std::memcpy(host.data() + 2 * i, &bits, 2);
     } else if (is_fp8(t)) {
       host[i] = fp8::encode(v, t == GemmType::E4M3 ? fp8::Format::E4M3 : fp8::Format::E5M2);

@@ -28,14 +28,14 @@ const char* status_name(cublasStatus_t s) {
 
 // One handle and one device buffer for the pointer arrays serve the process (never destroyed:
 // at exit the CUDA context may already be gone). Calls are serialised by the mutex.
-struct State {
+struct GroupedState {
   std::mutex mu;
   cublasHandle_t handle = nullptr;
   void* pointers = nullptr;  // device: [A' | B' | C] pointer arrays of the last call
   size_t pointer_bytes = 0;
 };
-State& state() {
-  static State* s = new State;
+GroupedState& grouped_state() {
+  static GroupedState* s = new GroupedState;
   return *s;
 }
 
@@ -77,7 +77,7 @@ void grouped_gemm(bool trans_a, bool trans_b, float beta, const std::vector<Grou
   }
   const size_t count = a.size();
   if (count == 0) return;
-  State& s = state();
+  GroupedState& s = grouped_state();
   std::lock_guard<std::mutex> lock(s.mu);
   if (!s.handle) {
     if (!initialized()) fail("grouped GEMM on the GPU before cuda::init(): initialise the CUDA backend first");

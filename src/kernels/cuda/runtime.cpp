@@ -17,7 +17,7 @@ void raise_cuda_error(cudaError_t err, const char* expr, const char* file, int l
 
 namespace {
 
-struct State {
+struct RuntimeState {
   std::mutex mu;
   bool initialized = false;
   DeviceInfo info;
@@ -25,8 +25,8 @@ struct State {
   std::multimap<size_t, void*> cache;  // rounded size -> free block
   MemoryStats stats;
 };
-State& state() {
-  static State s;
+RuntimeState& runtime_state() {
+  static RuntimeState s;
   return s;
 }
 
@@ -74,7 +74,7 @@ std::string unavailable_reason() {
 }
 
 void* device_alloc(size_t bytes) {
-  State& s = state();
+  RuntimeState& s = runtime_state();
   const size_t size = round_size(bytes ? bytes : 1);
   std::lock_guard<std::mutex> lock(s.mu);
   void* p = nullptr;
@@ -109,7 +109,7 @@ void* device_alloc(size_t bytes) {
 
 void device_free(void* ptr, size_t bytes) {
   if (!ptr) return;
-  State& s = state();
+  RuntimeState& s = runtime_state();
   const size_t size = round_size(bytes ? bytes : 1);
   std::lock_guard<std::mutex> lock(s.mu);
   s.cache.emplace(size, ptr);
@@ -118,17 +118,17 @@ void device_free(void* ptr, size_t bytes) {
 }
 
 MemoryStats device_memory_stats() {
-  std::lock_guard<std::mutex> lock(state().mu);
-  return state().stats;
+  std::lock_guard<std::mutex> lock(runtime_state().mu);
+  return runtime_state().stats;
 }
 
 void reset_peak_device_memory() {
-  std::lock_guard<std::mutex> lock(state().mu);
-  state().stats.peak = state().stats.in_use;
+  std::lock_guard<std::mutex> lock(runtime_state().mu);
+  runtime_state().stats.peak = runtime_state().stats.in_use;
 }
 
 void release_cached_device_memory() {
-  State& s = state();
+  RuntimeState& s = runtime_state();
   std::lock_guard<std::mutex> lock(s.mu);
   if (s.stream) PRIMUS_CUDA_CHECK(cudaStreamSynchronize(s.stream));
   for (auto& [sz, q] : s.cache) cudaFree(q);
@@ -137,8 +137,8 @@ void release_cached_device_memory() {
 }
 
 cudaStream_t stream() {
-  PRIMUS_CHECK(state().initialized, "CUDA used before cuda::init()");
-  return state().stream;
+  PRIMUS_CHECK(runtime_state().initialized, "CUDA used before cuda::init()");
+  return runtime_state().stream;
 }
 
 void synchronize() { PRIMUS_CUDA_CHECK(cudaStreamSynchronize(stream())); }
@@ -179,10 +179,10 @@ void hook_copy_2d(void* dst, size_t dpitch, const void* src, size_t spitch, size
 void hook_zero(void* ptr, size_t bytes) { PRIMUS_CUDA_CHECK(cudaMemsetAsync(ptr, 0, bytes, stream())); }
 }  // namespace
 
-bool initialized() { return state().initialized; }
+bool initialized() { return runtime_state().initialized; }
 
 void init(int device) {
-  State& s = state();
+  RuntimeState& s = runtime_state();
   if (s.initialized) {
     PRIMUS_CHECK(s.info.index == device, "CUDA already initialised on device {}, asked for {}", s.info.index, device);
     return;
@@ -220,8 +220,8 @@ void init(int device) {
 }
 
 const DeviceInfo& device_info() {
-  PRIMUS_CHECK(state().initialized, "CUDA used before cuda::init()");
-  return state().info;
+  PRIMUS_CHECK(runtime_state().initialized, "CUDA used before cuda::init()");
+  return runtime_state().info;
 }
 
 }  // namespace primus::cuda

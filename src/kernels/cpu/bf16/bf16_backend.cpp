@@ -15,11 +15,6 @@ namespace primus::cpu {
 
 namespace {
 
-void check_host(const Tensor& t, const char* what) {
-  PRIMUS_CHECK(t.defined(), "{} is undefined", what);
-  PRIMUS_CHECK(t.device() == Device::CPU && t.is_contiguous(), "{} must be a contiguous host tensor", what);
-}
-
 void expect(const Tensor& t, DType dtype, const char* what) {
   check_host(t, what);
   PRIMUS_CHECK(t.dtype() == dtype, "{} is {}, expected {}", what, dtype_name(t.dtype()), dtype_name(dtype));
