@@ -21,12 +21,10 @@ Pool& pool() {
   return *p;
 }
 
-size_t round_up(size_t bytes) { return bytes == 0 ? kHostAlignment : (bytes + kHostAlignment - 1) / kHostAlignment * kHostAlignment; }
-
 }  // namespace
 
 void* host_alloc(size_t bytes) {
-  bytes = round_up(bytes);
+  bytes = host_rounded(bytes);
   Pool& p = pool();
   {
     std::lock_guard<std::mutex> lock(p.mu);
@@ -54,7 +52,7 @@ void* host_alloc(size_t bytes) {
 
 void host_free(void* ptr, size_t bytes) {
   if (!ptr) return;
-  bytes = round_up(bytes);
+  bytes = host_rounded(bytes);
   Pool& p = pool();
   std::lock_guard<std::mutex> lock(p.mu);
   p.free_blocks[bytes].push_back(ptr);

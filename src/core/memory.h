@@ -15,6 +15,10 @@ struct MemoryStats {
 };
 
 inline constexpr size_t kHostAlignment = 64;  // bytes: every host buffer (the pool, the meta device) starts on it
+// A host buffer's size: bytes rounded up to kHostAlignment (0 bytes take one unit).
+inline size_t host_rounded(size_t bytes) {
+  return bytes == 0 ? kHostAlignment : (bytes + kHostAlignment - 1) / kHostAlignment * kHostAlignment;
+}
 void* host_alloc(size_t bytes);  // bytes rounded up to the alignment; never returns null
 void host_free(void* ptr, size_t bytes);
 MemoryStats host_memory_stats();

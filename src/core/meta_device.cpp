@@ -26,12 +26,10 @@ MetaDevice& meta() {
   return *d;
 }
 
-size_t rounded(size_t bytes) { return bytes == 0 ? kHostAlignment : (bytes + kHostAlignment - 1) / kHostAlignment * kHostAlignment; }
-
 void* meta_alloc(size_t bytes) {
   MetaDevice& d = meta();
   std::lock_guard<std::mutex> lock(d.mu);
-  const size_t n = rounded(bytes);
+  const size_t n = host_rounded(bytes);
   void* p = reinterpret_cast<void*>(kBase + d.next);
   d.next += n;
   d.stats.in_use += n;
@@ -43,7 +41,7 @@ void meta_free(void* ptr, size_t bytes) {
   if (!ptr) return;
   MetaDevice& d = meta();
   std::lock_guard<std::mutex> lock(d.mu);
-  d.stats.in_use -= rounded(bytes);
+  d.stats.in_use -= host_rounded(bytes);
 }
 
 MetaObserver* observer() {

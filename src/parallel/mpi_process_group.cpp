@@ -23,7 +23,6 @@ std::mutex g_mutex;
 ThreadLevel g_level = ThreadLevel::Single;
 bool g_initialized_by_us = false;
 MpiProcessGroup* g_world = nullptr;
-bool g_decided = false;  // g_waiter's mode, chosen once per process
 
 bool finalized();
 
@@ -88,7 +87,10 @@ class ProgressEngine {
 class Waiter {
  public:
   bool sleeps() const { return sleeps_; }
+  // Once per process (later calls keep the first choice): a collective over `world`.
   void decide(MPI_Comm world) {
+    if (decided_) return;
+    decided_ = true;
     const char* env = std::getenv("PRIMUS_MPI_WAIT");
     const std::string mode = env && *env ? env : "auto";
     if (mode == "spin" || mode == "sleep") {
@@ -130,6 +132,7 @@ class Waiter {
 
  private:
   bool sleeps_ = false;
+  bool decided_ = false;
 };
 Waiter g_waiter;
 
@@ -306,8 +309,7 @@ void init_mpi() {
     int provided = MPI_THREAD_SINGLE;
     MPI_Query_thread(&provided);
     g_level = to_level(provided);
-    if (!g_decided) g_waiter.decide(MPI_COMM_WORLD);
-    g_decided = true;
+    g_waiter.decide(MPI_COMM_WORLD);
     return;
   }
   int provided = MPI_THREAD_SINGLE;
@@ -320,7 +322,6 @@ void init_mpi() {
          thread_level_name(g_level));
   std::atexit(finalize_mpi);
   g_waiter.decide(MPI_COMM_WORLD);
-  g_decided = true;
 }
 
 void finalize_mpi() {

@@ -36,7 +36,9 @@ ThreadLevel mpi_thread_level();
 // every message waits a scheduler time slice (milliseconds). PRIMUS_MPI_WAIT, read once when MPI
 // starts: `spin` (MPI's blocking calls), `sleep` (the non-blocking twin of each call, then
 // MPI_Test with sleeps of 2 to 100 us between tries), `auto` or unset: sleep when the ranks on this
-// node outnumber the cores this rank may run on, spin otherwise. The same collectives either way.
+// node outnumber the cores this rank may run on, spin otherwise. The same operations either way;
+// a non-blocking collective may pick another algorithm, so a sum over 3 or more ranks may round
+// in another order.
 bool mpi_waits_by_sleeping();
 
 // The progress engine. OpenMPI advances a non-blocking collective only inside MPI calls of the

@@ -13,7 +13,7 @@
 
 namespace primus::cpu {
 
-// cpu_backend.h
+// Declared in cpu_backend.h (shared by the CPU backends).
 void check_host(const Tensor& t, const char* what) {
   PRIMUS_CHECK(t.defined(), "{} is undefined", what);
   PRIMUS_CHECK(t.device() == Device::CPU && t.is_contiguous(), "{} must be a contiguous host tensor", what);
