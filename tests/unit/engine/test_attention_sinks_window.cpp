@@ -23,7 +23,7 @@ using namespace primus;
 
 namespace {
 
-constexpr int64_t kSeq = 150;
+constexpr int64_t kSinkSeq = 150;
 
 struct Variant {
   int64_t window;  // -1: none
@@ -70,8 +70,8 @@ std::vector<double> rounded(const std::vector<double>& v, DType dtype) {
 
 // Two sequences; the second holds documents at 0, 37, 100 when `documents`.
 std::vector<int32_t> doc_starts() {
-  std::vector<int32_t> st(size_t(2 * kSeq), 0);
-  for (int64_t t = 0; t < kSeq; ++t) st[size_t(kSeq + t)] = t < 37 ? 0 : t < 100 ? 37 : 100;
+  std::vector<int32_t> st(size_t(2 * kSinkSeq), 0);
+  for (int64_t t = 0; t < kSinkSeq; ++t) st[size_t(kSinkSeq + t)] = t < 37 ? 0 : t < 100 ? 37 : 100;
   return st;
 }
 
@@ -152,7 +152,7 @@ struct Case {
   DType dtype;
 
   Case(const Variant& v, DType dt) : dtype(dt) {
-    s.batch = 2, s.seq = kSeq, s.heads = 4, s.groups = 2, s.head_dim = 16;
+    s.batch = 2, s.seq = kSinkSeq, s.heads = 4, s.groups = 2, s.head_dim = 16;
     s.window = v.window;
     ref.s = s;
     qkv = rounded(normals(s.batch * s.seq * s.qkv_stride(), 21), dt);
@@ -294,12 +294,12 @@ TEST(AttentionSinksWindow, DecodeEqualsTheForwardRows) {
     Case run(Variant{40, true, false}, dt);
     run.s.batch = 1;
     const int64_t HD = run.s.heads * run.s.head_dim;
-    const Tensor x = tensor_of(std::vector<double>(run.qkv.begin(), run.qkv.begin() + kSeq * run.s.qkv_stride()),
-                               {kSeq, run.s.qkv_stride()}, dt);
-    Tensor o = be->empty({kSeq, HD}, dt), l = be->empty({1, run.s.heads, kSeq}, DType::F32);
+    const Tensor x = tensor_of(std::vector<double>(run.qkv.begin(), run.qkv.begin() + kSinkSeq * run.s.qkv_stride()),
+                               {kSinkSeq, run.s.qkv_stride()}, dt);
+    Tensor o = be->empty({kSinkSeq, HD}, dt), l = be->empty({1, run.s.heads, kSinkSeq}, DType::F32);
     be->attention_forward(x, o, l, run.s);
     const int64_t first = 100;
-    Tensor d = be->empty({kSeq - first, HD}, dt);
+    Tensor d = be->empty({kSinkSeq - first, HD}, dt);
     be->attention_decode(x, first, d, run.s);
     const std::vector<double> all = values(o), dec = values(d);
     EXPECT_LT(rel(dec, std::vector<double>(all.begin() + first * HD, all.end())), dt == DType::F32 ? 1e-6 : 8e-3);

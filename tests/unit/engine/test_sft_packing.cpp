@@ -20,7 +20,7 @@ using namespace primus;
 namespace {
 
 constexpr int kConversations = 8;
-constexpr int64_t kSeq = 255, kPackedSeq = 511;  // every conversation fits 256 tokens
+constexpr int64_t kUnpackedSeq = 255, kPackedSeq = 511;  // every conversation fits 256 tokens
 
 ModelSpec sft_spec() {  // vocabulary 259: the byte-level tokenizer's
   return test::tiny_llama_spec("test-sft-packing", 259, kPackedSeq, 0.1);
@@ -47,7 +47,7 @@ Result loss_and_grads(ops::Backend& be, Precision p, const test::SftBatch& b, bo
 }
 
 void expect_packed_equals_unpacked(ops::Backend& be, Precision p, double tol) {
-  const test::SftBatch alone = test::sft_packing_batch(kConversations, false, kSeq);
+  const test::SftBatch alone = test::sft_packing_batch(kConversations, false, kUnpackedSeq);
   const test::SftBatch packed = test::sft_packing_batch(kConversations, true, kPackedSeq);
   ASSERT_EQ(alone.batch, kConversations);
   ASSERT_LT(packed.batch, alone.batch) << "the conversations share sequences";

@@ -42,6 +42,9 @@ inline void peer_write_family(const std::string& out, const std::string& family,
   ASSERT_EQ(r.code, 0) << r.out;
 }
 
+// The tokens whose logits the tests compare with the peer's.
+inline const std::vector<int32_t> kPeerTokens = {1, 17, 200, 3, 3, 255, 42, 0, 99, 128, 7, 64};
+
 // The peer's logits at every position of `tokens` for a Hugging Face folder.
 inline std::vector<std::vector<float>> peer_logits(const std::string& dir, const std::vector<int32_t>& tokens) {
   auto r = test::run_command(

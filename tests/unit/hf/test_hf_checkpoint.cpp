@@ -70,7 +70,6 @@ std::vector<double> losses_of(const fs::path& run_dir) {
   return out;
 }
 
-const std::vector<int32_t> kTokens = {1, 17, 200, 3, 3, 255, 42, 0, 99, 128, 7, 64};
 
 }  // namespace
 
@@ -122,13 +121,13 @@ TEST(HfCheckpoint, PeerModelGivesOurLogits) {
     fs::remove_all(src), fs::remove_all(save), fs::remove_all(dst);
     peer_write(src, model, "F32", 5'000'000'000);
     const std::string ckpt = hf::import_hf({src, save, "", false});
-    const auto ours = our_logits(ckpt, kTokens);
-    expect_close(ours, peer_logits(src, kTokens));  // import: the peer on the source folder
+    const auto ours = our_logits(ckpt, test::kPeerTokens);
+    expect_close(ours, peer_logits(src, test::kPeerTokens));  // import: the peer on the source folder
     hf::ExportOptions eo;
     eo.checkpoint = ckpt;
     eo.out_dir = dst;
     hf::export_hf(eo);
-    expect_close(ours, peer_logits(dst, kTokens));  // export: the peer on our exported folder
+    expect_close(ours, peer_logits(dst, test::kPeerTokens));  // export: the peer on our exported folder
   }
 }
 

@@ -36,7 +36,6 @@ using test::TempDir;
 
 const std::vector<std::string> kFamilies = {"mixtral",     "qwen2_moe",       "qwen3_moe", "deepseek_v2",
                                             "deepseek_v3", "deepseek_v3_mtp", "gpt_oss",   "llama4"};
-const std::vector<int32_t> kTokens = {1, 17, 200, 3, 3, 255, 42, 0, 99, 128, 7, 64};
 
 json read_config(const std::string& dir) {
   std::ifstream f(fs::path(dir) / "config.json");
@@ -138,8 +137,8 @@ TEST(HfMoe, PeerModelGivesOurLogits) {
     fs::remove_all(src), fs::remove_all(save), fs::remove_all(dst);
     test::peer_write_family(src, family, "F32", 5'000'000'000);
     const std::string ckpt = hf::import_hf({src, save, "", false});
-    const auto ours = test::our_logits(ckpt, kTokens);
-    test::expect_close(ours, test::peer_logits(src, kTokens));  // import: the peer on the source folder
+    const auto ours = test::our_logits(ckpt, test::kPeerTokens);
+    test::expect_close(ours, test::peer_logits(src, test::kPeerTokens));  // import: the peer on the source folder
     // Export gives the source's bytes back (ImportThenExportGivesTheSameBytes), but for MXFP4
     // experts, which it writes unpacked: the peer on that folder.
     if (family != "gpt_oss_mxfp4") continue;
@@ -148,7 +147,7 @@ TEST(HfMoe, PeerModelGivesOurLogits) {
     eo.out_dir = dst;
     hf::export_hf(eo);
     EXPECT_TRUE(hf::SafetensorsReader(dst).has("model.layers.0.mlp.experts.gate_up_proj"));
-    test::expect_close(ours, test::peer_logits(dst, kTokens));  // export: the peer on our exported folder
+    test::expect_close(ours, test::peer_logits(dst, test::kPeerTokens));  // export: the peer on our exported folder
   }
 }
 
@@ -280,20 +279,20 @@ TEST(HfMoe, MtpLayerGivesThePeersMtpLogitsAndLoss) {
   test::peer_write_family(src, "deepseek_v3_mtp", "F32", 5'000'000'000);
   const std::string ckpt = hf::import_hf({src, t / "save", "", false});
   EXPECT_EQ(checkpoint::read_checkpoint_model(ckpt).mtp_num_layers, 1);
-  const OurMtp ours = our_mtp(ckpt, kTokens);
-  const auto peer = test::peer_mtp_logits(src, kTokens);
+  const OurMtp ours = our_mtp(ckpt, test::kPeerTokens);
+  const auto peer = test::peer_mtp_logits(src, test::kPeerTokens);
   ASSERT_EQ(peer.size(), 1u);
   ASSERT_EQ(ours.logits.size(), 1u);
   test::expect_close(ours.logits[0], peer[0]);
   // Depth 0's row i targets token i + 2: rows 0 .. T - 3.
   double loss = 0;
-  const size_t rows = kTokens.size() - 2;
+  const size_t rows = test::kPeerTokens.size() - 2;
   for (size_t i = 0; i < rows; ++i) {
     const auto& z = peer[0][i];
     double m = -1e300, sum = 0;
     for (float v : z) m = std::max(m, double(v));
     for (float v : z) sum += std::exp(double(v) - m);
-    loss += m + std::log(sum) - double(z[size_t(kTokens[i + 2])]);
+    loss += m + std::log(sum) - double(z[size_t(test::kPeerTokens[i + 2])]);
   }
   loss /= double(rows);
   ASSERT_EQ(ours.losses.size(), 1u);

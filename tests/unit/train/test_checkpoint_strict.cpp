@@ -71,14 +71,8 @@ modules:
   config::ExperimentConfig load(Overrides overrides = {}) const { return config::load_experiment(config, overrides); }
 };
 
-std::string pretrain_error(const config::ExperimentConfig& cfg) {
-  return test::error_of([&] { train::pretrain(cfg); });
-}
-
-std::string slurp(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), {});
-}
+using test::pretrain_error;
+using test::slurp;
 
 }  // namespace
 

@@ -1,4 +1,5 @@
-// A tiny experiment on a synthetic, learnable corpus, shared by the trainer and checkpoint tests.
+// A tiny experiment on a synthetic, learnable corpus, shared by the trainer and checkpoint tests,
+// and the helpers those tests share.
 #pragma once
 
 #include <unistd.h>
@@ -11,6 +12,8 @@
 
 #include "config/experiment.h"
 #include "data/indexed_dataset.h"
+#include "support/error_of.h"
+#include "train/trainer.h"
 
 namespace primus::test {
 
@@ -62,5 +65,18 @@ modules:
     return config::load_experiment(config, overrides);
   }
 };
+
+// The message with which train::pretrain refuses `cfg`, or "(no error)" when it trains.
+inline std::string pretrain_error(const config::ExperimentConfig& cfg) {
+  return error_of([&] { train::pretrain(cfg); });
+}
+
+inline std::string slurp(const std::filesystem::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+inline void spit(const std::filesystem::path& p, const std::string& s) {
+  std::ofstream(p, std::ios::binary | std::ios::trunc) << s;
+}
 
 }  // namespace primus::test
