@@ -60,13 +60,13 @@ std::vector<float> bias(const SafetensorsReader& st, const std::string& name, in
 
 }  // namespace
 
-void import_packed_experts(const PackedExperts& k, const SafetensorsReader& st, const ModelSpec& s, ParamStore& store,
-                           std::map<std::string, bool>& used,
+void import_packed_experts(const PackedExperts& k, const SafetensorsReader& st, const std::string& prefix,
+                           const ModelSpec& s, ParamStore& store, std::map<std::string, bool>& used,
                            const std::function<void(const std::vector<float>&, const std::string&)>& check) {
   const int64_t E = s.num_experts, h = s.hidden_size, f = s.expert_ffn();
   for (int64_t l = 0; l < s.num_layers; ++l) {
     if (!s.is_moe_layer(l)) continue;
-    const std::string p = hf_prefix(k, l);
+    const std::string p = prefix + hf_prefix(k, l);
     const std::vector<float> gu = weight_out_in(st, p + "gate_up_proj", E, 2 * f, h, used);  // [E, 2f, h]
     const std::vector<float> dn = weight_out_in(st, p + "down_proj", E, h, f, used);  // [E, h, f]
     std::vector<float> gub, dnb;

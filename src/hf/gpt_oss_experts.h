@@ -35,10 +35,11 @@ struct PackedExperts {
 inline constexpr PackedExperts kGptOssExperts{"mlp.", true, true};
 inline constexpr PackedExperts kLlama4Experts{"feed_forward.", false, false};
 
-// Fills every MoE layer's expert tensors of `store` from `st`, marking the tensors read in `used`;
+// Fills every MoE layer's expert tensors of `store` from `st` (their names under `prefix`: a
+// multimodal folder's text model, hf_families.h Multimodal), marking the tensors read in `used`;
 // `check` sees each tensor's values (the finiteness check). Errors name the tensor.
-void import_packed_experts(const PackedExperts& k, const SafetensorsReader& st, const ModelSpec& s, ParamStore& store,
-                           std::map<std::string, bool>& used,
+void import_packed_experts(const PackedExperts& k, const SafetensorsReader& st, const std::string& prefix,
+                           const ModelSpec& s, ParamStore& store, std::map<std::string, bool>& used,
                            const std::function<void(const std::vector<float>&, const std::string&)>& check);
 
 // The packed tensors of every MoE layer from `values` (the store's flat layout), as `dtype`.

@@ -37,16 +37,22 @@ using json = nlohmann::json;
 
 namespace {
 
-// Every tensor of the model: ours and the Hugging Face tensors it is made of (hf_families.h).
-std::vector<Mapping> name_map(const ModelSpec& s, Family family = Family::Llama) {
+// Every tensor of the model: ours and the Hugging Face tensors it is made of (hf_families.h), their
+// names under `prefix` (a multimodal folder's text model: hf_families.h Multimodal).
+std::vector<Mapping> name_map(const ModelSpec& s, Family family = Family::Llama, const std::string& prefix = "") {
   std::vector<Mapping> m;
   m.push_back({"embedding.word_embeddings.weight", {"model.embed_tokens.weight"}, {}, {}});
   for (int64_t l = 0; l < s.num_layers; ++l) layer_mappings(s, family, l, m);
   m.push_back({"decoder.final_layernorm.weight", {"model.norm.weight"}, {}, {}});
   if (s.untie_embeddings_and_output_weights) m.push_back({"output_layer.weight", {"lm_head.weight"}, {}, {}});
   mtp_mappings(s, family, m);  // DeepSeek-V3's multi-token prediction (export refuses it for other families)
+  for (Mapping& x : m)
+    for (std::string& t : x.theirs) t = prefix + t;
   return m;
 }
+
+// Where a folder of `a` keeps its text model's tensors: "" but in a multimodal folder.
+std::string text_prefix(const Architecture& a) { return a.multimodal ? a.multimodal->weight_prefix : ""; }
 
 // A ParamStore holding the whole model's values (no gradients: nothing is trained here) in the
 // order of model_parameter_layout (as LlamaModel's).
@@ -132,6 +138,29 @@ void check_quantization(const json& c, const std::string& where) {
        where, q.dump());
 }
 
+// A multimodal folder's config (hf_families.h Multimodal): its text_config read as the config.json
+// of the text architecture, which it names when it names one (Meta's names none); the folder's
+// quantization_config is checked too. The other towers' configs (vision_config) are not read.
+ModelSpec multimodal_text_spec(const json& c, const Architecture& a, const std::string& where) {
+  const Multimodal& m = *a.multimodal;
+  if (!c.contains("text_config") || c["text_config"].is_null())
+    fail("{}: 'text_config' is missing ({} keeps its text model's config, a {} config, there)", where, a.name,
+         m.text_architecture);
+  if (!c["text_config"].is_object())
+    fail("{}: 'text_config' is {}, not an object (the text model's {} config)", where, c["text_config"].type_name(),
+         m.text_architecture);
+  json text = c["text_config"];
+  const std::string tw = where + " text_config";
+  const json named = json::array({m.text_architecture});
+  if (text.contains("architectures") && !text["architectures"].is_null() && text["architectures"] != named)
+    fail("{}: architectures {} is not {}'s text model {}", tw, text["architectures"].dump(), a.name, named.dump());
+  text["architectures"] = named;
+  check_quantization(c, where);
+  ModelSpec s = spec_from_hf_config(text, tw, nullptr);  // the text model's reader, model_type check included
+  s.name = where;
+  return s;
+}
+
 }  // namespace
 
 ModelSpec spec_from_hf_config(const json& c, const std::string& where, std::string* architecture) {
@@ -143,6 +172,7 @@ ModelSpec spec_from_hf_config(const json& c, const std::string& where, std::stri
   if (architecture) *architecture = a.name;
   if (c.contains("model_type") && c["model_type"].is_string() && c["model_type"].get<std::string>() != a.model_type)
     fail("{}: model_type '{}' is not {}'s ('{}')", where, c["model_type"].get<std::string>(), a.name, a.model_type);
+  if (a.multimodal) return multimodal_text_spec(c, a, where);
   const std::string act = c.value("hidden_act", "silu");
   if (act != "silu") fail("{}: hidden_act '{}' is not supported (silu: SwiGLU)", where, act);
   if (c.value("attention_bias", false) && a.family != Family::GptOss)
@@ -180,6 +210,10 @@ ModelSpec spec_from_hf_config(const json& c, const std::string& where, std::stri
 
 json hf_config_from_spec(const ModelSpec& s, const std::string& arch, const std::string& torch_dtype) {
   const Architecture& a = architecture_named(arch, "");
+  if (a.multimodal)
+    fail("a checkpoint of this engine holds a text model alone, without {} of a {} folder: export it as {} (an "
+         "import of such a folder exports as its text model)",
+         a.multimodal->others, arch, a.multimodal->text_architecture);
   const bool qwen2 = a.family == Family::Qwen2 || a.family == Family::Qwen2Moe;
   const bool qwen3 = a.family == Family::Qwen3 || a.family == Family::Qwen3Moe;
   if (s.add_qkv_bias && !qwen2)
@@ -368,13 +402,44 @@ void check_mtp_copies(const SafetensorsReader& st, const ModelSpec& spec, std::m
   }
 }
 
+// The folder's tensors that no mapping read: RoPE buffers (derived) and a tied model's stored
+// lm_head (a copy of the embedding, checked) pass; a multimodal folder's other towers are left out,
+// said once with their size; any other is refused by name.
+void check_unread(const SafetensorsReader& st, const ModelSpec& spec, const Architecture& arch,
+                  const std::map<std::string, bool>& used, const ImportOptions& o) {
+  const std::string prefix = text_prefix(arch);
+  auto other_tower = [&](const std::string& name) {
+    if (!arch.multimodal) return false;
+    const auto& others = arch.multimodal->other_prefixes;
+    return std::any_of(others.begin(), others.end(), [&](const std::string& p) { return name.starts_with(p); });
+  };
+  int64_t left_tensors = 0, left_params = 0;
+  for (const auto& [name, u] : used) {
+    if (u || name.ends_with("rotary_emb.inv_freq")) continue;
+    if (name == prefix + "lm_head.weight" && !spec.untie_embeddings_and_output_weights) {
+      if (st.as_f32(name) != st.as_f32(prefix + "model.embed_tokens.weight"))
+        fail("{}: tie_word_embeddings is true but {} differs from {}model.embed_tokens.weight", o.hf_dir, name, prefix);
+      continue;
+    }
+    if (other_tower(name)) {
+      ++left_tensors, left_params += st.entry(name).numel();
+      continue;
+    }
+    fail("{}: tensor '{}' has no place in a {} model of this config (unsupported feature?)", o.hf_dir, name, arch.name);
+  }
+  if (left_tensors > 0)
+    log::warn("{}: {} left out ({} tensors, {} parameters under {}): this engine imports {}'s text model, {}", o.hf_dir,
+              arch.multimodal->others, left_tensors, left_params, fmt::join(arch.multimodal->other_prefixes, ", "),
+              arch.name, arch.multimodal->text_architecture);
+}
+
 // Fills `store` (our tensors) from the Hugging Face tensors; every tensor of the folder must find
 // its place.
 void fill_store(const SafetensorsReader& st, const ModelSpec& spec, const Architecture& arch, ParamStore& store,
                 const ImportOptions& o) {
   std::map<std::string, bool> used;
   for (const auto& [name, t] : st.tensors()) used[name] = false;
-  for (const Mapping& m : name_map(spec, arch.family)) {
+  for (const Mapping& m : name_map(spec, arch.family, text_prefix(arch))) {
     const int id = store.find(m.ours);
     if (id < 0) fail("internal: the model has no tensor '{}'", m.ours);
     const StoredParam& p = store.infos()[id];
@@ -402,19 +467,11 @@ void fill_store(const SafetensorsReader& st, const ModelSpec& spec, const Archit
     if (!m.perm.empty()) permute_rows(dst, m.perm, p.numel / p.shape[0], false);
   }
   if (arch.family == Family::GptOss || arch.family == Family::Llama4)
-    import_packed_experts(arch.family == Family::GptOss ? kGptOssExperts : kLlama4Experts, st, spec, store, used,
+    import_packed_experts(arch.family == Family::GptOss ? kGptOssExperts : kLlama4Experts, st, text_prefix(arch), spec,
+                          store, used,
                           [&](const std::vector<float>& v, const std::string& name) { check_finite(v, name, o); });
   check_mtp_copies(st, spec, used, o);
-  // Tied models sometimes store lm_head anyway (a copy of the embedding); RoPE buffers are derived.
-  for (const auto& [name, u] : used) {
-    if (u || name.ends_with("rotary_emb.inv_freq")) continue;
-    if (name == "lm_head.weight" && !spec.untie_embeddings_and_output_weights) {
-      if (st.as_f32(name) != st.as_f32("model.embed_tokens.weight"))
-        fail("{}: tie_word_embeddings is true but lm_head.weight differs from model.embed_tokens.weight", o.hf_dir);
-      continue;
-    }
-    fail("{}: tensor '{}' has no place in a {} model of this config (unsupported feature?)", o.hf_dir, name, arch.name);
-  }
+  check_unread(st, spec, arch, used, o);
 }
 
 // A folder whose config.json says num_nextn_predict_layers but that holds none of those layers'

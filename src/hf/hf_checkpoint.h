@@ -1,8 +1,10 @@
 // Conversion between Hugging Face checkpoints (config.json + safetensors, single or sharded) and
 // this project's checkpoints (checkpoint/checkpoint.h), for the architectures of hf_families.h:
 // LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM and the
-// mixture-of-experts families (Mixtral, Qwen2-MoE, Qwen3-MoE, DeepSeek-V2/V3, gpt-oss), in fp32 or
-// bf16 (and, on import, DeepSeek-V3's fp8 blocks and gpt-oss's MXFP4 experts: dequant.h).
+// mixture-of-experts families (Mixtral, Qwen2-MoE, Qwen3-MoE, DeepSeek-V2/V3, gpt-oss, Llama 4), in
+// fp32 or bf16 (and, on import, DeepSeek-V3's fp8 blocks and gpt-oss's MXFP4 experts: dequant.h).
+// Meta's multimodal Llama 4 folders (Llama4ForConditionalGeneration) import as their text model,
+// the other towers left out, and such a checkpoint exports as that text model (hf_families.h Multimodal).
 //
 // Our model and Hugging Face's share the rotary convention (rotate-half: pairs (i, i + d/2)), so
 // q_proj / k_proj rows carry over unpermuted (DeepSeek's interleaved rope rows excepted:
@@ -23,8 +25,9 @@
 
 namespace primus::hf {
 
-// The model spec a config.json describes; `where` names the file in errors. Sets *architecture
-// to the config's architecture (e.g. "LlamaForCausalLM").
+// The model spec a config.json describes (a multimodal folder's: its text model's); `where` names
+// the file in errors. Sets *architecture to the config's architecture (e.g. "LlamaForCausalLM",
+// "Llama4ForConditionalGeneration").
 ModelSpec spec_from_hf_config(const nlohmann::json& config, const std::string& where, std::string* architecture);
 // config.json for `spec` as `architecture` (one of hf_families.h's); torch_dtype "float32" or
 // "bfloat16". A spec the architecture cannot hold is refused by name.

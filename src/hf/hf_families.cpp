@@ -642,7 +642,12 @@ const std::vector<Architecture>& architectures() {
                                               {"DeepseekV2ForCausalLM", "deepseek_v2", Family::DeepseekV2},
                                               {"DeepseekV3ForCausalLM", "deepseek_v3", Family::DeepseekV3},
                                               {"GptOssForCausalLM", "gpt_oss", Family::GptOss},
-                                              {"Llama4ForCausalLM", "llama4_text", Family::Llama4}};
+                                              {"Llama4ForCausalLM", "llama4_text", Family::Llama4},
+                                              {"Llama4ForConditionalGeneration", "llama4", Family::Llama4,
+                                               Multimodal{"Llama4ForCausalLM",
+                                                          "language_model.",
+                                                          {"vision_model.", "multi_modal_projector."},
+                                                          "the vision encoder and its projector"}}};
   return a;
 }
 

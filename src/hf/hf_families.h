@@ -18,7 +18,8 @@
 //                                  intermediate_size_mlp; MoE layers' router, the experts packed in
 //                                  experts.gate_up_proj / down_proj (gpt_oss_experts.h) and an
 //                                  ungated shared_expert; no_rope_layers, use_qk_norm,
-//                                  attention_chunk_size, attention temperature tuning
+//                                  attention_chunk_size, attention temperature tuning. Meta's
+//                                  folders (Llama4ForConditionalGeneration) wrap it: Multimodal
 //
 // DeepSeek's rotary parts are stored for interleaved pairs (x0, x1), (x2, x3), ... while this
 // engine rotates halves (i, i + d/2): the rope rows of q (each head's last qk_rope_head_dim rows)
@@ -28,6 +29,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -40,10 +42,23 @@ namespace primus::hf {
 
 enum class Family { Llama, Mistral, Qwen2, Qwen3, Mixtral, Qwen2Moe, Qwen3Moe, DeepseekV2, DeepseekV3, GptOss, Llama4 };
 
+// A multimodal folder around one of the text architectures (Llama4ForConditionalGeneration, as Meta
+// publishes Llama 4): config.json holds the text model's config under `text_config`, the safetensors
+// hold the text model's tensors under `weight_prefix` and the other towers' under `other_prefixes`.
+// Import reads the text model and leaves the other towers out (saying so); export writes the text
+// architecture, since a checkpoint of this engine holds no weights of the other towers.
+struct Multimodal {
+  std::string text_architecture;            // e.g. "Llama4ForCausalLM"
+  std::string weight_prefix;                // e.g. "language_model."
+  std::vector<std::string> other_prefixes;  // e.g. "vision_model.", "multi_modal_projector."
+  std::string others;                       // what they are, for the log: "the vision encoder and its projector"
+};
+
 struct Architecture {
   std::string name;        // config.json's architectures[0], e.g. "MixtralForCausalLM"
   std::string model_type;  // config.json's model_type, e.g. "mixtral"
   Family family;
+  std::optional<Multimodal> multimodal = {};  // set for a multimodal folder around a text architecture
 };
 const std::vector<Architecture>& architectures();
 // The entry of `name`; an error naming `where` and the supported architectures when there is none.

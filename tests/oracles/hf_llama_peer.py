@@ -10,7 +10,8 @@ peer model (benchmarks/engine/torch_llama.py).
     hf_llama_peer.py write OUT --family mixtral|qwen2_moe|qwen3_moe|deepseek_v2|deepseek_v3|deepseek_v3_mtp|gpt_oss|llama4 [...]
         a tiny random model of that mixture-of-experts family in its Hugging Face layout
     hf_llama_peer.py logits DIR --tokens "1 2 3"
-        one JSON line: the fp32 logits at every position ([positions][vocab])
+        one JSON line: the fp32 logits at every position ([positions][vocab]); of a Llama 4 folder in
+        Meta's multimodal layout (Llama4ForConditionalGeneration), its text model's
     hf_llama_peer.py mtp-logits DIR --tokens "1 2 3"
         one JSON line: DeepSeek-V3's multi-token-prediction logits, per depth k the positions that have
         a token k + 1 ahead ([depths][positions][vocab]; hf_moe_peer.mtp_logits)
@@ -188,8 +189,26 @@ def cmd_write(a):
     json.dump(config, open(os.path.join(a.out, "config.json"), "w"), indent=2)
 
 
+def text_model(config, tensors):
+    """A Llama4ForConditionalGeneration folder (Meta's Llama 4 layout) as transformers builds its
+    language model: the text_config as a Llama4ForCausalLM config, the language_model.* tensors
+    without that prefix. The vision encoder's and projector's tensors (vision_model.*,
+    multi_modal_projector.*) do not enter the text's logits; any other tensor is an error."""
+    text = dict(config["text_config"], architectures=["Llama4ForCausalLM"])
+    prefix, others = "language_model.", ("vision_model.", "multi_modal_projector.")
+    stray = [n for n in tensors if not n.startswith(prefix) and not n.startswith(others)]
+    if stray:
+        sys.exit(f"error: tensors of no tower: {stray}")
+    return text, {n[len(prefix):]: t for n, t in tensors.items() if n.startswith(prefix)}
+
+
 def cmd_logits(a):
     config = json.load(open(os.path.join(a.dir, "config.json")))
+    if config["architectures"][0] == "Llama4ForConditionalGeneration":
+        config, tensors = text_model(config, read_safetensors(a.dir))
+        tokens = [int(t) for t in a.tokens.split()]
+        print(json.dumps(hf_moe_peer.logits(config, tensors, tokens).tolist()))
+        return
     if config["architectures"][0] in hf_moe_peer.ARCHITECTURES:
         tensors = read_safetensors(a.dir)
         tokens = [int(t) for t in a.tokens.split()]

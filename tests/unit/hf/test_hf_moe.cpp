@@ -7,6 +7,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 
@@ -16,6 +17,7 @@
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/model_fit.h"
 #include "core/error.h"
+#include "core/log.h"
 #include "hf/dequant.h"
 #include "hf/hf_checkpoint.h"
 #include "hf/hf_families.h"
@@ -453,8 +455,8 @@ TEST(HfMoe, HostileInputsAreRefusedByName) {
             std::string::npos);
 }
 
-// Llama 4: values its model here cannot represent, the multimodal wrapper, a missing packed
-// expert tensor, and exports across Llama 4 and the other families, refused by name.
+// Llama 4: values its model here cannot represent, a text config named as the multimodal folder, a
+// missing packed expert tensor, and exports across Llama 4 and the other families, refused by name.
 TEST(HfMoe, Llama4HostileInputsAreRefusedByName) {
   TempDir t;
   const std::string src = t / "src";
@@ -477,8 +479,8 @@ TEST(HfMoe, Llama4HostileInputsAreRefusedByName) {
   EXPECT_NE(import_with([](json& c) { c["attn_temperature_tuning"] = "yes"; }).find("attn_temperature_tuning"),
             std::string::npos);
   EXPECT_NE(import_with([](json& c) {
-              c["architectures"] = {"Llama4ForConditionalGeneration"};
-            }).find("architecture 'Llama4ForConditionalGeneration' is not supported"),
+              c["architectures"] = {"Llama4ForConditionalGeneration"};  // a text config named as the multimodal one
+            }).find("model_type 'llama4_text' is not Llama4ForConditionalGeneration's"),
             std::string::npos);
   write_config(src, good);
   const std::string ckpt = hf::import_hf({src, t / "ckpt", "", false});
@@ -501,6 +503,219 @@ TEST(HfMoe, Llama4HostileInputsAreRefusedByName) {
   eo.checkpoint = hf::import_hf({t / "mixtral", t / "mixtral_ckpt", "", false});
   eo.architecture = "Llama4ForCausalLM";
   EXPECT_NE(error_of([&] { hf::export_hf(eo); }).find("top-1 routing whose sigmoid score"), std::string::npos);
+}
+
+namespace {
+
+// What write_multimodal adds beside the text model: the vision encoder's and projector's tensors.
+struct OtherTowers {
+  int64_t tensors = 0, params = 0;
+};
+
+// The Llama 4 text folder `text` in Meta's layout (Llama4ForConditionalGeneration, model_type llama4),
+// written to `out`: its config.json under text_config (without architectures, as Meta's), a small
+// vision_config beside it; its tensors under language_model., beside a few of a vision encoder and
+// projector (named as modeling_llama4's Llama4VisionModel and Llama4MultiModalProjector name theirs;
+// their values do not matter: import leaves them out).
+OtherTowers write_multimodal(const std::string& text, const std::string& out, const std::string& dtype,
+                             uint64_t shard) {
+  json tc = read_config(text);
+  tc.erase("architectures");
+  const json c = {{"architectures", {"Llama4ForConditionalGeneration"}},
+                  {"model_type", "llama4"},
+                  {"text_config", tc},
+                  {"vision_config",
+                   {{"model_type", "llama4_vision_model"},
+                    {"hidden_size", 8},
+                    {"num_hidden_layers", 1},
+                    {"num_attention_heads", 2},
+                    {"intermediate_size", 16},
+                    {"image_size", 4},
+                    {"patch_size", 2},
+                    {"num_channels", 3},
+                    {"pixel_shuffle_ratio", 0.5},
+                    {"projector_input_dim", 16},
+                    {"projector_output_dim", 16},
+                    {"vision_output_dim", 16}}},
+                  {"image_token_index", 200092},
+                  {"tie_word_embeddings", false},
+                  {"torch_dtype", tc["torch_dtype"]}};
+  std::vector<hf::TensorOut> ts;
+  {
+    hf::SafetensorsReader r(text);
+    for (const auto& [name, e] : r.tensors()) ts.push_back({"language_model." + name, e.dtype, e.shape, r.raw(name)});
+  }
+  const std::vector<std::pair<std::string, std::vector<int64_t>>> others = {
+      {"vision_model.class_embedding", {8}},
+      {"vision_model.positional_embedding_vlm", {5, 8}},
+      {"vision_model.patch_embedding.linear.weight", {8, 12}},
+      {"vision_model.model.layers.0.self_attn.q_proj.weight", {8, 8}},
+      {"vision_model.model.layers.0.mlp.fc1.weight", {16, 8}},
+      {"vision_model.vision_adapter.mlp.fc1.weight", {16, 32}},
+      {"multi_modal_projector.linear_1.weight", {64, 16}}};
+  OtherTowers towers;
+  for (const auto& [name, shape] : others) {
+    int64_t n = 1;
+    for (int64_t d : shape) n *= d;
+    std::vector<float> v(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) v[size_t(i)] = 0.01f * float(i % 7 - 3);
+    ts.push_back({name, dtype, shape, hf::f32_to_bytes(v, dtype)});
+    ++towers.tensors, towers.params += n;
+  }
+  fs::create_directories(out);
+  hf::write_safetensors(out, ts, shard);
+  write_config(out, c);
+  return towers;
+}
+
+// A checkpoint's weights (fp32) and its model as YAML, without the model's name (the config.json it came from).
+std::vector<float> checkpoint_weights(const std::string& ckpt) {
+  const ModelSpec spec = checkpoint::read_checkpoint_model(ckpt);
+  LlamaModel model(spec, cpu::cpu_backend(), Precision::Fp32);
+  checkpoint::LoadOptions lo;
+  lo.optimizer = false;
+  return checkpoint::load_checkpoint(ckpt, model.params(), lo).params;
+}
+std::string checkpoint_model_yaml(const std::string& ckpt) {
+  ModelSpec spec = checkpoint::read_checkpoint_model(ckpt);
+  spec.name.clear();
+  YAML::Emitter e;
+  e << model_spec_to_yaml(spec);
+  return e.c_str();
+}
+
+}  // namespace
+
+// Meta's Llama 4 folders (Llama4ForConditionalGeneration): the tiny Llama 4 text folder rewrapped in
+// that layout imports into the text folder's checkpoint (the weights' bytes and the model), leaving
+// the vision encoder and projector out with one log line that counts them; the PyTorch peer on the
+// multimodal folder gives our logits; the export is the text model's, file for file. F32 in one file
+// and BF16 sharded.
+TEST(HfMoe, Llama4MultimodalFolderImportsAsItsTextModel) {
+  TempDir t;
+  for (const auto& [dtype, shard] : {std::pair<std::string, uint64_t>{"F32", 5'000'000'000}, {"BF16", 60'000}}) {
+    SCOPED_TRACE(dtype);
+    const std::string text = t / (dtype + "_text"), mm = t / (dtype + "_mm");
+    test::peer_write_family(text, "llama4", dtype, shard);
+    const OtherTowers towers = write_multimodal(text, mm, dtype, shard);
+    EXPECT_EQ(fs::exists(fs::path(mm) / "model.safetensors.index.json"), shard < 1'000'000);
+    const std::string ck_text = hf::import_hf({text, t / (dtype + "_ck_text"), "", false});
+    testing::internal::CaptureStdout();
+    std::string ck_mm;
+    const std::string error = error_of([&] { ck_mm = hf::import_hf({mm, t / (dtype + "_ck_mm"), "", false}); });
+    log::flush();
+    const std::string said = testing::internal::GetCapturedStdout();
+    ASSERT_EQ(error, "(no error)");
+    const std::string line =
+        fmt::format("the vision encoder and its projector left out ({} tensors, {} parameters under vision_model., "
+                    "multi_modal_projector.): this engine imports Llama4ForConditionalGeneration's text model, "
+                    "Llama4ForCausalLM",
+                    towers.tensors, towers.params);
+    EXPECT_NE(said.find(line), std::string::npos) << said;
+    EXPECT_EQ(said.find("left out"), said.rfind("left out")) << said;  // said once
+    const std::vector<float> a = checkpoint_weights(ck_text), b = checkpoint_weights(ck_mm);
+    ASSERT_EQ(a.size(), b.size());
+    EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0);
+    EXPECT_EQ(checkpoint_model_yaml(ck_text), checkpoint_model_yaml(ck_mm));
+    if (dtype == "F32") test::expect_close(test::our_logits(ck_mm, kTokens), test::peer_logits(mm, kTokens));
+    hf::ExportOptions eo;
+    eo.dtype = dtype;
+    eo.max_shard_bytes = shard;
+    eo.checkpoint = ck_text, eo.out_dir = t / (dtype + "_out_text");
+    hf::export_hf(eo);
+    eo.checkpoint = ck_mm, eo.out_dir = t / (dtype + "_out_mm");
+    hf::export_hf(eo);  // the text model, Llama4ForCausalLM
+    hf::SafetensorsReader x(t / (dtype + "_out_text")), y(t / (dtype + "_out_mm"));
+    ASSERT_EQ(x.tensors().size(), y.tensors().size());
+    for (const auto& [name, e] : x.tensors()) {
+      ASSERT_TRUE(y.has(name)) << name;
+      EXPECT_EQ(y.entry(name).shape, e.shape) << name;
+      EXPECT_TRUE(x.raw(name) == y.raw(name)) << name << " differs";
+    }
+    EXPECT_EQ(read_config(t / (dtype + "_out_text")), read_config(t / (dtype + "_out_mm")));
+    EXPECT_EQ(read_config(t / (dtype + "_out_mm"))["architectures"], json::array({"Llama4ForCausalLM"}));
+  }
+}
+
+// A Llama4ForConditionalGeneration folder without its text model's config or tensors, with a tensor
+// of no tower, or asked of an export, is refused by name, leaving nothing behind.
+TEST(HfMoe, Llama4MultimodalHostileInputsAreRefusedByName) {
+  TempDir t;
+  const std::string text = t / "text", mm = t / "mm", save = t / "save";
+  test::peer_write_family(text, "llama4", "F32", 5'000'000'000);
+  write_multimodal(text, mm, "F32", 5'000'000'000);
+  const json good = read_config(mm);
+  auto config_error = [&](const std::function<void(json&)>& edit) {
+    const std::string e = import_error_with({mm, save, "", false}, good, edit);
+    EXPECT_FALSE(fs::exists(save)) << e;
+    return e;
+  };
+  EXPECT_NE(config_error([](json& c) { c.erase("text_config"); }).find("'text_config' is missing"), std::string::npos);
+  EXPECT_NE(config_error([](json& c) { c["text_config"] = nullptr; }).find("'text_config' is missing"),
+            std::string::npos);
+  EXPECT_NE(config_error([](json& c) { c["text_config"] = "x"; }).find("'text_config' is string, not an object"),
+            std::string::npos);
+  EXPECT_NE(config_error([](json& c) { c["text_config"] = json::array({1}); }).find("'text_config' is array"),
+            std::string::npos);
+  EXPECT_NE(config_error([](json& c) {
+              c["text_config"]["model_type"] = "llama4";
+            }).find("text_config: model_type 'llama4' is not Llama4ForCausalLM's ('llama4_text')"),
+            std::string::npos);
+  EXPECT_NE(config_error([](json& c) {
+              c["text_config"]["architectures"] = {"LlamaForCausalLM"};
+            }).find("text_config: architectures [\"LlamaForCausalLM\"]"),
+            std::string::npos);
+  EXPECT_NE(config_error([](json& c) {
+              c["text_config"].erase("intermediate_size_mlp");
+            }).find("text_config: 'intermediate_size_mlp' is missing"),
+            std::string::npos);
+  EXPECT_NE(config_error([](json& c) {
+              c["model_type"] = "llama4_text";
+            }).find("model_type 'llama4_text' is not Llama4ForConditionalGeneration's ('llama4')"),
+            std::string::npos);
+  EXPECT_NE(config_error([](json& c) {
+              c["quantization_config"] = {{"quant_method", "fbgemm_fp8"}};
+            }).find("quantization_config"),
+            std::string::npos);
+  write_config(mm, good);
+
+  std::vector<hf::TensorOut> all;
+  rewrite_tensors(mm, [&](std::vector<hf::TensorOut>& ts) { all = ts; });
+  auto tensor_error = [&](const std::function<void(std::vector<hf::TensorOut>&)>& edit) {
+    rewrite_tensors(mm, [&](std::vector<hf::TensorOut>& ts) {
+      ts = all;
+      edit(ts);
+    });
+    const std::string e = error_of([&] { hf::import_hf({mm, save, "", false}); });
+    EXPECT_FALSE(fs::exists(save)) << e;
+    return e;
+  };
+  // A text tensor missing, named as the folder names it (the packed experts, a mapped weight, the head).
+  for (const std::string name :
+       {"language_model.model.layers.3.feed_forward.experts.down_proj",
+        "language_model.model.layers.0.self_attn.k_proj.weight", "language_model.lm_head.weight"})
+    EXPECT_NE(tensor_error([&](std::vector<hf::TensorOut>& ts) {
+                std::erase_if(ts, [&](const hf::TensorOut& x) { return x.name == name; });
+              }).find("'" + name + "'"),
+              std::string::npos)
+        << name;
+  // A tensor of no tower, and the text model's tensors without their prefix, have no place.
+  for (const std::string name :
+       {"audio_model.encoder.weight", "language_model.model.extra.weight", "model.layers.0.input_layernorm.weight"})
+    EXPECT_NE(tensor_error([&](std::vector<hf::TensorOut>& ts) {
+                ts.push_back({name, "F32", {64}, std::string(64 * 4, '\0')});
+              }).find("tensor '" + name + "' has no place in a Llama4ForConditionalGeneration model"),
+              std::string::npos)
+        << name;
+  rewrite_tensors(mm, [&](std::vector<hf::TensorOut>& ts) { ts = all; });
+
+  // Export writes the text model only: the multimodal layout asked for is refused by name.
+  hf::ExportOptions eo;
+  eo.checkpoint = hf::import_hf({mm, save, "", false});
+  eo.out_dir = t / "dst";
+  eo.architecture = "Llama4ForConditionalGeneration";
+  EXPECT_NE(error_of([&] { hf::export_hf(eo); }).find("export it as Llama4ForCausalLM"), std::string::npos);
+  EXPECT_FALSE(fs::exists(t / "dst"));
 }
 
 // An export as a family that cannot hold the model is refused by name.
@@ -636,6 +851,12 @@ TEST(HfMoe, PublishedConfigsGiveOurPresets) {
     "tie_word_embeddings": false})");
   json scout = scout_release["text_config"], maverick = scout;
   scout["architectures"] = maverick["architectures"] = {"Llama4ForCausalLM"};
+  {  // the released config.json itself reads into its text_config's model (docs/checkpoints.md)
+    YAML::Emitter released, text;
+    released << model_spec_to_yaml(hf::spec_from_hf_config(scout_release, "scout", nullptr));
+    text << model_spec_to_yaml(hf::spec_from_hf_config(scout, "scout", nullptr));
+    EXPECT_EQ(std::string(released.c_str()), std::string(text.c_str()));
+  }
   maverick["interleave_moe_layer_step"] = 2, maverick["num_local_experts"] = 128, maverick["use_qk_norm"] = false;
   maverick["max_position_embeddings"] = 1048576, maverick["rope_scaling"] = nullptr;
   for (int l = 0; l < 48; ++l) {
