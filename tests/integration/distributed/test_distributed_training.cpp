@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <regex>
@@ -1108,6 +1109,93 @@ TEST_F(ExpertParallel, CheckpointAtEtp2Edp2LoadsAtOneProcessEtp1AndEdp2) {
       {"edp2", 4, " --expert_model_parallel_size 2" + zero1},
   };
   expect_resumes_continue_ref(moe + ck, resumes);
+}
+
+// LoRA on every linear (docs/posttraining.md#lora), the routed experts' and the shared expert's
+// among them: an expert's adapters live with it (on its ep rank, their gradients summed over edp;
+// under expert tensor parallelism fc1's linear_out split by rows and fc2's linear_in by columns
+// with the base, the other factor whole, its gradient summed over tp). Each layout gives the
+// one-process LoRA losses (the tolerance of the dense LoRA tp2 case, tests/integration/cli/
+// test_posttrain.cpp) and gradient norms, the frozen base comes out bit-identical to the one-process
+// run's, and the adapters close to its.
+class LoraExperts : public ExpertParallel {
+ protected:
+  static constexpr int64_t kDim = 4;
+  const std::string moe_ = std::string(kMoe) + " --lora.enabled true --lora.dim 4 --lora.alpha 8";
+  // A LoRA run's final weights in one process's layout, and where its adapters begin.
+  std::pair<std::vector<float>, int64_t> lora_weights(const std::string& name) {
+    const std::string ck_dir = checkpoint::resolve_checkpoint((dir_ / "ws" / name / "checkpoints").string());
+    const YAML::Node cfg = YAML::Load(checkpoint::read_checkpoint_config(ck_dir));
+    LlamaOptions options;
+    options.lora.enabled = true;
+    options.lora.dim = kDim;
+    options.lora.alpha = 8;
+    LlamaModel model(model_spec_from_yaml(cfg["modules"]["pre_trainer"]["model_spec"], ck_dir), cpu::cpu_backend(),
+                     Precision::Fp32, options);
+    return {checkpoint::load_checkpoint(ck_dir, model.params()).params, model.trainable_begin()};
+  }
+  void expect_same_lora_training(int nproc, const std::string& overrides) {
+    Result ref = reference(moe_);
+    ASSERT_EQ(ref.status, 0) << ref.out;
+    Result got = run(nproc, "par", moe_ + " " + overrides);
+    ASSERT_EQ(got.status, 0) << got.out;
+    EXPECT_NE(got.out.find("LoRA: dim 4, alpha 8"), std::string::npos) << got.out;
+    const auto a = losses("ref"), b = losses("par");
+    ASSERT_EQ(a.size(), 20u);
+    ASSERT_EQ(b.size(), 20u) << got.out;
+    for (size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(b[i], a[i], 2e-5 * std::fabs(a[i])) << "iteration " << i + 1;
+    // The adapters' gradient norm (each expert's adapters counted once; clip_grad 0.5 clips some steps).
+    const auto na = losses("ref", "grad_norm"), nb = losses("par", "grad_norm");
+    ASSERT_EQ(na.size(), 20u);
+    ASSERT_EQ(nb.size(), 20u);
+    for (size_t i = 0; i < na.size(); ++i) EXPECT_NEAR(nb[i], na[i], 1e-5 * na[i]) << "grad_norm, iteration " << i + 1;
+    const auto [wa, begin] = lora_weights("ref");
+    const auto [wb, begin_b] = lora_weights("par");
+    ASSERT_EQ(wa.size(), wb.size());
+    ASSERT_EQ(begin, begin_b);
+    ASSERT_GT(begin, 0);
+    EXPECT_EQ(std::memcmp(wa.data(), wb.data(), size_t(begin) * sizeof(float)), 0) << "the frozen base moved";
+    double diff = 0, largest = 0;
+    for (size_t i = size_t(begin); i < wa.size(); ++i) {
+      diff = std::max(diff, double(std::fabs(wa[i] - wb[i])));
+      largest = std::max(largest, double(std::fabs(wa[i])));
+    }
+    EXPECT_GT(largest, 0.0);
+    EXPECT_LT(diff / largest, 1e-4);
+  }
+};
+TEST_F(LoraExperts, Ep2) {
+  expect_same_lora_training(2, "--expert_model_parallel_size 2 --moe_token_dispatcher_type alltoall");
+}
+// Expert tensor parallelism (etp = tp): the experts' adapters split with them.
+TEST_F(LoraExperts, Tp2SequenceParallel) {
+  expect_same_lora_training(2, "--tensor_model_parallel_size 2 --sequence_parallel true");
+}
+// Whole experts on every tp rank, each routing its own rows: the adapters' gradients summed over tp.
+TEST_F(LoraExperts, Tp2SequenceParallelEtp1) {
+  expect_same_lora_training(2,
+                            "--tensor_model_parallel_size 2 --sequence_parallel true --expert_tensor_parallel_size 1");
+}
+// Both: an expert's split adapters on its ep rank; its whole factor counted once in the norm.
+TEST_F(LoraExperts, Ep2Tp2SequenceParallel) {
+  expect_same_lora_training(4, "--expert_model_parallel_size 2 --moe_token_dispatcher_type alltoall "
+                               "--tensor_model_parallel_size 2 --sequence_parallel true");
+}
+// FSDP at dp 4 = edp 2 x ep 2: the experts' adapters sharded and reduced over edp.
+TEST_F(LoraExperts, Ep2FsdpDp4) {
+  expect_same_lora_training(4, "--expert_model_parallel_size 2 --use_torch_fsdp2 true");
+}
+// A run stopped at iteration 10 under ep 2 goes on under one process and under tp 2 with split
+// experts with the uninterrupted one-process run's losses.
+TEST_F(LoraExperts, CheckpointAtEp2ResumesOnOneProcessAndTp2) {
+  Result ref = reference(moe_);
+  ASSERT_EQ(ref.status, 0) << ref.out;
+  Result first = run(2, "first", moe_ + " --expert_model_parallel_size 2 --moe_token_dispatcher_type alltoall "
+                                        "--train_iters 10 --lr_decay_iters 20");
+  ASSERT_EQ(first.status, 0) << first.out;
+  const std::string ck = " --load " + (dir_ / "ws" / "first" / "checkpoints").string();
+  expect_resumes_continue_ref(moe_ + ck,
+                              {{"one", 1, ""}, {"tp2", 2, "--tensor_model_parallel_size 2 --sequence_parallel true"}});
 }
 
 // The two dispatchers deliver the same rows to the same places: the same run, bit for bit.
