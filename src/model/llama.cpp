@@ -9,7 +9,6 @@
 
 #include "kernels/softcap.h"
 #include "model/context_parallel.h"
-#include "model/moe.h"
 #include "model/rope.h"
 
 namespace primus {
@@ -203,14 +202,6 @@ void LlamaModel::register_parameters() {
     trainable_begin_ = params_.infos()[size_t(first_trainable_)].offset;
     for (Block& b : blocks_) b.adapters = linears_->adapters_of(b.base_ids());
     for (MtpDepth& d : mtp_) d.layer.adapters = linears_->adapters_of(d.layer.base_ids());
-    // The routed experts' adapters under tp and ep are built (docs/posttraining.md#lora); beside FP8
-    // base experts only on one rank's experts.
-    for (int id : adapters)
-      if (opt_.fp8.enabled && (part_.tp_size > 1 || part_.ep_size > 1) &&
-          is_expert_param(params_.infos()[size_t(id)].name))
-        fail("LoRA on the routed experts with FP8 under tensor or expert parallelism is not built: drop "
-             "linear_fc1 and linear_fc2 from lora.target_modules, run without fp8, or with "
-             "tensor_model_parallel_size and expert_model_parallel_size 1");
   } else if (opt_.lora.enabled) {
     fail("lora.target_modules names no linear of this model's layers on this rank");
   }

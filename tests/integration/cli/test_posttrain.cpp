@@ -487,14 +487,6 @@ TEST(Posttrain, RefusesWhatIsNotBuiltByName) {
                 .find("starting LoRA adapters from a PEFT folder under ZeRO-2 / FSDP (optim_grads, "
                       "optim_grads_params, use_torch_fsdp2) is not built"),
             std::string::npos);
-  // LoRA on the routed experts beside FP8 base experts under ep 2 (two ranks): refused by the model.
-  const auto fp8_experts = run("direct --nproc 2" + ws + " -- train posttrain --config " + kExample + kTiny +
-                               " --num_experts 4 --moe_ffn_hidden_size 32 --expert_model_parallel_size 2"
-                               " --lora.enabled true --fp8 hybrid --fp8_recipe delayed");
-  EXPECT_NE(fp8_experts.code, 0) << fp8_experts.out;
-  EXPECT_NE(fp8_experts.out.find("LoRA on the routed experts with FP8 under tensor or expert parallelism is not built"),
-            std::string::npos)
-      << fp8_experts.out;
   EXPECT_NE(
       out("pretrain", kExample).find("is a post-training config (modules.post_trainer): run it with train posttrain"),
       std::string::npos);
