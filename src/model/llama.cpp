@@ -202,12 +202,6 @@ void LlamaModel::register_parameters() {
     trainable_begin_ = params_.infos()[size_t(first_trainable_)].offset;
     for (Block& b : blocks_) b.adapters = linears_->adapters_of(b.base_ids());
     for (MtpDepth& d : mtp_) d.layer.adapters = linears_->adapters_of(d.layer.base_ids());
-    for (int id : adapters)
-      if ((part_.tp_size > 1 || part_.ep_size > 1) &&
-          params_.infos()[size_t(id)].name.find(".experts.local_experts.") != std::string::npos)
-        fail("LoRA on the routed experts under tensor or expert parallelism is not built (their grouped GEMMs "
-             "take adapters with tp 1 and ep 1): drop linear_fc1 and linear_fc2 from lora.target_modules, or "
-             "run with tensor_model_parallel_size and expert_model_parallel_size 1");
   } else if (opt_.lora.enabled) {
     fail("lora.target_modules names no linear of this model's layers on this rank");
   }

@@ -159,15 +159,16 @@ Shards shards_of(const RankRecord& rec, int dense_group, int expert_group) {
   return s;
 }
 
-// The expert tensors of a rank under expert parallelism, packed as train/expert_grads.h packs them.
+// The expert tensors of a rank under expert parallelism that train (under LoRA the experts'
+// adapters), packed as train/expert_grads.h packs them.
 struct Experts {
   int64_t numel = 0;
   std::vector<ParamSegment> segments;
 };
 Experts experts_of(const RankRecord& rec, int ep) {
   Experts x;
-  for (const StoredParam& p : rec.params)
-    if (ep > 1 && is_expert_param(p.name)) {
+  for (size_t t = size_t(std::max(0, rec.first_trainable)); t < rec.params.size(); ++t)
+    if (const StoredParam& p = rec.params[t]; ep > 1 && is_expert_param(p.name)) {
       x.segments.push_back({p.name, x.numel, p.numel, p.weight_decay});
       x.numel += p.numel;
     }

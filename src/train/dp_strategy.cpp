@@ -4,6 +4,7 @@
 #include <array>
 #include <cmath>
 
+#include "model/moe.h"
 #include "optim/flat_adamw.h"
 #include "parallel/data_parallel.h"
 #include "parallel/distributed_optimizer.h"
@@ -117,9 +118,7 @@ class BucketedStrategy : public DataParallelStrategy {
     const ParamStore& params = model_.params();
     const auto& infos = params.infos();
     float* values = load.tensor(params.values(), 0, params.numel());
-    const auto replicas = [&](size_t t) {
-      return experts_ && experts_->is_expert(int(t)) ? groups_.edp_cp.get() : &gradient_group_;
-    };
+    const auto replicas = [&](size_t t) { return expert(int(t)) ? groups_.edp_cp.get() : &gradient_group_; };
     for (size_t t = 0; t < infos.size();) {
       size_t u = t + 1;
       while (u < infos.size() && replicas(u) == replicas(t) && int(u) != first_moment) ++u;
@@ -131,13 +130,15 @@ class BucketedStrategy : public DataParallelStrategy {
       t = u;
     }
   }
-  // The experts' squared gradient sum over the whole model (collective over ep and mp), 0 without
-  // expert parallelism. replicated: the plain AdamW (nullptr under ZeRO-1).
-  double experts_sq_sum(const FlatAdamW* replicated) const {
+  // The experts' squared gradient sum over the whole model from this rank's (collective over ep and
+  // mp), 0 without expert parallelism.
+  double experts_sq_sum(double mine) const {
     if (!experts_) return 0.0;
-    const double mine = mp_.counts_experts() ? experts_->grad_sq_sum(replicated) : 0.0;
     return groups_.mp->all_reduce_value(groups_.ep->all_reduce_value(mine));
   }
+  // Whether tensor t is an expert's under expert parallelism, frozen or not: its replicas are the
+  // edp x cp group (the ranks that hold the same experts), not dp x cp.
+  bool expert(int t) const { return experts_ && is_expert_param(model_.params().infos()[size_t(t)].name); }
 
   LlamaModel& model_;
   const parallel::MeshGroups& groups_;
@@ -168,9 +169,9 @@ BucketedStrategy::BucketedStrategy(const DpSetup& s, parallel::GradReduce reduce
   }
   ParamStore& params = model_.params();
   if (s.layout.ep > 1)
-    experts_ = std::make_unique<ExpertGradients>(params, *s.groups.edp_cp,
-                                                 reduce == parallel::GradReduce::ReduceScatter,
-                                                 s.adam);  // the experts' own distributed optimizer with ZeRO-1's
+    experts_ = std::make_unique<ExpertGradients>(
+        params, [this](int t) { return model_.trains(t); }, *s.groups.edp_cp,
+        reduce == parallel::GradReduce::ReduceScatter, s.adam);  // the experts' own distributed optimizer with ZeRO-1's
   parallel::GradBucketsOptions bo;
   bo.bucket_size = s.bucket_size > 0 ? s.bucket_size : parallel::default_bucket_size(s.layout.dp);
   bo.overlap_grad_reduce = s.overlap_grad_reduce;
@@ -212,11 +213,13 @@ class ReplicatedStrategy final : public BucketedStrategy {
     adam_ = std::make_unique<FlatAdamW>(s.adam, std::move(segments), params.numel() - begin_, params.device());
     for (int t : mp_.counted())
       if (t >= first_) counted_.push_back(t - first_);
+    for (int t : mp_.experts())  // under LoRA the experts' adapters (ExpertGradients reduced them in their slots)
+      if (t >= first_) experts_counted_.push_back(t - first_);
   }
   double gradient_norm() override {
-    // Under LoRA the experts are frozen (their adapters, if any, are dense tensors of the range).
-    const double experts = first_ > 0 ? 0.0 : experts_sq_sum(adam_.get());
-    const double dense = adam_->grad_sq_sum(model_.params().grads().data<float>() + begin_, counted_);
+    const float* grads = model_.params().grads().data<float>() + begin_;
+    const double experts = experts_sq_sum(adam_->grad_sq_sum(grads, experts_counted_));
+    const double dense = adam_->grad_sq_sum(grads, counted_);
     return std::sqrt(groups_.mp->all_reduce_value(dense) + experts);
   }
   void step(double lr, double grad_scale) override {
@@ -246,7 +249,7 @@ class ReplicatedStrategy final : public BucketedStrategy {
     const float* zeros = begin_ > 0 ? b.copies().emplace_back(size_t(begin_), 0.0f).data() : nullptr;
     for (size_t t = 0; t < params.infos().size(); ++t) {
       const StoredParam& p = params.infos()[t];
-      const parallel::ProcessGroup& g = experts_ && experts_->is_expert(int(t)) ? *groups_.edp_cp : gradient_group_;
+      const parallel::ProcessGroup& g = expert(int(t)) ? *groups_.edp_cp : gradient_group_;
       const bool trains = int(t) >= first_;
       const float* mt = trains ? m + (p.offset - begin_) : zeros + p.offset;
       const float* vt = trains ? v + (p.offset - begin_) : zeros + p.offset;
@@ -262,6 +265,7 @@ class ReplicatedStrategy final : public BucketedStrategy {
   const int first_;       // the first tensor AdamW steps (0 without LoRA)
   const int64_t begin_;   // its flat offset
   std::vector<int> counted_;  // the tensors the norm counts, as indices of AdamW's segments
+  std::vector<int> experts_counted_;  // the same of the expert-parallel experts (ModelParallelGrads::experts)
   std::unique_ptr<FlatAdamW> adam_;
 };
 
@@ -274,7 +278,8 @@ class DistributedOptimizerStrategy final : public BucketedStrategy {
     dist_ = std::make_unique<parallel::DistributedOptimizer>(*buckets_, model_.params().values().data<float>(), s.adam);
   }
   double gradient_norm() override {
-    const double experts = experts_sq_sum(nullptr);
+    // (every expert tensor of this rank is counted, or none: ModelParallelGrads::experts)
+    const double experts = experts_sq_sum(mp_.experts().empty() ? 0.0 : experts_->grad_sq_sum());
     const std::vector<int>& counted = mp_.counted();
     const double dense = dist_->grad_norm(groups_.mp.get(), [&counted](int t) {
       return std::binary_search(counted.begin(), counted.end(), t);
@@ -328,7 +333,7 @@ class DistributedOptimizerStrategy final : public BucketedStrategy {
     const auto& infos = model_.params().infos();
     for (const parallel::DistributedOptimizer::Shard& sh : dist_->shards())
       for (size_t t = 0; t < infos.size(); ++t) {
-        if (experts_ && experts_->is_expert(int(t))) continue;  // the dense step's state there is not theirs
+        if (expert(int(t))) continue;  // the dense step's state there is not theirs
         const int64_t lo = std::max(sh.begin, infos[t].offset),
                       hi = std::min(sh.begin + sh.numel, infos[t].offset + infos[t].numel);
         if (lo < hi) fn(int(t), lo, hi - lo, *sh.adam, lo - sh.begin);
@@ -408,8 +413,7 @@ double ShardedStrategy::gradient_norm() {
   const double experts =
       mp_->experts().empty()
           ? 0.0
-          : groups_.ep->all_reduce_value(groups_.edp_cp->all_reduce_value(
-                mp_->counts_experts() ? sharded_->grad_sq_sum(mp_->experts()) : 0.0));
+          : groups_.ep->all_reduce_value(groups_.edp_cp->all_reduce_value(sharded_->grad_sq_sum(mp_->experts())));
   return std::sqrt(groups_.mp->all_reduce_value(dense + experts));
 }
 

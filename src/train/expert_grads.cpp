@@ -7,14 +7,14 @@
 
 namespace primus::train {
 
-ExpertGradients::ExpertGradients(ParamStore& params, parallel::ProcessGroup& edp, bool sharded,
-                                 const AdamWOptions& adam)
+ExpertGradients::ExpertGradients(ParamStore& params, const std::function<bool(int)>& trains,
+                                 parallel::ProcessGroup& edp, bool sharded, const AdamWOptions& adam)
     : params_(params), edp_(edp) {
   const auto& infos = params.infos();
   std::vector<ParamSegment> packed;  // the expert tensors at their offsets in the packed buffers
   int64_t n = 0;
   for (size_t t = 0; t < infos.size(); ++t)
-    if (is_expert_param(infos[t].name)) {
+    if (is_expert_param(infos[t].name) && trains(int(t))) {
       tensors_.push_back(int(t));
       at_.push_back(n);
       packed.push_back({infos[t].name, n, infos[t].numel, infos[t].weight_decay});
@@ -67,11 +67,9 @@ void ExpertGradients::reduce() {
   }
 }
 
-double ExpertGradients::grad_sq_sum(const FlatAdamW* replicated) const {
-  if (dist_) return edp_.all_reduce_value(dist_->local_grad_sq_sum());
-  if (tensors_.empty()) return 0.0;
-  PRIMUS_CHECK(replicated, "expert gradient norm without an optimizer");
-  return replicated->grad_sq_sum(params_.grads(), tensors_);
+double ExpertGradients::grad_sq_sum() const {
+  PRIMUS_CHECK(dist_ || tensors_.empty(), "ExpertGradients::grad_sq_sum without the distributed optimizer");
+  return dist_ ? edp_.all_reduce_value(dist_->local_grad_sq_sum()) : 0.0;
 }
 
 void ExpertGradients::save_values() {

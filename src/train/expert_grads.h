@@ -14,6 +14,7 @@
 // step.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -27,9 +28,11 @@ namespace primus::train {
 
 class ExpertGradients {
  public:
-  // The expert tensors of params (model/moe.h is_expert_param). sharded: the dense optimizer is
-  // the distributed one, so the experts get their own, sharded over edp, with these options.
-  ExpertGradients(ParamStore& params, parallel::ProcessGroup& edp, bool sharded, const AdamWOptions& adam);
+  // The expert tensors of params (model/moe.h is_expert_param) that train (LlamaModel::trains: under
+  // LoRA the experts' adapters, their frozen bases having no gradient). sharded: the dense optimizer
+  // is the distributed one, so the experts get their own, sharded over edp, with these options.
+  ExpertGradients(ParamStore& params, const std::function<bool(int)>& trains, parallel::ProcessGroup& edp,
+                  bool sharded, const AdamWOptions& adam);
   ~ExpertGradients();
 
   const std::vector<int>& tensors() const { return tensors_; }  // ascending tensor ids
@@ -39,10 +42,11 @@ class ExpertGradients {
   // After the dp buckets finished, the sum over edp: in every expert slot (replicated), or in
   // this rank's shards of the packed gradients (sharded).
   void reduce();
-  // Sum of squares of the experts' reduced gradients held here, summed over edp when sharded
-  // (collective over edp then); the caller sums it over the expert-parallel and model-parallel
-  // groups (every expert is on one rank of those). replicated: the plain optimizer.
-  double grad_sq_sum(const FlatAdamW* replicated) const;
+  // Distributed optimizer only: the sum of squares of the experts' reduced gradients in this rank's
+  // shards, summed over edp (collective over edp); the caller sums it over the expert-parallel and
+  // model-parallel groups (every expert is on one rank of those). With the plain optimizer the
+  // sums are in the model's slots, where the caller's AdamW reads them.
+  double grad_sq_sum() const;
 
   // Distributed optimizer only: around the dense step, which overwrites the expert slots.
   void save_values();

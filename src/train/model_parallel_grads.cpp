@@ -13,7 +13,7 @@ void sum_over(parallel::ProcessGroup& g, const Tensor& grad) {
 
 ModelParallelGrads::ModelParallelGrads(LlamaModel& model, const plan::ParallelLayout& layout,
                                        const parallel::MeshGroups& groups, const parallel::MeshCoord& me)
-    : tp_(groups.tp.get()), counts_experts_(me.tp == 0 || layout.etp > 1) {
+    : tp_(groups.tp.get()) {
   const ParamStore& params = model.params();
   const auto& infos = params.infos();
   // The last stage's replica of the embedding: the tied output layer's, or the MTP depths' input.
@@ -31,11 +31,11 @@ ModelParallelGrads::ModelParallelGrads(LlamaModel& model, const plan::ParallelLa
   for (int t = 0; t < int(infos.size()); ++t) {
     const StoredParam& p = infos[size_t(t)];
     if (layout.tp > 1 && (layout.sequence_parallel ? p.tp_replicated : p.tp_partial_grads)) tp_summed_.push_back(t);
+    if (p.tp_replicated && me.tp != 0) continue;
     if (layout.ep > 1 && is_expert_param(p.name)) {
       experts_.push_back(t);
       continue;
     }
-    if (p.tp_replicated && me.tp != 0) continue;
     if (t == tied_tensor_ && model.embedding_param() < 0) continue;
     counted_.push_back(t);
   }

@@ -43,11 +43,11 @@ class ModelParallelGrads {
 
   // The norm counts each tensor of the whole model once: tp-replicated tensors on tp rank 0, the
   // tied embedding on the first stage. Expert-parallel experts are apart (experts()): each is on
-  // one rank of ep x pp, counted where counts_experts() (tp rank 0, or every tp rank when
-  // expert_tensor_parallel_size splits them).
+  // one rank of ep x pp, and by the same tp rule counted on tp rank 0 when every tp rank holds it
+  // whole, on every tp rank when expert_tensor_parallel_size splits it (an expert's LoRA factor
+  // beside a split base is whole: tp rank 0 only).
   const std::vector<int>& counted() const { return counted_; }
   const std::vector<int>& experts() const { return experts_; }
-  bool counts_experts() const { return counts_experts_; }
 
  private:
   parallel::ProcessGroup* tp_ = nullptr;
@@ -55,7 +55,6 @@ class ModelParallelGrads {
   int tied_tensor_ = -1;
   std::vector<int> tp_summed_;  // tensors summed over tp
   std::vector<int> counted_, experts_;
-  bool counts_experts_ = true;
 };
 
 }  // namespace primus::train

@@ -505,7 +505,8 @@ TEST(Posttrain, RefusesWhatIsNotBuiltByName) {
 // off as it starts at step 10), llama3_8B's SFT (LoRA on), its LoRA SFT (which extends it and
 // writes its own lora block at the top level, where Primus reads no trainer key) and its packed SFT
 // with LoRA switched off, and DeepSeek-V2-Lite's (MoE and MLA, shrunk; LoRA on the routed and
-// shared experts too) train three iterations on the shipped chat set.
+// shared experts too, under expert_model_parallel_size 2 on two ranks) train three iterations on
+// the shipped chat set.
 const std::string kPrimusTiny =
     " --num-layers 2 --hidden-size 64 --ffn-hidden-size 128 --num-attention-heads 4 --num-query-groups 2"
     " --vocab-size 320 --seq-length 256 --max-position-embeddings 256 --micro-batch-size 2 --global-batch-size 4"
@@ -516,8 +517,8 @@ const std::string kFromScratch = " --hf_path null --finetune false";
 
 TEST(PrimusSftConfigs, LoadRefuseAndTrain) {
   const fs::path ws = workspace("primus");
-  auto posttrain = [&](const std::string& config, const std::string& args) {
-    return run("direct --workspace " + ws.string() + " -- train posttrain --config " + kRoot +
+  auto posttrain = [&](const std::string& config, const std::string& args, const std::string& launcher = "direct") {
+    return run(launcher + " --workspace " + ws.string() + " -- train posttrain --config " + kRoot +
                "/tests/integration/primus_configs/sft/" + config + ".yaml" + kPrimusTiny + args);
   };
   const auto qwen = posttrain("qwen3_30B_A3B-BF16-sft-packed", kFromScratch +
@@ -564,9 +565,11 @@ TEST(PrimusSftConfigs, LoadRefuseAndTrain) {
                                   kFromScratch +
                                       " --moe-layer-freq 1 --num-experts 4 --moe-router-topk 2 --moe-ffn-hidden-size 64"
                                       " --kv-lora-rank 32 --qk-head-dim 16 --qk-pos-emb-head-dim 16 --v-head-dim 16"
-                                      " --expert-model-parallel-size 1");
+                                      " --expert-model-parallel-size 2",
+                                  "direct --nproc 2");
   ASSERT_EQ(deepseek.code, 0) << deepseek.out;
   EXPECT_NE(deepseek.out.find("LoRA: dim"), std::string::npos) << deepseek.out;
+  EXPECT_NE(deepseek.out.find(" (ep 2)"), std::string::npos) << deepseek.out;
   for (const char* run : {"llama3_8B-sft", "llama3_8B-lora-sft", "llama3_8B-sft-packed", "llama3_8B-sft-packed-squad",
                           "deepseek_v2_lite-sft"}) {
     const std::vector<double> l = losses(ws / run);

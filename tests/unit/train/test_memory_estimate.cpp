@@ -139,8 +139,9 @@ TEST(MemoryEstimate, MoeExpertsAreDividedByEpAndWholeOnEveryTpRank) {
 // reports): each strategy built for rank 0 of dp 4, dense and with experts over ep 2, on groups
 // that record instead of communicating, with fp32 and with bf16 AdamW moments (the precision-aware
 // optimizer: half the optimizer bytes), and under LoRA (the frozen base without gradient shards or
-// moments under ZeRO-2 / FSDP, ZeRO-1 run as no_shard). (The estimate runs before any strategy exists, and at
-// scales where none could be built, so it sizes the same buffers from the walk.)
+// moments under ZeRO-2 / FSDP, ZeRO-1 run as no_shard; with experts, their adapters packed over
+// edp). (The estimate runs before any strategy exists, and at scales where none could be built, so
+// it sizes the same buffers from the walk.)
 TEST(MemoryEstimate, WeightsGradientsAndOptimizerStateAreWhatTheStrategyHolds) {
   test::TinyExperiment exp;
   const std::vector<std::pair<std::string, std::string>> moe = {{"num_experts", "4"},
@@ -157,10 +158,10 @@ TEST(MemoryEstimate, WeightsGradientsAndOptimizerStateAreWhatTheStrategyHolds) {
                                                                    {"global_batch_size", "8"},
                                                                    {"data_parallel_sharding_strategy", sharding}};
           if (experts) keys.insert(keys.end(), moe.begin(), moe.end());
-          if (lora)  // (the routed experts' adapters are refused under ep > 1)
+          if (lora)  // (with experts, the routed experts' adapters over ep 2 among them)
             keys.insert(keys.end(), {{"modules.pre_trainer.overrides.lora.enabled", "true"},
                                      {"lora.dim", "4"},
-                                     {"lora.target_modules", "[linear_qkv,linear_proj]"}});
+                                     {"lora.target_modules", "[linear_qkv,linear_proj,linear_fc1,linear_fc2]"}});
           if (bf16_state)
             keys.insert(keys.end(), {{"use_precision_aware_optimizer", "true"},
                                      {"exp_avg_dtype", "bf16"},
