@@ -617,7 +617,7 @@ TEST(HfMoe, Llama4MultimodalFolderImportsAsItsTextModel) {
     ASSERT_EQ(a.size(), b.size());
     EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0);
     EXPECT_EQ(checkpoint_model_yaml(ck_text), checkpoint_model_yaml(ck_mm));
-    if (dtype == "F32") test::expect_close(test::our_logits(ck_mm, kTokens), test::peer_logits(mm, kTokens));
+    if (dtype == "F32") test::expect_close(test::our_logits(ck_mm, test::kPeerTokens), test::peer_logits(mm, test::kPeerTokens));
     hf::ExportOptions eo;
     eo.dtype = dtype;
     eo.max_shard_bytes = shard;
