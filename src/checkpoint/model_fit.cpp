@@ -40,6 +40,10 @@ bool mla(const ModelSpec& s) { return s.multi_latent_attention; }
 bool not_mla(const ModelSpec& s) { return !s.multi_latent_attention; }
 bool moe(const ModelSpec& s) { return s.is_moe(); }
 bool grouped_routing(const ModelSpec& s) { return s.is_moe() && s.moe_router_num_groups > 0; }
+// Where the group score's rule matters: topk_sum sums more than a group's largest score.
+bool group_rule_matters(const ModelSpec& s) {
+  return grouped_routing(s) && s.moe_router_topk / s.moe_router_group_topk > 1;
+}
 bool shared_expert(const ModelSpec& s) { return s.is_moe() && s.moe_shared_expert_intermediate_size > 0; }
 bool rope_scaled(const ModelSpec& s) { return s.use_rope_scaling; }
 bool yarn(const ModelSpec& s) { return s.multi_latent_attention && s.rotary_scaling_factor > 1; }
@@ -150,6 +154,8 @@ const std::vector<ModelField>& fields() {
       {"moe_router_topk_scaling_factor", Changes::Meaning, moe, AS_IS(moe_router_topk_scaling_factor)},
       {"moe_router_num_groups", Changes::Meaning, moe, OR_NULL(moe_router_num_groups)},
       {"moe_router_group_topk", Changes::Meaning, grouped_routing, OR_NULL(moe_router_group_topk)},
+      {"moe_router_group_score", Changes::Meaning, group_rule_matters,
+       [](const ModelSpec& s) { return std::string(group_score_name(s.moe_router_group_score)); }},
   };
   return f;
 }

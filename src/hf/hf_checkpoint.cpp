@@ -307,6 +307,7 @@ LayerCount count_one_layer(const ModelSpec& spec, int64_t experts) {
   if (experts > 0) {
     one.moe_router_topk = std::min(one.moe_router_topk, experts);
     one.moe_router_num_groups = one.moe_router_group_topk = 0;
+    one.moe_router_group_score = GroupScore::TopkSum;
   }
   LayerCount c;
   for (const ParamInfo& p : model_parameter_layout(one)) {

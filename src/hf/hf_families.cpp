@@ -124,6 +124,10 @@ void read_deepseek_router(const json& c, const Architecture& a, const std::strin
     fail("{}: scoring_func '{}' is not supported (softmax, sigmoid)", where, scoring);
   if (method != "greedy" && method != "group_limited_greedy" && method != "noaux_tc")
     fail("{}: topk_method '{}' is not supported (greedy, group_limited_greedy, noaux_tc)", where, method);
+  if (a.family == Family::DeepseekV3 && method != "noaux_tc")  // transformers' DeepSeek-V3 router knows no other
+    fail("{}: topk_method '{}' is not supported for DeepseekV3ForCausalLM: its router is noaux_tc (each group ranked "
+         "by the sum of its top 2 biased scores)",
+         where, method);
   s.moe_router_score_function = scoring;
   s.moe_router_pre_softmax = scoring == "softmax";
   if (scoring == "sigmoid" && !norm && s.moe_router_topk > 1)
@@ -136,16 +140,15 @@ void read_deepseek_router(const json& c, const Architecture& a, const std::strin
   s.moe_router_topk_scaling_factor = scaled && scale != 1.0 ? scale : 0.0;
   s.moe_router_enable_expert_bias = method == "noaux_tc";
   if (method != "greedy" && groups > 1) {
-    // This router ranks a group by the sum of its top max(1, k / topk_group) scores: V3's
-    // noaux_tc sums its top 2, V2's group_limited_greedy takes its largest.
-    const int64_t takes = std::max<int64_t>(1, s.moe_router_topk / std::max<int64_t>(1, group_topk));
-    const int64_t wants = method == "noaux_tc" ? 2 : 1;
-    if (takes != wants)
-      fail("{}: topk_method {} with num_experts_per_tok {} and topk_group {} is not supported: it ranks a group by its "
-           "top {} score(s), this router by the sum of its top {}",
-           where, method, s.moe_router_topk, group_topk, wants, takes);
+    // A group's score: group_limited_greedy's is its largest (max), noaux_tc's the sum of its top 2
+    // (topk_sum, which sums the top num_experts_per_tok / topk_group).
     s.moe_router_num_groups = groups;
     s.moe_router_group_topk = group_topk;
+    s.moe_router_group_score = method == "noaux_tc" ? GroupScore::TopkSum : GroupScore::Max;
+    if (method == "noaux_tc" && s.group_score_terms() != 2)
+      fail("{}: topk_method noaux_tc with num_experts_per_tok {} and topk_group {} is not supported: it ranks a group "
+           "by the sum of its top 2 scores, this router (moe_router_group_score topk_sum) by the sum of its top {}",
+           where, s.moe_router_topk, group_topk, s.group_score_terms());
   }
   s.moe_aux_loss_coeff = value_or<double>(c, "aux_loss_alpha", 0.0, where);
   s.moe_router_load_balancing_type = value_or<bool>(c, "seq_aux", false, where) ? "seq_aux_loss" : "aux_loss";
@@ -466,12 +469,22 @@ void write_deepseek_router(const ModelSpec& s, const Architecture& a, json& c) {
     fail("a {} checkpoint's softmax router scores all experts before the top-k (moe_router_pre_softmax); model '{}' "
          "does not",
          a.name, s.name);
-  // A group's score here is the sum of its top max(1, k / group_topk): V2's is its largest, V3's its top 2.
-  const int64_t takes = s.moe_router_num_groups > 0 ? std::max<int64_t>(1, s.moe_router_topk / s.moe_router_group_topk) : 0;
-  if (s.moe_router_enable_expert_bias != v3 || (takes > 0 && takes != (v3 ? 2 : 1)))
-    fail("model '{}''s routing (expert bias {}, groups {}) is not {}'s: export it as {}", s.name,
-         s.moe_router_enable_expert_bias, s.moe_router_num_groups, a.name,
+  if (s.moe_router_enable_expert_bias != v3)
+    fail("model '{}' {} an expert bias (moe_router_enable_expert_bias) and a {} checkpoint {}: export it as {}", s.name,
+         s.moe_router_enable_expert_bias ? "has" : "has no", a.name, v3 ? "needs one" : "has none",
          v3 ? "DeepseekV2ForCausalLM" : "DeepseekV3ForCausalLM");
+  // A group's score: V2's group_limited_greedy takes its largest (the sum of its top 1), V3's
+  // noaux_tc sums its top 2; this router sums its top group_score_terms().
+  const bool grouped = s.moe_router_num_groups > 0;
+  if (grouped && s.group_score_terms() != (v3 ? 2 : 1))
+    fail("model '{}' ranks a group of experts by {} (moe_router_group_score {}, moe_router_topk {}, "
+         "moe_router_group_topk {}); a {} checkpoint ranks it by {}",
+         s.name,
+         s.group_score_terms() == 1 ? std::string("its largest score")
+                                    : fmt::format("the sum of its top {} scores", s.group_score_terms()),
+         group_score_name(s.moe_router_group_score), s.moe_router_topk, s.moe_router_group_topk, a.name,
+         v3 ? "the sum of its top 2 scores (topk_method noaux_tc)"
+            : "its largest score (topk_method group_limited_greedy)");
   const bool norm = sigmoid ? s.moe_router_topk > 1 : s.moe_router_norm_topk_prob;
   const double scale = s.moe_router_topk_scaling_factor > 0 ? s.moe_router_topk_scaling_factor : 1.0;
   if (!v3 && norm && scale != 1.0)
@@ -479,9 +492,9 @@ void write_deepseek_router(const ModelSpec& s, const Architecture& a, json& c) {
          s.name, scale);
   c["routed_scaling_factor"] = scale;
   c["scoring_func"] = s.moe_router_score_function;
-  c["topk_method"] = v3 ? "noaux_tc" : s.moe_router_num_groups > 0 ? "group_limited_greedy" : "greedy";
-  c["n_group"] = s.moe_router_num_groups > 0 ? s.moe_router_num_groups : 1;
-  c["topk_group"] = s.moe_router_group_topk > 0 ? s.moe_router_group_topk : 1;
+  c["topk_method"] = v3 ? "noaux_tc" : grouped ? "group_limited_greedy" : "greedy";
+  c["n_group"] = grouped ? s.moe_router_num_groups : 1;
+  c["topk_group"] = grouped ? s.moe_router_group_topk : 1;
   c["norm_topk_prob"] = norm;
   c["aux_loss_alpha"] = s.moe_aux_loss_coeff;
   c["seq_aux"] = s.moe_router_load_balancing_type == "seq_aux_loss";

@@ -29,8 +29,8 @@ namespace {
 // The keys a preset may hold: every ModelSpec field under its Megatron name, plus `extends`
 // (inherit another preset) and `description` (free text).
 
-using Member =
-    std::variant<int64_t ModelSpec::*, double ModelSpec::*, bool ModelSpec::*, std::string ModelSpec::*>;
+using Member = std::variant<int64_t ModelSpec::*, double ModelSpec::*, bool ModelSpec::*, std::string ModelSpec::*,
+                            GroupScore ModelSpec::*>;
 
 struct Field {
   const char* key;
@@ -67,7 +67,7 @@ const std::vector<Field>& fields() {
       {"activation_func_clamp_value", &ModelSpec::activation_func_clamp_value, true},
       {"window_size", &ModelSpec::window_size, true},                      // a [left, right] pair: set_window_size
       {"window_attn_skip_freq", &ModelSpec::window_attn_skip_freq, true},  // also a list: set_window_pattern
-      {"no_rope_freq", &ModelSpec::no_rope_freq, true},  // also a list: set_no_rope_pattern
+      {"no_rope_freq", &ModelSpec::no_rope_freq, true},                    // also a list: set_no_rope_pattern
       {"qk_l2_norm", &ModelSpec::qk_l2_norm},
       {"attention_chunk_size", &ModelSpec::attention_chunk_size, true},
       {"attn_temperature_tuning", &ModelSpec::attn_temperature_tuning},
@@ -104,6 +104,7 @@ const std::vector<Field>& fields() {
       {"moe_router_topk_scaling_factor", &ModelSpec::moe_router_topk_scaling_factor, true},
       {"moe_router_num_groups", &ModelSpec::moe_router_num_groups, true},
       {"moe_router_group_topk", &ModelSpec::moe_router_group_topk, true},
+      {"moe_router_group_score", &ModelSpec::moe_router_group_score},
       {"moe_router_dtype", &ModelSpec::moe_router_dtype, true},
       {"moe_router_load_balancing_type", &ModelSpec::moe_router_load_balancing_type},
       {"moe_aux_loss_coeff", &ModelSpec::moe_aux_loss_coeff},
@@ -265,6 +266,41 @@ void set_layer_pattern(const char* key, const char* zero, const char* one, int64
   }
 }
 
+// A key's value as its field's type. YAML null (Megatron's None) gives the "none" value of a
+// nullable key: 0 or "".
+template <typename T>
+T field_value(const Field& f, const YAML::Node& value, const std::string& at) {
+  if (f.nullable && value.IsNull()) return T{};
+  const char* want = std::is_same_v<T, bool>          ? "true or false"
+                     : std::is_same_v<T, int64_t>     ? "an integer"
+                     : std::is_same_v<T, std::string> ? "a name"
+                                                      : "a number";
+  if (!value.IsScalar()) fail("{}: '{}' must be {}, got {}", at, f.key, want, scalar_text(value));
+  T v{};
+  // yaml-cpp's convert<> reports failure through the bool; it checks that the whole
+  // scalar was consumed, so "4096.5" is not an integer and "yes please" not a bool.
+  if (!YAML::convert<T>::decode(value, v)) fail("{}: '{}' must be {}, got {}", at, f.key, want, scalar_text(value));
+  return v;
+}
+
+// An enum key: the one place its name becomes the enum (model_spec_to_yaml writes the name back).
+template <>
+GroupScore field_value<GroupScore>(const Field& f, const YAML::Node& value, const std::string& at) {
+  const std::vector<std::string> names = {group_score_name(GroupScore::TopkSum), group_score_name(GroupScore::Max)};
+  const std::string v = value.IsScalar() ? value.Scalar() : "";
+  if (v == names[1]) return GroupScore::Max;
+  if (v != names[0])
+    fail("{}: '{}' must be one of: {}, got {}{}", at, f.key, fmt::join(names, ", "), scalar_text(value),
+         did_you_mean(v, names));
+  return GroupScore::TopkSum;
+}
+
+template <typename T>
+T yaml_value(const T& v) {
+  return v;
+}
+const char* yaml_value(GroupScore g) { return group_score_name(g); }
+
 void set_field(ModelSpec& spec, const Field& f, const YAML::Node& value, const std::string& at) {
   if (std::string_view(f.key) == "moe_layer_freq") return set_moe_layer_freq(spec, value, at);
   if (std::string_view(f.key) == "window_size") return set_window_size(spec, value, at);
@@ -274,25 +310,7 @@ void set_field(ModelSpec& spec, const Field& f, const YAML::Node& value, const s
   if (std::string_view(f.key) == "no_rope_freq")
     return set_layer_pattern(f.key, "RoPE", "NoPE", spec.no_rope_freq, spec.no_rope_pattern, value, at);
   std::visit(
-      [&](auto member) {
-        using T = std::remove_reference_t<decltype(spec.*member)>;
-        if (f.nullable && value.IsNull()) {
-          spec.*member = T{};
-          return;
-        }
-        const char* want = std::is_same_v<T, bool>          ? "true or false"
-                           : std::is_same_v<T, int64_t>     ? "an integer"
-                           : std::is_same_v<T, std::string> ? "a name"
-                                                            : "a number";
-        if (!value.IsScalar())
-          fail("{}: '{}' must be {}, got {}", at, f.key, want, scalar_text(value));
-        T v{};
-        // yaml-cpp's convert<> reports failure through the bool; it checks that the whole
-        // scalar was consumed, so "4096.5" is not an integer and "yes please" not a bool.
-        if (!YAML::convert<T>::decode(value, v))
-          fail("{}: '{}' must be {}, got {}", at, f.key, want, scalar_text(value));
-        spec.*member = v;
-      },
+      [&](auto member) { spec.*member = field_value<std::remove_reference_t<decltype(spec.*member)>>(f, value, at); },
       f.member);
 }
 
@@ -626,6 +644,9 @@ void ModelSpec::validate_moe() const {
     fail("{}: moe_router_num_groups and moe_router_group_topk must be positive (or null)", who);
   if ((moe_router_num_groups > 0) != (moe_router_group_topk > 0))
     fail("{}: group-limited routing needs both moe_router_num_groups and moe_router_group_topk", who);
+  if (moe_router_group_score != GroupScore::TopkSum && moe_router_num_groups == 0)
+    fail("{}: moe_router_group_score {} applies to group-limited routing only (moe_router_num_groups)", who,
+         group_score_name(moe_router_group_score));
   if (moe_router_num_groups > 0) {
     if (num_experts % moe_router_num_groups != 0)
       fail("{}: num_experts ({}) must be divisible by moe_router_num_groups ({})", who, num_experts,
@@ -914,7 +935,7 @@ void apply_model_keys(ModelSpec& spec, const YAML::Node& node, const std::string
 
 YAML::Node model_spec_to_yaml(const ModelSpec& spec) {
   YAML::Node out(YAML::NodeType::Map);
-  for (const auto& f : fields()) std::visit([&](auto member) { out[f.key] = spec.*member; }, f.member);
+  for (const auto& f : fields()) std::visit([&](auto member) { out[f.key] = yaml_value(spec.*member); }, f.member);
   if (!spec.moe_layer_pattern.empty()) {
     YAML::Node l(YAML::NodeType::Sequence);
     for (int64_t v : spec.moe_layer_pattern) l.push_back(v);

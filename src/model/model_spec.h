@@ -12,6 +12,14 @@ namespace YAML { class Node; }
 
 namespace primus {
 
+// How group-limited routing ranks a group of experts (moe_router_group_score, this engine's key):
+//   topk_sum  the sum of its top max(1, moe_router_topk / moe_router_group_topk) scores: Megatron-Core's
+//             rule (DeepSeek-V3's noaux_tc sums its top 2: topk / group_topk = 2 there)
+//   max       its largest score: DeepSeek-V2's group_limited_greedy (Hugging Face's modeling_deepseek)
+// The name is read once, by model_spec.cpp's key table; the router sees the enum.
+enum class GroupScore : uint8_t { TopkSum, Max };
+constexpr const char* group_score_name(GroupScore g) { return g == GroupScore::Max ? "max" : "topk_sum"; }
+
 struct ModelSpec {
   std::string name;  // preset name or file it came from (for messages)
 
@@ -132,6 +140,7 @@ struct ModelSpec {
   double moe_router_topk_scaling_factor = 0;  // 0 (null): none
   int64_t moe_router_num_groups = 0;          // 0 (null): no group-limited routing
   int64_t moe_router_group_topk = 0;
+  GroupScore moe_router_group_score = GroupScore::TopkSum;
   std::string moe_router_dtype;  // "" (null): the activation dtype; fp32 | fp64
   std::string moe_router_load_balancing_type = "aux_loss";  // aux_loss | seq_aux_loss | none
   double moe_aux_loss_coeff = 0.0;
@@ -176,6 +185,12 @@ struct ModelSpec {
   int64_t kv_size() const { return query_groups() * head_dim(); }
   int64_t qkv_size() const { return q_size() + 2 * kv_size(); }
   bool is_moe() const { return num_experts > 0; }
+  // How many of a group's top scores its group score sums (group-limited routing): 1 under max (the
+  // largest), else max(1, moe_router_topk / moe_router_group_topk).
+  int64_t group_score_terms() const {
+    if (moe_router_group_score == GroupScore::Max || moe_router_group_topk <= 0) return 1;
+    return moe_router_topk / moe_router_group_topk > 1 ? moe_router_topk / moe_router_group_topk : 1;
+  }
   // The sliding window of decoder layer `layer` (0-based): window_size, or -1 (full attention).
   int64_t layer_window(int64_t layer) const;
   // Whether decoder layer `layer` (0-based) has a rotary embedding (no_rope_freq), and its

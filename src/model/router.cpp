@@ -177,9 +177,9 @@ Routing route(const ModelSpec& spec, std::vector<double> logits, const std::vect
       x[size_t(e)] = sigmoid_scores || pre ? r.scores[size_t(t * E + e)] : r.logits[size_t(t * E + e)];
       if (!expert_bias.empty()) x[size_t(e)] += expert_bias[size_t(e)];
     }
-    if (G > 0) {  // keep the group_topk groups with the largest sums of their top (k / group_topk)
+    if (G > 0) {  // keep the group_topk groups whose top `take` sum the largest (take 1: their largest)
       std::vector<double> group_score(static_cast<size_t>(G));
-      const int64_t take = std::max<int64_t>(1, k / spec.moe_router_group_topk);
+      const int64_t take = spec.group_score_terms();
       for (int64_t g = 0; g < G; ++g) {
         std::vector<double> in(x.begin() + g * per_group, x.begin() + (g + 1) * per_group);
         std::sort(in.begin(), in.end(), std::greater<>());

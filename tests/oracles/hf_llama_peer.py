@@ -7,7 +7,7 @@ peer model (benchmarks/engine/torch_llama.py).
     hf_llama_peer.py write OUT --model tiny [--dtype F32|BF16] [--max-shard-bytes N] [--seed S]
         random weights for the preset, written as a Hugging Face folder (LlamaForCausalLM, or
         Qwen2ForCausalLM when the preset has QKV biases, Qwen3ForCausalLM with qk_layernorm)
-    hf_llama_peer.py write OUT --family mixtral|qwen2_moe|qwen3_moe|deepseek_v2|deepseek_v3|deepseek_v3_mtp|gpt_oss|llama4 [...]
+    hf_llama_peer.py write OUT --family mixtral|qwen2_moe|qwen3_moe|deepseek_v2|deepseek_v2_grouped|deepseek_v3|deepseek_v3_mtp|gpt_oss|llama4 [...]
         a tiny random model of that mixture-of-experts family in its Hugging Face layout
     hf_llama_peer.py logits DIR --tokens "1 2 3"
         one JSON line: the fp32 logits at every position ([positions][vocab]); of a Llama 4 folder in

@@ -19,8 +19,8 @@ import math
 
 ARCHITECTURES = {"MixtralForCausalLM", "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM", "DeepseekV2ForCausalLM",
                  "DeepseekV3ForCausalLM", "GptOssForCausalLM", "Llama4ForCausalLM"}
-FAMILIES = ["mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v2", "deepseek_v3", "deepseek_v3_mtp", "gpt_oss",
-            "gpt_oss_mxfp4", "llama4"]
+FAMILIES = ["mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v2", "deepseek_v2_grouped", "deepseek_v3", "deepseek_v3_mtp",
+            "gpt_oss", "gpt_oss_mxfp4", "llama4"]
 FP4 = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0]
 
 _BASE = {"vocab_size": 256, "hidden_size": 64, "num_attention_heads": 4, "max_position_embeddings": 128,
@@ -81,6 +81,12 @@ def tiny_config(family):
                  seq_aux=True)
         if v3:
             c.update(num_nextn_predict_layers=1 if family == "deepseek_v3_mtp" else 0)
+        if family == "deepseek_v2_grouped":
+            # DeepSeek-V2's (236B) routing, smaller: group_limited_greedy over 8 groups of 4 experts, the 3 with
+            # the largest top scores kept, top-6 inside them; the sum of each group's top 6 / 3 = 2 keeps other
+            # groups for 2 of the 24 routed tokens of the tests (kTokens, two MoE layers)
+            c.update(n_routed_experts=32, num_experts_per_tok=6, topk_method="group_limited_greedy", n_group=8,
+                     topk_group=3, routed_scaling_factor=1.5)
     return c
 
 
@@ -413,6 +419,7 @@ def _route(c, logits, W, m):
     if c["topk_method"] != "greedy":
         G = c["n_group"]
         grouped = choice.view(T, G, E // G)
+        # a group's score: noaux_tc sums its top 2, group_limited_greedy (V2) takes its largest
         gs = grouped.topk(2, dim=-1)[0].sum(-1) if c["topk_method"] == "noaux_tc" else grouped.max(-1)[0]
         keep = torch.zeros(T, G, dtype=torch.bool)
         keep.scatter_(1, torch.topk(gs, c["topk_group"], dim=-1)[1], True)

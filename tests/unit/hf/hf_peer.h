@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <vector>
 
 #include <fmt/format.h>
@@ -33,7 +34,8 @@ inline void peer_write(const std::string& out, const std::string& model, const s
 }
 
 // A tiny random model of a mixture-of-experts family (hf_moe_peer.py FAMILIES: mixtral, qwen2_moe,
-// qwen3_moe, deepseek_v2, deepseek_v3, deepseek_v3_mtp with one multi-token-prediction layer, ...)
+// qwen3_moe, deepseek_v2, deepseek_v2_grouped (group_limited_greedy), deepseek_v3, deepseek_v3_mtp with
+// one multi-token-prediction layer, ...)
 // in its Hugging Face layout.
 inline void peer_write_family(const std::string& out, const std::string& family, const std::string& dtype,
                               uint64_t shard) {
@@ -65,10 +67,13 @@ inline std::vector<std::vector<std::vector<float>>> peer_mtp_logits(const std::s
   return nlohmann::json::parse(r.out).get<std::vector<std::vector<std::vector<float>>>>();
 }
 
-// Our model's logits at every position, from a checkpoint of ours.
-inline std::vector<std::vector<float>> our_logits(const std::string& ckpt, const std::vector<int32_t>& tokens) {
+// Our model's logits at every position, from a checkpoint of ours; `edit`, when given, changes its
+// model first (a test's counterfactual: the same weights under another rule).
+inline std::vector<std::vector<float>> our_logits(const std::string& ckpt, const std::vector<int32_t>& tokens,
+                                                  const std::function<void(ModelSpec&)>& edit = {}) {
   const YAML::Node cfg = YAML::Load(checkpoint::read_checkpoint_config(ckpt));
-  const ModelSpec spec = model_spec_from_yaml(cfg["modules"]["pre_trainer"]["model_spec"], ckpt);
+  ModelSpec spec = model_spec_from_yaml(cfg["modules"]["pre_trainer"]["model_spec"], ckpt);
+  if (edit) edit(spec);
   LlamaModel model(spec, cpu::cpu_backend(), Precision::Fp32);
   checkpoint::LoadOptions lo;
   lo.optimizer = false;

@@ -36,8 +36,9 @@ using test::error_of;
 
 using test::TempDir;
 
-const std::vector<std::string> kFamilies = {"mixtral",     "qwen2_moe",       "qwen3_moe", "deepseek_v2",
-                                            "deepseek_v3", "deepseek_v3_mtp", "gpt_oss",   "llama4"};
+const std::vector<std::string> kFamilies = {
+    "mixtral",     "qwen2_moe",       "qwen3_moe", "deepseek_v2", "deepseek_v2_grouped",
+    "deepseek_v3", "deepseek_v3_mtp", "gpt_oss",   "llama4"};
 
 json read_config(const std::string& dir) {
   std::ifstream f(fs::path(dir) / "config.json");
@@ -440,11 +441,11 @@ TEST(HfMoe, HostileInputsAreRefusedByName) {
   const std::string ds = t / "ds";
   test::peer_write_family(ds, "deepseek_v2", "F32", 5'000'000'000);
   json c = read_config(ds);
-  c["topk_method"] = "group_limited_greedy", c["n_group"] = 2, c["topk_group"] = 1;  // its top score; ours sums 2
+  c["topk_method"] = "noaux_tc", c["n_group"] = 2, c["topk_group"] = 2;  // its top 2 summed; topk_sum's top 1
   write_config(ds, c);
   EXPECT_NE(error_of([&] {
               hf::import_hf({ds, t / "save", "", true});
-            }).find("group_limited_greedy"),
+            }).find("topk_method noaux_tc with num_experts_per_tok 2 and topk_group 2 is not supported"),
             std::string::npos);
   c = read_config(ds);
   c["topk_method"] = "greedy", c["scoring_func"] = "sigmoid", c["norm_topk_prob"] = false;
@@ -452,6 +453,88 @@ TEST(HfMoe, HostileInputsAreRefusedByName) {
   EXPECT_NE(error_of([&] {
               hf::import_hf({ds, t / "save", "", true});
             }).find("norm_topk_prob false"),
+            std::string::npos);
+  // DeepSeek-V3's router is noaux_tc whatever topk_method says (transformers' has no other).
+  const std::string v3 = t / "v3";
+  test::peer_write_family(v3, "deepseek_v3", "F32", 5'000'000'000);
+  c = read_config(v3);
+  c["topk_method"] = "group_limited_greedy";
+  write_config(v3, c);
+  EXPECT_NE(error_of([&] {
+              hf::import_hf({v3, t / "save", "", true});
+            }).find("topk_method 'group_limited_greedy' is not supported for DeepseekV3ForCausalLM"),
+            std::string::npos);
+  EXPECT_FALSE(fs::exists(t / "save"));
+}
+
+// DeepSeek-V2's group_limited_greedy ranks a group of experts by its largest score: it imports as
+// moe_router_group_score max, also where num_experts_per_tok / topk_group is 2 (the 236B model's 6 / 3).
+// ImportThenExportGivesTheSameBytes and PeerModelGivesOurLogits run such a tiny model
+// (deepseek_v2_grouped: 8 groups of 4, 3 kept, top-6); here the same weights under Megatron's rule (the
+// sum of each group's top 2) give other logits than the peer's, so those tests see the rules swapped.
+// Export writes what the Hugging Face configs can say and refuses by name what they cannot.
+TEST(HfMoe, DeepSeekV2GroupLimitedGreedyRanksAGroupByItsLargestScore) {
+  TempDir t;
+  test::peer_write_family(t / "src", "deepseek_v2_grouped", "F32", 5'000'000'000);
+  const std::string ckpt = hf::import_hf({t / "src", t / "save", "", false});
+  const ModelSpec imported = checkpoint::read_checkpoint_model(ckpt);
+  EXPECT_EQ(imported.moe_router_group_score, GroupScore::Max);
+  EXPECT_EQ(imported.moe_router_num_groups, 8);
+  EXPECT_EQ(imported.moe_router_group_topk, 3);
+  EXPECT_EQ(imported.moe_router_topk, 6);
+  const auto peer = test::peer_logits(t / "src", test::kPeerTokens);
+  test::expect_close(test::our_logits(ckpt, test::kPeerTokens), peer);
+  const auto sum_rule = test::our_logits(ckpt, test::kPeerTokens,
+                                         [](ModelSpec& s) { s.moe_router_group_score = GroupScore::TopkSum; });
+  ASSERT_EQ(sum_rule.size(), peer.size());
+  double moved = 0;
+  for (size_t i = 0; i < peer.size(); ++i)
+    for (size_t v = 0; v < peer[i].size(); ++v) moved = std::max(moved, double(std::abs(sum_rule[i][v] - peer[i][v])));
+  EXPECT_GT(moved, 1e-2) << "this model does not tell the two group scores apart";
+  // The rule is part of what the weights mean: a load under the other one is refused, naming it.
+  ModelSpec other = imported;
+  other.moe_router_group_score = GroupScore::TopkSum;
+  EXPECT_NE(error_of([&] {
+              checkpoint::check_model_fit(ckpt, other);
+            }).find("moe_router_group_score is max there and topk_sum in this run's config"),
+            std::string::npos);
+
+  // The published DeepSeek-V2 (236B) config reads into our deepseek_v2 preset's model under max, and
+  // writes back the same routing.
+  const json v2 = json::parse(R"({"architectures": ["DeepseekV2ForCausalLM"], "aux_loss_alpha": 0.003,
+    "first_k_dense_replace": 1, "hidden_act": "silu", "hidden_size": 5120, "intermediate_size": 12288,
+    "kv_lora_rank": 512, "max_position_embeddings": 163840, "model_type": "deepseek_v2", "moe_intermediate_size": 1536,
+    "moe_layer_freq": 1, "n_group": 8, "n_routed_experts": 160, "n_shared_experts": 2, "norm_topk_prob": false,
+    "num_attention_heads": 128, "num_experts_per_tok": 6, "num_hidden_layers": 60, "num_key_value_heads": 128,
+    "q_lora_rank": 1536, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "rms_norm_eps": 1e-06,
+    "rope_scaling": {"beta_fast": 32, "beta_slow": 1, "factor": 40, "mscale": 0.707, "mscale_all_dim": 0.707,
+                     "original_max_position_embeddings": 4096, "type": "yarn"},
+    "rope_theta": 10000, "routed_scaling_factor": 16.0, "scoring_func": "softmax", "seq_aux": true,
+    "tie_word_embeddings": false, "topk_group": 3, "topk_method": "group_limited_greedy", "v_head_dim": 128,
+    "vocab_size": 102400})");
+  const ModelSpec ours = hf::spec_from_hf_config(v2, "DeepSeek-V2", nullptr);
+  const ModelSpec preset = load_model_spec("deepseek_v2");
+  EXPECT_EQ(ours.moe_router_group_score, GroupScore::Max);
+  EXPECT_EQ(ours.moe_router_num_groups, preset.moe_router_num_groups);
+  EXPECT_EQ(ours.moe_router_group_topk, preset.moe_router_group_topk);
+  EXPECT_EQ(model_stats(ours, 128).parameters, model_stats(preset, 128).parameters);
+  const json back = hf::hf_config_from_spec(ours, "DeepseekV2ForCausalLM", "bfloat16");
+  for (const char* k : {"topk_method", "n_group", "topk_group", "num_experts_per_tok", "routed_scaling_factor"})
+    EXPECT_EQ(back[k], v2[k]) << k;
+  // The preset keeps Megatron's rule (the sum of each group's top 6 / 3 = 2): no DeepSeek config says that.
+  EXPECT_EQ(preset.moe_router_group_score, GroupScore::TopkSum);
+  const std::string e = error_of([&] { hf::hf_config_from_spec(preset, "DeepseekV2ForCausalLM", "bfloat16"); });
+  EXPECT_NE(e.find("ranks a group of experts by the sum of its top 2 scores (moe_router_group_score topk_sum, "
+                   "moe_router_topk 6, moe_router_group_topk 3); a DeepseekV2ForCausalLM checkpoint ranks it by its "
+                   "largest score (topk_method group_limited_greedy)"),
+            std::string::npos)
+      << e;
+  // V3's noaux_tc sums a group's top 2: a max model with its expert bias is refused as V3, by name.
+  ModelSpec v3_max = load_model_spec("deepseek_v3");
+  v3_max.moe_router_group_score = GroupScore::Max;
+  EXPECT_NE(error_of([&] {
+              hf::hf_config_from_spec(v3_max, "DeepseekV3ForCausalLM", "bfloat16");
+            }).find("ranks a group of experts by its largest score (moe_router_group_score max"),
             std::string::npos);
 }
 

@@ -233,6 +233,32 @@ TEST(MoeSpec, NullMeansNone) {
   EXPECT_EQ(s.q_lora_rank, 0);
 }
 
+// moe_router_group_score: a name read into its enum (topk_sum by default, Megatron's rule), written back by
+// name; a bad name, or max without groups, is refused naming the key.
+TEST(MoeSpec, GroupScoreIsReadByNameAndRefusedByName) {
+  const std::string groups = "moe_router_num_groups: 4\nmoe_router_group_topk: 2\n";
+  ModelSpec a = tiny_moe(groups);
+  a.validate();
+  EXPECT_EQ(a.moe_router_group_score, GroupScore::TopkSum);
+  ModelSpec b = tiny_moe(groups + "moe_router_group_score: max\n");
+  b.validate();
+  EXPECT_EQ(b.moe_router_group_score, GroupScore::Max);
+  EXPECT_EQ(model_spec_to_yaml(b)["moe_router_group_score"].as<std::string>(), "max");
+  EXPECT_EQ(model_spec_from_yaml(model_spec_to_yaml(b), "resolved.yaml").moe_router_group_score, GroupScore::Max);
+  EXPECT_EQ(model_spec_to_yaml(a)["moe_router_group_score"].as<std::string>(), "topk_sum");
+  const std::string bad = error_of([&] { tiny_moe(groups + "moe_router_group_score: maximum\n"); });
+  EXPECT_NE(bad.find("'moe_router_group_score' must be one of: topk_sum, max, got 'maximum'"), std::string::npos)
+      << bad;
+  EXPECT_NE(error_of([&] {
+              tiny_moe(groups + "moe_router_group_score: [max]\n");
+            }).find("'moe_router_group_score' must be one of: topk_sum, max, got a list"),
+            std::string::npos);
+  EXPECT_NE(error_of([] {
+              tiny_moe("moe_router_group_score: max\n").validate();
+            }).find("moe_router_group_score max applies to group-limited routing only"),
+            std::string::npos);
+}
+
 TEST(MoeSpec, BadInputNamesTheKey) {
   auto err = [](const std::string& extra) { return error_of([&] { tiny_moe(extra).validate(); }); };
   EXPECT_NE(err("moe_router_topk: 9\n").find("moe_router_topk (9) cannot exceed num_experts (8)"), std::string::npos);

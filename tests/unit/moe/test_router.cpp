@@ -1,5 +1,5 @@
 // The router (model/router.h) and the routing row ops: uniform aux loss, the bias sign rule,
-// capacity dropping, group-limited choice, dispatch+combine identity, and route_backward against
+// capacity dropping, group-limited choice (both group scores), dispatch+combine identity, and route_backward against
 // finite differences in double.
 #include <gtest/gtest.h>
 
@@ -124,6 +124,24 @@ TEST(Router, GroupLimitedChoosesWithinTheBestGroups) {
   Routing r = route(s, l, {}, 1, 1);
   EXPECT_EQ(r.expert[0] / 2, 1);
   EXPECT_EQ(r.expert[1] / 2, 1);
+}
+
+// The two rules for a group's score (moe_router_group_score) on one hand-made token: 4 groups of 3
+// experts, 2 groups kept, top-4. topk_sum (Megatron's) sums each group's top 4 / 2 = 2 and keeps
+// groups 1 (7.9) and 3 (5.9); max (DeepSeek-V2's group_limited_greedy) keeps groups 0 (5.0) and 2
+// (4.5). Without groups the top-4 would be experts 0, 6, 3, 4: neither.
+TEST(Router, GroupScoreTopkSumAndMaxKeepDifferentGroups) {
+  ModelSpec s = router_spec(12, 4);
+  s.moe_router_num_groups = 4;
+  s.moe_router_group_topk = 2;
+  const std::vector<double> l = {5.0, 0.0, 0.1, 4.0, 3.9, 0.2, 4.5, 0.3, 0.0, 3.0, 2.9, 2.8};
+  s.validate_moe();
+  EXPECT_EQ(s.group_score_terms(), 2);
+  EXPECT_EQ(route(s, l, {}, 1, 1).expert, (std::vector<int32_t>{3, 4, 9, 10}));
+  s.moe_router_group_score = GroupScore::Max;
+  s.validate_moe();
+  EXPECT_EQ(s.group_score_terms(), 1);
+  EXPECT_EQ(route(s, l, {}, 1, 1).expert, (std::vector<int32_t>{0, 6, 7, 2}));
 }
 
 TEST(Router, CenteredBiasUpdateShiftsEveryExpertAlike) {
