@@ -145,6 +145,14 @@ class Distributed : public ::testing::Test {
     return max_diff / max_abs;
   }
 
+  // Run `name`'s 20 iterations of `key` (metrics.jsonl), each within rtol (relative) of the one-process
+  // run's; out: the run's output, printed when its series is short.
+  void expect_same_series(const std::string& name, const char* key, double rtol, const std::string& out) {
+    const auto a = losses("ref", key), b = losses(name, key);
+    ASSERT_EQ(a.size(), 20u);
+    ASSERT_EQ(b.size(), 20u) << out;
+    for (size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(b[i], a[i], rtol * std::fabs(a[i])) << key << ", iteration " << i + 1;
+  }
   // Trains the layout given by `overrides` on nproc ranks and compares it with the one-process run.
   // model_overrides change the model for both runs. Tolerances: relative on each loss, and on the
   // largest weight difference against the largest weight.
@@ -155,10 +163,7 @@ class Distributed : public ::testing::Test {
     Result got = run(nproc, "par", model_overrides + " " + overrides);
     par_out_ = got.out;
     ASSERT_EQ(got.status, 0) << got.out;
-    const auto a = losses("ref"), b = losses("par");
-    ASSERT_EQ(a.size(), 20u);
-    ASSERT_EQ(b.size(), 20u) << got.out;
-    for (size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(b[i], a[i], loss_rtol * std::fabs(a[i])) << "iteration " << i + 1;
+    expect_same_series("par", "lm_loss", loss_rtol, got.out);
     const auto ea = losses("ref", "eval_lm_loss"), eb = losses("par", "eval_lm_loss");
     ASSERT_EQ(ea.size(), 2u);
     ASSERT_EQ(eb.size(), 2u);
@@ -1153,15 +1158,9 @@ class LoraExperts : public ExpertParallel {
     Result got = run(nproc, "par", moe_ + model + " " + overrides);
     ASSERT_EQ(got.status, 0) << got.out;
     EXPECT_NE(got.out.find("LoRA: dim 4, alpha 8"), std::string::npos) << got.out;
-    const auto a = losses("ref"), b = losses("par");
-    ASSERT_EQ(a.size(), 20u);
-    ASSERT_EQ(b.size(), 20u) << got.out;
-    for (size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(b[i], a[i], loss_rtol * std::fabs(a[i])) << "iteration " << i + 1;
+    expect_same_series("par", "lm_loss", loss_rtol, got.out);
     // The adapters' gradient norm (each expert's adapters counted once; clip_grad 0.5 clips some steps).
-    const auto na = losses("ref", "grad_norm"), nb = losses("par", "grad_norm");
-    ASSERT_EQ(na.size(), 20u);
-    ASSERT_EQ(nb.size(), 20u);
-    for (size_t i = 0; i < na.size(); ++i) EXPECT_NEAR(nb[i], na[i], norm_rtol * na[i]) << "grad_norm, iteration " << i + 1;
+    expect_same_series("par", "grad_norm", norm_rtol, got.out);
     const LoraWeights la = lora_weights("ref"), lb = lora_weights("par");
     const std::vector<float>&wa = la.values, &wb = lb.values;
     const int64_t begin = la.begin;
