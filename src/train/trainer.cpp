@@ -43,6 +43,7 @@
 #include "kernels/cpu/gemm.h"
 #include "model/attention_flops.h"
 #include "model/llama.h"
+#include "model/moe.h"
 #include "optim/grad_clip.h"
 #include "optim/lr_schedule.h"
 #include "parallel/mesh.h"
@@ -780,14 +781,36 @@ StepResult Trainer::train_step() {
 }
 
 // FP8 delayed scaling: the step's amaxes, max-reduced over the ranks that hold the same linears
-// (the tp shards of a tensor, and the dp x cp replicas that saw other data), become the scales
-// of the next step, the same on all of them.
+// (the tp shards of a tensor, and the replicas that saw other data: dp x cp for the dense ones,
+// edp x cp for an expert's under expert parallelism, the other ep ranks holding other experts at
+// the same positions), become the scales of the next step, the same on all of them.
 void Trainer::update_fp8_scales() {
   Linears& lin = model_->linears();
   if (!lin.delayed()) return;
   std::vector<float> amax = lin.current_amaxes();
-  for (parallel::ProcessGroup* g : {groups_.tp.get(), layout_.cp > 1 ? groups_.dp_cp.get() : groups_.dp.get()})
-    if (g && g->size() > 1 && !amax.empty()) g->all_reduce(amax, parallel::ReduceOp::Max);
+  const auto reduce = [](parallel::ProcessGroup& g, std::vector<float>& v) {
+    if (g.size() > 1 && !v.empty()) g.all_reduce(v, parallel::ReduceOp::Max);
+  };
+  reduce(*groups_.tp, amax);
+  parallel::ProcessGroup& dense_replicas = layout_.cp > 1 ? *groups_.dp_cp : *groups_.dp;
+  if (layout_.ep <= 1) {
+    reduce(dense_replicas, amax);
+  } else {  // three amaxes (x, W, dy) per linear, in state_names() order
+    const std::vector<std::string> names = lin.state_names();
+    std::vector<float> part[2];  // dense, experts
+    for (size_t k = 0; k < names.size(); ++k) {
+      std::vector<float>& p = part[is_expert_param(names[k])];
+      p.insert(p.end(), amax.begin() + 3 * k, amax.begin() + 3 * k + 3);
+    }
+    reduce(dense_replicas, part[0]);
+    reduce(*groups_.edp_cp, part[1]);
+    size_t at[2] = {0, 0};
+    for (size_t k = 0; k < names.size(); ++k) {
+      const bool e = is_expert_param(names[k]);
+      std::copy_n(part[e].begin() + at[e], 3, amax.begin() + 3 * k);
+      at[e] += 3;
+    }
+  }
   lin.update_scales(amax);
 }
 

@@ -714,6 +714,16 @@ TEST_F(Distributed, Dp2MoeDistributedOptimizer) {
   for (size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(b[i], a[i], 1e-5 * std::fabs(a[i])) << "iteration " << i + 1;
 }
 TEST_F(Distributed, Pp2Moe) { expect_same_training(2, "--pipeline_model_parallel_size 2", kMoe); }
+// Under expert parallelism an expert's delayed-scaling amaxes are max-reduced over the ranks that hold
+// that expert (edp x cp), not over dp by position, where the other ep rank holds other experts: the
+// first four iterations are one process's to 1e-8 (reduced over dp, the second was 3.3e-6 off).
+TEST_F(DistributedFp8, Ep2DelayedScalesAnExpertOverItsReplicas) {
+  expect_same_fp8_training(2, "--expert_model_parallel_size 2 --moe_token_dispatcher_type alltoall",
+                           std::string(kMoe) + " --fp8 hybrid --fp8_recipe delayed");
+  const auto a = losses("ref"), b = losses("par");
+  ASSERT_GE(std::min(a.size(), b.size()), 4u);
+  for (size_t i = 0; i < 4; ++i) EXPECT_NEAR(b[i], a[i], 1e-8 * a[i]) << "iteration " << i + 1;
+}
 // The experts are ordinary tensors under ZeRO-3 without expert parallel: their units' gradients
 // are reduce-scattered like the rest, including experts that a microbatch sent no token to.
 TEST_F(Distributed, FsdpDp2Moe) { expect_same_training(2, "--use_torch_fsdp2 true", kMoe); }
