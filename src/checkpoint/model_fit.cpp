@@ -41,9 +41,7 @@ bool not_mla(const ModelSpec& s) { return !s.multi_latent_attention; }
 bool moe(const ModelSpec& s) { return s.is_moe(); }
 bool grouped_routing(const ModelSpec& s) { return s.is_moe() && s.moe_router_num_groups > 0; }
 // Where the group score's rule matters: topk_sum sums more than a group's largest score.
-bool group_rule_matters(const ModelSpec& s) {
-  return grouped_routing(s) && s.moe_router_topk / s.moe_router_group_topk > 1;
-}
+bool group_rule_matters(const ModelSpec& s) { return grouped_routing(s) && s.topk_sum_terms() > 1; }
 bool shared_expert(const ModelSpec& s) { return s.is_moe() && s.moe_shared_expert_intermediate_size > 0; }
 bool rope_scaled(const ModelSpec& s) { return s.use_rope_scaling; }
 bool yarn(const ModelSpec& s) { return s.multi_latent_attention && s.rotary_scaling_factor > 1; }

@@ -3,6 +3,7 @@
 // configs/models/*.yaml and may `extends:` another preset.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <string>
@@ -185,12 +186,13 @@ struct ModelSpec {
   int64_t kv_size() const { return query_groups() * head_dim(); }
   int64_t qkv_size() const { return q_size() + 2 * kv_size(); }
   bool is_moe() const { return num_experts > 0; }
-  // How many of a group's top scores its group score sums (group-limited routing): 1 under max (the
-  // largest), else max(1, moe_router_topk / moe_router_group_topk).
-  int64_t group_score_terms() const {
-    if (moe_router_group_score == GroupScore::Max || moe_router_group_topk <= 0) return 1;
-    return moe_router_topk / moe_router_group_topk > 1 ? moe_router_topk / moe_router_group_topk : 1;
+  // How many of a group's top scores topk_sum adds (group-limited routing):
+  // max(1, moe_router_topk / moe_router_group_topk).
+  int64_t topk_sum_terms() const {
+    return moe_router_group_topk > 0 ? std::max<int64_t>(1, moe_router_topk / moe_router_group_topk) : 1;
   }
+  // How many the group score sums: 1 under max (the largest), else topk_sum_terms().
+  int64_t group_score_terms() const { return moe_router_group_score == GroupScore::Max ? 1 : topk_sum_terms(); }
   // The sliding window of decoder layer `layer` (0-based): window_size, or -1 (full attention).
   int64_t layer_window(int64_t layer) const;
   // Whether decoder layer `layer` (0-based) has a rotary embedding (no_rope_freq), and its
