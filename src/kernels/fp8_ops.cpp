@@ -1,7 +1,7 @@
 // The FP8 op of the op set (backend.h) in its default form: fp8::quantize on the host, in bands
-// of rows split between the threads (one parallel region; current scaling's amax first), each band
-// converted to fp32 and back in a thread's buffer. A device's tensors go through a host copy
-// (the CUDA backend has its own kernels: kernels/cuda/fp8_quantize.cu).
+// of rows split between the threads (fp8_bands.h), each band converted to fp32 and back in a
+// thread's buffer. A device's tensors go through a host copy (the CUDA backend has its own
+// kernels: kernels/cuda/fp8_quantize.cu; the CPU bf16 backend its AVX-512 band kernel).
 #include <omp.h>
 
 #include <algorithm>
@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "core/error.h"
-#include "kernels/backend.h"
+#include "kernels/fp8_bands.h"
 
 namespace primus::ops {
 namespace {
@@ -61,45 +61,69 @@ void store(const float* v, int64_t n, Tensor& t, int64_t i0) {
   }
 }
 
-Backend::Fp8Quantized quantize_host(const Tensor& src, fp8::Format format, fp8::Granularity g, bool reduce_cols,
-                                    float scale, Tensor& dst) {
+// fp8::quantize through a thread's fp32 buffers.
+class DefaultBandKernel final : public Fp8BandKernel {
+ public:
+  float amax(const Tensor& src, int64_t i0, int64_t n) const override {
+    float* x = buffer(0, n);
+    load(src, i0, n, x);
+    return fp8::amax(x, n);
+  }
+  float quantize(const Tensor& src, int64_t r0, int64_t rows, const Fp8Request& r, float scale,
+                 Tensor& dst) const override {
+    const int64_t cols = src.size(1), n = rows * cols;
+    float *x = buffer(0, n), *q = buffer(1, n);
+    load(src, r0 * cols, n, x);
+    const float a = fp8::quantize(x, rows, cols, r.format, r.granularity, r.reduce_cols, scale, q);
+    store(q, n, dst, r0 * cols);
+    return a;
+  }
+
+ private:
+  static float* buffer(int which, int64_t n) {
+    thread_local std::vector<float> b[2];
+    if (b[which].size() < size_t(n)) b[which].resize(size_t(n));
+    return b[which].data();
+  }
+};
+
+}  // namespace
+
+const Fp8BandKernel& default_fp8_band_kernel() {
+  static const DefaultBandKernel k;
+  return k;
+}
+
+Backend::Fp8Quantized quantize_in_bands(const Tensor& src, const Fp8Request& r, Tensor& dst, const Fp8BandKernel& k) {
   const int64_t rows = src.size(0), cols = src.size(1);
   // Bands of whole blocks (of about 16k values where a block is a row or the tensor).
-  const int64_t whole = fp8::band_rows(g, reduce_cols);  // rows of whole blocks; 1: any number of rows
+  const int64_t whole = fp8::band_rows(r.granularity, r.reduce_cols);  // rows of whole blocks; 1: any number
   const int64_t band = whole == 1 ? std::max<int64_t>(1, 16384 / std::max<int64_t>(cols, 1)) : whole;
   const int64_t bands = (rows + band - 1) / band;
-  const bool current = g == fp8::Granularity::Tensor && scale == 0;
-  float amax = 0.0f;
+  const bool current = r.granularity == fp8::Granularity::Tensor && r.scale == 0;
+  float scale = r.scale, amax = 0.0f;
   bool nan = false;
 #pragma omp parallel
   {
-    std::vector<float> x(size_t(band * cols)), q(size_t(band * cols));
     if (current) {  // current scaling: the tensor's amax first
 #pragma omp for reduction(max : amax) reduction(|| : nan) schedule(static)
       for (int64_t b = 0; b < bands; ++b) {
-        const int64_t n = std::min(band, rows - b * band) * cols;
-        load(src, b * band * cols, n, x.data());
-        const float a = fp8::amax(x.data(), n);
+        const float a = k.amax(src, b * band * cols, std::min(band, rows - b * band) * cols);
         nan = nan || std::isnan(a);
         if (!std::isnan(a)) amax = std::max(amax, a);
       }
 #pragma omp single
-      scale = fp8::scale_from_amax(nan ? NAN : amax, fp8::max_finite(format), false);
+      scale = fp8::scale_from_amax(nan ? NAN : amax, fp8::max_finite(r.format), false);
     }
 #pragma omp for reduction(max : amax) reduction(|| : nan) schedule(static)
     for (int64_t b = 0; b < bands; ++b) {
-      const int64_t r = std::min(band, rows - b * band), n = r * cols;
-      load(src, b * band * cols, n, x.data());
-      const float a = fp8::quantize(x.data(), r, cols, format, g, reduce_cols, scale, q.data());
+      const float a = k.quantize(src, b * band, std::min(band, rows - b * band), r, scale, dst);
       nan = nan || std::isnan(a);
       if (!std::isnan(a)) amax = std::max(amax, a);
-      store(q.data(), n, dst, b * band * cols);
     }
   }
-  return {nan ? NAN : amax, g == fp8::Granularity::Tensor ? scale : 1.0f};
+  return {nan ? NAN : amax, r.granularity == fp8::Granularity::Tensor ? scale : 1.0f};
 }
-
-}  // namespace
 
 void Backend::check_fp8_operands(const Tensor& src, const Tensor& dst) {
   PRIMUS_CHECK(src.dim() == 2 && dst.shape() == src.shape() && src.is_contiguous() && dst.is_contiguous() &&
@@ -111,11 +135,12 @@ void Backend::check_fp8_operands(const Tensor& src, const Tensor& dst) {
 Backend::Fp8Quantized Backend::quantize_fp8(const Tensor& src, fp8::Format format, fp8::Granularity granularity,
                                             bool reduce_cols, float scale, Tensor& dst) {
   check_fp8_operands(src, dst);
+  const Fp8Request r{format, granularity, reduce_cols, scale};
   if (src.device() == Device::CPU && dst.device() == Device::CPU)
-    return quantize_host(src, format, granularity, reduce_cols, scale, dst);
+    return quantize_in_bands(src, r, dst, default_fp8_band_kernel());
   const Tensor h = src.to(Device::CPU);
   Tensor out = Tensor::empty(dst.shape(), dst.dtype());
-  const Fp8Quantized q = quantize_host(h, format, granularity, reduce_cols, scale, out);
+  const Fp8Quantized q = quantize_in_bands(h, r, out, default_fp8_band_kernel());
   dst.copy_from(out);
   return q;
 }

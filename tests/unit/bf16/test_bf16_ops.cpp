@@ -17,6 +17,7 @@
 #include <vector>
 
 #include <fmt/format.h>
+#include <xmmintrin.h>
 
 #include "core/rng.h"
 #include "kernels/cpu/bf16/bf16_backend.h"
@@ -570,6 +571,49 @@ TEST(Bf16Ops, ChunkedCrossEntropyWithOffsetsAndMaskedTargets) {
 TEST(Bf16Ops, ChunkedCrossEntropyWithSoftcap) {
   SKIP_WITHOUT_BF16();
   check_chunked_cross_entropy(5.0);
+}
+
+// quantize_fp8's AVX-512 kernels against the op set's default (Backend::quantize_fp8, fp8::quantize
+// through fp32): the same bits (a NaN as a NaN), amax and scale, for every bf16 bit pattern and for
+// ragged random tensors with NaN, infinities and values past the largest finite one, in both
+// formats, every granularity and direction, given and current tensor scales, with and without
+// flush-to-zero.
+TEST(Bf16Ops, QuantizeFp8IsTheDefaultBitForBit) {
+  SKIP_WITHOUT_BF16();
+  cpu::Bf16Backend be;
+  Tensor every = Tensor::empty({512, 128}, DType::BF16);
+  for (int64_t i = 0; i < every.numel(); ++i) every.data<bf16>()[i] = bf16{uint16_t(i)};
+  Tensor ragged = random({300, 200}, DType::BF16, 7, 600.0f);
+  const uint16_t specials[] = {0x7FC0, 0xFF80, 0x7F80, 0x8000, 0x0001, 0x4780 /* 65536 */, 0x43E0 /* 448 */};
+  for (size_t k = 0; k < std::size(specials); ++k)
+    ragged.data<bf16>()[size_t(k * 977 + 5)] = bf16{specials[k]};
+  Tensor finite = random({130, 257}, DType::BF16, 8, 3.0f);  // no NaN: its amax and current scale count
+  const unsigned csr = _mm_getcsr();
+  int cases = 0;
+  for (const unsigned mxcsr : {csr & ~0x8040u, csr | 0x8040u})
+    for (const Tensor* src : {&every, &ragged, &finite})
+      for (const fp8::Format f : {fp8::Format::E4M3, fp8::Format::E5M2})
+        for (const fp8::Granularity g : {fp8::Granularity::Tensor, fp8::Granularity::Tile1x128,
+                                         fp8::Granularity::Block128, fp8::Granularity::Mx32})
+          for (const bool rc : {true, false})
+            for (const float scale : {0.0f, 3.5f, 1e-3f, 1e30f}) {
+              if (g != fp8::Granularity::Tensor && scale != 0.0f) continue;
+              _mm_setcsr(mxcsr);
+              Tensor ours = Tensor::empty(src->shape(), DType::BF16), def = Tensor::empty(src->shape(), DType::BF16);
+              const auto a = be.quantize_fp8(*src, f, g, rc, scale, ours);
+              const auto b = be.ops::Backend::quantize_fp8(*src, f, g, rc, scale, def);
+              _mm_setcsr(csr);
+              const std::string what = fmt::format("{} {} rc {} scale {} mxcsr {:x} src {}", fp8::format_name(f),
+                                                   fp8::granularity_name(g), rc, scale, mxcsr, src->shape_str());
+              ASSERT_TRUE(a.amax == b.amax || (std::isnan(a.amax) && std::isnan(b.amax))) << what;
+              ASSERT_EQ(a.scale, b.scale) << what;
+              const bf16 *x = ours.data<bf16>(), *y = def.data<bf16>();
+              for (int64_t i = 0; i < ours.numel(); ++i)
+                ASSERT_TRUE(x[i].bits == y[i].bits || (std::isnan(x[i].to_float()) && std::isnan(y[i].to_float())))
+                    << what << " at " << i << ": " << x[i].bits << " vs " << y[i].bits;
+              ++cases;
+            }
+  EXPECT_EQ(cases, 2 * 3 * 2 * (4 * 2 + 3 * 2));
 }
 
 TEST(Bf16Ops, CpuFeaturesAreReported) {

@@ -9,6 +9,7 @@
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/cpu/cpu_features.h"
 #include "kernels/cpu/reference_backend.h"
+#include "kernels/fp8_bands.h"
 #include "kernels/row_ops.h"
 
 namespace primus::cpu {
@@ -27,6 +28,18 @@ void expect(const Tensor& t, DType dtype, int64_t numel, const char* what) {
 
 uint16_t* U(const Tensor& t) { return reinterpret_cast<uint16_t*>(t.data<bf16>()); }
 float* F(const Tensor& t) { return t.data<float>(); }
+
+// quantize_fp8's bands (kernels/fp8_bands.h) through bf16k::fp8_quantize.
+class Avx512Fp8Bands final : public ops::Fp8BandKernel {
+ public:
+  float amax(const Tensor& src, int64_t i0, int64_t n) const override { return bf16k::fp8_amax(U(src) + i0, n); }
+  float quantize(const Tensor& src, int64_t r0, int64_t rows, const ops::Fp8Request& r, float scale,
+                 Tensor& dst) const override {
+    const int64_t cols = src.size(1);
+    return bf16k::fp8_quantize(U(src) + r0 * cols, rows, cols, r.format, r.granularity, r.reduce_cols, scale,
+                               U(dst) + r0 * cols);
+  }
+};
 
 
 }  // namespace
@@ -369,5 +382,15 @@ std::vector<double> Bf16Backend::row_dots(const Tensor& a, const std::vector<int
 MemoryStats Bf16Backend::memory_stats() const { return host_memory_stats(); }
 void Bf16Backend::reset_peak_memory() { reset_peak_host_memory(); }
 double Bf16Backend::peak_tflops() const { return bf16k::bf16_gemm_peak_gflops() / 1e3; }
+
+ops::Backend::Fp8Quantized Bf16Backend::quantize_fp8(const Tensor& src, fp8::Format format,
+                                                     fp8::Granularity granularity, bool reduce_cols, float scale,
+                                                     Tensor& dst) {
+  check_fp8_operands(src, dst);
+  if (src.dtype() != DType::BF16 || src.device() != Device::CPU || dst.device() != Device::CPU)
+    return Backend::quantize_fp8(src, format, granularity, reduce_cols, scale, dst);
+  static const Avx512Fp8Bands bands;
+  return ops::quantize_in_bands(src, {format, granularity, reduce_cols, scale}, dst, bands);
+}
 
 }  // namespace primus::cpu

@@ -7,6 +7,7 @@
 #include <cstdint>
 
 #include "kernels/cpu/attention.h"
+#include "kernels/fp8.h"
 
 namespace primus::cpu::bf16k {
 
@@ -49,6 +50,13 @@ void scatter_add_rows(const uint16_t* y, int64_t c, const int64_t* first, const 
                       const double* scale, uint16_t* out);
 // out[i] = <a[rows[i]], b[i]> in double, one fused multiply-add per column in order.
 void row_dots(const uint16_t* a, int64_t c, const int32_t* rows, const uint16_t* b, int64_t n, double* out);
+
+// ---- FP8 quantization (fp8_avx512.cpp): fp8::amax and fp8::quantize (kernels/fp8.h) on bf16
+// values, bf16 out, with the same bits as the op set's default; serial (kernels/fp8_bands.h
+// splits the rows between the threads) ----
+float fp8_amax(const uint16_t* x, int64_t n);
+float fp8_quantize(const uint16_t* x, int64_t rows, int64_t cols, fp8::Format format, fp8::Granularity g,
+                   bool reduce_cols, float scale, uint16_t* out);
 
 // Cross-entropy over a chunk of fp32 logits [n, vc] whose columns are vocabulary ids c0 ..
 // c0 + vc (kernels/backend.h), soft-capped first when cap > 0 (kernels/softcap.h).
