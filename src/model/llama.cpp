@@ -424,7 +424,7 @@ Tensor LlamaModel::forward_chunk(LlamaContext& ctx, int chunk, const Tensor& inp
   }
   for (size_t l = b0; l < b1; ++l) {
     const Held held(*this, {blocks_[l].attn_norm}, next_unit(l + 1));
-    x = block_forward(blocks_[l], ctx.blocks[l], x, {ctx.batch, ctx.seq, 1.0, &ctx.docs, &ctx.chunked_docs});
+    x = block_forward(blocks_[l], ctx.blocks[l], x, ctx.pass_shape());
   }
   if (!ch.has_head) return x;
   {
@@ -455,7 +455,7 @@ Tensor LlamaModel::backward_input_chunk(LlamaContext& ctx, int chunk, const Tens
   }
   for (size_t l = b1; l-- > b0;) {
     const Held held(*this, {blocks_[l].attn_norm}, previous_unit(l));
-    dx = block_backward_input(blocks_[l], ctx.blocks[l], dx, {ctx.batch, ctx.seq, dloss, &ctx.docs, &ctx.chunked_docs});
+    dx = block_backward_input(blocks_[l], ctx.blocks[l], dx, ctx.pass_shape(dloss));
   }
   if (!ch.has_embedding) return dx;
   ctx.dembedded = dx;
@@ -513,7 +513,7 @@ void LlamaModel::backward(LlamaContext& ctx, double dloss) {
   for (size_t l = blocks_.size(); l-- > 0;) {
     {
       const Held held(*this, {blocks_[l].attn_norm}, l > 0 ? block_unit(l - 1) : -1);
-      dx = block_backward_input(blocks_[l], ctx.blocks[l], dx, {ctx.batch, ctx.seq, dloss, &ctx.docs, &ctx.chunked_docs});
+      dx = block_backward_input(blocks_[l], ctx.blocks[l], dx, ctx.pass_shape(dloss));
     }
     block_backward_weight(blocks_[l], ctx.blocks[l]);
     weights_done(blocks_[l].ids());

@@ -151,6 +151,8 @@ struct LlamaContext {
   std::optional<uint64_t> dropout_key;
   std::vector<MtpContext> mtp;  // the MTP depths', on the rank with the head (model_spec.h)
   DocumentRows chunked_docs;  // the same with attention_chunk_size's chunks (Llama 4's local layers)
+  // This microbatch as its blocks' passes see it (dloss: the backward's).
+  PassShape pass_shape(double dloss = 1.0) const { return {batch, seq, dloss, &docs, &chunked_docs}; }
 };
 
 // The key/value cache of one sequence being decoded.

@@ -134,7 +134,7 @@ void LlamaModel::mtp_begin(LlamaContext& ctx) const {
 void LlamaModel::mtp_forward(LlamaContext& ctx) {
   if (mtp_.empty() || ctx.targets.empty()) return;
   const int64_t N = ctx.batch * ctx.seq, C = spec_.hidden_size;
-  const PassShape m{ctx.batch, ctx.seq, 1.0, &ctx.docs, &ctx.chunked_docs};
+  const PassShape m = ctx.pass_shape();
   Tensor h = ctx.head.normed;
   for (size_t k = 0; k < mtp_.size(); ++k) {
     const MtpDepth& d = mtp_[k];
@@ -162,7 +162,7 @@ Tensor LlamaModel::mtp_backward_input(LlamaContext& ctx, double dloss) {
   if (mtp_.empty() || ctx.mtp.empty() || !ctx.mtp[0].head.lse.defined()) return Tensor();
   const int64_t C = spec_.hidden_size;
   const double scaled = dloss * spec_.mtp_loss_scaling_factor / double(spec_.mtp_num_layers);
-  const PassShape m{ctx.batch, ctx.seq, dloss, &ctx.docs, &ctx.chunked_docs};
+  const PassShape m = ctx.pass_shape(dloss);
   Tensor dh;  // the gradient of depth k's normed output from depth k + 1
   for (size_t k = mtp_.size(); k-- > 0;) {
     const MtpDepth& d = mtp_[k];

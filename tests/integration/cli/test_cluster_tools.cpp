@@ -12,12 +12,14 @@
 
 #include <nlohmann/json.hpp>
 
+#include "support/files.h"
 #include "support/run_command.h"
 #include "support/temp_dir.h"
 
 namespace fs = std::filesystem;
 using nlohmann::json;
 using primus::test::run_command;
+using primus::test::slurp;
 
 namespace {
 
@@ -72,13 +74,6 @@ TEST(BenchmarkCollectives, BadOptionsAreNamed) {
   r = run_command(cli(d, "-- benchmark collectives --group tpp 2>&1"));
   EXPECT_NE(r.code, 0);
   EXPECT_NE(r.out.find("did you mean 'tp'"), std::string::npos) << r.out;
-}
-
-std::string slurp(const fs::path& p) {
-  std::ifstream in(p);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
 }
 
 std::string hostname() {

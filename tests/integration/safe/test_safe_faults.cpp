@@ -14,8 +14,11 @@
 
 #include <nlohmann/json.hpp>
 
+#include "support/files.h"
+
 namespace fs = std::filesystem;
 using nlohmann::json;
+using primus::test::slurp;
 
 namespace {
 
@@ -101,13 +104,6 @@ std::map<int, json> metrics(const fs::path& run) {
     if (r.contains("lm_loss")) rows[r["iteration"].get<int>()] = r;
   }
   return rows;
-}
-
-std::string slurp(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
 }
 
 json analysis(const Workdir& w, const std::string& exp) {

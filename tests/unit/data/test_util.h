@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "data/tokenizer.h"
+#include "support/files.h"
 
 namespace primus::data::testing {
 
@@ -43,17 +44,8 @@ inline std::filesystem::path temp_dir() {
   return dir;
 }
 
-inline std::string slurp(const std::filesystem::path& p) {
-  std::ifstream f(p, std::ios::binary);
-  std::ostringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
-
-inline void spit(const std::filesystem::path& p, const std::string& s) {
-  std::ofstream f(p, std::ios::binary);
-  f << s;
-}
+using primus::test::slurp;
+using primus::test::spit;
 
 // Runs a shell command, returns its exit status and (stdout + stderr) in `out`.
 inline int run(const std::string& cmd, std::string& out) {

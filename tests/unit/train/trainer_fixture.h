@@ -13,6 +13,7 @@
 #include "config/experiment.h"
 #include "data/indexed_dataset.h"
 #include "support/error_of.h"
+#include "support/files.h"
 #include "train/trainer.h"
 
 namespace primus::test {
@@ -69,14 +70,6 @@ modules:
 // The message with which train::pretrain refuses `cfg`, or "(no error)" when it trains.
 inline std::string pretrain_error(const config::ExperimentConfig& cfg) {
   return error_of([&] { train::pretrain(cfg); });
-}
-
-inline std::string slurp(const std::filesystem::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), {});
-}
-inline void spit(const std::filesystem::path& p, const std::string& s) {
-  std::ofstream(p, std::ios::binary | std::ios::trunc) << s;
 }
 
 }  // namespace primus::test
