@@ -225,31 +225,46 @@ class Backend {
   // dst (src's shape and dtype: the activation dtype, which holds every FP8 value exactly)
   // receives src quantized as fp8::quantize does it for a GEMM that reduces over src's columns
   // (reduce_cols) or rows. Tensor granularity: `scale` multiplies before rounding (0: current
-  // scaling, max / amax of src), and the GEMM's alpha carries 1 / scale. Returns amax |src| and
-  // the scale used (1 for blocks, whose scales are folded into dst). The default runs
-  // fp8::quantize on the host, through a copy for a device's tensors.
+  // scaling, max / amax of src), and the GEMM's alpha carries 1 / scale. Blocks: dst holds the FP8
+  // values times their block's inverse scale (the exact emulation). Returns amax |src| and the scale
+  // used (1 for blocks, whose scales are folded into dst), and, where the backend runs block-scaled
+  // FP8 GEMMs (the CUDA backend: cuBLASLt's VEC128_32F / BLK128x128_32F, for 1 x 128 tiles and
+  // 128 x 128 blocks), each block's dequantization scale (1 / its scale, fp32) in the layout its
+  // gemm_fp8 reads (docs/cuda.md); undefined elsewhere. The default runs fp8::quantize on the host,
+  // through a copy for a device's tensors, and hands out no block scales.
   struct Fp8Quantized {
     float amax = 0, scale = 1;
+    Tensor block_scales{};
   };
   virtual Fp8Quantized quantize_fp8(const Tensor& src, fp8::Format format, fp8::Granularity granularity,
                                     bool reduce_cols, float scale, Tensor& dst);
-  // An FP8 GEMM: gemm() (grouped_gemm()) of operands that hold FP8 values, A's of format f.a and
-  // B's of f.b (tensor-granularity quantize_fp8 output, in the activation dtype), the tensor
-  // scales carried in alpha. The defaults are gemm() and grouped_gemm() themselves: exact, as every
-  // FP8 value is a bf16 value (the CPU backends' emulation). The CUDA backend runs cuBLASLt's FP8
-  // GEMMs where the GPU and the problem allow it (docs/cuda.md), with the same result up to the
-  // order of the fp32 sums.
+  // An FP8 GEMM: gemm() (grouped_gemm()) of quantize_fp8's output, in the activation dtype: operands
+  // that hold FP8 values (tensor granularity, the tensor scales carried in alpha) or FP8 values times
+  // their blocks' inverse scales (blocks). The defaults are gemm() and grouped_gemm() themselves:
+  // exact, as every such value is a bf16 value (the CPU backends' emulation). The CUDA backend runs
+  // cuBLASLt's FP8 GEMMs where the GPU and the problem allow it, tensor-scaled or block-scaled with
+  // the operands' block scales (docs/cuda.md), with the same result up to the order of the fp32 sums.
+  // An operand's format, granularity and (blocks) quantize_fp8's block_scales; a format alone is a
+  // tensor-scaled operand.
+  struct Fp8Operand {
+    fp8::Format format = fp8::Format::E4M3;
+    fp8::Granularity granularity = fp8::Granularity::Tensor;
+    Tensor block_scales{};
+    Fp8Operand(fp8::Format f = fp8::Format::E4M3) : format(f) {}  // NOLINT(google-explicit-constructor)
+    Fp8Operand(fp8::Format f, fp8::Granularity g, Tensor scales) : format(f), granularity(g), block_scales(scales) {}
+  };
   struct Fp8Pair {
-    fp8::Format a, b;
+    Fp8Operand a, b;
   };
   virtual void gemm_fp8(const Fp8Pair& f, bool trans_a, bool trans_b, float alpha, const Tensor& A, const Tensor& B,
                         float beta, const Tensor& C, Tensor& D, const Tensor& bias) {
     (void)f;
     gemm(trans_a, trans_b, alpha, A, B, beta, C, D, bias);
   }
-  virtual void grouped_gemm_fp8(const Fp8Pair& f, bool trans_a, bool trans_b, const std::vector<float>& alpha,
-                                const std::vector<Tensor>& A, const std::vector<Tensor>& B, float beta,
-                                std::vector<Tensor>& D) {
+  // f holds each problem's operands (their block scales are the problem's own).
+  virtual void grouped_gemm_fp8(const std::vector<Fp8Pair>& f, bool trans_a, bool trans_b,
+                                const std::vector<float>& alpha, const std::vector<Tensor>& A,
+                                const std::vector<Tensor>& B, float beta, std::vector<Tensor>& D) {
     (void)f;
     grouped_gemm(trans_a, trans_b, alpha, A, B, beta, D);
   }

@@ -100,13 +100,13 @@ fp8::Granularity Linears::granularity(Operand op) const {
   return fp8::Granularity::Tensor;
 }
 
-float Linears::quantize(const Tensor& src, Operand op, int weight, bool reduce_cols, Tensor& dst) const {
+Linears::Quantized Linears::quantize(const Tensor& src, Operand op, int weight, bool reduce_cols, Tensor& dst) const {
   fp8::DelayedScale& d = state_.at(weight).operand[op];
   const bool delayed = opt_.recipe == Fp8Recipe::Delayed;
   const ops::Backend::Fp8Quantized q = be_.quantize_fp8(src, format(op), granularity(op), reduce_cols,
                                                         delayed ? d.scale : 0.0f, dst);
   if (delayed) d.record(q.amax);
-  return 1.0f / q.scale;
+  return {1.0f / q.scale, {format(op), granularity(op), q.block_scales}};
 }
 
 Linears::Operands Linears::operands(Gemm kind, const Tensor& a, const Tensor& b, int weight) const {
@@ -122,11 +122,10 @@ Linears::Operands Linears::operands(Gemm kind, const Tensor& a, const Tensor& b,
                   : kind == Gemm::InputGrad ? Roles{Dy, W, true, false}
                                             : Roles{Dy, X, false, false};
   Operands o{be_.empty(a.shape(), act_), be_.empty(b.shape(), act_), 1.0f};
-  const float sa = quantize(a, r.a, weight, r.a_cols, o.a);
-  const float sb = quantize(b, r.b, weight, r.b_cols, o.b);
-  o.alpha = sa * sb;
-  if (granularity(r.a) == fp8::Granularity::Tensor && granularity(r.b) == fp8::Granularity::Tensor)
-    o.fp8 = ops::Backend::Fp8Pair{format(r.a), format(r.b)};
+  const Quantized qa = quantize(a, r.a, weight, r.a_cols, o.a);
+  const Quantized qb = quantize(b, r.b, weight, r.b_cols, o.b);
+  o.alpha = qa.inverse_scale * qb.inverse_scale;
+  o.fp8 = ops::Backend::Fp8Pair{qa.operand, qb.operand};
   return o;
 }
 
@@ -274,24 +273,24 @@ void Linears::grouped(Gemm kind, const std::vector<Tensor>& A, const std::vector
   PRIMUS_CHECK(A.size() == B.size() && A.size() == D.size() && A.size() == weights.size(),
                "grouped linears: {} A, {} B, {} D, {} weights", A.size(), B.size(), D.size(), weights.size());
   if (A.empty()) return;
-  // The problems whose operands hold FP8 values run as one FP8 grouped GEMM, the others (not FP8,
-  // or block-scaled) as one grouped GEMM; their D's are distinct tensors.
+  // The problems with FP8 operands run as one FP8 grouped GEMM (each with its operands' formats
+  // and block scales), the others as one grouped GEMM; their D's are distinct tensors.
   struct Group {
     std::vector<Tensor> a, b, d;
     std::vector<float> alpha;
+    std::vector<ops::Backend::Fp8Pair> pairs;
   } plain, fp8;
-  std::optional<ops::Backend::Fp8Pair> pair;  // the same for every FP8 problem of one kind
   for (size_t i = 0; i < A.size(); ++i) {
     Operands o = operands(kind, A[i], B[i], weights[i]);
     Group& g = o.fp8 ? fp8 : plain;
-    if (o.fp8) pair = o.fp8;
+    if (o.fp8) g.pairs.push_back(*o.fp8);
     g.a.push_back(std::move(o.a)), g.b.push_back(std::move(o.b)), g.d.push_back(D[i]), g.alpha.push_back(o.alpha);
   }
   const bool wgrad = kind == Gemm::WeightGrad, ta = wgrad, tb = kind == Gemm::Forward;
   const float beta = wgrad ? 1.0f : 0.0f;
   if (!(wgrad && lora_.enabled)) {
     if (!plain.a.empty()) be_.grouped_gemm(ta, tb, plain.alpha, plain.a, plain.b, beta, plain.d);
-    if (!fp8.a.empty()) be_.grouped_gemm_fp8(*pair, ta, tb, fp8.alpha, fp8.a, fp8.b, beta, fp8.d);
+    if (!fp8.a.empty()) be_.grouped_gemm_fp8(fp8.pairs, ta, tb, fp8.alpha, fp8.a, fp8.b, beta, fp8.d);
   }
   for (size_t i = 0; i < A.size(); ++i)
     if (const Adapter* ad = adapter(weights[i])) adapter_gemm(kind, 1.0f, A[i], B[i], *ad, D[i]);

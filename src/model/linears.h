@@ -8,10 +8,12 @@
 //
 // in the activation dtype, or, for the linears that FP8 covers (docs/fp8.md), with FP8 operands:
 // each operand quantized along the GEMM's reduction dimension by the recipe (Fp8Options), the
-// product accumulated in fp32, the scales applied around it: tensor-scaled operands (delayed,
-// tensorwise) hold FP8 values and run through the op set's FP8 GEMM (gemm_fp8, grouped_gemm_fp8:
-// cuBLASLt's FP8 GEMMs on CUDA), block-scaled ones (blockwise, MXFP8) hold FP8 values times their
-// blocks' inverse scales and run through gemm() (docs/fp8.md).
+// product accumulated in fp32, the scales applied around it, through the op set's FP8 GEMM
+// (gemm_fp8, grouped_gemm_fp8): tensor-scaled operands (delayed, tensorwise) hold FP8 values, the
+// scales in alpha; block-scaled ones (blockwise, MXFP8) hold FP8 values times their blocks' inverse
+// scales, with the blocks' scales beside them where the backend hands them out (docs/fp8.md). The
+// CPU backends run gemm() on them (the exact emulation); CUDA runs cuBLASLt's FP8 GEMMs, tensor- or
+// block-scaled, where the GPU and the problem allow it.
 // Forward operands (x, W) use the forward format, gradients (dy) the backward one (hybrid: E4M3
 // and E5M2). Delayed scaling keeps an amax history per linear and operand, advanced once per
 // optimizer step (update_scales); the other recipes scale from the tensor itself.
@@ -159,12 +161,17 @@ class Linears {
     std::string name;
     fp8::DelayedScale operand[3];
   };
-  // dst = src quantized for a GEMM reducing over its columns or rows; returns 1 / scale.
-  float quantize(const Tensor& src, Operand op, int weight, bool reduce_cols, Tensor& dst) const;
+  // dst = src quantized for a GEMM reducing over its columns or rows: 1 / its tensor scale (1 for
+  // blocks), and the operand as the FP8 GEMM takes it (format, granularity, block scales).
+  struct Quantized {
+    float inverse_scale;
+    ops::Backend::Fp8Operand operand;
+  };
+  Quantized quantize(const Tensor& src, Operand op, int weight, bool reduce_cols, Tensor& dst) const;
   // A GEMM's operands as it runs them: the given ones (alpha 1), or, when FP8 covers `weight`,
   // both quantized along the reduction dimension of `kind` with alpha the product of the inverse
-  // scales, and their formats when they hold FP8 values (tensor scaling). The one place where a
-  // linear's GEMM decides its precision; gemm() runs what it decided.
+  // scales, and what the FP8 GEMM needs to know of them. The one place where a linear's GEMM
+  // decides its precision; gemm() runs what it decided.
   struct Operands {
     Tensor a, b;
     float alpha = 1.0f;

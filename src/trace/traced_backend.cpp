@@ -77,9 +77,9 @@ void TracedBackend::gemm_fp8(const Fp8Pair& f, bool trans_a, bool trans_b, float
   finish_gemm(e, end, trans_b, B, D, c.dtype, {c.a, c.b, c.c}, c.flops, c.bytes);
 }
 
-void TracedBackend::grouped_gemm_fp8(const Fp8Pair& f, bool trans_a, bool trans_b, const std::vector<float>& alpha,
-                                     const std::vector<Tensor>& A, const std::vector<Tensor>& B, float beta,
-                                     std::vector<Tensor>& D) {
+void TracedBackend::grouped_gemm_fp8(const std::vector<Fp8Pair>& f, bool trans_a, bool trans_b,
+                                     const std::vector<float>& alpha, const std::vector<Tensor>& A,
+                                     const std::vector<Tensor>& B, float beta, std::vector<Tensor>& D) {
   if (!p_.active() || A.empty() || A.size() != B.size() || A.size() != D.size())
     return be_.grouped_gemm_fp8(f, trans_a, trans_b, alpha, A, B, beta, D);
   Event& e = p_.op_begin("gemm");

@@ -32,7 +32,7 @@ class TracedBackend final : public ops::Backend {
   // The FP8 GEMMs as "gemm" events too (the wrapped backend's FP8 GEMMs, not its gemm()).
   void gemm_fp8(const Fp8Pair& f, bool trans_a, bool trans_b, float alpha, const Tensor& A, const Tensor& B, float beta,
                 const Tensor& C, Tensor& D, const Tensor& bias) override;
-  void grouped_gemm_fp8(const Fp8Pair& f, bool trans_a, bool trans_b, const std::vector<float>& alpha,
+  void grouped_gemm_fp8(const std::vector<Fp8Pair>& f, bool trans_a, bool trans_b, const std::vector<float>& alpha,
                         const std::vector<Tensor>& A, const std::vector<Tensor>& B, float beta,
                         std::vector<Tensor>& D) override;
   void rmsnorm_forward(const Tensor& x, const Tensor& w, Tensor& y, Tensor& rstd, float eps) override;

@@ -390,7 +390,7 @@ TEST_F(EmulatedCublasLt, Fp8OutsideSm90sRulesIsNotSupported) {
     DeviceArray<float> D(size_t(p.m * p.n));
     EXPECT_EQ(p.run(D.get(), 1.0f), CUBLAS_STATUS_NOT_SUPPORTED);
   }
-  {  // a block-scaled mode (sm_90 has VEC128_32F; not emulated)
+  {  // a block-scaled mode for A alone (B's SCALAR_32F): not a combination of the block-scaled modes
     Fp8Lt p(CUDA_R_32F, CUDA_R_32F);
     ASSERT_EQ(p.set(CUBLASLT_MATMUL_DESC_A_SCALE_MODE, int32_t(CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F)),
               CUBLAS_STATUS_SUCCESS);
@@ -404,6 +404,204 @@ TEST_F(EmulatedCublasLt, Fp8OutsideSm90sRulesIsNotSupported) {
     ASSERT_EQ(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &s, sizeof s),
               CUBLAS_STATUS_SUCCESS);
     EXPECT_EQ(p.run(nullptr), CUBLAS_STATUS_INVALID_VALUE);
+  }
+}
+
+// Block-scaled FP8 (emu/cublaslt_api.cpp's top; docs/cuda.md has the sources): E4M3 A (k x m,
+// read transposed) and E5M2 B (k x n) in the TN format over two 128-wide k blocks and a ragged
+// third, each operand in VEC128_32F or BLK128x128_32F with its fp32 scales laid out as cuBLASLt
+// reads them, every scale a different power of two, the layouts' padding NaN. The expected values
+// come from the layouts as written here (j-th k block of row i at j * outer + i; block (i, j) at
+// i * round_up(kb, 4) + j), the products of decoded FP8 values (kernels/fp8.h) and the sum per k
+// block: exact in fp32 for these values, so they must match exactly.
+struct BlockLt {
+  int64_t m = 16, n = 8, k = 272, kb = 3;  // k blocks of 128, 128 and 16
+  int32_t mode_a, mode_b;
+  cudaDataType d_type = CUDA_R_32F;
+  cublasLtHandle_t h = nullptr;
+  cublasLtMatmulDesc_t desc = nullptr;
+  cublasLtMatrixLayout_t la = nullptr, lb = nullptr, lc = nullptr, ld = nullptr;
+  std::vector<uint8_t> A, B;
+  std::vector<float> sa, sb;
+  std::unique_ptr<DeviceArray<uint8_t>> dA, dB;
+  std::unique_ptr<DeviceArray<float>> dsa, dsb;
+
+  static bool vec(int32_t mode) { return mode == CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F; }
+  static size_t index(int32_t mode, int64_t outer, int64_t kb, int64_t i, int64_t l) {
+    return vec(mode) ? size_t(l / 128 * outer + i) : size_t(i / 128 * ((kb + 3) / 4 * 4) + l / 128);
+  }
+  // 2^(o % period + step * block - 3), o the row (1 x 128) or its 128-row block (128 x 128): A's step
+  // 2 and B's -1 make each k block's product of scales a different power of two (a scale read from
+  // another block or row shows), within 2^5 so that the fp32 sums stay exact.
+  static std::vector<float> scales(int32_t mode, int64_t outer, int64_t kb, int period, int step) {
+    const size_t count = vec(mode) ? size_t(kb * outer) : size_t((outer + 127) / 128 * ((kb + 3) / 4 * 4));
+    std::vector<float> v(count, NAN);
+    for (int64_t i = 0; i < outer; ++i)
+      for (int64_t b = 0; b < kb; ++b) {
+        const int64_t o = vec(mode) ? i : i / 128;
+        v[index(mode, outer, kb, i, b * 128)] = std::ldexp(1.0f, int(o % period + step * b - 3));
+      }
+    return v;
+  }
+
+  BlockLt(int32_t ma, int32_t mb, int64_t m_ = 16, int64_t n_ = 8) : m(m_), n(n_), mode_a(ma), mode_b(mb) {}
+  cublasStatus_t build() {
+    EXPECT_EQ(cublasLtCreate(&h), CUBLAS_STATUS_SUCCESS);
+    EXPECT_EQ(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F), CUBLAS_STATUS_SUCCESS);
+    set(CUBLASLT_MATMUL_DESC_TRANSA, int32_t(CUBLAS_OP_T));
+    set(CUBLASLT_MATMUL_DESC_TRANSB, int32_t(CUBLAS_OP_N));
+    set(CUBLASLT_MATMUL_DESC_A_SCALE_MODE, mode_a);
+    set(CUBLASLT_MATMUL_DESC_B_SCALE_MODE, mode_b);
+    EXPECT_EQ(cublasLtMatrixLayoutCreate(&la, CUDA_R_8F_E4M3, k, m, k), CUBLAS_STATUS_SUCCESS);
+    EXPECT_EQ(cublasLtMatrixLayoutCreate(&lb, CUDA_R_8F_E5M2, k, n, k), CUBLAS_STATUS_SUCCESS);
+    EXPECT_EQ(cublasLtMatrixLayoutCreate(&lc, d_type, m, n, m), CUBLAS_STATUS_SUCCESS);
+    EXPECT_EQ(cublasLtMatrixLayoutCreate(&ld, d_type, m, n, m), CUBLAS_STATUS_SUCCESS);
+    const Rng rng(11);
+    for (int64_t i = 0; i < k * m; ++i)  // E4M3 1 to 7.5, E5M2 1 to 3.5, random signs
+      A.push_back(uint8_t((0x38 + rng.at(uint64_t(i)) % 24) | (rng.at(uint64_t(i) + 5000) & 1) << 7));
+    for (int64_t i = 0; i < k * n; ++i)
+      B.push_back(uint8_t((0x3C + rng.at(uint64_t(i) + 9000) % 12) | (rng.at(uint64_t(i) + 13000) & 1) << 7));
+    sa = scales(mode_a, m, kb, 3, 2);
+    sb = scales(mode_b, n, kb, 2, -1);
+    dA = std::make_unique<DeviceArray<uint8_t>>(A);
+    dB = std::make_unique<DeviceArray<uint8_t>>(B);
+    dsa = std::make_unique<DeviceArray<float>>(sa);
+    dsb = std::make_unique<DeviceArray<float>>(sb);
+    return CUBLAS_STATUS_SUCCESS;
+  }
+  ~BlockLt() {
+    for (auto l : {la, lb, lc, ld}) cublasLtMatrixLayoutDestroy(l);
+    cublasLtMatmulDescDestroy(desc);
+    cublasLtDestroy(h);
+  }
+  template <typename T>
+  void set(cublasLtMatmulDescAttributes_t attr, T v) {
+    EXPECT_EQ(cublasLtMatmulDescSetAttribute(desc, attr, &v, sizeof v), CUBLAS_STATUS_SUCCESS);
+  }
+  void set_scales(const void* a, const void* b) {
+    EXPECT_EQ(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &a, sizeof a),
+              CUBLAS_STATUS_SUCCESS);
+    EXPECT_EQ(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &b, sizeof b),
+              CUBLAS_STATUS_SUCCESS);
+  }
+  cublasStatus_t run(const void* C, void* D, float alpha, float beta) {
+    return cublasLtMatmul(h, desc, &alpha, dA->get(), la, dB->get(), lb, &beta, C, lc, D, ld, nullptr, nullptr, 0,
+                          cuda::stream());
+  }
+  cublasStatus_t heuristic() {
+    cublasLtMatmulPreference_t pref = nullptr;
+    EXPECT_EQ(cublasLtMatmulPreferenceCreate(&pref), CUBLAS_STATUS_SUCCESS);
+    cublasLtMatmulHeuristicResult_t r[4];
+    int returned = 0;
+    const cublasStatus_t s = cublasLtMatmulAlgoGetHeuristic(h, desc, la, lb, lc, ld, pref, 4, r, &returned);
+    cublasLtMatmulPreferenceDestroy(pref);
+    return s;
+  }
+  // alpha * sum over k blocks of scale_A(i, block) scale_B(j, block) (A^T B over the block).
+  std::vector<float> product(float alpha) const {
+    std::vector<float> v(size_t(m * n));
+    for (int64_t j = 0; j < n; ++j)
+      for (int64_t i = 0; i < m; ++i) {
+        double s = 0;
+        for (int64_t l0 = 0; l0 < k; l0 += 128) {
+          double part = 0;
+          for (int64_t l = l0; l < std::min(k, l0 + 128); ++l)
+            part += double(fp8::decode(A[size_t(l + i * k)], fp8::Format::E4M3)) *
+                    double(fp8::decode(B[size_t(l + j * k)], fp8::Format::E5M2));
+          s += part * sa[index(mode_a, m, kb, i, l0)] * sb[index(mode_b, n, kb, j, l0)];
+        }
+        v[size_t(i + j * m)] = float(alpha * s);
+      }
+    return v;
+  }
+};
+
+TEST_F(EmulatedCublasLt, BlockScaledFp8MultipliesEachKBlockByItsScales) {
+  const int32_t vec = CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F, blk = CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F;
+  for (const auto& [ma, mb] : {std::pair{vec, vec}, std::pair{vec, blk}, std::pair{blk, vec}}) {
+    SCOPED_TRACE(testing::Message() << "A mode " << ma << ", B mode " << mb);
+    BlockLt p(ma, mb);
+    p.build();
+    p.set_scales(p.dsa->get(), p.dsb->get());
+    DeviceArray<float> D(size_t(p.m * p.n));
+    ASSERT_EQ(p.run(D.get(), D.get(), 0.5f, 0.0f), CUBLAS_STATUS_SUCCESS);
+    EXPECT_EQ(D.host(), p.product(0.5f));
+    // In place with beta 1 (a weight gradient's accumulation): the fp32 sum of the two.
+    const std::vector<float> before = D.host(), add = p.product(1.0f);
+    ASSERT_EQ(p.run(D.get(), D.get(), 1.0f, 1.0f), CUBLAS_STATUS_SUCCESS);
+    std::vector<float> want(before.size());
+    for (size_t i = 0; i < want.size(); ++i) want[i] = add[i] + before[i];
+    EXPECT_EQ(D.host(), want);
+  }
+  {  // a bf16 D with a bf16 C: the product rounded to bf16, then C added and rounded again
+    BlockLt p(vec, blk);
+    p.d_type = CUDA_R_16BF;
+    p.build();
+    p.set_scales(p.dsa->get(), p.dsb->get());
+    const std::vector<float> c = round_bf16(random_floats(size_t(p.m * p.n), 3, 100.0));
+    std::vector<uint16_t> cbits;
+    for (float x : c) cbits.push_back(bf16::from_float(x).bits);
+    DeviceBf16 C(cbits), D(cbits.size());
+    ASSERT_EQ(p.run(C.get(), D.get(), 1.0f, 1.0f), CUBLAS_STATUS_SUCCESS);
+    const std::vector<float> v = p.product(1.0f);
+    const std::vector<uint16_t> got = D.host();
+    for (size_t i = 0; i < v.size(); ++i)
+      EXPECT_EQ(got[i], bf16::from_float(bf16::from_float(v[i]).to_float() + c[i]).bits) << i;
+  }
+}
+
+TEST_F(EmulatedCublasLt, BlockScaledFp8OutsideSm90sRulesIsRefused) {
+  const int32_t vec = CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F, blk = CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F;
+  DeviceArray<float> D(size_t(64 * 64));
+  auto status = [&](BlockLt& p) {
+    p.build();
+    p.set_scales(p.dsa->get(), p.dsb->get());
+    return p.run(D.get(), D.get(), 1.0f, 0.0f);
+  };
+  {  // 128 x 128 blocks on both sides
+    BlockLt p(blk, blk);
+    EXPECT_EQ(status(p), CUBLAS_STATUS_NOT_SUPPORTED);
+  }
+  {  // one operand block-scaled, the other a tensor scalar
+    BlockLt p(vec, CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F);
+    EXPECT_EQ(status(p), CUBLAS_STATUS_NOT_SUPPORTED);
+  }
+  {  // MXFP8's mode is sm_100's
+    BlockLt p(CUBLASLT_MATMUL_MATRIX_SCALE_VEC32_UE8M0, CUBLASLT_MATMUL_MATRIX_SCALE_VEC32_UE8M0);
+    EXPECT_EQ(status(p), CUBLAS_STATUS_NOT_SUPPORTED);
+  }
+  {  // m not a multiple of 8
+    BlockLt p(vec, blk, 12, 8);
+    EXPECT_EQ(status(p), CUBLAS_STATUS_NOT_SUPPORTED);
+  }
+  {  // n not a multiple of 8 with B in 1 x 128 tiles; with B in 128 x 128 blocks it runs
+    BlockLt p(blk, vec, 16, 12);
+    EXPECT_EQ(status(p), CUBLAS_STATUS_NOT_SUPPORTED);
+    BlockLt q(vec, blk, 16, 12);
+    EXPECT_EQ(status(q), CUBLAS_STATUS_SUCCESS);
+  }
+  {  // no scale pointer: the heuristic refuses too
+    BlockLt p(vec, blk);
+    p.build();
+    EXPECT_EQ(p.heuristic(), CUBLAS_STATUS_INVALID_VALUE);
+    EXPECT_EQ(p.run(D.get(), D.get(), 1.0f, 0.0f), CUBLAS_STATUS_INVALID_VALUE);
+    p.set_scales(p.dsa->get(), p.dsb->get());
+    EXPECT_EQ(p.heuristic(), CUBLAS_STATUS_SUCCESS);
+  }
+  {  // scales shorter than the layout (A's VEC128 needs kb * m values)
+    BlockLt p(vec, blk);
+    p.build();
+    DeviceArray<float> short_a(p.sa.size() - 1);
+    p.set_scales(short_a.get(), p.dsb->get());
+    EXPECT_EQ(p.run(D.get(), D.get(), 1.0f, 0.0f), CUBLAS_STATUS_EXECUTION_FAILED);
+  }
+  {  // an FP8 D
+    BlockLt p(vec, blk);
+    p.d_type = CUDA_R_8F_E4M3;
+    p.build();
+    p.set_scales(p.dsa->get(), p.dsb->get());
+    DeviceArray<uint8_t> D8(size_t(p.m * p.n));
+    EXPECT_EQ(p.run(nullptr, D8.get(), 1.0f, 0.0f), CUBLAS_STATUS_NOT_SUPPORTED);
   }
 }
 

@@ -972,11 +972,40 @@ TEST(CudaBackend, Bf16GptOssAttentionMatchesTheReference) {
   EXPECT_GT(norm, 0.0);
 }
 
+// The dequantization scales (1 / scale) of blockwise's 1 x 128 tiles or 128 x 128 blocks of x for a
+// GEMM reducing over x's columns or rows, from the blocks' amaxes on the host (fp8.h's
+// scale_from_amax), in cuBLASLt's layouts as docs/cuda.md states them: 1 x 128 tiles [k blocks,
+// outer] with outer contiguous, 128 x 128 blocks [outer blocks, k blocks rounded up to 4] with k
+// contiguous and zeros in the padding.
+std::vector<float> host_block_scales(const Tensor& x, fp8::Format f, fp8::Granularity g, bool reduce_cols) {
+  const std::vector<float> v = values(x);
+  const int64_t rows = x.size(0), cols = x.size(1);
+  const int64_t outer = reduce_cols ? rows : cols, k = reduce_cols ? cols : rows, kb = (k + 127) / 128;
+  const bool tiles = g == fp8::Granularity::Tile1x128;
+  const int64_t ob = tiles ? outer : (outer + 127) / 128, ld = tiles ? outer : (kb + 3) / 4 * 4;
+  std::vector<float> out(size_t(tiles ? kb * outer : ob * ld), 0.0f);
+  for (int64_t o = 0; o < ob; ++o)
+    for (int64_t b = 0; b < kb; ++b) {
+      float amax = 0.0f;
+      bool nan = false;
+      for (int64_t i = tiles ? o : o * 128; i < std::min(outer, tiles ? o + 1 : o * 128 + 128); ++i)
+        for (int64_t l = b * 128; l < std::min(k, b * 128 + 128); ++l) {
+          const float a = std::fabs(v[size_t(reduce_cols ? i * cols + l : l * cols + i)]);
+          nan = nan || std::isnan(a);
+          if (!std::isnan(a)) amax = std::max(amax, a);
+        }
+      out[size_t(tiles ? b * outer + o : o * ld + b)] = 1.0f / fp8::scale_from_amax(nan ? NAN : amax,
+                                                                                    fp8::max_finite(f), true);
+    }
+  return out;
+}
+
 // quantize_fp8 on the GPU (cuda/fp8_quantize.cu) gives the host's values bit for bit (a NaN as a
 // NaN), and the same amax and scale: both formats, every granularity in both reduction directions,
 // tensor scaling with a given scale (one that saturates too) and current scaling, bf16 and fp32,
 // ragged blocks, all-zero blocks, and NaN, infinities, values past the largest finite one,
-// subnormal FP8 values and zeros of both signs in others.
+// subnormal FP8 values and zeros of both signs in others. For blockwise's tiles and blocks it also
+// hands out their dequantization scales in cuBLASLt's layout (the host's none).
 TEST(CudaBackend, Fp8QuantizeIsTheHostsBitForBit) {
   PRIMUS_REQUIRE_GPU();
   cuda::CudaBackend gpu;
@@ -1025,6 +1054,10 @@ TEST(CudaBackend, Fp8QuantizeIsTheHostsBitForBit) {
               for (int64_t i = 0; i < x.numel(); ++i)
                 if (is_nan(want, i) ? !is_nan(h, i) : bits(want, i) != bits(h, i)) wrong++, first = first < 0 ? i : first;
               EXPECT_EQ(wrong, 0) << "first at " << first;
+              EXPECT_FALSE(qr.block_scales.defined());
+              const bool blockwise = g == fp8::Granularity::Tile1x128 || g == fp8::Granularity::Block128;
+              ASSERT_EQ(qg.block_scales.defined(), blockwise);
+              if (blockwise) EXPECT_EQ(values(qg.block_scales), host_block_scales(x, f, g, reduce_cols));
             }
     }
   }
@@ -1033,7 +1066,8 @@ TEST(CudaBackend, Fp8QuantizeIsTheHostsBitForBit) {
 // FP8 linears (docs/fp8.md) on the GPU, GEMM by GEMM: from the same bf16 operands, each recipe's
 // forward, input-gradient and weight-gradient GEMMs and the experts' grouped GEMM (a scale per
 // problem) give the reference backend's results. Both quantize to the same FP8 values, so only the
-// GEMMs' summation order differs.
+// GEMMs' summation order differs (cuBLASLt FP8 for delayed and tensorwise, block-scaled cuBLASLt FP8
+// for blockwise on sm_90: the shapes are multiples of 8).
 TEST(CudaBackend, Fp8LinearGemmsMatchTheReference) {
   PRIMUS_REQUIRE_GPU();
   cuda::CudaBackend gpu;
@@ -1124,6 +1158,90 @@ TEST(CudaBackend, Fp8GemmsRunAsCublasLtFp8AndMatchTheEmulation) {
   for (const char* key :
        {"\"e4m3:bf16:NT:m24:n48:k48:", "\"e5m2xe4m3:bf16:NT:m24:n40:k48:", "\"e5m2xe4m3:fp32:NT:m48:n40:k32:"})
     EXPECT_EQ(text.find(key) != std::string::npos, fp8_kernels) << key << " among the tuned GEMMs:\n" << text;
+}
+
+// Blockwise's three GEMMs through cuBLASLt's block-scaled FP8 (CudaBackend::gemm_fp8 with
+// quantize_fp8's block scales; docs/cuda.md) give the CPU emulation's numbers (gemm() of the FP8
+// values times their blocks' inverse scales, quantized by the host from the same operands): the
+// forward (1 x 128 x 128 x 128, E4M3, a bias), the input gradient (E5M2 x E4M3, W's blocks along
+// its rows) and the weight gradient (1 x 128 x 1 x 128 along the tokens, accumulated in fp32), on
+// ragged shapes. Where the shapes break cuBLASLt's rules (tokens or D's rows not a multiple of 8,
+// D's rows not 16-byte aligned) or both operands are 128 x 128 blocks, the GEMM runs as the
+// emulation: the same numbers. On sm_90 with cuBLASLt 12.9 or later the others do run block-scaled:
+// their problems, tuned online, carry the scale modes in their keys, and the routed ones do not.
+TEST(CudaBackend, BlockwiseGemmsRunAsCublasLtBlockScaledFp8AndMatchTheEmulation) {
+  PRIMUS_REQUIRE_GPU();
+  cuda::CudaBackend gpu;
+  const cuda::DeviceInfo& g = cuda::device_info();
+  const bool block_kernels = g.cc_major == 9 && g.cc_minor == 0 && cuda::cublaslt_version() >= 120900;
+  using F = fp8::Format;
+  using G = fp8::Granularity;
+  struct Case {
+    int64_t N, in, out;
+    bool fwd, dgrad, wgrad;  // which run block-scaled (on a GPU that has the modes)
+  };
+  const Case cases[] = {
+      {136, 200, 144, true, true, true},  // ragged 128-blocks, every dimension a multiple of 8
+      {24, 36, 40, true, false, false},   // dx's rows of 36 bf16 not 16-byte aligned; gW's rows 36, not 8k
+      {20, 40, 48, false, false, true},   // 20 tokens: not a multiple of 8 for the 1 x 128 x operands' m
+  };
+  auto r16 = [](int64_t k) { return (k + 15) / 16 * 16; };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(fmt::format("tokens {} in {} out {}", c.N, c.in, c.out));
+    Pair p;
+    const int x = p.add(random_host({c.N, c.in}, DType::BF16, 1)),
+              w = p.add(random_host({c.out, c.in}, DType::BF16, 2));
+    const int dy = p.add(random_host({c.N, c.out}, DType::BF16, 3, 1e-3)),
+              bias = p.add(random_host({c.out}, DType::BF16, 4));
+    const int y = p.add(Tensor::zeros({c.N, c.out}, DType::BF16)), y2 = p.add(Tensor::zeros({c.N, c.out}, DType::BF16));
+    const int dx = p.add(Tensor::zeros({c.N, c.in}, DType::BF16)),
+              gw = p.add(random_host({c.out, c.in}, DType::F32, 5));
+    // The quantized operands: x (forward, weight gradient, in 128 x 128 blocks), W (forward, input
+    // gradient), dy (input gradient, weight gradient).
+    const Shape xs{c.N, c.in}, ws{c.out, c.in}, ys{c.N, c.out};
+    int q[7];
+    for (int i = 0; i < 7; ++i)
+      q[i] = p.add(Tensor::zeros(i == 2 || i == 3 ? ws : i == 4 || i == 5 ? ys : xs, DType::BF16));
+    cuda::clear_gemm_cache();
+    cuda::set_online_tuning(true, 1);
+    p.run(
+        [&](ops::Backend& b, std::vector<Tensor>& t) {
+          // src quantized into t[dst] along the GEMM's reduction dimension; the operand as gemm_fp8 takes it
+          auto quant = [&](int src, F f, G gr, bool cols, int dst) {
+            return ops::Backend::Fp8Operand(f, gr, b.quantize_fp8(t[src], f, gr, cols, 0.0f, t[dst]).block_scales);
+          };
+          const ops::Backend::Fp8Operand wq = quant(w, F::E4M3, G::Block128, true, q[2]);
+          b.gemm_fp8({quant(x, F::E4M3, G::Tile1x128, true, q[0]), wq}, false, true, 1.0f, t[q[0]], t[q[2]], 0.0f,
+                     Tensor(), t[y], t[bias]);  // forward
+          b.gemm_fp8({quant(dy, F::E5M2, G::Tile1x128, true, q[4]), quant(w, F::E4M3, G::Block128, false, q[3])}, false,
+                     false, 1.0f, t[q[4]], t[q[3]], 0.0f, Tensor(), t[dx], Tensor());  // input gradient
+          b.gemm_fp8({quant(dy, F::E5M2, G::Tile1x128, false, q[5]), quant(x, F::E4M3, G::Tile1x128, false, q[1])},
+                     true, false, 1.0f, t[q[5]], t[q[1]], 1.0f, t[gw], t[gw], Tensor());  // weight gradient
+          b.gemm_fp8({quant(x, F::E4M3, G::Block128, true, q[6]), wq}, false, true, 1.0f, t[q[6]], t[q[2]], 0.0f,
+                     Tensor(), t[y2], Tensor());  // 128 x 128 x 128 x 128 (with W's blocks): emulated
+        },
+        gpu);
+    cuda::set_online_tuning(false);
+    p.expect(y, 1e-2, 1e-2, "forward, E4M3 1x128 x E4M3 128x128, bias");
+    p.expect(dx, 1e-2, 1e-2, "input gradient, E5M2 1x128 x E4M3 128x128");
+    p.expect(gw, 1e-5, 1e-5, "weight gradient, E5M2 1x128 x E4M3 1x128, fp32 accumulated");
+    p.expect(y2, 1e-2, 1e-2, "forward with both operands in 128 x 128 blocks (emulated)");
+    const std::string dir = ::testing::TempDir() + "primus-blockwise-gemm-" + std::to_string(getpid());
+    std::filesystem::create_directories(dir);
+    cuda::save_gemm_cache(dir + "/cache.json");
+    std::ifstream file(dir + "/cache.json");
+    const std::string text((std::istreambuf_iterator<char>(file)), std::istreambuf_iterator<char>());
+    std::filesystem::remove_all(dir);
+    cuda::clear_gemm_cache();
+    const std::pair<std::string, bool> keys[] = {
+        {fmt::format("\"e4m3.vec128xe4m3.blk128:bf16:NT:m{}:n{}:k{}:", c.N, c.out, r16(c.in)), c.fwd},
+        {fmt::format("\"e5m2.vec128xe4m3.blk128:bf16:NT:m{}:n{}:k{}:", c.N, c.in, r16(c.out)), c.dgrad},
+        {fmt::format("\"e5m2.vec128xe4m3.vec128:fp32:NT:m{}:n{}:k{}:", c.out, c.in, r16(c.N)), c.wgrad},
+        {"blk128xe4m3.blk128", false}};
+    for (const auto& [key, runs] : keys)
+      EXPECT_EQ(text.find(key) != std::string::npos, runs && block_kernels) << key << " among the tuned GEMMs:\n"
+                                                                            << text;
+  }
 }
 
 // FP8 linears (docs/fp8.md) on the GPU: each recipe, on a dense and a mixture-of-experts model,

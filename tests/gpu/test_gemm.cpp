@@ -136,6 +136,46 @@ TEST(GemmNormalized, Fp8ProblemsFollowCublasLtsRules) {
                {"only FP8 operands"});
 }
 
+// Block-scaled FP8 problems (gemm.h): both operands block-scaled, not both in 128 x 128 blocks,
+// n a multiple of 8 and m too when A is in 1 x 128 tiles; the modes show in the key, and the
+// scale counts follow cuBLASLt's layouts (docs/cuda.md).
+TEST(GemmNormalized, BlockScaledFp8ProblemsFollowCublasLtsRules) {
+  using cuda::GemmScale;
+  auto blocks = [](auto change) {
+    GemmProblem p;
+    p.m = 24, p.n = 40, p.k = 208, p.trans_b = true;
+    p.ab = GemmType::E4M3, p.b = GemmType::E4M3;
+    p.a_scale = GemmScale::Vec128, p.b_scale = GemmScale::Blk128;
+    change(p);
+    return p;
+  };
+  const GemmProblem ok = cuda::normalized(blocks([](GemmProblem&) {}));
+  EXPECT_EQ(ok.key().substr(0, 38), "e4m3.vec128xe4m3.blk128:bf16:NT:m24:n4");
+  EXPECT_EQ(cuda::normalized(blocks([](GemmProblem& p) { p.ab = GemmType::E5M2, p.b_scale = GemmScale::Vec128; }))
+                .key()
+                .substr(0, 24),
+            "e5m2.vec128xe4m3.vec128:");
+  EXPECT_NE(ok.key(), cuda::normalized(blocks([](GemmProblem& p) {
+                        p.a_scale = GemmScale::Blk128, p.b_scale = GemmScale::Vec128;
+                      })).key());
+  expect_error([&] { cuda::normalized(blocks([](GemmProblem& p) { p.a_scale = GemmScale::Blk128; })); },
+               {"both operands in 128 x 128 blocks"});
+  expect_error([&] { cuda::normalized(blocks([](GemmProblem& p) { p.b_scale = GemmScale::Tensor; })); },
+               {"vec128", "tensor", "both operands block-scaled"});
+  expect_error([&] { cuda::normalized(blocks([](GemmProblem& p) { p.ab = GemmType::BF16, p.b.reset(); })); },
+               {"need FP8 operands"});
+  expect_error([&] { cuda::normalized(blocks([](GemmProblem& p) { p.n = 36, p.ldb = 0; })); },
+               {"n (D's rows) a multiple of 8", "36"});
+  expect_error([&] { cuda::normalized(blocks([](GemmProblem& p) { p.m = 20; })); }, {"m a multiple of 8", "20"});
+  EXPECT_NO_THROW(cuda::normalized(
+      blocks([](GemmProblem& p) { p.m = 20, p.a_scale = GemmScale::Blk128, p.b_scale = GemmScale::Vec128; })));
+  // The scales a 1 x 128 operand of 40 rows and a 128 x 128 one of 300 rows read for k = 300.
+  EXPECT_EQ(cuda::gemm_scale_count(GemmScale::Vec128, 40, 300), 3 * 40);
+  EXPECT_EQ(cuda::gemm_scale_count(GemmScale::Blk128, 300, 300), 3 * 4);
+  EXPECT_EQ(cuda::gemm_scale_count(GemmScale::Blk128, 40, 640), 8);
+  EXPECT_EQ(cuda::gemm_scale_count(GemmScale::Tensor, 40, 300), 0);
+}
+
 cuda::GemmCacheFile sample_cache() {
   cuda::GemmCacheFile f;
   f.device = "NVIDIA H100 80GB HBM3";

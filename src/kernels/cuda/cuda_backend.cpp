@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <string>
 
@@ -105,9 +106,10 @@ GemmProblem gemm_problem(bool ta, bool tb, const Tensor& A, const Tensor& Bm, co
   return p;
 }
 
-// Runs p (its shape, A's and B's types set) on A and B with gemm()'s C, D and bias.
-void run_gemm(GemmProblem p, float alpha, const void* A, const void* B, float beta, const Tensor& C, Tensor& D,
-              const Tensor& bias) {
+// Runs p (its shape, A's and B's types and scale modes set) on A and B (with their block scales
+// for a block-scaled p) with gemm()'s C, D and bias.
+void run_gemm(GemmProblem p, float alpha, const void* A, const float* scale_a, const void* B, const float* scale_b,
+              float beta, const Tensor& C, Tensor& D, const Tensor& bias) {
   p.accumulate = beta != 0.0f;
   if (p.accumulate) {
     check(C, D.dtype(), D.shape(), "gemm C");
@@ -117,7 +119,8 @@ void run_gemm(GemmProblem p, float alpha, const void* A, const void* B, float be
   }
   p.bias = bias.defined();
   if (p.bias) check(bias, DType::BF16, {p.n}, "gemm bias");
-  cuda::gemm(p, alpha, A, B, beta, p.accumulate ? C.raw() : nullptr, D.raw(), p.bias ? bias.raw() : nullptr, stream());
+  cuda::gemm(p, alpha, A, scale_a, B, scale_b, beta, p.accumulate ? C.raw() : nullptr, D.raw(),
+             p.bias ? bias.raw() : nullptr, stream());
 }
 
 // Logs `message` (FP8's notes on what runs emulated) the first time it comes.
@@ -130,58 +133,129 @@ void say_once(const std::string& message) {
 
 GemmType gemm_type(fp8::Format f) { return f == fp8::Format::E4M3 ? GemmType::E4M3 : GemmType::E5M2; }
 
-// Why cuBLASLt's FP8 GEMM does not take D = op(A) op(B) (+ C, bias) on this GPU, or null when it
-// does. The packed A and B are always in its layout (gemm_fp8); D, C and the bias stay where they
-// are, so the FP8 kernels' 16-byte alignment applies to them.
-const char* fp8_refusal(const ops::Backend::Fp8Pair& f, float beta, const Tensor& C, const Tensor& D,
-                        const Tensor& bias) {
+// The cuBLASLt scale mode of an operand of granularity g, when there is one on sm_90.
+std::optional<GemmScale> gemm_scale(fp8::Granularity g) {
+  switch (g) {
+    case fp8::Granularity::Tensor: return GemmScale::Tensor;
+    case fp8::Granularity::Tile1x128: return GemmScale::Vec128;
+    case fp8::Granularity::Block128: return GemmScale::Blk128;
+    case fp8::Granularity::Mx32: return std::nullopt;
+  }
+  return std::nullopt;
+}
+
+// Why cuBLASLt's FP8 GEMM does not take D = op(A) op(B) (+ C, bias) of operands f on this GPU, or
+// null when it does: the rules of gemm.h (normalized() refuses the same problems by name), checked
+// first so that the GEMM runs as the exact emulation instead. The packed A and B are always in
+// its layout (gemm_fp8); D, C and the bias stay where they are, so the FP8 kernels' 16-byte
+// alignment applies to them.
+const char* fp8_refusal(const ops::Backend::Fp8Pair& f, const GemmProblem& p, float beta, const Tensor& C,
+                        const Tensor& D, const Tensor& bias) {
   const DeviceInfo& g = device_info();
-  if (g.cc_major * 10 + g.cc_minor < 89) return "the GPU is older than sm_89 (cuBLASLt's FP8 kernels need 8.9)";
-  if (f.a == fp8::Format::E5M2 && f.b == fp8::Format::E5M2)
+  const fp8::Granularity ga = f.a.granularity, gb = f.b.granularity;
+  const bool tensor = ga == fp8::Granularity::Tensor && gb == fp8::Granularity::Tensor;
+  if (ga == fp8::Granularity::Mx32 || gb == fp8::Granularity::Mx32)
+    return "the operands are MXFP8's (cuBLASLt's VEC32_UE8M0 mode needs sm_100, not built here)";
+  if (tensor && g.cc_major * 10 + g.cc_minor < 89)
+    return "the GPU is older than sm_89 (cuBLASLt's FP8 kernels need 8.9)";
+  if (!tensor) {
+    if (g.cc_major != 9 || g.cc_minor != 0)
+      return "the GPU is not sm_90 (cuBLASLt's block-scaled FP8 modes VEC128_32F and BLK128x128_32F are Hopper's)";
+    if (cublaslt_version() < 120900) return "cuBLASLt is older than 12.9 (its block-scaled FP8 modes came in 12.9)";
+    if (ga == fp8::Granularity::Tensor || gb == fp8::Granularity::Tensor)
+      return "one operand is tensor-scaled and the other block-scaled (not a cuBLASLt combination)";
+    if (ga == fp8::Granularity::Block128 && gb == fp8::Granularity::Block128)
+      return "both operands are in 128 x 128 blocks (cuBLASLt takes 1 x 128 x 1 x 128, 1 x 128 x 128 x 128 and "
+             "128 x 128 x 1 x 128)";
+    if (!f.a.block_scales.defined() || !f.b.block_scales.defined())
+      return "the operands carry no block scales (quantized on another backend)";
+  }
+  if (f.a.format == fp8::Format::E5M2 && f.b.format == fp8::Format::E5M2)
     return "both operands are E5M2 (not an FP8 combination of cuBLASLt)";
   auto aligned = [](const Tensor& t) {
     return reinterpret_cast<uintptr_t>(t.raw()) % 16 == 0 && (t.size(1) * int64_t(dtype_size(t.dtype()))) % 16 == 0;
   };
   if (!aligned(D) || (beta != 0.0f && !aligned(C)) || (bias.defined() && reinterpret_cast<uintptr_t>(bias.raw()) % 16))
     return "an output, C or bias is not 16-byte aligned (row strides included)";
+  if (!tensor && p.n % 8)
+    return "the output's rows are not a multiple of 8 elements (cuBLASLt's block-scaled FP8 needs its m, D's rows, "
+           "a multiple of 8)";
+  if (ga == fp8::Granularity::Tile1x128 && p.m % 8)
+    return "the output has a number of rows that is not a multiple of 8 while A is in 1 x 128 tiles (cuBLASLt's "
+           "block-scaled FP8 needs its n a multiple of 8 when its B is VEC128_32F)";
   return nullptr;
+}
+
+// Says once per reason that FP8 GEMMs of f's kind of operands run as the exact emulation.
+void say_emulated(const ops::Backend::Fp8Pair& f, const char* why) {
+  if (*why)
+    say_once(fmt::format("FP8 GEMMs of {} x {} operands run as bf16 GEMMs of the same values (exact emulation, "
+                         "docs/fp8.md) where {}",
+                         fp8::granularity_name(f.a.granularity), fp8::granularity_name(f.b.granularity), why));
+}
+
+// The block scales of an operand of `outer` rows and inner dimension k, checked against gemm.h's
+// layout (quantize_fp8 wrote them for this operand).
+const float* block_scales(const ops::Backend::Fp8Operand& o, GemmScale mode, int64_t outer, int64_t k,
+                          const char* which) {
+  const int64_t want = gemm_scale_count(mode, outer, k);
+  const Tensor& s = o.block_scales;
+  PRIMUS_CHECK(s.device() == Device::CUDA && s.dtype() == DType::F32 && s.numel() == want && s.is_contiguous(),
+               "gemm_fp8: {}'s block scales are {} {} on the {}, expected {} fp32 values on the GPU ({} of {} rows, "
+               "inner dimension {})",
+               which, dtype_name(s.dtype()), s.shape_str(), device_name(s.device()), want, gemm_scale_name(mode), outer,
+               k);
+  return static_cast<const float*>(s.raw());
 }
 
 }  // namespace
 
 void CudaBackend::gemm(bool ta, bool tb, float alpha, const Tensor& A, const Tensor& Bm, float beta, const Tensor& C,
                        Tensor& D, const Tensor& bias) {
-  run_gemm(gemm_problem(ta, tb, A, Bm, D, "gemm"), alpha, A.raw(), Bm.raw(), beta, C, D, bias);
+  run_gemm(gemm_problem(ta, tb, A, Bm, D, "gemm"), alpha, A.raw(), nullptr, Bm.raw(), nullptr, beta, C, D, bias);
 }
 
 void CudaBackend::gemm_fp8(const Fp8Pair& f, bool ta, bool tb, float alpha, const Tensor& A, const Tensor& Bm,
                            float beta, const Tensor& C, Tensor& D, const Tensor& bias) {
   GemmProblem p = gemm_problem(ta, tb, A, Bm, D, "gemm_fp8");
-  const char* why = p.m == 0 || p.n == 0 || p.k == 0 ? "" : fp8_refusal(f, beta, C, D, bias);
-  if (why) {  // the exact emulation: the FP8 values are bf16 values
-    if (*why)
-      say_once(fmt::format("FP8 GEMMs run as bf16 GEMMs of the same FP8 values (exact, docs/fp8.md) where {}", why));
+  const char* why = p.m == 0 || p.n == 0 || p.k == 0 ? "" : fp8_refusal(f, p, beta, C, D, bias);
+  if (why) {  // the exact emulation: the FP8 values (times their blocks' inverse scales) are bf16 values
+    say_emulated(f, why);
     return gemm(ta, tb, alpha, A, Bm, beta, C, D, bias);
   }
   // cuBLASLt's FP8 layout (gemm.h): A [m, k] and B [n, k] as bytes, k padded with zeros to a
-  // multiple of 16 (their leading dimension).
+  // multiple of 16 (their leading dimension); block-scaled operands divided by their blocks'
+  // scales on the way (the scales' layout does not change with the padding: ceil(k / 128) blocks).
+  const GemmScale sa = *gemm_scale(f.a.granularity), sb = *gemm_scale(f.b.granularity);
+  const bool blocks = sa != GemmScale::Tensor;
+  const float* scale_a = blocks ? block_scales(f.a, sa, p.m, p.k, "A") : nullptr;
+  const float* scale_b = blocks ? block_scales(f.b, sb, p.n, p.k, "B") : nullptr;
   const int64_t k16 = (p.k + 15) / 16 * 16;
   Scratch a8(size_t(p.m * k16)), b8(size_t(p.n * k16));
-  fp8_pack(A.raw(), false, A.size(0), A.size(1), f.a == fp8::Format::E4M3, ta, k16, a8.as<uint8_t>(), stream());
-  fp8_pack(Bm.raw(), false, Bm.size(0), Bm.size(1), f.b == fp8::Format::E4M3, !tb, k16, b8.as<uint8_t>(), stream());
+  fp8_pack(A.raw(), false, A.size(0), A.size(1), f.a.format == fp8::Format::E4M3, ta, k16, a8.as<uint8_t>(), stream(),
+           scale_a, sa == GemmScale::Vec128);
+  fp8_pack(Bm.raw(), false, Bm.size(0), Bm.size(1), f.b.format == fp8::Format::E4M3, !tb, k16, b8.as<uint8_t>(),
+           stream(), scale_b, sb == GemmScale::Vec128);
   p.trans_a = false, p.trans_b = true;
   p.k = k16, p.lda = k16, p.ldb = k16;
-  p.ab = gemm_type(f.a);
-  p.b = gemm_type(f.b);
-  run_gemm(p, alpha, a8.get(), b8.get(), beta, C, D, bias);
+  p.ab = gemm_type(f.a.format);
+  p.b = gemm_type(f.b.format);
+  p.a_scale = sa, p.b_scale = sb;
+  run_gemm(p, alpha, a8.get(), scale_a, b8.get(), scale_b, beta, C, D, bias);
 }
 
-void CudaBackend::grouped_gemm_fp8(const Fp8Pair& f, bool ta, bool tb, const std::vector<float>& alpha,
+void CudaBackend::grouped_gemm_fp8(const std::vector<Fp8Pair>& f, bool ta, bool tb, const std::vector<float>& alpha,
                                    const std::vector<Tensor>& A, const std::vector<Tensor>& Bm, float beta,
                                    std::vector<Tensor>& D) {
-  PRIMUS_CHECK(A.size() == Bm.size() && A.size() == D.size() && alpha.size() == A.size(),
-               "grouped_gemm_fp8 of {} A, {} B, {} D and {} alphas", A.size(), Bm.size(), D.size(), alpha.size());
-  // cuBLAS's grouped call has no FP8 types: one cuBLASLt FP8 GEMM per problem.
+  PRIMUS_CHECK(A.size() == Bm.size() && A.size() == D.size() && alpha.size() == A.size() && f.size() == A.size(),
+               "grouped_gemm_fp8 of {} A, {} B, {} D, {} alphas and {} operand pairs", A.size(), Bm.size(), D.size(),
+               alpha.size(), f.size());
+  // cuBLAS's grouped call has no FP8 types: one cuBLASLt FP8 GEMM per problem. The problems that
+  // run emulated (gemm_fp8's rules) stay one grouped GEMM.
+  struct {
+    std::vector<Tensor> a, b, d;
+    std::vector<float> alpha;
+  } emulated;
   for (size_t i = 0; i < A.size(); ++i) {
     PRIMUS_CHECK(A[i].dim() == 2 && D[i].dim() == 2, "grouped_gemm_fp8 problem {} takes 2-d tensors", i);
     if (D[i].numel() == 0) continue;
@@ -191,8 +265,17 @@ void CudaBackend::grouped_gemm_fp8(const Fp8Pair& f, bool ta, bool tb, const std
       if (beta == 0.0f) D[i].zero_();
       continue;
     }
-    gemm_fp8(f, ta, tb, alpha[i], A[i], Bm[i], beta, beta != 0.0f ? D[i] : Tensor(), D[i], Tensor());
+    const Tensor C = beta != 0.0f ? D[i] : Tensor();
+    const GemmProblem p = gemm_problem(ta, tb, A[i], Bm[i], D[i], fmt::format("grouped_gemm_fp8 problem {}", i));
+    if (const char* why = fp8_refusal(f[i], p, beta, C, D[i], Tensor())) {
+      say_emulated(f[i], why);
+      emulated.a.push_back(A[i]), emulated.b.push_back(Bm[i]), emulated.d.push_back(D[i]);
+      emulated.alpha.push_back(alpha[i]);
+      continue;
+    }
+    gemm_fp8(f[i], ta, tb, alpha[i], A[i], Bm[i], beta, C, D[i], Tensor());
   }
+  if (!emulated.a.empty()) grouped_gemm(ta, tb, emulated.alpha, emulated.a, emulated.b, beta, emulated.d);
 }
 
 void CudaBackend::grouped_gemm(bool ta, bool tb, const std::vector<float>& alpha, const std::vector<Tensor>& A,
@@ -540,18 +623,21 @@ ops::Backend::Fp8Quantized CudaBackend::quantize_fp8(const Tensor& src, fp8::For
       (src.dtype() != DType::BF16 && src.dtype() != DType::F32))
     return ops::Backend::quantize_fp8(src, format, granularity, reduce_cols, scale, dst);
   const bool tensor = granularity == fp8::Granularity::Tensor;
-  if (!tensor)  // these operands never reach cuBLASLt's FP8 GEMMs
-    say_once(fmt::format("FP8 scaled by {} on the GPU: the GEMMs run as bf16 GEMMs of the block-scaled FP8 values "
-                         "(exact emulation, docs/fp8.md): {}",
-                         fp8::granularity_name(granularity),
-                         granularity == fp8::Granularity::Mx32
-                             ? "cuBLASLt's MXFP8 mode (VEC32_UE8M0) needs sm_100"
-                             : "cuBLASLt's block-scaled modes (VEC128_32F, BLK128x128_32F) are not built here yet"));
-  const Fp8Result r =
-      fp8_quantize(src.raw(), dst.raw(), src.dtype() == DType::F32, src.size(0), src.size(1),
-                   format == fp8::Format::E4M3, tensor ? 0 : fp8::band_rows(granularity, reduce_cols),
-                   fp8::block_cols(granularity, reduce_cols), granularity == fp8::Granularity::Mx32, scale, stream());
-  return {r.amax, r.scale};
+  // Blockwise's tiles and blocks: their dequantization scales for cuBLASLt's block-scaled GEMMs
+  // too (gemm.h's layouts; gemm_fp8 decides whether they run).
+  Tensor gemm_scales;
+  Fp8GemmScales gs;
+  if (const std::optional<GemmScale> mode = gemm_scale(granularity); mode && *mode != GemmScale::Tensor) {
+    const int64_t outer = reduce_cols ? src.size(0) : src.size(1), k = reduce_cols ? src.size(1) : src.size(0);
+    gemm_scales = empty({gemm_scale_count(*mode, outer, k)}, DType::F32);
+    gs.out = static_cast<float*>(gemm_scales.raw());
+    gs.k_along_cols = reduce_cols;
+  }
+  const Fp8Result r = fp8_quantize(src.raw(), dst.raw(), src.dtype() == DType::F32, src.size(0), src.size(1),
+                                   format == fp8::Format::E4M3, tensor ? 0 : fp8::band_rows(granularity, reduce_cols),
+                                   fp8::block_cols(granularity, reduce_cols), granularity == fp8::Granularity::Mx32,
+                                   scale, stream(), gs);
+  return {r.amax, r.scale, gemm_scales};
 }
 
 void CudaBackend::cast(const Tensor& src, Tensor& dst) {

@@ -24,14 +24,17 @@ class CudaBackend final : public ops::Backend {
   using ops::Backend::grouped_gemm;
   void grouped_gemm(bool trans_a, bool trans_b, const std::vector<float>& alpha, const std::vector<Tensor>& A,
                     const std::vector<Tensor>& B, float beta, std::vector<Tensor>& D) override;
-  // cuBLASLt's FP8 GEMM (gemm.h) on sm_89 and later: the bf16 operands' FP8 values packed into
-  // bytes in its TN layout (fp8_pack, the inner dimension padded to a multiple of 16), fp32
-  // accumulation, the scales in alpha; gemm() itself (exact) where the GPU or an unaligned D, C or
-  // bias rules it out, said once in the log. The grouped form runs one FP8 GEMM per problem
-  // (cuBLAS's grouped call has no FP8 types).
+  // cuBLASLt's FP8 GEMM (gemm.h): the bf16 operands' FP8 values packed into bytes in its TN layout
+  // (fp8_pack, the inner dimension padded to a multiple of 16), fp32 accumulation; tensor-scaled
+  // operands on sm_89 and later with the scales in alpha, blockwise's (1 x 128 tiles with 1 x 128
+  // tiles or 128 x 128 blocks) on sm_90 with cuBLASLt 12.9 or later in its block-scaled modes, each
+  // value divided by its block's scale on the way and the scales (quantize_fp8's block_scales) read
+  // by cuBLASLt. gemm() itself (exact) where the GPU, the operands or the shapes rule it out, said
+  // once in the log per reason. The grouped form runs one FP8 GEMM per problem (cuBLAS's grouped
+  // call has no FP8 types), the problems that run emulated as one grouped_gemm().
   void gemm_fp8(const Fp8Pair& f, bool trans_a, bool trans_b, float alpha, const Tensor& A, const Tensor& B, float beta,
                 const Tensor& C, Tensor& D, const Tensor& bias) override;
-  void grouped_gemm_fp8(const Fp8Pair& f, bool trans_a, bool trans_b, const std::vector<float>& alpha,
+  void grouped_gemm_fp8(const std::vector<Fp8Pair>& f, bool trans_a, bool trans_b, const std::vector<float>& alpha,
                         const std::vector<Tensor>& A, const std::vector<Tensor>& B, float beta,
                         std::vector<Tensor>& D) override;
   void rmsnorm_forward(const Tensor& x, const Tensor& w, Tensor& y, Tensor& rstd, float eps) override;
@@ -76,7 +79,8 @@ class CudaBackend final : public ops::Backend {
   void ce_chunk_backward(const Tensor& logits, const Tensor& lse, const Tensor& targets, int64_t c0, double softcap,
                          Tensor& dlogits) override;
   void cast(const Tensor& src, Tensor& dst) override;
-  // On the GPU (cuda/fp8_quantize.h) for bf16 and fp32 device tensors: the host's values, bit for bit.
+  // On the GPU (cuda/fp8_quantize.h) for bf16 and fp32 device tensors: the host's values, bit for
+  // bit, and for 1 x 128 tiles and 128 x 128 blocks their dequantization scales in cuBLASLt's layout.
   Fp8Quantized quantize_fp8(const Tensor& src, fp8::Format format, fp8::Granularity granularity, bool reduce_cols,
                             float scale, Tensor& dst) override;
   void synchronize() override;

@@ -7,7 +7,8 @@
 //   packing          pack_kernel: FP8 values (held in bf16 or fp32) as FP8 bytes, transposed or
 //                    not, for cuBLASLt's FP8 GEMMs (cuda_backend.cpp, gemm_fp8)
 //   blocks           block_scales_kernel (one thread block per quantization block: its amax, its
-//                    power-of-two scale and inverse), then block_kernel: out = round(x * s) / s
+//                    power-of-two scale and inverse, and the inverse again where a block-scaled
+//                    cuBLASLt GEMM reads it), then block_kernel: out = round(x * s) / s
 //
 // An amax is a maximum, which no order changes: the partial maxima meet through atomicMax on the
 // bits of |x| (non-negative floats order as their bits), a NaN through a flag beside it.
@@ -83,12 +84,25 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+// Where block (rb, cb) of x's blocks puts its dequantization scale for a GEMM (fp8_quantize.h,
+// Fp8GemmScales): the block's index along k and along the outer dimension, then gemm.h's Vec128
+// (1-D tiles: [k blocks, outer] with `outer` rows) or Blk128 layout ([outer blocks, ld]).
+struct GemmScaleIndex {
+  bool k_along_cols, vec;
+  int64_t outer, ld;
+  __device__ __forceinline__ int64_t operator()(int64_t rb, int64_t cb) const {
+    const int64_t kb = k_along_cols ? cb : rb, ob = k_along_cols ? rb : cb;
+    return vec ? kb * outer + ob : ob * ld + kb;
+  }
+};
+
 // One thread block (of 32, 128 or 256 threads) per quantization block b = (rb, cb) of br x bc
-// elements: its amax, then (thread 0) its scale and inverse.
+// elements: its amax, then (thread 0) its scale and inverse, and the inverse into gemm_out.
 template <typename T>
 __global__ void __launch_bounds__(kThreads)
     block_scales_kernel(const T* __restrict__ x, int64_t rows, int64_t cols, int64_t br, int64_t bc, int64_t nbc,
-                        bool mx, float fmax, float* __restrict__ mul, float* __restrict__ post, unsigned* acc) {
+                        bool mx, float fmax, float* __restrict__ mul, float* __restrict__ post, unsigned* acc,
+                        float* __restrict__ gemm_out, GemmScaleIndex gemm_index) {
   __shared__ unsigned warp_m[kThreads / 32];
   __shared__ unsigned warp_nan[kThreads / 32];
   const int64_t b = blockIdx.x, r0 = (b / nbc) * br, c0 = (b % nbc) * bc;
@@ -109,6 +123,7 @@ __global__ void __launch_bounds__(kThreads)
     const float s = scalar::block_scale(amax, mx, fmax);
     mul[b] = s;
     post[b] = scalar::inverse_pow2(s);
+    if (gemm_out) gemm_out[gemm_index(b / nbc, b % nbc)] = post[b];
     fold(acc, m, nan != 0);
   }
 }
@@ -125,21 +140,34 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 // out[r * ld + c] = the byte of x's element (r, c) of the output's [R, C] (transposed: x's (c, r)),
-// 0 for c >= C.
+// divided by its block's scale when `scales` (gemm.h's layouts, R the outer dimension and C k), 0
+// for c >= C.
 template <typename T>
 __global__ void __launch_bounds__(kThreads)
     pack_kernel(const T* __restrict__ x, uint8_t* __restrict__ out, int64_t cols, int64_t R, int64_t C, int64_t ld,
-                bool transpose, scalar::Format f) {
+                bool transpose, scalar::Format f, const float* __restrict__ scales, GemmScaleIndex index) {
   const int64_t n = R * ld;
   for (int64_t o = int64_t(blockIdx.x) * kThreads + threadIdx.x; o < n; o += int64_t(gridDim.x) * kThreads) {
     const int64_t r = o / ld, c = o - r * ld;
-    out[o] = c < C ? scalar::encode(load(x, transpose ? c * cols + r : r * cols + c), f) : uint8_t(0);
+    if (c >= C) {
+      out[o] = 0;
+      continue;
+    }
+    float v = load(x, transpose ? c * cols + r : r * cols + c);
+    if (scales) v = v / scales[index(index.vec ? r : r / 128, c / 128)];  // FP8 value times a power of two: exact
+    out[o] = scalar::encode(v, f);
   }
 }
 
+// The Vec128 / Blk128 index (gemm.h) of an operand of `outer` rows and inner dimension k.
+GemmScaleIndex gemm_scale_index(bool k_along_cols, bool vec, int64_t outer, int64_t k) {
+  const int64_t kb = (k + 127) / 128;
+  return {k_along_cols, vec, outer, (kb + 3) / 4 * 4};
+}
+
 template <typename T>
-Fp8Result run(const T* x, T* out, int64_t rows, int64_t cols, bool e4m3, int64_t br, int64_t bc, bool mx,
-              float scale, cudaStream_t stream) {
+Fp8Result run(const T* x, T* out, int64_t rows, int64_t cols, bool e4m3, int64_t br, int64_t bc, bool mx, float scale,
+              cudaStream_t stream, const Fp8GemmScales& gs) {
   const scalar::Format f = e4m3 ? scalar::e4m3() : scalar::e5m2();
   const int64_t n = rows * cols;
   Scratch acc_mem(2 * sizeof(unsigned));
@@ -172,7 +200,23 @@ Fp8Result run(const T* x, T* out, int64_t rows, int64_t cols, bool e4m3, int64_t
   float* mul = scales.as<float>();
   float* post = mul + blocks;
   const int threads = br * bc >= kThreads ? kThreads : br * bc > 32 ? 128 : 32;
-  block_scales_kernel<T><<<unsigned(blocks), threads, 0, stream>>>(x, rows, cols, br, bc, nbc, mx, f.max, mul, post, acc);
+  GemmScaleIndex gi{};
+  if (gs.out) {
+    const bool tiles = br == 1 || bc == 1;
+    PRIMUS_CHECK(!mx && (tiles ? br * bc == 128 : br == 128 && bc == 128),
+                 "quantize_fp8: GEMM scales of {} x {} blocks (1 x 128 tiles and 128 x 128 blocks only)", br, bc);
+    PRIMUS_CHECK(tiles ? (br == 1) == gs.k_along_cols : true,
+                 "quantize_fp8: 1 x 128 tiles along {} for a GEMM reducing over the {}", br == 1 ? "rows" : "columns",
+                 gs.k_along_cols ? "columns" : "rows");
+    gi = gemm_scale_index(gs.k_along_cols, tiles, gs.k_along_cols ? rows : cols, gs.k_along_cols ? cols : rows);
+    if (!tiles)  // the padding of each row of k blocks
+      PRIMUS_CUDA_CHECK(cudaMemsetAsync(gs.out, 0, size_t((gi.outer + 127) / 128 * gi.ld) * sizeof(float), stream));
+  }
+  // One launch form for cuda_to_cpp.py: the kernel and its <<< on one line.
+  // clang-format off
+  block_scales_kernel<T><<<unsigned(blocks), threads, 0, stream>>>(x, rows, cols, br, bc, nbc, mx, f.max, mul, post,
+                                                                   acc, gs.out, gi);
+  // clang-format on
   PRIMUS_CUDA_CHECK_LAUNCH();
   block_kernel<T><<<grid, kThreads, 0, stream>>>(x, out, rows, cols, br, bc, nbc, mul, post, f);
   PRIMUS_CUDA_CHECK_LAUNCH();
@@ -182,26 +226,32 @@ Fp8Result run(const T* x, T* out, int64_t rows, int64_t cols, bool e4m3, int64_t
 }  // namespace
 
 Fp8Result fp8_quantize(const void* x, void* out, bool f32, int64_t rows, int64_t cols, bool e4m3, int64_t block_rows,
-                       int64_t block_cols, bool mx, float scale, cudaStream_t stream) {
+                       int64_t block_cols, bool mx, float scale, cudaStream_t stream,
+                       const Fp8GemmScales& gemm_scales) {
   if (f32)
     return run(static_cast<const float*>(x), static_cast<float*>(out), rows, cols, e4m3, block_rows, block_cols, mx,
-               scale, stream);
-  return run(static_cast<const uint16_t*>(x), static_cast<uint16_t*>(out), rows, cols, e4m3, block_rows, block_cols,
-             mx, scale, stream);
+               scale, stream, gemm_scales);
+  return run(static_cast<const uint16_t*>(x), static_cast<uint16_t*>(out), rows, cols, e4m3, block_rows, block_cols, mx,
+             scale, stream, gemm_scales);
 }
 
 void fp8_pack(const void* x, bool f32, int64_t rows, int64_t cols, bool e4m3, bool transpose, int64_t ld, uint8_t* out,
-              cudaStream_t stream) {
+              cudaStream_t stream, const float* block_scales, bool vec128) {
   const int64_t R = transpose ? cols : rows, C = transpose ? rows : cols;
   PRIMUS_CHECK(ld >= C, "fp8_pack: ld {} below the row length {}", ld, C);
   if (R * ld == 0) return;
   const scalar::Format f = e4m3 ? scalar::e4m3() : scalar::e5m2();
   const unsigned grid = blocks_for(R * ld, kThreads);
+  const GemmScaleIndex gi = gemm_scale_index(true, vec128, R, C);  // the output is [outer, k]
+  // One launch form for cuda_to_cpp.py: the kernel and its <<< on one line.
+  // clang-format off
   if (f32)
-    pack_kernel<float><<<grid, kThreads, 0, stream>>>(static_cast<const float*>(x), out, cols, R, C, ld, transpose, f);
+    pack_kernel<float><<<grid, kThreads, 0, stream>>>(static_cast<const float*>(x), out, cols, R, C, ld, transpose, f,
+                                                      block_scales, gi);
   else
     pack_kernel<uint16_t><<<grid, kThreads, 0, stream>>>(static_cast<const uint16_t*>(x), out, cols, R, C, ld,
-                                                         transpose, f);  // (one launch form: cuda_to_cpp.py)
+                                                         transpose, f, block_scales, gi);
+  // clang-format on
   PRIMUS_CUDA_CHECK_LAUNCH();
 }
 

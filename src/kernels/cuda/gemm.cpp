@@ -15,7 +15,10 @@
 //
 // FP8 problems (gemm.h) are the same calls with FP8 layouts for cuBLASLt's A and B (our B's type
 // and A's) and a bf16 bias type; normalized() has already held them to the TN format, which in
-// this mapping is our trans_a false, trans_b true.
+// this mapping is our trans_a false, trans_b true. Block-scaled ones set cuBLASLt's A_SCALE_MODE
+// and B_SCALE_MODE (our B's mode and A's) and its scale pointers (our B's scales and A's): our
+// [n, k] B is cuBLASLt's k x n A read transposed, whose "outer" dimension is n, so the layouts of
+// gemm.h are cuBLASLt's without a change.
 #include "kernels/cuda/gemm.h"
 
 #include <algorithm>
@@ -78,6 +81,7 @@ int pointer_alignment(const void* ptr) {
 struct PlanKey {
   bool trans_a, trans_b, bias, accumulate;
   GemmType ab, b, cd;
+  GemmScale a_scale, b_scale;
   int align;
   int64_t m, n, k, lda, ldb, ldc, ldd;
   bool operator==(const PlanKey&) const = default;
@@ -86,14 +90,15 @@ struct PlanKeyHash {
   size_t operator()(const PlanKey& k) const {
     uint64_t h = splitmix64(uint64_t(k.trans_a) | uint64_t(k.trans_b) << 1 | uint64_t(k.bias) << 2 |
                             uint64_t(k.accumulate) << 3 | uint64_t(k.ab) << 4 | uint64_t(k.cd) << 7 |
-                            uint64_t(k.b) << 10 | uint64_t(k.align) << 13);
+                            uint64_t(k.b) << 10 | uint64_t(k.align) << 13 | uint64_t(k.a_scale) << 22 |
+                            uint64_t(k.b_scale) << 24);
     for (int64_t v : {k.m, k.n, k.k, k.lda, k.ldb, k.ldc, k.ldd}) h = splitmix64(h ^ uint64_t(v));
     return size_t(h);
   }
 };
 PlanKey plan_key(const GemmProblem& p) {
-  return {p.trans_a, p.trans_b, p.bias, p.accumulate, p.ab,  p.b_type(), p.cd, p.align,
-          p.m,       p.n,       p.k,    p.lda,        p.ldb, p.ldc,      p.ldd};
+  return {p.trans_a, p.trans_b, p.bias, p.accumulate, p.ab,  p.b_type(), p.cd,  p.a_scale, p.b_scale,
+          p.align,   p.m,       p.n,    p.k,          p.lda, p.ldb,      p.ldc, p.ldd};
 }
 
 struct Plan {
@@ -108,6 +113,7 @@ struct Plan {
   bool tuned = false;                                      // `algo` came from the tuning cache
   bool online_tried = false;                               // online tuning has run for it
   const void* bias = nullptr;                              // the bias pointer set in desc
+  const void* scale[2] = {};                               // our A's and B's block scales set in desc
 
   Plan() = default;
   Plan(const Plan&) = delete;
@@ -158,6 +164,33 @@ void set_bias_pointer(Plan& pl, const void* bias) {
   pl.bias = bias;
 }
 
+bool block_scaled(const GemmProblem& p) { return p.a_scale != GemmScale::Tensor; }
+
+// Our A's and B's block scales: cuBLASLt's B and A scale pointers (the top of this file).
+void set_scale_pointers(Plan& pl, const void* scale_a, const void* scale_b) {
+  if (pl.scale[0] != scale_a) {
+    PRIMUS_LT_CHECK(cublasLtMatmulDescSetAttribute(pl.desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &scale_a,
+                                                   sizeof(scale_a)),
+                    pl.key);
+    pl.scale[0] = scale_a;
+  }
+  if (pl.scale[1] != scale_b) {
+    PRIMUS_LT_CHECK(cublasLtMatmulDescSetAttribute(pl.desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &scale_b,
+                                                   sizeof(scale_b)),
+                    pl.key);
+    pl.scale[1] = scale_b;
+  }
+}
+
+int32_t scale_mode(GemmScale s) {
+  switch (s) {
+    case GemmScale::Tensor: return CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F;
+    case GemmScale::Vec128: return CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F;
+    case GemmScale::Blk128: return CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F;
+  }
+  return CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F;
+}
+
 // The plan of a normalized problem (align set), built on first use. Lock held.
 Plan& get_plan(State& s, const GemmProblem& p) {
   const PlanKey k = plan_key(p);
@@ -184,6 +217,17 @@ Plan& get_plan(State& s, const GemmProblem& p) {
     // The heuristic reads the bias pointer's value (never the memory) to learn its alignment: a
     // stand-in with exactly p.align's alignment until gemm() sets the real one.
     set_bias_pointer(pl, reinterpret_cast<const void*>(uintptr_t(p.align)));
+  }
+  if (block_scaled(p)) {
+    const int32_t mode_a = scale_mode(p.b_scale), mode_b = scale_mode(p.a_scale);  // cuBLASLt's A is our B
+    PRIMUS_LT_CHECK(cublasLtMatmulDescSetAttribute(pl.desc, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &mode_a, sizeof(mode_a)),
+                    key);
+    PRIMUS_LT_CHECK(cublasLtMatmulDescSetAttribute(pl.desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &mode_b, sizeof(mode_b)),
+                    key);
+    // A block mode needs its scale pointers for the heuristic too (which never reads them):
+    // 256-aligned stand-ins until gemm() sets the real ones.
+    set_scale_pointers(pl, reinterpret_cast<const void*>(uintptr_t(256)),
+                       reinterpret_cast<const void*>(uintptr_t(512)));
   }
   PRIMUS_LT_CHECK(cublasLtMatrixLayoutCreate(&pl.a, data_type(p.b_type()), uint64_t(p.trans_b ? p.k : p.n),
                                              uint64_t(p.trans_b ? p.n : p.k), p.ldb),
@@ -312,6 +356,15 @@ GemmTuneResult tune_plan(State& s, Plan& pl, int max_candidates, int warmup, int
   const size_t off = p.align < 256 ? size_t(p.align) : 0;
   Scratch sa(bytes_a + 256), sb(bytes_b + 256), sc(bytes_c ? bytes_c + 256 : 0), sd(bytes_d + 256),
       sbias(bytes_bias ? bytes_bias + 256 : 0);
+  // Block scales of 1 (the timing does not depend on their values).
+  const int64_t scales_a = gemm_scale_count(p.a_scale, p.m, p.k), scales_b = gemm_scale_count(p.b_scale, p.n, p.k);
+  Scratch ssa(size_t(scales_a) * sizeof(float)), ssb(size_t(scales_b) * sizeof(float));
+  for (auto [buf, count] : {std::pair{&ssa, scales_a}, std::pair{&ssb, scales_b}})
+    if (count) {
+      const std::vector<float> ones(size_t(count), 1.0f);
+      copy_to_device(buf->get(), ones.data(), ones.size() * sizeof(float));
+    }
+  if (block_scaled(p)) set_scale_pointers(pl, ssa.get(), ssb.get());
   char* A = sa.as<char>() + off;
   char* B = sb.as<char>() + off;
   char* C = bytes_c ? sc.as<char>() + off : nullptr;
@@ -372,9 +425,18 @@ GemmTuneResult tune_plan(State& s, Plan& pl, int max_candidates, int warmup, int
 
 void gemm(const GemmProblem& problem, float alpha, const void* A, const void* B, float beta, const void* C, void* D,
           const void* bias, cudaStream_t stream) {
+  gemm(problem, alpha, A, nullptr, B, nullptr, beta, C, D, bias, stream);
+}
+
+void gemm(const GemmProblem& problem, float alpha, const void* A, const float* scale_a, const void* B,
+          const float* scale_b, float beta, const void* C, void* D, const void* bias, cudaStream_t stream) {
   GemmProblem p = problem;
   p.align = 256;
   p = normalized(p);
+  if (block_scaled(p) != (scale_a && scale_b) || (!block_scaled(p) && (scale_a || scale_b)))
+    fail("GEMM {}: block scales are given {} and {} for A scaled by {} and B by {}", p.key(),
+         scale_a ? "for A" : "not for A", scale_b ? "for B" : "not for B", gemm_scale_name(p.a_scale),
+         gemm_scale_name(p.b_scale));
   auto need = [&](const void* ptr, const char* name, GemmType t) {
     if (!ptr) fail("GEMM {}: {} is null", p.key(), name);
     if (size_t(pointer_alignment(ptr)) < elem_size(t))
@@ -387,6 +449,9 @@ void gemm(const GemmProblem& problem, float alpha, const void* A, const void* B,
   need(D, "D", p.cd);
   if (p.accumulate) need(C, "C", p.cd);
   if (p.bias) need(bias, "bias", p.bias_type());
+  for (const auto& [scale, name] : {std::pair{scale_a, "A"}, std::pair{scale_b, "B"}})
+    if (scale && pointer_alignment(scale) < 16)
+      fail("GEMM {}: {}'s block scales at {} are not 16-byte aligned", p.key(), name, static_cast<const void*>(scale));
   if (p.accumulate && C == D && p.ldc != p.ldd)
     fail("GEMM {}: accumulating in place (C == D) needs ldc == ldd", p.key());
   const float beta_used = p.accumulate ? beta : 0.0f;
@@ -404,6 +469,7 @@ void gemm(const GemmProblem& problem, float alpha, const void* A, const void* B,
   }
   if (pl.epoch != s.epoch) resolve(s, pl);
   if (p.bias) set_bias_pointer(pl, bias);
+  if (block_scaled(p)) set_scale_pointers(pl, scale_a, scale_b);
   lt_check(run_matmul(s, pl, pl.algo, alpha, A, B, beta_used, c_ptr, D, stream), "cublasLtMatmul", pl.key);
 }
 
@@ -484,6 +550,8 @@ void save_gemm_cache(const std::string& path) {
   std::filesystem::rename(tmp, path, ec);
   if (ec) fail("cannot write GEMM cache {}: renaming {} failed: {}", path, tmp, ec.message());
 }
+
+int64_t cublaslt_version() { return int64_t(cublasLtGetVersion()); }
 
 void set_online_tuning(bool on, int max_candidates) {
   if (max_candidates < 1) fail("set_online_tuning: max_candidates must be at least 1, got {}", max_candidates);

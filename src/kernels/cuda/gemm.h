@@ -12,6 +12,15 @@
 // takes FP8 in the TN format only (its A transposed, its B not), which row-major is A [m, k] and
 // B [n, k] (trans_a false, trans_b true: x W^T), and lda and ldb multiples of 16; normalized()
 // refuses anything else by name. The tensor scales are the caller's, in alpha.
+// Block-scaled FP8 (sm_90, cuBLASLt 12.9 and later; docs/cuda.md has the sources): A and B each
+// with fp32 dequantization scales, a_scale / b_scale Vec128 (one per 128 consecutive elements of a
+// row of A [m, k] or of B [n, k], cuBLASLt's VEC128_32F) or Blk128 (one per 128 x 128 block,
+// BLK128x128_32F); not both Blk128; both or neither block-scaled. The scales are device fp32
+// arrays, for an operand of `outer` rows (m for A, n for B) and kb = ceil(k / 128) blocks along k:
+//   Vec128  [kb, outer], outer contiguous: the scale of row i's block j at j * outer + i
+//   Blk128  [ceil(outer / 128), round_up(kb, 4)], k contiguous: block (i, j) at i * round_up(kb, 4) + j
+// D = alpha * sum over k blocks of (scale_A scale_B (the block's FP8 products)) + beta C (+ bias);
+// the rows of D (n) must be a multiple of 8, and so must m when A is Vec128.
 // Internally the row-major product is cuBLASLt's column-major D^T = op(B)^T op(A)^T: the operands
 // swap places (cuBLASLt's A is our B), m and n swap, and the bias, a vector over the rows of the
 // column-major D^T, is our bias[n].
@@ -46,6 +55,13 @@ enum class GemmType : uint8_t { BF16, F32, E4M3, E5M2 };
 const char* gemm_type_name(GemmType t);  // "bf16" | "fp32" | "e4m3" | "e5m2"
 inline bool is_fp8(GemmType t) { return t == GemmType::E4M3 || t == GemmType::E5M2; }
 
+// How an FP8 operand is scaled: one scale for the tensor (alpha, or none), or cuBLASLt's block
+// modes (the top of this file).
+enum class GemmScale : uint8_t { Tensor, Vec128, Blk128 };
+const char* gemm_scale_name(GemmScale s);  // "tensor" | "vec128" | "blk128"
+// The fp32 scales of a block-scaled operand of `outer` rows and inner dimension k (0 for Tensor).
+int64_t gemm_scale_count(GemmScale s, int64_t outer, int64_t k);
+
 struct GemmProblem {
   bool trans_a = false, trans_b = false;
   int64_t m = 0, n = 0, k = 0;
@@ -55,6 +71,7 @@ struct GemmProblem {
   GemmType cd = GemmType::BF16;                // C and D
   bool bias = false;                           // bias[n], of type ab (bf16 for FP8), added to every row of D
   bool accumulate = false;                     // beta != 0 (C is read)
+  GemmScale a_scale = GemmScale::Tensor, b_scale = GemmScale::Tensor;  // block-scaled FP8: A's and B's modes
   // The alignment in bytes (a power of two, 256 at most) that the A, B, C, D and bias pointers
   // all share: algorithms that need more are excluded (a vectorised load on a misaligned
   // address is a crash). gemm() derives it from its pointers; buffers from the caching
@@ -63,7 +80,8 @@ struct GemmProblem {
 
   // "bf16:bf16:NT:m8192:n3072:k2048:lda2048:ldb2048:ldc3072:ldd3072:bias0:acc0:al256": what the
   // cache is keyed on (of the normalized() problem); B's type follows A's after an 'x' when they
-  // differ ("e5m2xe4m3:bf16:NT:...").
+  // differ ("e5m2xe4m3:bf16:NT:..."), and block-scaled operands carry their modes
+  // ("e4m3.vec128xe4m3.blk128:bf16:NT:...").
   std::string key() const;
   GemmType b_type() const { return b ? *b : ab; }
   GemmType bias_type() const { return is_fp8(ab) ? GemmType::BF16 : ab; }
@@ -82,6 +100,13 @@ GemmProblem normalized(GemmProblem p);
 // not aligned to their element size) are primus::Error naming the call and the problem key.
 void gemm(const GemmProblem& p, float alpha, const void* A, const void* B, float beta, const void* C, void* D,
           const void* bias, cudaStream_t stream = nullptr);
+// A block-scaled FP8 GEMM (p.a_scale, p.b_scale not Tensor): A's and B's scales on the device, in
+// the layouts the top of this file gives, read when the GEMM runs.
+void gemm(const GemmProblem& p, float alpha, const void* A, const float* scale_a, const void* B, const float* scale_b,
+          float beta, const void* C, void* D, const void* bias, cudaStream_t stream = nullptr);
+// cublasLtGetVersion() of the library this process runs (130100 for 13.1.0): the block-scaled modes
+// need 120900.
+int64_t cublaslt_version();
 
 // ---- tuning ----
 struct GemmCandidateTime {

@@ -22,9 +22,31 @@ const char* gemm_type_name(GemmType t) {
   return "?";
 }
 
+const char* gemm_scale_name(GemmScale s) {
+  switch (s) {
+    case GemmScale::Tensor: return "tensor";
+    case GemmScale::Vec128: return "vec128";
+    case GemmScale::Blk128: return "blk128";
+  }
+  return "?";
+}
+
+int64_t gemm_scale_count(GemmScale s, int64_t outer, int64_t k) {
+  const int64_t kb = (k + 127) / 128;
+  switch (s) {
+    case GemmScale::Tensor: return 0;
+    case GemmScale::Vec128: return kb * outer;
+    case GemmScale::Blk128: return (outer + 127) / 128 * ((kb + 3) / 4 * 4);
+  }
+  return 0;
+}
+
 std::string GemmProblem::key() const {
-  const std::string a_b = b && *b != ab ? fmt::format("{}x{}", gemm_type_name(ab), gemm_type_name(*b))
-                                        : std::string(gemm_type_name(ab));
+  const bool blocks = a_scale != GemmScale::Tensor || b_scale != GemmScale::Tensor;
+  const std::string a_b = blocks          ? fmt::format("{}.{}x{}.{}", gemm_type_name(ab), gemm_scale_name(a_scale),
+                                                        gemm_type_name(b_type()), gemm_scale_name(b_scale))
+                          : b && *b != ab ? fmt::format("{}x{}", gemm_type_name(ab), gemm_type_name(*b))
+                                          : std::string(gemm_type_name(ab));
   return fmt::format("{}:{}:{}{}:m{}:n{}:k{}:lda{}:ldb{}:ldc{}:ldd{}:bias{}:acc{}:al{}", a_b, gemm_type_name(cd),
                      trans_a ? 'T' : 'N', trans_b ? 'T' : 'N', m, n, k, lda, ldb, ldc, ldd, int(bias), int(accumulate),
                      align);
@@ -52,6 +74,19 @@ GemmProblem normalized(GemmProblem p) {
     fail("{}: FP8 GEMMs take A [m, k] and B [n, k] (trans_a false, trans_b true): cuBLASLt's FP8 kernels need the "
          "TN format",
          what());
+  const bool a_blocks = p.a_scale != GemmScale::Tensor, b_blocks = p.b_scale != GemmScale::Tensor;
+  if ((a_blocks || b_blocks) && !is_fp8(p.ab))
+    fail("{}: block scales ({} x {}) need FP8 operands, not {}", what(), gemm_scale_name(p.a_scale),
+         gemm_scale_name(p.b_scale), gemm_type_name(p.ab));
+  if (a_blocks != b_blocks)
+    fail("{}: A is scaled by {} and B by {}: cuBLASLt's block-scaled modes take both operands block-scaled", what(),
+         gemm_scale_name(p.a_scale), gemm_scale_name(p.b_scale));
+  if (p.a_scale == GemmScale::Blk128 && p.b_scale == GemmScale::Blk128)
+    fail("{}: both operands in 128 x 128 blocks: cuBLASLt takes vec128 x vec128, vec128 x blk128 and blk128 x vec128",
+         what());
+  if (a_blocks && p.n % 8) fail("{}: block-scaled FP8 needs n (D's rows) a multiple of 8, got {}", what(), p.n);
+  if (p.a_scale == GemmScale::Vec128 && p.m % 8)
+    fail("{}: block-scaled FP8 with A in 1 x 128 tiles needs m a multiple of 8, got {}", what(), p.m);
   if (p.ab == GemmType::F32 && p.cd == GemmType::BF16)
     fail("{}: fp32 A and B need fp32 C and D (bf16 C/D is supported with bf16 A/B only)", what());
   // Row-major: the leading dimension is the length of a stored row.

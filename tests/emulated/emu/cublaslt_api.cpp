@@ -36,10 +36,28 @@
 //   D = scale_D * (alpha * scale_A * scale_B * op(A) op(B) + beta * scale_C * C + bias)
 // with scale_D only for an FP8 D (a D_SCALE_POINTER with another D is INVALID_VALUE), and
 // AMAX_D_POINTER receiving max |.| of the value in parentheses (before scale_D and the rounding to
-// D's type). Scale pointers and AMAX_D with non-FP8 inputs are INVALID_VALUE. Scale modes other
-// than SCALAR_32F (the block-scaled modes: VEC128_32F and BLK128x128_32F exist on sm_90,
-// VEC32_UE8M0 and VEC16_UE4M3 need sm_100) are not emulated. FAST_ACCUM is accepted and changes
-// nothing (the emulation accumulates in fp32 either way).
+// D's type). Scale pointers and AMAX_D with non-FP8 inputs are INVALID_VALUE. FAST_ACCUM is
+// accepted and changes nothing (the emulation accumulates in fp32 either way).
+//
+// Block-scaled FP8 (sm_90, cuBLAS 12.9; docs/cuda.md names the sources: cublasLt.h, NVIDIA's
+// CUDALibrarySamples LtBlk128x128Fp8Matmul and its scale sizes, Transformer Engine's cuBLASLt
+// call, its GEMM-ready scale layout and its cuBLAS-exact reference GEMM, PyTorch's scaled_mm
+// checks): A_SCALE_MODE and B_SCALE_MODE VEC128_32F (one fp32 per 128 consecutive elements along
+// k of each row of op(A), of each column of op(B)) or BLK128x128_32F (one per 128 x 128 block),
+// VEC128 x VEC128, VEC128 x BLK128x128 or BLK128x128 x VEC128 (not BLK x BLK, not one block mode
+// with SCALAR_32F), in the TN format. The scales of an operand with `outer` = m (A) or n (B) and
+// kb = ceil(k / 128):
+//   VEC128_32F       kb x outer values, outer contiguous: (i, j) at j * outer + i
+//   BLK128x128_32F   ceil(outer / 128) x round_up(kb, 4), k contiguous: (i, j) at i * round_up(kb, 4) + j
+// A null scale pointer with a block mode is INVALID_VALUE (heuristic included, as cuBLASLt's
+// "requires a custom pointer"), and so is one not 16-byte aligned. Transformer Engine's rules
+// are held too: m a multiple of 8, and n when B is VEC128_32F (NOT_SUPPORTED). C and D bf16 or
+// fp32; an FP8 D, C/D block modes and VEC32_UE8M0 / VEC16_UE4M3 (sm_100) / OUTER_VEC_32F are not
+// emulated (NOT_SUPPORTED). The product, as Transformer Engine's cuBLAS-exact reference computes it:
+// per 128-wide k block, the fp32 sum of the FP8 products, scaled by the 1-D operand's scale (B's
+// when both are 1-D) and then fused-multiply-added with the other's into an fp32 accumulator;
+// then alpha, the bias, one rounding to D's type, and with beta != 0 beta * C added to that
+// rounded value and rounded again ("first convert to the output type, then accumulate").
 //
 // Not emulated (an error status naming it): batches, orders other than column-major, epilogues
 // other than DEFAULT and BIAS, pointer modes other than HOST, compute types other than 32F
@@ -249,8 +267,70 @@ struct Problem {
   uint32_t ab, bt, cd, ct, bias_type;  // A's type (and B's unless FP8), B's, D's, C's
   bool bias;
   bool fp8;            // FP8 A and B
-  uint64_t signature;  // the types an algorithm is made for
+  bool blocks;         // block-scaled FP8 (A_SCALE_MODE and B_SCALE_MODE VEC128_32F or BLK128x128_32F)
+  uint64_t signature;  // the types (and scale modes) an algorithm is made for
 };
+
+bool block_mode(int32_t m) {
+  return m == CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F || m == CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F;
+}
+const char* scale_mode_name(int32_t m) {
+  switch (m) {
+    case CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F: return "SCALAR_32F";
+    case CUBLASLT_MATMUL_MATRIX_SCALE_VEC16_UE4M3: return "VEC16_UE4M3";
+    case CUBLASLT_MATMUL_MATRIX_SCALE_VEC32_UE8M0: return "VEC32_UE8M0";
+    case CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F: return "OUTER_VEC_32F";
+    case CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F: return "VEC128_32F";
+    case CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F: return "BLK128x128_32F";
+    default: return "an unknown scale mode";
+  }
+}
+// The fp32 scales a block-scaled operand of `outer` rows (m, n) reads, and the extent they span.
+int64_t block_k(int64_t k) { return (k + 127) / 128; }
+int64_t block_ld(int32_t mode, int64_t outer, int64_t k) {
+  return mode == CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F ? outer : (block_k(k) + 3) / 4 * 4;
+}
+size_t block_extent(int32_t mode, int64_t outer, int64_t k) {  // in floats, from the first to the last read
+  if (mode == CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F) return size_t(block_k(k) * outer);
+  return size_t(((outer + 127) / 128 - 1) * block_ld(mode, outer, k) + block_k(k));
+}
+// The scale of element (i, l) of op(A) (or (l, j) of op(B), i = j): i the outer index, l along k.
+size_t block_index(int32_t mode, int64_t outer, int64_t k, int64_t i, int64_t l) {
+  if (mode == CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F) return size_t(l / 128 * outer + i);
+  return size_t(i / 128 * block_ld(mode, outer, k) + l / 128);
+}
+
+// Block-scaled FP8 as an sm_90 GPU takes it (the top of this file); p's shape and fp8_rules checked.
+cublasStatus_t block_rules(const char* fn, const Problem& p) {
+  const Desc& d = *p.desc;
+  const int32_t ma = d.scale_mode[0], mb = d.scale_mode[1];
+  if (!block_mode(ma) || !block_mode(mb))
+    return error(CUBLAS_STATUS_NOT_SUPPORTED, fn,
+                 "A's scale mode %s with B's %s: the block-scaled modes take both operands block-scaled",
+                 scale_mode_name(ma), scale_mode_name(mb));
+  if (ma == CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F && mb == CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F)
+    return error(CUBLAS_STATUS_NOT_SUPPORTED, fn,
+                 "BLK128x128_32F x BLK128x128_32F: cuBLASLt takes 1D x 1D, 1D x 2D and 2D x 1D block scaling");
+  if (emu::blas::is_fp8(p.cd) || d.amax_d)
+    return error(CUBLAS_STATUS_NOT_SUPPORTED, fn, "%s with block-scaled inputs is not emulated",
+                 d.amax_d ? "AMAX_D_POINTER" : "an FP8 D");
+  if (p.m % 8)
+    return error(CUBLAS_STATUS_NOT_SUPPORTED, fn, "block-scaled FP8 with m = %lld: m must be a multiple of 8",
+                 (long long)p.m);
+  if (mb == CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F && p.n % 8)
+    return error(CUBLAS_STATUS_NOT_SUPPORTED, fn,
+                 "block-scaled FP8 with n = %lld and B in VEC128_32F: n must be a multiple of 8", (long long)p.n);
+  for (int x = 0; x < 2; ++x) {
+    if (!d.scale_ptr[x])
+      return error(CUBLAS_STATUS_INVALID_VALUE, fn,
+                   "the scaling mode for %c scale (%s) requires a pointer for %c scale", "AB"[x],
+                   scale_mode_name(d.scale_mode[x]), "AB"[x]);
+    if (reinterpret_cast<uintptr_t>(d.scale_ptr[x]) % 16)
+      return error(CUBLAS_STATUS_INVALID_VALUE, fn, "%c's block scales at %p are not 16-byte aligned", "AB"[x],
+                   d.scale_ptr[x]);
+  }
+  return CUBLAS_STATUS_SUCCESS;
+}
 
 // FP8 inputs as an sm_90 GPU takes them (the top of this file); p's types and layouts set.
 cublasStatus_t fp8_rules(const char* fn, const Problem& p) {
@@ -278,11 +358,11 @@ cublasStatus_t fp8_rules(const char* fn, const Problem& p) {
     return error(CUBLAS_STATUS_NOT_SUPPORTED, fn, "FP8 %s x %s with C %s and D %s is not a cuBLASLt combination",
                  type_name(p.ab), type_name(p.bt), type_name(p.ct), type_name(p.cd));
   for (int x = 0; x < 4; ++x)
-    if (d.scale_mode[x] != CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F)
+    if (d.scale_mode[x] != CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F && (x >= 2 || !block_mode(d.scale_mode[x])))
       return error(CUBLAS_STATUS_NOT_SUPPORTED, fn,
-                   "%c scale mode %d is not emulated (SCALAR_32F only; on sm_90 cuBLASLt has VEC128_32F and "
-                   "BLK128x128_32F too, VEC32_UE8M0 and VEC16_UE4M3 need sm_100)",
-                   "ABCD"[x], d.scale_mode[x]);
+                   "%c scale mode %s (%d) is not emulated (SCALAR_32F, and VEC128_32F and BLK128x128_32F for A and "
+                   "B; VEC32_UE8M0 and VEC16_UE4M3 need sm_100)",
+                   "ABCD"[x], scale_mode_name(d.scale_mode[x]), d.scale_mode[x]);
   if (d.scale_ptr[3] && !is_fp8(p.cd))
     return error(CUBLAS_STATUS_INVALID_VALUE, fn, "D_SCALE_POINTER with a %s D: D's scale is for FP8 outputs",
                  type_name(p.cd));
@@ -339,6 +419,12 @@ cublasStatus_t problem_of(const char* fn, cublasLtMatmulDesc_t desc, cublasLtMat
   p->cd = p->d->type;
   p->ct = p->c->type;
   p->fp8 = emu::blas::is_fp8(p->ab) || emu::blas::is_fp8(p->bt);
+  p->blocks = false;
+  if (!p->fp8)
+    for (int x = 0; x < 4; ++x)
+      if (d.scale_mode[x] != CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F)
+        return error(CUBLAS_STATUS_NOT_SUPPORTED, fn, "%c scale mode %s with %s inputs: scale modes are FP8's",
+                     "ABCD"[x], scale_mode_name(d.scale_mode[x]), type_name(p->ab));
   if (p->fp8) {
     if (const cublasStatus_t s = fp8_rules(fn, *p); s != CUBLAS_STATUS_SUCCESS) return s;
   } else {
@@ -391,6 +477,9 @@ cublasStatus_t problem_of(const char* fn, cublasLtMatmulDesc_t desc, cublasLtMat
                  op_name(d.transa), (long long)b_k, (long long)b_n, (unsigned long long)p->b->rows,
                  (unsigned long long)p->b->cols, op_name(d.transb));
   p->k = a_k;
+  p->blocks = p->fp8 && (block_mode(d.scale_mode[0]) || block_mode(d.scale_mode[1]));
+  if (p->blocks)
+    if (const cublasStatus_t s = block_rules(fn, *p); s != CUBLAS_STATUS_SUCCESS) return s;
 
   // Epilogue: DEFAULT, or BIAS with a vector of D's type (cublasLt.h: "Bias vector elements are
   // the same type as the elements of output matrix (Dtype)", the exceptions being IMMA and fp8,
@@ -413,6 +502,7 @@ cublasStatus_t problem_of(const char* fn, cublasLtMatmulDesc_t desc, cublasLtMat
   }
   p->signature = uint64_t(p->ab) | uint64_t(p->cd) << 8 | uint64_t(p->bias) << 16 | uint64_t(p->bt) << 24 |
                  uint64_t(uint32_t(d.compute)) << 32;
+  if (p->blocks) p->signature ^= uint64_t(d.scale_mode[0]) << 48 | uint64_t(d.scale_mode[1]) << 56;
   return CUBLAS_STATUS_SUCCESS;
 }
 
@@ -593,8 +683,10 @@ class MatmulOp final : public emu::detail::Op {
         al_(al),
         workspace_(workspace),
         ws_(ws),
-        amax_(p.desc->amax_d) {
+        amax_(p.desc->amax_d),
+        blocks_(p.blocks) {
     for (int x = 0; x < 4; ++x) scale_[x] = static_cast<const float*>(p.desc->scale_ptr[x]);
+    mode_[0] = p.desc->scale_mode[0], mode_[1] = p.desc->scale_mode[1];
   }
 
   Status run() override {
@@ -617,10 +709,12 @@ class MatmulOp final : public emu::detail::Op {
     for (int x = 0; x < 4; ++x) {
       scale[x] = 1.0f;
       if (!scale_[x]) continue;
-      emu::detail::note_access(scale_[x], sizeof(float), Access::kRead, 0);
-      scale[x] = *scale_[x];
+      const size_t n = blocks_ && x < 2 ? block_extent(mode_[x], x ? n_ : m_, k_) : 1;
+      emu::detail::note_access(scale_[x], n * sizeof(float), Access::kRead, 0);
+      if (!blocks_ || x >= 2) scale[x] = *scale_[x];
     }
     touch(D_, ld_, Access::kWrite);
+    if (blocks_) return run_blocks(scale[2]);
 
     // D = scale_D (alpha scale_A scale_B op(A) op(B) + beta scale_C C + bias): op(A)'s rows and
     // op(B)'s columns gathered as fp32 vectors over k, each dot product in the algorithm's order,
@@ -669,6 +763,48 @@ class MatmulOp final : public emu::detail::Op {
   size_t ws_;
   const float* scale_[4] = {};
   void* amax_;
+  bool blocks_;
+  int32_t mode_[2] = {};  // A's and B's scale modes
+
+  // The block-scaled product (the top of this file): per 128-wide k block the fp32 sum of the FP8
+  // products in the algorithm's order, times the 1-D operand's scale (B's when both are), fused
+  // into the accumulator with the other's; then alpha, the bias and a rounding to D's type, and
+  // beta * scale_C * C added to the rounded value and rounded once more.
+  Status run_blocks(float scale_c) {
+    const int64_t m = m_, n = n_, k = k_, kb = block_k(k);
+    const bool b_first = mode_[1] == CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F;
+    const bool read_c = beta_ != 0.0f;
+    std::vector<float> arows(size_t(m * k)), bcols(size_t(n * k));
+    if (alpha_ != 0.0f) {
+      for (int64_t i = 0; i < m; ++i)
+        for (int64_t l = 0; l < k; ++l)
+          arows[size_t(i * k + l)] = load(A_, la_.type, ta_ ? size_t(l + i * la_.ld) : size_t(i + l * la_.ld));
+      for (int64_t j = 0; j < n; ++j)
+        for (int64_t l = 0; l < k; ++l)
+          bcols[size_t(j * k + l)] = load(B_, lb_.type, tb_ ? size_t(j + l * lb_.ld) : size_t(l + j * lb_.ld));
+    }
+    auto rounded = [&](float v) {  // v rounded to D's type
+      unsigned char buf[4];
+      store(buf, ld_.type, 0, v);
+      return load(buf, ld_.type, 0);
+    };
+    for (int64_t j = 0; j < n; ++j)
+      for (int64_t i = 0; i < m; ++i) {
+        float acc = 0.0f;
+        for (int64_t b = 0; b < kb && alpha_ != 0.0f; ++b) {
+          const int64_t l0 = b * 128, len = std::min<int64_t>(128, k - l0);
+          const float part = dot(&arows[size_t(i * k + l0)], &bcols[size_t(j * k + l0)], len, *al_);
+          const float sa = scale_[0][block_index(mode_[0], m, k, i, l0)];
+          const float sb = scale_[1][block_index(mode_[1], n, k, j, l0)];
+          acc = b_first ? std::fma(part * sb, sa, acc) : std::fma(part * sa, sb, acc);
+        }
+        float v = alpha_ * acc;
+        if (has_bias_) v += load(bias_, bias_type_, size_t(i));
+        if (read_c) v = rounded(v) + beta_ * scale_c * load(C_, lc_.type, size_t(i + j * lc_.ld));
+        store(D_, ld_.type, size_t(i + j * ld_.ld), v);
+      }
+    return kDone;
+  }
 };
 
 }  // namespace
@@ -1038,22 +1174,26 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatmulDesc_t desc
              {"C", c.p, c.extent(), type_size(p.ct), read_c},
              {"D", d.p, d.extent(), type_size(p.cd), true},
              {"the bias", bias, size_t(p.m) * type_size(p.bias_type), type_size(p.bias_type), p.bias}};
-  // The FP8 scalars: one fp32 each in device memory (not part of the algorithms' alignment rules).
+  // The FP8 scalars: one fp32 each in device memory (not part of the algorithms' alignment rules);
+  // block scales: the extent of their layouts.
+  const size_t a_scales = p.blocks ? block_extent(p.desc->scale_mode[0], p.m, p.k) : 1;
+  const size_t b_scales = p.blocks ? block_extent(p.desc->scale_mode[1], p.n, p.k) : 1;
   const struct {
     const char* name;
     const void* ptr;
-  } scalars[] = {{"A's scale", p.desc->scale_ptr[0]},
-                 {"B's scale", p.desc->scale_ptr[1]},
-                 {"C's scale", p.desc->scale_ptr[2]},
-                 {"D's scale", p.desc->scale_ptr[3]},
-                 {"amax D", p.desc->amax_d}};
+    size_t count;
+  } scalars[] = {{"A's scale", p.desc->scale_ptr[0], a_scales},
+                 {"B's scale", p.desc->scale_ptr[1], b_scales},
+                 {"C's scale", p.desc->scale_ptr[2], 1},
+                 {"D's scale", p.desc->scale_ptr[3], 1},
+                 {"amax D", p.desc->amax_d, 1}};
   for (const auto& x : scalars) {
     if (!x.ptr) continue;
-    if (!find_allocation(x.ptr, sizeof(float)))
+    if (!find_allocation(x.ptr, x.count * sizeof(float)))
       return error(CUBLAS_STATUS_EXECUTION_FAILED, fn,
-                   "%s pointer %p is not device memory: on a GPU, an illegal memory access (scale pointers are device "
-                   "pointers)",
-                   x.name, x.ptr);
+                   "%s pointer %p (%zu fp32 values) is not inside one device allocation: on a GPU, an illegal memory "
+                   "access (scale pointers are device pointers)",
+                   x.name, x.ptr, x.count);
     if (reinterpret_cast<uintptr_t>(x.ptr) % sizeof(float))
       return error(CUBLAS_STATUS_INVALID_VALUE, fn, "%s pointer %p is not aligned to its fp32", x.name, x.ptr);
   }
