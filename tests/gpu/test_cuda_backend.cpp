@@ -24,6 +24,7 @@
 #include "model/linears.h"
 #include "model/llama.h"
 #include "optim/flat_adamw.h"
+#include "support/files.h"
 #include "support/relative_error.h"
 #include "support/sft_packed_batches.h"
 #include "train/trainer.h"
@@ -84,6 +85,18 @@ ModelSpec spec64() {  // head dim 64, as flash attention needs
   s.max_position_embeddings = 128;
   s.init_method_std = 0.02;
   return s;
+}
+
+// The tuned GEMMs (cuda::save_gemm_cache's JSON, whose keys name each problem's types, scale
+// modes and shape) as text; the cache is cleared after.
+std::string tuned_gemms_then_clear() {
+  const std::string dir = ::testing::TempDir() + "primus-tuned-gemms-" + std::to_string(getpid());
+  std::filesystem::create_directories(dir);
+  cuda::save_gemm_cache(dir + "/cache.json");
+  const std::string text = test::slurp(dir + "/cache.json");
+  std::filesystem::remove_all(dir);
+  cuda::clear_gemm_cache();
+  return text;
 }
 
 }  // namespace
@@ -1148,13 +1161,7 @@ TEST(CudaBackend, Fp8GemmsRunAsCublasLtFp8AndMatchTheEmulation) {
   p.expect(y, 1e-2, 1e-2, "forward, E4M3 x E4M3, bias");
   p.expect(dx, 1e-2, 1e-2, "input gradient, E5M2 x E4M3");
   p.expect(gw, 1e-5, 1e-5, "weight gradient, E5M2 x E4M3, fp32 accumulated");
-  const std::string dir = ::testing::TempDir() + "primus-fp8-gemm-" + std::to_string(getpid());
-  std::filesystem::create_directories(dir);
-  cuda::save_gemm_cache(dir + "/cache.json");
-  std::ifstream file(dir + "/cache.json");
-  const std::string text((std::istreambuf_iterator<char>(file)), std::istreambuf_iterator<char>());
-  std::filesystem::remove_all(dir);
-  cuda::clear_gemm_cache();
+  const std::string text = tuned_gemms_then_clear();
   for (const char* key :
        {"\"e4m3:bf16:NT:m24:n48:k48:", "\"e5m2xe4m3:bf16:NT:m24:n40:k48:", "\"e5m2xe4m3:fp32:NT:m48:n40:k32:"})
     EXPECT_EQ(text.find(key) != std::string::npos, fp8_kernels) << key << " among the tuned GEMMs:\n" << text;
@@ -1226,13 +1233,7 @@ TEST(CudaBackend, BlockwiseGemmsRunAsCublasLtBlockScaledFp8AndMatchTheEmulation)
     p.expect(dx, 1e-2, 1e-2, "input gradient, E5M2 1x128 x E4M3 128x128");
     p.expect(gw, 1e-5, 1e-5, "weight gradient, E5M2 1x128 x E4M3 1x128, fp32 accumulated");
     p.expect(y2, 1e-2, 1e-2, "forward with both operands in 128 x 128 blocks (emulated)");
-    const std::string dir = ::testing::TempDir() + "primus-blockwise-gemm-" + std::to_string(getpid());
-    std::filesystem::create_directories(dir);
-    cuda::save_gemm_cache(dir + "/cache.json");
-    std::ifstream file(dir + "/cache.json");
-    const std::string text((std::istreambuf_iterator<char>(file)), std::istreambuf_iterator<char>());
-    std::filesystem::remove_all(dir);
-    cuda::clear_gemm_cache();
+    const std::string text = tuned_gemms_then_clear();
     const std::pair<std::string, bool> keys[] = {
         {fmt::format("\"e4m3.vec128xe4m3.blk128:bf16:NT:m{}:n{}:k{}:", c.N, c.out, r16(c.in)), c.fwd},
         {fmt::format("\"e5m2.vec128xe4m3.blk128:bf16:NT:m{}:n{}:k{}:", c.N, c.in, r16(c.out)), c.dgrad},
