@@ -47,11 +47,13 @@ const std::vector<KeyInfo>& training_keys() {
           "optimizer; docs/optim.md#low-precision-optimizer-state)"),
       KEY(main_grads_dtype, "fp32 | bf16: bf16 rounds the gradients to bf16 after each microbatch's accumulation and "
                             "after the data-parallel reduction, as Megatron's bf16 gradient buffer (needs bf16: true)"),
-      KEY(main_params_dtype, "fp32 | bf16: bf16 keeps the parameters bf16 (each update rounded to bf16, no fp32 "
-                             "master values: MaxText's weight_dtype bfloat16); Megatron's fp16 is not built"),
-      KEY(exp_avg_dtype, "fp32 | bf16: AdamW's first moment stored in bf16 (the update computed in fp32, rounded to "
-                         "nearest even on store); fp16 and fp8 are not built"),
-      KEY(exp_avg_sq_dtype, "fp32 | bf16: AdamW's second moment, as exp_avg_dtype"),
+      KEY(main_params_dtype, "fp32 | fp16 | bf16: fp16 reads each step's master weights as Transformer Engine's "
+                             "fp16 master with a per-tensor scale (needs bf16: true); bf16 keeps the parameters bf16 "
+                             "(each update rounded to bf16, no fp32 master values: MaxText's weight_dtype bfloat16)"),
+      KEY(exp_avg_dtype, "fp32 | bf16 | fp16 | fp8: AdamW's first moment stored in that dtype (the update computed in "
+                         "fp32; bf16 rounded to nearest even, fp16 and fp8 (E4M3) with a per-tensor scale from the "
+                         "tensor's amax, as Transformer Engine's FusedAdam)"),
+      KEY(exp_avg_sq_dtype, "fp32 | bf16 | fp16 | fp8: AdamW's second moment, as exp_avg_dtype"),
       KEY(seed, "seed of weight init and data shuffling"),
       KEY(log_interval, "log a line (and a metrics.jsonl row) every this many steps"),
       KEY(eval_interval, "evaluate on the valid split every this many steps; 0: never"),
@@ -826,15 +828,21 @@ void check_precision_aware(const TrainingArgs& t, const At& at) {
       fail("{}: {} {} needs use_precision_aware_optimizer: true (Megatron's rule: without it every optimizer dtype "
            "is fp32)",
            at(key), key, choice_name(d));
-    if (d == OptimDtype::Fp16 || d == OptimDtype::Fp8)
-      fail("{}: {} {} is not built: Transformer Engine keeps {} state with a per-tensor scale, which this engine "
-           "does not have; use bf16 or fp32",
-           at(key), key, choice_name(d), choice_name(d));
   }
+  if (t.main_grads_dtype == OptimDtype::Fp16 || t.main_grads_dtype == OptimDtype::Fp8)
+    fail("{}: main_grads_dtype {} is not one of Megatron's choices (fp32, bf16)", at("main_grads_dtype"),
+         choice_name(t.main_grads_dtype));
+  if (t.main_params_dtype == OptimDtype::Fp8)
+    fail("{}: main_params_dtype fp8 is not one of Megatron's choices (fp32, fp16; bf16 is MaxText's)",
+         at("main_params_dtype"));
   if (t.main_grads_dtype == OptimDtype::Bf16 && !t.bf16)
     fail("{}: main_grads_dtype bf16 needs bf16: true (in fp32 training Megatron's gradients stay fp32 whatever this "
          "key says)",
          at("main_grads_dtype"));
+  if (t.main_params_dtype == OptimDtype::Fp16 && !t.bf16)
+    fail("{}: main_params_dtype fp16 needs bf16: true (with fp32 parameters Transformer Engine's FusedAdam updates "
+         "them in place and never reads its fp16 master)",
+         at("main_params_dtype"));
 }
 
 // Derived defaults, then the checks that must fail before any training starts.

@@ -61,9 +61,9 @@ struct TrainingArgs {
   // The precision-aware optimizer (Megatron's keys; docs/optim.md#low-precision-optimizer-state)
   bool use_precision_aware_optimizer = false;
   OptimDtype main_grads_dtype = OptimDtype::Fp32;   // fp32 | bf16
-  OptimDtype main_params_dtype = OptimDtype::Fp32;  // fp32 | bf16 (ours: MaxText's weight_dtype); fp16 refused
-  OptimDtype exp_avg_dtype = OptimDtype::Fp32;      // fp32 | bf16; fp16, fp8 refused
-  OptimDtype exp_avg_sq_dtype = OptimDtype::Fp32;   // fp32 | bf16; fp16, fp8 refused
+  OptimDtype main_params_dtype = OptimDtype::Fp32;  // fp32 | fp16 (TE's scaled fp16 master) | bf16 (ours: MaxText's)
+  OptimDtype exp_avg_dtype = OptimDtype::Fp32;      // fp32 | bf16 | fp16 | fp8 (fp16 and fp8 with a per-tensor scale)
+  OptimDtype exp_avg_sq_dtype = OptimDtype::Fp32;   // as exp_avg_dtype
   int64_t seed = 1234;
   // logging, evaluation, checkpoints
   int64_t log_interval = 100;

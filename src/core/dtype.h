@@ -1,6 +1,7 @@
 // Element types and devices. fp32 is what the CPU backend computes in; fp64 serves the
 // finite-difference tests; bf16/fp16 are the activation types of mixed precision; i32 holds
-// token ids that a device kernel reads. Meta is the shape-only device (core/meta_device.h):
+// token ids that a device kernel reads; F8E4M3 is storage only, FP8 E4M3 bytes (AdamW's fp8
+// moments, optim/adamw.h), which no op computes on. Meta is the shape-only device (core/meta_device.h):
 // tensors with shapes and dtypes whose storage holds no bytes.
 #pragma once
 
@@ -11,7 +12,7 @@
 
 namespace primus {
 
-enum class DType : uint8_t { F32, F64, BF16, F16, I32 };
+enum class DType : uint8_t { F32, F64, BF16, F16, I32, F8E4M3 };
 enum class Device : uint8_t { CPU, CUDA, Meta };
 inline const char* device_name(Device d) { return d == Device::CPU ? "cpu" : d == Device::CUDA ? "cuda" : "meta"; }
 
@@ -22,6 +23,7 @@ inline size_t dtype_size(DType t) {
     case DType::BF16: return 2;
     case DType::F16: return 2;
     case DType::I32: return 4;
+    case DType::F8E4M3: return 1;
   }
   return 0;
 }
@@ -33,6 +35,7 @@ inline const char* dtype_name(DType t) {
     case DType::BF16: return "bf16";
     case DType::F16: return "fp16";
     case DType::I32: return "int32";
+    case DType::F8E4M3: return "fp8_e4m3";
   }
   return "?";
 }

@@ -51,15 +51,7 @@ float round(float x, Format f) {
 
 uint8_t encode(float x, Format f) { return scalar::encode(x, scalar_format(f)); }
 
-float decode(uint8_t bits, Format f) {
-  const Layout l = layout_of(f);
-  const float sign = bits & 0x80 ? -1.0f : 1.0f;
-  const int exp = (bits & 0x7F) >> l.mantissa, mant = bits & ((1 << l.mantissa) - 1);
-  if (f == Format::E4M3 && exp == 15 && mant == 7) return NAN;
-  if (f == Format::E5M2 && exp == 31) return mant == 0 ? sign * INFINITY : NAN;
-  if (exp == 0) return sign * std::ldexp(float(mant), l.emin - l.mantissa);
-  return sign * std::ldexp(1.0f + float(mant) / float(1 << l.mantissa), exp - l.bias);
-}
+float decode(uint8_t bits, Format f) { return scalar::decode(bits, scalar_format(f)); }
 
 float scale_from_amax(float amax, float max, bool pow2) { return scalar::scale_from_amax(amax, max, pow2); }
 

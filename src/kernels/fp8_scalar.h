@@ -83,6 +83,18 @@ PRIMUS_FP8_HD uint8_t encode(float v, const Format& f) {
   return uint8_t(sign | uint32_t(from_bits(a) * pow2(f.mantissa + 127 - f.emin_biased)));
 }
 
+// The value of an FP8 byte (encode's inverse): a normal value's exponent field and mantissa put
+// into an fp32's, a subnormal one as its units of the smallest subnormal (exact); NaN for E4M3's
+// S.1111.111 and E5M2's S.11111.xx with a mantissa, E5M2's infinities.
+PRIMUS_FP8_HD float decode(uint8_t v, const Format& f) {
+  const uint32_t sign = uint32_t(v & 0x80u) << 24, mag = v & 0x7Fu;
+  const uint32_t e = mag >> f.mantissa, m = mag & ((1u << f.mantissa) - 1u), e_all = 0x7Fu >> f.mantissa;
+  if (f.mantissa == 3 ? mag == 0x7Fu : e == e_all)
+    return from_bits(sign | (m == 0 && f.mantissa != 3 ? 0x7F800000u : 0x7FC00000u));
+  if (e == 0) return from_bits(sign | bits(float(m) * pow2(f.emin_biased - 127 - f.mantissa)));
+  return from_bits(sign | (e - 1 + uint32_t(f.emin_biased)) << 23 | m << (23 - f.mantissa));
+}
+
 // TE's compute_scale_from_amax: max / amax; 1 when amax is 0, infinite or NaN; FLT_MAX when the
 // quotient overflows; with pow2 the power of two at or below it (the mantissa cleared).
 PRIMUS_FP8_HD float scale_from_amax(float amax, float max, bool pow2) {

@@ -1,5 +1,6 @@
 #include "optim/flat_adamw.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -15,8 +16,12 @@ namespace primus {
 
 #ifdef PRIMUS_HAVE_CUDA
 struct FlatAdamW::DeviceState {
-  Tensor m, v;       // the moments on the GPU (fp32 or bf16, AdamWOptions)
+  Tensor m, v;       // the moments on the GPU (in AdamWOptions' dtypes)
   Tensor table;      // the segments as cuda::AdamWChunk, on the GPU
+  // Scaled moments (fp16, E4M3): per chunk (the segments that are not empty, in order) the
+  // dequantizing factors of exp_avg and exp_avg_sq, on the GPU (cuda::AdamWParams::state_scales).
+  Tensor scales;
+  std::vector<ParamSegment> chunks;  // the host's copy of the table
   Tensor norm_out;   // one double
   // The table of the tensors grad_sq_sum was last asked for (the trainer asks for the same set
   // every step): built and uploaded again only when the set changes.
@@ -39,6 +44,15 @@ static Tensor chunk_table(const std::vector<ParamSegment>& segs, const std::vect
   std::memcpy(host.raw(), chunks.data(), chunks.size() * sizeof(cuda::AdamWChunk));
   return host.to(Device::CUDA);
 }
+
+static cuda::StateStorage storage_of(DType d) {
+  switch (d) {
+    case DType::BF16: return cuda::StateStorage::BF16;
+    case DType::F16: return cuda::StateStorage::F16;
+    case DType::F8E4M3: return cuda::StateStorage::E4M3;
+    default: return cuda::StateStorage::F32;
+  }
+}
 #else
 struct FlatAdamW::DeviceState {};
 #endif
@@ -58,6 +72,13 @@ FlatAdamW::FlatAdamW(AdamWOptions options, std::vector<ParamSegment> segments, i
   dev_->m = Tensor::zeros({std::max<int64_t>(numel, 1)}, options_.exp_avg_dtype, Device::CUDA);
   dev_->v = Tensor::zeros({std::max<int64_t>(numel, 1)}, options_.exp_avg_sq_dtype, Device::CUDA);
   dev_->table = chunk_table(segments_, nullptr);
+  for (const auto& s : segments_)
+    if (s.numel > 0) dev_->chunks.push_back(s);
+  if (scaled_state(options_.exp_avg_dtype) || scaled_state(options_.exp_avg_sq_dtype)) {
+    Tensor ones = Tensor::empty({std::max<int64_t>(2 * int64_t(dev_->chunks.size()), 1)});
+    std::fill(ones.data<float>(), ones.data<float>() + ones.numel(), 1.0f);  // TE's initial scale (zero state)
+    dev_->scales = ones.to(Device::CUDA);
+  }
   dev_->norm_out = Tensor::zeros({1}, DType::F64, Device::CUDA);
 #else
   fail("FlatAdamW on {} needs the CUDA backend, which this build lacks", device_name(device));
@@ -124,14 +145,22 @@ void FlatAdamW::step(float* values, float* grads, bf16* working, double lr, doub
   p.weight_decay = options_.weight_decay;
   p.step = step_;
   p.grad_scale = grad_scale;
-  p.exp_avg_bf16 = options_.exp_avg_dtype == DType::BF16;
-  p.exp_avg_sq_bf16 = options_.exp_avg_sq_dtype == DType::BF16;
-  p.bf16_params = options_.bf16_params;
-  int n = 0;
-  for (const auto& s : segments_) n += s.numel > 0;
+  p.exp_avg = storage_of(options_.exp_avg_dtype);
+  p.exp_avg_sq = storage_of(options_.exp_avg_sq_dtype);
+  p.params = options_.main_params_dtype == DType::BF16  ? cuda::ParamStorage::BF16
+             : options_.main_params_dtype == DType::F16 ? cuda::ParamStorage::F16Master
+                                                        : cuda::ParamStorage::F32;
+  p.state_scales = dev_->scales.defined() ? dev_->scales.data<float>() : nullptr;
   cuda::adamw_step(values, grads, dev_->m.raw(), dev_->v.raw(), reinterpret_cast<cuda::bf16*>(working),
-                   static_cast<const cuda::AdamWChunk*>(dev_->table.raw()), n, p, cuda::stream());
+                   static_cast<const cuda::AdamWChunk*>(dev_->table.raw()), int(dev_->chunks.size()), p,
+                   cuda::stream());
 #endif
+}
+
+int64_t FlatAdamW::state_bytes() const {
+  int64_t segments = 0;
+  for (const auto& s : segments_) segments += s.numel > 0;
+  return adamw_state_bytes(options_, numel_, segments);
 }
 
 void FlatAdamW::set_weight_decay(double wd) {
@@ -161,9 +190,23 @@ void FlatAdamW::copy_moment(bool second, int64_t begin, int64_t n, float* out) c
     cuda::copy_to_host(out, static_cast<const char*>(t.raw()) + begin * es, es * size_t(n));
     return;
   }
-  std::vector<bf16> staged(static_cast<size_t>(n));
+  std::vector<char> staged(es * size_t(n));
   cuda::copy_to_host(staged.data(), static_cast<const char*>(t.raw()) + begin * es, es * size_t(n));
-  for (int64_t i = 0; i < n; ++i) out[i] = staged[size_t(i)].to_float();
+  if (t.dtype() == DType::BF16) {
+    const bf16* b = reinterpret_cast<const bf16*>(staged.data());
+    for (int64_t i = 0; i < n; ++i) out[i] = b[i].to_float();
+    return;
+  }
+  // Scaled: each chunk's codes times its dequantizing factor; zeros outside the chunks.
+  const Tensor scales = dev_->scales.to(Device::CPU);
+  std::fill(out, out + n, 0.0f);
+  for (size_t k = 0; k < dev_->chunks.size(); ++k) {
+    const ParamSegment& s = dev_->chunks[k];
+    const int64_t lo = std::max(begin, s.offset), hi = std::min(begin + n, s.offset + s.numel);
+    if (lo < hi)
+      read_scaled_state(t.dtype(), staged.data() + size_t(lo - begin) * es, hi - lo,
+                        scales.data<float>()[2 * k + (second ? 1 : 0)], out + (lo - begin));
+  }
 #endif
 }
 
@@ -191,11 +234,12 @@ void FlatAdamW::set_state(int64_t step_count, const float* exp_avg, const float*
     return;
   }
   if (device_ == Device::CPU) {
-    host_->set_state(step_count, exp_avg, exp_avg_sq);
+    host_->set_state(step_count, exp_avg, exp_avg_sq, &segments_);
     return;
   }
 #ifdef PRIMUS_HAVE_CUDA
   if (numel_ == 0) return;
+  Tensor scales = dev_->scales.defined() ? dev_->scales.to(Device::CPU) : Tensor();
   for (int which = 0; which < 2; ++which) {
     Tensor& t = which == 0 ? dev_->m : dev_->v;
     const float* src = which == 0 ? exp_avg : exp_avg_sq;
@@ -204,10 +248,21 @@ void FlatAdamW::set_state(int64_t step_count, const float* exp_avg, const float*
       cuda::copy_to_device(t.raw(), src, sizeof(float) * numel_);
       continue;
     }
-    std::vector<bf16> staged(static_cast<size_t>(numel_));  // rounded to nearest even, as the step stores them
-    for (int64_t i = 0; i < numel_; ++i) staged[size_t(i)] = bf16::from_float(src[i]);
-    cuda::copy_to_device(t.raw(), staged.data(), sizeof(bf16) * numel_);
+    const size_t es = dtype_size(t.dtype());
+    std::vector<char> staged(es * size_t(numel_), 0);  // as the step stores them
+    if (t.dtype() == DType::BF16) {
+      bf16* b = reinterpret_cast<bf16*>(staged.data());
+      for (int64_t i = 0; i < numel_; ++i) b[i] = bf16::from_float(src[i]);  // rounded to nearest even
+    } else {
+      for (size_t k = 0; k < dev_->chunks.size(); ++k) {
+        const ParamSegment& s = dev_->chunks[k];
+        scales.data<float>()[2 * k + size_t(which)] = load_scaled_state(t.dtype(), src + s.offset, s.numel,
+                                                                        staged.data() + size_t(s.offset) * es);
+      }
+    }
+    cuda::copy_to_device(t.raw(), staged.data(), staged.size());
   }
+  if (scales.defined()) dev_->scales.copy_from(scales);
 #endif
 }
 

@@ -38,19 +38,22 @@ class FlatAdamW {
   int64_t step_count() const { return step_; }
   Device device() const { return device_; }
   const AdamWOptions& options() const { return options_; }
-  // Checkpointing: the moments as host fp32 vectors of numel elements (a bf16 moment's values
-  // exactly), and their restore (rounded to nearest even into a bf16 moment).
+  // Checkpointing: the moments as host fp32 vectors of numel elements (a bf16, fp16 or fp8 moment's
+  // values exactly), and their restore (rounded to nearest even into a bf16 moment, stored with each
+  // segment's recomputed scale into an fp16 or fp8 one: AdamW::set_state).
   std::vector<float> exp_avg() const { return moment(false); }
   std::vector<float> exp_avg_sq() const { return moment(true); }
   // exp_avg and exp_avg_sq both null: only the step count (the moments were written in place,
   // through host_moment).
   void set_state(int64_t step_count, const float* exp_avg, const float* exp_avg_sq);
   int64_t numel() const { return numel_; }
+  // The bytes of the state: the moments, and a scaled moment's scale per segment that is not empty.
+  int64_t state_bytes() const;
   // Checkpoint loads: the moment's own host memory (numel elements) to read into; nullptr when
   // it is not host fp32 (on a GPU): then set_state from a host copy.
   float* host_moment(bool second);
   // Checkpoint writers: a host pointer to elements [begin, begin + n) of a moment, the optimizer's
-  // own memory on the CPU (fp32 moments), or a copy appended to `copies` (a GPU's, or bf16 moments).
+  // own memory on the CPU (fp32 moments), or a copy appended to `copies` (a GPU's, or moments not in fp32).
   const float* moment_range(bool second, int64_t begin, int64_t n, std::vector<std::vector<float>>& copies) const;
 
  private:

@@ -40,6 +40,12 @@ DistributedOptimizer::DistributedOptimizer(GradBuckets& buckets, float* params,
   }
 }
 
+int64_t DistributedOptimizer::state_bytes() const {
+  int64_t bytes = 0;
+  for (const auto& a : adams_) bytes += a->state_bytes();
+  return bytes;
+}
+
 int64_t DistributedOptimizer::shard_numel() const {
   int64_t n = 0;
   for (const auto& b : buckets_.buckets()) n += b.shard_end - b.shard_begin;

@@ -5,7 +5,7 @@
 // Every bucket is split dp ways, and rank r owns shard r of every bucket (see data_parallel.h
 // for the exact ranges). A rank's shard is therefore one range per bucket, not one range of the
 // whole buffer: that is what lets each bucket's reduce-scatter start during the backward. For
-// each bucket the rank keeps one AdamW over its range (exp_avg and exp_avg_sq, fp32 or bf16), driven
+// each bucket the rank keeps one AdamW over its range (exp_avg and exp_avg_sq in AdamWOptions' dtypes), driven
 // with shard_segments() so that weight decay follows the tensors a range cuts through.
 //
 // A step: GradBuckets::finish() (reduce-scatter: the rank's ranges hold the summed gradients);
@@ -95,7 +95,7 @@ class DistributedOptimizer {
   void set_weight_decay(double wd);
   // Parameters this rank holds optimizer state for, and the bytes of that state.
   int64_t shard_numel() const;
-  int64_t state_bytes() const { return shard_numel() * adamw_state_bytes_per_param(options_); }
+  int64_t state_bytes() const;
 
  private:
   float* grads() const { return buckets_.grads(); }

@@ -50,6 +50,7 @@ CommType comm_type_of(DType t) {
     case DType::BF16: return CommType::BF16;
     case DType::F16: return CommType::F16;
     case DType::I32: return CommType::I32;
+    case DType::F8E4M3: return CommType::U8;  // bytes: moved, never reduced
   }
   fail("no wire type for dtype {}", static_cast<int>(t));
 }

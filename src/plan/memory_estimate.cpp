@@ -26,11 +26,17 @@ std::string gib(double bytes) { return fmt::format("{:.2f} GiB", bytes / double(
 // A tensor of n elements of `size` bytes as the host pool and the meta device hold it.
 double held(double n, double size) { return std::max(64.0, std::ceil(n * size / 64.0) * 64.0); }
 
-// AdamW's two moments of n parameters: each its own allocation, fp32 or bf16 (exp_avg_dtype,
-// exp_avg_sq_dtype; the config allows no other).
-double moments(double n, const config::TrainingArgs& a) {
-  const auto size = [](config::OptimDtype d) { return d == config::OptimDtype::Bf16 ? 2.0 : 4.0; };
-  return held(n, size(a.exp_avg_dtype)) + held(n, size(a.exp_avg_sq_dtype));
+// AdamW's two moments of n parameters over `segments` tensors (or pieces of them): each moment its
+// own allocation, of exp_avg_dtype / exp_avg_sq_dtype's size (fp32 4, bf16 and fp16 2, fp8 1), and
+// an fp16 or fp8 moment's fp32 scale per segment (optim/adamw.h, adamw_state_bytes).
+double moments(double n, int64_t segments, const config::TrainingArgs& a) {
+  using config::OptimDtype;
+  const auto size = [](OptimDtype d) {
+    return d == OptimDtype::Fp8 ? 1.0 : d == OptimDtype::Bf16 || d == OptimDtype::Fp16 ? 2.0 : 4.0;
+  };
+  const auto scaled = [](OptimDtype d) { return d == OptimDtype::Fp16 || d == OptimDtype::Fp8 ? 1.0 : 0.0; };
+  return held(n, size(a.exp_avg_dtype)) + held(n, size(a.exp_avg_sq_dtype)) +
+         4.0 * double(segments) * (scaled(a.exp_avg_dtype) + scaled(a.exp_avg_sq_dtype));
 }
 
 // The activations a rank holds at each op of its schedule: F keeps the chunk's context, B keeps
@@ -104,6 +110,7 @@ struct MetaGroup {
 struct Buckets {
   double scratch = 0;
   int64_t shard = 0;
+  int64_t segments = 0;  // the tensors (pieces) in this rank's shards, AdamW's segments over them
 };
 Buckets meta_buckets(int group_size, int64_t bucket_size, int64_t numel, std::vector<ParamSegment> segments,
                      std::vector<std::pair<int64_t, int64_t>>* shards = nullptr) {
@@ -117,6 +124,10 @@ Buckets meta_buckets(int group_size, int64_t bucket_size, int64_t numel, std::ve
   out.scratch = double(b.scratch_bytes());
   for (const auto& bk : b.buckets()) {
     out.shard += bk.shard_end - bk.shard_begin;
+    for (int t = bk.first_tensor; t <= bk.last_tensor; ++t) {
+      const ParamSegment& s = b.tensors()[size_t(t)];
+      out.segments += std::max(bk.shard_begin, s.offset) < std::min(bk.shard_end, s.offset + s.numel);
+    }
     if (shards) shards->push_back({bk.shard_begin, bk.shard_end});
   }
   return out;
@@ -131,6 +142,7 @@ struct Shards {
   int64_t trained_units = 0;  // the units that train, whole (LoRA under FSDP keeps them whole)
   int64_t max_unit = 0;  // the largest unit's whole elements
   int64_t buffers = 0;   // buffer tensors, kept whole (the MoE expert bias)
+  int64_t trained_tensors = 0;  // the pieces of the units that train (rank 0 holds rows of each)
 };
 Shards shards_of(const RankRecord& rec, int dense_group, int expert_group) {
   Shards s;
@@ -145,6 +157,7 @@ Shards shards_of(const RankRecord& rec, int dense_group, int expert_group) {
         if (is_expert_param(info.name) != bool(expert)) continue;
         const int64_t rows = info.shape.empty() ? 1 : info.shape[0];
         tensors.push_back({1, rows, info.numel / rows, info.offset - u.begin, 0});
+        if (trains && p >= rec.first_trainable && info.numel > 0) ++s.trained_tensors;
       }
       if (tensors.empty()) continue;
       const int64_t n = parallel::fsdp_shard_unit(std::move(tensors), u.end - u.begin,
@@ -188,13 +201,16 @@ void replicated_state(MemoryEstimate& e, const RankRecord& rec, const ParallelLa
   e.working_bytes = rec.activation != rec.master ? held(P, double(dtype_size(rec.activation))) : 0;
   e.gradient_bytes = held(P, master);
   if (sharding == config::DpSharding::NoShard) {
-    e.optimizer_bytes = moments(P - double(rec.trainable_begin), a);
+    int64_t trained = 0;
+    for (size_t t = size_t(std::max(0, rec.first_trainable)); t < rec.params.size(); ++t)
+      trained += rec.params[t].numel > 0;
+    e.optimizer_bytes = moments(P - double(rec.trainable_begin), trained, a);
   } else {
     std::vector<ParamSegment> segments;
     for (const StoredParam& p : rec.params) segments.push_back({p.name, p.offset, p.numel, p.weight_decay});
     const int64_t bucket = a.ddp_bucket_size > 0 ? a.ddp_bucket_size : parallel::default_bucket_size(L.dp);
     const Buckets b = meta_buckets(dp, bucket, rec.param_numel, std::move(segments));
-    e.optimizer_bytes = moments(double(b.shard), a);
+    e.optimizer_bytes = moments(double(b.shard), b.segments, a);
     e.buffer_bytes += b.scratch;
   }
   const Experts x = experts_of(rec, L.ep);
@@ -203,7 +219,7 @@ void replicated_state(MemoryEstimate& e, const RankRecord& rec, const ParallelLa
   if (sharding == config::DpSharding::NoShard) return;
   const Buckets b = meta_buckets(edp, parallel::default_bucket_size(edp), x.numel, x.segments);
   e.parameter_bytes += held(double(x.numel), 4);
-  e.optimizer_bytes += moments(double(b.shard), a);
+  e.optimizer_bytes += moments(double(b.shard), b.segments, a);
   e.buffer_bytes += b.scratch;
 }
 
@@ -237,7 +253,7 @@ void sharded_state(MemoryEstimate& e, const RankRecord& rec, const ParallelLayou
   // (ShardedWeights::accumulation_bytes), as no_shard holds it.
   if (a.reduce_sharded_grads_once_per_step && L.microbatches_per_rank > 1)
     e.gradient_bytes += held(double(s.trained_units), 4);
-  e.optimizer_bytes = moments(T, a);
+  e.optimizer_bytes = moments(T, s.trained_tensors, a);
   if (s.buffers > 0) e.buffer_bytes += held(double(s.buffers), 4);
   const double unit = double(s.max_unit);
   e.buffer_bytes += (1 + parallel::kFsdpReductionsInFlight) * held(unit, 4);

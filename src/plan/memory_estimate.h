@@ -10,8 +10,8 @@
 //                shard of both (train/sharded_weights.h's per-tensor row split), ZeRO-2 the whole
 //                working copy besides
 //   gradients    fp32, the master's layout (ZeRO-2 / FSDP: the shard)
-//   optimizer    AdamW's two moments (fp32, or bf16 as exp_avg_dtype / exp_avg_sq_dtype say) of
-//                what the rank steps: everything (no_shard), its
+//   optimizer    AdamW's two moments (in exp_avg_dtype / exp_avg_sq_dtype: 4, 2 or 1 bytes, and an
+//                fp16 or fp8 moment's fp32 scale per tensor piece) of what the rank steps: everything (no_shard), its
 //                shards of the gradient buckets (ZeRO-1: the buckets built as the trainer builds
 //                them, parallel/data_parallel.h), its shard (ZeRO-2 / FSDP); under expert
 //                parallelism with the plain or distributed optimizer, the experts' own packed

@@ -146,7 +146,6 @@ class BucketedStrategy : public DataParallelStrategy {
   ModelParallelGrads mp_;
   std::unique_ptr<ExpertGradients> experts_;  // expert parallel: the experts' reduction over edp x cp
   std::unique_ptr<parallel::GradBuckets> buckets_;
-  const AdamWOptions adam_options_;
   const bool bf16_grads_, bf16_params_;
 
  private:
@@ -159,9 +158,8 @@ BucketedStrategy::BucketedStrategy(const DpSetup& s, parallel::GradReduce reduce
       groups_(s.groups),
       gradient_group_(gradient_group(s)),
       mp_(s.model, s.layout, s.groups, s.me),
-      adam_options_(s.adam),
       bf16_grads_(s.bf16_main_grads),
-      bf16_params_(s.adam.bf16_params) {
+      bf16_params_(s.adam.main_params_dtype == DType::BF16) {
   model_.init_weights(s.seed);
   if (bf16_params_) {  // bf16 parameters from the start
     round_to_bf16(model_.backend(), model_.params().values());
@@ -259,9 +257,7 @@ class ReplicatedStrategy final : public BucketedStrategy {
   }
 
  private:
-  double optimizer_bytes() const override {
-    return double(model_.params().numel() - begin_) * double(adamw_state_bytes_per_param(adam_options_));
-  }
+  double optimizer_bytes() const override { return double(adam_->state_bytes()); }
   const int first_;       // the first tensor AdamW steps (0 without LoRA)
   const int64_t begin_;   // its flat offset
   std::vector<int> counted_;  // the tensors the norm counts, as indices of AdamW's segments
@@ -323,8 +319,7 @@ class DistributedOptimizerStrategy final : public BucketedStrategy {
 
  private:
   double optimizer_bytes() const override {
-    return double(dist_->state_bytes()) +
-           (experts_ ? double(experts_->state_numel()) * double(adamw_state_bytes_per_param(adam_options_)) : 0.0);
+    return double(dist_->state_bytes()) + (experts_ ? double(experts_->state_bytes()) : 0.0);
   }
   // Calls fn(tensor, begin, numel, adam, adam_offset) for the ranges of the flat layout whose AdamW
   // state this rank holds: its dense shards within each dense tensor, and the experts' state ranges.

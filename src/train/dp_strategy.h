@@ -48,7 +48,7 @@ struct DpSetup {
   uint64_t seed = 0;        // the weights' initialization
   // main_grads_dtype bf16 (docs/optim.md#low-precision-optimizer-state): each tensor's gradient
   // rounded to bf16 after every W pass adds into it (before its bucket or unit is reduced), and
-  // after the data-parallel reduction. adam.bf16_params rounds the initial and loaded weights too.
+  // after the data-parallel reduction. adam.main_params_dtype bf16 rounds the initial and loaded weights too.
   bool bf16_main_grads = false;
   // ZeRO-2 / FSDP (train/sharded_weights.h, ShardedSchedule): reduce_sharded_grads_once_per_step and
   // torch_fsdp2_reshard_after_forward.

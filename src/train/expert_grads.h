@@ -67,6 +67,7 @@ class ExpertGradients {
   std::vector<StateRange> state_ranges() const;
   // Parameters this rank keeps optimizer state for (its shards).
   int64_t state_numel() const { return dist_ ? dist_->shard_numel() : 0; }
+  int64_t state_bytes() const { return dist_ ? dist_->state_bytes() : 0; }
   // The packed buffers it holds beside the model's: the experts' gradients, and (sharded) their
   // values, which the distributed optimizer steps.
   int64_t gradient_bytes() const { return grads_.defined() ? int64_t(grads_.nbytes()) : 0; }

@@ -25,7 +25,7 @@ ShardedWeights::ShardedWeights(LlamaModel& model, parallel::ProcessGroup& dp, pa
       stage_(stage),
       work_dtype_(activation_dtype(model.precision())),
       bf16_grads_(bf16_grads),
-      bf16_params_(adam.bf16_params),
+      bf16_params_(adam.main_params_dtype == DType::BF16),
       schedule_(schedule) {
   PRIMUS_CHECK(schedule_.reduce_every >= 1, "reduce_every {} microbatches", schedule_.reduce_every);
   const ParamStore& params = model_.params();

@@ -93,7 +93,7 @@ class ShardedWeights final : public WeightSource {
   // dp: the group the shards span, on the backend's device. expert_dp: under expert parallel, the
   // group the experts' shards span (model/moe.h is_expert_param); nullptr: dp, like the rest.
   // bf16_grads (main_grads_dtype bf16): a unit's gradient is rounded to bf16 before each
-  // reduction, and the gradient shards after each sum is added to them. adam.bf16_params: the
+  // reduction, and the gradient shards after each sum is added to them. adam.main_params_dtype bf16: the
   // master pieces hold bf16 values (rounded where loaded, and by every step).
   ShardedWeights(LlamaModel& model, parallel::ProcessGroup& dp, parallel::ProcessGroup* expert_dp, ShardedStage stage,
                  AdamWOptions adam, bool bf16_grads = false, ShardedSchedule schedule = {});
@@ -140,9 +140,7 @@ class ShardedWeights final : public WeightSource {
   // ---- memory (this rank's persistent buffers) ----
   int64_t parameter_bytes() const;  // master pieces, their working copy, ZeRO-2's whole working copy
   int64_t gradient_bytes() const { return int64_t(grads_.nbytes()); }
-  int64_t optimizer_bytes() const {
-    return (shard_numel_ - train_begin_) * adamw_state_bytes_per_param(adam_->options());
-  }
+  int64_t optimizer_bytes() const { return adam_->state_bytes(); }
   int64_t shard_numel() const { return shard_numel_; }
   int64_t train_begin() const { return train_begin_; }  // the first shard element that trains
   // Whole-unit gradient bytes held through a step (reduce_every > 1: every unit's, 4 per parameter)

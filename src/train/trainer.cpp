@@ -107,12 +107,20 @@ class Trainer {
   void build_dpo();
   void build_model();
   AdamWOptions adam_options() const {
-    // The config allows fp32 and bf16 only (check_precision_aware).
-    const auto dtype = [](config::OptimDtype d) { return d == config::OptimDtype::Bf16 ? DType::BF16 : DType::F32; };
+    // Megatron's fp8 is E4M3 (Transformer Engine's FusedAdam); check_precision_aware refuses the
+    // combinations Megatron has not.
+    const auto dtype = [](config::OptimDtype d) {
+      switch (d) {
+        case config::OptimDtype::Bf16: return DType::BF16;
+        case config::OptimDtype::Fp16: return DType::F16;
+        case config::OptimDtype::Fp8: return DType::F8E4M3;
+        default: return DType::F32;
+      }
+    };
     AdamWOptions o{a_.adam_beta1, a_.adam_beta2, a_.adam_eps, a_.weight_decay, a_.decay_norms_and_biases};
     o.exp_avg_dtype = dtype(a_.exp_avg_dtype);
     o.exp_avg_sq_dtype = dtype(a_.exp_avg_sq_dtype);
-    o.bf16_params = a_.main_params_dtype == config::OptimDtype::Bf16;
+    o.main_params_dtype = dtype(a_.main_params_dtype);
     return o;
   }
   void lock_save_folder();

@@ -582,7 +582,7 @@ TEST(CudaBackend, FlatAdamWWithBf16StateMatchesTheHostOptimizer) {
   const int64_t n = 6080;
   AdamWOptions o{0.9, 0.95, 1e-8, 0.1};
   o.exp_avg_dtype = o.exp_avg_sq_dtype = DType::BF16;
-  o.bf16_params = true;
+  o.main_params_dtype = DType::BF16;
   FlatAdamW host(o, segs, n, Device::CPU), dev(o, segs, n, Device::CUDA);
   Tensor hv = random_host({n}, DType::F32, 3);
   for (int64_t i = 0; i < n; ++i) hv.data<float>()[i] = bf16::from_float(hv.data<float>()[i]).to_float();
@@ -611,6 +611,53 @@ TEST(CudaBackend, FlatAdamWWithBf16StateMatchesTheHostOptimizer) {
   for (int i = 0; i < 37; ++i) ASSERT_EQ(r[i], whole[size_t(1024 + i)]) << i;
   for (float x : whole) ASSERT_EQ(bf16::from_float(x).to_float(), x);
   EXPECT_EQ(dev.step_count(), 7);
+}
+
+// Transformer Engine's scaled states on the device (FlatAdamW with E4M3 first and fp16 second
+// moments and the fp16 master, a bf16 working copy): a checkpoint's fp32 moments load as the host
+// loads them (each segment's scale recomputed), the steps and the values read back (whole, and as
+// the checkpoint writer's ranges across segments) equal the host optimizer's bit for bit, and a
+// device state saved and loaded again reads back the same.
+TEST(CudaBackend, FlatAdamWWithScaledStateMatchesTheHostOptimizer) {
+  PRIMUS_REQUIRE_GPU();
+  std::vector<ParamSegment> segs = {
+      {"a", 0, 1000, true}, {"empty", 1000, 0, true}, {"b", 1024, 37, false}, {"c", 1072, 5000, true}};
+  const int64_t n = 6080;
+  AdamWOptions o{0.9, 0.95, 1e-8, 0.1};
+  o.exp_avg_dtype = DType::F8E4M3;
+  o.exp_avg_sq_dtype = DType::F16;
+  o.main_params_dtype = DType::F16;
+  FlatAdamW host(o, segs, n, Device::CPU), dev(o, segs, n, Device::CUDA);
+  Tensor hv = random_host({n}, DType::F32, 3);
+  Tensor dv = hv.to(Device::CUDA);
+  Tensor hw = Tensor::zeros({n}, DType::BF16), dw = Tensor::zeros({n}, DType::BF16, Device::CUDA);
+  std::vector<float> m0(static_cast<size_t>(n)), v0(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) {
+    m0[size_t(i)] = 1e-3f * float(i % 97) - 0.03f;
+    v0[size_t(i)] = 1e-6f * float(i % 89);
+  }
+  host.set_state(3, m0.data(), v0.data());
+  dev.set_state(3, m0.data(), v0.data());
+  expect_close(dev.exp_avg(), host.exp_avg(), 0, 0, "loaded first moments");
+  expect_close(dev.exp_avg_sq(), host.exp_avg_sq(), 0, 0, "loaded second moments");
+  for (int step = 0; step < 4; ++step) {
+    Tensor hg = random_host({n}, DType::F32, 300 + step), dg = hg.to(Device::CUDA);
+    host.step(hv, hg, &hw, 1e-2, 0.7);
+    dev.step(dv, dg, &dw, 1e-2, 0.7);
+  }
+  expect_close(values(dv), values(hv), 0, 0, "parameters after 4 steps");
+  expect_close(values(dw), values(hw), 0, 0, "bf16 working copy");
+  const std::vector<float> m = host.exp_avg(), v = host.exp_avg_sq();
+  expect_close(dev.exp_avg(), m, 0, 0, "first moments");
+  expect_close(dev.exp_avg_sq(), v, 0, 0, "second moments");
+  std::vector<std::vector<float>> copies;
+  const float* r = dev.moment_range(false, 990, 100, copies);
+  for (int i = 0; i < 100; ++i) ASSERT_EQ(r[i], m[size_t(990 + i)]) << i;
+  FlatAdamW again(o, segs, n, Device::CUDA);
+  again.set_state(7, m.data(), v.data());
+  expect_close(again.exp_avg(), m, 0, 0, "first moments saved and loaded");
+  expect_close(again.exp_avg_sq(), v, 0, 0, "second moments saved and loaded");
+  EXPECT_EQ(dev.state_bytes(), n * 3 + 3 * 8);
 }
 
 namespace {
@@ -844,6 +891,30 @@ TEST(CudaBackend, PrecisionAwareOptimizerTrainsAndResumes) {
                                       "\n      use_precision_aware_optimizer: true\n      main_grads_dtype: bf16\n"
                                       "      main_params_dtype: bf16\n      exp_avg_dtype: bf16\n"
                                       "      exp_avg_sq_dtype: bf16");
+  auto train = [&](const std::string& name, std::vector<std::pair<std::string, std::string>> o) {
+    o.push_back({"exp_name", name});
+    return train::pretrain(config::load_experiment((dir / "exp.yaml").string(), o));
+  };
+  const auto whole = train("whole", {});
+  EXPECT_TRUE(std::isfinite(whole.last_loss));
+  EXPECT_LT(whole.last_loss, whole.first_loss);
+  (void)train("resumed", {{"train_iters", "4"}, {"lr_decay_iters", "8"}});
+  const auto resumed = train("resumed", {});
+  EXPECT_EQ(resumed.start_iteration, 4);
+  EXPECT_EQ(resumed.last_loss, whole.last_loss);
+  fs::remove_all(dir);
+}
+
+// Transformer Engine's scaled states on the GPU: fp8 (E4M3) first moments, fp16 second moments
+// and the fp16 master in the fused step (its amax pass and per-tensor scales). It trains; a run
+// stopped at iteration 4 resumes to the uninterrupted run's loss bit for bit (the checkpoint holds
+// the moments' values and the fp32 update; the load recomputes the same codes and scales).
+TEST(CudaBackend, ScaledOptimizerStateTrainsAndResumes) {
+  PRIMUS_REQUIRE_GPU();
+  namespace fs = std::filesystem;
+  const fs::path dir = gpu_experiment("primus_gpu_scaled_state", 8, 1,
+                                      "\n      use_precision_aware_optimizer: true\n      main_params_dtype: fp16\n"
+                                      "      exp_avg_dtype: fp8\n      exp_avg_sq_dtype: fp16");
   auto train = [&](const std::string& name, std::vector<std::pair<std::string, std::string>> o) {
     o.push_back({"exp_name", name});
     return train::pretrain(config::load_experiment((dir / "exp.yaml").string(), o));

@@ -650,35 +650,56 @@ TEST(FusedAdamW, MatchesCpuWithGradScale) {
   run_adamw_case(0.1f, 0.37f, true);
 }
 
-// The precision-aware optimizer's state (optim/adamw.h): bf16 moments (one or both) and bf16
-// parameters, against the CPU optimizer with the same options. Both compute in fp32 from the
-// stored values, with the same fused multiply-adds as the fp32 step (which agrees bit for bit,
-// above), and round to nearest even on store: every stored value is a bf16 value and equals the
-// CPU's bit for bit.
-void run_adamw_bf16_state_case(bool m_bf16, bool v_bf16, bool bf16_params) {
+// The precision-aware optimizer's state (optim/adamw.h): bf16, fp16 and E4M3 moments and bf16 or
+// fp16-master parameters, against the CPU optimizer with the same options. Both compute in fp32
+// from the stored values, with the same fused multiply-adds as the fp32 step (which agrees bit for
+// bit, above), and store as the storage says: bf16 to nearest even, fp16 / E4M3 codes with each
+// chunk's scale from the amax of its updated moment (kernels/adam_state.h; the GPU takes the amax
+// with atomics over many blocks, the CPU in one loop). Every value read back, and every
+// parameter, equals the CPU's bit for bit.
+DType dtype_of_storage(cuda::StateStorage s) {
+  switch (s) {
+    case cuda::StateStorage::BF16: return DType::BF16;
+    case cuda::StateStorage::F16: return DType::F16;
+    case cuda::StateStorage::E4M3: return DType::F8E4M3;
+    default: return DType::F32;
+  }
+}
+
+void run_adamw_state_case(cuda::StateStorage ms, cuda::StateStorage vs, cuda::ParamStorage ps,
+                          float grad_scale = 1.0f) {
   const OptCase k = opt_case();
   const int64_t N = k.numel;
   const auto p0 = random_floats(size_t(N), 31);
   std::vector<float> p_init(p0);
-  if (bf16_params)
+  if (ps == cuda::ParamStorage::BF16)
     for (float& x : p_init) x = bf16::from_float(x).to_float();
   const std::vector<AdamWChunk> chunks = to_chunks(k.segments);
   DeviceArray<AdamWChunk> dchunks(chunks);
-  DeviceArray<float> dp(p_init), dm32(static_cast<size_t>(N)), dv32(static_cast<size_t>(N));
-  DeviceBf16 dm16(std::vector<uint16_t>(size_t(N), 0)), dv16(std::vector<uint16_t>(size_t(N), 0));
+  const DType md = dtype_of_storage(ms), vd = dtype_of_storage(vs);
+  // Each moment's codes (zeros), as raw bytes of its size; the scales start at 1 (TE's).
+  DeviceArray<float> dp(p_init);
+  DeviceArray<uint8_t> dm(std::vector<uint8_t>(size_t(N) * dtype_size(md), 0));
+  DeviceArray<uint8_t> dv(std::vector<uint8_t>(size_t(N) * dtype_size(vd), 0));
+  DeviceArray<float> dscales(std::vector<float>(2 * chunks.size(), 1.0f));
+  DeviceBf16 dwork(std::vector<uint16_t>(size_t(N), 0));
   AdamWOptions o;
   o.beta1 = double(0.9f);
   o.beta2 = double(0.95f);
   o.eps = double(1e-8f);
   o.weight_decay = double(0.1f);
-  o.exp_avg_dtype = m_bf16 ? DType::BF16 : DType::F32;
-  o.exp_avg_sq_dtype = v_bf16 ? DType::BF16 : DType::F32;
-  o.bf16_params = bf16_params;
+  o.exp_avg_dtype = md;
+  o.exp_avg_sq_dtype = vd;
+  o.main_params_dtype = ps == cuda::ParamStorage::BF16        ? DType::BF16
+                        : ps == cuda::ParamStorage::F16Master ? DType::F16
+                                                              : DType::F32;
   AdamW cpu_opt(o, N);
   std::vector<float> p_cpu = p_init;
+  std::vector<bf16> w_cpu(static_cast<size_t>(N));
   for (int step = 1; step <= 3; ++step) {
     const auto g = random_floats(size_t(N), 200 + uint64_t(step));
-    cpu_opt.step(p_cpu.data(), g.data(), k.segments, 3e-3);
+    std::vector<float> g_cpu = g;
+    cpu_opt.step(p_cpu.data(), g_cpu.data(), k.segments, 3e-3, w_cpu.data(), grad_scale);
     DeviceArray<float> dg(g);
     cuda::AdamWParams prm;
     prm.lr = 3e-3;
@@ -687,21 +708,33 @@ void run_adamw_bf16_state_case(bool m_bf16, bool v_bf16, bool bf16_params) {
     prm.eps = 1e-8f;
     prm.weight_decay = 0.1f;
     prm.step = step;
-    prm.exp_avg_bf16 = m_bf16;
-    prm.exp_avg_sq_bf16 = v_bf16;
-    prm.bf16_params = bf16_params;
-    void* m = m_bf16 ? static_cast<void*>(B(dm16)) : static_cast<void*>(dm32.get());
-    void* v = v_bf16 ? static_cast<void*>(B(dv16)) : static_cast<void*>(dv32.get());
-    cuda::adamw_step(dp.get(), dg.get(), m, v, nullptr, dchunks.get(), int(chunks.size()), prm, cuda::stream());
+    prm.grad_scale = grad_scale;
+    prm.exp_avg = ms;
+    prm.exp_avg_sq = vs;
+    prm.params = ps;
+    prm.state_scales = dscales.get();
+    cuda::adamw_step(dp.get(), dg.get(), dm.get(), dv.get(), B(dwork), dchunks.get(), int(chunks.size()), prm,
+                     cuda::stream());
   }
-  auto as_float = [](const std::vector<uint16_t>& b) {
-    std::vector<float> out(b.size());
-    for (size_t i = 0; i < b.size(); ++i) out[i] = bf16{b[i]}.to_float();
+  // The device's moments as values: its codes with its scales, read as the host reads them.
+  const std::vector<float> scales = dscales.host();
+  auto values = [&](const std::vector<uint8_t>& raw, DType d, bool second) {
+    std::vector<float> out(static_cast<size_t>(N), 0.0f);
+    for (size_t c = 0; c < chunks.size(); ++c) {
+      const int64_t o0 = chunks[c].offset, n = chunks[c].numel;
+      const uint8_t* at = raw.data() + size_t(o0) * dtype_size(d);
+      for (int64_t i = 0; i < n; ++i) {
+        float& x = out[size_t(o0 + i)];
+        if (d == DType::F32)
+          std::memcpy(&x, at + 4 * i, 4);
+        else if (d == DType::BF16)
+          x = bf16{uint16_t(at[2 * i] | at[2 * i + 1] << 8)}.to_float();
+      }
+      if (scaled_state(d)) read_scaled_state(d, at, n, scales[2 * c + (second ? 1 : 0)], out.data() + o0);
+    }
     return out;
   };
-  const std::vector<float> p = dp.host();
-  const std::vector<float> m = m_bf16 ? as_float(dm16.host()) : dm32.host();
-  const std::vector<float> v = v_bf16 ? as_float(dv16.host()) : dv32.host();
+  const std::vector<float> p = dp.host(), m = values(dm.host(), md, false), v = values(dv.host(), vd, true);
   std::vector<float> m_cpu(static_cast<size_t>(N)), v_cpu(static_cast<size_t>(N));
   cpu_opt.moment(false, 0, N, m_cpu.data());
   cpu_opt.moment(true, 0, N, v_cpu.data());
@@ -709,30 +742,45 @@ void run_adamw_bf16_state_case(bool m_bf16, bool v_bf16, bool bf16_params) {
     const char* name;
     const std::vector<float>& got;
     const std::vector<float>& want;
-    bool bf16;
-  } arrays[] = {{"params", p, p_cpu, bf16_params}, {"exp_avg", m, m_cpu, m_bf16}, {"exp_avg_sq", v, v_cpu, v_bf16}};
+  } arrays[] = {{"params", p, p_cpu}, {"exp_avg", m, m_cpu}, {"exp_avg_sq", v, v_cpu}};
   for (const auto& a : arrays) {
     size_t exact = 0;
-    for (int64_t i = 0; i < N; ++i) {
-      const float g = a.got[size_t(i)], w = a.want[size_t(i)];
-      if (a.bf16) ASSERT_EQ(bf16::from_float(g).to_float(), g) << a.name << "[" << i << "] is not a bf16 value";
-      ASSERT_NEAR(g, w, (a.bf16 ? 0x1p-7 : 2e-6) * std::fabs(w) + 1e-12) << a.name << "[" << i << "]";
-      exact += std::memcmp(&g, &w, sizeof(float)) == 0;
-    }
+    for (int64_t i = 0; i < N; ++i) exact += std::memcmp(&a.got[size_t(i)], &a.want[size_t(i)], sizeof(float)) == 0;
     EXPECT_EQ(exact, size_t(N)) << a.name << ": bit-identical to the CPU step";
   }
+  const std::vector<uint16_t> w = dwork.host();
+  for (const auto& s : k.segments)
+    for (int64_t i = s.offset; i < s.offset + s.numel; ++i) ASSERT_EQ(w[size_t(i)], w_cpu[size_t(i)].bits) << i;
 }
 
 TEST(FusedAdamW, Bf16MomentsMatchTheCpuStep) {
   PRIMUS_REQUIRE_GPU();
-  run_adamw_bf16_state_case(true, true, false);
-  run_adamw_bf16_state_case(true, false, false);
-  run_adamw_bf16_state_case(false, true, false);
+  using S = cuda::StateStorage;
+  run_adamw_state_case(S::BF16, S::BF16, cuda::ParamStorage::F32);
+  run_adamw_state_case(S::BF16, S::F32, cuda::ParamStorage::F32);
+  run_adamw_state_case(S::F32, S::BF16, cuda::ParamStorage::F32);
 }
 
 TEST(FusedAdamW, Bf16ParametersMatchTheCpuStep) {
   PRIMUS_REQUIRE_GPU();
-  run_adamw_bf16_state_case(true, true, true);
+  run_adamw_state_case(cuda::StateStorage::BF16, cuda::StateStorage::BF16, cuda::ParamStorage::BF16);
+}
+
+// fp16 and E4M3 moments (Transformer Engine's scaled states), alone and mixed, with the clipping
+// factor folded in, and TE's fp16 master weights.
+TEST(FusedAdamW, ScaledMomentsMatchTheCpuStep) {
+  PRIMUS_REQUIRE_GPU();
+  using S = cuda::StateStorage;
+  run_adamw_state_case(S::F16, S::F16, cuda::ParamStorage::F32);
+  run_adamw_state_case(S::E4M3, S::E4M3, cuda::ParamStorage::F32, 0.37f);
+  run_adamw_state_case(S::E4M3, S::F16, cuda::ParamStorage::F32);
+  run_adamw_state_case(S::F32, S::E4M3, cuda::ParamStorage::F32);
+}
+
+TEST(FusedAdamW, Fp16MasterMatchesTheCpuStep) {
+  PRIMUS_REQUIRE_GPU();
+  run_adamw_state_case(cuda::StateStorage::F32, cuda::StateStorage::F32, cuda::ParamStorage::F16Master);
+  run_adamw_state_case(cuda::StateStorage::E4M3, cuda::StateStorage::F16, cuda::ParamStorage::F16Master, 0.37f);
 }
 
 TEST(FusedAdamW, NoChunksIsANoOp) {

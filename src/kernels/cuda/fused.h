@@ -138,25 +138,37 @@ struct AdamWChunk {
   int32_t decay = 1;   // weight decay applies
   int32_t pad = 0;
 };
+// The precision-aware optimizer's storage (optim/adamw.h, kernels/adam_state.h): a moment in fp32,
+// bf16 (rounded to nearest even on store), or fp16 / E4M3 codes with one scale per chunk; the
+// parameters fp32, rounded to bf16 where stored, or read through an fp16 master (each chunk's
+// parameters stored in fp16 with the scale of their amax, read back in fp32).
+enum class StateStorage : int32_t { F32, BF16, F16, E4M3 };
+enum class ParamStorage : int32_t { F32, BF16, F16Master };
 struct AdamWParams {
   // Doubles, as optim/adamw.h's AdamWOptions: the float constants of the update are derived from
   // them on the host exactly as the CPU optimizer derives its own.
   double lr = 0, beta1 = 0.9, beta2 = 0.999, eps = 1e-8, weight_decay = 0;
   int64_t step = 1;          // after increment: bias correction uses beta^step
   double grad_scale = 1.0;   // gradients are multiplied by float(grad_scale) first (clipping folded in)
-  // The precision-aware optimizer (optim/adamw.h): a moment stored in bf16 (else fp32), read as
-  // fp32, updated in fp32 and rounded to nearest even on store (the parameter's update uses the fp32
-  // value); bf16_params rounds each updated parameter to bf16 where it is stored.
-  bool exp_avg_bf16 = false, exp_avg_sq_bf16 = false, bf16_params = false;
+  // Each moment is read as fp32, updated in fp32 and stored as its storage says (the parameter's
+  // update uses the fp32 value).
+  StateStorage exp_avg = StateStorage::F32, exp_avg_sq = StateStorage::F32;
+  ParamStorage params = ParamStorage::F32;
+  // With an fp16 or E4M3 moment: each chunk's dequantizing factors on the device, state_scales[2k]
+  // (exp_avg) and state_scales[2k + 1] (exp_avg_sq), which the step reads and then replaces with
+  // those its stores used (from the amax of the chunk's updated moment).
+  float* state_scales = nullptr;
 };
 // Same arithmetic, in the same order, as optim/adamw.cpp:
 //   g = grad * grad_scale; m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2
 //   p = p * (1 - lr*wd [decayed chunks]) - (lr/bc1) * m / (sqrt(v) * (1/sqrt(bc2)) + eps)
 // with bc1 = 1 - b1^step, bc2 = 1 - b2^step computed in double on the host. When params_bf16 is
 // not null, the updated weight is also written there as bf16 (the working copy the model reads).
-// exp_avg / exp_avg_sq are float or bf16 arrays as the params' flags say.
-// The products are fused exactly where GCC fuses the CPU loop (-O3, x86-64-v3), so the two agree
-// bit for bit for the same options.
+// exp_avg / exp_avg_sq are arrays of the storage the params say. With a scaled state (fp16 / E4M3
+// moments, an fp16 master) a first pass takes each chunk's amaxes, a one-thread-per-chunk kernel
+// the scales, then the update runs.
+// The products are fused exactly where the CPU loop fuses them, so the two agree bit for bit for
+// the same options.
 void adamw_step(float* params, const float* grads, void* exp_avg, void* exp_avg_sq, bf16* params_bf16,
                 const AdamWChunk* chunks, int num_chunks, const AdamWParams& p, cudaStream_t stream);
 

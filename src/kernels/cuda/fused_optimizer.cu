@@ -10,10 +10,19 @@
 // tiles balance the load by elements rather than by ranges (one 500M-element embedding beside
 // hundreds of 4096-element norms); and a whole tile shares one range, so the decay flag and the
 // 16-byte alignment test are uniform per tile. Elements outside every range are never touched.
+//
+// Scaled states (fp16 / E4M3 moments, an fp16 master; kernels/adam_state.h): a chunk's scale
+// depends on the amax of the whole chunk, which many blocks update. So a first pass over the same
+// tiles computes the updated moments without storing them (and reads the parameters), folding each
+// warp's amaxes into per-chunk words with atomicMax (a maximum, which no order changes);
+// state_scales_kernel then turns them into each chunk's scalings; the update pass reads and stores
+// with those.
 #include "kernels/cuda/fused_common.cuh"  // first: see its note on fmt
 
 #include <cmath>
 #include <type_traits>
+
+#include "kernels/adam_state.h"
 
 namespace primus::cuda {
 
@@ -81,36 +90,162 @@ __device__ __forceinline__ int find_range(const int64_t* __restrict__ prefix, in
 struct AdamWConsts {
   float beta1, beta2, one_minus_beta1, one_minus_beta2;
   float step_size, inv_sqrt_bc2, eps, decay, grad_scale;
-  bool bf16_params;
+  ParamStorage params;
 };
 
-// The update of optim/adamw.cpp, with explicit roundings so that nvcc cannot contract it any other
-// way. The CPU loop, as GCC compiles it (-O3, x86-64-v3: C++ contracts a*b+c into FMA by default),
-// computes m = fma(b1, m, (1-b1) g), v = fma(b2, v, ((1-b2) g) g),
-// p = fma(p, decay, -(step_size m) / fma(sqrt(v), inv_sqrt_bc2, eps)): we do the same.
-__device__ __forceinline__ void adamw_update(float& p, float& m, float& v, float grad, float decay,
-                                             const AdamWConsts& c) {
+// The moments' update of one element (optim/adamw.cpp's next_moments, the same fused multiply-adds).
+__device__ __forceinline__ void adamw_moments(float& m, float& v, float grad, const AdamWConsts& c) {
   const float g = __fmul_rn(grad, c.grad_scale);
   m = __fmaf_rn(c.beta1, m, __fmul_rn(c.one_minus_beta1, g));
   v = __fmaf_rn(c.beta2, v, __fmul_rn(__fmul_rn(c.one_minus_beta2, g), g));
-  const float den = __fmaf_rn(__fsqrt_rn(v), c.inv_sqrt_bc2, c.eps);
-  const float upd = __fdiv_rn(__fmul_rn(c.step_size, m), den);
-  p = __fmaf_rn(p, decay, -upd);
-  if (c.bf16_params) p = __bfloat162float(__float2bfloat16(p));  // nearest even
 }
 
-// A moment's storage: fp32, or bf16 read as fp32 and rounded to nearest even on store.
-__device__ __forceinline__ float load_moment(const float* x, int64_t e) { return x[e]; }
-__device__ __forceinline__ float load_moment(const bf16* x, int64_t e) { return __bfloat162float(x[e]); }
-__device__ __forceinline__ void store_moment(float* x, int64_t e, float v) { x[e] = v; }
-__device__ __forceinline__ void store_moment(bf16* x, int64_t e, float v) { x[e] = __float2bfloat16(v); }
+// The update of optim/adamw.cpp, with explicit roundings so that nvcc cannot contract it any other
+// way. The CPU loop writes its fused multiply-adds out: m = fma(b1, m, (1-b1) g),
+// v = fma(b2, v, ((1-b2) g) g), p = fma(p, decay, -(step_size m) / fma(sqrt(v), inv_sqrt_bc2, eps)):
+// we do the same. master: an fp16 master's scaling (the parameter read through it first).
+__device__ __forceinline__ void adamw_update(float& p, float& m, float& v, float grad, float decay,
+                                             const AdamWConsts& c, const adam_state::Scaling& master) {
+  adamw_moments(m, v, grad, c);
+  const float den = __fmaf_rn(__fsqrt_rn(v), c.inv_sqrt_bc2, c.eps);
+  const float upd = __fdiv_rn(__fmul_rn(c.step_size, m), den);
+  if (c.params == ParamStorage::F16Master) p = adam_state::f16_round_trip(p, master);
+  p = __fmaf_rn(p, decay, -upd);
+  if (c.params == ParamStorage::BF16) p = __bfloat162float(__float2bfloat16(p));  // nearest even
+}
 
-// M, V: the moments' storage (float or bf16). The float4 path is taken with fp32 moments only.
+// A moment's storage: fp32, bf16 read as fp32 and rounded to nearest even on store, or fp16 / E4M3
+// codes with the chunk's scalings (kernels/adam_state.h).
+struct F32State {
+  float* x;
+  __device__ __forceinline__ float load(int64_t e) const { return x[e]; }
+  __device__ __forceinline__ void store(int64_t e, float v) const { x[e] = v; }
+};
+struct Bf16State {
+  bf16* x;
+  __device__ __forceinline__ float load(int64_t e) const { return __bfloat162float(x[e]); }
+  __device__ __forceinline__ void store(int64_t e, float v) const { x[e] = __float2bfloat16(v); }
+};
+template <class R>
+__device__ __forceinline__ R state_at(void* base, float dequant, float quant) {
+  if constexpr (std::is_same_v<R, F32State>)
+    return R{static_cast<float*>(base)};
+  else if constexpr (std::is_same_v<R, Bf16State>)
+    return R{static_cast<bf16*>(base)};
+  else if constexpr (std::is_same_v<R, adam_state::F16Ref>)
+    return R{static_cast<uint16_t*>(base), dequant, quant};
+  else
+    return R{static_cast<uint8_t*>(base), dequant, quant};
+}
+
+// A chunk's scalings for one step: the moments' codes are read with `*_dequant` (those they were
+// stored with) and stored with `*_quant` (this step's); the master's scaling.
+struct ChunkScales {
+  float m_dequant, m_quant, v_dequant, v_quant;
+  adam_state::Scaling master;
+};
+
+// acc: per chunk 6 words, the bits of the largest |x| that is not NaN and a NaN flag, for the
+// updated exp_avg, the updated exp_avg_sq and the parameters.
+constexpr int kAmaxWords = 6;
+
+// The warp's maximum of v and whether any lane saw a NaN (lane 0 folds them into acc).
+__device__ __forceinline__ void fold_state_amax(unsigned* acc, unsigned v, unsigned nan) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    const unsigned ov = __shfl_xor_sync(kFullMask, v, o), on = __shfl_xor_sync(kFullMask, nan, o);
+    v = ov > v ? ov : v;
+    nan = on > nan ? on : nan;
+  }
+  if ((threadIdx.x & 31) == 0) {
+    if (nan) atomicMax(acc + 1, 1u);
+    atomicMax(acc, v);
+  }
+}
+
+__device__ __forceinline__ void track_amax(float x, unsigned& m, unsigned& nan) {
+  const unsigned a = adam_state::abs_bits(x);
+  if (adam_state::is_nan_bits(a))
+    nan = 1;
+  else
+    m = a > m ? a : m;
+}
+
+// The first pass: per chunk the amaxes of the updated moments (computed as the update computes
+// them, not stored) when `moments`, and of the parameters the step starts from when `params`.
+template <class M, class V>
+__global__ void __launch_bounds__(kThreads)
+    state_amax_kernel(const float* __restrict__ params, const float* __restrict__ grads, void* exp_avg,
+                      void* exp_avg_sq, const float* __restrict__ state_scales, const AdamWChunk* __restrict__ chunks,
+                      int num, const int64_t* __restrict__ prefix, AdamWConsts c, bool moments, bool with_params,
+                      unsigned* __restrict__ acc) {
+  const int64_t total = prefix[num];
+  for (int64_t t = blockIdx.x; t < total; t += gridDim.x) {  // uniform over the block
+    const int k = find_range(prefix, num, t);
+    const AdamWChunk ch = chunks[k];
+    const int64_t begin = ch.offset + (t - prefix[k]) * kTile;
+    const int64_t end = std::min(begin + kTile, ch.offset + ch.numel);
+    const M m = state_at<M>(exp_avg, state_scales ? state_scales[2 * k] : 1.0f, 0.0f);
+    const V v = state_at<V>(exp_avg_sq, state_scales ? state_scales[2 * k + 1] : 1.0f, 0.0f);
+    unsigned am = 0, nm = 0, av = 0, nv = 0, ap = 0, np = 0;
+    for (int64_t e = begin + threadIdx.x; e < end; e += kThreads) {
+      if (moments) {
+        float mi = m.load(e), vi = v.load(e);
+        adamw_moments(mi, vi, grads[e], c);
+        track_amax(mi, am, nm);
+        track_amax(vi, av, nv);
+      }
+      if (with_params) track_amax(params[e], ap, np);
+    }
+    unsigned* a = acc + int64_t(k) * kAmaxWords;
+    if (moments) {
+      fold_state_amax(a, am, nm);
+      fold_state_amax(a + 2, av, nv);
+    }
+    if (with_params) fold_state_amax(a + 4, ap, np);
+  }
+}
+
+__device__ __forceinline__ adam_state::Scaling chunk_scaling(StateStorage s, const unsigned* acc) {
+  const float amax = adam_state::amax_value(acc[0], acc[1] != 0);
+  return s == StateStorage::F16 ? adam_state::f16_scaling(amax) : adam_state::e4m3_scaling(amax);
+}
+
+// One thread per chunk: this step's scalings from the amaxes, and the moments' new dequantizing
+// factors into state_scales (the update reads the old ones from `out`).
+__global__ void __launch_bounds__(kThreads)
+    state_scales_kernel(const unsigned* __restrict__ acc, float* __restrict__ state_scales, int num, StateStorage ms,
+                        StateStorage vs, bool master, ChunkScales* __restrict__ out) {
+  const int k = int(blockIdx.x) * kThreads + int(threadIdx.x);
+  if (k >= num) return;
+  const unsigned* a = acc + int64_t(k) * kAmaxWords;
+  ChunkScales cs{1.0f, 1.0f, 1.0f, 1.0f, {}};
+  const bool m_scaled = ms == StateStorage::F16 || ms == StateStorage::E4M3;
+  const bool v_scaled = vs == StateStorage::F16 || vs == StateStorage::E4M3;
+  if (m_scaled) {
+    const adam_state::Scaling s = chunk_scaling(ms, a);
+    cs.m_dequant = state_scales[2 * k];
+    cs.m_quant = s.quant;
+    state_scales[2 * k] = s.dequant;
+  }
+  if (v_scaled) {
+    const adam_state::Scaling s = chunk_scaling(vs, a + 2);
+    cs.v_dequant = state_scales[2 * k + 1];
+    cs.v_quant = s.quant;
+    state_scales[2 * k + 1] = s.dequant;
+  }
+  if (master) cs.master = adam_state::f16_scaling(adam_state::amax_value(a[4], a[5] != 0));
+  out[k] = cs;
+}
+
+// M, V: the moments' storage (the structs above). The float4 path is taken with fp32 moments only.
+// scales: each chunk's scalings (null when nothing is scaled).
 template <bool kBf16, class M, class V>
 __global__ void __launch_bounds__(kThreads)
-    adamw_kernel(float* __restrict__ params, const float* __restrict__ grads, M* __restrict__ exp_avg,
-                 V* __restrict__ exp_avg_sq, bf16* __restrict__ params_bf16, const AdamWChunk* __restrict__ chunks,
-                 int num, const int64_t* __restrict__ prefix, AdamWConsts c, bool bases_aligned) {
+    adamw_kernel(float* __restrict__ params, const float* __restrict__ grads, void* exp_avg, void* exp_avg_sq,
+                 bf16* __restrict__ params_bf16, const AdamWChunk* __restrict__ chunks, int num,
+                 const int64_t* __restrict__ prefix, AdamWConsts c, bool bases_aligned,
+                 const ChunkScales* __restrict__ scales) {
   const int64_t total = prefix[num];
   for (int64_t t = blockIdx.x; t < total; t += gridDim.x) {  // uniform over the block
     const int k = find_range(prefix, num, t);
@@ -118,23 +253,26 @@ __global__ void __launch_bounds__(kThreads)
     const int64_t begin = ch.offset + (t - prefix[k]) * kTile;
     const int64_t end = std::min(begin + kTile, ch.offset + ch.numel);
     const float decay = ch.decay ? c.decay : 1.0f;
+    const ChunkScales cs = scales ? scales[k] : ChunkScales{1.0f, 1.0f, 1.0f, 1.0f, {}};
+    const M ms = state_at<M>(exp_avg, cs.m_dequant, cs.m_quant);
+    const V vs = state_at<V>(exp_avg_sq, cs.v_dequant, cs.v_quant);
     int64_t e0 = begin;
-    constexpr bool kVector = std::is_same_v<M, float> && std::is_same_v<V, float>;
+    constexpr bool kVector = std::is_same_v<M, F32State> && std::is_same_v<V, F32State>;
     if (kVector && bases_aligned && (begin & 3) == 0) {  // float4 of each buffer (and 4 bf16 = 8 bytes)
       const int64_t nv = (end - begin) / 4;
       for (int64_t q = threadIdx.x; q < nv; q += kThreads) {
         const int64_t e = begin + q * 4;
         float4 p = *reinterpret_cast<const float4*>(params + e);
         const float4 g = *reinterpret_cast<const float4*>(grads + e);
-        float4 m = *reinterpret_cast<const float4*>(reinterpret_cast<const float*>(exp_avg) + e);
-        float4 v = *reinterpret_cast<const float4*>(reinterpret_cast<const float*>(exp_avg_sq) + e);
-        adamw_update(p.x, m.x, v.x, g.x, decay, c);
-        adamw_update(p.y, m.y, v.y, g.y, decay, c);
-        adamw_update(p.z, m.z, v.z, g.z, decay, c);
-        adamw_update(p.w, m.w, v.w, g.w, decay, c);
+        float4 m = *reinterpret_cast<const float4*>(static_cast<const float*>(exp_avg) + e);
+        float4 v = *reinterpret_cast<const float4*>(static_cast<const float*>(exp_avg_sq) + e);
+        adamw_update(p.x, m.x, v.x, g.x, decay, c, cs.master);
+        adamw_update(p.y, m.y, v.y, g.y, decay, c, cs.master);
+        adamw_update(p.z, m.z, v.z, g.z, decay, c, cs.master);
+        adamw_update(p.w, m.w, v.w, g.w, decay, c, cs.master);
         __stwb(reinterpret_cast<float4*>(params + e), p);
-        __stwb(reinterpret_cast<float4*>(reinterpret_cast<float*>(exp_avg) + e), m);
-        __stwb(reinterpret_cast<float4*>(reinterpret_cast<float*>(exp_avg_sq) + e), v);
+        __stwb(reinterpret_cast<float4*>(static_cast<float*>(exp_avg) + e), m);
+        __stwb(reinterpret_cast<float4*>(static_cast<float*>(exp_avg_sq) + e), v);
         if constexpr (kBf16) {
           __stwb(reinterpret_cast<uint2*>(params_bf16 + e), make_uint2(pack_bf16x2(p.x, p.y), pack_bf16x2(p.z, p.w)));
         }
@@ -142,11 +280,11 @@ __global__ void __launch_bounds__(kThreads)
       e0 = begin + nv * 4;  // the last 0-3 elements of the range, below
     }
     for (int64_t e = e0 + threadIdx.x; e < end; e += kThreads) {
-      float p = params[e], m = load_moment(exp_avg, e), v = load_moment(exp_avg_sq, e);
-      adamw_update(p, m, v, grads[e], decay, c);
+      float p = params[e], m = ms.load(e), v = vs.load(e);
+      adamw_update(p, m, v, grads[e], decay, c, cs.master);
       params[e] = p;
-      store_moment(exp_avg, e, m);
-      store_moment(exp_avg_sq, e, v);
+      ms.store(e, m);
+      vs.store(e, v);
       if constexpr (kBf16) params_bf16[e] = __float2bfloat16(p);
     }
   }
@@ -196,33 +334,48 @@ __global__ void __launch_bounds__(kThreads)
 
 namespace {
 
-template <bool kBf16, class M, class V>
+bool scaled_storage(StateStorage s) { return s == StateStorage::F16 || s == StateStorage::E4M3; }
+
+// One step for the moments' storage M, V: the amax pass and the scales when something is scaled,
+// then the update.
+template <class M, class V>
 void launch_adamw(float* params, const float* grads, void* exp_avg, void* exp_avg_sq, bf16* params_bf16,
-                  const AdamWChunk* chunks, int num_chunks, const int64_t* prefix, const AdamWConsts& c, bool aligned,
-                  cudaStream_t stream) {
-  adamw_kernel<kBf16, M, V><<<kTileBlocks, kThreads, 0, stream>>>(params, grads, static_cast<M*>(exp_avg),
-                                                                  static_cast<V*>(exp_avg_sq), params_bf16, chunks,
-                                                                  num_chunks, prefix, c, aligned);
+                  const AdamWChunk* chunks, int num, const int64_t* prefix, const AdamWParams& p, const AdamWConsts& c,
+                  bool aligned, cudaStream_t stream) {
+  const bool moments = scaled_storage(p.exp_avg) || scaled_storage(p.exp_avg_sq),
+             master = p.params == ParamStorage::F16Master;
+  PRIMUS_CHECK(!moments || p.state_scales, "adamw_step: fp16 / E4M3 moments need state_scales");
+  Scratch acc(moments || master ? size_t(num) * kAmaxWords * sizeof(unsigned) : 0);
+  Scratch scales(moments || master ? size_t(num) * sizeof(ChunkScales) : 0);
+  if (moments || master) {
+    PRIMUS_CUDA_CHECK(cudaMemsetAsync(acc.get(), 0, acc.bytes(), stream));
+    state_amax_kernel<M, V><<<kTileBlocks, kThreads, 0, stream>>>(params, grads, exp_avg, exp_avg_sq, p.state_scales,
+                                                                  chunks, num, prefix, c, moments, master,
+                                                                  acc.as<unsigned>());
+    PRIMUS_CUDA_CHECK_LAUNCH();
+    state_scales_kernel<<<unsigned((num + kThreads - 1) / kThreads), kThreads, 0, stream>>>(
+        acc.as<unsigned>(), p.state_scales, num, p.exp_avg, p.exp_avg_sq, master, scales.as<ChunkScales>());
+    PRIMUS_CUDA_CHECK_LAUNCH();
+  }
+  const ChunkScales* cs = moments || master ? scales.as<ChunkScales>() : nullptr;
+  if (params_bf16)
+    adamw_kernel<true, M, V><<<kTileBlocks, kThreads, 0, stream>>>(params, grads, exp_avg, exp_avg_sq, params_bf16,
+                                                                   chunks, num, prefix, c, aligned, cs);
+  else
+    adamw_kernel<false, M, V><<<kTileBlocks, kThreads, 0, stream>>>(params, grads, exp_avg, exp_avg_sq, nullptr, chunks,
+                                                                    num, prefix, c, aligned, cs);
   PRIMUS_CUDA_CHECK_LAUNCH();
 }
 
-// The kernel for the moments' dtypes.
-template <bool kBf16>
-void launch_adamw_for(const AdamWParams& p, float* params, const float* grads, void* exp_avg, void* exp_avg_sq,
-                      bf16* params_bf16, const AdamWChunk* chunks, int num_chunks, const int64_t* prefix,
-                      const AdamWConsts& c, bool aligned, cudaStream_t stream) {
-  if (!p.exp_avg_bf16 && !p.exp_avg_sq_bf16)
-    launch_adamw<kBf16, float, float>(params, grads, exp_avg, exp_avg_sq, params_bf16, chunks, num_chunks, prefix, c,
-                                      aligned, stream);
-  else if (!p.exp_avg_bf16)
-    launch_adamw<kBf16, float, bf16>(params, grads, exp_avg, exp_avg_sq, params_bf16, chunks, num_chunks, prefix, c,
-                                     aligned, stream);
-  else if (!p.exp_avg_sq_bf16)
-    launch_adamw<kBf16, bf16, float>(params, grads, exp_avg, exp_avg_sq, params_bf16, chunks, num_chunks, prefix, c,
-                                     aligned, stream);
-  else
-    launch_adamw<kBf16, bf16, bf16>(params, grads, exp_avg, exp_avg_sq, params_bf16, chunks, num_chunks, prefix, c,
-                                    aligned, stream);
+// f called with a value of the storage struct of s (its type is all that matters).
+template <class F>
+void with_storage(StateStorage s, F&& f) {
+  switch (s) {
+    case StateStorage::BF16: return f(Bf16State{});
+    case StateStorage::F16: return f(adam_state::F16Ref{});
+    case StateStorage::E4M3: return f(adam_state::E4m3Ref{});
+    default: return f(F32State{});
+  }
 }
 
 }  // namespace
@@ -245,19 +398,19 @@ void adamw_step(float* params, const float* grads, void* exp_avg, void* exp_avg_
   c.eps = float(p.eps);
   c.decay = float(1.0 - lr * p.weight_decay);
   c.grad_scale = float(p.grad_scale);
-  c.bf16_params = p.bf16_params;
+  c.params = p.params;
 
   Scratch prefix(size_t(num_chunks + 1) * sizeof(int64_t));  // stream-ordered reuse (see fused_norm.cu)
   tile_prefix_kernel<<<1, kPrefixThreads, 0, stream>>>(chunks, num_chunks, prefix.as<int64_t>());
   PRIMUS_CUDA_CHECK_LAUNCH();
   const bool aligned = aligned16(params) && aligned16(grads) && aligned16(exp_avg) && aligned16(exp_avg_sq) &&
                        (!params_bf16 || (reinterpret_cast<uintptr_t>(params_bf16) & 7u) == 0);
-  if (params_bf16)
-    launch_adamw_for<true>(p, params, grads, exp_avg, exp_avg_sq, params_bf16, chunks, num_chunks, prefix.as<int64_t>(),
-                           c, aligned, stream);
-  else
-    launch_adamw_for<false>(p, params, grads, exp_avg, exp_avg_sq, nullptr, chunks, num_chunks, prefix.as<int64_t>(), c,
-                            aligned, stream);
+  with_storage(p.exp_avg, [&](auto m) {
+    with_storage(p.exp_avg_sq, [&](auto v) {
+      launch_adamw<decltype(m), decltype(v)>(params, grads, exp_avg, exp_avg_sq, params_bf16, chunks, num_chunks,
+                                             prefix.as<int64_t>(), p, c, aligned, stream);
+    });
+  });
 }
 
 void sum_squares(const float* x, const AdamWChunk* ranges, int num_ranges, double* out, cudaStream_t stream) {

@@ -253,9 +253,10 @@ TEST(MegatronKeys, ArgumentTableInTheDocsMatchesTheCode) {
 }
 
 // The precision-aware optimizer's keys (docs/optim.md#low-precision-optimizer-state): Primus's
-// settings load as enums; Megatron's rule (a dtype other than fp32 needs
-// use_precision_aware_optimizer), the dtypes not built (fp16, fp8) and bf16 gradients in fp32
-// training are refused by name, with the file and line.
+// settings and Transformer Engine's scaled states (fp16 and fp8 moments, the fp16 master) load as
+// enums; Megatron's rules (a dtype other than fp32 needs use_precision_aware_optimizer; its choices:
+// main_grads_dtype fp32 or bf16, main_params_dtype fp32 or fp16), an fp16 master or bf16 gradients
+// in fp32 training are refused by name, with the file and line.
 TEST(MegatronKeys, PrecisionAwareOptimizerKeys) {
   TempDir d;
   const std::string primus =
@@ -268,16 +269,27 @@ TEST(MegatronKeys, PrecisionAwareOptimizerKeys) {
   EXPECT_EQ(c.train.exp_avg_dtype, OptimDtype::Bf16);
   EXPECT_EQ(c.train.exp_avg_sq_dtype, OptimDtype::Bf16);
   EXPECT_NE(c.resolved_yaml().find("exp_avg_sq_dtype: bf16"), std::string::npos);
+  const ExperimentConfig te = load_experiment(
+      d.write("te.yaml",
+              experiment("      bf16: true\n      use_precision_aware_optimizer: true\n      main_params_dtype: fp16\n"
+                         "      exp_avg_dtype: fp8\n      exp_avg_sq_dtype: fp16\n")));
+  EXPECT_EQ(te.train.main_params_dtype, OptimDtype::Fp16);
+  EXPECT_EQ(te.train.exp_avg_dtype, OptimDtype::Fp8);
+  EXPECT_EQ(te.train.exp_avg_sq_dtype, OptimDtype::Fp16);
   struct Case {
     std::string lines, needle;
   };
   for (const Case& k :
        {Case{"      exp_avg_dtype: bf16\n", "exp_avg_dtype bf16 needs use_precision_aware_optimizer: true"},
-        Case{"      use_precision_aware_optimizer: true\n      exp_avg_sq_dtype: fp16\n",
-             "exp_avg_sq_dtype fp16 is not built"},
-        Case{"      use_precision_aware_optimizer: true\n      exp_avg_dtype: fp8\n", "exp_avg_dtype fp8 is not built"},
+        Case{"      exp_avg_sq_dtype: fp8\n", "exp_avg_sq_dtype fp8 needs use_precision_aware_optimizer: true"},
+        Case{"      bf16: true\n      use_precision_aware_optimizer: true\n      main_grads_dtype: fp16\n",
+             "main_grads_dtype fp16 is not one of Megatron's choices (fp32, bf16)"},
+        Case{"      bf16: true\n      use_precision_aware_optimizer: true\n      main_grads_dtype: fp8\n",
+             "main_grads_dtype fp8 is not one of Megatron's choices (fp32, bf16)"},
+        Case{"      bf16: true\n      use_precision_aware_optimizer: true\n      main_params_dtype: fp8\n",
+             "main_params_dtype fp8 is not one of Megatron's choices (fp32, fp16; bf16 is MaxText's)"},
         Case{"      use_precision_aware_optimizer: true\n      main_params_dtype: fp16\n",
-             "main_params_dtype fp16 is not built"},
+             "main_params_dtype fp16 needs bf16: true"},
         Case{"      use_precision_aware_optimizer: true\n      main_grads_dtype: bf16\n",
              "main_grads_dtype bf16 needs bf16: true"},
         Case{"      exp_avg_dtype: float16\n", "exp_avg_dtype 'float16' is not one of: fp32, bf16, fp16, fp8"}}) {

@@ -43,7 +43,7 @@ AdamWOptions options(DType m, DType v, bool bf16_params = false) {
   AdamWOptions o{0.9, 0.95, 1e-8, 0.1};
   o.exp_avg_dtype = m;
   o.exp_avg_sq_dtype = v;
-  o.bf16_params = bf16_params;
+  o.main_params_dtype = bf16_params ? DType::BF16 : DType::F32;
   return o;
 }
 
@@ -129,9 +129,18 @@ TEST(AdamWBf16, StateIsHalfAndLoadsRounded) {
 
 TEST(AdamWBf16, OtherDtypesAreRefusedByName) {
   try {
-    AdamW a(options(DType::F16, DType::F32), 4);
-    FAIL() << "fp16 moments accepted";
+    AdamW a(options(DType::I32, DType::F32), 4);
+    FAIL() << "int32 moments accepted";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("exp_avg_dtype fp16 is not built"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("exp_avg_dtype int32 is not a state dtype"), std::string::npos) << e.what();
+  }
+  try {
+    AdamWOptions o = options(DType::F32, DType::F32);
+    o.main_params_dtype = DType::F8E4M3;
+    AdamW a(o, 4);
+    FAIL() << "fp8 parameters accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("main_params_dtype fp8_e4m3 is not a parameter dtype"), std::string::npos)
+        << e.what();
   }
 }

@@ -137,11 +137,11 @@ TEST(MemoryEstimate, MoeExpertsAreDividedByEpAndWholeOnEveryTpRank) {
 // The weights, gradients and optimizer state the estimate counts are what the data-parallel
 // strategy of each sharding holds (DataParallelStrategy::memory(), which the log's peak split
 // reports): each strategy built for rank 0 of dp 4, dense and with experts over ep 2, on groups
-// that record instead of communicating, with fp32 and with bf16 AdamW moments (the precision-aware
-// optimizer: half the optimizer bytes), and under LoRA (the frozen base without gradient shards or
-// moments under ZeRO-2 / FSDP, ZeRO-1 run as no_shard; with experts, their adapters packed over
-// edp). (The estimate runs before any strategy exists, and at scales where none could be built, so
-// it sizes the same buffers from the walk.)
+// that record instead of communicating, with fp32, bf16 and fp8 AdamW moments (the precision-aware
+// optimizer: half and a quarter of the optimizer bytes, and fp8's scale per tensor piece), and under LoRA (the frozen
+// base without gradient shards or moments under ZeRO-2 / FSDP, ZeRO-1 run as no_shard; with experts, their adapters
+// packed over edp). (The estimate runs before any strategy exists, and at scales where none could be built, so it sizes
+// the same buffers from the walk.)
 TEST(MemoryEstimate, WeightsGradientsAndOptimizerStateAreWhatTheStrategyHolds) {
   test::TinyExperiment exp;
   const std::vector<std::pair<std::string, std::string>> moe = {{"num_experts", "4"},
@@ -151,9 +151,10 @@ TEST(MemoryEstimate, WeightsGradientsAndOptimizerStateAreWhatTheStrategyHolds) {
                                                                 {"expert_model_parallel_size", "2"}};
   for (const char* sharding : {"no_shard", "optim", "optim_grads", "optim_grads_params"})
     for (const bool experts : {false, true})
-      for (const bool bf16_state : {false, true})
+      for (const int state : {0, 1, 2})  // fp32, bf16, fp8 moments
         for (const bool lora : {false, true}) {
-          if (lora && bf16_state) continue;
+          const bool bf16_state = state == 1, fp8_state = state == 2;
+          if (lora && state != 0) continue;
           std::vector<std::pair<std::string, std::string>> keys = {{"num_layers", "4"},
                                                                    {"global_batch_size", "8"},
                                                                    {"data_parallel_sharding_strategy", sharding}};
@@ -162,13 +163,16 @@ TEST(MemoryEstimate, WeightsGradientsAndOptimizerStateAreWhatTheStrategyHolds) {
             keys.insert(keys.end(), {{"modules.pre_trainer.overrides.lora.enabled", "true"},
                                      {"lora.dim", "4"},
                                      {"lora.target_modules", "[linear_qkv,linear_proj,linear_fc1,linear_fc2]"}});
-          if (bf16_state)
+          if (state != 0)
             keys.insert(keys.end(), {{"use_precision_aware_optimizer", "true"},
-                                     {"exp_avg_dtype", "bf16"},
-                                     {"exp_avg_sq_dtype", "bf16"}});
+                                     {"exp_avg_dtype", bf16_state ? "bf16" : "fp8"},
+                                     {"exp_avg_sq_dtype", bf16_state ? "bf16" : "fp8"}});
           const auto cfg = exp.load(keys);
           SCOPED_TRACE(std::string(sharding) + (experts ? " with experts over ep 2" : " dense") +
-                       (bf16_state ? ", bf16 moments" : "") + (lora ? ", LoRA" : ""));
+                       (bf16_state  ? ", bf16 moments"
+                        : fp8_state ? ", fp8 moments"
+                                    : "") +
+                       (lora ? ", LoRA" : ""));
           const plan::ParallelLayout layout = plan::plan_layout(cfg.train, cfg.model_spec, 4);
           const plan::MemoryEstimate e = plan::estimate_memory(cfg.model_spec, layout, cfg.train, false);
 
@@ -189,7 +193,7 @@ TEST(MemoryEstimate, WeightsGradientsAndOptimizerStateAreWhatTheStrategyHolds) {
           part.ep_group = g.ep.get();
           LlamaModel model(cfg.model_spec, cpu::cpu_backend(), Precision::Fp32, options, part);
           AdamWOptions adam;
-          if (bf16_state) adam.exp_avg_dtype = adam.exp_avg_sq_dtype = DType::BF16;
+          if (state != 0) adam.exp_avg_dtype = adam.exp_avg_sq_dtype = bf16_state ? DType::BF16 : DType::F8E4M3;
           const auto strategy = train::make_dp_strategy(
               {model, layout, g, parallel::MeshCoord{}, adam, cfg.train.ddp_bucket_size, true, 1});
           const train::DpMemory held = strategy->memory();
@@ -208,12 +212,13 @@ TEST(MemoryEstimate, WeightsGradientsAndOptimizerStateAreWhatTheStrategyHolds) {
           const double copy = 12.0 * double(shard.numel());
           EXPECT_EQ(save.staging_bytes, std::min(copy, double(4u << 20)));
           EXPECT_EQ(save.async_bytes, save.sync_bytes + copy);
-          if (bf16_state) {  // half the fp32 state, to the pool's rounding
+          if (state != 0) {  // bf16: half the fp32 state; fp8: a quarter, and a scale per tensor piece
             auto fp32_keys = keys;
             fp32_keys.resize(fp32_keys.size() - 3);
             const auto fp32 = exp.load(fp32_keys);
             const plan::MemoryEstimate f = plan::estimate_memory(fp32.model_spec, layout, fp32.train, false);
-            EXPECT_NEAR(e.optimizer_bytes, 0.5 * f.optimizer_bytes, 512);
+            const double scales = fp8_state ? 8.0 * double(model.params().infos().size()) : 0.0;
+            EXPECT_NEAR(e.optimizer_bytes, (bf16_state ? 0.5 : 0.25) * f.optimizer_bytes, 512 + scales);
             EXPECT_GT(e.optimizer_bytes, 0);
           }
         }
