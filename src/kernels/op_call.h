@@ -22,11 +22,13 @@
 
 #include <array>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "core/tensor.h"
 #include "kernels/cpu/attention.h"
+#include "kernels/fp8.h"
 
 namespace primus::ops {
 
@@ -40,6 +42,9 @@ struct OpCall {
   bool accumulate = false;  // gemm: C is read (beta != 0); rmsnorm_backward_input: a residual
   bool bias = false, inverse = false, causal = false;
   std::vector<std::array<int64_t, 3>> problems;  // grouped_gemm
+  // An FP8 GEMM (gemm_fp8, grouped_gemm_fp8): the coarsest scaling of its operands that a device's
+  // matrix units must take (MX blocks, else DeepSeek's blocks, else tensor scales); none otherwise.
+  std::optional<fp8::Granularity> fp8;
   double flops = 0, bytes = 0;
   // The weight (or weight gradient) the op reads (writes): a GEMM's B, or its D when A is
   // transposed (dW += dy^T x); a norm's weight or gradient; the embedding table. Identifies the

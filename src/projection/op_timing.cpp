@@ -269,15 +269,19 @@ double RooflineOps::memory_seconds(double bytes) const {
 double RooflineOps::seconds(const ops::OpCall& o) {
   const std::string op = o.op;
   const bool attn = op.rfind("attention", 0) == 0, gemm = op == "gemm" || op == "grouped_gemm";
-  const double peak = hw_.peak_tflops * 1e12 * (gemm ? eff_.gemm : attn ? eff_.attention : 1.0);
+  const double matrix_peak = gemm && o.fp8 && hw_.runs_fp8(*o.fp8) ? hw_.fp8_tflops : hw_.peak_tflops;
+  const double peak = matrix_peak * 1e12 * (gemm ? eff_.gemm : attn ? eff_.attention : 1.0);
   const double compute = (gemm || attn) ? o.flops / peak : 0.0;
   return std::max(compute, memory_seconds(o.bytes)) + eff_.launch_us * 1e-6;
 }
 
 std::string RooflineOps::describe() const {
-  return fmt::format("roofline of {} ({}: {:.1f} TFLOP/s dense bf16, {:.0f} GB/s; GEMM at {:.0f}% of peak, attention "
+  const std::string fp8 = hw_.fp8_tflops > 0 ? fmt::format(", {:.1f} FP8{}", hw_.fp8_tflops,
+                                                            hw_.mx_blocks ? " (MX blocks too)" : "")
+                                              : ", FP8 GEMMs at the bf16 peak";
+  return fmt::format("roofline of {} ({}: {:.1f} TFLOP/s dense bf16{}, {:.0f} GB/s; GEMM at {:.0f}% of peak, attention "
                      "{:.0f}%, memory {:.0f}% of bandwidth, {:.0f} us per op)",
-                     hw_.name, hw_.description, hw_.peak_tflops, hw_.memory_bandwidth_gbs, 100 * eff_.gemm,
+                     hw_.name, hw_.description, hw_.peak_tflops, fp8, hw_.memory_bandwidth_gbs, 100 * eff_.gemm,
                      100 * eff_.attention, 100 * eff_.memory, eff_.launch_us);
 }
 

@@ -24,15 +24,17 @@ std::string lower(std::string s) {
 // Data sheets (dense, without sparsity): NVIDIA H100 SXM5 and H200 SXM (989.4 TFLOP/s bf16,
 // NVLink 4 at 900 GB/s per GPU in both directions together), AMD Instinct MI300X, MI325X
 // (1307.4 TFLOP/s bf16, 896 GB/s Infinity Fabric aggregate) and MI355X (2516.6 TFLOP/s bf16,
-// 1075 GB/s). Inter-node: one 400 Gb/s NIC per GPU (ConnectX-7, Pollara 400). The latencies are
+// 1075 GB/s); dense FP8 twice the bf16 peak on all five (H100/H200 1978.9, MI300X/MI325X 2614.9,
+// MI355X 5033.2 TFLOP/s), MX-scaled FP8 at that peak only on the MI355X (CDNA 4; Hopper and CDNA 3
+// have no MX scaling in their matrix units). Inter-node: one 400 Gb/s NIC per GPU (ConnectX-7, Pollara 400). The latencies are
 // not data-sheet numbers: a collective step's cost assumed for NCCL/RCCL (docs/profiling.md).
 const std::vector<Hardware>& named_hardware() {
   static const std::vector<Hardware> hw = {
-      {"H100", "NVIDIA H100 SXM5 80GB", 989.4, 80, 3350, 450, 3, 50, 6, 8, "NVIDIA H100 data sheet (SXM5)"},
-      {"H200", "NVIDIA H200 SXM 141GB", 989.4, 141, 4800, 450, 3, 50, 6, 8, "NVIDIA H200 data sheet (SXM)"},
-      {"MI300X", "AMD Instinct MI300X 192GB", 1307.4, 192, 5300, 448, 3, 50, 6, 8, "AMD Instinct MI300X data sheet"},
-      {"MI325X", "AMD Instinct MI325X 256GB", 1307.4, 256, 6000, 448, 3, 50, 6, 8, "AMD Instinct MI325X data sheet"},
-      {"MI355X", "AMD Instinct MI355X 288GB", 2516.6, 288, 8000, 537.6, 3, 50, 6, 8, "AMD Instinct MI355X data sheet"},
+      {"H100", "NVIDIA H100 SXM5 80GB", 989.4, 80, 3350, 450, 3, 50, 6, 8, "NVIDIA H100 data sheet (SXM5)", false, 1978.9, false},
+      {"H200", "NVIDIA H200 SXM 141GB", 989.4, 141, 4800, 450, 3, 50, 6, 8, "NVIDIA H200 data sheet (SXM)", false, 1978.9, false},
+      {"MI300X", "AMD Instinct MI300X 192GB", 1307.4, 192, 5300, 448, 3, 50, 6, 8, "AMD Instinct MI300X data sheet", false, 2614.9, false},
+      {"MI325X", "AMD Instinct MI325X 256GB", 1307.4, 256, 6000, 448, 3, 50, 6, 8, "AMD Instinct MI325X data sheet", false, 2614.9, false},
+      {"MI355X", "AMD Instinct MI355X 288GB", 2516.6, 288, 8000, 537.6, 3, 50, 6, 8, "AMD Instinct MI355X data sheet", false, 5033.2, true},
   };
   return hw;
 }

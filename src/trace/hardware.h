@@ -6,6 +6,8 @@
 #include <string>
 #include <vector>
 
+#include "kernels/fp8.h"
+
 namespace primus::ops {
 class Backend;
 }
@@ -27,6 +29,14 @@ struct Hardware {
   int gpus_per_node = 8;
   std::string source;        // where the numbers come from
   bool measured = false;     // measured on this machine (the CPU) rather than a data sheet
+  // Dense FP8 matrix peak (0: none, FP8 GEMMs run at the bf16 peak, as the CPU's emulation does),
+  // and whether the matrix units take MX block scales (E8M0 per 32 values) at that peak.
+  double fp8_tflops = 0;
+  bool mx_blocks = false;
+  // Whether an FP8 GEMM whose operands are scaled so (kernels/fp8.h) runs at the FP8 peak: tensor
+  // scales and DeepSeek's 1x128 / 128x128 blocks wherever there is one, MX blocks where the matrix
+  // units take them.
+  bool runs_fp8(fp8::Granularity g) const { return fp8_tflops > 0 && (g != fp8::Granularity::Mx32 || mx_blocks); }
 };
 
 // H100, H200, MI300X, MI325X, MI355X.

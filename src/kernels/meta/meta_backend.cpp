@@ -74,6 +74,38 @@ void MetaBackend::grouped_gemm(bool trans_a, bool trans_b, const std::vector<flo
   if (!A.empty()) record(grouped_gemm_call(trans_a, trans_b, A, B, beta, D));
 }
 
+namespace {
+
+// The coarsest scaling among FP8 operands: MX blocks, else DeepSeek's blocks, else tensor scales.
+fp8::Granularity coarsest(fp8::Granularity a, fp8::Granularity b) {
+  auto rank = [](fp8::Granularity g) {
+    return g == fp8::Granularity::Mx32 ? 2 : g == fp8::Granularity::Tensor ? 0 : 1;
+  };
+  return rank(a) >= rank(b) ? a : b;
+}
+
+}  // namespace
+
+void MetaBackend::gemm_fp8(const Fp8Pair& f, bool trans_a, bool trans_b, float, const Tensor& A, const Tensor& B,
+                           float beta, const Tensor& C, Tensor& D, const Tensor& bias) {
+  ops::OpCall c = gemm_call(trans_a, trans_b, A, B, beta, C, D, bias);
+  c.fp8 = coarsest(f.a.granularity, f.b.granularity);
+  record(c);
+}
+
+void MetaBackend::grouped_gemm_fp8(const std::vector<Fp8Pair>& f, bool trans_a, bool trans_b,
+                                   const std::vector<float>&, const std::vector<Tensor>& A,
+                                   const std::vector<Tensor>& B, float beta, std::vector<Tensor>& D) {
+  PRIMUS_CHECK(A.size() == B.size() && A.size() == D.size() && f.size() == A.size(),
+               "grouped_gemm_fp8 of {} A, {} B, {} D and {} operand pairs", A.size(), B.size(), D.size(), f.size());
+  if (A.empty()) return;
+  ops::OpCall c = grouped_gemm_call(trans_a, trans_b, A, B, beta, D);
+  fp8::Granularity g = fp8::Granularity::Tensor;
+  for (const Fp8Pair& p : f) g = coarsest(g, coarsest(p.a.granularity, p.b.granularity));
+  c.fp8 = g;
+  record(c);
+}
+
 void MetaBackend::rmsnorm_forward(const Tensor& x, const Tensor& w, Tensor& y, Tensor& rstd, float) {
   record(rmsnorm_forward_call(x, w, y, rstd));
 }

@@ -55,6 +55,13 @@ class MetaBackend final : public Backend, private MetaObserver {
 
   void gemm(bool trans_a, bool trans_b, float alpha, const Tensor& A, const Tensor& B, float beta, const Tensor& C,
             Tensor& D, const Tensor& bias) override;
+  // FP8 GEMMs as GEMM calls marked with their operands' scaling (OpCall::fp8): a device with an
+  // FP8 peak times them at it (projection/op_timing.h).
+  void gemm_fp8(const Fp8Pair& f, bool trans_a, bool trans_b, float alpha, const Tensor& A, const Tensor& B, float beta,
+                const Tensor& C, Tensor& D, const Tensor& bias) override;
+  void grouped_gemm_fp8(const std::vector<Fp8Pair>& f, bool trans_a, bool trans_b, const std::vector<float>& alpha,
+                        const std::vector<Tensor>& A, const std::vector<Tensor>& B, float beta,
+                        std::vector<Tensor>& D) override;
   using ops::Backend::grouped_gemm;
   void grouped_gemm(bool trans_a, bool trans_b, const std::vector<float>& alpha, const std::vector<Tensor>& A,
                     const std::vector<Tensor>& B, float beta, std::vector<Tensor>& D) override;

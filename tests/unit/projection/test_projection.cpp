@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <map>
 
 #include "core/error.h"
 #include "core/memory.h"
@@ -159,6 +160,57 @@ TEST_F(Projection, RooflinePerformanceScalesWithDataParallelism) {
   EXPECT_GT(one.performance->mfu, 0.0);
   EXPECT_LT(one.performance->mfu, 1.0);
   EXPECT_GT(four.performance->dp_total_s, 0.0);
+}
+
+// FP8 GEMMs at each machine's FP8 peak where its matrix units take the operands' scaling: tensor
+// scales and DeepSeek's blocks on all five, MX blocks only on the MI355X; elsewhere (and on the
+// CPU, which emulates FP8 through its bf16 GEMMs) at the bf16 peak.
+TEST(Roofline, Fp8GemmsRunAtTheFp8PeakWhereTheMatrixUnitsTakeTheirScales) {
+  ops::OpCall g;
+  g.op = "gemm";
+  g.flops = 2.0 * 8192.0 * 8192.0 * 8192.0;  // compute-bound on every machine
+  g.bytes = 3.0 * 8192.0 * 8192.0 * 2.0;
+  for (const char* name : {"H100", "H200", "MI300X", "MI325X", "MI355X"}) {
+    RooflineOps timer(*trace::find_hardware(name));
+    const double bf16 = timer.seconds(g);
+    for (const fp8::Granularity s : {fp8::Granularity::Tensor, fp8::Granularity::Tile1x128, fp8::Granularity::Mx32}) {
+      ops::OpCall f = g;
+      f.fp8 = s;
+      const bool fast = s != fp8::Granularity::Mx32 || std::string(name) == "MI355X";
+      EXPECT_NEAR(timer.seconds(f) / bf16, fast ? 0.5 : 1.0, 0.01) << name << " " << fp8::granularity_name(s);
+    }
+    EXPECT_NE(timer.describe().find("FP8"), std::string::npos) << timer.describe();
+  }
+  RooflineOps cpu(trace::Hardware{"CPU", "cpu", 1.0, 16, 50});
+  ops::OpCall f = g;
+  f.fp8 = fp8::Granularity::Tensor;
+  EXPECT_EQ(cpu.seconds(f), cpu.seconds(g));
+  EXPECT_NE(f.key(), g.key());  // timed apart when measured
+}
+
+// The projection's walk marks the FP8 linears' GEMMs with their scaling (and only theirs: the
+// attention's and the output layer's stay bf16), so that a target times them at its FP8 peak
+// (Roofline.Fp8GemmsRunAtTheFp8PeakWhereTheMatrixUnitsTakeTheirScales).
+TEST_F(Projection, TheWalkMarksTheFp8LinearsGemms) {
+  auto marked = [&](const std::string& fp8) {
+    const auto p = plan(config("      bf16: true\n" + fp8, "llama2c_15M"), h100(1, 1));
+    std::map<std::string, int> n;
+    for (const auto& rank : p.walks)
+      for (const auto& c : rank.chunks)
+        for (const auto* pass : {&c.f, &c.b, &c.w})
+          for (const ops::OpCall& o : pass->ops)
+            if (std::string(o.op) == "gemm") ++n[o.fp8 ? fp8::granularity_name(*o.fp8) : "bf16"];
+    return n;
+  };
+  const auto none = marked(""), tensor = marked("      fp8: hybrid\n      fp8_recipe: tensorwise\n");
+  const auto blocks = marked("      fp8: e4m3\n      fp8_recipe: blockwise\n");
+  const auto mx = marked("      fp8: e4m3\n      fp8_recipe: mxfp8\n");
+  EXPECT_EQ(none.size(), 1u);
+  // 4 layers x 4 linears x 3 GEMMs in FP8; the output layer's (and nothing else) in bf16.
+  EXPECT_EQ(tensor.at("tensor"), 48);
+  EXPECT_EQ(tensor.at("bf16") + 48, none.at("bf16"));
+  EXPECT_EQ(blocks.at("1x128 tiles"), 48);
+  EXPECT_EQ(mx.at("1x32 blocks (E8M0)"), 48);
 }
 
 // ZeRO-2 / FSDP's collective schedule (train/sharded_weights.h): with 2 microbatches per rank,
