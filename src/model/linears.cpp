@@ -90,15 +90,17 @@ void Linears::cover(int weight, const std::string& name) {
   order_.push_back(weight);
 }
 
-fp8::Granularity Linears::granularity(Operand op) const {
-  switch (opt_.recipe) {
+fp8::Granularity fp8_granularity(Fp8Recipe recipe, bool weight) {
+  switch (recipe) {
     case Fp8Recipe::Delayed:
     case Fp8Recipe::Tensorwise: return fp8::Granularity::Tensor;
-    case Fp8Recipe::Blockwise: return op == W ? fp8::Granularity::Block128 : fp8::Granularity::Tile1x128;
+    case Fp8Recipe::Blockwise: return weight ? fp8::Granularity::Block128 : fp8::Granularity::Tile1x128;
     case Fp8Recipe::Mxfp8: return fp8::Granularity::Mx32;
   }
   return fp8::Granularity::Tensor;
 }
+
+fp8::Granularity Linears::granularity(Operand op) const { return fp8_granularity(opt_.recipe, op == W); }
 
 Linears::Quantized Linears::quantize(const Tensor& src, Operand op, int weight, bool reduce_cols, Tensor& dst) const {
   fp8::DelayedScale& d = state_.at(weight).operand[op];

@@ -81,6 +81,11 @@ struct Fp8Options {
 // Delayed scaling scales by its history and is the same in chunks.
 bool fp8_head_needs_whole_logits(const Fp8Options& fp8, int64_t vocab_chunk);
 
+// How a recipe scales a GEMM operand of an FP8 linear: a weight (W), or an activation or gradient
+// (x, dy). Tensor scales (delayed, tensorwise), DeepSeek's 128 x 128 blocks for weights and 1 x 128
+// tiles for the rest (blockwise), 1 x 32 MX blocks (mxfp8).
+fp8::Granularity fp8_granularity(Fp8Recipe recipe, bool weight);
+
 // The LoRA adapters of a model's tensor layout (model_parameter_layout: every rank's tensors, by
 // global shape), named and shaped as Linears::add_adapters registers them: for each 2-D weight
 // "<module>.weight" that lora.target_modules names, "<module>.adapter.linear_in.weight" [dim, in]

@@ -1,6 +1,7 @@
 // benchmark gemm: the throughput of one GEMM shape, or the tuning of every GEMM of a model.
 //
-//   primus-cli direct -- benchmark gemm -M 4096 -N 4096 -K 4096 [--dtype bf16|fp32] [--trans-a] [--trans-b]
+//   primus-cli direct -- benchmark gemm -M 4096 -N 4096 -K 4096 [--dtype bf16|fp32|fp8] [--trans-a] [--trans-b]
+//                                       [--recipe delayed|tensorwise|blockwise|mxfp8]   (fp8)
 //                                       [--device auto|cpu|cuda] [--warmup 3] [--iters 10] [--json]
 //   primus-cli direct -- benchmark gemm --shapes-from <experiment.yaml> --list      (any machine)
 //   primus-cli direct -- benchmark gemm --shapes-from <experiment.yaml> --tune [--output gemm_cache.json]
@@ -15,6 +16,10 @@
 // out or fp32), cuBLASLt's heuristic candidates are timed first, then the GEMM runs with the
 // fastest: the report shows the heuristic's first choice beside the best candidate.
 //
+// --dtype fp8 runs the GEMM the way the model's FP8 linears do, through the op set
+// (Backend::quantize_fp8 of both operands along K, then Backend::gemm_fp8; run_fp8_shape below),
+// beside the bf16 GEMM of the same operands, with both results' error against fp32.
+//
 // --shapes-from lists the GEMMs that one microbatch of the config's model runs on one
 // tensor-parallel rank, through every pipeline stage (plan/gemm_list.h): the real model walked on
 // the shape-only backend, so the list is what a profiled step runs, in the config's precision
@@ -23,9 +28,12 @@
 // of each distinct problem and writes the winners to a cache file that training reads
 // (gemm_tuning_cache). --compare times the CPU's two bf16 GEMMs on each distinct problem: the
 // measurement behind the backend's choice between them.
+#include <cmath>
+#include <cstring>
 #include <iostream>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -34,6 +42,7 @@
 
 #include "cli/registry.h"
 #include "cli/tasks/bench_common.h"
+#include "config/choices.h"
 #include "config/experiment.h"
 #include "core/error.h"
 #include "core/rng.h"
@@ -41,12 +50,14 @@
 #include "kernels/cpu/bf16/gemm.h"
 #include "kernels/cpu/ceiling.h"
 #include "kernels/cpu/gemm.h"
+#include "model/linears.h"
 #include "model/llama.h"
 #include "plan/gemm_list.h"
 #include "plan/model_options.h"
 #include "plan/parallel_layout.h"
 
 #ifdef PRIMUS_HAVE_CUDA
+#include "kernels/cuda/cuda_backend.h"
 #include "kernels/cuda/gemm.h"
 #include "kernels/cuda/runtime.h"
 #endif
@@ -60,6 +71,7 @@ struct Options {
   int64_t m = 4096, n = 4096, k = 4096;
   std::string dtype = "bf16";
   std::string out_dtype;  // CPU bf16: bf16 (default) or fp32
+  std::string recipe;     // fp8: empty is tensorwise
   bool trans_a = false, trans_b = false;
   bench::RunOptions run;
   // model shapes
@@ -73,10 +85,26 @@ struct Options {
 
 std::string op_name(bool ta, bool tb) { return fmt::format("{}{}", ta ? 'T' : 'N', tb ? 'T' : 'N'); }
 
+// --recipe: the config's names (config/choices.h); only with --dtype fp8.
+Fp8Recipe fp8_recipe(const Options& o) {
+  if (o.recipe.empty()) return Fp8Recipe::Tensorwise;
+  const std::optional<Fp8Recipe> r = config::find_choice<Fp8Recipe>(o.recipe);
+  if (!r) fail("--recipe must be one of {}, got '{}'", config::choice_list<Fp8Recipe>(), o.recipe);
+  return *r;
+}
+
 void check_common(const Options& o) {
   o.run.check();
   if (o.max_candidates < 1) fail("--max-candidates must be at least 1, got {}", o.max_candidates);
-  if (o.dtype != "bf16" && o.dtype != "fp32") fail("--dtype must be bf16 or fp32, got '{}'", o.dtype);
+  if (o.dtype != "bf16" && o.dtype != "fp32" && o.dtype != "fp8")
+    fail("--dtype must be bf16, fp32 or fp8, got '{}'", o.dtype);
+  if (!o.recipe.empty() && o.dtype != "fp8") fail("--recipe {} needs --dtype fp8 (got --dtype {})", o.recipe, o.dtype);
+  if (o.dtype == "fp8") {
+    fp8_recipe(o);
+    if (!o.out_dtype.empty())
+      fail("--out-dtype is for --dtype bf16: an FP8 GEMM writes bf16, as the model's linears do");
+    if (!o.shapes_from.empty()) fail("--dtype fp8 times one shape: drop --shapes-from");
+  }
   if (!o.out_dtype.empty() && o.out_dtype != "bf16" && o.out_dtype != "fp32")
     fail("--out-dtype must be bf16 or fp32, got '{}'", o.out_dtype);
   if (o.dtype == "fp32" && o.out_dtype == "bf16") fail("--out-dtype bf16 needs --dtype bf16");
@@ -215,6 +243,188 @@ ShapeResult run_cuda_shape(const Options& o) {
 }
 #endif
 
+// ---- one shape in FP8 ----
+//
+// D = op(A) op(B) as the model's FP8 linears run a GEMM (model/linears.cpp): each bf16 operand
+// quantized along K by Backend::quantize_fp8 (E4M3 both), then Backend::gemm_fp8 with the
+// operands' Fp8Operand and alpha = the product of the inverse tensor scales. A plays the
+// activation, B the weight: the granularity is Linears::granularity's for x and W (tensor for
+// delayed and tensorwise, 1 x 128 tiles for A and 128 x 128 blocks for B under blockwise, 1 x 32
+// MX blocks under mxfp8). Delayed: the scale the first (current-scaling) quantization found is
+// then given to every timed one, as a delayed scale whose history holds that amax. Beside it, the
+// bf16 GEMM of the same operands on the same backend, and both results' relative (Frobenius)
+// error against the fp32 GEMM of the unquantized (bf16) operands.
+
+struct Fp8Result {
+  std::string device_name, backend_name;
+  double gemm_ms = 0, quantize_ms = 0, bf16_ms = 0;
+  double err_fp8 = 0, err_bf16 = 0;
+};
+
+template <class Fn>
+double time_on(bool cuda, Fn&& fn, int warmup, int iters) {
+#ifdef PRIMUS_HAVE_CUDA
+  if (cuda) return cuda::time_ms(fn, warmup, iters);
+#endif
+  (void)cuda;
+  return bench::cpu_time_ms(fn, warmup, iters);
+}
+
+// The operands of one shape on a backend (bf16, the values the bf16 GEMM multiplies too), their
+// quantized copies, the two results, and the fp32 reference on the host.
+class Fp8Gemm {
+ public:
+  Fp8Gemm(ops::Backend& be, const Options& o) : be_(be), o_(o), recipe_(fp8_recipe(o)) {
+    const std::vector<uint16_t> a = random_bf16(size_t(o.m * o.k), 1), b = random_bf16(size_t(o.k * o.n), 2);
+    A_ = upload(a, o.trans_a ? Shape{o.k, o.m} : Shape{o.m, o.k});
+    B_ = upload(b, o.trans_b ? Shape{o.n, o.k} : Shape{o.k, o.n});
+    QA_ = be.empty(A_.shape(), DType::BF16);
+    QB_ = be.empty(B_.shape(), DType::BF16);
+    D8_ = be.empty({o.m, o.n}, DType::BF16);
+    D16_ = be.empty({o.m, o.n}, DType::BF16);
+    reference_ = reference(a, b);
+    if (recipe_ == Fp8Recipe::Delayed) {  // the first call's current scales, given from then on
+      quantize();
+      scale_a_ = 1.0f / inv_a_, scale_b_ = 1.0f / inv_b_;
+    }
+  }
+  // Both operands, along K: op(A) [M, K] reduces over A's columns unless A is stored [K, M];
+  // op(B) [K, N] over B's rows unless B is stored [N, K].
+  void quantize() {
+    const ops::Backend::Fp8Quantized qa = be_.quantize_fp8(A_, kFormat, fp8_granularity(recipe_, false), !o_.trans_a,
+                                                           scale_a_, QA_);
+    const ops::Backend::Fp8Quantized qb = be_.quantize_fp8(B_, kFormat, fp8_granularity(recipe_, true), o_.trans_b,
+                                                           scale_b_, QB_);
+    inv_a_ = 1.0f / qa.scale, inv_b_ = 1.0f / qb.scale;
+    pair_ = {{kFormat, fp8_granularity(recipe_, false), qa.block_scales},
+             {kFormat, fp8_granularity(recipe_, true), qb.block_scales}};
+  }
+  void gemm_fp8() { be_.gemm_fp8(pair_, o_.trans_a, o_.trans_b, inv_a_ * inv_b_, QA_, QB_, 0.0f, {}, D8_, {}); }
+  void gemm_bf16() { be_.gemm(o_.trans_a, o_.trans_b, 1.0f, A_, B_, 0.0f, {}, D16_, {}); }
+  double error_fp8() const { return error(D8_); }
+  double error_bf16() const { return error(D16_); }
+
+ private:
+  static constexpr fp8::Format kFormat = fp8::Format::E4M3;
+  Tensor upload(const std::vector<uint16_t>& v, const Shape& shape) const {
+    Tensor h = Tensor::empty(shape, DType::BF16);
+    std::memcpy(h.raw(), v.data(), v.size() * sizeof(uint16_t));
+    return h.to(be_.device());
+  }
+  std::vector<float> reference(const std::vector<uint16_t>& a, const std::vector<uint16_t>& b) const {
+    std::vector<float> fa(a.size()), fb(b.size()), d(size_t(o_.m * o_.n));
+    for (size_t i = 0; i < a.size(); ++i) fa[i] = bf16_bits_to_float(a[i]);
+    for (size_t i = 0; i < b.size(); ++i) fb[i] = bf16_bits_to_float(b[i]);
+    cpu::gemm<float>(o_.trans_a, o_.trans_b, o_.m, o_.n, o_.k, 1.0f, fa.data(), o_.trans_a ? o_.m : o_.k, fb.data(),
+                     o_.trans_b ? o_.k : o_.n, 0.0f, d.data(), o_.n);
+    return d;
+  }
+  double error(const Tensor& D) const {
+    const Tensor h = D.to(Device::CPU);
+    const bf16* d = h.data<bf16>();
+    double num = 0, den = 0;
+    for (size_t i = 0; i < reference_.size(); ++i) {
+      const double e = double(d[i].to_float()) - double(reference_[i]);
+      num += e * e, den += double(reference_[i]) * double(reference_[i]);
+    }
+    return den > 0 ? std::sqrt(num / den) : 0.0;
+  }
+
+  ops::Backend& be_;
+  const Options& o_;
+  Fp8Recipe recipe_;
+  Tensor A_, B_, QA_, QB_, D8_, D16_;
+  std::vector<float> reference_;
+  float scale_a_ = 0, scale_b_ = 0;  // 0: current scaling; delayed: the first call's
+  float inv_a_ = 1, inv_b_ = 1;
+  ops::Backend::Fp8Pair pair_;
+};
+
+// The backend the shape runs on: the GPU's, or the CPU's bf16 backend (its FP8 GEMM the exact
+// emulation through its bf16 GEMM, docs/fp8.md).
+std::unique_ptr<ops::Backend> fp8_backend(BenchDevice dev, std::string& device_name) {
+#ifdef PRIMUS_HAVE_CUDA
+  if (dev == BenchDevice::CUDA) {
+    device_name = bench::init_cuda();
+    int n = 0;
+    PRIMUS_CUDA_CHECK(cudaGetDeviceCount(&n));
+    return std::make_unique<cuda::CudaBackend>(discover_launch_env().local_rank % std::max(n, 1));
+  }
+#endif
+  (void)dev;
+  require_cpu_bf16();
+  device_name = bench::cpu_name();
+  return std::make_unique<cpu::Bf16Backend>();
+}
+
+Fp8Result run_fp8(const Options& o, BenchDevice dev) {
+  Fp8Result r;
+  const std::unique_ptr<ops::Backend> be = fp8_backend(dev, r.device_name);
+  r.backend_name = be->name();
+  const bool cuda = dev == BenchDevice::CUDA;
+  Fp8Gemm g(*be, o);
+  r.quantize_ms = time_on(
+      cuda, [&] { g.quantize(); }, o.run.warmup, o.run.iters);
+  r.gemm_ms = time_on(
+      cuda, [&] { g.gemm_fp8(); }, o.run.warmup, o.run.iters);
+  r.bf16_ms = time_on(
+      cuda, [&] { g.gemm_bf16(); }, o.run.warmup, o.run.iters);
+  be->synchronize();
+  r.err_fp8 = g.error_fp8();
+  r.err_bf16 = g.error_bf16();
+  return r;
+}
+
+int run_fp8_shape(const Options& o, BenchDevice dev) {
+  const Fp8Result r = run_fp8(o, dev);
+  const bool cuda = dev == BenchDevice::CUDA;
+  const double flops = 2.0 * double(o.m) * double(o.n) * double(o.k), total = r.gemm_ms + r.quantize_ms;
+  const char* recipe = fp8_recipe_name(fp8_recipe(o));
+  const char* how = cuda ? "cuBLASLt's FP8 GEMM where it takes the problem (else the bf16 GEMM, said once in the log)"
+                         : "exact emulation through the bf16 GEMM (docs/fp8.md)";
+  if (o.run.json) {
+    const nlohmann::ordered_json j = {{"op", "gemm"},
+                                      {"device", cuda ? "cuda" : "cpu"},
+                                      {"device_name", r.device_name},
+                                      {"backend", r.backend_name},
+                                      {"dtype", "fp8"},
+                                      {"recipe", recipe},
+                                      {"format", "e4m3"},
+                                      {"emulated", !cuda},
+                                      {"trans_a", o.trans_a},
+                                      {"trans_b", o.trans_b},
+                                      {"m", o.m},
+                                      {"n", o.n},
+                                      {"k", o.k},
+                                      {"ms", r.gemm_ms},
+                                      {"tflops", bench::tflops(flops, r.gemm_ms)},
+                                      {"quantize_ms", r.quantize_ms},
+                                      {"total_ms", total},
+                                      {"total_tflops", bench::tflops(flops, total)},
+                                      {"bf16_ms", r.bf16_ms},
+                                      {"bf16_tflops", bench::tflops(flops, r.bf16_ms)},
+                                      {"speedup_vs_bf16", r.gemm_ms > 0 ? r.bf16_ms / r.gemm_ms : 0.0},
+                                      {"rel_error", r.err_fp8},
+                                      {"bf16_rel_error", r.err_bf16}};
+    std::cout << j.dump() << std::endl;
+    return 0;
+  }
+  std::cout << fmt::format("gemm fp8 {} (E4M3 x E4M3) {} m={} n={} k={} on {} ({}, {}): {}\n", recipe,
+                           op_name(o.trans_a, o.trans_b), o.m, o.n, o.k, cuda ? "cuda" : "cpu", r.device_name,
+                           r.backend_name, how);
+  std::cout << fmt::format("  gemm_fp8 {:.4f} ms, {:.4g} TFLOP/s; quantization {:.4f} ms per call (A and B); total "
+                           "{:.4f} ms, {:.4g} TFLOP/s\n",
+                           r.gemm_ms, bench::tflops(flops, r.gemm_ms), r.quantize_ms, total,
+                           bench::tflops(flops, total));
+  std::cout << fmt::format(
+      "  bf16 GEMM {:.4f} ms, {:.4g} TFLOP/s: fp8 x{:.3f} (GEMM alone), x{:.3f} (with quantization)\n", r.bf16_ms,
+      bench::tflops(flops, r.bf16_ms), r.gemm_ms > 0 ? r.bf16_ms / r.gemm_ms : 0.0,
+      total > 0 ? r.bf16_ms / total : 0.0);
+  std::cout << fmt::format("  relative error against fp32 of the unquantized operands: fp8 {:.3e}, bf16 {:.3e}\n",
+                           r.err_fp8, r.err_bf16);
+  return 0;
+}
+
 int run_shape(const Options& o) {
   if (o.m <= 0) fail("-M must be positive, got {}", o.m);
   if (o.n <= 0) fail("-N must be positive, got {}", o.n);
@@ -222,6 +432,7 @@ int run_shape(const Options& o) {
   if (o.tune) fail("--tune times the GEMMs of a model: give --shapes-from <experiment config> (one shape is always "
                    "tuned on the GPU; --output saves it)");
   const BenchDevice dev = bench::resolve_device(o.run.device);
+  if (o.dtype == "fp8") return run_fp8_shape(o, dev);
   ShapeResult r;
 #ifdef PRIMUS_HAVE_CUDA
   if (dev == BenchDevice::CUDA) r = run_cuda_shape(o);
@@ -618,7 +829,9 @@ TaskRegistrar reg{
        app.add_option("-M", o->m, "rows of D and op(A)")->capture_default_str();
        app.add_option("-N", o->n, "columns of D and op(B)")->capture_default_str();
        app.add_option("-K", o->k, "the inner dimension")->capture_default_str();
-       app.add_option("--dtype", o->dtype, "bf16 or fp32 (in and out)")->capture_default_str();
+       app.add_option("--dtype", o->dtype, "bf16 or fp32 (in and out), or fp8 (quantized operands, bf16 out)")
+           ->capture_default_str();
+       app.add_option("--recipe", o->recipe, "--dtype fp8: delayed, tensorwise (default), blockwise or mxfp8");
        app.add_option("--out-dtype", o->out_dtype, "CPU, bf16 inputs: bf16 (default) or fp32 outputs");
        app.add_flag("--trans-a", o->trans_a, "A is stored [K, M] (op(A) = A^T)");
        app.add_flag("--trans-b", o->trans_b, "B is stored [N, K] (op(B) = B^T), as a linear layer's weight");
