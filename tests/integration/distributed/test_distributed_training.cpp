@@ -134,6 +134,31 @@ class Distributed : public ::testing::Test {
   }
 
   // The largest difference between two runs' final weights, relative to the largest weight of a.
+  // The run with `overrides` under ZeRO-1 and FSDP over dp2 against one process: losses within
+  // loss_tol (relative), weights within weight_tol of the largest (both printed).
+  void zero1_and_fsdp_against_one_process(const std::string& overrides, double loss_tol, double weight_tol) {
+    const Result ref = reference(overrides);
+    ASSERT_EQ(ref.status, 0) << ref.out;
+    const Result zero1 = run(2, "zero1", overrides + " --use_distributed_optimizer true --ddp_bucket_size 20000");
+    ASSERT_EQ(zero1.status, 0) << zero1.out;
+    const Result fsdp = run(2, "fsdp", overrides + " --data_parallel_sharding_strategy optim_grads_params");
+    ASSERT_EQ(fsdp.status, 0) << fsdp.out;
+    const auto a = losses("ref");
+    ASSERT_EQ(a.size(), 20u);
+    for (const char* name : {"zero1", "fsdp"}) {
+      const auto b = losses(name);
+      ASSERT_EQ(b.size(), 20u) << name;
+      double worst = 0;
+      for (size_t i = 0; i < a.size(); ++i) {
+        EXPECT_NEAR(b[i], a[i], loss_tol * std::fabs(a[i])) << name << " iteration " << i + 1;
+        worst = std::max(worst, std::fabs(b[i] - a[i]) / std::fabs(a[i]));
+      }
+      const double weights = weight_difference("ref", name);
+      EXPECT_LT(weights, weight_tol) << name;
+      std::printf("[ info     ] %s: losses within %.1e of one process's (relative), weights within %.1e\n", name,
+                  worst, weights);
+    }
+  }
   double weight_difference(const std::string& a, const std::string& b) {
     const auto wa = weights(a), wb = weights(b);
     EXPECT_EQ(wa.size(), wb.size());
@@ -675,27 +700,7 @@ TEST_F(Distributed, PrecisionAwareOptimizerZero1AndFsdpDp2) {
   const std::string low = std::string(kBf16) +
                           " --use_precision_aware_optimizer true --main_grads_dtype bf16 --exp_avg_dtype bf16"
                           " --exp_avg_sq_dtype bf16";
-  const Result ref = reference(low);
-  ASSERT_EQ(ref.status, 0) << ref.out;
-  const Result zero1 = run(2, "zero1", low + " --use_distributed_optimizer true --ddp_bucket_size 20000");
-  ASSERT_EQ(zero1.status, 0) << zero1.out;
-  const Result fsdp = run(2, "fsdp", low + " --data_parallel_sharding_strategy optim_grads_params");
-  ASSERT_EQ(fsdp.status, 0) << fsdp.out;
-  const auto a = losses("ref");
-  ASSERT_EQ(a.size(), 20u);
-  for (const char* name : {"zero1", "fsdp"}) {
-    const auto b = losses(name);
-    ASSERT_EQ(b.size(), 20u) << name;
-    double worst = 0;
-    for (size_t i = 0; i < a.size(); ++i) {
-      EXPECT_NEAR(b[i], a[i], kBf16LossTol * std::fabs(a[i])) << name << " iteration " << i + 1;
-      worst = std::max(worst, std::fabs(b[i] - a[i]) / std::fabs(a[i]));
-    }
-    const double weights = weight_difference("ref", name);
-    EXPECT_LT(weights, kBf16WeightTol) << name;
-    std::printf("[ info     ] %s: losses within %.1e of one process's (relative), weights within %.1e\n", name, worst,
-                weights);
-  }
+  zero1_and_fsdp_against_one_process(low, kBf16LossTol, kBf16WeightTol);
 }
 
 // Transformer Engine's scaled states (fp8 first moments, fp16 second moments, the fp16 master) under
@@ -709,27 +714,7 @@ TEST_F(Distributed, ScaledOptimizerStateZero1AndFsdpDp2) {
   const std::string low = std::string(kBf16) +
                           " --use_precision_aware_optimizer true --main_params_dtype fp16 --exp_avg_dtype fp8"
                           " --exp_avg_sq_dtype fp16";
-  const Result ref = reference(low);
-  ASSERT_EQ(ref.status, 0) << ref.out;
-  const Result zero1 = run(2, "zero1", low + " --use_distributed_optimizer true --ddp_bucket_size 20000");
-  ASSERT_EQ(zero1.status, 0) << zero1.out;
-  const Result fsdp = run(2, "fsdp", low + " --data_parallel_sharding_strategy optim_grads_params");
-  ASSERT_EQ(fsdp.status, 0) << fsdp.out;
-  const auto a = losses("ref");
-  ASSERT_EQ(a.size(), 20u);
-  for (const char* name : {"zero1", "fsdp"}) {
-    const auto b = losses(name);
-    ASSERT_EQ(b.size(), 20u) << name;
-    double worst = 0;
-    for (size_t i = 0; i < a.size(); ++i) {
-      EXPECT_NEAR(b[i], a[i], kBf16LossTol * std::fabs(a[i])) << name << " iteration " << i + 1;
-      worst = std::max(worst, std::fabs(b[i] - a[i]) / std::fabs(a[i]));
-    }
-    const double weights = weight_difference("ref", name);
-    EXPECT_LT(weights, 2 * kBf16WeightTol) << name;
-    std::printf("[ info     ] %s: losses within %.1e of one process's (relative), weights within %.1e\n", name, worst,
-                weights);
-  }
+  zero1_and_fsdp_against_one_process(low, kBf16LossTol, 2 * kBf16WeightTol);
 }
 
 // Mixture of experts (docs/moe.md): the router's statistics and losses, the expert-bias update
