@@ -798,10 +798,11 @@ TEST(CudaBackend, PackedSftEqualsOneConversationPerSequence) {
 
 namespace {
 // A fresh folder with exp.yaml: the tiny model trained on the GPU on mock data, `iters` iterations,
-// `more` extra override lines (indented by 6).
+// `more` extra override lines (indented by 6). Named after `name` and the process, so that two
+// runs of the suite at once (the real and the emulated binary, two build trees) keep apart.
 std::filesystem::path gpu_experiment(const std::string& name, int iters, int log_interval, const std::string& more) {
   namespace fs = std::filesystem;
-  const fs::path dir = fs::temp_directory_path() / name;
+  const fs::path dir = fs::temp_directory_path() / (name + "_" + std::to_string(getpid()));
   fs::remove_all(dir);
   fs::create_directories(dir);
   std::ofstream(dir / "exp.yaml") << "exp_name: gpu\nworkspace: " << (dir / "ws").string() << "\n"
