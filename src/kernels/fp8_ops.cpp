@@ -61,29 +61,23 @@ void store(const float* v, int64_t n, Tensor& t, int64_t i0) {
   }
 }
 
-// fp8::quantize through a thread's fp32 buffers.
+// fp8::quantize through fp32 buffers of the band's size (allocated per band: a band of 128-row
+// blocks over a vocabulary's columns is tens of MiB, not to be kept per thread).
 class DefaultBandKernel final : public Fp8BandKernel {
  public:
   float amax(const Tensor& src, int64_t i0, int64_t n) const override {
-    float* x = buffer(0, n);
-    load(src, i0, n, x);
-    return fp8::amax(x, n);
+    std::vector<float> x(static_cast<size_t>(n));
+    load(src, i0, n, x.data());
+    return fp8::amax(x.data(), n);
   }
   float quantize(const Tensor& src, int64_t r0, int64_t rows, const Fp8Request& r, float scale,
                  Tensor& dst) const override {
     const int64_t cols = src.size(1), n = rows * cols;
-    float *x = buffer(0, n), *q = buffer(1, n);
-    load(src, r0 * cols, n, x);
-    const float a = fp8::quantize(x, rows, cols, r.format, r.granularity, r.reduce_cols, scale, q);
-    store(q, n, dst, r0 * cols);
+    std::vector<float> x(static_cast<size_t>(n)), q(static_cast<size_t>(n));
+    load(src, r0 * cols, n, x.data());
+    const float a = fp8::quantize(x.data(), rows, cols, r.format, r.granularity, r.reduce_cols, scale, q.data());
+    store(q.data(), n, dst, r0 * cols);
     return a;
-  }
-
- private:
-  static float* buffer(int which, int64_t n) {
-    thread_local std::vector<float> b[2];
-    if (b[which].size() < size_t(n)) b[which].resize(size_t(n));
-    return b[which].data();
   }
 };
 
