@@ -262,6 +262,15 @@ TEST_F(EmulatedCublasLt, ForeignAlgorithmsAndHostPointersAreRefused) {
             CUBLAS_STATUS_INVALID_VALUE);
 }
 
+// na E4M3 codes 0x38..0x4F (1 to 7.5) into A and nb E5M2 codes 0x3C..0x47 (1 to 3.5) into B,
+// random signs: FP8 operands whose products and sums are exact in fp32.
+void random_fp8_operands(const Rng& rng, int64_t na, int64_t nb, std::vector<uint8_t>& A, std::vector<uint8_t>& B) {
+  for (int64_t i = 0; i < na; ++i)
+    A.push_back(uint8_t((0x38 + rng.at(uint64_t(i)) % 24) | (rng.at(uint64_t(i) + 5000) & 1) << 7));
+  for (int64_t i = 0; i < nb; ++i)
+    B.push_back(uint8_t((0x3C + rng.at(uint64_t(i) + 9000) % 12) | (rng.at(uint64_t(i) + 13000) & 1) << 7));
+}
+
 // FP8 (emu/cublaslt_api.cpp's top): E4M3 x E5M2 in the TN format, column-major, m x n from k,
 // with A's and B's scales on the device, into an fp32 D, and into an E4M3 D with D's scale and the
 // amax of the value before it. The operands are FP8 values whose products and sums are exact in
@@ -285,12 +294,7 @@ struct Fp8Lt {
     EXPECT_EQ(cublasLtMatrixLayoutCreate(&lb, CUDA_R_8F_E5M2, k, n, k), CUBLAS_STATUS_SUCCESS);
     EXPECT_EQ(cublasLtMatrixLayoutCreate(&lc, c_type, m, n, m), CUBLAS_STATUS_SUCCESS);
     EXPECT_EQ(cublasLtMatrixLayoutCreate(&ld, d_type, m, n, m), CUBLAS_STATUS_SUCCESS);
-    const Rng rng(7);
-    // E4M3 codes 0x38..0x4F (1 to 7.5) and E5M2 codes 0x3C..0x47 (1 to 3.5), random signs.
-    for (int64_t i = 0; i < k * m; ++i)
-      A.push_back(uint8_t((0x38 + rng.at(uint64_t(i)) % 24) | (rng.at(uint64_t(i) + 5000) & 1) << 7));
-    for (int64_t i = 0; i < k * n; ++i)
-      B.push_back(uint8_t((0x3C + rng.at(uint64_t(i) + 9000) % 12) | (rng.at(uint64_t(i) + 13000) & 1) << 7));
+    random_fp8_operands(Rng(7), k * m, k * n, A, B);
     dA = std::make_unique<DeviceArray<uint8_t>>(A);
     dB = std::make_unique<DeviceArray<uint8_t>>(B);
     scale_a = std::make_unique<DeviceArray<float>>(std::vector<float>{0.5f});
@@ -456,11 +460,7 @@ struct BlockLt {
     EXPECT_EQ(cublasLtMatrixLayoutCreate(&lb, CUDA_R_8F_E5M2, k, n, k), CUBLAS_STATUS_SUCCESS);
     EXPECT_EQ(cublasLtMatrixLayoutCreate(&lc, d_type, m, n, m), CUBLAS_STATUS_SUCCESS);
     EXPECT_EQ(cublasLtMatrixLayoutCreate(&ld, d_type, m, n, m), CUBLAS_STATUS_SUCCESS);
-    const Rng rng(11);
-    for (int64_t i = 0; i < k * m; ++i)  // E4M3 1 to 7.5, E5M2 1 to 3.5, random signs
-      A.push_back(uint8_t((0x38 + rng.at(uint64_t(i)) % 24) | (rng.at(uint64_t(i) + 5000) & 1) << 7));
-    for (int64_t i = 0; i < k * n; ++i)
-      B.push_back(uint8_t((0x3C + rng.at(uint64_t(i) + 9000) % 12) | (rng.at(uint64_t(i) + 13000) & 1) << 7));
+    random_fp8_operands(Rng(11), k * m, k * n, A, B);
     sa = scales(mode_a, m, kb, 3, 2);
     sb = scales(mode_b, n, kb, 2, -1);
     dA = std::make_unique<DeviceArray<uint8_t>>(A);

@@ -573,6 +573,20 @@ TEST(CudaBackend, FlatAdamWMatchesTheHostOptimizer) {
   EXPECT_EQ(dev.step_count(), 5);
 }
 
+namespace {
+
+// A checkpoint's fp32 moments for n parameters (first, second): small values of both signs.
+std::pair<std::vector<float>, std::vector<float>> checkpoint_moments(int64_t n) {
+  std::vector<float> m(static_cast<size_t>(n)), v(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) {
+    m[size_t(i)] = 1e-3f * float(i % 97) - 0.03f;
+    v[size_t(i)] = 1e-6f * float(i % 89);
+  }
+  return {m, v};
+}
+
+}  // namespace
+
 // The precision-aware optimizer's state on the device (FlatAdamW with bf16 moments and bf16
 // parameters): the same steps as the host optimizer, a checkpoint's fp32 moments loaded rounded,
 // and read back (whole, and as the checkpoint writer's ranges) as the exact bf16 values.
@@ -588,11 +602,7 @@ TEST(CudaBackend, FlatAdamWWithBf16StateMatchesTheHostOptimizer) {
   for (int64_t i = 0; i < n; ++i) hv.data<float>()[i] = bf16::from_float(hv.data<float>()[i]).to_float();
   Tensor dv = hv.to(Device::CUDA);
   // A checkpoint's fp32 moments: both load them rounded to nearest even.
-  std::vector<float> m0(static_cast<size_t>(n)), v0(static_cast<size_t>(n));
-  for (int64_t i = 0; i < n; ++i) {
-    m0[size_t(i)] = 1e-3f * float(i % 97) - 0.03f;
-    v0[size_t(i)] = 1e-6f * float(i % 89);
-  }
+  const auto [m0, v0] = checkpoint_moments(n);
   host.set_state(3, m0.data(), v0.data());
   dev.set_state(3, m0.data(), v0.data());
   EXPECT_EQ(dev.exp_avg(), host.exp_avg());
@@ -631,11 +641,7 @@ TEST(CudaBackend, FlatAdamWWithScaledStateMatchesTheHostOptimizer) {
   Tensor hv = random_host({n}, DType::F32, 3);
   Tensor dv = hv.to(Device::CUDA);
   Tensor hw = Tensor::zeros({n}, DType::BF16), dw = Tensor::zeros({n}, DType::BF16, Device::CUDA);
-  std::vector<float> m0(static_cast<size_t>(n)), v0(static_cast<size_t>(n));
-  for (int64_t i = 0; i < n; ++i) {
-    m0[size_t(i)] = 1e-3f * float(i % 97) - 0.03f;
-    v0[size_t(i)] = 1e-6f * float(i % 89);
-  }
+  const auto [m0, v0] = checkpoint_moments(n);
   host.set_state(3, m0.data(), v0.data());
   dev.set_state(3, m0.data(), v0.data());
   expect_close(dev.exp_avg(), host.exp_avg(), 0, 0, "loaded first moments");

@@ -87,6 +87,19 @@ __device__ __forceinline__ int find_range(const int64_t* __restrict__ prefix, in
   return lo;
 }
 
+// Tile t of the chunks' tiles (prefix: the chunks' first tiles, prefix[num] the total): its chunk
+// and its elements [begin, end).
+struct TileSpan {
+  int k;
+  int64_t begin, end;
+};
+__device__ __forceinline__ TileSpan tile_span(int64_t t, const int64_t* prefix, int num, const AdamWChunk* chunks) {
+  const int k = find_range(prefix, num, t);
+  const AdamWChunk ch = chunks[k];
+  const int64_t begin = ch.offset + (t - prefix[k]) * kTile;
+  return {k, begin, std::min(begin + kTile, ch.offset + ch.numel)};
+}
+
 struct AdamWConsts {
   float beta1, beta2, one_minus_beta1, one_minus_beta2;
   float step_size, inv_sqrt_bc2, eps, decay, grad_scale;
@@ -181,10 +194,9 @@ __global__ void __launch_bounds__(kThreads)
                       unsigned* __restrict__ acc) {
   const int64_t total = prefix[num];
   for (int64_t t = blockIdx.x; t < total; t += gridDim.x) {  // uniform over the block
-    const int k = find_range(prefix, num, t);
-    const AdamWChunk ch = chunks[k];
-    const int64_t begin = ch.offset + (t - prefix[k]) * kTile;
-    const int64_t end = std::min(begin + kTile, ch.offset + ch.numel);
+    const TileSpan ts = tile_span(t, prefix, num, chunks);
+    const int k = ts.k;
+    const int64_t begin = ts.begin, end = ts.end;
     const M m = state_at<M>(exp_avg, state_scales ? state_scales[2 * k] : 1.0f, 0.0f);
     const V v = state_at<V>(exp_avg_sq, state_scales ? state_scales[2 * k + 1] : 1.0f, 0.0f);
     unsigned am = 0, nm = 0, av = 0, nv = 0, ap = 0, np = 0;
@@ -248,11 +260,10 @@ __global__ void __launch_bounds__(kThreads)
                  const ChunkScales* __restrict__ scales) {
   const int64_t total = prefix[num];
   for (int64_t t = blockIdx.x; t < total; t += gridDim.x) {  // uniform over the block
-    const int k = find_range(prefix, num, t);
-    const AdamWChunk ch = chunks[k];
-    const int64_t begin = ch.offset + (t - prefix[k]) * kTile;
-    const int64_t end = std::min(begin + kTile, ch.offset + ch.numel);
-    const float decay = ch.decay ? c.decay : 1.0f;
+    const TileSpan ts = tile_span(t, prefix, num, chunks);
+    const int k = ts.k;
+    const int64_t begin = ts.begin, end = ts.end;
+    const float decay = chunks[k].decay ? c.decay : 1.0f;
     const ChunkScales cs = scales ? scales[k] : ChunkScales{1.0f, 1.0f, 1.0f, 1.0f, {}};
     const M ms = state_at<M>(exp_avg, cs.m_dequant, cs.m_quant);
     const V vs = state_at<V>(exp_avg_sq, cs.v_dequant, cs.v_quant);
@@ -299,10 +310,9 @@ __global__ void __launch_bounds__(kThreads)
   const int64_t total = prefix[num];
   double acc = 0;
   for (int64_t t = blockIdx.x; t < total; t += gridDim.x) {
-    const int k = find_range(prefix, num, t);
-    const AdamWChunk ch = ranges[k];
-    const int64_t begin = ch.offset + (t - prefix[k]) * kTile;
-    const int64_t end = std::min(begin + kTile, ch.offset + ch.numel);
+    const TileSpan ts = tile_span(t, prefix, num, ranges);
+    const int k = ts.k;
+    const int64_t begin = ts.begin, end = ts.end;
     int64_t e0 = begin;
     if (base_aligned && (begin & 3) == 0) {
       const int64_t nv = (end - begin) / 4;
