@@ -128,6 +128,12 @@ class TimedBackend final : public ops::Backend {
     time(CrossEntropy, [&] { r = in_.ce_finish(m, s, zt, targets, lse); });
     return r;
   }
+  double ce_forward_backward(const Tensor& logits, const Tensor& targets, int64_t c0, double softcap, Tensor& lse,
+                             Tensor& dlogits) override {
+    double r = 0;
+    time(CrossEntropy, [&] { r = in_.ce_forward_backward(logits, targets, c0, softcap, lse, dlogits); });
+    return r;
+  }
   void ce_chunk_backward(const Tensor& logits, const Tensor& lse, const Tensor& targets, int64_t c0, double softcap,
                          Tensor& dlogits) override {
     time(CrossEntropy, [&] { in_.ce_chunk_backward(logits, lse, targets, c0, softcap, dlogits); });

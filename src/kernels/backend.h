@@ -196,6 +196,12 @@ class Backend {
   // logits itself when their dtypes agree.
   virtual void ce_chunk_backward(const Tensor& logits, const Tensor& lse, const Tensor& targets, int64_t c0,
                                  double softcap, Tensor& dlogits) = 0;
+  // The whole cross-entropy of logits that hold every vocabulary column of the row (no shards to
+  // combine): lse and dlogits as ce_init, ce_chunk_forward, ce_finish then ce_chunk_backward give
+  // them, bit for bit, and ce_finish's sum. The default (kernels/cross_entropy.cpp) runs those four;
+  // the CPU bf16 backend reads each row from memory once instead of twice.
+  virtual double ce_forward_backward(const Tensor& logits, const Tensor& targets, int64_t c0, double softcap,
+                                     Tensor& lse, Tensor& dlogits);
 
   // ---- Token routing (mixture of experts, kernels/row_ops.cpp). Row lists live on the host, as
   // the router decides them there; `scale` is empty (1) or one factor per listed row. The default

@@ -93,6 +93,7 @@ OpCall ce_merge_max_call(const Tensor& row_max, const Tensor& row_sum, const Ten
 OpCall ce_finish_call(const Tensor& row_max, const Tensor& row_sum, const Tensor& target_logit, const Tensor& targets,
                       const Tensor& lse);
 OpCall ce_chunk_backward_call(const Tensor& logits, const Tensor& lse, const Tensor& targets, const Tensor& dlogits);
+OpCall ce_forward_backward_call(const Tensor& logits, const Tensor& targets, const Tensor& lse, const Tensor& dlogits);
 OpCall cast_call(const Tensor& src, const Tensor& dst);
 OpCall quantize_fp8_call(const Tensor& src, const Tensor& dst);
 // Device copies and zeroing (not ops of the op set, but device work all the same: the model's

@@ -554,17 +554,36 @@ double LlamaModel::head_forward(HeadContext& h, int norm, const Tensor& x, const
   h.hn = gather_rows(hn);
   if (!has_targets) return 0;  // inference
   const int64_t N = h.hn.size(0), Vl = vocab_local_;
+  const double cap = spec_.final_logit_softcapping;
+  h.lse = stat({N});
+  double total = 0;
+  if (head_stores_logits(N) && part_.tp_size == 1) {  // every column of each row here: one sweep
+    const Tensor z = head_logits(h.hn, 0, Vl);
+    h.dlogits = act_ == stat_ ? z : act({N, Vl});  // in place when the dtypes agree
+    total = be_.ce_forward_backward(z, targets, vocab_start_, cap, h.lse, h.dlogits);
+  } else {
+    total = head_sharded_loss(h, targets);
+  }
+  sum_over_context(total, valid);  // the whole sequence's mean
+  return valid ? total / double(valid) : 0.0;
+}
+
+// The loss sum when a row's logits are not all here at once: vocabulary chunks with an online
+// log-sum-exp (memory N * vocab_chunk, never N * V), or shards over tp combined by their max, sum
+// of exponentials and target logit. Stored logits get their gradient now; chunks recompute theirs.
+double LlamaModel::head_sharded_loss(HeadContext& h, const Tensor& targets) {
+  const int64_t N = h.hn.size(0), Vl = vocab_local_;
+  const double cap = spec_.final_logit_softcapping;
   Tensor m = stat({N}), s = stat({N}), zt = stat({N});
   be_.ce_init(m, s, zt);
   Tensor stored;
   if (head_stores_logits(N)) {
     stored = head_logits(h.hn, 0, Vl);
-    be_.ce_chunk_forward(stored, targets, vocab_start_, spec_.final_logit_softcapping, m, s, zt);
-  } else {  // vocabulary chunks with an online log-sum-exp: memory N * vocab_chunk, never N * V
+    be_.ce_chunk_forward(stored, targets, vocab_start_, cap, m, s, zt);
+  } else {
     for (int64_t c0 = 0; c0 < Vl; c0 += opt_.vocab_chunk) {
       const int64_t vc = std::min(opt_.vocab_chunk, Vl - c0);
-      be_.ce_chunk_forward(head_logits(h.hn, c0, vc), targets, vocab_start_ + c0, spec_.final_logit_softcapping,
-                           m, s, zt);
+      be_.ce_chunk_forward(head_logits(h.hn, c0, vc), targets, vocab_start_ + c0, cap, m, s, zt);
     }
   }
   if (part_.tp_size > 1) {
@@ -576,14 +595,12 @@ double LlamaModel::head_forward(HeadContext& h, int norm, const Tensor& x, const
     tp.all_reduce(s.raw(), N, t, parallel::ReduceOp::Sum);
     tp.all_reduce(zt.raw(), N, t, parallel::ReduceOp::Sum);
   }
-  h.lse = stat({N});
-  double total = be_.ce_finish(m, s, zt, targets, h.lse);
-  sum_over_context(total, valid);  // the whole sequence's mean
+  const double total = be_.ce_finish(m, s, zt, targets, h.lse);
   if (stored.defined()) {
     h.dlogits = act_ == stat_ ? stored : act({N, Vl});
-    be_.ce_chunk_backward(stored, h.lse, targets, vocab_start_, spec_.final_logit_softcapping, h.dlogits);
+    be_.ce_chunk_backward(stored, h.lse, targets, vocab_start_, cap, h.dlogits);
   }
-  return valid ? total / double(valid) : 0.0;
+  return total;
 }
 
 Tensor LlamaModel::head_backward_input(HeadContext& h, double dloss, int64_t valid, const Tensor& dnormed) {

@@ -334,6 +334,7 @@ class LlamaModel {
   // forward stops after the norm.
   double head_forward(HeadContext& h, int norm, const Tensor& x, const Tensor& targets, bool has_targets,
                       int64_t& valid);
+  double head_sharded_loss(HeadContext& h, const Tensor& targets);  // vocabulary chunks or tp shards
   // dloss: the objective's gradient w.r.t. the mean loss over `valid` tokens. dnormed (undefined: none): a
   // further gradient reaching the norm's output on this rank's rows (the MTP's, on the main head).
   Tensor head_backward_input(HeadContext& h, double dloss, int64_t valid, const Tensor& dnormed);

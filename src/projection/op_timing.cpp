@@ -215,10 +215,9 @@ double MeasuredOps::run(const ops::OpCall& o) {
     }
     Tensor logits = filled(be, {r, c}, dt);
     if (op == "ce_chunk_forward") return time_it(be, [&] { be.ce_chunk_forward(logits, tg, 0, 0.0, m, s, zt); });
-    if (op == "ce_chunk_backward") {
-      Tensor d = be.empty({r, c}, o.out);
-      return time_it(be, [&] { be.ce_chunk_backward(logits, lse, tg, 0, 0.0, d); });
-    }
+    Tensor d = be.empty({r, c}, o.out);
+    if (op == "ce_chunk_backward") return time_it(be, [&] { be.ce_chunk_backward(logits, lse, tg, 0, 0.0, d); });
+    if (op == "ce_forward_backward") return time_it(be, [&] { be.ce_forward_backward(logits, tg, 0, 0.0, lse, d); });
   }
   fail("the projection cannot time op {}", o.op);
 }

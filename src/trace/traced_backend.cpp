@@ -360,6 +360,17 @@ void TracedBackend::ce_chunk_backward(const Tensor& logits, const Tensor& lse, c
   finish(e, end, OpKind::Backward, nullptr, "cross_entropy", c.dtype, {c.a, c.b}, c.flops, c.bytes);
 }
 
+double TracedBackend::ce_forward_backward(const Tensor& logits, const Tensor& targets, int64_t c0, double softcap,
+                                          Tensor& lse, Tensor& dlogits) {
+  if (!p_.active()) return be_.ce_forward_backward(logits, targets, c0, softcap, lse, dlogits);
+  Event& e = p_.op_begin("ce_forward_backward");
+  const double r = be_.ce_forward_backward(logits, targets, c0, softcap, lse, dlogits);
+  const Mark end = p_.clock().device(nullptr);
+  const ops::OpCall c = ops::ce_forward_backward_call(logits, targets, lse, dlogits);
+  finish(e, end, OpKind::Forward, nullptr, "cross_entropy", c.dtype, {c.a, c.b}, c.flops, c.bytes);
+  return r;
+}
+
 void TracedBackend::cast(const Tensor& src, Tensor& dst) {
   if (!p_.active()) return be_.cast(src, dst);
   Event& e = p_.op_begin("cast");

@@ -10,6 +10,7 @@
 #include "kernels/cpu/elementwise.h"
 #include "kernels/cpu/fast_math.h"
 #include "kernels/cpu/gemm.h"
+#include "kernels/cross_entropy.h"
 
 namespace primus::cpu {
 
@@ -368,12 +369,9 @@ double CpuBackend::ce_finish(const Tensor& row_max, const Tensor& row_sum, const
   double total = 0;
   dispatch(t, [&]<typename T>() {
     const T *m = P<T>(row_max), *s = P<T>(row_sum), *zt = P<T>(target_logit);
-    const int32_t* tg = targets.data<int32_t>();
     T* l = P<T>(lse);
-    for (int64_t i = 0; i < row_max.numel(); ++i) {
-      l[i] = m[i] + std::log(s[i]);
-      if (tg[i] >= 0) total += double(l[i] - zt[i]);
-    }
+    for (int64_t i = 0; i < row_max.numel(); ++i) l[i] = ops::ce_log_sum_exp(m[i], s[i]);
+    total = ops::ce_loss_sum(l, zt, targets.data<int32_t>(), row_max.numel());
   });
   return total;
 }

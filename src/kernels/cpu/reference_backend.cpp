@@ -10,6 +10,7 @@
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/cpu/elementwise.h"
 #include "kernels/cpu/gemm.h"
+#include "kernels/cross_entropy.h"
 #include "kernels/softcap.h"
 
 namespace primus::cpu {
@@ -293,12 +294,8 @@ double ReferenceBackend::ce_finish(const Tensor& row_max, const Tensor& row_sum,
   const float *m = row_max.data<float>(), *s = row_sum.data<float>(), *zt = target_logit.data<float>();
   const int32_t* t = targets.data<int32_t>();
   float* l = lse.data<float>();
-  double total = 0;
-  for (int64_t i = 0; i < n; ++i) {
-    l[i] = m[i] + std::log(s[i]);
-    if (t[i] >= 0) total += double(l[i] - zt[i]);
-  }
-  return total;
+  for (int64_t i = 0; i < n; ++i) l[i] = ops::ce_log_sum_exp(m[i], s[i]);
+  return ops::ce_loss_sum(l, zt, t, n);
 }
 
 void ReferenceBackend::ce_chunk_backward(const Tensor& logits, const Tensor& lse, const Tensor& targets, int64_t c0,

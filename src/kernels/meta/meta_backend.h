@@ -97,6 +97,8 @@ class MetaBackend final : public Backend, private MetaObserver {
   void ce_merge_max(Tensor& row_max, Tensor& row_sum, const Tensor& global_max) override;
   double ce_finish(const Tensor& row_max, const Tensor& row_sum, const Tensor& target_logit, const Tensor& targets,
                    Tensor& lse) override;  // 0
+  double ce_forward_backward(const Tensor& logits, const Tensor& targets, int64_t c0, double softcap, Tensor& lse,
+                             Tensor& dlogits) override;
   void ce_chunk_backward(const Tensor& logits, const Tensor& lse, const Tensor& targets, int64_t c0, double softcap,
                          Tensor& dlogits) override;
   void gather_rows(const Tensor& x, const std::vector<int32_t>& rows, const std::vector<double>& scale,

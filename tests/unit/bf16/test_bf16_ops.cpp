@@ -573,6 +573,33 @@ TEST(Bf16Ops, ChunkedCrossEntropyWithSoftcap) {
   check_chunked_cross_entropy(5.0);
 }
 
+// ce_forward_backward's one-sweep kernel against the op set's default (the four chunk ops in
+// order): the same lse, loss and dlogits bits, bf16 and fp32 (in place) dlogits, with and without
+// the cap, masked rows, a target outside the shard's columns, a ragged vocabulary and an offset.
+TEST(Bf16Ops, CrossEntropyInOneSweepIsTheChunkOpsBitForBit) {
+  SKIP_WITHOUT_BF16();
+  cpu::Bf16Backend be;
+  const int64_t n = 19, vocab = 203, c0 = 1000;
+  Tensor targets = Tensor::empty({n}, DType::I32);
+  for (int64_t i = 0; i < n; ++i)
+    targets.data<int32_t>()[i] = i % 5 == 1 ? -1 : i % 7 == 3 ? 5 : int32_t(c0 + (i * 31) % vocab);
+  const Tensor logits = random({n, vocab}, DType::F32, 71, 8.0f);
+  for (const double cap : {0.0, 5.0})
+    for (const DType dt : {DType::BF16, DType::F32}) {
+      Tensor l1 = Tensor::empty({n}, DType::F32), l2 = l1.clone();
+      Tensor z1 = logits.clone(), z2 = logits.clone();
+      Tensor d1 = dt == DType::F32 ? z1 : Tensor::empty({n, vocab}, dt);
+      Tensor d2 = dt == DType::F32 ? z2 : Tensor::empty({n, vocab}, dt);
+      const double loss1 = be.ce_forward_backward(z1, targets, c0, cap, l1, d1);
+      const double loss2 = be.ops::Backend::ce_forward_backward(z2, targets, c0, cap, l2, d2);
+      const std::string what = fmt::format("cap {} dlogits {}", cap, dtype_name(dt));
+      EXPECT_EQ(loss1, loss2) << what;
+      EXPECT_GT(loss1, 0.0) << what;
+      for (int64_t i = 0; i < n; ++i) ASSERT_EQ(l1.data<float>()[i], l2.data<float>()[i]) << what << " row " << i;
+      ASSERT_EQ(std::memcmp(d1.raw(), d2.raw(), size_t(d1.numel()) * dtype_size(dt)), 0) << what;
+    }
+}
+
 // quantize_fp8's AVX-512 kernels against the op set's default (Backend::quantize_fp8, fp8::quantize
 // through fp32): the same bits (a NaN as a NaN), amax and scale, for every bf16 bit pattern and for
 // ragged random tensors with NaN, infinities and values past the largest finite one, in both

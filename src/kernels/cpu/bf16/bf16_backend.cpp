@@ -9,6 +9,7 @@
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/cpu/cpu_features.h"
 #include "kernels/cpu/reference_backend.h"
+#include "kernels/cross_entropy.h"
 #include "kernels/fp8_bands.h"
 #include "kernels/row_ops.h"
 
@@ -330,6 +331,22 @@ void Bf16Backend::ce_chunk_backward(const Tensor& logits, const Tensor& lse, con
     bf16k::ce_chunk_backward(F(logits), F(lse), targets.data<int32_t>(), n, vc, c0, float(softcap), nullptr,
                              F(dlogits));
   }
+}
+
+double Bf16Backend::ce_forward_backward(const Tensor& logits, const Tensor& targets, int64_t c0, double softcap,
+                                        Tensor& lse, Tensor& dlogits) {
+  expect(logits, DType::F32, "ce logits");
+  const int64_t n = logits.size(0), vc = logits.size(1);
+  expect(targets, DType::I32, n, "ce targets");
+  expect(lse, DType::F32, n, "ce lse");
+  check_host(dlogits, "ce dlogits");
+  PRIMUS_CHECK(dlogits.numel() == n * vc, "ce dlogits {} for logits {}", dlogits.shape_str(), logits.shape_str());
+  const bool bf16_out = dlogits.dtype() == DType::BF16;
+  if (!bf16_out) expect(dlogits, DType::F32, "ce dlogits");
+  std::vector<float> zt(static_cast<size_t>(n));
+  bf16k::ce_forward_backward(F(logits), targets.data<int32_t>(), n, vc, c0, float(softcap), F(lse), zt.data(),
+                             bf16_out ? U(dlogits) : nullptr, bf16_out ? nullptr : F(dlogits));
+  return ops::ce_loss_sum(F(lse), zt.data(), targets.data<int32_t>(), n);
 }
 
 void Bf16Backend::cast(const Tensor& src, Tensor& dst) {

@@ -68,6 +68,8 @@ class Bf16Backend final : public ops::Backend {
                    Tensor& lse) override;
   void ce_chunk_backward(const Tensor& logits, const Tensor& lse, const Tensor& targets, int64_t c0, double softcap,
                          Tensor& dlogits) override;
+  double ce_forward_backward(const Tensor& logits, const Tensor& targets, int64_t c0, double softcap, Tensor& lse,
+                             Tensor& dlogits) override;
   void cast(const Tensor& src, Tensor& dst) override;
   // The routing row ops on bf16 tensors (AVX-512, the default's bits); other dtypes take the default.
   void gather_rows(const Tensor& x, const std::vector<int32_t>& rows, const std::vector<double>& scale,

@@ -7,8 +7,10 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 
 #include "kernels/cpu/bf16/kernels.h"
+#include "kernels/cross_entropy.h"
 #include "kernels/cpu/bf16/target.h"
 
 PRIMUS_AVX512_BF16_BEGIN
@@ -231,55 +233,86 @@ inline __m512 softcap512(__m512 x, float cap) {
   return _mm512_mul_ps(c, _mm512_div_ps(_mm512_sub_ps(e, one), _mm512_add_ps(e, one)));
 }
 
-// Per row: the running max over this chunk, the running sum of exp(z - max) re-based to it, and
-// the target's logit when the target falls in the chunk (z soft-capped when cap > 0).
+// One row of a chunk: the max over the chunk's (soft-capped) logits from m0, and the sum of
+// exp(z - max) re-based from the running (m0, s0).
+struct CeRowStats {
+  float max, sum;
+};
+inline CeRowStats ce_row_stats(const float* z, int64_t vc, float cap, float m0, float s0) {
+  __m512 mx = _mm512_set1_ps(m0);
+  for (int64_t j = 0; j < vc; j += 16) {
+    const __mmask16 m = tail_mask(vc - j);
+    mx = _mm512_mask_max_ps(mx, m, mx, softcap512(_mm512_maskz_loadu_ps(m, z + j), cap));
+  }
+  const float M = _mm512_reduce_max_ps(mx);
+  const __m512 Mv = _mm512_set1_ps(M);
+  __m512 sum = _mm512_setzero_ps();
+  for (int64_t j = 0; j < vc; j += 16) {
+    const __mmask16 m = tail_mask(vc - j);
+    const __m512 zc = softcap512(_mm512_maskz_loadu_ps(m, z + j), cap);
+    sum = _mm512_add_ps(sum, _mm512_maskz_mov_ps(m, exp512(_mm512_sub_ps(zc, Mv))));
+  }
+  return {M, (s0 == 0.0f ? 0.0f : s0 * std::exp(m0 - M)) + _mm512_reduce_add_ps(sum)};
+}
+
+inline float ce_row_target(const float* z, int64_t t, float cap) {
+  return _mm512_cvtss_f32(softcap512(_mm512_set1_ps(z[t]), cap));
+}
+
+// One row's softmax - onehot (t: the target's column in the chunk, or outside it; masked < 0 rows
+// pass masked), times the cap's slope; into bf16 d16 or fp32 d32 (which may be z itself: each
+// element is read before it is written).
+inline void ce_row_grad(const float* z, int64_t vc, int64_t t, bool masked, float lse, float cap, uint16_t* d16,
+                        float* d32) {
+  const __m512 l = _mm512_set1_ps(lse);
+  for (int64_t j = 0; j < vc; j += 16) {
+    const __mmask16 m = tail_mask(vc - j);
+    const __m512 zc = softcap512(_mm512_maskz_loadu_ps(m, z + j), cap);
+    __m512 d = masked ? _mm512_setzero_ps() : exp512(_mm512_sub_ps(zc, l));
+    if (t >= j && t < j + 16)  // the target's column: p - 1, rounded once
+      d = _mm512_mask_sub_ps(d, __mmask16(1u << (t - j)), d, _mm512_set1_ps(1.0f));
+    if (cap > 0.0f) {  // times the cap's slope 1 - (z / cap)^2
+      const __m512 u = _mm512_mul_ps(zc, _mm512_set1_ps(1.0f / cap));
+      d = _mm512_mul_ps(d, _mm512_fnmadd_ps(u, u, _mm512_set1_ps(1.0f)));
+    }
+    if (d16)
+      store_bf16(d16 + j, d, m);
+    else
+      _mm512_mask_storeu_ps(d32 + j, m, d);
+  }
+}
+
 void ce_chunk_forward(const float* logits, const int32_t* targets, int64_t n, int64_t vc, int64_t c0, float cap,
                       float* row_max, float* row_sum, float* target_logit) {
 #pragma omp parallel for schedule(static) if(n * vc >= kParallelMin)
   for (int64_t i = 0; i < n; ++i) {
     const float* z = logits + i * vc;
-    __m512 mx = _mm512_set1_ps(row_max[i]);
-    for (int64_t j = 0; j < vc; j += 16) {
-      const __mmask16 m = tail_mask(vc - j);
-      mx = _mm512_mask_max_ps(mx, m, mx, softcap512(_mm512_maskz_loadu_ps(m, z + j), cap));
-    }
-    const float M = _mm512_reduce_max_ps(mx);
-    const __m512 Mv = _mm512_set1_ps(M);
-    __m512 sum = _mm512_setzero_ps();
-    for (int64_t j = 0; j < vc; j += 16) {
-      const __mmask16 m = tail_mask(vc - j);
-      const __m512 zc = softcap512(_mm512_maskz_loadu_ps(m, z + j), cap);
-      sum = _mm512_add_ps(sum, _mm512_maskz_mov_ps(m, exp512(_mm512_sub_ps(zc, Mv))));
-    }
-    row_sum[i] = (row_sum[i] == 0.0f ? 0.0f : row_sum[i] * std::exp(row_max[i] - M)) + _mm512_reduce_add_ps(sum);
-    row_max[i] = M;
-    if (targets[i] >= c0 && targets[i] < c0 + vc)
-      target_logit[i] = _mm512_cvtss_f32(softcap512(_mm512_set1_ps(z[targets[i] - c0]), cap));
+    const CeRowStats r = ce_row_stats(z, vc, cap, row_max[i], row_sum[i]);
+    row_sum[i] = r.sum;
+    row_max[i] = r.max;
+    if (targets[i] >= c0 && targets[i] < c0 + vc) target_logit[i] = ce_row_target(z, targets[i] - c0, cap);
   }
 }
 
 void ce_chunk_backward(const float* logits, const float* lse, const int32_t* targets, int64_t n, int64_t vc, int64_t c0,
                        float cap, uint16_t* dlogits_bf16, float* dlogits_f32) {
 #pragma omp parallel for schedule(static) if(n * vc >= kParallelMin)
+  for (int64_t i = 0; i < n; ++i)
+    ce_row_grad(logits + i * vc, vc, targets[i] - c0, targets[i] < 0, lse[i], cap,
+                dlogits_bf16 ? dlogits_bf16 + i * vc : nullptr, dlogits_f32 ? dlogits_f32 + i * vc : nullptr);
+}
+
+void ce_forward_backward(const float* logits, const int32_t* targets, int64_t n, int64_t vc, int64_t c0, float cap,
+                         float* lse, float* target_logit, uint16_t* dlogits_bf16, float* dlogits_f32) {
+#pragma omp parallel for schedule(static) if(n * vc >= kParallelMin)
   for (int64_t i = 0; i < n; ++i) {
-    const float* z = logits + i * vc;  // may be dlogits_f32 itself: each element is read before it is written
-    const int64_t t = targets[i];
-    const __m512 l = _mm512_set1_ps(lse[i]);
-    for (int64_t j = 0; j < vc; j += 16) {
-      const __mmask16 m = tail_mask(vc - j);
-      const __m512 zc = softcap512(_mm512_maskz_loadu_ps(m, z + j), cap);
-      __m512 d = t < 0 ? _mm512_setzero_ps() : exp512(_mm512_sub_ps(zc, l));
-      if (t >= c0 + j && t < c0 + j + 16)  // the target's column: p - 1, rounded once
-        d = _mm512_mask_sub_ps(d, __mmask16(1u << (t - c0 - j)), d, _mm512_set1_ps(1.0f));
-      if (cap > 0.0f) {  // times the cap's slope 1 - (z / cap)^2
-        const __m512 u = _mm512_mul_ps(zc, _mm512_set1_ps(1.0f / cap));
-        d = _mm512_mul_ps(d, _mm512_fnmadd_ps(u, u, _mm512_set1_ps(1.0f)));
-      }
-      if (dlogits_bf16)
-        store_bf16(dlogits_bf16 + i * vc + j, d, m);
-      else
-        _mm512_mask_storeu_ps(dlogits_f32 + i * vc + j, m, d);
-    }
+    const float* z = logits + i * vc;  // read from memory once: the later passes find the row in cache
+    const int64_t t = targets[i] - c0;
+    const CeRowStats r = ce_row_stats(z, vc, cap, -std::numeric_limits<float>::infinity(), 0.0f);
+    target_logit[i] = t >= 0 && t < vc ? ce_row_target(z, t, cap) : 0.0f;
+    lse[i] = ops::ce_log_sum_exp(r.max, r.sum);
+    ce_row_grad(z, vc, t, targets[i] < 0, lse[i], cap, dlogits_bf16 ? dlogits_bf16 + i * vc : nullptr,
+                dlogits_f32 ? dlogits_f32 + i * vc : nullptr);
   }
 }
 

@@ -32,7 +32,7 @@ namespace {
 constexpr int kMr = 8;            // rows of the micro-kernel
 constexpr int kNv = 3;            // zmm vectors of 16 columns
 constexpr int kNr = 16 * kNv;     // columns of the micro-kernel
-constexpr int64_t kKc = 256;      // K block (even)
+constexpr int64_t kKc = 256;      // K block (even); a K of up to 1.25 kKc is one block
 constexpr int64_t kMc = 96;       // output tile rows (a multiple of kMr)
 constexpr int64_t kNc = 4 * kNr;  // output tile columns (a multiple of kNr)
 // Below this many multiply-adds one thread does the whole product.
@@ -122,7 +122,7 @@ inline void micro_kernel(const GemmArgs& g, const uint16_t* a, int64_t a_row, in
 // One problem of a grouped call: its packed operands and its tiles.
 struct Plan {
   const GemmArgs* g;
-  int64_t Kp, mtiles, ntiles, kblocks;
+  int64_t Kp, kstep, mtiles, ntiles, kblocks;
   bool direct_a, n_outer, stream;
   uint16_t *bp, *ap;
 };
@@ -145,8 +145,8 @@ void run_tile(const Plan& p, int64_t t, const uint16_t* zeros, float* tile) {
       }
     return;
   }
-  for (int64_t k0 = 0; k0 < Kp; k0 += kKc / 2) {
-    const int64_t kps = min64(kKc / 2, Kp - k0);
+  for (int64_t k0 = 0; k0 < Kp; k0 += p.kstep) {
+    const int64_t kps = min64(p.kstep, Kp - k0);
     const bool last = k0 + kps == Kp;
     for (int64_t jr = 0; jr < jps; ++jr) {
       const uint16_t* b = p.bp + (n0 / kNr + jr) * Kp * kNr * 2 + k0 * kNr * 2;
@@ -190,9 +190,13 @@ void gemm_avx512_grouped(const GemmArgs* gs, int64_t count) {
   for (int64_t i = 0; i < count; ++i) {
     const GemmArgs& g = gs[i];
     Plan& p = plans[i];
-    p = Plan{&g, 0, 0, 0, 0, false, false, false, nullptr, nullptr};
+    p = Plan{&g, 0, 0, 0, 0, 0, false, false, false, nullptr, nullptr};
     if (g.M <= 0 || g.N <= 0) continue;
     p.Kp = ceil_div(g.K, 2);
+    // K blocks of equal size, at most kKc (a K a little past kKc, such as a 288-wide model's,
+    // stays one block: a second, short block would reload and store every sum for a few k-pairs).
+    const int64_t kmax = kKc / 2, nkb = p.Kp <= kmax + kmax / 4 ? 1 : ceil_div(p.Kp, kmax);
+    p.kstep = ceil_div(p.Kp, nkb);
     // Row-major A with an even K is read in place; otherwise it is packed.
     p.direct_a = !g.trans_a && g.K % 2 == 0;
     p.mtiles = ceil_div(g.M, kMc), p.ntiles = ceil_div(g.N, kNc), p.kblocks = ceil_div(p.Kp, 16);

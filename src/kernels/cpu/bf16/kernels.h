@@ -66,5 +66,9 @@ void ce_chunk_forward(const float* logits, const int32_t* targets, int64_t n, in
 // which may be logits itself).
 void ce_chunk_backward(const float* logits, const float* lse, const int32_t* targets, int64_t n, int64_t vc, int64_t c0,
                        float cap, uint16_t* dlogits_bf16, float* dlogits_f32);
+// Both, per row with the row in cache (kernels/backend.h ce_forward_backward): lse, the target's
+// (capped) logit (0 where the target is masked), and dlogits.
+void ce_forward_backward(const float* logits, const int32_t* targets, int64_t n, int64_t vc, int64_t c0, float cap,
+                         float* lse, float* target_logit, uint16_t* dlogits_bf16, float* dlogits_f32);
 
 }  // namespace primus::cpu::bf16k
