@@ -28,8 +28,9 @@ class Merger {
  public:
   explicit Merger(std::vector<GemmEntry>& out) : out_(out) {}
   void add(const GemmEntry& g) {
-    const std::string key = fmt::format("{}|{}{}|{}x{}x{}|{}{}|{}{}{}|{}", g.what, g.trans_a, g.trans_b, g.m, g.n, g.k,
-                                        int(g.in), int(g.out), g.bias, g.accumulate, g.grouped, g.groups);
+    const std::string key = fmt::format("{}|{}{}|{}x{}x{}|{}{}{}|{}{}{}|{}", g.what, g.trans_a, g.trans_b, g.m, g.n,
+                                        g.k, int(g.in), int(g.out), g.fp8 ? int(*g.fp8) : -1, g.bias, g.accumulate,
+                                        g.grouped, g.groups);
     auto [it, fresh] = index_.emplace(key, out_.size());
     if (fresh) {
       out_.push_back(g);
@@ -73,6 +74,7 @@ GemmList model_gemms(const ModelSpec& spec, const ParallelLayout& L, const confi
         g.what = label(rec.param_name(pass->params[i])) + " " + kind(c);
         g.trans_a = c.trans_a, g.trans_b = c.trans_b;
         g.in = c.dtype, g.out = c.out;
+        g.fp8 = c.fp8;
         g.bias = c.bias, g.accumulate = c.accumulate;
         g.count = 1;
         if (op == "gemm") {

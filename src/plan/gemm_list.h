@@ -14,6 +14,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -29,6 +30,9 @@ struct GemmEntry {
   bool trans_a = false, trans_b = false;
   int64_t m = 0, n = 0, k = 0;
   DType in = DType::F32, out = DType::F32;  // A and B's dtype; C and D's
+  // An FP8 GEMM (its operands quantized copies of `in` values): the coarsest scaling of its
+  // operands, as OpCall::fp8; none otherwise.
+  std::optional<fp8::Granularity> fp8;
   bool bias = false;                        // a bias[n] on every row
   bool accumulate = false;                  // C is read (beta = 1): a residual or the running sum
   bool grouped = false;                     // a problem of a grouped GEMM

@@ -90,6 +90,7 @@ void MetaBackend::gemm_fp8(const Fp8Pair& f, bool trans_a, bool trans_b, float, 
                            float beta, const Tensor& C, Tensor& D, const Tensor& bias) {
   ops::OpCall c = gemm_call(trans_a, trans_b, A, B, beta, C, D, bias);
   c.fp8 = coarsest(f.a.granularity, f.b.granularity);
+  c.weight = origin(c.weight);
   record(c);
 }
 
@@ -103,6 +104,7 @@ void MetaBackend::grouped_gemm_fp8(const std::vector<Fp8Pair>& f, bool trans_a, 
   fp8::Granularity g = fp8::Granularity::Tensor;
   for (const Fp8Pair& p : f) g = coarsest(g, coarsest(p.a.granularity, p.b.granularity));
   c.fp8 = g;
+  c.weight = origin(c.weight);
   record(c);
 }
 
@@ -232,6 +234,7 @@ void MetaBackend::cast(const Tensor& src, Tensor& dst) { record(cast_call(src, d
 Backend::Fp8Quantized MetaBackend::quantize_fp8(const Tensor& src, fp8::Format, fp8::Granularity granularity, bool,
                                                 float scale, Tensor& dst) {
   record(quantize_fp8_call(src, dst));
+  quantized_from_[dst.raw()] = origin(src.raw());
   return {0.0f, granularity == fp8::Granularity::Tensor && scale > 0 ? scale : 1.0f};
 }
 

@@ -120,9 +120,16 @@ class MetaBackend final : public Backend, private MetaObserver {
   void on_copy(size_t width, size_t rows, size_t dpitch, size_t spitch, CopyKind kind) override;
   void on_zero(size_t bytes) override;
   void record(OpCall c) { calls_.push_back(std::move(c)); }
+  // An FP8 GEMM reads quantized copies: its weight is the tensor the copy was made from (the
+  // latest quantize_fp8 into that address), so that the walk names the parameter.
+  const void* origin(const void* p) const {
+    const auto it = quantized_from_.find(p);
+    return it == quantized_from_.end() ? p : it->second;
+  }
 
   RouterLoad load_;
   std::vector<OpCall> calls_;
+  std::map<const void*, const void*> quantized_from_;
 };
 
 }  // namespace primus::ops

@@ -153,6 +153,40 @@ TEST(ModelWalk, Fp8LinearsQuantizeTheirOperandsInEveryPass) {
   }
 }
 
+// FP8 GEMMs in the list: the same problems as bf16's, each named by its parameter (the walk
+// follows a quantized copy back to its weight), marked FP8 with the recipe's coarsest scaling;
+// the output layer (bf16 by default) stays unmarked.
+TEST(GemmList, Fp8GemmsKeepTheirNamesAndSayFp8) {
+  const ModelSpec s = small_spec();
+  config::TrainingArgs a = args_of(2, 32);
+  a.bf16 = true;
+  const GemmList bf16 = model_gemms(s, plan_layout(a, s, 1), a);
+  a.fp8 = Fp8Mode::Hybrid;
+  for (const Fp8Recipe recipe : {Fp8Recipe::Tensorwise, Fp8Recipe::Blockwise}) {
+    SCOPED_TRACE(fp8_recipe_name(recipe));
+    a.fp8_recipe = recipe;
+    const GemmList fp8 = model_gemms(s, plan_layout(a, s, 1), a);
+    ASSERT_EQ(fp8.gemms.size(), bf16.gemms.size());
+    EXPECT_DOUBLE_EQ(flops(fp8.gemms), flops(bf16.gemms));
+    int marked = 0;
+    for (size_t i = 0; i < fp8.gemms.size(); ++i) {
+      const GemmEntry& g = fp8.gemms[i];
+      EXPECT_EQ(g.what, bf16.gemms[i].what);
+      EXPECT_FALSE(bf16.gemms[i].fp8.has_value()) << g.what;
+      EXPECT_FALSE(g.what.starts_with("gemm ")) << "an FP8 GEMM lost its parameter's name";
+      if (g.what.starts_with("output_layer ")) {
+        EXPECT_FALSE(g.fp8.has_value()) << g.what;
+        continue;
+      }
+      ASSERT_TRUE(g.fp8.has_value()) << g.what;
+      EXPECT_EQ(*g.fp8, recipe == Fp8Recipe::Tensorwise ? fp8::Granularity::Tensor : fp8::Granularity::Tile1x128)
+          << g.what;
+      ++marked;
+    }
+    EXPECT_EQ(marked, int(fp8.gemms.size()) - 3) << "every linear's three GEMMs but the output layer's";
+  }
+}
+
 // The walk of one rank of the big recipes (docs/profiling.md): Llama 3.1 405B at tp 8 pp 8 vpp 2
 // and DeepSeek-V3 at ep 64 over pp 16, on 1024 GPUs. Only the rank's partition is built, on the
 // shape-only backend: seconds, not the terabytes the model would take.
