@@ -133,7 +133,10 @@ TEST_P(Bf16Gemm, BothImplementationsMatchTheReference) {
 
 INSTANTIATE_TEST_SUITE_P(Shapes, Bf16Gemm,
                          ::testing::Values(GemmCase{1, 1, 1}, GemmCase{37, 53, 19}, GemmCase{8, 48, 32},
-                                           GemmCase{130, 97, 66}, GemmCase{9, 200, 300}, GemmCase{100, 17, 513}),
+                                           GemmCase{130, 97, 66}, GemmCase{9, 200, 300}, GemmCase{100, 17, 513},
+                                           // A transposed with 16 row tiles or more: each tile packs its own
+                                           // rows of A, in tiles up to 768 columns wide (gemm_avx512.cpp)
+                                           GemmCase{1445, 785, 34}, GemmCase{1445, 21, 600}),
                          [](const auto& info) {
                            return fmt::format("m{}n{}k{}", info.param.m, info.param.n, info.param.k);
                          });

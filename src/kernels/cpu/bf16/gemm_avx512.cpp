@@ -35,6 +35,8 @@ constexpr int kNr = 16 * kNv;     // columns of the micro-kernel
 constexpr int64_t kKc = 256;      // K block (even); a K of up to 1.25 kKc is one block
 constexpr int64_t kMc = 96;       // output tile rows (a multiple of kMr)
 constexpr int64_t kNc = 4 * kNr;  // output tile columns (a multiple of kNr)
+constexpr int64_t kNcWide = 16 * kNr;  // a tile's columns when it packs its own rows of A (below)
+constexpr int64_t kMinRowTilesPerTileA = 16;  // and the row tiles it takes for that
 // Below this many multiply-adds one thread does the whole product.
 constexpr double kParallelMin = 1 << 21;
 
@@ -72,14 +74,14 @@ inline void store_final(const GemmArgs& g, const Final& f, int i, int v, __m512 
 
 // The sums of kps k-pairs of an A panel and a B panel, kMr x kNr. A's pairs come either packed
 // (a_row = 2, a_kp = 2 kMr) or straight from row-major A (a_row = lda, a_kp = 2). They start
-// from 0 (zero) or from the tile c (row stride kNc), and go back to c, or to D when fin is given.
+// from 0 (zero) or from the tile c (row stride ldt), and go back to c, or to D when fin is given.
 inline void micro_kernel(const GemmArgs& g, const uint16_t* a, int64_t a_row, int64_t a_kp, const uint16_t* b,
-                         int64_t kps, float* c, bool zero, const Final* fin) {
+                         int64_t kps, float* c, int64_t ldt, bool zero, const Final* fin) {
   __m512 acc[kMr][kNv];
 #pragma GCC unroll 8
   for (int i = 0; i < kMr; ++i)
 #pragma GCC unroll 3
-    for (int v = 0; v < kNv; ++v) acc[i][v] = zero ? _mm512_setzero_ps() : _mm512_loadu_ps(c + i * kNc + 16 * v);
+    for (int v = 0; v < kNv; ++v) acc[i][v] = zero ? _mm512_setzero_ps() : _mm512_loadu_ps(c + i * ldt + 16 * v);
   if (fin && !fin->stream) {  // D's lines (and C's) arrive while the sums are computed: the stores do not wait
     const int64_t es = g.f32_out ? 4 : 2;
     for (int64_t i = 0; i < fin->rows; ++i) {
@@ -116,14 +118,14 @@ inline void micro_kernel(const GemmArgs& g, const uint16_t* a, int64_t a_row, in
 #pragma GCC unroll 8
   for (int i = 0; i < kMr; ++i)
 #pragma GCC unroll 3
-    for (int v = 0; v < kNv; ++v) _mm512_storeu_ps(c + i * kNc + 16 * v, acc[i][v]);
+    for (int v = 0; v < kNv; ++v) _mm512_storeu_ps(c + i * ldt + 16 * v, acc[i][v]);
 }
 
 // One problem of a grouped call: its packed operands and its tiles.
 struct Plan {
   const GemmArgs* g;
-  int64_t Kp, kstep, mtiles, ntiles, kblocks;
-  bool direct_a, n_outer, stream;
+  int64_t Kp, kstep, nc, mtiles, ntiles, kblocks;
+  bool direct_a, a_per_tile, n_outer, stream;
   uint16_t *bp, *ap;
 };
 
@@ -133,7 +135,7 @@ void run_tile(const Plan& p, int64_t t, const uint16_t* zeros, float* tile) {
   const int64_t Kp = p.Kp, mtiles = p.mtiles, ntiles = p.ntiles;
   const int64_t mt = p.n_outer ? t % mtiles : t / ntiles, nt = p.n_outer ? t / mtiles : t % ntiles;
   const int64_t m0 = mt * kMc, rows = min64(kMc, g.M - m0);
-  const int64_t n0 = nt * kNc, cols = min64(kNc, g.N - n0);
+  const int64_t n0 = nt * p.nc, cols = min64(p.nc, g.N - n0);
   const int64_t ips = ceil_div(rows, kMr), jps = ceil_div(cols, kNr);
   if (Kp == 0) {  // D = beta C + bias
     const __m512 zero = _mm512_setzero_ps();
@@ -148,26 +150,34 @@ void run_tile(const Plan& p, int64_t t, const uint16_t* zeros, float* tile) {
   for (int64_t k0 = 0; k0 < Kp; k0 += p.kstep) {
     const int64_t kps = min64(p.kstep, Kp - k0);
     const bool last = k0 + kps == Kp;
+    uint16_t* a_tile = nullptr;  // this tile's rows of A for this K block, packed now
+    if (p.a_per_tile) {
+      a_tile = static_cast<uint16_t*>(thread_scratch(kGemmPanel, size_t(ips) * size_t(kps) * kMr * 2 * 2));
+      const PackSource src{g.A + 2 * k0 * g.lda + m0, g.lda, g.K - 2 * k0, rows, true};
+      pack<kMr>(src, kps, 0, kps, a_tile);
+    }
     for (int64_t jr = 0; jr < jps; ++jr) {
       const uint16_t* b = p.bp + (n0 / kNr + jr) * Kp * kNr * 2 + k0 * kNr * 2;
       for (int64_t ir = 0; ir < ips; ++ir) {
-        float* c = tile + ir * kMr * kNc + jr * kNr;
+        float* c = tile + ir * kMr * p.nc + jr * kNr;
         const int64_t m = m0 + ir * kMr;
         const Final f{m, n0 + jr * kNr, min64(kMr, g.M - m), min64(kNr, cols - jr * kNr), p.stream};
         const Final* fin = last ? &f : nullptr;
         if (p.direct_a) {
           if (m + kMr <= g.M) {
-            micro_kernel(g, g.A + m * g.lda + 2 * k0, g.lda, 2, b, kps, c, k0 == 0, fin);
+            micro_kernel(g, g.A + m * g.lda + 2 * k0, g.lda, 2, b, kps, c, p.nc, k0 == 0, fin);
           } else {  // the last rows: a panel of row pointers, zeros past M
             auto* panel = static_cast<uint16_t*>(thread_scratch(kGemmPanel, size_t(kps) * kMr * 2 * 2));
             for (int i = 0; i < kMr; ++i) {
               const uint16_t* src = m + i < g.M ? g.A + (m + i) * g.lda + 2 * k0 : zeros;
               for (int64_t kp = 0; kp < kps; ++kp) std::memcpy(panel + kp * kMr * 2 + i * 2, src + 2 * kp, 4);
             }
-            micro_kernel(g, panel, 2, 2 * kMr, b, kps, c, k0 == 0, fin);
+            micro_kernel(g, panel, 2, 2 * kMr, b, kps, c, p.nc, k0 == 0, fin);
           }
+        } else if (a_tile) {
+          micro_kernel(g, a_tile + ir * kps * kMr * 2, 2, 2 * kMr, b, kps, c, p.nc, k0 == 0, fin);
         } else {
-          micro_kernel(g, p.ap + (m / kMr) * Kp * kMr * 2 + k0 * kMr * 2, 2, 2 * kMr, b, kps, c, k0 == 0, fin);
+          micro_kernel(g, p.ap + (m / kMr) * Kp * kMr * 2 + k0 * kMr * 2, 2, 2 * kMr, b, kps, c, p.nc, k0 == 0, fin);
         }
       }
     }
@@ -187,10 +197,11 @@ void gemm_avx512_grouped(const GemmArgs* gs, int64_t count) {
   int64_t zeros_k = -1;
   double macs = 0;
   bool any_stream = false;
+  int64_t tile_cols = kNc;
   for (int64_t i = 0; i < count; ++i) {
     const GemmArgs& g = gs[i];
     Plan& p = plans[i];
-    p = Plan{&g, 0, 0, 0, 0, 0, false, false, false, nullptr, nullptr};
+    p = Plan{&g, 0, 0, 0, 0, 0, 0, false, false, false, false, nullptr, nullptr};
     if (g.M <= 0 || g.N <= 0) continue;
     p.Kp = ceil_div(g.K, 2);
     // K blocks of equal size, at most kKc (a K a little past kKc, such as a 288-wide model's,
@@ -199,7 +210,15 @@ void gemm_avx512_grouped(const GemmArgs* gs, int64_t count) {
     p.kstep = ceil_div(p.Kp, nkb);
     // Row-major A with an even K is read in place; otherwise it is packed.
     p.direct_a = !g.trans_a && g.K % 2 == 0;
-    p.mtiles = ceil_div(g.M, kMc), p.ntiles = ceil_div(g.N, kNc), p.kblocks = ceil_div(p.Kp, 16);
+    // A transposed with many rows (a weight gradient: A is dy, K the tokens, M the layer's
+    // outputs; llama2c_15M's logits' gradient has 32000): each tile packs its rows of A for each
+    // K block as it needs them, in cache, rather than all of A first (a write and a second read
+    // of all of it: 131 MB there); the tile spans up to kNcWide columns, so that few tiles pack
+    // the same rows. With few row tiles, wide tiles would leave a thread idle: A is packed first.
+    p.mtiles = ceil_div(g.M, kMc);
+    p.a_per_tile = g.trans_a && p.mtiles >= kMinRowTilesPerTileA;
+    p.nc = p.a_per_tile ? min64(ceil_div(g.N, kNr) * kNr, kNcWide) : kNc;
+    p.ntiles = ceil_div(g.N, p.nc), p.kblocks = ceil_div(p.Kp, 16);
     // The tile loop walks along the smaller operand, so that the larger one streams from memory
     // once: with N-tiles outer, a panel of B stays in cache while every row tile of A passes.
     p.n_outer = g.N > g.M;
@@ -207,7 +226,8 @@ void gemm_avx512_grouped(const GemmArgs* gs, int64_t count) {
     p.stream = g.f32_out && g.beta == 0.0f && double(g.M) * double(g.N) * 4 > 64e6;
     any_stream = any_stream || p.stream;
     bbytes += round64(size_t(ceil_div(g.N, kNr)) * size_t(p.Kp) * kNr * 2 * 2);
-    if (!p.direct_a) abytes += round64(size_t(ceil_div(g.M, kMr)) * size_t(p.Kp) * kMr * 2 * 2);
+    if (!p.direct_a && !p.a_per_tile) abytes += round64(size_t(ceil_div(g.M, kMr)) * size_t(p.Kp) * kMr * 2 * 2);
+    tile_cols = p.nc > tile_cols ? p.nc : tile_cols;
     if (p.direct_a && g.M % kMr) zeros_k = g.K > zeros_k ? g.K : zeros_k;  // rows past M read a zero row
     macs += double(g.M) * double(g.N) * double(g.K);
   }
@@ -219,7 +239,7 @@ void gemm_avx512_grouped(const GemmArgs* gs, int64_t count) {
     if (p.mtiles == 0) continue;
     p.bp = reinterpret_cast<uint16_t*>(bbase);
     bbase += round64(size_t(ceil_div(g.N, kNr)) * size_t(p.Kp) * kNr * 2 * 2);
-    if (!p.direct_a) {
+    if (!p.direct_a && !p.a_per_tile) {
       p.ap = reinterpret_cast<uint16_t*>(abase);
       abase += round64(size_t(ceil_div(g.M, kMr)) * size_t(p.Kp) * kMr * 2 * 2);
     }
@@ -242,11 +262,11 @@ void gemm_avx512_grouped(const GemmArgs* gs, int64_t count) {
 #pragma omp for schedule(static) nowait
       for (int64_t kb = 0; kb < p.kblocks; ++kb) {
         pack<kNr>(bsrc, p.Kp, kb * 16, min64(p.Kp, kb * 16 + 16), p.bp);
-        if (!p.direct_a) pack<kMr>(asrc, p.Kp, kb * 16, min64(p.Kp, kb * 16 + 16), p.ap);
+        if (p.ap) pack<kMr>(asrc, p.Kp, kb * 16, min64(p.Kp, kb * 16 + 16), p.ap);
       }
     }
 #pragma omp barrier
-    float* tile = static_cast<float*>(thread_scratch(kGemmTile, sizeof(float) * size_t(kMc * kNc)));
+    float* tile = static_cast<float*>(thread_scratch(kGemmTile, sizeof(float) * size_t(kMc * tile_cols)));
     for (int64_t i = 0; i < count; ++i) {
       const Plan& p = plans[i];
 #pragma omp for schedule(dynamic, 1) nowait
