@@ -5,7 +5,9 @@
 // then the same model and step in PyTorch (benchmarks/engine/torch_llama.py), in fp32 and under
 // autocast bf16, and the ratios. --rounds N interleaves the programs N times (ours, PyTorch fp32,
 // PyTorch bf16, ours, ...) and reports medians: the machine is shared, so only ratios taken in one
-// run mean anything. --profile adds where our step's time goes, op by op.
+// run mean anything. --profile adds where our step's time goes, op by op. Both train one batch of
+// random tokens on every step at the same learning rate (kLr), as torch_llama.py does, so their
+// loss columns compare: both fall.
 //
 //   bench_engine --model llama2c_15M --micro-batch-size 8 --seq-length 256 --iters 5 [--precision bf16]
 #include <omp.h>
@@ -58,6 +60,8 @@ struct Result {
   double routing = 0;  // MoE: the router's host work (model/router.h), seconds per step
 };
 
+constexpr double kLr = 1e-3;  // torch_llama.py's --lr, passed to it
+
 static Result run_ours(const ModelSpec& spec, int64_t mbs, int64_t seq, int iters, int warmup, Recompute rc,
                        Precision precision, bool profile, const Fp8Options& fp8 = {}) {
   std::unique_ptr<ops::Backend> bf16_backend;
@@ -76,21 +80,21 @@ static Result run_ours(const ModelSpec& spec, int64_t mbs, int64_t seq, int iter
   // The trainer's step: the gradients' norm, then AdamW with the clipping factor (applied in its pass).
   auto optimizer_step = [&](bool refresh, double grad_scale) {
     if (precision == Precision::Bf16)
-      flat.step(model.params().values(), model.params().grads(), refresh ? &model.working_weights() : nullptr, 3e-4,
+      flat.step(model.params().values(), model.params().grads(), refresh ? &model.working_weights() : nullptr, kLr,
                 grad_scale);
     else
-      adam.step(model.params().values().data<float>(), model.params().grads().data<float>(), segments, 3e-4, nullptr,
+      adam.step(model.params().values().data<float>(), model.params().grads().data<float>(), segments, kLr, nullptr,
                 grad_scale);
   };
   Rng rng(42);
   std::vector<int32_t> tokens(mbs * seq), targets(mbs * seq);
+  for (auto& t : tokens) t = int32_t(rng.next_u64() % spec.vocab_size);
+  for (size_t i = 0; i < tokens.size(); ++i) targets[i] = tokens[(i + 1) % tokens.size()];
   Result r;
   reset_peak_host_memory();
   double routing0 = 0;
   for (int it = 0; it < warmup + iters; ++it) {
     if (it == warmup) timed.reset(), routing0 = routing_seconds();
-    for (auto& t : tokens) t = int32_t(rng.next_u64() % spec.vocab_size);
-    for (size_t i = 0; i < tokens.size(); ++i) targets[i] = tokens[(i + 1) % tokens.size()];
     auto t0 = Clock::now();
     model.params().zero_grad();
     LlamaContext ctx;
@@ -145,8 +149,8 @@ static Result run_torch(const std::string& preset_path, int64_t mbs, int64_t seq
                         const std::string& precision, bool* ok) {
   const std::string cmd = fmt::format(
       "/usr/bin/python3 {}/benchmarks/engine/torch_llama.py --model {} --micro-batch-size {} --seq-length {} "
-      "--iters {} --warmup {} --threads {} --precision {}",
-      PRIMUS_SOURCE_DIR, preset_path, mbs, seq, iters, warmup, threads, precision);
+      "--iters {} --warmup {} --threads {} --precision {} --lr {}",
+      PRIMUS_SOURCE_DIR, preset_path, mbs, seq, iters, warmup, threads, precision, kLr);
   Result r;
   *ok = false;
   FILE* pipe = popen(cmd.c_str(), "r");
