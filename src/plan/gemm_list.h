@@ -13,12 +13,14 @@
 // its K (weight gradient) stacked, and its problem count.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "config/experiment.h"
+#include "kernels/op_call.h"
 #include "model/llama.h"
 #include "model/model_spec.h"
 #include "plan/parallel_layout.h"
@@ -33,6 +35,7 @@ struct GemmEntry {
   // An FP8 GEMM (its operands quantized copies of `in` values): the coarsest scaling of its
   // operands, as OpCall::fp8; none otherwise.
   std::optional<fp8::Granularity> fp8;
+  std::array<ops::OpCall::Fp8Operand, 2> fp8_operands{};  // with fp8: A's and B's format and scaling
   bool bias = false;                        // a bias[n] on every row
   bool accumulate = false;                  // C is read (beta = 1): a residual or the running sum
   bool grouped = false;                     // a problem of a grouped GEMM
@@ -40,6 +43,9 @@ struct GemmEntry {
   int64_t count = 0;                        // runs per microbatch
   double flops() const { return 2.0 * double(m) * double(n) * double(k) * double(count); }
 };
+
+// With fp8: "E4M3 tensor x E4M3 tensor", A's then B's format and scaling; "" otherwise.
+std::string fp8_operands_name(const GemmEntry& g);
 
 struct GemmList {
   std::string model;

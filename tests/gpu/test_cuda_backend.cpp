@@ -1319,6 +1319,52 @@ TEST(CudaBackend, BlockwiseGemmsRunAsCublasLtBlockScaledFp8AndMatchTheEmulation)
   }
 }
 
+// `benchmark gemm --tune` builds the model's FP8 GEMMs with fp8_gemm_problem (gemm.h): the keys it
+// gives are the ones gemm_fp8 ran in the test above (the same shapes, formats and scalings), and
+// fp8_gemm_refusal sends to the emulation exactly the pairs that gemm_fp8 emulates.
+TEST(CudaBackend, Fp8GemmProblemsAreTheOnesGemmFp8Runs) {
+  PRIMUS_REQUIRE_GPU();
+  const cuda::DeviceInfo& g = cuda::device_info();
+  const bool block_kernels = g.cc_major == 9 && g.cc_minor == 0 && cuda::cublaslt_version() >= 120900;
+  using F = fp8::Format;
+  using G = fp8::Granularity;
+  auto problem = [](bool ta, bool tb, int64_t m, int64_t n, int64_t k, bool f32) {
+    cuda::GemmProblem p;
+    p.trans_a = ta, p.trans_b = tb, p.m = m, p.n = n, p.k = k;
+    p.cd = f32 ? cuda::GemmType::F32 : cuda::GemmType::BF16;
+    p.accumulate = f32;
+    return cuda::normalized(p);
+  };
+  const int64_t N = 136, in = 200, out = 144;
+  const struct {
+    cuda::GemmProblem p;
+    cuda::Fp8GemmOperand a, b;
+    std::string key;
+  } cases[] = {
+      {problem(false, true, N, out, in, false), {F::E4M3, G::Tile1x128}, {F::E4M3, G::Block128},
+       fmt::format("e4m3.vec128xe4m3.blk128:bf16:NT:m{}:n{}:k208:", N, out)},
+      {problem(false, false, N, in, out, false), {F::E5M2, G::Tile1x128}, {F::E4M3, G::Block128},
+       fmt::format("e5m2.vec128xe4m3.blk128:bf16:NT:m{}:n{}:k{}:", N, in, out)},
+      {problem(true, false, out, in, N, true), {F::E5M2, G::Tile1x128}, {F::E4M3, G::Tile1x128},
+       fmt::format("e5m2.vec128xe4m3.vec128:fp32:NT:m{}:n{}:k144:", out, in)},
+      {problem(false, true, N, out, in, false), {F::E5M2, G::Tensor}, {F::E4M3, G::Tensor},
+       fmt::format("e5m2xe4m3:bf16:NT:m{}:n{}:k208:", N, out)},
+  };
+  for (const auto& c : cases) {
+    const bool tensor = c.a.granularity == G::Tensor;
+    const char* why = cuda::fp8_gemm_refusal(c.a, c.b, c.p.m, c.p.n);
+    EXPECT_EQ(why == nullptr, tensor ? g.cc_major * 10 + g.cc_minor >= 89 : block_kernels) << c.key << ": " << (why ? why : "");
+    if (why) continue;
+    const std::string key = cuda::normalized(cuda::fp8_gemm_problem(c.p, c.a, c.b)).key();
+    EXPECT_EQ(key.rfind(c.key, 0), 0u) << key << " for " << c.key;
+  }
+  // What gemm_fp8 emulates: MXFP8, both operands in 128 x 128 blocks, E5M2 x E5M2, ragged rows.
+  EXPECT_NE(cuda::fp8_gemm_refusal({F::E4M3, G::Mx32}, {F::E4M3, G::Mx32}, 64, 64), nullptr);
+  EXPECT_NE(cuda::fp8_gemm_refusal({F::E4M3, G::Block128}, {F::E4M3, G::Block128}, 64, 64), nullptr);
+  EXPECT_NE(cuda::fp8_gemm_refusal({F::E5M2, G::Tensor}, {F::E5M2, G::Tensor}, 64, 64), nullptr);
+  EXPECT_NE(cuda::fp8_gemm_refusal({F::E4M3, G::Tile1x128}, {F::E4M3, G::Block128}, 20, 64), nullptr);
+}
+
 // FP8 linears (docs/fp8.md) on the GPU: each recipe, on a dense and a mixture-of-experts model,
 // gives the reference backend's FP8 loss and gradients. The quantized operands hold the same FP8
 // values on both (a rounding may flip where the GPU's activations differ in the last bf16 bit),

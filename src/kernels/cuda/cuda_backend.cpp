@@ -131,58 +131,20 @@ void say_once(const std::string& message) {
   if (said.insert(message).second) log::info("{}", message);
 }
 
-GemmType gemm_type(fp8::Format f) { return f == fp8::Format::E4M3 ? GemmType::E4M3 : GemmType::E5M2; }
-
-// The cuBLASLt scale mode of an operand of granularity g, when there is one on sm_90.
-std::optional<GemmScale> gemm_scale(fp8::Granularity g) {
-  switch (g) {
-    case fp8::Granularity::Tensor: return GemmScale::Tensor;
-    case fp8::Granularity::Tile1x128: return GemmScale::Vec128;
-    case fp8::Granularity::Block128: return GemmScale::Blk128;
-    case fp8::Granularity::Mx32: return std::nullopt;
-  }
-  return std::nullopt;
-}
-
-// Why cuBLASLt's FP8 GEMM does not take D = op(A) op(B) (+ C, bias) of operands f on this GPU, or
-// null when it does: the rules of gemm.h (normalized() refuses the same problems by name), checked
-// first so that the GEMM runs as the exact emulation instead. The packed A and B are always in
-// its layout (gemm_fp8); D, C and the bias stay where they are, so the FP8 kernels' 16-byte
-// alignment applies to them.
+// fp8_gemm_refusal (gemm.h) with the tensors' own rules: the block scales given, and D, C and the
+// bias 16-byte aligned (the packed A and B are always in cuBLASLt's layout, gemm_fp8).
 const char* fp8_refusal(const ops::Backend::Fp8Pair& f, const GemmProblem& p, float beta, const Tensor& C,
                         const Tensor& D, const Tensor& bias) {
-  const DeviceInfo& g = device_info();
-  const fp8::Granularity ga = f.a.granularity, gb = f.b.granularity;
-  const bool tensor = ga == fp8::Granularity::Tensor && gb == fp8::Granularity::Tensor;
-  if (ga == fp8::Granularity::Mx32 || gb == fp8::Granularity::Mx32)
-    return "the operands are MXFP8's (cuBLASLt's VEC32_UE8M0 mode needs sm_100, not built here)";
-  if (tensor && g.cc_major * 10 + g.cc_minor < 89)
-    return "the GPU is older than sm_89 (cuBLASLt's FP8 kernels need 8.9)";
-  if (!tensor) {
-    if (g.cc_major != 9 || g.cc_minor != 0)
-      return "the GPU is not sm_90 (cuBLASLt's block-scaled FP8 modes VEC128_32F and BLK128x128_32F are Hopper's)";
-    if (cublaslt_version() < 120900) return "cuBLASLt is older than 12.9 (its block-scaled FP8 modes came in 12.9)";
-    if (ga == fp8::Granularity::Tensor || gb == fp8::Granularity::Tensor)
-      return "one operand is tensor-scaled and the other block-scaled (not a cuBLASLt combination)";
-    if (ga == fp8::Granularity::Block128 && gb == fp8::Granularity::Block128)
-      return "both operands are in 128 x 128 blocks (cuBLASLt takes 1 x 128 x 1 x 128, 1 x 128 x 128 x 128 and "
-             "128 x 128 x 1 x 128)";
-    if (!f.a.block_scales.defined() || !f.b.block_scales.defined())
-      return "the operands carry no block scales (quantized on another backend)";
-  }
-  if (f.a.format == fp8::Format::E5M2 && f.b.format == fp8::Format::E5M2)
-    return "both operands are E5M2 (not an FP8 combination of cuBLASLt)";
+  if (const char* why = fp8_gemm_refusal({f.a.format, f.a.granularity}, {f.b.format, f.b.granularity}, p.m, p.n))
+    return why;
+  const bool tensor = f.a.granularity == fp8::Granularity::Tensor && f.b.granularity == fp8::Granularity::Tensor;
+  if (!tensor && (!f.a.block_scales.defined() || !f.b.block_scales.defined()))
+    return "the operands carry no block scales (quantized on another backend)";
   auto aligned = [](const Tensor& t) {
     return reinterpret_cast<uintptr_t>(t.raw()) % 16 == 0 && (t.size(1) * int64_t(dtype_size(t.dtype()))) % 16 == 0;
   };
   if (!aligned(D) || (beta != 0.0f && !aligned(C)) || (bias.defined() && reinterpret_cast<uintptr_t>(bias.raw()) % 16))
     return "an output, C or bias is not 16-byte aligned (row strides included)";
-  if (!tensor && p.n % 8)
-    return "the output's rows are not a multiple of 8 elements (cuBLASLt's block-scaled FP8 needs its m, D's rows, "
-           "a multiple of 8)";
-  if (ga == fp8::Granularity::Tile1x128 && p.m % 8)
-    return "the output has a number of rows that is not a multiple of 8 while A is in 1 x 128 tiles (cuBLASLt's "
-           "block-scaled FP8 needs its n a multiple of 8 when its B is VEC128_32F)";
   return nullptr;
 }
 
@@ -223,25 +185,20 @@ void CudaBackend::gemm_fp8(const Fp8Pair& f, bool ta, bool tb, float alpha, cons
     say_emulated(f, why);
     return gemm(ta, tb, alpha, A, Bm, beta, C, D, bias);
   }
-  // cuBLASLt's FP8 layout (gemm.h): A [m, k] and B [n, k] as bytes, k padded with zeros to a
-  // multiple of 16 (their leading dimension); block-scaled operands divided by their blocks'
-  // scales on the way (the scales' layout does not change with the padding: ceil(k / 128) blocks).
-  const GemmScale sa = *gemm_scale(f.a.granularity), sb = *gemm_scale(f.b.granularity);
-  const bool blocks = sa != GemmScale::Tensor;
-  const float* scale_a = blocks ? block_scales(f.a, sa, p.m, p.k, "A") : nullptr;
-  const float* scale_b = blocks ? block_scales(f.b, sb, p.n, p.k, "B") : nullptr;
-  const int64_t k16 = (p.k + 15) / 16 * 16;
-  Scratch a8(size_t(p.m * k16)), b8(size_t(p.n * k16));
-  fp8_pack(A.raw(), false, A.size(0), A.size(1), f.a.format == fp8::Format::E4M3, ta, k16, a8.as<uint8_t>(), stream(),
-           scale_a, sa == GemmScale::Vec128);
-  fp8_pack(Bm.raw(), false, Bm.size(0), Bm.size(1), f.b.format == fp8::Format::E4M3, !tb, k16, b8.as<uint8_t>(),
-           stream(), scale_b, sb == GemmScale::Vec128);
-  p.trans_a = false, p.trans_b = true;
-  p.k = k16, p.lda = k16, p.ldb = k16;
-  p.ab = gemm_type(f.a.format);
-  p.b = gemm_type(f.b.format);
-  p.a_scale = sa, p.b_scale = sb;
-  run_gemm(p, alpha, a8.get(), scale_a, b8.get(), scale_b, beta, C, D, bias);
+  // cuBLASLt's FP8 layout (gemm.h, fp8_gemm_problem): A [m, k] and B [n, k] as bytes, k padded
+  // with zeros to a multiple of 16 (their leading dimension); block-scaled operands divided by
+  // their blocks' scales on the way (the scales' layout does not change with the padding:
+  // ceil(k / 128) blocks).
+  const GemmProblem q = fp8_gemm_problem(p, {f.a.format, f.a.granularity}, {f.b.format, f.b.granularity});
+  const bool blocks = q.a_scale != GemmScale::Tensor;
+  const float* scale_a = blocks ? block_scales(f.a, q.a_scale, p.m, p.k, "A") : nullptr;
+  const float* scale_b = blocks ? block_scales(f.b, q.b_scale, p.n, p.k, "B") : nullptr;
+  Scratch a8(size_t(p.m * q.k)), b8(size_t(p.n * q.k));
+  fp8_pack(A.raw(), false, A.size(0), A.size(1), f.a.format == fp8::Format::E4M3, ta, q.k, a8.as<uint8_t>(), stream(),
+           scale_a, q.a_scale == GemmScale::Vec128);
+  fp8_pack(Bm.raw(), false, Bm.size(0), Bm.size(1), f.b.format == fp8::Format::E4M3, !tb, q.k, b8.as<uint8_t>(),
+           stream(), scale_b, q.b_scale == GemmScale::Vec128);
+  run_gemm(q, alpha, a8.get(), scale_a, b8.get(), scale_b, beta, C, D, bias);
 }
 
 void CudaBackend::grouped_gemm_fp8(const std::vector<Fp8Pair>& f, bool ta, bool tb, const std::vector<float>& alpha,

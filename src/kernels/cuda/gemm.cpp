@@ -553,6 +553,60 @@ void save_gemm_cache(const std::string& path) {
 
 int64_t cublaslt_version() { return int64_t(cublasLtGetVersion()); }
 
+GemmType gemm_type(fp8::Format f) { return f == fp8::Format::E4M3 ? GemmType::E4M3 : GemmType::E5M2; }
+
+std::optional<GemmScale> gemm_scale(fp8::Granularity g) {
+  switch (g) {
+    case fp8::Granularity::Tensor: return GemmScale::Tensor;
+    case fp8::Granularity::Tile1x128: return GemmScale::Vec128;
+    case fp8::Granularity::Block128: return GemmScale::Blk128;
+    case fp8::Granularity::Mx32: return std::nullopt;
+  }
+  return std::nullopt;
+}
+
+const char* fp8_gemm_refusal(const Fp8GemmOperand& a, const Fp8GemmOperand& b, int64_t m, int64_t n) {
+  const DeviceInfo& g = device_info();
+  const fp8::Granularity ga = a.granularity, gb = b.granularity;
+  const bool tensor = ga == fp8::Granularity::Tensor && gb == fp8::Granularity::Tensor;
+  if (ga == fp8::Granularity::Mx32 || gb == fp8::Granularity::Mx32)
+    return "the operands are MXFP8's (cuBLASLt's VEC32_UE8M0 mode needs sm_100, not built here)";
+  if (tensor && g.cc_major * 10 + g.cc_minor < 89)
+    return "the GPU is older than sm_89 (cuBLASLt's FP8 kernels need 8.9)";
+  if (!tensor) {
+    if (g.cc_major != 9 || g.cc_minor != 0)
+      return "the GPU is not sm_90 (cuBLASLt's block-scaled FP8 modes VEC128_32F and BLK128x128_32F are Hopper's)";
+    if (cublaslt_version() < 120900) return "cuBLASLt is older than 12.9 (its block-scaled FP8 modes came in 12.9)";
+    if (ga == fp8::Granularity::Tensor || gb == fp8::Granularity::Tensor)
+      return "one operand is tensor-scaled and the other block-scaled (not a cuBLASLt combination)";
+    if (ga == fp8::Granularity::Block128 && gb == fp8::Granularity::Block128)
+      return "both operands are in 128 x 128 blocks (cuBLASLt takes 1 x 128 x 1 x 128, 1 x 128 x 128 x 128 and "
+             "128 x 128 x 1 x 128)";
+  }
+  if (a.format == fp8::Format::E5M2 && b.format == fp8::Format::E5M2)
+    return "both operands are E5M2 (not an FP8 combination of cuBLASLt)";
+  if (!tensor && n % 8)
+    return "the output's rows are not a multiple of 8 elements (cuBLASLt's block-scaled FP8 needs its m, D's rows, "
+           "a multiple of 8)";
+  if (ga == fp8::Granularity::Tile1x128 && m % 8)
+    return "the output has a number of rows that is not a multiple of 8 while A is in 1 x 128 tiles (cuBLASLt's "
+           "block-scaled FP8 needs its n a multiple of 8 when its B is VEC128_32F)";
+  return nullptr;
+}
+
+GemmProblem fp8_gemm_problem(GemmProblem p, const Fp8GemmOperand& a, const Fp8GemmOperand& b) {
+  const std::optional<GemmScale> sa = gemm_scale(a.granularity), sb = gemm_scale(b.granularity);
+  PRIMUS_CHECK(sa && sb, "fp8_gemm_problem: {} x {} operands have no cuBLASLt scale mode",
+               fp8::granularity_name(a.granularity), fp8::granularity_name(b.granularity));
+  const int64_t k16 = (p.k + 15) / 16 * 16;
+  p.trans_a = false, p.trans_b = true;
+  p.k = k16, p.lda = k16, p.ldb = k16;
+  p.ab = gemm_type(a.format);
+  p.b = gemm_type(b.format);
+  p.a_scale = *sa, p.b_scale = *sb;
+  return p;
+}
+
 void set_online_tuning(bool on, int max_candidates) {
   if (max_candidates < 1) fail("set_online_tuning: max_candidates must be at least 1, got {}", max_candidates);
   State& s = state();

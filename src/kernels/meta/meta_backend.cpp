@@ -90,6 +90,7 @@ void MetaBackend::gemm_fp8(const Fp8Pair& f, bool trans_a, bool trans_b, float, 
                            float beta, const Tensor& C, Tensor& D, const Tensor& bias) {
   ops::OpCall c = gemm_call(trans_a, trans_b, A, B, beta, C, D, bias);
   c.fp8 = coarsest(f.a.granularity, f.b.granularity);
+  c.fp8_operands = {{{f.a.format, f.a.granularity}, {f.b.format, f.b.granularity}}};
   c.weight = origin(c.weight);
   record(c);
 }
@@ -104,6 +105,7 @@ void MetaBackend::grouped_gemm_fp8(const std::vector<Fp8Pair>& f, bool trans_a, 
   fp8::Granularity g = fp8::Granularity::Tensor;
   for (const Fp8Pair& p : f) g = coarsest(g, coarsest(p.a.granularity, p.b.granularity));
   c.fp8 = g;
+  c.fp8_operands = {{{f[0].a.format, f[0].a.granularity}, {f[0].b.format, f[0].b.granularity}}};
   c.weight = origin(c.weight);
   record(c);
 }
