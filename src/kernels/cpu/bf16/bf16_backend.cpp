@@ -30,6 +30,24 @@ void expect(const Tensor& t, DType dtype, int64_t numel, const char* what) {
 uint16_t* U(const Tensor& t) { return reinterpret_cast<uint16_t*>(t.data<bf16>()); }
 float* F(const Tensor& t) { return t.data<float>(); }
 
+// The checks of a cross-entropy gradient's operands (fp32 logits [n, vc], lse and targets [n],
+// dlogits of the logits' size in bf16 or fp32) and dlogits as the kernels take it: one pointer set.
+struct CeDlogits {
+  uint16_t* bf16 = nullptr;
+  float* f32 = nullptr;
+};
+CeDlogits ce_dlogits(const Tensor& logits, const Tensor& lse, const Tensor& targets, Tensor& dlogits) {
+  expect(logits, DType::F32, "ce logits");
+  const int64_t n = logits.size(0), vc = logits.size(1);
+  expect(lse, DType::F32, n, "ce lse");
+  expect(targets, DType::I32, n, "ce targets");
+  check_host(dlogits, "ce dlogits");
+  PRIMUS_CHECK(dlogits.numel() == n * vc, "ce dlogits {} for logits {}", dlogits.shape_str(), logits.shape_str());
+  if (dlogits.dtype() == DType::BF16) return {U(dlogits), nullptr};
+  expect(dlogits, DType::F32, "ce dlogits");
+  return {nullptr, F(dlogits)};
+}
+
 // quantize_fp8's bands (kernels/fp8_bands.h) through bf16k::fp8_quantize.
 class Avx512Fp8Bands final : public ops::Fp8BandKernel {
  public:
@@ -317,35 +335,18 @@ double Bf16Backend::ce_finish(const Tensor& row_max, const Tensor& row_sum, cons
 
 void Bf16Backend::ce_chunk_backward(const Tensor& logits, const Tensor& lse, const Tensor& targets, int64_t c0,
                                     double softcap, Tensor& dlogits) {
-  expect(logits, DType::F32, "ce logits");
-  const int64_t n = logits.size(0), vc = logits.size(1);
-  expect(lse, DType::F32, n, "ce lse");
-  expect(targets, DType::I32, n, "ce targets");
-  check_host(dlogits, "ce dlogits");
-  PRIMUS_CHECK(dlogits.numel() == n * vc, "ce dlogits {} for logits {}", dlogits.shape_str(), logits.shape_str());
-  if (dlogits.dtype() == DType::BF16) {
-    bf16k::ce_chunk_backward(F(logits), F(lse), targets.data<int32_t>(), n, vc, c0, float(softcap), U(dlogits),
-                             nullptr);
-  } else {
-    expect(dlogits, DType::F32, "ce dlogits");
-    bf16k::ce_chunk_backward(F(logits), F(lse), targets.data<int32_t>(), n, vc, c0, float(softcap), nullptr,
-                             F(dlogits));
-  }
+  const CeDlogits d = ce_dlogits(logits, lse, targets, dlogits);
+  bf16k::ce_chunk_backward(F(logits), F(lse), targets.data<int32_t>(), logits.size(0), logits.size(1), c0,
+                           float(softcap), d.bf16, d.f32);
 }
 
 double Bf16Backend::ce_forward_backward(const Tensor& logits, const Tensor& targets, int64_t c0, double softcap,
                                         Tensor& lse, Tensor& dlogits) {
-  expect(logits, DType::F32, "ce logits");
-  const int64_t n = logits.size(0), vc = logits.size(1);
-  expect(targets, DType::I32, n, "ce targets");
-  expect(lse, DType::F32, n, "ce lse");
-  check_host(dlogits, "ce dlogits");
-  PRIMUS_CHECK(dlogits.numel() == n * vc, "ce dlogits {} for logits {}", dlogits.shape_str(), logits.shape_str());
-  const bool bf16_out = dlogits.dtype() == DType::BF16;
-  if (!bf16_out) expect(dlogits, DType::F32, "ce dlogits");
+  const CeDlogits d = ce_dlogits(logits, lse, targets, dlogits);
+  const int64_t n = logits.size(0);
   std::vector<float> zt(static_cast<size_t>(n));
-  bf16k::ce_forward_backward(F(logits), targets.data<int32_t>(), n, vc, c0, float(softcap), F(lse), zt.data(),
-                             bf16_out ? U(dlogits) : nullptr, bf16_out ? nullptr : F(dlogits));
+  bf16k::ce_forward_backward(F(logits), targets.data<int32_t>(), n, logits.size(1), c0, float(softcap), F(lse),
+                             zt.data(), d.bf16, d.f32);
   return ops::ce_loss_sum(F(lse), zt.data(), targets.data<int32_t>(), n);
 }
 
