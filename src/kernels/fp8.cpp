@@ -35,6 +35,11 @@ const char* granularity_name(Granularity g) {
   return "?";
 }
 
+Granularity coarsest(Granularity a, Granularity b) {
+  auto rank = [](Granularity g) { return g == Granularity::Mx32 ? 2 : g == Granularity::Tensor ? 0 : 1; };
+  return rank(a) >= rank(b) ? a : b;
+}
+
 float round(float x, Format f) {
   if (std::isnan(x)) return x;
   const float m = max_finite(f), a = std::fabs(x);

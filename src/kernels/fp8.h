@@ -48,6 +48,15 @@ enum class Granularity : uint8_t {
   Mx32,       // MXFP8: 1 x 32 blocks along the reduction dimension, E8M0 scales
 };
 const char* granularity_name(Granularity g);
+// The coarser of two scalings, as a device's matrix units must take them: MX blocks, else
+// DeepSeek's blocks, else tensor scales.
+Granularity coarsest(Granularity a, Granularity b);
+
+// An FP8 GEMM operand's kind: its format and its scaling.
+struct OperandKind {
+  Format format = Format::E4M3;
+  Granularity granularity = Granularity::Tensor;
+};
 
 // Quantizes the row-major [rows, cols] array x into the values an FP8 GEMM multiplies:
 //   Tensor  out = round(x * scale): the FP8 values themselves; the GEMM multiplies by 1 / scale

@@ -45,7 +45,7 @@ std::string OpCall::key() const {
                               d, e, trans_a, trans_b, accumulate, bias, inverse, causal);
   for (const auto& p : problems) k += fmt::format(":{}x{}x{}", p[0], p[1], p[2]);
   if (window >= 0) k += fmt::format(":w{}", window);
-  if (fp8) k += fmt::format(":fp8 {}", fp8::granularity_name(*fp8));
+  if (fp8) k += fmt::format(":fp8 {}", fp8::granularity_name(fp8->coarsest()));
   return k;
 }
 

@@ -42,16 +42,14 @@ struct OpCall {
   bool accumulate = false;  // gemm: C is read (beta != 0); rmsnorm_backward_input: a residual
   bool bias = false, inverse = false, causal = false;
   std::vector<std::array<int64_t, 3>> problems;  // grouped_gemm
-  // An FP8 GEMM (gemm_fp8, grouped_gemm_fp8): the coarsest scaling of its operands that a device's
-  // matrix units must take (MX blocks, else DeepSeek's blocks, else tensor scales); none otherwise.
-  std::optional<fp8::Granularity> fp8;
-  // And its operands, A's then B's, as a device runs them (`benchmark gemm --tune`): their formats
-  // and scalings (grouped: the first problem's; the model quantizes every expert alike).
-  struct Fp8Operand {
-    fp8::Format format = fp8::Format::E4M3;
-    fp8::Granularity granularity = fp8::Granularity::Tensor;
+  // An FP8 GEMM (gemm_fp8, grouped_gemm_fp8): its operands' kinds, A's and B's (grouped: the first
+  // problem's formats, each operand's coarsest scaling over the problems); none otherwise.
+  struct Fp8Operands {
+    fp8::OperandKind a, b;
+    // The scaling a device's matrix units must take for it (the projection's FP8 peak).
+    fp8::Granularity coarsest() const { return fp8::coarsest(a.granularity, b.granularity); }
   };
-  std::array<Fp8Operand, 2> fp8_operands{};
+  std::optional<Fp8Operands> fp8;
   double flops = 0, bytes = 0;
   // The weight (or weight gradient) the op reads (writes): a GEMM's B, or its D when A is
   // transposed (dW += dy^T x); a norm's weight or gradient; the embedding table. Identifies the

@@ -26,7 +26,7 @@ std::string label(const std::string& name) {
 
 std::string fp8_operands_name(const GemmEntry& g) {
   if (!g.fp8) return "";
-  const auto& [a, b] = g.fp8_operands;
+  const auto& [a, b] = *g.fp8;
   return fmt::format("{} {} x {} {}", fp8::format_name(a.format), fp8::granularity_name(a.granularity),
                      fp8::format_name(b.format), fp8::granularity_name(b.granularity));
 }
@@ -40,7 +40,7 @@ class Merger {
   explicit Merger(std::vector<GemmEntry>& out) : out_(out) {}
   void add(const GemmEntry& g) {
     const std::string key = fmt::format("{}|{}{}|{}x{}x{}|{}{}{}|{}|{}{}{}|{}", g.what, g.trans_a, g.trans_b, g.m,
-                                        g.n, g.k, int(g.in), int(g.out), g.fp8 ? int(*g.fp8) : -1,
+                                        g.n, g.k, int(g.in), int(g.out), g.fp8 ? int(g.fp8->coarsest()) : -1,
                                         fp8_operands_name(g), g.bias, g.accumulate, g.grouped, g.groups);
     auto [it, fresh] = index_.emplace(key, out_.size());
     if (fresh) {
@@ -86,7 +86,6 @@ GemmList model_gemms(const ModelSpec& spec, const ParallelLayout& L, const confi
         g.trans_a = c.trans_a, g.trans_b = c.trans_b;
         g.in = c.dtype, g.out = c.out;
         g.fp8 = c.fp8;
-        g.fp8_operands = c.fp8_operands;
         g.bias = c.bias, g.accumulate = c.accumulate;
         g.count = 1;
         if (op == "gemm") {

@@ -13,7 +13,6 @@
 // its K (weight gradient) stacked, and its problem count.
 #pragma once
 
-#include <array>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -32,10 +31,9 @@ struct GemmEntry {
   bool trans_a = false, trans_b = false;
   int64_t m = 0, n = 0, k = 0;
   DType in = DType::F32, out = DType::F32;  // A and B's dtype; C and D's
-  // An FP8 GEMM (its operands quantized copies of `in` values): the coarsest scaling of its
-  // operands, as OpCall::fp8; none otherwise.
-  std::optional<fp8::Granularity> fp8;
-  std::array<ops::OpCall::Fp8Operand, 2> fp8_operands{};  // with fp8: A's and B's format and scaling
+  // An FP8 GEMM (its operands quantized copies of `in` values): their kinds, as OpCall::fp8; none
+  // otherwise.
+  std::optional<ops::OpCall::Fp8Operands> fp8;
   bool bias = false;                        // a bias[n] on every row
   bool accumulate = false;                  // C is read (beta = 1): a residual or the running sum
   bool grouped = false;                     // a problem of a grouped GEMM

@@ -268,7 +268,7 @@ double RooflineOps::memory_seconds(double bytes) const {
 double RooflineOps::seconds(const ops::OpCall& o) {
   const std::string op = o.op;
   const bool attn = op.rfind("attention", 0) == 0, gemm = op == "gemm" || op == "grouped_gemm";
-  const double matrix_peak = gemm && o.fp8 && hw_.runs_fp8(*o.fp8) ? hw_.fp8_tflops : hw_.peak_tflops;
+  const double matrix_peak = gemm && o.fp8 && hw_.runs_fp8(o.fp8->coarsest()) ? hw_.fp8_tflops : hw_.peak_tflops;
   const double peak = matrix_peak * 1e12 * (gemm ? eff_.gemm : attn ? eff_.attention : 1.0);
   const double compute = (gemm || attn) ? o.flops / peak : 0.0;
   return std::max(compute, memory_seconds(o.bytes)) + eff_.launch_us * 1e-6;

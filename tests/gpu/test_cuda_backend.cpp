@@ -1338,7 +1338,7 @@ TEST(CudaBackend, Fp8GemmProblemsAreTheOnesGemmFp8Runs) {
   const int64_t N = 136, in = 200, out = 144;
   const struct {
     cuda::GemmProblem p;
-    cuda::Fp8GemmOperand a, b;
+    fp8::OperandKind a, b;
     std::string key;
   } cases[] = {
       {problem(false, true, N, out, in, false), {F::E4M3, G::Tile1x128}, {F::E4M3, G::Block128},

@@ -607,7 +607,7 @@ int run_list(const Options& o, const ModelGemms& mg) {
                                 {"count", g.count},
                                 {"flops", g.flops()}};
     if (g.groups > 0) e["groups"] = g.groups;
-    if (g.fp8) e["fp8_scaling"] = fp8::granularity_name(*g.fp8), e["fp8_operands"] = plan::fp8_operands_name(g);
+    if (g.fp8) e["fp8_scaling"] = fp8::granularity_name(g.fp8->coarsest()), e["fp8_operands"] = plan::fp8_operands_name(g);
     return e;
   };
   if (o.run.json) {
@@ -739,8 +739,7 @@ cuda::GemmProblem problem_of(const plan::GemmEntry& g) {
 // refuses the pair on this GPU, the bf16 GEMM of the emulation (gemm.h: fp8_gemm_refusal).
 cuda::GemmProblem fp8_problem_of(const plan::GemmEntry& g, std::string& runs) {
   const cuda::GemmProblem bf16 = problem_of(g);
-  const auto& [a, b] = g.fp8_operands;
-  const cuda::Fp8GemmOperand fa{a.format, a.granularity}, fb{b.format, b.granularity};
+  const auto& [fa, fb] = *g.fp8;
   if (const char* why = cuda::fp8_gemm_refusal(fa, fb, bf16.m, bf16.n)) {
     runs = fmt::format("the exact emulation's bf16 GEMM: {}", why);
     return bf16;

@@ -565,7 +565,7 @@ std::optional<GemmScale> gemm_scale(fp8::Granularity g) {
   return std::nullopt;
 }
 
-const char* fp8_gemm_refusal(const Fp8GemmOperand& a, const Fp8GemmOperand& b, int64_t m, int64_t n) {
+const char* fp8_gemm_refusal(const fp8::OperandKind& a, const fp8::OperandKind& b, int64_t m, int64_t n) {
   const DeviceInfo& g = device_info();
   const fp8::Granularity ga = a.granularity, gb = b.granularity;
   const bool tensor = ga == fp8::Granularity::Tensor && gb == fp8::Granularity::Tensor;
@@ -594,7 +594,7 @@ const char* fp8_gemm_refusal(const Fp8GemmOperand& a, const Fp8GemmOperand& b, i
   return nullptr;
 }
 
-GemmProblem fp8_gemm_problem(GemmProblem p, const Fp8GemmOperand& a, const Fp8GemmOperand& b) {
+GemmProblem fp8_gemm_problem(GemmProblem p, const fp8::OperandKind& a, const fp8::OperandKind& b) {
   const std::optional<GemmScale> sa = gemm_scale(a.granularity), sb = gemm_scale(b.granularity);
   PRIMUS_CHECK(sa && sb, "fp8_gemm_problem: {} x {} operands have no cuBLASLt scale mode",
                fp8::granularity_name(a.granularity), fp8::granularity_name(b.granularity));

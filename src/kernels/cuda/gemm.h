@@ -100,20 +100,16 @@ GemmProblem normalized(GemmProblem p);
 GemmType gemm_type(fp8::Format f);
 // The scale mode of an operand of granularity g, when cuBLASLt has one on sm_90 (not Mx32).
 std::optional<GemmScale> gemm_scale(fp8::Granularity g);
-struct Fp8GemmOperand {
-  fp8::Format format = fp8::Format::E4M3;
-  fp8::Granularity granularity = fp8::Granularity::Tensor;
-};
 // Why cuBLASLt does not run an FP8 GEMM of operands a and b with an m x n output on this GPU (the
 // device, the library's version, the pair of scalings and of formats, the shape), or null when it
 // does: the rules above, checked first so that the GEMM runs as the exact emulation (bf16 GEMMs of
 // the same values) instead. gemm_fp8 adds its tensors' own checks (block scales given, 16-byte
 // alignment of D, C and the bias).
-const char* fp8_gemm_refusal(const Fp8GemmOperand& a, const Fp8GemmOperand& b, int64_t m, int64_t n);
+const char* fp8_gemm_refusal(const fp8::OperandKind& a, const fp8::OperandKind& b, int64_t m, int64_t n);
 // The problem cuBLASLt runs for an FP8 GEMM whose bf16 problem is p (a pair fp8_gemm_refusal takes):
 // A [m, k] and B [n, k] as bytes, k padded with zeros to a multiple of 16 (gemm_fp8 packs them so),
 // A's and B's FP8 types and scale modes. `benchmark gemm --tune` tunes the model's FP8 GEMMs so.
-GemmProblem fp8_gemm_problem(GemmProblem p, const Fp8GemmOperand& a, const Fp8GemmOperand& b);
+GemmProblem fp8_gemm_problem(GemmProblem p, const fp8::OperandKind& a, const fp8::OperandKind& b);
 
 // Runs one GEMM on `stream` (the compute stream when null). A bias pointer is read only when
 // p.bias; C only when p.accumulate (beta is then used; else beta is taken as 0). p.align is

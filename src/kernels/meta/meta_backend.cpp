@@ -74,23 +74,11 @@ void MetaBackend::grouped_gemm(bool trans_a, bool trans_b, const std::vector<flo
   if (!A.empty()) record(grouped_gemm_call(trans_a, trans_b, A, B, beta, D));
 }
 
-namespace {
-
-// The coarsest scaling among FP8 operands: MX blocks, else DeepSeek's blocks, else tensor scales.
-fp8::Granularity coarsest(fp8::Granularity a, fp8::Granularity b) {
-  auto rank = [](fp8::Granularity g) {
-    return g == fp8::Granularity::Mx32 ? 2 : g == fp8::Granularity::Tensor ? 0 : 1;
-  };
-  return rank(a) >= rank(b) ? a : b;
-}
-
-}  // namespace
 
 void MetaBackend::gemm_fp8(const Fp8Pair& f, bool trans_a, bool trans_b, float, const Tensor& A, const Tensor& B,
                            float beta, const Tensor& C, Tensor& D, const Tensor& bias) {
   ops::OpCall c = gemm_call(trans_a, trans_b, A, B, beta, C, D, bias);
-  c.fp8 = coarsest(f.a.granularity, f.b.granularity);
-  c.fp8_operands = {{{f.a.format, f.a.granularity}, {f.b.format, f.b.granularity}}};
+  c.fp8 = ops::OpCall::Fp8Operands{{f.a.format, f.a.granularity}, {f.b.format, f.b.granularity}};
   c.weight = origin(c.weight);
   record(c);
 }
@@ -102,10 +90,12 @@ void MetaBackend::grouped_gemm_fp8(const std::vector<Fp8Pair>& f, bool trans_a, 
                "grouped_gemm_fp8 of {} A, {} B, {} D and {} operand pairs", A.size(), B.size(), D.size(), f.size());
   if (A.empty()) return;
   ops::OpCall c = grouped_gemm_call(trans_a, trans_b, A, B, beta, D);
-  fp8::Granularity g = fp8::Granularity::Tensor;
-  for (const Fp8Pair& p : f) g = coarsest(g, coarsest(p.a.granularity, p.b.granularity));
-  c.fp8 = g;
-  c.fp8_operands = {{{f[0].a.format, f[0].a.granularity}, {f[0].b.format, f[0].b.granularity}}};
+  ops::OpCall::Fp8Operands o{{f[0].a.format, f[0].a.granularity}, {f[0].b.format, f[0].b.granularity}};
+  for (const Fp8Pair& p : f) {
+    o.a.granularity = fp8::coarsest(o.a.granularity, p.a.granularity);
+    o.b.granularity = fp8::coarsest(o.b.granularity, p.b.granularity);
+  }
+  c.fp8 = o;
   c.weight = origin(c.weight);
   record(c);
 }

@@ -179,12 +179,12 @@ TEST(GemmList, Fp8GemmsKeepTheirNamesAndSayFp8) {
         continue;
       }
       ASSERT_TRUE(g.fp8.has_value()) << g.what;
-      EXPECT_EQ(*g.fp8, recipe == Fp8Recipe::Tensorwise ? fp8::Granularity::Tensor : fp8::Granularity::Tile1x128)
+      EXPECT_EQ(g.fp8->coarsest(), recipe == Fp8Recipe::Tensorwise ? fp8::Granularity::Tensor : fp8::Granularity::Tile1x128)
           << g.what;
       // hybrid: E4M3 activations and weights, E5M2 gradients (A of the input and weight gradients)
       const bool forward = g.what.ends_with(" forward");
-      EXPECT_EQ(g.fp8_operands[0].format, forward ? fp8::Format::E4M3 : fp8::Format::E5M2) << g.what;
-      EXPECT_EQ(g.fp8_operands[1].format, fp8::Format::E4M3) << g.what;
+      EXPECT_EQ(g.fp8->a.format, forward ? fp8::Format::E4M3 : fp8::Format::E5M2) << g.what;
+      EXPECT_EQ(g.fp8->b.format, fp8::Format::E4M3) << g.what;
       EXPECT_EQ(fp8_operands_name(g).empty(), false) << g.what;
       ++marked;
     }

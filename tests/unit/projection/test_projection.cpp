@@ -175,7 +175,7 @@ TEST(Roofline, Fp8GemmsRunAtTheFp8PeakWhereTheMatrixUnitsTakeTheirScales) {
     const double bf16 = timer.seconds(g);
     for (const fp8::Granularity s : {fp8::Granularity::Tensor, fp8::Granularity::Tile1x128, fp8::Granularity::Mx32}) {
       ops::OpCall f = g;
-      f.fp8 = s;
+      f.fp8 = ops::OpCall::Fp8Operands{{fp8::Format::E4M3, s}, {fp8::Format::E4M3, s}};
       const bool fast = s != fp8::Granularity::Mx32 || std::string(name) == "MI355X";
       EXPECT_NEAR(timer.seconds(f) / bf16, fast ? 0.5 : 1.0, 0.01) << name << " " << fp8::granularity_name(s);
     }
@@ -183,7 +183,7 @@ TEST(Roofline, Fp8GemmsRunAtTheFp8PeakWhereTheMatrixUnitsTakeTheirScales) {
   }
   RooflineOps cpu(trace::Hardware{"CPU", "cpu", 1.0, 16, 50});
   ops::OpCall f = g;
-  f.fp8 = fp8::Granularity::Tensor;
+  f.fp8 = ops::OpCall::Fp8Operands{};
   EXPECT_EQ(cpu.seconds(f), cpu.seconds(g));
   EXPECT_NE(f.key(), g.key());  // timed apart when measured
 }
@@ -199,7 +199,7 @@ TEST_F(Projection, TheWalkMarksTheFp8LinearsGemms) {
       for (const auto& c : rank.chunks)
         for (const auto* pass : {&c.f, &c.b, &c.w})
           for (const ops::OpCall& o : pass->ops)
-            if (std::string(o.op) == "gemm") ++n[o.fp8 ? fp8::granularity_name(*o.fp8) : "bf16"];
+            if (std::string(o.op) == "gemm") ++n[o.fp8 ? fp8::granularity_name(o.fp8->coarsest()) : "bf16"];
     return n;
   };
   const auto none = marked(""), tensor = marked("      fp8: hybrid\n      fp8_recipe: tensorwise\n");
