@@ -111,7 +111,9 @@ TEST_P(Bf16Gemm, BothImplementationsMatchTheReference) {
           const float alpha = mode == 3 ? 0.375f : 1.0f, beta = mode == 0 ? 0.0f : mode == 3 ? 0.5f : 1.0f;
           Tensor want = C.clone();
           ref.gemm(ta, tb, alpha, A, B, beta, mode == 2 ? C : want, want, bias);
-          for (auto impl : {cpu::bf16k::GemmImpl::Avx512, cpu::bf16k::GemmImpl::OneDnn}) {
+          // the own kernels whole, oneDNN, and the own kernels in about three K slabs (fp32 D)
+          for (int run = 0; run < 3; ++run) {
+            const auto impl = run == 1 ? cpu::bf16k::GemmImpl::OneDnn : cpu::bf16k::GemmImpl::Avx512;
             Tensor got = C.clone();
             cpu::bf16k::GemmArgs g;
             g.trans_a = ta, g.trans_b = tb, g.M = M, g.N = N, g.K = K, g.alpha = alpha, g.beta = beta;
@@ -120,13 +122,16 @@ TEST_P(Bf16Gemm, BothImplementationsMatchTheReference) {
             g.C = beta == 0 ? nullptr : mode == 2 ? C.raw() : got.raw();
             g.D = got.raw(), g.f32_out = out == DType::F32;
             g.bias = bias.defined() ? reinterpret_cast<const uint16_t*>(bias.raw()) : nullptr;
-            if (impl == cpu::bf16k::GemmImpl::Avx512)
+            if (run == 0)
               cpu::bf16k::gemm_avx512(g);
-            else
+            else if (run == 1)
               cpu::bf16k::gemm_onednn(g);
+            else
+              cpu::bf16k::gemm_avx512_slabs(g, double(K) * double(std::min(M, N)) * 2 / 3.5);
             expect_close(got, want, out == DType::F32 ? kF32Tol : kBf16Tol,
-                         fmt::format("{} {}{} {} mode {}", cpu::bf16k::gemm_impl_name(impl), ta ? 'T' : 'N',
-                                     tb ? 'T' : 'N', dtype_name(out), mode));
+                         fmt::format("{}{} {}{} {} mode {}", cpu::bf16k::gemm_impl_name(impl),
+                                     run == 2 ? " in slabs" : "", ta ? 'T' : 'N', tb ? 'T' : 'N',
+                                     dtype_name(out), mode));
           }
         }
 }
@@ -136,7 +141,9 @@ INSTANTIATE_TEST_SUITE_P(Shapes, Bf16Gemm,
                                            GemmCase{130, 97, 66}, GemmCase{9, 200, 300}, GemmCase{100, 17, 513},
                                            // A transposed with 16 row tiles or more: each tile packs its own
                                            // rows of A, in tiles up to 768 columns wide (gemm_avx512.cpp)
-                                           GemmCase{1445, 785, 34}, GemmCase{1445, 21, 600}),
+                                           GemmCase{1445, 785, 34}, GemmCase{1445, 21, 600},
+                                           // three K slabs (the last one odd) in the slab run
+                                           GemmCase{70, 90, 1601}),
                          [](const auto& info) {
                            return fmt::format("m{}n{}k{}", info.param.m, info.param.n, info.param.k);
                          });

@@ -37,8 +37,8 @@ GemmImpl gemm_impl_for(const GemmArgs& g) {
     case Forced::OneDnn: return GemmImpl::OneDnn;
     case Forced::None: break;
   }
-  if (cpu_features().amx_usable()) return GemmImpl::OneDnn;
-  return g.f32_out ? GemmImpl::OneDnn : GemmImpl::Avx512;
+  (void)g;
+  return cpu_features().amx_usable() ? GemmImpl::OneDnn : GemmImpl::Avx512;
 }
 
 void gemm(const GemmArgs& g) {

@@ -29,6 +29,14 @@ struct GemmArgs {
 };
 
 void gemm_avx512(const GemmArgs& g);
+// gemm_avx512 in slabs of K, one after another, each adding into D, where the operand that every
+// outer tile reads again (B with row tiles outer, A with column tiles outer) is more than two
+// slab_bytes: that slab of it then stays in the last-level cache instead of streaming from memory
+// for every tile (the head's input gradient, 2048 x 768 x 32000, reads the 49 MB weight once per
+// 96 rows: 0.76 TFLOP/s whole, 0.94 in 8 MB slabs). fp32 D only, which holds the partial sums
+// at the tile's own precision; bf16 D would round between slabs. gemm_avx512 uses 8 MB; tests pass
+// less to split small problems.
+void gemm_avx512_slabs(const GemmArgs& g, double slab_bytes);
 void gemm_onednn(const GemmArgs& g);
 // count independent problems as one: their packing, then all their output tiles, shared out
 // among the threads in one parallel region (the experts of a mixture-of-experts layer, whose row
@@ -38,10 +46,9 @@ void gemm_avx512_grouped(const GemmArgs* g, int64_t count);
 enum class GemmImpl { Avx512, OneDnn };
 const char* gemm_impl_name(GemmImpl impl);  // "avx512-bf16", "onednn"
 // What gemm() runs for g. PRIMUS_CPU_GEMM=avx512|onednn forces one (an unknown value is an error);
-// otherwise oneDNN on CPUs with AMX (this project has no AMX kernels of its own) and for fp32
-// outputs (weight gradients, logits), this project's kernels for bf16 outputs: where each was
-// faster on one core; on two loaded cores they are within about 10% either way
-// (`benchmark gemm --shapes-from X --compare --device cpu`, docs/engine.md).
+// otherwise oneDNN on CPUs with AMX (this project has no AMX kernels of its own), this project's
+// kernels elsewhere, for every form and output type: in the training step they were faster on
+// llama_100M's GEMMs and level on llama2c_15M's (docs/engine.md, "Which GEMM runs").
 GemmImpl gemm_impl_for(const GemmArgs& g);
 void gemm(const GemmArgs& g);
 // count problems: gemm_avx512_grouped, for every output type (faster than a loop of oneDNN calls

@@ -37,6 +37,9 @@ constexpr int64_t kMc = 96;       // output tile rows (a multiple of kMr)
 constexpr int64_t kNc = 4 * kNr;  // output tile columns (a multiple of kNr)
 constexpr int64_t kNcWide = 16 * kNr;  // a tile's columns when it packs its own rows of A (below)
 constexpr int64_t kMinRowTilesPerTileA = 16;  // and the row tiles it takes for that
+// An fp32 product whose re-read operand is larger than this runs as K slabs of about this size
+// (gemm_avx512_slabs): a quarter of a 32 MB last-level cache.
+constexpr double kSlabBytes = 8e6;
 // Below this many multiply-adds one thread does the whole product.
 constexpr double kParallelMin = 1 << 21;
 
@@ -217,7 +220,10 @@ void gemm_avx512_grouped(const GemmArgs* gs, int64_t count) {
     // the same rows. With few row tiles, wide tiles would leave a thread idle: A is packed first.
     p.mtiles = ceil_div(g.M, kMc);
     p.a_per_tile = g.trans_a && p.mtiles >= kMinRowTilesPerTileA;
-    p.nc = p.a_per_tile ? min64(ceil_div(g.N, kNr) * kNr, kNcWide) : kNc;
+    // Tiles of equal width, at most kNc (kNcWide): N = 288 runs as two tiles of 144 columns, not
+    // 192 and 96 (a thread with the narrow tiles would wait for the other).
+    const int64_t widest = p.a_per_tile ? kNcWide : kNc, col_tiles = ceil_div(g.N, widest);
+    p.nc = ceil_div(ceil_div(g.N, col_tiles), kNr) * kNr;
     p.ntiles = ceil_div(g.N, p.nc), p.kblocks = ceil_div(p.Kp, 16);
     // The tile loop walks along the smaller operand, so that the larger one streams from memory
     // once: with N-tiles outer, a panel of B stays in cache while every row tile of A passes.
@@ -276,7 +282,28 @@ void gemm_avx512_grouped(const GemmArgs* gs, int64_t count) {
   }
 }
 
-void gemm_avx512(const GemmArgs& g) { gemm_avx512_grouped(&g, 1); }
+void gemm_avx512_slabs(const GemmArgs& g, double slab_bytes) {
+  // The operand every outer tile reads again: B when the row tiles are outer, A when the column
+  // tiles are (run_tile's n_outer).
+  const double reread = double(g.K) * double(g.N > g.M ? g.M : g.N) * 2;
+  const int64_t slabs = g.f32_out ? int64_t(reread / slab_bytes) : 1;
+  if (slabs < 2 || g.K < 2 * slabs * kKc) {
+    gemm_avx512_grouped(&g, 1);
+    return;
+  }
+  // Equal slabs of an even K (k-pairs stay whole, and row-major A stays readable in place).
+  const int64_t kslab = (ceil_div(g.K, slabs) + 1) / 2 * 2;
+  GemmArgs s = g;
+  for (int64_t k0 = 0; k0 < g.K; k0 += kslab) {
+    s.K = min64(kslab, g.K - k0);
+    s.A = g.trans_a ? g.A + k0 * g.lda : g.A + k0;
+    s.B = g.trans_b ? g.B + k0 : g.B + k0 * g.ldb;
+    if (k0 > 0) s.beta = 1.0f, s.C = g.D, s.bias = nullptr;  // alpha A B + beta C + bias, a slab at a time
+    gemm_avx512_grouped(&s, 1);
+  }
+}
+
+void gemm_avx512(const GemmArgs& g) { gemm_avx512_slabs(g, kSlabBytes); }
 
 }  // namespace primus::cpu::bf16k
 
