@@ -56,12 +56,23 @@ void pack_kv(const uint16_t* qkv, const Dims& d, int64_t b, int64_t g, int64_t o
   }
 }
 
+// Rows of q, k, v, O and dO lie a row of the fused tensor apart (kilobytes) and usually come from
+// memory (the forward wrote them long before the backward reads them): the row loops ask for the
+// row kAhead rows on while they work on this one, so that the loads do not wait one by one.
+constexpr int64_t kAhead = 8;
+inline void prefetch_row(const uint16_t* row, int64_t n) {
+  for (int64_t c = 0; c < n; c += 32) _mm_prefetch(reinterpret_cast<const char*>(row + c), _MM_HINT_T0);
+}
+
 // rows [t0, t0 + n) of a [*, ld] bf16 matrix (columns c0 .. c0 + D) into dst [n_pad][Dp], zeros
 // around.
 void copy_rows(const uint16_t* src, int64_t ld, int64_t t0, int64_t n, int64_t n_pad, int64_t D, int64_t Dp,
                uint16_t* dst) {
   std::memset(dst, 0, size_t(n_pad * Dp) * 2);
-  for (int64_t i = 0; i < n; ++i) std::memcpy(dst + i * Dp, src + (t0 + i) * ld, size_t(D) * 2);
+  for (int64_t i = 0; i < n; ++i) {
+    if (i + kAhead < n) prefetch_row(src + (t0 + i + kAhead) * ld, D);
+    std::memcpy(dst + i * Dp, src + (t0 + i) * ld, size_t(D) * 2);
+  }
 }
 
 // The first key row that query row `row` (b*S + t) may see (its document's start, 0 without
@@ -151,39 +162,55 @@ void attention_forward(const uint16_t* qkv, uint16_t* out, float* lse, const Att
         dot_block({q, d.Dp, 2}, kRows, {K + (s0 / 16) * (d.Dp / 2) * 32, 32, (d.Dp / 2) * 32}, kKeys, d.Dp / 2, sc,
                   kKeys, false);
         const int64_t cmax = min64(kKeys, t_last - s0 + 1);  // columns any row of the tile sees
-        for (int64_t i = 0; i < rows; ++i) {
-          const int64_t visible = min64(cmax, t0 + i - s0 + 1);  // causal: keys s <= t
-          const int64_t c_lo = first_key(docs, shape, b * d.S + t0 + i) - s0;  // documents, window: keys before it masked
-          float* si = sc + i * kKeys;
-          uint16_t* pi = p + i * kKeys;
-          if (visible <= 0 || c_lo >= visible) {
-            std::memset(pi, 0, kKeys * 2);
-            continue;
-          }
+        // The online softmax in phases over the tile's rows, each phase's rows independent of one
+        // another (the horizontal maxima and sums of one row overlap those of the next), and the
+        // rescaling factors of all rows from one vector exp.
+        int64_t vis[kRows], lo_key[kRows];  // visible columns [lo_key, vis) of each row; none: vis 0
+        alignas(64) float m_new[kRows], alpha[kRows], sums[kRows];
+        for (int64_t i = 0; i < kRows; ++i) {
+          const int64_t visible = i < rows ? min64(cmax, t0 + i - s0 + 1) : 0;  // causal: keys s <= t
+          const int64_t c_lo = i < rows ? first_key(docs, shape, b * d.S + t0 + i) - s0 : 0;  // documents, window
+          vis[i] = visible <= 0 || c_lo >= visible ? 0 : visible, lo_key[i] = c_lo, m_new[i] = m[i];
+          if (!vis[i]) continue;
+          const float* si = sc + i * kKeys;
           __m512 mx = _mm512_set1_ps(m[i]);
           for (int64_t j = 0; j < visible; j += 16) {
             const __mmask16 mk = visible_lanes(j, c_lo, visible);
             mx = _mm512_mask_max_ps(mx, mk, mx, _mm512_mul_ps(_mm512_loadu_ps(si + j), _mm512_set1_ps(d.scale)));
           }
-          const float m_new = _mm512_reduce_max_ps(mx);
-          const float alpha = std::exp(m[i] - m_new);
+          m_new[i] = _mm512_reduce_max_ps(mx);
+        }
+        for (int64_t i = 0; i < kRows; i += 16) {  // exp(m - m_new); 1 where the max stayed (also -inf)
+          const __m512 mo = _mm512_load_ps(m + i), mn = _mm512_load_ps(m_new + i);
+          const __mmask16 same = _mm512_cmp_ps_mask(mo, mn, _CMP_EQ_OQ);
+          _mm512_store_ps(alpha + i, _mm512_mask_blend_ps(same, exp512(_mm512_sub_ps(mo, mn)), _mm512_set1_ps(1.0f)));
+        }
+        for (int64_t i = 0; i < kRows; ++i) {
+          uint16_t* pi = p + i * kKeys;
+          const int64_t visible = vis[i];
+          int64_t j = 0;
           __m512 sum = _mm512_setzero_ps();
-          for (int64_t j = 0; j < kKeys; j += 16) {
-            const __mmask16 mk = visible_lanes(j, c_lo, visible);
+          for (; j < visible; j += 16) {
+            const __mmask16 mk = visible_lanes(j, lo_key[i], visible);
             const __m512 e = _mm512_maskz_mov_ps(
-                mk, exp512(_mm512_fmsub_ps(_mm512_loadu_ps(si + j), _mm512_set1_ps(d.scale), _mm512_set1_ps(m_new))));
+                mk, exp512(_mm512_fmsub_ps(_mm512_loadu_ps(sc + i * kKeys + j), _mm512_set1_ps(d.scale),
+                                           _mm512_set1_ps(m_new[i]))));
             sum = _mm512_add_ps(sum, e);  // the fp32 probabilities, as the reference sums them
             store_bf16(pi + j, e);
           }
-          l[i] = l[i] * alpha + _mm512_reduce_add_ps(sum);
-          m[i] = m_new;
-          if (alpha != 1.0f) {
+          if (j < kKeys) std::memset(pi + j, 0, size_t(kKeys - j) * 2);
+          sums[i] = visible ? _mm512_reduce_add_ps(sum) : 0.0f;
+        }
+        for (int64_t i = 0; i < kRows; ++i) {
+          if (!vis[i]) continue;
+          l[i] = l[i] * alpha[i] + sums[i];
+          m[i] = m_new[i];
+          if (alpha[i] != 1.0f) {
             float* oi = o + i * d.Dp;
             for (int64_t c = 0; c < d.Dp; c += 16)
-              _mm512_storeu_ps(oi + c, _mm512_mul_ps(_mm512_loadu_ps(oi + c), _mm512_set1_ps(alpha)));
+              _mm512_storeu_ps(oi + c, _mm512_mul_ps(_mm512_loadu_ps(oi + c), _mm512_set1_ps(alpha[i])));
           }
         }
-        for (int64_t i = rows; i < kRows; ++i) std::memset(p + i * kKeys, 0, kKeys * 2);
         // O += P V over the visible key pairs: V panels of 16 head-dim columns, [Sp/2][16][2] each.
         dot_block({p, kKeys, 2}, kRows, {V + (s0 / 2) * 32, 32, (d.Sp / 2) * 32}, d.Dp, ceil_div(cmax, 2), o, d.Dp,
                   true);
@@ -241,6 +268,7 @@ void attention_backward(const uint16_t* qkv, const uint16_t* out, const float* l
         for (int64_t t = 0; t < d.S; ++t) {  // Di = rowsum(dO * O), as the rows are stored (bf16)
           const uint16_t* o_row = out + (b * d.S + t) * d.q_size + h * d.D;
           const uint16_t* g_row = go + t * d.Dp;
+          if (t + kAhead < d.S) prefetch_row(o_row + kAhead * d.q_size, d.D);
           __m512 acc = _mm512_setzero_ps();
           for (int64_t c = 0; c < d.D; c += 16) {
             const __mmask16 mk = tail_mask(d.D - c);
