@@ -12,6 +12,7 @@
 #include "core/error.h"
 #include "optim/adamw.h"
 #include "optim/flat_adamw.h"
+#include "support/adamw_steps.h"
 
 using namespace primus;
 
@@ -33,18 +34,9 @@ std::vector<float> gradient(int64_t n, int step) {
   return g;
 }
 
-std::vector<float> moment(const AdamW& a, bool second) {
-  std::vector<float> out(static_cast<size_t>(a.numel()));
-  a.moment(second, 0, a.numel(), out.data());
-  return out;
-}
-
+using test::adamw_moment;
 AdamWOptions options(DType m, DType v, bool bf16_params = false) {
-  AdamWOptions o{0.9, 0.95, 1e-8, 0.1};
-  o.exp_avg_dtype = m;
-  o.exp_avg_sq_dtype = v;
-  o.main_params_dtype = bf16_params ? DType::BF16 : DType::F32;
-  return o;
+  return test::adamw_options(m, v, bf16_params ? DType::BF16 : DType::F32);
 }
 
 }  // namespace
@@ -61,25 +53,21 @@ TEST(AdamWBf16, EachStoredMomentIsTheFp32UpdateRounded) {
     std::vector<float> p(static_cast<size_t>(n));
     for (int64_t i = 0; i < n; ++i) p[size_t(i)] = float(std::cos(double(i))) * 0.05f;
     int rounded = 0;  // moments the rounding changed: the test must see some
-    for (int step = 1; step <= 6; ++step) {
-      AdamW ref(options(DType::F32, DType::F32), n);
-      const std::vector<float> m0 = moment(low, false), v0 = moment(low, true);
-      ref.set_state(low.step_count(), m0.data(), v0.data());
-      std::vector<float> pr = p;
-      const std::vector<float> g = gradient(n, step);
-      low.step(p.data(), g.data(), segs, 1e-3);
-      ref.step(pr.data(), g.data(), segs, 1e-3);
-      const std::vector<float> m = moment(low, false), v = moment(low, true);
-      for (int64_t i = 0; i < n; ++i) {
-        const float want_m = md == DType::BF16 ? round_bf16(ref.exp_avg()[i]) : ref.exp_avg()[i];
-        const float want_v = vd == DType::BF16 ? round_bf16(ref.exp_avg_sq()[i]) : ref.exp_avg_sq()[i];
-        ASSERT_EQ(bits(m[size_t(i)]), bits(want_m)) << "exp_avg[" << i << "] step " << step;
-        ASSERT_EQ(bits(v[size_t(i)]), bits(want_v)) << "exp_avg_sq[" << i << "] step " << step;
-        ASSERT_EQ(bits(p[size_t(i)]), bits(pr[size_t(i)])) << "param[" << i << "] step " << step;
-        rounded += (md == DType::BF16 && m[size_t(i)] != ref.exp_avg()[i]);
-      }
+    test::step_beside_fp32(low, p, segs, 1e-3, 6, [&](int step) { return gradient(n, step); },
+                           [&](const test::StepBesideFp32& s) {
+                             for (int64_t i = 0; i < n; ++i) {
+                               const float f_m = s.fp32.exp_avg()[i], f_v = s.fp32.exp_avg_sq()[i];
+                               const float want_m = md == DType::BF16 ? round_bf16(f_m) : f_m;
+                               const float want_v = vd == DType::BF16 ? round_bf16(f_v) : f_v;
+                               ASSERT_EQ(bits(s.exp_avg[size_t(i)]), bits(want_m)) << "exp_avg[" << i << "] step " << s.step;
+                               ASSERT_EQ(bits(s.exp_avg_sq[size_t(i)]), bits(want_v))
+                                   << "exp_avg_sq[" << i << "] step " << s.step;
+                               rounded += (md == DType::BF16 && s.exp_avg[size_t(i)] != f_m);
+                             }
+                           });
+    if (md == DType::BF16) {
+      EXPECT_GT(rounded, 1000);
     }
-    if (md == DType::BF16) EXPECT_GT(rounded, 1000);
   }
 }
 
@@ -92,7 +80,7 @@ TEST(AdamWBf16, Bf16ParametersAreTheUpdateRounded) {
   for (int64_t i = 0; i < n; ++i) p[size_t(i)] = round_bf16(float(i) * 1e-3f - 0.1f);
   for (int step = 1; step <= 4; ++step) {
     std::vector<float> pr = p;
-    const std::vector<float> m = moment(low, false), v = moment(low, true);
+    const std::vector<float> m = adamw_moment(low, false), v = adamw_moment(low, true);
     ref.set_state(low.step_count(), m.data(), v.data());
     const std::vector<float> g = gradient(n, step);
     low.step(p.data(), g.data(), segs, 1e-2);

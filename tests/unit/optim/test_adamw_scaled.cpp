@@ -18,6 +18,7 @@
 #include "kernels/fp8.h"
 #include "optim/adamw.h"
 #include "optim/flat_adamw.h"
+#include "support/adamw_steps.h"
 
 using namespace primus;
 
@@ -69,20 +70,6 @@ std::vector<float> scaled_gradient(int64_t n, int step, double spread = 4.0) {
   return g;
 }
 
-std::vector<float> read_moment(const AdamW& a, bool second) {
-  std::vector<float> out(static_cast<size_t>(a.numel()));
-  a.moment(second, 0, a.numel(), out.data());
-  return out;
-}
-
-AdamWOptions scaled_options(DType m, DType v, DType params = DType::F32) {
-  AdamWOptions o{0.9, 0.95, 1e-8, 0.1};
-  o.exp_avg_dtype = m;
-  o.exp_avg_sq_dtype = v;
-  o.main_params_dtype = params;
-  return o;
-}
-
 }  // namespace adamw_scaled_test
 
 using namespace adamw_scaled_test;
@@ -102,40 +89,33 @@ TEST(AdamWScaled, EachStoredMomentIsTheFp32UpdateScaledAndRounded) {
                                            {DType::BF16, DType::F16}};
   for (const auto& [md, vd] : kinds) {
     SCOPED_TRACE(std::string("exp_avg ") + dtype_name(md) + ", exp_avg_sq " + dtype_name(vd));
-    AdamW low(scaled_options(md, vd), n);
+    AdamW low(test::adamw_options(md, vd), n);
     std::vector<float> p(static_cast<size_t>(n));
     for (int64_t i = 0; i < n; ++i) p[size_t(i)] = float(std::cos(double(i))) * 0.05f;
     int changed = 0;  // moments the storage changed: the test must see many
-    for (int step = 1; step <= 6; ++step) {
-      AdamW ref(scaled_options(DType::F32, DType::F32), n);
-      const std::vector<float> m0 = read_moment(low, false), v0 = read_moment(low, true);
-      ref.set_state(low.step_count(), m0.data(), v0.data());
-      std::vector<float> pr = p;
-      const std::vector<float> g = scaled_gradient(n, step);
-      low.step(p.data(), g.data(), segs, 1e-3);
-      ref.step(pr.data(), g.data(), segs, 1e-3);
-      const std::vector<float> m = read_moment(low, false), v = read_moment(low, true);
-      for (const ParamSegment& s : segs) {
-        for (int which = 0; which < 2; ++which) {
-          const DType d = which == 0 ? md : vd;
-          const float* want = (which == 0 ? ref.exp_avg() : ref.exp_avg_sq()) + s.offset;
-          const float* got = (which == 0 ? m : v).data() + s.offset;
-          if (!scaled_state(d)) continue;  // fp32 / bf16: test_adamw.cpp, test_adamw_bf16.cpp
-          const Te t = te_scaling(d, amax(want, s.numel));
-          bool at_range = false;
-          for (int64_t i = 0; i < s.numel; ++i) {
-            ASSERT_EQ(u32(got[i]), u32(te_value(d, want[i], t)))
-                << (which ? "exp_avg_sq" : "exp_avg") << "[" << s.offset + i << "] step " << step << ": fp32 "
-                << want[i];
-            const float code = d == DType::F16 ? fp16_round(want[i] * t.quant) : e4m3_round(want[i] * t.quant);
-            at_range |= std::fabs(code) == (d == DType::F16 ? 32752.0f : 448.0f);
-            changed += got[i] != want[i];
-          }
-          EXPECT_TRUE(at_range) << "the largest code of segment " << s.name << " is the format's range";
-        }
-      }
-      for (int64_t i = 0; i < n; ++i) ASSERT_EQ(u32(p[size_t(i)]), u32(pr[size_t(i)])) << "param[" << i << "]";
-    }
+    test::step_beside_fp32(low, p, segs, 1e-3, 6, [&](int step) { return scaled_gradient(n, step); },
+                           [&](const test::StepBesideFp32& st) {
+                             for (const ParamSegment& s : segs) {
+                               for (int which = 0; which < 2; ++which) {
+                                 const DType d = which == 0 ? md : vd;
+                                 const float* want = (which == 0 ? st.fp32.exp_avg() : st.fp32.exp_avg_sq()) + s.offset;
+                                 const float* got = (which == 0 ? st.exp_avg : st.exp_avg_sq).data() + s.offset;
+                                 if (!scaled_state(d)) continue;  // fp32 / bf16: test_adamw.cpp, test_adamw_bf16.cpp
+                                 const Te t = te_scaling(d, amax(want, s.numel));
+                                 bool at_range = false;
+                                 for (int64_t i = 0; i < s.numel; ++i) {
+                                   ASSERT_EQ(u32(got[i]), u32(te_value(d, want[i], t)))
+                                       << (which ? "exp_avg_sq" : "exp_avg") << "[" << s.offset + i << "] step "
+                                       << st.step << ": fp32 " << want[i];
+                                   const float code =
+                                       d == DType::F16 ? fp16_round(want[i] * t.quant) : e4m3_round(want[i] * t.quant);
+                                   at_range |= std::fabs(code) == (d == DType::F16 ? 32752.0f : 448.0f);
+                                   changed += got[i] != want[i];
+                                 }
+                                 EXPECT_TRUE(at_range) << "the largest code of segment " << s.name << " is the format's range";
+                               }
+                             }
+                           });
     EXPECT_GT(changed, 1000);
   }
 }
@@ -153,7 +133,7 @@ TEST(AdamWScaled, OneStepByHand) {
     std::vector<float> p = {0, 0, 0};
     const float g[3] = {1.0f, -0.5f, 0.2f};
     a.step(p.data(), g, {{"w", 0, 3, false}}, 1e-3);
-    const std::vector<float> m = read_moment(a, false);
+    const std::vector<float> m = test::adamw_moment(a, false);
     const float s = 0.5f / (d == DType::F16 ? 32752.0f : 448.0f);
     const float dq = d == DType::F16 ? s : 1.0f / (1.0f / s);
     const float codes[2][3] = {{448, -224, 88}, {32752, -16376, 6552}};
@@ -176,12 +156,12 @@ TEST(AdamWScaled, NanAndInfAsTransformerEngine) {
   for (const DType d : {DType::F16, DType::F8E4M3}) {
     for (const float bad : {NAN, INFINITY}) {
       SCOPED_TRACE(std::string(dtype_name(d)) + (std::isnan(bad) ? " NaN" : " inf"));
-      AdamW a(scaled_options(d, d), 12);
+      AdamW a(test::adamw_options(d, d), 12);
       const std::vector<ParamSegment> segs = {{"a", 0, 4, true}, {"b", 4, 4, true}, {"zero", 8, 4, true}};
       std::vector<float> p(12, 0.5f);
       std::vector<float> g = {0.1f, bad, -0.2f, 0.3f, 0.1f, 0.2f, -0.3f, 0.4f, 0, 0, 0, 0};
       a.step(p.data(), g.data(), segs, 1e-3);
-      const std::vector<float> m = read_moment(a, false), v = read_moment(a, true);
+      const std::vector<float> m = test::adamw_moment(a, false), v = test::adamw_moment(a, true);
       for (int i = 0; i < 4; ++i) {
         EXPECT_TRUE(std::isnan(m[size_t(i)]) && std::isnan(v[size_t(i)])) << i;
         EXPECT_EQ(std::isnan(p[size_t(i)]), i == 1) << i;
@@ -217,13 +197,13 @@ TEST(AdamWScaled, LoadsBackBitForBit) {
   }
   for (const auto& [md, vd] : {std::pair{DType::F8E4M3, DType::F8E4M3}, {DType::F16, DType::F16}}) {
     SCOPED_TRACE(dtype_name(md));
-    AdamW a(scaled_options(md, vd), n);
+    AdamW a(test::adamw_options(md, vd), n);
     std::vector<float> p(static_cast<size_t>(n), 0.1f);
     for (int step = 0; step < 2; ++step) a.step(p.data(), g.data(), segs, 1e-3);
-    const std::vector<float> m = read_moment(a, false), v = read_moment(a, true);
-    AdamW b(scaled_options(md, vd), n);
+    const std::vector<float> m = test::adamw_moment(a, false), v = test::adamw_moment(a, true);
+    AdamW b(test::adamw_options(md, vd), n);
     b.set_state(a.step_count(), m.data(), v.data(), &segs);
-    const std::vector<float> m2 = read_moment(b, false), v2 = read_moment(b, true);
+    const std::vector<float> m2 = test::adamw_moment(b, false), v2 = test::adamw_moment(b, true);
     int te_moves = 0;  // segments whose TE-recomputed factor would not give the saved values back
     for (int64_t s = 0; s < segments; ++s) {
       const float* x = m.data() + s * each;
@@ -246,7 +226,7 @@ TEST(AdamWScaled, LoadsBackBitForBit) {
     std::vector<float> pa = p, pb = p;
     a.step(pa.data(), g.data(), segs, 1e-3);
     b.step(pb.data(), g.data(), segs, 1e-3);
-    const std::vector<float> ma = read_moment(a, false), mb = read_moment(b, false);
+    const std::vector<float> ma = test::adamw_moment(a, false), mb = test::adamw_moment(b, false);
     for (int64_t i = 0; i < n; ++i) {
       ASSERT_EQ(u32(pa[size_t(i)]), u32(pb[size_t(i)])) << "param[" << i << "]";
       ASSERT_EQ(u32(ma[size_t(i)]), u32(mb[size_t(i)])) << "exp_avg[" << i << "]";
@@ -261,9 +241,9 @@ TEST(AdamWScaled, LoadsFromAndIntoOtherDtypes) {
   const std::vector<float> m = {0.3f, -1e-3f, 2.5e-5f, 0.7f, -0.2f, 1e-6f, -3e-6f, 2e-7f};
   const std::vector<float> v = {1e-2f, 3e-4f, 0.0f, 5e-1f, 7e-3f, 1e-12f, 4e-11f, 9e-13f};
   for (const DType d : {DType::F16, DType::F8E4M3}) {
-    AdamW a(scaled_options(d, d), 8);
+    AdamW a(test::adamw_options(d, d), 8);
     a.set_state(3, m.data(), v.data(), &segs);
-    const std::vector<float> mm = read_moment(a, false), vv = read_moment(a, true);
+    const std::vector<float> mm = test::adamw_moment(a, false), vv = test::adamw_moment(a, true);
     for (const ParamSegment& s : segs) {
       const Te tm = te_scaling(d, amax(m.data() + s.offset, s.numel));
       const Te tv = te_scaling(d, amax(v.data() + s.offset, s.numel));
@@ -273,14 +253,14 @@ TEST(AdamWScaled, LoadsFromAndIntoOtherDtypes) {
       }
     }
     for (const DType to : {DType::F32, DType::BF16}) {
-      AdamW b(scaled_options(to, to), 8);
+      AdamW b(test::adamw_options(to, to), 8);
       b.set_state(3, mm.data(), vv.data());
-      const std::vector<float> back = read_moment(b, false);
+      const std::vector<float> back = test::adamw_moment(b, false);
       for (size_t i = 0; i < 8; ++i)
         EXPECT_EQ(back[i], to == DType::F32 ? mm[i] : bf16::from_float(mm[i]).to_float()) << i;
     }
   }
-  AdamW a(scaled_options(DType::F16, DType::F32), 8);
+  AdamW a(test::adamw_options(DType::F16, DType::F32), 8);
   try {
     a.set_state(3, m.data(), v.data());
     FAIL() << "a scaled state loaded without its segments";
@@ -305,7 +285,7 @@ TEST(AdamWScaled, LoadsFromAndIntoOtherDtypes) {
 TEST(AdamWScaled, Fp16MasterIsTheScaledFp16ValueOfTheParameters) {
   const int64_t n = 700;
   const std::vector<ParamSegment> segs = {{"w", 0, 500, true}, {"b", 500, 200, false}};
-  AdamW low(scaled_options(DType::F32, DType::F32, DType::F16), n), ref(scaled_options(DType::F32, DType::F32), n);
+  AdamW low(test::adamw_options(DType::F32, DType::F32, DType::F16), n), ref(test::adamw_options(DType::F32, DType::F32), n);
   std::vector<float> p(static_cast<size_t>(n));
   for (int64_t i = 0; i < n; ++i) p[size_t(i)] = float(std::sin(double(i) * 0.7)) * (i < 500 ? 0.02f : 1.0f);
   std::vector<bf16> working(static_cast<size_t>(n));
@@ -332,11 +312,11 @@ TEST(AdamWScaled, Fp16MasterIsTheScaledFp16ValueOfTheParameters) {
 
 // The state's bytes: the codes' sizes, and one fp32 scale per segment and scaled moment.
 TEST(AdamWScaled, StateBytes) {
-  EXPECT_EQ(adamw_state_bytes_per_param(scaled_options(DType::F8E4M3, DType::F8E4M3)), 2);
-  EXPECT_EQ(adamw_state_bytes_per_param(scaled_options(DType::F8E4M3, DType::F16)), 3);
-  EXPECT_EQ(adamw_state_bytes(scaled_options(DType::F8E4M3, DType::F16), 1000, 7), 3000 + 7 * 8);
-  EXPECT_EQ(adamw_state_bytes(scaled_options(DType::BF16, DType::F16), 1000, 7), 4000 + 7 * 4);
-  FlatAdamW f(scaled_options(DType::F8E4M3, DType::F8E4M3),
+  EXPECT_EQ(adamw_state_bytes_per_param(test::adamw_options(DType::F8E4M3, DType::F8E4M3)), 2);
+  EXPECT_EQ(adamw_state_bytes_per_param(test::adamw_options(DType::F8E4M3, DType::F16)), 3);
+  EXPECT_EQ(adamw_state_bytes(test::adamw_options(DType::F8E4M3, DType::F16), 1000, 7), 3000 + 7 * 8);
+  EXPECT_EQ(adamw_state_bytes(test::adamw_options(DType::BF16, DType::F16), 1000, 7), 4000 + 7 * 4);
+  FlatAdamW f(test::adamw_options(DType::F8E4M3, DType::F8E4M3),
               {{"w", 0, 10, true}, {"e", 10, 0, true}, {"b", 10, 6, false}}, 16, Device::CPU);
   EXPECT_EQ(f.state_bytes(), 32 + 2 * 8);
 }
