@@ -14,6 +14,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <initializer_list>
 #include <regex>
 #include <string>
 #include <tuple>
@@ -120,6 +121,19 @@ class Distributed : public ::testing::Test {
       if (j.contains(key)) out.push_back(j[key].get<double>());
     }
     return out;
+  }
+
+  // The runs `names`, each resumed from an iteration-10 checkpoint, trained the 10 steps after it
+  // with the losses of the uninterrupted 20-step run "ref" (to 1e-5 relative).
+  void expect_losses_continue_ref(std::initializer_list<const char*> names) {
+    const auto want = losses("ref");
+    ASSERT_EQ(want.size(), 20u);
+    for (const char* name : names) {
+      const auto got = losses(name);
+      ASSERT_EQ(got.size(), 10u) << name;
+      for (size_t i = 0; i < got.size(); ++i)
+        EXPECT_NEAR(got[i], want[10 + i], 1e-5 * std::fabs(want[10 + i])) << name << " iteration " << 11 + i;
+    }
   }
 
   // The run's final weights, read into one process's layout whatever layout saved them.
@@ -471,14 +485,7 @@ TEST_F(Distributed, ReshardFsdpDp4ToTp2Pp2AndOneProcess) {
   ASSERT_EQ(one.status, 0) << one.out;
   Result back = run(2, "fsdp", "--load " + ck + " --data_parallel_sharding_strategy optim_grads");
   ASSERT_EQ(back.status, 0) << back.out;
-  const auto want = losses("ref");
-  ASSERT_EQ(want.size(), 20u);
-  for (const char* name : {"tp2pp2", "one", "fsdp"}) {
-    const auto got = losses(name);
-    ASSERT_EQ(got.size(), 10u) << name;
-    for (size_t i = 0; i < got.size(); ++i)
-      EXPECT_NEAR(got[i], want[10 + i], 1e-5 * std::fabs(want[10 + i])) << name << " iteration " << 11 + i;
-  }
+  expect_losses_continue_ref({"tp2pp2", "one", "fsdp"});
 }
 // ZeRO-1 at dp4: each rank writes its optimizer shards (and the values there); the checkpoint
 // loads under tp2 and under one process with the uninterrupted run's losses.
@@ -494,14 +501,7 @@ TEST_F(Distributed, ReshardZero1Dp4ToTp2AndOneProcess) {
   ASSERT_EQ(tp.status, 0) << tp.out;
   Result one = run(1, "one", "--load " + ck);
   ASSERT_EQ(one.status, 0) << one.out;
-  const auto want = losses("ref");
-  ASSERT_EQ(want.size(), 20u);
-  for (const char* name : {"tp2", "one"}) {
-    const auto got = losses(name);
-    ASSERT_EQ(got.size(), 10u) << name;
-    for (size_t i = 0; i < got.size(); ++i)
-      EXPECT_NEAR(got[i], want[10 + i], 1e-5 * std::fabs(want[10 + i])) << name << " iteration " << 11 + i;
-  }
+  expect_losses_continue_ref({"tp2", "one"});
 }
 TEST_F(Distributed, Cp2RingBf16) { expect_same_training(2, "--context_parallel_size 2", kBf16, kBf16LossTol, kBf16WeightTol); }
 TEST_F(Distributed, Cp2AllToAllBf16) {
@@ -567,14 +567,7 @@ TEST_F(Distributed, ReshardTp2Pp2ToDp4AndOneProcess) {
   ASSERT_EQ(dp4.status, 0) << dp4.out;
   Result one = run(1, "one", "--load " + ck);
   ASSERT_EQ(one.status, 0) << one.out;
-  const auto want = losses("ref");
-  ASSERT_EQ(want.size(), 20u);
-  for (const char* name : {"dp4", "one"}) {
-    const auto got = losses(name);
-    ASSERT_EQ(got.size(), 10u) << name;
-    for (size_t i = 0; i < got.size(); ++i)
-      EXPECT_NEAR(got[i], want[10 + i], 1e-5 * std::fabs(want[10 + i])) << name << " iteration " << 11 + i;
-  }
+  expect_losses_continue_ref({"dp4", "one"});
   EXPECT_NE(dp4.out.find("resumed from"), std::string::npos) << dp4.out;
   // Rank 0 received from the other replicas what it did not read (not 0.0 MiB).
   const size_t io = dp4.out.find("(ckpt_fully_parallel_load): rank 0 read ");
@@ -594,11 +587,7 @@ TEST_F(Distributed, ReshardTp2Pp2ToCp2Dp2DistributedOptimizer) {
   ASSERT_FALSE(HasFailure());
   Result cp = run(4, "cp", "--load " + ck + " --context_parallel_size 2 --use_distributed_optimizer true");
   ASSERT_EQ(cp.status, 0) << cp.out;
-  const auto want = losses("ref"), got = losses("cp");
-  ASSERT_EQ(want.size(), 20u);
-  ASSERT_EQ(got.size(), 10u);
-  for (size_t i = 0; i < got.size(); ++i)
-    EXPECT_NEAR(got[i], want[10 + i], 1e-5 * std::fabs(want[10 + i])) << "iteration " << 11 + i;
+  expect_losses_continue_ref({"cp"});
 }
 
 // A checkpoint of a bf16 run under tp2 x pp2 loads into fp32 under dp2 and under one process: the
@@ -842,14 +831,7 @@ TEST_F(Distributed, MlaCheckpointReshardsBetweenTp2AndTp1) {
   Result to_tp2 =
       run(2, "to_tp2", mla + " --tensor_model_parallel_size 2 --sequence_parallel true --load " + checkpoint("tp1"));
   ASSERT_EQ(to_tp2.status, 0) << to_tp2.out;
-  const auto want = losses("ref");
-  ASSERT_EQ(want.size(), 20u);
-  for (const char* name : {"to_tp1", "to_tp2"}) {
-    const auto got = losses(name);
-    ASSERT_EQ(got.size(), 10u) << name;
-    for (size_t i = 0; i < got.size(); ++i)
-      EXPECT_NEAR(got[i], want[10 + i], 1e-5 * std::fabs(want[10 + i])) << name << " iteration " << 11 + i;
-  }
+  expect_losses_continue_ref({"to_tp1", "to_tp2"});
   EXPECT_NE(to_tp1.out.find("resumed from"), std::string::npos) << to_tp1.out;
   EXPECT_NE(to_tp2.out.find("resumed from"), std::string::npos) << to_tp2.out;
 }
@@ -880,16 +862,11 @@ class ExpertParallel : public Distributed {
   // 10 steps after the checkpoint with the losses of the uninterrupted run "ref" (20 steps).
   void expect_resumes_continue_ref(const std::string& loading,
                                    const std::vector<std::tuple<const char*, int, std::string>>& resumes) {
-    const auto want = losses("ref");
-    ASSERT_EQ(want.size(), 20u);
     for (const auto& [name, nproc, layout] : resumes) {
       Result r = run(nproc, name, loading + " " + layout);
       ASSERT_EQ(r.status, 0) << r.out;
       EXPECT_NE(r.out.find("resumed from"), std::string::npos) << r.out;
-      const auto got = losses(name);
-      ASSERT_EQ(got.size(), 10u) << name;
-      for (size_t i = 0; i < got.size(); ++i)
-        EXPECT_NEAR(got[i], want[10 + i], 1e-5 * std::fabs(want[10 + i])) << name << " iteration " << 11 + i;
+      expect_losses_continue_ref({name});
     }
   }
   void expect_same_moe_statistics(double aux_rtol = 1e-5, bool exact_load = true) {
