@@ -253,11 +253,10 @@ class Backend {
   // An operand's format, granularity and (blocks) quantize_fp8's block_scales; a format alone is a
   // tensor-scaled operand.
   struct Fp8Operand {
-    fp8::Format format = fp8::Format::E4M3;
-    fp8::Granularity granularity = fp8::Granularity::Tensor;
+    fp8::OperandKind kind{};  // its format and scaling granularity
     Tensor block_scales{};
-    Fp8Operand(fp8::Format f = fp8::Format::E4M3) : format(f) {}  // NOLINT(google-explicit-constructor)
-    Fp8Operand(fp8::Format f, fp8::Granularity g, Tensor scales) : format(f), granularity(g), block_scales(scales) {}
+    Fp8Operand(fp8::Format f = fp8::Format::E4M3) : kind{f, fp8::Granularity::Tensor} {}  // NOLINT(google-explicit-constructor)
+    Fp8Operand(fp8::Format f, fp8::Granularity g, Tensor scales) : kind{f, g}, block_scales(scales) {}
   };
   struct Fp8Pair {
     Fp8Operand a, b;

@@ -78,7 +78,7 @@ void MetaBackend::grouped_gemm(bool trans_a, bool trans_b, const std::vector<flo
 void MetaBackend::gemm_fp8(const Fp8Pair& f, bool trans_a, bool trans_b, float, const Tensor& A, const Tensor& B,
                            float beta, const Tensor& C, Tensor& D, const Tensor& bias) {
   ops::OpCall c = gemm_call(trans_a, trans_b, A, B, beta, C, D, bias);
-  c.fp8 = ops::OpCall::Fp8Operands{{f.a.format, f.a.granularity}, {f.b.format, f.b.granularity}};
+  c.fp8 = ops::OpCall::Fp8Operands{f.a.kind, f.b.kind};
   c.weight = origin(c.weight);
   record(c);
 }
@@ -90,10 +90,10 @@ void MetaBackend::grouped_gemm_fp8(const std::vector<Fp8Pair>& f, bool trans_a, 
                "grouped_gemm_fp8 of {} A, {} B, {} D and {} operand pairs", A.size(), B.size(), D.size(), f.size());
   if (A.empty()) return;
   ops::OpCall c = grouped_gemm_call(trans_a, trans_b, A, B, beta, D);
-  ops::OpCall::Fp8Operands o{{f[0].a.format, f[0].a.granularity}, {f[0].b.format, f[0].b.granularity}};
+  ops::OpCall::Fp8Operands o{f[0].a.kind, f[0].b.kind};
   for (const Fp8Pair& p : f) {
-    o.a.granularity = fp8::coarsest(o.a.granularity, p.a.granularity);
-    o.b.granularity = fp8::coarsest(o.b.granularity, p.b.granularity);
+    o.a.granularity = fp8::coarsest(o.a.granularity, p.a.kind.granularity);
+    o.b.granularity = fp8::coarsest(o.b.granularity, p.b.kind.granularity);
   }
   c.fp8 = o;
   c.weight = origin(c.weight);
