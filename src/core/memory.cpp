@@ -1,8 +1,11 @@
 #include "core/memory.h"
 
+#include <sys/mman.h>
+
 #include <cstdlib>
 #include <mutex>
 #include <new>
+#include <string>
 #include <unordered_map>
 #include <vector>
 
@@ -23,6 +26,18 @@ Pool& pool() {
 
 }  // namespace
 
+void* host_block_alloc(size_t bytes) {
+  static const bool advise = [] {
+    const char* env = std::getenv("PRIMUS_HUGE_PAGES");
+    return !env || std::string(env) != "0";
+  }();
+  if (!advise || bytes < kHugePageBytes) return std::aligned_alloc(kHostAlignment, host_rounded(bytes));
+  void* ptr = nullptr;
+  if (::posix_memalign(&ptr, kHugePageBytes, bytes) != 0) return nullptr;
+  ::madvise(ptr, bytes, MADV_HUGEPAGE);  // advice: where the kernel has no huge pages, nothing changes
+  return ptr;
+}
+
 void* host_alloc(size_t bytes) {
   bytes = host_rounded(bytes);
   Pool& p = pool();
@@ -38,10 +53,10 @@ void* host_alloc(size_t bytes) {
       return ptr;
     }
   }
-  void* ptr = std::aligned_alloc(kHostAlignment, bytes);
+  void* ptr = host_block_alloc(bytes);
   if (!ptr) {
     release_cached_host_memory();  // give the cache back and try once more
-    ptr = std::aligned_alloc(kHostAlignment, bytes);
+    ptr = host_block_alloc(bytes);
     if (!ptr) throw std::bad_alloc();
   }
   std::lock_guard<std::mutex> lock(p.mu);

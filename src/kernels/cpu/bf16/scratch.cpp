@@ -4,6 +4,8 @@
 #include <memory>
 #include <new>
 
+#include "core/memory.h"
+
 namespace primus::cpu::bf16k {
 
 namespace {
@@ -18,7 +20,7 @@ void* thread_scratch(ScratchSlot slot, size_t bytes) {
   Buffer& b = buffers[slot];
   if (b.bytes < bytes) {
     const size_t rounded = (bytes + 63) / 64 * 64;
-    b.data.reset(static_cast<char*>(std::aligned_alloc(64, rounded)));
+    b.data.reset(static_cast<char*>(host_block_alloc(rounded)));
     if (!b.data) throw std::bad_alloc();
     b.bytes = rounded;
   }
