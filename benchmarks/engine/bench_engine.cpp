@@ -57,6 +57,7 @@ struct Result {
   // optimizer step that refreshes the bf16 working copy.
   std::array<double, bench::TimedBackend::kCategories> ops{};
   double gemm_flops = 0, grouped_flops = 0, refresh = 0;
+  std::map<std::string, bench::TimedBackend::ShapeTime> gemm_shapes;  // per step
   double routing = 0;  // MoE: the router's host work (model/router.h), seconds per step
 };
 
@@ -128,6 +129,8 @@ static Result run_ours(const ModelSpec& spec, int64_t mbs, int64_t seq, int iter
     for (int c = 0; c < bench::TimedBackend::kCategories; ++c) r.ops[size_t(c)] = timed.seconds[size_t(c)] / iters;
     r.gemm_flops = timed.gemm_flops / iters;
     r.grouped_flops = timed.grouped_flops / iters;
+    for (auto [shape, t] : timed.gemm_shapes)
+      r.gemm_shapes[shape] = {t.seconds / iters, t.flops / iters, t.calls / iters};
     r.routing = (routing_seconds() - routing0) / iters;
     if (precision == Precision::Bf16) {  // the working-copy refresh: a step with it minus one without
       double with = 1e9, without = 1e9;
@@ -397,6 +400,18 @@ int main(int argc, char** argv) {
         if (bf16)
           fmt::print("    {:<40} {:>8.3f} s  {:>5.1f}%\n", "  of which the bf16 working-copy refresh", r.refresh,
                      100 * r.refresh / r.step_time);
+        // The GEMMs by shape, the slowest first: which of them the step loses its time in.
+        std::vector<std::pair<std::string, bench::TimedBackend::ShapeTime>> shapes(r.gemm_shapes.begin(),
+                                                                                 r.gemm_shapes.end());
+        std::sort(shapes.begin(), shapes.end(), [](const auto& a, const auto& b) { return a.second.seconds > b.second.seconds; });
+        fmt::print("  its GEMMs by shape (per step; op(A) op(B) M x N x K, as `benchmark gemm` names them):\n");
+        for (const auto& [shape, t] : shapes) {
+          const double gf = t.seconds > 0 ? t.flops / t.seconds / 1e9 : 0.0;
+          fmt::print("    {:<40} {:>3} calls {:>8.4f} s  {:>7.1f} GFLOP/s{}\n", shape, t.calls, t.seconds, gf,
+                     r.ceiling_gflops > 0 ? fmt::format("  {:>3.0f}% of the ceiling", 100 * gf / r.ceiling_gflops)
+                                          : std::string());
+          row["profile"]["gemm_shapes"].push_back({{"shape", shape}, {"calls", t.calls}, {"seconds", t.seconds}, {"gflops", gf}});
+        }
         row["profile"]["other"] = other;
         row["profile"]["routing"] = r.routing;
         row["profile"]["clip"] = r.clip;

@@ -6,6 +6,7 @@
 
 #include <array>
 #include <chrono>
+#include <map>
 #include <string>
 
 #include "kernels/backend.h"
@@ -30,7 +31,15 @@ class TimedBackend final : public ops::Backend {
   explicit TimedBackend(ops::Backend& inner) : in_(inner) {}
   std::array<double, kCategories> seconds{};
   double gemm_flops = 0, grouped_flops = 0;  // (grouped_flops: those of the grouped GEMMs)
-  void reset() { seconds.fill(0), gemm_flops = grouped_flops = 0; }
+  // The GEMMs by form and shape, as `benchmark gemm` names them: "NT 2048x2304x768 bf16>bf16 +C"
+  // (op(A) op(B), M x N x K, input and output dtypes, +C when it adds into C). A GEMM that wins
+  // alone can lose in the step: this is the step's own stopwatch.
+  struct ShapeTime {
+    double seconds = 0, flops = 0;
+    long calls = 0;
+  };
+  std::map<std::string, ShapeTime> gemm_shapes;
+  void reset() { seconds.fill(0), gemm_flops = grouped_flops = 0, gemm_shapes.clear(); }
 
   Device device() const override { return in_.device(); }
   std::string name() const override { return in_.name(); }
@@ -38,8 +47,14 @@ class TimedBackend final : public ops::Backend {
 
   void gemm(bool ta, bool tb, float alpha, const Tensor& A, const Tensor& B, float beta, const Tensor& C, Tensor& D,
             const Tensor& bias) override {
-    gemm_flops += 2.0 * double(D.size(0)) * double(D.size(1)) * double(ta ? A.size(0) : A.size(1));
-    time(Gemm, [&] { in_.gemm(ta, tb, alpha, A, B, beta, C, D, bias); });
+    const int64_t k = ta ? A.size(0) : A.size(1);
+    const double flops = 2.0 * double(D.size(0)) * double(D.size(1)) * double(k);
+    gemm_flops += flops;
+    const double s = time(Gemm, [&] { in_.gemm(ta, tb, alpha, A, B, beta, C, D, bias); });
+    ShapeTime& e = gemm_shapes[std::string(ta ? "T" : "N") + (tb ? "T " : "N ") + std::to_string(D.size(0)) + "x" +
+                               std::to_string(D.size(1)) + "x" + std::to_string(k) + " " + dtype_name(A.dtype()) + ">" +
+                               dtype_name(D.dtype()) + (beta != 0.0f ? " +C" : "")];
+    e.seconds += s, e.flops += flops, ++e.calls;
   }
   using ops::Backend::grouped_gemm;
   void grouped_gemm(bool ta, bool tb, const std::vector<float>& alpha, const std::vector<Tensor>& A, const std::vector<Tensor>& B,
@@ -164,10 +179,12 @@ class TimedBackend final : public ops::Backend {
 
  private:
   template <typename F>
-  void time(Category c, F&& f) {
+  double time(Category c, F&& f) {
     const auto t0 = std::chrono::steady_clock::now();
     f();
-    seconds[c] += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    seconds[c] += s;
+    return s;
   }
   ops::Backend& in_;
 };
