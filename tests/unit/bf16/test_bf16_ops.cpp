@@ -468,6 +468,26 @@ INSTANTIATE_TEST_SUITE_P(Shapes, Bf16Attention,
                            return fmt::format("b{}s{}h{}g{}d{}", c.batch, c.seq, c.heads, c.groups, c.dim);
                          });
 
+// A NaN in one query makes that query's output NaN, as in the reference, not a row of zeros (the
+// forward's softmax computes its rescaling factors with a vector exp that would clamp a NaN away).
+TEST(Bf16Ops, AttentionKeepsANaNQueryNaN) {
+  SKIP_WITHOUT_BF16();
+  const ops::AttentionShape s{1, 130, 2, 2, 64};
+  Backends b;
+  Tensor qkv = random({s.seq, s.qkv_stride()}, DType::BF16, 42, 2.0f);
+  const int64_t row = 100;
+  qkv.data<bf16>()[row * s.qkv_stride() + 3] = bf16::from_float(NAN);  // head 0 of query 100
+  for (ops::Backend* be : {static_cast<ops::Backend*>(&b.fast), static_cast<ops::Backend*>(&b.ref)}) {
+    Tensor out = Tensor::empty({s.seq, s.heads * s.head_dim}, DType::BF16);
+    Tensor lse = Tensor::empty({1, s.heads, s.seq}, DType::F32);
+    be->attention_forward(qkv, out, lse, s);
+    for (int64_t c = 0; c < s.head_dim; ++c)
+      EXPECT_TRUE(std::isnan(out.data<bf16>()[row * s.heads * s.head_dim + c].to_float())) << be->name() << " column " << c;
+    EXPECT_FALSE(std::isnan(out.data<bf16>()[(row - 1) * s.heads * s.head_dim].to_float())) << be->name();
+    EXPECT_FALSE(std::isnan(out.data<bf16>()[row * s.heads * s.head_dim + s.head_dim].to_float())) << be->name();
+  }
+}
+
 // ---- embedding, sums, adds, casts ----
 
 TEST(Bf16Ops, EmbeddingWithNegativeIdsAndItsGradient) {

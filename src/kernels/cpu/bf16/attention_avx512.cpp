@@ -181,9 +181,12 @@ void attention_forward(const uint16_t* qkv, uint16_t* out, float* lse, const Att
           m_new[i] = _mm512_reduce_max_ps(mx);
         }
         for (int64_t i = 0; i < kRows; i += 16) {  // exp(m - m_new); 1 where the max stayed (also -inf)
-          const __m512 mo = _mm512_load_ps(m + i), mn = _mm512_load_ps(m_new + i);
+          const __m512 mo = _mm512_load_ps(m + i), mn = _mm512_load_ps(m_new + i), diff = _mm512_sub_ps(mo, mn);
           const __mmask16 same = _mm512_cmp_ps_mask(mo, mn, _CMP_EQ_OQ);
-          _mm512_store_ps(alpha + i, _mm512_mask_blend_ps(same, exp512(_mm512_sub_ps(mo, mn)), _mm512_set1_ps(1.0f)));
+          // a NaN maximum stays NaN (as std::exp keeps it; exp512 would clamp it away)
+          const __mmask16 nan = __mmask16(_mm512_cmp_ps_mask(diff, diff, _CMP_UNORD_Q) & ~same);
+          const __m512 a = _mm512_mask_blend_ps(same, exp512(diff), _mm512_set1_ps(1.0f));
+          _mm512_store_ps(alpha + i, _mm512_mask_blend_ps(nan, a, diff));
         }
         for (int64_t i = 0; i < kRows; ++i) {
           uint16_t* pi = p + i * kKeys;
