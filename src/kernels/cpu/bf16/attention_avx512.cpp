@@ -101,6 +101,57 @@ __mmask16 visible_lanes(int64_t j, int64_t c_lo, int64_t visible) {
   return __mmask16(below & ~before);
 }
 
+// One key tile of the forward's online softmax (FlashAttention's rescaling) over a query tile's
+// kRows rows: from the scores sc [kRows][kKeys] (unscaled) and each row's visible columns [lo_key,
+// vis) (vis 0: none), the bf16 probabilities p [kRows][kKeys] (zero elsewhere), and each row's
+// running maximum m, sum l and output o [kRows][Dp] rescaled. In phases over the rows, each
+// phase's rows independent of one another (one row's horizontal maxima and sums overlap the next
+// row's), and the rescaling factors of all rows from one vector exp.
+void online_softmax(const float* sc, const int64_t* vis, const int64_t* lo_key, float scale, int64_t Dp,
+                    uint16_t* p, float* m, float* l, float* o) {
+  alignas(64) float m_new[kRows], alpha[kRows], sums[kRows];
+  for (int64_t i = 0; i < kRows; ++i) {
+    m_new[i] = m[i];
+    if (!vis[i]) continue;
+    __m512 mx = _mm512_set1_ps(m[i]);
+    for (int64_t j = 0; j < vis[i]; j += 16) {
+      const __mmask16 mk = visible_lanes(j, lo_key[i], vis[i]);
+      mx = _mm512_mask_max_ps(mx, mk, mx, _mm512_mul_ps(_mm512_loadu_ps(sc + i * kKeys + j), _mm512_set1_ps(scale)));
+    }
+    m_new[i] = _mm512_reduce_max_ps(mx);
+  }
+  for (int64_t i = 0; i < kRows; i += 16) {  // exp(m - m_new); 1 where the max stayed (also -inf)
+    const __m512 mo = _mm512_load_ps(m + i), mn = _mm512_load_ps(m_new + i), diff = _mm512_sub_ps(mo, mn);
+    const __mmask16 same = _mm512_cmp_ps_mask(mo, mn, _CMP_EQ_OQ);
+    // a NaN maximum stays NaN (as std::exp keeps it; exp512 would clamp it away)
+    const __mmask16 nan = __mmask16(_mm512_cmp_ps_mask(diff, diff, _CMP_UNORD_Q) & ~same);
+    const __m512 a = _mm512_mask_blend_ps(same, exp512(diff), _mm512_set1_ps(1.0f));
+    _mm512_store_ps(alpha + i, _mm512_mask_blend_ps(nan, a, diff));
+  }
+  for (int64_t i = 0; i < kRows; ++i) {
+    uint16_t* pi = p + i * kKeys;
+    int64_t j = 0;
+    __m512 sum = _mm512_setzero_ps();
+    for (; j < vis[i]; j += 16) {
+      const __mmask16 mk = visible_lanes(j, lo_key[i], vis[i]);
+      const __m512 e = _mm512_maskz_mov_ps(
+          mk, exp512(_mm512_fmsub_ps(_mm512_loadu_ps(sc + i * kKeys + j), _mm512_set1_ps(scale), _mm512_set1_ps(m_new[i]))));
+      sum = _mm512_add_ps(sum, e);  // the fp32 probabilities, as the reference sums them
+      store_bf16(pi + j, e);
+    }
+    if (j < kKeys) std::memset(pi + j, 0, size_t(kKeys - j) * 2);
+    sums[i] = vis[i] ? _mm512_reduce_add_ps(sum) : 0.0f;
+  }
+  for (int64_t i = 0; i < kRows; ++i) {
+    if (!vis[i]) continue;
+    l[i] = l[i] * alpha[i] + sums[i];
+    m[i] = m_new[i];
+    if (alpha[i] != 1.0f)
+      for (int64_t c = 0; c < Dp; c += 16)
+        _mm512_storeu_ps(o + i * Dp + c, _mm512_mul_ps(_mm512_loadu_ps(o + i * Dp + c), _mm512_set1_ps(alpha[i])));
+  }
+}
+
 // Pieces of one scratch slot (scratch.h), 64-byte aligned.
 struct Scratch {
   char* base = nullptr;
@@ -162,58 +213,13 @@ void attention_forward(const uint16_t* qkv, uint16_t* out, float* lse, const Att
         dot_block({q, d.Dp, 2}, kRows, {K + (s0 / 16) * (d.Dp / 2) * 32, 32, (d.Dp / 2) * 32}, kKeys, d.Dp / 2, sc,
                   kKeys, false);
         const int64_t cmax = min64(kKeys, t_last - s0 + 1);  // columns any row of the tile sees
-        // The online softmax in phases over the tile's rows, each phase's rows independent of one
-        // another (the horizontal maxima and sums of one row overlap those of the next), and the
-        // rescaling factors of all rows from one vector exp.
         int64_t vis[kRows], lo_key[kRows];  // visible columns [lo_key, vis) of each row; none: vis 0
-        alignas(64) float m_new[kRows], alpha[kRows], sums[kRows];
         for (int64_t i = 0; i < kRows; ++i) {
           const int64_t visible = i < rows ? min64(cmax, t0 + i - s0 + 1) : 0;  // causal: keys s <= t
           const int64_t c_lo = i < rows ? first_key(docs, shape, b * d.S + t0 + i) - s0 : 0;  // documents, window
-          vis[i] = visible <= 0 || c_lo >= visible ? 0 : visible, lo_key[i] = c_lo, m_new[i] = m[i];
-          if (!vis[i]) continue;
-          const float* si = sc + i * kKeys;
-          __m512 mx = _mm512_set1_ps(m[i]);
-          for (int64_t j = 0; j < visible; j += 16) {
-            const __mmask16 mk = visible_lanes(j, c_lo, visible);
-            mx = _mm512_mask_max_ps(mx, mk, mx, _mm512_mul_ps(_mm512_loadu_ps(si + j), _mm512_set1_ps(d.scale)));
-          }
-          m_new[i] = _mm512_reduce_max_ps(mx);
+          vis[i] = visible <= 0 || c_lo >= visible ? 0 : visible, lo_key[i] = c_lo;
         }
-        for (int64_t i = 0; i < kRows; i += 16) {  // exp(m - m_new); 1 where the max stayed (also -inf)
-          const __m512 mo = _mm512_load_ps(m + i), mn = _mm512_load_ps(m_new + i), diff = _mm512_sub_ps(mo, mn);
-          const __mmask16 same = _mm512_cmp_ps_mask(mo, mn, _CMP_EQ_OQ);
-          // a NaN maximum stays NaN (as std::exp keeps it; exp512 would clamp it away)
-          const __mmask16 nan = __mmask16(_mm512_cmp_ps_mask(diff, diff, _CMP_UNORD_Q) & ~same);
-          const __m512 a = _mm512_mask_blend_ps(same, exp512(diff), _mm512_set1_ps(1.0f));
-          _mm512_store_ps(alpha + i, _mm512_mask_blend_ps(nan, a, diff));
-        }
-        for (int64_t i = 0; i < kRows; ++i) {
-          uint16_t* pi = p + i * kKeys;
-          const int64_t visible = vis[i];
-          int64_t j = 0;
-          __m512 sum = _mm512_setzero_ps();
-          for (; j < visible; j += 16) {
-            const __mmask16 mk = visible_lanes(j, lo_key[i], visible);
-            const __m512 e = _mm512_maskz_mov_ps(
-                mk, exp512(_mm512_fmsub_ps(_mm512_loadu_ps(sc + i * kKeys + j), _mm512_set1_ps(d.scale),
-                                           _mm512_set1_ps(m_new[i]))));
-            sum = _mm512_add_ps(sum, e);  // the fp32 probabilities, as the reference sums them
-            store_bf16(pi + j, e);
-          }
-          if (j < kKeys) std::memset(pi + j, 0, size_t(kKeys - j) * 2);
-          sums[i] = visible ? _mm512_reduce_add_ps(sum) : 0.0f;
-        }
-        for (int64_t i = 0; i < kRows; ++i) {
-          if (!vis[i]) continue;
-          l[i] = l[i] * alpha[i] + sums[i];
-          m[i] = m_new[i];
-          if (alpha[i] != 1.0f) {
-            float* oi = o + i * d.Dp;
-            for (int64_t c = 0; c < d.Dp; c += 16)
-              _mm512_storeu_ps(oi + c, _mm512_mul_ps(_mm512_loadu_ps(oi + c), _mm512_set1_ps(alpha[i])));
-          }
-        }
+        online_softmax(sc, vis, lo_key, d.scale, d.Dp, p, m, l, o);
         // O += P V over the visible key pairs: V panels of 16 head-dim columns, [Sp/2][16][2] each.
         dot_block({p, kKeys, 2}, kRows, {V + (s0 / 2) * 32, 32, (d.Sp / 2) * 32}, d.Dp, ceil_div(cmax, 2), o, d.Dp,
                   true);
