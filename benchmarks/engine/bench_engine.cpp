@@ -402,15 +402,17 @@ int main(int argc, char** argv) {
                      100 * r.refresh / r.step_time);
         // The GEMMs by shape, the slowest first: which of them the step loses its time in.
         std::vector<std::pair<std::string, bench::TimedBackend::ShapeTime>> shapes(r.gemm_shapes.begin(),
-                                                                                 r.gemm_shapes.end());
-        std::sort(shapes.begin(), shapes.end(), [](const auto& a, const auto& b) { return a.second.seconds > b.second.seconds; });
+                                                                                   r.gemm_shapes.end());
+        std::sort(shapes.begin(), shapes.end(),
+                  [](const auto& a, const auto& b) { return a.second.seconds > b.second.seconds; });
         fmt::print("  its GEMMs by shape (per step; op(A) op(B) M x N x K, as `benchmark gemm` names them):\n");
         for (const auto& [shape, t] : shapes) {
           const double gf = t.seconds > 0 ? t.flops / t.seconds / 1e9 : 0.0;
           fmt::print("    {:<40} {:>3} calls {:>8.4f} s  {:>7.1f} GFLOP/s{}\n", shape, t.calls, t.seconds, gf,
                      r.ceiling_gflops > 0 ? fmt::format("  {:>3.0f}% of the ceiling", 100 * gf / r.ceiling_gflops)
                                           : std::string());
-          row["profile"]["gemm_shapes"].push_back({{"shape", shape}, {"calls", t.calls}, {"seconds", t.seconds}, {"gflops", gf}});
+          row["profile"]["gemm_shapes"].push_back(
+              {{"shape", shape}, {"calls", t.calls}, {"seconds", t.seconds}, {"gflops", gf}});
         }
         row["profile"]["other"] = other;
         row["profile"]["routing"] = r.routing;

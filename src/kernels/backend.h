@@ -255,7 +255,8 @@ class Backend {
   struct Fp8Operand {
     fp8::OperandKind kind{};  // its format and scaling granularity
     Tensor block_scales{};
-    Fp8Operand(fp8::Format f = fp8::Format::E4M3) : kind{f, fp8::Granularity::Tensor} {}  // NOLINT(google-explicit-constructor)
+    // NOLINTNEXTLINE(google-explicit-constructor): a format alone is a tensor-scaled operand
+    Fp8Operand(fp8::Format f = fp8::Format::E4M3) : kind{f, fp8::Granularity::Tensor} {}
     Fp8Operand(fp8::Format f, fp8::Granularity g, Tensor scales) : kind{f, g}, block_scales(scales) {}
   };
   struct Fp8Pair {

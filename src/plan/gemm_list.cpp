@@ -39,9 +39,10 @@ class Merger {
  public:
   explicit Merger(std::vector<GemmEntry>& out) : out_(out) {}
   void add(const GemmEntry& g) {
-    const std::string key = fmt::format("{}|{}{}|{}x{}x{}|{}{}{}|{}|{}{}{}|{}", g.what, g.trans_a, g.trans_b, g.m,
-                                        g.n, g.k, int(g.in), int(g.out), g.fp8 ? int(g.fp8->coarsest()) : -1,
-                                        fp8_operands_name(g), g.bias, g.accumulate, g.grouped, g.groups);
+    // The FP8 operands by name (their coarsest scaling follows from them; "" without FP8).
+    const std::string key = fmt::format("{}|{}{}|{}x{}x{}|{}{}|{}|{}{}{}|{}", g.what, g.trans_a, g.trans_b, g.m, g.n,
+                                        g.k, int(g.in), int(g.out), fp8_operands_name(g), g.bias, g.accumulate,
+                                        g.grouped, g.groups);
     auto [it, fresh] = index_.emplace(key, out_.size());
     if (fresh) {
       out_.push_back(g);

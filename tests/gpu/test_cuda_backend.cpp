@@ -1341,19 +1341,28 @@ TEST(CudaBackend, Fp8GemmProblemsAreTheOnesGemmFp8Runs) {
     fp8::OperandKind a, b;
     std::string key;
   } cases[] = {
-      {problem(false, true, N, out, in, false), {F::E4M3, G::Tile1x128}, {F::E4M3, G::Block128},
+      {problem(false, true, N, out, in, false),
+       {F::E4M3, G::Tile1x128},
+       {F::E4M3, G::Block128},
        fmt::format("e4m3.vec128xe4m3.blk128:bf16:NT:m{}:n{}:k208:", N, out)},
-      {problem(false, false, N, in, out, false), {F::E5M2, G::Tile1x128}, {F::E4M3, G::Block128},
+      {problem(false, false, N, in, out, false),
+       {F::E5M2, G::Tile1x128},
+       {F::E4M3, G::Block128},
        fmt::format("e5m2.vec128xe4m3.blk128:bf16:NT:m{}:n{}:k{}:", N, in, out)},
-      {problem(true, false, out, in, N, true), {F::E5M2, G::Tile1x128}, {F::E4M3, G::Tile1x128},
+      {problem(true, false, out, in, N, true),
+       {F::E5M2, G::Tile1x128},
+       {F::E4M3, G::Tile1x128},
        fmt::format("e5m2.vec128xe4m3.vec128:fp32:NT:m{}:n{}:k144:", out, in)},
-      {problem(false, true, N, out, in, false), {F::E5M2, G::Tensor}, {F::E4M3, G::Tensor},
+      {problem(false, true, N, out, in, false),
+       {F::E5M2, G::Tensor},
+       {F::E4M3, G::Tensor},
        fmt::format("e5m2xe4m3:bf16:NT:m{}:n{}:k208:", N, out)},
   };
   for (const auto& c : cases) {
     const bool tensor = c.a.granularity == G::Tensor;
     const char* why = cuda::fp8_gemm_refusal(c.a, c.b, c.p.m, c.p.n);
-    EXPECT_EQ(why == nullptr, tensor ? g.cc_major * 10 + g.cc_minor >= 89 : block_kernels) << c.key << ": " << (why ? why : "");
+    EXPECT_EQ(why == nullptr, tensor ? g.cc_major * 10 + g.cc_minor >= 89 : block_kernels)
+        << c.key << ": " << (why ? why : "");
     if (why) continue;
     const std::string key = cuda::normalized(cuda::fp8_gemm_problem(c.p, c.a, c.b)).key();
     EXPECT_EQ(key.rfind(c.key, 0), 0u) << key << " for " << c.key;

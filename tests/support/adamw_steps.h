@@ -56,8 +56,8 @@ inline void step_beside_fp32(AdamW& low, std::vector<float>& p, const std::vecto
     const std::vector<float> m = adamw_moment(low, false), v = adamw_moment(low, true);
     check({step, ref, m, v});
     for (size_t i = 0; i < p.size(); ++i)
-      ASSERT_EQ(std::memcmp(&p[i], &pr[i], 4), 0) << "param[" << i << "] step " << step << ": " << p[i] << " against "
-                                                  << pr[i];
+      ASSERT_EQ(std::memcmp(&p[i], &pr[i], 4), 0)
+          << "param[" << i << "] step " << step << ": " << p[i] << " against " << pr[i];
   }
 }
 

@@ -607,7 +607,8 @@ int run_list(const Options& o, const ModelGemms& mg) {
                                 {"count", g.count},
                                 {"flops", g.flops()}};
     if (g.groups > 0) e["groups"] = g.groups;
-    if (g.fp8) e["fp8_scaling"] = fp8::granularity_name(g.fp8->coarsest()), e["fp8_operands"] = plan::fp8_operands_name(g);
+    if (g.fp8)
+      e["fp8_scaling"] = fp8::granularity_name(g.fp8->coarsest()), e["fp8_operands"] = plan::fp8_operands_name(g);
     return e;
   };
   if (o.run.json) {

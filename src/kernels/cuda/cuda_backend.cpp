@@ -135,9 +135,9 @@ void say_once(const std::string& message) {
 // bias 16-byte aligned (the packed A and B are always in cuBLASLt's layout, gemm_fp8).
 const char* fp8_refusal(const ops::Backend::Fp8Pair& f, const GemmProblem& p, float beta, const Tensor& C,
                         const Tensor& D, const Tensor& bias) {
-  if (const char* why = fp8_gemm_refusal(f.a.kind, f.b.kind, p.m, p.n))
-    return why;
-  const bool tensor = f.a.kind.granularity == fp8::Granularity::Tensor && f.b.kind.granularity == fp8::Granularity::Tensor;
+  if (const char* why = fp8_gemm_refusal(f.a.kind, f.b.kind, p.m, p.n)) return why;
+  const bool tensor = f.a.kind.granularity == fp8::Granularity::Tensor &&
+                      f.b.kind.granularity == fp8::Granularity::Tensor;
   if (!tensor && (!f.a.block_scales.defined() || !f.b.block_scales.defined()))
     return "the operands carry no block scales (quantized on another backend)";
   auto aligned = [](const Tensor& t) {
@@ -153,7 +153,8 @@ void say_emulated(const ops::Backend::Fp8Pair& f, const char* why) {
   if (*why)
     say_once(fmt::format("FP8 GEMMs of {} x {} operands run as bf16 GEMMs of the same values (exact emulation, "
                          "docs/fp8.md) where {}",
-                         fp8::granularity_name(f.a.kind.granularity), fp8::granularity_name(f.b.kind.granularity), why));
+                         fp8::granularity_name(f.a.kind.granularity), fp8::granularity_name(f.b.kind.granularity),
+                         why));
 }
 
 // The block scales of an operand of `outer` rows and inner dimension k, checked against gemm.h's
@@ -194,8 +195,8 @@ void CudaBackend::gemm_fp8(const Fp8Pair& f, bool ta, bool tb, float alpha, cons
   const float* scale_a = blocks ? block_scales(f.a, q.a_scale, p.m, p.k, "A") : nullptr;
   const float* scale_b = blocks ? block_scales(f.b, q.b_scale, p.n, p.k, "B") : nullptr;
   Scratch a8(size_t(p.m * q.k)), b8(size_t(p.n * q.k));
-  fp8_pack(A.raw(), false, A.size(0), A.size(1), f.a.kind.format == fp8::Format::E4M3, ta, q.k, a8.as<uint8_t>(), stream(),
-           scale_a, q.a_scale == GemmScale::Vec128);
+  fp8_pack(A.raw(), false, A.size(0), A.size(1), f.a.kind.format == fp8::Format::E4M3, ta, q.k, a8.as<uint8_t>(),
+           stream(), scale_a, q.a_scale == GemmScale::Vec128);
   fp8_pack(Bm.raw(), false, Bm.size(0), Bm.size(1), f.b.kind.format == fp8::Format::E4M3, !tb, q.k, b8.as<uint8_t>(),
            stream(), scale_b, q.b_scale == GemmScale::Vec128);
   run_gemm(q, alpha, a8.get(), scale_a, b8.get(), scale_b, beta, C, D, bias);

@@ -74,7 +74,6 @@ void MetaBackend::grouped_gemm(bool trans_a, bool trans_b, const std::vector<flo
   if (!A.empty()) record(grouped_gemm_call(trans_a, trans_b, A, B, beta, D));
 }
 
-
 void MetaBackend::gemm_fp8(const Fp8Pair& f, bool trans_a, bool trans_b, float, const Tensor& A, const Tensor& B,
                            float beta, const Tensor& C, Tensor& D, const Tensor& bias) {
   ops::OpCall c = gemm_call(trans_a, trans_b, A, B, beta, C, D, bias);

@@ -130,8 +130,8 @@ TEST_P(Bf16Gemm, BothImplementationsMatchTheReference) {
               cpu::bf16k::gemm_avx512_slabs(g, double(K) * double(std::min(M, N)) * 2 / 3.5);
             expect_close(got, want, out == DType::F32 ? kF32Tol : kBf16Tol,
                          fmt::format("{}{} {}{} {} mode {}", cpu::bf16k::gemm_impl_name(impl),
-                                     run == 2 ? " in slabs" : "", ta ? 'T' : 'N', tb ? 'T' : 'N',
-                                     dtype_name(out), mode));
+                                     run == 2 ? " in slabs" : "", ta ? 'T' : 'N', tb ? 'T' : 'N', dtype_name(out),
+                                     mode));
           }
         }
 }
@@ -482,7 +482,8 @@ TEST(Bf16Ops, AttentionKeepsANaNQueryNaN) {
     Tensor lse = Tensor::empty({1, s.heads, s.seq}, DType::F32);
     be->attention_forward(qkv, out, lse, s);
     for (int64_t c = 0; c < s.head_dim; ++c)
-      EXPECT_TRUE(std::isnan(out.data<bf16>()[row * s.heads * s.head_dim + c].to_float())) << be->name() << " column " << c;
+      EXPECT_TRUE(std::isnan(out.data<bf16>()[row * s.heads * s.head_dim + c].to_float()))
+          << be->name() << " column " << c;
     EXPECT_FALSE(std::isnan(out.data<bf16>()[(row - 1) * s.heads * s.head_dim].to_float())) << be->name();
     EXPECT_FALSE(std::isnan(out.data<bf16>()[row * s.heads * s.head_dim + s.head_dim].to_float())) << be->name();
   }

@@ -53,18 +53,18 @@ TEST(AdamWBf16, EachStoredMomentIsTheFp32UpdateRounded) {
     std::vector<float> p(static_cast<size_t>(n));
     for (int64_t i = 0; i < n; ++i) p[size_t(i)] = float(std::cos(double(i))) * 0.05f;
     int rounded = 0;  // moments the rounding changed: the test must see some
-    test::step_beside_fp32(low, p, segs, 1e-3, 6, [&](int step) { return gradient(n, step); },
-                           [&](const test::StepBesideFp32& s) {
-                             for (int64_t i = 0; i < n; ++i) {
-                               const float f_m = s.fp32.exp_avg()[i], f_v = s.fp32.exp_avg_sq()[i];
-                               const float want_m = md == DType::BF16 ? round_bf16(f_m) : f_m;
-                               const float want_v = vd == DType::BF16 ? round_bf16(f_v) : f_v;
-                               ASSERT_EQ(bits(s.exp_avg[size_t(i)]), bits(want_m)) << "exp_avg[" << i << "] step " << s.step;
-                               ASSERT_EQ(bits(s.exp_avg_sq[size_t(i)]), bits(want_v))
-                                   << "exp_avg_sq[" << i << "] step " << s.step;
-                               rounded += (md == DType::BF16 && s.exp_avg[size_t(i)] != f_m);
-                             }
-                           });
+    test::step_beside_fp32(
+        low, p, segs, 1e-3, 6, [&](int step) { return gradient(n, step); },
+        [&](const test::StepBesideFp32& s) {
+          for (int64_t i = 0; i < n; ++i) {
+            const float f_m = s.fp32.exp_avg()[i], f_v = s.fp32.exp_avg_sq()[i];
+            const float want_m = md == DType::BF16 ? round_bf16(f_m) : f_m;
+            const float want_v = vd == DType::BF16 ? round_bf16(f_v) : f_v;
+            ASSERT_EQ(bits(s.exp_avg[size_t(i)]), bits(want_m)) << "exp_avg[" << i << "] step " << s.step;
+            ASSERT_EQ(bits(s.exp_avg_sq[size_t(i)]), bits(want_v)) << "exp_avg_sq[" << i << "] step " << s.step;
+            rounded += (md == DType::BF16 && s.exp_avg[size_t(i)] != f_m);
+          }
+        });
     if (md == DType::BF16) {
       EXPECT_GT(rounded, 1000);
     }

@@ -93,29 +93,29 @@ TEST(AdamWScaled, EachStoredMomentIsTheFp32UpdateScaledAndRounded) {
     std::vector<float> p(static_cast<size_t>(n));
     for (int64_t i = 0; i < n; ++i) p[size_t(i)] = float(std::cos(double(i))) * 0.05f;
     int changed = 0;  // moments the storage changed: the test must see many
-    test::step_beside_fp32(low, p, segs, 1e-3, 6, [&](int step) { return scaled_gradient(n, step); },
-                           [&](const test::StepBesideFp32& st) {
-                             for (const ParamSegment& s : segs) {
-                               for (int which = 0; which < 2; ++which) {
-                                 const DType d = which == 0 ? md : vd;
-                                 const float* want = (which == 0 ? st.fp32.exp_avg() : st.fp32.exp_avg_sq()) + s.offset;
-                                 const float* got = (which == 0 ? st.exp_avg : st.exp_avg_sq).data() + s.offset;
-                                 if (!scaled_state(d)) continue;  // fp32 / bf16: test_adamw.cpp, test_adamw_bf16.cpp
-                                 const Te t = te_scaling(d, amax(want, s.numel));
-                                 bool at_range = false;
-                                 for (int64_t i = 0; i < s.numel; ++i) {
-                                   ASSERT_EQ(u32(got[i]), u32(te_value(d, want[i], t)))
-                                       << (which ? "exp_avg_sq" : "exp_avg") << "[" << s.offset + i << "] step "
-                                       << st.step << ": fp32 " << want[i];
-                                   const float code =
-                                       d == DType::F16 ? fp16_round(want[i] * t.quant) : e4m3_round(want[i] * t.quant);
-                                   at_range |= std::fabs(code) == (d == DType::F16 ? 32752.0f : 448.0f);
-                                   changed += got[i] != want[i];
-                                 }
-                                 EXPECT_TRUE(at_range) << "the largest code of segment " << s.name << " is the format's range";
-                               }
-                             }
-                           });
+    test::step_beside_fp32(
+        low, p, segs, 1e-3, 6, [&](int step) { return scaled_gradient(n, step); },
+        [&](const test::StepBesideFp32& st) {
+          for (const ParamSegment& s : segs) {
+            for (int which = 0; which < 2; ++which) {
+              const DType d = which == 0 ? md : vd;
+              const float* want = (which == 0 ? st.fp32.exp_avg() : st.fp32.exp_avg_sq()) + s.offset;
+              const float* got = (which == 0 ? st.exp_avg : st.exp_avg_sq).data() + s.offset;
+              if (!scaled_state(d)) continue;  // fp32 / bf16: test_adamw.cpp, test_adamw_bf16.cpp
+              const Te t = te_scaling(d, amax(want, s.numel));
+              bool at_range = false;
+              for (int64_t i = 0; i < s.numel; ++i) {
+                ASSERT_EQ(u32(got[i]), u32(te_value(d, want[i], t)))
+                    << (which ? "exp_avg_sq" : "exp_avg") << "[" << s.offset + i << "] step " << st.step << ": fp32 "
+                    << want[i];
+                const float code = d == DType::F16 ? fp16_round(want[i] * t.quant) : e4m3_round(want[i] * t.quant);
+                at_range |= std::fabs(code) == (d == DType::F16 ? 32752.0f : 448.0f);
+                changed += got[i] != want[i];
+              }
+              EXPECT_TRUE(at_range) << "the largest code of segment " << s.name << " is the format's range";
+            }
+          }
+        });
     EXPECT_GT(changed, 1000);
   }
 }
@@ -285,7 +285,8 @@ TEST(AdamWScaled, LoadsFromAndIntoOtherDtypes) {
 TEST(AdamWScaled, Fp16MasterIsTheScaledFp16ValueOfTheParameters) {
   const int64_t n = 700;
   const std::vector<ParamSegment> segs = {{"w", 0, 500, true}, {"b", 500, 200, false}};
-  AdamW low(test::adamw_options(DType::F32, DType::F32, DType::F16), n), ref(test::adamw_options(DType::F32, DType::F32), n);
+  AdamW low(test::adamw_options(DType::F32, DType::F32, DType::F16), n),
+      ref(test::adamw_options(DType::F32, DType::F32), n);
   std::vector<float> p(static_cast<size_t>(n));
   for (int64_t i = 0; i < n; ++i) p[size_t(i)] = float(std::sin(double(i) * 0.7)) * (i < 500 ? 0.02f : 1.0f);
   std::vector<bf16> working(static_cast<size_t>(n));

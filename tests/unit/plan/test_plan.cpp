@@ -179,7 +179,8 @@ TEST(GemmList, Fp8GemmsKeepTheirNamesAndSayFp8) {
         continue;
       }
       ASSERT_TRUE(g.fp8.has_value()) << g.what;
-      EXPECT_EQ(g.fp8->coarsest(), recipe == Fp8Recipe::Tensorwise ? fp8::Granularity::Tensor : fp8::Granularity::Tile1x128)
+      EXPECT_EQ(g.fp8->coarsest(),
+                recipe == Fp8Recipe::Tensorwise ? fp8::Granularity::Tensor : fp8::Granularity::Tile1x128)
           << g.what;
       // hybrid: E4M3 activations and weights, E5M2 gradients (A of the input and weight gradients)
       const bool forward = g.what.ends_with(" forward");

@@ -107,8 +107,8 @@ __mmask16 visible_lanes(int64_t j, int64_t c_lo, int64_t visible) {
 // running maximum m, sum l and output o [kRows][Dp] rescaled. In phases over the rows, each
 // phase's rows independent of one another (one row's horizontal maxima and sums overlap the next
 // row's), and the rescaling factors of all rows from one vector exp.
-void online_softmax(const float* sc, const int64_t* vis, const int64_t* lo_key, float scale, int64_t Dp,
-                    uint16_t* p, float* m, float* l, float* o) {
+void online_softmax(const float* sc, const int64_t* vis, const int64_t* lo_key, float scale, int64_t Dp, uint16_t* p,
+                    float* m, float* l, float* o) {
   alignas(64) float m_new[kRows], alpha[kRows], sums[kRows];
   for (int64_t i = 0; i < kRows; ++i) {
     m_new[i] = m[i];
@@ -134,8 +134,9 @@ void online_softmax(const float* sc, const int64_t* vis, const int64_t* lo_key, 
     __m512 sum = _mm512_setzero_ps();
     for (; j < vis[i]; j += 16) {
       const __mmask16 mk = visible_lanes(j, lo_key[i], vis[i]);
-      const __m512 e = _mm512_maskz_mov_ps(
-          mk, exp512(_mm512_fmsub_ps(_mm512_loadu_ps(sc + i * kKeys + j), _mm512_set1_ps(scale), _mm512_set1_ps(m_new[i]))));
+      const __m512 e = _mm512_maskz_mov_ps(mk,
+                                           exp512(_mm512_fmsub_ps(_mm512_loadu_ps(sc + i * kKeys + j),
+                                                                  _mm512_set1_ps(scale), _mm512_set1_ps(m_new[i]))));
       sum = _mm512_add_ps(sum, e);  // the fp32 probabilities, as the reference sums them
       store_bf16(pi + j, e);
     }
@@ -213,10 +214,12 @@ void attention_forward(const uint16_t* qkv, uint16_t* out, float* lse, const Att
         dot_block({q, d.Dp, 2}, kRows, {K + (s0 / 16) * (d.Dp / 2) * 32, 32, (d.Dp / 2) * 32}, kKeys, d.Dp / 2, sc,
                   kKeys, false);
         const int64_t cmax = min64(kKeys, t_last - s0 + 1);  // columns any row of the tile sees
-        int64_t vis[kRows], lo_key[kRows];  // visible columns [lo_key, vis) of each row; none: vis 0
+        // Each row's visible columns [lo_key, vis) (vis 0: none): causal, keys s <= t; documents and a
+        // window mask the keys before the row's first one.
+        int64_t vis[kRows], lo_key[kRows];
         for (int64_t i = 0; i < kRows; ++i) {
-          const int64_t visible = i < rows ? min64(cmax, t0 + i - s0 + 1) : 0;  // causal: keys s <= t
-          const int64_t c_lo = i < rows ? first_key(docs, shape, b * d.S + t0 + i) - s0 : 0;  // documents, window
+          const int64_t visible = i < rows ? min64(cmax, t0 + i - s0 + 1) : 0;
+          const int64_t c_lo = i < rows ? first_key(docs, shape, b * d.S + t0 + i) - s0 : 0;
           vis[i] = visible <= 0 || c_lo >= visible ? 0 : visible, lo_key[i] = c_lo;
         }
         online_softmax(sc, vis, lo_key, d.scale, d.Dp, p, m, l, o);
