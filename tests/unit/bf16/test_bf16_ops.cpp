@@ -139,9 +139,12 @@ TEST_P(Bf16Gemm, BothImplementationsMatchTheReference) {
 INSTANTIATE_TEST_SUITE_P(Shapes, Bf16Gemm,
                          ::testing::Values(GemmCase{1, 1, 1}, GemmCase{37, 53, 19}, GemmCase{8, 48, 32},
                                            GemmCase{130, 97, 66}, GemmCase{9, 200, 300}, GemmCase{100, 17, 513},
-                                           // A transposed with 16 row tiles or more: each tile packs its own
-                                           // rows of A, in tiles up to 768 columns wide (gemm_avx512.cpp)
-                                           GemmCase{1445, 785, 34}, GemmCase{1445, 21, 600},
+                                           // A transposed with 4 row tiles or more: each tile packs its own
+                                           // rows of A, in tiles up to 768 columns wide (gemm_avx512.cpp),
+                                           // over one K block or several (the next one's rows prefetched)
+                                           GemmCase{1445, 785, 34}, GemmCase{1445, 21, 600}, GemmCase{300, 130, 701},
+                                           // fewer row tiles: A packed first, in two column sweeps (270 > 256)
+                                           GemmCase{270, 60, 90},
                                            // three K slabs (the last one odd) in the slab run
                                            GemmCase{70, 90, 1601}),
                          [](const auto& info) {

@@ -114,26 +114,40 @@ inline void put16(uint16_t* dst, int64_t panels, int64_t Kp, int64_t kp, int64_t
   }
 }
 
-// Interleaves rows 2 kp and 2 kp + 1 of a k-major X, 16 columns at a time. Column groups outside,
-// k-pairs inside: each panel is written sequentially (panels lie a power of two apart when K is
-// one, and writing all of them for each k-pair would thrash a cache set).
+// Interleaves rows 2 kp and 2 kp + 1 of a k-major X, 16 columns at a time. Row pairs outside,
+// columns inside: the rows are read once each, in order, and the next ones are asked for while
+// this pair is packed. (Columns outside reread every row once per 16 columns, and where the rows
+// lie a power of two apart, a layer's 4096 outputs, they share a cache set that cannot hold them
+// all, so every read went to memory again.) Each k-pair writes a word row to every panel: callers
+// keep the panels off a power-of-two stride (panel_kps) so that those rows do not share a set.
 template <int64_t W>
 void pack_k_major(const PackSource& x, int64_t Kp, int64_t kp0, int64_t kp1, uint16_t* dst) {
-  const int64_t panels = x.panels(W);
+  const int64_t panels = x.panels(W), padded = panels * W;
   const __m512i idx = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22, 6,
                                        21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
-  for (int64_t c = 0; c < panels * W; c += 16) {
-    if (c >= x.cols) {  // padding columns of the last panel
-      for (int64_t kp = kp0; kp < kp1; ++kp) put16<W>(dst, panels, Kp, kp, c, _mm512_setzero_si512());
-      continue;
-    }
-    const __mmask16 m = x.cols - c >= 16 ? 0xffff : __mmask16((1u << (x.cols - c)) - 1);
+  constexpr int64_t kSweep = W * (256 / W > 0 ? 256 / W : 1), kAhead = 4;
+  for (int64_t c0 = 0; c0 < padded; c0 += kSweep) {
+    const int64_t c1 = min64(padded, c0 + kSweep), live = min64(x.cols, c1) - c0;
     for (int64_t kp = kp0; kp < kp1; ++kp) {
-      const uint16_t* r0 = x.S + 2 * kp * x.ld + c;
-      const __m256i lo = 2 * kp < x.K ? _mm256_maskz_loadu_epi16(m, r0) : _mm256_setzero_si256();
-      const __m256i hi = 2 * kp + 1 < x.K ? _mm256_maskz_loadu_epi16(m, r0 + x.ld) : _mm256_setzero_si256();
-      put16<W>(dst, panels, Kp, kp, c,
-            _mm512_permutexvar_epi16(idx, _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1)));
+      const uint16_t* r0 = x.S + 2 * kp * x.ld;
+      const bool has0 = 2 * kp < x.K, has1 = 2 * kp + 1 < x.K;
+      if (live > 0 && 2 * (kp + kAhead) + 1 < x.K) {
+        const char* a = reinterpret_cast<const char*>(r0 + 2 * kAhead * x.ld + c0);
+        const char* b = a + x.ld * 2;
+        for (int64_t o = 0; o < live * 2; o += 64) _mm_prefetch(a + o, _MM_HINT_T0), _mm_prefetch(b + o, _MM_HINT_T0);
+        _mm_prefetch(a + live * 2 - 1, _MM_HINT_T0), _mm_prefetch(b + live * 2 - 1, _MM_HINT_T0);
+      }
+      for (int64_t c = c0; c < c1; c += 16) {
+        if (c >= x.cols) {  // padding columns of the last panel
+          put16<W>(dst, panels, Kp, kp, c, _mm512_setzero_si512());
+          continue;
+        }
+        const __mmask16 m = x.cols - c >= 16 ? 0xffff : __mmask16((1u << (x.cols - c)) - 1);
+        const __m256i lo = has0 ? _mm256_maskz_loadu_epi16(m, r0 + c) : _mm256_setzero_si256();
+        const __m256i hi = has1 ? _mm256_maskz_loadu_epi16(m, r0 + x.ld + c) : _mm256_setzero_si256();
+        put16<W>(dst, panels, Kp, kp, c,
+                 _mm512_permutexvar_epi16(idx, _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1)));
+      }
     }
   }
 }
@@ -189,6 +203,14 @@ void pack_c_major(const PackSource& x, int64_t Kp, int64_t kp0, int64_t kp1, uin
       }
     }
   }
+}
+
+// The k-pairs a panel of width W spans in memory, for Kp of them: one cache line more, so that
+// panels of a power-of-two K do not all start in the same cache set (pack_k_major writes a word
+// row to each of them in turn).
+template <int64_t W>
+constexpr int64_t panel_kps(int64_t Kp) {
+  return Kp + (W * 4 >= 64 ? 1 : 64 / (W * 4));
 }
 
 template <int64_t W>

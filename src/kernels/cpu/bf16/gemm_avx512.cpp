@@ -36,7 +36,7 @@ constexpr int64_t kKc = 256;      // K block (even); a K of up to 1.25 kKc is on
 constexpr int64_t kMc = 96;       // output tile rows (a multiple of kMr)
 constexpr int64_t kNc = 4 * kNr;  // output tile columns (a multiple of kNr)
 constexpr int64_t kNcWide = 16 * kNr;  // a tile's columns when it packs its own rows of A (below)
-constexpr int64_t kMinRowTilesPerTileA = 16;  // and the row tiles it takes for that
+constexpr int64_t kMinRowTilesPerTileA = 4;  // and the row tiles it takes for that
 // An fp32 product whose re-read operand is larger than this runs as K slabs of about this size
 // (gemm_avx512_slabs): a quarter of a 32 MB last-level cache.
 constexpr double kSlabBytes = 8e6;
@@ -127,7 +127,7 @@ inline void micro_kernel(const GemmArgs& g, const uint16_t* a, int64_t a_row, in
 // One problem of a grouped call: its packed operands and its tiles.
 struct Plan {
   const GemmArgs* g;
-  int64_t Kp, kstep, nc, mtiles, ntiles, kblocks;
+  int64_t Kp, bkps, akps, kstep, nc, mtiles, ntiles, kblocks;  // bkps, akps: panel_kps of B's and A's panels
   bool direct_a, a_per_tile, n_outer, stream;
   uint16_t *bp, *ap;
 };
@@ -169,16 +169,17 @@ void run_tile(const Plan& p, int64_t t, const uint16_t* zeros, float* tile) {
   for (int64_t k0 = 0; k0 < Kp; k0 += p.kstep) {
     const int64_t kps = min64(p.kstep, Kp - k0);
     const bool last = k0 + kps == Kp;
+    const int64_t tkps = panel_kps<kMr>(kps);
     uint16_t* a_tile = nullptr;  // this tile's rows of A for this K block, packed now
     if (p.a_per_tile) {
-      a_tile = static_cast<uint16_t*>(thread_scratch(kGemmPanel, size_t(ips) * size_t(kps) * kMr * 2 * 2));
+      a_tile = static_cast<uint16_t*>(thread_scratch(kGemmPanel, size_t(ips) * size_t(tkps) * kMr * 2 * 2));
       const PackSource src{g.A + 2 * k0 * g.lda + m0, g.lda, g.K - 2 * k0, rows, true};
-      pack<kMr>(src, kps, 0, kps, a_tile);
+      pack<kMr>(src, tkps, 0, kps, a_tile);
     }
     for (int64_t jr = 0; jr < jps; ++jr) {
       if (p.a_per_tile && !last)
         prefetch_a_rows(g, m0, rows, 2 * (k0 + kps), min64(2 * p.kstep, g.K - 2 * (k0 + kps)), jr, jps);
-      const uint16_t* b = p.bp + (n0 / kNr + jr) * Kp * kNr * 2 + k0 * kNr * 2;
+      const uint16_t* b = p.bp + (n0 / kNr + jr) * p.bkps * kNr * 2 + k0 * kNr * 2;
       for (int64_t ir = 0; ir < ips; ++ir) {
         float* c = tile + ir * kMr * p.nc + jr * kNr;
         const int64_t m = m0 + ir * kMr;
@@ -196,9 +197,9 @@ void run_tile(const Plan& p, int64_t t, const uint16_t* zeros, float* tile) {
             micro_kernel(g, panel, 2, 2 * kMr, b, kps, c, p.nc, k0 == 0, fin);
           }
         } else if (a_tile) {
-          micro_kernel(g, a_tile + ir * kps * kMr * 2, 2, 2 * kMr, b, kps, c, p.nc, k0 == 0, fin);
+          micro_kernel(g, a_tile + ir * tkps * kMr * 2, 2, 2 * kMr, b, kps, c, p.nc, k0 == 0, fin);
         } else {
-          micro_kernel(g, p.ap + (m / kMr) * Kp * kMr * 2 + k0 * kMr * 2, 2, 2 * kMr, b, kps, c, p.nc, k0 == 0, fin);
+          micro_kernel(g, p.ap + (m / kMr) * p.akps * kMr * 2 + k0 * kMr * 2, 2, 2 * kMr, b, kps, c, p.nc, k0 == 0, fin);
         }
       }
     }
@@ -222,20 +223,24 @@ void gemm_avx512_grouped(const GemmArgs* gs, int64_t count) {
   for (int64_t i = 0; i < count; ++i) {
     const GemmArgs& g = gs[i];
     Plan& p = plans[i];
-    p = Plan{&g, 0, 0, 0, 0, 0, 0, false, false, false, false, nullptr, nullptr};
+    p = Plan{&g, 0, 0, 0, 0, 0, 0, 0, 0, false, false, false, false, nullptr, nullptr};
     if (g.M <= 0 || g.N <= 0) continue;
     p.Kp = ceil_div(g.K, 2);
+    p.bkps = panel_kps<kNr>(p.Kp), p.akps = panel_kps<kMr>(p.Kp);
     // K blocks of equal size, at most kKc (a K a little past kKc, such as a 288-wide model's,
     // stays one block: a second, short block would reload and store every sum for a few k-pairs).
     const int64_t kmax = kKc / 2, nkb = p.Kp <= kmax + kmax / 4 ? 1 : ceil_div(p.Kp, kmax);
     p.kstep = ceil_div(p.Kp, nkb);
     // Row-major A with an even K is read in place; otherwise it is packed.
     p.direct_a = !g.trans_a && g.K % 2 == 0;
-    // A transposed with many rows (a weight gradient: A is dy, K the tokens, M the layer's
-    // outputs; llama2c_15M's logits' gradient has 32000): each tile packs its rows of A for each
-    // K block as it needs them, in cache, rather than all of A first (a write and a second read
-    // of all of it: 131 MB there); the tile spans up to kNcWide columns, so that few tiles pack
-    // the same rows. With few row tiles, wide tiles would leave a thread idle: A is packed first.
+    // A transposed (a weight gradient: A is dy, K the tokens, M the layer's outputs; llama2c_15M's
+    // logits' gradient has 32000): each tile packs its rows of A for each K block as it needs
+    // them, in cache, while the other thread computes, rather than all of A first (a write and a
+    // second read of all of it, 131 MB there, with both threads waiting on memory at once); the
+    // tile spans up to kNcWide columns, so that few tiles pack the same rows. With fewer than
+    // kMinRowTilesPerTileA row tiles, wide tiles would leave a thread idle: A is packed first.
+    // (Cold operands, 2-core Zen 5: 864 x 288 x 2048 1.45 -> 1.33 ms, 768 x 768 x 2048 3.00 ->
+    // 2.76 ms with per-tile packing from 4 row tiles on, not 16; 288 x 768 x 2048 was level.)
     p.mtiles = ceil_div(g.M, kMc);
     p.a_per_tile = g.trans_a && p.mtiles >= kMinRowTilesPerTileA;
     // Tiles of equal width, at most kNc (kNcWide): N = 288 runs as two tiles of 144 columns, not
@@ -249,8 +254,8 @@ void gemm_avx512_grouped(const GemmArgs* gs, int64_t count) {
     // An fp32 D of more than the last-level cache (the logits): non-temporal stores.
     p.stream = g.f32_out && g.beta == 0.0f && double(g.M) * double(g.N) * 4 > 64e6;
     any_stream = any_stream || p.stream;
-    bbytes += round64(size_t(ceil_div(g.N, kNr)) * size_t(p.Kp) * kNr * 2 * 2);
-    if (!p.direct_a && !p.a_per_tile) abytes += round64(size_t(ceil_div(g.M, kMr)) * size_t(p.Kp) * kMr * 2 * 2);
+    bbytes += round64(size_t(ceil_div(g.N, kNr)) * size_t(p.bkps) * kNr * 2 * 2);
+    if (!p.direct_a && !p.a_per_tile) abytes += round64(size_t(ceil_div(g.M, kMr)) * size_t(p.akps) * kMr * 2 * 2);
     tile_cols = p.nc > tile_cols ? p.nc : tile_cols;
     if (p.direct_a && g.M % kMr) zeros_k = g.K > zeros_k ? g.K : zeros_k;  // rows past M read a zero row
     macs += double(g.M) * double(g.N) * double(g.K);
@@ -262,10 +267,10 @@ void gemm_avx512_grouped(const GemmArgs* gs, int64_t count) {
     const GemmArgs& g = gs[i];
     if (p.mtiles == 0) continue;
     p.bp = reinterpret_cast<uint16_t*>(bbase);
-    bbase += round64(size_t(ceil_div(g.N, kNr)) * size_t(p.Kp) * kNr * 2 * 2);
+    bbase += round64(size_t(ceil_div(g.N, kNr)) * size_t(p.bkps) * kNr * 2 * 2);
     if (!p.direct_a && !p.a_per_tile) {
       p.ap = reinterpret_cast<uint16_t*>(abase);
-      abase += round64(size_t(ceil_div(g.M, kMr)) * size_t(p.Kp) * kMr * 2 * 2);
+      abase += round64(size_t(ceil_div(g.M, kMr)) * size_t(p.akps) * kMr * 2 * 2);
     }
   }
   uint16_t* zeros = nullptr;
@@ -285,8 +290,8 @@ void gemm_avx512_grouped(const GemmArgs* gs, int64_t count) {
       const PackSource bsrc{g.B, g.ldb, g.K, g.N, !g.trans_b}, asrc{g.A, g.lda, g.K, g.M, g.trans_a};
 #pragma omp for schedule(static) nowait
       for (int64_t kb = 0; kb < p.kblocks; ++kb) {
-        pack<kNr>(bsrc, p.Kp, kb * 16, min64(p.Kp, kb * 16 + 16), p.bp);
-        if (p.ap) pack<kMr>(asrc, p.Kp, kb * 16, min64(p.Kp, kb * 16 + 16), p.ap);
+        pack<kNr>(bsrc, p.bkps, kb * 16, min64(p.Kp, kb * 16 + 16), p.bp);
+        if (p.ap) pack<kMr>(asrc, p.akps, kb * 16, min64(p.Kp, kb * 16 + 16), p.ap);
       }
     }
 #pragma omp barrier
