@@ -58,6 +58,7 @@ struct Result {
   std::array<double, bench::TimedBackend::kCategories> ops{};
   double gemm_flops = 0, grouped_flops = 0, refresh = 0;
   std::map<std::string, bench::TimedBackend::ShapeTime> gemm_shapes;  // per step
+  std::map<std::string, bench::TimedBackend::OpTime> op_times;        // per step
   double routing = 0;  // MoE: the router's host work (model/router.h), seconds per step
 };
 
@@ -131,6 +132,7 @@ static Result run_ours(const ModelSpec& spec, int64_t mbs, int64_t seq, int iter
     r.grouped_flops = timed.grouped_flops / iters;
     for (auto [shape, t] : timed.gemm_shapes)
       r.gemm_shapes[shape] = {t.seconds / iters, t.flops / iters, t.calls / iters};
+    for (auto [op, t] : timed.ops) r.op_times[op] = {t.category, t.seconds / iters, t.calls / iters};
     r.routing = (routing_seconds() - routing0) / iters;
     if (precision == Precision::Bf16) {  // the working-copy refresh: a step with it minus one without
       double with = 1e9, without = 1e9;
@@ -413,6 +415,18 @@ int main(int argc, char** argv) {
                                           : std::string());
           row["profile"]["gemm_shapes"].push_back(
               {{"shape", shape}, {"calls", t.calls}, {"seconds", t.seconds}, {"gflops", gf}});
+        }
+        // The other ops by name, the slowest first: where the memory-bound categories' time goes.
+        std::vector<std::pair<std::string, bench::TimedBackend::OpTime>> others;
+        for (const auto& [op, t] : r.op_times)
+          if (t.category != bench::TimedBackend::Gemm && t.seconds > 0) others.emplace_back(op, t);
+        std::sort(others.begin(), others.end(),
+                  [](const auto& a, const auto& b) { return a.second.seconds > b.second.seconds; });
+        fmt::print("  its other ops (per step):\n");
+        for (const auto& [op, t] : others) {
+          fmt::print("    {:<40} {:>3} calls {:>8.4f} s  {:>5.1f}%  ({})\n", op, t.calls, t.seconds,
+                     100 * t.seconds / r.step_time, bench::TimedBackend::category_name(t.category));
+          row["profile"]["ops"].push_back({{"op", op}, {"calls", t.calls}, {"seconds", t.seconds}});
         }
         row["profile"]["other"] = other;
         row["profile"]["routing"] = r.routing;

@@ -39,7 +39,14 @@ class TimedBackend final : public ops::Backend {
     long calls = 0;
   };
   std::map<std::string, ShapeTime> gemm_shapes;
-  void reset() { seconds.fill(0), gemm_flops = grouped_flops = 0, gemm_shapes.clear(); }
+  // Every op of the op set by name ("glu_backward"), with its category: where a category's time goes.
+  struct OpTime {
+    int category = 0;
+    double seconds = 0;
+    long calls = 0;
+  };
+  std::map<std::string, OpTime> ops;
+  void reset() { seconds.fill(0), gemm_flops = grouped_flops = 0, gemm_shapes.clear(), ops.clear(); }
 
   Device device() const override { return in_.device(); }
   std::string name() const override { return in_.name(); }
@@ -50,7 +57,7 @@ class TimedBackend final : public ops::Backend {
     const int64_t k = ta ? A.size(0) : A.size(1);
     const double flops = 2.0 * double(D.size(0)) * double(D.size(1)) * double(k);
     gemm_flops += flops;
-    const double s = time(Gemm, [&] { in_.gemm(ta, tb, alpha, A, B, beta, C, D, bias); });
+    const double s = time(Gemm, "gemm", [&] { in_.gemm(ta, tb, alpha, A, B, beta, C, D, bias); });
     ShapeTime& e = gemm_shapes[std::string(ta ? "T" : "N") + (tb ? "T " : "N ") + std::to_string(D.size(0)) + "x" +
                                std::to_string(D.size(1)) + "x" + std::to_string(k) + " " + dtype_name(A.dtype()) + ">" +
                                dtype_name(D.dtype()) + (beta != 0.0f ? " +C" : "")];
@@ -61,112 +68,112 @@ class TimedBackend final : public ops::Backend {
                     float beta, std::vector<Tensor>& D) override {
     for (size_t i = 0; i < A.size() && i < D.size(); ++i)
       grouped_flops += 2.0 * double(D[i].size(0)) * double(D[i].size(1)) * double(ta ? A[i].size(0) : A[i].size(1));
-    time(GroupedGemm, [&] { in_.grouped_gemm(ta, tb, alpha, A, B, beta, D); });
+    time(GroupedGemm, "grouped_gemm", [&] { in_.grouped_gemm(ta, tb, alpha, A, B, beta, D); });
   }
   Fp8Quantized quantize_fp8(const Tensor& src, fp8::Format f, fp8::Granularity g, bool reduce_cols, float scale,
                             Tensor& dst) override {
     Fp8Quantized q;
-    time(Fp8Quantize, [&] { q = in_.quantize_fp8(src, f, g, reduce_cols, scale, dst); });
+    time(Fp8Quantize, "quantize_fp8", [&] { q = in_.quantize_fp8(src, f, g, reduce_cols, scale, dst); });
     return q;
   }
   void rmsnorm_forward(const Tensor& x, const Tensor& w, Tensor& y, Tensor& rstd, float eps) override {
-    time(Elementwise, [&] { in_.rmsnorm_forward(x, w, y, rstd, eps); });
+    time(Elementwise, "rmsnorm_forward", [&] { in_.rmsnorm_forward(x, w, y, rstd, eps); });
   }
   void rmsnorm_backward_input(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& rstd,
                               const Tensor& residual, Tensor& dx) override {
-    time(Elementwise, [&] { in_.rmsnorm_backward_input(dy, x, w, rstd, residual, dx); });
+    time(Elementwise, "rmsnorm_backward_input", [&] { in_.rmsnorm_backward_input(dy, x, w, rstd, residual, dx); });
   }
   void rmsnorm_backward_weight(const Tensor& dy, const Tensor& x, const Tensor& rstd, Tensor& dw) override {
-    time(Elementwise, [&] { in_.rmsnorm_backward_weight(dy, x, rstd, dw); });
+    time(Elementwise, "rmsnorm_backward_weight", [&] { in_.rmsnorm_backward_weight(dy, x, rstd, dw); });
   }
   void glu_forward(const Tensor& gate_up, Tensor& act, const ops::Glu& glu) override {
-    time(Elementwise, [&] { in_.glu_forward(gate_up, act, glu); });
+    time(Elementwise, "glu_forward", [&] { in_.glu_forward(gate_up, act, glu); });
   }
   void glu_backward(const Tensor& dact, const Tensor& gate_up, Tensor& dgate_up, const ops::Glu& glu) override {
-    time(Elementwise, [&] { in_.glu_backward(dact, gate_up, dgate_up, glu); });
+    time(Elementwise, "glu_backward", [&] { in_.glu_backward(dact, gate_up, dgate_up, glu); });
   }
   void rope_apply(Tensor& x, int64_t heads, int64_t head_dim, int64_t seq, int64_t pos0, const Tensor& cos,
                   const Tensor& sin, bool inverse) override {
-    time(Elementwise, [&] { in_.rope_apply(x, heads, head_dim, seq, pos0, cos, sin, inverse); });
+    time(Elementwise, "rope_apply", [&] { in_.rope_apply(x, heads, head_dim, seq, pos0, cos, sin, inverse); });
   }
   void attention_forward(const Tensor& qkv, Tensor& out, Tensor& lse, const ops::AttentionShape& s) override {
-    time(Attention, [&] { in_.attention_forward(qkv, out, lse, s); });
+    time(Attention, "attention_forward", [&] { in_.attention_forward(qkv, out, lse, s); });
   }
   void attention_backward(const Tensor& qkv, const Tensor& out, const Tensor& lse, const Tensor& dout, Tensor& dqkv,
                           const ops::AttentionShape& s) override {
-    time(Attention, [&] { in_.attention_backward(qkv, out, lse, dout, dqkv, s); });
+    time(Attention, "attention_backward", [&] { in_.attention_backward(qkv, out, lse, dout, dqkv, s); });
   }
   void attention_sink_backward(const Tensor& out, const Tensor& lse, const Tensor& dout, Tensor& dsinks,
                                const ops::AttentionShape& s) override {
-    time(Attention, [&] { in_.attention_sink_backward(out, lse, dout, dsinks, s); });
+    time(Attention, "attention_sink_backward", [&] { in_.attention_sink_backward(out, lse, dout, dsinks, s); });
   }
   void attention_block_forward(const Tensor& qkv, const Tensor& kv, Tensor& out, Tensor& lse,
                                const ops::AttentionShape& s, bool causal) override {
-    time(Attention, [&] { in_.attention_block_forward(qkv, kv, out, lse, s, causal); });
+    time(Attention, "attention_block_forward", [&] { in_.attention_block_forward(qkv, kv, out, lse, s, causal); });
   }
   void attention_merge(Tensor& acc, Tensor& lse, const Tensor& block_out, const Tensor& block_lse,
                        const ops::AttentionShape& s) override {
-    time(Attention, [&] { in_.attention_merge(acc, lse, block_out, block_lse, s); });
+    time(Attention, "attention_merge", [&] { in_.attention_merge(acc, lse, block_out, block_lse, s); });
   }
   void attention_block_backward(const Tensor& qkv, const Tensor& kv, const Tensor& out, const Tensor& lse,
                                 const Tensor& dout, Tensor& dq_acc, Tensor& dkv_acc, const ops::AttentionShape& s,
                                 bool causal) override {
-    time(Attention, [&] { in_.attention_block_backward(qkv, kv, out, lse, dout, dq_acc, dkv_acc, s, causal); });
+    time(Attention, "attention_block_backward", [&] { in_.attention_block_backward(qkv, kv, out, lse, dout, dq_acc, dkv_acc, s, causal); });
   }
   void attention_decode(const Tensor& cache, int64_t first, Tensor& out, const ops::AttentionShape& s) override {
-    time(Attention, [&] { in_.attention_decode(cache, first, out, s); });
+    time(Attention, "attention_decode", [&] { in_.attention_decode(cache, first, out, s); });
   }
   void embedding_forward(const Tensor& tokens, const Tensor& table, Tensor& out) override {
-    time(Elementwise, [&] { in_.embedding_forward(tokens, table, out); });
+    time(Elementwise, "embedding_forward", [&] { in_.embedding_forward(tokens, table, out); });
   }
   void embedding_backward(const std::vector<int32_t>& host_tokens, const Tensor& dout, Tensor& dtable) override {
-    time(Elementwise, [&] { in_.embedding_backward(host_tokens, dout, dtable); });
+    time(Elementwise, "embedding_backward", [&] { in_.embedding_backward(host_tokens, dout, dtable); });
   }
   void column_sum_accumulate(const Tensor& dy, Tensor& out) override {
-    time(Elementwise, [&] { in_.column_sum_accumulate(dy, out); });
+    time(Elementwise, "column_sum_accumulate", [&] { in_.column_sum_accumulate(dy, out); });
   }
   void add(const Tensor& a, const Tensor& b, Tensor& out) override {
-    time(Elementwise, [&] { in_.add(a, b, out); });
+    time(Elementwise, "add", [&] { in_.add(a, b, out); });
   }
   void ce_init(Tensor& m, Tensor& s, Tensor& zt) override {
-    time(CrossEntropy, [&] { in_.ce_init(m, s, zt); });
+    time(CrossEntropy, "ce_init", [&] { in_.ce_init(m, s, zt); });
   }
   void ce_chunk_forward(const Tensor& logits, const Tensor& targets, int64_t c0, double softcap, Tensor& m, Tensor& s,
                         Tensor& zt) override {
-    time(CrossEntropy, [&] { in_.ce_chunk_forward(logits, targets, c0, softcap, m, s, zt); });
+    time(CrossEntropy, "ce_chunk_forward", [&] { in_.ce_chunk_forward(logits, targets, c0, softcap, m, s, zt); });
   }
   void ce_merge_max(Tensor& m, Tensor& s, const Tensor& g) override {
-    time(CrossEntropy, [&] { in_.ce_merge_max(m, s, g); });
+    time(CrossEntropy, "ce_merge_max", [&] { in_.ce_merge_max(m, s, g); });
   }
   double ce_finish(const Tensor& m, const Tensor& s, const Tensor& zt, const Tensor& targets, Tensor& lse) override {
     double r = 0;
-    time(CrossEntropy, [&] { r = in_.ce_finish(m, s, zt, targets, lse); });
+    time(CrossEntropy, "ce_finish", [&] { r = in_.ce_finish(m, s, zt, targets, lse); });
     return r;
   }
   double ce_forward_backward(const Tensor& logits, const Tensor& targets, int64_t c0, double softcap, Tensor& lse,
                              Tensor& dlogits) override {
     double r = 0;
-    time(CrossEntropy, [&] { r = in_.ce_forward_backward(logits, targets, c0, softcap, lse, dlogits); });
+    time(CrossEntropy, "ce_forward_backward", [&] { r = in_.ce_forward_backward(logits, targets, c0, softcap, lse, dlogits); });
     return r;
   }
   void ce_chunk_backward(const Tensor& logits, const Tensor& lse, const Tensor& targets, int64_t c0, double softcap,
                          Tensor& dlogits) override {
-    time(CrossEntropy, [&] { in_.ce_chunk_backward(logits, lse, targets, c0, softcap, dlogits); });
+    time(CrossEntropy, "ce_chunk_backward", [&] { in_.ce_chunk_backward(logits, lse, targets, c0, softcap, dlogits); });
   }
   void cast(const Tensor& src, Tensor& dst) override {
-    time(Cast, [&] { in_.cast(src, dst); });
+    time(Cast, "cast", [&] { in_.cast(src, dst); });
   }
   void gather_rows(const Tensor& x, const std::vector<int32_t>& rows, const std::vector<double>& scale,
                    Tensor& out) override {
-    time(RowOps, [&] { in_.gather_rows(x, rows, scale, out); });
+    time(RowOps, "gather_rows", [&] { in_.gather_rows(x, rows, scale, out); });
   }
   void scatter_add_rows(const Tensor& y, const std::vector<int32_t>& rows, const std::vector<double>& scale,
                         Tensor& out) override {
-    time(RowOps, [&] { in_.scatter_add_rows(y, rows, scale, out); });
+    time(RowOps, "scatter_add_rows", [&] { in_.scatter_add_rows(y, rows, scale, out); });
   }
   std::vector<double> row_dots(const Tensor& a, const std::vector<int32_t>& rows, const Tensor& b) override {
     std::vector<double> d;
-    time(RowOps, [&] { d = in_.row_dots(a, rows, b); });
+    time(RowOps, "row_dots", [&] { d = in_.row_dots(a, rows, b); });
     return d;
   }
   std::vector<int64_t> router_load(int64_t layer, int64_t tokens, int64_t topk, int64_t experts) const override {
@@ -179,11 +186,13 @@ class TimedBackend final : public ops::Backend {
 
  private:
   template <typename F>
-  double time(Category c, F&& f) {
+  double time(Category c, const char* op, F&& f) {
     const auto t0 = std::chrono::steady_clock::now();
     f();
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     seconds[c] += s;
+    OpTime& o = ops[op];
+    o.category = c, o.seconds += s, ++o.calls;
     return s;
   }
   ops::Backend& in_;

@@ -24,6 +24,23 @@ inline int32_t load_pair(const uint16_t* p) {
   return v;
 }
 
+// ---- prefetch ----
+// On the machines measured (2-core Zen 5 VMs) the hardware prefetchers stay too close behind a
+// stream that comes from memory: the row and element loops ran at 11-14 GB/s on tensors written
+// long before (a copy runs at 65-77 GB/s there). Loops over such tensors ask for the line
+// kStreamAhead bytes on, once per cache line they consume: SwiGLU's backward on 2048 x 768 went
+// from 1.08 to 0.36 ms on tensors from memory.
+constexpr int64_t kStreamAhead = 4096;
+inline void prefetch_ahead(const void* p) {
+  _mm_prefetch(static_cast<const char*>(p) + kStreamAhead, _MM_HINT_T0);
+}
+// Every cache line of [p, p + bytes): a row that a loop reads rows later.
+inline void prefetch_span(const void* p, int64_t bytes) {
+  const char* c = static_cast<const char*>(p);
+  for (int64_t o = 0; o < bytes; o += 64) _mm_prefetch(c + o, _MM_HINT_T0);
+  if (bytes > 0) _mm_prefetch(c + bytes - 1, _MM_HINT_T0);  // a row that starts mid-line
+}
+
 // ---- bf16 <-> fp32 ----
 // core/dtype.h's bf16_bits_to_float and float_to_bf16_bits, repeated: inline functions shared with
 // code compiled for the baseline could be linked in their AVX-512 form (target.h).

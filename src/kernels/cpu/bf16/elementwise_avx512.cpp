@@ -35,6 +35,7 @@ void rmsnorm_forward(const uint16_t* x, const uint16_t* w, uint16_t* y, float* r
     const uint16_t* xi = x + i * c;
     __m512 ss = _mm512_setzero_ps();
     for (int64_t j = 0; j < c; j += 16) {
+      if (j % 32 == 0) prefetch_ahead(xi + j);
       const __m512 v = load_bf16(xi + j, tail_mask(c - j));
       ss = _mm512_fmadd_ps(v, v, ss);
     }
@@ -56,6 +57,7 @@ void rmsnorm_backward_input(const uint16_t* dy, const uint16_t* x, const uint16_
     const uint16_t *xi = x + i * c, *dyi = dy + i * c;
     __m512 dot = _mm512_setzero_ps();
     for (int64_t j = 0; j < c; j += 16) {
+      if (j % 32 == 0) prefetch_ahead(xi + j), prefetch_ahead(dyi + j);
       const __mmask16 m = tail_mask(c - j);
       dot = _mm512_fmadd_ps(_mm512_mul_ps(load_bf16(dyi + j, m), load_bf16(w + j, m)), load_bf16(xi + j, m), dot);
     }
@@ -65,7 +67,10 @@ void rmsnorm_backward_input(const uint16_t* dy, const uint16_t* x, const uint16_
       const __mmask16 m = tail_mask(c - j);
       __m512 v = _mm512_mul_ps(rv, _mm512_fnmadd_ps(load_bf16(xi + j, m), k,
                                                     _mm512_mul_ps(load_bf16(dyi + j, m), load_bf16(w + j, m))));
-      if (residual) v = _mm512_add_ps(load_bf16(residual + i * c + j, m), v);
+      if (residual) {
+        if (j % 32 == 0) prefetch_ahead(residual + i * c + j);
+        v = _mm512_add_ps(load_bf16(residual + i * c + j, m), v);
+      }
       store_bf16(dx + i * c + j, v, m);
     }
   }
@@ -78,6 +83,7 @@ void rmsnorm_backward_weight(const uint16_t* dy, const uint16_t* x, const float*
     __mmask16 m[4];
     for (int v = 0; v < 4; ++v) m[v] = j0 + 16 * v < c ? tail_mask(c - j0 - 16 * v) : __mmask16(0);
     for (int64_t i = 0; i < n; ++i) {
+      if (i + 8 < n) prefetch_span(dy + (i + 8) * c + j0, min64(64, c - j0) * 2), prefetch_span(x + (i + 8) * c + j0, min64(64, c - j0) * 2);
       const __m512 r = _mm512_set1_ps(rstd[i]);
       for (int v = 0; v < 4; ++v) {
         if (!m[v]) break;
@@ -97,6 +103,7 @@ void swiglu_forward(const uint16_t* gate_up, uint16_t* act, int64_t n, int64_t f
   for (int64_t i = 0; i < n; ++i) {
     const uint16_t* g = gate_up + i * 2 * f;
     for (int64_t j = 0; j < f; j += 16) {
+      if (j % 32 == 0) prefetch_ahead(g + j), prefetch_ahead(g + f + j);
       const __mmask16 m = tail_mask(f - j);
       const __m512 gv = load_bf16(g + j, m);
       store_bf16(act + i * f + j, _mm512_mul_ps(_mm512_mul_ps(gv, sigmoid512(gv)), load_bf16(g + f + j, m)), m);
@@ -112,6 +119,7 @@ void swiglu_backward(const uint16_t* dact, const uint16_t* gate_up, uint16_t* dg
     const uint16_t* g = gate_up + i * 2 * f;
     uint16_t* dg = dgate_up + i * 2 * f;
     for (int64_t j = 0; j < f; j += 16) {
+      if (j % 32 == 0) prefetch_ahead(g + j), prefetch_ahead(g + f + j), prefetch_ahead(dact + i * f + j);
       const __mmask16 m = tail_mask(f - j);
       const __m512 gv = load_bf16(g + j, m), uv = load_bf16(g + f + j, m), da = load_bf16(dact + i * f + j, m);
       const __m512 s = sigmoid512(gv);
@@ -131,6 +139,7 @@ void rope_apply(uint16_t* x, int64_t rows, int64_t stride, int64_t heads, int64_
     const int64_t pos = pos0 + r % seq;
     const float* cp = cos + pos * half;
     const float* sp = sin + pos * half;
+    if (r + 2 < rows) prefetch_span(x + (r + 2) * stride, heads * head_dim * 2);
     for (int64_t h = 0; h < heads; ++h) {
       uint16_t* v = x + r * stride + h * head_dim;
       for (int64_t i = 0; i < half; i += 16) {
@@ -179,8 +188,10 @@ void column_sum_accumulate(const uint16_t* dy, float* out, int64_t n, int64_t m_
       m[v] = j0 + 16 * v < m_cols ? tail_mask(m_cols - j0 - 16 * v) : __mmask16(0);
       acc[v] = _mm512_maskz_loadu_ps(m[v], out + j0 + 16 * v);
     }
-    for (int64_t i = 0; i < n; ++i)
+    for (int64_t i = 0; i < n; ++i) {
+      if (i + 8 < n) prefetch_span(dy + (i + 8) * m_cols + j0, min64(64, m_cols - j0) * 2);
       for (int v = 0; v < 4 && m[v]; ++v) acc[v] = _mm512_add_ps(acc[v], load_bf16(dy + i * m_cols + j0 + 16 * v, m[v]));
+    }
     for (int v = 0; v < 4 && m[v]; ++v) _mm512_mask_storeu_ps(out + j0 + 16 * v, m[v], acc[v]);
   }
 }
@@ -188,6 +199,7 @@ void column_sum_accumulate(const uint16_t* dy, float* out, int64_t n, int64_t m_
 void add_bf16(const uint16_t* a, const uint16_t* b, uint16_t* out, int64_t n) {
 #pragma omp parallel for schedule(static) if(n >= kParallelMin)
   for (int64_t i = 0; i < n; i += 16) {
+    if (i % 32 == 0) prefetch_ahead(a + i), prefetch_ahead(b + i);
     const __mmask16 m = tail_mask(n - i);
     store_bf16(out + i, _mm512_add_ps(load_bf16(a + i, m), load_bf16(b + i, m)), m);
   }
@@ -196,6 +208,7 @@ void add_bf16(const uint16_t* a, const uint16_t* b, uint16_t* out, int64_t n) {
 void add_f32(const float* a, const float* b, float* out, int64_t n) {
 #pragma omp parallel for schedule(static) if(n >= kParallelMin)
   for (int64_t i = 0; i < n; i += 16) {
+    prefetch_ahead(a + i), prefetch_ahead(b + i);
     const __mmask16 m = tail_mask(n - i);
     _mm512_mask_storeu_ps(out + i, m, _mm512_add_ps(_mm512_maskz_loadu_ps(m, a + i), _mm512_maskz_loadu_ps(m, b + i)));
   }
@@ -204,6 +217,7 @@ void add_f32(const float* a, const float* b, float* out, int64_t n) {
 void cast_f32_to_bf16(const float* src, uint16_t* dst, int64_t n) {
 #pragma omp parallel for schedule(static) if(n >= kParallelMin)
   for (int64_t i = 0; i < n; i += 16) {
+    prefetch_ahead(src + i);
     const __mmask16 m = tail_mask(n - i);
     const __m512 v = _mm512_maskz_loadu_ps(m, src + i);
     // vcvtneps2bf16 treats denormal inputs as zero; bf16::from_float rounds them. Keep the
@@ -219,6 +233,7 @@ void cast_f32_to_bf16(const float* src, uint16_t* dst, int64_t n) {
 void cast_bf16_to_f32(const uint16_t* src, float* dst, int64_t n) {
 #pragma omp parallel for schedule(static) if(n >= kParallelMin)
   for (int64_t i = 0; i < n; i += 16) {
+    if (i % 32 == 0) prefetch_ahead(src + i);
     const __mmask16 m = tail_mask(n - i);
     _mm512_mask_storeu_ps(dst + i, m, load_bf16(src + i, m));
   }
@@ -241,6 +256,7 @@ struct CeRowStats {
 inline CeRowStats ce_row_stats(const float* z, int64_t vc, float cap, float m0, float s0) {
   __m512 mx = _mm512_set1_ps(m0);
   for (int64_t j = 0; j < vc; j += 16) {
+    prefetch_ahead(z + j);
     const __mmask16 m = tail_mask(vc - j);
     mx = _mm512_mask_max_ps(mx, m, mx, softcap512(_mm512_maskz_loadu_ps(m, z + j), cap));
   }
