@@ -131,9 +131,10 @@ inline void put16(uint16_t* dst, int64_t panels, int64_t Kp, int64_t kp, int64_t
   }
 }
 
-// Interleaves rows 2 kp and 2 kp + 1 of a k-major X, 16 columns at a time. Row pairs outside,
-// columns inside: the rows are read once each, in order, and the next ones are asked for while
-// this pair is packed. (Columns outside reread every row once per 16 columns, and where the rows
+// Interleaves rows 2 kp and 2 kp + 1 of a k-major X, 16 columns at a time. In sweeps of about 256
+// columns, row pairs outside, columns inside: each row's piece is read once, in order, while the
+// pair kAhead on is asked for (a run of many pairs per call lets that run ahead). (Columns
+// outside reread every row once per 16 columns, and where the rows
 // lie a power of two apart, a layer's 4096 outputs, they share a cache set that cannot hold them
 // all, so every read went to memory again.) Each k-pair writes a word row to every panel: callers
 // keep the panels off a power-of-two stride (panel_kps) so that those rows do not share a set.
@@ -142,7 +143,7 @@ void pack_k_major(const PackSource& x, int64_t Kp, int64_t kp0, int64_t kp1, uin
   const int64_t panels = x.panels(W), padded = panels * W;
   const __m512i idx = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22, 6,
                                        21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
-  constexpr int64_t kSweep = W * (256 / W > 0 ? 256 / W : 1), kAhead = 4;
+  constexpr int64_t kSweep = W * (256 / W > 0 ? 256 / W : 1), kAhead = 8;
   for (int64_t c0 = 0; c0 < padded; c0 += kSweep) {
     const int64_t c1 = min64(padded, c0 + kSweep), live = min64(x.cols, c1) - c0;
     for (int64_t kp = kp0; kp < kp1; ++kp) {

@@ -282,17 +282,18 @@ void gemm_avx512_grouped(const GemmArgs* gs, int64_t count) {
 
 #pragma omp parallel if(parallel)
   {
-    // Packing in blocks of 16 k-pairs, shared out between the threads (every thread meets the
-    // same sequence of loops; nowait lets a thread go on to the next problem's blocks).
+    // Packing: each thread packs one run of whole 16-k-pair blocks of each problem, in one call,
+    // so that pack_k_major's prefetch runs ahead across the run (a thread goes on to the next
+    // problem's run without waiting).
+    const int64_t threads = omp_get_num_threads(), me = omp_get_thread_num();
     for (int64_t i = 0; i < count; ++i) {
       const Plan& p = plans[i];
       const GemmArgs& g = *p.g;
       const PackSource bsrc{g.B, g.ldb, g.K, g.N, !g.trans_b}, asrc{g.A, g.lda, g.K, g.M, g.trans_a};
-#pragma omp for schedule(static) nowait
-      for (int64_t kb = 0; kb < p.kblocks; ++kb) {
-        pack<kNr>(bsrc, p.bkps, kb * 16, min64(p.Kp, kb * 16 + 16), p.bp);
-        if (p.ap) pack<kMr>(asrc, p.akps, kb * 16, min64(p.Kp, kb * 16 + 16), p.ap);
-      }
+      const int64_t kp0 = p.kblocks * me / threads * 16, kp1 = min64(p.Kp, p.kblocks * (me + 1) / threads * 16);
+      if (kp0 >= kp1) continue;
+      pack<kNr>(bsrc, p.bkps, kp0, kp1, p.bp);
+      if (p.ap) pack<kMr>(asrc, p.akps, kp0, kp1, p.ap);
     }
 #pragma omp barrier
     float* tile = static_cast<float*>(thread_scratch(kGemmTile, sizeof(float) * size_t(kMc * tile_cols)));
