@@ -10,6 +10,7 @@
 #include <string>
 
 #include "kernels/backend.h"
+#include "plan/gemm_list.h"
 
 namespace primus::bench {
 
@@ -31,9 +32,9 @@ class TimedBackend final : public ops::Backend {
   explicit TimedBackend(ops::Backend& inner) : in_(inner) {}
   std::array<double, kCategories> seconds{};
   double gemm_flops = 0, grouped_flops = 0;  // (grouped_flops: those of the grouped GEMMs)
-  // The GEMMs by form and shape, as `benchmark gemm` names them: "NT 2048x2304x768 bf16>bf16 +C"
-  // (op(A) op(B), M x N x K, input and output dtypes, +C when it adds into C). A GEMM that wins
-  // alone can lose in the step: this is the step's own stopwatch.
+  // The GEMMs by form and shape, labelled as `benchmark gemm` names them (plan::gemm_label): "NT
+  // 2048x2304x768 bf16>bf16 +C". A GEMM that wins alone can lose in the step: this is the step's
+  // own stopwatch.
   struct ShapeTime {
     double seconds = 0, flops = 0;
     long calls = 0;
@@ -58,9 +59,10 @@ class TimedBackend final : public ops::Backend {
     const double flops = 2.0 * double(D.size(0)) * double(D.size(1)) * double(k);
     gemm_flops += flops;
     const double s = time(Gemm, "gemm", [&] { in_.gemm(ta, tb, alpha, A, B, beta, C, D, bias); });
-    ShapeTime& e = gemm_shapes[std::string(ta ? "T" : "N") + (tb ? "T " : "N ") + std::to_string(D.size(0)) + "x" +
-                               std::to_string(D.size(1)) + "x" + std::to_string(k) + " " + dtype_name(A.dtype()) + ">" +
-                               dtype_name(D.dtype()) + (beta != 0.0f ? " +C" : "")];
+    plan::GemmEntry g;
+    g.trans_a = ta, g.trans_b = tb, g.m = D.size(0), g.n = D.size(1), g.k = k, g.in = A.dtype(), g.out = D.dtype();
+    g.bias = bias.defined(), g.accumulate = beta != 0.0f;
+    ShapeTime& e = gemm_shapes[plan::gemm_label(g)];
     e.seconds += s, e.flops += flops, ++e.calls;
   }
   using ops::Backend::grouped_gemm;

@@ -8,6 +8,7 @@
 #include "plan/model_walk.h"
 
 namespace primus::plan {
+
 namespace {
 
 // "decoder.layers.3.mlp.experts.local_experts.5.linear_fc1.weight" -> "mlp.experts.linear_fc1"; an MTP
@@ -29,6 +30,20 @@ std::string fp8_operands_name(const GemmEntry& g) {
   const auto& [a, b] = *g.fp8;
   return fmt::format("{} {} x {} {}", fp8::format_name(a.format), fp8::granularity_name(a.granularity),
                      fp8::format_name(b.format), fp8::granularity_name(b.granularity));
+}
+
+std::string op_name(bool trans_a, bool trans_b) { return fmt::format("{}{}", trans_a ? 'T' : 'N', trans_b ? 'T' : 'N'); }
+
+std::string types_name(const GemmEntry& g) {
+  return fmt::format("{}>{}", g.fp8 ? "fp8" : dtype_name(g.in), dtype_name(g.out));
+}
+
+std::string extras_name(const GemmEntry& g) { return std::string(g.bias ? "+bias" : "") + (g.accumulate ? "+C" : ""); }
+
+std::string gemm_label(const GemmEntry& g) {
+  const std::string extras = extras_name(g);
+  return fmt::format("{} {}x{}x{} {}{}{}", op_name(g.trans_a, g.trans_b), g.m, g.n, g.k, types_name(g),
+                     extras.empty() ? "" : " ", extras);
 }
 
 namespace {

@@ -44,6 +44,13 @@ struct GemmEntry {
 
 // With fp8: "E4M3 tensor x E4M3 tensor", A's then B's format and scaling; "" otherwise.
 std::string fp8_operands_name(const GemmEntry& g);
+// How `benchmark gemm` and `bench_engine --profile` name a problem: its form "NT" (op(A) op(B)),
+// its types "bf16>bf16" (an FP8 GEMM: "fp8>bf16"), its extras "+bias+C", and all of it in one
+// label, "NT 2048x2304x768 bf16>bf16 +C".
+std::string op_name(bool trans_a, bool trans_b);
+std::string types_name(const GemmEntry& g);
+std::string extras_name(const GemmEntry& g);
+std::string gemm_label(const GemmEntry& g);
 
 struct GemmList {
   std::string model;

@@ -83,7 +83,7 @@ struct Options {
   int64_t vocab_chunk = 0;  // 0: as the mixed model chooses
 };
 
-std::string op_name(bool ta, bool tb) { return fmt::format("{}{}", ta ? 'T' : 'N', tb ? 'T' : 'N'); }
+using plan::op_name;
 
 // --recipe: the config's names (config/choices.h); only with --dtype fp8.
 Fp8Recipe fp8_recipe(const Options& o) {
@@ -555,10 +555,6 @@ ModelGemms model_gemms(const Options& o, bool bf16) {
   return g;
 }
 
-// An FP8 GEMM reads quantized copies of bf16 operands: "fp8>bf16" (its scaling in the JSON).
-std::string types_of(const plan::GemmEntry& g) {
-  return fmt::format("{}>{}", g.fp8 ? "fp8" : dtype_name(g.in), dtype_name(g.out));
-}
 
 struct Distinct {
   plan::GemmEntry g;               // the first GEMM with this problem
@@ -571,7 +567,7 @@ std::vector<Distinct> distinct_gemms(const std::vector<plan::GemmEntry>& gemms) 
   std::vector<Distinct> out;
   std::map<std::string, size_t> index;
   for (const auto& g : gemms) {
-    const std::string key = fmt::format("{}{}:{}:{}:{}:{}:{}:{}:{}", g.trans_a, g.trans_b, g.m, g.n, g.k, types_of(g),
+    const std::string key = fmt::format("{}{}:{}:{}:{}:{}:{}:{}:{}", g.trans_a, g.trans_b, g.m, g.n, g.k, plan::types_name(g),
                                         plan::fp8_operands_name(g), g.bias, g.accumulate);
     auto [it, fresh] = index.emplace(key, out.size());
     if (fresh) out.push_back({g, {}, 0});
@@ -581,12 +577,6 @@ std::vector<Distinct> distinct_gemms(const std::vector<plan::GemmEntry>& gemms) 
   return out;
 }
 
-std::string extras_of(const plan::GemmEntry& g) {
-  std::string s;
-  if (g.bias) s += "+bias";
-  if (g.accumulate) s += "+C";
-  return s;
-}
 bool f32_out(const plan::GemmEntry& g) { return g.out == DType::F32; }
 
 int run_list(const Options& o, const ModelGemms& mg) {
@@ -638,7 +628,7 @@ int run_list(const Options& o, const ModelGemms& mg) {
                            "m", "n", "k", "runs", "GFLOP/run");
   for (const auto& g : mg.gemms)
     std::cout << fmt::format("  {:<48} {:>2} {:<10} {:<6} {:>8} {:>8} {:>8} {:>6} {:>12.3f}\n", g.what,
-                             op_name(g.trans_a, g.trans_b), types_of(g), extras_of(g), g.m, g.n, g.k, g.count,
+                             op_name(g.trans_a, g.trans_b), plan::types_name(g), plan::extras_name(g), g.m, g.n, g.k, g.count,
                              2.0 * double(g.m) * double(g.n) * double(g.k) / 1e9);
   return 0;
 }
@@ -698,7 +688,7 @@ int run_compare_cpu(const Options& o, const ModelGemms& mg) {
                       {"backend", cpu::bf16k::gemm_impl_name(chosen)}});
     } else {
       std::cout << fmt::format("  {:<36} {:>2} {:<10} {:<6} {:>6} {:>6} {:>6} {:>5} {:>11.3f} {:>11.3f} {:>7.2f}x {}\n",
-                               x.whats.front(), op_name(lg.trans_a, lg.trans_b), types_of(lg), extras_of(lg), M, N, K,
+                               x.whats.front(), op_name(lg.trans_a, lg.trans_b), plan::types_name(lg), plan::extras_name(lg), M, N, K,
                                x.count, bench::tflops(flops, own), bench::tflops(flops, dnnl),
                                std::max(own, dnnl) / std::min(own, dnnl),
                                std::string(cpu::bf16k::gemm_impl_name(chosen)) + (backend > std::min(own, dnnl) ? " (slower)" : ""));
@@ -788,7 +778,7 @@ int run_tune(const Options& o, const ModelGemms& mg) {
     } else {
       std::cout << fmt::format("  {:<36} {:>2} {:<10} {:<6} {:>8} {:>8} {:>8} {:>5} {:>10.4f} {:>10.4f} {:>7.3f}x "
                                "{:>9.1f}\n",
-                               x.whats.front(), op_name(p.trans_a, p.trans_b), types_of(x.g), extras_of(x.g), p.m, p.n,
+                               x.whats.front(), op_name(p.trans_a, p.trans_b), plan::types_name(x.g), plan::extras_name(x.g), p.m, p.n,
                                p.k, r.candidates.size(), r.heuristic_ms, r.best_ms,
                                r.best_ms > 0 ? r.heuristic_ms / r.best_ms : 0.0, bench::tflops(flops, r.best_ms));
       for (size_t i = 1; i < x.whats.size(); ++i) std::cout << fmt::format("    (also {})\n", x.whats[i]);

@@ -193,6 +193,18 @@ TEST(GemmList, Fp8GemmsKeepTheirNamesAndSayFp8) {
   }
 }
 
+// The one label `benchmark gemm` and `bench_engine --profile` give a problem.
+TEST(GemmList, LabelNamesFormShapeTypesAndExtras) {
+  GemmEntry g;
+  g.trans_b = true, g.m = 2048, g.n = 2304, g.k = 768, g.in = DType::BF16, g.out = DType::BF16, g.accumulate = true;
+  EXPECT_EQ(gemm_label(g), "NT 2048x2304x768 bf16>bf16 +C");
+  g.accumulate = false;
+  EXPECT_EQ(gemm_label(g), "NT 2048x2304x768 bf16>bf16");
+  g.trans_a = true, g.trans_b = false, g.out = DType::F32, g.bias = true, g.accumulate = true;
+  g.fp8 = ops::OpCall::Fp8Operands{};
+  EXPECT_EQ(gemm_label(g), "TN 2048x2304x768 fp8>fp32 +bias+C");
+}
+
 // The walk of one rank of the big recipes (docs/profiling.md): Llama 3.1 405B at tp 8 pp 8 vpp 2
 // and DeepSeek-V3 at ep 64 over pp 16, on 1024 GPUs. Only the rank's partition is built, on the
 // shape-only backend: seconds, not the terabytes the model would take.
