@@ -84,6 +84,7 @@ float quantize_run(const uint16_t* x, int64_t n, const Fp8Lanes& f, float mul, f
   const __m512 s = _mm512_set1_ps(mul), p = _mm512_set1_ps(post);
   Amax a;
   for (int64_t i = 0; i < n; i += 16) {
+    if (i % 32 == 0) prefetch_ahead(x + i);
     const __mmask16 m = tail_mask(n - i);
     const __m512 v = load_bf16(x + i, m);
     a.add(v);
@@ -101,7 +102,10 @@ float quantize_row_blocks(const uint16_t* x, int64_t rows, int64_t cols, int64_t
       const int64_t nc = min64(bc, cols - c0);
       const uint16_t* xb = x + r * cols + c0;
       Amax a;
-      for (int64_t i = 0; i < nc; i += 16) a.add(load_bf16(xb + i, tail_mask(nc - i)));
+      for (int64_t i = 0; i < nc; i += 16) {
+        if (i % 32 == 0) prefetch_ahead(xb + i);
+        a.add(load_bf16(xb + i, tail_mask(nc - i)));
+      }
       const float amax = a.value();
       total = nan_max(total, amax);
       const float s = sc::block_scale(amax, mx, f.fmax);
@@ -121,6 +125,7 @@ float quantize_column_blocks(const uint16_t* x, int64_t rows, int64_t cols, int6
   for (int64_t c = 0; c < cols; c += 16) _mm512_mask_storeu_ps(colmax + c, tail_mask(cols - c), _mm512_setzero_ps());
   for (int64_t r = 0; r < rows; ++r)
     for (int64_t c = 0; c < cols; c += 16) {
+      if (c % 32 == 0) prefetch_ahead(x + r * cols + c);
       const __mmask16 m = tail_mask(cols - c);
       const __m512 a = abs512(load_bf16(x + r * cols + c, m)), old = _mm512_maskz_loadu_ps(m, colmax + c);
       const __mmask16 take = _mm512_cmp_ps_mask(a, old, _CMP_GT_OQ) | _mm512_cmp_ps_mask(a, a, _CMP_UNORD_Q);
@@ -148,7 +153,10 @@ float quantize_column_blocks(const uint16_t* x, int64_t rows, int64_t cols, int6
 
 float fp8_amax(const uint16_t* x, int64_t n) {
   Amax a;
-  for (int64_t i = 0; i < n; i += 16) a.add(load_bf16(x + i, tail_mask(n - i)));
+  for (int64_t i = 0; i < n; i += 16) {
+    if (i % 32 == 0) prefetch_ahead(x + i);
+    a.add(load_bf16(x + i, tail_mask(n - i)));
+  }
   return a.value();
 }
 
