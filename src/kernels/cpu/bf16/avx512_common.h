@@ -133,11 +133,11 @@ inline void put16(uint16_t* dst, int64_t panels, int64_t Kp, int64_t kp, int64_t
 
 // Interleaves rows 2 kp and 2 kp + 1 of a k-major X, 16 columns at a time. In sweeps of about 256
 // columns, row pairs outside, columns inside: each row's piece is read once, in order, while the
-// pair kAhead on is asked for (a run of many pairs per call lets that run ahead). (Columns
-// outside reread every row once per 16 columns, and where the rows
-// lie a power of two apart, a layer's 4096 outputs, they share a cache set that cannot hold them
-// all, so every read went to memory again.) Each k-pair writes a word row to every panel: callers
-// keep the panels off a power-of-two stride (panel_kps) so that those rows do not share a set.
+// pair kAhead on is asked for (a run of many pairs per call lets that run ahead). Columns outside
+// reread every row once per 16 columns, and where the rows lie a power of two apart (a layer's
+// 4096 outputs) they share a cache set that cannot hold them all, so every read went to memory
+// again. Each k-pair writes a word row to every panel of the sweep: callers keep the panels off a
+// power-of-two stride (panel_kps) so that those rows do not share a set.
 template <int64_t W>
 void pack_k_major(const PackSource& x, int64_t Kp, int64_t kp0, int64_t kp1, uint16_t* dst) {
   const int64_t panels = x.panels(W), padded = panels * W;
@@ -149,12 +149,8 @@ void pack_k_major(const PackSource& x, int64_t Kp, int64_t kp0, int64_t kp1, uin
     for (int64_t kp = kp0; kp < kp1; ++kp) {
       const uint16_t* r0 = x.S + 2 * kp * x.ld;
       const bool has0 = 2 * kp < x.K, has1 = 2 * kp + 1 < x.K;
-      if (live > 0 && 2 * (kp + kAhead) + 1 < x.K) {
-        const char* a = reinterpret_cast<const char*>(r0 + 2 * kAhead * x.ld + c0);
-        const char* b = a + x.ld * 2;
-        for (int64_t o = 0; o < live * 2; o += 64) _mm_prefetch(a + o, _MM_HINT_T0), _mm_prefetch(b + o, _MM_HINT_T0);
-        _mm_prefetch(a + live * 2 - 1, _MM_HINT_T0), _mm_prefetch(b + live * 2 - 1, _MM_HINT_T0);
-      }
+      if (live > 0 && 2 * (kp + kAhead) + 1 < x.K)
+        prefetch_span(r0 + 2 * kAhead * x.ld + c0, live * 2), prefetch_span(r0 + (2 * kAhead + 1) * x.ld + c0, live * 2);
       for (int64_t c = c0; c < c1; c += 16) {
         if (c >= x.cols) {  // padding columns of the last panel
           put16<W>(dst, panels, Kp, kp, c, _mm512_setzero_si512());
