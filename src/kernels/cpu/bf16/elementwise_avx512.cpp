@@ -65,13 +65,13 @@ void rmsnorm_backward_input(const uint16_t* dy, const uint16_t* x, const uint16_
     const __m512 rv = _mm512_set1_ps(r), k = _mm512_set1_ps(_mm512_reduce_add_ps(dot) * r * r / float(c));
     for (int64_t j = 0; j < c; j += 16) {
       const __mmask16 m = tail_mask(c - j);
-      __m512 v = _mm512_mul_ps(rv, _mm512_fnmadd_ps(load_bf16(xi + j, m), k,
-                                                    _mm512_mul_ps(load_bf16(dyi + j, m), load_bf16(w + j, m))));
-      if (residual) {
-        if (j % 32 == 0) prefetch_ahead(residual + i * c + j);
-        v = _mm512_add_ps(load_bf16(residual + i * c + j, m), v);
-      }
-      store_bf16(dx + i * c + j, v, m);
+      if (residual && j % 32 == 0) prefetch_ahead(residual + i * c + j);
+      const __m512 t = _mm512_fnmadd_ps(load_bf16(xi + j, m), k,
+                                        _mm512_mul_ps(load_bf16(dyi + j, m), load_bf16(w + j, m)));
+      // With a residual, one fused multiply-add, written out (GCC had contracted the product and
+      // the sum into one, and stops where a branch falls between them).
+      store_bf16(dx + i * c + j,
+                 residual ? _mm512_fmadd_ps(rv, t, load_bf16(residual + i * c + j, m)) : _mm512_mul_ps(rv, t), m);
     }
   }
 }
