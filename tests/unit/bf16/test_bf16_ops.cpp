@@ -396,7 +396,8 @@ TEST(Bf16Ops, ClampedGluIsTheFp32KernelRoundedToBf16) {
 TEST(Bf16Ops, RopeForwardAndInverse) {
   SKIP_WITHOUT_BF16();
   Backends b;
-  for (int64_t hd : {8, 48, 64, 128}) {
+  // halves of 4, 24 and 100 pairs run the loads-first path (200: in two sweeps of up to 64 pairs)
+  for (int64_t hd : {8, 48, 64, 128, 200}) {
     const int64_t heads = 5, rotated = 4, seq = 7, rows = 3 * seq, positions = 40;  // the last head is left alone
     Tensor cos = Tensor::empty({positions, hd / 2}, DType::F32), sin = cos.clone();
     for (int64_t p = 0; p < positions; ++p)

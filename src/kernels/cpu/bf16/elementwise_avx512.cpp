@@ -130,6 +130,18 @@ void swiglu_backward(const uint16_t* dact, const uint16_t* gate_up, uint16_t* dg
   }
 }
 
+namespace {
+
+// Pairs i .. i + 15 (mask m) of one head v, rotated from their values a (first half) and b.
+inline void rope_pairs(uint16_t* v, int64_t half, int64_t i, __mmask16 m, __m512 a, __m512 b, const float* cp,
+                       const float* sp, __m512 sign) {
+  const __m512 c = _mm512_maskz_loadu_ps(m, cp + i), s = _mm512_mul_ps(sign, _mm512_maskz_loadu_ps(m, sp + i));
+  store_bf16(v + i, _mm512_fmsub_ps(a, c, _mm512_mul_ps(b, s)), m);
+  store_bf16(v + half + i, _mm512_fmadd_ps(b, c, _mm512_mul_ps(a, s)), m);
+}
+
+}  // namespace
+
 void rope_apply(uint16_t* x, int64_t rows, int64_t stride, int64_t heads, int64_t head_dim, int64_t seq, int64_t pos0,
                 const float* cos, const float* sin, bool inverse) {
   const int64_t half = head_dim / 2;
@@ -142,12 +154,23 @@ void rope_apply(uint16_t* x, int64_t rows, int64_t stride, int64_t heads, int64_
     if (r + 2 < rows) prefetch_span(x + (r + 2) * stride, heads * head_dim * 2);
     for (int64_t h = 0; h < heads; ++h) {
       uint16_t* v = x + r * stride + h * head_dim;
-      for (int64_t i = 0; i < half; i += 16) {
-        const __mmask16 m = tail_mask(half - i);
-        const __m512 a = load_bf16(v + i, m), b = load_bf16(v + half + i, m);
-        const __m512 c = _mm512_maskz_loadu_ps(m, cp + i), s = _mm512_mul_ps(sign, _mm512_maskz_loadu_ps(m, sp + i));
-        store_bf16(v + i, _mm512_fmsub_ps(a, c, _mm512_mul_ps(b, s)), m);
-        store_bf16(v + half + i, _mm512_fmadd_ps(b, c, _mm512_mul_ps(a, s)), m);
+      if (half % 16 == 0) {
+        for (int64_t i = 0; i < half; i += 16)
+          rope_pairs(v, half, i, 0xffff, load_bf16(v + i), load_bf16(v + half + i), cp, sp, sign);
+        continue;
+      }
+      // A half that is not a multiple of 16 (llama2c_15M's head dim 48): up to 64 pairs loaded
+      // before any is stored, or the load of the next 16 would overlap the store just made and
+      // wait for it (a failed store forwarding): 0.23 -> 0.13 ms on 2048 rows of 12 such heads.
+      for (int64_t i0 = 0; i0 < half; i0 += 64) {
+        const int nv = int(min64(4, ceil_div(half - i0, 16)));
+        __m512 a[4], b[4];
+        for (int k = 0; k < nv; ++k) {
+          const __mmask16 m = tail_mask(half - i0 - 16 * k);
+          a[k] = load_bf16(v + i0 + 16 * k, m), b[k] = load_bf16(v + half + i0 + 16 * k, m);
+        }
+        for (int k = 0; k < nv; ++k)
+          rope_pairs(v, half, i0 + 16 * k, tail_mask(half - i0 - 16 * k), a[k], b[k], cp, sp, sign);
       }
     }
   }
