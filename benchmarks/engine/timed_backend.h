@@ -120,7 +120,8 @@ class TimedBackend final : public ops::Backend {
   void attention_block_backward(const Tensor& qkv, const Tensor& kv, const Tensor& out, const Tensor& lse,
                                 const Tensor& dout, Tensor& dq_acc, Tensor& dkv_acc, const ops::AttentionShape& s,
                                 bool causal) override {
-    time(Attention, "attention_block_backward", [&] { in_.attention_block_backward(qkv, kv, out, lse, dout, dq_acc, dkv_acc, s, causal); });
+    time(Attention, "attention_block_backward",
+         [&] { in_.attention_block_backward(qkv, kv, out, lse, dout, dq_acc, dkv_acc, s, causal); });
   }
   void attention_decode(const Tensor& cache, int64_t first, Tensor& out, const ops::AttentionShape& s) override {
     time(Attention, "attention_decode", [&] { in_.attention_decode(cache, first, out, s); });
@@ -155,7 +156,8 @@ class TimedBackend final : public ops::Backend {
   double ce_forward_backward(const Tensor& logits, const Tensor& targets, int64_t c0, double softcap, Tensor& lse,
                              Tensor& dlogits) override {
     double r = 0;
-    time(CrossEntropy, "ce_forward_backward", [&] { r = in_.ce_forward_backward(logits, targets, c0, softcap, lse, dlogits); });
+    time(CrossEntropy, "ce_forward_backward",
+         [&] { r = in_.ce_forward_backward(logits, targets, c0, softcap, lse, dlogits); });
     return r;
   }
   void ce_chunk_backward(const Tensor& logits, const Tensor& lse, const Tensor& targets, int64_t c0, double softcap,

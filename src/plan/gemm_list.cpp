@@ -32,7 +32,9 @@ std::string fp8_operands_name(const GemmEntry& g) {
                      fp8::format_name(b.format), fp8::granularity_name(b.granularity));
 }
 
-std::string op_name(bool trans_a, bool trans_b) { return fmt::format("{}{}", trans_a ? 'T' : 'N', trans_b ? 'T' : 'N'); }
+std::string op_name(bool trans_a, bool trans_b) {
+  return fmt::format("{}{}", trans_a ? 'T' : 'N', trans_b ? 'T' : 'N');
+}
 
 std::string types_name(const GemmEntry& g) {
   return fmt::format("{}>{}", g.fp8 ? "fp8" : dtype_name(g.in), dtype_name(g.out));

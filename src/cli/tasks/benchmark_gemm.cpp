@@ -555,7 +555,6 @@ ModelGemms model_gemms(const Options& o, bool bf16) {
   return g;
 }
 
-
 struct Distinct {
   plan::GemmEntry g;               // the first GEMM with this problem
   std::vector<std::string> whats;  // every GEMM with it
@@ -567,8 +566,8 @@ std::vector<Distinct> distinct_gemms(const std::vector<plan::GemmEntry>& gemms) 
   std::vector<Distinct> out;
   std::map<std::string, size_t> index;
   for (const auto& g : gemms) {
-    const std::string key = fmt::format("{}{}:{}:{}:{}:{}:{}:{}:{}", g.trans_a, g.trans_b, g.m, g.n, g.k, plan::types_name(g),
-                                        plan::fp8_operands_name(g), g.bias, g.accumulate);
+    const std::string key = fmt::format("{}{}:{}:{}:{}:{}:{}:{}:{}", g.trans_a, g.trans_b, g.m, g.n, g.k,
+                                        plan::types_name(g), plan::fp8_operands_name(g), g.bias, g.accumulate);
     auto [it, fresh] = index.emplace(key, out.size());
     if (fresh) out.push_back({g, {}, 0});
     out[it->second].whats.push_back(g.what);
@@ -628,8 +627,8 @@ int run_list(const Options& o, const ModelGemms& mg) {
                            "m", "n", "k", "runs", "GFLOP/run");
   for (const auto& g : mg.gemms)
     std::cout << fmt::format("  {:<48} {:>2} {:<10} {:<6} {:>8} {:>8} {:>8} {:>6} {:>12.3f}\n", g.what,
-                             op_name(g.trans_a, g.trans_b), plan::types_name(g), plan::extras_name(g), g.m, g.n, g.k, g.count,
-                             2.0 * double(g.m) * double(g.n) * double(g.k) / 1e9);
+                             op_name(g.trans_a, g.trans_b), plan::types_name(g), plan::extras_name(g), g.m, g.n, g.k,
+                             g.count, 2.0 * double(g.m) * double(g.n) * double(g.k) / 1e9);
   return 0;
 }
 
@@ -687,11 +686,11 @@ int run_compare_cpu(const Options& o, const ModelGemms& mg) {
                       {"faster", faster},
                       {"backend", cpu::bf16k::gemm_impl_name(chosen)}});
     } else {
-      std::cout << fmt::format("  {:<36} {:>2} {:<10} {:<6} {:>6} {:>6} {:>6} {:>5} {:>11.3f} {:>11.3f} {:>7.2f}x {}\n",
-                               x.whats.front(), op_name(lg.trans_a, lg.trans_b), plan::types_name(lg), plan::extras_name(lg), M, N, K,
-                               x.count, bench::tflops(flops, own), bench::tflops(flops, dnnl),
-                               std::max(own, dnnl) / std::min(own, dnnl),
-                               std::string(cpu::bf16k::gemm_impl_name(chosen)) + (backend > std::min(own, dnnl) ? " (slower)" : ""));
+      std::cout << fmt::format(
+          "  {:<36} {:>2} {:<10} {:<6} {:>6} {:>6} {:>6} {:>5} {:>11.3f} {:>11.3f} {:>7.2f}x {}\n", x.whats.front(),
+          op_name(lg.trans_a, lg.trans_b), plan::types_name(lg), plan::extras_name(lg), M, N, K, x.count,
+          bench::tflops(flops, own), bench::tflops(flops, dnnl), std::max(own, dnnl) / std::min(own, dnnl),
+          std::string(cpu::bf16k::gemm_impl_name(chosen)) + (backend > std::min(own, dnnl) ? " (slower)" : ""));
     }
   }
   if (o.run.json) {
@@ -778,8 +777,8 @@ int run_tune(const Options& o, const ModelGemms& mg) {
     } else {
       std::cout << fmt::format("  {:<36} {:>2} {:<10} {:<6} {:>8} {:>8} {:>8} {:>5} {:>10.4f} {:>10.4f} {:>7.3f}x "
                                "{:>9.1f}\n",
-                               x.whats.front(), op_name(p.trans_a, p.trans_b), plan::types_name(x.g), plan::extras_name(x.g), p.m, p.n,
-                               p.k, r.candidates.size(), r.heuristic_ms, r.best_ms,
+                               x.whats.front(), op_name(p.trans_a, p.trans_b), plan::types_name(x.g),
+                               plan::extras_name(x.g), p.m, p.n, p.k, r.candidates.size(), r.heuristic_ms, r.best_ms,
                                r.best_ms > 0 ? r.heuristic_ms / r.best_ms : 0.0, bench::tflops(flops, r.best_ms));
       for (size_t i = 1; i < x.whats.size(); ++i) std::cout << fmt::format("    (also {})\n", x.whats[i]);
       if (x.g.fp8) std::cout << fmt::format("    ({}: {})\n", plan::fp8_operands_name(x.g), runs);

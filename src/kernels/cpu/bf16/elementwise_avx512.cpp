@@ -83,7 +83,9 @@ void rmsnorm_backward_weight(const uint16_t* dy, const uint16_t* x, const float*
     __mmask16 m[4];
     for (int v = 0; v < 4; ++v) m[v] = j0 + 16 * v < c ? tail_mask(c - j0 - 16 * v) : __mmask16(0);
     for (int64_t i = 0; i < n; ++i) {
-      if (i + 8 < n) prefetch_span(dy + (i + 8) * c + j0, min64(64, c - j0) * 2), prefetch_span(x + (i + 8) * c + j0, min64(64, c - j0) * 2);
+      if (i + 8 < n)
+        prefetch_span(dy + (i + 8) * c + j0, min64(64, c - j0) * 2),
+            prefetch_span(x + (i + 8) * c + j0, min64(64, c - j0) * 2);
       const __m512 r = _mm512_set1_ps(rstd[i]);
       for (int v = 0; v < 4; ++v) {
         if (!m[v]) break;

@@ -199,7 +199,8 @@ void run_tile(const Plan& p, int64_t t, const uint16_t* zeros, float* tile) {
         } else if (a_tile) {
           micro_kernel(g, a_tile + ir * tkps * kMr * 2, 2, 2 * kMr, b, kps, c, p.nc, k0 == 0, fin);
         } else {
-          micro_kernel(g, p.ap + (m / kMr) * p.akps * kMr * 2 + k0 * kMr * 2, 2, 2 * kMr, b, kps, c, p.nc, k0 == 0, fin);
+          micro_kernel(g, p.ap + (m / kMr) * p.akps * kMr * 2 + k0 * kMr * 2, 2, 2 * kMr, b, kps, c, p.nc, k0 == 0,
+                       fin);
         }
       }
     }
