@@ -58,11 +58,9 @@ void pack_kv(const uint16_t* qkv, const Dims& d, int64_t b, int64_t g, int64_t o
 
 // Rows of q, k, v, O and dO lie a row of the fused tensor apart (kilobytes) and usually come from
 // memory (the forward wrote them long before the backward reads them): the row loops ask for the
-// row kAhead rows on while they work on this one, so that the loads do not wait one by one.
+// row kAhead rows on while they work on this one (prefetch_span), so that the loads do not wait
+// one by one.
 constexpr int64_t kAhead = 8;
-inline void prefetch_row(const uint16_t* row, int64_t n) {
-  for (int64_t c = 0; c < n; c += 32) _mm_prefetch(reinterpret_cast<const char*>(row + c), _MM_HINT_T0);
-}
 
 // rows [t0, t0 + n) of a [*, ld] bf16 matrix (columns c0 .. c0 + D) into dst [n_pad][Dp], zeros
 // around.
@@ -70,7 +68,7 @@ void copy_rows(const uint16_t* src, int64_t ld, int64_t t0, int64_t n, int64_t n
                uint16_t* dst) {
   std::memset(dst, 0, size_t(n_pad * Dp) * 2);
   for (int64_t i = 0; i < n; ++i) {
-    if (i + kAhead < n) prefetch_row(src + (t0 + i + kAhead) * ld, D);
+    if (i + kAhead < n) prefetch_span(src + (t0 + i + kAhead) * ld, D * 2);
     std::memcpy(dst + i * Dp, src + (t0 + i) * ld, size_t(D) * 2);
   }
 }
@@ -280,7 +278,7 @@ void attention_backward(const uint16_t* qkv, const uint16_t* out, const float* l
         for (int64_t t = 0; t < d.S; ++t) {  // Di = rowsum(dO * O), as the rows are stored (bf16)
           const uint16_t* o_row = out + (b * d.S + t) * d.q_size + h * d.D;
           const uint16_t* g_row = go + t * d.Dp;
-          if (t + kAhead < d.S) prefetch_row(o_row + kAhead * d.q_size, d.D);
+          if (t + kAhead < d.S) prefetch_span(o_row + kAhead * d.q_size, d.D * 2);
           __m512 acc = _mm512_setzero_ps();
           for (int64_t c = 0; c < d.D; c += 16) {
             const __mmask16 mk = tail_mask(d.D - c);

@@ -141,11 +141,7 @@ struct Plan {
 // training step, where the packing took 6% of the GEMMs' time, no change showed past the drift.
 void prefetch_a_rows(const GemmArgs& g, int64_t m0, int64_t cols, int64_t k0, int64_t n, int64_t part, int64_t parts) {
   const int64_t r0 = k0 + n * part / parts, r1 = k0 + n * (part + 1) / parts;
-  for (int64_t r = r0; r < r1; ++r) {
-    const char* row = reinterpret_cast<const char*>(g.A + r * g.lda + m0);
-    for (int64_t b = 0; b < cols * 2; b += 64) _mm_prefetch(row + b, _MM_HINT_T1);
-    _mm_prefetch(row + cols * 2 - 1, _MM_HINT_T1);  // the last line, where the row starts mid-line
-  }
+  for (int64_t r = r0; r < r1; ++r) prefetch_span<_MM_HINT_T1>(g.A + r * g.lda + m0, cols * 2);
 }
 
 // Output tile t of p (row-major over its mtiles x ntiles, in p's walking order).
