@@ -3,6 +3,8 @@
 #include <cmath>
 #include <optional>
 
+#include <fmt/format.h>
+
 #include "core/error.h"
 #include "core/rng.h"
 #include "model/block_part.h"
@@ -81,6 +83,30 @@ void Linears::declare(int weight, const std::string& name, int64_t layer) {
 void Linears::declare_output(int weight, const std::string& name) {
   declared_.push_back({weight, name});
   if (opt_.enabled && opt_.output_layer) cover(weight, name);
+}
+
+std::string Linears::describe_fp8() const {
+  if (!opt_.enabled) return {};
+  const bool hybrid = opt_.forward != opt_.backward;
+  std::string scaling;
+  switch (opt_.recipe) {
+    case Fp8Recipe::Delayed:
+      scaling = fmt::format("amax history {}, {}, margin {}", opt_.amax_history_len,
+                            opt_.amax_compute_algo == fp8::AmaxAlgo::Max ? "max" : "most_recent", opt_.margin);
+      break;
+    case Fp8Recipe::Tensorwise: scaling = "current scaling, one scale per tensor"; break;
+    case Fp8Recipe::Blockwise: scaling = "1 x 128 tiles and 128 x 128 weight blocks, power-of-two scales"; break;
+    case Fp8Recipe::Mxfp8: scaling = "1 x 32 blocks, E8M0 scales"; break;
+  }
+  std::string out;
+  if (opt_.bf16_layers_at_start > 0 || opt_.bf16_layers_at_end > 0)
+    out += fmt::format(", the first {} and last {} decoder layers' kept out", opt_.bf16_layers_at_start,
+                       opt_.bf16_layers_at_end);
+  out += opt_.output_layer ? ", the output layer's included (fp8_output_layer)" : ", the output layer's kept out";
+  return fmt::format("FP8 {}: {} ({}); {} of this rank's {} linears in FP8{}; weight gradients {}",
+                     hybrid ? "hybrid (E4M3 forward, E5M2 gradients)" : "e4m3", fp8_recipe_name(opt_.recipe), scaling,
+                     order_.size(), declared_.size(), out,
+                     opt_.wgrad ? "in FP8 too" : "in the activation dtype (fp8_wgrad false)");
 }
 
 void Linears::cover(int weight, const std::string& name) {

@@ -131,6 +131,9 @@ class Linears {
   std::vector<int> adapters_of(const std::vector<int>& weights) const;
   bool fp8(int weight) const { return state_.count(weight) > 0; }
   const Fp8Options& fp8_options() const { return opt_; }
+  // What FP8 covers, for the start-up log: the formats, the recipe and its scaling, how many of
+  // the declared linears run in FP8 and which are kept out. Empty when FP8 is off.
+  std::string describe_fp8() const;
 
   void forward(float alpha, const Tensor& x, const Tensor& W, int weight, float beta, const Tensor& C, Tensor& D,
                const Tensor& bias) const;

@@ -656,6 +656,12 @@ void Trainer::open_outputs() {
               100.0 * double(trainable) / double(p.numel()), p.numel(), dp_->memory().optimizer / 1048576.0);
   }
   log::info("compute: {}", compute_.describe());
+  if (const std::string fp8 = model_->linears().describe_fp8(); !fp8.empty())  // docs/fp8.md
+    log::info("{}; {}, counted in MFU against the peak named below (not an FP8 peak)", fp8,
+              compute_.device == Device::CUDA ? "cuBLASLt's FP8 GEMMs where the GPU and the problem allow them (the "
+                                                "backend names any that run as the bf16 GEMM of the same values)"
+                                              : "the GEMMs are the backend's own GEMMs of the FP8 values (the exact "
+                                                "emulation)");
   if (a_.use_precision_aware_optimizer)  // docs/optim.md#low-precision-optimizer-state
     log::info("precision-aware optimizer: main_grads_dtype {}, main_params_dtype {}, exp_avg_dtype {}, "
               "exp_avg_sq_dtype {}; AdamW state {:.3f} MiB on this rank",

@@ -151,6 +151,12 @@ TEST(Fp8Linears, FirstAndLastLayersStayInBf16AndWgradCanStayInHighPrecision) {
   for (int l = 0; l < 5; ++l) lin.declare(l, "w", l);
   EXPECT_EQ(std::vector<bool>({lin.fp8(0), lin.fp8(1), lin.fp8(2), lin.fp8(3), lin.fp8(4)}),
             std::vector<bool>({false, true, true, false, false}));
+  // The start-up log's line (Trainer) says what is covered and what is kept out.
+  EXPECT_EQ(lin.describe_fp8(),
+            "FP8 hybrid (E4M3 forward, E5M2 gradients): tensorwise (current scaling, one scale per tensor); 2 of this "
+            "rank's 5 linears in FP8, the first 1 and last 2 decoder layers' kept out, the output layer's kept out; "
+            "weight gradients in FP8 too");
+  EXPECT_EQ(Linears(be, DType::F32, Fp8Options{}, 5).describe_fp8(), "");
   o.wgrad = false;
   Linears hp(be, DType::F32, o, 5);
   hp.declare(1, "w", 1);
