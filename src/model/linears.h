@@ -105,7 +105,9 @@ class Linears {
           const LoraOptions& lora = {});
 
   // Declares weight `weight` (named `name`, of decoder layer `layer`) a linear: FP8 covers it when
-  // FP8 is on and the layer is not one of those kept in bf16; LoRA when lora.target_modules names it.
+  // FP8 is on and the layer is not one of those kept in bf16 (first_last_layers_bf16 counts the
+  // decoder's layers; a multi-token-prediction depth, layer num_layers + k, is never kept out, as
+  // in Megatron); LoRA when lora.target_modules names it.
   void declare(int weight, const std::string& name, int64_t layer);
   // Declares the output layer's weight (the tied embedding's, or output_layer.weight) a linear: FP8
   // covers it when FP8 and fp8 output_layer are on (first_last_layers_bf16 counts decoder layers).

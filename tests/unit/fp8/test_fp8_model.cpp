@@ -157,6 +157,8 @@ TEST(Fp8Linears, FirstAndLastLayersStayInBf16AndWgradCanStayInHighPrecision) {
             "rank's 5 linears in FP8, the first 1 and last 2 decoder layers' kept out, the output layer's kept out; "
             "weight gradients in FP8 too");
   EXPECT_EQ(Linears(be, DType::F32, Fp8Options{}, 5).describe_fp8(), "");
+  lin.declare(5, "mtp", 5);  // a multi-token-prediction depth (layer num_layers + k): never kept out
+  EXPECT_TRUE(lin.fp8(5));
   o.wgrad = false;
   Linears hp(be, DType::F32, o, 5);
   hp.declare(1, "w", 1);
@@ -235,6 +237,30 @@ double train(const Fp8Options& o, std::vector<double>* losses = nullptr) {
     if (losses) losses->push_back(loss);
   }
   return loss;
+}
+
+// DeepSeek-V3's multi-token-prediction depths run in FP8 whenever FP8 is on, as in Megatron's
+// global FP8 context: first_last_layers_bf16 keeps decoder layers out, not the depths.
+TEST(Fp8Model, MtpDepthsRunInFp8WhateverTheLastLayersKeepOut) {
+  cpu::CpuBackend be;
+  ModelSpec spec = tiny();
+  spec.mtp_num_layers = 1;
+  LlamaOptions lo;
+  lo.fp8.enabled = true;
+  lo.fp8.bf16_layers_at_start = 1;
+  lo.fp8.bf16_layers_at_end = 1;
+  LlamaModel m(spec, be, Precision::Fp32, lo);
+  int mtp = 0, decoder = 0;
+  for (size_t id = 0; id < m.params().infos().size(); ++id) {
+    const std::string& name = m.params().infos()[id].name;
+    if (!m.linears().fp8(int(id))) continue;
+    if (name.starts_with("mtp.layers.0."))
+      ++mtp;
+    else
+      ++decoder;
+  }
+  EXPECT_EQ(mtp, 5);  // eh_proj, linear_qkv, linear_proj, linear_fc1, linear_fc2
+  EXPECT_EQ(decoder, 4 * (spec.num_layers - 2));
 }
 
 TEST(Fp8Model, EveryRecipeLearnsABatchLikeFp32) {
