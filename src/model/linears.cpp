@@ -79,8 +79,7 @@ void Linears::declare(int weight, const std::string& name, int64_t layer) {
   // first_last_layers_bf16 counts decoder layers; the multi-token-prediction depths (layers
   // num_layers + k) run in FP8 whenever it is on, as in Megatron's global FP8 context.
   const bool mtp = layer >= num_layers_;
-  if (opt_.enabled &&
-      (mtp || (layer >= opt_.bf16_layers_at_start && layer < num_layers_ - opt_.bf16_layers_at_end)))
+  if (opt_.enabled && (mtp || (layer >= opt_.bf16_layers_at_start && layer < num_layers_ - opt_.bf16_layers_at_end)))
     cover(weight, name);
 }
 
