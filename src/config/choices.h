@@ -47,9 +47,13 @@ struct Choice {
   const char* name;  // "" is the spelling of "unset" where a key has one
 };
 
-inline constexpr Choice<Recompute> kRecomputeChoices[] = {
-    {Recompute::None, ""}, {Recompute::Full, "full"}, {Recompute::Selective, "selective"}};
-inline constexpr Choice<CpComm> kCpCommChoices[] = {{CpComm::P2P, "p2p"}, {CpComm::A2A, "a2a"}};
+// The model's enums are spelled by model/options.h's name functions (the log's names too); the
+// tables below take those, adding "" where a key has an unset value.
+inline constexpr Choice<Recompute> kRecomputeChoices[] = {{Recompute::None, ""},
+                                                          {Recompute::Full, recompute_name(Recompute::Full)},
+                                                          {Recompute::Selective, recompute_name(Recompute::Selective)}};
+inline constexpr Choice<CpComm> kCpCommChoices[] = {{CpComm::P2P, cp_comm_name(CpComm::P2P)},
+                                                    {CpComm::A2A, cp_comm_name(CpComm::A2A)}};
 inline constexpr Choice<DpSharding> kDpShardingChoices[] = {{DpSharding::Unset, ""},
                                                            {DpSharding::NoShard, "no_shard"},
                                                            {DpSharding::Optim, "optim"},
@@ -58,12 +62,14 @@ inline constexpr Choice<DpSharding> kDpShardingChoices[] = {{DpSharding::Unset, 
 
 inline constexpr Choice<Fp8Mode> kFp8ModeChoices[] = {
     {Fp8Mode::Off, ""}, {Fp8Mode::E4M3, "e4m3"}, {Fp8Mode::Hybrid, "hybrid"}};
-inline constexpr Choice<Fp8Recipe> kFp8RecipeChoices[] = {{Fp8Recipe::Delayed, "delayed"},
-                                                         {Fp8Recipe::Tensorwise, "tensorwise"},
-                                                         {Fp8Recipe::Blockwise, "blockwise"},
-                                                         {Fp8Recipe::Mxfp8, "mxfp8"}};
-inline constexpr Choice<fp8::AmaxAlgo> kAmaxAlgoChoices[] = {{fp8::AmaxAlgo::Max, "max"},
-                                                            {fp8::AmaxAlgo::MostRecent, "most_recent"}};
+inline constexpr Choice<Fp8Recipe> kFp8RecipeChoices[] = {{Fp8Recipe::Delayed, fp8_recipe_name(Fp8Recipe::Delayed)},
+                                                          {Fp8Recipe::Tensorwise,
+                                                           fp8_recipe_name(Fp8Recipe::Tensorwise)},
+                                                          {Fp8Recipe::Blockwise, fp8_recipe_name(Fp8Recipe::Blockwise)},
+                                                          {Fp8Recipe::Mxfp8, fp8_recipe_name(Fp8Recipe::Mxfp8)}};
+inline constexpr Choice<fp8::AmaxAlgo> kAmaxAlgoChoices[] = {
+    {fp8::AmaxAlgo::Max, fp8::amax_algo_name(fp8::AmaxAlgo::Max)},
+    {fp8::AmaxAlgo::MostRecent, fp8::amax_algo_name(fp8::AmaxAlgo::MostRecent)}};
 
 inline constexpr Choice<OptimDtype> kOptimDtypeChoices[] = {
     {OptimDtype::Fp32, "fp32"}, {OptimDtype::Bf16, "bf16"}, {OptimDtype::Fp16, "fp16"}, {OptimDtype::Fp8, "fp8"}};

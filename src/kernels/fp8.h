@@ -79,6 +79,7 @@ float amax(const float* x, int64_t n);
 // Delayed scaling's per-tensor state (TE's DelayedScaling): the amax history, newest first, and the
 // scale the next quantizations use.
 enum class AmaxAlgo : uint8_t { Max, MostRecent };
+constexpr const char* amax_algo_name(AmaxAlgo a) { return a == AmaxAlgo::Max ? "max" : "most_recent"; }  // Megatron's
 struct DelayedScale {
   std::vector<float> history;  // [amax_history_len]; history[0] collects the current amaxes
   float scale = 1.0f;

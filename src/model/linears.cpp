@@ -95,7 +95,7 @@ std::string Linears::describe_fp8() const {
   switch (opt_.recipe) {
     case Fp8Recipe::Delayed:
       scaling = fmt::format("amax history {}, {}, margin {}", opt_.amax_history_len,
-                            opt_.amax_compute_algo == fp8::AmaxAlgo::Max ? "max" : "most_recent", opt_.margin);
+                            fp8::amax_algo_name(opt_.amax_compute_algo), opt_.margin);
       break;
     case Fp8Recipe::Tensorwise: scaling = "current scaling, one scale per tensor"; break;
     case Fp8Recipe::Blockwise: scaling = "1 x 128 tiles and 128 x 128 weight blocks, power-of-two scales"; break;
