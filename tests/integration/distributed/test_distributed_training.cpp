@@ -214,6 +214,14 @@ class Distributed : public ::testing::Test {
     EXPECT_NE(got.out.find("parallel layout: world " + std::to_string(nproc)), std::string::npos) << got.out;
   }
 
+  // Run "half": `overrides` on nproc ranks, stopped at iteration 10 with the 20-iteration
+  // schedule; returns the option that resumes from its checkpoint.
+  std::string stopped_at_10(int nproc, const std::string& overrides) {
+    const Result half = run(nproc, "half", overrides + " --train_iters 10 --lr_decay_iters 20");
+    EXPECT_EQ(half.status, 0) << half.out;
+    return " --load " + (dir_ / "ws" / "half" / "checkpoints").string();
+  }
+
   // The one-process run "ref" (20 iterations) and run "first" under tp2 x pp2, stopped at iteration
   // 10 with ref's schedule; returns first's checkpoint folder.
   std::string reference_and_tp2pp2_checkpoint(const std::string& overrides) {
@@ -514,9 +522,8 @@ TEST_F(DistributedFp8, DelayedResumesBitForBitAndUnderOtherLayouts) {
   const std::string fsdp = std::string(kFp8Delayed) + " --data_parallel_sharding_strategy optim_grads_params";
   Result whole = run(2, "whole", fsdp);
   ASSERT_EQ(whole.status, 0) << whole.out;
-  Result half = run(2, "half", fsdp + " --train_iters 10 --lr_decay_iters 20");
-  ASSERT_EQ(half.status, 0) << half.out;
-  const std::string load = " --load " + (dir_ / "ws" / "half" / "checkpoints").string();
+  const std::string load = stopped_at_10(2, fsdp);
+  ASSERT_FALSE(HasFailure());
   Result same = run(2, "same", fsdp + load);
   ASSERT_EQ(same.status, 0) << same.out;
   Result one = run(1, "one", kFp8Delayed + load);
@@ -862,9 +869,8 @@ TEST_F(Distributed, MtpCheckpointResumesBitForBit) {
   const std::string model = std::string(kMla) + kMtp;
   Result ref = reference(model);
   ASSERT_EQ(ref.status, 0) << ref.out;
-  Result half = run(1, "half", model + " --train_iters 10 --lr_decay_iters 20");
-  ASSERT_EQ(half.status, 0) << half.out;
-  const std::string load = " --load " + (dir_ / "ws" / "half" / "checkpoints").string();
+  const std::string load = stopped_at_10(1, model);
+  ASSERT_FALSE(HasFailure());
   Result one = run(1, "one", model + load);
   ASSERT_EQ(one.status, 0) << one.out;
   Result pp2 = run(2, "pp2", model + load + " --pipeline_model_parallel_size 2");
