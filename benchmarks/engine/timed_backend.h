@@ -73,9 +73,9 @@ class TimedBackend final : public ops::Backend {
     time(GroupedGemm, "grouped_gemm", [&] { in_.grouped_gemm(ta, tb, alpha, A, B, beta, D); });
   }
   Fp8Quantized quantize_fp8(const Tensor& src, fp8::Format f, fp8::Granularity g, bool reduce_cols, float scale,
-                            Tensor& dst) override {
+                            Tensor& dst, const Fp8AmaxOut& amax_out = {}) override {
     Fp8Quantized q;
-    time(Fp8Quantize, "quantize_fp8", [&] { q = in_.quantize_fp8(src, f, g, reduce_cols, scale, dst); });
+    time(Fp8Quantize, "quantize_fp8", [&] { q = in_.quantize_fp8(src, f, g, reduce_cols, scale, dst, amax_out); });
     return q;
   }
   void rmsnorm_forward(const Tensor& x, const Tensor& w, Tensor& y, Tensor& rstd, float eps) override {

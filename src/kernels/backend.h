@@ -67,6 +67,17 @@ void refuse_window_and_sinks(const AttentionShape& s, const char* op);
 // fp32 statistics for bf16/fp32 activations, fp64 for fp64.
 inline DType stat_dtype(DType activation) { return activation == DType::F64 ? DType::F64 : DType::F32; }
 
+// Where Backend::quantize_fp8 leaves amax |src|. By default it returns it (Fp8Quantized::amax), for
+// which a GPU backend waits for the device. With `acc` (fp32, on the backend's device) it folds it
+// into acc[index] instead, as fp8::fold_amax folds (the larger; a NaN sticks), and returns 0 without
+// waiting: delayed scaling's amaxes, read back once per step (model/linears.h). `needed` false: the
+// caller does not use it (returned 0, no wait).
+struct Fp8AmaxOut {
+  Tensor acc{};
+  int64_t index = 0;
+  bool needed = true;
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -242,8 +253,13 @@ class Backend {
     float amax = 0, scale = 1;
     Tensor block_scales{};
   };
+  // Where quantize_fp8 leaves amax |src| (ops::Fp8AmaxOut, above the class).
+  using Fp8AmaxOut = ops::Fp8AmaxOut;
   virtual Fp8Quantized quantize_fp8(const Tensor& src, fp8::Format format, fp8::Granularity granularity,
-                                    bool reduce_cols, float scale, Tensor& dst);
+                                    bool reduce_cols, float scale, Tensor& dst, const Fp8AmaxOut& amax_out = {});
+  // q as quantize_fp8 returns it under amax_out: its amax folded into amax_out.acc (through a copy
+  // for a device's tensor) or dropped where amax_out says so. The host backends' last step.
+  static Fp8Quantized deliver_amax(Fp8Quantized q, const Fp8AmaxOut& amax_out);
   // An FP8 GEMM: gemm() (grouped_gemm()) of quantize_fp8's output, in the activation dtype: operands
   // that hold FP8 values (tensor granularity, the tensor scales carried in alpha) or FP8 values times
   // their blocks' inverse scales (blocks). The defaults are gemm() and grouped_gemm() themselves:

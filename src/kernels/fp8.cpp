@@ -17,10 +17,9 @@ Layout layout_of(Format f) { return f == Format::E4M3 ? Layout{3, 7, -6} : Layou
 
 scalar::Format scalar_format(Format f) { return f == Format::E4M3 ? scalar::e4m3() : scalar::e5m2(); }
 
-// max(a, b) where a NaN wins.
-float nan_max(float a, float b) { return std::isnan(a) || std::isnan(b) ? NAN : std::max(a, b); }
-
 }  // namespace
+
+float fold_amax(float a, float b) { return std::isnan(a) || std::isnan(b) ? NAN : std::max(a, b); }
 
 const char* format_name(Format f) { return f == Format::E4M3 ? "e4m3" : "e5m2"; }
 float max_finite(Format f) { return scalar_format(f).max; }
@@ -148,7 +147,7 @@ float quantize(const float* x, int64_t rows, int64_t cols, Format f, Granularity
         nan = nan || cm[c] != cm[c];
       }
       if (nan) a = NAN;
-      total = nan_max(total, a);
+      total = fold_amax(total, a);
       const float sc = block_scale(a, g, fmax), inv = scalar::inverse_pow2(sc);
       std::fill(mul.begin() + c0, mul.begin() + c0 + nc, sc);
       std::fill(post.begin() + c0, post.begin() + c0 + nc, inv);
@@ -158,7 +157,7 @@ float quantize(const float* x, int64_t rows, int64_t cols, Format f, Granularity
   return total;
 }
 
-void DelayedScale::record(float a) { history[0] = nan_max(history[0], a); }
+void DelayedScale::record(float a) { history[0] = fold_amax(history[0], a); }
 
 void DelayedScale::update(AmaxAlgo algo, float scaled_max) {
   const float newest = history[0];

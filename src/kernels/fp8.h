@@ -75,6 +75,8 @@ int64_t band_rows(Granularity g, bool reduce_cols);
 int64_t block_cols(Granularity g, bool reduce_cols);
 // amax |x| over n values (NaN when one is NaN).
 float amax(const float* x, int64_t n);
+// Two amaxes as one: the larger, a NaN in either sticking.
+float fold_amax(float a, float b);
 
 // Delayed scaling's per-tensor state (TE's DelayedScaling): the amax history, newest first, and the
 // scale the next quantizations use.

@@ -126,17 +126,32 @@ void Backend::check_fp8_operands(const Tensor& src, const Tensor& dst) {
                dtype_name(dst.dtype()), dst.shape_str());
 }
 
+Backend::Fp8Quantized Backend::deliver_amax(Fp8Quantized q, const Fp8AmaxOut& amax_out) {
+  if (amax_out.acc.defined()) {
+    const Tensor& acc = amax_out.acc;
+    PRIMUS_CHECK(acc.dtype() == DType::F32 && amax_out.index >= 0 && amax_out.index < acc.numel(),
+                 "quantize_fp8: amax accumulator {} {}, element {}", dtype_name(acc.dtype()), acc.shape_str(),
+                 amax_out.index);
+    Tensor host = acc.device() == Device::CPU ? acc : acc.to(Device::CPU);
+    float& a = host.data<float>()[amax_out.index];
+    a = fp8::fold_amax(a, q.amax);
+    if (acc.device() != Device::CPU) Tensor(acc).copy_from(host);
+  }
+  if (amax_out.acc.defined() || !amax_out.needed) q.amax = 0.0f;
+  return q;
+}
+
 Backend::Fp8Quantized Backend::quantize_fp8(const Tensor& src, fp8::Format format, fp8::Granularity granularity,
-                                            bool reduce_cols, float scale, Tensor& dst) {
+                                            bool reduce_cols, float scale, Tensor& dst, const Fp8AmaxOut& amax_out) {
   check_fp8_operands(src, dst);
   const Fp8Request r{format, granularity, reduce_cols, scale};
   if (src.device() == Device::CPU && dst.device() == Device::CPU)
-    return quantize_in_bands(src, r, dst, default_fp8_band_kernel());
+    return deliver_amax(quantize_in_bands(src, r, dst, default_fp8_band_kernel()), amax_out);
   const Tensor h = src.to(Device::CPU);
   Tensor out = Tensor::empty(dst.shape(), dst.dtype());
   const Fp8Quantized q = quantize_in_bands(h, r, out, default_fp8_band_kernel());
   dst.copy_from(out);
-  return q;
+  return deliver_amax(q, amax_out);
 }
 
 }  // namespace primus::ops

@@ -113,8 +113,11 @@ std::string Linears::describe_fp8() const {
 }
 
 void Linears::cover(int weight, const std::string& name) {
-  Scales s{name, {fp8::DelayedScale(opt_.amax_history_len), fp8::DelayedScale(opt_.amax_history_len),
-                  fp8::DelayedScale(opt_.amax_history_len)}};
+  Scales s{name,
+           {fp8::DelayedScale(opt_.amax_history_len), fp8::DelayedScale(opt_.amax_history_len),
+            fp8::DelayedScale(opt_.amax_history_len)},
+           int64_t(order_.size())};
+  amax_acc_ = Tensor();  // sized by the linears covered
   state_.emplace(weight, std::move(s));
   order_.push_back(weight);
 }
@@ -132,11 +135,13 @@ fp8::Granularity fp8_granularity(Fp8Recipe recipe, bool weight) {
 fp8::Granularity Linears::granularity(Operand op) const { return fp8_granularity(opt_.recipe, op == W); }
 
 Linears::Quantized Linears::quantize(const Tensor& src, Operand op, int weight, bool reduce_cols, Tensor& dst) const {
-  fp8::DelayedScale& d = state_.at(weight).operand[op];
+  const Scales& s = state_.at(weight);
   const bool delayed = opt_.recipe == Fp8Recipe::Delayed;
+  // Only delayed scaling keeps the amax: folded into its accumulator where the backend computes.
+  ops::Backend::Fp8AmaxOut amax{Tensor(), 0, false};
+  if (delayed) amax = {amax_accumulator(), 3 * s.slot + op, true};
   const ops::Backend::Fp8Quantized q = be_.quantize_fp8(src, format(op), granularity(op), reduce_cols,
-                                                        delayed ? d.scale : 0.0f, dst);
-  if (delayed) d.record(q.amax);
+                                                        delayed ? s.operand[op].scale : 0.0f, dst, amax);
   return {1.0f / q.scale, {format(op), granularity(op), q.block_scales}};
 }
 
@@ -327,7 +332,24 @@ void Linears::grouped(Gemm kind, const std::vector<Tensor>& A, const std::vector
     if (const Adapter* ad = adapter(weights[i])) adapter_gemm(kind, 1.0f, A[i], B[i], *ad, D[i]);
 }
 
+const Tensor& Linears::amax_accumulator() const {
+  if (!amax_acc_.defined()) amax_acc_ = be_.zeros({int64_t(order_.size()) * 3}, DType::F32);
+  return amax_acc_;
+}
+
+void Linears::fold_pending() const {
+  if (!amax_acc_.defined()) return;
+  const Tensor host = amax_acc_.to(Device::CPU);  // one copy (and wait) for every linear's amaxes
+  const float* a = host.data<float>();
+  for (int w : order_) {
+    Scales& s = state_.at(w);
+    for (int op = 0; op < 3; ++op) s.operand[op].record(a[3 * s.slot + op]);
+  }
+  amax_acc_ = Tensor();
+}
+
 std::vector<float> Linears::current_amaxes() const {
+  fold_pending();
   std::vector<float> v;
   v.reserve(order_.size() * 3);
   for (int w : order_)
@@ -338,6 +360,7 @@ std::vector<float> Linears::current_amaxes() const {
 void Linears::update_scales(const std::vector<float>& amaxes) {
   PRIMUS_CHECK(amaxes.size() == order_.size() * 3, "update_scales: {} amaxes for {} FP8 linears", amaxes.size(),
                order_.size());
+  amax_acc_ = Tensor();  // amaxes holds what it had (current_amaxes), reduced over the ranks
   size_t i = 0;
   for (int w : order_)
     for (int op = 0; op < 3; ++op) {
@@ -355,6 +378,7 @@ std::vector<std::string> Linears::state_names() const {
 }
 
 std::map<std::string, std::vector<float>> Linears::state() const {
+  fold_pending();
   std::map<std::string, std::vector<float>> out;
   for (int w : order_) {
     std::vector<float>& v = out[state_.at(w).name + ".fp8_scaling"];
@@ -368,6 +392,7 @@ std::map<std::string, std::vector<float>> Linears::state() const {
 
 std::vector<std::string> Linears::load_state(const std::map<std::string, std::vector<float>>& saved) {
   const size_t per = size_t(opt_.amax_history_len) + 1;
+  fold_pending();  // a fresh linear keeps what it recorded, as before a load
   std::vector<std::string> fresh;
   for (int w : order_) {
     const std::string name = state_.at(w).name + ".fp8_scaling";
@@ -387,6 +412,7 @@ std::vector<std::string> Linears::load_state(const std::map<std::string, std::ve
 }
 
 void Linears::clear_current_amaxes() {
+  amax_acc_ = Tensor();
   for (int w : order_)
     for (auto& d : state_.at(w).operand) d.history[0] = 0.0f;
 }

@@ -170,6 +170,7 @@ class Linears {
   struct Scales {
     std::string name;
     fp8::DelayedScale operand[3];
+    int64_t slot = 0;  // its position in order_: its amaxes' accumulators are amax_acc_[3 slot + operand]
   };
   // dst = src quantized for a GEMM reducing over its columns or rows: 1 / its tensor scale (1 for
   // blocks), and the operand as the FP8 GEMM takes it (format, granularity, block scales).
@@ -204,6 +205,12 @@ class Linears {
   Fp8Options opt_;
   int64_t num_layers_;
   mutable std::map<int, Scales> state_;  // FP8 linears by weight id (amaxes recorded in const passes)
+  // Delayed scaling: the amaxes of the quantizations since the last read, on the backend's device
+  // ([linears x 3], folded there by quantize_fp8 without waiting for it); fold_pending() folds them
+  // into each history's current entry, once per step (current_amaxes) rather than per quantization.
+  mutable Tensor amax_acc_;
+  const Tensor& amax_accumulator() const;
+  void fold_pending() const;
   std::vector<int> order_;               // declaration order
   LoraOptions lora_;
   struct Declared {

@@ -256,10 +256,10 @@ std::vector<double> TracedBackend::row_dots(const Tensor& a, const std::vector<i
 
 ops::Backend::Fp8Quantized TracedBackend::quantize_fp8(const Tensor& src, fp8::Format format,
                                                        fp8::Granularity granularity, bool reduce_cols, float scale,
-                                                       Tensor& dst) {
-  if (!p_.active()) return be_.quantize_fp8(src, format, granularity, reduce_cols, scale, dst);
+                                                       Tensor& dst, const Fp8AmaxOut& amax_out) {
+  if (!p_.active()) return be_.quantize_fp8(src, format, granularity, reduce_cols, scale, dst, amax_out);
   Event& e = p_.op_begin("quantize_fp8");
-  const Fp8Quantized q = be_.quantize_fp8(src, format, granularity, reduce_cols, scale, dst);
+  const Fp8Quantized q = be_.quantize_fp8(src, format, granularity, reduce_cols, scale, dst, amax_out);
   const Mark end = p_.clock().device(nullptr);
   const ops::OpCall c = ops::quantize_fp8_call(src, dst);
   finish(e, end, OpKind::Forward, nullptr, "fp8", c.dtype, {c.a, c.b}, c.flops, c.bytes);

@@ -62,7 +62,7 @@ class TracedBackend final : public ops::Backend {
                         Tensor& out) override;
   std::vector<double> row_dots(const Tensor& a, const std::vector<int32_t>& rows, const Tensor& b) override;
   Fp8Quantized quantize_fp8(const Tensor& src, fp8::Format format, fp8::Granularity granularity, bool reduce_cols,
-                            float scale, Tensor& dst) override;
+                            float scale, Tensor& dst, const Fp8AmaxOut& amax_out = {}) override;
   void embedding_forward(const Tensor& tokens, const Tensor& table, Tensor& out) override;
   void embedding_backward(const std::vector<int32_t>& host_tokens, const Tensor& dout, Tensor& dtable) override;
   void column_sum_accumulate(const Tensor& dy, Tensor& out) override;

@@ -28,6 +28,9 @@
 #include "support/relative_error.h"
 #include "support/sft_packed_batches.h"
 #include "train/trainer.h"
+#ifdef PRIMUS_EMULATED_GPU
+#include "emu/counters.h"
+#endif
 
 using namespace primus;
 using namespace primus::gputest;
@@ -1148,6 +1151,74 @@ TEST(CudaBackend, Fp8QuantizeIsTheHostsBitForBit) {
             }
     }
   }
+}
+
+// How often the host has waited for the GPU so far (the emulated GPU counts it; elsewhere 0, and
+// the tests below check the values only).
+uint64_t host_waits() {
+#ifdef PRIMUS_EMULATED_GPU
+  return emu::counters().host_waits;
+#else
+  return 0;
+#endif
+}
+
+// Delayed scaling's amaxes stay on the GPU (ops::Fp8AmaxOut): quantize_fp8 folds each into its
+// accumulator element there (the larger; a NaN sticks) and returns without waiting for the device,
+// and the block recipes, which use no amax, do not wait either; current scaling waits, for its
+// scale. A delayed FP8 linear's three GEMMs then run without a wait, and its amaxes, read
+// back once (Linears::current_amaxes), are the reference backend's.
+TEST(CudaBackend, Fp8AmaxesFoldOnTheGpuWithoutWaiting) {
+  PRIMUS_REQUIRE_GPU();
+  cuda::CudaBackend gpu;
+  cpu::ReferenceBackend ref;
+  Tensor x = random_host({64, 96}, DType::BF16, 7, 3.0), xn = random_host({64, 96}, DType::BF16, 8, 1.0);
+  xn.data<bf16>()[100] = bf16::from_float(NAN);
+  Tensor tmp = Tensor::empty(x.shape(), DType::BF16);
+  const float a = ref.quantize_fp8(x, fp8::Format::E4M3, fp8::Granularity::Tensor, true, 2.0f, tmp).amax;
+  const float small = ref.quantize_fp8(xn, fp8::Format::E4M3, fp8::Granularity::Mx32, true, 0.0f, tmp).amax;
+  ASSERT_GT(a, 0.0f);
+  ASSERT_TRUE(std::isnan(small));
+  const Tensor xg = x.to(Device::CUDA), xng = xn.to(Device::CUDA);
+  Tensor acc = gpu.zeros({4}, DType::F32), got = gpu.empty(x.shape(), DType::BF16);
+  const uint64_t before = host_waits();
+  const ops::Fp8AmaxOut slot1{acc, 1, true}, slot2{acc, 2, true}, none{Tensor(), 0, false};
+  EXPECT_EQ(gpu.quantize_fp8(xg, fp8::Format::E4M3, fp8::Granularity::Tensor, true, 2.0f, got, slot1).amax, 0.0f);
+  gpu.quantize_fp8(xg, fp8::Format::E5M2, fp8::Granularity::Tile1x128, false, 0.0f, got, slot1);  // the same amax
+  gpu.quantize_fp8(xng, fp8::Format::E4M3, fp8::Granularity::Mx32, true, 0.0f, got, slot2);       // a NaN ...
+  gpu.quantize_fp8(xg, fp8::Format::E4M3, fp8::Granularity::Tensor, true, 1.0f, got, slot2);      // ... sticks
+  gpu.quantize_fp8(xg, fp8::Format::E4M3, fp8::Granularity::Block128, true, 0.0f, got, none);
+  EXPECT_EQ(host_waits() - before, 0u) << "quantize_fp8 waited for the GPU";
+  const uint64_t current = host_waits();
+  EXPECT_EQ(gpu.quantize_fp8(xg, fp8::Format::E4M3, fp8::Granularity::Tensor, true, 0.0f, got, none).amax, 0.0f);
+  if (current != 0) EXPECT_GE(host_waits() - current, 1u) << "current scaling waits for its scale";
+  const std::vector<float> v = values(acc);
+  EXPECT_EQ(v[0], 0.0f);
+  EXPECT_EQ(v[1], a);
+  EXPECT_TRUE(std::isnan(v[2]));
+  EXPECT_EQ(v[3], 0.0f);
+  EXPECT_EQ(gpu.quantize_fp8(xg, fp8::Format::E4M3, fp8::Granularity::Tensor, true, 2.0f, got).amax, a);  // returned
+
+  Fp8Options o;
+  o.enabled = true;  // hybrid delayed, Primus's default
+  Linears lr(ref, DType::BF16, o, 1), lg(gpu, DType::BF16, o, 1);
+  lr.declare(0, "w", 0);
+  lg.declare(0, "w", 0);
+  const Tensor W = random_host({48, 96}, DType::BF16, 9, 1.0), dy = random_host({64, 48}, DType::BF16, 10, 1.0);
+  const Tensor Wg = W.to(Device::CUDA), dyg = dy.to(Device::CUDA);
+  Tensor y = Tensor::empty({64, 48}, DType::BF16), dx = Tensor::empty({64, 96}, DType::BF16),
+         gW = Tensor::zeros({48, 96}, DType::F32);
+  Tensor yg = gpu.empty({64, 48}, DType::BF16), dxg = gpu.empty({64, 96}, DType::BF16),
+         gWg = gpu.zeros({48, 96}, DType::F32);
+  lr.forward(1.0f, x, W, 0, 0.0f, Tensor(), y, Tensor());
+  lr.input_grad(1.0f, dy, W, 0, 0.0f, Tensor(), dx);
+  lr.weight_grad(1.0f, dy, x, 0, gW);
+  const uint64_t linear = host_waits();
+  lg.forward(1.0f, xg, Wg, 0, 0.0f, Tensor(), yg, Tensor());
+  lg.input_grad(1.0f, dyg, Wg, 0, 0.0f, Tensor(), dxg);
+  lg.weight_grad(1.0f, dyg, xg, 0, gWg);
+  EXPECT_EQ(host_waits() - linear, 0u) << "a delayed FP8 linear's GEMMs waited for the GPU";
+  EXPECT_EQ(lg.current_amaxes(), lr.current_amaxes());
 }
 
 // FP8 linears (docs/fp8.md) on the GPU, GEMM by GEMM: from the same bf16 operands, each recipe's

@@ -575,11 +575,20 @@ void CudaBackend::ce_chunk_backward(const Tensor& logits, const Tensor& lse, con
 
 ops::Backend::Fp8Quantized CudaBackend::quantize_fp8(const Tensor& src, fp8::Format format,
                                                      fp8::Granularity granularity, bool reduce_cols, float scale,
-                                                     Tensor& dst) {
+                                                     Tensor& dst, const Fp8AmaxOut& amax_out) {
   check_fp8_operands(src, dst);
   if (src.device() != Device::CUDA || dst.device() != Device::CUDA ||
       (src.dtype() != DType::BF16 && src.dtype() != DType::F32))
-    return ops::Backend::quantize_fp8(src, format, granularity, reduce_cols, scale, dst);
+    return ops::Backend::quantize_fp8(src, format, granularity, reduce_cols, scale, dst, amax_out);
+  // The amax folded into the accumulator on the GPU (no wait), or returned, or not at all.
+  const bool on_device = amax_out.acc.defined() && amax_out.acc.device() == Device::CUDA;
+  Fp8AmaxDest dest{nullptr, amax_out.needed || amax_out.acc.defined()};
+  if (on_device) {
+    PRIMUS_CHECK(amax_out.acc.dtype() == DType::F32 && amax_out.index >= 0 && amax_out.index < amax_out.acc.numel(),
+                 "quantize_fp8: amax accumulator {} {}, element {}", dtype_name(amax_out.acc.dtype()),
+                 amax_out.acc.shape_str(), amax_out.index);
+    dest.fold = static_cast<float*>(amax_out.acc.raw()) + amax_out.index;
+  }
   const bool tensor = granularity == fp8::Granularity::Tensor;
   // Blockwise's tiles and blocks: their dequantization scales for cuBLASLt's block-scaled GEMMs
   // too (gemm.h's layouts; gemm_fp8 decides whether they run).
@@ -594,8 +603,9 @@ ops::Backend::Fp8Quantized CudaBackend::quantize_fp8(const Tensor& src, fp8::For
   const Fp8Result r = fp8_quantize(src.raw(), dst.raw(), src.dtype() == DType::F32, src.size(0), src.size(1),
                                    format == fp8::Format::E4M3, tensor ? 0 : fp8::band_rows(granularity, reduce_cols),
                                    fp8::block_cols(granularity, reduce_cols), granularity == fp8::Granularity::Mx32,
-                                   scale, stream(), gs);
-  return {r.amax, r.scale, gemm_scales};
+                                   scale, stream(), gs, dest);
+  const Fp8Quantized q{r.amax, r.scale, gemm_scales};
+  return on_device ? q : deliver_amax(q, amax_out);
 }
 
 void CudaBackend::cast(const Tensor& src, Tensor& dst) {

@@ -82,7 +82,7 @@ class CudaBackend final : public ops::Backend {
   // On the GPU (cuda/fp8_quantize.h) for bf16 and fp32 device tensors: the host's values, bit for
   // bit, and for 1 x 128 tiles and 128 x 128 blocks their dequantization scales in cuBLASLt's layout.
   Fp8Quantized quantize_fp8(const Tensor& src, fp8::Format format, fp8::Granularity granularity, bool reduce_cols,
-                            float scale, Tensor& dst) override;
+                            float scale, Tensor& dst, const Fp8AmaxOut& amax_out = {}) override;
   void synchronize() override;
   MemoryStats memory_stats() const override;
   void reset_peak_memory() override;

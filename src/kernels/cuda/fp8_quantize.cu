@@ -15,6 +15,7 @@
 #include "kernels/cuda/fused_common.cuh"  // first: see its note on fmt
 
 #include <algorithm>
+#include <optional>
 
 #include "kernels/cuda/fp8_quantize.h"
 #include "kernels/fp8_scalar.h"
@@ -82,6 +83,14 @@ __global__ void __launch_bounds__(kThreads)
     warp_max(m, nan);
     if ((threadIdx.x & 31) == 0) fold(acc, m, nan != 0);
   }
+}
+
+// *dst = fold_amax(*dst, the amax in acc): on the bits, as the amaxes meet above (a NaN's canonical
+// bits exceed every other amax's, so one sticks).
+__global__ void fold_amax_kernel(const unsigned* __restrict__ acc, float* __restrict__ dst) {
+  unsigned* d = reinterpret_cast<unsigned*>(dst);
+  const unsigned v = acc[1] ? 0x7FC00000u : acc[0];
+  if (v > *d) *d = v;
 }
 
 // Where block (rb, cb) of x's blocks puts its dequantization scale for a GEMM (fp8_quantize.h,
@@ -167,7 +176,7 @@ GemmScaleIndex gemm_scale_index(bool k_along_cols, bool vec, int64_t outer, int6
 
 template <typename T>
 Fp8Result run(const T* x, T* out, int64_t rows, int64_t cols, bool e4m3, int64_t br, int64_t bc, bool mx, float scale,
-              cudaStream_t stream, const Fp8GemmScales& gs) {
+              cudaStream_t stream, const Fp8GemmScales& gs, const Fp8AmaxDest& dest) {
   const scalar::Format f = e4m3 ? scalar::e4m3() : scalar::e5m2();
   const int64_t n = rows * cols;
   Scratch acc_mem(2 * sizeof(unsigned));
@@ -179,6 +188,16 @@ Fp8Result run(const T* x, T* out, int64_t rows, int64_t cols, bool e4m3, int64_t
     PRIMUS_CUDA_CHECK(cudaStreamSynchronize(stream));
     return host[1] ? scalar::from_bits(0x7FC00000u) : scalar::from_bits(host[0]);
   };
+  // The amax where `dest` asks for it; `known`: already read back (current scaling's).
+  auto deliver = [&](std::optional<float> known) -> float {
+    if (dest.fold) {
+      fold_amax_kernel<<<1, 1, 0, stream>>>(acc, dest.fold);
+      PRIMUS_CUDA_CHECK_LAUNCH();
+      return 0.0f;
+    }
+    if (!dest.wanted) return 0.0f;
+    return known ? *known : amax_of();
+  };
   const unsigned grid = blocks_for(n, kThreads);
   if (br == 0) {  // tensor scaling
     const bool current = scale == 0.0f;
@@ -186,14 +205,18 @@ Fp8Result run(const T* x, T* out, int64_t rows, int64_t cols, bool e4m3, int64_t
       amax_kernel<T><<<grid, kThreads, 0, stream>>>(x, n, acc);
       PRIMUS_CUDA_CHECK_LAUNCH();
     }
-    if (current) scale = scalar::scale_from_amax(n > 0 ? amax_of() : 0.0f, f.max, false);
+    std::optional<float> known;
+    if (current) {
+      known = n > 0 ? amax_of() : 0.0f;
+      scale = scalar::scale_from_amax(*known, f.max, false);
+    }
     if (n > 0) {
       tensor_kernel<T><<<grid, kThreads, 0, stream>>>(x, out, n, scale, f, current ? nullptr : acc);
       PRIMUS_CUDA_CHECK_LAUNCH();
     }
-    return {n > 0 ? amax_of() : 0.0f, scale};
+    return {deliver(n > 0 ? known : std::optional<float>(0.0f)), scale};
   }
-  if (n == 0) return {0.0f, 1.0f};
+  if (n == 0) return {deliver(0.0f), 1.0f};
   const int64_t nbr = (rows + br - 1) / br, nbc = (cols + bc - 1) / bc, blocks = nbr * nbc;
   PRIMUS_CHECK(blocks < (int64_t(1) << 31), "quantize_fp8: {} blocks of {} x {}", blocks, br, bc);
   Scratch scales(size_t(2 * blocks) * sizeof(float));
@@ -220,19 +243,19 @@ Fp8Result run(const T* x, T* out, int64_t rows, int64_t cols, bool e4m3, int64_t
   PRIMUS_CUDA_CHECK_LAUNCH();
   block_kernel<T><<<grid, kThreads, 0, stream>>>(x, out, rows, cols, br, bc, nbc, mul, post, f);
   PRIMUS_CUDA_CHECK_LAUNCH();
-  return {amax_of(), 1.0f};
+  return {deliver(std::nullopt), 1.0f};
 }
 
 }  // namespace
 
 Fp8Result fp8_quantize(const void* x, void* out, bool f32, int64_t rows, int64_t cols, bool e4m3, int64_t block_rows,
-                       int64_t block_cols, bool mx, float scale, cudaStream_t stream,
-                       const Fp8GemmScales& gemm_scales) {
+                       int64_t block_cols, bool mx, float scale, cudaStream_t stream, const Fp8GemmScales& gemm_scales,
+                       const Fp8AmaxDest& amax) {
   if (f32)
     return run(static_cast<const float*>(x), static_cast<float*>(out), rows, cols, e4m3, block_rows, block_cols, mx,
-               scale, stream, gemm_scales);
+               scale, stream, gemm_scales, amax);
   return run(static_cast<const uint16_t*>(x), static_cast<uint16_t*>(out), rows, cols, e4m3, block_rows, block_cols, mx,
-             scale, stream, gemm_scales);
+             scale, stream, gemm_scales, amax);
 }
 
 void fp8_pack(const void* x, bool f32, int64_t rows, int64_t cols, bool e4m3, bool transpose, int64_t ld, uint8_t* out,

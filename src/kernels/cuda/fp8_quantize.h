@@ -1,7 +1,8 @@
 // The op set's quantize_fp8 on the GPU (kernels/cuda/fp8_quantize.cu): the same values as the
 // host's fp8::quantize (kernels/fp8.h), bit for bit, from the same scalar rules
 // (kernels/fp8_scalar.h). Row-major, contiguous, bf16 or fp32 in and out; runs on `stream` and
-// waits for the amax it returns (one small copy to the host).
+// waits for the amax it returns (one small copy to the host) unless told where else it goes
+// (Fp8AmaxDest).
 #pragma once
 
 #include <cstdint>
@@ -23,6 +24,15 @@ struct Fp8GemmScales {
   bool k_along_cols = true;
 };
 
+// What fp8_quantize does with amax |x|: returns it, waiting for the device (the default); folds it
+// into *fold on the device (a non-negative fp32 amax or a NaN, folded as fp8::fold_amax: the larger,
+// a NaN sticking) and returns 0 without waiting; or, not wanted, neither. Current scaling waits for
+// the amax whatever this says: the scale comes from it on the host.
+struct Fp8AmaxDest {
+  float* fold = nullptr;
+  bool wanted = true;
+};
+
 // x [rows, cols] quantized into out (same dtype: fp32 when f32, else bf16), in E4M3 (e4m3) or
 // E5M2:
 //   block_rows == 0       tensor scaling: out = round(x * scale), the FP8 values themselves;
@@ -33,7 +43,7 @@ struct Fp8GemmScales {
 //                         128 x 128 blocks only)
 Fp8Result fp8_quantize(const void* x, void* out, bool f32, int64_t rows, int64_t cols, bool e4m3, int64_t block_rows,
                        int64_t block_cols, bool mx, float scale, cudaStream_t stream,
-                       const Fp8GemmScales& gemm_scales = {});
+                       const Fp8GemmScales& gemm_scales = {}, const Fp8AmaxDest& amax = {});
 
 // x [rows, cols] (bf16 when !f32, else fp32) as FP8 bytes of E4M3 (e4m3) or E5M2, for cuBLASLt's
 // FP8 GEMMs (gemm.h): out [rows, cols], or with transpose out [cols, rows], each row `ld` (at least

@@ -223,7 +223,7 @@ std::vector<int64_t> MetaBackend::router_load(int64_t layer, int64_t tokens, int
 void MetaBackend::cast(const Tensor& src, Tensor& dst) { record(cast_call(src, dst)); }
 
 Backend::Fp8Quantized MetaBackend::quantize_fp8(const Tensor& src, fp8::Format, fp8::Granularity granularity, bool,
-                                                float scale, Tensor& dst) {
+                                                float scale, Tensor& dst, const Fp8AmaxOut&) {
   record(quantize_fp8_call(src, dst));
   quantized_from_[dst.raw()] = origin(src.raw());
   return {0.0f, granularity == fp8::Granularity::Tensor && scale > 0 ? scale : 1.0f};

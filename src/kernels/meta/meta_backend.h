@@ -109,7 +109,7 @@ class MetaBackend final : public Backend, private MetaObserver {
   std::vector<int64_t> router_load(int64_t layer, int64_t tokens, int64_t topk, int64_t experts) const override;
   // As quantizing zeros: amax 0, and the scale given (current scaling's 1 for an amax of 0).
   Fp8Quantized quantize_fp8(const Tensor& src, fp8::Format format, fp8::Granularity granularity, bool reduce_cols,
-                            float scale, Tensor& dst) override;
+                            float scale, Tensor& dst, const Fp8AmaxOut& amax_out = {}) override;
   void cast(const Tensor& src, Tensor& dst) override;
 
   MemoryStats memory_stats() const override { return meta_memory_stats(); }

@@ -17,6 +17,9 @@ struct Counters {
   // into 8 different bank groups.
   uint64_t ldmatrix_phases = 0, ldmatrix_conflicts = 0;
   uint64_t max_resident_blocks = 0;  // the most blocks a launch kept resident at once
+  // The host's waits for the device: cudaStreamSynchronize, cudaEventSynchronize and
+  // cudaDeviceSynchronize, and copies to host memory (which return once done).
+  uint64_t host_waits = 0;
 };
 Counters counters();
 

@@ -1413,11 +1413,13 @@ void print_stats() {
   const emu::Counters s = emu::counters();
   std::fprintf(stderr,
                "emu: %llu launches, %llu blocks, %llu threads, %llu switches (%llu at memory accesses), %llu "
-               "barriers, %llu shuffles, %llu mma, %llu cp.async; ldmatrix: %llu phases, %llu bank conflicts\n",
+               "barriers, %llu shuffles, %llu mma, %llu cp.async; ldmatrix: %llu phases, %llu bank conflicts; "
+               "%llu host waits\n",
                (unsigned long long)s.launches, (unsigned long long)s.blocks, (unsigned long long)s.threads,
                (unsigned long long)s.switches, (unsigned long long)s.memory_switches, (unsigned long long)s.barriers,
                (unsigned long long)s.shuffles, (unsigned long long)s.mma, (unsigned long long)s.cp_async,
-               (unsigned long long)s.ldmatrix_phases, (unsigned long long)s.ldmatrix_conflicts);
+               (unsigned long long)s.ldmatrix_phases, (unsigned long long)s.ldmatrix_conflicts,
+               (unsigned long long)s.host_waits);
 }
 
 struct Init {
@@ -1467,6 +1469,7 @@ Counters counters() {
   c.ldmatrix_phases = s.ldmatrix_phases;
   c.ldmatrix_conflicts = s.ldmatrix_conflicts;
   c.max_resident_blocks = s.max_resident;
+  c.host_waits = host_wait_count();
   return c;
 }
 

@@ -94,6 +94,9 @@ void wait_until(const std::function<bool()>& done);
 // Runs ready work, if any, without waiting for anything (host-blocking calls that wait for other
 // processes use it, as a GPU keeps working while its host waits).
 void progress_some();
+// How many times the host has waited for the device (a stream, an event, the whole device, or a
+// copy to host memory): emu::Counters::host_waits.
+uint64_t host_wait_count();
 // Multi-process use (NCCL across ranks): a device thread runs queued work when the host has been
 // idle for a while, as a GPU does while its host blocks elsewhere (e.g. in MPI).
 void start_device_thread();

@@ -260,9 +260,12 @@ void drain(std::unique_lock<std::mutex>& lk, const std::function<bool()>& done) 
 
 void touch() { st().last_host_call.store(now_ns(), std::memory_order_relaxed); }
 
+std::atomic<uint64_t> g_host_waits{0};  // host_wait_count()
+
 // The host waits until position `pos` of stream `idx` has run; then it knows all that happened
 // before that position (`vc`, a copy: the stream's own clock moves on as work is queued).
 void host_waits(std::unique_lock<std::mutex>& lk, uint32_t idx, uint32_t pos, const VC vc) {
+  ++g_host_waits;
   State& s = st();
   drain(lk, [&] { return s.streams[idx]->done >= pos; });
   merge(s.host_vc, vc);
@@ -366,6 +369,8 @@ std::string describe_op(uint32_t id) {
   return out;
 }
 
+uint64_t host_wait_count() { return g_host_waits.load(); }
+
 }  // namespace emu::detail
 
 using namespace emu::detail;
@@ -418,6 +423,7 @@ cudaError_t cudaStreamQuery(cudaStream_t stream) {
 cudaError_t cudaDeviceSynchronize(void) {
   State& s = st();
   touch();
+  ++g_host_waits;
   std::unique_lock<std::mutex> lk(s.mu);
   std::vector<uint32_t> target;
   VC vc;

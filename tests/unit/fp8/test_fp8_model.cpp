@@ -168,6 +168,27 @@ TEST(Fp8Linears, FirstAndLastLayersStayInBf16AndWgradCanStayInHighPrecision) {
   expect_same(g, gemm(be, true, false, 1.0f, dy, x, 6, 8));
 }
 
+// quantize_fp8 leaves the amax where ops::Fp8AmaxOut says (the host backends through
+// Backend::deliver_amax): returned, folded into an accumulator's element (the larger; a NaN
+// sticks) and not returned, or dropped.
+TEST(Fp8Linears, QuantizeFoldsItsAmaxWhereAsked) {
+  cpu::CpuBackend be;
+  Tensor x = random({8, 40}, 3, 2.0f), half = random({8, 40}, 3, 1.0f), nan = random({8, 40}, 4, 1.0f);
+  nan.data<float>()[17] = NAN;
+  Tensor out = Tensor::empty(x.shape(), DType::F32), acc = Tensor::zeros({3}, DType::F32);
+  const float a = be.quantize_fp8(x, fp8::Format::E4M3, fp8::Granularity::Tensor, true, 1.0f, out).amax;
+  ASSERT_GT(a, 0.0f);
+  const ops::Fp8AmaxOut slot1{acc, 1, true}, slot2{acc, 2, true}, none{Tensor(), 0, false};
+  EXPECT_EQ(be.quantize_fp8(x, fp8::Format::E4M3, fp8::Granularity::Tensor, true, 1.0f, out, slot1).amax, 0.0f);
+  be.quantize_fp8(half, fp8::Format::E5M2, fp8::Granularity::Mx32, false, 0.0f, out, slot1);  // smaller: kept
+  be.quantize_fp8(nan, fp8::Format::E4M3, fp8::Granularity::Tile1x128, true, 0.0f, out, slot2);
+  be.quantize_fp8(x, fp8::Format::E4M3, fp8::Granularity::Tensor, true, 1.0f, out, slot2);
+  EXPECT_EQ(be.quantize_fp8(x, fp8::Format::E4M3, fp8::Granularity::Block128, true, 0.0f, out, none).amax, 0.0f);
+  EXPECT_EQ(acc.data<float>()[0], 0.0f);
+  EXPECT_EQ(acc.data<float>()[1], a);
+  EXPECT_TRUE(std::isnan(acc.data<float>()[2]));
+}
+
 // Delayed scaling: the first step quantizes with scale 1; update_scales turns the recorded amaxes
 // into max / amax; the next step's forward uses them.
 TEST(Fp8Linears, DelayedScalingUsesTheLastStepsAmax) {

@@ -403,12 +403,12 @@ double Bf16Backend::peak_tflops() const { return bf16k::bf16_gemm_peak_gflops() 
 
 ops::Backend::Fp8Quantized Bf16Backend::quantize_fp8(const Tensor& src, fp8::Format format,
                                                      fp8::Granularity granularity, bool reduce_cols, float scale,
-                                                     Tensor& dst) {
+                                                     Tensor& dst, const Fp8AmaxOut& amax_out) {
   check_fp8_operands(src, dst);
   if (src.dtype() != DType::BF16 || src.device() != Device::CPU || dst.device() != Device::CPU)
-    return Backend::quantize_fp8(src, format, granularity, reduce_cols, scale, dst);
+    return Backend::quantize_fp8(src, format, granularity, reduce_cols, scale, dst, amax_out);
   static const Avx512Fp8Bands bands;
-  return ops::quantize_in_bands(src, {format, granularity, reduce_cols, scale}, dst, bands);
+  return deliver_amax(ops::quantize_in_bands(src, {format, granularity, reduce_cols, scale}, dst, bands), amax_out);
 }
 
 }  // namespace primus::cpu

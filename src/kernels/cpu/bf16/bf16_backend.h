@@ -79,7 +79,7 @@ class Bf16Backend final : public ops::Backend {
   std::vector<double> row_dots(const Tensor& a, const std::vector<int32_t>& rows, const Tensor& b) override;
   // bf16 tensors through the AVX-512 kernels (one pass, the default's bits), others the default's.
   Fp8Quantized quantize_fp8(const Tensor& src, fp8::Format format, fp8::Granularity granularity, bool reduce_cols,
-                            float scale, Tensor& dst) override;
+                            float scale, Tensor& dst, const Fp8AmaxOut& amax_out = {}) override;
   MemoryStats memory_stats() const override;
   void reset_peak_memory() override;
   // The measured bf16 GEMM peak (bf16k::bf16_gemm_peak_gflops), not the SGEMM one.
