@@ -243,8 +243,9 @@ class Backend {
   // receives src quantized as fp8::quantize does it for a GEMM that reduces over src's columns
   // (reduce_cols) or rows. Tensor granularity: `scale` multiplies before rounding (0: current
   // scaling, max / amax of src), and the GEMM's alpha carries 1 / scale. Blocks: dst holds the FP8
-  // values times their block's inverse scale (the exact emulation). Returns amax |src| and the scale
-  // used (1 for blocks, whose scales are folded into dst), and, where the backend runs block-scaled
+  // values times their block's inverse scale (the exact emulation). Returns amax |src| (unless
+  // amax_out sends it elsewhere) and the scale used (1 for blocks, whose scales are folded into
+  // dst), and, where the backend runs block-scaled
   // FP8 GEMMs (the CUDA backend: cuBLASLt's VEC128_32F / BLK128x128_32F, for 1 x 128 tiles and
   // 128 x 128 blocks), each block's dequantization scale (1 / its scale, fp32) in the layout its
   // gemm_fp8 reads (docs/cuda.md); undefined elsewhere. The default runs fp8::quantize on the host,

@@ -338,7 +338,10 @@ const Tensor& Linears::amax_accumulator() const {
 }
 
 void Linears::fold_pending() const {
-  if (!amax_acc_.defined()) return;
+  if (!amax_acc_.defined() || amax_acc_.device() == Device::Meta) {  // the shape-only walk holds no values
+    amax_acc_ = Tensor();
+    return;
+  }
   const Tensor host = amax_acc_.to(Device::CPU);  // one copy (and wait) for every linear's amaxes
   const float* a = host.data<float>();
   for (int w : order_) {
