@@ -11,6 +11,7 @@
 #include <fstream>
 #include <functional>
 #include <iterator>
+#include <optional>
 #include <vector>
 
 #include <unistd.h>
@@ -1449,6 +1450,37 @@ TEST(CudaBackend, Fp8GemmProblemsAreTheOnesGemmFp8Runs) {
 // gives the reference backend's FP8 loss and gradients. The quantized operands hold the same FP8
 // values on both (a rounding may flip where the GPU's activations differ in the last bf16 bit),
 // and the GEMMs carry the scales in alpha (per expert in the grouped GEMM).
+// The host's waits for the GPU in a forward and backward of the dense model: FP8 adds none under
+// delayed scaling and the block recipes (their amaxes stay on the GPU, or are not needed), and
+// one per quantization under tensorwise (its scale comes from the amax on the host). Counted on
+// the emulated GPU only.
+TEST(CudaBackend, Fp8StepWaitsForTheGpuNoMoreThanBf16) {
+  PRIMUS_REQUIRE_GPU();
+#ifndef PRIMUS_EMULATED_GPU
+  GTEST_SKIP() << "the host's waits are counted on the emulated GPU";
+#else
+  const LearnableBatch batch;
+  auto waits = [&](std::optional<Fp8Recipe> recipe) {
+    LlamaOptions o;
+    o.fp8.enabled = recipe.has_value();
+    if (recipe) o.fp8.recipe = *recipe;
+    cuda::CudaBackend gpu;
+    LlamaModel m(spec64(), gpu, Precision::Bf16, o);
+    m.init_weights(3);
+    m.params().zero_grad();
+    LlamaContext c;
+    const uint64_t before = host_waits();
+    m.forward(c, batch.tokens.data(), batch.targets.data(), batch.B, batch.S);
+    m.backward(c, 1.0f);
+    return host_waits() - before;
+  };
+  const uint64_t bf16 = waits(std::nullopt);
+  for (const Fp8Recipe r : {Fp8Recipe::Delayed, Fp8Recipe::Mxfp8}) EXPECT_EQ(waits(r), bf16) << fp8_recipe_name(r);
+  std::printf("[ info     ] host waits in a forward and backward: bf16 %llu, tensorwise %llu\n",
+              (unsigned long long)bf16, (unsigned long long)waits(Fp8Recipe::Tensorwise));
+#endif
+}
+
 TEST(CudaBackend, Fp8RecipesMatchTheReference) {
   PRIMUS_REQUIRE_GPU();
   const LearnableBatch batch;
