@@ -261,6 +261,8 @@ class Backend {
   // q as quantize_fp8 returns it under amax_out: its amax folded into amax_out.acc (through a copy
   // for a device's tensor) or dropped where amax_out says so. The host backends' last step.
   static Fp8Quantized deliver_amax(Fp8Quantized q, const Fp8AmaxOut& amax_out);
+  // What an amax_out with an accumulator must be: fp32, its index within it.
+  static void check_fp8_amax_out(const Fp8AmaxOut& amax_out);
   // An FP8 GEMM: gemm() (grouped_gemm()) of quantize_fp8's output, in the activation dtype: operands
   // that hold FP8 values (tensor granularity, the tensor scales carried in alpha) or FP8 values times
   // their blocks' inverse scales (blocks). The defaults are gemm() and grouped_gemm() themselves:

@@ -126,12 +126,17 @@ void Backend::check_fp8_operands(const Tensor& src, const Tensor& dst) {
                dtype_name(dst.dtype()), dst.shape_str());
 }
 
+void Backend::check_fp8_amax_out(const Fp8AmaxOut& amax_out) {
+  const Tensor& acc = amax_out.acc;
+  PRIMUS_CHECK(acc.dtype() == DType::F32 && amax_out.index >= 0 && amax_out.index < acc.numel(),
+               "quantize_fp8: amax accumulator {} {}, element {}", dtype_name(acc.dtype()), acc.shape_str(),
+               amax_out.index);
+}
+
 Backend::Fp8Quantized Backend::deliver_amax(Fp8Quantized q, const Fp8AmaxOut& amax_out) {
   if (amax_out.acc.defined()) {
+    check_fp8_amax_out(amax_out);
     const Tensor& acc = amax_out.acc;
-    PRIMUS_CHECK(acc.dtype() == DType::F32 && amax_out.index >= 0 && amax_out.index < acc.numel(),
-                 "quantize_fp8: amax accumulator {} {}, element {}", dtype_name(acc.dtype()), acc.shape_str(),
-                 amax_out.index);
     Tensor host = acc.device() == Device::CPU ? acc : acc.to(Device::CPU);
     float& a = host.data<float>()[amax_out.index];
     a = fp8::fold_amax(a, q.amax);

@@ -584,9 +584,7 @@ ops::Backend::Fp8Quantized CudaBackend::quantize_fp8(const Tensor& src, fp8::For
   const bool on_device = amax_out.acc.defined() && amax_out.acc.device() == Device::CUDA;
   Fp8AmaxDest dest{nullptr, amax_out.needed || amax_out.acc.defined()};
   if (on_device) {
-    PRIMUS_CHECK(amax_out.acc.dtype() == DType::F32 && amax_out.index >= 0 && amax_out.index < amax_out.acc.numel(),
-                 "quantize_fp8: amax accumulator {} {}, element {}", dtype_name(amax_out.acc.dtype()),
-                 amax_out.acc.shape_str(), amax_out.index);
+    check_fp8_amax_out(amax_out);
     dest.fold = static_cast<float*>(amax_out.acc.raw()) + amax_out.index;
   }
   const bool tensor = granularity == fp8::Granularity::Tensor;
